@@ -1,0 +1,317 @@
+"""The GPU A-SGD algorithm: what a client does between two exchanges, what the server does with a push.
+
+This module owns the arithmetic of Downpour SGD (Dean et al., NIPS 2012) as used by GPU A-SGD
+(Paine et al., arXiv 1312.6186), and nothing else: no processes, clocks, sockets or files. The
+simulator (:mod:`repro.sim`) and the real driver (:mod:`repro.real`) run these same objects and
+differ only in who carries a :class:`Push` to the :class:`Server` and which clock stamps it.
+
+Client (Downpour with ``nfetch = npush = nsync``, the paper's single knob): starting from the
+parameters it last fetched, run ``nsync`` local minibatch steps of SGD with momentum and weight
+decay (cuda-convnet's optimiser), accruing its update; push it; fetch the server's parameters.
+
+Server: holds the parameter vector and a ``version`` counter, applies each push as it arrives
+with a :class:`ServerRule`, and reports the push's staleness: the number of updates applied since
+the client fetched (server version before apply minus the version the client read).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor, nn
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Push:
+    """What a client sends the server after ``num_steps`` local steps."""
+
+    client: int
+    read_version: int          # the server version whose parameters the client started from
+    update: Tensor             # parameter delta (delta rule) or accrued gradient (downpour, adagrad)
+    num_steps: int
+    num_samples: int
+    train_loss: float          # mean minibatch loss over the segment
+    train_error: float         # fraction of the segment's samples misclassified
+    stream_position: tuple[int, int]  # the client's data-stream position after the segment
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The server's receipt for a push."""
+
+    version: int               # server version after the apply
+    staleness: int             # updates applied between the client's fetch and this push
+
+
+# ---------------------------------------------------------------------------------------------
+# The client's gradient machinery
+# ---------------------------------------------------------------------------------------------
+
+class Worker:
+    """Computes losses and gradients of one network whose parameters live in one flat vector.
+
+    A worker is a compute resource, not a client: the simulator lets every client borrow one
+    worker (loading the client's parameters is one ``copy_``), the real driver gives each client
+    process its own.
+    """
+
+    def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):
+        from repro.models import FlatModule  # local import keeps this module free of model zoo
+
+        self.flat_module = FlatModule(module)
+        self.module = self.flat_module.module
+        self.loss_fn = loss_fn
+
+    @property
+    def params(self) -> Tensor:
+        return self.flat_module.flat
+
+    @property
+    def grad(self) -> Tensor:
+        return self.flat_module.grad
+
+    def load(self, params: Tensor) -> None:
+        self.flat_module.load(params)
+
+    def backward(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Gradient of the minibatch loss into ``self.grad``; returns (loss, num_errors) as tensors
+        (no host sync here: on a GPU the caller reads them once per push)."""
+        self.flat_module.zero_grad()
+        out = self.module(x)
+        loss = self.loss_fn(out, y)
+        loss.backward()
+        return loss.detach(), (out.detach().argmax(1) != y).sum()
+
+    @torch.no_grad()
+    def evaluate(self, params: Tensor, x: Tensor, y: Tensor, batch_size: int = 1024) -> tuple[float, float]:
+        """Mean loss and error of ``params`` on (x, y)."""
+        self.load(params)
+        loss_sum, errors = torch.zeros((), device=x.device), torch.zeros((), device=x.device)
+        for i in range(0, len(x), batch_size):
+            out = self.module(x[i:i + batch_size])
+            yb = y[i:i + batch_size]
+            loss_sum += self.loss_fn(out, yb, reduction="sum") if _takes_reduction(self.loss_fn) \
+                else self.loss_fn(out, yb) * len(yb)
+            errors += (out.argmax(1) != yb).sum()
+        n = max(len(x), 1)
+        return loss_sum.item() / n, errors.item() / n
+
+
+def _takes_reduction(loss_fn: LossFn) -> bool:
+    return loss_fn in (nn.functional.cross_entropy, nn.functional.nll_loss)
+
+
+class LocalSGD:
+    """SGD with momentum and weight decay on a flat vector: exactly ``torch.optim.SGD``'s
+    arithmetic (``g += wd*w; b = m*b + g; w -= lr*b``, buffer initialised to the first g), so that
+    one client reproduces a plain sequential training loop. cuda-convnet's update
+    (``v = m*v - lr*(g + wd*w); w += v``) is the same trajectory for a constant lr."""
+
+    def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.buffer: Tensor | None = None
+
+    def step(self, params: Tensor, grad: Tensor) -> Tensor:
+        """Update ``params`` in place; return the regularised gradient (what Downpour accrues)."""
+        if self.weight_decay != 0:
+            grad = grad.add(params, alpha=self.weight_decay)
+        direction = grad
+        if self.momentum != 0:
+            if self.buffer is None:
+                self.buffer = torch.clone(grad).detach()
+            else:
+                self.buffer.mul_(self.momentum).add_(grad)
+            direction = self.buffer
+        params.add_(direction, alpha=-self.lr)
+        return grad
+
+    def state_dict(self) -> dict:
+        return {"buffer": self.buffer}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer = state["buffer"]
+
+
+class Stream(Protocol):
+    """A client's minibatch source (see :class:`repro.data.ClientStream`)."""
+
+    def next_batch(self) -> tuple[Tensor, Tensor]: ...
+    @property
+    def position(self) -> tuple[int, int]: ...
+    def set_position(self, position: tuple[int, int]) -> None: ...
+
+
+class Client:
+    """One Downpour client. It holds only what survives between exchanges: the parameters it last
+    fetched (and their version), its momentum buffer and its data stream."""
+
+    def __init__(self, client_id: int, stream: Stream, optimiser: LocalSGD, push_kind: str):
+        if push_kind not in ("delta", "gradient"):
+            raise ValueError(f"push_kind must be 'delta' or 'gradient', not {push_kind!r}")
+        self.client_id, self.stream, self.optimiser, self.push_kind = client_id, stream, optimiser, push_kind
+        self.params: Tensor | None = None
+        self.read_version = 0
+
+    def fetch(self, params: Tensor, version: int) -> None:
+        """Take the server's parameters (Downpour's fetch, every nsync steps)."""
+        if self.params is None:
+            self.params = params.detach().clone()
+        else:
+            self.params.copy_(params)
+        self.read_version = version
+
+    def compute_push(self, worker: Worker, num_steps: int) -> Push:
+        """Run ``num_steps`` local steps from the fetched parameters and return the push."""
+        assert self.params is not None, "fetch() before compute_push()"
+        worker.load(self.params)
+        w = worker.params
+        accrued = torch.zeros_like(w) if self.push_kind == "gradient" else None
+        loss_sum = torch.zeros((), device=w.device)
+        errors = torch.zeros((), dtype=torch.long, device=w.device)
+        num_samples = 0
+        for _ in range(num_steps):
+            x, y = self.stream.next_batch()
+            loss, wrong = worker.backward(x, y)
+            g = self.optimiser.step(w, worker.grad)      # the client keeps training locally
+            if accrued is not None:
+                accrued.add_(g)                          # Downpour: accrued <- accrued + g
+            loss_sum += loss
+            errors += wrong
+            num_samples += len(y)
+        update = accrued if accrued is not None else w - self.params   # delta: w_local - w_fetched
+        return Push(
+            client=self.client_id, read_version=self.read_version, update=update,
+            num_steps=num_steps, num_samples=num_samples,
+            train_loss=loss_sum.item() / num_steps, train_error=errors.item() / max(num_samples, 1),
+            stream_position=tuple(self.stream.position),
+        )
+
+    def state_dict(self) -> dict:
+        return {"params": self.params, "read_version": self.read_version,
+                "optimiser": self.optimiser.state_dict(), "stream_position": list(self.stream.position)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params, self.read_version = state["params"], int(state["read_version"])
+        self.optimiser.load_state_dict(state["optimiser"])
+        self.stream.set_position(tuple(int(p) for p in state["stream_position"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The server
+# ---------------------------------------------------------------------------------------------
+
+class ServerRule(Protocol):
+    push_kind: str
+
+    def apply(self, params: Tensor, update: Tensor) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class DeltaRule:
+    """``w <- w + scale * delta``: the server adds the client's local parameter change. With one
+    client and scale 1 this is sequential SGD (momentum stays on the client). Our default."""
+
+    push_kind = "delta"
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def apply(self, params: Tensor, update: Tensor) -> None:
+        params.add_(update, alpha=self.scale)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class DownpourRule:
+    """Downpour's server step ``w <- w - lr_server * accrued`` (Dean et al. 2012, Sec. 4.1)."""
+
+    push_kind = "gradient"
+
+    def __init__(self, lr_server: float):
+        self.lr_server = lr_server
+
+    def apply(self, params: Tensor, update: Tensor) -> None:
+        params.add_(update, alpha=-self.lr_server)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class AdagradRule:
+    """DistBelief's per-parameter Adagrad: ``eta_i = gamma / sqrt(sum of squared updates_i)``
+    (Dean et al. 2012, Sec. 4.1), which they found far more robust with many replicas."""
+
+    push_kind = "gradient"
+
+    def __init__(self, lr_server: float, eps: float = 1e-8):
+        self.lr_server, self.eps = lr_server, eps
+        self.sum_sq: Tensor | None = None
+
+    def apply(self, params: Tensor, update: Tensor) -> None:
+        if self.sum_sq is None:
+            self.sum_sq = torch.zeros_like(params)
+        self.sum_sq.addcmul_(update, update)
+        params.addcdiv_(update, self.sum_sq.sqrt().add_(self.eps), value=-self.lr_server)
+
+    def state_dict(self) -> dict:
+        return {"sum_sq": self.sum_sq}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sum_sq = state["sum_sq"]
+
+
+def make_rule(name: str, lr_server: float, eps: float = 1e-8) -> ServerRule:
+    if name == "delta":
+        return DeltaRule(lr_server)
+    if name == "downpour":
+        return DownpourRule(lr_server)
+    if name == "adagrad":
+        return AdagradRule(lr_server, eps)
+    raise ValueError(f"unknown server rule {name!r}")
+
+
+class Server:
+    """The parameter server: one parameter vector, a version counter and an update rule."""
+
+    def __init__(self, params: Tensor, rule: ServerRule, version: int = 0):
+        self.params, self.rule, self.version = params, rule, version
+
+    def apply(self, push: Push) -> Applied:
+        staleness = self.version - push.read_version   # updates the client did not see
+        if staleness < 0:
+            raise ValueError(f"push from client {push.client} read version {push.read_version} "
+                             f"which the server (version {self.version}) never had")
+        self.rule.apply(self.params, push.update.to(self.params.device, non_blocking=True))
+        self.version += 1
+        return Applied(version=self.version, staleness=staleness)
+
+    def params_finite(self) -> bool:
+        return bool(torch.isfinite(self.params).all())
+
+    def state_dict(self) -> dict:
+        return {"params": self.params, "version": self.version, "rule": self.rule.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params.copy_(state["params"])
+        self.version = int(state["version"])
+        self.rule.load_state_dict(state["rule"])
+
+
+def make_client(client_id: int, stream: Stream, lr: float, momentum: float, weight_decay: float,
+                rule: ServerRule) -> Client:
+    return Client(client_id, stream, LocalSGD(lr, momentum, weight_decay), rule.push_kind)

@@ -1,0 +1,133 @@
+"""The simulator's clock: how long computing, communicating and applying take, and who goes next.
+
+:class:`CostModel` turns a :class:`~repro.config.CostConfig` into durations: compute time per
+minibatch per client (seeded jitter, an optional straggler), one-way transfer time of a parameter
+vector (latency + bytes / bandwidth) and the server's apply time. A scheduler decides the order in
+which the server applies pushes:
+
+* :class:`CostScheduler` -- an event queue of push arrivals ordered by (time, sequence number);
+  the server serves one push at a time, first come first served.
+* :class:`ReplayScheduler` -- the exact order (and times) recorded by a real run's updates.csv.
+
+Both are stateless apart from plain numbers, so a checkpoint captures them exactly. Jitter for
+(client, segment) is drawn from a generator seeded by (seed, client, segment), independent of the
+order in which segments are simulated.
+"""
+from __future__ import annotations
+
+import csv
+import heapq
+import time
+from pathlib import Path
+
+import numpy as np
+
+from repro.config import CostConfig
+from repro.errors import ConfigError
+
+
+class CostModel:
+    def __init__(self, cost: CostConfig, seed: int, param_bytes: int, compute_s: float):
+        self.cost, self.seed, self.compute_step_s = cost, seed, compute_s
+        nbytes = cost.comm_params * 4 if cost.comm_params is not None else param_bytes
+        bandwidth = cost.bandwidth_Bps
+        self.transfer_s = cost.latency_s + (nbytes / bandwidth if bandwidth else 0.0)
+        self.server_apply_s = cost.server_apply_s
+
+    def compute_s(self, client: int, segment: int, num_steps: int) -> float:
+        """Virtual time for ``num_steps`` minibatch steps of ``client``'s ``segment``-th push."""
+        step_s = self.compute_step_s
+        if self.cost.straggler_client == client:
+            step_s *= self.cost.straggler_factor
+        if self.cost.jitter == "none" or self.cost.jitter_sigma == 0:
+            return step_s * num_steps
+        rng = np.random.default_rng([self.seed, client, segment])
+        sigma = self.cost.jitter_sigma
+        if self.cost.jitter == "lognormal":   # mean-preserving: E[exp(s z - s^2/2)] = 1
+            factors = np.exp(sigma * rng.standard_normal(num_steps) - sigma * sigma / 2)
+        else:                                   # exponential tail of weight sigma, mean 1
+            factors = (1 - sigma) + sigma * rng.exponential(1.0, num_steps)
+        return float(step_s * factors.sum())
+
+
+class CostScheduler:
+    """Push arrivals in virtual time; the server applies them one at a time in arrival order."""
+
+    def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
+        self.model, self.nsync = model, nsync
+        self.queue: list[tuple[float, int, int]] = []
+        self.seq, self.server_free = 0, 0.0
+        self.segments = {k: 0 for k in client_ids}
+        for k in client_ids:              # every client fetches version 0 at t = 0
+            self._schedule(k, 0.0)
+
+    def _schedule(self, client: int, fetched_at: float) -> None:
+        seg = self.segments[client]
+        self.segments[client] = seg + 1
+        arrive = fetched_at + self.model.compute_s(client, seg, self.nsync) + self.model.transfer_s
+        heapq.heappush(self.queue, (arrive, self.seq, client))
+        self.seq += 1
+
+    def next(self) -> tuple[int, int, float] | None:
+        """(client, num_steps, apply-finished time) of the next push the server applies."""
+        arrive, _, client = heapq.heappop(self.queue)
+        start = max(arrive, self.server_free)      # the server serves one push at a time
+        self.server_free = start + self.model.server_apply_s
+        return client, self.nsync, self.server_free
+
+    def served(self, client: int, applied_at: float) -> None:
+        """The reply (the client's fetch) travels back, then the client computes its next push."""
+        self._schedule(client, applied_at + self.model.transfer_s)
+
+    def state_dict(self) -> dict:
+        return {"queue": [list(e) for e in self.queue], "seq": self.seq, "server_free": self.server_free,
+                "segments": [[k, v] for k, v in self.segments.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue = [(float(t), int(s), int(c)) for t, s, c in state["queue"]]
+        heapq.heapify(self.queue)
+        self.seq, self.server_free = int(state["seq"]), float(state["server_free"])
+        self.segments = {int(k): int(v) for k, v in state["segments"]}
+
+
+class ReplayScheduler:
+    """The order of a recorded run: each row of its updates.csv, in version order."""
+
+    def __init__(self, run_dir: str | Path):
+        path = Path(run_dir) / "updates.csv"
+        try:
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+            self.rows = [(int(r["client"]), int(r["read_version"]), int(r["num_steps"]), float(r["time_s"]))
+                         for r in rows]
+        except (OSError, KeyError, ValueError, TypeError) as e:
+            raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with a readable updates.csv ({e})")
+        self.position = 0
+
+    def next(self) -> tuple[int, int, float] | None:
+        if self.position >= len(self.rows):
+            return None
+        client, _, num_steps, time_s = self.rows[self.position]
+        return client, num_steps, time_s
+
+    def expected_read_version(self) -> int:
+        return self.rows[self.position][1]
+
+    def served(self, client: int, applied_at: float) -> None:
+        self.position += 1
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = int(state["position"])
+
+
+def calibrate_compute_s(step, warmup: int = 3, repeats: int = 20) -> float:
+    """Seconds per call of ``step()`` on this device: the measured cost of one minibatch step."""
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats
