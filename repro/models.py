@@ -1,0 +1,171 @@
+"""Networks the clients train, and the flat-parameter view the parameter server exchanges.
+
+This module owns the models users name with ``model=...`` (``mlp``, ``digits_cnn``,
+``mnist1d_cnn``, ``cifar_18pct``), the check that a model accepts a data set's input shape
+(before any process starts), and :class:`FlatModule`, which lays every parameter and every
+gradient of a module out in one contiguous vector: a push or a fetch of the server's parameters is
+then a single tensor, and loading them is one ``copy_``.
+
+No model has buffers (no BatchNorm) or dropout: the server synchronises parameters only, and
+training is deterministic given ``torch.manual_seed`` (callers seed before :func:`build_model`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from repro.errors import ConfigError
+
+MODEL_NAMES = ("mlp", "digits_cnn", "mnist1d_cnn", "cifar_18pct")
+
+
+def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Features ``body`` produces for one sample, found by a dry run (no RNG is drawn)."""
+    with torch.no_grad():
+        return int(body(torch.zeros(1, *input_shape)).numel())
+
+
+def _mlp(input_shape, num_classes) -> nn.Module:
+    """flatten → 128 ReLU → classes: accepts any input shape."""
+    n_in = 1
+    for d in input_shape:
+        n_in *= int(d)
+    return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+
+def _digits_cnn(input_shape, num_classes) -> nn.Module:
+    """Two 3x3 convs and a max-pool for 8x8 images (the default model; < 5% error on digits)."""
+    if len(input_shape) != 3 or tuple(input_shape[1:]) != (8, 8):
+        raise ValueError(f"digits_cnn takes (channels, 8, 8) images, not {tuple(input_shape)}")
+    return nn.Sequential(
+        nn.Conv2d(input_shape[0], 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2),                                  # (32, 4, 4)
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(),
+        nn.Linear(64, num_classes))
+
+
+def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
+    """Three 1-D convs for MNIST-1D's (1, 40) signals."""
+    if len(input_shape) != 2:
+        raise ValueError(f"mnist1d_cnn takes 1-D signals (channels, length), not {tuple(input_shape)}")
+    body = nn.Sequential(
+        nn.Conv1d(input_shape[0], 32, 5, padding=2), nn.ReLU(),
+        nn.Conv1d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool1d(2),
+        nn.Conv1d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.Flatten())
+    return nn.Sequential(*body, nn.Linear(_flat_size(body, input_shape), num_classes))
+
+
+def _cifar_18pct(input_shape, num_classes) -> nn.Module:
+    """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky): ~18% test error on CIFAR-10 without
+    data augmentation. The net of the paper's era: conv5x5(32) → max-pool 3/2 → ReLU → LRN →
+    conv5x5(32) ReLU → avg-pool 3/2 → LRN → conv5x5(64) ReLU → avg-pool 3/2 → fc(classes).
+    Pools use ``ceil_mode`` like cuda-convnet, so 32 → 16 → 8 → 4.
+    """
+    if len(input_shape) != 3:
+        raise ValueError(f"cifar_18pct takes images (channels, height, width), not {tuple(input_shape)}")
+    body = nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, 5, padding=2),
+        nn.MaxPool2d(3, stride=2, ceil_mode=True), nn.ReLU(),
+        nn.LocalResponseNorm(3, alpha=5e-5, beta=0.75, k=1.0),
+        nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(),
+        nn.AvgPool2d(3, stride=2, ceil_mode=True),
+        nn.LocalResponseNorm(3, alpha=5e-5, beta=0.75, k=1.0),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(),
+        nn.AvgPool2d(3, stride=2, ceil_mode=True),
+        nn.Flatten())
+    return nn.Sequential(*body, nn.Linear(_flat_size(body, input_shape), num_classes))
+
+
+_BUILDERS = {"mlp": _mlp, "digits_cnn": _digits_cnn, "mnist1d_cnn": _mnist1d_cnn,
+             "cifar_18pct": _cifar_18pct}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A fresh model; its initialisation draws from torch's global RNG (seed it first)."""
+    if name not in _BUILDERS:
+        raise ConfigError("model.name", name, MODEL_NAMES)
+    return _BUILDERS[name](tuple(int(d) for d in input_shape), int(num_classes))
+
+
+def _fits(name: str, input_shape, num_classes) -> bool:
+    # the model is thrown away: keep the caller's RNG stream as if we had never built it
+    with torch.random.fork_rng(devices=[]):
+        try:
+            model = build_model(name, input_shape, num_classes)
+            with torch.no_grad():
+                out = model(torch.zeros(2, *input_shape))
+        except (ValueError, RuntimeError, TypeError):
+            return False
+    return tuple(out.shape) == (2, num_classes)
+
+
+def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
+    """Raise ConfigError unless model ``name`` maps data ``data_name``'s inputs to class scores."""
+    if name not in _BUILDERS:
+        raise ConfigError("model.name", name, MODEL_NAMES)
+    input_shape = tuple(int(d) for d in input_shape)
+    if not _fits(name, input_shape, num_classes):
+        fitting = [m for m in MODEL_NAMES if _fits(m, input_shape, num_classes)]
+        raise ConfigError("model.name", name,
+                          f"a model that accepts data '{data_name}' of shape {input_shape}; "
+                          f"models made for it: {', '.join(fitting) or 'none'}")
+
+
+def num_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+class FlatModule:
+    """Wraps a module so that all its parameters are views into ONE contiguous flat float32
+    vector `self.flat`, and all their .grad are views into ONE flat vector `self.grad`:
+    loading a parameter vector is one copy_, and reading the gradient is free.
+
+    Order is ``module.parameters()`` order, as ``torch.nn.utils.parameters_to_vector``.
+    Autograd accumulates into existing ``.grad`` tensors in place, so after ``backward()`` the
+    gradient is already in ``self.grad``. Use :meth:`zero_grad` (not ``module.zero_grad()`` or an
+    optimiser's, which set grads to None); it re-links any gradient that was replaced anyway.
+    """
+
+    def __init__(self, module: nn.Module):
+        buffers = [name for name, _ in module.named_buffers()]
+        if buffers:
+            raise ValueError(
+                f"{type(module).__name__} has buffers (e.g. BatchNorm running statistics) that the "
+                f"parameter server would not synchronise; use a model without buffers (found: "
+                f"{', '.join(buffers[:5])})")
+        params = list(module.parameters())
+        if not params:
+            raise ValueError(f"{type(module).__name__} has no parameters to train")
+        device = params[0].device
+        if any(p.dtype != torch.float32 or p.device != device for p in params):
+            raise ValueError("FlatModule needs float32 parameters all on one device")
+        self.module = module
+        self.numel = sum(p.numel() for p in params)
+        self.flat = torch.empty(self.numel, dtype=torch.float32, device=device)
+        self.grad = torch.zeros_like(self.flat)
+        self._params = params
+        self._grad_views = []
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.flat[offset:offset + n].view_as(p)
+            self._grad_views.append(self.grad[offset:offset + n].view_as(p))
+            offset += n
+        self._link_grads()
+
+    def _link_grads(self) -> None:
+        for p, view in zip(self._params, self._grad_views):
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                p.grad = view
+
+    def load(self, vector: torch.Tensor) -> None:
+        """Set every parameter from one flat vector (e.g. the server's parameters)."""
+        self.flat.copy_(vector)
+
+    def zero_grad(self) -> None:
+        self._link_grads()
+        self.grad.zero_()
