@@ -1,0 +1,35 @@
+"""Analysis: run folders -> tidy DataFrames -> figures and tables. It never runs training.
+
+* :mod:`.load`    -- :func:`load_runs` reads ``results/<exp>/<job>/`` into :class:`Runs`;
+* :mod:`.tables`  -- time to target, per-run speedups, the speedup table;
+* :mod:`.frames`  -- ``figN_frame(runs)``: the tidy frame behind each figure;
+* :mod:`.figures` -- ``figN(frame) -> Figure`` (pure), style and colours;
+* :mod:`.build`   -- :func:`build_figure` (PNG + PDF + CSV), shared by the CLI and ``repro.run``;
+* ``python -m repro.analysis {fig1,fig2,fig3,fig4,staleness,all}`` -- the CLI.
+
+The plotting modules (seaborn, matplotlib) load on first use of one of their names.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from repro.analysis.load import NoRunsError, Runs, load_runs
+from repro.analysis.tables import (format_speedup_table, run_speedups, speedup_table,
+                                   time_to_target)
+
+_LAZY = {"build_figure": "build", "figure_frame": "build", "FIGURES": "build",
+         "fig1_frame": "frames", "fig2_frame": "frames", "fig3_frame": "frames",
+         "fig4_frame": "frames", "staleness_frame": "frames",
+         "fig1": "figures", "fig2": "figures", "fig3": "figures", "fig4": "figures",
+         "staleness": "figures", "set_style": "figures"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["NoRunsError", "Runs", "load_runs", "time_to_target", "run_speedups", "speedup_table",
+           "format_speedup_table", *_LAZY]

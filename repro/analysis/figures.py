@@ -1,0 +1,289 @@
+"""Figure functions: each ``figN(frame) -> matplotlib.figure.Figure`` is a pure function of the
+tidy frame built by the matching ``figN_frame`` in :mod:`repro.analysis.frames`.
+
+Owns the plotting style (:func:`set_style` / :func:`style_rc`, applied once by the caller, never
+inside a figure function), the fixed colour of each client count, axis labels with units, and how
+diverged runs are drawn: their own dotted curve up to the last finite point, ending in an ``x``,
+labelled "(diverged)"; they never enter a mean or a band.
+
+Figures are built with :class:`matplotlib.figure.Figure` directly (no pyplot), so no GUI backend
+and no global figure registry is involved.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+CLIENT_LADDER = (1, 2, 4, 8, 16, 32, 64)
+_PALETTE = sns.color_palette("colorblind", 10)  # fixed: client ladder first, then the rest
+DIVERGED_MARKER = dict(marker="x", markersize=7, markeredgewidth=2)
+BAND_NOTE = "line: mean over seeds, band: min-max"
+
+
+def style_rc() -> dict[str, Any]:
+    """The rcParams of our style: seaborn "paper" context on a white grid."""
+    rc = {**sns.plotting_context("paper"), **sns.axes_style("whitegrid")}
+    rc.update({"figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight",
+               "legend.frameon": False, "axes.titlesize": "medium"})
+    return rc
+
+
+def set_style() -> None:
+    """Set the style globally; the CLI calls this once (``build_figure`` scopes it instead)."""
+    sns.set_theme(context="paper", style="whitegrid", rc=style_rc())
+
+
+def client_color(num_clients: int) -> tuple[float, float, float]:
+    """The colour of a client count: the same in every figure (1, 2, 4, 8, ... first)."""
+    n = int(num_clients)
+    return _PALETTE[CLIENT_LADDER.index(n)] if n in CLIENT_LADDER else _PALETTE[7 + n % 3]
+
+
+def client_label(num_clients: int) -> str:
+    return "1 client" if int(num_clients) == 1 else f"{int(num_clients)} clients"
+
+
+def nsync_colors(values: Iterable[Any]) -> dict[int, tuple[float, float, float]]:
+    """An ordered (sequential) colour per nsync value, small to large."""
+    levels = sorted({int(v) for v in values})
+    return dict(zip(levels, sns.color_palette("crest", max(len(levels), 1))))
+
+
+def _clock(frame: pd.DataFrame) -> str:
+    clocks = sorted({str(c) for c in frame["clock"].dropna()}) if "clock" in frame else []
+    if len(clocks) > 1:
+        warnings.warn(f"frame mixes clocks {clocks}: times are not comparable", stacklevel=4)
+    return "/".join(clocks) or "unknown clock"
+
+
+def time_label(frame: pd.DataFrame) -> str:
+    """``time (s, virtual)`` or ``time (s, wall)`` from the frame's ``clock`` column."""
+    return f"time (s, {_clock(frame)})"
+
+
+def _new_figure(nrows: int = 1, ncols: int = 1, panel=(4.8, 3.4), **kw) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(panel[0] * ncols, panel[1] * nrows), layout="constrained")
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
+
+
+def _require(frame: pd.DataFrame, name: str) -> None:
+    if frame.empty:
+        raise ValueError(f"{name}: the frame has no rows (no usable runs)")
+
+
+def mean_band(curves: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Mean/min/max of ``y`` over runs on a common ``x`` grid (linear interpolation per run).
+
+    Runs log at different times, so values are interpolated at the union of their x values,
+    restricted to the range every run covers (so the mean never jumps when a run ends).
+    """
+    per_run = []
+    for _, run in curves.groupby("run_dir", sort=True):
+        run = run[np.isfinite(run[x]) & np.isfinite(run[y])].sort_values(x, kind="stable")
+        if len(run):
+            per_run.append((run[x].to_numpy(float), run[y].to_numpy(float)))
+    if not per_run:
+        return pd.DataFrame(columns=[x, "mean", "lo", "hi", "n"])
+    lo = max(xs[0] for xs, _ in per_run)
+    hi = min(xs[-1] for xs, _ in per_run)
+    grid = np.unique(np.concatenate([xs for xs, _ in per_run]))
+    if lo <= hi:
+        grid = grid[(grid >= lo) & (grid <= hi)]
+    ys = np.vstack([np.interp(grid, xs, vs, left=np.nan, right=np.nan) for xs, vs in per_run])
+    with warnings.catch_warnings():  # all-NaN columns only in the no-overlap fallback
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return pd.DataFrame({x: grid, "mean": np.nanmean(ys, 0), "lo": np.nanmin(ys, 0),
+                             "hi": np.nanmax(ys, 0), "n": np.isfinite(ys).sum(0)})
+
+
+def draw_curves(ax, group: pd.DataFrame, x: str, y: str, color, label: str,
+                linestyle: str = "-") -> None:
+    """Mean line and min-max band of the group's finished runs; diverged runs on their own."""
+    ok = group[~group["diverged"].astype(bool)]
+    if len(ok):
+        band = mean_band(ok, x, y)
+        n = ok["run_dir"].nunique()
+        ax.plot(band[x], band["mean"], color=color, linestyle=linestyle, label=label)
+        if n > 1:
+            ax.fill_between(band[x], band["lo"], band["hi"], color=color, alpha=0.2, lw=0)
+    bad = group[group["diverged"].astype(bool)]
+    for i, (_, run) in enumerate(bad.groupby("run_dir", sort=True)):
+        draw_diverged(ax, run, x, y, color, f"{label} (diverged)" if i == 0 else "_nolegend_")
+
+
+def draw_diverged(ax, run: pd.DataFrame, x: str, y: str, color, label: str) -> None:
+    """One diverged run: dotted curve to its last finite point, an ``x`` there (at 100 % when it
+    has no finite point at all)."""
+    run = run[np.isfinite(run[x])].sort_values(x, kind="stable")
+    fin = run[np.isfinite(run[y])]
+    xs, ys = (fin[x].to_numpy(), fin[y].to_numpy()) if len(fin) else (
+        run[x].to_numpy()[:1] if len(run) else np.array([0.0]), np.array([100.0]))
+    ax.plot(xs, ys, color=color, linestyle=":", linewidth=1.2, markevery=[len(xs) - 1],
+            label=label, **DIVERGED_MARKER)
+
+
+def _legend(fig: Figure, axes: Iterable, title: str | None = None) -> None:
+    """One legend for the whole figure, labels de-duplicated across panels."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), title=title, loc="outside lower center",
+                   ncols=min(len(seen), 5))
+
+
+def _seeds(frame: pd.DataFrame) -> str:
+    n = frame["seed"].nunique()
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def fig1(frame: pd.DataFrame) -> Figure:
+    """Single-client baseline: training and test error (%) vs epoch, mean and band over seeds."""
+    _require(frame, "fig1")
+    fig, axes = _new_figure()
+    ax = axes[0, 0]
+    color = client_color(1)
+    for metric, style in (("training error", "-"), ("test error", "--")):
+        draw_curves(ax, frame[frame["metric"] == metric], "epoch", "error_pct", color, metric,
+                    linestyle=style)
+    ax.set(xlabel="epoch", ylabel="error (%)", ylim=(0, None),
+           title=f"Fig. 1: single-client baseline\n({_seeds(frame)}; {BAND_NOTE})")
+    ax.legend()
+    return fig
+
+
+def _error_vs_time(ax, frame: pd.DataFrame, all_frame: pd.DataFrame) -> None:
+    for n, group in frame.groupby("num_clients", sort=True):
+        draw_curves(ax, group, "time_s", "train_error_pct", client_color(n), client_label(n))
+    ax.set(xlabel=time_label(all_frame), ylabel="training error (%)", ylim=(0, None))
+
+
+def fig2(frame: pd.DataFrame) -> Figure:
+    """Cold start: training error (%) vs time, one line per client count."""
+    _require(frame, "fig2")
+    fig, axes = _new_figure(panel=(5.2, 3.6))
+    ax = axes[0, 0]
+    _error_vs_time(ax, frame, frame)
+    starts = "/".join(sorted({str(s) for s in frame["start"].dropna()})) or "cold"
+    ax.set_title(f"Fig. 2: {starts} start, training error vs time\n"
+                 f"({_seeds(frame)}; {BAND_NOTE})")
+    ax.legend(title="clients")
+    return fig
+
+
+def fig3(frame: pd.DataFrame) -> Figure:
+    """Warm start: one panel per nsync (shared y), one line per client count.
+
+    A panel without a 1-client run of its own nsync shows the 1-client runs of the smallest
+    nsync (the same reference the speedup table uses).
+    """
+    _require(frame, "fig3")
+    levels = sorted(frame["nsync"].unique())
+    ncols = min(len(levels), 4)
+    nrows = -(-len(levels) // ncols)
+    fig, axes = _new_figure(nrows, ncols, panel=(3.4, 3.3), sharey=True, sharex=True)
+    ones = frame[frame["num_clients"] == 1]
+    fallback = ones[ones["nsync"] == ones["nsync"].min()] if len(ones) else ones
+    for ax, k in zip(axes.flat, levels):
+        panel = frame[frame["nsync"] == k]
+        if not (panel["num_clients"] == 1).any():
+            panel = pd.concat([fallback, panel])
+        _error_vs_time(ax, panel, frame)
+        ax.set_title(f"nsync = {int(k)}")
+    for ax in list(axes.flat)[len(levels):]:
+        ax.set_visible(False)
+    for ax in axes[:, 1:].flat:
+        ax.set_ylabel("")
+    starts = "/".join(sorted({str(s) for s in frame["start"].dropna()})) or "warm"
+    fig.suptitle(f"Fig. 3: {starts} start, training error vs time per nsync\n"
+                 f"({_seeds(frame)}; {BAND_NOTE})")
+    _legend(fig, axes.flat, title="clients")
+    return fig
+
+
+def fig4(frame: pd.DataFrame) -> Figure:
+    """Speedup (time to target, 1 client / N clients) vs clients, one line per nsync.
+
+    Line: mean over seeds of the runs that reached the target; band: min-max. A diverged run
+    is an ``x`` at speedup 0, a run that never reached the target a ``v`` at 0.
+    """
+    _require(frame, "fig4")
+    fig, axes = _new_figure(panel=(5.0, 3.8))
+    ax = axes[0, 0]
+    counts = sorted(int(n) for n in frame["num_clients"].unique())
+    ax.plot(counts, counts, color="0.3", linestyle="--", label="ideal")
+    colors = nsync_colors(frame["nsync"])
+    for k, group in frame.groupby("nsync", sort=True):
+        color = colors[int(k)]
+        ok = group[group["outcome"] == "ok"]
+        stats = ok.groupby("num_clients")["speedup"].agg(["mean", "min", "max"])
+        ax.plot(stats.index, stats["mean"], color=color, marker="o", label=f"nsync = {int(k)}")
+        ax.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.2, lw=0)
+        for outcome, marker, what in (("diverged", "x", "diverged"),
+                                      ("not_reached", "v", "target not reached")):
+            miss = group[group["outcome"] == outcome]
+            if len(miss):
+                ax.plot(miss["num_clients"], np.zeros(len(miss)), linestyle="none",
+                        color=color, label=f"nsync = {int(k)} ({what})",
+                        **{**DIVERGED_MARKER, "marker": marker})
+    target = float(frame["target"].iloc[0])
+    ax.set(xlabel="clients", ylabel="speedup (time 1 client / time N clients)",
+           xticks=counts, ylim=(-0.2, None),
+           title=f"Fig. 4: speedup to {100 * target:g}% training error\n"
+                 f"({_clock(frame)} time; {_seeds(frame)}; {BAND_NOTE})")
+    ax.legend()
+    return fig
+
+
+def staleness(frame: pd.DataFrame) -> Figure:
+    """(a) staleness of applied pushes per (clients, nsync); (b) final test error (%) vs clients."""
+    _require(frame, "staleness")
+    fig, axes = _new_figure(1, 2, panel=(4.4, 3.6))
+    ax_a, ax_b = axes[0]
+    colors = nsync_colors(frame["nsync"])
+    hue = {str(k): c for k, c in colors.items()}
+    pushes = frame[frame["quantity"] == "staleness"]
+    if len(pushes):
+        counts = pushes["count"].to_numpy(int)
+        expanded = pd.DataFrame({"num_clients": np.repeat(pushes["num_clients"].to_numpy(int),
+                                                          counts),
+                                 "nsync": np.repeat(pushes["nsync"].astype(int).astype(str)
+                                                    .to_numpy(), counts),
+                                 "staleness": np.repeat(pushes["value"].to_numpy(), counts)})
+        with warnings.catch_warnings():  # seaborn 0.13 passes bxp(vert=...) to matplotlib 3.11
+            warnings.filterwarnings("ignore", message=".*vert: bool", category=DeprecationWarning)
+            sns.boxplot(data=expanded, x="num_clients", y="staleness", hue="nsync", ax=ax_a,
+                        hue_order=list(hue), palette=hue, whis=(0, 100), linewidth=0.8)
+        ax_a.legend(title="nsync")
+    ax_a.set(xlabel="clients", ylabel="staleness (server versions)",
+             title="(a) staleness of applied pushes\n(box: quartiles, whiskers: min-max)")
+    final = frame[frame["quantity"] == "final_test_error_pct"]
+    for k, group in final.groupby("nsync", sort=True):
+        color = colors[int(k)]
+        ok = group[~group["diverged"].astype(bool)]
+        stats = ok.groupby("num_clients")["value"].agg(["mean", "min", "max"])
+        ax_b.errorbar(stats.index, stats["mean"], color=color, marker="o", capsize=3,
+                      yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                      label=f"nsync = {int(k)}")
+        bad = group[group["diverged"].astype(bool)]
+        if len(bad):
+            ys = bad["value"].where(np.isfinite(bad["value"]), 100.0)
+            ax_b.plot(bad["num_clients"], ys, linestyle="none", color=color,
+                      label=f"nsync = {int(k)} (diverged)", **DIVERGED_MARKER)
+    counts = sorted(int(n) for n in final["num_clients"].unique())
+    ax_b.set(xlabel="clients", ylabel="final test error (%)", xticks=counts, ylim=(0, None),
+             title="(b) what staleness costs: final test error\n"
+                   "(line: mean over seeds, bars: min-max; diverged: last finite value)")
+    ax_b.legend()
+    fig.suptitle(f"Staleness ({_seeds(frame)})")
+    return fig
+
+
+__all__ = ["fig1", "fig2", "fig3", "fig4", "staleness", "set_style", "style_rc", "client_color",
+           "client_label", "nsync_colors", "time_label", "mean_band", "draw_curves"]

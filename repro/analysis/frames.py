@@ -1,0 +1,108 @@
+"""The tidy frame behind each figure: ``figN_frame(runs) -> DataFrame``.
+
+Owns which runs and which columns each figure shows. The frame is what the figure function
+draws and what the CLI saves as ``figures/<name>.csv``; plotting code never reads run folders.
+
+Columns shared by every frame: ``exp_name, run_dir, seed, num_clients, nsync, start,
+backend.name, status, diverged`` (one run's identity). Then per frame:
+
+* fig1: ``clock, version, epoch, time_s, metric`` ("training error" / "test error"), ``error_pct``
+  -- one row per (1-client run, evaluation, metric);
+* fig2, fig3: ``clock, version, epoch, time_s, train_error_pct, test_error_pct`` -- one row per
+  (run, evaluation);
+* fig4: ``clock, target, time_to_target_s, ref_run_dir, ref_time_s, speedup, outcome`` -- one
+  row per run (see :mod:`repro.analysis.tables`);
+* staleness: ``quantity`` ("staleness" / "final_test_error_pct"), ``value``, ``count`` -- per
+  run, a histogram of the staleness of its applied pushes plus one row with its final test error.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.load import Runs, is_diverged
+from repro.analysis.tables import resolve_target, run_speedups
+
+RUN_ID = ("exp_name", "run_dir", "seed", "num_clients", "nsync", "start", "backend.name",
+          "status", "diverged")
+CURVE_COLUMNS = (*RUN_ID, "clock", "version", "epoch", "time_s", "train_error_pct",
+                 "test_error_pct")
+GROUP_ONLY = ("job", "target_error")  # identity columns the figure frames leave out
+METRICS = {"train_error_pct": "training error", "test_error_pct": "test error"}
+
+
+def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    frame["diverged"] = is_diverged(frame["status"]) if len(frame) else pd.Series(dtype=bool)
+    return frame
+
+
+def _curves(evals: pd.DataFrame) -> pd.DataFrame:
+    ev = _with_diverged(evals)
+    ev["train_error_pct"] = 100.0 * ev["train_error"].astype(float)
+    ev["test_error_pct"] = 100.0 * ev["test_error"].astype(float)
+    ev = ev.sort_values(["num_clients", "nsync", "seed", "run_dir", "time_s", "version"],
+                        kind="stable")
+    return ev[list(CURVE_COLUMNS)].reset_index(drop=True)
+
+
+def fig1_frame(runs: Runs) -> pd.DataFrame:
+    """Single-client baseline: training and test error (%) of every 1-client run, long format."""
+    curves = _curves(runs.evals)
+    curves = curves[curves["num_clients"] == 1]
+    long = curves.melt(id_vars=[c for c in CURVE_COLUMNS if c not in METRICS],
+                       value_vars=list(METRICS), var_name="metric", value_name="error_pct")
+    long["metric"] = long["metric"].map(METRICS)
+    return long.reset_index(drop=True)
+
+
+def fig2_frame(runs: Runs) -> pd.DataFrame:
+    """Cold start: every evaluation of every run (training error vs time per client count)."""
+    return _curves(runs.evals)
+
+
+def fig3_frame(runs: Runs) -> pd.DataFrame:
+    """Warm start: as :func:`fig2_frame`; the figure makes one panel per nsync."""
+    return _curves(runs.evals)
+
+
+def fig4_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Speedup per run at ``target`` (default: the runs' config ``target_error``)."""
+    per_run = _with_diverged(run_speedups(runs.evals, resolve_target(runs.runs, target)))
+    if len(per_run) and not (per_run["outcome"] == "ok").any():
+        warnings.warn("no run gives a speedup (outcomes: "
+                      f"{per_run['outcome'].value_counts().to_dict()})", stacklevel=2)
+    extra = [c for c in per_run if c not in RUN_ID and c not in GROUP_ONLY]
+    return per_run[[*RUN_ID, *extra]]
+
+
+def staleness_frame(runs: Runs) -> pd.DataFrame:
+    """Staleness histogram of each run's pushes plus its final test error (%), stacked."""
+    ident = [c for c in RUN_ID if c != "diverged"]
+    up = runs.updates
+    hist = (up.groupby([*ident, "staleness"], dropna=False, sort=True).size()
+            .rename("count").reset_index().rename(columns={"staleness": "value"}))
+    hist.insert(len(ident), "quantity", "staleness")
+    final = runs.runs[ident].copy()
+    final["quantity"] = "final_test_error_pct"
+    final["value"] = 100.0 * _final_test_error(runs).to_numpy()
+    final["count"] = 1
+    out = _with_diverged(pd.concat([hist, final], ignore_index=True))
+    out = out.sort_values(["quantity", "num_clients", "nsync", "seed", "run_dir", "value"],
+                          kind="stable")
+    return out[[*RUN_ID, "quantity", "value", "count"]].reset_index(drop=True)
+
+
+def _final_test_error(runs: Runs) -> pd.Series:
+    """summary.json ``final.test_error``; the last evaluation's when the summary lacks it."""
+    final = pd.to_numeric(runs.runs.get("final_test_error", pd.Series(np.nan, runs.runs.index)),
+                          errors="coerce")
+    last = (runs.evals.sort_values(["time_s", "version"], kind="stable")
+            .groupby("run_dir")["test_error"].last())
+    return final.fillna(runs.runs["run_dir"].map(last))
+
+
+__all__ = ["fig1_frame", "fig2_frame", "fig3_frame", "fig4_frame", "staleness_frame",
+           "RUN_ID", "CURVE_COLUMNS"]

@@ -1,0 +1,299 @@
+"""Reading run folders (the contract in :mod:`repro.schema`) into tidy DataFrames.
+
+Owns: finding run folders under ``results/<exp_name>/``, validating each one, flattening its
+``config.json`` into dotted columns and concatenating its CSVs. Nothing here plots or aggregates.
+
+A folder is a run iff it holds ``config.json``. Every folder is sorted into exactly one bin:
+
+* **kept**: ``summary.json`` status is finished (:data:`repro.schema.FINISHED_STATUSES`);
+  diverged runs are kept, figures draw them as diverged;
+* **partial**: no ``summary.json`` or status running/interrupted/failed: skipped with a warning
+  and listed in :attr:`Runs.skipped` (``kind="partial"``);
+* **corrupt**: unreadable JSON, missing or truncated CSV, non-numeric values, missing columns,
+  or CSV/summary files without a ``config.json``: skipped with a warning and listed
+  (``kind="corrupt"``).
+
+A bad folder never raises; only a missing experiment folder does (:class:`NoRunsError`).
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from repro import schema
+from repro.errors import ConfigError
+
+# Config columns copied onto every evals/updates row so that figures can group without a join.
+GROUP_COLUMNS = ("exp_name", "job", "num_clients", "nsync", "seed", "start", "backend.name",
+                 "target_error", "status")
+REQUIRED_CONFIG_KEYS = ("num_clients", "nsync", "seed")
+PARTIAL_STATUSES = tuple(s for s in schema.STATUSES if s not in schema.FINISHED_STATUSES)
+SKIPPED_COLUMNS = ("run_dir", "exp_name", "job", "kind", "reason")
+# Counts in the CSVs: stored as int64 when every value is a whole number (NaN keeps float).
+INT_COLUMNS = ("version", "client", "read_version", "staleness", "num_steps", "num_samples",
+               "samples_seen")
+
+
+class NoRunsError(ConfigError):
+    """The experiment folder is missing or holds no usable run (the CLI exits with code 2)."""
+
+
+class BadRun(Exception):
+    """Why one folder was skipped; caught by :func:`load_runs`, never escapes it."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """The tidy tables of one results tree.
+
+    ``runs``: one row per kept run (``run_dir``, ``exp_name``, ``job``, dotted config columns,
+    summary columns). ``evals`` / ``updates``: every CSV row plus ``run_dir`` and
+    :data:`GROUP_COLUMNS`. ``skipped``: one row per partial or corrupt folder
+    (:data:`SKIPPED_COLUMNS`).
+    """
+
+    runs: pd.DataFrame
+    evals: pd.DataFrame
+    updates: pd.DataFrame
+    skipped: pd.DataFrame
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"algo": {"lr": 0.1}}`` -> ``{"algo.lr": 0.1}``; lists become JSON strings (one cell)."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRun("corrupt", f"{path.name} is unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise BadRun("corrupt", f"{path.name} is not a JSON object")
+    return data
+
+
+def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Read one of the run's CSVs strictly: every row complete, schema columns but ``clock``
+    numeric.
+
+    Empty cells and ``nan``/``inf`` are accepted (a diverging run writes them); anything else that
+    is not a number, a ragged row (a truncated write) or a missing column raises :class:`BadRun`.
+    """
+    if not path.is_file():
+        raise BadRun("corrupt", f"{path.name} is missing")
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise BadRun("corrupt", f"{path.name} is unreadable ({e})") from None
+    if not rows:
+        raise BadRun("corrupt", f"{path.name} is empty (no header)")
+    header, body = rows[0], [r for r in rows[1:] if r]  # csv gives [] for a blank line
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise BadRun("corrupt", f"{path.name} lacks columns {missing}")
+    for lineno, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise BadRun("corrupt", f"{path.name} line {lineno} has {len(row)} fields, "
+                                    f"header has {len(header)} (truncated write?)")
+    cols = list(zip(*body)) if body else [()] * len(header)
+    frame = {}
+    for name, values in zip(header, cols):
+        if name == "clock":
+            frame[name] = list(values)
+        elif name in columns:
+            frame[name] = _to_float(values, path.name, name)
+        else:  # a column the schema does not know: numbers if it parses, else text
+            frame[name] = _to_float(values, path.name, name) if all(
+                _is_float(v) or not v.strip() for v in values) else list(values)
+    return pd.DataFrame(frame, columns=header)
+
+
+def _to_float(values: tuple[str, ...], file: str, column: str) -> np.ndarray:
+    cleaned = [v if v.strip() else "nan" for v in values]
+    try:
+        array = np.array(cleaned, dtype=float)
+    except ValueError:
+        bad = next(v for v in cleaned if not _is_float(v))
+        raise BadRun("corrupt", f"{file} column '{column}' has non-numeric value {bad!r}") from None
+    if column in INT_COLUMNS and np.isfinite(array).all() and (array == np.round(array)).all():
+        return array.astype(np.int64)
+    return array
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
+    """Summary fields as columns: ``status``, ``final_test_error``, ``time_to_target.0.1``, ..."""
+    row: dict[str, Any] = {"status": summary["status"]}
+    for key in ("clock", "message", "wall_time_s"):
+        row[key] = summary.get(key)
+    for key in ("version", "samples_seen", "epoch", "time_s"):  # final values of the run
+        row[f"final_{key}"] = summary.get(key)
+    final = summary.get("final") or {}
+    for key in ("test_loss", "test_error", "train_loss", "train_error"):
+        row[f"final_{key}"] = final.get(key) if isinstance(final, dict) else None
+    ttt = summary.get("time_to_target") or {}
+    if isinstance(ttt, dict):
+        for target, t in ttt.items():
+            row[f"time_to_target.{target}"] = t
+    events = summary.get("events") or []
+    row["num_events"] = len(events) if isinstance(events, list) else 0
+    known = set(schema.SUMMARY_KEYS) - {"backend"}
+    for key, value in summary.items():  # keys a driver added (``**extra``), when scalar
+        if key not in known and isinstance(value, (str, int, float, bool, type(None))):
+            row[f"summary.{key}"] = value
+    # A config key with the same name keeps its name; the summary one gets a prefix.
+    return {(f"summary.{k}" if k in taken and not k.startswith("summary.") else k): v
+            for k, v in row.items()}
+
+
+def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
+    """One run folder -> (runs row, evals, updates). Raises :class:`BadRun` to skip the folder."""
+    config = _read_json(run_dir / schema.CONFIG_FILE)
+    lacking = [k for k in REQUIRED_CONFIG_KEYS if k not in config]
+    if lacking:
+        raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")
+    if not (run_dir / schema.SUMMARY_FILE).is_file():
+        raise BadRun("partial", f"no {schema.SUMMARY_FILE} (still running or killed)")
+    summary = _read_json(run_dir / schema.SUMMARY_FILE)
+    status = summary.get("status")
+    if status not in schema.STATUSES:
+        raise BadRun("corrupt", f"{schema.SUMMARY_FILE} status {status!r} is not one of "
+                                f"{list(schema.STATUSES)}")
+    if status in PARTIAL_STATUSES:
+        raise BadRun("partial", f"status {status!r}" + (f": {summary['message']}"
+                                                         if summary.get("message") else ""))
+    evals = read_table(run_dir / schema.EVALS_FILE, schema.EVAL_COLUMNS)
+    updates = read_table(run_dir / schema.UPDATES_FILE, schema.UPDATE_COLUMNS)
+
+    cfg = flatten(config)
+    cfg.setdefault("exp_name", exp_dir.name)
+    ident = {"run_dir": str(run_dir), "exp_name": cfg.pop("exp_name"), "job": run_dir.name}
+    leading = {k: cfg.pop(k) for k in GROUP_COLUMNS if k in cfg}  # the grouping keys first
+    row = {**ident, **leading, **cfg}
+    row.update(_summary_row(summary, set(row)))
+    group = {c: row.get(c) for c in GROUP_COLUMNS}
+    for table in (evals, updates):
+        _fill_clock(table, row)
+        table.insert(0, "run_dir", ident["run_dir"])
+        for name, value in group.items():
+            table[name] = value
+    return row, evals, updates
+
+
+def _fill_clock(table: pd.DataFrame, row: dict[str, Any]) -> None:
+    """Empty ``clock`` cells take the summary's clock, else the backend's (sim -> virtual)."""
+    fallback = row.get("clock") or {"sim": "virtual", "real": "wall"}.get(row.get("backend.name"))
+    if fallback and len(table):
+        table["clock"] = [c if c else fallback for c in table["clock"]]
+
+
+def find_run_dirs(exp_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(folders with config.json, folders with run files but no config.json), sorted."""
+    runs, orphans = set(), set()
+    for name in (schema.CONFIG_FILE, schema.SUMMARY_FILE, schema.EVALS_FILE, schema.UPDATES_FILE):
+        for path in exp_dir.rglob(name):
+            if any(part.startswith(".") for part in path.relative_to(exp_dir).parts[:-1]):
+                continue  # .hydra/ and friends
+            (runs if name == schema.CONFIG_FILE else orphans).add(path.parent)
+    return sorted(runs), sorted(orphans - runs)
+
+
+def load_runs(results_dir: str | Path, exp_name: str | None = None) -> Runs:
+    """Load every run under ``results_dir/exp_name`` (every experiment when ``exp_name`` is None).
+
+    Partial and corrupt folders are skipped with a ``warnings.warn`` that names the folder and
+    the reason. Raises :class:`NoRunsError` only when the folder itself does not exist.
+    """
+    root = Path(results_dir)
+    found = sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith((".", "_")))
+    wanted = root / exp_name if exp_name else root
+    if not wanted.is_dir():
+        names = ", ".join(p.name for p in found) or "none"
+        raise NoRunsError("exp", str(wanted), f"an experiment folder under {root} "
+                                              f"(found: {names})")
+    exp_dirs = [wanted] if exp_name else found
+    rows, evals, updates, skipped = [], [], [], []
+    for exp_dir in exp_dirs:
+        run_dirs, orphans = find_run_dirs(exp_dir)
+        for orphan in orphans:
+            _skip(skipped, orphan, exp_dir, BadRun("corrupt", f"no {schema.CONFIG_FILE}"))
+        for run_dir in run_dirs:
+            try:
+                row, ev, up = read_run(run_dir, exp_dir)
+            except BadRun as bad:
+                _skip(skipped, run_dir, exp_dir, bad)
+                continue
+            rows.append(row)
+            evals.append(ev)
+            updates.append(up)
+    return Runs(runs=_frame(rows, ("run_dir", "exp_name", "job", *REQUIRED_CONFIG_KEYS, "status")),
+                evals=_concat(evals, schema.EVAL_COLUMNS),
+                updates=_concat(updates, schema.UPDATE_COLUMNS),
+                skipped=_frame(skipped, SKIPPED_COLUMNS))
+
+
+def _skip(skipped: list[dict[str, Any]], run_dir: Path, exp_dir: Path, bad: BadRun) -> None:
+    warnings.warn(f"skipping {bad.kind} run {run_dir}: {bad.reason}", stacklevel=3)
+    skipped.append({"run_dir": str(run_dir), "exp_name": exp_dir.name, "job": run_dir.name,
+                    "kind": bad.kind, "reason": bad.reason})
+
+
+def _frame(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    for c in columns:  # an empty tree still has the columns downstream code selects
+        if c not in frame:
+            frame[c] = pd.Series(dtype=object)
+    return frame
+
+
+def _concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=["run_dir", *columns, *GROUP_COLUMNS])
+    return pd.concat(frames, ignore_index=True)
+
+
+def is_diverged(status: pd.Series) -> pd.Series:
+    """Boolean mask of diverged runs (status column of any of the tables)."""
+    return status.astype(object).eq("diverged")
+
+
+def finite(x: Any) -> bool:
+    """True for a real finite number (None, NaN and inf are not)."""
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False

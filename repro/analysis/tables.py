@@ -1,0 +1,165 @@
+"""Time to a target error, per-run speedups and the speedup table (the numbers behind fig4).
+
+Owns the definitions, so the figure and the table cannot disagree:
+
+* time to target = the first evaluation ``time_s`` at which ``train_error <= target``
+  (NaN if never);
+* speedup of an N-client run = t(1-client run, same seed) / t(N-client run). The 1-client
+  reference shares the seed (and experiment, start, backend) and preferably the nsync; when no
+  1-client run has that nsync, the one with the smallest nsync is used;
+* a diverged run gives no speedup (outcome ``diverged``) but is counted in the table.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import pandas as pd
+
+from repro.analysis.load import GROUP_COLUMNS, NoRunsError, Runs, finite
+
+# A 1-client reference must agree with the N-client run on these (when present) and on the seed.
+REFERENCE_KEYS = ("exp_name", "start", "backend.name", "seed")
+OUTCOMES = ("ok", "diverged", "not_reached", "no_reference", "reached_at_start")
+TABLE_COLUMNS = ("nsync", "num_clients", "speedup_mean", "speedup_std", "speedup_min",
+                 "speedup_max", "n", "n_runs", "n_diverged", "n_not_reached", "n_no_reference",
+                 "time_to_target_mean_s", "target")
+
+
+def resolve_target(frame: pd.DataFrame, override: float | None = None) -> float:
+    """The target error: ``override`` if given, else the runs' config ``target_error``.
+
+    All runs of one experiment should share it; if several values appear the first (in run
+    order) is used with a warning.
+    """
+    if override is not None:
+        return float(override)
+    column = frame["target_error"] if "target_error" in frame else pd.Series(dtype=float)
+    values = list(dict.fromkeys(float(v) for v in column if finite(v)))
+    if not values:
+        raise NoRunsError("target_error", None, "a target_error in the runs' config.json, "
+                                                "or --target")
+    if len(values) > 1:
+        warnings.warn(f"runs disagree on target_error {values}; using {values[0]}", stacklevel=2)
+    return values[0]
+
+
+def time_to_target(evals: pd.DataFrame, target: float) -> pd.DataFrame:
+    """One row per run: its grouping columns, ``clock``, ``target`` and ``time_to_target_s``."""
+    keep = [c for c in ("run_dir", *GROUP_COLUMNS) if c in evals]
+    rows = []
+    for _, run in evals.groupby("run_dir", sort=True):
+        run = run.sort_values(["time_s", "version"], kind="stable")
+        hit = run.loc[run["train_error"] <= target, "time_s"]  # NaN errors never count
+        clocks = run["clock"].dropna().unique()
+        rows.append({**run.iloc[0][keep].to_dict(),
+                     "clock": clocks[0] if len(clocks) == 1 else "mixed",
+                     "target": float(target),
+                     "time_to_target_s": float(hit.iloc[0]) if len(hit) else math.nan})
+    columns = [*keep, "clock", "target", "time_to_target_s"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality where two missing values (None/NaN) also match."""
+    if pd.isna(a) and pd.isna(b):
+        return True
+    return bool(a == b)
+
+
+def _reference(row: pd.Series, ones: pd.DataFrame) -> pd.Series | None:
+    keys = [k for k in REFERENCE_KEYS if k in ones]
+    match = ones[[all(_same(r[k], row[k]) for k in keys) for _, r in ones.iterrows()]]
+    if match.empty:
+        return None
+    same_nsync = match[match["nsync"] == row["nsync"]]
+    pool = same_nsync if len(same_nsync) else match
+    return pool.sort_values(["nsync", "run_dir"], kind="stable").iloc[0]
+
+
+def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:
+    """Per run: time to target, its 1-client reference, ``speedup`` and ``outcome``.
+
+    ``outcome`` is one of :data:`OUTCOMES`; ``speedup`` is finite only for ``ok``.
+    """
+    times = time_to_target(evals, target)
+    ones = times[times["num_clients"] == 1]
+    rows = []
+    for _, row in times.iterrows():
+        ref = _reference(row, ones)
+        ref_t = math.nan
+        if ref is not None and ref["status"] != "diverged":
+            ref_t = ref["time_to_target_s"]
+        t = row["time_to_target_s"]
+        if row["status"] == "diverged":
+            outcome = "diverged"
+        elif not finite(ref_t):
+            outcome = "no_reference"
+        elif not finite(t):
+            outcome = "not_reached"
+        elif t <= 0 or ref_t <= 0:
+            outcome = "reached_at_start"
+        else:
+            outcome = "ok"
+        rows.append({**row.to_dict(),
+                     "ref_run_dir": None if ref is None else ref["run_dir"],
+                     "ref_time_s": ref_t,
+                     "speedup": ref_t / t if outcome == "ok" else math.nan,
+                     "outcome": outcome})
+    out = pd.DataFrame(rows, columns=[*times.columns, "ref_run_dir", "ref_time_s", "speedup",
+                                      "outcome"])
+    if (out["outcome"] == "reached_at_start").any():
+        warnings.warn(f"some runs meet target error {target} at time 0 (warm start?): "
+                      "no speedup can be measured for them; choose a lower --target",
+                      stacklevel=2)
+    return out
+
+
+def summarise_speedups(per_run: pd.DataFrame) -> pd.DataFrame:
+    """Per-run speedups -> one row per (nsync, num_clients): mean/std/min/max and counts."""
+    keys = [k for k in ("exp_name", "start", "backend.name")
+            if k in per_run and per_run[k].nunique(dropna=False) > 1]
+    keys += ["nsync", "num_clients"]
+    rows = []
+    for key, g in per_run.groupby(keys, sort=True, dropna=False):
+        ok = g["outcome"] == "ok"
+        s = g.loc[ok, "speedup"].astype(float)
+        rows.append({**dict(zip(keys, key)),
+                     "speedup_mean": s.mean(), "speedup_std": s.std(ddof=1),
+                     "speedup_min": s.min(), "speedup_max": s.max(), "n": int(ok.sum()),
+                     "n_runs": len(g),
+                     "n_diverged": int((g["outcome"] == "diverged").sum()),
+                     "n_not_reached": int((g["outcome"] == "not_reached").sum()),
+                     "n_no_reference": int(g["outcome"].isin(["no_reference",
+                                                              "reached_at_start"]).sum()),
+                     "time_to_target_mean_s": g.loc[ok, "time_to_target_s"].mean(),
+                     "target": g["target"].iloc[0]})
+    return pd.DataFrame(rows, columns=[*keys[:-2], *TABLE_COLUMNS])
+
+
+def speedup_table(data: Runs | pd.DataFrame, target: float | None = None) -> pd.DataFrame:
+    """The speedup table from a :class:`Runs`, an evals frame, or a :func:`run_speedups` frame.
+
+    ``target`` defaults to the runs' config ``target_error`` (see :func:`resolve_target`).
+    """
+    if isinstance(data, Runs):
+        target = resolve_target(data.runs, target)
+        return summarise_speedups(run_speedups(data.evals, target))
+    if "speedup" in data and "outcome" in data:
+        return summarise_speedups(data)
+    return summarise_speedups(run_speedups(data, resolve_target(data, target)))
+
+
+def format_speedup_table(table: pd.DataFrame) -> str:
+    """The table as fixed-width text for the terminal."""
+    if table.empty:
+        return "(no runs)"
+    target = table["target"].iloc[0]
+    body = table.drop(columns="target").to_string(index=False, float_format=lambda x: f"{x:.3g}",
+                                                  na_rep="-")
+    return f"speedup to training error <= {target:g} (1 client / N clients, over seeds)\n{body}"
+
+
+__all__ = ["resolve_target", "time_to_target", "run_speedups", "summarise_speedups",
+           "speedup_table", "format_speedup_table", "OUTCOMES", "TABLE_COLUMNS"]

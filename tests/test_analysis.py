@@ -1,0 +1,285 @@
+"""Analysis: run folders -> tidy frames -> tables and figures (the last link of the chain).
+
+Uses the synthetic tree of :mod:`tests.fake_runs`; no training runs here.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from repro import schema  # noqa: E402
+from repro.analysis import figures, frames, load_runs, speedup_table, time_to_target  # noqa: E402
+from repro.analysis.__main__ import main  # noqa: E402
+from repro.analysis.build import build_figure  # noqa: E402
+from repro.analysis.load import NoRunsError  # noqa: E402
+from repro.analysis.tables import resolve_target, run_speedups  # noqa: E402
+try:  # tests/ as a package (python -m pytest from the root) or as a plain folder on sys.path
+    from tests import fake_runs  # noqa: E402
+except ImportError:
+    import fake_runs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    return fake_runs.make_results(tmp_path_factory.mktemp("results"))
+
+
+def quiet_load(root: Path, exp: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_runs(root, exp)
+
+
+@pytest.fixture(scope="module")
+def fig3_runs(results):
+    return quiet_load(results, "fig3")
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+def test_load_flattens_config_and_keeps_diverged(fig3_runs):
+    runs = fig3_runs.runs
+    assert len(runs) == 12  # 3 client counts x 2 nsync x 2 seeds; bad folders left out
+    for col in ("run_dir", "exp_name", "job", "algo.lr", "cost.profile", "backend.name",
+                "cost.measured_compute_s", "status", "final_test_error", "wall_time_s"):
+        assert col in runs, col
+    diverged = runs[runs["status"] == "diverged"]
+    assert diverged[["num_clients", "nsync", "seed"]].to_dict("records") == [fake_runs.DIVERGED]
+    assert set(fig3_runs.evals["run_dir"]) == set(runs["run_dir"])
+    for col in ("exp_name", "num_clients", "nsync", "seed", "start", "backend.name", "status",
+                *schema.EVAL_COLUMNS):
+        assert col in fig3_runs.evals, col
+    assert set(schema.UPDATE_COLUMNS) <= set(fig3_runs.updates)
+    assert fig3_runs.updates["staleness"].dtype == np.int64
+
+
+def test_reads_what_the_drivers_runlog_writes(tmp_path):
+    runlog = pytest.importorskip("repro.runlog")
+    log = runlog.RunLog(tmp_path / "exp" / "job", fake_runs.config("exp", 2, 4, 0, "cold"),
+                        clock="virtual", backend="sim", num_train=100, eval_every=0.5,
+                        target_error=0.1)
+    log.log_eval(version=0, time_s=0.0, test_loss=2.3, test_error=0.9, train_loss=2.3,
+                 train_error=0.9)
+    for v in (1, 2):
+        log.log_push(version=v, time_s=0.5 * v, client=v, read_version=v - 1, staleness=1,
+                     num_steps=4, num_samples=64, train_loss=math.nan, train_error=0.5)
+    log.log_eval(version=2, time_s=1.0, test_loss=math.nan, test_error=0.05,
+                 train_loss=math.nan, train_error=0.05)
+    log.write_summary("diverged", "loss is NaN")
+    log.close()
+    runs = load_runs(tmp_path, "exp")
+    assert runs.runs["status"].tolist() == ["diverged"] and len(runs.evals) == 2
+    assert runs.runs["time_to_target.0.1"].tolist() == [1.0]
+    assert runs.updates["train_loss"].isna().all()
+
+
+@pytest.mark.filterwarnings("ignore:skipping")  # the other bad folders' warnings
+@pytest.mark.parametrize("folder", sorted(fake_runs.BAD_FOLDERS))
+def test_bad_folder_is_skipped_with_a_warning(results, folder):
+    with pytest.warns(UserWarning, match=re.escape(folder)):
+        runs = load_runs(results, "fig3")
+    assert folder not in set(runs.runs["job"])
+    skipped = runs.skipped.set_index("job")
+    assert skipped.loc[folder, "kind"] == fake_runs.BAD_FOLDERS[folder]
+
+
+def _corrupt_variants(exp: Path) -> dict[str, str]:
+    """More ways a folder can be broken: folder -> expected words in the warning."""
+    base = fake_runs.write_experiment(exp.parent, exp.name, [1], [1], [0], "cold")[0]
+    text = {p.name: p.read_text() for p in base.iterdir() if p.is_file()}
+    cases = {"bad_json": (schema.CONFIG_FILE, "{not json", "unreadable"),
+             "bad_status": (schema.SUMMARY_FILE, json.dumps({"status": "exploded"}), "status"),
+             "no_updates": (schema.UPDATES_FILE, None, "missing"),
+             "empty_evals": (schema.EVALS_FILE, "", "empty"),
+             "no_column": (schema.EVALS_FILE, "version,time_s\n1,2\n", "lacks columns"),
+             "interrupted": (schema.SUMMARY_FILE, json.dumps({"status": "interrupted"}),
+                             "interrupted")}
+    for name, (file, content, _) in cases.items():
+        d = exp / name
+        d.mkdir()
+        for f, t in text.items():
+            (d / f).write_text(t)
+        if content is None:
+            (d / file).unlink()
+        else:
+            (d / file).write_text(content)
+    return {name: words for name, (_, _, words) in cases.items()}
+
+
+def test_loader_never_crashes_on_bad_folders(tmp_path):
+    expected = _corrupt_variants(tmp_path / "exp")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    assert len(runs.runs) == 1
+    messages = [str(w.message) for w in caught]
+    for folder, words in expected.items():
+        assert any(folder in m and words in m for m in messages), (folder, messages)
+
+
+def test_missing_experiment_raises_config_error(tmp_path):
+    with pytest.raises(NoRunsError, match="nope"):
+        load_runs(tmp_path, "nope")
+
+
+# --- tables -------------------------------------------------------------------------------------
+
+def _evals(rows) -> pd.DataFrame:
+    """Hand-made evals: (run, num_clients, nsync, seed, status, [(time_s, train_error), ...])."""
+    out = []
+    for run, n, k, seed, status, points in rows:
+        for v, (t, err) in enumerate(points):
+            out.append({"run_dir": run, "num_clients": n, "nsync": k, "seed": seed,
+                        "status": status, "version": v, "time_s": t, "clock": "virtual",
+                        "train_error": err, "test_error": err})
+    return pd.DataFrame(out)
+
+
+HAND = _evals([
+    ("one_s0", 1, 1, 0, "completed", [(0, .9), (50, .5), (100, .1), (150, .05)]),
+    ("one_s1", 1, 1, 1, "completed", [(0, .9), (100, .1)]),
+    ("two_s0", 2, 1, 0, "completed", [(0, .9), (50, .09)]),
+    ("four_s0", 4, 1, 0, "completed", [(0, .9), (25, .1)]),
+    ("four_s1", 4, 1, 1, "completed", [(0, .9), (50, .1)]),
+    ("four_s2", 4, 1, 2, "completed", [(0, .9), (40, .1)]),       # no 1-client seed 2
+    ("four_div", 4, 1, 0, "diverged", [(0, .9), (10, .05), (20, math.nan)]),
+    ("two_k8", 2, 8, 0, "completed", [(0, .9), (40, .2)]),        # never reaches 0.1
+    ("four_k8", 4, 8, 1, "completed", [(0, .9), (20, .1)]),       # reference: nsync 1, seed 1
+])
+
+
+def test_time_to_target_is_first_eval_at_or_below_target():
+    t = time_to_target(HAND, 0.1).set_index("run_dir")["time_to_target_s"]
+    assert t["one_s0"] == 100 and t["two_s0"] == 50 and t["four_div"] == 10
+    assert math.isnan(t["two_k8"])
+
+
+def test_speedup_arithmetic():
+    per_run = run_speedups(HAND, 0.1).set_index("run_dir")
+    assert per_run.loc["two_s0", "speedup"] == pytest.approx(2.0)  # 100 s / 50 s
+    assert per_run.loc["four_k8", "speedup"] == pytest.approx(5.0)  # other-nsync reference
+    assert per_run.loc["four_k8", "ref_run_dir"] == "one_s1"
+    assert per_run.loc["four_div", "outcome"] == "diverged"
+    assert per_run.loc["four_s2", "outcome"] == "no_reference"
+    assert per_run.loc["two_k8", "outcome"] == "not_reached"
+    table = speedup_table(HAND, target=0.1).set_index(["nsync", "num_clients"])
+    four = table.loc[(1, 4)]
+    assert four["speedup_mean"] == pytest.approx(3.0)  # seeds: 100/25 = 4, 100/50 = 2
+    assert four["speedup_std"] == pytest.approx(math.sqrt(2))
+    assert (four["speedup_min"], four["speedup_max"]) == (2.0, 4.0)
+    assert (four["n"], four["n_runs"], four["n_diverged"], four["n_no_reference"]) == (2, 4, 1, 1)
+    assert table.loc[(1, 1), "speedup_mean"] == 1.0
+    assert table.loc[(8, 2), "n_not_reached"] == 1
+
+
+def test_target_comes_from_config_and_warns_when_runs_disagree():
+    frame = pd.DataFrame({"target_error": [0.1, 0.2, 0.1]})
+    with pytest.warns(UserWarning, match="disagree"):
+        assert resolve_target(frame) == 0.1
+    assert resolve_target(frame, 0.3) == 0.3
+    with pytest.raises(NoRunsError):
+        resolve_target(pd.DataFrame({"x": [1]}))
+
+
+def test_speedup_table_from_fake_tree_counts_the_diverged_run(fig3_runs):
+    table = speedup_table(fig3_runs).set_index(["nsync", "num_clients"])
+    assert table.loc[(8, 4), "n_diverged"] == 1 and table.loc[(8, 4), "n"] == 1
+    assert 1.5 < table.loc[(1, 2), "speedup_mean"] <= 2.2
+    assert table["target"].unique().tolist() == [fake_runs.TARGET]
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+def _labels(fig) -> list[str]:
+    return [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+
+
+@pytest.mark.parametrize("name", ["fig1", "fig2", "fig3", "fig4", "staleness"])
+def test_every_figure_builds_from_its_frame(results, name):
+    exp = {"staleness": "fig3"}.get(name, name)
+    frame = getattr(frames, f"{name}_frame")(quiet_load(results, exp))
+    assert len(frame) and set(frames.RUN_ID) <= set(frame)
+    before = frame.copy()
+    fig = getattr(figures, name)(frame)
+    pd.testing.assert_frame_equal(frame, before)  # pure: the frame is not touched
+    axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_xlabel()]
+    assert axes and all(ax.get_ylabel() or ax is not axes[0] for ax in axes)
+    assert fig.axes[0].get_title() or fig.get_suptitle()
+    if name in ("fig2", "fig3"):
+        assert axes[0].get_xlabel() == "time (s, virtual)"
+        assert axes[0].get_ylabel() == "training error (%)"
+        assert frame["train_error_pct"].max() > 1  # percent, not a fraction
+
+
+@pytest.mark.parametrize("name", ["fig3", "fig4", "staleness"])
+def test_diverged_run_is_drawn_as_diverged(fig3_runs, name):
+    frame = getattr(frames, f"{name}_frame")(fig3_runs)
+    assert frame["diverged"].any()
+    labels = _labels(getattr(figures, name)(frame))
+    assert any("diverged" in label for label in labels), labels
+
+
+def test_client_colours_are_fixed_across_figures(results, fig3_runs):
+    f2 = figures.fig2(frames.fig2_frame(quiet_load(results, "fig2")))
+    f3 = figures.fig3(frames.fig3_frame(fig3_runs))
+    for fig in (f2, f3):
+        line = next(l for ax in fig.axes for l in ax.get_lines() if l.get_label() == "4 clients")
+        assert matplotlib.colors.to_rgb(line.get_color()) == figures.client_color(4)
+    assert len({figures.client_color(n) for n in (1, 2, 4, 8, 16)}) == 5
+
+
+def test_mean_band_interpolates_runs_on_a_common_grid():
+    curves = pd.DataFrame({"run_dir": ["a"] * 3 + ["b"] * 2,
+                           "t": [0, 10, 20, 0, 15], "y": [10, 0, 0, 20, 5]})
+    band = figures.mean_band(curves, "t", "y").set_index("t")
+    assert list(band.index) == [0, 10, 15]  # up to where both runs have data
+    assert band.loc[10, "mean"] == pytest.approx((0 + 10) / 2)
+    assert (band.loc[0, "lo"], band.loc[0, "hi"]) == (10, 20)
+
+
+# --- entry points -------------------------------------------------------------------------------
+
+def test_cli_writes_png_pdf_csv_and_speedup_table(results, tmp_path, capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(["fig4", "--results", str(results), "--out", str(tmp_path)])
+    assert code == 0
+    for file in ("fig4.png", "fig4.pdf", "fig4.csv", "fig4_speedup.csv"):
+        assert (tmp_path / file).stat().st_size > 0, file
+    assert "speedup" in capsys.readouterr().out
+    table = pd.read_csv(tmp_path / "fig4_speedup.csv")
+    assert {"speedup_mean", "speedup_std", "n", "n_diverged"} <= set(table)
+    saved = pd.read_csv(tmp_path / "fig4.csv")
+    assert len(saved) == 12 and saved["diverged"].sum() == 1
+
+
+def test_cli_exits_2_on_missing_or_unusable_experiment(results, tmp_path, capsys):
+    assert main(["fig2", "--results", str(results), "--exp", "nope", "--out",
+                 str(tmp_path)]) == 2
+    assert "nope" in capsys.readouterr().err
+    fake_runs.write_bad_runs(tmp_path / "results" / "broken")
+    assert main(["fig3", "--results", str(tmp_path / "results"), "--exp", "broken"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: skipping corrupt run" in err and "finished run" in err
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_build_figure_returns_written_paths(results, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        paths = build_figure("fig1", results, tmp_path)
+    assert [p.name for p in paths] == ["fig1.png", "fig1.pdf", "fig1.csv"]
+    assert all(p.is_file() for p in paths)
+    frame = pd.read_csv(paths[-1])
+    assert set(frame["metric"]) == {"training error", "test error"}
