@@ -143,6 +143,8 @@ class RunConfig:
     """Print progress lines on long runs."""
     results_dir: str = "results"
     """Where run folders and the warm-start cache live."""
+    figures_dir: str = "figures"
+    """Where +exp=figN writes its figure (png, pdf) and the numbers behind it (csv)."""
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
