@@ -1,0 +1,120 @@
+"""Configuration: every shipped config composes and converts; bad input is rejected clearly."""
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from repro.config import RunConfig, from_dict, to_dict
+from repro.errors import ConfigError
+from repro.run import CONF_DIR, compose, parse
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "exp").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_default_config_converts_and_round_trips():
+    cfg = parse(compose([]))
+    assert isinstance(cfg, RunConfig)
+    assert (cfg.data.name, cfg.model.name, cfg.backend.name) == ("digits", "digits_cnn", "sim")
+    assert from_dict(to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS)
+def test_every_experiment_composes_and_converts(exp):
+    cfg = parse(compose([f"+exp={exp}"]))
+    assert cfg.exp_name == exp
+
+
+@pytest.mark.parametrize("group", ["data", "model", "algo", "cost", "backend"])
+def test_every_group_option_composes(group):
+    for option in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
+        extra = {"cifar10": ["data.root=/nowhere"], "replay": ["cost.path=/nowhere"]}.get(option, [])
+        cfg = parse(compose([f"{group}={option}", *extra]))
+        assert cfg is not None
+
+
+def sweep_grid(exp: str) -> list[dict]:
+    """The runs a figure's sweep launches, expanded as Hydra's basic sweeper does."""
+    from hydra import compose as hcompose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        full = hcompose(config_name="config", overrides=[f"+exp={exp}"], return_hydra_config=True)
+    params = full.hydra.sweeper.params
+    assert full.hydra.mode.name == "MULTIRUN"
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    axes = [[(o.key_or_group, v) for v in o.sweep_iterator()] for o in parsed]
+    return [dict(point) for point in itertools.product(*axes)]
+
+
+@pytest.mark.parametrize("exp,expected", [
+    ("fig1", {"seed": [0, 1, 2]}),
+    ("fig2", {"num_clients": [1, 2, 4, 8], "seed": [0, 1]}),
+    ("fig3", {"num_clients": [1, 2, 4, 8], "nsync": [1, 4, 16], "seed": [0, 1]}),
+    ("fig4", {"num_clients": [1, 2, 4, 8], "nsync": [1, 4, 16], "seed": [0, 1, 2]}),
+    ("staleness", {"num_clients": [1, 2, 4, 8], "nsync": [1, 4, 16], "seed": [0, 1]}),
+])
+def test_figure_grids_expand_to_the_intended_runs(exp, expected):
+    grid = sweep_grid(exp)
+    want = [dict(zip(expected, values)) for values in itertools.product(*expected.values())]
+    assert sorted(map(sorted_items, grid)) == sorted(map(sorted_items, want))
+    assert len({tuple(sorted(p.items())) for p in grid}) == len(grid)
+    for point in (grid[0], grid[-1]):   # the grid's corners are valid configs with fixed seeds
+        cfg = parse(compose([f"+exp={exp}"] + [f"{k}={v}" for k, v in point.items()]))
+        assert cfg.seed in (0, 1, 2)
+
+
+def sorted_items(d):
+    return tuple(sorted((k, int(v)) for k, v in d.items()))
+
+
+def test_figure_experiments_use_the_paper_regime_and_warm_start():
+    for exp in ("fig2", "fig3", "fig4"):
+        assert parse(compose([f"+exp={exp}"])).cost.profile == "paper2013"
+    assert parse(compose(["+exp=fig3"])).start == "warm"
+    assert parse(compose(["+exp=fig2"])).start == "cold"
+
+
+BAD_INPUTS = [
+    (["num_clients=0"], "num_clients", "an integer >= 1"),
+    (["nsync=0"], "nsync", "an integer >= 1"),
+    (["algo.lr=-0.1"], "algo.lr", "a number > 0"),
+    (["algo.momentum=1.5"], "algo.momentum", "[0, 1)"),
+    (["num_epochs=abc"], "num_epochs", "a number"),
+    (["algo.server_rule=magic"], "algo.server_rule", "'delta', 'downpour', 'adagrad'"),
+    (["cost.jitter=gaussian"], "cost.jitter", "'none', 'lognormal', 'exponential'"),
+    (["cost.straggler_client=9"], "cost.straggler_client", "1..4"),
+    (["backend.master_port=70000"], "backend.master_port", "0..65535"),
+    (["start=hot"], "start", "'cold', 'warm'"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,expected", BAD_INPUTS)
+def test_bad_values_name_key_value_and_choices(overrides, key, expected):
+    with pytest.raises(ConfigError) as err:
+        parse(compose(overrides))
+    message = str(err.value)
+    assert f"'{key}'" in message and expected in message
+    assert overrides[0].split("=", 1)[1] in message
+
+
+def _cli(args, tmp_path):
+    return subprocess.run([sys.executable, "-m", "repro.run", f"results_dir={tmp_path}", "progress=false", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["num_clients=0"], "'num_clients': 0; expected an integer >= 1"),
+    (["model=resnet"], "'model': 'resnet'; expected one of: 'cifar_18pct', 'digits_cnn', 'mlp', 'mnist1d_cnn'"),
+    (["data=imagenet"], "'data': 'imagenet'; expected one of: 'cifar10', 'digits', 'mnist1d', 'synthetic'"),
+    (["model=mnist1d_cnn"], "'model.name': 'mnist1d_cnn'; expected a model that accepts data 'digits'"),
+    (["data=cifar10", "data.root=/nonexistent"], "data.root"),
+])
+def test_cli_rejects_bad_input_with_exit_code_2_and_no_complete_run(tmp_path, args, needle):
+    proc = _cli(args, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert not list(tmp_path.rglob("summary.json"))     # nothing looks like a run
+    assert not list(tmp_path.rglob("config.json"))
