@@ -11,7 +11,7 @@ which the server applies pushes:
 
 Both are stateless apart from plain numbers, so a checkpoint captures them exactly. Jitter for
 (client, segment) is drawn from a generator seeded by (seed, client, segment), independent of the
-order in which segments are simulated.
+order in which segments are simulated (drawn in blocks of pushes, see ``CostModel._jitter``).
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ import numpy as np
 from repro.config import CostConfig
 from repro.errors import ConfigError
 
+JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
+
 
 class CostModel:
     def __init__(self, cost: CostConfig, seed: int, param_bytes: int, compute_s: float):
@@ -33,6 +35,8 @@ class CostModel:
         bandwidth = cost.bandwidth_Bps
         self.transfer_s = cost.latency_s + (nbytes / bandwidth if bandwidth else 0.0)
         self.server_apply_s = cost.server_apply_s
+        self._blocks: dict[int, np.ndarray] = {}
+        self._block_key: dict[int, tuple] = {}
 
     def compute_s(self, client: int, segment: int, num_steps: int) -> float:
         """Virtual time for ``num_steps`` minibatch steps of ``client``'s ``segment``-th push."""
@@ -41,13 +45,24 @@ class CostModel:
             step_s *= self.cost.straggler_factor
         if self.cost.jitter == "none" or self.cost.jitter_sigma == 0:
             return step_s * num_steps
-        rng = np.random.default_rng([self.seed, client, segment])
-        sigma = self.cost.jitter_sigma
-        if self.cost.jitter == "lognormal":   # mean-preserving: E[exp(s z - s^2/2)] = 1
-            factors = np.exp(sigma * rng.standard_normal(num_steps) - sigma * sigma / 2)
-        else:                                   # exponential tail of weight sigma, mean 1
-            factors = (1 - sigma) + sigma * rng.exponential(1.0, num_steps)
-        return float(step_s * factors.sum())
+        return float(step_s * self._jitter(client, segment, num_steps).sum())
+
+    def _jitter(self, client: int, segment: int, num_steps: int) -> np.ndarray:
+        """Per-step time factors, a pure function of (seed, client, segment). Drawn in blocks of
+        JITTER_BLOCK pushes per generator: seeding a generator costs more than a minibatch of
+        digits_cnn, so one per push would dominate the simulator's overhead."""
+        block, row = divmod(segment, JITTER_BLOCK)
+        key = (client, block, num_steps)
+        if self._block_key.get(client) != key:
+            rng = np.random.default_rng([self.seed, client, block, num_steps])
+            sigma = self.cost.jitter_sigma
+            shape = (JITTER_BLOCK, num_steps)
+            if self.cost.jitter == "lognormal":   # mean-preserving: E[exp(s z - s^2/2)] = 1
+                factors = np.exp(sigma * rng.standard_normal(shape) - sigma * sigma / 2)
+            else:                                   # exponential tail of weight sigma, mean 1
+                factors = (1 - sigma) + sigma * rng.exponential(1.0, shape)
+            self._blocks[client], self._block_key[client] = factors, key
+        return self._blocks[client][row]
 
 
 class CostScheduler:

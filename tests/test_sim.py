@@ -47,12 +47,13 @@ def test_equal_constant_compute_gives_staleness_n_minus_1(tmp_path, num_clients)
 
 
 def test_jitter_changes_the_logged_staleness_distribution(tmp_path):
-    simulate(cfg_for(num_clients=4, nsync=1, num_epochs=1.0), tmp_path / "even")
+    simulate(cfg_for(num_clients=4, nsync=1, num_epochs=8.0, eval_every=8.0), tmp_path / "even")
     jitter = CostConfig(profile="j", compute_s=0.01, jitter="exponential", jitter_sigma=1.0)
-    simulate(cfg_for(num_clients=4, nsync=1, num_epochs=1.0, cost=jitter), tmp_path / "jit")
-    even = pd.read_csv(tmp_path / "even" / "updates.csv").staleness
-    jit = pd.read_csv(tmp_path / "jit" / "updates.csv").staleness
-    assert even.iloc[4:].nunique() == 1
+    simulate(cfg_for(num_clients=4, nsync=1, num_epochs=8.0, eval_every=8.0, cost=jitter), tmp_path / "jit")
+    even = pd.read_csv(tmp_path / "even" / "updates.csv").staleness.iloc[4:]   # after warm-up
+    jit = pd.read_csv(tmp_path / "jit" / "updates.csv").staleness.iloc[4:]
+    assert len(jit) > 100
+    assert even.nunique() == 1
     assert jit.nunique() > 2 and (jit >= 0).all()
     assert jit.mean() == pytest.approx(3, abs=0.6)   # N-1 on average: all clients equally fast
 
