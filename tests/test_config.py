@@ -71,8 +71,9 @@ def sorted_items(d):
 
 
 def test_figure_experiments_use_the_paper_regime_and_warm_start():
-    for exp in ("fig2", "fig3", "fig4"):
-        assert parse(compose([f"+exp={exp}"])).cost.profile == "paper2013"
+    for exp in ("fig2", "fig3", "fig4", "staleness"):
+        cfg = parse(compose([f"+exp={exp}"]))
+        assert (cfg.cost.profile, cfg.algo.server_rule, cfg.cost.comm_params) == ("paper2013", "adagrad", 6.1e7)
     assert parse(compose(["+exp=fig3"])).start == "warm"
     assert parse(compose(["+exp=fig2"])).start == "cold"
 

@@ -145,3 +145,17 @@ def test_warm_start_is_cached_and_reused(tmp_path):
     cold = simulate(cfg.replace(start="cold"), tmp_path / "c")
     assert cold["status"] == "completed"
     assert first < pd.read_csv(tmp_path / "c" / "evals.csv").test_error.iloc[0]
+
+
+def test_a_diverged_simulation_is_drawn_as_diverged(tmp_path):
+    from repro.analysis import figure_frame
+    from repro.analysis.figures import fig2
+
+    results = tmp_path / "results" / "fig2"
+    simulate(cfg_for(exp_name="fig2", num_clients=1), results / "ok")
+    assert simulate(cfg_for(exp_name="fig2", num_clients=2, algo=AlgoConfig(lr=1e6, momentum=0.0)),
+                    results / "boom")["status"] == "diverged"
+    frame = figure_frame("fig2", tmp_path / "results")
+    assert frame[frame.num_clients == 2].diverged.all() and not frame[frame.num_clients == 1].diverged.any()
+    labels = [line.get_label() for ax in fig2(frame).axes for line in ax.get_lines()]
+    assert any("diverged" in label for label in labels), labels
