@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from repro import schema
-from repro.algorithm import Worker
+from repro.algorithm import Server, Worker
 from repro.components import (EvalSets, build_worker, evaluate, load_data, make_clients, make_server,
                               param_bytes, resolve_device)
 from repro.config import RunConfig, from_dict, to_dict
@@ -34,22 +34,29 @@ from repro.runlog import Progress, RunLog
 
 @dataclass
 class Problem:
-    """What is trained: data, the network (as a worker) and the server's initial parameters."""
+    """What is trained: data, the network (as a worker) and the server's initial state."""
 
     dataset: Dataset
     worker: Worker
     init_params: Tensor
     eval_sets: EvalSets
+    init_rule_state: dict | None = None   # the server rule's state (warm start), None: fresh
+
+    def make_server(self, cfg: RunConfig) -> Server:
+        server = make_server(cfg, self.init_params)
+        if self.init_rule_state is not None:
+            server.rule.load_state_dict(self.init_rule_state)
+        return server
 
 
 def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
     ds = load_data(cfg, device)
     worker = build_worker(cfg, ds, device)
-    params = worker.params.detach().clone()
+    params, rule_state = worker.params.detach().clone(), None
     if cfg.start == "warm":
-        from repro.warmstart import warm_start_params  # runs this simulator once, then caches
-        params = warm_start_params(cfg, device).to(device)
-    return Problem(ds, worker, params, EvalSets.of(ds))
+        from repro.warmstart import warm_start_state  # runs this simulator once, then caches
+        params, rule_state = warm_start_state(cfg, device)
+    return Problem(ds, worker, params.to(device), EvalSets.of(ds), rule_state)
 
 
 def replay_config(cfg: RunConfig) -> RunConfig:
@@ -94,7 +101,7 @@ class Simulation:
     def __init__(self, cfg: RunConfig, problem: Problem, run_dir: Path, compute_s: float):
         self.cfg, self.problem, self.run_dir = cfg, problem, Path(run_dir)
         self.worker = problem.worker
-        self.server = make_server(cfg, problem.init_params)
+        self.server = problem.make_server(cfg)
         self.clients = {c.client_id: c for c in make_clients(cfg, problem.dataset)}
         for c in self.clients.values():
             c.fetch(self.server.params, 0)

@@ -1,11 +1,14 @@
 """Warm start: the single-client baseline after a fixed number of epochs, computed once and cached.
 
-DistBelief "warmstarts" by training one replica before releasing the others; GPU A-SGD's Fig. 3
-studies the same. Our reading (the paper does not say how long the pre-training runs): the
-asynchronous phase starts from the parameters of a 1-client, nsync=1 simulator run (plain
-sequential SGD) of ``warm_start_epochs`` epochs with seed 0, whatever the grid point's seed, so
-every grid point of an experiment starts from the same weights. The checkpoint is cached under
-``<results_dir>/_warmstart/<key>/params.pt``; the key hashes every setting that shapes it.
+DistBelief "warmstarts" by training one replica through the parameter server before releasing
+the others; GPU A-SGD's Fig. 3 studies the same. Our reading (the paper does not say how long the
+pre-training runs): the asynchronous phase starts from the *server state* (parameters and the
+update rule's state, e.g. Adagrad's accumulators) of a 1-client, nsync=1 simulator run of
+``warm_start_epochs`` epochs with seed 0, whatever the grid point's seed, so every grid point of
+an experiment starts from the same state. Starting Adagrad from empty accumulators instead would
+move every weight by a full ``lr_server`` on the first pushes and undo much of the warm start.
+The state is cached under ``<results_dir>/_warmstart/<key>/server.pt``; the key hashes every
+setting that shapes it. Server versions restart at 0 in the asynchronous phase.
 """
 from __future__ import annotations
 
@@ -38,14 +41,19 @@ def cache_dir(cfg: RunConfig) -> Path:
     return Path(cfg.results_dir) / "_warmstart" / key
 
 
-def warm_start_params(cfg: RunConfig, device: torch.device) -> Tensor:
-    """The cached warm-start parameters, training the baseline first if needed."""
+def warm_start_state(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
+    """The cached warm-start (parameters, server-rule state), training the baseline if needed."""
+    folder = cache_dir(cfg)
+    path = folder / "server.pt"
+    if not path.exists():
+        _train_baseline(cfg, device, folder, path)
+    state = torch.load(path, weights_only=True, map_location=device)
+    return state["params"], state["rule"]
+
+
+def _train_baseline(cfg: RunConfig, device: torch.device, folder: Path, path: Path) -> None:
     from repro.sim import Simulation, build_problem  # the baseline is a simulator run
 
-    folder = cache_dir(cfg)
-    path = folder / "params.pt"
-    if path.exists():
-        return torch.load(path, weights_only=True, map_location=device)
     base = baseline_config(cfg)
     log.info("warm start: training the single-client baseline for %g epochs into %s",
              base.num_epochs, folder)
@@ -54,7 +62,6 @@ def warm_start_params(cfg: RunConfig, device: torch.device) -> Tensor:
     summary = sim.run()
     if summary["status"] != "completed":
         raise RuntimeError(f"warm-start baseline ended {summary['status']}: {summary['message']}")
-    tmp = path.with_name("params.pt.tmp")
-    torch.save(sim.server.params.detach().cpu().clone(), tmp)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"params": sim.server.params.detach().cpu(), "rule": sim.server.rule.state_dict()}, tmp)
     tmp.replace(path)
-    return sim.server.params.detach().clone()

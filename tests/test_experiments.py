@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +33,7 @@ def test_shrunk_fig3_produces_png_and_csv_and_skips_finished_runs(tmp_path):
     assert (tmp_path / "figures" / "fig3.png").stat().st_size > 10_000
     frame = pd.read_csv(tmp_path / "figures" / "fig3.csv")
     assert set(frame.num_clients) == {1, 2} and set(frame.nsync) == {1, 4}
-    assert len(list((tmp_path / "results" / "_warmstart").glob("*/params.pt"))) == 1
+    assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
 
     before = {r: (r / "updates.csv").stat().st_mtime_ns for r in runs}
     proc = _run(tmp_path)                                   # re-running skips finished grid points
@@ -40,3 +41,14 @@ def test_shrunk_fig3_produces_png_and_csv_and_skips_finished_runs(tmp_path):
     assert all((r / "updates.csv").stat().st_mtime_ns == t for r, t in before.items())
     _run(tmp_path, "force=true")                            # force re-runs them
     assert all((r / "updates.csv").stat().st_mtime_ns != t for r, t in before.items())
+
+
+@pytest.mark.slow
+def test_default_run_trains_several_clients_below_5_percent(tmp_path):
+    from repro.run import compose, parse, run
+
+    cfg = parse(compose([f"results_dir={tmp_path}", "progress=false"]))
+    assert cfg.num_clients > 1 and (cfg.data.name, cfg.model.name) == ("digits", "digits_cnn")
+    summary = run(cfg, tmp_path / "default")
+    assert summary["status"] == "completed"
+    assert summary["final"]["test_error"] < 0.05

@@ -136,7 +136,7 @@ def test_replaying_a_sim_run_reproduces_it(tmp_path):
 def test_warm_start_is_cached_and_reused(tmp_path):
     cfg = cfg_for(start="warm", warm_start_epochs=1.0, num_epochs=1.0, results_dir=str(tmp_path / "res"))
     simulate(cfg, tmp_path / "a")
-    cached = list((tmp_path / "res" / "_warmstart").glob("*/params.pt"))
+    cached = list((tmp_path / "res" / "_warmstart").glob("*/server.pt"))
     assert len(cached) == 1
     mtime = cached[0].stat().st_mtime_ns
     simulate(cfg.replace(seed=5), tmp_path / "b")
@@ -159,3 +159,19 @@ def test_a_diverged_simulation_is_drawn_as_diverged(tmp_path):
     assert frame[frame.num_clients == 2].diverged.all() and not frame[frame.num_clients == 1].diverged.any()
     labels = [line.get_label() for ax in fig2(frame).axes for line in ax.get_lines()]
     assert any("diverged" in label for label in labels), labels
+
+
+def test_warm_start_carries_the_server_rule_state(tmp_path):
+    """DistBelief's warm-start replica trains through the server, so Adagrad's accumulators
+    survive into the asynchronous phase; fresh ones would jolt every weight by lr_server."""
+    import torch
+    from repro.sim import build_problem
+
+    cfg = cfg_for(start="warm", warm_start_epochs=1.0, results_dir=str(tmp_path),
+                  algo=AlgoConfig(server_rule="adagrad", lr_server=0.01))
+    problem = build_problem(cfg, torch.device("cpu"))
+    server = problem.make_server(cfg)
+    assert server.version == 0
+    assert server.rule.sum_sq is not None and float(server.rule.sum_sq.min()) > 0
+    cold = build_problem(cfg.replace(start="cold"), torch.device("cpu"))
+    assert cold.init_rule_state is None and not torch.equal(cold.init_params, problem.init_params)
