@@ -167,12 +167,16 @@ class Client:
             self.params.copy_(params)
         self.read_version = version
 
-    def compute_push(self, worker: Worker, num_steps: int) -> Push:
-        """Run ``num_steps`` local steps from the fetched parameters and return the push."""
+    def compute_push(self, worker: Worker, num_steps: int, out: Tensor | None = None) -> Push:
+        """Run ``num_steps`` local steps from the fetched parameters and return the push.
+        ``out``: write the update into this tensor (e.g. a transport buffer) instead of a new
+        one; the numbers are the same."""
         assert self.params is not None, "fetch() before compute_push()"
         worker.load(self.params)
         w = worker.params
-        accrued = torch.zeros_like(w) if self.push_kind == "gradient" else None
+        accrued = None
+        if self.push_kind == "gradient":
+            accrued = out.zero_() if out is not None else torch.zeros_like(w)
         loss_sum = torch.zeros((), device=w.device)
         errors = torch.zeros((), dtype=torch.long, device=w.device)
         num_samples = 0
@@ -185,7 +189,10 @@ class Client:
             loss_sum += loss
             errors += wrong
             num_samples += len(y)
-        update = accrued if accrued is not None else w - self.params   # delta: w_local - w_fetched
+        if accrued is not None:
+            update = accrued
+        else:   # delta: w_local - w_fetched
+            update = torch.sub(w, self.params, out=out) if out is not None else w - self.params
         return Push(
             client=self.client_id, read_version=self.read_version, update=update,
             num_steps=num_steps, num_samples=num_samples,

@@ -1,0 +1,14 @@
+"""The real driver (``backend=real``): one parameter server and N client processes on torch.distributed.
+
+* :mod:`repro.real.transport` -- process groups and the header + payload messages (gloo).
+* :mod:`repro.real.server` -- rank 0: the push loop, evaluator thread, checkpoints.
+* :mod:`repro.real.client` -- ranks 1..N: fetch, ``nsync`` local steps, push.
+* :mod:`repro.real.launch` -- spawning (single node) or joining torchrun, signals, clean-up.
+
+Entry points: ``run_real(cfg, run_dir) -> summary`` on rank 0 (single node: it spawns the
+clients; under torchrun: it joins the world), ``run_torchrun_worker(cfg) -> exit code`` on the
+other torchrun ranks.
+"""
+from repro.real.launch import run_real, run_torchrun_worker, torchrun_env
+
+__all__ = ["run_real", "run_torchrun_worker", "torchrun_env"]
