@@ -83,15 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m repro.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", choices=("sim", "real"))
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help="options of the real benchmark (see --help there)")
     parser.add_argument("--epochs", type=float, default=20.0, help="simulated epochs per measurement (sim)")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per setting; the best counts")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
     if args.which == "sim":
-        bench_sim(args.epochs, args.repeats)
-        return 0
+        return 0 if bench_sim(args.epochs, args.repeats) else 1
     from repro.bench_real import main as bench_real
 
-    return bench_real()
+    return bench_real(args.rest + rest)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ the run folder), the other ranks compose the same config without any output fold
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -97,10 +96,11 @@ def check_group_choices(argv: list[str]) -> None:
 
 
 def _torchrun_rank() -> int | None:
-    """This process's rank when started by torchrun, else None."""
-    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        return int(os.environ["RANK"])
-    return None
+    """This process's rank when started by torchrun, else None (one definition: the driver's)."""
+    from repro.real.launch import torchrun_env
+
+    env = torchrun_env()
+    return None if env is None else env.rank
 
 
 def compose(overrides: list[str]) -> DictConfig:
