@@ -28,7 +28,7 @@ UPDATE_COLUMNS = (
     "client",         # client id, 1..num_clients (the client's rank in the real driver)
     "read_version",   # server version the client last fetched before computing this push
     "staleness",      # version before apply - read_version: updates the client did not see
-    "num_steps",      # local minibatch steps in this push (nsync, fewer only at the end)
+    "num_steps",      # local minibatch steps in this push (always nsync; a replay copies the record)
     "num_samples",    # training samples behind this push
     "samples_seen",   # cumulative samples over all applied pushes
     "epoch",          # samples_seen / training-set size

@@ -175,3 +175,12 @@ def test_warm_start_carries_the_server_rule_state(tmp_path):
     assert server.rule.sum_sq is not None and float(server.rule.sum_sq.min()) > 0
     cold = build_problem(cfg.replace(start="cold"), torch.device("cpu"))
     assert cold.init_rule_state is None and not torch.equal(cold.init_params, problem.init_params)
+
+
+def test_calibrated_compute_time_is_measured_and_recorded(tmp_path):
+    cfg = cfg_for(cost=CostConfig(profile="local", compute_s="calibrate"))
+    assert simulate(cfg, tmp_path)["status"] == "completed"
+    recorded = json.loads((tmp_path / "config.json").read_text())["cost"]["compute_s"]
+    assert isinstance(recorded, float) and 0 < recorded < 1.0     # seconds per real mlp step
+    first = pd.read_csv(tmp_path / "updates.csv").time_s.iloc[0]
+    assert first == pytest.approx(cfg.nsync * recorded)           # the clock runs on the measurement
