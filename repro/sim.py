@@ -25,7 +25,7 @@ from repro import schema
 from repro.algorithm import Server, Worker
 from repro.components import (EvalSets, build_worker, evaluate, load_data, make_clients, make_server,
                               param_bytes, resolve_device)
-from repro.config import RunConfig, from_dict, to_dict
+from repro.config import BackendConfig, RunConfig, from_dict, to_dict
 from repro.cost import CostModel, CostScheduler, ReplayScheduler, calibrate_compute_s
 from repro.data import Dataset
 from repro.errors import ConfigError
@@ -68,7 +68,7 @@ def replay_config(cfg: RunConfig) -> RunConfig:
         rec = from_dict(recorded)
     except (OSError, ValueError) as e:
         raise ConfigError("cost.path", cfg.cost.path, f"a recorded run folder with a valid config.json ({e})")
-    return rec.replace(cost=cfg.cost, backend=cfg.backend.__class__(name="sim"), exp_name=cfg.exp_name,
+    return rec.replace(cost=cfg.cost, backend=BackendConfig(name="sim"), exp_name=cfg.exp_name,
                        results_dir=cfg.results_dir, progress=cfg.progress, resume=cfg.resume,
                        force=cfg.force, checkpoint_every=cfg.checkpoint_every, device=cfg.device)
 
