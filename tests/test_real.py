@@ -166,13 +166,15 @@ def test_peer_that_never_connects_fails_within_timeout(tmp_path, monkeypatch, no
 
 
 def test_real_run_completes(tmp_path, no_children):
-    summary = run_real(real_cfg(), tmp_path)
+    # 5 epochs: the arrival order (so staleness) varies with machine load; at 3 epochs one run
+    # in a loaded CI-like clone ended at 21% test error, at 5 epochs loaded runs end at 7-8%.
+    summary = run_real(real_cfg(num_epochs=5.0), tmp_path)
     upd, evals, saved = tables(tmp_path)
     assert summary["status"] == saved["status"] == "completed", summary["message"]
     check_updates(upd)
     check_fetch_chain(upd)
     assert set(upd.client) == {1, 2} and (upd.num_steps == 4).all()
-    assert upd.samples_seen.iloc[-1] >= 3 * 1437 and summary["version"] == len(upd)
+    assert upd.samples_seen.iloc[-1] >= 5 * 1437 and summary["version"] == len(upd)
     assert evals.version.iloc[0] == 0 and evals.version.iloc[-1] == len(upd)
     assert evals.version.is_monotonic_increasing and evals.version.is_unique
     assert summary["final"]["test_error"] < TEST_ERROR_MAX
