@@ -52,3 +52,14 @@ def test_default_run_trains_several_clients_below_5_percent(tmp_path):
     summary = run(cfg, tmp_path / "default")
     assert summary["status"] == "completed"
     assert summary["final"]["test_error"] < 0.05
+
+
+@pytest.mark.slow
+def test_shrunk_fig3_grid_runs_on_the_real_driver(tmp_path):
+    proc = _run(tmp_path, "backend=real", "hydra.sweeper.params.nsync='4'")
+    runs = sorted((tmp_path / "results" / "fig3").glob("*/summary.json"))
+    assert len(runs) == 2
+    for path in runs:
+        summary = json.loads(path.read_text())
+        assert (summary["status"], summary["backend"], summary["clock"]) == ("completed", "real", "wall")
+    assert (tmp_path / "figures" / "fig3.png").exists(), proc.stdout[-1000:]
