@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from repro.algorithm import Client, Server, Worker, make_client, make_rule
+from repro.algorithm import Client, Server, ServerRule, Worker, make_client, make_rule
 from repro.config import RunConfig, check_components
 from repro.data import ClientStream, Dataset, load_dataset
 from repro.errors import ConfigError
@@ -46,14 +46,17 @@ def build_worker(cfg: RunConfig, ds: Dataset, device: torch.device | str = "cpu"
     return Worker(module)
 
 
+def make_server_rule(cfg: RunConfig) -> ServerRule:
+    return make_rule(cfg.algo.server_rule, cfg.algo.resolved_lr_server(), cfg.algo.adagrad_eps)
+
+
 def make_server(cfg: RunConfig, params: Tensor) -> Server:
-    rule = make_rule(cfg.algo.server_rule, cfg.algo.resolved_lr_server(), cfg.algo.adagrad_eps)
-    return Server(params.detach().clone(), rule)
+    return Server(params.detach().clone(), make_server_rule(cfg))
 
 
 def make_clients(cfg: RunConfig, ds: Dataset, client_ids: list[int] | None = None) -> list[Client]:
     """Clients 1..num_clients, each with its own seeded stream over the training set."""
-    rule = make_rule(cfg.algo.server_rule, cfg.algo.resolved_lr_server(), cfg.algo.adagrad_eps)
+    rule = make_server_rule(cfg)   # clients push what the server's rule consumes
     ids = client_ids if client_ids is not None else range(1, cfg.num_clients + 1)
     return [make_client(k, ClientStream(ds.x_train, ds.y_train, cfg.algo.batch_size, cfg.seed, k),
                         cfg.algo.lr, cfg.algo.momentum, cfg.algo.weight_decay, rule) for k in ids]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from torch import Tensor
 
 from repro import schema
 from repro.algorithm import Server, Worker
+from repro.checkpoint import load_checkpoint, save_checkpoint
 from repro.components import (EvalSets, build_worker, evaluate, load_data, make_clients, make_server,
                               param_bytes, resolve_device)
 from repro.config import BackendConfig, RunConfig, from_dict, to_dict
@@ -192,25 +192,12 @@ class Simulation:
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
     def _load_checkpoint(self) -> dict:
-        path = self.run_dir / schema.CHECKPOINT_FILE
-        if not path.exists():
-            raise ConfigError("resume", True, f"a run folder holding {schema.CHECKPOINT_FILE} "
-                              f"(none at {path}; set checkpoint_every > 0 when starting a run)")
-        state = torch.load(path, weights_only=True, map_location=self.server.params.device)
-        if state.get("kind") != "sim":
-            raise ConfigError("resume", True, f"a simulator checkpoint ({path} was written by the real driver)")
+        state = load_checkpoint(self.run_dir, "sim", self.server.params.device)
         self.server.load_state_dict(state["server"])
         for k, c in self.clients.items():
             c.load_state_dict(state["clients"][str(k)])
         self.scheduler.load_state_dict(state["scheduler"])
         return state
-
-
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Atomic: a crash while writing leaves the previous checkpoint intact."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
 
 
 def simulate(cfg: RunConfig, run_dir: str | Path, problem: Problem | None = None,

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from repro.checkpoint import save_checkpoint
 from repro.config import BackendConfig, CostConfig, RunConfig, to_dict
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,4 @@ def _train_baseline(cfg: RunConfig, device: torch.device, folder: Path, path: Pa
     summary = sim.run()
     if summary["status"] != "completed":
         raise RuntimeError(f"warm-start baseline ended {summary['status']}: {summary['message']}")
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"params": sim.server.params.detach().cpu(), "rule": sim.server.rule.state_dict()}, tmp)
-    tmp.replace(path)
+    save_checkpoint({"params": sim.server.params.detach().cpu(), "rule": sim.server.rule.state_dict()}, path)

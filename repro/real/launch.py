@@ -55,12 +55,12 @@ import torch.distributed as dist
 
 from repro import schema
 from repro.algorithm import Server
-from repro.components import make_server
 from repro.config import RunConfig, to_dict
 from repro.data import Dataset
 from repro.errors import ConfigError
 from repro.real.client import build_client, client_device, run_client
-from repro.real.server import Evaluator, ServerLoop, load_checkpoint, log
+from repro.checkpoint import load_checkpoint
+from repro.real.server import Evaluator, ServerLoop, log
 from repro.real.transport import Channel, connect, disconnect, pin_gloo_to_loopback
 from repro.runlog import RunLog, truncate_csv
 
@@ -117,7 +117,7 @@ def prepare(cfg: RunConfig, run_dir: Path) -> Prepared:
     device = server_device(cfg)
     problem = build_problem(cfg, device)
     server = problem.make_server(cfg)   # warm start: parameters and the rule state
-    checkpoint = load_checkpoint(run_dir, device) if cfg.resume else None
+    checkpoint = load_checkpoint(run_dir, "real", device) if cfg.resume else None
     if checkpoint is not None:
         server.load_state_dict(checkpoint["server"])
     evaluator = Evaluator(problem.worker, problem.eval_sets, cfg.backend.eval_in_thread)

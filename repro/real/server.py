@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import queue
 import threading
 import time
@@ -29,8 +28,8 @@ import torch
 
 from repro import schema
 from repro.algorithm import Push, Server, Worker
+from repro.checkpoint import save_checkpoint
 from repro.components import EvalSets, evaluate
-from repro.errors import ConfigError
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
 from repro.runlog import Progress, RunLog
 
@@ -101,25 +100,10 @@ def _cpu(obj):
     return obj
 
 
-def save_checkpoint(path: Path, server: Server, clients: dict, runlog: RunLog) -> None:
+def checkpoint_state(server: Server, clients: dict, runlog: RunLog) -> dict:
     """``clients``: {"k": {"stream_position": [epoch, index] or None, "read_version": v}}."""
-    state = {"kind": "real", "server": _cpu(server.state_dict()), "clients": clients,
-             "runlog": runlog.state_dict()}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)   # atomic: a crash mid-save leaves the previous checkpoint intact
-
-
-def load_checkpoint(run_dir: Path, device: torch.device) -> dict:
-    path = Path(run_dir) / schema.CHECKPOINT_FILE
-    if not path.exists():
-        raise ConfigError("resume", True, f"a run folder holding {schema.CHECKPOINT_FILE} "
-                          f"(none at {path}; set checkpoint_every > 0 when starting a run)")
-    state = torch.load(path, map_location=device, weights_only=True)
-    if state.get("kind") != "real":
-        raise ConfigError("resume", True, f"a real-driver checkpoint ({path} was written by the "
-                          f"{state.get('kind')!r} backend)")
-    return state
+    return {"kind": "real", "server": _cpu(server.state_dict()), "clients": clients,
+            "runlog": runlog.state_dict()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,8 +312,8 @@ class ServerLoop:
             clients = {str(k): {"stream_position": list(p) if p is not None else None,
                                 "read_version": self.sent_version.get(k, 0)}
                        for k, p in self.positions.items()}
-            save_checkpoint(Path(self.runlog.run_dir) / schema.CHECKPOINT_FILE, self.server, clients,
-                            self.runlog)
+            save_checkpoint(checkpoint_state(self.server, clients, self.runlog),
+                            Path(self.runlog.run_dir) / schema.CHECKPOINT_FILE)
 
     # -- the end --------------------------------------------------------------------------------
     def finish(self) -> str:
