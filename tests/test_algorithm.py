@@ -17,6 +17,9 @@ def _push(update, read_version=0, client=1):
 
 @pytest.mark.parametrize("momentum,wd", [(0.0, 0.0), (0.9, 0.0), (0.5, 5e-4)])
 def test_local_sgd_matches_torch_sgd_bitwise(momentum, wd):
+    """Bitwise on any CPU and thread count: both apply the same elementwise kernels (mul, add
+    with alpha) in the same order to tensors of the same size; there is no reduction, so each
+    element goes through the same IEEE operations whatever splits the work across threads."""
     torch.manual_seed(0)
     w = torch.randn(50)
     ref = w.clone().requires_grad_(True)
@@ -59,34 +62,42 @@ def test_server_counts_versions_and_staleness():
 
 
 def _sequential_sgd(cfg, ds, num_steps):
-    """A plain training loop: torch.optim.SGD on an ordinary module, client 1's data order."""
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model.name, ds.input_shape, ds.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.algo.lr, momentum=cfg.algo.momentum,
-                          weight_decay=cfg.algo.weight_decay)
+    """Sequential SGD with no server: the same network object (a flat-parameter Worker) and the
+    same LocalSGD arithmetic the client uses, one minibatch after another, client 1's data order."""
+    worker = build_worker(cfg, ds)
+    opt = LocalSGD(cfg.algo.lr, cfg.algo.momentum, cfg.algo.weight_decay)
     stream = ClientStream(ds.x_train, ds.y_train, cfg.algo.batch_size, cfg.seed, 1)
     for _ in range(num_steps):
-        x, y = stream.next_batch()
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+        worker.backward(*stream.next_batch())
+        opt.step(worker.params, worker.grad)
+    return worker.params.detach().clone()
+
+
+def _one_client_cfg(rule, nsync):
+    momentum = 0.9 if rule == "delta" else 0.0   # downpour's server has no momentum
+    return RunConfig(seed=3, num_clients=1, nsync=nsync, data=DataConfig(name="synthetic"),
+                     model=ModelConfig(name="digits_cnn"),
+                     algo=AlgoConfig(lr=0.05, momentum=momentum, weight_decay=1e-4, server_rule=rule))
 
 
 @pytest.mark.parametrize("nsync", [1, 3, 8])
 @pytest.mark.parametrize("rule", ["delta", "downpour"])
 def test_one_client_is_sequential_sgd(nsync, rule):
-    """One client, any nsync: the server's trajectory is the plain loop's.
+    """One client, any nsync: the server's trajectory is sequential SGD's.
 
-    Tolerance: with the delta rule the server computes w + (w' - w), which rounds to w' only up
-    to one float32 ulp per exchange; downpour without momentum replays lr * g exactly but sums g
-    over the segment first. Both are ~1e-7 relative per exchange, and the loop below keeps them
-    far below atol=1e-5 over 48 steps; a wrong data order or a missed step is off by > 1e-2.
+    Why the comparison is exact up to the server's own rounding, on any CPU and thread count:
+    both sides run the *same* worker (the same kernels on the same memory layout, in one process
+    at one thread count) on the same minibatches, so their gradients are bitwise equal as long as
+    their parameters are. The only difference is the server's arithmetic. Downpour at nsync 1
+    computes ``w - lr*g`` exactly as the client does (lr_server = lr): bitwise equal. At nsync > 1
+    it sums the segment's gradients before applying; the delta rule computes ``w + (w' - w)``,
+    which rounds to ``w'`` within one float32 ulp. Those roundings (~1e-7 relative per exchange)
+    are what atol=1e-5 allows for over 48 steps; a missed step or a wrong data order is off by
+    more than 1e-3 (asserted below). That the worker itself computes torch's SGD is a separate
+    claim: ``test_local_sgd_matches_torch_sgd_bitwise`` and
+    ``test_flat_worker_gradient_is_the_plain_module_gradient``.
     """
-    momentum = 0.9 if rule == "delta" else 0.0   # downpour's server has no momentum
-    cfg = RunConfig(seed=3, num_clients=1, nsync=nsync, data=DataConfig(name="synthetic"),
-                    model=ModelConfig(name="digits_cnn"),
-                    algo=AlgoConfig(lr=0.05, momentum=momentum, weight_decay=1e-4, server_rule=rule))
+    cfg = _one_client_cfg(rule, nsync)
     ds = load_data(cfg)
     worker = build_worker(cfg, ds)
     server = make_server(cfg, worker.params)
@@ -98,5 +109,30 @@ def test_one_client_is_sequential_sgd(nsync, rule):
         assert server.apply(push).staleness == 0
         client.fetch(server.params, server.version)
     expected = _sequential_sgd(cfg, ds, num_steps)
+    if rule == "downpour" and nsync == 1:
+        assert torch.equal(server.params, expected)
     assert torch.allclose(server.params, expected, rtol=0, atol=1e-5)
     assert not torch.allclose(server.params, _sequential_sgd(cfg, ds, num_steps - 1), rtol=0, atol=1e-3)
+
+
+def test_flat_worker_gradient_is_the_plain_module_gradient():
+    """The worker's flat-parameter network computes the gradient an ordinary module computes.
+
+    Compared after ONE step, to float rounding (rtol 1e-5): the two hold their parameters in
+    different memory (views of one flat vector vs separate tensors), and a BLAS or oneDNN kernel
+    may split a reduction differently for different layouts or thread counts. Over many steps
+    such last-bit differences may grow, which is why no test compares whole trajectories of the
+    two across kernels.
+    """
+    cfg = _one_client_cfg("delta", 1)
+    ds = load_data(cfg)
+    worker = build_worker(cfg, ds)
+    torch.manual_seed(cfg.seed)
+    plain = build_model(cfg.model.name, ds.input_shape, ds.num_classes)
+    x, y = ClientStream(ds.x_train, ds.y_train, cfg.algo.batch_size, cfg.seed, 1).next_batch()
+    worker.backward(x, y)
+    torch.nn.functional.cross_entropy(plain(x), y).backward()
+    assert torch.equal(worker.params, torch.nn.utils.parameters_to_vector(plain.parameters()))
+    plain_grad = torch.cat([p.grad.reshape(-1) for p in plain.parameters()])
+    assert torch.allclose(worker.grad, plain_grad, rtol=1e-5, atol=1e-7)
+    assert worker.grad.abs().max() > 1e-3   # a real gradient, not two zeros
