@@ -16,13 +16,27 @@ import os
 import pickle
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from repro.errors import ConfigError, DataError
+from repro.registry import SpecRegistry
 
-DATASET_NAMES = ("digits", "mnist1d", "cifar10", "synthetic")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """A registered data set: its loader ``load(root, num_train, num_test) -> Dataset`` and the
+    shape of one input, known before loading (so a model/data mismatch is refused before any work)."""
+
+    load: Callable[..., "Dataset"]
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+DATASETS: SpecRegistry[DataSpec] = SpecRegistry("data.name", DataSpec)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: comparing tensors with == has no single truth value
@@ -59,18 +73,10 @@ def load_dataset(name: str, *, root: str | None = None, seed: int = 0,
     ``mnist1d`` they set how many are generated). ``root`` is only read by ``cifar10``.
     """
     del seed  # the data is fixed across training seeds on purpose (see module docstring)
+    spec = DATASETS[name]
     num_train = _check_count("data.num_train", num_train)
     num_test = _check_count("data.num_test", num_test)
-    if name == "digits":
-        return _load_digits(num_train, num_test)
-    if name == "mnist1d":
-        return _load_mnist1d(num_train, num_test)
-    if name == "cifar10":
-        return _load_cifar10(root, num_train, num_test)
-    if name == "synthetic":
-        return _make_synthetic(512 if num_train is None else num_train,
-                               128 if num_test is None else num_test)
-    raise ConfigError("data.name", name, DATASET_NAMES)
+    return spec.load(root, num_train, num_test)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -116,7 +122,8 @@ def _finish(name: str, x_train, y_train, x_test, y_test, num_classes: int,
 # ----------------------------------------------------------------------------- digits
 
 
-def _load_digits(num_train, num_test) -> Dataset:
+@DATASETS.register("digits", input_shape=(1, 8, 8), num_classes=10)
+def _load_digits(root, num_train, num_test) -> Dataset:
     """sklearn's 8x8 digits (ships in the wheel): a fixed stratified 1437/360 split."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -133,7 +140,8 @@ def _load_digits(num_train, num_test) -> Dataset:
 
 # ----------------------------------------------------------------------------- mnist1d
 
-def _load_mnist1d(num_train, num_test) -> Dataset:
+@DATASETS.register("mnist1d", input_shape=(1, 40), num_classes=10)
+def _load_mnist1d(root, num_train, num_test) -> Dataset:
     """MNIST-1D generated locally with the library's default seed (never its downloader).
 
     ``num_train + num_test`` samples are generated (~0.7 ms each); train = the first
@@ -163,6 +171,12 @@ def _load_mnist1d(num_train, num_test) -> Dataset:
 # ----------------------------------------------------------------------------- synthetic
 
 _SYNTHETIC_SEED = 1234  # fixed: the data must not depend on the training seed
+
+
+@DATASETS.register("synthetic", input_shape=(1, 8, 8), num_classes=10)
+def _load_synthetic(root, num_train, num_test) -> Dataset:
+    return _make_synthetic(512 if num_train is None else num_train,
+                           128 if num_test is None else num_test)
 
 
 def _make_synthetic(num_train: int, num_test: int) -> Dataset:
@@ -278,6 +292,7 @@ def _cifar_folder(root) -> str:
     return root_str
 
 
+@DATASETS.register("cifar10", input_shape=(3, 32, 32), num_classes=10)
 def _load_cifar10(root, num_train, num_test) -> Dataset:
     """The official CIFAR-10 python batches, parsed without executing pickled code."""
     folder = _cifar_folder(root)
@@ -356,3 +371,6 @@ class ClientStream:
             raise ValueError(f"position {tuple(position)} outside (epoch >= 0, 0..{self.num_samples})")
         self._epoch, self._index = epoch, index
         self._normalise()
+
+
+DATASET_NAMES = DATASETS.names()

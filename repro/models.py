@@ -11,12 +11,27 @@ training is deterministic given ``torch.manual_seed`` (callers seed before :func
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 from torch import nn
 
 from repro.errors import ConfigError
+from repro.registry import SpecRegistry
 
-MODEL_NAMES = ("mlp", "digits_cnn", "mnist1d_cnn", "cifar_18pct")
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered network: its builder and the inputs it is made for (checked before any
+    work, so a model that merely *runs* on other inputs is not trained on them by mistake)."""
+
+    build: Callable[[tuple, int], nn.Module]
+    expects: str                                  # for messages, e.g. "(channels, 8, 8) images"
+    accepts: Callable[[tuple], bool]              # input shape (without the batch) -> ok?
+
+
+MODELS: SpecRegistry[ModelSpec] = SpecRegistry("model.name", ModelSpec)
 
 
 def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -25,6 +40,7 @@ def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
         return int(body(torch.zeros(1, *input_shape)).numel())
 
 
+@MODELS.register("mlp", expects="inputs of any shape", accepts=lambda shape: True)
 def _mlp(input_shape, num_classes) -> nn.Module:
     """flatten → 128 ReLU → classes: accepts any input shape."""
     n_in = 1
@@ -33,6 +49,8 @@ def _mlp(input_shape, num_classes) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
 
+@MODELS.register("digits_cnn", expects="(channels, 8, 8) images",
+                 accepts=lambda shape: len(shape) == 3 and tuple(shape[1:]) == (8, 8))
 def _digits_cnn(input_shape, num_classes) -> nn.Module:
     """Two 3x3 convs and a max-pool for 8x8 images (the default model; < 5% error on digits)."""
     if len(input_shape) != 3 or tuple(input_shape[1:]) != (8, 8):
@@ -45,6 +63,8 @@ def _digits_cnn(input_shape, num_classes) -> nn.Module:
         nn.Linear(64, num_classes))
 
 
+@MODELS.register("mnist1d_cnn", expects="(channels, length) 1-D signals",
+                 accepts=lambda shape: len(shape) == 2)
 def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
     """Three 1-D convs for MNIST-1D's (1, 40) signals."""
     if len(input_shape) != 2:
@@ -58,6 +78,10 @@ def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
     return nn.Sequential(*body, nn.Linear(_flat_size(body, input_shape), num_classes))
 
 
+# The 18pct layout is made for 32x32 images: on 8x8 digits its pools shrink the map to 1x1 and it
+# runs, but trains to ~65% error, so the shape is part of its contract.
+@MODELS.register("cifar_18pct", expects="(3, 32, 32) colour images",
+                 accepts=lambda shape: tuple(shape) == (3, 32, 32))
 def _cifar_18pct(input_shape, num_classes) -> nn.Module:
     """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky): ~18% test error on CIFAR-10 without
     data augmentation. The net of the paper's era: conv5x5(32) → max-pool 3/2 → ReLU → LRN →
@@ -79,15 +103,12 @@ def _cifar_18pct(input_shape, num_classes) -> nn.Module:
     return nn.Sequential(*body, nn.Linear(_flat_size(body, input_shape), num_classes))
 
 
-_BUILDERS = {"mlp": _mlp, "digits_cnn": _digits_cnn, "mnist1d_cnn": _mnist1d_cnn,
-             "cifar_18pct": _cifar_18pct}
+MODEL_NAMES = MODELS.names()
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A fresh model; its initialisation draws from torch's global RNG (seed it first)."""
-    if name not in _BUILDERS:
-        raise ConfigError("model.name", name, MODEL_NAMES)
-    return _BUILDERS[name](tuple(int(d) for d in input_shape), int(num_classes))
+    return MODELS[name].build(tuple(int(d) for d in input_shape), int(num_classes))
 
 
 def _fits(name: str, input_shape, num_classes) -> bool:
@@ -102,16 +123,22 @@ def _fits(name: str, input_shape, num_classes) -> bool:
     return tuple(out.shape) == (2, num_classes)
 
 
+def fits(name: str, input_shape, num_classes: int) -> bool:
+    """Model ``name`` is made for these inputs (declared) and maps them to class scores (tried)."""
+    shape = tuple(int(d) for d in input_shape)
+    return MODELS[name].accepts(shape) and _fits(name, shape, num_classes)
+
+
 def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
-    """Raise ConfigError unless model ``name`` maps data ``data_name``'s inputs to class scores."""
-    if name not in _BUILDERS:
-        raise ConfigError("model.name", name, MODEL_NAMES)
+    """Raise ConfigError unless model ``name`` is made for data ``data_name``'s inputs."""
+    spec = MODELS[name]
     input_shape = tuple(int(d) for d in input_shape)
-    if not _fits(name, input_shape, num_classes):
-        fitting = [m for m in MODEL_NAMES if _fits(m, input_shape, num_classes)]
+    if not fits(name, input_shape, num_classes):
+        fitting = [m for m in MODEL_NAMES if fits(m, input_shape, num_classes)]
         raise ConfigError("model.name", name,
-                          f"a model that accepts data '{data_name}' of shape {input_shape}; "
-                          f"models made for it: {', '.join(fitting) or 'none'}")
+                          f"a model that accepts data '{data_name}' (inputs of shape "
+                          f"{input_shape}); '{name}' expects {spec.expects}; models made for "
+                          f"'{data_name}': {', '.join(fitting) or 'none'}")
 
 
 def num_parameters(module: nn.Module) -> int:

@@ -58,11 +58,24 @@ def test_check_fits_accepts_and_rejects():
         check_fits("digits_cnn", (1, 40), 10, "mnist1d")
     msg = str(info.value)
     assert info.value.key == "model.name" and info.value.value == "digits_cnn"
-    assert "data 'mnist1d' of shape (1, 40)" in msg and "mlp, mnist1d_cnn" in msg
+    assert "data 'mnist1d' (inputs of shape (1, 40))" in msg and "mlp, mnist1d_cnn" in msg
+    assert "'digits_cnn' expects (channels, 8, 8) images" in msg
     for name, shape in (("mnist1d_cnn", (1, 8, 8)), ("digits_cnn", (3, 32, 32)),
                         ("cifar_18pct", (1, 40))):
         with pytest.raises(ConfigError):
             check_fits(name, shape, 10, "x")
+
+
+def test_a_model_that_runs_on_data_it_is_not_made_for_is_refused():
+    """cifar_18pct *runs* on 8x8 digits (its pools shrink the map to 1x1) and trains to ~65%
+    error: the declared input shape refuses it, naming both shapes, before any work."""
+    from repro.config import RunConfig, ModelConfig, check_components
+
+    with pytest.raises(ConfigError) as info:
+        check_components(RunConfig(model=ModelConfig(name="cifar_18pct")))
+    msg = str(info.value)
+    assert "'cifar_18pct' expects (3, 32, 32) colour images" in msg
+    assert "data 'digits' (inputs of shape (1, 8, 8))" in msg and "digits_cnn, mlp" in msg
 
 
 def test_check_fits_leaves_the_rng_alone():
