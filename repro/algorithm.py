@@ -21,6 +21,8 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor, nn
 
+from repro.registry import Registry
+
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -222,14 +224,18 @@ class ServerRule(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+RULES: Registry[type] = Registry("algo.server_rule")
+
+
+@RULES.register("delta")
 class DeltaRule:
     """``w <- w + scale * delta``: the server adds the client's local parameter change. With one
     client and scale 1 this is sequential SGD (momentum stays on the client). Our default."""
 
     push_kind = "delta"
 
-    def __init__(self, scale: float = 1.0):
-        self.scale = scale
+    def __init__(self, lr_server: float = 1.0, **_):
+        self.scale = lr_server
 
     def apply(self, params: Tensor, update: Tensor) -> None:
         params.add_(update, alpha=self.scale)
@@ -241,12 +247,13 @@ class DeltaRule:
         pass
 
 
+@RULES.register("downpour")
 class DownpourRule:
     """Downpour's server step ``w <- w - lr_server * accrued`` (Dean et al. 2012, Sec. 4.1)."""
 
     push_kind = "gradient"
 
-    def __init__(self, lr_server: float):
+    def __init__(self, lr_server: float, **_):
         self.lr_server = lr_server
 
     def apply(self, params: Tensor, update: Tensor) -> None:
@@ -259,13 +266,14 @@ class DownpourRule:
         pass
 
 
+@RULES.register("adagrad")
 class AdagradRule:
     """DistBelief's per-parameter Adagrad: ``eta_i = gamma / sqrt(sum of squared updates_i)``
     (Dean et al. 2012, Sec. 4.1), which they found far more robust with many replicas."""
 
     push_kind = "gradient"
 
-    def __init__(self, lr_server: float, eps: float = 1e-8):
+    def __init__(self, lr_server: float, eps: float = 1e-8, **_):
         self.lr_server, self.eps = lr_server, eps
         self.sum_sq: Tensor | None = None
 
@@ -282,14 +290,9 @@ class AdagradRule:
         self.sum_sq = state["sum_sq"]
 
 
-def make_rule(name: str, lr_server: float, eps: float = 1e-8) -> ServerRule:
-    if name == "delta":
-        return DeltaRule(lr_server)
-    if name == "downpour":
-        return DownpourRule(lr_server)
-    if name == "adagrad":
-        return AdagradRule(lr_server, eps)
-    raise ValueError(f"unknown server rule {name!r}")
+def make_rule(name: str, lr_server: float, **options) -> ServerRule:
+    """The registered rule ``name``; each takes the options it knows (e.g. Adagrad's ``eps``)."""
+    return RULES[name](lr_server, **options)
 
 
 class Server:

@@ -4,155 +4,325 @@ Nothing below :mod:`repro.run` sees a Hydra ``DictConfig``: :func:`from_dict` tu
 YAML tree (a plain nested dict) into a :class:`RunConfig`, checking every value's type and range
 and every component name, and raises :class:`~repro.errors.ConfigError` naming the key, the bad
 value and the valid choices. :func:`to_dict` is the inverse and is what ``config.json`` holds.
+
+Every field is declared with :func:`knob`: its default, its valid values (a finite range for
+every number, so no value can hang or overflow a run) and whether it **shapes training**. That
+one declaration is what run-folder names, the warm-start cache key, a replay and the resume
+check derive from (:func:`shaping_keys`): settings that only say where files go, how long to wait
+for a peer or how to report progress never name a folder nor block a resume.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from repro.errors import ConfigError
 
-SERVER_RULES = ("delta", "downpour", "adagrad")
 JITTERS = ("none", "lognormal", "exponential")
 BACKENDS = ("sim", "real")
 STARTS = ("cold", "warm")
 DEVICES = ("cpu", "cuda", "auto")
+PROTOCOLS = ("async", "sync", "ssp")
+
+
+# ---------------------------------------------------------------------------------------------
+# Valid values
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Range:
+    """A finite numeric range; ``words`` are extra string values allowed (e.g. 'calibrate')."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    integer: bool = False
+    nullable: bool = False
+    words: tuple[str, ...] = ()
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.nullable or value in self.words:
+            return
+        bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+        if bad or value < self.lo or value > self.hi or (self.lo_open and value == self.lo):
+            raise ConfigError(key, value, self.describe())
+
+    def describe(self) -> str:
+        num = "an integer" if self.integer else "a number"
+        lo, hi = (f"{int(v)}" if self.integer else f"{v:g}" for v in (self.lo, self.hi))
+        text = f"{num} in {lo}..{hi}" if self.integer else \
+            f"{num} in {'(' if self.lo_open else '['}{lo}, {hi}]"
+        extra = [f"'{w}'" for w in self.words] + (["null"] if self.nullable else [])
+        return " or ".join([text, *extra])
 
 
 @dataclass(frozen=True)
+class Choice:
+    """One of a fixed tuple, or of a registry's names (a callable, resolved when checked).
+    ``custom``: also 'custom' or 'custom:<name>', what the Python API records for a user's own
+    data or module (repro.api.simulate), which no registry knows."""
+
+    choices: tuple | Callable[[], tuple]
+    nullable: bool = False
+    custom: bool = False
+
+    def names(self) -> tuple:
+        return self.choices() if callable(self.choices) else self.choices
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.nullable or value in self.names():
+            return
+        if self.custom and isinstance(value, str) and (value == "custom" or value.startswith("custom:")):
+            return
+        raise ConfigError(key, value, self.names())
+
+    def describe(self) -> str:
+        return ", ".join(map(str, self.names())) + (", null" if self.nullable else "")
+
+
+@dataclass(frozen=True)
+class Text:
+    """Free text (a name or a path)."""
+
+    what: str = "a string"
+    nullable: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and not self.nullable:
+            raise ConfigError(key, value, self.what)
+
+    def describe(self) -> str:
+        return self.what + (" or null" if self.nullable else "")
+
+
+@dataclass(frozen=True)
+class Flag:
+    def check(self, key: str, value: Any) -> None:
+        pass   # the type check already demands a boolean
+
+    def describe(self) -> str:
+        return "true, false"
+
+
+def knob(default: Any, valid: Any, shapes: bool = True) -> Any:
+    """A config field: its default, its valid values, and whether it shapes training (numbers in
+    the tables change with it); ``shapes=False`` for where files go, timeouts, ports, progress."""
+    kw = {"default_factory": default} if callable(default) else {"default": default}
+    return field(metadata={"valid": valid, "shapes": shapes}, **kw)
+
+
+def _registry(module: str, name: str) -> Callable[[], tuple]:
+    def names() -> tuple:   # imported when checked: the registries live beside torch code
+        import importlib
+        return getattr(importlib.import_module(module), name).names()
+    return names
+
+
+SECONDS = Range(0.0, 1e6)   # a million seconds: finite, far beyond any sensible run
+WAIT_S = Range(0.0, 7 * 86400.0, lo_open=True)   # timeouts: positive, at most a week
+COUNT = Range(1, 10**8, integer=True, nullable=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The configuration
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
 class DataConfig:
-    name: str = "digits"
-    """Data set: digits, mnist1d, cifar10 or synthetic."""
-    root: Optional[str] = None
+    name: str = knob("digits", Choice(_registry("repro.data", "DATASETS"), custom=True))
+    """Data set (all offline)."""
+    root: Optional[str] = knob(None, Text("a folder", nullable=True), shapes=False)
     """Folder holding the data set's files (cifar10 only)."""
-    num_train: Optional[int] = None
-    """Use only this many training samples (None: all)."""
-    num_test: Optional[int] = None
-    """Use only this many test samples (None: all)."""
+    num_train: Optional[int] = knob(None, COUNT)
+    """Use only this many training samples (null: all; mnist1d and synthetic generate this many)."""
+    num_test: Optional[int] = knob(None, COUNT)
+    """Use only this many test samples (null: all)."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = "digits_cnn"
-    """Network: mlp, digits_cnn, mnist1d_cnn or cifar_18pct."""
+    name: str = knob("digits_cnn", Choice(_registry("repro.models", "MODELS"), custom=True))
+    """Network; it must be made for the data's input shape."""
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    lr: float = 0.05
+    lr: float = knob(0.05, Range(0.0, 1e9, lo_open=True))
     """Client (local) learning rate of SGD, as cuda-convnet's epsW."""
-    momentum: float = 0.5
+    momentum: float = knob(0.5, Range(0.0, 0.999999))
     """Client momentum; the buffer stays on the client across exchanges."""
-    weight_decay: float = 0.0
+    weight_decay: float = knob(0.0, Range(0.0, 1e3))
     """L2 weight decay, added to the gradient as torch.optim.SGD does."""
-    batch_size: int = 32
-    """Minibatch size of one client step."""
-    server_rule: str = "delta"
+    batch_size: int = knob(32, Range(1, 10**6, integer=True))
+    """Minibatch size of one client step (at most the training-set size)."""
+    server_rule: str = knob("delta", Choice(_registry("repro.algorithm", "RULES")))
     """How the server applies a push: delta (add the client's parameter change), downpour
-    (w -= lr_server * accrued gradient) or adagrad (DistBelief's per-parameter Adagrad)."""
-    lr_server: Optional[float] = None
-    """Server step size; None picks the rule's default (delta: 1.0, downpour: lr, adagrad: 0.01)."""
-    adagrad_eps: float = 1e-8
+    (w -= lr_server * accrued gradient), adagrad (DistBelief's per-parameter Adagrad)."""
+    lr_server: Optional[float] = knob(None, Range(0.0, 1e9, lo_open=True, nullable=True))
+    """Server step size; null picks the rule's default (delta: 1.0, downpour: lr, adagrad: 0.01)."""
+    adagrad_eps: float = knob(1e-8, Range(0.0, 1.0, lo_open=True))
     """Added to Adagrad's denominator to avoid dividing by zero."""
 
     def resolved_lr_server(self) -> float:
         if self.lr_server is not None:
             return self.lr_server
-        return {"delta": 1.0, "downpour": self.lr, "adagrad": 0.01}[self.server_rule]
+        return {"delta": 1.0, "downpour": self.lr, "adagrad": 0.01}.get(self.server_rule, self.lr)
 
 
 @dataclass(frozen=True)
 class CostConfig:
-    profile: str = "uniform"
+    profile: str = knob("uniform", Text("a label"))
     """Name of the cost profile (a label saved with the run; 'replay' replays a recorded run)."""
-    compute_s: Union[float, str] = 0.01
+    compute_s: Union[float, str] = knob(0.01, Range(0.0, 1e6, lo_open=True, words=("calibrate",)))
     """Virtual seconds per client minibatch step, or 'calibrate' to time real steps once."""
-    jitter: str = "none"
-    """Per-step compute-time noise: none, lognormal or exponential (mean-preserving, seeded)."""
-    jitter_sigma: float = 0.0
+    jitter: str = knob("none", Choice(JITTERS))
+    """Per-step compute-time noise (mean-preserving, seeded by seed, client, push)."""
+    jitter_sigma: float = knob(0.0, Range(0.0, 10.0))
     """lognormal: sigma of log-time; exponential: weight of the exponential part (0..1)."""
-    straggler_client: Optional[int] = None
-    """This client (1..num_clients) computes straggler_factor times slower; None: no straggler."""
-    straggler_factor: float = 1.0
-    latency_s: float = 0.0
-    """One-way link latency of every push and fetch."""
-    bandwidth_Bps: Optional[float] = None
-    """Link bandwidth in bytes/s applied to the parameter bytes of each push and fetch; None: free."""
-    comm_params: Optional[float] = None
-    """Count communication as if the parameter vector had this many float32 entries (None: the
+    straggler_client: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
+    """This client (1..num_clients) computes straggler_factor times slower; null: no straggler."""
+    straggler_factor: float = knob(1.0, Range(0.0, 1e6, lo_open=True))
+    """How many times slower the straggler computes."""
+    latency_s: float = knob(0.0, SECONDS)
+    """One-way link latency of every push and fetch (virtual seconds)."""
+    bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
+    """Link bandwidth in bytes/s for the parameter bytes of each push and fetch; null: free."""
+    comm_params: Optional[float] = knob(None, Range(0.0, 1e13, lo_open=True, nullable=True))
+    """Count communication as if the parameter vector had this many float32 entries (null: the
     model's real size); lets a small model stand in for an AlexNet-sized one (paper2013)."""
-    server_apply_s: float = 0.0
+    server_apply_s: float = knob(0.0, SECONDS)
     """Virtual seconds the server takes to apply one push; it serves one push at a time."""
-    path: Optional[str] = None
+    path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
     """With profile 'replay': the recorded run folder whose update order is replayed."""
 
 
 @dataclass(frozen=True)
 class BackendConfig:
-    name: str = "sim"
-    """sim (deterministic delay simulator) or real (torch.distributed processes)."""
-    master_addr: str = "127.0.0.1"
+    name: str = knob("sim", Choice(BACKENDS))
+    """sim (deterministic delay simulator) or real (torch.distributed processes). The other keys
+    are the real driver's (conf/backend/real.yaml)."""
+    master_addr: str = knob("127.0.0.1", Text("a host name or address"), shapes=False)
     """Address of rank 0; loopback by default so a single-node run listens on no network."""
-    master_port: int = 0
+    master_port: int = knob(0, Range(0, 65535, integer=True), shapes=False)
     """Port of rank 0's rendezvous; 0 picks a free one (single node only)."""
-    timeout_s: float = 60.0
-    """Bound on start-up and on every blocking receive; a peer silent this long is an error."""
-    client_timeout_s: float = 30.0
+    timeout_s: float = knob(60.0, WAIT_S, shapes=False)
+    """Bound on every blocking receive, and per process on start-up (the start-up deadline
+    grows with the number of clients)."""
+    client_timeout_s: float = knob(30.0, WAIT_S, shapes=False)
     """The server declares a client lost when it has heard nothing from it for this long."""
-    server_device: str = "cpu"
-    """Where the server keeps its parameters: cpu or cuda."""
-    eval_in_thread: bool = True
+    server_device: str = knob("cpu", Choice(("cpu", "cuda")))
+    """Where the server keeps its parameters."""
+    client_device: str = knob("auto", Choice(DEVICES))
+    """Where clients train: auto (a GPU each when CUDA is visible, else the CPU), cpu or cuda."""
+    eval_in_thread: bool = knob(True, Flag(), shapes=False)
     """Evaluate snapshots in a server thread so evaluations never stall the push loop."""
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    exp_name: str = "default"
+    exp_name: str = knob("default", Text("a folder name"), shapes=False)
     """Experiment name: the results/<exp_name>/ folder."""
-    seed: int = 0
+    seed: int = knob(0, Range(0, 2**31 - 1, integer=True))
     """Base seed: model init, each client's data order (seed, client) and the cost model's jitter."""
-    num_clients: int = 4
+    num_clients: int = knob(4, Range(1, 1024, integer=True))
     """Number of clients (GPU clients in the paper)."""
-    nsync: int = 4
+    nsync: int = knob(4, Range(1, 10**6, integer=True))
     """Local minibatch steps between exchanges (the paper's nsync = nfetch = npush)."""
-    num_epochs: float = 20.0
+    num_epochs: float = knob(20.0, Range(0.0, 1e5, lo_open=True))
     """Training budget: epochs of the training set consumed by all clients together."""
-    eval_every: float = 1.0
+    eval_every: float = knob(1.0, Range(1e-3, 1e5))
     """Evaluate the server's parameters every this many epochs (by samples applied)."""
-    target_error: float = 0.05
+    target_error: float = knob(0.05, Range(0.0, 1.0))
     """Training error whose first crossing time defines speedup (summary.json time_to_target)."""
-    start: str = "cold"
+    start: str = knob("cold", Choice(STARTS))
     """cold: random initial weights; warm: start from the single-client baseline's checkpoint."""
-    warm_start_epochs: float = 2.0
+    warm_start_epochs: float = knob(2.0, Range(0.0, 1e5, lo_open=True))
     """Warm start: epochs of single-client training behind the cached checkpoint."""
-    checkpoint_every: int = 0
-    """Server checkpoint every this many versions (0: never)."""
-    resume: bool = False
-    """Continue the run folder's run from its checkpoint."""
-    force: bool = False
-    """Re-run even if the run folder already holds a finished run."""
-    device: str = "cpu"
-    """Simulator device (cpu, cuda, auto); real driver clients use cuda:k when GPUs exist."""
-    num_threads: int = 1
-    """torch CPU threads per process (0: torch's default). Small models run fastest on one thread,
-    and one thread per process keeps N real-driver clients from oversubscribing the cores."""
-    progress: bool = True
+    checkpoint_every: int = knob(0, Range(0, 10**9, integer=True), shapes=False)
+    """Server checkpoint every this many versions (0: only the final one)."""
+    resume: bool = knob(False, Flag(), shapes=False)
+    """Continue the run folder's interrupted run from its checkpoint."""
+    force: bool = knob(False, Flag(), shapes=False)
+    """Start the run folder over even if it holds a finished or interrupted run."""
+    device: str = knob("cpu", Choice(DEVICES))
+    """Simulator device (cpu, cuda, auto); the real driver's clients: backend.client_device."""
+    num_threads: int = knob(1, Range(0, 1024, integer=True))
+    """torch CPU threads per process (0: torch's default). Results are bit-for-bit identical only
+    at the same thread count. One thread keeps N real-driver clients off each other's cores."""
+    progress: bool = knob(True, Flag(), shapes=False)
     """Print progress lines on long runs."""
-    results_dir: str = "results"
+    results_dir: str = knob("results", Text("a folder"), shapes=False)
     """Where run folders and the warm-start cache live."""
-    figures_dir: str = "figures"
-    """Where +exp=figN writes its figure (png, pdf) and the numbers behind it (csv)."""
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    cost: CostConfig = field(default_factory=CostConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    figures_dir: str = knob("figures", Text("a folder"), shapes=False)
+    """Where +exp=NAME writes its figure (png, pdf) and the numbers behind it (csv)."""
+    data: DataConfig = knob(DataConfig, None)
+    model: ModelConfig = knob(ModelConfig, None)
+    algo: AlgoConfig = knob(AlgoConfig, None)
+    cost: CostConfig = knob(CostConfig, None)
+    backend: BackendConfig = knob(BackendConfig, None)
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The declaration, read back: keys, what shapes training, valid values
+# ---------------------------------------------------------------------------------------------
+
+def _leaves(cls: type = RunConfig, prefix: str = ""):
+    """(dotted key, dataclass field) of every leaf setting, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _leaves(hints[f.name], prefix + f.name + ".")
+        else:
+            yield prefix + f.name, f
+
+
+def all_keys() -> tuple[str, ...]:
+    """Every settable key, dotted (``seed``, ``algo.lr``, ...)."""
+    return tuple(key for key, _ in _leaves())
+
+
+def shaping_keys() -> tuple[str, ...]:
+    """The keys that shape training: run-folder names, warm-start cache keys, replays and the
+    resume check all derive from this one list."""
+    return tuple(key for key, f in _leaves() if f.metadata["shapes"])
+
+
+def valid_values(key: str) -> str:
+    return dict(_leaves())[key].metadata["valid"].describe()
+
+
+def get(tree: dict, key: str) -> Any:
+    """The value at a dotted ``key`` of a nested dict (KeyError if absent)."""
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
+
+
+def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
+    """{key: value} of every training-shaping key (missing keys of an old config.json: absent)."""
+    tree = to_dict(cfg) if not isinstance(cfg, dict) else cfg
+    out = {}
+    for key in shaping_keys():
+        try:
+            out[key] = get(tree, key)
+        except (KeyError, TypeError):
+            pass
+    return out
+
+
+def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
+    """'key: recorded -> now' for every training-shaping key that differs."""
+    old, new = shaping_values(recorded), shaping_values(cfg)
+    # a calibrated compute time is recorded as the measured number: 'calibrate' matches it
+    same = lambda k: old[k] == new[k] or (new[k] == "calibrate" and isinstance(old[k], float))  # noqa: E731
+    return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in new if k in old and not same(k)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,11 +335,20 @@ def to_dict(cfg: Any) -> dict:
 
 
 def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
-    """Build ``cls`` from a nested dict, type-checking every field; then range-check it all."""
+    """Build ``cls`` from a nested dict, type-checking every field; then range-check it all.
+    Keys that are not settings (``environment``, recorded beside them in config.json) are ignored
+    at the top level."""
+    if cls is RunConfig and isinstance(tree, dict):
+        tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
+    else:
+        _check_leaves(obj, cls, prefix)
     return obj
+
+
+RECORDED_ONLY = ("environment",)   # what config.json holds beside the settings
 
 
 def _build(tree: Any, cls: type, prefix: str) -> Any:
@@ -216,94 +395,40 @@ def _type_name(options: tuple) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# range and name checks
+# checks
 # ---------------------------------------------------------------------------------------------
 
-def _choice(key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ConfigError(key, value, choices)
-
-
-def _positive(key: str, value: float, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or value != value:  # value != value: NaN
-        raise ConfigError(key, value, "a number >= 0" if allow_zero else "a number > 0")
+def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
+    tree = to_dict(obj)
+    for key, f in _leaves(cls, prefix):
+        f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
 
 
 def validate(cfg: RunConfig) -> None:
-    """Range and name checks that need no data; :func:`check_components` does the rest."""
-    if cfg.num_clients < 1:
-        raise ConfigError("num_clients", cfg.num_clients, "an integer >= 1")
-    if cfg.nsync < 1:
-        raise ConfigError("nsync", cfg.nsync, "an integer >= 1 (local steps between exchanges)")
-    _positive("num_epochs", cfg.num_epochs)
-    _positive("eval_every", cfg.eval_every)
-    if not 0 <= cfg.target_error <= 1:
-        raise ConfigError("target_error", cfg.target_error, "a fraction in [0, 1]")
-    _choice("start", cfg.start, STARTS)
-    _positive("warm_start_epochs", cfg.warm_start_epochs)
-    if cfg.checkpoint_every < 0:
-        raise ConfigError("checkpoint_every", cfg.checkpoint_every, "an integer >= 0 (0: never)")
-    _choice("device", cfg.device, DEVICES)
-    if cfg.num_threads < 0:
-        raise ConfigError("num_threads", cfg.num_threads, "an integer >= 0 (0: torch's default)")
-    _validate_algo(cfg.algo)
-    _validate_cost(cfg.cost, cfg.num_clients)
-    _validate_backend(cfg.backend)
-    if cfg.data.num_train is not None and cfg.data.num_train < 1:
-        raise ConfigError("data.num_train", cfg.data.num_train, "an integer >= 1 or null")
-    if cfg.data.num_test is not None and cfg.data.num_test < 1:
-        raise ConfigError("data.num_test", cfg.data.num_test, "an integer >= 1 or null")
-
-
-def _validate_algo(algo: AlgoConfig) -> None:
-    _positive("algo.lr", algo.lr)
-    if not 0 <= algo.momentum < 1:
-        raise ConfigError("algo.momentum", algo.momentum, "a number in [0, 1)")
-    _positive("algo.weight_decay", algo.weight_decay, allow_zero=True)
-    if algo.batch_size < 1:
-        raise ConfigError("algo.batch_size", algo.batch_size, "an integer >= 1")
-    _choice("algo.server_rule", algo.server_rule, SERVER_RULES)
-    if algo.lr_server is not None:
-        _positive("algo.lr_server", algo.lr_server)
-    _positive("algo.adagrad_eps", algo.adagrad_eps)
-
-
-def _validate_cost(cost: CostConfig, num_clients: int) -> None:
-    if isinstance(cost.compute_s, str):
-        if cost.compute_s != "calibrate":
-            raise ConfigError("cost.compute_s", cost.compute_s, "a number > 0 or 'calibrate'")
-    else:
-        _positive("cost.compute_s", cost.compute_s)
-    _choice("cost.jitter", cost.jitter, JITTERS)
-    _positive("cost.jitter_sigma", cost.jitter_sigma, allow_zero=True)
+    """Every key against its declared valid values, then the checks that relate two keys.
+    Needs no data; :func:`check_components` checks the model against the data's input shape."""
+    _check_leaves(cfg, RunConfig, "")
+    if cfg.num_epochs / cfg.eval_every > 1e5:
+        raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
+                          f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
+    cost = cfg.cost
     if cost.jitter == "exponential" and cost.jitter_sigma > 1:
         raise ConfigError("cost.jitter_sigma", cost.jitter_sigma, "a weight in [0, 1] for exponential jitter")
-    if cost.straggler_client is not None and not 1 <= cost.straggler_client <= num_clients:
+    if cost.straggler_client is not None and not 1 <= cost.straggler_client <= cfg.num_clients:
         raise ConfigError("cost.straggler_client", cost.straggler_client,
-                          f"null or a client id in 1..{num_clients}")
-    _positive("cost.straggler_factor", cost.straggler_factor)
-    _positive("cost.latency_s", cost.latency_s, allow_zero=True)
-    if cost.bandwidth_Bps is not None:
-        _positive("cost.bandwidth_Bps", cost.bandwidth_Bps)
-    if cost.comm_params is not None:
-        _positive("cost.comm_params", cost.comm_params)
-    _positive("cost.server_apply_s", cost.server_apply_s, allow_zero=True)
+                          f"null or a client id in 1..{cfg.num_clients}")
     if cost.profile == "replay" and not cost.path:
         raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
 
 
-def _validate_backend(backend: BackendConfig) -> None:
-    _choice("backend.name", backend.name, BACKENDS)
-    if not 0 <= backend.master_port <= 65535:
-        raise ConfigError("backend.master_port", backend.master_port, "a port in 0..65535 (0: pick a free one)")
-    _positive("backend.timeout_s", backend.timeout_s)
-    _positive("backend.client_timeout_s", backend.client_timeout_s)
-    _choice("backend.server_device", backend.server_device, ("cpu", "cuda"))
+def check_components(cfg: RunConfig, input_shape: tuple | None = None,
+                     num_classes: int | None = None) -> None:
+    """The model must be made for the data's inputs: checked from the data set's declared shape
+    before any work, and again on the loaded data when ``input_shape`` is given."""
+    from repro.data import DATASETS   # local imports: both pull in torch
+    from repro.models import check_fits
 
-
-def check_components(cfg: RunConfig, input_shape: tuple, num_classes: int) -> None:
-    """Checks that need the data set: the model must accept its shape."""
-    from repro.models import check_fits  # local import: models pulls in torch.nn
-
+    if input_shape is None:
+        spec = DATASETS[cfg.data.name]
+        input_shape, num_classes = spec.input_shape, spec.num_classes
     check_fits(cfg.model.name, input_shape, num_classes, cfg.data.name)

@@ -1,16 +1,18 @@
-"""Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=figN``.
+"""Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
 
-This module does the Hydra work and nothing else: it checks the command line, composes the config,
-parses it once into a :class:`~repro.config.RunConfig` (nothing below sees a ``DictConfig``), and
-calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. Bad input exits with
-code 2 and a message naming the key, the bad value and the valid choices, before any work.
+This module does the Hydra work and nothing else: it checks the command line (unknown keys, group
+options, ``--help``), composes the config, parses it once into a :class:`~repro.config.RunConfig`
+(nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
+``run(config, run_dir) -> summary``. Bad input exits with code 2 and a message naming the key,
+the bad value and the valid choices, before Hydra makes any folder when it can (a single run),
+else before the run starts (a grid point).
 
 Under ``torchrun`` every rank enters here; only rank 0 goes through ``@hydra.main`` (and so makes
 the run folder), the other ranks compose the same config without any output folder.
 """
 from __future__ import annotations
 
-import logging
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -18,23 +20,44 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
-from repro.config import RunConfig, from_dict
+from repro import confhelp
+from repro.config import RunConfig, all_keys, check_components, from_dict, shaping_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.logs import get_logger
+from repro.resources import CONF_DIR, group_options
 from repro.runlog import is_finished, read_summary
 
-log = logging.getLogger("repro")
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ("data", "model", "algo", "cost", "backend", "exp")
+log = get_logger("repro.run")
+GROUPS = (*confhelp.GROUPS, "exp")
 
-# Run folders are named from the overrides; no overrides gives "base", not an empty name.
+
+def job_name(overrides) -> str:
+    """A run folder's name: the command-line overrides of keys that shape training, sorted, as
+    Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
+    ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.shaping_keys`)."""
+    shaping = set(shaping_keys()) | set(confhelp.GROUPS)
+    kept = []
+    for item in overrides or ():
+        key, sep, value = str(item).partition("=")
+        key = key.lstrip("+~")
+        if sep and key in shaping:
+            kept.append((key, value))
+    return ",".join(f"{k}={v}" for k, v in sorted(kept)) or "base"
+
+
 if not OmegaConf.has_resolver("job_name"):
-    OmegaConf.register_new_resolver("job_name", lambda dirname: dirname or "base")
+    OmegaConf.register_new_resolver("job_name", lambda overrides: job_name(list(overrides)))
 
 
 def parse(dcfg: DictConfig) -> RunConfig:
     """Resolve and validate the composed config (raises ConfigError)."""
-    tree = OmegaConf.to_container(dcfg, resolve=True)
+    try:
+        tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
     tree.pop("hydra", None)
     return from_dict(tree)
 
@@ -56,43 +79,151 @@ def run(cfg: RunConfig, run_dir: str | Path) -> dict:
     return simulate(cfg, run_dir)
 
 
-def _exit_bad_input(err: ConfigError, run_dir: Path | None = None) -> None:
-    print(f"error: {err}", file=sys.stderr)
-    # Hydra made the folder before we could check: leave nothing that looks like a run.
-    if run_dir is not None and run_dir.exists() and not (run_dir / "config.json").exists():
+def pasteable(path: str | Path) -> str:
+    """``path`` as it pastes after ``key=`` on a shell command line: Hydra reads ``=`` and ``,``
+    in a value as syntax, so such a path goes in single quotes, inside shell double quotes."""
+    text = str(path)
+    return text if re.fullmatch(r"[\w./@%+-]+", text) else "\"'" + text + "'\""
+
+
+def last_lines(summary: dict, run_dir: Path) -> str:
+    final = summary.get("final") or {}
+    err = final.get("test_error")
+    if summary.get("clock") == "virtual":
+        times = f"virtual time {summary['time_s']:.2f} s, wall {summary['wall_time_s']:.1f} s"
+    else:   # wall clock: time_s runs from the first fetch, wall_time_s includes start-up
+        times = f"wall time {summary['time_s']:.1f} s training, {summary['wall_time_s']:.1f} s with start-up"
+    return (f"{summary['status']}: version {summary['version']}  epoch {summary['epoch']:.2f}  "
+            f"test error {'n/a' if err is None else f'{100 * err:.2f}%'}  {times}\n"
+            f"run folder: {pasteable(run_dir)}")
+
+
+def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
+    """Hydra made the folder before we could check: leave nothing that looks like a run, and no
+    empty experiment folder either."""
+    if run_dir.exists() and not (run_dir / "config.json").exists():
         shutil.rmtree(run_dir, ignore_errors=True)
+    parent = run_dir.parent
+    while parent != results_dir and results_dir in parent.parents and parent.is_dir():
+        if any(p for p in parent.iterdir() if p.name != "multirun.yaml" and p.name != ".hydra"):
+            break
+        shutil.rmtree(parent, ignore_errors=True)
+        parent = parent.parent
+
+
+def _exit_bad_input(err: ConfigError | str) -> None:
+    print(f"error: {err}", file=sys.stderr, flush=True)
     sys.exit(EXIT_BAD_INPUT)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(dcfg: DictConfig) -> float | None:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
     try:
         cfg = parse(dcfg)
+        check_components(cfg)
         summary = run(cfg, run_dir)
     except ConfigError as err:
-        _exit_bad_input(err, run_dir)
-    final = summary.get("final", {})
-    err = final.get("test_error")
-    print(f"{summary['status']}: {run_dir}  version {summary['version']}  epoch {summary['epoch']:.2f}  "
-          f"test error {'n/a' if err is None else f'{100 * err:.2f}%'}  "
-          f"{summary['clock']} time {summary['time_s']:.2f}s  wall {summary['wall_time_s']:.1f}s",
-          flush=True)
-    if summary["status"] not in ("completed", "completed_degraded") and not HydraConfig.get().mode.name == "MULTIRUN":
+        results = Path(str(dcfg.get("results_dir", "results"))).resolve()
+        _remove_empty_run_dir(run_dir.resolve(), results)
+        _exit_bad_input(err)
+    log.info(last_lines(summary, run_dir).splitlines()[0])
+    print(last_lines(summary, run_dir).splitlines()[1], flush=True)
+    if summary["status"] not in ("completed", "completed_degraded") and hc.mode.name != "MULTIRUN":
         sys.exit(1)
-    return err
+    return (summary.get("final") or {}).get("test_error")
 
 
-def check_group_choices(argv: list[str]) -> None:
-    """Hydra reports an unknown ``group=name`` with exit code 1; we want our message and 2."""
+# ---------------------------------------------------------------------------------------------
+# The command line, checked before Hydra sees it
+# ---------------------------------------------------------------------------------------------
+
+def _overrides(argv: list[str]) -> list[tuple[str, str, str]]:
+    """(prefix, key, value) of each ``KEY=VALUE`` argument (flags and their values skipped)."""
+    out = []
     for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or key not in GROUPS:
+        if arg.startswith("-") or "=" not in arg:
             continue
-        choices = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
-        for v in value.split(","):
-            if v not in choices:
-                _exit_bad_input(ConfigError(key, v, choices))
+        key, _, value = arg.partition("=")
+        prefix = key[:len(key) - len(key.lstrip("+~"))]
+        out.append((prefix, key.lstrip("+~").split("@")[0], value))
+    return out
+
+
+def check_overrides(argv: list[str]) -> None:
+    """Our messages (exit 2) where Hydra's would be raw or point the wrong way: an unknown key
+    (with the closest valid ones), a group option that does not exist, ``exp`` without ``+``,
+    a ``+`` on a key that exists."""
+    keys = set(all_keys())
+    for prefix, key, value in _overrides(argv):
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            continue
+        if key in GROUPS:
+            if (key == "exp") != (prefix == "+"):
+                right = f"+exp={value}" if key == "exp" else f"{key}={value}"
+                _exit_bad_input(f"'{prefix}{key}={value}': write {right} ("
+                                + ("experiments are added with +" if key == "exp" else
+                                   f"'{key}' is already in the config") + ")")
+            choices = group_options(key)
+            for v in value.split(","):
+                if v not in choices:
+                    _exit_bad_input(ConfigError(key, v, choices))
+        elif key in keys:
+            if prefix in ("+", "~"):
+                _exit_bad_input(f"'{prefix}{key}={value}': '{key}' is already a key; write {key}={value}")
+        else:
+            near = confhelp.closest_keys(key)
+            _exit_bad_input(f"unknown key '{key}' (in '{prefix}{key}={value}'); "
+                            + (f"closest valid keys: {', '.join(near)}" if near else "no key is close")
+                            + " (python -m repro.run --help lists every key)")
+
+
+def _is_sweep(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv) or any(
+        re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
+
+
+def precheck(argv: list[str]) -> None:
+    """A single run's whole config, validated before Hydra makes a folder: every key's range,
+    the model against the data, a key set under the wrong backend. (Grid points are checked
+    as each starts.)"""
+    if _is_sweep(argv):
+        return
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        dcfg = compose(overrides)
+    except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
+        key = next((k for _, k, _ in _overrides(overrides) if f"'{k}'" in str(exc)), None)
+        owner = _owning_option(key) if key else None
+        if owner:
+            _exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
+        _exit_bad_input(str(exc).splitlines()[0])
+    try:
+        check_components(parse(dcfg))
+    except ConfigError as err:
+        _exit_bad_input(err)
+
+
+def _owning_option(key: str) -> str | None:
+    """``backend=real`` for ``backend.timeout_s``: the group option whose YAML sets the key."""
+    group, _, leaf = key.partition(".")
+    if group not in confhelp.GROUPS:
+        return None
+    for option in group_options(group):
+        text = (CONF_DIR / group / f"{option}.yaml").read_text()
+        if re.search(rf"^{re.escape(leaf)}\s*:", text, re.M):
+            return f"{group}={option}"
+    return None
+
+
+def print_help(argv: list[str]) -> None:
+    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
+    dcfg = compose(overrides, return_hydra_config=True)
+    choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in GROUPS}
+    tree = OmegaConf.to_container(dcfg, resolve=False)
+    tree.pop("hydra", None)
+    print(confhelp.help_text(tree, choices))
 
 
 def _torchrun_rank() -> int | None:
@@ -103,27 +234,33 @@ def _torchrun_rank() -> int | None:
     return None if env is None else env.rank
 
 
-def compose(overrides: list[str]) -> DictConfig:
+def compose(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
     """The config as ``python -m repro.run OVERRIDES`` would compose it, without output folders."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
+        return hydra_compose(config_name="config", overrides=overrides,
+                             return_hydra_config=return_hydra_config)
 
 
 def cli() -> None:
     argv = sys.argv[1:]
-    check_group_choices(argv)
+    if "--help" in argv or "-h" in argv:
+        check_overrides(argv)
+        print_help(argv)
+        return
+    check_overrides(argv)
     rank = _torchrun_rank()
     if rank is not None and rank > 0:
         from repro.real import run_torchrun_worker
 
         try:
-            cfg = parse(compose([a for a in argv if not a.startswith("hydra")]))
+            cfg = parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
         except ConfigError as err:
             _exit_bad_input(err)
         sys.exit(run_torchrun_worker(cfg))
+    precheck(argv)
     main()
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from repro import schema
+from repro.logs import get_logger
+
+_log = get_logger("repro.progress")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -196,7 +198,7 @@ def is_finished(run_dir: Path) -> bool:
 
 
 class Progress:
-    """Prints one line every ``every_s`` wall seconds on long runs (stderr, so tables stay clean)."""
+    """Logs one line every ``every_s`` wall seconds on long runs (stderr and run.log)."""
 
     def __init__(self, label: str, total_epochs: float, enabled: bool = True, every_s: float = 2.0):
         self.label, self.total, self.enabled, self.every_s = label, total_epochs, enabled, every_s
@@ -210,5 +212,5 @@ class Progress:
         elapsed = now - self.started
         eta = elapsed * (self.total - epoch) / epoch if epoch > 0 else float("nan")
         err = "" if test_error is None else f"  test error {100 * test_error:5.2f}%"
-        print(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {version:6d}{err}"
-              f"  elapsed {elapsed:6.1f}s  eta {max(eta, 0):6.1f}s", file=sys.stderr, flush=True)
+        _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {version:6d}{err}"
+                  f"  elapsed {elapsed:6.1f}s  eta {max(eta, 0):6.1f}s")

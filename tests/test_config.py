@@ -79,16 +79,25 @@ def test_figure_experiments_use_the_paper_regime_and_warm_start():
 
 
 BAD_INPUTS = [
-    (["num_clients=0"], "num_clients", "an integer >= 1"),
-    (["nsync=0"], "nsync", "an integer >= 1"),
-    (["algo.lr=-0.1"], "algo.lr", "a number > 0"),
-    (["algo.momentum=1.5"], "algo.momentum", "[0, 1)"),
+    (["num_clients=0"], "num_clients", "an integer in 1..1024"),
+    (["nsync=0"], "nsync", "an integer in 1..1000000"),
+    (["algo.lr=-0.1"], "algo.lr", "a number in (0, 1e+09]"),
+    (["algo.momentum=1.5"], "algo.momentum", "[0, 0.999999]"),
     (["num_epochs=abc"], "num_epochs", "a number"),
-    (["algo.server_rule=magic"], "algo.server_rule", "'delta', 'downpour', 'adagrad'"),
+    (["algo.server_rule=magic"], "algo.server_rule", "'adagrad', 'delta', 'downpour'"),
     (["cost.jitter=gaussian"], "cost.jitter", "'none', 'lognormal', 'exponential'"),
     (["cost.straggler_client=9"], "cost.straggler_client", "1..4"),
-    (["backend.master_port=70000"], "backend.master_port", "0..65535"),
+    (["backend=real", "backend.master_port=70000"], "backend.master_port", "0..65535"),
     (["start=hot"], "start", "'cold', 'warm'"),
+    # no number may hang or overflow a run: every numeric key has a finite range
+    (["eval_every=1e-12"], "eval_every", "[0.001, 100000]"),
+    (["num_epochs=inf"], "num_epochs", "(0, 100000]"),
+    (["num_epochs=nan"], "num_epochs", "(0, 100000]"),
+    (["backend=real", "backend.timeout_s=1e300"], "backend.timeout_s", "(0, 604800]"),
+    (["backend=real", "backend.client_timeout_s=0"], "backend.client_timeout_s", "(0, 604800]"),
+    (["num_epochs=1000", "eval_every=0.001"], "eval_every", "at most 100000 evaluations"),
+    (["cost.latency_s=-1"], "cost.latency_s", "[0, 1e+06]"),
+    (["seed=-1"], "seed", "0..2147483647"),
 ]
 
 
@@ -98,7 +107,41 @@ def test_bad_values_name_key_value_and_choices(overrides, key, expected):
         parse(compose(overrides))
     message = str(err.value)
     assert f"'{key}'" in message and expected in message
-    assert overrides[0].split("=", 1)[1] in message
+    assert overrides[-1].split("=", 1)[1] in message or overrides[-1].split("=", 1)[1] == "1e300"
+
+
+def test_every_numeric_key_has_a_finite_range():
+    """Issue: eval_every=1e-12 looped forever, num_epochs=inf never ended, timeout_s=1e300
+    overflowed. Every number is checked against a finite range before any work."""
+    import dataclasses
+    from repro.config import Range, _leaves
+    for key, f in _leaves():
+        valid = f.metadata["valid"]
+        hint = f.type if isinstance(f.type, str) else str(f.type)
+        if "int" in hint or "float" in hint:
+            assert isinstance(valid, Range), key
+            assert valid.hi < float("inf") and valid.lo > -float("inf"), key
+
+
+def test_every_key_is_documented_for_help():
+    from repro.confhelp import key_docs
+    from repro.config import all_keys
+    docs = key_docs()
+    assert set(docs) == set(all_keys())
+    assert all(len(doc) > 10 for doc in docs.values()), [k for k, d in docs.items() if len(d) <= 10]
+
+
+def test_training_shaping_keys_are_declared_once():
+    from repro.config import shaping_keys
+    from repro.run import job_name
+    keys = set(shaping_keys())
+    assert {"seed", "num_clients", "nsync", "num_threads", "device", "algo.lr", "cost.jitter"} <= keys
+    assert not keys & {"exp_name", "resume", "force", "progress", "results_dir", "figures_dir",
+                       "checkpoint_every", "cost.path", "data.root", "backend.master_port",
+                       "backend.master_addr", "backend.timeout_s", "backend.client_timeout_s"}
+    assert job_name(["+exp=fig3", "num_threads=2", "nsync=4", "backend.timeout_s=9", "algo=adagrad",
+                     "results_dir=/x", "cost.path='a=b,c'"]) == "algo=adagrad,nsync=4,num_threads=2"
+    assert job_name([]) == "base"
 
 
 def _cli(args, tmp_path):
@@ -107,15 +150,39 @@ def _cli(args, tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["num_clients=0"], "'num_clients': 0; expected an integer >= 1"),
+    (["num_clients=0"], "'num_clients': 0; expected an integer in 1..1024"),
     (["model=resnet"], "'model': 'resnet'; expected one of: 'cifar_18pct', 'digits_cnn', 'mlp', 'mnist1d_cnn'"),
     (["data=imagenet"], "'data': 'imagenet'; expected one of: 'cifar10', 'digits', 'mnist1d', 'synthetic'"),
     (["model=mnist1d_cnn"], "'model.name': 'mnist1d_cnn'; expected a model that accepts data 'digits'"),
-    (["data=cifar10", "data.root=/nonexistent"], "data.root"),
+    (["model=cifar_18pct"], "'cifar_18pct' expects (3, 32, 32) colour images"),
+    (["data=cifar10", "model=cifar_18pct", "data.root=/nonexistent"], "data.root"),
+    (["data=cifar10", "model=cifar_18pct"], "'data.root'"),          # unset: named, never '???'
+    # typos get our message (exit 2, the closest keys), not Hydra's "use +num_client=4"
+    (["num_client=4"], "unknown key 'num_client' (in 'num_client=4'); closest valid keys: num_clients"),
+    (["+num_client=4"], "unknown key 'num_client' (in '+num_client=4'); closest valid keys: num_clients"),
+    (["algo.lrr=0.1"], "closest valid keys: algo.lr"),
+    (["+num_clients=4"], "'num_clients' is already a key; write num_clients=4"),
+    (["exp=fig3"], "write +exp=fig3"),
+    (["backend.timeout_s=5"], "'backend.timeout_s' is a setting of backend=real"),
+    (["+exp=fig3", "eval_every=0"], "'eval_every': 0"),
 ])
 def test_cli_rejects_bad_input_with_exit_code_2_and_no_complete_run(tmp_path, args, needle):
     proc = _cli(args, tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
+    assert "???" not in proc.stderr and "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("summary.json"))     # nothing looks like a run
     assert not list(tmp_path.rglob("config.json"))
+    assert not [p for p in tmp_path.rglob("*") if p.is_dir()]   # not even an empty folder
+
+
+def test_help_shows_every_key_with_its_meaning_and_valid_values(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "+exp=fig3", "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for needle in ("algo.server_rule", "valid: adagrad, delta, downpour",
+                   "Local minibatch steps between exchanges", "cost     lan, local, paper2013*",
+                   "+exp     fig1, fig2, fig3*"):
+        assert needle in out, needle
+    assert not list(tmp_path.iterdir())                 # help runs nothing, makes nothing

@@ -31,14 +31,18 @@ from repro.algorithm import Push, Server, Worker
 from repro.checkpoint import save_checkpoint
 from repro.components import EvalSets, evaluate
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
+from repro.logs import get_logger
 from repro.runlog import Progress, RunLog
 
 if TYPE_CHECKING:
     from repro.real.launch import Prepared
 
 
+_log = get_logger("repro.real.server")
+
+
 def log(msg: str) -> None:
-    print(f"[real server] {msg}", flush=True)
+    _log.info(f"[real server] {msg}")
 
 
 @dataclass
