@@ -17,7 +17,9 @@ import copy
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Union
 
+import numpy as np
 import pandas as pd
 import torch
 import yaml
@@ -29,9 +31,10 @@ from repro.components import EvalSets, resolve_device
 from repro.config import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig, from_dict, validate
 from repro.data import Dataset
 from repro.errors import ConfigError
+from repro.resources import CONF_DIR, group_options
 from repro.sim import Problem, Simulation, resolve_compute_s
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or torch tensors
 
 
 @dataclass
@@ -53,7 +56,7 @@ def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
         return from_dict(cost, CostConfig, "cost.")
     path = CONF_DIR / "cost" / f"{cost}.yaml"
     if not path.exists():
-        raise ConfigError("cost", cost, sorted(p.stem for p in (CONF_DIR / "cost").glob("*.yaml")))
+        raise ConfigError("cost", cost, group_options("cost"))
     tree = yaml.safe_load(path.read_text())
     for parent in tree.pop("defaults", []):
         if parent != "_self_":
@@ -61,19 +64,108 @@ def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
     return from_dict(tree, CostConfig, "cost.")
 
 
-def simulate(module: nn.Module, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], *,
+def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike], *,
              num_clients: int = 4, nsync: int = 4, num_epochs: float = 10.0, eval_every: float = 1.0,
              lr: float = 0.05, momentum: float = 0.5, weight_decay: float = 0.0, batch_size: int = 32,
              server_rule: str = "delta", lr_server: float | None = None,
              cost: str | dict | CostConfig = "lan", seed: int = 0, target_error: float = 0.05,
              loss_fn=nn.functional.cross_entropy, device: str = "cpu",
              run_dir: str | Path | None = None, progress: bool = False) -> Result:
-    """Simulate ``num_clients`` asynchronous clients training ``module`` through one server."""
+    """Simulate ``num_clients`` asynchronous clients training ``module`` through one server.
+
+    Every client repeatedly fetches the server's parameters, takes ``nsync`` local SGD steps on
+    its own shuffled order of the training set and pushes its update; the delay simulator
+    decides, from the cost model, in which order pushes reach the server, exactly as
+    ``python -m repro.run`` does. Deterministic: the same arguments give the same tables (except
+    with ``cost="local"``, whose step time is measured on this machine).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The network of a classification problem. Its current weights are the initial weights;
+        it is copied, never trained in place. It must have float32 parameters and no buffers
+        (e.g. no BatchNorm: the server would not synchronise them).
+    train : (inputs, labels)
+        The training set: two numpy arrays or torch tensors of equal length N >= 1. Inputs are
+        converted to float32, shape (N, ...) as the module expects; labels are integer class
+        indices 0..C-1 of any integer dtype (converted to int64), shape (N,). Float labels
+        are refused rather than silently truncated.
+    test : (inputs, labels)
+        The test set, in the same form as ``train``. The number of classes C is one more than
+        the largest label in either set.
+    num_clients : int, default 4
+        Asynchronous clients, >= 1.
+    nsync : int, default 4
+        Local minibatch steps between exchanges with the server (the paper's nsync = nfetch =
+        npush), >= 1.
+    num_epochs : float, default 10.0
+        Training budget in epochs of the training set, counted in samples consumed by all
+        clients together; > 0.
+    eval_every : float, default 1.0
+        Evaluate the server's parameters every this many epochs (by samples applied); > 0. An
+        evaluation also runs at the start and at the end.
+    lr : float, default 0.05
+        Client learning rate of SGD, > 0.
+    momentum : float, default 0.5
+        Client momentum in [0, 1); the momentum buffer stays on the client across exchanges.
+    weight_decay : float, default 0.0
+        L2 weight decay added to the client's gradient, >= 0.
+    batch_size : int, default 32
+        Minibatch size of one client step, between 1 and the training-set size.
+    server_rule : {"delta", "downpour", "adagrad"}, default "delta"
+        How the server applies a push: add the client's parameter change (delta), ``w -=
+        lr_server * accrued gradient`` (downpour), or per-parameter Adagrad (adagrad).
+    lr_server : float or None, default None
+        Server step size, > 0. None picks the rule's default: 1.0 for delta, ``lr`` for
+        downpour, 0.01 for adagrad.
+    cost : str, dict or CostConfig, default "lan"
+        The simulator's cost model, which sets virtual time and so the order of pushes. A
+        profile name from ``conf/cost`` ("lan", "uniform", "straggler", "paper2013", or "local",
+        which times real steps once); a dict of CostConfig fields (fields left out take
+        CostConfig's defaults, which are the "uniform" profile's); or a CostConfig. "replay" is
+        refused: replay a recorded run with ``python -m repro.run cost=replay``.
+    seed : int, default 0
+        Base seed of each client's data order, seeded by (seed, client), and of the cost
+        model's jitter. Model initialisation is ``module``'s own weights, not this seed.
+    target_error : float, default 0.05
+        Training error in [0, 1]; the virtual time of the first evaluation at or below it is
+        ``summary["time_to_target"]`` (null if never reached).
+    loss_fn : callable, default torch.nn.functional.cross_entropy
+        ``loss_fn(outputs, labels)`` returning the mean minibatch loss. The error rate is
+        always the fraction of samples whose argmax output is not the label.
+    device : {"cpu", "cuda", "auto"}, default "cpu"
+        Where the model and the data live; "auto" picks cuda when available.
+    run_dir : str, Path or None, default None
+        Folder the run's tables are written to (the same files as a command-line run); None
+        makes a fresh temporary folder, which is not deleted afterwards.
+    progress : bool, default False
+        Print a progress line to stderr every few seconds while simulating.
+
+    Returns
+    -------
+    Result
+        ``updates`` (one row per push applied) and ``evals`` (one row per evaluation) as pandas
+        DataFrames with the columns of updates.csv and evals.csv; ``summary``, the dict in
+        summary.json (``status``, final metrics, time to target); ``run_dir``, where they were
+        written. Times are virtual seconds of the cost model. A run that diverges (non-finite
+        loss or parameters) returns normally with ``summary["status"] == "diverged"``.
+
+    Raises
+    ------
+    ConfigError
+        Before any training, for a bad argument: a value out of range or not among the
+        choices, an unknown cost profile or field, inputs and labels of different lengths or
+        an empty set, non-integer or negative labels, train and test inputs of different
+        sample shapes, a batch larger than the training set, or device "cuda" without CUDA.
+        The message names the setting, the value and what would be valid.
+    ValueError
+        When ``module`` has buffers or no parameters, or parameters that are not float32.
+    """
     algo = AlgoConfig(lr=lr, momentum=momentum, weight_decay=weight_decay, batch_size=batch_size,
                       server_rule=server_rule, lr_server=lr_server)
     cfg = RunConfig(exp_name="api", seed=seed, num_clients=num_clients, nsync=nsync, num_epochs=num_epochs,
                     eval_every=eval_every, target_error=target_error, device=device, progress=progress,
-                    num_threads=0, data=DataConfig(name="custom"), model=ModelConfig(name=type(module).__name__),
+                    num_threads=0, data=DataConfig(name="custom"), model=ModelConfig(name=f"custom:{type(module).__name__}"),
                     algo=algo, cost=cost_profile(cost))
     validate(cfg)
     if cfg.cost.profile == "replay":
@@ -90,12 +182,32 @@ def simulate(module: nn.Module, train: tuple[Tensor, Tensor], test: tuple[Tensor
                   summary, run_dir)
 
 
-def _dataset(train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], device: torch.device) -> Dataset:
-    for key, (x, y) in (("train", train), ("test", test)):
-        if len(x) != len(y) or len(x) == 0:
-            raise ConfigError(key, f"{len(x)} inputs, {len(y)} labels", "equally many (>0) inputs and labels")
-        if y.dtype != torch.long:
-            raise ConfigError(key, f"labels of dtype {y.dtype}", "int64 class labels")
-    num_classes = int(max(train[1].max(), test[1].max())) + 1
-    return Dataset("custom", train[0].float(), train[1], test[0].float(), test[1], num_classes).to(device)
+def _dataset(train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike],
+             device: torch.device) -> Dataset:
+    (x_train, y_train), (x_test, y_test) = _pair("train", *train), _pair("test", *test)
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise ConfigError("test", f"inputs of shape {tuple(x_test.shape)}",
+                          f"the training inputs' sample shape {tuple(x_train.shape[1:])}")
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    return Dataset("custom", x_train, y_train, x_test, y_test, num_classes).to(device)
 
+
+def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
+    """(inputs, labels) as float32 and int64 tensors, or a ConfigError that says what is wrong."""
+    dtype = getattr(y, "dtype", None)   # the caller's own dtype name, numpy's or torch's
+    x, y = _tensor(x), _tensor(y)
+    if x.ndim == 0 or y.ndim != 1 or len(x) != len(y) or len(x) == 0:
+        raise ConfigError(key, f"inputs of shape {tuple(x.shape)}, labels of shape {tuple(y.shape)}",
+                          "equally many (>0) inputs and labels, labels of shape (N,)")
+    if y.dtype == torch.bool or y.dtype.is_floating_point or y.dtype.is_complex:
+        raise ConfigError(key, f"labels of dtype {dtype or y.dtype}",
+                          "integer class labels 0..C-1 (any integer dtype)")
+    y = y.to(torch.long)
+    if y.min() < 0:
+        raise ConfigError(key, f"a label of {int(y.min())}", "integer class labels 0..C-1 (none negative)")
+    return x.to(torch.float32), y
+
+
+def _tensor(a: ArrayLike) -> Tensor:
+    # torch.as_tensor shares a numpy array's memory but refuses negative strides (a[::-1])
+    return torch.as_tensor(np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a)

@@ -1,4 +1,9 @@
-"""The public notebook API: any torch module, tensors in, DataFrames out, CLI semantics."""
+"""The public notebook API: any torch module, tensors or numpy arrays in, DataFrames out, CLI
+semantics."""
+import inspect
+import re
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -52,5 +57,52 @@ def test_bad_api_input_is_a_clear_error():
     x, y = _problem()
     with pytest.raises(ConfigError, match="num_clients"):
         api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_clients=0)
-    with pytest.raises(ConfigError, match="int64 class labels"):
+    with pytest.raises(ConfigError, match="'train'.*labels of dtype torch.float32.*integer class labels 0..C-1"):
         api.simulate(nn.Linear(6, 2), (x, y.float()), (x, y))
+
+
+def _tables(train, test, tmp_path, name):
+    torch.manual_seed(0)   # the same initial weights for every call
+    result = api.simulate(nn.Linear(6, 2), train, test, num_clients=2, nsync=2, num_epochs=1,
+                          eval_every=0.5, cost="lan", run_dir=tmp_path / name)
+    return result.updates, result.evals
+
+
+def test_numpy_inputs_and_any_integer_labels_give_the_tensor_tables(tmp_path):
+    # float64 inputs made from float32 ones convert back exactly, so the tables must be identical
+    x, y = _problem()
+    want = _tables((x[:200], y[:200]), (x[200:], y[200:]), tmp_path, "tensors")
+    xn, yn = x.numpy().astype(np.float64), y.numpy()
+    assert yn.dtype == np.int64
+    for name, labels in (("numpy_int64", yn), ("numpy_int32", yn.astype(np.int32)),
+                         ("torch_int32", y.to(torch.int32)), ("numpy_uint8", yn.astype(np.uint8))):
+        got = _tables((xn[:200], labels[:200]), (xn[200:], labels[200:]), tmp_path, name)
+        assert got[0].equals(want[0]) and got[1].equals(want[1]), name
+
+
+@pytest.mark.parametrize("labels, match", [
+    (np.zeros(256, dtype=np.float64), r"labels of dtype float64'; expected integer class labels 0\.\.C-1"),
+    (torch.zeros(256), r"labels of dtype torch.float32'; expected integer class labels 0\.\.C-1"),
+    (np.full(256, -1, dtype=np.int64), r"a label of -1'; expected integer class labels 0\.\.C-1 \(none negative\)"),
+    (np.zeros(255, dtype=np.int64), r"inputs of shape \(256, 6\), labels of shape \(255,\)'; expected equally many"),
+])
+def test_bad_labels_are_refused_with_a_message_that_does_not_contradict_itself(labels, match):
+    x, y = _problem()
+    with pytest.raises(ConfigError, match=match) as err:
+        api.simulate(nn.Linear(6, 2), (x.numpy(), labels), (x, y))
+    assert not re.search(r"int64.*expected int64", str(err.value))
+
+
+def test_train_and_test_inputs_must_share_a_sample_shape():
+    x, y = _problem()
+    with pytest.raises(ConfigError, match="'test'.*sample shape"):
+        api.simulate(nn.Linear(6, 2), (x, y), (x[:, :5], y))
+
+
+def test_simulate_documents_every_parameter_its_result_and_its_errors():
+    doc = inspect.getdoc(api.simulate)
+    for name in inspect.signature(api.simulate).parameters:
+        assert re.search(rf"^{name} : \S", doc, re.MULTILINE), f"parameter {name!r} is not documented"
+    for section in ("Returns", "Raises"):
+        assert re.search(rf"^{section}\n-+$", doc, re.MULTILINE), section
+    assert "ConfigError" in doc.split("Raises", 1)[1]

@@ -1,0 +1,78 @@
+"""The benchmark command line: subcommands own their options; help is plain text. Nothing here
+runs a benchmark (they take minutes): parsing is tested directly, dispatch with stand-ins."""
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from repro import bench, bench_real
+
+
+def _exit_code(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(argv)
+    out = capsys.readouterr()
+    return stop.value.code, out.out + out.err
+
+
+def test_options_after_the_subcommand_are_used():
+    args = bench.parse_args(["sim", "--epochs", "1", "--repeats", "1"])
+    assert (args.which, args.epochs, args.repeats) == ("sim", 1.0, 1)
+    args = bench.parse_args(["real", "--blocks", "3", "--epochs", "2", "--rounds", "2", "--skip-throughput"])
+    assert (args.which, args.blocks, args.epochs, args.rounds, args.skip_throughput) == ("real", 3, 2.0, 2, True)
+
+
+def test_defaults_are_each_benchmarks_own():
+    sim = bench.parse_args(["sim"])
+    assert (sim.epochs, sim.repeats) == (20.0, 3)
+    # the real subcommand and bench_real's standalone parser share one list of options
+    standalone = bench_real.add_arguments(argparse.ArgumentParser()).parse_args([])
+    real = vars(bench.parse_args(["real"]))
+    assert real.pop("which") == "real" and real == vars(standalone)
+
+
+@pytest.mark.parametrize("argv", [
+    [],                                   # no benchmark named
+    ["fast"],                             # no such benchmark
+    ["sim", "--bogus"],
+    ["sim", "--blocks", "2"],             # the real benchmark's option
+    ["real", "--repeats", "2"],           # the sim benchmark's option
+    ["--epochs", "1", "sim"],             # options belong after their subcommand
+    ["sim", "--repeats", "0"],
+    ["sim", "--epochs", "-1"],
+    ["real", "--blocks", "x"],
+])
+def test_bad_command_lines_are_usage_errors(argv, capsys):
+    code, _ = _exit_code(argv, capsys)
+    assert code == 2
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--help"], ["sim", "real", "<= 1.10", ">= 0.8", ">= 1.6", "Exit status"]),
+    (["sim", "--help"], ["--epochs", "--repeats", "plain torch", "<= 1.10"]),
+    (["real", "--help"], ["--blocks", "--epochs", "--rounds", "--skip-throughput", "gloo", ">= 0.8", ">= 1.6"]),
+])
+def test_help_is_plain_text_about_each_benchmark(argv, says, capsys):
+    code, text = _exit_code(argv, capsys)
+    assert code == 0
+    for markup in (":mod:", ":class:", ":func:", "``", "DESIGN.md"):
+        assert markup not in text, markup
+    for phrase in says:
+        assert phrase in text, phrase
+
+
+def test_main_dispatches_the_parsed_options(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "bench_sim", lambda epochs, repeats: calls.append(("sim", epochs, repeats)))
+    monkeypatch.setattr(bench_real, "run", lambda args: calls.append(("real", args.blocks)) or 0)
+    assert bench.main(["sim", "--epochs", "0.5", "--repeats", "1"]) == 1   # stand-in returns None: a FAIL
+    assert bench.main(["real", "--blocks", "2"]) == 0
+    assert calls == [("sim", 0.5, 1), ("real", 2)]
+
+
+def test_python_dash_m_help_exits_zero():
+    done = subprocess.run([sys.executable, "-m", "repro.bench", "sim", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--repeats" in done.stdout and "DESIGN.md" not in done.stdout
