@@ -5,6 +5,9 @@
 the bad folders the reader must cope with: in ``fig3`` two partial runs (no ``summary.json``;
 status ``running``), three corrupt ones (truncated CSV, a non-numeric value, no ``config.json``)
 and, in ``fig3`` and ``fig4``, one diverged run (4 clients, nsync 8, seed 1).
+
+``error_shift`` and ``time_scale`` write the same tree as if regenerated elsewhere: every error
+raised by ``error_shift`` (a fraction, capped at 1) and every time stretched by ``time_scale``.
 """
 from __future__ import annotations
 
@@ -44,17 +47,20 @@ def config(exp_name: str, num_clients: int, nsync: int, seed: int, start: str) -
 
 
 def curves(num_clients: int, nsync: int, seed: int, start: str, diverge_at: float | None = None,
-           num_epochs: float = 6.0) -> tuple[list[dict], list[dict]]:
+           num_epochs: float = 6.0, error_shift: float = 0.0,
+           time_scale: float = 1.0) -> tuple[list[dict], list[dict]]:
     """(evals rows, updates rows) of one synthetic run."""
     rng = np.random.default_rng(1000 * seed + 10 * num_clients + nsync)
     s_per_epoch = 20.0 / num_clients * (1 + 0.05 * rng.random())  # throughput ~ clients
+    s_per_epoch *= time_scale
     scale = 1.2 * (1 + 0.03 * (num_clients - 1) * math.log2(nsync + 1))  # staleness cost
     e0 = 0.9 if start == "cold" else 0.3
 
     def error(epoch: float) -> float:
         if diverge_at is not None and epoch > diverge_at:
             return math.nan
-        return e0 * math.exp(-epoch / scale) * (1 + 0.03 * rng.standard_normal())
+        noisy = e0 * math.exp(-epoch / scale) * (1 + 0.03 * rng.standard_normal())
+        return min(1.0, noisy + error_shift)
 
     push = BATCH_SIZE * nsync
     evals, updates, version, seen = [], [], 0, 0
@@ -123,14 +129,15 @@ def job_name(num_clients: int, nsync: int, seed: int) -> str:
 
 
 def write_experiment(root: Path, exp_name: str, clients, nsyncs, seeds, start: str,
-                     diverged: bool = False) -> list[Path]:
-    """A grid of completed runs (one of them diverged when ``diverged``)."""
+                     diverged: bool = False, **shift: float) -> list[Path]:
+    """A grid of completed runs (one of them diverged when ``diverged``); ``shift``:
+    ``error_shift`` / ``time_scale`` of :func:`curves`."""
     paths = []
     for n in clients:
         for k in nsyncs:
             for s in seeds:
                 is_div = diverged and (n, k, s) == tuple(DIVERGED.values())
-                ev, up = curves(n, k, s, start, diverge_at=1.0 if is_div else None)
+                ev, up = curves(n, k, s, start, diverge_at=1.0 if is_div else None, **shift)
                 summ = summary(ev, "diverged" if is_div else "completed",
                                "loss became NaN" if is_div else "")
                 paths.append(write_run(root / exp_name / job_name(n, k, s),
@@ -166,12 +173,16 @@ def write_bad_runs(exp_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def make_results(root: Path) -> Path:
-    """The whole fake tree under ``root`` (returned): fig1, fig2, fig3 (with bad runs), fig4."""
+def make_results(root: Path, error_shift: float = 0.0, time_scale: float = 1.0) -> Path:
+    """The whole fake tree under ``root`` (returned): fig1, fig2, fig3 (with bad runs), fig4.
+
+    ``error_shift``, ``time_scale``: see the module docstring (the bad runs are never shifted).
+    """
     root = Path(root)
-    write_experiment(root, "fig1", [1], [1], [0, 1, 2], "cold")
-    write_experiment(root, "fig2", [1, 2, 4], [4], [0, 1], "cold")
-    write_experiment(root, "fig3", [1, 2, 4], [1, 8], [0, 1], "warm", diverged=True)
+    shift = {"error_shift": error_shift, "time_scale": time_scale}
+    write_experiment(root, "fig1", [1], [1], [0, 1, 2], "cold", **shift)
+    write_experiment(root, "fig2", [1, 2, 4], [4], [0, 1], "cold", **shift)
+    write_experiment(root, "fig3", [1, 2, 4], [1, 8], [0, 1], "warm", diverged=True, **shift)
     write_bad_runs(root / "fig3")
-    write_experiment(root, "fig4", [1, 2, 4], [1, 8], [0, 1], "warm", diverged=True)
+    write_experiment(root, "fig4", [1, 2, 4], [1, 8], [0, 1], "warm", diverged=True, **shift)
     return root

@@ -239,6 +239,35 @@ def test_client_colours_are_fixed_across_figures(results, fig3_runs):
     assert len({figures.client_color(n) for n in (1, 2, 4, 8, 16)}) == 5
 
 
+def _curve_frame(runs) -> pd.DataFrame:
+    """A fig2/fig3 frame by hand: (num_clients, nsync, seed, end time_s); errors fall 90% -> 1%."""
+    rows = []
+    for n, k, seed, end in runs:
+        for i, t in enumerate(np.linspace(0.0, end, 6)):
+            err = 90.0 * (1 / 90) ** (i / 5)
+            rows.append({"exp_name": "fig3", "run_dir": f"n{n}_k{k}_s{seed}", "seed": seed,
+                         "num_clients": n, "nsync": k, "start": "warm", "backend.name": "sim",
+                         "status": "completed", "diverged": False, "clock": "virtual",
+                         "version": i, "epoch": i / 2, "time_s": t, "train_error_pct": err,
+                         "test_error_pct": err + 1})
+    return pd.DataFrame(rows, columns=list(frames.CURVE_COLUMNS))
+
+
+def test_fig3_annotates_each_panels_own_one_client_run():
+    # 1-client runs end at different times per nsync; multi-client runs all end by 100 s, so
+    # the shared x limit is 125 s and the annotation must state the panel's own 1-client end.
+    frame = _curve_frame([(1, 1, 0, 700.0), (1, 1, 1, 650.0), (2, 1, 0, 100.0),
+                          (1, 4, 0, 400.0), (2, 4, 0, 90.0),
+                          (1, 8, 0, 110.0), (2, 8, 0, 80.0),   # not cut off: no annotation
+                          (2, 16, 0, 95.0)])                   # no 1-client run: nsync 1's
+    fig = figures.fig3(frame)
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible() and ax.get_title()}
+    texts = {title: [t.get_text() for t in ax.texts] for title, ax in panels.items()}
+    assert texts == {"nsync = 1": ["1 client: to 700 s"], "nsync = 4": ["1 client: to 400 s"],
+                     "nsync = 8": [], "nsync = 16": ["1 client: to 700 s"]}
+    assert {ax.get_xlim() for ax in panels.values()} == {(0.0, 125.0)}  # common x limit
+
+
 def test_mean_band_interpolates_runs_on_a_common_grid():
     curves = pd.DataFrame({"run_dir": ["a"] * 3 + ["b"] * 2,
                            "t": [0, 10, 20, 0, 15], "y": [10, 0, 0, 20, 5]})

@@ -5,9 +5,13 @@
 * :mod:`.frames`  -- ``figN_frame(runs)``: the tidy frame behind each figure;
 * :mod:`.figures` -- ``figN(frame) -> Figure`` (pure), style and colours;
 * :mod:`.build`   -- :func:`build_figure` (PNG + PDF + CSV), shared by the CLI and ``repro.run``;
-* ``python -m repro.analysis {fig1,fig2,fig3,fig4,staleness,all}`` -- the CLI.
+* :mod:`.trees`   -- a results tree or a figures folder -> each figure's per-run scalar metrics;
+* :mod:`.compare` -- :func:`compare_trees`: do two trees agree within the spread over seeds?
+* ``python -m repro.analysis {fig1,fig2,fig3,fig4,staleness,all}`` and
+  ``python -m repro.analysis compare DIR_A DIR_B`` -- the CLI.
 
-The plotting modules (seaborn, matplotlib) load on first use of one of their names.
+The plotting modules (seaborn, matplotlib) load on first use of one of their names
+(``compare_trees`` too: it reads results trees through the figure registry).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ _LAZY = {"build_figure": "build", "figure_frame": "build", "FIGURES": "build",
          "fig1_frame": "frames", "fig2_frame": "frames", "fig3_frame": "frames",
          "fig4_frame": "frames", "staleness_frame": "frames",
          "fig1": "figures", "fig2": "figures", "fig3": "figures", "fig4": "figures",
-         "staleness": "figures", "set_style": "figures"}
+         "staleness": "figures", "set_style": "figures", "compare_trees": "compare"}
 
 
 def __getattr__(name: str) -> Any:

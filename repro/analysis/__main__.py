@@ -1,7 +1,11 @@
-"""Command line: ``python -m repro.analysis {fig1,fig2,fig3,fig4,staleness,all} [options]``.
+"""Command line: ``python -m repro.analysis {fig1,fig2,fig3,fig4,staleness,all} [options]`` draws
+a figure; ``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two
+results trees or figures folders agree within the spread over seeds.
 
-Owns argument parsing and exit codes only (0 on success, 2 when the experiment folder is missing
-or holds no usable run); the work is :func:`repro.analysis.build.build_figure`.
+Owns argument parsing and exit codes only. Drawing: 0 on success, 2 when the experiment folder is
+missing or holds no usable run; the work is :func:`repro.analysis.build.build_figure`. Compare: 0
+when no comparison disagrees, 1 when one does, 2 for bad input (a missing directory, one of
+neither kind, nothing comparable); the work is :mod:`repro.analysis.compare`.
 """
 from __future__ import annotations
 
@@ -13,12 +17,22 @@ import matplotlib
 
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 
+COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
+                 "[--target T] [--csv FILE.csv]")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m repro.analysis",
                                 description="Draw a figure (PNG, PDF and the CSV behind it) "
-                                            "from the run folders of one experiment.")
-    p.add_argument("figure", choices=["fig1", "fig2", "fig3", "fig4", "staleness", "all"])
+                                            "from the run folders of one experiment, or "
+                                            "compare two trees of results.",
+                                epilog=f"compare: {COMPARE_USAGE} -- says per figure whether two "
+                                       "results trees or figures folders agree within the "
+                                       "spread over seeds (exit 0: agree, 1: disagree, 2: bad "
+                                       "input); see 'python -m repro.analysis compare --help'.")
+    p.add_argument("figure", choices=["fig1", "fig2", "fig3", "fig4", "staleness", "all",
+                                      "compare"],
+                   help="the figure to draw ('all': every one), or 'compare' (see below)")
     p.add_argument("--results", default="results", help="results tree (default: results)")
     p.add_argument("--out", default="figures", help="output folder (default: figures)")
     p.add_argument("--exp", default=None,
@@ -27,6 +41,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=None,
                    help="target training error for fig4, as a fraction (default: the runs' "
                         "config target_error)")
+    args = p.parse_args(argv)
+    if args.figure == "compare":  # only reached when an option came before it
+        p.error(f"'compare' takes its own arguments and must come first: {COMPARE_USAGE}")
+    return args
+
+
+def parse_compare_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m repro.analysis compare",
+        description="Say, per figure, whether two trees agree within the spread over seeds. "
+                    "Each of DIR_A, DIR_B is a results tree (holding fig1/ .. fig4/, "
+                    "staleness/) or a figures folder (holding fig1.csv .. fig4.csv, "
+                    "staleness.csv); the kinds may be mixed. Exit code 0: every figure in both "
+                    "agrees (incomplete ones included), 1: some comparison disagrees, 2: bad "
+                    "input. The rule: repro/analysis/compare.py.")
+    p.add_argument("dir_a", metavar="DIR_A", help="results tree or figures folder A")
+    p.add_argument("dir_b", metavar="DIR_B", help="results tree or figures folder B")
+    p.add_argument("--k", type=float, default=3.0,
+                   help="a difference of means over k pooled standard deviations over seeds (and "
+                        "over the metric's floor) is a disagreement (default: 3)")
+    p.add_argument("--figures", default=None,
+                   help="comma-separated figures to compare, e.g. fig3,fig4 (default: every "
+                        "figure found in either tree)")
+    p.add_argument("--target", type=float, default=None,
+                   help="target training error, as a fraction, for fig2/fig3's time to target "
+                        "and for the fig4 speedups of results trees (default: the runs' config "
+                        "target_error, else 0.01)")
+    p.add_argument("--csv", "--out", dest="csv", metavar="FILE.csv", default=None,
+                   help="also write the comparison table (one row per figure, grid point and "
+                        "metric) to this CSV file")
     return p.parse_args(argv)
 
 
@@ -35,6 +79,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["compare"]:
+        return compare_main(argv[1:])
     args = parse_args(argv)
     matplotlib.use("Agg")  # files only, never a window: works with or without a display
     from repro.analysis.build import build_figure
@@ -51,6 +98,36 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def compare_main(argv: list[str]) -> int:
+    args = parse_compare_args(argv)
+    matplotlib.use("Agg")  # compare draws nothing, but imports the figure registry
+    from pathlib import Path
+
+    from repro.analysis import compare, trees
+
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            names = compare.figure_names(args.figures)
+            compare.check_options(args.k, args.target)
+            a, b = (trees.read_tree(d, names, args.target) for d in (args.dir_a, args.dir_b))
+            table = compare.compare(a, b, args.k, args.target)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"A: {a.describe()}\nB: {b.describe()}\n")
+    print(compare.format_report(table))
+    if args.csv:
+        try:
+            Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+            table.to_csv(args.csv, index=False)
+        except OSError as e:
+            print(f"error: cannot write {args.csv}: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"wrote {args.csv}")
+    return compare.exit_code(table)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import matplotlib as mpl
 import pandas as pd
 
 from repro.analysis import figures, frames
-from repro.analysis.load import NoRunsError, load_runs
+from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, summarise_speedups
 from repro.errors import ConfigError
 
@@ -37,15 +37,17 @@ def default_exp(name: str, results_dir: str | Path) -> str:
 
 
 def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None,
-                 target: float | None = None) -> pd.DataFrame:
+                 target: float | None = None, runs: Runs | None = None) -> pd.DataFrame:
     """The tidy frame of one figure, read from ``results_dir/exp_name``.
 
+    ``runs``: that folder already loaded (:func:`load_runs`), so that a caller building several
+    figures from one experiment folder reads it, and warns about its bad folders, only once.
     Raises :class:`NoRunsError` when the folder is missing or nothing in it is usable.
     """
     if name not in FIGURES:
         raise ConfigError("figure", name, NAMES)
     exp = exp_name or default_exp(name, results_dir)
-    runs = load_runs(results_dir, exp)
+    runs = load_runs(results_dir, exp) if runs is None else runs
     where = str(Path(results_dir) / exp)
     if runs.runs.empty:
         raise NoRunsError("exp", where, "a folder holding at least one finished run "

@@ -163,7 +163,11 @@ def _error_vs_time(ax, frame: pd.DataFrame, all_frame: pd.DataFrame) -> None:
     """Training error vs time. Errors span 90% down to a fraction of a percent, so y is
     logarithmic above 1% and linear below (symlog); the x axis ends a little after the last
     multi-client run, because the 1-client reference runs N times longer and would squeeze
-    every other curve into the left edge (its cut-off is annotated)."""
+    every other curve into the left edge (its cut-off is annotated).
+
+    ``frame``: what this panel draws; ``all_frame``: every panel, which sets the x limit so that
+    panels share it. The annotation states this panel's own 1-client runs: in fig3 they end at
+    different times per nsync."""
     for n, group in frame.groupby("num_clients", sort=True):
         draw_curves(ax, group, "time_s", "train_error_pct", client_color(n), client_label(n))
     ax.set_yscale("symlog", linthresh=1.0, linscale=0.5)
@@ -174,8 +178,11 @@ def _error_vs_time(ax, frame: pd.DataFrame, all_frame: pd.DataFrame) -> None:
     if len(multi) and len(single) and single.max() > 1.5 * multi.max():
         right = 1.25 * multi.max()
         ax.set_xlim(0, right)
-        ax.annotate(f"1 client: to {single.max():.0f} s", xy=(0.98, 0.97), xycoords="axes fraction",
-                    ha="right", va="top", fontsize="small", color=client_color(1))
+        drawn = frame[frame["num_clients"] == 1]["time_s"]
+        if len(drawn) and drawn.max() > right:  # only a curve that is actually cut off
+            ax.annotate(f"1 client: to {drawn.max():.0f} s", xy=(0.98, 0.97),
+                        xycoords="axes fraction", ha="right", va="top", fontsize="small",
+                        color=client_color(1))
 
 
 def fig2(frame: pd.DataFrame) -> Figure:

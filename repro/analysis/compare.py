@@ -1,0 +1,286 @@
+"""Do two trees agree within the spread over seeds? (``python -m repro.analysis compare A B``)
+
+Results regenerated on another machine or with another torch thread count differ: float
+reductions run in another order and SGD amplifies the difference. Two trees can therefore only
+agree statistically, within the spread over seeds. This module owns that rule, the verdicts and
+the report; the per-run metrics it compares come from :mod:`repro.analysis.trees` (a tree is a
+results tree or a figures folder; the two kinds mix).
+
+* **Grid point**: the runs of one figure that share ``num_clients``, ``nsync`` and, when they take
+  more than one value in either tree, ``exp_name``, ``start`` and ``backend.name``; the seeds
+  (and run folders) of a grid point are its samples.
+* **Rule**, per grid point and metric: disagreement when ``|mean_A - mean_B| > max(k * s,
+  floor)``, where the means are over the finite seed values, ``s`` is the pooled standard
+  deviation ``sqrt`` of the mean of the within-tree sample variances of the trees with >= 2
+  finite values (``s = 0``, i.e. the floor alone, when neither has two), ``k = 3`` by default.
+* **Floor** (:data:`FLOORS`), an absolute tolerance so that seeds that happen to agree exactly do
+  not make any difference a disagreement: 1.0 percentage point for errors; 10% of the mean of
+  the two means for times and speedups; max(0.1, 10%) for mean staleness (in versions).
+* **NaN** (target not reached, diverged, no speedup; any non-finite value): a side is "NaN" when
+  most (over half) of its seeds are. NaN on both sides agrees; NaN on one side only is a
+  disagreement noted ``NaN in A: 2 of 2 seeds``; otherwise the finite values are compared as
+  above.
+* **Only in one tree**: a grid point (or a whole figure) the other tree lacks is listed with the
+  verdict ``only in A`` / ``only in B``; it makes the figure "incomplete", not "disagree".
+* **Target** of fig2/fig3's time to target: ``--target``; else the runs' config
+  ``target_error`` (A's when both trees are results trees and differ, with a warning; a figures
+  folder's CSVs do not hold it, so the other tree's is used); else :data:`DEFAULT_TARGET`.
+
+Exit code of the CLI (:func:`exit_code`): 0 when no comparison disagrees (incomplete and
+one-sided figures included), 1 when any does; bad input raises :class:`ConfigError` (code 2).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.build import FIGURES
+from repro.analysis.load import NoRunsError
+from repro.analysis.trees import METRICS, Tree, read_tree, run_metrics
+from repro.errors import ConfigError
+
+DEFAULT_TARGET = 0.01  # the target_error of conf/exp/fig2.yaml, fig3.yaml and fig4.yaml
+ALWAYS_KEYS = ("num_clients", "nsync")
+VARYING_KEYS = ("exp_name", "start", "backend.name")  # grid keys only when they vary
+# metric -> (absolute floor, floor relative to the mean of the two means)
+FLOORS = {"final_train_error_pct": (1.0, 0.0), "final_test_error_pct": (1.0, 0.0),
+          "time_to_target_s": (0.0, 0.10), "speedup": (0.0, 0.10),
+          "mean_staleness": (0.1, 0.10)}
+AGREE, DISAGREE, ONLY_A, ONLY_B = "agree", "DISAGREE", "only in A", "only in B"
+STAT_COLUMNS = ("metric", "target", "n_a", "n_b", "nan_a", "nan_b", "mean_a", "mean_b", "diff",
+                "sd", "tolerance", "verdict", "note")
+
+
+def compare_values(a: Iterable[float] | None, b: Iterable[float] | None, k: float = 3.0,
+                   floor_abs: float = 0.0, floor_rel: float = 0.0) -> dict:
+    """One comparison: the seed values of A and of B (None: the grid point is not in that tree).
+
+    Returns the :data:`STAT_COLUMNS` from ``n_a`` on (see the module docstring for the rule).
+    """
+    sides = [_side(v) for v in (a, b)]
+    (na, nan_a, ma, va), (nb, nan_b, mb, vb) = sides
+    row = {"n_a": na, "n_b": nb, "nan_a": nan_a, "nan_b": nan_b, "mean_a": ma, "mean_b": mb,
+           "diff": mb - ma, "sd": math.nan, "tolerance": math.nan, "note": ""}
+    if a is None or b is None:
+        return {**row, "verdict": ONLY_B if a is None else ONLY_A}
+    mostly_nan = [2 * nan > n for n, nan, _, _ in sides]
+    if all(mostly_nan):
+        return {**row, "verdict": AGREE, "note": "NaN in both"}
+    if any(mostly_nan):
+        which, n, nan = ("A", na, nan_a) if mostly_nan[0] else ("B", nb, nan_b)
+        return {**row, "verdict": DISAGREE, "note": f"NaN in {which}: {nan} of {n} seeds"}
+    variances = [v for v in (va, vb) if not math.isnan(v)]
+    sd = math.sqrt(sum(variances) / len(variances)) if variances else 0.0
+    floor = max(floor_abs, floor_rel * (abs(ma) + abs(mb)) / 2)
+    tolerance = max(k * sd, floor)
+    return {**row, "sd": sd, "tolerance": tolerance,
+            "verdict": DISAGREE if abs(mb - ma) > tolerance else AGREE}
+
+
+def _side(values: Iterable[float] | None) -> tuple[int, int, float, float]:
+    """(seeds, non-finite seeds, mean and sample variance of the finite ones; NaN if too few)."""
+    v = np.asarray([] if values is None else list(values), dtype=float)
+    fin = v[np.isfinite(v)]
+    return (len(v), len(v) - len(fin), float(fin.mean()) if len(fin) else math.nan,
+            float(fin.var(ddof=1)) if len(fin) >= 2 else math.nan)
+
+
+def curve_target(name: str, a: Tree, b: Tree, override: float | None = None) -> float | None:
+    """The target error (a fraction) of fig2/fig3's time to target, one for both trees."""
+    if name not in ("fig2", "fig3"):
+        return None
+    if override is not None:
+        return float(override)
+    found = [t.targets.get(name) for t in (a, b)]
+    found = [t for t in found if t is not None]
+    if len(found) == 2 and found[0] != found[1]:
+        warnings.warn(f"{name}: the trees' runs have target_error {found[0]} (A) and {found[1]} "
+                      f"(B); using A's", stacklevel=3)
+    return found[0] if found else DEFAULT_TARGET
+
+
+def _keys(name: str, per_run: list[pd.DataFrame]) -> list[str]:
+    present = [m for m in per_run if m is not None]
+    keys = list(ALWAYS_KEYS)
+    for col in VARYING_KEYS:
+        if not all(col in m for m in present):
+            continue
+        if any(m[col].nunique(dropna=False) > 1 for m in present):
+            keys.append(col)
+        elif len(present) == 2:
+            va, vb = (m[col].iloc[0] if len(m) else None for m in present)
+            same = va == vb or (pd.isna(va) and pd.isna(vb))
+            if not same and col != "exp_name":  # a renamed experiment is the same experiment
+                warnings.warn(f"{name}: {col} is {va!r} in A and {vb!r} in B; comparing them "
+                              "as one grid", stacklevel=4)
+    return keys
+
+
+def _normalise(per_run: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Key columns with one type in both kinds of tree (JSON, CSV and missing values differ)."""
+    per_run = per_run.copy()
+    for col in keys:
+        if col in ALWAYS_KEYS:
+            per_run[col] = pd.to_numeric(per_run[col]).astype("int64")
+        else:
+            per_run[col] = per_run[col].astype(object).where(per_run[col].notna(), "-")
+            per_run[col] = per_run[col].astype(str)
+    return per_run
+
+
+def _label(keys: list[str], values: tuple) -> str:
+    return " ".join(f"{k.removesuffix('.name')}={v}" for k, v in zip(keys, values))
+
+
+def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, k: float = 3.0,
+                   target: float | None = None) -> list[dict]:
+    """Rows of one figure from the :func:`run_metrics` of A and of B (None: not in that tree)."""
+    keys = _keys(name, [ma, mb])
+    groups = [{} if m is None else {(key if isinstance(key, tuple) else (key,)): g
+                                    for key, g in _normalise(m, keys).groupby(keys, sort=True)}
+              for m in (ma, mb)]
+    rows = []
+    for point in sorted(set(groups[0]) | set(groups[1])):
+        ga, gb = (g.get(point) for g in groups)
+        for metric in METRICS[name]:
+            stats = compare_values(None if ga is None else ga[metric],
+                                   None if gb is None else gb[metric], k, *FLOORS[metric])
+            rows.append({"figure": name, "grid_point": _label(keys, point),
+                         **dict(zip(keys, point)), "metric": metric,
+                         "target": target if metric == "time_to_target_s" else math.nan,
+                         **stats})
+    return rows
+
+
+def figure_names(figures: Iterable[str] | str | None) -> tuple[str, ...]:
+    """``None`` -> every figure; ``"fig3,fig4"`` or a list -> those, checked."""
+    if figures is None:
+        return tuple(FIGURES)
+    names = [f.strip() for f in (figures.split(",") if isinstance(figures, str) else figures)]
+    names = [n for n in names if n]
+    for n in names:
+        if n not in FIGURES:
+            raise ConfigError("figures", n, tuple(FIGURES))
+    if not names:
+        raise ConfigError("figures", figures, "a comma-separated list of " + ", ".join(FIGURES))
+    return tuple(dict.fromkeys(names))
+
+
+def check_options(k: float, target: float | None) -> None:
+    """:class:`ConfigError` for a ``k`` or ``target`` no comparison can use."""
+    if not (k >= 0 and math.isfinite(k)):
+        raise ConfigError("k", k, "a finite number >= 0")
+    if target is not None and not 0 <= target <= 1:
+        raise ConfigError("target", target, "a training error as a fraction in [0, 1]")
+
+
+def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd.DataFrame:
+    """The comparison table of two read trees (see :func:`compare_trees`)."""
+    check_options(k, target)
+    rows = []
+    for name in FIGURES:
+        if name not in a.frames and name not in b.frames:
+            continue
+        t = curve_target(name, a, b, target)
+        ma, mb = (run_metrics(name, tree.frames[name], t) if name in tree.frames else None
+                  for tree in (a, b))
+        rows += compare_figure(name, ma, mb, k, t)
+    table = pd.DataFrame(rows)
+    front = ["figure", "grid_point", *[c for c in (*ALWAYS_KEYS, *VARYING_KEYS) if c in table]]
+    table = table.reindex(columns=[*front, *STAT_COLUMNS])
+    if not table["verdict"].isin([AGREE, DISAGREE]).any():
+        raise NoRunsError("compare", f"{a.path} vs {b.path}",
+                          f"a grid point of some figure in both trees (A: {a.describe()}; "
+                          f"B: {b.describe()})")
+    return table
+
+
+def compare_trees(a: str | Path, b: str | Path, k: float = 3.0,
+                  figures: Iterable[str] | str | None = None,
+                  target: float | None = None) -> pd.DataFrame:
+    """Compare two results trees or figures folders (any mix), figure by figure.
+
+    One row per (figure, grid point, metric): ``figure``, ``grid_point`` (text), the grid key
+    columns, then :data:`STAT_COLUMNS`; ``verdict`` is ``agree``, ``DISAGREE``, ``only in A``
+    or ``only in B``. ``k``: spreads allowed; ``figures``: which (default: all found);
+    ``target``: training-error target (fraction) for fig2/fig3 times and fig4 speedups of
+    results trees. Raises :class:`ConfigError` (:class:`NoRunsError`) for a missing directory,
+    one of neither kind, a malformed CSV or nothing to compare. See the module docstring.
+    """
+    names = figure_names(figures)
+    check_options(k, target)
+    return compare(read_tree(a, names, target), read_tree(b, names, target), k, target)
+
+
+def figure_verdicts(table: pd.DataFrame) -> dict[str, str]:
+    """One line per figure: ``fig3: agree (24 grid points x 2 metrics)``, ``fig3: DISAGREE at 3
+    of 48 comparisons``, ``fig3: only in A``, or ``fig3: incomplete (...)``."""
+    lines = {}
+    for name, g in table.groupby("figure", sort=False):
+        verdicts = g["verdict"]
+        both = g[verdicts.isin([AGREE, DISAGREE])]
+        only = {side: g.loc[verdicts == side, "grid_point"].nunique() for side in (ONLY_A, ONLY_B)}
+        if both.empty and not only[ONLY_B]:
+            lines[name] = f"{name}: only in A"
+            continue
+        if both.empty and not only[ONLY_A]:
+            lines[name] = f"{name}: only in B"
+            continue
+        missing = ", ".join(f"{_plural(n, 'grid point')} {side}" for side, n in only.items() if n)
+        bad = int((both["verdict"] == DISAGREE).sum())
+        points, metrics = both["grid_point"].nunique(), both["metric"].nunique()
+        if bad:
+            line = f"{name}: DISAGREE at {bad} of {len(both)} comparisons"
+            lines[name] = line + (f" (incomplete: {missing})" if missing else "")
+        elif not points:
+            lines[name] = f"{name}: incomplete (no common grid point: {missing})"
+        elif missing:
+            lines[name] = (f"{name}: incomplete ({missing}; the common "
+                           f"{_plural(points, 'grid point')} x {_plural(metrics, 'metric')} "
+                           "agree)")
+        else:
+            lines[name] = f"{name}: agree ({_plural(points, 'grid point')} x " \
+                          f"{_plural(metrics, 'metric')})"
+    return lines
+
+
+def exit_code(table: pd.DataFrame) -> int:
+    """1 when any comparison disagrees, else 0."""
+    return 1 if (table["verdict"] == DISAGREE).any() else 0
+
+
+def _left(texts: pd.Series) -> list[str]:
+    """Left-aligned text cells (to_string right-aligns them; names read better aligned left)."""
+    width = max(texts.astype(str).str.len().max(), 1)
+    return [str(t).ljust(width) for t in texts]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("s" if n != 1 else "")
+
+
+def format_report(table: pd.DataFrame) -> str:
+    """A fixed-width table per figure, then :func:`figure_verdicts`, one line each."""
+    parts = []
+    for name, g in table.groupby("figure", sort=False):
+        target = g["target"].dropna()
+        head = f"== {name}" + (f" (time to training error <= {100 * target.iloc[0]:g}%)"
+                               if len(target) else "")
+        shown = pd.DataFrame({
+            "grid point": _left(g["grid_point"]), "metric": _left(g["metric"]),
+            "seeds A/B": [f"{a}/{b}" for a, b in zip(g["n_a"], g["n_b"])],
+            "mean A": g["mean_a"], "mean B": g["mean_b"], "tolerance": g["tolerance"],
+            "verdict": [f"{v} ({n})" if n else v for v, n in zip(g["verdict"], g["note"])]})
+        parts.append(head + "\n" + shown.to_string(index=False, na_rep="-",
+                                                   float_format=lambda x: f"{x:.4g}"))
+    return "\n\n".join([*parts, "\n".join(figure_verdicts(table).values())])
+
+
+__all__ = ["compare_trees", "compare", "compare_values", "compare_figure", "curve_target",
+           "figure_verdicts", "format_report", "exit_code", "figure_names", "check_options",
+           "FLOORS", "DEFAULT_TARGET"]

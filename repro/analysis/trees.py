@@ -1,0 +1,206 @@
+"""Each figure's per-run scalar metrics, read from a results tree or from a figures folder.
+
+Owns telling the two kinds of directory apart (:func:`tree_kind`), reading each figure's tidy
+frame from either (:func:`read_tree`) and reducing a frame to one row per run with a few scalar
+metrics (:func:`run_metrics`). :mod:`repro.analysis.compare` compares those rows across trees.
+
+Two kinds of directory hold the same frames:
+
+* a **results tree** (``results/``) holding experiment folders named after the figures
+  (``fig1/`` .. ``fig4/``, ``staleness/``, which falls back to ``fig3/`` as when drawing): each
+  frame is built by :func:`repro.analysis.build.figure_frame` from the run folders;
+* a **figures folder** (``figures/``) holding the CSVs ``build_figure`` writes (``fig1.csv`` ..
+  ``fig4.csv``, ``staleness.csv``): these *are* the tidy frames, read as they are.
+
+Metrics, one row per run (``run_dir``); "final" is the run's last evaluation by (time_s, version),
+so a diverged run's final errors are NaN:
+
+* fig1: ``final_train_error_pct``, ``final_test_error_pct``;
+* fig2, fig3: ``time_to_target_s`` (first evaluation with training error <= target, NaN if none;
+  the target is chosen by the caller, see :func:`repro.analysis.compare.curve_target`) and
+  ``final_train_error_pct``;
+* fig4: ``speedup`` of the runs with more than one client, NaN unless their outcome is ``ok``
+  (1-client runs are the reference, speedup 1 by definition, and are left out). A results tree
+  computes it at ``--target`` or its runs' config ``target_error``; a figures folder holds it
+  as computed when ``fig4.csv`` was written (its ``target`` column);
+* staleness: ``mean_staleness`` (over the run's applied pushes) and ``final_test_error_pct``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from repro.analysis.build import DEFAULT_EXPS, FIGURES, figure_frame
+from repro.analysis.load import NoRunsError, Runs, load_runs
+from repro.analysis.tables import resolve_target
+from repro.errors import ConfigError
+
+METRICS = {"fig1": ("final_train_error_pct", "final_test_error_pct"),
+           "fig2": ("time_to_target_s", "final_train_error_pct"),
+           "fig3": ("time_to_target_s", "final_train_error_pct"),
+           "fig4": ("speedup",),
+           "staleness": ("mean_staleness", "final_test_error_pct")}
+# Identity of a run besides seed and run_dir; the grid keys are chosen among these.
+IDENTITY = ("exp_name", "start", "backend.name", "num_clients", "nsync")
+# Columns a figures-folder CSV must hold for its metrics to be computed.
+REQUIRED = {"fig1": ("metric", "error_pct", "time_s", "version"),
+            "fig2": ("train_error_pct", "time_s", "version"),
+            "fig3": ("train_error_pct", "time_s", "version"),
+            "fig4": ("speedup", "outcome"),
+            "staleness": ("quantity", "value", "count")}
+KINDS = {"results": "results tree", "figures": "figures folder"}
+# Read back the very floats build_figure wrote, so that a results tree and the figures folder
+# built from it give equal metrics: pandas 3 does by default (and deprecates the option);
+# pandas 2's default parser can be off by one unit in the last place.
+_ROUND_TRIP = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """One side of a comparison: its kind, each figure's tidy frame and each figure's target.
+
+    ``targets[name]``: the runs' config ``target_error`` (a results tree) or the CSV's
+    ``target_error`` column when it has one; None when the tree does not say.
+    """
+
+    path: Path
+    kind: str  # "results" or "figures"
+    frames: dict[str, pd.DataFrame]
+    targets: dict[str, float | None]
+
+    def describe(self) -> str:
+        names = ", ".join(self.frames) or "no figure"
+        return f"{KINDS[self.kind]} {self.path} ({names})"
+
+
+def _experiments(name: str) -> tuple[str, ...]:
+    return DEFAULT_EXPS.get(name, (name,))
+
+
+def tree_kind(path: str | Path) -> str:
+    """``"results"`` or ``"figures"``; :class:`ConfigError` when it is neither or both."""
+    root = Path(path)
+    if not root.is_dir():
+        raise NoRunsError("compare", str(root), "an existing results tree or figures folder")
+    csvs = [n for n in FIGURES if (root / f"{n}.csv").is_file()]
+    exps = [n for n in FIGURES if any((root / e).is_dir() for e in _experiments(n))]
+    if csvs and exps:
+        raise ConfigError("compare", str(root), "either a results tree or a figures folder, "
+                                                f"not both (it holds {csvs[0]}.csv and "
+                                                f"{exps[0]}/)")
+    if csvs or exps:
+        return "figures" if csvs else "results"
+    hint = [str(root / d) for d in ("results", "figures") if (root / d).is_dir()]
+    raise NoRunsError("compare", str(root),
+                      "a results tree (folders fig1/ .. fig4/, staleness/) or a figures folder "
+                      f"({', '.join(f'{n}.csv' for n in FIGURES)})"
+                      + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
+
+
+def read_tree(path: str | Path, names: tuple[str, ...] = tuple(FIGURES),
+              target: float | None = None) -> Tree:
+    """Every figure of ``names`` that ``path`` holds. A figure whose experiment folder holds no
+    usable run is left out with a warning; a malformed CSV raises :class:`ConfigError`.
+    ``target`` is passed to fig4 (results trees only)."""
+    root = Path(path)
+    kind = tree_kind(root)
+    frames, targets = {}, {}
+    loaded: dict[str, Runs] = {}  # staleness and fig3 may share one experiment folder
+    for name in names:
+        if kind == "figures":
+            got = _read_csv(root, name)
+            if got is not None:
+                frames[name], targets[name] = got, _target(got)
+            continue
+        exp = next((e for e in _experiments(name) if (root / e).is_dir()), None)
+        if exp is None:
+            continue
+        if exp not in loaded:
+            loaded[exp] = load_runs(root, exp)
+        try:
+            with warnings.catch_warnings(record=True) as caught:  # say which tree they are about
+                warnings.simplefilter("always")
+                frames[name] = figure_frame(name, root, exp, target, runs=loaded[exp])
+        except NoRunsError as e:
+            warnings.warn(f"{root}: leaving {name} out: {e}", stacklevel=2)
+            continue
+        finally:
+            for w in caught:
+                warnings.warn(f"{name} in {root}: {w.message}", w.category, stacklevel=2)
+        targets[name] = _target(loaded[exp].runs)
+    return Tree(root, kind, frames, targets)
+
+
+def _target(frame: pd.DataFrame) -> float | None:
+    try:
+        return resolve_target(frame)
+    except NoRunsError:
+        return None
+
+
+def _read_csv(root: Path, name: str) -> pd.DataFrame | None:
+    path = root / f"{name}.csv"
+    if not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path, **_ROUND_TRIP)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise ConfigError(f"{name}.csv", str(path), f"a CSV written by build_figure ({e})") \
+            from None
+    missing = [c for c in ("run_dir", "num_clients", "nsync", *REQUIRED[name])
+               if c not in frame]
+    if missing:
+        raise ConfigError(f"{name}.csv", str(path),
+                          f"the columns of the {name} frame (it lacks {missing})")
+    if frame.empty:
+        warnings.warn(f"{path} has no rows: leaving {name} out", stacklevel=3)
+        return None
+    return frame
+
+
+def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> pd.DataFrame:
+    """One row per run: ``run_dir``, ``seed`` and :data:`IDENTITY` columns (those present), then
+    the figure's :data:`METRICS` (see the module docstring). ``target`` (a fraction) is needed
+    by fig2 and fig3 only."""
+    ident = [c for c in ("seed", *IDENTITY) if c in frame]
+    out = frame.drop_duplicates("run_dir").set_index("run_dir")[ident]
+    if name == "fig1":
+        metrics = {"final_train_error_pct": _last(frame[frame["metric"] == "training error"],
+                                                  "error_pct"),
+                   "final_test_error_pct": _last(frame[frame["metric"] == "test error"],
+                                                 "error_pct")}
+    elif name in ("fig2", "fig3"):
+        if target is None:
+            raise ValueError(f"{name} metrics need a target error")
+        ordered = frame.sort_values(["time_s", "version"], kind="stable")
+        hit = ordered[ordered["train_error_pct"] <= 100.0 * target]  # NaN never counts
+        metrics = {"time_to_target_s": hit.groupby("run_dir")["time_s"].first(),
+                   "final_train_error_pct": _last(frame, "train_error_pct")}
+    elif name == "fig4":
+        out = out[out["num_clients"] != 1]
+        per_run = frame.drop_duplicates("run_dir").set_index("run_dir")
+        metrics = {"speedup": per_run["speedup"].where(per_run["outcome"] == "ok")}
+    elif name == "staleness":
+        pushes = frame[frame["quantity"] == "staleness"]
+        weighted = (pushes["value"] * pushes["count"]).groupby(pushes["run_dir"]).sum()
+        final = frame[frame["quantity"] == "final_test_error_pct"]
+        metrics = {"mean_staleness": weighted / pushes.groupby("run_dir")["count"].sum(),
+                   "final_test_error_pct": final.groupby("run_dir")["value"].last()}
+    else:
+        raise ConfigError("figure", name, tuple(FIGURES))
+    out = out.copy()
+    for column, values in metrics.items():
+        out[column] = pd.to_numeric(values, errors="coerce").reindex(out.index)  # NaN: none
+    return out.reset_index()
+
+
+def _last(frame: pd.DataFrame, column: str) -> pd.Series:
+    """The value at each run's last evaluation, NaN included (``groupby.last`` would skip it)."""
+    ordered = frame.sort_values(["time_s", "version"], kind="stable")
+    return ordered.groupby("run_dir").tail(1).set_index("run_dir")[column]
+
+
+__all__ = ["Tree", "tree_kind", "read_tree", "run_metrics", "METRICS", "IDENTITY"]
