@@ -28,6 +28,7 @@ from repro.components import (EvalSets, build_worker, evaluate, load_data, make_
 from repro.config import BackendConfig, RunConfig, from_dict, to_dict
 from repro.cost import CostModel, CostScheduler, ReplayScheduler, calibrate_compute_s
 from repro.data import Dataset
+from repro.environment import environment
 from repro.errors import ConfigError
 from repro.runlog import Progress, RunLog
 
@@ -114,6 +115,7 @@ class Simulation:
         self.budget = cfg.num_epochs * problem.dataset.num_train
         recorded = to_dict(cfg)
         recorded["cost"]["compute_s"] = compute_s
+        recorded["environment"] = environment(self.server.params.device)
         resume_state = self._load_checkpoint() if cfg.resume else None
         self.log = RunLog(self.run_dir, recorded, clock="virtual", backend="sim",
                           num_train=problem.dataset.num_train, eval_every=cfg.eval_every,

@@ -184,3 +184,11 @@ def test_calibrated_compute_time_is_measured_and_recorded(tmp_path):
     assert isinstance(recorded, float) and 0 < recorded < 1.0     # seconds per real mlp step
     first = pd.read_csv(tmp_path / "updates.csv").time_s.iloc[0]
     assert first == pytest.approx(cfg.nsync * recorded)           # the clock runs on the measurement
+
+
+def test_config_json_records_what_bitwise_identity_depends_on(tmp_path):
+    import torch
+    simulate(cfg_for(num_threads=1), tmp_path)
+    env = json.loads((tmp_path / "config.json").read_text())["environment"]
+    assert env["torch"] == torch.__version__ and env["device"] == "cpu" and env["num_threads"] == 1
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["cpu_model"]

@@ -57,6 +57,7 @@ from repro import schema
 from repro.algorithm import Server
 from repro.config import RunConfig, to_dict
 from repro.data import Dataset
+from repro.environment import environment
 from repro.errors import ConfigError
 from repro.real.client import build_client, client_device, run_client
 from repro.checkpoint import load_checkpoint
@@ -131,7 +132,8 @@ def open_runlog(prep: Prepared, run_dir: Path) -> RunLog:
         # An evaluation still running when the checkpoint was taken may have written its row
         # since; the resumed run redoes it (eval_due() is true again), so drop that row first.
         truncate_csv(Path(run_dir) / schema.EVALS_FILE, int(prep.checkpoint["runlog"]["last_eval_version"]))
-    return RunLog(run_dir, to_dict(cfg), clock="wall", backend="real", num_train=prep.num_train,
+    recorded = {**to_dict(cfg), "environment": environment(prep.server.params.device)}
+    return RunLog(run_dir, recorded, clock="wall", backend="real", num_train=prep.num_train,
                   eval_every=cfg.eval_every, target_error=cfg.target_error,
                   resume_from=prep.checkpoint["runlog"] if prep.checkpoint else None)
 
