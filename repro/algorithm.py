@@ -22,9 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from repro.registry import Registry
-
-LossFn = Callable[[Tensor, Tensor], Tensor]
-
+from repro.worker import Worker
 
 # ---------------------------------------------------------------------------------------------
 # Messages
@@ -53,62 +51,8 @@ class Applied:
 
 
 # ---------------------------------------------------------------------------------------------
-# The client's gradient machinery
+# The client's optimiser
 # ---------------------------------------------------------------------------------------------
-
-class Worker:
-    """Computes losses and gradients of one network whose parameters live in one flat vector.
-
-    A worker is a compute resource, not a client: the simulator lets every client borrow one
-    worker (loading the client's parameters is one ``copy_``), the real driver gives each client
-    process its own.
-    """
-
-    def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):
-        from repro.models import FlatModule  # local import keeps this module free of model zoo
-
-        self.flat_module = FlatModule(module)
-        self.module = self.flat_module.module
-        self.loss_fn = loss_fn
-
-    @property
-    def params(self) -> Tensor:
-        return self.flat_module.flat
-
-    @property
-    def grad(self) -> Tensor:
-        return self.flat_module.grad
-
-    def load(self, params: Tensor) -> None:
-        self.flat_module.load(params)
-
-    def backward(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """Gradient of the minibatch loss into ``self.grad``; returns (loss, num_errors) as tensors
-        (no host sync here: on a GPU the caller reads them once per push)."""
-        self.flat_module.zero_grad()
-        out = self.module(x)
-        loss = self.loss_fn(out, y)
-        loss.backward()
-        return loss.detach(), (out.detach().argmax(1) != y).sum()
-
-    @torch.no_grad()
-    def evaluate(self, params: Tensor, x: Tensor, y: Tensor, batch_size: int = 1024) -> tuple[float, float]:
-        """Mean loss and error of ``params`` on (x, y)."""
-        self.load(params)
-        loss_sum, errors = torch.zeros((), device=x.device), torch.zeros((), device=x.device)
-        for i in range(0, len(x), batch_size):
-            out = self.module(x[i:i + batch_size])
-            yb = y[i:i + batch_size]
-            loss_sum += self.loss_fn(out, yb, reduction="sum") if _takes_reduction(self.loss_fn) \
-                else self.loss_fn(out, yb) * len(yb)
-            errors += (out.argmax(1) != yb).sum()
-        n = max(len(x), 1)
-        return loss_sum.item() / n, errors.item() / n
-
-
-def _takes_reduction(loss_fn: LossFn) -> bool:
-    return loss_fn in (nn.functional.cross_entropy, nn.functional.nll_loss)
-
 
 class LocalSGD:
     """SGD with momentum and weight decay on a flat vector: exactly ``torch.optim.SGD``'s
@@ -169,10 +113,12 @@ class Client:
             self.params.copy_(params)
         self.read_version = version
 
-    def compute_push(self, worker: Worker, num_steps: int, out: Tensor | None = None) -> Push:
+    def compute_push(self, worker: Worker, num_steps: int, out: Tensor | None = None,
+                     on_step: Callable[[], None] | None = None) -> Push:
         """Run ``num_steps`` local steps from the fetched parameters and return the push.
         ``out``: write the update into this tensor (e.g. a transport buffer) instead of a new
-        one; the numbers are the same."""
+        one; the numbers are the same. ``on_step``: called after each local step (the real
+        client proves it is alive there); it must not touch the numbers."""
         assert self.params is not None, "fetch() before compute_push()"
         worker.load(self.params)
         w = worker.params
@@ -191,6 +137,8 @@ class Client:
             loss_sum += loss
             errors += wrong
             num_samples += len(y)
+            if on_step is not None:
+                on_step()
         if accrued is not None:
             update = accrued
         else:   # delta: w_local - w_fetched

@@ -26,13 +26,14 @@ import yaml
 from torch import Tensor, nn
 
 from repro import schema
-from repro.algorithm import Worker
+from repro.worker import Worker
 from repro.components import EvalSets, resolve_device
 from repro.config import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig, from_dict, validate
 from repro.data import Dataset
 from repro.errors import ConfigError
 from repro.resources import CONF_DIR, group_options
-from repro.sim import Problem, Simulation, resolve_compute_s
+from repro.problem import Problem
+from repro.sim import simulate as sim_run
 
 ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or torch tensors
 
@@ -70,7 +71,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
              server_rule: str = "delta", lr_server: float | None = None,
              cost: str | dict | CostConfig = "lan", seed: int = 0, target_error: float = 0.05,
              loss_fn=nn.functional.cross_entropy, device: str = "cpu",
-             run_dir: str | Path | None = None, progress: bool = False) -> Result:
+             run_dir: str | Path | None = None, force: bool = False, progress: bool = False) -> Result:
     """Simulate ``num_clients`` asynchronous clients training ``module`` through one server.
 
     Every client repeatedly fetches the server's parameters, takes ``nsync`` local SGD steps on
@@ -137,7 +138,11 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         Where the model and the data live; "auto" picks cuda when available.
     run_dir : str, Path or None, default None
         Folder the run's tables are written to (the same files as a command-line run); None
-        makes a fresh temporary folder, which is not deleted afterwards.
+        makes a fresh temporary folder, which is not deleted afterwards. A folder that already
+        holds a finished run with the same settings is returned as it is; one holding another
+        run is refused (ConfigError) unless ``force``.
+    force : bool, default False
+        Start ``run_dir`` over whatever run it holds.
     progress : bool, default False
         Print a progress line to stderr every few seconds while simulating.
 
@@ -177,7 +182,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     worker = Worker(copy.deepcopy(module).to(dev), loss_fn)
     problem = Problem(ds, worker, worker.params.detach().clone(), EvalSets.of(ds))
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="repro-"))
-    summary = Simulation(cfg, problem, run_dir, resolve_compute_s(cfg, problem, run_dir)).run()
+    summary = sim_run(cfg.replace(force=force), run_dir, problem=problem)
     return Result(pd.read_csv(run_dir / schema.UPDATES_FILE), pd.read_csv(run_dir / schema.EVALS_FILE),
                   summary, run_dir)
 

@@ -149,7 +149,7 @@ def measure_protocol(sizes: tuple = SIZES, blocks: int = 7) -> dict:
     from repro.real.transport import pin_gloo_to_loopback
 
     torch.set_num_threads(1)
-    pin_gloo_to_loopback("127.0.0.1")
+    pin_gloo_to_loopback("127.0.0.1", single_node=True)
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)   # port 0: a free one
     proc = mp.get_context("spawn").Process(target=_protocol_client, args=(store.port, sizes, blocks),
                                            daemon=True)

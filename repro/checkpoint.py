@@ -1,14 +1,17 @@
 """Checkpoint files: written atomically, read back as plain tensors and numbers only.
 
-Both drivers and the warm-start cache save through :func:`save_checkpoint` (temp file + rename,
-so a crash mid-save leaves the previous file intact) and resume through :func:`load_checkpoint`,
-which refuses a missing file or one written by the other driver with a :class:`ConfigError`.
-Loading uses ``torch.load(weights_only=True)``: nothing beyond tensors, numbers, strings, lists
-and dicts is ever unpickled.
+Both drivers and the warm-start cache save through :func:`save_checkpoint` (temp file, fsync,
+rename: a crash or a full disk mid-save leaves the previous file intact and no ``.tmp`` behind)
+and read through :func:`read_checkpoint`, which never unpickles anything beyond tensors, numbers,
+strings, lists and dicts (``torch.load(weights_only=True)``). A file that is empty, truncated,
+carries code or lacks what a checkpoint holds is a :class:`ConfigError` (exit 2) naming the file
+and what is wrong; we never suggest loading it unsafely.
 """
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -20,18 +23,49 @@ from repro.errors import ConfigError
 def save_checkpoint(state: dict, path: Path) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)   # a full disk or an interrupt: keep the last good file only
+        raise
+
+
+def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "resume") -> dict:
+    """The dict in ``path``; ConfigError (for config key ``key``) saying what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(key, str(path), "an existing checkpoint file")
+    if path.stat().st_size == 0:
+        raise ConfigError(key, str(path), "a checkpoint, not an empty file")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(key, str(path), "a checkpoint of tensors and numbers only: this file "
+                          "holds other objects, and loading it could run code, so it is refused") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        raise ConfigError(key, str(path), f"a complete checkpoint: the file is truncated or not "
+                          f"a torch checkpoint ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(state, dict):
+        raise ConfigError(key, str(path), "a checkpoint holding a dict")
+    return state
 
 
 def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dict:
-    """The run folder's checkpoint, which must have been written by the ``kind`` driver."""
+    """The run folder's checkpoint, which must have been written by the ``kind`` driver and
+    hold the server, the run log and the driver's state."""
     path = Path(run_dir) / schema.CHECKPOINT_FILE
     if not path.exists():
         raise ConfigError("resume", True, f"a run folder holding {schema.CHECKPOINT_FILE} "
-                          f"(none at {path}; set checkpoint_every > 0 when starting a run)")
-    state = torch.load(path, map_location=device, weights_only=True)
+                          f"(none at {path}: nothing to resume; force=true starts over)")
+    state = read_checkpoint(path, device)
     if state.get("kind") != kind:
         raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
                           f"{state.get('kind')!r} backend)")
+    server = state.get("server")
+    missing = [k for k in ("server", "runlog", "driver") if k not in state]
+    if missing or not isinstance(server, dict) or not isinstance(server.get("params"), torch.Tensor):
+        raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {missing or ['server.params']})")
     return state

@@ -6,18 +6,34 @@ the same state: model init seeded by ``seed``, client ``k``'s data order seeded 
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from repro.algorithm import Client, Server, ServerRule, Worker, make_client, make_rule
+from repro.algorithm import Client, Server, ServerRule, make_client, make_rule
+from repro.worker import Worker
 from repro.config import RunConfig, check_components
 from repro.data import ClientStream, Dataset, load_dataset
 from repro.errors import ConfigError
 from repro.models import build_model
 
 TRAIN_SUBSET = 1000  # training-error evaluations use this many fixed training samples
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch uses ``n`` CPU threads inside the block (0: leave it), and the caller's count after
+    (a test or a sweep that goes on keeps its own)."""
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def resolve_device(name: str) -> torch.device:

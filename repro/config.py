@@ -81,7 +81,8 @@ class Choice:
         raise ConfigError(key, value, self.names())
 
     def describe(self) -> str:
-        return ", ".join(map(str, self.names())) + (", null" if self.nullable else "")
+        shown = [str(n).lower() if isinstance(n, bool) else str(n) for n in self.names()]
+        return ", ".join(shown) + (", null" if self.nullable else "")
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,10 @@ class RunConfig:
     """Training budget: epochs of the training set consumed by all clients together."""
     eval_every: float = knob(1.0, Range(1e-3, 1e5))
     """Evaluate the server's parameters every this many epochs (by samples applied)."""
+    divergence_factor: float = knob(10.0, Range(1.0, 1e6, lo_open=True))
+    """A push whose mean training loss exceeds this many times the reference loss (the larger of
+    the version-0 training loss and ln(classes), a uniform guess) ends the run 'diverged'. At 10,
+    on 10 classes: ~23 nats, the right class at probability ~1e-10 on average."""
     target_error: float = knob(0.05, Range(0.0, 1.0))
     """Training error whose first crossing time defines speedup (summary.json time_to_target)."""
     start: str = knob("cold", Choice(STARTS))
@@ -244,8 +249,9 @@ class RunConfig:
     """Warm start: epochs of single-client training behind the cached checkpoint."""
     checkpoint_every: int = knob(0, Range(0, 10**9, integer=True), shapes=False)
     """Server checkpoint every this many versions (0: only the final one)."""
-    resume: bool = knob(False, Flag(), shapes=False)
-    """Continue the run folder's interrupted run from its checkpoint."""
+    resume: Union[bool, str] = knob(False, Choice((False, True, "auto")), shapes=False)
+    """true: continue the folder's interrupted run from its checkpoint; auto: continue it if
+    there is one, else start (for launchers that restart jobs, e.g. torchrun --max-restarts)."""
     force: bool = knob(False, Flag(), shapes=False)
     """Start the run folder over even if it holds a finished or interrupted run."""
     device: str = knob("cpu", Choice(DEVICES))

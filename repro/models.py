@@ -2,9 +2,8 @@
 
 This module owns the models users name with ``model=...`` (``mlp``, ``digits_cnn``,
 ``mnist1d_cnn``, ``cifar_18pct``), the check that a model accepts a data set's input shape
-(before any process starts), and :class:`FlatModule`, which lays every parameter and every
-gradient of a module out in one contiguous vector: a push or a fetch of the server's parameters is
-then a single tensor, and loading them is one ``copy_``.
+(before any process starts). :class:`repro.worker.FlatModule` lays a model's parameters out in
+one vector for the parameter server.
 
 No model has buffers (no BatchNorm) or dropout: the server synchronises parameters only, and
 training is deterministic given ``torch.manual_seed`` (callers seed before :func:`build_model`).
@@ -143,56 +142,3 @@ def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
 
 def num_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-
-class FlatModule:
-    """Wraps a module so that all its parameters are views into ONE contiguous flat float32
-    vector `self.flat`, and all their .grad are views into ONE flat vector `self.grad`:
-    loading a parameter vector is one copy_, and reading the gradient is free.
-
-    Order is ``module.parameters()`` order, as ``torch.nn.utils.parameters_to_vector``.
-    Autograd accumulates into existing ``.grad`` tensors in place, so after ``backward()`` the
-    gradient is already in ``self.grad``. Use :meth:`zero_grad` (not ``module.zero_grad()`` or an
-    optimiser's, which set grads to None); it re-links any gradient that was replaced anyway.
-    """
-
-    def __init__(self, module: nn.Module):
-        buffers = [name for name, _ in module.named_buffers()]
-        if buffers:
-            raise ValueError(
-                f"{type(module).__name__} has buffers (e.g. BatchNorm running statistics) that the "
-                f"parameter server would not synchronise; use a model without buffers (found: "
-                f"{', '.join(buffers[:5])})")
-        params = list(module.parameters())
-        if not params:
-            raise ValueError(f"{type(module).__name__} has no parameters to train")
-        device = params[0].device
-        if any(p.dtype != torch.float32 or p.device != device for p in params):
-            raise ValueError("FlatModule needs float32 parameters all on one device")
-        self.module = module
-        self.numel = sum(p.numel() for p in params)
-        self.flat = torch.empty(self.numel, dtype=torch.float32, device=device)
-        self.grad = torch.zeros_like(self.flat)
-        self._params = params
-        self._grad_views = []
-        offset = 0
-        for p in params:
-            n = p.numel()
-            self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
-            p.data = self.flat[offset:offset + n].view_as(p)
-            self._grad_views.append(self.grad[offset:offset + n].view_as(p))
-            offset += n
-        self._link_grads()
-
-    def _link_grads(self) -> None:
-        for p, view in zip(self._params, self._grad_views):
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                p.grad = view
-
-    def load(self, vector: torch.Tensor) -> None:
-        """Set every parameter from one flat vector (e.g. the server's parameters)."""
-        self.flat.copy_(vector)
-
-    def zero_grad(self) -> None:
-        self._link_grads()
-        self.grad.zero_()

@@ -27,7 +27,6 @@ from repro.config import RunConfig, all_keys, check_components, from_dict, shapi
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.logs import get_logger
 from repro.resources import CONF_DIR, group_options
-from repro.runlog import is_finished, read_summary
 
 log = get_logger("repro.run")
 GROUPS = (*confhelp.GROUPS, "exp")
@@ -63,13 +62,9 @@ def parse(dcfg: DictConfig) -> RunConfig:
 
 
 def run(cfg: RunConfig, run_dir: str | Path) -> dict:
-    """Train as configured, writing ``run_dir``; return the summary. Skips a finished run unless
-    ``force``; ``resume`` continues one from its checkpoint."""
-    run_dir = Path(run_dir)
-    if is_finished(run_dir) and not cfg.force and not cfg.resume:
-        summary = read_summary(run_dir)
-        log.info("skip %s: already %s (force=true re-runs it)", run_dir, summary["status"])
-        return summary
+    """Train as configured, writing ``run_dir``; return the summary. What a folder that already
+    holds a run means (skip it, continue it with resume=true, start over with force=true, else
+    refuse) is decided by the run core (:func:`repro.core.run_folder`), for both drivers."""
     if cfg.backend.name == "real":
         from repro.real import run_real
 

@@ -16,17 +16,25 @@ from typing import Any, Sequence
 from repro import schema
 from repro.logs import get_logger
 
+RESERVE_FILE = ".reserve"      # kept free for the final summary.json when the disk fills up
+RESERVE_BYTES = 64 * 1024
+
 _log = get_logger("repro.progress")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file and rename, so a reader never sees half a file."""
+    """Write via a temp file and rename, so a reader never sees half a file (and a full disk
+    leaves the old file and no temp file)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -61,22 +69,6 @@ class CsvWriter:
             self._file.close()
 
 
-def truncate_csv(path: Path, max_version: int) -> int:
-    """Keep the header and the rows with version <= max_version; return the rows kept.
-    Used on resume: rows after the checkpoint are recomputed, so none is duplicated or lost."""
-    path = Path(path)
-    if not path.exists():
-        return 0
-    lines = path.read_text().splitlines(keepends=True)
-    if not lines:
-        return 0
-    header, rows = lines[0], lines[1:]
-    col = header.rstrip("\n").split(",").index("version")
-    kept = [r for r in rows if r.strip() and r.endswith("\n") and int(r.split(",")[col]) <= max_version]
-    atomic_write_text(path, header + "".join(kept))
-    return len(kept)
-
-
 class RunLog:
     """Writes one run folder. ``clock`` is "virtual" (sim) or "wall" (real)."""
 
@@ -94,10 +86,11 @@ class RunLog:
         self.time_to_target: float | None = None
         self.last_eval_version = -1
         self.wall_before = 0.0
+        self.lost_clients: dict[str, str] = {}   # client -> why, across resumes
         if resume_from is not None:
             self.load_state_dict(resume_from)
-            truncate_csv(self.run_dir / schema.UPDATES_FILE, self.version)
-            truncate_csv(self.run_dir / schema.EVALS_FILE, self.version)
+        self._reserve = self.run_dir / RESERVE_FILE
+        self._reserve.write_bytes(b"\0" * RESERVE_BYTES)   # room for the last summary on a full disk
         write_json(self.run_dir / schema.CONFIG_FILE, config)
         append = resume_from is not None
         self.updates = CsvWriter(self.run_dir / schema.UPDATES_FILE, schema.UPDATE_COLUMNS, append)
@@ -156,13 +149,25 @@ class RunLog:
             "samples_seen": self.samples_seen, "epoch": self.epoch, "time_s": self.time_s,
             "wall_time_s": self.wall_time_s(), "final": self.final,
             "time_to_target": {str(self.target_error): self.time_to_target},
-            "events": self.events, "message": message, **extra}
-        write_json(self.run_dir / schema.SUMMARY_FILE, summary)
+            "events": self.events, "message": message,
+            "lost_clients": sorted(int(k) for k in self.lost_clients), **extra}
+        path = self.run_dir / schema.SUMMARY_FILE
+        try:
+            write_json(path, summary)
+        except OSError:
+            if not self._reserve.exists():
+                raise
+            self._reserve.unlink()   # a full disk: give the last word the room kept for it
+            write_json(path, summary)
         return summary
 
     def close(self) -> None:
-        self.updates.close()
-        self.evals.close()
+        for writer in (self.updates, self.evals):
+            try:
+                writer.close()
+            except OSError:
+                pass   # a full disk: the summary says so; the rows up to the checkpoint are safe
+        self._reserve.unlink(missing_ok=True)
 
     # -- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -171,7 +176,7 @@ class RunLog:
         return {"samples_seen": self.samples_seen, "next_eval": self.next_eval, "version": self.version,
                 "time_s": self.time_s, "time_to_target": self.time_to_target, "final": dict(self.final),
                 "events": list(self.events), "wall_time_s": self.wall_time_s(),
-                "last_eval_version": self.last_eval_version}
+                "last_eval_version": self.last_eval_version, "lost_clients": dict(self.lost_clients)}
 
     def load_state_dict(self, state: dict) -> None:
         self.samples_seen, self.version = int(state["samples_seen"]), int(state["version"])
@@ -180,6 +185,7 @@ class RunLog:
         self.final = dict(state["final"])
         self.last_eval_version = int(state["last_eval_version"])
         self.wall_before = float(state["wall_time_s"])
+        self.lost_clients = dict(state.get("lost_clients", {}))
         self.events = list(state["events"]) + [{"type": "resumed", "version": self.version, "time_s": self.time_s}]
 
 

@@ -8,7 +8,8 @@ from torch.nn.utils import parameters_to_vector
 
 from repro.data import ClientStream, load_dataset
 from repro.errors import ConfigError
-from repro.models import MODEL_NAMES, FlatModule, build_model, check_fits, num_parameters
+from repro.models import MODEL_NAMES, build_model, check_fits, num_parameters
+from repro.worker import FlatModule
 
 SHAPES = {"mlp": (1, 8, 8), "digits_cnn": (1, 8, 8), "mnist1d_cnn": (1, 40), "cifar_18pct": (3, 32, 32)}
 

@@ -241,7 +241,8 @@ def test_sigint_stops_every_rank(tmp_path):
 
 
 def test_sigkilled_client_degrades_the_run(tmp_path):
-    proc, run_dir = launch(tmp_path, real_cfg(num_clients=3, num_epochs=4.0))
+    # 12 epochs (~135 pushes, seconds): the kill must land mid-run even on a loaded machine
+    proc, run_dir = launch(tmp_path, real_cfg(num_clients=3, num_epochs=12.0))
     try:
         wait_rows(proc, run_dir, 10)
         victim = client_pids(proc.pid)[0]
@@ -256,7 +257,7 @@ def test_sigkilled_client_degrades_the_run(tmp_path):
     check_updates(upd)
     after = upd[upd.version > lost[0]["version"]]
     assert lost[0]["client"] not in set(after.client) and len(set(after.client)) == 2
-    assert upd.samples_seen.iloc[-1] >= 4 * 1437 and evals.version.iloc[-1] == len(upd)
+    assert upd.samples_seen.iloc[-1] >= 12 * 1437 and evals.version.iloc[-1] == len(upd)
 
 
 def test_losing_every_client_fails_cleanly(tmp_path):
@@ -269,7 +270,7 @@ def test_losing_every_client_fails_cleanly(tmp_path):
         assert_no_leftovers(proc)
     upd, _, summary = tables(run_dir)
     assert proc.returncode == 1 and summary["status"] == "failed"
-    assert "all 1 clients were lost" in summary["message"]
+    assert "every client was lost" in summary["message"] and summary["lost_clients"] == [1]
     check_updates(upd)
 
 

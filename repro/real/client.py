@@ -4,8 +4,17 @@ This module owns the client's side of the conversation, and nothing of process p
 (:mod:`repro.real.launch`): receive parameters (or STOP), ``client.fetch`` them, run
 ``client.compute_push(worker, nsync)`` exactly as the simulator does, send the push, repeat.
 Client ``k`` is built by the same :mod:`repro.components` as simulator client ``k``, so its data
-order is the one seeded by ``(seed, k)``. On a GPU the client trains on ``cuda:i`` and its
-messages go through pinned CPU buffers (gloo moves CPU tensors only).
+order is the one seeded by ``(seed, k)``. While it computes, a client proves it is alive with a
+header-only HEARTBEAT every quarter of ``backend.client_timeout_s``, so only a silent client is
+dropped, however long its pushes take.
+
+Devices, one rule for every launcher: the process of local rank ``r`` on a node (the server is
+local rank 0, spawned client ``k`` is local rank ``k``, a torchrun rank its ``LOCAL_RANK``) uses
+``cuda:(r mod G)`` when it trains on a GPU, so with G > N no GPU is shared, not even by the
+server (``backend.server_device=cuda`` puts it on ``cuda:0``). ``backend.client_device``: auto
+(a GPU when CUDA is visible), cpu, or cuda. On a GPU the messages go through pinned CPU buffers
+(gloo moves CPU tensors only), and before it reports ready the client runs one warm-up step, so
+its first push does not pay for loading cuDNN and cuBLAS while the server's timeout runs.
 
 A resumed run sends each client the stream position it last reported, so it continues its data
 order; its momentum buffer restarts at zero (the server checkpoints parameters, not client
@@ -13,26 +22,43 @@ optimiser state).
 """
 from __future__ import annotations
 
-import sys
+import time
 from dataclasses import dataclass
 
 import torch
 
-from repro.algorithm import Client, Worker
+from repro.algorithm import Client
 from repro.components import build_worker, load_data, make_clients
 from repro.config import RunConfig
 from repro.data import Dataset
+from repro.errors import ConfigError
+from repro.logs import get_logger
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, check_hello, hello
+from repro.worker import Worker
+
+_log = get_logger("repro.real.client")
 
 
 def log(rank: int, msg: str) -> None:
-    print(f"[real client {rank}] {msg}", file=sys.stderr, flush=True)
+    _log.info(f"[real client {rank}] {msg}")
 
 
-def client_device(local_index: int) -> torch.device:
-    """``cuda:i`` round robin over the visible GPUs by local index, else the CPU."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return torch.device(f"cuda:{local_index % count}") if count else torch.device("cpu")
+def cuda_missing() -> str:
+    """Why CUDA cannot be used here, in words a user can act on."""
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU build"
+    return "no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)"
+
+
+def client_device(cfg: RunConfig, local_rank: int) -> torch.device:
+    """Where the client of this local rank trains (see the module docstring)."""
+    choice = cfg.backend.client_device
+    available = torch.cuda.is_available()
+    if choice == "cuda" and not available:
+        raise ConfigError("backend.client_device", "cuda", f"'cpu' or 'auto': {cuda_missing()}")
+    if choice == "cpu" or not available:
+        return torch.device("cpu")
+    return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
 
 
 @dataclass
@@ -47,34 +73,51 @@ class ClientSetup:
     outbox: Frame    # each push leaves from here (pinned on a GPU: the staging buffer)
 
 
-def build_client(cfg: RunConfig, rank: int, device: torch.device, ds: Dataset | None = None) -> ClientSetup:
+def build_client(cfg: RunConfig, client_id: int, device: torch.device, ds: Dataset | None = None) -> ClientSetup:
     """``ds``: the data set when the launcher hands it over (spawn mode, small data), else it is
     loaded here (torchrun ranks on other nodes)."""
     if device.type == "cuda":
-        torch.cuda.set_device(device)
-    elif cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)   # 1 by default: N clients + server share the cores
+        torch.cuda.set_device(device)   # before anything allocates: the context goes on this GPU
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)   # also on a GPU: data loading and Python run on cores
     ds = ds.to(device) if ds is not None else load_data(cfg, device)
     worker = build_worker(cfg, ds, device)
-    client = make_clients(cfg, ds, client_ids=[rank])[0]
+    client = make_clients(cfg, ds, client_ids=[client_id])[0]
+    client.params = torch.zeros_like(worker.params)   # fetches copy into this: no tensor per round trip
     numel, pin = worker.params.numel(), device.type == "cuda"
-    return ClientSetup(client, worker, device, Frame(numel, pin), Frame(numel, pin))
+    setup = ClientSetup(client, worker, device, Frame(numel, pin), Frame(numel, pin))
+    if pin:
+        warm_up(setup)
+    return setup
 
 
-def run_client(cfg: RunConfig, rank: int, channel: Channel, setup: ClientSetup) -> int:
+def warm_up(setup: ClientSetup) -> None:
+    """One forward and backward on a throw-away batch, then synchronise: lazy cuDNN/cuBLAS
+    loading happens now, not inside the first push the server is timing. The data stream is not
+    advanced (a fresh stream over the same data serves the batch) and the gradient is zeroed."""
+    from repro.data import ClientStream
+
+    stream = setup.client.stream
+    probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)
+    setup.worker.backward(*probe.next_batch())
+    setup.worker.flat_module.zero_grad()
+    torch.cuda.synchronize(setup.device)
+
+
+def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) -> int:
     """Train until the server says STOP (exit code 0) or is lost or silent (1)."""
     try:
-        if not _hello(cfg, rank, channel, setup):
+        if not _hello(cfg, channel, setup):
             return 0
-        return _loop(cfg, rank, channel, setup)
+        return _loop(cfg, client_id, channel, setup)
     except LinkLost as exc:
-        log(rank, f"lost the server: {exc} (backend.timeout_s={cfg.backend.timeout_s:g}); exiting")
+        log(client_id, f"lost the server: {exc} (backend.timeout_s={cfg.backend.timeout_s:g}); exiting")
         return 1
 
 
-def _hello(cfg: RunConfig, rank: int, channel: Channel, setup: ClientSetup) -> bool:
+def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
     """Answer the server's HELLO with ours (both carry the parameter count; no payload moves
-    before they agree). False if the server says STOP instead (a finished run resumed)."""
+    before they agree). False if the server says STOP instead (a finished run)."""
     theirs = channel.recv(setup.inbox, cfg.backend.timeout_s)
     if theirs.kind == Kind.STOP:
         return False
@@ -88,26 +131,45 @@ def _hello(cfg: RunConfig, rank: int, channel: Channel, setup: ClientSetup) -> b
     return True
 
 
-def _loop(cfg: RunConfig, rank: int, channel: Channel, setup: ClientSetup) -> int:
+class Heartbeat:
+    """Called after each local step: sends a header-only HEARTBEAT when the server has heard
+    nothing from this client for a quarter of its timeout."""
+
+    def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
+        self.channel, self.frame, self.client_id = channel, frame, client_id
+        self.every_s, self.last = timeout_s / 4, time.monotonic()
+
+    def sent(self) -> None:
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.last >= self.every_s:
+            self.channel.send(Header(Kind.HEARTBEAT, self.client_id, 0, 0), self.frame)
+            self.sent()
+
+
+def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) -> int:
     client, inbox, outbox = setup.client, setup.inbox, setup.outbox
     on_gpu = setup.device.type == "cuda"
     device_index = setup.device.index if on_gpu else -1
     params_in, update_out = inbox.payload, outbox.payload
+    heartbeat = Heartbeat(channel, outbox, client_id, cfg.backend.client_timeout_s)
     while True:
         header = channel.recv(inbox, cfg.backend.timeout_s)
         if header.kind == Kind.STOP:
             return 0
-        if header.kind != Kind.PARAMS or header.client != rank:
+        if header.kind != Kind.PARAMS or header.client != client_id:
             raise LinkLost(f"protocol error: got {header.kind.name} for client {header.client}")
         if header.position is not None:
             client.stream.set_position(header.position)   # resumed: continue the data order
-        client.fetch(params_in.to(setup.device, non_blocking=True), header.version)   # copies
+        client.fetch(params_in, header.version)   # copy_ into the client's own tensor (H2D on a GPU)
+        heartbeat.sent()
         if on_gpu:
-            push = client.compute_push(setup.worker, cfg.nsync)   # its .item() calls sync the GPU
+            push = client.compute_push(setup.worker, cfg.nsync, on_step=heartbeat)   # .item() syncs
             update_out.copy_(push.update)   # D2H into the pinned frame, synchronous
         else:
-            push = client.compute_push(setup.worker, cfg.nsync, out=update_out)   # straight into the frame
+            push = client.compute_push(setup.worker, cfg.nsync, out=update_out, on_step=heartbeat)
         channel.post(inbox)   # post the reply's receive before the push leaves
-        channel.send(Header(Kind.PUSH, rank, push.read_version, update_out.numel(), push.num_steps,
+        channel.send(Header(Kind.PUSH, client_id, push.read_version, update_out.numel(), push.num_steps,
                             push.num_samples, push.train_loss, push.train_error,
                             tuple(push.stream_position), device_index), outbox)

@@ -1,71 +1,67 @@
 """Process plumbing of the real driver: who is rank 0, how ranks start, stop and never outlive a run.
 
-It also owns what rank 0 builds before any process starts (:func:`prepare`: data, network,
-initial parameters exactly as the simulator builds them, the checkpoint on resume; then the run
-log), so bad input is a ConfigError before anything is spawned.
+Rank 0 first builds everything that can fail on bad input (the run folder's decision, data,
+network, initial parameters: the simulator's, via :mod:`repro.problem`, and the run core), so
+bad input is a ConfigError before any process starts.
 
 Single node (``run_real`` outside torchrun): the calling process is rank 0, the server, so the
 summary comes back as a return value and a Ctrl-C lands in the process that writes the run
 folder. It creates the rendezvous store itself (``master_port: 0`` binds a free port; a busy port
-is a :class:`~repro.errors.ConfigError` before anything starts), then starts the clients, ranks
-1..N, with the ``spawn`` start method. Fork or spawn, and why spawn: a forked child inherits a
-copy of a parent that may already have run torch with several threads (OpenMP pools, gloo's
-threads, an evaluator thread), and such children hang on locks those threads held; spawn pays
-one fresh interpreter and ``import torch`` per client (seconds, once per run). The config is
-parsed once in the parent and handed to each child (``RunConfig`` is a frozen, picklable
-dataclass). Each child builds its data and model first, then marks itself ready in the store;
-the parent waits for all ready marks in a Python loop that also watches for children that died
-and for Ctrl-C, so a bad peer is a clear error within ``backend.timeout_s`` and start-up can be
-interrupted.
+is a :class:`~repro.errors.ConfigError`), then starts the clients with the ``spawn`` start
+method. Fork or spawn, and why spawn: a forked child inherits a copy of a parent that may
+already have run torch with several threads (OpenMP pools, gloo's threads, an evaluator thread),
+and such children hang on locks those threads held; spawn pays one fresh interpreter and
+``import torch`` per client (seconds, once per run). The config is parsed once in the parent and
+handed to each child (``RunConfig`` is a frozen, picklable dataclass). Each child builds its data
+and model, marks itself ready in the store, and waits for the world's membership: rank 0 waits
+for every client to be ready or dead (a deadline of ``backend.timeout_s`` per core's worth of
+processes, since start-up is CPU-bound), then forms the gloo world of the live ones. A client
+that dies during start-up is lost, not fatal: the run degrades.
 
 Many nodes (``torchrun``): every rank runs ``python -m repro.run``; rank 0 calls ``run_real``,
 which joins torchrun's world from the environment instead of spawning; ranks > 0 call
-:func:`run_torchrun_worker`. The world size decides the number of clients (world size - 1).
+:func:`run_torchrun_worker`. The world size decides the number of clients (world size - 1). A run
+folder that already holds a finished run is skipped by rank 0, which still joins the world to
+tell every client STOP. Under ``torchrun --max-restarts=K`` with ``resume=auto``, a restarted job
+continues from the last checkpoint.
 
-GPUs: spawned client ``k`` trains on ``cuda:(k-1) mod G``; under torchrun, on ``cuda:LOCAL_RANK
-mod G`` (so on rank 0's node GPU 0 is left to rank 0, whose parameters stay on the CPU unless
-``backend.server_device=cuda``). Without GPUs every client is a CPU process with
-``num_threads`` (default 1) torch threads, as is the server.
-
-Stopping. SIGINT/SIGTERM to rank 0 set a flag its main thread checks every 50 ms; from then on
-no push is served (a second SIGINT forces). Spawned children ignore SIGINT (a terminal's Ctrl-C reaches the whole process group;
-the parent alone decides), die at once on SIGTERM, and get SIGKILL from the kernel if the parent
-dies (``PR_SET_PDEATHSIG``), so no client outlives its server. At the end the parent joins its
-children, then terminates and finally kills any that remain. Under torchrun, ranks > 0 die
-quietly on SIGINT/SIGTERM (torchrun's agent signals them).
+Stopping: see :mod:`repro.stopping` (SIGINT, SIGTERM, SIGHUP). Spawned children ignore SIGINT (a
+terminal's Ctrl-C reaches the whole process group; the parent alone decides), die at once on
+SIGTERM, and get SIGKILL from the kernel if the parent dies (``PR_SET_PDEATHSIG``), so no client
+outlives its server. At the end the parent joins its children, then terminates and finally
+kills any that remain. Under torchrun, ranks > 0 die quietly on SIGINT/SIGTERM.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import datetime
+import json
+import math
 import multiprocessing as mp
 import os
 import signal
 import socket
 import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from repro import schema
-from repro.algorithm import Server
-from repro.config import RunConfig, to_dict
+from repro.components import torch_threads
+from repro.config import RunConfig
+from repro.core import RunCore, run_folder
 from repro.data import Dataset
-from repro.environment import environment
 from repro.errors import ConfigError
+from repro.problem import build_problem
 from repro.real.client import build_client, client_device, run_client
-from repro.checkpoint import load_checkpoint
-from repro.real.server import Evaluator, ServerLoop, log
-from repro.real.transport import Channel, connect, disconnect, pin_gloo_to_loopback
-from repro.runlog import RunLog, truncate_csv
+from repro.real.server import ServerLoop, log, server_device
+from repro.real.transport import Channel, Header, Kind, connect, disconnect, pin_gloo_to_loopback
+from repro.stopping import StopRequest
 
 READY_KEY = "repro_real/ready/{}"
+WORLD_KEY = "repro_real/world"
 HANDOVER_MAX_BYTES = 16 * 2**20   # hand a data set this small to spawned clients (see _handover)
 
 
@@ -85,58 +81,16 @@ def torchrun_env() -> TorchrunEnv | None:
                        int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
 
 
+def startup_deadline_s(cfg: RunConfig) -> float:
+    """Start-up is CPU-bound (a fresh interpreter importing torch per process): allow
+    ``backend.timeout_s`` per core's worth of processes."""
+    cores = os.cpu_count() or 1
+    return cfg.backend.timeout_s * max(1.0, math.ceil((cfg.num_clients + 1) / cores))
+
+
 # ---------------------------------------------------------------------------------------------
 # Rank 0
 # ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Prepared:
-    """Rank 0's state before any process starts: building it validates the config and data."""
-
-    cfg: RunConfig
-    server: Server
-    evaluator: Evaluator
-    dataset: Dataset   # on the server's device
-    checkpoint: dict | None
-
-    @property
-    def num_train(self) -> int:
-        return self.dataset.num_train
-
-
-def server_device(cfg: RunConfig) -> torch.device:
-    if cfg.backend.server_device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("backend.server_device", "cuda", "'cpu' (this machine has no CUDA device)")
-    return torch.device(cfg.backend.server_device)
-
-
-def prepare(cfg: RunConfig, run_dir: Path) -> Prepared:
-    """Data, network, initial parameters (the simulator's: same seed, same warm start) and, on
-    resume, the checkpoint's server state."""
-    from repro.sim import build_problem  # one definition of "what is trained" for both drivers
-
-    device = server_device(cfg)
-    problem = build_problem(cfg, device)
-    server = problem.make_server(cfg)   # warm start: parameters and the rule state
-    checkpoint = load_checkpoint(run_dir, "real", device) if cfg.resume else None
-    if checkpoint is not None:
-        server.load_state_dict(checkpoint["server"])
-    evaluator = Evaluator(problem.worker, problem.eval_sets, cfg.backend.eval_in_thread)
-    return Prepared(cfg, server, evaluator, problem.dataset, checkpoint)
-
-
-def open_runlog(prep: Prepared, run_dir: Path) -> RunLog:
-    """On resume the tables are cut back to the checkpoint's version: no row duplicated or lost."""
-    cfg = prep.cfg
-    if prep.checkpoint is not None:
-        # An evaluation still running when the checkpoint was taken may have written its row
-        # since; the resumed run redoes it (eval_due() is true again), so drop that row first.
-        truncate_csv(Path(run_dir) / schema.EVALS_FILE, int(prep.checkpoint["runlog"]["last_eval_version"]))
-    recorded = {**to_dict(cfg), "environment": environment(prep.server.params.device)}
-    return RunLog(run_dir, recorded, clock="wall", backend="real", num_train=prep.num_train,
-                  eval_every=cfg.eval_every, target_error=cfg.target_error,
-                  resume_from=prep.checkpoint["runlog"] if prep.checkpoint else None)
-
 
 def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     """Run the real driver into ``run_dir`` and return the summary dict (any status; ``failed``
@@ -145,57 +99,45 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     if env is not None:
         cfg = _clients_from_world(cfg, env)
     master_addr = os.environ["MASTER_ADDR"] if env is not None else cfg.backend.master_addr
-    with _server_process(cfg, master_addr) as stop_requested:
-        prep = prepare(cfg, run_dir)                  # validates config and data first
-        store = None if env is not None else _make_store(cfg)
-        runlog = open_runlog(prep, run_dir)
+    with torch_threads(cfg.num_threads), _loopback(master_addr, env is None), \
+            run_folder(cfg, run_dir) as run:
+        if run.skip:
+            if env is not None:
+                _dismiss_clients(cfg)
+            return run.summary
+        device = server_device(cfg)
+        client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
+        store = None if env is not None else _make_store(cfg)   # a busy port: before any file
+        resume = run.checkpoint("real", device)
+        problem = build_problem(cfg, device)
+        run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,
+                                  eval_in_thread=cfg.backend.eval_in_thread)
         procs: dict = {}
         try:
-            channels = _start_world(cfg, store, procs, stop_requested, _handover(prep.dataset))
-        except (_StartupError, KeyboardInterrupt) as exc:   # KeyboardInterrupt: a second Ctrl-C
+            channels = _start_world(cfg, core, store, procs, run.stop, _handover(problem.dataset))
+        except _StartupError as exc:
             _stop_children(procs, grace_s=0)
             disconnect()
-            status = "interrupted" if stop_requested.is_set() else "failed"
-            log(f"start-up {status}: {exc or 'interrupted'}")
-            summary = runlog.write_summary(status, message=str(exc), num_clients=cfg.num_clients)
-            runlog.close()
-            return summary
-        return _serve(ServerLoop(prep, runlog, channels, stop_requested, procs), procs)
-
-
-def _start_world(cfg: RunConfig, store, procs: dict, stop_requested: threading.Event,
-                 dataset: Dataset | None) -> dict:
-    """Spawn the clients (single node) and connect every rank; {client: Channel}."""
-    if store is not None:
-        procs.update(_spawn_clients(cfg, store.port, dataset))
-        _wait_ready(cfg, store, procs, stop_requested)
-    try:
-        groups = connect(0, cfg.num_clients + 1, cfg.backend.timeout_s, store)
-    except Exception as exc:   # a rendezvous timeout: some rank never came
-        raise _StartupError(f"not every client joined within backend.timeout_s="
-                            f"{cfg.backend.timeout_s:g} s: {str(exc).splitlines()[0]}") from exc
-    return {k: Channel(g, k, cfg.backend.client_timeout_s) for k, g in groups.items()}
+            status = "interrupted" if run.stop.is_set() else "failed"
+            log(f"start-up {status}: {exc}")
+            return core.finish(status, str(exc), clean=status == "interrupted")
+        return _serve(ServerLoop(cfg, core, channels, run.stop, procs, resume), procs)
+    return run.summary
 
 
 def _serve(loop: ServerLoop, procs: dict) -> dict:
-    """Run the loop, then stop every rank whatever happened, then write the summary."""
+    """Run the loop, stop every rank whatever happened, then end the run."""
     status = "failed"
     try:
-        status = loop.run()
-    except BaseException as exc:   # a bug, or a forced second Ctrl-C: still clean up below
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        loop.message = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc()
+        status, message = loop.run()
     finally:
         _stop_children(procs, grace_s=10 if status.startswith("completed") else 0)
         loop.join_receivers(timeout_s=2 if procs or status == "interrupted" else 10)
         disconnect()
-    summary = loop.runlog.write_summary(status, message=loop.message, num_clients=loop.cfg.num_clients,
-                                        lost_clients=sorted(loop.lost),
-                                        client_devices={str(k): d for k, d in sorted(loop.devices.items())})
-    loop.runlog.close()
-    log(f"{status}: version {summary['version']} epoch {summary['epoch']:.2f}"
-        + (f" ({loop.message})" if loop.message else ""))
+    summary = loop.core.finish(status, message, num_clients=loop.cfg.num_clients,
+                               client_devices={str(k): d for k, d in sorted(loop.devices.items())})
+    log(f"{summary['status']}: version {summary['version']} epoch {summary['epoch']:.2f}"
+        + (f" ({summary['message']})" if summary["message"] else ""))
     return summary
 
 
@@ -216,36 +158,37 @@ def _clients_from_world(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
 
 
 @contextlib.contextmanager
-def _server_process(cfg: RunConfig, master_addr: str):
-    """Rank 0's process-wide settings for the run, restored afterwards (the caller may be a test
-    or a sweep that goes on): CPU threads, gloo on loopback, and SIGINT/SIGTERM -> a stop flag."""
-    threads, ifname = torch.get_num_threads(), os.environ.get("GLOO_SOCKET_IFNAME")
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-    pin_gloo_to_loopback(master_addr)
-    stop_requested = threading.Event()
-    previous = _install_stop_handlers(stop_requested)
+def _loopback(master_addr: str, single_node: bool):
+    """gloo on loopback for a single-node run (see pin_gloo_to_loopback), restored afterwards."""
+    before = os.environ.get("GLOO_SOCKET_IFNAME")
+    pin_gloo_to_loopback(master_addr, single_node)
     try:
-        yield stop_requested
+        yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        torch.set_num_threads(threads)
-        if ifname is None:
+        if before is None:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = before
 
 
-def _install_stop_handlers(stop_requested: threading.Event) -> dict:
-    if threading.current_thread() is not threading.main_thread():
-        return {}   # signals are delivered to the main thread only; its owner handles them
-
-    def handler(signum, frame):
-        if stop_requested.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt   # second Ctrl-C: stop waiting for a clean end
-        stop_requested.set()
-        log(f"{signal.Signals(signum).name}: stopping every rank (Ctrl-C again to force)")
-
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequest,
+                 dataset: Dataset | None) -> dict:
+    """Spawn the clients (single node) and connect every live rank; {client: Channel}."""
+    timeout = cfg.backend.timeout_s
+    if store is None:   # torchrun: the world is torchrun's, client k is rank k
+        members = {k: k for k in range(1, cfg.num_clients + 1)}
+    else:
+        procs.update(_spawn_clients(cfg, store.port, dataset))
+        ready = _wait_ready(cfg, core, store, procs, stop)
+        members = {k: r for r, k in enumerate(ready, start=1)}
+        store.set(WORLD_KEY, json.dumps({"size": len(members) + 1, "ranks": members}))
+        timeout = startup_deadline_s(cfg)
+    try:
+        groups = connect(0, len(members) + 1, timeout, store)
+    except Exception as exc:   # a rendezvous timeout: some rank never came
+        raise _StartupError(f"not every client joined within {timeout:g} s (backend.timeout_s="
+                            f"{cfg.backend.timeout_s:g}): {str(exc).splitlines()[0]}") from exc
+    return {k: Channel(groups[r], r, cfg.backend.client_timeout_s) for k, r in members.items()}
 
 
 def _make_store(cfg: RunConfig) -> dist.TCPStore:
@@ -262,7 +205,7 @@ def _make_store(cfg: RunConfig) -> dist.TCPStore:
         raise ConfigError("backend.master_port", port, f"a free port on {addr} (0 picks one): {exc}")
     bound = sock.getsockname()[1]
     return dist.TCPStore(addr, bound, cfg.num_clients + 1, True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=cfg.backend.timeout_s),
+                         timeout=datetime.timedelta(seconds=startup_deadline_s(cfg)),
                          master_listen_fd=sock.detach())   # the store owns the socket now
 
 
@@ -285,22 +228,30 @@ def _spawn_clients(cfg: RunConfig, port: int, dataset: Dataset | None) -> dict:
     return procs
 
 
-def _wait_ready(cfg: RunConfig, store, procs: dict, stop_requested: threading.Event) -> None:
-    """Until every client has built its data and model (then the gloo rendezvous is quick)."""
-    deadline = time.monotonic() + cfg.backend.timeout_s
-    keys = [READY_KEY.format(k) for k in procs]
-    while not store.check(keys):
-        if stop_requested.is_set():
+def _wait_ready(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequest) -> list[int]:
+    """Until every client has built its data and model, or died doing so (it is lost, and the
+    run goes on with the rest); the ready clients, in order."""
+    deadline = time.monotonic() + startup_deadline_s(cfg)
+    dead: dict[int, int] = {}
+    while True:
+        if stop.is_set():
             raise _StartupError("interrupted while the clients were starting")
-        dead = {k: p.exitcode for k, p in procs.items() if p.exitcode is not None}
-        if dead:
-            raise _StartupError(f"client process(es) exited before connecting (exit codes {dead}); "
-                                f"see their errors above")
+        ready = [k for k in procs if k not in dead and store.check([READY_KEY.format(k)])]
+        for k, p in procs.items():
+            if k not in dead and k not in ready and p.exitcode is not None:
+                dead[k] = p.exitcode
+                core.lose(k, f"process exited with code {p.exitcode} during start-up")
+                log(f"client {k} exited during start-up (code {p.exitcode}); going on without it")
+        if len(ready) + len(dead) == len(procs):
+            break
         if time.monotonic() > deadline:
-            missing = [k for k in procs if not store.check([READY_KEY.format(k)])]
-            raise _StartupError(f"clients {missing} did not connect within backend.timeout_s="
-                                f"{cfg.backend.timeout_s:g} s")
+            missing = [k for k in procs if k not in ready and k not in dead]
+            raise _StartupError(f"clients {missing} did not start within {startup_deadline_s(cfg):g} s "
+                                f"(backend.timeout_s={cfg.backend.timeout_s:g} per core's worth of processes)")
         time.sleep(0.05)
+    if not ready:
+        raise _StartupError(f"every client exited during start-up (exit codes {dead}); see their errors above")
+    return sorted(ready)
 
 
 def _stop_children(procs: dict, grace_s: float) -> None:
@@ -314,6 +265,22 @@ def _stop_children(procs: dict, grace_s: float) -> None:
             step(proc)
         for proc in alive:
             proc.join(2)
+
+
+def _dismiss_clients(cfg: RunConfig) -> None:
+    """Under torchrun, a skipped run still has clients waiting: join the world and tell each STOP."""
+    from repro.real.transport import Frame
+
+    try:
+        groups = connect(0, cfg.num_clients + 1, cfg.backend.timeout_s)
+        frame = Frame(0)
+        for k, group in groups.items():
+            with contextlib.suppress(Exception):
+                Channel(group, k, cfg.backend.timeout_s).send(Header(Kind.STOP, k, 0, 0), frame)
+    except Exception as exc:
+        log(f"could not tell the clients that the run is already finished: {exc}")
+    finally:
+        disconnect()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,17 +297,22 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _client_process(cfg: RunConfig, rank: int, port: int, parent_pid: int,
+def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
                     dataset: Dataset | None) -> None:
-    """A spawned client (spawn mode): set up, mark ready, connect, train, exit with its code."""
+    """A spawned client: set up, mark ready, learn its world rank, connect, train, exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent coordinates a Ctrl-C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent_pid)
-    setup = build_client(cfg, rank, client_device(rank - 1), dataset)
-    timeout = datetime.timedelta(seconds=cfg.backend.timeout_s)
+    pin_gloo_to_loopback(cfg.backend.master_addr, single_node=True)
+    setup = build_client(cfg, client_id, client_device(cfg, client_id), dataset)
+    timeout = datetime.timedelta(seconds=startup_deadline_s(cfg))
     store = dist.TCPStore(cfg.backend.master_addr, port, cfg.num_clients + 1, False, timeout=timeout)
-    store.set(READY_KEY.format(rank), "1")
-    sys.exit(_serve_as_client(cfg, rank, setup, store))
+    store.set(READY_KEY.format(client_id), "1")
+    world = json.loads(store.get(WORLD_KEY))
+    rank = world["ranks"].get(str(client_id))
+    if rank is None:
+        sys.exit(0)   # the server went on without this client
+    sys.exit(_serve_as_client(cfg, client_id, rank, world["size"], setup, store))
 
 
 def run_torchrun_worker(cfg: RunConfig) -> int:
@@ -351,19 +323,19 @@ def run_torchrun_worker(cfg: RunConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)   # die quietly when torchrun (or a terminal) says so
     cfg = cfg.replace(num_clients=env.world_size - 1)
-    pin_gloo_to_loopback(os.environ["MASTER_ADDR"])
-    setup = build_client(cfg, env.rank, client_device(env.local_rank))
-    return _serve_as_client(cfg, env.rank, setup, store=None)
+    pin_gloo_to_loopback(os.environ["MASTER_ADDR"], single_node=False)
+    setup = build_client(cfg, env.rank, client_device(cfg, env.local_rank))
+    return _serve_as_client(cfg, env.rank, env.rank, env.world_size, setup, store=None)
 
 
-def _serve_as_client(cfg: RunConfig, rank: int, setup, store) -> int:
+def _serve_as_client(cfg: RunConfig, client_id: int, rank: int, world_size: int, setup, store) -> int:
     try:
-        groups = connect(rank, cfg.num_clients + 1, cfg.backend.timeout_s, store)
+        groups = connect(rank, world_size, startup_deadline_s(cfg), store)
     except Exception as exc:
-        print(f"[real client {rank}] could not join the run within backend.timeout_s="
+        print(f"[real client {client_id}] could not join the run within backend.timeout_s="
               f"{cfg.backend.timeout_s:g} s: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
         return 1
     try:
-        return run_client(cfg, rank, Channel(groups[rank], 0, cfg.backend.timeout_s), setup)
+        return run_client(cfg, client_id, Channel(groups[rank], 0, cfg.backend.timeout_s), setup)
     finally:
         disconnect()

@@ -1,42 +1,31 @@
-"""Rank 0 of the real driver: the parameter server's loop, its evaluator and its checkpoints.
+"""Rank 0 of the real driver: receive a push, hand it to the run core, carry the replies.
 
-This module owns what the server process does once the transport is up. One receiver thread
-per client (:class:`~repro.real.transport.Receiver`) hands each push to :meth:`ServerLoop.on_push`,
-which holds the server lock while it applies the push with the same
-:class:`~repro.algorithm.Server` the simulator runs, writes the row, and replies to that client
-with the new parameters and version (Downpour's push + fetch round trip, ``nfetch = npush =
-nsync``): pushes from any client are served one at a time, in the order they take the lock, and
-``updates.csv`` records that order. The main thread only watches: interrupts, client processes,
-finished evaluations. Evaluations run on snapshots in a thread so they never stall the pushes;
-their rows are written under the lock, so the server is the run folder's only writer. Client
-loss, divergence, the end of the budget and interrupts all end the same way: every remaining
-client gets STOP on its next push.
+One receiver thread per client (:class:`~repro.real.transport.Receiver`) hands each push to
+:meth:`ServerLoop.on_message`, which holds the server lock while the run core
+(:mod:`repro.core`) applies the push with the same :class:`~repro.algorithm.Server` the simulator
+runs and writes its row, and while this loop sends each reply (Downpour's push + fetch round
+trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a time, in the order
+they take the lock, and ``updates.csv`` records that order. The main thread only watches:
+interrupts, client processes, finished evaluations. Client loss, divergence, the end of the
+budget and interrupts all end the same way: every remaining client gets STOP on its next push.
 """
 from __future__ import annotations
 
 import contextlib
-import math
-import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from repro import schema
-from repro.algorithm import Push, Server, Worker
-from repro.checkpoint import save_checkpoint
-from repro.components import EvalSets, evaluate
-from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
+from repro.algorithm import Push
+from repro.config import RunConfig
+from repro.core import RunCore
+from repro.errors import ConfigError
 from repro.logs import get_logger
-from repro.runlog import Progress, RunLog
-
-if TYPE_CHECKING:
-    from repro.real.launch import Prepared
-
+from repro.real.client import cuda_missing
+from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
+from repro.stopping import StopRequest
 
 _log = get_logger("repro.real.server")
 
@@ -45,110 +34,53 @@ def log(msg: str) -> None:
     _log.info(f"[real server] {msg}")
 
 
-@dataclass
-class EvalRequest:
-    version: int
-    time_s: float
-    samples_seen: int
-    params: torch.Tensor
+def server_device(cfg: RunConfig) -> torch.device:
+    """Local rank 0's device: ``cuda:0`` with ``backend.server_device=cuda`` (see
+    :mod:`repro.real.client` for the one placement rule), else the CPU."""
+    if cfg.backend.server_device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("backend.server_device", "cuda", f"'cpu': {cuda_missing()}")
+        return torch.device("cuda:0")
+    return torch.device("cpu")
 
-
-class Evaluator:
-    """Evaluates one parameter snapshot at a time, in a thread (or inline); the loop drains."""
-
-    def __init__(self, worker: Worker, sets: EvalSets, in_thread: bool):
-        self.worker, self.sets, self.in_thread = worker, sets, in_thread
-        self._results: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._outstanding = 0   # submitted, result not yet handed to the loop
-
-    @property
-    def busy(self) -> bool:
-        """Until its result is polled: eval_due() stays true until the row is written, so a
-        finished-but-unpolled evaluation must still count, or the loop would submit another."""
-        return self._outstanding > 0
-
-    def submit(self, req: EvalRequest) -> None:
-        self._outstanding += 1
-        if not self.in_thread:
-            self._evaluate(req)
-            return
-        self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
-        self._thread.start()
-
-    def _evaluate(self, req: EvalRequest) -> None:
-        try:
-            self._results.put((req, evaluate(self.worker, req.params, self.sets)))
-        except Exception as exc:  # reported to the loop, which fails the run with it
-            self._results.put((req, exc))
-
-    def poll(self, wait: bool = False) -> list:
-        if wait and self._thread is not None:
-            self._thread.join()
-        out = []
-        while not self._results.empty():
-            out.append(self._results.get())
-        self._outstanding -= len(out)
-        return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoints: plain tensors, numbers, strings, lists and dicts (torch.load(weights_only=True))
-# ---------------------------------------------------------------------------------------------
-
-def _cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)   # copy: a view would save its whole storage
-    if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
-    return obj
-
-
-def checkpoint_state(server: Server, clients: dict, runlog: RunLog) -> dict:
-    """``clients``: {"k": {"stream_position": [epoch, index] or None, "read_version": v}}."""
-    return {"kind": "real", "server": _cpu(server.state_dict()), "clients": clients,
-            "runlog": runlog.state_dict()}
-
-
-# ---------------------------------------------------------------------------------------------
-# The loop
-# ---------------------------------------------------------------------------------------------
 
 class ServerLoop:
-    """The server's side of a run, from the first fetch to the summary."""
+    """The server's side of a run, from the first fetch to the last STOP."""
 
-    def __init__(self, prep: Prepared, runlog: RunLog, channels: dict[int, Channel],
-                 stop_requested: threading.Event, processes: dict | None = None):
-        cfg, server = prep.cfg, prep.server
-        self.cfg, self.server, self.runlog, self.evaluator = cfg, server, runlog, prep.evaluator
-        self.channels, self.stop_requested = channels, stop_requested
+    def __init__(self, cfg: RunConfig, core: RunCore, channels: dict[int, Channel], stop: StopRequest,
+                 processes: dict | None = None, resume: dict | None = None):
+        self.cfg, self.core, self.server = cfg, core, core.server
+        self.channels, self.stop = channels, stop
         self.processes = processes or {}            # spawn mode: {client: Process}
-        self.budget = cfg.num_epochs * prep.num_train
-        self.device = server.params.device
+        self.device = self.server.params.device
         self.lock = threading.Lock()   # one push (or one watch round) at a time
         self.closed = False            # set under the lock: receivers stop serving
-        numel, pin = server.params.numel(), self.device.type == "cuda"
+        numel, pin = self.server.params.numel(), self.device.type == "cuda"
         self.receivers = {k: Receiver(k, ch, Frame(numel, pin), cfg.backend.client_timeout_s,
                                       self.on_message, self.on_lost) for k, ch in channels.items()}
         self.reply = Frame(numel, pin)   # every reply leaves from this frame
         if not pin:   # CPU: the parameters live in the reply frame, so a reply copies nothing
-            self.reply.payload.copy_(server.params)
-            server.params = self.reply.payload
-        resumed = prep.checkpoint["clients"] if prep.checkpoint else {}
+            self.reply.payload.copy_(self.server.params)
+            self.server.params = self.reply.payload
+        resumed = (resume or {}).get("driver", {}).get("clients", {})
         self.positions = {k: resumed.get(str(k), {}).get("stream_position") for k in channels}
         self.sent_version: dict[int, int] = {}
         self.lost: dict[int, str] = {}
         self.stopped: set[int] = set()
         self.devices: dict[int, str] = {}   # where each client trains (from its pushes)
-        self.stopping, self.diverged, self.message, self.error = False, False, "", ""
-        self.progress = Progress(f"real {cfg.exp_name}/{runlog.run_dir.name}", cfg.num_epochs, cfg.progress)
-        self.t0, self.time_offset = time.perf_counter(), runlog.time_s
+        self.t0, self.time_offset = time.perf_counter(), core.runlog.time_s
+        core.state.driver_state = self.driver_state
 
     def now(self) -> float:
         return self.time_offset + time.perf_counter() - self.t0
 
     def live(self) -> list[int]:
         return [k for k in self.channels if k not in self.lost and k not in self.stopped]
+
+    def driver_state(self) -> dict:
+        return {"clients": {str(k): {"stream_position": list(p) if p is not None else None,
+                                     "read_version": self.sent_version.get(k, 0)}
+                            for k, p in self.positions.items()}}
 
     # -- messages out ---------------------------------------------------------------------------
     def send_params(self, k: int, position=None) -> None:
@@ -199,17 +131,11 @@ class ServerLoop:
             return
         self.lost[k] = reason
         self.receivers[k].finish()
-        if self.stop_requested.is_set():
+        if self.stop.is_set():
             return   # shutting down on purpose: peers leaving is expected, not an event
-        self.runlog.add_event("client_lost", client=k, reason=reason)
+        self.core.lose(k, reason)
         log(f"client {k} lost at version {self.server.version}: {reason}; "
             f"{len(self.live())} client(s) still training")
-
-    def diverge(self, reason: str) -> None:
-        if not self.diverged:
-            self.diverged, self.stopping, self.message = True, True, reason
-            self.runlog.add_event("diverged", reason=reason)
-            log(f"diverged: {reason}; stopping all clients")
 
     def poll_processes(self) -> None:
         for k, proc in self.processes.items():
@@ -219,31 +145,32 @@ class ServerLoop:
     # -- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
-        self.stopping = self.runlog.samples_seen >= self.budget   # resuming a finished run
-        self.maybe_eval()
+        self.core.begin(self.now())
         for k, receiver in self.receivers.items():
-            if self.stopping:
+            if not self.core.accepting:
                 self.send_stop(k)
             elif self.greet(k):
                 self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
                 receiver.start()
         log(f"serving {len(self.channels)} client(s) from version {self.server.version}")
 
-    def run(self) -> str:
-        """Serve until every client is stopped or lost; return the final status."""
+    def run(self) -> tuple[str, str]:
+        """Serve until every client is stopped or lost; return (status, message)."""
         try:
             with self.lock:
                 self.start()
-            while not self.stop_requested.wait(0.05):   # wakes at once on Ctrl-C
+            while not self.stop.wait(0.05):   # wakes at once on Ctrl-C
                 with self.lock:
-                    self.drain_evals()
+                    self.core.drain()
                     self.poll_processes()
-                    if not self.live() or self.error:
+                    if not self.live() or self.core.state.error:
                         break
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
         with self.lock:
-            return self.finish()
+            for receiver in self.receivers.values():
+                receiver.finish()   # a receive still waiting ends with its client (killed) or timeout
+            return self.core.final_status(interrupted=self.stop.is_set())
 
     # -- called by the receiver threads -------------------------------------------------------
     def on_message(self, k: int, header: Header, update: torch.Tensor) -> bool:
@@ -253,9 +180,10 @@ class ServerLoop:
                 return False
             try:
                 self.on_push(k, header, update)
-            except Exception as exc:   # a bug: end the run (the main thread sees `error`)
+            except Exception as exc:   # a bug: end the run (the main thread sees the error)
                 traceback.print_exc()
-                self.error, self.closed = f"{type(exc).__name__} serving client {k}: {exc}", True
+                self.core.state.error = f"{type(exc).__name__} serving client {k}: {exc}"
+                self.closed = True
                 return False
             return k not in self.lost and k not in self.stopped
 
@@ -269,90 +197,20 @@ class ServerLoop:
             self.lose(k, f"protocol error: {h.kind.name} from client {h.client} read_version "
                          f"{h.version}, expected a PUSH from client {k} read_version {self.sent_version.get(k)}")
             return
-        if self.stopping:
-            self.send_stop(k)   # the budget is spent (or the run diverged): discard the push
-            return
-        if not math.isfinite(h.train_loss):
-            self.diverge(f"client {k} pushed a non-finite training loss ({h.train_loss})")
-            self.send_stop(k)
-            return
         push = Push(client=k, read_version=self.sent_version[k], update=update,
                     num_steps=h.num_steps, num_samples=h.num_samples, train_loss=h.train_loss,
                     train_error=h.train_error, stream_position=h.position)
-        applied = self.server.apply(push)
-        self.runlog.log_push(version=applied.version, time_s=self.now(), client=k,
-                             read_version=push.read_version, staleness=applied.staleness,
-                             num_steps=h.num_steps, num_samples=h.num_samples,
-                             train_loss=h.train_loss, train_error=h.train_error)
-        self.positions[k] = h.position
+        now, before = self.now(), self.server.version
+        replies = self.core.on_push(push, now)
+        if self.server.version > before:   # applied: the client's stream has moved on
+            self.positions[k] = h.position
         self.devices.setdefault(k, f"cuda:{h.device}" if h.device >= 0 else "cpu")
-        if not self.server.params_finite():
-            self.diverge(f"parameters became non-finite at version {applied.version}")
-        elif self.runlog.samples_seen >= self.budget:
-            self.stopping = True
-        if self.stopping:
-            self.send_stop(k)
-        else:
-            self.send_params(k)
-        self.maybe_checkpoint()
-        self.maybe_eval()
-        self.progress.update(self.runlog.epoch, applied.version, self.runlog.final.get("test_error"))
-
-    def maybe_eval(self) -> None:
-        if self.runlog.eval_due() and not self.evaluator.busy and not self.diverged:
-            self.evaluator.submit(EvalRequest(self.server.version, self.now(), self.runlog.samples_seen,
-                                              self.server.params.detach().clone()))
-
-    def drain_evals(self, wait: bool = False) -> None:
-        for req, result in self.evaluator.poll(wait):
-            if isinstance(result, Exception):
-                raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
-            self.runlog.log_eval(version=req.version, time_s=req.time_s,
-                                 samples_seen=req.samples_seen, **result)
-
-    def maybe_checkpoint(self, force: bool = False) -> None:
-        every = self.cfg.checkpoint_every
-        if every > 0 and (force or self.server.version % every == 0):
-            clients = {str(k): {"stream_position": list(p) if p is not None else None,
-                                "read_version": self.sent_version.get(k, 0)}
-                       for k, p in self.positions.items()}
-            save_checkpoint(checkpoint_state(self.server, clients, self.runlog),
-                            Path(self.runlog.run_dir) / schema.CHECKPOINT_FILE)
-
-    # -- the end --------------------------------------------------------------------------------
-    def finish(self) -> str:
-        for receiver in self.receivers.values():
-            receiver.finish()   # a receive still waiting ends with its client (killed) or timeout
-        if self.stop_requested.is_set():
-            self.drain_evals(wait=True)
-            self.maybe_checkpoint(force=True)   # no push is being served: a clean state
-            self.message = ("interrupted (SIGINT/SIGTERM); " + (
-                f"resume=true continues from version {self.server.version}" if self.cfg.checkpoint_every
-                else "checkpoint_every=0: no checkpoint to resume from"))
-            return "interrupted"
-        if self.error:
-            self.message = self.error
-            return "failed"
-        if self.diverged:
-            return "diverged"
-        self.drain_evals(wait=True)
-        if self.runlog.last_eval_version != self.server.version:
-            self.maybe_eval_final()
-        if self.runlog.samples_seen < self.budget:
-            self.message = (f"all {len(self.channels)} clients were lost before the budget "
-                            f"(epoch {self.runlog.epoch:.2f} of {self.cfg.num_epochs:g}); "
-                            f"see the client_lost events")
-            return "failed"
-        if self.lost:
-            self.message = f"clients {sorted(self.lost)} were lost; the others finished the budget"
-            return "completed_degraded"
-        return "completed"
-
-    def maybe_eval_final(self) -> None:
-        self.evaluator.in_thread = False   # nothing left to overlap with
-        self.evaluator.submit(EvalRequest(self.server.version, self.now(), self.runlog.samples_seen,
-                                          self.server.params.detach().clone()))
-        self.drain_evals()
+        for reply in replies:
+            if reply.stop:
+                self.send_stop(reply.client)
+            else:
+                self.send_params(reply.client)
+        self.core.settle(now)
 
     def join_receivers(self, timeout_s: float) -> bool:
         """Wait for the receiver threads (each ends when its client leaves or its bounded wait

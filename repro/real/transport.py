@@ -58,6 +58,7 @@ class Kind(IntEnum):
     PUSH = 2     # client -> server: an update and its metadata
     STOP = 3     # server -> client: the run is over (no payload)
     HELLO = 4    # both ways, first: "my frames carry `length` parameters" (no payload)
+    HEARTBEAT = 5   # client -> server while computing a long push: "alive" (no payload)
 
 
 class Frame:
@@ -216,6 +217,8 @@ class Receiver(threading.Thread):
                 if not self._done:
                     self.on_lost(self.client, str(exc))
                 return
+            if header.kind == Kind.HEARTBEAT:
+                continue   # alive and computing: wait again, the timeout starts over
             update = self.frame.payload
             if header.payload_length != self.frame.capacity:
                 update = update[:header.payload_length]
@@ -248,11 +251,14 @@ def loopback_ifname() -> str | None:
     return next((n for n in names if n in ("lo", "lo0")), None)
 
 
-def pin_gloo_to_loopback(master_addr: str) -> None:
-    """gloo binds its pairs to the interface the host name resolves to, which may be a LAN
-    address; a single-node run on a loopback master must listen on loopback only."""
+def pin_gloo_to_loopback(master_addr: str, single_node: bool) -> None:
+    """gloo binds its pairs to the interface GLOO_SOCKET_IFNAME names, else the one the host name
+    resolves to, either of which may be a LAN address. A single-node run on a loopback master
+    listens on loopback only, whatever the environment says (multi-node users export
+    GLOO_SOCKET_IFNAME for torchrun, and it must not open a single-node run to the network).
+    Under torchrun the environment is the user's to set."""
     name = loopback_ifname()
-    if is_loopback(master_addr) and name and "GLOO_SOCKET_IFNAME" not in os.environ:
+    if name and is_loopback(master_addr) and (single_node or "GLOO_SOCKET_IFNAME" not in os.environ):
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
 

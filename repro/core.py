@@ -1,0 +1,401 @@
+"""The run core: the server side of a run and its folder's whole life, written once for both drivers.
+
+A driver decides only *which* push comes next and *when* (the simulator: its scheduler and
+virtual clock; the real driver: receiver threads and the wall clock) and carries the replies.
+Everything else happens here, with the same rules for both:
+
+* **apply and log** (:meth:`RunCore.on_push`): the push's staleness, the server rule
+  (:class:`~repro.algorithm.Server`), one ``updates.csv`` row, then the replies the driver
+  carries: the new parameters to fetch, or STOP once the run is ending;
+* **cadence** (:meth:`RunCore.settle`, after the replies): an evaluation every ``eval_every``
+  epochs of applied samples (inline, or on a snapshot in a thread for the real server), a
+  checkpoint every ``checkpoint_every`` versions (with the driver's own state), progress;
+* **divergence**, one rule: a push whose training loss is not finite or exceeds
+  ``divergence_factor`` x the reference loss, or an evaluation that finds non-finite parameters
+  or losses, ends the run ``diverged`` (see :meth:`RunCore.check_loss`);
+* **the budget**: ``num_epochs`` of applied samples;
+* **the ending** (:meth:`RunCore.finish`): the status (completed, completed_degraded, diverged,
+  interrupted, failed), a final evaluation when completed, a final checkpoint of a clean state,
+  the summary. :func:`run_folder` guarantees that every ending, an exception or a forced second
+  Ctrl-C included, leaves a terminal summary and releases the folder's lock.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from repro import schema
+from repro.algorithm import Push, Server
+from repro.checkpoint import load_checkpoint, save_checkpoint
+from repro.components import evaluate
+from repro.config import RunConfig, to_dict
+from repro.environment import environment
+from repro.errors import ConfigError
+from repro.logs import get_logger
+from repro.problem import Problem
+from repro.runfolder import Decision, decide, open_folder, repair_tables, start_fresh
+from repro.runlog import Progress, RunLog
+from repro.stopping import StopRequest
+
+log = get_logger("repro.core")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the driver carries back to a client: the server's parameters, or STOP."""
+
+    client: int
+    stop: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluations: inline (simulator, free in virtual time) or on snapshots in a thread (real server)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class EvalRequest:
+    version: int
+    time_s: float
+    samples_seen: int
+    params: Tensor
+
+
+class Evaluator:
+    """Evaluates one parameter snapshot at a time; :meth:`poll` hands results to the core."""
+
+    def __init__(self, problem: Problem, in_thread: bool):
+        self.worker, self.sets, self.in_thread = problem.worker, problem.eval_sets, in_thread
+        self._results: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._outstanding = 0   # submitted, result not yet polled
+
+    @property
+    def busy(self) -> bool:
+        """Until its result is polled (eval_due() stays true until the row is written)."""
+        return self._outstanding > 0
+
+    def submit(self, req: EvalRequest, inline: bool = False) -> None:
+        self._outstanding += 1
+        if inline or not self.in_thread:
+            self._evaluate(req)
+            return
+        self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
+        self._thread.start()
+
+    def _evaluate(self, req: EvalRequest) -> None:
+        try:
+            if not bool(torch.isfinite(req.params).all()):
+                result: dict | Exception = {"nonfinite": True}
+            else:
+                result = evaluate(self.worker, req.params, self.sets)
+        except Exception as exc:  # reported to the core, which fails the run with it
+            result = exc
+        self._results.put((req, result))
+
+    def poll(self, wait: bool = False) -> list:
+        if wait:
+            self.join()
+        out = []
+        while not self._results.empty():
+            out.append(self._results.get())
+        self._outstanding -= len(out)
+        return out
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Every evaluation ends before the process does (a thread killed mid-kernel is not)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# The core
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class RunState:
+    """What the core knows about the run's course beyond the log."""
+
+    stopping: bool = False          # no more pushes are applied (budget spent, diverged, stop)
+    diverged: str = ""              # why, when it did
+    error: str = ""                 # a failure a driver reported
+    reference_loss: float | None = None
+    driver_state: Callable[[], dict] = field(default=lambda: {})
+
+
+class RunCore:
+    """The server side of one run, writing ``run_dir``. Build it inside :func:`run_folder`."""
+
+    def __init__(self, cfg: RunConfig, problem: Problem, run_dir: Path, *, clock: str, backend: str,
+                 resume: dict | None = None, measured: dict | None = None, eval_in_thread: bool = False):
+        self.cfg, self.problem, self.run_dir = cfg, problem, Path(run_dir)
+        self.kind = backend
+        self.server: Server = problem.make_server(cfg)
+        self.state = RunState()
+        if resume is not None:
+            self.server.load_state_dict(resume["server"])
+            self.state.reference_loss = resume.get("core", {}).get("reference_loss")
+        self.budget = cfg.num_epochs * problem.dataset.num_train
+        recorded = to_dict(cfg)
+        for key, value in (measured or {}).items():   # e.g. a calibrated cost.compute_s
+            section, _, leaf = key.rpartition(".")
+            (recorded[section] if section else recorded)[leaf] = value
+        recorded["environment"] = environment(self.server.params.device)
+        self.runlog = RunLog(self.run_dir, recorded, clock=clock, backend=backend,
+                             num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
+                             target_error=cfg.target_error,
+                             resume_from=resume["runlog"] if resume else None)
+        self.evaluator = Evaluator(problem, eval_in_thread)
+        self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress)
+        self.finished: dict | None = None
+
+    # -- the start ------------------------------------------------------------------------------
+    def begin(self, time_s: float = 0.0) -> None:
+        """Evaluate version 0 before any push (inline in both drivers: it is the reference for
+        divergence and the first point of every curve); on a resumed run, any evaluation the
+        checkpoint owes."""
+        if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
+            self.evaluate_now(time_s)
+        self.state.stopping = self.runlog.samples_seen >= self.budget
+
+    # -- a push ---------------------------------------------------------------------------------
+    @property
+    def accepting(self) -> bool:
+        return not self.state.stopping
+
+    def check_loss(self, push: Push) -> str:
+        """Why this push's training loss means divergence, or "". The reference is the larger of
+        the version-0 training loss and the loss of a uniform guess (ln C for cross-entropy), so a
+        warm start's small initial loss does not make its first stale transient 'divergence'."""
+        if not math.isfinite(push.train_loss):
+            return f"client {push.client} pushed a non-finite training loss ({push.train_loss})"
+        ref = self.state.reference_loss
+        if ref is not None and push.train_loss > self.cfg.divergence_factor * ref:
+            return (f"client {push.client} pushed training loss {push.train_loss:.4g} > "
+                    f"divergence_factor {self.cfg.divergence_factor:g} x reference loss {ref:.4g}")
+        return ""
+
+    def on_push(self, push: Push, time_s: float) -> list[Reply]:
+        """Apply ``push`` (if the run still accepts pushes) and say who gets what back."""
+        if self.state.stopping:
+            return [Reply(push.client, stop=True)]
+        why = self.check_loss(push)
+        if why:
+            self.diverge(why)
+            return [Reply(push.client, stop=True)]
+        applied = self.server.apply(push)
+        self.runlog.log_push(version=applied.version, time_s=time_s, client=push.client,
+                             read_version=push.read_version, staleness=applied.staleness,
+                             num_steps=push.num_steps, num_samples=push.num_samples,
+                             train_loss=push.train_loss, train_error=push.train_error)
+        if self.runlog.samples_seen >= self.budget:
+            self.state.stopping = True
+        return [Reply(push.client, stop=self.state.stopping)]
+
+    def settle(self, time_s: float) -> None:
+        """After the replies went out: evaluation and checkpoint cadence, progress."""
+        self.drain()
+        if self.runlog.eval_due() and not self.evaluator.busy and not self.state.diverged:
+            self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,
+                                              self.server.params.detach().clone()))
+            self.drain()
+        every = self.cfg.checkpoint_every
+        if every and self.server.version % every == 0 and self.runlog.version == self.server.version:
+            self.save_checkpoint()
+        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"))
+
+    def evaluate_now(self, time_s: float) -> None:
+        self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,
+                                          self.server.params.detach().clone()), inline=True)
+        self.drain()
+
+    def drain(self, wait: bool = False) -> None:
+        """Write the rows of finished evaluations; an evaluation that failed fails the run."""
+        for req, result in self.evaluator.poll(wait):
+            if isinstance(result, Exception):
+                raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
+            if result.get("nonfinite") or not all(math.isfinite(v) for v in result.values()):
+                self.runlog.next_eval = math.inf   # no more evaluations of a diverged run
+                self.diverge(f"non-finite parameters or losses at the evaluation of version {req.version}")
+                continue
+            if self.state.reference_loss is None:
+                ref = math.log(self.problem.dataset.num_classes)
+                self.state.reference_loss = max(result["train_loss"], ref)
+            self.runlog.log_eval(version=req.version, time_s=req.time_s, samples_seen=req.samples_seen,
+                                 **result)
+
+    def diverge(self, why: str) -> None:
+        if not self.state.diverged:
+            self.state.diverged, self.state.stopping = why, True
+            self.runlog.add_event("diverged", reason=why)
+            log.info(f"diverged: {why}")
+
+    def lose(self, client: int, reason: str) -> None:
+        """A client is gone (the real driver); the run goes on with the rest."""
+        if str(client) not in self.runlog.lost_clients:
+            self.runlog.lost_clients[str(client)] = reason
+            self.runlog.add_event("client_lost", client=client, reason=reason)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        state = {"kind": self.kind, "server": _cpu(self.server.state_dict()),
+                 "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
+                 "core": {"reference_loss": self.state.reference_loss}}
+        save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
+
+    # -- the end --------------------------------------------------------------------------------
+    def final_status(self, interrupted: bool, forced: bool = False) -> tuple[str, str]:
+        """The status of a run whose loop has ended, and its message."""
+        if self.state.error:
+            return "failed", self.state.error
+        if interrupted:
+            return "interrupted", ""
+        if self.state.diverged:
+            return "diverged", self.state.diverged
+        if self.runlog.samples_seen < self.budget:
+            lost = sorted(int(k) for k in self.runlog.lost_clients)
+            return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} "
+                              f"of {self.cfg.num_epochs:g}; lost: {lost}); see the client_lost events")
+        if self.runlog.lost_clients:
+            return "completed_degraded", (f"clients {sorted(int(k) for k in self.runlog.lost_clients)} "
+                                          "were lost; the others finished the budget")
+        return "completed", ""
+
+    def finish(self, status: str, message: str = "", clean: bool = True, **extra) -> dict:
+        """End the run: final evaluation (completed runs), final checkpoint of a clean state
+        (``clean``: no push half-served), terminal summary, files closed. Idempotent."""
+        if self.finished is not None:
+            return self.finished
+        self.evaluator.join(timeout_s=None if clean else 5.0)
+        try:
+            if clean:
+                self.drain(wait=True)
+                if status.startswith("completed") and self.runlog.last_eval_version != self.server.version:
+                    self.evaluate_now(self.runlog.time_s)
+                if status.startswith("completed") and not bool(torch.isfinite(self.server.params).all()):
+                    self.diverge("non-finite parameters at the end of the run")
+                if self.state.diverged and status.startswith("completed"):
+                    status, message = "diverged", self.state.diverged
+                self.save_checkpoint()
+        except OSError as exc:   # a full disk: keep the last good checkpoint, say so
+            status, message = "failed", f"could not write the run folder ({exc}); " + _resume_hint(self)
+        if status == "interrupted" and not message:
+            message = "interrupted; " + _resume_hint(self)
+        summary = self.runlog.write_summary(status, message=message, **extra)
+        self.runlog.close()
+        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
+                             force=True)
+        self.finished = summary
+        return summary
+
+
+def _resume_hint(core: RunCore) -> str:
+    path = core.run_dir / schema.CHECKPOINT_FILE
+    if not path.exists():
+        return "no checkpoint was written: force=true starts over"
+    try:
+        version = int(torch.load(path, weights_only=True)["server"]["version"])
+    except Exception:
+        return "resume=true continues from the last checkpoint"
+    return f"resume=true continues from version {version}"
+
+
+def _cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)   # copy: a view would save its whole storage
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# A run folder's life, for either driver
+# ---------------------------------------------------------------------------------------------
+
+class FolderRun:
+    """What :func:`run_folder` yields: the decision, the checkpoint to resume from, and the
+    core once the driver builds it (so an ending nobody handled is still written).
+    ``summary``: the run's summary after the ``with`` block (also after a forced stop)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, decision: Decision, stop: StopRequest):
+        self.cfg, self.run_dir, self.decision, self.stop = cfg, run_dir, decision, stop
+        self.core: RunCore | None = None
+
+    @property
+    def summary(self) -> dict:
+        if self.core is not None and self.core.finished is not None:
+            return self.core.finished
+        if self.decision.summary is not None and self.skip:
+            return self.decision.summary
+        return {"status": "interrupted", "backend": self.cfg.backend.name, "clock": "", "version": 0,
+                "samples_seen": 0, "epoch": 0.0, "time_s": 0.0, "wall_time_s": 0.0, "final": {},
+                "time_to_target": {}, "events": [], "lost_clients": [],
+                "message": "stopped before the run started; nothing was written"}
+
+    @property
+    def skip(self) -> bool:
+        return self.decision.action == "skip"
+
+    @property
+    def resuming(self) -> bool:
+        return self.decision.action == "resume"
+
+    def checkpoint(self, kind: str, device) -> dict | None:
+        """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
+        if not self.resuming:
+            return None
+        state = load_checkpoint(self.run_dir, kind, device)
+        runlog = state["runlog"]
+        notes = repair_tables(self.run_dir, {schema.UPDATES_FILE: schema.UPDATE_COLUMNS,
+                                             schema.EVALS_FILE: schema.EVAL_COLUMNS},
+                              {schema.UPDATES_FILE: int(runlog["version"]),
+                               schema.EVALS_FILE: int(runlog["last_eval_version"])})
+        for note in notes:
+            log.info(f"resume: {note}")
+        return state
+
+
+@contextlib.contextmanager
+def run_folder(cfg: RunConfig, run_dir: str | Path):
+    """``with run_folder(cfg, run_dir) as run:`` hold the folder (one writer), decide what it
+    means (fresh, skip, resume: ConfigError when neither flag allows it), stop on signals, and
+    make sure the run ends with a terminal summary whatever happens inside. A forced stop (a
+    second signal) is absorbed here: after the block, ``run.summary`` says ``interrupted``; any
+    other exception is re-raised once the summary says ``failed``."""
+    run_dir = Path(run_dir)
+    with open_folder(run_dir), StopRequest() as stop:
+        decision = decide(cfg, run_dir)
+        if decision.action == "fresh":
+            start_fresh(run_dir)
+        run = FolderRun(cfg, run_dir, decision, stop)
+        try:
+            yield run
+        except KeyboardInterrupt:   # forced (a second signal): the state may be mid-push
+            _end(run, "interrupted", "forced stop (second signal); ", clean=False)
+        except ConfigError:
+            _end(run, "failed", "bad input: ", clean=False)
+            raise
+        except BaseException as exc:
+            _end(run, "failed", f"{type(exc).__name__}: {exc}; ", clean=False)
+            raise
+        finally:
+            if run.core is not None and run.core.finished is None:   # a driver forgot: still terminal
+                _end(run, "failed", "the driver ended without a status; ", clean=False)
+
+
+def _end(run: FolderRun, status: str, why: str, clean: bool) -> None:
+    core = run.core
+    if core is None or core.finished is not None:
+        return
+    try:
+        core.finish(status, why + _resume_hint(core), clean=clean)
+    except Exception as exc:   # the summary could not be written either: say so on stderr
+        log.error(f"could not record the end of {run.run_dir}: {exc}")

@@ -1,0 +1,121 @@
+"""The compute side of a client: a network whose parameters live in one flat vector.
+
+:class:`FlatModule` lays every parameter and every gradient of a module out in one contiguous
+vector, so a push or a fetch of the server's parameters is a single tensor and loading them is
+one ``copy_``. :class:`Worker` computes losses and gradients of such a network; the simulator lets
+every client borrow one worker, the real driver gives each client process its own. No process,
+clock or file is involved.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class FlatModule:
+    """Wraps a module so that all its parameters are views into ONE contiguous flat float32
+    vector `self.flat`, and all their .grad are views into ONE flat vector `self.grad`:
+    loading a parameter vector is one copy_, and reading the gradient is free.
+
+    Order is ``module.parameters()`` order, as ``torch.nn.utils.parameters_to_vector``.
+    Autograd accumulates into existing ``.grad`` tensors in place, so after ``backward()`` the
+    gradient is already in ``self.grad``. Use :meth:`zero_grad` (not ``module.zero_grad()`` or an
+    optimiser's, which set grads to None); it re-links any gradient that was replaced anyway.
+    """
+
+    def __init__(self, module: nn.Module):
+        buffers = [name for name, _ in module.named_buffers()]
+        if buffers:
+            raise ValueError(
+                f"{type(module).__name__} has buffers (e.g. BatchNorm running statistics) that the "
+                f"parameter server would not synchronise; use a model without buffers (found: "
+                f"{', '.join(buffers[:5])})")
+        params = list(module.parameters())
+        if not params:
+            raise ValueError(f"{type(module).__name__} has no parameters to train")
+        device = params[0].device
+        if any(p.dtype != torch.float32 or p.device != device for p in params):
+            raise ValueError("FlatModule needs float32 parameters all on one device")
+        self.module = module
+        self.numel = sum(p.numel() for p in params)
+        self.flat = torch.empty(self.numel, dtype=torch.float32, device=device)
+        self.grad = torch.zeros_like(self.flat)
+        self._params = params
+        self._grad_views = []
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.flat[offset:offset + n].view_as(p)
+            self._grad_views.append(self.grad[offset:offset + n].view_as(p))
+            offset += n
+        self._link_grads()
+
+    def _link_grads(self) -> None:
+        for p, view in zip(self._params, self._grad_views):
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                p.grad = view
+
+    def load(self, vector: torch.Tensor) -> None:
+        """Set every parameter from one flat vector (e.g. the server's parameters)."""
+        self.flat.copy_(vector)
+
+    def zero_grad(self) -> None:
+        self._link_grads()
+        self.grad.zero_()
+
+
+class Worker:
+    """Computes losses and gradients of one network whose parameters live in one flat vector.
+
+    A worker is a compute resource, not a client: the simulator lets every client borrow one
+    worker (loading the client's parameters is one ``copy_``), the real driver gives each client
+    process its own.
+    """
+
+    def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):
+        self.flat_module = FlatModule(module)
+        self.module = self.flat_module.module
+        self.loss_fn = loss_fn
+
+    @property
+    def params(self) -> Tensor:
+        return self.flat_module.flat
+
+    @property
+    def grad(self) -> Tensor:
+        return self.flat_module.grad
+
+    def load(self, params: Tensor) -> None:
+        self.flat_module.load(params)
+
+    def backward(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Gradient of the minibatch loss into ``self.grad``; returns (loss, num_errors) as tensors
+        (no host sync here: on a GPU the caller reads them once per push)."""
+        self.flat_module.zero_grad()
+        out = self.module(x)
+        loss = self.loss_fn(out, y)
+        loss.backward()
+        return loss.detach(), (out.detach().argmax(1) != y).sum()
+
+    @torch.no_grad()
+    def evaluate(self, params: Tensor, x: Tensor, y: Tensor, batch_size: int = 1024) -> tuple[float, float]:
+        """Mean loss and error of ``params`` on (x, y)."""
+        self.load(params)
+        loss_sum, errors = torch.zeros((), device=x.device), torch.zeros((), device=x.device)
+        for i in range(0, len(x), batch_size):
+            out = self.module(x[i:i + batch_size])
+            yb = y[i:i + batch_size]
+            loss_sum += self.loss_fn(out, yb, reduction="sum") if _takes_reduction(self.loss_fn) \
+                else self.loss_fn(out, yb) * len(yb)
+            errors += (out.argmax(1) != yb).sum()
+        n = max(len(x), 1)
+        return loss_sum.item() / n, errors.item() / n
+
+
+def _takes_reduction(loss_fn: LossFn) -> bool:
+    return loss_fn in (nn.functional.cross_entropy, nn.functional.nll_loss)
