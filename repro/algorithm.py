@@ -167,7 +167,8 @@ class Client:
 class ServerRule(Protocol):
     push_kind: str
 
-    def apply(self, params: Tensor, update: Tensor) -> None: ...
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None: ...
+    def fetched(self, client: int, params: Tensor) -> None: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
 
@@ -175,8 +176,21 @@ class ServerRule(Protocol):
 RULES: Registry[type] = Registry("algo.server_rule")
 
 
+class _Stateless:
+    """Rules that keep nothing between pushes and need no fetch bookkeeping."""
+
+    def fetched(self, client: int, params: Tensor) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 @RULES.register("delta")
-class DeltaRule:
+class DeltaRule(_Stateless):
     """``w <- w + scale * delta``: the server adds the client's local parameter change. With one
     client and scale 1 this is sequential SGD (momentum stays on the client). Our default."""
 
@@ -185,18 +199,12 @@ class DeltaRule:
     def __init__(self, lr_server: float = 1.0, **_):
         self.scale = lr_server
 
-    def apply(self, params: Tensor, update: Tensor) -> None:
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
         params.add_(update, alpha=self.scale)
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 @RULES.register("downpour")
-class DownpourRule:
+class DownpourRule(_Stateless):
     """Downpour's server step ``w <- w - lr_server * accrued`` (Dean et al. 2012, Sec. 4.1)."""
 
     push_kind = "gradient"
@@ -204,14 +212,61 @@ class DownpourRule:
     def __init__(self, lr_server: float, **_):
         self.lr_server = lr_server
 
-    def apply(self, params: Tensor, update: Tensor) -> None:
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
         params.add_(update, alpha=-self.lr_server)
 
+
+@RULES.register("staleness_scaled")
+class StalenessScaledRule(_Stateless):
+    """Staleness-aware ASGD (Zhang, Gupta, Lian, Liu, IJCAI 2016, Eq. 3): the step of a push
+    with staleness tau is divided by tau, ``w <- w - (lr_server / max(1, tau)) * accrued``; a
+    fresh push (tau = 0) takes the full step, as tau = 1 does in their count."""
+
+    push_kind = "gradient"
+
+    def __init__(self, lr_server: float, **_):
+        self.lr_server = lr_server
+
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
+        params.add_(update, alpha=-self.lr_server / max(1, staleness))
+
+
+@RULES.register("dcasgd")
+class DCASGDRule:
+    """Delay-compensated ASGD, constant-lambda form DC-ASGD-c (Zheng et al., ICML 2017, Eq. 10):
+    the stale gradient g, computed at the parameters the client fetched (w_bak), is corrected
+    towards the gradient at today's w with the diagonal outer-product approximation of the
+    Hessian: ``w <- w - lr_server * (g + lambda * g * g * (w - w_bak))``. The server keeps w_bak
+    per client (its parameters at that client's last fetch)."""
+
+    push_kind = "gradient"
+
+    def __init__(self, lr_server: float, dc_lambda: float = 0.04, **_):
+        self.lr_server, self.dc_lambda = lr_server, dc_lambda
+        self.backups: dict[str, Tensor] = {}
+
+    def fetched(self, client: int, params: Tensor) -> None:
+        backup = self.backups.get(str(client))
+        if backup is None:
+            self.backups[str(client)] = params.detach().clone()
+        else:
+            backup.copy_(params)
+
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
+        if staleness == 0:   # nothing applied since the fetch: w == w_bak, no compensation
+            params.add_(update, alpha=-self.lr_server)
+            return
+        backup = self.backups.get(str(client))
+        if backup is None:
+            raise ValueError(f"dcasgd: client {client} pushed without a recorded fetch")
+        compensation = update * update * (params - backup)   # g (.) g (.) (w - w_bak)
+        params.add_(update.add(compensation, alpha=self.dc_lambda), alpha=-self.lr_server)
+
     def state_dict(self) -> dict:
-        return {}
+        return {"backups": dict(self.backups)}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        self.backups = {str(k): v for k, v in state["backups"].items()}
 
 
 @RULES.register("adagrad")
@@ -225,7 +280,10 @@ class AdagradRule:
         self.lr_server, self.eps = lr_server, eps
         self.sum_sq: Tensor | None = None
 
-    def apply(self, params: Tensor, update: Tensor) -> None:
+    def fetched(self, client: int, params: Tensor) -> None:
+        pass
+
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
         if self.sum_sq is None:
             self.sum_sq = torch.zeros_like(params)
         self.sum_sq.addcmul_(update, update)
@@ -254,12 +312,14 @@ class Server:
         if staleness < 0:
             raise ValueError(f"push from client {push.client} read version {push.read_version} "
                              f"which the server (version {self.version}) never had")
-        self.rule.apply(self.params, push.update.to(self.params.device, non_blocking=True))
+        self.rule.apply(self.params, push.update.to(self.params.device, non_blocking=True),
+                        staleness=staleness, client=push.client)
         self.version += 1
         return Applied(version=self.version, staleness=staleness)
 
-    def params_finite(self) -> bool:
-        return bool(torch.isfinite(self.params).all())
+    def fetched(self, client: int) -> None:
+        """Client ``client`` now holds these parameters (rules that compensate delay keep them)."""
+        self.rule.fetched(client, self.params)
 
     def state_dict(self) -> dict:
         return {"params": self.params, "version": self.version, "rule": self.rule.state_dict()}

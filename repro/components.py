@@ -63,7 +63,8 @@ def build_worker(cfg: RunConfig, ds: Dataset, device: torch.device | str = "cpu"
 
 
 def make_server_rule(cfg: RunConfig) -> ServerRule:
-    return make_rule(cfg.algo.server_rule, cfg.algo.resolved_lr_server(), eps=cfg.algo.adagrad_eps)
+    return make_rule(cfg.algo.server_rule, cfg.algo.resolved_lr_server(), eps=cfg.algo.adagrad_eps,
+                     dc_lambda=cfg.algo.dc_lambda)
 
 
 def make_server(cfg: RunConfig, params: Tensor) -> Server:

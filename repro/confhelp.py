@@ -16,7 +16,7 @@ from functools import lru_cache
 from repro import config
 from repro.resources import group_options
 
-GROUPS = ("data", "model", "algo", "cost", "backend")
+GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
 
 
 @lru_cache(maxsize=None)

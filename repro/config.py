@@ -26,7 +26,6 @@ JITTERS = ("none", "lognormal", "exponential")
 BACKENDS = ("sim", "real")
 STARTS = ("cold", "warm")
 DEVICES = ("cpu", "cuda", "auto")
-PROTOCOLS = ("async", "sync", "ssp")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,11 +166,13 @@ class AlgoConfig:
     """Server step size; null picks the rule's default (delta: 1.0, downpour: lr, adagrad: 0.01)."""
     adagrad_eps: float = knob(1e-8, Range(0.0, 1.0, lo_open=True))
     """Added to Adagrad's denominator to avoid dividing by zero."""
+    dc_lambda: float = knob(0.04, Range(0.0, 1e6))
+    """DC-ASGD's variance-control lambda (Zheng et al. 2017; 0.04 is their DC-ASGD-c value)."""
 
     def resolved_lr_server(self) -> float:
         if self.lr_server is not None:
             return self.lr_server
-        return {"delta": 1.0, "downpour": self.lr, "adagrad": 0.01}.get(self.server_rule, self.lr)
+        return {"delta": 1.0, "adagrad": 0.01}.get(self.server_rule, self.lr)
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,19 @@ class BackendConfig:
 
 
 @dataclass(frozen=True)
+class ProtocolConfig:
+    name: str = knob("async", Choice(_registry("repro.protocols", "PROTOCOLS")))
+    """When the server applies and clients fetch: async (Downpour, the paper), sync
+    (bulk-synchronous rounds, mean update), ssp (stale synchronous parallel)."""
+    backup_workers: int = knob(0, Range(0, 1023, integer=True))
+    """sync: a round closes at the first num_clients - b pushes; the b late ones are discarded
+    (Chen et al. 2016)."""
+    staleness_bound: int = knob(3, Range(0, 10**6, integer=True))
+    """ssp: a client more than this many pushes ahead of the slowest live client waits
+    (Ho et al. 2013); 0 behaves like sync rounds, a large value like async."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     exp_name: str = knob("default", Text("a folder name"), shapes=False)
     """Experiment name: the results/<exp_name>/ folder."""
@@ -270,6 +284,7 @@ class RunConfig:
     algo: AlgoConfig = knob(AlgoConfig, None)
     cost: CostConfig = knob(CostConfig, None)
     backend: BackendConfig = knob(BackendConfig, None)
+    protocol: ProtocolConfig = knob(ProtocolConfig, None)
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -321,6 +336,21 @@ def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
         except (KeyError, TypeError):
             pass
     return out
+
+
+def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
+    """``recorded``'s training-shaping settings with ``cfg``'s other settings (paths, progress,
+    checkpoints, timeouts): what a replay of a recorded run trains, run the way ``cfg`` says."""
+    tree, mine = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}, to_dict(cfg)
+    for key in all_keys():
+        if key in shaping_keys():
+            continue
+        *path, leaf = key.split(".")
+        node, src = tree, mine
+        for part in path:
+            node, src = node.setdefault(part, {}), src[part]
+        node[leaf] = src[leaf]
+    return tree
 
 
 def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
@@ -417,6 +447,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
                           f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
+    if cfg.protocol.backup_workers >= cfg.num_clients:
+        raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
+                          f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")
     cost = cfg.cost
     if cost.jitter == "exponential" and cost.jitter_sigma > 1:
         raise ConfigError("cost.jitter_sigma", cost.jitter_sigma, "a weight in [0, 1] for exponential jitter")

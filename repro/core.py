@@ -42,6 +42,7 @@ from repro.environment import environment
 from repro.errors import ConfigError
 from repro.logs import get_logger
 from repro.problem import Problem
+from repro.protocols import make_protocol
 from repro.runfolder import Decision, decide, open_folder, repair_tables, start_fresh
 from repro.runlog import Progress, RunLog
 from repro.stopping import StopRequest
@@ -51,10 +52,13 @@ log = get_logger("repro.core")
 
 @dataclass(frozen=True)
 class Reply:
-    """What the driver carries back to a client: the server's parameters, or STOP."""
+    """What the driver carries back to a client: the server's parameters, or STOP.
+    ``preempt``: the client is still computing a segment the protocol dropped (a sync round's
+    backup worker); the parameters reach it now and it starts over from them."""
 
     client: int
     stop: bool = False
+    preempt: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,12 +160,19 @@ class RunCore:
         self.evaluator = Evaluator(problem, eval_in_thread)
         self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress)
         self.finished: dict | None = None
+        self.protocol = None   # made by begin(), when the clients are known
+        self._checkpointed = self.server.version   # the version of the last periodic checkpoint
 
     # -- the start ------------------------------------------------------------------------------
-    def begin(self, time_s: float = 0.0) -> None:
-        """Evaluate version 0 before any push (inline in both drivers: it is the reference for
-        divergence and the first point of every curve); on a resumed run, any evaluation the
-        checkpoint owes."""
+    def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None) -> None:
+        """Start serving ``clients`` (each holds the server's parameters now): the protocol, and
+        version 0 evaluated before any push (inline in both drivers: it is the reference for
+        divergence and the first point of every curve)."""
+        self.protocol = make_protocol(self, clients)
+        if protocol_state is not None:
+            self.protocol.load_state_dict(protocol_state)
+        for k in clients:
+            self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
             self.evaluate_now(time_s)
         self.state.stopping = self.runlog.samples_seen >= self.budget
@@ -184,13 +195,20 @@ class RunCore:
         return ""
 
     def on_push(self, push: Push, time_s: float) -> list[Reply]:
-        """Apply ``push`` (if the run still accepts pushes) and say who gets what back."""
+        """Hand ``push`` to the protocol (nothing is applied once the run is stopping) and say
+        who gets what back: the pushing client, and any client the push released."""
         if self.state.stopping:
             return [Reply(push.client, stop=True)]
-        why = self.check_loss(push)
-        if why:
-            self.diverge(why)
-            return [Reply(push.client, stop=True)]
+        return self._deliver(self.protocol.on_push(push, time_s))
+
+    def apply(self, push: Push, time_s: float, check: bool = True):
+        """Apply one push (or a protocol's merged push) with the server rule and log its row;
+        None when its loss means divergence."""
+        if check:
+            why = self.check_loss(push)
+            if why:
+                self.diverge(why)
+                return None
         applied = self.server.apply(push)
         self.runlog.log_push(version=applied.version, time_s=time_s, client=push.client,
                              read_version=push.read_version, staleness=applied.staleness,
@@ -198,7 +216,16 @@ class RunCore:
                              train_loss=push.train_loss, train_error=push.train_error)
         if self.runlog.samples_seen >= self.budget:
             self.state.stopping = True
-        return [Reply(push.client, stop=self.state.stopping)]
+        return applied
+
+    def _deliver(self, replies: list[Reply]) -> list[Reply]:
+        if self.state.stopping:   # whoever still waits on the protocol is told to stop too
+            replies = [Reply(r.client, stop=True) for r in replies + self.protocol.stopping()
+                       if not r.preempt]
+        for r in replies:
+            if not r.stop:
+                self.server.fetched(r.client)   # delay-compensating rules remember w_bak
+        return replies
 
     def settle(self, time_s: float) -> None:
         """After the replies went out: evaluation and checkpoint cadence, progress."""
@@ -207,9 +234,10 @@ class RunCore:
             self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,
                                               self.server.params.detach().clone()))
             self.drain()
-        every = self.cfg.checkpoint_every
-        if every and self.server.version % every == 0 and self.runlog.version == self.server.version:
+        every, version = self.cfg.checkpoint_every, self.server.version
+        if every and version % every == 0 and version != self._checkpointed:
             self.save_checkpoint()
+            self._checkpointed = version
         self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"))
 
     def evaluate_now(self, time_s: float) -> None:
@@ -238,17 +266,22 @@ class RunCore:
             self.runlog.add_event("diverged", reason=why)
             log.info(f"diverged: {why}")
 
-    def lose(self, client: int, reason: str) -> None:
-        """A client is gone (the real driver); the run goes on with the rest."""
+    def lose(self, client: int, reason: str, time_s: float = 0.0) -> list[Reply]:
+        """A client is gone (the real driver); the run goes on with the rest. Returns replies
+        owed to clients the lost one held back (a barrier it no longer blocks)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
             self.runlog.add_event("client_lost", client=client, reason=reason)
+        if self.protocol is None:
+            return []
+        return self._deliver(self.protocol.on_lost(client, time_s))
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         state = {"kind": self.kind, "server": _cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
-                 "core": {"reference_loss": self.state.reference_loss}}
+                 "core": {"reference_loss": self.state.reference_loss},
+                 "protocol": _cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
     # -- the end --------------------------------------------------------------------------------
@@ -289,7 +322,10 @@ class RunCore:
             status, message = "failed", f"could not write the run folder ({exc}); " + _resume_hint(self)
         if status == "interrupted" and not message:
             message = "interrupted; " + _resume_hint(self)
-        summary = self.runlog.write_summary(status, message=message, **extra)
+        if self.protocol is not None and getattr(self.protocol, "discarded", None) is not None:
+            extra["discarded_pushes"] = self.protocol.discarded
+        summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
+                                            **extra)
         self.runlog.close()
         self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
                              force=True)

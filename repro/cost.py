@@ -94,6 +94,12 @@ class CostScheduler:
         """The reply (the client's fetch) travels back, then the client computes its next push."""
         self._schedule(client, applied_at + self.model.transfer_s)
 
+    def cancel(self, client: int) -> None:
+        """Drop the client's push in flight (a sync round's backup worker, preempted): it is
+        never computed, and the client starts over when it is served."""
+        self.queue = [e for e in self.queue if e[2] != client]
+        heapq.heapify(self.queue)
+
     def state_dict(self) -> dict:
         return {"queue": [list(e) for e in self.queue], "seq": self.seq, "server_free": self.server_free,
                 "segments": [[k, v] for k, v in self.segments.items()]}

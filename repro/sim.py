@@ -21,7 +21,7 @@ import torch
 
 from repro import schema
 from repro.components import make_clients, param_bytes, resolve_device, torch_threads
-from repro.config import BackendConfig, RunConfig, from_dict
+from repro.config import BackendConfig, RunConfig, from_dict, with_operational
 from repro.core import RunCore, run_folder
 from repro.cost import CostModel, CostScheduler, ReplayScheduler, calibrate_compute_s
 from repro.errors import ConfigError
@@ -35,13 +35,15 @@ def replay_config(cfg: RunConfig) -> RunConfig:
     not shape training (where results go, progress, checkpoints) come from ``cfg``."""
     path = Path(cfg.cost.path) / schema.CONFIG_FILE
     try:
-        recorded = from_dict(json.loads(path.read_text()))
+        recorded = from_dict(with_operational(json.loads(path.read_text()), cfg))
     except (OSError, ValueError) as e:
         raise ConfigError("cost.path", cfg.cost.path, f"a recorded run folder with a valid config.json ({e})")
-    return recorded.replace(cost=cfg.cost, backend=BackendConfig(name="sim"), exp_name=cfg.exp_name,
-                            results_dir=cfg.results_dir, figures_dir=cfg.figures_dir,
-                            progress=cfg.progress, resume=cfg.resume, force=cfg.force,
-                            checkpoint_every=cfg.checkpoint_every, device=cfg.device)
+    if recorded.protocol.name != "async":
+        raise ConfigError("cost.path", cfg.cost.path, f"an async run (replay replays the order of "
+                          f"asynchronous pushes; this one ran protocol={recorded.protocol.name})")
+    # where the replay runs is ours to choose: the simulator, this device, this many threads
+    return recorded.replace(cost=cfg.cost, backend=BackendConfig(name="sim"), device=cfg.device,
+                            num_threads=cfg.num_threads)
 
 
 def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> float:
@@ -82,6 +84,7 @@ class Simulation:
             model = CostModel(cfg.cost, cfg.seed, param_bytes(self.server.params), compute_s)
             self.scheduler = CostScheduler(model, sorted(self.clients), cfg.nsync)
         self.compute_s = compute_s
+        self.resume_protocol = resume.get("protocol") if resume is not None else None
         if resume is not None:
             for k, c in self.clients.items():
                 c.load_state_dict(resume["driver"]["clients"][str(k)])
@@ -92,7 +95,7 @@ class Simulation:
         """Simulate to the end of the budget; (status, message). ``stop_at_version`` asks the run
         to stop there, as a Ctrl-C would (for testing resume)."""
         core, stop = self.core, self.stop
-        core.begin()
+        core.begin(sorted(self.clients), protocol_state=self.resume_protocol)
         while core.accepting and not stop.is_set():
             nxt = self.scheduler.next()
             if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
@@ -106,6 +109,8 @@ class Simulation:
                                   f"{self.scheduler.expected_read_version()}, the replay has {client.read_version}")
             push = client.compute_push(self.worker, num_steps)
             for reply in core.on_push(push, t):
+                if reply.preempt:
+                    self.scheduler.cancel(reply.client)   # its segment is dropped, never computed
                 if not reply.stop:
                     self.clients[reply.client].fetch(self.server.params, self.server.version)
                     self.scheduler.served(reply.client, t)

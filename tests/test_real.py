@@ -353,3 +353,69 @@ def test_clients_train_on_gpus(tmp_path, no_children):
     assert summary["client_devices"] == {"1": "cuda:0", "2": f"cuda:{1 % count}"}
     assert summary["final"]["test_error"] < TEST_ERROR_MAX
     check_updates(tables(tmp_path)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# protocols on real processes
+
+def _check_sync_rows(upd: pd.DataFrame, clients: int, backups: int = 0) -> None:
+    assert upd.version.tolist() == list(range(1, len(upd) + 1))
+    assert (upd.client == 0).all() and (upd.staleness == 0).all()
+    assert (upd.read_version == upd.version - 1).all()
+    assert (upd.samples_seen == upd.num_samples.cumsum()).all()
+
+
+@pytest.mark.parametrize("backups", [0, 1])
+def test_real_sync_rounds(tmp_path, no_children, backups):
+    """Bulk-synchronous rounds on 3 CPU client processes: one row per round, its mean update,
+    staleness 0; with a backup worker each round merges 2 pushes and drops 1 (preempted).
+    Without backups a round does not depend on timing at all, so the real run IS the
+    simulator's: same per-round losses (same kernels, one thread, float32 bytes over gloo;
+    1e-6 relative allowed as in test_replay) and the same evaluations."""
+    from repro.config import ProtocolConfig
+    from repro.sim import simulate
+    cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="sync", backup_workers=backups))
+    summary = run_real(cfg, tmp_path / "real")
+    upd, evals, saved = tables(tmp_path / "real")
+    assert summary["status"] == "completed", summary["message"]
+    _check_sync_rows(upd, 3, backups)
+    assert (upd.num_samples == (3 - backups) * 4 * 32).all()
+    assert len(summary["discarded_pushes"]) == backups * len(upd)
+    if backups == 0:
+        simulate(cfg.replace(backend=BackendConfig()), tmp_path / "sim")
+        sim_upd, sim_evals, _ = tables(tmp_path / "sim")
+        pd.testing.assert_series_equal(upd.train_loss, sim_upd.train_loss, rtol=1e-6, atol=0)
+        pd.testing.assert_series_equal(evals.test_error, sim_evals.test_error)
+
+
+def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
+    from repro.config import ProtocolConfig
+    cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="ssp", staleness_bound=1))
+    summary = run_real(cfg, tmp_path)
+    upd, _, _ = tables(tmp_path)
+    assert summary["status"] == "completed", summary["message"]
+    check_updates(upd)
+    counts, gap = {1: 0, 2: 0, 3: 0}, 0
+    for k in upd.client:
+        counts[k] += 1
+        gap = max(gap, max(counts.values()) - min(counts.values()))
+    assert gap <= 2
+
+
+def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path):
+    """SIGKILL one of 3 clients of a sync run: the round it held closes with the others (the
+    barrier needs the live clients only) and the run ends degraded, not hung."""
+    from repro.config import ProtocolConfig
+    cfg = real_cfg(num_clients=3, num_epochs=12.0, protocol=ProtocolConfig(name="sync"))
+    proc, run_dir = launch(tmp_path, cfg)
+    try:
+        wait_rows(proc, run_dir, 5)
+        os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        assert_no_leftovers(proc)
+    upd, _, summary = tables(run_dir)
+    assert summary["status"] == "completed_degraded", summary["message"]
+    _check_sync_rows(upd, 3)
+    lost_at = next(e["version"] for e in summary["events"] if e["type"] == "client_lost")
+    assert (upd[upd.version > lost_at + 1].num_samples == 2 * 4 * 32).all()

@@ -8,10 +8,14 @@ A folder is a run iff it holds ``config.json``. Every folder is sorted into exac
 * **kept**: ``summary.json`` status is finished (:data:`repro.schema.FINISHED_STATUSES`);
   diverged runs are kept, figures draw them as diverged;
 * **partial**: no ``summary.json`` or status running/interrupted/failed: skipped with a warning
-  and listed in :attr:`Runs.skipped` (``kind="partial"``);
+  and listed in :attr:`Runs.skipped` (``kind="partial"``). A run whose summary says running is
+  told apart by its folder's lock (:mod:`repro.locks`, probed without writing anything): held by
+  a live process, it is "still running"; held by nobody, it was killed without a summary;
 * **corrupt**: unreadable JSON, missing or truncated CSV, non-numeric values, missing columns,
-  or CSV/summary files without a ``config.json``: skipped with a warning and listed
-  (``kind="corrupt"``).
+  CSV/summary files without a ``config.json``, or tables a resume would refuse
+  (:func:`check_versions`: ``updates.csv`` versions not exactly 1, 2, ..., V with V the
+  summary's version; ``evals.csv`` versions not unique and increasing): skipped with a warning
+  and listed (``kind="corrupt"``).
 
 A bad folder never raises; only a missing experiment folder does (:class:`NoRunsError`).
 """
@@ -19,8 +23,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
+import fcntl
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,6 +42,8 @@ from repro.errors import ConfigError
 GROUP_COLUMNS = ("exp_name", "job", "num_clients", "nsync", "seed", "start", "backend.name",
                  "target_error", "status")
 REQUIRED_CONFIG_KEYS = ("num_clients", "nsync", "seed")
+LOCK_FILE = ".lock"   # repro.runfolder.LOCK_FILE: the run folder's writer holds it (repro.locks)
+KILLED = "killed (its summary says running but no process holds it)"
 PARTIAL_STATUSES = tuple(s for s in schema.STATUSES if s not in schema.FINISHED_STATUSES)
 SKIPPED_COLUMNS = ("run_dir", "exp_name", "job", "kind", "reason")
 # Counts in the CSVs: stored as int64 when every value is a whole number (NaN keeps float).
@@ -186,17 +195,23 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
     if lacking:
         raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")
     if not (run_dir / schema.SUMMARY_FILE).is_file():
-        raise BadRun("partial", f"no {schema.SUMMARY_FILE} (still running or killed)")
+        raise BadRun("partial", f"no {schema.SUMMARY_FILE} (" + (
+            "still running: a live process holds its lock)" if lock_held(run_dir / LOCK_FILE)
+            else "killed before its first summary: no process holds it)"))
     summary = _read_json(run_dir / schema.SUMMARY_FILE)
     status = summary.get("status")
     if status not in schema.STATUSES:
         raise BadRun("corrupt", f"{schema.SUMMARY_FILE} status {status!r} is not one of "
                                 f"{list(schema.STATUSES)}")
+    if status == "running":
+        raise BadRun("partial", "still running (a live process holds its lock)"
+                     if lock_held(run_dir / LOCK_FILE) else KILLED)
     if status in PARTIAL_STATUSES:
         raise BadRun("partial", f"status {status!r}" + (f": {summary['message']}"
                                                          if summary.get("message") else ""))
     evals = read_table(run_dir / schema.EVALS_FILE, schema.EVAL_COLUMNS)
     updates = read_table(run_dir / schema.UPDATES_FILE, schema.UPDATE_COLUMNS)
+    check_versions(evals, updates, summary)
 
     cfg = flatten(config)
     cfg.setdefault("exp_name", exp_dir.name)
@@ -211,6 +226,69 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
         for name, value in group.items():
             table[name] = value
     return row, evals, updates
+
+
+def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
+    """Raise :class:`BadRun` (corrupt) for tables a resume would refuse
+    (:func:`repro.runfolder.check_table`): ``updates.csv`` versions must be exactly 1, 2, ..., V
+    (one row per applied push, none duplicated or lost) with V the summary's final version;
+    ``evals.csv`` versions must be whole numbers, unique and increasing."""
+    versions = _versions(updates, schema.UPDATES_FILE)
+    for i, v in enumerate(versions):
+        if v == i + 1:
+            continue
+        line, prev = i + 2, (versions[i - 1] if i else None)
+        if prev is not None and v == prev:
+            raise BadRun("corrupt", f"{schema.UPDATES_FILE} line {line} repeats version {v} "
+                                    "(a duplicated row)")
+        raise BadRun("corrupt", f"{schema.UPDATES_FILE} line {line} has version {v} after "
+                     + ("the header" if prev is None else f"version {prev}")
+                     + "; versions must run 1, 2, 3, ... without gaps or repeats")
+    final = summary.get("version")
+    if isinstance(final, int) and not isinstance(final, bool) and final != len(versions):
+        raise BadRun("corrupt", f"{schema.UPDATES_FILE} ends at version {len(versions)} but "
+                                f"{schema.SUMMARY_FILE} says version {final} (rows lost or added)")
+    versions = _versions(evals, schema.EVALS_FILE)
+    for i in range(1, len(versions)):
+        if versions[i] <= versions[i - 1]:
+            what = "repeats" if versions[i] == versions[i - 1] else "goes back to"
+            raise BadRun("corrupt", f"{schema.EVALS_FILE} line {i + 2} {what} version {versions[i]} "
+                                    f"after version {versions[i - 1]}; evaluation versions must "
+                                    "be unique and increasing")
+
+
+def _versions(table: pd.DataFrame, file: str) -> list[int]:
+    """The ``version`` column as ints; a missing, fractional or negative one is corrupt."""
+    values = table["version"].tolist()
+    for i, v in enumerate(values):
+        if not (finite(v) and float(v) == int(v) and v >= 0):
+            raise BadRun("corrupt", f"{file} line {i + 2} has version {v!r}; versions are "
+                                    "whole numbers >= 0")
+    return [int(v) for v in values]
+
+
+def lock_held(path: Path) -> bool:
+    """True while a live process holds the ``flock`` at ``path`` (:mod:`repro.locks`).
+
+    Unlike :func:`repro.locks.is_locked` this writes nothing: no lock file is created in a
+    results tree the analysis only reads, none is truncated, and a shared lock is tried on a
+    read-only descriptor (for an instant: a writer starting in that instant would be refused).
+    A missing or unreadable file counts as not held (the kernel drops an ``flock`` when its
+    holder dies, so a stale file is not held).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _fill_clock(table: pd.DataFrame, row: dict[str, Any]) -> None:

@@ -131,21 +131,40 @@ def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
     return True
 
 
+class Preempted(Exception):
+    """The server sent new parameters while this client computed: the segment is dropped."""
+
+
 class Heartbeat:
     """Called after each local step: sends a header-only HEARTBEAT when the server has heard
-    nothing from this client for a quarter of its timeout."""
+    nothing from this client for a quarter of its timeout; with ``preemptible``, raises
+    :class:`Preempted` when new parameters have arrived (a sync round closed without us)."""
 
-    def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
+    def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float,
+                 preemptible: bool = False):
         self.channel, self.frame, self.client_id = channel, frame, client_id
-        self.every_s, self.last = timeout_s / 4, time.monotonic()
+        self.every_s, self.last, self.preemptible = timeout_s / 4, time.monotonic(), preemptible
 
     def sent(self) -> None:
         self.last = time.monotonic()
 
     def __call__(self) -> None:
+        if self.preemptible and self.channel.arrived():
+            raise Preempted
         if time.monotonic() - self.last >= self.every_s:
             self.channel.send(Header(Kind.HEARTBEAT, self.client_id, 0, 0), self.frame)
             self.sent()
+
+
+def _segment_start(client: Client) -> tuple:
+    buffer = client.optimiser.buffer
+    return (None if buffer is None else buffer.clone(), tuple(client.stream.position))
+
+
+def _segment_restore(client: Client, saved: tuple) -> None:
+    buffer, position = saved
+    client.optimiser.buffer = buffer
+    client.stream.set_position(position)
 
 
 def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) -> int:
@@ -153,7 +172,8 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
     on_gpu = setup.device.type == "cuda"
     device_index = setup.device.index if on_gpu else -1
     params_in, update_out = inbox.payload, outbox.payload
-    heartbeat = Heartbeat(channel, outbox, client_id, cfg.backend.client_timeout_s)
+    preemptible = cfg.protocol.name == "sync" and cfg.protocol.backup_workers > 0
+    heartbeat = Heartbeat(channel, outbox, client_id, cfg.backend.client_timeout_s, preemptible)
     while True:
         header = channel.recv(inbox, cfg.backend.timeout_s)
         if header.kind == Kind.STOP:
@@ -163,13 +183,18 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
         if header.position is not None:
             client.stream.set_position(header.position)   # resumed: continue the data order
         client.fetch(params_in, header.version)   # copy_ into the client's own tensor (H2D on a GPU)
+        channel.post(inbox)   # the next parameters (the reply, or a preemption) land here
         heartbeat.sent()
-        if on_gpu:
-            push = client.compute_push(setup.worker, cfg.nsync, on_step=heartbeat)   # .item() syncs
-            update_out.copy_(push.update)   # D2H into the pinned frame, synchronous
-        else:
-            push = client.compute_push(setup.worker, cfg.nsync, out=update_out, on_step=heartbeat)
-        channel.post(inbox)   # post the reply's receive before the push leaves
+        segment = _segment_start(client) if preemptible else None
+        try:
+            if on_gpu:
+                push = client.compute_push(setup.worker, cfg.nsync, on_step=heartbeat)   # .item() syncs
+                update_out.copy_(push.update)   # D2H into the pinned frame, synchronous
+            else:
+                push = client.compute_push(setup.worker, cfg.nsync, out=update_out, on_step=heartbeat)
+        except Preempted:   # as the simulator does: the dropped segment consumed nothing
+            _segment_restore(client, segment)
+            continue
         channel.send(Header(Kind.PUSH, client_id, push.read_version, update_out.numel(), push.num_steps,
                             push.num_samples, push.train_loss, push.train_error,
                             tuple(push.stream_position), device_index), outbox)

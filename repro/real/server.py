@@ -83,7 +83,9 @@ class ServerLoop:
                             for k, p in self.positions.items()}}
 
     # -- messages out ---------------------------------------------------------------------------
-    def send_params(self, k: int, position=None) -> None:
+    def send_params(self, k: int, position=None, preempt: bool = False) -> None:
+        """The parameters to client ``k``. ``preempt``: it is still computing a dropped segment
+        and its receiver is already listening, so no receive is posted and nothing released."""
         params = self.reply.payload
         if params.data_ptr() != self.server.params.data_ptr():
             params.copy_(self.server.params)   # GPU server: D2H, synchronous (orders the apply)
@@ -95,7 +97,9 @@ class ServerLoop:
             self.lose(k, str(exc))
             return
         self.sent_version[k] = self.server.version
-        self.channels[k].post(self.receivers[k].frame)   # its next push lands without waiting on us
+        if not preempt:
+            self.channels[k].post(self.receivers[k].frame)   # its next push lands without waiting on us
+            self.receivers[k].release()   # a held client's receiver may listen again
 
     def greet(self, k: int) -> bool:
         """HELLO both ways: the client's frames must carry as many parameters as ours."""
@@ -133,9 +137,19 @@ class ServerLoop:
         self.receivers[k].finish()
         if self.stop.is_set():
             return   # shutting down on purpose: peers leaving is expected, not an event
-        self.core.lose(k, reason)
         log(f"client {k} lost at version {self.server.version}: {reason}; "
             f"{len(self.live())} client(s) still training")
+        self.carry(self.core.lose(k, reason, self.now()))   # a barrier it held opens
+
+    def carry(self, replies) -> None:
+        """Send each reply the core gave: the parameters, or STOP."""
+        for reply in replies:
+            if reply.client in self.lost or reply.client in self.stopped:
+                continue
+            if reply.stop:
+                self.send_stop(reply.client)
+            else:
+                self.send_params(reply.client, preempt=reply.preempt)
 
     def poll_processes(self) -> None:
         for k, proc in self.processes.items():
@@ -145,7 +159,7 @@ class ServerLoop:
     # -- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
-        self.core.begin(self.now())
+        self.core.begin(sorted(self.channels), self.now())   # a resumed run's rounds start afresh
         for k, receiver in self.receivers.items():
             if not self.core.accepting:
                 self.send_stop(k)
@@ -192,6 +206,8 @@ class ServerLoop:
             self.lose(k, reason)
 
     def on_push(self, k: int, h: Header, update: torch.Tensor) -> None:
+        if h.kind == Kind.PUSH and h.client == k and h.version < self.sent_version.get(k, 0):
+            return   # computed before a preemption reached it: its new parameters are on the way
         if (h.kind != Kind.PUSH or h.client != k or h.version != self.sent_version.get(k)
                 or h.length != self.server.params.numel()):
             self.lose(k, f"protocol error: {h.kind.name} from client {h.client} read_version "
@@ -205,11 +221,9 @@ class ServerLoop:
         if self.server.version > before:   # applied: the client's stream has moved on
             self.positions[k] = h.position
         self.devices.setdefault(k, f"cuda:{h.device}" if h.device >= 0 else "cpu")
-        for reply in replies:
-            if reply.stop:
-                self.send_stop(reply.client)
-            else:
-                self.send_params(reply.client)
+        if all(r.client != k for r in replies):
+            self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)
+        self.carry(replies)
         self.core.settle(now)
 
     def join_receivers(self, timeout_s: float) -> bool:

@@ -159,6 +159,10 @@ class Channel:
             self._pending = (self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG),
                              frame)
 
+    def arrived(self) -> bool:
+        """True when the receive posted ahead has completed (polled between local steps)."""
+        return self._pending is not None and self._pending[0].is_completed()
+
     def recv(self, frame: Frame, timeout_s: float | None = None) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after ``timeout_s`` of
         silence. The payload is ``frame.payload[:header.length]``."""
@@ -208,9 +212,23 @@ class Receiver(threading.Thread):
         self.client, self.channel, self.frame, self.timeout_s = client, channel, frame, timeout_s
         self.on_push, self.on_lost = on_push, on_lost
         self._done = False
+        self._gate = threading.Event()   # cleared while the client waits for a held reply
+        self._gate.set()
+
+    def hold(self) -> None:
+        """The client's reply is held (a sync round, an ssp bound): do not listen for its next
+        message until :meth:`release`; the client sends nothing while it waits, and a receive
+        left waiting would time out and close its link."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
 
     def run(self) -> None:
         while not self._done:
+            self._gate.wait()
+            if self._done:
+                return
             try:
                 header = self.channel.recv(self.frame, self.timeout_s)
             except Exception as exc:  # LinkLost, or anything else: either way the client is gone
@@ -228,6 +246,7 @@ class Receiver(threading.Thread):
     def finish(self) -> None:
         """Stop after the current message (a receive already waiting ends with its link)."""
         self._done = True
+        self._gate.set()
 
 
 # ---------------------------------------------------------------------------------------------
