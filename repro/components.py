@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from repro.algorithm import Client, Server, ServerRule, make_client, make_rule
-from repro.worker import Worker
+from repro.worker import LOSSES, Worker
 from repro.config import RunConfig, check_components
 from repro.data import ClientStream, Dataset, load_dataset
 from repro.errors import ConfigError
@@ -59,7 +59,7 @@ def build_worker(cfg: RunConfig, ds: Dataset, device: torch.device | str = "cpu"
     """The network with parameters initialised from ``seed`` (identical in every process)."""
     torch.manual_seed(cfg.seed)
     module = build_model(cfg.model.name, ds.input_shape, ds.num_classes).to(device)
-    return Worker(module)
+    return Worker(module, LOSSES[ds.task])
 
 
 def make_server_rule(cfg: RunConfig) -> ServerRule:

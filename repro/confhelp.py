@@ -17,6 +17,7 @@ from repro import config
 from repro.resources import group_options
 
 GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
+OPTIONAL_GROUPS = ("exp", "problem", "mitigation")   # added with +GROUP=OPTION, never in defaults
 
 
 @lru_cache(maxsize=None)
@@ -50,7 +51,7 @@ def key_docs() -> dict[str, str]:
 
 def closest_keys(key: str, n: int = 3) -> list[str]:
     """The valid keys (and group names) nearest a mistyped ``key``."""
-    candidates = [*config.all_keys(), *GROUPS, "+exp"]
+    candidates = [*config.all_keys(), *GROUPS, *OPTIONAL_GROUPS]
     near = difflib.get_close_matches(key, candidates, n=n, cutoff=0.6)
     if not near:   # e.g. 'lr' for 'algo.lr': match on the last component
         tails = {k.rsplit(".", 1)[-1]: k for k in config.all_keys()}
@@ -68,9 +69,9 @@ def help_text(tree: dict, choices: dict[str, str]) -> str:
              "experiment's whole grid and draws its figure. Bad input exits 2 before any work.",
              "",
              "groups (GROUP=OPTION; * marks the option in use):"]
-    for group in (*GROUPS, "exp"):
+    for group in (*GROUPS, *OPTIONAL_GROUPS):
         opts = [o + ("*" if choices.get(group) == o else "") for o in group_options(group)]
-        name = "+exp" if group == "exp" else group
+        name = "+" + group if group in OPTIONAL_GROUPS else group
         lines.append(f"  {name:8} {', '.join(opts)}")
     lines += ["", "keys (KEY=VALUE):"]
     docs = key_docs()

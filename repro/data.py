@@ -12,6 +12,7 @@ model's initialisation, never which samples are in the train or test set.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pickle
 import random
@@ -34,6 +35,7 @@ class DataSpec:
     load: Callable[..., "Dataset"]
     input_shape: tuple[int, ...]
     num_classes: int
+    task: str = "classification"   # or "quadratic" (the loss the worker minimises)
 
 
 DATASETS: SpecRegistry[DataSpec] = SpecRegistry("data.name", DataSpec)
@@ -49,6 +51,7 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    task: str = "classification"   # "quadratic": loss 0.5 (w.x)^2, errors meaningless (0)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -191,6 +194,28 @@ def _make_synthetic(num_train: int, num_test: int) -> Dataset:
     x_tr, y_tr = draw(num_train, 1)
     x_te, y_te = draw(num_test, 2)
     return Dataset("synthetic", x_tr, y_tr, x_te, y_te, 10)
+
+
+# ----------------------------------------------------------------------------- quadratic
+
+QUADRATIC_DIM = 10
+QUADRATIC_CURVATURES = tuple(float(v) for v in np.logspace(-2, 0, QUADRATIC_DIM))   # 0.01 .. 1
+
+
+@DATASETS.register("quadratic", input_shape=(QUADRATIC_DIM,), num_classes=1, task="quadratic")
+def _load_quadratic(root, num_train, num_test) -> Dataset:
+    """A quadratic with known curvatures for the staleness lab: the inputs are the basis vectors
+    scaled by sqrt(d * l_i), so the ``quadratic`` model's loss over the full set (batch size d)
+    is ``0.5 * sum_i l_i w_i^2``: curvatures l_i from 0.01 to 1, the largest being 1, where
+    gradient descent delayed by tau updates is stable for lr < 2 sin(pi / (4 tau + 2)). The
+    training set is the test set; labels are unused zeros; errors are meaningless (always 0)."""
+    for key, n in (("data.num_train", num_train), ("data.num_test", num_test)):
+        if n not in (None, QUADRATIC_DIM):
+            raise ConfigError(key, n, f"null (the quadratic has exactly {QUADRATIC_DIM} samples)")
+    d = QUADRATIC_DIM
+    x = torch.diag(torch.tensor([math.sqrt(d * c) for c in QUADRATIC_CURVATURES], dtype=torch.float32))
+    y = torch.zeros(d, dtype=torch.int64)
+    return Dataset("quadratic", x, y, x.clone(), y.clone(), 1, task="quadratic")
 
 
 # ----------------------------------------------------------------------------- cifar10

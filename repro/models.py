@@ -102,6 +102,13 @@ def _cifar_18pct(input_shape, num_classes) -> nn.Module:
     return nn.Sequential(*body, nn.Linear(_flat_size(body, input_shape), num_classes))
 
 
+@MODELS.register("quadratic", expects="(d,) vectors (data=quadratic)",
+                 accepts=lambda shape: len(shape) == 1)
+def _quadratic(input_shape, num_classes) -> nn.Module:
+    """One bias-free linear output: with data=quadratic its loss is a quadratic in the weights."""
+    return nn.Linear(int(input_shape[0]), num_classes, bias=False)
+
+
 MODEL_NAMES = MODELS.names()
 
 

@@ -29,14 +29,14 @@ from repro.logs import get_logger
 from repro.resources import CONF_DIR, group_options
 
 log = get_logger("repro.run")
-GROUPS = (*confhelp.GROUPS, "exp")
+GROUPS = (*confhelp.GROUPS, *confhelp.OPTIONAL_GROUPS)
 
 
 def job_name(overrides) -> str:
     """A run folder's name: the command-line overrides of keys that shape training, sorted, as
     Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
     ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.shaping_keys`)."""
-    shaping = set(shaping_keys()) | set(confhelp.GROUPS)
+    shaping = set(shaping_keys()) | set(confhelp.GROUPS) | {"problem", "mitigation"}
     kept = []
     for item in overrides or ():
         key, sep, value = str(item).partition("=")
@@ -155,10 +155,11 @@ def check_overrides(argv: list[str]) -> None:
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
         if key in GROUPS:
-            if (key == "exp") != (prefix == "+"):
-                right = f"+exp={value}" if key == "exp" else f"{key}={value}"
+            optional = key in confhelp.OPTIONAL_GROUPS
+            if optional != (prefix == "+"):
+                right = f"+{key}={value}" if optional else f"{key}={value}"
                 _exit_bad_input(f"'{prefix}{key}={value}': write {right} ("
-                                + ("experiments are added with +" if key == "exp" else
+                                + (f"'{key}' options are added with +" if optional else
                                    f"'{key}' is already in the config") + ")")
             choices = group_options(key)
             for v in value.split(","):

@@ -117,5 +117,16 @@ class Worker:
         return loss_sum.item() / n, errors.item() / n
 
 
+def quadratic_loss(out: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+    """``0.5 * (w . x)^2`` per sample (labels unused): with the ``quadratic`` data set, whose
+    inputs are the scaled basis vectors, the mean over the full set is ``0.5 * sum_i l_i w_i^2``,
+    a quadratic of known curvatures (the staleness lab's stability problem)."""
+    per_sample = 0.5 * out.reshape(len(out), -1).pow(2).sum(1)
+    return per_sample.sum() if reduction == "sum" else per_sample.mean()
+
+
+LOSSES = {"classification": nn.functional.cross_entropy, "quadratic": quadratic_loss}
+
+
 def _takes_reduction(loss_fn: LossFn) -> bool:
-    return loss_fn in (nn.functional.cross_entropy, nn.functional.nll_loss)
+    return loss_fn in (nn.functional.cross_entropy, nn.functional.nll_loss, quadratic_loss)

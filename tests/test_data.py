@@ -22,7 +22,7 @@ def digits() -> Dataset:
 
 
 def test_dataset_names():
-    assert DATASET_NAMES == ("cifar10", "digits", "mnist1d", "synthetic")
+    assert DATASET_NAMES == ("cifar10", "digits", "mnist1d", "quadratic", "synthetic")
 
 
 def test_digits_fixed_stratified_split(digits):

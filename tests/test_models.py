@@ -11,7 +11,8 @@ from repro.errors import ConfigError
 from repro.models import MODEL_NAMES, build_model, check_fits, num_parameters
 from repro.worker import FlatModule
 
-SHAPES = {"mlp": (1, 8, 8), "digits_cnn": (1, 8, 8), "mnist1d_cnn": (1, 40), "cifar_18pct": (3, 32, 32)}
+SHAPES = {"mlp": (1, 8, 8), "digits_cnn": (1, 8, 8), "mnist1d_cnn": (1, 40), "cifar_18pct": (3, 32, 32),
+          "quadratic": (10,)}
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

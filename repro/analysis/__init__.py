@@ -23,6 +23,7 @@ from repro.analysis.tables import (format_speedup_table, run_speedups, speedup_t
                                    time_to_target)
 
 _LAZY = {"build_figure": "build", "figure_frame": "build", "FIGURES": "build",
+         "figure_names": "build", "register_figure": "build",
          "fig1_frame": "frames", "fig2_frame": "frames", "fig3_frame": "frames",
          "fig4_frame": "frames", "staleness_frame": "frames",
          "fig1": "figures", "fig2": "figures", "fig3": "figures", "fig4": "figures",

@@ -6,6 +6,10 @@ and the training entry point (after a sweep) call.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -15,24 +19,67 @@ import pandas as pd
 from repro.analysis import figures, frames
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, summarise_speedups
-from repro.errors import ConfigError
+from repro.registry import Registry
 
-FIGURES: dict[str, tuple[Callable, Callable]] = {
-    "fig1": (frames.fig1_frame, figures.fig1),
-    "fig2": (frames.fig2_frame, figures.fig2),
-    "fig3": (frames.fig3_frame, figures.fig3),
-    "fig4": (frames.fig4_frame, figures.fig4),
-    "staleness": (frames.staleness_frame, figures.staleness),
-}
-NAMES = (*FIGURES, "all")
-# Where each figure reads its runs when no experiment is named: the first folder that exists.
-# The staleness figure has no sweep of its own unless someone adds one; fig3 has the full grid.
-DEFAULT_EXPS = {"staleness": ("staleness", "fig3")}
+@dataclass(frozen=True)
+class FigureSpec:
+    """A registered figure: ``frame(runs, target) -> DataFrame`` (pure), ``draw(frame) ->
+    Figure`` (pure), the experiment folders it reads by default (the first that exists), and
+    optionally ``extra(frame, out_dir) -> [paths]`` for more outputs (fig4's speedup table)."""
+
+    frame: Callable
+    draw: Callable
+    exps: tuple[str, ...] = ()
+    extra: Callable | None = None
+
+
+FIGURES: Registry[FigureSpec] = Registry("figure")
+# The staleness lab's figures live in their own modules, each registering itself on import.
+LAB_MODULES = ("repro.analysis.lab_stability", "repro.analysis.lab_momentum",
+               "repro.analysis.lab_sync", "repro.analysis.lab_mitigation")
+
+
+def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str, ...] = (),
+                    extra: Callable | None = None) -> None:
+    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra))
+
+
+def _speedup_table(frame: pd.DataFrame, out: Path) -> list[Path]:
+    table = summarise_speedups(frame)
+    print(format_speedup_table(table))
+    table.to_csv(out / "fig4_speedup.csv", index=False)
+    return [out / "fig4_speedup.csv"]
+
+
+register_figure("fig1", lambda runs, target: frames.fig1_frame(runs), figures.fig1)
+register_figure("fig2", lambda runs, target: frames.fig2_frame(runs), figures.fig2)
+register_figure("fig3", lambda runs, target: frames.fig3_frame(runs), figures.fig3)
+register_figure("fig4", frames.fig4_frame, figures.fig4, extra=_speedup_table)
+# The staleness figure reads its own sweep, else fig3's full grid.
+register_figure("staleness", lambda runs, target: frames.staleness_frame(runs), figures.staleness,
+                ("staleness", "fig3"))
+
+
+def _load_labs() -> None:
+    for module in LAB_MODULES:
+        if importlib.util.find_spec(module) is not None and module not in sys.modules:
+            importlib.import_module(module)
+
+
+def figure_names() -> tuple[str, ...]:
+    """Every figure that can be drawn (the paper's and the lab's), in registration order."""
+    _load_labs()
+    return tuple(FIGURES)
+
+
+def spec(name: str) -> FigureSpec:
+    _load_labs()
+    return FIGURES[name]
 
 
 def default_exp(name: str, results_dir: str | Path) -> str:
-    """The experiment folder a figure reads by default (its own name, see DEFAULT_EXPS)."""
-    candidates = DEFAULT_EXPS.get(name, (name,))
+    """The experiment folder a figure reads by default (the first of its exps that exists)."""
+    candidates = spec(name).exps
     return next((c for c in candidates if (Path(results_dir) / c).is_dir()), candidates[0])
 
 
@@ -44,16 +91,14 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
     figures from one experiment folder reads it, and warns about its bad folders, only once.
     Raises :class:`NoRunsError` when the folder is missing or nothing in it is usable.
     """
-    if name not in FIGURES:
-        raise ConfigError("figure", name, NAMES)
+    figure = spec(name)   # ConfigError naming the figures there are
     exp = exp_name or default_exp(name, results_dir)
     runs = load_runs(results_dir, exp) if runs is None else runs
     where = str(Path(results_dir) / exp)
     if runs.runs.empty:
         raise NoRunsError("exp", where, "a folder holding at least one finished run "
                                         f"({len(runs.skipped)} skipped: see the warnings)")
-    make_frame = FIGURES[name][0]
-    frame = make_frame(runs, target) if name == "fig4" else make_frame(runs)
+    frame = figure.frame(runs, target)
     if frame.empty:
         raise NoRunsError("exp", where, f"runs that {name} can use"
                                         + (" (1-client runs)" if name == "fig1" else ""))
@@ -73,23 +118,20 @@ def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | 
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams
-        fig = FIGURES[name][1](frame)
+        fig = spec(name).draw(frame)
         for ext in ("png", "pdf"):
             paths.append(out / f"{name}.{ext}")
             fig.savefig(paths[-1])
     paths.append(out / f"{name}.csv")
     frame.to_csv(paths[-1], index=False)
-    if name == "fig4":
-        table = summarise_speedups(frame)
-        print(format_speedup_table(table))
-        paths.append(out / "fig4_speedup.csv")
-        table.to_csv(paths[-1], index=False)
+    if spec(name).extra is not None:
+        paths += spec(name).extra(frame, out)
     return paths
 
 
 def _build_all(results_dir, out_dir, exp_name, target) -> list[Path]:
     paths, failures = [], []
-    for name in FIGURES:
+    for name in figure_names():
         try:
             paths += build_figure(name, results_dir, out_dir, exp_name, target)
         except NoRunsError as e:

@@ -39,9 +39,8 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import FIGURES
 from repro.analysis.load import NoRunsError
-from repro.analysis.trees import METRICS, Tree, read_tree, run_metrics
+from repro.analysis.trees import FIGURES, METRICS, Tree, read_tree, run_metrics
 from repro.errors import ConfigError
 
 DEFAULT_TARGET = 0.01  # the target_error of conf/exp/fig2.yaml, fig3.yaml and fig4.yaml
