@@ -262,47 +262,57 @@ def fig4(frame: pd.DataFrame) -> Figure:
     return fig
 
 
+def _ecdf(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF of a histogram, as a step curve starting at 0."""
+    order = np.argsort(values)
+    values, counts = values[order], counts[order]
+    cum = np.cumsum(counts) / max(counts.sum(), 1)
+    return np.concatenate([[values[0]], values]), np.concatenate([[0.0], cum])
+
+
 def staleness(frame: pd.DataFrame) -> Figure:
-    """(a) staleness of applied pushes per (clients, nsync); (b) final test error (%) vs clients."""
+    """Staleness per setting as ECDFs, in server versions (top row) and in local steps (middle,
+    versions x nsync: the minibatch steps of other clients a push did not see), one panel per
+    nsync and one line per client count, each with its expected mean N - 1 (versions) or
+    (N - 1) x nsync (steps) marked: what equal-speed clients give. Bottom: what it costs, the
+    final test error per client count and nsync (line: mean over seeds, bars: min-max)."""
     _require(frame, "staleness")
-    fig, axes = _new_figure(1, 2, panel=(4.4, 3.6))
-    ax_a, ax_b = axes[0]
-    colors = nsync_colors(frame["nsync"])
-    hue = {str(k): c for k, c in colors.items()}
     pushes = frame[frame["quantity"] == "staleness"]
-    if len(pushes):
-        counts = pushes["count"].to_numpy(int)
-        expanded = pd.DataFrame({"num_clients": np.repeat(pushes["num_clients"].to_numpy(int),
-                                                          counts),
-                                 "nsync": np.repeat(pushes["nsync"].astype(int).astype(str)
-                                                    .to_numpy(), counts),
-                                 "staleness": np.repeat(pushes["value"].to_numpy(), counts)})
-        with warnings.catch_warnings():  # seaborn 0.13 passes bxp(vert=...) to matplotlib 3.11
-            warnings.filterwarnings("ignore", message=".*vert: bool", category=DeprecationWarning)
-            sns.boxplot(data=expanded, x="num_clients", y="staleness", hue="nsync", ax=ax_a,
-                        hue_order=list(hue), palette=hue, whis=(0, 100), linewidth=0.8)
-        ax_a.legend(title="nsync")
-    ax_a.set(xlabel="clients", ylabel="staleness (server versions)",
-             title="(a) staleness of applied pushes\n(box: quartiles, whiskers: min-max)")
+    levels = sorted(int(k) for k in frame["nsync"].unique())
+    fig, axes = _new_figure(3, len(levels), panel=(3.4, 2.6))
+    for col, k in enumerate(levels):
+        for row, unit in enumerate(("server versions", "local steps")):
+            ax = axes[row, col]
+            scale = 1 if row == 0 else k
+            for n, group in pushes[pushes["nsync"] == k].groupby("num_clients", sort=True):
+                hist = group.groupby("value")["count"].sum()
+                xs, ys = _ecdf(hist.index.to_numpy(float) * scale, hist.to_numpy(float))
+                color = client_color(n)
+                ax.step(xs, ys, where="post", color=color, label=client_label(n))
+                ax.axvline((int(n) - 1) * scale, color=color, linestyle="--", linewidth=0.9)
+            ax.set(xlabel=f"staleness ({unit})", ylim=(0, 1.02),
+                   ylabel="fraction of pushes <= x" if col == 0 else "",
+                   title=f"nsync = {k}" if row == 0 else "")
+    axes[0, 0].plot([], [], color="0.4", linestyle="--",
+                    label="expected mean, equal speeds: N - 1 versions = (N - 1) x nsync steps")
     final = frame[frame["quantity"] == "final_test_error_pct"]
-    for k, group in final.groupby("nsync", sort=True):
-        color = colors[int(k)]
-        ok = group[~group["diverged"].astype(bool)]
-        stats = ok.groupby("num_clients")["value"].agg(["mean", "min", "max"])
-        ax_b.errorbar(stats.index, stats["mean"], color=color, marker="o", capsize=3,
-                      yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                      label=f"nsync = {int(k)}")
-        bad = group[group["diverged"].astype(bool)]
+    top = np.nanmax(np.where(np.isfinite(final["value"]), final["value"], np.nan)) if len(final) else 1.0
+    for col, k in enumerate(levels):
+        ax = axes[2, col]
+        group = final[(final["nsync"] == k) & ~final["diverged"].astype(bool)]
+        stats = group.groupby("num_clients")["value"].agg(["mean", "min", "max"])
+        ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                    color="0.2", marker="o", capsize=3)
+        bad = final[(final["nsync"] == k) & final["diverged"].astype(bool)]
         if len(bad):
-            ys = bad["value"].where(np.isfinite(bad["value"]), 100.0)
-            ax_b.plot(bad["num_clients"], ys, linestyle="none", color=color,
-                      label=f"nsync = {int(k)} (diverged)", **DIVERGED_MARKER)
-    counts = sorted(int(n) for n in final["num_clients"].unique())
-    ax_b.set(xlabel="clients", ylabel="final test error (%)", xticks=counts, ylim=(0, None),
-             title="(b) what staleness costs: final test error\n"
-                   "(line: mean over seeds, bars: min-max; diverged: last finite value)")
-    ax_b.legend()
-    fig.suptitle(f"Staleness ({_seeds(frame)})")
+            ax.plot(bad["num_clients"], bad["value"].where(np.isfinite(bad["value"]), 100.0),
+                    linestyle="none", color="0.2", label="diverged", **DIVERGED_MARKER)
+        counts = sorted(int(n) for n in final["num_clients"].unique())
+        ax.set(xlabel="clients", xticks=counts, ylim=(0, 1.1 * top),   # one scale: panels compare
+               ylabel="final test error (%)" if col == 0 else "")
+    _legend(fig, axes.flat, title=None)
+    fig.suptitle(f"Staleness of applied pushes, and what it costs ({_seeds(frame)}; dashed: the "
+                 "expected mean with equally fast clients)")
     return fig
 
 
