@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -126,6 +129,130 @@ def test_loader_never_crashes_on_bad_folders(tmp_path):
     messages = [str(w.message) for w in caught]
     for folder, words in expected.items():
         assert any(folder in m and words in m for m in messages), (folder, messages)
+
+
+def _copy_of_a_good_run(exp: Path, name: str) -> Path:
+    """A completed fake run (2 clients, nsync 4: evals and updates both climb every row) copied
+    to ``exp/name``."""
+    good = fake_runs.write_experiment(exp.parent / "_good", exp.name, [2], [4], [0], "cold")[0]
+    d = exp / name
+    d.mkdir(parents=True)
+    for f in good.iterdir():
+        if f.is_file():
+            (d / f.name).write_text(f.read_text())
+    return d
+
+
+def _edit_rows(path: Path, edit) -> None:
+    """Rewrite a CSV's data rows as ``edit(rows)`` returns them (each row a list of strings)."""
+    header, *rows = [line.split(",") for line in path.read_text().splitlines()]
+    path.write_text("\n".join(",".join(r) for r in [header, *edit(rows)]) + "\n")
+
+
+def _set_version(rows: list[list[str]], index: int, version: int) -> list[list[str]]:
+    rows[index][0] = str(version)
+    return rows
+
+
+# folder -> (file, edit of its rows, words the warning must hold); every one of these a resume
+# would refuse (repro.runfolder.check_table)
+BAD_TABLES = {
+    "dup_update": (schema.UPDATES_FILE, lambda r: r[:3] + [r[2]] + r[3:], "repeats version 3"),
+    "gap_update": (schema.UPDATES_FILE, lambda r: r[:3] + r[4:], "version 5 after version 3"),
+    "swapped_updates": (schema.UPDATES_FILE, lambda r: [r[1], r[0], *r[2:]],
+                        "version 2 after the header"),
+    "fractional_version": (schema.UPDATES_FILE, lambda r: _set_version(r, 1, 1.5),
+                           "has version 1.5"),
+    "lost_last_update": (schema.UPDATES_FILE, lambda r: r[:-1], "summary.json says version"),
+    "dup_eval": (schema.EVALS_FILE, lambda r: r[:2] + [r[1]] + r[2:], "repeats version"),
+    "eval_goes_back": (schema.EVALS_FILE, lambda r: [r[0], r[2], r[1], *r[3:]], "goes back to"),
+}
+
+
+def test_tables_a_resume_would_refuse_are_skipped_as_corrupt(tmp_path):
+    exp = tmp_path / "exp"
+    for name, (file, edit, _) in BAD_TABLES.items():
+        _edit_rows(_copy_of_a_good_run(exp, name) / file, edit)
+    _copy_of_a_good_run(exp, "good")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")     # never raises for a bad folder
+    assert runs.runs["job"].tolist() == ["good"]
+    skipped = runs.skipped.set_index("job")
+    assert sorted(skipped.index) == sorted(BAD_TABLES)
+    messages = [str(w.message) for w in caught]
+    for name, (file, _, words) in BAD_TABLES.items():
+        assert skipped.loc[name, "kind"] == "corrupt"
+        assert file in skipped.loc[name, "reason"] and words in skipped.loc[name, "reason"], (
+            name, skipped.loc[name, "reason"])
+        assert any(str(exp / name) in m and words in m for m in messages), (name, messages)
+
+
+def _running(exp: Path, name: str) -> Path:
+    d = _copy_of_a_good_run(exp, name)
+    summary = json.loads((d / schema.SUMMARY_FILE).read_text())
+    (d / schema.SUMMARY_FILE).write_text(json.dumps({**summary, "status": "running"}))
+    return d
+
+
+def test_a_running_summary_is_killed_or_still_running_by_its_lock(tmp_path):
+    from repro.analysis.load import lock_held
+    from repro.locks import FileLock
+    from repro.runfolder import LOCK_FILE
+
+    exp = tmp_path / "exp"
+    no_lock_file = _running(exp, "no_lock_file")
+    stale = _running(exp, "stale_lock")
+    FileLock(stale / LOCK_FILE).acquire().release()      # a lock file nobody holds any more
+    dead = _running(exp, "holder_died")
+    code = ("import sys, time; from repro.locks import FileLock; "
+            "FileLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(dead / LOCK_FILE)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        live = _running(exp, "live")
+        with FileLock(live / LOCK_FILE):              # the writer is alive: this process
+            assert lock_held(dead / LOCK_FILE)         # another live process holds it
+            proc.kill()
+            proc.wait(timeout=30)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                runs = load_runs(tmp_path, "exp")
+            lock_text = (live / LOCK_FILE).read_text()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert len(runs.runs) == 0
+    reasons = runs.skipped.set_index("job")["reason"].to_dict()
+    kinds = set(runs.skipped["kind"])
+    assert kinds == {"partial"}
+    killed = "killed (its summary says running but no process holds it)"
+    assert reasons == {"no_lock_file": killed, "stale_lock": killed, "holder_died": killed,
+                       "live": "still running (a live process holds its lock)"}
+    messages = [str(w.message) for w in caught]
+    for name, reason in reasons.items():
+        assert any(str(exp / name) in m and reason in m for m in messages), (name, messages)
+    # the probe writes nothing: no lock file made, the live holder's record left as it was
+    assert not (no_lock_file / LOCK_FILE).exists()
+    assert json.loads(lock_text)["pid"] == os.getpid()
+
+
+def test_no_summary_says_whether_a_process_still_holds_the_run(tmp_path):
+    from repro.locks import FileLock
+    from repro.runfolder import LOCK_FILE
+
+    exp = tmp_path / "exp"
+    for name in ("killed", "starting"):
+        (_copy_of_a_good_run(exp, name) / schema.SUMMARY_FILE).unlink()
+    with FileLock(exp / "starting" / LOCK_FILE):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs = load_runs(tmp_path, "exp")
+    reasons = runs.skipped.set_index("job")["reason"]
+    assert set(runs.skipped["kind"]) == {"partial"}
+    assert "no process holds it" in reasons["killed"] and "no summary.json" in reasons["killed"]
+    assert "still running" in reasons["starting"]
 
 
 def test_missing_experiment_raises_config_error(tmp_path):

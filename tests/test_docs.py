@@ -1,0 +1,407 @@
+"""Every command in the markdown works when a reader pastes it.
+
+The commands and their tiers come from :mod:`tests.docs_commands` (its docstring is the
+convention: which commands run in the default suite, which with ``-m slow``, which never, and
+the ``# test: ...`` / ``<!-- test: skip -->`` / ``# exits N`` markers).
+
+**How a command is run.** As written, through ``bash -c``, one ``&&`` step at a time (set-up steps
+skipped: the test environment is that set-up), in order, per file, with the exit status each
+step must have (0, or the command's ``# exits N``). Nothing in a command is rewritten. It runs in
+a temporary copy of the working tree (git's tracked and untracked-not-ignored files), so
+relative paths mean what they mean in the checkout and everything a run writes (``results/``,
+``figures/``) lands in the copy, never in the checkout; ``.venv`` in the copy links to the
+environment running the tests and its ``bin`` comes first on ``PATH``, so ``python`` and
+``.venv/bin/python`` both resolve to it. ``MPLBACKEND=Agg``, as on a machine without a display.
+
+**Checked without running** (default suite, seconds): every ``python -m repro.run`` of the
+markdown, fenced or inline, slow and manual ones included (figure grids: every grid point;
+multi-node torchrun: its overrides), composes and validates as ``python -m repro.run`` would
+before training (:func:`repro.run.check_overrides`, :func:`repro.run.compose`,
+:func:`repro.run.parse`, :func:`repro.config.check_components`); every ``cost.path=`` names a run
+folder that an earlier command of its block writes (or one in the repository); every fenced
+``python -m repro.analysis`` draws from a results tree like the one its experiments leave
+(:mod:`tests.fake_runs`).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+try:  # tests/ as a package (python -m pytest from the root) or as a plain folder on sys.path
+    from tests import docs_commands as dc
+    from tests import fake_runs
+except ImportError:
+    import docs_commands as dc  # noqa: E402
+    import fake_runs  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "REPRODUCE.md", "TEACHING.md")
+QUICK_TIMEOUT_S, SLOW_TIMEOUT_S = 180, 600
+
+
+def _doc(name: str) -> Path:
+    path = REPO / name
+    if not path.is_file():
+        pytest.skip(f"{name} does not exist (yet)")
+    return path
+
+
+def _all_commands(inline: bool = False) -> list[dc.Command]:
+    out = []
+    for name in DOCS:
+        if (REPO / name).is_file():
+            out += dc.extract(REPO / name)
+            if inline:
+                out += dc.inline_commands(REPO / name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The extraction itself
+# ---------------------------------------------------------------------------------------------
+
+SAMPLE = '''# Title
+
+```bash
+python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/python -m repro.run
+.venv/bin/python -m pytest
+```
+
+```python
+print("not a shell block")
+```
+
+```sh
+# a comment line
+python -m repro.run num_clients=2 \\
+  nsync=4   # two clients; a '#' in "quotes # here" stays
+python -m repro.run num_clients=0   # exits 2: a bad value
+python -m repro.run +exp=fig3
+python -m repro.analysis fig3 --results results
+python -m repro.run +exp=fig3 num_epochs=1   # test: quick
+```
+
+<!-- test: skip -->
+```bash
+python -m repro.run
+```
+
+``` console
+$ python -m repro.run backend=real num_clients=2
+completed: version 45 ...
+$ torchrun --nnodes=2 -m repro.run backend=real
+$ bash scripts/gpu_check.sh
+```
+
+Inline: `python -m repro.run +exp=fig2
+algo=sgd` wraps onto a second line.
+'''
+
+
+def test_extraction_follows_the_documented_convention(tmp_path):
+    md = tmp_path / "SAMPLE.md"
+    md.write_text(SAMPLE)
+    cmds = dc.extract(md)
+    assert [c.line for c in cmds] == [4, 5, 14, 16, 17, 18, 19, 24, 28, 30, 31]
+    setup, tests, two, bad, grid, redraw, marked, skipped, real, nodes, script = cmds
+    assert [s.kind for s in setup.steps] == ["install", "install", "run"]
+    assert [s.tier for s in setup.steps] == ["setup", "setup", "quick"]
+    assert setup.kind == "install" and tests.kind == "pytest" and tests.tier == "manual"
+    assert two.text == "python -m repro.run num_clients=2 nsync=4"     # continuation joined
+    assert two.steps[0].module_args == ["num_clients=2", "nsync=4"] and two.tier == "quick"
+    assert bad.exit_code == 2 and bad.tier == "quick"
+    assert grid.kind == "experiment" and grid.tier == "manual"
+    assert redraw.kind == "analysis" and redraw.tier == "manual"          # after the grid
+    assert marked.tier == "quick" and marked.steps[0].why == "marked test: quick"
+    assert skipped.tier == "manual"                                       # <!-- test: skip -->
+    assert real.kind == "real" and real.tier == "slow"                    # console: $ lines only
+    assert nodes.kind == "torchrun" and nodes.tier == "manual"
+    assert script.kind == "script" and script.tier == "manual"
+    inline = dc.inline_commands(md)
+    assert [(c.line, c.text) for c in inline] == [(34, "python -m repro.run +exp=fig2 algo=sgd")]
+
+
+def test_comments_and_and_lists_respect_quotes():
+    assert dc.split_comment("""echo "a # b" 'c # d' # real""") == ("""echo "a # b" 'c # d'""", "real")
+    assert dc.split_comment("echo a#b") == ("echo a#b", "")
+    assert dc.split_and("""a && echo "x && y" && c""") == ["a", 'echo "x && y"', "c"]
+
+
+def test_readme_setup_block_is_found_and_not_run_here():
+    readme = dc.extract(_doc("README.md"))
+    first = [c for c in readme if c.block == readme[0].block]
+    assert len(first) == 2, [c.text for c in first]
+    install, suite = first
+    assert install.kind == "install" and "pip install" in install.text
+    assert install.steps[0].tier == "setup" and any(
+        s.kind == "install" and s.tier == "setup" for s in install.steps[1:]), install.steps
+    assert suite.kind == "pytest" and suite.tier == "manual" and "pytest" in suite.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Running them
+# ---------------------------------------------------------------------------------------------
+
+def _tree_files() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=REPO, capture_output=True, check=True, timeout=60).stdout
+        names = [n for n in out.decode().split("\0") if n]
+    except (OSError, subprocess.SubprocessError):
+        skip = {".git", ".venv", "__pycache__", "results", "build"}
+        names = [str(p.relative_to(REPO)) for p in REPO.rglob("*")
+                 if p.is_file() and not skip & set(p.relative_to(REPO).parts)]
+    return [n for n in names if (REPO / n).is_file()]
+
+
+def _workdir(tmp: Path) -> Path:
+    """A copy of the working tree, with ``.venv`` linking to the environment running the tests."""
+    work = tmp / "checkout"
+    for rel in _tree_files():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, work / rel)
+    (work / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+    return work
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["MPLBACKEND"] = "Agg"
+    return env
+
+
+def run_commands(path: Path, tiers: set[str], work: Path,
+                 timeout_s: float) -> tuple[list[str], list[str]]:
+    """Run the steps of ``path``'s commands whose tier is in ``tiers``, in order, in ``work``.
+    Returns (failures, what ran), each one line (or a few) per step."""
+    failures, ran, env = [], [], _env()
+    for cmd in dc.extract(path):
+        last = max((i for i, s in enumerate(cmd.steps) if s.tier != "setup"), default=-1)
+        for i, step in enumerate(cmd.steps):
+            if step.tier not in tiers:
+                continue
+            expected = cmd.exit_code if i == last else 0
+            start = time.monotonic()
+            try:
+                proc = subprocess.run(["bash", "-c", step.text], cwd=work, env=env, capture_output=True,
+                                      text=True, timeout=timeout_s)
+                rc, out = proc.returncode, (proc.stdout + proc.stderr).strip()
+            except subprocess.TimeoutExpired as e:
+                rc, out = "timeout", f"still running after {timeout_s} s: {e.stderr or ''}"
+            took = time.monotonic() - start
+            ran.append(f"{cmd.where()} [{took:.1f} s] {step.text}")
+            if rc != expected:
+                tail = "\n      ".join(str(out).splitlines()[-8:])
+                failures.append(f"{cmd.where()}: `{step.text}` exited {rc}, expected {expected} "
+                                f"({took:.1f} s):\n      {tail}")
+    return failures, ran
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_quick_commands_work_as_written(name, tmp_path):
+    path = _doc(name)
+    work = _workdir(tmp_path)
+    failures, ran = run_commands(path, {"quick"}, work, QUICK_TIMEOUT_S)
+    assert not failures, f"{len(failures)} of {len(ran)} quick command(s) of {name} failed:\n" + \
+        "\n".join(failures)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DOCS)
+def test_slow_commands_work_as_written(name, tmp_path):
+    """Quick and slow steps together, in order: a slow step may need what a quick one wrote."""
+    path = _doc(name)
+    work = _workdir(tmp_path)
+    failures, ran = run_commands(path, {"quick", "slow"}, work, SLOW_TIMEOUT_S)
+    assert not failures, f"{len(failures)} of {len(ran)} quick and slow command(s) of {name} " \
+        "failed:\n" + "\n".join(failures)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checked without running
+# ---------------------------------------------------------------------------------------------
+
+def _grid(args: list[str]):
+    """(overrides that are single values, {key: values} of the grid, the config composed from
+    the former with and without Hydra's node), as Hydra's basic sweeper makes the grid: the
+    experiment's ``hydra.sweeper.params``, then the command line's overrides, a later one
+    replacing an earlier one of the same key. No grid: ``{}``. Raises what composing raises."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from repro import run as rr
+
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(overrides)
+    fixed = [text for text, o in zip(overrides, parsed) if not o.is_sweep_override()]
+    hcfg = rr.compose(fixed, return_hydra_config=True)
+    base = rr.compose(fixed)
+    grid: dict[str, list[str]] = {}
+    multirun = "-m" in args or "--multirun" in args or str(hcfg.hydra.mode) == "RunMode.MULTIRUN"
+    if multirun or any(o.is_sweep_override() for o in parsed):
+        for key, value in (hcfg.hydra.sweeper.get("params") or {}).items():
+            grid[key] = list(parser.parse_overrides([f"{key}={value}"])[0].sweep_string_iterator())
+        for o in parsed:
+            if o.is_sweep_override():
+                grid[o.get_key_element()] = list(o.sweep_string_iterator())
+            else:
+                grid.pop(o.get_key_element(), None)   # the single value (in ``base``) wins
+    return fixed, grid, hcfg, base
+
+
+def compose_errors(args: list[str]) -> list[str]:
+    """What ``python -m repro.run ARGS`` would refuse before training, as messages ([] = none).
+    A grid (``+exp=`` with a sweep, or a sweep on the command line) is checked at every point."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from repro import confhelp
+    from repro import run as rr
+    from repro.config import check_components
+    from repro.errors import ConfigError
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            rr.check_overrides(args)
+    except SystemExit as e:
+        return [f"exit {e.code}: {err.getvalue().strip()}"]
+    try:
+        fixed, grid, _, base = _grid(args)
+    except Exception as e:   # noqa: BLE001 - Hydra's composition errors have no common base
+        return [f"does not compose: {str(e).splitlines()[0]}"]
+    parser = OverridesParser.create()
+    groups = set(confhelp.GROUPS)
+    tree = OmegaConf.to_container(base, resolve=False)
+    checked, errors = set(), {}      # message -> the grid points that raise it
+    for values in itertools.product(*grid.values()):
+        point = dict(zip(grid, values))
+        try:
+            if groups & set(point):          # a group per point: compose it as Hydra would
+                dcfg = rr.compose(fixed + [f"{k}={v}" for k, v in point.items()])
+            else:                            # plain keys: set them on the composed tree
+                dcfg = OmegaConf.create(copy.deepcopy(tree))
+                for key, value in point.items():
+                    OmegaConf.update(dcfg, key, parser.parse_overrides([f"{key}={value}"])[0].value(),
+                                     force_add=False)
+            cfg = rr.parse(dcfg)
+            pair = (cfg.data.name, cfg.model.name)
+            if pair not in checked:
+                check_components(cfg)
+                checked.add(pair)
+        except ConfigError as e:
+            errors.setdefault(str(e), []).append(", ".join(f"{k}={v}" for k, v in point.items()))
+    return [f"{msg} (at {points[0] or 'the run'}" + (f" and {len(points) - 1} more grid points)"
+                                                     if len(points) > 1 else ")")
+            for msg, points in errors.items()]
+
+
+def _run_steps(inline: bool = True) -> list[tuple[dc.Command, dc.Step]]:
+    seen, out = set(), []
+    for cmd in _all_commands(inline):
+        for step in cmd.steps:
+            if step.module == "repro.run" and "--help" not in step.argv \
+                    and not dc.has_placeholder(step.text):
+                key = tuple(step.module_args)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((cmd, step))
+    return out
+
+
+def test_every_run_command_composes_and_validates():
+    """Fenced and inline, every tier (figure grids at every grid point, torchrun's overrides):
+    what python -m repro.run checks before it trains."""
+    steps = _run_steps()
+    assert steps, "no python -m repro.run command found in the markdown"
+    problems = []
+    for cmd, step in steps:
+        errors = compose_errors(step.module_args)
+        if cmd.exit_code == 2:     # documented as refused: it must be
+            if not errors:
+                problems.append(f"{cmd.where()}: `{step.text}` is documented to exit 2, but composes")
+        elif errors:
+            problems.append(f"{cmd.where()}: `{step.text}`:\n    " + "\n    ".join(errors[:5]))
+    assert not problems, "\n".join(problems)
+
+
+def _written_folders(step: dc.Step) -> set[Path]:
+    """The run folders ``python -m repro.run ARGS`` writes (every grid point's for a grid),
+    relative to the directory it is run in."""
+    from omegaconf import OmegaConf
+
+    from repro import run as rr
+
+    try:
+        fixed, grid, _, base = _grid(step.module_args)
+    except Exception:   # noqa: BLE001 - reported by the compose check
+        return set()
+    tree = OmegaConf.to_container(base, resolve=True)
+    root = Path(str(tree["results_dir"])) / str(tree["exp_name"])
+    return {root / rr.job_name(fixed + [f"{k}={v}" for k, v in zip(grid, values)])
+            for values in itertools.product(*grid.values())}
+
+
+def test_every_replay_path_names_a_run_folder_written_above_it():
+    """``cost.path=`` of a replay: a folder an earlier command of its block writes (as Hydra
+    names it: repro.run.job_name), or a run folder in the repository."""
+    problems, found = [], 0
+    for name in DOCS:
+        if not (REPO / name).is_file():
+            continue
+        written: dict[int, dict[Path, str]] = {}
+        for cmd in dc.extract(REPO / name):
+            for step in cmd.steps:
+                if step.module != "repro.run":
+                    continue
+                paths = [a.split("=", 1)[1] for a in step.module_args if a.startswith("cost.path=")]
+                for value in paths:
+                    found += 1
+                    target = Path(value.strip("'\""))
+                    above = written.get(cmd.block, {})
+                    if target in above or (REPO / target / "config.json").is_file():
+                        continue
+                    problems.append(f"{cmd.where()}: cost.path={value} is no run folder: the commands "
+                                    "above it in its block write " + (", ".join(
+                                        f"{p} ({w})" for p, w in above.items()) or "none"))
+                for folder in _written_folders(step):
+                    written.setdefault(cmd.block, {})[folder] = f"line {cmd.line}"
+    if not found:
+        pytest.skip("no cost.path= in the markdown")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_analysis_command_draws_from_a_results_tree(tmp_path, monkeypatch):
+    """Fenced ``python -m repro.analysis`` commands, whatever their tier, in a folder whose
+    ``results/`` holds experiments fig1..fig4 as the figure commands write them (fake curves)."""
+    from repro.analysis.__main__ import main
+
+    steps = [(c, s) for c in _all_commands() for s in c.steps
+             if s.module == "repro.analysis" and not dc.has_placeholder(s.text)]
+    if not steps:
+        pytest.skip("no python -m repro.analysis command in the markdown")
+    fake_runs.make_results(tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    problems = []
+    for cmd, step in steps:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(step.module_args)
+            except SystemExit as e:   # argparse
+                code = e.code
+        if code != cmd.exit_code:
+            problems.append(f"{cmd.where()}: `{step.text}` exited {code}, expected {cmd.exit_code}: "
+                            + (err.getvalue().strip().splitlines() or [""])[-1])
+    assert not problems, "\n".join(problems)
