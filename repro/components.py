@@ -36,12 +36,47 @@ def torch_threads(n: int):
             torch.set_num_threads(before)
 
 
+def cuda_missing() -> str:
+    """Why CUDA cannot be used here, in words a user can act on."""
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU build"
+    return "no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)"
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", name, "'cpu' or 'auto' (this machine has no CUDA device)")
+        raise ConfigError("device", name, f"'cpu' or 'auto': {cuda_missing()}")
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def deterministic(device: torch.device):
+    """On CUDA, bit-for-bit reproducible kernels for the block: cuDNN deterministic and not
+    benchmarking (its autotuner picks kernels by timing), deterministic algorithms everywhere
+    (an op without one raises instead of silently varying; cuBLAS needs a fixed workspace), and
+    TF32 off: float32 means float32 on every device, so GPU and CPU numbers differ only by
+    reduction order, and a Hopper's TF32 matmuls would round to 10-bit mantissas. On the CPU
+    nothing changes (its kernels are deterministic for a fixed thread count)."""
+    if device.type != "cuda":
+        yield
+        return
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.are_deterministic_algorithms_enabled())
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) = saved[:4]
+        torch.use_deterministic_algorithms(saved[4])
 
 
 def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:

@@ -77,6 +77,24 @@ def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
     return nn.Sequential(*body, nn.Linear(_flat_size(body, input_shape), num_classes))
 
 
+class ChannelLRN(nn.Module):
+    """Local response normalisation across channels, ``torch.nn.LocalResponseNorm``'s formula
+    ``b_c = a_c (k + alpha/n sum_{c' in window(c)} a_c'^2)^-beta``, computed with pads and adds
+    only. torch's own runs the window sum through ``avg_pool3d``, whose CUDA backward has no
+    deterministic kernel, so a simulator on a GPU could not be bit-for-bit reproducible with it."""
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sq = x.pow(2)
+        before, after = self.size // 2, (self.size - 1) // 2   # torch's window: c - n/2 .. c + (n-1)/2
+        padded = nn.functional.pad(sq, (0, 0, 0, 0, before, after))
+        window = sum(padded[:, i:i + x.shape[1]] for i in range(self.size))
+        return x * (self.k + self.alpha / self.size * window).pow(-self.beta)
+
+
 # The 18pct layout is made for 32x32 images: on 8x8 digits its pools shrink the map to 1x1 and it
 # runs, but trains to ~65% error, so the shape is part of its contract.
 @MODELS.register("cifar_18pct", expects="(3, 32, 32) colour images",
@@ -92,10 +110,10 @@ def _cifar_18pct(input_shape, num_classes) -> nn.Module:
     body = nn.Sequential(
         nn.Conv2d(input_shape[0], 32, 5, padding=2),
         nn.MaxPool2d(3, stride=2, ceil_mode=True), nn.ReLU(),
-        nn.LocalResponseNorm(3, alpha=5e-5, beta=0.75, k=1.0),
+        ChannelLRN(3, alpha=5e-5, beta=0.75, k=1.0),
         nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(),
         nn.AvgPool2d(3, stride=2, ceil_mode=True),
-        nn.LocalResponseNorm(3, alpha=5e-5, beta=0.75, k=1.0),
+        ChannelLRN(3, alpha=5e-5, beta=0.75, k=1.0),
         nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(),
         nn.AvgPool2d(3, stride=2, ceil_mode=True),
         nn.Flatten())

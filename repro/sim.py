@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from repro import schema
-from repro.components import make_clients, param_bytes, resolve_device, torch_threads
+from repro.components import deterministic, make_clients, param_bytes, resolve_device, torch_threads
 from repro.config import BackendConfig, RunConfig, from_dict, with_operational
 from repro.core import RunCore, run_folder
 from repro.cost import CostModel, CostScheduler, ReplayScheduler, calibrate_compute_s
@@ -130,7 +130,7 @@ def simulate(cfg: RunConfig, run_dir: str | Path, problem: Problem | None = None
     if cfg.cost.profile == "replay":
         cfg = replay_config(cfg)
     device = resolve_device(cfg.device)
-    with torch_threads(cfg.num_threads), run_folder(cfg, run_dir) as run:
+    with torch_threads(cfg.num_threads), deterministic(device), run_folder(cfg, run_dir) as run:
         if run.skip:
             return run.summary
         resume = run.checkpoint("sim", device)

@@ -56,7 +56,7 @@ def test_default_run_trains_several_clients_below_5_percent(tmp_path):
 
 @pytest.mark.slow
 def test_shrunk_fig3_grid_runs_on_the_real_driver(tmp_path):
-    proc = _run(tmp_path, "backend=real", "hydra.sweeper.params.nsync='4'")
+    proc = _run(tmp_path, "backend=real", "backend.client_device=cpu", "hydra.sweeper.params.nsync='4'")
     runs = sorted((tmp_path / "results" / "fig3").glob("*/summary.json"))
     assert len(runs) == 2
     for path in runs:

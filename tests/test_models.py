@@ -9,6 +9,7 @@ from torch.nn.utils import parameters_to_vector
 from repro.data import ClientStream, load_dataset
 from repro.errors import ConfigError
 from repro.models import MODEL_NAMES, build_model, check_fits, num_parameters
+from repro.models import ChannelLRN
 from repro.worker import FlatModule
 
 SHAPES = {"mlp": (1, 8, 8), "digits_cnn": (1, 8, 8), "mnist1d_cnn": (1, 40), "cifar_18pct": (3, 32, 32),
@@ -39,8 +40,21 @@ def test_layer_sizes_follow_the_spec():
     assert cnn1d[-1].in_features == 32 * 20
     cifar = build_model("cifar_18pct", (3, 32, 32), 10)
     assert cifar[-1].in_features == 64 * 4 * 4  # ceil-mode pools: 32 -> 16 -> 8 -> 4
-    assert sum(isinstance(m, nn.LocalResponseNorm) for m in cifar) == 2
+    assert sum(isinstance(m, ChannelLRN) for m in cifar) == 2
     assert [m.out_channels for m in cifar if isinstance(m, nn.Conv2d)] == [32, 32, 64]
+
+
+@pytest.mark.parametrize("size", [3, 4, 5])
+def test_channel_lrn_is_torchs_local_response_norm(size):
+    """Our LRN (pads and adds, deterministic on CUDA) computes torch's formula: forward and
+    gradient equal to float rounding (the window sum is added in another order)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 5, 5, requires_grad=True)
+    ref = nn.LocalResponseNorm(size, alpha=0.5, beta=0.75, k=1.0)(x)
+    ours = ChannelLRN(size, alpha=0.5, beta=0.75, k=1.0)(x)
+    assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-6)
+    (g_ref,), (g_ours,) = torch.autograd.grad(ref.sum(), x), torch.autograd.grad(ours.sum(), x)
+    assert torch.allclose(g_ours, g_ref, rtol=1e-5, atol=1e-6)
 
 
 def test_unknown_model_name():

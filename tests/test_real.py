@@ -44,7 +44,8 @@ sys.exit(0 if summary["status"] in ("completed", "completed_degraded") else 1)
 
 
 def real_cfg(**changes) -> RunConfig:
-    backend = BackendConfig(name="real", timeout_s=30.0, client_timeout_s=10.0)
+    """A quick real run; clients on the CPU even on a GPU machine (the GPU tests ask for cuda)."""
+    backend = BackendConfig(name="real", timeout_s=30.0, client_timeout_s=10.0, client_device="cpu")
     cfg = RunConfig(num_clients=2, nsync=4, num_epochs=3.0, eval_every=1.0, progress=False,
                     algo=AlgoConfig(lr=0.2, momentum=0.0), backend=backend)
     return cfg.replace(**changes)
@@ -156,7 +157,7 @@ def test_peer_that_never_connects_fails_within_timeout(tmp_path, monkeypatch, no
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(key, value)   # a torchrun world whose rank 1 never comes
-    cfg = real_cfg(backend=BackendConfig(name="real", timeout_s=3.0))
+    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", timeout_s=3.0))
     start = time.monotonic()
     summary = run_real(cfg, tmp_path)
     assert time.monotonic() - start < 30
@@ -187,7 +188,7 @@ def test_busy_port_is_a_config_error(tmp_path, no_children):
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        cfg = real_cfg(backend=BackendConfig(name="real", master_port=port))
+        cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", master_port=port))
         with pytest.raises(ConfigError, match="backend.master_port"):
             run_real(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "summary.json").exists()   # nothing started
@@ -276,7 +277,7 @@ def test_losing_every_client_fails_cleanly(tmp_path):
 
 @pytest.mark.slow
 def test_hung_client_is_dropped_after_client_timeout(tmp_path):
-    cfg = real_cfg(num_epochs=8.0, backend=BackendConfig(name="real", client_timeout_s=3.0))
+    cfg = real_cfg(num_epochs=8.0, backend=BackendConfig(name="real", client_device="cpu", client_timeout_s=3.0))
     proc, run_dir = launch(tmp_path, cfg)
     try:
         wait_rows(proc, run_dir, 10)
@@ -315,7 +316,7 @@ def test_interrupt_then_resume_continues_the_tables(tmp_path, no_children):
 
 
 def test_resume_cuts_rows_after_the_checkpoint(tmp_path, no_children):
-    cfg = real_cfg(checkpoint_every=10, backend=BackendConfig(name="real", eval_in_thread=False))
+    cfg = real_cfg(checkpoint_every=10, backend=BackendConfig(name="real", client_device="cpu", eval_in_thread=False))
     first = run_real(cfg, tmp_path)
     assert first["status"] == "completed" and first["version"] % 10 != 0
     summary = run_real(cfg.replace(resume=True), tmp_path)   # back to the last checkpoint, v // 10 * 10
@@ -347,10 +348,11 @@ def test_torchrun_standalone_one_node(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_clients_train_on_gpus(tmp_path, no_children):
-    summary = run_real(real_cfg(), tmp_path)
+    summary = run_real(real_cfg(backend=BackendConfig(name="real", client_device="cuda")), tmp_path)
     assert summary["status"] == "completed", summary["message"]
     count = torch.cuda.device_count()
-    assert summary["client_devices"] == {"1": "cuda:0", "2": f"cuda:{1 % count}"}
+    # one placement rule: local rank r (client k = rank k; the server is rank 0) -> cuda:(r mod G)
+    assert summary["client_devices"] == {"1": f"cuda:{1 % count}", "2": f"cuda:{2 % count}"}
     assert summary["final"]["test_error"] < TEST_ERROR_MAX
     check_updates(tables(tmp_path)[0])
 

@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from repro.config import AlgoConfig, CostConfig, RunConfig
+from repro.config import AlgoConfig, BackendConfig, CostConfig, RunConfig
 from repro.real import run_real
 from repro.sim import simulate
 
@@ -19,6 +19,7 @@ def test_replaying_a_real_run_reproduces_its_per_push_numbers(tmp_path, rule, st
     """
     cfg = RunConfig(num_clients=2, nsync=2, num_epochs=1.0, eval_every=0.5, progress=False,
                     start=start, warm_start_epochs=0.5, results_dir=str(tmp_path),
+                    backend=BackendConfig(name="real", client_device="cpu"),   # CPU even on a GPU box
                     algo=AlgoConfig(server_rule=rule, lr_server=0.01 if rule == "adagrad" else None))
     real = run_real(cfg, tmp_path / "real")
     assert real["status"] == "completed"

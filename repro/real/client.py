@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from repro.algorithm import Client
-from repro.components import build_worker, load_data, make_clients
+from repro.components import build_worker, cuda_missing, deterministic, load_data, make_clients
 from repro.config import RunConfig
 from repro.data import Dataset
 from repro.errors import ConfigError
@@ -41,13 +41,6 @@ _log = get_logger("repro.real.client")
 
 def log(rank: int, msg: str) -> None:
     _log.info(f"[real client {rank}] {msg}")
-
-
-def cuda_missing() -> str:
-    """Why CUDA cannot be used here, in words a user can act on."""
-    if torch.version.cuda is None:
-        return f"this torch ({torch.__version__}) is a CPU build"
-    return "no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)"
 
 
 def client_device(cfg: RunConfig, local_rank: int) -> torch.device:
@@ -78,6 +71,7 @@ def build_client(cfg: RunConfig, client_id: int, device: torch.device, ds: Datas
     loaded here (torchrun ranks on other nodes)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)   # before anything allocates: the context goes on this GPU
+        deterministic(device).__enter__()   # for the process's life: the same kernels as the simulator
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)   # also on a GPU: data loading and Python run on cores
     ds = ds.to(device) if ds is not None else load_data(cfg, device)

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from repro.components import torch_threads
+from repro.components import deterministic, torch_threads
 from repro.config import RunConfig
 from repro.core import RunCore, run_folder
 from repro.data import Dataset
@@ -99,14 +99,14 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     if env is not None:
         cfg = _clients_from_world(cfg, env)
     master_addr = os.environ["MASTER_ADDR"] if env is not None else cfg.backend.master_addr
-    with torch_threads(cfg.num_threads), _loopback(master_addr, env is None), \
+    device = server_device(cfg)
+    client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
+    with torch_threads(cfg.num_threads), deterministic(device), _loopback(master_addr, env is None), \
             run_folder(cfg, run_dir) as run:
         if run.skip:
             if env is not None:
                 _dismiss_clients(cfg)
             return run.summary
-        device = server_device(cfg)
-        client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
         store = None if env is not None else _make_store(cfg)   # a busy port: before any file
         resume = run.checkpoint("real", device)
         problem = build_problem(cfg, device)
@@ -135,7 +135,8 @@ def _serve(loop: ServerLoop, procs: dict) -> dict:
         loop.join_receivers(timeout_s=2 if procs or status == "interrupted" else 10)
         disconnect()
     summary = loop.core.finish(status, message, num_clients=loop.cfg.num_clients,
-                               client_devices={str(k): d for k, d in sorted(loop.devices.items())})
+                               client_devices={str(k): d for k, d in sorted(loop.devices.items())},
+                               server_device=str(loop.server.params.device))
     log(f"{summary['status']}: version {summary['version']} epoch {summary['epoch']:.2f}"
         + (f" ({summary['message']})" if summary["message"] else ""))
     return summary

@@ -23,7 +23,7 @@ from repro.config import RunConfig
 from repro.core import RunCore
 from repro.errors import ConfigError
 from repro.logs import get_logger
-from repro.real.client import cuda_missing
+from repro.components import cuda_missing
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
 from repro.stopping import StopRequest
 
