@@ -14,13 +14,13 @@ for a peer or how to report progress never name a folder nor block a resume.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from repro.errors import ConfigError
+from repro.knobs import COUNT, SECONDS, WAIT_S, Choice, Flag, Range, Text, knob, registry_names
 
 JITTERS = ("none", "lognormal", "exponential")
 BACKENDS = ("sim", "real")
@@ -29,111 +29,12 @@ DEVICES = ("cpu", "cuda", "auto")
 
 
 # ---------------------------------------------------------------------------------------------
-# Valid values
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Range:
-    """A finite numeric range; ``words`` are extra string values allowed (e.g. 'calibrate')."""
-
-    lo: float
-    hi: float
-    lo_open: bool = False
-    integer: bool = False
-    nullable: bool = False
-    words: tuple[str, ...] = ()
-
-    def check(self, key: str, value: Any) -> None:
-        if value is None and self.nullable or value in self.words:
-            return
-        bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-        if bad or value < self.lo or value > self.hi or (self.lo_open and value == self.lo):
-            raise ConfigError(key, value, self.describe())
-
-    def describe(self) -> str:
-        num = "an integer" if self.integer else "a number"
-        lo, hi = (f"{int(v)}" if self.integer else f"{v:g}" for v in (self.lo, self.hi))
-        text = f"{num} in {lo}..{hi}" if self.integer else \
-            f"{num} in {'(' if self.lo_open else '['}{lo}, {hi}]"
-        extra = [f"'{w}'" for w in self.words] + (["null"] if self.nullable else [])
-        return " or ".join([text, *extra])
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One of a fixed tuple, or of a registry's names (a callable, resolved when checked).
-    ``custom``: also 'custom' or 'custom:<name>', what the Python API records for a user's own
-    data or module (repro.api.simulate), which no registry knows."""
-
-    choices: tuple | Callable[[], tuple]
-    nullable: bool = False
-    custom: bool = False
-
-    def names(self) -> tuple:
-        return self.choices() if callable(self.choices) else self.choices
-
-    def check(self, key: str, value: Any) -> None:
-        if value is None and self.nullable or value in self.names():
-            return
-        if self.custom and isinstance(value, str) and (value == "custom" or value.startswith("custom:")):
-            return
-        raise ConfigError(key, value, self.names())
-
-    def describe(self) -> str:
-        shown = [str(n).lower() if isinstance(n, bool) else str(n) for n in self.names()]
-        return ", ".join(shown) + (", null" if self.nullable else "")
-
-
-@dataclass(frozen=True)
-class Text:
-    """Free text (a name or a path)."""
-
-    what: str = "a string"
-    nullable: bool = False
-
-    def check(self, key: str, value: Any) -> None:
-        if value is None and not self.nullable:
-            raise ConfigError(key, value, self.what)
-
-    def describe(self) -> str:
-        return self.what + (" or null" if self.nullable else "")
-
-
-@dataclass(frozen=True)
-class Flag:
-    def check(self, key: str, value: Any) -> None:
-        pass   # the type check already demands a boolean
-
-    def describe(self) -> str:
-        return "true, false"
-
-
-def knob(default: Any, valid: Any, shapes: bool = True) -> Any:
-    """A config field: its default, its valid values, and whether it shapes training (numbers in
-    the tables change with it); ``shapes=False`` for where files go, timeouts, ports, progress."""
-    kw = {"default_factory": default} if callable(default) else {"default": default}
-    return field(metadata={"valid": valid, "shapes": shapes}, **kw)
-
-
-def _registry(module: str, name: str) -> Callable[[], tuple]:
-    def names() -> tuple:   # imported when checked: the registries live beside torch code
-        import importlib
-        return getattr(importlib.import_module(module), name).names()
-    return names
-
-
-SECONDS = Range(0.0, 1e6)   # a million seconds: finite, far beyond any sensible run
-WAIT_S = Range(0.0, 7 * 86400.0, lo_open=True)   # timeouts: positive, at most a week
-COUNT = Range(1, 10**8, integer=True, nullable=True)
-
-
-# ---------------------------------------------------------------------------------------------
 # The configuration
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: str = knob("digits", Choice(_registry("repro.data", "DATASETS"), custom=True))
+    name: str = knob("digits", Choice(registry_names("repro.data", "DATASETS"), custom=True))
     """Data set (all offline)."""
     root: Optional[str] = knob(None, Text("a folder", nullable=True), shapes=False)
     """Folder holding the data set's files (cifar10 only)."""
@@ -145,7 +46,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = knob("digits_cnn", Choice(_registry("repro.models", "MODELS"), custom=True))
+    name: str = knob("digits_cnn", Choice(registry_names("repro.models", "MODELS"), custom=True))
     """Network; it must be made for the data's input shape."""
 
 
@@ -159,7 +60,7 @@ class AlgoConfig:
     """L2 weight decay, added to the gradient as torch.optim.SGD does."""
     batch_size: int = knob(32, Range(1, 10**6, integer=True))
     """Minibatch size of one client step (at most the training-set size)."""
-    server_rule: str = knob("delta", Choice(_registry("repro.algorithm", "RULES")))
+    server_rule: str = knob("delta", Choice(registry_names("repro.algorithm", "RULES")))
     """How the server applies a push: delta (add the client's parameter change), downpour
     (w -= lr_server * accrued gradient), adagrad (DistBelief's per-parameter Adagrad)."""
     lr_server: Optional[float] = knob(None, Range(0.0, 1e9, lo_open=True, nullable=True))
@@ -226,7 +127,7 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class ProtocolConfig:
-    name: str = knob("async", Choice(_registry("repro.protocols", "PROTOCOLS")))
+    name: str = knob("async", Choice(registry_names("repro.protocols", "PROTOCOLS")))
     """When the server applies and clients fetch: async (Downpour, the paper), sync
     (bulk-synchronous rounds, mean update), ssp (stale synchronous parallel)."""
     backup_workers: int = knob(0, Range(0, 1023, integer=True))

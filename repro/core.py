@@ -23,101 +23,27 @@ from __future__ import annotations
 
 import contextlib
 import math
-import queue
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import Tensor
 
 from repro import schema
 from repro.algorithm import Push, Server
 from repro.checkpoint import load_checkpoint, save_checkpoint
-from repro.components import evaluate
 from repro.config import RunConfig, to_dict
 from repro.environment import environment
 from repro.errors import ConfigError
+from repro.evaluator import EvalRequest, Evaluator
 from repro.logs import get_logger
 from repro.problem import Problem
-from repro.protocols import make_protocol
+from repro.protocols import Reply, make_protocol
 from repro.runfolder import Decision, decide, open_folder, repair_tables, start_fresh
 from repro.runlog import Progress, RunLog
 from repro.stopping import StopRequest
 
 log = get_logger("repro.core")
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What the driver carries back to a client: the server's parameters, or STOP.
-    ``preempt``: the client is still computing a segment the protocol dropped (a sync round's
-    backup worker); the parameters reach it now and it starts over from them."""
-
-    client: int
-    stop: bool = False
-    preempt: bool = False
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluations: inline (simulator, free in virtual time) or on snapshots in a thread (real server)
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class EvalRequest:
-    version: int
-    time_s: float
-    samples_seen: int
-    params: Tensor
-
-
-class Evaluator:
-    """Evaluates one parameter snapshot at a time; :meth:`poll` hands results to the core."""
-
-    def __init__(self, problem: Problem, in_thread: bool):
-        self.worker, self.sets, self.in_thread = problem.worker, problem.eval_sets, in_thread
-        self._results: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._outstanding = 0   # submitted, result not yet polled
-
-    @property
-    def busy(self) -> bool:
-        """Until its result is polled (eval_due() stays true until the row is written)."""
-        return self._outstanding > 0
-
-    def submit(self, req: EvalRequest, inline: bool = False) -> None:
-        self._outstanding += 1
-        if inline or not self.in_thread:
-            self._evaluate(req)
-            return
-        self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
-        self._thread.start()
-
-    def _evaluate(self, req: EvalRequest) -> None:
-        try:
-            if not bool(torch.isfinite(req.params).all()):
-                result: dict | Exception = {"nonfinite": True}
-            else:
-                result = evaluate(self.worker, req.params, self.sets)
-        except Exception as exc:  # reported to the core, which fails the run with it
-            result = exc
-        self._results.put((req, result))
-
-    def poll(self, wait: bool = False) -> list:
-        if wait:
-            self.join()
-        out = []
-        while not self._results.empty():
-            out.append(self._results.get())
-        self._outstanding -= len(out)
-        return out
-
-    def join(self, timeout_s: float | None = None) -> None:
-        """Every evaluation ends before the process does (a thread killed mid-kernel is not)."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------

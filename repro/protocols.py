@@ -27,33 +27,43 @@ pushes), ``num_samples`` the round's total; discarded pushes are listed in the s
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
 from repro.algorithm import Push
 from repro.registry import Registry
 
-if TYPE_CHECKING:
-    from repro.core import Reply, RunCore
-
 PROTOCOLS: Registry[type] = Registry("protocol.name")
 
 
+@dataclass(frozen=True)
+class Reply:
+    """What the driver carries back to a client: the server's parameters, or STOP.
+    ``preempt``: the client is still computing a segment the protocol dropped (a sync round's
+    backup worker); the parameters reach it now and it starts over from them."""
+
+    client: int
+    stop: bool = False
+    preempt: bool = False
+
+
 class _Protocol:
-    def __init__(self, core: "RunCore", clients: list[int]):
+    """``core``: the run core (repro.core.RunCore) whose apply, check_loss and diverge the
+    protocol calls; it is handed in, not imported, so the core alone knows both."""
+
+    def __init__(self, core, clients: list[int]):
         self.core = core
         self.live = set(clients)
 
-    def reply(self, client: int, preempt: bool = False) -> "Reply":
-        from repro.core import Reply
+    def reply(self, client: int, preempt: bool = False) -> Reply:
         return Reply(client, stop=self.core.state.stopping, preempt=preempt)
 
-    def on_lost(self, client: int, time_s: float) -> list["Reply"]:
+    def on_lost(self, client: int, time_s: float) -> list[Reply]:
         self.live.discard(client)
         return []
 
-    def stopping(self) -> list["Reply"]:
+    def stopping(self) -> list[Reply]:
         """Replies owed to clients still waiting when the run stops (all STOP)."""
         return []
 
@@ -66,14 +76,14 @@ class _Protocol:
 
 @PROTOCOLS.register("async")
 class Async(_Protocol):
-    def on_push(self, push: Push, time_s: float) -> list["Reply"]:
+    def on_push(self, push: Push, time_s: float) -> list[Reply]:
         self.core.apply(push, time_s)
         return [self.reply(push.client)]
 
 
 @PROTOCOLS.register("ssp")
 class SSP(_Protocol):
-    def __init__(self, core: "RunCore", clients: list[int]):
+    def __init__(self, core, clients: list[int]):
         super().__init__(core, clients)
         self.bound = core.cfg.protocol.staleness_bound
         self.pushes = {k: 0 for k in clients}   # applied pushes per client (its clock)
@@ -82,7 +92,7 @@ class SSP(_Protocol):
     def slowest(self) -> int:
         return min((self.pushes[k] for k in self.live), default=0)
 
-    def on_push(self, push: Push, time_s: float) -> list["Reply"]:
+    def on_push(self, push: Push, time_s: float) -> list[Reply]:
         if self.core.apply(push, time_s) is not None:
             self.pushes[push.client] += 1
         if self.core.state.stopping:
@@ -90,7 +100,7 @@ class SSP(_Protocol):
         self.held.append(push.client)
         return self.release()
 
-    def release(self) -> list["Reply"]:
+    def release(self) -> list[Reply]:
         """Every held client within ``bound`` pushes of the slowest live one gets its reply."""
         floor, out, still = self.slowest(), [], []
         for k in self.held:
@@ -98,11 +108,11 @@ class SSP(_Protocol):
         self.held = still
         return [self.reply(k) for k in out]
 
-    def on_lost(self, client: int, time_s: float) -> list["Reply"]:
+    def on_lost(self, client: int, time_s: float) -> list[Reply]:
         super().on_lost(client, time_s)
         return self.release()
 
-    def stopping(self) -> list["Reply"]:
+    def stopping(self) -> list[Reply]:
         held, self.held = self.held, []
         return [self.reply(k) for k in held]
 
@@ -116,7 +126,7 @@ class SSP(_Protocol):
 
 @PROTOCOLS.register("sync")
 class Sync(_Protocol):
-    def __init__(self, core: "RunCore", clients: list[int]):
+    def __init__(self, core, clients: list[int]):
         super().__init__(core, clients)
         self.backups = core.cfg.protocol.backup_workers
         self.round_start = core.server.version
@@ -129,7 +139,7 @@ class Sync(_Protocol):
     def needed(self) -> int:
         return max(1, len(self.live) - self.backups)
 
-    def on_push(self, push: Push, time_s: float) -> list["Reply"]:
+    def on_push(self, push: Push, time_s: float) -> list[Reply]:
         core = self.core
         if core.state.stopping:
             return [self.reply(push.client)]
@@ -148,7 +158,7 @@ class Sync(_Protocol):
         self.waiting.append(push.client)
         return self.close(time_s) if len(self.waiting) >= self.needed() else []
 
-    def close(self, time_s: float) -> list["Reply"]:
+    def close(self, time_s: float) -> list[Reply]:
         """Apply the round's mean update once; every client of the round fetches."""
         n = len(self.waiting)
         merged = Push(client=0, read_version=self.round_start, update=self.sum.div_(n),
@@ -163,13 +173,13 @@ class Sync(_Protocol):
         self.samples = 0
         return [self.reply(k) for k in waiting] + [self.reply(k, preempt=True) for k in late]
 
-    def on_lost(self, client: int, time_s: float) -> list["Reply"]:
+    def on_lost(self, client: int, time_s: float) -> list[Reply]:
         super().on_lost(client, time_s)
         if self.waiting and len(self.waiting) >= self.needed() and not self.core.state.stopping:
             return self.close(time_s)
         return []
 
-    def stopping(self) -> list["Reply"]:
+    def stopping(self) -> list[Reply]:
         waiting, self.waiting = self.waiting, []
         return [self.reply(k) for k in waiting]
 
@@ -186,6 +196,6 @@ class Sync(_Protocol):
         self.discarded = [[int(a), int(b)] for a, b in state["discarded"]]
 
 
-def make_protocol(core: "RunCore", clients: list[int]) -> _Protocol:
+def make_protocol(core, clients: list[int]) -> _Protocol:
     return PROTOCOLS[core.cfg.protocol.name](core, clients)
 

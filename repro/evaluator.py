@@ -1,0 +1,72 @@
+"""Evaluations of the server's parameters: inline (the simulator: free in virtual time) or on
+snapshots in a thread (the real server: an evaluation never stalls the pushes).
+
+The run core submits a request when one is due and writes each result's row; an evaluation of
+non-finite parameters reports them as such instead of computing losses of NaNs.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from repro.components import evaluate
+from repro.problem import Problem
+
+
+@dataclass
+class EvalRequest:
+    version: int
+    time_s: float
+    samples_seen: int
+    params: Tensor
+
+
+class Evaluator:
+    """Evaluates one parameter snapshot at a time; :meth:`poll` hands results to the core."""
+
+    def __init__(self, problem: Problem, in_thread: bool):
+        self.worker, self.sets, self.in_thread = problem.worker, problem.eval_sets, in_thread
+        self._results: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._outstanding = 0   # submitted, result not yet polled
+
+    @property
+    def busy(self) -> bool:
+        """Until its result is polled (eval_due() stays true until the row is written)."""
+        return self._outstanding > 0
+
+    def submit(self, req: EvalRequest, inline: bool = False) -> None:
+        self._outstanding += 1
+        if inline or not self.in_thread:
+            self._evaluate(req)
+            return
+        self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
+        self._thread.start()
+
+    def _evaluate(self, req: EvalRequest) -> None:
+        try:
+            if not bool(torch.isfinite(req.params).all()):
+                result: dict | Exception = {"nonfinite": True}
+            else:
+                result = evaluate(self.worker, req.params, self.sets)
+        except Exception as exc:  # reported to the core, which fails the run with it
+            result = exc
+        self._results.put((req, result))
+
+    def poll(self, wait: bool = False) -> list:
+        if wait:
+            self.join()
+        out = []
+        while not self._results.empty():
+            out.append(self._results.get())
+        self._outstanding -= len(out)
+        return out
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Every evaluation ends before the process does (a thread killed mid-kernel is not)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
