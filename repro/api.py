@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from repro import schema
 from repro.worker import Worker
 from repro.components import EvalSets, resolve_device
-from repro.config import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig, from_dict, validate
+from repro.config import (AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig,
+                          from_dict, validate)
 from repro.data import Dataset
 from repro.errors import ConfigError
 from repro.resources import CONF_DIR, group_options
@@ -68,8 +69,10 @@ def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
 def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike], *,
              num_clients: int = 4, nsync: int = 4, num_epochs: float = 10.0, eval_every: float = 1.0,
              lr: float = 0.05, momentum: float = 0.5, weight_decay: float = 0.0, batch_size: int = 32,
-             server_rule: str = "delta", lr_server: float | None = None,
+             server_rule: str = "delta", lr_server: float | None = None, dc_lambda: float = 0.04,
+             protocol: str = "async", backup_workers: int = 0, staleness_bound: int = 3,
              cost: str | dict | CostConfig = "lan", seed: int = 0, target_error: float = 0.05,
+             divergence_factor: float = 10.0,
              loss_fn=nn.functional.cross_entropy, device: str = "cpu",
              run_dir: str | Path | None = None, force: bool = False, progress: bool = False) -> Result:
     """Simulate ``num_clients`` asynchronous clients training ``module`` through one server.
@@ -113,12 +116,27 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         L2 weight decay added to the client's gradient, >= 0.
     batch_size : int, default 32
         Minibatch size of one client step, between 1 and the training-set size.
-    server_rule : {"delta", "downpour", "adagrad"}, default "delta"
+    server_rule : {"delta", "downpour", "adagrad", "staleness_scaled", "dcasgd"}, default "delta"
         How the server applies a push: add the client's parameter change (delta), ``w -=
-        lr_server * accrued gradient`` (downpour), or per-parameter Adagrad (adagrad).
+        lr_server * accrued gradient`` (downpour), per-parameter Adagrad (adagrad), downpour's
+        step divided by the push's staleness (staleness_scaled, Zhang et al. 2016), or
+        delay-compensated gradients ``g + dc_lambda * g*g*(w - w_fetched)`` (dcasgd, Zheng et
+        al. 2017).
     lr_server : float or None, default None
-        Server step size, > 0. None picks the rule's default: 1.0 for delta, ``lr`` for
-        downpour, 0.01 for adagrad.
+        Server step size, > 0. None picks the rule's default: 1.0 for delta, 0.01 for adagrad,
+        ``lr`` for the others.
+    dc_lambda : float, default 0.04
+        DC-ASGD's lambda, >= 0 (server_rule="dcasgd" only; 0.04 is the paper's DC-ASGD-c value).
+    protocol : {"async", "sync", "ssp"}, default "async"
+        When the server applies and clients fetch: every push as it arrives (async, Downpour);
+        bulk-synchronous rounds applying the mean update of all clients once (sync); async but
+        no client more than ``staleness_bound`` pushes ahead of the slowest (ssp, Ho et al.
+        2013).
+    backup_workers : int, default 0
+        sync only: a round closes at the first ``num_clients - backup_workers`` pushes and the
+        late clients start over from the new parameters (Chen et al. 2016); 0..num_clients-1.
+    staleness_bound : int, default 3
+        ssp only: how many pushes a client may be ahead of the slowest live client, >= 0.
     cost : str, dict or CostConfig, default "lan"
         The simulator's cost model, which sets virtual time and so the order of pushes. A
         profile name from ``conf/cost`` ("lan", "uniform", "straggler", "paper2013", or "local",
@@ -128,6 +146,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     seed : int, default 0
         Base seed of each client's data order, seeded by (seed, client), and of the cost
         model's jitter. Model initialisation is ``module``'s own weights, not this seed.
+    divergence_factor : float, default 10.0
+        A push whose mean training loss exceeds this many times the reference loss (the larger
+        of the initial training loss and ln(classes)) ends the run with status "diverged"; > 1.
     target_error : float, default 0.05
         Training error in [0, 1]; the virtual time of the first evaluation at or below it is
         ``summary["time_to_target"]`` (null if never reached).
@@ -167,11 +188,14 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         When ``module`` has buffers or no parameters, or parameters that are not float32.
     """
     algo = AlgoConfig(lr=lr, momentum=momentum, weight_decay=weight_decay, batch_size=batch_size,
-                      server_rule=server_rule, lr_server=lr_server)
+                      server_rule=server_rule, lr_server=lr_server, dc_lambda=dc_lambda)
     cfg = RunConfig(exp_name="api", seed=seed, num_clients=num_clients, nsync=nsync, num_epochs=num_epochs,
-                    eval_every=eval_every, target_error=target_error, device=device, progress=progress,
-                    num_threads=0, data=DataConfig(name="custom"), model=ModelConfig(name=f"custom:{type(module).__name__}"),
-                    algo=algo, cost=cost_profile(cost))
+                    eval_every=eval_every, target_error=target_error, divergence_factor=divergence_factor,
+                    device=device, progress=progress, num_threads=0, data=DataConfig(name="custom"),
+                    model=ModelConfig(name=f"custom:{type(module).__name__}"), algo=algo,
+                    cost=cost_profile(cost),
+                    protocol=ProtocolConfig(name=protocol, backup_workers=backup_workers,
+                                            staleness_bound=staleness_bound))
     validate(cfg)
     if cfg.cost.profile == "replay":
         raise ConfigError("cost", "replay", "a cost model; replay a recorded run with python -m repro.run cost=replay")

@@ -106,3 +106,24 @@ def test_simulate_documents_every_parameter_its_result_and_its_errors():
     for section in ("Returns", "Raises"):
         assert re.search(rf"^{section}\n-+$", doc, re.MULTILINE), section
     assert "ConfigError" in doc.split("Raises", 1)[1]
+
+
+def test_simulate_runs_every_protocol_and_rule(tmp_path):
+    """The lab through the API: sync merges each round into one row with staleness 0, ssp bounds
+    how far ahead a client runs, and the staleness-aware rules train."""
+    x, y = _problem()
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    kw = dict(num_clients=4, nsync=1, num_epochs=4, lr=0.1, momentum=0.0, cost="jitter_exponential")
+    sync = api.simulate(module, (x, y), (x, y), protocol="sync", backup_workers=1,
+                        run_dir=tmp_path / "sync", **kw)
+    assert (sync.updates.client == 0).all() and (sync.updates.staleness == 0).all()
+    assert len(sync.summary["discarded_pushes"]) == len(sync.updates)
+    ssp = api.simulate(module, (x, y), (x, y), protocol="ssp", staleness_bound=0, run_dir=tmp_path / "ssp", **kw)
+    assert ssp.updates.staleness.max() <= 3 * 1 + 3
+    for rule in ("staleness_scaled", "dcasgd"):
+        result = api.simulate(module, (x, y), (x, y), server_rule=rule, run_dir=tmp_path / rule, **kw)
+        assert result.summary["status"] == "completed"
+        assert result.evals.test_error.iloc[-1] < result.evals.test_error.iloc[0]
+    with pytest.raises(ConfigError, match="protocol.name"):
+        api.simulate(module, (x, y), (x, y), protocol="bsp")
