@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import zipfile
 from pathlib import Path
 
 import torch
@@ -45,9 +44,10 @@ def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "
     except pickle.UnpicklingError:
         raise ConfigError(key, str(path), "a checkpoint of tensors and numbers only: this file "
                           "holds other objects, and loading it could run code, so it is refused") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+    except Exception as e:   # torch's readers raise many kinds on bytes they do not expect
+        first = (str(e).splitlines() or [type(e).__name__])[0][:120]
         raise ConfigError(key, str(path), f"a complete checkpoint: the file is truncated or not "
-                          f"a torch checkpoint ({str(e).splitlines()[0][:120]})") from None
+                          f"a torch checkpoint ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict):
         raise ConfigError(key, str(path), "a checkpoint holding a dict")
     return state
@@ -64,8 +64,28 @@ def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dic
     if state.get("kind") != kind:
         raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
                           f"{state.get('kind')!r} backend)")
-    server = state.get("server")
-    missing = [k for k in ("server", "runlog", "driver") if k not in state]
-    if missing or not isinstance(server, dict) or not isinstance(server.get("params"), torch.Tensor):
-        raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {missing or ['server.params']})")
+    missing = _missing(state, REQUIRED) + _missing(state.get("driver"), DRIVER[kind], "driver.")
+    if missing:
+        raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {', '.join(missing)})")
     return state
+
+
+# What a checkpoint must hold for a resume to read it (key: type), per part.
+REQUIRED = {"server": dict, "server.params": torch.Tensor, "server.version": int, "server.rule": dict,
+            "runlog": dict, "runlog.version": int, "runlog.samples_seen": int, "runlog.next_eval": float,
+            "runlog.time_s": float, "runlog.last_eval_version": int, "runlog.events": list,
+            "runlog.final": dict, "runlog.wall_time_s": float, "driver": dict}
+DRIVER = {"sim": {"clients": dict, "scheduler": dict}, "real": {"clients": dict}}
+
+
+def _missing(state, required: dict, prefix: str = "") -> list[str]:
+    """The required keys (dotted) absent from ``state`` or of the wrong type."""
+    out = []
+    for key, kind in required.items():
+        node = state
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        ok = isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))
+        if not ok:
+            out.append(prefix + key)
+    return out

@@ -32,14 +32,15 @@ import torch
 from repro import schema
 from repro.algorithm import Push, Server
 from repro.checkpoint import load_checkpoint, save_checkpoint
-from repro.config import RunConfig, to_dict
+from repro.config import RunConfig, to_dict, validate
 from repro.environment import environment
 from repro.errors import ConfigError
 from repro.evaluator import EvalRequest, Evaluator
 from repro.logs import get_logger
 from repro.problem import Problem
 from repro.protocols import Reply, make_protocol
-from repro.runfolder import Decision, decide, open_folder, repair_tables, start_fresh
+from repro.runfolder import (Decision, adopt_hydra_record, decide, drop_hydra_record, open_folder,
+                             repair_tables, start_fresh)
 from repro.runlog import Progress, RunLog
 from repro.stopping import StopRequest
 
@@ -333,10 +334,19 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
     second signal) is absorbed here: after the block, ``run.summary`` says ``interrupted``; any
     other exception is re-raised once the summary says ``failed``."""
     run_dir = Path(run_dir)
+    validate(cfg)   # every entry point, not only the command line: no number may hang a run
     with open_folder(run_dir), StopRequest() as stop:
-        decision = decide(cfg, run_dir)
+        try:
+            decision = decide(cfg, run_dir)
+        except ConfigError:
+            drop_hydra_record(run_dir)
+            raise
         if decision.action == "fresh":
             start_fresh(run_dir)
+        if decision.action == "skip":
+            drop_hydra_record(run_dir)
+        else:
+            adopt_hydra_record(run_dir)
         run = FolderRun(cfg, run_dir, decision, stop)
         try:
             yield run

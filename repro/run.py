@@ -12,6 +12,7 @@ the run folder), the other ranks compose the same config without any output fold
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -27,6 +28,7 @@ from repro.config import RunConfig, all_keys, check_components, from_dict, shapi
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.logs import get_logger
 from repro.resources import CONF_DIR, group_options
+from repro.runfolder import drop_hydra_record
 
 log = get_logger("repro.run")
 GROUPS = (*confhelp.GROUPS, *confhelp.OPTIONAL_GROUPS)
@@ -48,6 +50,8 @@ def job_name(overrides) -> str:
 
 if not OmegaConf.has_resolver("job_name"):
     OmegaConf.register_new_resolver("job_name", lambda overrides: job_name(list(overrides)))
+if not OmegaConf.has_resolver("pid"):   # the Hydra record's folder, this process's own
+    OmegaConf.register_new_resolver("pid", lambda: os.getpid())
 
 
 def parse(dcfg: DictConfig) -> RunConfig:
@@ -94,13 +98,15 @@ def last_lines(summary: dict, run_dir: Path) -> str:
 
 
 def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
-    """Hydra made the folder before we could check: leave nothing that looks like a run, and no
-    empty experiment folder either."""
-    if run_dir.exists() and not (run_dir / "config.json").exists():
-        shutil.rmtree(run_dir, ignore_errors=True)
+    """Hydra made the folder (and this process's record in it) before we could check: leave
+    nothing that looks like a run, and no empty experiment folder either. A folder that holds
+    anything else (another run's files, its lock, its log) is never touched but for our record."""
+    drop_hydra_record(run_dir)
+    if run_dir.is_dir() and not any(run_dir.iterdir()):
+        run_dir.rmdir()
     parent = run_dir.parent
     while parent != results_dir and results_dir in parent.parents and parent.is_dir():
-        if any(p for p in parent.iterdir() if p.name != "multirun.yaml" and p.name != ".hydra"):
+        if any(p for p in parent.iterdir() if p.name != "multirun.yaml"):
             break
         shutil.rmtree(parent, ignore_errors=True)
         parent = parent.parent

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,11 @@ from repro.runlog import atomic_write_text, read_summary
 
 log = get_logger("repro.runfolder")
 LOCK_FILE = ".lock"
+# Hydra writes a job's record (.hydra/config.yaml, overrides.yaml, hydra.yaml) before our code
+# runs; it goes to a folder of this process's own (conf/config.yaml: hydra.output_subdir), and
+# becomes the folder's .hydra/ only once this run has the folder (a refused or skipped run must
+# not overwrite the record of the run the folder holds).
+HYDRA_RECORD, INCOMING_RECORD = ".hydra", ".hydra_incoming_{pid}"
 RUN_FILES = (schema.CONFIG_FILE, schema.UPDATES_FILE, schema.EVALS_FILE, schema.SUMMARY_FILE,
              schema.CHECKPOINT_FILE)
 
@@ -62,6 +68,39 @@ def open_folder(run_dir: str | Path):
         lock.release()
 
 
+def incoming_record(run_dir: Path) -> Path:
+    return Path(run_dir) / INCOMING_RECORD.format(pid=os.getpid())
+
+
+def adopt_hydra_record(run_dir: Path) -> None:
+    """This run has the folder: its Hydra record becomes the folder's."""
+    incoming = incoming_record(run_dir)
+    if incoming.is_dir():
+        shutil.rmtree(Path(run_dir) / HYDRA_RECORD, ignore_errors=True)
+        os.replace(incoming, Path(run_dir) / HYDRA_RECORD)
+
+
+def drop_hydra_record(run_dir: Path) -> None:
+    """A refused or skipped run: its Hydra record goes, the folder's stays."""
+    shutil.rmtree(incoming_record(run_dir), ignore_errors=True)
+
+
+def recorded_version(run_dir: Path, summary: dict | None) -> int:
+    """The version a folder's run reached: its summary's, or, for a run killed before its
+    summary moved on (it still says running), the last row of updates.csv."""
+    version = int(summary.get("version", 0)) if summary else 0
+    if summary is None or summary.get("status") == "running":
+        try:
+            lines = (Path(run_dir) / schema.UPDATES_FILE).read_text(errors="replace").splitlines()
+            for line in reversed(lines[1:]):
+                row = _parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0)
+                if row is not None:
+                    return max(version, row)
+        except OSError:
+            pass
+    return version
+
+
 def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     """What to do with ``run_dir`` for ``cfg`` (call with the folder's lock held). Raises
     ConfigError when the answer is 'not without resume=true or force=true', or when a resume
@@ -81,7 +120,7 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
         log.info(f"skip {run_dir}: already {status}; a finished run is never changed "
                  "(force=true re-runs it)")
         return Decision("skip", summary)
-    version = summary.get("version", 0) if summary else 0
+    version = recorded_version(run_dir, summary)
     what = "a killed run (its summary still says running)" if status == "running" else f"an {status} run" \
         if status[0] in "aeiou" else f"a {status} run"
     if not cfg.resume:

@@ -100,13 +100,13 @@ class RunLog:
     # -- rows ---------------------------------------------------------------------------------
     def log_push(self, *, version: int, time_s: float, client: int, read_version: int, staleness: int,
                  num_steps: int, num_samples: int, train_loss: float, train_error: float) -> None:
-        self.samples_seen += num_samples
-        self.version, self.time_s = version, time_s
-        self.updates.write({
+        samples = self.samples_seen + num_samples
+        self.updates.write({   # the row first: a failed write (a full disk) changes no total
             "version": version, "time_s": time_s, "clock": self.clock, "client": client,
             "read_version": read_version, "staleness": staleness, "num_steps": num_steps,
-            "num_samples": num_samples, "samples_seen": self.samples_seen, "epoch": self.epoch,
+            "num_samples": num_samples, "samples_seen": samples, "epoch": samples / self.num_train,
             "train_loss": float(train_loss), "train_error": float(train_error)})
+        self.samples_seen, self.version, self.time_s = samples, version, time_s
 
     @property
     def epoch(self) -> float:
@@ -181,7 +181,7 @@ class RunLog:
     def load_state_dict(self, state: dict) -> None:
         self.samples_seen, self.version = int(state["samples_seen"]), int(state["version"])
         self.next_eval, self.time_s = float(state["next_eval"]), float(state["time_s"])
-        self.time_to_target = state["time_to_target"]
+        self.time_to_target = state.get("time_to_target")
         self.final = dict(state["final"])
         self.last_eval_version = int(state["last_eval_version"])
         self.wall_before = float(state["wall_time_s"])

@@ -43,6 +43,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,11 +186,35 @@ def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRe
         store.set(WORLD_KEY, json.dumps({"size": len(members) + 1, "ranks": members}))
         timeout = startup_deadline_s(cfg)
     try:
-        groups = connect(0, len(members) + 1, timeout, store)
+        groups = _connect_watching(len(members) + 1, timeout, store, stop)
+    except _StartupError:
+        raise
     except Exception as exc:   # a rendezvous timeout: some rank never came
         raise _StartupError(f"not every client joined within {timeout:g} s (backend.timeout_s="
                             f"{cfg.backend.timeout_s:g}): {str(exc).splitlines()[0]}") from exc
     return {k: Channel(groups[r], r, cfg.backend.client_timeout_s) for k, r in members.items()}
+
+
+def _connect_watching(world_size: int, timeout_s: float, store, stop: StopRequest) -> dict:
+    """Rank 0's rendezvous in a thread, so a stop request (torchrun's SIGTERM, a Ctrl-C) is
+    heard at once, not after the rendezvous timeout (torchrun SIGKILLs a worker 30 s after its
+    SIGTERM, which would leave the summary saying running)."""
+    result: dict = {}
+
+    def join() -> None:
+        try:
+            result["groups"] = connect(0, world_size, timeout_s, store)
+        except BaseException as exc:   # handed to the waiting thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=join, name="rendezvous", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        if stop.wait(0.1):
+            raise _StartupError("interrupted while the clients were joining")
+    if "error" in result:
+        raise result["error"]
+    return result["groups"]
 
 
 def _make_store(cfg: RunConfig) -> dist.TCPStore:

@@ -51,7 +51,9 @@ class ServerLoop:
                  processes: dict | None = None, resume: dict | None = None):
         self.cfg, self.core, self.server = cfg, core, core.server
         self.channels, self.stop = channels, stop
-        self.processes = processes or {}            # spawn mode: {client: Process}
+        # spawn mode: {client: Process} of the clients in the world (one that died during
+        # start-up is already lost, and has no receiver)
+        self.processes = {k: p for k, p in (processes or {}).items() if k in channels}
         self.device = self.server.params.device
         self.lock = threading.Lock()   # one push (or one watch round) at a time
         self.closed = False            # set under the lock: receivers stop serving
@@ -131,7 +133,7 @@ class ServerLoop:
 
     # -- events ---------------------------------------------------------------------------------
     def lose(self, k: int, reason: str) -> None:
-        if k in self.lost or k in self.stopped:
+        if k in self.lost or k in self.stopped or k not in self.receivers:
             return
         self.lost[k] = reason
         self.receivers[k].finish()

@@ -286,15 +286,25 @@ def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[in
     per-client groups, all ranks in the same order. Returns {client: group} for the groups this
     rank belongs to."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    kwargs = {"store": store} if store is not None else {"init_method": "env://"}
+    if store is None:
+        store = torchrun_store(rank, world_size, timeout)
     _count_groups_from_zero()
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout, store=store)
     groups = {}
     for k in range(1, world_size):
         group = dist.new_group([0, k], timeout=timeout, backend="gloo")
         if rank in (0, k):
             groups[k] = group
     return groups
+
+
+def torchrun_store(rank: int, world_size: int, timeout: datetime.timedelta):
+    """torchrun's store (env://), under a prefix of this restart attempt: after a restart
+    (--max-restarts) torchrun's agent keeps its store, and the dead attempt's gloo addresses
+    would still be under the keys the new attempt reads ('Connection refused')."""
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"repro/attempt_{attempt}", store)
 
 
 def _count_groups_from_zero() -> None:
