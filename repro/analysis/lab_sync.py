@@ -139,7 +139,8 @@ def async_segments_per_s(tm: Timing) -> float:
 
 
 def sync_round_s(tm: Timing, backups: int = 0) -> float:
-    """A round lasts until the (N - b)-th push (b = 0: the slowest), then one exchange."""
+    """A round lasts until the (N - b)-th push (b = 0: the slowest), then one exchange; with b
+    backup workers the b slowest are dropped (Chen et al. 2016, Sec. 3: E[(N-b)-th order stat])."""
     return segment_order_time(tm, tm.num_clients - backups) + tm.overhead_s
 
 
@@ -243,7 +244,8 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["updates_per_s"] = r["final_version"] / r["final_time_s"]
     r["mean_round_s"] = np.where(r["protocol.name"] == "sync", r["final_time_s"] / r["final_version"], np.nan)
     r["time_to_target_s"] = r["run_dir"].map(ttt)
-    base = r[r["protocol"] == "async"].set_index(["cost.profile", "num_clients", "nsync", "seed"])["samples_per_s"]
+    same = ["cost.profile", "num_clients", "nsync", "seed"]
+    base = r[r["protocol"] == "async"].set_index(same)["samples_per_s"]
     key = list(zip(r["cost.profile"], r["num_clients"], r["nsync"], r["seed"]))
     r["throughput_ratio"] = r["samples_per_s"].to_numpy() / base.reindex(key).to_numpy()
     clock = r["clock"] if "clock" in r else "virtual"
@@ -290,6 +292,7 @@ def _profile_title(frame: pd.DataFrame, profile: str) -> str:
 def draw_sync(frame: pd.DataFrame):
     """3 rows (throughput ratio, updates/s, time to target) x one column per cost profile;
     measured: markers (mean over seeds, bars min-max); predicted: dashed lines."""
+    import matplotlib as mpl
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
 
@@ -319,8 +322,10 @@ def draw_sync(frame: pd.DataFrame):
                 meas = mine[(mine["kind"] == "measured") & ~mine["diverged"].astype(bool)]
                 stats = meas.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
                 xs = stats.index.to_numpy(float) * shift[p]
-                ax.errorbar(xs, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                            color=colors[p], marker="o", linestyle="none", capsize=2, ms=4.5)
+                bars = [stats["mean"] - stats["min"], stats["max"] - stats["mean"]]
+                ax.errorbar(xs, stats["mean"], yerr=bars,
+                            color=colors[p], marker="o", capsize=2, ms=4.5, lw=0.8,
+                            linestyle="-" if q == "time_to_target_s" else "none")
                 if q == "time_to_target_s":
                     miss = mine[(mine["kind"] == "measured") & mine["value"].isna()]
                     for diverged, marker in ((False, "v"), (True, "x")):
@@ -337,6 +342,9 @@ def draw_sync(frame: pd.DataFrame):
                 ax.set_ylim(0, 1.15)
             else:
                 ax.set_yscale("log")
+                ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+                ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
             if row == 0:
                 ax.set_title(_profile_title(frame, profile))
             if col == 0:
@@ -351,7 +359,8 @@ def draw_sync(frame: pd.DataFrame):
         labels.append(f"{p}   (dashed: {src.iloc[0] if len(src) else 'no prediction'})")
     handles += [Line2D([], [], color="0.3", marker="o", linestyle="none"),
                 Line2D([], [], color="0.3", linestyle="--")]
-    labels += ["measured: mean over seeds, bars min-max", "predicted (theory; none for time to target)"]
+    labels += ["measured: mean over seeds, bars min-max (time to target: joined by a line)",
+               "predicted (none for time to target: no closed form)"]
     if budget_note:
         handles += [Line2D([], [], color="0.3", linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}),
                     Line2D([], [], color="0.3", linestyle="none", **DIVERGED_MARKER)]
@@ -363,7 +372,8 @@ def draw_sync(frame: pd.DataFrame):
     target = float(frame["target"].iloc[0])
     fig.suptitle("Sync vs async: what a barrier costs in throughput, and what it buys in time to "
                  f"{100 * target:g}% training error\n(nsync = {nsync}; {seeds} seed"
-                 f"{'s' if seeds != 1 else ''}; virtual time; o = 2 x transfer + server apply per exchange)")
+                 f"{'s' if seeds != 1 else ''}; virtual time)\nc: compute time of a step, f_i: client i's "
+                 "slowdown, S: a segment of nsync steps (mean-1 factors), o: 2 x transfer + server apply")
     return fig
 
 
