@@ -283,17 +283,20 @@ def compose_errors(args: list[str]) -> list[str]:
     except Exception as e:   # noqa: BLE001 - Hydra's composition errors have no common base
         return [f"does not compose: {str(e).splitlines()[0]}"]
     parser = OverridesParser.create()
-    groups = set(confhelp.GROUPS)
+    groups = set(confhelp.GROUPS) | set(confhelp.OPTIONAL_GROUPS)
     tree = OmegaConf.to_container(base, resolve=False)
     checked, errors = set(), {}      # message -> the grid points that raise it
+    composed: dict[tuple, dict] = {(): tree}   # per choice of the point's groups: composed once
     for values in itertools.product(*grid.values()):
         point = dict(zip(grid, values))
         try:
-            if groups & set(point):          # a group per point: compose it as Hydra would
-                dcfg = rr.compose(fixed + [f"{k}={v}" for k, v in point.items()])
-            else:                            # plain keys: set them on the composed tree
-                dcfg = OmegaConf.create(copy.deepcopy(tree))
-                for key, value in point.items():
+            chosen = tuple((k, v) for k, v in point.items() if k.lstrip("+") in groups)
+            if chosen not in composed:       # a group per point: compose it as Hydra would
+                composed[chosen] = OmegaConf.to_container(
+                    rr.compose(fixed + [f"{k}={v}" for k, v in chosen]), resolve=False)
+            dcfg = OmegaConf.create(copy.deepcopy(composed[chosen]))
+            for key, value in point.items():   # plain keys: set them on the composed tree
+                if key.lstrip("+") not in groups:
                     OmegaConf.update(dcfg, key, parser.parse_overrides([f"{key}={value}"])[0].value(),
                                      force_add=False)
             cfg = rr.parse(dcfg)
@@ -384,13 +387,17 @@ def test_every_replay_path_names_a_run_folder_written_above_it():
 
 
 def test_every_analysis_command_draws_from_a_results_tree(tmp_path, monkeypatch):
-    """Fenced ``python -m repro.analysis`` commands, whatever their tier, in a folder whose
-    ``results/`` holds experiments fig1..fig4 as the figure commands write them (fake curves)."""
+    """Fenced ``python -m repro.analysis`` commands for the paper's figures (and compare), whatever
+    their tier, in a folder whose ``results/`` holds experiments fig1..fig4 as the figure
+    commands write them (fake curves). The lab's figures are redrawn by their own tests
+    (tests/test_lab_*.py), from real shrunk runs."""
     from repro.analysis import build_figure
     from repro.analysis.__main__ import main
 
+    paper = {"fig1", "fig2", "fig3", "fig4", "staleness", "all", "compare"}
     steps = [(c, s) for c in _all_commands() for s in c.steps
-             if s.module == "repro.analysis" and not dc.has_placeholder(s.text)]
+             if s.module == "repro.analysis" and not dc.has_placeholder(s.text)
+             and s.module_args[:1] and s.module_args[0] in paper]
     if not steps:
         pytest.skip("no python -m repro.analysis command in the markdown")
     fake_runs.make_results(tmp_path / "results")
