@@ -364,11 +364,14 @@ def validate(cfg: RunConfig) -> None:
 def check_components(cfg: RunConfig, input_shape: tuple | None = None,
                      num_classes: int | None = None) -> None:
     """The model must be made for the data's inputs: checked from the data set's declared shape
-    before any work, and again on the loaded data when ``input_shape`` is given."""
+    before any work (with the data set's files, where it reads any), and again on the loaded
+    data when ``input_shape`` is given."""
     from repro.data import DATASETS   # local imports: both pull in torch
     from repro.models import check_fits
 
     if input_shape is None:
         spec = DATASETS[cfg.data.name]
         input_shape, num_classes = spec.input_shape, spec.num_classes
+        if spec.check_source is not None:
+            spec.check_source(cfg.data.root)
     check_fits(cfg.model.name, input_shape, num_classes, cfg.data.name)

@@ -36,6 +36,9 @@ class DataSpec:
     input_shape: tuple[int, ...]
     num_classes: int
     task: str = "classification"   # or "quadratic" (the loss the worker minimises)
+    # check_source(root): raise DataError when the files the loader reads are missing; called
+    # before Hydra makes a run folder, so a bad data.root leaves nothing behind (None: no files)
+    check_source: Callable[..., None] | None = None
 
 
 DATASETS: SpecRegistry[DataSpec] = SpecRegistry("data.name", DataSpec)
@@ -317,7 +320,17 @@ def _cifar_folder(root) -> str:
     return root_str
 
 
-@DATASETS.register("cifar10", input_shape=(3, 32, 32), num_classes=10)
+def _check_cifar_source(root) -> None:
+    """The folder, its first training batch and its test batch exist (the loader reads only the
+    batches data.num_train needs; contents are checked as they are read)."""
+    folder = _cifar_folder(root)
+    for name in (CIFAR10_TRAIN_FILES[0], CIFAR10_TEST_FILE):
+        if not os.path.isfile(os.path.join(folder, name)):
+            raise _cifar_error(root, f"CIFAR-10 file {os.path.join(folder, name)}: file not found")
+
+
+@DATASETS.register("cifar10", input_shape=(3, 32, 32), num_classes=10,
+                   check_source=_check_cifar_source)
 def _load_cifar10(root, num_train, num_test) -> Dataset:
     """The official CIFAR-10 python batches, parsed without executing pickled code."""
     folder = _cifar_folder(root)
