@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m repro.bench sim`` and ``python -m repro.bench real``.
+"""Benchmarks: ``python -m repro.bench sim``, ``python -m repro.bench real`` and ``python -m repro.bench grid``.
 
 Each prints ratios measured in one run (never asserted by tests; wall times vary by machine);
 README.md (section Benchmarks) has the targets and our measured numbers:
@@ -10,10 +10,12 @@ README.md (section Benchmarks) has the targets and our measured numbers:
   ``torch.optim.SGD``, whose per-parameter update costs more than our one flat-vector update,
   so ratios below 1 are possible and honest.
 * ``real``: see :mod:`repro.bench_real`.
+* ``grid``: one figure's grid, one point after another vs in parallel (one job per core); see
+  :mod:`repro.bench_grid`.
 
 :func:`build_parser` makes the command line: one subcommand per benchmark. Its help is plain
-text written for users (``DESCRIPTION``, ``SIM_DESCRIPTION``, ``bench_real.DESCRIPTION``), not
-these docstrings.
+text written for users (``DESCRIPTION``, ``SIM_DESCRIPTION``, ``bench_real.DESCRIPTION``,
+``bench_grid.DESCRIPTION``), not these docstrings.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import time
 
 import torch
 
-from repro import bench_real
+from repro import bench_grid, bench_real
 from repro.components import load_data
 from repro.config import AlgoConfig, CostConfig, RunConfig
 from repro.data import ClientStream
@@ -96,9 +98,10 @@ each ratio against its target with PASS or FAIL. Ratios on a busy machine move
 by about 10% between runs."""
 
 EPILOG = """\
-'python -m repro.bench sim --help' and 'python -m repro.bench real --help'
-say more about each benchmark and list its options. Exit status: 0 when every
-ratio meets its target, 1 when one does not, 2 on a usage error."""
+'python -m repro.bench sim --help', 'python -m repro.bench real --help' and
+'python -m repro.bench grid --help' say more about each benchmark and list its
+options. Exit status: 0 when every ratio meets its target, 1 when one does
+not, 2 on a usage error."""
 
 SIM_DESCRIPTION = f"""\
 Simulator overhead: wall time of the delay simulator divided by a plain torch
@@ -117,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter   # keep the hand-wrapped paragraphs
     parser = argparse.ArgumentParser(prog="python -m repro.bench", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=raw)
-    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real}", title="benchmarks")
+    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real,grid}", title="benchmarks")
     sim = sub.add_parser("sim", formatter_class=raw, description=SIM_DESCRIPTION,
                          help=f"simulator overhead: simulator wall time / a plain training loop "
                               f"taking the same steps (target <= {TARGET_SIM:.2f})")
@@ -131,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                                f"(target >= {bench_real.PROTOCOL_TARGET}); (b) training samples/s, "
                                f"2 CPU clients / 1 client (target >= {bench_real.THROUGHPUT_TARGET})")
     bench_real.add_arguments(real)
+    grid = sub.add_parser("grid", formatter_class=raw, description=bench_grid.DESCRIPTION,
+                          help=f"grid launchers: one figure's grid run one point after another / in "
+                               f"parallel, one job per core (target >= {bench_grid.TARGET} on 2 cores)")
+    bench_grid.add_arguments(grid)
     return parser
 
 
@@ -142,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.which == "sim":
         return 0 if bench_sim(args.epochs, args.repeats) else 1
+    if args.which == "grid":
+        return bench_grid.run(args)
     return bench_real.run(args)
 
 

@@ -1,0 +1,306 @@
+"""Experiment grids under Hydra's launchers: the same numbers whoever launches them.
+
+A grid point run by a joblib worker (``hydra/launcher=parallel``, the experiments' default) or by
+submitit's local executor (the stand-in for Slurm: ``hydra/launcher=submitit_local``) must write
+byte-identical tables to the same point run one after another in the launching process
+(``hydra/launcher=basic``): the same torch build, CPU kernel family and thread count (one torch
+thread per job, the default ``num_threads``), so the same numbers. Also here: the figure is drawn
+once after the grid, the warm-start baseline is trained once when jobs start together, progress
+names what is done and what runs, and Ctrl-C stops every job with no process left behind.
+(Finished points skipped under the default launcher, joblib: tests/test_experiments.py.)
+"""
+from __future__ import annotations
+
+import filecmp
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from repro import bench, bench_grid
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``: the launcher's whole tree (as in
+    tests/test_real.py)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()   # fields from 3 (state) on
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(pid))
+    return out
+
+
+def _drawn(stdout: str) -> int:
+    """How many times the figure was drawn (its callback prints one line each time; Hydra's log
+    repeats it after a time stamp)."""
+    return len(re.findall(r"^fig3: wrote", stdout, flags=re.M))
+
+
+SHRUNK = ["num_epochs=0.5", "warm_start_epochs=0.5", "eval_every=0.25", "progress=false",
+          "hydra.sweeper.params.num_clients='1,2'", "hydra.sweeper.params.nsync='1,4'",
+          "hydra.sweeper.params.seed='0'"]
+POINTS = 4
+BASELINE_LINE = "warm start: training the single-client baseline"
+
+
+def grid_cmd(root: Path, launcher: str | None, *extra: str, exp: str = "fig3") -> list[str]:
+    cmd = [sys.executable, "-m", "repro.run", f"+exp={exp}", f"results_dir={root / 'results'}",
+           f"figures_dir={root / 'figures'}", *SHRUNK, *extra]
+    return cmd + ([f"hydra/launcher={launcher}"] if launcher else [])
+
+
+def launch(root: Path, launcher: str | None, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(grid_cmd(root, launcher, *extra), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def run_folders(root: Path, exp: str = "fig3") -> dict[str, Path]:
+    return {p.parent.name: p.parent for p in (root / "results" / exp).glob("*/summary.json")}
+
+
+def figure_csv(root: Path, name: str = "fig3") -> str:
+    """The figure's numbers, with the results tree's own location taken out of run_dir."""
+    return (root / "figures" / f"{name}.csv").read_text().replace(str(root / "results"), "RESULTS")
+
+
+def assert_same_runs(a: Path, b: Path) -> None:
+    runs_a, runs_b = run_folders(a), run_folders(b)
+    assert sorted(runs_a) == sorted(runs_b) and len(runs_a) == POINTS
+    for name, folder in runs_a.items():
+        for table in ("updates.csv", "evals.csv"):
+            assert filecmp.cmp(folder / table, runs_b[name] / table, shallow=False), f"{name}/{table}"
+        sa, sb = (json.loads((r / "summary.json").read_text()) for r in (folder, runs_b[name]))
+        for s in (sa, sb):
+            s.pop("wall_time_s")
+        assert sa == sb and sa["status"] == "completed"
+        ca, cb = (json.loads((r / "config.json").read_text()) for r in (folder, runs_b[name]))
+        for c in (ca, cb):
+            c.pop("results_dir"), c.pop("figures_dir")
+        assert ca == cb and ca["num_threads"] == 1 and ca["environment"]["num_threads"] == 1
+    assert figure_csv(a) == figure_csv(b)
+
+
+@pytest.fixture(scope="module")
+def sequential(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    root = tmp_path_factory.mktemp("basic")
+    return root, launch(root, "basic")
+
+
+def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential, tmp_path):
+    """Two joblib workers start together: one trains the warm-start baseline, the other waits for
+    it; every table and the figure's numbers equal the sequential launch's, byte for byte."""
+    proc = launch(tmp_path, None, "hydra.launcher.n_jobs=2")   # the experiment's default launcher
+    out = proc.stdout + proc.stderr
+    assert "Joblib.Parallel(n_jobs=2" in out
+    assert_same_runs(sequential[0], tmp_path)
+    assert out.count(BASELINE_LINE) == 1
+    assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
+    assert _drawn(proc.stdout) == 1               # drawn once, after the grid
+    assert f"[grid fig3] finished: {POINTS}/{POINTS} done" in out
+
+
+def test_submitit_local_executor_writes_the_same_runs_and_figure_as_sequential(sequential, tmp_path):
+    """submitit's local executor (the stand-in for a Slurm cluster) starts every point at once,
+    each in its own process; the numbers are still the sequential launch's."""
+    proc = launch(tmp_path, "submitit_local")
+    out = proc.stdout + proc.stderr
+    assert_same_runs(sequential[0], tmp_path)
+    assert _drawn(proc.stdout) == 1
+    assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
+    logs = "".join(p.read_text() for p in (tmp_path / "results" / "fig3" / ".submitit").rglob("*.err"))
+    assert logs.count(BASELINE_LINE) == 1                      # four jobs, one baseline
+
+
+WARM_JOB = textwrap.dedent("""
+    import hashlib, os, sys, time
+    from pathlib import Path
+    import torch
+    import repro.warmstart as ws
+    from repro.run import compose, parse
+
+    results, go, calls = sys.argv[1:4]
+    cfg = parse(compose([f"results_dir={results}", "start=warm", "warm_start_epochs=1", "progress=false"]))
+    train = ws.train_baseline
+
+    def counted(cfg, device):
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        time.sleep(1.0)            # a slow baseline: the other job must wait, not train its own
+        return train(cfg, device)
+
+    ws.train_baseline = counted
+    while not Path(go).exists():   # both jobs start together
+        time.sleep(0.01)
+    params, rule = ws.warm_start_state(cfg, torch.device("cpu"))
+    print(hashlib.sha1(params.numpy().tobytes()).hexdigest())
+""")
+
+
+def test_two_jobs_starting_together_train_the_warm_start_baseline_once(tmp_path):
+    go, calls = tmp_path / "go", tmp_path / "calls"
+    procs = [subprocess.Popen([sys.executable, "-c", WARM_JOB, str(tmp_path / "results"), str(go), str(calls)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    time.sleep(3.0)   # both have imported torch and wait at the start line
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert len(calls.read_text().split()) == 1                 # trained once
+    assert outs[0][0] == outs[1][0] and len(outs[0][0].strip()) == 40   # the same start for both
+    assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
+
+
+def _wait_running(root: Path, n: int, timeout_s: float = 120) -> None:
+    """Until ``n`` grid points are training (their summary says running)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = [json.loads(p.read_text()).get("status") for p in (root / "results" / "fig3").glob("*/summary.json")
+                  if p.stat().st_size]
+        if states.count("running") >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{n} grid points never ran")
+
+
+def _ctrl_c(root: Path, launcher: str, running: int, *extra: str, epochs: float = 400) -> tuple[subprocess.Popen, str]:
+    """Start a long grid in its own session, press Ctrl-C (SIGINT to the process group, as a
+    terminal does) once ``running`` points train, and wait for the launcher to end."""
+    cmd = [a if not a.startswith("num_epochs=") else f"num_epochs={epochs:g}"
+           for a in grid_cmd(root, launcher, *extra)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "MPLBACKEND": "Agg"})
+    try:
+        _wait_running(root, running)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc, out
+
+
+def _assert_no_leftovers(proc: subprocess.Popen, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = session_processes(proc.pid)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+def _statuses(root: Path) -> list[str]:
+    return sorted(json.loads(p.read_text())["status"] for p in (root / "results" / "fig3").glob("*/summary.json"))
+
+
+def test_ctrl_c_stops_every_joblib_job_cleanly_and_leaves_no_process(tmp_path):
+    proc, out = _ctrl_c(tmp_path, "parallel", 2, "hydra.launcher.n_jobs=2")
+    assert proc.returncode == 130, out[-3000:]
+    _assert_no_leftovers(proc)
+    assert _statuses(tmp_path) == ["interrupted", "interrupted"], out[-3000:]   # both stopped cleanly
+    assert "[grid fig3] SIGINT: no new grid point starts" in out and "stopped by SIGINT" in out
+    assert "2 interrupted" in out and "2 not started" in out
+    assert "Traceback" not in out and "fig3: wrote" not in out
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_resume_auto_finishes_the_grid(tmp_path):
+    proc, out = _ctrl_c(tmp_path, "parallel", 2, "hydra.launcher.n_jobs=2", epochs=20)
+    assert proc.returncode == 130, out[-3000:]
+    _assert_no_leftovers(proc)
+    assert _statuses(tmp_path) == ["interrupted", "interrupted"]
+    cmd = [a if not a.startswith("num_epochs=") else "num_epochs=20"
+           for a in grid_cmd(tmp_path, "parallel", "hydra.launcher.n_jobs=2", "resume=auto")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"finished: {POINTS}/{POINTS} done" in done.stderr
+    assert _statuses(tmp_path) == ["completed"] * POINTS
+    assert _drawn(done.stdout) == 1
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_sequential_grid_instead_of_starting_the_next_point(tmp_path):
+    proc, out = _ctrl_c(tmp_path, "basic", 1)
+    assert proc.returncode == 130, out[-3000:]
+    _assert_no_leftovers(proc)
+    assert _statuses(tmp_path) == ["interrupted"]
+    assert "stopped:" in out and "resume=auto" in out
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_submitit_local_leaves_no_process_and_no_running_point(tmp_path):
+    proc, out = _ctrl_c(tmp_path, "submitit_local", POINTS)
+    assert proc.returncode == 130, out[-3000:]
+    _assert_no_leftovers(proc)
+    # each job's controller forwards the Ctrl-C to its task once more: a forced stop, still recorded
+    assert _statuses(tmp_path) == ["interrupted"] * POINTS
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark's command line (running it takes minutes: README, Benchmarks)
+# ---------------------------------------------------------------------------------------------
+
+def test_bench_grid_options_and_dispatch(monkeypatch):
+    args = bench.parse_args(["grid", "--exp", "fig2", "--epochs", "0", "--jobs", "2"])
+    assert (args.which, args.exp, args.epochs, args.jobs, args.keep) == ("grid", "fig2", 0.0, 2, None)
+    defaults = bench.parse_args(["grid"])
+    assert (defaults.exp, defaults.epochs, defaults.jobs) == ("fig4", 0.0, None)
+    for bad in (["grid", "--jobs", "0"], ["grid", "--epochs", "-1"], ["grid", "--repeats", "0"], ["grid", "--blocks", "2"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    seen = []
+    monkeypatch.setattr(bench_grid, "run", lambda a: seen.append(a.exp) or 0)
+    assert bench.main(["grid", "--exp", "fig1"]) == 0 and seen == ["fig1"]
+
+
+def test_bench_grid_commands_differ_only_in_the_launcher(tmp_path):
+    basic = bench_grid.command("fig3", tmp_path / "a", "basic", 5.0, 2, tmp_path / "_data")
+    parallel = bench_grid.command("fig3", tmp_path / "b", "parallel", 5.0, 2, tmp_path / "_data")
+    assert "hydra/launcher=basic" in basic and "hydra/launcher=parallel" in parallel
+    assert "hydra.launcher.n_jobs=2" in parallel and "num_epochs=5" in basic
+    assert not any(a.startswith("num_threads") for a in basic + parallel)   # same folder names
+
+
+# ---------------------------------------------------------------------------------------------
+# Every experiment grid: parallel by default, with progress and a clean Ctrl-C
+# ---------------------------------------------------------------------------------------------
+
+GRIDS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml") if "MULTIRUN" in p.read_text())
+
+
+def test_every_grid_experiment_is_found():
+    assert {"fig1", "fig2", "fig3", "fig4", "staleness", "fig3_paper", "fig4_paper", "stability",
+            "momentum", "sync_vs_async", "mitigation"} <= set(GRIDS)
+
+
+@pytest.mark.parametrize("exp", GRIDS)
+def test_every_grid_experiment_runs_in_parallel_with_progress_and_a_figure(exp):
+    from repro.run import compose
+
+    full = compose([f"+exp={exp}"], return_hydra_config=True)
+    assert str(full.hydra.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
+    assert full.hydra.launcher._target_.endswith("JoblibLauncher") and full.hydra.launcher.n_jobs == -1
+    callbacks = full.hydra.callbacks
+    assert callbacks.grid._target_ == "repro.hydra_callbacks.Grid"
+    assert callbacks.figure._target_ == "repro.hydra_callbacks.BuildFigure"
+    assert list(callbacks) == ["figure", "grid"]   # Hydra ends them in reverse: progress, then figure
+    assert full.num_threads == 1                    # one torch thread per job
