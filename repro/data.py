@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from repro.datacache import mnist1d_arrays, mnist1d_cache_path  # noqa: F401 (re-exported)
 from repro.errors import ConfigError, DataError
 from repro.registry import SpecRegistry
 
@@ -146,29 +147,26 @@ def _load_digits(root, num_train, num_test) -> Dataset:
 
 # ----------------------------------------------------------------------------- mnist1d
 
+MNIST1D_DEFAULT_TRAIN, MNIST1D_DEFAULT_TEST = 4000, 1000
+
+
 @DATASETS.register("mnist1d", input_shape=(1, 40), num_classes=10)
 def _load_mnist1d(root, num_train, num_test) -> Dataset:
     """MNIST-1D generated locally with the library's default seed (never its downloader).
 
     ``num_train + num_test`` samples are generated (~0.7 ms each); train = the first
     ``num_train``, test = the last ``num_test``. With the defaults (4000/1000) that is exactly the
-    library's own data set and split.
-    """
-    from mnist1d.data import get_dataset_args, make_dataset
+    library's own data set and split. The samples depend only on how many are generated (and the
+    library's fixed generation seed 42), never on the training seed.
 
-    n_tr = 4000 if num_train is None else num_train
-    n_te = 1000 if num_test is None else num_test
-    args = get_dataset_args()
+    ``root`` (``data.root``), when set, is a cache folder (:mod:`repro.datacache`); with ``root``
+    null nothing is written at all.
+    """
+    n_tr = MNIST1D_DEFAULT_TRAIN if num_train is None else num_train
+    n_te = MNIST1D_DEFAULT_TEST if num_test is None else num_test
     # make_dataset draws whole classes of (num_samples // 10) samples: round up to a multiple of 10.
-    args.num_samples = -(-(n_tr + n_te) // 10) * 10
-    # make_dataset reseeds Python's and numpy's global RNGs; put them back so loading data
-    # does not silently change anything else that draws from them.
-    py_state, np_state = random.getstate(), np.random.get_state()
-    try:
-        raw = make_dataset(args)
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
+    num_samples = -(-(n_tr + n_te) // 10) * 10
+    raw = mnist1d_arrays(num_samples, root)
     x = np.concatenate([raw["x"], raw["x_test"]])[:, None, :]
     y = np.concatenate([raw["y"], raw["y_test"]])
     return _finish("mnist1d", x[:n_tr], y[:n_tr], x[len(y) - n_te:], y[len(y) - n_te:], 10, None)

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from repro import schema
 from repro.logs import get_logger
@@ -22,19 +22,24 @@ RESERVE_BYTES = 64 * 1024
 _log = get_logger("repro.progress")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file and rename, so a reader never sees half a file (and a full disk
-    leaves the old file and no temp file)."""
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(f)`` to a temp file, then rename, so a reader never sees half a file (and a full
+    disk leaves the old file and no temp file)."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def write_json(path: Path, obj: Any) -> None:
