@@ -113,6 +113,17 @@ def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential,
     assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
     assert _drawn(proc.stdout) == 1               # drawn once, after the grid
     assert f"[grid fig3] finished: {POINTS}/{POINTS} done" in out
+    assert (tmp_path / "figures" / "fig3.png").stat().st_size > 10_000
+    assert (tmp_path / "figures" / "fig3.pdf").exists()
+
+    runs = run_folders(tmp_path)
+    before = {name: (r / "updates.csv").stat().st_mtime_ns for name, r in runs.items()}
+    again = launch(tmp_path, None, "hydra.launcher.n_jobs=2")   # finished points are skipped
+    out = again.stdout + again.stderr
+    assert out.count("already completed") == POINTS
+    assert f"[grid fig3] finished: {POINTS}/{POINTS} done ({POINTS} skipped: already finished)" in out
+    assert all((runs[n] / "updates.csv").stat().st_mtime_ns == t for n, t in before.items())
+    assert _drawn(again.stdout) == 1 and BASELINE_LINE not in out
 
 
 def test_submitit_local_executor_writes_the_same_runs_and_figure_as_sequential(sequential, tmp_path):
