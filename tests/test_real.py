@@ -421,3 +421,24 @@ def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path):
     _check_sync_rows(upd, 3)
     lost_at = next(e["version"] for e in summary["events"] if e["type"] == "client_lost")
     assert (upd[upd.version > lost_at + 1].num_samples == 2 * 4 * 32).all()
+
+
+SPAWN_UNDER_LOKY = """
+import multiprocessing as mp
+from joblib.externals.loky.backend.context import get_context   # registers the 'loky' method
+from repro.real.launch import spawn_context
+
+mp.set_start_method("loky", force=True)        # what a grid's joblib worker runs under
+proc = spawn_context().Process(target=print, args=("child ran",))
+proc.start()
+proc.join(60)
+raise SystemExit(proc.exitcode)
+"""
+
+
+def test_clients_spawn_inside_a_joblib_worker():
+    """A real run as a grid point under hydra/launcher=parallel: its clients must start (a spawned
+    child re-applies the worker's process-wide start method, 'loky', and could not find it)."""
+    proc = subprocess.run([sys.executable, "-c", SPAWN_UNDER_LOKY], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "child ran" in proc.stdout, proc.stderr[-2000:]

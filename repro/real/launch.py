@@ -243,8 +243,18 @@ def _handover(ds: Dataset) -> Dataset | None:
     return ds.to("cpu") if size <= HANDOVER_MAX_BYTES else None
 
 
+def spawn_context():
+    """multiprocessing's spawn context, safe inside a grid's joblib worker: a spawned child first
+    re-applies its parent's *process-wide* start method (multiprocessing.spawn.prepare), and in a
+    joblib (loky) worker that is 'loky', which a plain child cannot find, so every client would
+    die at start-up. There the process-wide method becomes spawn too."""
+    if mp.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        mp.set_start_method("spawn", force=True)
+    return mp.get_context("spawn")
+
+
 def _spawn_clients(cfg: RunConfig, port: int, dataset: Dataset | None) -> dict:
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     procs = {}
     for k in range(1, cfg.num_clients + 1):
         proc = ctx.Process(target=_client_process, args=(cfg, k, port, os.getpid(), dataset),
