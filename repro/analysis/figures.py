@@ -175,7 +175,7 @@ def _error_vs_time(ax, frame: pd.DataFrame, all_frame: pd.DataFrame) -> None:
     ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     multi = all_frame[all_frame["num_clients"] > 1]["time_s"]
     single = all_frame[all_frame["num_clients"] == 1]["time_s"]
-    if len(multi) and len(single) and single.max() > 1.5 * multi.max():
+    if len(multi) and len(single) and multi.max() > 0 and single.max() > 1.5 * multi.max():
         right = 1.25 * multi.max()
         ax.set_xlim(0, right)
         drawn = frame[frame["num_clients"] == 1]["time_s"]
