@@ -31,7 +31,7 @@ from repro.components import load_data
 from repro.config import AlgoConfig, CostConfig, RunConfig
 from repro.data import ClientStream
 from repro.models import build_model
-from repro.sim import Simulation, build_problem
+from repro.sim import build_problem, simulate
 
 TARGET_SIM = 1.10
 
@@ -55,14 +55,14 @@ def plain_loop_s(cfg: RunConfig, num_steps: int) -> float:
 
 def sim_run_s(cfg: RunConfig) -> tuple[float, int]:
     """Seconds for the simulator's whole run (logging, two evaluations) and its step count."""
-    problem = build_problem(cfg, torch.device("cpu"))
+    problem = build_problem(cfg, torch.device("cpu"))   # data and model: not the simulator's cost
     with tempfile.TemporaryDirectory() as run_dir:
-        sim = Simulation(cfg, problem, run_dir, compute_s=cfg.cost.compute_s)
         start = time.perf_counter()
-        sim.run()
+        summary = simulate(cfg, run_dir, problem=problem)
         elapsed = time.perf_counter() - start
-        steps = sim.server.version * cfg.nsync
-    return elapsed, steps
+    if summary["status"] != "completed":
+        raise RuntimeError(f"the benchmark's simulation ended {summary['status']}: {summary.get('message')}")
+    return elapsed, int(summary["version"]) * cfg.nsync
 
 
 def bench_sim(num_epochs: float, repeats: int) -> bool:

@@ -184,7 +184,8 @@ def measure_protocol(sizes: tuple = SIZES, blocks: int = 7) -> dict:
 
 def _samples_per_s(num_clients: int, epochs: float, folder: Path) -> float:
     """Steady-state training samples per second of one run_real: from updates.csv, over the
-    pushes after the first epoch (start-up, the version-0 evaluation and warm-up excluded)."""
+    pushes after the first epoch, or the second half of a shorter run (start-up, the version-0
+    evaluation and warm-up excluded)."""
     import pandas as pd
 
     from repro.config import AlgoConfig, BackendConfig, RunConfig
@@ -198,7 +199,10 @@ def _samples_per_s(num_clients: int, epochs: float, folder: Path) -> float:
     if summary["status"] != "completed":
         raise RuntimeError(f"throughput run with {num_clients} client(s) ended {summary['status']}")
     upd = pd.read_csv(run_dir / "updates.csv")
-    steady = upd[upd.epoch >= 1.0]
+    steady = upd[upd.epoch >= min(1.0, epochs / 2)]   # a short run (--epochs < 2): its second half
+    if len(steady) < 2:
+        raise RuntimeError(f"throughput run with {num_clients} client(s) applied too few pushes "
+                           f"({len(upd)}) to measure a rate; use more --epochs")
     first, last = steady.iloc[0], steady.iloc[-1]
     return (last.samples_seen - first.samples_seen) / (last.time_s - first.time_s)
 

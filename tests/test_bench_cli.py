@@ -76,3 +76,19 @@ def test_python_dash_m_help_exits_zero():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "--repeats" in done.stdout and "DESIGN.md" not in done.stdout
+
+
+def test_the_simulator_benchmark_runs_and_prints_its_ratios(capsys):
+    """Shrunk: two rows (nsync 1 and 16), each with a measured ratio and a verdict; no time is
+    asserted (wall times vary by machine)."""
+    ok = bench.bench_sim(num_epochs=0.25, repeats=1)
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] in (["1"], ["16"])]
+    assert [r[0] for r in rows] == ["1", "16"] and all(r[-1] in ("PASS", "FAIL") for r in rows)
+    assert all(int(r[1]) > 0 and float(r[4]) > 0 for r in rows) and isinstance(ok, bool)
+
+
+@pytest.mark.slow
+def test_the_real_benchmark_runs_shrunk(capsys):
+    assert bench.main(["real", "--blocks", "1", "--epochs", "1"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "nan" not in out and "run_real" in out and "raw/raw" in out
