@@ -42,6 +42,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from repro.locks import read_holder
+from repro.runfolder import LOCK_FILE
+from repro.runlog import read_summary
 from repro.schema import FINISHED_STATUSES
 
 log = logging.getLogger("repro")
@@ -118,23 +121,8 @@ def grid_points(config: DictConfig) -> list[str] | None:
 
 
 def lock_holder(run_dir: Path) -> dict | None:
-    """Who holds the run folder's lock, read without taking it: its holder record while held
-    (None when free, or when its holder on this host is dead: the kernel has dropped the lock)."""
-    try:
-        text = (Path(run_dir) / ".lock").read_text()
-        holder = json.loads(text) if text.strip() else None
-    except (OSError, ValueError):
-        return None
-    if not isinstance(holder, dict):
-        return None
-    if holder.get("host") == socket.gethostname():
-        try:
-            os.kill(int(holder.get("pid", -1)), 0)
-        except (ProcessLookupError, ValueError, OverflowError):
-            return None
-        except PermissionError:
-            pass   # alive, someone else's
-    return holder
+    """Who holds the run folder's lock (:func:`repro.locks.read_holder`), read without taking it."""
+    return read_holder(Path(run_dir) / LOCK_FILE)
 
 
 def point_state(run_dir: Path) -> str:
@@ -142,13 +130,18 @@ def point_state(run_dir: Path) -> str:
     ``killed`` (its summary still says running, nobody holds it) or ``waiting`` (no run yet)."""
     if lock_holder(run_dir) is not None:
         return "running"
-    try:
-        status = json.loads((Path(run_dir) / "summary.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return "waiting"
+    status = _status(run_dir)
     if status in FINISHED_STATUSES:
         return "done"
-    return {"running": "killed"}.get(status, status if status in ("interrupted", "failed") else "waiting")
+    if status == "running":
+        return "killed"
+    return status if status in ("interrupted", "failed") else "waiting"
+
+
+def _status(run_dir: Path) -> str | None:
+    """The status the folder's summary.json records (None: no readable summary)."""
+    summary = read_summary(run_dir)
+    return summary.get("status") if isinstance(summary, dict) else None
 
 
 def _end_idle_workers() -> None:
@@ -294,11 +287,7 @@ class Grid(Callback):
         if os.getpid() != self.main_pid:
             return
         run_dir = Path(str(config.hydra.runtime.output_dir))
-        try:
-            status = json.loads((run_dir / "summary.json").read_text()).get("status")
-        except (OSError, ValueError, AttributeError):
-            return
-        if status == "interrupted":   # (an interrupted folder from an earlier launch is refused or resumed)
+        if _status(run_dir) == "interrupted":   # (an interrupted folder from an earlier launch is refused or resumed)
             self._stopping = True
             self._mark_stopped()
             self._stop_watching()
@@ -340,8 +329,8 @@ class Grid(Callback):
     def states(self) -> dict[str, str]:
         return {f: point_state(self.sweep_dir / f) for f in self._folders()} if self.sweep_dir else {}
 
-    def progress_line(self, final: bool = False, prefix: str = "") -> str:
-        states = self.states()
+    def progress_line(self, final: bool = False, prefix: str = "", states: dict | None = None) -> str:
+        states = self.states() if states is None else states
         groups: dict[str, list[str]] = {}
         for folder, state in states.items():
             groups.setdefault(state, []).append(folder)
@@ -369,7 +358,7 @@ class Grid(Callback):
             now = time.monotonic()
             if self._show and (key != last_key or (self.every_s and now - last_print >= self.every_s)):
                 if last_key is not None or any(s == "running" for s in states.values()):
-                    print(self.progress_line(), file=sys.stderr, flush=True)
+                    print(self.progress_line(states=states), file=sys.stderr, flush=True)
                 last_key, last_print = key, now
 
 

@@ -75,9 +75,38 @@ def holder_info() -> dict:
 
 def _read_holder(fd: int) -> dict:
     try:
-        return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, ValueError):
+        return _parse_holder(os.pread(fd, 4096, 0))
+    except OSError:
         return {}
+
+
+def _parse_holder(data: bytes) -> dict:
+    """The holder record a lock file holds ({} when released: release() empties it)."""
+    try:
+        holder = json.loads(data.decode() or "{}")
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def read_holder(path: str | Path) -> dict | None:
+    """Who holds the lock at ``path``, read without taking it (an observer, e.g. a grid's progress
+    line, must not write the file): the holder record while held; None when free, or when the
+    holder on this host is dead (the kernel has dropped its lock, the record is only stale)."""
+    try:
+        holder = _parse_holder(Path(path).read_bytes())
+    except OSError:
+        return None
+    if not holder:
+        return None
+    if holder.get("host") == socket.gethostname():
+        try:
+            os.kill(int(holder.get("pid", -1)), 0)
+        except (ProcessLookupError, ValueError, OverflowError):
+            return None
+        except PermissionError:
+            pass   # alive, someone else's
+    return holder
 
 
 def is_locked(path: str | Path) -> bool:
