@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from repro.bench_real import positive
+
 TARGET = 1.7
 LAUNCHERS = (("basic", "basic (one after another)"), ("parallel", "parallel (joblib)"))
 
@@ -39,31 +41,16 @@ Exit status 0 when the ratio meets the target and the tables are identical,
 1 otherwise."""
 
 
-def number(kind, allow_zero: bool = False):
-    """An argparse type: a positive ``kind`` (or zero, with ``allow_zero``)."""
-    what = f"{'non-negative' if allow_zero else 'positive'} {kind.__name__}"
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {what}, got {text!r}") from None
-        if value < 0 or (value == 0 and not allow_zero) or value != value:
-            raise argparse.ArgumentTypeError(f"expected a {what}, got {text!r}")
-        return value
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--exp", default="fig4",
                         help="the experiment whose grid is timed (default: %(default)s)")
-    parser.add_argument("--epochs", type=number(float, allow_zero=True), default=0.0,
+    parser.add_argument("--epochs", type=positive(float, allow_zero=True), default=0.0,
                         help="num_epochs of every grid point, to make the benchmark shorter; 0 "
                              "keeps the experiment's own (default: %(default)s). Fixed costs (start-up, "
                              "warm-start baseline, figure) weigh more in a shorter grid, so the ratio drops")
-    parser.add_argument("--jobs", type=number(int), default=None,
+    parser.add_argument("--jobs", type=positive(int), default=None,
                         help="parallel jobs (default: one per core, as the launcher does)")
-    parser.add_argument("--repeats", type=number(int), default=1,
+    parser.add_argument("--repeats", type=positive(int), default=1,
                         help="launches of each kind, interleaved; the fastest of each counts, so a "
                              "burst of other load on a shared machine counts less (default: %(default)s)")
     parser.add_argument("--keep", metavar="DIR", default=None,
