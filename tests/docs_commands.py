@@ -118,28 +118,10 @@ class Command:
 # Lexing: comments and && outside quotes
 # ---------------------------------------------------------------------------------------------
 
-def split_comment(line: str) -> tuple[str, str]:
-    """(code, comment): a ``#`` that starts a word outside quotes starts a comment, as in bash."""
+def _unquoted(text: str):
+    """Indices of the characters outside quotes, as bash reads them: a backslash escapes the next
+    character (not inside '...'), and the quote characters themselves are not yielded."""
     quote, i = None, 0
-    while i < len(line):
-        c = line[i]
-        if c == "\\" and quote != "'":
-            i += 2
-            continue
-        if quote:
-            if c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1] in " \t;&|("):
-            return line[:i].rstrip(), line[i + 1:].strip()
-        i += 1
-    return line.rstrip(), ""
-
-
-def split_and(text: str) -> list[str]:
-    """The parts of ``a && b && c`` (``&&`` outside quotes); other operators stay inside."""
-    parts, quote, start, i = [], None, 0, 0
     while i < len(text):
         c = text[i]
         if c == "\\" and quote != "'":
@@ -150,11 +132,26 @@ def split_and(text: str) -> list[str]:
                 quote = None
         elif c in "'\"":
             quote = c
-        elif text.startswith("&&", i):
-            parts.append(text[start:i].strip())
-            start = i = i + 2
-            continue
+        else:
+            yield i
         i += 1
+
+
+def split_comment(line: str) -> tuple[str, str]:
+    """(code, comment): a ``#`` that starts a word outside quotes starts a comment, as in bash."""
+    for i in _unquoted(line):
+        if line[i] == "#" and (i == 0 or line[i - 1] in " \t;&|("):
+            return line[:i].rstrip(), line[i + 1:].strip()
+    return line.rstrip(), ""
+
+
+def split_and(text: str) -> list[str]:
+    """The parts of ``a && b && c`` (``&&`` outside quotes); other operators stay inside."""
+    parts, start = [], 0
+    for i in _unquoted(text):
+        if i >= start and text.startswith("&&", i):   # i < start: the second '&' of the last '&&'
+            parts.append(text[start:i].strip())
+            start = i + 2
     parts.append(text[start:].strip())
     return [p for p in parts if p]
 
