@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 import repro.api as asgd
-from repro.analysis.lab_stability import critical_lr
-from repro.analysis.lab_sync import harmonic
-from repro.data import QUADRATIC_CURVATURES, load_dataset
-from repro.models import build_model
-from repro.worker import quadratic_loss
+from repro.analysis.lab.stability import critical_lr
+from repro.analysis.lab.sync import harmonic
+from repro.problem.data import QUADRATIC_CURVATURES, load_dataset
+from repro.problem.models import build_model
+from repro.asgd.flatnet import quadratic_loss
 
 QUICK = os.environ.get("REPRO_LAB_QUICK") == "1"
 SCALE = 0.25 if QUICK else 1.0          # budgets shrink in the quick mode; conclusions must hold
@@ -106,7 +106,7 @@ for n in (1, 2, 4):
 # plain gradient descent (mu = 0). (+exp=momentum measures mu for N = 2, 4, 8 over seeds.)
 
 # %%
-from repro.analysis.lab_momentum import theorem_response   # noqa: E402
+from repro.analysis.lab.momentum import theorem_response  # noqa: E402
 
 print("3. asynchrony begets momentum: 4 async plain-SGD clients against the theorem's curves")
 n, lr, steps = 4, 0.2, 100

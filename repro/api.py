@@ -25,16 +25,25 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from repro import schema
-from repro.worker import Worker
-from repro.components import EvalSets, resolve_device
-from repro.config import (AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig,
-                          from_dict, validate)
-from repro.data import Dataset
+from repro.asgd.flatnet import Worker
+from repro.config.help import CONF_DIR, group_options
+from repro.config.settings import (
+    AlgoConfig,
+    CostConfig,
+    DataConfig,
+    ModelConfig,
+    ProtocolConfig,
+    RunConfig,
+    from_dict,
+    validate,
+)
 from repro.errors import ConfigError
-from repro.resources import CONF_DIR, group_options
-from repro.problem import Problem
-from repro.sim import simulate as sim_run
+from repro.files import schema
+from repro.problem.build import Problem
+from repro.problem.data import Dataset
+from repro.problem.evaluation import EvalSets
+from repro.runtime import resolve_device
+from repro.sim.driver import simulate as sim_run
 
 ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or torch tensors
 
@@ -197,7 +206,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
                     protocol=ProtocolConfig(name=protocol, backup_workers=backup_workers,
                                             staleness_bound=staleness_bound))
     validate(cfg)
-    if cfg.cost.profile == "replay":
+    if cfg.cost.schedule == "replay":
         raise ConfigError("cost", "replay", "a cost model; replay a recorded run with python -m repro.run cost=replay")
     dev = resolve_device(device)
     ds = _dataset(train, test, dev)

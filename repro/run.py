@@ -1,7 +1,7 @@
 """Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
 
 This module does the Hydra work and nothing else: it checks the command line (unknown keys, group
-options, ``--help``), composes the config, parses it once into a :class:`~repro.config.RunConfig`
+options, ``--help``), composes the config, parses it once into a :class:`~repro.config.settings.RunConfig`
 (nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
 ``run(config, run_dir) -> summary``. Bad input exits with code 2 and a message naming the key,
 the bad value and the valid choices, before Hydra makes any folder when it can (a single run),
@@ -23,33 +23,20 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from repro import confhelp
-from repro.config import RunConfig, all_keys, check_components, from_dict, shaping_keys
+from repro.config import help as confhelp
+from repro.config.help import CONF_DIR, group_options
+from repro.config.settings import RunConfig, all_keys, from_dict
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.logs import get_logger
-from repro.resources import CONF_DIR, group_options
-from repro.runfolder import drop_hydra_record
+from repro.runs.folder import drop_hydra_record
+from repro.runtime import torchrun_env
 
 log = get_logger("repro.run")
 GROUPS = (*confhelp.GROUPS, *confhelp.OPTIONAL_GROUPS)
 
 
-def job_name(overrides) -> str:
-    """A run folder's name: the command-line overrides of keys that shape training, sorted, as
-    Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
-    ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.shaping_keys`)."""
-    shaping = set(shaping_keys()) | set(confhelp.GROUPS) | {"problem", "mitigation"}
-    kept = []
-    for item in overrides or ():
-        key, sep, value = str(item).partition("=")
-        key = key.lstrip("+~")
-        if sep and key in shaping:
-            kept.append((key, value))
-    return ",".join(f"{k}={v}" for k, v in sorted(kept)) or "base"
-
-
 if not OmegaConf.has_resolver("job_name"):
-    OmegaConf.register_new_resolver("job_name", lambda overrides: job_name(list(overrides)))
+    OmegaConf.register_new_resolver("job_name", lambda overrides: confhelp.job_name(list(overrides)))
 if not OmegaConf.has_resolver("pid"):   # the Hydra record's folder, this process's own
     OmegaConf.register_new_resolver("pid", lambda: os.getpid())
 
@@ -68,12 +55,12 @@ def parse(dcfg: DictConfig) -> RunConfig:
 def run(cfg: RunConfig, run_dir: str | Path) -> dict:
     """Train as configured, writing ``run_dir``; return the summary. What a folder that already
     holds a run means (skip it, continue it with resume=true, start over with force=true, else
-    refuse) is decided by the run core (:func:`repro.core.run_folder`), for both drivers."""
+    refuse) is decided by the run core (:func:`repro.runs.folder.run_folder`), for both drivers."""
     if cfg.backend.name == "real":
-        from repro.real import run_real
+        from repro.real.launch import run_real
 
         return run_real(cfg, run_dir)
-    from repro.sim import simulate
+    from repro.sim.driver import simulate
 
     return simulate(cfg, run_dir)
 
@@ -186,6 +173,13 @@ def _is_sweep(argv: list[str]) -> bool:
         re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
 
 
+def check_components(cfg: RunConfig) -> None:
+    """The model against the data's declared shape (imported here: it pulls in torch)."""
+    from repro.problem.build import check_components as check
+
+    check(cfg)
+
+
 def precheck(argv: list[str]) -> None:
     """A single run's whole config, validated before Hydra makes a folder: every key's range,
     the model against the data, a key set under the wrong backend. (Grid points are checked
@@ -229,9 +223,7 @@ def print_help(argv: list[str]) -> None:
 
 
 def _torchrun_rank() -> int | None:
-    """This process's rank when started by torchrun, else None (one definition: the driver's)."""
-    from repro.real.launch import torchrun_env
-
+    """This process's rank when started by torchrun, else None."""
     env = torchrun_env()
     return None if env is None else env.rank
 
@@ -255,7 +247,7 @@ def cli() -> None:
     check_overrides(argv)
     rank = _torchrun_rank()
     if rank is not None and rank > 0:
-        from repro.real import run_torchrun_worker
+        from repro.real.launch import run_torchrun_worker
 
         try:
             cfg = parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))

@@ -1,4 +1,4 @@
-"""A small synthetic results tree for the analysis tests, written with :mod:`repro.schema`.
+"""A small synthetic results tree for the analysis tests, written with :mod:`repro.files.schema`.
 
 :func:`make_results` writes ``fig1`` .. ``fig4`` experiments whose curves follow a simple law
 (more clients -> more samples per second, staleness costs a little progress per sample), plus
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from repro import schema
+from repro.files import schema
 
 TRAIN_SIZE = 1000
 BATCH_SIZE = 32

@@ -23,7 +23,7 @@ import json
 import math
 from pathlib import Path
 
-from repro import schema
+from repro.files import schema
 
 NEWLINE = b"\n"
 TERMINAL = tuple(s for s in schema.STATUSES if s != "running")

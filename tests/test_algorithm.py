@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from repro.algorithm import AdagradRule, DeltaRule, DownpourRule, LocalSGD, Push, Server, make_rule
-from repro.components import build_worker, load_data, make_clients, make_server
-from repro.config import AlgoConfig, DataConfig, ModelConfig, RunConfig
-from repro.data import ClientStream
-from repro.models import build_model
+from repro.asgd.algorithm import LocalSGD, Push, Server
+from repro.asgd.rules import AdagradRule, DeltaRule, DownpourRule, make_rule
+from repro.config.settings import AlgoConfig, DataConfig, ModelConfig, RunConfig
+from repro.problem.build import build_worker, load_data, make_clients, make_server
+from repro.problem.data import ClientStream
+from repro.problem.models import build_model
 
 
 def _push(update, read_version=0, client=1):

@@ -21,12 +21,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from repro import schema  # noqa: E402
 from repro.analysis import figures, frames, load_runs, speedup_table, time_to_target  # noqa: E402
 from repro.analysis.__main__ import main  # noqa: E402
 from repro.analysis.build import build_figure  # noqa: E402
 from repro.analysis.load import NoRunsError  # noqa: E402
 from repro.analysis.tables import resolve_target, run_speedups  # noqa: E402
+from repro.files import schema  # noqa: E402
+
 try:  # tests/ as a package (python -m pytest from the root) or as a plain folder on sys.path
     from tests import fake_runs  # noqa: E402
 except ImportError:
@@ -68,7 +69,7 @@ def test_load_flattens_config_and_keeps_diverged(fig3_runs):
 
 
 def test_reads_what_the_drivers_runlog_writes(tmp_path):
-    runlog = pytest.importorskip("repro.runlog")
+    runlog = pytest.importorskip("repro.runs.runlog")
     log = runlog.RunLog(tmp_path / "exp" / "job", fake_runs.config("exp", 2, 4, 0, "cold"),
                         clock="virtual", backend="sim", num_train=100, eval_every=0.5,
                         target_error=0.1)
@@ -155,7 +156,7 @@ def _set_version(rows: list[list[str]], index: int, version: int) -> list[list[s
 
 
 # folder -> (file, edit of its rows, words the warning must hold); every one of these a resume
-# would refuse (repro.runfolder.check_table)
+# would refuse (repro.runs.folder.check_table)
 BAD_TABLES = {
     "dup_update": (schema.UPDATES_FILE, lambda r: r[:3] + [r[2]] + r[3:], "repeats version 3"),
     "gap_update": (schema.UPDATES_FILE, lambda r: r[:3] + r[4:], "version 5 after version 3"),
@@ -197,15 +198,15 @@ def _running(exp: Path, name: str) -> Path:
 
 def test_a_running_summary_is_killed_or_still_running_by_its_lock(tmp_path):
     from repro.analysis.load import lock_held
-    from repro.locks import FileLock
-    from repro.runfolder import LOCK_FILE
+    from repro.files.locks import FileLock
+    from repro.files.schema import LOCK_FILE
 
     exp = tmp_path / "exp"
     no_lock_file = _running(exp, "no_lock_file")
     stale = _running(exp, "stale_lock")
     FileLock(stale / LOCK_FILE).acquire().release()      # a lock file nobody holds any more
     dead = _running(exp, "holder_died")
-    code = ("import sys, time; from repro.locks import FileLock; "
+    code = ("import sys, time; from repro.files.locks import FileLock; "
             "FileLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(dead / LOCK_FILE)],
                             stdout=subprocess.PIPE, text=True)
@@ -239,8 +240,8 @@ def test_a_running_summary_is_killed_or_still_running_by_its_lock(tmp_path):
 
 
 def test_no_summary_says_whether_a_process_still_holds_the_run(tmp_path):
-    from repro.locks import FileLock
-    from repro.runfolder import LOCK_FILE
+    from repro.files.locks import FileLock
+    from repro.files.schema import LOCK_FILE
 
     exp = tmp_path / "exp"
     for name in ("killed", "starting"):

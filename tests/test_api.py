@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from repro import api, schema
+from repro import api
 from repro.errors import ConfigError
+from repro.files import schema
 
 
 def _problem(n=256):

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from repro import bench, bench_real
+from repro.bench import __main__ as bench
+from repro.bench import real as bench_real
 
 
 def _exit_code(argv, capsys):

@@ -22,6 +22,7 @@ from repro.analysis.__main__ import main, parse_args  # noqa: E402
 from repro.analysis.build import build_figure  # noqa: E402
 from repro.analysis.compare import compare_values  # noqa: E402
 from repro.analysis.trees import tree_kind  # noqa: E402
+
 try:  # tests/ as a package (python -m pytest from the root) or as a plain folder on sys.path
     from tests import fake_runs  # noqa: E402
 except ImportError:

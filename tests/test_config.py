@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from repro.config import RunConfig, from_dict, to_dict
+from repro.config.settings import RunConfig, from_dict, to_dict
 from repro.errors import ConfigError
 from repro.run import CONF_DIR, compose, parse
 
@@ -38,7 +38,8 @@ def test_every_group_option_composes(group):
 
 def sweep_grid(exp: str) -> list[dict]:
     """The runs a figure's sweep launches, expanded as Hydra's basic sweeper does."""
-    from hydra import compose as hcompose, initialize_config_dir
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         full = hcompose(config_name="config", overrides=[f"+exp={exp}"], return_hydra_config=True)
@@ -113,8 +114,8 @@ def test_bad_values_name_key_value_and_choices(overrides, key, expected):
 def test_every_numeric_key_has_a_finite_range():
     """Issue: eval_every=1e-12 looped forever, num_epochs=inf never ended, timeout_s=1e300
     overflowed. Every number is checked against a finite range before any work."""
-    import dataclasses
-    from repro.config import Range, _leaves
+
+    from repro.config.settings import Range, _leaves
     for key, f in _leaves():
         valid = f.metadata["valid"]
         hint = f.type if isinstance(f.type, str) else str(f.type)
@@ -124,16 +125,16 @@ def test_every_numeric_key_has_a_finite_range():
 
 
 def test_every_key_is_documented_for_help():
-    from repro.confhelp import key_docs
-    from repro.config import all_keys
+    from repro.config.help import key_docs
+    from repro.config.settings import all_keys
     docs = key_docs()
     assert set(docs) == set(all_keys())
     assert all(len(doc) > 10 for doc in docs.values()), [k for k, d in docs.items() if len(d) <= 10]
 
 
 def test_training_shaping_keys_are_declared_once():
-    from repro.config import shaping_keys
-    from repro.run import job_name
+    from repro.config.help import job_name
+    from repro.config.settings import shaping_keys
     keys = set(shaping_keys())
     assert {"seed", "num_clients", "nsync", "num_threads", "device", "algo.lr", "cost.jitter"} <= keys
     assert not keys & {"exp_name", "resume", "force", "progress", "results_dir", "figures_dir",

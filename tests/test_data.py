@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from repro.data import DATASET_NAMES, ClientStream, Dataset, _latin1_encode, _mix, load_dataset
 from repro.errors import ConfigError, DataError
+from repro.problem.data import DATASET_NAMES, ClientStream, Dataset, _latin1_encode, _mix, load_dataset
 
 # ----------------------------------------------------------------------------- generated data sets
 

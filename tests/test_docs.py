@@ -17,7 +17,7 @@ environment running the tests and its ``bin`` comes first on ``PATH``, so ``pyth
 markdown, fenced or inline, slow and manual ones included (figure grids: every grid point;
 multi-node torchrun: its overrides), composes and validates as ``python -m repro.run`` would
 before training (:func:`repro.run.check_overrides`, :func:`repro.run.compose`,
-:func:`repro.run.parse`, :func:`repro.config.check_components`); every ``cost.path=`` names a run
+:func:`repro.run.parse`, :func:`repro.problem.build.check_components`); every ``cost.path=`` names a run
 folder that an earlier command of its block writes (or one in the repository); every fenced
 ``python -m repro.analysis`` draws from a results tree like the one its experiments leave
 (:mod:`tests.fake_runs`).
@@ -267,10 +267,10 @@ def compose_errors(args: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from repro import confhelp
     from repro import run as rr
-    from repro.config import check_components
+    from repro.config import help as confhelp
     from repro.errors import ConfigError
+    from repro.problem.build import check_components
 
     err = io.StringIO()
     try:
@@ -345,7 +345,7 @@ def _written_folders(step: dc.Step) -> set[Path]:
     relative to the directory it is run in."""
     from omegaconf import OmegaConf
 
-    from repro import run as rr
+    from repro.config.help import job_name
 
     try:
         fixed, grid, _, base = _grid(step.module_args)
@@ -353,13 +353,13 @@ def _written_folders(step: dc.Step) -> set[Path]:
         return set()
     tree = OmegaConf.to_container(base, resolve=True)
     root = Path(str(tree["results_dir"])) / str(tree["exp_name"])
-    return {root / rr.job_name(fixed + [f"{k}={v}" for k, v in zip(grid, values)])
+    return {root / job_name(fixed + [f"{k}={v}" for k, v in zip(grid, values)])
             for values in itertools.product(*grid.values())}
 
 
 def test_every_replay_path_names_a_run_folder_written_above_it():
     """``cost.path=`` of a replay: a folder an earlier command of its block writes (as Hydra
-    names it: repro.run.job_name), or a run folder in the repository."""
+    names it: repro.config.help.job_name), or a run folder in the repository."""
     problems, found = [], 0
     for name in DOCS:
         if not (REPO / name).is_file():

@@ -41,21 +41,45 @@ import pytest
 import torch
 
 import repro.api
-import repro.checkpoint
-import repro.runlog
-from repro.config import AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
+import repro.files.storage
+import repro.runs.runlog
+from repro.config.settings import (
+    AlgoConfig,
+    BackendConfig,
+    CostConfig,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    to_dict,
+)
 from repro.errors import ConfigError
 from repro.real import run_real
-from repro.sim import simulate
+from repro.sim.driver import simulate
 
 try:
     from tests.invariants import check_run_folder
-    from tests.test_real import (LAUNCHER, ROOT, assert_no_leftovers, client_pids, launch, real_cfg,
-                                 session_processes, wait_rows)
+    from tests.test_real import (
+        LAUNCHER,
+        ROOT,
+        assert_no_leftovers,
+        client_pids,
+        launch,
+        real_cfg,
+        session_processes,
+        wait_rows,
+    )
 except ImportError:   # pytest run without the repository root on sys.path
     from invariants import check_run_folder
-    from test_real import (LAUNCHER, ROOT, assert_no_leftovers, client_pids, launch, real_cfg,
-                           session_processes, wait_rows)
+    from test_real import (
+        LAUNCHER,
+        ROOT,
+        assert_no_leftovers,
+        client_pids,
+        launch,
+        real_cfg,
+        session_processes,
+        wait_rows,
+    )
 
 # ---------------------------------------------------------------------------------------------
 # Shared set-up
@@ -136,7 +160,7 @@ def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
 
 HOLDER = """
 import sys, time
-from repro.locks import FileLock
+from repro.files.locks import FileLock
 FileLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(300)
@@ -603,7 +627,7 @@ class FullDisk:
     def __init__(self, monkeypatch, at: tuple[str, int], fails: set[str]):
         self.kind, self.at = at
         self.fails, self.full, self.count = fails, False, {"row": 0, "checkpoint": 0}
-        write, save, atomic = repro.runlog.CsvWriter.write, torch.save, repro.runlog.atomic_write_text
+        write, save, atomic = repro.runs.runlog.CsvWriter.write, torch.save, repro.files.storage.atomic_write_text
         disk = self
 
         def csv_write(writer, row):
@@ -616,19 +640,19 @@ class FullDisk:
         def torch_save(obj, f, *args, **kwargs):
             disk.tick("checkpoint")
             if disk.full and "checkpoints" in disk.fails:
-                Path(f).write_bytes(b"PK\x03\x04 half a checkpoint")
+                f.write(b"PK\x03\x04 half a checkpoint")   # into the temp file
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return save(obj, f, *args, **kwargs)
 
         def atomic_write_text(path, text):
-            reserve = Path(path).parent / repro.runlog.RESERVE_FILE
+            reserve = Path(path).parent / repro.runs.runlog.RESERVE_FILE
             if disk.full and "json" in disk.fails and reserve.exists():
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return atomic(path, text)
 
-        monkeypatch.setattr(repro.runlog.CsvWriter, "write", csv_write)
-        monkeypatch.setattr(repro.checkpoint.torch, "save", torch_save)
-        monkeypatch.setattr(repro.runlog, "atomic_write_text", atomic_write_text)
+        monkeypatch.setattr(repro.runs.runlog.CsvWriter, "write", csv_write)
+        monkeypatch.setattr(repro.files.storage.torch, "save", torch_save)
+        monkeypatch.setattr(repro.files.storage, "atomic_write_text", atomic_write_text)
 
     def tick(self, kind: str) -> None:
         self.count[kind] += 1
@@ -699,13 +723,13 @@ def test_6_rerun_of_an_unfinished_run_needs_resume_or_force(tmp_path, monkeypatc
     naming the version reached (20); nothing changes; force=true then starts over from
     version 0 and gives the uninterrupted run's tables."""
     written = {}
-    init = repro.runlog.RunLog.__init__
+    init = repro.runs.runlog.RunLog.__init__
 
     def keep_first_summary(self, *args, **kwargs):   # the summary a SIGKILLed run leaves
         init(self, *args, **kwargs)
         written.setdefault("running", (self.run_dir / "summary.json").read_bytes())
 
-    monkeypatch.setattr(repro.runlog.RunLog, "__init__", keep_first_summary)
+    monkeypatch.setattr(repro.runs.runlog.RunLog, "__init__", keep_first_summary)
     run_dir = tmp_path / "run"
     simulate(SIM, run_dir, stop_at_version=STOP_AT)
     monkeypatch.undo()

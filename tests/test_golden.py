@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.config import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
-from repro.environment import environment
-from repro.sim import simulate
+from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
+from repro.runtime import environment
+from repro.sim.driver import simulate
 
 GOLDEN = Path(__file__).parent / "assets" / "golden_async"
 JITTER = CostConfig(profile="lan", compute_s=0.01, jitter="lognormal", jitter_sigma=0.3,

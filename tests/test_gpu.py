@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.config import BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
+from repro.config.settings import BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.real.transport import Frame, Header, Kind
-from repro.sim import simulate
+from repro.sim.driver import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -28,7 +28,7 @@ def _sim_cfg(**kw):
 @pytest.mark.gpu
 @needs_cuda
 def test_simulator_on_cuda_is_bitwise_reproducible(tmp_path):
-    """Deterministic CUDA kernels (repro.components.deterministic): two runs, identical bytes."""
+    """Deterministic CUDA kernels (repro.runtime.deterministic): two runs, identical bytes."""
     for name in ("a", "b"):
         assert simulate(_sim_cfg(), tmp_path / name)["status"] == "completed"
     for table in ("updates.csv", "evals.csv"):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import filecmp
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from repro import bench, bench_grid
+from repro.bench import __main__ as bench
+from repro.bench import grid as bench_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +143,7 @@ WARM_JOB = textwrap.dedent("""
     import hashlib, os, sys, time
     from pathlib import Path
     import torch
-    import repro.warmstart as ws
+    import repro.problem.start as ws
     from repro.run import compose, parse
 
     results, go, calls = sys.argv[1:4]
@@ -311,7 +312,7 @@ def test_every_grid_experiment_runs_in_parallel_with_progress_and_a_figure(exp):
     assert str(full.hydra.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
     assert full.hydra.launcher._target_.endswith("JoblibLauncher") and full.hydra.launcher.n_jobs == -1
     callbacks = full.hydra.callbacks
-    assert callbacks.grid._target_ == "repro.hydra_callbacks.Grid"
-    assert callbacks.figure._target_ == "repro.hydra_callbacks.BuildFigure"
+    assert callbacks.grid._target_ == "repro.grid.Grid"
+    assert callbacks.figure._target_ == "repro.grid.BuildFigure"
     assert list(callbacks) == ["figure", "grid"]   # Hydra ends them in reverse: progress, then figure
     assert full.num_threads == 1                    # one torch thread per job

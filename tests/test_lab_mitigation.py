@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from repro.analysis.lab_mitigation import (expected_mean_staleness, mitigation_of,
-                                           ssp_staleness_bound)
-from repro.config import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.run import compose, parse
-from repro.sim import simulate
 from test_config import sweep_grid
+
+from repro.analysis.lab.mitigation import expected_mean_staleness, mitigation_of, ssp_staleness_bound
+from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
+from repro.run import compose, parse
+from repro.sim.driver import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = {"async": ("downpour", "async"), "staleness_scaled": ("staleness_scaled", "async"),
@@ -91,6 +90,6 @@ def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path):
     assert pred[("async", "mean_staleness_steps")] == pytest.approx(4 * expected_mean_staleness(8, pushes))
     assert "final_test_error_pct" not in set(frame.loc[frame["kind"] == "predicted", "quantity"])
 
-    from repro.analysis import figure_frame   # from the logs alone: the same numbers
+    from repro.analysis import figure_frame  # from the logs alone: the same numbers
     figure_frame("mitigation", tmp_path / "r").to_csv(tmp_path / "again.csv", index=False)
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again.csv"))

@@ -8,9 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.analysis.lab_momentum import (direct_momentum, fit_mode_energies, implicit_momentum,
-                                         momentum_response, refine_minimum, theorem_response)
-from repro.data import QUADRATIC_CURVATURES as L
+from repro.analysis.lab.momentum import (
+    direct_momentum,
+    fit_mode_energies,
+    implicit_momentum,
+    momentum_response,
+    refine_minimum,
+    theorem_response,
+)
+from repro.problem.data import QUADRATIC_CURVATURES as L
 from repro.run import compose, parse
 from tests.test_config import sweep_grid
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.analysis.lab_stability import critical_lr, measured_boundary, outcome
-from repro.config import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig, validate
+from repro.analysis.lab.stability import critical_lr, measured_boundary, outcome
+from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig, validate
 from repro.run import compose, parse
 from tests.test_config import sweep_grid
 
@@ -86,7 +86,7 @@ def test_experiment_grid_is_problems_x_clients_x_lr_ladder():
 
 
 def quadratic_run(tmp_path, num_clients: int, lr: float) -> tuple[dict, pd.DataFrame]:
-    from repro.sim import simulate
+    from repro.sim.driver import simulate
 
     cfg = RunConfig(num_clients=num_clients, nsync=1, num_epochs=300, eval_every=10, progress=False,
                     data=DataConfig(name="quadratic"), model=ModelConfig(name="quadratic"),

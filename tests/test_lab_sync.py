@@ -10,11 +10,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from repro.analysis.lab_sync import (Timing, _segments, async_segments_per_s, harmonic,
-                                     segment_order_time, ssp_time, sync_round_s)
-from repro.run import compose, parse
 from test_config import sweep_grid
+
+from repro.analysis.lab.sync import (
+    Timing,
+    _segments,
+    async_segments_per_s,
+    harmonic,
+    segment_order_time,
+    ssp_time,
+    sync_round_s,
+)
+from repro.run import compose, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,7 +126,7 @@ def test_shrunk_sweep_draws_measured_beside_predicted_and_redraws_from_logs(tmp_
     assert 0.4 < meas.set_index("protocol")["value"]["sync"] < 0.9   # ~20 rounds: noisy 2/3
     assert set(frame["quantity"]) >= {"samples_per_s", "updates_per_s", "time_to_target_s", "mean_round_s"}
 
-    from repro.analysis import figure_frame   # from the logs alone: the same numbers
+    from repro.analysis import figure_frame  # from the logs alone: the same numbers
     figure_frame("sync_vs_async", tmp_path / "r").to_csv(tmp_path / "again.csv", index=False)
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again.csv"))
 

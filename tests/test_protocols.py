@@ -6,13 +6,15 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.algorithm import DCASGDRule, Push, StalenessScaledRule
-from repro.components import build_worker, load_data
-from repro.config import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.core import RunCore, run_folder
-from repro.data import ClientStream
-from repro.problem import build_problem
-from repro.sim import simulate
+from repro.asgd.algorithm import Push
+from repro.asgd.rules import DCASGDRule, StalenessScaledRule
+from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
+from repro.problem.build import build_worker, load_data
+from repro.problem.data import ClientStream
+from repro.problem.start import build_problem
+from repro.runs.core import RunCore
+from repro.runs.folder import run_folder
+from repro.sim.driver import simulate
 
 UNIFORM = CostConfig(profile="uniform", compute_s=0.01)
 

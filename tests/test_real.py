@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.config import AlgoConfig, BackendConfig, ModelConfig, RunConfig, to_dict
+from repro.config.settings import AlgoConfig, BackendConfig, ModelConfig, RunConfig, to_dict
 from repro.errors import ConfigError
 from repro.real import run_real
 from repro.real.transport import Frame, Header, Kind
@@ -36,7 +36,7 @@ TEST_ERROR_MAX = 0.20
 
 LAUNCHER = """
 import json, sys
-from repro.config import from_dict
+from repro.config.settings import from_dict
 from repro.real import run_real
 summary = run_real(from_dict(json.loads(sys.argv[2])), sys.argv[1])
 sys.exit(0 if summary["status"] in ("completed", "completed_degraded") else 1)
@@ -196,7 +196,7 @@ def test_busy_port_is_a_config_error(tmp_path, no_children):
 
 WORKER = """
 import json, sys
-from repro.config import from_dict
+from repro.config.settings import from_dict
 from repro.real import run_torchrun_worker
 sys.exit(run_torchrun_worker(from_dict(json.loads(sys.argv[1]))))
 """
@@ -374,8 +374,8 @@ def test_real_sync_rounds(tmp_path, no_children, backups):
     Without backups a round does not depend on timing at all, so the real run IS the
     simulator's: same per-round losses (same kernels, one thread, float32 bytes over gloo;
     1e-6 relative allowed as in test_replay) and the same evaluations."""
-    from repro.config import ProtocolConfig
-    from repro.sim import simulate
+    from repro.config.settings import ProtocolConfig
+    from repro.sim.driver import simulate
     cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="sync", backup_workers=backups))
     summary = run_real(cfg, tmp_path / "real")
     upd, evals, saved = tables(tmp_path / "real")
@@ -391,7 +391,7 @@ def test_real_sync_rounds(tmp_path, no_children, backups):
 
 
 def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
-    from repro.config import ProtocolConfig
+    from repro.config.settings import ProtocolConfig
     cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="ssp", staleness_bound=1))
     summary = run_real(cfg, tmp_path)
     upd, _, _ = tables(tmp_path)
@@ -407,7 +407,7 @@ def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
 def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path):
     """SIGKILL one of 3 clients of a sync run: the round it held closes with the others (the
     barrier needs the live clients only) and the run ends degraded, not hung."""
-    from repro.config import ProtocolConfig
+    from repro.config.settings import ProtocolConfig
     cfg = real_cfg(num_clients=3, num_epochs=12.0, protocol=ProtocolConfig(name="sync"))
     proc, run_dir = launch(tmp_path, cfg)
     try:

@@ -2,9 +2,9 @@
 import pandas as pd
 import pytest
 
-from repro.config import AlgoConfig, BackendConfig, CostConfig, RunConfig
+from repro.config.settings import AlgoConfig, BackendConfig, CostConfig, RunConfig
 from repro.real import run_real
-from repro.sim import simulate
+from repro.sim.driver import simulate
 
 
 @pytest.mark.parametrize("rule,start", [("delta", "cold"), ("adagrad", "warm")])
@@ -23,7 +23,7 @@ def test_replaying_a_real_run_reproduces_its_per_push_numbers(tmp_path, rule, st
                     algo=AlgoConfig(server_rule=rule, lr_server=0.01 if rule == "adagrad" else None))
     real = run_real(cfg, tmp_path / "real")
     assert real["status"] == "completed"
-    replay = simulate(cfg.replace(cost=CostConfig(profile="replay", path=str(tmp_path / "real"))),
+    replay = simulate(cfg.replace(cost=CostConfig(profile="replay", schedule="replay", path=str(tmp_path / "real"))),
                       tmp_path / "replay")
     assert replay["status"] == "completed"
     a = pd.read_csv(tmp_path / "real" / "updates.csv")

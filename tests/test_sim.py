@@ -5,9 +5,9 @@ import shutil
 import pandas as pd
 import pytest
 
-from repro.config import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
-from repro.cost import CostModel
-from repro.sim import simulate
+from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
+from repro.sim.cost import CostModel
+from repro.sim.driver import simulate
 
 UNIFORM = CostConfig(profile="uniform", compute_s=0.01)
 
@@ -81,9 +81,9 @@ def test_server_apply_time_caps_throughput(tmp_path):
 
 def test_communication_costs_are_charged_on_parameter_bytes():
     cost = CostConfig(latency_s=0.001, bandwidth_Bps=1e6)
-    assert CostModel(cost, 0, param_bytes=4000, compute_s=0.01).transfer_s == pytest.approx(0.005)
+    assert CostModel(cost, 0, param_bytes=4000, step_s=0.01).transfer_s == pytest.approx(0.005)
     as_if = CostConfig(latency_s=0.0, bandwidth_Bps=1e9, comm_params=61e6)
-    assert CostModel(as_if, 0, param_bytes=4000, compute_s=0.01).transfer_s == pytest.approx(0.244)
+    assert CostModel(as_if, 0, param_bytes=4000, step_s=0.01).transfer_s == pytest.approx(0.244)
 
 
 def test_straggler_is_slower_and_sees_more_staleness(tmp_path):
@@ -124,7 +124,7 @@ def test_replaying_a_sim_run_reproduces_it(tmp_path):
     jitter = CostConfig(profile="j", compute_s=0.01, jitter="exponential", jitter_sigma=0.8)
     simulate(cfg_for(num_clients=3, nsync=2, cost=jitter), tmp_path / "rec")
     shutil.copytree(tmp_path / "rec", tmp_path / "rec_copy")
-    replay = CostConfig(profile="replay", path=str(tmp_path / "rec_copy"))
+    replay = CostConfig(profile="replay", schedule="replay", path=str(tmp_path / "rec_copy"))
     summary = simulate(cfg_for(num_clients=1, cost=replay), tmp_path / "rep")   # settings come from the record
     assert summary["status"] == "completed"
     a = pd.read_csv(tmp_path / "rec" / "updates.csv")
@@ -165,7 +165,8 @@ def test_warm_start_carries_the_server_rule_state(tmp_path):
     """DistBelief's warm-start replica trains through the server, so Adagrad's accumulators
     survive into the asynchronous phase; fresh ones would jolt every weight by lr_server."""
     import torch
-    from repro.sim import build_problem
+
+    from repro.problem.start import build_problem
 
     cfg = cfg_for(start="warm", warm_start_epochs=1.0, results_dir=str(tmp_path),
                   algo=AlgoConfig(server_rule="adagrad", lr_server=0.01))

@@ -19,8 +19,7 @@ import importlib
 from typing import Any
 
 from repro.analysis.load import NoRunsError, Runs, load_runs
-from repro.analysis.tables import (format_speedup_table, run_speedups, speedup_table,
-                                   time_to_target)
+from repro.analysis.tables import format_speedup_table, run_speedups, speedup_table, time_to_target
 
 _LAZY = {"build_figure": "build", "figure_frame": "build", "FIGURES": "build",
          "figure_names": "build", "register_figure": "build",

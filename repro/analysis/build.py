@@ -21,6 +21,7 @@ from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, summarise_speedups
 from repro.registry import Registry
 
+
 @dataclass(frozen=True)
 class FigureSpec:
     """A registered figure: ``frame(runs, target) -> DataFrame`` (pure), ``draw(frame) ->
@@ -35,8 +36,8 @@ class FigureSpec:
 
 FIGURES: Registry[FigureSpec] = Registry("figure")
 # The staleness lab's figures live in their own modules, each registering itself on import.
-LAB_MODULES = ("repro.analysis.lab_stability", "repro.analysis.lab_momentum",
-               "repro.analysis.lab_sync", "repro.analysis.lab_mitigation")
+LAB_MODULES = ("repro.analysis.lab.stability", "repro.analysis.lab.momentum",
+               "repro.analysis.lab.sync", "repro.analysis.lab.mitigation")
 
 
 def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str, ...] = (),

@@ -1,15 +1,15 @@
-"""Reading run folders (the contract in :mod:`repro.schema`) into tidy DataFrames.
+"""Reading run folders (the contract in :mod:`repro.files.schema`) into tidy DataFrames.
 
 Owns: finding run folders under ``results/<exp_name>/``, validating each one, flattening its
 ``config.json`` into dotted columns and concatenating its CSVs. Nothing here plots or aggregates.
 
 A folder is a run iff it holds ``config.json``. Every folder is sorted into exactly one bin:
 
-* **kept**: ``summary.json`` status is finished (:data:`repro.schema.FINISHED_STATUSES`);
+* **kept**: ``summary.json`` status is finished (:data:`repro.files.schema.FINISHED_STATUSES`);
   diverged runs are kept, figures draw them as diverged;
 * **partial**: no ``summary.json`` or status running/interrupted/failed: skipped with a warning
   and listed in :attr:`Runs.skipped` (``kind="partial"``). A run whose summary says running is
-  told apart by its folder's lock (:mod:`repro.locks`, probed without writing anything): held by
+  told apart by its folder's lock (:mod:`repro.files.locks`, probed without writing anything): held by
   a live process, it is "still running"; held by nobody, it was killed without a summary;
 * **corrupt**: unreadable JSON, missing or truncated CSV, non-numeric values, missing columns,
   CSV/summary files without a ``config.json``, or tables a resume would refuse
@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repro import schema
 from repro.errors import ConfigError
+from repro.files import schema
 
 # Config columns copied onto every evals/updates row so that figures can group without a join.
 GROUP_COLUMNS = ("exp_name", "job", "num_clients", "nsync", "seed", "start", "backend.name",
                  "target_error", "status")
 REQUIRED_CONFIG_KEYS = ("num_clients", "nsync", "seed")
-LOCK_FILE = ".lock"   # repro.runfolder.LOCK_FILE: the run folder's writer holds it (repro.locks)
+LOCK_FILE = ".lock"   # repro.runs.folder.LOCK_FILE: the run folder's writer holds it (repro.files.locks)
 KILLED = "killed (its summary says running but no process holds it)"
 PARTIAL_STATUSES = tuple(s for s in schema.STATUSES if s not in schema.FINISHED_STATUSES)
 SKIPPED_COLUMNS = ("run_dir", "exp_name", "job", "kind", "reason")
@@ -230,7 +230,7 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
 
 def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
     """Raise :class:`BadRun` (corrupt) for tables a resume would refuse
-    (:func:`repro.runfolder.check_table`): ``updates.csv`` versions must be exactly 1, 2, ..., V
+    (:func:`repro.runs.folder.check_table`): ``updates.csv`` versions must be exactly 1, 2, ..., V
     (one row per applied push, none duplicated or lost) with V the summary's final version;
     ``evals.csv`` versions must be whole numbers, unique and increasing."""
     versions = _versions(updates, schema.UPDATES_FILE)
@@ -268,9 +268,9 @@ def _versions(table: pd.DataFrame, file: str) -> list[int]:
 
 
 def lock_held(path: Path) -> bool:
-    """True while a live process holds the ``flock`` at ``path`` (:mod:`repro.locks`).
+    """True while a live process holds the ``flock`` at ``path`` (:mod:`repro.files.locks`).
 
-    Unlike :func:`repro.locks.is_locked` this writes nothing: no lock file is created in a
+    Unlike :func:`repro.files.locks.is_locked` this writes nothing: no lock file is created in a
     results tree the analysis only reads, none is truncated, and a shared lock is tried on a
     read-only descriptor (for an instant: a writer starting in that instant would be refused).
     A missing or unreadable file counts as not held (the kernel drops an ``flock`` when its

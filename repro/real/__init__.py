@@ -9,6 +9,6 @@ Entry points: ``run_real(cfg, run_dir) -> summary`` on rank 0 (single node: it s
 clients; under torchrun: it joins the world), ``run_torchrun_worker(cfg) -> exit code`` on the
 other torchrun ranks.
 """
-from repro.real.launch import run_real, run_torchrun_worker, torchrun_env
+from repro.real.launch import run_real, run_torchrun_worker
 
-__all__ = ["run_real", "run_torchrun_worker", "torchrun_env"]
+__all__ = ["run_real", "run_torchrun_worker"]

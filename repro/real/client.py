@@ -3,7 +3,7 @@
 This module owns the client's side of the conversation, and nothing of process plumbing
 (:mod:`repro.real.launch`): receive parameters (or STOP), ``client.fetch`` them, run
 ``client.compute_push(worker, nsync)`` exactly as the simulator does, send the push, repeat.
-Client ``k`` is built by the same :mod:`repro.components` as simulator client ``k``, so its data
+Client ``k`` is built by the same :mod:`repro.problem.build` as simulator client ``k``, so its data
 order is the one seeded by ``(seed, k)``. While it computes, a client proves it is alive with a
 header-only HEARTBEAT every quarter of ``backend.client_timeout_s``, so only a silent client is
 dropped, however long its pushes take.
@@ -27,14 +27,15 @@ from dataclasses import dataclass
 
 import torch
 
-from repro.algorithm import Client
-from repro.components import build_worker, cuda_missing, deterministic, load_data, make_clients
-from repro.config import RunConfig
-from repro.data import Dataset
+from repro.asgd.algorithm import Client
+from repro.asgd.flatnet import Worker
+from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import get_logger
+from repro.problem.build import build_worker, load_data, make_clients
+from repro.problem.data import Dataset
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, check_hello, hello
-from repro.worker import Worker
+from repro.runtime import cuda_missing, deterministic
 
 _log = get_logger("repro.real.client")
 
@@ -89,7 +90,7 @@ def warm_up(setup: ClientSetup) -> None:
     """One forward and backward on a throw-away batch, then synchronise: lazy cuDNN/cuBLAS
     loading happens now, not inside the first push the server is timing. The data stream is not
     advanced (a fresh stream over the same data serves the batch) and the gradient is zeroed."""
-    from repro.data import ClientStream
+    from repro.problem.data import ClientStream
 
     stream = setup.client.stream
     probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)

@@ -1,7 +1,7 @@
 """Process plumbing of the real driver: who is rank 0, how ranks start, stop and never outlive a run.
 
 Rank 0 first builds everything that can fail on bad input (the run folder's decision, data,
-network, initial parameters: the simulator's, via :mod:`repro.problem`, and the run core), so
+network, initial parameters: the simulator's, via :mod:`repro.problem.build`, and the run core), so
 bad input is a ConfigError before any process starts.
 
 Single node (``run_real`` outside torchrun): the calling process is rank 0, the server, so the
@@ -25,7 +25,7 @@ folder that already holds a finished run is skipped by rank 0, which still joins
 tell every client STOP. Under ``torchrun --max-restarts=K`` with ``resume=auto``, a restarted job
 continues from the last checkpoint.
 
-Stopping: see :mod:`repro.stopping` (SIGINT, SIGTERM, SIGHUP). Spawned children ignore SIGINT (a
+Stopping: see :mod:`repro.runtime` (SIGINT, SIGTERM, SIGHUP). Spawned children ignore SIGINT (a
 terminal's Ctrl-C reaches the whole process group; the parent alone decides), die at once on
 SIGTERM, and get SIGKILL from the kernel if the parent dies (``PR_SET_PDEATHSIG``), so no client
 outlives its server. At the end the parent joins its children, then terminates and finally
@@ -45,41 +45,24 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
 
-from repro.components import deterministic, torch_threads
-from repro.config import RunConfig
-from repro.core import RunCore, run_folder
-from repro.data import Dataset
+from repro.config.settings import RunConfig
 from repro.errors import ConfigError
-from repro.problem import build_problem
+from repro.problem.data import Dataset
+from repro.problem.start import build_problem
 from repro.real.client import build_client, client_device, run_client
 from repro.real.server import ServerLoop, log, server_device
 from repro.real.transport import Channel, Header, Kind, connect, disconnect, pin_gloo_to_loopback
-from repro.stopping import StopRequest
+from repro.runs.core import RunCore
+from repro.runs.folder import run_folder
+from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env
 
 READY_KEY = "repro_real/ready/{}"
 WORLD_KEY = "repro_real/world"
 HANDOVER_MAX_BYTES = 16 * 2**20   # hand a data set this small to spawned clients (see _handover)
-
-
-@dataclass(frozen=True)
-class TorchrunEnv:
-    rank: int
-    world_size: int
-    local_rank: int
-
-
-def torchrun_env() -> TorchrunEnv | None:
-    """This process's place in a torchrun world, or None when not started by torchrun."""
-    keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    if not all(k in os.environ for k in keys):
-        return None
-    return TorchrunEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                       int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
 
 
 def startup_deadline_s(cfg: RunConfig) -> float:

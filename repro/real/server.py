@@ -2,7 +2,7 @@
 
 One receiver thread per client (:class:`~repro.real.transport.Receiver`) hands each push to
 :meth:`ServerLoop.on_message`, which holds the server lock while the run core
-(:mod:`repro.core`) applies the push with the same :class:`~repro.algorithm.Server` the simulator
+(:mod:`repro.runs.core`) applies the push with the same :class:`~repro.asgd.algorithm.Server` the simulator
 runs and writes its row, and while this loop sends each reply (Downpour's push + fetch round
 trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a time, in the order
 they take the lock, and ``updates.csv`` records that order. The main thread only watches:
@@ -18,14 +18,12 @@ import traceback
 
 import torch
 
-from repro.algorithm import Push
-from repro.config import RunConfig
-from repro.core import RunCore
+from repro.asgd.algorithm import Push
+from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import get_logger
-from repro.components import cuda_missing
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
-from repro.stopping import StopRequest
+from repro.runtime import StopRequest, cuda_missing
 
 _log = get_logger("repro.real.server")
 
@@ -47,7 +45,7 @@ def server_device(cfg: RunConfig) -> torch.device:
 class ServerLoop:
     """The server's side of a run, from the first fetch to the last STOP."""
 
-    def __init__(self, cfg: RunConfig, core: RunCore, channels: dict[int, Channel], stop: StopRequest,
+    def __init__(self, cfg: RunConfig, core, channels: dict[int, Channel], stop: StopRequest,
                  processes: dict | None = None, resume: dict | None = None):
         self.cfg, self.core, self.server = cfg, core, core.server
         self.channels, self.stop = channels, stop

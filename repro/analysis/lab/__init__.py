@@ -1,0 +1,1 @@
+"""The staleness lab's figures, each registering itself on import."""

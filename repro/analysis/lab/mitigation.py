@@ -1,0 +1,229 @@
+"""Staleness lab, experiment ``mitigation``: does fixing staleness fix asynchronous SGD?
+
+Owns the figure ``mitigation`` (``python -m repro.run +exp=mitigation``): plain asynchronous
+Downpour against its mitigations at one client count, for several nsync and seeds -- the
+tidy frame (final test error, time to target, measured staleness; the expected staleness as
+context) and the drawing. Nothing here trains or reads files.
+
+The mitigations (conf/mitigation/*.yaml; the rules in :mod:`repro.asgd.algorithm`):
+
+* async: Downpour, w -= lr * sum(g) for every push as it arrives (Dean et al. 2012);
+* staleness-scaled: the step of a push of staleness tau divided by tau (Zhang et al. 2016);
+* DC-ASGD-c: the stale gradient corrected by lambda g*g*(w - w_fetched) (Zheng et al. 2017);
+* ssp: async applies, but a client more than s pushes ahead of the slowest waits (Ho et al. 2013);
+* sync: bulk-synchronous rounds, the mean of the N pushes applied once (staleness 0).
+
+Prediction: there is no closed form for the final error of any of them, so none is drawn. What
+theory does give is the staleness they face: with N clients of equal speed each push waits on
+average for one push of every other client, N - 1 server versions = (N - 1) * nsync local steps
+(the first round's pushes see 0 .. N - 1, so a run of P pushes averages (N - 1)(1 - N / 2P));
+SSP's clock rule leaves that mean alone and bounds only the worst case, at most (2s + 1)(N - 1)
+versions (every other client can push from s behind to s + 1 ahead); sync is 0 by construction.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.build import register_figure
+from repro.analysis.load import Runs, finite, is_diverged
+from repro.analysis.tables import resolve_target, time_to_target
+
+# (server rule, protocol) -> (short name on the axis, legend text with the source)
+MITIGATIONS = {
+    ("downpour", "async"): ("async", "async: Downpour, w -= lr sum g (Dean et al. 2012)"),
+    ("staleness_scaled", "async"): ("staleness-\nscaled", "staleness-scaled: step / tau (Zhang et al. 2016)"),
+    ("dcasgd", "async"): ("DC-ASGD-c", "DC-ASGD-c: g + lambda g*g*(w - w_bak) (Zheng et al. 2017)"),
+    ("downpour", "ssp"): ("ssp", "ssp: wait when s pushes ahead (Ho et al. 2013)"),
+    ("downpour", "sync"): ("sync", "sync: mean of the N pushes per round, staleness 0"),
+}
+QUANTITIES = ("final_test_error_pct", "time_to_target_s", "mean_staleness_steps",
+              "mean_staleness_versions", "max_staleness_versions")
+COLUMNS = ["mitigation", "server_rule", "protocol", "num_clients", "nsync", "seed", "run_dir",
+           "status", "diverged", "quantity", "value", "kind", "source", "clock", "target",
+           "algo.lr", "algo.momentum", "cost.profile"]
+
+
+def mitigation_of(rule: str, protocol: str) -> str:
+    return MITIGATIONS.get((rule, protocol), (f"{rule}+{protocol}",))[0]
+
+
+def expected_mean_staleness(num_clients: int, pushes: int) -> float:
+    """Mean staleness (server versions) of P async pushes of N equally fast clients: the first
+    N pushes see 0, 1, .., N - 1 updates, every later one N - 1: (N-1)(1 - N/2P) for P >= N."""
+    n, p = num_clients, max(pushes, 1)
+    first = min(n, p)
+    return (first * (first - 1) / 2 + (p - first) * (n - 1)) / p
+
+
+def ssp_staleness_bound(num_clients: int, bound: int) -> int:
+    """Worst staleness (versions) under SSP: while a client computes, each other client can go
+    from s pushes behind it to s + 1 ahead before the clock rule holds it: (2s + 1)(N - 1)."""
+    return (2 * bound + 1) * (num_clients - 1)
+
+
+def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """One row per (run, quantity) measured, plus the expected staleness per grid point."""
+    target = resolve_target(runs.runs, target)
+    r = runs.runs.copy()
+    r["server_rule"], r["protocol"] = r["algo.server_rule"], r["protocol.name"]
+    r["mitigation"] = [mitigation_of(a, b) for a, b in zip(r["server_rule"], r["protocol"])]
+    r["diverged"] = is_diverged(r["status"])
+    last = (runs.evals.sort_values(["time_s", "version"], kind="stable")
+            .groupby("run_dir")["test_error"].last())
+    final = pd.to_numeric(r.get("final_test_error"), errors="coerce").fillna(r["run_dir"].map(last))
+    r["final_test_error_pct"] = 100.0 * final
+    r["time_to_target_s"] = r["run_dir"].map(
+        time_to_target(runs.evals, target).set_index("run_dir")["time_to_target_s"])
+    st = runs.updates.groupby("run_dir")["staleness"].agg(["mean", "max"])
+    r["mean_staleness_versions"] = r["run_dir"].map(st["mean"])
+    r["max_staleness_versions"] = r["run_dir"].map(st["max"])
+    r["mean_staleness_steps"] = r["mean_staleness_versions"] * r["nsync"]
+    r["kind"], r["source"], r["target"] = "measured", "simulator (this run)", target
+    if "clock" not in r:
+        r["clock"] = "virtual"
+    ident = [c for c in COLUMNS if c in r and c not in ("quantity", "value")]
+    measured = r.melt(id_vars=ident, value_vars=list(QUANTITIES), var_name="quantity",
+                      value_name="value")
+    rows = []
+    for (mit, rule, proto, n, k), g in r.groupby(["mitigation", "server_rule", "protocol",
+                                                  "num_clients", "nsync"], sort=False):
+        pushes = int(g.loc[~g["diverged"], "final_version"].max()) if (~g["diverged"]).any() \
+            else int(g["final_version"].max())
+        base = {"mitigation": mit, "server_rule": rule, "protocol": proto, "num_clients": n,
+                "nsync": k, "seed": np.nan, "run_dir": None, "status": None, "diverged": False,
+                "kind": "predicted", "clock": g["clock"].iloc[0], "target": target,
+                **{c: g[c].iloc[0] for c in ("algo.lr", "algo.momentum", "cost.profile")}}
+        if proto == "sync":
+            mean, src = 0.0, "sync: 0 by construction"
+        else:
+            mean, src = expected_mean_staleness(int(n), pushes), "(N-1)(1 - N/2P) versions, equal speeds"
+        rows += [{**base, "quantity": "mean_staleness_versions", "value": mean, "source": src},
+                 {**base, "quantity": "mean_staleness_steps", "value": mean * k, "source": src}]
+        if proto == "ssp":
+            s = int(g["protocol.staleness_bound"].iloc[0])
+            rows.append({**base, "quantity": "max_staleness_versions", "source": "(2s+1)(N-1): SSP bound",
+                         "value": float(ssp_staleness_bound(int(n), s))})
+    out = pd.concat([measured, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True)
+    order = {m[0]: i for i, m in enumerate(MITIGATIONS.values())}
+    out["_o"] = out["mitigation"].map(order).fillna(len(order))
+    out = out.sort_values(["quantity", "_o", "nsync", "kind", "seed"], kind="stable")
+    return out[COLUMNS].reset_index(drop=True)
+
+
+def draw_mitigation(frame: pd.DataFrame):
+    """(a) final test error, (b) time to target, (c) mean staleness in local steps; x: the
+    mitigation, one colour per nsync; mean over seeds with min-max bars, diverged runs 'x'."""
+    import matplotlib as mpl
+    from matplotlib.lines import Line2D
+
+    from repro.analysis.figures import DIVERGED_MARKER, _new_figure, nsync_colors
+
+    if frame.empty:
+        raise ValueError("mitigation: the frame has no rows (no usable runs)")
+    names = [m[0] for m in MITIGATIONS.values() if m[0] in set(frame["mitigation"])]
+    names += sorted(set(frame["mitigation"]) - set(names))
+    levels = sorted(int(k) for k in frame["nsync"].unique())
+    colors = nsync_colors(levels)
+    width = 0.62 / max(len(levels), 1)
+    pos = {(m, k): i + (j - (len(levels) - 1) / 2) * width
+           for i, m in enumerate(names) for j, k in enumerate(levels)}
+    fig, axes = _new_figure(1, 3, panel=(4.6, 5.6))
+    target = float(frame["target"].iloc[0])
+    panels = (("final_test_error_pct", "final test error (%)",
+               "(a) final test error\n(no closed-form prediction exists: none drawn)"),
+              ("time_to_target_s", "time to target (virtual s)",
+               f"(b) time to {100 * target:g}% training error\n(no closed-form prediction)"),
+              ("mean_staleness_steps", "mean staleness (local steps)",
+               "(c) staleness each push saw, in local steps\n(= server versions x nsync; dashed: expected)"))
+    for ax, (q, ylabel, title) in zip(axes[0], panels):
+        panel = frame[frame["quantity"] == q]
+        meas = panel[panel["kind"] == "measured"]
+        # a diverged run's staleness is still what its pushes saw: only errors and times drop it
+        bad = meas["value"].isna() | (meas["diverged"].astype(bool) & (q != "mean_staleness_steps"))
+        ok, missing = meas[~bad], meas[bad]
+        top = ok["value"].max() if len(ok) else 1.0
+        for (m, k), g in ok.groupby(["mitigation", "nsync"]):
+            v = g["value"]
+            ax.errorbar([pos[(m, int(k))]], [v.mean()], yerr=[[v.mean() - v.min()], [v.max() - v.mean()]],
+                        color=colors[int(k)], marker="o", capsize=3, ms=5)
+        for _, row in missing.iterrows():
+            diverged = bool(row["diverged"])
+            y = row["value"] if q == "final_test_error_pct" and finite(row["value"]) else top * 1.5
+            ax.plot([pos[(row["mitigation"], int(row["nsync"]))]], [y], linestyle="none",
+                    color=colors[int(row["nsync"])],
+                    **{**DIVERGED_MARKER, "marker": "x" if diverged else "v"})
+        for _, row in panel[panel["kind"] == "predicted"].iterrows():
+            x = pos[(row["mitigation"], int(row["nsync"]))]
+            ax.plot([x - width / 2, x + width / 2], [row["value"]] * 2, color=colors[int(row["nsync"])],
+                    linestyle="--", lw=1.4)
+        if q == "mean_staleness_steps":
+            ax.set_yscale("symlog", linthresh=1.0)
+        else:
+            ax.set_yscale("log")
+        if q != "mean_staleness_steps":
+            ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+        ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+        ax.set_xticks(range(len(names)), names)
+        ax.set(ylabel=ylabel, title=title, xlim=(-0.6, len(names) - 0.4))
+    handles = [Line2D([], [], color=colors[k], marker="o", linestyle="none") for k in levels]
+    labels = [f"nsync = {k}" for k in levels]
+    handles += [Line2D([], [], color="0.3", marker="o", linestyle="none"),
+                Line2D([], [], color="0.3", linestyle="none", **DIVERGED_MARKER),
+                Line2D([], [], color="0.3", linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}),
+                Line2D([], [], color="0.3", linestyle="--")]
+    labels += ["measured: mean over seeds, bars min-max (finished runs)",
+               "diverged run ((a): its last test error; (b): above the data)",
+               "target not reached within the budget",
+               "expected staleness: (N-1)(1 - N/2P) versions x nsync for P pushes (equal speeds); sync 0"]
+    for short, text in MITIGATIONS.values():   # what each x label is, with its source
+        if short in names:
+            handles.append(Line2D([], [], color="none"))
+            labels.append(text)
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small",
+               columnspacing=4.0)
+    n = "/".join(str(int(v)) for v in sorted(frame["num_clients"].unique()))
+    seeds = frame["seed"].dropna().nunique()
+    first = frame.iloc[0]
+    fig.suptitle(f"Mitigating staleness: {n} clients, plain async Downpour vs its fixes, per nsync\n"
+                 f"(client SGD lr {first['algo.lr']:g}, momentum {first['algo.momentum']:g}; cost "
+                 f"{first['cost.profile']}; {seeds} seed{'s' if seeds != 1 else ''}; virtual time)")
+    return fig
+
+
+def table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (mitigation, nsync): final test error and time to target (mean, min, max over seeds),
+    runs diverged / not reaching the target, and mean staleness measured vs expected."""
+    meas = frame[frame["kind"] == "measured"]
+    rows = []
+    for (m, k), g in meas.groupby(["mitigation", "nsync"], sort=False):
+        def stat(q, ok_only=True):
+            v = g[(g["quantity"] == q) & (~g["diverged"].astype(bool) if ok_only else True)]["value"]
+            return v.mean(), v.min(), v.max()
+        err, ttt = stat("final_test_error_pct"), stat("time_to_target_s")
+        runs = g[g["quantity"] == "time_to_target_s"]
+        pred = frame[(frame["kind"] == "predicted") & (frame["mitigation"] == m) & (frame["nsync"] == k)
+                     & (frame["quantity"] == "mean_staleness_versions")]["value"]
+        bound = frame[(frame["kind"] == "predicted") & (frame["mitigation"] == m) & (frame["nsync"] == k)
+                      & (frame["quantity"] == "max_staleness_versions")]["value"]
+        rows.append({"mitigation": m.replace("\n", ""), "nsync": int(k), "final_test_err_pct": err[0],
+                     "err_min": err[1], "err_max": err[2], "time_to_target_s": ttt[0],
+                     "ttt_min": ttt[1], "ttt_max": ttt[2], "runs": len(runs),
+                     "diverged": int(runs["diverged"].astype(bool).sum()),
+                     "not_reached": int(runs["value"].isna().sum()),
+                     "staleness_measured": stat("mean_staleness_versions", False)[0],
+                     "staleness_expected": pred.iloc[0] if len(pred) else np.nan,
+                     "max_staleness": stat("max_staleness_versions", False)[2],
+                     "ssp_bound": bound.iloc[0] if len(bound) else np.nan})
+    return pd.DataFrame(rows)
+
+
+def _print_table(frame: pd.DataFrame, out_dir) -> list:
+    with pd.option_context("display.width", 220, "display.max_columns", 20):
+        print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    return []
+
+
+register_figure("mitigation", mitigation_frame, draw_mitigation, exps=("mitigation",),
+                extra=_print_table)

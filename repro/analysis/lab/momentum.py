@@ -1,0 +1,325 @@
+"""Staleness lab, ``momentum``: asynchrony acts like added momentum, measured on the quadratic.
+
+Owns the momentum figure: its tidy frame (:func:`momentum_frame`), its drawing
+(:func:`draw_momentum`) and the estimator behind them (:func:`implicit_momentum`,
+:func:`direct_momentum`, :func:`fit_mode_energies`). Trained by ``python -m repro.run
++exp=momentum`` (``conf/exp/momentum.yaml``); redrawn from the logs by ``python -m
+repro.analysis momentum``.
+
+The prediction (Mitliagkas, Zhang, Hadjis, Re, "Asynchrony begets momentum, with an application
+to deep learning", Allerton 2016, arXiv:1605.09774): when the M workers' compute times are
+exponential, the staleness of a push is geometric, P(tau = s) = (1/M)(1 - 1/M)^s, and
+asynchronous SGD ``w_{t+1} = w_t - a grad f(w_{t-tau_t})`` is, in expectation, momentum SGD
+
+    E[w_{t+1} - w_t] = (1 - 1/M) E[w_t - w_{t-1}] - (a/M) E[grad f(w_t)],
+
+i.e. implicit momentum mu = 1 - 1/M at step size a(1 - mu). Unrolled from the start (every worker
+first reads w_0), the buffer starts full: ``u_0 = g_0; w_{t+1} = w_t - a u_t; u_{t+1} = mu u_t
++ (1 - mu) g_{t+1}`` (:func:`theorem_response`).
+
+So an N-client curve cannot simply be matched against our 1-client momentum runs: at the same lr
+their steps are 1/(1 - m) times larger (the closest is always m = 0; the frame keeps that naive
+:func:`direct_momentum` estimate), and even at lr(1 - m) torch's buffer starts at the first
+gradient, a first step 1 - m times smaller, which the quadratic's slow modes never forget
+(that alone biases curve matching towards m = 0). The measurement therefore compares each N-client curve with
+the theorem's own momentum curves, computed exactly for this quadratic from the 1-client runs of
+the same seed: the loss is ``sum_i c_i r_i(t)^2`` with known curvatures l_i and per-mode
+responses r_i, so the mode energies c_i = l_i w_{0,i}^2 / 2 are fitted to the measured 1-client
+curves by non-negative least squares (:func:`fit_mode_energies`; the fit's worst relative error
+is in the frame) and any momentum's curve follows. The implicit momentum of an N-client run is
+the mu whose theorem-form curve is closest in mean squared log loss over the first
+:data:`WINDOW` versions (:func:`implicit_momentum`).
+
+Explicit momentum: Mitliagkas et al. advise lowering it as asynchrony grows, keeping the total
+near the best single-worker value mu*; the prediction drawn is max(0, mu* - (1 - 1/N)). Here the
+explicit momentum is each client's own (torch-style) buffer, which the delta rule carries to the
+server; in their model it acts on the global iterate, one reason the two need not agree exactly.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from repro.analysis.build import register_figure
+from repro.analysis.figures import _new_figure, client_color, client_label
+from repro.analysis.load import Runs, is_diverged
+
+WINDOW = 100          # server versions compared (the experiment's whole budget)
+MU_GRID = np.round(np.arange(0.0, 0.9951, 0.0025), 4)   # theorem-form candidates
+PREDICTION = "Mitliagkas et al. 2016"
+COLUMNS = ("kind", "num_clients", "seed", "momentum", "version", "quantity", "source", "value",
+           "diverged")
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-mode responses of the quadratic (w_i(t) / w_i(0)), and the fit of the mode energies
+# ---------------------------------------------------------------------------------------------
+
+def momentum_response(curvatures, lr: float, momentum: float, steps: int) -> np.ndarray:
+    """torch.optim.SGD's momentum (our clients' LocalSGD): ``b_0 = g_0, b_t = m b_{t-1} + g_t,
+    w -= lr b``; shape (modes, steps + 1)."""
+    l = np.asarray(curvatures, float)
+    w, b, out = np.ones_like(l), None, [np.ones_like(l)]
+    for _ in range(steps):
+        g = l * w
+        b = g if b is None else momentum * b + g
+        w = w - lr * b
+        out.append(w)
+    return np.stack(out, 1)
+
+
+def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray:
+    """The expected dynamics of asynchronous SGD at step size ``lr`` under geometric staleness
+    with parameter 1 - mu (Mitliagkas et al. 2016): ``w_{t+1} = w_t - lr u_t``, ``u_0 = g_0``,
+    ``u_{t+1} = mu u_t + (1 - mu) g_{t+1}``; mu = 0 is plain gradient descent."""
+    l = np.asarray(curvatures, float)
+    w = np.ones_like(l)
+    u, out = l * w, [w]
+    for _ in range(steps):
+        w = w - lr * u
+        out.append(w)
+        u = mu * u + (1 - mu) * l * w
+    return np.stack(out, 1)
+
+
+def fit_mode_energies(curvatures, curves) -> tuple[np.ndarray, float]:
+    """Mode energies c >= 0 with ``loss(t) = sum_i c_i r_i(t)^2`` for every measured curve.
+    ``curves``: iterable of (lr, momentum, versions, losses) of 1-client runs. Least squares on
+    relative errors (every version counts alike however small its loss). Returns (c, worst
+    relative error of the fit over all points)."""
+    from scipy.optimize import nnls  # scikit-learn's dependency; loaded only when fitting
+
+    rows, targets = [], []
+    for lr, m, versions, losses in curves:
+        versions = np.asarray(versions, int)
+        r = momentum_response(curvatures, lr, m, int(versions.max()))[:, versions]
+        rows.append((r ** 2).T / np.asarray(losses)[:, None])
+        targets.append(np.ones(len(versions)))
+    a, y = np.vstack(rows), np.concatenate(targets)
+    c, _ = nnls(a, y, maxiter=50 * a.shape[1])
+    return c, float(np.max(np.abs(a @ c - y)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Matching curves
+# ---------------------------------------------------------------------------------------------
+
+def _x(m):
+    """Momentum on its natural scale, ln of the time constant 1 / (1 - m): 1 - 1/N maps to ln N,
+    and a ladder like 0, .5, .75, .875 is evenly spaced."""
+    return -np.log1p(-np.asarray(m, float))
+
+
+def refine_minimum(ms, distances) -> float:
+    """The minimising momentum, refined by the parabola through the best point and its two
+    neighbours on the ``_x`` scale (the best point itself at either end of the ladder)."""
+    ms, d = np.asarray(ms, float), np.asarray(distances, float)
+    ok = np.isfinite(d)
+    ms, d = ms[ok], d[ok]
+    if not len(ms):
+        return float("nan")
+    order = np.argsort(ms)
+    ms, d = ms[order], d[order]
+    i = int(np.argmin(d))
+    if i == 0 or i == len(ms) - 1:
+        return float(ms[i])
+    x = _x(ms[i - 1:i + 2])
+    a, b, _ = np.polyfit(x, d[i - 1:i + 2], 2)
+    vertex = -b / (2 * a) if a > 0 else x[1]
+    return float(-np.expm1(-np.clip(vertex, x[0], x[2])))
+
+
+def log_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean squared difference of log loss (NaN if either curve is not positive and finite)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.log(np.asarray(a, float)) - np.log(np.asarray(b, float))
+    return float(np.mean(d ** 2)) if np.isfinite(d).all() else float("nan")
+
+
+def implicit_momentum(curvatures, c, lr: float, versions, losses, grid=MU_GRID,
+                      response=theorem_response) -> float:
+    """The mu whose curve (mode energies ``c``, step size ``lr``; the theorem's form unless
+    ``response`` says otherwise) best matches the measured (versions, losses)."""
+    versions = np.asarray(versions, int)
+    steps = int(versions.max())
+    dist = [log_distance(np.asarray(c) @ response(curvatures, lr, mu, steps)[:, versions] ** 2, losses)
+            for mu in grid]
+    return refine_minimum(grid, dist)
+
+
+def direct_momentum(versions, losses, references: dict) -> float:
+    """The brief's first estimator: the momentum of the reference curve (momentum -> (versions,
+    losses), e.g. the measured 1-client runs) closest to ``losses``, parabola-refined."""
+    target = pd.Series(np.asarray(losses, float), index=np.asarray(versions, int))
+    dist = {}
+    for m, (v, l) in references.items():
+        ref = pd.Series(np.asarray(l, float), index=np.asarray(v, int))
+        common = target.index.intersection(ref.index)
+        dist[m] = log_distance(target[common], ref[common]) if len(common) else float("nan")
+    return refine_minimum(list(dist), list(dist.values()))
+
+
+# ---------------------------------------------------------------------------------------------
+# The frame
+# ---------------------------------------------------------------------------------------------
+
+def _curves(runs: Runs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    ev = runs.evals.sort_values(["run_dir", "version"], kind="stable")
+    ev = ev[ev["version"] <= WINDOW]
+    return {d: (g["version"].to_numpy(int), g["train_loss"].to_numpy(float))
+            for d, g in ev.groupby("run_dir", sort=False)}
+
+
+def momentum_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Loss curves, implicit momentum per (N, seed), loss after the window per explicit momentum,
+    and the best explicit momentum per N: measured and predicted, one long table (``kind``)."""
+    from repro.problem.data import QUADRATIC_CURVATURES  # imports torch: only when a frame is built
+
+    info = runs.runs[runs.runs.get("data.name", pd.Series(dtype=object)) == "quadratic"]
+    if info.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    curves, rows = _curves(runs), []
+    info = info.assign(diverged=is_diverged(info["status"]).to_numpy(),
+                       momentum=info["algo.momentum"].astype(float), lr=info["algo.lr"].astype(float))
+
+    def add(kind, n, seed, quantity, source, value, momentum=np.nan, version=np.nan, diverged=False):
+        rows.append(dict(kind=kind, num_clients=int(n), seed=seed, momentum=momentum, version=version,
+                         quantity=quantity, source=source, value=float(value), diverged=diverged))
+
+    # 1. implicit momentum: every N-client run without explicit momentum, per seed
+    first_seed = info.loc[info["num_clients"] == 1, "seed"].min()
+    for seed, group in info.groupby("seed", sort=True):
+        ones = group[(group["num_clients"] == 1) & ~group["diverged"] & group["run_dir"].isin(curves)]
+        if ones.empty:
+            continue
+        c, worst = fit_mode_energies(QUADRATIC_CURVATURES, [
+            (r.lr, r.momentum, *curves[r.run_dir]) for r in ones.itertuples()])
+        add("fit", 1, seed, "worst_relative_error", "1-client runs vs mode model", worst)
+        if worst > 0.05:
+            warnings.warn(f"momentum: the quadratic's mode model fits seed {seed}'s 1-client runs "
+                          f"only to {worst:.0%}; the implicit momentum is unreliable", stacklevel=2)
+        refs = {r.momentum: curves[r.run_dir] for r in ones.itertuples()}
+        plain = pd.Series(refs[0.0][1], index=refs[0.0][0]) if 0.0 in refs else None   # plain SGD
+        for r in group[(group["momentum"] == 0) & group["run_dir"].isin(curves)].itertuples():
+            n, (v, loss) = r.num_clients, curves[r.run_dir]
+            add("implicit", n, seed, "implicit_momentum", PREDICTION, 1 - 1 / n)
+            if r.diverged:
+                continue
+            add("implicit", n, seed, "implicit_momentum", "measured", implicit_momentum(
+                QUADRATIC_CURVATURES, c, r.lr, v, loss))
+            add("implicit", n, seed, "implicit_momentum", "direct match to 1-client runs",
+                direct_momentum(v, loss, refs))
+            if seed != first_seed or n == 1 or plain is None:
+                continue   # panel (a) draws one seed's curves
+            model = c @ theorem_response(QUADRATIC_CURVATURES, r.lr, 1 - 1 / n, int(v.max())) ** 2
+            for source, values in (("measured", loss), (PREDICTION, model[v])):
+                for ver, value in zip(v, values):   # the curves differ by a few %: show ratios
+                    if ver in plain.index:
+                        add("curve", n, seed, "relative_to_1_client_sgd", source, value / plain[ver],
+                            version=ver)
+
+    # 2. explicit momentum: loss after the window relative to the start, per run
+    for r in info.itertuples():
+        v, loss = curves.get(r.run_dir, (np.array([0]), np.array([np.nan])))
+        done = not r.diverged and v.max() >= WINDOW
+        ratio = loss[v == WINDOW][0] / loss[v == 0][0] if done and (v == 0).any() else np.nan
+        add("explicit", r.num_clients, r.seed, "loss_ratio_after_window", "measured", ratio,
+            momentum=r.momentum, diverged=bool(r.diverged))
+    explicit = pd.DataFrame([row for row in rows if row["kind"] == "explicit"])
+    best = {}
+    for n, group in explicit.groupby("num_clients", sort=True):
+        mean = group.groupby("momentum")["value"].apply(
+            lambda s: np.mean(np.log10(s)) if s.notna().all() else np.nan)   # any seed diverged: out
+        best[n] = refine_minimum(mean.index, mean.to_numpy())
+        add("best", n, np.nan, "best_explicit_momentum", "measured", best[n])
+    if 1 in best and np.isfinite(best[1]):
+        for n in best:
+            add("best", n, np.nan, "best_explicit_momentum", PREDICTION,
+                max(0.0, best[1] - (1 - 1 / n)))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------------------------
+
+def draw_momentum(frame: pd.DataFrame) -> Figure:
+    """(a) N plain-SGD clients' loss beside the predicted momentum-SGD curve, both relative to one
+    plain-SGD client; (b) implicit momentum against 1 - 1/N; (c) loss after the window against
+    explicit momentum, with the measured and the predicted best."""
+    if frame.empty:
+        raise ValueError("momentum: the frame has no rows (no usable runs)")
+    fig, axes = _new_figure(1, 3, panel=(4.8, 3.8))
+    ax_curve, ax_mu, ax_exp = axes[0]
+    counts = sorted(int(n) for n in frame["num_clients"].dropna().unique())
+
+    rel = frame[(frame["kind"] == "curve") & (frame["quantity"] == "relative_to_1_client_sgd")]
+    seed0 = rel["seed"].min() if len(rel) else float("nan")
+    for n in [n for n in counts if n > 1]:
+        for source, style, label in (("measured", "-", f"{client_label(n)}, plain SGD (measured)"),
+                                     (PREDICTION, "--", f"1 client, momentum $\\mu$ = {1 - 1 / n:.3g} (prediction)")):
+            c = rel[(rel["num_clients"] == n) & (rel["seed"] == seed0) & (rel["source"] == source)]
+            if len(c):
+                ax_curve.plot(c["version"], c["value"], linestyle=style, color=client_color(n), label=label)
+    ax_curve.axhline(1.0, color="0.5", lw=0.8)
+    ax_curve.set(xlabel="server version (updates applied)",
+                 ylabel="training loss / that of 1 plain-SGD client",
+                 title=f"(a) N asynchronous clients look like momentum\n(seed {seed0:g}; dashed: "
+                       f"prediction, {PREDICTION})")
+    ax_curve.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
+
+    imp = frame[frame["kind"] == "implicit"]
+    grid = np.linspace(1, max(counts), 200)
+    ax_mu.plot(grid, 1 - 1 / grid, "k--", label=f"prediction: $\\mu = 1 - 1/N$ ({PREDICTION})")
+    part = imp[imp["source"] == "measured"]
+    if len(part):
+        ax_mu.plot(part["num_clients"], part["value"], "o", ms=4, alpha=0.4, color="C0",
+                   label="measured, one per seed")
+        mean = part.groupby("num_clients")["value"].mean()
+        ax_mu.plot(mean.index, mean.to_numpy(), "o", ms=8, mfc="none", mew=1.5, color="C0",
+                   label="measured, mean over seeds")
+        for n, value in mean.items():
+            ax_mu.annotate(f"{value:.3f}", (n, value), xytext=(6, -12), textcoords="offset points",
+                           fontsize="small", color="C0")
+    ax_mu.set(xlabel="clients N (exponential step times)", ylabel="implicit momentum $\\mu$",
+              xticks=counts, ylim=(-0.05, 1.0), title="(b) implicit momentum of asynchrony\n"
+              f"(closest theorem-form curve, {WINDOW} versions)")
+    ax_mu.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2))
+
+    exp, best = frame[frame["kind"] == "explicit"], frame[frame["kind"] == "best"]
+    top = np.nanmax(exp["value"].to_numpy()) * 3 if exp["value"].notna().any() else 1.0
+    for n in counts:
+        part, color = exp[exp["num_clients"] == n], client_color(n)
+        stats = part.groupby("momentum")["value"].agg(["min", "max"])
+        geo = part.groupby("momentum")["value"].apply(lambda s: 10 ** np.mean(np.log10(s)))
+        ax_exp.plot(geo.index, geo.to_numpy(), marker="o", ms=3, color=color, label=client_label(n))
+        ax_exp.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.15, lw=0)
+        bad = part[part["diverged"].astype(bool)]
+        ax_exp.plot(bad["momentum"], np.full(len(bad), top), "x", color=color, ls="none",
+                    label="a seed diverged" if n == counts[-1] else "_nolegend_")
+        measured = best[(best["num_clients"] == n) & (best["source"] == "measured")]["value"]
+        predicted = best[(best["num_clients"] == n) & (best["source"] == PREDICTION)]["value"]
+        last = n == counts[-1]
+        if len(measured) and np.isfinite(measured.iloc[0]):
+            m = measured.iloc[0]
+            y = 10 ** np.interp(m, geo.dropna().index, np.log10(geo.dropna().to_numpy()))
+            ax_exp.plot([m], [y], "*", ms=12,
+                        color=color, mec="k", label="measured best (parabola through 3 best)" if last else "_nolegend_")
+        if len(predicted) and np.isfinite(predicted.iloc[0]):
+            ax_exp.axvline(predicted.iloc[0], color=color, ls="--", lw=1)
+    ax_exp.plot([], [], color="0.4", ls="--", lw=1,   # one legend entry for the N coloured lines
+                label=f"predicted best: max(0, $\\mu^*_{{1\\ client}} - (1 - 1/N)$) ({PREDICTION})")
+    ax_exp.set(yscale="log", xlabel="explicit momentum m (each client's buffer)",
+               ylabel=f"loss after {WINDOW} updates / initial loss (log)",
+               title="(c) the best explicit momentum shrinks with N\n(line: geometric mean over "
+                     "seeds, band: min-max)")
+    ax_exp.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
+    fig.suptitle("Asynchrony begets momentum: quadratic $\\frac{1}{2}\\Sigma_i\\, l_i w_i^2$ (exact "
+                 "gradients), exponential step times: staleness geometric with mean N $-$ 1")
+    return fig
+
+
+register_figure("momentum", momentum_frame, draw_momentum, exps=("momentum",))

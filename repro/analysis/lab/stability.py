@@ -1,0 +1,206 @@
+"""Staleness lab, ``stability``: learning rate x staleness -> converges or diverges.
+
+Owns the stability figure: its tidy frame (:func:`stability_frame`: one row per run with its
+outcome, the measured and the predicted boundary per client count, the theory curve), its
+drawing (:func:`draw_stability`), the outcome rule (:func:`outcome`) and the boundary formula
+(:func:`critical_lr`). Trained by ``python -m repro.run +exp=stability``
+(``conf/exp/stability.yaml``); redrawn from the logs by ``python -m repro.analysis stability``.
+
+The theory. Gradient descent whose every gradient is tau updates old, on one curvature l,
+
+    w_{t+1} = w_t - lr * l * w_{t-tau},
+
+is the linear delay difference equation x_{t+1} = x_t - a x_{t-k} (a = lr * l, k = tau). Levin
+and May (1976, "A note on difference-delay equations", Theoretical Population Biology 9:178-187)
+showed it is asymptotically stable iff 0 < a < 2 cos(k pi / (2k + 1)) = 2 sin(pi / (4k + 2));
+tau = 0 gives the familiar lr < 2 / l. On the quadratic 0.5 sum_i l_i w_i^2 every coordinate is
+such an equation, so the largest curvature l_max decides: lr*(tau) = 2 sin(pi/(4 tau + 2)) / l_max
+(checked against a bisection of the iterated recursion in tests/test_lab_stability.py). With
+uniform costs (equal compute times, free communication) and nsync = 1 every push after the first
+N is exactly tau = N - 1 versions stale. For digits_cnn l_max is unknown (and changes along the
+way): the same shape is drawn through the measured 1-client boundary instead.
+
+Outcomes, from the logs (training loss of the server's parameters on the whole training set, at
+version 0 and at the last evaluation; for the quadratic that is the exact objective):
+
+* ``diverged``: the run was stopped by the divergence rule (summary status ``diverged``: a push
+  loss above ``divergence_factor`` x the initial loss, or a non-finite loss or parameter);
+* ``converged``: final loss at most 1/:data:`CONVERGED_FACTOR` of the initial one;
+* ``slow``: the loss fell, to at most :data:`STALLED_FRACTION` of the initial, but not that far
+  within the budget (a small lr);
+* ``stalled``: the loss ended above :data:`STALLED_FRACTION` of the initial: no lasting progress
+  (digits_cnn at a too large lr spikes, its ReLUs die, and it sits at chance, ln 10).
+
+Converged and slow runs are *stable*, stalled and diverged ones *unstable*. The measured boundary
+for a client count lies between the largest stable lr below the smallest unstable one (``lr_lo``)
+and that unstable lr (``lr_hi``); its estimate is their geometric mean (the ladder is geometric).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
+
+from repro.analysis.build import register_figure
+from repro.analysis.figures import _new_figure
+from repro.analysis.load import Runs, finite
+
+CONVERGED_FACTOR = 10.0   # converged: the loss fell at least this many times
+STALLED_FRACTION = 0.5    # stalled: the loss ended above this fraction of the initial one
+STABLE = ("converged", "slow")
+OUTCOMES = ("converged", "slow", "stalled", "diverged")
+LR_TICKS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+COLUMNS = ("kind", "problem", "model", "batch_size", "num_clients", "tau", "lr", "lr_lo", "lr_hi",
+           "outcome", "status", "initial_loss", "final_loss", "staleness", "source", "run_dir")
+THEORY = "theory: lr * l_max < 2 sin(pi / (4 tau + 2)) (Levin & May 1976)"
+ANCHORED = "theory's shape, anchored at N = 1 (Levin & May 1976)"
+_COLORS = sns.color_palette("colorblind", 10)
+LABELS = {THEORY: r"theory: $lr \cdot l_{max} < 2 \sin(\pi / (4\tau + 2))$ (Levin & May 1976)",
+          ANCHORED: r"theory's shape $\propto \sin(\pi / (4\tau + 2))$, anchored at N = 1 (Levin & May 1976)"}
+STYLE = {"converged": dict(marker="o", color=_COLORS[2],
+                           label=f"converged (final loss $\\leq$ initial / {CONVERGED_FACTOR:g})"),
+         "slow": dict(marker="o", color=_COLORS[2], mfc="none",
+                      label=f"slow (loss fell, to between 1/{CONVERGED_FACTOR:g} and "
+                            f"{STALLED_FRACTION:g} of the initial)"),
+         "stalled": dict(marker="s", color="0.45",
+                         label=f"stalled (final loss above {STALLED_FRACTION:g} x the initial)"),
+         "diverged": dict(marker="X", color=_COLORS[3], label="diverged (stopped: loss > 10 x the initial)")}
+
+
+def critical_lr(tau, l_max: float = 1.0):
+    """Levin & May (1976): w_{t+1} = w_t - lr l w_{t-tau} is stable iff lr l < 2 sin(pi/(4 tau+2))."""
+    return 2.0 * np.sin(np.pi / (4.0 * np.asarray(tau, float) + 2.0)) / l_max
+
+
+def outcome(status: str, initial_loss: float, final_loss: float) -> str:
+    """One run's outcome (see the module docstring)."""
+    if status == "diverged" or not (finite(initial_loss) and finite(final_loss)):
+        return "diverged"
+    ratio = final_loss / initial_loss
+    if ratio <= 1.0 / CONVERGED_FACTOR:
+        return "converged"
+    return "slow" if ratio <= STALLED_FRACTION else "stalled"
+
+
+def measured_boundary(lrs, outcomes) -> tuple[float, float, float]:
+    """(lr_lo, lr_hi, estimate): the largest stable lr below the smallest unstable one, that
+    unstable lr, and their geometric mean (NaN where the ladder does not bracket it)."""
+    lrs, outs = np.asarray(lrs, float), np.asarray(outcomes, object)
+    unstable = lrs[~np.isin(outs, STABLE)]
+    hi = unstable.min() if len(unstable) else np.nan
+    stable = lrs[np.isin(outs, STABLE) & ~(lrs >= hi)]
+    lo = stable.max() if len(stable) else np.nan
+    return float(lo), float(hi), float(np.sqrt(lo * hi))
+
+
+def _losses(evals: pd.DataFrame) -> pd.DataFrame:
+    ev = evals.sort_values(["run_dir", "version"], kind="stable").groupby("run_dir")
+    return pd.DataFrame({"initial_loss": ev["train_loss"].first(), "final_loss": ev["train_loss"].last()})
+
+
+def _staleness(updates: pd.DataFrame) -> pd.Series:
+    """Mean staleness of each run's pushes after its first num_clients (the start-up ones)."""
+    steady = updates[updates["version"] > updates["num_clients"]]
+    return steady.groupby("run_dir")["staleness"].mean()
+
+
+def stability_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Runs, measured and predicted boundaries, and the theory curve, one long table (``kind``)."""
+    if runs.runs.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    info = runs.runs.set_index("run_dir")
+    cells = pd.DataFrame({
+        "kind": "run", "problem": info["data.name"], "model": info["model.name"],
+        "batch_size": info["algo.batch_size"], "num_clients": info["num_clients"].astype(int),
+        "tau": info["num_clients"].astype(int) - 1, "lr": info["algo.lr"].astype(float),
+        "status": info["status"]}).join(_losses(runs.evals)).join(_staleness(runs.updates).rename("staleness"))
+    odd = cells[cells["staleness"].notna() & (cells["staleness"] != cells["tau"])]
+    if len(odd):
+        warnings.warn(f"stability: {len(odd)} runs are not exactly N - 1 stale (e.g. {odd.index[0]}): "
+                      "the delay theory assumes cost=uniform and nsync=1", stacklevel=2)
+    short = info[(info["data.name"] == "quadratic") & (info["status"] != "diverged")
+                 & (info["final_version"] < 100)]
+    if len(short):   # near the bound the quadratic needs ~100 steps to show which side it is on
+        warnings.warn(f"stability: {len(short)} quadratic runs ended after fewer than 100 updates "
+                      "(num_epochs is one step there): cells near the bound may read 'slow'",
+                      stacklevel=2)
+    cells["outcome"] = [outcome(s, a, b) for s, a, b in
+                        zip(cells["status"], cells["initial_loss"], cells["final_loss"])]
+    cells = cells.reset_index().sort_values(["problem", "num_clients", "lr"], kind="stable")
+    rows = [cells]
+    for problem, group in cells.groupby("problem", sort=True):
+        ident = dict(problem=problem, model=group["model"].iloc[0], batch_size=group["batch_size"].iloc[0])
+        bounds = []
+        for n, g in group.groupby("num_clients", sort=True):
+            lo, hi, est = measured_boundary(g["lr"], g["outcome"])
+            bounds.append(dict(kind="boundary", **ident, num_clients=n, tau=n - 1, lr=est, lr_lo=lo,
+                               lr_hi=hi, source="measured"))
+        bounds = pd.DataFrame(bounds)
+        taus = np.round(np.linspace(0, max(group["tau"].max(), 1), 141), 3)
+        if problem == "quadratic":
+            from repro.problem.data import QUADRATIC_CURVATURES  # imports torch: only when needed
+            scale, source = 1.0 / max(QUADRATIC_CURVATURES), THEORY
+        else:   # the same shape through the measured 1-client boundary: 2 / l_max := lr*(N = 1)
+            anchor = bounds.loc[bounds["tau"] == 0, "lr"]
+            scale, source = (anchor.iloc[0] / 2.0 if len(anchor) else np.nan), ANCHORED
+        predicted = bounds[["num_clients", "tau"]].assign(
+            kind="boundary", **ident, lr=critical_lr(bounds["tau"]) * scale, source=source)
+        theory = pd.DataFrame(dict(kind="theory", **ident, tau=taus, lr=critical_lr(taus) * scale,
+                                   source=source))
+        rows += [bounds, predicted, theory if np.isfinite(scale) else theory.iloc[:0]]
+    return pd.concat(rows, ignore_index=True).reindex(columns=list(COLUMNS))
+
+
+def _title(problem: str, part: pd.DataFrame) -> str:
+    if problem == "quadratic":
+        return "quadratic $\\frac{1}{2}\\Sigma_i\\, l_i w_i^2$\n($l_i$ = 0.01 .. 1, exact gradients)"
+    return f"{part['model'].iloc[0]} on {problem}\n(minibatch {int(part['batch_size'].iloc[0])}, plain SGD)"
+
+
+def draw_stability(frame: pd.DataFrame) -> Figure:
+    """One panel per problem: each (staleness, lr) cell's outcome, the measured boundary with
+    its bracket, and the predicted boundary (dashed)."""
+    if frame.empty:
+        raise ValueError("stability: the frame has no rows (no usable runs)")
+    problems = sorted(frame["problem"].dropna().unique(), key=lambda p: (p != "quadratic", p))
+    fig, axes = _new_figure(1, len(problems), panel=(4.6, 4.0), sharey=True)
+    for ax, problem in zip(axes[0], problems):
+        part = frame[frame["problem"] == problem]
+        cells = part[part["kind"] == "run"]
+        for name in OUTCOMES:
+            sel = cells[cells["outcome"] == name]
+            style = dict(STYLE[name])
+            ax.plot(sel["tau"], sel["lr"], ls="none", ms=8, mew=1.5, **style)
+        theory = part[part["kind"] == "theory"]
+        if len(theory):   # exact for the quadratic (dashed); only its shape elsewhere (dash-dot)
+            source = theory["source"].iloc[0]
+            ax.plot(theory["tau"], theory["lr"], "k--" if source == THEORY else "k-.", lw=1.5,
+                    label=LABELS.get(source, source))
+        b = part[(part["kind"] == "boundary") & (part["source"] == "measured")]
+        ok = b[np.isfinite(b["lr"])]
+        ax.errorbar(ok["tau"] + 0.25, ok["lr"], yerr=[ok["lr"] - ok["lr_lo"], ok["lr_hi"] - ok["lr"]],
+                    fmt="D", color="k", ms=5, capsize=3, lw=1,
+                    label="measured boundary (bar: last stable .. first unstable lr)")
+        counts = sorted(int(n) for n in cells["num_clients"].unique())
+        ax.set(yscale="log", yticks=LR_TICKS, yticklabels=[f"{t:g}" for t in LR_TICKS],
+               xticks=[n - 1 for n in counts],
+               xticklabels=[f"{n - 1}\n(N={n})" for n in counts],
+               xlabel=r"staleness $\tau$ = N $-$ 1 (server versions)", title=_title(problem, part))
+    axes[0, 0].set_ylabel("learning rate lr (log scale)")
+    axes[0, 0].yaxis.set_minor_formatter(NullFormatter())
+    handles = {}
+    for ax in axes.flat:   # one legend for both panels, each entry once
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=2,
+               fontsize="small")
+    fig.suptitle("Stable or not: learning rate x staleness (uniform costs, nsync = 1: every push "
+                 "is N - 1 versions stale)")
+    return fig
+
+
+register_figure("stability", stability_frame, draw_stability, exps=("stability",))

@@ -1,0 +1,396 @@
+"""Staleness lab, experiment ``sync_vs_async``: what a barrier costs, measured beside theory.
+
+Owns the figure ``sync_vs_async`` (``python -m repro.run +exp=sync_vs_async``): the throughput
+theory of a barrier (expected order statistics of the clients' segment times, and a max-plus
+recurrence for SSP's clock rule), the tidy frame (measured vs predicted, one row per run or
+prediction and quantity) and the drawing. Nothing here trains or reads files.
+
+The timing model is the simulator's (:mod:`repro.sim.cost`): one local step of a client takes
+``compute_s * X`` with X i.i.d., mean 1 (``lognormal``: exp(sigma z - sigma^2 / 2);
+``exponential``: (1 - w) + w Exp(1)); the straggler's steps take ``straggler_factor`` times longer;
+a segment S is the sum of ``nsync`` steps. Every exchange adds an overhead
+o = 2 * transfer + server apply (push and reply travel, the server applies), zero for the
+``jitter_*`` profiles. Server queueing is ignored (apply time << compute time here).
+
+* async: client i completes a segment every c f_i E[S] + o seconds;
+* sync: a round waits for the slowest, E[max_i C_i] + o, and applies N segments;
+* sync, b backup workers (Chen et al. 2016): the round closes at the (N - b)-th arrival,
+  E[C_(N-b)] + o, and applies N - b segments;
+* ssp, bound s (Ho et al. 2013): no closed form; the recurrence in :func:`ssp_time`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.build import register_figure
+from repro.analysis.load import Runs, finite, is_diverged
+from repro.analysis.tables import resolve_target, time_to_target
+
+PROFILE_ORDER = ("jitter_lognormal", "jitter_exponential", "straggler")
+PROTOCOL_ORDER = ("async", "sync", "sync + 1 backup", "ssp (s=3)")
+QUANTITIES = {"throughput_ratio": "applied samples/s\nrelative to async (same N)",
+              "updates_per_s": "server updates per second\n(versions / virtual s)",
+              "time_to_target_s": "time to target\n(virtual s)"}
+SOURCES = {"async": "async: 1/(c f_i E[S] + o) per client",
+           "sync": "barrier: E[S] / E[max_i S_i] (order statistics)",
+           "backup": "backup workers: (N-b)-th order statistic (Chen et al. 2016)",
+           "ssp": "ssp: clock-bound max-plus recurrence (Ho et al. 2013), Monte Carlo"}
+MC_SEED, MC_REPLICAS = 20131226, 256   # the recurrence's Monte Carlo: fixed, so frames repeat
+
+
+# ---------------------------------------------------------------------------------------------
+# Theory: segment times and their order statistics
+# ---------------------------------------------------------------------------------------------
+
+def _grid_end(jitter: str, sigma: float, nsync: int) -> float:
+    """A time beyond which a segment (in step units) is vanishingly unlikely (P < 1e-12 per
+    step, so even the max of many clients' segments is covered)."""
+    if jitter == "none" or sigma == 0:
+        return 2.0 * nsync
+    if jitter == "lognormal":
+        q = math.exp(7.1 * sigma - sigma * sigma / 2)
+    else:
+        q = (1 - sigma) + sigma * 28.0
+    return nsync * q + 2.0
+
+
+def _lognormal_cdf(x: np.ndarray, sigma: float) -> np.ndarray:
+    z = (np.log(np.maximum(x, 1e-300)) + sigma * sigma / 2) / (sigma * math.sqrt(2))
+    return np.where(x > 0, 0.5 * (1 + np.vectorize(math.erf)(z)), 0.0)
+
+
+def _gamma_cdf(y: np.ndarray, n: int) -> np.ndarray:
+    """P(Gamma(n, 1) <= y) = 1 - exp(-y) sum_{j<n} y^j / j!, in log space (n up to ~100s)."""
+    y = np.maximum(np.asarray(y, float), 0.0)
+    logy = np.log(np.maximum(y, 1e-300))
+    tail = sum(np.exp(j * logy - y - math.lgamma(j + 1)) for j in range(n))
+    return np.where(y > 0, 1.0 - tail, 0.0)
+
+
+@lru_cache(maxsize=64)
+def segment_cdf(jitter: str, sigma: float, nsync: int, points: int = 2**15):
+    """(grid t, P(S <= t)) for S = the sum of ``nsync`` step factors, t in step units.
+    Exponential: S = nsync (1 - w) + w Gamma(nsync) exactly; lognormal, nsync > 1: the sum's
+    distribution by convolving the step's discretised distribution (FFT)."""
+    t = np.linspace(0.0, _grid_end(jitter, sigma, nsync), points)
+    if jitter == "none" or sigma == 0:
+        return t, (t >= nsync).astype(float)
+    if jitter == "exponential":
+        return t, _gamma_cdf((t - nsync * (1 - sigma)) / sigma, nsync)
+    if nsync == 1:
+        return t, _lognormal_cdf(t, sigma)
+    dt = t[1] - t[0]
+    edges = np.concatenate([[0.0], t[:-1] + dt / 2, [np.inf]])
+    pmf = np.diff(np.concatenate([[0.0], _lognormal_cdf(edges[1:-1], sigma), [1.0]]))
+    size = 1 << int(math.ceil(math.log2(points * nsync)))
+    total = np.fft.irfft(np.fft.rfft(pmf, size) ** nsync, size)[:points]
+    return t, np.clip(np.cumsum(np.maximum(total, 0.0)), 0.0, 1.0)
+
+
+def expected_order_statistic(cdfs: list[np.ndarray], t: np.ndarray, m: int) -> float:
+    """E[m-th smallest] of independent variables with CDFs ``cdfs`` on grid ``t`` (>= 0):
+    the integral of P(fewer than m are <= t) (a Poisson-binomial count, by dynamic programming),
+    so non-identical clients (a straggler) are exact too."""
+    count = np.zeros((len(cdfs) + 1, len(t)))
+    count[0] = 1.0
+    for p in cdfs:
+        count[1:] = count[1:] * (1 - p) + count[:-1] * p
+        count[0] *= 1 - p
+    return float(np.trapezoid(count[:m].sum(0), t))
+
+
+def harmonic(n: int) -> float:
+    """H_n = E[max of n Exp(1)], the exact barrier cost of exponential steps at nsync 1."""
+    return sum(1.0 / i for i in range(1, n + 1))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One grid point's timing model (what a run's config.json says about time)."""
+
+    compute_s: float
+    jitter: str
+    sigma: float
+    nsync: int
+    num_clients: int
+    straggler_factor: float = 1.0     # 1: no straggler; else client 1 is this much slower
+    overhead_s: float = 0.0           # 2 * transfer + server apply, per exchange
+
+    def factors(self) -> list[float]:
+        return [self.straggler_factor] + [1.0] * (self.num_clients - 1)
+
+
+def segment_order_time(tm: Timing, m: int) -> float:
+    """E[m-th earliest of the N clients' segment times] in seconds (m = N: the barrier)."""
+    base, cdf = segment_cdf(tm.jitter, float(tm.sigma), int(tm.nsync))
+    t = base * max(tm.factors())   # the slowest client's segments must fit on the grid too
+    cdfs = [np.interp(t / f, base, cdf, right=1.0) for f in tm.factors()]   # C_i = c f_i S_i
+    return tm.compute_s * expected_order_statistic(cdfs, t, m)
+
+
+def async_segments_per_s(tm: Timing) -> float:
+    """Each client cycles through compute and one exchange; E[S] = nsync (mean-1 steps)."""
+    return sum(1.0 / (tm.compute_s * f * tm.nsync + tm.overhead_s) for f in tm.factors())
+
+
+def sync_round_s(tm: Timing, backups: int = 0) -> float:
+    """A round lasts until the (N - b)-th push (b = 0: the slowest), then one exchange; with b
+    backup workers the b slowest are dropped (Chen et al. 2016, Sec. 3: E[(N-b)-th order stat])."""
+    return segment_order_time(tm, tm.num_clients - backups) + tm.overhead_s
+
+
+def _segments(rng, tm: Timing, shape) -> np.ndarray:
+    n, s = tm.nsync, tm.sigma
+    if tm.jitter == "none" or s == 0:
+        return np.full(shape, float(n))
+    if tm.jitter == "lognormal":
+        return np.exp(s * rng.standard_normal((*shape, n)) - s * s / 2).sum(-1)
+    return n * (1 - s) + s * rng.gamma(n, 1.0, shape)
+
+
+def ssp_time(tm: Timing, bound: int, pushes: int, replicas: int = MC_REPLICAS,
+             seed: int = MC_SEED) -> float:
+    """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s.
+
+    Client k's j-th push is applied at A_k(j) = R_k(j-1) + o_in + c f_k S_kj (R_k(0) = 0) and
+    released (it fetches) at R_k(j) = max(A_k(j), max_l A_l(j - s)) (Ho et al. 2013: a client
+    more than s clocks ahead of the slowest waits), plus the reply's travel. s = 0 gives
+    sync-like rounds; s -> infinity gives async. Averaged over seeded replicas."""
+    rng = np.random.default_rng(seed)
+    n_cl, per_client = tm.num_clients, pushes   # no client can push more than all pushes
+    f = np.asarray(tm.factors())[None, :]
+    applied = np.zeros((replicas, n_cl, per_client))
+    released = np.zeros((replicas, n_cl))
+    for j in range(per_client):
+        seg = tm.compute_s * f * _segments(rng, tm, (replicas, n_cl))
+        applied[:, :, j] = released + seg + tm.overhead_s / 2 + (tm.overhead_s / 2 if j else 0.0)
+        gate = applied[:, :, j - bound].max(1, keepdims=True) if j - bound >= 0 else 0.0
+        released = np.maximum(applied[:, :, j], gate)
+    flat = applied.reshape(replicas, -1)
+    return float(np.partition(flat, pushes - 1, axis=1)[:, pushes - 1].mean())
+
+
+def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) -> dict:
+    """Predicted applied segments/s, server updates/s and (sync) round time of one protocol."""
+    if protocol == "sync":
+        round_s = sync_round_s(tm, backups)
+        return {"segments_per_s": (tm.num_clients - backups) / round_s,
+                "updates_per_s": 1.0 / round_s, "mean_round_s": round_s}
+    if protocol == "ssp":
+        rate = pushes / ssp_time(tm, bound, pushes)
+        return {"segments_per_s": rate, "updates_per_s": rate}
+    rate = async_segments_per_s(tm)
+    return {"segments_per_s": rate, "updates_per_s": rate}
+
+
+# ---------------------------------------------------------------------------------------------
+# The frame: measured and predicted, one row per (run or prediction, quantity)
+# ---------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=16)
+def _num_params(model: str, data: str) -> int:
+    import torch
+
+    from repro.problem.data import DATASETS
+    from repro.problem.models import build_model, num_parameters
+    spec = DATASETS[data]
+    with torch.random.fork_rng(devices=[]):   # leave the caller's RNG stream untouched
+        return num_parameters(build_model(model, spec.input_shape, spec.num_classes))
+
+
+def timing_of(run: pd.Series) -> Timing:
+    """The timing model of a run, from its config columns (the transfer as :mod:`repro.sim.cost`)."""
+    params = run.get("cost.comm_params")
+    if not finite(params):
+        params = _num_params(run["model.name"], run["data.name"])
+    bw = run.get("cost.bandwidth_Bps")
+    transfer = float(run["cost.latency_s"]) + (4.0 * float(params) / float(bw) if finite(bw) else 0.0)
+    strag = finite(run.get("cost.straggler_client"))
+    return Timing(float(run["cost.compute_s"]), str(run["cost.jitter"]),
+                  float(run["cost.jitter_sigma"]), int(run["nsync"]), int(run["num_clients"]),
+                  float(run["cost.straggler_factor"]) if strag else 1.0,
+                  2 * transfer + float(run["cost.server_apply_s"]))
+
+
+def protocol_label(run: pd.Series) -> str:
+    name, b = str(run["protocol.name"]), int(run.get("protocol.backup_workers", 0) or 0)
+    if name == "sync" and b:
+        return f"sync + {b} backup"
+    if name == "ssp":
+        return f"ssp (s={int(run['protocol.staleness_bound'])})"
+    return name
+
+
+KEYS = ["cost.profile", "protocol", "num_clients", "nsync"]
+COLUMNS = [*KEYS, "seed", "run_dir", "status", "diverged", "quantity", "value", "kind", "source",
+           "clock", "target"]
+
+
+def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Per run: applied samples/s, updates/s, the ratio to async (same profile, N, nsync,
+    seed), sync's mean round time, time to ``target`` training error; per grid point: the
+    predictions of the same quantities (not of time to target: no closed form)."""
+    target = resolve_target(runs.runs, target)
+    r = runs.runs.copy()
+    r["protocol"] = [protocol_label(row) for _, row in r.iterrows()]
+    r["diverged"] = is_diverged(r["status"])
+    ttt = time_to_target(runs.evals, target).set_index("run_dir")["time_to_target_s"]
+    r["samples_per_s"] = r["final_samples_seen"] / r["final_time_s"]
+    r["updates_per_s"] = r["final_version"] / r["final_time_s"]
+    r["mean_round_s"] = np.where(r["protocol.name"] == "sync", r["final_time_s"] / r["final_version"], np.nan)
+    r["time_to_target_s"] = r["run_dir"].map(ttt)
+    same = ["cost.profile", "num_clients", "nsync", "seed"]
+    base = r[r["protocol"] == "async"].set_index(same)["samples_per_s"]
+    key = list(zip(r["cost.profile"], r["num_clients"], r["nsync"], r["seed"]))
+    r["throughput_ratio"] = r["samples_per_s"].to_numpy() / base.reindex(key).to_numpy()
+    clock = r["clock"] if "clock" in r else "virtual"
+    r["clock"], r["kind"], r["source"], r["target"] = clock, "measured", "simulator (this run)", target
+    quantities = ["samples_per_s", "updates_per_s", "throughput_ratio", "mean_round_s", "time_to_target_s"]
+    measured = r.melt(id_vars=[c for c in COLUMNS if c in r and c not in ("quantity", "value")],
+                      value_vars=quantities, var_name="quantity", value_name="value")
+    rows = []
+    for (profile, label, n, k), group in r.groupby(KEYS, sort=False):
+        run = group.iloc[0]
+        tm, name = timing_of(run), str(run["protocol.name"])
+        pushes = int(round(run["final_samples_seen"] / (run["algo.batch_size"] * k)))
+        pred = predict(tm, name, int(run["protocol.backup_workers"]),
+                       int(run["protocol.staleness_bound"]), max(pushes, 1))
+        ref = predict(tm, "async", 0, 0, max(pushes, 1))["segments_per_s"]
+        source = SOURCES["backup" if name == "sync" and run["protocol.backup_workers"] else
+                         name if name in SOURCES else "async"]
+        values = {"samples_per_s": pred["segments_per_s"] * k * run["algo.batch_size"],
+                  "updates_per_s": pred["updates_per_s"],
+                  "throughput_ratio": pred["segments_per_s"] / ref,
+                  "mean_round_s": pred.get("mean_round_s", np.nan)}
+        for q, v in values.items():
+            rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k,
+                         "seed": np.nan, "run_dir": None, "status": None, "diverged": False,
+                         "quantity": q, "value": v, "kind": "predicted", "source": source,
+                         "clock": run["clock"] if "clock" in run else "virtual", "target": target})
+    out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
+    out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]
+    return out[COLUMNS].sort_values(["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"],
+                                    kind="stable").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------------------------
+
+def _profile_title(frame: pd.DataFrame, profile: str) -> str:
+    known = {"jitter_lognormal": "lognormal steps (sigma 0.5), free comm.",
+             "jitter_exponential": "exponential steps, free comm.",
+             "straggler": "client 1 is 4x slower (lan: comm. + sigma 0.1)"}
+    return f"{profile}:\n{known.get(profile, 'cost profile')}"
+
+
+def draw_sync(frame: pd.DataFrame):
+    """3 rows (throughput ratio, updates/s, time to target) x one column per cost profile;
+    measured: markers (mean over seeds, bars min-max); predicted: dashed lines."""
+    import matplotlib as mpl
+    from matplotlib.legend_handler import HandlerTuple
+    from matplotlib.lines import Line2D
+
+    from repro.analysis.figures import _PALETTE, DIVERGED_MARKER, _new_figure
+
+    if frame.empty:
+        raise ValueError("sync_vs_async: the frame has no rows (no usable runs)")
+    profiles = [p for p in PROFILE_ORDER if p in set(frame["cost.profile"])]
+    profiles += sorted(set(frame["cost.profile"]) - set(profiles))
+    protocols = [p for p in PROTOCOL_ORDER if p in set(frame["protocol"])]
+    protocols += sorted(set(frame["protocol"]) - set(protocols))
+    colors = {p: _PALETTE[i] for i, p in enumerate(protocols)}
+    shift = {p: 2 ** (0.06 * (i - (len(protocols) - 1) / 2)) for i, p in enumerate(protocols)}
+    fig, axes = _new_figure(len(QUANTITIES), len(profiles), panel=(3.9, 2.9), sharex=True)
+    counts = sorted(int(n) for n in frame["num_clients"].unique())
+    budget_note = False
+    for col, profile in enumerate(profiles):
+        for row, q in enumerate(QUANTITIES):
+            ax = axes[row, col]
+            panel = frame[(frame["cost.profile"] == profile) & (frame["quantity"] == q)]
+            top = panel.loc[panel["kind"] == "measured", "value"].max()
+            for p in protocols:
+                mine = panel[panel["protocol"] == p]
+                pred = mine[mine["kind"] == "predicted"].sort_values("num_clients")
+                if len(pred):
+                    ax.plot(pred["num_clients"], pred["value"], color=colors[p], linestyle="--", lw=1.3)
+                meas = mine[(mine["kind"] == "measured") & ~mine["diverged"].astype(bool)]
+                stats = meas.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
+                xs = stats.index.to_numpy(float) * shift[p]
+                bars = [stats["mean"] - stats["min"], stats["max"] - stats["mean"]]
+                ax.errorbar(xs, stats["mean"], yerr=bars,
+                            color=colors[p], marker="o", capsize=2, ms=4.5, lw=0.8,
+                            linestyle="-" if q == "time_to_target_s" else "none")
+                if q == "time_to_target_s":
+                    miss = mine[(mine["kind"] == "measured") & mine["value"].isna()]
+                    for diverged, marker in ((False, "v"), (True, "x")):
+                        m = miss[miss["diverged"].astype(bool) == diverged]
+                        if len(m):
+                            budget_note = True
+                            y = top * 1.6 if finite(top) else 1.0
+                            ax.plot(m["num_clients"] * shift[p], [y] * len(m), linestyle="none",
+                                    color=colors[p], **{**DIVERGED_MARKER, "marker": marker})
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(counts, [str(c) for c in counts])
+            ax.minorticks_off()
+            if q == "throughput_ratio":
+                ax.set_ylim(0, 1.15)
+            else:
+                ax.set_yscale("log")
+                ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+                ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+            if row == 0:
+                ax.set_title(_profile_title(frame, profile))
+            if col == 0:
+                ax.set_ylabel(QUANTITIES[q])
+            if row == len(QUANTITIES) - 1:
+                ax.set_xlabel("clients N")
+    handles, labels = [], []
+    for p in protocols:
+        src = frame.loc[(frame["protocol"] == p) & (frame["kind"] == "predicted"), "source"]
+        handles.append((Line2D([], [], color=colors[p], marker="o", linestyle="none"),
+                        Line2D([], [], color=colors[p], linestyle="--")))
+        labels.append(f"{p}   (dashed: {src.iloc[0] if len(src) else 'no prediction'})")
+    handles += [Line2D([], [], color="0.3", marker="o", linestyle="none"),
+                Line2D([], [], color="0.3", linestyle="--")]
+    labels += ["measured: mean over seeds, bars min-max (time to target: joined by a line)",
+               "predicted (none for time to target: no closed form)"]
+    if budget_note:
+        handles += [Line2D([], [], color="0.3", linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}),
+                    Line2D([], [], color="0.3", linestyle="none", **DIVERGED_MARKER)]
+        labels += ["target not reached in the budget", "diverged"]
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small",
+               handler_map={tuple: HandlerTuple(ndivide=None)})
+    seeds = frame["seed"].dropna().nunique()
+    nsync = "/".join(str(int(k)) for k in sorted(frame["nsync"].unique()))
+    target = float(frame["target"].iloc[0])
+    fig.suptitle("Sync vs async: what a barrier costs in throughput, and what it buys in time to "
+                 f"{100 * target:g}% training error\n(nsync = {nsync}; {seeds} seed"
+                 f"{'s' if seeds != 1 else ''}; virtual time)\nc: compute time of a step, f_i: client i's "
+                 "slowdown, S: a segment of nsync steps (mean-1 factors), o: 2 x transfer + server apply")
+    return fig
+
+
+def table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured (mean over seeds) beside predicted throughput ratio, updates/s, sync round."""
+    f = frame[frame["quantity"].isin(["throughput_ratio", "updates_per_s", "mean_round_s"])]
+    f = f[~f["diverged"].astype(bool)]
+    out = f.pivot_table(index=["cost.profile", "protocol", "num_clients"], columns=["quantity", "kind"],
+                        values="value", aggfunc="mean")
+    out.columns = [f"{q}_{k}" for q, k in out.columns]
+    return out.reset_index()
+
+
+def _print_table(frame: pd.DataFrame, out_dir) -> list:
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    return []
+
+
+register_figure("sync_vs_async", sync_frame, draw_sync, exps=("sync_vs_async",), extra=_print_table)

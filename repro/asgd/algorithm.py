@@ -1,0 +1,195 @@
+"""The GPU A-SGD algorithm: what a client does between two exchanges, what the server does with a push.
+
+This module owns the arithmetic of Downpour SGD (Dean et al., NIPS 2012) as used by GPU A-SGD
+(Paine et al., arXiv 1312.6186), and nothing else: no processes, clocks, sockets or files. The
+simulator (:mod:`repro.sim.driver`) and the real driver (:mod:`repro.real`) run these same objects and
+differ only in who carries a :class:`Push` to the :class:`Server` and which clock stamps it.
+
+Client (Downpour with ``nfetch = npush = nsync``, the paper's single knob): starting from the
+parameters it last fetched, run ``nsync`` local minibatch steps of SGD with momentum and weight
+decay (cuda-convnet's optimiser), accruing its update; push it; fetch the server's parameters.
+
+Server (the paper's parameter server): holds the parameter vector and a ``version`` counter,
+applies each push as it arrives with a server rule (:mod:`repro.asgd.rules`), and reports the push's staleness: the number of updates applied since
+the client fetched (server version before apply minus the version the client read).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor
+
+from repro.asgd.flatnet import Worker
+from repro.asgd.rules import ServerRule
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Push:
+    """What a client sends the server after ``num_steps`` local steps."""
+
+    client: int
+    read_version: int          # the server version whose parameters the client started from
+    update: Tensor             # parameter delta (delta rule) or accrued gradient (downpour, adagrad)
+    num_steps: int
+    num_samples: int
+    train_loss: float          # mean minibatch loss over the segment
+    train_error: float         # fraction of the segment's samples misclassified
+    stream_position: tuple[int, int]  # the client's data-stream position after the segment
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The server's receipt for a push."""
+
+    version: int               # server version after the apply
+    staleness: int             # updates applied between the client's fetch and this push
+
+# ---------------------------------------------------------------------------------------------
+# The client's optimiser
+# ---------------------------------------------------------------------------------------------
+
+
+class LocalSGD:
+    """SGD with momentum and weight decay on a flat vector: exactly ``torch.optim.SGD``'s
+    arithmetic (``g += wd*w; b = m*b + g; w -= lr*b``, buffer initialised to the first g), so that
+    one client reproduces a plain sequential training loop. cuda-convnet's update
+    (``v = m*v - lr*(g + wd*w); w += v``) is the same trajectory for a constant lr."""
+
+    def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.buffer: Tensor | None = None
+
+    def step(self, params: Tensor, grad: Tensor) -> Tensor:
+        """Update ``params`` in place; return the regularised gradient (what Downpour accrues)."""
+        if self.weight_decay != 0:
+            grad = grad.add(params, alpha=self.weight_decay)
+        direction = grad
+        if self.momentum != 0:
+            if self.buffer is None:
+                self.buffer = torch.clone(grad).detach()
+            else:
+                self.buffer.mul_(self.momentum).add_(grad)
+            direction = self.buffer
+        params.add_(direction, alpha=-self.lr)
+        return grad
+
+    def state_dict(self) -> dict:
+        return {"buffer": self.buffer}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer = state["buffer"]
+
+
+class Stream(Protocol):
+    """A client's minibatch source (see :class:`repro.problem.data.ClientStream`)."""
+
+    def next_batch(self) -> tuple[Tensor, Tensor]: ...
+    @property
+    def position(self) -> tuple[int, int]: ...
+    def set_position(self, position: tuple[int, int]) -> None: ...
+
+
+class Client:
+    """One Downpour client. It holds only what survives between exchanges: the parameters it last
+    fetched (and their version), its momentum buffer and its data stream."""
+
+    def __init__(self, client_id: int, stream: Stream, optimiser: LocalSGD, push_kind: str):
+        if push_kind not in ("delta", "gradient"):
+            raise ValueError(f"push_kind must be 'delta' or 'gradient', not {push_kind!r}")
+        self.client_id, self.stream, self.optimiser, self.push_kind = client_id, stream, optimiser, push_kind
+        self.params: Tensor | None = None
+        self.read_version = 0
+
+    def fetch(self, params: Tensor, version: int) -> None:
+        """Take the server's parameters (Downpour's fetch, every nsync steps)."""
+        if self.params is None:
+            self.params = params.detach().clone()
+        else:
+            self.params.copy_(params)
+        self.read_version = version
+
+    def compute_push(self, worker: Worker, num_steps: int, out: Tensor | None = None,
+                     on_step: Callable[[], None] | None = None) -> Push:
+        """Run ``num_steps`` local steps from the fetched parameters and return the push.
+        ``out``: write the update into this tensor (e.g. a transport buffer) instead of a new
+        one; the numbers are the same. ``on_step``: called after each local step (the real
+        client proves it is alive there); it must not touch the numbers."""
+        assert self.params is not None, "fetch() before compute_push()"
+        worker.load(self.params)
+        w = worker.params
+        accrued = None
+        if self.push_kind == "gradient":
+            accrued = out.zero_() if out is not None else torch.zeros_like(w)
+        loss_sum = torch.zeros((), device=w.device)
+        errors = torch.zeros((), dtype=torch.long, device=w.device)
+        num_samples = 0
+        for _ in range(num_steps):
+            x, y = self.stream.next_batch()
+            loss, wrong = worker.backward(x, y)
+            g = self.optimiser.step(w, worker.grad)      # the client keeps training locally
+            if accrued is not None:
+                accrued.add_(g)                          # Downpour: accrued <- accrued + g
+            loss_sum += loss
+            errors += wrong
+            num_samples += len(y)
+            if on_step is not None:
+                on_step()
+        if accrued is not None:
+            update = accrued
+        else:   # delta: w_local - w_fetched
+            update = torch.sub(w, self.params, out=out) if out is not None else w - self.params
+        return Push(
+            client=self.client_id, read_version=self.read_version, update=update,
+            num_steps=num_steps, num_samples=num_samples,
+            train_loss=loss_sum.item() / num_steps, train_error=errors.item() / max(num_samples, 1),
+            stream_position=tuple(self.stream.position),
+        )
+
+    def state_dict(self) -> dict:
+        return {"params": self.params, "read_version": self.read_version,
+                "optimiser": self.optimiser.state_dict(), "stream_position": list(self.stream.position)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params, self.read_version = state["params"], int(state["read_version"])
+        self.optimiser.load_state_dict(state["optimiser"])
+        self.stream.set_position(tuple(int(p) for p in state["stream_position"]))
+
+
+class Server:
+    """The parameter server: one parameter vector, a version counter and an update rule."""
+
+    def __init__(self, params: Tensor, rule: ServerRule, version: int = 0):
+        self.params, self.rule, self.version = params, rule, version
+
+    def apply(self, push: Push) -> Applied:
+        staleness = self.version - push.read_version   # updates the client did not see
+        if staleness < 0:
+            raise ValueError(f"push from client {push.client} read version {push.read_version} "
+                             f"which the server (version {self.version}) never had")
+        self.rule.apply(self.params, push.update.to(self.params.device, non_blocking=True),
+                        staleness=staleness, client=push.client)
+        self.version += 1
+        return Applied(version=self.version, staleness=staleness)
+
+    def fetched(self, client: int) -> None:
+        """Client ``client`` now holds these parameters (rules that compensate delay keep them)."""
+        self.rule.fetched(client, self.params)
+
+    def state_dict(self) -> dict:
+        return {"params": self.params, "version": self.version, "rule": self.rule.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params.copy_(state["params"])
+        self.version = int(state["version"])
+        self.rule.load_state_dict(state["rule"])
+
+
+def make_client(client_id: int, stream: Stream, lr: float, momentum: float, weight_decay: float,
+                rule: ServerRule) -> Client:
+    return Client(client_id, stream, LocalSGD(lr, momentum, weight_decay), rule.push_kind)

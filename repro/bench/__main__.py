@@ -1,0 +1,73 @@
+"""The benchmarks' command line: ``python -m repro.bench {sim,real,grid}``.
+
+Each benchmark prints ratios measured in one run (never asserted by tests; wall times vary by
+machine); README.md (section Benchmarks) has the targets and our measured numbers. One
+subcommand per benchmark (:mod:`repro.bench.sim`, :mod:`repro.bench.real`,
+:mod:`repro.bench.grid`), each owning its options; the help is plain text written for users
+(``DESCRIPTION``, ``SIM_DESCRIPTION``, ``bench_real.DESCRIPTION``, ``bench_grid.DESCRIPTION``),
+not these docstrings.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from repro.bench import grid as bench_grid
+from repro.bench import positive
+from repro.bench import real as bench_real
+from repro.bench.sim import SIM_DESCRIPTION, TARGET_SIM, bench_sim
+
+DESCRIPTION = """\
+Benchmarks of the two drivers. Each measures ratios of wall times or
+throughputs in one run, so the machine's speed largely cancels out, and prints
+each ratio against its target with PASS or FAIL. Ratios on a busy machine move
+by about 10% between runs."""
+
+EPILOG = """\
+'python -m repro.bench sim --help', 'python -m repro.bench real --help' and
+'python -m repro.bench grid --help' say more about each benchmark and list its
+options. Exit status: 0 when every ratio meets its target, 1 when one does
+not, 2 on a usage error."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One subcommand per benchmark, each owning its options, so they go after its name."""
+    raw = argparse.RawDescriptionHelpFormatter   # keep the hand-wrapped paragraphs
+    parser = argparse.ArgumentParser(prog="python -m repro.bench", description=DESCRIPTION,
+                                     epilog=EPILOG, formatter_class=raw)
+    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real,grid}", title="benchmarks")
+    sim = sub.add_parser("sim", formatter_class=raw, description=SIM_DESCRIPTION,
+                         help=f"simulator overhead: simulator wall time / a plain training loop "
+                              f"taking the same steps (target <= {TARGET_SIM:.2f})")
+    sim.add_argument("--epochs", type=positive(float), default=20.0,
+                     help="simulated epochs per measurement (default: %(default)s)")
+    sim.add_argument("--repeats", type=positive(int), default=3,
+                     help="measurements per setting, interleaved with the plain loop's; the best "
+                          "counts (default: %(default)s)")
+    real = sub.add_parser("real", formatter_class=raw, description=bench_real.DESCRIPTION,
+                          help=f"real driver: (a) push+fetch round trips / raw gloo send+recv "
+                               f"(target >= {bench_real.PROTOCOL_TARGET}); (b) training samples/s, "
+                               f"2 CPU clients / 1 client (target >= {bench_real.THROUGHPUT_TARGET})")
+    bench_real.add_arguments(real)
+    grid = sub.add_parser("grid", formatter_class=raw, description=bench_grid.DESCRIPTION,
+                          help=f"grid launchers: one figure's grid run one point after another / in "
+                               f"parallel, one job per core (target >= {bench_grid.TARGET} on 2 cores)")
+    bench_grid.add_arguments(grid)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.which == "sim":
+        return 0 if bench_sim(args.epochs, args.repeats) else 1
+    if args.which == "grid":
+        return bench_grid.run(args)
+    return bench_real.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Grid benchmark: ``python -m repro.bench grid``.
+
+Trains one figure's grid twice, each time from an empty results folder and as a user would
+(``python -m repro.run +exp=NAME``, warm-start baseline and figure included): once with
+``hydra/launcher=basic`` (one grid point after another) and once with ``hydra/launcher=parallel``
+(joblib, one job per core, one torch thread each). It prints both wall times and their ratio
+(target >= 1.7 on 2 cores), and checks that the two launches wrote byte-identical tables (every
+run folder's updates.csv and evals.csv) and the same figure CSV: parallel jobs must not change a
+number. Run ``python -m repro.bench grid --help`` for the options.
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from repro.bench import positive
+
+TARGET = 1.7
+LAUNCHERS = (("basic", "basic (one after another)"), ("parallel", "parallel (joblib)"))
+
+DESCRIPTION = f"""\
+Grid launchers: wall time of one figure's grid run one point after another
+(hydra/launcher=basic) divided by the same grid run in parallel, one job per
+core with one torch thread each (hydra/launcher=parallel, the experiments'
+default). Each launch starts from an empty results folder and is timed as a
+user runs it: python -m repro.run +exp=NAME, with the warm-start baseline and
+the figure included. Target >= {TARGET} on 2 cores.
+
+Both launches must also write byte-identical tables (updates.csv and
+evals.csv of every grid point) and the same figure CSV; the benchmark says so,
+and fails if they differ.
+
+Exit status 0 when the ratio meets the target and the tables are identical,
+1 otherwise."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--exp", default="fig4",
+                        help="the experiment whose grid is timed (default: %(default)s)")
+    parser.add_argument("--epochs", type=positive(float, allow_zero=True), default=0.0,
+                        help="num_epochs of every grid point, to make the benchmark shorter; 0 "
+                             "keeps the experiment's own (default: %(default)s). Fixed costs (start-up, "
+                             "warm-start baseline, figure) weigh more in a shorter grid, so the ratio drops")
+    parser.add_argument("--jobs", type=positive(int), default=None,
+                        help="parallel jobs (default: one per core, as the launcher does)")
+    parser.add_argument("--repeats", type=positive(int), default=1,
+                        help="launches of each kind, interleaved; the fastest of each counts, so a "
+                             "burst of other load on a shared machine counts less (default: %(default)s)")
+    parser.add_argument("--keep", metavar="DIR", default=None,
+                        help="write both results trees under DIR and keep them (default: a "
+                             "temporary folder, removed afterwards)")
+    return parser
+
+
+def cores() -> int:
+    """The cores this process may use (what joblib's n_jobs=-1 counts, near enough)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def command(exp: str, root: Path, launcher: str, epochs: float, jobs: int | None, data_root: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "repro.run", f"+exp={exp}", f"results_dir={root / 'results'}",
+           f"figures_dir={root / 'figures'}", f"data.root={data_root}", "progress=false",
+           f"hydra/launcher={launcher}"]
+    if epochs:
+        cmd.append(f"num_epochs={epochs:g}")
+    if launcher == "parallel" and jobs:
+        cmd.append(f"hydra.launcher.n_jobs={jobs}")
+    return cmd
+
+
+def timed(cmd: list[str], log_path: Path) -> float:
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    start = time.perf_counter()
+    with open(log_path, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = log_path.read_text()[-3000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{tail}")
+    return elapsed
+
+
+def compare_trees(a: Path, b: Path, exp: str) -> tuple[int, list[str]]:
+    """(grid points compared, what differs) between two results trees of one experiment."""
+    runs_a = {p.parent.name for p in (a / "results" / exp).glob("*/summary.json")}
+    runs_b = {p.parent.name for p in (b / "results" / exp).glob("*/summary.json")}
+    differ = [f"only in one launch: {name}" for name in sorted(runs_a ^ runs_b)]
+    for name in sorted(runs_a & runs_b):
+        for table in ("updates.csv", "evals.csv"):
+            fa, fb = a / "results" / exp / name / table, b / "results" / exp / name / table
+            if not filecmp.cmp(fa, fb, shallow=False):
+                differ.append(f"{name}/{table}")
+    figures_a = sorted(p.name for p in (a / "figures").glob("*.csv"))
+    figures_b = sorted(p.name for p in (b / "figures").glob("*.csv"))
+    if figures_a != figures_b or not figures_a:
+        differ.append(f"figure CSVs: {figures_a} vs {figures_b}")
+    for name in sorted(set(figures_a) & set(figures_b)):
+        # the figure's numbers; run_dir names each run by its path, which differs by the tree
+        text_a = (a / "figures" / name).read_text().replace(str(a / "results"), "RESULTS")
+        text_b = (b / "figures" / name).read_text().replace(str(b / "results"), "RESULTS")
+        if text_a != text_b:
+            differ.append(f"figures/{name}")
+    return len(runs_a & runs_b), differ
+
+
+def run(args: argparse.Namespace) -> int:
+    n_cores = cores()
+    jobs = args.jobs or n_cores
+    keep = Path(args.keep).resolve() if args.keep else None
+    base = keep or Path(tempfile.mkdtemp(prefix="repro-bench-grid-"))
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+        epochs = f" num_epochs={args.epochs:g}" if args.epochs else ""
+        print(f"grid launchers: +exp={args.exp}{epochs}, {n_cores} cores, {jobs} parallel jobs, "
+              f"1 torch thread per job (target >= {TARGET:.2f})")
+        print(f"load average before: {load}", flush=True)
+        data_root = base / "_data"   # generated data (mnist1d) once for both launches
+        walls: dict[str, list[float]] = {launcher: [] for launcher, _ in LAUNCHERS}
+        print(f"{'launcher':<28} {'jobs':>5} {'wall s':>8}")
+        for _ in range(args.repeats):   # interleaved, so a busy spell slows both alike
+            for launcher, label in LAUNCHERS:
+                root = base / launcher
+                shutil.rmtree(root, ignore_errors=True)   # every launch starts from nothing
+                root.mkdir(parents=True)
+                cmd = command(args.exp, root, launcher, args.epochs, jobs, data_root)
+                walls[launcher].append(timed(cmd, root / "launch.log"))
+                print(f"{label:<28} {1 if launcher == 'basic' else jobs:>5} {walls[launcher][-1]:>8.1f}",
+                      flush=True)
+        points, differ = compare_trees(base / "basic", base / "parallel", args.exp)
+        ratio = min(walls["basic"]) / min(walls["parallel"])
+        load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+        ok_ratio, ok_same = ratio >= TARGET, not differ
+        print(f"load average after:  {load}")
+        best = f"fastest of {args.repeats} each, " if args.repeats > 1 else ""
+        print(f"speedup ({best}basic / parallel): {ratio:.2f}  {'PASS' if ok_ratio else 'FAIL'}")
+        differing = {d.split("/")[0] for d in differ if d.endswith((".csv",)) and not d.startswith("figures")}
+        figure_same = not any(d.startswith("figure") for d in differ)
+        print(f"identical tables: {points - len(differing)}/{points} grid points; figure CSV "
+              f"{'identical' if figure_same else 'DIFFERS'}  {'PASS' if ok_same else 'FAIL'}")
+        for d in differ:
+            print(f"  differs: {d}")
+        if keep:
+            print(f"results kept in {keep}")
+        return 0 if ok_ratio and ok_same else 1
+    finally:
+        if keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(prog="python -m repro.bench.grid", description=DESCRIPTION,
+                                                   formatter_class=argparse.RawDescriptionHelpFormatter))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

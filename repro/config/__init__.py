@@ -1,0 +1,1 @@
+"""The run configuration: field declarations, the frozen dataclasses, --help and conf/."""

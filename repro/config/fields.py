@@ -1,0 +1,111 @@
+"""How a config field is declared: its default, its valid values, and whether it shapes training.
+
+:func:`knob` makes a dataclass field carrying a validator (:class:`Range` for every number: a
+finite range, so no value can hang or overflow a run; :class:`Choice` for names, possibly a
+registry's; :class:`Text`; :class:`Flag`) and the ``shapes`` mark that :mod:`repro.config.settings`
+reads back to derive run-folder names, cache keys, replays and resume checks. Each validator
+both checks a value (raising :class:`ConfigError` naming key, value and what is valid) and
+describes the valid values for ``--help``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from repro.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Range:
+    """A finite numeric range; ``words`` are extra string values allowed (e.g. 'calibrate')."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    integer: bool = False
+    nullable: bool = False
+    words: tuple[str, ...] = ()
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.nullable or value in self.words:
+            return
+        bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+        if bad or value < self.lo or value > self.hi or (self.lo_open and value == self.lo):
+            raise ConfigError(key, value, self.describe())
+
+    def describe(self) -> str:
+        num = "an integer" if self.integer else "a number"
+        lo, hi = (f"{int(v)}" if self.integer else f"{v:g}" for v in (self.lo, self.hi))
+        text = f"{num} in {lo}..{hi}" if self.integer else \
+            f"{num} in {'(' if self.lo_open else '['}{lo}, {hi}]"
+        extra = [f"'{w}'" for w in self.words] + (["null"] if self.nullable else [])
+        return " or ".join([text, *extra])
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a fixed tuple, or of a registry's names (a callable, resolved when checked).
+    ``custom``: also 'custom' or 'custom:<name>', what the Python API records for a user's own
+    data or module (repro.api.simulate), which no registry knows."""
+
+    choices: tuple | Callable[[], tuple]
+    nullable: bool = False
+    custom: bool = False
+
+    def names(self) -> tuple:
+        return self.choices() if callable(self.choices) else self.choices
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.nullable or value in self.names():
+            return
+        if self.custom and isinstance(value, str) and (value == "custom" or value.startswith("custom:")):
+            return
+        raise ConfigError(key, value, self.names())
+
+    def describe(self) -> str:
+        shown = [str(n).lower() if isinstance(n, bool) else str(n) for n in self.names()]
+        return ", ".join(shown) + (", null" if self.nullable else "")
+
+
+@dataclass(frozen=True)
+class Text:
+    """Free text (a name or a path)."""
+
+    what: str = "a string"
+    nullable: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and not self.nullable:
+            raise ConfigError(key, value, self.what)
+
+    def describe(self) -> str:
+        return self.what + (" or null" if self.nullable else "")
+
+
+@dataclass(frozen=True)
+class Flag:
+    def check(self, key: str, value: Any) -> None:
+        pass   # the type check already demands a boolean
+
+    def describe(self) -> str:
+        return "true, false"
+
+
+def knob(default: Any, valid: Any, shapes: bool = True) -> Any:
+    """A config field: its default, its valid values, and whether it shapes training (numbers in
+    the tables change with it); ``shapes=False`` for where files go, timeouts, ports, progress."""
+    kw = {"default_factory": default} if callable(default) else {"default": default}
+    return field(metadata={"valid": valid, "shapes": shapes}, **kw)
+
+
+def registry_names(module: str, name: str) -> Callable[[], tuple]:
+    def names() -> tuple:   # imported when checked: the registries live beside torch code
+        import importlib
+        return getattr(importlib.import_module(module), name).names()
+    return names
+
+
+SECONDS = Range(0.0, 1e6)   # a million seconds: finite, far beyond any sensible run
+WAIT_S = Range(0.0, 7 * 86400.0, lo_open=True)   # timeouts: positive, at most a week
+COUNT = Range(1, 10**8, integer=True, nullable=True)

@@ -1,0 +1,141 @@
+"""Where the configuration lives, and what ``python -m repro.run --help`` prints.
+
+* :data:`CONF_DIR`: ``conf/`` sits at the top of the repository (where Hydra users look for it).
+  A wheel installs it as the package data folder ``repro/conf`` (see pyproject.toml); a checkout
+  or an editable install reads the repository's own ``conf/``. Everything that opens a YAML file
+  asks :data:`CONF_DIR`.
+* :func:`help_text`: the groups, and every key with its value, valid values and meaning, all read
+  from the one declaration in :mod:`repro.config.settings` (the field docstrings, the
+  :func:`~repro.config.fields.knob` valid values) and from ``conf/``; nothing here is written
+  twice. Also: the closest valid keys for a mistyped one.
+* :func:`job_name`: a run folder's name, from the overrides of the keys that shape training.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import textwrap
+import typing
+from functools import lru_cache
+from pathlib import Path
+
+from repro.config import settings as config
+
+_PACKAGE = Path(__file__).resolve().parent.parent   # repro/
+
+
+def _find_conf_dir() -> Path:
+    for candidate in (_PACKAGE / "conf", _PACKAGE.parent / "conf"):   # wheel, then checkout
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"no Hydra configuration (conf/config.yaml) beside {_PACKAGE}: "
+                            "reinstall the package (pip install gpu-asgd-repro or pip install -e .)")
+
+
+CONF_DIR = _find_conf_dir()
+
+
+def group_options(group: str) -> list[str]:
+    """The option names of one config group (``conf/<group>/*.yaml``), sorted."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
+
+OPTIONAL_GROUPS = ("exp", "problem", "mitigation")   # added with +GROUP=OPTION, never in defaults
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: the docstring written under it} (attribute docstrings are not kept at run time,
+    so they are read from the source)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def key_docs() -> dict[str, str]:
+    """{dotted key: meaning} for every settable key."""
+    out = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints, docs = typing.get_type_hints(cls), field_docs(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                walk(hints[f.name], prefix + f.name + ".")
+            else:
+                out[prefix + f.name] = docs.get(f.name, "")
+    walk(config.RunConfig, "")
+    return out
+
+
+def closest_keys(key: str, n: int = 3) -> list[str]:
+    """The valid keys (and group names) nearest a mistyped ``key``."""
+    candidates = [*config.all_keys(), *GROUPS, *OPTIONAL_GROUPS]
+    near = difflib.get_close_matches(key, candidates, n=n, cutoff=0.6)
+    if not near:   # e.g. 'lr' for 'algo.lr': match on the last component
+        tails = {k.rsplit(".", 1)[-1]: k for k in config.all_keys()}
+        near = [tails[t] for t in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=n)]
+    return near
+
+
+def help_text(tree: dict, choices: dict[str, str]) -> str:
+    """The help page for the composed config ``tree`` (values shown are what would run);
+    ``choices``: {group: chosen option}."""
+    lines = ["usage: python -m repro.run [GROUP=OPTION ...] [KEY=VALUE ...] [+exp=NAME]",
+             "",
+             "Trains one run (a folder under results/<exp_name>/) with the delay simulator",
+             "(backend=sim, default) or real processes (backend=real); +exp=NAME runs an",
+             "experiment's whole grid and draws its figure. Bad input exits 2 before any work.",
+             "",
+             "groups (GROUP=OPTION; * marks the option in use):"]
+    for group in (*GROUPS, *OPTIONAL_GROUPS):
+        opts = [o + ("*" if choices.get(group) == o else "") for o in group_options(group)]
+        name = "+" + group if group in OPTIONAL_GROUPS else group
+        lines.append(f"  {name:8} {', '.join(opts)}")
+    lines += ["", "keys (KEY=VALUE):"]
+    docs = key_docs()
+    width = max(map(len, docs)) + 2
+    for key, meaning in docs.items():
+        value = _get(tree, key)
+        lines.append(f"  {key:{width}}{_show(value)}")
+        indent = " " * (width + 4)
+        lines.append(textwrap.fill(f"valid: {config.valid_values(key)}", 96, initial_indent=indent,
+                                   subsequent_indent=indent))
+        lines.append(textwrap.fill(meaning, 96, initial_indent=indent, subsequent_indent=indent))
+    lines += ["", "Run folders are named from the overrides of keys that shape training;",
+              "resume=true continues an interrupted run, force=true starts a folder over.",
+              "Hydra's own options: --hydra-help; the composed config: --cfg job."]
+    return "\n".join(lines)
+
+
+def _get(tree: dict, key: str):
+    try:
+        return config.get(tree, key)
+    except (KeyError, TypeError):
+        return "(not set)"
+
+
+def _show(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def job_name(overrides) -> str:
+    """A run folder's name: the command-line overrides of keys that shape training, sorted, as
+    Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
+    ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.settings.shaping_keys`)."""
+    shaping = set(config.shaping_keys()) | set(GROUPS) | {"problem", "mitigation"}
+    kept = []
+    for item in overrides or ():
+        key, sep, value = str(item).partition("=")
+        key = key.lstrip("+~")
+        if sep and key in shaping:
+            kept.append((key, value))
+    return ",".join(f"{k}={v}" for k, v in sorted(kept)) or "base"

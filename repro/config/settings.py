@@ -1,0 +1,366 @@
+"""Configuration: frozen dataclasses, parsed once at the entry point and validated.
+
+Nothing below :mod:`repro.run` sees a Hydra ``DictConfig``: :func:`from_dict` turns the resolved
+YAML tree (a plain nested dict) into a :class:`RunConfig`, checking every value's type and range
+and every component name, and raises :class:`~repro.errors.ConfigError` naming the key, the bad
+value and the valid choices. :func:`to_dict` is the inverse and is what ``config.json`` holds.
+
+Every field is declared with :func:`knob`: its default, its valid values (a finite range for
+every number, so no value can hang or overflow a run) and whether it **shapes training**. That
+one declaration is what run-folder names, the warm-start cache key, a replay and the resume
+check derive from (:func:`shaping_keys`): settings that only say where files go, how long to wait
+for a peer or how to report progress never name a folder nor block a resume.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from repro.config.fields import COUNT, SECONDS, WAIT_S, Choice, Flag, Range, Text, knob, registry_names
+from repro.errors import ConfigError
+
+JITTERS = ("none", "lognormal", "exponential")
+BACKENDS = ("sim", "real")
+STARTS = ("cold", "warm")
+DEVICES = ("cpu", "cuda", "auto")
+SCHEDULES = ("events", "replay")
+
+
+# ---------------------------------------------------------------------------------------------
+# The configuration
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = knob("digits", Choice(registry_names("repro.problem.data", "DATASETS"), custom=True))
+    """Data set (all offline)."""
+    root: Optional[str] = knob(None, Text("a folder", nullable=True), shapes=False)
+    """Folder holding the data set's files (cifar10 only)."""
+    num_train: Optional[int] = knob(None, COUNT)
+    """Use only this many training samples (null: all; mnist1d and synthetic generate this many)."""
+    num_test: Optional[int] = knob(None, COUNT)
+    """Use only this many test samples (null: all)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = knob("digits_cnn", Choice(registry_names("repro.problem.models", "MODELS"), custom=True))
+    """Network; it must be made for the data's input shape."""
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    lr: float = knob(0.05, Range(0.0, 1e9, lo_open=True))
+    """Client (local) learning rate of SGD, as cuda-convnet's epsW."""
+    momentum: float = knob(0.5, Range(0.0, 0.999999))
+    """Client momentum; the buffer stays on the client across exchanges."""
+    weight_decay: float = knob(0.0, Range(0.0, 1e3))
+    """L2 weight decay, added to the gradient as torch.optim.SGD does."""
+    batch_size: int = knob(32, Range(1, 10**6, integer=True))
+    """Minibatch size of one client step (at most the training-set size)."""
+    server_rule: str = knob("delta", Choice(registry_names("repro.asgd.rules", "RULES")))
+    """How the server applies a push: delta (add the client's parameter change), downpour
+    (w -= lr_server * accrued gradient), adagrad (DistBelief's per-parameter Adagrad)."""
+    lr_server: Optional[float] = knob(None, Range(0.0, 1e9, lo_open=True, nullable=True))
+    """Server step size; null picks the rule's default (delta: 1.0, downpour: lr, adagrad: 0.01)."""
+    adagrad_eps: float = knob(1e-8, Range(0.0, 1.0, lo_open=True))
+    """Added to Adagrad's denominator to avoid dividing by zero."""
+    dc_lambda: float = knob(0.04, Range(0.0, 1e6))
+    """DC-ASGD's variance-control lambda (Zheng et al. 2017; 0.04 is their DC-ASGD-c value)."""
+
+    def resolved_lr_server(self) -> float:
+        if self.lr_server is not None:
+            return self.lr_server
+        return {"delta": 1.0, "adagrad": 0.01}.get(self.server_rule, self.lr)
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    profile: str = knob("uniform", Text("a label"))
+    """Name of the cost profile (a label saved with the run)."""
+    schedule: str = knob("events", Choice(SCHEDULES))
+    """Who decides the order of pushes: events (the cost model's clock) or replay (the order a
+    recorded run's updates.csv holds, cost.path; conf/cost/replay.yaml sets it)."""
+    compute_s: Union[float, str] = knob(0.01, Range(0.0, 1e6, lo_open=True, words=("calibrate",)))
+    """Virtual seconds per client minibatch step, or 'calibrate' to time real steps once."""
+    jitter: str = knob("none", Choice(JITTERS))
+    """Per-step compute-time noise (mean-preserving, seeded by seed, client, push)."""
+    jitter_sigma: float = knob(0.0, Range(0.0, 10.0))
+    """lognormal: sigma of log-time; exponential: weight of the exponential part (0..1)."""
+    straggler_client: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
+    """This client (1..num_clients) computes straggler_factor times slower; null: no straggler."""
+    straggler_factor: float = knob(1.0, Range(0.0, 1e6, lo_open=True))
+    """How many times slower the straggler computes."""
+    latency_s: float = knob(0.0, SECONDS)
+    """One-way link latency of every push and fetch (virtual seconds)."""
+    bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
+    """Link bandwidth in bytes/s for the parameter bytes of each push and fetch; null: free."""
+    comm_params: Optional[float] = knob(None, Range(0.0, 1e13, lo_open=True, nullable=True))
+    """Count communication as if the parameter vector had this many float32 entries (null: the
+    model's real size); lets a small model stand in for an AlexNet-sized one (paper2013)."""
+    server_apply_s: float = knob(0.0, SECONDS)
+    """Virtual seconds the server takes to apply one push; it serves one push at a time."""
+    path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
+    """With profile 'replay': the recorded run folder whose update order is replayed."""
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    name: str = knob("sim", Choice(BACKENDS))
+    """sim (deterministic delay simulator) or real (torch.distributed processes). The other keys
+    are the real driver's (conf/backend/real.yaml)."""
+    master_addr: str = knob("127.0.0.1", Text("a host name or address"), shapes=False)
+    """Address of rank 0; loopback by default so a single-node run listens on no network."""
+    master_port: int = knob(0, Range(0, 65535, integer=True), shapes=False)
+    """Port of rank 0's rendezvous; 0 picks a free one (single node only)."""
+    timeout_s: float = knob(60.0, WAIT_S, shapes=False)
+    """Bound on every blocking receive, and per process on start-up (the start-up deadline
+    grows with the number of clients)."""
+    client_timeout_s: float = knob(30.0, WAIT_S, shapes=False)
+    """The server declares a client lost when it has heard nothing from it for this long."""
+    server_device: str = knob("cpu", Choice(("cpu", "cuda")))
+    """Where the server keeps its parameters."""
+    client_device: str = knob("auto", Choice(DEVICES))
+    """Where clients train: auto (a GPU each when CUDA is visible, else the CPU), cpu or cuda."""
+    eval_in_thread: bool = knob(True, Flag(), shapes=False)
+    """Evaluate snapshots in a server thread so evaluations never stall the push loop."""
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    name: str = knob("async", Choice(registry_names("repro.asgd.protocols", "PROTOCOLS")))
+    """When the server applies and clients fetch: async (Downpour, the paper), sync
+    (bulk-synchronous rounds, mean update), ssp (stale synchronous parallel)."""
+    backup_workers: int = knob(0, Range(0, 1023, integer=True))
+    """sync: a round closes at the first num_clients - b pushes; the b late ones are discarded
+    (Chen et al. 2016)."""
+    staleness_bound: int = knob(3, Range(0, 10**6, integer=True))
+    """ssp: a client more than this many pushes ahead of the slowest live client waits
+    (Ho et al. 2013); 0 behaves like sync rounds, a large value like async."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    exp_name: str = knob("default", Text("a folder name"), shapes=False)
+    """Experiment name: the results/<exp_name>/ folder."""
+    seed: int = knob(0, Range(0, 2**31 - 1, integer=True))
+    """Base seed: model init, each client's data order (seed, client) and the cost model's jitter."""
+    num_clients: int = knob(4, Range(1, 1024, integer=True))
+    """Number of clients (GPU clients in the paper)."""
+    nsync: int = knob(4, Range(1, 10**6, integer=True))
+    """Local minibatch steps between exchanges (the paper's nsync = nfetch = npush)."""
+    num_epochs: float = knob(20.0, Range(0.0, 1e5, lo_open=True))
+    """Training budget: epochs of the training set consumed by all clients together."""
+    eval_every: float = knob(1.0, Range(1e-3, 1e5))
+    """Evaluate the server's parameters every this many epochs (by samples applied)."""
+    divergence_factor: float = knob(10.0, Range(1.0, 1e6, lo_open=True))
+    """A push whose mean training loss exceeds this many times the reference loss (the larger of
+    the version-0 training loss and ln(classes), a uniform guess) ends the run 'diverged'. At 10,
+    on 10 classes: ~23 nats, the right class at probability ~1e-10 on average."""
+    target_error: float = knob(0.05, Range(0.0, 1.0))
+    """Training error whose first crossing time defines speedup (summary.json time_to_target)."""
+    start: str = knob("cold", Choice(STARTS))
+    """cold: random initial weights; warm: start from the single-client baseline's checkpoint."""
+    warm_start_epochs: float = knob(2.0, Range(0.0, 1e5, lo_open=True))
+    """Warm start: epochs of single-client training behind the cached checkpoint."""
+    checkpoint_every: int = knob(0, Range(0, 10**9, integer=True), shapes=False)
+    """Server checkpoint every this many versions (0: only the final one)."""
+    resume: Union[bool, str] = knob(False, Choice((False, True, "auto")), shapes=False)
+    """true: continue the folder's interrupted run from its checkpoint; auto: continue it if
+    there is one, else start (for launchers that restart jobs, e.g. torchrun --max-restarts)."""
+    force: bool = knob(False, Flag(), shapes=False)
+    """Start the run folder over even if it holds a finished or interrupted run."""
+    device: str = knob("cpu", Choice(DEVICES))
+    """Simulator device (cpu, cuda, auto); the real driver's clients: backend.client_device."""
+    num_threads: int = knob(1, Range(0, 1024, integer=True))
+    """torch CPU threads per process (0: torch's default). Results are bit-for-bit identical only
+    at the same thread count. One thread keeps N real-driver clients off each other's cores."""
+    progress: bool = knob(True, Flag(), shapes=False)
+    """Print progress lines on long runs."""
+    results_dir: str = knob("results", Text("a folder"), shapes=False)
+    """Where run folders and the warm-start cache live."""
+    figures_dir: str = knob("figures", Text("a folder"), shapes=False)
+    """Where +exp=NAME writes its figure (png, pdf) and the numbers behind it (csv)."""
+    data: DataConfig = knob(DataConfig, None)
+    model: ModelConfig = knob(ModelConfig, None)
+    algo: AlgoConfig = knob(AlgoConfig, None)
+    cost: CostConfig = knob(CostConfig, None)
+    backend: BackendConfig = knob(BackendConfig, None)
+    protocol: ProtocolConfig = knob(ProtocolConfig, None)
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The declaration, read back: keys, what shapes training, valid values
+# ---------------------------------------------------------------------------------------------
+
+def _leaves(cls: type = RunConfig, prefix: str = ""):
+    """(dotted key, dataclass field) of every leaf setting, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _leaves(hints[f.name], prefix + f.name + ".")
+        else:
+            yield prefix + f.name, f
+
+
+def all_keys() -> tuple[str, ...]:
+    """Every settable key, dotted (``seed``, ``algo.lr``, ...)."""
+    return tuple(key for key, _ in _leaves())
+
+
+def shaping_keys() -> tuple[str, ...]:
+    """The keys that shape training: run-folder names, warm-start cache keys, replays and the
+    resume check all derive from this one list."""
+    return tuple(key for key, f in _leaves() if f.metadata["shapes"])
+
+
+def valid_values(key: str) -> str:
+    return dict(_leaves())[key].metadata["valid"].describe()
+
+
+def get(tree: dict, key: str) -> Any:
+    """The value at a dotted ``key`` of a nested dict (KeyError if absent)."""
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
+
+
+def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
+    """{key: value} of every training-shaping key (missing keys of an old config.json: absent)."""
+    tree = to_dict(cfg) if not isinstance(cfg, dict) else cfg
+    out = {}
+    for key in shaping_keys():
+        try:
+            out[key] = get(tree, key)
+        except (KeyError, TypeError):
+            pass
+    return out
+
+
+def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
+    """``recorded``'s training-shaping settings with ``cfg``'s other settings (paths, progress,
+    checkpoints, timeouts): what a replay of a recorded run trains, run the way ``cfg`` says."""
+    tree, mine = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}, to_dict(cfg)
+    for key in all_keys():
+        if key in shaping_keys():
+            continue
+        *path, leaf = key.split(".")
+        node, src = tree, mine
+        for part in path:
+            node, src = node.setdefault(part, {}), src[part]
+        node[leaf] = src[leaf]
+    return tree
+
+
+def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
+    """'key: recorded -> now' for every training-shaping key that differs."""
+    old, new = shaping_values(recorded), shaping_values(cfg)
+    # a calibrated compute time is recorded as the measured number: 'calibrate' matches it
+    same = lambda k: old[k] == new[k] or (new[k] == "calibrate" and isinstance(old[k], float))  # noqa: E731
+    return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in new if k in old and not same(k)]
+
+
+# ---------------------------------------------------------------------------------------------
+# dict <-> dataclasses
+# ---------------------------------------------------------------------------------------------
+
+def to_dict(cfg: Any) -> dict:
+    """The nested plain dict of a config dataclass (what config.json holds)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
+    """Build ``cls`` from a nested dict, type-checking every field; then range-check it all.
+    Keys that are not settings (``environment``, recorded beside them in config.json) are ignored
+    at the top level."""
+    if cls is RunConfig and isinstance(tree, dict):
+        tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
+    obj = _build(tree, cls, prefix)
+    if cls is RunConfig:
+        validate(obj)
+    else:
+        _check_leaves(obj, cls, prefix)
+    return obj
+
+
+RECORDED_ONLY = ("environment",)   # what config.json holds beside the settings
+
+
+def _build(tree: Any, cls: type, prefix: str) -> Any:
+    if not isinstance(tree, dict):
+        raise ConfigError(prefix.rstrip(".") or "<root>", tree, "a mapping of keys to values")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(tree) - names)
+    if unknown:
+        raise ConfigError(prefix + unknown[0], tree[unknown[0]], "a known key: " + ", ".join(sorted(names)))
+    kwargs = {}
+    for name in names & set(tree):
+        hint, key, value = hints[name], prefix + name, tree[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(value, hint, key + ".")
+        else:
+            kwargs[name] = _coerce(key, value, hint)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Accept ``value`` for a field typed ``hint`` (int, float, str, bool, Optional, Union)."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ConfigError(key, value, _type_name(options))
+    for option in options:
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+    raise ConfigError(key, value, _type_name(options))
+
+
+def _type_name(options: tuple) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             type(None): "null"}
+    return " or ".join(names.get(o, str(o)) for o in options)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------------
+
+def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
+    tree = to_dict(obj)
+    for key, f in _leaves(cls, prefix):
+        f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
+
+
+def validate(cfg: RunConfig) -> None:
+    """Every key against its declared valid values, then the checks that relate two keys.
+    Needs no data; :func:`repro.problem.build.check_components` checks the model against the
+    data's input shape."""
+    _check_leaves(cfg, RunConfig, "")
+    if cfg.num_epochs / cfg.eval_every > 1e5:
+        raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
+                          f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
+    if cfg.protocol.backup_workers >= cfg.num_clients:
+        raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
+                          f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")
+    cost = cfg.cost
+    if cost.jitter == "exponential" and cost.jitter_sigma > 1:
+        raise ConfigError("cost.jitter_sigma", cost.jitter_sigma, "a weight in [0, 1] for exponential jitter")
+    if cost.straggler_client is not None and not 1 <= cost.straggler_client <= cfg.num_clients:
+        raise ConfigError("cost.straggler_client", cost.straggler_client,
+                          f"null or a client id in 1..{cfg.num_clients}")
+    if cost.schedule == "replay" and not cost.path:
+        raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")

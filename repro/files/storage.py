@@ -1,0 +1,72 @@
+"""Files that are never half written: atomic writes of text, JSON and checkpoints, and a safe
+reader of checkpoints.
+
+Every file a run folder or a cache keeps whole (``summary.json``, ``config.json``, a repaired
+table, ``checkpoint.pt``, the warm start's ``server.pt``) goes through :func:`atomic_write`: a
+temp file, fsync, rename. A crash or a full disk mid-write leaves the previous file intact and no
+``.tmp`` behind, and a reader never sees half a file. :func:`read_checkpoint` never unpickles
+anything beyond tensors, numbers, strings, lists and dicts (``torch.load(weights_only=True)``);
+a file that is empty, truncated or carries code is a :class:`ConfigError` (exit 2) naming the
+file and what is wrong: we never suggest loading it unsafely. (The one module of ``files/`` that
+imports torch: a checkpoint is a torch file.)
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import IO, Any, Callable
+
+import torch
+
+from repro.errors import ConfigError
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(f)`` to a temp file, then rename, so a reader never sees half a file (and a full
+    disk or an interrupt leaves the old file and no temp file)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def save_checkpoint(state: dict, path: Path) -> None:
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "resume") -> dict:
+    """The dict in ``path``; ConfigError (for config key ``key``) saying what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(key, str(path), "an existing checkpoint file")
+    if path.stat().st_size == 0:
+        raise ConfigError(key, str(path), "a checkpoint, not an empty file")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(key, str(path), "a checkpoint of tensors and numbers only: this file "
+                          "holds other objects, and loading it could run code, so it is refused") from None
+    except Exception as e:   # torch's readers raise many kinds on bytes they do not expect
+        first = (str(e).splitlines() or [type(e).__name__])[0][:120]
+        raise ConfigError(key, str(path), f"a complete checkpoint: the file is truncated or not "
+                          f"a torch checkpoint ({type(e).__name__}: {first})") from None
+    if not isinstance(state, dict):
+        raise ConfigError(key, str(path), "a checkpoint holding a dict")
+    return state

@@ -1,0 +1,364 @@
+"""Hydra callbacks for experiment grids: the figure after the grid, the grid's progress, Ctrl-C.
+
+An experiment file (``conf/exp/figN.yaml``) declares its grid as a Hydra sweep and registers two
+callbacks. Hydra calls ``on_multirun_*`` in the launching process only, and ``on_job_*`` wherever
+a grid point runs: in the launching process under ``hydra/launcher=basic``, in a worker process
+under joblib (``hydra/launcher=parallel``), in a job process under submitit (local or Slurm).
+
+* :class:`BuildFigure` (``on_multirun_end``): once the whole grid has ended, rebuild the figure
+  (``figures/<name>.png``/``.pdf``/``.csv``) with :mod:`repro.analysis`, from the logs alone.
+* :class:`Grid` (progress and stopping):
+
+  - **progress**: a thread of the launching process reads the run folders (a shared file system
+    under Slurm) and prints one line whenever a grid point starts or ends: how many are done
+    (and how many were skipped as already finished), which run, how many wait or failed;
+  - **Ctrl-C** (SIGINT or SIGTERM to the launcher; a terminal's Ctrl-C reaches every worker of
+    its process group): every running grid point stops at its next clean point and records
+    ``interrupted`` (:mod:`repro.runtime`); the launcher writes a stop mark that keeps any grid
+    point not yet started from starting, waits for the points running on this host (a second
+    Ctrl-C stops at once) and exits with status 130. Under joblib the idle workers are then
+    ended by joblib; under submitit's local executor each job's controller ends its process.
+    Points running on other hosts (Slurm) got no signal: they finish, or ``scancel`` stops them
+    (Slurm's SIGTERM is the same clean stop). Re-running the same command with ``resume=auto``
+    continues the interrupted points and skips the finished ones.
+
+Run folders are never locked or written from here: a running point is recognised by its
+folder's lock file (:mod:`repro.files.locks`: holder pid and host while held, empty once released).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from repro.files.locks import read_holder
+from repro.files.schema import FINISHED_STATUSES, LOCK_FILE
+from repro.runs.runlog import read_summary
+
+log = logging.getLogger("repro")
+
+STOP_FILE = ".grid_stop"          # in the sweep folder: the launcher was asked to stop the grid
+EXIT_INTERRUPTED = 130            # 128 + SIGINT, as a shell reports a Ctrl-C'd command
+
+
+class GridStopped(RuntimeError):
+    """A grid point that was about to start after the launcher was asked to stop."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------------------------
+
+class BuildFigure(Callback):
+    """Draw ``figure`` from ``results_dir/<exp_name>`` into ``out_dir`` after the grid.
+
+    ``name``: the files' base name (default: the figure's), so a variant of an experiment
+    (``fig3_paper``) draws the same figure without overwriting the original's files: every file
+    the figure writes, ``fig4_speedup.csv`` included, gets ``name`` in place of ``figure``."""
+
+    def __init__(self, figure: str, out_dir: str = "figures", exp_name: str | None = None,
+                 name: str | None = None) -> None:
+        # out_dir arrives resolved from the experiment file (${figures_dir})
+        self.figure, self.out_dir, self.exp_name = figure, out_dir, exp_name
+        self.name = name or figure
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        paths = self.build(config.results_dir, config.exp_name)
+        log.info("%s: wrote %s", self.name, ", ".join(str(p) for p in paths))
+        print(f"{self.name}: wrote " + ", ".join(str(p) for p in paths), flush=True)
+
+    def build(self, results_dir: str, exp_name: str) -> list[Path]:
+        from repro.analysis import build_figure
+
+        exp = self.exp_name or exp_name
+        if self.name == self.figure:
+            return build_figure(self.figure, results_dir, self.out_dir, exp_name=exp)
+        out = Path(self.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out, prefix=f".{self.name}-") as tmp:
+            written = build_figure(self.figure, results_dir, tmp, exp_name=exp)
+            paths = []
+            for path in written:
+                target = out / Path(path).name.replace(self.figure, self.name, 1)
+                os.replace(path, target)   # same folder tree: an atomic rename
+                paths.append(target)
+        return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid: its points, their states, progress and stopping
+# ---------------------------------------------------------------------------------------------
+
+def grid_points(config: DictConfig) -> list[str] | None:
+    """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
+    experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
+    when another sweeper decides the jobs."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from repro.config.help import job_name
+
+    target = str(config.hydra.sweeper.get("_target_", ""))
+    if not target.endswith("BasicSweeper"):
+        return None
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    overrides = OverridesParser.create().parse_overrides(arguments)
+    batches = BasicSweeper.split_arguments(overrides, None)
+    return [job_name(list(job)) for batch in batches for job in batch]
+
+
+def lock_holder(run_dir: Path) -> dict | None:
+    """Who holds the run folder's lock (:func:`repro.files.locks.read_holder`), read without taking it."""
+    return read_holder(Path(run_dir) / LOCK_FILE)
+
+
+def point_state(run_dir: Path) -> str:
+    """``running`` (its lock is held), ``done`` (a finished run), ``interrupted``, ``failed``,
+    ``killed`` (its summary still says running, nobody holds it) or ``waiting`` (no run yet)."""
+    if lock_holder(run_dir) is not None:
+        return "running"
+    status = _status(run_dir)
+    if status in FINISHED_STATUSES:
+        return "done"
+    if status == "running":
+        return "killed"
+    return status if status in ("interrupted", "failed") else "waiting"
+
+
+def _status(run_dir: Path) -> str | None:
+    """The status the folder's summary.json records (None: no readable summary)."""
+    summary = read_summary(run_dir)
+    return summary.get("status") if isinstance(summary, dict) else None
+
+
+def _end_idle_workers() -> None:
+    """Every grid point has returned: end joblib's worker processes now instead of at exit
+    (their polite shutdown at interpreter exit costs ~2 s of every launch on a small machine)."""
+    module = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(module, "_executor", None) if module is not None else None
+    if executor is None:
+        return
+    try:
+        executor.shutdown(wait=True, kill_workers=True)
+    except Exception as exc:   # pragma: no cover - a joblib without this private global
+        log.debug("could not end joblib's workers early: %s", exc)
+
+
+def _varying(names: list[str]) -> dict[str, str]:
+    """{folder name: the part that differs between grid points} (``nsync=4,seed=1``): the keys
+    every point sets alike (``num_epochs=0.5`` from the command line) say nothing."""
+    split = {n: dict(kv.partition("=")[::2] for kv in n.split(",")) for n in names}
+    keys = {k for kv in split.values() for k in kv}
+    same = {k for k in keys if len({kv.get(k) for kv in split.values()}) == 1}
+    return {n: ",".join(f"{k}={v}" for k, v in kv.items() if k not in same) or n for n, kv in split.items()}
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class Grid(Callback):
+    """Progress of a grid and a clean Ctrl-C, under any launcher (see the module docstring).
+
+    ``every_s``: also print the progress line this often when nothing changes (0: only on
+    changes); ``stop_wait_s``: how long the launcher waits, after Ctrl-C, for running points to
+    record ``interrupted`` before it ends them."""
+
+    def __init__(self, every_s: float = 60.0, stop_wait_s: float = 120.0, poll_s: float = 1.0) -> None:
+        self.every_s, self.stop_wait_s, self.poll_s = every_s, stop_wait_s, poll_s
+        self.main_pid: int | None = None
+        self.sweep_dir: Path | None = None
+        self.label = "grid"
+        self._reset_local()
+
+    def _reset_local(self) -> None:
+        """State that lives in the launching process only (never pickled to a worker)."""
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._previous: dict = {}
+        self._stopping = False
+        self._started = time.monotonic()
+        self.points: list[str] | None = None
+        self._short: dict[str, str] = {}
+        self._skipped: set[str] = set()
+        self._show = True
+
+    def __getstate__(self) -> dict:
+        # workers (joblib, submitit) get a copy of the callbacks: without threads, handlers, events
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset_local()
+
+    # -- the launching process ----------------------------------------------------------------
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.main_pid = os.getpid()
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.label = f"grid {config.get('exp_name', '')}".strip()
+        self._show = bool(config.get("progress", True))
+        self._started = time.monotonic()
+        (self.sweep_dir / STOP_FILE).unlink(missing_ok=True)   # a mark left by an earlier launch
+        try:
+            self.points = grid_points(config)
+        except Exception as exc:   # progress is a courtesy: never stop a grid for it
+            log.debug("grid progress without a job list: %s", exc)
+            self.points = None
+        if self.points:
+            self._short = _varying(self.points)
+            if not config.get("force", False):   # force=true re-runs finished points
+                self._skipped = {p for p in self.points if point_state(self.sweep_dir / p) == "done"}
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._thread = threading.Thread(target=self._watch, name="grid-progress", daemon=True)
+        self._thread.start()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._stop_watching()
+        self._restore_signals()
+        print(self.progress_line(final=True, prefix="finished: "), file=sys.stderr, flush=True)
+        _end_idle_workers()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self._stopping:   # the second Ctrl-C: stop now (joblib kills its workers)
+            print(f"[{self.label}] {name} again: stopping now", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_INTERRUPTED)
+        self._stopping = True
+        self._mark_stopped()
+        running = self._in_flight()
+        print(f"[{self.label}] {name}: no new grid point starts; "
+              + (f"waiting for {len(running)} running point(s) to record 'interrupted' "
+                 f"({', '.join(self._name(p) for p in running)}); again to stop now"
+                 if running else "none is running"), file=sys.stderr, flush=True)
+        deadline = time.monotonic() + self.stop_wait_s
+        while running and time.monotonic() < deadline:
+            time.sleep(0.1)
+            running = self._in_flight()
+        self._stop_watching()
+        self._restore_signals()
+        remote = [f for f in self._folders() if (lock_holder(self.sweep_dir / f) or {}).get(
+            "host", socket.gethostname()) != socket.gethostname()] if self.sweep_dir else []
+        print(self.progress_line(final=True), file=sys.stderr, flush=True)
+        print(f"[{self.label}] stopped by {name}"
+              + (f"; {len(running)} point(s) did not stop within {self.stop_wait_s:g} s and are "
+                 "ended now" if running else "")
+              + (f"; {len(remote)} point(s) run on other hosts and go on (scancel stops them)"
+                 if remote else "")
+              + ". The same command with resume=auto continues the interrupted points and skips "
+              "the finished ones.", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED)
+
+    def _restore_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+        self._previous = {}
+
+    def _stop_watching(self) -> None:
+        self._done.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    # -- where a grid point runs ------------------------------------------------------------
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.sweep_dir is not None and (self.sweep_dir / STOP_FILE).exists():
+            raise GridStopped(f"{self.label}: the launcher was stopped; this grid point does not start")
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        """In the launching process (hydra/launcher=basic) a Ctrl-C reaches the run, which stops
+        cleanly and returns: stop the grid here instead of starting the next point."""
+        if os.getpid() != self.main_pid:
+            return
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        if _status(run_dir) == "interrupted":   # (an interrupted folder from an earlier launch is refused or resumed)
+            self._stopping = True
+            self._mark_stopped()
+            self._stop_watching()
+            self._restore_signals()
+            print(self.progress_line(final=True), file=sys.stderr, flush=True)
+            print(f"[{self.label}] stopped: {self._name(run_dir.name)} was interrupted. The same "
+                  "command with resume=auto continues the interrupted points and skips the "
+                  "finished ones.", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_INTERRUPTED)
+
+    # -- progress -----------------------------------------------------------------------------
+    def _mark_stopped(self) -> None:
+        if self.sweep_dir is not None:
+            self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            (self.sweep_dir / STOP_FILE).write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
+
+    def _folders(self) -> list[str]:
+        if self.points is not None:
+            return self.points
+        if self.sweep_dir is None or not self.sweep_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def _name(self, folder: str) -> str:
+        return self._short.get(folder, folder)
+
+    def _in_flight(self) -> list[str]:
+        """The points running on this host (they got the Ctrl-C, from the terminal's process
+        group): the launcher waits for them. A point on another host (Slurm) is not waited for:
+        it finishes, or ``scancel`` stops it."""
+        me, host = os.getpid(), socket.gethostname()
+        out = []
+        for folder in self._folders():
+            holder = lock_holder(self.sweep_dir / folder)
+            if holder is not None and holder.get("host") == host and holder.get("pid") != me:
+                out.append(folder)
+        return out
+
+    def states(self) -> dict[str, str]:
+        return {f: point_state(self.sweep_dir / f) for f in self._folders()} if self.sweep_dir else {}
+
+    def progress_line(self, final: bool = False, prefix: str = "", states: dict | None = None) -> str:
+        states = self.states() if states is None else states
+        groups: dict[str, list[str]] = {}
+        for folder, state in states.items():
+            groups.setdefault(state, []).append(folder)
+        total = len(states)
+        done = len(groups.get("done", []))
+        skipped = len(self._skipped & set(groups.get("done", [])))
+        parts = [f"{done}/{total} done" + (f" ({skipped} skipped: already finished)" if skipped else "")]
+        if groups.get("running"):
+            parts.append(f"{len(groups['running'])} running: " + "; ".join(self._name(f) for f in groups["running"]))
+        for state in ("interrupted", "failed", "killed"):
+            if groups.get(state):
+                parts.append(f"{len(groups[state])} {state}: " + "; ".join(self._name(f) for f in groups[state]))
+        if groups.get("waiting"):
+            parts.append(f"{len(groups['waiting'])} {'not started' if final else 'waiting'}")
+        return f"[{self.label}] {prefix}" + ", ".join(parts) + f"  ({_duration(time.monotonic() - self._started)})"
+
+    def _watch(self) -> None:
+        last_key, last_print = None, time.monotonic()
+        while not self._done.wait(self.poll_s):
+            try:
+                states = self.states()
+            except Exception:   # a folder mid-write; try again
+                continue
+            key = tuple(sorted(states.items()))
+            now = time.monotonic()
+            if self._show and (key != last_key or (self.every_s and now - last_print >= self.every_s)):
+                if last_key is not None or any(s == "running" for s in states.values()):
+                    print(self.progress_line(states=states), file=sys.stderr, flush=True)
+                last_key, last_print = key, now
+
+
+__all__ = ["BuildFigure", "Grid", "GridStopped", "grid_points", "point_state", "lock_holder"]

@@ -1,0 +1,1 @@
+"""What is trained: data, models, the builders, evaluation sets, the warm start."""

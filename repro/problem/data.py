@@ -1,0 +1,410 @@
+"""Data sets and each client's stream of minibatches.
+
+This module owns everything between files (or generators) on disk and the tensors a client trains
+on: the four data sets users name with ``data=...`` (``digits``, ``mnist1d``, ``cifar10``,
+``synthetic``), their fixed train/test splits and standardisation, the safe CIFAR-10 batch parser,
+and :class:`ClientStream`, the per-client seeded order over the training set (Downpour: every
+replica reads its own order of the data).
+
+Every data set is fixed across runs: the training ``seed`` changes the clients' orders and the
+model's initialisation, never which samples are in the train or test set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from repro.errors import ConfigError, DataError
+from repro.problem.datacache import mnist1d_arrays, mnist1d_cache_path  # noqa: F401 (re-exported)
+from repro.registry import SpecRegistry
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """A registered data set: its loader ``load(root, num_train, num_test) -> Dataset`` and the
+    shape of one input, known before loading (so a model/data mismatch is refused before any work)."""
+
+    load: Callable[..., "Dataset"]
+    input_shape: tuple[int, ...]
+    num_classes: int
+    task: str = "classification"   # or "quadratic" (the loss the worker minimises)
+    # check_source(root): raise DataError when the files the loader reads are missing; called
+    # before Hydra makes a run folder, so a bad data.root leaves nothing behind (None: no files)
+    check_source: Callable[..., None] | None = None
+
+
+DATASETS: SpecRegistry[DataSpec] = SpecRegistry("data.name", DataSpec)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: comparing tensors with == has no single truth value
+class Dataset:
+    """A training and a test set, already standardised with training-set statistics."""
+
+    name: str
+    x_train: torch.Tensor  # float32, (N, *input_shape)
+    y_train: torch.Tensor  # int64, (N,)
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    task: str = "classification"   # "quadratic": loss 0.5 (w.x)^2, errors meaningless (0)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def num_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+    def to(self, device) -> "Dataset":
+        """A copy with all four tensors on ``device`` (e.g. the GPU, so minibatches never cross PCIe)."""
+        return dataclasses.replace(
+            self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
+            x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+
+
+def load_dataset(name: str, *, root: str | None = None, seed: int = 0,
+                 num_train: int | None = None, num_test: int | None = None) -> Dataset:
+    """Load data set ``name``. ``seed`` is accepted for symmetry but never changes the data.
+
+    ``num_train``/``num_test`` take the first n samples of the fixed split (for ``synthetic`` and
+    ``mnist1d`` they set how many are generated). ``root`` is only read by ``cifar10``.
+    """
+    del seed  # the data is fixed across training seeds on purpose (see module docstring)
+    spec = DATASETS[name]
+    num_train = _check_count("data.num_train", num_train)
+    num_test = _check_count("data.num_test", num_test)
+    return spec.load(root, num_train, num_test)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _check_count(key: str, n):
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ConfigError(key, n, "a positive integer or null (the data set's default size)")
+    return int(n)
+
+
+def _take(key: str, x: np.ndarray, y: np.ndarray, n: int | None):
+    """The first ``n`` samples (all when ``n`` is None); asking for more than exist is an error."""
+    if n is None:
+        return x, y
+    if n > len(y):
+        raise ConfigError(key, n, f"at most {len(y)} (the samples this data set has)")
+    return x[:n], y[:n]
+
+
+def _finish(name: str, x_train, y_train, x_test, y_test, num_classes: int,
+            channel_dims: tuple[int, ...] | None) -> Dataset:
+    """Standardise with TRAIN statistics only (so the test set stays unseen) and build tensors.
+
+    ``channel_dims`` None: one scalar mean/std; else the dims to reduce over, one pair per channel.
+    Works in float32 in place: CIFAR-10's training set is 600 MB as float32, twice that as float64.
+    """
+    x_train = torch.tensor(x_train, dtype=torch.float32)  # always a copy: safe to modify in place
+    x_test = torch.tensor(x_test, dtype=torch.float32)
+    if channel_dims is None:
+        std, mean = torch.std_mean(x_train, correction=0)
+    else:
+        std, mean = torch.std_mean(x_train, dim=channel_dims, correction=0, keepdim=True)
+    std = torch.where(std > 0, std, torch.ones_like(std))  # a constant input stays 0, not NaN
+    for x in (x_train, x_test):
+        x.sub_(mean).div_(std)
+    as_y = lambda a: torch.tensor(np.asarray(a), dtype=torch.int64)  # noqa: E731
+    return Dataset(name, x_train, as_y(y_train), x_test, as_y(y_test), num_classes)
+
+
+# ----------------------------------------------------------------------------- digits
+
+
+@DATASETS.register("digits", input_shape=(1, 8, 8), num_classes=10)
+def _load_digits(root, num_train, num_test) -> Dataset:
+    """sklearn's 8x8 digits (ships in the wheel): a fixed stratified 1437/360 split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    # random_state=0 on purpose: the split must not move with the training seed.
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=360, stratify=y, random_state=0)
+    x_tr, y_tr = _take("data.num_train", x_tr, y_tr, num_train)
+    x_te, y_te = _take("data.num_test", x_te, y_te, num_test)
+    shape = (-1, 1, 8, 8)
+    return _finish("digits", (x_tr / 16.0).reshape(shape), y_tr, (x_te / 16.0).reshape(shape),
+                   y_te, 10, None)
+
+
+# ----------------------------------------------------------------------------- mnist1d
+
+MNIST1D_DEFAULT_TRAIN, MNIST1D_DEFAULT_TEST = 4000, 1000
+
+
+@DATASETS.register("mnist1d", input_shape=(1, 40), num_classes=10)
+def _load_mnist1d(root, num_train, num_test) -> Dataset:
+    """MNIST-1D generated locally with the library's default seed (never its downloader).
+
+    ``num_train + num_test`` samples are generated (~0.7 ms each); train = the first
+    ``num_train``, test = the last ``num_test``. With the defaults (4000/1000) that is exactly the
+    library's own data set and split. The samples depend only on how many are generated (and the
+    library's fixed generation seed 42), never on the training seed.
+
+    ``root`` (``data.root``), when set, is a cache folder (:mod:`repro.problem.datacache`); with ``root``
+    null nothing is written at all.
+    """
+    n_tr = MNIST1D_DEFAULT_TRAIN if num_train is None else num_train
+    n_te = MNIST1D_DEFAULT_TEST if num_test is None else num_test
+    # make_dataset draws whole classes of (num_samples // 10) samples: round up to a multiple of 10.
+    num_samples = -(-(n_tr + n_te) // 10) * 10
+    raw = mnist1d_arrays(num_samples, root)
+    x = np.concatenate([raw["x"], raw["x_test"]])[:, None, :]
+    y = np.concatenate([raw["y"], raw["y_test"]])
+    return _finish("mnist1d", x[:n_tr], y[:n_tr], x[len(y) - n_te:], y[len(y) - n_te:], 10, None)
+
+
+# ----------------------------------------------------------------------------- synthetic
+
+_SYNTHETIC_SEED = 1234  # fixed: the data must not depend on the training seed
+
+
+@DATASETS.register("synthetic", input_shape=(1, 8, 8), num_classes=10)
+def _load_synthetic(root, num_train, num_test) -> Dataset:
+    return _make_synthetic(512 if num_train is None else num_train,
+                           128 if num_test is None else num_test)
+
+
+def _make_synthetic(num_train: int, num_test: int) -> Dataset:
+    """Gaussian 1x8x8 inputs labelled by argmax of a fixed random linear map: learnable, tiny."""
+    weights = torch.randn(64, 10, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED))
+
+    def draw(n: int, stream: int):
+        # one generator per split, so the test set does not change with num_train
+        x = torch.randn(n, 1, 8, 8, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED + stream))
+        return x, (x.flatten(1) @ weights).argmax(1)
+
+    x_tr, y_tr = draw(num_train, 1)
+    x_te, y_te = draw(num_test, 2)
+    return Dataset("synthetic", x_tr, y_tr, x_te, y_te, 10)
+
+
+# ----------------------------------------------------------------------------- quadratic
+
+QUADRATIC_DIM = 10
+QUADRATIC_CURVATURES = tuple(float(v) for v in np.logspace(-2, 0, QUADRATIC_DIM))   # 0.01 .. 1
+
+
+@DATASETS.register("quadratic", input_shape=(QUADRATIC_DIM,), num_classes=1, task="quadratic")
+def _load_quadratic(root, num_train, num_test) -> Dataset:
+    """A quadratic with known curvatures for the staleness lab: the inputs are the basis vectors
+    scaled by sqrt(d * l_i), so the ``quadratic`` model's loss over the full set (batch size d)
+    is ``0.5 * sum_i l_i w_i^2``: curvatures l_i from 0.01 to 1, the largest being 1, where
+    gradient descent delayed by tau updates is stable for lr < 2 sin(pi / (4 tau + 2)). The
+    training set is the test set; labels are unused zeros; errors are meaningless (always 0)."""
+    for key, n in (("data.num_train", num_train), ("data.num_test", num_test)):
+        if n not in (None, QUADRATIC_DIM):
+            raise ConfigError(key, n, f"null (the quadratic has exactly {QUADRATIC_DIM} samples)")
+    d = QUADRATIC_DIM
+    x = torch.diag(torch.tensor([math.sqrt(d * c) for c in QUADRATIC_CURVATURES], dtype=torch.float32))
+    y = torch.zeros(d, dtype=torch.int64)
+    return Dataset("quadratic", x, y, x.clone(), y.clone(), 1, task="quadratic")
+
+
+# ----------------------------------------------------------------------------- cifar10
+
+CIFAR10_EXPECTED = ("a folder with the CIFAR-10 python batches data_batch_1..5 and test_batch "
+                    "(cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, "
+                    "extracted)")
+CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR10_TEST_FILE = "test_batch"
+
+
+def _numpy_reconstruct():
+    try:  # numpy >= 2 spelling; numpy.core is a deprecated alias there
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+def _latin1_encode(text, encoding="latin1"):
+    """The one use of ``_codecs.encode`` in a protocol-2 pickle written by Python 3: bytes."""
+    if not isinstance(text, str) or not isinstance(encoding, str) \
+            or encoding.lower().replace("-", "").replace("_", "") != "latin1":
+        raise pickle.UnpicklingError(f"refusing _codecs.encode({type(text).__name__}, {encoding!r})")
+    return text.encode("latin1")
+
+
+_SAFE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct,
+    ("numpy", "ndarray"): lambda: np.ndarray,
+    ("numpy", "dtype"): lambda: np.dtype,
+    # Python 3 pickles bytes at protocol 2 as _codecs.encode(str, 'latin1'); the wrapper above
+    # accepts only that, so re-pickled batches load too.
+    ("_codecs", "encode"): lambda: _latin1_encode,
+}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickler that can only rebuild dicts, lists, numbers, bytes and plain numpy arrays.
+
+    Any other global (``os.system``, ``builtins.eval``, ...) is refused before it is looked up,
+    so a crafted file cannot run code.
+    """
+
+    def find_class(self, module, name):
+        factory = _SAFE_GLOBALS.get((module, name))
+        if factory is None:
+            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}")
+        return factory()
+
+
+def _cifar_error(root, detail: str) -> DataError:
+    """DataError on data.root whose message starts with what exactly was wrong."""
+    err = DataError("data.root", root, CIFAR10_EXPECTED)
+    err.args = (f"{detail}. {err.args[0]}",)
+    return err
+
+
+def _read_cifar_batch(path: str, root) -> tuple[np.ndarray, np.ndarray]:
+    """One batch file → (uint8 (n, 3, 32, 32), int64 (n,)), or DataError naming what is wrong."""
+    def bad(what: str) -> DataError:
+        return _cifar_error(root, f"CIFAR-10 file {path}: {what}")
+
+    if not os.path.isfile(path):
+        raise bad("file not found")
+    try:
+        with open(path, "rb") as f:
+            # encoding='bytes': the official files are Python 2 pickles with byte-string keys
+            batch = _BatchUnpickler(f, encoding="bytes").load()
+    except Exception as exc:  # truncated/garbled pickles raise many types; all mean "bad file"
+        raise bad(f"not a readable CIFAR-10 batch pickle ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(batch, dict):
+        raise bad(f"expected a pickled dict, found {type(batch).__name__}")
+    data = batch.get(b"data", batch.get("data"))
+    labels = batch.get(b"labels", batch.get("labels"))
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+            or data.shape[1] != 3 * 32 * 32:
+        found = (f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray)
+                 else type(data).__name__)
+        raise bad(f"b'data' must be a uint8 array of shape (n, 3072), found {found}")
+    labels = np.asarray(labels) if isinstance(labels, (list, np.ndarray)) else None
+    if labels is None or labels.shape != (data.shape[0],) or labels.dtype.kind not in "iu" \
+            or (labels.size and (labels.min() < 0 or labels.max() > 9)):
+        raise bad(f"b'labels' must be a list of {data.shape[0]} integers in 0..9")
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
+def _cifar_folder(root) -> str:
+    if root is None:
+        raise _cifar_error(root, "data 'cifar10' reads its files from data.root, which is not set")
+    root_str = os.path.expanduser(os.fspath(root))
+    # accept the folder above the extracted archive too (…/cifar-10-batches-py)
+    nested = os.path.join(root_str, "cifar-10-batches-py")
+    if not os.path.exists(os.path.join(root_str, CIFAR10_TEST_FILE)) and os.path.isdir(nested):
+        return nested
+    if not os.path.isdir(root_str):
+        raise _cifar_error(root, f"CIFAR-10 folder {root_str} does not exist")
+    return root_str
+
+
+def _check_cifar_source(root) -> None:
+    """The folder, its first training batch and its test batch exist (the loader reads only the
+    batches data.num_train needs; contents are checked as they are read)."""
+    folder = _cifar_folder(root)
+    for name in (CIFAR10_TRAIN_FILES[0], CIFAR10_TEST_FILE):
+        if not os.path.isfile(os.path.join(folder, name)):
+            raise _cifar_error(root, f"CIFAR-10 file {os.path.join(folder, name)}: file not found")
+
+
+@DATASETS.register("cifar10", input_shape=(3, 32, 32), num_classes=10,
+                   check_source=_check_cifar_source)
+def _load_cifar10(root, num_train, num_test) -> Dataset:
+    """The official CIFAR-10 python batches, parsed without executing pickled code."""
+    folder = _cifar_folder(root)
+    xs, ys = [], []
+    for name in CIFAR10_TRAIN_FILES:
+        x, y = _read_cifar_batch(os.path.join(folder, name), root)
+        xs.append(x)
+        ys.append(y)
+        if num_train is not None and sum(map(len, ys)) >= num_train:
+            break  # only parse the batches the requested subset needs
+    x_tr, y_tr = _take("data.num_train", np.concatenate(xs), np.concatenate(ys), num_train)
+    x_te, y_te = _read_cifar_batch(os.path.join(folder, CIFAR10_TEST_FILE), root)
+    x_te, y_te = _take("data.num_test", x_te, y_te, num_test)
+    return _finish("cifar10", x_tr, y_tr, x_te, y_te, 10, (0, 2, 3))
+
+
+# ----------------------------------------------------------------------------- client streams
+
+
+def _mix(seed: int, client: int, epoch: int) -> int:
+    """Deterministic integer hash of (seed, client, local epoch) → a generator seed."""
+    return ((seed * 1_000_003 + client) * 1_000_033 + epoch) % 2**63
+
+
+class ClientStream:
+    """Each client's own seeded stream of minibatches over the training set (Downpour: each
+    replica reads its own shard/order). Stateless given its position, so checkpointing it is
+    two integers.
+
+    Local epoch ``e`` visits the training set in the order ``randperm(N)`` seeded by
+    ``(seed, client, e)``; batches are consecutive ``batch_size`` slices of it and the last partial
+    batch is dropped, so every step sees exactly ``batch_size`` samples.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, client: int):
+        n = int(x.shape[0])
+        if int(y.shape[0]) != n:
+            raise ValueError(f"x has {n} samples but y has {int(y.shape[0])}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= n:
+            raise ConfigError("algo.batch_size", batch_size,
+                              f"an integer from 1 to the training-set size {n}")
+        self.x, self.y = x, y
+        self.batch_size, self.seed, self.client = batch_size, int(seed), int(client)
+        self.num_samples = n
+        self.batches_per_epoch = n // batch_size
+        self._epoch, self._index = 0, 0
+        self._perm_epoch, self._perm = None, None  # cache of the current epoch's order
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if self._perm_epoch != epoch:
+            gen = torch.Generator().manual_seed(_mix(self.seed, self.client, epoch))
+            # drawn on CPU so the order is the same on every device, then moved once per epoch
+            self._perm = torch.randperm(self.num_samples, generator=gen).to(self.x.device)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self._permutation(self._epoch)[self._index:self._index + self.batch_size]
+        self._index += self.batch_size
+        self._normalise()
+        return self.x[idx], self.y[idx]
+
+    def _normalise(self) -> None:
+        # roll over as soon as a full batch no longer fits: the position always names the next batch
+        if self._index + self.batch_size > self.num_samples:
+            self._epoch, self._index = self._epoch + 1, 0
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(local epoch, index into that epoch's permutation) of the next batch."""
+        return self._epoch, self._index
+
+    def set_position(self, position: tuple[int, int]) -> None:
+        epoch, index = (int(v) for v in position)
+        if epoch < 0 or not 0 <= index <= self.num_samples:
+            raise ValueError(f"position {tuple(position)} outside (epoch >= 0, 0..{self.num_samples})")
+        self._epoch, self._index = epoch, index
+        self._normalise()
+
+
+DATASET_NAMES = DATASETS.names()

@@ -1,0 +1,123 @@
+"""MNIST-1D generated offline, and its cache inside the results tree.
+
+The paper's regime needs an epoch of thousands of minibatches; MNIST-1D gives that from its own
+generator (``mnist1d.data.make_dataset``, never its downloader). 40,000 samples take ~30 s to
+generate and well under a second to read, so with ``data.root`` set the arrays are kept in
+``<root>/mnist1d/n<num_samples>-<key>.npz``: plain arrays, read with ``allow_pickle=False``,
+written atomically under a lock so grid jobs that start together generate once. The key hashes
+everything the arrays depend on (the generator's arguments, its fixed seed 42 among them, and the
+library versions). The paper-regime experiments set ``data.root=${results_dir}/_data``, so nothing
+is written outside the results tree.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+
+from repro.files.locks import FileLock
+from repro.files.storage import atomic_write, write_json
+from repro.logs import get_logger
+
+log = get_logger("repro.problem.data")
+MNIST1D_CACHE_FORMAT = 1   # bump when what a cache file holds changes
+_MNIST1D_ARRAYS = ("x", "y", "x_test", "y_test")
+
+
+def _mnist1d_args(num_samples: int):
+    from mnist1d.data import get_dataset_args
+
+    args = get_dataset_args()
+    args.num_samples = int(num_samples)
+    return args
+
+
+def _generate_mnist1d(num_samples: int) -> dict[str, np.ndarray]:
+    """The library's make_dataset for ``num_samples`` samples: x, y, x_test, y_test."""
+    from mnist1d.data import make_dataset
+
+    # make_dataset reseeds Python's and numpy's global RNGs; put them back so loading data
+    # does not silently change anything else that draws from them.
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        raw = make_dataset(_mnist1d_args(num_samples))
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    return {k: np.ascontiguousarray(raw[k]) for k in _MNIST1D_ARRAYS}
+
+
+def mnist1d_cache_key(num_samples: int) -> dict:
+    """Everything the generated arrays depend on: the generator's arguments (its seed included)
+    and the versions of the libraries that compute them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(pkg: str) -> str:
+        try:
+            return version(pkg)
+        except PackageNotFoundError:   # pragma: no cover - installed without metadata
+            return "unknown"
+
+    args = {k: v for k, v in vars(_mnist1d_args(num_samples)).items() if k != "url"}
+    return {"format": MNIST1D_CACHE_FORMAT, "args": args,
+            "versions": {p: ver(p) for p in ("mnist1d", "numpy", "scipy")}}
+
+
+def mnist1d_cache_path(root, num_samples: int) -> Path:
+    """Where ``num_samples`` generated MNIST-1D samples are cached under ``root``."""
+    text = json.dumps(mnist1d_cache_key(num_samples), sort_keys=True)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    return Path(os.path.expanduser(os.fspath(root))) / "mnist1d" / f"n{num_samples}-{digest}.npz"
+
+
+def mnist1d_arrays(num_samples: int, root) -> dict[str, np.ndarray]:
+    """x, y, x_test, y_test of ``num_samples`` generated samples: from the cache under ``root``
+    when it holds them, else generated (and, with ``root`` set, cached for the next job)."""
+    if root is None:
+        return _generate_mnist1d(num_samples)
+    path = mnist1d_cache_path(root, num_samples)
+    cached = _read_mnist1d_cache(path, num_samples)
+    if cached is not None:
+        return cached
+    # one generator at a time: jobs that start together wait for the first one's file
+    with FileLock(path.with_name(path.stem + ".lock"), wait=True):
+        cached = _read_mnist1d_cache(path, num_samples)
+        if cached is not None:
+            return cached
+        log.info(f"mnist1d: generating {num_samples} samples once (cached in {path})")
+        raw = _generate_mnist1d(num_samples)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: np.savez(f, **raw))
+        meta = {**mnist1d_cache_key(num_samples), "file": path.name,
+                "shapes": {k: list(v.shape) for k, v in raw.items()}}
+        write_json(path.with_suffix(".json"), meta)
+    return raw
+
+
+def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] | None:
+    """The cached arrays, or None when absent; a damaged or mismatched file (truncated, wrong
+    keys, shapes or dtypes, or holding pickled objects, which are never loaded) is generated again."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            raw = {k: f[k] for k in _MNIST1D_ARRAYS}
+        n_tr = int(num_samples * _mnist1d_args(num_samples).train_split)
+        sizes = {"x": n_tr, "y": n_tr, "x_test": num_samples - n_tr, "y_test": num_samples - n_tr}
+        for k, v in raw.items():
+            kind = "f" if k.startswith("x") else "iu"
+            if v.shape[0] != sizes[k] or v.dtype.kind not in kind or v.ndim != (2 if kind == "f" else 1):
+                raise ValueError(f"array {k!r} has shape {v.shape} and dtype {v.dtype}")
+            if kind == "f" and not np.isfinite(v).all():
+                raise ValueError(f"array {k!r} holds non-finite values")
+        if raw["x"].shape[1] != raw["x_test"].shape[1]:
+            raise ValueError("train and test signals differ in length")
+        return raw
+    except Exception as exc:   # zipfile, ValueError (pickled objects refused), KeyError, OSError
+        log.warning(f"mnist1d: cache file {path} is unusable ({type(exc).__name__}: {exc}); "
+                    "generating it again")
+        return None

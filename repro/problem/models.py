@@ -1,0 +1,169 @@
+"""Networks the clients train, and the flat-parameter view the parameter server exchanges.
+
+This module owns the models users name with ``model=...`` (``mlp``, ``digits_cnn``,
+``mnist1d_cnn``, ``cifar_18pct``), the check that a model accepts a data set's input shape
+(before any process starts). :class:`repro.asgd.flatnet.FlatModule` lays a model's parameters out in
+one vector for the parameter server.
+
+No model has buffers (no BatchNorm) or dropout: the server synchronises parameters only, and
+training is deterministic given ``torch.manual_seed`` (callers seed before :func:`build_model`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from repro.errors import ConfigError
+from repro.registry import SpecRegistry
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered network: its builder and the inputs it is made for (checked before any
+    work, so a model that merely *runs* on other inputs is not trained on them by mistake)."""
+
+    build: Callable[[tuple, int], nn.Module]
+    expects: str                                  # for messages, e.g. "(channels, 8, 8) images"
+    accepts: Callable[[tuple], bool]              # input shape (without the batch) -> ok?
+
+
+MODELS: SpecRegistry[ModelSpec] = SpecRegistry("model.name", ModelSpec)
+
+
+def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Features ``body`` produces for one sample, found by a dry run (no RNG is drawn)."""
+    with torch.no_grad():
+        return int(body(torch.zeros(1, *input_shape)).numel())
+
+
+@MODELS.register("mlp", expects="inputs of any shape", accepts=lambda shape: True)
+def _mlp(input_shape, num_classes) -> nn.Module:
+    """flatten → 128 ReLU → classes: accepts any input shape."""
+    n_in = 1
+    for d in input_shape:
+        n_in *= int(d)
+    return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+
+@MODELS.register("digits_cnn", expects="(channels, 8, 8) images",
+                 accepts=lambda shape: len(shape) == 3 and tuple(shape[1:]) == (8, 8))
+def _digits_cnn(input_shape, num_classes) -> nn.Module:
+    """Two 3x3 convs and a max-pool for 8x8 images (the default model; < 5% error on digits)."""
+    if len(input_shape) != 3 or tuple(input_shape[1:]) != (8, 8):
+        raise ValueError(f"digits_cnn takes (channels, 8, 8) images, not {tuple(input_shape)}")
+    return nn.Sequential(
+        nn.Conv2d(input_shape[0], 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2),                                  # (32, 4, 4)
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(),
+        nn.Linear(64, num_classes))
+
+
+@MODELS.register("mnist1d_cnn", expects="(channels, length) 1-D signals",
+                 accepts=lambda shape: len(shape) == 2)
+def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
+    """Three 1-D convs for MNIST-1D's (1, 40) signals."""
+    if len(input_shape) != 2:
+        raise ValueError(f"mnist1d_cnn takes 1-D signals (channels, length), not {tuple(input_shape)}")
+    body = nn.Sequential(
+        nn.Conv1d(input_shape[0], 32, 5, padding=2), nn.ReLU(),
+        nn.Conv1d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool1d(2),
+        nn.Conv1d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.Flatten())
+    return nn.Sequential(*body, nn.Linear(_flat_size(body, input_shape), num_classes))
+
+
+class ChannelLRN(nn.Module):
+    """Local response normalisation across channels, ``torch.nn.LocalResponseNorm``'s formula
+    ``b_c = a_c (k + alpha/n sum_{c' in window(c)} a_c'^2)^-beta``, computed with pads and adds
+    only. torch's own runs the window sum through ``avg_pool3d``, whose CUDA backward has no
+    deterministic kernel, so a simulator on a GPU could not be bit-for-bit reproducible with it."""
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sq = x.pow(2)
+        before, after = self.size // 2, (self.size - 1) // 2   # torch's window: c - n/2 .. c + (n-1)/2
+        padded = nn.functional.pad(sq, (0, 0, 0, 0, before, after))
+        window = sum(padded[:, i:i + x.shape[1]] for i in range(self.size))
+        return x * (self.k + self.alpha / self.size * window).pow(-self.beta)
+
+
+# The 18pct layout is made for 32x32 images: on 8x8 digits its pools shrink the map to 1x1 and it
+# runs, but trains to ~65% error, so the shape is part of its contract.
+@MODELS.register("cifar_18pct", expects="(3, 32, 32) colour images",
+                 accepts=lambda shape: tuple(shape) == (3, 32, 32))
+def _cifar_18pct(input_shape, num_classes) -> nn.Module:
+    """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky): ~18% test error on CIFAR-10 without
+    data augmentation. The net of the paper's era: conv5x5(32) → max-pool 3/2 → ReLU → LRN →
+    conv5x5(32) ReLU → avg-pool 3/2 → LRN → conv5x5(64) ReLU → avg-pool 3/2 → fc(classes).
+    Pools use ``ceil_mode`` like cuda-convnet, so 32 → 16 → 8 → 4.
+    """
+    if len(input_shape) != 3:
+        raise ValueError(f"cifar_18pct takes images (channels, height, width), not {tuple(input_shape)}")
+    body = nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, 5, padding=2),
+        nn.MaxPool2d(3, stride=2, ceil_mode=True), nn.ReLU(),
+        ChannelLRN(3, alpha=5e-5, beta=0.75, k=1.0),
+        nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(),
+        nn.AvgPool2d(3, stride=2, ceil_mode=True),
+        ChannelLRN(3, alpha=5e-5, beta=0.75, k=1.0),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(),
+        nn.AvgPool2d(3, stride=2, ceil_mode=True),
+        nn.Flatten())
+    return nn.Sequential(*body, nn.Linear(_flat_size(body, input_shape), num_classes))
+
+
+@MODELS.register("quadratic", expects="(d,) vectors (data=quadratic)",
+                 accepts=lambda shape: len(shape) == 1)
+def _quadratic(input_shape, num_classes) -> nn.Module:
+    """One bias-free linear output: with data=quadratic its loss is a quadratic in the weights."""
+    return nn.Linear(int(input_shape[0]), num_classes, bias=False)
+
+
+MODEL_NAMES = MODELS.names()
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A fresh model; its initialisation draws from torch's global RNG (seed it first)."""
+    return MODELS[name].build(tuple(int(d) for d in input_shape), int(num_classes))
+
+
+def _fits(name: str, input_shape, num_classes) -> bool:
+    # the model is thrown away: keep the caller's RNG stream as if we had never built it
+    with torch.random.fork_rng(devices=[]):
+        try:
+            model = build_model(name, input_shape, num_classes)
+            with torch.no_grad():
+                out = model(torch.zeros(2, *input_shape))
+        except (ValueError, RuntimeError, TypeError):
+            return False
+    return tuple(out.shape) == (2, num_classes)
+
+
+def fits(name: str, input_shape, num_classes: int) -> bool:
+    """Model ``name`` is made for these inputs (declared) and maps them to class scores (tried)."""
+    shape = tuple(int(d) for d in input_shape)
+    return MODELS[name].accepts(shape) and _fits(name, shape, num_classes)
+
+
+def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
+    """Raise ConfigError unless model ``name`` is made for data ``data_name``'s inputs."""
+    spec = MODELS[name]
+    input_shape = tuple(int(d) for d in input_shape)
+    if not fits(name, input_shape, num_classes):
+        fitting = [m for m in MODEL_NAMES if fits(m, input_shape, num_classes)]
+        raise ConfigError("model.name", name,
+                          f"a model that accepts data '{data_name}' (inputs of shape "
+                          f"{input_shape}); '{name}' expects {spec.expects}; models made for "
+                          f"'{data_name}': {', '.join(fitting) or 'none'}")
+
+
+def num_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

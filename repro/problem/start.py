@@ -1,0 +1,122 @@
+"""Where training starts: :func:`build_problem` (data, network, and the server's initial state:
+seeded random weights, cold, or the warm start) and the warm start itself.
+
+Warm start: the single-client baseline after a fixed number of epochs, computed once and cached.
+
+DistBelief "warmstarts" by training one replica through the parameter server before releasing
+the others; GPU A-SGD's Fig. 3 studies the same. Our reading (the paper does not say how long the
+pre-training runs): the asynchronous phase starts from the *server state* (parameters and the
+update rule's state, e.g. Adagrad's accumulators) of 1 client at nsync = 1 trained for
+``warm_start_epochs`` epochs with seed 0, whatever the grid point's seed, so every grid point of
+an experiment starts from the same state. Starting Adagrad from empty accumulators instead would
+move every weight by a full ``lr_server`` on the first pushes and undo much of the warm start.
+
+The baseline is trained here with the algorithm's own objects (one client, one server, pushes in
+turn: exactly what the simulator does with one client) and cached under
+``<results_dir>/_warmstart/<key>/server.pt``; the key hashes every training-shaping key of the
+baseline's config (:func:`repro.config.settings.shaping_values`). Grid jobs that start together take the
+cache's lock, so the baseline is trained once and the others wait for it. A damaged cache file
+is retrained. Server versions restart at 0 in the asynchronous phase.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from repro.config.settings import BackendConfig, CostConfig, RunConfig, shaping_values
+from repro.errors import ConfigError
+from repro.files.locks import FileLock
+from repro.files.storage import read_checkpoint, save_checkpoint
+from repro.logs import get_logger
+from repro.problem.build import Problem, build_worker, load_data, make_clients, make_server
+from repro.problem.evaluation import EvalSets
+
+log = get_logger("repro.problem.start")
+WARM_SEED = 0
+
+
+def baseline_config(cfg: RunConfig) -> RunConfig:
+    """The single-client run whose final server state is the warm start (only what shapes that
+    state is kept from ``cfg``: data, model, algo, threads, device, warm_start_epochs)."""
+    return cfg.replace(start="cold", num_clients=1, nsync=1, num_epochs=cfg.warm_start_epochs,
+                       eval_every=cfg.warm_start_epochs, seed=WARM_SEED, exp_name="_warmstart",
+                       cost=CostConfig(), backend=BackendConfig(), checkpoint_every=0,
+                       target_error=0.0, resume=False, force=False)
+
+
+def cache_dir(cfg: RunConfig) -> Path:
+    key = json.dumps(shaping_values(baseline_config(cfg)), sort_keys=True)
+    return Path(cfg.results_dir) / "_warmstart" / hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def warm_start_state(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
+    """The cached warm-start (parameters, server-rule state), training the baseline if needed."""
+    folder = cache_dir(cfg)
+    path = folder / "server.pt"
+    with FileLock(folder / ".lock", wait=True):   # concurrent grid jobs: one trains, the rest wait
+        state = _read(path, device)
+        if state is None:
+            params, rule = train_baseline(cfg, device)
+            save_checkpoint({"params": params.detach().cpu(), "rule": _cpu(rule)}, path)
+            (folder / "config.json").write_text(json.dumps(shaping_values(baseline_config(cfg)),
+                                                           indent=2, sort_keys=True) + "\n")
+            state = _read(path, device)
+    return state["params"], state["rule"]
+
+
+def _read(path: Path, device) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        state = read_checkpoint(path, device, key="start")
+        if isinstance(state.get("params"), torch.Tensor) and isinstance(state.get("rule"), dict):
+            return state
+        log.warning(f"warm start: {path} lacks params or rule state; training it again")
+    except ConfigError as e:
+        log.warning(f"warm start: {e}; training it again")
+    return None
+
+
+def train_baseline(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
+    """One client at nsync = 1 through the server for ``warm_start_epochs`` epochs."""
+    base = baseline_config(cfg)
+    log.info(f"warm start: training the single-client baseline for {base.num_epochs:g} epochs")
+    ds = load_data(base, device)
+    worker = build_worker(base, ds, device)
+    server = make_server(base, worker.params)
+    (client,) = make_clients(base, ds)
+    client.fetch(server.params, server.version)
+    budget, seen = base.num_epochs * ds.num_train, 0
+    while seen < budget:
+        push = client.compute_push(worker, 1)
+        if not math.isfinite(push.train_loss):
+            raise RuntimeError(f"the warm-start baseline diverged at version {server.version} "
+                               "(non-finite training loss); lower algo.lr or warm_start_epochs")
+        server.apply(push)
+        client.fetch(server.params, server.version)
+        seen += push.num_samples
+    return server.params, server.rule.state_dict()
+
+
+def _cpu(obj):
+    if isinstance(obj, Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
+    """Data and network on ``device``; initial parameters from ``seed`` (cold) or the cached
+    single-client baseline (warm, :func:`warm_start_state`)."""
+    ds = load_data(cfg, device)
+    worker = build_worker(cfg, ds, device)
+    params, rule_state = worker.params.detach().clone(), None
+    if cfg.start == "warm":
+        params, rule_state = warm_start_state(cfg, device)
+    return Problem(ds, worker, params.to(device), EvalSets.of(ds), rule_state)

@@ -1,0 +1,335 @@
+"""A run folder's life, for either driver: one writer, what an existing folder means, the checks
+a resume makes before it touches a file, and a terminal summary on every ending.
+
+* **One writer.** :func:`open_folder` takes the folder's lock (:mod:`repro.files.locks`) for the
+  whole run; a second writer (a second launch, or ``resume=true`` while the first is alive) is
+  refused with exit 2 naming the holder. A dead holder's lock is taken over.
+* **What is already there** (:func:`decide`): nothing: a fresh run. A finished run
+  (completed, degraded, diverged): skipped, also by ``resume=true`` (a finished run is never
+  changed). An interrupted, failed or killed run: refused unless ``resume=true`` (continue it) or
+  ``force=true`` (start over); starting over is never silent. ``resume=auto`` continues what can
+  be continued and starts what cannot, for launchers that restart a job (torchrun).
+* **Resume checks** (before any file is touched): every training-shaping key must equal the
+  recorded one (:func:`repro.config.settings.differences`), the checkpoint must hold what a
+  resume reads (:func:`load_checkpoint`), and the tables must be intact up to the checkpoint
+  (:func:`repro.files.schema.check_table`). Rows after the checkpoint are dropped (the resumed
+  run recomputes them); a damaged row before it is refused, naming the file and line.
+* **Every ending** (:func:`run_folder`): whatever happens inside, an exception or a forced
+  second Ctrl-C included, the run ends with a terminal summary and the lock is released.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro.config.settings import RunConfig, differences, validate
+from repro.errors import ConfigError
+from repro.files import schema
+from repro.files.locks import FileLock, LockHeld
+from repro.files.storage import atomic_write_text, read_checkpoint
+from repro.logs import get_logger
+from repro.runs.runlog import read_summary
+from repro.runtime import StopRequest
+
+log = get_logger("repro.runs.folder")
+
+# Hydra writes a job's record (.hydra/config.yaml, overrides.yaml, hydra.yaml) before our code
+# runs; it goes to a folder of this process's own (conf/config.yaml: hydra.output_subdir), and
+# becomes the folder's .hydra/ only once this run has the folder (a refused or skipped run must
+# not overwrite the record of the run the folder holds).
+HYDRA_RECORD, INCOMING_RECORD = ".hydra", ".hydra_incoming_{pid}"
+
+RUN_FILES = (schema.CONFIG_FILE, schema.UPDATES_FILE, schema.EVALS_FILE, schema.SUMMARY_FILE,
+             schema.CHECKPOINT_FILE)
+
+
+@dataclass
+class Decision:
+    action: str                   # "fresh", "skip" or "resume"
+    summary: dict | None = None   # what the folder holds (skip: returned as the run's summary)
+
+
+@contextlib.contextmanager
+def open_folder(run_dir: str | Path):
+    """Hold the run folder's lock for the duration (ConfigError, exit 2, if another live run
+    holds it)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(run_dir / schema.LOCK_FILE)
+    try:
+        lock.acquire()
+    except LockHeld as held:
+        h = held.holder
+        raise ConfigError("run folder", str(run_dir), f"a folder no other run is writing: pid "
+                          f"{h.get('pid', '?')} on {h.get('host', '?')} (started {h.get('started', '?')}) "
+                          f"holds it; wait for it to end, or choose another exp_name") from None
+    try:
+        yield run_dir
+    finally:
+        lock.release()
+
+
+def incoming_record(run_dir: Path) -> Path:
+    return Path(run_dir) / INCOMING_RECORD.format(pid=os.getpid())
+
+
+def adopt_hydra_record(run_dir: Path) -> None:
+    """This run has the folder: its Hydra record becomes the folder's."""
+    incoming = incoming_record(run_dir)
+    if incoming.is_dir():
+        shutil.rmtree(Path(run_dir) / HYDRA_RECORD, ignore_errors=True)
+        os.replace(incoming, Path(run_dir) / HYDRA_RECORD)
+
+
+def drop_hydra_record(run_dir: Path) -> None:
+    """A refused or skipped run: its Hydra record goes, the folder's stays."""
+    shutil.rmtree(incoming_record(run_dir), ignore_errors=True)
+
+
+def recorded_version(run_dir: Path, summary: dict | None) -> int:
+    """The version a folder's run reached: its summary's, or, for a run killed before its
+    summary moved on (it still says running), the last row of updates.csv."""
+    version = int(summary.get("version", 0)) if summary else 0
+    if summary is None or summary.get("status") == "running":
+        try:
+            lines = (Path(run_dir) / schema.UPDATES_FILE).read_text(errors="replace").splitlines()
+            for line in reversed(lines[1:]):
+                row = schema.parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0)
+                if row is not None:
+                    return max(version, row)
+        except OSError:
+            pass
+    return version
+
+
+def decide(cfg: RunConfig, run_dir: Path) -> Decision:
+    """What to do with ``run_dir`` for ``cfg`` (call with the folder's lock held). Raises
+    ConfigError when the answer is 'not without resume=true or force=true', or when a resume
+    would change a training-shaping key."""
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir)
+    holds_run = summary is not None or (run_dir / schema.CONFIG_FILE).exists()
+    if cfg.force or not holds_run:
+        if cfg.resume is True and not cfg.force:
+            raise ConfigError("resume", True, f"a run folder holding a run to continue ({run_dir} "
+                              "holds none; drop resume=true to start it)")
+        return Decision("fresh")
+    status = summary.get("status", "running") if summary else "running"
+    if status in schema.FINISHED_STATUSES:
+        check_config(cfg, run_dir, f"a folder whose finished ({status}) run has these settings "
+                                   "(force=true starts it over); these differ (recorded -> now): ")
+        log.info(f"skip {run_dir}: already {status}; a finished run is never changed "
+                 "(force=true re-runs it)")
+        return Decision("skip", summary)
+    version = recorded_version(run_dir, summary)
+    what = "a killed run (its summary still says running)" if status == "running" else f"an {status} run" \
+        if status[0] in "aeiou" else f"a {status} run"
+    if not cfg.resume:
+        raise ConfigError("resume", False, f"a fresh folder: this folder holds {what} at version "
+                          f"{version}: resume=true continues it, force=true starts over")
+    if not (run_dir / schema.CHECKPOINT_FILE).exists():
+        if cfg.resume == "auto":
+            log.info("resume=auto: %s holds %s but no checkpoint: starting over", run_dir, what)
+            return Decision("fresh")
+        raise ConfigError("resume", True, f"a checkpoint to continue from: this folder holds {what} at "
+                          f"version {version} but no {schema.CHECKPOINT_FILE}; force=true starts over")
+    check_config(cfg, run_dir)
+    return Decision("resume", summary)
+
+
+def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration the run was "
+                 "started with; these training-shaping keys differ (recorded -> now): ") -> None:
+    """Refuse to continue (or to skip as done) a run with other training-shaping settings,
+    listing every difference."""
+    path = Path(run_dir) / schema.CONFIG_FILE
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError("resume", True, f"a readable {path} to check the configuration against "
+                          f"({e}); force=true starts over") from None
+    diffs = differences(recorded, cfg)
+    if diffs:
+        raise ConfigError("resume" if cfg.resume else "run folder", cfg.resume if cfg.resume else str(run_dir),
+                          what + "; ".join(diffs))
+
+
+def start_fresh(run_dir: Path) -> None:
+    """Remove what an earlier run left (force=true): its tables, summary and checkpoint."""
+    for name in RUN_FILES:
+        (Path(run_dir) / name).unlink(missing_ok=True)
+    shutil.rmtree(Path(run_dir) / "_tmp", ignore_errors=True)
+
+# ---------------------------------------------------------------------------------------------
+# The tables, up to the checkpoint
+# ---------------------------------------------------------------------------------------------
+
+
+def repair_tables(run_dir: Path, columns: dict[str, tuple], upto: dict[str, int]) -> list[str]:
+    """Verify each table ``name`` up to version ``upto[name]`` and drop the rows after it.
+    Returns what was repaired (for the log); raises ConfigError naming file and line when a row
+    the resumed run needs is damaged or missing."""
+    notes = []
+    for name, cols in columns.items():
+        path = Path(run_dir) / name
+        kept, dropped = schema.check_table(path, cols, upto[name], contiguous=name == schema.UPDATES_FILE)
+        if dropped:
+            atomic_write_text(path, "".join(kept))
+            notes.append(f"{name}: dropped {dropped} row(s) after version {upto[name]} (recomputed now)")
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint a resume reads
+# ---------------------------------------------------------------------------------------------
+
+def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dict:
+    """The run folder's checkpoint, which must have been written by the ``kind`` driver and
+    hold the server, the run log and the driver's state."""
+    path = Path(run_dir) / schema.CHECKPOINT_FILE
+    if not path.exists():
+        raise ConfigError("resume", True, f"a run folder holding {schema.CHECKPOINT_FILE} "
+                          f"(none at {path}: nothing to resume; force=true starts over)")
+    state = read_checkpoint(path, device)
+    if state.get("kind") != kind:
+        raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
+                          f"{state.get('kind')!r} backend)")
+    missing = _missing(state, REQUIRED) + _missing(state.get("driver"), DRIVER[kind], "driver.")
+    if missing:
+        raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {', '.join(missing)})")
+    return state
+
+
+# What a checkpoint must hold for a resume to read it (key: type), per part.
+REQUIRED = {"server": dict, "server.params": torch.Tensor, "server.version": int, "server.rule": dict,
+            "runlog": dict, "runlog.version": int, "runlog.samples_seen": int, "runlog.next_eval": float,
+            "runlog.time_s": float, "runlog.last_eval_version": int, "runlog.events": list,
+            "runlog.final": dict, "runlog.wall_time_s": float, "driver": dict}
+
+DRIVER = {"sim": {"clients": dict, "scheduler": dict}, "real": {"clients": dict}}
+
+
+def _missing(state, required: dict, prefix: str = "") -> list[str]:
+    """The required keys (dotted) absent from ``state`` or of the wrong type."""
+    out = []
+    for key, kind in required.items():
+        node = state
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        ok = isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))
+        if not ok:
+            out.append(prefix + key)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A run folder's life, for either driver
+# ---------------------------------------------------------------------------------------------
+
+
+class FolderRun:
+    """What :func:`run_folder` yields: the decision, the checkpoint to resume from, and the
+    core once the driver builds it (so an ending nobody handled is still written).
+    ``summary``: the run's summary after the ``with`` block (also after a forced stop)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, decision: Decision, stop: StopRequest):
+        self.cfg, self.run_dir, self.decision, self.stop = cfg, run_dir, decision, stop
+        self.core: Any = None   # the run core (repro.runs.core.RunCore) once the driver builds it
+
+    @property
+    def summary(self) -> dict:
+        if self.core is not None and self.core.finished is not None:
+            return self.core.finished
+        if self.decision.summary is not None and self.skip:
+            return self.decision.summary
+        return {"status": "interrupted", "backend": self.cfg.backend.name, "clock": "", "version": 0,
+                "samples_seen": 0, "epoch": 0.0, "time_s": 0.0, "wall_time_s": 0.0, "final": {},
+                "time_to_target": {}, "events": [], "lost_clients": [],
+                "message": "stopped before the run started; nothing was written"}
+
+    @property
+    def skip(self) -> bool:
+        return self.decision.action == "skip"
+
+    @property
+    def resuming(self) -> bool:
+        return self.decision.action == "resume"
+
+    def checkpoint(self, kind: str, device) -> dict | None:
+        """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
+        if not self.resuming:
+            return None
+        state = load_checkpoint(self.run_dir, kind, device)
+        runlog = state["runlog"]
+        notes = repair_tables(self.run_dir, {schema.UPDATES_FILE: schema.UPDATE_COLUMNS,
+                                             schema.EVALS_FILE: schema.EVAL_COLUMNS},
+                              {schema.UPDATES_FILE: int(runlog["version"]),
+                               schema.EVALS_FILE: int(runlog["last_eval_version"])})
+        for note in notes:
+            log.info(f"resume: {note}")
+        return state
+
+
+@contextlib.contextmanager
+def run_folder(cfg: RunConfig, run_dir: str | Path):
+    """``with run_folder(cfg, run_dir) as run:`` hold the folder (one writer), decide what it
+    means (fresh, skip, resume: ConfigError when neither flag allows it), stop on signals, and
+    make sure the run ends with a terminal summary whatever happens inside. A forced stop (a
+    second signal) is absorbed here: after the block, ``run.summary`` says ``interrupted``; any
+    other exception is re-raised once the summary says ``failed``."""
+    run_dir = Path(run_dir)
+    validate(cfg)   # every entry point, not only the command line: no number may hang a run
+    with open_folder(run_dir), StopRequest() as stop:
+        try:
+            decision = decide(cfg, run_dir)
+        except ConfigError:
+            drop_hydra_record(run_dir)
+            raise
+        if decision.action == "fresh":
+            start_fresh(run_dir)
+        if decision.action == "skip":
+            drop_hydra_record(run_dir)
+        else:
+            adopt_hydra_record(run_dir)
+        run = FolderRun(cfg, run_dir, decision, stop)
+        try:
+            yield run
+        except KeyboardInterrupt:   # forced (a second signal): the state may be mid-push
+            _end(run, "interrupted", "forced stop (second signal); ", clean=False)
+        except ConfigError:
+            _end(run, "failed", "bad input: ", clean=False)
+            raise
+        except BaseException as exc:
+            _end(run, "failed", f"{type(exc).__name__}: {exc}; ", clean=False)
+            raise
+        finally:
+            if run.core is not None and run.core.finished is None:   # a driver forgot: still terminal
+                _end(run, "failed", "the driver ended without a status; ", clean=False)
+
+
+def _end(run: FolderRun, status: str, why: str, clean: bool) -> None:
+    core = run.core
+    if core is None or core.finished is not None:
+        return
+    try:
+        core.finish(status, why + resume_hint(core.run_dir), clean=clean)
+    except Exception as exc:   # the summary could not be written either: say so on stderr
+        log.error(f"could not record the end of {run.run_dir}: {exc}")
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to continue this folder's run, from what its checkpoint holds."""
+    path = Path(run_dir) / schema.CHECKPOINT_FILE
+    if not path.exists():
+        return "no checkpoint was written: force=true starts over"
+    try:
+        version = int(torch.load(path, weights_only=True)["server"]["version"])
+    except Exception:
+        return "resume=true continues from the last checkpoint"
+    return f"resume=true continues from version {version}"

@@ -1,0 +1,203 @@
+"""The server's logbook: the only writer of a run folder's tables and summary.
+
+Both drivers hand every applied push and every evaluation to a :class:`RunLog`; it owns the
+fixed-schema CSV writers (:mod:`repro.files.schema`), the cumulative sample count, the evaluation
+schedule (every ``eval_every`` epochs of applied samples, so curves for different client counts
+share an axis), time-to-target bookkeeping, events, and the atomic ``summary.json``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from repro.files import schema
+from repro.files.storage import write_json
+from repro.logs import get_logger
+
+RESERVE_FILE = ".reserve"      # kept free for the final summary.json when the disk fills up
+
+RESERVE_BYTES = 64 * 1024
+
+_log = get_logger("repro.progress")
+
+
+def _fmt(value: Any) -> str:
+    # repr of a float is the shortest string that round-trips: byte-identical across runs.
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+class CsvWriter:
+    """Appends rows to a CSV whose columns are fixed at construction (dqn_zoo's CsvWriter)."""
+
+    def __init__(self, path: Path, columns: Sequence[str], append: bool = False):
+        self.path, self.columns = Path(path), tuple(columns)
+        exists = append and self.path.exists() and self.path.stat().st_size > 0
+        self._file = open(self.path, "a" if exists else "w", newline="")
+        if not exists:
+            self._file.write(",".join(self.columns) + "\n")
+
+    def write(self, row: dict) -> None:
+        if len(row) != len(self.columns) or any(c not in row for c in self.columns):
+            raise ValueError(f"{self.path.name}: row keys {sorted(row)} != columns {list(self.columns)}")
+        self._file.write(",".join(_fmt(row[c]) for c in self.columns) + "\n")
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+class RunLog:
+    """Writes one run folder. ``clock`` is "virtual" (sim) or "wall" (real)."""
+
+    def __init__(self, run_dir: Path, config: dict, *, clock: str, backend: str, num_train: int,
+                 eval_every: float, target_error: float, resume_from: dict | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.clock, self.backend, self.num_train = clock, backend, num_train
+        self.eval_every_samples = eval_every * num_train
+        self.target_error = target_error
+        self.started = time.perf_counter()
+        self.samples_seen, self.next_eval, self.version, self.time_s = 0, 0.0, 0, 0.0
+        self.events: list[dict] = []
+        self.final: dict = {}
+        self.time_to_target: float | None = None
+        self.last_eval_version = -1
+        self.wall_before = 0.0
+        self.lost_clients: dict[str, str] = {}   # client -> why, across resumes
+        if resume_from is not None:
+            self.load_state_dict(resume_from)
+        self._reserve = self.run_dir / RESERVE_FILE
+        self._reserve.write_bytes(b"\0" * RESERVE_BYTES)   # room for the last summary on a full disk
+        write_json(self.run_dir / schema.CONFIG_FILE, config)
+        append = resume_from is not None
+        self.updates = CsvWriter(self.run_dir / schema.UPDATES_FILE, schema.UPDATE_COLUMNS, append)
+        self.evals = CsvWriter(self.run_dir / schema.EVALS_FILE, schema.EVAL_COLUMNS, append)
+        self.write_summary("running")
+
+    # -- rows ---------------------------------------------------------------------------------
+    def log_push(self, *, version: int, time_s: float, client: int, read_version: int, staleness: int,
+                 num_steps: int, num_samples: int, train_loss: float, train_error: float) -> None:
+        samples = self.samples_seen + num_samples
+        self.updates.write({   # the row first: a failed write (a full disk) changes no total
+            "version": version, "time_s": time_s, "clock": self.clock, "client": client,
+            "read_version": read_version, "staleness": staleness, "num_steps": num_steps,
+            "num_samples": num_samples, "samples_seen": samples, "epoch": samples / self.num_train,
+            "train_loss": float(train_loss), "train_error": float(train_error)})
+        self.samples_seen, self.version, self.time_s = samples, version, time_s
+
+    @property
+    def epoch(self) -> float:
+        return self.samples_seen / self.num_train
+
+    def eval_due(self) -> bool:
+        """True once applied samples reach the next multiple of eval_every epochs."""
+        return self.samples_seen >= self.next_eval
+
+    def log_eval(self, *, version: int, time_s: float, samples_seen: int | None = None,
+                 test_loss: float, test_error: float, train_loss: float, train_error: float) -> None:
+        """Record an evaluation of the parameters at ``version`` (``samples_seen`` defaults to now;
+        an evaluator thread passes the count at its snapshot)."""
+        samples = self.samples_seen if samples_seen is None else samples_seen
+        while self.next_eval <= samples:
+            self.next_eval += self.eval_every_samples
+        row = {"version": version, "time_s": time_s, "clock": self.clock,
+               "epoch": samples / self.num_train, "samples_seen": samples,
+               "test_loss": float(test_loss), "test_error": float(test_error),
+               "train_loss": float(train_loss), "train_error": float(train_error)}
+        self.evals.write(row)
+        self.evals.flush()
+        self.updates.flush()
+        self.last_eval_version = version
+        self.final = {k: row[k] for k in ("test_loss", "test_error", "train_loss", "train_error")}
+        if self.time_to_target is None and train_error <= self.target_error:
+            self.time_to_target = time_s
+
+    def add_event(self, kind: str, **fields: Any) -> None:
+        self.events.append({"type": kind, "time_s": self.time_s, "version": self.version, **fields})
+
+    # -- summary ------------------------------------------------------------------------------
+    def wall_time_s(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
+
+    def write_summary(self, status: str, message: str = "", **extra: Any) -> dict:
+        assert status in schema.STATUSES, status
+        summary = {
+            "status": status, "backend": self.backend, "clock": self.clock, "version": self.version,
+            "samples_seen": self.samples_seen, "epoch": self.epoch, "time_s": self.time_s,
+            "wall_time_s": self.wall_time_s(), "final": self.final,
+            "time_to_target": {str(self.target_error): self.time_to_target},
+            "events": self.events, "message": message,
+            "lost_clients": sorted(int(k) for k in self.lost_clients), **extra}
+        path = self.run_dir / schema.SUMMARY_FILE
+        try:
+            write_json(path, summary)
+        except OSError:
+            if not self._reserve.exists():
+                raise
+            self._reserve.unlink()   # a full disk: give the last word the room kept for it
+            write_json(path, summary)
+        return summary
+
+    def close(self) -> None:
+        for writer in (self.updates, self.evals):
+            try:
+                writer.close()
+            except OSError:
+                pass   # a full disk: the summary says so; the rows up to the checkpoint are safe
+        self._reserve.unlink(missing_ok=True)
+
+    # -- checkpointing ------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        self.updates.flush()
+        self.evals.flush()
+        return {"samples_seen": self.samples_seen, "next_eval": self.next_eval, "version": self.version,
+                "time_s": self.time_s, "time_to_target": self.time_to_target, "final": dict(self.final),
+                "events": list(self.events), "wall_time_s": self.wall_time_s(),
+                "last_eval_version": self.last_eval_version, "lost_clients": dict(self.lost_clients)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.samples_seen, self.version = int(state["samples_seen"]), int(state["version"])
+        self.next_eval, self.time_s = float(state["next_eval"]), float(state["time_s"])
+        self.time_to_target = state.get("time_to_target")
+        self.final = dict(state["final"])
+        self.last_eval_version = int(state["last_eval_version"])
+        self.wall_before = float(state["wall_time_s"])
+        self.lost_clients = dict(state.get("lost_clients", {}))
+        self.events = list(state["events"]) + [{"type": "resumed", "version": self.version, "time_s": self.time_s}]
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / schema.SUMMARY_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_finished(run_dir: Path) -> bool:
+    summary = read_summary(run_dir)
+    return summary is not None and summary.get("status") in schema.FINISHED_STATUSES
+
+
+class Progress:
+    """Logs one line every ``every_s`` wall seconds on long runs (stderr and run.log)."""
+
+    def __init__(self, label: str, total_epochs: float, enabled: bool = True, every_s: float = 2.0):
+        self.label, self.total, self.enabled, self.every_s = label, total_epochs, enabled, every_s
+        self.started = self.last = time.perf_counter()
+
+    def update(self, epoch: float, version: int, test_error: float | None = None, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (not force and now - self.last < self.every_s):
+            return
+        self.last = now
+        elapsed = now - self.started
+        eta = elapsed * (self.total - epoch) / epoch if epoch > 0 else float("nan")
+        err = "" if test_error is None else f"  test error {100 * test_error:5.2f}%"
+        _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {version:6d}{err}"
+                  f"  elapsed {elapsed:6.1f}s  eta {max(eta, 0):6.1f}s")

@@ -1,0 +1,186 @@
+"""The process a run lives in: torch threads, the device, deterministic kernels, signals, and
+what bit-for-bit identity depends on.
+
+* :func:`torch_threads`, :func:`resolve_device`, :func:`deterministic`: the settings every driver
+  enters before it builds anything (a test or a sweep that goes on keeps its own after).
+* :func:`environment`: what bitwise identity of a run depends on, recorded in every run's
+  config.json. The simulator is deterministic: the same seed and config give byte-identical
+  tables *on the same torch build, CPU kernel family (or GPU), thread count and device*. Change
+  any of those and the float reduction order changes, SGD amplifies the last-bit differences, and
+  results agree only statistically, within the spread over seeds (``python -m repro.analysis
+  compare`` checks that).
+* :func:`torchrun_env`: this process's place in a torchrun world (four environment variables).
+* :class:`StopRequest`: how a run is asked to stop. SIGINT (Ctrl-C), SIGTERM (a scheduler,
+  ``kill``) and SIGHUP (a closed terminal) all ask for the same thing: stop after the push being
+  served, write a checkpoint of that clean state and end ``interrupted``. A second signal forces:
+  it raises :class:`KeyboardInterrupt` wherever the main thread is, and the run still ends
+  ``interrupted`` (keeping the last good checkpoint). Handlers are installed only from the main
+  thread (Python delivers signals there) and restored on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from repro.errors import ConfigError
+from repro.logs import get_logger
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch uses ``n`` CPU threads inside the block (0: leave it), and the caller's count after
+    (a test or a sweep that goes on keeps its own)."""
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def cuda_missing() -> str:
+    """Why CUDA cannot be used here, in words a user can act on."""
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU build"
+    return "no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", name, f"'cpu' or 'auto': {cuda_missing()}")
+    return torch.device(name)
+
+
+@contextlib.contextmanager
+def deterministic(device: torch.device):
+    """On CUDA, bit-for-bit reproducible kernels for the block: cuDNN deterministic and not
+    benchmarking (its autotuner picks kernels by timing), deterministic algorithms everywhere
+    (an op without one raises instead of silently varying; cuBLAS needs a fixed workspace), and
+    TF32 off: float32 means float32 on every device, so GPU and CPU numbers differ only by
+    reduction order, and a Hopper's TF32 matmuls would round to 10-bit mantissas. On the CPU
+    nothing changes (its kernels are deterministic for a fixed thread count)."""
+    if device.type != "cuda":
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.are_deterministic_algorithms_enabled())
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) = saved[:4]
+        torch.use_deterministic_algorithms(saved[4])
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: torch.device | str = "cpu") -> dict:
+    """torch build, CPU kernel family, threads and device: what bitwise identity depends on."""
+    device = torch.device(device)
+    env = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,           # None for a CPU build
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),   # the kernel family used
+        "cpu_model": cpu_model(),
+        "num_threads": torch.get_num_threads(),
+        "device": str(device),
+        "python": platform.python_version(),
+        "platform": f"{sys.platform}-{platform.machine()}",
+    }
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        env["gpu"] = torch.cuda.get_device_name(index)
+        env["cudnn"] = torch.backends.cudnn.version()
+    return env
+
+
+# What must be equal for two runs to be expected byte-identical (the rest is for the record).
+IDENTITY_KEYS = ("torch", "torch_cuda", "cpu_capability", "num_threads", "device", "gpu")
+
+
+def identity_differences(a: dict, b: dict) -> list[str]:
+    """'key: a -> b' for each identity key in which two recorded environments differ."""
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in IDENTITY_KEYS if a.get(k) != b.get(k)]
+
+
+log = get_logger("repro.stop")
+
+SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s)
+
+
+class StopRequest:
+    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...``."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+        self._previous: dict = {}
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def set(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.event.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self.event.wait(timeout_s)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.event.is_set():
+            raise KeyboardInterrupt(f"second {name}: stopping now")
+        self.set(name)
+        log.info(f"{name}: stopping after the current push (again to force)")
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def torchrun_env() -> TorchrunEnv | None:
+    """This process's place in a torchrun world, or None when not started by torchrun."""
+    keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    if not all(k in os.environ for k in keys):
+        return None
+    return TorchrunEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                       int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))

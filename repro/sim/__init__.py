@@ -1,0 +1,1 @@
+"""The deterministic delay simulator: its driver, cost model and replay."""

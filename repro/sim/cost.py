@@ -1,0 +1,139 @@
+"""The simulator's clock: how long computing, communicating and applying take, and who goes next.
+
+:class:`CostModel` turns a :class:`~repro.config.settings.CostConfig` into durations: compute
+time per minibatch per client (seeded jitter, an optional straggler), one-way transfer time of a
+parameter vector (latency + bytes / bandwidth) and the server's apply time. A schedule decides
+the order in which the server applies pushes; every schedule has the interface of
+:class:`Schedule` (``next``, ``served``, ``cancel``, state), and :func:`make_schedule` picks one:
+
+* :class:`CostScheduler` -- an event queue of push arrivals ordered by (time, sequence number);
+  the server serves one push at a time, first come first served;
+* :class:`repro.sim.replay.ReplayScheduler` -- the exact order (and times) a real run recorded.
+
+Both are stateless apart from plain numbers, so a checkpoint captures them exactly. Jitter for
+(client, segment) is drawn from a generator seeded by (seed, client, segment), independent of the
+order in which segments are simulated (drawn in blocks of pushes, see ``CostModel._jitter``).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Protocol
+
+import numpy as np
+
+from repro.config.settings import CostConfig
+
+JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
+
+
+class CostModel:
+    """Durations in virtual seconds. ``step_s``: one minibatch step (``cost.compute_s``, or the
+    measured value when it says ``calibrate``)."""
+
+    def __init__(self, cost: CostConfig, seed: int, param_bytes: int, step_s: float):
+        self.cost, self.seed, self.step_s = cost, seed, step_s
+        nbytes = cost.comm_params * 4 if cost.comm_params is not None else param_bytes
+        bandwidth = cost.bandwidth_Bps
+        self.transfer_s = cost.latency_s + (nbytes / bandwidth if bandwidth else 0.0)
+        self.server_apply_s = cost.server_apply_s
+        self._blocks: dict[int, np.ndarray] = {}
+        self._block_key: dict[int, tuple] = {}
+
+    def segment_s(self, client: int, segment: int, num_steps: int) -> float:
+        """Virtual time of ``client``'s ``segment``-th push: ``num_steps`` minibatch steps."""
+        step_s = self.step_s
+        if self.cost.straggler_client == client:
+            step_s *= self.cost.straggler_factor
+        if self.cost.jitter == "none" or self.cost.jitter_sigma == 0:
+            return step_s * num_steps
+        return float(step_s * self._jitter(client, segment, num_steps).sum())
+
+    def _jitter(self, client: int, segment: int, num_steps: int) -> np.ndarray:
+        """Per-step time factors, a pure function of (seed, client, segment). Drawn in blocks of
+        JITTER_BLOCK pushes per generator: seeding a generator costs more than a minibatch of
+        digits_cnn, so one per push would dominate the simulator's overhead."""
+        block, row = divmod(segment, JITTER_BLOCK)
+        key = (client, block, num_steps)
+        if self._block_key.get(client) != key:
+            rng = np.random.default_rng([self.seed, client, block, num_steps])
+            sigma = self.cost.jitter_sigma
+            shape = (JITTER_BLOCK, num_steps)
+            if self.cost.jitter == "lognormal":   # mean-preserving: E[exp(s z - s^2/2)] = 1
+                factors = np.exp(sigma * rng.standard_normal(shape) - sigma * sigma / 2)
+            else:                                   # exponential tail of weight sigma, mean 1
+                factors = (1 - sigma) + sigma * rng.exponential(1.0, shape)
+            self._blocks[client], self._block_key[client] = factors, key
+        return self._blocks[client][row]
+
+
+class Schedule(Protocol):
+    """What the simulator asks of a schedule: the next push to apply, then that it was served."""
+
+    def next(self) -> tuple[int, int, float] | None:
+        """(client, num_steps, apply-finished time) of the next push; None: nothing is left."""
+    def check(self, client: int, read_version: int) -> None:
+        """Refuse a push that the schedule did not foresee (a replay of another run)."""
+    def served(self, client: int, applied_at: float) -> None: ...
+    def cancel(self, client: int) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class CostScheduler:
+    """Push arrivals in virtual time; the server applies them one at a time in arrival order."""
+
+    def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
+        self.model, self.nsync = model, nsync
+        self.queue: list[tuple[float, int, int]] = []
+        self.seq, self.server_free = 0, 0.0
+        self.segments = {k: 0 for k in client_ids}
+        for k in client_ids:              # every client fetches version 0 at t = 0
+            self._schedule(k, 0.0)
+
+    def _schedule(self, client: int, fetched_at: float) -> None:
+        seg = self.segments[client]
+        self.segments[client] = seg + 1
+        arrive = fetched_at + self.model.segment_s(client, seg, self.nsync) + self.model.transfer_s
+        heapq.heappush(self.queue, (arrive, self.seq, client))
+        self.seq += 1
+
+    def next(self) -> tuple[int, int, float] | None:
+        """(client, num_steps, apply-finished time) of the next push the server applies."""
+        arrive, _, client = heapq.heappop(self.queue)
+        start = max(arrive, self.server_free)      # the server serves one push at a time
+        self.server_free = start + self.model.server_apply_s
+        return client, self.nsync, self.server_free
+
+    def check(self, client: int, read_version: int) -> None:
+        pass   # any push the queue chose is one it foresaw
+
+    def served(self, client: int, applied_at: float) -> None:
+        """The reply (the client's fetch) travels back, then the client computes its next push."""
+        self._schedule(client, applied_at + self.model.transfer_s)
+
+    def cancel(self, client: int) -> None:
+        """Drop the client's push in flight (a sync round's backup worker, preempted): it is
+        never computed, and the client starts over when it is served."""
+        self.queue = [e for e in self.queue if e[2] != client]
+        heapq.heapify(self.queue)
+
+    def state_dict(self) -> dict:
+        return {"queue": [list(e) for e in self.queue], "seq": self.seq, "server_free": self.server_free,
+                "segments": [[k, v] for k, v in self.segments.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue = [(float(t), int(s), int(c)) for t, s, c in state["queue"]]
+        heapq.heapify(self.queue)
+        self.seq, self.server_free = int(state["seq"]), float(state["server_free"])
+        self.segments = {int(k): int(v) for k, v in state["segments"]}
+
+
+def calibrate_compute_s(step, warmup: int = 3, repeats: int = 20) -> float:
+    """Seconds per call of ``step()`` on this device: the measured cost of one minibatch step."""
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats

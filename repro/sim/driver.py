@@ -1,0 +1,125 @@
+"""The deterministic delay simulator (``backend=sim``): N clients, one server, one device, a virtual clock.
+
+The simulator is a driver: a scheduler (:mod:`repro.sim.cost`) says which client's push the server
+applies next and when; the client computes that push *lazily* from the parameters it fetched (a
+push depends only on them and on the client's own data stream, so computing it late changes
+nothing); the run core (:mod:`repro.runs.core`) applies it and says who fetches what; the client
+fetches. Every client borrows one :class:`~repro.asgd.flatnet.Worker`, so simulating K minibatch steps
+costs about what K steps of a plain training loop cost.
+
+Bit-for-bit reproducible from the seed (on one torch build, CPU kernel family, thread count and
+device): the only randomness is the model init (``seed``), each client's data order
+(``seed, client``) and the jitter (``seed, client, segment``); no wall clock enters any table.
+``cost=replay`` replays the update order recorded by a real run instead.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from repro.config.settings import RunConfig
+from repro.problem.build import Problem, make_clients, param_bytes
+from repro.problem.start import build_problem
+from repro.runs.core import RunCore
+from repro.runs.folder import run_folder
+from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
+from repro.sim.cost import CostModel, CostScheduler, Schedule, calibrate_compute_s
+from repro.sim.replay import ReplayScheduler, replay_config
+
+
+def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> float:
+    """The configured compute time, or a measured one ('calibrate'; reused on resume)."""
+    if not isinstance(cfg.cost.compute_s, str):
+        return cfg.cost.compute_s
+    if resume is not None:
+        return float(resume["driver"]["compute_s"])
+    client = make_clients(cfg, problem.dataset, client_ids=[1])[0]
+    client.fetch(problem.init_params, 0)
+    worker = problem.worker
+    sync = torch.cuda.synchronize if worker.params.is_cuda else (lambda: None)
+
+    def step():
+        x, y = client.stream.next_batch()
+        worker.backward(x, y)
+        client.optimiser.step(worker.params, worker.grad)
+        sync()
+
+    worker.load(problem.init_params)
+    return calibrate_compute_s(step)
+
+
+def make_schedule(cfg: RunConfig, clients: list[int], param_bytes: int, step_s: float) -> Schedule:
+    """The schedule ``cost.schedule`` names: the cost model's event queue, or a recorded run's order."""
+    if cfg.cost.schedule == "replay":
+        return ReplayScheduler(cfg.cost.path)
+    return CostScheduler(CostModel(cfg.cost, cfg.seed, param_bytes, step_s), clients, cfg.nsync)
+
+
+class Simulation:
+    """The simulator's side of one run: clients, the scheduler and the loop around the core."""
+
+    def __init__(self, cfg: RunConfig, problem: Problem, core: RunCore, compute_s: float,
+                 stop: StopRequest, resume: dict | None = None):
+        self.cfg, self.problem, self.core, self.stop = cfg, problem, core, stop
+        self.worker, self.server = problem.worker, core.server
+        self.clients = {c.client_id: c for c in make_clients(cfg, problem.dataset)}
+        for c in self.clients.values():
+            c.fetch(self.server.params, 0)
+        self.scheduler = make_schedule(cfg, sorted(self.clients), param_bytes(self.server.params), compute_s)
+        self.compute_s = compute_s
+        self.resume_protocol = resume.get("protocol") if resume is not None else None
+        if resume is not None:
+            for k, c in self.clients.items():
+                c.load_state_dict(resume["driver"]["clients"][str(k)])
+            self.scheduler.load_state_dict(resume["driver"]["scheduler"])
+        core.state.driver_state = self.state_dict
+
+    def run(self, stop_at_version: int | None = None) -> tuple[str, str]:
+        """Simulate to the end of the budget; (status, message). ``stop_at_version`` asks the run
+        to stop there, as a Ctrl-C would (for testing resume)."""
+        core, stop = self.core, self.stop
+        core.begin(sorted(self.clients), protocol_state=self.resume_protocol)
+        while core.accepting and not stop.is_set():
+            nxt = self.scheduler.next()
+            if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
+                core.state.stopping = True
+                return "completed", ""
+            k, num_steps, t = nxt
+            client = self.clients[k]
+            self.scheduler.check(k, client.read_version)
+            push = client.compute_push(self.worker, num_steps)
+            for reply in core.on_push(push, t):
+                if reply.preempt:
+                    self.scheduler.cancel(reply.client)   # its segment is dropped, never computed
+                if not reply.stop:
+                    self.clients[reply.client].fetch(self.server.params, self.server.version)
+                    self.scheduler.served(reply.client, t)
+            core.settle(t)
+            if stop_at_version is not None and self.server.version >= stop_at_version:
+                stop.set("stop_at_version")
+        return core.final_status(interrupted=stop.is_set())
+
+    def state_dict(self) -> dict:
+        return {"clients": {str(k): c.state_dict() for k, c in self.clients.items()},
+                "scheduler": self.scheduler.state_dict(), "compute_s": self.compute_s}
+
+
+def simulate(cfg: RunConfig, run_dir: str | Path, problem: Problem | None = None,
+             stop_at_version: int | None = None) -> dict:
+    """Run the simulator for ``cfg`` into ``run_dir``; return the summary dict."""
+    if cfg.cost.schedule == "replay":
+        cfg = replay_config(cfg)
+    device = resolve_device(cfg.device)
+    with torch_threads(cfg.num_threads), deterministic(device), run_folder(cfg, run_dir) as run:
+        if run.skip:
+            return run.summary
+        resume = run.checkpoint("sim", device)
+        problem = problem or build_problem(cfg, device)
+        compute_s = resolve_compute_s(cfg, problem, resume)
+        run.core = core = RunCore(cfg, problem, run.run_dir, clock="virtual", backend="sim", resume=resume,
+                                  measured={"cost.compute_s": compute_s})
+        sim = Simulation(cfg, problem, core, compute_s, run.stop, resume)
+        status, message = sim.run(stop_at_version)
+        return core.finish(status, message)
+    return run.summary
