@@ -6,6 +6,9 @@ torch threads (default 1) whatever ``OMP_NUM_THREADS`` says, and exports the sam
 processes tests start. Every exactness claim in the suite is stated for a reason that holds at
 any thread count (each test says which); run ``REPRO_TEST_THREADS=2 python -m pytest`` (or 4) to
 check that.
+
+**Fixtures** shared by several test modules live here; helpers (plain functions and constants)
+in :mod:`tests.helpers`.
 """
 from __future__ import annotations
 
@@ -16,10 +19,18 @@ THREADS = int(os.environ.get("REPRO_TEST_THREADS", "1"))
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import multiprocessing  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(THREADS)
+
+from repro.sim.driver import simulate  # noqa: E402
+from tests.helpers.invariants import check_run_folder  # noqa: E402
+from tests.helpers.runs import SIM, STOP_AT  # noqa: E402
+from tests.helpers.tables import table_bytes  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +44,29 @@ def _restore_torch_threads():
 def pytest_report_header(config):
     return f"torch {torch.__version__}, {THREADS} thread(s) (REPRO_TEST_THREADS), " \
            f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> tuple[bytes, bytes]:
+    """The tables of SIM run without interruption: what every resumed simulator run must equal."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    assert simulate(SIM, run_dir)["status"] == "completed"
+    check_run_folder(run_dir, "completed")
+    return table_bytes(run_dir)
+
+
+@pytest.fixture
+def interrupted(tmp_path) -> Path:
+    """A simulator run stopped (as by Ctrl-C) at version STOP_AT, checkpointed there."""
+    run_dir = tmp_path / "run"
+    summary = simulate(SIM, run_dir, stop_at_version=STOP_AT)
+    assert summary["status"] == "interrupted" and summary["version"] == STOP_AT
+    assert "resume=true" in summary["message"]
+    return run_dir
+
+
+@pytest.fixture
+def no_children():
+    """The test leaves no child process of this one alive (e.g. a real run's spawned clients)."""
+    yield
+    assert multiprocessing.active_children() == []

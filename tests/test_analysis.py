@@ -1,6 +1,6 @@
 """Analysis: run folders -> tidy frames -> tables and figures (the last link of the chain).
 
-Uses the synthetic tree of :mod:`tests.fake_runs`; no training runs here.
+Uses the synthetic tree of :mod:`tests.helpers.fake_runs`; no training runs here.
 """
 from __future__ import annotations
 
@@ -27,11 +27,7 @@ from repro.analysis.build import build_figure  # noqa: E402
 from repro.analysis.load import NoRunsError  # noqa: E402
 from repro.analysis.tables import resolve_target, run_speedups  # noqa: E402
 from repro.files import schema  # noqa: E402
-
-try:  # tests/ as a package (python -m pytest from the root) or as a plain folder on sys.path
-    from tests import fake_runs  # noqa: E402
-except ImportError:
-    import fake_runs  # noqa: E402
+from tests.helpers import fake_runs  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """``python -m repro.analysis compare``: do two trees agree within the spread over seeds?
 
-Uses the synthetic trees of :mod:`tests.fake_runs` (one written as if regenerated elsewhere by
+Uses the synthetic trees of :mod:`tests.helpers.fake_runs` (one written as if regenerated elsewhere by
 shifting its errors and stretching its times); no training runs here.
 """
 from __future__ import annotations
@@ -22,11 +22,7 @@ from repro.analysis.__main__ import main, parse_args  # noqa: E402
 from repro.analysis.build import build_figure  # noqa: E402
 from repro.analysis.compare import compare_values  # noqa: E402
 from repro.analysis.trees import tree_kind  # noqa: E402
-
-try:  # tests/ as a package (python -m pytest from the root) or as a plain folder on sys.path
-    from tests import fake_runs  # noqa: E402
-except ImportError:
-    import fake_runs  # noqa: E402
+from tests.helpers import fake_runs  # noqa: E402
 
 # The fake fig3 holds bad folders on purpose; the loader's warnings about them are tested in
 # test_analysis.py, and the shifted tree gives no speedup at the config target.

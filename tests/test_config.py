@@ -2,17 +2,16 @@
 import itertools
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from repro.config.settings import RunConfig, from_dict, to_dict
 from repro.errors import ConfigError
 from repro.run import CONF_DIR, compose, parse
+from tests.helpers.grids import sweep_grid
+from tests.helpers.paths import ROOT
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "exp").glob("*.yaml"))
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_default_config_converts_and_round_trips():
@@ -34,20 +33,6 @@ def test_every_group_option_composes(group):
         extra = {"cifar10": ["data.root=/nowhere"], "replay": ["cost.path=/nowhere"]}.get(option, [])
         cfg = parse(compose([f"{group}={option}", *extra]))
         assert cfg is not None
-
-
-def sweep_grid(exp: str) -> list[dict]:
-    """The runs a figure's sweep launches, expanded as Hydra's basic sweeper does."""
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        full = hcompose(config_name="config", overrides=[f"+exp={exp}"], return_hydra_config=True)
-    params = full.hydra.sweeper.params
-    assert full.hydra.mode.name == "MULTIRUN"
-    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    axes = [[(o.key_or_group, v) for v in o.sweep_iterator()] for o in parsed]
-    return [dict(point) for point in itertools.product(*axes)]
 
 
 @pytest.mark.parametrize("exp,expected", [

@@ -1,6 +1,6 @@
 """Every command in the markdown works when a reader pastes it.
 
-The commands and their tiers come from :mod:`tests.docs_commands` (its docstring is the
+The commands and their tiers come from :mod:`tests.helpers.docs_commands` (its docstring is the
 convention: which commands run in the default suite, which with ``-m slow``, which never, and
 the ``# test: ...`` / ``<!-- test: skip -->`` / ``# exits N`` markers).
 
@@ -20,7 +20,7 @@ before training (:func:`repro.run.check_overrides`, :func:`repro.run.compose`,
 :func:`repro.run.parse`, :func:`repro.problem.build.check_components`); every ``cost.path=`` names a run
 folder that an earlier command of its block writes (or one in the repository); every fenced
 ``python -m repro.analysis`` draws from a results tree like the one its experiments leave
-(:mod:`tests.fake_runs`).
+(:mod:`tests.helpers.fake_runs`).
 """
 from __future__ import annotations
 
@@ -38,20 +38,16 @@ from pathlib import Path
 
 import pytest
 
-try:  # tests/ as a package (python -m pytest from the root) or as a plain folder on sys.path
-    from tests import docs_commands as dc
-    from tests import fake_runs
-except ImportError:
-    import docs_commands as dc  # noqa: E402
-    import fake_runs  # noqa: E402
+from tests.helpers import docs_commands as dc
+from tests.helpers import fake_runs
+from tests.helpers.paths import ROOT, tree_files
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "REPRODUCE.md", "TEACHING.md")
 QUICK_TIMEOUT_S, SLOW_TIMEOUT_S = 180, 600
 
 
 def _doc(name: str) -> Path:
-    path = REPO / name
+    path = ROOT / name
     if not path.is_file():
         pytest.skip(f"{name} does not exist (yet)")
     return path
@@ -60,10 +56,10 @@ def _doc(name: str) -> Path:
 def _all_commands(inline: bool = False) -> list[dc.Command]:
     out = []
     for name in DOCS:
-        if (REPO / name).is_file():
-            out += dc.extract(REPO / name)
+        if (ROOT / name).is_file():
+            out += dc.extract(ROOT / name)
             if inline:
-                out += dc.inline_commands(REPO / name)
+                out += dc.inline_commands(ROOT / name)
     return out
 
 
@@ -153,24 +149,12 @@ def test_readme_setup_block_is_found_and_not_run_here():
 # Running them
 # ---------------------------------------------------------------------------------------------
 
-def _tree_files() -> list[str]:
-    try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=REPO, capture_output=True, check=True, timeout=60).stdout
-        names = [n for n in out.decode().split("\0") if n]
-    except (OSError, subprocess.SubprocessError):
-        skip = {".git", ".venv", "__pycache__", "results", "build"}
-        names = [str(p.relative_to(REPO)) for p in REPO.rglob("*")
-                 if p.is_file() and not skip & set(p.relative_to(REPO).parts)]
-    return [n for n in names if (REPO / n).is_file()]
-
-
 def _workdir(tmp: Path) -> Path:
     """A copy of the working tree, with ``.venv`` linking to the environment running the tests."""
     work = tmp / "checkout"
-    for rel in _tree_files():
+    for rel in (n for n in tree_files() if (ROOT / n).is_file()):
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, work / rel)
+        shutil.copy2(ROOT / rel, work / rel)
     (work / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
     return work
 
@@ -362,10 +346,10 @@ def test_every_replay_path_names_a_run_folder_written_above_it():
     names it: repro.config.help.job_name), or a run folder in the repository."""
     problems, found = [], 0
     for name in DOCS:
-        if not (REPO / name).is_file():
+        if not (ROOT / name).is_file():
             continue
         written: dict[int, dict[Path, str]] = {}
-        for cmd in dc.extract(REPO / name):
+        for cmd in dc.extract(ROOT / name):
             for step in cmd.steps:
                 if step.module != "repro.run":
                     continue
@@ -374,7 +358,7 @@ def test_every_replay_path_names_a_run_folder_written_above_it():
                     found += 1
                     target = Path(value.strip("'\""))
                     above = written.get(cmd.block, {})
-                    if target in above or (REPO / target / "config.json").is_file():
+                    if target in above or (ROOT / target / "config.json").is_file():
                         continue
                     problems.append(f"{cmd.where()}: cost.path={value} is no run folder: the commands "
                                     "above it in its block write " + (", ".join(

@@ -5,11 +5,11 @@ tests/test_grids.py."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import ROOT
+
 
 def _run(tmp_path, *extra):
     cmd = [sys.executable, "-m", "repro.run", "+exp=fig3", f"results_dir={tmp_path / 'results'}",

@@ -12,8 +12,8 @@ import torch
 from repro.config.settings import BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.real.transport import Frame, Header, Kind
 from repro.sim.driver import simulate
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

@@ -26,23 +26,8 @@ import pytest
 
 from repro.bench import __main__ as bench
 from repro.bench import grid as bench_grid
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def session_processes(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``: the launcher's whole tree (as in
-    tests/test_real.py)."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            text = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()   # fields from 3 (state) on
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(pid))
-    return out
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import assert_no_leftovers
 
 
 def _drawn(stdout: str) -> int:
@@ -209,16 +194,6 @@ def _ctrl_c(root: Path, launcher: str, running: int, *extra: str, epochs: float 
     return proc, out
 
 
-def _assert_no_leftovers(proc: subprocess.Popen, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = session_processes(proc.pid)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
-
-
 def _statuses(root: Path) -> list[str]:
     return sorted(json.loads(p.read_text())["status"] for p in (root / "results" / "fig3").glob("*/summary.json"))
 
@@ -226,7 +201,7 @@ def _statuses(root: Path) -> list[str]:
 def test_ctrl_c_stops_every_joblib_job_cleanly_and_leaves_no_process(tmp_path):
     proc, out = _ctrl_c(tmp_path, "parallel", 2, "hydra.launcher.n_jobs=2")
     assert proc.returncode == 130, out[-3000:]
-    _assert_no_leftovers(proc)
+    assert_no_leftovers(proc, within_s=10.0)
     assert _statuses(tmp_path) == ["interrupted", "interrupted"], out[-3000:]   # both stopped cleanly
     assert "[grid fig3] SIGINT: no new grid point starts" in out and "stopped by SIGINT" in out
     assert "2 interrupted" in out and "2 not started" in out
@@ -237,7 +212,7 @@ def test_ctrl_c_stops_every_joblib_job_cleanly_and_leaves_no_process(tmp_path):
 def test_ctrl_c_then_resume_auto_finishes_the_grid(tmp_path):
     proc, out = _ctrl_c(tmp_path, "parallel", 2, "hydra.launcher.n_jobs=2", epochs=20)
     assert proc.returncode == 130, out[-3000:]
-    _assert_no_leftovers(proc)
+    assert_no_leftovers(proc, within_s=10.0)
     assert _statuses(tmp_path) == ["interrupted", "interrupted"]
     cmd = [a if not a.startswith("num_epochs=") else "num_epochs=20"
            for a in grid_cmd(tmp_path, "parallel", "hydra.launcher.n_jobs=2", "resume=auto")]
@@ -253,7 +228,7 @@ def test_ctrl_c_then_resume_auto_finishes_the_grid(tmp_path):
 def test_ctrl_c_stops_a_sequential_grid_instead_of_starting_the_next_point(tmp_path):
     proc, out = _ctrl_c(tmp_path, "basic", 1)
     assert proc.returncode == 130, out[-3000:]
-    _assert_no_leftovers(proc)
+    assert_no_leftovers(proc, within_s=10.0)
     assert _statuses(tmp_path) == ["interrupted"]
     assert "stopped:" in out and "resume=auto" in out
 
@@ -262,7 +237,7 @@ def test_ctrl_c_stops_a_sequential_grid_instead_of_starting_the_next_point(tmp_p
 def test_ctrl_c_under_submitit_local_leaves_no_process_and_no_running_point(tmp_path):
     proc, out = _ctrl_c(tmp_path, "submitit_local", POINTS)
     assert proc.returncode == 130, out[-3000:]
-    _assert_no_leftovers(proc)
+    assert_no_leftovers(proc, within_s=10.0)
     # each job's controller forwards the Ctrl-C to its task once more: a forced stop, still recorded
     assert _statuses(tmp_path) == ["interrupted"] * POINTS
 

@@ -4,18 +4,17 @@ import itertools
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_config import sweep_grid
 
 from repro.analysis.lab.mitigation import expected_mean_staleness, mitigation_of, ssp_staleness_bound
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.run import compose, parse
 from repro.sim.driver import simulate
+from tests.helpers.grids import sweep_grid
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RULES = {"async": ("downpour", "async"), "staleness_scaled": ("staleness_scaled", "async"),
          "dcasgd": ("dcasgd", "async"), "ssp": ("downpour", "ssp"), "sync": ("downpour", "sync")}
 

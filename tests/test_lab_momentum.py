@@ -2,7 +2,6 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,9 +17,9 @@ from repro.analysis.lab.momentum import (
 )
 from repro.problem.data import QUADRATIC_CURVATURES as L
 from repro.run import compose, parse
-from tests.test_config import sweep_grid
+from tests.helpers.grids import sweep_grid
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 LR, STEPS = 0.2, 100
 W0 = np.random.default_rng(7).uniform(-0.3, 0.3, len(L))
 ENERGY = 0.5 * np.asarray(L) * W0 ** 2          # c_i = l_i w_{0,i}^2 / 2

@@ -4,7 +4,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,9 +12,9 @@ import pytest
 from repro.analysis.lab.stability import critical_lr, measured_boundary, outcome
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig, validate
 from repro.run import compose, parse
-from tests.test_config import sweep_grid
+from tests.helpers.grids import sweep_grid
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 LADDER = [0.0682, 0.0964, 0.136, 0.193, 0.273, 0.386, 0.545, 0.771, 1.09, 1.54, 2.18]
 
 

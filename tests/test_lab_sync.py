@@ -5,12 +5,10 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from test_config import sweep_grid
 
 from repro.analysis.lab.sync import (
     Timing,
@@ -22,8 +20,8 @@ from repro.analysis.lab.sync import (
     sync_round_s,
 )
 from repro.run import compose, parse
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.grids import sweep_grid
+from tests.helpers.paths import ROOT
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,9 +3,9 @@ and every claim it checks holds."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import ROOT
+
 SCRIPT = ROOT / "notebooks" / "staleness_lab.py"
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import ROOT, tree_files
+
 # What is never part of a build: caches, environments, outputs, earlier build leftovers.
 SKIP_PARTS = {".git", ".venv", "__pycache__", "build", "dist", "results", "figures", "outputs",
               "multirun", ".pytest_cache"}
@@ -40,25 +41,19 @@ def _pip_env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def _tree_files() -> list[Path]:
+def _build_files() -> list[Path]:
     """The working tree's files as a build sees them: git's tracked and untracked-not-ignored
     files (so a module another change just added is in the wheel); without git, every file but
     :data:`SKIP_PARTS`."""
-    try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=REPO, capture_output=True, check=True, timeout=60).stdout
-        names = [n for n in out.decode().split("\0") if n]
-    except (OSError, subprocess.SubprocessError):
-        names = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()]
-    return [Path(n) for n in names
+    return [Path(n) for n in tree_files()
             if not SKIP_PARTS & set(Path(n).parts) and not n.endswith((".pyc", ".egg-info"))
             and not any(part.endswith(".egg-info") for part in Path(n).parts)
-            and (REPO / n).is_file()]      # tracked but deleted in the working tree: not there
+            and (ROOT / n).is_file()]      # tracked but deleted in the working tree: not there
 
 
 def _build_leftovers() -> set[str]:
     """Names in the checkout a build may leave (``build/``, ``*.egg-info``, ``dist/``)."""
-    return {p.name for p in REPO.iterdir()
+    return {p.name for p in ROOT.iterdir()
             if p.name in ("build", "dist") or p.name.endswith(".egg-info")}
 
 
@@ -67,9 +62,9 @@ def wheel(tmp_path_factory) -> Path:
     """A wheel of the working tree, built from a copy of it (the checkout is left as it was)."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
-    for rel in _tree_files():
+    for rel in _build_files():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, src / rel)
+        shutil.copy2(ROOT / rel, src / rel)
     before = _build_leftovers()
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                            "--no-index", "-q", "-w", str(tmp / "dist"), str(src)],
@@ -85,11 +80,11 @@ def test_wheel_carries_every_config_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"repro/conf/config.yaml", "repro/conf/exp/fig3.yaml", "repro/config/help.py",
             "repro/run.py"} <= names
-    yamls = sorted(p.relative_to(REPO / "conf").as_posix() for p in (REPO / "conf").rglob("*.yaml"))
+    yamls = sorted(p.relative_to(ROOT / "conf").as_posix() for p in (ROOT / "conf").rglob("*.yaml"))
     assert yamls, "no conf/**/*.yaml in the checkout"
     missing = [y for y in yamls if f"repro/conf/{y}" not in names]
     assert not missing, f"conf files not in the wheel: {missing}"
-    sources = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "repro").rglob("*.py"))
+    sources = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "repro").rglob("*.py"))
     assert not [s for s in sources if s not in names], "package modules not in the wheel"
 
 
@@ -135,7 +130,7 @@ def test_the_wheel_runs_from_anywhere(wheel, tmp_path):
     site = purelib.resolve()
     assert Path(where["file"]).resolve().is_relative_to(site), where["file"]
     assert Path(where["conf"]).resolve() == site / "repro" / "conf", where["conf"]
-    assert str(REPO) not in where["path"], "the checkout is on the new venv's sys.path"
+    assert str(ROOT) not in where["path"], "the checkout is on the new venv's sys.path"
     assert not [f for f in where["finders"] if "editable" in f.lower()], where["finders"]
 
     usage = run("-m", "repro.run", "--help")

@@ -16,7 +16,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +24,8 @@ import torch
 import repro.problem.datacache as datacache
 from repro.problem.data import load_dataset, mnist1d_cache_path
 from repro.run import compose, parse
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PAPER = ("fig3_paper", "fig4_paper")
 
 

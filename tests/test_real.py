@@ -13,7 +13,6 @@ so we ask < 20%.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import socket
@@ -26,34 +25,16 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.config.settings import AlgoConfig, BackendConfig, ModelConfig, RunConfig, to_dict
+from repro.config.settings import BackendConfig, ModelConfig, to_dict
 from repro.errors import ConfigError
 from repro.real import run_real
 from repro.real.transport import Frame, Header, Kind
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
+from tests.helpers.runs import launch_real, real_cfg, wait_rows
+from tests.helpers.tables import table_frames
 
-ROOT = Path(__file__).resolve().parent.parent
 TEST_ERROR_MAX = 0.20
-
-LAUNCHER = """
-import json, sys
-from repro.config.settings import from_dict
-from repro.real import run_real
-summary = run_real(from_dict(json.loads(sys.argv[2])), sys.argv[1])
-sys.exit(0 if summary["status"] in ("completed", "completed_degraded") else 1)
-"""
-
-
-def real_cfg(**changes) -> RunConfig:
-    """A quick real run; clients on the CPU even on a GPU machine (the GPU tests ask for cuda)."""
-    backend = BackendConfig(name="real", timeout_s=30.0, client_timeout_s=10.0, client_device="cpu")
-    cfg = RunConfig(num_clients=2, nsync=4, num_epochs=3.0, eval_every=1.0, progress=False,
-                    algo=AlgoConfig(lr=0.2, momentum=0.0), backend=backend)
-    return cfg.replace(**changes)
-
-
-def tables(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    return (pd.read_csv(run_dir / "updates.csv"), pd.read_csv(run_dir / "evals.csv"),
-            json.loads((run_dir / "summary.json").read_text()))
 
 
 def check_updates(upd: pd.DataFrame) -> None:
@@ -72,71 +53,6 @@ def check_fetch_chain(upd: pd.DataFrame) -> None:
         assert rows.read_version.iloc[1:].tolist() == rows.version.iloc[:-1].tolist()
 
 
-def launch(tmp_path: Path, cfg: RunConfig, name: str = "run") -> tuple[subprocess.Popen, Path]:
-    run_dir = tmp_path / name
-    log = open(tmp_path / f"{name}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(run_dir), json.dumps(to_dict(cfg))],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, run_dir
-
-
-def wait_rows(proc: subprocess.Popen, run_dir: Path, rows: int, timeout_s: float = 90) -> None:
-    path, deadline = run_dir / "updates.csv", time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and sum(1 for _ in open(path)) > rows:
-            return
-        assert proc.poll() is None, f"run ended early (exit {proc.returncode})"
-        time.sleep(0.02)
-    raise AssertionError(f"fewer than {rows} pushes after {timeout_s} s")
-
-
-def _stat(pid: str) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()   # fields from 3 (state) on
-
-
-def session_processes(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``: the launcher's whole tree."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        fields = _stat(pid)
-        if fields and int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(pid))
-    return out
-
-
-def assert_no_leftovers(proc: subprocess.Popen, within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = session_processes(proc.pid)
-    for pid in left:   # never leave strays behind, even when failing
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
-
-
-def client_pids(launcher_pid: int) -> list[int]:
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        fields = _stat(pid)
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if fields and int(fields[1]) == launcher_pid and b"spawn_main" in cmd:
-            pids.append(int(pid))
-    return sorted(pids)
-
-
-@pytest.fixture
-def no_children():
-    yield
-    assert multiprocessing.active_children() == []
-
-
 # ---------------------------------------------------------------------------------------------
 
 def test_frame_round_trip():
@@ -151,11 +67,8 @@ def test_frame_round_trip():
 
 
 def test_peer_that_never_connects_fails_within_timeout(tmp_path, monkeypatch, no_children):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)   # a torchrun world whose rank 1 never comes
     cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", timeout_s=3.0))
     start = time.monotonic()
@@ -170,7 +83,7 @@ def test_real_run_completes(tmp_path, no_children):
     # 5 epochs: the arrival order (so staleness) varies with machine load; at 3 epochs one run
     # in a loaded CI-like clone ended at 21% test error, at 5 epochs loaded runs end at 7-8%.
     summary = run_real(real_cfg(num_epochs=5.0), tmp_path)
-    upd, evals, saved = tables(tmp_path)
+    upd, evals, saved = table_frames(tmp_path)
     assert summary["status"] == saved["status"] == "completed", summary["message"]
     check_updates(upd)
     check_fetch_chain(upd)
@@ -206,10 +119,7 @@ def test_a_client_with_another_model_is_refused_not_crashed(tmp_path, monkeypatc
     """torchrun-style world by hand: rank 0 here (digits_cnn), rank 1 a subprocess running the
     mlp. The HELLO exchange must catch the size mismatch before any payload moves (a payload
     larger than the posted buffer would make gloo abort the server process)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     other = real_cfg(num_clients=1, model=ModelConfig(name="mlp"))
     worker = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(to_dict(other))], cwd=ROOT,
                               env={**os.environ, **env, "RANK": "1", "LOCAL_RANK": "1"},
@@ -227,7 +137,7 @@ def test_a_client_with_another_model_is_refused_not_crashed(tmp_path, monkeypatc
 
 
 def test_sigint_stops_every_rank(tmp_path):
-    proc, run_dir = launch(tmp_path, real_cfg(num_epochs=500.0))
+    proc, run_dir = launch_real(tmp_path, real_cfg(num_epochs=500.0))
     try:
         wait_rows(proc, run_dir, 10)
         proc.send_signal(signal.SIGINT)
@@ -236,14 +146,14 @@ def test_sigint_stops_every_rank(tmp_path):
         assert time.monotonic() - start < 10
     finally:
         assert_no_leftovers(proc)
-    upd, _, summary = tables(run_dir)
+    upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "interrupted"
     check_updates(upd)
 
 
 def test_sigkilled_client_degrades_the_run(tmp_path):
     # 12 epochs (~135 pushes, seconds): the kill must land mid-run even on a loaded machine
-    proc, run_dir = launch(tmp_path, real_cfg(num_clients=3, num_epochs=12.0))
+    proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=3, num_epochs=12.0))
     try:
         wait_rows(proc, run_dir, 10)
         victim = client_pids(proc.pid)[0]
@@ -251,7 +161,7 @@ def test_sigkilled_client_degrades_the_run(tmp_path):
         proc.wait(timeout=60)
     finally:
         assert_no_leftovers(proc)
-    upd, evals, summary = tables(run_dir)
+    upd, evals, summary = table_frames(run_dir)
     assert summary["status"] == "completed_degraded", summary["message"]
     lost = [e for e in summary["events"] if e["type"] == "client_lost"]
     assert len(lost) == 1 and summary["lost_clients"] == [lost[0]["client"]]
@@ -262,14 +172,14 @@ def test_sigkilled_client_degrades_the_run(tmp_path):
 
 
 def test_losing_every_client_fails_cleanly(tmp_path):
-    proc, run_dir = launch(tmp_path, real_cfg(num_clients=1, num_epochs=500.0))
+    proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=1, num_epochs=500.0))
     try:
         wait_rows(proc, run_dir, 5)
         os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         assert_no_leftovers(proc)
-    upd, _, summary = tables(run_dir)
+    upd, _, summary = table_frames(run_dir)
     assert proc.returncode == 1 and summary["status"] == "failed"
     assert "every client was lost" in summary["message"] and summary["lost_clients"] == [1]
     check_updates(upd)
@@ -278,14 +188,14 @@ def test_losing_every_client_fails_cleanly(tmp_path):
 @pytest.mark.slow
 def test_hung_client_is_dropped_after_client_timeout(tmp_path):
     cfg = real_cfg(num_epochs=8.0, backend=BackendConfig(name="real", client_device="cpu", client_timeout_s=3.0))
-    proc, run_dir = launch(tmp_path, cfg)
+    proc, run_dir = launch_real(tmp_path, cfg)
     try:
         wait_rows(proc, run_dir, 10)
         os.kill(client_pids(proc.pid)[0], signal.SIGSTOP)   # alive but silent
         proc.wait(timeout=60)
     finally:
         assert_no_leftovers(proc)
-    upd, _, summary = tables(run_dir)
+    upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "completed_degraded"
     assert "silent for more than 3 s" in summary["events"][0]["reason"]
     check_updates(upd)
@@ -294,19 +204,19 @@ def test_hung_client_is_dropped_after_client_timeout(tmp_path):
 @pytest.mark.slow
 def test_interrupt_then_resume_continues_the_tables(tmp_path, no_children):
     cfg = real_cfg(num_epochs=10.0, checkpoint_every=5)
-    proc, run_dir = launch(tmp_path, cfg)
+    proc, run_dir = launch_real(tmp_path, cfg)
     try:
         wait_rows(proc, run_dir, 15)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=20)
     finally:
         assert_no_leftovers(proc)
-    first, _, interrupted = tables(run_dir)
+    first, _, interrupted = table_frames(run_dir)
     assert interrupted["status"] == "interrupted"
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["server"]["version"] == interrupted["version"] == len(first)
     summary = run_real(cfg.replace(resume=True), run_dir)
-    upd, evals, saved = tables(run_dir)
+    upd, evals, saved = table_frames(run_dir)
     assert summary["status"] == "completed", summary["message"]
     check_updates(upd)   # contiguous, nothing duplicated, samples add up across the resume
     assert len(upd) > len(first) and evals.version.is_unique
@@ -320,7 +230,7 @@ def test_resume_cuts_rows_after_the_checkpoint(tmp_path, no_children):
     first = run_real(cfg, tmp_path)
     assert first["status"] == "completed" and first["version"] % 10 != 0
     summary = run_real(cfg.replace(resume=True), tmp_path)   # back to the last checkpoint, v // 10 * 10
-    upd, evals, _ = tables(tmp_path)
+    upd, evals, _ = table_frames(tmp_path)
     assert summary["status"] == "completed"
     check_updates(upd)
     assert evals.version.is_unique and evals.version.is_monotonic_increasing
@@ -338,7 +248,7 @@ def test_torchrun_standalone_one_node(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run_dirs = [p.parent for p in tmp_path.rglob("summary.json")]
     assert len(run_dirs) == 1 and not (tmp_path / "outputs").exists()
-    upd, _, summary = tables(run_dirs[0])
+    upd, _, summary = table_frames(run_dirs[0])
     assert summary["status"] == "completed" and summary["num_clients"] == 2
     assert json.loads((run_dirs[0] / "config.json").read_text())["num_clients"] == 2
     check_updates(upd)
@@ -354,7 +264,7 @@ def test_clients_train_on_gpus(tmp_path, no_children):
     # one placement rule: local rank r (client k = rank k; the server is rank 0) -> cuda:(r mod G)
     assert summary["client_devices"] == {"1": f"cuda:{1 % count}", "2": f"cuda:{2 % count}"}
     assert summary["final"]["test_error"] < TEST_ERROR_MAX
-    check_updates(tables(tmp_path)[0])
+    check_updates(table_frames(tmp_path)[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,14 +288,14 @@ def test_real_sync_rounds(tmp_path, no_children, backups):
     from repro.sim.driver import simulate
     cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="sync", backup_workers=backups))
     summary = run_real(cfg, tmp_path / "real")
-    upd, evals, saved = tables(tmp_path / "real")
+    upd, evals, saved = table_frames(tmp_path / "real")
     assert summary["status"] == "completed", summary["message"]
     _check_sync_rows(upd, 3, backups)
     assert (upd.num_samples == (3 - backups) * 4 * 32).all()
     assert len(summary["discarded_pushes"]) == backups * len(upd)
     if backups == 0:
         simulate(cfg.replace(backend=BackendConfig()), tmp_path / "sim")
-        sim_upd, sim_evals, _ = tables(tmp_path / "sim")
+        sim_upd, sim_evals, _ = table_frames(tmp_path / "sim")
         pd.testing.assert_series_equal(upd.train_loss, sim_upd.train_loss, rtol=1e-6, atol=0)
         pd.testing.assert_series_equal(evals.test_error, sim_evals.test_error)
 
@@ -394,7 +304,7 @@ def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
     from repro.config.settings import ProtocolConfig
     cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="ssp", staleness_bound=1))
     summary = run_real(cfg, tmp_path)
-    upd, _, _ = tables(tmp_path)
+    upd, _, _ = table_frames(tmp_path)
     assert summary["status"] == "completed", summary["message"]
     check_updates(upd)
     counts, gap = {1: 0, 2: 0, 3: 0}, 0
@@ -409,14 +319,14 @@ def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path):
     barrier needs the live clients only) and the run ends degraded, not hung."""
     from repro.config.settings import ProtocolConfig
     cfg = real_cfg(num_clients=3, num_epochs=12.0, protocol=ProtocolConfig(name="sync"))
-    proc, run_dir = launch(tmp_path, cfg)
+    proc, run_dir = launch_real(tmp_path, cfg)
     try:
         wait_rows(proc, run_dir, 5)
         os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         assert_no_leftovers(proc)
-    upd, _, summary = tables(run_dir)
+    upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "completed_degraded", summary["message"]
     _check_sync_rows(upd, 3)
     lost_at = next(e["version"] for e in summary["events"] if e["type"] == "client_lost")

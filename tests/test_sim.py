@@ -8,6 +8,7 @@ import pytest
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.sim.cost import CostModel
 from repro.sim.driver import simulate
+from tests.helpers.tables import table_bytes
 
 UNIFORM = CostConfig(profile="uniform", compute_s=0.01)
 
@@ -20,10 +21,6 @@ def cfg_for(**kw) -> RunConfig:
     return RunConfig(**base)
 
 
-def tables(run_dir):
-    return (run_dir / "updates.csv").read_bytes(), (run_dir / "evals.csv").read_bytes()
-
-
 def test_same_seed_gives_byte_identical_tables_other_seed_differs(tmp_path):
     jitter = CostConfig(profile="lan", compute_s=0.01, jitter="lognormal", jitter_sigma=0.3,
                         latency_s=1e-4, bandwidth_Bps=1e8, server_apply_s=1e-4)
@@ -31,7 +28,7 @@ def test_same_seed_gives_byte_identical_tables_other_seed_differs(tmp_path):
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
         summary = simulate(cfg_for(seed=seed, cost=jitter), tmp_path / name)
         assert summary["status"] == "completed"
-        runs[name] = tables(tmp_path / name)
+        runs[name] = table_bytes(tmp_path / name)
     assert runs["a"] == runs["b"]
     assert runs["a"][0] != runs["c"][0] and runs["a"][1] != runs["c"][1]
 
@@ -110,7 +107,7 @@ def test_interrupt_then_resume_is_bitwise_identical(tmp_path):
     assert interrupted["status"] == "interrupted"
     resumed = simulate(cfg.replace(resume=True), tmp_path / "cut")
     assert resumed["status"] == "completed"
-    assert tables(tmp_path / "cut") == tables(tmp_path / "whole")
+    assert table_bytes(tmp_path / "cut") == table_bytes(tmp_path / "whole")
     assert any(e["type"] == "resumed" for e in resumed["events"])
 
 

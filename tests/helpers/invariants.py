@@ -1,4 +1,30 @@
-"""The run-folder invariant every fault-injection case ends with (tests/test_faults.py).
+"""The run-folder invariant every fault-injection case ends with.
+
+**The fault-injection suite**, one file per guarantee of README "Failures we survive" / "What a
+run leaves behind" (the number starts each test's name)::
+
+    0    the checker below rejects every damage      tests/test_faults_checker.py
+    1    one writer per run folder                   tests/test_faults_writer.py
+    2    a finished run is never changed             tests/test_faults_resume.py
+    3    resume checks the configuration             tests/test_faults_resume.py
+    4    resume checks the tables                    tests/test_faults_tables.py
+    5    every ending is terminal                    tests/test_faults_signals.py,
+                                                     tests/test_faults_disk.py
+    6    starting over is never silent               tests/test_faults_resume.py
+    7    no number hangs a run                       tests/test_faults_numbers.py
+    8    checkpoint errors are clear                 tests/test_faults_checkpoints.py
+    9    loopback means loopback                     tests/test_faults_loopback.py
+    10   liveness without false alarms               tests/test_faults_liveness.py
+    11   server loss survived by a torchrun restart  tests/test_faults_torchrun.py
+    12   the analysis rejects duplicated rows        tests/test_faults_tables.py
+
+The simulator is used wherever the guarantee is not about processes (a 48-version run of the
+``mlp`` on ``synthetic`` data takes a fraction of a second: :data:`tests.helpers.runs.SIM`); real
+processes (:func:`tests.helpers.runs.launch_real`, in a session of their own) for signals,
+liveness, lock contention and sockets. Every test states a guarantee and fails if it breaks. The
+bugs this suite found (eight) are fixed; the tests that found them say so in a comment.
+
+**The invariant.**
 
 :func:`check_run_folder` reads a run folder the way a careful analyst would, with no help from
 :mod:`repro` (plain ``csv``/``json``), so a bug in the writer cannot hide behind the same bug in a

@@ -1,0 +1,54 @@
+"""A fake full disk: the run's own writes (update rows, checkpoints, JSON files) start failing
+with ENOSPC at a chosen point, patched in with pytest's ``monkeypatch`` (``monkeypatch.undo()``
+makes room again)."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import torch
+
+import repro.files.storage
+import repro.runs.runlog
+
+
+class FullDisk:
+    """The disk fills up at the ``at``-th update row or checkpoint write: from then on, writes of
+    the kinds in ``fails`` raise ENOSPC (a checkpoint after writing part of its temp file),
+    except a JSON write once a file was deleted (the run folder's .reserve frees room)."""
+
+    def __init__(self, monkeypatch, at: tuple[str, int], fails: set[str]):
+        self.kind, self.at = at
+        self.fails, self.full, self.count = fails, False, {"row": 0, "checkpoint": 0}
+        write, save, atomic = repro.runs.runlog.CsvWriter.write, torch.save, repro.files.storage.atomic_write_text
+        disk = self
+
+        def csv_write(writer, row):
+            if writer.path.name == "updates.csv":
+                disk.tick("row")
+            if disk.full and "rows" in disk.fails:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return write(writer, row)
+
+        def torch_save(obj, f, *args, **kwargs):
+            disk.tick("checkpoint")
+            if disk.full and "checkpoints" in disk.fails:
+                f.write(b"PK\x03\x04 half a checkpoint")   # into the temp file
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return save(obj, f, *args, **kwargs)
+
+        def atomic_write_text(path, text):
+            reserve = Path(path).parent / repro.runs.runlog.RESERVE_FILE
+            if disk.full and "json" in disk.fails and reserve.exists():
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return atomic(path, text)
+
+        monkeypatch.setattr(repro.runs.runlog.CsvWriter, "write", csv_write)
+        monkeypatch.setattr(repro.files.storage.torch, "save", torch_save)
+        monkeypatch.setattr(repro.files.storage, "atomic_write_text", atomic_write_text)
+
+    def tick(self, kind: str) -> None:
+        self.count[kind] += 1
+        if kind == self.kind and self.count[kind] >= self.at:
+            self.full = True

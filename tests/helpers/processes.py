@@ -1,0 +1,155 @@
+"""Processes and sockets as ``/proc`` shows them: a launcher's session, a process tree (torchrun
+starts its workers in sessions of their own), the clients a launcher spawned, a free loopback
+port, the TCP sockets a set of processes holds and the addresses they are bound to.
+
+Linux only, like the real-driver tests that use it. Every waiting helper also cleans up: a test
+that fails still leaves no process behind.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+
+def _stat(pid: str) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()   # fields from 3 (state) on
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``: the launcher's whole tree."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        fields = _stat(pid)
+        if fields and int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(pid))
+    return out
+
+
+def assert_no_leftovers(proc: subprocess.Popen, within_s: float = 5.0) -> None:
+    """Nothing of ``proc``'s session is alive ``within_s`` after it ended (what is, is killed)."""
+    deadline = time.monotonic() + within_s
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = session_processes(proc.pid)
+    for pid in left:   # never leave strays behind, even when failing
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+def client_pids(launcher_pid: int) -> list[int]:
+    """The client processes a real run's launcher spawned (multiprocessing's spawn children)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        fields = _stat(pid)
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields and int(fields[1]) == launcher_pid and b"spawn_main" in cmd:
+            pids.append(int(pid))
+    return sorted(pids)
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            tree.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(pid))
+    return tree
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (torchrun starts each worker in a session of its own,
+    so the session does not find them)."""
+    tree, found, todo = _children(), set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def is_worker(pid: int) -> bool:
+    """``pid`` is a live (non-zombie) ``repro.run`` process, e.g. a torchrun worker."""
+    try:
+        return b"repro.run" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
+            Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def rank0(workers: set[int]) -> int | None:
+    """The worker among ``workers`` whose environment says RANK=0 (the server), if any."""
+    for pid in sorted(workers):
+        with contextlib.suppress(OSError):
+            if is_worker(pid) and b"RANK=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
+    return None
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listened on a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ipv4_of(name: str) -> str | None:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+
+
+def non_loopback_interface() -> str | None:
+    """A network interface with an IPv4 address other than loopback (eth0 first)."""
+    try:
+        names = [n for _, n in socket.if_nameindex()]
+    except OSError:
+        return None
+    names.sort(key=lambda n: n != "eth0")
+    return next((n for n in names if (a := _ipv4_of(n)) and not ipaddress.ip_address(a).is_loopback), None)
+
+
+def proc_net_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address of /proc/net/tcp{,6} (host byte order, 32-bit words)."""
+    raw = bytes.fromhex(hex_addr)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    addr = ipaddress.ip_address(raw)
+    return addr.ipv4_mapped or addr if isinstance(addr, ipaddress.IPv6Address) else addr
+
+
+def tcp_sockets(pids: list[int]) -> list[tuple[int, str, str]]:
+    """(pid, local address, state) of every TCP socket the processes hold (state 0A = listening)."""
+    owner = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        owner[link[8:-1]] = pid
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in owner:
+                    found.append((owner[fields[9]], fields[1], fields[3]))
+    return found

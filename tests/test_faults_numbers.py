@@ -1,0 +1,62 @@
+"""Guarantee 7: no number hangs a run. The command line is covered by tests/test_config.py
+(BAD_INPUTS holds eval_every=1e-12, num_epochs=inf, backend.timeout_s=1e300; the CLI table checks
+exit 2), so here: the Python entry points, the notebook API and the drivers given a RunConfig.
+
+Part of the fault-injection suite (tests/test_faults_*.py; the map of guarantees to files is
+in :mod:`tests.helpers.invariants`): each case states its fault and guarantee and ends with
+:func:`~tests.helpers.invariants.check_run_folder`.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import repro.api
+from repro.config.settings import BackendConfig, RunConfig
+from repro.errors import ConfigError
+from repro.real import run_real
+from repro.sim.driver import simulate
+from tests.helpers.runs import SIM, real_cfg
+
+
+def _api(**kw):
+    def run(run_dir: Path):
+        x, y = torch.randn(64, 4), torch.arange(64) % 3
+        net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+        return repro.api.simulate(net, (x, y), (x, y), num_clients=2, run_dir=run_dir, **kw)
+    return run
+
+
+def _driver(cfg: RunConfig):
+    def run(run_dir: Path):
+        if cfg.backend.name == "real":
+            return run_real(cfg, run_dir)
+        return simulate(cfg, run_dir)
+    return run
+
+
+# The drivers once validated nothing themselves (only the CLI and the API did); run_folder does.
+HANGING_NUMBERS = [
+    pytest.param(_api(num_epochs=float("inf")), "num_epochs", id="api-num_epochs=inf"),
+    pytest.param(_api(eval_every=1e-12), "eval_every", id="api-eval_every=1e-12"),
+    pytest.param(_driver(SIM.replace(num_epochs=float("inf"))), "num_epochs", id="sim-num_epochs=inf"),
+    pytest.param(_driver(SIM.replace(eval_every=1e-12)), "eval_every", id="sim-eval_every=1e-12"),
+    pytest.param(_driver(real_cfg(backend=BackendConfig(name="real", client_device="cpu", timeout_s=1e300))), "backend.timeout_s",
+                 id="real-timeout_s=1e300"),
+]
+
+
+@pytest.mark.timeout(4, method="signal")   # a check before any work takes milliseconds
+@pytest.mark.parametrize("run,key", HANGING_NUMBERS)
+def test_7_numbers_that_would_hang_are_refused_at_once(tmp_path, run, key):
+    """Fault: num_epochs=inf (an endless budget), eval_every=1e-12 (endless evaluations),
+    backend.timeout_s=1e300 (an overflowing wait) given to repro.api.simulate or to a driver as
+    a RunConfig. Guarantee 7: ConfigError naming the key, at once (the test times out after
+    4 s), and nothing in the run folder that looks like a run."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=f"'{re.escape(key)}'"):
+        run(run_dir)
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "config.json").exists()

@@ -1,0 +1,149 @@
+"""Guarantees 2, 3 and 6: what ``resume`` and a re-run refuse. A finished run is never changed by
+resume (2); resume checks the configuration (3); starting an unfinished run over is never
+silent (6).
+
+Part of the fault-injection suite (tests/test_faults_*.py; the map of guarantees to files is
+in :mod:`tests.helpers.invariants`): each case states its fault and guarantee and ends with
+:func:`~tests.helpers.invariants.check_run_folder`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import repro.runs.runlog
+from repro.config.settings import AlgoConfig, ModelConfig
+from repro.errors import ConfigError
+from repro.sim.driver import simulate
+from tests.helpers.invariants import check_run_folder
+from tests.helpers.runs import CLI_ARGS, SIM, STOP_AT, cli, cli_cfg
+from tests.helpers.tables import changed, snapshot, summary_of, table_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. A finished run is never changed by resume
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cfg,status", [
+    (SIM.replace(checkpoint_every=0), "completed"),
+    (SIM.replace(checkpoint_every=0, algo=AlgoConfig(lr=1e6, momentum=0.0)), "diverged"),
+], ids=["completed", "diverged"])
+def test_2_finished_run_is_never_changed_by_resume(tmp_path, cfg, status):
+    """Fault: ``resume=true`` (and a plain re-run) on a folder whose run finished. Guarantee 2:
+    the summary comes back as it is on disk and no file changes (bytes and mtimes); the run wrote
+    a final checkpoint although checkpoint_every=0, loadable with weights_only=True."""
+    run_dir = tmp_path / "run"
+    assert simulate(cfg, run_dir)["status"] == status
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert state["server"]["version"] == summary_of(run_dir)["version"]
+    before, on_disk = snapshot(run_dir), summary_of(run_dir)
+    for again in (cfg.replace(resume=True), cfg):
+        assert simulate(again, run_dir) == on_disk
+        assert changed(before, snapshot(run_dir)) == []
+    check_run_folder(run_dir, status)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Resume checks the configuration
+# ---------------------------------------------------------------------------------------------
+
+CHANGES = {
+    "num_clients": ({"num_clients": 2}, ["num_clients: 3 -> 2"]),
+    "nsync": ({"nsync": 3}, ["nsync: 2 -> 3"]),
+    "algo.lr": ({"algo": AlgoConfig(lr=0.1, momentum=0.5)}, ["algo.lr: 0.05 -> 0.1"]),
+    "model": ({"model": ModelConfig(name="digits_cnn")}, ["model.name: 'mlp' -> 'digits_cnn'"]),
+    "all four": ({"num_clients": 2, "nsync": 3, "algo": AlgoConfig(lr=0.1, momentum=0.5),
+                  "model": ModelConfig(name="digits_cnn")},
+                 ["num_clients: 3 -> 2", "nsync: 2 -> 3", "algo.lr: 0.05 -> 0.1",
+                  "model.name: 'mlp' -> 'digits_cnn'"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CHANGES))
+def test_3_resume_with_other_settings_is_refused(interrupted, reference, name):
+    """Fault: ``resume=true`` with other training-shaping settings than the interrupted run's.
+    Guarantee 3: ConfigError listing every difference (recorded -> now); no file in the folder
+    changes; the right settings then resume it to the uninterrupted run's tables."""
+    change, expected = CHANGES[name]
+    before = snapshot(interrupted)
+    with pytest.raises(ConfigError) as err:
+        simulate(SIM.replace(resume=True, **change), interrupted)
+    for diff in expected:
+        assert diff in str(err.value), str(err.value)
+    assert changed(before, snapshot(interrupted)) == []
+    assert simulate(SIM.replace(resume=True), interrupted)["status"] == "completed"
+    assert table_bytes(interrupted) == reference
+    check_run_folder(interrupted, "completed")
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Starting over is never silent
+# ---------------------------------------------------------------------------------------------
+
+def _as_killed(run_dir: Path, running_summary: bytes) -> None:
+    (run_dir / "summary.json").write_bytes(running_summary)
+
+
+def _as_failed(run_dir: Path, running_summary: bytes) -> None:
+    summary = summary_of(run_dir)
+    summary.update(status="failed", message="RuntimeError: boom; resume=true continues from version 20")
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+FOLDER_STATES = [
+    pytest.param(None, "an interrupted run", id="interrupted"),
+    # found by this suite: the refusal named the killed run's stale summary version (0)
+    pytest.param(_as_killed, "a killed run", id="killed"),
+    pytest.param(_as_failed, "a failed run", id="failed"),
+]
+
+
+@pytest.mark.parametrize("make,what", FOLDER_STATES)
+def test_6_rerun_of_an_unfinished_run_needs_resume_or_force(tmp_path, monkeypatch, reference, make, what):
+    """Fault: re-running, without resume or force, a folder holding an unfinished run
+    (interrupted; killed: its summary still the 'running' one written at the start; failed).
+    Guarantee 6: ConfigError saying 'resume=true continues it, force=true starts over' and
+    naming the version reached (20); nothing changes; force=true then starts over from
+    version 0 and gives the uninterrupted run's tables."""
+    written = {}
+    init = repro.runs.runlog.RunLog.__init__
+
+    def keep_first_summary(self, *args, **kwargs):   # the summary a SIGKILLed run leaves
+        init(self, *args, **kwargs)
+        written.setdefault("running", (self.run_dir / "summary.json").read_bytes())
+
+    monkeypatch.setattr(repro.runs.runlog.RunLog, "__init__", keep_first_summary)
+    run_dir = tmp_path / "run"
+    simulate(SIM, run_dir, stop_at_version=STOP_AT)
+    monkeypatch.undo()
+    if make is not None:
+        make(run_dir, written["running"])
+    before = snapshot(run_dir)
+    with pytest.raises(ConfigError) as err:
+        simulate(SIM, run_dir)
+    message = str(err.value)
+    assert "resume=true continues it, force=true starts over" in message and what in message, message
+    assert changed(before, snapshot(run_dir)) == []
+    assert f"version {STOP_AT}" in message, message
+    summary = simulate(SIM.replace(force=True), run_dir)
+    assert summary["status"] == "completed" and not any(e["type"] == "resumed" for e in summary["events"])
+    assert table_bytes(run_dir) == reference
+    check_run_folder(run_dir, "completed")
+
+
+def test_6_cli_rerun_of_an_interrupted_run_exits_2(tmp_path):
+    """Fault: ``python -m repro.run`` (no resume, no force) on a folder holding an interrupted
+    run. Guarantee 6: exit 2, the message says how to continue or start over and names the
+    version; the tables are untouched."""
+    run_dir = tmp_path / "run"
+    assert simulate(cli_cfg(), run_dir, stop_at_version=STOP_AT)["status"] == "interrupted"
+    before = table_bytes(run_dir)
+    proc = cli(f"hydra.run.dir={run_dir}", *CLI_ARGS)
+    assert proc.returncode == 2, proc.stderr
+    assert "resume=true continues it, force=true starts over" in proc.stderr, proc.stderr
+    assert f"version {STOP_AT}" in proc.stderr and "Traceback" not in proc.stderr
+    assert table_bytes(run_dir) == before
+    check_run_folder(run_dir, "interrupted")

@@ -1,0 +1,108 @@
+"""Guarantee 5, signals: every ending is terminal. SIGINT, SIGTERM, SIGHUP (and a second SIGINT)
+end a real or simulator run ``interrupted``, also during a torchrun rendezvous, leaving no
+process. (The full disk, the other ending of guarantee 5: tests/test_faults_disk.py.)
+
+Part of the fault-injection suite (tests/test_faults_*.py; the map of guarantees to files is
+in :mod:`tests.helpers.invariants`): each case states its fault and guarantee and ends with
+:func:`~tests.helpers.invariants.check_run_folder`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from repro.config.settings import BackendConfig, to_dict
+from tests.helpers.invariants import check_run_folder
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import assert_no_leftovers, free_port
+from tests.helpers.runs import LAUNCHER, launch_real, real_cfg, start_sim_cli, stop_process, wait_rows
+
+
+REAL_SIGNALS = [
+    pytest.param([signal.SIGHUP], id="SIGHUP", marks=pytest.mark.slow),
+    pytest.param([signal.SIGTERM], id="SIGTERM", marks=pytest.mark.slow),
+    pytest.param([signal.SIGINT], id="SIGINT", marks=pytest.mark.slow),
+    pytest.param([signal.SIGINT, signal.SIGINT], id="SIGINTx2", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("signals", REAL_SIGNALS)
+def test_5_signals_end_a_real_run_interrupted(tmp_path, signals):
+    """Fault: SIGHUP, SIGTERM, SIGINT, or SIGINT twice in quick succession (a forced stop) to a
+    real run's launcher while it trains. Guarantee 5: it ends within a minute, status
+    interrupted at the version the table holds, a resume hint in the message, no process left."""
+    proc, run_dir = launch_real(tmp_path, real_cfg(num_epochs=500.0, checkpoint_every=5))
+    try:
+        wait_rows(proc, run_dir, 10)
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.05)
+        proc.wait(timeout=60)
+    finally:
+        assert_no_leftovers(proc)
+    summary = check_run_folder(run_dir, "interrupted")
+    assert "resume=true" in summary["message"], summary["message"]
+
+
+@pytest.mark.slow   # found by this suite: the rendezvous blocked the stop request for 60 s
+def test_5_sigterm_during_a_torchrun_rendezvous_ends_within_seconds(tmp_path):
+    """Fault: SIGTERM (what torchrun sends on a restart or a shutdown) to rank 0 of a torchrun
+    world while it waits for a peer that never comes (backend.timeout_s=60). Guarantee 5: it
+    ends interrupted within seconds (torchrun's grace before SIGKILL is 30 s), with a terminal
+    summary; no process left."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    cfg = real_cfg(num_clients=1, backend=BackendConfig(name="real", client_device="cpu", timeout_s=60.0))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(run_dir), json.dumps(to_dict(cfg))], cwd=ROOT,
+                            env={**os.environ, **env}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / "summary.json").exists():   # the run core is built: now connecting
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=20)
+        ended = proc.poll() is not None
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)   # what torchrun does after its grace period
+            proc.wait()
+        assert_no_leftovers(proc)
+    assert ended, "rank 0 still waited for its peers 20 s after SIGTERM"
+    check_run_folder(run_dir, "interrupted")
+
+
+SIM_SIGNALS = {"SIGTERM": [signal.SIGTERM], "SIGHUP": [signal.SIGHUP], "SIGINTx2": [signal.SIGINT, signal.SIGINT]}
+
+
+def test_5_signals_end_a_simulator_run_interrupted(tmp_path):
+    """Fault: SIGTERM, SIGHUP, or SIGINT twice to ``python -m repro.run`` (simulator, hours of
+    budget) while it trains; the three runs go at once. Guarantee 5: each ends within a minute,
+    interrupted with a terminal summary, and no traceback on stderr."""
+    runs = {name: start_sim_cli(tmp_path / name, tmp_path, name) for name in SIM_SIGNALS}
+    try:
+        for name, proc in runs.items():
+            wait_rows(proc, tmp_path / name, 8, timeout_s=90)
+            for sig in SIM_SIGNALS[name]:
+                proc.send_signal(sig)
+                time.sleep(0.002)
+        for proc in runs.values():
+            proc.wait(timeout=60)
+    finally:
+        for proc in runs.values():
+            stop_process(proc)
+    for name in runs:
+        stderr = (tmp_path / f"{name}.err").read_text()
+        assert "Traceback" not in stderr, f"{name}: {stderr[-2000:]}"
+        check_run_folder(tmp_path / name, "interrupted")
