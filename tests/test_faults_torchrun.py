@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.paths import ROOT
-from tests.helpers.processes import descendants, is_worker, rank0
+from tests.helpers.processes import descendants, find_rank0, is_worker
 from tests.helpers.tables import row_count
 
 
@@ -45,7 +45,7 @@ def test_11_torchrun_restart_survives_the_loss_of_rank_0(tmp_path):
             workers |= descendants(proc.pid)
             time.sleep(0.05)
         run_dir = next(tmp_path.rglob("updates.csv")).parent
-        rank0 = rank0(workers | descendants(proc.pid))
+        rank0 = find_rank0(workers | descendants(proc.pid))
         assert rank0 is not None, "no process with RANK=0 in its environment"
         os.kill(rank0, signal.SIGKILL)
         killed_at = row_count(run_dir)

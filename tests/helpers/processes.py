@@ -92,7 +92,7 @@ def is_worker(pid: int) -> bool:
         return False
 
 
-def rank0(workers: set[int]) -> int | None:
+def find_rank0(workers: set[int]) -> int | None:
     """The worker among ``workers`` whose environment says RANK=0 (the server), if any."""
     for pid in sorted(workers):
         with contextlib.suppress(OSError):
