@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import errno
-import fcntl
 import json
 import math
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -37,12 +34,13 @@ import pandas as pd
 
 from repro.errors import ConfigError
 from repro.files import schema
+from repro.files.locks import lock_held
+from repro.files.schema import LOCK_FILE
 
 # Config columns copied onto every evals/updates row so that figures can group without a join.
 GROUP_COLUMNS = ("exp_name", "job", "num_clients", "nsync", "seed", "start", "backend.name",
                  "target_error", "status")
 REQUIRED_CONFIG_KEYS = ("num_clients", "nsync", "seed")
-LOCK_FILE = ".lock"   # repro.runs.folder.LOCK_FILE: the run folder's writer holds it (repro.files.locks)
 KILLED = "killed (its summary says running but no process holds it)"
 PARTIAL_STATUSES = tuple(s for s in schema.STATUSES if s not in schema.FINISHED_STATUSES)
 SKIPPED_COLUMNS = ("run_dir", "exp_name", "job", "kind", "reason")
@@ -265,30 +263,6 @@ def _versions(table: pd.DataFrame, file: str) -> list[int]:
             raise BadRun("corrupt", f"{file} line {i + 2} has version {v!r}; versions are "
                                     "whole numbers >= 0")
     return [int(v) for v in values]
-
-
-def lock_held(path: Path) -> bool:
-    """True while a live process holds the ``flock`` at ``path`` (:mod:`repro.files.locks`).
-
-    Unlike :func:`repro.files.locks.is_locked` this writes nothing: no lock file is created in a
-    results tree the analysis only reads, none is truncated, and a shared lock is tried on a
-    read-only descriptor (for an instant: a writer starting in that instant would be refused).
-    A missing or unreadable file counts as not held (the kernel drops an ``flock`` when its
-    holder dies, so a stale file is not held).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as e:
-        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
 
 
 def _fill_clock(table: pd.DataFrame, row: dict[str, Any]) -> None:

@@ -1,0 +1,148 @@
+"""One implementation per concern (issue 15, section 4): each question the package asks in more
+than one place is answered by one function, and the places that ask agree.
+
+* lock probing: :func:`repro.files.locks.read_holder`, for the analysis and the grid alike;
+* recursive to-CPU: :func:`repro.files.storage.to_cpu`, for run checkpoints and the warm start;
+* table integrity: :func:`repro.files.schema.version_fault`, for a resume and for the analysis;
+* the warm-start baseline: the simulator's one-client run, bitwise;
+* what the lab needs to know of a run is in its folder (the analysis imports no torch);
+* validation: once per process, at the layer that owns it; the API's defaults are the config's.
+
+Every exactness claim here compares two computations in one process at one thread count.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from repro.config.settings import AlgoConfig, DataConfig, ModelConfig, RunConfig
+from repro.files import locks, schema
+from repro.files.locks import FileLock, LockHeld, lock_held, read_holder
+from repro.files.storage import read_checkpoint, to_cpu
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------------------------------------
+# Lock probing: one probe, and the writers' view agrees with it
+# ---------------------------------------------------------------------------------------------
+
+HOLD = ("import sys, time; from repro.files.locks import FileLock; "
+        "FileLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)")
+
+
+def _writer_would_be_refused(path: Path) -> bool:
+    try:
+        with FileLock(path):
+            return False
+    except LockHeld:
+        return True
+
+
+def test_one_lock_probe_agrees_with_the_writers_for_held_released_and_dead_holders(tmp_path):
+    from repro import grid
+
+    released, dead, live, never = (tmp_path / n for n in ("released", "dead", "live", "never"))
+    for d in (released, dead, live, never):
+        d.mkdir()
+    FileLock(released / schema.LOCK_FILE).acquire().release()
+    # a killed holder leaves its record behind; a record naming a live pid (ours) that holds no
+    # lock is what a recycled pid looks like: neither holds the lock
+    dead_proc = subprocess.Popen([sys.executable, "-c", HOLD, str(dead / schema.LOCK_FILE)],
+                                 stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    live_proc = subprocess.Popen([sys.executable, "-c", HOLD, str(live / schema.LOCK_FILE)],
+                                 stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert dead_proc.stdout.readline().strip() == "held"
+        assert live_proc.stdout.readline().strip() == "held"
+        dead_proc.kill()
+        dead_proc.wait(timeout=30)
+        (released / schema.LOCK_FILE).write_text(json.dumps(locks.holder_info()))   # stale record
+        assert json.loads((dead / schema.LOCK_FILE).read_text())["pid"] == dead_proc.pid
+        for d in (released, dead, live, never):
+            path = d / schema.LOCK_FILE
+            holder = read_holder(path)
+            assert lock_held(path) == (holder is not None) == (d is live), d.name
+            assert (grid.point_state(d) == "running") == (d is live), d.name
+            assert d is not live or holder["pid"] == live_proc.pid
+        assert not (never / schema.LOCK_FILE).exists()   # probed, never created
+        for d in (released, dead, live, never):   # what a writer finds is what the probe said
+            assert _writer_would_be_refused(d / schema.LOCK_FILE) == (d is live), d.name
+    finally:
+        for proc in (dead_proc, live_proc):
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_a_probe_in_progress_never_makes_a_writer_refused(tmp_path):
+    """The probe takes a shared lock for an instant; a writer starting in that instant retries
+    (locks.PROBE_GRACE_S) instead of reporting the observer as another run."""
+    path = tmp_path / schema.LOCK_FILE
+    FileLock(path).acquire().release()
+    done = threading.Event()
+
+    def probe():
+        while not done.is_set():
+            read_holder(path)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    refused = 0
+    try:
+        for _ in range(300):
+            refused += _writer_would_be_refused(path)
+    finally:
+        done.set()
+        prober.join()
+    assert refused == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# To the CPU, once
+# ---------------------------------------------------------------------------------------------
+
+def test_to_cpu_copies_nested_tensors_so_a_view_saves_only_itself(tmp_path):
+    big = torch.arange(100_000, dtype=torch.float32)
+    state = {"params": big[:10], "rule": {"sum_sq": big[10:20], "step": 3}, "name": "x"}
+    moved = to_cpu(state)
+    assert moved["rule"]["step"] == 3 and moved["name"] == "x"
+    assert torch.equal(moved["params"], big[:10]) and torch.equal(moved["rule"]["sum_sq"], big[10:20])
+    assert moved["params"].untyped_storage().nbytes() == 40   # not the whole storage
+    torch.save(moved, tmp_path / "small.pt")
+    torch.save(state, tmp_path / "whole.pt")
+    assert (tmp_path / "small.pt").stat().st_size < (tmp_path / "whole.pt").stat().st_size / 10
+
+
+# ---------------------------------------------------------------------------------------------
+# The warm-start baseline is the simulator's one-client run
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rule", ["adagrad", "dcasgd"])
+def test_the_warm_start_baseline_is_bitwise_the_simulators_one_client_run(tmp_path, rule):
+    """The baseline's server state (parameters and the rule's state: Adagrad's sums, DC-ASGD's
+    backups) equals the final checkpoint of ``simulate`` on the baseline's config."""
+    from repro.problem.start import baseline_config, train_baseline
+    from repro.sim.driver import simulate
+
+    cfg = RunConfig(start="warm", warm_start_epochs=0.3, num_threads=0, progress=False,
+                    results_dir=str(tmp_path / "results"), algo=AlgoConfig(server_rule=rule))
+    params, rule_state = train_baseline(cfg, torch.device("cpu"))
+    base = baseline_config(cfg)
+    summary = simulate(base, tmp_path / "sim")
+    assert summary["status"] == "completed" and summary["version"] > 10
+    server = read_checkpoint(tmp_path / "sim" / schema.CHECKPOINT_FILE)["server"]
+    assert server["version"] == summary["version"]
+    assert torch.equal(params, server["params"])
+    assert rule_state.keys() == server["rule"].keys() and rule_state
+
+    def flat(state):
+        return {k: v for k, v in state.items() if not isinstance(v, dict)} | {
+            f"{k}.{kk}": vv for k, v in state.items() if isinstance(v, dict) for kk, vv in v.items()}
+    ours, theirs = flat(rule_state), flat(server["rule"])
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
