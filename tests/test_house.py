@@ -146,3 +146,63 @@ def test_the_warm_start_baseline_is_bitwise_the_simulators_one_client_run(tmp_pa
     ours, theirs = flat(rule_state), flat(server["rule"])
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+# ---------------------------------------------------------------------------------------------
+# Table integrity: a resume and the analysis refuse the same tables with the same words
+# ---------------------------------------------------------------------------------------------
+
+def _finished_run(run: Path, versions: int = 6) -> Path:
+    """A completed run's folder as the run log writes it, every other version evaluated."""
+    run.mkdir(parents=True)
+    (run / schema.CONFIG_FILE).write_text(json.dumps({"num_clients": 2, "nsync": 4, "seed": 0}))
+    summary = {"status": "completed", "backend": "sim", "clock": "virtual", "version": versions}
+    (run / schema.SUMMARY_FILE).write_text(json.dumps(summary))
+    updates = [dict(version=v, time_s=0.1 * v, clock="virtual", client=1 + v % 2, read_version=v - 1,
+                    staleness=0, num_steps=4, num_samples=128, samples_seen=128 * v, epoch=0.1 * v,
+                    train_loss=1.0, train_error=0.5) for v in range(1, versions + 1)]
+    evals = [dict(version=v, time_s=0.1 * v, clock="virtual", epoch=0.1 * v, samples_seen=128 * v,
+                  test_loss=1.0, test_error=0.5, train_loss=1.0, train_error=0.5)
+             for v in range(0, versions + 1, 2)]
+    for name, columns, rows in ((schema.UPDATES_FILE, schema.UPDATE_COLUMNS, updates),
+                                (schema.EVALS_FILE, schema.EVAL_COLUMNS, evals)):
+        (run / name).write_text("".join(",".join(str(r[c]) for c in columns) + "\n"
+                                        for r in [dict(zip(columns, columns)), *rows]))
+    return run
+
+
+def _rows(path: Path, edit) -> None:
+    header, *rows = path.read_text().splitlines(keepends=True)
+    path.write_text(header + "".join(edit(rows)))
+
+
+DAMAGE = {   # (file, edit of its rows): each one a resume and the analysis both refuse
+    "duplicated update": (schema.UPDATES_FILE, lambda r: r[:3] + [r[2]] + r[3:]),
+    "lost update": (schema.UPDATES_FILE, lambda r: r[:3] + r[4:]),
+    "swapped updates": (schema.UPDATES_FILE, lambda r: [r[1], r[0], *r[2:]]),
+    "duplicated evaluation": (schema.EVALS_FILE, lambda r: r[:2] + [r[1]] + r[2:]),
+    "evaluation going back": (schema.EVALS_FILE, lambda r: [r[0], r[2], r[1], *r[3:]]),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_resume_and_the_analysis_refuse_the_same_tables_in_the_same_words(tmp_path, damage):
+    from repro.analysis.load import load_runs
+    from repro.errors import ConfigError
+
+    run = _finished_run(tmp_path / "exp" / "run")
+    assert len(load_runs(tmp_path, "exp")) == 1   # whole, for both
+    assert schema.check_table(run / schema.UPDATES_FILE, schema.UPDATE_COLUMNS, 6, True)[1] == 0
+    file, edit = DAMAGE[damage]
+    _rows(run / file, edit)
+    version = json.loads((run / schema.SUMMARY_FILE).read_text())["version"]
+    last_eval = max(int(line.split(",")[0]) for line in (run / schema.EVALS_FILE).read_text().splitlines()[1:])
+    with pytest.warns(UserWarning):
+        skipped = load_runs(tmp_path, "exp").skipped
+    assert skipped["kind"].tolist() == ["corrupt"]
+    reason = skipped["reason"].iloc[0]
+    columns = schema.UPDATE_COLUMNS if file == schema.UPDATES_FILE else schema.EVAL_COLUMNS
+    with pytest.raises(ConfigError) as refused:
+        schema.check_table(run / file, columns, version if file == schema.UPDATES_FILE else last_eval,
+                           contiguous=file == schema.UPDATES_FILE)
+    assert file in reason and reason in str(refused.value), (reason, str(refused.value))
