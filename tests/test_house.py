@@ -206,3 +206,165 @@ def test_a_resume_and_the_analysis_refuse_the_same_tables_in_the_same_words(tmp_
         schema.check_table(run / file, columns, version if file == schema.UPDATES_FILE else last_eval,
                            contiguous=file == schema.UPDATES_FILE)
     assert file in reason and reason in str(refused.value), (reason, str(refused.value))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the lab needs is recorded in the run folder; the analysis imports no torch
+# ---------------------------------------------------------------------------------------------
+
+def test_the_lab_reads_the_network_size_from_the_run_folder_and_times_transfers_as_the_simulator(tmp_path):
+    from repro.analysis.lab.sync import timing_of
+    from repro.analysis.load import NoRunsError, load_runs
+    from repro.config.help import composed
+    from repro.problem.models import build_model, num_parameters
+    from repro.sim.cost import CostModel
+    from repro.sim.driver import simulate
+
+    cfg = composed(("cost=straggler", "num_epochs=0.1", "progress=false", "exp_name=exp"))
+    simulate(cfg, tmp_path / "exp" / "run")
+    recorded = json.loads((tmp_path / "exp" / "run" / schema.CONFIG_FILE).read_text())["network"]
+    assert recorded["num_params"] == num_parameters(build_model("digits_cnn", (1, 8, 8), 10))
+    assert recorded["param_bytes"] == 4 * recorded["num_params"]
+    run = load_runs(tmp_path, "exp").runs.iloc[0]
+    model = CostModel(cfg.cost, cfg.seed, recorded["param_bytes"], cfg.cost.compute_s)
+    assert timing_of(run).overhead_s == 2 * model.transfer_s + model.server_apply_s
+    assert cfg.cost.bandwidth_Bps and model.transfer_s > cfg.cost.latency_s   # the bytes count
+    with pytest.raises(NoRunsError, match="network.param_bytes.*force=true"):
+        timing_of(run.drop("network.param_bytes"))   # a folder from before: refused, not guessed
+
+
+def test_the_analysis_imports_no_torch():
+    """Every analysis module, and what the lab derives from a run's recorded columns (transfer
+    times from the network's size, the quadratic's curvatures), without torch."""
+    code = """if True:
+        import importlib, pkgutil, sys
+        import pandas as pd
+        import repro.analysis
+        for m in pkgutil.walk_packages(repro.analysis.__path__, "repro.analysis."):
+            importlib.import_module(m.name)
+        from repro.analysis.lab.sync import timing_of
+        from repro.analysis.load import recorded
+        run = pd.Series({"run_dir": "r", "cost.latency_s": 1e-4, "cost.bandwidth_Bps": 1e9,
+                         "cost.comm_params": float("nan"), "network.param_bytes": 4000,
+                         "cost.straggler_client": float("nan"), "cost.compute_s": 0.01,
+                         "cost.jitter": "none", "cost.jitter_sigma": 0.0, "nsync": 1,
+                         "num_clients": 2, "cost.server_apply_s": 0.0,
+                         "dataset.curvatures": "[0.01, 1.0]"})
+        assert timing_of(run).overhead_s == 2 * (1e-4 + 4000 / 1e9)
+        assert recorded(pd.DataFrame([run]), "dataset.curvatures") == [0.01, 1.0]
+        print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: each check once per process, at the layer that owns it
+# ---------------------------------------------------------------------------------------------
+
+def test_config_validation_runs_once_per_process_for_a_config(monkeypatch):
+    from repro.config import settings
+    from repro.config.help import compose, parse
+
+    calls = []
+    check = settings._check
+    monkeypatch.setattr(settings, "_check", lambda cfg: calls.append(cfg) or check(cfg))
+    cfg = parse(compose(["nsync=3", "seed=11"]))                     # the command line parses
+    again = parse(compose(["nsync=3", "seed=11"]))                   # Hydra's main parses again
+    settings.validate(again)                                         # every run folder asks
+    assert again == cfg and len(calls) == 1
+    with pytest.raises(Exception, match="num_clients"):   # an invalid config is never remembered
+        settings.validate(cfg.replace(num_clients=0))
+    with pytest.raises(Exception, match="num_clients"):
+        settings.validate(cfg.replace(num_clients=0))
+    with pytest.raises(Exception, match="nsync"):   # equal (True == 1) but not the same config
+        settings.validate(cfg.replace(nsync=True))
+
+
+def test_model_and_batch_are_checked_once_per_process_before_any_data_is_loaded(tmp_path, monkeypatch):
+    from repro.config.settings import CostConfig
+    from repro.errors import ConfigError
+    from repro.problem import build
+    from repro.problem.start import build_problem
+
+    build._check_components.cache_clear()
+    calls = []
+    fits = build.check_fits
+    monkeypatch.setattr(build, "check_fits", lambda *a: calls.append(a) or fits(*a))
+    loaded = []
+    load = build.load_dataset
+    monkeypatch.setattr(build, "load_dataset", lambda *a, **k: loaded.append(a) or load(*a, **k))
+    cfg = RunConfig(start="warm", warm_start_epochs=0.2, progress=False, cost=CostConfig(),
+                    results_dir=str(tmp_path))
+    build.check_components(cfg)                 # the command line, before Hydra makes a folder
+    build_problem(cfg, torch.device("cpu"))      # the baseline's problem, then the run's
+    assert len(calls) == 1 and len(loaded) == 2
+    too_big = cfg.replace(algo=AlgoConfig(batch_size=1438), data=DataConfig(name="digits"))
+    with pytest.raises(ConfigError, match="'algo.batch_size': 1438.*1437"):
+        build.check_components(too_big)
+    with pytest.raises(ConfigError, match="'model.name'"):
+        build.check_components(cfg.replace(model=ModelConfig(name="mnist1d_cnn")))
+    assert len(loaded) == 2                      # refused from the declaration: nothing loaded
+
+
+def test_a_batch_larger_than_the_training_set_exits_2_and_leaves_no_run_folder(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "repro.run", "algo.batch_size=5000", "num_epochs=0.1",
+                          f"results_dir={tmp_path / 'results'}"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "'algo.batch_size': 5000" in out.stderr and "1437" in out.stderr
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").rglob("*"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The API reads its defaults and cost profiles through the command line's configuration
+# ---------------------------------------------------------------------------------------------
+
+API_KEYS = {"num_clients": "num_clients", "nsync": "nsync", "num_epochs": "num_epochs",
+            "eval_every": "eval_every", "lr": "algo.lr", "momentum": "algo.momentum",
+            "weight_decay": "algo.weight_decay", "batch_size": "algo.batch_size",
+            "server_rule": "algo.server_rule", "lr_server": "algo.lr_server",
+            "dc_lambda": "algo.dc_lambda", "protocol": "protocol.name",
+            "backup_workers": "protocol.backup_workers", "staleness_bound": "protocol.staleness_bound",
+            "cost": "cost.profile", "seed": "seed", "target_error": "target_error",
+            "divergence_factor": "divergence_factor", "device": "device", "force": "force"}
+
+
+def test_the_apis_defaults_are_the_command_lines_and_its_help_states_them():
+    import inspect
+    import re
+
+    from repro import api
+    from repro.config.help import compose, parse
+    from repro.config.settings import get, to_dict
+
+    cli = to_dict(parse(compose([])))
+    params = inspect.signature(api.simulate).parameters
+    doc = inspect.getdoc(api.simulate)
+    assert set(API_KEYS) <= set(params)
+    for name, key in API_KEYS.items():
+        assert params[name].default == get(cli, key), name
+    for name, param in params.items():
+        if param.default is inspect.Parameter.empty or name == "loss_fn":
+            continue
+        stated = re.search(rf"^{name} : .*, default (.+)$", doc, re.MULTILINE)
+        shown = f'"{param.default}"' if isinstance(param.default, str) else str(param.default)
+        assert stated and stated.group(1) == shown, (name, stated and stated.group(1), shown)
+    assert params["num_epochs"].default == 20.0
+
+
+def test_the_apis_cost_profiles_are_the_command_lines():
+    from repro import api
+    from repro.config.help import compose, group_options, parse
+    from repro.errors import ConfigError
+
+    for name in group_options("cost"):
+        if name == "replay":
+            with pytest.raises(ConfigError, match="'cost': 'replay'.*cost=replay cost.path"):
+                api.cost_profile(name)
+        else:
+            assert api.cost_profile(name) == parse(compose([f"cost={name}"])).cost, name
+    with pytest.raises(ConfigError, match="'cost': 'replay'"):
+        api.cost_profile({"schedule": "replay", "path": "somewhere"})

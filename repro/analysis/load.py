@@ -313,6 +313,21 @@ def _concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFram
     return pd.concat(frames, ignore_index=True)
 
 
+def recorded(runs: pd.DataFrame, key: str) -> Any:
+    """What the first of ``runs`` (rows of :attr:`Runs.runs`) records under ``key`` beside its
+    settings (:func:`repro.problem.build.Problem.recorded`: e.g. ``network.param_bytes``,
+    ``dataset.curvatures``; a list comes back as a list). A folder written before run folders
+    recorded it is refused (:class:`NoRunsError`): the analysis builds no network to find out."""
+    values = runs[key].tolist() if key in runs else [None] * len(runs)
+    folders = runs["run_dir"].tolist() if "run_dir" in runs else runs.index.tolist()
+    for folder, value in zip(folders, values):
+        if not isinstance(value, str) and not finite(value):
+            raise NoRunsError(key, None, f"run folders whose config.json records it: {folder} was "
+                                         "written before they did; run it again with force=true")
+    value = values[0]
+    return json.loads(value) if isinstance(value, str) and value.startswith("[") else value
+
+
 def is_diverged(status: pd.Series) -> pd.Series:
     """Boolean mask of diverged runs (status column of any of the tables)."""
     return status.astype(object).eq("diverged")

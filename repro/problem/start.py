@@ -37,7 +37,7 @@ from repro.errors import ConfigError
 from repro.files.locks import FileLock
 from repro.files.storage import read_checkpoint, save_checkpoint, to_cpu
 from repro.logs import get_logger
-from repro.problem.build import Problem, build_worker, load_data, make_clients
+from repro.problem.build import Problem, build_worker, check_components, load_data, make_clients
 from repro.problem.evaluation import EvalSets
 
 log = get_logger("repro.problem.start")
@@ -121,6 +121,7 @@ def one_client_run(cfg: RunConfig, device: torch.device) -> Server:
 def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
     """Data and network on ``device``; initial parameters from ``seed`` (cold) or the cached
     single-client baseline (warm, :func:`warm_start_state`)."""
+    check_components(cfg)
     ds = load_data(cfg, device)
     worker = build_worker(cfg, ds, device)
     params, rule_state = worker.params.detach().clone(), None

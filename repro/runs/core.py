@@ -76,6 +76,7 @@ class RunCore:
             section, _, leaf = key.rpartition(".")
             (recorded[section] if section else recorded)[leaf] = value
         recorded["environment"] = environment(self.server.params.device)
+        recorded.update(problem.recorded())   # what is trained: the analysis reads it here
         self.runlog = RunLog(self.run_dir, recorded, clock=clock, backend=backend,
                              num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
                              target_error=cfg.target_error,
