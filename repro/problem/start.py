@@ -35,7 +35,7 @@ from repro.asgd.algorithm import Server
 from repro.config.settings import BackendConfig, CostConfig, RunConfig, shaping_values
 from repro.errors import ConfigError
 from repro.files.locks import FileLock
-from repro.files.storage import read_checkpoint, save_checkpoint, to_cpu
+from repro.files.storage import read_checkpoint, save_checkpoint, to_cpu, write_json
 from repro.logs import get_logger
 from repro.problem.build import Problem, build_worker, check_components, load_data, make_clients
 from repro.problem.evaluation import EvalSets
@@ -67,8 +67,7 @@ def warm_start_state(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict
         if state is None:
             params, rule = train_baseline(cfg, device)
             save_checkpoint(to_cpu({"params": params, "rule": rule}), path)
-            (folder / "config.json").write_text(json.dumps(shaping_values(baseline_config(cfg)),
-                                                           indent=2, sort_keys=True) + "\n")
+            write_json(folder / "config.json", shaping_values(baseline_config(cfg)))
             state = _read(path, device)
     return state["params"], state["rule"]
 
