@@ -14,6 +14,7 @@ argmax mismatch); its current weights are the initial weights; it must have no b
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,29 +23,22 @@ from typing import Union
 import numpy as np
 import pandas as pd
 import torch
-import yaml
 from torch import Tensor, nn
 
 from repro.asgd.flatnet import Worker
-from repro.config.help import CONF_DIR, group_options
-from repro.config.settings import (
-    AlgoConfig,
-    CostConfig,
-    DataConfig,
-    ModelConfig,
-    ProtocolConfig,
-    RunConfig,
-    from_dict,
-    validate,
-)
+from repro.config.help import composed, group_options
+from repro.config.settings import CostConfig, DataConfig, ModelConfig, from_dict, validate
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.problem.build import Problem
-from repro.problem.data import Dataset
+from repro.problem.data import Dataset, check_batch_size
 from repro.problem.evaluation import EvalSets
 from repro.runtime import resolve_device
 from repro.sim.driver import simulate as sim_run
 
+# What ``python -m repro.run`` runs with no overrides: every default of simulate() is read from it
+# (and every setting simulate() does not take), so the API and the command line cannot disagree.
+DEFAULTS = composed()
 ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or torch tensors
 
 
@@ -59,38 +53,44 @@ class Result:
 
 
 def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
-    """A cost model from a profile name in ``conf/cost`` (e.g. "lan", "paper2013"), a dict of
-    :class:`CostConfig` fields, or a CostConfig."""
-    if isinstance(cost, CostConfig):
-        return cost
+    """A cost model from a profile name in ``conf/cost`` (e.g. "lan", "paper2013"), composed as
+    ``python -m repro.run cost=NAME`` composes it; a dict of :class:`CostConfig` fields; or a
+    CostConfig. A schedule that replays a recorded run is refused: the API simulates."""
     if isinstance(cost, dict):
-        return from_dict(cost, CostConfig, "cost.")
-    path = CONF_DIR / "cost" / f"{cost}.yaml"
-    if not path.exists():
-        raise ConfigError("cost", cost, group_options("cost"))
-    tree = yaml.safe_load(path.read_text())
-    for parent in tree.pop("defaults", []):
-        if parent != "_self_":
-            tree = {**cost_profile(parent).__dict__, **tree}
-    return from_dict(tree, CostConfig, "cost.")
+        cost = from_dict(cost, CostConfig, "cost.")
+    elif not isinstance(cost, CostConfig):
+        if cost not in group_options("cost"):
+            raise ConfigError("cost", cost, group_options("cost"))
+        if cost != "replay":   # which would need a recorded run's folder to compose
+            cost = composed((f"cost={cost}",)).cost
+    if cost == "replay" or cost.schedule == "replay":
+        raise ConfigError("cost", "replay", "a cost model; replay a recorded run with "
+                          "python -m repro.run cost=replay cost.path=RUN_DIR")
+    return cost
 
 
 def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike], *,
-             num_clients: int = 4, nsync: int = 4, num_epochs: float = 10.0, eval_every: float = 1.0,
-             lr: float = 0.05, momentum: float = 0.5, weight_decay: float = 0.0, batch_size: int = 32,
-             server_rule: str = "delta", lr_server: float | None = None, dc_lambda: float = 0.04,
-             protocol: str = "async", backup_workers: int = 0, staleness_bound: int = 3,
-             cost: str | dict | CostConfig = "lan", seed: int = 0, target_error: float = 0.05,
-             divergence_factor: float = 10.0,
-             loss_fn=nn.functional.cross_entropy, device: str = "cpu",
-             run_dir: str | Path | None = None, force: bool = False, progress: bool = False) -> Result:
+             num_clients: int = DEFAULTS.num_clients, nsync: int = DEFAULTS.nsync,
+             num_epochs: float = DEFAULTS.num_epochs, eval_every: float = DEFAULTS.eval_every,
+             lr: float = DEFAULTS.algo.lr, momentum: float = DEFAULTS.algo.momentum,
+             weight_decay: float = DEFAULTS.algo.weight_decay, batch_size: int = DEFAULTS.algo.batch_size,
+             server_rule: str = DEFAULTS.algo.server_rule, lr_server: float | None = DEFAULTS.algo.lr_server,
+             dc_lambda: float = DEFAULTS.algo.dc_lambda, protocol: str = DEFAULTS.protocol.name,
+             backup_workers: int = DEFAULTS.protocol.backup_workers,
+             staleness_bound: int = DEFAULTS.protocol.staleness_bound,
+             cost: str | dict | CostConfig = DEFAULTS.cost.profile, seed: int = DEFAULTS.seed,
+             target_error: float = DEFAULTS.target_error, divergence_factor: float = DEFAULTS.divergence_factor,
+             loss_fn=nn.functional.cross_entropy, device: str = DEFAULTS.device,
+             run_dir: str | Path | None = None, force: bool = DEFAULTS.force, progress: bool = False) -> Result:
     """Simulate ``num_clients`` asynchronous clients training ``module`` through one server.
 
     Every client repeatedly fetches the server's parameters, takes ``nsync`` local SGD steps on
     its own shuffled order of the training set and pushes its update; the delay simulator
     decides, from the cost model, in which order pushes reach the server, exactly as
     ``python -m repro.run`` does. Deterministic: the same arguments give the same tables (except
-    with ``cost="local"``, whose step time is measured on this machine).
+    with ``cost="local"``, whose step time is measured on this machine). Every default below is
+    the command line's (``python -m repro.run`` with no overrides, read from ``conf/``), but
+    ``progress``'s; every setting not listed is the command line's too.
 
     Parameters
     ----------
@@ -111,7 +111,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     nsync : int, default 4
         Local minibatch steps between exchanges with the server (the paper's nsync = nfetch =
         npush), >= 1.
-    num_epochs : float, default 10.0
+    num_epochs : float, default 20.0
         Training budget in epochs of the training set, counted in samples consumed by all
         clients together; > 0.
     eval_every : float, default 1.0
@@ -174,7 +174,8 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     force : bool, default False
         Start ``run_dir`` over whatever run it holds.
     progress : bool, default False
-        Print a progress line to stderr every few seconds while simulating.
+        Print a progress line to stderr every few seconds while simulating (the command line
+        prints them by default; a notebook asks).
 
     Returns
     -------
@@ -196,26 +197,25 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     ValueError
         When ``module`` has buffers or no parameters, or parameters that are not float32.
     """
-    algo = AlgoConfig(lr=lr, momentum=momentum, weight_decay=weight_decay, batch_size=batch_size,
-                      server_rule=server_rule, lr_server=lr_server, dc_lambda=dc_lambda)
-    cfg = RunConfig(exp_name="api", seed=seed, num_clients=num_clients, nsync=nsync, num_epochs=num_epochs,
-                    eval_every=eval_every, target_error=target_error, divergence_factor=divergence_factor,
-                    device=device, progress=progress, num_threads=0, data=DataConfig(name="custom"),
-                    model=ModelConfig(name=f"custom:{type(module).__name__}"), algo=algo,
-                    cost=cost_profile(cost),
-                    protocol=ProtocolConfig(name=protocol, backup_workers=backup_workers,
-                                            staleness_bound=staleness_bound))
+    algo = dataclasses.replace(DEFAULTS.algo, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                               batch_size=batch_size, server_rule=server_rule, lr_server=lr_server,
+                               dc_lambda=dc_lambda)
+    protocol = dataclasses.replace(DEFAULTS.protocol, name=protocol, backup_workers=backup_workers,
+                                   staleness_bound=staleness_bound)
+    # num_threads 0: the notebook's own torch threads, not the command line's one per process
+    cfg = DEFAULTS.replace(exp_name="api", seed=seed, num_clients=num_clients, nsync=nsync, num_epochs=num_epochs,
+                           eval_every=eval_every, target_error=target_error, divergence_factor=divergence_factor,
+                           device=device, progress=progress, force=force, num_threads=0,
+                           data=DataConfig(name="custom"), model=ModelConfig(name=f"custom:{type(module).__name__}"),
+                           algo=algo, cost=cost_profile(cost), protocol=protocol)
     validate(cfg)
-    if cfg.cost.schedule == "replay":
-        raise ConfigError("cost", "replay", "a cost model; replay a recorded run with python -m repro.run cost=replay")
     dev = resolve_device(device)
     ds = _dataset(train, test, dev)
-    if ds.num_train < batch_size:
-        raise ConfigError("batch_size", batch_size, f"at most the training-set size ({ds.num_train})")
+    check_batch_size(batch_size, ds.num_train, key="batch_size")
     worker = Worker(copy.deepcopy(module).to(dev), loss_fn)
     problem = Problem(ds, worker, worker.params.detach().clone(), EvalSets.of(ds))
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="repro-"))
-    summary = sim_run(cfg.replace(force=force), run_dir, problem=problem)
+    summary = sim_run(cfg, run_dir, problem=problem)
     return Result(pd.read_csv(run_dir / schema.UPDATES_FILE), pd.read_csv(run_dir / schema.EVALS_FILE),
                   summary, run_dir)
 

@@ -75,7 +75,6 @@ class BuildFigure(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         paths = self.build(config.results_dir, config.exp_name)
-        log.info("%s: wrote %s", self.name, ", ".join(str(p) for p in paths))
         print(f"{self.name}: wrote " + ", ".join(str(p) for p in paths), flush=True)
 
     def build(self, results_dir: str, exp_name: str) -> list[Path]:

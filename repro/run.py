@@ -2,7 +2,7 @@
 
 This module does the Hydra work and nothing else: it checks the command line (unknown keys, group
 options, ``--help``), composes the config, parses it once into a :class:`~repro.config.settings.RunConfig`
-(nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
+(:func:`repro.config.help.parse`; nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
 ``run(config, run_dir) -> summary``. Bad input exits with code 2 and a message naming the key,
 the bad value and the valid choices, before Hydra makes any folder when it can (a single run),
 else before the run starts (a grid point).
@@ -21,11 +21,10 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
 
 from repro.config import help as confhelp
-from repro.config.help import CONF_DIR, group_options
-from repro.config.settings import RunConfig, all_keys, from_dict
+from repro.config.help import CONF_DIR, compose, group_options, parse
+from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.logs import get_logger
 from repro.runs.folder import drop_hydra_record
@@ -39,17 +38,6 @@ if not OmegaConf.has_resolver("job_name"):
     OmegaConf.register_new_resolver("job_name", lambda overrides: confhelp.job_name(list(overrides)))
 if not OmegaConf.has_resolver("pid"):   # the Hydra record's folder, this process's own
     OmegaConf.register_new_resolver("pid", lambda: os.getpid())
-
-
-def parse(dcfg: DictConfig) -> RunConfig:
-    """Resolve and validate the composed config (raises ConfigError)."""
-    try:
-        tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
-    tree.pop("hydra", None)
-    return from_dict(tree)
 
 
 def run(cfg: RunConfig, run_dir: str | Path) -> dict:
@@ -174,7 +162,7 @@ def _is_sweep(argv: list[str]) -> bool:
 
 
 def check_components(cfg: RunConfig) -> None:
-    """The model against the data's declared shape (imported here: it pulls in torch)."""
+    """The model and the batch against the data's declaration (imported here: it pulls in torch)."""
     from repro.problem.build import check_components as check
 
     check(cfg)
@@ -226,16 +214,6 @@ def _torchrun_rank() -> int | None:
     """This process's rank when started by torchrun, else None."""
     env = torchrun_env()
     return None if env is None else env.rank
-
-
-def compose(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
-    """The config as ``python -m repro.run OVERRIDES`` would compose it, without output folders."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides,
-                             return_hydra_config=return_hydra_config)
 
 
 def cli() -> None:

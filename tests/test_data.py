@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from repro.config.settings import DataConfig, RunConfig
 from repro.errors import ConfigError, DataError
+from repro.problem.build import load_data
 from repro.problem.data import DATASET_NAMES, ClientStream, Dataset, _latin1_encode, _mix, load_dataset
 
 # ----------------------------------------------------------------------------- generated data sets
@@ -34,7 +36,7 @@ def test_digits_fixed_stratified_split(digits):
     counts = torch.bincount(digits.y_test, minlength=10)
     assert counts.min() >= 35 and counts.max() <= 37
     # fixed: another training seed sees exactly the same data
-    other = load_dataset("digits", seed=7)
+    other = load_data(RunConfig(seed=7))
     assert torch.equal(other.x_train, digits.x_train) and torch.equal(other.y_test, digits.y_test)
 
 
@@ -60,8 +62,8 @@ def test_digits_subset_takes_first_n(digits):
 
 
 def test_synthetic_is_fixed_and_learnable():
-    a = load_dataset("synthetic", seed=0)
-    b = load_dataset("synthetic", seed=123)
+    a = load_dataset("synthetic")
+    b = load_data(RunConfig(seed=123, data=DataConfig(name="synthetic")))
     assert a.x_train.shape == (512, 1, 8, 8) and a.x_test.shape == (128, 1, 8, 8)
     assert a.x_train.dtype == torch.float32 and a.y_train.dtype == torch.int64
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
@@ -82,14 +84,14 @@ def test_mnist1d_generated_locally_and_restores_global_rngs(tmp_path, monkeypatc
     before = (random.random(), np.random.rand())
     random.seed(5)
     np.random.seed(5)
-    ds = load_dataset("mnist1d", num_train=60, num_test=40, seed=3)
+    ds = load_dataset("mnist1d", num_train=60, num_test=40)
     assert (random.random(), np.random.rand()) == before
     assert os.listdir(tmp_path) == []
     assert ds.x_train.shape == (60, 1, 40) and ds.x_test.shape == (40, 1, 40)
     assert ds.num_classes == 10 and ds.y_train.dtype == torch.int64
     assert abs(ds.x_train.mean().item()) < 1e-5
     assert ds.x_train.std().item() == pytest.approx(1.0, abs=0.02)
-    again = load_dataset("mnist1d", num_train=60, num_test=40, seed=4)
+    again = load_data(RunConfig(seed=4, data=DataConfig(name="mnist1d", num_train=60, num_test=40)))
     assert torch.equal(again.x_train, ds.x_train) and torch.equal(again.y_test, ds.y_test)
 
 

@@ -13,8 +13,8 @@ A folder is a run iff it holds ``config.json``. Every folder is sorted into exac
   a live process, it is "still running"; held by nobody, it was killed without a summary;
 * **corrupt**: unreadable JSON, missing or truncated CSV, non-numeric values, missing columns,
   CSV/summary files without a ``config.json``, or tables a resume would refuse
-  (:func:`check_versions`: ``updates.csv`` versions not exactly 1, 2, ..., V with V the
-  summary's version; ``evals.csv`` versions not unique and increasing): skipped with a warning
+  (:func:`check_versions`, the resume's own rule: ``updates.csv`` versions not exactly 1, 2,
+  ..., V with V the summary's version; ``evals.csv`` versions not unique and increasing): skipped with a warning
   and listed (``kind="corrupt"``).
 
 A bad folder never raises; only a missing experiment folder does (:class:`NoRunsError`).
@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import errno
-import fcntl
 import json
 import math
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -37,12 +34,13 @@ import pandas as pd
 
 from repro.errors import ConfigError
 from repro.files import schema
+from repro.files.locks import lock_held
+from repro.files.schema import LOCK_FILE
 
 # Config columns copied onto every evals/updates row so that figures can group without a join.
 GROUP_COLUMNS = ("exp_name", "job", "num_clients", "nsync", "seed", "start", "backend.name",
                  "target_error", "status")
 REQUIRED_CONFIG_KEYS = ("num_clients", "nsync", "seed")
-LOCK_FILE = ".lock"   # repro.runs.folder.LOCK_FILE: the run folder's writer holds it (repro.files.locks)
 KILLED = "killed (its summary says running but no process holds it)"
 PARTIAL_STATUSES = tuple(s for s in schema.STATUSES if s not in schema.FINISHED_STATUSES)
 SKIPPED_COLUMNS = ("run_dir", "exp_name", "job", "kind", "reason")
@@ -229,66 +227,17 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
 
 
 def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
-    """Raise :class:`BadRun` (corrupt) for tables a resume would refuse
-    (:func:`repro.runs.folder.check_table`): ``updates.csv`` versions must be exactly 1, 2, ..., V
+    """Raise :class:`BadRun` (corrupt) for tables a resume would refuse, by the same rule
+    (:func:`repro.files.schema.versions_fault`): ``updates.csv`` versions exactly 1, 2, ..., V
     (one row per applied push, none duplicated or lost) with V the summary's final version;
-    ``evals.csv`` versions must be whole numbers, unique and increasing."""
-    versions = _versions(updates, schema.UPDATES_FILE)
-    for i, v in enumerate(versions):
-        if v == i + 1:
-            continue
-        line, prev = i + 2, (versions[i - 1] if i else None)
-        if prev is not None and v == prev:
-            raise BadRun("corrupt", f"{schema.UPDATES_FILE} line {line} repeats version {v} "
-                                    "(a duplicated row)")
-        raise BadRun("corrupt", f"{schema.UPDATES_FILE} line {line} has version {v} after "
-                     + ("the header" if prev is None else f"version {prev}")
-                     + "; versions must run 1, 2, 3, ... without gaps or repeats")
+    ``evals.csv`` versions whole numbers, unique and increasing."""
     final = summary.get("version")
-    if isinstance(final, int) and not isinstance(final, bool) and final != len(versions):
-        raise BadRun("corrupt", f"{schema.UPDATES_FILE} ends at version {len(versions)} but "
-                                f"{schema.SUMMARY_FILE} says version {final} (rows lost or added)")
-    versions = _versions(evals, schema.EVALS_FILE)
-    for i in range(1, len(versions)):
-        if versions[i] <= versions[i - 1]:
-            what = "repeats" if versions[i] == versions[i - 1] else "goes back to"
-            raise BadRun("corrupt", f"{schema.EVALS_FILE} line {i + 2} {what} version {versions[i]} "
-                                    f"after version {versions[i - 1]}; evaluation versions must "
-                                    "be unique and increasing")
-
-
-def _versions(table: pd.DataFrame, file: str) -> list[int]:
-    """The ``version`` column as ints; a missing, fractional or negative one is corrupt."""
-    values = table["version"].tolist()
-    for i, v in enumerate(values):
-        if not (finite(v) and float(v) == int(v) and v >= 0):
-            raise BadRun("corrupt", f"{file} line {i + 2} has version {v!r}; versions are "
-                                    "whole numbers >= 0")
-    return [int(v) for v in values]
-
-
-def lock_held(path: Path) -> bool:
-    """True while a live process holds the ``flock`` at ``path`` (:mod:`repro.files.locks`).
-
-    Unlike :func:`repro.files.locks.is_locked` this writes nothing: no lock file is created in a
-    results tree the analysis only reads, none is truncated, and a shared lock is tried on a
-    read-only descriptor (for an instant: a writer starting in that instant would be refused).
-    A missing or unreadable file counts as not held (the kernel drops an ``flock`` when its
-    holder dies, so a stale file is not held).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as e:
-        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    end = final if isinstance(final, int) and not isinstance(final, bool) else None
+    why = (schema.versions_fault(schema.UPDATES_FILE, updates["version"].tolist(), True, end,
+                                 schema.SUMMARY_FILE)
+           or schema.versions_fault(schema.EVALS_FILE, evals["version"].tolist(), False))
+    if why:
+        raise BadRun("corrupt", why)
 
 
 def _fill_clock(table: pd.DataFrame, row: dict[str, Any]) -> None:
@@ -362,6 +311,21 @@ def _concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFram
     if not frames:
         return pd.DataFrame(columns=["run_dir", *columns, *GROUP_COLUMNS])
     return pd.concat(frames, ignore_index=True)
+
+
+def recorded(runs: pd.DataFrame, key: str) -> Any:
+    """What the first of ``runs`` (rows of :attr:`Runs.runs`) records under ``key`` beside its
+    settings (:func:`repro.problem.build.Problem.recorded`: e.g. ``network.param_bytes``,
+    ``dataset.curvatures``; a list comes back as a list). A folder written before run folders
+    recorded it is refused (:class:`NoRunsError`): the analysis builds no network to find out."""
+    values = runs[key].tolist() if key in runs else [None] * len(runs)
+    folders = runs["run_dir"].tolist() if "run_dir" in runs else runs.index.tolist()
+    for folder, value in zip(folders, values):
+        if not isinstance(value, str) and not finite(value):
+            raise NoRunsError(key, None, f"run folders whose config.json records it: {folder} was "
+                                         "written before they did; run it again with force=true")
+    value = values[0]
+    return json.loads(value) if isinstance(value, str) and value.startswith("[") else value
 
 
 def is_diverged(status: pd.Series) -> pd.Series:

@@ -9,6 +9,9 @@
   :func:`~repro.config.fields.knob` valid values) and from ``conf/``; nothing here is written
   twice. Also: the closest valid keys for a mistyped one.
 * :func:`job_name`: a run folder's name, from the overrides of the keys that shape training.
+* :func:`compose`, :func:`parse`: the configuration as ``python -m repro.run OVERRIDES`` composes
+  it, and the :class:`~repro.config.settings.RunConfig` it becomes; :func:`composed`, both at
+  once: the defaults and cost profiles the Python API shares with the command line.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from repro.config import settings as config
+from repro.errors import ConfigError
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
 
@@ -139,3 +143,39 @@ def job_name(overrides) -> str:
         if sep and key in shaping:
             kept.append((key, value))
     return ",".join(f"{k}={v}" for k, v in sorted(kept)) or "base"
+
+
+# ---------------------------------------------------------------------------------------------
+# The configuration as the command line composes it
+# ---------------------------------------------------------------------------------------------
+
+def compose(overrides: list[str], return_hydra_config: bool = False):
+    """The config (a Hydra ``DictConfig``) as ``python -m repro.run OVERRIDES`` would compose it,
+    without output folders."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides,
+                             return_hydra_config=return_hydra_config)
+
+
+def parse(dcfg) -> config.RunConfig:
+    """Resolve and validate a composed config (raises ConfigError): what the entry points hand
+    down, so that nothing below them sees a ``DictConfig``."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
+    tree.pop("hydra", None)
+    return config.from_dict(tree)
+
+
+@lru_cache(maxsize=32)
+def composed(overrides: tuple[str, ...] = ()) -> config.RunConfig:
+    """``parse(compose(overrides))``, composed once per process for each tuple of overrides."""
+    return parse(compose(list(overrides)))

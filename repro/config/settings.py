@@ -277,8 +277,8 @@ def to_dict(cfg: Any) -> dict:
 
 def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     """Build ``cls`` from a nested dict, type-checking every field; then range-check it all.
-    Keys that are not settings (``environment``, recorded beside them in config.json) are ignored
-    at the top level."""
+    Keys that are not settings (:data:`RECORDED_ONLY`, recorded beside them in config.json) are
+    ignored at the top level."""
     if cls is RunConfig and isinstance(tree, dict):
         tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
     obj = _build(tree, cls, prefix)
@@ -289,7 +289,9 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     return obj
 
 
-RECORDED_ONLY = ("environment",)   # what config.json holds beside the settings
+# what config.json holds beside the settings: what identity depends on (repro.runtime), and what
+# is trained (repro.problem.build.Problem.recorded)
+RECORDED_ONLY = ("environment", "network", "dataset")
 
 
 def _build(tree: Any, cls: type, prefix: str) -> Any:
@@ -345,10 +347,25 @@ def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
         f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
 
 
+_VALID: set[str] = set()   # repr of every config validate() passed in this process (frozen: it
+                           # stays valid; repr, not ==, which holds 1 == 1.0 == True)
+
+
 def validate(cfg: RunConfig) -> None:
     """Every key against its declared valid values, then the checks that relate two keys.
-    Needs no data; :func:`repro.problem.build.check_components` checks the model against the
-    data's input shape."""
+    Needs no data; :func:`repro.problem.build.check_components` checks the model and the batch
+    against the data. Every entry point asks (the command line as it parses, the API, every run
+    folder), so the work is done once per process for a config: the answer is remembered."""
+    key = repr(cfg)
+    if key in _VALID:
+        return
+    _check(cfg)
+    if len(_VALID) > 4096:   # a long test session builds many configs
+        _VALID.clear()
+    _VALID.add(key)
+
+
+def _check(cfg: RunConfig) -> None:
     _check_leaves(cfg, RunConfig, "")
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "

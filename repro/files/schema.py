@@ -77,10 +77,51 @@ SUMMARY_KEYS = (
 # A table read back: the one integrity check, for a resume and for the analysis
 # ---------------------------------------------------------------------------------------------
 
+def version_fault(name: str, line: int, version, last: int | None, contiguous: bool) -> str:
+    """Why ``version`` on line ``line`` of table ``name`` cannot follow ``last`` (None: it is the
+    first row), or "". ``contiguous`` (updates.csv: one row per applied push): 1, 2, 3, ...
+    without a gap or a repeat; else (evals.csv): whole numbers, unique and increasing."""
+    if not _whole(version):
+        return f"{name} line {line} has version {version!r}; versions are whole numbers >= 0"
+    version = int(version)
+    if last is not None and version == last:
+        return f"{name} line {line} repeats version {version} (a duplicated row)"
+    if contiguous and version != (last or 0) + 1:
+        after = "the header" if last is None else f"version {last}"
+        return (f"{name} line {line} has version {version} after {after}; versions must run "
+                "1, 2, 3, ... without gaps or repeats")
+    if last is not None and version < last:
+        return (f"{name} line {line} goes back to version {version} after version {last}; "
+                "evaluation versions must be unique and increasing")
+    return ""
+
+
+def end_fault(name: str, last: int | None, end: int, source: str) -> str:
+    """Why a table whose last row has version ``last`` is not the table ``source`` (the summary, a
+    checkpoint) says ends at version ``end``, or ""."""
+    if (last or 0) == end:
+        return ""
+    return f"{name} ends at version {last or 0} but {source} says version {end} (rows lost or added)"
+
+
+def versions_fault(name: str, versions, contiguous: bool, end: int | None = None,
+                   source: str = "") -> str:
+    """The first fault of a whole table's ``version`` column (rows in file order, line 2 first)
+    by :func:`version_fault`, then, with ``end``, :func:`end_fault`; "" for a whole table."""
+    last = None
+    for i, version in enumerate(versions):
+        why = version_fault(name, i + 2, version, last, contiguous)
+        if why:
+            return why
+        last = int(version)
+    return end_fault(name, last, end, source) if end is not None else ""
+
+
 def check_table(path: Path, columns: tuple, upto: int, contiguous: bool) -> tuple[list[str], int]:
-    """(lines to keep, header included; rows dropped). Rows up to version ``upto`` must parse and
-    (``contiguous``: updates, from 1) run 1, 2, ..., upto, or (evals, from 0) increase; anything
-    after them may be damaged and is dropped."""
+    """(lines to keep, header included; rows dropped): what a resume keeps of a table. Rows up to
+    version ``upto`` must parse and follow each other as :func:`version_fault` says (updates up to
+    exactly ``upto``); anything after them may be damaged and is dropped. A ConfigError (for
+    ``resume``) names the file and the line otherwise."""
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError:
@@ -97,19 +138,30 @@ def check_table(path: Path, columns: tuple, upto: int, contiguous: bool) -> tupl
             break   # everything the resumed run needs is here: the rest is recomputed
         version = parse_row(line, len(columns), columns.index("version"))
         if version is None:
-            raise ConfigError("resume", True, f"an intact {path.name}: line {lineno} is damaged "
-                              f"({line[:40]!r}), before the checkpoint's version {upto}; force=true starts over")
+            raise _refused(upto, f"{path.name} line {lineno} is damaged ({line[:40]!r})")
         if version > upto:
             break
-        if (contiguous and version != (last or 0) + 1) or (last is not None and version <= last):
-            raise ConfigError("resume", True, f"contiguous versions in {path.name}: line {lineno} has "
-                              f"version {version} after {last}; force=true starts over")
+        why = version_fault(path.name, lineno, version, last, contiguous)
+        if why:
+            raise _refused(upto, why)
         kept.append(line)
         last = version
-    if contiguous and (last or 0) != upto:
-        raise ConfigError("resume", True, f"{path.name} up to the checkpoint's version {upto}: it "
-                          f"ends at version {last or 0}; force=true starts over")
+    why = end_fault(path.name, last, upto, "the checkpoint") if contiguous else ""
+    if why:
+        raise _refused(upto, why)
     return kept, max(len(lines) - len(kept), 0)
+
+
+def _refused(upto: int, why: str) -> ConfigError:
+    return ConfigError("resume", True, f"tables intact up to the checkpoint's version {upto}: "
+                       f"{why}; force=true starts over")
+
+
+def _whole(version) -> bool:
+    try:
+        return math.isfinite(float(version)) and float(version) == int(version) and version >= 0
+    except (TypeError, ValueError):
+        return False
 
 
 def parse_row(line: str, width: int, version_col: int) -> int | None:

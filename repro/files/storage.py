@@ -7,7 +7,8 @@ temp file, fsync, rename. A crash or a full disk mid-write leaves the previous f
 ``.tmp`` behind, and a reader never sees half a file. :func:`read_checkpoint` never unpickles
 anything beyond tensors, numbers, strings, lists and dicts (``torch.load(weights_only=True)``);
 a file that is empty, truncated or carries code is a :class:`ConfigError` (exit 2) naming the
-file and what is wrong: we never suggest loading it unsafely. (The one module of ``files/`` that
+file and what is wrong: we never suggest loading it unsafely. :func:`to_cpu` is what every
+checkpoint is made of: its tensors on the CPU. (The one module of ``files/`` that
 imports torch: a checkpoint is a torch file.)
 """
 from __future__ import annotations
@@ -49,6 +50,16 @@ def write_json(path: Path, obj: Any) -> None:
 
 def save_checkpoint(state: dict, path: Path) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
+
+
+def to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor (in nested dicts) detached and copied to the CPU, so a checkpoint
+    loads on any device. A copy, also on the CPU: torch.save writes a view's whole storage."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    return obj
 
 
 def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "resume") -> dict:

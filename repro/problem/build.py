@@ -9,6 +9,7 @@ from exactly the same state: model init seeded by ``seed``, client ``k``'s data 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -17,33 +18,37 @@ from repro.asgd.algorithm import Client, Server, make_client
 from repro.asgd.flatnet import LOSSES, Worker
 from repro.asgd.rules import ServerRule, make_rule
 from repro.config.settings import RunConfig
-from repro.errors import ConfigError
-from repro.problem.data import DATASETS, ClientStream, Dataset, load_dataset
+from repro.problem.data import DATASETS, ClientStream, Dataset, check_batch_size, load_dataset
 from repro.problem.evaluation import EvalSets
 from repro.problem.models import build_model, check_fits
 
 
-def check_components(cfg: RunConfig, input_shape: tuple | None = None,
-                     num_classes: int | None = None) -> None:
-    """The model must be made for the data's inputs: checked from the data set's declared shape
-    before any work (with the data set's files, where it reads any), and again on the loaded
-    data when ``input_shape`` is given."""
-    if input_shape is None:
-        spec = DATASETS[cfg.data.name]
-        input_shape, num_classes = spec.input_shape, spec.num_classes
-        if spec.check_source is not None:
-            spec.check_source(cfg.data.root)
-    check_fits(cfg.model.name, input_shape, num_classes, cfg.data.name)
+def check_components(cfg: RunConfig) -> None:
+    """What the configured problem needs, checked before any work from the data set's declaration
+    (nothing is loaded): the data set's files, where it reads any; a model made for its inputs; a
+    minibatch no larger than its training set. Once per process for each choice: the command
+    line asks before Hydra makes a run folder, :func:`repro.problem.start.build_problem` for
+    every other caller."""
+    _check_components(cfg.data.name, cfg.data.root, cfg.data.num_train, cfg.model.name,
+                      cfg.algo.batch_size)
+
+
+@lru_cache(maxsize=64)
+def _check_components(data: str, root, num_train, model: str, batch_size: int) -> None:
+    spec = DATASETS[data]
+    if spec.check_source is not None:
+        spec.check_source(root)
+    check_fits(model, spec.input_shape, spec.num_classes, data)
+    size = num_train if num_train is not None else spec.num_train
+    if size is not None:
+        check_batch_size(batch_size, size)
 
 
 def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
-    """The configured data set on ``device``, after checking the model accepts its shape."""
-    ds = load_dataset(cfg.data.name, root=cfg.data.root, seed=cfg.seed,
-                      num_train=cfg.data.num_train, num_test=cfg.data.num_test)
-    check_components(cfg, ds.input_shape, ds.num_classes)
-    if ds.num_train < cfg.algo.batch_size:
-        raise ConfigError("algo.batch_size", cfg.algo.batch_size,
-                          f"at most the training-set size ({ds.num_train})")
+    """The configured data set on ``device`` (:func:`check_components` says beforehand whether
+    the model and the batch fit it)."""
+    ds = load_dataset(cfg.data.name, root=cfg.data.root, num_train=cfg.data.num_train,
+                      num_test=cfg.data.num_test)
     return ds.to(device)
 
 
@@ -84,6 +89,15 @@ class Problem:
     init_params: Tensor
     eval_sets: EvalSets
     init_rule_state: dict | None = None   # the server rule's state (warm start), None: fresh
+
+    def recorded(self) -> dict:
+        """What a run folder's config.json records of what is trained, beside the settings, so
+        the analysis reads it instead of building the network or the data: the network's size
+        (which sets the cost model's transfer times) and what the data set states of itself."""
+        out = {"network": {"num_params": self.init_params.numel(), "param_bytes": param_bytes(self.init_params)}}
+        if self.dataset.facts:
+            out["dataset"] = dict(self.dataset.facts)
+        return out
 
     def make_server(self, cfg: RunConfig) -> Server:
         server = make_server(cfg, self.init_params)

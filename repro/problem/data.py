@@ -38,6 +38,7 @@ class DataSpec:
     # check_source(root): raise DataError when the files the loader reads are missing; called
     # before Hydra makes a run folder, so a bad data.root leaves nothing behind (None: no files)
     check_source: Callable[..., None] | None = None
+    num_train: int | None = None   # training-set size when data.num_train is null (None: unknown)
 
 
 DATASETS: SpecRegistry[DataSpec] = SpecRegistry("data.name", DataSpec)
@@ -54,6 +55,9 @@ class Dataset:
     y_test: torch.Tensor
     num_classes: int
     task: str = "classification"   # "quadratic": loss 0.5 (w.x)^2, errors meaningless (0)
+    # what the data set states of itself for the record (config.json's "dataset"), so the
+    # analysis need not build it: the quadratic's curvatures
+    facts: dict = dataclasses.field(default_factory=dict)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -70,14 +74,13 @@ class Dataset:
             x_test=self.x_test.to(device), y_test=self.y_test.to(device))
 
 
-def load_dataset(name: str, *, root: str | None = None, seed: int = 0,
+def load_dataset(name: str, *, root: str | None = None,
                  num_train: int | None = None, num_test: int | None = None) -> Dataset:
-    """Load data set ``name``. ``seed`` is accepted for symmetry but never changes the data.
+    """Load data set ``name`` (no seed: the data is fixed across training seeds on purpose).
 
     ``num_train``/``num_test`` take the first n samples of the fixed split (for ``synthetic`` and
     ``mnist1d`` they set how many are generated). ``root`` is only read by ``cifar10``.
     """
-    del seed  # the data is fixed across training seeds on purpose (see module docstring)
     spec = DATASETS[name]
     num_train = _check_count("data.num_train", num_train)
     num_test = _check_count("data.num_test", num_test)
@@ -85,6 +88,14 @@ def load_dataset(name: str, *, root: str | None = None, seed: int = 0,
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def check_batch_size(batch_size, num_train: int, key: str = "algo.batch_size") -> None:
+    """A minibatch is 1 to ``num_train`` samples (every step sees exactly ``batch_size``). Asked
+    before any work of the data set's declared size (:func:`repro.problem.build.check_components`,
+    the API of its own data) and by every :class:`ClientStream` of the set it reads."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= num_train:
+        raise ConfigError(key, batch_size, f"an integer from 1 to the training-set size {num_train}")
 
 
 def _check_count(key: str, n):
@@ -127,7 +138,7 @@ def _finish(name: str, x_train, y_train, x_test, y_test, num_classes: int,
 # ----------------------------------------------------------------------------- digits
 
 
-@DATASETS.register("digits", input_shape=(1, 8, 8), num_classes=10)
+@DATASETS.register("digits", input_shape=(1, 8, 8), num_classes=10, num_train=1437)
 def _load_digits(root, num_train, num_test) -> Dataset:
     """sklearn's 8x8 digits (ships in the wheel): a fixed stratified 1437/360 split."""
     from sklearn.datasets import load_digits
@@ -148,7 +159,7 @@ def _load_digits(root, num_train, num_test) -> Dataset:
 MNIST1D_DEFAULT_TRAIN, MNIST1D_DEFAULT_TEST = 4000, 1000
 
 
-@DATASETS.register("mnist1d", input_shape=(1, 40), num_classes=10)
+@DATASETS.register("mnist1d", input_shape=(1, 40), num_classes=10, num_train=MNIST1D_DEFAULT_TRAIN)
 def _load_mnist1d(root, num_train, num_test) -> Dataset:
     """MNIST-1D generated locally with the library's default seed (never its downloader).
 
@@ -173,12 +184,13 @@ def _load_mnist1d(root, num_train, num_test) -> Dataset:
 # ----------------------------------------------------------------------------- synthetic
 
 _SYNTHETIC_SEED = 1234  # fixed: the data must not depend on the training seed
+SYNTHETIC_DEFAULT_TRAIN, SYNTHETIC_DEFAULT_TEST = 512, 128
 
 
-@DATASETS.register("synthetic", input_shape=(1, 8, 8), num_classes=10)
+@DATASETS.register("synthetic", input_shape=(1, 8, 8), num_classes=10, num_train=SYNTHETIC_DEFAULT_TRAIN)
 def _load_synthetic(root, num_train, num_test) -> Dataset:
-    return _make_synthetic(512 if num_train is None else num_train,
-                           128 if num_test is None else num_test)
+    return _make_synthetic(SYNTHETIC_DEFAULT_TRAIN if num_train is None else num_train,
+                           SYNTHETIC_DEFAULT_TEST if num_test is None else num_test)
 
 
 def _make_synthetic(num_train: int, num_test: int) -> Dataset:
@@ -201,7 +213,8 @@ QUADRATIC_DIM = 10
 QUADRATIC_CURVATURES = tuple(float(v) for v in np.logspace(-2, 0, QUADRATIC_DIM))   # 0.01 .. 1
 
 
-@DATASETS.register("quadratic", input_shape=(QUADRATIC_DIM,), num_classes=1, task="quadratic")
+@DATASETS.register("quadratic", input_shape=(QUADRATIC_DIM,), num_classes=1, task="quadratic",
+                   num_train=QUADRATIC_DIM)
 def _load_quadratic(root, num_train, num_test) -> Dataset:
     """A quadratic with known curvatures for the staleness lab: the inputs are the basis vectors
     scaled by sqrt(d * l_i), so the ``quadratic`` model's loss over the full set (batch size d)
@@ -214,7 +227,8 @@ def _load_quadratic(root, num_train, num_test) -> Dataset:
     d = QUADRATIC_DIM
     x = torch.diag(torch.tensor([math.sqrt(d * c) for c in QUADRATIC_CURVATURES], dtype=torch.float32))
     y = torch.zeros(d, dtype=torch.int64)
-    return Dataset("quadratic", x, y, x.clone(), y.clone(), 1, task="quadratic")
+    return Dataset("quadratic", x, y, x.clone(), y.clone(), 1, task="quadratic",
+                   facts={"curvatures": list(QUADRATIC_CURVATURES)})
 
 
 # ----------------------------------------------------------------------------- cifar10
@@ -326,7 +340,7 @@ def _check_cifar_source(root) -> None:
 
 
 @DATASETS.register("cifar10", input_shape=(3, 32, 32), num_classes=10,
-                   check_source=_check_cifar_source)
+                   check_source=_check_cifar_source, num_train=50_000)
 def _load_cifar10(root, num_train, num_test) -> Dataset:
     """The official CIFAR-10 python batches, parsed without executing pickled code."""
     folder = _cifar_folder(root)
@@ -365,9 +379,7 @@ class ClientStream:
         n = int(x.shape[0])
         if int(y.shape[0]) != n:
             raise ValueError(f"x has {n} samples but y has {int(y.shape[0])}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= n:
-            raise ConfigError("algo.batch_size", batch_size,
-                              f"an integer from 1 to the training-set size {n}")
+        check_batch_size(batch_size, n)
         self.x, self.y = x, y
         self.batch_size, self.seed, self.client = batch_size, int(seed), int(client)
         self.num_samples = n

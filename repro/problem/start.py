@@ -11,8 +11,11 @@ update rule's state, e.g. Adagrad's accumulators) of 1 client at nsync = 1 train
 an experiment starts from the same state. Starting Adagrad from empty accumulators instead would
 move every weight by a full ``lr_server`` on the first pushes and undo much of the warm start.
 
-The baseline is trained here with the algorithm's own objects (one client, one server, pushes in
-turn: exactly what the simulator does with one client) and cached under
+The baseline is a one-client run (:func:`one_client_run`): the problem built as the drivers
+build it (:func:`build_problem`), the server and the client the simulator makes, and the calls
+the simulator makes on them when it has one client, in the same order; it is bitwise the
+simulator's one-client run of :func:`baseline_config`, without the clock and the tables
+(``tests/test_house.py`` holds the two against each other). It is cached under
 ``<results_dir>/_warmstart/<key>/server.pt``; the key hashes every training-shaping key of the
 baseline's config (:func:`repro.config.settings.shaping_values`). Grid jobs that start together take the
 cache's lock, so the baseline is trained once and the others wait for it. A damaged cache file
@@ -28,12 +31,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from repro.asgd.algorithm import Server
 from repro.config.settings import BackendConfig, CostConfig, RunConfig, shaping_values
 from repro.errors import ConfigError
 from repro.files.locks import FileLock
-from repro.files.storage import read_checkpoint, save_checkpoint
+from repro.files.storage import read_checkpoint, save_checkpoint, to_cpu, write_json
 from repro.logs import get_logger
-from repro.problem.build import Problem, build_worker, load_data, make_clients, make_server
+from repro.problem.build import Problem, build_worker, check_components, load_data, make_clients
 from repro.problem.evaluation import EvalSets
 
 log = get_logger("repro.problem.start")
@@ -62,9 +66,8 @@ def warm_start_state(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict
         state = _read(path, device)
         if state is None:
             params, rule = train_baseline(cfg, device)
-            save_checkpoint({"params": params.detach().cpu(), "rule": _cpu(rule)}, path)
-            (folder / "config.json").write_text(json.dumps(shaping_values(baseline_config(cfg)),
-                                                           indent=2, sort_keys=True) + "\n")
+            save_checkpoint(to_cpu({"params": params, "rule": rule}), path)
+            write_json(folder / "config.json", shaping_values(baseline_config(cfg)))
             state = _read(path, device)
     return state["params"], state["rule"]
 
@@ -83,37 +86,41 @@ def _read(path: Path, device) -> dict | None:
 
 
 def train_baseline(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
-    """One client at nsync = 1 through the server for ``warm_start_epochs`` epochs."""
+    """The warm start of ``cfg``: the server state after :func:`baseline_config`'s run."""
     base = baseline_config(cfg)
     log.info(f"warm start: training the single-client baseline for {base.num_epochs:g} epochs")
-    ds = load_data(base, device)
-    worker = build_worker(base, ds, device)
-    server = make_server(base, worker.params)
-    (client,) = make_clients(base, ds)
-    client.fetch(server.params, server.version)
-    budget, seen = base.num_epochs * ds.num_train, 0
-    while seen < budget:
-        push = client.compute_push(worker, 1)
+    server = one_client_run(base, device)
+    return server.params, server.rule.state_dict()
+
+
+def one_client_run(cfg: RunConfig, device: torch.device) -> Server:
+    """The server after ``cfg``'s run with one client, which has nobody to wait for: it fetches,
+    computes ``nsync`` steps, the server applies its push at once (staleness 0), and it fetches
+    again, until ``num_epochs`` of samples are applied. The same objects and the same calls, in
+    the same order, as the simulator's one-client run (the run core's ``apply``, and ``fetched``
+    for every reply but the last, which says stop); what only a logged run needs (the clock, the
+    tables, evaluations) is left out. A non-finite loss stops it: nothing could start from there."""
+    problem = build_problem(cfg, device)
+    server = problem.make_server(cfg)
+    (client,) = make_clients(cfg, problem.dataset, client_ids=[1])
+    budget, seen = cfg.num_epochs * problem.dataset.num_train, 0
+    while True:
+        client.fetch(server.params, server.version)
+        server.fetched(client.client_id)   # delay-compensating rules remember what it holds
+        push = client.compute_push(problem.worker, cfg.nsync)
         if not math.isfinite(push.train_loss):
             raise RuntimeError(f"the warm-start baseline diverged at version {server.version} "
                                "(non-finite training loss); lower algo.lr or warm_start_epochs")
         server.apply(push)
-        client.fetch(server.params, server.version)
         seen += push.num_samples
-    return server.params, server.rule.state_dict()
-
-
-def _cpu(obj):
-    if isinstance(obj, Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
-    return obj
+        if seen >= budget:
+            return server
 
 
 def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
     """Data and network on ``device``; initial parameters from ``seed`` (cold) or the cached
     single-client baseline (warm, :func:`warm_start_state`)."""
+    check_components(cfg)
     ds = load_data(cfg, device)
     worker = build_worker(cfg, ds, device)
     params, rule_state = worker.params.detach().clone(), None

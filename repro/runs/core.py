@@ -32,7 +32,7 @@ from repro.asgd.algorithm import Push, Server
 from repro.asgd.protocols import Reply, make_protocol
 from repro.config.settings import RunConfig, to_dict
 from repro.files import schema
-from repro.files.storage import save_checkpoint
+from repro.files.storage import save_checkpoint, to_cpu
 from repro.logs import get_logger
 from repro.problem.build import Problem
 from repro.problem.evaluation import EvalRequest, Evaluator
@@ -76,6 +76,7 @@ class RunCore:
             section, _, leaf = key.rpartition(".")
             (recorded[section] if section else recorded)[leaf] = value
         recorded["environment"] = environment(self.server.params.device)
+        recorded.update(problem.recorded())   # what is trained: the analysis reads it here
         self.runlog = RunLog(self.run_dir, recorded, clock=clock, backend=backend,
                              num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
                              target_error=cfg.target_error,
@@ -201,10 +202,10 @@ class RunCore:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        state = {"kind": self.kind, "server": _cpu(self.server.state_dict()),
+        state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
                  "core": {"reference_loss": self.state.reference_loss},
-                 "protocol": _cpu(self.protocol.state_dict()) if self.protocol else {}}
+                 "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
     # -- the end --------------------------------------------------------------------------------
@@ -255,10 +256,3 @@ class RunCore:
         self.finished = summary
         return summary
 
-
-def _cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)   # copy: a view would save its whole storage
-    if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
-    return obj

@@ -179,11 +179,6 @@ def read_summary(run_dir: Path) -> dict | None:
         return None
 
 
-def is_finished(run_dir: Path) -> bool:
-    summary = read_summary(run_dir)
-    return summary is not None and summary.get("status") in schema.FINISHED_STATUSES
-
-
 class Progress:
     """Logs one line every ``every_s`` wall seconds on long runs (stderr and run.log)."""
 

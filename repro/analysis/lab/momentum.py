@@ -45,7 +45,7 @@ from matplotlib.figure import Figure
 
 from repro.analysis.build import register_figure
 from repro.analysis.figures import _new_figure, client_color, client_label
-from repro.analysis.load import Runs, is_diverged
+from repro.analysis.load import Runs, is_diverged, recorded
 
 WINDOW = 100          # server versions compared (the experiment's whole budget)
 MU_GRID = np.round(np.arange(0.0, 0.9951, 0.0025), 4)   # theorem-form candidates
@@ -176,11 +176,10 @@ def _curves(runs: Runs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def momentum_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Loss curves, implicit momentum per (N, seed), loss after the window per explicit momentum,
     and the best explicit momentum per N: measured and predicted, one long table (``kind``)."""
-    from repro.problem.data import QUADRATIC_CURVATURES  # imports torch: only when a frame is built
-
     info = runs.runs[runs.runs.get("data.name", pd.Series(dtype=object)) == "quadratic"]
     if info.empty:
         return pd.DataFrame(columns=COLUMNS)
+    curvatures = tuple(recorded(info, "dataset.curvatures"))   # the runs' config.json records them
     curves, rows = _curves(runs), []
     info = info.assign(diverged=is_diverged(info["status"]).to_numpy(),
                        momentum=info["algo.momentum"].astype(float), lr=info["algo.lr"].astype(float))
@@ -195,7 +194,7 @@ def momentum_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         ones = group[(group["num_clients"] == 1) & ~group["diverged"] & group["run_dir"].isin(curves)]
         if ones.empty:
             continue
-        c, worst = fit_mode_energies(QUADRATIC_CURVATURES, [
+        c, worst = fit_mode_energies(curvatures, [
             (r.lr, r.momentum, *curves[r.run_dir]) for r in ones.itertuples()])
         add("fit", 1, seed, "worst_relative_error", "1-client runs vs mode model", worst)
         if worst > 0.05:
@@ -209,12 +208,12 @@ def momentum_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
             if r.diverged:
                 continue
             add("implicit", n, seed, "implicit_momentum", "measured", implicit_momentum(
-                QUADRATIC_CURVATURES, c, r.lr, v, loss))
+                curvatures, c, r.lr, v, loss))
             add("implicit", n, seed, "implicit_momentum", "direct match to 1-client runs",
                 direct_momentum(v, loss, refs))
             if seed != first_seed or n == 1 or plain is None:
                 continue   # panel (a) draws one seed's curves
-            model = c @ theorem_response(QUADRATIC_CURVATURES, r.lr, 1 - 1 / n, int(v.max())) ** 2
+            model = c @ theorem_response(curvatures, r.lr, 1 - 1 / n, int(v.max())) ** 2
             for source, values in (("measured", loss), (PREDICTION, model[v])):
                 for ver, value in zip(v, values):   # the curves differ by a few %: show ratios
                     if ver in plain.index:

@@ -47,7 +47,7 @@ from matplotlib.ticker import NullFormatter
 
 from repro.analysis.build import register_figure
 from repro.analysis.figures import _new_figure
-from repro.analysis.load import Runs, finite
+from repro.analysis.load import Runs, finite, recorded
 
 CONVERGED_FACTOR = 10.0   # converged: the loss fell at least this many times
 STALLED_FRACTION = 0.5    # stalled: the loss ended above this fraction of the initial one
@@ -141,9 +141,9 @@ def stability_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                                lr_hi=hi, source="measured"))
         bounds = pd.DataFrame(bounds)
         taus = np.round(np.linspace(0, max(group["tau"].max(), 1), 141), 3)
-        if problem == "quadratic":
-            from repro.problem.data import QUADRATIC_CURVATURES  # imports torch: only when needed
-            scale, source = 1.0 / max(QUADRATIC_CURVATURES), THEORY
+        if problem == "quadratic":   # its curvatures are recorded by the runs (config.json)
+            quadratic = runs.runs[runs.runs["data.name"] == "quadratic"]
+            scale, source = 1.0 / max(recorded(quadratic, "dataset.curvatures")), THEORY
         else:   # the same shape through the measured 1-client boundary: 2 / l_max := lr*(N = 1)
             anchor = bounds.loc[bounds["tau"] == 0, "lr"]
             scale, source = (anchor.iloc[0] / 2.0 if len(anchor) else np.nan), ANCHORED

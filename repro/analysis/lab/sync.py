@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.build import register_figure
-from repro.analysis.load import Runs, finite, is_diverged
+from repro.analysis.load import Runs, finite, is_diverged, recorded
 from repro.analysis.tables import resolve_target, time_to_target
 
 PROFILE_ORDER = ("jitter_lognormal", "jitter_exponential", "straggler")
@@ -192,24 +192,18 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
 # The frame: measured and predicted, one row per (run or prediction, quantity)
 # ---------------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=16)
-def _num_params(model: str, data: str) -> int:
-    import torch
-
-    from repro.problem.data import DATASETS
-    from repro.problem.models import build_model, num_parameters
-    spec = DATASETS[data]
-    with torch.random.fork_rng(devices=[]):   # leave the caller's RNG stream untouched
-        return num_parameters(build_model(model, spec.input_shape, spec.num_classes))
-
-
 def timing_of(run: pd.Series) -> Timing:
-    """The timing model of a run, from its config columns (the transfer as :mod:`repro.sim.cost`)."""
-    params = run.get("cost.comm_params")
-    if not finite(params):
-        params = _num_params(run["model.name"], run["data.name"])
+    """The timing model of a run, from its config columns. A transfer is what the simulator's
+    cost model (:class:`repro.sim.cost.CostModel`) makes it: latency + bytes / bandwidth, the
+    bytes of ``cost.comm_params`` float32 values when set, else the network's own (recorded in
+    the run's config.json: the lab builds no network)."""
     bw = run.get("cost.bandwidth_Bps")
-    transfer = float(run["cost.latency_s"]) + (4.0 * float(params) / float(bw) if finite(bw) else 0.0)
+    transfer = float(run["cost.latency_s"])
+    if finite(bw):
+        params = run.get("cost.comm_params")
+        nbytes = 4.0 * float(params) if finite(params) else float(
+            recorded(pd.DataFrame([run]), "network.param_bytes"))
+        transfer += nbytes / float(bw)
     strag = finite(run.get("cost.straggler_client"))
     return Timing(float(run["cost.compute_s"]), str(run["cost.jitter"]),
                   float(run["cost.jitter_sigma"]), int(run["nsync"]), int(run["num_clients"]),

@@ -1,0 +1,370 @@
+"""One implementation per concern (issue 15, section 4): each question the package asks in more
+than one place is answered by one function, and the places that ask agree.
+
+* lock probing: :func:`repro.files.locks.read_holder`, for the analysis and the grid alike;
+* recursive to-CPU: :func:`repro.files.storage.to_cpu`, for run checkpoints and the warm start;
+* table integrity: :func:`repro.files.schema.version_fault`, for a resume and for the analysis;
+* the warm-start baseline: the simulator's one-client run, bitwise;
+* what the lab needs to know of a run is in its folder (the analysis imports no torch);
+* validation: once per process, at the layer that owns it; the API's defaults are the config's.
+
+Every exactness claim here compares two computations in one process at one thread count.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from repro.config.settings import AlgoConfig, DataConfig, ModelConfig, RunConfig
+from repro.files import locks, schema
+from repro.files.locks import FileLock, LockHeld, lock_held, read_holder
+from repro.files.storage import read_checkpoint, to_cpu
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------------------------------------
+# Lock probing: one probe, and the writers' view agrees with it
+# ---------------------------------------------------------------------------------------------
+
+HOLD = ("import sys, time; from repro.files.locks import FileLock; "
+        "FileLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)")
+
+
+def _writer_would_be_refused(path: Path) -> bool:
+    try:
+        with FileLock(path):
+            return False
+    except LockHeld:
+        return True
+
+
+def test_one_lock_probe_agrees_with_the_writers_for_held_released_and_dead_holders(tmp_path):
+    from repro import grid
+
+    released, dead, live, never = (tmp_path / n for n in ("released", "dead", "live", "never"))
+    for d in (released, dead, live, never):
+        d.mkdir()
+    FileLock(released / schema.LOCK_FILE).acquire().release()
+    # a killed holder leaves its record behind; a record naming a live pid (ours) that holds no
+    # lock is what a recycled pid looks like: neither holds the lock
+    dead_proc = subprocess.Popen([sys.executable, "-c", HOLD, str(dead / schema.LOCK_FILE)],
+                                 stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    live_proc = subprocess.Popen([sys.executable, "-c", HOLD, str(live / schema.LOCK_FILE)],
+                                 stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert dead_proc.stdout.readline().strip() == "held"
+        assert live_proc.stdout.readline().strip() == "held"
+        dead_proc.kill()
+        dead_proc.wait(timeout=30)
+        (released / schema.LOCK_FILE).write_text(json.dumps(locks.holder_info()))   # stale record
+        assert json.loads((dead / schema.LOCK_FILE).read_text())["pid"] == dead_proc.pid
+        for d in (released, dead, live, never):
+            path = d / schema.LOCK_FILE
+            holder = read_holder(path)
+            assert lock_held(path) == (holder is not None) == (d is live), d.name
+            assert (grid.point_state(d) == "running") == (d is live), d.name
+            assert d is not live or holder["pid"] == live_proc.pid
+        assert not (never / schema.LOCK_FILE).exists()   # probed, never created
+        for d in (released, dead, live, never):   # what a writer finds is what the probe said
+            assert _writer_would_be_refused(d / schema.LOCK_FILE) == (d is live), d.name
+    finally:
+        for proc in (dead_proc, live_proc):
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_a_probe_in_progress_never_makes_a_writer_refused(tmp_path):
+    """The probe takes a shared lock for an instant; a writer starting in that instant retries
+    (locks.PROBE_GRACE_S) instead of reporting the observer as another run."""
+    path = tmp_path / schema.LOCK_FILE
+    FileLock(path).acquire().release()
+    done = threading.Event()
+
+    def probe():
+        while not done.is_set():
+            read_holder(path)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    refused = 0
+    try:
+        for _ in range(300):
+            refused += _writer_would_be_refused(path)
+    finally:
+        done.set()
+        prober.join()
+    assert refused == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# To the CPU, once
+# ---------------------------------------------------------------------------------------------
+
+def test_to_cpu_copies_nested_tensors_so_a_view_saves_only_itself(tmp_path):
+    big = torch.arange(100_000, dtype=torch.float32)
+    state = {"params": big[:10], "rule": {"sum_sq": big[10:20], "step": 3}, "name": "x"}
+    moved = to_cpu(state)
+    assert moved["rule"]["step"] == 3 and moved["name"] == "x"
+    assert torch.equal(moved["params"], big[:10]) and torch.equal(moved["rule"]["sum_sq"], big[10:20])
+    assert moved["params"].untyped_storage().nbytes() == 40   # not the whole storage
+    torch.save(moved, tmp_path / "small.pt")
+    torch.save(state, tmp_path / "whole.pt")
+    assert (tmp_path / "small.pt").stat().st_size < (tmp_path / "whole.pt").stat().st_size / 10
+
+
+# ---------------------------------------------------------------------------------------------
+# The warm-start baseline is the simulator's one-client run
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rule", ["adagrad", "dcasgd"])
+def test_the_warm_start_baseline_is_bitwise_the_simulators_one_client_run(tmp_path, rule):
+    """The baseline's server state (parameters and the rule's state: Adagrad's sums, DC-ASGD's
+    backups) equals the final checkpoint of ``simulate`` on the baseline's config."""
+    from repro.problem.start import baseline_config, train_baseline
+    from repro.sim.driver import simulate
+
+    cfg = RunConfig(start="warm", warm_start_epochs=0.3, num_threads=0, progress=False,
+                    results_dir=str(tmp_path / "results"), algo=AlgoConfig(server_rule=rule))
+    params, rule_state = train_baseline(cfg, torch.device("cpu"))
+    base = baseline_config(cfg)
+    summary = simulate(base, tmp_path / "sim")
+    assert summary["status"] == "completed" and summary["version"] > 10
+    server = read_checkpoint(tmp_path / "sim" / schema.CHECKPOINT_FILE)["server"]
+    assert server["version"] == summary["version"]
+    assert torch.equal(params, server["params"])
+    assert rule_state.keys() == server["rule"].keys() and rule_state
+
+    def flat(state):
+        return {k: v for k, v in state.items() if not isinstance(v, dict)} | {
+            f"{k}.{kk}": vv for k, v in state.items() if isinstance(v, dict) for kk, vv in v.items()}
+    ours, theirs = flat(rule_state), flat(server["rule"])
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+# ---------------------------------------------------------------------------------------------
+# Table integrity: a resume and the analysis refuse the same tables with the same words
+# ---------------------------------------------------------------------------------------------
+
+def _finished_run(run: Path, versions: int = 6) -> Path:
+    """A completed run's folder as the run log writes it, every other version evaluated."""
+    run.mkdir(parents=True)
+    (run / schema.CONFIG_FILE).write_text(json.dumps({"num_clients": 2, "nsync": 4, "seed": 0}))
+    summary = {"status": "completed", "backend": "sim", "clock": "virtual", "version": versions}
+    (run / schema.SUMMARY_FILE).write_text(json.dumps(summary))
+    updates = [dict(version=v, time_s=0.1 * v, clock="virtual", client=1 + v % 2, read_version=v - 1,
+                    staleness=0, num_steps=4, num_samples=128, samples_seen=128 * v, epoch=0.1 * v,
+                    train_loss=1.0, train_error=0.5) for v in range(1, versions + 1)]
+    evals = [dict(version=v, time_s=0.1 * v, clock="virtual", epoch=0.1 * v, samples_seen=128 * v,
+                  test_loss=1.0, test_error=0.5, train_loss=1.0, train_error=0.5)
+             for v in range(0, versions + 1, 2)]
+    for name, columns, rows in ((schema.UPDATES_FILE, schema.UPDATE_COLUMNS, updates),
+                                (schema.EVALS_FILE, schema.EVAL_COLUMNS, evals)):
+        (run / name).write_text("".join(",".join(str(r[c]) for c in columns) + "\n"
+                                        for r in [dict(zip(columns, columns)), *rows]))
+    return run
+
+
+def _rows(path: Path, edit) -> None:
+    header, *rows = path.read_text().splitlines(keepends=True)
+    path.write_text(header + "".join(edit(rows)))
+
+
+DAMAGE = {   # (file, edit of its rows): each one a resume and the analysis both refuse
+    "duplicated update": (schema.UPDATES_FILE, lambda r: r[:3] + [r[2]] + r[3:]),
+    "lost update": (schema.UPDATES_FILE, lambda r: r[:3] + r[4:]),
+    "swapped updates": (schema.UPDATES_FILE, lambda r: [r[1], r[0], *r[2:]]),
+    "duplicated evaluation": (schema.EVALS_FILE, lambda r: r[:2] + [r[1]] + r[2:]),
+    "evaluation going back": (schema.EVALS_FILE, lambda r: [r[0], r[2], r[1], *r[3:]]),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_resume_and_the_analysis_refuse_the_same_tables_in_the_same_words(tmp_path, damage):
+    from repro.analysis.load import load_runs
+    from repro.errors import ConfigError
+
+    run = _finished_run(tmp_path / "exp" / "run")
+    assert len(load_runs(tmp_path, "exp")) == 1   # whole, for both
+    assert schema.check_table(run / schema.UPDATES_FILE, schema.UPDATE_COLUMNS, 6, True)[1] == 0
+    file, edit = DAMAGE[damage]
+    _rows(run / file, edit)
+    version = json.loads((run / schema.SUMMARY_FILE).read_text())["version"]
+    last_eval = max(int(line.split(",")[0]) for line in (run / schema.EVALS_FILE).read_text().splitlines()[1:])
+    with pytest.warns(UserWarning):
+        skipped = load_runs(tmp_path, "exp").skipped
+    assert skipped["kind"].tolist() == ["corrupt"]
+    reason = skipped["reason"].iloc[0]
+    columns = schema.UPDATE_COLUMNS if file == schema.UPDATES_FILE else schema.EVAL_COLUMNS
+    with pytest.raises(ConfigError) as refused:
+        schema.check_table(run / file, columns, version if file == schema.UPDATES_FILE else last_eval,
+                           contiguous=file == schema.UPDATES_FILE)
+    assert file in reason and reason in str(refused.value), (reason, str(refused.value))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the lab needs is recorded in the run folder; the analysis imports no torch
+# ---------------------------------------------------------------------------------------------
+
+def test_the_lab_reads_the_network_size_from_the_run_folder_and_times_transfers_as_the_simulator(tmp_path):
+    from repro.analysis.lab.sync import timing_of
+    from repro.analysis.load import NoRunsError, load_runs
+    from repro.config.help import composed
+    from repro.problem.models import build_model, num_parameters
+    from repro.sim.cost import CostModel
+    from repro.sim.driver import simulate
+
+    cfg = composed(("cost=straggler", "num_epochs=0.1", "progress=false", "exp_name=exp"))
+    simulate(cfg, tmp_path / "exp" / "run")
+    recorded = json.loads((tmp_path / "exp" / "run" / schema.CONFIG_FILE).read_text())["network"]
+    assert recorded["num_params"] == num_parameters(build_model("digits_cnn", (1, 8, 8), 10))
+    assert recorded["param_bytes"] == 4 * recorded["num_params"]
+    run = load_runs(tmp_path, "exp").runs.iloc[0]
+    model = CostModel(cfg.cost, cfg.seed, recorded["param_bytes"], cfg.cost.compute_s)
+    assert timing_of(run).overhead_s == 2 * model.transfer_s + model.server_apply_s
+    assert cfg.cost.bandwidth_Bps and model.transfer_s > cfg.cost.latency_s   # the bytes count
+    with pytest.raises(NoRunsError, match="network.param_bytes.*force=true"):
+        timing_of(run.drop("network.param_bytes"))   # a folder from before: refused, not guessed
+
+
+def test_the_analysis_imports_no_torch():
+    """Every analysis module, and what the lab derives from a run's recorded columns (transfer
+    times from the network's size, the quadratic's curvatures), without torch."""
+    code = """if True:
+        import importlib, pkgutil, sys
+        import pandas as pd
+        import repro.analysis
+        for m in pkgutil.walk_packages(repro.analysis.__path__, "repro.analysis."):
+            importlib.import_module(m.name)
+        from repro.analysis.lab.sync import timing_of
+        from repro.analysis.load import recorded
+        run = pd.Series({"run_dir": "r", "cost.latency_s": 1e-4, "cost.bandwidth_Bps": 1e9,
+                         "cost.comm_params": float("nan"), "network.param_bytes": 4000,
+                         "cost.straggler_client": float("nan"), "cost.compute_s": 0.01,
+                         "cost.jitter": "none", "cost.jitter_sigma": 0.0, "nsync": 1,
+                         "num_clients": 2, "cost.server_apply_s": 0.0,
+                         "dataset.curvatures": "[0.01, 1.0]"})
+        assert timing_of(run).overhead_s == 2 * (1e-4 + 4000 / 1e9)
+        assert recorded(pd.DataFrame([run]), "dataset.curvatures") == [0.01, 1.0]
+        print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: each check once per process, at the layer that owns it
+# ---------------------------------------------------------------------------------------------
+
+def test_config_validation_runs_once_per_process_for_a_config(monkeypatch):
+    from repro.config import settings
+    from repro.config.help import compose, parse
+
+    calls = []
+    check = settings._check
+    monkeypatch.setattr(settings, "_check", lambda cfg: calls.append(cfg) or check(cfg))
+    cfg = parse(compose(["nsync=3", "seed=11"]))                     # the command line parses
+    again = parse(compose(["nsync=3", "seed=11"]))                   # Hydra's main parses again
+    settings.validate(again)                                         # every run folder asks
+    assert again == cfg and len(calls) == 1
+    with pytest.raises(Exception, match="num_clients"):   # an invalid config is never remembered
+        settings.validate(cfg.replace(num_clients=0))
+    with pytest.raises(Exception, match="num_clients"):
+        settings.validate(cfg.replace(num_clients=0))
+    with pytest.raises(Exception, match="nsync"):   # equal (True == 1) but not the same config
+        settings.validate(cfg.replace(nsync=True))
+
+
+def test_model_and_batch_are_checked_once_per_process_before_any_data_is_loaded(tmp_path, monkeypatch):
+    from repro.config.settings import CostConfig
+    from repro.errors import ConfigError
+    from repro.problem import build
+    from repro.problem.start import build_problem
+
+    build._check_components.cache_clear()
+    calls = []
+    fits = build.check_fits
+    monkeypatch.setattr(build, "check_fits", lambda *a: calls.append(a) or fits(*a))
+    loaded = []
+    load = build.load_dataset
+    monkeypatch.setattr(build, "load_dataset", lambda *a, **k: loaded.append(a) or load(*a, **k))
+    cfg = RunConfig(start="warm", warm_start_epochs=0.2, progress=False, cost=CostConfig(),
+                    results_dir=str(tmp_path))
+    build.check_components(cfg)                 # the command line, before Hydra makes a folder
+    build_problem(cfg, torch.device("cpu"))      # the baseline's problem, then the run's
+    assert len(calls) == 1 and len(loaded) == 2
+    too_big = cfg.replace(algo=AlgoConfig(batch_size=1438), data=DataConfig(name="digits"))
+    with pytest.raises(ConfigError, match="'algo.batch_size': 1438.*1437"):
+        build.check_components(too_big)
+    with pytest.raises(ConfigError, match="'model.name'"):
+        build.check_components(cfg.replace(model=ModelConfig(name="mnist1d_cnn")))
+    assert len(loaded) == 2                      # refused from the declaration: nothing loaded
+
+
+def test_a_batch_larger_than_the_training_set_exits_2_and_leaves_no_run_folder(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "repro.run", "algo.batch_size=5000", "num_epochs=0.1",
+                          f"results_dir={tmp_path / 'results'}"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "'algo.batch_size': 5000" in out.stderr and "1437" in out.stderr
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").rglob("*"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The API reads its defaults and cost profiles through the command line's configuration
+# ---------------------------------------------------------------------------------------------
+
+API_KEYS = {"num_clients": "num_clients", "nsync": "nsync", "num_epochs": "num_epochs",
+            "eval_every": "eval_every", "lr": "algo.lr", "momentum": "algo.momentum",
+            "weight_decay": "algo.weight_decay", "batch_size": "algo.batch_size",
+            "server_rule": "algo.server_rule", "lr_server": "algo.lr_server",
+            "dc_lambda": "algo.dc_lambda", "protocol": "protocol.name",
+            "backup_workers": "protocol.backup_workers", "staleness_bound": "protocol.staleness_bound",
+            "cost": "cost.profile", "seed": "seed", "target_error": "target_error",
+            "divergence_factor": "divergence_factor", "device": "device", "force": "force"}
+
+
+def test_the_apis_defaults_are_the_command_lines_and_its_help_states_them():
+    import inspect
+    import re
+
+    from repro import api
+    from repro.config.help import compose, parse
+    from repro.config.settings import get, to_dict
+
+    cli = to_dict(parse(compose([])))
+    params = inspect.signature(api.simulate).parameters
+    doc = inspect.getdoc(api.simulate)
+    assert set(API_KEYS) <= set(params)
+    for name, key in API_KEYS.items():
+        assert params[name].default == get(cli, key), name
+    for name, param in params.items():
+        if param.default is inspect.Parameter.empty or name == "loss_fn":
+            continue
+        stated = re.search(rf"^{name} : .*, default (.+)$", doc, re.MULTILINE)
+        shown = f'"{param.default}"' if isinstance(param.default, str) else str(param.default)
+        assert stated and stated.group(1) == shown, (name, stated and stated.group(1), shown)
+    assert params["num_epochs"].default == 20.0
+
+
+def test_the_apis_cost_profiles_are_the_command_lines():
+    from repro import api
+    from repro.config.help import compose, group_options, parse
+    from repro.errors import ConfigError
+
+    for name in group_options("cost"):
+        if name == "replay":
+            with pytest.raises(ConfigError, match="'cost': 'replay'.*cost=replay cost.path"):
+                api.cost_profile(name)
+        else:
+            assert api.cost_profile(name) == parse(compose([f"cost={name}"])).cost, name
+    with pytest.raises(ConfigError, match="'cost': 'replay'"):
+        api.cost_profile({"schedule": "replay", "path": "somewhere"})
