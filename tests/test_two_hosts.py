@@ -196,6 +196,24 @@ def test_c_a_signal_to_the_owner_leaves_nothing(sig):
     assert not [p for p in seen if alive(p)]
 
 
+@pytest.mark.parametrize("missing", ["root", "ip", "tc"])
+def test_where_namespaces_cannot_be_made_entering_says_why(monkeypatch, missing):
+    """Not root, or no ip/tc: HostsUnavailable("unavailable: REASON") before anything is made
+    (what the tests above turn into a skip)."""
+    import repro.bench.hosts as hosts_module
+    if missing == "root":
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    else:
+        which = hosts_module.shutil.which
+        monkeypatch.setattr(hosts_module.shutil, "which", lambda tool: None if tool == missing else which(tool))
+    monkeypatch.setattr(hosts_module.sys, "platform", "linux")
+    before = namespaces()
+    with pytest.raises(HostsUnavailable, match=f"^unavailable: .*{missing}") as caught:
+        TwoHosts().__enter__()
+    assert missing in caught.value.reason
+    assert namespaces() == before
+
+
 def test_the_interface_towards_an_address_is_found_without_sending_anything():
     """pin_gloo_towards' lookup: the route's interface (a UDP connect sends no packet)."""
     from repro.real.transport import interface_towards

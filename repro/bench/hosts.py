@@ -38,7 +38,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from repro.bench import positive
 
@@ -183,8 +182,8 @@ class TwoHosts:
     def _make(self) -> None:
         s, c = self.server, self.client
         for host in (s, c):
+            self._made.append(host.netns)   # first: a signal between the two must not orphan it
             _ip("netns", "add", host.netns)
-            self._made.append(host.netns)
         # both ends created straight inside their namespaces: never a name in the caller's
         _ip("link", "add", s.ifname, "netns", s.netns, "type", "veth", "peer", "name", c.ifname, "netns", c.netns)
         for host in (s, c):
@@ -215,8 +214,9 @@ class TwoHosts:
         interrupted by a Ctrl-C or SIGTERM (deferred until it is done, then delivered)."""
         with self._signals_deferred():
             for proc in self.procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)   # each runs in a session of its own
+                if proc.poll() is None:   # not reaped yet, so its group id cannot be anyone else's
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)   # each runs in a session of its own
             for ns in self._made:
                 kill_netns(ns)
             for proc in self.procs:

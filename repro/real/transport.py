@@ -290,7 +290,8 @@ def interface_towards(addr: str) -> str | None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((addr, 9))
             local = probe.getsockname()[0]
-            import fcntl   # Linux/BSD only: the address of each interface (SIOCGIFADDR)
+            import fcntl   # each interface's address: SIOCGIFADDR, Linux's number (elsewhere
+            # the ioctl fails and gloo's own choice stays)
             for _, name in socket.if_nameindex():
                 with contextlib.suppress(OSError):
                     ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
