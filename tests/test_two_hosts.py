@@ -21,11 +21,9 @@ import pytest
 
 from repro.bench.hosts import HostsUnavailable, Link, TwoHosts, measure_link, namespaces, netns_pids
 from repro.bench.two_hosts import start
+from tests.helpers.invariants import check_run_folder
+from tests.helpers.paths import ROOT
 
-sys.path.insert(0, str(Path(__file__).parent))
-from invariants import check_run_folder  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 RATE_MBIT = 50   # digits_cnn: 153 KB a message, ~25 ms on this link: the link, not the CPU, binds
 RUN = ["num_epochs=3", "algo.lr=0.2", "algo.momentum=0", "progress=false", "backend.timeout_s=60"]
 
