@@ -55,7 +55,8 @@ from repro.problem.data import Dataset
 from repro.problem.start import build_problem
 from repro.real.client import build_client, client_device, run_client
 from repro.real.server import ServerLoop, log, server_device
-from repro.real.transport import Channel, Header, Kind, connect, disconnect, pin_gloo_to_loopback
+from repro.real.transport import (Channel, Header, Kind, connect, disconnect, pin_gloo_to_loopback,
+                                  pin_gloo_towards)
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env
@@ -144,9 +145,12 @@ def _clients_from_world(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
 
 @contextlib.contextmanager
 def _loopback(master_addr: str, single_node: bool):
-    """gloo on loopback for a single-node run (see pin_gloo_to_loopback), restored afterwards."""
+    """gloo on loopback for a single-node run (see pin_gloo_to_loopback), on the interface towards
+    the master under torchrun (see pin_gloo_towards), restored afterwards."""
     before = os.environ.get("GLOO_SOCKET_IFNAME")
     pin_gloo_to_loopback(master_addr, single_node)
+    if not single_node:
+        pin_gloo_towards(master_addr)
     try:
         yield
     finally:
@@ -343,6 +347,7 @@ def run_torchrun_worker(cfg: RunConfig) -> int:
         signal.signal(sig, signal.SIG_DFL)   # die quietly when torchrun (or a terminal) says so
     cfg = cfg.replace(num_clients=env.world_size - 1)
     pin_gloo_to_loopback(os.environ["MASTER_ADDR"], single_node=False)
+    pin_gloo_towards(os.environ["MASTER_ADDR"])
     setup = build_client(cfg, env.rank, client_device(cfg, env.local_rank))
     return _serve_as_client(cfg, env.rank, env.rank, env.world_size, setup, store=None)
 

@@ -36,9 +36,11 @@ so an expired wait ends the channel: :class:`LinkLost`.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
+import struct
 import threading
 from dataclasses import dataclass
 from enum import IntEnum
@@ -279,6 +281,37 @@ def pin_gloo_to_loopback(master_addr: str, single_node: bool) -> None:
     name = loopback_ifname()
     if name and is_loopback(master_addr) and (single_node or "GLOO_SOCKET_IFNAME" not in os.environ):
         os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+def interface_towards(addr: str) -> str | None:
+    """The interface this host sends from to reach ``addr`` (IPv4), or None when that cannot be
+    told. No packet is sent: connecting a UDP socket only asks the kernel for a route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((addr, 9))
+            local = probe.getsockname()[0]
+            import fcntl   # each interface's address: SIOCGIFADDR, Linux's number (elsewhere
+            # the ioctl fails and gloo's own choice stays)
+            for _, name in socket.if_nameindex():
+                with contextlib.suppress(OSError):
+                    ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                    if socket.inet_ntoa(ifreq[20:24]) == local:
+                        return name
+    except (OSError, ImportError):
+        pass
+    return None
+
+
+def pin_gloo_towards(master_addr: str) -> None:
+    """Under torchrun with GLOO_SOCKET_IFNAME unset, gloo binds the address the host name resolves
+    to, which is loopback on many machines (Debian's 127.0.1.1; a network namespace): the other
+    nodes are then told to connect to their own loopback and a two-node run never starts
+    ('Connect timeout'). Bind the interface that routes to the master instead: the one the
+    other nodes reach this node through. A user's GLOO_SOCKET_IFNAME still wins."""
+    if "GLOO_SOCKET_IFNAME" not in os.environ and not is_loopback(master_addr):
+        name = interface_towards(master_addr)
+        if name:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[int, object]:

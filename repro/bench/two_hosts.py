@@ -1,0 +1,159 @@
+"""The real driver across two hosts: ``torchrun --nnodes=2`` over :mod:`repro.bench.hosts`' link.
+
+This module owns launching one real run across the two namespaces and waiting for its end; an
+experiment or a benchmark calls :func:`run_two_hosts` (or :func:`start` and
+:meth:`TwoHostRun.wait` when it acts on the run meanwhile, as the test that kills the client host
+does). It is the README's two-node recipe ("Real asynchronous training"), verbatim:
+
+* node 0, in the server namespace: ``torchrun --nnodes=2 --nproc-per-node=1 --node-rank=0``,
+  one process, rank 0 = the server, which alone makes the run folder;
+* node 1, in the client namespace: ``--nproc-per-node=N --node-rank=1``, ranks 1..N = the
+  clients (torchrun allows a different process count per node);
+* both rendezvous at the server host's address (``--master-addr``, torchrun's static
+  rendezvous: node 0's agent hosts the store), pass ``backend.master_addr`` the same, and set
+  ``GLOO_SOCKET_IFNAME`` to their own end of the veth pair: gloo would otherwise bind the address
+  the machine's host name resolves to, which does not exist inside a namespace.
+
+The end of a run. Normally both agents exit by themselves. When a node is lost (the client host
+killed), rank 0 still ends the run and writes a terminal ``summary.json``; if it exits 0
+(``completed_degraded``), node 0's agent then waits in torchrun's exit barrier for the lost
+node's agent (300 s, not configurable from torchrun's command line). So :meth:`TwoHostRun.wait`
+ends when both agents have exited, or when rank 0 has exited with a terminal summary and the
+agents have had a grace period; then it kills what is left on both hosts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from repro.bench.hosts import SERVER_ADDR, Host, Link, TwoHosts, netns_pids
+
+PORT = 29500   # inside a fresh namespace every port is free
+LOG_DIR = ".two_hosts"   # under results_dir; hidden, so the analysis does not take it for a run
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+
+
+def torchrun_command(node_rank: int, num_procs: int, overrides: list[str], results_dir: Path,
+                     port: int = PORT) -> list[str]:
+    """One node's command line: the README's two-node recipe with the server host as master."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={num_procs}",
+            f"--node-rank={node_rank}", f"--master-addr={SERVER_ADDR}", f"--master-port={port}",
+            "--max-restarts=0", "-m", "repro.run", "backend=real", f"backend.master_addr={SERVER_ADDR}",
+            f"results_dir={results_dir}", *overrides]
+
+
+def node_env(host: Host, gloo_ifname: bool = True) -> dict[str, str]:
+    """The caller's environment, with this package importable, gloo on the host's veth (unless
+    ``gloo_ifname`` is False: then the driver finds the interface towards the master itself), and
+    no torchrun variables of the caller's own (it may itself run under torchrun)."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    if gloo_ifname:
+        env["GLOO_SOCKET_IFNAME"] = host.ifname
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@dataclass
+class TwoHostRun:
+    """One real run across the two hosts: node 0's and node 1's torchrun agents."""
+    hosts: TwoHosts
+    results_dir: Path
+    server: subprocess.Popen
+    client: subprocess.Popen
+    agents_killed: bool = field(default=False)
+    """True when :meth:`wait` had to kill an agent left waiting (see the module docstring)."""
+
+    def run_dir(self) -> Path | None:
+        """The run folder rank 0 made (None before it exists)."""
+        found = [p.parent for p in self.results_dir.rglob("config.json") if LOG_DIR not in p.parts]
+        if len(found) > 1:
+            raise RuntimeError(f"more than one run folder under {self.results_dir}: {found}")
+        return found[0] if found else None
+
+    def summary(self) -> dict | None:
+        run_dir = self.run_dir()
+        path = run_dir / "summary.json" if run_dir else None
+        if path is None or not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:   # written atomically by the run core; never half, but be safe
+            return None
+
+    def applied(self) -> int:
+        """Pushes applied so far (rows of updates.csv)."""
+        run_dir = self.run_dir()
+        path = run_dir / "updates.csv" if run_dir else None
+        return max(0, len(path.read_text().splitlines()) - 1) if path and path.exists() else 0
+
+    def server_alive(self) -> bool:
+        """Whether rank 0 (a ``repro.run`` process on the server host other than its agent) lives."""
+        return any(pid != self.server.pid and _runs_repro(pid) for pid in netns_pids(self.hosts.server.netns))
+
+    def log(self, node_rank: int) -> str:
+        return (self.results_dir / LOG_DIR / f"node{node_rank}.log").read_text()
+
+    def wait(self, timeout_s: float, grace_s: float = 10.0) -> dict:
+        """Until the run has ended (see the module docstring); its summary. Raises TimeoutError
+        (the hosts' clean-up then stops everything) when it has not ended within ``timeout_s``."""
+        deadline, ended = time.monotonic() + timeout_s, None
+        while self.server.poll() is None or self.client.poll() is None:
+            summary = self.summary()
+            if ended is None and summary and summary["status"] != "running" and not self.server_alive():
+                ended = time.monotonic()
+            if ended is not None and time.monotonic() > ended + grace_s:
+                self.agents_killed = True
+                for host in (self.hosts.server, self.hosts.client):
+                    self.hosts.kill(host)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the two-host run did not end within {timeout_s:g} s; node 0's log:\n"
+                                   + self.log(0)[-3000:])
+            time.sleep(0.1)
+        for proc in (self.server, self.client):
+            proc.wait(10)
+        summary = self.summary()
+        if summary is None:
+            raise RuntimeError("the two-host run ended without a summary.json; node 0's log:\n" + self.log(0)[-3000:])
+        return summary
+
+
+def _runs_repro(pid: int) -> bool:
+    try:
+        return b"repro.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def start(hosts: TwoHosts, overrides: list[str], num_clients: int, results_dir: str | Path,
+          port: int = PORT, gloo_ifname: bool = True) -> TwoHostRun:
+    """Launch node 0 (the server) and node 1 (``num_clients`` clients) across ``hosts``, with
+    Hydra ``overrides`` (``backend=real``, ``backend.master_addr`` and ``results_dir`` are added
+    here). ``gloo_ifname=False`` leaves GLOO_SOCKET_IFNAME unset. Logs go to ``results_dir/.two_hosts/node{0,1}.log``."""
+    results_dir = Path(results_dir).resolve()
+    (results_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    procs = []
+    for node_rank, host, num_procs in ((0, hosts.server, 1), (1, hosts.client, num_clients)):
+        log = open(results_dir / LOG_DIR / f"node{node_rank}.log", "w")
+        with log:   # the child holds its own copy of the descriptor
+            procs.append(hosts.popen(host, torchrun_command(node_rank, num_procs, overrides, results_dir, port),
+                                     env=node_env(host, gloo_ifname), cwd=results_dir, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+    return TwoHostRun(hosts, results_dir, *procs)
+
+
+def run_two_hosts(overrides: list[str], num_clients: int, results_dir: str | Path, link: Link = Link(),
+                  timeout_s: float = 600.0) -> dict:
+    """One real run with its server and clients on two hosts over ``link``; its summary. Raises
+    :class:`~repro.bench.hosts.HostsUnavailable` where namespaces cannot be made."""
+    with TwoHosts(link) as hosts:
+        return start(hosts, overrides, num_clients, results_dir).wait(timeout_s)
