@@ -68,8 +68,11 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
         prog="python -m repro.analysis compare",
         description="Say, per figure, whether two trees agree within the spread over seeds. "
                     "Each of DIR_A, DIR_B is a results tree (holding fig1/ .. fig4/, "
-                    "staleness/) or a figures folder (holding fig1.csv .. fig4.csv, "
-                    "staleness.csv); the kinds may be mixed. Exit code 0: every figure in both "
+                    "staleness/, fig3_paper/, fig4_paper/) or a figures folder (holding fig1.csv "
+                    ".. fig4.csv, staleness.csv, fig3_paper.csv, fig4_paper.csv); the kinds may "
+                    "be mixed. Runs of different configurations are never pooled, and a "
+                    "warm-started figure's shared baseline is compared first. Exit code 0: every "
+                    "figure in both "
                     "agrees (incomplete ones included), 1: some comparison disagrees, 2: bad "
                     "input. The rule: repro/analysis/compare.py.")
     p.add_argument("dir_a", metavar="DIR_A", help="results tree or figures folder A")

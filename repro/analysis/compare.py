@@ -232,9 +232,11 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
     front = ["figure", "grid_point", *[c for c in (*ALWAYS_KEYS, *VARYING_KEYS) if c in table]]
     table = table.reindex(columns=[*front, *STAT_COLUMNS])
     if not table["verdict"].isin([AGREE, DISAGREE]).any():
+        other = sorted(set(table.loc[table["note"] == OTHER_CONFIG, "figure"]))
         raise NoRunsError("compare", f"{a.path} vs {b.path}",
                           f"a grid point of some figure in both trees (A: {a.describe()}; "
-                          f"B: {b.describe()})")
+                          f"B: {b.describe()})" + (f"; in {', '.join(other)} A and B hold runs "
+                                                   "of different configurations" if other else ""))
     return table
 
 
