@@ -100,8 +100,7 @@ class BuildFigure(Callback):
             return
         finally:
             for w in caught:
-                print(f"{self.name}: warning: {w.message}", file=sys.stderr, flush=True)
-        log.info("%s: wrote %s", self.name, ", ".join(str(p) for p in paths))
+                print(f"warning: {w.message}", file=sys.stderr, flush=True)
         print(f"{self.name}: wrote " + ", ".join(str(p) for p in paths), flush=True)
 
     def build(self, results_dir: str, exp_name: str, jobs: list[str] | None = None,
