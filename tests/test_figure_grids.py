@@ -298,6 +298,17 @@ def test_compare_reports_a_warm_start_baseline_that_differs(paper_trees):
     assert out.index("warm-start baseline") < out.index("num_clients=1 nsync=1")   # first
 
 
+def test_a_figures_folder_s_fig3_paper_is_timed_to_its_own_target(tmp_path):
+    """A CSV does not hold the target: fig3_paper's is 10% (conf/exp/fig3_paper.yaml), not the
+    digits figures' 1%."""
+    from repro.analysis.compare import curve_target
+    from repro.analysis.trees import Tree
+
+    folder = Tree(tmp_path, "figures", {}, {})
+    assert curve_target("fig3_paper", folder, folder) == 0.1
+    assert curve_target("fig3", folder, folder) == 0.01
+
+
 # ---------------------------------------------------------------------------------------------
 # fig4's legend and colours (issue 22 §5)
 # ---------------------------------------------------------------------------------------------
