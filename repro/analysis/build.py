@@ -158,8 +158,9 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
                           f"finished runs with {config}")
     if figure.axes is None:
         return ([("", runs)], where) if each else (runs, where)
-    if each:
-        return grids.split(runs, figure.axes), where
+    if each:   # each configuration still one run per grid point and seed
+        return [(label, grids.one_grid(part, figure.axes, where, config))
+                for label, part in grids.split(runs, figure.axes)], where
     return grids.one_grid(runs, figure.axes, where, config), where
 
 
