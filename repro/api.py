@@ -7,7 +7,8 @@
 >>> result.updates.staleness.describe()
 
 Same semantics as ``python -m repro.run``: the same client/server objects, the same cost model,
-the same run-folder tables (written to ``run_dir``, a temporary folder when none is given).
+the same run-folder tables (written to ``run_dir``; without one, to a temporary folder that is
+removed once the tables are read into the result).
 The module is the network for a classification problem (``loss_fn(outputs, labels)``, error =
 argmax mismatch); its current weights are the initial weights; it must have no buffers.
 """
@@ -44,12 +45,17 @@ ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or tor
 
 @dataclass
 class Result:
-    """A finished simulation: its tables as DataFrames, its summary and where they were written."""
+    """A finished simulation: its tables as DataFrames, its summary and where they were written
+    (``run_dir``: None when no folder was asked for; the temporary one is gone).
+
+    ``summary`` is summary.json's content, except that ``summary["time_to_target"]`` is keyed
+    by the target error as a float (``{0.05: 12.3}``): JSON can only key it by text
+    (``{"0.05": 12.3}``), which is how the file keeps it."""
 
     updates: pd.DataFrame
     evals: pd.DataFrame
     summary: dict
-    run_dir: Path
+    run_dir: Path | None
 
 
 def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
@@ -167,10 +173,11 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     device : {"cpu", "cuda", "auto"}, default "cpu"
         Where the model and the data live; "auto" picks cuda when available.
     run_dir : str, Path or None, default None
-        Folder the run's tables are written to (the same files as a command-line run); None
-        makes a fresh temporary folder, which is not deleted afterwards. A folder that already
-        holds a finished run with the same settings is returned as it is; one holding another
-        run is refused (ConfigError) unless ``force``.
+        Folder the run's tables are written to (the same files as a command-line run), kept
+        afterwards. None runs in a fresh temporary folder that is removed before ``simulate``
+        returns (the result holds the tables; ``result.run_dir`` is None). A folder that
+        already holds a finished run with the same settings is returned as it is; one holding
+        another run is refused (ConfigError) unless ``force``.
     force : bool, default False
         Start ``run_dir`` over whatever run it holds.
     progress : bool, default False
@@ -182,8 +189,10 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     Result
         ``updates`` (one row per push applied) and ``evals`` (one row per evaluation) as pandas
         DataFrames with the columns of updates.csv and evals.csv; ``summary``, the dict in
-        summary.json (``status``, final metrics, time to target); ``run_dir``, where they were
-        written. Times are virtual seconds of the cost model. A run that diverges (non-finite
+        summary.json (``status``, final metrics, time to target), with ``time_to_target``
+        keyed by the target as a float (``result.summary["time_to_target"][0.05]``; the file's
+        JSON keys it by the text "0.05"); ``run_dir``, where they were written (None: a
+        temporary folder, removed). Times are virtual seconds of the cost model. A run that diverges (non-finite
         loss or parameters) returns normally with ``summary["status"] == "diverged"``.
 
     Raises
@@ -214,8 +223,19 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     check_batch_size(batch_size, ds.num_train, key="batch_size")
     worker = Worker(copy.deepcopy(module).to(dev), loss_fn)
     problem = Problem(ds, worker, worker.params.detach().clone(), EvalSets.of(ds))
-    run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="repro-"))
-    summary = sim_run(cfg, run_dir, problem=problem)
+    if run_dir is not None:
+        return _run(cfg.replace(force=force), Path(run_dir), problem)
+    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:   # nothing left behind
+        result = _run(cfg.replace(force=force), Path(tmp) / "run", problem)
+    result.run_dir = None
+    return result
+
+
+def _run(cfg: RunConfig, run_dir: Path, problem: Problem) -> Result:
+    summary = dict(sim_run(cfg, run_dir, problem=problem))
+    ttt = summary.get("time_to_target")
+    if isinstance(ttt, dict):   # JSON keys it by text; a caller looks a target up by number
+        summary["time_to_target"] = {float(k): v for k, v in ttt.items()}
     return Result(pd.read_csv(run_dir / schema.UPDATES_FILE), pd.read_csv(run_dir / schema.EVALS_FILE),
                   summary, run_dir)
 

@@ -6,7 +6,9 @@ a grid point runs: in the launching process under ``hydra/launcher=basic``, in a
 under joblib (``hydra/launcher=parallel``), in a job process under submitit (local or Slurm).
 
 * :class:`BuildFigure` (``on_multirun_end``): once the whole grid has ended, rebuild the figure
-  (``figures/<name>.png``/``.pdf``/``.csv``) with :mod:`repro.analysis`, from the logs alone.
+  (``figures/<name>.png``/``.pdf``/``.csv``) with :mod:`repro.analysis`, from the logs of the
+  grid's own points alone; a variant of the experiment writes files of its own
+  (:func:`figure_stem`).
 * :class:`Grid` (progress and stopping):
 
   - **progress**: a thread of the launching process reads the run folders (a shared file system
@@ -33,9 +35,9 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,38 +63,73 @@ class GridStopped(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 
 class BuildFigure(Callback):
-    """Draw ``figure`` from ``results_dir/<exp_name>`` into ``out_dir`` after the grid.
+    """Draw ``figure`` from this grid's runs into ``out_dir`` after the grid.
+
+    The figure is drawn from the grid's own points only: other runs in ``results_dir/<exp_name>``
+    (another configuration, an earlier grid) are left out, named in a warning; a grid whose
+    points hold several configurations (a command-line sweep of a setting the figure does not
+    draw across) draws one figure per configuration (:func:`repro.analysis.build.build_figure`).
 
     ``name``: the files' base name (default: the figure's), so a variant of an experiment
     (``fig3_paper``) draws the same figure without overwriting the original's files: every file
-    the figure writes, ``fig4_speedup.csv`` included, gets ``name`` in place of ``figure``."""
+    the figure writes, ``fig4_speedup.csv`` included, gets ``name`` in place of ``figure``. The
+    command line can rename them too (:func:`figure_stem`): the committed figures are written
+    only by the experiment as committed."""
 
-    def __init__(self, figure: str, out_dir: str = "figures", exp_name: str | None = None,
-                 name: str | None = None) -> None:
+    def __init__(self, figure: str, out_dir: str = "figures", name: str | None = None) -> None:
         # out_dir arrives resolved from the experiment file (${figures_dir})
-        self.figure, self.out_dir, self.exp_name = figure, out_dir, exp_name
+        self.figure, self.out_dir = figure, out_dir
         self.name = name or figure
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        paths = self.build(config.results_dir, config.exp_name)
+        from repro.errors import ConfigError
+
+        overrides = [str(o) for o in config.hydra.overrides.task]
+        try:
+            points = grid_points(config)
+        except Exception as exc:   # another sweeper: draw every run of one configuration
+            log.debug("figure without the grid's job list: %s", exc)
+            points = None
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                paths = self.build(config.results_dir, config.exp_name, points,
+                                   figure_stem(self.name, overrides))
+        except ConfigError as err:
+            print(f"{self.name}: no figure drawn: {err}", file=sys.stderr, flush=True)
+            return
+        finally:
+            for w in caught:
+                print(f"warning: {w.message}", file=sys.stderr, flush=True)
         print(f"{self.name}: wrote " + ", ".join(str(p) for p in paths), flush=True)
 
-    def build(self, results_dir: str, exp_name: str) -> list[Path]:
+    def build(self, results_dir: str, exp_name: str, jobs: list[str] | None = None,
+              stem: str | None = None) -> list[Path]:
         from repro.analysis import build_figure
 
-        exp = self.exp_name or exp_name
-        if self.name == self.figure:
-            return build_figure(self.figure, results_dir, self.out_dir, exp_name=exp)
-        out = Path(self.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out, prefix=f".{self.name}-") as tmp:
-            written = build_figure(self.figure, results_dir, tmp, exp_name=exp)
-            paths = []
-            for path in written:
-                target = out / Path(path).name.replace(self.figure, self.name, 1)
-                os.replace(path, target)   # same folder tree: an atomic rename
-                paths.append(target)
-        return paths
+        return build_figure(self.figure, results_dir, self.out_dir, exp_name=exp_name,
+                            jobs=jobs, stem=stem or self.name, each=True)
+
+
+def figure_stem(name: str, overrides: list[str]) -> str:
+    """The base name of a grid's figure files, from its command line (``overrides``).
+
+    The experiment as committed (no override of a setting that shapes training): ``name``. A
+    variant (``+exp=fig2 algo=sgd``, ``+exp=fig3 nsync=4``) never overwrites those files in the
+    default figures folder: it writes ``<exp_name>`` when the command names the experiment
+    (``exp_name=stability_random``), else ``<name>-<its overrides>`` (``fig2-algo=sgd``). In a
+    folder of the user's own (``figures_dir=...``) the files keep ``name``, so that two folders
+    compare figure by figure."""
+    from repro.analysis.build import file_label
+    from repro.config.help import job_name
+
+    given = {o.partition("=")[0].lstrip("+~"): o.partition("=")[2] for o in overrides}
+    if "figures_dir" in given:
+        return name
+    if given.get("exp_name"):
+        return file_label(given["exp_name"])
+    label = job_name(overrides)
+    return name if label == "base" else f"{name}-{file_label(label)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,4 +397,4 @@ class Grid(Callback):
                 last_key, last_print = key, now
 
 
-__all__ = ["BuildFigure", "Grid", "GridStopped", "grid_points", "point_state", "lock_holder"]
+__all__ = ["BuildFigure", "figure_stem", "Grid", "GridStopped", "grid_points", "point_state", "lock_holder"]

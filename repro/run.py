@@ -127,10 +127,44 @@ def _overrides(argv: list[str]) -> list[tuple[str, str, str]]:
     return out
 
 
+# Hydra's flags that take a value (``--cfg job``); every other word must be KEY=VALUE or a flag.
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+               "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
+
+
+def check_words(argv: list[str]) -> None:
+    """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (``num_clients 4``: Hydra
+    would fail with its own usage text and exit 1), and for a setting given twice (``nsync=4
+    nsync=8``: Hydra would silently keep the last)."""
+    seen: dict[str, str] = {}
+    for i, word in enumerate(argv):
+        if word.startswith("-") or "=" in word:
+            continue
+        if i and argv[i - 1] in VALUE_FLAGS:
+            continue
+        after = argv[i + 1] if i + 1 < len(argv) else None
+        hint = (f"write {word}={after}" if after is not None and "=" not in after
+                and not after.startswith("-") else f"write {word}=VALUE")
+        _exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
+                        f"({hint}; python -m repro.run --help lists every key)")
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key = arg.partition("=")[0].lstrip("+~")
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            continue   # Hydra's own settings: a later one replaces an earlier one, as documented
+        if key in seen:
+            _exit_bad_input(f"'{key}' is set twice ('{seen[key]}' and '{arg}'); keep one "
+                            f"(a sweep is one argument: {key}=A,B)")
+        seen[key] = arg
+
+
 def check_overrides(argv: list[str]) -> None:
-    """Our messages (exit 2) where Hydra's would be raw or point the wrong way: an unknown key
-    (with the closest valid ones), a group option that does not exist, ``exp`` without ``+``,
-    a ``+`` on a key that exists."""
+    """Our messages (exit 2) where Hydra's would be raw or point the wrong way: a word that is
+    not KEY=VALUE, a key set twice (:func:`check_words`), an unknown key (with the closest valid
+    ones), a group option that does not exist, ``exp`` without ``+``, a ``+`` on a key that
+    exists."""
+    check_words(argv)
     keys = set(all_keys())
     for prefix, key, value in _overrides(argv):
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):

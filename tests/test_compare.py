@@ -155,7 +155,8 @@ def test_comparison_table_is_written_as_csv(trees, tmp_path):
     table = pd.read_csv(out)
     assert {"figure", "grid_point", "num_clients", "nsync", "metric", "mean_a", "mean_b",
             "tolerance", "verdict"} <= set(table)
-    assert len(table) == 4 and set(table["verdict"]) == {"agree"}
+    assert set(table["verdict"]) == {"agree"}   # the warm-start baseline's 2 rows first, then 4 points
+    assert list(table["grid_point"].iloc[:2]) == ["warm-start baseline"] * 2 and len(table) == 6
 
 
 # --- bad input and the command line ----------------------------------------------------------

@@ -10,8 +10,10 @@ step must have (0, or the command's ``# exits N``). Nothing in a command is rewr
 a temporary copy of the working tree (git's tracked and untracked-not-ignored files), so
 relative paths mean what they mean in the checkout and everything a run writes (``results/``,
 ``figures/``) lands in the copy, never in the checkout; ``.venv`` in the copy links to the
-environment running the tests and its ``bin`` comes first on ``PATH``, so ``python`` and
-``.venv/bin/python`` both resolve to it. ``MPLBACKEND=Agg``, as on a machine without a display.
+environment running the tests. Each step runs in a shell that is not activated (the
+environment's ``bin`` is off ``PATH``, no ``VIRTUAL_ENV``), after the README's activation command
+(:func:`tests.docs_commands.activation`), as a reader who followed the set-up pastes it: a doc
+that never says to activate fails here. ``MPLBACKEND=Agg``, as on a machine without a display.
 
 **Checked without running** (default suite, seconds): every ``python -m repro.run`` of the
 markdown, fenced or inline, slow and manual ones included (figure grids: every grid point;
@@ -159,18 +161,24 @@ def _workdir(tmp: Path) -> Path:
     return work
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["MPLBACKEND"] = "Agg"
-    return env
+def _shell(work: Path) -> tuple[dict[str, str], str]:
+    """(environment, prefix) of a docs step: an un-activated shell that runs the README's
+    activation first. Without an activation script to run (the tests' Python is no virtual
+    environment), the environment's ``bin`` goes first on ``PATH`` instead."""
+    activate = dc.activation(ROOT / "README.md")
+    if activate and (work / ".venv" / "bin" / "activate").is_file():
+        return dc.unactivated_env(), f"{activate} && "
+    env = dc.unactivated_env()
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
+    return env, ""
 
 
 def run_commands(path: Path, tiers: set[str], work: Path,
                  timeout_s: float) -> tuple[list[str], list[str]]:
     """Run the steps of ``path``'s commands whose tier is in ``tiers``, in order, in ``work``.
     Returns (failures, what ran), each one line (or a few) per step."""
-    failures, ran, env = [], [], _env()
+    failures, ran = [], []
+    env, prefix = _shell(work)
     for cmd in dc.extract(path):
         last = max((i for i, s in enumerate(cmd.steps) if s.tier != "setup"), default=-1)
         for i, step in enumerate(cmd.steps):
@@ -179,8 +187,8 @@ def run_commands(path: Path, tiers: set[str], work: Path,
             expected = cmd.exit_code if i == last else 0
             start = time.monotonic()
             try:
-                proc = subprocess.run(["bash", "-c", step.text], cwd=work, env=env, capture_output=True,
-                                      text=True, timeout=timeout_s)
+                proc = subprocess.run(["bash", "-c", prefix + step.text], cwd=work, env=env,
+                                      capture_output=True, text=True, timeout=timeout_s)
                 rc, out = proc.returncode, (proc.stdout + proc.stderr).strip()
             except subprocess.TimeoutExpired as e:
                 rc, out = "timeout", f"still running after {timeout_s} s: {e.stderr or ''}"

@@ -26,7 +26,8 @@ from repro.files import locks, schema
 from repro.files.locks import FileLock, LockHeld, lock_held, read_holder
 from repro.files.storage import read_checkpoint, to_cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import ROOT
+
 
 # ---------------------------------------------------------------------------------------------
 # Lock probing: one probe, and the writers' view agrees with it

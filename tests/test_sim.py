@@ -145,14 +145,16 @@ def test_warm_start_is_cached_and_reused(tmp_path):
 
 
 def test_a_diverged_simulation_is_drawn_as_diverged(tmp_path):
-    from repro.analysis import figure_frame
+    from repro.analysis import fig2_frame, load_runs
     from repro.analysis.figures import fig2
 
     results = tmp_path / "results" / "fig2"
     simulate(cfg_for(exp_name="fig2", num_clients=1), results / "ok")
     assert simulate(cfg_for(exp_name="fig2", num_clients=2, algo=AlgoConfig(lr=1e6, momentum=0.0)),
                     results / "boom")["status"] == "diverged"
-    frame = figure_frame("fig2", tmp_path / "results")
+    # two configurations (lr): drawn together only by the pure frame function, as
+    # figure_frame refuses to pool them (tests/test_figure_grids.py)
+    frame = fig2_frame(load_runs(tmp_path / "results", "fig2"))
     assert frame[frame.num_clients == 2].diverged.all() and not frame[frame.num_clients == 1].diverged.any()
     labels = [line.get_label() for ax in fig2(frame).axes for line in ax.get_lines()]
     assert any("diverged" in label for label in labels), labels

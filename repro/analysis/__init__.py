@@ -4,10 +4,11 @@
 * :mod:`.tables`  -- time to target, per-run speedups, the speedup table;
 * :mod:`.frames`  -- ``figN_frame(runs)``: the tidy frame behind each figure;
 * :mod:`.figures` -- ``figN(frame) -> Figure`` (pure), style and colours;
-* :mod:`.build`   -- :func:`build_figure` (PNG + PDF + CSV), shared by the CLI and ``repro.run``;
+* :mod:`.grids`   -- a run's configuration: the runs one figure may draw (never a pool of settings);
+* :mod:`.build`   -- :func:`build_figure` (PNG + PDF + CSV), shared by the CLI and the grid callback;
 * :mod:`.trees`   -- a results tree or a figures folder -> each figure's per-run scalar metrics;
 * :mod:`.compare` -- :func:`compare_trees`: do two trees agree within the spread over seeds?
-* ``python -m repro.analysis {fig1,fig2,fig3,fig4,staleness,all}`` and
+* ``python -m repro.analysis {fig1,...,fig3_paper,fig4_paper,all} [--config KEY=VALUE,...]`` and
   ``python -m repro.analysis compare DIR_A DIR_B`` -- the CLI.
 
 The plotting modules (seaborn, matplotlib) load on first use of one of their names

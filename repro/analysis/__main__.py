@@ -1,9 +1,16 @@
-"""Command line: ``python -m repro.analysis {fig1,fig2,fig3,fig4,staleness,all} [options]`` draws
-a figure; ``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two
-results trees or figures folders agree within the spread over seeds.
+"""Command line: ``python -m repro.analysis NAME [options]`` draws a figure (``fig1`` .. ``fig4``,
+``staleness``, ``fig3_paper``, ``fig4_paper``, the lab's, or ``all``);
+``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two results
+trees or figures folders agree within the spread over seeds.
+
+A figure is drawn from the runs of one configuration (:mod:`repro.analysis.grids`): when the
+experiment folder holds runs of several (``+exp=fig1`` and ``+exp=fig1 num_epochs=3``), the
+command refuses, naming them, until ``--config KEY=VALUE,...`` chooses one; the files of a chosen
+configuration are named ``NAME-KEY=VALUE,...`` (or ``--name``), never the committed ``NAME``.
 
 Owns argument parsing and exit codes only. Drawing: 0 on success, 2 when the experiment folder is
-missing or holds no usable run; the work is :func:`repro.analysis.build.build_figure`. Compare: 0
+missing, holds no usable run or several configurations; the work is
+:func:`repro.analysis.build.build_figure`. Compare: 0
 when no comparison disagrees, 1 when one does, 2 for bad input (a missing directory, one of
 neither kind, nothing comparable); the work is :mod:`repro.analysis.compare`.
 """
@@ -18,7 +25,10 @@ import matplotlib
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 
 COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
-                 "[--target T] [--csv FILE.csv]")
+                 "[--target T] [--config KEY=VALUE,...] [--csv FILE.csv]")
+CONFIG_HELP = ("draw the runs whose settings match these KEY=VALUE pairs (comma-separated, e.g. "
+               "num_epochs=3): needed when the experiment folder holds runs of several "
+               "configurations, which a figure never pools (the refusal lists them)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,6 +52,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=None,
                    help="target training error for fig4, as a fraction (default: the runs' "
                         "config target_error)")
+    p.add_argument("--config", default=None, metavar="KEY=VALUE,...", help=CONFIG_HELP)
+    p.add_argument("--name", default=None, metavar="STEM",
+                   help="base name of the files written (default: the figure's name, or "
+                        "NAME-KEY=VALUE,... with --config, so that a chosen variant never "
+                        "overwrites the figure of the experiment as committed)")
     args = p.parse_args(argv)
     if args.figure == "compare":  # only reached when an option came before it
         p.error(f"'compare' takes its own arguments and must come first: {COMPARE_USAGE}")
@@ -53,8 +68,11 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
         prog="python -m repro.analysis compare",
         description="Say, per figure, whether two trees agree within the spread over seeds. "
                     "Each of DIR_A, DIR_B is a results tree (holding fig1/ .. fig4/, "
-                    "staleness/) or a figures folder (holding fig1.csv .. fig4.csv, "
-                    "staleness.csv); the kinds may be mixed. Exit code 0: every figure in both "
+                    "staleness/, fig3_paper/, fig4_paper/) or a figures folder (holding fig1.csv "
+                    ".. fig4.csv, staleness.csv, fig3_paper.csv, fig4_paper.csv); the kinds may "
+                    "be mixed. Runs of different configurations are never pooled, and a "
+                    "warm-started figure's shared baseline is compared first. Exit code 0: every "
+                    "figure in both "
                     "agrees (incomplete ones included), 1: some comparison disagrees, 2: bad "
                     "input. The rule: repro/analysis/compare.py.")
     p.add_argument("dir_a", metavar="DIR_A", help="results tree or figures folder A")
@@ -69,6 +87,10 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
                    help="target training error, as a fraction, for fig2/fig3's time to target "
                         "and for the fig4 speedups of results trees (default: the runs' config "
                         "target_error, else 0.01)")
+    p.add_argument("--config", default=None, metavar="KEY=VALUE,...",
+                   help="in a results tree, compare only the runs whose settings match (as "
+                        "when drawing: needed when a figure's folder holds several "
+                        "configurations; a figures folder's CSV holds one)")
     p.add_argument("--csv", "--out", dest="csv", metavar="FILE.csv", default=None,
                    help="also write the comparison table (one row per figure, grid point and "
                         "metric) to this CSV file")
@@ -85,14 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         return compare_main(argv[1:])
     args = parse_args(argv)
     matplotlib.use("Agg")  # files only, never a window: works with or without a display
-    from repro.analysis.build import build_figure
+    from repro.analysis.build import build_figure, file_label
     from repro.analysis.figures import set_style
 
     set_style()
     try:
         with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
             warnings.showwarning = _show_warning
-            paths = build_figure(args.figure, args.results, args.out, args.exp, args.target)
+            stem = args.name or (f"{args.figure}-{file_label(args.config)}"
+                                 if args.config and args.figure != "all" else None)
+            paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
+                                 config=args.config, stem=stem)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -113,7 +138,8 @@ def compare_main(argv: list[str]) -> int:
             warnings.showwarning = _show_warning
             names = compare.figure_names(args.figures)
             compare.check_options(args.k, args.target)
-            a, b = (trees.read_tree(d, names, args.target) for d in (args.dir_a, args.dir_b))
+            a, b = (trees.read_tree(d, names, args.target, args.config)
+                    for d in (args.dir_a, args.dir_b))
             table = compare.compare(a, b, args.k, args.target)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,14 +1,23 @@
 """Building a figure end to end: run folders -> tidy frame -> PNG, PDF and CSV on disk.
 
 Owns the figure registry (name -> frame builder, figure function), each figure's default
-experiment folder, and :func:`build_figure`, which both the CLI (``python -m repro.analysis``)
-and the training entry point (after a sweep) call.
+experiment folder and axes, and :func:`build_figure`, which both the CLI
+(``python -m repro.analysis``) and the grid callback (after a sweep) call.
+
+A figure is drawn from the runs of one configuration (:mod:`repro.analysis.grids`): the runs of
+its experiment folder that differ only in the figure's axes and the seed. A folder holding runs
+of several configurations (``+exp=fig1`` and ``+exp=fig1 num_epochs=3``) is refused, naming them,
+unless ``config`` chooses one (``--config num_epochs=3``); the grid callback passes its own points
+(``jobs``) and draws each configuration they hold into its own files.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
+import re
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,7 +25,7 @@ from typing import Callable
 import matplotlib as mpl
 import pandas as pd
 
-from repro.analysis import figures, frames
+from repro.analysis import figures, frames, grids
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, summarise_speedups
 from repro.registry import Registry
@@ -25,13 +34,17 @@ from repro.registry import Registry
 @dataclass(frozen=True)
 class FigureSpec:
     """A registered figure: ``frame(runs, target) -> DataFrame`` (pure), ``draw(frame) ->
-    Figure`` (pure), the experiment folders it reads by default (the first that exists), and
-    optionally ``extra(frame, out_dir) -> [paths]`` for more outputs (fig4's speedup table)."""
+    Figure`` (pure), the experiment folders it reads by default (the first that exists),
+    optionally ``extra(frame, out_dir, stem) -> [paths]`` for more outputs (fig4's speedup
+    table, ``<stem>_speedup.csv``), and its ``axes``: the settings it draws across (besides the
+    seed; ``"cost."`` stands for a whole group), every other training-shaping setting being one
+    configuration (:mod:`repro.analysis.grids`); None: any runs of the folder, unchecked."""
 
     frame: Callable
     draw: Callable
     exps: tuple[str, ...] = ()
     extra: Callable | None = None
+    axes: tuple[str, ...] | None = None
 
 
 FIGURES: Registry[FigureSpec] = Registry("figure")
@@ -41,24 +54,40 @@ LAB_MODULES = ("repro.analysis.lab.stability", "repro.analysis.lab.momentum",
 
 
 def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str, ...] = (),
-                    extra: Callable | None = None) -> None:
-    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra))
+                    extra: Callable | None = None, axes: tuple[str, ...] | None = None) -> None:
+    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra,
+                                 LAB_AXES.get(name) if axes is None else tuple(axes)))
 
 
-def _speedup_table(frame: pd.DataFrame, out: Path) -> list[Path]:
+def _speedup_table(frame: pd.DataFrame, out: Path, stem: str = "fig4") -> list[Path]:
     table = summarise_speedups(frame)
     print(format_speedup_table(table))
-    table.to_csv(out / "fig4_speedup.csv", index=False)
-    return [out / "fig4_speedup.csv"]
+    path = out / f"{stem}_speedup.csv"
+    table.to_csv(path, index=False)
+    return [path]
 
 
-register_figure("fig1", lambda runs, target: frames.fig1_frame(runs), figures.fig1)
-register_figure("fig2", lambda runs, target: frames.fig2_frame(runs), figures.fig2)
-register_figure("fig3", lambda runs, target: frames.fig3_frame(runs), figures.fig3)
-register_figure("fig4", frames.fig4_frame, figures.fig4, extra=_speedup_table)
+# The axes of the lab's figures (their modules register them): what each experiment sweeps.
+# +problem chooses data, model, batch size and budget; +mitigation the server rule and protocol.
+LAB_AXES = {"stability": ("num_clients", "algo.lr", "algo.batch_size", "data.", "model.",
+                          "num_epochs"),
+            "momentum": ("num_clients", "algo.momentum"),
+            "sync_vs_async": ("num_clients", "protocol.name", "protocol.backup_workers", "cost."),
+            "mitigation": ("nsync", "algo.server_rule", "protocol.name")}
+CURVES = ("num_clients", "nsync")   # fig2-fig4: one curve or point per client count and nsync
+_fig1 = lambda runs, target: frames.fig1_frame(runs)   # noqa: E731
+_fig3 = lambda runs, target: frames.fig3_frame(runs)   # noqa: E731
+register_figure("fig1", _fig1, figures.fig1, axes=("num_clients",))   # its 1-client runs
+register_figure("fig2", lambda runs, target: frames.fig2_frame(runs), figures.fig2,
+                axes=("num_clients",))   # one nsync: its curves are per client count only
+register_figure("fig3", _fig3, figures.fig3, axes=CURVES)
+register_figure("fig4", frames.fig4_frame, figures.fig4, extra=_speedup_table, axes=CURVES)
 # The staleness figure reads its own sweep, else fig3's full grid.
 register_figure("staleness", lambda runs, target: frames.staleness_frame(runs), figures.staleness,
-                ("staleness", "fig3"))
+                ("staleness", "fig3"), axes=CURVES)
+# The paper's regime (conf/exp/fig3_paper.yaml, fig4_paper.yaml): the same figures, own files.
+register_figure("fig3_paper", _fig3, figures.fig3, axes=CURVES)
+register_figure("fig4_paper", frames.fig4_frame, figures.fig4, extra=_speedup_table, axes=CURVES)
 
 
 def _load_labs() -> None:
@@ -85,12 +114,30 @@ def default_exp(name: str, results_dir: str | Path) -> str:
 
 
 def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None,
-                 target: float | None = None, runs: Runs | None = None) -> pd.DataFrame:
-    """The tidy frame of one figure, read from ``results_dir/exp_name``.
+                 target: float | None = None, runs: Runs | None = None, config: str | None = None,
+                 jobs: list[str] | None = None) -> pd.DataFrame:
+    """The tidy frame of one figure, read from ``results_dir/exp_name``: the runs of one
+    configuration (:func:`figure_runs`).
 
     ``runs``: that folder already loaded (:func:`load_runs`), so that a caller building several
     figures from one experiment folder reads it, and warns about its bad folders, only once.
-    Raises :class:`NoRunsError` when the folder is missing or nothing in it is usable.
+    Raises :class:`NoRunsError` when the folder is missing or nothing in it is usable, and
+    :class:`ConfigError` when it holds several configurations and ``config`` chooses none.
+    """
+    runs, where = figure_runs(name, results_dir, exp_name, runs, config, jobs)
+    return _frame(name, runs, where, target)
+
+
+def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
+                runs: Runs | None = None, config: str | None = None,
+                jobs: list[str] | None = None, each: bool = False):
+    """The runs ``name`` draws from ``results_dir/exp_name`` and where they are (for messages).
+
+    ``jobs``: only these run folders (a grid's points; the others are left out with a warning
+    naming them); ``config``: only the runs whose settings match its ``KEY=VALUE,...``. What is
+    left must be one configuration of the figure's axes with one run per grid point and seed
+    (:func:`repro.analysis.grids.one_grid`), else :class:`ConfigError` naming them; ``each``:
+    return ``[(label, runs), ...]``, one per configuration, instead of refusing.
     """
     figure = spec(name)   # ConfigError naming the figures there are
     exp = exp_name or default_exp(name, results_dir)
@@ -99,7 +146,26 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
     if runs.runs.empty:
         raise NoRunsError("exp", where, "a folder holding at least one finished run "
                                         f"({len(runs.skipped)} skipped: see the warnings)")
-    frame = figure.frame(runs, target)
+    if jobs is not None:
+        runs, others = grids.only_jobs(runs, jobs)
+        if others:
+            warnings.warn(f"{name}: drawn from this grid's runs only; {len(others)} other run(s) "
+                          f"in {where} left out (another configuration or grid): "
+                          f"{grids.list_folders(others)}", stacklevel=2)
+    runs = grids.choose(runs, config)
+    if runs.runs.empty:
+        raise NoRunsError("exp", where, "finished runs of this grid" if config is None else
+                          f"finished runs with {config}")
+    if figure.axes is None:
+        return ([("", runs)], where) if each else (runs, where)
+    if each:   # each configuration still one run per grid point and seed
+        return [(label, grids.one_grid(part, figure.axes, where, config))
+                for label, part in grids.split(runs, figure.axes)], where
+    return grids.one_grid(runs, figure.axes, where, config), where
+
+
+def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFrame:
+    frame = spec(name).frame(runs, target)
     if frame.empty:
         raise NoRunsError("exp", where, f"runs that {name} can use"
                                         + (" (1-client runs)" if name == "fig1" else ""))
@@ -107,34 +173,64 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
 
 
 def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | Path = "figures",
-                 exp_name: str | None = None, target: float | None = None) -> list[Path]:
-    """Write ``out_dir/<name>.png``, ``.pdf`` and ``.csv`` (fig4: also ``fig4_speedup.csv``,
-    printed too) and return the paths written. ``name="all"`` builds every figure whose
+                 exp_name: str | None = None, target: float | None = None,
+                 config: str | None = None, jobs: list[str] | None = None,
+                 stem: str | None = None, each: bool = False) -> list[Path]:
+    """Write ``out_dir/<stem>.png``, ``.pdf`` and ``.csv`` (fig4: also ``<stem>_speedup.csv``,
+    printed too) and return the paths written; ``stem`` defaults to ``name``.
+
+    The runs are chosen as :func:`figure_runs` says (``config``, ``jobs``). ``each``: a grid
+    holding several configurations draws each into its own files, ``<stem>-<its settings>``
+    (the grid callback), instead of refusing. ``name="all"`` builds every figure whose
     experiment folder holds usable runs and raises :class:`NoRunsError` only if none does.
     """
     if name == "all":
-        return _build_all(results_dir, out_dir, exp_name, target)
-    frame = figure_frame(name, results_dir, exp_name, target)
-    out = Path(out_dir)
+        return _build_all(results_dir, out_dir, exp_name, target, config)
+    stem = stem or name
+    if not each:
+        runs, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs)
+        return _write(name, _frame(name, runs, where, target), Path(out_dir), stem)
+    parts, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs, each=True)
+    paths = []
+    for label, runs in parts:
+        files = f"{stem}-{file_label(label)}" if len(parts) > 1 else stem
+        paths += _write(name, _frame(name, runs, where, target), Path(out_dir), files)
+    return paths
+
+
+def file_label(text: str) -> str:
+    """Settings as part of a file name: ``algo=sgd,num_epochs=3`` (a path's ``/`` and other
+    characters a file name should not hold become ``_``)."""
+    return re.sub(r"[^\w.=,+-]", "_", text)
+
+
+def _write(name: str, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams
         fig = spec(name).draw(frame)
         for ext in ("png", "pdf"):
-            paths.append(out / f"{name}.{ext}")
+            paths.append(out / f"{stem}.{ext}")
             fig.savefig(paths[-1])
-    paths.append(out / f"{name}.csv")
+    paths.append(out / f"{stem}.csv")
     frame.to_csv(paths[-1], index=False)
     if spec(name).extra is not None:
-        paths += spec(name).extra(frame, out)
+        paths += _extra(spec(name).extra, frame, out, stem)
     return paths
 
 
-def _build_all(results_dir, out_dir, exp_name, target) -> list[Path]:
+def _extra(extra: Callable, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
+    """A lab figure's extra takes (frame, out); fig4's also the stem its files are named by."""
+    if len(inspect.signature(extra).parameters) >= 3:
+        return extra(frame, out, stem)
+    return extra(frame, out)
+
+
+def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
     paths, failures = [], []
     for name in figure_names():
         try:
-            paths += build_figure(name, results_dir, out_dir, exp_name, target)
+            paths += build_figure(name, results_dir, out_dir, exp_name, target, config)
         except NoRunsError as e:
             failures.append(f"{name}: {e}")
             print(f"skipping {name}: {e}")

@@ -6,9 +6,22 @@ agree statistically, within the spread over seeds. This module owns that rule, t
 the report; the per-run metrics it compares come from :mod:`repro.analysis.trees` (a tree is a
 results tree or a figures folder; the two kinds mix).
 
+* **Configurations are never pooled**: a results tree's figure is read from the runs of one
+  configuration (:mod:`repro.analysis.grids`: every training-shaping setting but the figure's
+  axes and the seed; ``--config`` chooses when a folder holds several), a figures folder's CSV
+  holds one. When both trees record it (the ``config_id`` column) and it differs, the figure is
+  not compared (its grid points are "only in A" / "only in B"): different settings, not
+  different machines.
 * **Grid point**: the runs of one figure that share ``num_clients``, ``nsync`` and, when they take
-  more than one value in either tree, ``exp_name``, ``start`` and ``backend.name``; the seeds
-  (and run folders) of a grid point are its samples.
+  more than one value in either tree, ``exp_name``, ``start``, ``backend.name`` and
+  ``config_id``; the seeds (and run folders) of a grid point are its samples.
+* **The warm-start baseline first**: every grid point of a warm-started figure (fig3, fig4 and
+  their paper-regime variants) starts from one shared single-client baseline, so when the
+  baseline itself lands elsewhere (another CPU's kernels) every grid point moves together and
+  the spread over seeds cannot cover it. Its errors (each run's first evaluation) are compared
+  first, as the grid point ``warm-start baseline`` (one value per seed, floor 1 point), and the
+  report says when it differs: the grid points' verdicts then compare runs from different
+  starts.
 * **Rule**, per grid point and metric: disagreement when ``|mean_A - mean_B| > max(k * s,
   floor)``, where the means are over the finite seed values, ``s`` is the pooled standard
   deviation ``sqrt`` of the mean of the within-tree sample variances of the trees with >= 2
@@ -24,7 +37,8 @@ results tree or a figures folder; the two kinds mix).
   verdict ``only in A`` / ``only in B``; it makes the figure "incomplete", not "disagree".
 * **Target** of fig2/fig3's time to target: ``--target``; else the runs' config
   ``target_error`` (A's when both trees are results trees and differ, with a warning; a figures
-  folder's CSVs do not hold it, so the other tree's is used); else :data:`DEFAULT_TARGET`.
+  folder's CSVs do not hold it, so the other tree's is used); else :data:`DEFAULT_TARGET`
+  (fig3_paper: :data:`DEFAULT_TARGETS`).
 
 Exit code of the CLI (:func:`exit_code`): 0 when no comparison disagrees (incomplete and
 one-sided figures included), 1 when any does; bad input raises :class:`ConfigError` (code 2).
@@ -40,16 +54,20 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.load import NoRunsError
-from repro.analysis.trees import FIGURES, METRICS, Tree, read_tree, run_metrics
+from repro.analysis.trees import FIGURES, METRICS, Tree, read_tree, run_metrics, start_errors
 from repro.errors import ConfigError
 
 DEFAULT_TARGET = 0.01  # the target_error of conf/exp/fig2.yaml, fig3.yaml and fig4.yaml
+DEFAULT_TARGETS = {"fig3_paper": 0.1}   # conf/exp/fig3_paper.yaml
 ALWAYS_KEYS = ("num_clients", "nsync")
-VARYING_KEYS = ("exp_name", "start", "backend.name")  # grid keys only when they vary
+VARYING_KEYS = ("exp_name", "start", "backend.name", "config_id")  # grid keys when they vary
 # metric -> (absolute floor, floor relative to the mean of the two means)
 FLOORS = {"final_train_error_pct": (1.0, 0.0), "final_test_error_pct": (1.0, 0.0),
           "time_to_target_s": (0.0, 0.10), "speedup": (0.0, 0.10),
-          "mean_staleness": (0.1, 0.10)}
+          "mean_staleness": (0.1, 0.10), "start_train_error_pct": (1.0, 0.0),
+          "start_test_error_pct": (1.0, 0.0)}
+BASELINE = "warm-start baseline"   # the grid point of the baseline's comparison
+OTHER_CONFIG = "another configuration than the other tree's"
 AGREE, DISAGREE, ONLY_A, ONLY_B = "agree", "DISAGREE", "only in A", "only in B"
 STAT_COLUMNS = ("metric", "target", "n_a", "n_b", "nan_a", "nan_b", "mean_a", "mean_b", "diff",
                 "sd", "tolerance", "verdict", "note")
@@ -91,7 +109,7 @@ def _side(values: Iterable[float] | None) -> tuple[int, int, float, float]:
 
 def curve_target(name: str, a: Tree, b: Tree, override: float | None = None) -> float | None:
     """The target error (a fraction) of fig2/fig3's time to target, one for both trees."""
-    if name not in ("fig2", "fig3"):
+    if name not in ("fig2", "fig3", "fig3_paper"):
         return None
     if override is not None:
         return float(override)
@@ -100,7 +118,7 @@ def curve_target(name: str, a: Tree, b: Tree, override: float | None = None) -> 
     if len(found) == 2 and found[0] != found[1]:
         warnings.warn(f"{name}: the trees' runs have target_error {found[0]} (A) and {found[1]} "
                       f"(B); using A's", stacklevel=3)
-    return found[0] if found else DEFAULT_TARGET
+    return found[0] if found else DEFAULT_TARGETS.get(name, DEFAULT_TARGET)
 
 
 def _keys(name: str, per_run: list[pd.DataFrame]) -> list[str]:
@@ -114,7 +132,13 @@ def _keys(name: str, per_run: list[pd.DataFrame]) -> list[str]:
         elif len(present) == 2:
             va, vb = (m[col].iloc[0] if len(m) else None for m in present)
             same = va == vb or (pd.isna(va) and pd.isna(vb))
-            if not same and col != "exp_name":  # a renamed experiment is the same experiment
+            if not same and col == "config_id":   # other settings: never one grid
+                warnings.warn(f"{name}: A and B hold runs of different configurations "
+                              f"(config_id {va} and {vb}): not compared; python -m "
+                              f"repro.analysis {name} --results TREE draws a results tree's",
+                              stacklevel=4)
+                keys.append(col)
+            elif not same and col != "exp_name":  # a renamed experiment is the same experiment
                 warnings.warn(f"{name}: {col} is {va!r} in A and {vb!r} in B; comparing them "
                               "as one grid", stacklevel=4)
     return keys
@@ -143,17 +167,33 @@ def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, 
     groups = [{} if m is None else {(key if isinstance(key, tuple) else (key,)): g
                                     for key, g in _normalise(m, keys).groupby(keys, sort=True)}
               for m in (ma, mb)]
+    other = "config_id" in keys and not any(m is None or m["config_id"].nunique() > 1
+                                             for m in (ma, mb))
     rows = []
     for point in sorted(set(groups[0]) | set(groups[1])):
         ga, gb = (g.get(point) for g in groups)
         for metric in METRICS[name]:
             stats = compare_values(None if ga is None else ga[metric],
                                    None if gb is None else gb[metric], k, *FLOORS[metric])
+            if other:
+                stats["note"] = OTHER_CONFIG
             rows.append({"figure": name, "grid_point": _label(keys, point),
                          **dict(zip(keys, point)), "metric": metric,
                          "target": target if metric == "time_to_target_s" else math.nan,
                          **stats})
     return rows
+
+
+def compare_baseline(name: str, fa: pd.DataFrame | None, fb: pd.DataFrame | None,
+                     k: float = 3.0) -> list[dict]:
+    """Rows comparing the warm-start baseline of A and B (:func:`repro.analysis.trees.
+    start_errors`); none unless both frames are warm-started and record it."""
+    sa, sb = (None if f is None else start_errors(name, f) for f in (fa, fb))
+    if sa is None or sb is None:
+        return []
+    return [{"figure": name, "grid_point": BASELINE, "metric": metric, "target": math.nan,
+             **compare_values(sa[metric], sb[metric], k, *FLOORS[metric])}
+            for metric in ("start_train_error_pct", "start_test_error_pct")]
 
 
 def figure_names(figures: Iterable[str] | str | None) -> tuple[str, ...]:
@@ -188,14 +228,17 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
         t = curve_target(name, a, b, target)
         ma, mb = (run_metrics(name, tree.frames[name], t) if name in tree.frames else None
                   for tree in (a, b))
+        rows += compare_baseline(name, a.frames.get(name), b.frames.get(name), k)
         rows += compare_figure(name, ma, mb, k, t)
     table = pd.DataFrame(rows)
     front = ["figure", "grid_point", *[c for c in (*ALWAYS_KEYS, *VARYING_KEYS) if c in table]]
     table = table.reindex(columns=[*front, *STAT_COLUMNS])
     if not table["verdict"].isin([AGREE, DISAGREE]).any():
+        other = sorted(set(table.loc[table["note"] == OTHER_CONFIG, "figure"]))
         raise NoRunsError("compare", f"{a.path} vs {b.path}",
                           f"a grid point of some figure in both trees (A: {a.describe()}; "
-                          f"B: {b.describe()})")
+                          f"B: {b.describe()})" + (f"; in {', '.join(other)} A and B hold runs "
+                                                   "of different configurations" if other else ""))
     return table
 
 
@@ -218,34 +261,47 @@ def compare_trees(a: str | Path, b: str | Path, k: float = 3.0,
 
 def figure_verdicts(table: pd.DataFrame) -> dict[str, str]:
     """One line per figure: ``fig3: agree (24 grid points x 2 metrics)``, ``fig3: DISAGREE at 3
-    of 48 comparisons``, ``fig3: only in A``, or ``fig3: incomplete (...)``."""
+    of 48 comparisons``, ``fig3: only in A``, ``fig3: incomplete (...)`` or ``fig3: not compared
+    (...)``; a warm-start baseline that differs is said after it."""
     lines = {}
     for name, g in table.groupby("figure", sort=False):
-        verdicts = g["verdict"]
-        both = g[verdicts.isin([AGREE, DISAGREE])]
-        only = {side: g.loc[verdicts == side, "grid_point"].nunique() for side in (ONLY_A, ONLY_B)}
-        if both.empty and not only[ONLY_B]:
-            lines[name] = f"{name}: only in A"
-            continue
-        if both.empty and not only[ONLY_A]:
-            lines[name] = f"{name}: only in B"
-            continue
-        missing = ", ".join(f"{_plural(n, 'grid point')} {side}" for side, n in only.items() if n)
-        bad = int((both["verdict"] == DISAGREE).sum())
-        points, metrics = both["grid_point"].nunique(), both["metric"].nunique()
-        if bad:
-            line = f"{name}: DISAGREE at {bad} of {len(both)} comparisons"
-            lines[name] = line + (f" (incomplete: {missing})" if missing else "")
-        elif not points:
-            lines[name] = f"{name}: incomplete (no common grid point: {missing})"
-        elif missing:
-            lines[name] = (f"{name}: incomplete ({missing}; the common "
-                           f"{_plural(points, 'grid point')} x {_plural(metrics, 'metric')} "
-                           "agree)")
-        else:
-            lines[name] = f"{name}: agree ({_plural(points, 'grid point')} x " \
-                          f"{_plural(metrics, 'metric')})"
+        base, g = g[g["grid_point"] == BASELINE], g[g["grid_point"] != BASELINE]
+        lines[name] = _grid_verdict(name, g) + _baseline_verdict(base)
     return lines
+
+
+def _grid_verdict(name: str, g: pd.DataFrame) -> str:
+    verdicts = g["verdict"]
+    both = g[verdicts.isin([AGREE, DISAGREE])]
+    only = {side: g.loc[verdicts == side, "grid_point"].nunique() for side in (ONLY_A, ONLY_B)}
+    if both.empty and len(g) and (g["note"] == OTHER_CONFIG).all():
+        return f"{name}: not compared: A and B hold runs of different configurations"
+    if both.empty and not only[ONLY_B]:
+        return f"{name}: only in A"
+    if both.empty and not only[ONLY_A]:
+        return f"{name}: only in B"
+    missing = ", ".join(f"{_plural(n, 'grid point')} {side}" for side, n in only.items() if n)
+    bad = int((both["verdict"] == DISAGREE).sum())
+    points, metrics = both["grid_point"].nunique(), both["metric"].nunique()
+    if bad:
+        line = f"{name}: DISAGREE at {bad} of {len(both)} comparisons"
+        return line + (f" (incomplete: {missing})" if missing else "")
+    if not points:
+        return f"{name}: incomplete (no common grid point: {missing})"
+    if missing:
+        return (f"{name}: incomplete ({missing}; the common {_plural(points, 'grid point')} x "
+                f"{_plural(metrics, 'metric')} agree)")
+    return f"{name}: agree ({_plural(points, 'grid point')} x {_plural(metrics, 'metric')})"
+
+
+def _baseline_verdict(base: pd.DataFrame) -> str:
+    train = base[base["metric"] == "start_train_error_pct"]
+    if train.empty or not (base["verdict"] == DISAGREE).any():
+        return ""
+    row = train.iloc[0]
+    return (f"; the warm-start baseline itself DIFFERS (training error {row['mean_a']:.2f}% in A, "
+            f"{row['mean_b']:.2f}% in B): every grid point starts from it, so its grid points "
+            "move together and the spread over seeds cannot cover that")
 
 
 def exit_code(table: pd.DataFrame) -> int:
@@ -270,6 +326,9 @@ def format_report(table: pd.DataFrame) -> str:
         target = g["target"].dropna()
         head = f"== {name}" + (f" (time to training error <= {100 * target.iloc[0]:g}%)"
                                if len(target) else "")
+        if (g["grid_point"] == BASELINE).any():
+            head += ("\nthe warm-start baseline first: every grid point starts from it, so when it "
+                     "differs the grid points below differ together")
         shown = pd.DataFrame({
             "grid point": _left(g["grid_point"]), "metric": _left(g["metric"]),
             "seeds A/B": [f"{a}/{b}" for a, b in zip(g["n_a"], g["n_b"])],

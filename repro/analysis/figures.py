@@ -24,6 +24,7 @@ CLIENT_LADDER = (1, 2, 4, 8, 16, 32, 64)
 _PALETTE = sns.color_palette("colorblind", 10)  # fixed: client ladder first, then the rest
 DIVERGED_MARKER = dict(marker="x", markersize=7, markeredgewidth=2)
 BAND_NOTE = "line: mean over seeds, band: min-max"
+NSYNC_MARKERS = ("o", "s", "^", "D", "P", "*", "h")
 
 
 def style_rc() -> dict[str, Any]:
@@ -50,9 +51,18 @@ def client_label(num_clients: int) -> str:
 
 
 def nsync_colors(values: Iterable[Any]) -> dict[int, tuple[float, float, float]]:
-    """An ordered (sequential) colour per nsync value, small to large."""
+    """An ordered (sequential) colour per nsync value, small to large: viridis from dark purple
+    to green, short of its pale yellow (five levels stay apart; "crest" ran them together)."""
     levels = sorted({int(v) for v in values})
-    return dict(zip(levels, sns.color_palette("crest", max(len(levels), 1))))
+    cmap = mpl.colormaps["viridis"]
+    steps = np.linspace(0.0, 0.85, max(len(levels), 2))[:max(len(levels), 1)]
+    return {k: tuple(cmap(x)[:3]) for k, x in zip(levels, steps)}
+
+
+def nsync_markers(values: Iterable[Any]) -> dict[int, str]:
+    """A marker per nsync value, so that lines stay apart where colours are hard to tell."""
+    levels = sorted({int(v) for v in values})
+    return {k: NSYNC_MARKERS[i % len(NSYNC_MARKERS)] for i, k in enumerate(levels)}
 
 
 def _clock(frame: pd.DataFrame) -> str:
@@ -232,33 +242,38 @@ def fig4(frame: pd.DataFrame) -> Figure:
     """Speedup (time to target, 1 client / N clients) vs clients, one line per nsync.
 
     Line: mean over seeds of the runs that reached the target; band: min-max. A diverged run
-    is an ``x`` at speedup 0, a run that never reached the target a ``v`` at 0.
+    is an ``x`` at speedup 0, a run that never reached the target a ``v`` at 0. Each nsync has
+    its own colour and marker; the legend sits beside the axes, never over the data.
     """
     _require(frame, "fig4")
-    fig, axes = _new_figure(panel=(5.0, 3.8))
+    fig, axes = _new_figure(panel=(7.0, 3.8))   # room for the legend beside the axes
     ax = axes[0, 0]
     counts = sorted(int(n) for n in frame["num_clients"].unique())
     ax.plot(counts, counts, color="0.3", linestyle="--", label="ideal")
-    colors = nsync_colors(frame["nsync"])
+    colors, markers = nsync_colors(frame["nsync"]), nsync_markers(frame["nsync"])
+    missed = {}
     for k, group in frame.groupby("nsync", sort=True):
-        color = colors[int(k)]
+        color, marker = colors[int(k)], markers[int(k)]
         ok = group[group["outcome"] == "ok"]
         stats = ok.groupby("num_clients")["speedup"].agg(["mean", "min", "max"])
-        ax.plot(stats.index, stats["mean"], color=color, marker="o", label=f"nsync = {int(k)}")
-        ax.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.2, lw=0)
-        for outcome, marker, what in (("diverged", "x", "diverged"),
+        ax.plot(stats.index, stats["mean"], color=color, marker=marker, label=f"nsync = {int(k)}")
+        ax.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.15, lw=0)
+        for outcome, symbol, what in (("diverged", "x", "diverged"),
                                       ("not_reached", "v", "target not reached")):
             miss = group[group["outcome"] == outcome]
             if len(miss):
-                ax.plot(miss["num_clients"], np.zeros(len(miss)), linestyle="none",
-                        color=color, label=f"nsync = {int(k)} ({what})",
-                        **{**DIVERGED_MARKER, "marker": marker})
+                ax.plot(miss["num_clients"], np.zeros(len(miss)), linestyle="none", color=color,
+                        label="_nolegend_", **{**DIVERGED_MARKER, "marker": symbol})
+                missed[what] = symbol
+    for what, symbol in missed.items():   # one entry each: the marker's colour is its nsync's
+        ax.plot([], [], linestyle="none", color="0.4", label=f"{what} (at 0)",
+                **{**DIVERGED_MARKER, "marker": symbol})
     target = float(frame["target"].iloc[0])
     ax.set(xlabel="clients", ylabel="speedup (time 1 client / time N clients)",
-           xticks=counts, ylim=(-0.2, None),
+           xticks=counts, ylim=(-0.4, None),
            title=f"Fig. 4: speedup to {100 * target:g}% training error\n"
                  f"({_clock(frame)} time; {_seeds(frame)}; {BAND_NOTE})")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return fig
 
 
@@ -317,4 +332,4 @@ def staleness(frame: pd.DataFrame) -> Figure:
 
 
 __all__ = ["fig1", "fig2", "fig3", "fig4", "staleness", "set_style", "style_rc", "client_color",
-           "client_label", "nsync_colors", "time_label", "mean_band", "draw_curves"]
+           "client_label", "nsync_colors", "nsync_markers", "time_label", "mean_band", "draw_curves"]

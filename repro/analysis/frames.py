@@ -4,14 +4,17 @@ Owns which runs and which columns each figure shows. The frame is what the figur
 draws and what the CLI saves as ``figures/<name>.csv``; plotting code never reads run folders.
 
 Columns shared by every frame: ``exp_name, run_dir, seed, num_clients, nsync, start,
-backend.name, status, diverged`` (one run's identity). Then per frame:
+backend.name, status, diverged`` (one run's identity), and ``config_id`` when the runs were
+chosen as one configuration (:mod:`repro.analysis.grids`; ``compare`` never pools two). Then
+per frame:
 
 * fig1: ``clock, version, epoch, time_s, metric`` ("training error" / "test error"), ``error_pct``
   -- one row per (1-client run, evaluation, metric);
 * fig2, fig3: ``clock, version, epoch, time_s, train_error_pct, test_error_pct`` -- one row per
   (run, evaluation);
 * fig4: ``clock, target, time_to_target_s, ref_run_dir, ref_time_s, speedup, outcome`` -- one
-  row per run (see :mod:`repro.analysis.tables`);
+  row per run (see :mod:`repro.analysis.tables`) -- and ``start_train_error_pct,
+  start_test_error_pct``: its first evaluation (for a warm start: the baseline it starts from);
 * staleness: ``quantity`` ("staleness" / "final_test_error_pct"), ``value``, ``count`` -- per
   run, a histogram of the staleness of its applied pushes plus one row with its final test error.
 """
@@ -27,8 +30,10 @@ from repro.analysis.tables import resolve_target, run_speedups
 
 RUN_ID = ("exp_name", "run_dir", "seed", "num_clients", "nsync", "start", "backend.name",
           "status", "diverged")
+CONFIG = "config_id"   # after RUN_ID when the runs were chosen as one configuration
 CURVE_COLUMNS = (*RUN_ID, "clock", "version", "epoch", "time_s", "train_error_pct",
                  "test_error_pct")
+START_COLUMNS = {"train_error": "start_train_error_pct", "test_error": "start_test_error_pct"}
 GROUP_ONLY = ("job", "target_error")  # identity columns the figure frames leave out
 METRICS = {"train_error_pct": "training error", "test_error_pct": "test error"}
 
@@ -39,20 +44,27 @@ def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def _ident(frame: pd.DataFrame, columns=RUN_ID) -> list[str]:
+    """``columns`` with ``config_id`` after the run's identity when ``frame`` has it."""
+    at = len(RUN_ID) if columns[:len(RUN_ID)] == RUN_ID else len(columns)
+    extra = [CONFIG] if CONFIG in frame and CONFIG not in columns else []
+    return [*columns[:at], *extra, *columns[at:]]
+
+
 def _curves(evals: pd.DataFrame) -> pd.DataFrame:
     ev = _with_diverged(evals)
     ev["train_error_pct"] = 100.0 * ev["train_error"].astype(float)
     ev["test_error_pct"] = 100.0 * ev["test_error"].astype(float)
     ev = ev.sort_values(["num_clients", "nsync", "seed", "run_dir", "time_s", "version"],
                         kind="stable")
-    return ev[list(CURVE_COLUMNS)].reset_index(drop=True)
+    return ev[_ident(ev, CURVE_COLUMNS)].reset_index(drop=True)
 
 
 def fig1_frame(runs: Runs) -> pd.DataFrame:
     """Single-client baseline: training and test error (%) of every 1-client run, long format."""
     curves = _curves(runs.evals)
     curves = curves[curves["num_clients"] == 1]
-    long = curves.melt(id_vars=[c for c in CURVE_COLUMNS if c not in METRICS],
+    long = curves.melt(id_vars=[c for c in _ident(curves, CURVE_COLUMNS) if c not in METRICS],
                        value_vars=list(METRICS), var_name="metric", value_name="error_pct")
     long["metric"] = long["metric"].map(METRICS)
     return long.reset_index(drop=True)
@@ -74,13 +86,18 @@ def fig4_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     if len(per_run) and not (per_run["outcome"] == "ok").any():
         warnings.warn("no run gives a speedup (outcomes: "
                       f"{per_run['outcome'].value_counts().to_dict()})", stacklevel=2)
-    extra = [c for c in per_run if c not in RUN_ID and c not in GROUP_ONLY]
-    return per_run[[*RUN_ID, *extra]]
+    first = (runs.evals.sort_values(["time_s", "version"], kind="stable")
+             .groupby("run_dir")[list(START_COLUMNS)].first())
+    for column, name in START_COLUMNS.items():   # where the run started (compare: the baseline)
+        per_run[name] = 100.0 * per_run["run_dir"].map(first[column]).astype(float)
+    ident = _ident(per_run)
+    extra = [c for c in per_run if c not in ident and c not in GROUP_ONLY]
+    return per_run[[*ident, *extra]]
 
 
 def staleness_frame(runs: Runs) -> pd.DataFrame:
     """Staleness histogram of each run's pushes plus its final test error (%), stacked."""
-    ident = [c for c in RUN_ID if c != "diverged"]
+    ident = [c for c in _ident(runs.runs) if c != "diverged"]
     up = runs.updates
     hist = (up.groupby([*ident, "staleness"], dropna=False, sort=True).size()
             .rename("count").reset_index().rename(columns={"staleness": "value"}))
@@ -92,7 +109,7 @@ def staleness_frame(runs: Runs) -> pd.DataFrame:
     out = _with_diverged(pd.concat([hist, final], ignore_index=True))
     out = out.sort_values(["quantity", "num_clients", "nsync", "seed", "run_dir", "value"],
                           kind="stable")
-    return out[[*RUN_ID, "quantity", "value", "count"]].reset_index(drop=True)
+    return out[[*_ident(out), "quantity", "value", "count"]].reset_index(drop=True)
 
 
 def _final_test_error(runs: Runs) -> pd.Series:

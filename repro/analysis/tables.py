@@ -5,8 +5,10 @@ Owns the definitions, so the figure and the table cannot disagree:
 * time to target = the first evaluation ``time_s`` at which ``train_error <= target``
   (NaN if never);
 * speedup of an N-client run = t(1-client run, same seed) / t(N-client run). The 1-client
-  reference shares the seed (and experiment, start, backend) and preferably the nsync; when no
-  1-client run has that nsync, the one with the smallest nsync is used;
+  reference shares the seed (and experiment, start, backend and, once runs were chosen as one
+  grid, the configuration: :mod:`repro.analysis.grids`) and preferably the nsync; when no
+  1-client run has that nsync, the one with the smallest nsync is used. Two candidates for one
+  reference (a stale folder beside the grid's own) are warned about, never chosen silently;
 * a diverged run gives no speedup (outcome ``diverged``) but is counted in the table.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pandas as pd
 from repro.analysis.load import GROUP_COLUMNS, NoRunsError, Runs, finite
 
 # A 1-client reference must agree with the N-client run on these (when present) and on the seed.
-REFERENCE_KEYS = ("exp_name", "start", "backend.name", "seed")
+REFERENCE_KEYS = ("exp_name", "start", "backend.name", "config_id", "seed")
 OUTCOMES = ("ok", "diverged", "not_reached", "no_reference", "reached_at_start")
 TABLE_COLUMNS = ("nsync", "num_clients", "speedup_mean", "speedup_std", "speedup_min",
                  "speedup_max", "n", "n_runs", "n_diverged", "n_not_reached", "n_no_reference",
@@ -47,7 +49,7 @@ def resolve_target(frame: pd.DataFrame, override: float | None = None) -> float:
 
 def time_to_target(evals: pd.DataFrame, target: float) -> pd.DataFrame:
     """One row per run: its grouping columns, ``clock``, ``target`` and ``time_to_target_s``."""
-    keep = [c for c in ("run_dir", *GROUP_COLUMNS) if c in evals]
+    keep = [c for c in ("run_dir", *GROUP_COLUMNS, "config_id") if c in evals]
     rows = []
     for _, run in evals.groupby("run_dir", sort=True):
         run = run.sort_values(["time_s", "version"], kind="stable")
@@ -75,7 +77,13 @@ def _reference(row: pd.Series, ones: pd.DataFrame) -> pd.Series | None:
         return None
     same_nsync = match[match["nsync"] == row["nsync"]]
     pool = same_nsync if len(same_nsync) else match
-    return pool.sort_values(["nsync", "run_dir"], kind="stable").iloc[0]
+    pool = pool[pool["nsync"] == pool["nsync"].min()].sort_values("run_dir", kind="stable")
+    if len(pool) > 1:
+        warnings.warn(f"{len(pool)} 1-client runs could be the reference of {row['run_dir']} "
+                      f"({', '.join(pool['run_dir'])}); using the first. Draw one configuration "
+                      "(python -m repro.analysis NAME --config ...) to have exactly one",
+                      stacklevel=3)
+    return pool.iloc[0]
 
 
 def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:

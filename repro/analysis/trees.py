@@ -7,16 +7,19 @@ metrics (:func:`run_metrics`). :mod:`repro.analysis.compare` compares those rows
 Two kinds of directory hold the same frames:
 
 * a **results tree** (``results/``) holding experiment folders named after the figures
-  (``fig1/`` .. ``fig4/``, ``staleness/``, which falls back to ``fig3/`` as when drawing): each
-  frame is built by :func:`repro.analysis.build.figure_frame` from the run folders;
+  (``fig1/`` .. ``fig4/``, ``staleness/``, which falls back to ``fig3/`` as when drawing,
+  ``fig3_paper/``, ``fig4_paper/``): each frame is built by
+  :func:`repro.analysis.build.figure_frame` from the run folders of one configuration (a folder
+  holding several is refused, naming them, unless ``config`` chooses one);
 * a **figures folder** (``figures/``) holding the CSVs ``build_figure`` writes (``fig1.csv`` ..
-  ``fig4.csv``, ``staleness.csv``): these *are* the tidy frames, read as they are.
+  ``fig4.csv``, ``staleness.csv``, ``fig3_paper.csv``, ``fig4_paper.csv``): these *are* the
+  tidy frames, read as they are.
 
 Metrics, one row per run (``run_dir``); "final" is the run's last evaluation by (time_s, version),
 so a diverged run's final errors are NaN:
 
 * fig1: ``final_train_error_pct``, ``final_test_error_pct``;
-* fig2, fig3: ``time_to_target_s`` (first evaluation with training error <= target, NaN if none;
+* fig2, fig3 (and fig3_paper; fig4_paper as fig4): ``time_to_target_s`` (first evaluation with training error <= target, NaN if none;
   the target is chosen by the caller, see :func:`repro.analysis.compare.curve_target`) and
   ``final_train_error_pct``;
 * fig4: ``speedup`` of the runs with more than one client, NaN unless their outcome is ``ok``
@@ -36,7 +39,8 @@ import pandas as pd
 from repro.analysis.build import figure_frame, spec
 
 # The figures compare knows how to reduce to per-run metrics (the paper's; the lab's are new).
-FIGURES = ("fig1", "fig2", "fig3", "fig4", "staleness")
+FIGURES = ("fig1", "fig2", "fig3", "fig4", "staleness", "fig3_paper", "fig4_paper")
+KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import resolve_target
 from repro.errors import ConfigError
@@ -47,13 +51,15 @@ METRICS = {"fig1": ("final_train_error_pct", "final_test_error_pct"),
            "fig4": ("speedup",),
            "staleness": ("mean_staleness", "final_test_error_pct")}
 # Identity of a run besides seed and run_dir; the grid keys are chosen among these.
-IDENTITY = ("exp_name", "start", "backend.name", "num_clients", "nsync")
+IDENTITY = ("exp_name", "start", "backend.name", "config_id", "num_clients", "nsync")
 # Columns a figures-folder CSV must hold for its metrics to be computed.
 REQUIRED = {"fig1": ("metric", "error_pct", "time_s", "version"),
             "fig2": ("train_error_pct", "time_s", "version"),
             "fig3": ("train_error_pct", "time_s", "version"),
             "fig4": ("speedup", "outcome"),
             "staleness": ("quantity", "value", "count")}
+for _name, _kind in KIND.items():
+    METRICS[_name], REQUIRED[_name] = METRICS[_kind], REQUIRED[_kind]
 KINDS = {"results": "results tree", "figures": "figures folder"}
 # Read back the very floats build_figure wrote, so that a results tree and the figures folder
 # built from it give equal metrics: pandas 3 does by default (and deprecates the option);
@@ -104,9 +110,10 @@ def tree_kind(path: str | Path) -> str:
 
 
 def read_tree(path: str | Path, names: tuple[str, ...] = tuple(FIGURES),
-              target: float | None = None) -> Tree:
+              target: float | None = None, config: str | None = None) -> Tree:
     """Every figure of ``names`` that ``path`` holds. A figure whose experiment folder holds no
-    usable run is left out with a warning; a malformed CSV raises :class:`ConfigError`.
+    usable run is left out with a warning; a malformed CSV, or an experiment folder holding
+    several configurations that ``config`` does not choose among, raises :class:`ConfigError`.
     ``target`` is passed to fig4 (results trees only)."""
     root = Path(path)
     kind = tree_kind(root)
@@ -126,7 +133,8 @@ def read_tree(path: str | Path, names: tuple[str, ...] = tuple(FIGURES),
         try:
             with warnings.catch_warnings(record=True) as caught:  # say which tree they are about
                 warnings.simplefilter("always")
-                frames[name] = figure_frame(name, root, exp, target, runs=loaded[exp])
+                frames[name] = figure_frame(name, root, exp, target, runs=loaded[exp],
+                                            config=config)
         except NoRunsError as e:
             warnings.warn(f"{root}: leaving {name} out: {e}", stacklevel=2)
             continue
@@ -161,6 +169,10 @@ def _read_csv(root: Path, name: str) -> pd.DataFrame | None:
     if frame.empty:
         warnings.warn(f"{path} has no rows: leaving {name} out", stacklevel=3)
         return None
+    if "config_id" in frame and frame["config_id"].nunique() > 1:   # never pooled: as drawing
+        raise ConfigError(f"{name}.csv", str(path), "the runs of one configuration (it holds "
+                          f"{frame['config_id'].nunique()}: config_id "
+                          f"{', '.join(map(str, frame['config_id'].unique()))})")
     return frame
 
 
@@ -170,6 +182,7 @@ def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> 
     by fig2 and fig3 only."""
     ident = [c for c in ("seed", *IDENTITY) if c in frame]
     out = frame.drop_duplicates("run_dir").set_index("run_dir")[ident]
+    name = KIND.get(name, name)
     if name == "fig1":
         metrics = {"final_train_error_pct": _last(frame[frame["metric"] == "training error"],
                                                   "error_pct"),
@@ -206,4 +219,26 @@ def _last(frame: pd.DataFrame, column: str) -> pd.Series:
     return ordered.groupby("run_dir").tail(1).set_index("run_dir")[column]
 
 
-__all__ = ["Tree", "tree_kind", "read_tree", "run_metrics", "METRICS", "IDENTITY"]
+def start_errors(name: str, frame: pd.DataFrame) -> pd.DataFrame | None:
+    """Where each warm-started run of a fig3/fig4 frame started: one row per seed (its first
+    run), ``start_train_error_pct`` and ``start_test_error_pct``, the errors of its first
+    evaluation: for a warm start, the shared baseline's. None for other figures, cold starts,
+    and frames that do not record it (a fig4 CSV written before it did)."""
+    kind = KIND.get(name, name)
+    if kind not in ("fig3", "fig4") or "start" not in frame or not (frame["start"] == "warm").all():
+        return None
+    if kind == "fig3":
+        first = frame.sort_values(["run_dir", "time_s", "version"], kind="stable").groupby(
+            "run_dir", sort=True).head(1)
+        first = first.rename(columns={"train_error_pct": "start_train_error_pct",
+                                      "test_error_pct": "start_test_error_pct"})
+    elif "start_train_error_pct" in frame:
+        first = frame.drop_duplicates("run_dir")
+    else:
+        return None
+    columns = ["seed", "start_train_error_pct", "start_test_error_pct"]
+    return first.sort_values("run_dir", kind="stable").drop_duplicates("seed")[columns]
+
+
+__all__ = ["Tree", "tree_kind", "read_tree", "run_metrics", "start_errors", "METRICS",
+           "IDENTITY"]

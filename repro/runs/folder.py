@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,8 +133,9 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     what = "a killed run (its summary still says running)" if status == "running" else f"an {status} run" \
         if status[0] in "aeiou" else f"a {status} run"
     if not cfg.resume:
-        raise ConfigError("resume", False, f"a fresh folder: this folder holds {what} at version "
-                          f"{version}: resume=true continues it, force=true starts over")
+        how = (GRID_HOW if in_grid(run_dir) else "resume=true continues it, force=true starts over")
+        raise ConfigError("resume", False, f"a fresh folder: {run_dir} holds {what} at version "
+                          f"{version}: {how}")
     if not (run_dir / schema.CHECKPOINT_FILE).exists():
         if cfg.resume == "auto":
             log.info("resume=auto: %s holds %s but no checkpoint: starting over", run_dir, what)
@@ -323,13 +325,36 @@ def _end(run: FolderRun, status: str, why: str, clean: bool) -> None:
         log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
+# A grid point's way on: resume=true would refuse every point that never started (nothing to
+# continue) and stop the grid there; resume=auto continues what can be and starts the rest.
+GRID_HOW = ("it is a grid point: the grid's command with resume=auto continues it and every other "
+            "interrupted point, and starts the points that never ran (resume=true would refuse "
+            "those); force=true starts the points over")
+
+
+def in_grid(run_dir: Path) -> bool:
+    """Whether this run is a point of a grid: Hydra's record of this launch (this process's own,
+    or the one the folder adopted) says ``mode: MULTIRUN``."""
+    for record in (incoming_record(run_dir), Path(run_dir) / HYDRA_RECORD):
+        try:
+            text = (record / "hydra.yaml").read_text()
+        except OSError:
+            continue
+        return re.search(r"^\s+mode:\s*MULTIRUN\s*$", text, re.M) is not None
+    return False
+
+
 def resume_hint(run_dir: Path) -> str:
-    """How to continue this folder's run, from what its checkpoint holds."""
+    """How to continue this folder's run, from what its checkpoint holds; for a grid point,
+    with ``resume=auto`` on the grid's command, naming the folder."""
     path = Path(run_dir) / schema.CHECKPOINT_FILE
     if not path.exists():
         return "no checkpoint was written: force=true starts over"
     try:
-        version = int(torch.load(path, weights_only=True)["server"]["version"])
+        version = f"version {int(torch.load(path, weights_only=True)['server']['version'])}"
     except Exception:
-        return "resume=true continues from the last checkpoint"
-    return f"resume=true continues from version {version}"
+        version = "the last checkpoint"
+    if in_grid(run_dir):
+        return (f"the grid's command with resume=auto continues {run_dir} from {version} and "
+                "starts the points that never ran")
+    return f"resume=true continues from {version}"

@@ -33,6 +33,10 @@ from the grid above it), so a step never runs in a cheaper tier than any earlier
 of its block: it inherits the block's most expensive tier so far. Commands that do not depend on
 each other belong in separate blocks.
 
+**An activated shell.** The docs' commands are written for a shell in which the README's
+set-up activated the virtual environment once (:func:`activation` finds that command;
+:func:`unactivated_env` is a shell before it); ``tests/test_docs.py`` runs each step after it.
+
 **Markers**, for when the rules above are wrong for a command:
 
 * a trailing comment holding ``test: quick``, ``test: slow`` or ``test: skip`` (= ``manual``)
@@ -47,8 +51,10 @@ each other belong in separate blocks.
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -357,6 +363,29 @@ def extract(path: str | Path, conf_dir: Path | None = None) -> list[Command]:
             commands.append(Command(str(path.name), lineno, index, text, comment, tuple(steps),
                                     int(exits.group(1)) if exits else 0))
     return commands
+
+
+def activation(path: str | Path) -> str | None:
+    """The command of the markdown file ``path`` that activates the virtual environment
+    (``. .venv/bin/activate`` or ``source .venv/bin/activate``), as written; None if it has none.
+    Every later command of the docs is meant for a shell in which it ran."""
+    for cmd in extract(path):
+        for step in cmd.steps:
+            args = list(step.argv)
+            if len(args) == 2 and args[0] in (".", "source") and args[1].endswith("bin/activate"):
+                return step.text
+    return None
+
+
+def unactivated_env() -> dict[str, str]:
+    """The environment of a fresh shell on this machine: the virtual environment running the
+    tests off ``PATH``, no ``VIRTUAL_ENV`` (nor ``PYTHONPATH``); ``MPLBACKEND=Agg``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    venv_bins = {str(Path(sys.prefix) / "bin"), str(Path(sys.executable).parent)}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and p not in venv_bins)
+    env["MPLBACKEND"] = "Agg"
+    return env
 
 
 def inline_commands(path: str | Path, prefix: str = "python -m repro.", conf_dir: Path | None = None

@@ -1,0 +1,237 @@
+"""Configuration grids: which runs of a results tree one figure may draw (or compare) together.
+
+A figure shows how a few settings change training (its *axes*: the client count, nsync, ...),
+each over seeds. Every other setting that shapes training must be the same for all the runs it
+draws: ``+exp=fig1`` and ``+exp=fig1 num_epochs=3`` leave their runs in one experiment folder,
+and a figure (or ``compare``) that pooled them would show a spread that is not the spread over
+seeds. This module owns:
+
+* **the configuration of a run** (:func:`settings`, :func:`fingerprint`): its training-shaping
+  settings (:func:`repro.config.settings.shaping_keys`, read from the config.json columns of
+  :class:`~repro.analysis.load.Runs`) except the seed, the figure's axes and where it ran
+  (:data:`ENVIRONMENT`: threads and devices change the bits, not the experiment; results from
+  elsewhere agree only statistically, which ``compare`` checks). A setting at its declared
+  default is left out, so a config.json written before a setting existed has the same
+  configuration; a calibrated compute time (``cost=local``) is measured per run and left out.
+  The column :data:`COLUMN` holds a short fingerprint of it in every table and frame.
+* **choosing runs**: the run folders of one grid (:func:`only_jobs`: the grid callback knows its
+  points), ``--config KEY=VALUE,...`` (:func:`choose`), and the refusal, naming what was found,
+  when what is left is not one configuration with one run per grid point and seed
+  (:func:`one_grid`); :func:`split` separates the configurations instead (the grid callback
+  draws one figure each).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.load import Runs
+from repro.config.settings import RunConfig, shaping_keys, shaping_values
+from repro.errors import ConfigError
+
+COLUMN = "config_id"
+# Where a run ran, not what it trained: never part of a configuration (the duplicate check
+# still keeps a 1-thread and a 2-thread run of one grid point apart).
+ENVIRONMENT = ("device", "num_threads", "backend.server_device", "backend.client_device")
+CHOICE_HELP = "KEY=VALUE pairs separated by commas, e.g. num_epochs=3,algo.lr=0.01"
+SHOWN = 6   # run folders named in a message before "and N more"
+
+
+def is_axis(key: str, axes: Iterable[str]) -> bool:
+    """``seed`` and the figure's axes (an axis ending in ``.`` is a group: ``cost.``)."""
+    return key == "seed" or any(key == a or (a.endswith(".") and key.startswith(a)) for a in axes)
+
+
+def _norm(value: Any) -> Any:
+    """One form per value whatever its source (JSON, pandas, numpy): None, bool, float or str."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    return str(value)
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults() -> dict[str, Any]:
+    return {k: _norm(v) for k, v in shaping_values(RunConfig()).items()}
+
+
+def _value(row: pd.Series | dict, key: str) -> Any:
+    """The run's value of ``key``; a missing one is the declared default."""
+    value = _norm(row.get(key))
+    return _defaults().get(key) if value is None else value
+
+
+def settings(row: pd.Series | dict, axes: Iterable[str] = ()) -> dict[str, Any]:
+    """{key: value} of the run's settings that make its configuration, defaults left out."""
+    out = {}
+    for key in shaping_keys():
+        if is_axis(key, axes) or key in ENVIRONMENT:
+            continue
+        if key == "cost.compute_s" and row.get("cost.profile") == "local":
+            continue   # calibrated: this machine's measured step time, different in every run
+        value = _value(row, key)
+        if value is not None and value != _defaults().get(key):
+            out[key] = value
+    return out
+
+
+def fingerprint(config: dict[str, Any]) -> str:
+    """A short stable name of a configuration (:func:`settings`)."""
+    return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def fmt(value: Any) -> str:
+    """A value as a user types it back: ``30`` for 30.0, ``0.001``, ``null``."""
+    if value is None:
+        return "null"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables with the configuration column; subsets
+# ---------------------------------------------------------------------------------------------
+
+def annotate(runs: Runs, axes: Iterable[str]) -> Runs:
+    """``runs`` with :data:`COLUMN` on the runs, evals and updates tables."""
+    axes = tuple(axes)
+    ids = {r["run_dir"]: fingerprint(settings(r, axes)) for _, r in runs.runs.iterrows()}
+
+    def add(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.copy()
+        frame[COLUMN] = frame["run_dir"].map(ids) if len(frame) else pd.Series(dtype=object)
+        return frame
+
+    return Runs(add(runs.runs), add(runs.evals), add(runs.updates), runs.skipped)
+
+
+def subset(runs: Runs, run_dirs: Iterable[str]) -> Runs:
+    """The runs whose folder is in ``run_dirs`` (all four tables)."""
+    keep = set(run_dirs)
+    pick = lambda f: f[f["run_dir"].isin(keep)].reset_index(drop=True)  # noqa: E731
+    return Runs(pick(runs.runs), pick(runs.evals), pick(runs.updates), runs.skipped)
+
+
+def list_folders(jobs: Iterable[str]) -> str:
+    jobs = sorted(jobs)
+    shown = "; ".join(jobs[:SHOWN])
+    return shown + (f"; and {len(jobs) - SHOWN} more" if len(jobs) > SHOWN else "")
+
+
+def only_jobs(runs: Runs, jobs: Iterable[str]) -> tuple[Runs, list[str]]:
+    """The runs whose folder name is one of ``jobs`` (a grid's points), and the names of the
+    others, which that grid did not make."""
+    jobs = set(jobs)
+    inside = runs.runs["job"].isin(jobs)
+    return subset(runs, runs.runs.loc[inside, "run_dir"]), sorted(runs.runs.loc[~inside, "job"])
+
+
+# ---------------------------------------------------------------------------------------------
+# --config KEY=VALUE,...
+# ---------------------------------------------------------------------------------------------
+
+def parse_choice(text: str) -> dict[str, str]:
+    """``"num_epochs=3,algo.lr=0.01"`` -> {key: value text}; :class:`ConfigError` if malformed."""
+    pairs = {}
+    for part in (p.strip() for p in str(text).split(",")):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError("config", text, CHOICE_HELP)
+        pairs[key.strip().lstrip("+")] = value.strip()
+    return pairs
+
+
+def _matches(value: Any, wanted: str) -> bool:
+    if value is None:
+        return wanted.lower() in ("null", "none")
+    if isinstance(value, bool):
+        return wanted.lower() == str(value).lower()
+    if isinstance(value, float):
+        try:
+            return float(wanted) == value
+        except ValueError:
+            return False
+    return str(value) == wanted
+
+
+def choose(runs: Runs, text: str | None) -> Runs:
+    """The runs whose settings match every ``KEY=VALUE`` of ``text`` (None: all of them)."""
+    if text is None:
+        return runs
+    pairs = parse_choice(text)
+    known = set(shaping_keys())
+    for key in pairs:
+        if key not in known:
+            raise ConfigError("config", text, f"{CHOICE_HELP}, of keys that shape training "
+                                              f"('{key}' is not one; python -m repro.run --help "
+                                              "lists them)")
+    mask = [all(_matches(_value(r, k), v) for k, v in pairs.items()) for _, r in runs.runs.iterrows()]
+    return subset(runs, runs.runs.loc[mask, "run_dir"]) if len(runs.runs) else runs
+
+
+# ---------------------------------------------------------------------------------------------
+# One configuration, one run per grid point and seed
+# ---------------------------------------------------------------------------------------------
+
+def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
+    """The ``keys`` in which ``rows`` do not all agree, in declaration order."""
+    return [k for k in keys if len({json.dumps(_value(r, k)) for r in rows}) > 1]
+
+
+def labels(runs: Runs, axes: Iterable[str]) -> dict[str, str]:
+    """{configuration: its settings that differ from the other configurations'} (``KEY=VALUE``
+    joined by commas, ``""`` when there is only one) of annotated ``runs``."""
+    first = runs.runs.drop_duplicates(COLUMN)
+    rows = [r for _, r in first.iterrows()]
+    keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, tuple(axes))
+                            and k not in ENVIRONMENT])
+    return {r[COLUMN]: ",".join(f"{k}={fmt(_value(r, k))}" for k in keys) for r in rows}
+
+
+def split(runs: Runs, axes: Iterable[str]) -> list[tuple[str, Runs]]:
+    """(label, runs) per configuration of ``runs``, in run-folder order (see :func:`labels`)."""
+    runs = annotate(runs, axes)
+    names = labels(runs, axes)
+    return [(names[cid], subset(runs, g["run_dir"]))
+            for cid, g in runs.runs.sort_values("run_dir").groupby(COLUMN, sort=False)]
+
+
+def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = None) -> Runs:
+    """Annotated ``runs`` if they are one configuration with at most one run per grid point and
+    seed; else :class:`ConfigError` naming the configurations (or the duplicated runs) and how to
+    choose with ``--config`` (``choice``: what was chosen already)."""
+    axes = tuple(axes)
+    parts = split(runs, axes)
+    if len(parts) > 1:
+        lines = [f"  {label or '(the rest)'}: {len(p.runs)} run(s) ({list_folders(p.runs['job'])})"
+                 for label, p in parts]
+        raise ConfigError("config", choice, f"one configuration to draw: {where} holds runs of "
+                          f"{len(parts)} configurations (settings that shape training differ), "
+                          "and a figure never pools them:\n" + "\n".join(lines)
+                          + f"\nchoose one with --config {parts[0][0]}")
+    runs = annotate(runs, axes)
+    point = [c for c in runs.runs.columns if is_axis(c, axes) and c != COLUMN]
+    for _, group in runs.runs.groupby(point, dropna=False, sort=True) if point else ():
+        if len(group) > 1:
+            rows = [r for _, r in group.iterrows()]
+            keys = differing(rows, shaping_keys())
+            how = (f"they differ in {', '.join(keys)}: choose with --config "
+                   f"{keys[0]}={fmt(_value(rows[0], keys[0]))}" if keys else
+                   "they are copies of one run: remove all but one")
+            raise ConfigError("config", choice, f"one run per grid point and seed; {where} holds "
+                              f"{len(rows)} for one of them ({list_folders(group['job'])}); {how}")
+    return runs
+
+
+__all__ = ["COLUMN", "ENVIRONMENT", "is_axis", "settings", "fingerprint", "annotate", "subset",
+           "only_jobs", "list_folders", "parse_choice", "choose", "labels", "split", "one_grid", "fmt"]
