@@ -31,10 +31,12 @@ The sync protocol logs one ``updates.csv`` row per round with ``client`` 0 (the 
 pushes), ``num_samples`` the round's total; discarded pushes are listed in the summary.
 
 **Held pushes.** A protocol may keep a push until it decides (sync keeps a round's pushes until
-the round closes). Its ``update`` stays valid until the protocol's decision replies to (or
-preempts) its client: the real driver receives each client's pushes into one reused frame and
+the round closes). Its ``update`` stays valid until the protocol's decision replies to its
+client: the real driver receives each client's pushes into one reused frame and
 posts the next receive into it only after that client's reply. A protocol therefore never keeps
-an update past its client's reply, and copies nothing while it waits.
+an update past its client's reply: one that replies before it merges (a client that fetches
+and computes on while its push waits for others) copies the update, or adds it into a buffer of
+its own, in a fixed order if its result must not depend on timing.
 
 Adding a protocol: one class here registered in :data:`PROTOCOLS`, its ``conf/protocol/*.yaml``
 and its keys in :class:`repro.config.settings.ProtocolConfig`; the core and the drivers stay as
@@ -44,7 +46,7 @@ discarded=((read_version, client),))``: the client fetches and goes on.)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AbstractSet
 
 import torch
@@ -76,7 +78,7 @@ class Decision:
     apply: Push | None = None
     reply: tuple[int, ...] = ()
     preempt: tuple[int, ...] = ()
-    discarded: tuple[tuple[int, int], ...] = field(default=())
+    discarded: tuple[tuple[int, int], ...] = ()
 
 
 NOTHING = Decision()
