@@ -82,7 +82,7 @@ def test_python_dash_m_help_exits_zero():
 def test_the_simulator_benchmark_runs_and_prints_its_ratios(capsys):
     """Shrunk: two rows (nsync 1 and 16), each with a measured ratio and a verdict; no time is
     asserted (wall times vary by machine)."""
-    ok = bench.bench_sim(num_epochs=0.25, repeats=1)
+    ok = bench.bench_sim(num_epochs=0.5, repeats=1)   # a push of nsync 16 fits the budget
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] in (["1"], ["16"])]
     assert [r[0] for r in rows] == ["1", "16"] and all(r[-1] in ("PASS", "FAIL") for r in rows)
     assert all(int(r[1]) > 0 and float(r[4]) > 0 for r in rows) and isinstance(ok, bool)

@@ -201,7 +201,8 @@ def test_paper_regime_data_at_full_size(tmp_path):
 def test_a_shrunk_paper_grid_trains_and_draws_its_own_figure(tmp_path, exp, outputs):
     cmd = [sys.executable, "-m", "repro.run", f"+exp={exp}", f"results_dir={tmp_path / 'results'}",
            f"figures_dir={tmp_path / 'figures'}", "data.num_train=2000", "data.num_test=500",
-           "num_epochs=0.5", "warm_start_epochs=0.2", "eval_every=0.1", "progress=false",
+           # 0.7 epochs of 2000 samples = 44 minibatches: one push of nsync 40 fits the budget
+           "num_epochs=0.7", "warm_start_epochs=0.2", "eval_every=0.1", "progress=false",
            "hydra.sweeper.params.num_clients='1,16'", "hydra.sweeper.params.nsync='1,40'",
            "hydra.sweeper.params.seed='0'"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,

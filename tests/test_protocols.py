@@ -166,7 +166,7 @@ def test_a_late_push_is_discarded_and_its_client_starts_from_the_new_parameters(
         assert core.on_push(_push(delta, 3, read_version=0), 1.5) == []  # sent before it knew
         assert core.server.version == 1
         assert core.on_push(_push(delta, 3, read_version=1), 2.0) == []  # counts in round 1
-        assert core.protocol.discarded == [[0, 3]]
+        assert core.discarded == [[0, 3]]
         core.finish("interrupted")
 
 

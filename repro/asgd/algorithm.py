@@ -119,7 +119,8 @@ class Client:
         """Run ``num_steps`` local steps from the fetched parameters and return the push.
         ``out``: write the update into this tensor (e.g. a transport buffer) instead of a new
         one; the numbers are the same. ``on_step``: called after each local step (the real
-        client proves it is alive there); it must not touch the numbers."""
+        client proves it is alive there; both drivers honour a stop request there by raising,
+        after which the caller rewinds to a :meth:`mark`); it must not touch the numbers."""
         assert self.params is not None, "fetch() before compute_push()"
         worker.load(self.params)
         w = worker.params
@@ -150,6 +151,18 @@ class Client:
             train_loss=loss_sum.item() / num_steps, train_error=errors.item() / max(num_samples, 1),
             stream_position=tuple(self.stream.position),
         )
+
+    def mark(self) -> tuple:
+        """What a segment changes besides the push it returns (momentum buffer, stream position),
+        taken before the segment so that :meth:`rewind` can drop it: a preempted segment (sync's
+        backup workers) or one abandoned between steps by a stop request consumes nothing."""
+        buffer = self.optimiser.buffer
+        return (None if buffer is None else buffer.clone(), tuple(self.stream.position))
+
+    def rewind(self, mark: tuple) -> None:
+        buffer, position = mark
+        self.optimiser.buffer = buffer
+        self.stream.set_position(position)
 
     def state_dict(self) -> dict:
         return {"params": self.params, "read_version": self.read_version,

@@ -1,21 +1,26 @@
 """When the server applies and when a client may fetch: asynchronous, synchronous, bounded staleness.
 
-A protocol sits between a driver and the server rule (:mod:`repro.asgd.algorithm`): the run core hands
-it every push and every lost client; it decides which pushes are applied (and merged), and which
-clients get their reply now and which wait. The arithmetic of an apply stays the rule's. Both
-drivers run every protocol, because both drivers only carry what :meth:`on_push` returns.
+A protocol is a **policy**: it holds no reference to the run core. The core
+(:mod:`repro.runs.core`) checks each push for divergence, then tells the protocol the push and
+where the server stands (:class:`View`: its version, which clients are live); the protocol answers
+with a :class:`Decision`: what to apply (the push, a merged push, or nothing), who fetches now,
+who is preempted, what it discarded. The core applies, logs and delivers; the server rule
+(:mod:`repro.asgd.rules`) does the arithmetic of an apply. Both drivers run every protocol,
+because both only carry the replies the core makes of a decision.
 
 * ``async`` (Downpour, the paper): every push is applied as it arrives; its client fetches at
   once. Staleness is whatever the arrival order makes it.
 * ``sync`` (bulk-synchronous rounds): every live client computes its nsync steps from the same
   parameters; the server waits for the round's pushes, applies their **mean** once (version + 1,
-  staleness 0) and every client of the round fetches. With ``backup_workers`` b (Chen, Pan,
-  Monga, Bengio, Jozefowicz 2016, "Revisiting Distributed Synchronous SGD") a round closes at the
-  first N - b pushes; the b clients still computing are sent the new parameters at once
-  (``Reply.preempt``): their segment is dropped and they start the next round with everyone
-  else, so every round starts with all N and discards exactly b. (A push a preempted client sent
-  before the parameters reached it is ignored.) A lost client leaves the barrier: the round
-  needs N_live - b pushes.
+  staleness 0) and every client of the round fetches. The mean is summed in client-id order,
+  whatever order the pushes arrived in, so a round's numbers do not depend on timing and a real
+  sync run is reproducible from its seed like the simulator. With ``backup_workers`` b (Chen,
+  Pan, Monga, Bengio, Jozefowicz 2016, "Revisiting Distributed Synchronous SGD") a round closes at
+  the first N - b pushes; the b clients still computing are sent the new parameters at once
+  (preempted): their segment is dropped and they start the next round with everyone else, so
+  every round starts with all N and discards exactly b. (A push a preempted client sent before
+  the parameters reached it is ignored.) A lost client leaves the barrier: the round needs
+  N_live - b pushes.
 * ``ssp`` (stale synchronous parallel, Ho et al., NIPS 2013): asynchronous applies, but a client
   that has pushed more than ``staleness_bound`` s times more than the slowest live client waits
   for its reply until the slowest catches up. s = 0 gives rounds in which every push is applied
@@ -24,48 +29,91 @@ drivers run every protocol, because both drivers only carry what :meth:`on_push`
 
 The sync protocol logs one ``updates.csv`` row per round with ``client`` 0 (the round's merged
 pushes), ``num_samples`` the round's total; discarded pushes are listed in the summary.
+
+**Held pushes.** A protocol may keep a push until it decides (sync keeps a round's pushes until
+the round closes). Its ``update`` stays valid until the protocol's decision replies to its
+client: the real driver receives each client's pushes into one reused frame and
+posts the next receive into it only after that client's reply. A protocol therefore never keeps
+an update past its client's reply: one that replies before it merges (a client that fetches
+and computes on while its push waits for others) copies the update, or adds it into a buffer of
+its own, in a fixed order if its result must not depend on timing.
+
+Adding a protocol: one class here registered in :data:`PROTOCOLS`, its ``conf/protocol/*.yaml``
+and its keys in :class:`repro.config.settings.ProtocolConfig`; the core and the drivers stay as
+they are. (A protocol that discards stale pushes, e.g. one that drops a push whose staleness
+``view.version - push.read_version`` reaches a bound, answers ``Decision(reply=(client,),
+discarded=((read_version, client),))``: the client fetches and goes on.)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import AbstractSet
 
 import torch
 
 from repro.asgd.algorithm import Push
+from repro.errors import ConfigError
 from repro.registry import Registry
 
 PROTOCOLS: Registry[type] = Registry("protocol.name")
 
 
 @dataclass(frozen=True)
-class Reply:
-    """What the driver carries back to a client: the server's parameters, or STOP.
-    ``preempt``: the client is still computing a segment the protocol dropped (a sync round's
-    backup worker); the parameters reach it now and it starts over from them."""
+class View:
+    """Where the server stands when a protocol decides."""
 
-    client: int
-    stop: bool = False
-    preempt: bool = False
+    version: int                 # the server's version now (an apply makes it version + 1)
+    live: AbstractSet[int]       # clients still in the run (not lost)
 
 
-class _Protocol:
-    """``core``: the run core (repro.runs.core.RunCore) whose apply, check_loss and diverge the
-    protocol calls; it is handed in, not imported, so the core alone knows both."""
+@dataclass(frozen=True)
+class Decision:
+    """A protocol's answer to a push (or a lost client). The core applies ``apply`` (one apply,
+    version + 1), then the clients in ``reply`` fetch the new parameters and those in ``preempt``
+    (still computing a segment the protocol dropped) are sent them at once and start over.
+    ``discarded``: (read_version, client) of each segment dropped, listed in the summary.
+    A client neither replied to nor preempted waits: its reply comes with a later decision, or
+    STOP when the run ends (:meth:`Policy.on_stop`)."""
 
-    def __init__(self, core, clients: list[int]):
-        self.core = core
-        self.live = set(clients)
+    apply: Push | None = None
+    reply: tuple[int, ...] = ()
+    preempt: tuple[int, ...] = ()
+    discarded: tuple[tuple[int, int], ...] = ()
 
-    def reply(self, client: int, preempt: bool = False) -> Reply:
-        return Reply(client, stop=self.core.state.stopping, preempt=preempt)
 
-    def on_lost(self, client: int, time_s: float) -> list[Reply]:
-        self.live.discard(client)
-        return []
+NOTHING = Decision()
 
-    def stopping(self) -> list[Reply]:
-        """Replies owed to clients still waiting when the run stops (all STOP)."""
-        return []
+
+class Policy:
+    """The interface of a protocol. ``cfg``: the run's :class:`~repro.config.settings.RunConfig`
+    (read when built, never kept as a way back); ``clients``: who fetched version ``version``."""
+
+    #: True when the protocol may drop segments (the summary then lists ``discarded_pushes``)
+    discards = False
+
+    def __init__(self, cfg, clients: list[int], version: int):
+        pass
+
+    @classmethod
+    def preempts(cls, cfg) -> bool:
+        """Whether a client may receive parameters while it computes (and must then drop its
+        segment and start over): the real client polls for them between local steps."""
+        return False
+
+    def on_push(self, push: Push, view: View) -> Decision:
+        raise NotImplementedError
+
+    def on_lost(self, client: int, view: View) -> Decision:
+        """``client`` is gone (``view.live`` no longer holds it): replies it was holding up."""
+        return NOTHING
+
+    def waiting(self) -> tuple[int, ...]:
+        """The clients that pushed and wait for a reply from a later decision."""
+        return ()
+
+    def on_stop(self) -> tuple[int, ...]:
+        """The run is ending: the clients still waiting for a reply (they get STOP); forgotten."""
+        return ()
 
     def state_dict(self) -> dict:
         return {}
@@ -75,46 +123,41 @@ class _Protocol:
 
 
 @PROTOCOLS.register("async")
-class Async(_Protocol):
-    def on_push(self, push: Push, time_s: float) -> list[Reply]:
-        self.core.apply(push, time_s)
-        return [self.reply(push.client)]
+class Async(Policy):
+    def on_push(self, push: Push, view: View) -> Decision:
+        return Decision(apply=push, reply=(push.client,))
 
 
 @PROTOCOLS.register("ssp")
-class SSP(_Protocol):
-    def __init__(self, core, clients: list[int]):
-        super().__init__(core, clients)
-        self.bound = core.cfg.protocol.staleness_bound
+class SSP(Policy):
+    def __init__(self, cfg, clients: list[int], version: int):
+        self.bound = cfg.protocol.staleness_bound
         self.pushes = {k: 0 for k in clients}   # applied pushes per client (its clock)
         self.held: list[int] = []               # pushed, waiting for the slowest
 
-    def slowest(self) -> int:
-        return min((self.pushes[k] for k in self.live), default=0)
-
-    def on_push(self, push: Push, time_s: float) -> list[Reply]:
-        if self.core.apply(push, time_s) is not None:
-            self.pushes[push.client] += 1
-        if self.core.state.stopping:
-            return [self.reply(push.client)] + self.stopping()
+    def on_push(self, push: Push, view: View) -> Decision:
+        self.pushes[push.client] += 1           # the core applies every push it hands us
         self.held.append(push.client)
-        return self.release()
+        return Decision(apply=push, reply=self.release(view.live))
 
-    def release(self) -> list[Reply]:
+    def release(self, live: AbstractSet[int]) -> tuple[int, ...]:
         """Every held client within ``bound`` pushes of the slowest live one gets its reply."""
-        floor, out, still = self.slowest(), [], []
+        floor = min((self.pushes[k] for k in live), default=0)
+        out, still = [], []
         for k in self.held:
-            (out if self.pushes[k] - floor <= self.bound or k not in self.live else still).append(k)
+            (out if self.pushes[k] - floor <= self.bound or k not in live else still).append(k)
         self.held = still
-        return [self.reply(k) for k in out]
+        return tuple(out)
 
-    def on_lost(self, client: int, time_s: float) -> list[Reply]:
-        super().on_lost(client, time_s)
-        return self.release()
+    def on_lost(self, client: int, view: View) -> Decision:
+        return Decision(reply=self.release(view.live))
 
-    def stopping(self) -> list[Reply]:
-        held, self.held = self.held, []
-        return [self.reply(k) for k in held]
+    def waiting(self) -> tuple[int, ...]:
+        return tuple(self.held)
+
+    def on_stop(self) -> tuple[int, ...]:
+        held, self.held = tuple(self.held), []
+        return held
 
     def state_dict(self) -> dict:
         return {"pushes": {str(k): v for k, v in self.pushes.items()}, "held": list(self.held)}
@@ -125,77 +168,95 @@ class SSP(_Protocol):
 
 
 @PROTOCOLS.register("sync")
-class Sync(_Protocol):
-    def __init__(self, core, clients: list[int]):
-        super().__init__(core, clients)
-        self.backups = core.cfg.protocol.backup_workers
-        self.round_start = core.server.version
-        self.sum: torch.Tensor | None = None
-        self.waiting: list[int] = []
-        self.loss = self.wrong = 0.0
-        self.samples = 0
-        self.discarded: list[list[int]] = []   # [read_version, client] of each discarded push
+class Sync(Policy):
+    discards = True
 
-    def needed(self) -> int:
-        return max(1, len(self.live) - self.backups)
+    def __init__(self, cfg, clients: list[int], version: int):
+        self.backups = cfg.protocol.backup_workers
+        self.round_start = version
+        self.pushes: dict[int, Push] = {}       # this round's, by client (held: see the docstring)
+        self.total: torch.Tensor | None = None  # the merge buffer, reused round after round
 
-    def on_push(self, push: Push, time_s: float) -> list[Reply]:
-        core = self.core
-        if core.state.stopping:
-            return [self.reply(push.client)]
+    @classmethod
+    def preempts(cls, cfg) -> bool:
+        return cfg.protocol.backup_workers > 0
+
+    def needed(self, live: AbstractSet[int]) -> int:
+        return max(1, len(live) - self.backups)
+
+    def on_push(self, push: Push, view: View) -> Decision:
         if push.read_version < self.round_start:   # sent before its preemption reached it
-            return []                              # (its new parameters are on their way)
-        why = core.check_loss(push)
-        if why:
-            core.diverge(why)
-            return [self.reply(push.client)] + self.stopping()
-        if self.sum is None:
-            self.sum = torch.zeros_like(core.server.params)
-        self.sum.add_(push.update.to(self.sum.device))   # the frame is reused: add, keep nothing
-        self.loss += push.train_loss * push.num_samples
-        self.wrong += push.train_error * push.num_samples
-        self.samples += push.num_samples
-        self.waiting.append(push.client)
-        return self.close(time_s) if len(self.waiting) >= self.needed() else []
+            return NOTHING                         # (its new parameters are on their way)
+        self.pushes[push.client] = push
+        return self.close(view) if len(self.pushes) >= self.needed(view.live) else NOTHING
 
-    def close(self, time_s: float) -> list[Reply]:
-        """Apply the round's mean update once; every client of the round fetches."""
-        n = len(self.waiting)
-        merged = Push(client=0, read_version=self.round_start, update=self.sum.div_(n),
-                      num_steps=self.core.cfg.nsync, num_samples=self.samples,
-                      train_loss=self.loss / self.samples, train_error=self.wrong / self.samples,
-                      stream_position=(0, 0))
-        self.core.apply(merged, time_s, check=False)
-        waiting, late = self.waiting, sorted(self.live - set(self.waiting))
-        self.discarded += [[self.round_start, k] for k in late]   # the b backup workers
-        self.round_start, self.sum, self.waiting = self.core.server.version, None, []
-        self.loss = self.wrong = 0.0
-        self.samples = 0
-        return [self.reply(k) for k in waiting] + [self.reply(k, preempt=True) for k in late]
+    def close(self, view: View) -> Decision:
+        """Apply the round's mean update once; every client of the round fetches, the late
+        ones (backup workers) are preempted."""
+        merged = self.merge()
+        waiting = tuple(sorted(self.pushes))
+        late = tuple(sorted(set(view.live) - set(waiting)))
+        discarded = tuple((self.round_start, k) for k in late)
+        self.round_start, self.pushes = view.version + 1, {}   # the apply makes version + 1
+        return Decision(apply=merged, reply=waiting, preempt=late, discarded=discarded)
 
-    def on_lost(self, client: int, time_s: float) -> list[Reply]:
-        super().on_lost(client, time_s)
-        if self.waiting and len(self.waiting) >= self.needed() and not self.core.state.stopping:
-            return self.close(time_s)
-        return []
+    def merge(self) -> Push:
+        """The mean of the round's pushes, summed in client-id order: float addition is not
+        associative, so summing in arrival order would make a round depend on timing."""
+        pushes = [self.pushes[k] for k in sorted(self.pushes)]
+        first = pushes[0].update
+        if self.total is None or self.total.shape != first.shape or self.total.device != first.device:
+            self.total = torch.zeros_like(first)
+        total = self.total.zero_()
+        loss = wrong = 0.0
+        samples = 0
+        for p in pushes:
+            total.add_(p.update.to(total.device))
+            loss += p.train_loss * p.num_samples
+            wrong += p.train_error * p.num_samples
+            samples += p.num_samples
+        return Push(client=0, read_version=self.round_start, update=total.div_(len(pushes)),
+                    num_steps=max(p.num_steps for p in pushes), num_samples=samples,
+                    train_loss=loss / samples, train_error=wrong / samples, stream_position=(0, 0))
 
-    def stopping(self) -> list[Reply]:
-        waiting, self.waiting = self.waiting, []
-        return [self.reply(k) for k in waiting]
+    def on_lost(self, client: int, view: View) -> Decision:
+        if self.pushes and len(self.pushes) >= self.needed(view.live):
+            return self.close(view)
+        return NOTHING
+
+    def waiting(self) -> tuple[int, ...]:
+        return tuple(sorted(self.pushes))
+
+    def on_stop(self) -> tuple[int, ...]:
+        waiting, self.pushes = self.waiting(), {}
+        return waiting
 
     def state_dict(self) -> dict:
-        return {"round_start": self.round_start, "sum": self.sum, "waiting": list(self.waiting),
-                "loss": self.loss, "wrong": self.wrong, "samples": self.samples,
-                "discarded": [list(d) for d in self.discarded]}
+        """A half-full round keeps each held push (a checkpoint copies the updates)."""
+        return {"round_start": self.round_start,
+                "pushes": {str(k): _push_state(p) for k, p in self.pushes.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.round_start, self.sum = int(state["round_start"]), state["sum"]
-        self.waiting = [int(k) for k in state["waiting"]]
-        self.loss, self.wrong = float(state["loss"]), float(state["wrong"])
-        self.samples = int(state["samples"])
-        self.discarded = [[int(a), int(b)] for a, b in state["discarded"]]
+        self.round_start = int(state["round_start"])
+        if "pushes" not in state and state.get("waiting"):   # written before rounds kept pushes
+            raise ConfigError("resume", True, "a checkpoint of this version (this one holds a half-full "
+                              "sync round summed in arrival order, written by an older version); "
+                              "force=true starts the run over")
+        self.pushes = {int(k): _push_from_state(s) for k, s in state.get("pushes", {}).items()}
 
 
-def make_protocol(core, clients: list[int]) -> _Protocol:
-    return PROTOCOLS[core.cfg.protocol.name](core, clients)
+def _push_state(p: Push) -> dict:
+    return {"client": p.client, "read_version": p.read_version, "update": p.update,
+            "num_steps": p.num_steps, "num_samples": p.num_samples, "train_loss": p.train_loss,
+            "train_error": p.train_error, "stream_position": list(p.stream_position)}
 
+
+def _push_from_state(s: dict) -> Push:
+    return Push(client=int(s["client"]), read_version=int(s["read_version"]), update=s["update"],
+                num_steps=int(s["num_steps"]), num_samples=int(s["num_samples"]),
+                train_loss=float(s["train_loss"]), train_error=float(s["train_error"]),
+                stream_position=tuple(int(v) for v in s["stream_position"]))
+
+
+def make_protocol(cfg, clients: list[int], version: int) -> Policy:
+    return PROTOCOLS[cfg.protocol.name](cfg, clients, version)

@@ -14,6 +14,7 @@ for a peer or how to report progress never name a folder nor block a resume.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -370,6 +371,8 @@ def _check(cfg: RunConfig) -> None:
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
                           f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
+    if cfg.data.num_train is not None:   # the training-set size is known before any data
+        check_segment(cfg, cfg.data.num_train)
     if cfg.protocol.backup_workers >= cfg.num_clients:
         raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
                           f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")
@@ -381,3 +384,16 @@ def _check(cfg: RunConfig) -> None:
                           f"null or a client id in 1..{cfg.num_clients}")
     if cost.schedule == "replay" and not cost.path:
         raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
+
+
+def check_segment(cfg: RunConfig, num_train: int) -> None:
+    """One push may not exceed the whole budget (in whole minibatches): a client computes its
+    ``nsync`` steps before the server hears from it, so a larger segment trains past
+    ``num_epochs`` (at nsync = 10**6, for hours) before the first row. Checked by
+    :func:`validate` when ``data.num_train`` is set, and by the run core on the loaded data."""
+    budget = cfg.num_epochs * num_train
+    most = max(1, math.ceil(budget / cfg.algo.batch_size))   # the budget in minibatches
+    if cfg.nsync > most:
+        raise ConfigError("nsync", cfg.nsync, f"at most {most}, the budget in minibatches (num_epochs "
+                          f"x {num_train} training samples / algo.batch_size {cfg.algo.batch_size}): "
+                          "one push may not exceed the whole run; lower nsync or raise num_epochs")

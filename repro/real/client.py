@@ -19,6 +19,12 @@ its first push does not pay for loading cuDNN and cuBLAS while the server's time
 A resumed run sends each client the stream position it last reported, so it continues its data
 order; its momentum buffer restarts at zero (the server checkpoints parameters, not client
 optimiser state).
+
+Between two local steps the client looks whether the server has spoken (the receive for its
+next message is posted before it computes): STOP (the run is ending: budget, divergence, a
+stop request) ends it at once, however long its push; new parameters (a protocol that
+preempts, which its class declares: :meth:`repro.asgd.protocols.Policy.preempts`) drop the
+segment, and it starts over from them.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import torch
 
 from repro.asgd.algorithm import Client
 from repro.asgd.flatnet import Worker
+from repro.asgd.protocols import PROTOCOLS
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import get_logger
@@ -126,40 +133,29 @@ def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
     return True
 
 
-class Preempted(Exception):
-    """The server sent new parameters while this client computed: the segment is dropped."""
+class ServerSpoke(Exception):
+    """A message arrived while this client computed (STOP, or the parameters of a preemption):
+    the segment is dropped and the message read."""
 
 
 class Heartbeat:
-    """Called after each local step: sends a header-only HEARTBEAT when the server has heard
-    nothing from this client for a quarter of its timeout; with ``preemptible``, raises
-    :class:`Preempted` when new parameters have arrived (a sync round closed without us)."""
+    """Called after each local step: raises :class:`ServerSpoke` when the server's next message
+    has arrived (STOP, or new parameters: a sync round closed without us); sends a header-only
+    HEARTBEAT when the server has heard nothing from this client for a quarter of its timeout."""
 
-    def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float,
-                 preemptible: bool = False):
+    def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
         self.channel, self.frame, self.client_id = channel, frame, client_id
-        self.every_s, self.last, self.preemptible = timeout_s / 4, time.monotonic(), preemptible
+        self.every_s, self.last = timeout_s / 4, time.monotonic()
 
     def sent(self) -> None:
         self.last = time.monotonic()
 
     def __call__(self) -> None:
-        if self.preemptible and self.channel.arrived():
-            raise Preempted
+        if self.channel.arrived():
+            raise ServerSpoke
         if time.monotonic() - self.last >= self.every_s:
             self.channel.send(Header(Kind.HEARTBEAT, self.client_id, 0, 0), self.frame)
             self.sent()
-
-
-def _segment_start(client: Client) -> tuple:
-    buffer = client.optimiser.buffer
-    return (None if buffer is None else buffer.clone(), tuple(client.stream.position))
-
-
-def _segment_restore(client: Client, saved: tuple) -> None:
-    buffer, position = saved
-    client.optimiser.buffer = buffer
-    client.stream.set_position(position)
 
 
 def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) -> int:
@@ -167,8 +163,8 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
     on_gpu = setup.device.type == "cuda"
     device_index = setup.device.index if on_gpu else -1
     params_in, update_out = inbox.payload, outbox.payload
-    preemptible = cfg.protocol.name == "sync" and cfg.protocol.backup_workers > 0
-    heartbeat = Heartbeat(channel, outbox, client_id, cfg.backend.client_timeout_s, preemptible)
+    preemptible = PROTOCOLS[cfg.protocol.name].preempts(cfg)
+    heartbeat = Heartbeat(channel, outbox, client_id, cfg.backend.client_timeout_s)
     while True:
         header = channel.recv(inbox, cfg.backend.timeout_s)
         if header.kind == Kind.STOP:
@@ -180,15 +176,16 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
         client.fetch(params_in, header.version)   # copy_ into the client's own tensor (H2D on a GPU)
         channel.post(inbox)   # the next parameters (the reply, or a preemption) land here
         heartbeat.sent()
-        segment = _segment_start(client) if preemptible else None
+        segment = client.mark() if preemptible else None
         try:
             if on_gpu:
                 push = client.compute_push(setup.worker, cfg.nsync, on_step=heartbeat)   # .item() syncs
                 update_out.copy_(push.update)   # D2H into the pinned frame, synchronous
             else:
                 push = client.compute_push(setup.worker, cfg.nsync, out=update_out, on_step=heartbeat)
-        except Preempted:   # as the simulator does: the dropped segment consumed nothing
-            _segment_restore(client, segment)
+        except ServerSpoke:   # STOP ends the loop; preempted, as the simulator does: the dropped
+            if segment is not None:   # segment consumed nothing
+                client.rewind(segment)
             continue
         channel.send(Header(Kind.PUSH, client_id, push.read_version, update_out.numel(), push.num_steps,
                             push.num_samples, push.train_loss, push.train_error,

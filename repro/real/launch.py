@@ -360,6 +360,8 @@ def _serve_as_client(cfg: RunConfig, client_id: int, rank: int, world_size: int,
               f"{cfg.backend.timeout_s:g} s: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
         return 1
     try:
-        return run_client(cfg, client_id, Channel(groups[rank], 0, cfg.backend.timeout_s), setup)
+        # watched: the client asks between two local steps whether the server has spoken
+        channel = Channel(groups[rank], 0, cfg.backend.timeout_s, watched=True)
+        return run_client(cfg, client_id, channel, setup)
     finally:
         disconnect()

@@ -7,7 +7,12 @@ runs and writes its row, and while this loop sends each reply (Downpour's push +
 trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a time, in the order
 they take the lock, and ``updates.csv`` records that order. The main thread only watches:
 interrupts, client processes, finished evaluations. Client loss, divergence, the end of the
-budget and interrupts all end the same way: every remaining client gets STOP on its next push.
+budget and interrupts all end the same way: as soon as the run is stopping, every client still
+computing is sent STOP, which it reads between two local steps, however long its push.
+
+A push the protocol holds (a sync round's, until the round closes) is read from its client's
+receive frame, not copied: that frame receives again only after the client's reply
+(:meth:`ServerLoop.send_params` posts the receive), so the update stays valid until then.
 """
 from __future__ import annotations
 
@@ -97,7 +102,7 @@ class ServerLoop:
             self.lose(k, str(exc))
             return
         self.sent_version[k] = self.server.version
-        if not preempt:
+        if not preempt:   # from here on the frame may be overwritten: the reply released its push
             self.channels[k].post(self.receivers[k].frame)   # its next push lands without waiting on us
             self.receivers[k].release()   # a held client's receiver may listen again
 
@@ -140,6 +145,8 @@ class ServerLoop:
         log(f"client {k} lost at version {self.server.version}: {reason}; "
             f"{len(self.live())} client(s) still training")
         self.carry(self.core.lose(k, reason, self.now()))   # a barrier it held opens
+        if self.core.state.stopping:
+            self.stop_clients()
 
     def carry(self, replies) -> None:
         """Send each reply the core gave: the parameters, or STOP."""
@@ -150,6 +157,13 @@ class ServerLoop:
                 self.send_stop(reply.client)
             else:
                 self.send_params(reply.client, preempt=reply.preempt)
+
+    def stop_clients(self) -> None:
+        """Once the run is stopping (budget spent, diverged, failed, interrupted), STOP to every
+        client still in it, computing ones included (they read it between two local steps): a
+        long push must not hold the run open until it arrives."""
+        for k in self.live():
+            self.send_stop(k)
 
     def poll_processes(self) -> None:
         for k, proc in self.processes.items():
@@ -177,11 +191,14 @@ class ServerLoop:
                 with self.lock:
                     self.core.drain()
                     self.poll_processes()
+                    if self.core.state.stopping:
+                        self.stop_clients()
                     if not self.live() or self.core.state.error:
                         break
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
         with self.lock:
+            self.stop_clients()   # an interrupt or a failure: nobody computes on for nothing
             for receiver in self.receivers.values():
                 receiver.finish()   # a receive still waiting ends with its client (killed) or timeout
             return self.core.final_status(interrupted=self.stop.is_set())
@@ -225,6 +242,8 @@ class ServerLoop:
             self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)
         self.carry(replies)
         self.core.settle(now)
+        if self.core.state.stopping:
+            self.stop_clients()
 
     def join_receivers(self, timeout_s: float) -> bool:
         """Wait for the receiver threads (each ends when its client leaves or its bounded wait

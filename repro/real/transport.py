@@ -33,12 +33,22 @@ client's frames are the pinned buffers it stages through anyway.
 
 Every wait is bounded. gloo cannot keep a receive pending across an expired timeout (see above),
 so an expired wait ends the channel: :class:`LinkLost`.
+
+Has a message arrived? A client asks between two local steps (STOP, or a preemption's
+parameters). A gloo receive reports its completion only through ``wait()``
+(``work.is_completed()`` stays False until then, torch 2.13), and a short wait that expires
+would close the connection, so a *watched* channel hands each posted receive to one watcher
+thread that waits for it; the thread computing reads a flag (:meth:`Channel.arrived`) and
+``recv`` waits on that flag, still bounded by its timeout. Without it a client never noticed a
+preemption: it pushed its dropped segment anyway, and a server sending a second preemption
+while that client pushed deadlocked until the client timeout dropped it.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
+import queue
 import socket
 import struct
 import threading
@@ -53,6 +63,7 @@ from torch import Tensor
 HEADER_SLOTS = 16
 HEADER_BYTES = HEADER_SLOTS * 8
 TAG = 1
+WATCH = datetime.timedelta(days=30)   # a watcher's wait: longer than any push (it cannot be re-armed)
 
 
 class Kind(IntEnum):
@@ -130,20 +141,24 @@ class Channel:
     forth between its receiver thread and its main loop, never concurrently).
     """
 
-    def __init__(self, group, peer: int, timeout_s: float):
+    def __init__(self, group, peer: int, timeout_s: float, watched: bool = False):
         self.group, self.peer, self.timeout_s = group, peer, timeout_s
         # the group's own send/recv: the dist.isend/irecv wrappers add ~10 us of checks a call
         self._peer_in_group = dist.get_group_rank(group, peer)
-        self._pending: tuple | None = None   # (receive work, its frame), posted ahead
+        self._pending: tuple | None = None   # (receive work, its frame, its Arrival), posted ahead
+        self._watcher = _Watcher(f"watcher-{peer}") if watched else None
 
     def _wait(self, work, timeout_s: float | None, what: str) -> None:
         timeout = datetime.timedelta(seconds=timeout_s or self.timeout_s)
         try:
             work.wait(timeout=timeout)
         except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
-            why = (f"silent for more than {timeout.total_seconds():g} s" if "Timed out" in str(exc)
-                   else f"connection lost ({str(exc).splitlines()[0][:160]})")
-            raise LinkLost(f"rank {self.peer}: {what}: {why}") from exc
+            raise self._lost(what, timeout, exc) from exc
+
+    def _lost(self, what: str, timeout: datetime.timedelta, exc: Exception | None) -> LinkLost:
+        why = (f"silent for more than {timeout.total_seconds():g} s" if exc is None or "Timed out" in str(exc)
+               else f"connection lost ({str(exc).splitlines()[0][:160]})")
+        return LinkLost(f"rank {self.peer}: {what}: {why}")
 
     def send(self, header: Header, frame: Frame) -> None:
         """``header`` and the first ``header.length`` payload values of ``frame``, as one message
@@ -158,27 +173,65 @@ class Channel:
         """Post the next receive now, so the peer's message lands without waiting for this
         process to come back to Python (e.g. before sending the message it answers)."""
         if self._pending is None:
-            self._pending = (self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG),
-                             frame)
+            work = self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG)
+            arrival = self._watcher.watch(work) if self._watcher is not None else None
+            self._pending = (work, frame, arrival)
 
     def arrived(self) -> bool:
-        """True when the receive posted ahead has completed (polled between local steps)."""
-        return self._pending is not None and self._pending[0].is_completed()
+        """True when the receive posted ahead has completed, or its link failed (polled between
+        local steps; a watched channel only: see the module docstring)."""
+        if self._pending is None or self._pending[2] is None:
+            return False
+        return self._pending[2].is_set()
 
     def recv(self, frame: Frame, timeout_s: float | None = None) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after ``timeout_s`` of
         silence. The payload is ``frame.payload[:header.length]``."""
         self.post(frame)
-        work, posted = self._pending
+        work, posted, arrival = self._pending
         if posted is not frame:
             raise ValueError("recv() into a different frame than the one posted")
         self._pending = None
-        self._wait(work, timeout_s, "waiting for a message")
+        if arrival is None:
+            self._wait(work, timeout_s, "waiting for a message")
+        else:   # the watcher waits on gloo; we wait on it, as long as the timeout says
+            timeout = datetime.timedelta(seconds=timeout_s or self.timeout_s)
+            if not arrival.wait(timeout.total_seconds()) or arrival.error is not None:
+                raise self._lost("waiting for a message", timeout, arrival.error)
         header = Header.unpack(frame)
         if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
             raise LinkLost(f"rank {self.peer}: protocol error: {header.length} values in a "
                            f"frame for {frame.capacity}")
         return header
+
+
+class _Arrival(threading.Event):
+    """Set when a watched receive completed; ``error``: why it failed instead."""
+
+    error: Exception | None = None
+
+
+class _Watcher(threading.Thread):
+    """Waits for a channel's posted receives, one after the other (see the module docstring)."""
+
+    def __init__(self, name: str):
+        super().__init__(name=name, daemon=True)
+        self._works: queue.SimpleQueue = queue.SimpleQueue()
+        self.start()
+
+    def watch(self, work) -> _Arrival:
+        arrival = _Arrival()
+        self._works.put((work, arrival))
+        return arrival
+
+    def run(self) -> None:
+        while True:
+            work, arrival = self._works.get()
+            try:
+                work.wait(timeout=WATCH)
+            except Exception as exc:   # a closed link (or, after WATCH, a timeout): recv says so
+                arrival.error = exc
+            arrival.set()
 
 
 def hello(frame: Frame) -> Header:
@@ -199,9 +252,10 @@ def check_hello(theirs: Header, frame: Frame, peer: int) -> None:
 
 class Receiver(threading.Thread):
     """Receives client ``k``'s pushes into one reusable frame and hands each to ``on_push``
-    (the server loop, which takes its lock, applies, replies, and posts the next receive before
-    it returns; so the frame is never overwritten while read). ``on_push`` returns False when
-    the client was told to stop; ``on_lost`` hears why the link ended otherwise.
+    (the server loop, which takes its lock, applies, replies, and posts the next receive only
+    with the client's reply; so the frame is never overwritten while read, also while the
+    protocol holds the push until a later reply). ``on_push`` returns False when the client was
+    told to stop; ``on_lost`` hears why the link ended otherwise.
 
     Why a thread per client that does the server's work under a lock, rather than threads that
     queue pushes for a main loop: the queue's extra thread wake-up cost ~0.1 ms per round trip

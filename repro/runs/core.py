@@ -4,17 +4,24 @@ A driver decides only *which* push comes next and *when* (the simulator: its sch
 virtual clock; the real driver: receiver threads and the wall clock) and carries the replies.
 Everything else happens here, with the same rules for both:
 
-* **apply and log** (:meth:`RunCore.on_push`): the protocol's decision (a policy,
-  :mod:`repro.asgd.protocols`), the parameter server's apply (:class:`~repro.asgd.algorithm.Server`),
-  one ``updates.csv`` row, then the replies the driver carries: the new parameters to fetch, or
-  STOP once the run is ending;
+* **a push, one pass** (:meth:`RunCore.on_push`): the divergence check (every push, also each
+  push of a sync round before it is merged), the protocol's decision (a policy that holds no
+  core, :mod:`repro.asgd.protocols`: told the push and who is live, it says what to apply, who
+  fetches, who is preempted, what it discarded), the parameter server's apply
+  (:class:`~repro.asgd.algorithm.Server`), one ``updates.csv`` row, then the replies the driver
+  carries: the new parameters to fetch, or STOP once the run is ending;
 * **cadence** (:meth:`RunCore.settle`, after the replies): an evaluation every ``eval_every``
   epochs of applied samples (inline, or on a snapshot in a thread for the real driver), a
   checkpoint every ``checkpoint_every`` versions (with the driver's own state), progress;
 * **divergence**, one rule: a push whose training loss is not finite or exceeds
   ``divergence_factor`` x the reference loss, or an evaluation that finds non-finite parameters
-  or losses, ends the run ``diverged`` (see :meth:`RunCore.check_loss`);
-* **the budget**: ``num_epochs`` of applied samples;
+  or losses (version 0's included: the run then never starts), ends the run ``diverged`` (see
+  :meth:`RunCore.check_loss`);
+* **the budget**: ``num_epochs`` of applied samples; one push may not exceed it
+  (:func:`repro.config.settings.check_segment`);
+* **no loop without progress**: a protocol that keeps every live client waiting, or applies
+  nothing for ``STALL_PUSHES`` pushes per live client, fails the run with a message, so neither
+  driver's loop can turn forever;
 * **the ending** (:meth:`RunCore.finish`): the status (completed, completed_degraded, diverged,
   interrupted, failed), a final evaluation when completed, a final checkpoint of a clean state,
   the summary. :func:`repro.runs.folder.run_folder` makes sure every ending has one.
@@ -29,8 +36,8 @@ from typing import Callable
 import torch
 
 from repro.asgd.algorithm import Push, Server
-from repro.asgd.protocols import Reply, make_protocol
-from repro.config.settings import RunConfig, to_dict
+from repro.asgd.protocols import Decision, View, make_protocol
+from repro.config.settings import RunConfig, check_segment, to_dict
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
 from repro.logs import get_logger
@@ -42,9 +49,22 @@ from repro.runtime import environment
 
 log = get_logger("repro.runs.core")
 
+STALL_PUSHES = 100   # pushes per live client without an apply: the protocol makes no progress
+
 # ---------------------------------------------------------------------------------------------
 # The core
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the driver carries back to a client: the server's parameters, or STOP.
+    ``preempt``: the client is still computing a segment the protocol dropped (a sync round's
+    backup worker); the parameters reach it now and it starts over from them."""
+
+    client: int
+    stop: bool = False
+    preempt: bool = False
 
 
 @dataclass
@@ -64,12 +84,17 @@ class RunCore:
     def __init__(self, cfg: RunConfig, problem: Problem, run_dir: Path, *, clock: str, backend: str,
                  resume: dict | None = None, measured: dict | None = None, eval_in_thread: bool = False):
         self.cfg, self.problem, self.run_dir = cfg, problem, Path(run_dir)
+        check_segment(cfg, problem.dataset.num_train)   # before any file of the run is written
         self.kind = backend
         self.server: Server = problem.make_server(cfg)
         self.state = RunState()
+        self.discarded: list[list[int]] = []   # [read_version, client] of each dropped segment
         if resume is not None:
             self.server.load_state_dict(resume["server"])
-            self.state.reference_loss = resume.get("core", {}).get("reference_loss")
+            core_state = resume.get("core", {})
+            self.state.reference_loss = core_state.get("reference_loss")
+            legacy = (resume.get("protocol") or {}).get("discarded", [])   # kept by Sync before
+            self.discarded = [[int(a), int(b)] for a, b in core_state.get("discarded", legacy)]
         self.budget = cfg.num_epochs * problem.dataset.num_train
         recorded = to_dict(cfg)
         for key, value in (measured or {}).items():   # e.g. a calibrated cost.compute_s
@@ -85,6 +110,8 @@ class RunCore:
         self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress)
         self.finished: dict | None = None
         self.protocol = None   # made by begin(), when the clients are known
+        self.live: frozenset[int] = frozenset()   # clients in the run (not lost)
+        self._unapplied = 0                       # pushes since the last apply
         self._checkpointed = self.server.version   # the version of the last periodic checkpoint
 
     # -- the start ------------------------------------------------------------------------------
@@ -92,14 +119,16 @@ class RunCore:
         """Start serving ``clients`` (each holds the server's parameters now): the protocol, and
         version 0 evaluated before any push (inline in both drivers: it is the reference for
         divergence and the first point of every curve)."""
-        self.protocol = make_protocol(self, clients)
+        self.protocol = make_protocol(self.cfg, clients, self.server.version)
+        self.live = frozenset(clients)
         if protocol_state is not None:
             self.protocol.load_state_dict(protocol_state)
         for k in clients:
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
-            self.evaluate_now(time_s)
-        self.state.stopping = self.runlog.samples_seen >= self.budget
+            self.evaluate_now(time_s)   # may find version 0 non-finite: diverged, stopping
+        if self.runlog.samples_seen >= self.budget:
+            self.state.stopping = True
 
     # -- a push ---------------------------------------------------------------------------------
     @property
@@ -119,20 +148,33 @@ class RunCore:
         return ""
 
     def on_push(self, push: Push, time_s: float) -> list[Reply]:
-        """Hand ``push`` to the protocol (nothing is applied once the run is stopping) and say
-        who gets what back: the pushing client, and any client the push released."""
+        """One push, one pass: check it, ask the protocol, apply what it says, and say who gets
+        what back: the pushing client, and any client the decision released. Nothing is applied
+        once the run is stopping."""
         if self.state.stopping:
             return [Reply(push.client, stop=True)]
-        return self._deliver(self.protocol.on_push(push, time_s))
+        why = self.check_loss(push)   # every push, before any protocol merges it
+        if why:
+            self.diverge(why)
+            return self._deliver([Reply(push.client)])
+        decision = self.protocol.on_push(push, self.view())
+        self._unapplied = 0 if decision.apply is not None else self._unapplied + 1
+        return self._carry_out(decision, time_s)
 
-    def apply(self, push: Push, time_s: float, check: bool = True):
-        """Apply one push (or a protocol's merged push) with the server rule and log its row;
-        None when its loss means divergence."""
-        if check:
-            why = self.check_loss(push)
-            if why:
-                self.diverge(why)
-                return None
+    def view(self) -> View:
+        return View(version=self.server.version, live=self.live)
+
+    def _carry_out(self, decision: Decision, time_s: float) -> list[Reply]:
+        """Apply what the protocol decided, record what it discarded, make its replies."""
+        if decision.apply is not None:
+            self.apply(decision.apply, time_s)
+        self.discarded += [[int(v), int(k)] for v, k in decision.discarded]
+        replies = [Reply(k) for k in decision.reply] + [Reply(k, preempt=True) for k in decision.preempt]
+        self._check_progress()
+        return self._deliver(replies)
+
+    def apply(self, push: Push, time_s: float):
+        """Apply one push (or a protocol's merged push) with the server rule and log its row."""
         applied = self.server.apply(push)
         self.runlog.log_push(version=applied.version, time_s=time_s, client=push.client,
                              read_version=push.read_version, staleness=applied.staleness,
@@ -142,10 +184,30 @@ class RunCore:
             self.state.stopping = True
         return applied
 
+    def _check_progress(self) -> None:
+        """A protocol that holds every live client, or applies nothing push after push, would
+        leave a driver's loop turning (or waiting) for good: the run fails instead, saying so."""
+        if self.state.stopping or not self.live:
+            return
+        name = self.cfg.protocol.name
+        if self.live <= set(self.protocol.waiting()):
+            self.fail(f"protocol {name!r} holds every live client {sorted(self.live)} waiting for a "
+                      "reply it never gives (a deadlock in the protocol)")
+        elif self._unapplied > STALL_PUSHES * len(self.live):
+            self.fail(f"protocol {name!r} applied none of the last {self._unapplied} pushes "
+                      f"({STALL_PUSHES} per live client): it makes no progress")
+
+    def fail(self, why: str) -> None:
+        """End the run ``failed`` (a bug, not the data): no more pushes are applied."""
+        if not self.state.error:
+            self.state.error = why
+            log.error(f"failed: {why}")
+        self.state.stopping = True
+
     def _deliver(self, replies: list[Reply]) -> list[Reply]:
         if self.state.stopping:   # whoever still waits on the protocol is told to stop too
-            replies = [Reply(r.client, stop=True) for r in replies + self.protocol.stopping()
-                       if not r.preempt]
+            owed = [r.client for r in replies if not r.preempt] + list(self.protocol.on_stop())
+            replies = [Reply(k, stop=True) for k in dict.fromkeys(owed)]
         for r in replies:
             if not r.stop:
                 self.server.fetched(r.client)   # delay-compensating rules remember w_bak
@@ -174,9 +236,10 @@ class RunCore:
         for req, result in self.evaluator.poll(wait):
             if isinstance(result, Exception):
                 raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
-            if result.get("nonfinite") or not all(math.isfinite(v) for v in result.values()):
+            why = _nonfinite(result, req.version)
+            if why:
                 self.runlog.next_eval = math.inf   # no more evaluations of a diverged run
-                self.diverge(f"non-finite parameters or losses at the evaluation of version {req.version}")
+                self.diverge(why)
                 continue
             if self.state.reference_loss is None:
                 ref = math.log(self.problem.dataset.num_classes)
@@ -185,8 +248,10 @@ class RunCore:
                                  **result)
 
     def diverge(self, why: str) -> None:
+        """The run ends ``diverged``: no more pushes are applied (also when it already had)."""
+        self.state.stopping = True
         if not self.state.diverged:
-            self.state.diverged, self.state.stopping = why, True
+            self.state.diverged = why
             self.runlog.add_event("diverged", reason=why)
             log.info(f"diverged: {why}")
 
@@ -196,15 +261,18 @@ class RunCore:
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
             self.runlog.add_event("client_lost", client=client, reason=reason)
+        self.live = self.live - {client}
         if self.protocol is None:
             return []
-        return self._deliver(self.protocol.on_lost(client, time_s))
+        if self.state.stopping:
+            return self._deliver([])
+        return self._carry_out(self.protocol.on_lost(client, self.view()), time_s)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
-                 "core": {"reference_loss": self.state.reference_loss},
+                 "core": {"reference_loss": self.state.reference_loss, "discarded": self.discarded},
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
@@ -246,8 +314,8 @@ class RunCore:
             status, message = "failed", f"could not write the run folder ({exc}); " + resume_hint(self.run_dir)
         if status == "interrupted" and not message:
             message = "interrupted; " + resume_hint(self.run_dir)
-        if self.protocol is not None and getattr(self.protocol, "discarded", None) is not None:
-            extra["discarded_pushes"] = self.protocol.discarded
+        if self.discarded or getattr(type(self.protocol), "discards", False):
+            extra["discarded_pushes"] = self.discarded
         summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
                                             **extra)
         self.runlog.close()
@@ -255,4 +323,20 @@ class RunCore:
                              force=True)
         self.finished = summary
         return summary
+
+
+def _nonfinite(result: dict, version: int) -> str:
+    """Why an evaluation's result means divergence, or "". Finite parameters with non-finite
+    losses at version 0 are not a blow-up of training but of what it starts from: said so."""
+    if result.get("nonfinite"):
+        return f"non-finite parameters at the evaluation of version {version}"
+    bad = {k: v for k, v in result.items() if not math.isfinite(v)}
+    if not bad:
+        return ""
+    what = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+    if version == 0:
+        return (f"the evaluation of version 0 gives non-finite {what} although the initial "
+                "parameters are finite: the data hold non-finite values, or the model overflows "
+                "at its initial parameters; nothing was trained")
+    return f"non-finite losses at the evaluation of version {version} ({what})"
 

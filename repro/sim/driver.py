@@ -11,6 +11,11 @@ Bit-for-bit reproducible from the seed (on one torch build, CPU kernel family, t
 device): the only randomness is the model init (``seed``), each client's data order
 (``seed, client``) and the jitter (``seed, client, segment``); no wall clock enters any table.
 ``cost=replay`` replays the update order recorded by a real run instead.
+
+A stop request (Ctrl-C, SIGTERM) is honoured between two local steps of a push, however long
+the push: the push is abandoned (its client rewinds to the segment's start, :meth:`Client.mark`)
+and recorded as pending in the final checkpoint, so a resumed run computes it from the start
+and stays bitwise identical to an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from repro.asgd.algorithm import Client, Push
 from repro.config.settings import RunConfig
 from repro.problem.build import Problem, make_clients, param_bytes
 from repro.problem.start import build_problem
@@ -69,10 +75,14 @@ class Simulation:
         self.scheduler = make_schedule(cfg, sorted(self.clients), param_bytes(self.server.params), compute_s)
         self.compute_s = compute_s
         self.resume_protocol = resume.get("protocol") if resume is not None else None
+        self.pending: tuple | None = None   # a push taken from the schedule, abandoned by a stop
         if resume is not None:
             for k, c in self.clients.items():
                 c.load_state_dict(resume["driver"]["clients"][str(k)])
             self.scheduler.load_state_dict(resume["driver"]["scheduler"])
+            pending = resume["driver"].get("pending")
+            if pending is not None:
+                self.pending = (int(pending[0]), int(pending[1]), float(pending[2]))
         core.state.driver_state = self.state_dict
 
     def run(self, stop_at_version: int | None = None) -> tuple[str, str]:
@@ -81,14 +91,17 @@ class Simulation:
         core, stop = self.core, self.stop
         core.begin(sorted(self.clients), protocol_state=self.resume_protocol)
         while core.accepting and not stop.is_set():
-            nxt = self.scheduler.next()
+            nxt, self.pending = self.pending or self.scheduler.next(), None
             if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
                 core.state.stopping = True
                 return "completed", ""
             k, num_steps, t = nxt
             client = self.clients[k]
             self.scheduler.check(k, client.read_version)
-            push = client.compute_push(self.worker, num_steps)
+            push = self.compute(client, num_steps)
+            if push is None:   # stopped between two steps: computed again by a resumed run
+                self.pending = nxt
+                break
             for reply in core.on_push(push, t):
                 if reply.preempt:
                     self.scheduler.cancel(reply.client)   # its segment is dropped, never computed
@@ -100,9 +113,30 @@ class Simulation:
                 stop.set("stop_at_version")
         return core.final_status(interrupted=stop.is_set())
 
+    def compute(self, client: Client, num_steps: int) -> Push | None:
+        """The client's push, or None when a stop request came between two of its steps (the
+        client is rewound: the abandoned segment consumed nothing)."""
+        if num_steps < 2:
+            return client.compute_push(self.worker, num_steps)
+        mark = client.mark()
+        try:
+            return client.compute_push(self.worker, num_steps, on_step=self._stop_between_steps)
+        except _Stopped:
+            client.rewind(mark)
+            return None
+
+    def _stop_between_steps(self) -> None:
+        if self.stop.is_set():
+            raise _Stopped
+
     def state_dict(self) -> dict:
         return {"clients": {str(k): c.state_dict() for k, c in self.clients.items()},
-                "scheduler": self.scheduler.state_dict(), "compute_s": self.compute_s}
+                "scheduler": self.scheduler.state_dict(), "compute_s": self.compute_s,
+                "pending": list(self.pending) if self.pending is not None else None}
+
+
+class _Stopped(Exception):
+    """A stop request, raised between two local steps of a push."""
 
 
 def simulate(cfg: RunConfig, run_dir: str | Path, problem: Problem | None = None,

@@ -1,0 +1,292 @@
+"""No run hangs (issue 16, section 1): a non-finite start ends the run ``diverged`` at once, in
+both drivers; one push may not exceed the budget; a stop request is honoured between two local
+steps of a push, however long, in the simulator and in a real client. Every test is bounded by
+its own timeout, so a regression fails instead of hanging the suite."""
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from repro.asgd.flatnet import Worker
+from repro.config.settings import (AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig,
+                                   RunConfig, validate)
+from repro.errors import ConfigError
+from repro.problem.evaluation import EvalSets
+from repro.problem.start import build_problem
+from repro.real.client import build_client, run_client
+from repro.real.server import ServerLoop
+from repro.real.transport import Header, Kind
+from repro.runs.core import RunCore
+from repro.runs.folder import run_folder
+from repro.runtime import StopRequest
+from repro.sim.driver import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+NAN = float("nan")
+
+
+def cfg_for(**kw) -> RunConfig:
+    base = dict(num_clients=2, nsync=2, num_epochs=2.0, eval_every=0.5, progress=False,
+                data=DataConfig(name="synthetic"), model=ModelConfig(name="mlp"),
+                algo=AlgoConfig(lr=0.05, momentum=0.5), cost=CostConfig(profile="u", compute_s=0.01))
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def poisoned(cfg: RunConfig, what: str):
+    """The problem ``cfg`` trains, with NaN where ``what`` says (below any input check: the
+    run core must end the run whatever reaches it)."""
+    problem = build_problem(cfg, torch.device("cpu"))
+    ds = problem.dataset
+    if what == "weight":
+        problem.init_params[0] = NAN
+    elif what == "every input":
+        ds.x_train.fill_(NAN)
+        ds.x_test.fill_(NAN)
+    elif what == "one test input":
+        ds.x_test[0, 0, 0, 0] = NAN
+    problem.eval_sets = EvalSets.of(ds)
+    return problem
+
+
+# ---------------------------------------------------------------------------------------------
+# a non-finite start
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["weight", "every input", "one test input"])
+def test_a_non_finite_start_ends_the_run_diverged_at_version_0(tmp_path, what):
+    """Version 0's evaluation is non-finite: the run ends diverged before any push (it used to
+    train on with evaluations off, or loop for good on pushes it could not apply). With finite
+    parameters the message says the data (or the model's overflow) is the cause."""
+    cfg = cfg_for()
+    summary = simulate(cfg, tmp_path, problem=poisoned(cfg, what))
+    assert summary["status"] == "diverged", summary["message"]
+    assert summary["version"] == 0 and pd.read_csv(tmp_path / "updates.csv").empty
+    finite_params = what != "weight"
+    assert ("initial parameters are finite" in summary["message"]) == finite_params, summary["message"]
+
+
+@pytest.mark.timeout(60)
+def test_a_non_finite_push_after_divergence_still_stops_the_run(tmp_path):
+    """A run already diverged whose stop flag was lost (as version 0's was, overwritten by the
+    budget check): the next non-finite push must stop it again, not be skipped without a row
+    while the loop turns for good."""
+    from repro.asgd.algorithm import Push
+
+    cfg = cfg_for()
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim")
+        core.begin([1, 2])
+        core.diverge("by hand")
+        core.state.stopping = False
+        bad = Push(client=1, read_version=0, update=torch.zeros_like(core.server.params), num_steps=2,
+                   num_samples=64, train_loss=NAN, train_error=1.0, stream_position=(0, 0))
+        assert [(r.client, r.stop) for r in core.on_push(bad, 1.0)] == [(1, True)]
+        assert not core.accepting
+        assert core.finish(*core.final_status(interrupted=False))["status"] == "diverged"
+
+
+@pytest.mark.timeout(180)
+def test_a_real_run_from_non_finite_parameters_ends_diverged(tmp_path, monkeypatch):
+    """The real server evaluates version 0 before it greets the clients: non-finite, every
+    client is told STOP and the run ends diverged (it used to serve pushes it could not apply,
+    for good)."""
+    import repro.real.launch as launch
+
+    def nan_problem(cfg, device):
+        problem = build_problem(cfg, device)
+        problem.init_params[0] = NAN
+        return problem
+
+    monkeypatch.setattr(launch, "build_problem", nan_problem)
+    backend = BackendConfig(name="real", timeout_s=60.0, client_timeout_s=30.0, client_device="cpu")
+    cfg = RunConfig(num_clients=2, nsync=4, num_epochs=3.0, eval_every=1.0, progress=False,
+                    algo=AlgoConfig(lr=0.2, momentum=0.0), backend=backend)
+    summary = launch.run_real(cfg, tmp_path)
+    assert summary["status"] == "diverged" and summary["version"] == 0, summary["message"]
+    assert multiprocessing.active_children() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# one push may not exceed the budget
+# ---------------------------------------------------------------------------------------------
+
+def test_a_segment_larger_than_the_budget_is_refused_naming_nsync(tmp_path):
+    """512 samples x 1 epoch / batch 32 = 16 minibatches: nsync 17 is refused before any file
+    of the run is written; 16 (one push spends the budget) runs."""
+    with pytest.raises(ConfigError, match="'nsync': 17.*at most 16"):
+        validate(cfg_for(nsync=17, num_epochs=1.0, data=DataConfig(name="synthetic", num_train=512)))
+    with pytest.raises(ConfigError, match="'nsync': 17.*at most 16"):
+        simulate(cfg_for(nsync=17, num_epochs=1.0), tmp_path / "refused")   # size known once loaded
+    assert not (tmp_path / "refused" / "config.json").exists()
+    assert simulate(cfg_for(nsync=16, num_epochs=1.0), tmp_path / "ok")["status"] == "completed"
+
+
+@pytest.mark.timeout(180)
+def test_the_command_line_refuses_a_push_of_many_budgets(tmp_path):
+    """The issue's reproduction, nsync=1000000 num_epochs=1 (one push ~60,000 times the budget),
+    exits 2 naming nsync instead of computing for hours (synthetic data: a cheaper import than
+    digits, the same check on the loaded training-set size)."""
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "nsync=1000000", "num_epochs=1",
+                           "data=synthetic", "model=mlp", f"results_dir={tmp_path}", "progress=false"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "'nsync': 1000000" in proc.stderr and "at most 16" in proc.stderr, proc.stderr[-2000:]
+    assert not list(tmp_path.rglob("updates.csv"))
+
+
+# ---------------------------------------------------------------------------------------------
+# a stop request between two local steps
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_the_simulator_inside_a_long_push_and_resume_is_bitwise(tmp_path, monkeypatch):
+    """Two pushes of 800 local steps each spend the budget. A SIGTERM at step 100 ends the run
+    interrupted after that step (it used to compute on to the end of the push); the abandoned
+    push is computed again by the resumed run, whose tables equal an uninterrupted run's."""
+    cfg = cfg_for(nsync=800, num_epochs=100.0, eval_every=50.0)
+    assert simulate(cfg, tmp_path / "whole")["status"] == "completed"
+    calls, backward = [0], Worker.backward
+
+    def sigterm_at_step_100(self, x, y):
+        calls[0] += 1
+        if calls[0] == 100:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return backward(self, x, y)
+
+    monkeypatch.setattr(Worker, "backward", sigterm_at_step_100)
+    cut = simulate(cfg, tmp_path / "cut")
+    monkeypatch.setattr(Worker, "backward", backward)
+    assert cut["status"] == "interrupted" and calls[0] == 100 and cut["version"] == 0
+    assert simulate(cfg.replace(resume=True), tmp_path / "cut")["status"] == "completed"
+    for table in ("updates.csv", "evals.csv"):
+        assert (tmp_path / "cut" / table).read_bytes() == (tmp_path / "whole" / table).read_bytes()
+
+
+class ScriptedChannel:
+    """A channel to no one: hands out scripted messages; the next one 'arrives' after
+    ``arrive_after`` polls (local steps); records what is sent."""
+
+    def __init__(self, script: list[Header], arrive_after: int):
+        self.script, self.arrive_after = list(script), arrive_after
+        self.polls, self.sent = 0, []
+
+    def recv(self, frame, timeout_s=None) -> Header:
+        header = self.script.pop(0)
+        header.pack(frame)
+        return header
+
+    def post(self, frame) -> None:
+        pass
+
+    def arrived(self) -> bool:
+        self.polls += 1
+        return self.polls >= self.arrive_after
+
+    def send(self, header: Header, frame) -> None:
+        self.sent.append(header.kind)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("protocol", ["async", "sync"])
+def test_a_real_client_reads_stop_between_two_local_steps(protocol):
+    """A client computing a push of 10**6 steps reads the server's STOP after the step in which
+    it arrived and exits 0 without pushing, whatever its protocol (it used to look only for
+    preemptions, and only under sync with backup workers)."""
+    from repro.config.settings import ProtocolConfig
+
+    cfg = cfg_for(nsync=10**6, protocol=ProtocolConfig(name=protocol))
+    setup = build_client(cfg, 1, torch.device("cpu"))
+    numel = setup.inbox.capacity
+    channel = ScriptedChannel([Header(Kind.HELLO, 0, 0, numel), Header(Kind.PARAMS, 1, 0, numel),
+                               Header(Kind.STOP, 1, 0, 0)], arrive_after=5)
+    assert run_client(cfg, 1, channel, setup) == 0
+    assert channel.polls == 5 and channel.sent == [Kind.HELLO]   # 5 steps, no push
+
+
+class _Channel:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, header, frame):
+        self.sent.append(header.kind)
+
+    def post(self, frame):
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
+    """Client 1's push spends the budget while client 2 computes: client 2 is sent STOP at
+    once (it reads it between two local steps), not after its own push."""
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real"))
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real")
+        channels = {1: _Channel(), 2: _Channel()}
+        loop = ServerLoop(cfg, core, channels, StopRequest())
+        core.begin([1, 2])
+        loop.sent_version = {1: 0, 2: 0}
+        numel = core.server.params.numel()
+        budget = int(cfg.num_epochs * problem.dataset.num_train)
+        header = Header(Kind.PUSH, 1, 0, numel, 8, budget, 1.0, 0.5, (0, 0))
+        assert loop.on_message(1, header, torch.zeros(numel)) is False   # told STOP
+        assert channels[1].sent == [Kind.STOP] and channels[2].sent == [Kind.STOP]
+        assert loop.stopped == {1, 2} and not loop.live()
+        core.finish(*core.final_status(interrupted=False))
+
+
+WATCHING_CLIENT = """
+import sys, time
+import torch.distributed as dist
+from repro.real.transport import Channel, Frame, Kind, connect, disconnect
+port, watched = int(sys.argv[1]), sys.argv[2] == "watched"
+store = dist.TCPStore("127.0.0.1", port, 2, False)
+groups = connect(1, 2, 30.0, store)
+channel, frame = Channel(groups[1], 0, 30.0, watched=watched), Frame(16)
+channel.post(frame)                          # as a client does before it computes
+deadline, steps = time.monotonic() + 20, 0
+while not channel.arrived() and time.monotonic() < deadline:
+    time.sleep(0.01)                         # a local step
+    steps += 1
+seen = channel.arrived()
+kind = channel.recv(frame).kind              # read it either way, so the server's send ends
+disconnect()
+sys.exit(0 if seen and kind == Kind.STOP else 3)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_client_sees_the_servers_message_arrive_between_two_steps(tmp_path):
+    """On real gloo: a STOP sent to a client while it computes is seen between two of its steps.
+    (A gloo receive reports completion only through wait(): polling work.is_completed() never
+    saw it, so a preempted client pushed its dropped segment and STOP waited for the push.)"""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from repro.real.transport import Channel, Frame, connect, disconnect
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", WATCHING_CLIENT, str(store.port), "watched"],
+                            cwd=ROOT, env=env)
+    try:
+        groups = connect(0, 2, 60.0, store)
+        time.sleep(0.5)
+        Channel(groups[1], 1, 30.0).send(Header(Kind.STOP, 1, 0, 0), Frame(16))
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        disconnect()
