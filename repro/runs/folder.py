@@ -33,7 +33,7 @@ from repro.config.settings import RunConfig, differences, validate
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import FileLock, LockHeld
-from repro.files.storage import atomic_write_text, read_checkpoint
+from repro.files.storage import atomic_write_text, read_checkpoint, write_json
 from repro.logs import get_logger
 from repro.runs.runlog import read_summary
 from repro.runtime import StopRequest
@@ -337,7 +337,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         except KeyboardInterrupt:   # forced (a second signal): the state may be mid-push
             _end(run, "interrupted", "forced stop (second signal); ", clean=False)
         except ConfigError:
-            _end(run, "failed", "bad input: ", clean=False)
+            _end(run, "failed", "bad input: ", clean=False, early=False)
             raise
         except BaseException as exc:
             _end(run, "failed", f"{type(exc).__name__}: {exc}; ", clean=False)
@@ -347,13 +347,27 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
                 _end(run, "failed", "the driver ended without a status; ", clean=False)
 
 
-def _end(run: FolderRun, status: str, why: str, clean: bool) -> None:
+def _end(run: FolderRun, status: str, why: str, clean: bool, early: bool = True) -> None:
     core = run.core
+    if core is None and early and run.decision.action == "fresh":
+        _end_before_core(run, status, why)
     if core is None or core.finished is not None:
         return
     try:
         core.finish(status, why + resume_hint(core.run_dir), clean=clean)
     except Exception as exc:   # the summary could not be written either: say so on stderr
+        log.error(f"could not record the end of {run.run_dir}: {exc}")
+
+
+def _end_before_core(run: FolderRun, status: str, why: str) -> None:
+    """A fresh run that ended before its core existed (building the data, the network, the warm
+    start): its folder still gets a terminal summary saying so, not an empty folder that looks
+    like a point never started."""
+    summary = {**run.summary, "status": status, "backend": run.cfg.backend.name,
+               "message": why + "nothing was trained; resume=auto (or force=true) starts it again"}
+    try:
+        write_json(Path(run.run_dir) / schema.SUMMARY_FILE, summary)
+    except OSError as exc:
         log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
