@@ -201,6 +201,11 @@ class StopRequest:
             StopRequest._pending = ""
 
 
+def runs_active() -> bool:
+    """Whether a StopRequest (a run, the command line) is entered in this process."""
+    return bool(StopRequest._active)
+
+
 def exit_on_signal(code: int = EXIT_INTERRUPTED) -> None:
     """From here on the process only exits: a signal ends it at once with ``code`` (a Ctrl-C
     during interpreter shutdown would otherwise print a traceback from some finaliser)."""
