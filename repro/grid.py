@@ -290,7 +290,7 @@ class Grid(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """In the point's process, before its run: a point of a stopped launch does not start;
         any other watches for the stop mark and, on this host, for its launcher's death."""
-        if self._mark_path().exists():
+        if self.mark_path().exists():
             run_dir = Path(str(config.hydra.runtime.output_dir))
             _say(f"[{self.label}] {self._name(run_dir.name)} does not start: the grid was stopped "
                  "(the same command with resume=auto runs it)")
@@ -317,14 +317,14 @@ class Grid(Callback):
             raise SystemExit(EXIT_INTERRUPTED)
 
     # -- the stop mark ------------------------------------------------------------------------
-    def _mark_path(self) -> Path:
+    def mark_path(self) -> Path:
         """This launch's stop mark: its own, so two grids sharing a sweep folder (an experiment
         run twice with other overrides) never stop each other."""
         return (self.sweep_dir or Path(".")) / STOP_DIR / (self.launch_id or "none")
 
     def _mark_stopped(self) -> None:
         if self.sweep_dir is not None:
-            path = self._mark_path()
+            path = self.mark_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}))
 

@@ -52,7 +52,7 @@ class PointGuard:
         while True:
             time.sleep(self.POLL_S)
             grid = self.grid
-            if grid._mark_path().exists():
+            if grid.mark_path().exists():
                 request_stop("the grid was stopped")
             if grid.main_host == socket.gethostname() and not process_alive(grid.main_pid, grid.main_started):
                 request_stop("the grid's launcher ended")

@@ -62,7 +62,7 @@ def test_a_stopped_launch_keeps_its_queued_points_from_starting_and_no_other_lau
     a = _launched(tmp_path, monkeypatch)
     a._mark_stopped()
     b = _launched(tmp_path, monkeypatch)
-    assert a._mark_path().exists() and a.launch_id != b.launch_id
+    assert a.mark_path().exists() and a.launch_id != b.launch_id
 
     queued = Callbacks()
     queued.callbacks = [pickle.loads(pickle.dumps(a))]
@@ -88,7 +88,7 @@ GUARDED = textwrap.dedent("""
 
     launcher, mark = int(sys.argv[1]), Path(sys.argv[2])
     grid = SimpleNamespace(main_pid=launcher, main_host=socket.gethostname(), stop_wait_s=30.0,
-                           main_started=process_started(launcher), _mark_path=lambda: mark)
+                           main_started=process_started(launcher), mark_path=lambda: mark)
     PointGuard.start(grid)
     with StopRequest() as stop:          # a run: it stops when asked, as a run does
         print("running", flush=True)
