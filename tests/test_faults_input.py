@@ -89,6 +89,19 @@ def test_an_exp_name_that_is_not_one_folder_inside_results_dir_is_refused(tmp_pa
     assert tree(tmp_path) == ["work", "work/deep"]          # nothing written, in or out of results
 
 
+def test_a_grid_checks_exp_name_before_hydra_makes_its_sweep_folder(tmp_path, capsys):
+    """A grid's points are checked only as each runs, in folders Hydra has made by then: the
+    grid's callback checks where it writes first (Hydra makes the sweep folder after it)."""
+    from repro.grid import Grid
+
+    config = cli_module.compose(["+exp=fig1", "exp_name=../../outside", f"results_dir={tmp_path / 'r'}"],
+                                return_hydra_config=True)
+    with pytest.raises(SystemExit) as exc:
+        Grid().on_multirun_start(config)
+    assert exc.value.code == 2 and "'exp_name'" in capsys.readouterr().err
+    assert tree(tmp_path) == []
+
+
 def test_a_results_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     for value in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "sub"):
