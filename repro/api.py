@@ -200,8 +200,10 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     ConfigError
         Before any training, for a bad argument: a value out of range or not among the
         choices, an unknown cost profile or field, inputs and labels of different lengths or
-        an empty set, non-integer or negative labels, train and test inputs of different
-        sample shapes, a batch larger than the training set, or device "cuda" without CUDA.
+        an empty set, non-finite inputs (nan, inf), non-integer or negative labels, a label
+        the module has no output for (a label of 12 for a module with 10 outputs), train and
+        test inputs of different sample shapes, a batch larger than the training set, or
+        device "cuda" without CUDA.
         The message names the setting, the value and what would be valid.
     ValueError
         When ``module`` has buffers or no parameters, or parameters that are not float32.
@@ -222,6 +224,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     ds = _dataset(train, test, dev)
     check_batch_size(batch_size, ds.num_train, key="batch_size")
     worker = Worker(copy.deepcopy(module).to(dev), loss_fn)
+    _check_labels_fit(worker.module, ds)
     problem = Problem(ds, worker, worker.params.detach().clone(), EvalSets.of(ds))
     if run_dir is not None:
         return _run(cfg.replace(force=force), Path(run_dir), problem)
@@ -263,7 +266,26 @@ def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
     y = y.to(torch.long)
     if y.min() < 0:
         raise ConfigError(key, f"a label of {int(y.min())}", "integer class labels 0..C-1 (none negative)")
-    return x.to(torch.float32), y
+    x = x.to(torch.float32)
+    finite = torch.isfinite(x.reshape(len(x), -1)).all(dim=1)
+    if not bool(finite.all()):   # else the first push's loss is NaN and the run blames the learning rate
+        i = int((~finite).nonzero()[0])
+        raise ConfigError(key, f"a non-finite input (nan or inf) in sample {i}",
+                          "finite inputs (clean or drop those samples)")
+    return x, y
+
+
+def _check_labels_fit(module: nn.Module, ds: Dataset) -> None:
+    """Every label must be one of the module's outputs (a (N, K) output: classes 0..K-1), else
+    the loss fails deep inside training with an index error."""
+    with torch.no_grad():
+        out = module(ds.x_train[:1])
+    if not isinstance(out, Tensor) or out.ndim != 2:
+        return   # not a classifier's (N, K) output: loss_fn decides what a label means
+    for key, y in (("train", ds.y_train), ("test", ds.y_test)):
+        if int(y.max()) >= out.shape[1]:
+            raise ConfigError(key, f"a label of {int(y.max())}", f"class labels 0..{out.shape[1] - 1}: "
+                              f"the module outputs {out.shape[1]} classes")
 
 
 def _tensor(a: ArrayLike) -> Tensor:

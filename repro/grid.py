@@ -14,29 +14,37 @@ under joblib (``hydra/launcher=parallel``), in a job process under submitit (loc
   - **progress**: a thread of the launching process reads the run folders (a shared file system
     under Slurm) and prints one line whenever a grid point starts or ends: how many are done
     (and how many were skipped as already finished), which run, how many wait or failed;
-  - **Ctrl-C** (SIGINT or SIGTERM to the launcher; a terminal's Ctrl-C reaches every worker of
-    its process group): every running grid point stops at its next clean point and records
-    ``interrupted`` (:mod:`repro.runtime`); the launcher writes a stop mark that keeps any grid
-    point not yet started from starting, waits for the points running on this host (a second
-    Ctrl-C stops at once) and exits with status 130. Under joblib the idle workers are then
-    ended by joblib; under submitit's local executor each job's controller ends its process.
-    Points running on other hosts (Slurm) got no signal: they finish, or ``scancel`` stops them
-    (Slurm's SIGTERM is the same clean stop). Re-running the same command with ``resume=auto``
-    continues the interrupted points and skips the finished ones.
+  - **Ctrl-C** (SIGINT, SIGTERM or SIGHUP to the launcher, or to its whole process group as a
+    terminal sends it): the launcher writes a stop mark of its own launch
+    (``<sweep dir>/.grid_stops/<launch id>``); every grid point watches for it (a thread of the
+    point's process, started by :meth:`Grid.on_job_start`), so each running point stops at its
+    next clean point and records ``interrupted`` whether or not the signal reached it
+    (:func:`repro.runtime.request_stop`: never counted as a second signal), and a point not yet
+    started does not start (it exits 130 before its run; Hydra ignores a callback's exceptions,
+    so this is an exit, not an exception). The launcher waits for the points running on this
+    host (a second signal stops at once: :class:`repro.runtime.StopRequest`, the one
+    implementation of that rule) and exits with status 130; its workers are then ended. Points
+    on other hosts (Slurm) see the mark on the shared file system and stop the same way (or
+    ``scancel`` stops them: Slurm's SIGTERM is the same clean stop). The same command with
+    ``resume=auto`` continues the interrupted points and skips the finished ones.
+  - **A launcher that dies** (SIGKILL): each point's watchdog sees it gone (same host), stops its
+    run cleanly and ends its process, so no worker outlives the grid (they used to live on,
+    blocked writing to a pipe nobody read, and lock their folders against ``resume=auto``).
 
 Run folders are never locked or written from here: a running point is recognised by its
 folder's lock file (:mod:`repro.files.locks`: holder pid and host while held, empty once released).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
 import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -47,15 +55,15 @@ from omegaconf import DictConfig
 from repro.files.locks import read_holder
 from repro.files.schema import FINISHED_STATUSES, LOCK_FILE
 from repro.runs.runlog import read_summary
+from repro.gridpoint import STOP_DIR, PointGuard, forget_folder, process_started
+from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
 log = logging.getLogger("repro")
 
-STOP_FILE = ".grid_stop"          # in the sweep folder: the launcher was asked to stop the grid
-EXIT_INTERRUPTED = 130            # 128 + SIGINT, as a shell reports a Ctrl-C'd command
 
-
-class GridStopped(RuntimeError):
-    """A grid point that was about to start after the launcher was asked to stop."""
+class GridStopped(SystemExit):
+    """A grid point that was about to start after its launcher was asked to stop: it exits 130
+    (a SystemExit, because Hydra turns a callback's exceptions into warnings)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +224,7 @@ class Grid(Callback):
     def __init__(self, every_s: float = 60.0, stop_wait_s: float = 120.0, poll_s: float = 1.0) -> None:
         self.every_s, self.stop_wait_s, self.poll_s = every_s, stop_wait_s, poll_s
         self.main_pid: int | None = None
+        self.main_host, self.main_started, self.launch_id = "", None, ""
         self.sweep_dir: Path | None = None
         self.label = "grid"
         self._reset_local()
@@ -224,7 +233,7 @@ class Grid(Callback):
         """State that lives in the launching process only (never pickled to a worker)."""
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
-        self._previous: dict = {}
+        self._stop: StopRequest | None = None
         self._stopping = False
         self._started = time.monotonic()
         self.points: list[str] | None = None
@@ -243,12 +252,13 @@ class Grid(Callback):
 
     # -- the launching process ----------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.main_pid = os.getpid()
+        _check_places(config)
+        self.main_pid, self.main_host = os.getpid(), socket.gethostname()
+        self.main_started, self.launch_id = process_started(self.main_pid), uuid.uuid4().hex[:12]
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
         self.label = f"grid {config.get('exp_name', '')}".strip()
         self._show = bool(config.get("progress", True))
         self._started = time.monotonic()
-        (self.sweep_dir / STOP_FILE).unlink(missing_ok=True)   # a mark left by an earlier launch
         try:
             self.points = grid_points(config)
         except Exception as exc:   # progress is a courtesy: never stop a grid for it
@@ -258,8 +268,7 @@ class Grid(Callback):
             self._short = _varying(self.points)
             if not config.get("force", False):   # force=true re-runs finished points
                 self._skipped = {p for p in self.points if point_state(self.sweep_dir / p) == "done"}
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._stop = StopRequest(on_signal=self._on_signal, force=self._forced).__enter__()
         self._thread = threading.Thread(target=self._watch, name="grid-progress", daemon=True)
         self._thread.start()
 
@@ -269,18 +278,21 @@ class Grid(Callback):
         print(self.progress_line(final=True, prefix="finished: "), file=sys.stderr, flush=True)
         _end_idle_workers()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if self._stopping:   # the second Ctrl-C: stop now (joblib kills its workers)
-            print(f"[{self.label}] {name} again: stopping now", file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_INTERRUPTED)
+    def _forced(self, name: str) -> SystemExit:
+        """The second signal: stop now (the launcher ends its workers)."""
+        _say(f"[{self.label}] {name} again: stopping now")
+        return SystemExit(EXIT_INTERRUPTED)
+
+    def _on_signal(self, name: str) -> None:
+        """The first signal (SIGINT, SIGTERM, SIGHUP): mark the launch stopped, so that every
+        point stops cleanly and none starts, wait for this host's points, exit 130."""
         self._stopping = True
         self._mark_stopped()
         running = self._in_flight()
-        print(f"[{self.label}] {name}: no new grid point starts; "
-              + (f"waiting for {len(running)} running point(s) to record 'interrupted' "
-                 f"({', '.join(self._name(p) for p in running)}); again to stop now"
-                 if running else "none is running"), file=sys.stderr, flush=True)
+        _say(f"[{self.label}] {name}: no new grid point starts; "
+             + (f"waiting for {len(running)} running point(s) to record 'interrupted' "
+                f"({', '.join(self._name(p) for p in running)}); again to stop now"
+                if running else "none is running"))
         deadline = time.monotonic() + self.stop_wait_s
         while running and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -289,21 +301,20 @@ class Grid(Callback):
         self._restore_signals()
         remote = [f for f in self._folders() if (lock_holder(self.sweep_dir / f) or {}).get(
             "host", socket.gethostname()) != socket.gethostname()] if self.sweep_dir else []
-        print(self.progress_line(final=True), file=sys.stderr, flush=True)
-        print(f"[{self.label}] stopped by {name}"
-              + (f"; {len(running)} point(s) did not stop within {self.stop_wait_s:g} s and are "
-                 "ended now" if running else "")
-              + (f"; {len(remote)} point(s) run on other hosts and go on (scancel stops them)"
-                 if remote else "")
-              + ". The same command with resume=auto continues the interrupted points and skips "
-              "the finished ones.", file=sys.stderr, flush=True)
+        _say(self.progress_line(final=True))
+        _say(f"[{self.label}] stopped by {name}"
+             + (f"; {len(running)} point(s) did not stop within {self.stop_wait_s:g} s and are "
+                "ended now" if running else "")
+             + (f"; {len(remote)} point(s) run on other hosts: they stop when they see the stop "
+                "mark (or scancel stops them)" if remote else "")
+             + ". The same command with resume=auto continues the interrupted points and skips "
+             "the finished ones.")
         raise SystemExit(EXIT_INTERRUPTED)
 
     def _restore_signals(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for sig, handler in self._previous.items():
-                signal.signal(sig, handler)
-        self._previous = {}
+        if self._stop is not None:
+            self._stop.__exit__(None, None, None)
+        self._stop = None
 
     def _stop_watching(self) -> None:
         self._done.set()
@@ -313,8 +324,16 @@ class Grid(Callback):
 
     # -- where a grid point runs ------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.sweep_dir is not None and (self.sweep_dir / STOP_FILE).exists():
-            raise GridStopped(f"{self.label}: the launcher was stopped; this grid point does not start")
+        """In the point's process, before its run: a point of a stopped launch does not start;
+        any other watches for the stop mark and, on this host, for its launcher's death."""
+        if self.mark_path().exists():
+            run_dir = Path(str(config.hydra.runtime.output_dir))
+            _say(f"[{self.label}] {self._name(run_dir.name)} does not start: the grid was stopped "
+                 "(the same command with resume=auto runs it)")
+            forget_folder(run_dir)
+            raise GridStopped(EXIT_INTERRUPTED)
+        if os.getpid() != self.main_pid:
+            PointGuard.start(self)
 
     def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         """In the launching process (hydra/launcher=basic) a Ctrl-C reaches the run, which stops
@@ -327,17 +346,25 @@ class Grid(Callback):
             self._mark_stopped()
             self._stop_watching()
             self._restore_signals()
-            print(self.progress_line(final=True), file=sys.stderr, flush=True)
-            print(f"[{self.label}] stopped: {self._name(run_dir.name)} was interrupted. The same "
-                  "command with resume=auto continues the interrupted points and skips the "
-                  "finished ones.", file=sys.stderr, flush=True)
+            _say(self.progress_line(final=True))
+            _say(f"[{self.label}] stopped: {self._name(run_dir.name)} was interrupted. The same "
+                 "command with resume=auto continues the interrupted points and skips the "
+                 "finished ones.")
             raise SystemExit(EXIT_INTERRUPTED)
 
-    # -- progress -----------------------------------------------------------------------------
+    # -- the stop mark ------------------------------------------------------------------------
+    def mark_path(self) -> Path:
+        """This launch's stop mark: its own, so two grids sharing a sweep folder (an experiment
+        run twice with other overrides) never stop each other."""
+        return (self.sweep_dir or Path(".")) / STOP_DIR / (self.launch_id or "none")
+
     def _mark_stopped(self) -> None:
         if self.sweep_dir is not None:
-            self.sweep_dir.mkdir(parents=True, exist_ok=True)
-            (self.sweep_dir / STOP_FILE).write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
+            path = self.mark_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}))
+
+    # -- progress -----------------------------------------------------------------------------
 
     def _folders(self) -> list[str]:
         if self.points is not None:
@@ -395,6 +422,27 @@ class Grid(Callback):
                 if last_key is not None or any(s == "running" for s in states.values()):
                     print(self.progress_line(states=states), file=sys.stderr, flush=True)
                 last_key, last_print = key, now
+
+
+def _check_places(config: DictConfig) -> None:
+    """exp_name and results_dir checked before Hydra makes the sweep folder (a grid point is
+    checked only once it runs, when its folder exists): exit 2, no folder."""
+    from repro.config.settings import RunConfig, check_places
+    from repro.errors import EXIT_BAD_INPUT, ConfigError
+
+    try:
+        check_places(RunConfig(exp_name=str(config.get("exp_name", "default")),
+                               results_dir=str(config.get("results_dir", "results")),
+                               figures_dir=str(config.get("figures_dir", "figures"))))
+    except ConfigError as err:
+        _say(f"error: {err}")
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def _say(line: str) -> None:
+    """A line on stderr; a closed terminal (SIGHUP) must not turn a clean stop into a crash."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
 
 
 __all__ = ["BuildFigure", "figure_stem", "Grid", "GridStopped", "grid_points", "point_state", "lock_holder"]

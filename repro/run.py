@@ -28,7 +28,7 @@ from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.logs import get_logger
 from repro.runs.folder import drop_hydra_record
-from repro.runtime import torchrun_env
+from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, torchrun_env
 
 log = get_logger("repro.run")
 GROUPS = (*confhelp.GROUPS, *confhelp.OPTIONAL_GROUPS)
@@ -107,7 +107,7 @@ def main(dcfg: DictConfig) -> float | None:
     log.info(last_lines(summary, run_dir).splitlines()[0])
     print(last_lines(summary, run_dir).splitlines()[1], flush=True)
     if summary["status"] not in ("completed", "completed_degraded") and hc.mode.name != "MULTIRUN":
-        sys.exit(1)
+        sys.exit(EXIT_INTERRUPTED if summary["status"] == "interrupted" else 1)
     return (summary.get("final") or {}).get("test_error")
 
 
@@ -266,8 +266,17 @@ def cli() -> None:
         except ConfigError as err:
             _exit_bad_input(err)
         sys.exit(run_torchrun_worker(cfg))
-    precheck(argv)
-    main()
+    # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
+    # also after the run has ended, and during the interpreter's shutdown
+    try:
+        with StopRequest():
+            try:
+                precheck(argv)
+                main()
+            except KeyboardInterrupt:
+                sys.exit(EXIT_INTERRUPTED)
+    finally:
+        exit_on_signal(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

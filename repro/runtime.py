@@ -15,7 +15,8 @@ what bit-for-bit identity depends on.
   served, write a checkpoint of that clean state and end ``interrupted``. A second signal forces:
   it raises :class:`KeyboardInterrupt` wherever the main thread is, and the run still ends
   ``interrupted`` (keeping the last good checkpoint). Handlers are installed only from the main
-  thread (Python delivers signals there) and restored on exit.
+  thread (Python delivers signals there) and restored on exit. A grid's launcher uses the same
+  class (:mod:`repro.grid`); :func:`request_stop` asks a run to stop from another thread.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -132,14 +134,31 @@ def identity_differences(a: dict, b: dict) -> list[str]:
 log = get_logger("repro.stop")
 
 SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s)
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports a Ctrl-C'd command
 
 
 class StopRequest:
-    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...``."""
+    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...``.
 
-    def __init__(self) -> None:
+    The one implementation of "a signal asks, a second signal forces", for a run and for a
+    grid's launcher alike. What it counts is this *process's* signals since the outermost
+    StopRequest was entered (the command line holds one for its whole life, a run one inside
+    it, a nested run another): a stop asked for once stops every StopRequest of the process, and
+    the second signal forces wherever it lands, also after the run has ended, so a double Ctrl-C
+    ends the same way whenever the second one comes. ``on_signal(name)`` replaces the default
+    reaction to the first signal (log "stopping after the current push"); ``force(name)`` makes
+    the exception the second one raises (default :class:`KeyboardInterrupt`).
+    :func:`request_stop` asks without a signal (a grid's stop mark): it never counts as one."""
+
+    _active: list["StopRequest"] = []   # entered in this process, innermost last
+    _signals: list[str] = []            # received since the outermost was entered
+    _pending = ""                       # asked for: a StopRequest entered later starts set
+
+    def __init__(self, on_signal: Callable[[str], None] | None = None,
+                 force: Callable[[str], BaseException] | None = None) -> None:
         self.event = threading.Event()
         self.reason = ""
+        self.on_signal, self.force = on_signal, force
         self._previous: dict = {}
 
     def is_set(self) -> bool:
@@ -154,12 +173,19 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
-        if self.event.is_set():
-            raise KeyboardInterrupt(f"second {name}: stopping now")
-        self.set(name)
-        log.info(f"{name}: stopping after the current push (again to force)")
+        StopRequest._signals.append(name)
+        if len(StopRequest._signals) > 1:
+            raise self.force(name) if self.force else KeyboardInterrupt(f"second {name}: stopping now")
+        request_stop(name)
+        if self.on_signal is not None:
+            self.on_signal(name)
+        else:
+            log.info(f"{name}: stopping after the current push (again to force)")
 
     def __enter__(self) -> "StopRequest":
+        if StopRequest._pending:
+            self.set(StopRequest._pending)
+        StopRequest._active.append(self)
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
         return self
@@ -168,6 +194,32 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if self in StopRequest._active:
+            StopRequest._active.remove(self)
+        if not StopRequest._active:   # the outermost has ended: a later run starts afresh
+            StopRequest._signals.clear()
+            StopRequest._pending = ""
+
+
+def runs_active() -> bool:
+    """Whether a StopRequest (a run, the command line) is entered in this process."""
+    return bool(StopRequest._active)
+
+
+def exit_on_signal(code: int = EXIT_INTERRUPTED) -> None:
+    """From here on the process only exits: a signal ends it at once with ``code`` (a Ctrl-C
+    during interpreter shutdown would otherwise print a traceback from some finaliser)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, lambda signum, frame: os._exit(code))
+
+
+def request_stop(reason: str) -> None:
+    """Ask every StopRequest of this process to stop (and any entered later), as a first signal
+    would, without counting as one: safe from any thread."""
+    StopRequest._pending = StopRequest._pending or reason
+    for request in list(StopRequest._active):
+        request.set(reason)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def test_b_killing_the_client_host_ends_the_run_terminal_and_leaves_nothing(tmp_
     without that the run never starts: 'Connect timeout')."""
     hosts, seen = up(), set()
     try:
-        run = start(hosts, [*RUN, "num_epochs=500"], num_clients=2, results_dir=tmp_path, gloo_ifname=False)
+        run = start(hosts, [*(o for o in RUN if not o.startswith("num_epochs=")), "num_epochs=500"], num_clients=2, results_dir=tmp_path, gloo_ifname=False)
         deadline = time.monotonic() + 150
         while run.applied() < 5:
             assert run.server.poll() is None and time.monotonic() < deadline, run.log(0)[-3000:]

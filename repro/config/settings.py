@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from repro.config.fields import COUNT, SECONDS, WAIT_S, Choice, Flag, Range, Text, knob, registry_names
@@ -285,6 +287,7 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
+        check_places(obj)
     else:
         _check_leaves(obj, cls, prefix)
     return obj
@@ -293,6 +296,25 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
 # what config.json holds beside the settings: what identity depends on (repro.runtime), and what
 # is trained (repro.problem.build.Problem.recorded)
 RECORDED_ONLY = ("environment", "network", "dataset")
+CACHE_PREFIX = "_"   # results_dir/_warmstart and results_dir/_data are the package's caches
+
+
+def check_places(cfg: RunConfig) -> None:
+    """Where a run writes, checked for what a user typed (the command line, a config.json):
+    ``exp_name`` is one folder inside ``results_dir``, never a path out of it, nor the results
+    folder itself, nor a cache's name; ``results_dir`` is a folder, or can be made one. (The
+    package's own warm-start run is named ``_warmstart`` without passing here.)"""
+    name = cfg.exp_name
+    if name in ("", ".", "..") or "/" in name or "\\" in name or name.startswith(CACHE_PREFIX):
+        raise ConfigError("exp_name", name, "a plain folder name inside results_dir: not empty, '.' or "
+                          f"'..', no '/', not starting with '{CACHE_PREFIX}' (results_dir keeps its caches "
+                          "_warmstart and _data there); e.g. exp_name=my_experiment")
+    for key in ("results_dir", "figures_dir"):
+        folder = Path(os.path.expanduser(getattr(cfg, key)))
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ConfigError(key, getattr(cfg, key), f"a folder ({existing} is a file): choose "
+                              f"another {key}")
 
 
 def _build(tree: Any, cls: type, prefix: str) -> Any:

@@ -25,6 +25,7 @@ from repro.logs import get_logger
 
 log = get_logger("repro.problem.data")
 MNIST1D_CACHE_FORMAT = 1   # bump when what a cache file holds changes
+MNIST1D_CLASSES = 10       # the generator's digit templates: labels 0..9
 _MNIST1D_ARRAYS = ("x", "y", "x_test", "y_test")
 
 
@@ -100,7 +101,8 @@ def mnist1d_arrays(num_samples: int, root) -> dict[str, np.ndarray]:
 
 def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] | None:
     """The cached arrays, or None when absent; a damaged or mismatched file (truncated, wrong
-    keys, shapes or dtypes, or holding pickled objects, which are never loaded) is generated again."""
+    keys, shapes, signal length or dtypes, labels outside 0..9, non-finite signals, or holding
+    pickled objects, which are never loaded) is generated again."""
     if not path.is_file():
         return None
     try:
@@ -114,8 +116,14 @@ def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] |
                 raise ValueError(f"array {k!r} has shape {v.shape} and dtype {v.dtype}")
             if kind == "f" and not np.isfinite(v).all():
                 raise ValueError(f"array {k!r} holds non-finite values")
-        if raw["x"].shape[1] != raw["x_test"].shape[1]:
-            raise ValueError("train and test signals differ in length")
+        width = _mnist1d_args(num_samples).final_seq_length
+        for k in ("x", "x_test"):
+            if raw[k].shape[1] != width:
+                raise ValueError(f"array {k!r} holds signals of length {raw[k].shape[1]}; the generator "
+                                 f"makes {width}")
+        for k in ("y", "y_test"):
+            if raw[k].size and (raw[k].min() < 0 or raw[k].max() >= MNIST1D_CLASSES):
+                raise ValueError(f"array {k!r} holds labels outside 0..{MNIST1D_CLASSES - 1}")
         return raw
     except Exception as exc:   # zipfile, ValueError (pickled objects refused), KeyError, OSError
         log.warning(f"mnist1d: cache file {path} is unusable ({type(exc).__name__}: {exc}); "

@@ -58,31 +58,65 @@ def cache_dir(cfg: RunConfig) -> Path:
     return Path(cfg.results_dir) / "_warmstart" / hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
-def warm_start_state(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
-    """The cached warm-start (parameters, server-rule state), training the baseline if needed."""
+def warm_start_state(cfg: RunConfig, device: torch.device, like: Tensor | None = None) -> tuple[Tensor, dict]:
+    """The cached warm-start (parameters, server-rule state), training the baseline if needed.
+    ``like``: the network's parameters, which a cached state must match (size, dtype)."""
     folder = cache_dir(cfg)
     path = folder / "server.pt"
     with FileLock(folder / ".lock", wait=True):   # concurrent grid jobs: one trains, the rest wait
-        state = _read(path, device)
+        state = _read(path, device, like)
         if state is None:
             params, rule = train_baseline(cfg, device)
+            folder.mkdir(parents=True, exist_ok=True)   # the cache may have been deleted meanwhile
             save_checkpoint(to_cpu({"params": params, "rule": rule}), path)
             write_json(folder / "config.json", shaping_values(baseline_config(cfg)))
-            state = _read(path, device)
+            state = _read(path, device, like)
+            if state is None:
+                raise RuntimeError(f"warm start: the baseline just trained is unusable ({path}); see the "
+                                   "warning above (lower algo.lr or warm_start_epochs if it diverged)")
     return state["params"], state["rule"]
 
 
-def _read(path: Path, device) -> dict | None:
+def _read(path: Path, device, like: Tensor | None = None) -> dict | None:
+    """The cached state, or None (a warning says why) when absent or unusable: damaged, or not
+    what this run needs (:func:`_unusable`). An unusable cache is trained again, never loaded."""
     if not path.exists():
         return None
     try:
         state = read_checkpoint(path, device, key="start")
-        if isinstance(state.get("params"), torch.Tensor) and isinstance(state.get("rule"), dict):
+        why = _unusable(state, like)
+        if not why:
             return state
-        log.warning(f"warm start: {path} lacks params or rule state; training it again")
+        log.warning(f"warm start: {path} {why}; training it again")
     except ConfigError as e:
         log.warning(f"warm start: {e}; training it again")
     return None
+
+
+def _unusable(state: dict, like: Tensor | None) -> str:
+    """Why a cached state cannot start this run, or "": parameters a float tensor of the
+    network's size, every value finite, the rule's state (tensors of the same size) too."""
+    params, rule = state.get("params"), state.get("rule")
+    if not isinstance(params, Tensor) or not isinstance(rule, dict):
+        return "lacks params or rule state"
+    if not params.dtype.is_floating_point or (like is not None and params.dtype != like.dtype):
+        return f"holds {params.dtype} parameters"
+    if like is not None and params.shape != like.shape:
+        return f"holds {tuple(params.shape)} parameters; the network has {tuple(like.shape)}"
+    tensors = [params, *_tensors(rule)]
+    if any(t.numel() != params.numel() or not t.dtype.is_floating_point for t in tensors[1:]):
+        return "holds a rule state that does not fit its parameters"
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        return "holds non-finite values (nan or inf)"
+    return ""
+
+
+def _tensors(obj) -> list[Tensor]:
+    if isinstance(obj, Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    return []
 
 
 def train_baseline(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
@@ -125,5 +159,5 @@ def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
     worker = build_worker(cfg, ds, device)
     params, rule_state = worker.params.detach().clone(), None
     if cfg.start == "warm":
-        params, rule_state = warm_start_state(cfg, device)
+        params, rule_state = warm_start_state(cfg, device, like=worker.params)
     return Problem(ds, worker, params.to(device), EvalSets.of(ds), rule_state)

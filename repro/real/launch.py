@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from repro.config.settings import RunConfig
+from repro.config.settings import RunConfig, validate
 from repro.errors import ConfigError
 from repro.problem.data import Dataset
 from repro.problem.start import build_problem
@@ -86,13 +86,14 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     master_addr = os.environ["MASTER_ADDR"] if env is not None else cfg.backend.master_addr
     device = server_device(cfg)
     client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
+    validate(cfg)   # (run_folder checks again) before the store: a timeout must not overflow it
+    store = None if env is not None else _make_store(cfg)   # a busy port: before the folder is touched
     with torch_threads(cfg.num_threads), deterministic(device), _loopback(master_addr, env is None), \
             run_folder(cfg, run_dir) as run:
         if run.skip:
             if env is not None:
                 _dismiss_clients(cfg)
             return run.summary
-        store = None if env is not None else _make_store(cfg)   # a busy port: before any file
         resume = run.checkpoint("real", device)
         problem = build_problem(cfg, device)
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,

@@ -34,7 +34,7 @@ from repro.config.settings import RunConfig, differences, validate
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import FileLock, LockHeld
-from repro.files.storage import atomic_write_text, read_checkpoint
+from repro.files.storage import atomic_write_text, read_checkpoint, write_json
 from repro.logs import get_logger
 from repro.runs.runlog import read_summary
 from repro.runtime import StopRequest
@@ -62,8 +62,10 @@ def open_folder(run_dir: str | Path):
     """Hold the run folder's lock for the duration (ConfigError, exit 2, if another live run
     holds it)."""
     run_dir = Path(run_dir)
+    made, path = not run_dir.exists(), run_dir / schema.LOCK_FILE
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(run_dir / schema.LOCK_FILE)
+    fresh_lock = not path.exists()
+    lock = FileLock(path)
     try:
         lock.acquire()
     except LockHeld as held:
@@ -73,6 +75,13 @@ def open_folder(run_dir: str | Path):
                           f"holds it; wait for it to end, or choose another exp_name") from None
     try:
         yield run_dir
+    except ConfigError:
+        # refused: the lock file this run made goes, and a folder it made and left empty too
+        if fresh_lock:
+            path.unlink(missing_ok=True)
+            if made and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+        raise
     finally:
         lock.release()
 
@@ -116,7 +125,14 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     would change a training-shaping key."""
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
-    holds_run = summary is not None or (run_dir / schema.CONFIG_FILE).exists()
+    summary = summary if _is_summary(summary) else None
+    holds_run = summary is not None or _is_run_config(run_dir / schema.CONFIG_FILE)
+    foreign = [name for name in RUN_FILES if (run_dir / name).exists()] if not holds_run else []
+    if foreign:   # someone's own files (not a run's): no flag may overwrite or delete them
+        raise ConfigError("run folder", str(run_dir), f"a folder that holds a run or none of a run's "
+                          f"files: {', '.join(foreign)} there {'is' if len(foreign) == 1 else 'are'} not "
+                          "a run's (no summary.json or config.json a run wrote); nothing was touched: "
+                          "choose another exp_name or hydra.run.dir")
     if cfg.force or not holds_run:
         if cfg.resume is True and not cfg.force:
             raise ConfigError("resume", True, f"a run folder holding a run to continue ({run_dir} "
@@ -130,8 +146,9 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
                  "(force=true re-runs it)")
         return Decision("skip", summary)
     version = recorded_version(run_dir, summary)
-    what = "a killed run (its summary still says running)" if status == "running" else f"an {status} run" \
-        if status[0] in "aeiou" else f"a {status} run"
+    what = f"an {status} run" if status[0] in "aeiou" else f"a {status} run"
+    if status == "running":
+        what = "a killed run (" + ("its summary still says running)" if summary else "it has no readable summary.json)")
     if not cfg.resume:
         how = (GRID_HOW if in_grid(run_dir) else "resume=true continues it, force=true starts over")
         raise ConfigError("resume", False, f"a fresh folder: {run_dir} holds {what} at version "
@@ -144,6 +161,23 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
                           f"version {version} but no {schema.CHECKPOINT_FILE}; force=true starts over")
     check_config(cfg, run_dir)
     return Decision("resume", summary)
+
+
+def _is_summary(summary) -> bool:
+    """A summary.json a run wrote (a status we know), not someone else's file of that name."""
+    return isinstance(summary, dict) and summary.get("status") in schema.STATUSES
+
+
+RUN_CONFIG_KEYS = {"exp_name", "seed", "num_clients", "nsync", "backend"}
+
+
+def _is_run_config(path: Path) -> bool:
+    """A config.json a run wrote (the resolved settings), not someone else's file of that name."""
+    try:
+        tree = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(tree, dict) and RUN_CONFIG_KEYS <= set(tree)
 
 
 def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration the run was "
@@ -305,7 +339,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         except KeyboardInterrupt:   # forced (a second signal): the state may be mid-push
             _end(run, "interrupted", "forced stop (second signal); ", clean=False)
         except ConfigError:
-            _end(run, "failed", "bad input: ", clean=False)
+            _end(run, "failed", "bad input: ", clean=False, early=False)
             raise
         except BaseException as exc:
             _end(run, "failed", f"{type(exc).__name__}: {exc}; ", clean=False)
@@ -315,8 +349,10 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
                 _end(run, "failed", "the driver ended without a status; ", clean=False)
 
 
-def _end(run: FolderRun, status: str, why: str, clean: bool) -> None:
+def _end(run: FolderRun, status: str, why: str, clean: bool, early: bool = True) -> None:
     core = run.core
+    if core is None and early and run.decision.action == "fresh":
+        _end_before_core(run, status, why)
     if core is None or core.finished is not None:
         return
     try:
@@ -342,6 +378,18 @@ def in_grid(run_dir: Path) -> bool:
             continue
         return re.search(r"^\s+mode:\s*MULTIRUN\s*$", text, re.M) is not None
     return False
+
+
+def _end_before_core(run: FolderRun, status: str, why: str) -> None:
+    """A fresh run that ended before its core existed (building the data, the network, the warm
+    start): its folder still gets a terminal summary saying so, not an empty folder that looks
+    like a point never started."""
+    summary = {**run.summary, "status": status, "backend": run.cfg.backend.name,
+               "message": why + "nothing was trained; resume=auto (or force=true) starts it again"}
+    try:
+        write_json(Path(run.run_dir) / schema.SUMMARY_FILE, summary)
+    except OSError as exc:
+        log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
 def resume_hint(run_dir: Path) -> str:

@@ -94,7 +94,7 @@ class Simulation:
             nxt, self.pending = self.pending or self.scheduler.next(), None
             if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
                 core.state.stopping = True
-                return "completed", ""
+                return "completed", self.scheduler.end_message
             k, num_steps, t = nxt
             client = self.clients[k]
             self.scheduler.check(k, client.read_version)
@@ -143,7 +143,7 @@ def simulate(cfg: RunConfig, run_dir: str | Path, problem: Problem | None = None
              stop_at_version: int | None = None) -> dict:
     """Run the simulator for ``cfg`` into ``run_dir``; return the summary dict."""
     if cfg.cost.schedule == "replay":
-        cfg = replay_config(cfg)
+        cfg = replay_config(cfg, run_dir)
     device = resolve_device(cfg.device)
     with torch_threads(cfg.num_threads), deterministic(device), run_folder(cfg, run_dir) as run:
         if run.skip:

@@ -2,25 +2,37 @@
 recorded, to prove that the two drivers compute the same numbers.
 
 :func:`replay_config` makes the replay train exactly what the recorded run trained (its
-training-shaping settings, ours for where files go); :class:`ReplayScheduler` is the schedule: each
-row of the recording's ``updates.csv``, in version order, with its recorded times.
+training-shaping settings, ours for where files go) and checks the recording before anything
+starts: every row of its ``updates.csv`` (:func:`read_recording`), whether the recorded run
+finished, and that the replay does not write into the recording. :class:`ReplayScheduler` is the
+schedule: each recorded row, in version order, with its recorded times.
 """
 from __future__ import annotations
 
 import csv
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from repro.config.settings import BackendConfig, RunConfig, from_dict, with_operational
 from repro.errors import ConfigError
 from repro.files import schema
+from repro.logs import get_logger
+from repro.runs.runlog import read_summary
+
+log = get_logger("repro.sim.replay")
+MAX_STEPS = 10**6   # a recorded segment is at most nsync's largest value
 
 
-def replay_config(cfg: RunConfig) -> RunConfig:
+def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfig:
     """A replay trains exactly what the recorded run trained: every training-shaping setting
     comes from its config.json; the backend (sim), the cost (replay) and everything that does
-    not shape training (where results go, progress, checkpoints) come from ``cfg``."""
-    path = Path(cfg.cost.path) / schema.CONFIG_FILE
+    not shape training (where results go, progress, checkpoints) come from ``cfg``. The
+    recording is checked here, before any folder is touched; ``run_dir`` (where the replay
+    writes) must not be the recording or inside it."""
+    source = Path(cfg.cost.path)
+    path = source / schema.CONFIG_FILE
     try:
         recorded = from_dict(with_operational(json.loads(path.read_text()), cfg))
     except (OSError, ValueError) as e:
@@ -28,23 +40,127 @@ def replay_config(cfg: RunConfig) -> RunConfig:
     if recorded.protocol.name != "async":
         raise ConfigError("cost.path", cfg.cost.path, f"an async run (replay replays the order of "
                           f"asynchronous pushes; this one ran protocol={recorded.protocol.name})")
+    if run_dir is not None:
+        _refuse_own_source(source, Path(run_dir))
+    recording = read_recording(source, recorded.num_clients)
+    if recording.unfinished:
+        log.warning(f"replay: {recording.unfinished}")
     # where the replay runs is ours to choose: the simulator, this device, this many threads
     return recorded.replace(cost=cfg.cost, backend=BackendConfig(name="sim"), device=cfg.device,
                             num_threads=cfg.num_threads)
 
 
-class ReplayScheduler:
-    """The order of a recorded run: each row of its updates.csv, in version order."""
+def _refuse_own_source(source: Path, run_dir: Path) -> None:
+    """A replay writes a fresh run folder: into its own recording (force=true would delete it
+    first) it never writes."""
+    src, out = source.resolve(), run_dir.resolve()
+    if out == src or src in out.parents:
+        raise ConfigError("cost.path", str(source), f"a recording outside the replay's own run folder "
+                          f"({run_dir} is {'the recording itself' if out == src else 'inside it'}): "
+                          "choose another exp_name (or hydra.run.dir) for the replay")
 
-    def __init__(self, run_dir: str | Path):
-        path = Path(run_dir) / "updates.csv"
-        try:
-            with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-            self.rows = [(int(r["client"]), int(r["read_version"]), int(r["num_steps"]), float(r["time_s"]))
-                         for r in rows]
-        except (OSError, KeyError, ValueError, TypeError) as e:
-            raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with a readable updates.csv ({e})")
+
+@dataclass(frozen=True)
+class Recording:
+    """A recorded run's pushes (client, read_version, num_steps, time_s), in version order, and
+    ``unfinished``: why the recording ends before its run's budget ("" when it finished)."""
+
+    rows: list[tuple[int, int, int, float]]
+    unfinished: str
+
+
+def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
+    """Every row of a recorded run's updates.csv, checked before the first push: versions 1, 2,
+    ... in order; a client in 1..num_clients; a read version the client could have fetched (in
+    an async run: 0 for its first push, then the version its previous push made); 1..10^6 local
+    steps; a finite time, never negative nor earlier than the row before. A recording whose
+    summary says it finished must hold every push it counts."""
+    run_dir = Path(run_dir)
+    rows = _rows(run_dir)
+    if not rows:
+        raise ConfigError("cost.path", str(run_dir), "a recording with at least one push (its "
+                          f"{schema.UPDATES_FILE} has no rows)")
+    expected_read: dict[int, int] = {}
+    last_time = 0.0
+    for version, (lineno, (client, read_version, num_steps, time_s)) in enumerate(rows, start=1):
+        why = _bad_row(version, client, read_version, num_steps, time_s, num_clients,
+                       expected_read.get(client, 0), last_time)
+        if why:
+            raise ConfigError("cost.path", str(run_dir), f"a recording whose rows a replay can apply: "
+                              f"{schema.UPDATES_FILE} line {lineno} {why}")
+        expected_read[client], last_time = version, time_s
+    return Recording([row for _, row in rows], _unfinished(run_dir, len(rows)))
+
+
+def _rows(run_dir: Path) -> list[tuple[int, tuple[int, int, int, float]]]:
+    """(line number, (client, read_version, num_steps, time_s)) of each row, versions checked."""
+    path = run_dir / schema.UPDATES_FILE
+    out = []
+    try:
+        with open(path, newline="") as f:
+            for lineno, r in enumerate(csv.DictReader(f), start=2):
+                if int(r["version"]) != len(out) + 1:
+                    raise ValueError(f"line {lineno} has version {r['version']} where {len(out) + 1} belongs")
+                out.append((lineno, (int(r["client"]), int(r["read_version"]), int(r["num_steps"]),
+                                     float(r["time_s"]))))
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with a readable "
+                          f"{schema.UPDATES_FILE} ({e})") from None
+    return out
+
+
+def _bad_row(version: int, client: int, read_version: int, num_steps: int, time_s: float,
+             num_clients: int, expected_read: int, last_time: float) -> str:
+    """Why a recorded row cannot be replayed, or ""."""
+    if not 1 <= client <= num_clients:
+        return f"names client {client}; the recorded run had clients 1..{num_clients}"
+    if read_version != expected_read:
+        return (f"says client {client} read version {read_version}; in an async run it read "
+                f"{expected_read} (0 first, then the version its previous push made)")
+    if not 1 <= num_steps <= MAX_STEPS:
+        return f"has num_steps {num_steps}; expected 1..{MAX_STEPS}"
+    if not math.isfinite(time_s) or time_s < 0:
+        return f"has time_s {time_s}; expected a finite time >= 0"
+    if time_s < last_time:
+        return f"has time_s {time_s}, earlier than the row before ({last_time})"
+    return ""
+
+
+def _unfinished(run_dir: Path, num_rows: int) -> str:
+    """Why the recording ends before its run's budget ("" for a finished run, which must hold
+    every push its summary counts)."""
+    summary = read_summary(run_dir)
+    status = summary.get("status") if isinstance(summary, dict) else None
+    if status in schema.FINISHED_STATUSES:
+        version = summary.get("version")
+        if version != num_rows:
+            raise ConfigError("cost.path", str(run_dir), f"a complete recording: its summary says the "
+                              f"run ended {status} at version {version}, its {schema.UPDATES_FILE} "
+                              f"holds {num_rows} rows")
+        return ""
+    said = f"its summary says {status}" if status else "it has no summary.json"
+    epoch = summary.get("epoch") if isinstance(summary, dict) else None
+    where = f" at epoch {epoch:.2f}" if isinstance(epoch, (int, float)) else ""
+    return (f"{run_dir} is an unfinished recording ({said}{where}): the replay ends after its "
+            f"{num_rows} recorded pushes, before the budget")
+
+
+class ReplayScheduler:
+    """The order of a recorded run: each row of its updates.csv, in version order.
+    ``end_message``: what the run's summary says when the recording runs out."""
+
+    def __init__(self, run_dir: str | Path, num_clients: int | None = None):
+        if num_clients is None:
+            try:
+                num_clients = int(json.loads((Path(run_dir) / schema.CONFIG_FILE).read_text())["num_clients"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with a valid config.json ({e})")
+        recording = read_recording(run_dir, num_clients)
+        # the scheduler runs out before the budget only when the recording ends early: unfinished,
+        # or a diverged run whose divergence the replay did not repeat
+        self.rows = recording.rows
+        self.end_message = recording.unfinished or (f"all {len(self.rows)} recorded pushes were "
+                                                    "replayed; the recorded run ended there, before the budget")
         self.position, self.run_dir = 0, str(run_dir)
 
     def next(self) -> tuple[int, int, float] | None:

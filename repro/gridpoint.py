@@ -1,0 +1,94 @@
+"""Where a grid point runs: it stops with its grid, and never outlives its launcher.
+
+The launcher of a grid (:class:`repro.grid.Grid`) asks its points to stop by writing a stop
+mark of its own launch, ``<sweep dir>/.grid_stops/<launch id>``; a signal sent to the launcher
+alone (a supervisor's ``kill PID``) never reached the points, and Hydra turns the exception a
+callback raises into a warning, so a mark read only at a point's start could not stop it. Here
+a :class:`PointGuard` thread in each point's process reads the mark while the point runs, and
+on the launcher's host also checks that the launcher lives: a SIGKILLed launcher (or a closed
+terminal) used to leave its joblib workers alive for good, each holding its run folder's lock.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from repro.runtime import EXIT_INTERRUPTED, request_stop, runs_active
+
+STOP_DIR = ".grid_stops"   # in the sweep folder: one mark per launch asked to stop
+
+
+class PointGuard:
+    """A daemon thread of a point's process (one per process: a joblib worker runs many
+    points). Every ``POLL_S`` it looks for its launch's stop mark, which asks the run to stop
+    as a first signal would, without counting as one (:func:`repro.runtime.request_stop`: a
+    Ctrl-C that also reached the point does not make this a forcing second signal). On the
+    launcher's host it also checks that the launcher lives: once it is gone, the run stops
+    cleanly and the process ends, waiting at most the grid's ``stop_wait_s`` for the clean stop
+    (a process blocked writing to a pipe nobody reads is ended anyway)."""
+
+    POLL_S = 0.5
+    _current: "PointGuard | None" = None
+
+    @classmethod
+    def start(cls, grid: Any) -> None:
+        """Guard this process for ``grid`` (a :class:`repro.grid.Grid`: its launch's mark,
+        launcher pid, host and start time, ``stop_wait_s``)."""
+        if cls._current is None or not cls._current.thread.is_alive():
+            cls._current = cls(grid)
+        cls._current.grid = grid   # the launch of the point starting now
+
+    def __init__(self, grid: Any):
+        self.grid = grid
+        self.thread = threading.Thread(target=self._run, name="grid-point-guard", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.POLL_S)
+            grid = self.grid
+            if grid.mark_path().exists():
+                request_stop("the grid was stopped")
+            if grid.main_host == socket.gethostname() and not process_alive(grid.main_pid, grid.main_started):
+                request_stop("the grid's launcher ended")
+                deadline = time.monotonic() + grid.stop_wait_s
+                while runs_active() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                os._exit(EXIT_INTERRUPTED)
+
+
+def process_started(pid: int | None) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), which tells it from a later
+    process given the same pid; None where /proc does not say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_alive(pid: int | None, started: str | None) -> bool:
+    """Whether process ``pid`` (started at ``started``, when known) still runs on this host."""
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return started is None or process_started(pid) in (None, started)
+
+
+def forget_folder(run_dir: Path) -> None:
+    """A point that does not start leaves no folder: only Hydra's record of it was written."""
+    from repro.runs.folder import drop_hydra_record
+
+    drop_hydra_record(run_dir)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()   # only when empty

@@ -1,0 +1,140 @@
+"""Replay input (issue 16, section 5): a recording a replay cannot apply is refused before the
+first push, naming the file, the line and what is wrong; a replay of an unfinished recording says
+so; a replay never writes into its own recording.
+
+The recordings are simulator runs (the same updates.csv as a real run's, and seconds to make)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.config.settings import CostConfig, DataConfig, RunConfig
+from repro.errors import ConfigError
+from repro.sim.driver import simulate
+
+from tests.helpers.paths import ROOT  # noqa: E402
+CFG = RunConfig(num_clients=2, nsync=1, num_epochs=2.0, eval_every=1.0, progress=False,
+                data=DataConfig(num_train=256, num_test=64))
+
+
+def replay_cfg(source: Path, **changes) -> RunConfig:
+    return CFG.replace(cost=CostConfig(profile="replay", schedule="replay", path=str(source)), **changes)
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("recording")
+    assert simulate(CFG.replace(results_dir=str(root)), root / "run")["status"] == "completed"
+    return root / "run"
+
+
+def copy_of(recording: Path, dest: Path) -> Path:
+    shutil.copytree(recording, dest, ignore=shutil.ignore_patterns(".lock"))
+    return dest
+
+
+def edit_rows(run: Path, edit) -> None:
+    """Rewrite updates.csv with ``edit(rows)`` (a list of dicts, changed in place or replaced)."""
+    path = run / "updates.csv"
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        columns, rows = reader.fieldnames, list(reader)
+    rows = edit(rows) or rows
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def set_row(index: int, **values):
+    def edit(rows):
+        rows[index].update({k: str(v) for k, v in values.items()})
+    return edit
+
+
+BAD_ROWS = {
+    "zero_steps": (set_row(3, num_steps=0), "line 5 has num_steps 0"),
+    "negative_steps": (set_row(3, num_steps=-5), "line 5 has num_steps -5"),
+    "unknown_client": (set_row(3, client=7), "line 5 names client 7"),
+    "nan_time": (set_row(3, time_s=math.nan), "line 5 has time_s nan"),
+    "negative_time": (set_row(0, time_s=-1.0), "line 2 has time_s -1.0"),
+    "time_going_back": (set_row(5, time_s=0.0), "earlier than the row before"),
+    "wrong_read_version": (set_row(4, read_version=0), "line 6 says client"),
+    "version_gap": (lambda rows: rows[:3] + rows[4:], "has version 5 where 4 belongs"),
+    "no_rows": (lambda rows: rows.clear(), "at least one push"),
+    "cut_but_completed": (lambda rows: rows[:3], "holds 3 rows"),   # the summary counts them all
+}
+
+
+@pytest.mark.parametrize("name", BAD_ROWS)
+def test_a_recording_with_a_bad_row_is_refused_before_the_first_push(recording, tmp_path, name):
+    edit, expected = BAD_ROWS[name]
+    source = copy_of(recording, tmp_path / "source")
+    edit_rows(source, edit)
+    out = tmp_path / "replay"
+    with pytest.raises(ConfigError) as err:
+        simulate(replay_cfg(source), out)
+    assert err.value.key == "cost.path" and expected in str(err.value), str(err.value)
+    assert not out.exists()                          # refused before any folder was made
+
+
+@pytest.mark.parametrize("status", ["running", "interrupted", None])
+def test_a_replay_of_an_unfinished_recording_says_so(recording, tmp_path, status):
+    """A running (killed), interrupted or summary-less recording cut after 5 pushes replays
+    those 5 pushes, and its summary says the recording was unfinished, not just 'completed'."""
+    source = copy_of(recording, tmp_path / "source")
+    edit_rows(source, lambda rows: rows[:5])
+    if status is None:
+        (source / "summary.json").unlink()
+    else:
+        summary = json.loads((source / "summary.json").read_text())
+        (source / "summary.json").write_text(json.dumps({**summary, "status": status, "version": 5}))
+    result = simulate(replay_cfg(source), tmp_path / "replay")
+    assert result["version"] == 5
+    assert "unfinished recording" in result["message"] and "before the budget" in result["message"]
+    said = f"summary says {status}" if status else "no summary.json"
+    assert said in result["message"], result["message"]
+
+
+def test_a_finished_recording_replays_to_its_end_without_a_message(recording, tmp_path):
+    result = simulate(replay_cfg(recording), tmp_path / "replay")
+    assert result["status"] == "completed" and result["message"] == ""
+    assert (tmp_path / "replay" / "updates.csv").read_text().count("\n") == \
+        (recording / "updates.csv").read_text().count("\n")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["itself", "inside"])
+def test_a_replay_never_writes_into_its_own_recording(recording, tmp_path, where):
+    """force=true on the recording's own folder used to delete the recording and write an empty run."""
+    source = copy_of(recording, tmp_path / "source")
+    before = snapshot(source)
+    out = source if where == "itself" else source / "sub"
+    with pytest.raises(ConfigError) as err:
+        simulate(replay_cfg(source, force=True), out)
+    assert err.value.key == "cost.path" and ("the recording itself" if where == "itself" else "inside it") in str(err.value)
+    assert snapshot(source) == before
+
+
+def test_cli_replay_into_its_source_exits_2_and_touches_nothing(recording, tmp_path):
+    source = copy_of(recording, tmp_path / "source")
+    before = snapshot(source)
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "cost=replay", f"cost.path='{source}'",
+                           f"hydra.run.dir='{source}'", "force=true", "progress=false"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MPLBACKEND": "Agg"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cost.path" in proc.stderr and "the recording itself" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert snapshot(source) == before
