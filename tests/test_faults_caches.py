@@ -98,7 +98,7 @@ def test_deleting_the_warm_start_cache_while_the_baseline_trains(tmp_path, monke
 def test_a_run_that_fails_before_training_leaves_a_failed_summary(tmp_path, monkeypatch):
     """A fresh run whose problem cannot be built (here: a RuntimeError while building it) used
     to leave a folder with no summary.json, which a grid reports as never started."""
-    cfg = WARM.replace(start="cold", num_epochs=0.2, eval_every=0.2)
+    cfg = WARM.replace(start="cold", num_epochs=0.5, eval_every=0.5)
     build = driver.build_problem
 
     def broken(*args, **kwargs):
