@@ -64,9 +64,19 @@ def max_min_shares(paths: dict[int, tuple[str, ...]], capacity: dict[str, float]
             crossing.setdefault(link, []).append(path)
     left = {link: capacity[link] for link in count}
     level: dict[tuple[str, ...], float] = {}
-    while count:
-        link = min(count, key=lambda name: (left[name] / count[name], name))
-        share = left[link] / count.pop(link)
+    # the smallest (share, link) first; a link's share only grows as others freeze (what they
+    # freeze at is at most its share), so a stale entry is a lower bound: refreshed when popped
+    heap = [(left[link] / n, link) for link, n in count.items()]
+    heapq.heapify(heap)
+    while heap:
+        old, link = heapq.heappop(heap)
+        if link not in count:
+            continue
+        share = left[link] / count[link]
+        if share != old:
+            heapq.heappush(heap, (share, link))
+            continue
+        del count[link]
         for path in crossing[link]:
             if path in level:
                 continue
@@ -133,7 +143,7 @@ class ContendedScheduler:
         self._reindex()
         for k in client_ids:              # every client fetches version 0 at t = 0
             self._start(k, COMPUTE, 0.0, self._new_seq())
-        self._rerate(0.0, set(self.host.values()), flows=False)
+        self._rerate(0.0, set(self.host.values()), ())
 
     # -- the schedule's interface ------------------------------------------------------------
 
@@ -157,7 +167,7 @@ class ContendedScheduler:
         """The reply (the client's fetch) leaves the server; then the client computes."""
         self.cancel(client)
         self._start(client, FETCH, applied_at, self._new_seq())
-        self._rerate(applied_at, (), flows=True)
+        self._rerate(applied_at, (), (FETCH,))
 
     def cancel(self, client: int) -> None:
         """Drop the client's push in flight (a sync round's backup worker, preempted): the
@@ -166,7 +176,7 @@ class ContendedScheduler:
         stage = self.stages.pop(client, None)
         if stage is not None:
             computing = stage.kind == COMPUTE
-            self._rerate(self.now, (self.host[client],) if computing else (), flows=not computing)
+            self._rerate(self.now, (self.host[client],) if computing else (), () if computing else (stage.kind,))
 
     def state_dict(self) -> dict:
         return {"now": self.now, "seq": self.seq, "server_free": self.server_free,
@@ -216,20 +226,22 @@ class ContendedScheduler:
         else:
             del self.stages[client]
             self.arrived.append((t, stage.seq, client))
+        # a fetch ends and a compute begins; a compute ends and a push begins; a push ends
         pools = (self.host[client],) if stage.kind in (FETCH, COMPUTE) else ()
-        self._rerate(t, pools, flows=True)
+        self._rerate(t, pools, (FETCH,) if stage.kind == FETCH else (PUSH,))
         return True
 
-    def _rerate(self, t: float, hosts, flows: bool) -> None:
-        """New rates, from ``t`` on, for the devices of ``hosts`` and (``flows``) every transfer
-        in flight; a stage whose rate is unchanged is left exactly as it is."""
+    def _rerate(self, t: float, hosts, directions) -> None:
+        """New rates, from ``t`` on, for the devices of ``hosts`` and the transfers in flight in
+        ``directions`` (PUSH: up and in; FETCH: out and down; the links of one direction are
+        not the other's); a stage whose rate is unchanged is left exactly as it is."""
         for h in hosts:
             mine = [k for k, st in self.stages.items() if st.kind == COMPUTE and self.host[k] == h]
             rate = 1.0 if self.devices is None or len(mine) <= self.devices else self.devices / len(mine)
             for k in mine:
                 self._set_rate(k, t, rate)
-        if flows:
-            for k, rate in self._flow_rates().items():
+        for direction in directions:
+            for k, rate in self._flow_rates(direction).items():
                 self._set_rate(k, t, rate)
 
     def _set_rate(self, client: int, t: float, rate: float) -> None:
@@ -246,9 +258,9 @@ class ContendedScheduler:
         self.ends = [(st.end, st.seq, next(self.tick), k, st) for k, st in self.stages.items() if st.rate > 0]
         heapq.heapify(self.ends)
 
-    def _flow_rates(self) -> dict[int, float]:
+    def _flow_rates(self, direction: str) -> dict[int, float]:
         """Each transfer's fraction of full speed: its max-min fair share of its links."""
-        paths = {k: self.paths[k][st.kind] for k, st in self.stages.items() if st.kind != COMPUTE}
+        paths = {k: self.paths[k][direction] for k, st in self.stages.items() if st.kind == direction}
         if not self.capacity:
             return dict.fromkeys(paths, 1.0)
         shares = max_min_shares(paths, self.capacity)
