@@ -127,7 +127,7 @@ def test_grid_expands_to_the_intended_runs():
 def test_shrunk_ceiling_grid_measures_the_bound_where_a_resource_saturates(tmp_path):
     """+exp=ceiling at 32 clients, nsync 1, 1000 pushes: at 1 GB/s the server's link binds
     (4.1 pushes/s), at 5 GB/s the apply (14.3/s); the lab's frame measures each within 5%.
-    Virtual time does not depend on the training's float arithmetic: exact on any machine."""
+    Virtual time depends on the seeded jitter, not on what is trained: no thread count moves it."""
     for bw in ("1e9", "5e9"):
         cfg = parse(compose(["+exp=ceiling", "num_clients=32", "nsync=1", f"cost.bandwidth_Bps={bw}",
                              "num_epochs=1000", "eval_every=1000", "progress=false", f"results_dir={tmp_path}"]))
