@@ -2,7 +2,7 @@
 
 Under ``cost.topology=dedicated`` (the default, :class:`repro.sim.cost.CostScheduler`) every
 client has a host, a device and a link of its own, and only the server's apply is shared. Under
-``shared`` the clients contend for four kinds of resource, each a queue in virtual time with a
+``shared`` the clients contend for devices, links and the apply, each a queue in virtual time with a
 stated discipline:
 
 * **devices**: clients fill hosts of ``cost.clients_per_host`` in order (clients 1..h on the
