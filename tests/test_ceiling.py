@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from test_config import sweep_grid
 
-from repro.analysis.lab.ceiling import ceiling_frame, steady_samples_per_s
+from repro.analysis.lab.ceiling import ceiling_frame, draw_ceiling, steady_samples_per_s
 from repro.analysis.load import load_runs
 from repro.config.settings import CostConfig
 from repro.run import compose, parse
@@ -139,6 +139,8 @@ def test_shrunk_ceiling_grid_measures_the_bound_where_a_resource_saturates(tmp_p
     assert dict(predicted["binding"]) == {1e9: "server link", 5e9: "server apply"}
     for bw in (1e9, 5e9):
         assert measured[bw] == pytest.approx(predicted.loc[bw, "value"], rel=0.05), bw
+    fig = draw_ceiling(frame)   # one column per bandwidth, rows: samples/s and speedup
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["every link 1 GB/s each way", "every link 5 GB/s each way"]
 
 
 def test_steady_state_skips_the_start():
