@@ -14,7 +14,7 @@ the order in which the server applies pushes; every schedule has the interface o
   devices and links that clients share as queues in virtual time (processor sharing);
 * :class:`repro.sim.replay.ReplayScheduler` -- the exact order (and times) a real run recorded.
 
-Both are stateless apart from plain numbers, so a checkpoint captures them exactly. Jitter for
+Each is stateless apart from plain numbers, so a checkpoint captures it exactly. Jitter for
 (client, segment) is drawn from a generator seeded by (seed, client, segment), independent of the
 order in which segments are simulated (drawn in blocks of pushes, see ``CostModel._jitter``).
 """
