@@ -30,6 +30,7 @@ BACKENDS = ("sim", "real")
 STARTS = ("cold", "warm")
 DEVICES = ("cpu", "cuda", "auto")
 SCHEDULES = ("events", "replay")
+TOPOLOGIES = ("dedicated", "shared")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +107,22 @@ class CostConfig:
     model's real size); lets a small model stand in for an AlexNet-sized one (paper2013)."""
     server_apply_s: float = knob(0.0, SECONDS)
     """Virtual seconds the server takes to apply one push; it serves one push at a time."""
+    topology: str = knob("dedicated", Choice(TOPOLOGIES))
+    """dedicated: every client has a host, a device and a link of its own (only the server's
+    apply is shared); shared: clients on hosts share the host's devices and link, and every
+    push and fetch crosses the server's link (repro/sim/resources.py)."""
+    clients_per_host: int = knob(1, Range(1, 1024, integer=True))
+    """shared: clients fill hosts of this many in order (client k on host ceil(k / this));
+    num_clients must be a multiple of it, or at most it (one host)."""
+    devices_per_host: Optional[int] = knob(None, Range(1, 1024, integer=True, nullable=True))
+    """shared: devices (GPUs, cores) of a host; its clients computing at once share them
+    equally (processor sharing); null: one device per client."""
+    host_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
+    """shared: bytes/s of a host's link, each way, shared by its clients' transfers; null:
+    bandwidth_Bps."""
+    server_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
+    """shared: bytes/s of the server's link, each way (full duplex: pushes in, fetches out),
+    shared by every transfer; null: bandwidth_Bps."""
     path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
     """With profile 'replay': the recorded run folder whose update order is replayed."""
 
@@ -406,6 +423,7 @@ def _check(cfg: RunConfig) -> None:
                           f"null or a client id in 1..{cfg.num_clients}")
     if cost.schedule == "replay" and not cost.path:
         raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
+    _check_topology(cfg)
 
 
 def check_segment(cfg: RunConfig, num_train: int) -> None:
@@ -419,3 +437,24 @@ def check_segment(cfg: RunConfig, num_train: int) -> None:
         raise ConfigError("nsync", cfg.nsync, f"at most {most}, the budget in minibatches (num_epochs "
                           f"x {num_train} training samples / algo.batch_size {cfg.algo.batch_size}): "
                           "one push may not exceed the whole run; lower nsync or raise num_epochs")
+
+
+SHARED_ONLY = {"clients_per_host": 1, "devices_per_host": None, "host_bandwidth_Bps": None,
+               "server_bandwidth_Bps": None}   # their values under cost.topology=dedicated
+
+
+def _check_topology(cfg: RunConfig) -> None:
+    """The topology keys act only under cost.topology=shared (refused elsewhere, so that no
+    setting is silently ignored); hosts must be equal: clients fill them in order."""
+    cost = cfg.cost
+    if cost.topology != "shared":
+        for key, default in SHARED_ONLY.items():
+            if getattr(cost, key) != default:
+                raise ConfigError(f"cost.{key}", getattr(cost, key), f"{default if default is not None else 'null'} "
+                                  f"with cost.topology={cost.topology} (the key acts only with cost.topology=shared)")
+        return
+    per_host = cost.clients_per_host
+    if cfg.num_clients > per_host and cfg.num_clients % per_host:
+        raise ConfigError("cost.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or at "
+                          f"least {cfg.num_clients} (clients fill hosts of cost.clients_per_host in order, "
+                          "every host full, or all of them on one host)")

@@ -6,11 +6,15 @@ parameter vector (latency + bytes / bandwidth) and the server's apply time. A sc
 the order in which the server applies pushes; every schedule has the interface of
 :class:`Schedule` (``next``, ``served``, ``cancel``, state), and :func:`make_schedule` picks one:
 
-* :class:`CostScheduler` -- an event queue of push arrivals ordered by (time, sequence number);
-  the server serves one push at a time, first come first served;
+* :class:`CostScheduler` -- ``cost.topology=dedicated`` (the default): every client has a host, a
+  device and a link of its own, so its push arrives at fetch + compute + transfer; an event queue
+  of push arrivals ordered by (time, sequence number); the server serves one push at a time,
+  first come first served;
+* :class:`repro.sim.resources.ContendedScheduler` -- ``cost.topology=shared``: the same, with the
+  devices and links that clients share as queues in virtual time (processor sharing);
 * :class:`repro.sim.replay.ReplayScheduler` -- the exact order (and times) a real run recorded.
 
-Both are stateless apart from plain numbers, so a checkpoint captures them exactly. Jitter for
+Each is stateless apart from plain numbers, so a checkpoint captures it exactly. Jitter for
 (client, segment) is drawn from a generator seeded by (seed, client, segment), independent of the
 order in which segments are simulated (drawn in blocks of pushes, see ``CostModel._jitter``).
 """
@@ -27,6 +31,23 @@ from repro.config.settings import CostConfig
 JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
 
 
+def link_bandwidths(cost: CostConfig) -> tuple[float | None, float | None]:
+    """(a host's link, the server's link) in bytes/s each way under ``cost.topology=shared``;
+    None: unlimited."""
+    host = cost.host_bandwidth_Bps if cost.host_bandwidth_Bps is not None else cost.bandwidth_Bps
+    server = cost.server_bandwidth_Bps if cost.server_bandwidth_Bps is not None else cost.bandwidth_Bps
+    return host, server
+
+
+def path_bandwidth(cost: CostConfig) -> float | None:
+    """Bytes/s of one transfer alone on its path (None: free): ``bandwidth_Bps`` for a dedicated
+    link; under ``shared`` the slower of its host's link and the server's."""
+    if cost.topology != "shared":
+        return cost.bandwidth_Bps
+    limited = [b for b in link_bandwidths(cost) if b is not None]
+    return min(limited) if limited else None
+
+
 class CostModel:
     """Durations in virtual seconds. ``step_s``: one minibatch step (``cost.compute_s``, or the
     measured value when it says ``calibrate``)."""
@@ -34,7 +55,8 @@ class CostModel:
     def __init__(self, cost: CostConfig, seed: int, param_bytes: int, step_s: float):
         self.cost, self.seed, self.step_s = cost, seed, step_s
         nbytes = cost.comm_params * 4 if cost.comm_params is not None else param_bytes
-        bandwidth = cost.bandwidth_Bps
+        bandwidth = path_bandwidth(cost)
+        # one push or fetch on idle links; shared links stretch it (repro.sim.resources)
         self.transfer_s = cost.latency_s + (nbytes / bandwidth if bandwidth else 0.0)
         self.server_apply_s = cost.server_apply_s
         self._blocks: dict[int, np.ndarray] = {}

@@ -32,6 +32,7 @@ from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.cost import CostModel, CostScheduler, Schedule, calibrate_compute_s
 from repro.sim.replay import ReplayScheduler, replay_config
+from repro.sim.resources import ContendedScheduler
 
 
 def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> float:
@@ -56,10 +57,12 @@ def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> 
 
 
 def make_schedule(cfg: RunConfig, clients: list[int], param_bytes: int, step_s: float) -> Schedule:
-    """The schedule ``cost.schedule`` names: the cost model's event queue, or a recorded run's order."""
+    """The schedule ``cost.schedule`` names: the cost model's clock (``cost.topology``: dedicated
+    or shared resources), or a recorded run's order."""
     if cfg.cost.schedule == "replay":
         return ReplayScheduler(cfg.cost.path)
-    return CostScheduler(CostModel(cfg.cost, cfg.seed, param_bytes, step_s), clients, cfg.nsync)
+    clock = ContendedScheduler if cfg.cost.topology == "shared" else CostScheduler
+    return clock(CostModel(cfg.cost, cfg.seed, param_bytes, step_s), clients, cfg.nsync)
 
 
 class Simulation:

@@ -1,0 +1,212 @@
+"""Staleness lab, experiment ``ceiling``: what limits speedup, measured beside the predicted bound.
+
+Owns the figure ``ceiling`` (``python -m repro.run +exp=ceiling``): its tidy frame (measured and
+predicted throughput and speedup, one row per run or prediction and quantity), its drawing and
+its table. The prediction is :func:`repro.sim.ceiling.ceiling`, from each run's cost profile
+alone: the smallest of what the clients would push with nothing shared and what each shared
+resource (server apply, server link, host links, host devices) can carry.
+
+Measured throughput is the steady state: applied samples per virtual second over the second
+half of a run's pushes (by version), so the start, where every client computes its first
+segment at once, does not count. Speedup is that throughput over one client's at the same
+bandwidth, nsync and seed. Nothing here trains or reads files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.build import register_figure
+from repro.analysis.load import Runs, finite, is_diverged
+from repro.config.settings import CostConfig
+from repro.sim.ceiling import ceiling
+
+KEYS = ["cost.profile", "cost.bandwidth_Bps", "nsync", "num_clients"]
+COLUMNS = [*KEYS, "seed", "run_dir", "status", "diverged", "quantity", "value", "kind", "binding", "clock"]
+QUANTITIES = {"samples_per_s": "applied samples per second\n(steady state, virtual time)",
+              "speedup": "speedup in throughput\n(N clients / 1 client)"}
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's cost profile and its prediction
+# ---------------------------------------------------------------------------------------------
+
+def cost_of(run: pd.Series) -> CostConfig:
+    """The run's :class:`CostConfig`, from its ``cost.*`` columns (absent in older runs, or NaN
+    where the run said null: the field's default or None)."""
+    hints, values = typing.get_type_hints(CostConfig), {}
+    for f in dataclasses.fields(CostConfig):
+        v = run.get(f"cost.{f.name}")
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            continue
+        if typing.Optional[int] == hints[f.name] or hints[f.name] is int:
+            v = int(v)
+        values[f.name] = v.item() if isinstance(v, np.generic) else v
+    return CostConfig(**values)
+
+
+@lru_cache(maxsize=16)
+def _param_bytes(model: str, data: str) -> int:
+    import torch
+
+    from repro.problem.data import DATASETS
+    from repro.problem.models import build_model, num_parameters
+    spec = DATASETS[data]
+    with torch.random.fork_rng(devices=[]):   # leave the caller's RNG stream untouched
+        return 4 * num_parameters(build_model(model, spec.input_shape, spec.num_classes))
+
+
+def predict(run: pd.Series, num_clients: int):
+    """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at ``num_clients``."""
+    cost = cost_of(run)
+    nbytes = 0 if finite(run.get("cost.comm_params")) else _param_bytes(run["model.name"], run["data.name"])
+    return ceiling(cost, num_clients, int(run["nsync"]), nbytes, float(run["cost.compute_s"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The frame
+# ---------------------------------------------------------------------------------------------
+
+def steady_samples_per_s(updates: pd.DataFrame) -> pd.Series:
+    """Per run_dir: applied samples per virtual second over the second half of its pushes."""
+    out = {}
+    for run_dir, up in updates.groupby("run_dir", sort=False):
+        up = up.sort_values("version")
+        mid = up.iloc[len(up) // 2] if len(up) >= 4 else None
+        last = up.iloc[-1]
+        if mid is None or last["time_s"] <= mid["time_s"]:
+            out[run_dir] = last["samples_seen"] / last["time_s"] if last["time_s"] > 0 else np.nan
+        else:
+            out[run_dir] = (last["samples_seen"] - mid["samples_seen"]) / (last["time_s"] - mid["time_s"])
+    return pd.Series(out, dtype=float)
+
+
+def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Per run: steady-state samples/s and speedup over 1 client (same profile, bandwidth,
+    nsync, seed); per grid point: the predicted bound on both and the resource that sets it."""
+    r = runs.runs.copy()
+    if "cost.topology" not in r:
+        r["cost.topology"] = "dedicated"
+    r["cost.bandwidth_Bps"] = r["cost.bandwidth_Bps"].astype(float)
+    r["diverged"] = is_diverged(r["status"])
+    r["samples_per_s"] = r["run_dir"].map(steady_samples_per_s(runs.updates))
+    same = ["cost.profile", "cost.bandwidth_Bps", "nsync", "seed"]
+    one = r[r["num_clients"] == 1].set_index(same)["samples_per_s"]
+    key = list(zip(*(r[c] for c in same)))
+    r["speedup"] = r["samples_per_s"].to_numpy() / one.reindex(key).to_numpy()
+    r["clock"] = r["clock"] if "clock" in r else "virtual"
+    r["kind"], r["binding"] = "measured", None
+    measured = r.melt(id_vars=[c for c in COLUMNS if c in r and c not in ("quantity", "value")],
+                      value_vars=list(QUANTITIES), var_name="quantity", value_name="value")
+    rows = []   # the bound at every client count up to the largest run, so the knee shows
+    for (profile, bw, k), group in r.groupby(KEYS[:3], sort=False, dropna=False):
+        run, alone = group.iloc[0], predict(group.iloc[0], 1)
+        per_push = int(k) * int(run["algo.batch_size"])
+        for n in range(1, int(group["num_clients"].max()) + 1):
+            bound = predict(run, n)
+            for q, v in (("samples_per_s", bound.pushes_per_s * per_push),
+                         ("speedup", bound.pushes_per_s / alone.pushes_per_s)):
+                rows.append({"cost.profile": profile, "cost.bandwidth_Bps": bw, "nsync": k, "num_clients": n,
+                             "seed": np.nan, "run_dir": None, "status": None, "diverged": False,
+                             "quantity": q, "value": v, "kind": "predicted", "binding": bound.binding,
+                             "clock": run["clock"]})
+    out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
+    return out[COLUMNS].sort_values(["cost.profile", "cost.bandwidth_Bps", "quantity", "nsync", "num_clients",
+                                     "kind", "seed"], kind="stable").reset_index(drop=True)
+
+
+def table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured (mean over seeds) beside predicted, per bandwidth, nsync and client count run."""
+    index = ["cost.bandwidth_Bps", "nsync", "num_clients"]
+    f = frame[~frame["diverged"].astype(bool)]
+    out = f.pivot_table(index=index, columns=["quantity", "kind"], values="value", aggfunc="mean")
+    out.columns = [f"{q}_{k}" for q, k in out.columns]
+    binding = frame[frame["kind"] == "predicted"].drop_duplicates(index).set_index(index)["binding"]
+    out = out.join(binding).dropna(subset=[c for c in out.columns if c.endswith("_measured")], how="all")
+    return out.reset_index()
+
+
+# ---------------------------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------------------------
+
+def _bandwidth_title(bw: float) -> str:
+    if not finite(bw):
+        return "links: free"
+    return f"every link {bw / 1e9:g} GB/s each way"
+
+
+def draw_ceiling(frame: pd.DataFrame):
+    """2 rows (samples/s, speedup) x one column per link bandwidth; one colour per nsync;
+    measured: markers (mean over seeds, bars min-max); predicted bound: dashed."""
+    import matplotlib as mpl
+    from matplotlib.lines import Line2D
+
+    from repro.analysis.figures import _PALETTE, _new_figure
+
+    if frame.empty:
+        raise ValueError("ceiling: the frame has no rows (no usable runs)")
+    bws = sorted(frame["cost.bandwidth_Bps"].unique(), key=lambda b: (not finite(b), b if finite(b) else 0))
+    nsyncs = sorted(int(k) for k in frame["nsync"].unique())
+    colors = {k: _PALETTE[i] for i, k in enumerate(nsyncs)}
+    counts = sorted(int(n) for n in frame.loc[frame["kind"] == "measured", "num_clients"].unique())
+    fig, axes = _new_figure(len(QUANTITIES), len(bws), panel=(3.9, 3.0), sharex=True)
+    for col, bw in enumerate(bws):
+        panel_bw = frame[(frame["cost.bandwidth_Bps"] == bw) | (frame["cost.bandwidth_Bps"].isna() & pd.isna(bw))]
+        for row, q in enumerate(QUANTITIES):
+            ax = axes[row, col]
+            panel = panel_bw[panel_bw["quantity"] == q]
+            for k in nsyncs:
+                mine = panel[panel["nsync"] == k]
+                pred = mine[mine["kind"] == "predicted"].sort_values("num_clients")
+                ax.plot(pred["num_clients"], pred["value"], color=colors[k], linestyle="--", lw=1.3)
+                meas = mine[(mine["kind"] == "measured") & ~mine["diverged"].astype(bool)]
+                stats = meas.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
+                ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                            color=colors[k], marker="o", ms=4.5, lw=0.8, capsize=2, linestyle="none")
+                if len(pred) and len(stats):   # the resource that sets the bound at the largest N
+                    last = pred.iloc[-1]
+                    ax.annotate(last["binding"], (last["num_clients"], last["value"]), color=colors[k],
+                                fontsize="x-small", xytext=(3, 0), textcoords="offset points", va="center")
+            if q == "speedup":
+                ax.plot(counts, counts, color="0.6", lw=0.8, linestyle=":")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2 if q == "speedup" else 10)
+            if q != "speedup":
+                ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+                ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+            ax.set_xticks(counts, [str(c) for c in counts])
+            ax.set_xlim(counts[0] / 1.3, counts[-1] * 2.6)
+            ax.minorticks_off()
+            ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            if row == 0:
+                ax.set_title(_bandwidth_title(bw))
+            if col == 0:
+                ax.set_ylabel(QUANTITIES[q])
+            if row == len(QUANTITIES) - 1:
+                ax.set_xlabel("clients N")
+    handles = [Line2D([], [], color=colors[k], marker="o", linestyle="--") for k in nsyncs]
+    labels = [f"nsync {k}" for k in nsyncs]
+    handles += [Line2D([], [], color="0.3", marker="o", linestyle="none"), Line2D([], [], color="0.3", linestyle="--"),
+                Line2D([], [], color="0.6", linestyle=":")]
+    labels += ["measured (steady state; bars: min-max over seeds)",
+               "predicted bound: min(clients' own pace, each shared resource), labelled where it binds at the right",
+               "linear speedup"]
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
+    profile = "/".join(sorted(str(p) for p in frame["cost.profile"].unique()))
+    fig.suptitle(f"What limits speedup: measured throughput beside the ceiling predicted from the cost profile "
+                 f"({profile})\nclients share hosts' links, the server's link (full duplex) and its apply")
+    return fig
+
+
+def _print_table(frame: pd.DataFrame, out_dir) -> list:
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
+        print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return []
+
+
+register_figure("ceiling", ceiling_frame, draw_ceiling, exps=("ceiling",), extra=_print_table)

@@ -1,0 +1,84 @@
+"""Where speedup stops: the throughput a cost profile allows, predicted from the profile alone.
+
+Every client cycles through fetch -> compute (``nsync`` steps) -> push -> the server's apply, so
+the simulator's clock is a closed queueing network, and its throughput has the classic
+asymptotic bounds (operational analysis; Lazowska et al. 1984, ch. 5): it cannot exceed what the
+clients would push if nothing were shared, nor what any shared resource can carry. In pushes per
+second, for N clients on H hosts (:mod:`repro.sim.resources` for the disciplines):
+
+* **clients**: sum_k 1 / cycle_k, with cycle_k = nsync c f_k + 2 transfer_s + server_apply_s (one
+  segment of steps of c seconds, f_k the straggler's factor, one push, one fetch, one apply):
+  each client alone;
+* **server apply**: 1 / server_apply_s (one push at a time);
+* **server link** (``shared``): B_s / (B_path transfer_s), each way: a transfer is transfer_s
+  seconds of work at B_path bytes/s (its idle path), so a busy link of B_s bytes/s finishes that
+  many a second; each push crosses it inbound and each fetch outbound, one of each per cycle;
+* **host links** (``shared``): H B_h / (B_path transfer_s);
+* **host devices** (``shared``, ``devices_per_host`` d): H d / (nsync c mean(f)): a push needs
+  nsync steps of one device.
+
+The predicted throughput is the smallest bound; it is reached when the binding resource never
+idles (clients well beyond the knee) and approached from below near it, where clients wait for
+each other only sometimes. The speedup ceiling is X(N) / X(1): one client alone pushes once a
+cycle. Jitter is mean-preserving and changes no bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from repro.config.settings import CostConfig
+from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth
+
+CLIENTS, APPLY, SERVER_LINK, HOST_LINKS, DEVICES = "clients", "server apply", "server link", "host links", "host devices"
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The bounds of one (profile, N, nsync): ``bounds`` maps each limit to pushes per second."""
+
+    num_clients: int
+    nsync: int
+    cycle_s: float            # one client's cycle on idle resources
+    bounds: dict[str, float]
+
+    @property
+    def pushes_per_s(self) -> float:
+        return min(self.bounds.values())
+
+    @property
+    def binding(self) -> str:
+        """The limit that sets the throughput (ties: the clients' own pace first)."""
+        return min(self.bounds, key=lambda name: (self.bounds[name], name != CLIENTS))
+
+
+def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int,
+            step_s: float | None = None) -> Ceiling:
+    """The throughput bounds of ``num_clients`` clients at ``nsync`` under ``cost`` (a model of
+    ``param_bytes`` bytes; ``step_s``: a minibatch step, default ``cost.compute_s``)."""
+    step_s = float(cost.compute_s if step_s is None else step_s)
+    model = CostModel(cost, 0, param_bytes, step_s)
+    transfer, apply = model.transfer_s, cost.server_apply_s
+    factors = [cost.straggler_factor if cost.straggler_client == k else 1.0 for k in range(1, num_clients + 1)]
+    cycle = nsync * step_s + 2 * transfer + apply
+    bounds = {CLIENTS: sum(1.0 / (nsync * step_s * f + 2 * transfer + apply) for f in factors)}
+    if apply > 0:
+        bounds[APPLY] = 1.0 / apply
+    if cost.topology == "shared":
+        hosts = math.ceil(num_clients / cost.clients_per_host)
+        host_bw, server_bw = link_bandwidths(cost)
+        full = path_bandwidth(cost)
+        if server_bw is not None and transfer > 0:
+            bounds[SERVER_LINK] = server_bw / (full * transfer)
+        if host_bw is not None and transfer > 0:
+            bounds[HOST_LINKS] = hosts * host_bw / (full * transfer)
+        if cost.devices_per_host is not None:
+            bounds[DEVICES] = hosts * cost.devices_per_host * len(factors) / (nsync * step_s * sum(factors))
+    return Ceiling(num_clients, nsync, cycle, bounds)
+
+
+def speedup_ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int,
+                    step_s: float | None = None) -> float:
+    """Predicted throughput of N clients / that of one client, at the same nsync."""
+    one = ceiling(cost, 1, nsync, param_bytes, step_s).pushes_per_s
+    return ceiling(cost, num_clients, nsync, param_bytes, step_s).pushes_per_s / one

@@ -1,0 +1,267 @@
+"""Shared resources in the simulator's clock (``cost.topology=shared``): who waits for whom.
+
+Under ``cost.topology=dedicated`` (the default, :class:`repro.sim.cost.CostScheduler`) every
+client has a host, a device and a link of its own, and only the server's apply is shared. Under
+``shared`` the clients contend for devices, links and the apply, each a queue in virtual time with a
+stated discipline:
+
+* **devices**: clients fill hosts of ``cost.clients_per_host`` in order (clients 1..h on the
+  first host, ...). A host's ``cost.devices_per_host`` devices are shared by its clients that
+  compute at once, by *processor sharing*: each of m computing clients runs at min(1, d / m) of
+  full speed, as an operating system shares cores or a driver time-slices a GPU (null: one
+  device per client, no sharing).
+* **links**: each host's link and the server's link, full duplex: each way has its own
+  bandwidth. A push goes up its host's link and in through the server's; a fetch goes out
+  through the server's and down its host's. Transfers in flight share bandwidth **max-min
+  fairly** (processor sharing over paths, the fluid model of competing TCP flows): every
+  transfer gets an equal share of its bottleneck link, and what a transfer held back elsewhere
+  leaves over goes to the others.
+* **the server's apply**: one push at a time, first come first served, as under ``dedicated``.
+
+A transfer is ``transfer_s`` (latency + bytes / bandwidth of its idle path) seconds of work at
+full speed, and sharing slows all of it, the latency too (0.1 ms of paper2013's 244 ms): so a
+transfer alone on its links, a client alone on its devices, take exactly the dedicated clock's
+time, bit for bit, and a resource with one user changes nothing.
+
+The clock is an event-driven fluid simulation. Each client is in one stage of its cycle (fetch,
+compute, push; then waiting for, or in, the server's apply): a stage has remaining work (seconds
+at full speed) since its epoch start ``t0``, and a rate (the fraction of full speed its resources
+give it now). When a stage starts or ends, the rates of the stages sharing a resource with it
+are recomputed; a stage whose rate changes is re-based at that instant, the others keep their
+numbers, so their end times are computed exactly as the dedicated clock computes them.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth
+
+FETCH, COMPUTE, PUSH = "fetch", "compute", "push"
+SERVER_IN, SERVER_OUT = "server:in", "server:out"
+
+
+def host_links(host: int) -> tuple[str, str]:
+    """(up, down): a host's link, each way."""
+    return f"host{host}:up", f"host{host}:down"
+
+
+def max_min_shares(paths: dict[int, tuple[str, ...]], capacity: dict[str, float]) -> dict[int, float]:
+    """Bytes/s of each transfer (``paths``: transfer -> the limited links it crosses, each in
+    ``capacity``), max-min fair, by progressive filling: the link whose equal share of its
+    capacity left is smallest freezes its transfers at that share, which is taken from every
+    other link they cross; repeat. Transfers on the same path get the same share, so they are
+    filled as one group. A transfer crossing no limited link gets ``inf``."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for f, path in paths.items():
+        groups.setdefault(path, []).append(f)
+    count: dict[str, int] = {}
+    crossing: dict[str, list[tuple[str, ...]]] = {}
+    for path, fs in groups.items():
+        for link in path:
+            count[link] = count.get(link, 0) + len(fs)
+            crossing.setdefault(link, []).append(path)
+    left = {link: capacity[link] for link in count}
+    level: dict[tuple[str, ...], float] = {}
+    # the smallest (share, link) first; a link's share only grows as others freeze (what they
+    # freeze at is at most its share), so a stale entry is a lower bound: refreshed when popped
+    heap = [(left[link] / n, link) for link, n in count.items()]
+    heapq.heapify(heap)
+    while heap:
+        old, link = heapq.heappop(heap)
+        if link not in count:
+            continue
+        share = left[link] / count[link]
+        if share != old:
+            heapq.heappush(heap, (share, link))
+            continue
+        del count[link]
+        for path in crossing[link]:
+            if path in level:
+                continue
+            level[path] = share
+            n = len(groups[path])
+            for other in path:
+                if other in count:
+                    left[other] = max(0.0, left[other] - share * n)
+                    count[other] -= n
+                    if not count[other]:
+                        del count[other]
+    return {f: level.get(path, math.inf) for path, fs in groups.items() for f in fs}
+
+
+class Stage:
+    """One client's current stage: ``work`` seconds at full speed remain at time ``t0``, done at
+    ``rate`` of full speed since, so it ends at ``end``; ``seq`` orders ties (the cycle's start,
+    as :class:`~repro.sim.cost.CostScheduler`'s sequence numbers do)."""
+
+    __slots__ = ("kind", "t0", "work", "rate", "seq", "end")
+
+    def __init__(self, kind: str, t0: float, work: float, rate: float, seq: int):
+        self.kind, self.t0, self.work, self.seq = kind, t0, work, seq
+        self.set_rate(t0, rate)
+
+    def set_rate(self, t: float, rate: float) -> None:
+        """From ``t`` on, run at ``rate``: the work done since ``t0`` at the old rate is taken off."""
+        if t != self.t0:
+            self.work = max(0.0, self.work - self.rate * (t - self.t0))
+            self.t0 = t
+        self.rate = rate
+        self.end = self.t0 + self.work / rate if rate > 0 else math.inf
+
+    def as_list(self) -> list:
+        return [self.kind, self.t0, self.work, self.rate, self.seq]
+
+
+class ContendedScheduler:
+    """Push arrivals in virtual time with shared devices and links; the server applies pushes one
+    at a time in arrival order. The interface of :class:`repro.sim.cost.Schedule`."""
+
+    def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
+        cost = model.cost
+        self.model, self.nsync, self.devices = model, nsync, cost.devices_per_host
+        self.host = {k: i // cost.clients_per_host for i, k in enumerate(sorted(client_ids))}
+        host_bw, server_bw = link_bandwidths(cost)
+        self.capacity: dict[str, float] = {}
+        if server_bw is not None:
+            self.capacity.update({SERVER_IN: server_bw, SERVER_OUT: server_bw})
+        if host_bw is not None:
+            for h in sorted(set(self.host.values())):
+                self.capacity.update(dict.fromkeys(host_links(h), host_bw))
+        self.paths = {}   # client -> {stage: the limited links its transfer crosses}
+        for k, h in self.host.items():
+            up, down = host_links(h)
+            self.paths[k] = {PUSH: tuple(x for x in (up, SERVER_IN) if x in self.capacity),
+                             FETCH: tuple(x for x in (SERVER_OUT, down) if x in self.capacity)}
+        self.full_Bps = path_bandwidth(cost)     # a transfer alone on its path: rate 1
+        self.stages: dict[int, Stage] = {}
+        self.ends: list[tuple] = []   # heap of (end, seq, n, client, stage); stale entries skipped
+        self.arrived: list[tuple[float, int, int]] = []   # (arrival, seq, client), first come first
+        self.now, self.seq, self.server_free = 0.0, 0, 0.0
+        self.segments = {k: 0 for k in client_ids}
+        self._reindex()
+        for k in client_ids:              # every client fetches version 0 at t = 0
+            self._start(k, COMPUTE, 0.0, self._new_seq())
+        self._rerate(0.0, set(self.host.values()), ())
+
+    # -- the schedule's interface ------------------------------------------------------------
+
+    def next(self) -> tuple[int, int, float] | None:
+        """(client, num_steps, apply-finished time) of the next push the server applies."""
+        while not self.arrived:
+            if not self._step(math.inf):
+                raise RuntimeError("no push in flight: every client waits for a reply")
+        arrive, _, client = self.arrived.pop(0)
+        start = max(arrive, self.server_free)      # the server serves one push at a time
+        self.server_free = start + self.model.server_apply_s
+        while self._step(self.server_free):        # what happens while it applies
+            pass
+        self.now = max(self.now, self.server_free)
+        return client, self.nsync, self.server_free
+
+    def check(self, client: int, read_version: int) -> None:
+        pass   # any push the clock chose is one it foresaw
+
+    def served(self, client: int, applied_at: float) -> None:
+        """The reply (the client's fetch) leaves the server; then the client computes."""
+        self.cancel(client)
+        self._start(client, FETCH, applied_at, self._new_seq())
+        self._rerate(applied_at, (), (FETCH,))
+
+    def cancel(self, client: int) -> None:
+        """Drop the client's push in flight (a sync round's backup worker, preempted): the
+        resources it held are freed now; it starts over when it is served."""
+        self.arrived = [a for a in self.arrived if a[2] != client]
+        stage = self.stages.pop(client, None)
+        if stage is not None:
+            computing = stage.kind == COMPUTE
+            self._rerate(self.now, (self.host[client],) if computing else (), () if computing else (stage.kind,))
+
+    def state_dict(self) -> dict:
+        return {"now": self.now, "seq": self.seq, "server_free": self.server_free,
+                "segments": [[k, v] for k, v in self.segments.items()],
+                "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
+                "arrived": [list(a) for a in self.arrived]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.now, self.seq = float(state["now"]), int(state["seq"])
+        self.server_free = float(state["server_free"])
+        self.segments = {int(k): int(v) for k, v in state["segments"]}
+        self.stages = {}
+        for k, kind, t0, work, rate, seq in state["stages"]:
+            self.stages[int(k)] = Stage(str(kind), float(t0), float(work), float(rate), int(seq))
+        self.arrived = [(float(t), int(s), int(c)) for t, s, c in state["arrived"]]
+        self._reindex()
+
+    # -- the clock ---------------------------------------------------------------------------
+
+    def _new_seq(self) -> int:
+        self.seq += 1
+        return self.seq - 1
+
+    def _start(self, client: int, kind: str, t: float, seq: int) -> None:
+        """Begin a stage at ``t``; its rate is set by the :meth:`_rerate` that follows."""
+        if kind == COMPUTE:
+            segment = self.segments[client]
+            self.segments[client] = segment + 1
+            work = self.model.segment_s(client, segment, self.nsync)
+        else:
+            work = self.model.transfer_s
+        self.stages[client] = Stage(kind, t, work, 0.0, seq)
+
+    def _step(self, until: float) -> bool:
+        """End the earliest stage if it ends at or before ``until``; False if none does."""
+        ends = self.ends
+        while ends and (self.stages.get(ends[0][3]) is not ends[0][4] or ends[0][4].end != ends[0][0]):
+            heapq.heappop(ends)   # that stage ended, or its rate (so its end) changed since
+        if not ends or ends[0][0] > until:
+            return False
+        client, stage = ends[0][3], ends[0][4]
+        t = self.now = max(stage.end, self.now)   # a re-based stage never ends in the past
+        if stage.kind == FETCH:
+            self._start(client, COMPUTE, t, stage.seq)
+        elif stage.kind == COMPUTE:
+            self._start(client, PUSH, t, stage.seq)
+        else:
+            del self.stages[client]
+            self.arrived.append((t, stage.seq, client))
+        # a fetch ends and a compute begins; a compute ends and a push begins; a push ends
+        pools = (self.host[client],) if stage.kind in (FETCH, COMPUTE) else ()
+        self._rerate(t, pools, (FETCH,) if stage.kind == FETCH else (PUSH,))
+        return True
+
+    def _rerate(self, t: float, hosts, directions) -> None:
+        """New rates, from ``t`` on, for the devices of ``hosts`` and the transfers in flight in
+        ``directions`` (PUSH: up and in; FETCH: out and down; the links of one direction are
+        not the other's); a stage whose rate is unchanged is left exactly as it is."""
+        for h in hosts:
+            mine = [k for k, st in self.stages.items() if st.kind == COMPUTE and self.host[k] == h]
+            rate = 1.0 if self.devices is None or len(mine) <= self.devices else self.devices / len(mine)
+            for k in mine:
+                self._set_rate(k, t, rate)
+        for direction in directions:
+            for k, rate in self._flow_rates(direction).items():
+                self._set_rate(k, t, rate)
+
+    def _set_rate(self, client: int, t: float, rate: float) -> None:
+        stage = self.stages[client]
+        if stage.rate != rate:
+            stage.set_rate(t, rate)
+            heapq.heappush(self.ends, (stage.end, stage.seq, next(self.tick), client, stage))
+            if len(self.ends) > 8 * len(self.stages) + 64:
+                self._reindex()
+
+    def _reindex(self) -> None:
+        """The heap of stage ends, rebuilt from the stages (after a load; or to drop stale entries)."""
+        self.tick = itertools.count()
+        self.ends = [(st.end, st.seq, next(self.tick), k, st) for k, st in self.stages.items() if st.rate > 0]
+        heapq.heapify(self.ends)
+
+    def _flow_rates(self, direction: str) -> dict[int, float]:
+        """Each transfer's fraction of full speed: its max-min fair share of its links."""
+        paths = {k: self.paths[k][direction] for k, st in self.stages.items() if st.kind == direction}
+        if not self.capacity:
+            return dict.fromkeys(paths, 1.0)
+        shares = max_min_shares(paths, self.capacity)
+        return {k: 1.0 if math.isinf(s) else s / self.full_Bps for k, s in shares.items()}

@@ -1,0 +1,188 @@
+"""Where speedup stops: the ceiling predicted from a cost profile alone (repro/sim/ceiling.py)
+against hand-computed bounds and against the shared clock's measured throughput, the lab's
++exp=ceiling grid (shrunk: measured within 5% of the bound where a resource saturates), and
+the paper-regime experiment on the 2013 network."""
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from tests.helpers.grids import sweep_grid
+
+from repro.analysis.lab.ceiling import ceiling_frame, draw_ceiling, steady_samples_per_s
+from repro.analysis.load import load_runs
+from repro.config.settings import CostConfig
+from repro.run import compose, parse
+from repro.sim.ceiling import ceiling, speedup_ceiling
+from repro.sim.cost import CostModel, CostScheduler
+from repro.sim.driver import simulate
+from repro.sim.resources import ContendedScheduler
+
+from tests.helpers.paths import ROOT  # noqa: E402
+TRANSFER = 1e-4 + 244e6 / 1e9     # paper2013: 61M float32 over 1 GB/s, plus 100 us
+
+
+# ---------------------------------------------------------------------------------------------
+# The bounds, by hand
+# ---------------------------------------------------------------------------------------------
+
+def test_paper2013_shared_bounds_by_hand():
+    """One exchange cycle at nsync 1: 0.5 + 2 x 0.2441 + 0.07 = 1.0582 s. The server's link
+    finishes 1 / 0.2441 = 4.097 transfers a second each way, so 8 clients (7.56 pushes/s if
+    nothing were shared) get 4.097, a speedup ceiling of 4.097 x 1.0582 = 4.335; 2 hosts of 4
+    have twice that on their own links; the apply carries 1 / 0.07 = 14.3."""
+    cost = parse(compose(["cost=paper2013_shared"])).cost
+    c = ceiling(cost, 8, 1, param_bytes=0)
+    cycle = 0.5 + 2 * TRANSFER + 0.07
+    assert c.cycle_s == pytest.approx(cycle, rel=1e-12)
+    assert c.bounds == pytest.approx({"clients": 8 / cycle, "server apply": 1 / 0.07,
+                                      "server link": 1 / TRANSFER, "host links": 2 / TRANSFER,
+                                      "host devices": 2 * 4 / 0.5}, rel=1e-12)
+    assert c.binding == "server link" and c.pushes_per_s == pytest.approx(1 / TRANSFER)
+    assert speedup_ceiling(cost, 8, 1, 0) == pytest.approx(cycle / TRANSFER, rel=1e-12)
+    assert speedup_ceiling(cost, 1, 1, 0) == 1.0
+    sixteen = 16 * 0.5 + 2 * TRANSFER + 0.07      # 8 clients at nsync 16: 0.93 pushes/s, unlimited
+    assert ceiling(cost, 8, 16, 0).binding == "clients"
+    assert speedup_ceiling(cost, 8, 16, 0) == pytest.approx(8.0)
+    assert speedup_ceiling(cost, 32, 16, 0) == pytest.approx(32.0)   # 3.74 pushes/s: still unlimited
+    assert speedup_ceiling(cost, 64, 16, 0) == pytest.approx(sixteen / TRANSFER, rel=1e-12)
+
+
+def test_dedicated_links_leave_only_the_apply():
+    """Today's clock: nothing is shared but the server's apply (test_sim measures the 200/s)."""
+    c = ceiling(CostConfig(compute_s=0.01, server_apply_s=0.005), 8, 1, param_bytes=4000)
+    assert set(c.bounds) == {"clients", "server apply"} and c.binding == "server apply"
+    assert c.pushes_per_s == pytest.approx(200.0)
+
+
+def rate(cost: CostConfig, clients: int, nsync: int = 1, pushes: int = 2000) -> float:
+    """Pushes per virtual second over the second half of ``pushes`` on the shared clock."""
+    s = ContendedScheduler(CostModel(cost, 7, 4, cost.compute_s), list(range(1, clients + 1)), nsync)
+    times = []
+    for _ in range(pushes):
+        k, _, t = s.next()
+        times.append(t)
+        s.served(k, t)
+    half = len(times) // 2
+    return (len(times) - 1 - half) / (times[-1] - times[half])
+
+
+JITTERED = dict(profile="t", compute_s=1.0, jitter="lognormal", jitter_sigma=0.1, comm_params=1.0, topology="shared")
+
+
+@pytest.mark.parametrize("what,cost", [
+    # 32 clients would push 32/3 a second; the server's link carries 1 (a transfer = 1 s alone)
+    ("server link", CostConfig(**JITTERED, bandwidth_Bps=4.0, clients_per_host=4)),
+    # one host's link (1 s a transfer), the server's far faster: 1 transfer a second each way
+    ("host links", CostConfig(**JITTERED, bandwidth_Bps=4.0, server_bandwidth_Bps=1e15, clients_per_host=32)),
+    # 16 clients a host on 2 devices, free links: 2 hosts x 2 devices / 1 s = 4 pushes/s
+    ("host devices", CostConfig(**JITTERED, bandwidth_Bps=None, clients_per_host=16, devices_per_host=2)),
+    # free links, an apply of 0.25 s: 4 pushes/s whatever 32 clients could do
+    ("server apply", CostConfig(**JITTERED, bandwidth_Bps=None, server_apply_s=0.25)),
+])
+def test_each_saturated_resource_carries_what_the_ceiling_says(what, cost):
+    """Far beyond the knee (32 clients; 3 to 8 times the clients the bound needs) the binding
+    resource hardly idles, so the shared clock's throughput is the bound within 5% (lognormal
+    jitter, sigma 0.1; the second half of 2000 pushes). A link's two ways are two equally loaded
+    bottlenecks in series: each idles while every client waits on the other, so the bound is
+    approached more slowly than with one (about N / (N + 1) for two processor-sharing queues)."""
+    bound = ceiling(cost, 32, 1, param_bytes=4)
+    assert bound.binding == what
+    assert rate(cost, 32) == pytest.approx(bound.pushes_per_s, rel=0.05)
+    # one client alone goes at its own pace: a push every cycle
+    assert rate(cost, 1, pushes=400) == pytest.approx(ceiling(cost, 1, 1, 4).pushes_per_s, rel=0.02)
+
+
+def test_the_dedicated_clock_meets_its_bound_too():
+    cost = CostConfig(profile="d", compute_s=1.0, jitter="lognormal", jitter_sigma=0.1, server_apply_s=0.25)
+    s = CostScheduler(CostModel(cost, 7, 4, 1.0), list(range(1, 17)), 1)
+    times = []
+    for _ in range(2000):
+        k, _, t = s.next()
+        times.append(t)
+        s.served(k, t)
+    assert 999 / (times[-1] - times[1000]) == pytest.approx(ceiling(cost, 16, 1, 4).pushes_per_s, rel=0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# The lab's experiment
+# ---------------------------------------------------------------------------------------------
+
+def test_grid_expands_to_the_intended_runs():
+    expected = {"num_clients": ["1", "2", "4", "8", "16", "32"], "nsync": ["1", "4", "16"],
+                "cost.bandwidth_Bps": ["1.25e8", "1e9", "5e9"]}
+    grid = sweep_grid("ceiling")
+    as_key = lambda d: tuple(sorted((k, float(v)) for k, v in d.items()))  # noqa: E731
+    want = [dict(zip(expected, v)) for v in itertools.product(*expected.values())]
+    assert sorted(map(as_key, grid)) == sorted(map(as_key, want)) and len(grid) == 54
+    for point in (grid[0], grid[-1]):
+        cfg = parse(compose(["+exp=ceiling"] + [f"{k}={v}" for k, v in point.items()]))
+        assert (cfg.cost.profile, cfg.cost.topology, cfg.cost.clients_per_host) == ("paper2013_shared", "shared", 4)
+        assert (cfg.data.name, cfg.exp_name, cfg.num_threads) == ("quadratic", "ceiling", 1)
+
+
+def test_shrunk_ceiling_grid_measures_the_bound_where_a_resource_saturates(tmp_path):
+    """+exp=ceiling at 32 clients, nsync 1, 1000 pushes: at 1 GB/s the server's link binds
+    (4.1 pushes/s), at 5 GB/s the apply (14.3/s); the lab's frame measures each within 5%.
+    Virtual time depends on the seeded jitter, not on what is trained: no thread count moves it."""
+    for bw in ("1e9", "5e9"):
+        cfg = parse(compose(["+exp=ceiling", "num_clients=32", "nsync=1", f"cost.bandwidth_Bps={bw}",
+                             "num_epochs=1000", "eval_every=1000", "progress=false", f"results_dir={tmp_path}"]))
+        assert simulate(cfg, tmp_path / "ceiling" / f"bw={bw}")["status"] == "completed"
+    frame = ceiling_frame(load_runs(tmp_path, "ceiling"))
+    rows = frame[(frame["quantity"] == "samples_per_s") & (frame["num_clients"] == 32)]
+    measured = rows[rows["kind"] == "measured"].set_index("cost.bandwidth_Bps")["value"]
+    predicted = rows[rows["kind"] == "predicted"].set_index("cost.bandwidth_Bps")
+    assert dict(predicted["binding"]) == {1e9: "server link", 5e9: "server apply"}
+    for bw in (1e9, 5e9):
+        assert measured[bw] == pytest.approx(predicted.loc[bw, "value"], rel=0.05), bw
+    fig = draw_ceiling(frame)   # one column per bandwidth, rows: samples/s and speedup
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["every link 1 GB/s each way", "every link 5 GB/s each way"]
+
+
+def test_steady_state_skips_the_start():
+    """Samples per second over the second half of the pushes, by version."""
+    up = pd.DataFrame({"run_dir": "r", "version": [4, 1, 2, 3, 5, 6], "time_s": [9.0, 1.0, 2.0, 5.0, 11.0, 13.0],
+                       "samples_seen": [40, 10, 20, 30, 50, 60]})
+    assert steady_samples_per_s(up)["r"] == pytest.approx((60 - 40) / (13.0 - 9.0))
+
+
+@pytest.mark.slow
+def test_shrunk_sweep_draws_measured_beside_predicted_and_redraws_from_logs(tmp_path):
+    cmd = [sys.executable, "-m", "repro.run", "+exp=ceiling", f"results_dir={tmp_path / 'r'}",
+           f"figures_dir={tmp_path / 'f'}", "num_epochs=400", "eval_every=400", "progress=false",
+           "num_clients=1,8", "nsync=1,4", "cost.bandwidth_Bps=1e9"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "MPLBACKEND": "Agg"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert (tmp_path / "f" / "ceiling.png").stat().st_size > 20_000
+    frame = pd.read_csv(tmp_path / "f" / "ceiling.csv")
+    measured = frame[frame["kind"] == "measured"]
+    assert len(measured) == 4 * 2 and set(measured["num_clients"]) == {1, 8}
+    assert "server link" in set(frame["binding"].dropna())
+    redraw = subprocess.run([sys.executable, "-m", "repro.analysis", "ceiling", "--results", str(tmp_path / "r"),
+                             "--out", str(tmp_path / "g")], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert redraw.returncode == 0, redraw.stderr[-3000:]
+    again = pd.read_csv(tmp_path / "g" / "ceiling.csv")
+    pd.testing.assert_frame_equal(frame, again)
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper's regime on the 2013 network
+# ---------------------------------------------------------------------------------------------
+
+def test_paper_regime_on_the_2013_network_is_fig4_papers_grid_under_paper2013_shared():
+    from repro.config.settings import to_dict
+    shared, plain = (compose([f"+exp={e}"], return_hydra_config=True) for e in ("fig4_paper_shared", "fig4_paper"))
+    assert shared.hydra.sweeper.params == plain.hydra.sweeper.params
+    a, b = (to_dict(parse(compose([f"+exp={e}"]))) for e in ("fig4_paper_shared", "fig4_paper"))
+    assert {k for k in a if a[k] != b[k]} == {"exp_name", "cost"}
+    assert {k for k in a["cost"] if a["cost"][k] != b["cost"][k]} == {"profile", "topology", "clients_per_host",
+                                                                      "devices_per_host"}
+    cbs = shared.hydra.callbacks
+    assert [(cbs[c].figure, cbs[c].name) for c in ("figure", "figure3")] == [("fig4", "fig4_paper_shared"),
+                                                                            ("fig3", "fig3_paper_shared")]

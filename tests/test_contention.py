@@ -1,0 +1,226 @@
+"""Contention in the simulator's clock (cost.topology=shared, repro/sim/resources.py): each shared
+resource's queueing on schedules computed by hand, one user = the dedicated clock's times bit for
+bit, determinism and resume with contention on, replay unaffected, and bad input refused.
+
+Every expected time below is a sum of dyadic fractions (1, 0.5, 0.25), exact in binary floating
+point, so the comparisons are exact at any thread count and on any machine.
+"""
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
+from repro.errors import ConfigError
+from repro.run import compose, parse
+from repro.sim.cost import CostModel, CostScheduler
+from repro.sim.driver import simulate
+from repro.sim.resources import ContendedScheduler, max_min_shares
+
+from tests.helpers.paths import ROOT  # noqa: E402
+
+
+def shared(**kw) -> CostConfig:
+    """Steps of 1 s; a transfer of 4 bytes at 4 B/s = 1 s alone (comm_params=1: one float32)."""
+    base = dict(profile="t", compute_s=1.0, bandwidth_Bps=4.0, comm_params=1.0, topology="shared")
+    return CostConfig(**{**base, **kw})
+
+
+def schedule(cost: CostConfig, clients: int, pushes: int, nsync: int = 1, seed: int = 0,
+             clock=ContendedScheduler) -> list[tuple[int, float]]:
+    """(client, apply-finished time) of the first ``pushes`` pushes, every client served at once."""
+    s = clock(CostModel(cost, seed, param_bytes=4, step_s=cost.compute_s), list(range(1, clients + 1)), nsync)
+    out = []
+    for _ in range(pushes):
+        k, _, t = s.next()
+        out.append((k, t))
+        s.served(k, t)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Each resource, by hand
+# ---------------------------------------------------------------------------------------------
+
+def test_two_clients_share_the_servers_link_and_queue_for_its_apply():
+    """Two hosts of one client, one server link (1 s per transfer alone), apply 0.25 s.
+    Both compute [0, 1]; both pushes share the inbound link at half speed: both arrive at 3.
+    Applies: client 1 [3, 3.25], client 2 [3.25, 3.5]. Client 1's fetch runs alone from 3.25,
+    shares the outbound link from 3.5 (0.75 s of work left at half speed: done at 5); client 2's
+    fetch has 0.25 left at 5: done at 5.25. Computes [5, 6] and [5.25, 6.25]; client 1's push
+    runs alone to 6.25 (0.75 left), then at half speed: arrives 7.75, applied [7.75, 8]; client 2's
+    push has 0.25 left at 7.75: arrives 8, applied [8, 8.25]."""
+    assert schedule(shared(server_apply_s=0.25), 2, 4) == [(1, 3.25), (2, 3.5), (1, 8.0), (2, 8.25)]
+
+
+def test_two_clients_on_one_host_share_its_link():
+    """One host of two clients; the server's link unlimited in effect (1e15 B/s). Pushes share
+    the host's uplink: both arrive at 3; fetches share its downlink [3, 5]; computes [5, 6];
+    pushes [6, 8]. With hosts of one client each, nothing is shared: a push every 3 s."""
+    cost = shared(clients_per_host=2, server_bandwidth_Bps=1e15)
+    assert schedule(cost, 2, 4) == [(1, 3.0), (2, 3.0), (1, 8.0), (2, 8.0)]
+    alone = shared(clients_per_host=1, server_bandwidth_Bps=1e15)
+    assert schedule(alone, 2, 4) == [(1, 2.0), (2, 2.0), (1, 5.0), (2, 5.0)]
+
+
+def test_links_are_full_duplex_a_push_and_a_fetch_do_not_slow_each_other():
+    """Client 2 computes 3x slower (one host, one server link). Client 1: compute [0, 1], push
+    [1, 2], applied 2; fetch [2, 3], compute [3, 4], push [4, 5]. Client 2: compute [0, 3], push
+    [3, 4] (client 1 fetched then, the other way), applied 4; its fetch [4, 5] runs down while
+    client 1's push runs up: both at full speed, so client 1's push is applied at 5 (6 if the
+    link were shared both ways)."""
+    cost = shared(clients_per_host=2, straggler_client=2, straggler_factor=3.0)
+    assert schedule(cost, 2, 3) == [(1, 2.0), (2, 4.0), (1, 5.0)]
+
+
+def test_clients_on_one_device_share_it_by_processor_sharing():
+    """Two clients, one device, free communication, apply 0.5 s. Both compute at half speed:
+    both arrive at 2; applies [2, 2.5] and [2.5, 3]. Client 1 computes alone from 2.5 (0.5 of
+    work done by 3), then at half speed: arrives 4, applied [4, 4.5]; client 2 from 3 at half
+    speed (0.5 done by 4), then alone: arrives 4.5, applied [4.5, 5]."""
+    cost = shared(clients_per_host=2, devices_per_host=1, bandwidth_Bps=None, server_apply_s=0.5)
+    assert schedule(cost, 2, 4) == [(1, 2.5), (2, 3.0), (1, 4.5), (2, 5.0)]
+    two = shared(clients_per_host=2, devices_per_host=2, bandwidth_Bps=None, server_apply_s=0.5)
+    assert schedule(two, 2, 2) == [(1, 1.5), (2, 2.0)]   # a device each: nothing shared
+
+
+def test_max_min_shares_give_what_a_bottleneck_leaves_to_the_others():
+    """Links a (capacity 4) and b (capacity 12): x crosses a and b, y and z cross b only. x is held
+    to 2 on a (shared with w); b's 10 left go to y and z, 5 each; w gets a's other 2."""
+    paths = {"x": ("a", "b"), "w": ("a",), "y": ("b",), "z": ("b",), "free": ()}
+    shares = max_min_shares(paths, {"a": 4.0, "b": 12.0})
+    assert shares == {"x": 2.0, "w": 2.0, "y": 5.0, "z": 5.0, "free": float("inf")}
+
+
+# ---------------------------------------------------------------------------------------------
+# One user = today's times, bit for bit
+# ---------------------------------------------------------------------------------------------
+
+JITTER = dict(compute_s=0.01, jitter="lognormal", jitter_sigma=0.3, bandwidth_Bps=1e6, latency_s=1e-4,
+              server_apply_s=1e-3)
+
+
+def test_resources_that_never_bind_give_exactly_the_dedicated_clock():
+    """A host per client and a server link no transfer can fill: every transfer is alone on what
+    limits it, so the shared clock computes every time as the dedicated one does (same sums in the
+    same order), ties included: 2000 pushes of 4 jittered clients, equal as floats."""
+    dedicated = CostConfig(profile="d", **JITTER)
+    roomy = CostConfig(profile="s", topology="shared", server_bandwidth_Bps=1e15, **JITTER)
+    assert schedule(roomy, 4, 2000, nsync=3, seed=3) == schedule(dedicated, 4, 2000, nsync=3, seed=3,
+                                                                  clock=CostScheduler)
+
+
+def run_cfg(**kw) -> RunConfig:
+    base = dict(num_clients=3, nsync=2, num_epochs=2.0, eval_every=0.5, progress=False,
+                data=DataConfig(name="synthetic"), model=ModelConfig(name="mlp"),
+                algo=AlgoConfig(lr=0.05, momentum=0.5))
+    return RunConfig(**{**base, **kw})
+
+
+def tables(run_dir: Path) -> tuple[bytes, bytes]:
+    return (run_dir / "updates.csv").read_bytes(), (run_dir / "evals.csv").read_bytes()
+
+
+def test_one_client_alone_on_every_shared_resource_gives_todays_tables(tmp_path):
+    """paper2013-like costs (a transfer 0.24 s, apply 0.07 s): one client on a host with one
+    device and links of paper2013's bandwidth runs byte for byte as under dedicated links."""
+    costs = dict(compute_s=0.5, jitter="lognormal", jitter_sigma=0.1, latency_s=1e-4, bandwidth_Bps=1e9,
+                 comm_params=6.1e7, server_apply_s=0.07)
+    simulate(run_cfg(num_clients=1, cost=CostConfig(profile="p", **costs)), tmp_path / "dedicated")
+    simulate(run_cfg(num_clients=1, cost=CostConfig(profile="p", topology="shared", clients_per_host=4,
+                                                     devices_per_host=1, **costs)), tmp_path / "shared")
+    assert tables(tmp_path / "shared") == tables(tmp_path / "dedicated")
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism, resume, replay, protocols, with contention on
+# ---------------------------------------------------------------------------------------------
+
+# every resource binds sometimes: 2 clients a host on 1 device, a transfer about a segment long
+CONTENDED = CostConfig(profile="c", compute_s=0.01, jitter="lognormal", jitter_sigma=0.3, latency_s=1e-4,
+                       bandwidth_Bps=4e5, comm_params=1000.0, server_apply_s=2e-3, topology="shared",
+                       clients_per_host=2, devices_per_host=1, server_bandwidth_Bps=6e5)
+
+
+def test_contended_runs_are_deterministic_and_differ_from_dedicated(tmp_path):
+    cfg = run_cfg(num_clients=4, seed=1, cost=CONTENDED)
+    for name in ("a", "b"):
+        assert simulate(cfg, tmp_path / name)["status"] == "completed"
+    assert tables(tmp_path / "a") == tables(tmp_path / "b")
+    dedicated = dataclasses.replace(CONTENDED, topology="dedicated", clients_per_host=1, devices_per_host=None,
+                                    server_bandwidth_Bps=None)
+    simulate(cfg.replace(cost=dedicated), tmp_path / "d")
+    assert tables(tmp_path / "a")[0] != tables(tmp_path / "d")[0]
+
+
+def test_interrupt_then_resume_with_contention_is_bitwise_identical(tmp_path):
+    cfg = run_cfg(num_clients=4, nsync=2, num_epochs=6.0, checkpoint_every=7, cost=CONTENDED)
+    simulate(cfg, tmp_path / "whole")
+    assert simulate(cfg, tmp_path / "cut", stop_at_version=25)["status"] == "interrupted"
+    resumed = simulate(cfg.replace(resume=True), tmp_path / "cut")
+    assert resumed["status"] == "completed"
+    assert tables(tmp_path / "cut") == tables(tmp_path / "whole")
+
+
+def test_replay_of_a_contended_run_reproduces_it(tmp_path):
+    import pandas as pd
+    simulate(run_cfg(num_clients=4, cost=CONTENDED), tmp_path / "rec")
+    replay = CostConfig(profile="replay", schedule="replay", path=str(tmp_path / "rec"))
+    assert simulate(run_cfg(num_clients=1, cost=replay), tmp_path / "rep")["status"] == "completed"
+    cols = ["version", "time_s", "client", "read_version", "staleness", "train_loss", "train_error"]
+    a, b = (pd.read_csv(tmp_path / d / "updates.csv") for d in ("rec", "rep"))
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+
+
+@pytest.mark.parametrize("protocol", ["sync_backup", "ssp"])
+def test_protocols_that_hold_or_preempt_clients_run_on_the_shared_clock(tmp_path, protocol):
+    """sync with a backup worker cancels the late client's push in flight (its resources freed);
+    ssp holds replies: both finish their budget under contention."""
+    cfg = parse(compose([f"protocol={protocol}", "data=synthetic", "model=mlp", "num_clients=4", "num_epochs=2",
+                         "progress=false", "cost.topology=shared", "cost.clients_per_host=2",
+                         "cost.devices_per_host=1", "cost.comm_params=1e5"]))
+    assert simulate(cfg, tmp_path)["status"] == "completed"
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+
+BAD = [
+    (["cost.bandwidth_Bps=0"], "cost.bandwidth_Bps", "(0, 1e+15]"),
+    (["cost=paper2013_shared", "cost.server_bandwidth_Bps=-1e9"], "cost.server_bandwidth_Bps", "(0, 1e+15]"),
+    (["cost=paper2013_shared", "cost.host_bandwidth_Bps=0"], "cost.host_bandwidth_Bps", "(0, 1e+15]"),
+    (["cost=paper2013_shared", "cost.clients_per_host=0"], "cost.clients_per_host", "1..1024"),
+    (["cost=paper2013_shared", "cost.devices_per_host=0"], "cost.devices_per_host", "1..1024"),
+    (["cost=paper2013_shared", "cost.latency_s=-0.1"], "cost.latency_s", "[0, 1e+06]"),
+    (["cost.topology=ring"], "cost.topology", "'dedicated', 'shared'"),
+    # hosts are filled in order and must be equal: 6 clients on hosts of 4 leave one half full
+    (["cost=paper2013_shared", "num_clients=6"], "cost.clients_per_host", "a divisor of num_clients=6"),
+    # a topology key that would be ignored is refused, naming the setting that makes it act
+    (["cost.clients_per_host=4"], "cost.clients_per_host", "cost.topology=shared"),
+    (["cost.server_bandwidth_Bps=1e9"], "cost.server_bandwidth_Bps", "cost.topology=shared"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,expected", BAD)
+def test_bad_topology_values_name_key_value_and_what_is_valid(overrides, key, expected):
+    with pytest.raises(ConfigError) as err:
+        parse(compose(overrides))
+    assert f"'{key}'" in str(err.value) and expected in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("num_clients", [1, 2, 4, 8, 16, 32])
+def test_hosts_of_four_take_fewer_clients_than_a_host_or_any_multiple(num_clients):
+    assert parse(compose(["cost=paper2013_shared", f"num_clients={num_clients}"])).cost.clients_per_host == 4
+
+
+def test_cli_refuses_a_host_size_that_does_not_divide_before_any_work(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "cost=paper2013_shared", "num_clients=6",
+                           f"results_dir={tmp_path / 'r'}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert proc.returncode == 2, proc.stderr
+    assert "cost.clients_per_host" in proc.stderr and "6" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()
