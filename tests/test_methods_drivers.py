@@ -215,3 +215,21 @@ def test_real_diloco_is_the_simulators(tmp_path, no_children):
     pd.testing.assert_series_equal(a_evals.test_error, b_evals.test_error)
     real_momentum = torch.load(tmp_path / "real" / "checkpoint.pt", weights_only=True)["server"]["rule"]["momentum"]
     assert torch.count_nonzero(real_momentum) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_methods_on_cuda(tmp_path, no_children):
+    """GPU clients read their replies from pinned CPU frames (EASGD's exchange moves the centre
+    onto the client's device first); the simulator on cuda runs every method; Rennala's
+    collection and the outer momentum live beside a server on cuda."""
+    for name, kw in sorted(SIM_METHODS.items()):
+        assert simulate(sim_cfg(device="cuda", **kw), tmp_path / name)["status"] == "completed", name
+    gpu = BackendConfig(name="real", timeout_s=60.0, client_timeout_s=30.0, client_device="cuda",
+                        server_device="cuda")
+    for name, kw in (("easgd", dict(algo=AlgoConfig(lr=0.2, momentum=0.0, server_rule="easgd"))),
+                     ("rennala", dict(protocol=ProtocolConfig(name="rennala", collection_size=3))),
+                     ("outer", dict(algo=AlgoConfig(lr=0.2, momentum=0.0, server_rule="outer_nesterov")))):
+        summary = run_real(real_cfg(backend=gpu, **kw), tmp_path / f"real_{name}")
+        assert summary["status"] == "completed", (name, summary["message"])
+        assert all(d.startswith("cuda") for d in summary["client_devices"].values())

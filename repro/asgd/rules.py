@@ -163,6 +163,8 @@ class ElasticExchange:
         self.pull = alpha / (1.0 - alpha)
 
     def receive(self, own: Tensor, centre: Tensor) -> None:
+        if centre.device != own.device:   # a GPU client reads its reply from a pinned CPU frame
+            centre = centre.to(own.device)
         own.sub_(own - centre, alpha=self.pull)
 
 
