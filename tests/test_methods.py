@@ -301,7 +301,8 @@ def test_outer_step_of_lr_1_without_momentum_is_the_delta_rule(tmp_path):
 
 def test_the_methods_compose_with_their_published_defaults():
     ring = parse(compose(["protocol=ringmaster"]))
-    assert (ring.protocol.name, ring.protocol.staleness_threshold, ring.protocol.cancel_stale) == ("ringmaster", None, False)
+    protocol = ring.protocol
+    assert (protocol.name, protocol.staleness_threshold, protocol.cancel_stale) == ("ringmaster", None, False)
     assert ring.protocol.resolved_staleness_threshold(ring.num_clients) == ring.num_clients
     ren = parse(compose(["protocol=rennala", "num_clients=8"]))
     assert ren.protocol.resolved_collection_size(8) == 8

@@ -12,12 +12,12 @@ protocol (:mod:`repro.asgd.protocols` says what a policy is):
   R; a staler push is discarded and its client fetches the current parameters and goes on.
   With ``cancel_stale`` (their Algorithm 5, "with calculation stops") the server does not wait
   for such a push: as soon as an apply makes a computing client's staleness reach R, it sends
-  that client the current parameters and the client drops its segment (preempted), so no push
-  that arrives is ever discarded.
-* ``rennala`` (Tyurin & Richtarik, NeurIPS 2023, "Rennala SGD", their Method 4): the server
-  collects S pushes computed from its *current* parameters, from whichever clients finish
-  first, a client whose push was collected starting at once on another from the same
-  parameters (so a fast client contributes several); with the S-th it applies their mean
+  that client the current parameters and the client drops its segment (preempted), so a push
+  is discarded on arrival only when such a stop was held back (one preemption at a time, below).
+* ``rennala`` (Tyurin & Richtarik, NeurIPS 2023, "Rennala SGD"; Algorithm 2 of the Ringmaster
+  paper): the server collects S pushes computed from its *current* parameters, from whichever
+  clients finish first, a client whose push was collected starting at once on another from the
+  same parameters (so a fast client contributes several); with the S-th it applies their mean
   (version + 1), and every other client is sent the new parameters and drops the segment it was
   computing (stale: it could only be discarded). Each step then takes the exact collection time
   t(S) = min{t : sum_i floor(t / tau_i) >= S} for clients of fixed segment times tau_i. Unlike
