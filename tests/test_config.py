@@ -70,7 +70,7 @@ BAD_INPUTS = [
     (["algo.lr=-0.1"], "algo.lr", "a number in (0, 1e+09]"),
     (["algo.momentum=1.5"], "algo.momentum", "[0, 0.999999]"),
     (["num_epochs=abc"], "num_epochs", "a number"),
-    (["algo.server_rule=magic"], "algo.server_rule", "'adagrad', 'dcasgd', 'delta', 'downpour', 'staleness_scaled'"),
+    (["algo.server_rule=magic"], "algo.server_rule", "'adagrad', 'dcasgd', 'delta', 'downpour', 'easgd', 'outer_nesterov', 'staleness_scaled'"),
     (["cost.jitter=gaussian"], "cost.jitter", "'none', 'lognormal', 'exponential'"),
     (["cost.straggler_client=9"], "cost.straggler_client", "1..4"),
     (["backend=real", "backend.master_port=70000"], "backend.master_port", "0..65535"),
@@ -167,7 +167,7 @@ def test_help_shows_every_key_with_its_meaning_and_valid_values(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for needle in ("algo.server_rule", "valid: adagrad, dcasgd, delta, downpour, staleness_scaled",
+    for needle in ("algo.server_rule", "valid: adagrad, dcasgd, delta, downpour, easgd,", "outer_nesterov, staleness_scaled",
                    "Local minibatch steps between exchanges", "lan, local, paper2013*",
                    "+exp     ceiling, fig1, fig2, fig3*"):
         assert needle in out, needle

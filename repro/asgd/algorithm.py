@@ -9,6 +9,10 @@ Client (Downpour with ``nfetch = npush = nsync``, the paper's single knob): star
 parameters it last fetched, run ``nsync`` local minibatch steps of SGD with momentum and weight
 decay (cuda-convnet's optimiser), accruing its update; push it; fetch the server's parameters.
 
+A rule may make its clients keep their own parameters across exchanges (EASGD: the client
+pushes its parameters and, with the server's reply, moves toward the centre instead of taking
+it); the rule declares that ``exchange`` and both drivers run it through :meth:`Client.fetch`.
+
 Server (the paper's parameter server): holds the parameter vector and a ``version`` counter,
 applies each push as it arrives with a server rule (:mod:`repro.asgd.rules`), and reports the push's staleness: the number of updates applied since
 the client fetched (server version before apply minus the version the client read).
@@ -35,7 +39,8 @@ class Push:
 
     client: int
     read_version: int          # the server version whose parameters the client started from
-    update: Tensor             # parameter delta (delta rule) or accrued gradient (downpour, adagrad)
+    update: Tensor             # parameter delta (delta rule), accrued gradient (downpour, adagrad)
+                               # or the client's own parameters (easgd)
     num_steps: int
     num_samples: int
     train_loss: float          # mean minibatch loss over the segment
@@ -95,23 +100,37 @@ class Stream(Protocol):
     def set_position(self, position: tuple[int, int]) -> None: ...
 
 
+class Exchange(Protocol):
+    """What a client that keeps its own parameters does with those it receives."""
+
+    def receive(self, own: Tensor, received: Tensor) -> None: ...
+
+
 class Client:
     """One Downpour client. It holds only what survives between exchanges: the parameters it last
-    fetched (and their version), its momentum buffer and its data stream."""
+    fetched (and their version), or its own with an ``exchange`` (EASGD), its momentum buffer
+    and its data stream."""
 
-    def __init__(self, client_id: int, stream: Stream, optimiser: LocalSGD, push_kind: str):
-        if push_kind not in ("delta", "gradient"):
-            raise ValueError(f"push_kind must be 'delta' or 'gradient', not {push_kind!r}")
+    def __init__(self, client_id: int, stream: Stream, optimiser: LocalSGD, push_kind: str,
+                 exchange: Exchange | None = None):
+        if push_kind not in ("delta", "gradient", "params"):
+            raise ValueError(f"push_kind must be 'delta', 'gradient' or 'params', not {push_kind!r}")
         self.client_id, self.stream, self.optimiser, self.push_kind = client_id, stream, optimiser, push_kind
+        self.exchange = exchange
         self.params: Tensor | None = None
         self.read_version = 0
+        self.joined = False        # fetched once: later fetches are exchanges
 
     def fetch(self, params: Tensor, version: int) -> None:
-        """Take the server's parameters (Downpour's fetch, every nsync steps)."""
+        """Take the server's parameters (Downpour's fetch, every nsync steps); with an exchange,
+        every fetch but the first moves the client's own parameters instead."""
         if self.params is None:
             self.params = params.detach().clone()
+        elif self.exchange is not None and self.joined:
+            self.exchange.receive(self.params, params)
         else:
             self.params.copy_(params)
+        self.joined = True
         self.read_version = version
 
     def compute_push(self, worker: Worker, num_steps: int, out: Tensor | None = None,
@@ -143,8 +162,11 @@ class Client:
                 on_step()
         if accrued is not None:
             update = accrued
-        else:   # delta: w_local - w_fetched
+        elif self.push_kind == "delta":   # w_local - w_fetched
             update = torch.sub(w, self.params, out=out) if out is not None else w - self.params
+        else:   # params: the client's own, which it keeps (the worker is shared in the simulator)
+            self.params.copy_(w)
+            update = out.copy_(w) if out is not None else w.clone()
         return Push(
             client=self.client_id, read_version=self.read_version, update=update,
             num_steps=num_steps, num_samples=num_samples,
@@ -170,6 +192,7 @@ class Client:
 
     def load_state_dict(self, state: dict) -> None:
         self.params, self.read_version = state["params"], int(state["read_version"])
+        self.joined = True
         self.optimiser.load_state_dict(state["optimiser"])
         self.stream.set_position(tuple(int(p) for p in state["stream_position"]))
 
@@ -205,4 +228,5 @@ class Server:
 
 def make_client(client_id: int, stream: Stream, lr: float, momentum: float, weight_decay: float,
                 rule: ServerRule) -> Client:
-    return Client(client_id, stream, LocalSGD(lr, momentum, weight_decay), rule.push_kind)
+    return Client(client_id, stream, LocalSGD(lr, momentum, weight_decay), rule.push_kind,
+                  getattr(rule, "exchange", None))

@@ -21,6 +21,8 @@ because both only carry the replies the core makes of a decision.
   every round starts with all N and discards exactly b. (A push a preempted client sent before
   the parameters reached it is ignored.) A lost client leaves the barrier: the round needs
   N_live - b pushes.
+* ``ringmaster`` and ``rennala``, the optimal-time descendants of asynchronous SGD (Tyurin,
+  Richtarik and co-authors): :mod:`repro.asgd.optimal`.
 * ``ssp`` (stale synchronous parallel, Ho et al., NIPS 2013): asynchronous applies, but a client
   that has pushed more than ``staleness_bound`` s times more than the slowest live client waits
   for its reply until the slowest catches up. s = 0 gives rounds in which every push is applied
@@ -71,7 +73,9 @@ class Decision:
     """A protocol's answer to a push (or a lost client). The core applies ``apply`` (one apply,
     version + 1), then the clients in ``reply`` fetch the new parameters and those in ``preempt``
     (still computing a segment the protocol dropped) are sent them at once and start over.
-    ``discarded``: (read_version, client) of each segment dropped, listed in the summary.
+    ``discarded``: (read_version, client) of each segment dropped, listed in the summary;
+    ``collected``: (read_version, client) of each push merged into ``apply``, listed in the
+    summary by protocols that declare ``collects`` (rennala's collections).
     A client neither replied to nor preempted waits: its reply comes with a later decision, or
     STOP when the run ends (:meth:`Policy.on_stop`)."""
 
@@ -79,6 +83,7 @@ class Decision:
     reply: tuple[int, ...] = ()
     preempt: tuple[int, ...] = ()
     discarded: tuple[tuple[int, int], ...] = ()
+    collected: tuple[tuple[int, int], ...] = ()
 
 
 NOTHING = Decision()
@@ -90,6 +95,8 @@ class Policy:
 
     #: True when the protocol may drop segments (the summary then lists ``discarded_pushes``)
     discards = False
+    #: True when the summary lists the pushes each apply merged (``collected_pushes``)
+    collects = False
 
     def __init__(self, cfg, clients: list[int], version: int):
         pass
@@ -260,3 +267,6 @@ def _push_from_state(s: dict) -> Push:
 
 def make_protocol(cfg, clients: list[int], version: int) -> Policy:
     return PROTOCOLS[cfg.protocol.name](cfg, clients, version)
+
+
+from repro.asgd import optimal as _optimal  # noqa: E402,F401  registers ringmaster and rennala

@@ -1,9 +1,12 @@
 """The server rules: the arithmetic of one apply, ``w <- rule(w, update, staleness, client)``.
 
 A rule turns a client's push into a change of the server's parameters. ``push_kind`` says what
-its clients push: ``delta`` (their local parameter change) or ``gradient`` (Downpour's accrued
-gradient). Each rule is registered under the name ``algo.server_rule`` takes; a rule that keeps
-state between pushes (Adagrad's accumulators, DC-ASGD's per-client backups) checkpoints it.
+its clients push: ``delta`` (their local parameter change), ``gradient`` (Downpour's accrued
+gradient) or ``params`` (their own parameters, EASGD). A rule whose clients keep their own
+parameters across exchanges declares ``exchange`` (:class:`ElasticExchange`): what a client does
+with the parameters it receives; without one a client takes them (Downpour's fetch). Each rule
+is registered under the name ``algo.server_rule`` takes; a rule that keeps state between pushes
+(Adagrad's accumulators, DC-ASGD's per-client backups, the outer momentum) checkpoints it.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from repro.registry import Registry
 
 
 class ServerRule(Protocol):
-    push_kind: str
+    push_kind: str             # delta, gradient or params
+    # optional: ``exchange``, what a client does with the parameters it receives (ElasticExchange)
 
     def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None: ...
     def fetched(self, client: int, params: Tensor) -> None: ...
@@ -145,6 +149,84 @@ class AdagradRule:
 
     def load_state_dict(self, state: dict) -> None:
         self.sum_sq = state["sum_sq"]
+
+
+class ElasticExchange:
+    """A client's side of an EASGD exchange: it keeps its own parameters x and moves toward the
+    centre. The server answers its push x with the centre right after applying it,
+    c' = c + alpha (x - c) (:class:`ElasticRule`); since x - c' = (1 - alpha)(x - c), the
+    client's move of the paper, x <- x - alpha (x - c), is x - alpha / (1 - alpha) (x - c'),
+    exact in real arithmetic (alpha < 1)."""
+
+    def __init__(self, alpha: float):
+        self.alpha = alpha
+        self.pull = alpha / (1.0 - alpha)
+
+    def receive(self, own: Tensor, centre: Tensor) -> None:
+        if centre.device != own.device:   # a GPU client reads its reply from a pinned CPU frame
+            centre = centre.to(own.device)
+        own.sub_(own - centre, alpha=self.pull)
+
+
+@RULES.register("easgd")
+class ElasticRule(_Stateless):
+    """Asynchronous EASGD (Zhang, Choromanska, LeCun, NIPS 2015, Algorithm 1): every tau = nsync
+    local steps a client's exchange moves the centre toward it by the moving rate alpha,
+    ``c <- c + alpha (x - c)``, computed here with the centre as it is now, and the client toward
+    the centre by the same elastic difference (:class:`ElasticExchange`). Clients push their
+    parameters x and keep them across exchanges."""
+
+    push_kind = "params"
+
+    def __init__(self, lr_server: float | None = None, elastic_alpha: float = 0.9, **_):
+        self.alpha = elastic_alpha
+        self.exchange = ElasticExchange(elastic_alpha)
+
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
+        params.add_(update - params, alpha=self.alpha)   # c <- c + alpha (x - c)
+
+
+@RULES.register("outer_nesterov")
+class OuterNesterovRule:
+    """An outer Nesterov step on each apply's parameter change. The outer gradient is minus the
+    pushed delta, ``g = w_fetched - w_local`` (with protocol=sync, the round's mean: DiLoCo,
+    Douillard et al. 2023, outer lr 0.7, momentum 0.9). ``delay`` d (Liu et al. 2024, "Asynchronous
+    Local-SGD Training for Language Modeling", delayed Nesterov): the outer gradients are summed
+    and the momentum updated once every d applies, ``m <- mu m + sum/d``, each apply stepping
+    ``w <- w - lr (g/d + mu m)`` on those (``w <- w - lr g/d`` on the others); d = 1 is Nesterov
+    at every apply, torch.optim.SGD(nesterov=True)'s arithmetic."""
+
+    push_kind = "delta"
+
+    def __init__(self, lr_server: float | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 outer_delay: int = 1, **_):
+        self.lr, self.mu, self.delay = outer_lr, outer_momentum, outer_delay
+        self.momentum: Tensor | None = None   # m
+        self.pending: Tensor | None = None    # outer gradients since the momentum last moved
+        self.count = 0                        # applies so far
+
+    def fetched(self, client: int, params: Tensor) -> None:
+        pass
+
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
+        if self.momentum is None:
+            self.momentum, self.pending = torch.zeros_like(params), torch.zeros_like(params)
+        g = update.neg()                    # DiLoCo's outer gradient: fetched - local
+        self.pending.add_(g)
+        self.count += 1
+        step = g.div_(self.delay)
+        if self.count % self.delay == 0:    # the momentum moves (every apply when d = 1)
+            self.momentum.mul_(self.mu).add_(self.pending.div_(self.delay))
+            self.pending.zero_()
+            step.add_(self.momentum, alpha=self.mu)   # Nesterov's look-ahead: g + mu m
+        params.sub_(step, alpha=self.lr)
+
+    def state_dict(self) -> dict:
+        return {"momentum": self.momentum, "pending": self.pending, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.momentum, self.pending = state["momentum"], state["pending"]
+        self.count = int(state["count"])
 
 
 def make_rule(name: str, lr_server: float, **options) -> ServerRule:

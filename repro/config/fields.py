@@ -26,19 +26,21 @@ class Range:
     integer: bool = False
     nullable: bool = False
     words: tuple[str, ...] = ()
+    hi_open: bool = False
 
     def check(self, key: str, value: Any) -> None:
         if value is None and self.nullable or value in self.words:
             return
         bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-        if bad or value < self.lo or value > self.hi or (self.lo_open and value == self.lo):
+        if bad or value < self.lo or value > self.hi or (self.lo_open and value == self.lo) \
+                or (self.hi_open and value == self.hi):
             raise ConfigError(key, value, self.describe())
 
     def describe(self) -> str:
         num = "an integer" if self.integer else "a number"
         lo, hi = (f"{int(v)}" if self.integer else f"{v:g}" for v in (self.lo, self.hi))
         text = f"{num} in {lo}..{hi}" if self.integer else \
-            f"{num} in {'(' if self.lo_open else '['}{lo}, {hi}]"
+            f"{num} in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
         extra = [f"'{w}'" for w in self.words] + (["null"] if self.nullable else [])
         return " or ".join([text, *extra])
 

@@ -67,18 +67,38 @@ class AlgoConfig:
     """Minibatch size of one client step (at most the training-set size)."""
     server_rule: str = knob("delta", Choice(registry_names("repro.asgd.rules", "RULES")))
     """How the server applies a push: delta (add the client's parameter change), downpour
-    (w -= lr_server * accrued gradient), adagrad (DistBelief's per-parameter Adagrad)."""
+    (w -= lr_server * accrued gradient), adagrad (DistBelief's per-parameter Adagrad),
+    staleness_scaled, dcasgd, easgd (asynchronous elastic averaging, Zhang, Choromanska, LeCun
+    2015; protocol=async), outer_nesterov (an outer Nesterov step on each parameter change:
+    DiLoCo, Douillard et al. 2023, with protocol=sync; asynchronous local SGD, Liu et al. 2024)."""
     lr_server: Optional[float] = knob(None, Range(0.0, 1e9, lo_open=True, nullable=True))
-    """Server step size; null picks the rule's default (delta: 1.0, downpour: lr, adagrad: 0.01)."""
+    """Server step size; null picks the rule's default (delta: 1.0, downpour: lr, adagrad: 0.01);
+    must stay null for easgd (algo.elastic_alpha) and outer_nesterov (algo.outer_lr)."""
     adagrad_eps: float = knob(1e-8, Range(0.0, 1.0, lo_open=True))
     """Added to Adagrad's denominator to avoid dividing by zero."""
     dc_lambda: float = knob(0.04, Range(0.0, 1e6))
     """DC-ASGD's variance-control lambda (Zheng et al. 2017; 0.04 is their DC-ASGD-c value)."""
+    elastic_alpha: Optional[float] = knob(None, Range(0.0, 1.0, lo_open=True, hi_open=True, nullable=True))
+    """easgd: the moving rate alpha; each exchange moves the client toward the centre by alpha and
+    the centre toward the client by alpha. null: 0.9 / num_clients, the paper's beta = p alpha =
+    0.9 (Zhang, Choromanska, LeCun 2015)."""
+    outer_lr: float = knob(0.7, Range(0.0, 1e9, lo_open=True))
+    """outer_nesterov: the outer learning rate (0.7: DiLoCo, Douillard et al. 2023)."""
+    outer_momentum: float = knob(0.9, Range(0.0, 0.999999))
+    """outer_nesterov: the outer Nesterov momentum (0.9: DiLoCo)."""
+    outer_delay: int = knob(1, Range(1, 10**6, integer=True))
+    """outer_nesterov: update the momentum once every this many applies, each apply stepping by
+    1/outer_delay of its change in between (delayed Nesterov, Liu et al. 2024, who set it to the
+    number of clients with protocol=async); 1: Nesterov at every apply."""
 
     def resolved_lr_server(self) -> float:
         if self.lr_server is not None:
             return self.lr_server
         return {"delta": 1.0, "adagrad": 0.01}.get(self.server_rule, self.lr)
+
+    def resolved_elastic_alpha(self, num_clients: int) -> float:
+        """easgd's alpha: as set, else beta / p with the paper's beta = 0.9 (its Sec. 5)."""
+        return self.elastic_alpha if self.elastic_alpha is not None else 0.9 / num_clients
 
 
 @dataclass(frozen=True)
@@ -153,13 +173,34 @@ class BackendConfig:
 class ProtocolConfig:
     name: str = knob("async", Choice(registry_names("repro.asgd.protocols", "PROTOCOLS")))
     """When the server applies and clients fetch: async (Downpour, the paper), sync
-    (bulk-synchronous rounds, mean update), ssp (stale synchronous parallel)."""
+    (bulk-synchronous rounds, mean update), ssp (stale synchronous parallel), ringmaster
+    (async, pushes of staleness >= R discarded; Maranjyan, Tyurin, Richtarik 2025), rennala
+    (the mean of S pushes from the current parameters; Tyurin & Richtarik 2023)."""
     backup_workers: int = knob(0, Range(0, 1023, integer=True))
     """sync: a round closes at the first num_clients - b pushes; the b late ones are discarded
     (Chen et al. 2016)."""
     staleness_bound: int = knob(3, Range(0, 10**6, integer=True))
     """ssp: a client more than this many pushes ahead of the slowest live client waits
     (Ho et al. 2013); 0 behaves like sync rounds, a large value like async."""
+    staleness_threshold: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
+    """ringmaster: a push whose staleness reaches this threshold R is discarded, its client
+    fetches and goes on (Maranjyan, Tyurin, Richtarik 2025). null: num_clients."""
+    cancel_stale: bool = knob(False, Flag())
+    """ringmaster: stop a client as soon as its segment's staleness reaches R (it could only be
+    discarded) and send it the current parameters (the paper's variant with calculation stops)."""
+    collection_size: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
+    """rennala: the server applies the mean of S pushes computed from its current parameters, a
+    fast client contributing several (Tyurin, Richtarik 2023); at most 100 x num_clients.
+    null: num_clients."""
+
+    def resolved_staleness_threshold(self, num_clients: int) -> int:
+        """ringmaster's R: as set, else N (equally fast clients, whose pushes are about N - 1
+        stale, lose nothing; only work slower than a round of the others is dropped)."""
+        return self.staleness_threshold if self.staleness_threshold is not None else num_clients
+
+    def resolved_collection_size(self, num_clients: int) -> int:
+        """rennala's S: as set, else N (as many pushes per step as a sync round has)."""
+        return self.collection_size if self.collection_size is not None else num_clients
 
 
 @dataclass(frozen=True)
@@ -415,6 +456,7 @@ def _check(cfg: RunConfig) -> None:
     if cfg.protocol.backup_workers >= cfg.num_clients:
         raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
                           f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")
+    _check_methods(cfg)
     cost = cfg.cost
     if cost.jitter == "exponential" and cost.jitter_sigma > 1:
         raise ConfigError("cost.jitter_sigma", cost.jitter_sigma, "a weight in [0, 1] for exponential jitter")
@@ -424,6 +466,30 @@ def _check(cfg: RunConfig) -> None:
     if cost.schedule == "replay" and not cost.path:
         raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
     _check_topology(cfg)
+
+
+# the run core fails a run that applies nothing for this many pushes per live client
+# (repro.runs.core.STALL_PUSHES): a rennala collection must fit in it
+MAX_PUSHES_PER_CLIENT = 100
+
+
+def _check_methods(cfg: RunConfig) -> None:
+    """What the descendants of Downpour need of the other keys (both drivers alike)."""
+    algo, protocol = cfg.algo, cfg.protocol
+    if algo.server_rule in ("easgd", "outer_nesterov") and algo.lr_server is not None:
+        own = "algo.elastic_alpha" if algo.server_rule == "easgd" else "algo.outer_lr"
+        raise ConfigError("algo.lr_server", algo.lr_server,
+                          f"null with algo.server_rule={algo.server_rule} (its step is {own})")
+    if algo.server_rule == "easgd" and protocol.name != "async":
+        # the client moves by the elastic difference its own push made, which it reads from the
+        # centre in its reply: the reply must follow that apply at once
+        raise ConfigError("protocol.name", protocol.name, "async with algo.server_rule=easgd "
+                          "(asynchronous EASGD: each exchange is answered at once)")
+    most = MAX_PUSHES_PER_CLIENT * cfg.num_clients
+    if protocol.name == "rennala" and protocol.resolved_collection_size(cfg.num_clients) > most:
+        raise ConfigError("protocol.collection_size", protocol.collection_size,
+                          f"null or an integer in 1..{most} (at most {MAX_PUSHES_PER_CLIENT} pushes "
+                          f"per client in one collection, with num_clients={cfg.num_clients})")
 
 
 def check_segment(cfg: RunConfig, num_train: int) -> None:

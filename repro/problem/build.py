@@ -60,8 +60,10 @@ def build_worker(cfg: RunConfig, ds: Dataset, device: torch.device | str = "cpu"
 
 
 def make_server_rule(cfg: RunConfig) -> ServerRule:
-    return make_rule(cfg.algo.server_rule, cfg.algo.resolved_lr_server(), eps=cfg.algo.adagrad_eps,
-                     dc_lambda=cfg.algo.dc_lambda)
+    algo = cfg.algo
+    return make_rule(algo.server_rule, algo.resolved_lr_server(), eps=algo.adagrad_eps, dc_lambda=algo.dc_lambda,
+                     elastic_alpha=algo.resolved_elastic_alpha(cfg.num_clients), outer_lr=algo.outer_lr,
+                     outer_momentum=algo.outer_momentum, outer_delay=algo.outer_delay)
 
 
 def make_server(cfg: RunConfig, params: Tensor) -> Server:

@@ -235,8 +235,8 @@ class ServerLoop:
                     train_error=h.train_error, stream_position=h.position)
         now, before = self.now(), self.server.version
         replies = self.core.on_push(push, now)
-        if self.server.version > before:   # applied: the client's stream has moved on
-            self.positions[k] = h.position
+        if self.server.version > before or any(r.client == k and not r.stop for r in replies):
+            self.positions[k] = h.position   # applied, or answered (e.g. discarded): its stream moved on
         self.devices.setdefault(k, f"cuda:{h.device}" if h.device >= 0 else "cpu")
         if all(r.client != k for r in replies):
             self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)

@@ -89,12 +89,14 @@ class RunCore:
         self.server: Server = problem.make_server(cfg)
         self.state = RunState()
         self.discarded: list[list[int]] = []   # [read_version, client] of each dropped segment
+        self.collected: list[list[int]] = []   # [read_version, client] of each push merged (rennala)
         if resume is not None:
             self.server.load_state_dict(resume["server"])
             core_state = resume.get("core", {})
             self.state.reference_loss = core_state.get("reference_loss")
             legacy = (resume.get("protocol") or {}).get("discarded", [])   # kept by Sync before
             self.discarded = [[int(a), int(b)] for a, b in core_state.get("discarded", legacy)]
+            self.collected = [[int(a), int(b)] for a, b in core_state.get("collected", [])]
         self.budget = cfg.num_epochs * problem.dataset.num_train
         recorded = to_dict(cfg)
         for key, value in (measured or {}).items():   # e.g. a calibrated cost.compute_s
@@ -169,6 +171,7 @@ class RunCore:
         if decision.apply is not None:
             self.apply(decision.apply, time_s)
         self.discarded += [[int(v), int(k)] for v, k in decision.discarded]
+        self.collected += [[int(v), int(k)] for v, k in decision.collected]
         replies = [Reply(k) for k in decision.reply] + [Reply(k, preempt=True) for k in decision.preempt]
         self._check_progress()
         return self._deliver(replies)
@@ -272,7 +275,8 @@ class RunCore:
     def save_checkpoint(self) -> None:
         state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
-                 "core": {"reference_loss": self.state.reference_loss, "discarded": self.discarded},
+                 "core": {"reference_loss": self.state.reference_loss, "discarded": self.discarded,
+                          "collected": self.collected},
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
@@ -316,6 +320,8 @@ class RunCore:
             message = "interrupted; " + resume_hint(self.run_dir)
         if self.discarded or getattr(type(self.protocol), "discards", False):
             extra["discarded_pushes"] = self.discarded
+        if self.collected or getattr(type(self.protocol), "collects", False):
+            extra["collected_pushes"] = self.collected
         summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
                                             **extra)
         self.runlog.close()

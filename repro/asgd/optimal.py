@@ -1,0 +1,196 @@
+"""Asynchronous SGD with optimal time complexity: Ringmaster ASGD and Rennala SGD, as policies.
+
+Tyurin & Richtarik (NeurIPS 2023) proved a lower bound on the wall-clock time of any method
+whose workers compute at fixed, different speeds, and found that plain asynchronous SGD (the
+paper's Downpour) misses it: its slowest clients push gradients so stale that they hurt more
+than they help. Two ways to meet the bound, both registered in
+:data:`repro.asgd.protocols.PROTOCOLS` (imported there) and run by both drivers like every
+protocol (:mod:`repro.asgd.protocols` says what a policy is):
+
+* ``ringmaster`` (Maranjyan, Tyurin, Richtarik, ICML 2025, "Ringmaster ASGD", Algorithm 4):
+  asynchronous SGD that applies a push only if its staleness (their delay) is below a threshold
+  R; a staler push is discarded and its client fetches the current parameters and goes on.
+  With ``cancel_stale`` (their Algorithm 5, "with calculation stops") the server does not wait
+  for such a push: as soon as an apply makes a computing client's staleness reach R, it sends
+  that client the current parameters and the client drops its segment (preempted), so a push
+  is discarded on arrival only when such a stop was held back (one preemption at a time, below).
+* ``rennala`` (Tyurin & Richtarik, NeurIPS 2023, "Rennala SGD"; Algorithm 2 of the Ringmaster
+  paper): the server collects S pushes computed from its *current* parameters, from whichever
+  clients finish first, a client whose push was collected starting at once on another from the
+  same parameters (so a fast client contributes several); with the S-th it applies their mean
+  (version + 1), and every other client is sent the new parameters and drops the segment it was
+  computing (stale: it could only be discarded). Each step then takes the exact collection time
+  t(S) = min{t : sum_i floor(t / tau_i) >= S} for clients of fixed segment times tau_i. Unlike
+  sync with backup workers (a client at most once per round), S may exceed the number of clients.
+
+**One preemption at a time.** A client sent parameters by a preemption is not preempted again
+before a push of its computed from them has arrived; a later step that makes its segment stale
+leaves it computing, and its push is discarded when it arrives (it then fetches the current
+parameters: the same as a preemption, later). In the simulator this only affects clients slower
+than a whole step; on the real driver it is what keeps the server from sending a client a
+message it cannot receive yet: a client blocked sending its push while its receiver waits for
+the server's lock has room for one unread message (a second send would wait, under that lock,
+for a receive that never comes).
+
+Both list what they dropped in the summary's ``discarded_pushes`` ([read_version, client]);
+rennala lists what each step merged in ``collected_pushes`` (the same form: per read version,
+the collection's size and which clients made it).
+"""
+from __future__ import annotations
+
+from typing import AbstractSet
+
+import torch
+
+from repro.asgd.algorithm import Push
+from repro.asgd.protocols import NOTHING, PROTOCOLS, Decision, Policy, View
+
+
+@PROTOCOLS.register("ringmaster")
+class Ringmaster(Policy):
+    discards = True
+
+    def __init__(self, cfg, clients: list[int], version: int):
+        self.threshold = cfg.protocol.resolved_staleness_threshold(cfg.num_clients)
+        self.cancel = cfg.protocol.cancel_stale
+        self.fetched = {k: version for k in clients}   # the version each client computes from
+        self.restarting: set[int] = set()             # preempted, not heard from since
+
+    @classmethod
+    def preempts(cls, cfg) -> bool:
+        return cfg.protocol.cancel_stale
+
+    def on_push(self, push: Push, view: View) -> Decision:
+        k = push.client
+        if push.read_version < self.fetched.get(k, push.read_version):   # sent before its stop
+            return NOTHING                                               # reached it: ignored
+        self.restarting.discard(k)
+        if view.version - push.read_version >= self.threshold:   # delay >= R: not applied
+            self.fetched[k] = view.version
+            return Decision(reply=(k,), discarded=((push.read_version, k),))
+        version = view.version + 1                                # after this apply
+        self.fetched[k] = version
+        stopped = self.too_stale(version, view.live, k) if self.cancel else ()
+        discarded = tuple((self.fetched[j], j) for j in stopped)
+        for j in stopped:
+            self.fetched[j] = version
+        self.restarting.update(stopped)
+        return Decision(apply=push, reply=(k,), preempt=stopped, discarded=discarded)
+
+    def too_stale(self, version: int, live: AbstractSet[int], pusher: int) -> tuple[int, ...]:
+        """The computing clients whose push, arriving at ``version`` or later, would be discarded
+        (but one preemption at a time: see the module docstring)."""
+        return tuple(j for j in sorted(live) if j != pusher and j in self.fetched and j not in self.restarting
+                     and version - self.fetched[j] >= self.threshold)
+
+    def state_dict(self) -> dict:
+        return {"fetched": {str(k): v for k, v in self.fetched.items()}, "restarting": sorted(self.restarting)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.fetched = {int(k): int(v) for k, v in state["fetched"].items()}
+        self.restarting = {int(k) for k in state["restarting"]}
+
+
+@PROTOCOLS.register("rennala")
+class Rennala(Policy):
+    """The collection is summed per client (each client's pushes in its own order), then over
+    clients in id order: as sync's rounds, its numbers do not depend on the arrival order of
+    the pushes it holds. A collected client is replied to before the step, so its update is
+    added into a buffer of ours at once (the real driver reuses its receive frame)."""
+
+    discards = True
+    collects = True
+
+    def __init__(self, cfg, clients: list[int], version: int):
+        self.size = cfg.protocol.resolved_collection_size(cfg.num_clients)
+        self.step_start = version                 # the version every collected push read
+        self.given = {k: version for k in clients}   # the version each client computes from
+        self.restarting: set[int] = set()         # preempted, not heard from since
+        self.sums: dict[int, torch.Tensor] = {}   # per client: its collected updates, summed
+        self.stats: dict[int, list] = {}          # per client: [pushes, samples, loss, wrong, steps]
+        self.total: torch.Tensor | None = None    # the merge buffer, reused step after step
+
+    @classmethod
+    def preempts(cls, cfg) -> bool:
+        return True
+
+    def collected(self) -> int:
+        return sum(s[0] for s in self.stats.values())
+
+    def on_push(self, push: Push, view: View) -> Decision:
+        k = push.client
+        if push.read_version < self.given.get(k, push.read_version):   # computed before its
+            return NOTHING                        # restart reached it (the new parameters are on their way)
+        self.restarting.discard(k)
+        self.given[k] = view.version
+        if push.read_version < self.step_start:   # stale, not preempted (one preemption at a time)
+            return Decision(reply=(k,), discarded=((push.read_version, k),))
+        self.add(push)
+        if self.collected() < self.size:          # Rennala: it computes again at the same point
+            return Decision(reply=(k,))
+        return self.step(k, view)
+
+    def add(self, push: Push) -> None:
+        k, stats = push.client, self.stats.get(push.client)
+        if stats is None:   # its first push of this step: into its buffer (kept from step to step)
+            buffer = self.sums.get(k)
+            if buffer is None or buffer.shape != push.update.shape or buffer.device != push.update.device:
+                self.sums[k] = push.update.detach().clone()
+            else:
+                buffer.copy_(push.update)
+            stats = self.stats[k] = [0, 0, 0.0, 0.0, 0]
+        else:
+            self.sums[k].add_(push.update)
+        stats[0] += 1
+        stats[1] += push.num_samples
+        stats[2] += push.train_loss * push.num_samples
+        stats[3] += push.train_error * push.num_samples
+        stats[4] = max(stats[4], push.num_steps)
+
+    def step(self, pusher: int, view: View) -> Decision:
+        """Apply the collection's mean; the pusher fetches, every other live client (computing
+        from the old parameters) is sent the new ones and starts over."""
+        merged = self.merge()
+        collected = tuple((self.step_start, k) for k in sorted(self.stats) for _ in range(self.stats[k][0]))
+        others = tuple(j for j in sorted(view.live)
+                       if j != pusher and j in self.given and j not in self.restarting)
+        discarded = tuple((self.given[j], j) for j in others)
+        self.step_start, self.stats = view.version + 1, {}   # the apply makes version + 1
+        for j in (pusher, *others):
+            self.given[j] = self.step_start
+        self.restarting.update(others)
+        return Decision(apply=merged, reply=(pusher,), preempt=others, discarded=discarded,
+                        collected=collected)
+
+    def merge(self) -> Push:
+        clients = sorted(self.stats)
+        first = self.sums[clients[0]]
+        if self.total is None or self.total.shape != first.shape or self.total.device != first.device:
+            self.total = torch.zeros_like(first)
+        total = self.total.zero_()
+        pushes = samples = steps = 0
+        loss = wrong = 0.0
+        for k in clients:
+            k_pushes, n, k_loss, k_wrong, k_steps = self.stats[k]
+            total.add_(self.sums[k])
+            pushes, samples, steps = pushes + k_pushes, samples + n, max(steps, k_steps)
+            loss, wrong = loss + k_loss, wrong + k_wrong
+        return Push(client=0, read_version=self.step_start, update=total.div_(pushes), num_steps=steps,
+                    num_samples=samples, train_loss=loss / samples, train_error=wrong / samples,
+                    stream_position=(0, 0))
+
+    def state_dict(self) -> dict:
+        """A half-full collection keeps each client's sum (a checkpoint copies them)."""
+        return {"step_start": self.step_start, "given": {str(k): v for k, v in self.given.items()},
+                "restarting": sorted(self.restarting),
+                "clients": {str(k): {"sum": self.sums[k], "stats": list(s)} for k, s in self.stats.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_start = int(state["step_start"])
+        self.given = {int(k): int(v) for k, v in state["given"].items()}
+        self.restarting = {int(k) for k in state["restarting"]}
+        self.sums, self.stats = {}, {}
+        for k, entry in state["clients"].items():
+            pushes, n, loss, wrong, steps = entry["stats"]
+            self.sums[int(k)] = entry["sum"]
+            self.stats[int(k)] = [int(pushes), int(n), float(loss), float(wrong), int(steps)]

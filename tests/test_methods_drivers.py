@@ -1,0 +1,235 @@
+"""The descendants of Downpour on both drivers: Ringmaster ASGD, Rennala SGD, asynchronous EASGD
+and the outer Nesterov step run in the simulator and on real processes with their logged
+semantics (discarded pushes, collection sizes, the elastic exchange in each client process);
+the simulator resumes each of them bitwise; replay takes the asynchronous ones and refuses
+Ringmaster's. (Their arithmetic: tests/test_methods.py.)
+
+Real runs are quick CPU runs on loopback (tests.helpers.runs.real_cfg): start-up, a fresh
+interpreter per client, dominates. Their push order depends on timing, so they assert what holds
+in every order; EASGD's are replayed by the simulator, which must give the same numbers.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import pandas as pd
+import pytest
+import torch
+
+from repro.asgd.flatnet import Worker
+from repro.config.settings import (AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig,
+                                   ProtocolConfig, RunConfig)
+from repro.errors import ConfigError
+from repro.real import run_real
+from repro.sim.driver import simulate
+from tests.helpers.invariants import check_run_folder
+from tests.helpers.runs import real_cfg
+from tests.helpers.tables import table_bytes, table_frames
+
+JITTER = CostConfig(profile="j", compute_s=0.01, jitter="lognormal", jitter_sigma=0.5,
+                    straggler_client=3, straggler_factor=3.0)
+RINGMASTER = ProtocolConfig(name="ringmaster", staleness_threshold=2)
+RINGMASTER_STOPS = ProtocolConfig(name="ringmaster", staleness_threshold=2, cancel_stale=True)
+RENNALA = ProtocolConfig(name="rennala", collection_size=4)
+EASGD = AlgoConfig(lr=0.05, momentum=0.5, server_rule="easgd")
+DELAYED_NESTEROV = AlgoConfig(lr=0.05, momentum=0.5, server_rule="outer_nesterov", outer_delay=3)
+
+
+def sim_cfg(**kw) -> RunConfig:
+    """3 clients (the third 3x slower, with jitter), nsync 2, 3 epochs of 512 synthetic samples."""
+    base = dict(num_clients=3, nsync=2, num_epochs=3.0, eval_every=0.5, progress=False,
+                data=DataConfig(name="synthetic"), model=ModelConfig(name="mlp"),
+                algo=AlgoConfig(lr=0.05, momentum=0.5), cost=JITTER)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def check_ringmaster(upd: pd.DataFrame, summary: dict, threshold: int) -> None:
+    """Every applied push was less than R stale; some were dropped, each from a version the
+    server had."""
+    assert (upd.staleness < threshold).all()
+    assert summary["discarded_pushes"] and all(0 <= v <= len(upd) for v, _ in summary["discarded_pushes"])
+
+
+def check_rennala(upd: pd.DataFrame, summary: dict, size: int, samples_per_push: int) -> None:
+    """One row per step (client 0, staleness 0) merging exactly S pushes from that step's
+    version; the collection listed per step. (Not check_run_folder: its client ids are 1..N.)"""
+    assert summary["status"] == "completed", summary["message"]
+    assert upd.version.tolist() == list(range(1, len(upd) + 1)) and summary["version"] == len(upd)
+    assert (upd.samples_seen == upd.num_samples.cumsum()).all()
+    assert (upd.client == 0).all() and (upd.staleness == 0).all()
+    assert (upd.read_version == upd.version - 1).all()
+    assert (upd.num_samples == size * samples_per_push).all()
+    per_step = pd.Series([v for v, _ in summary["collected_pushes"]]).value_counts().sort_index()
+    assert per_step.index.tolist() == upd.read_version.tolist() and (per_step == size).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# the simulator
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("protocol", [RINGMASTER, RINGMASTER_STOPS])
+def test_sim_ringmaster_applies_only_pushes_fresher_than_r(tmp_path, protocol):
+    summary = simulate(sim_cfg(protocol=protocol), tmp_path)
+    check_run_folder(tmp_path, "completed")
+    upd, _, _ = table_frames(tmp_path)
+    check_ringmaster(upd, summary, 2)
+    async_run = simulate(sim_cfg(), tmp_path / "async")
+    assert pd.read_csv(tmp_path / "async" / "updates.csv").staleness.max() >= 2   # async's are staler
+    assert async_run["status"] == "completed"
+
+
+def test_sim_rennala_steps_merge_s_fresh_pushes_the_fast_clients_more(tmp_path):
+    summary = simulate(sim_cfg(protocol=RENNALA), tmp_path)
+    upd, _, _ = table_frames(tmp_path)
+    check_rennala(upd, summary, 4, 2 * 32)
+    made = pd.Series([k for _, k in summary["collected_pushes"]]).value_counts()
+    assert made[1] > made.get(3, 0) and made[2] > made.get(3, 0)   # the slow client contributes least
+    assert summary["discarded_pushes"]                            # its stale segments are dropped
+
+
+SIM_METHODS = {
+    "ringmaster_stops": dict(protocol=RINGMASTER_STOPS),
+    "rennala": dict(protocol=RENNALA),
+    "easgd": dict(algo=EASGD),
+    "delayed_nesterov": dict(algo=DELAYED_NESTEROV),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIM_METHODS))
+def test_sim_resumes_each_method_bitwise(tmp_path, monkeypatch, name):
+    """A stop request in the middle of a push (a half-full Rennala collection, Ringmaster's
+    restarting clients, EASGD's clients holding their own parameters, the outer momentum and its
+    pending sum in the rule): the resumed run's tables and summary lists are byte for byte an
+    uninterrupted run's."""
+    cfg = sim_cfg(**SIM_METHODS[name])
+    whole = simulate(cfg, tmp_path / "whole")
+    assert whole["status"] == "completed"
+    calls, backward = [0], Worker.backward
+
+    def interrupt_at_step_30(self, x, y):
+        calls[0] += 1
+        if calls[0] == 30:   # the 2nd local step of the 15th push computed
+            os.kill(os.getpid(), signal.SIGINT)
+        return backward(self, x, y)
+
+    monkeypatch.setattr(Worker, "backward", interrupt_at_step_30)
+    cut = simulate(cfg, tmp_path / "cut")
+    monkeypatch.setattr(Worker, "backward", backward)
+    assert cut["status"] == "interrupted"
+    ckpt = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert ckpt["driver"]["pending"] is not None
+    held = {"ringmaster_stops": lambda: ckpt["protocol"]["restarting"],      # what the cut holds
+            "rennala": lambda: ckpt["protocol"]["clients"],
+            "easgd": lambda: not torch.equal(ckpt["driver"]["clients"]["1"]["params"], ckpt["server"]["params"]),
+            "delayed_nesterov": lambda: ckpt["server"]["rule"]["count"] % 3}
+    assert held[name]()
+    resumed = simulate(cfg.replace(resume=True), tmp_path / "cut")
+    assert resumed["status"] == "completed"
+    assert table_bytes(tmp_path / "cut") == table_bytes(tmp_path / "whole")
+    for key in ("discarded_pushes", "collected_pushes"):
+        assert resumed.get(key) == whole.get(key)
+
+
+def test_replay_takes_asynchronous_easgd_and_refuses_ringmaster(tmp_path):
+    """Ringmaster's discarded pushes are not in updates.csv (a replay could not recompute what
+    they consumed): refused, naming the recorded protocol. EASGD is asynchronous: its replay
+    reproduces the recorded run."""
+    simulate(sim_cfg(protocol=RINGMASTER), tmp_path / "ring")
+    replay = CostConfig(profile="replay", schedule="replay", path=str(tmp_path / "ring"))
+    with pytest.raises(ConfigError, match="protocol=ringmaster"):
+        simulate(sim_cfg(cost=replay), tmp_path / "ring_replay")
+    assert not (tmp_path / "ring_replay").exists()
+    simulate(sim_cfg(algo=EASGD), tmp_path / "easgd")
+    replay = CostConfig(profile="replay", schedule="replay", path=str(tmp_path / "easgd"))
+    assert simulate(sim_cfg(cost=replay), tmp_path / "easgd_replay")["status"] == "completed"
+    assert table_bytes(tmp_path / "easgd_replay") == table_bytes(tmp_path / "easgd")
+
+
+# ---------------------------------------------------------------------------------------------
+# the real driver
+# ---------------------------------------------------------------------------------------------
+
+def test_real_easgd_clients_exchange_as_the_simulator_does(tmp_path, no_children):
+    """Two client processes, each keeping its own parameters and moving toward the centre with
+    every reply: the simulator, replaying the recorded order, gives the same per-push numbers
+    (same kernels, one thread, float32 bytes over gloo: we expect bitwise, allow 1e-6)."""
+    cfg = real_cfg(num_epochs=2.0, algo=AlgoConfig(lr=0.2, momentum=0.0, server_rule="easgd"))
+    summary = run_real(cfg, tmp_path / "real")
+    assert summary["status"] == "completed", summary["message"]
+    replay = CostConfig(profile="replay", schedule="replay", path=str(tmp_path / "real"))
+    assert simulate(cfg.replace(cost=replay), tmp_path / "replay")["status"] == "completed"
+    (a, a_evals, _), (b, b_evals, _) = table_frames(tmp_path / "real"), table_frames(tmp_path / "replay")
+    assert len(a) == len(b) > 10 and set(a.client) == {1, 2}
+    exact = ["version", "client", "read_version", "staleness", "num_samples"]
+    pd.testing.assert_frame_equal(a[exact], b[exact])
+    pd.testing.assert_series_equal(a.train_loss, b.train_loss, rtol=1e-6, atol=0)
+    pd.testing.assert_series_equal(a_evals.test_loss, b_evals.test_loss, rtol=1e-6, atol=0)
+
+
+def test_real_ringmaster_with_stops(tmp_path, no_children):
+    """R = 1 with calculation stops on 3 client processes: only fresh pushes are applied, every
+    apply stops the others (they drop their segment and start from the new parameters)."""
+    cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="ringmaster", staleness_threshold=1,
+                                                          cancel_stale=True))
+    summary = run_real(cfg, tmp_path)
+    assert summary["status"] == "completed", summary["message"]
+    check_run_folder(tmp_path, "completed")
+    upd, _, _ = table_frames(tmp_path)
+    check_ringmaster(upd, summary, 1)
+
+
+def test_real_rennala_steps(tmp_path, no_children):
+    """S = 3 on 2 client processes: each step merges exactly 3 pushes from its version (a client
+    may make two of them), whoever finishes first."""
+    cfg = real_cfg(protocol=ProtocolConfig(name="rennala", collection_size=3))
+    summary = run_real(cfg, tmp_path)
+    upd, _, _ = table_frames(tmp_path)
+    check_rennala(upd, summary, 3, 4 * 32)
+    assert len(upd) >= 8
+
+
+@pytest.mark.slow
+def test_real_ringmaster_discards_stale_pushes_on_arrival(tmp_path, no_children):
+    cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="ringmaster", staleness_threshold=1))
+    summary = run_real(cfg, tmp_path)
+    assert summary["status"] == "completed", summary["message"]
+    check_run_folder(tmp_path, "completed")
+    upd, _, _ = table_frames(tmp_path)
+    check_ringmaster(upd, summary, 1)
+
+
+@pytest.mark.slow
+def test_real_diloco_is_the_simulators(tmp_path, no_children):
+    """protocol=sync with the outer Nesterov step (DiLoCo) on 3 client processes: a round does not
+    depend on timing (merged in client order) and the rule's momentum lives on the server, so the
+    real run is the simulator's, losses to the last digit."""
+    cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="sync"),
+                   algo=AlgoConfig(lr=0.2, momentum=0.0, server_rule="outer_nesterov"))
+    summary = run_real(cfg, tmp_path / "real")
+    assert summary["status"] == "completed", summary["message"]
+    simulate(cfg.replace(backend=BackendConfig()), tmp_path / "sim")
+    (a, a_evals, _), (b, b_evals, _) = table_frames(tmp_path / "real"), table_frames(tmp_path / "sim")
+    pd.testing.assert_series_equal(a.train_loss, b.train_loss, check_exact=True)
+    pd.testing.assert_series_equal(a_evals.test_error, b_evals.test_error)
+    real_momentum = torch.load(tmp_path / "real" / "checkpoint.pt", weights_only=True)["server"]["rule"]["momentum"]
+    assert torch.count_nonzero(real_momentum) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_methods_on_cuda(tmp_path, no_children):
+    """GPU clients read their replies from pinned CPU frames (EASGD's exchange moves the centre
+    onto the client's device first); the simulator on cuda runs every method; Rennala's
+    collection and the outer momentum live beside a server on cuda."""
+    for name, kw in sorted(SIM_METHODS.items()):
+        assert simulate(sim_cfg(device="cuda", **kw), tmp_path / name)["status"] == "completed", name
+    gpu = BackendConfig(name="real", timeout_s=60.0, client_timeout_s=30.0, client_device="cuda",
+                        server_device="cuda")
+    for name, kw in (("easgd", dict(algo=AlgoConfig(lr=0.2, momentum=0.0, server_rule="easgd"))),
+                     ("rennala", dict(protocol=ProtocolConfig(name="rennala", collection_size=3))),
+                     ("outer", dict(algo=AlgoConfig(lr=0.2, momentum=0.0, server_rule="outer_nesterov")))):
+        summary = run_real(real_cfg(backend=gpu, **kw), tmp_path / f"real_{name}")
+        assert summary["status"] == "completed", (name, summary["message"])
+        assert all(d.startswith("cuda") for d in summary["client_devices"].values())
