@@ -75,6 +75,7 @@ def draw_partition(frame: pd.DataFrame):
                         color="white" if n > values.max() / 2 else "black")
         ax.set_xticks(range(values.shape[1]), [str(c) for c in grid.columns], fontsize="small")
         ax.set_yticks(range(values.shape[0]), [str(k) for k in grid.index], fontsize="small")
+        ax.grid(False)
         ax.set(xlabel="class", ylabel="client", title=panel)
         ax.title.set_fontsize("small")
     fig.suptitle("Clients with their own data: training samples of each class per client")
