@@ -115,7 +115,8 @@ class CostConfig:
     speeds: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e6, lo_open=True, nullable=True))
     """Relative step time of each client: num_clients positive numbers, client k's minibatch
     step takes compute_s x speeds[k-1] (a larger number is a slower client); null: all 1.
-    Multiplies with the straggler's factor and the jitter."""
+    Multiplies with the straggler's factor and the jitter. backend=real: a slowed client sleeps
+    after each step so that it takes its time over the fastest client's times as long."""
     speed_law: str = knob("none", Choice(SPEED_LAWS))
     """A named law of relative step times, instead of a list: sqrt gives client k the step time
     1 + sqrt(k - 1), i.e. tau_i = 1 + sqrt(i) with i = k - 1 counted from 0, so client 1 is the
