@@ -82,4 +82,7 @@ def draw_partition(frame: pd.DataFrame):
     return fig
 
 
-register_figure("partition", partition_frame, draw_partition, exps=("own_data",), axes=None)
+# its axes: whatever a grid of clients with their own data sweeps (the partition and the methods
+# compared on it); the figure draws one panel per partition among them
+AXES = ("data.", "num_clients", "nsync", "num_epochs", "model.", "algo.", "protocol.", "cost.")
+register_figure("partition", partition_frame, draw_partition, exps=("own_data",), axes=AXES)
