@@ -121,10 +121,11 @@ def test_a_partitioned_run_records_its_counts_resumes_bit_for_bit_and_is_drawn(t
     recorded = json.loads((exp / "a" / "config.json").read_text())
     counts = recorded["dataset"]["client_class_counts"]
     assert counts == class_counts(cfg, LABELS, 10) and recorded["data"]["partition"] == "dirichlet"
-    assert simulate(cfg, exp / "cut", stop_at_version=9)["status"] == "interrupted"
-    assert simulate(cfg.replace(resume=True), exp / "cut")["status"] == "completed"
+    cut = tmp_path / "elsewhere" / "cut"   # a copy of run a: not in the folder the figure reads
+    assert simulate(cfg, cut, stop_at_version=9)["status"] == "interrupted"
+    assert simulate(cfg.replace(resume=True), cut)["status"] == "completed"
     for table in ("updates.csv", "evals.csv"):
-        assert (exp / "a" / table).read_bytes() == (exp / "cut" / table).read_bytes()
+        assert (exp / "a" / table).read_bytes() == (cut / table).read_bytes()
     assert simulate(small("by_class"), exp / "b")["status"] == "completed"
     paths = build_figure("partition", tmp_path / "results", tmp_path / "figs", exp_name="own")
     assert {p.suffix for p in paths} == {".png", ".pdf", ".csv"}
