@@ -1,22 +1,44 @@
 # %% [markdown]
 # # The staleness lab, through the Python API
 #
-# A percent-format script: it opens as a notebook in Jupyter (with jupytext) or VS Code, and runs
-# as a plain script:
+# It tells TEACHING.md's story with `repro.api.simulate`: what staleness is, why it hurts (a
+# smaller stable step, added momentum), what synchrony costs, and what helps. Every measurement
+# is printed beside the published prediction, and each `check(...)` line fails loudly if a
+# measurement leaves the range the lesson promises.
+#
+# Two forms of one lesson: `notebooks/staleness_lab.ipynb`, a Jupyter notebook (committed with
+# its outputs), and `notebooks/staleness_lab.py`, its percent-format twin, which runs as a plain
+# script (figures saved to `figures/notebook/`):
 #
 #     python notebooks/staleness_lab.py                       # the whole lab, a few minutes
 #     REPRO_LAB_QUICK=1 python notebooks/staleness_lab.py     # shrunk budgets, under a minute
 #
-# It tells TEACHING.md's story with `repro.api.simulate`: what staleness is, why it hurts (a
-# smaller stable step, added momentum), what synchrony costs, and what helps. Every measurement
-# is printed beside the published prediction, and each `check(...)` line fails loudly if a
-# measurement leaves the range the lesson promises. Figures are saved to `figures/notebook/`
-# when it runs as a script.
+# The script is the source: after editing it, `python notebooks/build_notebook.py` rebuilds and
+# runs the notebook (the test suite fails when the two differ).
+
+# %%
+# Set-up: install the package when this kernel cannot import it (a fresh Jupyter or Colab
+# kernel). Already installed, this cell does nothing and needs no network.
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+if importlib.util.find_spec("repro") is None:
+    # a checkout above or beside this notebook (Jupyter started inside it, or a clone in Colab's
+    # /content), else what REPRO_SOURCE names: a folder, a wheel or a git URL, as pip takes it
+    here = [Path.cwd(), *Path.cwd().parents, *sorted(Path.cwd().glob("*/"))]
+    checkout = next((p for p in here if (p / "pyproject.toml").is_file() and (p / "repro").is_dir()), None)
+    source = os.environ.get("REPRO_SOURCE") or (str(checkout) if checkout else None)
+    if source is None:
+        raise SystemExit("cannot import repro: clone gpu-asgd-repro next to this notebook, or set "
+                         "REPRO_SOURCE to a checkout, a wheel or a git URL of it")
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", source])
+    importlib.invalidate_caches()
 
 # %%
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,6 +51,7 @@ from repro.problem.models import build_model
 from repro.asgd.flatnet import quadratic_loss
 
 QUICK = os.environ.get("REPRO_LAB_QUICK") == "1"
+IN_NOTEBOOK = "ipykernel" in sys.modules   # a notebook shows its figures; a script saves them
 SCALE = 0.25 if QUICK else 1.0          # budgets shrink in the quick mode; conclusions must hold
 OUT = Path(os.environ.get("REPRO_LAB_OUT", "figures/notebook"))
 torch.set_num_threads(1)                # tiny models: one thread is fastest, and bitwise stable
@@ -37,7 +60,8 @@ torch.set_num_threads(1)                # tiny models: one thread is fastest, an
 def check(ok: bool, what: str) -> None:
     print(("  ok    " if ok else "  FAIL  ") + what)
     if not ok:
-        raise SystemExit(f"the lab's claim failed: {what}")
+        # a script stops with the message alone; a notebook marks the cell failed
+        raise (AssertionError if IN_NOTEBOOK else SystemExit)(f"the lab's claim failed: {what}")
 
 
 def digits_net(seed: int = 0) -> torch.nn.Module:
@@ -126,10 +150,11 @@ def log_gap(a, b) -> float:
     return float(np.mean((np.log(a) - np.log(b)) ** 2))
 
 
-gaps = {mu: log_gap(measured, predicted(mu)) for mu in (0.0, 0.5, 1 - 1 / n, 0.9)}
+mu_theorem = 1 - 1 / n   # kept for the plot below (step 4 reuses the name n)
+gaps = {mu: log_gap(measured, predicted(mu)) for mu in (0.0, 0.5, mu_theorem, 0.9)}
 for mu, gap in gaps.items():
     print(f"   mu={mu:.3f}: mean squared log-loss gap {gap:.4f}")
-check(min(gaps, key=gaps.get) == 1 - 1 / n, "the closest curve is the predicted mu = 1 - 1/N = 0.75")
+check(min(gaps, key=gaps.get) == mu_theorem, "the closest curve is the predicted mu = 1 - 1/N = 0.75")
 
 # %% [markdown]
 # ## 4. What synchrony costs: a barrier waits for the slowest
@@ -168,29 +193,39 @@ for rule in ("downpour", "staleness_scaled"):
 check(errors["staleness_scaled"] < errors["downpour"], "staleness-scaled steps beat plain async here")
 
 # %% [markdown]
-# ## Plots (when run as a notebook, or saved as files when run as a script)
+# ## Plots (shown in the notebook; saved as files when run as a script)
 
 # %%
-if not QUICK:
-    import matplotlib
-    matplotlib.use("Agg")
+if IN_NOTEBOOK or not QUICK:
+    import io
+
     from matplotlib.figure import Figure
 
-    OUT.mkdir(parents=True, exist_ok=True)
+    def show(fig: Figure, name: str) -> None:
+        if IN_NOTEBOOK:   # PNG bytes: shown by any kernel, whatever its matplotlib backend
+            from IPython.display import Image, display
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png")
+            display(Image(buffer.getvalue()))
+        else:
+            OUT.mkdir(parents=True, exist_ok=True)
+            fig.savefig(OUT / name)
+
     fig = Figure(figsize=(5, 3.4), layout="constrained")
     ax = fig.subplots()
     ax.plot(versions, measured, label="4 async clients (measured)")
-    for mu in (0.0, 1 - 1 / n):
+    for mu in (0.0, mu_theorem):
         ax.plot(versions, predicted(mu), "--", label=f"theorem, mu = {mu:.2f}")
     ax.set(yscale="log", xlabel="server version", ylabel="training loss", title="Asynchrony begets momentum")
     ax.legend()
-    fig.savefig(OUT / "momentum.png")
+    show(fig, "momentum.png")
     taus = np.arange(0, 8)
     fig = Figure(figsize=(5, 3.4), layout="constrained")
     ax = fig.subplots()
     ax.plot(taus, critical_lr(taus, max(QUADRATIC_CURVATURES)), "k--", label="2 sin(pi/(4 tau+2)) / l_max")
     ax.set(xlabel="staleness tau", ylabel="largest stable lr", title="The stable step shrinks with staleness")
     ax.legend()
-    fig.savefig(OUT / "stability.png")
-    print(f"figures in {OUT}/")
+    show(fig, "stability.png")
+    if not IN_NOTEBOOK:
+        print(f"figures in {OUT}/")
 print("the lab's claims all held" + (" (quick mode)" if QUICK else ""))

@@ -46,6 +46,28 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Numbers(Range):
+    """A non-empty list of numbers, each in the range (``nullable``: or null). How many there
+    must be is a relation between keys (e.g. one per client), checked by the settings."""
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.nullable:
+            return
+        each = Range(self.lo, self.hi, self.lo_open, self.integer)
+        try:
+            if not isinstance(value, (list, tuple)) or not value:
+                raise ConfigError(key, value, "a list")
+            for v in value:
+                each.check(key, v)
+        except ConfigError:
+            raise ConfigError(key, list(value) if isinstance(value, tuple) else value, self.describe()) from None
+
+    def describe(self) -> str:
+        each = Range(self.lo, self.hi, self.lo_open, self.integer).describe()
+        return f"a non-empty list, each {each}" + (", or null" if self.nullable else "")
+
+
+@dataclass(frozen=True)
 class Choice:
     """One of a fixed tuple, or of a registry's names (a callable, resolved when checked).
     ``custom``: also 'custom' or 'custom:<name>', what the Python API records for a user's own

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from repro.config.fields import COUNT, SECONDS, WAIT_S, Choice, Flag, Range, Text, knob, registry_names
+from repro.config.fields import COUNT, SECONDS, WAIT_S, Choice, Flag, Numbers, Range, Text, knob, registry_names
 from repro.errors import ConfigError
 
 JITTERS = ("none", "lognormal", "exponential")
@@ -31,6 +31,8 @@ STARTS = ("cold", "warm")
 DEVICES = ("cpu", "cuda", "auto")
 SCHEDULES = ("events", "replay")
 TOPOLOGIES = ("dedicated", "shared")
+SPEED_LAWS = ("none", "sqrt")
+PARTITIONS = ("iid", "shards", "by_class", "dirichlet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,6 +49,18 @@ class DataConfig:
     """Use only this many training samples (null: all; mnist1d and synthetic generate this many)."""
     num_test: Optional[int] = knob(None, COUNT)
     """Use only this many test samples (null: all)."""
+    partition: str = knob("iid", Choice(PARTITIONS))
+    """Which training samples each client holds (repro/problem/partition.py, seeded by seed):
+    iid (every client its own order over the whole set), shards (disjoint random equal parts),
+    by_class (classes dealt to clients in turn), dirichlet (each class split over the clients
+    by Dirichlet(data.alpha) proportions, Hsu et al. 2019)."""
+    alpha: float = knob(0.5, Range(0.0, 1e6, lo_open=True))
+    """dirichlet: the concentration; small (0.1) gives each client a few classes, large (100)
+    nearly the iid mix."""
+    slow_client_classes: Optional[tuple[int, ...]] = knob(None, Numbers(0, 10**6, integer=True, nullable=True))
+    """These classes are held by the slow client alone (cost.straggler_client, else the client
+    with the largest step time of cost.speeds or cost.speed_law); data.partition splits the
+    other classes over the other clients. null: no such tie."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,15 @@ class CostConfig:
     """This client (1..num_clients) computes straggler_factor times slower; null: no straggler."""
     straggler_factor: float = knob(1.0, Range(0.0, 1e6, lo_open=True))
     """How many times slower the straggler computes."""
+    speeds: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e6, lo_open=True, nullable=True))
+    """Relative step time of each client: num_clients positive numbers, client k's minibatch
+    step takes compute_s x speeds[k-1] (a larger number is a slower client); null: all 1.
+    Multiplies with the straggler's factor and the jitter. backend=real: a slowed client sleeps
+    after each step so that it takes its time over the fastest client's times as long."""
+    speed_law: str = knob("none", Choice(SPEED_LAWS))
+    """A named law of relative step times, instead of a list: sqrt gives client k the step time
+    1 + sqrt(k - 1), i.e. tau_i = 1 + sqrt(i) with i = k - 1 counted from 0, so client 1 is the
+    fastest at exactly compute_s (the heterogeneous setting of the Rennala and Ringmaster papers)."""
     latency_s: float = knob(0.0, SECONDS)
     """One-way link latency of every push and fetch (virtual seconds)."""
     bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
@@ -145,6 +168,15 @@ class CostConfig:
     shared by every transfer; null: bandwidth_Bps."""
     path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
     """With profile 'replay': the recorded run folder whose update order is replayed."""
+
+    def speed(self, client: int) -> float:
+        """Client ``client``'s relative step time from ``speeds`` or ``speed_law`` (1: neither;
+        the straggler's factor and the jitter come on top)."""
+        if self.speeds is not None:
+            return self.speeds[client - 1]
+        if self.speed_law == "sqrt":
+            return 1.0 + math.sqrt(client - 1)   # i = client - 1 = 0..N-1: client 1 at compute_s
+        return 1.0
 
 
 @dataclass(frozen=True)
@@ -332,8 +364,15 @@ def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 def to_dict(cfg: Any) -> dict:
-    """The nested plain dict of a config dataclass (what config.json holds)."""
-    return dataclasses.asdict(cfg)
+    """The nested plain dict of a config dataclass (what config.json holds; a list setting, a
+    tuple in the frozen dataclass, is a list here, as JSON and YAML give it back)."""
+    return _lists(dataclasses.asdict(cfg))
+
+
+def _lists(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _lists(v) for k, v in tree.items()}
+    return list(tree) if isinstance(tree, tuple) else tree
 
 
 def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
@@ -401,6 +440,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return None
         raise ConfigError(key, value, _type_name(options))
     for option in options:
+        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
+            each = typing.get_args(option)[0]   # tuple[float, ...]: a list setting
+            return tuple(_coerce(key, v, each) for v in value)
         if option is bool and isinstance(value, bool):
             return value
         if option is int and isinstance(value, int) and not isinstance(value, bool):
@@ -415,7 +457,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
 def _type_name(options: tuple) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
              type(None): "null"}
-    return " or ".join(names.get(o, str(o)) for o in options)
+    return " or ".join(f"a list of {_type_name(typing.get_args(o)[:1])[2:]}s" if typing.get_origin(o) is tuple
+                       else names.get(o, str(o)) for o in options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,6 +509,8 @@ def _check(cfg: RunConfig) -> None:
     if cost.schedule == "replay" and not cost.path:
         raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
     _check_topology(cfg)
+    _check_speeds(cfg)
+    _check_partition(cfg)
 
 
 # the run core fails a run that applies nothing for this many pushes per live client
@@ -524,3 +569,47 @@ def _check_topology(cfg: RunConfig) -> None:
         raise ConfigError("cost.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or at "
                           f"least {cfg.num_clients} (clients fill hosts of cost.clients_per_host in order, "
                           "every host full, or all of them on one host)")
+
+
+def _check_speeds(cfg: RunConfig) -> None:
+    """One relative step time per client, from a list or a law, not both."""
+    cost = cfg.cost
+    if cost.speeds is None:
+        return
+    if len(cost.speeds) != cfg.num_clients:
+        raise ConfigError("cost.speeds", list(cost.speeds), f"a list of num_clients={cfg.num_clients} relative step "
+                          f"times, one per client (it has {len(cost.speeds)}), e.g. cost.speeds=[" +
+                          ",".join(["1"] * cfg.num_clients) + "]")
+    if cost.speed_law != "none":
+        raise ConfigError("cost.speed_law", cost.speed_law, "none when cost.speeds is set (one or the other)")
+
+
+def slow_client(cfg: RunConfig) -> int | None:
+    """The client that ``data.slow_client_classes`` ties to: ``cost.straggler_client``, else the
+    one client with the largest relative step time (None: no single slowest client)."""
+    if cfg.cost.straggler_client is not None:
+        return cfg.cost.straggler_client
+    times = [cfg.cost.speed(k) for k in range(1, cfg.num_clients + 1)]
+    slowest = max(times)
+    return times.index(slowest) + 1 if times.count(slowest) == 1 else None
+
+
+def _check_partition(cfg: RunConfig) -> None:
+    """What can be said of data.* without the data (repro/problem/partition.py checks the rest
+    against the labels before any work): alpha acts only with dirichlet; the slow client's
+    classes need a slow client and at least one other client."""
+    data = cfg.data
+    if data.partition != "dirichlet" and data.alpha != DataConfig.alpha:
+        raise ConfigError("data.alpha", data.alpha, f"{DataConfig.alpha:g} with data.partition={data.partition} "
+                          "(the key acts only with data.partition=dirichlet)")
+    if data.slow_client_classes is None:
+        return
+    if cfg.num_clients < 2:
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "null with num_clients=1 "
+                          "(the slow client's classes are held by it alone: the other classes need another client)")
+    if slow_client(cfg) is None:
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "null, or a slow client to "
+                          "hold them: set cost.straggler_client, or cost.speeds / cost.speed_law with one "
+                          "slowest client")
+    if len(set(data.slow_client_classes)) != len(data.slow_client_classes):
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "distinct class labels")

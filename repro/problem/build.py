@@ -8,6 +8,7 @@ from exactly the same state: model init seeded by ``seed``, client ``k``'s data 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -17,10 +18,12 @@ from torch import Tensor
 from repro.asgd.algorithm import Client, Server, make_client
 from repro.asgd.flatnet import LOSSES, Worker
 from repro.asgd.rules import ServerRule, make_rule
-from repro.config.settings import RunConfig
+from repro.config.settings import RunConfig, slow_client
+from repro.errors import ConfigError
 from repro.problem.data import DATASETS, ClientStream, Dataset, check_batch_size, load_dataset
 from repro.problem.evaluation import EvalSets
 from repro.problem.models import build_model, check_fits
+from repro.problem.partition import class_counts, split
 
 
 def check_components(cfg: RunConfig) -> None:
@@ -31,6 +34,29 @@ def check_components(cfg: RunConfig) -> None:
     every other caller."""
     _check_components(cfg.data.name, cfg.data.root, cfg.data.num_train, cfg.model.name,
                       cfg.algo.batch_size)
+    check_partition(cfg)
+
+
+def check_partition(cfg: RunConfig) -> None:
+    """The clients' own data (``data.partition``, ``data.slow_client_classes``) against the
+    training labels: every client holds a minibatch, every tied class exists. Loads the data
+    (on the CPU, once per process for each choice); nothing to do for the default iid."""
+    data = cfg.data
+    if data.partition == "iid" and data.slow_client_classes is None:
+        return
+    key = (dataclasses.astuple(data), cfg.num_clients, cfg.seed, cfg.algo.batch_size, slow_client(cfg))
+    if key in _PARTITIONS_CHECKED:
+        return
+    ds = load_dataset(data.name, root=data.root, num_train=data.num_train, num_test=data.num_test)
+    wrong = sorted(set(data.slow_client_classes or ()) - set(range(ds.num_classes)))
+    if wrong:
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), f"class labels of "
+                          f"data '{data.name}': integers in 0..{ds.num_classes - 1} ({wrong[0]} is not one)")
+    split(cfg, ds.y_train.numpy())
+    _PARTITIONS_CHECKED.add(key)
+
+
+_PARTITIONS_CHECKED: set[tuple] = set()
 
 
 @lru_cache(maxsize=64)
@@ -49,6 +75,9 @@ def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
     the model and the batch fit it)."""
     ds = load_dataset(cfg.data.name, root=cfg.data.root, num_train=cfg.data.num_train,
                       num_test=cfg.data.num_test)
+    counts = class_counts(cfg, ds.y_train.numpy(), ds.num_classes)
+    if counts is not None:   # the run folder records what each client holds (repro.analysis draws it)
+        ds = dataclasses.replace(ds, facts={**ds.facts, "client_class_counts": counts})
     return ds.to(device)
 
 
@@ -71,11 +100,21 @@ def make_server(cfg: RunConfig, params: Tensor) -> Server:
 
 
 def make_clients(cfg: RunConfig, ds: Dataset, client_ids: list[int] | None = None) -> list[Client]:
-    """Clients 1..num_clients, each with its own seeded stream over the training set."""
+    """Clients 1..num_clients, each with its own seeded stream over the training samples it
+    holds (``data.partition``: by default the whole set)."""
     rule = make_server_rule(cfg)   # clients push what the server's rule consumes
     ids = client_ids if client_ids is not None else range(1, cfg.num_clients + 1)
-    return [make_client(k, ClientStream(ds.x_train, ds.y_train, cfg.algo.batch_size, cfg.seed, k),
+    parts = split(cfg, ds.y_train.cpu().numpy())   # None: every client reads the whole set
+    return [make_client(k, ClientStream(*client_data(ds, parts, k), cfg.algo.batch_size, cfg.seed, k),
                         cfg.algo.lr, cfg.algo.momentum, cfg.algo.weight_decay, rule) for k in ids]
+
+
+def client_data(ds: Dataset, parts: list | None, client: int) -> tuple[Tensor, Tensor]:
+    """The training inputs and labels ``client`` holds (``parts``: the partition's indices)."""
+    if parts is None:
+        return ds.x_train, ds.y_train
+    idx = torch.from_numpy(parts[client - 1]).to(ds.x_train.device)
+    return ds.x_train[idx], ds.y_train[idx]
 
 
 def param_bytes(params: Tensor) -> int:

@@ -23,6 +23,7 @@ is retrained. Server versions restart at 0 in the asynchronous phase.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 
 from repro.asgd.algorithm import Server
-from repro.config.settings import BackendConfig, CostConfig, RunConfig, shaping_values
+from repro.config.settings import BackendConfig, CostConfig, DataConfig, RunConfig, shaping_values
 from repro.errors import ConfigError
 from repro.files.locks import FileLock
 from repro.files.storage import read_checkpoint, save_checkpoint, to_cpu, write_json
@@ -46,8 +47,10 @@ WARM_SEED = 0
 
 def baseline_config(cfg: RunConfig) -> RunConfig:
     """The single-client run whose final server state is the warm start (only what shapes that
-    state is kept from ``cfg``: data, model, algo, threads, device, warm_start_epochs)."""
-    return cfg.replace(start="cold", num_clients=1, nsync=1, num_epochs=cfg.warm_start_epochs,
+    state is kept from ``cfg``: data, model, algo, threads, device, warm_start_epochs; the one
+    client reads the whole training set, whatever the clients' own data, data.partition)."""
+    whole = dataclasses.replace(cfg.data, partition="iid", alpha=DataConfig.alpha, slow_client_classes=None)
+    return cfg.replace(start="cold", num_clients=1, nsync=1, num_epochs=cfg.warm_start_epochs, data=whole,
                        eval_every=cfg.warm_start_epochs, seed=WARM_SEED, exp_name="_warmstart",
                        cost=CostConfig(), backend=BackendConfig(), checkpoint_every=0,
                        target_error=0.0, resume=False, force=False)

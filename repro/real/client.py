@@ -158,6 +158,35 @@ class Heartbeat:
             self.sent()
 
 
+class Pace:
+    """An uneven cluster on one machine (``cost.speeds``, ``cost.speed_law``): after each local
+    step the client sleeps ``f - 1`` times the step's measured time, so that its step takes ``f``
+    times as long, ``f`` its relative step time over the fastest client's. The rest of ``cost``
+    (jitter, straggler, links) is the simulator's alone."""
+
+    def __init__(self, factor: float, on_step):
+        self.extra, self.on_step = factor - 1.0, on_step
+        self.start()
+
+    def start(self) -> None:
+        self.began = time.perf_counter()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        until = now + self.extra * (now - self.began)
+        while (left := until - time.perf_counter()) > 0:
+            time.sleep(min(left, 0.05))
+            self.on_step()   # in slices: a STOP or new parameters end the wait, heartbeats go on
+        self.on_step()
+        self.began = time.perf_counter()
+
+
+def pace_factor(cfg: RunConfig, client_id: int) -> float:
+    """Client ``client_id``'s step time over the fastest client's (1: not slowed)."""
+    times = [cfg.cost.speed(k) for k in range(1, cfg.num_clients + 1)]
+    return times[client_id - 1] / min(times)
+
+
 def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) -> int:
     client, inbox, outbox = setup.client, setup.inbox, setup.outbox
     on_gpu = setup.device.type == "cuda"
@@ -165,6 +194,8 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
     params_in, update_out = inbox.payload, outbox.payload
     preemptible = PROTOCOLS[cfg.protocol.name].preempts(cfg)
     heartbeat = Heartbeat(channel, outbox, client_id, cfg.backend.client_timeout_s)
+    factor = pace_factor(cfg, client_id)
+    on_step = Pace(factor, heartbeat) if factor > 1.0 else heartbeat
     while True:
         header = channel.recv(inbox, cfg.backend.timeout_s)
         if header.kind == Kind.STOP:
@@ -176,13 +207,15 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
         client.fetch(params_in, header.version)   # copy_ into the client's own tensor (H2D on a GPU)
         channel.post(inbox)   # the next parameters (the reply, or a preemption) land here
         heartbeat.sent()
+        if on_step is not heartbeat:
+            on_step.start()
         segment = client.mark() if preemptible else None
         try:
             if on_gpu:
-                push = client.compute_push(setup.worker, cfg.nsync, on_step=heartbeat)   # .item() syncs
+                push = client.compute_push(setup.worker, cfg.nsync, on_step=on_step)   # .item() syncs
                 update_out.copy_(push.update)   # D2H into the pinned frame, synchronous
             else:
-                push = client.compute_push(setup.worker, cfg.nsync, out=update_out, on_step=heartbeat)
+                push = client.compute_push(setup.worker, cfg.nsync, out=update_out, on_step=on_step)
         except ServerSpoke:   # STOP ends the loop; preempted, as the simulator does: the dropped
             if segment is not None:   # segment consumed nothing
                 client.rewind(segment)

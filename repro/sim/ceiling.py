@@ -7,7 +7,8 @@ clients would push if nothing were shared, nor what any shared resource can carr
 second, for N clients on H hosts (:mod:`repro.sim.resources` for the disciplines):
 
 * **clients**: sum_k 1 / cycle_k, with cycle_k = nsync c f_k + 2 transfer_s + server_apply_s (one
-  segment of steps of c seconds, f_k the straggler's factor, one push, one fetch, one apply):
+  segment of steps of c seconds, f_k the client's relative step time (cost.speeds or
+  cost.speed_law) times the straggler's factor, one push, one fetch, one apply):
   each client alone;
 * **server apply**: 1 / server_apply_s (one push at a time);
 * **server link** (``shared``): B_s / (B_path transfer_s), each way: a transfer is transfer_s
@@ -59,7 +60,8 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int,
     step_s = float(cost.compute_s if step_s is None else step_s)
     model = CostModel(cost, 0, param_bytes, step_s)
     transfer, apply = model.transfer_s, cost.server_apply_s
-    factors = [cost.straggler_factor if cost.straggler_client == k else 1.0 for k in range(1, num_clients + 1)]
+    factors = [cost.speed(k) * (cost.straggler_factor if cost.straggler_client == k else 1.0)
+               for k in range(1, num_clients + 1)]
     cycle = nsync * step_s + 2 * transfer + apply
     bounds = {CLIENTS: sum(1.0 / (nsync * step_s * f + 2 * transfer + apply) for f in factors)}
     if apply > 0:

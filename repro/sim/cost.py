@@ -1,7 +1,8 @@
 """The simulator's clock: how long computing, communicating and applying take, and who goes next.
 
 :class:`CostModel` turns a :class:`~repro.config.settings.CostConfig` into durations: compute
-time per minibatch per client (seeded jitter, an optional straggler), one-way transfer time of a
+time per minibatch per client (its relative step time from ``cost.speeds`` or ``cost.speed_law``:
+an uneven cluster; seeded jitter; an optional straggler, all multiplied), one-way transfer time of a
 parameter vector (latency + bytes / bandwidth) and the server's apply time. A schedule decides
 the order in which the server applies pushes; every schedule has the interface of
 :class:`Schedule` (``next``, ``served``, ``cancel``, state), and :func:`make_schedule` picks one:
@@ -64,7 +65,9 @@ class CostModel:
 
     def segment_s(self, client: int, segment: int, num_steps: int) -> float:
         """Virtual time of ``client``'s ``segment``-th push: ``num_steps`` minibatch steps."""
-        step_s = self.step_s
+        # uneven clusters: the client's relative step time (exactly 1.0, which changes no bit,
+        # without cost.speeds or cost.speed_law)
+        step_s = self.step_s * self.cost.speed(client)
         if self.cost.straggler_client == client:
             step_s *= self.cost.straggler_factor
         if self.cost.jitter == "none" or self.cost.jitter_sigma == 0:

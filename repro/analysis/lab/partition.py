@@ -1,0 +1,88 @@
+"""The clients' own data, drawn from run folders: which classes each client holds.
+
+A run with ``data.partition`` other than ``iid`` (or with ``data.slow_client_classes``) records
+in its ``config.json`` how many training samples of each class each client holds
+(``dataset.client_class_counts``, :func:`repro.problem.partition.class_counts`); this figure
+reads that record only, never the data. One panel per partition found in the experiment folder
+(the settings that decide it: ``data.*``, ``num_clients`` and, for the random ones, the seed: the
+lowest seed's is drawn), a heat map of clients (rows) by classes (columns), each cell its count.
+
+    python -m repro.analysis partition --exp own_data     # figures/partition.{png,pdf,csv}
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.build import register_figure
+from repro.analysis.load import Runs
+
+COUNTS = "dataset.client_class_counts"
+# what decides a partition (besides the labels): one panel for each of their combinations
+PANEL_KEYS = ("data.name", "data.partition", "data.alpha", "data.slow_client_classes", "num_clients")
+
+
+def _label(run: pd.Series) -> str:
+    part = str(run["data.partition"])
+    if part == "dirichlet":
+        part += f" alpha={float(run['data.alpha']):g}"
+    slow = run.get("data.slow_client_classes")
+    if isinstance(slow, str) and slow.startswith("["):
+        part += f", classes {slow} on the slow client"
+    return f"{run['data.name']}: {part}, {int(run['num_clients'])} clients, seed {int(run['seed'])}"
+
+
+def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Tidy rows (panel, client, class, count) of every distinct partition in ``runs`` that
+    recorded one (runs reading the whole set, iid, record none and are left out)."""
+    table = runs.runs
+    if COUNTS not in table:
+        return pd.DataFrame(columns=["panel", "client", "class", "count"])
+    table = table[table[COUNTS].apply(lambda v: isinstance(v, str) and v.startswith("["))]
+    keys = [k for k in PANEL_KEYS if k in table]
+    rows = []
+    firsts = table.sort_values("seed").astype({k: str for k in keys}).drop_duplicates(keys) if len(table) else table
+    for idx in firsts.index:
+        run = table.loc[idx]
+        for client, counts in enumerate(json.loads(run[COUNTS]), start=1):
+            rows += [{"panel": _label(run), "client": client, "class": c, "count": int(n)}
+                     for c, n in enumerate(counts)]
+    return pd.DataFrame(rows, columns=["panel", "client", "class", "count"])
+
+
+def draw_partition(frame: pd.DataFrame):
+    """One heat map per partition: clients x classes, each cell the samples the client holds."""
+    from repro.analysis.figures import _new_figure
+
+    if frame.empty:
+        raise ValueError("partition: no run records a partition (iid runs read the whole set)")
+    panels = list(dict.fromkeys(frame["panel"]))
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    clients = frame["client"].max()
+    fig, axes = _new_figure(rows, cols, panel=(4.2, 1.2 + 0.32 * clients))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, panels):
+        grid = frame[frame["panel"] == panel].pivot(index="client", columns="class", values="count")
+        values = grid.to_numpy()
+        ax.imshow(values, cmap="Blues", aspect="auto", vmin=0)
+        for (i, j), n in np.ndenumerate(values):
+            if n:
+                ax.text(j, i, str(int(n)), ha="center", va="center", fontsize="xx-small",
+                        color="white" if n > values.max() / 2 else "black")
+        ax.set_xticks(range(values.shape[1]), [str(c) for c in grid.columns], fontsize="small")
+        ax.set_yticks(range(values.shape[0]), [str(k) for k in grid.index], fontsize="small")
+        ax.grid(False)
+        ax.set(xlabel="class", ylabel="client", title=panel)
+        ax.title.set_fontsize("small")
+    fig.suptitle("Clients with their own data: training samples of each class per client")
+    return fig
+
+
+# its axes: whatever a grid of clients with their own data sweeps (the partition and the methods
+# compared on it); the figure draws one panel per partition among them
+AXES = ("data.", "num_clients", "nsync", "num_epochs", "model.", "algo.", "protocol.", "cost.")
+register_figure("partition", partition_frame, draw_partition, exps=("own_data",), axes=AXES)

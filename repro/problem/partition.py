@@ -1,0 +1,127 @@
+"""Clients with their own data: which training samples each client holds (``data.partition``).
+
+Owns the split of the training set over the clients, the federated-learning conventions, as a
+pure function of the labels, the settings and ``seed`` (so client ``k`` holds the same samples in
+the simulator and in every real client process, which each compute it from the same labels):
+
+* ``iid`` (the default, the paper's Downpour): every client reads the whole set, each in its own
+  seeded order (:class:`repro.problem.data.ClientStream`); nothing is split;
+* ``shards``: a seeded permutation of the set cut into ``num_clients`` disjoint parts of equal
+  size (within one sample): the same mix of classes, a client's own samples;
+* ``by_class``: the classes dealt to the clients in turn (client ``k`` holds classes
+  ``k - 1, k - 1 + N, ...``); with more clients than classes, the clients holding one class
+  share its samples in equal parts;
+* ``dirichlet``: each class's samples split over the clients in proportions drawn from
+  Dirichlet(``data.alpha``), the label skew of Hsu, Qi & Brown (2019, "Measuring the effects of
+  non-identical data distribution for federated visual classification"): alpha -> 0 gives each
+  client a few classes, alpha -> inf the iid mix. A draw that leaves a client with fewer samples
+  than one minibatch is drawn again (the usual practice), at most :data:`DIRICHLET_TRIES` times.
+
+``data.slow_client_classes`` ties data to speed: those classes go to the slow client alone
+(:func:`repro.config.settings.slow_client`), and the partition splits the other classes over the
+other clients (the case where a method that drops stale work never learns them).
+
+Every client must hold at least one minibatch (``algo.batch_size``); a split that leaves one
+with fewer is bad input (:class:`~repro.errors.ConfigError`), checked before any work by
+:func:`repro.problem.build.check_components`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from repro.config.settings import RunConfig, slow_client
+from repro.errors import ConfigError
+
+DIRICHLET_TRIES = 100
+_STREAM = 0x9A27   # the partition's own generator stream, apart from the clients' data orders
+
+
+def split(cfg: RunConfig, labels: np.ndarray) -> list[np.ndarray] | None:
+    """The training-set indices of clients 1..N (item k - 1: client k, sorted), or None when
+    every client reads the whole set (``iid`` without slow-client classes)."""
+    data, n = cfg.data, cfg.num_clients
+    labels = np.asarray(labels)
+    if data.partition == "iid" and data.slow_client_classes is None:
+        return None
+    rng = np.random.default_rng([cfg.seed, _STREAM])
+    everyone = np.arange(len(labels))
+    if data.slow_client_classes is None:
+        return _checked(cfg, _split(data.partition, everyone, labels, n, data.alpha, rng, cfg.algo.batch_size))
+    slow = slow_client(cfg)
+    mine = np.isin(labels, data.slow_client_classes)
+    others = _split(data.partition, everyone[~mine], labels, n - 1, data.alpha, rng, cfg.algo.batch_size)
+    parts = others[:slow - 1] + [everyone[mine]] + others[slow - 1:]
+    return _checked(cfg, parts, slow)
+
+
+def class_counts(cfg: RunConfig, labels: np.ndarray, num_classes: int) -> list[list[int]] | None:
+    """Samples of each class (columns) that each client holds (rows: clients 1..N); None when
+    every client reads the whole set."""
+    parts = split(cfg, labels)
+    if parts is None:
+        return None
+    labels = np.asarray(labels)
+    return [np.bincount(labels[p], minlength=num_classes).astype(int).tolist() for p in parts]
+
+
+def _split(scheme: str, idx: np.ndarray, labels: np.ndarray, n: int, alpha: float,
+           rng: np.random.Generator, min_size: int) -> list[np.ndarray]:
+    """``idx`` split over ``n`` clients by ``scheme`` (``iid``: each of them all of ``idx``)."""
+    if scheme == "iid":
+        return [idx] * n
+    if scheme == "shards":
+        return [np.sort(p) for p in np.array_split(rng.permutation(idx), n)]
+    if scheme == "by_class":
+        return _by_class(idx, labels, n, rng)
+    return _dirichlet(idx, labels, n, alpha, rng, min_size)
+
+
+def _by_class(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    classes = np.unique(labels[idx])
+    parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for j, c in enumerate(classes):
+        holders = list(range(j % n, n, len(classes))) if n > len(classes) else [j % n]
+        members = rng.permutation(idx[labels[idx] == c])
+        for holder, piece in zip(holders, np.array_split(members, len(holders))):
+            parts[holder].append(piece)
+    return [np.sort(np.concatenate(p)) if p else np.empty(0, dtype=idx.dtype) for p in parts]
+
+
+def _dirichlet(idx: np.ndarray, labels: np.ndarray, n: int, alpha: float, rng: np.random.Generator,
+               min_size: int) -> list[np.ndarray]:
+    """Hsu et al. (2019): for each class, proportions q ~ Dir(alpha 1_n) over the clients, and
+    the class's samples (shuffled) cut at the cumulative proportions."""
+    classes = np.unique(labels[idx])
+    for _ in range(DIRICHLET_TRIES):
+        parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+        for c in classes:
+            members = rng.permutation(idx[labels[idx] == c])
+            q = rng.dirichlet(np.full(n, alpha))
+            cuts = (np.cumsum(q)[:-1] * len(members)).astype(int)
+            for holder, piece in enumerate(np.split(members, cuts)):
+                parts[holder].append(piece)
+        out = [np.sort(np.concatenate(p)) for p in parts]
+        if min(map(len, out)) >= min_size:
+            return out
+    return out   # still short: _checked names the client and the key
+
+
+def _checked(cfg: RunConfig, parts: list[np.ndarray], slow: int | None = None) -> list[np.ndarray]:
+    """Every client holds at least one minibatch, or bad input naming the key to change."""
+    need = cfg.algo.batch_size
+    for k, part in enumerate(parts, start=1):
+        if len(part) >= need:
+            continue
+        data = cfg.data
+        if k == slow:
+            raise ConfigError("data.slow_client_classes", list(data.slow_client_classes),
+                              f"classes holding at least algo.batch_size={need} training samples together "
+                              f"(the slow client {k} would hold {len(part)})")
+        key, value = ("data.alpha", data.alpha) if data.partition == "dirichlet" else ("data.partition", data.partition)
+        tries = f" in {DIRICHLET_TRIES} draws" if data.partition == "dirichlet" else ""
+        raise ConfigError(key, value, f"a split that leaves each of the {cfg.num_clients} clients at least "
+                          f"algo.batch_size={need} training samples (client {k} would hold {len(part)}{tries}): "
+                          "use fewer clients, a smaller algo.batch_size"
+                          + (", or a larger data.alpha" if data.partition == "dirichlet" else
+                             ", or another data.partition"))
+    return parts
