@@ -308,8 +308,12 @@ class Grid(Callback):
              + (f"; {len(remote)} point(s) run on other hosts: they stop when they see the stop "
                 "mark (or scancel stops them)" if remote else "")
              + ". The same command with resume=auto continues the interrupted points and skips "
-             "the finished ones.")
+             "the finished ones" + self._where() + ".")
         raise SystemExit(EXIT_INTERRUPTED)
+
+    def _where(self) -> str:
+        """The sweep folder, so a user who stopped a grid knows which folders to resume."""
+        return f" (their folders are under {self.sweep_dir})" if self.sweep_dir else ""
 
     def _restore_signals(self) -> None:
         if self._stop is not None:
@@ -349,7 +353,7 @@ class Grid(Callback):
             _say(self.progress_line(final=True))
             _say(f"[{self.label}] stopped: {self._name(run_dir.name)} was interrupted. The same "
                  "command with resume=auto continues the interrupted points and skips the "
-                 "finished ones.")
+                 "finished ones" + self._where() + ".")
             raise SystemExit(EXIT_INTERRUPTED)
 
     # -- the stop mark ------------------------------------------------------------------------

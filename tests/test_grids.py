@@ -205,6 +205,8 @@ def test_ctrl_c_stops_every_joblib_job_cleanly_and_leaves_no_process(tmp_path):
     assert _statuses(tmp_path) == ["interrupted", "interrupted"], out[-3000:]   # both stopped cleanly
     assert "[grid fig3] SIGINT: no new grid point starts" in out and "stopped by SIGINT" in out
     assert "2 interrupted" in out and "2 not started" in out
+    assert f"resume=auto continues the interrupted points" in out
+    assert f"(their folders are under {tmp_path / 'results' / 'fig3'})" in out   # which folders to resume
     assert "Traceback" not in out and "fig3: wrote" not in out
 
 
@@ -230,7 +232,7 @@ def test_ctrl_c_stops_a_sequential_grid_instead_of_starting_the_next_point(tmp_p
     assert proc.returncode == 130, out[-3000:]
     assert_no_leftovers(proc, within_s=10.0)
     assert _statuses(tmp_path) == ["interrupted"]
-    assert "stopped:" in out and "resume=auto" in out
+    assert "stopped:" in out and "resume=auto" in out and str(tmp_path / "results" / "fig3") in out
 
 
 @pytest.mark.slow
