@@ -146,7 +146,7 @@ class StopRequest:
     it, a nested run another): a stop asked for once stops every StopRequest of the process, and
     the second signal forces wherever it lands, also after the run has ended, so a double Ctrl-C
     ends the same way whenever the second one comes. ``on_signal(name)`` replaces the default
-    reaction to the first signal (log "stopping after the current push"); ``force(name)`` makes
+    reaction to the first signal (log "stopping after the current step"); ``force(name)`` makes
     the exception the second one raises (default :class:`KeyboardInterrupt`).
     :func:`request_stop` asks without a signal (a grid's stop mark): it never counts as one."""
 
@@ -180,7 +180,7 @@ class StopRequest:
         if self.on_signal is not None:
             self.on_signal(name)
         else:
-            log.info(f"{name}: stopping after the current push (again to force)")
+            log.info(f"{name}: stopping after the current local step (again to force)")
 
     def __enter__(self) -> "StopRequest":
         if StopRequest._pending:
