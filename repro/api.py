@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 from repro.config.help import composed, group_options
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, from_dict, validate
 from repro.errors import ConfigError
@@ -223,9 +223,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     dev = resolve_device(device)
     ds = _dataset(train, test, dev)
     check_batch_size(batch_size, ds.num_train, key="batch_size")
-    worker = Worker(copy.deepcopy(module).to(dev), loss_fn)
-    _check_labels_fit(worker.module, ds)
-    problem = Problem(ds, worker, worker.params.detach().clone(), EvalSets.of(ds))
+    net = FlatNet(copy.deepcopy(module).to(dev), loss_fn)
+    _check_labels_fit(net.module, ds)
+    problem = Problem(ds, net, net.params.detach().clone(), EvalSets.of(ds))
     if run_dir is not None:
         return _run(cfg.replace(force=force), Path(run_dir), problem)
     with tempfile.TemporaryDirectory(prefix="repro-") as tmp:   # nothing left behind

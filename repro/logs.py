@@ -34,3 +34,14 @@ def _install() -> None:
 def get_logger(name: str = NAME) -> logging.Logger:
     _install()
     return logging.getLogger(name)
+
+
+class _Prefixed(logging.LoggerAdapter):
+    def process(self, msg, kwargs):
+        return f"{self.extra['prefix']} {msg}", kwargs
+
+
+def prefixed(name: str, prefix: str) -> logging.LoggerAdapter:
+    """A logger whose messages start with ``prefix`` (``[real server]``, ``[real client 3]``): a
+    real run's processes share one terminal, so each line says which process wrote it."""
+    return _Prefixed(get_logger(name), {"prefix": prefix})

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from repro.asgd.algorithm import LocalSGD, Push, Server
+from repro.asgd.algorithm import LocalSGD, Push, ParameterServer
 from repro.asgd.rules import AdagradRule, DeltaRule, DownpourRule, make_rule
 from repro.config.settings import AlgoConfig, DataConfig, ModelConfig, RunConfig
-from repro.problem.build import build_worker, load_data, make_clients, make_server
+from repro.problem.build import build_net, load_data, make_clients, make_server
 from repro.problem.data import ClientStream
 from repro.problem.models import build_model
 
@@ -52,7 +52,7 @@ def test_server_rules_arithmetic():
 
 
 def test_server_counts_versions_and_staleness():
-    server = Server(torch.zeros(2), DeltaRule())
+    server = ParameterServer(torch.zeros(2), DeltaRule())
     assert server.apply(_push(torch.ones(2), read_version=0)).staleness == 0
     assert server.apply(_push(torch.ones(2), read_version=0)).staleness == 1
     applied = server.apply(_push(torch.ones(2), read_version=1))
@@ -63,15 +63,15 @@ def test_server_counts_versions_and_staleness():
 
 
 def _sequential_sgd(cfg, ds, num_steps):
-    """Sequential SGD with no server: the same network object (a flat-parameter Worker) and the
+    """Sequential SGD with no server: the same network object (a FlatNet, the flat-parameter network) and the
     same LocalSGD arithmetic the client uses, one minibatch after another, client 1's data order."""
-    worker = build_worker(cfg, ds)
+    net = build_net(cfg, ds)
     opt = LocalSGD(cfg.algo.lr, cfg.algo.momentum, cfg.algo.weight_decay)
     stream = ClientStream(ds.x_train, ds.y_train, cfg.algo.batch_size, cfg.seed, 1)
     for _ in range(num_steps):
-        worker.backward(*stream.next_batch())
-        opt.step(worker.params, worker.grad)
-    return worker.params.detach().clone()
+        net.backward(*stream.next_batch())
+        opt.step(net.params, net.grad)
+    return net.params.detach().clone()
 
 
 def _one_client_cfg(rule, nsync):
@@ -87,26 +87,26 @@ def test_one_client_is_sequential_sgd(nsync, rule):
     """One client, any nsync: the server's trajectory is sequential SGD's.
 
     Why the comparison is exact up to the server's own rounding, on any CPU and thread count:
-    both sides run the *same* worker (the same kernels on the same memory layout, in one process
+    both sides run the *same* net (the same kernels on the same memory layout, in one process
     at one thread count) on the same minibatches, so their gradients are bitwise equal as long as
     their parameters are. The only difference is the server's arithmetic. Downpour at nsync 1
     computes ``w - lr*g`` exactly as the client does (lr_server = lr): bitwise equal. At nsync > 1
     it sums the segment's gradients before applying; the delta rule computes ``w + (w' - w)``,
     which rounds to ``w'`` within one float32 ulp. Those roundings (~1e-7 relative per exchange)
     are what atol=1e-5 allows for over 48 steps; a missed step or a wrong data order is off by
-    more than 1e-3 (asserted below). That the worker itself computes torch's SGD is a separate
+    more than 1e-3 (asserted below). That the net itself computes torch's SGD is a separate
     claim: ``test_local_sgd_matches_torch_sgd_bitwise`` and
     ``test_flat_worker_gradient_is_the_plain_module_gradient``.
     """
     cfg = _one_client_cfg(rule, nsync)
     ds = load_data(cfg)
-    worker = build_worker(cfg, ds)
-    server = make_server(cfg, worker.params)
+    net = build_net(cfg, ds)
+    server = make_server(cfg, net.params)
     (client,) = make_clients(cfg, ds)
     client.fetch(server.params, server.version)
     num_steps = 48 // nsync * nsync
     for _ in range(num_steps // nsync):
-        push = client.compute_push(worker, nsync)
+        push = client.compute_push(net, nsync)
         assert server.apply(push).staleness == 0
         client.fetch(server.params, server.version)
     expected = _sequential_sgd(cfg, ds, num_steps)
@@ -117,7 +117,7 @@ def test_one_client_is_sequential_sgd(nsync, rule):
 
 
 def test_flat_worker_gradient_is_the_plain_module_gradient():
-    """The worker's flat-parameter network computes the gradient an ordinary module computes.
+    """The FlatNet computes the gradient an ordinary module computes.
 
     Compared after ONE step, to float rounding (rtol 1e-5): the two hold their parameters in
     different memory (views of one flat vector vs separate tensors), and a BLAS or oneDNN kernel
@@ -127,13 +127,13 @@ def test_flat_worker_gradient_is_the_plain_module_gradient():
     """
     cfg = _one_client_cfg("delta", 1)
     ds = load_data(cfg)
-    worker = build_worker(cfg, ds)
+    net = build_net(cfg, ds)
     torch.manual_seed(cfg.seed)
     plain = build_model(cfg.model.name, ds.input_shape, ds.num_classes)
     x, y = ClientStream(ds.x_train, ds.y_train, cfg.algo.batch_size, cfg.seed, 1).next_batch()
-    worker.backward(x, y)
+    net.backward(x, y)
     torch.nn.functional.cross_entropy(plain(x), y).backward()
-    assert torch.equal(worker.params, torch.nn.utils.parameters_to_vector(plain.parameters()))
+    assert torch.equal(net.params, torch.nn.utils.parameters_to_vector(plain.parameters()))
     plain_grad = torch.cat([p.grad.reshape(-1) for p in plain.parameters()])
-    assert torch.allclose(worker.grad, plain_grad, rtol=1e-5, atol=1e-7)
-    assert worker.grad.abs().max() > 1e-3   # a real gradient, not two zeros
+    assert torch.allclose(net.grad, plain_grad, rtol=1e-5, atol=1e-7)
+    assert net.grad.abs().max() > 1e-3   # a real gradient, not two zeros

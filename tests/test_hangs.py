@@ -13,14 +13,14 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 from repro.config.settings import (AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig,
                                    RunConfig, validate)
 from repro.errors import ConfigError
 from repro.problem.evaluation import EvalSets
 from repro.problem.start import build_problem
 from repro.real.client import build_client, run_client
-from repro.real.server import ServerLoop
+from repro.real.server import Dispatcher
 from repro.real.transport import Header, Kind
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
@@ -154,7 +154,7 @@ def test_sigterm_stops_the_simulator_inside_a_long_push_and_resume_is_bitwise(tm
     push is computed again by the resumed run, whose tables equal an uninterrupted run's."""
     cfg = cfg_for(nsync=800, num_epochs=100.0, eval_every=50.0)
     assert simulate(cfg, tmp_path / "whole")["status"] == "completed"
-    calls, backward = [0], Worker.backward
+    calls, backward = [0], FlatNet.backward
 
     def sigterm_at_step_100(self, x, y):
         calls[0] += 1
@@ -162,9 +162,9 @@ def test_sigterm_stops_the_simulator_inside_a_long_push_and_resume_is_bitwise(tm
             os.kill(os.getpid(), signal.SIGTERM)
         return backward(self, x, y)
 
-    monkeypatch.setattr(Worker, "backward", sigterm_at_step_100)
+    monkeypatch.setattr(FlatNet, "backward", sigterm_at_step_100)
     cut = simulate(cfg, tmp_path / "cut")
-    monkeypatch.setattr(Worker, "backward", backward)
+    monkeypatch.setattr(FlatNet, "backward", backward)
     assert cut["status"] == "interrupted" and calls[0] == 100 and cut["version"] == 0
     assert simulate(cfg.replace(resume=True), tmp_path / "cut")["status"] == "completed"
     for table in ("updates.csv", "evals.csv"):
@@ -232,7 +232,7 @@ def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
         problem = build_problem(cfg, torch.device("cpu"))
         run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real")
         channels = {1: _Channel(), 2: _Channel()}
-        loop = ServerLoop(cfg, core, channels, StopRequest())
+        loop = Dispatcher(cfg, core, channels, StopRequest())
         core.begin([1, 2])
         loop.sent_version = {1: 0, 2: 0}
         numel = core.server.params.numel()

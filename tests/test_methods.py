@@ -18,7 +18,7 @@ from repro.asgd.rules import ElasticExchange, ElasticRule, OuterNesterovRule
 from repro.config.help import compose, parse
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.errors import ConfigError
-from repro.problem.build import build_worker, load_data
+from repro.problem.build import build_net, load_data
 from repro.problem.data import ClientStream
 from repro.sim.driver import simulate
 from tests.helpers.paths import ROOT
@@ -157,16 +157,16 @@ def test_rennala_with_one_client_is_minibatch_sgd_with_batch_s(tmp_path):
     assert summary["collected_pushes"] == [[v, 1] for v in range(6) for _ in range(3)]
     assert summary["discarded_pushes"] == []
     ds = load_data(cfg)
-    worker = build_worker(cfg, ds)
+    net = build_net(cfg, ds)
     stream = ClientStream(ds.x_train, ds.y_train, cfg.algo.batch_size, cfg.seed, 1)
     for _ in range(6):
         grads = []
         for _ in range(3):
-            worker.backward(*stream.next_batch())
-            grads.append(worker.grad.clone())
-        worker.params.add_(torch.stack(grads).mean(0), alpha=-cfg.algo.lr)
+            net.backward(*stream.next_batch())
+            grads.append(net.grad.clone())
+        net.params.add_(torch.stack(grads).mean(0), alpha=-cfg.algo.lr)
     final = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["server"]["params"]
-    assert torch.allclose(final, worker.params, rtol=0, atol=1e-6)
+    assert torch.allclose(final, net.params, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("protocol", [ProtocolConfig(name="ringmaster", staleness_threshold=1),
@@ -228,14 +228,14 @@ def test_easgd_with_one_client_is_algorithm_1(tmp_path):
     summary = simulate(cfg, tmp_path)
     assert summary["status"] == "completed" and summary["version"] == 8
     ds = load_data(cfg)
-    worker = build_worker(cfg, ds)
+    net = build_net(cfg, ds)
     stream = ClientStream(ds.x_train, ds.y_train, cfg.algo.batch_size, cfg.seed, 1)
-    alpha, x = 0.9, worker.params
+    alpha, x = 0.9, net.params
     centre = x.detach().clone()
     for _ in range(8):
         for _ in range(3):
-            worker.backward(*stream.next_batch())
-            x.add_(worker.grad, alpha=-cfg.algo.lr)
+            net.backward(*stream.next_batch())
+            x.add_(net.grad, alpha=-cfg.algo.lr)
         last = x.detach().clone()
         elastic = alpha * (x - centre)
         x.sub_(elastic)

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 from repro.config.settings import (AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig,
                                    ProtocolConfig, RunConfig)
 from repro.errors import ConfigError
@@ -106,7 +106,7 @@ def test_sim_resumes_each_method_bitwise(tmp_path, monkeypatch, name):
     cfg = sim_cfg(**SIM_METHODS[name])
     whole = simulate(cfg, tmp_path / "whole")
     assert whole["status"] == "completed"
-    calls, backward = [0], Worker.backward
+    calls, backward = [0], FlatNet.backward
 
     def interrupt_at_step_30(self, x, y):
         calls[0] += 1
@@ -114,9 +114,9 @@ def test_sim_resumes_each_method_bitwise(tmp_path, monkeypatch, name):
             os.kill(os.getpid(), signal.SIGINT)
         return backward(self, x, y)
 
-    monkeypatch.setattr(Worker, "backward", interrupt_at_step_30)
+    monkeypatch.setattr(FlatNet, "backward", interrupt_at_step_30)
     cut = simulate(cfg, tmp_path / "cut")
-    monkeypatch.setattr(Worker, "backward", backward)
+    monkeypatch.setattr(FlatNet, "backward", backward)
     assert cut["status"] == "interrupted"
     ckpt = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert ckpt["driver"]["pending"] is not None

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from repro.asgd.algorithm import Push
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 from repro.asgd.protocols import NOTHING, PROTOCOLS, SSP, Async, Decision, Policy, Sync, View
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.problem.start import build_problem
@@ -158,7 +158,7 @@ def test_sim_sync_resumes_a_half_full_round_and_a_half_computed_push_bitwise(tmp
     cfg = cfg_for(num_clients=3, nsync=4, num_epochs=3.0, cost=JITTER,
                   algo=AlgoConfig(lr=0.05, momentum=0.5), protocol=ProtocolConfig(name="sync"))
     assert simulate(cfg, tmp_path / "whole")["status"] == "completed"
-    calls, backward = [0], Worker.backward
+    calls, backward = [0], FlatNet.backward
 
     def interrupt_at_step_30(self, x, y):
         calls[0] += 1
@@ -166,9 +166,9 @@ def test_sim_sync_resumes_a_half_full_round_and_a_half_computed_push_bitwise(tmp
             os.kill(os.getpid(), signal.SIGINT)
         return backward(self, x, y)
 
-    monkeypatch.setattr(Worker, "backward", interrupt_at_step_30)
+    monkeypatch.setattr(FlatNet, "backward", interrupt_at_step_30)
     cut = simulate(cfg, tmp_path / "cut")
-    monkeypatch.setattr(Worker, "backward", backward)
+    monkeypatch.setattr(FlatNet, "backward", backward)
     assert cut["status"] == "interrupted" and calls[0] == 30          # not one step more
     ckpt = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert ckpt["driver"]["pending"] is not None and ckpt["protocol"]["pushes"]   # half full

@@ -9,7 +9,7 @@ import torch
 from repro.asgd.algorithm import Push
 from repro.asgd.rules import DCASGDRule, StalenessScaledRule
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.problem.build import build_worker, load_data
+from repro.problem.build import build_net, load_data
 from repro.problem.data import ClientStream
 from repro.problem.start import build_problem
 from repro.runs.core import RunCore
@@ -79,14 +79,14 @@ def test_sync_is_large_batch_sgd_on_the_union_of_the_minibatches(tmp_path):
     rounds = summary["version"]
     assert summary["status"] == "completed" and rounds == 8            # 512 samples, 128 a round
     ds = load_data(cfg)
-    worker = build_worker(cfg, ds)
+    net = build_net(cfg, ds)
     streams = [ClientStream(ds.x_train, ds.y_train, 32, cfg.seed, k) for k in range(1, 5)]
     for _ in range(rounds):
         batches = [s.next_batch() for s in streams]
-        worker.backward(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
-        worker.params.add_(worker.grad, alpha=-cfg.algo.lr)
+        net.backward(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
+        net.params.add_(net.grad, alpha=-cfg.algo.lr)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    assert torch.allclose(ckpt["server"]["params"], worker.params, rtol=0, atol=1e-5)
+    assert torch.allclose(ckpt["server"]["params"], net.params, rtol=0, atol=1e-5)
     up = pd.read_csv(tmp_path / "updates.csv")
     assert (up.staleness == 0).all() and (up.client == 0).all() and (up.num_samples == 128).all()
 

@@ -3,7 +3,7 @@
 This module owns the arithmetic of Downpour SGD (Dean et al., NIPS 2012) as used by GPU A-SGD
 (Paine et al., arXiv 1312.6186), and nothing else: no processes, clocks, sockets or files. The
 simulator (:mod:`repro.sim.driver`) and the real driver (:mod:`repro.real`) run these same objects and
-differ only in who carries a :class:`Push` to the :class:`Server` and which clock stamps it.
+differ only in who carries a :class:`Push` to the :class:`ParameterServer` and which clock stamps it.
 
 Client (Downpour with ``nfetch = npush = nsync``, the paper's single knob): starting from the
 parameters it last fetched, run ``nsync`` local minibatch steps of SGD with momentum and weight
@@ -13,7 +13,7 @@ A rule may make its clients keep their own parameters across exchanges (EASGD: t
 pushes its parameters and, with the server's reply, moves toward the centre instead of taking
 it); the rule declares that ``exchange`` and both drivers run it through :meth:`Client.fetch`.
 
-Server (the paper's parameter server): holds the parameter vector and a ``version`` counter,
+ParameterServer (the paper's parameter server): holds the parameter vector and a ``version`` counter,
 applies each push as it arrives with a server rule (:mod:`repro.asgd.rules`), and reports the push's staleness: the number of updates applied since
 the client fetched (server version before apply minus the version the client read).
 """
@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 from repro.asgd.rules import ServerRule
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ class Client:
         self.joined = True
         self.read_version = version
 
-    def compute_push(self, worker: Worker, num_steps: int, out: Tensor | None = None,
+    def compute_push(self, net: FlatNet, num_steps: int, out: Tensor | None = None,
                      on_step: Callable[[], None] | None = None) -> Push:
         """Run ``num_steps`` local steps from the fetched parameters and return the push.
         ``out``: write the update into this tensor (e.g. a transport buffer) instead of a new
@@ -141,8 +141,8 @@ class Client:
         client proves it is alive there; both drivers honour a stop request there by raising,
         after which the caller rewinds to a :meth:`mark`); it must not touch the numbers."""
         assert self.params is not None, "fetch() before compute_push()"
-        worker.load(self.params)
-        w = worker.params
+        net.load(self.params)
+        w = net.params
         accrued = None
         if self.push_kind == "gradient":
             accrued = out.zero_() if out is not None else torch.zeros_like(w)
@@ -151,8 +151,8 @@ class Client:
         num_samples = 0
         for _ in range(num_steps):
             x, y = self.stream.next_batch()
-            loss, wrong = worker.backward(x, y)
-            g = self.optimiser.step(w, worker.grad)      # the client keeps training locally
+            loss, wrong = net.backward(x, y)
+            g = self.optimiser.step(w, net.grad)      # the client keeps training locally
             if accrued is not None:
                 accrued.add_(g)                          # Downpour: accrued <- accrued + g
             loss_sum += loss
@@ -164,7 +164,7 @@ class Client:
             update = accrued
         elif self.push_kind == "delta":   # w_local - w_fetched
             update = torch.sub(w, self.params, out=out) if out is not None else w - self.params
-        else:   # params: the client's own, which it keeps (the worker is shared in the simulator)
+        else:   # params: the client's own, which it keeps (the net is shared in the simulator)
             self.params.copy_(w)
             update = out.copy_(w) if out is not None else w.clone()
         return Push(
@@ -197,7 +197,7 @@ class Client:
         self.stream.set_position(tuple(int(p) for p in state["stream_position"]))
 
 
-class Server:
+class ParameterServer:
     """The parameter server: one parameter vector, a version counter and an update rule."""
 
     def __init__(self, params: Tensor, rule: ServerRule, version: int = 0):

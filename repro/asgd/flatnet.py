@@ -2,8 +2,8 @@
 
 :class:`FlatModule` lays every parameter and every gradient of a module out in one contiguous
 vector, so a push or a fetch of the server's parameters is a single tensor and loading them is
-one ``copy_``. :class:`Worker` computes losses and gradients of such a network; the simulator lets
-every client borrow one worker, the real driver gives each client process its own. No process,
+one ``copy_``. :class:`FlatNet` computes losses and gradients of such a network; the simulator lets
+every client borrow one FlatNet, the real driver gives each client process its own. No process,
 clock or file is involved.
 """
 from __future__ import annotations
@@ -69,12 +69,12 @@ class FlatModule:
         self.grad.zero_()
 
 
-class Worker:
+class FlatNet:
     """Computes losses and gradients of one network whose parameters live in one flat vector.
 
-    A worker is a compute resource, not a client: the simulator lets every client borrow one
-    worker (loading the client's parameters is one ``copy_``), the real driver gives each client
-    process its own.
+    A FlatNet is a compute engine, not a client (the paper's "workers" and our ``backup_workers``
+    are clients): the simulator lets every client borrow one FlatNet (loading the client's
+    parameters is one ``copy_``), the real driver gives each client process its own.
     """
 
     def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):

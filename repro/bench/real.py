@@ -105,7 +105,7 @@ def _protocol_client(port: int, sizes: tuple, blocks: int) -> None:
 
 def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
     """Rank 0: echoes; for ours, through a Receiver thread whose pushes are served under a lock,
-    from the reply frame the parameters live in, as ServerLoop does."""
+    from the reply frame the parameters live in, as Dispatcher does."""
     import threading
 
     from repro.asgd.rules import DeltaRule
@@ -134,7 +134,7 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
                         served[0] += 1
                         channel.send(Header(Kind.PARAMS, 1, served[0], size), reply)
                         if served[0] < n:
-                            channel.post(frame)   # as ServerLoop.send_params does
+                            channel.post(frame)   # as Dispatcher.send_params does
                         return served[0] < n
 
                 receiver = Receiver(1, channel, frame, 60, on_push, lambda k, why: print(why))
@@ -212,18 +212,18 @@ def _samples_per_s(num_clients: int, epochs: float, folder: Path) -> float:
 def _plain_loop(seconds: float, conn) -> None:
     """A bare training loop (one client's compute_push, no server, no messages) for ``seconds``."""
     from repro.config.settings import RunConfig
-    from repro.problem.build import build_worker, load_data, make_clients
+    from repro.problem.build import build_net, load_data, make_clients
 
     torch.set_num_threads(1)
     cfg = RunConfig()
     ds = load_data(cfg)
-    worker = build_worker(cfg, ds)
+    net = build_net(cfg, ds)
     client = make_clients(cfg, ds, client_ids=[1])[0]
-    client.fetch(worker.params.detach().clone(), 0)
+    client.fetch(net.params.detach().clone(), 0)
     conn.recv()   # start together
     samples, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        samples += client.compute_push(worker, 4).num_samples
+        samples += client.compute_push(net, 4).num_samples
     conn.send(samples / (time.perf_counter() - start))
 
 

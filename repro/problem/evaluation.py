@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 
 TRAIN_SUBSET = 1000  # training-error evaluations use this many fixed training samples
 
@@ -37,10 +37,10 @@ class EvalSets:
         return cls(ds.x_test, ds.y_test, ds.x_train[idx], ds.y_train[idx])
 
 
-def evaluate(worker: Worker, params: Tensor, sets: EvalSets) -> dict:
+def evaluate(net: FlatNet, params: Tensor, sets: EvalSets) -> dict:
     """Test and train-subset loss and error of ``params`` (evals.csv's metric columns)."""
-    test_loss, test_error = worker.evaluate(params, sets.x_test, sets.y_test)
-    train_loss, train_error = worker.evaluate(params, sets.x_train, sets.y_train)
+    test_loss, test_error = net.evaluate(params, sets.x_test, sets.y_test)
+    train_loss, train_error = net.evaluate(params, sets.x_train, sets.y_train)
     return {"test_loss": test_loss, "test_error": test_error,
             "train_loss": train_loss, "train_error": train_error}
 
@@ -56,8 +56,8 @@ class EvalRequest:
 class Evaluator:
     """Evaluates one parameter snapshot at a time; :meth:`poll` hands results to the core."""
 
-    def __init__(self, worker: Worker, sets: EvalSets, in_thread: bool):
-        self.worker, self.sets, self.in_thread = worker, sets, in_thread
+    def __init__(self, net: FlatNet, sets: EvalSets, in_thread: bool):
+        self.net, self.sets, self.in_thread = net, sets, in_thread
         self._results: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._outstanding = 0   # submitted, result not yet polled
@@ -80,7 +80,7 @@ class Evaluator:
             if not bool(torch.isfinite(req.params).all()):
                 result: dict | Exception = {"nonfinite": True}
             else:
-                result = evaluate(self.worker, req.params, self.sets)
+                result = evaluate(self.net, req.params, self.sets)
         except Exception as exc:  # reported to the core, which fails the run with it
             result = exc
         self._results.put((req, result))

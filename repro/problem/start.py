@@ -32,13 +32,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from repro.asgd.algorithm import Server
+from repro.asgd.algorithm import ParameterServer
 from repro.config.settings import BackendConfig, CostConfig, DataConfig, RunConfig, shaping_values
 from repro.errors import ConfigError
 from repro.files.locks import FileLock
 from repro.files.storage import read_checkpoint, save_checkpoint, to_cpu, write_json
 from repro.logs import get_logger
-from repro.problem.build import Problem, build_worker, check_components, load_data, make_clients
+from repro.problem.build import Problem, build_net, check_components, load_data, make_clients
 from repro.problem.evaluation import EvalSets
 
 log = get_logger("repro.problem.start")
@@ -130,7 +130,7 @@ def train_baseline(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
     return server.params, server.rule.state_dict()
 
 
-def one_client_run(cfg: RunConfig, device: torch.device) -> Server:
+def one_client_run(cfg: RunConfig, device: torch.device) -> ParameterServer:
     """The server after ``cfg``'s run with one client, which has nobody to wait for: it fetches,
     computes ``nsync`` steps, the server applies its push at once (staleness 0), and it fetches
     again, until ``num_epochs`` of samples are applied. The same objects and the same calls, in
@@ -144,7 +144,7 @@ def one_client_run(cfg: RunConfig, device: torch.device) -> Server:
     while True:
         client.fetch(server.params, server.version)
         server.fetched(client.client_id)   # delay-compensating rules remember what it holds
-        push = client.compute_push(problem.worker, cfg.nsync)
+        push = client.compute_push(problem.net, cfg.nsync)
         if not math.isfinite(push.train_loss):
             raise RuntimeError(f"the warm-start baseline diverged at version {server.version} "
                                "(non-finite training loss); lower algo.lr or warm_start_epochs")
@@ -159,8 +159,8 @@ def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
     single-client baseline (warm, :func:`warm_start_state`)."""
     check_components(cfg)
     ds = load_data(cfg, device)
-    worker = build_worker(cfg, ds, device)
-    params, rule_state = worker.params.detach().clone(), None
+    net = build_net(cfg, ds, device)
+    params, rule_state = net.params.detach().clone(), None
     if cfg.start == "warm":
-        params, rule_state = warm_start_state(cfg, device, like=worker.params)
-    return Problem(ds, worker, params.to(device), EvalSets.of(ds), rule_state)
+        params, rule_state = warm_start_state(cfg, device, like=net.params)
+    return Problem(ds, net, params.to(device), EvalSets.of(ds), rule_state)

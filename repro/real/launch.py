@@ -54,7 +54,7 @@ from repro.errors import ConfigError
 from repro.problem.data import Dataset
 from repro.problem.start import build_problem
 from repro.real.client import build_client, client_device, run_client
-from repro.real.server import ServerLoop, log, server_device
+from repro.real.server import Dispatcher, log, server_device
 from repro.real.transport import (Channel, Header, Kind, connect, disconnect, pin_gloo_to_loopback,
                                   pin_gloo_towards)
 from repro.runs.core import RunCore
@@ -105,13 +105,13 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
             _stop_children(procs, grace_s=0)
             disconnect()
             status = "interrupted" if run.stop.is_set() else "failed"
-            log(f"start-up {status}: {exc}")
+            log.info(f"start-up {status}: {exc}")
             return core.finish(status, str(exc), clean=status == "interrupted")
-        return _serve(ServerLoop(cfg, core, channels, run.stop, procs, resume), procs)
+        return _serve(Dispatcher(cfg, core, channels, run.stop, procs, resume), procs)
     return run.summary
 
 
-def _serve(loop: ServerLoop, procs: dict) -> dict:
+def _serve(loop: Dispatcher, procs: dict) -> dict:
     """Run the loop, stop every rank whatever happened, then end the run."""
     status = "failed"
     try:
@@ -123,7 +123,7 @@ def _serve(loop: ServerLoop, procs: dict) -> dict:
     summary = loop.core.finish(status, message, num_clients=loop.cfg.num_clients,
                                client_devices={str(k): d for k, d in sorted(loop.devices.items())},
                                server_device=str(loop.server.params.device))
-    log(f"{summary['status']}: version {summary['version']} epoch {summary['epoch']:.2f}"
+    log.info(f"{summary['status']}: version {summary['version']} epoch {summary['epoch']:.2f}"
         + (f" ({summary['message']})" if summary["message"] else ""))
     return summary
 
@@ -139,7 +139,7 @@ def _clients_from_world(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
         raise ConfigError("WORLD_SIZE", env.world_size, "at least 2 under torchrun (rank 0 serves, "
                           "ranks 1.. are clients)")
     if cfg.num_clients != env.world_size - 1:
-        log(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
+        log.info(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
             f"(config said {cfg.num_clients})")
     return cfg.replace(num_clients=env.world_size - 1)
 
@@ -265,7 +265,7 @@ def _wait_ready(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopReq
             if k not in dead and k not in ready and p.exitcode is not None:
                 dead[k] = p.exitcode
                 core.lose(k, f"process exited with code {p.exitcode} during start-up")
-                log(f"client {k} exited during start-up (code {p.exitcode}); going on without it")
+                log.info(f"client {k} exited during start-up (code {p.exitcode}); going on without it")
         if len(ready) + len(dead) == len(procs):
             break
         if time.monotonic() > deadline:
@@ -302,7 +302,7 @@ def _dismiss_clients(cfg: RunConfig) -> None:
             with contextlib.suppress(Exception):
                 Channel(group, k, cfg.backend.timeout_s).send(Header(Kind.STOP, k, 0, 0), frame)
     except Exception as exc:
-        log(f"could not tell the clients that the run is already finished: {exc}")
+        log.info(f"could not tell the clients that the run is already finished: {exc}")
     finally:
         disconnect()
 

@@ -1,8 +1,8 @@
 """Rank 0 of the real driver: receive a push, hand it to the run core, carry the replies.
 
 One receiver thread per client (:class:`~repro.real.transport.Receiver`) hands each push to
-:meth:`ServerLoop.on_message`, which holds the server lock while the run core
-(:mod:`repro.runs.core`) applies the push with the same :class:`~repro.asgd.algorithm.Server` the simulator
+:meth:`Dispatcher.on_message`, which holds the server lock while the run core
+(:mod:`repro.runs.core`) applies the push with the same :class:`~repro.asgd.algorithm.ParameterServer` the simulator
 runs and writes its row, and while this loop sends each reply (Downpour's push + fetch round
 trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a time, in the order
 they take the lock, and ``updates.csv`` records that order. The main thread only watches:
@@ -12,7 +12,7 @@ computing is sent STOP, which it reads between two local steps, however long its
 
 A push the protocol holds (a sync round's, until the round closes) is read from its client's
 receive frame, not copied: that frame receives again only after the client's reply
-(:meth:`ServerLoop.send_params` posts the receive), so the update stays valid until then.
+(:meth:`Dispatcher.send_params` posts the receive), so the update stays valid until then.
 """
 from __future__ import annotations
 
@@ -26,15 +26,11 @@ import torch
 from repro.asgd.algorithm import Push
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
-from repro.logs import get_logger
+from repro.logs import prefixed
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
 from repro.runtime import StopRequest, cuda_missing
 
-_log = get_logger("repro.real.server")
-
-
-def log(msg: str) -> None:
-    _log.info(f"[real server] {msg}")
+log = prefixed("repro.real.server", "[real server]")
 
 
 def server_device(cfg: RunConfig) -> torch.device:
@@ -47,7 +43,7 @@ def server_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
-class ServerLoop:
+class Dispatcher:
     """The server's side of a run, from the first fetch to the last STOP."""
 
     def __init__(self, cfg: RunConfig, core, channels: dict[int, Channel], stop: StopRequest,
@@ -132,7 +128,7 @@ class ServerLoop:
         try:
             self.channels[k].send(Header(Kind.STOP, k, self.server.version, 0), self.reply)
         except LinkLost as exc:
-            log(f"client {k} left before it could be told to stop ({exc})")
+            log.info(f"client {k} left before it could be told to stop ({exc})")
 
     # -- events ---------------------------------------------------------------------------------
     def lose(self, k: int, reason: str) -> None:
@@ -142,7 +138,7 @@ class ServerLoop:
         self.receivers[k].finish()
         if self.stop.is_set():
             return   # shutting down on purpose: peers leaving is expected, not an event
-        log(f"client {k} lost at version {self.server.version}: {reason}; "
+        log.info(f"client {k} lost at version {self.server.version}: {reason}; "
             f"{len(self.live())} client(s) still training")
         self.carry(self.core.lose(k, reason, self.now()))   # a barrier it held opens
         if self.core.state.stopping:
@@ -180,7 +176,7 @@ class ServerLoop:
             elif self.greet(k):
                 self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
                 receiver.start()
-        log(f"serving {len(self.channels)} client(s) from version {self.server.version}")
+        log.info(f"serving {len(self.channels)} client(s) from version {self.server.version}")
 
     def run(self) -> tuple[str, str]:
         """Serve until every client is stopped or lost; return (status, message)."""
