@@ -72,6 +72,15 @@ def test_main_dispatches_the_parsed_options(monkeypatch):
     assert calls == [("sim", 0.5, 1), ("real", 2)]
 
 
+def test_a_budget_too_short_for_the_benchmark_is_a_usage_error(capsys):
+    """--epochs 0.1 holds fewer minibatches than one nsync-16 push: exit 2 naming the option and
+    the run's own reason, not a traceback."""
+    assert bench.main(["sim", "--epochs", "0.1", "--repeats", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert "--epochs 0.1" in err and "nsync" in err and "Traceback" not in err
+    assert out == ""   # refused before anything is timed
+
+
 def test_python_dash_m_help_exits_zero():
     done = subprocess.run([sys.executable, "-m", "repro.bench", "sim", "--help"],
                           capture_output=True, text=True, timeout=120)

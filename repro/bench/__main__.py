@@ -16,6 +16,7 @@ from repro.bench import grid as bench_grid
 from repro.bench import positive
 from repro.bench import real as bench_real
 from repro.bench.sim import SIM_DESCRIPTION, TARGET_SIM, bench_sim
+from repro.errors import ConfigError
 
 DESCRIPTION = """\
 Benchmarks of the two drivers. Each measures ratios of wall times or
@@ -63,7 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.which == "sim":
-        return 0 if bench_sim(args.epochs, args.repeats) else 1
+        try:
+            return 0 if bench_sim(args.epochs, args.repeats) else 1
+        except ConfigError as exc:   # the benchmark's runs refuse the budget: a usage error
+            print(f"python -m repro.bench sim: --epochs {args.epochs:g} does not fit the benchmark's "
+                  f"runs: {exc}", file=sys.stderr)
+            return 2
     if args.which == "grid":
         return bench_grid.run(args)
     return bench_real.run(args)
