@@ -369,3 +369,34 @@ def test_the_apis_cost_profiles_are_the_command_lines():
             assert api.cost_profile(name) == parse(compose([f"cost={name}"])).cost, name
     with pytest.raises(ConfigError, match="'cost': 'replay'"):
         api.cost_profile({"schedule": "replay", "path": "somewhere"})
+
+
+def test_the_readme_layout_names_every_module_and_folder_of_the_package():
+    """The README's map mirrors ``tree -L 2`` (issue 15): every module of repro/ is named in its
+    Layout block, under its own folder, and nothing it names is gone."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    folder, named = None, set()
+    for line in block.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent == 2 and words[0].endswith("/"):
+            folder = words[0].rstrip("/")
+        elif indent == 0:
+            folder = None
+        for word in words:
+            if word.endswith(".py") and indent >= 2:
+                named.add(f"{folder}/{word}" if folder and indent >= 4 else word)
+        if indent >= 4 and words[0] == "lab/":
+            named.add("analysis/lab/")
+    package = ROOT / "repro"
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py")
+               if p.name != "__init__.py" and "__pycache__" not in p.parts}
+    lab = block.split(" lab/", 1)[1].split(" bench/", 1)[0]   # the lab's figures, named by stem
+    for module in sorted(m for m in modules if m.startswith("analysis/lab/")):
+        assert Path(module).stem in lab, module
+    modules = {m if "/lab/" not in m else "analysis/lab/" for m in modules}
+    assert modules - named == set(), "modules the README's Layout does not name"
+    assert named - modules == set(), "the README's Layout names modules that do not exist"
