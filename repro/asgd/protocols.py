@@ -269,4 +269,3 @@ def make_protocol(cfg, clients: list[int], version: int) -> Policy:
     return PROTOCOLS[cfg.protocol.name](cfg, clients, version)
 
 
-from repro.asgd import optimal as _optimal  # noqa: E402,F401  registers ringmaster and rennala
