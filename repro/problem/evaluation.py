@@ -55,11 +55,10 @@ def class_errors(worker: Worker, params: Tensor, sets: EvalSets, batch_size: int
     if worker.loss_fn is not torch.nn.functional.cross_entropy or not len(sets.y_test):
         return None
     worker.load(params)
-    predictions = torch.cat([worker.module(sets.x_test[i:i + batch_size]).argmax(1)
-                             for i in range(0, len(sets.x_test), batch_size)])
-    labels = sets.y_test
+    outputs = [worker.module(sets.x_test[i:i + batch_size]) for i in range(0, len(sets.x_test), batch_size)]
+    predictions, labels = torch.cat([o.argmax(1) for o in outputs]), sets.y_test
     out = []
-    for c in range(int(labels.max().item()) + 1):
+    for c in range(outputs[0].shape[1]):   # every class the network tells apart
         held = labels == c
         count = int(held.sum().item())
         out.append(None if count == 0 else (predictions[held] != c).sum().item() / count)
