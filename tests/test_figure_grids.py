@@ -201,7 +201,7 @@ def test_every_committed_experiment_is_one_configuration_per_figure():
     from repro.run import compose, parse
 
     parser = OverridesParser.create()
-    groups = {"data", "model", "algo", "cost", "backend", "protocol", "problem", "mitigation"}
+    groups = {"data", "model", "algo", "cost", "backend", "protocol", "problem", "mitigation", "partition"}
     checked = 0
     for path in sorted((ROOT / "conf" / "exp").glob("*.yaml")):
         full = compose([f"+exp={path.stem}"], return_hydra_config=True)
