@@ -14,7 +14,7 @@ from torch import nn
 
 from repro.analysis.lab.own_data import own_data_frame
 from repro.analysis.load import load_runs
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.problem.evaluation import EvalSets, class_errors
 from repro.run import compose, parse
@@ -36,12 +36,12 @@ def test_class_errors_by_hand():
     perm = [0, 2, 1, 3]    # feature 1 -> class 2, feature 2 -> class 1
     with torch.no_grad():
         layer.weight.copy_(torch.eye(4)[perm].T)
-    worker = Worker(layer)
+    net = FlatNet(layer)
     x = torch.eye(4)[[0, 0, 1, 1, 1, 2]]     # predicted: 0, 0, 2, 2, 2, 1
     y = torch.tensor([0, 0, 1, 2, 2, 2])     # true:      0, 0, 1, 2, 2, 2
     sets = EvalSets(x, y, x, y)
-    assert class_errors(worker, worker.params.clone(), sets) == [0.0, 1.0, 1 / 3, None]
-    quadratic = Worker(nn.Linear(4, 1), loss_fn=lambda out, y: out.pow(2).mean())
+    assert class_errors(net, net.params.clone(), sets) == [0.0, 1.0, 1 / 3, None]
+    quadratic = FlatNet(nn.Linear(4, 1), loss_fn=lambda out, y: out.pow(2).mean())
     assert class_errors(quadratic, quadratic.params.clone(), sets) is None   # not classification
 
 

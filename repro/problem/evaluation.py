@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 
 TRAIN_SUBSET = 1000  # training-error evaluations use this many fixed training samples
 
@@ -38,24 +38,24 @@ class EvalSets:
         return cls(ds.x_test, ds.y_test, ds.x_train[idx], ds.y_train[idx])
 
 
-def evaluate(worker: Worker, params: Tensor, sets: EvalSets) -> dict:
+def evaluate(net: FlatNet, params: Tensor, sets: EvalSets) -> dict:
     """Test and train-subset loss and error of ``params`` (evals.csv's metric columns)."""
-    test_loss, test_error = worker.evaluate(params, sets.x_test, sets.y_test)
-    train_loss, train_error = worker.evaluate(params, sets.x_train, sets.y_train)
+    test_loss, test_error = net.evaluate(params, sets.x_test, sets.y_test)
+    train_loss, train_error = net.evaluate(params, sets.x_train, sets.y_train)
     return {"test_loss": test_loss, "test_error": test_error,
             "train_loss": train_loss, "train_error": train_error}
 
 
 @torch.no_grad()
-def class_errors(worker: Worker, params: Tensor, sets: EvalSets, batch_size: int = 1024) -> list | None:
+def class_errors(net: FlatNet, params: Tensor, sets: EvalSets, batch_size: int = 1024) -> list | None:
     """Test error of ``params`` on each class (index = label; None for a class the test set does
     not hold): summary.json's ``final_class_test_error``. Whether a method starves the classes
     only a slow client holds shows here, not in the mean. None for a loss that is not
     classification (the quadratic's labels mean nothing)."""
-    if worker.loss_fn is not torch.nn.functional.cross_entropy or not len(sets.y_test):
+    if net.loss_fn is not torch.nn.functional.cross_entropy or not len(sets.y_test):
         return None
-    worker.load(params)
-    outputs = [worker.module(sets.x_test[i:i + batch_size]) for i in range(0, len(sets.x_test), batch_size)]
+    net.load(params)
+    outputs = [net.module(sets.x_test[i:i + batch_size]) for i in range(0, len(sets.x_test), batch_size)]
     predictions, labels = torch.cat([o.argmax(1) for o in outputs]), sets.y_test
     out = []
     for c in range(outputs[0].shape[1]):   # every class the network tells apart
@@ -76,8 +76,8 @@ class EvalRequest:
 class Evaluator:
     """Evaluates one parameter snapshot at a time; :meth:`poll` hands results to the core."""
 
-    def __init__(self, worker: Worker, sets: EvalSets, in_thread: bool):
-        self.worker, self.sets, self.in_thread = worker, sets, in_thread
+    def __init__(self, net: FlatNet, sets: EvalSets, in_thread: bool):
+        self.net, self.sets, self.in_thread = net, sets, in_thread
         self._results: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._outstanding = 0   # submitted, result not yet polled
@@ -100,7 +100,7 @@ class Evaluator:
             if not bool(torch.isfinite(req.params).all()):
                 result: dict | Exception = {"nonfinite": True}
             else:
-                result = evaluate(self.worker, req.params, self.sets)
+                result = evaluate(self.net, req.params, self.sets)
         except Exception as exc:  # reported to the core, which fails the run with it
             result = exc
         self._results.put((req, result))
