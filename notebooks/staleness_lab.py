@@ -2,9 +2,11 @@
 # # The staleness lab, through the Python API
 #
 # It tells TEACHING.md's story with `repro.api.simulate`: what staleness is, why it hurts (a
-# smaller stable step, added momentum), what synchrony costs, and what helps. Every measurement
-# is printed beside the published prediction, and each `check(...)` line fails loudly if a
-# measurement leaves the range the lesson promises.
+# smaller stable step, added momentum), what synchrony costs, and what helps; then, with single
+# points of the lab's own experiments (`+exp=ceiling`, `uneven`, `own_data`), what limits
+# speedup, whom to wait for in an uneven cluster, and who gets dropped when clients hold their
+# own data. Every measurement is printed beside the published prediction, and each `check(...)`
+# line fails loudly if a measurement leaves the range the lesson promises.
 #
 # Two forms of one lesson: `notebooks/staleness_lab.ipynb`, a Jupyter notebook (committed with
 # its outputs), and `notebooks/staleness_lab.py`, its percent-format twin, which runs as a plain
@@ -193,6 +195,122 @@ for rule in ("downpour", "staleness_scaled"):
 check(errors["staleness_scaled"] < errors["downpour"], "staleness-scaled steps beat plain async here")
 
 # %% [markdown]
+# ## 6. What limits speedup: the resources every client shares
+# On the 2013 topology (`cost=paper2013_shared`: 4 GPU clients to a host, one network interface
+# per host and one at the server) each shared resource finishes at most so many pushes a second,
+# however many clients queue for it. `repro.sim.ceiling` predicts the throughput from the cost
+# profile alone: the smallest of what the clients would push if nothing were shared and what each
+# resource can carry. Below the knee more clients add throughput; past it, only staleness. Here
+# the lab's step 6 at two of its grid points, shrunk (`+exp=ceiling` runs 54 of them): on 1 GbE
+# links at nsync 1, where the server's link binds from about 2.3 clients on: one client, and 16.
+
+# %%
+import tempfile  # noqa: E402
+
+import pandas as pd  # noqa: E402
+
+from repro.analysis.lab.uneven import collection_time  # noqa: E402
+from repro.run import compose, parse  # noqa: E402
+from repro.sim.ceiling import ceiling  # noqa: E402
+from repro.sim.driver import simulate as simulate_config  # noqa: E402
+
+
+def lab_run(*overrides: str):
+    """One grid point of a lab experiment, trained as `python -m repro.run +exp=NAME OVERRIDES`
+    trains it, in a temporary folder: (its configuration, summary, updates, evaluations)."""
+    cfg = parse(compose([*overrides, "progress=false"]))
+    with tempfile.TemporaryDirectory() as folder:
+        summary = simulate_config(cfg, folder)
+        updates = pd.read_csv(Path(folder) / "updates.csv")
+        evals = pd.read_csv(Path(folder) / "evals.csv")
+    return cfg, summary, updates, evals
+
+
+def steady_pushes_per_s(updates) -> float:
+    """Applied pushes per virtual second over the second half of a run (the start, where every
+    client computes its first segment at once, does not count)."""
+    half, last = updates.iloc[len(updates) // 2], updates.iloc[-1]
+    return (last.version - half.version) / (last.time_s - half.time_s)
+
+
+print("6. throughput on the 2013 topology, 1 GbE links, nsync 1: measured vs the predicted ceiling")
+ceiling_steps = int(4000 * SCALE) + 1000
+for n in (1, 16):
+    cfg, _, updates, _ = lab_run("+exp=ceiling", f"num_clients={n}", "nsync=1", "cost.bandwidth_Bps=1.25e8",
+                                 f"num_epochs={ceiling_steps}", f"eval_every={ceiling_steps}")
+    bound = ceiling(cfg.cost, n, 1, param_bytes=0)   # comm_params sets the bytes (244 MB)
+    rate = steady_pushes_per_s(updates)
+    print(f"   N={n:2}: {rate:.2f} pushes/s, predicted at most {bound.pushes_per_s:.2f} "
+          f"({bound.binding} binds; one client alone: {1 / bound.cycle_s:.2f})")
+    check(0.85 * bound.pushes_per_s <= rate <= 1.02 * bound.pushes_per_s,
+          f"N={n}: the throughput sits on or just under the prediction" + (" (a client alone: its cycle)"
+                                                                          if n == 1 else ", far past the knee"))
+
+# %% [markdown]
+# ## 7. An uneven cluster: whom to wait for
+# Eight clients whose segments take tau_i = 1 + sqrt(i) times the fastest one's (i = 0..7), the
+# last one also a 10x straggler (`+exp=uneven`: no jitter, free communication). Rennala SGD
+# (Tyurin & Richtarik 2023) collects S gradients computed at the current point from whoever
+# finishes first, then steps: each step lasts exactly t(S) = min{t : sum_i floor(t/tau_i) >= S}.
+# Sync waits for the slowest, max tau_i; one backup worker for the 7th; async steps at every
+# push, 1/sum(1/tau_i) apart in the long run. Ringmaster ASGD (Maranjyan, Tyurin & Richtarik
+# 2025) throws away every push R or more versions stale: here the straggler's (about 116).
+
+# %%
+print("7. time per server step on an uneven cluster, measured vs predicted")
+step_times = {}   # method -> measured virtual seconds per server step (plotted below)
+epochs = 0.5 * SCALE + 0.5
+for method in ("async", "sync", "sync_backup", "rennala_s4", "rennala_s8", "ringmaster_r8"):
+    # async and Ringmaster: longer runs (async's rate is a long-run one: each client's unfinished
+    # last segment counts for nothing; the straggler's first push comes after 0.36 s)
+    budget = 4 if method in ("async", "ringmaster_r8") else epochs
+    cfg, summary, updates, _ = lab_run("+exp=uneven", f"+mitigation={method}", f"num_epochs={budget}",
+                                       f"eval_every={budget}")   # step times need no evaluation
+    cost = cfg.cost
+    taus = [cfg.nsync * cost.compute_s * cost.speed(k) * (cost.straggler_factor if k == cost.straggler_client else 1)
+            for k in range(1, cfg.num_clients + 1)]
+    step_s = step_times[method] = updates.time_s.iloc[-1] / len(updates)
+    uneven_taus = taus
+    expected_s = {"async": 1 / sum(1 / t for t in taus), "sync": max(taus), "sync_backup": sorted(taus)[-2],
+                 "rennala_s4": collection_time(taus, 4), "rennala_s8": collection_time(taus, 8)}.get(method)
+    if expected_s is None:
+        dropped = sorted({client for _, client in summary["discarded_pushes"]})
+        print(f"   {method:13}: {1000 * step_s:.2f} ms per step, no closed form; "
+              f"clients whose pushes were discarded: {dropped}")
+        check(cfg.num_clients in dropped, "Ringmaster R=8 discards the straggler's pushes")
+        continue
+    print(f"   {method:13}: {1000 * step_s:.2f} ms per step, predicted {1000 * expected_s:.2f}")
+    check(abs(step_s / expected_s - 1) < (0.05 if method == "async" else 1e-9),
+          f"{method}: the step time is the predicted one" + (" (within 5%)" if method == "async" else ""))
+
+# %% [markdown]
+# ## 8. Clients with their own data: who gets dropped
+# Four clients, client 1 four times slower and alone holding the digits 0 and 1; the other
+# classes dealt to the other clients in turn (`+exp=own_data +partition=by_class`). Methods that
+# drop stale work drop the slow client's work most: Ringmaster (R = 4, its pushes are about 12
+# versions stale), Rennala (S = 4: the fast clients fill a collection before it finishes) and
+# sync with a backup worker (the slowest is always the one dropped). Do they still learn its
+# classes? Each finished run records the test error of every class (`final_class_test_error`).
+
+# %%
+print("8. per-class test error with the slow client's own classes (0 and 1)")
+slow_error = {}
+for method in ("async", "ssp", "sync_backup", "rennala", "ringmaster"):
+    budget = 2 * SCALE + 4
+    cfg, summary, _, _ = lab_run("+exp=own_data", "+partition=by_class", f"+mitigation={method}",
+                                 f"num_epochs={budget}", f"eval_every={budget}")   # the final one only
+    per_class = summary["final_class_test_error"]
+    mine = [per_class[c] for c in cfg.data.slow_client_classes]
+    others = [e for c, e in enumerate(per_class) if c not in cfg.data.slow_client_classes]
+    slow_error[method] = sum(mine) / len(mine)
+    print(f"   {method:11}: slow client's classes {100 * slow_error[method]:5.1f}% error, "
+          f"the others {100 * sum(others) / len(others):5.1f}%")
+for method in ("sync_backup", "rennala", "ringmaster"):
+    check(slow_error[method] >= 0.9, f"{method} drops the slow client's work: its classes are not learned")
+check(slow_error["ssp"] < slow_error["async"] < slow_error["ringmaster"],
+      "ssp (which waits for it) learns them best, async (which applies its stale pushes) in between")
+
+# %% [markdown]
 # ## Plots (shown in the notebook; saved as files when run as a script)
 
 # %%
@@ -226,6 +344,17 @@ if IN_NOTEBOOK or not QUICK:
     ax.set(xlabel="staleness tau", ylabel="largest stable lr", title="The stable step shrinks with staleness")
     ax.legend()
     show(fig, "stability.png")
+    fig = Figure(figsize=(5, 3.4), layout="constrained")
+    ax = fig.subplots()
+    sizes = np.arange(1, 17)
+    ax.step(sizes, [1000 * collection_time(uneven_taus, int(s)) for s in sizes], "k--", where="post",
+            label="t(S) = min{t : sum floor(t/tau_i) >= S}")
+    ax.plot([4, 8], [1000 * step_times["rennala_s4"], 1000 * step_times["rennala_s8"]], "o",
+            label="Rennala, measured")
+    ax.set(xlabel="collection size S", ylabel="virtual ms per server step",
+           title="An uneven cluster: Rennala's collection time")
+    ax.legend()
+    show(fig, "rennala.png")
     if not IN_NOTEBOOK:
         print(f"figures in {OUT}/")
 print("the lab's claims all held" + (" (quick mode)" if QUICK else ""))

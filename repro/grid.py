@@ -125,9 +125,9 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     The experiment as committed (no override of a setting that shapes training): ``name``. A
     variant (``+exp=fig2 algo=sgd``, ``+exp=fig3 nsync=4``) never overwrites those files in the
     default figures folder: it writes ``<exp_name>`` when the command names the experiment
-    (``exp_name=stability_random``), else ``<name>-<its overrides>`` (``fig2-algo=sgd``). In a
-    folder of the user's own (``figures_dir=...``) the files keep ``name``, so that two folders
-    compare figure by figure."""
+    (``exp_name=stability_random``; a second figure of the grid: ``<exp_name>-<name>``), else
+    ``<name>-<its overrides>`` (``fig2-algo=sgd``). In a folder of the user's own
+    (``figures_dir=...``) the files keep ``name``, so that two folders compare figure by figure."""
     from repro.analysis.build import file_label
     from repro.config.help import job_name
 
@@ -135,7 +135,10 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     if "figures_dir" in given:
         return name
     if given.get("exp_name"):
-        return file_label(given["exp_name"])
+        # a grid that draws several figures (own_data and partition): the one named as its
+        # experiment takes the experiment's new name, the others add theirs, so none overwrites
+        stem = file_label(given["exp_name"])
+        return stem if given.get("exp") in (None, name) else f"{stem}-{file_label(name)}"
     label = job_name(overrides)
     return name if label == "base" else f"{name}-{file_label(label)}"
 

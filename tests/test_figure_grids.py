@@ -185,6 +185,10 @@ def test_the_committed_figure_is_written_only_by_the_experiment_as_committed():
     assert figure_stem("stability", ["+exp=stability", "cost=jitter_exponential",
                                      "exp_name=stability_random"]) == "stability_random"
     assert figure_stem("fig3_paper", ["+exp=fig3_paper", "data.root=/a/b"]) == "fig3_paper"
+    # a grid of two figures renamed by exp_name: each keeps files of its own
+    assert figure_stem("own_data", ["+exp=own_data", "exp_name=mine"]) == "mine"
+    assert figure_stem("partition", ["+exp=own_data", "exp_name=mine"]) == "mine-partition"
+    assert figure_stem("fig3_paper_shared", ["+exp=fig4_paper_shared", "exp_name=x"]) == "x-fig3_paper_shared"
     # a folder of the user's own holds no committed figure: the names stay comparable
     assert figure_stem("fig3", ["+exp=fig3", "num_threads=2", "figures_dir=figures_2threads"]) == "fig3"
 
@@ -201,7 +205,7 @@ def test_every_committed_experiment_is_one_configuration_per_figure():
     from repro.run import compose, parse
 
     parser = OverridesParser.create()
-    groups = {"data", "model", "algo", "cost", "backend", "protocol", "problem", "mitigation"}
+    groups = {"data", "model", "algo", "cost", "backend", "protocol", "problem", "mitigation", "partition"}
     checked = 0
     for path in sorted((ROOT / "conf" / "exp").glob("*.yaml")):
         full = compose([f"+exp={path.stem}"], return_hydra_config=True)

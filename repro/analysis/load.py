@@ -175,6 +175,9 @@ def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
     if isinstance(ttt, dict):
         for target, t in ttt.items():
             row[f"time_to_target.{target}"] = t
+    classes = summary.get("final_class_test_error")   # one cell, as config lists (flatten)
+    if isinstance(classes, list):
+        row["final_class_test_error"] = json.dumps(classes)
     events = summary.get("events") or []
     row["num_events"] = len(events) if isinstance(events, list) else 0
     known = set(schema.SUMMARY_KEYS) - {"backend"}

@@ -48,7 +48,7 @@ def group_options(group: str) -> list[str]:
 
 GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
 
-OPTIONAL_GROUPS = ("exp", "problem", "mitigation")   # added with +GROUP=OPTION, never in defaults
+OPTIONAL_GROUPS = ("exp", "problem", "mitigation", "partition")   # added with +GROUP=OPTION, never in defaults
 
 
 @lru_cache(maxsize=None)
@@ -135,7 +135,7 @@ def job_name(overrides) -> str:
     """A run folder's name: the command-line overrides of keys that shape training, sorted, as
     Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
     ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.settings.shaping_keys`)."""
-    shaping = set(config.shaping_keys()) | set(GROUPS) | {"problem", "mitigation"}
+    shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
     kept = []
     for item in overrides or ():
         key, sep, value = str(item).partition("=")

@@ -71,6 +71,9 @@ SUMMARY_KEYS = (
     "events",         # list of {"type": "client_lost"|"resumed"|"diverged", "time_s", "version", ...}
     "message",        # human-readable reason for a non-completed status, else ""
 )
+# Written when they apply: "discarded_pushes", "collected_pushes" (protocols that drop or collect
+# pushes), "final_class_test_error" (a finished classification run: the test error of its final
+# parameters per class, index = label, null for a class absent from the test set).
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ the training set, :class:`EvalSets`) and where they run: inline (the simulator: 
 time) or on snapshots in a thread (the real server: an evaluation never stalls the pushes).
 
 The run core submits a request when one is due and writes each result's row; an evaluation of
-non-finite parameters reports them as such instead of computing losses of NaNs.
+non-finite parameters reports them as such instead of computing losses of NaNs. At the end of a
+finished run it also asks for the test error per class (:func:`class_errors`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,25 @@ def evaluate(net: FlatNet, params: Tensor, sets: EvalSets) -> dict:
     train_loss, train_error = net.evaluate(params, sets.x_train, sets.y_train)
     return {"test_loss": test_loss, "test_error": test_error,
             "train_loss": train_loss, "train_error": train_error}
+
+
+@torch.no_grad()
+def class_errors(net: FlatNet, params: Tensor, sets: EvalSets, batch_size: int = 1024) -> list | None:
+    """Test error of ``params`` on each class (index = label; None for a class the test set does
+    not hold): summary.json's ``final_class_test_error``. Whether a method starves the classes
+    only a slow client holds shows here, not in the mean. None for a loss that is not
+    classification (the quadratic's labels mean nothing)."""
+    if net.loss_fn is not torch.nn.functional.cross_entropy or not len(sets.y_test):
+        return None
+    net.load(params)
+    outputs = [net.module(sets.x_test[i:i + batch_size]) for i in range(0, len(sets.x_test), batch_size)]
+    predictions, labels = torch.cat([o.argmax(1) for o in outputs]), sets.y_test
+    out = []
+    for c in range(outputs[0].shape[1]):   # every class the network tells apart
+        held = labels == c
+        count = int(held.sum().item())
+        out.append(None if count == 0 else (predictions[held] != c).sum().item() / count)
+    return out
 
 
 @dataclass

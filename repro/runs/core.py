@@ -42,7 +42,7 @@ from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
 from repro.logs import get_logger
 from repro.problem.build import Problem
-from repro.problem.evaluation import EvalRequest, Evaluator
+from repro.problem.evaluation import EvalRequest, Evaluator, class_errors
 from repro.runs.folder import resume_hint
 from repro.runs.runlog import Progress, RunLog
 from repro.runtime import environment
@@ -313,6 +313,10 @@ class RunCore:
                     self.diverge("non-finite parameters at the end of the run")
                 if self.state.diverged and status.startswith("completed"):
                     status, message = "diverged", self.state.diverged
+                if status.startswith("completed"):   # the per-class view of the final parameters
+                    classes = class_errors(self.problem.net, self.server.params, self.problem.eval_sets)
+                    if classes is not None:
+                        extra["final_class_test_error"] = classes
                 self.save_checkpoint()
         except OSError as exc:   # a full disk: keep the last good checkpoint, say so
             status, message = "failed", f"could not write the run folder ({exc}); " + resume_hint(self.run_dir)

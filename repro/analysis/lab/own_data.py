@@ -1,0 +1,153 @@
+"""Staleness lab, experiment ``own_data``: clients with their own data, one of them slow.
+
+Owns the figure ``own_data`` (``python -m repro.run +exp=own_data``): its tidy frame (per run and
+class the final test error, from ``summary.json``'s ``final_class_test_error``; per run the mean
+over the slow client's classes and over the others) and its drawing and table. The partition
+itself is drawn by the ``partition`` figure from the same runs. Nothing here trains or reads files.
+
+The question (the finding it tests, no closed-form prediction): a method that drops stale work
+(Ringmaster's threshold R, sync's backup workers, Rennala's collection from the current point)
+drops the slow client's work most often; when that client alone holds some classes, does the
+model stop learning them? Asynchronous methods that apply every push (async Downpour, ssp,
+staleness-scaled steps, EASGD) keep its pushes, at whatever staleness they arrive.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.build import register_figure
+from repro.analysis.lab.uneven import method_of, method_order
+from repro.analysis.load import Runs, is_diverged
+
+COLUMNS = ["partition", "method", "family", "seed", "run_dir", "status", "diverged", "quantity",
+           "class", "slow_class", "value", "num_clients", "nsync", "slow_client", "cost.straggler_factor",
+           "algo.lr", "num_epochs"]
+# methods that drop work, by family (the finding's two sides)
+DROPS_WORK = ("Ringmaster", "sync + backup", "Rennala")
+
+
+def partition_of(run: pd.Series) -> str:
+    part = str(run["data.partition"])
+    return f"dirichlet alpha={float(run['data.alpha']):g}" if part == "dirichlet" else part
+
+
+def _classes(cell) -> list:
+    return json.loads(cell) if isinstance(cell, str) and cell.startswith("[") else []
+
+
+def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Rows per run: one per class (``class_test_error_pct``), the means over the slow client's
+    classes and over the others, and the final test error."""
+    rows = []
+    for _, run in runs.runs.iterrows():
+        method, family = method_of(run)
+        slow = set(_classes(run.get("data.slow_client_classes")))
+        base = {"partition": partition_of(run), "method": method, "family": family, "seed": run["seed"],
+                "run_dir": run["run_dir"], "status": run["status"],
+                "diverged": bool(is_diverged(pd.Series([run["status"]])).iloc[0]),
+                "num_clients": run["num_clients"], "nsync": run["nsync"],
+                "slow_client": run.get("cost.straggler_client"),
+                "cost.straggler_factor": run.get("cost.straggler_factor"),
+                "algo.lr": run["algo.lr"], "num_epochs": run["num_epochs"]}
+        errors = _classes(run.get("final_class_test_error"))
+        for c, e in enumerate(errors):
+            rows.append({**base, "quantity": "class_test_error_pct", "class": c, "slow_class": c in slow,
+                         "value": np.nan if e is None else 100.0 * e})
+        mine = [100.0 * e for c, e in enumerate(errors) if c in slow and e is not None]
+        others = [100.0 * e for c, e in enumerate(errors) if c not in slow and e is not None]
+        for quantity, values in (("slow_classes_error_pct", mine), ("other_classes_error_pct", others)):
+            rows.append({**base, "quantity": quantity, "class": np.nan, "slow_class": quantity.startswith("slow"),
+                         "value": float(np.mean(values)) if values else np.nan})
+        rows.append({**base, "quantity": "final_test_error_pct", "class": np.nan, "slow_class": False,
+                     "value": 100.0 * float(run["final_test_error"])})
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    if frame.empty:
+        return frame
+    order = {m: i for i, m in enumerate(method_order(frame["method"]))}
+    parts = {p: i for i, p in enumerate(partition_order(frame["partition"]))}
+    frame["_p"], frame["_m"] = frame["partition"].map(parts), frame["method"].map(order)
+    frame = frame.sort_values(["_p", "_m", "seed", "quantity", "class"], kind="stable")
+    return frame[COLUMNS].reset_index(drop=True)
+
+
+def partition_order(parts) -> list[str]:
+    def key(p: str):
+        return (0, 0.0) if not p.startswith("dirichlet") else (1, float(p.rsplit("=", 1)[-1]))
+    return sorted(set(parts), key=key)
+
+
+def table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per partition and method (mean over seeds): test error on the slow client's classes, on
+    the others, overall; runs diverged."""
+    rows = []
+    for (part, method), g in frame.groupby(["partition", "method"], sort=False):
+        q = lambda name: g[g["quantity"] == name]["value"].mean()   # noqa: E731
+        runs = g[g["quantity"] == "final_test_error_pct"]
+        rows.append({"partition": part, "method": method, "runs": len(runs),
+                     "diverged": int(runs["diverged"].astype(bool).sum()),
+                     "slow_classes_err_pct": q("slow_classes_error_pct"),
+                     "other_classes_err_pct": q("other_classes_error_pct"),
+                     "test_err_pct": q("final_test_error_pct")})
+    return pd.DataFrame(rows)
+
+
+def draw_own_data(frame: pd.DataFrame):
+    """Per partition, a heat map of methods (rows) x classes (columns): final test error, mean
+    over seeds; the slow client's classes framed."""
+    import matplotlib as mpl
+
+    from repro.analysis.figures import _new_figure
+
+    if frame.empty:
+        raise ValueError("own_data: the frame has no rows (no usable runs)")
+    classes = frame[frame["quantity"] == "class_test_error_pct"]
+    parts = partition_order(frame["partition"])
+    methods = method_order(frame["method"])
+    cols = min(len(parts), 2)
+    nrows = -(-len(parts) // cols)
+    fig, axes = _new_figure(nrows, cols, panel=(6.0, 0.9 + 0.42 * len(methods)))
+    for ax in axes.flat[len(parts):]:
+        ax.set_visible(False)
+    norm = mpl.colors.Normalize(0, 100)
+    image = None
+    for ax, part in zip(axes.flat, parts):
+        g = classes[classes["partition"] == part]
+        grid = g.pivot_table(index="method", columns="class", values="value", aggfunc="mean")
+        grid = grid.reindex([m for m in methods if m in grid.index])
+        image = ax.imshow(grid.to_numpy(), cmap="Reds", norm=norm, aspect="auto")
+        for (i, j), v in np.ndenumerate(grid.to_numpy()):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize="x-small",
+                        color="white" if v > 60 else "black")
+        slow = sorted({int(c) for c in g.loc[g["slow_class"].astype(bool), "class"]})
+        for c in slow:   # the slow client's classes, framed
+            j = list(grid.columns).index(c)
+            ax.add_patch(mpl.patches.Rectangle((j - 0.5, -0.5), 1, len(grid), fill=False, lw=1.8,
+                                               edgecolor="0.1"))
+        ax.set_xticks(range(len(grid.columns)), [str(int(c)) for c in grid.columns], fontsize="small")
+        ax.set_yticks(range(len(grid)), list(grid.index), fontsize="small")
+        ax.grid(False)
+        ax.set(xlabel="class (framed: held by the slow client alone)", title=part)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.6, label="final test error of the class (%)")
+    first = frame.iloc[0]
+    seeds = frame["seed"].dropna().nunique()
+    fig.suptitle(f"Clients with their own data: {int(first['num_clients'])} clients, client "
+                 f"{int(first['slow_client'])} {first['cost.straggler_factor']:g}x slower and alone holding "
+                 f"its classes\nper-class test error after {first['num_epochs']:g} epochs (client SGD lr "
+                 f"{first['algo.lr']:g}, nsync {int(first['nsync'])}; mean of {seeds} seed"
+                 f"{'s' if seeds != 1 else ''}); no closed-form prediction")
+    return fig
+
+
+def _print_table(frame: pd.DataFrame, out_dir) -> list:
+    with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_rows", 200):
+        print(table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    return []
+
+
+register_figure("own_data", own_data_frame, draw_own_data, exps=("own_data",), extra=_print_table,
+                axes=("data.", "algo.", "protocol."))
