@@ -44,6 +44,11 @@ def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     keys = [k for k in PANEL_KEYS if k in table]
     rows = []
     firsts = table.sort_values("seed").astype({k: str for k in keys}).drop_duplicates(keys) if len(table) else table
+    if len(firsts):   # panels in the settings' order, Dirichlet alpha as a number (0.1, 1, 100)
+        order = table.loc[firsts.index]
+        alpha = pd.to_numeric(order["data.alpha"], errors="coerce") if "data.alpha" in order else 0
+        firsts = firsts.assign(_alpha=alpha).sort_values([k for k in ("data.name", "data.partition") if k in keys]
+                                                          + ["_alpha"], kind="stable")
     for idx in firsts.index:
         run = table.loc[idx]
         for client, counts in enumerate(json.loads(run[COUNTS]), start=1):
@@ -76,7 +81,8 @@ def draw_partition(frame: pd.DataFrame):
         ax.set_xticks(range(values.shape[1]), [str(c) for c in grid.columns], fontsize="small")
         ax.set_yticks(range(values.shape[0]), [str(k) for k in grid.index], fontsize="small")
         ax.grid(False)
-        ax.set(xlabel="class", ylabel="client", title=panel)
+        head, *tail = panel.rsplit(", ", 2)   # two lines: neighbouring titles would touch on one
+        ax.set(xlabel="class", ylabel="client", title=head + "\n" + ", ".join(tail))
         ax.title.set_fontsize("small")
     fig.suptitle("Clients with their own data: training samples of each class per client")
     return fig
