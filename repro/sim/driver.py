@@ -105,7 +105,9 @@ class Simulation:
             if push is None:   # stopped between two steps: computed again by a resumed run
                 self.pending = nxt
                 break
-            for reply in core.on_push(push, t):
+            replies = core.on_push(push, t)
+            self.log_timing(k, push.read_version, t)
+            for reply in replies:
                 if reply.preempt:
                     self.scheduler.cancel(reply.client)   # its segment is dropped, never computed
                 if not reply.stop:
@@ -115,6 +117,14 @@ class Simulation:
             if stop_at_version is not None and self.server.version >= stop_at_version:
                 stop.set("stop_at_version")
         return core.final_status(interrupted=stop.is_set())
+
+    def log_timing(self, client: int, read_version: int, t: float) -> None:
+        """timings.csv's row from the virtual clock; nan where the schedule models no parts
+        (a replay, the shared-resource clock)."""
+        timing = getattr(self.scheduler, "timing", lambda: None)()
+        nan = float("nan")
+        timing = timing or dict.fromkeys(("to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"), nan)
+        self.core.runlog.log_timing(time_s=t, client=client, read_version=read_version, **timing)
 
     def compute(self, client: Client, num_steps: int) -> Push | None:
         """The client's push, or None when a stop request came between two of its steps (the
