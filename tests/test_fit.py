@@ -28,7 +28,7 @@ def record(tmp_path, name: str, comm_params: float | None, epochs: float = 12.0)
 
 def test_fit_recovers_known_costs(tmp_path):
     small, large = record(tmp_path, "small", None), record(tmp_path, "large", 40000.0)
-    cfg = sim_cfg(cost=CostConfig(profile="fit", path=f"{small},{large}"), checkpoint_every=0)
+    cfg = sim_cfg(cost=CostConfig(profile="fit", path=f"{small}:{large}"), checkpoint_every=0)
     summary = simulate(cfg, tmp_path / "fitted")
     fit = summary["fit"]
     assert fit["pushes"] >= 2 * 80

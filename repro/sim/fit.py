@@ -1,4 +1,4 @@
-"""A cost model fitted to recorded runs (``cost=fit cost.path=RUN_DIR[,RUN_DIR...]``).
+"""A cost model fitted to recorded runs (``cost=fit cost.path=RUN_DIR[:RUN_DIR...]``).
 
 This module owns one question: which :class:`~repro.config.settings.CostConfig` would make the
 simulator's clock the clock a recorded run had. It reads each recording's ``timings.csv``
@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -103,9 +104,10 @@ def fit_cost(paths: list[str]) -> dict:
 
 
 def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
-    """``cfg`` with the cost model fitted to the recordings ``cost.path`` names (comma-separated),
-    and the ``fit`` record; raises ConfigError (exit 2) before any work on a bad recording."""
-    paths = [p.strip() for p in str(cfg.cost.path).split(",") if p.strip()]
+    """``cfg`` with the cost model fitted to the recordings ``cost.path`` names (separated by
+    ``:``, as in PATH: run folder names hold commas), and the ``fit`` record; raises ConfigError
+    (exit 2) before any work on a bad recording."""
+    paths = [p for p in str(cfg.cost.path).split(os.pathsep) if p.strip()]
     fit = fit_cost(paths)
     cost = dataclasses.replace(
         cfg.cost, compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
