@@ -9,14 +9,14 @@ estimates
   spread of the per-push compute: a push sums nsync independent steps, so a step's coefficient of
   variation is the push's times sqrt(nsync));
 * the per-message ``latency_s`` and ``bandwidth_Bps`` from the transits each way: one point per
-  recording (its median transit against its message bytes), a least-squares line through them.
+  recording (its mean transit against its message bytes), a least-squares line through them.
   One message size alone cannot tell latency from bandwidth, so recordings of one size give the
   whole transit as latency and a free link (the record says so);
 * the server's ``server_apply_s`` (mean apply time).
 
-Means, not medians, for compute and apply: throughput is set by the mean. Medians for transit:
-one run's transit is one number in the model, and the medians resist the scheduler's rare long
-waits. The fitted values replace the configured ones before the run folder is made, so
+Means, not medians, everywhere: throughput is set by the mean, and on a loaded machine the
+transit's long tail (the scheduler's waits) holds much of it (REPRODUCE.md, "The simulator
+against reality"). The fitted values replace the configured ones before the run folder is made, so
 ``config.json`` records what was simulated, and ``fit`` (config.json and the summary) records
 where it came from. Shared resources (``cost.topology=shared``) are not fitted.
 """
@@ -80,14 +80,14 @@ def fit_cost(paths: list[str]) -> dict:
             cvs.append(step.std() / step.mean() * math.sqrt(nsync))
         later = t[t.duplicated("client")]   # a client's first fetch is the start-up's, not a reply's
         transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
-        points.append((message_bytes(config), float(np.median(transit))))
+        points.append((message_bytes(config), float(np.mean(transit))))
         pushes += len(t)
     step = np.concatenate(steps)
     cv = float(np.mean(cvs)) if cvs else 0.0
     sigma = math.sqrt(math.log1p(cv * cv))
     sizes = np.array([b for b, _ in points])
     times = np.array([s for _, s in points])
-    latency, bandwidth, note = float(np.median(times)), None, ""
+    latency, bandwidth, note = float(np.mean(times)), None, ""
     if len(set(sizes.tolist())) >= 2:
         slope, intercept = np.polyfit(sizes, times, 1)
         if slope > 0:
