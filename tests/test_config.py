@@ -30,7 +30,7 @@ def test_every_experiment_composes_and_converts(exp):
 @pytest.mark.parametrize("group", ["data", "model", "algo", "cost", "backend"])
 def test_every_group_option_composes(group):
     for option in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
-        extra = {"cifar10": ["data.root=/nowhere"], "replay": ["cost.path=/nowhere"]}.get(option, [])
+        extra = {"cifar10": ["data.root=/nowhere"], "replay": ["cost.path=/nowhere"], "fit": ["cost.path=/nowhere"]}.get(option, [])
         cfg = parse(compose([f"{group}={option}", *extra]))
         assert cfg is not None
 

@@ -33,6 +33,7 @@ from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
 from tests.helpers.runs import launch_real, real_cfg, wait_rows
 from tests.helpers.tables import table_frames
+from tests.test_timings import check_real_timings
 
 TEST_ERROR_MAX = 0.20
 
@@ -94,6 +95,7 @@ def test_real_run_completes(tmp_path, no_children):
     assert summary["final"]["test_error"] < TEST_ERROR_MAX
     assert summary["events"] == [] and summary["client_devices"] == {"1": "cpu", "2": "cpu"}
     assert json.loads((tmp_path / "config.json").read_text())["backend"]["name"] == "real"
+    check_real_timings(tmp_path)
 
 
 def test_busy_port_is_a_config_error(tmp_path, no_children):

@@ -167,7 +167,9 @@ class CostConfig:
     """shared: bytes/s of the server's link, each way (full duplex: pushes in, fetches out),
     shared by every transfer; null: bandwidth_Bps."""
     path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
-    """With profile 'replay': the recorded run folder whose update order is replayed."""
+    """With profile 'replay': the recorded run folder whose update order is replayed. With the
+    events schedule (cost=fit): recorded run folders, ':'-separated, whose timings.csv the cost
+    model is fitted to (repro/sim/fit.py); their fitted values replace the ones configured."""
 
     def speed(self, client: int) -> float:
         """Client ``client``'s relative step time from ``speeds`` or ``speed_law`` (1: neither;

@@ -5,6 +5,9 @@
 * ``config.json``  -- the fully resolved configuration (nested dict of the config dataclasses),
   plus measured values such as a calibrated compute time;
 * ``updates.csv``  -- one row per push the server applied, columns :data:`UPDATE_COLUMNS`;
+* ``timings.csv``  -- one row per push the server handled: where its round trip's time went,
+  columns :data:`TIMING_COLUMNS` (both drivers: the real one from its clocks, the simulator
+  from its virtual clock, so the two compare column by column);
 * ``evals.csv``    -- one row per evaluation of the server's parameters, :data:`EVAL_COLUMNS`;
 * ``summary.json`` -- :data:`SUMMARY_KEYS`; ``status`` is one of :data:`STATUSES`;
 * ``checkpoint.pt`` -- the latest server checkpoint (tensors and numbers only), when enabled.
@@ -23,6 +26,7 @@ from repro.errors import ConfigError
 CONFIG_FILE = "config.json"
 UPDATES_FILE = "updates.csv"
 EVALS_FILE = "evals.csv"
+TIMINGS_FILE = "timings.csv"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 LOCK_FILE = ".lock"   # held while a process writes the folder (repro.files.locks)
@@ -40,6 +44,19 @@ UPDATE_COLUMNS = (
     "epoch",          # samples_seen / training-set size
     "train_loss",     # mean minibatch loss over the pushed segment
     "train_error",    # fraction misclassified over the pushed segment
+)
+
+TIMING_COLUMNS = (
+    "version",        # server version after the push was handled (as updates.csv when applied)
+    "time_s",         # when the server handled it, on the run's clock (as updates.csv)
+    "clock",          # "virtual" (sim) or "wall" (real)
+    "client",
+    "read_version",   # the version the push was computed from
+    "to_client_s",    # the fetch this push was computed from: server send -> client receive
+    "compute_s",      # the client's local steps for this push (nsync minibatch steps)
+    "to_server_s",    # the push: client send -> server receive
+    "queue_s",        # received -> the server took it up (another push was being served)
+    "apply_s",        # the server's work on it (protocol, apply, row); nan where a schedule has no model
 )
 
 EVAL_COLUMNS = (

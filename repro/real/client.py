@@ -198,6 +198,7 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
             return 0
         if header.kind != Kind.PARAMS or header.client != client_id:
             raise LinkLost(f"protocol error: got {header.kind.name} for client {header.client}")
+        to_client_s = time.monotonic() - header.sent_at   # one clock on one kernel (transport.Header)
         if header.position is not None:
             client.stream.set_position(header.position)   # resumed: continue the data order
         client.fetch(params_in, header.version)   # copy_ into the client's own tensor (H2D on a GPU)
@@ -206,6 +207,7 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
         if on_step is not heartbeat:
             on_step.start()
         segment = client.mark() if preemptible else None
+        began = time.monotonic()
         try:
             if on_gpu:
                 push = client.compute_push(setup.net, cfg.nsync, on_step=on_step)   # .item() syncs
@@ -216,6 +218,8 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
             if segment is not None:   # segment consumed nothing
                 client.rewind(segment)
             continue
+        computed = time.monotonic()
         channel.send(Header(Kind.PUSH, client_id, push.read_version, update_out.numel(), push.num_steps,
                             push.num_samples, push.train_loss, push.train_error,
-                            tuple(push.stream_position), device_index), outbox)
+                            tuple(push.stream_position), device_index, sent_at=time.monotonic(),
+                            compute_s=computed - began, to_client_s=to_client_s), outbox)

@@ -91,7 +91,8 @@ class Dispatcher:
         if params.data_ptr() != self.server.params.data_ptr():
             params.copy_(self.server.params)   # GPU server: D2H, synchronous (orders the apply)
         header = Header(Kind.PARAMS, k, self.server.version, params.numel(),
-                        position=tuple(position) if position is not None else None)
+                        position=tuple(position) if position is not None else None,
+                        sent_at=time.monotonic())
         try:
             self.channels[k].send(header, self.reply)
         except LinkLost as exc:
@@ -205,8 +206,9 @@ class Dispatcher:
         with self.lock:
             if self.closed or k in self.lost or k in self.stopped:
                 return False
+            taken_at = time.monotonic()
             try:
-                self.on_push(k, header, update)
+                self.on_push(k, header, update, taken_at)
             except Exception as exc:   # a bug: end the run (the main thread sees the error)
                 traceback.print_exc()
                 self.core.state.error = f"{type(exc).__name__} serving client {k}: {exc}"
@@ -218,7 +220,7 @@ class Dispatcher:
         with self.lock:
             self.lose(k, reason)
 
-    def on_push(self, k: int, h: Header, update: torch.Tensor) -> None:
+    def on_push(self, k: int, h: Header, update: torch.Tensor, taken_at: float | None = None) -> None:
         if h.kind == Kind.PUSH and h.client == k and h.version < self.sent_version.get(k, 0):
             return   # computed before a preemption reached it: its new parameters are on the way
         if (h.kind != Kind.PUSH or h.client != k or h.version != self.sent_version.get(k)
@@ -230,7 +232,15 @@ class Dispatcher:
                     num_steps=h.num_steps, num_samples=h.num_samples, train_loss=h.train_loss,
                     train_error=h.train_error, stream_position=h.position)
         now, before = self.now(), self.server.version
+        started = time.monotonic()
         replies = self.core.on_push(push, now)
+        applied = time.monotonic()
+        taken_at = started if taken_at is None else taken_at
+        received_at = h.received_at or taken_at
+        self.core.runlog.log_timing(time_s=now, client=k, read_version=push.read_version,
+                                    to_client_s=h.to_client_s, compute_s=h.compute_s,
+                                    to_server_s=received_at - h.sent_at, queue_s=taken_at - received_at,
+                                    apply_s=applied - started)
         if self.server.version > before or any(r.client == k and not r.stop for r in replies):
             self.positions[k] = h.position   # applied, or answered (e.g. discarded): its stream moved on
         self.devices.setdefault(k, f"cuda:{h.device}" if h.device >= 0 else "cpu")

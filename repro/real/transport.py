@@ -52,6 +52,7 @@ import queue
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable
@@ -111,6 +112,13 @@ class Header:
     train_error: float = 0.0
     position: tuple[int, int] | None = None   # PUSH: stream position after; PARAMS: resume here
     device: int = -1                    # PUSH: the client's CUDA device index, -1 for the CPU
+    # timings.csv: times on time.monotonic(), one clock for every process on one kernel (also
+    # across network namespaces); PARAMS: when the server sent it; PUSH: when the client sent
+    # it, its compute time, and the transit of the PARAMS it was computed from
+    sent_at: float = 0.0
+    compute_s: float = 0.0
+    to_client_s: float = 0.0
+    received_at: float = 0.0            # set by the receiver, not sent
 
     @property
     def payload_length(self) -> int:
@@ -123,6 +131,7 @@ class Header:
         frame.header[:12] = (int(self.kind), self.client, self.version, self.length, self.num_steps,
                              self.num_samples, self.train_loss, self.train_error, pos[0], pos[1],
                              float(self.position is not None), self.device)
+        frame.header[12:15] = (self.sent_at, self.compute_s, self.to_client_s)
         return frame
 
     @classmethod
@@ -131,7 +140,7 @@ class Header:
         if int(v[0]) not in Kind._value2member_map_:
             raise LinkLost(f"protocol error: unknown message kind {v[0]!r}")
         return cls(Kind(int(v[0])), int(v[1]), int(v[2]), int(v[3]), int(v[4]), int(v[5]), v[6], v[7],
-                   (int(v[8]), int(v[9])) if v[10] else None, int(v[11]))
+                   (int(v[8]), int(v[9])) if v[10] else None, int(v[11]), v[12], v[13], v[14])
 
 
 class Channel:
@@ -291,6 +300,7 @@ class Receiver(threading.Thread):
                 if not self._done:
                     self.on_lost(self.client, str(exc))
                 return
+            header.received_at = time.monotonic()
             if header.kind == Kind.HEARTBEAT:
                 continue   # alive and computing: wait again, the timeout starts over
             update = self.frame.payload

@@ -77,6 +77,7 @@ class RunLog:
         append = resume_from is not None
         self.updates = CsvWriter(self.run_dir / schema.UPDATES_FILE, schema.UPDATE_COLUMNS, append)
         self.evals = CsvWriter(self.run_dir / schema.EVALS_FILE, schema.EVAL_COLUMNS, append)
+        self.timings = CsvWriter(self.run_dir / schema.TIMINGS_FILE, schema.TIMING_COLUMNS, append)
         self.write_summary("running")
 
     # -- rows ---------------------------------------------------------------------------------
@@ -89,6 +90,16 @@ class RunLog:
             "num_samples": num_samples, "samples_seen": samples, "epoch": samples / self.num_train,
             "train_loss": float(train_loss), "train_error": float(train_error)})
         self.samples_seen, self.version, self.time_s = samples, version, time_s
+
+    def log_timing(self, *, time_s: float, client: int, read_version: int, to_client_s: float, compute_s: float,
+                   to_server_s: float, queue_s: float, apply_s: float) -> None:
+        """Where one push's round trip went (``timings.csv``); written by the driver after the
+        core handled the push, so ``version`` is that of its updates.csv row when it was applied."""
+        self.timings.write({
+            "version": self.version, "time_s": time_s, "clock": self.clock, "client": client,
+            "read_version": read_version, "to_client_s": float(to_client_s),
+            "compute_s": float(compute_s), "to_server_s": float(to_server_s),
+            "queue_s": float(queue_s), "apply_s": float(apply_s)})
 
     @property
     def epoch(self) -> float:
@@ -112,6 +123,7 @@ class RunLog:
         self.evals.write(row)
         self.evals.flush()
         self.updates.flush()
+        self.timings.flush()
         self.last_eval_version = version
         self.final = {k: row[k] for k in ("test_loss", "test_error", "train_loss", "train_error")}
         if self.time_to_target is None and train_error <= self.target_error:
@@ -144,7 +156,7 @@ class RunLog:
         return summary
 
     def close(self) -> None:
-        for writer in (self.updates, self.evals):
+        for writer in (self.updates, self.evals, self.timings):
             try:
                 writer.close()
             except OSError:
@@ -155,6 +167,7 @@ class RunLog:
     def state_dict(self) -> dict:
         self.updates.flush()
         self.evals.flush()
+        self.timings.flush()
         return {"samples_seen": self.samples_seen, "next_eval": self.next_eval, "version": self.version,
                 "time_s": self.time_s, "time_to_target": self.time_to_target, "final": dict(self.final),
                 "events": list(self.events), "wall_time_s": self.wall_time_s(),

@@ -113,13 +113,18 @@ class CostScheduler:
         self.queue: list[tuple[float, int, int]] = []
         self.seq, self.server_free = 0, 0.0
         self.segments = {k: 0 for k in client_ids}
+        # per client (to_client_s, compute_s) of the push in flight: timings.csv's columns
+        self.flight: dict[int, tuple[float, float]] = {}
+        self.last_timing: dict | None = None
         for k in client_ids:              # every client fetches version 0 at t = 0
-            self._schedule(k, 0.0)
+            self._schedule(k, 0.0, 0.0)
 
-    def _schedule(self, client: int, fetched_at: float) -> None:
+    def _schedule(self, client: int, fetched_at: float, to_client_s: float) -> None:
         seg = self.segments[client]
         self.segments[client] = seg + 1
-        arrive = fetched_at + self.model.segment_s(client, seg, self.nsync) + self.model.transfer_s
+        compute_s = self.model.segment_s(client, seg, self.nsync)
+        self.flight[client] = (to_client_s, compute_s)
+        arrive = fetched_at + compute_s + self.model.transfer_s
         heapq.heappush(self.queue, (arrive, self.seq, client))
         self.seq += 1
 
@@ -128,14 +133,22 @@ class CostScheduler:
         arrive, _, client = heapq.heappop(self.queue)
         start = max(arrive, self.server_free)      # the server serves one push at a time
         self.server_free = start + self.model.server_apply_s
+        to_client_s, compute_s = self.flight.get(client, (0.0, 0.0))
+        self.last_timing = {"to_client_s": to_client_s, "compute_s": compute_s,
+                            "to_server_s": self.model.transfer_s, "queue_s": start - arrive,
+                            "apply_s": self.model.server_apply_s}
         return client, self.nsync, self.server_free
+
+    def timing(self) -> dict | None:
+        """The virtual clock's parts of the push :meth:`next` returned (timings.csv)."""
+        return self.last_timing
 
     def check(self, client: int, read_version: int) -> None:
         pass   # any push the queue chose is one it foresaw
 
     def served(self, client: int, applied_at: float) -> None:
         """The reply (the client's fetch) travels back, then the client computes its next push."""
-        self._schedule(client, applied_at + self.model.transfer_s)
+        self._schedule(client, applied_at + self.model.transfer_s, self.model.transfer_s)
 
     def cancel(self, client: int) -> None:
         """Drop the client's push in flight (a sync round's backup worker, preempted): it is
@@ -145,13 +158,15 @@ class CostScheduler:
 
     def state_dict(self) -> dict:
         return {"queue": [list(e) for e in self.queue], "seq": self.seq, "server_free": self.server_free,
-                "segments": [[k, v] for k, v in self.segments.items()]}
+                "segments": [[k, v] for k, v in self.segments.items()],
+                "flight": [[k, a, b] for k, (a, b) in self.flight.items()]}
 
     def load_state_dict(self, state: dict) -> None:
         self.queue = [(float(t), int(s), int(c)) for t, s, c in state["queue"]]
         heapq.heapify(self.queue)
         self.seq, self.server_free = int(state["seq"]), float(state["server_free"])
         self.segments = {int(k): int(v) for k, v in state["segments"]}
+        self.flight = {int(k): (float(a), float(b)) for k, a, b in state.get("flight", [])}
 
 
 def calibrate_compute_s(step, warmup: int = 3, repeats: int = 20) -> float:

@@ -10,7 +10,8 @@ costs about what K steps of a plain training loop cost.
 Bit-for-bit reproducible from the seed (on one torch build, CPU kernel family, thread count and
 device): the only randomness is the model init (``seed``), each client's data order
 (``seed, client``) and the jitter (``seed, client, segment``); no wall clock enters any table.
-``cost=replay`` replays the update order recorded by a real run instead.
+``cost=replay`` replays the update order recorded by a real run instead; ``cost=fit`` simulates
+with a cost model fitted to recorded runs (:mod:`repro.sim.fit`).
 
 A stop request (Ctrl-C, SIGTERM) is honoured between two local steps of a push, however long
 the push: the push is abandoned (its client rewinds to the segment's start, :meth:`Client.mark`)
@@ -31,6 +32,7 @@ from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.cost import CostModel, CostScheduler, Schedule, calibrate_compute_s
+from repro.sim.fit import fit_config, fits
 from repro.sim.replay import ReplayScheduler, replay_config
 from repro.sim.resources import ContendedScheduler
 
@@ -105,7 +107,9 @@ class Simulation:
             if push is None:   # stopped between two steps: computed again by a resumed run
                 self.pending = nxt
                 break
-            for reply in core.on_push(push, t):
+            replies = core.on_push(push, t)
+            self.log_timing(k, push.read_version, t)
+            for reply in replies:
                 if reply.preempt:
                     self.scheduler.cancel(reply.client)   # its segment is dropped, never computed
                 if not reply.stop:
@@ -115,6 +119,14 @@ class Simulation:
             if stop_at_version is not None and self.server.version >= stop_at_version:
                 stop.set("stop_at_version")
         return core.final_status(interrupted=stop.is_set())
+
+    def log_timing(self, client: int, read_version: int, t: float) -> None:
+        """timings.csv's row from the virtual clock; nan where the schedule models no parts
+        (a replay, the shared-resource clock)."""
+        timing = getattr(self.scheduler, "timing", lambda: None)()
+        nan = float("nan")
+        timing = timing or dict.fromkeys(("to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"), nan)
+        self.core.runlog.log_timing(time_s=t, client=client, read_version=read_version, **timing)
 
     def compute(self, client: Client, num_steps: int) -> Push | None:
         """The client's push, or None when a stop request came between two of its steps (the
@@ -147,6 +159,9 @@ def simulate(cfg: RunConfig, run_dir: str | Path, problem: Problem | None = None
     """Run the simulator for ``cfg`` into ``run_dir``; return the summary dict."""
     if cfg.cost.schedule == "replay":
         cfg = replay_config(cfg, run_dir)
+    fit = None
+    if fits(cfg):   # before the folder: config.json records the fitted values simulated
+        cfg, fit = fit_config(cfg)
     device = resolve_device(cfg.device)
     with torch_threads(cfg.num_threads), deterministic(device), run_folder(cfg, run_dir) as run:
         if run.skip:
@@ -155,8 +170,8 @@ def simulate(cfg: RunConfig, run_dir: str | Path, problem: Problem | None = None
         problem = problem or build_problem(cfg, device)
         compute_s = resolve_compute_s(cfg, problem, resume)
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="virtual", backend="sim", resume=resume,
-                                  measured={"cost.compute_s": compute_s})
+                                  measured={"cost.compute_s": compute_s, **({"fit": fit} if fit else {})})
         sim = Simulation(cfg, problem, core, compute_s, run.stop, resume)
         status, message = sim.run(stop_at_version)
-        return core.finish(status, message)
+        return core.finish(status, message, **({"fit": fit} if fit else {}))
     return run.summary

@@ -1,0 +1,116 @@
+"""A cost model fitted to recorded runs (``cost=fit cost.path=RUN_DIR[:RUN_DIR...]``).
+
+This module owns one question: which :class:`~repro.config.settings.CostConfig` would make the
+simulator's clock the clock a recorded run had. It reads each recording's ``timings.csv``
+(:data:`repro.files.schema.TIMING_COLUMNS`, written by both drivers) and ``config.json`` and
+estimates
+
+* the step time ``compute_s`` (mean compute per push / nsync) and its lognormal jitter (the
+  spread of the per-push compute: a push sums nsync independent steps, so a step's coefficient of
+  variation is the push's times sqrt(nsync));
+* the per-message ``latency_s`` and ``bandwidth_Bps`` from the transits each way: one point per
+  recording (its mean transit against its message bytes), a least-squares line through them.
+  One message size alone cannot tell latency from bandwidth, so recordings of one size give the
+  whole transit as latency and a free link (the record says so);
+* the server's ``server_apply_s`` (mean apply time).
+
+Means, not medians, everywhere: throughput is set by the mean, and on a loaded machine the
+transit's long tail (the scheduler's waits) holds much of it (REPRODUCE.md, "The simulator
+against reality"). The fitted values replace the configured ones before the run folder is made, so
+``config.json`` records what was simulated, and ``fit`` (config.json and the summary) records
+where it came from. Shared resources (``cost.topology=shared``) are not fitted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from repro.config.settings import RunConfig
+from repro.errors import ConfigError
+from repro.files import schema
+
+MIN_PUSHES = 20   # fewer pushes say too little about a mean and a spread
+
+
+def fits(cfg: RunConfig) -> bool:
+    """True when ``cfg`` asks for a fitted cost model (cost.path under the events schedule)."""
+    return cfg.cost.schedule == "events" and bool(cfg.cost.path)
+
+
+def _read(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    try:
+        config = json.loads((run_dir / schema.CONFIG_FILE).read_text())
+        timings = pd.read_csv(run_dir / schema.TIMINGS_FILE)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with config.json and "
+                          f"{schema.TIMINGS_FILE} ({exc})") from None
+    if tuple(timings.columns) != schema.TIMING_COLUMNS:
+        raise ConfigError("cost.path", str(run_dir), f"a {schema.TIMINGS_FILE} with the columns "
+                          f"{list(schema.TIMING_COLUMNS)}")
+    return timings, config
+
+
+def message_bytes(config: dict) -> float:
+    """Bytes of one push or fetch of the recorded run (its comm_params when it set one)."""
+    comm = config.get("cost", {}).get("comm_params")
+    return float(comm) * 4 if comm is not None else float(config["network"]["param_bytes"])
+
+
+def fit_cost(paths: list[str]) -> dict:
+    """The fitted values and where they came from (the ``fit`` record)."""
+    steps, applies, points, pushes = [], [], [], 0
+    cvs = []
+    for path in paths:
+        t, config = _read(Path(path))
+        t = t[np.isfinite(t[["to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"]]).all(axis=1)]
+        if len(t) < MIN_PUSHES:
+            raise ConfigError("cost.path", path, f"a recorded run with at least {MIN_PUSHES} pushes "
+                              f"in {schema.TIMINGS_FILE} to fit a cost model to (it has {len(t)})")
+        nsync = int(config["nsync"])
+        step = t.compute_s.to_numpy() / nsync
+        steps.append(step)
+        applies.append(t.apply_s.to_numpy())
+        if step.mean() > 0:
+            cvs.append(step.std() / step.mean() * math.sqrt(nsync))
+        later = t[t.duplicated("client")]   # a client's first fetch is the start-up's, not a reply's
+        transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
+        points.append((message_bytes(config), float(np.mean(transit))))
+        pushes += len(t)
+    step = np.concatenate(steps)
+    cv = float(np.mean(cvs)) if cvs else 0.0
+    sigma = math.sqrt(math.log1p(cv * cv))
+    sizes = np.array([b for b, _ in points])
+    times = np.array([s for _, s in points])
+    latency, bandwidth, note = float(np.mean(times)), None, ""
+    if len(set(sizes.tolist())) >= 2:
+        slope, intercept = np.polyfit(sizes, times, 1)
+        if slope > 0:
+            latency, bandwidth = max(float(intercept), 0.0), float(1.0 / slope)
+        else:
+            note = "transit does not grow with message bytes: all of it is latency, the link is free"
+    else:
+        note = ("one message size: latency and bandwidth are not separable, the whole transit is "
+                "latency and the link is free (fit runs of two model sizes to separate them)")
+    return {"paths": [str(p) for p in paths], "pushes": pushes, "compute_s": float(step.mean()),
+            "jitter_sigma": sigma, "latency_s": latency, "bandwidth_Bps": bandwidth,
+            "server_apply_s": float(np.concatenate(applies).mean()),
+            "transit": [[b, s] for b, s in points], "note": note}
+
+
+def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
+    """``cfg`` with the cost model fitted to the recordings ``cost.path`` names (separated by
+    ``:``, as in PATH: run folder names hold commas), and the ``fit`` record; raises ConfigError
+    (exit 2) before any work on a bad recording."""
+    paths = [p for p in str(cfg.cost.path).split(os.pathsep) if p.strip()]
+    fit = fit_cost(paths)
+    cost = dataclasses.replace(
+        cfg.cost, compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
+        jitter_sigma=fit["jitter_sigma"], latency_s=fit["latency_s"], bandwidth_Bps=fit["bandwidth_Bps"],
+        server_apply_s=fit["server_apply_s"])
+    return cfg.replace(cost=cost), fit
