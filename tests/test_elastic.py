@@ -1,0 +1,168 @@
+"""Elastic clients of the real driver (issue 20): a client joins a running run through the
+store, a lost client is replaced, a refused join leaves the run untouched.
+
+One join test runs in the default suite (a SIGKILLed client replaced by a joiner); the others
+are ``slow``. Every run listens on loopback only and each test removes its processes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from repro.config.settings import BackendConfig, CostConfig, ModelConfig, to_dict
+from tests.helpers.invariants import check_run_folder
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
+from tests.helpers.runs import launch_real, real_cfg, wait_rows
+from tests.helpers.tables import table_frames
+
+JOINER = """
+import json, sys
+from repro.config.settings import from_dict
+from repro.real.elastic import join_run
+sys.exit(join_run(from_dict(json.loads(sys.argv[1]))))
+"""
+
+
+def elastic_cfg(port: int, **changes):
+    backend = BackendConfig(name="real", timeout_s=30.0, client_timeout_s=10.0, client_device="cpu",
+                            master_port=port, max_clients=changes.pop("max_clients", None))
+    return real_cfg(num_epochs=changes.pop("num_epochs", 6.0), backend=backend, **changes)
+
+
+def start_joiner(tmp_path, cfg, name="joiner", **backend):
+    joiner = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{cfg.backend.master_port}",
+                                                     master_port=0, **backend))
+    log = open(tmp_path / f"{name}.log", "w")
+    return subprocess.Popen([sys.executable, "-c", JOINER, json.dumps(to_dict(joiner))], cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_log(proc, path, pattern, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while not re.search(pattern, path.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {pattern!r} in {path.name}"
+        time.sleep(0.1)
+
+
+def test_killed_client_is_replaced_by_a_joiner(tmp_path):
+    """SIGKILL a client mid-run and join a replacement: the run ends completed (not degraded),
+    versions contiguous and unique, events client_lost then client_joined, and the joiner's
+    pushes in updates.csv under a new id (never the dead process's)."""
+    # client 2 steps 4x slower (cost.speeds): once the fast client 1 is killed the run lasts
+    # long enough for a joiner to start; joiner 3 takes slot 1, the fast one
+    cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[1.0, 4.0]))
+    proc, run_dir = launch_real(tmp_path, cfg)
+    joiner = None
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 10)
+        os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
+        wait_log(proc, tmp_path / "run.log", "lost at version")
+        joiner = start_joiner(tmp_path, cfg)
+        proc.wait(timeout=180)
+        assert joiner.wait(timeout=30) == 0, (tmp_path / "joiner.log").read_text()
+    finally:
+        assert_no_leftovers(proc)
+        if joiner is not None:
+            assert_no_leftovers(joiner)
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "completed", summary["message"]
+    kinds = [e["type"] for e in summary["events"]]
+    assert kinds.index("client_lost") < kinds.index("client_joined")
+    joined = next(e for e in summary["events"] if e["type"] == "client_joined")
+    assert joined["client"] == 3   # the next id never used, not the dead client's
+    assert (upd.client == 3).sum() > 0
+    assert (upd[upd.client == 3].staleness >= 0).all()
+    check_run_folder(run_dir)
+
+
+@pytest.mark.slow
+def test_two_joiners_raise_throughput(tmp_path):
+    """Two clients join a 1-client run mid-way: pushes per second rise."""
+    cfg = elastic_cfg(free_port(), num_clients=1, num_epochs=12.0, max_clients=3)
+    proc, run_dir = launch_real(tmp_path, cfg)
+    joiners = []
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 30)
+        joiners = [start_joiner(tmp_path, cfg, f"joiner{i}") for i in (1, 2)]
+        proc.wait(timeout=240)
+        for j in joiners:
+            assert j.wait(timeout=30) == 0
+    finally:
+        assert_no_leftovers(proc)
+        for j in joiners:
+            assert_no_leftovers(j)
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "completed", summary["message"]
+    assert {2, 3} <= set(upd.client)
+    t_joined = max(e["joined_time_s"] for e in summary["events"] if e["type"] == "client_joined")
+    solo = upd[upd.time_s < t_joined].sort_values("time_s")
+    trio = upd[upd.time_s > t_joined].sort_values("time_s")
+    rate = lambda d: (len(d) - 1) / (d.time_s.iloc[-1] - d.time_s.iloc[0])  # noqa: E731
+    assert rate(trio) > rate(solo), (rate(solo), rate(trio))
+    check_run_folder(run_dir)
+
+
+@pytest.mark.slow
+def test_refused_joins_leave_the_run_untouched(tmp_path):
+    """A joiner with another model, one beyond backend.max_clients, and one asking for a live
+    id are refused (exit 2, a message naming why); the run completes with its own clients."""
+    cfg = elastic_cfg(free_port(), num_epochs=6.0)
+    proc, run_dir = launch_real(tmp_path, cfg)
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 5)
+        other = start_joiner(tmp_path, cfg.replace(model=ModelConfig(name="mlp")), "other")
+        assert other.wait(timeout=60) == 2
+        full = start_joiner(tmp_path, cfg, "full")
+        assert full.wait(timeout=60) == 2
+        live = start_joiner(tmp_path, cfg, "live", join_client=1)
+        assert live.wait(timeout=60) == 2
+        proc.wait(timeout=180)
+    finally:
+        assert_no_leftovers(proc)
+    assert "config differs" in (tmp_path / "other.log").read_text()
+    assert "max_clients=2" in (tmp_path / "full.log").read_text()
+    assert "not a lost client" in (tmp_path / "live.log").read_text()
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "completed"
+    assert not [e for e in summary["events"] if e["type"].startswith("client_")]
+    assert set(upd.client) == {1, 2}
+    check_run_folder(run_dir)
+
+
+@pytest.mark.slow
+def test_restarted_client_rejoins_under_its_id(tmp_path):
+    """A SIGKILLed client restarted with backend.join_client=<its id> is client_rejoined: the
+    run ends completed and the id's pushes continue after the event."""
+    cfg = elastic_cfg(free_port())
+    proc, run_dir = launch_real(tmp_path, cfg)
+    joiner = None
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 10)
+        os.kill(client_pids(proc.pid)[1], signal.SIGKILL)
+        wait_log(proc, tmp_path / "run.log", "lost at version")
+        joiner = start_joiner(tmp_path, cfg, join_client=2)
+        proc.wait(timeout=180)
+        assert joiner.wait(timeout=30) == 0
+    finally:
+        assert_no_leftovers(proc)
+        if joiner is not None:
+            assert_no_leftovers(joiner)
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "completed", summary["message"]
+    back = next(e for e in summary["events"] if e["type"] == "client_rejoined")
+    assert back["client"] == 2 and summary["lost_clients"] == []
+    assert (upd[upd.version > back["version"]].client == 2).any()
+    check_run_folder(run_dir)
