@@ -88,7 +88,7 @@ def test_killed_client_is_replaced_by_a_joiner(tmp_path):
 @pytest.mark.slow
 def test_two_joiners_raise_throughput(tmp_path):
     """Two clients join a 1-client run mid-way: pushes per second rise."""
-    cfg = elastic_cfg(free_port(), num_clients=1, num_epochs=12.0, max_clients=3)
+    cfg = elastic_cfg(free_port(), num_clients=1, num_epochs=40.0, max_clients=3)
     proc, run_dir = launch_real(tmp_path, cfg)
     joiners = []
     try:
@@ -117,18 +117,16 @@ def test_two_joiners_raise_throughput(tmp_path):
 def test_refused_joins_leave_the_run_untouched(tmp_path):
     """A joiner with another model, one beyond backend.max_clients, and one asking for a live
     id are refused (exit 2, a message naming why); the run completes with its own clients."""
-    cfg = elastic_cfg(free_port(), num_epochs=6.0)
+    cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[4.0, 4.5]))
     proc, run_dir = launch_real(tmp_path, cfg)
     try:
         wait_log(proc, tmp_path / "run.log", "accepting joins at")
         wait_rows(proc, run_dir, 5)
-        other = start_joiner(tmp_path, cfg.replace(model=ModelConfig(name="mlp")), "other")
-        assert other.wait(timeout=60) == 2
-        full = start_joiner(tmp_path, cfg, "full")
-        assert full.wait(timeout=60) == 2
-        live = start_joiner(tmp_path, cfg, "live", join_client=1)
-        assert live.wait(timeout=60) == 2
-        proc.wait(timeout=180)
+        joiners = [start_joiner(tmp_path, cfg.replace(model=ModelConfig(name="mlp")), "other"),
+                   start_joiner(tmp_path, cfg, "full"), start_joiner(tmp_path, cfg, "live", join_client=1)]
+        assert [j.wait(timeout=60) for j in joiners] == [2, 2, 2]
+        assert proc.poll() is None   # refused while the run went on
+        proc.wait(timeout=240)
     finally:
         assert_no_leftovers(proc)
     assert "config differs" in (tmp_path / "other.log").read_text()
@@ -145,7 +143,7 @@ def test_refused_joins_leave_the_run_untouched(tmp_path):
 def test_restarted_client_rejoins_under_its_id(tmp_path):
     """A SIGKILLed client restarted with backend.join_client=<its id> is client_rejoined: the
     run ends completed and the id's pushes continue after the event."""
-    cfg = elastic_cfg(free_port())
+    cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[4.0, 1.0]))
     proc, run_dir = launch_real(tmp_path, cfg)
     joiner = None
     try:

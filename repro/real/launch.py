@@ -226,7 +226,8 @@ def _make_store(cfg: RunConfig) -> dist.TCPStore:
     except OSError as exc:
         raise ConfigError("backend.master_port", port, f"a free port on {addr} (0 picks one): {exc}")
     bound = sock.getsockname()[1]
-    return dist.TCPStore(addr, bound, cfg.num_clients + 1, True, wait_for_workers=False,
+    # world size None: joiners connect for the whole run, beyond the clients started with it
+    return dist.TCPStore(addr, bound, None, True, wait_for_workers=False,
                          timeout=datetime.timedelta(seconds=startup_deadline_s(cfg)),
                          master_listen_fd=sock.detach())   # the store owns the socket now
 

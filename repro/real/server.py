@@ -269,6 +269,7 @@ class ServerLoop:
                 self.receivers[k] = Receiver(k, channel, frame, timeout, self.on_message, self.on_lost)
                 self.lost.pop(k, None)
                 self.stopped.discard(k)
+                self.processes.pop(k, None)   # a rejoiner's dead predecessor is not this client
                 self.positions[k] = None
                 self.core.join(k, self.now())
                 log(f"client {k} joined at version {self.server.version}; {len(self.live())} client(s) training")
