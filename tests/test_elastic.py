@@ -116,24 +116,26 @@ def test_two_joiners_raise_throughput(tmp_path):
 @pytest.mark.slow
 def test_refused_joins_leave_the_run_untouched(tmp_path):
     """A joiner with another model, one beyond backend.max_clients, and one asking for a live
-    id are refused (exit 2, a message naming why); the run completes with its own clients."""
-    cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[4.0, 4.5]))
+    id are refused (exit 2, a message naming why) while the run trains on with its own clients
+    (a budget far beyond the test: it pushes on after the refusals, then is interrupted)."""
+    cfg = elastic_cfg(free_port(), num_epochs=1000.0, eval_every=500.0)
     proc, run_dir = launch_real(tmp_path, cfg)
     try:
         wait_log(proc, tmp_path / "run.log", "accepting joins at")
         wait_rows(proc, run_dir, 5)
         joiners = [start_joiner(tmp_path, cfg.replace(model=ModelConfig(name="mlp")), "other"),
                    start_joiner(tmp_path, cfg, "full"), start_joiner(tmp_path, cfg, "live", join_client=1)]
-        assert [j.wait(timeout=60) for j in joiners] == [2, 2, 2]
-        assert proc.poll() is None   # refused while the run went on
-        proc.wait(timeout=240)
+        assert [j.wait(timeout=90) for j in joiners] == [2, 2, 2]
+        wait_rows(proc, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 20)   # it goes on
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
     finally:
         assert_no_leftovers(proc)
     assert "config differs" in (tmp_path / "other.log").read_text()
     assert "max_clients=2" in (tmp_path / "full.log").read_text()
     assert "not a lost client" in (tmp_path / "live.log").read_text()
     upd, _, summary = table_frames(run_dir)
-    assert summary["status"] == "completed"
+    assert summary["status"] == "interrupted"
     assert not [e for e in summary["events"] if e["type"].startswith("client_")]
     assert set(upd.client) == {1, 2}
     check_run_folder(run_dir)

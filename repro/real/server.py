@@ -222,16 +222,17 @@ class ServerLoop:
             if request.get("fingerprint") != fingerprint(self.cfg):
                 raise Refused("its config differs from the run's in what is trained (data, model, "
                               "algo, protocol, seed, nsync or num_clients): join with the run's overrides")
+            asked = request.get("client")
+            lost = {int(c) for c in self.core.runlog.lost_clients} | set(self.lost)
+            if asked is not None and (int(asked) not in lost or int(asked) in self.pending):
+                raise Refused(f"backend.join_client={asked} is not a lost client of this run "
+                              f"(lost: {sorted(lost - self.pending)}); an id is never shared by two processes")
             if len(self.live()) + len(self.pending) >= self.max_clients:
                 raise Refused(f"the run has backend.max_clients={self.max_clients} clients training")
-            asked = request.get("client")
             if asked is None:
                 k, self.next_id = self.next_id, self.next_id + 1
-            elif int(asked) in self.lost or str(asked) in self.core.runlog.lost_clients:
-                k = int(asked)   # a restarted client takes its lost place back: client_rejoined
             else:
-                raise Refused(f"backend.join_client={asked} is not a lost client of this run "
-                              f"(lost: {sorted(int(c) for c in self.core.runlog.lost_clients)})")
+                k = int(asked)   # a restarted client takes its lost place back: client_rejoined
             self.pending.add(k)
             return k
 
