@@ -171,3 +171,49 @@ def test_restarted_client_rejoins_under_its_id(tmp_path):
     assert back["client"] == 2 and summary["lost_clients"] == []
     assert (upd[upd.version > back["version"]].client == 2).any()
     check_run_folder(run_dir)
+
+
+# -- the bookkeeping of a join, without processes (fast) -----------------------------------------
+
+def _push(k: int, read_version: int) -> "Push":
+    import torch
+
+    from repro.asgd.algorithm import Push
+
+    return Push(client=k, read_version=read_version, update=torch.zeros(3), num_steps=1, num_samples=1,
+                train_loss=1.0, train_error=0.5, stream_position=(0, 0))
+
+
+def test_protocols_count_a_joiner_from_its_fetch():
+    """ssp: a joiner's clock starts at the slowest live client's (it holds nobody back and runs
+    at most the bound ahead); sync: a round waits for the clients live at its start, and the
+    joiner counts from the next round."""
+    from repro.asgd.protocols import SSP, Sync, View
+    from repro.config.settings import ProtocolConfig
+
+    ssp = SSP(real_cfg(protocol=ProtocolConfig(name="ssp", staleness_bound=1)), [1, 2], 0)
+    for v in range(3):
+        ssp.on_push(_push(1, v), View(v, frozenset({1, 2})))
+        ssp.on_push(_push(2, v), View(v, frozenset({1, 2})))
+    ssp.on_join(3, View(6, frozenset({1, 2})))
+    assert ssp.pushes[3] == 3   # not 0: clients 1 and 2 are not held back waiting for it
+    sync = Sync(real_cfg(protocol=ProtocolConfig(name="sync")), [1, 2], 0)
+    sync.on_push(_push(1, 0), View(0, frozenset({1, 2})))
+    sync.on_join(3, View(0, frozenset({1, 2})))
+    live = frozenset({1, 2, 3})
+    decision = sync.on_push(_push(2, 0), View(0, live))
+    assert decision.apply is not None and decision.preempt == (3,)   # closed without the joiner
+    assert sync.needed(live) == 3   # the next round counts it
+
+
+def test_bad_elastic_keys_exit_before_any_work():
+    from repro.config.settings import validate
+    from repro.errors import ConfigError
+
+    cases = {"backend.max_clients": dict(max_clients=1), "backend.join": dict(join="nohost"),
+             "backend.join_client": dict(join_client=2)}
+    for key, backend in cases.items():
+        cfg = real_cfg(num_clients=2)
+        cfg = cfg.replace(backend=dataclasses.replace(cfg.backend, **backend))
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            validate(cfg)
