@@ -168,6 +168,22 @@ class CostConfig:
     shared by every transfer; null: bandwidth_Bps."""
     path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
     """With profile 'replay': the recorded run folder whose update order is replayed."""
+    preempt_rate: float = knob(0.0, Range(0.0, 1e6))
+    """Simulated churn (repro.sim.churn): each live client is lost at this rate per virtual
+    second (a seeded Poisson process); 0: never."""
+    preempt_down_s: float = knob(1.0, Range(0.0, 1e9, lo_open=True))
+    """Simulated churn: mean virtual seconds a preempted client stays away (seeded,
+    exponential) before it rejoins under its id."""
+    churn_leave: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e12, nullable=True))
+    """Simulated churn, a schedule: triples [client, t_leave, t_return, ...] in virtual
+    seconds (t_return 0: never returns); null: none."""
+    churn_join: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e12, nullable=True))
+    """Simulated churn: virtual times at which one more client joins (ids num_clients+1, ...,
+    slot ((k-1) mod N)+1 for per-client settings); null: none."""
+
+    @property
+    def churns(self) -> bool:
+        return self.preempt_rate > 0 or self.churn_leave is not None or self.churn_join is not None
 
     def speed(self, client: int) -> float:
         """Client ``client``'s relative step time from ``speeds`` or ``speed_law`` (1: neither;
@@ -587,7 +603,25 @@ def _check_topology(cfg: RunConfig) -> None:
 
 
 def _check_elastic(cfg: RunConfig) -> None:
-    """Joins (the real driver's): a maximum no smaller than the run, an address to join."""
+    """Joins (the real driver's): a maximum no smaller than the run, an address to join.
+    Simulated churn: whole triples of existing clients; not modelled with shared resources or
+    a replayed order."""
+    c = cfg.cost
+    if c.churn_leave is not None:
+        if len(c.churn_leave) % 3:
+            raise ConfigError("cost.churn_leave", list(c.churn_leave), "triples [client, t_leave, t_return, ...]")
+        for i in range(0, len(c.churn_leave), 3):
+            k, t1, t2 = c.churn_leave[i:i + 3]
+            if k != int(k) or not 1 <= k <= cfg.num_clients:
+                raise ConfigError("cost.churn_leave", list(c.churn_leave), f"client ids in 1..{cfg.num_clients} "
+                                  "at positions 0, 3, 6, ...")
+            if t2 and t2 <= t1:
+                raise ConfigError("cost.churn_leave", list(c.churn_leave), "t_return after t_leave (0: never)")
+    if c.churns and c.topology == "shared":
+        raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.preempt_rate, "
+                          "cost.churn_leave, cost.churn_join): churn on shared resources is not modelled")
+    if c.churns and c.schedule == "replay":
+        raise ConfigError("cost.schedule", c.schedule, "events with churn (a replay has its own order)")
     b = cfg.backend
     if b.max_clients is not None and b.max_clients < cfg.num_clients:
         raise ConfigError("backend.max_clients", b.max_clients,

@@ -263,7 +263,7 @@ class RunCore:
         owed to clients the lost one held back (a barrier it no longer blocks)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
-            self.runlog.add_event("client_lost", client=client, reason=reason)
+            self.runlog.add_event("client_lost", client=client, reason=reason, lost_time_s=round(time_s, 6))
         self.live = self.live - {client}
         if self.protocol is None:
             return []
