@@ -24,8 +24,8 @@ def test_grid_expands_to_the_intended_runs():
 def test_shrunk_sweep_draws_measured_beside_predicted(tmp_path):
     cmd = [sys.executable, "-m", "repro.run", "+exp=churn", f"results_dir={tmp_path / 'r'}",
            f"figures_dir={tmp_path / 'f'}", "num_epochs=0.5", "progress=false",
-           "hydra.sweeper.params.protocol='async'", "hydra.sweeper.params.cost.preempt_rate='0,3'",
-           "hydra.sweeper.params.seed='0'"]
+           "protocol=async", "cost.preempt_rate=0,3",
+           "seed=0"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "MPLBACKEND": "Agg"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
