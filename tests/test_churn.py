@@ -82,6 +82,7 @@ def test_bad_churn_input_is_refused(cost, key):
         validate(churn_cfg(**cost))
 
 
+@pytest.mark.slow   # the fast guarantee is test_bad_churn_input_is_refused; this is the CLI's path to it
 def test_bad_churn_input_exits_2_on_the_command_line():
     proc = subprocess.run([sys.executable, "-m", "repro.run", "cost.churn_leave=[1,0.5]"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
