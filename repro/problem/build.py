@@ -15,8 +15,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from repro.asgd.algorithm import Client, Server, make_client
-from repro.asgd.flatnet import LOSSES, Worker
+from repro.asgd.algorithm import Client, ParameterServer, make_client
+from repro.asgd.flatnet import LOSSES, FlatNet
 from repro.asgd.rules import ServerRule, make_rule
 from repro.config.settings import RunConfig, client_slot, slow_client
 from repro.errors import ConfigError
@@ -81,11 +81,11 @@ def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
     return ds.to(device)
 
 
-def build_worker(cfg: RunConfig, ds: Dataset, device: torch.device | str = "cpu") -> Worker:
+def build_net(cfg: RunConfig, ds: Dataset, device: torch.device | str = "cpu") -> FlatNet:
     """The network with parameters initialised from ``seed`` (identical in every process)."""
     torch.manual_seed(cfg.seed)
     module = build_model(cfg.model.name, ds.input_shape, ds.num_classes).to(device)
-    return Worker(module, LOSSES[ds.task])
+    return FlatNet(module, LOSSES[ds.task])
 
 
 def make_server_rule(cfg: RunConfig) -> ServerRule:
@@ -95,8 +95,8 @@ def make_server_rule(cfg: RunConfig) -> ServerRule:
                      outer_momentum=algo.outer_momentum, outer_delay=algo.outer_delay)
 
 
-def make_server(cfg: RunConfig, params: Tensor) -> Server:
-    return Server(params.detach().clone(), make_server_rule(cfg))
+def make_server(cfg: RunConfig, params: Tensor) -> ParameterServer:
+    return ParameterServer(params.detach().clone(), make_server_rule(cfg))
 
 
 def make_clients(cfg: RunConfig, ds: Dataset, client_ids: list[int] | None = None) -> list[Client]:
@@ -123,10 +123,10 @@ def param_bytes(params: Tensor) -> int:
 
 @dataclass
 class Problem:
-    """What is trained: data, the network (as a worker) and the server's initial state."""
+    """What is trained: data, the network (as a net) and the server's initial state."""
 
     dataset: Dataset
-    worker: Worker
+    net: FlatNet
     init_params: Tensor
     eval_sets: EvalSets
     init_rule_state: dict | None = None   # the server rule's state (warm start), None: fresh
@@ -140,7 +140,7 @@ class Problem:
             out["dataset"] = dict(self.dataset.facts)
         return out
 
-    def make_server(self, cfg: RunConfig) -> Server:
+    def make_server(self, cfg: RunConfig) -> ParameterServer:
         server = make_server(cfg, self.init_params)
         if self.init_rule_state is not None:
             server.rule.load_state_dict(self.init_rule_state)

@@ -2,7 +2,7 @@
 
 This module owns the client's side of the conversation, and nothing of process plumbing
 (:mod:`repro.real.launch`): receive parameters (or STOP), ``client.fetch`` them, run
-``client.compute_push(worker, nsync)`` exactly as the simulator does, send the push, repeat.
+``client.compute_push(net, nsync)`` exactly as the simulator does, send the push, repeat.
 Client ``k`` is built by the same :mod:`repro.problem.build` as simulator client ``k``, so its data
 order is the one seeded by ``(seed, k)``. While it computes, a client proves it is alive with a
 header-only HEARTBEAT every quarter of ``backend.client_timeout_s``, so only a silent client is
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 import torch
 
 from repro.asgd.algorithm import Client
-from repro.asgd.flatnet import Worker
+from repro.asgd.flatnet import FlatNet
 from repro.asgd.protocols import PROTOCOLS
 from repro.config.settings import RunConfig, client_slot
 from repro.errors import ConfigError
 from repro.logs import get_logger
-from repro.problem.build import build_worker, load_data, make_clients
+from repro.problem.build import build_net, load_data, make_clients
 from repro.problem.data import Dataset
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, check_hello, hello
 from repro.runtime import cuda_missing, deterministic
@@ -68,7 +68,7 @@ class ClientSetup:
     fails before the server waits on it)."""
 
     client: Client
-    worker: Worker
+    net: FlatNet
     device: torch.device
     inbox: Frame     # the parameters land here, every fetch
     outbox: Frame    # each push leaves from here (pinned on a GPU: the staging buffer)
@@ -83,11 +83,11 @@ def build_client(cfg: RunConfig, client_id: int, device: torch.device, ds: Datas
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)   # also on a GPU: data loading and Python run on cores
     ds = ds.to(device) if ds is not None else load_data(cfg, device)
-    worker = build_worker(cfg, ds, device)
+    net = build_net(cfg, ds, device)
     client = make_clients(cfg, ds, client_ids=[client_id])[0]
-    client.params = torch.zeros_like(worker.params)   # fetches copy into this: no tensor per round trip
-    numel, pin = worker.params.numel(), device.type == "cuda"
-    setup = ClientSetup(client, worker, device, Frame(numel, pin), Frame(numel, pin))
+    client.params = torch.zeros_like(net.params)   # fetches copy into this: no tensor per round trip
+    numel, pin = net.params.numel(), device.type == "cuda"
+    setup = ClientSetup(client, net, device, Frame(numel, pin), Frame(numel, pin))
     if pin:
         warm_up(setup)
     return setup
@@ -101,8 +101,8 @@ def warm_up(setup: ClientSetup) -> None:
 
     stream = setup.client.stream
     probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)
-    setup.worker.backward(*probe.next_batch())
-    setup.worker.flat_module.zero_grad()
+    setup.net.backward(*probe.next_batch())
+    setup.net.flat_module.zero_grad()
     torch.cuda.synchronize(setup.device)
 
 
@@ -212,10 +212,10 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
         segment = client.mark() if preemptible else None
         try:
             if on_gpu:
-                push = client.compute_push(setup.worker, cfg.nsync, on_step=on_step)   # .item() syncs
+                push = client.compute_push(setup.net, cfg.nsync, on_step=on_step)   # .item() syncs
                 update_out.copy_(push.update)   # D2H into the pinned frame, synchronous
             else:
-                push = client.compute_push(setup.worker, cfg.nsync, out=update_out, on_step=on_step)
+                push = client.compute_push(setup.net, cfg.nsync, out=update_out, on_step=on_step)
         except ServerSpoke:   # STOP ends the loop; preempted, as the simulator does: the dropped
             if segment is not None:   # segment consumed nothing
                 client.rewind(segment)

@@ -61,7 +61,7 @@ class Refused(Exception):
 
 class Acceptor(threading.Thread):
     """The server's side: watch the store for tickets and admit each joiner in ticket order.
-    ``loop`` is the :class:`~repro.real.server.ServerLoop` (admit, add_client, closed)."""
+    ``loop`` is the :class:`~repro.real.server.Dispatcher` (admit, add_client, closed)."""
 
     def __init__(self, loop, store, address: str):
         super().__init__(name="join-acceptor", daemon=True)

@@ -55,7 +55,7 @@ from repro.problem.data import Dataset
 from repro.problem.start import build_problem
 from repro.real.client import build_client, client_device, run_client
 from repro.real.elastic import Acceptor
-from repro.real.server import ServerLoop, log, server_device
+from repro.real.server import Dispatcher, log, server_device
 from repro.real.transport import (Channel, Header, Kind, connect, disconnect, pin_gloo_to_loopback,
                                   pin_gloo_towards)
 from repro.runs.core import RunCore
@@ -108,7 +108,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
             status = "interrupted" if run.stop.is_set() else "failed"
             log(f"start-up {status}: {exc}")
             return core.finish(status, str(exc), clean=status == "interrupted")
-        loop = ServerLoop(cfg, core, channels, run.stop, procs, resume)
+        loop = Dispatcher(cfg, core, channels, run.stop, procs, resume)
         if store is not None:   # single node: the store stays open for joins (repro.real.elastic)
             address = f"{cfg.backend.master_addr}:{store.port}"
             loop.acceptor = Acceptor(loop, store, address)
@@ -119,7 +119,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     return run.summary
 
 
-def _serve(loop: ServerLoop, procs: dict) -> dict:
+def _serve(loop: Dispatcher, procs: dict) -> dict:
     """Run the loop, stop every rank whatever happened, then end the run."""
     status = "failed"
     try:

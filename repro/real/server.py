@@ -1,8 +1,8 @@
 """Rank 0 of the real driver: receive a push, hand it to the run core, carry the replies.
 
 One receiver thread per client (:class:`~repro.real.transport.Receiver`) hands each push to
-:meth:`ServerLoop.on_message`, which holds the server lock while the run core
-(:mod:`repro.runs.core`) applies the push with the same :class:`~repro.asgd.algorithm.Server` the simulator
+:meth:`Dispatcher.on_message`, which holds the server lock while the run core
+(:mod:`repro.runs.core`) applies the push with the same :class:`~repro.asgd.algorithm.ParameterServer` the simulator
 runs and writes its row, and while this loop sends each reply (Downpour's push + fetch round
 trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a time, in the order
 they take the lock, and ``updates.csv`` records that order. The main thread only watches:
@@ -12,7 +12,7 @@ computing is sent STOP, which it reads between two local steps, however long its
 
 A push the protocol holds (a sync round's, until the round closes) is read from its client's
 receive frame, not copied: that frame receives again only after the client's reply
-(:meth:`ServerLoop.send_params` posts the receive), so the update stays valid until then.
+(:meth:`Dispatcher.send_params` posts the receive), so the update stays valid until then.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def server_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
-class ServerLoop:
+class Dispatcher:
     """The server's side of a run, from the first fetch to the last STOP."""
 
     def __init__(self, cfg: RunConfig, core, channels: dict[int, Channel], stop: StopRequest,

@@ -8,7 +8,7 @@ Everything else happens here, with the same rules for both:
   push of a sync round before it is merged), the protocol's decision (a policy that holds no
   core, :mod:`repro.asgd.protocols`: told the push and who is live, it says what to apply, who
   fetches, who is preempted, what it discarded), the parameter server's apply
-  (:class:`~repro.asgd.algorithm.Server`), one ``updates.csv`` row, then the replies the driver
+  (:class:`~repro.asgd.algorithm.ParameterServer`), one ``updates.csv`` row, then the replies the driver
   carries: the new parameters to fetch, or STOP once the run is ending;
 * **cadence** (:meth:`RunCore.settle`, after the replies): an evaluation every ``eval_every``
   epochs of applied samples (inline, or on a snapshot in a thread for the real driver), a
@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from repro.asgd.algorithm import Push, Server
+from repro.asgd.algorithm import Push, ParameterServer
 from repro.asgd.protocols import Decision, View, make_protocol
 from repro.config.settings import RunConfig, check_segment, to_dict
 from repro.files import schema
@@ -86,7 +86,7 @@ class RunCore:
         self.cfg, self.problem, self.run_dir = cfg, problem, Path(run_dir)
         check_segment(cfg, problem.dataset.num_train)   # before any file of the run is written
         self.kind = backend
-        self.server: Server = problem.make_server(cfg)
+        self.server: ParameterServer = problem.make_server(cfg)
         self.state = RunState()
         self.discarded: list[list[int]] = []   # [read_version, client] of each dropped segment
         self.collected: list[list[int]] = []   # [read_version, client] of each push merged (rennala)
@@ -108,7 +108,7 @@ class RunCore:
                              num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
                              target_error=cfg.target_error,
                              resume_from=resume["runlog"] if resume else None)
-        self.evaluator = Evaluator(problem.worker, problem.eval_sets, eval_in_thread)
+        self.evaluator = Evaluator(problem.net, problem.eval_sets, eval_in_thread)
         self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress)
         self.finished: dict | None = None
         self.protocol = None   # made by begin(), when the clients are known

@@ -4,7 +4,7 @@ The simulator is a driver: a scheduler (:mod:`repro.sim.cost`) says which client
 applies next and when; the client computes that push *lazily* from the parameters it fetched (a
 push depends only on them and on the client's own data stream, so computing it late changes
 nothing); the run core (:mod:`repro.runs.core`) applies it and says who fetches what; the client
-fetches. Every client borrows one :class:`~repro.asgd.flatnet.Worker`, so simulating K minibatch steps
+fetches. Every client borrows one :class:`~repro.asgd.flatnet.FlatNet`, so simulating K minibatch steps
 costs about what K steps of a plain training loop cost.
 
 Bit-for-bit reproducible from the seed (on one torch build, CPU kernel family, thread count and
@@ -45,16 +45,16 @@ def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> 
         return float(resume["driver"]["compute_s"])
     client = make_clients(cfg, problem.dataset, client_ids=[1])[0]
     client.fetch(problem.init_params, 0)
-    worker = problem.worker
-    sync = torch.cuda.synchronize if worker.params.is_cuda else (lambda: None)
+    net = problem.net
+    sync = torch.cuda.synchronize if net.params.is_cuda else (lambda: None)
 
     def step():
         x, y = client.stream.next_batch()
-        worker.backward(x, y)
-        client.optimiser.step(worker.params, worker.grad)
+        net.backward(x, y)
+        client.optimiser.step(net.params, net.grad)
         sync()
 
-    worker.load(problem.init_params)
+    net.load(problem.init_params)
     return calibrate_compute_s(step)
 
 
@@ -73,7 +73,7 @@ class Simulation:
     def __init__(self, cfg: RunConfig, problem: Problem, core: RunCore, compute_s: float,
                  stop: StopRequest, resume: dict | None = None):
         self.cfg, self.problem, self.core, self.stop = cfg, problem, core, stop
-        self.worker, self.server = problem.worker, core.server
+        self.net, self.server = problem.net, core.server
         self.clients = {c.client_id: c for c in make_clients(cfg, problem.dataset)}
         for c in self.clients.values():
             c.fetch(self.server.params, 0)
@@ -167,10 +167,10 @@ class Simulation:
         """The client's push, or None when a stop request came between two of its steps (the
         client is rewound: the abandoned segment consumed nothing)."""
         if num_steps < 2:
-            return client.compute_push(self.worker, num_steps)
+            return client.compute_push(self.net, num_steps)
         mark = client.mark()
         try:
-            return client.compute_push(self.worker, num_steps, on_step=self._stop_between_steps)
+            return client.compute_push(self.net, num_steps, on_step=self._stop_between_steps)
         except _Stopped:
             client.rewind(mark)
             return None
