@@ -250,6 +250,16 @@ def _torchrun_rank() -> int | None:
     return None if env is None else env.rank
 
 
+def _join_config(argv: list[str]) -> RunConfig | None:
+    """The parsed config when the command line joins a running run (backend.join=...), else None."""
+    if not any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
+        return None
+    try:
+        return parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
+    except ConfigError as err:
+        _exit_bad_input(err)
+
+
 def cli() -> None:
     argv = sys.argv[1:]
     if "--help" in argv or "-h" in argv:
@@ -257,6 +267,11 @@ def cli() -> None:
         print_help(argv)
         return
     check_overrides(argv)
+    join = _join_config(argv)
+    if join is not None:   # backend.join: one more client for a running run, no run folder
+        from repro.real.elastic import join_run
+
+        sys.exit(join_run(join))
     rank = _torchrun_rank()
     if rank is not None and rank > 0:
         from repro.real.launch import run_torchrun_worker

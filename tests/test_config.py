@@ -169,6 +169,6 @@ def test_help_shows_every_key_with_its_meaning_and_valid_values(tmp_path):
     out = proc.stdout
     for needle in ("algo.server_rule", "valid: adagrad, dcasgd, delta, downpour, easgd,", "outer_nesterov, staleness_scaled",
                    "Local minibatch steps between exchanges", "lan, local, paper2013*",
-                   "+exp     ceiling, fig1, fig2, fig3*"):
+                   "+exp     ceiling, churn, fig1, fig2, fig3*"):
         assert needle in out, needle
     assert not list(tmp_path.iterdir())                 # help runs nothing, makes nothing

@@ -51,7 +51,8 @@ FIGURES: Registry[FigureSpec] = Registry("figure")
 # The staleness lab's figures live in their own modules, each registering itself on import.
 LAB_MODULES = ("repro.analysis.lab.stability", "repro.analysis.lab.momentum",
                "repro.analysis.lab.sync", "repro.analysis.lab.mitigation", "repro.analysis.lab.ceiling",
-               "repro.analysis.lab.partition", "repro.analysis.lab.uneven", "repro.analysis.lab.own_data")
+                "repro.analysis.lab.partition", "repro.analysis.lab.uneven", "repro.analysis.lab.own_data",
+                "repro.analysis.lab.churn")
 
 
 def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str, ...] = (),

@@ -60,6 +60,10 @@ class Ringmaster(Policy):
     def preempts(cls, cfg) -> bool:
         return cfg.protocol.cancel_stale
 
+    def on_join(self, client: int, view: View) -> None:
+        self.fetched[client] = view.version
+        self.restarting.discard(client)
+
     def on_push(self, push: Push, view: View) -> Decision:
         k = push.client
         if push.read_version < self.fetched.get(k, push.read_version):   # sent before its stop
@@ -113,6 +117,10 @@ class Rennala(Policy):
     @classmethod
     def preempts(cls, cfg) -> bool:
         return True
+
+    def on_join(self, client: int, view: View) -> None:
+        self.given[client] = view.version
+        self.restarting.discard(client)
 
     def collected(self) -> int:
         return sum(s[0] for s in self.stats.values())

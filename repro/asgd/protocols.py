@@ -114,6 +114,10 @@ class Policy:
         """``client`` is gone (``view.live`` no longer holds it): replies it was holding up."""
         return NOTHING
 
+    def on_join(self, client: int, view: View) -> None:
+        """``client`` joined (or rejoined) and fetches version ``view.version`` now; ``view.live``
+        does not hold it yet. Nobody waits on a joiner, so there is no reply to give."""
+
     def waiting(self) -> tuple[int, ...]:
         """The clients that pushed and wait for a reply from a later decision."""
         return ()
@@ -159,6 +163,11 @@ class SSP(Policy):
     def on_lost(self, client: int, view: View) -> Decision:
         return Decision(reply=self.release(view.live))
 
+    def on_join(self, client: int, view: View) -> None:
+        # a joiner's clock starts at the slowest live client's: it neither holds the others
+        # back for pushes it never made nor runs unbounded ahead of them
+        self.pushes[client] = min((self.pushes[k] for k in view.live), default=0)
+
     def waiting(self) -> tuple[int, ...]:
         return tuple(self.held)
 
@@ -183,13 +192,18 @@ class Sync(Policy):
         self.round_start = version
         self.pushes: dict[int, Push] = {}       # this round's, by client (held: see the docstring)
         self.total: torch.Tensor | None = None  # the merge buffer, reused round after round
+        self.joining: set[int] = set()          # joined during this round: not counted until the next
 
     @classmethod
     def preempts(cls, cfg) -> bool:
         return cfg.protocol.backup_workers > 0
 
     def needed(self, live: AbstractSet[int]) -> int:
-        return max(1, len(live) - self.backups)
+        """A round waits for the clients live at its start (a joiner counts from the next)."""
+        return max(1, len(set(live) - self.joining) - self.backups)
+
+    def on_join(self, client: int, view: View) -> None:
+        self.joining.add(client)
 
     def on_push(self, push: Push, view: View) -> Decision:
         if push.read_version < self.round_start:   # sent before its preemption reached it
@@ -205,6 +219,7 @@ class Sync(Policy):
         late = tuple(sorted(set(view.live) - set(waiting)))
         discarded = tuple((self.round_start, k) for k in late)
         self.round_start, self.pushes = view.version + 1, {}   # the apply makes version + 1
+        self.joining = set()   # everyone live now fetches this round's result: all count next round
         return Decision(apply=merged, reply=waiting, preempt=late, discarded=discarded)
 
     def merge(self) -> Push:
@@ -240,11 +255,12 @@ class Sync(Policy):
 
     def state_dict(self) -> dict:
         """A half-full round keeps each held push (a checkpoint copies the updates)."""
-        return {"round_start": self.round_start,
+        return {"round_start": self.round_start, "joining": sorted(self.joining),
                 "pushes": {str(k): _push_state(p) for k, p in self.pushes.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.round_start = int(state["round_start"])
+        self.joining = {int(k) for k in state.get("joining", [])}
         if "pushes" not in state and state.get("waiting"):   # written before rounds kept pushes
             raise ConfigError("resume", True, "a checkpoint of this version (this one holds a half-full "
                               "sync round summed in arrival order, written by an older version); "

@@ -170,6 +170,22 @@ class CostConfig:
     """With profile 'replay': the recorded run folder whose update order is replayed. With the
     events schedule (cost=fit): recorded run folders, ':'-separated, whose timings.csv the cost
     model is fitted to (repro/sim/fit.py); their fitted values replace the ones configured."""
+    preempt_rate: float = knob(0.0, Range(0.0, 1e6))
+    """Simulated churn (repro.sim.churn): each live client is lost at this rate per virtual
+    second (a seeded Poisson process); 0: never."""
+    preempt_down_s: float = knob(1.0, Range(0.0, 1e9, lo_open=True))
+    """Simulated churn: mean virtual seconds a preempted client stays away (seeded,
+    exponential) before it rejoins under its id."""
+    churn_leave: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e12, nullable=True))
+    """Simulated churn, a schedule: triples [client, t_leave, t_return, ...] in virtual
+    seconds (t_return 0: never returns); null: none."""
+    churn_join: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e12, nullable=True))
+    """Simulated churn: virtual times at which one more client joins (ids num_clients+1, ...,
+    slot ((k-1) mod N)+1 for per-client settings); null: none."""
+
+    @property
+    def churns(self) -> bool:
+        return self.preempt_rate > 0 or self.churn_leave is not None or self.churn_join is not None
 
     def speed(self, client: int) -> float:
         """Client ``client``'s relative step time from ``speeds`` or ``speed_law`` (1: neither;
@@ -201,6 +217,14 @@ class BackendConfig:
     """Where clients train: auto (a GPU each when CUDA is visible, else the CPU), cpu or cuda."""
     eval_in_thread: bool = knob(True, Flag(), shapes=False)
     """Evaluate snapshots in a server thread so evaluations never stall the push loop."""
+    max_clients: Optional[int] = knob(None, Range(1, 4096, integer=True, nullable=True), shapes=False)
+    """Most clients training at once, joiners included (a lost client's place may be taken by a
+    joiner for the whole run); null: num_clients (replacements only)."""
+    join: Optional[str] = knob(None, Text("HOST:PORT of a running run", nullable=True), shapes=False)
+    """Do not start a run: join the running run whose server listens at HOST:PORT (its log says
+    'accepting joins at ...') as one more client, with the same overrides."""
+    join_client: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True), shapes=False)
+    """With backend.join: rejoin as this lost client id (a restarted client); null: a new id."""
 
 
 @dataclass(frozen=True)
@@ -477,6 +501,12 @@ _VALID: set[str] = set()   # repr of every config validate() passed in this proc
                            # stays valid; repr, not ==, which holds 1 == 1.0 == True)
 
 
+def client_slot(num_clients: int, client: int) -> int:
+    """What is per client (speeds, data shards) for ``client``: a joiner's id may exceed
+    num_clients, and joiner k takes slot ((k - 1) mod N) + 1."""
+    return (client - 1) % num_clients + 1
+
+
 def validate(cfg: RunConfig) -> None:
     """Every key against its declared valid values, then the checks that relate two keys.
     Needs no data; :func:`repro.problem.build.check_components` checks the model and the batch
@@ -502,6 +532,7 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
                           f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")
     _check_methods(cfg)
+    _check_elastic(cfg)
     cost = cfg.cost
     if cost.jitter == "exponential" and cost.jitter_sigma > 1:
         raise ConfigError("cost.jitter_sigma", cost.jitter_sigma, "a weight in [0, 1] for exponential jitter")
@@ -571,6 +602,41 @@ def _check_topology(cfg: RunConfig) -> None:
         raise ConfigError("cost.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or at "
                           f"least {cfg.num_clients} (clients fill hosts of cost.clients_per_host in order, "
                           "every host full, or all of them on one host)")
+
+
+def _check_elastic(cfg: RunConfig) -> None:
+    """Joins (the real driver's): a maximum no smaller than the run, an address to join.
+    Simulated churn: whole triples of existing clients; not modelled with shared resources or
+    a replayed order."""
+    c = cfg.cost
+    if c.churn_leave is not None:
+        if len(c.churn_leave) % 3:
+            raise ConfigError("cost.churn_leave", list(c.churn_leave), "triples [client, t_leave, t_return, ...]")
+        for i in range(0, len(c.churn_leave), 3):
+            k, t1, t2 = c.churn_leave[i:i + 3]
+            if k != int(k) or not 1 <= k <= cfg.num_clients:
+                raise ConfigError("cost.churn_leave", list(c.churn_leave), f"client ids in 1..{cfg.num_clients} "
+                                  "at positions 0, 3, 6, ...")
+            if t2 and t2 <= t1:
+                raise ConfigError("cost.churn_leave", list(c.churn_leave), "t_return after t_leave (0: never)")
+    if c.churns and c.topology == "shared":
+        raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.preempt_rate, "
+                          "cost.churn_leave, cost.churn_join): churn on shared resources is not modelled")
+    if c.churns and c.schedule == "replay":
+        raise ConfigError("cost.schedule", c.schedule, "events with churn (a replay has its own order)")
+    b = cfg.backend
+    if b.max_clients is not None and b.max_clients < cfg.num_clients:
+        raise ConfigError("backend.max_clients", b.max_clients,
+                          f"null or at least num_clients={cfg.num_clients}")
+    if b.join is not None:
+        host, _, port = b.join.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("backend.join", b.join, "HOST:PORT of a running run's server "
+                              "(its log says 'accepting joins at HOST:PORT')")
+        if b.name != "real":
+            raise ConfigError("backend.name", b.name, "real with backend.join (a join is the real driver's)")
+    if b.join_client is not None and b.join is None:
+        raise ConfigError("backend.join_client", b.join_client, "null without backend.join")
 
 
 def _check_speeds(cfg: RunConfig) -> None:

@@ -18,7 +18,7 @@ from torch import Tensor
 from repro.asgd.algorithm import Client, ParameterServer, make_client
 from repro.asgd.flatnet import LOSSES, FlatNet
 from repro.asgd.rules import ServerRule, make_rule
-from repro.config.settings import RunConfig, slow_client
+from repro.config.settings import RunConfig, client_slot, slow_client
 from repro.errors import ConfigError
 from repro.problem.data import DATASETS, ClientStream, Dataset, check_batch_size, load_dataset
 from repro.problem.evaluation import EvalSets
@@ -113,7 +113,7 @@ def client_data(ds: Dataset, parts: list | None, client: int) -> tuple[Tensor, T
     """The training inputs and labels ``client`` holds (``parts``: the partition's indices)."""
     if parts is None:
         return ds.x_train, ds.y_train
-    idx = torch.from_numpy(parts[client - 1]).to(ds.x_train.device)
+    idx = torch.from_numpy(parts[client_slot(len(parts), client) - 1]).to(ds.x_train.device)   # a joiner's slot
     return ds.x_train[idx], ds.y_train[idx]
 
 

@@ -36,7 +36,7 @@ import torch
 from repro.asgd.algorithm import Client
 from repro.asgd.flatnet import FlatNet
 from repro.asgd.protocols import PROTOCOLS
-from repro.config.settings import RunConfig
+from repro.config.settings import RunConfig, client_slot
 from repro.errors import ConfigError
 from repro.logs import prefixed
 from repro.problem.build import build_net, load_data, make_clients
@@ -180,7 +180,7 @@ class Pace:
 def pace_factor(cfg: RunConfig, client_id: int) -> float:
     """Client ``client_id``'s step time over the fastest client's (1: not slowed)."""
     times = [cfg.cost.speed(k) for k in range(1, cfg.num_clients + 1)]
-    return times[client_id - 1] / min(times)
+    return times[client_slot(cfg.num_clients, client_id) - 1] / min(times)
 
 
 def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) -> int:

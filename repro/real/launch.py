@@ -54,6 +54,7 @@ from repro.errors import ConfigError
 from repro.problem.data import Dataset
 from repro.problem.start import build_problem
 from repro.real.client import build_client, client_device, run_client
+from repro.real.elastic import Acceptor
 from repro.real.server import Dispatcher, log, server_device
 from repro.real.transport import (Channel, Header, Kind, connect, disconnect, pin_gloo_to_loopback,
                                   pin_gloo_towards)
@@ -107,7 +108,14 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
             status = "interrupted" if run.stop.is_set() else "failed"
             log.info(f"start-up {status}: {exc}")
             return core.finish(status, str(exc), clean=status == "interrupted")
-        return _serve(Dispatcher(cfg, core, channels, run.stop, procs, resume), procs)
+        loop = Dispatcher(cfg, core, channels, run.stop, procs, resume)
+        if store is not None:   # single node: the store stays open for joins (repro.real.elastic)
+            address = f"{cfg.backend.master_addr}:{store.port}"
+            loop.acceptor = Acceptor(loop, store, address)
+            loop.acceptor.start()
+            log.info(f"accepting joins at {address} (up to backend.max_clients={loop.max_clients} at once): "
+                     f"python -m repro.run backend=real <this run's overrides> backend.join={address}")
+        return _serve(loop, procs)
     return run.summary
 
 
@@ -218,7 +226,8 @@ def _make_store(cfg: RunConfig) -> dist.TCPStore:
     except OSError as exc:
         raise ConfigError("backend.master_port", port, f"a free port on {addr} (0 picks one): {exc}")
     bound = sock.getsockname()[1]
-    return dist.TCPStore(addr, bound, cfg.num_clients + 1, True, wait_for_workers=False,
+    # world size None: joiners connect for the whole run, beyond the clients started with it
+    return dist.TCPStore(addr, bound, None, True, wait_for_workers=False,
                          timeout=datetime.timedelta(seconds=startup_deadline_s(cfg)),
                          master_listen_fd=sock.detach())   # the store owns the socket now
 

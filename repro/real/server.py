@@ -71,6 +71,12 @@ class Dispatcher:
         self.devices: dict[int, str] = {}   # where each client trains (from its pushes)
         self.t0, self.time_offset = time.perf_counter(), core.runlog.time_s
         core.state.driver_state = self.driver_state
+        # joins (repro.real.elastic): ids never used in this run, across resumes too
+        used = [int(e["client"]) for e in core.runlog.events if "client" in e]
+        self.next_id = max([cfg.num_clients, *used, *channels]) + 1
+        self.max_clients = cfg.backend.max_clients or cfg.num_clients
+        self.pending: set[int] = set()   # admitted, not yet connected
+        self.acceptor = None              # set by the launcher when joins are served
 
     def now(self) -> float:
         return self.time_offset + time.perf_counter() - self.t0
@@ -194,11 +200,82 @@ class Dispatcher:
                         break
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
+            if self.acceptor is not None:
+                self.acceptor.finish()
         with self.lock:
             self.stop_clients()   # an interrupt or a failure: nobody computes on for nothing
             for receiver in self.receivers.values():
                 receiver.finish()   # a receive still waiting ends with its client (killed) or timeout
             return self.core.final_status(interrupted=self.stop.is_set())
+
+    # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
+    def admit(self, request: dict) -> int:
+        """The id a joiner gets, or :class:`~repro.real.elastic.Refused` saying why not."""
+        from repro.real.elastic import Refused, fingerprint
+
+        with self.lock:
+            if self.closed or not self.core.accepting:
+                raise Refused("the run is ending (its budget is spent or it was stopped)")
+            if request.get("fingerprint") != fingerprint(self.cfg):
+                raise Refused("its config differs from the run's in what is trained (data, model, "
+                              "algo, protocol, seed, nsync or num_clients): join with the run's overrides")
+            asked = request.get("client")
+            lost = {int(c) for c in self.core.runlog.lost_clients} | set(self.lost)
+            if asked is not None and (int(asked) not in lost or int(asked) in self.pending):
+                raise Refused(f"backend.join_client={asked} is not a lost client of this run "
+                              f"(lost: {sorted(lost - self.pending)}); an id is never shared by two processes")
+            if len(self.live()) + len(self.pending) >= self.max_clients:
+                raise Refused(f"the run has backend.max_clients={self.max_clients} clients training")
+            if asked is None:
+                k, self.next_id = self.next_id, self.next_id + 1
+            else:
+                k = int(asked)   # a restarted client takes its lost place back: client_rejoined
+            self.pending.add(k)
+            return k
+
+    def add_client(self, k: int, store, prefix: str) -> None:
+        """Connect admitted client ``k`` through its pair group, swap HELLOs, then serve it: it
+        fetches the current version. Only the last step takes the lock, so a joiner that never
+        connects (dropped after ``backend.client_timeout_s``) holds nobody up."""
+        from repro.real.transport import pair_group
+
+        timeout = self.cfg.backend.client_timeout_s
+        numel, pin = self.server.params.numel(), self.device.type == "cuda"
+        try:
+            try:
+                group = pair_group(store, prefix, 0, timeout)
+            except Exception as exc:
+                log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: "
+                    f"{str(exc).splitlines()[0]}")
+                return
+            channel = Channel(group, k, timeout, peer_in_group=1)
+            frame = Frame(numel, pin)
+            try:   # HELLO from the joiner's own frame: the reply frame belongs to the locked loop
+                channel.send(Header(Kind.HELLO, 0, 0, numel), frame)
+                check_hello(channel.recv(frame, timeout), frame, k)
+            except LinkLost as exc:
+                with contextlib.suppress(LinkLost):
+                    channel.send(Header(Kind.STOP, k, 0, 0), frame)
+                log.info(f"joining client {k} refused: {exc}")
+                return
+            with self.lock:
+                if self.closed or not self.core.accepting:
+                    with contextlib.suppress(LinkLost):
+                        channel.send(Header(Kind.STOP, k, 0, 0), frame)
+                    return
+                self.channels[k] = channel
+                self.receivers[k] = Receiver(k, channel, frame, timeout, self.on_message, self.on_lost)
+                self.lost.pop(k, None)
+                self.stopped.discard(k)
+                self.processes.pop(k, None)   # a rejoiner's dead predecessor is not this client
+                self.positions[k] = None
+                self.core.join(k, self.now())
+                log.info(f"client {k} joined at version {self.server.version}; {len(self.live())} client(s) training")
+                self.send_params(k)
+                self.receivers[k].start()
+        finally:
+            with self.lock:
+                self.pending.discard(k)
 
     # -- called by the receiver threads -------------------------------------------------------
     def on_message(self, k: int, header: Header, update: torch.Tensor) -> bool:

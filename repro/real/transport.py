@@ -150,10 +150,12 @@ class Channel:
     forth between its receiver thread and its main loop, never concurrently).
     """
 
-    def __init__(self, group, peer: int, timeout_s: float, watched: bool = False):
+    def __init__(self, group, peer: int, timeout_s: float, watched: bool = False,
+                 peer_in_group: int | None = None):
         self.group, self.peer, self.timeout_s = group, peer, timeout_s
-        # the group's own send/recv: the dist.isend/irecv wrappers add ~10 us of checks a call
-        self._peer_in_group = dist.get_group_rank(group, peer)
+        # the group's own send/recv: the dist.isend/irecv wrappers add ~10 us of checks a call.
+        # A pair group made on demand (pair_group) is no world's: its ranks are given, 0 the server
+        self._peer_in_group = dist.get_group_rank(group, peer) if peer_in_group is None else peer_in_group
         self._pending: tuple | None = None   # (receive work, its frame, its Arrival), posted ahead
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
 
@@ -393,6 +395,15 @@ def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[in
         if rank in (0, k):
             groups[k] = group
     return groups
+
+
+def pair_group(store, prefix: str, rank: int, timeout_s: float):
+    """The 2-rank gloo group of one joining client (rank 1) and the server (rank 0), made on
+    demand from ``prefix`` of the rendezvous store, as torchft's parameter-server prototype makes
+    one per client session: no world group, so a client's arrival or loss touches no one else
+    (see :mod:`repro.real.elastic`). Blocks until both ends are there, at most ``timeout_s``."""
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, 2,
+                                 datetime.timedelta(seconds=timeout_s))
 
 
 def torchrun_store(rank: int, world_size: int, timeout: datetime.timedelta):

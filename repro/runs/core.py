@@ -263,13 +263,25 @@ class RunCore:
         owed to clients the lost one held back (a barrier it no longer blocks)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
-            self.runlog.add_event("client_lost", client=client, reason=reason)
+            self.runlog.add_event("client_lost", client=client, reason=reason, lost_time_s=round(time_s, 6))
         self.live = self.live - {client}
         if self.protocol is None:
             return []
         if self.state.stopping:
             return self._deliver([])
         return self._carry_out(self.protocol.on_lost(client, self.view()), time_s)
+
+    def join(self, client: int, time_s: float = 0.0) -> None:
+        """A client joined the running run (the real driver) and fetches the current version now:
+        its staleness counts from this fetch. A lost client coming back is ``client_rejoined``
+        (its loss no longer degrades the run), any other ``client_joined``."""
+        rejoin = self.runlog.lost_clients.pop(str(client), None) is not None
+        self.runlog.add_event("client_rejoined" if rejoin else "client_joined", client=client,
+                              joined_time_s=round(time_s, 6))
+        if self.protocol is not None:
+            self.protocol.on_join(client, self.view())
+        self.live = self.live | {client}
+        self.server.fetched(client)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -293,7 +305,8 @@ class RunCore:
             lost = sorted(int(k) for k in self.runlog.lost_clients)
             return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} "
                               f"of {self.cfg.num_epochs:g}; lost: {lost}); see the client_lost events")
-        if self.runlog.lost_clients:
+        joined = sum(e["type"] == "client_joined" for e in self.runlog.events)
+        if len(self.runlog.lost_clients) > joined:   # a joiner took a lost client's place: not degraded
             return "completed_degraded", (f"clients {sorted(int(k) for k in self.runlog.lost_clients)} "
                                           "were lost; the others finished the budget")
         return "completed", ""

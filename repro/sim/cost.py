@@ -22,6 +22,7 @@ order in which segments are simulated (drawn in blocks of pushes, see ``CostMode
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from typing import Protocol
 
@@ -119,8 +120,12 @@ class CostScheduler:
         for k in client_ids:              # every client fetches version 0 at t = 0
             self._schedule(k, 0.0, 0.0)
 
+    def peek(self) -> float:
+        """When the next push arrives (inf: no client computes)."""
+        return self.queue[0][0] if self.queue else math.inf
+
     def _schedule(self, client: int, fetched_at: float, to_client_s: float) -> None:
-        seg = self.segments[client]
+        seg = self.segments.setdefault(client, 0)   # a joiner starts its segments at 0
         self.segments[client] = seg + 1
         compute_s = self.model.segment_s(client, seg, self.nsync)
         self.flight[client] = (to_client_s, compute_s)

@@ -20,6 +20,7 @@ and stays bitwise identical to an uninterrupted one.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ from repro.problem.start import build_problem
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
+from repro.sim.churn import BACK, LEAVE, PREEMPT, Churn
 from repro.sim.cost import CostModel, CostScheduler, Schedule, calibrate_compute_s
 from repro.sim.fit import fit_config, fits
 from repro.sim.replay import ReplayScheduler, replay_config
@@ -81,7 +83,15 @@ class Simulation:
         self.compute_s = compute_s
         self.resume_protocol = resume.get("protocol") if resume is not None else None
         self.pending: tuple | None = None   # a push taken from the schedule, abandoned by a stop
+        self.churn = Churn(cfg.cost, cfg.seed, sorted(self.clients)) if cfg.cost.churns else None
+        self.down: set[int] = set()          # clients away (churn), who may come back
         if resume is not None:
+            for k in resume["driver"]["clients"]:   # joiners (churn) are clients too
+                if int(k) not in self.clients:
+                    self.clients[int(k)] = make_clients(cfg, problem.dataset, client_ids=[int(k)])[0]
+            if self.churn is not None:
+                self.churn.load_state_dict(resume["driver"]["churn"])
+                self.down = {int(k) for k in resume["driver"]["down"]}
             for k, c in self.clients.items():
                 c.load_state_dict(resume["driver"]["clients"][str(k)])
             self.scheduler.load_state_dict(resume["driver"]["scheduler"])
@@ -94,8 +104,15 @@ class Simulation:
         """Simulate to the end of the budget; (status, message). ``stop_at_version`` asks the run
         to stop there, as a Ctrl-C would (for testing resume)."""
         core, stop = self.core, self.stop
-        core.begin(sorted(self.clients), protocol_state=self.resume_protocol)
+        core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol)
         while core.accepting and not stop.is_set():
+            if self.pending is None and self.churn is not None:
+                while self.churn.next_time() <= self.scheduler.peek() and self.churn.next_time() < math.inf:
+                    self.membership(*self.churn.pop())
+                if not core.accepting:
+                    break
+                if self.scheduler.peek() == math.inf:   # nobody computes and nobody comes back
+                    break
             nxt, self.pending = self.pending or self.scheduler.next(), None
             if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
                 core.state.stopping = True
@@ -109,12 +126,7 @@ class Simulation:
                 break
             replies = core.on_push(push, t)
             self.log_timing(k, push.read_version, t)
-            for reply in replies:
-                if reply.preempt:
-                    self.scheduler.cancel(reply.client)   # its segment is dropped, never computed
-                if not reply.stop:
-                    self.clients[reply.client].fetch(self.server.params, self.server.version)
-                    self.scheduler.served(reply.client, t)
+            self.carry(replies, t)
             core.settle(t)
             if stop_at_version is not None and self.server.version >= stop_at_version:
                 stop.set("stop_at_version")
@@ -127,6 +139,41 @@ class Simulation:
         nan = float("nan")
         timing = timing or dict.fromkeys(("to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"), nan)
         self.core.runlog.log_timing(time_s=t, client=client, read_version=read_version, **timing)
+
+    def carry(self, replies, t: float) -> None:
+        for reply in replies:
+            if reply.client in self.down:   # away (churn): it fetches when it is back
+                continue
+            if reply.preempt:
+                self.scheduler.cancel(reply.client)   # its segment is dropped, never computed
+            if not reply.stop:
+                self.clients[reply.client].fetch(self.server.params, self.server.version)
+                self.scheduler.served(reply.client, t)
+
+    def membership(self, t: float, kind: str, k: int) -> None:
+        """A churn event at virtual time ``t`` (see :mod:`repro.sim.churn`), carried out through
+        the core as the real driver does: lost, or (re)joined with a fetch of the current version."""
+        if kind in (LEAVE, PREEMPT):
+            if k in self.down or k not in self.clients:
+                return
+            self.down.add(k)
+            self.scheduler.cancel(k)   # the push it was computing is lost with it
+            why = "preempted (cost.preempt_rate)" if kind == PREEMPT else "left (cost.churn_leave)"
+            self.carry(self.core.lose(k, why, t), t)
+            self.churn.lost(k, t, preempted=kind == PREEMPT)
+            return
+        if kind == BACK:
+            if k not in self.down:
+                return
+            self.down.discard(k)
+        else:   # JOIN: a new id, its slot's settings (client_slot)
+            self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
+        if not self.core.accepting:
+            return
+        self.core.join(k, t)
+        self.clients[k].fetch(self.server.params, self.server.version)
+        self.scheduler.served(k, t)
+        self.churn.arm(k, t)
 
     def compute(self, client: Client, num_steps: int) -> Push | None:
         """The client's push, or None when a stop request came between two of its steps (the
@@ -147,7 +194,8 @@ class Simulation:
     def state_dict(self) -> dict:
         return {"clients": {str(k): c.state_dict() for k, c in self.clients.items()},
                 "scheduler": self.scheduler.state_dict(), "compute_s": self.compute_s,
-                "pending": list(self.pending) if self.pending is not None else None}
+                "pending": list(self.pending) if self.pending is not None else None,
+                **({"churn": self.churn.state_dict(), "down": sorted(self.down)} if self.churn else {})}
 
 
 class _Stopped(Exception):

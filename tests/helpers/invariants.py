@@ -135,8 +135,9 @@ def check_run_folder(run_dir: str | Path, expect_status: str | None = None) -> d
     assert cpath.is_file(), f"no {schema.CONFIG_FILE} in {run_dir}"
     config = json.loads(cpath.read_text())
     clients = {_whole(r["client"], "client") for r in updates}
-    assert all(1 <= k <= config["num_clients"] for k in clients), \
-        f"client ids {sorted(clients)} outside 1..num_clients={config['num_clients']}"
+    joined = {int(e["client"]) for e in summary.get("events", []) if e.get("type") == "client_joined"}
+    assert all(1 <= k <= config["num_clients"] or k in joined for k in clients), \
+        f"client ids {sorted(clients)} outside 1..num_clients={config['num_clients']} and no joiner's"
     if config.get("backend", {}).get("name", "sim") == "sim":
         bad = [i + 2 for i, r in enumerate(updates) if r["num_steps"] != config["nsync"]]
         assert not bad, f"updates.csv num_steps != nsync={config['nsync']} on lines {bad[:5]}"

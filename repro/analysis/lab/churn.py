@@ -1,0 +1,66 @@
+"""Staleness lab, experiment ``churn``: what losing and regaining clients costs.
+
+Owns the figure ``churn`` (``python -m repro.run +exp=churn``): for each protocol, samples per
+virtual second and time to target against the preemption rate lambda (``cost.preempt_rate``,
+losses per client per virtual second; a lost client is back after ``cost.preempt_down_s`` on
+average), beside what the live-client count alone predicts: a client is live a fraction
+``1 / (1 + lambda * down)`` of the time (an alternating renewal process), so a throughput that
+only counted live clients would be the no-churn throughput times that fraction. What a protocol
+loses beyond it is the work dropped with each lost client (its push in flight) and, for a
+barrier, the rounds that wait.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from repro.analysis.build import register_figure
+from repro.analysis.load import Runs
+
+COLUMNS = ["protocol", "preempt_rate", "seed", "samples_per_s", "predicted_samples_per_s",
+           "time_to_target_s", "live_fraction"]
+
+
+def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """One row per run: its throughput, its time to target (empty when not reached) and the
+    live-client prediction from the same protocol's no-churn runs (mean over seeds)."""
+    t = runs.runs
+    if t.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    target = target if target is not None else float(t["target_error"].iloc[0])
+    ttt = f"time_to_target.{target:g}"
+    rows = pd.DataFrame({
+        "protocol": t["protocol.name"].astype(str), "preempt_rate": t["cost.preempt_rate"].astype(float),
+        "seed": t["seed"].astype(int),
+        "samples_per_s": t["final_samples_seen"].astype(float) / t["final_time_s"].astype(float),
+        "time_to_target_s": pd.to_numeric(t[ttt], errors="coerce") if ttt in t else float("nan"),
+        "live_fraction": 1.0 / (1.0 + t["cost.preempt_rate"].astype(float) * t["cost.preempt_down_s"].astype(float)),
+    })
+    base = rows[rows.preempt_rate == 0].groupby("protocol").samples_per_s.mean()
+    rows["predicted_samples_per_s"] = rows.protocol.map(base) * rows.live_fraction
+    return rows[COLUMNS].sort_values(["protocol", "preempt_rate", "seed"]).reset_index(drop=True)
+
+
+def draw_churn(frame: pd.DataFrame):
+    from repro.analysis.figures import _new_figure
+
+    if frame.empty:
+        raise ValueError("churn: the frame has no rows (no usable runs)")
+    fig, axes = _new_figure(1, 2, panel=(4.6, 3.4))
+    mean = frame.groupby(["protocol", "preempt_rate"], as_index=False).mean(numeric_only=True)
+    for name, d in mean.groupby("protocol"):
+        line, = axes.flat[0].plot(d.preempt_rate, d.samples_per_s, "o-", label=name)
+        axes.flat[0].plot(d.preempt_rate, d.predicted_samples_per_s, "--", color=line.get_color(),
+                          label=f"{name}: live clients alone")
+        axes.flat[1].plot(d.preempt_rate, d.time_to_target_s, "o-", label=name)
+    axes.flat[0].set(xlabel="preemptions per client per virtual second", ylabel="samples per virtual second",
+                     title="throughput under churn")
+    axes.flat[1].set(xlabel="preemptions per client per virtual second", ylabel="virtual seconds",
+                     title="time to target (mean over seeds that reached it)")
+    for ax in axes.flat:
+        ax.legend(fontsize="x-small")
+    fig.suptitle("What churn costs: 4 clients, preempted clients back after cost.preempt_down_s")
+    return fig
+
+
+AXES = ("num_clients", "protocol.name", "cost.")
+register_figure("churn", churn_frame, draw_churn, exps=("churn",), axes=AXES)

@@ -1,0 +1,96 @@
+"""Simulated churn: clients lost, back, and joining in virtual time (``cost.preempt_rate``,
+``cost.preempt_down_s``, ``cost.churn_leave``, ``cost.churn_join``).
+
+This module owns *when* membership changes; the simulator (:mod:`repro.sim.driver`) carries each
+change out through the run core, with the same calls and so the same event records as the real
+driver: ``client_lost`` (the core's :meth:`~repro.runs.core.RunCore.lose`; the push the client
+was computing is dropped), ``client_rejoined`` / ``client_joined`` (:meth:`~repro.runs.core.RunCore.join`;
+the client fetches the current version then, so its staleness counts from that fetch).
+
+Two sources, merged in time order: a schedule (client k leaves at t1 and is back at t2, 0 for
+never; a new client joins at t3) and a seeded preemption process: each live client is lost
+after an exponential time of rate lambda and is back after an exponential time of mean
+``preempt_down_s``. Deterministic: the i-th draw of client k comes from
+``default_rng([seed, CHURN_STREAM, k, i])``, so nothing depends on the order events were
+drawn in, and a resumed run (which restores the pending events and the draw counters) goes on
+bit for bit.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+CHURN_STREAM = 0xC4   # keeps these draws apart from the jitter's [seed, client, ...] streams
+LEAVE, PREEMPT, BACK, JOIN = "leave", "preempt", "back", "join"
+
+
+class Churn:
+    """The pending membership events of one simulated run, earliest first."""
+
+    def __init__(self, cost, seed: int, clients: list[int]):
+        self.rate, self.down_s, self.seed = cost.preempt_rate, cost.preempt_down_s, seed
+        self.events: list[tuple[float, int, str, int]] = []   # (time, seq, kind, client)
+        self.seq = 0
+        self.draws: dict[int, int] = {}
+        self.life: dict[int, int] = {}   # a preemption drawn for an earlier life of a client is void
+        self.next_id = max(clients) + 1
+        leave = list(cost.churn_leave or ())
+        for i in range(0, len(leave), 3):
+            k, t1, t2 = int(leave[i]), float(leave[i + 1]), float(leave[i + 2])
+            self._push(t1, LEAVE, k)
+            if t2 > 0:
+                self._push(t2, BACK, k)
+        for t in cost.churn_join or ():
+            self._push(float(t), JOIN, 0)   # its id is given when it joins: ids in time order
+        for k in clients:
+            self.arm(k, 0.0)
+
+    def _push(self, t: float, kind: str, client: int) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, client))
+        self.seq += 1
+
+    def _draw(self, client: int, mean: float) -> float:
+        i = self.draws.get(client, 0)
+        self.draws[client] = i + 1
+        return float(np.random.default_rng([self.seed, CHURN_STREAM, client, i]).exponential(mean))
+
+    def arm(self, client: int, now: float) -> None:
+        """``client`` is live from ``now``: draw its next preemption (none at rate 0)."""
+        self.life[client] = self.life.get(client, 0) + 1
+        if self.rate > 0:
+            self._push(now + self._draw(client, 1.0 / self.rate), f"{PREEMPT}:{self.life[client]}", client)
+
+    def lost(self, client: int, now: float, preempted: bool) -> None:
+        """``client`` left at ``now``: a preempted one is back after a seeded delay."""
+        if preempted:
+            self._push(now + self._draw(client, self.down_s), BACK, client)
+
+    def next_time(self) -> float:
+        while self.events and self._void(self.events[0]):
+            heapq.heappop(self.events)
+        return self.events[0][0] if self.events else math.inf
+
+    def _void(self, event) -> bool:
+        kind, client = event[2], event[3]
+        return kind.startswith(PREEMPT) and int(kind.split(":")[1]) != self.life.get(client)
+
+    def pop(self) -> tuple[float, str, int]:
+        self.next_time()   # drop void events first
+        t, _, kind, client = heapq.heappop(self.events)
+        if kind == JOIN:
+            client, self.next_id = self.next_id, self.next_id + 1
+        return t, kind.split(":")[0], client
+
+    def state_dict(self) -> dict:
+        return {"events": [list(e) for e in self.events], "seq": self.seq, "next_id": self.next_id,
+                "draws": [[k, v] for k, v in self.draws.items()],
+                "life": [[k, v] for k, v in self.life.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.events = [(float(t), int(s), str(kind), int(k)) for t, s, kind, k in state["events"]]
+        heapq.heapify(self.events)
+        self.seq, self.next_id = int(state["seq"]), int(state["next_id"])
+        self.draws = {int(k): int(v) for k, v in state["draws"]}
+        self.life = {int(k): int(v) for k, v in state["life"]}

@@ -1,0 +1,89 @@
+"""Churn in the simulator (issue 20 part 4): a schedule and a seeded preemption process, carried
+out through the run core with the real driver's event records; deterministic, and bit for bit
+the same across a mid-run resume."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from repro.config.settings import validate
+from repro.errors import ConfigError
+from repro.sim.churn import Churn
+from repro.sim.driver import simulate
+from tests.helpers.invariants import check_run_folder
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import sim_cfg
+from tests.helpers.tables import table_bytes
+
+
+def churn_cfg(**cost):
+    cfg = sim_cfg()
+    churn = dict(preempt_rate=5.0, preempt_down_s=0.05, churn_leave=(1, 0.01, 0.05), churn_join=(0.02,))
+    return cfg.replace(cost=dataclasses.replace(cfg.cost, **{**churn, **cost}))
+
+
+def test_churn_events_follow_the_schedule_and_the_seed(tmp_path):
+    """The schedule's leave, return and join happen at their times; a joiner gets the next id
+    and fetches then (staleness never negative); two runs of one seed are byte-identical."""
+    cfg = churn_cfg()
+    a = simulate(cfg, tmp_path / "a")
+    b = simulate(cfg, tmp_path / "b")
+    assert table_bytes(tmp_path / "a") == table_bytes(tmp_path / "b")
+    assert a["events"] == b["events"]
+    ev = a["events"]
+    left = next(e for e in ev if e["type"] == "client_lost" and e["client"] == 1)
+    assert left["lost_time_s"] == 0.01 and "churn_leave" in left["reason"]
+    back = next(e for e in ev if e["type"] == "client_rejoined" and e["client"] == 1)
+    assert back["joined_time_s"] == 0.05
+    joined = next(e for e in ev if e["type"] == "client_joined")
+    assert joined == {**joined, "client": 4, "joined_time_s": 0.02}
+    assert any(e["type"] == "client_lost" and "preempt_rate" in e["reason"] for e in ev)
+    import pandas as pd
+
+    upd = pd.read_csv(tmp_path / "a" / "updates.csv")
+    assert (upd.staleness >= 0).all() and 4 in set(upd.client)
+    assert not (upd[(upd.client == 1) & (upd.time_s > 0.01) & (upd.time_s < 0.05)]).shape[0]
+    check_run_folder(tmp_path / "a")
+    assert simulate(cfg.replace(seed=1), tmp_path / "c")["events"] != a["events"]
+
+
+@pytest.mark.parametrize("protocol", ["async", "sync", "ssp"])
+def test_churn_resumes_bit_for_bit(tmp_path, protocol):
+    from repro.config.settings import ProtocolConfig
+
+    cfg = churn_cfg().replace(protocol=ProtocolConfig(name=protocol))
+    versions = simulate(cfg, tmp_path / "whole")["version"]
+    cut = simulate(cfg, tmp_path / "cut", stop_at_version=versions // 2)   # mid-run, amid churn
+    assert cut["status"] == "interrupted"
+    summary = simulate(cfg.replace(resume=True), tmp_path / "cut")
+    assert summary["status"].startswith("completed")
+    assert table_bytes(tmp_path / "cut") == table_bytes(tmp_path / "whole")
+    whole = simulate(cfg, tmp_path / "whole")["events"]   # (skipped: the finished summary)
+    assert [e for e in summary["events"] if e["type"] != "resumed"] == whole
+
+
+def test_preemption_draws_do_not_depend_on_their_order():
+    cost = churn_cfg(churn_leave=None, churn_join=None).cost
+    one, two = Churn(cost, 0, [1, 2]), Churn(cost, 0, [2, 1])
+    assert sorted(e[0] for e in one.events) == sorted(e[0] for e in two.events)
+
+
+@pytest.mark.parametrize("cost, key", [
+    (dict(churn_leave=(1, 0.5)), "cost.churn_leave"),
+    (dict(churn_leave=(9, 0.1, 0.2)), "cost.churn_leave"),
+    (dict(churn_leave=(1, 0.3, 0.2)), "cost.churn_leave"),
+    (dict(topology="shared"), "cost.topology"),
+])
+def test_bad_churn_input_is_refused(cost, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(churn_cfg(**cost))
+
+
+@pytest.mark.slow   # the fast guarantee is test_bad_churn_input_is_refused; this is the CLI's path to it
+def test_bad_churn_input_exits_2_on_the_command_line():
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "cost.churn_leave=[1,0.5]"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "cost.churn_leave" in proc.stderr

@@ -1,0 +1,219 @@
+"""Elastic clients of the real driver (issue 20): a client joins a running run through the
+store, a lost client is replaced, a refused join leaves the run untouched.
+
+One join test runs in the default suite (a SIGKILLed client replaced by a joiner); the others
+are ``slow``. Every run listens on loopback only and each test removes its processes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from repro.config.settings import BackendConfig, CostConfig, ModelConfig, to_dict
+from tests.helpers.invariants import check_run_folder
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
+from tests.helpers.runs import launch_real, real_cfg, wait_rows
+from tests.helpers.tables import table_frames
+
+JOINER = """
+import json, sys
+from repro.config.settings import from_dict
+from repro.real.elastic import join_run
+sys.exit(join_run(from_dict(json.loads(sys.argv[1]))))
+"""
+
+
+def elastic_cfg(port: int, **changes):
+    backend = BackendConfig(name="real", timeout_s=30.0, client_timeout_s=10.0, client_device="cpu",
+                            master_port=port, max_clients=changes.pop("max_clients", None))
+    return real_cfg(num_epochs=changes.pop("num_epochs", 6.0), backend=backend, **changes)
+
+
+def start_joiner(tmp_path, cfg, name="joiner", **backend):
+    joiner = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{cfg.backend.master_port}",
+                                                     master_port=0, **backend))
+    log = open(tmp_path / f"{name}.log", "w")
+    return subprocess.Popen([sys.executable, "-c", JOINER, json.dumps(to_dict(joiner))], cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_log(proc, path, pattern, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while not re.search(pattern, path.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {pattern!r} in {path.name}"
+        time.sleep(0.1)
+
+
+def test_killed_client_is_replaced_by_a_joiner(tmp_path):
+    """SIGKILL a client mid-run and join a replacement: the run ends completed (not degraded),
+    versions contiguous and unique, events client_lost then client_joined, and the joiner's
+    pushes in updates.csv under a new id (never the dead process's)."""
+    # client 2 steps 4x slower (cost.speeds): once the fast client 1 is killed the run lasts
+    # long enough for a joiner to start; joiner 3 takes slot 1, the fast one
+    cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[1.0, 4.0]))
+    proc, run_dir = launch_real(tmp_path, cfg)
+    joiner = None
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 10)
+        os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
+        wait_log(proc, tmp_path / "run.log", "lost at version")
+        joiner = start_joiner(tmp_path, cfg)
+        proc.wait(timeout=180)
+        assert joiner.wait(timeout=30) == 0, (tmp_path / "joiner.log").read_text()
+    finally:
+        assert_no_leftovers(proc)
+        if joiner is not None:
+            assert_no_leftovers(joiner)
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "completed", summary["message"]
+    kinds = [e["type"] for e in summary["events"]]
+    assert kinds.index("client_lost") < kinds.index("client_joined")
+    joined = next(e for e in summary["events"] if e["type"] == "client_joined")
+    assert joined["client"] == 3   # the next id never used, not the dead client's
+    assert (upd.client == 3).sum() > 0
+    assert (upd[upd.client == 3].staleness >= 0).all()
+    check_run_folder(run_dir)
+
+
+@pytest.mark.slow
+def test_two_joiners_raise_throughput(tmp_path):
+    """Two clients join a 1-client run mid-way: pushes per second rise (a budget far beyond the
+    test; it is interrupted once the three have pushed a while together)."""
+    cfg = elastic_cfg(free_port(), num_clients=1, num_epochs=1000.0, eval_every=500.0, max_clients=3)
+    proc, run_dir = launch_real(tmp_path, cfg)
+    joiners = []
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 30)
+        joiners = [start_joiner(tmp_path, cfg, f"joiner{i}") for i in (1, 2)]
+        wait_log(proc, tmp_path / "run.log", "client 3 joined", timeout_s=120)
+        wait_rows(proc, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 60)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        for j in joiners:
+            assert j.wait(timeout=30) == 0
+    finally:
+        assert_no_leftovers(proc)
+        for j in joiners:
+            assert_no_leftovers(j)
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "interrupted", summary["message"]
+    assert {2, 3} <= set(upd.client)
+    t_joined = max(e["joined_time_s"] for e in summary["events"] if e["type"] == "client_joined")
+    t_first = min(e["joined_time_s"] for e in summary["events"] if e["type"] == "client_joined")
+    solo = upd[upd.time_s < t_first].sort_values("time_s")
+    trio = upd[upd.time_s > t_joined].sort_values("time_s")
+    rate = lambda d: (len(d) - 1) / (d.time_s.iloc[-1] - d.time_s.iloc[0])  # noqa: E731
+    assert rate(trio) > rate(solo), (rate(solo), rate(trio))
+    check_run_folder(run_dir)
+
+
+@pytest.mark.slow
+def test_refused_joins_leave_the_run_untouched(tmp_path):
+    """A joiner with another model, one beyond backend.max_clients, and one asking for a live
+    id are refused (exit 2, a message naming why) while the run trains on with its own clients
+    (a budget far beyond the test: it pushes on after the refusals, then is interrupted)."""
+    cfg = elastic_cfg(free_port(), num_epochs=1000.0, eval_every=500.0)
+    proc, run_dir = launch_real(tmp_path, cfg)
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 5)
+        joiners = [start_joiner(tmp_path, cfg.replace(model=ModelConfig(name="mlp")), "other"),
+                   start_joiner(tmp_path, cfg, "full"), start_joiner(tmp_path, cfg, "live", join_client=1)]
+        assert [j.wait(timeout=90) for j in joiners] == [2, 2, 2]
+        wait_rows(proc, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 20)   # it goes on
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        assert_no_leftovers(proc)
+    assert "config differs" in (tmp_path / "other.log").read_text()
+    assert "max_clients=2" in (tmp_path / "full.log").read_text()
+    assert "not a lost client" in (tmp_path / "live.log").read_text()
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "interrupted"
+    assert not [e for e in summary["events"] if e["type"].startswith("client_")]
+    assert set(upd.client) == {1, 2}
+    check_run_folder(run_dir)
+
+
+@pytest.mark.slow
+def test_restarted_client_rejoins_under_its_id(tmp_path):
+    """A SIGKILLed client restarted with backend.join_client=<its id> is client_rejoined: the
+    run ends completed and the id's pushes continue after the event."""
+    cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[4.0, 1.0]))
+    proc, run_dir = launch_real(tmp_path, cfg)
+    joiner = None
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 10)
+        os.kill(client_pids(proc.pid)[1], signal.SIGKILL)
+        wait_log(proc, tmp_path / "run.log", "lost at version")
+        joiner = start_joiner(tmp_path, cfg, join_client=2)
+        proc.wait(timeout=180)
+        assert joiner.wait(timeout=30) == 0
+    finally:
+        assert_no_leftovers(proc)
+        if joiner is not None:
+            assert_no_leftovers(joiner)
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "completed", summary["message"]
+    back = next(e for e in summary["events"] if e["type"] == "client_rejoined")
+    assert back["client"] == 2 and summary["lost_clients"] == []
+    assert (upd[upd.version > back["version"]].client == 2).any()
+    check_run_folder(run_dir)
+
+
+# -- the bookkeeping of a join, without processes (fast) -----------------------------------------
+
+def _push(k: int, read_version: int) -> "Push":
+    import torch
+
+    from repro.asgd.algorithm import Push
+
+    return Push(client=k, read_version=read_version, update=torch.zeros(3), num_steps=1, num_samples=1,
+                train_loss=1.0, train_error=0.5, stream_position=(0, 0))
+
+
+def test_protocols_count_a_joiner_from_its_fetch():
+    """ssp: a joiner's clock starts at the slowest live client's (it holds nobody back and runs
+    at most the bound ahead); sync: a round waits for the clients live at its start, and the
+    joiner counts from the next round."""
+    from repro.asgd.protocols import SSP, Sync, View
+    from repro.config.settings import ProtocolConfig
+
+    ssp = SSP(real_cfg(protocol=ProtocolConfig(name="ssp", staleness_bound=1)), [1, 2], 0)
+    for v in range(3):
+        ssp.on_push(_push(1, v), View(v, frozenset({1, 2})))
+        ssp.on_push(_push(2, v), View(v, frozenset({1, 2})))
+    ssp.on_join(3, View(6, frozenset({1, 2})))
+    assert ssp.pushes[3] == 3   # not 0: clients 1 and 2 are not held back waiting for it
+    sync = Sync(real_cfg(protocol=ProtocolConfig(name="sync")), [1, 2], 0)
+    sync.on_push(_push(1, 0), View(0, frozenset({1, 2})))
+    sync.on_join(3, View(0, frozenset({1, 2})))
+    live = frozenset({1, 2, 3})
+    decision = sync.on_push(_push(2, 0), View(0, live))
+    assert decision.apply is not None and decision.preempt == (3,)   # closed without the joiner
+    assert sync.needed(live) == 3   # the next round counts it
+
+
+def test_bad_elastic_keys_exit_before_any_work():
+    from repro.config.settings import validate
+    from repro.errors import ConfigError
+
+    cases = {"backend.max_clients": dict(max_clients=1), "backend.join": dict(join="nohost"),
+             "backend.join_client": dict(join_client=2)}
+    for key, backend in cases.items():
+        cfg = real_cfg(num_clients=2)
+        cfg = cfg.replace(backend=dataclasses.replace(cfg.backend, **backend))
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            validate(cfg)

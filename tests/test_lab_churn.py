@@ -1,0 +1,39 @@
+"""Staleness lab, churn: the experiment's grid, and a shrunk sweep that trains under
+preemption, then draws its figure (measured throughput beside the live-client prediction)."""
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from repro.run import compose, parse
+from tests.helpers.grids import sweep_grid
+from tests.helpers.paths import ROOT
+
+
+def test_grid_expands_to_the_intended_runs():
+    grid = sweep_grid("churn")
+    assert len(grid) == 24
+    assert {str(p["cost.preempt_rate"]) for p in grid} == {"0", "0.5", "1", "3"}
+    cfg = parse(compose(["+exp=churn", "protocol=ssp", "cost.preempt_rate=3"]))
+    assert (cfg.num_clients, cfg.cost.preempt_down_s, cfg.cost.preempt_rate, cfg.exp_name) == (4, 0.1, 3.0, "churn")
+
+
+@pytest.mark.slow
+def test_shrunk_sweep_draws_measured_beside_predicted(tmp_path):
+    cmd = [sys.executable, "-m", "repro.run", "+exp=churn", f"results_dir={tmp_path / 'r'}",
+           f"figures_dir={tmp_path / 'f'}", "num_epochs=0.5", "progress=false",
+           "protocol=async", "cost.preempt_rate=0,3",
+           "seed=0"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MPLBACKEND": "Agg"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    frame = pd.read_csv(tmp_path / "f" / "churn.csv")
+    assert (tmp_path / "f" / "churn.png").stat().st_size > 10_000
+    assert sorted(frame.preempt_rate) == [0.0, 3.0]
+    calm = frame[frame.preempt_rate == 0].iloc[0]
+    assert calm.predicted_samples_per_s == pytest.approx(calm.samples_per_s)
+    churned = frame[frame.preempt_rate == 3].iloc[0]
+    assert churned.live_fraction == pytest.approx(1 / 1.3)
+    assert churned.samples_per_s < calm.samples_per_s
