@@ -112,6 +112,9 @@ def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential,
     assert _drawn(again.stdout) == 1 and BASELINE_LINE not in out
 
 
+# slow: the Slurm launcher's local stand-in; the joblib test checks the same guarantee (parallel
+# points write exactly the sequential runs and figure) in the default suite
+@pytest.mark.slow
 def test_submitit_local_executor_writes_the_same_runs_and_figure_as_sequential(sequential, tmp_path):
     """submitit's local executor (the stand-in for a Slurm cluster) starts every point at once,
     each in its own process; the numbers are still the sequential launch's."""
