@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from repro.asgd.flatnet import FlatNet
 from repro.config.help import composed, group_options
-from repro.config.settings import CostConfig, DataConfig, ModelConfig, from_dict, validate
+from repro.config.checks import from_dict, validate
+from repro.config.settings import CostConfig, DataConfig, ModelConfig
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.problem.build import Problem

@@ -434,7 +434,8 @@ class Grid(Callback):
 def _check_places(config: DictConfig) -> None:
     """exp_name and results_dir checked before Hydra makes the sweep folder (a grid point is
     checked only once it runs, when its folder exists): exit 2, no folder."""
-    from repro.config.settings import RunConfig, check_places
+    from repro.config.checks import check_places
+    from repro.config.settings import RunConfig
     from repro.errors import EXIT_BAD_INPUT, ConfigError
 
     try:

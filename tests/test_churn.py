@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from repro.config.settings import validate
+from repro.config.checks import validate
 from repro.errors import ConfigError
 from repro.sim.churn import Churn
 from repro.sim.driver import simulate

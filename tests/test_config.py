@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from repro.config.settings import RunConfig, from_dict, to_dict
+from repro.config.checks import from_dict
+from repro.config.settings import RunConfig, to_dict
 from repro.errors import ConfigError
 from repro.run import CONF_DIR, compose, parse
 from tests.helpers.grids import sweep_grid

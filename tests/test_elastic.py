@@ -26,7 +26,7 @@ from tests.helpers.tables import table_frames
 
 JOINER = """
 import json, sys
-from repro.config.settings import from_dict
+from repro.config.checks import from_dict
 from repro.real.elastic import join_run
 sys.exit(join_run(from_dict(json.loads(sys.argv[1]))))
 """
@@ -207,7 +207,7 @@ def test_protocols_count_a_joiner_from_its_fetch():
 
 
 def test_bad_elastic_keys_exit_before_any_work():
-    from repro.config.settings import validate
+    from repro.config.checks import validate
     from repro.errors import ConfigError
 
     cases = {"backend.max_clients": dict(max_clients=1), "backend.join": dict(join="nohost"),

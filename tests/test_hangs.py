@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from repro.asgd.flatnet import FlatNet
-from repro.config.settings import (AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig,
-                                   RunConfig, validate)
+from repro.config.checks import validate
+from repro.config.settings import AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.errors import ConfigError
 from repro.problem.evaluation import EvalSets
 from repro.problem.start import build_problem

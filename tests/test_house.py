@@ -266,22 +266,22 @@ def test_the_analysis_imports_no_torch():
 # ---------------------------------------------------------------------------------------------
 
 def test_config_validation_runs_once_per_process_for_a_config(monkeypatch):
-    from repro.config import settings
+    from repro.config import checks
     from repro.config.help import compose, parse
 
     calls = []
-    check = settings._check
-    monkeypatch.setattr(settings, "_check", lambda cfg: calls.append(cfg) or check(cfg))
+    check = checks._check
+    monkeypatch.setattr(checks, "_check", lambda cfg: calls.append(cfg) or check(cfg))
     cfg = parse(compose(["nsync=3", "seed=11"]))                     # the command line parses
     again = parse(compose(["nsync=3", "seed=11"]))                   # Hydra's main parses again
-    settings.validate(again)                                         # every run folder asks
+    checks.validate(again)                                         # every run folder asks
     assert again == cfg and len(calls) == 1
     with pytest.raises(Exception, match="num_clients"):   # an invalid config is never remembered
-        settings.validate(cfg.replace(num_clients=0))
+        checks.validate(cfg.replace(num_clients=0))
     with pytest.raises(Exception, match="num_clients"):
-        settings.validate(cfg.replace(num_clients=0))
+        checks.validate(cfg.replace(num_clients=0))
     with pytest.raises(Exception, match="nsync"):   # equal (True == 1) but not the same config
-        settings.validate(cfg.replace(nsync=True))
+        checks.validate(cfg.replace(nsync=True))
 
 
 def test_model_and_batch_are_checked_once_per_process_before_any_data_is_loaded(tmp_path, monkeypatch):

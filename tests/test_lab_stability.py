@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from repro.analysis.lab.stability import critical_lr, measured_boundary, outcome
-from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig, validate
+from repro.config.checks import validate
+from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.run import compose, parse
 from tests.helpers.grids import sweep_grid
 from tests.helpers.paths import ROOT

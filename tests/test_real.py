@@ -111,7 +111,7 @@ def test_busy_port_is_a_config_error(tmp_path, no_children):
 
 WORKER = """
 import json, sys
-from repro.config.settings import from_dict
+from repro.config.checks import from_dict
 from repro.real import run_torchrun_worker
 sys.exit(run_torchrun_worker(from_dict(json.loads(sys.argv[1]))))
 """

@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from repro.config.settings import AlgoConfig, CostConfig, RunConfig, check_segment
+from repro.config.checks import check_segment
+from repro.config.settings import AlgoConfig, CostConfig, RunConfig
 from repro.problem.build import load_data
 from repro.problem.data import ClientStream
 from repro.problem.models import build_model

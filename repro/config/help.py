@@ -24,6 +24,7 @@ import typing
 from functools import lru_cache
 from pathlib import Path
 
+from repro.config import checks
 from repro.config import settings as config
 from repro.errors import ConfigError
 
@@ -172,7 +173,7 @@ def parse(dcfg) -> config.RunConfig:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
     tree.pop("hydra", None)
-    return config.from_dict(tree)
+    return checks.from_dict(tree)
 
 
 @lru_cache(maxsize=32)

@@ -49,7 +49,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from repro.config.settings import RunConfig, validate
+from repro.config.checks import validate
+from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.problem.data import Dataset
 from repro.problem.start import build_problem

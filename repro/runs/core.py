@@ -18,7 +18,7 @@ Everything else happens here, with the same rules for both:
   or losses (version 0's included: the run then never starts), ends the run ``diverged`` (see
   :meth:`RunCore.check_loss`);
 * **the budget**: ``num_epochs`` of applied samples; one push may not exceed it
-  (:func:`repro.config.settings.check_segment`);
+  (:func:`repro.config.checks.check_segment`);
 * **no loop without progress**: a protocol that keeps every live client waiting, or applies
   nothing for ``STALL_PUSHES`` pushes per live client, fails the run with a message, so neither
   driver's loop can turn forever;
@@ -37,7 +37,8 @@ import torch
 
 from repro.asgd.algorithm import Push, ParameterServer
 from repro.asgd.protocols import Decision, View, make_protocol
-from repro.config.settings import RunConfig, check_segment, to_dict
+from repro.config.checks import check_segment
+from repro.config.settings import RunConfig, to_dict
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
 from repro.logs import get_logger

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from repro.config.settings import RunConfig, differences, validate
+from repro.config.checks import validate
+from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import FileLock, LockHeld

@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.config.settings import BackendConfig, RunConfig, from_dict, with_operational
+from repro.config.checks import from_dict
+from repro.config.settings import BackendConfig, RunConfig, with_operational
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.logs import get_logger

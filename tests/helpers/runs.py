@@ -68,7 +68,7 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 LAUNCHER = """
 import json, sys
-from repro.config.settings import from_dict
+from repro.config.checks import from_dict
 from repro.real import run_real
 summary = run_real(from_dict(json.loads(sys.argv[2])), sys.argv[1])
 sys.exit(0 if summary["status"] in ("completed", "completed_degraded") else 1)

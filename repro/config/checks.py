@@ -1,0 +1,283 @@
+"""Reading a configuration and checking it: from a plain dict to a valid :class:`RunConfig`.
+
+:func:`from_dict` builds the frozen dataclasses of :mod:`repro.config.settings` from the resolved
+YAML tree (or a ``config.json``), checking every value's type, then :func:`validate` checks every
+key against its declared valid values and the settings that relate two keys (a protocol's
+bounds, a budget one push may not exceed, shared resources, churn and joins, per-client speeds,
+partitions), each raising :class:`~repro.errors.ConfigError` naming the key, before any work.
+:func:`check_places` checks where a run writes. The dataclasses and the keys live in
+:mod:`repro.config.settings`; what a field may hold is declared there, with :func:`knob`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+from repro.config.settings import RECORDED_ONLY, DataConfig, RunConfig, _leaves, get, slow_client, to_dict
+from repro.errors import ConfigError
+
+
+def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
+    """Build ``cls`` from a nested dict, type-checking every field; then range-check it all.
+    Keys that are not settings (:data:`RECORDED_ONLY`, recorded beside them in config.json) are
+    ignored at the top level."""
+    if cls is RunConfig and isinstance(tree, dict):
+        tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
+    obj = _build(tree, cls, prefix)
+    if cls is RunConfig:
+        validate(obj)
+        check_places(obj)
+    else:
+        _check_leaves(obj, cls, prefix)
+    return obj
+CACHE_PREFIX = "_"   # results_dir/_warmstart and results_dir/_data are the package's caches
+
+
+def check_places(cfg: RunConfig) -> None:
+    """Where a run writes, checked for what a user typed (the command line, a config.json):
+    ``exp_name`` is one folder inside ``results_dir``, never a path out of it, nor the results
+    folder itself, nor a cache's name; ``results_dir`` is a folder, or can be made one. (The
+    package's own warm-start run is named ``_warmstart`` without passing here.)"""
+    name = cfg.exp_name
+    if name in ("", ".", "..") or "/" in name or "\\" in name or name.startswith(CACHE_PREFIX):
+        raise ConfigError("exp_name", name, "a plain folder name inside results_dir: not empty, '.' or "
+                          f"'..', no '/', not starting with '{CACHE_PREFIX}' (results_dir keeps its caches "
+                          "_warmstart and _data there); e.g. exp_name=my_experiment")
+    for key in ("results_dir", "figures_dir"):
+        folder = Path(os.path.expanduser(getattr(cfg, key)))
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ConfigError(key, getattr(cfg, key), f"a folder ({existing} is a file): choose "
+                              f"another {key}")
+
+
+def _build(tree: Any, cls: type, prefix: str) -> Any:
+    if not isinstance(tree, dict):
+        raise ConfigError(prefix.rstrip(".") or "<root>", tree, "a mapping of keys to values")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(tree) - names)
+    if unknown:
+        raise ConfigError(prefix + unknown[0], tree[unknown[0]], "a known key: " + ", ".join(sorted(names)))
+    kwargs = {}
+    for name in names & set(tree):
+        hint, key, value = hints[name], prefix + name, tree[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(value, hint, key + ".")
+        else:
+            kwargs[name] = _coerce(key, value, hint)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Accept ``value`` for a field typed ``hint`` (int, float, str, bool, Optional, Union)."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ConfigError(key, value, _type_name(options))
+    for option in options:
+        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
+            each = typing.get_args(option)[0]   # tuple[float, ...]: a list setting
+            return tuple(_coerce(key, v, each) for v in value)
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+    raise ConfigError(key, value, _type_name(options))
+
+
+def _type_name(options: tuple) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             type(None): "null"}
+    return " or ".join(f"a list of {_type_name(typing.get_args(o)[:1])[2:]}s" if typing.get_origin(o) is tuple
+                       else names.get(o, str(o)) for o in options)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------------
+
+def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
+    tree = to_dict(obj)
+    for key, f in _leaves(cls, prefix):
+        f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
+
+
+_VALID: set[str] = set()   # repr of every config validate() passed in this process (frozen: it
+                           # stays valid; repr, not ==, which holds 1 == 1.0 == True)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Every key against its declared valid values, then the checks that relate two keys.
+    Needs no data; :func:`repro.problem.build.check_components` checks the model and the batch
+    against the data. Every entry point asks (the command line as it parses, the API, every run
+    folder), so the work is done once per process for a config: the answer is remembered."""
+    key = repr(cfg)
+    if key in _VALID:
+        return
+    _check(cfg)
+    if len(_VALID) > 4096:   # a long test session builds many configs
+        _VALID.clear()
+    _VALID.add(key)
+
+
+def _check(cfg: RunConfig) -> None:
+    _check_leaves(cfg, RunConfig, "")
+    if cfg.num_epochs / cfg.eval_every > 1e5:
+        raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
+                          f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
+    if cfg.data.num_train is not None:   # the training-set size is known before any data
+        check_segment(cfg, cfg.data.num_train)
+    if cfg.protocol.backup_workers >= cfg.num_clients:
+        raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
+                          f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")
+    _check_methods(cfg)
+    _check_elastic(cfg)
+    cost = cfg.cost
+    if cost.jitter == "exponential" and cost.jitter_sigma > 1:
+        raise ConfigError("cost.jitter_sigma", cost.jitter_sigma, "a weight in [0, 1] for exponential jitter")
+    if cost.straggler_client is not None and not 1 <= cost.straggler_client <= cfg.num_clients:
+        raise ConfigError("cost.straggler_client", cost.straggler_client,
+                          f"null or a client id in 1..{cfg.num_clients}")
+    if cost.schedule == "replay" and not cost.path:
+        raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
+    _check_topology(cfg)
+    _check_speeds(cfg)
+    _check_partition(cfg)
+
+
+# the run core fails a run that applies nothing for this many pushes per live client
+# (repro.runs.core.STALL_PUSHES): a rennala collection must fit in it
+MAX_PUSHES_PER_CLIENT = 100
+
+
+def _check_methods(cfg: RunConfig) -> None:
+    """What the descendants of Downpour need of the other keys (both drivers alike)."""
+    algo, protocol = cfg.algo, cfg.protocol
+    if algo.server_rule in ("easgd", "outer_nesterov") and algo.lr_server is not None:
+        own = "algo.elastic_alpha" if algo.server_rule == "easgd" else "algo.outer_lr"
+        raise ConfigError("algo.lr_server", algo.lr_server,
+                          f"null with algo.server_rule={algo.server_rule} (its step is {own})")
+    if algo.server_rule == "easgd" and protocol.name != "async":
+        # the client moves by the elastic difference its own push made, which it reads from the
+        # centre in its reply: the reply must follow that apply at once
+        raise ConfigError("protocol.name", protocol.name, "async with algo.server_rule=easgd "
+                          "(asynchronous EASGD: each exchange is answered at once)")
+    most = MAX_PUSHES_PER_CLIENT * cfg.num_clients
+    if protocol.name == "rennala" and protocol.resolved_collection_size(cfg.num_clients) > most:
+        raise ConfigError("protocol.collection_size", protocol.collection_size,
+                          f"null or an integer in 1..{most} (at most {MAX_PUSHES_PER_CLIENT} pushes "
+                          f"per client in one collection, with num_clients={cfg.num_clients})")
+
+
+def check_segment(cfg: RunConfig, num_train: int) -> None:
+    """One push may not exceed the whole budget (in whole minibatches): a client computes its
+    ``nsync`` steps before the server hears from it, so a larger segment trains past
+    ``num_epochs`` (at nsync = 10**6, for hours) before the first row. Checked by
+    :func:`validate` when ``data.num_train`` is set, and by the run core on the loaded data."""
+    budget = cfg.num_epochs * num_train
+    most = max(1, math.ceil(budget / cfg.algo.batch_size))   # the budget in minibatches
+    if cfg.nsync > most:
+        raise ConfigError("nsync", cfg.nsync, f"at most {most}, the budget in minibatches (num_epochs "
+                          f"x {num_train} training samples / algo.batch_size {cfg.algo.batch_size}): "
+                          "one push may not exceed the whole run; lower nsync or raise num_epochs")
+
+
+SHARED_ONLY = {"clients_per_host": 1, "devices_per_host": None, "host_bandwidth_Bps": None,
+               "server_bandwidth_Bps": None}   # their values under cost.topology=dedicated
+
+
+def _check_topology(cfg: RunConfig) -> None:
+    """The topology keys act only under cost.topology=shared (refused elsewhere, so that no
+    setting is silently ignored); hosts must be equal: clients fill them in order."""
+    cost = cfg.cost
+    if cost.topology != "shared":
+        for key, default in SHARED_ONLY.items():
+            if getattr(cost, key) != default:
+                raise ConfigError(f"cost.{key}", getattr(cost, key), f"{default if default is not None else 'null'} "
+                                  f"with cost.topology={cost.topology} (the key acts only with cost.topology=shared)")
+        return
+    per_host = cost.clients_per_host
+    if cfg.num_clients > per_host and cfg.num_clients % per_host:
+        raise ConfigError("cost.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or at "
+                          f"least {cfg.num_clients} (clients fill hosts of cost.clients_per_host in order, "
+                          "every host full, or all of them on one host)")
+
+
+def _check_elastic(cfg: RunConfig) -> None:
+    """Joins (the real driver's): a maximum no smaller than the run, an address to join.
+    Simulated churn: whole triples of existing clients; not modelled with shared resources or
+    a replayed order."""
+    c = cfg.cost
+    if c.churn_leave is not None:
+        if len(c.churn_leave) % 3:
+            raise ConfigError("cost.churn_leave", list(c.churn_leave), "triples [client, t_leave, t_return, ...]")
+        for i in range(0, len(c.churn_leave), 3):
+            k, t1, t2 = c.churn_leave[i:i + 3]
+            if k != int(k) or not 1 <= k <= cfg.num_clients:
+                raise ConfigError("cost.churn_leave", list(c.churn_leave), f"client ids in 1..{cfg.num_clients} "
+                                  "at positions 0, 3, 6, ...")
+            if t2 and t2 <= t1:
+                raise ConfigError("cost.churn_leave", list(c.churn_leave), "t_return after t_leave (0: never)")
+    if c.churns and c.topology == "shared":
+        raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.preempt_rate, "
+                          "cost.churn_leave, cost.churn_join): churn on shared resources is not modelled")
+    if c.churns and c.schedule == "replay":
+        raise ConfigError("cost.schedule", c.schedule, "events with churn (a replay has its own order)")
+    b = cfg.backend
+    if b.max_clients is not None and b.max_clients < cfg.num_clients:
+        raise ConfigError("backend.max_clients", b.max_clients,
+                          f"null or at least num_clients={cfg.num_clients}")
+    if b.join is not None:
+        host, _, port = b.join.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("backend.join", b.join, "HOST:PORT of a running run's server "
+                              "(its log says 'accepting joins at HOST:PORT')")
+        if b.name != "real":
+            raise ConfigError("backend.name", b.name, "real with backend.join (a join is the real driver's)")
+    if b.join_client is not None and b.join is None:
+        raise ConfigError("backend.join_client", b.join_client, "null without backend.join")
+
+
+def _check_speeds(cfg: RunConfig) -> None:
+    """One relative step time per client, from a list or a law, not both."""
+    cost = cfg.cost
+    if cost.speeds is None:
+        return
+    if len(cost.speeds) != cfg.num_clients:
+        raise ConfigError("cost.speeds", list(cost.speeds), f"a list of num_clients={cfg.num_clients} relative step "
+                          f"times, one per client (it has {len(cost.speeds)}), e.g. cost.speeds=[" +
+                          ",".join(["1"] * cfg.num_clients) + "]")
+    if cost.speed_law != "none":
+        raise ConfigError("cost.speed_law", cost.speed_law, "none when cost.speeds is set (one or the other)")
+
+
+def _check_partition(cfg: RunConfig) -> None:
+    """What can be said of data.* without the data (repro/problem/partition.py checks the rest
+    against the labels before any work): alpha acts only with dirichlet; the slow client's
+    classes need a slow client and at least one other client."""
+    data = cfg.data
+    if data.partition != "dirichlet" and data.alpha != DataConfig.alpha:
+        raise ConfigError("data.alpha", data.alpha, f"{DataConfig.alpha:g} with data.partition={data.partition} "
+                          "(the key acts only with data.partition=dirichlet)")
+    if data.slow_client_classes is None:
+        return
+    if cfg.num_clients < 2:
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "null with num_clients=1 "
+                          "(the slow client's classes are held by it alone: the other classes need another client)")
+    if slow_client(cfg) is None:
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "null, or a slow client to "
+                          "hold them: set cost.straggler_client, or cost.speeds / cost.speed_law with one "
+                          "slowest client")
+    if len(set(data.slow_client_classes)) != len(data.slow_client_classes):
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "distinct class labels")
