@@ -101,9 +101,10 @@ def test_grid_expands_to_the_intended_runs():
     assert (cfg.protocol.name, cfg.protocol.backup_workers, cfg.cost.straggler_factor) == ("sync", 1, 4.0)
 
 
-def _sweep(tmp_path, *params):
+def _sweep(tmp_path, *params, num_epochs=0.5):
+    # num_epochs once: a key set twice on the command line is refused (issue 22)
     cmd = [sys.executable, "-m", "repro.run", "+exp=sync_vs_async", f"results_dir={tmp_path / 'r'}",
-           f"figures_dir={tmp_path / 'f'}", "num_epochs=0.5", "progress=false", *params]
+           f"figures_dir={tmp_path / 'f'}", f"num_epochs={num_epochs}", "progress=false", *params]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "MPLBACKEND": "Agg"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -133,8 +134,8 @@ def test_shrunk_sweep_draws_measured_beside_predicted_and_redraws_from_logs(tmp_
 def test_straggler_throughput_of_every_protocol_matches_theory(tmp_path):
     """Nearly deterministic (sigma 0.1): every protocol's measured throughput ratio within 5%
     of its prediction, backup workers recovering most of async's throughput."""
-    frame = _sweep(tmp_path, "num_epochs=3", "hydra.sweeper.params.num_clients='4'",
-                   "hydra.sweeper.params.seed='0'", "hydra.sweeper.params.cost='straggler'")
+    frame = _sweep(tmp_path, "hydra.sweeper.params.num_clients='4'",
+                   "hydra.sweeper.params.seed='0'", "hydra.sweeper.params.cost='straggler'", num_epochs=3)
     ratio = (frame[frame["quantity"] == "throughput_ratio"]
              .groupby(["protocol", "kind"])["value"].mean().unstack())
     assert len(ratio) == 4
