@@ -53,6 +53,27 @@ def wait_log(proc, path, pattern, timeout_s=60):
         time.sleep(0.1)
 
 
+def _kill_one_and_join(tmp_path, cfg, victim: int, **backend):
+    """Start a real run, SIGKILL client ``victim`` once it is training, start a joiner (with
+    ``backend`` settings) after the loss is logged; return the run folder once both have ended
+    and left nothing behind."""
+    proc, run_dir = launch_real(tmp_path, cfg)
+    joiner = None
+    try:
+        wait_log(proc, tmp_path / "run.log", "accepting joins at")
+        wait_rows(proc, run_dir, 10)
+        os.kill(client_pids(proc.pid)[victim - 1], signal.SIGKILL)
+        wait_log(proc, tmp_path / "run.log", "lost at version")
+        joiner = start_joiner(tmp_path, cfg, **backend)
+        proc.wait(timeout=180)
+        assert joiner.wait(timeout=30) == 0, (tmp_path / "joiner.log").read_text()
+    finally:
+        assert_no_leftovers(proc)
+        if joiner is not None:
+            assert_no_leftovers(joiner)
+    return run_dir
+
+
 def test_killed_client_is_replaced_by_a_joiner(tmp_path):
     """SIGKILL a client mid-run and join a replacement: the run ends completed (not degraded),
     versions contiguous and unique, events client_lost then client_joined, and the joiner's
@@ -60,20 +81,7 @@ def test_killed_client_is_replaced_by_a_joiner(tmp_path):
     # client 2 steps 4x slower (cost.speeds): once the fast client 1 is killed the run lasts
     # long enough for a joiner to start; joiner 3 takes slot 1, the fast one
     cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[1.0, 4.0]))
-    proc, run_dir = launch_real(tmp_path, cfg)
-    joiner = None
-    try:
-        wait_log(proc, tmp_path / "run.log", "accepting joins at")
-        wait_rows(proc, run_dir, 10)
-        os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
-        wait_log(proc, tmp_path / "run.log", "lost at version")
-        joiner = start_joiner(tmp_path, cfg)
-        proc.wait(timeout=180)
-        assert joiner.wait(timeout=30) == 0, (tmp_path / "joiner.log").read_text()
-    finally:
-        assert_no_leftovers(proc)
-        if joiner is not None:
-            assert_no_leftovers(joiner)
+    run_dir = _kill_one_and_join(tmp_path, cfg, victim=1)
     upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "completed", summary["message"]
     kinds = [e["type"] for e in summary["events"]]
@@ -151,20 +159,7 @@ def test_restarted_client_rejoins_under_its_id(tmp_path):
     """A SIGKILLed client restarted with backend.join_client=<its id> is client_rejoined: the
     run ends completed and the id's pushes continue after the event."""
     cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[4.0, 1.0]))
-    proc, run_dir = launch_real(tmp_path, cfg)
-    joiner = None
-    try:
-        wait_log(proc, tmp_path / "run.log", "accepting joins at")
-        wait_rows(proc, run_dir, 10)
-        os.kill(client_pids(proc.pid)[1], signal.SIGKILL)
-        wait_log(proc, tmp_path / "run.log", "lost at version")
-        joiner = start_joiner(tmp_path, cfg, join_client=2)
-        proc.wait(timeout=180)
-        assert joiner.wait(timeout=30) == 0
-    finally:
-        assert_no_leftovers(proc)
-        if joiner is not None:
-            assert_no_leftovers(joiner)
+    run_dir = _kill_one_and_join(tmp_path, cfg, victim=2, join_client=2)
     upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "completed", summary["message"]
     back = next(e for e in summary["events"] if e["type"] == "client_rejoined")
