@@ -61,6 +61,16 @@ def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str,
                                  LAB_AXES.get(name) if axes is None else tuple(axes)))
 
 
+def printed_table(table: Callable[[pd.DataFrame], pd.DataFrame], digits: int = 3) -> Callable:
+    """A lab figure's ``extra``: print ``table(frame)`` whole (every row and column, numbers to
+    ``digits`` significant digits) beside the figure; it writes no file."""
+    def extra(frame: pd.DataFrame, out_dir) -> list:
+        with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_rows", 500):
+            print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.{digits}g}"))
+        return []
+    return extra
+
+
 def _speedup_table(frame: pd.DataFrame, out: Path, stem: str = "fig4") -> list[Path]:
     table = summarise_speedups(frame)
     print(format_speedup_table(table))

@@ -20,7 +20,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import register_figure
+from repro.analysis.build import printed_table, register_figure
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.config.settings import CostConfig
 from repro.sim.ceiling import ceiling
@@ -203,10 +203,6 @@ def draw_ceiling(frame: pd.DataFrame):
     return fig
 
 
-def _print_table(frame: pd.DataFrame, out_dir) -> list:
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
-        print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    return []
 
-
-register_figure("ceiling", ceiling_frame, draw_ceiling, exps=("ceiling",), extra=_print_table)
+register_figure("ceiling", ceiling_frame, draw_ceiling, exps=("ceiling",),
+                extra=printed_table(table, digits=4))

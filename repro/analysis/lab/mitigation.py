@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import register_figure
+from repro.analysis.build import printed_table, register_figure
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.analysis.tables import resolve_target, time_to_target
 
@@ -219,11 +219,6 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _print_table(frame: pd.DataFrame, out_dir) -> list:
-    with pd.option_context("display.width", 220, "display.max_columns", 20):
-        print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    return []
-
 
 register_figure("mitigation", mitigation_frame, draw_mitigation, exps=("mitigation",),
-                extra=_print_table)
+                extra=printed_table(table))

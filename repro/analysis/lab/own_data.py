@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import register_figure
+from repro.analysis.build import printed_table, register_figure
 from repro.analysis.lab.uneven import method_of, method_order
 from repro.analysis.load import Runs, is_diverged
 
@@ -143,11 +143,6 @@ def draw_own_data(frame: pd.DataFrame):
     return fig
 
 
-def _print_table(frame: pd.DataFrame, out_dir) -> list:
-    with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_rows", 200):
-        print(table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    return []
 
-
-register_figure("own_data", own_data_frame, draw_own_data, exps=("own_data",), extra=_print_table,
+register_figure("own_data", own_data_frame, draw_own_data, exps=("own_data",), extra=printed_table(table),
                 axes=("data.", "algo.", "protocol."))

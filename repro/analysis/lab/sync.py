@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import register_figure
+from repro.analysis.build import printed_table, register_figure
 from repro.analysis.load import Runs, finite, is_diverged, recorded
 from repro.analysis.tables import resolve_target, time_to_target
 
@@ -381,10 +381,5 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _print_table(frame: pd.DataFrame, out_dir) -> list:
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    return []
 
-
-register_figure("sync_vs_async", sync_frame, draw_sync, exps=("sync_vs_async",), extra=_print_table)
+register_figure("sync_vs_async", sync_frame, draw_sync, exps=("sync_vs_async",), extra=printed_table(table))

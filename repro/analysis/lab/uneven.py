@@ -31,7 +31,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import register_figure
+from repro.analysis.build import printed_table, register_figure
 from repro.analysis.load import Runs, finite, is_diverged
 
 TARGET_LOSS = 0.5   # training loss (cross-entropy, nats) whose first crossing times the methods
@@ -288,11 +288,6 @@ def draw_uneven(frame: pd.DataFrame):
     return fig
 
 
-def _print_table(frame: pd.DataFrame, out_dir) -> list:
-    with pd.option_context("display.width", 220, "display.max_columns", 20):
-        print(table(frame).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    return []
 
-
-register_figure("uneven", uneven_frame, draw_uneven, exps=("uneven",), extra=_print_table,
+register_figure("uneven", uneven_frame, draw_uneven, exps=("uneven",), extra=printed_table(table, digits=4),
                 axes=("algo.", "protocol."))
