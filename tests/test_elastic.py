@@ -53,10 +53,27 @@ def wait_log(proc, path, pattern, timeout_s=60):
         time.sleep(0.1)
 
 
+def join_keys_left(port: int, timeout_s: float = 10) -> list[str]:
+    """The keys of joins still in the store of the run listening at ``port`` (the ticket counter
+    aside), once they are gone or after ``timeout_s`` (they are deleted just after the join)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=10))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [k for k in store.list_keys() if k.startswith("repro/join/") and k != "repro/join/count"]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
 def _kill_one_and_join(tmp_path, cfg, victim: int, **backend):
     """Start a real run, SIGKILL client ``victim`` once it is training, start a joiner (with
-    ``backend`` settings) after the loss is logged; return the run folder once both have ended
-    and left nothing behind."""
+    ``backend`` settings) after the loss is logged, check that the join left no key in the store
+    (its ticket, its pair group's addresses); return the run folder once both have ended and left
+    nothing behind."""
     proc, run_dir = launch_real(tmp_path, cfg)
     joiner = None
     try:
@@ -65,6 +82,8 @@ def _kill_one_and_join(tmp_path, cfg, victim: int, **backend):
         os.kill(client_pids(proc.pid)[victim - 1], signal.SIGKILL)
         wait_log(proc, tmp_path / "run.log", "lost at version")
         joiner = start_joiner(tmp_path, cfg, **backend)
+        wait_log(proc, tmp_path / "run.log", r"client \d+ joined")
+        assert join_keys_left(cfg.backend.master_port) == []
         proc.wait(timeout=180)
         assert joiner.wait(timeout=30) == 0, (tmp_path / "joiner.log").read_text()
     finally:
@@ -139,6 +158,7 @@ def test_refused_joins_leave_the_run_untouched(tmp_path):
         joiners = [start_joiner(tmp_path, cfg.replace(model=ModelConfig(name="mlp")), "other"),
                    start_joiner(tmp_path, cfg, "full"), start_joiner(tmp_path, cfg, "live", join_client=1)]
         assert [j.wait(timeout=90) for j in joiners] == [2, 2, 2]
+        assert join_keys_left(cfg.backend.master_port) == []   # refused tickets leave nothing either
         wait_rows(proc, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 20)   # it goes on
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
@@ -212,3 +232,72 @@ def test_bad_elastic_keys_exit_before_any_work():
         cfg = cfg.replace(backend=dataclasses.replace(cfg.backend, **backend))
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             validate(cfg)
+
+
+# -- torchrun's elastic form restarts a client, which rejoins the running server ---------------
+
+# the server is a plain single-node run (one spawned client); the clients torchrun starts join it
+# (backend.join), so torchrun's restarts (which restart every local worker of the failed agent, and
+# with a shared rendezvous every agent) never touch the server
+TORCHRUN_RUN = ["backend=real", "data=synthetic", "model=mlp", "num_clients=1", "num_epochs=100000",
+                "eval_every=50000", "progress=false", "backend.client_device=cpu", "backend.timeout_s=30",
+                "backend.client_timeout_s=10"]
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_killed_client_which_rejoins(tmp_path):
+    """Under ``torchrun --nnodes=1:2 --max-restarts=2`` (c10d rendezvous on loopback) a client
+    that joined a running server is SIGKILLed: torchrun restarts it, it joins again under a fresh
+    id, and the server (never restarted) keeps its version count: versions contiguous, events
+    client_joined, client_lost, client_joined; torchrun exits 0 once the run is stopped."""
+    from pathlib import Path
+
+    from tests.helpers.processes import descendants, is_worker
+
+    port, run_dir = free_port(), tmp_path / "run"
+    server = subprocess.Popen([sys.executable, "-m", "repro.run", *TORCHRUN_RUN, "backend.max_clients=3",
+                               f"backend.master_port={port}", f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                              stdout=open(tmp_path / "run.log", "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    torchrun = None
+    workers: set[int] = set()
+    try:
+        wait_log(server, tmp_path / "run.log", "accepting joins at")
+        torchrun = subprocess.Popen(
+            [str(Path(sys.executable).with_name("torchrun")), "--nnodes=1:2", "--nproc-per-node=1",
+             "--max-restarts=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+             "-m", "repro.run", *TORCHRUN_RUN, f"backend.join=127.0.0.1:{port}"],
+            cwd=tmp_path, stdout=open(tmp_path / "torchrun.log", "w"), stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        wait_log(server, tmp_path / "run.log", "client 2 joined", timeout_s=120)
+        wait_rows(server, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 50)
+        workers = {p for p in descendants(torchrun.pid) if is_worker(p)}
+        assert len(workers) == 1, workers
+        os.kill(workers.pop(), signal.SIGKILL)
+        killed_at = sum(1 for _ in open(run_dir / "updates.csv")) - 1
+        wait_log(server, tmp_path / "run.log", "client 3 joined", timeout_s=120)
+        wait_rows(server, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 50)
+        workers = {p for p in descendants(torchrun.pid) if is_worker(p)}
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+        assert torchrun.wait(timeout=60) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    finally:
+        assert_no_leftovers(server)
+        if torchrun is not None:
+            if torchrun.poll() is None:
+                torchrun.kill()
+                torchrun.wait()
+            assert_no_leftovers(torchrun)
+        left = [p for p in workers if is_worker(p)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"torchrun workers left behind: {left}"
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "interrupted", summary["message"]
+    events = [(e["type"], e["client"]) for e in summary["events"] if e["type"].startswith("client_")]
+    assert events == [("client_joined", 2), ("client_lost", 2), ("client_joined", 3)], events
+    lost = next(e for e in summary["events"] if e["type"] == "client_lost")
+    assert lost["version"] >= killed_at   # the server went on counting: it was never restarted
+    assert (upd[upd.version > lost["version"]].client == 3).any()
+    assert "resumed" not in [e["type"] for e in summary["events"]]
+    check_run_folder(run_dir)
