@@ -95,6 +95,7 @@ class Acceptor(threading.Thread):
             self.seen = n
 
     def admit(self, n: int, request: dict) -> None:
+        self.store.delete_key(ticket_key(n, "request"))   # read; the answer is the joiner's to delete
         try:
             k = self.loop.admit(request)
         except Refused as why:
@@ -102,7 +103,6 @@ class Acceptor(threading.Thread):
             _log.info(f"[real server] join refused (pid {request.get('pid')} on {request.get('host')}): {why}")
             return
         self.store.set(ticket_key(n, "answer"), json.dumps({"client": k}))
-        self.store.delete_key(ticket_key(n, "request"))
         self.loop.add_client(k, self.store, f"repro/join/{n}/pair")
 
     def finish(self) -> None:
@@ -134,11 +134,11 @@ def join_run(cfg: RunConfig) -> int:
         print(f"[real join] the server at {cfg.backend.join} did not answer within backend.timeout_s="
               f"{cfg.backend.timeout_s:g} s: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
         return 1
+    store.delete_key(ticket_key(n, "answer"))   # read: nothing of this ticket stays in the store
     if "refused" in answer:
         print(f"[real join] refused: {answer['refused']}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
     k = int(answer["client"])
-    store.delete_key(ticket_key(n, "answer"))
     # the same local rank rule as a spawned client: client k, device (k mod G)
     setup = build_client(cfg, k, client_device(cfg, k))
     try:

@@ -237,7 +237,7 @@ class Dispatcher:
         """Connect admitted client ``k`` through its pair group, swap HELLOs, then serve it: it
         fetches the current version. Only the last step takes the lock, so a joiner that never
         connects (dropped after ``backend.client_timeout_s``) holds nobody up."""
-        from repro.real.transport import pair_group
+        from repro.real.transport import forget_pair, pair_group
 
         timeout = self.cfg.backend.client_timeout_s
         numel, pin = self.server.params.numel(), self.device.type == "cuda"
@@ -273,7 +273,8 @@ class Dispatcher:
                 log.info(f"client {k} joined at version {self.server.version}; {len(self.live())} client(s) training")
                 self.send_params(k)
                 self.receivers[k].start()
-        finally:
+        finally:   # made (both ends passed HELLO) or given up: its store keys are read no more
+            forget_pair(store, prefix)
             with self.lock:
                 self.pending.discard(k)
 
