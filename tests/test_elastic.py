@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import pandas as pd
 import pytest
 
 from repro.config.settings import BackendConfig, CostConfig, ModelConfig, to_dict
@@ -110,6 +111,30 @@ def test_killed_client_is_replaced_by_a_joiner(tmp_path):
     assert (upd.client == 3).sum() > 0
     assert (upd[upd.client == 3].staleness >= 0).all()
     check_run_folder(run_dir)
+    assert_replay_reproduces(run_dir, tmp_path / "replay")
+
+
+def assert_replay_reproduces(run_dir, replay_dir) -> None:
+    """``cost=replay`` of a recorded run whose membership changed applies the same pushes in the
+    same order with the same numbers (a joiner fetches its join's version, as in the real run;
+    bitwise here: see tests/test_replay.py for why) and records the same membership events."""
+    from repro.config.checks import from_dict
+    from repro.sim.driver import simulate
+
+    cfg = from_dict(json.loads((run_dir / "config.json").read_text()))
+    cfg = cfg.replace(cost=CostConfig(profile="replay", schedule="replay", path=str(run_dir)),
+                      backend=BackendConfig(name="sim"))
+    replay = simulate(cfg, replay_dir)
+    real_upd, _, real = table_frames(run_dir)
+    upd, _, summary = table_frames(replay_dir)
+    exact = ["version", "client", "read_version", "staleness", "num_steps", "num_samples", "time_s"]
+    pd.testing.assert_frame_equal(real_upd[exact], upd[exact])
+    pd.testing.assert_series_equal(real_upd.train_loss, upd.train_loss, rtol=1e-6, atol=0)
+    pd.testing.assert_series_equal(real_upd.train_error, upd.train_error)
+    membership = lambda s: [(e["type"], e["client"], e["version"]) for e in s["events"]  # noqa: E731
+                            if e["type"].startswith("client_")]
+    assert membership(summary) == membership(real) and membership(real)
+    assert summary["status"] == real["status"], summary["message"]
 
 
 @pytest.mark.slow
