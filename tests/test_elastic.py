@@ -1,73 +1,27 @@
 """Elastic clients of the real driver (issue 20): a client joins a running run through the
 store, a lost client is replaced, a refused join leaves the run untouched.
 
-One join test runs in the default suite (a SIGKILLed client replaced by a joiner); the others
-are ``slow``. Every run listens on loopback only and each test removes its processes.
+Two join tests run in the default suite (a SIGKILLed client replaced by a joiner, whose run is
+then replayed; a join after the run ended, in-process); the others are ``slow``, as are the
+edges in tests/test_elastic_edges.py. Every run listens on loopback only and each test removes
+its processes.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
-import time
 
 import pandas as pd
 import pytest
 
-from repro.config.settings import BackendConfig, CostConfig, ModelConfig, to_dict
+from repro.config.settings import BackendConfig, CostConfig, ModelConfig
 from tests.helpers.invariants import check_run_folder
-from tests.helpers.paths import ROOT
+from tests.helpers.joins import elastic_cfg, join_keys_left, start_joiner, wait_log
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
 from tests.helpers.runs import launch_real, real_cfg, wait_rows
 from tests.helpers.tables import table_frames
-
-JOINER = """
-import json, sys
-from repro.config.checks import from_dict
-from repro.real.elastic import join_run
-sys.exit(join_run(from_dict(json.loads(sys.argv[1]))))
-"""
-
-
-def elastic_cfg(port: int, **changes):
-    backend = BackendConfig(name="real", timeout_s=30.0, client_timeout_s=10.0, client_device="cpu",
-                            master_port=port, max_clients=changes.pop("max_clients", None))
-    return real_cfg(num_epochs=changes.pop("num_epochs", 6.0), backend=backend, **changes)
-
-
-def start_joiner(tmp_path, cfg, name="joiner", **backend):
-    joiner = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{cfg.backend.master_port}",
-                                                     master_port=0, **backend))
-    log = open(tmp_path / f"{name}.log", "w")
-    return subprocess.Popen([sys.executable, "-c", JOINER, json.dumps(to_dict(joiner))], cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_log(proc, path, pattern, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while not re.search(pattern, path.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, f"no {pattern!r} in {path.name}"
-        time.sleep(0.1)
-
-
-def join_keys_left(port: int, timeout_s: float = 10) -> list[str]:
-    """The keys of joins still in the store of the run listening at ``port`` (the ticket counter
-    aside), once they are gone or after ``timeout_s`` (they are deleted just after the join)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=10))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = [k for k in store.list_keys() if k.startswith("repro/join/") and k != "repro/join/count"]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
 
 
 def _kill_one_and_join(tmp_path, cfg, victim: int, **backend):
@@ -174,7 +128,8 @@ def test_two_joiners_raise_throughput(tmp_path):
 def test_refused_joins_leave_the_run_untouched(tmp_path):
     """A joiner with another model, one beyond backend.max_clients, and one asking for a live
     id are refused (exit 2, a message naming why) while the run trains on with its own clients
-    (a budget far beyond the test: it pushes on after the refusals, then is interrupted)."""
+    (a budget far beyond the test: it pushes on after the refusals, then is interrupted); the
+    refusals leave no key in the store; a join after the run's process exited is refused too."""
     cfg = elastic_cfg(free_port(), num_epochs=1000.0, eval_every=500.0)
     proc, run_dir = launch_real(tmp_path, cfg)
     try:
@@ -189,6 +144,12 @@ def test_refused_joins_leave_the_run_untouched(tmp_path):
         proc.wait(timeout=60)
     finally:
         assert_no_leftovers(proc)
+    late = start_joiner(tmp_path, cfg.replace(backend=dataclasses.replace(cfg.backend, timeout_s=3.0)), "late")
+    try:   # the run's process has exited: nothing listens at its address any more
+        assert late.wait(timeout=60) == 2
+    finally:
+        assert_no_leftovers(late)
+    assert "no run is listening" in (tmp_path / "late.log").read_text()
     assert "config differs" in (tmp_path / "other.log").read_text()
     assert "max_clients=2" in (tmp_path / "full.log").read_text()
     assert "not a lost client" in (tmp_path / "live.log").read_text()
@@ -202,7 +163,7 @@ def test_refused_joins_leave_the_run_untouched(tmp_path):
 @pytest.mark.slow
 def test_restarted_client_rejoins_under_its_id(tmp_path):
     """A SIGKILLed client restarted with backend.join_client=<its id> is client_rejoined: the
-    run ends completed and the id's pushes continue after the event."""
+    run ends completed, the id's pushes continue after the event, and a replay reproduces them."""
     cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[4.0, 1.0]))
     run_dir = _kill_one_and_join(tmp_path, cfg, victim=2, join_client=2)
     upd, _, summary = table_frames(run_dir)
@@ -211,6 +172,7 @@ def test_restarted_client_rejoins_under_its_id(tmp_path):
     assert back["client"] == 2 and summary["lost_clients"] == []
     assert (upd[upd.version > back["version"]].client == 2).any()
     check_run_folder(run_dir)
+    assert_replay_reproduces(run_dir, tmp_path / "replay")   # the rejoiner: a fresh process, its lost id
 
 
 # -- the bookkeeping of a join, without processes (fast) -----------------------------------------
@@ -259,70 +221,27 @@ def test_bad_elastic_keys_exit_before_any_work():
             validate(cfg)
 
 
-# -- torchrun's elastic form restarts a client, which rejoins the running server ---------------
+def test_a_join_after_the_run_ended_is_told_so(monkeypatch, capsys):
+    """Once a run serves no more joins, every joiner is refused with 'the run has ended' (exit
+    2), at once rather than after backend.timeout_s: one whose ticket the acceptor had not read,
+    and one that takes its ticket afterwards. In-process: a store and an acceptor whose run is
+    closed (the slow refusal test joins a real run after its process exited)."""
+    import datetime
+    from types import SimpleNamespace
 
-# the server is a plain single-node run (one spawned client); the clients torchrun starts join it
-# (backend.join), so torchrun's restarts (which restart every local worker of the failed agent, and
-# with a shared rendezvous every agent) never touch the server
-TORCHRUN_RUN = ["backend=real", "data=synthetic", "model=mlp", "num_clients=1", "num_epochs=100000",
-                "eval_every=50000", "progress=false", "backend.client_device=cpu", "backend.timeout_s=30",
-                "backend.client_timeout_s=10"]
+    import torch.distributed as dist
 
+    from repro.real.elastic import COUNT_KEY, ENDED, Acceptor, join_run, ticket_key
 
-@pytest.mark.slow
-def test_torchrun_restarts_a_killed_client_which_rejoins(tmp_path):
-    """Under ``torchrun --nnodes=1:2 --max-restarts=2`` (c10d rendezvous on loopback) a client
-    that joined a running server is SIGKILLed: torchrun restarts it, it joins again under a fresh
-    id, and the server (never restarted) keeps its version count: versions contiguous, events
-    client_joined, client_lost, client_joined; torchrun exits 0 once the run is stopped."""
-    from pathlib import Path
-
-    from tests.helpers.processes import descendants, is_worker
-
-    port, run_dir = free_port(), tmp_path / "run"
-    server = subprocess.Popen([sys.executable, "-m", "repro.run", *TORCHRUN_RUN, "backend.max_clients=3",
-                               f"backend.master_port={port}", f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                              stdout=open(tmp_path / "run.log", "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    torchrun = None
-    workers: set[int] = set()
-    try:
-        wait_log(server, tmp_path / "run.log", "accepting joins at")
-        torchrun = subprocess.Popen(
-            [str(Path(sys.executable).with_name("torchrun")), "--nnodes=1:2", "--nproc-per-node=1",
-             "--max-restarts=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-             "-m", "repro.run", *TORCHRUN_RUN, f"backend.join=127.0.0.1:{port}"],
-            cwd=tmp_path, stdout=open(tmp_path / "torchrun.log", "w"), stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        wait_log(server, tmp_path / "run.log", "client 2 joined", timeout_s=120)
-        wait_rows(server, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 50)
-        workers = {p for p in descendants(torchrun.pid) if is_worker(p)}
-        assert len(workers) == 1, workers
-        os.kill(workers.pop(), signal.SIGKILL)
-        killed_at = sum(1 for _ in open(run_dir / "updates.csv")) - 1
-        wait_log(server, tmp_path / "run.log", "client 3 joined", timeout_s=120)
-        wait_rows(server, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 50)
-        workers = {p for p in descendants(torchrun.pid) if is_worker(p)}
-        server.send_signal(signal.SIGINT)
-        server.wait(timeout=60)
-        assert torchrun.wait(timeout=60) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
-    finally:
-        assert_no_leftovers(server)
-        if torchrun is not None:
-            if torchrun.poll() is None:
-                torchrun.kill()
-                torchrun.wait()
-            assert_no_leftovers(torchrun)
-        left = [p for p in workers if is_worker(p)]
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        assert not left, f"torchrun workers left behind: {left}"
-    upd, _, summary = table_frames(run_dir)
-    assert summary["status"] == "interrupted", summary["message"]
-    events = [(e["type"], e["client"]) for e in summary["events"] if e["type"].startswith("client_")]
-    assert events == [("client_joined", 2), ("client_lost", 2), ("client_joined", 3)], events
-    lost = next(e for e in summary["events"] if e["type"] == "client_lost")
-    assert lost["version"] >= killed_at   # the server went on counting: it was never restarted
-    assert (upd[upd.version > lost["version"]].client == 3).any()
-    assert "resumed" not in [e["type"] for e in summary["events"]]
-    check_run_folder(run_dir)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")   # join_run pins gloo to loopback: restored after
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=5))
+    early = store.add(COUNT_KEY, 1)   # a joiner that took its ticket before the run closed
+    cfg = elastic_cfg(0)
+    acceptor = Acceptor(SimpleNamespace(closed=True, cfg=cfg), store, f"127.0.0.1:{store.port}")
+    acceptor.start()
+    acceptor.join(timeout=10)
+    assert json.loads(store.get(ticket_key(early, "answer"))) == {"refused": ENDED}
+    late = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{store.port}", timeout_s=5.0))
+    assert join_run(late) == 2
+    assert "the run has ended" in capsys.readouterr().err

@@ -211,11 +211,11 @@ class Dispatcher:
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:
         """The id a joiner gets, or :class:`~repro.real.elastic.Refused` saying why not."""
-        from repro.real.elastic import Refused, fingerprint
+        from repro.real.elastic import ENDED, Refused, fingerprint
 
         with self.lock:
             if self.closed or not self.core.accepting:
-                raise Refused("the run is ending (its budget is spent or it was stopped)")
+                raise Refused(ENDED)
             if request.get("fingerprint") != fingerprint(self.cfg):
                 raise Refused("its config differs from the run's in what is trained (data, model, "
                               "algo, protocol, seed, nsync or num_clients): join with the run's overrides")
