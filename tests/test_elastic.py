@@ -68,26 +68,33 @@ def test_killed_client_is_replaced_by_a_joiner(tmp_path):
     assert_replay_reproduces(run_dir, tmp_path / "replay")
 
 
-def assert_replay_reproduces(run_dir, replay_dir) -> None:
+def assert_replay_reproduces(run_dir, replay_dir, interrupt: bool = False) -> None:
     """``cost=replay`` of a recorded run whose membership changed applies the same pushes in the
     same order with the same numbers (a joiner fetches its join's version, as in the real run;
-    bitwise here: see tests/test_replay.py for why) and records the same membership events."""
+    bitwise here: see tests/test_replay.py for why) and records the same membership events.
+    ``interrupt``: the replay is stopped just after the last membership event and resumed
+    (resume=true), which must change nothing."""
     from repro.config.checks import from_dict
     from repro.sim.driver import simulate
 
     cfg = from_dict(json.loads((run_dir / "config.json").read_text()))
     cfg = cfg.replace(cost=CostConfig(profile="replay", schedule="replay", path=str(run_dir)),
                       backend=BackendConfig(name="sim"))
-    replay = simulate(cfg, replay_dir)
     real_upd, _, real = table_frames(run_dir)
+    membership = lambda s: [(e["type"], e["client"], e["version"]) for e in s["events"]  # noqa: E731
+                            if e["type"].startswith("client_")]
+    assert membership(real), "a recording without joins or losses proves nothing here"
+    if interrupt:
+        stop_at = membership(real)[-1][2] + 2
+        assert simulate(cfg, replay_dir, stop_at_version=stop_at)["status"] == "interrupted"
+        cfg = cfg.replace(resume=True)
+    simulate(cfg, replay_dir)
     upd, _, summary = table_frames(replay_dir)
     exact = ["version", "client", "read_version", "staleness", "num_steps", "num_samples", "time_s"]
     pd.testing.assert_frame_equal(real_upd[exact], upd[exact])
     pd.testing.assert_series_equal(real_upd.train_loss, upd.train_loss, rtol=1e-6, atol=0)
     pd.testing.assert_series_equal(real_upd.train_error, upd.train_error)
-    membership = lambda s: [(e["type"], e["client"], e["version"]) for e in s["events"]  # noqa: E731
-                            if e["type"].startswith("client_")]
-    assert membership(summary) == membership(real) and membership(real)
+    assert membership(summary) == membership(real)
     assert summary["status"] == real["status"], summary["message"]
 
 
@@ -163,7 +170,8 @@ def test_refused_joins_leave_the_run_untouched(tmp_path):
 @pytest.mark.slow
 def test_restarted_client_rejoins_under_its_id(tmp_path):
     """A SIGKILLed client restarted with backend.join_client=<its id> is client_rejoined: the
-    run ends completed, the id's pushes continue after the event, and a replay reproduces them."""
+    run ends completed, the id's pushes continue after the event, and a replay reproduces them,
+    also one interrupted after the rejoin and resumed."""
     cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[4.0, 1.0]))
     run_dir = _kill_one_and_join(tmp_path, cfg, victim=2, join_client=2)
     upd, _, summary = table_frames(run_dir)
@@ -172,7 +180,8 @@ def test_restarted_client_rejoins_under_its_id(tmp_path):
     assert back["client"] == 2 and summary["lost_clients"] == []
     assert (upd[upd.version > back["version"]].client == 2).any()
     check_run_folder(run_dir)
-    assert_replay_reproduces(run_dir, tmp_path / "replay")   # the rejoiner: a fresh process, its lost id
+    # the rejoiner is a fresh process under its lost id; the replay also stops and resumes after it
+    assert_replay_reproduces(run_dir, tmp_path / "replay", interrupt=True)
 
 
 # -- the bookkeeping of a join, without processes (fast) -----------------------------------------
