@@ -1,10 +1,10 @@
 """Elastic clients of the real driver (issue 20): a client joins a running run through the
 store, a lost client is replaced, a refused join leaves the run untouched.
 
-Two join tests run in the default suite (a SIGKILLed client replaced by a joiner, whose run is
-then replayed; a join after the run ended, in-process); the others are ``slow``, as are the
-edges in tests/test_elastic_edges.py. Every run listens on loopback only and each test removes
-its processes.
+Three join tests run in the default suite (a SIGKILLed client replaced by a joiner, whose run
+is then replayed; in-process: a join after the run ended, a ticket that never brings its
+request); the others are ``slow``, as are the edges in tests/test_elastic_edges.py. Every run
+listens on loopback only and each test removes its processes.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import signal
+import time
 
 import pandas as pd
 import pytest
@@ -254,3 +255,34 @@ def test_a_join_after_the_run_ended_is_told_so(monkeypatch, capsys):
     late = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{store.port}", timeout_s=5.0))
     assert join_run(late) == 2
     assert "the run has ended" in capsys.readouterr().err
+
+
+def test_a_ticket_without_a_request_is_skipped_after_the_client_timeout():
+    """A joiner that takes its ticket and hangs before writing its request holds the tickets
+    after it only for backend.client_timeout_s: then it is skipped and the next joiner admitted
+    (in-process: a store, an acceptor polled by hand; the slow edge test does it with processes,
+    also for a joiner that hangs after its answer)."""
+    import datetime
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from repro.real.elastic import COUNT_KEY, Acceptor, ticket_key
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=5))
+    cfg = elastic_cfg(0)
+    cfg = cfg.replace(backend=dataclasses.replace(cfg.backend, client_timeout_s=0.3))
+    added = []
+    loop = SimpleNamespace(closed=False, cfg=cfg, admit=lambda request: 7,
+                           add_client=lambda k, store, prefix: added.append((k, prefix)))
+    acceptor = Acceptor(loop, store, f"127.0.0.1:{store.port}")
+    store.add(COUNT_KEY, 1)   # ticket 1: hangs
+    second = store.add(COUNT_KEY, 1)
+    store.set(ticket_key(second, "request"), json.dumps({"fingerprint": "", "client": None}))
+    acceptor.poll()
+    assert added == [] and acceptor.seen == 0   # waiting for ticket 1's request
+    time.sleep(0.4)
+    acceptor.poll()
+    assert added == [(7, f"repro/join/{second}/pair")] and acceptor.seen == 2
+    assert not store.check([ticket_key(second, "request"), ticket_key(second, "answer")])
