@@ -1,62 +1,35 @@
 """Elastic clients of the real driver (issue 20): a client joins a running run through the
 store, a lost client is replaced, a refused join leaves the run untouched.
 
-One join test runs in the default suite (a SIGKILLed client replaced by a joiner); the others
-are ``slow``. Every run listens on loopback only and each test removes its processes.
+Three join tests run in the default suite (a SIGKILLed client replaced by a joiner, whose run
+is then replayed; in-process: a join after the run ended, a ticket that never brings its
+request); the others are ``slow``, as are the edges in tests/test_elastic_edges.py. Every run
+listens on loopback only and each test removes its processes.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 
+import pandas as pd
 import pytest
 
-from repro.config.settings import BackendConfig, CostConfig, ModelConfig, to_dict
+from repro.config.settings import BackendConfig, CostConfig, ModelConfig
 from tests.helpers.invariants import check_run_folder
-from tests.helpers.paths import ROOT
+from tests.helpers.joins import elastic_cfg, join_keys_left, start_joiner, wait_log
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
 from tests.helpers.runs import launch_real, real_cfg, wait_rows
 from tests.helpers.tables import table_frames
 
-JOINER = """
-import json, sys
-from repro.config.checks import from_dict
-from repro.real.elastic import join_run
-sys.exit(join_run(from_dict(json.loads(sys.argv[1]))))
-"""
-
-
-def elastic_cfg(port: int, **changes):
-    backend = BackendConfig(name="real", timeout_s=30.0, client_timeout_s=10.0, client_device="cpu",
-                            master_port=port, max_clients=changes.pop("max_clients", None))
-    return real_cfg(num_epochs=changes.pop("num_epochs", 6.0), backend=backend, **changes)
-
-
-def start_joiner(tmp_path, cfg, name="joiner", **backend):
-    joiner = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{cfg.backend.master_port}",
-                                                     master_port=0, **backend))
-    log = open(tmp_path / f"{name}.log", "w")
-    return subprocess.Popen([sys.executable, "-c", JOINER, json.dumps(to_dict(joiner))], cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_log(proc, path, pattern, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while not re.search(pattern, path.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, f"no {pattern!r} in {path.name}"
-        time.sleep(0.1)
-
 
 def _kill_one_and_join(tmp_path, cfg, victim: int, **backend):
     """Start a real run, SIGKILL client ``victim`` once it is training, start a joiner (with
-    ``backend`` settings) after the loss is logged; return the run folder once both have ended
-    and left nothing behind."""
+    ``backend`` settings) after the loss is logged, check that the join left no key in the store
+    (its ticket, its pair group's addresses); return the run folder once both have ended and left
+    nothing behind."""
     proc, run_dir = launch_real(tmp_path, cfg)
     joiner = None
     try:
@@ -65,6 +38,8 @@ def _kill_one_and_join(tmp_path, cfg, victim: int, **backend):
         os.kill(client_pids(proc.pid)[victim - 1], signal.SIGKILL)
         wait_log(proc, tmp_path / "run.log", "lost at version")
         joiner = start_joiner(tmp_path, cfg, **backend)
+        wait_log(proc, tmp_path / "run.log", r"client \d+ joined")
+        assert join_keys_left(cfg.backend.master_port) == []
         proc.wait(timeout=180)
         assert joiner.wait(timeout=30) == 0, (tmp_path / "joiner.log").read_text()
     finally:
@@ -91,6 +66,37 @@ def test_killed_client_is_replaced_by_a_joiner(tmp_path):
     assert (upd.client == 3).sum() > 0
     assert (upd[upd.client == 3].staleness >= 0).all()
     check_run_folder(run_dir)
+    assert_replay_reproduces(run_dir, tmp_path / "replay")
+
+
+def assert_replay_reproduces(run_dir, replay_dir, interrupt: bool = False) -> None:
+    """``cost=replay`` of a recorded run whose membership changed applies the same pushes in the
+    same order with the same numbers (a joiner fetches its join's version, as in the real run;
+    bitwise here: see tests/test_replay.py for why) and records the same membership events.
+    ``interrupt``: the replay is stopped just after the last membership event and resumed
+    (resume=true), which must change nothing."""
+    from repro.config.checks import from_dict
+    from repro.sim.driver import simulate
+
+    cfg = from_dict(json.loads((run_dir / "config.json").read_text()))
+    cfg = cfg.replace(cost=CostConfig(profile="replay", schedule="replay", path=str(run_dir)),
+                      backend=BackendConfig(name="sim"))
+    real_upd, _, real = table_frames(run_dir)
+    membership = lambda s: [(e["type"], e["client"], e["version"]) for e in s["events"]  # noqa: E731
+                            if e["type"].startswith("client_")]
+    assert membership(real), "a recording without joins or losses proves nothing here"
+    if interrupt:
+        stop_at = membership(real)[-1][2] + 2
+        assert simulate(cfg, replay_dir, stop_at_version=stop_at)["status"] == "interrupted"
+        cfg = cfg.replace(resume=True)
+    simulate(cfg, replay_dir)
+    upd, _, summary = table_frames(replay_dir)
+    exact = ["version", "client", "read_version", "staleness", "num_steps", "num_samples", "time_s"]
+    pd.testing.assert_frame_equal(real_upd[exact], upd[exact])
+    pd.testing.assert_series_equal(real_upd.train_loss, upd.train_loss, rtol=1e-6, atol=0)
+    pd.testing.assert_series_equal(real_upd.train_error, upd.train_error)
+    assert membership(summary) == membership(real)
+    assert summary["status"] == real["status"], summary["message"]
 
 
 @pytest.mark.slow
@@ -130,7 +136,8 @@ def test_two_joiners_raise_throughput(tmp_path):
 def test_refused_joins_leave_the_run_untouched(tmp_path):
     """A joiner with another model, one beyond backend.max_clients, and one asking for a live
     id are refused (exit 2, a message naming why) while the run trains on with its own clients
-    (a budget far beyond the test: it pushes on after the refusals, then is interrupted)."""
+    (a budget far beyond the test: it pushes on after the refusals, then is interrupted); the
+    refusals leave no key in the store; a join after the run's process exited is refused too."""
     cfg = elastic_cfg(free_port(), num_epochs=1000.0, eval_every=500.0)
     proc, run_dir = launch_real(tmp_path, cfg)
     try:
@@ -139,11 +146,18 @@ def test_refused_joins_leave_the_run_untouched(tmp_path):
         joiners = [start_joiner(tmp_path, cfg.replace(model=ModelConfig(name="mlp")), "other"),
                    start_joiner(tmp_path, cfg, "full"), start_joiner(tmp_path, cfg, "live", join_client=1)]
         assert [j.wait(timeout=90) for j in joiners] == [2, 2, 2]
+        assert join_keys_left(cfg.backend.master_port) == []   # refused tickets leave nothing either
         wait_rows(proc, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 20)   # it goes on
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:
         assert_no_leftovers(proc)
+    late = start_joiner(tmp_path, cfg.replace(backend=dataclasses.replace(cfg.backend, timeout_s=3.0)), "late")
+    try:   # the run's process has exited: nothing listens at its address any more
+        assert late.wait(timeout=60) == 2
+    finally:
+        assert_no_leftovers(late)
+    assert "no run is listening" in (tmp_path / "late.log").read_text()
     assert "config differs" in (tmp_path / "other.log").read_text()
     assert "max_clients=2" in (tmp_path / "full.log").read_text()
     assert "not a lost client" in (tmp_path / "live.log").read_text()
@@ -157,7 +171,8 @@ def test_refused_joins_leave_the_run_untouched(tmp_path):
 @pytest.mark.slow
 def test_restarted_client_rejoins_under_its_id(tmp_path):
     """A SIGKILLed client restarted with backend.join_client=<its id> is client_rejoined: the
-    run ends completed and the id's pushes continue after the event."""
+    run ends completed, the id's pushes continue after the event, and a replay reproduces them,
+    also one interrupted after the rejoin and resumed."""
     cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[4.0, 1.0]))
     run_dir = _kill_one_and_join(tmp_path, cfg, victim=2, join_client=2)
     upd, _, summary = table_frames(run_dir)
@@ -166,6 +181,8 @@ def test_restarted_client_rejoins_under_its_id(tmp_path):
     assert back["client"] == 2 and summary["lost_clients"] == []
     assert (upd[upd.version > back["version"]].client == 2).any()
     check_run_folder(run_dir)
+    # the rejoiner is a fresh process under its lost id; the replay also stops and resumes after it
+    assert_replay_reproduces(run_dir, tmp_path / "replay", interrupt=True)
 
 
 # -- the bookkeeping of a join, without processes (fast) -----------------------------------------
@@ -212,3 +229,60 @@ def test_bad_elastic_keys_exit_before_any_work():
         cfg = cfg.replace(backend=dataclasses.replace(cfg.backend, **backend))
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             validate(cfg)
+
+
+def test_a_join_after_the_run_ended_is_told_so(monkeypatch, capsys):
+    """Once a run serves no more joins, every joiner is refused with 'the run has ended' (exit
+    2), at once rather than after backend.timeout_s: one whose ticket the acceptor had not read,
+    and one that takes its ticket afterwards. In-process: a store and an acceptor whose run is
+    closed (the slow refusal test joins a real run after its process exited)."""
+    import datetime
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from repro.real.elastic import COUNT_KEY, ENDED, Acceptor, join_run, ticket_key
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")   # join_run pins gloo to loopback: restored after
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=5))
+    early = store.add(COUNT_KEY, 1)   # a joiner that took its ticket before the run closed
+    cfg = elastic_cfg(0)
+    acceptor = Acceptor(SimpleNamespace(closed=True, cfg=cfg), store, f"127.0.0.1:{store.port}")
+    acceptor.start()
+    acceptor.join(timeout=10)
+    assert json.loads(store.get(ticket_key(early, "answer"))) == {"refused": ENDED}
+    late = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{store.port}", timeout_s=5.0))
+    assert join_run(late) == 2
+    assert "the run has ended" in capsys.readouterr().err
+
+
+def test_a_ticket_without_a_request_is_skipped_after_the_client_timeout():
+    """A joiner that takes its ticket and hangs before writing its request holds the tickets
+    after it only for backend.client_timeout_s: then it is skipped and the next joiner admitted
+    (in-process: a store, an acceptor polled by hand; the slow edge test does it with processes,
+    also for a joiner that hangs after its answer)."""
+    import datetime
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from repro.real.elastic import COUNT_KEY, Acceptor, ticket_key
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=5))
+    cfg = elastic_cfg(0)
+    cfg = cfg.replace(backend=dataclasses.replace(cfg.backend, client_timeout_s=0.3))
+    added = []
+    loop = SimpleNamespace(closed=False, cfg=cfg, admit=lambda request: 7,
+                           add_client=lambda k, store, prefix: added.append((k, prefix)))
+    acceptor = Acceptor(loop, store, f"127.0.0.1:{store.port}")
+    store.add(COUNT_KEY, 1)   # ticket 1: hangs
+    second = store.add(COUNT_KEY, 1)
+    store.set(ticket_key(second, "request"), json.dumps({"fingerprint": "", "client": None}))
+    acceptor.poll()
+    assert added == [] and acceptor.seen == 0   # waiting for ticket 1's request
+    time.sleep(0.4)
+    acceptor.poll()
+    assert added == [(7, f"repro/join/{second}/pair")] and acceptor.seen == 2
+    assert not store.check([ticket_key(second, "request"), ticket_key(second, "answer")])

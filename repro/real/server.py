@@ -211,11 +211,11 @@ class Dispatcher:
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:
         """The id a joiner gets, or :class:`~repro.real.elastic.Refused` saying why not."""
-        from repro.real.elastic import Refused, fingerprint
+        from repro.real.elastic import ENDED, Refused, fingerprint
 
         with self.lock:
             if self.closed or not self.core.accepting:
-                raise Refused("the run is ending (its budget is spent or it was stopped)")
+                raise Refused(ENDED)
             if request.get("fingerprint") != fingerprint(self.cfg):
                 raise Refused("its config differs from the run's in what is trained (data, model, "
                               "algo, protocol, seed, nsync or num_clients): join with the run's overrides")
@@ -237,7 +237,7 @@ class Dispatcher:
         """Connect admitted client ``k`` through its pair group, swap HELLOs, then serve it: it
         fetches the current version. Only the last step takes the lock, so a joiner that never
         connects (dropped after ``backend.client_timeout_s``) holds nobody up."""
-        from repro.real.transport import pair_group
+        from repro.real.transport import forget_pair, pair_group
 
         timeout = self.cfg.backend.client_timeout_s
         numel, pin = self.server.params.numel(), self.device.type == "cuda"
@@ -273,7 +273,8 @@ class Dispatcher:
                 log.info(f"client {k} joined at version {self.server.version}; {len(self.live())} client(s) training")
                 self.send_params(k)
                 self.receivers[k].start()
-        finally:
+        finally:   # made (both ends passed HELLO) or given up: its store keys are read no more
+            forget_pair(store, prefix)
             with self.lock:
                 self.pending.discard(k)
 

@@ -406,6 +406,16 @@ def pair_group(store, prefix: str, rank: int, timeout_s: float):
                                  datetime.timedelta(seconds=timeout_s))
 
 
+def forget_pair(store, prefix: str) -> None:
+    """Delete every key of a pair group's ``prefix`` (gloo leaves its two addresses there): once
+    both ends have made the group, or one gave up, nobody reads them again, and a joinable run
+    that stayed up for many joins would otherwise keep them all until it exits."""
+    with contextlib.suppress(Exception):   # a store without list_keys, or one that is closing
+        for key in store.list_keys():
+            if key.startswith(prefix + "/"):
+                store.delete_key(key)
+
+
 def torchrun_store(rank: int, world_size: int, timeout: datetime.timedelta):
     """torchrun's store (env://), under a prefix of this restart attempt: after a restart
     (--max-restarts) torchrun's agent keeps its store, and the dead attempt's gloo addresses

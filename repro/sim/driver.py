@@ -113,6 +113,9 @@ class Simulation:
                     break
                 if self.scheduler.peek() == math.inf:   # nobody computes and nobody comes back
                     break
+            if self.pending is None and hasattr(self.scheduler, "membership_due"):
+                for kind, k, t in self.scheduler.membership_due(self.server.version):
+                    self.recorded_membership(kind, k, t)
             nxt, self.pending = self.pending or self.scheduler.next(), None
             if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
                 core.state.stopping = True
@@ -174,6 +177,18 @@ class Simulation:
         self.clients[k].fetch(self.server.params, self.server.version)
         self.scheduler.served(k, t)
         self.churn.arm(k, t)
+
+    def recorded_membership(self, kind: str, k: int, t: float) -> None:
+        """A replayed run's recorded join or loss (:mod:`repro.sim.replay`): a joiner is a new
+        process in the real run, so a fresh client (its data stream from the start) that fetches
+        the current version, as the real driver's joiner does."""
+        if kind == "client_lost":
+            if k in self.clients:
+                self.carry(self.core.lose(k, "lost in the recorded run", t), t)
+            return
+        self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
+        self.core.join(k, t)
+        self.clients[k].fetch(self.server.params, self.server.version)
 
     def compute(self, client: Client, num_steps: int) -> Push | None:
         """The client's push, or None when a stop request came between two of its steps (the

@@ -6,6 +6,13 @@ training-shaping settings, ours for where files go) and checks the recording bef
 starts: every row of its ``updates.csv`` (:func:`read_recording`), whether the recorded run
 finished, and that the replay does not write into the recording. :class:`ReplayScheduler` is the
 schedule: each recorded row, in version order, with its recorded times.
+
+A recorded run whose membership changed (a real run's joins, :mod:`repro.real.elastic`) is
+replayed with it: each ``client_joined``, ``client_rejoined`` and ``client_lost`` event of its
+summary happens between the row of the event's version and the next one, as it did in the real
+run, where a joiner fetched the version current at its join (and started its data stream afresh,
+as a new process does). So a joiner's first push reads its join's version, and its id may exceed
+``num_clients`` (its settings are slot ``client_slot``'s, in both drivers).
 """
 from __future__ import annotations
 
@@ -61,13 +68,31 @@ def _refuse_own_source(source: Path, run_dir: Path) -> None:
                           "choose another exp_name (or hydra.run.dir) for the replay")
 
 
+MEMBERSHIP = ("client_joined", "client_rejoined", "client_lost")
+
+
 @dataclass(frozen=True)
 class Recording:
-    """A recorded run's pushes (client, read_version, num_steps, time_s), in version order, and
-    ``unfinished``: why the recording ends before its run's budget ("" when it finished)."""
+    """A recorded run's pushes (client, read_version, num_steps, time_s), in version order,
+    ``unfinished``: why the recording ends before its run's budget ("" when it finished), and
+    its membership events (version, type, client, time_s), in the order they happened."""
 
     rows: list[tuple[int, int, int, float]]
     unfinished: str
+    membership: list[tuple[int, str, int, float]] = ()
+
+
+def _membership(run_dir: Path) -> list[tuple[int, str, int, float]]:
+    """The joins and losses a recorded run's summary lists (none for a run without a summary:
+    an unfinished recording is replayed as far as its rows go)."""
+    summary = read_summary(run_dir)
+    events = summary.get("events", []) if isinstance(summary, dict) else []
+    out = []
+    for e in events:
+        if isinstance(e, dict) and e.get("type") in MEMBERSHIP:
+            t = e.get("lost_time_s", e.get("joined_time_s", e.get("time_s", 0.0)))
+            out.append((int(e["version"]), e["type"], int(e["client"]), float(t)))
+    return out
 
 
 def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
@@ -75,22 +100,31 @@ def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
     ... in order; a client in 1..num_clients; a read version the client could have fetched (in
     an async run: 0 for its first push, then the version its previous push made); 1..10^6 local
     steps; a finite time, never negative nor earlier than the row before. A recording whose
-    summary says it finished must hold every push it counts."""
+    summary says it finished must hold every push it counts. A client that joined (its summary's
+    events) is a client from its join on, and its first push read its join's version."""
     run_dir = Path(run_dir)
     rows = _rows(run_dir)
     if not rows:
         raise ConfigError("cost.path", str(run_dir), "a recording with at least one push (its "
                           f"{schema.UPDATES_FILE} has no rows)")
+    membership = _membership(run_dir)
     expected_read: dict[int, int] = {}
+    members, events = set(range(1, num_clients + 1)), iter(membership)
+    event = next(events, None)
     last_time = 0.0
     for version, (lineno, (client, read_version, num_steps, time_s)) in enumerate(rows, start=1):
-        why = _bad_row(version, client, read_version, num_steps, time_s, num_clients,
+        while event is not None and event[0] < version:   # it happened before this push
+            if event[1] != "client_lost":
+                members.add(event[2])
+                expected_read[event[2]] = event[0]   # it fetched the version current at its join
+            event = next(events, None)
+        why = _bad_row(version, client, read_version, num_steps, time_s, members,
                        expected_read.get(client, 0), last_time)
         if why:
             raise ConfigError("cost.path", str(run_dir), f"a recording whose rows a replay can apply: "
                               f"{schema.UPDATES_FILE} line {lineno} {why}")
         expected_read[client], last_time = version, time_s
-    return Recording([row for _, row in rows], _unfinished(run_dir, len(rows)))
+    return Recording([row for _, row in rows], _unfinished(run_dir, len(rows)), membership)
 
 
 def _rows(run_dir: Path) -> list[tuple[int, tuple[int, int, int, float]]]:
@@ -111,10 +145,12 @@ def _rows(run_dir: Path) -> list[tuple[int, tuple[int, int, int, float]]]:
 
 
 def _bad_row(version: int, client: int, read_version: int, num_steps: int, time_s: float,
-             num_clients: int, expected_read: int, last_time: float) -> str:
-    """Why a recorded row cannot be replayed, or ""."""
-    if not 1 <= client <= num_clients:
-        return f"names client {client}; the recorded run had clients 1..{num_clients}"
+             members: set[int], expected_read: int, last_time: float) -> str:
+    """Why a recorded row cannot be replayed, or "". ``members``: the clients of the run so far
+    (1..num_clients and those that joined before this push)."""
+    if client not in members:
+        return (f"names client {client}; the recorded run had clients {_ranges(sorted(members))} "
+                "at that version (1..num_clients and the client_joined events before it)")
     if read_version != expected_read:
         return (f"says client {client} read version {read_version}; in an async run it read "
                 f"{expected_read} (0 first, then the version its previous push made)")
@@ -125,6 +161,16 @@ def _bad_row(version: int, client: int, read_version: int, num_steps: int, time_
     if time_s < last_time:
         return f"has time_s {time_s}, earlier than the row before ({last_time})"
     return ""
+
+
+def _ranges(ids: list[int]) -> str:
+    """1..3, 7 for [1, 2, 3, 7]: the run's clients, short."""
+    parts, start = [], ids[0]
+    for a, b in zip(ids, ids[1:] + [None]):
+        if b != a + 1:
+            parts.append(f"{start}..{a}" if a > start else str(a))
+            start = b
+    return ", ".join(parts)
 
 
 def _unfinished(run_dir: Path, num_rows: int) -> str:
@@ -159,7 +205,8 @@ class ReplayScheduler:
         recording = read_recording(run_dir, num_clients)
         # the scheduler runs out before the budget only when the recording ends early: unfinished,
         # or a diverged run whose divergence the replay did not repeat
-        self.rows = recording.rows
+        self.rows, self.membership = recording.rows, recording.membership
+        self.members_done = 0   # membership events carried out
         self.end_message = recording.unfinished or (f"all {len(self.rows)} recorded pushes were "
                                                     "replayed; the recorded run ended there, before the budget")
         self.position, self.run_dir = 0, str(run_dir)
@@ -169,6 +216,16 @@ class ReplayScheduler:
             return None
         client, _, num_steps, time_s = self.rows[self.position]
         return client, num_steps, time_s
+
+    def membership_due(self, version: int) -> list[tuple[str, int, float]]:
+        """The recorded joins and losses that happened at server version ``version`` or before
+        and are not carried out yet: (type, client, time_s), in order."""
+        due = []
+        while self.members_done < len(self.membership) and self.membership[self.members_done][0] <= version:
+            _, kind, client, t = self.membership[self.members_done]
+            due.append((kind, client, t))
+            self.members_done += 1
+        return due
 
     def check(self, client: int, read_version: int) -> None:
         """The push about to be computed must start from the version the recording says."""
@@ -185,7 +242,8 @@ class ReplayScheduler:
         self.position += 1
 
     def state_dict(self) -> dict:
-        return {"position": self.position}
+        return {"position": self.position, "members_done": self.members_done}
 
     def load_state_dict(self, state: dict) -> None:
         self.position = int(state["position"])
+        self.members_done = int(state.get("members_done", 0))   # absent: a checkpoint from before joins
