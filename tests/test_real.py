@@ -313,7 +313,13 @@ def test_real_sync_rounds(tmp_path, no_children, backups):
         simulate(cfg.replace(backend=BackendConfig()), tmp_path / "sim")
         sim_upd, sim_evals, _ = table_frames(tmp_path / "sim")
         pd.testing.assert_series_equal(upd.train_loss, sim_upd.train_loss, check_exact=True)
-        pd.testing.assert_series_equal(evals.test_error, sim_evals.test_error)
+        # The real server evaluates in a thread: one that fell behind (a loaded machine) takes
+        # its snapshot a version or two later than the simulator's inline evaluation, so the
+        # evaluations are compared where they saw the same version: the first and the final
+        # (inline) always do, and there the same parameters give the same errors.
+        both = evals.merge(sim_evals, on="version", suffixes=("", "_sim"))
+        assert {evals.version.iloc[0], evals.version.iloc[-1]} <= set(both.version)
+        pd.testing.assert_series_equal(both.test_error, both.test_error_sim, check_names=False)
 
 
 def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
