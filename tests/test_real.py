@@ -32,7 +32,7 @@ from repro.real.transport import Frame, Header, Kind
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
 from tests.helpers.runs import launch_real, real_cfg, wait_rows
-from tests.helpers.tables import table_frames
+from tests.helpers.tables import check_same_evaluations, table_frames
 from tests.test_timings import check_real_timings
 
 TEST_ERROR_MAX = 0.20
@@ -313,13 +313,7 @@ def test_real_sync_rounds(tmp_path, no_children, backups):
         simulate(cfg.replace(backend=BackendConfig()), tmp_path / "sim")
         sim_upd, sim_evals, _ = table_frames(tmp_path / "sim")
         pd.testing.assert_series_equal(upd.train_loss, sim_upd.train_loss, check_exact=True)
-        # The real server evaluates in a thread: one that fell behind (a loaded machine) takes
-        # its snapshot a version or two later than the simulator's inline evaluation, so the
-        # evaluations are compared where they saw the same version: the first and the final
-        # (inline) always do, and there the same parameters give the same errors.
-        both = evals.merge(sim_evals, on="version", suffixes=("", "_sim"))
-        assert {evals.version.iloc[0], evals.version.iloc[-1]} <= set(both.version)
-        pd.testing.assert_series_equal(both.test_error, both.test_error_sim, check_names=False)
+        check_same_evaluations(evals, sim_evals)
 
 
 def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):

@@ -2,7 +2,7 @@
 
 Reading: :func:`table_bytes` (the two tables as bytes: what "byte-identical" compares),
 :func:`table_frames` (the tables as DataFrames and the summary), :func:`summary_of`,
-:func:`lines`, :func:`row_count`; :func:`snapshot` and :func:`changed` (did anything in the folder
+:func:`lines`, :func:`row_count`; :func:`check_same_evaluations` (a real run's against the simulator's); :func:`snapshot` and :func:`changed` (did anything in the folder
 change, bytes or mtime). Damage: each ``*_line`` / ``edit_*`` / :func:`append_bytes` returns an edit,
 a function of the run folder that changes one file the way a crash, a disk or a hand would.
 """
@@ -21,6 +21,16 @@ def table_bytes(run_dir: Path) -> tuple[bytes, bytes]:
 def table_frames(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     return (pd.read_csv(run_dir / "updates.csv"), pd.read_csv(run_dir / "evals.csv"),
             json.loads((run_dir / "summary.json").read_text()))
+
+
+def check_same_evaluations(real: pd.DataFrame, sim: pd.DataFrame) -> None:
+    """A real run's evaluations equal the simulator's where they saw the same version. The real
+    server evaluates in a thread: one that fell behind (a loaded machine) snapshots a version or
+    two later than the simulator's inline evaluation; the first and the final evaluations are
+    inline in both, so they always meet."""
+    both = real.merge(sim, on="version", suffixes=("", "_sim"))
+    assert {real.version.iloc[0], real.version.iloc[-1]} <= set(both.version)
+    pd.testing.assert_series_equal(both.test_error, both.test_error_sim, check_names=False)
 
 
 def summary_of(run_dir: Path) -> dict:
