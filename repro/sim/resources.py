@@ -17,6 +17,16 @@ stated discipline:
   transfer gets an equal share of its bottleneck link, and what a transfer held back elsewhere
   leaves over goes to the others.
 * **the server's apply**: one push at a time, first come first served, as under ``dedicated``.
+* **one machine** (``cost.one_machine``): the server and every client on one host whose
+  ``devices_per_host`` cores they all share, as on a single-node loopback run. A push or fetch is
+  then CPU work too (a loopback transfer is a copy by the sending and the receiving process), so
+  the cores are shared by processor sharing among the computing clients (one share each) and the
+  transfers in flight (two shares each, one per end): with weight W in use every CPU stage runs
+  at min(1, d / W) of full speed, a transfer at the lesser of that and its links' share. The
+  server's evaluations are CPU work too (the real server evaluates in a thread): from each
+  evaluation on, ``cost.eval_s`` seconds of work take one share (an evaluation still running when
+  the next is due runs on for both). The apply (a tenth of a millisecond against milliseconds of
+  compute on digits) keeps its fixed time.
 
 A transfer is ``transfer_s`` (latency + bytes / bandwidth of its idle path) seconds of work at
 full speed, and sharing slows all of it, the latency too (0.1 ms of paper2013's 244 ms): so a
@@ -38,7 +48,8 @@ import math
 
 from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth
 
-FETCH, COMPUTE, PUSH = "fetch", "compute", "push"
+FETCH, COMPUTE, PUSH, EVAL = "fetch", "compute", "push", "eval"
+EVALUATOR = 0   # the stages' key of the server's evaluations (clients are 1, 2, ...)
 SERVER_IN, SERVER_OUT = "server:in", "server:out"
 
 
@@ -121,6 +132,7 @@ class ContendedScheduler:
     def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
         cost = model.cost
         self.model, self.nsync, self.devices = model, nsync, cost.devices_per_host
+        self.one_machine = cost.one_machine
         self.host = {k: i // cost.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
         self.capacity: dict[str, float] = {}
@@ -162,6 +174,21 @@ class ContendedScheduler:
 
     def check(self, client: int, read_version: int) -> None:
         pass   # any push the clock chose is one it foresaw
+
+    def evaluated(self, t: float) -> None:
+        """The server evaluates its parameters from ``t`` on (cost.one_machine: CPU work beside
+        the clients, cost.eval_s seconds of it; elsewhere an evaluation takes no time)."""
+        if not (self.one_machine and self.model.cost.eval_s > 0):
+            return
+        stage = self.stages.get(EVALUATOR)
+        if stage is None:
+            self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
+        else:   # the one evaluator is still busy: the next evaluation runs after this one
+            stage.set_rate(t, stage.rate)
+            stage.work += self.model.cost.eval_s
+            stage.set_rate(t, stage.rate)
+            heapq.heappush(self.ends, (stage.end, stage.seq, next(self.tick), EVALUATOR, stage))
+        self._rerate(t, (), ())
 
     def served(self, client: int, applied_at: float) -> None:
         """The reply (the client's fetch) leaves the server; then the client computes."""
@@ -219,6 +246,10 @@ class ContendedScheduler:
             return False
         client, stage = ends[0][3], ends[0][4]
         t = self.now = max(stage.end, self.now)   # a re-based stage never ends in the past
+        if stage.kind == EVAL:   # the server's evaluation ends: its share goes back
+            del self.stages[client]
+            self._rerate(t, (), ())
+            return True
         if stage.kind == FETCH:
             self._start(client, COMPUTE, t, stage.seq)
         elif stage.kind == COMPUTE:
@@ -235,6 +266,9 @@ class ContendedScheduler:
         """New rates, from ``t`` on, for the devices of ``hosts`` and the transfers in flight in
         ``directions`` (PUSH: up and in; FETCH: out and down; the links of one direction are
         not the other's); a stage whose rate is unchanged is left exactly as it is."""
+        if self.one_machine:   # every stage is CPU work on the one host: all rates move together
+            self._rerate_machine(t)
+            return
         for h in hosts:
             mine = [k for k, st in self.stages.items() if st.kind == COMPUTE and self.host[k] == h]
             rate = 1.0 if self.devices is None or len(mine) <= self.devices else self.devices / len(mine)
@@ -243,6 +277,15 @@ class ContendedScheduler:
         for direction in directions:
             for k, rate in self._flow_rates(direction).items():
                 self._set_rate(k, t, rate)
+
+    def _rerate_machine(self, t: float) -> None:
+        """cost.one_machine: the host's cores shared by every compute (weight 1) and transfer
+        (weight 2: both ends copy), each transfer also held to its links' share."""
+        weight = sum(2 if st.kind in (FETCH, PUSH) else 1 for st in self.stages.values())
+        cpu = 1.0 if weight <= self.devices else self.devices / weight
+        links = {**self._flow_rates(FETCH), **self._flow_rates(PUSH)}
+        for k in list(self.stages):
+            self._set_rate(k, t, min(cpu, links[k]) if k in links else cpu)
 
     def _set_rate(self, client: int, t: float, rate: float) -> None:
         stage = self.stages[client]
