@@ -164,7 +164,7 @@ def draw(table: pd.DataFrame, stale: pd.DataFrame, curves: pd.DataFrame):
                     ax.step(v, np.arange(1, len(v) + 1) / len(v), style, where="post", color=f"C{i}",
                             label=f"nsync {nsync}, {n} clients, {side}")
         ax.set(xlabel="staleness", ylabel="fraction of pushes", title=f"staleness ECDF, {link}")
-        ax.legend(fontsize="xx-small")
+        _legend(ax)
         ax = axes[1, j]
         c = curves[(curves.link == link) & (curves.nsync == curves.nsync.min()) & (curves.seed == curves.seed.min())]
         for i, (n, d) in enumerate(c.groupby("num_clients")):
@@ -173,9 +173,14 @@ def draw(table: pd.DataFrame, stale: pd.DataFrame, curves: pd.DataFrame):
                 ax.plot(e.time_s, e.train_error, style, color=f"C{i}", label=f"{n} clients, {side}")
         ax.set(xlabel="seconds (wall, or virtual)", ylabel="train error", yscale="log",
                title=f"error against time, {link}, nsync {int(c.nsync.min()) if len(c) else ''}")
-        ax.legend(fontsize="xx-small")
+        _legend(ax)
     fig.suptitle("The simulator against reality: fitted to each setting's one-client runs, predicting the rest")
     return fig
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:   # a panel with no line (no point of 2+ clients) has none
+        ax.legend(fontsize="xx-small")
 
 
 def write_figure(root: str | Path, out_dir: str | Path, stem: str = "sim_vs_real") -> list[Path]:
