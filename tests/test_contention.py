@@ -116,9 +116,10 @@ def test_an_evaluation_takes_a_share_of_the_machine():
     """One client on one core, free transfers. An evaluation of 1 s starts at 0: it and the
     compute share the core, both end at 2; the next compute runs alone [2, 3]. Without
     cost.one_machine an evaluation takes no time."""
-    def pushes(cost):
+    def pushes(cost, evaluations=1):
         s = ContendedScheduler(CostModel(cost, 0, param_bytes=4, step_s=1.0), [1], 1)
-        s.evaluated(0.0)
+        for _ in range(evaluations):
+            s.evaluated(0.0)
         out = []
         for _ in range(2):
             k, _, t = s.next()
@@ -126,6 +127,10 @@ def test_an_evaluation_takes_a_share_of_the_machine():
             s.served(k, t)
         return out
     assert pushes(machine(latency_s=0.0, devices_per_host=1, clients_per_host=1, eval_s=1.0)) == [(1, 2.0), (1, 3.0)]
+    # evaluations due while one runs are one more after it (the real evaluator's): [2, 4] beside
+    # the second compute, which ends at 4
+    busy = machine(latency_s=0.0, devices_per_host=1, clients_per_host=1, eval_s=1.0)
+    assert pushes(busy, evaluations=3) == [(1, 2.0), (1, 4.0)]
     assert pushes(machine(latency_s=0.0, devices_per_host=1, clients_per_host=1)) == [(1, 1.0), (1, 2.0)]
     assert pushes(shared(bandwidth_Bps=None, comm_params=None)) == [(1, 1.0), (1, 2.0)]
 

@@ -24,8 +24,9 @@ stated discipline:
   transfers in flight (two shares each, one per end): with weight W in use every CPU stage runs
   at min(1, d / W) of full speed, a transfer at the lesser of that and its links' share. The
   server's evaluations are CPU work too (the real server evaluates in a thread): from each
-  evaluation on, ``cost.eval_s`` seconds of work take one share (an evaluation still running when
-  the next is due runs on for both). The apply (a tenth of a millisecond against milliseconds of
+  evaluation on, ``cost.eval_s`` seconds of work take one share; evaluations due while one runs
+  make one more after it, as the real server's evaluator runs one at a time and the evaluations
+  it fell behind on collapse into one. The apply (a tenth of a millisecond against milliseconds of
   compute on digits) keeps its fixed time.
 
 A transfer is ``transfer_s`` (latency + bytes / bandwidth of its idle path) seconds of work at
@@ -132,7 +133,7 @@ class ContendedScheduler:
     def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
         cost = model.cost
         self.model, self.nsync, self.devices = model, nsync, cost.devices_per_host
-        self.one_machine = cost.one_machine
+        self.one_machine, self.eval_waiting = cost.one_machine, False
         self.host = {k: i // cost.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
         self.capacity: dict[str, float] = {}
@@ -180,14 +181,10 @@ class ContendedScheduler:
         the clients, cost.eval_s seconds of it; elsewhere an evaluation takes no time)."""
         if not (self.one_machine and self.model.cost.eval_s > 0):
             return
-        stage = self.stages.get(EVALUATOR)
-        if stage is None:
-            self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
-        else:   # the one evaluator is still busy: the next evaluation runs after this one
-            stage.set_rate(t, stage.rate)
-            stage.work += self.model.cost.eval_s
-            stage.set_rate(t, stage.rate)
-            heapq.heappush(self.ends, (stage.end, stage.seq, next(self.tick), EVALUATOR, stage))
+        if EVALUATOR in self.stages:   # the one evaluator is busy: one evaluation waits for it
+            self.eval_waiting = True
+            return
+        self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
         self._rerate(t, (), ())
 
     def served(self, client: int, applied_at: float) -> None:
@@ -209,7 +206,7 @@ class ContendedScheduler:
         return {"now": self.now, "seq": self.seq, "server_free": self.server_free,
                 "segments": [[k, v] for k, v in self.segments.items()],
                 "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
-                "arrived": [list(a) for a in self.arrived]}
+                "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting}
 
     def load_state_dict(self, state: dict) -> None:
         self.now, self.seq = float(state["now"]), int(state["seq"])
@@ -219,6 +216,7 @@ class ContendedScheduler:
         for k, kind, t0, work, rate, seq in state["stages"]:
             self.stages[int(k)] = Stage(str(kind), float(t0), float(work), float(rate), int(seq))
         self.arrived = [(float(t), int(s), int(c)) for t, s, c in state["arrived"]]
+        self.eval_waiting = bool(state.get("eval_waiting", False))
         self._reindex()
 
     # -- the clock ---------------------------------------------------------------------------
@@ -248,6 +246,9 @@ class ContendedScheduler:
         t = self.now = max(stage.end, self.now)   # a re-based stage never ends in the past
         if stage.kind == EVAL:   # the server's evaluation ends: its share goes back
             del self.stages[client]
+            if self.eval_waiting:   # evaluations due meanwhile are one, as the real server's
+                self.eval_waiting = False
+                self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
             self._rerate(t, (), ())
             return True
         if stage.kind == FETCH:
