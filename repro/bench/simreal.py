@@ -180,6 +180,48 @@ the target error lies inside the simulator's range over seeds."""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default=f"results/{EXP}",
                         help="the experiment's folder (default: %(default)s)")
+    parser.add_argument("--parts", action="store_true",
+                        help="also re-simulate each loopback point with parts of the machine's model "
+                             "left out (a device per client; shared cores alone; and transfers; and "
+                             "evaluations: the fit), in a temporary folder, and print each one's error")
+
+
+# what --parts leaves out of the fitted machine, from nothing modelled to all of it
+PARTS = (("dedicated", dict(topology="dedicated", clients_per_host=1, devices_per_host=None, one_machine=False, eval_s=0.0)),
+         ("cores", dict(one_machine=False, eval_s=0.0)),
+         ("+transfers", dict(eval_s=0.0)),
+         ("+evaluations", {}))
+
+
+def parts_table(root: Path):
+    """Samples/s error (median over seeds) of each loopback point re-simulated with each of
+    :data:`PARTS` of the fitted machine: how much of the clock each part explains."""
+    import tempfile
+
+    import pandas as pd
+
+    from repro.config.checks import from_dict
+    from repro.sim.driver import simulate
+
+    runs, _, _ = lab.read_runs(root)
+    predicted = runs[(runs.side == "predicted") & (runs.link == "loopback")]
+    measured = runs[(runs.side == "measured") & (runs.link == "loopback")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _, r in predicted.iterrows():
+            tree = lab._json(Path(r.run_dir) / schema.CONFIG_FILE)
+            tree.pop("fit", None)
+            cfg = from_dict({**tree, "cost": {**tree["cost"], "path": None}})
+            for name, change in PARTS:
+                run_dir = Path(tmp) / f"{name}-{Path(r.run_dir).name}"
+                simulate(cfg.replace(cost=dataclasses.replace(cfg.cost, **change)), run_dir)
+                rows.append({**{k: r[k] for k in ("nsync", "num_clients", "seed")}, "part": name,
+                             "samples_per_s": lab.samples_per_s(pd.read_csv(run_dir / schema.UPDATES_FILE))})
+    table = pd.DataFrame(rows).groupby(["nsync", "num_clients", "part"], sort=False).samples_per_s.median()
+    meas = measured.groupby(["nsync", "num_clients"]).samples_per_s.median()
+    out = table.unstack("part")[[name for name, _ in PARTS]]
+    return out.div(meas, axis=0).sub(1)
+
 
 
 def print_table(table) -> bool:
@@ -205,6 +247,7 @@ def print_table(table) -> bool:
     return ok
 
 
+
 def run(args: argparse.Namespace) -> int:
     root = Path(args.results)
     if not lab.run_dirs(root):
@@ -218,4 +261,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"python -m repro.bench simreal: no grid point in {root} has both a measured and a predicted run",
               file=sys.stderr)
         return 2
-    return 0 if print_table(table) else 1
+    ok = print_table(table)
+    if args.parts:
+        print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
+        print(parts_table(root).to_string(float_format=lambda x: f"{x:+.1%}"))
+    return 0 if ok else 1

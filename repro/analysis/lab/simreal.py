@@ -63,6 +63,12 @@ def run_dirs(root: Path) -> list[Path]:
     return out
 
 
+def samples_per_s(updates: pd.DataFrame) -> float:
+    """Samples per second of a run's updates.csv, from its first applied push to its last."""
+    span = updates.time_s.iloc[-1] - updates.time_s.iloc[0]
+    return float((updates.samples_seen.iloc[-1] - updates.samples_seen.iloc[0]) / span) if span > 0 else math.nan
+
+
 def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(runs, staleness, curves): one row per run (its side, link, grid point, seed, samples
     per second, mean staleness, time to target); one row per applied push (its staleness); one
@@ -78,8 +84,7 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
                "num_clients": int(config["num_clients"]), "seed": int(config["seed"])}
         updates = pd.read_csv(run_dir / schema.UPDATES_FILE)
         evals = pd.read_csv(run_dir / schema.EVALS_FILE)
-        span = updates.time_s.iloc[-1] - updates.time_s.iloc[0]
-        rate = (updates.samples_seen.iloc[-1] - updates.samples_seen.iloc[0]) / span if span > 0 else math.nan
+        rate = samples_per_s(updates)
         target = config.get("target_error")
         ttt = (summary.get("time_to_target") or {}).get(f"{target:g}") if target is not None else None
         runs.append({**key, "samples_per_s": rate, "staleness": float(updates.staleness.mean()),
