@@ -135,6 +135,19 @@ def test_an_evaluation_takes_a_share_of_the_machine():
     assert pushes(shared(bandwidth_Bps=None, comm_params=None)) == [(1, 1.0), (1, 2.0)]
 
 
+@pytest.mark.parametrize("clock", [CostScheduler, ContendedScheduler])
+def test_a_reply_that_holds_the_server_delays_the_next_push(clock):
+    """Two clients, steps of 1 s, transfers of 1 s, an instant apply. Both pushes arrive at 2.
+    With cost.reply_holds_server the server sends client 1's reply [2, 3] before it serves client
+    2 (applied at 3, reply [3, 4]); client 1 is back at 5, its reply keeps the server to 6, when
+    client 2's push arrives. Without it both are applied at 2, and at 5 again."""
+    cost = CostConfig(profile="t", compute_s=1.0, latency_s=1.0, reply_holds_server=True)
+    cost = dataclasses.replace(cost, topology="shared") if clock is ContendedScheduler else cost
+    assert schedule(cost, 2, 4, clock=clock) == [(1, 2.0), (2, 3.0), (1, 5.0), (2, 6.0)]
+    free = dataclasses.replace(cost, reply_holds_server=False)
+    assert schedule(free, 2, 4, clock=clock) == [(1, 2.0), (2, 2.0), (1, 5.0), (2, 5.0)]
+
+
 def test_max_min_shares_give_what_a_bottleneck_leaves_to_the_others():
     """Links a (capacity 4) and b (capacity 12): x crosses a and b, y and z cross b only. x is held
     to 2 on a (shared with w); b's 10 left go to y and z, 5 each; w gets a's other 2."""

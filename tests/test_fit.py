@@ -58,12 +58,14 @@ def test_a_recorded_machine_puts_the_fitted_clients_on_it(tmp_path):
     rec = record(tmp_path, "rec", None)
     config, summary = json.loads((rec / "config.json").read_text()), json.loads((rec / "summary.json").read_text())
     config["host"] = {"cpu_cores": 4, "torch_threads": 2, "clients_on_host": 1}
+    config["backend"]["name"] = "real"   # its server sent each reply before the next push
     (rec / "config.json").write_text(json.dumps(config))
     (rec / "summary.json").write_text(json.dumps({**summary, "eval_cpu_s": 0.03}))
     cfg, fit = fit_config(sim_cfg(num_clients=4, cost=CostConfig(profile="fit", path=str(rec))))
     cost = cfg.cost
     assert (cost.topology, cost.clients_per_host, cost.devices_per_host, cost.one_machine) == ("shared", 4, 2, True)
     assert cost.eval_s == pytest.approx(0.03) and "one machine of 2 cores" in fit["machine"]
+    assert cost.reply_holds_server and fit["reply_holds_server"]
     config["host"]["clients_on_host"] = 0   # torchrun: rank 0 alone on its node
     (rec / "config.json").write_text(json.dumps(config))
     link = CostConfig(profile="fit", path=str(rec), topology="shared", server_bandwidth_Bps=KNOWN.bandwidth_Bps)

@@ -146,6 +146,10 @@ class CostConfig:
     model's real size); lets a small model stand in for an AlexNet-sized one (paper2013)."""
     server_apply_s: float = knob(0.0, SECONDS)
     """Virtual seconds the server takes to apply one push; it serves one push at a time."""
+    reply_holds_server: bool = knob(False, Flag())
+    """The server sends each push's reply before it serves the next push, so the reply's transfer
+    keeps it busy (the real driver's Dispatcher holds its lock through the send; cost=fit sets it
+    for a real recording); false: only the apply does."""
     topology: str = knob("dedicated", Choice(TOPOLOGIES))
     """dedicated: every client has a host, a device and a link of its own (only the server's
     apply is shared); shared: clients on hosts share the host's devices and link, and every

@@ -12,7 +12,9 @@ estimates
   recording (its mean transit against its message bytes), a least-squares line through them.
   One message size alone cannot tell latency from bandwidth, so recordings of one size give the
   whole transit as latency and a free link (the record says so);
-* the server's ``server_apply_s`` (mean apply time).
+* the server's ``server_apply_s`` (mean apply time); a real recording's server sends each reply
+  before it serves the next push (``cost.reply_holds_server``: its Dispatcher holds its lock
+  through the send).
 
 The round trip's rest. ``timings.csv``'s five parts miss a little of each round trip (the
 client's copy of the fetched parameters, the server's reply before it is sent): the mean time
@@ -81,7 +83,7 @@ def message_bytes(config: dict) -> float:
 def fit_cost(paths: list[str], link_Bps: float | None = None) -> dict:
     """The fitted values and where they came from (the ``fit`` record); ``link_Bps``: the link's
     known bandwidth (latency is then what the transit has beyond the bytes' time)."""
-    steps, applies, points, pushes, hosts, evals = [], [], [], 0, [], []
+    steps, applies, points, pushes, hosts, evals, real = [], [], [], 0, [], [], []
     cvs = []
     for path in paths:
         t, config = _read(Path(path))
@@ -99,6 +101,7 @@ def fit_cost(paths: list[str], link_Bps: float | None = None) -> dict:
         transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
         points.append((message_bytes(config), float(np.mean(transit)) + round_trip_rest(t) / 2))
         hosts.append(config.get("host"))
+        real.append(config.get("backend", {}).get("name") == "real")
         evals.append(_summary(Path(path)).get("eval_cpu_s"))
         pushes += len(t)
     step = np.concatenate(steps)
@@ -124,7 +127,8 @@ def fit_cost(paths: list[str], link_Bps: float | None = None) -> dict:
             "jitter_sigma": sigma, "latency_s": latency, "bandwidth_Bps": bandwidth,
             "server_apply_s": float(np.concatenate(applies).mean()),
             "transit": [[b, s] for b, s in points], "note": note, "host": host,
-            "eval_cpu_s": float(np.mean(evals)) if evals and None not in evals else None}
+            "eval_cpu_s": float(np.mean(evals)) if evals and None not in evals else None,
+            "reply_holds_server": all(real)}
 
 
 def _summary(run_dir: Path) -> dict:
@@ -168,6 +172,6 @@ def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
     cost = dataclasses.replace(
         cfg.cost, compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
         jitter_sigma=fit["jitter_sigma"], latency_s=fit["latency_s"], bandwidth_Bps=fit["bandwidth_Bps"],
-        server_apply_s=fit["server_apply_s"])
+        server_apply_s=fit["server_apply_s"], reply_holds_server=fit["reply_holds_server"])
     cost, fit["machine"] = machine_cost(cost, fit, cfg.num_clients)
     return cfg.replace(cost=cost), fit

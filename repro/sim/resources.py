@@ -16,7 +16,10 @@ stated discipline:
   fairly** (processor sharing over paths, the fluid model of competing TCP flows): every
   transfer gets an equal share of its bottleneck link, and what a transfer held back elsewhere
   leaves over goes to the others.
-* **the server's apply**: one push at a time, first come first served, as under ``dedicated``.
+* **the server's apply**: one push at a time, first come first served, as under ``dedicated``;
+  with ``cost.reply_holds_server`` the server also sends the reply before it serves the next push
+  (the real driver's Dispatcher holds its lock through the send), so it is busy until the reply's
+  transfer ends.
 * **one machine** (``cost.one_machine``): the server and every client on one host whose
   ``devices_per_host`` cores they all share, as on a single-node loopback run. A push or fetch is
   then CPU work too (a loopback transfer is a copy by the sending and the receiving process), so
@@ -134,6 +137,7 @@ class ContendedScheduler:
         cost = model.cost
         self.model, self.nsync, self.devices = model, nsync, cost.devices_per_host
         self.one_machine, self.eval_waiting = cost.one_machine, False
+        self.replying: set[int] = set()   # clients whose reply holds the server (reply_holds_server)
         self.host = {k: i // cost.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
         self.capacity: dict[str, float] = {}
@@ -162,7 +166,7 @@ class ContendedScheduler:
 
     def next(self) -> tuple[int, int, float] | None:
         """(client, num_steps, apply-finished time) of the next push the server applies."""
-        while not self.arrived:
+        while not self.arrived or self.replying:   # cost.reply_holds_server: until sent
             if not self._step(math.inf):
                 raise RuntimeError("no push in flight: every client waits for a reply")
         arrive, _, client = self.arrived.pop(0)
@@ -191,6 +195,8 @@ class ContendedScheduler:
         """The reply (the client's fetch) leaves the server; then the client computes."""
         self.cancel(client)
         self._start(client, FETCH, applied_at, self._new_seq())
+        if self.model.cost.reply_holds_server:
+            self.replying.add(client)
         self._rerate(applied_at, (), (FETCH,))
 
     def cancel(self, client: int) -> None:
@@ -206,7 +212,8 @@ class ContendedScheduler:
         return {"now": self.now, "seq": self.seq, "server_free": self.server_free,
                 "segments": [[k, v] for k, v in self.segments.items()],
                 "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
-                "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting}
+                "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting,
+                "replying": sorted(self.replying)}
 
     def load_state_dict(self, state: dict) -> None:
         self.now, self.seq = float(state["now"]), int(state["seq"])
@@ -217,6 +224,7 @@ class ContendedScheduler:
             self.stages[int(k)] = Stage(str(kind), float(t0), float(work), float(rate), int(seq))
         self.arrived = [(float(t), int(s), int(c)) for t, s, c in state["arrived"]]
         self.eval_waiting = bool(state.get("eval_waiting", False))
+        self.replying = {int(k) for k in state.get("replying", [])}
         self._reindex()
 
     # -- the clock ---------------------------------------------------------------------------
@@ -252,6 +260,9 @@ class ContendedScheduler:
             self._rerate(t, (), ())
             return True
         if stage.kind == FETCH:
+            if client in self.replying:   # the reply is sent: the server may serve the next push
+                self.replying.discard(client)
+                self.server_free = max(self.server_free, t)
             self._start(client, COMPUTE, t, stage.seq)
         elif stage.kind == COMPUTE:
             self._start(client, PUSH, t, stage.seq)
