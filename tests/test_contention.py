@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
@@ -194,6 +195,10 @@ def test_one_client_alone_on_every_shared_resource_gives_todays_tables(tmp_path)
     simulate(run_cfg(num_clients=1, cost=CostConfig(profile="p", topology="shared", clients_per_host=4,
                                                      devices_per_host=1, **costs)), tmp_path / "shared")
     assert tables(tmp_path / "shared") == tables(tmp_path / "dedicated")
+    # and the shared clock's parts of each round trip are the dedicated clock's (to rounding:
+    # a stage's part is its end less its start)
+    timings = [pd.read_csv(tmp_path / side / "timings.csv") for side in ("shared", "dedicated")]
+    pd.testing.assert_frame_equal(*timings, rtol=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------

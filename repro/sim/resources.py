@@ -138,6 +138,10 @@ class ContendedScheduler:
         self.model, self.nsync, self.devices = model, nsync, cost.devices_per_host
         self.one_machine, self.eval_waiting = cost.one_machine, False
         self.replying: set[int] = set()   # clients whose reply holds the server (reply_holds_server)
+        # per client: the start of its stage, and its parts so far (timings.csv's columns)
+        self.started: dict[int, float] = {}
+        self.flight: dict[int, dict[str, float]] = {}
+        self.last_timing: dict | None = None
         self.host = {k: i // cost.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
         self.capacity: dict[str, float] = {}
@@ -172,10 +176,19 @@ class ContendedScheduler:
         arrive, _, client = self.arrived.pop(0)
         start = max(arrive, self.server_free)      # the server serves one push at a time
         self.server_free = start + self.model.server_apply_s
+        parts = self.flight.pop(client, {})
+        self.last_timing = {"to_client_s": parts.get(FETCH, 0.0), "compute_s": parts.get(COMPUTE, 0.0),
+                            "to_server_s": parts.get(PUSH, 0.0), "queue_s": start - arrive,
+                            "apply_s": self.model.server_apply_s}
         while self._step(self.server_free):        # what happens while it applies
             pass
         self.now = max(self.now, self.server_free)
         return client, self.nsync, self.server_free
+
+    def timing(self) -> dict | None:
+        """The virtual clock's parts of the push :meth:`next` returned (timings.csv): each stage
+        from its start to its end, however its rate changed on the way."""
+        return self.last_timing
 
     def check(self, client: int, read_version: int) -> None:
         pass   # any push the clock chose is one it foresaw
@@ -203,6 +216,7 @@ class ContendedScheduler:
         """Drop the client's push in flight (a sync round's backup worker, preempted): the
         resources it held are freed now; it starts over when it is served."""
         self.arrived = [a for a in self.arrived if a[2] != client]
+        self.flight.pop(client, None)
         stage = self.stages.pop(client, None)
         if stage is not None:
             computing = stage.kind == COMPUTE
@@ -213,7 +227,8 @@ class ContendedScheduler:
                 "segments": [[k, v] for k, v in self.segments.items()],
                 "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
                 "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting,
-                "replying": sorted(self.replying)}
+                "replying": sorted(self.replying), "started": [[k, v] for k, v in self.started.items()],
+                "flight": [[k, v] for k, v in self.flight.items()]}
 
     def load_state_dict(self, state: dict) -> None:
         self.now, self.seq = float(state["now"]), int(state["seq"])
@@ -225,6 +240,8 @@ class ContendedScheduler:
         self.arrived = [(float(t), int(s), int(c)) for t, s, c in state["arrived"]]
         self.eval_waiting = bool(state.get("eval_waiting", False))
         self.replying = {int(k) for k in state.get("replying", [])}
+        self.started = {int(k): float(v) for k, v in state.get("started", [])}
+        self.flight = {int(k): {str(a): float(b) for a, b in v.items()} for k, v in state.get("flight", [])}
         self._reindex()
 
     # -- the clock ---------------------------------------------------------------------------
@@ -242,6 +259,7 @@ class ContendedScheduler:
         else:
             work = self.model.transfer_s
         self.stages[client] = Stage(kind, t, work, 0.0, seq)
+        self.started[client] = t
 
     def _step(self, until: float) -> bool:
         """End the earliest stage if it ends at or before ``until``; False if none does."""
@@ -259,6 +277,7 @@ class ContendedScheduler:
                 self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
             self._rerate(t, (), ())
             return True
+        self.flight.setdefault(client, {})[stage.kind] = t - self.started[client]
         if stage.kind == FETCH:
             if client in self.replying:   # the reply is sent: the server may serve the next push
                 self.replying.discard(client)
