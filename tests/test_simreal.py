@@ -43,6 +43,8 @@ def fake_run(path, *, backend, clients, nsync, seed, host=None, fit_paths=None, 
                   "samples_seen": [10 * (i + 1) for i in range(n)],
                   "staleness": [stale] * n}).to_csv(path / "updates.csv", index=False)
     pd.DataFrame({"time_s": [0.0, 1.0], "train_error": [0.9, 0.04]}).to_csv(path / "evals.csv", index=False)
+    parts = {"to_client_s": 1e-3, "compute_s": 10 / rate - 2e-3, "to_server_s": 1e-3, "queue_s": 0.0, "apply_s": 0.0}
+    pd.DataFrame([parts] * n).to_csv(path / "timings.csv", index=False)
     return path
 
 
@@ -70,6 +72,9 @@ def test_the_table_pairs_each_grid_point_by_what_its_folders_recorded(tmp_path):
     assert table.loc[("loopback", 1)].samples_error == pytest.approx(0.1)
     assert pd.isna(table.loc[("loopback", 1)].ks_distance)   # one client: no staleness to compare
     assert table.loc[("link", 1)].time_to_target_inside
+    parts = lab.parts_table(runs)   # where the round trips went, side by side, in ms
+    assert parts.loc[("loopback", 1, 2), ("measured", "compute_s")] == pytest.approx(3.0)
+    assert parts.loc[("loopback", 1, 2), ("predicted", "to_client_s")] == pytest.approx(1.0)
     paths = lab.write_figure(tmp_path, tmp_path / "fig")
     assert [p.name for p in paths] == ["sim_vs_real.png", "sim_vs_real.pdf", "sim_vs_real.csv"]
     assert len(pd.read_csv(paths[-1])) == 3

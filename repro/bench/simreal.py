@@ -193,7 +193,7 @@ PARTS = (("dedicated", dict(topology="dedicated", clients_per_host=1, devices_pe
          ("+evaluations", {}))
 
 
-def parts_table(root: Path):
+def machine_parts(root: Path):
     """Samples/s error (median over seeds) of each loopback point re-simulated with each of
     :data:`PARTS` of the fitted machine: how much of the clock each part explains."""
     import tempfile
@@ -249,6 +249,8 @@ def print_table(table) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     root = Path(args.results)
     if not lab.run_dirs(root):
         results_dir, exp_name = root.parent, root.name
@@ -263,6 +265,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ok = print_table(table)
     if args.parts:
+        print("\nwhere a round trip went, ms (timings.csv means, median over seeds):")
+        with pd.option_context("display.width", 250, "display.max_columns", 20):
+            print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
         print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
-        print(parts_table(root).to_string(float_format=lambda x: f"{x:+.1%}"))
+        print(machine_parts(root).to_string(float_format=lambda x: f"{x:+.1%}"))
     return 0 if ok else 1

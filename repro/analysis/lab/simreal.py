@@ -95,6 +95,23 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     return pd.DataFrame(runs), cat(stale), cat(curves)
 
 
+PARTS = ["to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"]
+
+
+def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Where a round trip went, column by column (timings.csv): per grid point and side, the
+    mean of each part in milliseconds (median over seeds), measured beside predicted."""
+    rows = []
+    for _, r in runs.iterrows():
+        t = pd.read_csv(Path(r.run_dir) / schema.TIMINGS_FILE)
+        rows.append({**{k: r[k] for k in (*KEYS, "side", "seed")}, **(t[PARTS].mean() * 1000).to_dict()})
+    if not rows:
+        return pd.DataFrame()
+    means = pd.DataFrame(rows).groupby([*KEYS, "side"])[PARTS].median()
+    wide = means.unstack("side").swaplevel(axis=1)
+    return wide.reindex(columns=pd.MultiIndex.from_product([["measured", "predicted"], PARTS]))
+
+
 def ks_distance(a, b) -> float:
     """Two-sample Kolmogorov-Smirnov distance: the largest gap between the empirical CDFs."""
     a, b = np.sort(np.asarray(a, float)), np.sort(np.asarray(b, float))
