@@ -100,16 +100,19 @@ PARTS = ["to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"]
 
 def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Where a round trip went, column by column (timings.csv): per grid point and side, the
-    mean of each part in milliseconds (median over seeds), measured beside predicted."""
+    mean of each part and of their sum in milliseconds (median over seeds), measured beside
+    predicted."""
     rows = []
     for _, r in runs.iterrows():
         t = pd.read_csv(Path(r.run_dir) / schema.TIMINGS_FILE)
-        rows.append({**{k: r[k] for k in (*KEYS, "side", "seed")}, **(t[PARTS].mean() * 1000).to_dict()})
+        means = (t[PARTS].mean() * 1000).to_dict()
+        rows.append({**{k: r[k] for k in (*KEYS, "side", "seed")}, **means, "round_trip": sum(means.values())})
     if not rows:
         return pd.DataFrame()
-    means = pd.DataFrame(rows).groupby([*KEYS, "side"])[PARTS].median()
+    columns = [*PARTS, "round_trip"]
+    means = pd.DataFrame(rows).groupby([*KEYS, "side"])[columns].median()
     wide = means.unstack("side").swaplevel(axis=1)
-    return wide.reindex(columns=pd.MultiIndex.from_product([["measured", "predicted"], PARTS]))
+    return wide.reindex(columns=pd.MultiIndex.from_product([["measured", "predicted"], columns]))
 
 
 def ks_distance(a, b) -> float:
