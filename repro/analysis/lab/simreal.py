@@ -10,9 +10,10 @@ real run is on the limited link when its server's host held none of its clients 
 ``host``, written by the real driver); a simulated run belongs to the link of the recording its
 cost model was fitted to (config.json's ``fit.paths``).
 
-Samples per second are counted from the first applied push to the last, on both sides: a real
-run's first push comes after its processes' start-up (tens of milliseconds, no part of the
-clock the simulator models), which in runs of a second would otherwise weigh on the rate.
+Samples per second are counted from the first applied push to the last, and time to target from
+the first applied push, on both sides: a real run's first push comes after its processes'
+start-up (its first steps take tens of milliseconds longer: no part of the clock the simulator
+models), which in runs of a second would otherwise weigh on both.
 """
 from __future__ import annotations
 
@@ -87,8 +88,9 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
         rate = samples_per_s(updates)
         target = config.get("target_error")
         ttt = (summary.get("time_to_target") or {}).get(f"{target:g}") if target is not None else None
+        start = float(updates.time_s.iloc[0])   # both sides' clocks from their first applied push
         runs.append({**key, "samples_per_s": rate, "staleness": float(updates.staleness.mean()),
-                     "time_to_target_s": math.nan if ttt is None else float(ttt), "run_dir": str(run_dir)})
+                     "time_to_target_s": math.nan if ttt is None else float(ttt) - start, "run_dir": str(run_dir)})
         stale.append(pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}))
         curves.append(pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
     cat = (lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame())
