@@ -180,10 +180,15 @@ the target error lies inside the simulator's range over seeds."""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default=f"results/{EXP}",
                         help="the experiment's folder (default: %(default)s)")
+    parser.add_argument("--machine", action="store_true",
+                        help="first measure what this machine gives now: samples/s of 1, 2 and 4 bare "
+                             "training loops side by side (no server, no messages), and the cores they "
+                             "add up to (other jobs' load lowers it below the cores the run may use)")
     parser.add_argument("--parts", action="store_true",
                         help="also re-simulate each loopback point with parts of the machine's model "
                              "left out (a device per client; shared cores alone; and transfers; and "
-                             "evaluations: the fit), in a temporary folder, and print each one's error")
+                             "evaluations: the fit; with --machine also the fit on the cores bare loops "
+                             "got now), in a temporary folder, and print each one's error")
 
 
 # what --parts leaves out of the fitted machine, from nothing modelled to all of it
@@ -193,9 +198,11 @@ PARTS = (("dedicated", dict(topology="dedicated", clients_per_host=1, devices_pe
          ("+evaluations", {}))
 
 
-def machine_parts(root: Path):
+def machine_parts(root: Path, cores: float | None = None):
     """Samples/s error (median over seeds) of each loopback point re-simulated with each of
-    :data:`PARTS` of the fitted machine: how much of the clock each part explains."""
+    :data:`PARTS` of the fitted machine: how much of the clock each part explains; with
+    ``cores`` (what bare loops side by side got, :func:`machine_now`) also the fit on that many
+    cores (rounded) instead of those the run could use: how much other jobs' load explains."""
     import tempfile
 
     import pandas as pd
@@ -212,14 +219,15 @@ def machine_parts(root: Path):
             tree = lab._json(Path(r.run_dir) / schema.CONFIG_FILE)
             tree.pop("fit", None)
             cfg = from_dict({**tree, "cost": {**tree["cost"], "path": None}})
-            for name, change in PARTS:
+            variants = PARTS if cores is None else (*PARTS, ("now", dict(devices_per_host=max(1, round(cores)))))
+            for name, change in variants:
                 run_dir = Path(tmp) / f"{name}-{Path(r.run_dir).name}"
                 simulate(cfg.replace(cost=dataclasses.replace(cfg.cost, **change)), run_dir)
                 rows.append({**{k: r[k] for k in ("nsync", "num_clients", "seed")}, "part": name,
                              "samples_per_s": lab.samples_per_s(pd.read_csv(run_dir / schema.UPDATES_FILE))})
     table = pd.DataFrame(rows).groupby(["nsync", "num_clients", "part"], sort=False).samples_per_s.median()
     meas = measured.groupby(["nsync", "num_clients"]).samples_per_s.median()
-    out = table.unstack("part")[[name for name, _ in PARTS]]
+    out = table.unstack("part")[[name for name, _ in PARTS] + ([] if cores is None else ["now"])]
     return out.div(meas, axis=0).sub(1)
 
 
@@ -248,9 +256,25 @@ def print_table(table) -> bool:
 
 
 
+def machine_now() -> float:
+    """Bare training loops side by side: the cores this machine gives the runs right now, which
+    the fit takes to be the cores they may use (os.sched_getaffinity)."""
+    from repro.bench.real import _plain_rate
+
+    one, cores = _plain_rate(1), {}
+    print(f"bare training loops side by side (digits_cnn, one thread each): 1: {one:.0f} samples/s", end="")
+    for k in (2, 4):
+        rate = _plain_rate(k)
+        cores[k] = rate / one
+        print(f"; {k}: {rate:.0f} samples/s = {cores[k]:.2f} cores", end="")
+    print(flush=True)
+    return max(cores.values())
+
+
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    cores = machine_now() if args.machine else None
     root = Path(args.results)
     if not lab.run_dirs(root):
         results_dir, exp_name = root.parent, root.name
@@ -269,5 +293,5 @@ def run(args: argparse.Namespace) -> int:
         with pd.option_context("display.width", 250, "display.max_columns", 20):
             print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
         print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
-        print(machine_parts(root).to_string(float_format=lambda x: f"{x:+.1%}"))
+        print(machine_parts(root, cores).to_string(float_format=lambda x: f"{x:+.1%}"))
     return 0 if ok else 1
