@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from repro.analysis.lab import simreal as lab
+from repro.bench.__main__ import main
 from tests.helpers.paths import ROOT
 
 
@@ -48,7 +49,7 @@ def fake_run(path, *, backend, clients, nsync, seed, host=None, fit_paths=None, 
     return path
 
 
-def test_the_table_pairs_each_grid_point_by_what_its_folders_recorded(tmp_path):
+def test_the_table_pairs_each_grid_point_by_what_its_folders_recorded(tmp_path, capsys):
     one = {"cpu_cores": 2, "torch_threads": 1}
     r1 = fake_run(tmp_path / "a", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1},
                   rate=1000.0, ttt=1.0)
@@ -78,6 +79,10 @@ def test_the_table_pairs_each_grid_point_by_what_its_folders_recorded(tmp_path):
     paths = lab.write_figure(tmp_path, tmp_path / "fig")
     assert [p.name for p in paths] == ["sim_vs_real.png", "sim_vs_real.pdf", "sim_vs_real.csv"]
     assert len(pd.read_csv(paths[-1])) == 3
+    # the benchmark prints each point against the targets; a missed one is exit status 1
+    assert main(["simreal", "--results", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "loopback      1       2      2000      1500  -25.0% FAIL" in out and "+100.0% FAIL" in out
 
 
 @pytest.mark.slow
