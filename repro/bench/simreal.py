@@ -92,7 +92,7 @@ class SimVsReal(Callback):
         jobs = grid_jobs(config)
         swept = set(jobs[0]) if jobs else set()
         task = [o for o in config.hydra.overrides.task if o.split("=", 1)[0] not in swept
-                and not o.lstrip("+~").startswith(("exp", "hydra", "num_epochs", "results_dir", "figures_dir"))]
+                and not o.lstrip("+~").startswith(("exp", "hydra", "num_epochs", "results_dir", "figures_dir", "progress"))]
         links = ["loopback"]
         if "link" in self.links:
             links += self.run_link(base, root, jobs, task)
