@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
@@ -87,6 +88,67 @@ def test_clients_on_one_device_share_it_by_processor_sharing():
     assert schedule(two, 2, 2) == [(1, 1.5), (2, 2.0)]   # a device each: nothing shared
 
 
+def machine(**kw) -> CostConfig:
+    """cost.one_machine: steps of 1 s, a transfer of 1 s alone (latency only, no link), two
+    cores for the server, two clients and their transfers."""
+    base = dict(profile="t", compute_s=1.0, latency_s=1.0, topology="shared", clients_per_host=2,
+                devices_per_host=2, one_machine=True)
+    return CostConfig(**{**base, **kw})
+
+
+def test_one_machine_transfers_take_two_shares_of_the_cores():
+    """Two clients on two cores compute [0, 1] at full speed. Their two pushes are a weight of 4
+    (both ends of each copy) on 2 cores: half speed, both arrive at 3 (at 2 with the cores shared
+    by the computes alone). Fetches [3, 5] the same way, computes [5, 6], pushes [6, 8]."""
+    assert schedule(machine(), 2, 4) == [(1, 3.0), (2, 3.0), (1, 8.0), (2, 8.0)]
+    cores_only = machine(one_machine=False)
+    assert schedule(cores_only, 2, 4) == [(1, 2.0), (2, 2.0), (1, 5.0), (2, 5.0)]
+
+
+def test_one_client_on_a_machine_of_two_cores_is_the_dedicated_clock():
+    """A compute (weight 1) or a transfer (weight 2) alone never exceeds two cores."""
+    dedicated = CostConfig(profile="t", compute_s=1.0, latency_s=1.0, server_apply_s=0.25,
+                           jitter="lognormal", jitter_sigma=0.5)
+    one = dataclasses.replace(machine(server_apply_s=0.25, jitter="lognormal", jitter_sigma=0.5), clients_per_host=1)
+    assert schedule(one, 1, 20) == schedule(dedicated, 1, 20, clock=CostScheduler)
+
+
+def test_an_evaluation_takes_a_share_of_the_machine():
+    """One client on one core, free transfers. An evaluation of 1 s starts at 0: it and the
+    compute share the core, both end at 2; the next compute runs alone [2, 3]. Without
+    cost.one_machine an evaluation takes no time."""
+    def pushes(cost, evaluations=1):
+        s = ContendedScheduler(CostModel(cost, 0, param_bytes=4, step_s=1.0), [1], 1)
+        for _ in range(evaluations):
+            s.evaluated(0.0)
+        out = []
+        for _ in range(2):
+            k, _, t = s.next()
+            out.append((k, t))
+            s.served(k, t)
+        return out
+    assert pushes(machine(latency_s=0.0, devices_per_host=1, clients_per_host=1, eval_s=1.0)) == [(1, 2.0), (1, 3.0)]
+    # evaluations due while one runs are one more after it (the real evaluator's): [2, 4] beside
+    # the second compute, which ends at 4
+    busy = machine(latency_s=0.0, devices_per_host=1, clients_per_host=1, eval_s=1.0)
+    assert pushes(busy, evaluations=3) == [(1, 2.0), (1, 4.0)]
+    assert pushes(machine(latency_s=0.0, devices_per_host=1, clients_per_host=1)) == [(1, 1.0), (1, 2.0)]
+    assert pushes(shared(bandwidth_Bps=None, comm_params=None)) == [(1, 1.0), (1, 2.0)]
+
+
+@pytest.mark.parametrize("clock", [CostScheduler, ContendedScheduler])
+def test_a_reply_that_holds_the_server_delays_the_next_push(clock):
+    """Two clients, steps of 1 s, transfers of 1 s, an instant apply. Both pushes arrive at 2.
+    With cost.reply_holds_server the server sends client 1's reply [2, 3] before it serves client
+    2 (applied at 3, reply [3, 4]); client 1 is back at 5, its reply keeps the server to 6, when
+    client 2's push arrives. Without it both are applied at 2, and at 5 again."""
+    cost = CostConfig(profile="t", compute_s=1.0, latency_s=1.0, reply_holds_server=True)
+    cost = dataclasses.replace(cost, topology="shared") if clock is ContendedScheduler else cost
+    assert schedule(cost, 2, 4, clock=clock) == [(1, 2.0), (2, 3.0), (1, 5.0), (2, 6.0)]
+    free = dataclasses.replace(cost, reply_holds_server=False)
+    assert schedule(free, 2, 4, clock=clock) == [(1, 2.0), (2, 2.0), (1, 5.0), (2, 5.0)]
+
+
 def test_max_min_shares_give_what_a_bottleneck_leaves_to_the_others():
     """Links a (capacity 4) and b (capacity 12): x crosses a and b, y and z cross b only. x is held
     to 2 on a (shared with w); b's 10 left go to y and z, 5 each; w gets a's other 2."""
@@ -133,6 +195,10 @@ def test_one_client_alone_on_every_shared_resource_gives_todays_tables(tmp_path)
     simulate(run_cfg(num_clients=1, cost=CostConfig(profile="p", topology="shared", clients_per_host=4,
                                                      devices_per_host=1, **costs)), tmp_path / "shared")
     assert tables(tmp_path / "shared") == tables(tmp_path / "dedicated")
+    # and the shared clock's parts of each round trip are the dedicated clock's (to rounding:
+    # a stage's part is its end less its start)
+    timings = [pd.read_csv(tmp_path / side / "timings.csv") for side in ("shared", "dedicated")]
+    pd.testing.assert_frame_equal(*timings, rtol=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +268,11 @@ BAD = [
     # a topology key that would be ignored is refused, naming the setting that makes it act
     (["cost.clients_per_host=4"], "cost.clients_per_host", "cost.topology=shared"),
     (["cost.server_bandwidth_Bps=1e9"], "cost.server_bandwidth_Bps", "cost.topology=shared"),
+    (["cost.one_machine=true"], "cost.one_machine", "cost.topology=shared"),
+    (["cost.topology=shared", "cost.one_machine=true"], "cost.devices_per_host", "cost.one_machine=true"),
+    (["cost.topology=shared", "cost.one_machine=true", "cost.devices_per_host=2", "num_clients=4",
+      "cost.clients_per_host=2"], "cost.clients_per_host", "at least num_clients=4"),
+    (["cost.topology=shared", "cost.eval_s=0.1"], "cost.eval_s", "cost.one_machine=true"),
 ]
 
 

@@ -13,6 +13,7 @@ import pytest
 from repro.config.settings import CostConfig
 from repro.errors import ConfigError
 from repro.sim.driver import simulate
+from repro.sim.fit import fit_config
 from tests.helpers.runs import sim_cfg
 
 KNOWN = CostConfig(profile="known", compute_s=0.01, jitter="lognormal", jitter_sigma=0.2,
@@ -47,3 +48,28 @@ def test_fit_refuses_too_few_pushes(tmp_path):
     with pytest.raises(ConfigError, match="at least 20 pushes") as err:
         simulate(cfg, tmp_path / "fitted")
     assert err.value.key == "cost.path" and not (tmp_path / "fitted").exists()
+
+
+def test_a_recorded_machine_puts_the_fitted_clients_on_it(tmp_path):
+    """A recording whose config.json says its clients shared the server's host (a single-node
+    run's ``host`` record) is simulated on one machine of its cores, its evaluations' CPU time
+    (summary ``eval_cpu_s``) taking their share; one whose clients were on another node, on one
+    host of its cores beside the server's. A known link rate leaves the latency as the rest."""
+    rec = record(tmp_path, "rec", None)
+    config, summary = json.loads((rec / "config.json").read_text()), json.loads((rec / "summary.json").read_text())
+    config["host"] = {"cpu_cores": 4, "torch_threads": 2, "clients_on_host": 1}
+    config["backend"]["name"] = "real"   # its server sent each reply before the next push
+    (rec / "config.json").write_text(json.dumps(config))
+    (rec / "summary.json").write_text(json.dumps({**summary, "eval_cpu_s": 0.03}))
+    cfg, fit = fit_config(sim_cfg(num_clients=4, cost=CostConfig(profile="fit", path=str(rec))))
+    cost = cfg.cost
+    assert (cost.topology, cost.clients_per_host, cost.devices_per_host, cost.one_machine) == ("shared", 4, 2, True)
+    assert cost.eval_s == pytest.approx(0.03) and "one machine of 2 cores" in fit["machine"]
+    assert cost.reply_holds_server and fit["reply_holds_server"]
+    config["host"]["clients_on_host"] = 0   # torchrun: rank 0 alone on its node
+    (rec / "config.json").write_text(json.dumps(config))
+    link = CostConfig(profile="fit", path=str(rec), topology="shared", server_bandwidth_Bps=KNOWN.bandwidth_Bps)
+    cfg, fit = fit_config(sim_cfg(num_clients=2, cost=link))
+    assert (cfg.cost.one_machine, cfg.cost.eval_s, cfg.cost.clients_per_host) == (False, 0.0, 2)
+    assert cfg.cost.server_bandwidth_Bps == KNOWN.bandwidth_Bps and cfg.cost.bandwidth_Bps is None
+    assert cfg.cost.latency_s == pytest.approx(KNOWN.latency_s, rel=0.10)

@@ -276,12 +276,28 @@ def test_bench_grid_commands_differ_only_in_the_launcher(tmp_path):
 # Every experiment grid: parallel by default, with progress and a clean Ctrl-C
 # ---------------------------------------------------------------------------------------------
 
-GRIDS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml") if "MULTIRUN" in p.read_text())
+GRIDS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml") if "MULTIRUN" in p.read_text()
+               and "override /backend: real" not in p.read_text())
+# grids of real runs run one point after another: each real run needs the machine's cores
+REAL_GRIDS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml") if "MULTIRUN" in p.read_text()
+                    and "override /backend: real" in p.read_text())
 
 
 def test_every_grid_experiment_is_found():
     assert {"fig1", "fig2", "fig3", "fig4", "staleness", "fig3_paper", "fig4_paper", "stability",
             "momentum", "sync_vs_async", "mitigation"} <= set(GRIDS)
+
+
+@pytest.mark.parametrize("exp", REAL_GRIDS)
+def test_a_grid_of_real_runs_runs_one_point_at_a_time_with_progress_and_its_pipeline(exp):
+    from repro.run import compose
+
+    full = compose([f"+exp={exp}"], return_hydra_config=True)
+    assert full.backend.name == "real" and str(full.hydra.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
+    assert full.hydra.launcher._target_.endswith("BasicLauncher")
+    callbacks = full.hydra.callbacks
+    assert list(callbacks)[-1] == "grid" and callbacks.grid._target_ == "repro.grid.Grid"
+    assert callbacks[list(callbacks)[0]]._target_ == "repro.bench.simreal.SimVsReal"
 
 
 @pytest.mark.parametrize("exp", GRIDS)

@@ -1,9 +1,9 @@
-"""The benchmarks' command line: ``python -m repro.bench {sim,real,grid}``.
+"""The benchmarks' command line: ``python -m repro.bench {sim,real,grid,simreal}``.
 
 Each benchmark prints ratios measured in one run (never asserted by tests; wall times vary by
 machine); README.md (section Benchmarks) has the targets and our measured numbers. One
 subcommand per benchmark (:mod:`repro.bench.sim`, :mod:`repro.bench.real`,
-:mod:`repro.bench.grid`), each owning its options; the help is plain text written for users
+:mod:`repro.bench.grid`, :mod:`repro.bench.simreal`), each owning its options; the help is plain text written for users
 (``DESCRIPTION``, ``SIM_DESCRIPTION``, ``bench_real.DESCRIPTION``, ``bench_grid.DESCRIPTION``),
 not these docstrings.
 """
@@ -15,6 +15,7 @@ import sys
 from repro.bench import grid as bench_grid
 from repro.bench import positive
 from repro.bench import real as bench_real
+from repro.bench import simreal as bench_simreal
 from repro.bench.sim import SIM_DESCRIPTION, TARGET_SIM, bench_sim
 from repro.errors import ConfigError
 
@@ -25,10 +26,10 @@ each ratio against its target with PASS or FAIL. Ratios on a busy machine move
 by about 10% between runs."""
 
 EPILOG = """\
-'python -m repro.bench sim --help', 'python -m repro.bench real --help' and
-'python -m repro.bench grid --help' say more about each benchmark and list its
-options. Exit status: 0 when every ratio meets its target, 1 when one does
-not, 2 on a usage error."""
+'python -m repro.bench sim --help', 'python -m repro.bench real --help',
+'python -m repro.bench grid --help' and 'python -m repro.bench simreal --help'
+say more about each benchmark and list its options. Exit status: 0 when every
+ratio meets its target, 1 when one does not, 2 on a usage error."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter   # keep the hand-wrapped paragraphs
     parser = argparse.ArgumentParser(prog="python -m repro.bench", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=raw)
-    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real,grid}", title="benchmarks")
+    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real,grid,simreal}", title="benchmarks")
     sim = sub.add_parser("sim", formatter_class=raw, description=SIM_DESCRIPTION,
                          help=f"simulator overhead: simulator wall time / a plain training loop "
                               f"taking the same steps (target <= {TARGET_SIM:.2f})")
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"grid launchers: one figure's grid run one point after another / in "
                                f"parallel, one job per core (target >= {bench_grid.TARGET} on 2 cores)")
     bench_grid.add_arguments(grid)
+    simreal = sub.add_parser("simreal", formatter_class=raw, description=bench_simreal.DESCRIPTION,
+                             help="the simulator against real runs (+exp=sim_vs_real): predicted / measured "
+                                  "samples/s within 15%%, staleness within 10%% and KS < 0.1, time to target")
+    bench_simreal.add_arguments(simreal)
     return parser
 
 
@@ -72,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.which == "grid":
         return bench_grid.run(args)
+    if args.which == "simreal":
+        return bench_simreal.run(args)
     return bench_real.run(args)
 
 

@@ -194,7 +194,7 @@ def check_segment(cfg: RunConfig, num_train: int) -> None:
 
 
 SHARED_ONLY = {"clients_per_host": 1, "devices_per_host": None, "host_bandwidth_Bps": None,
-               "server_bandwidth_Bps": None}   # their values under cost.topology=dedicated
+               "server_bandwidth_Bps": None, "one_machine": False, "eval_s": 0.0}   # their values under cost.topology=dedicated
 
 
 def _check_topology(cfg: RunConfig) -> None:
@@ -212,6 +212,14 @@ def _check_topology(cfg: RunConfig) -> None:
         raise ConfigError("cost.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or at "
                           f"least {cfg.num_clients} (clients fill hosts of cost.clients_per_host in order, "
                           "every host full, or all of them on one host)")
+    if cost.one_machine and (cost.devices_per_host is None or per_host < cfg.num_clients):
+        key, value = ("cost.devices_per_host", None) if cost.devices_per_host is None else \
+            ("cost.clients_per_host", per_host)
+        raise ConfigError(key, value, f"{'a number of cores' if value is None else f'at least num_clients={cfg.num_clients}'} "
+                          "with cost.one_machine=true (the server and every client share one host's cores)")
+    if cost.eval_s and not cost.one_machine:
+        raise ConfigError("cost.eval_s", cost.eval_s, "0 unless cost.one_machine=true (an evaluation takes "
+                          "time only from the cores the server shares with its clients)")
 
 
 def _check_elastic(cfg: RunConfig) -> None:

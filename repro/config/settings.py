@@ -146,6 +146,10 @@ class CostConfig:
     model's real size); lets a small model stand in for an AlexNet-sized one (paper2013)."""
     server_apply_s: float = knob(0.0, SECONDS)
     """Virtual seconds the server takes to apply one push; it serves one push at a time."""
+    reply_holds_server: bool = knob(False, Flag())
+    """The server sends each push's reply before it serves the next push, so the reply's transfer
+    keeps it busy (the real driver's Dispatcher holds its lock through the send; cost=fit sets it
+    for a real recording); false: only the apply does."""
     topology: str = knob("dedicated", Choice(TOPOLOGIES))
     """dedicated: every client has a host, a device and a link of its own (only the server's
     apply is shared); shared: clients on hosts share the host's devices and link, and every
@@ -162,6 +166,14 @@ class CostConfig:
     server_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
     """shared: bytes/s of the server's link, each way (full duplex: pushes in, fetches out),
     shared by every transfer; null: bandwidth_Bps."""
+    one_machine: bool = knob(False, Flag())
+    """shared: the server and all clients run on one machine (one host holding every client)
+    whose devices_per_host cores they share: a push or fetch is a loopback copy, CPU work of both
+    its ends, so it takes two shares of the cores beside the computing clients (repro/sim/resources.py)."""
+    eval_s: float = knob(0.0, SECONDS)
+    """one_machine: CPU seconds of one evaluation of the server's parameters, which then takes one
+    share of the cores from each evaluation on (the real server evaluates in a thread beside its
+    clients); 0: evaluations cost no time, as elsewhere in the simulator."""
     path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
     """With profile 'replay': the recorded run folder whose update order is replayed. With the
     events schedule (cost=fit): recorded run folders, ':'-separated, whose timings.csv the cost
@@ -397,9 +409,10 @@ def _lists(tree: Any) -> Any:
     return list(tree) if isinstance(tree, tuple) else tree
 
 
-# what config.json holds beside the settings: what identity depends on (repro.runtime), and what
-# is trained (repro.problem.build.Problem.recorded)
-RECORDED_ONLY = ("environment", "network", "dataset")
+# what config.json holds beside the settings: what identity depends on (repro.runtime), what
+# is trained (repro.problem.build.Problem.recorded), and where a real run's server ran (the
+# real driver's host record: what cost=fit needs to model the machine, repro.sim.fit)
+RECORDED_ONLY = ("environment", "network", "dataset", "host")
 
 # what is per client, for a config's clients and the clients that join later
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,7 @@ class Evaluator:
         self._results: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._outstanding = 0   # submitted, result not yet polled
+        self.cpu_s: list[float] = []   # CPU seconds of each evaluation (cost=fit's eval_s)
 
     @property
     def busy(self) -> bool:
@@ -96,6 +98,9 @@ class Evaluator:
         self._thread.start()
 
     def _evaluate(self, req: EvalRequest) -> None:
+        # CPU time of this thread, not wall time: what an evaluation takes from the machine's
+        # cores, however long the clients beside it made it wait
+        start = time.thread_time()
         try:
             if not bool(torch.isfinite(req.params).all()):
                 result: dict | Exception = {"nonfinite": True}
@@ -103,6 +108,7 @@ class Evaluator:
                 result = evaluate(self.net, req.params, self.sets)
         except Exception as exc:  # reported to the core, which fails the run with it
             result = exc
+        self.cpu_s.append(time.thread_time() - start)
         self._results.put((req, result))
 
     def poll(self, wait: bool = False) -> list:

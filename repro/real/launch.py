@@ -47,6 +47,7 @@ import threading
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from repro.config.checks import validate
@@ -99,7 +100,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
         resume = run.checkpoint("real", device)
         problem = build_problem(cfg, device)
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,
-                                  eval_in_thread=cfg.backend.eval_in_thread)
+                                  eval_in_thread=cfg.backend.eval_in_thread, measured={"host": host_record(cfg, env)})
         procs: dict = {}
         try:
             channels = _start_world(cfg, core, store, procs, run.stop, _handover(problem.dataset))
@@ -118,6 +119,15 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
                      f"python -m repro.run backend=real <this run's overrides> backend.join={address}")
         return _serve(loop, procs)
     return run.summary
+
+
+def host_record(cfg: RunConfig, env: TorchrunEnv | None) -> dict:
+    """The server's host, as cost=fit needs it (config.json's ``host``): the cores this process
+    may run on, torch threads per process, and how many of the run's clients share the host (all
+    when spawned on one node; under torchrun the other ranks of rank 0's node)."""
+    local = cfg.num_clients if env is None else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu_cores": cores, "torch_threads": torch.get_num_threads(), "clients_on_host": local}
 
 
 def _serve(loop: Dispatcher, procs: dict) -> dict:

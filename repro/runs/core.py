@@ -340,6 +340,8 @@ class RunCore:
             extra["discarded_pushes"] = self.discarded
         if self.collected or getattr(type(self.protocol), "collects", False):
             extra["collected_pushes"] = self.collected
+        if self.kind == "real" and self.evaluator.cpu_s:   # what cost=fit's cost.eval_s reads
+            extra["eval_cpu_s"] = sum(self.evaluator.cpu_s) / len(self.evaluator.cpu_s)
         summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
                                             **extra)
         self.runlog.close()

@@ -10,7 +10,7 @@ the order in which the server applies pushes; every schedule has the interface o
 * :class:`CostScheduler` -- ``cost.topology=dedicated`` (the default): every client has a host, a
   device and a link of its own, so its push arrives at fetch + compute + transfer; an event queue
   of push arrivals ordered by (time, sequence number); the server serves one push at a time,
-  first come first served;
+  first come first served (and, with ``cost.reply_holds_server``, sends its reply before the next);
 * :class:`repro.sim.resources.ContendedScheduler` -- ``cost.topology=shared``: the same, with the
   devices and links that clients share as queues in virtual time (processor sharing);
 * :class:`repro.sim.replay.ReplayScheduler` -- the exact order (and times) a real run recorded.
@@ -152,7 +152,10 @@ class CostScheduler:
         pass   # any push the queue chose is one it foresaw
 
     def served(self, client: int, applied_at: float) -> None:
-        """The reply (the client's fetch) travels back, then the client computes its next push."""
+        """The reply (the client's fetch) travels back, then the client computes its next push;
+        with cost.reply_holds_server the server serves no push before the reply has arrived."""
+        if self.model.cost.reply_holds_server:
+            self.server_free = max(self.server_free, applied_at + self.model.transfer_s)
         self._schedule(client, applied_at + self.model.transfer_s, self.model.transfer_s)
 
     def cancel(self, client: int) -> None:

@@ -127,10 +127,13 @@ class Simulation:
             if push is None:   # stopped between two steps: computed again by a resumed run
                 self.pending = nxt
                 break
+            evals = core.runlog.last_eval_version
             replies = core.on_push(push, t)
             self.log_timing(k, push.read_version, t)
             self.carry(replies, t)
             core.settle(t)
+            if core.runlog.last_eval_version != evals and hasattr(self.scheduler, "evaluated"):
+                self.scheduler.evaluated(t)   # an evaluation that takes the machine's time
             if stop_at_version is not None and self.server.version >= stop_at_version:
                 stop.set("stop_at_version")
         return core.final_status(interrupted=stop.is_set())

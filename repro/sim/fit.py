@@ -12,13 +12,31 @@ estimates
   recording (its mean transit against its message bytes), a least-squares line through them.
   One message size alone cannot tell latency from bandwidth, so recordings of one size give the
   whole transit as latency and a free link (the record says so);
-* the server's ``server_apply_s`` (mean apply time).
+* the server's ``server_apply_s`` (mean apply time); a real recording's server sends each reply
+  before it serves the next push (``cost.reply_holds_server``: its Dispatcher holds its lock
+  through the send).
+
+The round trip's rest. ``timings.csv``'s five parts miss a little of each round trip (the
+client's copy of the fetched parameters, the server's reply before it is sent): the mean time
+between a client's consecutive applied pushes, less the mean of the five parts, is added to the
+transit, half each way, so one client's fitted round trip is its measured one.
+
+The machine. A real run records where its server ran (config.json's ``host``: cores it could
+use, torch threads per process, clients on its host). A recording whose clients all shared the
+server's host (a single-node loopback run) is simulated on one machine: ``cost.topology=shared``,
+every client on one host, ``devices_per_host`` = cores / threads, ``cost.one_machine`` (the
+transfers are CPU work too: :mod:`repro.sim.resources`), and ``cost.eval_s`` the mean CPU time
+of the recording's evaluations (its summary's ``eval_cpu_s``). A recording across nodes puts the
+simulated clients on one host of the same cores beside the server's. When the command names the
+link's bandwidth (``cost.server_bandwidth_Bps``, e.g. the tbf rate of :mod:`repro.bench.hosts`),
+it is a known fact, not a fitted one: the fitted latency is then the transit less the bytes' time
+on that link. A recording without ``host`` (older runs) gets today's dedicated fit.
 
 Means, not medians, everywhere: throughput is set by the mean, and on a loaded machine the
 transit's long tail (the scheduler's waits) holds much of it (REPRODUCE.md, "The simulator
 against reality"). The fitted values replace the configured ones before the run folder is made, so
 ``config.json`` records what was simulated, and ``fit`` (config.json and the summary) records
-where it came from. Shared resources (``cost.topology=shared``) are not fitted.
+where it came from.
 """
 from __future__ import annotations
 
@@ -62,9 +80,10 @@ def message_bytes(config: dict) -> float:
     return float(comm) * 4 if comm is not None else float(config["network"]["param_bytes"])
 
 
-def fit_cost(paths: list[str]) -> dict:
-    """The fitted values and where they came from (the ``fit`` record)."""
-    steps, applies, points, pushes = [], [], [], 0
+def fit_cost(paths: list[str], link_Bps: float | None = None) -> dict:
+    """The fitted values and where they came from (the ``fit`` record); ``link_Bps``: the link's
+    known bandwidth (latency is then what the transit has beyond the bytes' time)."""
+    steps, applies, points, pushes, hosts, evals, real = [], [], [], 0, [], [], []
     cvs = []
     for path in paths:
         t, config = _read(Path(path))
@@ -80,7 +99,10 @@ def fit_cost(paths: list[str]) -> dict:
             cvs.append(step.std() / step.mean() * math.sqrt(nsync))
         later = t[t.duplicated("client")]   # a client's first fetch is the start-up's, not a reply's
         transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
-        points.append((message_bytes(config), float(np.mean(transit))))
+        points.append((message_bytes(config), float(np.mean(transit)) + round_trip_rest(t) / 2))
+        hosts.append(config.get("host"))
+        real.append(config.get("backend", {}).get("name") == "real")
+        evals.append(_summary(Path(path)).get("eval_cpu_s"))
         pushes += len(t)
     step = np.concatenate(steps)
     cv = float(np.mean(cvs)) if cvs else 0.0
@@ -97,10 +119,48 @@ def fit_cost(paths: list[str]) -> dict:
     else:
         note = ("one message size: latency and bandwidth are not separable, the whole transit is "
                 "latency and the link is free (fit runs of two model sizes to separate them)")
+    if link_Bps is not None:   # a known link: its bytes' time is not latency
+        latency, bandwidth = max(0.0, float(np.mean(times - sizes / link_Bps))), None
+        note = f"the link's bandwidth is given ({link_Bps:g} B/s): latency is the transit less the bytes' time on it"
+    host = hosts[0] if hosts and all(h == hosts[0] for h in hosts) else None
     return {"paths": [str(p) for p in paths], "pushes": pushes, "compute_s": float(step.mean()),
             "jitter_sigma": sigma, "latency_s": latency, "bandwidth_Bps": bandwidth,
             "server_apply_s": float(np.concatenate(applies).mean()),
-            "transit": [[b, s] for b, s in points], "note": note}
+            "transit": [[b, s] for b, s in points], "note": note, "host": host,
+            "eval_cpu_s": float(np.mean(evals)) if evals and None not in evals else None,
+            "reply_holds_server": all(real)}
+
+
+def _summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / schema.SUMMARY_FILE).read_text())
+    except (OSError, ValueError):   # a recording's summary says only how long evaluations took
+        return {}
+
+
+def round_trip_rest(t: pd.DataFrame) -> float:
+    """Mean seconds of a client's round trip that the five parts do not cover: between two of
+    its applied pushes, less the later push's parts (0 when no client pushed twice)."""
+    parts = t[["to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"]].sum(axis=1)
+    cycle = t.groupby("client").time_s.diff()
+    later = cycle.notna()
+    return max(0.0, float((cycle[later] - parts[later]).mean())) if later.any() else 0.0
+
+
+def machine_cost(cost, fit: dict, num_clients: int):
+    """The fitted cost placed on the recorded machine (see the module docstring); ``cost``
+    unchanged when the recordings hold no (or disagreeing) ``host`` records."""
+    host = fit["host"]
+    if not host:
+        return cost, ""
+    cores = max(1, int(host["cpu_cores"]) // max(1, int(host.get("torch_threads", 1))))
+    one_machine = int(host["clients_on_host"]) > 0
+    eval_s = (fit["eval_cpu_s"] or 0.0) if one_machine else 0.0
+    cost = dataclasses.replace(cost, topology="shared", clients_per_host=num_clients, devices_per_host=cores,
+                               one_machine=one_machine, eval_s=eval_s)
+    where = (f"one machine of {cores} cores shared by the server, {num_clients} clients and their transfers"
+             if one_machine else f"the clients on one host of {cores} cores (the server's host's count)")
+    return cost, where
 
 
 def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
@@ -108,9 +168,10 @@ def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
     ``:``, as in PATH: run folder names hold commas), and the ``fit`` record; raises ConfigError
     (exit 2) before any work on a bad recording."""
     paths = [p for p in str(cfg.cost.path).split(os.pathsep) if p.strip()]
-    fit = fit_cost(paths)
+    fit = fit_cost(paths, cfg.cost.server_bandwidth_Bps)
     cost = dataclasses.replace(
         cfg.cost, compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
         jitter_sigma=fit["jitter_sigma"], latency_s=fit["latency_s"], bandwidth_Bps=fit["bandwidth_Bps"],
-        server_apply_s=fit["server_apply_s"])
+        server_apply_s=fit["server_apply_s"], reply_holds_server=fit["reply_holds_server"])
+    cost, fit["machine"] = machine_cost(cost, fit, cfg.num_clients)
     return cfg.replace(cost=cost), fit

@@ -16,7 +16,21 @@ stated discipline:
   fairly** (processor sharing over paths, the fluid model of competing TCP flows): every
   transfer gets an equal share of its bottleneck link, and what a transfer held back elsewhere
   leaves over goes to the others.
-* **the server's apply**: one push at a time, first come first served, as under ``dedicated``.
+* **the server's apply**: one push at a time, first come first served, as under ``dedicated``;
+  with ``cost.reply_holds_server`` the server also sends the reply before it serves the next push
+  (the real driver's Dispatcher holds its lock through the send), so it is busy until the reply's
+  transfer ends.
+* **one machine** (``cost.one_machine``): the server and every client on one host whose
+  ``devices_per_host`` cores they all share, as on a single-node loopback run. A push or fetch is
+  then CPU work too (a loopback transfer is a copy by the sending and the receiving process), so
+  the cores are shared by processor sharing among the computing clients (one share each) and the
+  transfers in flight (two shares each, one per end): with weight W in use every CPU stage runs
+  at min(1, d / W) of full speed, a transfer at the lesser of that and its links' share. The
+  server's evaluations are CPU work too (the real server evaluates in a thread): from each
+  evaluation on, ``cost.eval_s`` seconds of work take one share; evaluations due while one runs
+  make one more after it, as the real server's evaluator runs one at a time and the evaluations
+  it fell behind on collapse into one. The apply (a tenth of a millisecond against milliseconds of
+  compute on digits) keeps its fixed time.
 
 A transfer is ``transfer_s`` (latency + bytes / bandwidth of its idle path) seconds of work at
 full speed, and sharing slows all of it, the latency too (0.1 ms of paper2013's 244 ms): so a
@@ -38,7 +52,8 @@ import math
 
 from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth
 
-FETCH, COMPUTE, PUSH = "fetch", "compute", "push"
+FETCH, COMPUTE, PUSH, EVAL = "fetch", "compute", "push", "eval"
+EVALUATOR = 0   # the stages' key of the server's evaluations (clients are 1, 2, ...)
 SERVER_IN, SERVER_OUT = "server:in", "server:out"
 
 
@@ -121,6 +136,12 @@ class ContendedScheduler:
     def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
         cost = model.cost
         self.model, self.nsync, self.devices = model, nsync, cost.devices_per_host
+        self.one_machine, self.eval_waiting = cost.one_machine, False
+        self.replying: set[int] = set()   # clients whose reply holds the server (reply_holds_server)
+        # per client: the start of its stage, and its parts so far (timings.csv's columns)
+        self.started: dict[int, float] = {}
+        self.flight: dict[int, dict[str, float]] = {}
+        self.last_timing: dict | None = None
         self.host = {k: i // cost.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
         self.capacity: dict[str, float] = {}
@@ -149,30 +170,53 @@ class ContendedScheduler:
 
     def next(self) -> tuple[int, int, float] | None:
         """(client, num_steps, apply-finished time) of the next push the server applies."""
-        while not self.arrived:
+        while not self.arrived or self.replying:   # cost.reply_holds_server: until sent
             if not self._step(math.inf):
                 raise RuntimeError("no push in flight: every client waits for a reply")
         arrive, _, client = self.arrived.pop(0)
         start = max(arrive, self.server_free)      # the server serves one push at a time
         self.server_free = start + self.model.server_apply_s
+        parts = self.flight.pop(client, {})
+        self.last_timing = {"to_client_s": parts.get(FETCH, 0.0), "compute_s": parts.get(COMPUTE, 0.0),
+                            "to_server_s": parts.get(PUSH, 0.0), "queue_s": start - arrive,
+                            "apply_s": self.model.server_apply_s}
         while self._step(self.server_free):        # what happens while it applies
             pass
         self.now = max(self.now, self.server_free)
         return client, self.nsync, self.server_free
 
+    def timing(self) -> dict | None:
+        """The virtual clock's parts of the push :meth:`next` returned (timings.csv): each stage
+        from its start to its end, however its rate changed on the way."""
+        return self.last_timing
+
     def check(self, client: int, read_version: int) -> None:
         pass   # any push the clock chose is one it foresaw
+
+    def evaluated(self, t: float) -> None:
+        """The server evaluates its parameters from ``t`` on (cost.one_machine: CPU work beside
+        the clients, cost.eval_s seconds of it; elsewhere an evaluation takes no time)."""
+        if not (self.one_machine and self.model.cost.eval_s > 0):
+            return
+        if EVALUATOR in self.stages:   # the one evaluator is busy: one evaluation waits for it
+            self.eval_waiting = True
+            return
+        self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
+        self._rerate(t, (), ())
 
     def served(self, client: int, applied_at: float) -> None:
         """The reply (the client's fetch) leaves the server; then the client computes."""
         self.cancel(client)
         self._start(client, FETCH, applied_at, self._new_seq())
+        if self.model.cost.reply_holds_server:
+            self.replying.add(client)
         self._rerate(applied_at, (), (FETCH,))
 
     def cancel(self, client: int) -> None:
         """Drop the client's push in flight (a sync round's backup worker, preempted): the
         resources it held are freed now; it starts over when it is served."""
         self.arrived = [a for a in self.arrived if a[2] != client]
+        self.flight.pop(client, None)
         stage = self.stages.pop(client, None)
         if stage is not None:
             computing = stage.kind == COMPUTE
@@ -182,7 +226,9 @@ class ContendedScheduler:
         return {"now": self.now, "seq": self.seq, "server_free": self.server_free,
                 "segments": [[k, v] for k, v in self.segments.items()],
                 "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
-                "arrived": [list(a) for a in self.arrived]}
+                "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting,
+                "replying": sorted(self.replying), "started": [[k, v] for k, v in self.started.items()],
+                "flight": [[k, v] for k, v in self.flight.items()]}
 
     def load_state_dict(self, state: dict) -> None:
         self.now, self.seq = float(state["now"]), int(state["seq"])
@@ -192,6 +238,10 @@ class ContendedScheduler:
         for k, kind, t0, work, rate, seq in state["stages"]:
             self.stages[int(k)] = Stage(str(kind), float(t0), float(work), float(rate), int(seq))
         self.arrived = [(float(t), int(s), int(c)) for t, s, c in state["arrived"]]
+        self.eval_waiting = bool(state.get("eval_waiting", False))
+        self.replying = {int(k) for k in state.get("replying", [])}
+        self.started = {int(k): float(v) for k, v in state.get("started", [])}
+        self.flight = {int(k): {str(a): float(b) for a, b in v.items()} for k, v in state.get("flight", [])}
         self._reindex()
 
     # -- the clock ---------------------------------------------------------------------------
@@ -209,6 +259,7 @@ class ContendedScheduler:
         else:
             work = self.model.transfer_s
         self.stages[client] = Stage(kind, t, work, 0.0, seq)
+        self.started[client] = t
 
     def _step(self, until: float) -> bool:
         """End the earliest stage if it ends at or before ``until``; False if none does."""
@@ -219,7 +270,18 @@ class ContendedScheduler:
             return False
         client, stage = ends[0][3], ends[0][4]
         t = self.now = max(stage.end, self.now)   # a re-based stage never ends in the past
+        if stage.kind == EVAL:   # the server's evaluation ends: its share goes back
+            del self.stages[client]
+            if self.eval_waiting:   # evaluations due meanwhile are one, as the real server's
+                self.eval_waiting = False
+                self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
+            self._rerate(t, (), ())
+            return True
+        self.flight.setdefault(client, {})[stage.kind] = t - self.started[client]
         if stage.kind == FETCH:
+            if client in self.replying:   # the reply is sent: the server may serve the next push
+                self.replying.discard(client)
+                self.server_free = max(self.server_free, t)
             self._start(client, COMPUTE, t, stage.seq)
         elif stage.kind == COMPUTE:
             self._start(client, PUSH, t, stage.seq)
@@ -235,6 +297,9 @@ class ContendedScheduler:
         """New rates, from ``t`` on, for the devices of ``hosts`` and the transfers in flight in
         ``directions`` (PUSH: up and in; FETCH: out and down; the links of one direction are
         not the other's); a stage whose rate is unchanged is left exactly as it is."""
+        if self.one_machine:   # every stage is CPU work on the one host: all rates move together
+            self._rerate_machine(t)
+            return
         for h in hosts:
             mine = [k for k, st in self.stages.items() if st.kind == COMPUTE and self.host[k] == h]
             rate = 1.0 if self.devices is None or len(mine) <= self.devices else self.devices / len(mine)
@@ -243,6 +308,15 @@ class ContendedScheduler:
         for direction in directions:
             for k, rate in self._flow_rates(direction).items():
                 self._set_rate(k, t, rate)
+
+    def _rerate_machine(self, t: float) -> None:
+        """cost.one_machine: the host's cores shared by every compute (weight 1) and transfer
+        (weight 2: both ends copy), each transfer also held to its links' share."""
+        weight = sum(2 if st.kind in (FETCH, PUSH) else 1 for st in self.stages.values())
+        cpu = 1.0 if weight <= self.devices else self.devices / weight
+        links = {**self._flow_rates(FETCH), **self._flow_rates(PUSH)}
+        for k in list(self.stages):
+            self._set_rate(k, t, min(cpu, links[k]) if k in links else cpu)
 
     def _set_rate(self, client: int, t: float, rate: float) -> None:
         stage = self.stages[client]

@@ -1,0 +1,106 @@
+"""+exp=sim_vs_real and python -m repro.bench simreal: the simulator's predictions held against
+real runs (repro/bench/simreal.py, repro/analysis/lab/simreal.py).
+
+Fast: the KS distance, and the table and figure from synthetic run folders whose numbers are
+known (which side and which link each folder is comes from what it recorded, not its path).
+Slow: a shrunk experiment end to end on loopback (the two-host part is tests/test_two_hosts.py's),
+then the benchmark on its folders.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from repro.analysis.lab import simreal as lab
+from repro.bench.__main__ import main
+from tests.helpers.paths import ROOT
+
+
+def test_ks_distance_is_the_largest_gap_between_the_two_ecdfs():
+    assert lab.ks_distance([0, 0, 1, 1], [1, 1, 1, 1]) == 0.5
+    assert lab.ks_distance([2, 1, 0], [0, 1, 2]) == 0.0
+    assert lab.ks_distance([0, 1, 2, 3], [0, 0, 0, 3]) == 0.5   # F: 0.25 against 0.75 at 0
+
+
+def fake_run(path, *, backend, clients, nsync, seed, host=None, fit_paths=None, rate=1000.0, stale=0,
+             ttt=1.0, target=0.05):
+    """A finished run folder: pushes of 10 samples every 10 / rate s, each of staleness ``stale``."""
+    path.mkdir(parents=True)
+    config = {"backend": {"name": backend}, "num_clients": clients, "nsync": nsync, "seed": seed,
+              "target_error": target}
+    if host is not None:
+        config["host"] = host
+    if fit_paths is not None:
+        config["fit"] = {"paths": [str(p) for p in fit_paths]}
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "summary.json").write_text(json.dumps({"status": "completed", "time_to_target": {f"{target:g}": ttt}}))
+    n = 21
+    pd.DataFrame({"version": range(1, n + 1), "time_s": [0.5 + i * 10 / rate for i in range(n)],
+                  "samples_seen": [10 * (i + 1) for i in range(n)],
+                  "staleness": [stale] * n}).to_csv(path / "updates.csv", index=False)
+    pd.DataFrame({"time_s": [0.0, 1.0], "train_error": [0.9, 0.04]}).to_csv(path / "evals.csv", index=False)
+    parts = {"to_client_s": 1e-3, "compute_s": 10 / rate - 2e-3, "to_server_s": 1e-3, "queue_s": 0.0, "apply_s": 0.0}
+    pd.DataFrame([parts] * n).to_csv(path / "timings.csv", index=False)
+    return path
+
+
+def test_the_table_pairs_each_grid_point_by_what_its_folders_recorded(tmp_path, capsys):
+    one = {"cpu_cores": 2, "torch_threads": 1}
+    r1 = fake_run(tmp_path / "a", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1},
+                  rate=1000.0, ttt=1.0)
+    fake_run(tmp_path / "b", backend="real", clients=2, nsync=1, seed=0, host={**one, "clients_on_host": 2},
+             rate=2000.0, stale=1, ttt=0.6)
+    l1 = fake_run(tmp_path / "c", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 0},
+                  rate=100.0, ttt=5.0)
+    fake_run(tmp_path / "p" / "a", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[r1], rate=1100.0, ttt=0.9)
+    fake_run(tmp_path / "p" / "b", backend="sim", clients=2, nsync=1, seed=0, fit_paths=[r1], rate=1500.0,
+             stale=2, ttt=0.5)
+    fake_run(tmp_path / "p" / "c", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[l1], rate=100.0, ttt=5.0)
+    fake_run(tmp_path / ".hidden", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1})
+    runs, stale, curves = lab.read_runs(tmp_path)
+    assert len(runs) == 6 and set(curves.side) == {"measured", "predicted"}
+    table = lab.points_table(runs, stale).set_index(["link", "num_clients"])
+    assert list(table.index) == [("link", 1), ("loopback", 1), ("loopback", 2)]
+    two = table.loc[("loopback", 2)]
+    assert two.measured_samples_per_s == pytest.approx(2000.0) and two.samples_error == pytest.approx(-0.25)
+    assert two.staleness_error == pytest.approx(1.0) and two.ks_distance == 1.0
+    assert not two.time_to_target_inside   # 0.6 measured, the simulator's only seed says 0.5
+    assert table.loc[("loopback", 1)].samples_error == pytest.approx(0.1)
+    assert pd.isna(table.loc[("loopback", 1)].ks_distance)   # one client: no staleness to compare
+    assert table.loc[("link", 1)].time_to_target_inside
+    parts = lab.parts_table(runs)   # where the round trips went, side by side, in ms
+    assert parts.loc[("loopback", 1, 2), ("measured", "compute_s")] == pytest.approx(3.0)
+    assert parts.loc[("loopback", 1, 2), ("predicted", "to_client_s")] == pytest.approx(1.0)
+    paths = lab.write_figure(tmp_path, tmp_path / "fig")
+    assert [p.name for p in paths] == ["sim_vs_real.png", "sim_vs_real.pdf", "sim_vs_real.csv"]
+    assert len(pd.read_csv(paths[-1])) == 3
+    # the benchmark prints each point against the targets; a missed one is exit status 1
+    assert main(["simreal", "--results", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "loopback      1       2      2000      1500  -25.0% FAIL" in out and "+100.0% FAIL" in out
+
+
+@pytest.mark.slow
+def test_a_shrunk_experiment_runs_end_to_end_and_the_benchmark_reads_it(tmp_path):
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    cmd = [sys.executable, "-m", "repro.run", "+exp=sim_vs_real", "num_clients=1,2", "nsync=1", "seed=0",
+           "num_epochs=2", "hydra.callbacks.simreal.links=[loopback]", f"results_dir={tmp_path / 'r'}",
+           f"figures_dir={tmp_path / 'f'}", "progress=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_csv(tmp_path / "f" / "sim_vs_real.csv")
+    assert sorted(table.num_clients) == [1, 2] and set(table.link) == {"loopback"}
+    assert (table.predicted_samples_per_s > 0).all() and table.ks_distance.notna().sum() == 1
+    predicted = tmp_path / "r" / "sim_vs_real" / "predicted" / "loopback" / "nsync1_num_clients2_seed0"
+    fit = json.loads((predicted / "config.json").read_text())["fit"]
+    assert fit["paths"] == [str(tmp_path / "r" / "sim_vs_real" / "nsync=1,num_clients=1,num_epochs=2,seed=0")]
+    assert json.loads((predicted / "config.json").read_text())["cost"]["one_machine"] is True
+    bench = subprocess.run([sys.executable, "-m", "repro.bench", "simreal", "--results", str(tmp_path / "r" / "sim_vs_real")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert bench.returncode in (0, 1), bench.stderr   # 1: a target missed, which this machine decides
+    assert "loopback      1       2" in bench.stdout
