@@ -106,3 +106,27 @@ def test_5_signals_end_a_simulator_run_interrupted(tmp_path):
         stderr = (tmp_path / f"{name}.err").read_text()
         assert "Traceback" not in stderr, f"{name}: {stderr[-2000:]}"
         check_run_folder(tmp_path / name, "interrupted")
+
+
+def test_5_a_second_ctrl_c_inside_a_checkpoint_write_is_the_interrupt_not_a_traceback(tmp_path):
+    """Fault: the second SIGINT lands inside ``torch.save`` while it writes a tensor's bytes (seen
+    in the suite: the zip writer's clean-up then failed with "unexpected pos", a RuntimeError that
+    hid the interrupt, and the run printed a traceback). Guarantee 5: the write raises the
+    interrupt itself, keeps the old checkpoint and leaves no temp file."""
+    from repro.files.storage import atomic_write, save_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint({"version": 1}, path)
+    before = path.read_bytes()
+
+    def torch_save_interrupted(f):   # what torch.save does when interrupted in write_record
+        f.write(b"PK half a zip")
+        try:
+            raise KeyboardInterrupt("second SIGINT: stopping now")
+        finally:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")
+
+    with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+        atomic_write(path, torch_save_interrupted)
+    assert path.read_bytes() == before
+    assert not (tmp_path / "checkpoint.pt.tmp").exists()

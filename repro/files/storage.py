@@ -35,9 +35,25 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        interrupt = _interrupt_behind(exc)
+        if interrupt is not None and interrupt is not exc:
+            # a second Ctrl-C inside torch.save makes its zip writer's clean-up fail too; the
+            # interrupt, not that follow-on error, is what happened (and is handled upstream)
+            raise interrupt from None
         raise
+
+
+def _interrupt_behind(exc: BaseException) -> BaseException | None:
+    """The interrupt (KeyboardInterrupt, SystemExit, a forced stop: not an ``Exception``)
+    that ``exc`` is or was raised while handling, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if not isinstance(seen, Exception):
+            return seen
+        seen = seen.__context__
+    return None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
