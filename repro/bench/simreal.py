@@ -33,7 +33,6 @@ from repro.analysis.lab import simreal as lab
 from repro.config.checks import validate
 from repro.config.settings import BackendConfig, CostConfig, RunConfig
 from repro.files import schema
-from repro.runs.runlog import read_summary
 
 EXP = "sim_vs_real"
 # TCP payload per 1514-byte Ethernet frame: what of the tbf rate a transfer gets (REPRODUCE.md,
@@ -67,11 +66,7 @@ def point_name(job: dict[str, str]) -> str:
 
 def finished(folder: Path) -> bool:
     """Whether ``folder`` holds a finished run anywhere below it."""
-    for path in folder.rglob(schema.SUMMARY_FILE):
-        summary = read_summary(path.parent) or {}
-        if summary.get("status") in schema.FINISHED_STATUSES:
-            return True
-    return False
+    return bool(lab.run_dirs(folder))
 
 
 class SimVsReal(Callback):
@@ -231,7 +226,6 @@ def machine_parts(root: Path, cores: float | None = None):
     return out.div(meas, axis=0).sub(1)
 
 
-
 def print_table(table) -> bool:
     """The grid points against the targets; True when every target is met."""
     ok = True
@@ -253,7 +247,6 @@ def print_table(table) -> bool:
               f"{r.measured_time_to_target_s:6.3f} in [{r.predicted_time_to_target_min_s:.3f}, "
               f"{r.predicted_time_to_target_max_s:.3f}] {'yes' if r.time_to_target_inside else 'no'}")
     return ok
-
 
 
 def machine_now() -> float:

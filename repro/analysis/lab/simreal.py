@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from repro.analysis.load import find_run_dirs
 from repro.files import schema
 
 KEYS = ["link", "nsync", "num_clients"]
@@ -54,14 +55,8 @@ def link_of(run_dir: Path, config: dict | None = None) -> str | None:
 
 def run_dirs(root: Path) -> list[Path]:
     """Every finished run folder below ``root`` (hidden folders, the harness's logs, skipped)."""
-    out = []
-    for config in sorted(Path(root).rglob(schema.CONFIG_FILE)):
-        run_dir = config.parent
-        if any(part.startswith(".") for part in run_dir.relative_to(root).parts):
-            continue
-        if _json(run_dir / schema.SUMMARY_FILE).get("status") in schema.FINISHED_STATUSES:
-            out.append(run_dir)
-    return out
+    return [run_dir for run_dir in find_run_dirs(Path(root))[0]
+            if _json(run_dir / schema.SUMMARY_FILE).get("status") in schema.FINISHED_STATUSES]
 
 
 def samples_per_s(updates: pd.DataFrame) -> float:
