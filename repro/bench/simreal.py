@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,13 @@ class SimVsReal(Callback):
         """Bytes/s of TCP payload the link gives one transfer alone (its known rate)."""
         return self.link_mbit * 1e6 / 8 * PAYLOAD
 
+    def burst_bytes(self) -> float:
+        """Bytes of TCP payload the link's token bucket sends at once after a pause (tbf's burst
+        counts whole frames)."""
+        from repro.bench.hosts import Link
+
+        return Link(rate_mbit=self.link_mbit).burst_kb * 1024 * PAYLOAD
+
     def run_link(self, base: RunConfig, root: Path, jobs: list[dict], task: list[str]) -> list[str]:
         """The grid across two hosts, one run after another; ['link'] when any could run."""
         from repro.bench.hosts import HostsUnavailable, Link
@@ -142,11 +150,18 @@ class SimVsReal(Callback):
                 _say(f"no one-client {link} run at nsync {cfg.nsync} to fit: {point_name(job)} not simulated")
                 continue
             cost = CostConfig(profile="fit", path=":".join(sorted(ones.run_dir)))
-            if link == "link":   # the link's rate is known: the fit keeps it, and the link is shared
-                cost = dataclasses.replace(cost, topology="shared", server_bandwidth_Bps=self.link_Bps())
+            if link == "link":   # the link's rate and burst are known, and its two hosts are one machine
+                cost = dataclasses.replace(cost, topology="shared", server_bandwidth_Bps=self.link_Bps(),
+                                           server_burst_bytes=self.burst_bytes(), one_machine=True,
+                                           clients_per_host=cfg.num_clients, devices_per_host=cores())
             cfg = cfg.replace(cost=cost)
             validate(cfg)
             simulate(cfg, root / "predicted" / link / point_name(job))
+
+
+def cores() -> int:
+    """The cores this process may run on: the two hosts' namespaces share them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def point_config(base: RunConfig, job: dict[str, str], link: str, link_epochs: float) -> RunConfig:
