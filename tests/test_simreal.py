@@ -136,6 +136,14 @@ def test_matching_a_points_own_compute_spread_brings_its_staleness_closer(tmp_pa
 
 
 @pytest.mark.slow
+def test_bare_loops_side_by_side_report_their_per_step_spread():
+    from repro.bench.real import plain_step_cv
+
+    cv = plain_step_cv(2, seconds=1.0)   # a property of the samples, never a time asserted
+    assert math.isfinite(cv) and cv > 0
+
+
+@pytest.mark.slow
 def test_a_shrunk_experiment_runs_end_to_end_and_the_benchmark_reads_it(tmp_path):
     env = {**os.environ, "MPLBACKEND": "Agg"}
     cmd = [sys.executable, "-m", "repro.run", "+exp=sim_vs_real", "num_clients=1,2", "nsync=1", "seed=0",

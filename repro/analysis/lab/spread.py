@@ -93,6 +93,8 @@ def spread_table(root: str | Path) -> pd.DataFrame:
             ks, cvs, pcvs, sigmas, fit_sigmas = [], [], [], [], []
             for seed in seeds:
                 cv = compute_cv(m.run_dir[seed])
+                if math.isnan(cv):   # under two steady pushes: no spread to match
+                    continue
                 sigma = spread_sigma(cv, nsync)
                 run_dir = resimulate(p.run_dir[seed], Path(tmp) / f"{link}-{nsync}-{n}-{seed}",
                                      jitter="lognormal", jitter_sigma=sigma)
@@ -102,9 +104,11 @@ def spread_table(root: str | Path) -> pd.DataFrame:
                 pcvs.append(compute_cv(p.run_dir[seed]))
                 sigmas.append(sigma)
                 fit_sigmas.append(predicted_config(p.run_dir[seed]).cost.jitter_sigma)
+            if not ks:
+                continue
             rows.append({"link": link, "nsync": nsync, "num_clients": n, "ks_distance": fitted.get((link, nsync, n)),
                          "ks_spread": float(np.median(ks)), "ks_floor": noise_floor(real),
                          "measured_compute_cv": float(np.median(cvs)), "predicted_compute_cv": float(np.median(pcvs)),
                          "jitter_sigma": float(np.median(fit_sigmas)), "spread_jitter_sigma": float(np.median(sigmas)),
-                         "seeds": len(seeds)})
+                         "seeds": len(ks)})
     return pd.DataFrame(rows, columns=COLUMNS)
