@@ -136,6 +136,50 @@ def test_an_evaluation_takes_a_share_of_the_machine():
     assert pushes(shared(bandwidth_Bps=None, comm_params=None)) == [(1, 1.0), (1, 2.0)]
 
 
+def test_the_server_links_burst_sends_part_of_a_transfer_found_idle_at_once():
+    """One client, a transfer of 4 bytes at 4 B/s (1 s alone), a burst of 2 bytes each way:
+    compute [0, 1]; the push finds the inbound link idle since 0, its bucket full (2 bytes at
+    once): [1, 1.5]; the fetch finds the outbound bucket full: [1.5, 2]; compute [2, 3]; the push
+    finds the inbound bucket refilled for 1.5 s (at 4 B/s, capped at 2): [3, 3.5]."""
+    burst = shared(server_burst_bytes=2.0)
+    assert schedule(burst, 1, 2) == [(1, 1.5), (1, 3.5)]
+    assert schedule(shared(), 1, 2) == [(1, 2.0), (1, 5.0)]   # no burst: 1 s per transfer
+
+
+def test_a_transfer_that_finds_the_link_in_use_gets_no_burst():
+    """Two clients on hosts of their own computing [0, 1]: client 1's push finds the link idle (2
+    bytes at once, 0.5 s of work), client 2's finds it in use (1 s of work); shared at half speed
+    until 2, client 2's last 0.5 s alone: arrivals 2 and 2.5. The bucket refilled from 2.5 is
+    full again when the next push comes: as a pause long enough makes it."""
+    burst = shared(server_burst_bytes=2.0)
+    first = schedule(burst, 2, 2)
+    assert first[0] == (1, 2.0) and first[1] == (2, 2.5)
+    # a checkpoint of the clock mid-run carries the buckets: the rest is the same pushes
+    s = ContendedScheduler(CostModel(burst, 0, param_bytes=4, step_s=1.0), [1, 2], 1)
+    k, _, t = s.next()
+    s.served(k, t)
+    state = s.state_dict()
+    again = ContendedScheduler(CostModel(burst, 0, param_bytes=4, step_s=1.0), [1, 2], 1)
+    again.load_state_dict(state)
+    rest = []
+    for clock in (s, again):
+        out = []
+        for _ in range(4):
+            k, _, t = clock.next()
+            out.append((k, t))
+            clock.served(k, t)
+        rest.append(out)
+    assert rest[0] == rest[1] and state["bucket"]
+
+
+def test_on_one_machine_a_transfer_across_a_limited_link_takes_no_core():
+    """Two clients on one core (cost.one_machine), transfers of 1 s across a limited server link
+    (4 B/s): the computes share the core [0, 2]; the pushes, sharing the inbound link, take 2 s
+    and no share of the core: arrive 4 (a loopback copy, two shares of the core, would be slower)."""
+    limited = machine(latency_s=0.0, devices_per_host=1, bandwidth_Bps=4.0, comm_params=1.0)
+    assert schedule(limited, 2, 2) == [(1, 4.0), (2, 4.0)]
+
+
 @pytest.mark.parametrize("clock", [CostScheduler, ContendedScheduler])
 def test_a_reply_that_holds_the_server_delays_the_next_push(clock):
     """Two clients, steps of 1 s, transfers of 1 s, an instant apply. Both pushes arrive at 2.
@@ -273,6 +317,8 @@ BAD = [
     (["cost.topology=shared", "cost.one_machine=true", "cost.devices_per_host=2", "num_clients=4",
       "cost.clients_per_host=2"], "cost.clients_per_host", "at least num_clients=4"),
     (["cost.topology=shared", "cost.eval_s=0.1"], "cost.eval_s", "cost.one_machine=true"),
+    (["cost.server_burst_bytes=32768"], "cost.server_burst_bytes", "cost.topology=shared"),
+    (["cost=uniform", "cost.topology=shared", "cost.server_burst_bytes=32768"], "cost.server_burst_bytes", "limited"),
 ]
 
 

@@ -73,3 +73,32 @@ def test_a_recorded_machine_puts_the_fitted_clients_on_it(tmp_path):
     assert (cfg.cost.one_machine, cfg.cost.eval_s, cfg.cost.clients_per_host) == (False, 0.0, 2)
     assert cfg.cost.server_bandwidth_Bps == KNOWN.bandwidth_Bps and cfg.cost.bandwidth_Bps is None
     assert cfg.cost.latency_s == pytest.approx(KNOWN.latency_s, rel=0.10)
+
+
+def test_a_known_burst_is_not_latency_and_a_stated_machine_shares_its_cores(tmp_path):
+    """A one-client recording over a limited server link with a token bucket (each transfer finds
+    it idle and sends its burst at once): given the link's rate and burst, the fit recovers the
+    latency; without the burst the transit looks shorter than the bytes' time and the latency is
+    lost (0). A cross-node recording with cost.one_machine on the command (its nodes were network
+    namespaces of one machine) is simulated on that machine, its evaluations taking their share."""
+    rate, burst = 2e6, 20000.0
+    link = dict(topology="shared", server_bandwidth_Bps=rate, server_burst_bytes=burst, bandwidth_Bps=None,
+                comm_params=40000.0)
+    rec = tmp_path / "rec"
+    simulate(sim_cfg(cost=dataclasses.replace(KNOWN, **link), num_clients=1, num_epochs=12.0, checkpoint_every=0), rec)
+    config = json.loads((rec / "config.json").read_text())
+    config["host"] = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 0}   # across nodes
+    (rec / "config.json").write_text(json.dumps(config))
+    summary = json.loads((rec / "summary.json").read_text())
+    (rec / "summary.json").write_text(json.dumps({**summary, "eval_cpu_s": 0.03}))
+    given = CostConfig(profile="fit", path=str(rec), topology="shared", server_bandwidth_Bps=rate,
+                       server_burst_bytes=burst)
+    cfg, fit = fit_config(sim_cfg(num_clients=2, cost=given))
+    assert cfg.cost.latency_s == pytest.approx(KNOWN.latency_s, rel=0.10)
+    assert (cfg.cost.one_machine, cfg.cost.eval_s) == (False, 0.0)
+    no_burst, _ = fit_config(sim_cfg(num_clients=2, cost=dataclasses.replace(given, server_burst_bytes=0.0)))
+    assert no_burst.cost.latency_s == 0.0   # 160 KB at 2 MB/s is 80 ms; the transit was 72 ms
+    stated = dataclasses.replace(given, one_machine=True, clients_per_host=2, devices_per_host=2)
+    cfg, fit = fit_config(sim_cfg(num_clients=2, cost=stated))
+    assert (cfg.cost.one_machine, cfg.cost.devices_per_host, cfg.cost.eval_s) == (True, 2, pytest.approx(0.03))
+    assert "limited link" in fit["machine"]

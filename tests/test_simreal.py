@@ -9,7 +9,9 @@ then the benchmark on its folders.
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -83,6 +85,62 @@ def test_the_table_pairs_each_grid_point_by_what_its_folders_recorded(tmp_path, 
     assert main(["simreal", "--results", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "loopback      1       2      2000      1500  -25.0% FAIL" in out and "+100.0% FAIL" in out
+
+
+def simulated_run(path, *, clients, seed, sigma, real=False, fit_paths=None):
+    """A run of the simulator (2 epochs of digits, 2 ms steps, lognormal jitter ``sigma`` per
+    step); with ``real`` its config.json says it is a real run on one host (a stand-in for a
+    measured run whose spread is known), with ``fit_paths`` that it was fitted to those runs."""
+    from repro.config.settings import CostConfig, RunConfig
+    from repro.sim.driver import simulate
+
+    cfg = RunConfig(num_clients=clients, nsync=1, seed=seed, num_epochs=2.0, eval_every=2.0, progress=False,
+                    cost=CostConfig(jitter="lognormal", jitter_sigma=sigma, compute_s=0.002))
+    simulate(cfg, path)
+    config = json.loads((path / "config.json").read_text())
+    if real:
+        config["backend"] = {"name": "real"}
+        config["host"] = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": clients}
+    if fit_paths is not None:
+        config["fit"] = {"paths": [str(p) for p in fit_paths]}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_matching_a_points_own_compute_spread_brings_its_staleness_closer(tmp_path, capsys):
+    from repro.analysis.lab import spread
+
+    assert spread.spread_sigma(0.0, 8) == 0.0
+    cv, nsync = 0.3, 8   # a push of nsync steps: cv^2 = (exp(sigma^2) - 1) / nsync
+    assert (math.exp(spread.spread_sigma(cv, nsync) ** 2) - 1) / nsync == pytest.approx(cv * cv)
+    # "measured": wide (sigma 0.8 per step); seed 1 the very same pushes as seed 0, so the two
+    # seeds' real runs are identical and the floor between them is 0
+    one = simulated_run(tmp_path / "m1", clients=1, seed=0, sigma=0.8, real=True)
+    wide = simulated_run(tmp_path / "m2s0", clients=2, seed=0, sigma=0.8, real=True)
+    shutil.copytree(wide, tmp_path / "m2s1")
+    config = json.loads((tmp_path / "m2s1" / "config.json").read_text())
+    (tmp_path / "m2s1" / "config.json").write_text(json.dumps({**config, "seed": 1}))
+    # "predicted": the fitted model far too narrow (sigma 0.05)
+    for seed in (0, 1):
+        simulated_run(tmp_path / "p" / f"s{seed}", clients=2, seed=seed, sigma=0.05, fit_paths=[one])
+    table = spread.spread_table(tmp_path)
+    assert list(zip(table.link, table.nsync, table.num_clients)) == [("loopback", 1, 2)]
+    r = table.iloc[0]
+    assert r.seeds == 2 and r.ks_floor == 0.0
+    assert r.measured_compute_cv > 0.5 > 0.1 > r.predicted_compute_cv   # each side's own timings
+    assert r.jitter_sigma == pytest.approx(0.05) and r.spread_jitter_sigma > 0.5
+    assert r.ks_distance > 0.3 and r.ks_spread < r.ks_distance / 2
+    assert main(["simreal", "--results", str(tmp_path), "--spread"]) in (0, 1)   # 1: a target missed
+    out = capsys.readouterr().out
+    assert "KS spread" in out and f"{r.ks_spread:9.3f}" in out and "   0.000 " in out
+
+
+@pytest.mark.slow
+def test_bare_loops_side_by_side_report_their_per_step_spread():
+    from repro.bench.real import plain_step_cv
+
+    cv = plain_step_cv(2, seconds=1.0)   # a property of the samples, never a time asserted
+    assert math.isfinite(cv) and cv > 0
 
 
 @pytest.mark.slow

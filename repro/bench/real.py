@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -209,8 +210,9 @@ def _samples_per_s(num_clients: int, epochs: float, folder: Path) -> float:
     return (last.samples_seen - first.samples_seen) / (last.time_s - first.time_s)
 
 
-def _plain_loop(seconds: float, conn) -> None:
-    """A bare training loop (one client's compute_push, no server, no messages) for ``seconds``."""
+def _plain_loop(seconds: float, conn, steps: int = 4) -> None:
+    """A bare training loop (one client's compute_push of ``steps`` steps, no server, no
+    messages) for ``seconds``; sends its samples/s and each push's duration."""
     from repro.config.settings import RunConfig
     from repro.problem.build import build_net, load_data, make_clients
 
@@ -221,25 +223,39 @@ def _plain_loop(seconds: float, conn) -> None:
     client = make_clients(cfg, ds, client_ids=[1])[0]
     client.fetch(net.params.detach().clone(), 0)
     conn.recv()   # start together
-    samples, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        samples += client.compute_push(net, 4).num_samples
-    conn.send(samples / (time.perf_counter() - start))
+    samples, durations, start = 0, [], time.perf_counter()
+    while (now := time.perf_counter()) - start < seconds:
+        samples += client.compute_push(net, steps).num_samples
+        durations.append(time.perf_counter() - now)
+    conn.send((samples / (time.perf_counter() - start), durations))
 
 
-def _plain_rate(num_procs: int, seconds: float = 4.0) -> float:
-    """Samples/s of ``num_procs`` bare loops side by side: what this machine allows right now."""
+def _plain_loops(num_procs: int, seconds: float = 4.0, steps: int = 4) -> list[tuple[float, list[float]]]:
+    """``num_procs`` bare loops side by side: each one's (samples/s, push durations)."""
     ctx = mp.get_context("spawn")
     pipes = [ctx.Pipe() for _ in range(num_procs)]
-    procs = [ctx.Process(target=_plain_loop, args=(seconds, child), daemon=True) for _, child in pipes]
+    procs = [ctx.Process(target=_plain_loop, args=(seconds, child, steps), daemon=True) for _, child in pipes]
     for proc in procs:
         proc.start()
     for parent, _ in pipes:
         parent.send("go")
-    total = sum(parent.recv() for parent, _ in pipes)
+    results = [parent.recv() for parent, _ in pipes]
     for proc in procs:
         proc.join()
-    return total
+    return results
+
+
+def _plain_rate(num_procs: int, seconds: float = 4.0) -> float:
+    """Samples/s of ``num_procs`` bare loops side by side: what this machine allows right now."""
+    return sum(rate for rate, _ in _plain_loops(num_procs, seconds))
+
+
+def plain_step_cv(num_procs: int, seconds: float = 3.0, skip: int = 5) -> float:
+    """Coefficient of variation of one training step's time in ``num_procs`` bare loops side by
+    side (each loop's first ``skip`` steps left out: warm-up), pooled over the loops as a run's
+    timings.csv pools its clients: the spread the OS scheduler alone gives, with no server."""
+    durations = np.concatenate([d[skip:] for _, d in _plain_loops(num_procs, seconds, steps=1)])
+    return float(durations.std(ddof=1) / durations.mean())
 
 
 def measure_throughput(epochs: float = 20.0, rounds: int = 1) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,13 @@ class SimVsReal(Callback):
         """Bytes/s of TCP payload the link gives one transfer alone (its known rate)."""
         return self.link_mbit * 1e6 / 8 * PAYLOAD
 
+    def burst_bytes(self) -> float:
+        """Bytes of TCP payload the link's token bucket sends at once after a pause (tbf's burst
+        counts whole frames)."""
+        from repro.bench.hosts import Link
+
+        return Link(rate_mbit=self.link_mbit).burst_kb * 1024 * PAYLOAD
+
     def run_link(self, base: RunConfig, root: Path, jobs: list[dict], task: list[str]) -> list[str]:
         """The grid across two hosts, one run after another; ['link'] when any could run."""
         from repro.bench.hosts import HostsUnavailable, Link
@@ -142,11 +150,18 @@ class SimVsReal(Callback):
                 _say(f"no one-client {link} run at nsync {cfg.nsync} to fit: {point_name(job)} not simulated")
                 continue
             cost = CostConfig(profile="fit", path=":".join(sorted(ones.run_dir)))
-            if link == "link":   # the link's rate is known: the fit keeps it, and the link is shared
-                cost = dataclasses.replace(cost, topology="shared", server_bandwidth_Bps=self.link_Bps())
+            if link == "link":   # the link's rate and burst are known, and its two hosts are one machine
+                cost = dataclasses.replace(cost, topology="shared", server_bandwidth_Bps=self.link_Bps(),
+                                           server_burst_bytes=self.burst_bytes(), one_machine=True,
+                                           clients_per_host=cfg.num_clients, devices_per_host=cores())
             cfg = cfg.replace(cost=cost)
             validate(cfg)
             simulate(cfg, root / "predicted" / link / point_name(job))
+
+
+def cores() -> int:
+    """The cores this process may run on: the two hosts' namespaces share them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def point_config(base: RunConfig, job: dict[str, str], link: str, link_epochs: float) -> RunConfig:
@@ -184,6 +199,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "left out (a device per client; shared cores alone; and transfers; and "
                              "evaluations: the fit; with --machine also the fit on the cores bare loops "
                              "got now), in a temporary folder, and print each one's error")
+    parser.add_argument("--spread", action="store_true",
+                        help="also, per point with 2 or more clients: the staleness KS distance when the "
+                             "point is re-simulated (temporary folder) with a compute jitter matching its "
+                             "own measured per-push compute spread, the measured compute CV against the "
+                             "fitted model's, and the KS distance between real runs of different seeds "
+                             "(the measurement's noise floor); with --machine also the per-step time CV "
+                             "of 1, 2 and 4 bare training loops side by side (the OS scheduler's spread)")
 
 
 # what --parts leaves out of the fitted machine, from nothing modelled to all of it
@@ -202,8 +224,7 @@ def machine_parts(root: Path, cores: float | None = None):
 
     import pandas as pd
 
-    from repro.config.checks import from_dict
-    from repro.sim.driver import simulate
+    from repro.analysis.lab.spread import resimulate
 
     runs, _, _ = lab.read_runs(root)
     predicted = runs[(runs.side == "predicted") & (runs.link == "loopback")]
@@ -211,13 +232,9 @@ def machine_parts(root: Path, cores: float | None = None):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for _, r in predicted.iterrows():
-            tree = lab._json(Path(r.run_dir) / schema.CONFIG_FILE)
-            tree.pop("fit", None)
-            cfg = from_dict({**tree, "cost": {**tree["cost"], "path": None}})
             variants = PARTS if cores is None else (*PARTS, ("now", dict(devices_per_host=max(1, round(cores)))))
             for name, change in variants:
-                run_dir = Path(tmp) / f"{name}-{Path(r.run_dir).name}"
-                simulate(cfg.replace(cost=dataclasses.replace(cfg.cost, **change)), run_dir)
+                run_dir = resimulate(r.run_dir, Path(tmp) / f"{name}-{Path(r.run_dir).name}", **change)
                 rows.append({**{k: r[k] for k in ("nsync", "num_clients", "seed")}, "part": name,
                              "samples_per_s": lab.samples_per_s(pd.read_csv(run_dir / schema.UPDATES_FILE))})
     table = pd.DataFrame(rows).groupby(["nsync", "num_clients", "part"], sort=False).samples_per_s.median()
@@ -264,6 +281,25 @@ def machine_now() -> float:
     return max(cores.values())
 
 
+def print_spread(table) -> None:
+    """The staleness KS of each point with the fitted jitter, with the point's own spread, and
+    the noise floor of the real runs; the compute CVs behind them."""
+    print(f"{'link':9s} {'nsync':>5s} {'clients':>7s}   {'KS fitted':>9s} {'KS spread':>9s} {'KS floor':>8s}   "
+          f"{'compute CV meas/fitted':>22s}   {'jitter_sigma fitted -> spread':>29s}")
+    for _, r in table.iterrows():
+        print(f"{r.link:9s} {r.nsync:5d} {r.num_clients:7d}   {r.ks_distance:9.3f} {r.ks_spread:9.3f} "
+              f"{r.ks_floor:8.3f}   {r.measured_compute_cv:10.3f}/{r.predicted_compute_cv:<11.3f}   "
+              f"{r.jitter_sigma:14.3f} -> {r.spread_jitter_sigma:<11.3f}")
+
+
+def scheduler_spread() -> None:
+    """Per-step time CV of 1, 2 and 4 bare training loops side by side: the OS's share."""
+    from repro.bench.real import plain_step_cv
+
+    print("per-step time CV of bare training loops side by side (no server, no messages): "
+          + "; ".join(f"{k}: {plain_step_cv(k):.3f}" for k in (1, 2, 4)), flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -287,4 +323,12 @@ def run(args: argparse.Namespace) -> int:
             print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
         print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
         print(machine_parts(root, cores).to_string(float_format=lambda x: f"{x:+.1%}"))
+    if args.spread:
+        from repro.analysis.lab.spread import spread_table
+
+        print("\nstaleness KS of the points with 2+ clients (median over seeds): the fitted jitter, "
+              "the jitter of the point's own measured compute spread, the real runs' seed-to-seed floor:")
+        print_spread(spread_table(root))
+        if args.machine:
+            scheduler_spread()
     return 0 if ok else 1

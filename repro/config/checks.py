@@ -194,7 +194,7 @@ def check_segment(cfg: RunConfig, num_train: int) -> None:
 
 
 SHARED_ONLY = {"clients_per_host": 1, "devices_per_host": None, "host_bandwidth_Bps": None,
-               "server_bandwidth_Bps": None, "one_machine": False, "eval_s": 0.0}   # their values under cost.topology=dedicated
+               "server_bandwidth_Bps": None, "server_burst_bytes": 0.0, "one_machine": False, "eval_s": 0.0}   # their values under cost.topology=dedicated
 
 
 def _check_topology(cfg: RunConfig) -> None:
@@ -217,6 +217,10 @@ def _check_topology(cfg: RunConfig) -> None:
             ("cost.clients_per_host", per_host)
         raise ConfigError(key, value, f"{'a number of cores' if value is None else f'at least num_clients={cfg.num_clients}'} "
                           "with cost.one_machine=true (the server and every client share one host's cores)")
+    if cost.server_burst_bytes and cost.server_bandwidth_Bps is None and cost.bandwidth_Bps is None:
+        raise ConfigError("cost.server_burst_bytes", cost.server_burst_bytes, "0 unless the server's link is "
+                          "limited (cost.server_bandwidth_Bps or cost.bandwidth_Bps): a burst is what a "
+                          "limited link sends at once")
     if cost.eval_s and not cost.one_machine:
         raise ConfigError("cost.eval_s", cost.eval_s, "0 unless cost.one_machine=true (an evaluation takes "
                           "time only from the cores the server shares with its clients)")

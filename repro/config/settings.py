@@ -166,6 +166,10 @@ class CostConfig:
     server_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
     """shared: bytes/s of the server's link, each way (full duplex: pushes in, fetches out),
     shared by every transfer; null: bandwidth_Bps."""
+    server_burst_bytes: float = knob(0.0, Range(0.0, 1e15))
+    """shared: bytes the server's link sends at once after a pause, each way (a token bucket's
+    burst, as tc's tbf: refilled at the link's rate while no transfer crosses it, up to this
+    many; a transfer that finds the link idle takes what the bucket holds); 0: none."""
     one_machine: bool = knob(False, Flag())
     """shared: the server and all clients run on one machine (one host holding every client)
     whose devices_per_host cores they share: a push or fetch is a loopback copy, CPU work of both

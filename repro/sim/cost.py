@@ -56,7 +56,7 @@ class CostModel:
 
     def __init__(self, cost: CostConfig, seed: int, param_bytes: int, step_s: float):
         self.cost, self.seed, self.step_s = cost, seed, step_s
-        nbytes = cost.comm_params * 4 if cost.comm_params is not None else param_bytes
+        nbytes = self.nbytes = cost.comm_params * 4 if cost.comm_params is not None else param_bytes
         bandwidth = path_bandwidth(cost)
         # one push or fetch on idle links; shared links stretch it (repro.sim.resources)
         self.transfer_s = cost.latency_s + (nbytes / bandwidth if bandwidth else 0.0)

@@ -27,10 +27,15 @@ server's host (a single-node loopback run) is simulated on one machine: ``cost.t
 every client on one host, ``devices_per_host`` = cores / threads, ``cost.one_machine`` (the
 transfers are CPU work too: :mod:`repro.sim.resources`), and ``cost.eval_s`` the mean CPU time
 of the recording's evaluations (its summary's ``eval_cpu_s``). A recording across nodes puts the
-simulated clients on one host of the same cores beside the server's. When the command names the
-link's bandwidth (``cost.server_bandwidth_Bps``, e.g. the tbf rate of :mod:`repro.bench.hosts`),
-it is a known fact, not a fitted one: the fitted latency is then the transit less the bytes' time
-on that link. A recording without ``host`` (older runs) gets today's dedicated fit.
+simulated clients on one host of the same cores beside the server's, unless the command says
+``cost.one_machine=true``: its nodes were network namespaces of one machine (a fact the host
+record cannot show), so the clients and the server's evaluations share its cores while the
+transfers wait for the link. When the command names the link's bandwidth
+(``cost.server_bandwidth_Bps``, e.g. the tbf rate of :mod:`repro.bench.hosts`) and burst
+(``cost.server_burst_bytes``), they are known facts, not fitted ones: the fitted latency is then
+the transit less the bytes' time on that link, the burst's bytes taken off (a one-client
+recording's link is idle when each transfer starts). A recording without ``host`` (older runs)
+gets today's dedicated fit.
 
 Means, not medians, everywhere: throughput is set by the mean, and on a loaded machine the
 transit's long tail (the scheduler's waits) holds much of it (REPRODUCE.md, "The simulator
@@ -80,9 +85,11 @@ def message_bytes(config: dict) -> float:
     return float(comm) * 4 if comm is not None else float(config["network"]["param_bytes"])
 
 
-def fit_cost(paths: list[str], link_Bps: float | None = None) -> dict:
+def fit_cost(paths: list[str], link_Bps: float | None = None, burst_bytes: float = 0.0) -> dict:
     """The fitted values and where they came from (the ``fit`` record); ``link_Bps``: the link's
-    known bandwidth (latency is then what the transit has beyond the bytes' time)."""
+    known bandwidth (latency is then what the transit has beyond the bytes' time), and
+    ``burst_bytes`` its known burst (bytes sent at once by a link found idle, as each transfer of a
+    one-client recording finds it: not in the bytes' time)."""
     steps, applies, points, pushes, hosts, evals, real = [], [], [], 0, [], [], []
     cvs = []
     for path in paths:
@@ -120,8 +127,10 @@ def fit_cost(paths: list[str], link_Bps: float | None = None) -> dict:
         note = ("one message size: latency and bandwidth are not separable, the whole transit is "
                 "latency and the link is free (fit runs of two model sizes to separate them)")
     if link_Bps is not None:   # a known link: its bytes' time is not latency
-        latency, bandwidth = max(0.0, float(np.mean(times - sizes / link_Bps))), None
-        note = f"the link's bandwidth is given ({link_Bps:g} B/s): latency is the transit less the bytes' time on it"
+        latency = max(0.0, float(np.mean(times - np.maximum(sizes - burst_bytes, 0.0) / link_Bps)))
+        bandwidth = None
+        note = (f"the link's bandwidth is given ({link_Bps:g} B/s{f', burst {burst_bytes:g} B' if burst_bytes else ''}): "
+                "latency is the transit less the bytes' time on it")
     host = hosts[0] if hosts and all(h == hosts[0] for h in hosts) else None
     return {"paths": [str(p) for p in paths], "pushes": pushes, "compute_s": float(step.mean()),
             "jitter_sigma": sigma, "latency_s": latency, "bandwidth_Bps": bandwidth,
@@ -154,12 +163,16 @@ def machine_cost(cost, fit: dict, num_clients: int):
     if not host:
         return cost, ""
     cores = max(1, int(host["cpu_cores"]) // max(1, int(host.get("torch_threads", 1))))
-    one_machine = int(host["clients_on_host"]) > 0
+    # cost.one_machine on the command: the recording's hosts share one machine's cores (network
+    # namespaces of one machine: repro.bench.two_hosts), a fact its host record cannot show
+    across = int(host["clients_on_host"]) == 0
+    one_machine = not across or cost.one_machine
     eval_s = (fit["eval_cpu_s"] or 0.0) if one_machine else 0.0
     cost = dataclasses.replace(cost, topology="shared", clients_per_host=num_clients, devices_per_host=cores,
                                one_machine=one_machine, eval_s=eval_s)
-    where = (f"one machine of {cores} cores shared by the server, {num_clients} clients and their transfers"
-             if one_machine else f"the clients on one host of {cores} cores (the server's host's count)")
+    where = (f"the clients on one host of {cores} cores (the server's host's count)" if not one_machine else
+             f"one machine of {cores} cores shared by the server, {num_clients} clients and their "
+             + ("evaluations; the transfers cross the limited link" if across else "transfers"))
     return cost, where
 
 
@@ -168,7 +181,7 @@ def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
     ``:``, as in PATH: run folder names hold commas), and the ``fit`` record; raises ConfigError
     (exit 2) before any work on a bad recording."""
     paths = [p for p in str(cfg.cost.path).split(os.pathsep) if p.strip()]
-    fit = fit_cost(paths, cfg.cost.server_bandwidth_Bps)
+    fit = fit_cost(paths, cfg.cost.server_bandwidth_Bps, cfg.cost.server_burst_bytes)
     cost = dataclasses.replace(
         cfg.cost, compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
         jitter_sigma=fit["jitter_sigma"], latency_s=fit["latency_s"], bandwidth_Bps=fit["bandwidth_Bps"],

@@ -30,7 +30,15 @@ stated discipline:
   evaluation on, ``cost.eval_s`` seconds of work take one share; evaluations due while one runs
   make one more after it, as the real server's evaluator runs one at a time and the evaluations
   it fell behind on collapse into one. The apply (a tenth of a millisecond against milliseconds of
-  compute on digits) keeps its fixed time.
+  compute on digits) keeps its fixed time. A transfer across a limited link (the server's or a
+  host's) is the network's time, not the cores': it takes no share of them (two network
+  namespaces of one machine, :mod:`repro.bench.two_hosts`: the cores are shared, the link binds).
+* **the server link's burst** (``cost.server_burst_bytes``): each way of the server's link is a
+  token bucket, as tc's tbf: while no transfer crosses it, it fills at the link's rate up to the
+  burst; a transfer that finds that way idle sends what the bucket holds at once (its work is
+  that many bytes' time less), and a transfer that finds it busy gets none (the transfers in
+  flight take every token as it comes). Messages larger than the burst (the case modelled: a
+  parameter vector against tens of kilobytes) leave the bucket empty.
 
 A transfer is ``transfer_s`` (latency + bytes / bandwidth of its idle path) seconds of work at
 full speed, and sharing slows all of it, the latency too (0.1 ms of paper2013's 244 ms): so a
@@ -156,6 +164,9 @@ class ContendedScheduler:
             self.paths[k] = {PUSH: tuple(x for x in (up, SERVER_IN) if x in self.capacity),
                              FETCH: tuple(x for x in (SERVER_OUT, down) if x in self.capacity)}
         self.full_Bps = path_bandwidth(cost)     # a transfer alone on its path: rate 1
+        # cost.server_burst_bytes: each way's bucket, [tokens, idle since] (since None: in use)
+        self.bucket = {link: [cost.server_burst_bytes, 0.0] for link in (SERVER_IN, SERVER_OUT)
+                       if cost.server_burst_bytes > 0 and link in self.capacity}
         self.stages: dict[int, Stage] = {}
         self.ends: list[tuple] = []   # heap of (end, seq, n, client, stage); stale entries skipped
         self.arrived: list[tuple[float, int, int]] = []   # (arrival, seq, client), first come first
@@ -218,6 +229,8 @@ class ContendedScheduler:
         self.arrived = [a for a in self.arrived if a[2] != client]
         self.flight.pop(client, None)
         stage = self.stages.pop(client, None)
+        if stage is not None and stage.kind in (FETCH, PUSH):
+            self._link_idle(stage.kind, self.now)
         if stage is not None:
             computing = stage.kind == COMPUTE
             self._rerate(self.now, (self.host[client],) if computing else (), () if computing else (stage.kind,))
@@ -228,7 +241,8 @@ class ContendedScheduler:
                 "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
                 "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting,
                 "replying": sorted(self.replying), "started": [[k, v] for k, v in self.started.items()],
-                "flight": [[k, v] for k, v in self.flight.items()]}
+                "flight": [[k, v] for k, v in self.flight.items()],
+                "bucket": [[link, *v] for link, v in sorted(self.bucket.items())]}
 
     def load_state_dict(self, state: dict) -> None:
         self.now, self.seq = float(state["now"]), int(state["seq"])
@@ -242,6 +256,8 @@ class ContendedScheduler:
         self.replying = {int(k) for k in state.get("replying", [])}
         self.started = {int(k): float(v) for k, v in state.get("started", [])}
         self.flight = {int(k): {str(a): float(b) for a, b in v.items()} for k, v in state.get("flight", [])}
+        for link, tokens, since in state.get("bucket", []):
+            self.bucket[str(link)] = [float(tokens), None if since is None else float(since)]
         self._reindex()
 
     # -- the clock ---------------------------------------------------------------------------
@@ -258,8 +274,32 @@ class ContendedScheduler:
             work = self.model.segment_s(client, segment, self.nsync)
         else:
             work = self.model.transfer_s
+            if self.bucket:   # the bytes the server link's bucket sends at once cost no link time
+                work -= self._burst(client, kind, t) / self.full_Bps
         self.stages[client] = Stage(kind, t, work, 0.0, seq)
         self.started[client] = t
+
+    def _burst(self, client: int, kind: str, t: float) -> float:
+        """Bytes of a transfer starting at ``t`` that the server link's bucket sends at once (0
+        when that way is in use); the bucket keeps the rest and is in use from ``t``."""
+        link = SERVER_IN if kind == PUSH else SERVER_OUT
+        if link not in self.bucket or link not in self.paths[client][kind]:
+            return 0.0
+        tokens, since = self.bucket[link]
+        if since is None:
+            return 0.0
+        tokens = min(self.model.cost.server_burst_bytes, tokens + self.capacity[link] * (t - since))
+        sent = min(tokens, float(self.model.nbytes))
+        self.bucket[link] = [tokens - sent, None]
+        return sent
+
+    def _link_idle(self, kind: str, t: float) -> None:
+        """A transfer of ``kind`` ended or was dropped at ``t``: its way of the server's link
+        fills its bucket again from ``t`` once no other transfer crosses it."""
+        link = SERVER_IN if kind == PUSH else SERVER_OUT
+        if link in self.bucket and not any(st.kind == kind and link in self.paths[k][kind]
+                                           for k, st in self.stages.items()):
+            self.bucket[link][1] = t
 
     def _step(self, until: float) -> bool:
         """End the earliest stage if it ends at or before ``until``; False if none does."""
@@ -288,6 +328,8 @@ class ContendedScheduler:
         else:
             del self.stages[client]
             self.arrived.append((t, stage.seq, client))
+        if stage.kind in (FETCH, PUSH):
+            self._link_idle(stage.kind, t)
         # a fetch ends and a compute begins; a compute ends and a push begins; a push ends
         pools = (self.host[client],) if stage.kind in (FETCH, COMPUTE) else ()
         self._rerate(t, pools, (FETCH,) if stage.kind == FETCH else (PUSH,))
@@ -310,13 +352,18 @@ class ContendedScheduler:
                 self._set_rate(k, t, rate)
 
     def _rerate_machine(self, t: float) -> None:
-        """cost.one_machine: the host's cores shared by every compute (weight 1) and transfer
-        (weight 2: both ends copy), each transfer also held to its links' share."""
-        weight = sum(2 if st.kind in (FETCH, PUSH) else 1 for st in self.stages.values())
+        """cost.one_machine: the host's cores shared by every compute (weight 1) and loopback
+        transfer (weight 2: both ends copy), each transfer also held to its links' share; a
+        transfer across a limited link waits for the link, not the cores (weight 0)."""
+        weight = sum(1 if st.kind not in (FETCH, PUSH) else 0 if self.paths[k][st.kind] else 2
+                     for k, st in self.stages.items())
         cpu = 1.0 if weight <= self.devices else self.devices / weight
         links = {**self._flow_rates(FETCH), **self._flow_rates(PUSH)}
-        for k in list(self.stages):
-            self._set_rate(k, t, min(cpu, links[k]) if k in links else cpu)
+        for k, st in list(self.stages.items()):
+            if k not in links:
+                self._set_rate(k, t, cpu)
+            else:   # a transfer: across a limited link, the link's share alone
+                self._set_rate(k, t, links[k] if self.paths[k][st.kind] else min(cpu, links[k]))
 
     def _set_rate(self, client: int, t: float, rate: float) -> None:
         stage = self.stages[client]
