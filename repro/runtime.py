@@ -91,6 +91,15 @@ def deterministic(device: torch.device):
         torch.use_deterministic_algorithms(saved[4])
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; what joblib's n_jobs=-1 counts, near
+    enough): a real run's host record, a grid's parallel jobs, the machine two namespaces share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
     try:

@@ -59,14 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def cores() -> int:
-    """The cores this process may use (what joblib's n_jobs=-1 counts, near enough)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:   # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def command(exp: str, root: Path, launcher: str, epochs: float, jobs: int | None, data_root: Path) -> list[str]:
     cmd = [sys.executable, "-m", "repro.run", f"+exp={exp}", f"results_dir={root / 'results'}",
            f"figures_dir={root / 'figures'}", f"data.root={data_root}", "progress=false",
@@ -114,7 +106,9 @@ def compare_trees(a: Path, b: Path, exp: str) -> tuple[int, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    n_cores = cores()
+    from repro.runtime import usable_cores
+
+    n_cores = usable_cores()
     jobs = args.jobs or n_cores
     keep = Path(args.keep).resolve() if args.keep else None
     base = keep or Path(tempfile.mkdtemp(prefix="repro-bench-grid-"))

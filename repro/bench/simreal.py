@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +138,7 @@ class SimVsReal(Callback):
 
     def simulate(self, base: RunConfig, root: Path, jobs: list[dict], link: str) -> None:
         """Each grid point simulated with the cost model fitted to its setting's one-client runs."""
+        from repro.runtime import usable_cores
         from repro.sim.driver import simulate
 
         runs, _, _ = lab.read_runs(root)
@@ -153,15 +153,10 @@ class SimVsReal(Callback):
             if link == "link":   # the link's rate and burst are known, and its two hosts are one machine
                 cost = dataclasses.replace(cost, topology="shared", server_bandwidth_Bps=self.link_Bps(),
                                            server_burst_bytes=self.burst_bytes(), one_machine=True,
-                                           clients_per_host=cfg.num_clients, devices_per_host=cores())
+                                           clients_per_host=cfg.num_clients, devices_per_host=usable_cores())
             cfg = cfg.replace(cost=cost)
             validate(cfg)
             simulate(cfg, root / "predicted" / link / point_name(job))
-
-
-def cores() -> int:
-    """The cores this process may run on: the two hosts' namespaces share them."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def point_config(base: RunConfig, job: dict[str, str], link: str, link_epochs: float) -> RunConfig:

@@ -62,7 +62,7 @@ from repro.real.transport import (Channel, Header, Kind, connect, disconnect, pi
                                   pin_gloo_towards)
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
-from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env
+from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env, usable_cores
 
 READY_KEY = "repro_real/ready/{}"
 WORLD_KEY = "repro_real/world"
@@ -126,8 +126,7 @@ def host_record(cfg: RunConfig, env: TorchrunEnv | None) -> dict:
     may run on, torch threads per process, and how many of the run's clients share the host (all
     when spawned on one node; under torchrun the other ranks of rank 0's node)."""
     local = cfg.num_clients if env is None else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu_cores": cores, "torch_threads": torch.get_num_threads(), "clients_on_host": local}
+    return {"cpu_cores": usable_cores(), "torch_threads": torch.get_num_threads(), "clients_on_host": local}
 
 
 def _serve(loop: Dispatcher, procs: dict) -> dict:

@@ -63,6 +63,7 @@ from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth
 FETCH, COMPUTE, PUSH, EVAL = "fetch", "compute", "push", "eval"
 EVALUATOR = 0   # the stages' key of the server's evaluations (clients are 1, 2, ...)
 SERVER_IN, SERVER_OUT = "server:in", "server:out"
+SERVER_LINK = {PUSH: SERVER_IN, FETCH: SERVER_OUT}   # the way of the server's link a transfer takes
 
 
 def host_links(host: int) -> tuple[str, str]:
@@ -229,9 +230,9 @@ class ContendedScheduler:
         self.arrived = [a for a in self.arrived if a[2] != client]
         self.flight.pop(client, None)
         stage = self.stages.pop(client, None)
-        if stage is not None and stage.kind in (FETCH, PUSH):
-            self._link_idle(stage.kind, self.now)
         if stage is not None:
+            if stage.kind in SERVER_LINK:
+                self._link_idle(stage.kind, self.now)
             computing = stage.kind == COMPUTE
             self._rerate(self.now, (self.host[client],) if computing else (), () if computing else (stage.kind,))
 
@@ -282,7 +283,7 @@ class ContendedScheduler:
     def _burst(self, client: int, kind: str, t: float) -> float:
         """Bytes of a transfer starting at ``t`` that the server link's bucket sends at once (0
         when that way is in use); the bucket keeps the rest and is in use from ``t``."""
-        link = SERVER_IN if kind == PUSH else SERVER_OUT
+        link = SERVER_LINK[kind]
         if link not in self.bucket or link not in self.paths[client][kind]:
             return 0.0
         tokens, since = self.bucket[link]
@@ -296,7 +297,7 @@ class ContendedScheduler:
     def _link_idle(self, kind: str, t: float) -> None:
         """A transfer of ``kind`` ended or was dropped at ``t``: its way of the server's link
         fills its bucket again from ``t`` once no other transfer crosses it."""
-        link = SERVER_IN if kind == PUSH else SERVER_OUT
+        link = SERVER_LINK[kind]
         if link in self.bucket and not any(st.kind == kind and link in self.paths[k][kind]
                                            for k, st in self.stages.items()):
             self.bucket[link][1] = t
@@ -328,7 +329,7 @@ class ContendedScheduler:
         else:
             del self.stages[client]
             self.arrived.append((t, stage.seq, client))
-        if stage.kind in (FETCH, PUSH):
+        if stage.kind in SERVER_LINK:
             self._link_idle(stage.kind, t)
         # a fetch ends and a compute begins; a compute ends and a push begins; a push ends
         pools = (self.host[client],) if stage.kind in (FETCH, COMPUTE) else ()
