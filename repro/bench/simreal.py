@@ -30,6 +30,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from repro.analysis.lab import simreal as lab
+from repro.bench import positive
 from repro.config.checks import validate
 from repro.config.settings import BackendConfig, CostConfig, RunConfig
 from repro.files import schema
@@ -201,6 +202,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fitted model's, and the KS distance between real runs of different seeds "
                              "(the measurement's noise floor); with --machine also the per-step time CV "
                              "of 1, 2 and 4 bare training loops side by side (the OS scheduler's spread)")
+    parser.add_argument("--cores", metavar="NSYNC:CLIENTS", type=_point, default=None,
+                        help="instead of the tables, measure where the cores go at one grid point, e.g. "
+                             "8:4: one real run over loopback and one across the two hosts (as root), "
+                             "each process's CPU time sampled every 0.1 s: cores used by the server, the "
+                             "clients and the machine's kernel, and the kernel's CPU ms per MB the "
+                             "messages moved (about a minute)")
+    parser.add_argument("--cores-epochs", type=positive(float), default=40.0,
+                        help="epochs of each --cores run: enough for a steady middle (default: %(default)s)")
 
 
 # what --parts leaves out of the fitted machine, from nothing modelled to all of it
@@ -295,8 +304,24 @@ def scheduler_spread() -> None:
           + "; ".join(f"{k}: {plain_step_cv(k):.3f}" for k in (1, 2, 4)), flush=True)
 
 
+def _point(text: str) -> tuple[int, int]:
+    try:
+        nsync, clients = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NSYNC:CLIENTS such as 8:4, got {text!r}") from None
+    if nsync < 1 or clients < 1:
+        raise argparse.ArgumentTypeError(f"nsync and clients must be at least 1, got {text!r}")
+    return nsync, clients
+
+
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
+
+    if args.cores:
+        from repro.bench.cores import print_cores
+
+        print_cores(*args.cores, args.cores_epochs)
+        return 0
 
     cores = machine_now() if args.machine else None
     root = Path(args.results)

@@ -1,0 +1,207 @@
+"""Where a real run's cores go: ``python -m repro.bench simreal --cores``.
+
+This module owns one measurement: one real run of a grid point, over loopback and across the two
+hosts of :mod:`repro.bench.two_hosts`, while a thread samples every tenth of a second the CPU time
+(user and system) of each of the run's processes, by role (the server, the clients, torchrun's
+agents), and the machine's ``/proc/stat`` (user, system, softirq, idle). Over the steady middle of
+the run (from its fifth to its last fifth applied push, counted in ``updates.csv`` as it grows) it
+reports the cores each role used, the machine's, and the kernel's CPU time (system + softirq) per
+megabyte the messages moved. The simulator gives the cores to the computing clients and the
+evaluator and, on one machine, to loopback copies; a transfer across the limited link takes none
+(:mod:`repro.sim.resources`); this measures what that leaves out (REPRODUCE.md, "The simulator
+against reality").
+
+Processes are found by their command lines: torchrun's ranks carry ``RANK`` (0 the server); a
+loopback run's server is the ``repro.run`` process this module starts, its clients the processes
+it spawns. The sampler's own process is measured too (it is not free) and reported apart.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _proc_times(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of process ``pid``, its exited threads included."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[11]) / HZ, int(fields[12]) / HZ
+
+
+def _machine_times() -> dict[str, float]:
+    """/proc/stat's first line: seconds of every CPU together in each state."""
+    values = Path("/proc/stat").read_text().splitlines()[0].split()[1:1 + len(STAT_FIELDS)]
+    return {name: int(v) / HZ for name, v in zip(STAT_FIELDS, values)}
+
+
+def role(pid: int, loopback_server: int | None) -> str | None:
+    """'server', 'client' or 'agent' for a process of the run, None for any other."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if pid == loopback_server:
+        return "server"
+    if b"torch.distributed.run" in cmd:
+        return "agent"
+    rank = next((e[5:] for e in env if e.startswith(b"RANK=")), None)
+    if rank is not None and b"repro.run" in cmd:
+        return "server" if rank == b"0" else "client"
+    if loopback_server is not None and b"multiprocessing" in cmd and _parent(pid) == loopback_server:
+        return "client"
+    return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+class Sampler(threading.Thread):
+    """Samples the run's processes and the machine until :meth:`stop`; see the module docstring."""
+
+    def __init__(self, results_dir: Path, interval_s: float = 0.1):
+        super().__init__(daemon=True)
+        self.results_dir, self.interval_s = results_dir, interval_s
+        self.loopback_server: int | None = None
+        self.samples: list[tuple[float, dict, dict, int]] = []   # (t, machine, {pid: (role, u, s)}, pushes)
+        self._roles: dict[int, str | None] = {}
+        self._updates: Path | None = None
+        self._done = threading.Event()
+
+    def pushes(self) -> int:
+        if self._updates is None:
+            found = [p for p in self.results_dir.rglob("updates.csv") if ".two_hosts" not in p.parts]
+            if not found:
+                return 0
+            self._updates = found[0]
+        try:
+            return max(0, self._updates.read_bytes().count(b"\n") - 1)
+        except OSError:
+            return 0
+
+    def run(self) -> None:
+        me = os.getpid()
+        while not self._done.is_set():
+            procs = {}
+            for name in os.listdir("/proc"):
+                if not name.isdigit():
+                    continue
+                pid = int(name)
+                if pid not in self._roles:
+                    self._roles[pid] = "sampler" if pid == me else role(pid, self.loopback_server)
+                if self._roles[pid] and (times := _proc_times(pid)):
+                    procs[pid] = (self._roles[pid], *times)
+            self.samples.append((time.monotonic(), _machine_times(), procs, self.pushes()))
+            self._done.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    def window(self, applied: int) -> tuple[int, int]:
+        """Indices of the first and last sample of the steady middle (see the module docstring)."""
+        first = next(i for i, s in enumerate(self.samples) if s[3] >= applied // 5)
+        last = next(i for i, s in enumerate(self.samples) if s[3] >= applied - applied // 5)
+        if last <= first:
+            raise RuntimeError(f"the run's steady middle ({applied} pushes) is shorter than one sample; "
+                               "use more epochs")
+        return first, last
+
+
+def report(sampler: Sampler, run_dir: Path) -> dict:
+    """Cores by role and by machine state over the window, and kernel ms per MB moved."""
+    import pandas as pd
+
+    from repro.sim.fit import message_bytes
+
+    updates = pd.read_csv(run_dir / "updates.csv")
+    config = json.loads((run_dir / "config.json").read_text())
+    first, last = sampler.window(len(updates))
+    (t0, m0, p0, n0), (t1, m1, p1, n1) = sampler.samples[first], sampler.samples[last]
+    span = t1 - t0
+    cores: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for pid, (who, user, system) in p1.items():
+        if pid in p0:
+            cores[who][0] += (user - p0[pid][1]) / span
+            cores[who][1] += (system - p0[pid][2]) / span
+    machine = {k: (m1[k] - m0[k]) / span for k in STAT_FIELDS}
+    pushes_per_s = (n1 - n0) / span
+    mb_per_s = pushes_per_s * 2 * message_bytes(config) / 1e6   # a push and its reply
+    kernel = machine["system"] + machine["softirq"] - cores["sampler"][1]
+    return {"pushes_per_s": pushes_per_s,
+            "samples_per_s": pushes_per_s * config["nsync"] * config["algo"]["batch_size"],
+            "window_s": span, "cores": dict(cores), "machine": machine, "mb_per_s": mb_per_s,
+            "kernel_cores": kernel, "kernel_ms_per_mb": 1e3 * kernel / mb_per_s if mb_per_s else float("nan")}
+
+
+def measure(link: str, overrides: list[str], num_clients: int, link_mbit: float = 100.0) -> dict:
+    """One real run (``link`` 'loopback' or 'link') sampled; :func:`report`'s numbers."""
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp)
+        sampler = Sampler(results)
+        common = [f"num_clients={num_clients}", "exp_name=cores", "progress=false", *overrides]
+        if link == "link":
+            from repro.bench.hosts import Link
+            from repro.bench.two_hosts import run_two_hosts
+
+            sampler.start()
+            try:
+                run_two_hosts(common, num_clients, results, Link(rate_mbit=link_mbit))
+            finally:
+                sampler.stop()
+        else:
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            proc = subprocess.Popen([sys.executable, "-m", "repro.run", "backend=real", f"results_dir={results}",
+                                     *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            sampler.loopback_server = proc.pid
+            sampler.start()
+            try:
+                _, err = proc.communicate(timeout=600)
+            finally:
+                sampler.stop()
+            if proc.returncode != 0:
+                raise RuntimeError(f"the loopback run failed:\n{err.decode()[-2000:]}")
+        run_dir = next(p.parent for p in results.rglob("summary.json") if ".two_hosts" not in p.parts)
+        return report(sampler, run_dir)
+
+
+def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 100.0) -> None:
+    """Measure the point over loopback and over the link; one row each (see the module docstring)."""
+    overrides = [f"nsync={nsync}", f"num_epochs={epochs:g}", "eval_every=0.5"]
+    print(f"where the cores go: nsync {nsync}, {num_clients} clients, {epochs:g} epochs; cores used over the "
+          "steady middle of one run (server and clients: user+system; machine: /proc/stat of all 2 CPUs "
+          "together; the sampler's own share apart)", flush=True)
+    print(f"{'link':9s} {'samples/s':>9s} {'server u+s':>11s} {'clients u+s':>12s} {'agents':>6s} {'sampler':>7s} "
+          f"{'m user':>6s} {'m sys':>6s} {'softirq':>7s} {'idle':>5s} {'MB/s':>6s} {'kernel ms/MB':>12s}")
+    for link in ("loopback", "link"):
+        from repro.bench.hosts import HostsUnavailable
+
+        try:
+            r = measure(link, overrides, num_clients, link_mbit)
+        except HostsUnavailable as err:
+            print(f"{link:9s} skipped: {err.reason}")
+            continue
+        c, m = r["cores"], r["machine"]
+        part = lambda who: f"{c.get(who, [0, 0])[0]:.2f}+{c.get(who, [0, 0])[1]:.2f}"
+        print(f"{link:9s} {r['samples_per_s']:9.0f} {part('server'):>11s} {part('client'):>12s} "
+              f"{sum(c.get('agent', [0, 0])):6.3f} {sum(c.get('sampler', [0, 0])):7.3f} {m['user']:6.2f} "
+              f"{m['system']:6.2f} {m['softirq']:7.2f} {m['idle']:5.2f} {r['mb_per_s']:6.1f} "
+              f"{r['kernel_ms_per_mb']:12.1f}", flush=True)

@@ -1,0 +1,95 @@
+"""python -m repro.bench simreal --cores (repro/bench/cores.py): where a real run's cores go.
+
+Fast: the report's arithmetic on samples whose numbers are known, the roles of processes told
+apart by their command lines, the option's parsing. Slow (a real run, about 6 s, kept out of the
+default suite's time budget): one loopback run measured for real (the two-host one needs root and
+is the same code with torchrun's ranks, found by RANK).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from repro.bench import cores
+from repro.bench.__main__ import build_parser
+
+
+def _run_dir(tmp_path, pushes: int):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "updates.csv").write_text("version\n" + "".join(f"{i}\n" for i in range(pushes)))
+    (run_dir / "config.json").write_text(json.dumps(
+        {"nsync": 8, "algo": {"batch_size": 32}, "cost": {"comm_params": None}, "network": {"param_bytes": 250_000}}))
+    return run_dir
+
+
+def test_the_report_counts_cores_by_role_over_the_runs_steady_middle(tmp_path):
+    run_dir = _run_dir(tmp_path, pushes=100)
+    sampler = cores.Sampler(tmp_path)
+    machine = lambda k: {"user": 1.5 * k, "nice": 0, "system": 0.2 * k, "idle": 0.1 * k, "iowait": 0, "irq": 0,
+                         "softirq": 0.2 * k, "steal": 0}
+    # one sample a second: 10 pushes a second; the server 0.5 user + 0.1 system cores, each of two
+    # clients 0.6 + 0.05, the sampler 0.02 system; 0..19 pushes before the window, 80.. after
+    for k in range(11):
+        procs = {10: ("server", 0.5 * k, 0.1 * k), 11: ("client", 0.6 * k, 0.05 * k),
+                 12: ("client", 0.6 * k, 0.05 * k), 13: ("sampler", 0.0, 0.02 * k)}
+        sampler.samples.append((100.0 + k, machine(k), procs, 10 * k))
+    r = cores.report(sampler, run_dir)
+    assert sampler.window(100) == (2, 8)
+    assert r["window_s"] == pytest.approx(6.0)
+    assert r["pushes_per_s"] == pytest.approx(10.0)
+    assert r["samples_per_s"] == pytest.approx(10 * 8 * 32)
+    assert r["cores"]["server"] == pytest.approx([0.5, 0.1])
+    assert r["cores"]["client"] == pytest.approx([1.2, 0.1])
+    assert r["machine"]["idle"] == pytest.approx(0.1)
+    assert r["mb_per_s"] == pytest.approx(10 * 2 * 0.25)   # a push and its reply, 250 kB each
+    # the kernel: system + softirq, less the sampler's own system time
+    assert r["kernel_cores"] == pytest.approx(0.2 + 0.2 - 0.02)
+    assert r["kernel_ms_per_mb"] == pytest.approx(1e3 * 0.38 / 5.0)
+
+
+def test_a_run_too_short_for_a_steady_middle_is_refused(tmp_path):
+    sampler = cores.Sampler(tmp_path)
+    sampler.samples = [(0.0, {}, {}, 0), (0.1, {}, {}, 10)]
+    with pytest.raises(RuntimeError, match="more epochs"):
+        sampler.window(10)
+
+
+def test_roles_come_from_the_command_line_and_rank():
+    code = "import time; time.sleep(30)"
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    procs = {want: subprocess.Popen([sys.executable, "-c", code, "repro.run"], env={**env, **extra})
+             for want, extra in (("server", {"RANK": "0"}), ("client", {"RANK": "3"}), ("other", {}))}
+    try:
+        time.sleep(0.2)   # exec'd: /proc shows the new command line
+        assert cores.role(procs["server"].pid, None) == "server"
+        assert cores.role(procs["client"].pid, None) == "client"
+        assert cores.role(procs["other"].pid, None) is None
+        assert cores.role(procs["other"].pid, procs["other"].pid) == "server"   # loopback: the one started
+        assert cores.role(os.getpid(), None) is None
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+
+
+def test_the_option_takes_nsync_and_clients():
+    args = build_parser().parse_args(["simreal", "--cores", "8:4", "--cores-epochs", "20"])
+    assert args.cores == (8, 4) and args.cores_epochs == 20
+    for bad in ("8", "8:x", "0:4"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["simreal", "--cores", bad])
+
+
+@pytest.mark.slow
+def test_a_loopback_run_is_measured_by_role():
+    r = cores.measure("loopback", ["nsync=8", "num_epochs=12", "eval_every=0.5"], 2)
+    assert r["pushes_per_s"] > 0 and r["mb_per_s"] > 0
+    assert sum(r["cores"]["server"]) > 0 and sum(r["cores"]["client"]) > 0
+    # every CPU is in some state all the time: the states add up to the machine's CPUs
+    assert sum(r["machine"].values()) == pytest.approx(os.cpu_count(), rel=0.25)
