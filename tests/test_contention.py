@@ -180,6 +180,23 @@ def test_on_one_machine_a_transfer_across_a_limited_link_takes_no_core():
     assert schedule(limited, 2, 2) == [(1, 4.0), (2, 4.0)]
 
 
+def test_the_kernels_work_of_a_transfer_across_a_limited_link_takes_its_share_of_the_core():
+    """One core, client 1's step 1 s of work, client 2's 3 s; transfers of 1 s across a limited
+    link (4 B at 4 B/s), no core unless cost.link_cpu_s_per_byte: 0.125 s per byte is a weight of
+    0.5 for a transfer at full rate. Both compute at 1/2: client 1 done at 2 (client 2 has 1 s of
+    its 3). Client 1's push [2, 3] and fetch [3, 4] cross the link: without the kernels' work
+    client 2 runs at full speed and is done at 4, its push applied at 5; with it client 2 runs at
+    1 / 1.5 through [2, 4] (done 2 1/3 of 3), then shares the core with client 1's next step at
+    1/2: done at 4 + 4/3 (client 1 has 2/3 of its step). Client 2's push then takes its 0.5, so
+    client 1 finishes its step at 2/3 speed at 5 5/6, and its push shares the inbound link: client
+    2's push, half done by then, is applied at 5 5/6 + 1 = 6 5/6."""
+    base = dict(latency_s=0.0, devices_per_host=1, bandwidth_Bps=4.0, comm_params=1.0, speeds=(1.0, 3.0))
+    assert schedule(machine(**base), 2, 2) == [(1, 3.0), (2, 5.0)]
+    (first, second) = schedule(machine(**base, link_cpu_s_per_byte=0.125), 2, 2)
+    assert first == (1, 3.0)
+    assert second[0] == 2 and second[1] == pytest.approx(5 + 5 / 6 + 1)
+
+
 @pytest.mark.parametrize("clock", [CostScheduler, ContendedScheduler])
 def test_a_reply_that_holds_the_server_delays_the_next_push(clock):
     """Two clients, steps of 1 s, transfers of 1 s, an instant apply. Both pushes arrive at 2.
@@ -319,6 +336,11 @@ BAD = [
     (["cost.topology=shared", "cost.eval_s=0.1"], "cost.eval_s", "cost.one_machine=true"),
     (["cost.server_burst_bytes=32768"], "cost.server_burst_bytes", "cost.topology=shared"),
     (["cost=uniform", "cost.topology=shared", "cost.server_burst_bytes=32768"], "cost.server_burst_bytes", "limited"),
+    (["cost.link_cpu_s_per_byte=1e-8"], "cost.link_cpu_s_per_byte", "cost.topology=shared"),
+    (["cost.topology=shared", "cost.server_bandwidth_Bps=1e7", "cost.link_cpu_s_per_byte=1e-8"],
+     "cost.link_cpu_s_per_byte", "cost.one_machine=true"),
+    (["cost=uniform", "cost.topology=shared", "cost.one_machine=true", "cost.devices_per_host=2", "num_clients=1",
+      "cost.link_cpu_s_per_byte=1e-8"], "cost.link_cpu_s_per_byte", "limited"),
 ]
 
 

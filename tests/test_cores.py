@@ -93,3 +93,7 @@ def test_a_loopback_run_is_measured_by_role():
     assert sum(r["cores"]["server"]) > 0 and sum(r["cores"]["client"]) > 0
     # every CPU is in some state all the time: the states add up to the machine's CPUs
     assert sum(r["machine"].values()) == pytest.approx(os.cpu_count(), rel=0.25)
+
+
+def test_nothing_to_resimulate_in_a_folder_without_runs(tmp_path):
+    assert cores.resimulated_error(tmp_path, "link", 8, 4, compute_scale=1.1) is None

@@ -162,3 +162,9 @@ def test_a_shrunk_experiment_runs_end_to_end_and_the_benchmark_reads_it(tmp_path
                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert bench.returncode in (0, 1), bench.stderr   # 1: a target missed, which this machine decides
     assert "loopback      1       2" in bench.stdout
+    # simreal --cores re-simulates a point with what it measured: a compute twice as slow, fewer samples/s
+    from repro.bench.cores import resimulated_error
+
+    before, after = resimulated_error(tmp_path / "r" / "sim_vs_real", "loopback", 1, 2, compute_scale=2.0)
+    assert after < before
+    assert resimulated_error(tmp_path / "r" / "sim_vs_real", "link", 1, 2) is None   # no such point

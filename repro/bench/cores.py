@@ -47,6 +47,15 @@ def _machine_times() -> dict[str, float]:
     return {name: int(v) / HZ for name, v in zip(STAT_FIELDS, values)}
 
 
+def _softirqs() -> dict[str, int]:
+    """/proc/softirqs: each kind's count, all CPUs together (empty where the file is missing)."""
+    try:
+        lines = Path("/proc/softirqs").read_text().splitlines()[1:]
+    except OSError:
+        return {}
+    return {line.split(":")[0].strip(): sum(int(x) for x in line.split(":")[1].split()) for line in lines}
+
+
 def role(pid: int, loopback_server: int | None) -> str | None:
     """'server', 'client' or 'agent' for a process of the run, None for any other."""
     try:
@@ -109,7 +118,8 @@ class Sampler(threading.Thread):
                     self._roles[pid] = "sampler" if pid == me else role(pid, self.loopback_server)
                 if self._roles[pid] and (times := _proc_times(pid)):
                     procs[pid] = (self._roles[pid], *times)
-            self.samples.append((time.monotonic(), _machine_times(), procs, self.pushes()))
+            machine = {**_machine_times(), **{f"softirq_{k}": n for k, n in _softirqs().items()}}
+            self.samples.append((time.monotonic(), machine, procs, self.pushes()))
             self._done.wait(self.interval_s)
 
     def stop(self) -> None:
@@ -142,14 +152,16 @@ def report(sampler: Sampler, run_dir: Path) -> dict:
         if pid in p0:
             cores[who][0] += (user - p0[pid][1]) / span
             cores[who][1] += (system - p0[pid][2]) / span
-    machine = {k: (m1[k] - m0[k]) / span for k in STAT_FIELDS}
+    rates = {k: (m1[k] - m0[k]) / span for k in m1 if k in m0}
+    machine = {k: rates[k] for k in STAT_FIELDS}
     pushes_per_s = (n1 - n0) / span
     mb_per_s = pushes_per_s * 2 * message_bytes(config) / 1e6   # a push and its reply
     kernel = machine["system"] + machine["softirq"] - cores["sampler"][1]
     return {"pushes_per_s": pushes_per_s,
             "samples_per_s": pushes_per_s * config["nsync"] * config["algo"]["batch_size"],
             "window_s": span, "cores": dict(cores), "machine": machine, "mb_per_s": mb_per_s,
-            "kernel_cores": kernel, "kernel_ms_per_mb": 1e3 * kernel / mb_per_s if mb_per_s else float("nan")}
+            "kernel_cores": kernel, "kernel_ms_per_mb": 1e3 * kernel / mb_per_s if mb_per_s else float("nan"),
+            "softirqs_per_s": {k[len("softirq_"):]: v for k, v in rates.items() if k.startswith("softirq_")}}
 
 
 def measure(link: str, overrides: list[str], num_clients: int, link_mbit: float = 100.0) -> dict:
@@ -183,25 +195,83 @@ def measure(link: str, overrides: list[str], num_clients: int, link_mbit: float 
         return report(sampler, run_dir)
 
 
-def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 100.0) -> None:
-    """Measure the point over loopback and over the link; one row each (see the module docstring)."""
-    overrides = [f"nsync={nsync}", f"num_epochs={epochs:g}", "eval_every=0.5"]
-    print(f"where the cores go: nsync {nsync}, {num_clients} clients, {epochs:g} epochs; cores used over the "
-          "steady middle of one run (server and clients: user+system; machine: /proc/stat of all 2 CPUs "
-          "together; the sampler's own share apart)", flush=True)
-    print(f"{'link':9s} {'samples/s':>9s} {'server u+s':>11s} {'clients u+s':>12s} {'agents':>6s} {'sampler':>7s} "
-          f"{'m user':>6s} {'m sys':>6s} {'softirq':>7s} {'idle':>5s} {'MB/s':>6s} {'kernel ms/MB':>12s}")
-    for link in ("loopback", "link"):
-        from repro.bench.hosts import HostsUnavailable
+def cpu_per_push(r: dict) -> float:
+    """The clients' CPU seconds (user + system) per applied push."""
+    return sum(r["cores"].get("client", [0.0, 0.0])) / r["pushes_per_s"]
 
-        try:
-            r = measure(link, overrides, num_clients, link_mbit)
-        except HostsUnavailable as err:
-            print(f"{link:9s} skipped: {err.reason}")
-            continue
-        c, m = r["cores"], r["machine"]
-        part = lambda who: f"{c.get(who, [0, 0])[0]:.2f}+{c.get(who, [0, 0])[1]:.2f}"
-        print(f"{link:9s} {r['samples_per_s']:9.0f} {part('server'):>11s} {part('client'):>12s} "
-              f"{sum(c.get('agent', [0, 0])):6.3f} {sum(c.get('sampler', [0, 0])):7.3f} {m['user']:6.2f} "
-              f"{m['system']:6.2f} {m['softirq']:7.2f} {m['idle']:5.2f} {r['mb_per_s']:6.1f} "
-              f"{r['kernel_ms_per_mb']:12.1f}", flush=True)
+
+def resimulated_error(root: Path, link: str, nsync: int, num_clients: int, **cost) -> tuple[float, float] | None:
+    """The point's samples/s error (median over seeds) as predicted, and with its predicted runs
+    re-simulated with ``cost`` changed (``compute_scale`` multiplies the fitted compute_s); None
+    when ``root`` holds no such point."""
+    import pandas as pd
+
+    from repro.analysis.lab import simreal as lab
+    from repro.analysis.lab.spread import predicted_config, resimulate
+
+    if not lab.run_dirs(root):
+        return None
+    runs, _, _ = lab.read_runs(root)
+    at = (runs.link == link) & (runs.nsync == nsync) & (runs.num_clients == num_clients)
+    predicted, measured = runs[at & (runs.side == "predicted")], runs[at & (runs.side == "measured")]
+    if predicted.empty or measured.empty:
+        return None
+    scale, rates = cost.pop("compute_scale", 1.0), []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, run_dir in enumerate(predicted.run_dir):
+            fitted = predicted_config(run_dir).cost.compute_s
+            out = resimulate(run_dir, Path(tmp) / str(i), compute_s=fitted * scale, **cost)
+            rates.append(lab.samples_per_s(pd.read_csv(out / "updates.csv")))
+    meas = measured.samples_per_s.median()
+    return predicted.samples_per_s.median() / meas - 1, float(pd.Series(rates).median()) / meas - 1
+
+
+def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 100.0,
+                results: Path | None = None) -> None:
+    """Measure the point, and its one-client counterpart, over loopback and over the link; one
+    row each; with ``results`` (the experiment's folder) also the point re-simulated with what was
+    measured (see the module docstring)."""
+    print(f"where the cores go: nsync {nsync}, {epochs:g} epochs; cores used over the steady middle of one "
+          "run (server and clients: user+system; machine: /proc/stat of all 2 CPUs together; the "
+          "sampler's own share apart)", flush=True)
+    print(f"{'link':9s} {'clients':>7s} {'samples/s':>9s} {'server u+s':>11s} {'clients u+s':>12s} "
+          f"{'CPU ms/push':>11s} {'m user':>6s} {'m sys':>6s} {'softirq':>7s} {'idle':>5s} {'MB/s':>6s} "
+          f"{'kernel ms/MB':>12s}")
+    from repro.bench.hosts import HostsUnavailable
+
+    for link in ("loopback", "link"):
+        measured = {}
+        for clients in sorted({1, num_clients}):
+            overrides = [f"nsync={nsync}", f"num_epochs={epochs:g}", "eval_every=0.5"]
+            try:
+                measured[clients] = r = measure(link, overrides, clients, link_mbit)
+            except HostsUnavailable as err:
+                print(f"{link:9s} skipped: {err.reason}")
+                break
+            c, m = r["cores"], r["machine"]
+            part = lambda who: f"{c.get(who, [0, 0])[0]:.2f}+{c.get(who, [0, 0])[1]:.2f}"
+            print(f"{link:9s} {clients:7d} {r['samples_per_s']:9.0f} {part('server'):>11s} {part('client'):>12s} "
+                  f"{1e3 * cpu_per_push(r):11.1f} {m['user']:6.2f} {m['system']:6.2f} {m['softirq']:7.2f} "
+                  f"{m['idle']:5.2f} {r['mb_per_s']:6.1f} {r['kernel_ms_per_mb']:12.1f}", flush=True)
+            softirqs = {k: v for k, v in r["softirqs_per_s"].items() if v >= 1}
+            if softirqs:
+                print(f"{'':17s} softirqs per second: " + ", ".join(f"{k} {v:.0f}" for k, v in softirqs.items()))
+        if len(measured) == len({1, num_clients}) and results is not None:
+            _print_resimulated(results, link, nsync, num_clients, measured)
+
+
+def _print_resimulated(results: Path, link: str, nsync: int, num_clients: int, measured: dict) -> None:
+    """The point's predicted runs re-simulated with the clients' CPU per push as measured at
+    ``num_clients`` against one client, and across the link with the kernel's CPU per byte."""
+    scale = cpu_per_push(measured[num_clients]) / cpu_per_push(measured[1])
+    cost = {"compute_scale": scale}
+    if link == "link":
+        cost["link_cpu_s_per_byte"] = measured[num_clients]["kernel_ms_per_mb"] * 1e-9
+    errors = resimulated_error(results, link, nsync, num_clients, **dict(cost))
+    if errors is None:
+        print(f"{'':17s} (no predicted runs of this point in {results} to re-simulate)")
+        return
+    what = f"compute_s x {scale:.2f}" + (f", cost.link_cpu_s_per_byte {cost['link_cpu_s_per_byte']:.3g}"
+                                         if "link_cpu_s_per_byte" in cost else "")
+    print(f"{'':17s} samples/s error {errors[0]:+.1%} as predicted; {errors[1]:+.1%} re-simulated with "
+          f"what this measured ({what})", flush=True)

@@ -320,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cores:
         from repro.bench.cores import print_cores
 
-        print_cores(*args.cores, args.cores_epochs)
+        print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
         return 0
 
     cores = machine_now() if args.machine else None

@@ -194,7 +194,8 @@ def check_segment(cfg: RunConfig, num_train: int) -> None:
 
 
 SHARED_ONLY = {"clients_per_host": 1, "devices_per_host": None, "host_bandwidth_Bps": None,
-               "server_bandwidth_Bps": None, "server_burst_bytes": 0.0, "one_machine": False, "eval_s": 0.0}   # their values under cost.topology=dedicated
+               "server_bandwidth_Bps": None, "server_burst_bytes": 0.0, "one_machine": False, "eval_s": 0.0,
+               "link_cpu_s_per_byte": 0.0}   # their values under cost.topology=dedicated
 
 
 def _check_topology(cfg: RunConfig) -> None:
@@ -221,6 +222,10 @@ def _check_topology(cfg: RunConfig) -> None:
         raise ConfigError("cost.server_burst_bytes", cost.server_burst_bytes, "0 unless the server's link is "
                           "limited (cost.server_bandwidth_Bps or cost.bandwidth_Bps): a burst is what a "
                           "limited link sends at once")
+    if cost.link_cpu_s_per_byte and not (cost.one_machine and (cost.server_bandwidth_Bps or cost.bandwidth_Bps)):
+        raise ConfigError("cost.link_cpu_s_per_byte", cost.link_cpu_s_per_byte, "0 unless cost.one_machine=true "
+                          "and the server's link is limited (cost.server_bandwidth_Bps or cost.bandwidth_Bps): "
+                          "it is the CPU a transfer across that link costs the machine's cores")
     if cost.eval_s and not cost.one_machine:
         raise ConfigError("cost.eval_s", cost.eval_s, "0 unless cost.one_machine=true (an evaluation takes "
                           "time only from the cores the server shares with its clients)")

@@ -174,6 +174,11 @@ class CostConfig:
     """shared: the server and all clients run on one machine (one host holding every client)
     whose devices_per_host cores they share: a push or fetch is a loopback copy, CPU work of both
     its ends, so it takes two shares of the cores beside the computing clients (repro/sim/resources.py)."""
+    link_cpu_s_per_byte: float = knob(0.0, Range(0.0, 1.0))
+    """one_machine: CPU seconds the machine's kernels spend per byte a transfer moves across a
+    limited link (both ends together: python -m repro.bench simreal --cores measures it as kernel
+    ms per MB); such a transfer then takes that much of the cores at its rate; 0: none (the link's
+    time alone)."""
     eval_s: float = knob(0.0, SECONDS)
     """one_machine: CPU seconds of one evaluation of the server's parameters, which then takes one
     share of the cores from each evaluation on (the real server evaluates in a thread beside its

@@ -32,7 +32,9 @@ stated discipline:
   it fell behind on collapse into one. The apply (a tenth of a millisecond against milliseconds of
   compute on digits) keeps its fixed time. A transfer across a limited link (the server's or a
   host's) is the network's time, not the cores': it takes no share of them (two network
-  namespaces of one machine, :mod:`repro.bench.two_hosts`: the cores are shared, the link binds).
+  namespaces of one machine, :mod:`repro.bench.two_hosts`: the cores are shared, the link binds),
+  but for the kernels' work of moving its bytes (``cost.link_cpu_s_per_byte``, 0 by default): at
+  a rate of B bytes/s it takes B x that of the cores, and is not slowed by them (the link binds).
 * **the server link's burst** (``cost.server_burst_bytes``): each way of the server's link is a
   token bucket, as tc's tbf: while no transfer crosses it, it fills at the link's rate up to the
   burst; a transfer that finds that way idle sends what the bucket holds at once (its work is
@@ -355,11 +357,14 @@ class ContendedScheduler:
     def _rerate_machine(self, t: float) -> None:
         """cost.one_machine: the host's cores shared by every compute (weight 1) and loopback
         transfer (weight 2: both ends copy), each transfer also held to its links' share; a
-        transfer across a limited link waits for the link, not the cores (weight 0)."""
-        weight = sum(1 if st.kind not in (FETCH, PUSH) else 0 if self.paths[k][st.kind] else 2
+        transfer across a limited link waits for the link, not the cores (weight: its rate in
+        bytes/s x cost.link_cpu_s_per_byte, the kernels' work, 0 by default)."""
+        links = {**self._flow_rates(FETCH), **self._flow_rates(PUSH)}
+        # a transfer across a limited link: its kernels' work at its rate (cost.link_cpu_s_per_byte)
+        per_rate = self.full_Bps * self.model.cost.link_cpu_s_per_byte if self.model.cost.link_cpu_s_per_byte else 0.0
+        weight = sum(1 if st.kind not in (FETCH, PUSH) else per_rate * links[k] if self.paths[k][st.kind] else 2
                      for k, st in self.stages.items())
         cpu = 1.0 if weight <= self.devices else self.devices / weight
-        links = {**self._flow_rates(FETCH), **self._flow_rates(PUSH)}
         for k, st in list(self.stages.items()):
             if k not in links:
                 self._set_rate(k, t, cpu)
