@@ -36,8 +36,10 @@ def test_the_report_counts_cores_by_role_over_the_runs_steady_middle(tmp_path):
     # one sample a second: 10 pushes a second; the server 0.5 user + 0.1 system cores, each of two
     # clients 0.6 + 0.05, the sampler 0.02 system; 0..19 pushes before the window, 80.. after
     for k in range(11):
-        procs = {10: ("server", 0.5 * k, 0.1 * k), 11: ("client", 0.6 * k, 0.05 * k),
-                 12: ("client", 0.6 * k, 0.05 * k), 13: ("sampler", 0.0, 0.02 * k)}
+        # (role, user, system, main thread on a CPU, in the run queue, time slices): each client's
+        # main thread waits 0.3 s a second for a CPU, over 100 slices a second
+        procs = {10: ("server", 0.5 * k, 0.1 * k, 0.0, 0.0, 0), 11: ("client", 0.6 * k, 0.05 * k, 0.6 * k, 0.3 * k, 100 * k),
+                 12: ("client", 0.6 * k, 0.05 * k, 0.6 * k, 0.3 * k, 100 * k), 13: ("sampler", 0.0, 0.02 * k, 0.0, 0.0, 0)}
         sampler.samples.append((100.0 + k, machine(k), procs, 10 * k))
     r = cores.report(sampler, run_dir)
     assert sampler.window(100) == (2, 8)
@@ -51,6 +53,7 @@ def test_the_report_counts_cores_by_role_over_the_runs_steady_middle(tmp_path):
     # the kernel: system + softirq, less the sampler's own system time
     assert r["kernel_cores"] == pytest.approx(0.2 + 0.2 - 0.02)
     assert r["kernel_ms_per_mb"] == pytest.approx(1e3 * 0.38 / 5.0)
+    assert r["runq"]["client"] == pytest.approx(0.6) and r["slices_per_s"]["client"] == pytest.approx(200)
 
 
 def test_a_run_too_short_for_a_steady_middle_is_refused(tmp_path):

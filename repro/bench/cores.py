@@ -6,7 +6,9 @@ hosts of :mod:`repro.bench.two_hosts`, while a thread samples every tenth of a s
 agents), and the machine's ``/proc/stat`` (user, system, softirq, idle). Over the steady middle of
 the run (from its fifth to its last fifth applied push, counted in ``updates.csv`` as it grows) it
 reports the cores each role used, the machine's, and the kernel's CPU time (system + softirq) per
-megabyte the messages moved. The simulator gives the cores to the computing clients and the
+megabyte the messages moved, and from each process's main thread's ``/proc/PID/schedstat`` (a
+client's main thread computes) how long the clients waited in the run queue for a CPU and how
+often they were scheduled. The simulator gives the cores to the computing clients and the
 evaluator and, on one machine, to loopback copies; a transfer across the limited link takes none
 (:mod:`repro.sim.resources`); this measures what that leaves out (REPRODUCE.md, "The simulator
 against reality").
@@ -39,6 +41,16 @@ def _proc_times(pid: int) -> tuple[float, float] | None:
         return None
     fields = stat[stat.rindex(")") + 2:].split()
     return int(fields[11]) / HZ, int(fields[12]) / HZ
+
+
+def _main_thread_sched(pid: int) -> tuple[float, float, int]:
+    """(seconds on a CPU, seconds waiting in the run queue, time slices) of ``pid``'s main thread
+    (/proc/PID/schedstat; zeros where the kernel keeps no schedstats)."""
+    try:
+        run_ns, wait_ns, slices = Path(f"/proc/{pid}/schedstat").read_text().split()[:3]
+    except (OSError, ValueError):
+        return 0.0, 0.0, 0
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9, int(slices)
 
 
 def _machine_times() -> dict[str, float]:
@@ -117,7 +129,7 @@ class Sampler(threading.Thread):
                 if pid not in self._roles:
                     self._roles[pid] = "sampler" if pid == me else role(pid, self.loopback_server)
                 if self._roles[pid] and (times := _proc_times(pid)):
-                    procs[pid] = (self._roles[pid], *times)
+                    procs[pid] = (self._roles[pid], *times, *_main_thread_sched(pid))
             machine = {**_machine_times(), **{f"softirq_{k}": n for k, n in _softirqs().items()}}
             self.samples.append((time.monotonic(), machine, procs, self.pushes()))
             self._done.wait(self.interval_s)
@@ -148,10 +160,14 @@ def report(sampler: Sampler, run_dir: Path) -> dict:
     (t0, m0, p0, n0), (t1, m1, p1, n1) = sampler.samples[first], sampler.samples[last]
     span = t1 - t0
     cores: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for pid, (who, user, system) in p1.items():
+    runq = defaultdict(float)   # seconds per second a role's main threads waited for a CPU
+    slices = defaultdict(float)
+    for pid, (who, user, system, _, wait, n) in p1.items():
         if pid in p0:
             cores[who][0] += (user - p0[pid][1]) / span
             cores[who][1] += (system - p0[pid][2]) / span
+            runq[who] += (wait - p0[pid][4]) / span
+            slices[who] += (n - p0[pid][5]) / span
     rates = {k: (m1[k] - m0[k]) / span for k in m1 if k in m0}
     machine = {k: rates[k] for k in STAT_FIELDS}
     pushes_per_s = (n1 - n0) / span
@@ -160,7 +176,7 @@ def report(sampler: Sampler, run_dir: Path) -> dict:
     return {"pushes_per_s": pushes_per_s,
             "samples_per_s": pushes_per_s * config["nsync"] * config["algo"]["batch_size"],
             "window_s": span, "cores": dict(cores), "machine": machine, "mb_per_s": mb_per_s,
-            "kernel_cores": kernel, "kernel_ms_per_mb": 1e3 * kernel / mb_per_s if mb_per_s else float("nan"),
+            "kernel_cores": kernel, "runq": dict(runq), "slices_per_s": dict(slices), "kernel_ms_per_mb": 1e3 * kernel / mb_per_s if mb_per_s else float("nan"),
             "softirqs_per_s": {k[len("softirq_"):]: v for k, v in rates.items() if k.startswith("softirq_")}}
 
 
@@ -235,7 +251,7 @@ def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 
           "run (server and clients: user+system; machine: /proc/stat of all 2 CPUs together; the "
           "sampler's own share apart)", flush=True)
     print(f"{'link':9s} {'clients':>7s} {'samples/s':>9s} {'server u+s':>11s} {'clients u+s':>12s} "
-          f"{'CPU ms/push':>11s} {'m user':>6s} {'m sys':>6s} {'softirq':>7s} {'idle':>5s} {'MB/s':>6s} "
+          f"{'CPU ms/push':>11s} {'runq ms/push':>12s} {'slices/s':>8s} {'m user':>6s} {'m sys':>6s} {'softirq':>7s} {'idle':>5s} {'MB/s':>6s} "
           f"{'kernel ms/MB':>12s}")
     from repro.bench.hosts import HostsUnavailable
 
@@ -251,7 +267,8 @@ def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 
             c, m = r["cores"], r["machine"]
             part = lambda who: f"{c.get(who, [0, 0])[0]:.2f}+{c.get(who, [0, 0])[1]:.2f}"
             print(f"{link:9s} {clients:7d} {r['samples_per_s']:9.0f} {part('server'):>11s} {part('client'):>12s} "
-                  f"{1e3 * cpu_per_push(r):11.1f} {m['user']:6.2f} {m['system']:6.2f} {m['softirq']:7.2f} "
+                  f"{1e3 * cpu_per_push(r):11.1f} {1e3 * r['runq'].get('client', 0.0) / r['pushes_per_s']:12.1f} "
+                  f"{r['slices_per_s'].get('client', 0.0) / clients:8.0f} {m['user']:6.2f} {m['system']:6.2f} {m['softirq']:7.2f} "
                   f"{m['idle']:5.2f} {r['mb_per_s']:6.1f} {r['kernel_ms_per_mb']:12.1f}", flush=True)
             softirqs = {k: v for k, v in r["softirqs_per_s"].items() if v >= 1}
             if softirqs:
