@@ -1,7 +1,7 @@
 """Where a real run's cores go: ``python -m repro.bench simreal --cores``.
 
-This module owns one measurement: one real run of a grid point, over loopback and across the two
-hosts of :mod:`repro.bench.two_hosts`, while a thread samples every tenth of a second the CPU time
+This module owns one measurement: real runs of a grid point and of its one-client counterpart,
+over loopback and across the two hosts of :mod:`repro.bench.two_hosts`, while a thread samples every tenth of a second the CPU time
 (user and system) of each of the run's processes, by role (the server, the clients, torchrun's
 agents), and the machine's ``/proc/stat`` (user, system, softirq, idle). Over the steady middle of
 the run (from its fifth to its last fifth applied push, counted in ``updates.csv`` as it grows) it
@@ -10,7 +10,8 @@ megabyte the messages moved, and from each process's main thread's ``/proc/PID/s
 client's main thread computes) how long the clients waited in the run queue for a CPU and how
 often they were scheduled. The simulator gives the cores to the computing clients and the
 evaluator and, on one machine, to loopback copies; a transfer across the limited link takes none
-(:mod:`repro.sim.resources`); this measures what that leaves out (REPRODUCE.md, "The simulator
+(:mod:`repro.sim.resources`); this measures what that leaves out, and re-simulates the point's
+predicted runs of ``+exp=sim_vs_real`` with what it measured (REPRODUCE.md, "The simulator
 against reality").
 
 Processes are found by their command lines: torchrun's ranks carry ``RANK`` (0 the server); a
@@ -33,14 +34,20 @@ HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def _proc_times(pid: int) -> tuple[float, float] | None:
-    """(user, system) CPU seconds of process ``pid``, its exited threads included."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses):
+    [0] the state, [1] the parent, [11] user and [12] system clock ticks; None once it has exited."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[11]) / HZ, int(fields[12]) / HZ
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _proc_times(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of process ``pid``, its exited threads included."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) / HZ, int(fields[12]) / HZ)
 
 
 def _main_thread_sched(pid: int) -> tuple[float, float, int]:
@@ -88,11 +95,8 @@ def role(pid: int, loopback_server: int | None) -> str | None:
 
 
 def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])
 
 
 class Sampler(threading.Thread):
@@ -102,7 +106,8 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.results_dir, self.interval_s = results_dir, interval_s
         self.loopback_server: int | None = None
-        self.samples: list[tuple[float, dict, dict, int]] = []   # (t, machine, {pid: (role, u, s)}, pushes)
+        # (t, machine, {pid: (role, user, system, main thread on a CPU, in the run queue, slices)}, pushes)
+        self.samples: list[tuple[float, dict, dict, int]] = []
         self._roles: dict[int, str | None] = {}
         self._updates: Path | None = None
         self._done = threading.Event()
@@ -176,7 +181,8 @@ def report(sampler: Sampler, run_dir: Path) -> dict:
     return {"pushes_per_s": pushes_per_s,
             "samples_per_s": pushes_per_s * config["nsync"] * config["algo"]["batch_size"],
             "window_s": span, "cores": dict(cores), "machine": machine, "mb_per_s": mb_per_s,
-            "kernel_cores": kernel, "runq": dict(runq), "slices_per_s": dict(slices), "kernel_ms_per_mb": 1e3 * kernel / mb_per_s if mb_per_s else float("nan"),
+            "kernel_cores": kernel, "kernel_ms_per_mb": 1e3 * kernel / mb_per_s if mb_per_s else float("nan"),
+            "runq": dict(runq), "slices_per_s": dict(slices),
             "softirqs_per_s": {k[len("softirq_"):]: v for k, v in rates.items() if k.startswith("softirq_")}}
 
 
@@ -216,10 +222,11 @@ def cpu_per_push(r: dict) -> float:
     return sum(r["cores"].get("client", [0.0, 0.0])) / r["pushes_per_s"]
 
 
-def resimulated_error(root: Path, link: str, nsync: int, num_clients: int, **cost) -> tuple[float, float] | None:
+def resimulated_error(root: Path, link: str, nsync: int, num_clients: int, compute_scale: float = 1.0,
+                      **cost) -> tuple[float, float] | None:
     """The point's samples/s error (median over seeds) as predicted, and with its predicted runs
-    re-simulated with ``cost`` changed (``compute_scale`` multiplies the fitted compute_s); None
-    when ``root`` holds no such point."""
+    re-simulated with the fitted compute_s times ``compute_scale`` and ``cost`` changed; None when
+    ``root`` holds no such point."""
     import pandas as pd
 
     from repro.analysis.lab import simreal as lab
@@ -232,11 +239,11 @@ def resimulated_error(root: Path, link: str, nsync: int, num_clients: int, **cos
     predicted, measured = runs[at & (runs.side == "predicted")], runs[at & (runs.side == "measured")]
     if predicted.empty or measured.empty:
         return None
-    scale, rates = cost.pop("compute_scale", 1.0), []
+    rates = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, run_dir in enumerate(predicted.run_dir):
             fitted = predicted_config(run_dir).cost.compute_s
-            out = resimulate(run_dir, Path(tmp) / str(i), compute_s=fitted * scale, **cost)
+            out = resimulate(run_dir, Path(tmp) / str(i), compute_s=fitted * compute_scale, **cost)
             rates.append(lab.samples_per_s(pd.read_csv(out / "updates.csv")))
     meas = measured.samples_per_s.median()
     return predicted.samples_per_s.median() / meas - 1, float(pd.Series(rates).median()) / meas - 1
@@ -247,18 +254,18 @@ def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 
     """Measure the point, and its one-client counterpart, over loopback and over the link; one
     row each; with ``results`` (the experiment's folder) also the point re-simulated with what was
     measured (see the module docstring)."""
-    print(f"where the cores go: nsync {nsync}, {epochs:g} epochs; cores used over the steady middle of one "
-          "run (server and clients: user+system; machine: /proc/stat of all 2 CPUs together; the "
-          "sampler's own share apart)", flush=True)
-    print(f"{'link':9s} {'clients':>7s} {'samples/s':>9s} {'server u+s':>11s} {'clients u+s':>12s} "
-          f"{'CPU ms/push':>11s} {'runq ms/push':>12s} {'slices/s':>8s} {'m user':>6s} {'m sys':>6s} {'softirq':>7s} {'idle':>5s} {'MB/s':>6s} "
-          f"{'kernel ms/MB':>12s}")
     from repro.bench.hosts import HostsUnavailable
 
+    print(f"where the cores go: nsync {nsync}, {epochs:g} epochs; cores used over the steady middle of one "
+          f"run (server and clients: user+system; machine: /proc/stat of all {os.cpu_count()} CPUs together; "
+          "the sampler's own share apart)", flush=True)
+    print(f"{'link':9s} {'clients':>7s} {'samples/s':>9s} {'server u+s':>11s} {'clients u+s':>12s} "
+          f"{'CPU ms/push':>11s} {'runq ms/push':>12s} {'slices/s':>8s} {'m user':>6s} {'m sys':>6s} "
+          f"{'softirq':>7s} {'idle':>5s} {'MB/s':>6s} {'kernel ms/MB':>12s}")
+    overrides = [f"nsync={nsync}", f"num_epochs={epochs:g}", "eval_every=0.5"]
     for link in ("loopback", "link"):
         measured = {}
         for clients in sorted({1, num_clients}):
-            overrides = [f"nsync={nsync}", f"num_epochs={epochs:g}", "eval_every=0.5"]
             try:
                 measured[clients] = r = measure(link, overrides, clients, link_mbit)
             except HostsUnavailable as err:
@@ -268,8 +275,8 @@ def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 
             part = lambda who: f"{c.get(who, [0, 0])[0]:.2f}+{c.get(who, [0, 0])[1]:.2f}"
             print(f"{link:9s} {clients:7d} {r['samples_per_s']:9.0f} {part('server'):>11s} {part('client'):>12s} "
                   f"{1e3 * cpu_per_push(r):11.1f} {1e3 * r['runq'].get('client', 0.0) / r['pushes_per_s']:12.1f} "
-                  f"{r['slices_per_s'].get('client', 0.0) / clients:8.0f} {m['user']:6.2f} {m['system']:6.2f} {m['softirq']:7.2f} "
-                  f"{m['idle']:5.2f} {r['mb_per_s']:6.1f} {r['kernel_ms_per_mb']:12.1f}", flush=True)
+                  f"{r['slices_per_s'].get('client', 0.0) / clients:8.0f} {m['user']:6.2f} {m['system']:6.2f} "
+                  f"{m['softirq']:7.2f} {m['idle']:5.2f} {r['mb_per_s']:6.1f} {r['kernel_ms_per_mb']:12.1f}", flush=True)
             softirqs = {k: v for k, v in r["softirqs_per_s"].items() if v >= 1}
             if softirqs:
                 print(f"{'':17s} softirqs per second: " + ", ".join(f"{k} {v:.0f}" for k, v in softirqs.items()))
@@ -281,10 +288,9 @@ def _print_resimulated(results: Path, link: str, nsync: int, num_clients: int, m
     """The point's predicted runs re-simulated with the clients' CPU per push as measured at
     ``num_clients`` against one client, and across the link with the kernel's CPU per byte."""
     scale = cpu_per_push(measured[num_clients]) / cpu_per_push(measured[1])
-    cost = {"compute_scale": scale}
-    if link == "link":
-        cost["link_cpu_s_per_byte"] = measured[num_clients]["kernel_ms_per_mb"] * 1e-9
-    errors = resimulated_error(results, link, nsync, num_clients, **dict(cost))
+    # across the link the kernel's work is a cost of its own; on loopback the copies' shares stand for it
+    cost = {"link_cpu_s_per_byte": measured[num_clients]["kernel_ms_per_mb"] * 1e-9} if link == "link" else {}
+    errors = resimulated_error(results, link, nsync, num_clients, compute_scale=scale, **cost)
     if errors is None:
         print(f"{'':17s} (no predicted runs of this point in {results} to re-simulate)")
         return

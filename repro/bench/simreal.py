@@ -204,10 +204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of 1, 2 and 4 bare training loops side by side (the OS scheduler's spread)")
     parser.add_argument("--cores", metavar="NSYNC:CLIENTS", type=_point, default=None,
                         help="instead of the tables, measure where the cores go at one grid point, e.g. "
-                             "8:4: one real run over loopback and one across the two hosts (as root), "
-                             "each process's CPU time sampled every 0.1 s: cores used by the server, the "
-                             "clients and the machine's kernel, and the kernel's CPU ms per MB the "
-                             "messages moved (about a minute)")
+                             "8:4: real runs of it and of its one-client counterpart over loopback and "
+                             "across the two hosts (as root), each process's CPU time sampled every 0.1 s: "
+                             "cores used by the server, the clients and the machine's kernel, the clients' "
+                             "CPU and run-queue wait per push, and the kernel's CPU ms per MB the messages "
+                             "moved; then the point's predicted runs in --results re-simulated with what "
+                             "was measured (about 2.5 minutes)")
     parser.add_argument("--cores-epochs", type=positive(float), default=40.0,
                         help="epochs of each --cores run: enough for a steady middle (default: %(default)s)")
 

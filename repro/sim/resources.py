@@ -360,7 +360,8 @@ class ContendedScheduler:
         transfer across a limited link waits for the link, not the cores (weight: its rate in
         bytes/s x cost.link_cpu_s_per_byte, the kernels' work, 0 by default)."""
         links = {**self._flow_rates(FETCH), **self._flow_rates(PUSH)}
-        # a transfer across a limited link: its kernels' work at its rate (cost.link_cpu_s_per_byte)
+        # cores per unit of a limited-link transfer's rate; 0 without a limited link, where
+        # full_Bps is infinite (inf x 0 would be nan)
         per_rate = self.full_Bps * self.model.cost.link_cpu_s_per_byte if self.model.cost.link_cpu_s_per_byte else 0.0
         weight = sum(1 if st.kind not in (FETCH, PUSH) else per_rate * links[k] if self.paths[k][st.kind] else 2
                      for k, st in self.stages.items())
