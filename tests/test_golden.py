@@ -34,8 +34,21 @@ CONFIGS = {
                                    cost=CostConfig(profile="j", compute_s=0.01, jitter="exponential",
                                                    jitter_sigma=0.8)),
 }
-# recorded with torch 2.13.0+cpu, CPU capability AVX512, 1 thread
+# recorded with torch 2.13.0+cpu, CPU capability AVX512, 1 thread, on a CPU without AMX
 RECORDED = {"torch": "2.13.0+cpu", "cpu_capability": "AVX512", "num_threads": 1}
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU has AMX tiles (Sapphire Rapids and later). torch's CPU capability says
+    AVX512 on both kinds, yet on an AMX machine (seen 2026-12-06, "Intel(R) Xeon(R) Processor" with
+    amx_tile, avx512_fp16) the same build and thread count give losses that differ from the
+    recording in the last bits (the schedule identical): another kernel family, so only the
+    statistical check below applies there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -44,7 +57,8 @@ def test_async_runs_are_what_they_were(tmp_path, name):
     assert summary["status"] == "completed"
     gold = GOLDEN / name
     env = environment()
-    same_machine = all(env[k] == v for k, v in RECORDED.items()) and torch.get_num_threads() == 1
+    same_machine = (all(env[k] == v for k, v in RECORDED.items()) and torch.get_num_threads() == 1
+                    and not cpu_has_amx())
     if same_machine:
         for table in ("updates.csv", "evals.csv"):
             assert (tmp_path / table).read_bytes() == (gold / table).read_bytes(), table
