@@ -182,6 +182,11 @@ def _no_network(rec):
     return "config.json has network.param_bytes"
 
 
+def _bad_host(rec):
+    _edit_config(rec, host={"cpu_cores": "four", "clients_on_host": 1})
+    return "config.json has host, null or the real driver's record"
+
+
 def _short_row(rec):
     with open(rec / "timings.csv", "a") as f:
         f.write("99,1.0,virtual\n")
@@ -194,7 +199,7 @@ def _a_replay(rec):
     return "a replay records no timings"
 
 
-@pytest.mark.parametrize("spoil", [_bad_cell, _no_network, _short_row, _a_replay])
+@pytest.mark.parametrize("spoil", [_bad_cell, _no_network, _bad_host, _short_row, _a_replay])
 def test_a_malformed_recording_is_refused_naming_the_file_and_line(tmp_path, spoil):
     rec = record(tmp_path, "rec", None, epochs=6.0)
     said = spoil(rec)

@@ -99,13 +99,19 @@ def _read_config(run_dir: Path) -> dict:
     except (OSError, ValueError) as exc:
         raise _refuse(run_dir, f"a recorded run folder with a readable {path} ({exc})") from None
     for key, what in NEEDED.items():
+        if key == "network.param_bytes" and _get(config, "cost.comm_params") is not None:
+            key, what = "cost.comm_params", "a positive number"   # its messages' size (message_bytes)
         value = _get(config, key)
         ok = isinstance(value, str) and value if what.endswith("name") else _positive(value)
-        if key == "network.param_bytes" and _get(config, "cost.comm_params") is not None:
-            ok = True   # the recording's messages were comm_params long (message_bytes)
         if not ok:
             raise _refuse(run_dir, f"a recording whose {path} has {key}, {what} (it has "
                           f"{'none' if value is None else repr(value)})")
+    host = config.get("host")
+    if host is not None and not (isinstance(host, dict) and _positive(host.get("cpu_cores"))
+                                 and _positive(host.get("torch_threads", 1))
+                                 and isinstance(host.get("clients_on_host"), int)):
+        raise _refuse(run_dir, f"a recording whose {path} has host, null or the real driver's record "
+                      f"(cpu_cores, torch_threads, clients_on_host) (it has {host!r})")
     if _get(config, "cost.schedule") == "replay":
         raise _refuse(run_dir, f"a recording with timings (it is a replay of {_get(config, 'cost.path')}, "
                       f"and a replay records no timings: its {schema.TIMINGS_FILE} parts are nan; "
@@ -150,7 +156,7 @@ def _read_timings(run_dir: Path) -> pd.DataFrame:
 
 def message_bytes(config: dict) -> float:
     """Bytes of one push or fetch of the recorded run (its comm_params when it set one)."""
-    comm = config.get("cost", {}).get("comm_params")
+    comm = _get(config, "cost.comm_params")
     return float(comm) * 4 if comm is not None else float(config["network"]["param_bytes"])
 
 
@@ -191,8 +197,8 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
     return {"step": step, "apply": t.apply_s.to_numpy(), "pushes": len(t),
             "cv": step.std() / step.mean() * math.sqrt(nsync) if step.mean() > 0 else None,
             "point": (message_bytes(config), float(np.mean(transit)) + round_trip_rest(t) / 2),
-            "host": config.get("host"), "real": config.get("backend", {}).get("name") == "real",
-            "eval": _summary(Path(path)).get("eval_cpu_s")}
+            "host": config.get("host"), "real": _get(config, "backend.name") == "real",
+            "eval": _eval_cpu_s(Path(path))}
 
 
 def fit_cost(paths: list[str], link_Bps: float | None = None, burst_bytes: float = 0.0,
@@ -241,11 +247,14 @@ def fit_cost(paths: list[str], link_Bps: float | None = None, burst_bytes: float
             "transit_only": [str(p) for p, o in zip(paths, own) if not o]}
 
 
-def _summary(run_dir: Path) -> dict:
+def _eval_cpu_s(run_dir: Path) -> float | None:
+    """The recording's mean CPU seconds of one evaluation (its summary's; None when it has none)."""
     try:
-        return json.loads((run_dir / schema.SUMMARY_FILE).read_text())
+        summary = json.loads((run_dir / schema.SUMMARY_FILE).read_text())
     except (OSError, ValueError):   # a recording's summary says only how long evaluations took
-        return {}
+        return None
+    value = summary.get("eval_cpu_s") if isinstance(summary, dict) else None
+    return float(value) if value == 0 or _positive(value) else None
 
 
 def round_trip_rest(t: pd.DataFrame) -> float:
