@@ -15,7 +15,7 @@ argmax mismatch); its current weights are the initial weights; it must have no b
 from __future__ import annotations
 
 import copy
-import dataclasses
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +28,8 @@ from torch import Tensor, nn
 
 from repro.asgd.flatnet import FlatNet
 from repro.config.help import composed, group_options
-from repro.config.checks import from_dict, validate
-from repro.config.settings import CostConfig, DataConfig, ModelConfig
+from repro.config.checks import from_dict
+from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.problem.build import Problem
@@ -204,23 +204,16 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         an empty set, non-finite inputs (nan, inf), non-integer or negative labels, a label
         the module has no output for (a label of 12 for a module with 10 outputs), train and
         test inputs of different sample shapes, a batch larger than the training set, or
-        device "cuda" without CUDA.
-        The message names the setting, the value and what would be valid.
+        device "cuda" without CUDA; an argument of the wrong type (``num_clients=1.5``, a
+        string for a flag, a module that is not a ``torch.nn.Module``, a ``loss_fn`` that is not
+        callable, inputs that are not arrays or tensors of numbers).
+        The message names the argument, the value and what would be valid.
     ValueError
         When ``module`` has buffers or no parameters, or parameters that are not float32.
     """
-    algo = dataclasses.replace(DEFAULTS.algo, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                               batch_size=batch_size, server_rule=server_rule, lr_server=lr_server,
-                               dc_lambda=dc_lambda)
-    protocol = dataclasses.replace(DEFAULTS.protocol, name=protocol, backup_workers=backup_workers,
-                                   staleness_bound=staleness_bound)
-    # num_threads 0: the notebook's own torch threads, not the command line's one per process
-    cfg = DEFAULTS.replace(exp_name="api", seed=seed, num_clients=num_clients, nsync=nsync, num_epochs=num_epochs,
-                           eval_every=eval_every, target_error=target_error, divergence_factor=divergence_factor,
-                           device=device, progress=progress, force=force, num_threads=0,
-                           data=DataConfig(name="custom"), model=ModelConfig(name=f"custom:{type(module).__name__}"),
-                           algo=algo, cost=cost_profile(cost), protocol=protocol)
-    validate(cfg)
+    settings = {name: value for name, value in locals().items() if name in API_KEYS}
+    _check_objects(module, train, test, loss_fn, run_dir)
+    cfg = _config(settings, cost_profile(cost), f"custom:{type(module).__name__}")
     dev = resolve_device(device)
     ds = _dataset(train, test, dev)
     check_batch_size(batch_size, ds.num_train, key="batch_size")
@@ -233,6 +226,46 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         result = _run(cfg.replace(force=force), Path(tmp) / "run", problem)
     result.run_dir = None
     return result
+
+
+# simulate()'s settings: argument -> the config key it sets (the others: the same name)
+API_KEYS = {**{name: name for name in ("num_clients", "nsync", "num_epochs", "eval_every", "seed", "target_error",
+                                        "divergence_factor", "device", "force", "progress")},
+            **{name: f"algo.{name}" for name in ("lr", "momentum", "weight_decay", "batch_size", "server_rule",
+                                                 "lr_server", "dc_lambda")},
+            "protocol": "protocol.name", "backup_workers": "protocol.backup_workers",
+            "staleness_bound": "protocol.staleness_bound"}
+
+
+def _config(settings: dict, cost: CostConfig, model: str) -> RunConfig:
+    """The command line's defaults with ``settings`` (simulate()'s arguments), each type-checked
+    as a config.json's value is (an integer for an integer, a boolean for a flag): a wrong one is
+    a ConfigError naming the argument, never a TypeError deep inside."""
+    # num_threads 0: the notebook's own torch threads, not the command line's one per process
+    tree = {**to_dict(DEFAULTS), "exp_name": "api", "num_threads": 0, "cost": to_dict(cost),
+            "data": to_dict(DataConfig(name="custom")), "model": to_dict(ModelConfig(name=model))}
+    for name, value in settings.items():
+        group, _, leaf = API_KEYS[name].rpartition(".")
+        (tree[group] if group else tree)[leaf] = value.item() if isinstance(value, np.generic) else value
+    try:
+        return from_dict(tree)
+    except ConfigError as err:   # the argument's name, not the config key it sets
+        arg = next((a for a, k in API_KEYS.items() if k == err.key), err.key)
+        said = f" ({err.key} on the command line)" if arg != err.key else ""
+        raise ConfigError(arg, err.value, err.expected + said) from None
+
+
+def _check_objects(module, train, test, loss_fn, run_dir) -> None:
+    """The arguments that are objects, not settings: ConfigError naming the one of a wrong type."""
+    if not isinstance(module, nn.Module):
+        raise ConfigError("module", f"a {type(module).__name__}", "a torch.nn.Module")
+    for key, pair in (("train", train), ("test", test)):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ConfigError(key, f"a {type(pair).__name__}", "a pair (inputs, labels) of arrays or tensors")
+    if not callable(loss_fn):
+        raise ConfigError("loss_fn", f"a {type(loss_fn).__name__}", "a callable loss_fn(outputs, labels)")
+    if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+        raise ConfigError("run_dir", f"a {type(run_dir).__name__}", "a folder (str or Path) or None")
 
 
 def _run(cfg: RunConfig, run_dir: Path, problem: Problem) -> Result:
@@ -257,7 +290,7 @@ def _dataset(train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLik
 def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
     """(inputs, labels) as float32 and int64 tensors, or a ConfigError that says what is wrong."""
     dtype = getattr(y, "dtype", None)   # the caller's own dtype name, numpy's or torch's
-    x, y = _tensor(x), _tensor(y)
+    x, y = _tensor(key, x), _tensor(key, y)
     if x.ndim == 0 or y.ndim != 1 or len(x) != len(y) or len(x) == 0:
         raise ConfigError(key, f"inputs of shape {tuple(x.shape)}, labels of shape {tuple(y.shape)}",
                           "equally many (>0) inputs and labels, labels of shape (N,)")
@@ -289,6 +322,10 @@ def _check_labels_fit(module: nn.Module, ds: Dataset) -> None:
                               f"the module outputs {out.shape[1]} classes")
 
 
-def _tensor(a: ArrayLike) -> Tensor:
+def _tensor(key: str, a: ArrayLike) -> Tensor:
     # torch.as_tensor shares a numpy array's memory but refuses negative strides (a[::-1])
-    return torch.as_tensor(np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a)
+    try:
+        t = torch.as_tensor(np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a)
+    except (TypeError, ValueError, RuntimeError) as exc:   # a string, an object, ragged lists
+        raise ConfigError(key, f"a {type(a).__name__}", f"numpy arrays or torch tensors of numbers ({exc})") from None
+    return t

@@ -128,3 +128,30 @@ def test_simulate_runs_every_protocol_and_rule(tmp_path):
         assert result.evals.test_error.iloc[-1] < result.evals.test_error.iloc[0]
     with pytest.raises(ConfigError, match="protocol.name"):
         api.simulate(module, (x, y), (x, y), protocol="bsp")
+
+
+# a value of a wrong type for every argument of simulate() (issue 32 item 17): each is a
+# ConfigError naming the argument, never a TypeError from deep inside that names nothing
+_x = torch.zeros(8, 6)
+WRONG_TYPES = {"module": "a module", "train": (_x,), "test": ("inputs", "labels"), "num_clients": 1.5,
+               "nsync": 2.5, "num_epochs": "long", "eval_every": [1], "lr": "fast", "momentum": None,
+               "weight_decay": "none", "batch_size": 16.5, "server_rule": 3, "lr_server": "auto",
+               "dc_lambda": [0.1], "protocol": None, "backup_workers": 0.5, "staleness_bound": "3",
+               "cost": 7, "seed": 1.5, "target_error": "5%", "divergence_factor": None, "loss_fn": "mse",
+               "device": 0, "run_dir": 3, "force": "yes", "progress": 1}
+
+
+def test_every_argument_of_the_wrong_type_is_named():
+    params = list(inspect.signature(api.simulate).parameters)
+    assert sorted(WRONG_TYPES) == sorted(params)   # a new argument must be added here
+    x, y = _problem(64)
+    good = {"module": nn.Linear(6, 2), "train": (x, y), "test": (x, y)}
+    for name, value in WRONG_TYPES.items():
+        args = {**good, "num_epochs": 2, "nsync": 1, "batch_size": 16, name: value}
+        with pytest.raises(ConfigError) as err:
+            api.simulate(args.pop("module"), args.pop("train"), args.pop("test"), **args)
+        assert err.value.key == name, f"{name}={value!r}: {err.value}"
+    for value in (7, None, [1], object()):
+        with pytest.raises(ConfigError) as err:
+            api.cost_profile(value)
+        assert err.value.key == "cost", err.value

@@ -187,3 +187,25 @@ def test_help_lists_compare_and_figure_commands_parse_as_before(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--results", "r", "compare"])
     assert exit_.value.code == 2 and "must come first" in capsys.readouterr().err
+
+
+def test_a_nan_seed_left_out_of_a_mean_is_not_counted_and_is_named():
+    """Issue 32 item 8: one NaN seed of three was counted ("3/3") but the mean was of two."""
+    from repro.analysis.compare import compare_figure, format_report
+
+    def runs(train):
+        return pd.DataFrame({"num_clients": 1, "nsync": 1, "seed": [0, 1, 2],
+                             "final_train_error_pct": train, "final_test_error_pct": [10.0, 12.0, 11.0]})
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        rows = compare_figure("fig1", runs([10.0, 12.0, math.nan]), runs([10.0, 12.0, 11.0]))
+    assert [str(w.message) for w in said] == [
+        "fig1 num_clients=1 nsync=1 final_train_error_pct: in A, seed 2 is NaN and left out of the "
+        "mean of the 2 others"]
+    train, test = rows
+    assert (train["mean_a"], train["note"]) == (11.0, "NaN seeds left out of the mean: 1 of 3 in A")
+    assert test["note"] == ""
+    lines = format_report(pd.DataFrame(rows)).splitlines()
+    assert "2/3" in next(x for x in lines if "final_train_error_pct" in x)
+    assert "3/3" in next(x for x in lines if "final_test_error_pct" in x)

@@ -10,11 +10,12 @@ import json
 
 import pytest
 
+from repro.config.checks import validate
 from repro.config.settings import CostConfig
 from repro.errors import ConfigError
 from repro.sim.driver import simulate
 from repro.sim.fit import fit_config
-from tests.helpers.runs import sim_cfg
+from tests.helpers.runs import CLI_ARGS, cli, sim_cfg
 
 KNOWN = CostConfig(profile="known", compute_s=0.01, jitter="lognormal", jitter_sigma=0.2,
                    latency_s=0.002, bandwidth_Bps=2e6, server_apply_s=0.001)
@@ -102,3 +103,128 @@ def test_a_known_burst_is_not_latency_and_a_stated_machine_shares_its_cores(tmp_
     cfg, fit = fit_config(sim_cfg(num_clients=2, cost=stated))
     assert (cfg.cost.one_machine, cfg.cost.devices_per_host, cfg.cost.eval_s) == (True, 2, pytest.approx(0.03))
     assert "limited link" in fit["machine"]
+
+
+# ---------------------------------------------------------------------------------------------
+# What a fit refuses (issue 32, items 5, 7 and 15): exit 2 naming cost.path, the file and the line
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["", None, ":"])
+def test_a_fit_without_a_recording_is_refused(path):
+    """Without a path nothing was fitted and the run went on the uniform profile's costs."""
+    with pytest.raises(ConfigError) as err:
+        validate(sim_cfg(cost=CostConfig(profile="fit", path=path)))
+    assert err.value.key == "cost.path" and "RUN_DIR" in str(err.value)
+
+
+def test_the_command_line_refuses_a_fit_without_a_recording(tmp_path):
+    done = cli(*CLI_ARGS, "cost=fit", "cost.path=''", f"results_dir={tmp_path / 'r'}")
+    assert done.returncode == 2 and "'cost.path'" in done.stderr, done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def _edit_config(run_dir, **changes):
+    config = json.loads((run_dir / "config.json").read_text())
+    for key, value in changes.items():
+        group, _, leaf = key.partition("__")
+        if value is None:
+            config[group].pop(leaf) if leaf else config.pop(group)
+        elif leaf:
+            config[group][leaf] = value
+        else:
+            config[group] = value
+    (run_dir / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("key,change,named", [
+    ("model.name", {"model__name": "digits_cnn"}, "model.name=digits_cnn, this run model.name=mlp"),
+    ("data.name", {"data__name": "digits"}, "data.name=digits, this run data.name=synthetic"),
+    ("algo.batch_size", {"algo__batch_size": 16}, "algo.batch_size=16, this run algo.batch_size=32")])
+def test_a_recording_of_another_model_data_or_batch_is_refused(tmp_path, key, change, named):
+    """Its step time is another problem's: the run would simulate mlp with digits_cnn's steps."""
+    rec = record(tmp_path, "rec", None, epochs=3.0)
+    _edit_config(rec, **change)
+    with pytest.raises(ConfigError) as err:
+        fit_config(sim_cfg(cost=CostConfig(profile="fit", path=str(rec))))
+    assert err.value.key == "cost.path" and named in str(err.value), str(err.value)
+    assert str(rec / "config.json") in str(err.value)
+
+
+def test_another_models_recording_beside_the_runs_own_gives_only_its_transit(tmp_path, caplog):
+    """Two model sizes separate latency from bandwidth: the other model's recording gives its
+    transit point (with a warning naming both models), never its step or apply times."""
+    own, other = record(tmp_path, "own", None, epochs=3.0), record(tmp_path, "other", 40000.0, epochs=3.0)
+    _edit_config(other, model__name="digits_cnn")
+    timings = (other / "timings.csv").read_text().splitlines()
+    head = timings[0].split(",")
+    slow = [",".join(str(10 * float(v)) if head[i] in ("compute_s", "apply_s") else v
+                     for i, v in enumerate(row.split(","))) for row in timings[1:]]
+    (other / "timings.csv").write_text("\n".join([timings[0], *slow]) + "\n")
+    alone = fit_config(sim_cfg(cost=CostConfig(profile="fit", path=str(own))))[1]
+    with caplog.at_level("WARNING"):
+        _, fit = fit_config(sim_cfg(cost=CostConfig(profile="fit", path=f"{own}:{other}")))
+    assert (fit["compute_s"], fit["server_apply_s"]) == (alone["compute_s"], alone["server_apply_s"])
+    assert fit["transit_only"] == [str(other)] and len(fit["transit"]) == 2 and fit["bandwidth_Bps"]
+    assert "model.name=digits_cnn (this run: mlp)" in caplog.text
+
+
+def _bad_cell(rec):
+    lines = (rec / "timings.csv").read_text().splitlines()
+    cells = lines[4].split(",")
+    cells[6] = "fast"   # compute_s of line 5
+    lines[4] = ",".join(cells)
+    (rec / "timings.csv").write_text("\n".join(lines) + "\n")
+    return "timings.csv line 5 has compute_s 'fast'"
+
+
+def _no_network(rec):
+    _edit_config(rec, network=None)
+    return "config.json has network.param_bytes"
+
+
+def _bad_host(rec):
+    _edit_config(rec, host={"cpu_cores": "four", "clients_on_host": 1})
+    return "config.json has host, null or the real driver's record"
+
+
+def _short_row(rec):
+    with open(rec / "timings.csv", "a") as f:
+        f.write("99,1.0,virtual\n")
+    return f"line {len((rec / 'timings.csv').read_text().splitlines())} has client ''"
+
+
+def _a_replay(rec):
+    simulate(sim_cfg(cost=CostConfig(profile="replay", schedule="replay", path=str(rec)), checkpoint_every=0),
+             rec.parent / "replay")
+    return "a replay records no timings"
+
+
+@pytest.mark.parametrize("spoil", [_bad_cell, _no_network, _bad_host, _short_row, _a_replay])
+def test_a_malformed_recording_is_refused_naming_the_file_and_line(tmp_path, spoil):
+    rec = record(tmp_path, "rec", None, epochs=6.0)
+    said = spoil(rec)
+    path = tmp_path / "replay" if spoil is _a_replay else rec
+    with pytest.raises(ConfigError) as err:
+        simulate(sim_cfg(cost=CostConfig(profile="fit", path=str(path))), tmp_path / "fitted")
+    assert err.value.key == "cost.path" and said in str(err.value), str(err.value)
+    assert not (tmp_path / "fitted").exists()
+
+
+def test_the_command_line_refuses_a_malformed_recording_and_leaves_nothing(tmp_path):
+    rec = record(tmp_path, "rec", None, epochs=6.0)
+    said = _bad_cell(rec)
+    done = cli(*CLI_ARGS, "cost=fit", f"cost.path={rec}", f"results_dir={tmp_path / 'r'}")
+    assert done.returncode == 2 and "'cost.path'" in done.stderr and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not list((tmp_path / "r").rglob("*"))   # no .hydra_incoming_*
+
+
+def test_a_fitted_run_is_simulated_again_from_its_config_without_a_refit(tmp_path):
+    """simreal's re-simulations read a fitted run's config.json with cost.path dropped: a fit
+    without a path is refused, so the values come back as the profile ``fitted``."""
+    from repro.analysis.lab.spread import predicted_config
+
+    rec = record(tmp_path, "rec", None, epochs=3.0)
+    simulate(sim_cfg(cost=CostConfig(profile="fit", path=str(rec)), checkpoint_every=0), tmp_path / "fitted")
+    cfg = predicted_config(tmp_path / "fitted")
+    recorded = json.loads((tmp_path / "fitted" / "config.json").read_text())["cost"]
+    assert (cfg.cost.profile, cfg.cost.path, cfg.cost.compute_s) == ("fitted", None, recorded["compute_s"])

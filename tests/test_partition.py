@@ -179,6 +179,12 @@ def test_bad_partition_settings_name_the_key(overrides, key, expected):
     (["data.partition=shards", "algo.batch_size=400"], "data.partition", "algo.batch_size=400"),
     (["data.partition=dirichlet", "data.alpha=0.001", "num_clients=40"], "data.alpha", "a larger data.alpha"),
     (["data.slow_client_classes=[10]", "cost=straggler"], "data.slow_client_classes", "0..9"),
+    # issue 32 item 17: every class to the slow client blamed data.partition
+    (["data.slow_client_classes=[0,1,2,3,4,5,6,7,8,9]", "cost=straggler"], "data.slow_client_classes", "not all"),
+    (["data.slow_client_classes=[0,1,2,3,4,5,6,7,8]", "cost=straggler", "algo.batch_size=200"],
+     "data.slow_client_classes", "name fewer classes"),
+    (["data.partition=shards", "data.slow_client_classes=[0,1,2,3,4,5,6,7,8]", "cost=straggler",
+      "algo.batch_size=100", "num_clients=3"], "data.partition", "or fewer data.slow_client_classes"),
 ])
 def test_a_split_that_starves_a_client_is_refused_before_any_work(overrides, key, expected):
     with pytest.raises(ConfigError) as err:

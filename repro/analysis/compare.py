@@ -32,7 +32,9 @@ results tree or a figures folder; the two kinds mix).
 * **NaN** (target not reached, diverged, no speedup; any non-finite value): a side is "NaN" when
   most (over half) of its seeds are. NaN on both sides agrees; NaN on one side only is a
   disagreement noted ``NaN in A: 2 of 2 seeds``; otherwise the finite values are compared as
-  above.
+  above, the note says how many NaN seeds the means left out (``NaN seeds left out of the mean:
+  1 of 3 in A``), a warning names them, and the report's ``seeds A/B`` counts the seeds each
+  mean is over (the table's ``n_a`` counts every seed, ``nan_a`` those left out).
 * **Only in one tree**: a grid point (or a whole figure) the other tree lacks is listed with the
   verdict ``only in A`` / ``only in B``; it makes the figure "incomplete", not "disagree".
 * **Target** of fig2/fig3's time to target: ``--target``; else the runs' config
@@ -95,8 +97,14 @@ def compare_values(a: Iterable[float] | None, b: Iterable[float] | None, k: floa
     sd = math.sqrt(sum(variances) / len(variances)) if variances else 0.0
     floor = max(floor_abs, floor_rel * (abs(ma) + abs(mb)) / 2)
     tolerance = max(k * sd, floor)
-    return {**row, "sd": sd, "tolerance": tolerance,
+    return {**row, "sd": sd, "tolerance": tolerance, "note": _left_out(sides),
             "verdict": DISAGREE if abs(mb - ma) > tolerance else AGREE}
+
+
+def _left_out(sides: list[tuple[int, int, float, float]]) -> str:
+    """The note of a comparison whose means leave NaN seeds out ("" when none is)."""
+    said = [f"{nan} of {n} in {side}" for side, (n, nan, _, _) in zip("AB", sides) if nan]
+    return f"NaN seeds left out of the mean: {', '.join(said)}" if said else ""
 
 
 def _side(values: Iterable[float] | None) -> tuple[int, int, float, float]:
@@ -177,11 +185,24 @@ def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, 
                                    None if gb is None else gb[metric], k, *FLOORS[metric])
             if other:
                 stats["note"] = OTHER_CONFIG
+            elif stats["note"].startswith("NaN seeds left out"):
+                _warn_left_out(name, _label(keys, point), metric, ga, gb)
             rows.append({"figure": name, "grid_point": _label(keys, point),
                          **dict(zip(keys, point)), "metric": metric,
                          "target": target if metric == "time_to_target_s" else math.nan,
                          **stats})
     return rows
+
+
+def _warn_left_out(name: str, point: str, metric: str, *groups: pd.DataFrame) -> None:
+    """Say which seeds a mean left out: a seed that did not reach the target, say, would
+    otherwise vanish from a mean whose seed count still included it."""
+    for side, g in zip("AB", groups):
+        bad = g[~np.isfinite(pd.to_numeric(g[metric], errors="coerce").astype(float))]
+        if len(bad):
+            seeds = ", ".join(str(v) for v in bad["seed"]) if "seed" in bad else f"{len(bad)} seeds"
+            warnings.warn(f"{name} {point} {metric}: in {side}, seed {seeds} is NaN and left out "
+                          f"of the mean of the {len(g) - len(bad)} others", stacklevel=4)
 
 
 def compare_baseline(name: str, fa: pd.DataFrame | None, fb: pd.DataFrame | None,
@@ -331,7 +352,8 @@ def format_report(table: pd.DataFrame) -> str:
                      "differs the grid points below differ together")
         shown = pd.DataFrame({
             "grid point": _left(g["grid_point"]), "metric": _left(g["metric"]),
-            "seeds A/B": [f"{a}/{b}" for a, b in zip(g["n_a"], g["n_b"])],
+            # the seeds each mean is over: a NaN seed is left out (the verdict's note says so)
+            "seeds A/B": [f"{a - x}/{b - y}" for a, x, b, y in zip(g["n_a"], g["nan_a"], g["n_b"], g["nan_b"])],
             "mean A": g["mean_a"], "mean B": g["mean_b"], "tolerance": g["tolerance"],
             "verdict": [f"{v} ({n})" if n else v for v, n in zip(g["verdict"], g["note"])]})
         parts.append(head + "\n" + shown.to_string(index=False, na_rep="-",

@@ -151,6 +151,10 @@ def _check(cfg: RunConfig) -> None:
                           f"null or a client id in 1..{cfg.num_clients}")
     if cost.schedule == "replay" and not cost.path:
         raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
+    if cost.profile == "fit" and cost.schedule == "events" and not str(cost.path or "").replace(":", "").strip():
+        # without a recording nothing is fitted: the run would go on the uniform profile's costs
+        raise ConfigError("cost.path", cost.path, "the folders of recorded runs to fit, separated by ':' "
+                          "(cost=fit cost.path=RUN_DIR[:RUN_DIR...])")
     _check_topology(cfg)
     _check_speeds(cfg)
     _check_partition(cfg)

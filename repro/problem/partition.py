@@ -49,6 +49,10 @@ def split(cfg: RunConfig, labels: np.ndarray) -> list[np.ndarray] | None:
         return _checked(cfg, _split(data.partition, everyone, labels, n, data.alpha, rng, cfg.algo.batch_size))
     slow = slow_client(cfg)
     mine = np.isin(labels, data.slow_client_classes)
+    if mine.all():   # nothing left for the others: the slow client's classes are at fault, not the split
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes),
+                          f"some of the training set's classes, not all of them ({len(np.unique(labels))}): "
+                          f"the other {n - 1} clients need classes the slow client does not hold")
     others = _split(data.partition, everyone[~mine], labels, n - 1, data.alpha, rng, cfg.algo.batch_size)
     parts = others[:slow - 1] + [everyone[mine]] + others[slow - 1:]
     return _checked(cfg, parts, slow)
@@ -117,11 +121,16 @@ def _checked(cfg: RunConfig, parts: list[np.ndarray], slow: int | None = None) -
             raise ConfigError("data.slow_client_classes", list(data.slow_client_classes),
                               f"classes holding at least algo.batch_size={need} training samples together "
                               f"(the slow client {k} would hold {len(part)})")
+        if slow is not None and data.partition == "iid":   # each other client holds every other class
+            raise ConfigError("data.slow_client_classes", list(data.slow_client_classes),
+                              f"classes that leave the other clients at least algo.batch_size={need} training "
+                              f"samples (client {k} would hold {len(part)}): name fewer classes")
         key, value = ("data.alpha", data.alpha) if data.partition == "dirichlet" else ("data.partition", data.partition)
         tries = f" in {DIRICHLET_TRIES} draws" if data.partition == "dirichlet" else ""
         raise ConfigError(key, value, f"a split that leaves each of the {cfg.num_clients} clients at least "
                           f"algo.batch_size={need} training samples (client {k} would hold {len(part)}{tries}): "
                           "use fewer clients, a smaller algo.batch_size"
                           + (", or a larger data.alpha" if data.partition == "dirichlet" else
-                             ", or another data.partition"))
+                             ", or another data.partition")
+                          + (", or fewer data.slow_client_classes" if slow is not None else ""))
     return parts

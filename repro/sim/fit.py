@@ -16,6 +16,13 @@ estimates
   before it serves the next push (``cost.reply_holds_server``: its Dispatcher holds its lock
   through the send).
 
+What is refused (exit 2, naming ``cost.path``, the file and its line): a recording whose
+``timings.csv`` holds a cell that is not a number, whose ``config.json`` lacks what a fit reads
+(:data:`NEEDED`), a replay's folder (a replay records no timings), and recordings none of which
+ran the run's model, data and batch size (:func:`identity`: the step time is that problem's). A
+recording of another model beside one of the run's own gives its transit alone (a second
+message size, with a warning naming both): its steps, applies and evaluations are not the run's.
+
 The round trip's rest. ``timings.csv``'s five parts miss a little of each round trip (the
 client's copy of the fetched parameters, the server's reply before it is sent): the mean time
 between a client's consecutive applied pushes, less the mean of the five parts, is added to the
@@ -57,6 +64,9 @@ import pandas as pd
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.files import schema
+from repro.logs import get_logger
+
+log = get_logger("repro.sim.fit")
 
 MIN_PUSHES = 20   # fewer pushes say too little about a mean and a spread
 
@@ -66,51 +76,147 @@ def fits(cfg: RunConfig) -> bool:
     return cfg.cost.schedule == "events" and bool(cfg.cost.path)
 
 
+PARTS = ("to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s")
+# what a fit reads of a recording's config.json, and what each must be
+NEEDED = {"nsync": "a positive integer", "model.name": "a model name", "data.name": "a data set name",
+          "algo.batch_size": "a positive integer", "network.param_bytes": "a positive number of bytes"}
+
+
+def _refuse(run_dir: Path, what: str) -> ConfigError:
+    return ConfigError("cost.path", str(run_dir), what)
+
+
 def _read(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    """A recording's timings and config.json, checked: exit 2 naming the file (and the line)."""
+    config = _read_config(run_dir)
+    return _read_timings(run_dir), config
+
+
+def _read_config(run_dir: Path) -> dict:
+    path = run_dir / schema.CONFIG_FILE
     try:
-        config = json.loads((run_dir / schema.CONFIG_FILE).read_text())
-        timings = pd.read_csv(run_dir / schema.TIMINGS_FILE)
+        config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with config.json and "
-                          f"{schema.TIMINGS_FILE} ({exc})") from None
-    if tuple(timings.columns) != schema.TIMING_COLUMNS:
-        raise ConfigError("cost.path", str(run_dir), f"a {schema.TIMINGS_FILE} with the columns "
-                          f"{list(schema.TIMING_COLUMNS)}")
-    return timings, config
+        raise _refuse(run_dir, f"a recorded run folder with a readable {path} ({exc})") from None
+    for key, what in NEEDED.items():
+        if key == "network.param_bytes" and _get(config, "cost.comm_params") is not None:
+            key, what = "cost.comm_params", "a positive number"   # its messages' size (message_bytes)
+        value = _get(config, key)
+        ok = isinstance(value, str) and value if what.endswith("name") else _positive(value)
+        if not ok:
+            raise _refuse(run_dir, f"a recording whose {path} has {key}, {what} (it has "
+                          f"{'none' if value is None else repr(value)})")
+    host = config.get("host")
+    if host is not None and not (isinstance(host, dict) and _positive(host.get("cpu_cores"))
+                                 and _positive(host.get("torch_threads", 1))
+                                 and isinstance(host.get("clients_on_host"), int)):
+        raise _refuse(run_dir, f"a recording whose {path} has host, null or the real driver's record "
+                      f"(cpu_cores, torch_threads, clients_on_host) (it has {host!r})")
+    if _get(config, "cost.schedule") == "replay":
+        raise _refuse(run_dir, f"a recording with timings (it is a replay of {_get(config, 'cost.path')}, "
+                      f"and a replay records no timings: its {schema.TIMINGS_FILE} parts are nan; "
+                      "fit to the run it replayed)")
+    return config
+
+
+def _get(config: dict, key: str):
+    for part in key.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _read_timings(run_dir: Path) -> pd.DataFrame:
+    """timings.csv with every cell a number: version, time_s and client on every row, each part
+    a number >= 0 or nan (a part a run did not measure)."""
+    path = run_dir / schema.TIMINGS_FILE
+    try:
+        text = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (OSError, ValueError) as exc:
+        raise _refuse(run_dir, f"a recorded run folder with a readable {path} ({exc})") from None
+    if tuple(text.columns) != schema.TIMING_COLUMNS:
+        raise _refuse(run_dir, f"a {path} with the columns {list(schema.TIMING_COLUMNS)}")
+    timings = text.copy()
+    for column in ("version", "time_s", "client", "read_version", *PARTS):
+        cells = text[column].fillna("")
+        values = pd.to_numeric(cells, errors="coerce")
+        may_be_nan = column in PARTS and cells.str.strip().str.lower().isin(("", "nan"))
+        bad = ~((np.isfinite(values) & (values >= 0)) | may_be_nan)
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise _refuse(run_dir, f"a {schema.TIMINGS_FILE} of numbers ({path} line {row + 2} has "
+                          f"{column} {cells.iloc[row]!r}, not a finite number >= 0"
+                          + (" or nan)" if column in PARTS else ")"))
+        timings[column] = values
+    return timings
 
 
 def message_bytes(config: dict) -> float:
     """Bytes of one push or fetch of the recorded run (its comm_params when it set one)."""
-    comm = config.get("cost", {}).get("comm_params")
+    comm = _get(config, "cost.comm_params")
     return float(comm) * 4 if comm is not None else float(config["network"]["param_bytes"])
 
 
-def fit_cost(paths: list[str], link_Bps: float | None = None, burst_bytes: float = 0.0) -> dict:
+def identity(cfg: RunConfig) -> dict:
+    """What a step's (and an apply's) time depends on: the recording's must be the run's."""
+    return {"model.name": cfg.model.name, "data.name": cfg.data.name, "algo.batch_size": cfg.algo.batch_size}
+
+
+def _own(recordings: list[tuple[str, pd.DataFrame, dict]], run: dict | None) -> list[bool]:
+    """Which recordings ran the run's model, data and batch size: their steps, applies and
+    evaluations are fitted; another's transit alone (a second message size). Exit 2 when none did."""
+    if run is None:
+        return [True] * len(recordings)
+    differs = [next(((k, _get(c, k), v) for k, v in run.items() if _get(c, k) != v), None)
+               for _, _, c in recordings]
+    if all(differs):
+        key, theirs, ours = differs[0]
+        where = Path(recordings[0][0]) / schema.CONFIG_FILE
+        raise _refuse(Path(recordings[0][0]), f"a recording of this run's model, data and batch size "
+                      f"(the step time depends on them; {where} has {key}={theirs}, this run {key}={ours})")
+    for (path, _, _), diff in zip(recordings, differs):
+        if diff:
+            log.warning(f"cost=fit: {path} ran {diff[0]}={diff[1]} (this run: {diff[2]}): only its "
+                        "transit is fitted (a second message size), not its step, apply or evaluation times")
+    return [d is None for d in differs]
+
+
+def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
+    """One recording's pushes (those with every part measured), steps and transit point."""
+    t = t[np.isfinite(t[list(PARTS)]).all(axis=1)]
+    if len(t) < MIN_PUSHES:
+        raise ConfigError("cost.path", path, f"a recorded run with at least {MIN_PUSHES} pushes "
+                          f"in {schema.TIMINGS_FILE} to fit a cost model to (it has {len(t)})")
+    nsync = int(config["nsync"])
+    step = t.compute_s.to_numpy() / nsync
+    later = t[t.duplicated("client")]   # a client's first fetch is the start-up's, not a reply's
+    transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
+    return {"step": step, "apply": t.apply_s.to_numpy(), "pushes": len(t),
+            "cv": step.std() / step.mean() * math.sqrt(nsync) if step.mean() > 0 else None,
+            "point": (message_bytes(config), float(np.mean(transit)) + round_trip_rest(t) / 2),
+            "host": config.get("host"), "real": _get(config, "backend.name") == "real",
+            "eval": _eval_cpu_s(Path(path))}
+
+
+def fit_cost(paths: list[str], link_Bps: float | None = None, burst_bytes: float = 0.0,
+             run: dict | None = None) -> dict:
     """The fitted values and where they came from (the ``fit`` record); ``link_Bps``: the link's
     known bandwidth (latency is then what the transit has beyond the bytes' time), and
     ``burst_bytes`` its known burst (bytes sent at once by a link found idle, as each transfer of a
-    one-client recording finds it: not in the bytes' time)."""
-    steps, applies, points, pushes, hosts, evals, real = [], [], [], 0, [], [], []
-    cvs = []
-    for path in paths:
-        t, config = _read(Path(path))
-        t = t[np.isfinite(t[["to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"]]).all(axis=1)]
-        if len(t) < MIN_PUSHES:
-            raise ConfigError("cost.path", path, f"a recorded run with at least {MIN_PUSHES} pushes "
-                              f"in {schema.TIMINGS_FILE} to fit a cost model to (it has {len(t)})")
-        nsync = int(config["nsync"])
-        step = t.compute_s.to_numpy() / nsync
-        steps.append(step)
-        applies.append(t.apply_s.to_numpy())
-        if step.mean() > 0:
-            cvs.append(step.std() / step.mean() * math.sqrt(nsync))
-        later = t[t.duplicated("client")]   # a client's first fetch is the start-up's, not a reply's
-        transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
-        points.append((message_bytes(config), float(np.mean(transit)) + round_trip_rest(t) / 2))
-        hosts.append(config.get("host"))
-        real.append(config.get("backend", {}).get("name") == "real")
-        evals.append(_summary(Path(path)).get("eval_cpu_s"))
-        pushes += len(t)
+    one-client recording finds it: not in the bytes' time). ``run``: the run's :func:`identity`
+    (None: every recording's steps count)."""
+    recordings = [(path, *_read(Path(path))) for path in paths]
+    own = _own(recordings, run)
+    measured = [_measure(path, t, config) for path, t, config in recordings]
+    mine = [m for m, o in zip(measured, own) if o]
+    steps, applies = [m["step"] for m in mine], [m["apply"] for m in mine]
+    cvs = [m["cv"] for m in mine if m["cv"] is not None]
+    evals = [m["eval"] for m in mine]
+    points, hosts = [m["point"] for m in measured], [m["host"] for m in measured]
+    real, pushes = [m["real"] for m in measured], sum(m["pushes"] for m in measured)
     step = np.concatenate(steps)
     cv = float(np.mean(cvs)) if cvs else 0.0
     sigma = math.sqrt(math.log1p(cv * cv))
@@ -137,14 +243,18 @@ def fit_cost(paths: list[str], link_Bps: float | None = None, burst_bytes: float
             "server_apply_s": float(np.concatenate(applies).mean()),
             "transit": [[b, s] for b, s in points], "note": note, "host": host,
             "eval_cpu_s": float(np.mean(evals)) if evals and None not in evals else None,
-            "reply_holds_server": all(real)}
+            "reply_holds_server": all(real),
+            "transit_only": [str(p) for p, o in zip(paths, own) if not o]}
 
 
-def _summary(run_dir: Path) -> dict:
+def _eval_cpu_s(run_dir: Path) -> float | None:
+    """The recording's mean CPU seconds of one evaluation (its summary's; None when it has none)."""
     try:
-        return json.loads((run_dir / schema.SUMMARY_FILE).read_text())
+        summary = json.loads((run_dir / schema.SUMMARY_FILE).read_text())
     except (OSError, ValueError):   # a recording's summary says only how long evaluations took
-        return {}
+        return None
+    value = summary.get("eval_cpu_s") if isinstance(summary, dict) else None
+    return float(value) if value == 0 or _positive(value) else None
 
 
 def round_trip_rest(t: pd.DataFrame) -> float:
@@ -181,7 +291,10 @@ def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
     ``:``, as in PATH: run folder names hold commas), and the ``fit`` record; raises ConfigError
     (exit 2) before any work on a bad recording."""
     paths = [p for p in str(cfg.cost.path).split(os.pathsep) if p.strip()]
-    fit = fit_cost(paths, cfg.cost.server_bandwidth_Bps, cfg.cost.server_burst_bytes)
+    if not paths:
+        raise ConfigError("cost.path", cfg.cost.path, "one or more recorded run folders, separated by ':' "
+                          "(cost=fit cost.path=RUN_DIR[:RUN_DIR...])")
+    fit = fit_cost(paths, cfg.cost.server_bandwidth_Bps, cfg.cost.server_burst_bytes, identity(cfg))
     cost = dataclasses.replace(
         cfg.cost, compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
         jitter_sigma=fit["jitter_sigma"], latency_s=fit["latency_s"], bandwidth_Bps=fit["bandwidth_Bps"],

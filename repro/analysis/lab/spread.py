@@ -50,12 +50,14 @@ def spread_sigma(cv: float, nsync: int) -> float:
 
 def predicted_config(run_dir: str | Path):
     """The RunConfig a simulated run of the experiment ran with: its config.json with the fitted
-    values as recorded (no refit from the recordings: ``cost.path`` dropped)."""
+    values as recorded (no refit from the recordings: ``cost.path`` dropped, and the profile
+    ``fitted``, since ``fit`` without a path is refused)."""
     from repro.config.checks import from_dict
 
     tree = _json(Path(run_dir) / schema.CONFIG_FILE)
     tree.pop("fit", None)
-    return from_dict({**tree, "cost": {**tree["cost"], "path": None}})
+    profile = "fitted" if tree["cost"].get("profile") == "fit" else tree["cost"].get("profile")
+    return from_dict({**tree, "cost": {**tree["cost"], "path": None, "profile": profile}})
 
 
 def resimulate(run_dir: str | Path, out_dir: Path, **cost) -> Path:
