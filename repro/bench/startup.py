@@ -14,7 +14,9 @@ waits for them:
 With ``REPRO_STARTUP_TRACE`` set, every process of a real run appends its marks
 (:func:`repro.logs.mark`), and the report takes each real run apart: imports, the config, the
 store, the problem, the clients' start and build, the rendezvous, serving, stopping the clients,
-the summary, the exit. Protocol efficiency against raw gloo is ``python -m repro.bench real``'s.
+the summary, the exit. Last, the protocol's efficiency against raw gloo send/recv at 0.1M, 1M and
+10M parameters (:func:`repro.bench.real.measure_protocol`, target at least 0.9): what a push and
+a fetch cost beyond moving their bytes.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 from repro.bench import positive
+from repro.bench.real import PROTOCOL_TARGET, SIZES, measure_protocol
 from repro.logs import TRACE_ENV
 
 CLI_TARGET, SIM_TARGET, REAL_TARGET = 0.5, 1.5, 3.0
@@ -42,8 +45,9 @@ What a command costs beyond its own work, each figure a ratio to
   the real driver, 4 and 8 clients: process time beyond training  <= {REAL_TARGET}
 
 The real runs are also taken apart: where each process's time goes before
-the first fetch and after the last push. Exit status 0 when every ratio
-meets its target, 1 otherwise."""
+the first fetch and after the last push. Then the protocol's efficiency:
+push+fetch round trips / raw gloo send+recv at 0.1M, 1M and 10M parameters,
+target >= {PROTOCOL_TARGET}. Exit status 0 when every ratio meets its target, 1 otherwise."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -51,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="measurements of each command; the median counts (default: %(default)s)")
     parser.add_argument("--clients", type=positive(int), nargs="+", default=[4, 8],
                         help="client counts of the real runs (default: 4 8)")
+    parser.add_argument("--skip-protocol", action="store_true",
+                        help="skip the protocol-efficiency measurement (about a minute)")
     return parser
 
 
@@ -114,6 +120,18 @@ def measure_real(num_clients: int, folder: Path) -> dict:
     return out
 
 
+def protocol_report(proto: dict) -> int:
+    """Print the protocol's efficiency per size; the number of sizes below the target."""
+    print(f"\nprotocol efficiency: push+fetch round trips / raw gloo send+recv (target >= {PROTOCOL_TARGET})")
+    failures = 0
+    for size, row in proto.items():
+        verdict = "PASS" if row["ratio"] >= PROTOCOL_TARGET else "FAIL"
+        failures += verdict == "FAIL"
+        print(f"{size / 1e6:>9.1f}M params {row['ratio']:>7.3f} {verdict:>7}  (raw/raw noise floor "
+              f"{row['ratio_raw_vs_raw']:.3f})")
+    return failures
+
+
 def _verdict(ratio: float, target: float) -> str:
     return "PASS" if ratio <= target else "FAIL"
 
@@ -143,5 +161,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nreal, {n} clients: {out['process_s']:.2f} s in all, {out['training_s']:.2f} s training")
         for name, seconds in out["phases"]:
             print(f"  {name:<36} {seconds:>7.2f} s")
+    if not args.skip_protocol:
+        failures += protocol_report(measure_protocol(SIZES))
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 1 if failures else 0

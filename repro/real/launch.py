@@ -93,6 +93,9 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
     validate(cfg)   # (run_folder checks again) before the store: a timeout must not overflow it
     store = None if env is not None else _make_store(cfg)   # a busy port: before the folder is touched
+    if store is not None:   # the fork server imports while this process builds the problem
+        client_context()
+        mp.forkserver.ensure_running()
     mark("server", "store made")
     with torch_threads(cfg.num_threads), deterministic(device), _loopback(master_addr, env is None), \
             run_folder(cfg, run_dir) as run:
