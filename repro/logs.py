@@ -8,9 +8,12 @@ the package's logger prints plain lines on stderr so progress and warnings are s
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 
 NAME = "repro"
+TRACE_ENV = "REPRO_STARTUP_TRACE"   # a file: where each process appends its start-up marks
 
 
 class _Fallback(logging.StreamHandler):
@@ -45,3 +48,18 @@ def prefixed(name: str, prefix: str) -> logging.LoggerAdapter:
     """A logger whose messages start with ``prefix`` (``[real server]``, ``[real client 3]``): a
     real run's processes share one terminal, so each line says which process wrote it."""
     return _Prefixed(get_logger(name), {"prefix": prefix})
+
+
+def mark(role: str, phase: str) -> None:
+    """Append ``wall-time role pid phase`` to the file named by ``$REPRO_STARTUP_TRACE`` (nothing
+    when unset): where a real run's processes spend their start-up and teardown, for
+    ``python -m repro.bench startup``. One short O_APPEND write per line, so processes never
+    interleave within a line."""
+    path = os.environ.get(TRACE_ENV)
+    if path:
+        line = f"{time.time():.6f}\t{role}\t{os.getpid()}\t{phase}\n".encode()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)

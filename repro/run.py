@@ -26,7 +26,7 @@ from repro.config import help as confhelp
 from repro.config.help import CONF_DIR, compose, group_options, parse
 from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
-from repro.logs import get_logger
+from repro.logs import get_logger, mark
 from repro.runs.folder import drop_hydra_record
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, torchrun_env
 
@@ -99,6 +99,7 @@ def main(dcfg: DictConfig) -> float | None:
     try:
         cfg = parse(dcfg)
         check_components(cfg)
+        mark("main", "config parsed")
         summary = run(cfg, run_dir)
     except ConfigError as err:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
@@ -261,6 +262,7 @@ def _join_config(argv: list[str]) -> RunConfig | None:
 
 
 def cli() -> None:
+    mark("main", "imported")
     argv = sys.argv[1:]
     if "--help" in argv or "-h" in argv:
         check_overrides(argv)

@@ -50,9 +50,11 @@ def test_bad_command_lines_are_usage_errors(argv, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--help"], ["sim", "real", "<= 1.10", ">= 0.8", ">= 1.6", "Exit status"]),
+    (["--help"], ["sim", "real", "startup", "<= 1.10", ">= 0.9", ">= 1.6", "Exit status"]),
     (["sim", "--help"], ["--epochs", "--repeats", "plain torch", "<= 1.10"]),
-    (["real", "--help"], ["--blocks", "--epochs", "--rounds", "--skip-throughput", "gloo", ">= 0.8", ">= 1.6"]),
+    (["real", "--help"], ["--blocks", "--epochs", "--rounds", "--skip-throughput", "gloo", ">= 0.9", ">= 1.6"]),
+    (["startup", "--help"], ["--repeats", "--clients", "--skip-protocol", "import torch", "<= 0.5", "<= 1.5",
+                             "<= 3.0", ">= 0.9"]),
 ])
 def test_help_is_plain_text_about_each_benchmark(argv, says, capsys):
     code, text = _exit_code(argv, capsys)
@@ -102,3 +104,29 @@ def test_the_real_benchmark_runs_shrunk(capsys):
     assert bench.main(["real", "--blocks", "1", "--epochs", "1"]) in (0, 1)
     out = capsys.readouterr().out
     assert "nan" not in out and "run_real" in out and "raw/raw" in out
+
+
+def test_startup_options_and_dispatch(monkeypatch):
+    from repro.bench import startup as bench_startup
+
+    args = bench.parse_args(["startup", "--repeats", "2", "--clients", "2", "3", "--skip-protocol"])
+    assert (args.which, args.repeats, args.clients, args.skip_protocol) == ("startup", 2, [2, 3], True)
+    assert bench.parse_args(["startup"]).clients == [4, 8]
+    monkeypatch.setattr(bench_startup, "run", lambda a: 7 if a.repeats == 2 else 0)
+    assert bench.main(["startup", "--repeats", "2"]) == 7
+
+
+def test_startup_phases_are_the_time_between_marks(tmp_path):
+    """A real run's trace (wall time, role, pid, phase per line) becomes the time from the launch to
+    each phase in order: the server's marks as they are, each client phase at the median over the
+    clients, and the process's exit last."""
+    from repro.bench.startup import phases
+
+    trace = tmp_path / "trace.tsv"
+    trace.write_text("".join(f"{t}\t{role}\t{pid}\t{phase}\n" for t, role, pid, phase in [
+        (101.0, "main", 1, "imported"), (102.5, "server", 1, "clients started"),
+        (103.0, "client", 2, "started"), (105.0, "client", 3, "started"), (104.0, "client", 4, "started"),
+        (106.0, "server", 1, "serving")]))
+    assert phases(trace, start=100.0, end=110.0) == [
+        ("main: imported", 1.0), ("server: clients started", 1.5), ("client: started", 1.5),
+        ("server: serving", 2.0), ("main: exited", 4.0)]

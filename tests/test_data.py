@@ -40,6 +40,33 @@ def test_digits_fixed_stratified_split(digits):
     assert torch.equal(other.x_train, digits.x_train) and torch.equal(other.y_test, digits.y_test)
 
 
+def test_digits_read_without_scikit_learn_equal_scikit_learns():
+    """The digits are read from the CSV in scikit-learn's wheel and split by stored indices, so no
+    process imports scikit-learn (seconds each): the arrays and the split must be exactly those of
+    load_digits and train_test_split(..., stratify=y, random_state=0), in the same order."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from repro.problem.data import DIGITS_SPLIT, digits_arrays
+
+    x, y = load_digits(return_X_y=True)
+    ours_x, ours_y = digits_arrays()
+    assert ours_x.dtype == x.dtype and ours_y.dtype == y.dtype
+    assert np.array_equal(ours_x, x) and np.array_equal(ours_y, y)
+    train, test = train_test_split(np.arange(len(y)), test_size=360, stratify=y, random_state=0)
+    assert np.array_equal(np.load(DIGITS_SPLIT), np.concatenate([train, test]))
+
+
+def test_loading_digits_imports_no_scikit_learn():
+    import subprocess
+    import sys
+
+    code = ("import sys; from repro.problem.data import load_dataset; load_dataset('digits'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_digits_standardised_with_train_statistics(digits):
     assert abs(digits.x_train.mean().item()) < 1e-5
     assert digits.x_train.std().item() == pytest.approx(1.0, abs=1e-3)

@@ -173,6 +173,23 @@ def test_sigkilled_client_degrades_the_run(tmp_path):
     assert upd.samples_seen.iloc[-1] >= 12 * 1437 and evals.version.iloc[-1] == len(upd)
 
 
+def test_a_sigkilled_server_takes_its_clients_and_fork_server_along(tmp_path):
+    """Clients are forks of multiprocessing's fork server, not children of the run's process, so
+    PR_SET_PDEATHSIG fires when the fork server dies, and the fork server must die with the run's
+    process. A SIGSTOPped client cannot notice anything itself (nor can a client stuck in a
+    computation): only the kernel's SIGKILL ends it. Nothing of the session may outlive the run."""
+    proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=2, num_epochs=500.0))
+    try:
+        wait_rows(proc, run_dir, 5)
+        clients = client_pids(proc.pid)
+        assert len(clients) == 2
+        os.kill(clients[0], signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        assert_no_leftovers(proc, within_s=10)
+
+
 def test_losing_every_client_fails_cleanly(tmp_path):
     proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=1, num_epochs=500.0))
     try:

@@ -1,4 +1,4 @@
-"""The benchmarks' command line: ``python -m repro.bench {sim,real,grid,simreal}``.
+"""The benchmarks' command line: ``python -m repro.bench {sim,real,grid,simreal,startup}``.
 
 Each benchmark prints ratios measured in one run (never asserted by tests; wall times vary by
 machine); README.md (section Benchmarks) has the targets and our measured numbers. One
@@ -16,6 +16,7 @@ from repro.bench import grid as bench_grid
 from repro.bench import positive
 from repro.bench import real as bench_real
 from repro.bench import simreal as bench_simreal
+from repro.bench import startup as bench_startup
 from repro.bench.sim import SIM_DESCRIPTION, TARGET_SIM, bench_sim
 from repro.errors import ConfigError
 
@@ -27,7 +28,8 @@ by about 10% between runs."""
 
 EPILOG = """\
 'python -m repro.bench sim --help', 'python -m repro.bench real --help',
-'python -m repro.bench grid --help' and 'python -m repro.bench simreal --help'
+'python -m repro.bench grid --help', 'python -m repro.bench simreal --help' and
+'python -m repro.bench startup --help'
 say more about each benchmark and list its options. Exit status: 0 when every
 ratio meets its target, 1 when one does not, 2 on a usage error."""
 
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter   # keep the hand-wrapped paragraphs
     parser = argparse.ArgumentParser(prog="python -m repro.bench", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=raw)
-    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real,grid,simreal}", title="benchmarks")
+    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real,grid,simreal,startup}", title="benchmarks")
     sim = sub.add_parser("sim", formatter_class=raw, description=SIM_DESCRIPTION,
                          help=f"simulator overhead: simulator wall time / a plain training loop "
                               f"taking the same steps (target <= {TARGET_SIM:.2f})")
@@ -59,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help="the simulator against real runs (+exp=sim_vs_real): predicted / measured "
                                   "samples/s within 15%%, staleness within 10%% and KS < 0.1, time to target")
     bench_simreal.add_arguments(simreal)
+    startup = sub.add_parser("startup", formatter_class=raw, description=bench_startup.DESCRIPTION,
+                             help="start-up: --help, a typo, a simulation's and a real run's time beyond "
+                                  "their work, each / a torch import in the same run")
+    bench_startup.add_arguments(startup)
     return parser
 
 
@@ -79,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_grid.run(args)
     if args.which == "simreal":
         return bench_simreal.run(args)
+    if args.which == "startup":
+        return bench_startup.run(args)
     return bench_real.run(args)
 
 

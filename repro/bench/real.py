@@ -7,7 +7,7 @@
     replying from the frame the parameters live in, as the server loop does) divided by a raw
     gloo ``send``/``recv`` round trip of the same tensors (update one way, parameters back) on
     the same 2-rank group. Measured by the client, in blocks that alternate raw and ours so
-    drifting machine load hits both alike; the ratio is the median of the per-block ratios. Target >= 0.8 at 0.1M, 1M and 10M parameters. For information, two more
+    drifting machine load hits both alike; the ratio is the median of the per-block ratios. Target >= 0.9 at 0.1M, 1M and 10M parameters. For information, two more
     columns: the ratio when the server also applies each push (``DeltaRule``: algorithm, not
     protocol), and raw against a second raw measurement: the noise floor of such a ratio.
 (b) Real throughput: training samples per second of ``run_real`` (steady state: samples applied
@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from repro.bench import positive
 
-PROTOCOL_TARGET, THROUGHPUT_TARGET = 0.8, 1.6
+PROTOCOL_TARGET, THROUGHPUT_TARGET = 0.9, 1.6   # DESIGN.md's performance targets
 
 # --help text: plain, for users (the module docstring above is for developers)
 DESCRIPTION = f"""\
@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, torch {torch.__version__}", flush=True)
     failures = 0
     proto = measure_protocol(SIZES, args.blocks)
-    print("\n(a) protocol efficiency: push+fetch round trip, ours / raw gloo send+recv (target >= 0.8)")
+    print(f"\n(a) protocol efficiency: push+fetch round trip, ours / raw gloo send+recv (target >= {PROTOCOL_TARGET})")
     print(f"{'params':>10} {'raw MB/s':>10} {'ours MB/s':>10} {'ratio':>7} {'verdict':>7} "
           f"{'with apply':>11} {'raw/raw':>8}")
     for size, row in proto.items():

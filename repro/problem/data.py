@@ -12,10 +12,13 @@ model's initialisation, never which samples are in the train or test set.
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import importlib.util
 import math
 import os
 import pickle
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -138,17 +141,34 @@ def _finish(name: str, x_train, y_train, x_test, y_test, num_classes: int,
 # ----------------------------------------------------------------------------- digits
 
 
+DIGITS_SPLIT = Path(__file__).with_name("digits_split.npy")   # train indices, then test indices
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """sklearn's digits as ``load_digits(return_X_y=True)`` gives them, read from the CSV inside
+    the installed wheel without importing scikit-learn (scipy and scikit-learn take seconds to
+    import, paid by every process of a run on a small machine)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise ConfigError("data", "digits", "scikit-learn installed (it ships the digits data set): "
+                          "pip install scikit-learn")
+    with gzip.open(Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int, copy=False)
+
+
 @DATASETS.register("digits", input_shape=(1, 8, 8), num_classes=10, num_train=1437)
 def _load_digits(root, num_train, num_test) -> Dataset:
-    """sklearn's 8x8 digits (ships in the wheel): a fixed stratified 1437/360 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    """sklearn's 8x8 digits (ships in the wheel): a fixed stratified 1437/360 split.
 
-    x, y = load_digits(return_X_y=True)
-    # random_state=0 on purpose: the split must not move with the training seed.
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=360, stratify=y, random_state=0)
-    x_tr, y_tr = _take("data.num_train", x_tr, y_tr, num_train)
-    x_te, y_te = _take("data.num_test", x_te, y_te, num_test)
+    The split is ``train_test_split(x, y, test_size=360, stratify=y, random_state=0)``, stored as
+    its indices (``digits_split.npy``; a test checks it against scikit-learn): random_state=0 on
+    purpose, the split must not move with the training seed."""
+    x, y = digits_arrays()
+    order = np.load(DIGITS_SPLIT, allow_pickle=False).astype(np.int64)
+    train, test = order[:len(order) - 360], order[len(order) - 360:]
+    x_tr, y_tr = _take("data.num_train", x[train], y[train], num_train)
+    x_te, y_te = _take("data.num_test", x[test], y[test], num_test)
     shape = (-1, 1, 8, 8)
     return _finish("digits", (x_tr / 16.0).reshape(shape), y_tr, (x_te / 16.0).reshape(shape),
                    y_te, 10, None)

@@ -39,6 +39,7 @@ import datetime
 import json
 import math
 import multiprocessing as mp
+import multiprocessing.forkserver
 import os
 import signal
 import socket
@@ -53,6 +54,7 @@ import torch.distributed as dist
 from repro.config.checks import validate
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
+from repro.logs import mark
 from repro.problem.data import Dataset
 from repro.problem.start import build_problem
 from repro.real.client import build_client, client_device, run_client
@@ -91,6 +93,10 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
     validate(cfg)   # (run_folder checks again) before the store: a timeout must not overflow it
     store = None if env is not None else _make_store(cfg)   # a busy port: before the folder is touched
+    if store is not None:   # the fork server imports while this process builds the problem
+        client_context()
+        mp.forkserver.ensure_running()
+    mark("server", "store made")
     with torch_threads(cfg.num_threads), deterministic(device), _loopback(master_addr, env is None), \
             run_folder(cfg, run_dir) as run:
         if run.skip:
@@ -99,6 +105,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
             return run.summary
         resume = run.checkpoint("real", device)
         problem = build_problem(cfg, device)
+        mark("server", "problem built")
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,
                                   eval_in_thread=cfg.backend.eval_in_thread, measured={"host": host_record(cfg, env)})
         procs: dict = {}
@@ -135,12 +142,15 @@ def _serve(loop: Dispatcher, procs: dict) -> dict:
     try:
         status, message = loop.run()
     finally:
+        mark("server", "served")
         _stop_children(procs, grace_s=10 if status.startswith("completed") else 0)
         loop.join_receivers(timeout_s=2 if procs or status == "interrupted" else 10)
         disconnect()
+        mark("server", "clients stopped")
     summary = loop.core.finish(status, message, num_clients=loop.cfg.num_clients,
                                client_devices={str(k): d for k, d in sorted(loop.devices.items())},
                                server_device=str(loop.server.params.device))
+    mark("server", "summary written")
     log.info(f"{summary['status']}: version {summary['version']} epoch {summary['epoch']:.2f}"
         + (f" ({summary['message']})" if summary["message"] else ""))
     return summary
@@ -187,7 +197,9 @@ def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRe
         members = {k: k for k in range(1, cfg.num_clients + 1)}
     else:
         procs.update(_spawn_clients(cfg, store.port, dataset))
+        mark("server", "clients started")
         ready = _wait_ready(cfg, core, store, procs, stop)
+        mark("server", "clients ready")
         members = {k: r for r, k in enumerate(ready, start=1)}
         store.set(WORLD_KEY, json.dumps({"size": len(members) + 1, "ranks": members}))
         timeout = startup_deadline_s(cfg)
@@ -198,6 +210,7 @@ def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRe
     except Exception as exc:   # a rendezvous timeout: some rank never came
         raise _StartupError(f"not every client joined within {timeout:g} s (backend.timeout_s="
                             f"{cfg.backend.timeout_s:g}): {str(exc).splitlines()[0]}") from exc
+    mark("server", "rendezvous done")
     return {k: Channel(groups[r], r, cfg.backend.client_timeout_s) for k, r in members.items()}
 
 
@@ -260,11 +273,25 @@ def spawn_context():
     return mp.get_context("spawn")
 
 
+def client_context():
+    """multiprocessing's fork server, preloaded with this module: the first client of a process
+    starts one fresh interpreter that imports torch and the package once, and every client is a
+    fork of it (milliseconds) instead of an interpreter importing everything afresh (seconds of
+    CPU each, all at once on a small machine). Safe where plain ``fork`` is not: the fork server
+    forks before any torch thread exists in it. A forked child still re-applies the parent's
+    process-wide start method, hence the joblib fix of :func:`spawn_context`."""
+    spawn_context()
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 def _spawn_clients(cfg: RunConfig, port: int, dataset: Dataset | None) -> dict:
-    ctx = spawn_context()
+    ctx = client_context()
     procs = {}
     for k in range(1, cfg.num_clients + 1):
-        proc = ctx.Process(target=_client_process, args=(cfg, k, port, os.getpid(), dataset),
+        # the parent's environment now, not the fork server's from its first run (GLOO_SOCKET_IFNAME)
+        proc = ctx.Process(target=_client_process, args=(cfg, k, port, os.getpid(), dataset, dict(os.environ)),
                            name=f"repro-client-{k}", daemon=True)
         proc.start()
         procs[k] = proc
@@ -331,23 +358,40 @@ def _dismiss_clients(cfg: RunConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux), so a SIGKILLed
-    server leaves no client behind."""
+    """Die with the run's process, so a SIGKILLed server leaves no client behind, not even a
+    stopped one. A client's parent is the fork server; the kernel SIGKILLs the client when the
+    fork server dies (``PR_SET_PDEATHSIG``, Linux), and the fork server exits when the last
+    holder of its "alive" pipe closes it: the run's process, and every forked child, which
+    inherits a copy. So each client closes its copy (multiprocessing keeps it in a private
+    attribute, the one private name this module uses), and the fork server then dies with the
+    run's process, taking every client along."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:   # the parent died before prctl took effect
+    server = mp.forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:   # the run's process died before the above took effect
         os._exit(1)
 
 
 def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
-                    dataset: Dataset | None) -> None:
-    """A spawned client: set up, mark ready, learn its world rank, connect, train, exit."""
+                    dataset: Dataset | None, environ: dict) -> None:
+    """A client forked by the fork server: set up, mark ready, learn its world rank, connect,
+    train, exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent coordinates a Ctrl-C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent_pid)
+    os.environ.clear()
+    os.environ.update(environ)
+    mark("client", "started")
     pin_gloo_to_loopback(cfg.backend.master_addr, single_node=True)
     setup = build_client(cfg, client_id, client_device(cfg, client_id), dataset)
+    mark("client", "built")
     timeout = datetime.timedelta(seconds=startup_deadline_s(cfg))
     store = dist.TCPStore(cfg.backend.master_addr, port, cfg.num_clients + 1, False, timeout=timeout)
     store.set(READY_KEY.format(client_id), "1")
@@ -375,6 +419,7 @@ def run_torchrun_worker(cfg: RunConfig) -> int:
 def _serve_as_client(cfg: RunConfig, client_id: int, rank: int, world_size: int, setup, store) -> int:
     try:
         groups = connect(rank, world_size, startup_deadline_s(cfg), store)
+        mark("client", "rendezvous done")
     except Exception as exc:
         print(f"[real client {client_id}] could not join the run within backend.timeout_s="
               f"{cfg.backend.timeout_s:g} s: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)

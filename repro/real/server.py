@@ -26,7 +26,7 @@ import torch
 from repro.asgd.algorithm import Push
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
-from repro.logs import prefixed
+from repro.logs import mark, prefixed
 from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
 from repro.runtime import StopRequest, cuda_missing
 
@@ -184,6 +184,7 @@ class Dispatcher:
                 self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
                 receiver.start()
         log.info(f"serving {len(self.channels)} client(s) from version {self.server.version}")
+        mark("server", "serving")
 
     def run(self) -> tuple[str, str]:
         """Serve until every client is stopped or lost; return (status, message)."""

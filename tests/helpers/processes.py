@@ -49,16 +49,24 @@ def assert_no_leftovers(proc: subprocess.Popen, within_s: float = 5.0) -> None:
 
 
 def client_pids(launcher_pid: int) -> list[int]:
-    """The client processes a real run's launcher spawned (multiprocessing's spawn children)."""
-    pids = []
+    """The client processes of a real run's launcher: forks of its multiprocessing fork server
+    (the launcher's child), or spawn children of the launcher itself."""
+    pids, servers = [], []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         fields = _stat(pid)
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if fields and int(fields[1]) == launcher_pid and b"spawn_main" in cmd:
+        if not fields:
+            continue
+        if int(fields[1]) == launcher_pid and b"spawn_main" in cmd:
             pids.append(int(pid))
+        elif int(fields[1]) == launcher_pid and b"multiprocessing.forkserver" in cmd:
+            servers.append(pid)
+    for server in servers:
+        with contextlib.suppress(OSError):
+            pids += [int(c) for c in Path(f"/proc/{server}/task/{server}/children").read_text().split()]
     return sorted(pids)
 
 
