@@ -14,6 +14,7 @@ import pytest
 from tests.helpers.grids import sweep_grid
 
 from repro.analysis.lab.ceiling import ceiling_frame, draw_ceiling, steady_samples_per_s, table
+from repro.analysis.build import build_figure
 from repro.analysis.load import load_runs
 from repro.config.settings import CostConfig
 from repro.run import compose, parse
@@ -160,12 +161,15 @@ def test_shrunk_ceiling_grid_measures_the_bound_where_a_resource_saturates(tmp_p
 def test_the_lab_frame_and_figure_show_lockstep_clients_beside_the_bound(tmp_path):
     """+exp=ceiling shrunk to 1 and 8 clients at nsync 16 (1 GbE), with and without jitter: the
     runs without are kind 'lockstep', their speedup taken over the lockstep single client; the
-    table has their columns and the figure a series of its own, named in its legend."""
+    table has their columns and the figure a series of its own, named in its legend. Jitter is
+    one of the figure's axes: one figure from both (+exp=ceiling cost.jitter=lognormal,none)."""
     for n, jitter in itertools.product((1, 8), ("lognormal", "none")):
         cfg = parse(compose(["+exp=ceiling", f"num_clients={n}", "nsync=16", "cost.bandwidth_Bps=1.25e8",
                              f"cost.jitter={jitter}", "num_epochs=1600", "eval_every=1600", "progress=false",
                              f"results_dir={tmp_path}"]))
         assert simulate(cfg, tmp_path / "ceiling" / f"n={n},j={jitter}")["status"] == "completed"
+    paths = build_figure("ceiling", tmp_path, tmp_path / "figures")
+    assert [p.name for p in paths] == ["ceiling.png", "ceiling.pdf", "ceiling.csv"]
     frame = ceiling_frame(load_runs(tmp_path, "ceiling"))
     ran = frame[frame["kind"] != "predicted"]
     assert dict(zip(ran["cost.jitter"], ran["kind"])) == {"lognormal": "measured", "none": "lockstep"}

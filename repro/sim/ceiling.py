@@ -33,8 +33,8 @@ about half the link's bound at every N (45-50% from 4 to 64 clients whose step a
 1 s each): correct for lockstep clients, not a defect of the clock. What puts clients out of step
 brings the bound back: jitter (lognormal, sigma 0.1: over 90% of it from 16 clients on), or an
 apply time that serialises the herd. The lab's figure (``+exp=ceiling``,
-:mod:`repro.analysis.lab.ceiling`) shows every point with and without jitter;
-tests/test_ceiling.py measures both.
+:mod:`repro.analysis.lab.ceiling`) draws runs without jitter as a lockstep series beside the
+jittered ones (``+exp=ceiling cost.jitter=lognormal,none``); tests/test_ceiling.py measures both.
 """
 from __future__ import annotations
 

@@ -8,14 +8,15 @@ resource (server apply, server link, host links, host devices) can carry.
 
 The bound needs clients out of step (:mod:`repro.sim.ceiling`): a resource carries it only if
 it never idles, and clients in lockstep (no jitter: they start together and stay together)
-leave a busy link idle one way while it carries the other. So the experiment runs every point
-with the profile's jitter (kind ``measured``) and without it (kind ``lockstep``,
-``cost.jitter=none``), and the figure draws both beside the bound.
+leave a busy link idle one way while it carries the other. The lab's grid runs with the
+profile's jitter (kind ``measured``); runs without it (``cost.jitter=none``: kind ``lockstep``)
+are a series of their own beside them and the bound, in one figure (jitter is one of its axes):
+``python -m repro.run +exp=ceiling cost.jitter=lognormal,none exp_name=ceiling_lockstep``.
 
 Measured throughput is the steady state: applied samples per virtual second over the second
 half of a run's pushes (by version), so the start, where every client computes its first
 segment at once, does not count. Speedup is that throughput over one client's at the same
-bandwidth, nsync and seed. Nothing here trains or reads files.
+bandwidth, nsync, jitter and seed. Nothing here trains or reads files.
 """
 from __future__ import annotations
 
@@ -232,8 +233,8 @@ def draw_ceiling(frame: pd.DataFrame):
     fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
     profile = "/".join(sorted(str(p) for p in frame["cost.profile"].unique()))
     fig.suptitle(f"What limits speedup: measured throughput beside the ceiling predicted from the cost profile "
-                 f"({profile})\nclients share hosts' links, the server's link (full duplex) and its apply; "
-                 f"the bound needs clients out of step: in lockstep a link's two ways take turns")
+                 f"({profile})\nclients share hosts' links, the server's link (full duplex) and its apply\n"
+                 f"the bound needs clients out of step (jitter): in lockstep a link's two ways take turns")
     return fig
 
 
