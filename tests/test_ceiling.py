@@ -2,6 +2,7 @@
 against hand-computed bounds and against the shared clock's measured throughput, the lab's
 +exp=ceiling grid (shrunk: measured within 5% of the bound where a resource saturates), and
 the paper-regime experiment on the 2013 network."""
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -12,7 +13,8 @@ import pandas as pd
 import pytest
 from tests.helpers.grids import sweep_grid
 
-from repro.analysis.lab.ceiling import ceiling_frame, draw_ceiling, steady_samples_per_s
+from repro.analysis.lab.ceiling import ceiling_frame, draw_ceiling, steady_samples_per_s, table
+from repro.analysis.build import build_figure
 from repro.analysis.load import load_runs
 from repro.config.settings import CostConfig
 from repro.run import compose, parse
@@ -96,6 +98,19 @@ def test_each_saturated_resource_carries_what_the_ceiling_says(what, cost):
     assert rate(cost, 1, pushes=400) == pytest.approx(ceiling(cost, 1, 1, 4).pushes_per_s, rel=0.02)
 
 
+def test_the_bound_needs_clients_out_of_step():
+    """16 clients on a shared server link (step and transfer 1 s each: the link carries 1 push a
+    second, the clients alone would push 16 / 3): with no jitter they start together and stay
+    together, so the link's two ways take turns and each idles half the time: about half the
+    bound. Lognormal jitter (sigma 0.1) puts them out of step: the bound within 10%."""
+    lockstep = CostConfig(profile="t", compute_s=1.0, comm_params=1.0, topology="shared", bandwidth_Bps=4.0)
+    jittered = dataclasses.replace(lockstep, jitter="lognormal", jitter_sigma=0.1)
+    bound = ceiling(lockstep, 16, 1, param_bytes=4)
+    assert bound.binding == "server link" and bound.pushes_per_s == ceiling(jittered, 16, 1, 4).pushes_per_s == 1.0
+    assert 0.45 <= rate(lockstep, 16) / bound.pushes_per_s <= 0.55
+    assert rate(jittered, 16) / bound.pushes_per_s >= 0.9
+
+
 def test_the_dedicated_clock_meets_its_bound_too():
     cost = CostConfig(profile="d", compute_s=1.0, jitter="lognormal", jitter_sigma=0.1, server_apply_s=0.25)
     s = CostScheduler(CostModel(cost, 7, 4, 1.0), list(range(1, 17)), 1)
@@ -141,6 +156,31 @@ def test_shrunk_ceiling_grid_measures_the_bound_where_a_resource_saturates(tmp_p
         assert measured[bw] == pytest.approx(predicted.loc[bw, "value"], rel=0.05), bw
     fig = draw_ceiling(frame)   # one column per bandwidth, rows: samples/s and speedup
     assert [ax.get_title() for ax in fig.axes[:2]] == ["every link 1 GB/s each way", "every link 5 GB/s each way"]
+
+
+def test_the_lab_frame_and_figure_show_lockstep_clients_beside_the_bound(tmp_path):
+    """+exp=ceiling shrunk to 1 and 8 clients at nsync 16 (1 GbE), with and without jitter: the
+    runs without are kind 'lockstep', their speedup taken over the lockstep single client; the
+    table has their columns and the figure a series of its own, named in its legend. Jitter is
+    one of the figure's axes: one figure from both (+exp=ceiling cost.jitter=lognormal,none)."""
+    for n, jitter in itertools.product((1, 8), ("lognormal", "none")):
+        cfg = parse(compose(["+exp=ceiling", f"num_clients={n}", "nsync=16", "cost.bandwidth_Bps=1.25e8",
+                             f"cost.jitter={jitter}", "num_epochs=1600", "eval_every=1600", "progress=false",
+                             f"results_dir={tmp_path}"]))
+        assert simulate(cfg, tmp_path / "ceiling" / f"n={n},j={jitter}")["status"] == "completed"
+    paths = build_figure("ceiling", tmp_path, tmp_path / "figures")
+    assert [p.name for p in paths] == ["ceiling.png", "ceiling.pdf", "ceiling.csv"]
+    frame = ceiling_frame(load_runs(tmp_path, "ceiling"))
+    ran = frame[frame["kind"] != "predicted"]
+    assert dict(zip(ran["cost.jitter"], ran["kind"])) == {"lognormal": "measured", "none": "lockstep"}
+    alone = ran[(ran["num_clients"] == 1) & (ran["quantity"] == "speedup")]
+    assert (alone["value"] == 1.0).all() and len(alone) == 2
+    rows = table(frame).set_index("num_clients")
+    assert {"speedup_measured", "speedup_lockstep", "speedup_predicted"} <= set(rows.columns)
+    assert rows.loc[8, "speedup_lockstep"] < rows.loc[8, "speedup_measured"] <= rows.loc[8, "speedup_predicted"] * 1.01
+    fig = draw_ceiling(frame)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("lockstep" in t for t in legend) and any("out of step" in t for t in legend)
 
 
 def test_steady_state_skips_the_start():

@@ -63,11 +63,26 @@ def test_ringmaster_discards_a_push_whose_staleness_reaches_r():
     assert not Ringmaster.preempts(cfg_for(protocol=ProtocolConfig(name="ringmaster")))
 
 
-def test_ringmaster_with_stops_preempts_clients_that_can_no_longer_arrive_in_time():
-    """R = 1 with calculation stops: an apply preempts every other computing client (its push
-    could only be discarded); one preemption at a time: a client restarting is not preempted
-    again until it has pushed from its new parameters (then, stale, it is discarded at once)."""
+def test_ringmaster_with_stops_preempts_again_at_every_apply_as_the_paper_does():
+    """R = 1 with calculation stops, the paper's Algorithm 5: every apply stops every other
+    computing client (its segment is R applies old), a client stopped a moment ago included."""
     cfg = cfg_for(protocol=ProtocolConfig(name="ringmaster", staleness_threshold=1, cancel_stale=True))
+    ring = Ringmaster(cfg, [1, 2, 3], 0)
+    d = ring.on_push(push(1, torch.ones(2)), View(0, LIVE))
+    assert d.apply is not None and (d.preempt, d.discarded) == ((2, 3), ((0, 2), (0, 3)))
+    d = ring.on_push(push(1, torch.ones(2), read_version=1), View(1, LIVE))
+    assert d.apply is not None and (d.preempt, d.discarded) == ((2, 3), ((1, 2), (1, 3)))
+    assert ring.on_push(push(2, torch.ones(2), read_version=1), View(2, LIVE)) is NOTHING   # before its stop
+    assert (ring.fetched, ring.restarting) == ({1: 2, 2: 2, 3: 2}, set())
+
+
+def test_ringmaster_stop_once_preempts_clients_that_can_no_longer_arrive_in_time():
+    """R = 1 with calculation stops and protocol.stop_once (our departure from the paper, for the
+    real driver): an apply preempts every other computing client (its push could only be
+    discarded); one preemption at a time: a client restarting is not preempted again until it
+    has pushed from its new parameters (then, stale, it is discarded at once)."""
+    cfg = cfg_for(protocol=ProtocolConfig(name="ringmaster", staleness_threshold=1, cancel_stale=True,
+                                          stop_once=True))
     assert Ringmaster.preempts(cfg)
     ring = Ringmaster(cfg, [1, 2, 3], 0)
     d = ring.on_push(push(1, torch.ones(2)), View(0, LIVE))
@@ -307,6 +322,10 @@ def test_the_methods_compose_with_their_published_defaults():
     ring = parse(compose(["protocol=ringmaster"]))
     protocol = ring.protocol
     assert (protocol.name, protocol.staleness_threshold, protocol.cancel_stale) == ("ringmaster", None, False)
+    assert not protocol.stop_once          # with cancel_stale: the paper's stops (Algorithm 5)
+    real = parse(compose(["protocol=ringmaster", "protocol.cancel_stale=true", "protocol.stop_once=true",
+                          "backend=real"]))
+    assert (real.protocol.cancel_stale, real.protocol.stop_once) == (True, True)
     assert ring.protocol.resolved_staleness_threshold(ring.num_clients) == ring.num_clients
     ren = parse(compose(["protocol=rennala", "num_clients=8"]))
     assert ren.protocol.resolved_collection_size(8) == 8
@@ -330,6 +349,8 @@ def test_the_methods_compose_with_their_published_defaults():
     (["algo=outer_nesterov", "algo.lr_server=0.5"], "algo.lr_server", "algo.outer_lr"),
     (["algo=outer_nesterov", "algo.outer_delay=0"], "algo.outer_delay", "1..1000000"),
     (["algo=outer_nesterov", "algo.outer_momentum=1"], "algo.outer_momentum", "[0, 0.999999]"),
+    (["protocol=ringmaster", "protocol.cancel_stale=true", "backend=real"], "protocol.stop_once",
+     "true with backend=real and protocol.cancel_stale=true"),
 ])
 def test_bad_input_names_the_key_before_any_work(overrides, key, expected):
     with pytest.raises(ConfigError) as err:

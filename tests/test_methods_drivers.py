@@ -31,6 +31,7 @@ JITTER = CostConfig(profile="j", compute_s=0.01, jitter="lognormal", jitter_sigm
                     straggler_client=3, straggler_factor=3.0)
 RINGMASTER = ProtocolConfig(name="ringmaster", staleness_threshold=2)
 RINGMASTER_STOPS = ProtocolConfig(name="ringmaster", staleness_threshold=2, cancel_stale=True)
+RINGMASTER_STOP_ONCE = ProtocolConfig(name="ringmaster", staleness_threshold=2, cancel_stale=True, stop_once=True)
 RENNALA = ProtocolConfig(name="rennala", collection_size=4)
 EASGD = AlgoConfig(lr=0.05, momentum=0.5, server_rule="easgd")
 DELAYED_NESTEROV = AlgoConfig(lr=0.05, momentum=0.5, server_rule="outer_nesterov", outer_delay=3)
@@ -69,7 +70,7 @@ def check_rennala(upd: pd.DataFrame, summary: dict, size: int, samples_per_push:
 # the simulator
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("protocol", [RINGMASTER, RINGMASTER_STOPS])
+@pytest.mark.parametrize("protocol", [RINGMASTER, RINGMASTER_STOPS, RINGMASTER_STOP_ONCE])
 def test_sim_ringmaster_applies_only_pushes_fresher_than_r(tmp_path, protocol):
     summary = simulate(sim_cfg(protocol=protocol), tmp_path)
     check_run_folder(tmp_path, "completed")
@@ -78,6 +79,48 @@ def test_sim_ringmaster_applies_only_pushes_fresher_than_r(tmp_path, protocol):
     async_run = simulate(sim_cfg(), tmp_path / "async")
     assert pd.read_csv(tmp_path / "async" / "updates.csv").staleness.max() >= 2   # async's are staler
     assert async_run["status"] == "completed"
+
+
+def uneven_quadratic(protocol: ProtocolConfig, updates: int) -> RunConfig:
+    """3 clients of fixed step times 1, 1.75 and 5 virtual seconds, no jitter, free communication,
+    nsync 1: one push per epoch of the 10-sample quadratic (the full set, exact gradients)."""
+    return RunConfig(num_clients=3, nsync=1, num_epochs=float(updates), eval_every=float(updates), progress=False,
+                     data=DataConfig(name="quadratic"), model=ModelConfig(name="quadratic"),
+                     algo=AlgoConfig(lr=0.1, momentum=0.0, batch_size=10), protocol=protocol,
+                     cost=CostConfig(profile="uneven", compute_s=1.0, speeds=(1.0, 1.75, 5.0)))
+
+
+def test_sim_ringmaster_stops_follow_the_papers_algorithm_5_by_hand(tmp_path):
+    """R = 2, step times 1, 1.75, 5, worked out by hand with Algorithm 5 (an apply makes version v;
+    every other client whose segment started at v - 2 or earlier is stopped and starts again from
+    v at once; "c3 <- v2" below: client 3 restarts from version 2):
+
+      t=1     c1 (read 0) applied -> v1; c1 computes from v1 (done at 2)
+      t=1.75  c2 (read 0) -> v2; c2 from v2 (3.5); c3's segment from v0 is 2 old: stopped, c3 <- v2 (6.75)
+      t=2     c1 (read 1) -> v3; c1 from v3 (3)
+      t=3     c1 (read 3) -> v4; c2 (from v2) and c3 (from v2, stopped at 1.75) stopped: both <- v4 (4.75, 8)
+      t=4     c1 (read 4) -> v5
+      t=4.75  c2 (read 4) -> v6; c2 from v6 (6.5); c3 (v4) stopped <- v6 (9.75)
+      t=5     c1 (read 5) -> v7
+      t=6     c1 (read 7) -> v8; c2 (v6) and c3 (v6) stopped <- v8 (7.75, 11)
+      t=7     c1 (read 8) -> v9
+      t=7.75  c2 (read 8) -> v10; c3 (v8) stopped <- v10 (12.75)
+      t=8     c1 (read 9) -> v11
+
+    Client 3 (5 s a step, slower than 2 applies of the others) is stopped at every second apply
+    and never applied. With protocol.stop_once (the old rule) it is not stopped again at t=3: it
+    computes on from v2, its push arrives stale at 6.75 and is discarded there, and it restarts
+    then: the same applies here, another list of dropped segments."""
+    summary = simulate(uneven_quadratic(RINGMASTER_STOPS, 11), tmp_path / "paper")
+    assert summary["status"] == "completed", summary["message"]
+    upd = pd.read_csv(tmp_path / "paper" / "updates.csv")
+    assert list(zip(upd.client, upd.read_version, upd.time_s)) == [
+        (1, 0, 1.0), (2, 0, 1.75), (1, 1, 2.0), (1, 3, 3.0), (1, 4, 4.0), (2, 4, 4.75), (1, 5, 5.0),
+        (1, 7, 6.0), (1, 8, 7.0), (2, 8, 7.75), (1, 9, 8.0)]
+    assert summary["discarded_pushes"] == [[0, 3], [2, 2], [2, 3], [4, 3], [6, 2], [6, 3], [8, 3]]
+    once = simulate(uneven_quadratic(RINGMASTER_STOP_ONCE, 11), tmp_path / "once")
+    assert table_bytes(tmp_path / "once") == table_bytes(tmp_path / "paper")
+    assert once["discarded_pushes"] == [[0, 3], [2, 2], [6, 2], [2, 3], [8, 3]]
 
 
 def test_sim_rennala_steps_merge_s_fresh_pushes_the_fast_clients_more(tmp_path):
@@ -91,6 +134,7 @@ def test_sim_rennala_steps_merge_s_fresh_pushes_the_fast_clients_more(tmp_path):
 
 SIM_METHODS = {
     "ringmaster_stops": dict(protocol=RINGMASTER_STOPS),
+    "ringmaster_stop_once": dict(protocol=RINGMASTER_STOP_ONCE),
     "rennala": dict(protocol=RENNALA),
     "easgd": dict(algo=EASGD),
     "delayed_nesterov": dict(algo=DELAYED_NESTEROV),
@@ -120,7 +164,8 @@ def test_sim_resumes_each_method_bitwise(tmp_path, monkeypatch, name):
     assert cut["status"] == "interrupted"
     ckpt = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert ckpt["driver"]["pending"] is not None
-    held = {"ringmaster_stops": lambda: ckpt["protocol"]["restarting"],      # what the cut holds
+    held = {"ringmaster_stops": lambda: len(set(ckpt["protocol"]["fetched"].values())) > 1,  # what the cut holds
+            "ringmaster_stop_once": lambda: ckpt["protocol"]["restarting"],
             "rennala": lambda: ckpt["protocol"]["clients"],
             "easgd": lambda: not torch.equal(ckpt["driver"]["clients"]["1"]["params"], ckpt["server"]["params"]),
             "delayed_nesterov": lambda: ckpt["server"]["rule"]["count"] % 3}
@@ -172,7 +217,7 @@ def test_real_ringmaster_with_stops(tmp_path, no_children):
     """R = 1 with calculation stops on 3 client processes: only fresh pushes are applied, every
     apply stops the others (they drop their segment and start from the new parameters)."""
     cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="ringmaster", staleness_threshold=1,
-                                                          cancel_stale=True))
+                                                          cancel_stale=True, stop_once=True))
     summary = run_real(cfg, tmp_path)
     assert summary["status"] == "completed", summary["message"]
     check_run_folder(tmp_path, "completed")

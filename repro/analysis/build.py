@@ -86,7 +86,8 @@ LAB_AXES = {"stability": ("num_clients", "algo.lr", "algo.batch_size", "data.", 
             "momentum": ("num_clients", "algo.momentum"),
             "sync_vs_async": ("num_clients", "protocol.name", "protocol.backup_workers", "cost."),
             "mitigation": ("nsync", "algo.server_rule", "protocol.name"),
-            "ceiling": ("num_clients", "nsync", "cost.bandwidth_Bps")}
+            # with jitter and without (clients in lockstep) in one figure
+            "ceiling": ("num_clients", "nsync", "cost.bandwidth_Bps", "cost.jitter")}
 CURVES = ("num_clients", "nsync")   # fig2-fig4: one curve or point per client count and nsync
 _fig1 = lambda runs, target: frames.fig1_frame(runs)   # noqa: E731
 _fig3 = lambda runs, target: frames.fig3_frame(runs)   # noqa: E731

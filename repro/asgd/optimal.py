@@ -10,10 +10,12 @@ protocol (:mod:`repro.asgd.protocols` says what a policy is):
 * ``ringmaster`` (Maranjyan, Tyurin, Richtarik, ICML 2025, "Ringmaster ASGD", Algorithm 4):
   asynchronous SGD that applies a push only if its staleness (their delay) is below a threshold
   R; a staler push is discarded and its client fetches the current parameters and goes on.
-  With ``cancel_stale`` (their Algorithm 5, "with calculation stops") the server does not wait
-  for such a push: as soon as an apply makes a computing client's staleness reach R, it sends
-  that client the current parameters and the client drops its segment (preempted), so a push
-  is discarded on arrival only when such a stop was held back (one preemption at a time, below).
+  With ``cancel_stale`` (their Algorithm 5, "with calculation stops", *the paper's variant*) the
+  server does not wait for such a push: whenever an apply makes a computing client's staleness
+  reach R (its segment started R applies ago), it sends that client the current parameters and
+  the client drops its segment and starts again from them (preempted), as often as that happens:
+  a client slower than R applies of the others is stopped again and again and never applied.
+  No push then arrives stale. ``protocol.stop_once`` is our departure from it (below).
 * ``rennala`` (Tyurin & Richtarik, NeurIPS 2023, "Rennala SGD"; Algorithm 2 of the Ringmaster
   paper): the server collects S pushes computed from its *current* parameters, from whichever
   clients finish first, a client whose push was collected starting at once on another from the
@@ -23,14 +25,18 @@ protocol (:mod:`repro.asgd.protocols` says what a policy is):
   t(S) = min{t : sum_i floor(t / tau_i) >= S} for clients of fixed segment times tau_i. Unlike
   sync with backup workers (a client at most once per round), S may exceed the number of clients.
 
-**One preemption at a time.** A client sent parameters by a preemption is not preempted again
+**One preemption at a time** (rennala always; ringmaster with ``protocol.stop_once``, a departure
+from the paper's Algorithm 5). A client sent parameters by a preemption is not preempted again
 before a push of its computed from them has arrived; a later step that makes its segment stale
 leaves it computing, and its push is discarded when it arrives (it then fetches the current
-parameters: the same as a preemption, later). In the simulator this only affects clients slower
-than a whole step; on the real driver it is what keeps the server from sending a client a
-message it cannot receive yet: a client blocked sending its push while its receiver waits for
-the server's lock has room for one unread message (a second send would wait, under that lock,
-for a receive that never comes).
+parameters: the same as a preemption, later). That changes the schedule: the restart comes at
+the push's arrival instead of at the stop, so a slow client falls into a different phase and
+may be applied where the paper's algorithm never applies it (8 clients with tau_i = 1 + sqrt(i)
+and R = 4: clients 4 and 5 get about 80 applies each in 2000 epochs, none in the paper's). On the
+real driver it is what keeps the server from sending a client a message it cannot receive yet:
+a client blocked sending its push while its receiver waits for the server's lock has room for
+one unread message (a second send would wait, under that lock, for a receive that never comes),
+so the real driver runs ringmaster's stops only with ``stop_once`` (repro.config.checks).
 
 Both list what they dropped in the summary's ``discarded_pushes`` ([read_version, client]);
 rennala lists what each step merged in ``collected_pushes`` (the same form: per read version,
@@ -53,8 +59,9 @@ class Ringmaster(Policy):
     def __init__(self, cfg, clients: list[int], version: int):
         self.threshold = cfg.protocol.resolved_staleness_threshold(cfg.num_clients)
         self.cancel = cfg.protocol.cancel_stale
+        self.stop_once = cfg.protocol.stop_once
         self.fetched = {k: version for k in clients}   # the version each client computes from
-        self.restarting: set[int] = set()             # preempted, not heard from since
+        self.restarting: set[int] = set()             # preempted, not heard from since (stop_once)
 
     @classmethod
     def preempts(cls, cfg) -> bool:
@@ -78,12 +85,14 @@ class Ringmaster(Policy):
         discarded = tuple((self.fetched[j], j) for j in stopped)
         for j in stopped:
             self.fetched[j] = version
-        self.restarting.update(stopped)
+        if self.stop_once:
+            self.restarting.update(stopped)
         return Decision(apply=push, reply=(k,), preempt=stopped, discarded=discarded)
 
     def too_stale(self, version: int, live: AbstractSet[int], pusher: int) -> tuple[int, ...]:
-        """The computing clients whose push, arriving at ``version`` or later, would be discarded
-        (but one preemption at a time: see the module docstring)."""
+        """The computing clients whose push, arriving at ``version`` or later, would be discarded:
+        their segment started R applies ago (Algorithm 5's stop; with ``stop_once`` not those
+        already stopped and not heard from since: see the module docstring)."""
         return tuple(j for j in sorted(live) if j != pusher and j in self.fetched and j not in self.restarting
                      and version - self.fetched[j] >= self.threshold)
 

@@ -166,7 +166,8 @@ MAX_PUSHES_PER_CLIENT = 100
 
 
 def _check_methods(cfg: RunConfig) -> None:
-    """What the descendants of Downpour need of the other keys (both drivers alike)."""
+    """What the descendants of Downpour need of the other keys (both drivers alike, but for
+    Ringmaster's repeated stops, the simulator's only)."""
     algo, protocol = cfg.algo, cfg.protocol
     if algo.server_rule in ("easgd", "outer_nesterov") and algo.lr_server is not None:
         own = "algo.elastic_alpha" if algo.server_rule == "easgd" else "algo.outer_lr"
@@ -177,6 +178,13 @@ def _check_methods(cfg: RunConfig) -> None:
         # centre in its reply: the reply must follow that apply at once
         raise ConfigError("protocol.name", protocol.name, "async with algo.server_rule=easgd "
                           "(asynchronous EASGD: each exchange is answered at once)")
+    if cfg.backend.name == "real" and protocol.name == "ringmaster" and protocol.cancel_stale \
+            and not protocol.stop_once:
+        # a real client holds one unread preemption: a second, sent while it pushes, deadlocks
+        # the server (repro.asgd.optimal, "one preemption at a time")
+        raise ConfigError("protocol.stop_once", protocol.stop_once, "true with backend=real and "
+                          "protocol.cancel_stale=true (the real driver stops a client once per push; "
+                          "the paper's stops at every apply are the simulator's)")
     most = MAX_PUSHES_PER_CLIENT * cfg.num_clients
     if protocol.name == "rennala" and protocol.resolved_collection_size(cfg.num_clients) > most:
         raise ConfigError("protocol.collection_size", protocol.collection_size,

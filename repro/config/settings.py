@@ -262,7 +262,13 @@ class ProtocolConfig:
     fetches and goes on (Maranjyan, Tyurin, Richtarik 2025). null: num_clients."""
     cancel_stale: bool = knob(False, Flag())
     """ringmaster: stop a client as soon as its segment's staleness reaches R (it could only be
-    discarded) and send it the current parameters (the paper's variant with calculation stops)."""
+    discarded) and send it the current parameters (the paper's variant with calculation stops,
+    its Algorithm 5: a client is stopped every time its segment reaches R)."""
+    stop_once: bool = knob(False, Flag())
+    """ringmaster with cancel_stale: a client stopped is not stopped again before a push of its
+    from the new parameters has arrived (that push is discarded on arrival if stale): a departure
+    from the paper, which backend=real needs (a client can hold only one unread preemption);
+    false: the paper's Algorithm 5 (the simulator only)."""
     collection_size: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
     """rennala: the server applies the mean of S pushes computed from its current parameters, a
     fast client contributing several (Tyurin, Richtarik 2023); at most 100 x num_clients.

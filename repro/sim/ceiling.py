@@ -22,6 +22,19 @@ The predicted throughput is the smallest bound; it is reached when the binding r
 idles (clients well beyond the knee) and approached from below near it, where clients wait for
 each other only sometimes. The speedup ceiling is X(N) / X(1): one client alone pushes once a
 cycle. Jitter is mean-preserving and changes no bound.
+
+**The bound needs clients out of step.** A resource carries its bound only if it never idles,
+and clients in lockstep leave it idle: clients that start together (all of them, at time 0)
+with equal step times and no jitter compute together, push together and fetch together, so a
+busy link's two directions take turns (the pushes cross it inbound while nothing goes out, then
+the fetches outbound while nothing comes in) and each idles about half the time. With
+``cost=uniform`` on a shared server link (no jitter, no apply time) the simulator then measures
+about half the link's bound at every N (45-50% from 4 to 64 clients whose step and transfer take
+1 s each): correct for lockstep clients, not a defect of the clock. What puts clients out of step
+brings the bound back: jitter (lognormal, sigma 0.1: over 90% of it from 16 clients on), or an
+apply time that serialises the herd. The lab's figure (``+exp=ceiling``,
+:mod:`repro.analysis.lab.ceiling`) draws runs without jitter as a lockstep series beside the
+jittered ones (``+exp=ceiling cost.jitter=lognormal,none``); tests/test_ceiling.py measures both.
 """
 from __future__ import annotations
 

@@ -6,10 +6,17 @@ its table. The prediction is :func:`repro.sim.ceiling.ceiling`, from each run's 
 alone: the smallest of what the clients would push with nothing shared and what each shared
 resource (server apply, server link, host links, host devices) can carry.
 
+The bound needs clients out of step (:mod:`repro.sim.ceiling`): a resource carries it only if
+it never idles, and clients in lockstep (no jitter: they start together and stay together)
+leave a busy link idle one way while it carries the other. The lab's grid runs with the
+profile's jitter (kind ``measured``); runs without it (``cost.jitter=none``: kind ``lockstep``)
+are a series of their own beside them and the bound, in one figure (jitter is one of its axes):
+``python -m repro.run +exp=ceiling cost.jitter=lognormal,none exp_name=ceiling_lockstep``.
+
 Measured throughput is the steady state: applied samples per virtual second over the second
 half of a run's pushes (by version), so the start, where every client computes its first
 segment at once, does not count. Speedup is that throughput over one client's at the same
-bandwidth, nsync and seed. Nothing here trains or reads files.
+bandwidth, nsync, jitter and seed. Nothing here trains or reads files.
 """
 from __future__ import annotations
 
@@ -26,7 +33,10 @@ from repro.config.settings import CostConfig
 from repro.sim.ceiling import ceiling
 
 KEYS = ["cost.profile", "cost.bandwidth_Bps", "nsync", "num_clients"]
-COLUMNS = [*KEYS, "seed", "run_dir", "status", "diverged", "quantity", "value", "kind", "binding", "clock"]
+COLUMNS = [*KEYS, "cost.jitter", "seed", "run_dir", "status", "diverged", "quantity", "value", "kind", "binding",
+           "clock"]
+# kind of a measured row: clients out of step (the profile's jitter), or in lockstep (none)
+MEASURED, LOCKSTEP = "measured", "lockstep"
 QUANTITIES = {"samples_per_s": "applied samples per second\n(steady state, virtual time)",
               "speedup": "speedup in throughput\n(N clients / 1 client)"}
 
@@ -85,21 +95,30 @@ def steady_samples_per_s(updates: pd.DataFrame) -> pd.Series:
     return pd.Series(out, dtype=float)
 
 
+def in_lockstep(r: pd.DataFrame) -> pd.Series:
+    """Runs whose clients stay in step: no jitter (or a jitter of size 0)."""
+    sigma = r["cost.jitter_sigma"].astype(float) if "cost.jitter_sigma" in r else pd.Series(1.0, index=r.index)
+    return (r["cost.jitter"] == "none") | (sigma == 0)
+
+
 def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Per run: steady-state samples/s and speedup over 1 client (same profile, bandwidth,
-    nsync, seed); per grid point: the predicted bound on both and the resource that sets it."""
+    nsync, jitter, seed), kind ``measured`` (clients out of step) or ``lockstep`` (no jitter);
+    per grid point: the predicted bound on both and the resource that sets it."""
     r = runs.runs.copy()
     if "cost.topology" not in r:
         r["cost.topology"] = "dedicated"
+    if "cost.jitter" not in r:
+        r["cost.jitter"] = "none"
     r["cost.bandwidth_Bps"] = r["cost.bandwidth_Bps"].astype(float)
     r["diverged"] = is_diverged(r["status"])
     r["samples_per_s"] = r["run_dir"].map(steady_samples_per_s(runs.updates))
-    same = ["cost.profile", "cost.bandwidth_Bps", "nsync", "seed"]
+    same = ["cost.profile", "cost.bandwidth_Bps", "nsync", "cost.jitter", "seed"]
     one = r[r["num_clients"] == 1].set_index(same)["samples_per_s"]
     key = list(zip(*(r[c] for c in same)))
     r["speedup"] = r["samples_per_s"].to_numpy() / one.reindex(key).to_numpy()
     r["clock"] = r["clock"] if "clock" in r else "virtual"
-    r["kind"], r["binding"] = "measured", None
+    r["kind"], r["binding"] = np.where(in_lockstep(r), LOCKSTEP, MEASURED), None
     measured = r.melt(id_vars=[c for c in COLUMNS if c in r and c not in ("quantity", "value")],
                       value_vars=list(QUANTITIES), var_name="quantity", value_name="value")
     rows = []   # the bound at every client count up to the largest run, so the knee shows
@@ -111,7 +130,8 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
             for q, v in (("samples_per_s", bound.pushes_per_s * per_push),
                          ("speedup", bound.pushes_per_s / alone.pushes_per_s)):
                 rows.append({"cost.profile": profile, "cost.bandwidth_Bps": bw, "nsync": k, "num_clients": n,
-                             "seed": np.nan, "run_dir": None, "status": None, "diverged": False,
+                             "cost.jitter": None, "seed": np.nan, "run_dir": None, "status": None,
+                             "diverged": False,
                              "quantity": q, "value": v, "kind": "predicted", "binding": bound.binding,
                              "clock": run["clock"]})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
@@ -120,13 +140,15 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measured (mean over seeds) beside predicted, per bandwidth, nsync and client count run."""
+    """Measured (mean over seeds; out of step and in lockstep) beside predicted, per bandwidth,
+    nsync and client count run."""
     index = ["cost.bandwidth_Bps", "nsync", "num_clients"]
     f = frame[~frame["diverged"].astype(bool)]
     out = f.pivot_table(index=index, columns=["quantity", "kind"], values="value", aggfunc="mean")
     out.columns = [f"{q}_{k}" for q, k in out.columns]
     binding = frame[frame["kind"] == "predicted"].drop_duplicates(index).set_index(index)["binding"]
-    out = out.join(binding).dropna(subset=[c for c in out.columns if c.endswith("_measured")], how="all")
+    ran = [c for c in out.columns if c.endswith((f"_{MEASURED}", f"_{LOCKSTEP}"))]
+    out = out.join(binding).dropna(subset=ran, how="all")
     return out.reset_index()
 
 
@@ -140,9 +162,21 @@ def _bandwidth_title(bw: float) -> str:
     return f"every link {bw / 1e9:g} GB/s each way"
 
 
+MARKERS = {MEASURED: dict(marker="o", ms=4.5), LOCKSTEP: dict(marker="s", ms=4.0, markerfacecolor="none")}
+
+
+def _measured(ax, rows: pd.DataFrame, color, style: dict) -> None:
+    """One series of measured points: the mean over seeds, bars from min to max."""
+    stats = rows.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
+    if len(stats):
+        ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                    color=color, lw=0.8, capsize=2, linestyle="none", **style)
+
+
 def draw_ceiling(frame: pd.DataFrame):
     """2 rows (samples/s, speedup) x one column per link bandwidth; one colour per nsync;
-    measured: markers (mean over seeds, bars min-max); predicted bound: dashed."""
+    measured with clients out of step (jitter): filled circles (mean over seeds, bars min-max);
+    measured in lockstep (no jitter): hollow squares; predicted bound: dashed."""
     import matplotlib as mpl
     from matplotlib.lines import Line2D
 
@@ -153,7 +187,7 @@ def draw_ceiling(frame: pd.DataFrame):
     bws = sorted(frame["cost.bandwidth_Bps"].unique(), key=lambda b: (not finite(b), b if finite(b) else 0))
     nsyncs = sorted(int(k) for k in frame["nsync"].unique())
     colors = {k: _PALETTE[i] for i, k in enumerate(nsyncs)}
-    counts = sorted(int(n) for n in frame.loc[frame["kind"] == "measured", "num_clients"].unique())
+    counts = sorted(int(n) for n in frame.loc[frame["kind"] != "predicted", "num_clients"].unique())
     fig, axes = _new_figure(len(QUANTITIES), len(bws), panel=(3.9, 3.0), sharex=True)
     for col, bw in enumerate(bws):
         panel_bw = frame[(frame["cost.bandwidth_Bps"] == bw) | (frame["cost.bandwidth_Bps"].isna() & pd.isna(bw))]
@@ -164,11 +198,9 @@ def draw_ceiling(frame: pd.DataFrame):
                 mine = panel[panel["nsync"] == k]
                 pred = mine[mine["kind"] == "predicted"].sort_values("num_clients")
                 ax.plot(pred["num_clients"], pred["value"], color=colors[k], linestyle="--", lw=1.3)
-                meas = mine[(mine["kind"] == "measured") & ~mine["diverged"].astype(bool)]
-                stats = meas.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
-                ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                            color=colors[k], marker="o", ms=4.5, lw=0.8, capsize=2, linestyle="none")
-                if len(pred) and len(stats):   # the resource that sets the bound at the largest N
+                for kind, style in MARKERS.items():
+                    _measured(ax, mine[(mine["kind"] == kind) & ~mine["diverged"].astype(bool)], colors[k], style)
+                if len(pred) and (mine["kind"] != "predicted").any():   # what binds at the largest N
                     last = pred.iloc[-1]
                     ax.annotate(last["binding"], (last["num_clients"], last["value"]), color=colors[k],
                                 fontsize="x-small", xytext=(3, 0), textcoords="offset points", va="center")
@@ -191,15 +223,18 @@ def draw_ceiling(frame: pd.DataFrame):
                 ax.set_xlabel("clients N")
     handles = [Line2D([], [], color=colors[k], marker="o", linestyle="--") for k in nsyncs]
     labels = [f"nsync {k}" for k in nsyncs]
-    handles += [Line2D([], [], color="0.3", marker="o", linestyle="none"), Line2D([], [], color="0.3", linestyle="--"),
-                Line2D([], [], color="0.6", linestyle=":")]
-    labels += ["measured (steady state; bars: min-max over seeds)",
+    handles += [Line2D([], [], color="0.3", linestyle="none", **MARKERS[MEASURED]),
+                Line2D([], [], color="0.3", linestyle="none", **MARKERS[LOCKSTEP]),
+                Line2D([], [], color="0.3", linestyle="--"), Line2D([], [], color="0.6", linestyle=":")]
+    labels += ["measured, clients out of step (the profile's jitter; steady state; bars: min-max over seeds)",
+               "measured in lockstep (cost.jitter=none: clients that start together stay together)",
                "predicted bound: min(clients' own pace, each shared resource), labelled where it binds at the right",
                "linear speedup"]
     fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
     profile = "/".join(sorted(str(p) for p in frame["cost.profile"].unique()))
     fig.suptitle(f"What limits speedup: measured throughput beside the ceiling predicted from the cost profile "
-                 f"({profile})\nclients share hosts' links, the server's link (full duplex) and its apply")
+                 f"({profile})\nclients share hosts' links, the server's link (full duplex) and its apply\n"
+                 f"the bound needs clients out of step (jitter): in lockstep a link's two ways take turns")
     return fig
 
 
