@@ -12,8 +12,10 @@ a resume makes before it touches a file, and a terminal summary on every ending.
 * **Resume checks** (before any file is touched): every training-shaping key must equal the
   recorded one (:func:`repro.config.settings.differences`), the checkpoint must hold what a
   resume reads (:func:`load_checkpoint`), and the tables must be intact up to the checkpoint
-  (:func:`repro.files.schema.check_table`). Rows after the checkpoint are dropped (the resumed
-  run recomputes them); a damaged row before it is refused, naming the file and line.
+  (:func:`repro.files.schema.check_table`; timings.csv, one row per handled push, up to the
+  row count the checkpoint recorded: :func:`repro.files.schema.check_handled`). Rows after the
+  checkpoint are dropped (the resumed run recomputes them); a damaged row before it is refused,
+  naming the file and line.
 * **Every ending** (:func:`run_folder`): whatever happens inside, an exception or a forced
   second Ctrl-C included, the run ends with a terminal summary and the lock is released.
 """
@@ -222,6 +224,21 @@ def repair_tables(run_dir: Path, columns: dict[str, tuple], upto: dict[str, int]
     return notes
 
 
+def repair_timings(run_dir: Path, runlog: dict) -> list[str]:
+    """Keep the timings.csv rows written before the checkpoint (``runlog`` holds their count; a
+    checkpoint older than that count: the rows up to its version) and record in ``runlog`` how
+    many were kept, so the resumed run counts on from them. Returns what was repaired."""
+    path = Path(run_dir) / schema.TIMINGS_FILE
+    rows = runlog.get("timing_rows")
+    kept, dropped = schema.check_handled(path, schema.TIMING_COLUMNS, int(runlog["version"]),
+                                         None if rows is None else int(rows))
+    runlog["timing_rows"] = len(kept) - 1
+    if not dropped:
+        return []
+    atomic_write_text(path, "".join(kept))
+    return [f"{schema.TIMINGS_FILE}: dropped {dropped} row(s) written after the checkpoint (recomputed now)"]
+
+
 # ---------------------------------------------------------------------------------------------
 # The checkpoint a resume reads
 # ---------------------------------------------------------------------------------------------
@@ -308,6 +325,7 @@ class FolderRun:
                                              schema.EVALS_FILE: schema.EVAL_COLUMNS},
                               {schema.UPDATES_FILE: int(runlog["version"]),
                                schema.EVALS_FILE: int(runlog["last_eval_version"])})
+        notes += repair_timings(self.run_dir, runlog)
         for note in notes:
             log.info(f"resume: {note}")
         return state
