@@ -9,6 +9,7 @@ in :mod:`tests.helpers.invariants`): each case states its fault and guarantee an
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,3 +52,20 @@ def test_5_full_disk_fails_the_run_cleanly(tmp_path, monkeypatch, reference, at,
     assert simulate(SIM.replace(resume=True), run_dir)["status"] == "completed"
     assert table_bytes(run_dir) == reference
     check_run_folder(run_dir, "completed")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("name,written", [("checkpoint.pt.tmp", "checkpoint.pt"), ("timings.csv", "timings.csv")])
+def test_5_a_full_disk_is_named_with_its_folder_and_file(tmp_path, name, written):
+    """issue 32 item 16. Fault: the kernel's own ENOSPC (the file is /dev/full), under torch's
+    zip writer for a checkpoint, which said only "unexpected pos 308288 vs 308216". Guarantee:
+    the run ends ``failed`` with a message naming the cause, the folder and the file."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / name).symlink_to("/dev/full")
+    why = f"no space left on the device holding {run_dir} while writing {written}"
+    with pytest.raises(OSError, match=re.escape(why)):
+        simulate(SIM, run_dir)
+    summary = summary_of(run_dir)
+    assert summary["status"] == "failed" and why in summary["message"], summary["message"]
+    assert "unexpected pos" not in summary["message"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repro.files import schema
-from repro.files.storage import write_json
+from repro.files.storage import disk_error, write_json
 from repro.logs import get_logger
 
 RESERVE_FILE = ".reserve"      # kept free for the final summary.json when the disk fills up
@@ -41,10 +41,16 @@ class CsvWriter:
     def write(self, row: dict) -> None:
         if len(row) != len(self.columns) or any(c not in row for c in self.columns):
             raise ValueError(f"{self.path.name}: row keys {sorted(row)} != columns {list(self.columns)}")
-        self._file.write(",".join(_fmt(row[c]) for c in self.columns) + "\n")
+        try:
+            self._file.write(",".join(_fmt(row[c]) for c in self.columns) + "\n")
+        except OSError as exc:   # a full disk: say so, naming the folder and the table
+            raise disk_error(exc, self.path) from exc
 
     def flush(self) -> None:
-        self._file.flush()
+        try:
+            self._file.flush()
+        except OSError as exc:
+            raise disk_error(exc, self.path) from exc
 
     def close(self) -> None:
         if not self._file.closed:

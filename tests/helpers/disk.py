@@ -1,6 +1,6 @@
 """A fake full disk: the run's own writes (update rows, checkpoints, JSON files) start failing
-with ENOSPC at a chosen point, patched in with pytest's ``monkeypatch`` (``monkeypatch.undo()``
-makes room again)."""
+with ENOSPC at a chosen point (a checkpoint: the write of its file, as a real disk fails it),
+patched in with pytest's ``monkeypatch`` (``monkeypatch.undo()`` makes room again)."""
 from __future__ import annotations
 
 import errno
@@ -22,6 +22,7 @@ class FullDisk:
         self.kind, self.at = at
         self.fails, self.full, self.count = fails, False, {"row": 0, "checkpoint": 0}
         write, save, atomic = repro.runs.runlog.CsvWriter.write, torch.save, repro.files.storage.atomic_write_text
+        atomic_file = repro.files.storage.atomic_write
         disk = self
 
         def csv_write(writer, row):
@@ -33,10 +34,14 @@ class FullDisk:
 
         def torch_save(obj, f, *args, **kwargs):
             disk.tick("checkpoint")
-            if disk.full and "checkpoints" in disk.fails:
-                f.write(b"PK\x03\x04 half a checkpoint")   # into the temp file
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return save(obj, f, *args, **kwargs)
+
+        def atomic_write(path, write):
+            if Path(path).suffix == ".pt" and disk.full and "checkpoints" in disk.fails:
+                def write(f):
+                    f.write(b"PK\x03\x04 half a checkpoint")   # into the temp file
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return atomic_file(path, write)
 
         def atomic_write_text(path, text):
             reserve = Path(path).parent / repro.runs.runlog.RESERVE_FILE
@@ -47,6 +52,7 @@ class FullDisk:
         monkeypatch.setattr(repro.runs.runlog.CsvWriter, "write", csv_write)
         monkeypatch.setattr(repro.files.storage.torch, "save", torch_save)
         monkeypatch.setattr(repro.files.storage, "atomic_write_text", atomic_write_text)
+        monkeypatch.setattr(repro.files.storage, "atomic_write", atomic_write)
 
     def tick(self, kind: str) -> None:
         self.count[kind] += 1
