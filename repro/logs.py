@@ -45,3 +45,16 @@ def prefixed(name: str, prefix: str) -> logging.LoggerAdapter:
     """A logger whose messages start with ``prefix`` (``[real server]``, ``[real client 3]``): a
     real run's processes share one terminal, so each line says which process wrote it."""
     return _Prefixed(get_logger(name), {"prefix": prefix})
+
+
+def detach_files_in(folder) -> None:
+    """Stop logging into files inside ``folder`` (a read-only run folder: the run.log handler
+    would print a logging error for every line instead of the line)."""
+    from pathlib import Path
+
+    folder = Path(folder).resolve()
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and folder in Path(handler.baseFilename).resolve().parents:
+            root.removeHandler(handler)
+            handler.close()

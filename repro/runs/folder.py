@@ -22,10 +22,12 @@ a resume makes before it touches a file, and a terminal summary on every ending.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,10 @@ def open_folder(run_dir: str | Path):
     holds it)."""
     run_dir = Path(run_dir)
     made, path = not run_dir.exists(), run_dir / schema.LOCK_FILE
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise read_only(run_dir, exc) if exc.errno in READ_ONLY else exc from None
     fresh_lock = not path.exists()
     lock = FileLock(path)
     try:
@@ -76,6 +81,11 @@ def open_folder(run_dir: str | Path):
         raise ConfigError("run folder", str(run_dir), f"a folder no other run is writing: pid "
                           f"{h.get('pid', '?')} on {h.get('host', '?')} (started {h.get('started', '?')}) "
                           f"holds it; wait for it to end, or choose another exp_name") from None
+    except OSError as exc:
+        if exc.errno not in READ_ONLY:
+            raise
+        yield run_dir   # nobody writes a read-only folder: no lock; run_folder only skips here
+        return
     try:
         yield run_dir
     except ConfigError:
@@ -89,8 +99,28 @@ def open_folder(run_dir: str | Path):
         lock.release()
 
 
+# A folder nobody may write: a read-only file system, or not this user's to write.
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def writable(run_dir: Path) -> bool:
+    return os.access(run_dir, os.W_OK)
+
+
+def read_only(run_dir: Path, exc: OSError | None = None) -> ConfigError:
+    why = f" ({exc.strerror})" if exc is not None else ""
+    return ConfigError("run folder", str(run_dir), f"a writable folder; this one is read-only{why}: a "
+                       "finished run there is only skipped, continuing or starting one needs a "
+                       "writable results_dir (or hydra.run.dir); nothing was changed")
+
+
 def incoming_record(run_dir: Path) -> Path:
-    return Path(run_dir) / INCOMING_RECORD.format(pid=os.getpid())
+    """Where this process's Hydra record goes (conf/config.yaml: ``hydra.output_subdir``): into
+    the run folder, or, where the folder is read-only, into the temp folder, so that Hydra can
+    start a run that will only be skipped or refused."""
+    name = INCOMING_RECORD.format(pid=os.getpid())
+    run_dir = Path(run_dir)
+    return run_dir / name if not run_dir.is_dir() or writable(run_dir) else Path(tempfile.gettempdir()) / name
 
 
 def adopt_hydra_record(run_dir: Path) -> None:
@@ -343,8 +373,12 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
     with open_folder(run_dir), StopRequest() as stop:
         try:
             decision = decide(cfg, run_dir)
-        except ConfigError:
+            if decision.action != "skip" and not writable(run_dir):
+                raise read_only(run_dir)
+        except ConfigError as exc:
             drop_hydra_record(run_dir)
+            if not writable(run_dir):   # what resume=true or force=true would do cannot be done
+                raise read_only(run_dir) from exc
             raise
         if decision.action == "fresh":
             start_fresh(run_dir)

@@ -1,10 +1,14 @@
-"""A fake full disk: the run's own writes (update rows, checkpoints, JSON files) start failing
-with ENOSPC at a chosen point (a checkpoint: the write of its file, as a real disk fails it),
-patched in with pytest's ``monkeypatch`` (``monkeypatch.undo()`` makes room again)."""
+"""Disks that refuse writes. :class:`FullDisk`, a fake full disk: the run's own writes (update
+rows, checkpoints, JSON files) start failing with ENOSPC at a chosen point (a checkpoint: the
+write of its file, as a real disk fails it), patched in with pytest's ``monkeypatch``
+(``monkeypatch.undo()`` makes room again). :func:`run_read_only`: a command that sees a folder
+read-only (a real read-only mount, in namespaces of its own)."""
 from __future__ import annotations
 
 import errno
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -58,3 +62,20 @@ class FullDisk:
         self.count[kind] += 1
         if kind == self.kind and self.count[kind] >= self.at:
             self.full = True
+
+
+
+# The folder ($1) becomes read-only for the command after it, in a mount namespace of its own
+# (a user namespace: no privilege needed, and root's writes are refused too, as on a real one).
+_READ_ONLY = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit 97; shift; exec "$@"'
+
+
+def run_read_only(folder: Path, *command: str, **kwargs) -> subprocess.CompletedProcess:
+    """``command`` run with ``folder`` read-only (returncode 97: it could not be made so)."""
+    return subprocess.run(["unshare", "-rm", "sh", "-c", _READ_ONLY, "sh", str(folder), *command],
+                          capture_output=True, text=True, **kwargs)
+
+
+def read_only_possible(tmp_path: Path) -> bool:
+    """Whether this machine lets a test make a folder read-only (unshare, user namespaces)."""
+    return shutil.which("unshare") is not None and run_read_only(tmp_path, "true").returncode == 0
