@@ -12,7 +12,6 @@ the run folder), the other ranks compose the same config without any output fold
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys

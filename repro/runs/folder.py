@@ -71,7 +71,9 @@ def open_folder(run_dir: str | Path):
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise read_only(run_dir, exc) if exc.errno in READ_ONLY else exc from None
+        if exc.errno not in READ_ONLY:
+            raise
+        raise read_only(run_dir, exc) from None
     fresh_lock = not path.exists()
     lock = FileLock(path)
     try:
@@ -84,7 +86,9 @@ def open_folder(run_dir: str | Path):
     except OSError as exc:
         if exc.errno not in READ_ONLY:
             raise
-        yield run_dir   # nobody writes a read-only folder: no lock; run_folder only skips here
+        lock = None   # nobody writes a read-only folder: no lock; run_folder only skips there
+    if lock is None:
+        yield run_dir
         return
     try:
         yield run_dir
@@ -371,15 +375,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
     run_dir = Path(run_dir)
     validate(cfg)   # every entry point, not only the command line: no number may hang a run
     with open_folder(run_dir), StopRequest() as stop:
-        try:
-            decision = decide(cfg, run_dir)
-            if decision.action != "skip" and not writable(run_dir):
-                raise read_only(run_dir)
-        except ConfigError as exc:
-            drop_hydra_record(run_dir)
-            if not writable(run_dir):   # what resume=true or force=true would do cannot be done
-                raise read_only(run_dir) from exc
-            raise
+        decision = _decide(cfg, run_dir)
         if decision.action == "fresh":
             start_fresh(run_dir)
         if decision.action == "skip":
@@ -400,6 +396,22 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         finally:
             if run.core is not None and run.core.finished is None:   # a driver forgot: still terminal
                 _end(run, "failed", "the driver ended without a status; ", clean=False)
+
+
+def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
+    """:func:`decide`, where a read-only folder allows only a skip (what resume=true or
+    force=true would do cannot be done there); a refusal drops this process's Hydra record."""
+    try:
+        decision = decide(cfg, run_dir)
+    except ConfigError as exc:
+        drop_hydra_record(run_dir)
+        if writable(run_dir):
+            raise
+        raise read_only(run_dir) from exc
+    if decision.action != "skip" and not writable(run_dir):
+        drop_hydra_record(run_dir)
+        raise read_only(run_dir)
+    return decision
 
 
 def _end(run: FolderRun, status: str, why: str, clean: bool, early: bool = True) -> None:
