@@ -90,9 +90,12 @@ def write_json(path: Path, obj: Any) -> None:
 def save_checkpoint(state: dict, path: Path) -> None:
     """``state`` to ``path`` whole or not at all. Serialised in memory first: torch's zip writer,
     given a file on a full disk, reports "unexpected pos ..." instead of the disk's error."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    atomic_write(path, lambda f: f.write(buffer.getbuffer()))
+    def write(f: IO[bytes]) -> None:   # inside atomic_write: an interrupt in torch.save stays one
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        f.write(buffer.getbuffer())
+
+    atomic_write(path, write)
 
 
 def to_cpu(obj: Any) -> Any:

@@ -11,8 +11,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import torch
-
 import repro.files.storage
 import repro.runs.runlog
 
@@ -25,7 +23,7 @@ class FullDisk:
     def __init__(self, monkeypatch, at: tuple[str, int], fails: set[str]):
         self.kind, self.at = at
         self.fails, self.full, self.count = fails, False, {"row": 0, "checkpoint": 0}
-        write, save, atomic = repro.runs.runlog.CsvWriter.write, torch.save, repro.files.storage.atomic_write_text
+        write, atomic = repro.runs.runlog.CsvWriter.write, repro.files.storage.atomic_write_text
         atomic_file = repro.files.storage.atomic_write
         disk = self
 
@@ -36,15 +34,15 @@ class FullDisk:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return write(writer, row)
 
-        def torch_save(obj, f, *args, **kwargs):
-            disk.tick("checkpoint")
-            return save(obj, f, *args, **kwargs)
+        def half_a_checkpoint(f):
+            f.write(b"PK\x03\x04 half a checkpoint")   # into the temp file
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         def atomic_write(path, write):
-            if Path(path).suffix == ".pt" and disk.full and "checkpoints" in disk.fails:
-                def write(f):
-                    f.write(b"PK\x03\x04 half a checkpoint")   # into the temp file
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            if Path(path).suffix == ".pt":
+                disk.tick("checkpoint")
+                if disk.full and "checkpoints" in disk.fails:
+                    write = half_a_checkpoint
             return atomic_file(path, write)
 
         def atomic_write_text(path, text):
@@ -54,7 +52,6 @@ class FullDisk:
             return atomic(path, text)
 
         monkeypatch.setattr(repro.runs.runlog.CsvWriter, "write", csv_write)
-        monkeypatch.setattr(repro.files.storage.torch, "save", torch_save)
         monkeypatch.setattr(repro.files.storage, "atomic_write_text", atomic_write_text)
         monkeypatch.setattr(repro.files.storage, "atomic_write", atomic_write)
 
