@@ -21,7 +21,7 @@ from repro.sim.driver import simulate
 from tests.helpers.disk import FullDisk, read_only_possible, run_read_only
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.paths import ROOT
-from tests.helpers.runs import CLI_ARGS, SIM, cli_cfg
+from tests.helpers.runs import CLI_ARGS, SIM, cli, cli_cfg
 from tests.helpers.tables import changed, snapshot, summary_of, table_bytes
 
 
@@ -73,6 +73,17 @@ def test_5_a_full_disk_is_named_with_its_folder_and_file(tmp_path, name, written
     summary = summary_of(run_dir)
     assert summary["status"] == "failed" and why in summary["message"], summary["message"]
     assert "unexpected pos" not in summary["message"]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_5_the_command_line_says_a_full_disk_in_one_line(tmp_path):
+    """issue 32 item 16, on the command line: the cause in one line, not a traceback; exit 1."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoint.pt.tmp").symlink_to("/dev/full")
+    done = cli(*CLI_ARGS, f"hydra.run.dir={run_dir}")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"failed: no space left on the device holding {run_dir} while writing checkpoint.pt\n" in done.stderr
 
 
 def finished_for_the_cli(tmp_path: Path) -> Path:
