@@ -63,3 +63,16 @@ def mark(role: str, phase: str) -> None:
             os.write(fd, line)
         finally:
             os.close(fd)
+
+
+def detach_files_in(folder) -> None:
+    """Stop logging into files inside ``folder`` (a read-only run folder: the run.log handler
+    would print a logging error for every line instead of the line)."""
+    from pathlib import Path
+
+    folder = Path(folder).resolve()
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and folder in Path(handler.baseFilename).resolve().parents:
+            root.removeHandler(handler)
+            handler.close()

@@ -12,7 +12,6 @@ the run folder), the other ranks compose the same config without any output fold
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -26,8 +25,9 @@ from repro.config import help as confhelp
 from repro.config.help import CONF_DIR, compose, group_options, parse
 from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
-from repro.logs import get_logger, mark
-from repro.runs.folder import drop_hydra_record
+from repro.files.storage import DISK_FAULTS
+from repro.logs import detach_files_in, get_logger, mark
+from repro.runs.folder import drop_hydra_record, incoming_record, writable
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, torchrun_env
 
 log = get_logger("repro.run")
@@ -36,8 +36,8 @@ GROUPS = (*confhelp.GROUPS, *confhelp.OPTIONAL_GROUPS)
 
 if not OmegaConf.has_resolver("job_name"):
     OmegaConf.register_new_resolver("job_name", lambda overrides: confhelp.job_name(list(overrides)))
-if not OmegaConf.has_resolver("pid"):   # the Hydra record's folder, this process's own
-    OmegaConf.register_new_resolver("pid", lambda: os.getpid())
+if not OmegaConf.has_resolver("hydra_record"):   # the Hydra record's folder, this process's own
+    OmegaConf.register_new_resolver("hydra_record", lambda run_dir: str(incoming_record(run_dir)))
 
 
 def run(cfg: RunConfig, run_dir: str | Path) -> dict:
@@ -96,6 +96,8 @@ def _exit_bad_input(err: ConfigError | str) -> None:
 def main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    if not writable(run_dir):   # a finished run is only skipped there: no run.log either
+        detach_files_in(run_dir)
     try:
         cfg = parse(dcfg)
         check_components(cfg)
@@ -105,6 +107,12 @@ def main(dcfg: DictConfig) -> float | None:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
         _remove_empty_run_dir(run_dir.resolve(), results)
         _exit_bad_input(err)
+    except OSError as err:
+        if err.errno not in DISK_FAULTS or hc.mode.name == "MULTIRUN":
+            raise
+        # a full disk (the summary says so too): one line, not a traceback
+        print(f"failed: {err.strerror}\nrun folder: {pasteable(run_dir)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     log.info(last_lines(summary, run_dir).splitlines()[0])
     print(last_lines(summary, run_dir).splitlines()[1], flush=True)
     if summary["status"] not in ("completed", "completed_degraded") and hc.mode.name != "MULTIRUN":

@@ -8,16 +8,21 @@ in :mod:`tests.helpers.invariants`): each case states its fault and guarantee an
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from repro.sim.driver import simulate
-from tests.helpers.disk import FullDisk
+from tests.helpers.disk import FullDisk, read_only_possible, run_read_only
 from tests.helpers.invariants import check_run_folder
-from tests.helpers.runs import SIM
-from tests.helpers.tables import summary_of, table_bytes
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import CLI_ARGS, SIM, cli, cli_cfg
+from tests.helpers.tables import changed, snapshot, summary_of, table_bytes
 
 
 DISK_FULL = [
@@ -51,3 +56,78 @@ def test_5_full_disk_fails_the_run_cleanly(tmp_path, monkeypatch, reference, at,
     assert simulate(SIM.replace(resume=True), run_dir)["status"] == "completed"
     assert table_bytes(run_dir) == reference
     check_run_folder(run_dir, "completed")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("name,written", [("checkpoint.pt.tmp", "checkpoint.pt"), ("timings.csv", "timings.csv")])
+def test_5_a_full_disk_is_named_with_its_folder_and_file(tmp_path, name, written):
+    """issue 32 item 16. Fault: the kernel's own ENOSPC (the file is /dev/full), under torch's
+    zip writer for a checkpoint, which said only "unexpected pos 308288 vs 308216". Guarantee:
+    the run ends ``failed`` with a message naming the cause, the folder and the file."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / name).symlink_to("/dev/full")
+    why = f"no space left on the device holding {run_dir} while writing {written}"
+    with pytest.raises(OSError, match=re.escape(why)):
+        simulate(SIM, run_dir)
+    summary = summary_of(run_dir)
+    assert summary["status"] == "failed" and why in summary["message"], summary["message"]
+    assert "unexpected pos" not in summary["message"]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_5_the_command_line_says_a_full_disk_in_one_line(tmp_path):
+    """issue 32 item 16, on the command line: the cause in one line, not a traceback; exit 1."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoint.pt.tmp").symlink_to("/dev/full")
+    done = cli(*CLI_ARGS, f"hydra.run.dir={run_dir}")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"failed: no space left on the device holding {run_dir} while writing checkpoint.pt\n" in done.stderr
+
+
+def finished_for_the_cli(tmp_path: Path) -> Path:
+    """A finished run in the folder the command line's CLI_ARGS run writes (hydra.run.dir)."""
+    run_dir = tmp_path / "results" / "run"
+    assert simulate(cli_cfg(), run_dir)["status"] == "completed"
+    return run_dir
+
+
+def read_only_cli(tmp_path: Path, run_dir: Path, *args: str):
+    """The command line on CLI_ARGS writing ``run_dir``, with its parent read-only (and a temp
+    folder of its own)."""
+    if not read_only_possible(tmp_path):
+        pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    return run_read_only(run_dir.parent, sys.executable, "-m", "repro.run", *CLI_ARGS,
+                         f"hydra.run.dir={run_dir}", *args, cwd=ROOT, env=env, timeout=120)
+
+
+def test_a_finished_run_in_a_read_only_folder_is_skipped_without_writing(tmp_path):
+    """issue 32 item 16. Fault: the results folder is read-only (a real read-only mount) and
+    the run is finished: it said "Read-only file system", exit 1. Guarantee: skipped as anywhere
+    else (exit 0), nothing written, no logging error, no Hydra record left in the temp folder."""
+    run_dir = finished_for_the_cli(tmp_path)
+    before = snapshot(run_dir)
+    done = read_only_cli(tmp_path, run_dir)
+    assert done.returncode == 0, done.stderr
+    assert "skip" in done.stderr and "Traceback" not in done.stderr and "Logging error" not in done.stderr
+    assert changed(before, snapshot(run_dir)) == []
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_unfinished_run_in_a_read_only_folder_is_refused_naming_it(tmp_path, resume):
+    """issue 32 item 16. Fault: the read-only folder holds an interrupted run. Guarantee: exit 2
+    with one line saying the folder is read-only (what resume=true or force=true would do cannot
+    be done there), nothing written."""
+    run_dir = finished_for_the_cli(tmp_path)
+    summary_path = run_dir / "summary.json"
+    summary_path.write_text(json.dumps({**json.loads(summary_path.read_text()), "status": "interrupted"}))
+    before = snapshot(run_dir)
+    refused = read_only_cli(tmp_path, run_dir, *(["resume=true"] if resume else []))
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "read-only" in refused.stderr, refused.stderr
+    assert str(run_dir) in refused.stderr
+    assert changed(before, snapshot(run_dir)) == []

@@ -50,6 +50,8 @@ REPAIRED = {   # damage after the checkpoint: dropped on resume, the run complet
     "half a row after the last row": append_bytes("updates.csv", b"21,0.15,virt"),
     "rows after the checkpoint (killed after it)": _rows_after_checkpoint,
     "evaluation rows after the checkpoint": _eval_after_checkpoint,
+    "timings after the checkpoint, the last cut": append_bytes(
+        "timings.csv", b"20,0.21,virtual,1,18,0.0,0.02,0.0,0.0,0.0\n21,0.2"),
 }
 REFUSED = {    # damage up to the checkpoint: refused naming file and line
     "row of the checkpoint's version cut mid-line": (
@@ -61,6 +63,10 @@ REFUSED = {    # damage up to the checkpoint: refused naming file and line
     "a duplicated row before the checkpoint": (duplicate_line("updates.csv", 6), "updates.csv", 7),
     "NUL bytes in an evaluation before the checkpoint": (
         replace_line("evals.csv", 3, lambda row: b"\x00" * (len(row) - 1) + b"\n"), "evals.csv", 3),
+    "NUL bytes in a timing before the checkpoint": (
+        replace_line("timings.csv", 9, lambda row: b"\x00" * (len(row) - 1) + b"\n"), "timings.csv", 9),
+    "a timing row before the checkpoint cut mid-line": (
+        replace_line("timings.csv", STOP_AT + 1, lambda row: row[:15]), "timings.csv", STOP_AT + 1),
 }
 
 
@@ -83,7 +89,7 @@ def test_4_damage_up_to_the_checkpoint_is_refused(interrupted, reference, name):
     the line, before touching any file; put right by hand, the folder resumes as if nothing
     had happened."""
     damage, file, lineno = REFUSED[name]
-    good = {n: (interrupted / n).read_bytes() for n in ("updates.csv", "evals.csv")}
+    good = {n: (interrupted / n).read_bytes() for n in ("updates.csv", "evals.csv", "timings.csv")}
     damage(interrupted)
     before = snapshot(interrupted)
     with pytest.raises(ConfigError) as err:

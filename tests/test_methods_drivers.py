@@ -18,13 +18,15 @@ import pytest
 import torch
 
 from repro.asgd.flatnet import FlatNet
+from repro.asgd.protocols import PROTOCOLS
+from repro.asgd.rules import RULES
 from repro.config.settings import (AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig,
                                    ProtocolConfig, RunConfig)
 from repro.errors import ConfigError
 from repro.real import run_real
 from repro.sim.driver import simulate
 from tests.helpers.invariants import check_run_folder
-from tests.helpers.runs import real_cfg
+from tests.helpers.runs import real_cfg, sim_killed_at
 from tests.helpers.tables import check_same_evaluations, table_bytes, table_frames
 
 JITTER = CostConfig(profile="j", compute_s=0.01, jitter="lognormal", jitter_sigma=0.5,
@@ -175,6 +177,48 @@ def test_sim_resumes_each_method_bitwise(tmp_path, monkeypatch, name):
     assert table_bytes(tmp_path / "cut") == table_bytes(tmp_path / "whole")
     for key in ("discarded_pushes", "collected_pushes"):
         assert resumed.get(key) == whole.get(key)
+
+
+# Each registered server rule (with async) and protocol (with the delta rule), with the settings
+# that make it do what sets it apart; a name registered later runs with its defaults.
+RULE_SETTINGS = {"easgd": EASGD, "outer_nesterov": DELAYED_NESTEROV}
+PROTOCOL_SETTINGS = {"ringmaster": RINGMASTER_STOPS, "rennala": RENNALA,
+                     "sync": ProtocolConfig(name="sync", backup_workers=1),
+                     "ssp": ProtocolConfig(name="ssp", staleness_bound=1)}
+EVERY_METHOD = ([f"algo.server_rule={name}" for name in RULES]
+                + [f"protocol={name}" for name in PROTOCOLS])
+
+
+def method_cfg(method: str) -> RunConfig:
+    """sim_cfg running ``method`` (``algo.server_rule=NAME`` or ``protocol=NAME``), a checkpoint
+    every 2 versions (of 24; of 6 where a step merges 4 pushes)."""
+    key, _, name = method.partition("=")
+    if key == "protocol":
+        return sim_cfg(protocol=PROTOCOL_SETTINGS.get(name, ProtocolConfig(name=name)), checkpoint_every=2)
+    algo = RULE_SETTINGS.get(name, AlgoConfig(lr=0.05, momentum=0.5, server_rule=name))
+    return sim_cfg(algo=algo, checkpoint_every=2)
+
+
+@pytest.mark.parametrize("method", EVERY_METHOD)
+def test_sim_resumes_every_registered_rule_and_protocol_bitwise(tmp_path, method):
+    """issue 32 item 6 (DC-ASGD's backups were overwritten on resume): a run killed (SIGKILL)
+    half way, one version past a checkpoint, resumes from that checkpoint, and a run stopped
+    (Ctrl-C) there from where it stopped; both end with the uninterrupted run's updates, evals
+    and timings, byte for byte. The methods come from the registries, so a new rule or
+    protocol is in this test."""
+    cfg = method_cfg(method)
+    whole = simulate(cfg, tmp_path / "whole")
+    cut_at = whole["version"] // 2 | 1
+    assert whole["status"] == "completed" and whole["version"] > cut_at > 1, whole["message"]
+    sim_killed_at(cfg, tmp_path / "killed", cut_at)
+    assert simulate(cfg, tmp_path / "stopped", stop_at_version=cut_at)["status"] == "interrupted"
+    for cut in ("killed", "stopped"):
+        resumed = simulate(cfg.replace(resume=True), tmp_path / cut)
+        assert resumed["status"] == "completed", (cut, resumed["message"])
+        for table in ("updates.csv", "evals.csv", "timings.csv"):
+            assert (tmp_path / cut / table).read_bytes() == (tmp_path / "whole" / table).read_bytes(), (cut, table)
+        for key in ("discarded_pushes", "collected_pushes"):
+            assert resumed.get(key) == whole.get(key), (cut, key)
 
 
 def test_replay_takes_asynchronous_easgd_and_refuses_ringmaster(tmp_path):

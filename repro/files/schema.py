@@ -143,17 +143,9 @@ def check_table(path: Path, columns: tuple, upto: int, contiguous: bool) -> tupl
     version ``upto`` must parse and follow each other as :func:`version_fault` says (updates up to
     exactly ``upto``); anything after them may be damaged and is dropped. A ConfigError (for
     ``resume``) names the file and the line otherwise."""
-    try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError:
-        text = ""
-    lines = text.splitlines(keepends=True)
-    header = ",".join(columns) + "\n"
     first = 1 if contiguous else 0
-    if lines and lines[0] != header or not lines and upto >= first:
-        raise ConfigError("resume", True, f"an intact {path.name}: its header is missing or not "
-                          f"{header.strip()!r}; force=true starts over")
-    kept, last = [header], None
+    lines = _read_lines(path, columns, needed=upto >= first)
+    kept, last = lines[:1] or [_header(columns)], None
     for lineno, line in enumerate(lines[1:], start=2):
         if upto < first or (last is not None and last >= upto):
             break   # everything the resumed run needs is here: the rest is recomputed
@@ -171,6 +163,53 @@ def check_table(path: Path, columns: tuple, upto: int, contiguous: bool) -> tupl
     if why:
         raise _refused(upto, why)
     return kept, max(len(lines) - len(kept), 0)
+
+
+def check_handled(path: Path, columns: tuple, upto: int, rows: int | None) -> tuple[list[str], int]:
+    """(lines to keep, header included; rows dropped): what a resume keeps of a table with one
+    row per push the server handled (timings.csv), whose versions repeat where a push was not
+    applied. Kept: the first ``rows`` rows (the count the checkpoint recorded), each whole, its
+    version never going back nor past ``upto``; a ConfigError (for ``resume``) names the file and
+    the line otherwise. ``rows`` None (a checkpoint older than that count): the rows up to the
+    first that is damaged, goes back or passes ``upto``."""
+    lines = _read_lines(path, columns, needed=bool(rows))
+    kept, last = lines[:1] or [_header(columns)], 0
+    for lineno, line in enumerate(lines[1:], start=2):
+        if rows is not None and len(kept) > rows:
+            break
+        version = parse_row(line, len(columns), columns.index("version"))
+        why = (f"{path.name} line {lineno} is damaged ({line[:40]!r})" if version is None else
+               f"{path.name} line {lineno} has version {version} after version {last}" if version < last
+               else f"{path.name} line {lineno} has version {version}, past the checkpoint's"
+               if version > upto else "")
+        if why and rows is None:
+            break
+        if why:
+            raise _refused(upto, why)
+        kept.append(line)
+        last = version
+    if rows is not None and len(kept) <= rows:
+        raise _refused(upto, f"{path.name} has {len(kept) - 1} row(s) but the checkpoint counts "
+                             f"{rows} (rows lost)")
+    return kept, max(len(lines) - len(kept), 0)
+
+
+def _header(columns: tuple) -> str:
+    return ",".join(columns) + "\n"
+
+
+def _read_lines(path: Path, columns: tuple, needed: bool) -> list[str]:
+    """The table's lines (an unreadable file: none); a ConfigError (for ``resume``) when its
+    header is wrong, or missing where ``needed`` (the resumed run keeps rows of it)."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        text = ""
+    lines = text.splitlines(keepends=True)
+    if lines and lines[0] != _header(columns) or not lines and needed:
+        raise ConfigError("resume", True, f"an intact {path.name}: its header is missing or not "
+                          f"{_header(columns).strip()!r}; force=true starts over")
+    return lines
 
 
 def _refused(upto: int, why: str) -> ConfigError:

@@ -13,6 +13,8 @@ imports torch: a checkpoint is a torch file.)
 """
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import pickle
@@ -24,9 +26,27 @@ import torch
 from repro.errors import ConfigError
 
 
+# What a write's errno means for the run, said plainly (the raw "[Errno 28] No space left on
+# device" names neither the folder nor the file).
+DISK_FAULTS = {errno.ENOSPC: "no space left on the device holding {folder}",
+               errno.EDQUOT: "the disk quota is used up on the device holding {folder}",
+               errno.EROFS: "{folder} is on a read-only file system"}
+
+
+def disk_error(exc: OSError, path: Path) -> OSError:
+    """``exc`` with a message naming the cause (a full disk, a quota, a read-only file system),
+    the folder and the file, when it is one of those; else ``exc`` itself."""
+    what = DISK_FAULTS.get(exc.errno)
+    if what is None:
+        return exc
+    path = Path(path)
+    return OSError(exc.errno, what.format(folder=path.parent) + f" while writing {path.name}")
+
+
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """``write(f)`` to a temp file, then rename, so a reader never sees half a file (and a full
-    disk or an interrupt leaves the old file and no temp file)."""
+    disk or an interrupt leaves the old file and no temp file). A full or read-only disk is an
+    OSError naming it (:func:`disk_error`)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -42,6 +62,9 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             # a second Ctrl-C inside torch.save makes its zip writer's clean-up fail too; the
             # interrupt, not that follow-on error, is what happened (and is handled upstream)
             raise interrupt from None
+        error = disk_error(exc, path) if isinstance(exc, OSError) else exc
+        if error is not exc:
+            raise error from exc
         raise
 
 
@@ -65,7 +88,14 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def save_checkpoint(state: dict, path: Path) -> None:
-    atomic_write(path, lambda f: torch.save(state, f))
+    """``state`` to ``path`` whole or not at all. Serialised in memory first: torch's zip writer,
+    given a file on a full disk, reports "unexpected pos ..." instead of the disk's error."""
+    def write(f: IO[bytes]) -> None:   # inside atomic_write: an interrupt in torch.save stays one
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        f.write(buffer.getbuffer())
+
+    atomic_write(path, write)
 
 
 def to_cpu(obj: Any) -> Any:

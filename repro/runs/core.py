@@ -118,15 +118,18 @@ class RunCore:
         self._checkpointed = self.server.version   # the version of the last periodic checkpoint
 
     # -- the start ------------------------------------------------------------------------------
-    def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None) -> None:
-        """Start serving ``clients`` (each holds the server's parameters now): the protocol, and
-        version 0 evaluated before any push (inline in both drivers: it is the reference for
-        divergence and the first point of every curve)."""
+    def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
+              fetching: bool = True) -> None:
+        """Start serving ``clients``: the protocol, and version 0 evaluated before any push
+        (inline in both drivers: it is the reference for divergence and the first point of every
+        curve). ``fetching``: each client holds the server's parameters now; False for a resumed
+        simulation, whose clients hold what they fetched before the checkpoint, as the rule's
+        record of those fetches (DC-ASGD's backups) does, restored with the server."""
         self.protocol = make_protocol(self.cfg, clients, self.server.version)
         self.live = frozenset(clients)
         if protocol_state is not None:
             self.protocol.load_state_dict(protocol_state)
-        for k in clients:
+        for k in clients if fetching else ():
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
             self.evaluate_now(time_s)   # may find version 0 non-finite: diverged, stopping

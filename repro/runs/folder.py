@@ -12,18 +12,22 @@ a resume makes before it touches a file, and a terminal summary on every ending.
 * **Resume checks** (before any file is touched): every training-shaping key must equal the
   recorded one (:func:`repro.config.settings.differences`), the checkpoint must hold what a
   resume reads (:func:`load_checkpoint`), and the tables must be intact up to the checkpoint
-  (:func:`repro.files.schema.check_table`). Rows after the checkpoint are dropped (the resumed
-  run recomputes them); a damaged row before it is refused, naming the file and line.
+  (:func:`repro.files.schema.check_table`; timings.csv, one row per handled push, up to the
+  row count the checkpoint recorded: :func:`repro.files.schema.check_handled`). Rows after the
+  checkpoint are dropped (the resumed run recomputes them); a damaged row before it is refused,
+  naming the file and line.
 * **Every ending** (:func:`run_folder`): whatever happens inside, an exception or a forced
   second Ctrl-C included, the run ends with a terminal summary and the lock is released.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +68,12 @@ def open_folder(run_dir: str | Path):
     holds it)."""
     run_dir = Path(run_dir)
     made, path = not run_dir.exists(), run_dir / schema.LOCK_FILE
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno not in READ_ONLY:
+            raise
+        raise read_only(run_dir, exc) from None
     fresh_lock = not path.exists()
     lock = FileLock(path)
     try:
@@ -74,6 +83,13 @@ def open_folder(run_dir: str | Path):
         raise ConfigError("run folder", str(run_dir), f"a folder no other run is writing: pid "
                           f"{h.get('pid', '?')} on {h.get('host', '?')} (started {h.get('started', '?')}) "
                           f"holds it; wait for it to end, or choose another exp_name") from None
+    except OSError as exc:
+        if exc.errno not in READ_ONLY:
+            raise
+        lock = None   # nobody writes a read-only folder: no lock; run_folder only skips there
+    if lock is None:
+        yield run_dir
+        return
     try:
         yield run_dir
     except ConfigError:
@@ -87,8 +103,28 @@ def open_folder(run_dir: str | Path):
         lock.release()
 
 
+# A folder nobody may write: a read-only file system, or not this user's to write.
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def writable(run_dir: Path) -> bool:
+    return os.access(run_dir, os.W_OK)
+
+
+def read_only(run_dir: Path, exc: OSError | None = None) -> ConfigError:
+    why = f" ({exc.strerror})" if exc is not None else ""
+    return ConfigError("run folder", str(run_dir), f"a writable folder; this one is read-only{why}: a "
+                       "finished run there is only skipped, continuing or starting one needs a "
+                       "writable results_dir (or hydra.run.dir); nothing was changed")
+
+
 def incoming_record(run_dir: Path) -> Path:
-    return Path(run_dir) / INCOMING_RECORD.format(pid=os.getpid())
+    """Where this process's Hydra record goes (conf/config.yaml: ``hydra.output_subdir``): into
+    the run folder, or, where the folder is read-only, into the temp folder, so that Hydra can
+    start a run that will only be skipped or refused."""
+    name = INCOMING_RECORD.format(pid=os.getpid())
+    run_dir = Path(run_dir)
+    return run_dir / name if not run_dir.is_dir() or writable(run_dir) else Path(tempfile.gettempdir()) / name
 
 
 def adopt_hydra_record(run_dir: Path) -> None:
@@ -222,6 +258,21 @@ def repair_tables(run_dir: Path, columns: dict[str, tuple], upto: dict[str, int]
     return notes
 
 
+def repair_timings(run_dir: Path, runlog: dict) -> list[str]:
+    """Keep the timings.csv rows written before the checkpoint (``runlog`` holds their count; a
+    checkpoint older than that count: the rows up to its version) and record in ``runlog`` how
+    many were kept, so the resumed run counts on from them. Returns what was repaired."""
+    path = Path(run_dir) / schema.TIMINGS_FILE
+    rows = runlog.get("timing_rows")
+    kept, dropped = schema.check_handled(path, schema.TIMING_COLUMNS, int(runlog["version"]),
+                                         None if rows is None else int(rows))
+    runlog["timing_rows"] = len(kept) - 1
+    if not dropped:
+        return []
+    atomic_write_text(path, "".join(kept))
+    return [f"{schema.TIMINGS_FILE}: dropped {dropped} row(s) written after the checkpoint (recomputed now)"]
+
+
 # ---------------------------------------------------------------------------------------------
 # The checkpoint a resume reads
 # ---------------------------------------------------------------------------------------------
@@ -308,6 +359,7 @@ class FolderRun:
                                              schema.EVALS_FILE: schema.EVAL_COLUMNS},
                               {schema.UPDATES_FILE: int(runlog["version"]),
                                schema.EVALS_FILE: int(runlog["last_eval_version"])})
+        notes += repair_timings(self.run_dir, runlog)
         for note in notes:
             log.info(f"resume: {note}")
         return state
@@ -323,11 +375,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
     run_dir = Path(run_dir)
     validate(cfg)   # every entry point, not only the command line: no number may hang a run
     with open_folder(run_dir), StopRequest() as stop:
-        try:
-            decision = decide(cfg, run_dir)
-        except ConfigError:
-            drop_hydra_record(run_dir)
-            raise
+        decision = _decide(cfg, run_dir)
         if decision.action == "fresh":
             start_fresh(run_dir)
         if decision.action == "skip":
@@ -348,6 +396,22 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         finally:
             if run.core is not None and run.core.finished is None:   # a driver forgot: still terminal
                 _end(run, "failed", "the driver ended without a status; ", clean=False)
+
+
+def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
+    """:func:`decide`, where a read-only folder allows only a skip (what resume=true or
+    force=true would do cannot be done there); a refusal drops this process's Hydra record."""
+    try:
+        decision = decide(cfg, run_dir)
+    except ConfigError as exc:
+        drop_hydra_record(run_dir)
+        if writable(run_dir):
+            raise
+        raise read_only(run_dir) from exc
+    if decision.action != "skip" and not writable(run_dir):
+        drop_hydra_record(run_dir)
+        raise read_only(run_dir)
+    return decision
 
 
 def _end(run: FolderRun, status: str, why: str, clean: bool, early: bool = True) -> None:

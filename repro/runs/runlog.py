@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repro.files import schema
-from repro.files.storage import write_json
+from repro.files.storage import disk_error, write_json
 from repro.logs import get_logger
 
 RESERVE_FILE = ".reserve"      # kept free for the final summary.json when the disk fills up
@@ -41,10 +41,16 @@ class CsvWriter:
     def write(self, row: dict) -> None:
         if len(row) != len(self.columns) or any(c not in row for c in self.columns):
             raise ValueError(f"{self.path.name}: row keys {sorted(row)} != columns {list(self.columns)}")
-        self._file.write(",".join(_fmt(row[c]) for c in self.columns) + "\n")
+        try:
+            self._file.write(",".join(_fmt(row[c]) for c in self.columns) + "\n")
+        except OSError as exc:   # a full disk: say so, naming the folder and the table
+            raise disk_error(exc, self.path) from exc
 
     def flush(self) -> None:
-        self._file.flush()
+        try:
+            self._file.flush()
+        except OSError as exc:
+            raise disk_error(exc, self.path) from exc
 
     def close(self) -> None:
         if not self._file.closed:
@@ -69,6 +75,7 @@ class RunLog:
         self.last_eval_version = -1
         self.wall_before = 0.0
         self.lost_clients: dict[str, str] = {}   # client -> why, across resumes
+        self.timing_rows = 0   # rows of timings.csv: what a resume keeps of it (versions repeat)
         if resume_from is not None:
             self.load_state_dict(resume_from)
         self._reserve = self.run_dir / RESERVE_FILE
@@ -100,6 +107,7 @@ class RunLog:
             "read_version": read_version, "to_client_s": float(to_client_s),
             "compute_s": float(compute_s), "to_server_s": float(to_server_s),
             "queue_s": float(queue_s), "apply_s": float(apply_s)})
+        self.timing_rows += 1
 
     @property
     def epoch(self) -> float:
@@ -171,7 +179,8 @@ class RunLog:
         return {"samples_seen": self.samples_seen, "next_eval": self.next_eval, "version": self.version,
                 "time_s": self.time_s, "time_to_target": self.time_to_target, "final": dict(self.final),
                 "events": list(self.events), "wall_time_s": self.wall_time_s(),
-                "last_eval_version": self.last_eval_version, "lost_clients": dict(self.lost_clients)}
+                "last_eval_version": self.last_eval_version, "lost_clients": dict(self.lost_clients),
+                "timing_rows": self.timing_rows}
 
     def load_state_dict(self, state: dict) -> None:
         self.samples_seen, self.version = int(state["samples_seen"]), int(state["version"])
@@ -181,6 +190,7 @@ class RunLog:
         self.last_eval_version = int(state["last_eval_version"])
         self.wall_before = float(state["wall_time_s"])
         self.lost_clients = dict(state.get("lost_clients", {}))
+        self.timing_rows = int(state.get("timing_rows", 0))
         self.events = list(state["events"]) + [{"type": "resumed", "version": self.version, "time_s": self.time_s}]
 
 

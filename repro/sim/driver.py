@@ -83,6 +83,7 @@ class Simulation:
         self.compute_s = compute_s
         self.resume_protocol = resume.get("protocol") if resume is not None else None
         self.pending: tuple | None = None   # a push taken from the schedule, abandoned by a stop
+        self.resumed = resume is not None    # the clients hold what they fetched before
         self.churn = Churn(cfg.cost, cfg.seed, sorted(self.clients)) if cfg.cost.churns else None
         self.down: set[int] = set()          # clients away (churn), who may come back
         if resume is not None:
@@ -104,7 +105,8 @@ class Simulation:
         """Simulate to the end of the budget; (status, message). ``stop_at_version`` asks the run
         to stop there, as a Ctrl-C would (for testing resume)."""
         core, stop = self.core, self.stop
-        core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol)
+        core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol,
+                   fetching=not self.resumed)
         while core.accepting and not stop.is_set():
             if self.pending is None and self.churn is not None:
                 while self.churn.next_time() <= self.scheduler.peek() and self.churn.next_time() < math.inf:

@@ -7,7 +7,8 @@
 * A quick real run (:func:`real_cfg`), launched in a session of its own so a test can signal it
   and then check that nothing of it is left (:func:`launch_real`, :data:`LAUNCHER`).
 * :func:`wait_rows` until a run has pushed; :func:`lock_holder`, a live process holding a run
-  folder's lock as a running run does.
+  folder's lock as a running run does; :func:`sim_killed_at`, a simulator run that ends as a
+  SIGKILL leaves it, deterministically.
 """
 from __future__ import annotations
 
@@ -101,6 +102,25 @@ def wait_rows(proc: subprocess.Popen, run_dir: Path, rows: int, timeout_s: float
         assert proc.poll() is None, f"run ended early (exit {proc.returncode})"
         time.sleep(0.02)
     raise AssertionError(f"fewer than {rows} pushes after {timeout_s} s")
+
+
+def sim_killed_at(cfg: RunConfig, run_dir: Path, version: int) -> None:
+    """Simulate ``cfg`` into ``run_dir`` and end it at ``version`` as a SIGKILL would: no final
+    checkpoint, no terminal summary (it still says ``running``), the tables holding the rows
+    written after the last periodic checkpoint (flushed, as the kernel keeps them)."""
+    from unittest import mock
+
+    from repro.runs.core import RunCore
+    from repro.sim.driver import simulate
+
+    def killed(core, *args, **kwargs):
+        core.runlog.close()
+        core.finished = {"status": "running"}   # nothing more is written
+        return core.finished
+
+    with mock.patch.object(RunCore, "finish", killed):
+        simulate(cfg, run_dir, stop_at_version=version)
+    assert json.loads((Path(run_dir) / "summary.json").read_text())["status"] == "running"
 
 
 HOLDER = """
