@@ -17,9 +17,10 @@ does). It is the README's two-node recipe ("Real asynchronous training"), verbat
 The end of a run. Normally both agents exit by themselves. When a node is lost (the client host
 killed), rank 0 still ends the run and writes a terminal ``summary.json``; if it exits 0
 (``completed_degraded``), node 0's agent then waits in torchrun's exit barrier for the lost
-node's agent (300 s, not configurable from torchrun's command line). So :meth:`TwoHostRun.wait`
-ends when both agents have exited, or when rank 0 has exited with a terminal summary and the
-agents have had a grace period; then it kills what is left on both hosts.
+node's agent (300 s, not configurable from torchrun's command line). When rank 0 exits at once
+(it refused the folder), node 1's agent waits for it as long. So :meth:`TwoHostRun.wait` ends
+when both agents have exited, or when rank 0 has exited with a terminal summary, or node 0's
+agent has exited, and the agents have had a grace period; then it kills what is left on both hosts.
 
 A stop asked for meanwhile (``stop``: the caller's :class:`~repro.runtime.StopRequest`, set by a
 Ctrl-C) is forwarded: both agents run in sessions of their own, out of the terminal's reach, so
@@ -134,7 +135,10 @@ class TwoHostRun:
             if stop is not None and stop.is_set():
                 self.interrupt()
             summary = self.summary()
-            if ended is None and summary and summary["status"] != "running" and not self.server_alive():
+            # over: rank 0 gone with a terminal summary, or node 0's agent gone (rank 0 is its only
+            # worker: it refused the folder, say; node 1's agent would wait for its peer for minutes)
+            if ended is None and (self.server.poll() is not None
+                                  or summary and summary["status"] != "running" and not self.server_alive()):
                 ended = time.monotonic()
             if ended is not None and time.monotonic() > ended + grace_s:
                 self.agents_killed = True
