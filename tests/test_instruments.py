@@ -160,9 +160,10 @@ RANK = """if True:
     time.sleep(60)
 """
 AGENT = """if True:
-    import pathlib, signal, subprocess, sys
+    import pathlib, signal, subprocess, sys, time
     signal.signal(signal.SIGINT, lambda s, f: pathlib.Path(sys.argv[1], "agent_signalled").write_text(""))
-    sys.exit(subprocess.call([sys.executable, "-c", sys.argv[4], *sys.argv[5:]]))
+    time.sleep(float(sys.argv[4]))   # torchrun's rendezvous before it starts its rank
+    sys.exit(subprocess.call([sys.executable, "-c", sys.argv[5], *sys.argv[6:]]))
 """
 
 
@@ -188,12 +189,12 @@ class FakeHosts:
         return set()
 
 
-def _agent(hosts, host, results, rank_code, *args):
+def _agent(hosts, host, results, rank_code, *args, delay_s=0.0):
     # the agent's command line names torch.distributed.run and repro.run, as torchrun's does
     log = open(results / two_hosts.LOG_DIR / f"node{0 if host == 'server' else 1}.log", "w")
     with log:
         proc = subprocess.Popen([sys.executable, "-c", AGENT, str(results), "torch.distributed.run", "repro.run",
-                                 rank_code, *args], stdout=log, stderr=subprocess.STDOUT)
+                                 str(delay_s), rank_code, *args], stdout=log, stderr=subprocess.STDOUT)
     hosts.agents[host] = proc
     return proc
 
@@ -245,3 +246,53 @@ def test_a_folder_rank_0_refused_raises_with_its_error_line_instead_of_the_stale
         for host in ("server", "client"):
             if host in hosts.agents:
                 hosts.agents[host].wait(10)
+
+
+def test_a_terminal_summary_left_by_an_earlier_launch_does_not_end_the_wait(tmp_path):
+    """An interrupted folder continued with resume=auto: its old 'interrupted' summary is there
+    before rank 0 has even started, and must not be read as this launch's end."""
+    results, hosts = _results(tmp_path, {"status": "interrupted"}), FakeHosts()
+    finish = ("import json, pathlib, sys, time; time.sleep(1); "
+              "pathlib.Path(sys.argv[1], 'summary.json').write_text(json.dumps({'status': 'completed'}))")
+    try:
+        server = _agent(hosts, "server", results, finish, str(results / "run"), "repro.run", delay_s=3.0)
+        client = _agent(hosts, "client", results, "import time; time.sleep(4)", "repro.run")
+        run = two_hosts.TwoHostRun(hosts, results, server, client, previous=two_hosts.summary_text(results))
+        assert run.wait(60, grace_s=0.5) == {"status": "completed"} and not run.agents_killed
+    finally:
+        for host in ("server", "client"):
+            if host in hosts.agents:
+                hosts.kill(host)
+                hosts.agents[host].wait(10)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_while_its_clients_join_is_started_over_by_resume_auto(tmp_path):
+    """Issue 32, item 4's way back: a two-host point stopped before its clients joined (rank 0
+    waits in torchrun's rendezvous; here rank 0 alone, in a torchrun world of 2) recorded a
+    checkpoint without the clients' state, which every resume refused ('it lacks driver.clients').
+    It now records none, so the experiment's resume=auto starts the point over."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = ["backend=real", "data=synthetic", "model=mlp", "num_clients=1", "num_epochs=1", "progress=false",
+           f"results_dir={tmp_path}", "exp_name=j", "hydra.run.dir=" + str(tmp_path / "j" / "run")]
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-m", "repro.run", *run, "backend.timeout_s=120"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "j" / "run" / "config.json").exists():   # the folder is the run's: the stop is heard
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    summary = json.loads((tmp_path / "j" / "run" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "joining" in summary["message"], out[-3000:]
+    assert not (tmp_path / "j" / "run" / "checkpoint.pt").exists()
+    again = subprocess.run([sys.executable, "-m", "repro.run", *run, "resume=auto"], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "j" / "run" / "summary.json").read_text())["status"] == "completed"

@@ -134,9 +134,10 @@ class TwoHostRun:
         while self.server.poll() is None or self.client.poll() is None:
             if stop is not None and stop.is_set():
                 self.interrupt()
-            summary = self.summary()
-            # over: rank 0 gone with a terminal summary, or node 0's agent gone (rank 0 is its only
-            # worker: it refused the folder, say; node 1's agent would wait for its peer for minutes)
+            # over: rank 0 gone with a terminal summary of this launch (one left from an earlier
+            # launch says nothing: rank 0 may not have started yet), or node 0's agent gone (rank 0
+            # is its only worker: it refused the folder, say; node 1's agent would wait for minutes)
+            summary = self.summary() if summary_text(self.results_dir) != self.previous else None
             if ended is None and (self.server.poll() is not None
                                   or summary and summary["status"] != "running" and not self.server_alive()):
                 ended = time.monotonic()
@@ -181,8 +182,9 @@ def summary_text(results_dir: Path) -> str | None:
 def refusal(log: str) -> str:
     """Why rank 0 ended before its run: the entry point's own ``error:`` line in node 0's log
     (repro.run's one-line refusal of bad input), else the log's last lines."""
-    errors = [line for line in log.splitlines() if line.startswith("error: ")]
-    return errors[-1] if errors else "node 0's log ends:\n" + "\n".join(log.splitlines()[-5:])
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    return errors[-1] if errors else "node 0's log ends: " + " | ".join(lines[-3:])   # one line, to name
 
 
 def _cmdline(pid: int) -> bytes:
