@@ -226,3 +226,22 @@ def test_paper_regime_on_the_2013_network_is_fig4_papers_grid_under_paper2013_sh
     cbs = shared.hydra.callbacks
     assert [(cbs[c].figure, cbs[c].name) for c in ("figure", "figure3")] == [("fig4", "fig4_paper_shared"),
                                                                             ("fig3", "fig3_paper_shared")]
+
+
+def test_the_lab_counts_a_networks_bytes_from_its_run_folder_as_the_real_model_does(tmp_path):
+    """The ceiling's message size is the network's own, read from config.json
+    (``network.param_bytes``) instead of building the model: equal to the real model's 4 bytes a
+    parameter, and a folder that does not record it is refused, never guessed."""
+    from repro.analysis.lab.ceiling import predict
+    from repro.analysis.load import NoRunsError
+    from repro.problem.models import build_model, num_parameters
+
+    cost = ["cost=paper2013_shared", "cost.comm_params=null", "cost.bandwidth_Bps=1e6"]
+    cfg = parse(compose([*cost, "num_epochs=0.1", "eval_every=0.1", "progress=false", "exp_name=exp"]))
+    assert simulate(cfg, tmp_path / "exp" / "run")["status"] == "completed"
+    run = load_runs(tmp_path, "exp").runs.iloc[0]
+    real_bytes = 4 * num_parameters(build_model(cfg.model.name, (1, 8, 8), 10))
+    assert run["network.param_bytes"] == real_bytes
+    assert predict(run, 8) == ceiling(cfg.cost, 8, cfg.nsync, real_bytes, cfg.cost.compute_s)
+    with pytest.raises(NoRunsError, match="network.param_bytes"):
+        predict(run.drop("network.param_bytes"), 8)

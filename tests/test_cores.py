@@ -1,4 +1,4 @@
-"""python -m repro.bench simreal --cores (repro/bench/cores.py): where a real run's cores go.
+"""python -m repro.bench simreal --cores (repro/instruments/cores.py): where a real run's cores go.
 
 Fast: the report's arithmetic on samples whose numbers are known, the roles of processes told
 apart by their command lines, the option's parsing. Slow (a real run, about 6 s, kept out of the
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from repro.bench import cores
+from repro.instruments import cores
 from repro.bench.__main__ import build_parser
 
 

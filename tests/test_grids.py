@@ -297,7 +297,7 @@ def test_a_grid_of_real_runs_runs_one_point_at_a_time_with_progress_and_its_pipe
     assert full.hydra.launcher._target_.endswith("BasicLauncher")
     callbacks = full.hydra.callbacks
     assert list(callbacks)[-1] == "grid" and callbacks.grid._target_ == "repro.grid.Grid"
-    assert callbacks[list(callbacks)[0]]._target_ == "repro.bench.simreal.SimVsReal"
+    assert callbacks[list(callbacks)[0]]._target_ == "repro.instruments.simreal.SimVsReal"
 
 
 @pytest.mark.parametrize("exp", GRIDS)

@@ -404,3 +404,85 @@ def test_the_readme_layout_names_every_module_and_folder_of_the_package():
     modules = {m if "/lab/" not in m else "analysis/lab/" for m in modules}
     assert modules - named == set(), "modules the README's Layout does not name"
     assert named - modules == set(), "the README's Layout names modules that do not exist"
+
+
+# ---------------------------------------------------------------------------------------------
+# The analysis only reads; the instruments stand apart (issue 31, item 3)
+# ---------------------------------------------------------------------------------------------
+
+# What repro.analysis may import of the package: its own modules and the floors below that hold
+# no training (settings, errors, files, the registry, logs), and the ceiling's closed-form bound
+# (repro.sim.ceiling: arithmetic on a cost profile, no clock is run). Everything else of repro
+# (sim's driver, real, runs, problem's models and data, asgd, the entry points, the instruments)
+# trains, simulates or builds a network, which the analysis promises never to do; torch builds
+# networks. Read from every Import and ImportFrom node, also those inside functions, and from
+# every string that names a module (an import by name, e.g. build.LAB_MODULES).
+ANALYSIS_MAY_IMPORT = ("repro.analysis", "repro.config", "repro.errors", "repro.files", "repro.registry",
+                       "repro.logs", "repro.sim.ceiling")
+NEVER_IN_ANALYSIS = ("torch",)
+
+
+def _imports(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, module) of every import anywhere in ``path``'s AST (relative ones resolved against
+    ``package``; ``from X import y`` also as ``X.y``, which may be a module), and every string
+    constant that reads as a module of repro."""
+    import ast
+    import re
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names if base == "repro"]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and re.fullmatch(r"repro(\.\w+)+", node.value):
+            found.append((node.lineno, node.value))
+    return found
+
+
+def _under(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_the_analysis_never_imports_what_trains_simulates_or_builds_a_network():
+    root = ROOT / "repro" / "analysis"
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+        for line, module in _imports(path, package):
+            repro_ok = not _under(module, ("repro",)) or _under(module, ANALYSIS_MAY_IMPORT)
+            if not repro_ok or _under(module, NEVER_IN_ANALYSIS):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_walk_sees_imports_inside_functions_and_by_name(tmp_path):
+    """The rule's own reading: what ceiling.py once did (torch and a model builder inside a
+    function) and what spread.py did (the simulator's driver) are found."""
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    import torch\n    from repro.problem.models import build_model\n"
+                      "    from ...sim.driver import simulate\n    from repro import real\n"
+                      "MODS = ('repro.runs.core',)\n")
+    found = {m for _, m in _imports(source, "repro.analysis.lab")}
+    assert {"torch", "repro.problem.models", "repro.sim.driver", "repro.real", "repro.runs.core"} <= found
+
+
+def test_nothing_but_the_command_line_imports_the_instruments():
+    """repro.instruments (sim-vs-real: two hosts, core sampling, re-simulation) is reached only
+    from the benchmarks' command line and the sim_vs_real experiment's callback (conf/exp)."""
+    bad = []
+    for path in sorted([*(ROOT / "repro").rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")]):
+        rel = path.relative_to(ROOT)
+        if rel.parts[:2] == ("repro", "instruments") or rel == Path("repro/bench/__main__.py"):
+            continue
+        package = ".".join(rel.with_suffix("").parts[:-1])
+        bad += [f"{rel}:{line} imports {m}" for line, m in _imports(path, package) if _under(m, ("repro.instruments",))]
+    assert not bad, "\n".join(bad)
+    targets = [p.name for p in (ROOT / "conf").rglob("*.yaml") if "repro.instruments" in p.read_text()]
+    assert targets == ["sim_vs_real.yaml"]

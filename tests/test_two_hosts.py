@@ -1,6 +1,6 @@
 """Two real hosts: the server and the clients in two network namespaces joined by a tbf-limited
-veth pair (:mod:`repro.bench.hosts`), the real driver across them with ``torchrun --nnodes=2``
-(:mod:`repro.bench.two_hosts`). Issue 18, part 3.
+veth pair (:mod:`repro.instruments.hosts`), the real driver across them with ``torchrun --nnodes=2``
+(:mod:`repro.instruments.two_hosts`). Issue 18, part 3.
 
 Every test here needs root and iproute2 and skips with the harness's reason where namespaces
 cannot be made. Every test ends by checking that nothing is left: no namespace of its own, no
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.bench.hosts import HostsUnavailable, Link, TwoHosts, measure_link, namespaces, netns_pids
-from repro.bench.two_hosts import start
+from repro.instruments.hosts import HostsUnavailable, Link, TwoHosts, measure_link, namespaces, netns_pids
+from repro.instruments.two_hosts import start
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.paths import ROOT
 
@@ -155,7 +155,7 @@ def test_c_a_failure_half_way_through_the_set_up_leaves_nothing():
 
 OWNER = """
 import sys, time
-from repro.bench.hosts import Link, TwoHosts
+from repro.instruments.hosts import Link, TwoHosts
 with TwoHosts(Link(rate_mbit=50)) as hosts:
     hosts.popen(hosts.client, ["sleep", "600"])
     print(hosts.server.netns, hosts.client.netns, hosts.server.ifname, hosts.client.ifname, flush=True)
@@ -198,7 +198,7 @@ def test_c_a_signal_to_the_owner_leaves_nothing(sig):
 def test_where_namespaces_cannot_be_made_entering_says_why(monkeypatch, missing):
     """Not root, or no ip/tc: HostsUnavailable("unavailable: REASON") before anything is made
     (what the tests above turn into a skip)."""
-    import repro.bench.hosts as hosts_module
+    import repro.instruments.hosts as hosts_module
     if missing == "root":
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
     else:
@@ -237,3 +237,61 @@ def test_the_rate_limit_is_real(capsys):
               f"ratio {ratio:.3f}")
     assert 0.3 < ratio < 1.5, measured
     assert not {hosts.server.netns, hosts.client.netns} & set(namespaces())
+
+
+@pytest.mark.slow
+def test_d_a_stop_reaches_the_ranks_on_both_hosts_and_the_run_records_interrupted(tmp_path):
+    """Issue 32, item 2: the ranks live in sessions of their own, out of a terminal's Ctrl-C; a
+    stop asked of :meth:`TwoHostRun.wait` reaches each rank as one SIGINT, so rank 0 ends the run
+    ``interrupted`` with consistent tables, and then nothing is left."""
+    from repro.runtime import StopRequest
+
+    hosts, seen = up(), set()
+    try:
+        run = start(hosts, [*(o for o in RUN if not o.startswith("num_epochs=")), "num_epochs=500"], num_clients=2,
+                    results_dir=tmp_path)
+        deadline = time.monotonic() + 150
+        while run.applied() < 5:
+            assert run.server.poll() is None and time.monotonic() < deadline, run.log(0)[-3000:]
+            seen |= seen_pids(hosts)
+            time.sleep(0.1)
+        stop = StopRequest()
+        stop.set("SIGINT")
+        summary = run.wait(timeout_s=90, stop=stop)
+        seen |= seen_pids(hosts)
+    finally:
+        hosts.close()
+    assert summary["status"] == "interrupted", summary.get("message", "") + run.log(0)[-2000:]
+    assert len(run.interrupted) == 3, run.interrupted   # rank 0 and both clients, once each
+    check_run_folder(run.run_dir(), "interrupted")
+    assert_gone(hosts, seen)
+
+
+@pytest.mark.slow
+def test_e_a_killed_run_is_refused_by_name_and_resume_auto_continues_it(tmp_path):
+    """Issue 32, item 4: after both hosts were killed mid-run the folder still says 'running'.
+    Launched again without resume, rank 0 refuses it: wait() raises with rank 0's own error line
+    instead of returning that stale summary; with resume=auto the run is continued to its end."""
+    hosts, seen = up(), set()
+    try:
+        run = start(hosts, RUN, num_clients=2, results_dir=tmp_path)
+        deadline = time.monotonic() + 150
+        while run.applied() < 5:
+            assert run.server.poll() is None and time.monotonic() < deadline, run.log(0)[-3000:]
+            time.sleep(0.1)
+        seen |= seen_pids(hosts)
+        hosts.kill(hosts.server), hosts.kill(hosts.client)
+        run.server.wait(30), run.client.wait(30)
+        assert run.summary()["status"] == "running"
+        with pytest.raises(RuntimeError, match=r"rank 0 did not run it, the folder still says 'running': "
+                                               r"error: invalid value for 'resume'"):
+            start(hosts, RUN, num_clients=2, results_dir=tmp_path).wait(timeout_s=120, grace_s=3)
+        seen |= seen_pids(hosts)
+        again = start(hosts, [*RUN, "resume=auto"], num_clients=2, results_dir=tmp_path)
+        summary = again.wait(timeout_s=180)
+        seen |= seen_pids(hosts)
+    finally:
+        hosts.close()
+    assert summary["status"] == "completed", summary.get("message", "") + again.log(0)[-2000:]
+    check_run_folder(again.run_dir(), "completed")
+    assert_gone(hosts, seen)

@@ -1,17 +1,9 @@
-"""Benchmarks: ``python -m repro.bench {sim,real,grid}`` (:mod:`repro.bench.__main__`), each
-printing ratios measured in one run. What they share: one argparse number type."""
+"""Benchmarks: ``python -m repro.bench {sim,real,grid,simreal}`` (:mod:`repro.bench.__main__`), each
+printing ratios measured in one run. ``simreal`` is the sim-vs-real instruments'
+(:mod:`repro.instruments`), which the command line alone reaches. What the benchmarks share: one
+argparse number type, :func:`repro.errors.positive`."""
 from __future__ import annotations
 
-import argparse
+from repro.errors import positive
 
-
-def positive(kind: type, allow_zero: bool = False):
-    """An argparse type: ``kind`` (int or float) > 0 (or >= 0 with ``allow_zero``; never nan), so
-    a bad value is a usage error (exit 2), not a traceback minutes into a run."""
-    def parse(text: str):
-        value = kind(text)
-        if not (value > 0 or (allow_zero and value == 0)):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'>=' if allow_zero else '>'} 0")
-        return value
-    parse.__name__ = kind.__name__   # argparse names the type in its "invalid ... value" message
-    return parse
+__all__ = ["positive"]

@@ -3,9 +3,13 @@
 Each benchmark prints ratios measured in one run (never asserted by tests; wall times vary by
 machine); README.md (section Benchmarks) has the targets and our measured numbers. One
 subcommand per benchmark (:mod:`repro.bench.sim`, :mod:`repro.bench.real`,
-:mod:`repro.bench.grid`, :mod:`repro.bench.simreal`), each owning its options; the help is plain text written for users
+:mod:`repro.bench.grid`, and ``simreal``: :mod:`repro.instruments.cli`), each owning its options; the help is plain text written for users
 (``DESCRIPTION``, ``SIM_DESCRIPTION``, ``bench_real.DESCRIPTION``, ``bench_grid.DESCRIPTION``),
 not these docstrings.
+
+This command line is the one module of the library that imports the instruments
+(:mod:`repro.instruments`, which nothing else imports): it mounts their ``simreal`` subcommand,
+and hands them the bare training loops they measure the machine with, so they import no benchmark.
 """
 from __future__ import annotations
 
@@ -15,10 +19,10 @@ import sys
 from repro.bench import grid as bench_grid
 from repro.bench import positive
 from repro.bench import real as bench_real
-from repro.bench import simreal as bench_simreal
 from repro.bench import startup as bench_startup
 from repro.bench.sim import SIM_DESCRIPTION, TARGET_SIM, bench_sim
 from repro.errors import ConfigError
+from repro.instruments import cli as bench_simreal   # the one import of the instruments (see above)
 
 DESCRIPTION = """\
 Benchmarks of the two drivers. Each measures ratios of wall times or
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "grid":
         return bench_grid.run(args)
     if args.which == "simreal":
-        return bench_simreal.run(args)
+        return bench_simreal.run(args, bench_simreal.BareLoops(bench_real.plain_rate, bench_real.plain_step_cv))
     if args.which == "startup":
         return bench_startup.run(args)
     return bench_real.run(args)

@@ -245,7 +245,7 @@ def _plain_loops(num_procs: int, seconds: float = 4.0, steps: int = 4) -> list[t
     return results
 
 
-def _plain_rate(num_procs: int, seconds: float = 4.0) -> float:
+def plain_rate(num_procs: int, seconds: float = 4.0) -> float:
     """Samples/s of ``num_procs`` bare loops side by side: what this machine allows right now."""
     return sum(rate for rate, _ in _plain_loops(num_procs, seconds))
 
@@ -266,7 +266,7 @@ def measure_throughput(epochs: float = 20.0, rounds: int = 1) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_real_") as tmp:
         for r in range(rounds):
             for n in (1, 2):
-                plain[n].append(_plain_rate(n))
+                plain[n].append(plain_rate(n))
                 rates[n].append(_samples_per_s(n, epochs, Path(tmp) / f"round{r}"))
     one, two = statistics.median(rates[1]), statistics.median(rates[2])
     p1, p2 = statistics.median(plain[1]), statistics.median(plain[2])

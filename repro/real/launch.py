@@ -116,7 +116,10 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
             disconnect()
             status = "interrupted" if run.stop.is_set() else "failed"
             log.info(f"start-up {status}: {exc}")
-            return core.finish(status, str(exc), clean=status == "interrupted")
+            # nothing was served, so no checkpoint of it: it would lack the clients' state (not
+            # made yet) and no resume could read it; a resumed run keeps its last good one, and a
+            # fresh one has none, so resume=auto starts it over (a two-host point stopped early)
+            return core.finish(status, str(exc), clean=False)
         loop = Dispatcher(cfg, core, channels, run.stop, procs, resume)
         if store is not None:   # single node: the store stays open for joins (repro.real.elastic)
             address = f"{cfg.backend.master_addr}:{store.port}"

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
 from repro.analysis.build import printed_table, register_figure
-from repro.analysis.load import Runs, finite, is_diverged
+from repro.analysis.load import Runs, finite, is_diverged, recorded
 from repro.config.settings import CostConfig
 from repro.sim.ceiling import ceiling
 
@@ -59,21 +58,12 @@ def cost_of(run: pd.Series) -> CostConfig:
     return CostConfig(**values)
 
 
-@lru_cache(maxsize=16)
-def _param_bytes(model: str, data: str) -> int:
-    import torch
-
-    from repro.problem.data import DATASETS
-    from repro.problem.models import build_model, num_parameters
-    spec = DATASETS[data]
-    with torch.random.fork_rng(devices=[]):   # leave the caller's RNG stream untouched
-        return 4 * num_parameters(build_model(model, spec.input_shape, spec.num_classes))
-
-
 def predict(run: pd.Series, num_clients: int):
-    """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at ``num_clients``."""
+    """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at ``num_clients``: messages of
+    the network's own bytes as its config.json records them (``network.param_bytes``; the lab
+    builds no network), unless ``cost.comm_params`` sets them."""
     cost = cost_of(run)
-    nbytes = 0 if finite(run.get("cost.comm_params")) else _param_bytes(run["model.name"], run["data.name"])
+    nbytes = 0 if finite(run.get("cost.comm_params")) else int(recorded(pd.DataFrame([run]), "network.param_bytes"))
     return ceiling(cost, num_clients, int(run["nsync"]), nbytes, float(run["cost.compute_s"]))
 
 

@@ -1,175 +1,31 @@
-"""``+exp=sim_vs_real`` and ``python -m repro.bench simreal``: the simulator's predictions held
-against real runs on this machine.
+"""``python -m repro.bench simreal``: the simulator's predictions held against the real runs of
+``+exp=sim_vs_real``, printed per grid point against the targets, then summed up in the five
+numbers of :mod:`repro.instruments.accuracy` (MAPE, worst point, bias, Kendall's tau, time to
+target against the seed spread).
 
-This module owns the experiment's pipeline after its Hydra grid (the real runs on loopback,
-one after another: ``conf/exp/sim_vs_real.yaml``), as the grid's callback :class:`SimVsReal`:
-
-1. the same grid across two hosts over a tbf-limited link (:mod:`repro.bench.two_hosts`), with
-   fewer epochs (a slow link); skipped, with the harness's reason, where namespaces cannot be
-   made;
-2. for each setting (link, nsync) the cost model fitted to that setting's one-client runs (all
-   seeds: ``cost=fit``, :mod:`repro.sim.fit`), on the limited link with the link's known rate;
-3. the whole grid simulated with it, each seed;
-4. the figure and its table (:mod:`repro.analysis.lab.simreal`).
-
-Every run has a folder of its own under ``results/sim_vs_real/``: the grid's (Hydra's names),
-``link/<point>/`` (the two-host runs), ``predicted/<link>/<point>/`` (the simulator's). A
-finished folder is skipped on a rerun. The benchmark reads the tree (running the experiment first
-when it holds no run) and prints each grid point against the issue's targets.
+This module owns the subcommand's options and its report; :mod:`repro.bench.__main__` mounts it
+(the one place outside this package that imports it) and hands it the bare training loops of
+:mod:`repro.bench.real` (``--machine``), so this package imports nothing of the benchmarks'.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Callable, NamedTuple
 
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
-
-from repro.analysis.lab import simreal as lab
-from repro.bench import positive
-from repro.config.checks import validate
-from repro.config.settings import BackendConfig, CostConfig, RunConfig
+from repro.errors import positive
 from repro.files import schema
-
-EXP = "sim_vs_real"
-# TCP payload per 1514-byte Ethernet frame: what of the tbf rate a transfer gets (REPRODUCE.md,
-# "Two real hosts": measured 0.96-0.97 of the configured rate)
-PAYLOAD = 1448 / 1514
+from repro.instruments import points as lab
+from repro.instruments.accuracy import accuracy
+from repro.instruments.simreal import EXP
 
 
-def _say(line: str) -> None:
-    print(f"{EXP}: {line}", file=sys.stderr, flush=True)
-
-
-def grid_jobs(config: DictConfig) -> list[dict[str, str]]:
-    """Each grid point's swept settings ({key: value}), from the experiment's sweep and the
-    command line's, in launch order (Hydra's basic sweeper)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    params = config.hydra.sweeper.get("params") or {}
-    task = list(config.hydra.overrides.task)
-    arguments = [f"{k}={v}" for k, v in params.items()] + task
-    swept = set(params) | {o.split("=", 1)[0] for o in task if "," in o}
-    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(arguments), None)
-    return [{k: v for k, v in (o.split("=", 1) for o in job) if k in swept} for batch in batches for job in batch]
-
-
-def point_name(job: dict[str, str]) -> str:
-    """A grid point's folder name, ``nsync1_num_clients2_seed0``: without the ``=`` and ``,``
-    that Hydra would read as syntax in the ``results_dir=`` of a two-host run."""
-    return "_".join(f"{k}{job[k]}" for k in sorted(job))
-
-
-def finished(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished run anywhere below it."""
-    return bool(lab.run_dirs(folder))
-
-
-class SimVsReal(Callback):
-    """After the loopback grid: the limited link's runs, the fits, the simulations, the figure."""
-
-    def __init__(self, out_dir: str = "figures", link_mbit: float = 100.0, link_epochs: float = 4.0,
-                 links: Any = ("loopback", "link"), name: str = EXP) -> None:
-        self.out_dir, self.link_mbit, self.link_epochs = out_dir, float(link_mbit), float(link_epochs)
-        self.links, self.name = tuple(links), name
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from omegaconf import OmegaConf
-
-        from repro.config.help import parse
-
-        base = parse(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
-        root = Path(base.results_dir) / base.exp_name
-        jobs = grid_jobs(config)
-        swept = set(jobs[0]) if jobs else set()
-        task = [o for o in config.hydra.overrides.task if o.split("=", 1)[0] not in swept
-                and not o.lstrip("+~").startswith(("exp", "hydra", "num_epochs", "results_dir", "figures_dir", "progress"))]
-        links = ["loopback"]
-        if "link" in self.links:
-            links += self.run_link(base, root, jobs, task)
-        for link in links:
-            self.simulate(base, root, jobs, link)
-        try:
-            paths = lab.write_figure(root, base.figures_dir, self.name)
-        except ValueError as err:
-            _say(f"no figure drawn: {err}")
-            return
-        _say("wrote " + ", ".join(str(p) for p in paths))
-
-    def link_Bps(self) -> float:
-        """Bytes/s of TCP payload the link gives one transfer alone (its known rate)."""
-        return self.link_mbit * 1e6 / 8 * PAYLOAD
-
-    def burst_bytes(self) -> float:
-        """Bytes of TCP payload the link's token bucket sends at once after a pause (tbf's burst
-        counts whole frames)."""
-        from repro.bench.hosts import Link
-
-        return Link(rate_mbit=self.link_mbit).burst_kb * 1024 * PAYLOAD
-
-    def run_link(self, base: RunConfig, root: Path, jobs: list[dict], task: list[str]) -> list[str]:
-        """The grid across two hosts, one run after another; ['link'] when any could run."""
-        from repro.bench.hosts import HostsUnavailable, Link
-        from repro.bench.two_hosts import run_two_hosts
-
-        for job in jobs:
-            folder = root / "link" / point_name(job)
-            if finished(folder):
-                continue
-            overrides = [*task, *(f"{k}={v}" for k, v in job.items()), f"num_epochs={self.link_epochs:g}",
-                         f"eval_every={base.eval_every:g}", f"target_error={base.target_error:g}",
-                         "exp_name=two_hosts", "progress=false"]
-            _say(f"two hosts over {self.link_mbit:g} Mbit/s: {point_name(job)}")
-            try:
-                summary = run_two_hosts(overrides, int(job.get("num_clients", base.num_clients)), folder,
-                                        Link(rate_mbit=self.link_mbit))
-            except HostsUnavailable as err:
-                _say(f"the limited link is skipped: {err.reason}")
-                return []
-            except (TimeoutError, RuntimeError) as err:   # the harness has cleaned up; say so, go on
-                _say(f"{point_name(job)} on the link did not end: {err}")
-                continue
-            _say(f"{point_name(job)}: {summary['status']}")
-        return ["link"]
-
-    def simulate(self, base: RunConfig, root: Path, jobs: list[dict], link: str) -> None:
-        """Each grid point simulated with the cost model fitted to its setting's one-client runs."""
-        from repro.runtime import usable_cores
-        from repro.sim.driver import simulate
-
-        runs, _, _ = lab.read_runs(root)
-        for job in jobs:
-            cfg = point_config(base, job, link, self.link_epochs)
-            real = runs[(runs.side == "measured") & (runs.link == link)] if not runs.empty else runs
-            ones = real[(real.num_clients == 1) & (real.nsync == cfg.nsync)] if not real.empty else real
-            if ones.empty:
-                _say(f"no one-client {link} run at nsync {cfg.nsync} to fit: {point_name(job)} not simulated")
-                continue
-            cost = CostConfig(profile="fit", path=":".join(sorted(ones.run_dir)))
-            if link == "link":   # the link's rate and burst are known, and its two hosts are one machine
-                cost = dataclasses.replace(cost, topology="shared", server_bandwidth_Bps=self.link_Bps(),
-                                           server_burst_bytes=self.burst_bytes(), one_machine=True,
-                                           clients_per_host=cfg.num_clients, devices_per_host=usable_cores())
-            cfg = cfg.replace(cost=cost)
-            validate(cfg)
-            simulate(cfg, root / "predicted" / link / point_name(job))
-
-
-def point_config(base: RunConfig, job: dict[str, str], link: str, link_epochs: float) -> RunConfig:
-    """The simulator's configuration of one grid point: the experiment's settings, the point's."""
-    ints = {k: int(v) for k, v in job.items() if k in ("num_clients", "nsync", "seed")}
-    cfg = base.replace(backend=BackendConfig(), progress=False, **ints)
-    return cfg.replace(num_epochs=link_epochs) if link == "link" else cfg
-
-
-# ---------------------------------------------------------------------------------------------
-# python -m repro.bench simreal
-# ---------------------------------------------------------------------------------------------
+class BareLoops(NamedTuple):
+    """What ``--machine`` measures with (:mod:`repro.bench.real`'s bare training loops side by side)."""
+    rate: Callable[[int], float]       # samples/s of k loops together
+    step_cv: Callable[[int], float]    # per-step time CV of k loops together
 
 DESCRIPTION = """\
 The simulator against reality. Reads the runs of +exp=sim_vs_real (real runs
@@ -180,7 +36,11 @@ point, median over seeds: measured and predicted samples/s and the error
 (target: within 15%), mean staleness and its error (target: within 10%), the
 Kolmogorov-Smirnov distance between the staleness distributions (target:
 below 0.1, points with 2 or more clients), and whether the measured time to
-the target error lies inside the simulator's range over seeds."""
+the target error lies inside the simulator's range over seeds. Then, over all
+points: the mean absolute percentage error (MAPE) of samples/s, the worst
+point, the bias (mean signed error: over- or under-prediction), Kendall's tau
+between predicted and measured samples/s (do the configurations keep their
+order?) and the time-to-target error against the real runs' seed spread."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -230,7 +90,7 @@ def machine_parts(root: Path, cores: float | None = None):
 
     import pandas as pd
 
-    from repro.analysis.lab.spread import resimulate
+    from repro.instruments.spread import resimulate
 
     runs, _, _ = lab.read_runs(root)
     predicted = runs[(runs.side == "predicted") & (runs.link == "loopback")]
@@ -272,15 +132,13 @@ def print_table(table) -> bool:
     return ok
 
 
-def machine_now() -> float:
+def machine_now(loops: BareLoops) -> float:
     """Bare training loops side by side: the cores this machine gives the runs right now, which
     the fit takes to be the cores they may use (os.sched_getaffinity)."""
-    from repro.bench.real import _plain_rate
-
-    one, cores = _plain_rate(1), {}
+    one, cores = loops.rate(1), {}
     print(f"bare training loops side by side (digits_cnn, one thread each): 1: {one:.0f} samples/s", end="")
     for k in (2, 4):
-        rate = _plain_rate(k)
+        rate = loops.rate(k)
         cores[k] = rate / one
         print(f"; {k}: {rate:.0f} samples/s = {cores[k]:.2f} cores", end="")
     print(flush=True)
@@ -298,12 +156,10 @@ def print_spread(table) -> None:
               f"{r.jitter_sigma:14.3f} -> {r.spread_jitter_sigma:<11.3f}")
 
 
-def scheduler_spread() -> None:
+def scheduler_spread(loops: BareLoops) -> None:
     """Per-step time CV of 1, 2 and 4 bare training loops side by side: the OS's share."""
-    from repro.bench.real import plain_step_cv
-
     print("per-step time CV of bare training loops side by side (no server, no messages): "
-          + "; ".join(f"{k}: {plain_step_cv(k):.3f}" for k in (1, 2, 4)), flush=True)
+          + "; ".join(f"{k}: {loops.step_cv(k):.3f}" for k in (1, 2, 4)), flush=True)
 
 
 def _point(text: str) -> tuple[int, int]:
@@ -316,16 +172,16 @@ def _point(text: str) -> tuple[int, int]:
     return nsync, clients
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, loops: BareLoops) -> int:
     import pandas as pd
 
     if args.cores:
-        from repro.bench.cores import print_cores
+        from repro.instruments.cores import print_cores
 
         print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
         return 0
 
-    cores = machine_now() if args.machine else None
+    cores = machine_now(loops) if args.machine else None
     root = Path(args.results)
     if not lab.run_dirs(root):
         results_dir, exp_name = root.parent, root.name
@@ -339,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     ok = print_table(table)
+    print("\nthe simulator's accuracy over all points (samples/s medians over seeds):")
+    print("\n".join("  " + line for line in accuracy(table, runs).lines()))
     if args.parts:
         print("\nwhere a round trip went, ms (timings.csv means, median over seeds):")
         with pd.option_context("display.width", 250, "display.max_columns", 20):
@@ -346,11 +204,11 @@ def run(args: argparse.Namespace) -> int:
         print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
         print(machine_parts(root, cores).to_string(float_format=lambda x: f"{x:+.1%}"))
     if args.spread:
-        from repro.analysis.lab.spread import spread_table
+        from repro.instruments.spread import spread_table
 
         print("\nstaleness KS of the points with 2+ clients (median over seeds): the fitted jitter, "
               "the jitter of the point's own measured compute spread, the real runs' seed-to-seed floor:")
         print_spread(spread_table(root))
         if args.machine:
-            scheduler_spread()
+            scheduler_spread(loops)
     return 0 if ok else 1

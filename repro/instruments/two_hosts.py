@@ -1,4 +1,4 @@
-"""The real driver across two hosts: ``torchrun --nnodes=2`` over :mod:`repro.bench.hosts`' link.
+"""The real driver across two hosts: ``torchrun --nnodes=2`` over :mod:`repro.instruments.hosts`' link.
 
 This module owns launching one real run across the two namespaces and waiting for its end; an
 experiment or a benchmark calls :func:`run_two_hosts` (or :func:`start` and
@@ -17,21 +17,33 @@ does). It is the README's two-node recipe ("Real asynchronous training"), verbat
 The end of a run. Normally both agents exit by themselves. When a node is lost (the client host
 killed), rank 0 still ends the run and writes a terminal ``summary.json``; if it exits 0
 (``completed_degraded``), node 0's agent then waits in torchrun's exit barrier for the lost
-node's agent (300 s, not configurable from torchrun's command line). So :meth:`TwoHostRun.wait`
-ends when both agents have exited, or when rank 0 has exited with a terminal summary and the
-agents have had a grace period; then it kills what is left on both hosts.
+node's agent (300 s, not configurable from torchrun's command line). When rank 0 exits at once
+(it refused the folder), node 1's agent waits for it as long. So :meth:`TwoHostRun.wait` ends
+when both agents have exited, or when rank 0 has exited with a terminal summary, or node 0's
+agent has exited, and the agents have had a grace period; then it kills what is left on both hosts.
+
+A stop asked for meanwhile (``stop``: the caller's :class:`~repro.runtime.StopRequest`, set by a
+Ctrl-C) is forwarded: both agents run in sessions of their own, out of the terminal's reach, so
+:meth:`TwoHostRun.wait` sends SIGINT to every rank on both hosts (never to torchrun's agents,
+which would send it again: a second signal forces), and each stops as a Ctrl-C'd run does, rank 0
+recording ``interrupted``. A run that rank 0 never started (it refused the folder: a killed run
+there, without ``resume``) leaves the folder's summary as it was; :meth:`TwoHostRun.wait` then
+raises with rank 0's own error line instead of returning that stale summary.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from repro.bench.hosts import SERVER_ADDR, Host, Link, TwoHosts, netns_pids
+from repro.files.schema import FINISHED_STATUSES
+from repro.instruments.hosts import SERVER_ADDR, Host, Link, TwoHosts
+from repro.runtime import StopRequest
 
 PORT = 29500   # inside a fresh namespace every port is free
 LOG_DIR = ".two_hosts"   # under results_dir; hidden, so the analysis does not take it for a run
@@ -69,23 +81,20 @@ class TwoHostRun:
     results_dir: Path
     server: subprocess.Popen
     client: subprocess.Popen
+    previous: str | None = None
+    """The folder's summary.json as it was before the launch (None: there was none)."""
     agents_killed: bool = field(default=False)
     """True when :meth:`wait` had to kill an agent left waiting (see the module docstring)."""
+    interrupted: set[int] = field(default_factory=set)
+    """The ranks :meth:`interrupt` sent SIGINT to."""
 
     def run_dir(self) -> Path | None:
         """The run folder rank 0 made (None before it exists)."""
-        found = [p.parent for p in self.results_dir.rglob("config.json") if LOG_DIR not in p.parts]
-        if len(found) > 1:
-            raise RuntimeError(f"more than one run folder under {self.results_dir}: {found}")
-        return found[0] if found else None
+        return run_folder(self.results_dir)
 
     def summary(self) -> dict | None:
-        run_dir = self.run_dir()
-        path = run_dir / "summary.json" if run_dir else None
-        if path is None or not path.exists():
-            return None
         try:
-            return json.loads(path.read_text())
+            return json.loads(summary_text(self.results_dir) or "null")
         except json.JSONDecodeError:   # written atomically by the run core; never half, but be safe
             return None
 
@@ -97,18 +106,40 @@ class TwoHostRun:
 
     def server_alive(self) -> bool:
         """Whether rank 0 (a ``repro.run`` process on the server host other than its agent) lives."""
-        return any(pid != self.server.pid and _runs_repro(pid) for pid in netns_pids(self.hosts.server.netns))
+        return any(pid != self.server.pid and _runs_repro(pid) for pid in self.hosts.pids(self.hosts.server))
+
+    def ranks(self) -> set[int]:
+        """The live ranks on both hosts: ``repro.run`` processes that are not torchrun's agents."""
+        return {pid for host in (self.hosts.server, self.hosts.client) for pid in self.hosts.pids(host)
+                if _runs_repro(pid) and b"torch.distributed.run" not in _cmdline(pid)}
+
+    def interrupt(self) -> None:
+        """SIGINT to each rank not sent one yet (a rank that started since gets its own): each stops
+        cleanly, as at a Ctrl-C. The agents are left alone: they would forward it a second time."""
+        for pid in self.ranks() - self.interrupted:
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                continue
+            self.interrupted.add(pid)
 
     def log(self, node_rank: int) -> str:
         return (self.results_dir / LOG_DIR / f"node{node_rank}.log").read_text()
 
-    def wait(self, timeout_s: float, grace_s: float = 10.0) -> dict:
+    def wait(self, timeout_s: float, grace_s: float = 10.0, stop: StopRequest | None = None) -> dict:
         """Until the run has ended (see the module docstring); its summary. Raises TimeoutError
-        (the hosts' clean-up then stops everything) when it has not ended within ``timeout_s``."""
+        (the hosts' clean-up then stops everything) when it has not ended within ``timeout_s``,
+        RuntimeError when rank 0 never ran it. Once ``stop`` is set, the ranks are interrupted."""
         deadline, ended = time.monotonic() + timeout_s, None
         while self.server.poll() is None or self.client.poll() is None:
-            summary = self.summary()
-            if ended is None and summary and summary["status"] != "running" and not self.server_alive():
+            if stop is not None and stop.is_set():
+                self.interrupt()
+            # over: rank 0 gone with a terminal summary of this launch (one left from an earlier
+            # launch says nothing: rank 0 may not have started yet), or node 0's agent gone (rank 0
+            # is its only worker: it refused the folder, say; node 1's agent would wait for minutes)
+            summary = self.summary() if summary_text(self.results_dir) != self.previous else None
+            if ended is None and (self.server.poll() is not None
+                                  or summary and summary["status"] != "running" and not self.server_alive()):
                 ended = time.monotonic()
             if ended is not None and time.monotonic() > ended + grace_s:
                 self.agents_killed = True
@@ -124,14 +155,47 @@ class TwoHostRun:
         summary = self.summary()
         if summary is None:
             raise RuntimeError("the two-host run ended without a summary.json; node 0's log:\n" + self.log(0)[-3000:])
+        if self.previous is not None and summary_text(self.results_dir) == self.previous \
+                and summary["status"] not in FINISHED_STATUSES:
+            raise RuntimeError(f"rank 0 did not run it, the folder still says {summary['status']!r}: "
+                               + refusal(self.log(0)))
         return summary
 
 
-def _runs_repro(pid: int) -> bool:
+def run_folder(results_dir: Path) -> Path | None:
+    """The one run folder under ``results_dir`` (None before rank 0 makes it)."""
+    found = [p.parent for p in Path(results_dir).rglob("config.json") if LOG_DIR not in p.parts]
+    if len(found) > 1:
+        raise RuntimeError(f"more than one run folder under {results_dir}: {found}")
+    return found[0] if found else None
+
+
+def summary_text(results_dir: Path) -> str | None:
+    """The text of that run folder's summary.json (None: none yet)."""
+    run_dir = run_folder(results_dir)
     try:
-        return b"repro.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return (run_dir / "summary.json").read_text() if run_dir else None
     except OSError:
-        return False
+        return None
+
+
+def refusal(log: str) -> str:
+    """Why rank 0 ended before its run: the entry point's own ``error:`` line in node 0's log
+    (repro.run's one-line refusal of bad input), else the log's last lines."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    return errors[-1] if errors else "node 0's log ends: " + " | ".join(lines[-3:])   # one line, to name
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _runs_repro(pid: int) -> bool:
+    return b"repro.run" in _cmdline(pid)
 
 
 def start(hosts: TwoHosts, overrides: list[str], num_clients: int, results_dir: str | Path,
@@ -141,6 +205,7 @@ def start(hosts: TwoHosts, overrides: list[str], num_clients: int, results_dir: 
     here). ``gloo_ifname=False`` leaves GLOO_SOCKET_IFNAME unset. Logs go to ``results_dir/.two_hosts/node{0,1}.log``."""
     results_dir = Path(results_dir).resolve()
     (results_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    previous = summary_text(results_dir)   # before rank 0 can touch it
     procs = []
     for node_rank, host, num_procs in ((0, hosts.server, 1), (1, hosts.client, num_clients)):
         log = open(results_dir / LOG_DIR / f"node{node_rank}.log", "w")
@@ -148,12 +213,13 @@ def start(hosts: TwoHosts, overrides: list[str], num_clients: int, results_dir: 
             procs.append(hosts.popen(host, torchrun_command(node_rank, num_procs, overrides, results_dir, port),
                                      env=node_env(host, gloo_ifname), cwd=results_dir, stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-    return TwoHostRun(hosts, results_dir, *procs)
+    return TwoHostRun(hosts, results_dir, *procs, previous=previous)
 
 
 def run_two_hosts(overrides: list[str], num_clients: int, results_dir: str | Path, link: Link = Link(),
-                  timeout_s: float = 600.0) -> dict:
+                  timeout_s: float = 600.0, stop: StopRequest | None = None) -> dict:
     """One real run with its server and clients on two hosts over ``link``; its summary. Raises
-    :class:`~repro.bench.hosts.HostsUnavailable` where namespaces cannot be made."""
+    :class:`~repro.instruments.hosts.HostsUnavailable` where namespaces cannot be made; ``stop``:
+    see :meth:`TwoHostRun.wait`."""
     with TwoHosts(link) as hosts:
-        return start(hosts, overrides, num_clients, results_dir).wait(timeout_s)
+        return start(hosts, overrides, num_clients, results_dir).wait(timeout_s, stop=stop)

@@ -1,7 +1,7 @@
 """Where a real run's cores go: ``python -m repro.bench simreal --cores``.
 
 This module owns one measurement: real runs of a grid point and of its one-client counterpart,
-over loopback and across the two hosts of :mod:`repro.bench.two_hosts`, while a thread samples every tenth of a second the CPU time
+over loopback and across the two hosts of :mod:`repro.instruments.two_hosts`, while a thread samples every tenth of a second the CPU time
 (user and system) of each of the run's processes, by role (the server, the clients, torchrun's
 agents), and the machine's ``/proc/stat`` (user, system, softirq, idle). Over the steady middle of
 the run (from its fifth to its last fifth applied push, counted in ``updates.csv`` as it grows) it
@@ -193,8 +193,8 @@ def measure(link: str, overrides: list[str], num_clients: int, link_mbit: float 
         sampler = Sampler(results)
         common = [f"num_clients={num_clients}", "exp_name=cores", "progress=false", *overrides]
         if link == "link":
-            from repro.bench.hosts import Link
-            from repro.bench.two_hosts import run_two_hosts
+            from repro.instruments.hosts import Link
+            from repro.instruments.two_hosts import run_two_hosts
 
             sampler.start()
             try:
@@ -229,8 +229,8 @@ def resimulated_error(root: Path, link: str, nsync: int, num_clients: int, compu
     ``root`` holds no such point."""
     import pandas as pd
 
-    from repro.analysis.lab import simreal as lab
-    from repro.analysis.lab.spread import predicted_config, resimulate
+    from repro.instruments import points as lab
+    from repro.instruments.spread import predicted_config, resimulate
 
     if not lab.run_dirs(root):
         return None
@@ -254,7 +254,7 @@ def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 
     """Measure the point, and its one-client counterpart, over loopback and over the link; one
     row each; with ``results`` (the experiment's folder) also the point re-simulated with what was
     measured (see the module docstring)."""
-    from repro.bench.hosts import HostsUnavailable
+    from repro.instruments.hosts import HostsUnavailable
 
     print(f"where the cores go: nsync {nsync}, {epochs:g} epochs; cores used over the steady middle of one "
           f"run (server and clients: user+system; machine: /proc/stat of all {os.cpu_count()} CPUs together; "

@@ -1,0 +1,120 @@
+"""How well the simulator predicts, in the five numbers the best simulators report (SimAI,
+Proteus, Lumos): ``python -m repro.bench simreal`` prints them under its table.
+
+Over every grid point with both sides (:func:`repro.instruments.points.points_table`), each
+point's samples/s error e = predicted / measured - 1 (medians over seeds):
+
+* **MAPE**: the mean of |e| over all points, links together;
+* **worst point**: the point of the largest |e|, named, with its signed error;
+* **bias**: the mean of e (the mean signed error): above 0 the simulator over-predicts samples/s,
+  below 0 it under-predicts;
+* **Kendall's tau** (tau-b, ties counted as neither order) between predicted and measured
+  samples/s across the points: 1 when the simulator orders the configurations as reality does;
+* **time to target**: per point, the predicted median time to the target error against the
+  measured median, |predicted / measured - 1|, beside the real runs' own seed spread at that point
+  (half their range over seeds, relative to their median): an error inside it cannot be told from
+  the noise between seeds. Points where no run of a side reached the target are left out, and
+  counted.
+
+Pure arithmetic on the frames; nothing here runs anything.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+KEYS = ["link", "nsync", "num_clients"]
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """The five numbers (see the module docstring); NaN where no point allows one."""
+    points: int
+    mape: float
+    worst_point: str
+    worst_error: float
+    bias: float
+    kendall_tau: float
+    ttt_points: int                # points where both sides reached the target
+    ttt_mape: float                # mean |time-to-target error| over them
+    ttt_seed_spread: float         # mean of the real runs' seed spread over them
+    ttt_within_spread: int         # points whose error lies inside their own spread
+    ttt_missing: int               # points left out: a side never reached the target
+
+    def lines(self) -> list[str]:
+        """The report, one line per number."""
+        if not self.points:
+            return ["no grid point with both a measured and a predicted run"]
+        tau = "n/a (fewer than 2 points, or all tied)" if math.isnan(self.kendall_tau) else f"{self.kendall_tau:+.3f}"
+        side = "over-predicts" if self.bias > 0 else "under-predicts" if self.bias < 0 else "neither over- nor under-predicts"
+        ttt = (f"time to target: mean |error| {self.ttt_mape:.1%} against the real runs' seed spread "
+               f"±{self.ttt_seed_spread:.1%}; {self.ttt_within_spread} of {self.ttt_points} point(s) within their spread"
+               if self.ttt_points else "time to target: no point where both sides reached the target")
+        if self.ttt_missing:
+            ttt += f" ({self.ttt_missing} point(s) left out: a side never reached the target)"
+        return [f"samples/s MAPE over {self.points} point(s): {self.mape:.1%}",
+                f"worst point: {self.worst_point}: {self.worst_error:+.1%}",
+                f"bias (mean signed error): {self.bias:+.1%}: the simulator {side} samples/s",
+                f"Kendall's tau, predicted against measured samples/s across the points: {tau}",
+                ttt]
+
+
+def kendall_tau(x, y) -> float:
+    """Kendall's tau-b of two equal-length sequences: (concordant - discordant) pairs over the
+    geometric mean of the pairs untied in x and untied in y; NaN when either has no untied pair."""
+    concordant = discordant = untied_x = untied_y = 0
+    for (x1, y1), (x2, y2) in itertools.combinations(zip(x, y), 2):
+        dx, dy = np.sign(x2 - x1), np.sign(y2 - y1)
+        untied_x += dx != 0
+        untied_y += dy != 0
+        concordant += dx * dy > 0
+        discordant += dx * dy < 0
+    if not untied_x or not untied_y:
+        return math.nan
+    return float((concordant - discordant) / math.sqrt(untied_x * untied_y))
+
+
+def seed_spread(times: pd.Series) -> float:
+    """Half the range of ``times`` over seeds relative to their median (0 with one seed)."""
+    t = times.dropna()
+    return float((t.max() - t.min()) / 2 / t.median()) if len(t) and t.median() > 0 else math.nan
+
+
+def time_to_target_errors(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per point with both sides: the relative error of the predicted median time to target
+    against the measured median, and the measured runs' seed spread (NaN where a side never
+    reached the target)."""
+    rows = []
+    for key, g in runs.groupby(KEYS):
+        m, p = g[g.side == "measured"].time_to_target_s, g[g.side == "predicted"].time_to_target_s
+        if m.empty or p.empty:
+            continue
+        meas, pred = m.median(), p.median()
+        error = pred / meas - 1 if meas > 0 and not math.isnan(pred) else math.nan
+        rows.append({**dict(zip(KEYS, key)), "ttt_error": error, "seed_spread": seed_spread(m)})
+    return pd.DataFrame(rows, columns=[*KEYS, "ttt_error", "seed_spread"])
+
+
+def accuracy(table: pd.DataFrame, runs: pd.DataFrame) -> Accuracy:
+    """The five numbers of the points ``table`` (:func:`~repro.instruments.points.points_table`)
+    and their ``runs`` (:func:`~repro.instruments.points.read_runs`)."""
+    t = table.dropna(subset=["samples_error"])
+    if t.empty:
+        return Accuracy(0, math.nan, "", math.nan, math.nan, math.nan, 0, math.nan, math.nan, 0, 0)
+    e = t.samples_error.astype(float)
+    worst = t.loc[e.abs().idxmax()]
+    ttt = time_to_target_errors(runs)
+    reached = ttt.dropna(subset=["ttt_error", "seed_spread"])
+    return Accuracy(
+        points=len(t), mape=float(e.abs().mean()),
+        worst_point=f"{worst.link}, nsync {worst.nsync}, {worst.num_clients} client(s)",
+        worst_error=float(worst.samples_error), bias=float(e.mean()),
+        kendall_tau=kendall_tau(t.predicted_samples_per_s.to_numpy(float), t.measured_samples_per_s.to_numpy(float)),
+        ttt_points=len(reached), ttt_mape=float(reached.ttt_error.abs().mean()) if len(reached) else math.nan,
+        ttt_seed_spread=float(reached.seed_spread.mean()) if len(reached) else math.nan,
+        ttt_within_spread=int((reached.ttt_error.abs() <= reached.seed_spread).sum()),
+        ttt_missing=len(ttt) - len(reached))
