@@ -45,7 +45,7 @@ from repro.logs import get_logger
 from repro.problem.build import Problem
 from repro.problem.evaluation import EvalRequest, Evaluator, class_errors
 from repro.runs.folder import resume_hint
-from repro.runs.runlog import Progress, RunLog
+from repro.runs.runlog import Progress, RunLog, diverged_advice, worse_than_start
 from repro.runtime import environment
 
 log = get_logger("repro.runs.core")
@@ -336,6 +336,9 @@ class RunCore:
             status, message = "failed", f"could not write the run folder ({exc}); " + resume_hint(self.run_dir)
         if status == "interrupted" and not message:
             message = "interrupted; " + resume_hint(self.run_dir)
+        note = worse_than_start(self.runlog.evals.path) if status.startswith("completed") else \
+            diverged_advice(self.cfg.algo.lr, self.cfg.num_clients) if status == "diverged" else ""
+        message = "; ".join(m for m in (message, note) if m)
         if self.discarded or getattr(type(self.protocol), "discards", False):
             extra["discarded_pushes"] = self.discarded
         if self.collected or getattr(type(self.protocol), "collects", False):

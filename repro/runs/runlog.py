@@ -23,6 +23,33 @@ RESERVE_BYTES = 64 * 1024
 _log = get_logger("repro.progress")
 
 
+def worse_than_start(evals_path: Path) -> str:
+    """A sentence when a run's last evaluation has a higher test loss than its first (it ran its
+    budget, but did not train: a completed status alone would hide that), else ""."""
+    import csv
+
+    try:
+        with open(evals_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        first, last = (float(rows[i]["test_loss"]) for i in (0, -1))
+    except (OSError, LookupError, ValueError):
+        return ""
+    if len(rows) < 2 or not last > first:
+        return ""
+    errors = [float(rows[i]["test_error"]) for i in (0, -1)]
+    also = f", test error {100 * errors[0]:.1f}% -> {100 * errors[1]:.1f}%" if any(errors) else ""
+    return (f"its last evaluation is worse than its first (test loss {first:.4g} -> {last:.4g}{also}): "
+            "it did not train; try a smaller algo.lr, fewer clients or a smaller nsync")
+
+
+def diverged_advice(lr: float, num_clients: int) -> str:
+    """What to change when a run diverges: staleness shrinks the largest stable step, and
+    staleness grows with the clients (TEACHING.md, step 2)."""
+    return (f"try a smaller algo.lr (now {lr:g}"
+            + (f"; at {num_clients} clients staleness shrinks the step that stays stable)"
+               if num_clients > 1 else ")"))
+
+
 def _fmt(value: Any) -> str:
     # repr of a float is the shortest string that round-trips: byte-identical across runs.
     return repr(value) if isinstance(value, float) else str(value)
