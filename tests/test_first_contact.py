@@ -40,6 +40,7 @@ def test_a_quadratic_run_prints_its_loss_not_a_meaningless_error(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     line = _status_line(done)
     assert "test loss" in line and "test error" not in line, line
+    assert "test error" not in done.stdout + done.stderr   # nor in a progress line
 
 
 def test_a_diverged_run_exits_1_and_says_to_lower_the_learning_rate(tmp_path):

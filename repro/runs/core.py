@@ -110,7 +110,8 @@ class RunCore:
                              target_error=cfg.target_error,
                              resume_from=resume["runlog"] if resume else None)
         self.evaluator = Evaluator(problem.net, problem.eval_sets, eval_in_thread)
-        self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress)
+        self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress,
+                                 loss_only=problem.dataset.task != "classification")
         self.finished: dict | None = None
         self.protocol = None   # made by begin(), when the clients are known
         self.live: frozenset[int] = frozenset()   # clients in the run (not lost)
@@ -228,7 +229,8 @@ class RunCore:
         if every and version % every == 0 and version != self._checkpointed:
             self.save_checkpoint()
             self._checkpointed = version
-        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"))
+        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
+                             test_loss=self.runlog.final.get("test_loss"))
 
     def evaluate_now(self, time_s: float) -> None:
         self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,
@@ -349,7 +351,7 @@ class RunCore:
                                             **extra)
         self.runlog.close()
         self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
-                             force=True)
+                             force=True, test_loss=self.runlog.final.get("test_loss"))
         self.finished = summary
         return summary
 

@@ -222,17 +222,21 @@ def read_summary(run_dir: Path) -> dict | None:
 class Progress:
     """Logs one line every ``every_s`` wall seconds on long runs (stderr and run.log)."""
 
-    def __init__(self, label: str, total_epochs: float, enabled: bool = True, every_s: float = 2.0):
+    def __init__(self, label: str, total_epochs: float, enabled: bool = True, every_s: float = 2.0,
+                 loss_only: bool = False):
         self.label, self.total, self.enabled, self.every_s = label, total_epochs, enabled, every_s
+        self.loss_only = loss_only   # a problem without classes (the quadratic): its error means nothing
         self.started = self.last = time.perf_counter()
 
-    def update(self, epoch: float, version: int, test_error: float | None = None, force: bool = False) -> None:
+    def update(self, epoch: float, version: int, test_error: float | None = None, force: bool = False,
+               test_loss: float | None = None) -> None:
         now = time.perf_counter()
         if not self.enabled or (not force and now - self.last < self.every_s):
             return
         self.last = now
         elapsed = now - self.started
         eta = elapsed * (self.total - epoch) / epoch if epoch > 0 else float("nan")
-        err = "" if test_error is None else f"  test error {100 * test_error:5.2f}%"
+        err = ("" if test_loss is None else f"  test loss {test_loss:.4g}") if self.loss_only else \
+            "" if test_error is None else f"  test error {100 * test_error:5.2f}%"
         _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {version:6d}{err}"
                   f"  elapsed {elapsed:6.1f}s  eta {max(eta, 0):6.1f}s")
