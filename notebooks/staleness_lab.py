@@ -12,7 +12,7 @@
 # its outputs), and `notebooks/staleness_lab.py`, its percent-format twin, which runs as a plain
 # script (figures saved to `figures/notebook/`):
 #
-#     python notebooks/staleness_lab.py                       # the whole lab, a few minutes
+#     python notebooks/staleness_lab.py                       # the whole lab, about 35 s on an idle core
 #     REPRO_LAB_QUICK=1 python notebooks/staleness_lab.py     # shrunk budgets, under a minute
 #
 # The script is the source: after editing it, `python notebooks/build_notebook.py` rebuilds and

@@ -27,6 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from repro.asgd.flatnet import FlatNet
+from repro.asgd.protocols import PROTOCOLS
+from repro.asgd.rules import RULES
 from repro.config.help import composed, group_options
 from repro.config.checks import from_dict
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
@@ -132,22 +134,24 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         L2 weight decay added to the client's gradient, >= 0.
     batch_size : int, default 32
         Minibatch size of one client step, between 1 and the training-set size.
-    server_rule : {"delta", "downpour", "adagrad", "staleness_scaled", "dcasgd"}, default "delta"
+    server_rule : {SERVER_RULES}, default "delta"
         How the server applies a push: add the client's parameter change (delta), ``w -=
         lr_server * accrued gradient`` (downpour), per-parameter Adagrad (adagrad), downpour's
         step divided by the push's staleness (staleness_scaled, Zhang et al. 2016), or
         delay-compensated gradients ``g + dc_lambda * g*g*(w - w_fetched)`` (dcasgd, Zheng et
-        al. 2017).
+        al. 2017); the others (the lab's) run at the command line's defaults of their own keys
+        (``python -m repro.run --help``).
     lr_server : float or None, default None
         Server step size, > 0. None picks the rule's default: 1.0 for delta, 0.01 for adagrad,
         ``lr`` for the others.
     dc_lambda : float, default 0.04
         DC-ASGD's lambda, >= 0 (server_rule="dcasgd" only; 0.04 is the paper's DC-ASGD-c value).
-    protocol : {"async", "sync", "ssp"}, default "async"
+    protocol : {PROTOCOLS}, default "async"
         When the server applies and clients fetch: every push as it arrives (async, Downpour);
         bulk-synchronous rounds applying the mean update of all clients once (sync); async but
         no client more than ``staleness_bound`` pushes ahead of the slowest (ssp, Ho et al.
-        2013).
+        2013); the others (the lab's Rennala and Ringmaster) run at the command line's defaults
+        of their own keys.
     backup_workers : int, default 0
         sync only: a round closes at the first ``num_clients - backup_workers`` pushes and the
         late clients start over from the new parameters (Chen et al. 2016); 0..num_clients-1.
@@ -266,6 +270,16 @@ def _check_objects(module, train, test, loss_fn, run_dir) -> None:
         raise ConfigError("loss_fn", f"a {type(loss_fn).__name__}", "a callable loss_fn(outputs, labels)")
     if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
         raise ConfigError("run_dir", f"a {type(run_dir).__name__}", "a folder (str or Path) or None")
+
+
+def _choices(names) -> str:
+    return "{" + ", ".join(f'"{n}"' for n in names) + "}"
+
+
+# The names simulate() accepts are the registries' (what validate() checks), so its help lists
+# them from there: a rule or protocol registered later is documented without an edit here.
+simulate.__doc__ = simulate.__doc__.replace("{SERVER_RULES}", _choices(RULES.names())) \
+    .replace("{PROTOCOLS}", _choices(PROTOCOLS.names()))
 
 
 def _run(cfg: RunConfig, run_dir: Path, problem: Problem) -> Result:

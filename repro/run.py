@@ -60,16 +60,29 @@ def pasteable(path: str | Path) -> str:
     return text if re.fullmatch(r"[\w./@%+-]+", text) else "\"'" + text + "'\""
 
 
-def last_lines(summary: dict, run_dir: Path) -> str:
+def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
+    """The run's last two lines: its status and final numbers (the test loss for a problem
+    without classes, ``loss_only``, whose error means nothing), then its folder. A run whose
+    outcome needs a word (diverged, or completed worse than it started) adds the summary's."""
     final = summary.get("final") or {}
-    err = final.get("test_error")
+    key = "test_loss" if loss_only else "test_error"
+    value = final.get(key)
+    shown = "n/a" if value is None else f"{value:.4g}" if loss_only else f"{100 * value:.2f}%"
     if summary.get("clock") == "virtual":
         times = f"virtual time {summary['time_s']:.2f} s, wall {summary['wall_time_s']:.1f} s"
     else:   # wall clock: time_s runs from the first fetch, wall_time_s includes start-up
         times = f"wall time {summary['time_s']:.1f} s training, {summary['wall_time_s']:.1f} s with start-up"
+    note = summary.get("message") if summary["status"] in ("completed", "diverged") else ""
     return (f"{summary['status']}: version {summary['version']}  epoch {summary['epoch']:.2f}  "
-            f"test error {'n/a' if err is None else f'{100 * err:.2f}%'}  {times}\n"
+            f"{key.replace('_', ' ')} {shown}  {times}" + (f"; {note}" if note else "") + "\n"
             f"run folder: {pasteable(run_dir)}")
+
+
+def _without_classes(cfg: RunConfig) -> bool:
+    """A problem whose test error means nothing (the quadratic): its loss is what to show."""
+    from repro.problem.data import DATASETS
+
+    return cfg.data.name in DATASETS and DATASETS[cfg.data.name].task != "classification"
 
 
 def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
@@ -113,8 +126,9 @@ def main(dcfg: DictConfig) -> float | None:
         # a full disk (the summary says so too): one line, not a traceback
         print(f"failed: {err.strerror}\nrun folder: {pasteable(run_dir)}", file=sys.stderr, flush=True)
         sys.exit(1)
-    log.info(last_lines(summary, run_dir).splitlines()[0])
-    print(last_lines(summary, run_dir).splitlines()[1], flush=True)
+    status_line, folder_line = last_lines(summary, run_dir, _without_classes(cfg)).splitlines()
+    log.info(status_line)
+    print(folder_line, flush=True)
     if summary["status"] not in ("completed", "completed_degraded") and hc.mode.name != "MULTIRUN":
         sys.exit(EXIT_INTERRUPTED if summary["status"] == "interrupted" else 1)
     return (summary.get("final") or {}).get("test_error")

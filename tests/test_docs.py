@@ -44,7 +44,9 @@ from tests.helpers import docs_commands as dc
 from tests.helpers import fake_runs
 from tests.helpers.paths import ROOT, tree_files
 
-DOCS = ("README.md", "REPRODUCE.md", "TEACHING.md")
+# The top-level files and every page of the documentation site (docs/), wherever a command moves.
+DOCS = ("README.md", "REPRODUCE.md", "TEACHING.md",
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
 QUICK_TIMEOUT_S, SLOW_TIMEOUT_S = 180, 600
 
 

@@ -162,7 +162,8 @@ def test_simulate_cleans_up_its_temporary_folder_and_keys_time_to_target_by_numb
 
 
 def test_the_docs_give_one_two_thread_command_and_one_statement_of_its_difference():
-    readme, reproduce = ((ROOT / n).read_text() for n in ("README.md", "REPRODUCE.md"))
+    # the README's reproducibility section moved to docs/paper.md (issue 33)
+    readme, reproduce = ((ROOT / n).read_text() for n in ("docs/paper.md", "REPRODUCE.md"))
     pick = lambda text: [line for line in text.splitlines()           # noqa: E731
                          if line.startswith("python -m repro.run") and "num_threads=2" in line]
     assert pick(readme) == pick(reproduce) and "hydra/launcher=basic" in pick(readme)[0]

@@ -45,7 +45,7 @@ from repro.logs import get_logger
 from repro.problem.build import Problem
 from repro.problem.evaluation import EvalRequest, Evaluator, class_errors
 from repro.runs.folder import resume_hint
-from repro.runs.runlog import Progress, RunLog
+from repro.runs.runlog import Progress, RunLog, diverged_advice, worse_than_start
 from repro.runtime import environment
 
 log = get_logger("repro.runs.core")
@@ -110,7 +110,8 @@ class RunCore:
                              target_error=cfg.target_error,
                              resume_from=resume["runlog"] if resume else None)
         self.evaluator = Evaluator(problem.net, problem.eval_sets, eval_in_thread)
-        self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress)
+        self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress,
+                                 loss_only=problem.dataset.task != "classification")
         self.finished: dict | None = None
         self.protocol = None   # made by begin(), when the clients are known
         self.live: frozenset[int] = frozenset()   # clients in the run (not lost)
@@ -231,7 +232,8 @@ class RunCore:
         if every and version % every == 0 and version != self._checkpointed:
             self.save_checkpoint()
             self._checkpointed = version
-        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"))
+        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
+                             test_loss=self.runlog.final.get("test_loss"))
 
     def evaluate_now(self, time_s: float) -> None:
         self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,
@@ -339,6 +341,9 @@ class RunCore:
             status, message = "failed", f"could not write the run folder ({exc}); " + resume_hint(self.run_dir)
         if status == "interrupted" and not message:
             message = "interrupted; " + resume_hint(self.run_dir)
+        note = worse_than_start(self.runlog.evals.path) if status.startswith("completed") else \
+            diverged_advice(self.cfg.algo.lr, self.cfg.num_clients) if status == "diverged" else ""
+        message = "; ".join(m for m in (message, note) if m)
         if self.discarded or getattr(type(self.protocol), "discards", False):
             extra["discarded_pushes"] = self.discarded
         if self.collected or getattr(type(self.protocol), "collects", False):
@@ -349,7 +354,7 @@ class RunCore:
                                             **extra)
         self.runlog.close()
         self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
-                             force=True)
+                             force=True, test_loss=self.runlog.final.get("test_loss"))
         self.finished = summary
         return summary
 

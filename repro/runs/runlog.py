@@ -23,6 +23,33 @@ RESERVE_BYTES = 64 * 1024
 _log = get_logger("repro.progress")
 
 
+def worse_than_start(evals_path: Path) -> str:
+    """A sentence when a run's last evaluation has a higher test loss than its first (it ran its
+    budget, but did not train: a completed status alone would hide that), else ""."""
+    import csv
+
+    try:
+        with open(evals_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        first, last = (float(rows[i]["test_loss"]) for i in (0, -1))
+    except (OSError, LookupError, ValueError):
+        return ""
+    if len(rows) < 2 or not last > first:
+        return ""
+    errors = [float(rows[i]["test_error"]) for i in (0, -1)]
+    also = f", test error {100 * errors[0]:.1f}% -> {100 * errors[1]:.1f}%" if any(errors) else ""
+    return (f"its last evaluation is worse than its first (test loss {first:.4g} -> {last:.4g}{also}): "
+            "it did not train; try a smaller algo.lr, fewer clients or a smaller nsync")
+
+
+def diverged_advice(lr: float, num_clients: int) -> str:
+    """What to change when a run diverges: staleness shrinks the largest stable step, and
+    staleness grows with the clients (TEACHING.md, step 2)."""
+    return (f"try a smaller algo.lr (now {lr:g}"
+            + (f"; at {num_clients} clients staleness shrinks the step that stays stable)"
+               if num_clients > 1 else ")"))
+
+
 def _fmt(value: Any) -> str:
     # repr of a float is the shortest string that round-trips: byte-identical across runs.
     return repr(value) if isinstance(value, float) else str(value)
@@ -205,17 +232,21 @@ def read_summary(run_dir: Path) -> dict | None:
 class Progress:
     """Logs one line every ``every_s`` wall seconds on long runs (stderr and run.log)."""
 
-    def __init__(self, label: str, total_epochs: float, enabled: bool = True, every_s: float = 2.0):
+    def __init__(self, label: str, total_epochs: float, enabled: bool = True, every_s: float = 2.0,
+                 loss_only: bool = False):
         self.label, self.total, self.enabled, self.every_s = label, total_epochs, enabled, every_s
+        self.loss_only = loss_only   # a problem without classes (the quadratic): its error means nothing
         self.started = self.last = time.perf_counter()
 
-    def update(self, epoch: float, version: int, test_error: float | None = None, force: bool = False) -> None:
+    def update(self, epoch: float, version: int, test_error: float | None = None, force: bool = False,
+               test_loss: float | None = None) -> None:
         now = time.perf_counter()
         if not self.enabled or (not force and now - self.last < self.every_s):
             return
         self.last = now
         elapsed = now - self.started
         eta = elapsed * (self.total - epoch) / epoch if epoch > 0 else float("nan")
-        err = "" if test_error is None else f"  test error {100 * test_error:5.2f}%"
+        err = ("" if test_loss is None else f"  test loss {test_loss:.4g}") if self.loss_only else \
+            "" if test_error is None else f"  test error {100 * test_error:5.2f}%"
         _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {version:6d}{err}"
                   f"  elapsed {elapsed:6.1f}s  eta {max(eta, 0):6.1f}s")
