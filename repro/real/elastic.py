@@ -21,10 +21,19 @@ Every wait is bounded as before: a joiner silent between its ticket and its HELL
 ``backend.client_timeout_s``; a joiner waits for its answer at most ``backend.timeout_s``, and
 loads its data before it takes a ticket, so that the server's wait for its pair group is not
 spent on it. Once the run serves no more joins the acceptor marks the store closed and refuses
-every ticket it has not read, so a late joiner is told at once (exit 2, as any refusal; also
-when nothing listens any more). Nothing of a join stays in the store: the request is deleted
-once read, the answer by the joiner once read (and by the server after the join, for a joiner
-that died before), the pair group's gloo addresses once the group is made or given up.
+every ticket it has not read, so a late joiner is told at once (exit 2, as any refusal). Nothing of
+a join stays in the store: the request is deleted once read, the answer by the joiner once read
+(and by the server after the join, for a joiner that died before), the pair group's gloo
+addresses once the group is made or given up.
+
+A join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
+at the address (the run's process has exited) is refused at once, by a plain connect before the
+store's (which retries for ``backend.timeout_s``, printing C++ stacks); a listener that accepts
+and never answers (not a run) is refused after ``backend.timeout_s``, each C++ wait of the
+handshake being bounded in a thread (:func:`bounded`: TCPStore's first read has no bound of its
+own); the command line's joiner hears a signal at once and leaves with exit 130
+(:func:`join_process`); a joiner whose link closes (the server dropped it, silent past its
+``backend.client_timeout_s``, or ended) says so and how to rejoin under its id.
 
 Under torchrun: each worker with ``backend.join`` is one joiner, so ``torchrun --nnodes=1:2
 --max-restarts=K`` restarts a lost client and it joins again (a fresh id) while the server, a
@@ -263,14 +272,15 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     on_admitted(k)
     try:
         channel = Channel(group, 0, timeout_s, watched=True, peer_in_group=0)
-        return run_client(cfg, k, channel, setup, rejoin=rejoin_hint(k))
+        return run_client(cfg, k, channel, setup, rejoin="a server drops a client silent for its "
+                          f"backend.client_timeout_s (one suspended, say): {rejoin_hint(k)}")
     finally:
         disconnect()
 
 
 def rejoin_hint(k: int) -> str:
-    return (f"if the run goes on, rejoin as this client with the same command and "
-            f"backend.join_client={k}")
+    """How lost client ``k`` comes back: the server takes its id back once it counts it lost."""
+    return f"if the run goes on, rejoin as this client with the same command and backend.join_client={k}"
 
 
 def join_process(cfg: RunConfig) -> int:
