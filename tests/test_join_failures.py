@@ -174,10 +174,11 @@ def test_a_joiner_dropped_or_interrupted_ends_in_one_line_and_the_run_goes_on(tm
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
     finally:
-        for j in joiners:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(j.pid, signal.SIGKILL)
-            j.wait()
+        for proc in [*joiners, server]:   # what a failed check left running, so its error shows
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         assert_no_leftovers(server)
     dropped, left = lines(tmp_path, "joiner2")[-1], lines(tmp_path, "joiner3")[-1]
     assert "closed" in dropped and "backend.join_client=2" in dropped, dropped
