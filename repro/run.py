@@ -271,7 +271,7 @@ def cli() -> None:
     if join is not None:   # backend.join: one more client for a running run, no run folder
         from repro.real.elastic import join_process
 
-        sys.exit(join_process(join))
+        join_process(join)   # exits
     rank = _torchrun_rank()
     if rank is not None and rank > 0:
         from repro.real.launch import run_torchrun_worker

@@ -41,6 +41,7 @@ single-node run outside torchrun, goes on; see the README's "Clients restarted b
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -50,6 +51,7 @@ import socket
 import sys
 import threading
 import time
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -283,12 +285,14 @@ def rejoin_hint(k: int) -> str:
     return f"if the run goes on, rejoin as this client with the same command and backend.join_client={k}"
 
 
-def join_process(cfg: RunConfig) -> int:
-    """The command line's joiner: :func:`join_run` in a thread, while the main thread only
-    waits, so that a signal (Ctrl-C, SIGTERM, SIGHUP) is heard at once, whatever C++ wait the
-    joiner is in, and ends the process with one line and exit 130: no traceback, and no abort
-    from gloo's threads at interpreter exit. The server sees the link close and counts the
-    client lost; it may rejoin under its id."""
+def join_process(cfg: RunConfig) -> NoReturn:
+    """The command line's joiner, to its exit: :func:`join_run` in a thread, while the main
+    thread only waits, so that a signal (Ctrl-C, SIGTERM, SIGHUP) is heard at once, whatever C++
+    wait the joiner is in, and ends the process with one line and exit 130. The server sees the
+    link close and counts the client lost; it may rejoin under its id. Every ending leaves with
+    ``os._exit`` once the output is flushed: a joiner writes no file, and the interpreter's
+    shutdown would destroy gloo's objects while their threads (or a wait left in C++ by
+    :func:`bounded`) still run, which aborts ('terminate called without an active exception')."""
     admitted: list[int] = []
     result: list[int] = []
 
@@ -301,7 +305,7 @@ def join_process(cfg: RunConfig) -> int:
         else:
             line = f"[real join] {name}: stopped before joining the run at {cfg.backend.join}"
         print(line, file=sys.stderr, flush=True)
-        os._exit(EXIT_INTERRUPTED)
+        _leave_now(EXIT_INTERRUPTED)
 
     for sig in SIGNALS:
         signal.signal(sig, leave)
@@ -310,4 +314,11 @@ def join_process(cfg: RunConfig) -> int:
     worker.start()
     while worker.is_alive():
         worker.join(0.1)   # in slices: a signal's handler runs between them
-    return result[0] if result else 1
+    _leave_now(result[0] if result else 1)
+
+
+def _leave_now(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
