@@ -293,9 +293,9 @@ def cli() -> None:
     check_overrides(argv)
     join = _join_config(argv)
     if join is not None:   # backend.join: one more client for a running run, no run folder
-        from repro.real.elastic import join_run
+        from repro.real.elastic import join_process
 
-        sys.exit(join_run(join))
+        join_process(join)   # exits
     rank = _torchrun_rank()
     if rank is not None and rank > 0:
         from repro.real.launch import run_torchrun_worker

@@ -101,15 +101,19 @@ def warm_up(setup: ClientSetup) -> None:
     torch.cuda.synchronize(setup.device)
 
 
-def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) -> int:
-    """Train until the server says STOP (exit code 0) or is lost or silent (1)."""
+def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup, rejoin: str = "") -> int:
+    """Train until the server says STOP (exit code 0) or is lost or silent (1). ``rejoin``: how
+    this client may come back, said with the loss (a joiner's)."""
     try:
         if not _hello(cfg, channel, setup):
             return 0
         return _loop(cfg, client_id, channel, setup)
     except LinkLost as exc:
         log = prefixed("repro.real.client", f"[real client {client_id}]")
-        log.info(f"lost the server: {exc} (backend.timeout_s={cfg.backend.timeout_s:g}); exiting")
+        # a closed link: the server dropped this client (silent past its client_timeout_s, e.g.
+        # suspended) or ended; either way only a new join brings it back
+        log.info(f"lost the server: {exc} (backend.timeout_s={cfg.backend.timeout_s:g}); exiting"
+                 + (f"; {rejoin}" if rejoin else ""))
         return 1
 
 

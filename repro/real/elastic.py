@@ -21,10 +21,19 @@ Every wait is bounded as before: a joiner silent between its ticket and its HELL
 ``backend.client_timeout_s``; a joiner waits for its answer at most ``backend.timeout_s``, and
 loads its data before it takes a ticket, so that the server's wait for its pair group is not
 spent on it. Once the run serves no more joins the acceptor marks the store closed and refuses
-every ticket it has not read, so a late joiner is told at once (exit 2, as any refusal; also
-when nothing listens any more). Nothing of a join stays in the store: the request is deleted
-once read, the answer by the joiner once read (and by the server after the join, for a joiner
-that died before), the pair group's gloo addresses once the group is made or given up.
+every ticket it has not read, so a late joiner is told at once (exit 2, as any refusal). Nothing of
+a join stays in the store: the request is deleted once read, the answer by the joiner once read
+(and by the server after the join, for a joiner that died before), the pair group's gloo
+addresses once the group is made or given up.
+
+A join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
+at the address (the run's process has exited) is refused at once, by a plain connect before the
+store's (which retries for ``backend.timeout_s``, printing C++ stacks); a listener that accepts
+and never answers (not a run) is refused after ``backend.timeout_s``, each C++ wait of the
+handshake being bounded in a thread (:func:`bounded`: TCPStore's first read has no bound of its
+own); the command line's joiner hears a signal at once and leaves with exit 130
+(:func:`join_process`); a joiner whose link closes (the server dropped it, silent past its
+``backend.client_timeout_s``, or ended) says so and how to rejoin under its id.
 
 Under torchrun: each worker with ``backend.join`` is one joiner, so ``torchrun --nnodes=1:2
 --max-restarts=K`` restarts a lost client and it joins again (a fresh id) while the server, a
@@ -32,19 +41,23 @@ single-node run outside torchrun, goes on; see the README's "Clients restarted b
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
 import time
+from typing import NoReturn
 
 import torch.distributed as dist
 
 from repro.config.settings import RunConfig, to_dict
 from repro.logs import get_logger
+from repro.runtime import EXIT_INTERRUPTED, SIGNALS
 
 _log = get_logger("repro.real.elastic")
 
@@ -139,56 +152,173 @@ class Acceptor(threading.Thread):
         self.done.set()
 
 
-def join_run(cfg: RunConfig) -> int:
+class JoinEnded(Exception):
+    """A join that ends before training; the message is its one line, ``code`` the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_REFUSED):
+        super().__init__(message)
+        self.code = code
+
+
+def bounded(call, timeout_s: float, what: str):
+    """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming
+    ``what``). The store's and gloo's C++ waits are not all bounded: a listener that accepts and
+    never speaks holds TCPStore's constructor forever, deaf to signals. A thread left waiting so
+    ends with the process."""
+    result: dict = {}
+
+    def wait() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:   # handed to the waiting thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=wait, name=f"join-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"{what}: no answer within {timeout_s:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def _listening(host: str, port: int, cfg: RunConfig) -> None:
+    """Refuse at once when nothing listens at the address (the run has ended): TCPStore itself
+    would retry until ``backend.timeout_s``, twice, printing C++ stacks each time."""
+    try:
+        socket.create_connection((host, port), timeout=cfg.backend.timeout_s).close()
+    except OSError as exc:
+        raise JoinEnded(f"refused: no run is listening at backend.join={cfg.backend.join} (it has ended, "
+                        f"or the address is wrong): {exc.strerror or exc}") from None
+
+
+def _take_ticket(host: str, port: int, cfg: RunConfig):
+    """Connect to the run's store, take a ticket and write the request under it: (store, ticket),
+    or JoinEnded once the run serves no more joins."""
+    timeout = datetime.timedelta(seconds=cfg.backend.timeout_s)
+    store = dist.TCPStore(host, port, None, False, timeout=timeout)
+    n = store.add(COUNT_KEY, 1)
+    if store.check([CLOSED_KEY]):   # after the ticket: see Acceptor.close
+        raise JoinEnded(f"refused: {ENDED}")
+    store.set(ticket_key(n, "request"), json.dumps({
+        "fingerprint": fingerprint(cfg), "client": cfg.backend.join_client, "pid": os.getpid(),
+        "host": socket.gethostname()}))
+    return store, n
+
+
+def _read_answer(store, n: int) -> dict:
+    answer = json.loads(store.get(ticket_key(n, "answer")))
+    store.delete_key(ticket_key(n, "answer"))   # read: nothing of this ticket stays in the store
+    return answer
+
+
+def ask(cfg: RunConfig):
+    """The join handshake: (store, ticket, client id), or JoinEnded saying why not. Every step is
+    bounded by ``backend.timeout_s``, the wait for the store's first answer included."""
+    host, _, port = cfg.backend.join.rpartition(":")
+    timeout_s, where = cfg.backend.timeout_s, f"backend.join={cfg.backend.join}"
+    _listening(host, int(port), cfg)
+    try:
+        store, n = bounded(lambda: _take_ticket(host, int(port), cfg), timeout_s, "connect")
+    except TimeoutError:
+        raise JoinEnded(f"refused: nothing at {where} answered as a run within backend.timeout_s="
+                        f"{timeout_s:g} s (is it the address a run logs as 'accepting joins at'?)") from None
+    except JoinEnded:
+        raise
+    except Exception as exc:
+        raise JoinEnded(f"refused: no run is listening at {where}: {_first_line(exc)}") from None
+    try:
+        answer = bounded(lambda: _read_answer(store, n), timeout_s, "answer")
+    except Exception as exc:
+        raise JoinEnded(f"the server at {cfg.backend.join} did not answer within backend.timeout_s="
+                        f"{timeout_s:g} s: {_first_line(exc)}", code=1) from None
+    if "refused" in answer:
+        raise JoinEnded(f"refused: {answer['refused']}")
+    return store, n, int(answer["client"])
+
+
+def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     """A joining client's process: ask the server at ``backend.join`` for an id, connect, train
     until STOP. Returns the process exit code (0 after STOP, 2 refused, also when the run has
-    ended or nothing listens at the address, 1 lost)."""
+    ended or nothing listens at the address, 1 lost). ``on_admitted(k)``: told the id once
+    the pair group with the server is made."""
     from repro.real.client import build_client, client_device, run_client
     from repro.real.transport import Channel, disconnect, pair_group, pin_gloo_to_loopback
 
     from repro.problem.build import load_data
 
-    host, _, port = cfg.backend.join.rpartition(":")
-    pin_gloo_to_loopback(host, single_node=True)
+    pin_gloo_to_loopback(cfg.backend.join.rpartition(":")[0], single_node=True)
     # the data before the ticket: once admitted, the server waits backend.client_timeout_s for the
     # pair group, and loading data (seconds on a busy machine) must not eat into that wait
     ds = load_data(cfg, "cpu")
-    timeout = datetime.timedelta(seconds=cfg.backend.timeout_s)
     try:
-        store = dist.TCPStore(host, int(port), None, False, timeout=timeout)
-    except Exception as exc:
-        print(f"[real join] refused: no run is listening at backend.join={cfg.backend.join} (it has "
-              f"ended, or the address is wrong): {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
-        return EXIT_REFUSED
-    n = store.add(COUNT_KEY, 1)
-    if store.check([CLOSED_KEY]):   # after the ticket: see Acceptor.close
-        print(f"[real join] refused: {ENDED}", file=sys.stderr, flush=True)
-        return EXIT_REFUSED
-    store.set(ticket_key(n, "request"), json.dumps({
-        "fingerprint": fingerprint(cfg), "client": cfg.backend.join_client, "pid": os.getpid(),
-        "host": socket.gethostname()}))
-    try:
-        answer = json.loads(store.get(ticket_key(n, "answer")))
-    except Exception as exc:
-        print(f"[real join] the server at {cfg.backend.join} did not answer within backend.timeout_s="
-              f"{cfg.backend.timeout_s:g} s: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
-        return 1
-    store.delete_key(ticket_key(n, "answer"))   # read: nothing of this ticket stays in the store
-    if "refused" in answer:
-        print(f"[real join] refused: {answer['refused']}", file=sys.stderr, flush=True)
-        return EXIT_REFUSED
-    k = int(answer["client"])
+        store, n, k = ask(cfg)
+    except JoinEnded as why:
+        print(f"[real join] {why}", file=sys.stderr, flush=True)
+        return why.code
     # the same local rank rule as a spawned client: client k, device (k mod G)
     setup = build_client(cfg, k, client_device(cfg, k), ds)
+    timeout_s = cfg.backend.timeout_s
     try:
-        group = pair_group(store, f"repro/join/{n}/pair", 1, cfg.backend.timeout_s)
+        group = bounded(lambda: pair_group(store, f"repro/join/{n}/pair", 1, timeout_s), timeout_s, "pair group")
     except Exception as exc:
-        print(f"[real join] client {k} could not connect to the server: {str(exc).splitlines()[0]}",
+        print(f"[real join] client {k} could not connect to the server: {_first_line(exc)}",
               file=sys.stderr, flush=True)
         return 1
     _log.info(f"[real client {k}] joined the run at {cfg.backend.join}")
+    on_admitted(k)
     try:
-        channel = Channel(group, 0, cfg.backend.timeout_s, watched=True, peer_in_group=0)
-        return run_client(cfg, k, channel, setup)
+        channel = Channel(group, 0, timeout_s, watched=True, peer_in_group=0)
+        return run_client(cfg, k, channel, setup, rejoin="a server drops a client silent for its "
+                          f"backend.client_timeout_s (one suspended, say): {rejoin_hint(k)}")
     finally:
         disconnect()
+
+
+def rejoin_hint(k: int) -> str:
+    """How lost client ``k`` comes back: the server takes its id back once it counts it lost."""
+    return f"if the run goes on, rejoin as this client with the same command and backend.join_client={k}"
+
+
+def join_process(cfg: RunConfig) -> NoReturn:
+    """The command line's joiner, to its exit: :func:`join_run` in a thread, while the main
+    thread only waits, so that a signal (Ctrl-C, SIGTERM, SIGHUP) is heard at once, whatever C++
+    wait the joiner is in, and ends the process with one line and exit 130. The server sees the
+    link close and counts the client lost; it may rejoin under its id. Every ending leaves with
+    ``os._exit`` once the output is flushed: a joiner writes no file, and the interpreter's
+    shutdown would destroy gloo's objects while their threads (or a wait left in C++ by
+    :func:`bounded`) still run, which aborts ('terminate called without an active exception')."""
+    admitted: list[int] = []
+    result: list[int] = []
+
+    def leave(signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if admitted:
+            k = admitted[0]
+            line = (f"[real client {k}] {name}: left the run at {cfg.backend.join}; the server counts "
+                    f"client {k} lost ({rejoin_hint(k)})")
+        else:
+            line = f"[real join] {name}: stopped before joining the run at {cfg.backend.join}"
+        print(line, file=sys.stderr, flush=True)
+        _leave_now(EXIT_INTERRUPTED)
+
+    for sig in SIGNALS:
+        signal.signal(sig, leave)
+    worker = threading.Thread(target=lambda: result.append(join_run(cfg, admitted.append)),
+                              name="joiner", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)   # in slices: a signal's handler runs between them
+    _leave_now(result[0] if result else 1)
+
+
+def _leave_now(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

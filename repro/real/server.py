@@ -101,12 +101,13 @@ class Dispatcher:
                         sent_at=time.monotonic())
         try:
             self.channels[k].send(header, self.reply)
-        except LinkLost as exc:
+            self.sent_version[k] = self.server.version
+            if not preempt:   # from here on the frame may be overwritten: the reply released its push
+                self.channels[k].post(self.receivers[k].frame)   # its next push lands without waiting on us
+        except LinkLost as exc:   # (a client that died just after the reply: its post fails)
             self.lose(k, str(exc))
             return
-        self.sent_version[k] = self.server.version
-        if not preempt:   # from here on the frame may be overwritten: the reply released its push
-            self.channels[k].post(self.receivers[k].frame)   # its next push lands without waiting on us
+        if not preempt:
             self.receivers[k].release()   # a held client's receiver may listen again
 
     def greet(self, k: int) -> bool:

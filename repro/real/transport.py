@@ -167,9 +167,20 @@ class Channel:
             raise self._lost(what, timeout, exc) from exc
 
     def _lost(self, what: str, timeout: datetime.timedelta, exc: Exception | None) -> LinkLost:
-        why = (f"silent for more than {timeout.total_seconds():g} s" if exc is None or "Timed out" in str(exc)
-               else f"connection lost ({str(exc).splitlines()[0][:160]})")
+        text = "" if exc is None else str(exc)
+        if exc is None or "Timed out" in text:
+            why = f"silent for more than {timeout.total_seconds():g} s"
+        elif "closed by peer" in text:   # gloo's words, with its source line and advice
+            why = "connection closed by the peer (it dropped this link, or exited)"
+        else:
+            why = f"connection lost ({text.splitlines()[0][:160]})"
         return LinkLost(f"rank {self.peer}: {what}: {why}")
+
+    def _closed(self, what: str, exc: Exception) -> LinkLost:
+        """gloo's send or receive call on a connection already closed fails at once, inside the
+        call rather than in its wait (a client continued after the server dropped it; a server
+        replying to a client that just died): the link's end as much as a failed wait."""
+        return self._lost(what, datetime.timedelta(seconds=self.timeout_s), exc)
 
     def send(self, header: Header, frame: Frame) -> None:
         """``header`` and the first ``header.length`` payload values of ``frame``, as one message
@@ -177,14 +188,20 @@ class Channel:
         if header.payload_length > frame.capacity:
             raise ValueError(f"a frame for {frame.capacity} values cannot carry {header.length}")
         header.pack(frame)
-        work = self.group.send(frame.message(header.payload_length), self._peer_in_group, TAG)
+        try:
+            work = self.group.send(frame.message(header.payload_length), self._peer_in_group, TAG)
+        except RuntimeError as exc:   # see _closed
+            raise self._closed(f"sending {header.kind.name}", exc) from exc
         self._wait(work, None, f"sending {header.kind.name}")
 
     def post(self, frame: Frame) -> None:
         """Post the next receive now, so the peer's message lands without waiting for this
         process to come back to Python (e.g. before sending the message it answers)."""
         if self._pending is None:
-            work = self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG)
+            try:
+                work = self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG)
+            except RuntimeError as exc:   # see _closed
+                raise self._closed("waiting for a message", exc) from exc
             arrival = self._watcher.watch(work) if self._watcher is not None else None
             self._pending = (work, frame, arrival)
 

@@ -1,0 +1,191 @@
+"""Joins that cannot go on (issue 32): each ends with one line that says what happened and an
+exit code, never a hang, a C++ stack or a Python traceback.
+
+* Nothing listens at ``backend.join`` (the run has ended): refused at once (exit 2), whatever
+  ``backend.timeout_s`` is.
+* A listener that accepts and never speaks (not a run): refused within ``backend.timeout_s``
+  (exit 2); a Ctrl-C meanwhile ends the joiner at once (exit 130).
+* A joiner the server dropped (the pair group closed under it) reads the loss as the link's end,
+  not as gloo's raw error; under a real run (``slow``): a joiner suspended past the server's
+  ``backend.client_timeout_s`` then continued, and one given Ctrl-C, each end in one line that
+  says how to rejoin (``backend.join_client``), and the run trains on.
+
+Every joiner is the command line a user types, in a session of its own; every wait is bounded
+and each test removes what it started. Loopback only.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.joins import wait_log
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import assert_no_leftovers, free_port
+from tests.helpers.runs import wait_rows
+from tests.helpers.tables import table_frames
+
+# the run's overrides, the same for its joiners (a join must share what is trained)
+RUN = ["backend=real", "data=synthetic", "model=mlp", "num_clients=1", "progress=false",
+       "backend.client_device=cpu"]
+
+
+def start_join(tmp_path, address: str, *extra: str, name: str = "joiner") -> subprocess.Popen:
+    """``python -m repro.run <RUN> backend.join=ADDRESS``, its output in ``tmp_path/NAME.log``."""
+    return subprocess.Popen([sys.executable, "-m", "repro.run", *RUN, f"backend.join={address}", *extra],
+                            cwd=ROOT, stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def ended(proc: subprocess.Popen, timeout_s: float) -> int:
+    """Its exit code; a process still alive after ``timeout_s`` is killed and the test fails."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {timeout_s:g} s")
+    finally:
+        assert_no_leftovers(proc)
+
+
+def lines(tmp_path, name: str = "joiner") -> list[str]:
+    text = (tmp_path / f"{name}.log").read_text()
+    for raw in ("Traceback", "frame #", "terminate called", "KeyboardInterrupt"):
+        assert raw not in text, text
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def silent_listener():
+    """A loopback port whose connections the kernel accepts (into the backlog) and nobody
+    ever answers: what a joiner meets at a wrong address taken by another program."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock
+
+
+def test_a_join_where_nothing_listens_is_refused_at_once(tmp_path):
+    """The run has ended (nothing listens at its address): refused with one line, exit 2, and
+    not after backend.timeout_s (600 s here: the wait below would expire first)."""
+    joiner = start_join(tmp_path, f"127.0.0.1:{free_port()}", "backend.timeout_s=600")
+    assert ended(joiner, 120) == 2
+    [line] = lines(tmp_path)
+    assert "refused: no run is listening at backend.join=127.0.0.1:" in line
+
+
+def test_a_join_to_a_silent_listener_is_refused_within_the_timeout(tmp_path):
+    with silent_listener() as sock:
+        port = sock.getsockname()[1]
+        joiner = start_join(tmp_path, f"127.0.0.1:{port}", "backend.timeout_s=3")
+        assert ended(joiner, 120) == 2
+    [line] = lines(tmp_path)
+    assert f"backend.join=127.0.0.1:{port}" in line and "backend.timeout_s=3" in line, line
+
+
+def test_ctrl_c_ends_a_joiner_waiting_on_a_silent_listener(tmp_path):
+    with silent_listener() as sock:
+        sock.settimeout(120)
+        joiner = start_join(tmp_path, f"127.0.0.1:{sock.getsockname()[1]}", "backend.timeout_s=600")
+        try:
+            conn, _ = sock.accept()   # the joiner is connecting: it waits for an answer now
+        except TimeoutError:
+            joiner.kill()
+            raise
+        with conn:
+            joiner.send_signal(signal.SIGINT)
+            assert ended(joiner, 60) == 130
+    [line] = lines(tmp_path)
+    assert "SIGINT" in line and "before joining" in line, line
+
+
+DROPPER = """
+import os, sys, time
+from repro.real.transport import Channel, Frame, LinkLost, pair_group
+import torch.distributed as dist, datetime
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timeout=datetime.timedelta(seconds=60))
+channel = Channel(pair_group(store, "p", 0, 60), 1, 60, peer_in_group=1)
+try:
+    channel.recv(Frame(4), timeout_s=0.2)   # the client is silent: dropped, its link closed
+except LinkLost as exc:
+    print("dropped:", exc, flush=True)
+time.sleep(120)   # the server goes on (and is killed by the test)
+"""
+
+
+def test_a_send_on_a_link_the_server_dropped_is_a_lost_link(tmp_path):
+    """The server drops a silent client by letting its receive time out, which closes their pair
+    group's connection; the client's next send then fails at once inside gloo's send call, not
+    its wait. That is the link's end, LinkLost, which a client reports in one line; not gloo's
+    RuntimeError, which escaped as a traceback (and in the server ended the whole run)."""
+    import torch.distributed as dist
+
+    from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, pair_group
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    server = subprocess.Popen([sys.executable, "-c", DROPPER, str(store.port)], cwd=ROOT,
+                              stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        client = Channel(pair_group(store, "p", 1, 60), 0, 60, peer_in_group=0)
+        wait_log(server, tmp_path / "server.log", "dropped: rank 1: waiting for a message: silent")
+        with pytest.raises(LinkLost, match="sending HEARTBEAT: connection closed by the peer"):
+            client.send(Header(Kind.HEARTBEAT, 1, 0, 0), Frame(4))
+    finally:
+        server.kill()
+        server.wait()
+        assert_no_leftovers(server)
+
+
+@pytest.mark.slow
+def test_a_joiner_dropped_or_interrupted_ends_in_one_line_and_the_run_goes_on(tmp_path):
+    """Joiner 2 is suspended (SIGSTOP) until the server drops it (backend.client_timeout_s),
+    then continued: it ends with exit 1 and one line saying the server closed its link and how
+    to rejoin. Joiner 3 gets a Ctrl-C: it leaves at once, exit 130, one line, no abort. The run
+    counts both lost and trains on."""
+    port = free_port()
+    run = [*RUN, "num_epochs=100000", "eval_every=50000", "backend.timeout_s=60",
+           "backend.client_timeout_s=5", "backend.max_clients=3"]
+    server = subprocess.Popen([sys.executable, "-m", "repro.run", *run, f"backend.master_port={port}",
+                               f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT,
+                              stdout=open(tmp_path / "run.log", "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    joiners = []
+    try:
+        wait_log(server, tmp_path / "run.log", "accepting joins at", timeout_s=120)
+        for k in (2, 3):
+            joiners.append(start_join(tmp_path, f"127.0.0.1:{port}", *run[len(RUN):], name=f"joiner{k}"))
+            wait_log(server, tmp_path / "run.log", f"client {k} joined", timeout_s=120)
+        joiners[0].send_signal(signal.SIGSTOP)
+        wait_log(server, tmp_path / "run.log", "client 2 lost", timeout_s=120)
+        joiners[0].send_signal(signal.SIGCONT)
+        joiners[1].send_signal(signal.SIGINT)
+        assert ended(joiners[1], 60) == 130, (tmp_path / "joiner3.log").read_text()
+        assert ended(joiners[0], 120) == 1, (tmp_path / "joiner2.log").read_text()
+        wait_log(server, tmp_path / "run.log", "client 3 lost", timeout_s=60)
+        wait_rows(server, tmp_path / "run", sum(1 for _ in open(tmp_path / "run" / "updates.csv")) + 20)
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+    finally:
+        for proc in [*joiners, server]:   # what a failed check left running, so its error shows
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert_no_leftovers(server)
+    dropped, left = lines(tmp_path, "joiner2")[-1], lines(tmp_path, "joiner3")[-1]
+    assert "closed" in dropped and "backend.join_client=2" in dropped, dropped
+    assert "SIGINT" in left and "backend.join_client=3" in left, left
+    for name in ("joiner2", "joiner3"):   # joined, then why it ended
+        assert len(lines(tmp_path, name)) == 2, lines(tmp_path, name)
+    summary = table_frames(tmp_path / "run")[2]
+    assert summary["status"] == "interrupted", summary["message"]
+    events = [(e["type"], e["client"]) for e in summary["events"] if e["type"].startswith("client_")]
+    assert events == [("client_joined", 2), ("client_joined", 3), ("client_lost", 2), ("client_lost", 3)], events
