@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import ast
 import logging
+import signal
 import sys
 import types
+from contextlib import contextmanager
 from pathlib import Path
 
 from repro.lab import harness
 from repro.lab.harness import EXERCISES, Check, Exercise, StudentError
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNLOADABLE = 0, 1, 2
+GRADE_LIMIT_S = 300   # far beyond a grading's seconds: only an answer that never returns meets it
 
 
 class Unloadable(Exception):
@@ -76,8 +79,9 @@ def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     return ex, module
 
 
-def report(ex: Exercise, path: Path, module: types.ModuleType, out=sys.stdout) -> bool:
-    """Grade and print each check as it comes; True when all passed."""
+def report(ex: Exercise, path: Path, module: types.ModuleType, out=None) -> bool:
+    """Grade and print each check as it comes (to ``out``, default stdout); True when all passed."""
+    out = out or sys.stdout
     print(f"exercise {ex.name}: {ex.title}  ({path})", file=out, flush=True)
     passed = total = 0
     hinted: set[str] = set()                # each hint once: the lines below say what differs
@@ -89,7 +93,7 @@ def report(ex: Exercise, path: Path, module: types.ModuleType, out=sys.stdout) -
             total += 1
             passed += check.passed
             print_check(check, out, hinted)
-    except StudentError as e:   # their code failed where a check could not go on without it
+    except (StudentError, TimeoutError) as e:   # their code failed where a check needs it
         total += 1
         print_check(Check("your code ran", "no exception", str(e), False,
                           "fix the error above and grade again"), out, hinted)
@@ -116,4 +120,24 @@ def grade(file: str) -> int:
     except Unloadable as e:
         print(f"grade: {e}", file=sys.stderr)
         return EXIT_UNLOADABLE
-    return EXIT_PASSED if report(ex, path, module) else EXIT_FAILED
+    with time_limit(GRADE_LIMIT_S):
+        return EXIT_PASSED if report(ex, path, module) else EXIT_FAILED
+
+
+@contextmanager
+def time_limit(seconds: int):
+    """A grading stopped after ``seconds`` (an answer that loops forever) fails, where the
+    platform has alarms (not Windows) and this is the main thread."""
+    def too_long(signum, frame):
+        raise TimeoutError(f"grading ran over {seconds} s: does your code ever return?")
+    try:
+        previous = signal.signal(signal.SIGALRM, too_long)
+    except (AttributeError, ValueError):   # no SIGALRM, or not the main thread
+        yield
+        return
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

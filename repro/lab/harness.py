@@ -82,8 +82,14 @@ def close(got: Any, expected: float, rel: float = 0.0, abs_tol: float = 0.0) -> 
     return abs(value - expected) <= max(rel * abs(expected), abs_tol)
 
 
+class Raised(str):
+    """What came out when the student's function raised: shown as it is, never a number."""
+
+
 def shown(value: Any) -> str:
-    """A student's answer as the report shows it."""
+    """A student's answer as the report shows it (text quoted, to tell "3" from 3)."""
+    if isinstance(value, Raised):
+        return str(value)
     if isinstance(value, float):
         return f"{value:.4g}"
     return repr(value) if value is None or isinstance(value, str) else str(value)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Iterator
 
 import repro.api as asgd
-from repro.lab.harness import Check, StudentError, exercise, number_check, quadratic, student_call, with_protocol
+from repro.lab.harness import (Check, Raised, StudentError, exercise, number_check, quadratic, student_call,
+                               with_protocol)
 
 STALENESS_HINT = ("between a client's fetch and its push every other client pushes once (they "
                   "are all equally fast): count those pushes, not the client's own")
@@ -28,7 +29,7 @@ def answer(fn, *args) -> object:
     try:
         return student_call(fn, *args)
     except StudentError as e:
-        return f"an error: {e}"
+        return Raised(f"an error: {e}")
 
 
 def off_by_one(got: object, expected: float) -> str:
