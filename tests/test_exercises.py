@@ -168,3 +168,11 @@ def test_the_command_grades_a_stub_and_refuses_a_broken_file(tmp_path):
     refused = subprocess.run([*run, str(broken)], capture_output=True, text=True, cwd=ROOT)
     assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1
     assert "line 2: syntax error" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_plugged_entry_is_gone_after_its_block_even_when_it_raises():
+    with pytest.raises(RuntimeError):
+        with asgd.RULES.plugged("student_test", asgd.StalenessScaledRule) as name:
+            assert name in asgd.RULES and asgd.RULES[name] is asgd.StalenessScaledRule
+            raise RuntimeError("the run failed")
+    assert "student_test" not in asgd.RULES
