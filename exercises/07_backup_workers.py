@@ -7,8 +7,8 @@ pushes; the b late clients are sent the new parameters and start the next round 
 
 The package's Sync protocol asks needed() how many pushes close a round. Complete it: b is
 ``self.backups``; clients that joined during this round (``self.joining``) count only from the
-next. A round needs at least one push. The grader
-registers your class in the package's protocol registry (PROTOCOLS) for one run, then checks it:
+next. A round needs at least one push. The grader registers your class in the package's
+protocol registry (PROTOCOLS) for one run, then checks it:
 
     python -m repro.lab grade exercises/07_backup_workers.py
 """

@@ -25,7 +25,8 @@ what came out and a hint); 2 the file cannot be loaded (the reason in one line).
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m repro.lab", description="The staleness classroom: "
-                                "exercises that grade themselves.")
+                                "exercises that grade themselves, e.g. python -m repro.lab grade "
+                                "exercises/01_mean_staleness.py")
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
     grade = commands.add_parser("grade", help="grade an exercise file", epilog=EXERCISES_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -39,12 +40,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.command == "grade":
-        from repro.lab.grader import grade
-        return grade(args.file)
-    parser().print_help()
-    return 2
+    p = parser()
+    args = p.parse_args(argv)
+    if args.command != "grade":
+        p.error("say what to do: grade FILE (python -m repro.lab --help)")   # exits 2
+    from repro.lab.grader import grade
+    return grade(args.file)
 
 
 if __name__ == "__main__":
