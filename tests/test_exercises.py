@@ -176,3 +176,16 @@ def test_a_plugged_entry_is_gone_after_its_block_even_when_it_raises():
             assert name in asgd.RULES and asgd.RULES[name] is asgd.StalenessScaledRule
             raise RuntimeError("the run failed")
     assert "student_test" not in asgd.RULES
+
+
+def test_the_classroom_api_runs_a_lab_point_and_states_the_predictions(tmp_path, capsys):
+    assert asgd.critical_lr(3) == pytest.approx(0.4450419, rel=1e-6)
+    assert asgd.harmonic(4) == pytest.approx(25 / 12)
+    result = asgd.run_point("+problem=quadratic", "cost=uniform", "nsync=1", "num_clients=3", "num_epochs=30")
+    assert result.run_dir is None and result.summary["status"] == "completed"
+    assert set(result.updates.staleness.iloc[3:]) == {2}   # N - 1, every push after the first round
+    assert asgd.configure("+problem=quadratic").progress is False
+    # an annotated EXERCISE line names the exercise too
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE: str = "mean_staleness"\n\ndef mean_staleness(n):\n    return n - 1\n')
+    assert graded(path, capsys)[0] == grader.EXIT_PASSED

@@ -39,8 +39,9 @@ def exercise_of(path: Path, tree: ast.Module) -> Exercise:
     """The exercise a file's top-level ``EXERCISE = "NAME"`` line names."""
     names = catalogue()
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EXERCISE"
-                                                 for t in node.targets)):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
+        if any(isinstance(t, ast.Name) and t.id == "EXERCISE" for t in targets):
             name = node.value.value if isinstance(node.value, ast.Constant) else None
             if name not in EXERCISES:
                 raise Unloadable(f"{path}: line {node.lineno}: unknown exercise {name!r}; "
