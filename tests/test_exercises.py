@@ -189,3 +189,11 @@ def test_the_classroom_api_runs_a_lab_point_and_states_the_predictions(tmp_path,
     path = tmp_path / "answer.py"
     path.write_text('EXERCISE: str = "mean_staleness"\n\ndef mean_staleness(n):\n    return n - 1\n')
     assert graded(path, capsys)[0] == grader.EXIT_PASSED
+
+
+def test_a_protocol_that_never_closes_a_round_fails_with_the_runs_own_reason(tmp_path, capsys):
+    path = edited(tmp_path, "07_backup_workers.py", "max(1, len(counted) - self.backups)", "len(counted) + 1")
+    code, out, _ = graded(path, capsys)
+    assert code == grader.EXIT_FAILED
+    assert "your run ended failed: protocol 'student_backup_workers' holds every live client" in out
+    assert "got no rounds (none applied)" in out

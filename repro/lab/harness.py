@@ -150,8 +150,10 @@ def same_run_check(what: str, reference: Any, student: Any, hint: str) -> Check:
     """The student's run applies the same pushes in the same order, and ends as the reference."""
     diff = first_difference(reference, student)
     ref_status, status = reference.summary["status"], student.summary["status"]
-    if diff is None and status != ref_status:
-        diff = f"the reference run ended {ref_status}, yours {status}"
+    if status != ref_status:   # e.g. a protocol that never replies: the run says why it failed
+        why = student.summary.get("message") or ""
+        ended = f"your run ended {status}" + (f": {why}" if why else "")
+        diff = f"{diff}; {ended}" if diff else ended
     expected = f"the reference's {len(reference.updates)} updates, in order, status {ref_status}"
     return Check(what, expected, diff or "the same", diff is None, hint)
 
