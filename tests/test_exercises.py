@@ -38,6 +38,14 @@ def edited(tmp_path: Path, name: str, old: str, new: str) -> Path:
     return path
 
 
+def failing(tmp_path: Path, capsys, name: str, old: str, new: str) -> str:
+    """The report on the reference ``name`` with ``old`` made ``new``, which must fail."""
+    code, out, err = graded(edited(tmp_path, name, old, new), capsys)
+    assert code == grader.EXIT_FAILED, out + err
+    assert "Traceback" not in out + err
+    return out
+
+
 def test_every_exercise_has_a_stub_a_solution_and_a_line_in_the_help():
     names = grader.catalogue()
     assert len(names) >= 6
@@ -66,18 +74,14 @@ def test_every_untouched_stub_fails_with_its_hint(path, capsys):
 
 
 def test_dividing_by_staleness_plus_one_fails_naming_the_divisor(tmp_path, capsys):
-    path = edited(tmp_path, "04_staleness_rule.py", "max(1, staleness)", "(staleness + 1)")
-    code, out, _ = graded(path, capsys)
-    assert code == grader.EXIT_FAILED
+    out = failing(tmp_path, capsys, "04_staleness_rule.py", "max(1, staleness)", "(staleness + 1)")
     assert "FAIL  staleness 1, one apply of update 1: expected lr_server / 1, got lr_server / 2" in out
     assert "yours divides by staleness + 1" in out
     assert "PASS  staleness 0" in out   # the same step where the two agree
 
 
 def test_an_off_by_one_ssp_gate_fails_at_a_client_exactly_s_ahead(tmp_path, capsys):
-    path = edited(tmp_path, "05_ssp_gate.py", "ahead <= self.bound", "ahead < self.bound")
-    code, out, _ = graded(path, capsys)
-    assert code == grader.EXIT_FAILED
+    out = failing(tmp_path, capsys, "05_ssp_gate.py", "ahead <= self.bound", "ahead < self.bound")
     assert ("FAIL  client 1 pushes (2 ahead of the slowest live client, bound s = 2): "
             "expected client(s) 1 go on, got nobody goes on") in out
     assert "MORE than s pushes ahead" in out
@@ -85,21 +89,17 @@ def test_an_off_by_one_ssp_gate_fails_at_a_client_exactly_s_ahead(tmp_path, caps
 
 
 def test_discarding_above_r_instead_of_at_r_fails_at_staleness_r(tmp_path, capsys):
-    path = edited(tmp_path, "06_ringmaster.py", "staleness >= self.threshold", "staleness > self.threshold")
-    code, out, _ = graded(path, capsys)
-    assert code == grader.EXIT_FAILED
+    out = failing(tmp_path, capsys, "06_ringmaster.py", "staleness >= self.threshold", "staleness > self.threshold")
     assert "FAIL  a push 4 versions stale, R = 4: expected discarded, got applied" in out
     assert "discarding only at staleness > R?" in out
     assert "PASS  a push 5 versions stale" in out
 
 
 def test_an_answer_one_off_and_backups_without_a_floor_are_named(tmp_path, capsys):
-    code, out, _ = graded(edited(tmp_path, "01_mean_staleness.py", "return num_clients - 1",
-                                 "return num_clients"), capsys)
-    assert code == grader.EXIT_FAILED and "off by one" in out and "expected 3 (exactly N - 1), got 4" in out
-    code, out, _ = graded(edited(tmp_path, "07_backup_workers.py", "max(1, len(counted) - self.backups)",
-                                 "len(counted) - self.backups"), capsys)
-    assert code == grader.EXIT_FAILED
+    out = failing(tmp_path, capsys, "01_mean_staleness.py", "return num_clients - 1", "return num_clients")
+    assert "off by one" in out and "expected 3 (exactly N - 1), got 4" in out
+    out = failing(tmp_path, capsys, "07_backup_workers.py", "max(1, len(counted) - self.backups)",
+                  "len(counted) - self.backups")
     assert "FAIL  1 backup(s), 1 live client(s): expected a round closes at 1 push(es), got 0" in out
 
 
@@ -192,8 +192,6 @@ def test_the_classroom_api_runs_a_lab_point_and_states_the_predictions(tmp_path,
 
 
 def test_a_protocol_that_never_closes_a_round_fails_with_the_runs_own_reason(tmp_path, capsys):
-    path = edited(tmp_path, "07_backup_workers.py", "max(1, len(counted) - self.backups)", "len(counted) + 1")
-    code, out, _ = graded(path, capsys)
-    assert code == grader.EXIT_FAILED
+    out = failing(tmp_path, capsys, "07_backup_workers.py", "max(1, len(counted) - self.backups)", "len(counted) + 1")
     assert "your run ended failed: protocol 'student_backup_workers' holds every live client" in out
     assert "got no rounds (none applied)" in out
