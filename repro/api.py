@@ -343,3 +343,55 @@ def _tensor(key: str, a: ArrayLike) -> Tensor:
     except (TypeError, ValueError, RuntimeError) as exc:   # a string, an object, ragged lists
         raise ConfigError(key, f"a {type(a).__name__}", f"numpy arrays or torch tensors of numbers ({exc})") from None
     return t
+
+
+# ---------------------------------------------------------------------------------------------
+# The classroom's API: what the exercises, their grader (``python -m repro.lab``) and the
+# notebook use, so that none of them imports the package's internals. The registries are the
+# package's own: a class registered in them runs in every run that names it.
+# ---------------------------------------------------------------------------------------------
+from repro.asgd.algorithm import Push  # noqa: E402  (what a client sends: a protocol's input)
+from repro.asgd.optimal import Ringmaster  # noqa: E402
+from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View  # noqa: E402
+from repro.asgd.rules import RULES, StalenessScaledRule  # noqa: E402
+from repro.config.checks import validate  # noqa: E402
+from repro.problem.data import QUADRATIC_CURVATURES  # noqa: E402  (the lab's quadratic: l_i)
+
+
+def configure(*overrides: str) -> RunConfig:
+    """The checked configuration ``python -m repro.run OVERRIDES`` would run, without progress
+    lines (e.g. ``configure("+problem=quadratic", "num_clients=4", "cost=uniform")``; a lab
+    experiment's point: ``configure("+exp=uneven", "+mitigation=sync")``). Composed once per
+    process for each list of overrides; change it with ``cfg.replace(...)``. Raises ConfigError
+    for a bad value."""
+    return composed((*overrides, "progress=false"))
+
+
+def run_config(cfg: RunConfig) -> Result:
+    """Simulate ``cfg`` (e.g. from :func:`configure`) in a temporary folder, as ``python -m
+    repro.run`` would, and return its tables (``run_dir`` None: the folder is gone)."""
+    validate(cfg)
+    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
+        result = _run(cfg, Path(tmp) / "run", None)
+    result.run_dir = None
+    return result
+
+
+def run_point(*overrides: str) -> Result:
+    """One point of a lab experiment: ``run_config(configure(*overrides))``."""
+    return run_config(configure(*overrides))
+
+
+def critical_lr(staleness, l_max: float = 1.0):
+    """The largest stable learning rate of gradient descent whose every gradient is ``staleness``
+    updates old, on curvatures up to ``l_max``: 2 sin(pi / (4 tau + 2)) / l_max (Levin & May
+    1976; 2 / l_max at tau = 0, about 0.445 / l_max at tau = 3). Numbers or arrays."""
+    from repro.analysis.lab.stability import critical_lr as bound   # the analysis: imported late
+    return bound(staleness, l_max)
+
+
+def harmonic(n: int) -> float:
+    """H_n = 1 + 1/2 + ... + 1/n: a sync round of n clients with exponential step times lasts
+    H_n mean steps, so sync applies 1/H_n as many samples per second as async (nsync 1)."""
+    from repro.analysis.lab.sync import harmonic as h
+    return h(n)

@@ -8,6 +8,7 @@ sits beside the code it names.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from repro.errors import ConfigError
@@ -27,6 +28,17 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.key}: {name!r} is registered twice")
         self._entries[name] = entry
         return entry
+
+    @contextmanager
+    def plugged(self, name: str, entry: T) -> Iterator[str]:
+        """``name`` -> ``entry`` while the block runs, gone after it (however it ends): how the
+        classroom's grader runs a student's class through the package's own registries, under a
+        name no other code uses, without leaving it behind for the rest of the process."""
+        self.add(name, entry)
+        try:
+            yield name
+        finally:
+            del self._entries[name]
 
     def register(self, name: str, **fields: Any) -> Callable[[Callable], Callable]:
         """Decorator: ``@MODELS.register("mlp", ...)`` registers ``make(fn, **fields)`` where the

@@ -1,0 +1,144 @@
+"""``python -m repro.lab grade FILE``: load a student's exercise file, grade it, report.
+
+Owns loading (which exercise a file is, from its ``EXERCISE = "NAME"`` line, read without
+running the file; then the file run as a module of its own, and the names the exercise needs
+checked) and the report: one line per check with what was expected and what came out, a hint
+under each failed one, and the exit status: 0 when every check passes, 1 when one fails, 2 when
+the file cannot be loaded (a syntax error, a missing name, an unknown exercise), said in one
+line on stderr, never with a traceback. The exercises themselves live in
+:mod:`repro.lab.numeric`, :mod:`repro.lab.plugins` and :mod:`repro.lab.gates`.
+"""
+from __future__ import annotations
+
+import ast
+import logging
+import signal
+import sys
+import types
+from contextlib import contextmanager
+from pathlib import Path
+
+from repro.lab import harness
+from repro.lab.harness import EXERCISES, Check, Exercise, StudentError
+
+EXIT_PASSED, EXIT_FAILED, EXIT_UNLOADABLE = 0, 1, 2
+GRADE_LIMIT_S = 300   # far beyond a grading's seconds: only an answer that never returns meets it
+
+
+class Unloadable(Exception):
+    """The file cannot be graded; the message is the one line the student sees."""
+
+
+def catalogue() -> tuple[str, ...]:
+    """Every exercise's name (importing the modules that register them)."""
+    from repro.lab import gates, numeric, plugins  # noqa: F401  (they register themselves)
+    return EXERCISES.names()
+
+
+def exercise_of(path: Path, tree: ast.Module) -> Exercise:
+    """The exercise a file's top-level ``EXERCISE = "NAME"`` line names."""
+    names = catalogue()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
+        if any(isinstance(t, ast.Name) and t.id == "EXERCISE" for t in targets):
+            name = node.value.value if isinstance(node.value, ast.Constant) else None
+            if name not in EXERCISES:
+                raise Unloadable(f"{path}: line {node.lineno}: unknown exercise {name!r}; "
+                                 f"known: {', '.join(names)}")
+            return EXERCISES[name]
+    raise Unloadable(f"{path}: no line EXERCISE = \"NAME\" saying which exercise this is "
+                     f"(one of: {', '.join(names)})")
+
+
+def load(path: Path) -> tuple[Exercise, types.ModuleType]:
+    """The file's exercise and the file run as a fresh module, or :class:`Unloadable`."""
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise Unloadable(f"{path}: cannot read it ({e.strerror if isinstance(e, OSError) else e})") from None
+    filename = str(path.resolve())
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError as e:
+        raise Unloadable(f"{path}: line {e.lineno}: syntax error: {e.msg}") from None
+    ex = exercise_of(path, tree)
+    module = types.ModuleType(f"exercise_{ex.name}")
+    module.__file__ = filename
+    harness.STUDENT_FILES.add(filename)
+    try:
+        exec(compile(tree, filename, "exec"), module.__dict__)   # noqa: S102  (the student's own file)
+    except BaseException as e:   # noqa: BLE001  (SystemExit too: the file must load to be graded)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise Unloadable(f"{path}: it stops while loading: {harness.describe_error(e)}") from None
+    for name, kind in ex.needs:
+        value = getattr(module, name, None)
+        if not (isinstance(value, type) if kind == "class" else callable(value)):
+            raise Unloadable(f"{path}: no {kind} named {name} (the exercise grades {name}; "
+                             "keep the stub's name)")
+    return ex, module
+
+
+def report(ex: Exercise, path: Path, module: types.ModuleType, out=None) -> bool:
+    """Grade and print each check as it comes (to ``out``, default stdout); True when all passed."""
+    out = out or sys.stdout
+    print(f"exercise {ex.name}: {ex.title}  ({path})", file=out, flush=True)
+    passed = total = 0
+    hinted: set[str] = set()                # each hint once: the lines below say what differs
+    runs_log = logging.getLogger("repro")   # a graded run's own lines ("diverged: ...") are
+    level = runs_log.level                  # the checks' business: silent while grading
+    runs_log.setLevel(logging.CRITICAL)
+    try:
+        for check in ex.grade(module):
+            total += 1
+            passed += check.passed
+            print_check(check, out, hinted)
+    except (StudentError, TimeoutError) as e:   # their code failed where a check needs it
+        total += 1
+        print_check(Check("your code ran", "no exception", str(e), False,
+                          "fix the error above and grade again"), out, hinted)
+    finally:
+        runs_log.setLevel(level)
+    print(f"{passed} of {total} checks pass" + ("" if passed == total else
+                                                "; read the hints above and try again"), file=out)
+    return passed == total
+
+
+def print_check(check: Check, out, hinted: set[str]) -> None:
+    print(f"  {'PASS' if check.passed else 'FAIL'}  {check.what}: expected {check.expected}, "
+          f"got {check.got}", file=out, flush=True)
+    if not check.passed and check.hint and check.hint not in hinted:
+        hinted.add(check.hint)
+        print(f"        hint: {check.hint}", file=out)
+
+
+def grade(file: str) -> int:
+    """Grade one file; the exit status (see the module docstring)."""
+    path = Path(file)
+    try:
+        ex, module = load(path)
+    except Unloadable as e:
+        print(f"grade: {e}", file=sys.stderr)
+        return EXIT_UNLOADABLE
+    with time_limit(GRADE_LIMIT_S):
+        return EXIT_PASSED if report(ex, path, module) else EXIT_FAILED
+
+
+@contextmanager
+def time_limit(seconds: int):
+    """A grading stopped after ``seconds`` (an answer that loops forever) fails, where the
+    platform has alarms (not Windows) and this is the main thread."""
+    def too_long(signum, frame):
+        raise TimeoutError(f"grading ran over {seconds} s: does your code ever return?")
+    try:
+        previous = signal.signal(signal.SIGALRM, too_long)
+    except (AttributeError, ValueError):   # no SIGALRM, or not the main thread
+        yield
+        return
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

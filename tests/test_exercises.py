@@ -1,0 +1,197 @@
+"""The classroom's exercises (``python -m repro.lab grade FILE``, issue 35): every reference
+solution passes, every untouched stub fails with its hint, the typical wrong answers fail naming
+the difference, and a file that cannot be loaded exits 2 with one line, never a traceback.
+
+Gradings run in this process (``grader.grade``: the command's own function); two tests run the
+command itself. Each grading is a few tiny simulator runs of the lab's quadratic.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import repro.api as asgd
+from repro.lab import grader
+from repro.lab.__main__ import EXERCISES_HELP
+from tests.helpers.paths import ROOT
+
+EXERCISES = ROOT / "exercises"
+STUBS = sorted(EXERCISES.glob("[0-9]*.py"))
+SOLUTIONS = sorted((EXERCISES / "solutions").glob("[0-9]*.py"))
+
+
+def graded(path: Path, capsys) -> tuple[int, str, str]:
+    code = grader.grade(str(path))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def edited(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """The reference solution ``name`` with ``old`` replaced by ``new`` (a typical mistake)."""
+    text = (EXERCISES / "solutions" / name).read_text()
+    assert old in text, (name, old)
+    path = tmp_path / name
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def failing(tmp_path: Path, capsys, name: str, old: str, new: str) -> str:
+    """The report on the reference ``name`` with ``old`` made ``new``, which must fail."""
+    code, out, err = graded(edited(tmp_path, name, old, new), capsys)
+    assert code == grader.EXIT_FAILED, out + err
+    assert "Traceback" not in out + err
+    return out
+
+
+def test_every_exercise_has_a_stub_a_solution_and_a_line_in_the_help():
+    names = grader.catalogue()
+    assert len(names) >= 6
+    assert [p.name for p in STUBS] == [p.name for p in SOLUTIONS]
+    for stub in STUBS:
+        name = stub.read_text().split('EXERCISE = "', 1)[1].split('"', 1)[0]
+        assert name in names, stub
+        assert f'EXERCISE = "{name}"' in (EXERCISES / "solutions" / stub.name).read_text()
+    assert {line.split()[0] for line in EXERCISES_HELP.splitlines()[1:8]} == set(names)
+    assert (EXERCISES / "README.md").is_file()
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_reference_solution_passes(path, capsys):
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_PASSED, out + err
+    assert "FAIL" not in out and "checks pass" in out
+
+
+@pytest.mark.parametrize("path", STUBS, ids=lambda p: p.stem)
+def test_every_untouched_stub_fails_with_its_hint(path, capsys):
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED, out + err
+    assert "  FAIL  " in out and "hint: " in out and "expected" in out
+    assert "Traceback" not in out + err
+
+
+def test_dividing_by_staleness_plus_one_fails_naming_the_divisor(tmp_path, capsys):
+    out = failing(tmp_path, capsys, "04_staleness_rule.py", "max(1, staleness)", "(staleness + 1)")
+    assert "FAIL  staleness 1, one apply of update 1: expected lr_server / 1, got lr_server / 2" in out
+    assert "yours divides by staleness + 1" in out
+    assert "PASS  staleness 0" in out   # the same step where the two agree
+
+
+def test_an_off_by_one_ssp_gate_fails_at_a_client_exactly_s_ahead(tmp_path, capsys):
+    out = failing(tmp_path, capsys, "05_ssp_gate.py", "ahead <= self.bound", "ahead < self.bound")
+    assert ("FAIL  client 1 pushes (2 ahead of the slowest live client, bound s = 2): "
+            "expected client(s) 1 go on, got nobody goes on") in out
+    assert "MORE than s pushes ahead" in out
+    assert "FAIL  3 clients, client 1 four times slower, bound s = 2: expected the reference's" in out
+
+
+def test_discarding_above_r_instead_of_at_r_fails_at_staleness_r(tmp_path, capsys):
+    out = failing(tmp_path, capsys, "06_ringmaster.py", "staleness >= self.threshold", "staleness > self.threshold")
+    assert "FAIL  a push 4 versions stale, R = 4: expected discarded, got applied" in out
+    assert "discarding only at staleness > R?" in out
+    assert "PASS  a push 5 versions stale" in out
+
+
+def test_an_answer_one_off_and_backups_without_a_floor_are_named(tmp_path, capsys):
+    out = failing(tmp_path, capsys, "01_mean_staleness.py", "return num_clients - 1", "return num_clients")
+    assert "off by one" in out and "expected 3 (exactly N - 1), got 4" in out
+    out = failing(tmp_path, capsys, "07_backup_workers.py", "max(1, len(counted) - self.backups)",
+                  "len(counted) - self.backups")
+    assert "FAIL  1 backup(s), 1 live client(s): expected a round closes at 1 push(es), got 0" in out
+
+
+def test_an_exception_in_the_answer_fails_naming_its_line(tmp_path, capsys):
+    path = edited(tmp_path, "03_sync_ratio.py", "    return 1 / sum(", "    return 1 / 0 * sum(")
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED
+    line = path.read_text().splitlines().index("    return 1 / 0 * sum(1 / k for k in range(1, num_clients + 1))") + 1
+    assert f"got an error: ZeroDivisionError: division by zero (line {line} of {path.resolve()})" in out
+    assert "Traceback" not in out + err
+
+
+def test_a_class_that_raises_inside_a_run_fails_and_leaves_the_registry_as_it_was(tmp_path, capsys):
+    rules, protocols = asgd.RULES.names(), asgd.PROTOCOLS.names()
+    path = edited(tmp_path, "04_staleness_rule.py", "    def fetched(self, client: int, params) -> None:\n        pass",
+                  "    def fetched(self, client: int, params) -> None:\n        raise RuntimeError('no fetch')")
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "RuntimeError: no fetch (line" in out, out
+    for solution in SOLUTIONS[3:]:
+        graded(solution, capsys)
+    assert (asgd.RULES.names(), asgd.PROTOCOLS.names()) == (rules, protocols)
+
+
+UNLOADABLE = {
+    "syntax": ("def mean_staleness(n):\n    return n -\n", "line 2: syntax error"),
+    "no_exercise": ("def mean_staleness(n):\n    return n - 1\n", 'no line EXERCISE = "NAME"'),
+    "unknown": ('EXERCISE = "mean_stalenes"\n', "unknown exercise 'mean_stalenes'; known: backup_workers"),
+    "renamed": ('EXERCISE = "staleness_rule"\nclass MyRule:\n    pass\n', "no class named StalenessRule"),
+    "raises": ('EXERCISE = "mean_staleness"\nimport no_such_module_here\n',
+               "it stops while loading: ModuleNotFoundError: No module named 'no_such_module_here' (line 2"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNLOADABLE))
+def test_a_file_that_cannot_be_loaded_exits_2_with_one_line(case, tmp_path, capsys):
+    source, reason = UNLOADABLE[case]
+    path = tmp_path / "answer.py"
+    path.write_text(source)
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_UNLOADABLE
+    assert out == "" and err.count("\n") == 1 and reason in err and str(path) in err, err
+
+
+def test_a_missing_file_exits_2_with_one_line(tmp_path, capsys):
+    code, out, err = graded(tmp_path / "nowhere.py", capsys)
+    assert code == grader.EXIT_UNLOADABLE and out == ""
+    assert err.count("\n") == 1 and "nowhere.py: cannot read it" in err
+
+
+def test_the_help_lists_every_exercise_without_importing_torch():
+    helped = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['lab', 'grade', '--help']\n"
+                             "try:\n    runpy.run_module('repro.lab', run_name='__main__')\n"
+                             "except SystemExit:\n    print('torch' in sys.modules)"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert helped.returncode == 0 and helped.stdout.endswith("False\n")
+    assert all(name in helped.stdout for name in grader.catalogue())
+
+
+@pytest.mark.slow
+def test_the_command_grades_a_stub_and_refuses_a_broken_file(tmp_path):
+    run = [sys.executable, "-m", "repro.lab", "grade"]
+    stub = subprocess.run([*run, "exercises/01_mean_staleness.py"], capture_output=True, text=True, cwd=ROOT)
+    assert stub.returncode == 1 and "hint:" in stub.stdout and stub.stderr == ""
+    broken = tmp_path / "broken.py"
+    broken.write_text('EXERCISE = "ssp_gate"\nclass BoundedSSP(:\n')
+    refused = subprocess.run([*run, str(broken)], capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1
+    assert "line 2: syntax error" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_plugged_entry_is_gone_after_its_block_even_when_it_raises():
+    with pytest.raises(RuntimeError):
+        with asgd.RULES.plugged("student_test", asgd.StalenessScaledRule) as name:
+            assert name in asgd.RULES and asgd.RULES[name] is asgd.StalenessScaledRule
+            raise RuntimeError("the run failed")
+    assert "student_test" not in asgd.RULES
+
+
+def test_the_classroom_api_runs_a_lab_point_and_states_the_predictions(tmp_path, capsys):
+    assert asgd.critical_lr(3) == pytest.approx(0.4450419, rel=1e-6)
+    assert asgd.harmonic(4) == pytest.approx(25 / 12)
+    result = asgd.run_point("+problem=quadratic", "cost=uniform", "nsync=1", "num_clients=3", "num_epochs=30")
+    assert result.run_dir is None and result.summary["status"] == "completed"
+    assert set(result.updates.staleness.iloc[3:]) == {2}   # N - 1, every push after the first round
+    assert asgd.configure("+problem=quadratic").progress is False
+    # an annotated EXERCISE line names the exercise too
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE: str = "mean_staleness"\n\ndef mean_staleness(n):\n    return n - 1\n')
+    assert graded(path, capsys)[0] == grader.EXIT_PASSED
+
+
+def test_a_protocol_that_never_closes_a_round_fails_with_the_runs_own_reason(tmp_path, capsys):
+    out = failing(tmp_path, capsys, "07_backup_workers.py", "max(1, len(counted) - self.backups)", "len(counted) + 1")
+    assert "your run ended failed: protocol 'student_backup_workers' holds every live client" in out
+    assert "got no rounds (none applied)" in out
