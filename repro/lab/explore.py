@@ -140,7 +140,7 @@ def predictions(s: Settings, pushes: int) -> dict:
         staleness = 0.0      # every applied push was computed from the current parameters
     else:
         staleness = expected_mean_staleness(s.clients, pushes)
-    rate, source = ceil, "ceiling (every client busy)"
+    rate, source = ceil, "the ceiling: every client busy"
     if s.protocol == "sync":
         rate = predict(tm, "sync", cfg.protocol.backup_workers, 0, pushes)["segments_per_s"] * s.nsync
         source = "barrier: (N - b) / E[(N-b)-th segment]"
@@ -174,7 +174,8 @@ def point(s: Settings) -> dict:
             "staleness": updates["staleness"].astype(int).tolist(),
             "mean_staleness": float(updates["staleness"].mean()) if pushes else float("nan"),
             "steps_per_s": steps / end if end > 0 else float("nan"),
-            "loss_time_s": evals["time_s"].tolist(), "loss": evals[loss_col].tolist(),
+            "loss_time_s": evals["time_s"].tolist(), "loss_version": evals["version"].astype(int).tolist(),
+            "loss": evals[loss_col].tolist(),
             "theory_time_s": (np.arange(len(theory)) / update_rate).tolist() if update_rate > 0 else [],
             "theory_loss": theory.tolist(), "predicted": pred}
 
