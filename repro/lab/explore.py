@@ -169,7 +169,8 @@ def point(s: Settings) -> dict:
     versions = int(updates["version"].max()) if len(updates) else 0
     theory = theory_loss(s.lr, pred["tau"], s.nsync, versions)
     update_rate = versions / end if end > 0 else float("nan")
-    return {"settings": dataclasses.asdict(s), "status": summary.get("status", "?"),
+    bound = getattr(cfg.protocol, BOUND_KEY[s.protocol]) if s.protocol in BOUND_KEY else None
+    return {"settings": dataclasses.asdict(s), "status": summary.get("status", "?"), "bound_used": bound,
             "pushes": pushes, "versions": versions,
             "staleness": updates["staleness"].astype(int).tolist(),
             "mean_staleness": float(updates["staleness"].mean()) if pushes else float("nan"),
@@ -186,7 +187,10 @@ def answer(query: dict[str, list[str]]) -> dict:
         s = Settings.from_query(query)
     except ValueError as e:
         return {"error": str(e)}
-    return point(s)
+    t0 = time.perf_counter()
+    r = point(s)
+    r["elapsed_s"] = time.perf_counter() - t0
+    return r
 
 
 class _Handler(BaseHTTPRequestHandler):
