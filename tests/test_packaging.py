@@ -88,6 +88,11 @@ def test_wheel_carries_every_config_file(wheel):
     assert not [s for s in sources if s not in names], "package modules not in the wheel"
 
 
+def test_wheel_carries_the_explorers_page(wheel):
+    """python -m repro.lab explore serves repro/lab/explore.html: package data, not a module."""
+    assert "repro/lab/explore.html" in set(zipfile.ZipFile(wheel).namelist())
+
+
 def _fresh_venv(tmp: Path, wheel: Path) -> tuple[Path, Path]:
     """(python, site-packages) of a new venv holding the wheel, borrowing our dependencies."""
     venv = tmp / "venv"

@@ -1,6 +1,7 @@
-"""``python -m repro.lab``: the staleness classroom's command.
+"""``python -m repro.lab``: the staleness classroom's commands.
 
     python -m repro.lab grade FILE     grade an exercise file (exercises/*.py in the checkout)
+    python -m repro.lab explore        the staleness explorer: sliders in a browser (its own options)
 
 Answered without importing torch until a file is graded (``--help`` is instant).
 """
@@ -26,7 +27,8 @@ what came out and a hint); 2 the file cannot be loaded (the reason in one line).
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m repro.lab", description="The staleness classroom: "
                                 "exercises that grade themselves, e.g. python -m repro.lab grade "
-                                "exercises/01_mean_staleness.py")
+                                "exercises/01_mean_staleness.py, and an explorer with sliders in "
+                                "the browser, python -m repro.lab explore")
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
     grade = commands.add_parser("grade", help="grade an exercise file", epilog=EXERCISES_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -34,16 +36,23 @@ def parser() -> argparse.ArgumentParser:
                                 "package's reference and the published prediction, and print "
                                 "each check's verdict.")
     grade.add_argument("file", metavar="FILE", help="the exercise file, e.g. exercises/01_mean_staleness.py")
+    commands.add_parser("explore", add_help=False,
+                        help="the staleness explorer: sliders in a browser on 127.0.0.1 "
+                             "(python -m repro.lab explore --help for its options)")
     p.epilog = EXERCISES_HELP
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["explore"]:   # the explorer owns its options (--port, --bench, --help)
+        from repro.lab import explore
+        return explore.main(argv[1:])
     p = parser()
     args = p.parse_args(argv)
     if args.command != "grade":
-        p.error("say what to do: grade FILE (python -m repro.lab --help)")   # exits 2
+        p.error("say what to do: grade FILE or explore (python -m repro.lab --help)")   # exits 2
     from repro.lab.grader import grade
     return grade(args.file)
 

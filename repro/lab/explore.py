@@ -1,0 +1,271 @@
+"""The staleness explorer: sliders in a browser, one small simulation per change.
+
+Owns ``python -m repro.lab explore``: a local web page (loopback only, a free port) where a
+student sets the clients, nsync, the step-time jitter, the learning rate and the protocol (async,
+sync, ssp, ringmaster, rennala, with their bound) and sees, redrawn at each change, three panels
+beside the theory's prediction: the staleness histogram (predicted mean, Mitliagkas et al. 2016's
+N - 1 corrected for the first round), the throughput (the ceiling of :mod:`repro.sim.ceiling`,
+and the barrier's order statistics of :mod:`repro.analysis.lab.sync` for sync and ssp) and the
+loss against virtual time on the lab's quadratic (the delayed gradient descent recursion of
+:mod:`repro.analysis.lab.stability`, mapped to time by the predicted update rate).
+
+Why the standard library (http.server) and not Panel or marimo: the page is six controls and
+three small plots; Panel (bokeh, tornado) or marimo would be a new dependency of tens of MB that
+takes seconds to start, on top of torch's import, for nothing the HTML and 100 lines of script
+in explore.html do not do. Each change runs the real simulator (:func:`repro.sim.driver.simulate`,
+the same code as ``python -m repro.run``) for 300 exact-gradient local steps into a temporary
+folder and answers JSON; the page draws it on canvases (a matplotlib figure per change cost more
+than the simulation itself).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import numpy as np
+
+PROTOCOLS = ("async", "sync", "ssp", "ringmaster", "rennala")
+# What each protocol's "bound" slider sets (sync: backup workers; async: nothing).
+BOUND_KEY = {"sync": "backup_workers", "ssp": "staleness_bound", "ringmaster": "staleness_threshold",
+             "rennala": "collection_size"}
+STEPS = 300            # local exact-gradient steps per change: "a few hundred updates", < 1 s
+EVAL_EVERY = 5.0       # steps between evaluations of the loss: 60 points (each costs a forward pass)
+COMPUTE_S = 0.01       # one step: 10 ms of virtual time (the uniform profile's)
+BUDGET_S = 1.0         # each change must be answered within this on 2 idle cores
+PAGE = Path(__file__).with_name("explore.html")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One position of the sliders (the query string of /api)."""
+
+    clients: int = 4
+    nsync: int = 1
+    jitter: float = 0.5          # w: a step takes (1 - w) + w Exp(1) times 10 ms; 0: no jitter
+    lr: float = 0.2
+    protocol: str = "async"
+    bound: int = 3
+
+    @classmethod
+    def from_query(cls, query: dict[str, list[str]]) -> "Settings":
+        """The settings of a query string; ValueError naming the key, value and what is accepted."""
+        kinds = {"clients": (int, 1, 32), "nsync": (int, 1, 16), "jitter": (float, 0.0, 1.0),
+                 "lr": (float, 1e-4, 4.0), "bound": (int, 0, 64)}
+        values = {}
+        for key, (kind, lo, hi) in kinds.items():
+            if key in query:
+                try:
+                    v = kind(query[key][0])
+                except ValueError:
+                    v = None
+                if v is None or not lo <= v <= hi:
+                    raise ValueError(f"{key}={query[key][0]!r}: accepted {kind.__name__} from {lo} to {hi}")
+                values[key] = v
+        if "protocol" in query:
+            if query["protocol"][0] not in PROTOCOLS:
+                raise ValueError(f"protocol={query['protocol'][0]!r}: accepted {', '.join(PROTOCOLS)}")
+            values["protocol"] = query["protocol"][0]
+        return cls(**values)
+
+
+def _base_config():
+    """The lab's quadratic (conf/problem/quadratic.yaml), composed once per process."""
+    from repro.config.help import composed
+    return composed(("+problem=quadratic", "cost=uniform", "progress=false", "seed=0"))
+
+
+def run_config(s: Settings):
+    """The RunConfig of one slider position: the base config with the sliders' values."""
+    from repro.config.checks import validate
+    base = _base_config()
+    bound = {"sync": min(s.bound, s.clients - 1), "ssp": s.bound, "ringmaster": max(s.bound, 1),
+             "rennala": max(s.bound, 1)}
+    protocol = dataclasses.replace(base.protocol, name=s.protocol,
+                                   **({BOUND_KEY[s.protocol]: bound[s.protocol]} if s.protocol in BOUND_KEY else {}))
+    cost = dataclasses.replace(base.cost, compute_s=COMPUTE_S, jitter="exponential" if s.jitter else "none",
+                               jitter_sigma=float(s.jitter))
+    algo = dataclasses.replace(base.algo, lr=float(s.lr))
+    cfg = dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=float(STEPS),
+                              eval_every=float(max(EVAL_EVERY, s.nsync)), protocol=protocol, cost=cost, algo=algo,
+                              exp_name="explore")
+    validate(cfg)
+    return cfg
+
+
+def _initial_weights() -> np.ndarray:
+    """The quadratic's initial weights at seed 0 (what every run starts from)."""
+    import torch
+    from repro.problem.start import build_problem
+    if not hasattr(_initial_weights, "w0"):
+        _initial_weights.w0 = build_problem(_base_config(), torch.device("cpu")).init_params.numpy().astype(float)
+    return _initial_weights.w0
+
+
+def theory_loss(lr: float, tau: int, nsync: int, versions: int) -> np.ndarray:
+    """Loss after each of ``versions`` updates of delayed gradient descent on the quadratic:
+    per coordinate a push is nsync local steps from parameters tau versions old,
+    w_{t+1} = w_t + ((1 - lr l)^nsync - 1) w_{t - tau} (Levin & May 1976 at nsync 1)."""
+    from repro.problem.data import QUADRATIC_CURVATURES
+    curv = np.asarray(QUADRATIC_CURVATURES)
+    w = [_initial_weights().copy()]
+    factor = (1.0 - lr * curv) ** nsync - 1.0
+    for t in range(versions):
+        w.append(w[-1] + factor * w[max(t - tau, 0)])
+        if not np.all(np.isfinite(w[-1])) or np.abs(w[-1]).max() > 1e6:
+            break
+    return np.array([0.5 * float(np.sum(curv * v * v)) for v in w])
+
+
+def predictions(s: Settings, pushes: int) -> dict:
+    """The theory's numbers for one slider position: mean staleness (versions), the throughput
+    ceiling and the protocol's own rate (local steps per virtual second), the critical lr."""
+    from repro.analysis.lab.mitigation import expected_mean_staleness
+    from repro.analysis.lab.stability import critical_lr
+    from repro.analysis.lab.sync import Timing, predict
+    from repro.sim.ceiling import ceiling
+    cfg = run_config(s)
+    ceil = ceiling(cfg.cost, s.clients, s.nsync, param_bytes=40).pushes_per_s * s.nsync
+    tm = Timing(COMPUTE_S, "exponential" if s.jitter else "none", float(s.jitter), s.nsync, s.clients)
+    if s.protocol in ("sync", "rennala"):
+        staleness = 0.0      # every applied push was computed from the current parameters
+    else:
+        staleness = expected_mean_staleness(s.clients, pushes)
+    rate, source = ceil, "the ceiling: every client busy"
+    if s.protocol == "sync":
+        rate = predict(tm, "sync", cfg.protocol.backup_workers, 0, pushes)["segments_per_s"] * s.nsync
+        source = "barrier: (N - b) / E[(N-b)-th segment]"
+    elif s.protocol == "ssp":
+        rate = predict(tm, "ssp", 0, s.bound, max(pushes, 1))["segments_per_s"] * s.nsync
+        source = "ssp clock rule (Monte Carlo)"
+    tau = int(round(staleness))
+    return {"mean_staleness": staleness, "ceiling_steps_per_s": ceil, "steps_per_s": rate,
+            "rate_source": source, "critical_lr": float(critical_lr(tau)), "tau": tau}
+
+
+def point(s: Settings) -> dict:
+    """Simulate one slider position and return its measured and predicted numbers."""
+    import pandas as pd
+    from repro.sim.driver import simulate
+    cfg = run_config(s)
+    with tempfile.TemporaryDirectory(prefix="repro-explore-") as tmp:
+        summary = simulate(cfg, Path(tmp) / "run")
+        updates = pd.read_csv(Path(tmp) / "run" / "updates.csv")
+        evals = pd.read_csv(Path(tmp) / "run" / "evals.csv")
+    pushes = int(updates["num_steps"].count())
+    pred = predictions(s, max(pushes, 1))
+    end = float(updates["time_s"].max()) if len(updates) else 0.0
+    steps = float(updates["num_steps"].sum())
+    loss_col = "train_loss" if "train_loss" in evals else "test_loss"
+    versions = int(updates["version"].max()) if len(updates) else 0
+    theory = theory_loss(s.lr, pred["tau"], s.nsync, versions)
+    update_rate = versions / end if end > 0 else float("nan")
+    bound = getattr(cfg.protocol, BOUND_KEY[s.protocol]) if s.protocol in BOUND_KEY else None
+    return {"settings": dataclasses.asdict(s), "status": summary.get("status", "?"), "bound_used": bound,
+            "pushes": pushes, "versions": versions,
+            "staleness": updates["staleness"].astype(int).tolist(),
+            "mean_staleness": float(updates["staleness"].mean()) if pushes else float("nan"),
+            "steps_per_s": steps / end if end > 0 else float("nan"),
+            "loss_time_s": evals["time_s"].tolist(), "loss_version": evals["version"].astype(int).tolist(),
+            "loss": evals[loss_col].tolist(),
+            "theory_time_s": (np.arange(len(theory)) / update_rate).tolist() if update_rate > 0 else [],
+            "theory_loss": theory.tolist(), "predicted": pred}
+
+
+def answer(query: dict[str, list[str]]) -> dict:
+    """What /api returns: the numbers the page draws; {"error": ...} for bad input."""
+    try:
+        s = Settings.from_query(query)
+    except ValueError as e:
+        return {"error": str(e)}
+    t0 = time.perf_counter()
+    r = point(s)
+    r["elapsed_s"] = time.perf_counter() - t0
+    return r
+
+
+class _Handler(BaseHTTPRequestHandler):
+    lock = threading.Lock()    # one simulation at a time: two cores, and torch's threads
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        url = urlparse(self.path)
+        if url.path == "/":
+            self._send(200, "text/html; charset=utf-8", PAGE.read_bytes())
+        elif url.path == "/api":
+            with self.lock:
+                body = answer(parse_qs(url.query))
+            self._send(400 if "error" in body else 200, "application/json", json.dumps(body).encode())
+        else:
+            self._send(404, "text/plain", b"not found")
+
+    def _send(self, code: int, kind: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):   # quiet: the terminal shows the URL, not every request
+        pass
+
+
+def serve(port: int = 0) -> ThreadingHTTPServer:
+    """A server on 127.0.0.1 (loopback only; port 0: a free one), not yet serving."""
+    return ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+
+
+BENCH = (Settings(), Settings(clients=8), Settings(clients=8, protocol="sync"), Settings(clients=8, protocol="ssp"),
+         Settings(clients=8, protocol="ringmaster", bound=4), Settings(clients=8, protocol="rennala", bound=4),
+         Settings(clients=16, nsync=4, jitter=1.0), Settings(lr=1.5))
+
+
+def bench() -> int:
+    """Time each change of :data:`BENCH` (simulation and its numbers; the browser draws) against
+    the budget: wall time, and the process's CPU time, which is what an idle core would take
+    (on a loaded machine the wall time measures the other processes too)."""
+    answer({})   # warm-up: imports, Hydra's composition
+    walls, cpus = [], []
+    for s in BENCH:
+        w0, c0 = time.perf_counter(), time.process_time()
+        answer({k: [str(v)] for k, v in dataclasses.asdict(s).items()})
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+        print(f"{s}: wall {walls[-1] * 1000:6.0f} ms, cpu {cpus[-1] * 1000:6.0f} ms", flush=True)
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} on {os.cpu_count()} CPUs; budget {BUDGET_S * 1000:.0f} ms per change")
+    for name, times in (("wall", walls), ("cpu", cpus)):
+        verdict = "PASS" if max(times) < BUDGET_S else "FAIL"
+        print(f"{verdict} ({name}): slowest change {max(times) * 1000:.0f} ms, median {np.median(times) * 1000:.0f} ms")
+    return 0 if max(walls) < BUDGET_S else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m repro.lab explore", description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--bench", action="store_true", help="time each change against the 1 s budget and exit")
+    args = p.parse_args(argv)
+    if args.bench:
+        return bench()
+    try:
+        server = serve(args.port)
+    except OSError as e:
+        print(f"explore: --port {args.port}: {e.strerror}; accepted: a free port, or 0 for any", file=sys.stderr)
+        return 2
+    answer({})   # warm-up before the URL is printed, so the first slider move is fast
+    print(f"explorer at http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,152 @@
+"""The staleness explorer (repro/lab/explore.py): its numbers, its HTTP endpoint, and (slow) the
+page in a real headless browser, a slider moved and the new result shown."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from repro.analysis.lab.mitigation import expected_mean_staleness
+from repro.lab import explore
+from repro.lab.explore import Settings
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = explore.serve()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_uniform_async_matches_the_theory_exactly():
+    """No jitter, nsync 1: every push after the first round is N - 1 stale, and the simulated
+    loss is delayed gradient descent's, step for step."""
+    r = explore.point(Settings(clients=4, jitter=0.0, lr=0.2))
+    assert r["status"] == "completed" and r["pushes"] == explore.STEPS
+    assert r["mean_staleness"] == pytest.approx(expected_mean_staleness(4, explore.STEPS))
+    assert r["predicted"]["mean_staleness"] == pytest.approx(r["mean_staleness"])
+    assert r["steps_per_s"] == pytest.approx(r["predicted"]["ceiling_steps_per_s"], rel=0.02)
+    theory = np.asarray(r["theory_loss"])[r["loss_version"]]
+    np.testing.assert_allclose(r["loss"], theory, rtol=1e-4)
+
+
+def test_sync_and_rennala_predict_no_staleness():
+    for protocol in ("sync", "rennala"):
+        r = explore.point(Settings(clients=4, protocol=protocol, bound=2))
+        assert r["predicted"]["mean_staleness"] == 0.0
+        assert r["mean_staleness"] == 0.0, protocol
+        assert r["bound_used"] == 2
+
+
+def test_the_bound_slider_is_kept_to_what_each_protocol_accepts():
+    """sync: at most N - 1 backup workers; ringmaster's R and rennala's S at least 1."""
+    assert explore.run_config(Settings(clients=4, protocol="sync", bound=9)).protocol.backup_workers == 3
+    assert explore.run_config(Settings(protocol="ringmaster", bound=0)).protocol.staleness_threshold == 1
+    assert explore.run_config(Settings(protocol="rennala", bound=0)).protocol.collection_size == 1
+    assert explore.run_config(Settings(protocol="ssp", bound=0)).protocol.staleness_bound == 0
+
+
+def test_endpoint_answers_the_sliders(server):
+    code, r = _get(server + "/api?clients=2&nsync=1&jitter=0&lr=0.3&protocol=async&bound=3")
+    assert code == 200
+    assert r["settings"] == {"clients": 2, "nsync": 1, "jitter": 0.0, "lr": 0.3, "protocol": "async", "bound": 3}
+    assert r["predicted"]["mean_staleness"] == pytest.approx(expected_mean_staleness(2, explore.STEPS))
+    assert r["predicted"]["critical_lr"] == pytest.approx(1.0)      # 2 sin(pi / 6) at tau = 1
+    assert len(r["staleness"]) == r["pushes"] == explore.STEPS
+
+
+@pytest.mark.parametrize("query, words", [("clients=0", "clients='0': accepted int from 1 to 32"),
+                                          ("lr=abc", "lr='abc'"),
+                                          ("protocol=hogwild", "accepted async, sync, ssp, ringmaster, rennala")])
+def test_endpoint_names_a_bad_value(server, query, words):
+    code, r = _get(server + "/api?" + query)
+    assert code == 400 and words in r["error"]
+
+
+def test_page_has_the_sliders(server):
+    with urllib.request.urlopen(server + "/", timeout=30) as r:
+        page = r.read().decode()
+    for key in ("clients", "nsync", "jitter", "lr", "bound"):
+        assert f'<input type="range" id="{key}"' in page
+    assert "ringmaster" in page and "rennala" in page
+
+
+def test_busy_port_exits_2(capsys):
+    srv = explore.serve()
+    try:
+        assert explore.main(["--port", str(srv.server_address[1])]) == 2
+    finally:
+        srv.server_close()
+    assert "--port" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The page in a real browser
+# ---------------------------------------------------------------------------------------------
+
+CHROME_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1300,900")
+
+
+def _browser(tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*CHROME_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+@pytest.mark.slow
+def test_browser_moves_a_slider_and_sees_the_new_result(tmp_path):
+    """Start ``python -m repro.lab explore``, open its URL in headless chromium, move the clients
+    slider from 4 to 8: the printed predicted mean staleness follows (3 -> 7, first round aside)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    proc = subprocess.Popen([sys.executable, "-m", "repro.lab", "explore"], stdout=subprocess.PIPE, text=True)
+    browser = None
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, line
+        url = line.split()[2]
+        browser = _browser(tmp_path)
+        browser.get(url)
+        numbers = browser.find_element(By.ID, "numbers")
+        wait = WebDriverWait(browser, 120)
+        wait.until(lambda b: "clients=4&" in (numbers.get_attribute("data-settings") or ""))
+        before = numbers.text
+        assert f"predicted mean staleness: {expected_mean_staleness(4, explore.STEPS):.3f}" in before
+        browser.execute_script("const s = document.getElementById('clients'); s.value = 8;"
+                               "s.dispatchEvent(new Event('input'));")
+        wait.until(lambda b: "clients=8&" in (numbers.get_attribute("data-settings") or ""))
+        after = numbers.text
+        assert f"predicted mean staleness: {expected_mean_staleness(8, explore.STEPS):.3f}" in after
+        browser.save_screenshot(str(tmp_path / "screenshot.png"))
+        assert (tmp_path / "screenshot.png").stat().st_size > 0
+    finally:
+        if browser is not None:
+            browser.quit()
+        proc.terminate()
+        proc.wait(timeout=30)
