@@ -128,11 +128,12 @@ def test_the_dedicated_clock_meets_its_bound_too():
 
 def test_grid_expands_to_the_intended_runs():
     expected = {"num_clients": ["1", "2", "4", "8", "16", "32"], "nsync": ["1", "4", "16"],
-                "cost.bandwidth_Bps": ["1.25e8", "1e9", "5e9"]}
+                "cost.bandwidth_Bps": ["1.25e8", "1e9", "5e9"], "cost.jitter": ["lognormal", "none"]}
     grid = sweep_grid("ceiling")
-    as_key = lambda d: tuple(sorted((k, float(v)) for k, v in d.items()))  # noqa: E731
+    number = lambda v: v if str(v).isalpha() else float(v)  # noqa: E731
+    as_key = lambda d: tuple(sorted((k, number(v)) for k, v in d.items()))  # noqa: E731
     want = [dict(zip(expected, v)) for v in itertools.product(*expected.values())]
-    assert sorted(map(as_key, grid)) == sorted(map(as_key, want)) and len(grid) == 54
+    assert sorted(map(as_key, grid)) == sorted(map(as_key, want)) and len(grid) == 108
     for point in (grid[0], grid[-1]):
         cfg = parse(compose(["+exp=ceiling"] + [f"{k}={v}" for k, v in point.items()]))
         assert (cfg.cost.profile, cfg.cost.topology, cfg.cost.clients_per_host) == ("paper2013_shared", "shared", 4)
