@@ -228,9 +228,8 @@ def _owning_option(key: str) -> str | None:
     group, _, leaf = key.partition(".")
     if group not in confhelp.GROUPS:
         return None
-    for option in group_options(group):
-        text = (CONF_DIR / group / f"{option}.yaml").read_text()
-        if re.search(rf"^{re.escape(leaf)}\s*:", text, re.M):
+    for option in group_options(group):   # the option's keys, its stored schema's included
+        if leaf in compose([f"{group}={option}"])[group]:
             return f"{group}={option}"
     return None
 
