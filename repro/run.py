@@ -27,7 +27,6 @@ from repro.config.help import CONF_DIR, compose, group_options, parse
 from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.logs import get_logger
-from repro.runs.folder import drop_hydra_record
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, torchrun_env
 
 log = get_logger("repro.run")
@@ -76,6 +75,8 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
     """Hydra made the folder (and this process's record in it) before we could check: leave
     nothing that looks like a run, and no empty experiment folder either. A folder that holds
     anything else (another run's files, its lock, its log) is never touched but for our record."""
+    from repro.runs.folder import drop_hydra_record
+
     drop_hydra_record(run_dir)
     if run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
