@@ -39,17 +39,36 @@ if not OmegaConf.has_resolver("pid"):   # the Hydra record's folder, this proces
     OmegaConf.register_new_resolver("pid", lambda: os.getpid())
 
 
+def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
+    """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
+    settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
+    :class:`~repro.sim.driver.Resolved` config), and under torchrun the world decides
+    ``num_clients`` (:func:`repro.real.launch.world_config`). What comes back is frozen and no
+    driver rewrites it. Raises ConfigError (exit 2) on a bad recording or world."""
+    if cfg.backend.name == "real":
+        env = torchrun_env()
+        if env is None:
+            return cfg
+        from repro.real.launch import world_config
+
+        return world_config(cfg, env)
+    from repro.sim.driver import resolve as resolve_sim
+
+    return resolve_sim(cfg, run_dir)
+
+
 def run(cfg: RunConfig, run_dir: str | Path) -> dict:
     """Train as configured, writing ``run_dir``; return the summary. What a folder that already
     holds a run means (skip it, continue it with resume=true, start over with force=true, else
     refuse) is decided by the run core (:func:`repro.runs.folder.run_folder`), for both drivers."""
+    resolved = resolve(cfg, run_dir)
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
 
-        return run_real(cfg, run_dir)
+        return run_real(resolved, run_dir)
     from repro.sim.driver import simulate
 
-    return simulate(cfg, run_dir)
+    return simulate(resolved, run_dir)
 
 
 def pasteable(path: str | Path) -> str:
@@ -277,7 +296,7 @@ def cli() -> None:
         from repro.real.launch import run_torchrun_worker
 
         try:
-            cfg = parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
+            cfg = resolve(parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))])))
         except ConfigError as err:
             _exit_bad_input(err)
         sys.exit(run_torchrun_worker(cfg))
