@@ -9,6 +9,9 @@
   :func:`~repro.config.fields.knob` valid values) and from ``conf/``; nothing here is written
   twice. Also: the closest valid keys for a mistyped one.
 * :func:`job_name`: a run folder's name, from the overrides of the keys that shape training.
+* :func:`register_schema`: the dataclasses of :mod:`repro.config.settings` as Hydra's base
+  config in its ConfigStore, onto which every option of ``conf/`` merges (an option states only
+  what it changes; a new field needs no YAML).
 * :func:`compose`, :func:`parse`: the configuration as ``python -m repro.run OVERRIDES`` composes
   it, and the :class:`~repro.config.settings.RunConfig` it becomes; :func:`composed`, both at
   once: the defaults and cost profiles the Python API shares with the command line.
@@ -164,7 +167,10 @@ def register_schema() -> None:
     A new setting is one field in a dataclass: e.g. ``protocol.patience: int = knob(0, Range(0,
     100, integer=True))`` composes at 0 under every protocol option, ``protocol=ssp
     protocol.patience=3`` sets it, and an option that needs another default says so in one line
-    of its YAML (``patience: 5``)."""
+    of its YAML (``patience: 5``); the protocol's class reads ``cfg.protocol.patience``. A cost
+    resource likewise: its field in CostConfig, its clock in repro/sim/resources.py, a relation to
+    other keys in repro/config/checks.py if it has one, and the profiles that set it; the other
+    profiles, --help and config.json follow from the field."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
@@ -227,7 +233,6 @@ def parse(dcfg) -> config.RunConfig:
     return checks.from_dict(tree)
 
 
-@lru_cache(maxsize=32)
 def composed(overrides: tuple[str, ...] = ()) -> config.RunConfig:
-    """``parse(compose(overrides))``, composed once per process for each tuple of overrides."""
+    """``parse(compose(overrides))``: the config the command line would run for ``overrides``."""
     return parse(compose(list(overrides)))
