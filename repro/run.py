@@ -27,7 +27,6 @@ from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS
 from repro.logs import detach_files_in, get_logger, mark
-from repro.runs.folder import drop_hydra_record, incoming_record, writable
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, torchrun_env
 
 log = get_logger("repro.run")
@@ -37,20 +36,45 @@ GROUPS = (*confhelp.GROUPS, *confhelp.OPTIONAL_GROUPS)
 if not OmegaConf.has_resolver("job_name"):
     OmegaConf.register_new_resolver("job_name", lambda overrides: confhelp.job_name(list(overrides)))
 if not OmegaConf.has_resolver("hydra_record"):   # the Hydra record's folder, this process's own
-    OmegaConf.register_new_resolver("hydra_record", lambda run_dir: str(incoming_record(run_dir)))
+    OmegaConf.register_new_resolver("hydra_record", lambda run_dir: str(_incoming_record(run_dir)))
+
+
+def _incoming_record(run_dir):
+    from repro.runs.folder import incoming_record   # torch: only once a run is under way
+
+    return incoming_record(run_dir)
+
+
+def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
+    """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
+    settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
+    :class:`~repro.sim.driver.Resolved` config), and under torchrun the world decides
+    ``num_clients`` (:func:`repro.real.launch.world_config`). What comes back is frozen and no
+    driver rewrites it. Raises ConfigError (exit 2) on a bad recording or world."""
+    if cfg.backend.name == "real":
+        env = torchrun_env()
+        if env is None:
+            return cfg
+        from repro.real.launch import world_config
+
+        return world_config(cfg, env)
+    from repro.sim.driver import resolve as resolve_sim
+
+    return resolve_sim(cfg, run_dir)
 
 
 def run(cfg: RunConfig, run_dir: str | Path) -> dict:
     """Train as configured, writing ``run_dir``; return the summary. What a folder that already
     holds a run means (skip it, continue it with resume=true, start over with force=true, else
     refuse) is decided by the run core (:func:`repro.runs.folder.run_folder`), for both drivers."""
+    resolved = resolve(cfg, run_dir)
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
 
-        return run_real(cfg, run_dir)
+        return run_real(resolved, run_dir)
     from repro.sim.driver import simulate
 
-    return simulate(cfg, run_dir)
+    return simulate(resolved, run_dir)
 
 
 def pasteable(path: str | Path) -> str:
@@ -89,6 +113,8 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
     """Hydra made the folder (and this process's record in it) before we could check: leave
     nothing that looks like a run, and no empty experiment folder either. A folder that holds
     anything else (another run's files, its lock, its log) is never touched but for our record."""
+    from repro.runs.folder import drop_hydra_record
+
     drop_hydra_record(run_dir)
     if run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
@@ -109,6 +135,8 @@ def _exit_bad_input(err: ConfigError | str) -> None:
 def main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    from repro.runs.folder import writable
+
     if not writable(run_dir):   # a finished run is only skipped there: no run.log either
         detach_files_in(run_dir)
     try:
@@ -251,9 +279,8 @@ def _owning_option(key: str) -> str | None:
     group, _, leaf = key.partition(".")
     if group not in confhelp.GROUPS:
         return None
-    for option in group_options(group):
-        text = (CONF_DIR / group / f"{option}.yaml").read_text()
-        if re.search(rf"^{re.escape(leaf)}\s*:", text, re.M):
+    for option in group_options(group):   # the option's keys, its stored schema's included
+        if leaf in compose([f"{group}={option}"])[group]:
             return f"{group}={option}"
     return None
 
@@ -301,7 +328,7 @@ def cli() -> None:
         from repro.real.launch import run_torchrun_worker
 
         try:
-            cfg = parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
+            cfg = resolve(parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))])))
         except ConfigError as err:
             _exit_bad_input(err)
         sys.exit(run_torchrun_worker(cfg))

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from repro.errors import ConfigError
 from repro.logs import get_logger
 
@@ -40,6 +38,7 @@ from repro.logs import get_logger
 def torch_threads(n: int):
     """torch uses ``n`` CPU threads inside the block (0: leave it), and the caller's count after
     (a test or a sweep that goes on keeps its own)."""
+    import torch   # here, not at import: the command line answers without it
     before = torch.get_num_threads()
     if n > 0:
         torch.set_num_threads(n)
@@ -52,12 +51,14 @@ def torch_threads(n: int):
 
 def cuda_missing() -> str:
     """Why CUDA cannot be used here, in words a user can act on."""
+    import torch
     if torch.version.cuda is None:
         return f"this torch ({torch.__version__}) is a CPU build"
     return "no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)"
 
 
 def resolve_device(name: str) -> torch.device:
+    import torch
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -73,6 +74,7 @@ def deterministic(device: torch.device):
     TF32 off: float32 means float32 on every device, so GPU and CPU numbers differ only by
     reduction order, and a Hopper's TF32 matmuls would round to 10-bit mantissas. On the CPU
     nothing changes (its kernels are deterministic for a fixed thread count)."""
+    import torch
     if device.type != "cuda":
         yield
         return
@@ -113,6 +115,7 @@ def cpu_model() -> str:
 
 def environment(device: torch.device | str = "cpu") -> dict:
     """torch build, CPU kernel family, threads and device: what bitwise identity depends on."""
+    import torch
     device = torch.device(device)
     env = {
         "torch": torch.__version__,

@@ -9,6 +9,9 @@
   :func:`~repro.config.fields.knob` valid values) and from ``conf/``; nothing here is written
   twice. Also: the closest valid keys for a mistyped one.
 * :func:`job_name`: a run folder's name, from the overrides of the keys that shape training.
+* :func:`register_schema`: the dataclasses of :mod:`repro.config.settings` as Hydra's base
+  config in its ConfigStore, onto which every option of ``conf/`` merges (an option states only
+  what it changes; a new field needs no YAML).
 * :func:`compose`, :func:`parse`: the configuration as ``python -m repro.run OVERRIDES`` composes
   it, and the :class:`~repro.config.settings.RunConfig` it becomes; :func:`composed`, both at
   once: the defaults and cost profiles the Python API shares with the command line.
@@ -129,6 +132,8 @@ def _get(tree: dict, key: str):
 
 
 def _show(value) -> str:
+    if value == REQUIRED:
+        return "???"   # as Hydra writes a value the user must give
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -150,6 +155,54 @@ def job_name(overrides) -> str:
 # The configuration as the command line composes it
 # ---------------------------------------------------------------------------------------------
 
+def register_schema() -> None:
+    """The dataclasses of :mod:`repro.config.settings` as Hydra's base configs, in its ConfigStore:
+    ``schema`` (every key at its declared default; ``conf/config.yaml`` lists it first, and each
+    group's option merges onto its node, so an option YAML states only what it changes) and
+    ``backend/real_schema`` (the real driver's keys, which ``backend=real`` adds: under the
+    simulator they do not compose, so that no setting is silently ignored). Plain nodes, not
+    typed ones: the values are checked by :func:`repro.config.checks.from_dict`, whose messages
+    name the key, the value and what is valid.
+
+    A new setting is one field in a dataclass: e.g. ``protocol.patience: int = knob(0, Range(0,
+    100, integer=True))`` composes at 0 under every protocol option, ``protocol=ssp
+    protocol.patience=3`` sets it, and an option that needs another default says so in one line
+    of its YAML (``patience: 5``); the protocol's class reads ``cfg.protocol.patience``. A cost
+    resource likewise: its field in CostConfig, its clock in repro/sim/resources.py, a relation to
+    other keys in repro/config/checks.py if it has one, and the profiles that set it; the other
+    profiles, --help and config.json follow from the field."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    tree = config.to_dict(config.RunConfig())
+    store.store(group="backend", name="real_schema", node=dict(tree["backend"]))
+    tree["backend"] = {"name": tree["backend"]["name"]}
+    store.store(name="schema", node=tree)
+
+
+# A value an option requires the user to give (cost=replay's cost.path, data=cifar10's data.root).
+# Hydra's '???' cannot say it here: merged onto the schema's default, a missing value keeps the
+# default (OmegaConf's rule), so the option writes ${required:} and reading it fails as '???' did.
+REQUIRED = "${required:}"
+
+
+def _required(*, _node_):
+    from omegaconf.errors import MissingMandatoryValue
+
+    raise MissingMandatoryValue(_node_._get_full_key(None))
+
+
+def _register() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("required"):
+        OmegaConf.register_new_resolver("required", _required)
+    register_schema()
+
+
+_register()
+
+
 def compose(overrides: list[str], return_hydra_config: bool = False):
     """The config (a Hydra ``DictConfig``) as ``python -m repro.run OVERRIDES`` would compose it,
     without output folders."""
@@ -167,16 +220,19 @@ def parse(dcfg) -> config.RunConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue
 
+    from omegaconf.errors import InterpolationResolutionError
+
     try:
         tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as e:
+    except (MissingMandatoryValue, InterpolationResolutionError) as e:
         key = getattr(e, "full_key", None) or "?"
+        if isinstance(e, InterpolationResolutionError) and "MissingMandatoryValue" not in str(e):
+            raise
         raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
     tree.pop("hydra", None)
     return checks.from_dict(tree)
 
 
-@lru_cache(maxsize=32)
 def composed(overrides: tuple[str, ...] = ()) -> config.RunConfig:
-    """``parse(compose(overrides))``, composed once per process for each tuple of overrides."""
+    """``parse(compose(overrides))``: the config the command line would run for ``overrides``."""
     return parse(compose(list(overrides)))

@@ -8,8 +8,9 @@ temp file, fsync, rename. A crash or a full disk mid-write leaves the previous f
 anything beyond tensors, numbers, strings, lists and dicts (``torch.load(weights_only=True)``);
 a file that is empty, truncated or carries code is a :class:`ConfigError` (exit 2) naming the
 file and what is wrong: we never suggest loading it unsafely. :func:`to_cpu` is what every
-checkpoint is made of: its tensors on the CPU. (The one module of ``files/`` that
-imports torch: a checkpoint is a torch file.)
+checkpoint is made of: its tensors on the CPU. (The one module of ``files/`` that uses
+torch: a checkpoint is a torch file. It imports torch where a checkpoint is touched, so that
+writing text and JSON, and the command line's answers, never load it.)
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import pickle
 from pathlib import Path
 from typing import IO, Any, Callable
 
-import torch
 
 from repro.errors import ConfigError
 
@@ -90,6 +90,8 @@ def write_json(path: Path, obj: Any) -> None:
 def save_checkpoint(state: dict, path: Path) -> None:
     """``state`` to ``path`` whole or not at all. Serialised in memory first: torch's zip writer,
     given a file on a full disk, reports "unexpected pos ..." instead of the disk's error."""
+    import torch
+
     def write(f: IO[bytes]) -> None:   # inside atomic_write: an interrupt in torch.save stays one
         buffer = io.BytesIO()
         torch.save(state, buffer)
@@ -101,6 +103,8 @@ def save_checkpoint(state: dict, path: Path) -> None:
 def to_cpu(obj: Any) -> Any:
     """``obj`` with every tensor (in nested dicts) detached and copied to the CPU, so a checkpoint
     loads on any device. A copy, also on the CPU: torch.save writes a view's whole storage."""
+    import torch
+
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
@@ -115,6 +119,8 @@ def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "
         raise ConfigError(key, str(path), "an existing checkpoint file")
     if path.stat().st_size == 0:
         raise ConfigError(key, str(path), "a checkpoint, not an empty file")
+    import torch
+
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError:

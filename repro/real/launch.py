@@ -86,8 +86,8 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     """Run the real driver into ``run_dir`` and return the summary dict (any status; ``failed``
     and ``interrupted`` come back too). Raises ConfigError on bad input, before any process."""
     run_dir, env = Path(run_dir), torchrun_env()
-    if env is not None:
-        cfg = _clients_from_world(cfg, env)
+    if env is not None and env.rank != 0:
+        raise RuntimeError("run_real is rank 0's entry point; ranks > 0 call run_torchrun_worker")
     master_addr = os.environ["MASTER_ADDR"] if env is not None else cfg.backend.master_addr
     device = server_device(cfg)
     client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
@@ -163,13 +163,13 @@ class _StartupError(RuntimeError):
     pass
 
 
-def _clients_from_world(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
-    if env.rank != 0:
-        raise RuntimeError("run_real is rank 0's entry point; ranks > 0 call run_torchrun_worker")
+def world_config(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
+    """Under torchrun the world decides the clients: ranks 1.. of it. The entry point's resolve
+    step (:func:`repro.run.resolve`) applies it on every rank before the driver runs."""
     if env.world_size < 2:
         raise ConfigError("WORLD_SIZE", env.world_size, "at least 2 under torchrun (rank 0 serves, "
                           "ranks 1.. are clients)")
-    if cfg.num_clients != env.world_size - 1:
+    if cfg.num_clients != env.world_size - 1 and env.rank == 0:
         log.info(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
             f"(config said {cfg.num_clients})")
     return cfg.replace(num_clients=env.world_size - 1)
@@ -412,7 +412,6 @@ def run_torchrun_worker(cfg: RunConfig) -> int:
         raise RuntimeError("run_torchrun_worker is for ranks > 0 of a torchrun world")
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)   # die quietly when torchrun (or a terminal) says so
-    cfg = cfg.replace(num_clients=env.world_size - 1)
     pin_gloo_to_loopback(os.environ["MASTER_ADDR"], single_node=False)
     pin_gloo_towards(os.environ["MASTER_ADDR"])
     setup = build_client(cfg, env.rank, client_device(cfg, env.local_rank))

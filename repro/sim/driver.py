@@ -21,6 +21,7 @@ and stays bitwise identical to an uninterrupted one.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -222,14 +223,36 @@ class _Stopped(Exception):
     """A stop request, raised between two local steps of a push."""
 
 
-def simulate(cfg: RunConfig, run_dir: str | Path, problem: Problem | None = None,
-             stop_at_version: int | None = None) -> dict:
-    """Run the simulator for ``cfg`` into ``run_dir``; return the summary dict."""
+@dataclass(frozen=True)
+class Resolved:
+    """A plain, frozen config for the simulator, and the fit it was made with (None: no fit;
+    config.json and summary.json record it under "fit")."""
+
+    cfg: RunConfig
+    fit: dict | None = None
+
+
+def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Resolved:
+    """The simulator's part of the entry point's one resolve step (:func:`repro.run.resolve`):
+    ``cost=replay`` becomes what the recorded run trained (:func:`repro.sim.replay.replay_config`),
+    ``cost=fit`` the cost model fitted to recorded timings (:func:`repro.sim.fit.fit_config`),
+    once, before any run folder is touched (ConfigError on a bad recording); the driver runs the
+    result as it is. A Resolved config comes back as it is."""
+    if isinstance(cfg, Resolved):
+        return cfg
     if cfg.cost.schedule == "replay":
         cfg = replay_config(cfg, run_dir)
-    fit = None
-    if fits(cfg):   # before the folder: config.json records the fitted values simulated
-        cfg, fit = fit_config(cfg)
+    if fits(cfg):
+        return Resolved(*fit_config(cfg))
+    return Resolved(cfg)
+
+
+def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,
+             stop_at_version: int | None = None) -> dict:
+    """Run the simulator for ``cfg`` into ``run_dir``; return the summary dict. The entry point
+    hands a :class:`Resolved` config; one built in Python is resolved here first (:func:`resolve`)."""
+    plan = resolve(cfg, run_dir)   # before the folder: config.json records the fitted values
+    cfg, fit = plan.cfg, plan.fit
     device = resolve_device(cfg.device)
     with torch_threads(cfg.num_threads), deterministic(device), run_folder(cfg, run_dir) as run:
         if run.skip:

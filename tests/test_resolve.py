@@ -1,0 +1,57 @@
+"""One resolve step at the entry point (:func:`repro.run.resolve`): ``cost=replay``, ``cost=fit``
+and a torchrun world become a plain frozen config before any driver runs; no driver rewrites it."""
+import inspect
+
+import pytest
+
+from repro import run as entry
+from repro.config.settings import BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
+from repro.errors import ConfigError
+from repro.real import launch
+from repro.sim import driver
+
+CFG = RunConfig(num_clients=2, nsync=2, num_epochs=1.0, eval_every=1.0, progress=False,
+                data=DataConfig(name="synthetic", num_train=64, num_test=32), model=ModelConfig(name="mlp"))
+
+
+def test_a_replay_is_resolved_once_and_the_driver_runs_it_as_it_is(tmp_path, monkeypatch):
+    assert driver.simulate(CFG, tmp_path / "rec")["status"] == "completed"
+    asked = CFG.replace(num_clients=3, seed=7, cost=CostConfig(profile="replay", schedule="replay",
+                                                                path=str(tmp_path / "rec")))
+    resolved = entry.resolve(asked, tmp_path / "rep")
+    assert isinstance(resolved, driver.Resolved) and resolved.fit is None
+    assert (resolved.cfg.num_clients, resolved.cfg.seed) == (2, 0)   # the recording's settings
+    assert resolved.cfg.cost == asked.cost                          # replayed by its schedule
+
+    def again(*args, **kwargs):
+        raise AssertionError("the driver rewrote a resolved config")
+    monkeypatch.setattr(driver, "replay_config", again)
+    monkeypatch.setattr(driver, "fit_config", again)
+    assert driver.simulate(resolved, tmp_path / "rep")["status"] == "completed"
+    assert (tmp_path / "rep" / "updates.csv").read_bytes() == (tmp_path / "rec" / "updates.csv").read_bytes()
+
+
+def test_a_bad_recording_is_refused_by_the_resolve_step(tmp_path):
+    with pytest.raises(ConfigError, match="'cost.path'"):
+        entry.resolve(CFG.replace(cost=CostConfig(profile="replay", schedule="replay", path=str(tmp_path))))
+
+
+def test_the_torchrun_world_decides_the_clients_on_every_rank_before_the_driver(monkeypatch):
+    real = CFG.replace(backend=BackendConfig(name="real"))
+    assert entry.resolve(real) is real   # no torchrun: nothing to resolve
+    for rank in ("0", "2"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "5")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", "29500")
+        assert entry.resolve(real).num_clients == 4
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ConfigError, match="'WORLD_SIZE'"):
+        entry.resolve(real)
+
+
+def test_no_driver_replaces_the_config_it_was_handed():
+    """The real driver's entry points take the config as resolved (they used to replace
+    num_clients from the torchrun world, each on its own)."""
+    for fn in (launch.run_real, launch.run_torchrun_worker):
+        assert "cfg.replace(" not in inspect.getsource(fn) and "cfg = " not in inspect.getsource(fn), fn.__name__

@@ -1,0 +1,45 @@
+"""The command line answers before the heavy imports: ``--help``, an unknown key and a bad value
+are answered without importing torch, pandas or matplotlib (each costs seconds on a busy
+machine); those load where a run uses them."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.paths import ROOT
+
+HEAVY = ("torch", "pandas", "matplotlib")
+# the entry point, run as python -m repro.run runs it, reporting at exit what it had imported
+PROBE = ("import atexit, runpy, sys; "
+         "atexit.register(lambda: print('IMPORTED', sorted(m for m in %r if m in sys.modules), file=sys.stderr)); "
+         "sys.argv = ['repro.run', *sys.argv[1:]]; runpy.run_module('repro.run', run_name='__main__', alter_sys=True)"
+         % (HEAVY,))
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--help"], 0, "usage: python -m repro.run"),
+    (["+exp=fig3", "--help"], 0, "usage: python -m repro.run"),
+    (["num_clientz=3"], 2, "error: unknown key 'num_clientz' (in 'num_clientz=3'); closest valid keys: num_clients"),
+    (["num_clients=0"], 2, "error: invalid value for 'num_clients': 0; expected an integer in 1..1024"),
+    (["algo.server_rule=adagrd"], 2, "error: invalid value for 'algo.server_rule': 'adagrd'; expected one of: "
+                                     "'adagrad', 'dcasgd', 'delta'"),
+])
+def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, args, code, needle):
+    proc = subprocess.run([sys.executable, "-c", PROBE, f"results_dir={tmp_path / 'results'}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert needle in proc.stdout + proc.stderr
+    assert "IMPORTED []" in proc.stderr, proc.stderr.splitlines()[-1:]
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_registries_names_are_known_before_their_modules_load():
+    """--help and a bad name list a registry's names from its decorators in the source; once its
+    module is imported, from the registry itself: the two agree."""
+    import importlib
+
+    from repro.config.fields import declared_names
+
+    for module, name in (("repro.asgd.rules", "RULES"), ("repro.asgd.protocols", "PROTOCOLS"),
+                         ("repro.problem.data", "DATASETS"), ("repro.problem.models", "MODELS")):
+        assert declared_names(module, name) == getattr(importlib.import_module(module), name).names()
