@@ -39,7 +39,7 @@ def test_every_option_composes_with_every_key_of_its_dataclass(group):
 def test_every_protocol_setting_is_settable_under_every_protocol():
     """``protocol=X protocol.F=v`` composes and parses for every option X and field F: what a
     new protocol setting must do, with no option YAML edited."""
-    values = {"backup_workers": 1, "staleness_bound": 5, "staleness_threshold": 2, "cancel_stale": True,
+    values = {"backup_workers": 1, "staleness_bound": 5, "staleness_threshold": 2, "cancel_stale": True, "stop_once": True,
               "collection_size": 3}
     assert set(values) | {"name"} == set(_fields("protocol")), "a new protocol field: give it a test value"
     for option in group_options("protocol"):

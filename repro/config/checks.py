@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
-from repro.config.settings import RECORDED_ONLY, DataConfig, RunConfig, _leaves, get, slow_client, to_dict
+from repro.config.settings import CIFAR10_EXPECTED, RECORDED_ONLY, DataConfig, RunConfig, _leaves, get, slow_client, to_dict
 from repro.errors import ConfigError
 
 
@@ -138,6 +138,8 @@ def _check(cfg: RunConfig) -> None:
                           f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
     if cfg.data.num_train is not None:   # the training-set size is known before any data
         check_segment(cfg, cfg.data.num_train)
+    if cfg.data.name == "cifar10" and not cfg.data.root:
+        raise ConfigError("data.root", cfg.data.root, CIFAR10_EXPECTED)
     if cfg.protocol.backup_workers >= cfg.num_clients:
         raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
                           f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")

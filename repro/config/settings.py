@@ -35,6 +35,12 @@ PARTITIONS = ("iid", "shards", "by_class", "dirichlet")
 # The configuration
 # ---------------------------------------------------------------------------------------------
 
+# what data.root must hold for data=cifar10 (checked when the config is, said again by the loader)
+CIFAR10_EXPECTED = ("a folder with the CIFAR-10 python batches data_batch_1..5 and test_batch "
+                    "(cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, "
+                    "extracted)")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     name: str = knob("digits", Choice(registry_names("repro.problem.data", "DATASETS"), custom=True))

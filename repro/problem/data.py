@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from repro.config.settings import CIFAR10_EXPECTED
 from repro.errors import ConfigError, DataError
 from repro.problem.datacache import mnist1d_arrays, mnist1d_cache_path  # noqa: F401 (re-exported)
 from repro.registry import SpecRegistry
@@ -253,9 +254,6 @@ def _load_quadratic(root, num_train, num_test) -> Dataset:
 
 # ----------------------------------------------------------------------------- cifar10
 
-CIFAR10_EXPECTED = ("a folder with the CIFAR-10 python batches data_batch_1..5 and test_batch "
-                    "(cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, "
-                    "extracted)")
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_FILE = "test_batch"
 
