@@ -12,6 +12,7 @@ the run folder), the other ranks compose the same config without any output fold
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -272,6 +273,22 @@ def precheck(argv: list[str]) -> None:
         check_components(parse(dcfg))
     except ConfigError as err:
         _exit_bad_input(err)
+    _check_folder_writable(overrides)
+
+
+def _check_folder_writable(overrides: list[str]) -> None:
+    """A new run whose folder cannot be made (a read-only file system, no permission): Hydra
+    would die making it, with a raw "Read-only file system". An existing folder is the run
+    core's to judge (a finished run is skipped without writing, anything else refused)."""
+    dcfg = compose(overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
+    run_dir = Path(str(OmegaConf.select(dcfg, "hydra.run.dir"))).absolute()
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing != run_dir and not os.access(existing, os.W_OK):
+        _exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
+                        f"writable (set results_dir=FOLDER to a writable folder)")
 
 
 def _owning_option(key: str) -> str | None:
