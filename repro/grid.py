@@ -56,6 +56,7 @@ from repro.files.locks import read_holder
 from repro.files.schema import FINISHED_STATUSES, LOCK_FILE
 from repro.runs.runlog import read_summary
 from repro.gridpoint import STOP_DIR, PointGuard, forget_folder, process_started
+from repro.hydra_seam import sweep_jobs
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
 log = logging.getLogger("repro")
@@ -151,19 +152,10 @@ def grid_points(config: DictConfig) -> list[str] | None:
     """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
     experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
     when another sweeper decides the jobs."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from repro.config.help import job_name
 
-    target = str(config.hydra.sweeper.get("_target_", ""))
-    if not target.endswith("BasicSweeper"):
-        return None
-    params = config.hydra.sweeper.get("params") or {}
-    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
-    overrides = OverridesParser.create().parse_overrides(arguments)
-    batches = BasicSweeper.split_arguments(overrides, None)
-    return [job_name(list(job)) for batch in batches for job in batch]
+    jobs = sweep_jobs(config)
+    return None if jobs is None else [job_name(job) for job in jobs]
 
 
 def lock_holder(run_dir: Path) -> dict | None:
@@ -188,19 +180,6 @@ def _status(run_dir: Path) -> str | None:
     """The status the folder's summary.json records (None: no readable summary)."""
     summary = read_summary(run_dir)
     return summary.get("status") if isinstance(summary, dict) else None
-
-
-def _end_idle_workers() -> None:
-    """Every grid point has returned: end joblib's worker processes now instead of at exit
-    (their polite shutdown at interpreter exit costs ~2 s of every launch on a small machine)."""
-    module = sys.modules.get("joblib.externals.loky.reusable_executor")
-    executor = getattr(module, "_executor", None) if module is not None else None
-    if executor is None:
-        return
-    try:
-        executor.shutdown(wait=True, kill_workers=True)
-    except Exception as exc:   # pragma: no cover - a joblib without this private global
-        log.debug("could not end joblib's workers early: %s", exc)
 
 
 def _varying(names: list[str]) -> dict[str, str]:
@@ -242,6 +221,7 @@ class Grid(Callback):
         self.points: list[str] | None = None
         self._short: dict[str, str] = {}
         self._skipped: set[str] = set()
+        self._lost_ones: set[str] = set()
         self._show = True
 
     def __getstate__(self) -> dict:
@@ -271,15 +251,34 @@ class Grid(Callback):
             self._short = _varying(self.points)
             if not config.get("force", False):   # force=true re-runs finished points
                 self._skipped = {p for p in self.points if point_state(self.sweep_dir / p) == "done"}
+        if str(config.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+            self._use_slots(config)
         self._stop = StopRequest(on_signal=self._on_signal, force=self._forced).__enter__()
         self._thread = threading.Thread(target=self._watch, name="grid-progress", daemon=True)
         self._thread.start()
+
+    def _use_slots(self, config: DictConfig) -> None:
+        """Hydra's joblib launcher runs the points on :class:`repro.launcher.PointSlots`, where a
+        worker that dies costs only its point."""
+        from joblib import effective_n_jobs
+
+        from repro.launcher import use_point_slots
+
+        use_point_slots(self.label, self._lost)
+        if self.points:
+            n = max(1, min(effective_n_jobs(config.hydra.launcher.get("n_jobs", -1)), len(self.points)))
+            _say(f"joblib (loky): launching {len(self.points)} jobs in {n} worker process(es)")
+
+    def _lost(self) -> str:
+        """The points whose worker just died (their folder says running, and nobody holds it)."""
+        killed = [f for f, state in self.states().items() if state == "killed" and f not in self._lost_ones]
+        self._lost_ones.update(killed)
+        return "; ".join(self._name(f) for f in killed) or "a grid point"
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._stop_watching()
         self._restore_signals()
         print(self.progress_line(final=True, prefix="finished: "), file=sys.stderr, flush=True)
-        _end_idle_workers()
 
     def _forced(self, name: str) -> SystemExit:
         """The second signal: stop now (the launcher ends its workers)."""

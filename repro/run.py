@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from repro.config import help as confhelp
@@ -94,8 +93,9 @@ def _exit_bad_input(err: ConfigError | str) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(dcfg: DictConfig) -> float | None:
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
+    # Hydra's public resolver for its own settings: this job's folder, and single run or grid
+    job = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
+    run_dir = Path(job.dir)
     try:
         cfg = parse(dcfg)
         check_components(cfg)
@@ -106,7 +106,7 @@ def main(dcfg: DictConfig) -> float | None:
         _exit_bad_input(err)
     log.info(last_lines(summary, run_dir).splitlines()[0])
     print(last_lines(summary, run_dir).splitlines()[1], flush=True)
-    if summary["status"] not in ("completed", "completed_degraded") and hc.mode.name != "MULTIRUN":
+    if summary["status"] not in ("completed", "completed_degraded") and "MULTIRUN" not in str(job.mode):
         sys.exit(EXIT_INTERRUPTED if summary["status"] == "interrupted" else 1)
     return (summary.get("final") or {}).get("test_error")
 
