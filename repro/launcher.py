@@ -1,40 +1,36 @@
-"""The local grid's worker processes (``hydra/launcher=parallel``): a grid point whose worker
-process dies costs only that point.
+"""The local grid's workers (``hydra/launcher=parallel``): a point whose worker dies costs only itself.
 
-``hydra/launcher=parallel`` is Hydra's own joblib launcher, which hands every point to joblib's
-``loky`` backend. In one loky pool a worker that dies (the kernel's out-of-memory killer, a
-``kill -9``) breaks the whole pool: loky SIGKILLs every other worker, so one lost process ended the
-grid with a 40-line traceback and killed healthy points mid-push, leaving them ``running``.
+``hydra/launcher=parallel`` is Hydra's own joblib launcher, which hands the points to joblib's
+``loky`` backend. In one loky pool a worker that dies (the out-of-memory killer, a ``kill -9``)
+breaks the pool: loky SIGKILLs every other worker, killing healthy points mid-push and ending the
+grid with a traceback. :class:`PointSlots`, a joblib backend (joblib's public backend interface),
+gives each of ``n_jobs`` slots a loky executor of its own with one worker, reused point after
+point. A dead worker breaks only its slot: one line names its point (its folder stays as the kill
+left it, for ``resume=auto``), a fresh worker takes the slot, and the grid goes on, in grid order.
+A point that exits (bad input) costs only itself too; Hydra reports its status after the grid.
+Hydra's joblib launcher always asks for ``loky``: :func:`use_point_slots` (called by the grid's
+callback in the launching process) answers that name with :class:`PointSlots`.
 
-:class:`PointSlots` is a joblib backend (joblib's public backend interface) of ``n_jobs`` slots,
-each a loky executor of its own with one worker, reused point after point (torch is imported once
-per slot). A worker that dies breaks only its slot: one line says so (its folder stays as the kill
-left it, so ``resume=auto`` continues it; the progress line names it ``killed``), a fresh worker
-takes the slot, and the grid goes on. Points start in grid order as slots free up. A point that
-exits (bad input, a folder another run holds) costs only itself too: the grid ends with that exit
-status once every other point has run (Hydra reports it).
-
-Hydra's joblib launcher always asks joblib for ``loky``: :func:`use_point_slots` makes the
-launching process answer that name with :class:`PointSlots` (``joblib.register_parallel_backend``),
-from the grid's callback (:meth:`repro.grid.Grid.on_multirun_start`).
+It is also the one place where repro uses Hydra beyond its public interface (the section "Hydra
+beyond its public interface" below says which code, and why).
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import signal
 import sys
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import Callable
+from typing import Any, Callable
 
 from joblib import cpu_count, register_parallel_backend
 from joblib.externals.loky import ProcessPoolExecutor
 from joblib.externals.loky.process_executor import BrokenProcessPool
 from joblib.parallel import ParallelBackendBase
 
-from repro.hydra_seam import job_return
 
 
 def use_point_slots(label: str, lost: Callable[[], str]) -> None:
@@ -58,9 +54,9 @@ class PointSlots(ParallelBackendBase):
         self.broken: list[ProcessPoolExecutor] = []
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
-        if n_jobs == 0:
-            raise ValueError("n_jobs == 0 in Parallel has no meaning")
-        return max(cpu_count() + 1 + n_jobs, 1) if (n_jobs or 1) < 0 else (n_jobs or 1)
+        """As joblib counts: -1 every core, -2 all but one; 0 or None one."""
+        n = int(n_jobs or 1)
+        return max(cpu_count() + 1 + n, 1) if n < 0 else n
 
     def configure(self, n_jobs: int = 1, parallel=None, **kwargs) -> int:
         n = self.effective_n_jobs(n_jobs)
@@ -69,7 +65,7 @@ class PointSlots(ParallelBackendBase):
         self.executors, self.idle = [None] * n, list(range(n))[::-1]
         # one BLAS/OpenMP pool per core, as joblib's loky backend gives its workers
         self.env = {v: os.environ.get(v, str(max(cpu_count() // n, 1))) for v in self.MAX_NUM_THREADS_VARS}
-        return n
+        return max(n, 2)   # Parallel runs n_jobs=1 in the launcher itself: a point's death would end it
 
     def submit(self, func, callback=None) -> Future:
         future: Future = Future()
@@ -102,8 +98,8 @@ class PointSlots(ParallelBackendBase):
                 self.executors[slot] = None
             self.idle.append(slot)
         if isinstance(exc, BrokenProcessPool):
-            _say(f"[{self.label}] {self.lost()}: its worker process died ({_exit_reason(exc)}); the "
-                 "other points go on, and the same command with resume=auto continues this one")
+            print(f"[{self.label}] {self.lost()}: its worker process died ({_exit_reason(exc)}); the other "
+                  "points go on, and the same command with resume=auto continues this one", file=sys.stderr, flush=True)
             future.set_result([job_return()])
         elif isinstance(exc, SystemExit):   # the point said why (bad input: exit 2)
             future.set_result([job_return(exc)])
@@ -114,12 +110,10 @@ class PointSlots(ParallelBackendBase):
         self._start()
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """The launcher stops (a signal, an error): end every worker now."""
-        with self.lock:
-            self.queue.clear()
+        """The launcher stops (a signal, an error): end every worker now (Parallel, which made
+        this backend, never reuses it: ``ensure_ready`` asks for nothing here)."""
+        self.queue.clear()
         self.terminate()
-        if ensure_ready:
-            self.configure(len(self.executors) or 1, self.parallel)
 
     def terminate(self) -> None:
         """Every point has returned, or the launcher is stopping: end the workers now, not at
@@ -133,10 +127,10 @@ class PointSlots(ParallelBackendBase):
 
 
 def _start_resource_trackers() -> None:
-    """Start loky's and multiprocessing's resource trackers deaf to SIGHUP, as they already are
-    to SIGINT and SIGTERM: a closed terminal's SIGHUP reaches the whole process group, and a
-    tracker it kills is relaunched empty and prints a traceback per resource it is told to free.
-    (An ignored signal stays ignored across exec; a handler would not.)"""
+    """Start loky's and multiprocessing's resource trackers deaf to SIGHUP (as to SIGINT and
+    SIGTERM): a closed terminal's SIGHUP reaches the process group, and a killed tracker is
+    relaunched empty and prints a traceback per resource it is told to free. (An ignored signal
+    stays ignored across exec; a handler would not.)"""
     import multiprocessing.resource_tracker
 
     from joblib.externals.loky.backend import resource_tracker
@@ -160,5 +154,44 @@ def _exit_reason(exc: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+# ---------------------------------------------------------------------------------------------
+# Hydra beyond its public interface: the one place (which code, and why)
+#
+# A grid is Hydra's sweep, launcher plugins and callbacks, all public. Two guarantees need what
+# Hydra keeps for its plugins (hydra.core), imported here only:
+# * the job list before any point runs (sweep_jobs), for the progress line's points not yet
+#   started, the figure drawn from the grid's own points, and sim-vs-real's folder names: Hydra
+#   gives it to the launcher alone. It is expanded as Hydra's basic sweeper does, with Hydra's
+#   override parser (hydra.core.override_parser), so every sweep syntax Hydra takes reads alike;
+# * a point whose worker died still returns (job_return): Hydra's launchers hand back one
+#   hydra.core.utils.JobReturn per point, and a missing one ends the whole grid.
+# ---------------------------------------------------------------------------------------------
+def sweep_jobs(config: Any) -> list[list[str]] | None:
+    """Each job's overrides, in launch order, for a config composed with its Hydra node (the
+    experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
+    sweeper other than Hydra's basic one decides the jobs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    axes: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(arguments):
+        key = override.get_key_element()
+        values = (override.sweep_string_iterator() if override.is_sweep_override()
+                  else [override.get_value_element_as_str()])
+        axes[key] = [f"{key}={value}" for value in values]
+    return [list(job) for job in itertools.product(*axes.values())]
+
+
+def job_return(exited: SystemExit | None = None) -> Any:
+    """What Hydra's launcher hands back for a point that never returned: its worker died
+    (``exited`` None: an ended job) or it exited (status 0: ended; else failed, and Hydra raises
+    the exit once every other point has run)."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    if exited is None or exited.code in (0, None):
+        return JobReturn(status=JobStatus.COMPLETED)
+    return JobReturn(status=JobStatus.FAILED, _return_value=exited)
+

@@ -48,7 +48,7 @@ def _say(line: str) -> None:
 def grid_jobs(config: DictConfig) -> list[dict[str, str]]:
     """Each grid point's swept settings ({key: value}), from the experiment's sweep and the
     command line's, in launch order (Hydra's basic sweeper)."""
-    from repro.hydra_seam import sweep_jobs
+    from repro.launcher import sweep_jobs
 
     params = config.hydra.sweeper.get("params") or {}
     task = list(config.hydra.overrides.task)
