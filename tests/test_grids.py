@@ -351,3 +351,21 @@ def test_a_grid_runs_from_any_folder_with_the_package_installed_as_an_editable_i
     assert "Unknown plugin class" not in done.stderr and "Traceback" not in done.stderr
     assert len(list((tmp_path / "results" / "fig1").glob("*/summary.json"))) == 1
     assert "[grid fig1] finished: 1/1 done" in done.stderr and (tmp_path / "figures" / "fig1.png").exists()
+
+
+@pytest.mark.parametrize("exp", GRIDS + REAL_GRIDS)
+def test_the_job_list_is_the_one_hydras_basic_sweeper_launches(exp):
+    """The progress line, the figure and sim-vs-real read the job list before the grid runs
+    (:func:`repro.launcher.sweep_jobs`, the one place that parses Hydra's overrides): it must be
+    Hydra's own, job for job and in order, with the command line's sweeps and overrides too."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from repro.launcher import sweep_jobs
+    from repro.run import compose
+
+    config = compose([f"+exp={exp}", "nsync=2", "num_epochs=3"], return_hydra_config=True)
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    hydras = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(arguments), None)
+    assert sweep_jobs(config) == [job for batch in hydras for job in batch]
