@@ -2,34 +2,28 @@
 
 An experiment file (``conf/exp/figN.yaml``) declares its grid as a Hydra sweep and registers two
 callbacks. Hydra calls ``on_multirun_*`` in the launching process only, and ``on_job_*`` wherever
-a grid point runs: in the launching process under ``hydra/launcher=basic``, in a worker process
-under joblib (``hydra/launcher=parallel``), in a job process under submitit (local or Slurm).
+a point runs: the launching process (``hydra/launcher=basic``), a joblib worker
+(``hydra/launcher=parallel``, :mod:`repro.launcher`), a submitit job (local or Slurm).
 
-* :class:`BuildFigure` (``on_multirun_end``): once the whole grid has ended, rebuild the figure
-  (``figures/<name>.png``/``.pdf``/``.csv``) with :mod:`repro.analysis`, from the logs of the
-  grid's own points alone; a variant of the experiment writes files of its own
-  (:func:`figure_stem`).
-* :class:`Grid` (progress and stopping):
+* :class:`BuildFigure` (``on_multirun_end``): once the grid has ended, draw the figure
+  (``figures/<name>.png``/``.pdf``/``.csv``) from the logs of the grid's own points alone; a
+  variant of the experiment writes files of its own (:func:`figure_stem`).
+* :class:`Grid`:
 
   - **progress**: a thread of the launching process reads the run folders (a shared file system
-    under Slurm) and prints one line whenever a grid point starts or ends: how many are done
-    (and how many were skipped as already finished), which run, how many wait or failed;
-  - **Ctrl-C** (SIGINT, SIGTERM or SIGHUP to the launcher, or to its whole process group as a
-    terminal sends it): the launcher writes a stop mark of its own launch
-    (``<sweep dir>/.grid_stops/<launch id>``); every grid point watches for it (a thread of the
-    point's process, started by :meth:`Grid.on_job_start`), so each running point stops at its
-    next clean point and records ``interrupted`` whether or not the signal reached it
-    (:func:`repro.runtime.request_stop`: never counted as a second signal), and a point not yet
-    started does not start (it exits 130 before its run; Hydra ignores a callback's exceptions,
-    so this is an exit, not an exception). The launcher waits for the points running on this
-    host (a second signal stops at once: :class:`repro.runtime.StopRequest`, the one
-    implementation of that rule) and exits with status 130; its workers are then ended. Points
-    on other hosts (Slurm) see the mark on the shared file system and stop the same way (or
-    ``scancel`` stops them: Slurm's SIGTERM is the same clean stop). The same command with
-    ``resume=auto`` continues the interrupted points and skips the finished ones.
-  - **A launcher that dies** (SIGKILL): each point's watchdog sees it gone (same host), stops its
-    run cleanly and ends its process, so no worker outlives the grid (they used to live on,
-    blocked writing to a pipe nobody read, and lock their folders against ``resume=auto``).
+    under Slurm) and prints one line whenever a point starts or ends: how many are done (and
+    skipped as already finished), which run, how many wait or failed;
+  - **Ctrl-C** (SIGINT, SIGTERM or SIGHUP to the launcher or its process group): the launcher
+    writes a stop mark of its own launch (``<sweep dir>/.grid_stops/<launch id>``), which every
+    point watches (:class:`repro.gridpoint.PointGuard`): a running point stops at its next clean
+    point and records ``interrupted`` whether or not the signal reached it (never counted as a
+    second signal), and a point not yet started exits 130 before its run (an exit: Hydra turns
+    a callback's exceptions into warnings). The launcher waits for this host's points (a second
+    signal stops at once: :class:`repro.runtime.StopRequest`), ends its workers and exits 130.
+    Points on other hosts (Slurm) see the mark on the shared file system (or ``scancel`` sends
+    the same clean stop). ``resume=auto`` then continues the interrupted points.
+  - **A launcher that dies** (SIGKILL): each point's guard sees it gone (same host), stops its
+    run cleanly and ends its process, so no worker outlives the grid holding its folder's lock.
 
 Run folders are never locked or written from here: a running point is recognised by its
 folder's lock file (:mod:`repro.files.locks`: holder pid and host while held, empty once released).
@@ -151,19 +145,11 @@ def grid_points(config: DictConfig) -> list[str] | None:
     """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
     experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
     when another sweeper decides the jobs."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from repro.config.help import job_name
+    from repro.launcher import sweep_jobs   # imports joblib: only once a grid starts
 
-    target = str(config.hydra.sweeper.get("_target_", ""))
-    if not target.endswith("BasicSweeper"):
-        return None
-    params = config.hydra.sweeper.get("params") or {}
-    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
-    overrides = OverridesParser.create().parse_overrides(arguments)
-    batches = BasicSweeper.split_arguments(overrides, None)
-    return [job_name(list(job)) for batch in batches for job in batch]
+    jobs = sweep_jobs(config)
+    return None if jobs is None else [job_name(job) for job in jobs]
 
 
 def lock_holder(run_dir: Path) -> dict | None:
@@ -188,19 +174,6 @@ def _status(run_dir: Path) -> str | None:
     """The status the folder's summary.json records (None: no readable summary)."""
     summary = read_summary(run_dir)
     return summary.get("status") if isinstance(summary, dict) else None
-
-
-def _end_idle_workers() -> None:
-    """Every grid point has returned: end joblib's worker processes now instead of at exit
-    (their polite shutdown at interpreter exit costs ~2 s of every launch on a small machine)."""
-    module = sys.modules.get("joblib.externals.loky.reusable_executor")
-    executor = getattr(module, "_executor", None) if module is not None else None
-    if executor is None:
-        return
-    try:
-        executor.shutdown(wait=True, kill_workers=True)
-    except Exception as exc:   # pragma: no cover - a joblib without this private global
-        log.debug("could not end joblib's workers early: %s", exc)
 
 
 def _varying(names: list[str]) -> dict[str, str]:
@@ -237,17 +210,16 @@ class Grid(Callback):
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._stop: StopRequest | None = None
-        self._stopping = False
         self._started = time.monotonic()
         self.points: list[str] | None = None
         self._short: dict[str, str] = {}
         self._skipped: set[str] = set()
+        self._lost_ones: set[str] = set()
         self._show = True
 
     def __getstate__(self) -> dict:
         # workers (joblib, submitit) get a copy of the callbacks: without threads, handlers, events
-        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
-        return state
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -271,15 +243,32 @@ class Grid(Callback):
             self._short = _varying(self.points)
             if not config.get("force", False):   # force=true re-runs finished points
                 self._skipped = {p for p in self.points if point_state(self.sweep_dir / p) == "done"}
+        if str(config.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+            self._use_slots(config)
         self._stop = StopRequest(on_signal=self._on_signal, force=self._forced).__enter__()
         self._thread = threading.Thread(target=self._watch, name="grid-progress", daemon=True)
         self._thread.start()
+
+    def _use_slots(self, config: DictConfig) -> None:
+        """Hydra's joblib launcher runs the points on :class:`repro.launcher.PointSlots`, where a
+        worker that dies costs only its point, which :meth:`_lost` names."""
+        from repro.launcher import PointSlots, use_point_slots
+
+        use_point_slots(self.label, self._lost)
+        if self.points:
+            n = min(PointSlots().effective_n_jobs(config.hydra.launcher.get("n_jobs", -1)), len(self.points))
+            _say(f"joblib (loky): launching {len(self.points)} jobs in {n} worker process(es)")
+
+    def _lost(self) -> str:
+        """The points whose worker just died: their folder says running, and nobody holds it."""
+        killed = [f for f, state in self.states().items() if state == "killed" and f not in self._lost_ones]
+        self._lost_ones.update(killed)
+        return "; ".join(self._name(f) for f in killed) or "a grid point"
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._stop_watching()
         self._restore_signals()
         print(self.progress_line(final=True, prefix="finished: "), file=sys.stderr, flush=True)
-        _end_idle_workers()
 
     def _forced(self, name: str) -> SystemExit:
         """The second signal: stop now (the launcher ends its workers)."""
@@ -289,7 +278,6 @@ class Grid(Callback):
     def _on_signal(self, name: str) -> None:
         """The first signal (SIGINT, SIGTERM, SIGHUP): mark the launch stopped, so that every
         point stops cleanly and none starts, wait for this host's points, exit 130."""
-        self._stopping = True
         self._mark_stopped()
         running = self._in_flight()
         _say(f"[{self.label}] {name}: no new grid point starts; "
@@ -310,13 +298,13 @@ class Grid(Callback):
                 "ended now" if running else "")
              + (f"; {len(remote)} point(s) run on other hosts: they stop when they see the stop "
                 "mark (or scancel stops them)" if remote else "")
-             + ". The same command with resume=auto continues the interrupted points and skips "
-             "the finished ones" + self._where() + ".")
+             + self._resume_hint())
         raise SystemExit(EXIT_INTERRUPTED)
 
-    def _where(self) -> str:
-        """The sweep folder, so a user who stopped a grid knows which folders to resume."""
-        return f" (their folders are under {self.sweep_dir})" if self.sweep_dir else ""
+    def _resume_hint(self) -> str:
+        """How to go on, and where: a user who stopped a grid knows which folders to resume."""
+        return (". The same command with resume=auto continues the interrupted points and skips the "
+                "finished ones" + (f" (their folders are under {self.sweep_dir})" if self.sweep_dir else "") + ".")
 
     def _restore_signals(self) -> None:
         if self._stop is not None:
@@ -349,14 +337,11 @@ class Grid(Callback):
             return
         run_dir = Path(str(config.hydra.runtime.output_dir))
         if _status(run_dir) == "interrupted":   # (an interrupted folder from an earlier launch is refused or resumed)
-            self._stopping = True
             self._mark_stopped()
             self._stop_watching()
             self._restore_signals()
             _say(self.progress_line(final=True))
-            _say(f"[{self.label}] stopped: {self._name(run_dir.name)} was interrupted. The same "
-                 "command with resume=auto continues the interrupted points and skips the "
-                 "finished ones" + self._where() + ".")
+            _say(f"[{self.label}] stopped: {self._name(run_dir.name)} was interrupted" + self._resume_hint())
             raise SystemExit(EXIT_INTERRUPTED)
 
     # -- the stop mark ------------------------------------------------------------------------
@@ -374,10 +359,8 @@ class Grid(Callback):
     # -- progress -----------------------------------------------------------------------------
 
     def _folders(self) -> list[str]:
-        if self.points is not None:
-            return self.points
-        if self.sweep_dir is None or not self.sweep_dir.is_dir():
-            return []
+        if self.points is not None or self.sweep_dir is None or not self.sweep_dir.is_dir():
+            return self.points or []
         return sorted(p.name for p in self.sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def _name(self, folder: str) -> str:
@@ -387,13 +370,8 @@ class Grid(Callback):
         """The points running on this host (they got the Ctrl-C, from the terminal's process
         group): the launcher waits for them. A point on another host (Slurm) is not waited for:
         it finishes, or ``scancel`` stops it."""
-        me, host = os.getpid(), socket.gethostname()
-        out = []
-        for folder in self._folders():
-            holder = lock_holder(self.sweep_dir / folder)
-            if holder is not None and holder.get("host") == host and holder.get("pid") != me:
-                out.append(folder)
-        return out
+        holders = {f: lock_holder(self.sweep_dir / f) or {} for f in self._folders()}
+        return [f for f, h in holders.items() if h.get("host") == socket.gethostname() and h.get("pid") != os.getpid()]
 
     def states(self) -> dict[str, str]:
         return {f: point_state(self.sweep_dir / f) for f in self._folders()} if self.sweep_dir else {}
@@ -407,9 +385,7 @@ class Grid(Callback):
         done = len(groups.get("done", []))
         skipped = len(self._skipped & set(groups.get("done", [])))
         parts = [f"{done}/{total} done" + (f" ({skipped} skipped: already finished)" if skipped else "")]
-        if groups.get("running"):
-            parts.append(f"{len(groups['running'])} running: " + "; ".join(self._name(f) for f in groups["running"]))
-        for state in ("interrupted", "failed", "killed"):
+        for state in ("running", "interrupted", "failed", "killed"):
             if groups.get(state):
                 parts.append(f"{len(groups[state])} {state}: " + "; ".join(self._name(f) for f in groups[state]))
         if groups.get("waiting"):

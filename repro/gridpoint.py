@@ -1,12 +1,10 @@
 """Where a grid point runs: it stops with its grid, and never outlives its launcher.
 
-The launcher of a grid (:class:`repro.grid.Grid`) asks its points to stop by writing a stop
-mark of its own launch, ``<sweep dir>/.grid_stops/<launch id>``; a signal sent to the launcher
-alone (a supervisor's ``kill PID``) never reached the points, and Hydra turns the exception a
-callback raises into a warning, so a mark read only at a point's start could not stop it. Here
-a :class:`PointGuard` thread in each point's process reads the mark while the point runs, and
-on the launcher's host also checks that the launcher lives: a SIGKILLed launcher (or a closed
-terminal) used to leave its joblib workers alive for good, each holding its run folder's lock.
+A grid's launcher (:class:`repro.grid.Grid`) asks its points to stop with a stop mark of its
+own launch, ``<sweep dir>/.grid_stops/<launch id>`` (a signal to the launcher alone never reaches
+them). A :class:`PointGuard` thread in each point's process reads the mark while the point runs
+and, on the launcher's host, checks that the launcher lives: a SIGKILLed launcher used to leave
+its workers alive for good, each holding its run folder's lock.
 """
 from __future__ import annotations
 
@@ -24,13 +22,11 @@ STOP_DIR = ".grid_stops"   # in the sweep folder: one mark per launch asked to s
 
 
 class PointGuard:
-    """A daemon thread of a point's process (one per process: a joblib worker runs many
-    points). Every ``POLL_S`` it looks for its launch's stop mark, which asks the run to stop
-    as a first signal would, without counting as one (:func:`repro.runtime.request_stop`: a
-    Ctrl-C that also reached the point does not make this a forcing second signal). On the
-    launcher's host it also checks that the launcher lives: once it is gone, the run stops
-    cleanly and the process ends, waiting at most the grid's ``stop_wait_s`` for the clean stop
-    (a process blocked writing to a pipe nobody reads is ended anyway)."""
+    """A daemon thread of a point's process (one per process: a joblib worker runs many points).
+    Every ``POLL_S`` it looks for its launch's stop mark, which stops the run as a first signal
+    would without counting as one (:func:`repro.runtime.request_stop`), and, on the launcher's
+    host, whether the launcher lives: once it is gone, the run stops cleanly and the process
+    ends, after at most the grid's ``stop_wait_s``."""
 
     POLL_S = 0.5
     _current: "PointGuard | None" = None

@@ -1,111 +1,136 @@
-"""The local grid launcher (``hydra/launcher=parallel``): Hydra's joblib launcher, except that a
-grid point whose worker process dies costs only that point.
+"""The local grid's workers (``hydra/launcher=parallel``): a point whose worker dies costs only itself.
 
-Hydra's joblib launcher hands every point to one loky pool. When one worker dies (the kernel's
-out-of-memory killer, a ``kill -9``), loky marks the whole pool broken and SIGKILLs every other
-worker: one lost process ended the grid with a 40-line traceback and killed healthy points
-mid-push, leaving them ``running``. Here each of the ``n_jobs`` slots is a loky executor of its
-own with one worker (reused point after point, so torch is imported once per slot, as before): a
-worker that dies breaks only its slot. Its point is reported in one line (its folder stays as the
-kill left it, so ``resume=auto`` continues it), a fresh worker takes the slot, and the grid goes
-on. Points are handed out in grid order, one at a time, as slots free up.
+``hydra/launcher=parallel`` is Hydra's own joblib launcher, which hands the points to joblib's
+``loky`` backend. In one loky pool a worker that dies (the out-of-memory killer, a ``kill -9``)
+breaks the pool: loky SIGKILLs every other worker, killing healthy points mid-push and ending the
+grid with a traceback. :class:`PointSlots`, a joblib backend (joblib's public backend interface),
+gives each of ``n_jobs`` slots a loky executor of its own with one worker, reused point after
+point. A dead worker breaks only its slot: one line names its point (its folder stays as the kill
+left it, for ``resume=auto``), a fresh worker takes the slot, and the grid goes on, in grid order.
+A point that exits (bad input) costs only itself too; Hydra reports its status after the grid.
+Hydra's joblib launcher always asks for ``loky``: :func:`use_point_slots` (called by the grid's
+callback in the launching process) answers that name with :class:`PointSlots`.
 
-A point that exits (``sys.exit``: bad input, a folder another run holds) also costs only itself;
-the grid then ends with that exit status once every other point has run (Hydra reports it).
+It is also the one place where repro uses Hydra beyond its public interface (the section "Hydra
+beyond its public interface" below says which code, and why).
 """
 from __future__ import annotations
 
-import logging
+import functools
+import itertools
 import os
 import signal
 import sys
 import threading
-from concurrent.futures import FIRST_COMPLETED, wait
-from pathlib import Path
-from typing import Sequence
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable
 
-from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
-from hydra_plugins.hydra_joblib_launcher import joblib_launcher
-from hydra_plugins.hydra_joblib_launcher._core import execute_job
-from joblib import effective_n_jobs
+from joblib import cpu_count, register_parallel_backend
 from joblib.externals.loky import ProcessPoolExecutor
 from joblib.externals.loky.process_executor import BrokenProcessPool
-
-from repro.config.help import job_name
-from repro.grid import _varying
-
-log = logging.getLogger(__name__)
-
-# what joblib's loky backend puts in its workers' environment: one BLAS/OpenMP pool per core
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMBA_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+from joblib.parallel import ParallelBackendBase
 
 
-class PointsLauncher(joblib_launcher.JoblibLauncher):
-    """``hydra/launcher=parallel``: ``n_jobs`` loky worker processes, one executor each. (Hydra
-    instantiates launchers only from ``hydra_plugins``: ``hydra_plugins.repro_launcher`` names it.)"""
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        setup_globals()
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        n_jobs = max(1, min(effective_n_jobs(self.joblib.get("n_jobs", -1)), len(job_overrides)))
-        log.info(f"joblib (loky): launching {len(job_overrides)} jobs in {n_jobs} worker process(es)")
-        log.info(f"Launching jobs, sweep output dir : {sweep_dir}")
-        for idx, overrides in enumerate(job_overrides):
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-        names = [job_name(list(o)) for o in job_overrides]
-        self._short = _varying(names)
-        self._label = f"grid {self.config.get('exp_name', '')}".strip()
+def use_point_slots(label: str, lost: Callable[[], str]) -> None:
+    """Run this process's joblib ``loky`` work (Hydra's joblib launcher) on :class:`PointSlots`;
+    ``label`` starts its lines (``grid fig3``), ``lost()`` names the point whose worker died."""
+    register_parallel_backend("loky", functools.partial(PointSlots, label=label, lost=lost))
+
+
+class PointSlots(ParallelBackendBase):
+    """``n_jobs`` single-worker loky executors, made when first needed and again after a death."""
+
+    supports_retrieve_callback = True   # Parallel's main thread polls: a signal handler runs at once
+
+    def __init__(self, nesting_level: int | None = None, label: str = "grid",
+                 lost: Callable[[], str] = lambda: "a grid point", **kwargs) -> None:
+        super().__init__(nesting_level=nesting_level, **kwargs)
+        self.label, self.lost, self.lock = label, lost, threading.RLock()
+        self.executors: list[ProcessPoolExecutor | None] = []
+        self.idle: list[int] = []
+        self.queue: deque = deque()
+        self.broken: list[ProcessPoolExecutor] = []
+
+    def effective_n_jobs(self, n_jobs: int | None) -> int:
+        """As joblib counts: -1 every core, -2 all but one; 0 or None one."""
+        n = int(n_jobs or 1)
+        return max(cpu_count() + 1 + n, 1) if n < 0 else n
+
+    def configure(self, n_jobs: int = 1, parallel=None, **kwargs) -> int:
+        n = self.effective_n_jobs(n_jobs)
+        self.parallel = parallel
         _start_resource_trackers()
-        slots = _Slots(n_jobs)
-        returns: dict[int, JobReturn] = {}
-        todo = list(enumerate(job_overrides))[::-1]   # popped from the end: grid order
-        running: dict = {}
-        singleton_state = Singleton.get_state()
-        try:
-            while todo or running:
-                while todo and slots.free():
-                    idx, overrides = todo.pop()
-                    slot = slots.take()
-                    future = slots.executor(slot).submit(
-                        execute_job, initial_job_idx + idx, overrides, self.hydra_context, self.config,
-                        self.task_function, singleton_state)
-                    running[future] = (idx, names[idx], slot)
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for future in done:
-                    idx, name, slot = running.pop(future)
-                    returns[idx] = self._outcome(future, job_overrides[idx], name, slots, slot)
-        finally:
-            slots.close()
-        return [returns[i] for i in range(len(job_overrides))]
+        self.executors, self.idle = [None] * n, list(range(n))[::-1]
+        # one BLAS/OpenMP pool per core, as joblib's loky backend gives its workers
+        self.env = {v: os.environ.get(v, str(max(cpu_count() // n, 1))) for v in self.MAX_NUM_THREADS_VARS}
+        return max(n, 2)   # Parallel runs n_jobs=1 in the launcher itself: a point's death would end it
 
-    def _outcome(self, future, overrides: Sequence[str], name: str, slots: "_Slots", slot: int) -> JobReturn:
-        """The point's JobReturn; a dead worker or a point that exited is reported, not raised."""
-        exc = future.exception()
-        if exc is None:
-            slots.give_back(slot)
-            return future.result()
-        if isinstance(exc, BrokenProcessPool):   # its worker died: only this slot is broken
-            slots.discard(slot)
-            print(f"[{self._label}] {self._short.get(name, name)}: its worker process died "
-                  f"({_exit_reason(exc)}); the other points go on, and the same command with "
-                  "resume=auto continues this one", file=sys.stderr, flush=True)
-            return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
-        slots.give_back(slot)
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
-            return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
-        # the point said why (bad input: exit 2); the others still run, then Hydra reports it
-        return JobReturn(overrides=list(overrides), status=JobStatus.FAILED, _return_value=exc)
+    def submit(self, func, callback=None) -> Future:
+        future: Future = Future()
+        if callback is not None:
+            future.add_done_callback(callback)
+        with self.lock:
+            self.queue.append((func, future))
+            self._start()
+        return future
+
+    def retrieve_result_callback(self, future: Future):
+        return future.result()
+
+    def _start(self) -> None:
+        """Hand queued points to idle slots (under the lock: a slot's callback thread calls it too)."""
+        with self.lock:
+            while self.queue and self.idle:
+                func, future = self.queue.popleft()
+                slot = self.idle.pop()
+                if self.executors[slot] is None:
+                    self.executors[slot] = ProcessPoolExecutor(max_workers=1, env=self.env)
+                self.executors[slot].submit(func).add_done_callback(functools.partial(self._done, slot, future))
+
+    def _done(self, slot: int, future: Future, inner: Future) -> None:
+        """A point returned, exited or lost its worker: free its slot, answer Parallel, go on."""
+        exc = inner.exception()
+        with self.lock:
+            if isinstance(exc, BrokenProcessPool):   # its worker died: only this slot is broken
+                self.broken.append(self.executors[slot])
+                self.executors[slot] = None
+            self.idle.append(slot)
+        if isinstance(exc, BrokenProcessPool):
+            print(f"[{self.label}] {self.lost()}: its worker process died ({_exit_reason(exc)}); the other "
+                  "points go on, and the same command with resume=auto continues this one", file=sys.stderr, flush=True)
+            future.set_result([job_return()])
+        elif isinstance(exc, SystemExit):   # the point said why (bad input: exit 2)
+            future.set_result([job_return(exc)])
+        elif exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(inner.result())
+        self._start()
+
+    def abort_everything(self, ensure_ready: bool = True) -> None:
+        """The launcher stops (a signal, an error): end every worker now (Parallel, which made
+        this backend, never reuses it: ``ensure_ready`` asks for nothing here)."""
+        self.queue.clear()
+        self.terminate()
+
+    def terminate(self) -> None:
+        """Every point has returned, or the launcher is stopping: end the workers now, not at
+        interpreter exit (their polite shutdown costs seconds)."""
+        with self.lock:
+            executors, self.executors = self.executors + self.broken, [None] * len(self.executors)
+            self.broken = []
+        for executor in executors:
+            if executor is not None:
+                executor.shutdown(wait=False, kill_workers=True)
 
 
 def _start_resource_trackers() -> None:
-    """Start loky's and multiprocessing's resource trackers deaf to SIGHUP, as they already are
-    to SIGINT and SIGTERM: a closed terminal's SIGHUP reaches the whole process group, and a
-    tracker it kills is relaunched empty and prints a traceback per resource it is told to free.
-    (An ignored signal stays ignored across exec; a handler would not.)"""
+    """Start loky's and multiprocessing's resource trackers deaf to SIGHUP (as to SIGINT and
+    SIGTERM): a closed terminal's SIGHUP reaches the process group, and a killed tracker is
+    relaunched empty and prints a traceback per resource it is told to free. (An ignored signal
+    stays ignored across exec; a handler would not.)"""
     import multiprocessing.resource_tracker
 
     from joblib.externals.loky.backend import resource_tracker
@@ -129,39 +154,44 @@ def _exit_reason(exc: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
-class _Slots:
-    """``n`` single-worker loky executors, made when first needed and again after a death."""
+# ---------------------------------------------------------------------------------------------
+# Hydra beyond its public interface: the one place (which code, and why)
+#
+# A grid is Hydra's sweep, launcher plugins and callbacks, all public. Two guarantees need what
+# Hydra keeps for its plugins (hydra.core), imported here only:
+# * the job list before any point runs (sweep_jobs), for the progress line's points not yet
+#   started, the figure drawn from the grid's own points, and sim-vs-real's folder names: Hydra
+#   gives it to the launcher alone. It is expanded as Hydra's basic sweeper does, with Hydra's
+#   override parser (hydra.core.override_parser), so every sweep syntax Hydra takes reads alike;
+# * a point whose worker died still returns (job_return): Hydra's launchers hand back one
+#   hydra.core.utils.JobReturn per point, and a missing one ends the whole grid.
+# ---------------------------------------------------------------------------------------------
+def sweep_jobs(config: Any) -> list[list[str]] | None:
+    """Each job's overrides, in launch order, for a config composed with its Hydra node (the
+    experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
+    sweeper other than Hydra's basic one decides the jobs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    def __init__(self, n: int):
-        self.executors: list[ProcessPoolExecutor | None] = [None] * n
-        self.idle = list(range(n))[::-1]
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    axes: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(arguments):
+        key = override.get_key_element()
+        values = (override.sweep_string_iterator() if override.is_sweep_override()
+                  else [override.get_value_element_as_str()])
+        axes[key] = [f"{key}={value}" for value in values]
+    return [list(job) for job in itertools.product(*axes.values())]
 
-    def free(self) -> bool:
-        return bool(self.idle)
 
-    def take(self) -> int:
-        return self.idle.pop()
+def job_return(exited: SystemExit | None = None) -> Any:
+    """What Hydra's launcher hands back for a point that never returned: its worker died
+    (``exited`` None: an ended job) or it exited (status 0: ended; else failed, and Hydra raises
+    the exit once every other point has run)."""
+    from hydra.core.utils import JobReturn, JobStatus
 
-    def give_back(self, slot: int) -> None:
-        self.idle.append(slot)
+    if exited is None or exited.code in (0, None):
+        return JobReturn(status=JobStatus.COMPLETED)
+    return JobReturn(status=JobStatus.FAILED, _return_value=exited)
 
-    def executor(self, slot: int) -> ProcessPoolExecutor:
-        if self.executors[slot] is None:
-            n = len(self.executors)
-            env = {v: os.environ.get(v, str(max(effective_n_jobs(-1) // n, 1))) for v in THREAD_VARS}
-            self.executors[slot] = ProcessPoolExecutor(max_workers=1, env=env)
-        return self.executors[slot]
-
-    def discard(self, slot: int) -> None:
-        executor, self.executors[slot] = self.executors[slot], None
-        if executor is not None:
-            executor.shutdown(wait=False, kill_workers=True)
-        self.idle.append(slot)
-
-    def close(self) -> None:
-        """Every point has returned, or the launcher is stopping (a second Ctrl-C): end the
-        workers now, not at interpreter exit (their polite shutdown costs seconds)."""
-        for executor in self.executors:
-            if executor is not None:
-                executor.shutdown(wait=False, kill_workers=True)
-        self.executors = [None] * len(self.executors)

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from repro.config import help as confhelp
@@ -134,8 +133,9 @@ def _exit_bad_input(err: ConfigError | str) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(dcfg: DictConfig) -> float | None:
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
+    # Hydra's public resolver for its own settings: this job's folder, and single run or grid
+    job = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
+    run_dir = Path(job.dir)
     from repro.runs.folder import writable
 
     if not writable(run_dir):   # a finished run is only skipped there: no run.log either
@@ -150,7 +150,7 @@ def main(dcfg: DictConfig) -> float | None:
         _remove_empty_run_dir(run_dir.resolve(), results)
         _exit_bad_input(err)
     except OSError as err:
-        if err.errno not in DISK_FAULTS or hc.mode.name == "MULTIRUN":
+        if err.errno not in DISK_FAULTS or "MULTIRUN" in str(job.mode):
             raise
         # a full disk (the summary says so too): one line, not a traceback
         print(f"failed: {err.strerror}\nrun folder: {pasteable(run_dir)}", file=sys.stderr, flush=True)
@@ -158,7 +158,7 @@ def main(dcfg: DictConfig) -> float | None:
     status_line, folder_line = last_lines(summary, run_dir, _without_classes(cfg)).splitlines()
     log.info(status_line)
     print(folder_line, flush=True)
-    if summary["status"] not in ("completed", "completed_degraded") and hc.mode.name != "MULTIRUN":
+    if summary["status"] not in ("completed", "completed_degraded") and "MULTIRUN" not in str(job.mode):
         sys.exit(EXIT_INTERRUPTED if summary["status"] == "interrupted" else 1)
     return (summary.get("final") or {}).get("test_error")
 
@@ -280,6 +280,8 @@ def _check_folder_writable(overrides: list[str]) -> None:
     """A new run whose folder cannot be made (a read-only file system, no permission): Hydra
     would die making it, with a raw "Read-only file system". An existing folder is the run
     core's to judge (a finished run is skipped without writing, anything else refused)."""
+    from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
+
     dcfg = compose(overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     run_dir = Path(str(OmegaConf.select(dcfg, "hydra.run.dir"))).absolute()

@@ -314,3 +314,58 @@ def test_every_grid_experiment_runs_in_parallel_with_progress_and_a_figure(exp):
     assert list(callbacks)[0] == "figure" and list(callbacks)[-1] == "grid"
     assert all(callbacks[c]._target_ == "repro.grid.BuildFigure" for c in list(callbacks)[:-1])
     assert full.num_threads == 1                    # one torch thread per job
+
+
+# ---------------------------------------------------------------------------------------------
+# A grid from any folder (issue 32, item 11)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("launcher", ["parallel", "slurm"])
+def test_the_grid_launchers_are_hydras_own_found_without_the_checkout(launcher):
+    """Hydra takes a launcher only from the ``hydra_plugins`` packages it scans; a launcher kept in
+    the checkout is found only when Python starts there (issue 32, item 11)."""
+    import importlib
+
+    from repro.run import compose
+
+    target = str(compose(["+exp=fig1", f"hydra/launcher={launcher}"], return_hydra_config=True).hydra.launcher._target_)
+    module = importlib.import_module(target.rpartition(".")[0])
+    assert target.startswith("hydra_plugins.") and ROOT not in Path(module.__file__).resolve().parents
+
+
+@pytest.mark.slow
+def test_a_grid_runs_from_any_folder_with_the_package_installed_as_an_editable_install_does(tmp_path):
+    """An editable install makes ``repro`` importable and nothing else of the checkout: Hydra,
+    which finds launchers by scanning the ``hydra_plugins`` namespace, did not see the grid
+    launcher that lived there, and ``+exp=fig1`` from any folder but the checkout died with
+    ``RuntimeError: Unknown plugin class``. The grid now uses Hydra's own joblib launcher."""
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    site.mkdir(), elsewhere.mkdir()
+    (site / "repro").symlink_to(ROOT / "repro")   # repro alone, as setuptools' editable finder maps it
+    cmd = [sys.executable, "-m", "repro.run", "+exp=fig1", f"results_dir={tmp_path / 'results'}",
+           f"figures_dir={tmp_path / 'figures'}", "num_epochs=0.25", "eval_every=0.25", "progress=false",
+           "hydra.sweeper.params.seed='0'"]
+    done = subprocess.run(cmd, cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(site), "MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Unknown plugin class" not in done.stderr and "Traceback" not in done.stderr
+    assert len(list((tmp_path / "results" / "fig1").glob("*/summary.json"))) == 1
+    assert "[grid fig1] finished: 1/1 done" in done.stderr and (tmp_path / "figures" / "fig1.png").exists()
+
+
+@pytest.mark.parametrize("exp", GRIDS + REAL_GRIDS)
+def test_the_job_list_is_the_one_hydras_basic_sweeper_launches(exp):
+    """The progress line, the figure and sim-vs-real read the job list before the grid runs
+    (:func:`repro.launcher.sweep_jobs`, the one place that parses Hydra's overrides): it must be
+    Hydra's own, job for job and in order, with the command line's sweeps and overrides too."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from repro.launcher import sweep_jobs
+    from repro.run import compose
+
+    config = compose([f"+exp={exp}", "nsync=2", "num_epochs=3"], return_hydra_config=True)
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    hydras = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(arguments), None)
+    assert sweep_jobs(config) == [job for batch in hydras for job in batch]

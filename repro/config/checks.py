@@ -35,6 +35,9 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     else:
         _check_leaves(obj, cls, prefix)
     return obj
+
+
+NAME_BYTES = 255   # the longest file name Linux, macOS and Windows file systems take
 CACHE_PREFIX = "_"   # results_dir/_warmstart and results_dir/_data are the package's caches
 
 
@@ -48,6 +51,9 @@ def check_places(cfg: RunConfig) -> None:
         raise ConfigError("exp_name", name, "a plain folder name inside results_dir: not empty, '.' or "
                           f"'..', no '/', not starting with '{CACHE_PREFIX}' (results_dir keeps its caches "
                           "_warmstart and _data there); e.g. exp_name=my_experiment")
+    if len(name.encode()) > NAME_BYTES:   # Hydra's mkdir would end in a raw 'File name too long'
+        raise ConfigError("exp_name", name, f"a folder name of at most {NAME_BYTES} bytes (it has "
+                          f"{len(name.encode())}; it names the experiment's folder in hydra.run.dir)")
     for key in ("results_dir", "figures_dir"):
         folder = Path(os.path.expanduser(getattr(cfg, key)))
         existing = next((p for p in (folder, *folder.parents) if p.exists()), None)

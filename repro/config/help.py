@@ -148,7 +148,29 @@ def job_name(overrides) -> str:
         key = key.lstrip("+~")
         if sep and key in shaping:
             kept.append((key, value))
-    return ",".join(f"{k}={v}" for k, v in sorted(kept)) or "base"
+    return short_name(",".join(f"{k}={v}" for k, v in sorted(kept)) or "base")
+
+
+PREFIX_BYTES = 100    # the readable start a shortened folder name keeps
+SHORTENED: dict[str, str] = {}   # {shortened folder name: the overrides it stands for}, this process's
+
+
+def short_name(name: str) -> str:
+    """``name`` when it fits in one folder name (255 bytes), else its first ~100 bytes (cut after
+    a whole ``key=value`` where one ends there), ``-``, and 16 hex digits of its SHA-256: unique,
+    and still saying what the run is (``cost.speeds=[...],num_clients=64`` was an ``OSError``).
+    The run core records the whole string as ``overrides`` in config.json (:data:`SHORTENED`:
+    the folder's name is computed in the process that runs it, under every launcher)."""
+    raw = name.encode()
+    if len(raw) <= checks.NAME_BYTES:
+        return name
+    import hashlib
+
+    prefix = raw[:PREFIX_BYTES].decode(errors="ignore")
+    prefix = prefix[:prefix.rindex(",")] if "," in prefix else prefix
+    short = f"{prefix}-{hashlib.sha256(raw).hexdigest()[:16]}"
+    SHORTENED[short] = name
+    return short
 
 
 # ---------------------------------------------------------------------------------------------

@@ -431,9 +431,10 @@ def _lists(tree: Any) -> Any:
 
 
 # what config.json holds beside the settings: what identity depends on (repro.runtime), what
-# is trained (repro.problem.build.Problem.recorded), and where a real run's server ran (the
-# real driver's host record: what cost=fit needs to model the machine, repro.sim.fit)
-RECORDED_ONLY = ("environment", "network", "dataset", "host")
+# is trained (repro.problem.build.Problem.recorded), where a real run's server ran (the real
+# driver's host record: what cost=fit needs to model the machine, repro.sim.fit),
+# and the overrides a shortened folder name stands for (repro.config.help.short_name)
+RECORDED_ONLY = ("environment", "network", "dataset", "host", "overrides")
 
 # what is per client, for a config's clients and the clients that join later
 

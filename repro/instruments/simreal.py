@@ -55,15 +55,12 @@ def _on_signal(name: str) -> None:
 def grid_jobs(config: DictConfig) -> list[dict[str, str]]:
     """Each grid point's swept settings ({key: value}), from the experiment's sweep and the
     command line's, in launch order (Hydra's basic sweeper)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from repro.launcher import sweep_jobs
 
     params = config.hydra.sweeper.get("params") or {}
     task = list(config.hydra.overrides.task)
-    arguments = [f"{k}={v}" for k, v in params.items()] + task
     swept = set(params) | {o.split("=", 1)[0] for o in task if "," in o}
-    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(arguments), None)
-    return [{k: v for k, v in (o.split("=", 1) for o in job) if k in swept} for batch in batches for job in batch]
+    return [{k: v for k, v in (o.split("=", 1) for o in job) if k in swept} for job in sweep_jobs(config)]
 
 
 def point_name(job: dict[str, str]) -> str:

@@ -38,6 +38,7 @@ import torch
 from repro.asgd.algorithm import Push, ParameterServer
 from repro.asgd.protocols import Decision, View, make_protocol
 from repro.config.checks import check_segment
+from repro.config.help import SHORTENED
 from repro.config.settings import RunConfig, to_dict
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
@@ -105,6 +106,8 @@ class RunCore:
             (recorded[section] if section else recorded)[leaf] = value
         recorded["environment"] = environment(self.server.params.device)
         recorded.update(problem.recorded())   # what is trained: the analysis reads it here
+        if self.run_dir.name in SHORTENED:     # a folder name too long for the file system
+            recorded["overrides"] = SHORTENED[self.run_dir.name]
         self.runlog = RunLog(self.run_dir, recorded, clock=clock, backend=backend,
                              num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
                              target_error=cfg.target_error,
