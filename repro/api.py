@@ -355,7 +355,9 @@ from repro.asgd.optimal import Ringmaster  # noqa: E402
 from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View  # noqa: E402
 from repro.asgd.rules import RULES, StalenessScaledRule  # noqa: E402
 from repro.config.checks import validate  # noqa: E402
-from repro.problem.data import QUADRATIC_CURVATURES  # noqa: E402  (the lab's quadratic: l_i)
+from repro.asgd.flatnet import quadratic_loss  # noqa: E402  (the quadratic's loss_fn)
+from repro.problem.data import QUADRATIC_CURVATURES, load_dataset  # noqa: E402  (the quadratic's l_i)
+from repro.problem.models import build_model  # noqa: E402  (a registered network, e.g. "digits_cnn")
 
 
 def configure(*overrides: str) -> RunConfig:
@@ -395,3 +397,30 @@ def harmonic(n: int) -> float:
     H_n mean steps, so sync applies 1/H_n as many samples per second as async (nsync 1)."""
     from repro.analysis.lab.sync import harmonic as h
     return h(n)
+
+
+def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray:
+    """Asynchrony begets momentum (Mitliagkas et al. 2016): each mode's weight, relative to its
+    start, under the expected dynamics of async SGD at ``lr`` whose update direction is the
+    running average ``u <- mu u + (1 - mu) g``; shape (modes, steps + 1). N async clients with
+    exponential step times: mu = 1 - 1/N; mu = 0 is plain gradient descent."""
+    from repro.analysis.lab.momentum import theorem_response as response
+    return response(curvatures, lr, mu, steps)
+
+
+def collection_time(taus: list[float], size: int) -> float:
+    """Rennala SGD's time per server step (Tyurin & Richtarik 2023): t(S) = min{t : sum_i
+    floor(t / tau_i) >= S} for clients whose segments take ``taus`` and collections of ``size``."""
+    from repro.analysis.lab.uneven import collection_time as t_of_s
+    return t_of_s(taus, size)
+
+
+def ceiling(cfg: RunConfig, param_bytes: int = 0):
+    """The predicted throughput ceiling of ``cfg`` (e.g. from :func:`configure`): ``.pushes_per_s``
+    is the smallest of what the clients would push on idle resources and what each shared resource
+    (a host's link, the server's link, the server's apply) can carry; ``.binding`` names the limit
+    that sets it, ``.bounds`` holds them all, ``.cycle_s`` is one client's cycle alone. A push
+    carries ``param_bytes`` (the model's size) unless ``cfg.cost.comm_params`` sets it, as the
+    simulator's clock counts them (the lab's ``+exp=ceiling`` sets it: 244 MB)."""
+    from repro.sim.ceiling import ceiling as bound
+    return bound(cfg.cost, cfg.num_clients, cfg.nsync, param_bytes=param_bytes)

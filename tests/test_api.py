@@ -155,3 +155,24 @@ def test_every_argument_of_the_wrong_type_is_named():
         with pytest.raises(ConfigError) as err:
             api.cost_profile(value)
         assert err.value.key == "cost", err.value
+
+
+def test_the_classroom_predictions_are_the_theorys_and_load_no_analysis_on_import():
+    """Issue 35: the lesson's problems and predictions are public (repro.api) and give the
+    published numbers; importing repro.api does not import the analysis they come from."""
+    import subprocess
+    import sys
+
+    code = ("import sys, repro.api; print(sorted(m for m in sys.modules if m.startswith('repro.analysis')"
+            " or m in ('matplotlib', 'scipy')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "[]"
+    # t(S) = min{t : sum floor(t / tau_i) >= S}: at t = 3, 3 + 1 + 0 = 4 pushes
+    assert api.collection_time([1.0, 2.0, 4.0], 4) == 3.0 and api.collection_time([1.0, 2.0], 1) == 1.0
+    response = api.theorem_response(api.QUADRATIC_CURVATURES, 0.5, 0.0, 2)   # mu 0: (1 - lr l)^t
+    assert np.allclose(response[:, 2], (1 - 0.5 * np.asarray(api.QUADRATIC_CURVATURES)) ** 2)
+    bound = api.ceiling(api.configure("+exp=ceiling", "num_clients=16", "nsync=1", "cost.bandwidth_Bps=1.25e8"))
+    assert bound.binding == "server link" and bound.pushes_per_s < 16 / bound.cycle_s
+    quad = api.load_dataset("quadratic")
+    out = api.build_model("quadratic", quad.input_shape, 1)(quad.x_train)
+    assert float(api.quadratic_loss(out, quad.y_train).detach()) > 0

@@ -26,3 +26,18 @@ def test_the_lab_script_runs_shrunk_and_its_claims_hold(tmp_path):
     assert "FAIL" not in proc.stdout and "the lab's claims all held (quick mode)" in proc.stdout
     assert proc.stdout.count("  ok    ") >= 14
     assert not list(tmp_path.iterdir())        # the quick mode writes nothing beside it
+
+
+def test_the_lab_imports_only_the_public_api():
+    """Issue 35: the lesson lives on repro.api alone; an import anywhere in the script (a cell, a
+    function) of any other repro module is a dependency on the package's internals."""
+    import ast
+
+    imported = set()
+    for node in ast.walk(ast.parse(SCRIPT.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported |= {f"{node.module}.{alias.name}" if node.module == "repro" else node.module
+                         for alias in node.names}
+    assert {m for m in imported if m == "repro" or m.startswith("repro.")} == {"repro.api"}
