@@ -254,6 +254,20 @@ def check_components(cfg: RunConfig) -> None:
     check(cfg)
 
 
+def _warm_fork_server(argv: list[str]) -> None:
+    """A single real run's clients fork from multiprocessing's fork server, which imports torch
+    and the launcher first (about a torch import): start it now, so that it imports while this
+    process checks the config and builds the run, not after. The launcher's client_context()
+    finds it running (the same preload); a refused or skipped run leaves it to exit with us."""
+    if "backend=real" not in argv or _is_sweep(argv) or torchrun_env() is not None:
+        return
+    import multiprocessing as mp
+    import multiprocessing.forkserver
+
+    mp.get_context("forkserver").set_forkserver_preload(["repro.real.launch"])
+    mp.forkserver.ensure_running()
+
+
 def precheck(argv: list[str]) -> None:
     """A single run's whole config, validated before Hydra makes a folder: every key's range,
     the model against the data, a key set under the wrong backend. (Grid points are checked
@@ -356,6 +370,7 @@ def cli() -> None:
     try:
         with StopRequest():
             try:
+                _warm_fork_server(argv)
                 precheck(argv)
                 main()
             except KeyboardInterrupt:

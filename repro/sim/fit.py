@@ -58,12 +58,16 @@ import math
 import os
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.files import schema
+
+if TYPE_CHECKING:   # pandas is imported where a recording is read: every simulation imports this module
+    import pandas as pd
 from repro.logs import get_logger
 
 log = get_logger("repro.sim.fit")
@@ -132,6 +136,8 @@ def _positive(value) -> bool:
 def _read_timings(run_dir: Path) -> pd.DataFrame:
     """timings.csv with every cell a number: version, time_s and client on every row, each part
     a number >= 0 or nan (a part a run did not measure)."""
+    import pandas as pd
+
     path = run_dir / schema.TIMINGS_FILE
     try:
         text = pd.read_csv(path, dtype=str, keep_default_na=False)
