@@ -67,15 +67,27 @@ def test_the_bound_slider_is_kept_to_what_each_protocol_accepts():
 def test_endpoint_answers_the_sliders(server):
     code, r = _get(server + "/api?clients=2&nsync=1&jitter=0&lr=0.3&protocol=async&bound=3")
     assert code == 200
-    assert r["settings"] == {"clients": 2, "nsync": 1, "jitter": 0.0, "lr": 0.3, "protocol": "async", "bound": 3}
+    assert r["settings"] == {"clients": 2, "nsync": 1, "jitter": 0.0, "lr": 0.3, "protocol": "async", "bound": 3,
+                             "problem": "quadratic"}
     assert r["predicted"]["mean_staleness"] == pytest.approx(expected_mean_staleness(2, explore.STEPS))
     assert r["predicted"]["critical_lr"] == pytest.approx(1.0)      # 2 sin(pi / 6) at tau = 1
     assert len(r["staleness"]) == r["pushes"] == explore.STEPS
 
 
+def test_the_digits_network_when_asked(server):
+    """problem=digits trains digits_cnn (no theory curve: that is the quadratic's) and still
+    answers with the measured staleness, throughput and loss."""
+    code, r = _get(server + "/api?problem=digits&clients=4")
+    assert code == 200
+    assert r["settings"]["problem"] == "digits" and r["status"] == "completed", r
+    assert r["theory_loss"] == [] and len(r["loss"]) >= 2 and all(v > 0 for v in r["loss"])
+    assert r["pushes"] > 0 and r["mean_staleness"] == pytest.approx(r["predicted"]["mean_staleness"], abs=1.5)
+
+
 @pytest.mark.parametrize("query, words", [("clients=0", "clients='0': accepted int from 1 to 32"),
                                           ("lr=abc", "lr='abc'"),
-                                          ("protocol=hogwild", "accepted async, sync, ssp, ringmaster, rennala")])
+                                          ("protocol=hogwild", "accepted async, sync, ssp, ringmaster, rennala"),
+                                          ("problem=cifar", "accepted quadratic, digits")])
 def test_endpoint_names_a_bad_value(server, query, words):
     code, r = _get(server + "/api?" + query)
     assert code == 400 and words in r["error"]

@@ -7,7 +7,8 @@ beside the theory's prediction: the staleness histogram (predicted mean, Mitliag
 N - 1 corrected for the first round), the throughput (the ceiling of :mod:`repro.sim.ceiling`,
 and the barrier's order statistics of :mod:`repro.analysis.lab.sync` for sync and ssp) and the
 loss against virtual time on the lab's quadratic (the delayed gradient descent recursion of
-:mod:`repro.analysis.lab.stability`, mapped to time by the predicted update rate).
+:mod:`repro.analysis.lab.stability`, mapped to time by the predicted update rate), or, when asked
+(``problem=digits``), of the digits network (digits_cnn, 60 steps; no theory curve).
 
 Why the standard library (http.server) and not Panel or marimo: the page is six controls and
 three small plots; Panel (bokeh, tornado) or marimo would be a new dependency of tens of MB that
@@ -35,6 +36,10 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 PROTOCOLS = ("async", "sync", "ssp", "ringmaster", "rennala")
+# What is trained: the lab's quadratic (the theory's curve beside it), or, when asked, the digits
+# network (digits_cnn on sklearn's 8x8 digits: no theory curve, fewer steps to keep within budget).
+PROBLEMS = {"quadratic": ("+problem=quadratic",), "digits": ("data=digits", "model=digits_cnn")}
+DIGITS_STEPS = 60
 # What each protocol's "bound" slider sets (sync: backup workers; async: nothing).
 BOUND_KEY = {"sync": "backup_workers", "ssp": "staleness_bound", "ringmaster": "staleness_threshold",
              "rennala": "collection_size"}
@@ -55,6 +60,7 @@ class Settings:
     lr: float = 0.2
     protocol: str = "async"
     bound: int = 3
+    problem: str = "quadratic"
 
     @classmethod
     def from_query(cls, query: dict[str, list[str]]) -> "Settings":
@@ -71,23 +77,29 @@ class Settings:
                 if v is None or not lo <= v <= hi:
                     raise ValueError(f"{key}={query[key][0]!r}: accepted {kind.__name__} from {lo} to {hi}")
                 values[key] = v
-        if "protocol" in query:
-            if query["protocol"][0] not in PROTOCOLS:
-                raise ValueError(f"protocol={query['protocol'][0]!r}: accepted {', '.join(PROTOCOLS)}")
-            values["protocol"] = query["protocol"][0]
+        for key, accepted in (("protocol", PROTOCOLS), ("problem", tuple(PROBLEMS))):
+            if key in query:
+                if query[key][0] not in accepted:
+                    raise ValueError(f"{key}={query[key][0]!r}: accepted {', '.join(accepted)}")
+                values[key] = query[key][0]
         return cls(**values)
 
 
-def _base_config():
-    """The lab's quadratic (conf/problem/quadratic.yaml), composed once per process."""
+def _base_config(problem: str = "quadratic"):
+    """The lab's quadratic (conf/problem/quadratic.yaml) or the digits network, composed once per
+    process and problem."""
     from repro.config.help import composed
-    return composed(("+problem=quadratic", "cost=uniform", "progress=false", "seed=0"))
+    cache = _base_config.__dict__.setdefault("cache", {})
+    if problem not in cache:
+        cache[problem] = composed((*PROBLEMS[problem], "cost=uniform", "progress=false", "seed=0"))
+    return cache[problem]
 
 
 def run_config(s: Settings):
     """The RunConfig of one slider position: the base config with the sliders' values."""
     from repro.config.checks import validate
-    base = _base_config()
+    base = _base_config(s.problem)
+    steps = STEPS if s.problem == "quadratic" else DIGITS_STEPS
     bound = {"sync": min(s.bound, s.clients - 1), "ssp": s.bound, "ringmaster": max(s.bound, 1),
              "rennala": max(s.bound, 1)}
     protocol = dataclasses.replace(base.protocol, name=s.protocol,
@@ -95,8 +107,10 @@ def run_config(s: Settings):
     cost = dataclasses.replace(base.cost, compute_s=COMPUTE_S, jitter="exponential" if s.jitter else "none",
                                jitter_sigma=float(s.jitter))
     algo = dataclasses.replace(base.algo, lr=float(s.lr))
-    cfg = dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=float(STEPS),
-                              eval_every=float(max(EVAL_EVERY, s.nsync)), protocol=protocol, cost=cost, algo=algo,
+    # the quadratic's epoch is one step; the digits' is 1437 samples: count its budget in steps too
+    per_epoch, evals = (1.0, EVAL_EVERY) if s.problem == "quadratic" else (base.algo.batch_size / 1437, 2 * EVAL_EVERY)
+    cfg = dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=steps * per_epoch,
+                              eval_every=max(evals, s.nsync) * per_epoch, protocol=protocol, cost=cost, algo=algo,
                               exp_name="explore")
     validate(cfg)
     return cfg
@@ -167,7 +181,8 @@ def point(s: Settings) -> dict:
     steps = float(updates["num_steps"].sum())
     loss_col = "train_loss" if "train_loss" in evals else "test_loss"
     versions = int(updates["version"].max()) if len(updates) else 0
-    theory = theory_loss(s.lr, pred["tau"], s.nsync, versions)
+    # the theory's curve is the quadratic's (delayed gradient descent); none for the digits network
+    theory = theory_loss(s.lr, pred["tau"], s.nsync, versions) if s.problem == "quadratic" else np.array([])
     update_rate = versions / end if end > 0 else float("nan")
     bound = getattr(cfg.protocol, BOUND_KEY[s.protocol]) if s.protocol in BOUND_KEY else None
     return {"settings": dataclasses.asdict(s), "status": summary.get("status", "?"), "bound_used": bound,
@@ -225,7 +240,7 @@ def serve(port: int = 0) -> ThreadingHTTPServer:
 
 BENCH = (Settings(), Settings(clients=8), Settings(clients=8, protocol="sync"), Settings(clients=8, protocol="ssp"),
          Settings(clients=8, protocol="ringmaster", bound=4), Settings(clients=8, protocol="rennala", bound=4),
-         Settings(clients=16, nsync=4, jitter=1.0), Settings(lr=1.5))
+         Settings(clients=16, nsync=4, jitter=1.0), Settings(lr=1.5), Settings(clients=8, problem="digits"))
 
 
 def bench() -> int:
