@@ -330,7 +330,11 @@ def test_the_grid_launchers_are_hydras_own_found_without_the_checkout(launcher):
 
     target = str(compose(["+exp=fig1", f"hydra/launcher={launcher}"], return_hydra_config=True).hydra.launcher._target_)
     module = importlib.import_module(target.rpartition(".")[0])
-    assert target.startswith("hydra_plugins.") and ROOT not in Path(module.__file__).resolve().parents
+    # an installed plugin (site-packages: also where a virtual environment inside the checkout,
+    # as the README's .venv and CI's .ci/.venv, keeps it), never a folder of the checkout's own
+    path = Path(module.__file__).resolve()
+    assert target.startswith("hydra_plugins.") and "site-packages" in path.parts
+    assert not any(p == ROOT / "hydra_plugins" for p in path.parents)
 
 
 @pytest.mark.slow

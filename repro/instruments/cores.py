@@ -15,8 +15,9 @@ predicted runs of ``+exp=sim_vs_real`` with what it measured (REPRODUCE.md, "The
 against reality").
 
 Processes are found by their command lines: torchrun's ranks carry ``RANK`` (0 the server); a
-loopback run's server is the ``repro.run`` process this module starts, its clients the processes
-it spawns. The sampler's own process is measured too (it is not free) and reported apart.
+loopback run's server is the ``repro.run`` process this module starts, its clients the forks of
+that process's multiprocessing fork server (its child, which is not counted; spawned children
+count as clients too). The sampler's own process is measured too (it is not free) and reported apart.
 """
 from __future__ import annotations
 
@@ -89,9 +90,21 @@ def role(pid: int, loopback_server: int | None) -> str | None:
     rank = next((e[5:] for e in env if e.startswith(b"RANK=")), None)
     if rank is not None and b"repro.run" in cmd:
         return "server" if rank == b"0" else "client"
-    if loopback_server is not None and b"multiprocessing" in cmd and _parent(pid) == loopback_server:
-        return "client"
+    if loopback_server is None or b"multiprocessing" not in cmd or b"resource_tracker" in cmd:
+        return None
+    parent = _parent(pid)
+    if parent == loopback_server:   # a spawned client, or the fork server clients are forked from
+        return None if b"multiprocessing.forkserver" in cmd else "client"
+    if parent is not None and _parent(parent) == loopback_server and _forkserver(parent):
+        return "client"   # a fork of the run's fork server (repro.real.launch.client_context)
     return None
+
+
+def _forkserver(pid: int) -> bool:
+    try:
+        return b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _parent(pid: int) -> int | None:
