@@ -27,7 +27,7 @@ from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS
 from repro.logs import detach_files_in, get_logger, mark
-from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, torchrun_env
+from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
 
 log = get_logger("repro.run")
 GROUPS = (*confhelp.GROUPS, *confhelp.OPTIONAL_GROUPS)
@@ -259,13 +259,8 @@ def _warm_fork_server(argv: list[str]) -> None:
     and the launcher first (about a torch import): start it now, so that it imports while this
     process checks the config and builds the run, not after. The launcher's client_context()
     finds it running (the same preload); a refused or skipped run leaves it to exit with us."""
-    if "backend=real" not in argv or _is_sweep(argv) or torchrun_env() is not None:
-        return
-    import multiprocessing as mp
-    import multiprocessing.forkserver
-
-    mp.get_context("forkserver").set_forkserver_preload(["repro.real.launch"])
-    mp.forkserver.ensure_running()
+    if "backend=real" in argv and not _is_sweep(argv) and torchrun_env() is None:
+        fork_server_context(start=True)
 
 
 def precheck(argv: list[str]) -> None:

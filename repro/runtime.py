@@ -93,6 +93,24 @@ def deterministic(device: torch.device):
         torch.use_deterministic_algorithms(saved[4])
 
 
+# What a real run's fork server imports before it forks any client: the launcher, and with it
+# torch and the package (repro.real.launch.client_context).
+CLIENT_PRELOAD = "repro.real.launch"
+
+
+def fork_server_context(start: bool = False):
+    """multiprocessing's fork server context, preloaded with :data:`CLIENT_PRELOAD`; ``start``:
+    start the server now (it imports in the background, and a later client finds it running)."""
+    import multiprocessing as mp
+    import multiprocessing.forkserver
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([CLIENT_PRELOAD])
+    if start:
+        mp.forkserver.ensure_running()
+    return ctx
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity; what joblib's n_jobs=-1 counts, near
     enough): a real run's host record, a grid's parallel jobs, the machine two namespaces share."""

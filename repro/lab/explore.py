@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -85,14 +86,12 @@ class Settings:
         return cls(**values)
 
 
+@functools.cache
 def _base_config(problem: str = "quadratic"):
     """The lab's quadratic (conf/problem/quadratic.yaml) or the digits network, composed once per
     process and problem."""
     from repro.config.help import composed
-    cache = _base_config.__dict__.setdefault("cache", {})
-    if problem not in cache:
-        cache[problem] = composed((*PROBLEMS[problem], "cost=uniform", "progress=false", "seed=0"))
-    return cache[problem]
+    return composed((*PROBLEMS[problem], "cost=uniform", "progress=false", "seed=0"))
 
 
 def run_config(s: Settings):
@@ -116,13 +115,12 @@ def run_config(s: Settings):
     return cfg
 
 
+@functools.cache
 def _initial_weights() -> np.ndarray:
     """The quadratic's initial weights at seed 0 (what every run starts from)."""
     import torch
     from repro.problem.start import build_problem
-    if not hasattr(_initial_weights, "w0"):
-        _initial_weights.w0 = build_problem(_base_config(), torch.device("cpu")).init_params.numpy().astype(float)
-    return _initial_weights.w0
+    return build_problem(_base_config(), torch.device("cpu")).init_params.numpy().astype(float)
 
 
 def theory_loss(lr: float, tau: int, nsync: int, versions: int) -> np.ndarray:

@@ -64,7 +64,8 @@ from repro.real.transport import (Channel, Header, Kind, connect, disconnect, pi
                                   pin_gloo_towards)
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
-from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env, usable_cores
+from repro.runtime import (StopRequest, TorchrunEnv, deterministic, fork_server_context, torch_threads,
+                           torchrun_env, usable_cores)
 
 READY_KEY = "repro_real/ready/{}"
 WORLD_KEY = "repro_real/world"
@@ -94,8 +95,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     validate(cfg)   # (run_folder checks again) before the store: a timeout must not overflow it
     store = None if env is not None else _make_store(cfg)   # a busy port: before the folder is touched
     if store is not None:   # the fork server imports while this process builds the problem
-        client_context()
-        mp.forkserver.ensure_running()
+        client_context(start=True)
     mark("server", "store made")
     with torch_threads(cfg.num_threads), deterministic(device), _loopback(master_addr, env is None), \
             run_folder(cfg, run_dir) as run:
@@ -276,17 +276,15 @@ def spawn_context():
     return mp.get_context("spawn")
 
 
-def client_context():
-    """multiprocessing's fork server, preloaded with this module: the first client of a process
-    starts one fresh interpreter that imports torch and the package once, and every client is a
-    fork of it (milliseconds) instead of an interpreter importing everything afresh (seconds of
+def client_context(start: bool = False):
+    """multiprocessing's fork server, preloaded with this module (``runtime.CLIENT_PRELOAD``;
+    ``start``: start it now): the first client of a process starts one fresh interpreter that
+    imports torch and the package once, and every client is a fork of it (milliseconds) instead of an interpreter importing everything afresh (seconds of
     CPU each, all at once on a small machine). Safe where plain ``fork`` is not: the fork server
     forks before any torch thread exists in it. A forked child still re-applies the parent's
     process-wide start method, hence the joblib fix of :func:`spawn_context`."""
     spawn_context()
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
-    return ctx
+    return fork_server_context(start)
 
 
 def _spawn_clients(cfg: RunConfig, port: int, dataset: Dataset | None) -> dict:
