@@ -20,11 +20,10 @@ Pure arithmetic on the frames; nothing here runs anything.
 """
 from __future__ import annotations
 
-import itertools
 import math
+import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 KEYS = ["link", "nsync", "num_clients"]
@@ -64,18 +63,13 @@ class Accuracy:
 
 
 def kendall_tau(x, y) -> float:
-    """Kendall's tau-b of two equal-length sequences: (concordant - discordant) pairs over the
-    geometric mean of the pairs untied in x and untied in y; NaN when either has no untied pair."""
-    concordant = discordant = untied_x = untied_y = 0
-    for (x1, y1), (x2, y2) in itertools.combinations(zip(x, y), 2):
-        dx, dy = np.sign(x2 - x1), np.sign(y2 - y1)
-        untied_x += dx != 0
-        untied_y += dy != 0
-        concordant += dx * dy > 0
-        discordant += dx * dy < 0
-    if not untied_x or not untied_y:
-        return math.nan
-    return float((concordant - discordant) / math.sqrt(untied_x * untied_y))
+    """Kendall's tau-b of two equal-length sequences (scipy's): ties count as neither order; NaN
+    when either has no untied pair (one point, or all tied)."""
+    from scipy.stats import kendalltau
+
+    with warnings.catch_warnings():   # scipy warns on a constant input, whose NaN we report
+        warnings.simplefilter("ignore")
+        return float(kendalltau(x, y).statistic)
 
 
 def seed_spread(times: pd.Series) -> float:
