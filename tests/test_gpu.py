@@ -54,7 +54,8 @@ def test_simulator_on_cuda_calibrates_its_compute_time(tmp_path):
 def test_pinned_frame_round_trip():
     frame = Frame(1000, pin=True)
     assert frame.buf.is_pinned()
-    header = Header(Kind.PUSH, 2, 17, 1000, 4, 128, 0.5, 0.25, (1, 64), 0)
+    header = Header(Kind.PUSH, 2, 17, 1000, dict(num_steps=4, num_samples=128, train_loss=0.5, train_error=0.25,
+                                                 stream_position=(1, 64)), device=0)
     on_gpu = torch.arange(1000.0, device="cuda")
     frame.payload.copy_(on_gpu)                     # D2H into the staging buffer
     back = frame.payload.to("cuda", non_blocking=True)

@@ -89,7 +89,7 @@ def test_a_non_finite_push_after_divergence_still_stops_the_run(tmp_path):
         core.state.stopping = False
         bad = Push(client=1, read_version=0, update=torch.zeros_like(core.server.params), num_steps=2,
                    num_samples=64, train_loss=NAN, train_error=1.0, stream_position=(0, 0))
-        assert [(r.client, r.stop) for r in core.on_push(bad, 1.0)] == [(1, True)]
+        assert [(r.client, r.stop) for r in core.on_push(bad, 1.0).replies] == [(1, True)]
         assert not core.accepting
         assert core.finish(*core.final_status(interrupted=False))["status"] == "diverged"
 
@@ -237,7 +237,8 @@ def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
         loop.sent_version = {1: 0, 2: 0}
         numel = core.server.params.numel()
         budget = int(cfg.num_epochs * problem.dataset.num_train)
-        header = Header(Kind.PUSH, 1, 0, numel, 8, budget, 1.0, 0.5, (0, 0))
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=8, num_samples=budget, train_loss=1.0,
+                                                     train_error=0.5, stream_position=(0, 0)))
         assert loop.on_message(1, header, torch.zeros(numel)) is False   # told STOP
         assert channels[1].sent == [Kind.STOP] and channels[2].sent == [Kind.STOP]
         assert loop.stopped == {1, 2} and not loop.live()

@@ -102,7 +102,7 @@ def _round_in_order(tmp_path, order) -> tuple[torch.Tensor, list[str]]:
         core.begin([1, 2, 3])
         for k in order:
             update = torch.full_like(core.server.params, UPDATES[k])
-            replies = core.on_push(push(k, update, loss=LOSSES[k], samples=1), 1.0)
+            replies = core.on_push(push(k, update, loss=LOSSES[k], samples=1), 1.0).replies
         assert sorted(r.client for r in replies) == [1, 2, 3] and core.server.version == 1
         params = core.server.params.clone()
         core.finish("interrupted")
@@ -143,8 +143,8 @@ def test_each_push_of_a_sync_round_is_checked_before_it_is_merged(tmp_path):
         run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim")
         core.begin([1, 2, 3])
         delta = torch.zeros_like(core.server.params)
-        assert core.on_push(push(2, delta), 1.0) == []
-        replies = core.on_push(push(1, delta, loss=float("nan")), 1.0)
+        assert core.on_push(push(2, delta), 1.0).replies == ()
+        replies = core.on_push(push(1, delta, loss=float("nan")), 1.0).replies
         assert sorted((r.client, r.stop) for r in replies) == [(1, True), (2, True)]
         assert core.server.version == 0 and "client 1" in core.state.diverged
         summary = core.finish(*core.final_status(interrupted=False))

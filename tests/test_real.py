@@ -29,7 +29,7 @@ import torch
 from repro.config.settings import BackendConfig, ModelConfig, to_dict
 from repro.errors import ConfigError
 from repro.real import run_real
-from repro.real.transport import Frame, Header, Kind
+from repro.real.transport import HEADER_BYTES, Frame, Header, Kind
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
 from tests.helpers.runs import launch_real, real_cfg, wait_rows
@@ -59,13 +59,14 @@ def check_fetch_chain(upd: pd.DataFrame) -> None:
 
 def test_frame_round_trip():
     frame = Frame(1000)
-    h = Header(Kind.PUSH, 3, 41, 1000, 4, 128, 0.25, 0.125, (2, 96), 1)
+    h = Header(Kind.PUSH, 3, 41, 1000, dict(num_steps=4, num_samples=128, train_loss=0.25, train_error=0.125,
+                                            stream_position=(2, 96)), device=1)
     frame.payload.copy_(torch.arange(1000.0))
     assert Header.unpack(h.pack(frame)) == h and frame.payload[:3].tolist() == [0.0, 1.0, 2.0]
-    assert [t.numel() for t in frame.message(1000)] == [128 + 4000]
+    assert [t.numel() for t in frame.message(1000)] == [HEADER_BYTES + 4000]
     stop = Header(Kind.STOP, 1, 7, 0)
     assert Header.unpack(stop.pack(frame)) == stop and stop.payload_length == 0
-    assert [t.numel() for t in frame.message(stop.payload_length)] == [128]
+    assert [t.numel() for t in frame.message(stop.payload_length)] == [HEADER_BYTES]
 
 
 def test_peer_that_never_connects_fails_within_timeout(tmp_path, monkeypatch, no_children):

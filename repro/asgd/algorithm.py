@@ -19,8 +19,9 @@ the client fetched (server version before apply minus the version the client rea
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol
+import functools
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Protocol, get_args, get_origin, get_type_hints
 
 import torch
 from torch import Tensor
@@ -35,7 +36,15 @@ from repro.asgd.rules import ServerRule
 
 @dataclass
 class Push:
-    """What a client sends the server after ``num_steps`` local steps."""
+    """What a client sends the server after ``num_steps`` local steps.
+
+    Its fields are the one list of what a push carries: the real driver's wire header
+    (:mod:`repro.real.transport`), the server's rebuild of a received push, the held pushes a
+    checkpoint keeps (:mod:`repro.asgd.protocols`) and updates.csv's pushed columns follow it
+    (:func:`push_fields`). A new field is declared here, with a default (a merged push that does
+    not set it carries the default), set where it is produced and read where it is used. Every
+    field but ``update`` is an int, a float, a bool or a tuple of ints (fixed length: on the
+    wire, one slot per value)."""
 
     client: int
     read_version: int          # the server version whose parameters the client started from
@@ -46,6 +55,39 @@ class Push:
     train_loss: float          # mean minibatch loss over the segment
     train_error: float         # fraction of the segment's samples misclassified
     stream_position: tuple[int, int]  # the client's data-stream position after the segment
+
+
+@dataclass(frozen=True)
+class PushField:
+    """One field of a push besides its update: its name, a cast to its declared type (values
+    come back from the wire as floats and from a checkpoint as lists) and its width on the wire."""
+
+    name: str
+    cast: Callable[[Any], Any]
+    width: int
+    many: bool = False         # a tuple: cast takes its values, not one value
+
+
+def _int_tuple(values) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+@functools.cache
+def push_fields(push_type: type = Push) -> tuple[PushField, ...]:
+    """The fields of ``push_type`` (Push or an extension of it) but ``update``, in order."""
+    hints, out = get_type_hints(push_type), []
+    for f in fields(push_type):
+        hint = hints[f.name]
+        if f.name == "update":
+            continue
+        if hint in (int, float, bool):
+            out.append(PushField(f.name, hint, 1))
+        elif get_origin(hint) is tuple and get_args(hint) and set(get_args(hint)) == {int}:
+            out.append(PushField(f.name, _int_tuple, len(get_args(hint)), many=True))
+        else:
+            raise TypeError(f"push field {f.name!r} is a {hint}: a push carries ints, floats, bools "
+                            "and fixed-length tuples of ints besides its update")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -212,6 +254,11 @@ class ParameterServer:
                         staleness=staleness, client=push.client)
         self.version += 1
         return Applied(version=self.version, staleness=staleness)
+
+    def keep_in(self, home: Tensor) -> None:
+        """Keep the parameters in ``home`` from now on (their values copied there)."""
+        home.copy_(self.params)
+        self.params = home
 
     def fetched(self, client: int) -> None:
         """Client ``client`` now holds these parameters (rules that compensate delay keep them)."""

@@ -53,7 +53,7 @@ from typing import AbstractSet
 
 import torch
 
-from repro.asgd.algorithm import Push
+from repro.asgd.algorithm import Push, push_fields
 from repro.errors import ConfigError
 from repro.registry import Registry
 
@@ -269,16 +269,14 @@ class Sync(Policy):
 
 
 def _push_state(p: Push) -> dict:
-    return {"client": p.client, "read_version": p.read_version, "update": p.update,
-            "num_steps": p.num_steps, "num_samples": p.num_samples, "train_loss": p.train_loss,
-            "train_error": p.train_error, "stream_position": list(p.stream_position)}
+    """A held push as a checkpoint keeps it: every field (:func:`push_fields`), tuples as lists."""
+    state = {f.name: getattr(p, f.name) for f in push_fields(type(p))}
+    return {**{k: list(v) if isinstance(v, tuple) else v for k, v in state.items()}, "update": p.update}
 
 
 def _push_from_state(s: dict) -> Push:
-    return Push(client=int(s["client"]), read_version=int(s["read_version"]), update=s["update"],
-                num_steps=int(s["num_steps"]), num_samples=int(s["num_samples"]),
-                train_loss=float(s["train_loss"]), train_error=float(s["train_error"]),
-                stream_position=tuple(int(v) for v in s["stream_position"]))
+    """A field the checkpoint lacks (one added since it was written) takes its default."""
+    return Push(update=s["update"], **{f.name: f.cast(s[f.name]) for f in push_fields() if f.name in s})
 
 
 def make_protocol(cfg, clients: list[int], version: int) -> Policy:

@@ -83,6 +83,7 @@ def _protocol_client(port: int, sizes: tuple, blocks: int) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
     group, channel = _connect(1, store)
     timings = []
+    pushed = dict(num_steps=4, num_samples=128, train_loss=0.5, train_error=0.1, stream_position=(0, 0))
     for size in sizes:
         t, inbox = torch.randn(size) * 1e-3, torch.empty(size)
         frame_in, frame_out = Frame(size), Frame(size)
@@ -97,7 +98,7 @@ def _protocol_client(port: int, sizes: tuple, blocks: int) -> None:
                         work.wait()
                     else:   # the client loop's calls (a CPU client computes into frame_out)
                         channel.post(frame_in)
-                        channel.send(Header(Kind.PUSH, 1, 0, size, 4, 128, 0.5, 0.1, (0, 0)), frame_out)
+                        channel.send(Header(Kind.PUSH, 1, 0, size, pushed), frame_out)
                         channel.recv(frame_in)
                 timings.append(time.perf_counter() - start)
     dist.send(torch.tensor(timings, dtype=torch.float64), 0, group=group)

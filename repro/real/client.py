@@ -223,7 +223,5 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
                 client.rewind(segment)
             continue
         computed = time.monotonic()
-        channel.send(Header(Kind.PUSH, client_id, push.read_version, update_out.numel(), push.num_steps,
-                            push.num_samples, push.train_loss, push.train_error,
-                            tuple(push.stream_position), device_index, sent_at=time.monotonic(),
-                            compute_s=computed - began, to_client_s=to_client_s), outbox)
+        channel.send(Header.of_push(push, update_out.numel(), device=device_index, sent_at=time.monotonic(),
+                                    compute_s=computed - began, to_client_s=to_client_s), outbox)

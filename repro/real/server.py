@@ -23,7 +23,6 @@ import traceback
 
 import torch
 
-from repro.asgd.algorithm import Push
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark, prefixed
@@ -60,20 +59,18 @@ class Dispatcher:
         self.receivers = {k: Receiver(k, ch, Frame(numel, pin), cfg.backend.client_timeout_s,
                                       self.on_message, self.on_lost) for k, ch in channels.items()}
         self.reply = Frame(numel, pin)   # every reply leaves from this frame
-        if not pin:   # CPU: the parameters live in the reply frame, so a reply copies nothing
-            self.reply.payload.copy_(self.server.params)
-            self.server.params = self.reply.payload
+        # CPU: from start() on the server keeps its parameters in the reply frame (the core's
+        # begin moves them there), so a reply copies nothing
+        self.params_in_reply = False
         resumed = (resume or {}).get("driver", {}).get("clients", {})
         self.positions = {k: resumed.get(str(k), {}).get("stream_position") for k in channels}
         self.sent_version: dict[int, int] = {}
         self.lost: dict[int, str] = {}
         self.stopped: set[int] = set()
         self.devices: dict[int, str] = {}   # where each client trains (from its pushes)
-        self.t0, self.time_offset = time.perf_counter(), core.runlog.time_s
-        core.state.driver_state = self.driver_state
+        self.t0, self.time_offset = time.perf_counter(), core.time_s
         # joins (repro.real.elastic): ids never used in this run, across resumes too
-        used = [int(e["client"]) for e in core.runlog.events if "client" in e]
-        self.next_id = max([cfg.num_clients, *used, *channels]) + 1
+        self.next_id = max([cfg.num_clients, *core.used_clients, *channels]) + 1
         self.max_clients = cfg.backend.max_clients or cfg.num_clients
         self.pending: set[int] = set()   # admitted, not yet connected
         self.acceptor = None              # set by the launcher when joins are served
@@ -94,7 +91,7 @@ class Dispatcher:
         """The parameters to client ``k``. ``preempt``: it is still computing a dropped segment
         and its receiver is already listening, so no receive is posted and nothing released."""
         params = self.reply.payload
-        if params.data_ptr() != self.server.params.data_ptr():
+        if not self.params_in_reply:
             params.copy_(self.server.params)   # GPU server: D2H, synchronous (orders the apply)
         header = Header(Kind.PARAMS, k, self.server.version, params.numel(),
                         position=tuple(position) if position is not None else None,
@@ -149,7 +146,7 @@ class Dispatcher:
         log.info(f"client {k} lost at version {self.server.version}: {reason}; "
             f"{len(self.live())} client(s) still training")
         self.carry(self.core.lose(k, reason, self.now()))   # a barrier it held opens
-        if self.core.state.stopping:
+        if self.core.stopping:
             self.stop_clients()
 
     def carry(self, replies) -> None:
@@ -177,7 +174,10 @@ class Dispatcher:
     # -- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
-        self.core.begin(sorted(self.channels), self.now())   # a resumed run's rounds start afresh
+        home = self.reply.payload if self.device.type != "cuda" else None
+        self.core.begin(sorted(self.channels), self.now(), driver_state=self.driver_state,
+                        params_home=home)   # a resumed run's rounds start afresh
+        self.params_in_reply = home is not None
         for k, receiver in self.receivers.items():
             if not self.core.accepting:
                 self.send_stop(k)
@@ -196,9 +196,9 @@ class Dispatcher:
                 with self.lock:
                     self.core.drain()
                     self.poll_processes()
-                    if self.core.state.stopping:
+                    if self.core.stopping:
                         self.stop_clients()
-                    if not self.live() or self.core.state.error:
+                    if not self.live() or self.core.error:
                         break
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
@@ -222,7 +222,7 @@ class Dispatcher:
                 raise Refused("its config differs from the run's in what is trained (data, model, "
                               "algo, protocol, seed, nsync or num_clients): join with the run's overrides")
             asked = request.get("client")
-            lost = {int(c) for c in self.core.runlog.lost_clients} | set(self.lost)
+            lost = set(self.core.lost_clients) | set(self.lost)
             if asked is not None and (int(asked) not in lost or int(asked) in self.pending):
                 raise Refused(f"backend.join_client={asked} is not a lost client of this run "
                               f"(lost: {sorted(lost - self.pending)}); an id is never shared by two processes")
@@ -291,7 +291,7 @@ class Dispatcher:
                 self.on_push(k, header, update, taken_at)
             except Exception as exc:   # a bug: end the run (the main thread sees the error)
                 traceback.print_exc()
-                self.core.state.error = f"{type(exc).__name__} serving client {k}: {exc}"
+                self.core.fail(f"{type(exc).__name__} serving client {k}: {exc}")
                 self.closed = True
                 return False
             return k not in self.lost and k not in self.stopped
@@ -308,27 +308,23 @@ class Dispatcher:
             self.lose(k, f"protocol error: {h.kind.name} from client {h.client} read_version "
                          f"{h.version}, expected a PUSH from client {k} read_version {self.sent_version.get(k)}")
             return
-        push = Push(client=k, read_version=self.sent_version[k], update=update,
-                    num_steps=h.num_steps, num_samples=h.num_samples, train_loss=h.train_loss,
-                    train_error=h.train_error, stream_position=h.position)
-        now, before = self.now(), self.server.version
+        push = h.to_push(update)   # its read_version is the version sent to k (checked above)
+        now = self.now()
         started = time.monotonic()
-        replies = self.core.on_push(push, now)
+        outcome = self.core.on_push(push, now)
         applied = time.monotonic()
         taken_at = started if taken_at is None else taken_at
         received_at = h.received_at or taken_at
-        self.core.runlog.log_timing(time_s=now, client=k, read_version=push.read_version,
-                                    to_client_s=h.to_client_s, compute_s=h.compute_s,
-                                    to_server_s=received_at - h.sent_at, queue_s=taken_at - received_at,
-                                    apply_s=applied - started)
-        if self.server.version > before or any(r.client == k and not r.stop for r in replies):
-            self.positions[k] = h.position   # applied, or answered (e.g. discarded): its stream moved on
+        self.core.record_timing(now, k, push.read_version, to_client_s=h.to_client_s, compute_s=h.compute_s,
+                                to_server_s=received_at - h.sent_at, queue_s=taken_at - received_at,
+                                apply_s=applied - started)
+        if outcome.applied or any(r.client == k and not r.stop for r in outcome.replies):
+            self.positions[k] = push.stream_position   # applied, or answered (e.g. discarded): its stream moved on
         self.devices.setdefault(k, f"cuda:{h.device}" if h.device >= 0 else "cpu")
-        if all(r.client != k for r in replies):
+        if all(r.client != k for r in outcome.replies):
             self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)
-        self.carry(replies)
-        self.core.settle(now)
-        if self.core.state.stopping:
+        self.carry(outcome.replies)
+        if self.core.settle(now).stopping:
             self.stop_clients()
 
     def join_receivers(self, timeout_s: float) -> bool:

@@ -17,9 +17,10 @@ thread per client, each handing its pushes to the server loop, which serves one 
 (as in torchft's parameter-server prototype: one receiver thread per client group).
 
 Messages. A message is one frame, sent as ONE gloo message: a fixed-size header (a float64
-vector of :data:`HEADER_SLOTS` slots: message kind, client, version, payload length, and the push
-metadata; ints below 2**53 are exact) followed by a payload of exactly ``length`` float32
-values (none for HELLO and STOP). gloo aborts the receiving *process* when a message is larger
+vector of :data:`HEADER_SLOTS` slots: message kind, client, version, payload length, the
+timings, and a push's own fields, one slot per value in the order
+:class:`~repro.asgd.algorithm.Push` declares them; ints below 2**53 are exact) followed by a
+payload of exactly ``length`` float32 values (none for HELLO and STOP). gloo aborts the receiving *process* when a message is larger
 than the posted buffer, and accepts a shorter one. So a receiver always posts a frame sized for
 the largest payload it accepts (its own parameter count), and before any payload moves the two
 ends swap header-only HELLOs (which fit any frame) carrying their parameter counts: a mismatch
@@ -47,21 +48,27 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import queue
 import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-HEADER_SLOTS = 16
+from repro.asgd.algorithm import Push, PushField, push_fields
+
+# kind, client, version, length, position (2 + present), device, sent_at, compute_s, to_client_s
+ENVELOPE_SLOTS = 11
+PUSH_SLOTS = sum(f.width for f in push_fields() if f.name not in ("client", "read_version"))
+HEADER_SLOTS = -(-(ENVELOPE_SLOTS + PUSH_SLOTS) // 8) * 8   # rounded up to 64 bytes
 HEADER_BYTES = HEADER_SLOTS * 8
 TAG = 1
 WATCH = datetime.timedelta(days=30)   # a watcher's wait: longer than any push (it cannot be re-armed)
@@ -102,15 +109,17 @@ class LinkLost(RuntimeError):
 
 @dataclass
 class Header:
+    """A message's header. A PUSH carries a push: ``client`` and ``version`` are its client and
+    read_version, the payload its update, ``push`` its other fields by name. :meth:`of_push` and
+    :meth:`to_push` convert, and the slots follow the push's one list of fields
+    (:func:`~repro.asgd.algorithm.push_fields`), so a new push field needs no edit here."""
+
     kind: Kind
     client: int
     version: int                        # PARAMS: version of the payload; PUSH: the read_version
     length: int                         # payload elements (float32); 0: no payload
-    num_steps: int = 0
-    num_samples: int = 0
-    train_loss: float = 0.0
-    train_error: float = 0.0
-    position: tuple[int, int] | None = None   # PUSH: stream position after; PARAMS: resume here
+    push: dict = field(default_factory=dict)   # PUSH: the push's other fields, by name
+    position: tuple[int, int] | None = None    # PARAMS: the client's stream resumes here
     device: int = -1                    # PUSH: the client's CUDA device index, -1 for the CPU
     # timings.csv: times on time.monotonic(), one clock for every process on one kernel (also
     # across network namespaces); PARAMS: when the server sent it; PUSH: when the client sent
@@ -120,6 +129,18 @@ class Header:
     to_client_s: float = 0.0
     received_at: float = 0.0            # set by the receiver, not sent
 
+    push_type: ClassVar[type] = Push    # whose fields a PUSH carries
+
+    @classmethod
+    def of_push(cls, push: Push, length: int, **envelope) -> "Header":
+        """The header of ``push`` (its update, ``length`` values, is the payload)."""
+        carried = {f.name: getattr(push, f.name) for f in _carried(cls.push_type)}
+        return cls(Kind.PUSH, push.client, push.read_version, length, carried, **envelope)
+
+    def to_push(self, update: Tensor) -> Push:
+        """The push this PUSH header and its payload ``update`` carry."""
+        return self.push_type(client=self.client, read_version=self.version, update=update, **self.push)
+
     @property
     def payload_length(self) -> int:
         """Values that follow the header in the frame (HELLO's length is a count, not a payload)."""
@@ -128,10 +149,15 @@ class Header:
     def pack(self, frame: Frame) -> Frame:
         pos = self.position if self.position is not None else (0, 0)
         # through numpy: ~20x cheaper than building a tensor, and this runs twice per round trip
-        frame.header[:12] = (int(self.kind), self.client, self.version, self.length, self.num_steps,
-                             self.num_samples, self.train_loss, self.train_error, pos[0], pos[1],
-                             float(self.position is not None), self.device)
-        frame.header[12:15] = (self.sent_at, self.compute_s, self.to_client_s)
+        frame.header[:ENVELOPE_SLOTS] = (int(self.kind), self.client, self.version, self.length, pos[0], pos[1],
+                                         float(self.position is not None), self.device, self.sent_at,
+                                         self.compute_s, self.to_client_s)
+        if self.kind == Kind.PUSH:
+            values = []
+            for f in _carried(self.push_type):
+                value = self.push[f.name]
+                values += value if f.many else (value,)
+            frame.header[ENVELOPE_SLOTS:ENVELOPE_SLOTS + len(values)] = values
         return frame
 
     @classmethod
@@ -139,8 +165,23 @@ class Header:
         v = frame.header.tolist()
         if int(v[0]) not in Kind._value2member_map_:
             raise LinkLost(f"protocol error: unknown message kind {v[0]!r}")
-        return cls(Kind(int(v[0])), int(v[1]), int(v[2]), int(v[3]), int(v[4]), int(v[5]), v[6], v[7],
-                   (int(v[8]), int(v[9])) if v[10] else None, int(v[11]), v[12], v[13], v[14])
+        kind, push = Kind(int(v[0])), {}
+        if kind == Kind.PUSH:
+            at = ENVELOPE_SLOTS
+            for f in _carried(cls.push_type):
+                push[f.name] = f.cast(v[at:at + f.width] if f.many else v[at])
+                at += f.width
+        return cls(kind, int(v[1]), int(v[2]), int(v[3]), push, (int(v[4]), int(v[5])) if v[6] else None,
+                   int(v[7]), v[8], v[9], v[10])
+
+
+@functools.cache
+def _carried(push_type: type) -> tuple[PushField, ...]:
+    """The fields of ``push_type`` a PUSH header carries in ``push`` (its slots, in order)."""
+    carried = tuple(f for f in push_fields(push_type) if f.name not in ("client", "read_version"))
+    if ENVELOPE_SLOTS + sum(f.width for f in carried) > HEADER_SLOTS:
+        raise ValueError(f"{push_type.__name__}'s fields need more than the header's {HEADER_SLOTS} slots")
+    return carried
 
 
 class Channel:

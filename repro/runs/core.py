@@ -4,6 +4,12 @@ A driver decides only *which* push comes next and *when* (the simulator: its sch
 virtual clock; the real driver: receiver threads and the wall clock) and carries the replies.
 Everything else happens here, with the same rules for both:
 
+* **the seam**: a driver hands the core what it needs when it begins (:meth:`RunCore.begin`: the
+  clients, its own state for checkpoints, where the parameters live), then hands it pushes and
+  carries the replies of each :class:`Outcome`; it reads the run's course through read-only
+  properties (``stopping``, ``error``, ``lost_clients``, ``used_clients``, ``time_s``) and asks
+  the core to write what it measured (:meth:`RunCore.record_timing`). The core writes every
+  table; no driver writes into its state or objects;
 * **a push, one pass** (:meth:`RunCore.on_push`): the divergence check (every push, also each
   push of a sync round before it is merged), the protocol's decision (a policy that holds no
   core, :mod:`repro.asgd.protocols`: told the push and who is live, it says what to apply, who
@@ -35,7 +41,7 @@ from typing import Callable
 
 import torch
 
-from repro.asgd.algorithm import Push, ParameterServer
+from repro.asgd.algorithm import Push, ParameterServer, push_fields
 from repro.asgd.protocols import Decision, View, make_protocol
 from repro.config.checks import check_segment
 from repro.config.help import SHORTENED
@@ -67,6 +73,19 @@ class Reply:
     client: int
     stop: bool = False
     preempt: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the core did in one step of a push: :meth:`RunCore.on_push` says which ``replies``
+    the driver carries now and whether the server's version moved (``applied``: this push, or
+    a merge it completed); :meth:`RunCore.settle` whether an evaluation row was written
+    (``evaluated``). ``stopping``: the run is ending, no more pushes are applied."""
+
+    replies: tuple[Reply, ...] = ()
+    applied: bool = False
+    evaluated: bool = False
+    stopping: bool = False
 
 
 @dataclass
@@ -123,12 +142,20 @@ class RunCore:
 
     # -- the start ------------------------------------------------------------------------------
     def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
-              fetching: bool = True) -> None:
+              fetching: bool = True, driver_state: Callable[[], dict] | None = None,
+              params_home: torch.Tensor | None = None) -> None:
         """Start serving ``clients``: the protocol, and version 0 evaluated before any push
         (inline in both drivers: it is the reference for divergence and the first point of every
         curve). ``fetching``: each client holds the server's parameters now; False for a resumed
         simulation, whose clients hold what they fetched before the checkpoint, as the rule's
-        record of those fetches (DC-ASGD's backups) does, restored with the server."""
+        record of those fetches (DC-ASGD's backups) does, restored with the server.
+        ``driver_state``: what the driver adds to each checkpoint (its clients, its schedule);
+        ``params_home``: a tensor the server keeps its parameters in from now on (the real
+        driver's reply frame: a reply then copies nothing)."""
+        if driver_state is not None:
+            self.state.driver_state = driver_state
+        if params_home is not None:
+            self.server.keep_in(params_home)
         self.protocol = make_protocol(self.cfg, clients, self.server.version)
         self.live = frozenset(clients)
         if protocol_state is not None:
@@ -145,6 +172,36 @@ class RunCore:
     def accepting(self) -> bool:
         return not self.state.stopping
 
+    @property
+    def stopping(self) -> bool:
+        """No more pushes are applied (budget spent, diverged, failed, stopped)."""
+        return self.state.stopping
+
+    @property
+    def error(self) -> str:
+        """Why the run failed (:meth:`fail`), or ""."""
+        return self.state.error
+
+    @property
+    def lost_clients(self) -> frozenset[int]:
+        """The clients lost and not back, across resumes."""
+        return frozenset(int(k) for k in self.runlog.lost_clients)
+
+    @property
+    def used_clients(self) -> frozenset[int]:
+        """Every client id the run's events name (lost, joined, ...), across resumes."""
+        return frozenset(int(e["client"]) for e in self.runlog.events if "client" in e)
+
+    @property
+    def time_s(self) -> float:
+        """The run's clock at its last push (a resumed run's clock continues from there)."""
+        return self.runlog.time_s
+
+    def stop(self) -> None:
+        """No more pushes are applied: the driver has nothing left to serve (a replay whose
+        recording ran out); the driver's loop says how the run ended."""
+        self.state.stopping = True
+
     def check_loss(self, push: Push) -> str:
         """Why this push's training loss means divergence, or "". The reference is the larger of
         the version-0 training loss and the loss of a uniform guess (ln C for cross-entropy), so a
@@ -157,10 +214,15 @@ class RunCore:
                     f"divergence_factor {self.cfg.divergence_factor:g} x reference loss {ref:.4g}")
         return ""
 
-    def on_push(self, push: Push, time_s: float) -> list[Reply]:
+    def on_push(self, push: Push, time_s: float) -> Outcome:
         """One push, one pass: check it, ask the protocol, apply what it says, and say who gets
         what back: the pushing client, and any client the decision released. Nothing is applied
-        once the run is stopping."""
+        once the run is stopping. The driver carries the replies, then calls :meth:`settle`."""
+        version = self.server.version
+        replies = self._decide(push, time_s)
+        return Outcome(tuple(replies), applied=self.server.version != version, stopping=self.state.stopping)
+
+    def _decide(self, push: Push, time_s: float) -> list[Reply]:
         if self.state.stopping:
             return [Reply(push.client, stop=True)]
         why = self.check_loss(push)   # every push, before any protocol merges it
@@ -170,6 +232,11 @@ class RunCore:
         decision = self.protocol.on_push(push, self.view())
         self._unapplied = 0 if decision.apply is not None else self._unapplied + 1
         return self._carry_out(decision, time_s)
+
+    def record_timing(self, time_s: float, client: int, read_version: int, **parts: float) -> None:
+        """Where one push's round trip went (timings.csv's parts, measured by the driver, or
+        from its clock); after :meth:`on_push`, so the row has the version of its updates row."""
+        self.runlog.log_timing(time_s=time_s, client=client, read_version=read_version, **parts)
 
     def view(self) -> View:
         return View(version=self.server.version, live=self.live)
@@ -187,10 +254,9 @@ class RunCore:
     def apply(self, push: Push, time_s: float):
         """Apply one push (or a protocol's merged push) with the server rule and log its row."""
         applied = self.server.apply(push)
-        self.runlog.log_push(version=applied.version, time_s=time_s, client=push.client,
-                             read_version=push.read_version, staleness=applied.staleness,
-                             num_steps=push.num_steps, num_samples=push.num_samples,
-                             train_loss=push.train_loss, train_error=push.train_error)
+        pushed = {f.name: f.cast(getattr(push, f.name)) for f in push_fields(type(push))
+                  if f.name in schema.UPDATE_COLUMNS}
+        self.runlog.log_push(version=applied.version, time_s=time_s, staleness=applied.staleness, **pushed)
         if self.runlog.samples_seen >= self.budget:
             self.state.stopping = True
         return applied
@@ -224,8 +290,9 @@ class RunCore:
                 self.server.fetched(r.client)   # delay-compensating rules remember w_bak
         return replies
 
-    def settle(self, time_s: float) -> None:
+    def settle(self, time_s: float) -> Outcome:
         """After the replies went out: evaluation and checkpoint cadence, progress."""
+        evals = self.runlog.last_eval_version
         self.drain()
         if self.runlog.eval_due() and not self.evaluator.busy and not self.state.diverged:
             self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,
@@ -237,6 +304,7 @@ class RunCore:
             self._checkpointed = version
         self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
                              test_loss=self.runlog.final.get("test_loss"))
+        return Outcome(evaluated=self.runlog.last_eval_version != evals, stopping=self.state.stopping)
 
     def evaluate_now(self, time_s: float) -> None:
         self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,

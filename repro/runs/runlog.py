@@ -115,14 +115,14 @@ class RunLog:
         self.write_summary("running")
 
     # -- rows ---------------------------------------------------------------------------------
-    def log_push(self, *, version: int, time_s: float, client: int, read_version: int, staleness: int,
-                 num_steps: int, num_samples: int, train_loss: float, train_error: float) -> None:
-        samples = self.samples_seen + num_samples
+    def log_push(self, *, version: int, time_s: float, staleness: int, **pushed: Any) -> None:
+        """One applied push's row. ``pushed``: the push's own fields that updates.csv has a
+        column for (:data:`repro.files.schema.UPDATE_COLUMNS`; the run core passes them), the
+        rest is the log's."""
+        samples = self.samples_seen + pushed["num_samples"]
         self.updates.write({   # the row first: a failed write (a full disk) changes no total
-            "version": version, "time_s": time_s, "clock": self.clock, "client": client,
-            "read_version": read_version, "staleness": staleness, "num_steps": num_steps,
-            "num_samples": num_samples, "samples_seen": samples, "epoch": samples / self.num_train,
-            "train_loss": float(train_loss), "train_error": float(train_error)})
+            "version": version, "time_s": time_s, "clock": self.clock, "staleness": staleness,
+            "samples_seen": samples, "epoch": samples / self.num_train, **pushed})
         self.samples_seen, self.version, self.time_s = samples, version, time_s
 
     def log_timing(self, *, time_s: float, client: int, read_version: int, to_client_s: float, compute_s: float,

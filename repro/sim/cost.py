@@ -5,7 +5,7 @@ time per minibatch per client (its relative step time from ``cost.speeds`` or ``
 an uneven cluster; seeded jitter; an optional straggler, all multiplied), one-way transfer time of a
 parameter vector (latency + bytes / bandwidth) and the server's apply time. A schedule decides
 the order in which the server applies pushes; every schedule has the interface of
-:class:`Schedule` (``next``, ``served``, ``cancel``, state), and :func:`make_schedule` picks one:
+:class:`repro.sim.schedule.Schedule`, and :func:`repro.sim.driver.make_schedule` picks one:
 
 * :class:`CostScheduler` -- ``cost.topology=dedicated`` (the default): every client has a host, a
   device and a link of its own, so its push arrives at fetch + compute + transfer; an event queue
@@ -24,11 +24,11 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from typing import Protocol
 
 import numpy as np
 
 from repro.config.settings import CostConfig
+from repro.sim.schedule import Schedule
 
 JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
 
@@ -93,20 +93,7 @@ class CostModel:
         return self._blocks[client][row]
 
 
-class Schedule(Protocol):
-    """What the simulator asks of a schedule: the next push to apply, then that it was served."""
-
-    def next(self) -> tuple[int, int, float] | None:
-        """(client, num_steps, apply-finished time) of the next push; None: nothing is left."""
-    def check(self, client: int, read_version: int) -> None:
-        """Refuse a push that the schedule did not foresee (a replay of another run)."""
-    def served(self, client: int, applied_at: float) -> None: ...
-    def cancel(self, client: int) -> None: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-class CostScheduler:
+class CostScheduler(Schedule):
     """Push arrivals in virtual time; the server applies them one at a time in arrival order."""
 
     def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
@@ -116,7 +103,6 @@ class CostScheduler:
         self.segments = {k: 0 for k in client_ids}
         # per client (to_client_s, compute_s) of the push in flight: timings.csv's columns
         self.flight: dict[int, tuple[float, float]] = {}
-        self.last_timing: dict | None = None
         for k in client_ids:              # every client fetches version 0 at t = 0
             self._schedule(k, 0.0, 0.0)
 
@@ -143,13 +129,6 @@ class CostScheduler:
                             "to_server_s": self.model.transfer_s, "queue_s": start - arrive,
                             "apply_s": self.model.server_apply_s}
         return client, self.nsync, self.server_free
-
-    def timing(self) -> dict | None:
-        """The virtual clock's parts of the push :meth:`next` returned (timings.csv)."""
-        return self.last_timing
-
-    def check(self, client: int, read_version: int) -> None:
-        pass   # any push the queue chose is one it foresaw
 
     def served(self, client: int, applied_at: float) -> None:
         """The reply (the client's fetch) travels back, then the client computes its next push;

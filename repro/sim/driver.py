@@ -34,10 +34,11 @@ from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.churn import BACK, LEAVE, PREEMPT, Churn
-from repro.sim.cost import CostModel, CostScheduler, Schedule, calibrate_compute_s
+from repro.sim.cost import CostModel, CostScheduler, calibrate_compute_s
 from repro.sim.fit import fit_config, fits
 from repro.sim.replay import ReplayScheduler, replay_config
 from repro.sim.resources import ContendedScheduler
+from repro.sim.schedule import Schedule
 
 
 def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> float:
@@ -100,14 +101,13 @@ class Simulation:
             pending = resume["driver"].get("pending")
             if pending is not None:
                 self.pending = (int(pending[0]), int(pending[1]), float(pending[2]))
-        core.state.driver_state = self.state_dict
 
     def run(self, stop_at_version: int | None = None) -> tuple[str, str]:
         """Simulate to the end of the budget; (status, message). ``stop_at_version`` asks the run
         to stop there, as a Ctrl-C would (for testing resume)."""
         core, stop = self.core, self.stop
         core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol,
-                   fetching=not self.resumed)
+                   fetching=not self.resumed, driver_state=self.state_dict)
         while core.accepting and not stop.is_set():
             if self.pending is None and self.churn is not None:
                 while self.churn.next_time() <= self.scheduler.peek() and self.churn.next_time() < math.inf:
@@ -116,12 +116,12 @@ class Simulation:
                     break
                 if self.scheduler.peek() == math.inf:   # nobody computes and nobody comes back
                     break
-            if self.pending is None and hasattr(self.scheduler, "membership_due"):
+            if self.pending is None:
                 for kind, k, t in self.scheduler.membership_due(self.server.version):
                     self.recorded_membership(kind, k, t)
             nxt, self.pending = self.pending or self.scheduler.next(), None
             if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
-                core.state.stopping = True
+                core.stop()
                 return "completed", self.scheduler.end_message
             k, num_steps, t = nxt
             client = self.clients[k]
@@ -130,24 +130,15 @@ class Simulation:
             if push is None:   # stopped between two steps: computed again by a resumed run
                 self.pending = nxt
                 break
-            evals = core.runlog.last_eval_version
-            replies = core.on_push(push, t)
-            self.log_timing(k, push.read_version, t)
-            self.carry(replies, t)
-            core.settle(t)
-            if core.runlog.last_eval_version != evals and hasattr(self.scheduler, "evaluated"):
+            outcome = core.on_push(push, t)
+            # timings.csv's row from the virtual clock (nan where the schedule models no parts)
+            core.record_timing(t, k, push.read_version, **self.scheduler.timing())
+            self.carry(outcome.replies, t)
+            if core.settle(t).evaluated:
                 self.scheduler.evaluated(t)   # an evaluation that takes the machine's time
             if stop_at_version is not None and self.server.version >= stop_at_version:
                 stop.set("stop_at_version")
         return core.final_status(interrupted=stop.is_set())
-
-    def log_timing(self, client: int, read_version: int, t: float) -> None:
-        """timings.csv's row from the virtual clock; nan where the schedule models no parts
-        (a replay, the shared-resource clock)."""
-        timing = getattr(self.scheduler, "timing", lambda: None)()
-        nan = float("nan")
-        timing = timing or dict.fromkeys(("to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"), nan)
-        self.core.runlog.log_timing(time_s=t, client=client, read_version=read_version, **timing)
 
     def carry(self, replies, t: float) -> None:
         for reply in replies:

@@ -28,6 +28,7 @@ from repro.errors import ConfigError
 from repro.files import schema
 from repro.logs import get_logger
 from repro.runs.runlog import read_summary
+from repro.sim.schedule import Schedule
 
 log = get_logger("repro.sim.replay")
 MAX_STEPS = 10**6   # a recorded segment is at most nsync's largest value
@@ -192,7 +193,7 @@ def _unfinished(run_dir: Path, num_rows: int) -> str:
             f"{num_rows} recorded pushes, before the budget")
 
 
-class ReplayScheduler:
+class ReplayScheduler(Schedule):
     """The order of a recorded run: each row of its updates.csv, in version order.
     ``end_message``: what the run's summary says when the recording runs out."""
 

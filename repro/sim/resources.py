@@ -61,6 +61,7 @@ import itertools
 import math
 
 from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth
+from repro.sim.schedule import Schedule
 
 FETCH, COMPUTE, PUSH, EVAL = "fetch", "compute", "push", "eval"
 EVALUATOR = 0   # the stages' key of the server's evaluations (clients are 1, 2, ...)
@@ -140,9 +141,9 @@ class Stage:
         return [self.kind, self.t0, self.work, self.rate, self.seq]
 
 
-class ContendedScheduler:
+class ContendedScheduler(Schedule):
     """Push arrivals in virtual time with shared devices and links; the server applies pushes one
-    at a time in arrival order. The interface of :class:`repro.sim.cost.Schedule`."""
+    at a time in arrival order."""
 
     def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
         cost = model.cost
@@ -152,7 +153,6 @@ class ContendedScheduler:
         # per client: the start of its stage, and its parts so far (timings.csv's columns)
         self.started: dict[int, float] = {}
         self.flight: dict[int, dict[str, float]] = {}
-        self.last_timing: dict | None = None
         self.host = {k: i // cost.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
         self.capacity: dict[str, float] = {}
@@ -198,14 +198,6 @@ class ContendedScheduler:
             pass
         self.now = max(self.now, self.server_free)
         return client, self.nsync, self.server_free
-
-    def timing(self) -> dict | None:
-        """The virtual clock's parts of the push :meth:`next` returned (timings.csv): each stage
-        from its start to its end, however its rate changed on the way."""
-        return self.last_timing
-
-    def check(self, client: int, read_version: int) -> None:
-        pass   # any push the clock chose is one it foresaw
 
     def evaluated(self, t: float) -> None:
         """The server evaluates its parameters from ``t`` on (cost.one_machine: CPU work beside
