@@ -158,14 +158,14 @@ def test_a_late_push_is_discarded_and_its_client_starts_from_the_new_parameters(
         run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim")
         core.begin([1, 2, 3])
         delta = torch.full_like(core.server.params, 0.01)
-        assert core.on_push(_push(delta, 1), 1.0) == []                 # waits for the round
-        replies = core.on_push(_push(3 * delta, 2), 1.0)                 # N - b = 2: round closes
+        assert core.on_push(_push(delta, 1), 1.0).replies == ()   # waits for the round
+        replies = core.on_push(_push(3 * delta, 2), 1.0).replies   # N - b = 2: round closes
         assert sorted((r.client, r.preempt) for r in replies) == [(1, False), (2, False), (3, True)]
         assert core.server.version == 1
         assert torch.allclose(core.server.params, problem.init_params + 2 * delta)   # the mean
-        assert core.on_push(_push(delta, 3, read_version=0), 1.5) == []  # sent before it knew
+        assert core.on_push(_push(delta, 3, read_version=0), 1.5).replies == ()  # sent before it knew
         assert core.server.version == 1
-        assert core.on_push(_push(delta, 3, read_version=1), 2.0) == []  # counts in round 1
+        assert core.on_push(_push(delta, 3, read_version=1), 2.0).replies == ()  # counts in round 1
         assert core.discarded == [[0, 3]]
         core.finish("interrupted")
 

@@ -4,8 +4,9 @@
 time per minibatch per client (its relative step time from ``cost.speeds`` or ``cost.speed_law``:
 an uneven cluster; seeded jitter; an optional straggler, all multiplied), one-way transfer time of a
 parameter vector (latency + bytes / bandwidth) and the server's apply time. A schedule decides
-the order in which the server applies pushes; every schedule has the interface of
-:class:`repro.sim.schedule.Schedule`, and :func:`repro.sim.driver.make_schedule` picks one:
+the order in which the server applies pushes; every schedule derives from :class:`Schedule`
+(every verb the simulator's loop calls; what a schedule does not model has a default that does
+nothing, so the loop never probes), and :func:`repro.sim.driver.make_schedule` picks one:
 
 * :class:`CostScheduler` -- ``cost.topology=dedicated`` (the default): every client has a host, a
   device and a link of its own, so its push arrives at fetch + compute + transfer; an event queue
@@ -24,11 +25,11 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from abc import ABC, abstractmethod
 
 import numpy as np
 
 from repro.config.settings import CostConfig
-from repro.sim.schedule import Schedule
 
 JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
 
@@ -91,6 +92,57 @@ class CostModel:
                 factors = (1 - sigma) + sigma * rng.exponential(1.0, shape)
             self._blocks[client], self._block_key[client] = factors, key
         return self._blocks[client][row]
+
+
+# timings.csv's parts of a push's round trip (repro.files.schema.TIMING_COLUMNS)
+TIMING_PARTS = ("to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s")
+
+
+class Schedule(ABC):
+    """What the simulator asks of a schedule: the next push to apply, then that it was served."""
+
+    #: what the run's summary says when :meth:`next` runs out before the budget (a replay)
+    end_message = ""
+    #: timings.csv's parts of the push :meth:`next` returned; None: the schedule models none
+    last_timing: dict | None = None
+
+    @abstractmethod
+    def next(self) -> tuple[int, int, float] | None:
+        """(client, num_steps, apply-finished time) of the next push; None: nothing is left."""
+
+    @abstractmethod
+    def served(self, client: int, applied_at: float) -> None:
+        """The client's reply left the server at ``applied_at``: it fetches, then computes."""
+
+    @abstractmethod
+    def cancel(self, client: int) -> None:
+        """Drop the client's push in flight (preempted, or the client left)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict: ...
+
+    @abstractmethod
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def peek(self) -> float:
+        """When the next push arrives (inf: no client computes); churn's events interleave by it."""
+        raise NotImplementedError(f"{type(self).__name__} does not say when its next push arrives: "
+                                  "churn runs with cost.topology=dedicated")
+
+    def check(self, client: int, read_version: int) -> None:
+        """Refuse a push that the schedule did not foresee (a replay of another run)."""
+
+    def membership_due(self, version: int) -> list[tuple[str, int, float]]:
+        """Recorded joins and losses due at server version ``version``: (type, client, time_s)."""
+        return []
+
+    def evaluated(self, t: float) -> None:
+        """The server evaluates its parameters from ``t`` on (a schedule where that takes time)."""
+
+    def timing(self) -> dict[str, float]:
+        """timings.csv's parts of the push :meth:`next` returned; nan where the schedule has no
+        model of them (a replay), or has not chosen that push (one pending in a checkpoint)."""
+        return self.last_timing or dict.fromkeys(TIMING_PARTS, float("nan"))
 
 
 class CostScheduler(Schedule):

@@ -34,11 +34,10 @@ from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.churn import BACK, LEAVE, PREEMPT, Churn
-from repro.sim.cost import CostModel, CostScheduler, calibrate_compute_s
+from repro.sim.cost import CostModel, CostScheduler, Schedule, calibrate_compute_s
 from repro.sim.fit import fit_config, fits
 from repro.sim.replay import ReplayScheduler, replay_config
 from repro.sim.resources import ContendedScheduler
-from repro.sim.schedule import Schedule
 
 
 def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> float:

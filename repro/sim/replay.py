@@ -28,7 +28,7 @@ from repro.errors import ConfigError
 from repro.files import schema
 from repro.logs import get_logger
 from repro.runs.runlog import read_summary
-from repro.sim.schedule import Schedule
+from repro.sim.cost import Schedule
 
 log = get_logger("repro.sim.replay")
 MAX_STEPS = 10**6   # a recorded segment is at most nsync's largest value

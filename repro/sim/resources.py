@@ -60,8 +60,7 @@ import heapq
 import itertools
 import math
 
-from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth
-from repro.sim.schedule import Schedule
+from repro.sim.cost import CostModel, Schedule, link_bandwidths, path_bandwidth
 
 FETCH, COMPUTE, PUSH, EVAL = "fetch", "compute", "push", "eval"
 EVALUATOR = 0   # the stages' key of the server's evaluations (clients are 1, 2, ...)
