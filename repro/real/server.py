@@ -179,7 +179,7 @@ class Dispatcher:
                         params_home=home)   # a resumed run's rounds start afresh
         self.params_in_reply = home is not None
         for k, receiver in self.receivers.items():
-            if not self.core.accepting:
+            if self.core.stopping:
                 self.send_stop(k)
             elif self.greet(k):
                 self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
@@ -216,7 +216,7 @@ class Dispatcher:
         from repro.real.elastic import ENDED, Refused, fingerprint
 
         with self.lock:
-            if self.closed or not self.core.accepting:
+            if self.closed or self.core.stopping:
                 raise Refused(ENDED)
             if request.get("fingerprint") != fingerprint(self.cfg):
                 raise Refused("its config differs from the run's in what is trained (data, model, "
@@ -261,7 +261,7 @@ class Dispatcher:
                 log.info(f"joining client {k} refused: {exc}")
                 return
             with self.lock:
-                if self.closed or not self.core.accepting:
+                if self.closed or self.core.stopping:
                     with contextlib.suppress(LinkLost):
                         channel.send(Header(Kind.STOP, k, 0, 0), frame)
                     return

@@ -4,12 +4,11 @@ A driver decides only *which* push comes next and *when* (the simulator: its sch
 virtual clock; the real driver: receiver threads and the wall clock) and carries the replies.
 Everything else happens here, with the same rules for both:
 
-* **the seam**: a driver hands the core what it needs when it begins (:meth:`RunCore.begin`: the
-  clients, its own state for checkpoints, where the parameters live), then hands it pushes and
-  carries the replies of each :class:`Outcome`; it reads the run's course through read-only
-  properties (``stopping``, ``error``, ``lost_clients``, ``used_clients``, ``time_s``) and asks
-  the core to write what it measured (:meth:`RunCore.record_timing`). The core writes every
-  table; no driver writes into its state or objects;
+* **the seam**: a driver hands the core what it needs in :meth:`RunCore.begin` (its clients,
+  its state for checkpoints, where the parameters live), then pushes; it carries the replies of
+  each :class:`Outcome`, reads the run through read-only properties and hands over what it
+  measured (:meth:`RunCore.record_timing`). The core writes every table; no driver writes into
+  its state or objects;
 * **a push, one pass** (:meth:`RunCore.on_push`): the divergence check (every push, also each
   push of a sync round before it is merged), the protocol's decision (a policy that holds no
   core, :mod:`repro.asgd.protocols`: told the push and who is live, it says what to apply, who
@@ -52,7 +51,7 @@ from repro.logs import get_logger
 from repro.problem.build import Problem
 from repro.problem.evaluation import EvalRequest, Evaluator, class_errors
 from repro.runs.folder import resume_hint
-from repro.runs.runlog import Progress, RunLog, diverged_advice, worse_than_start
+from repro.runs.runlog import Progress, RunLog, diverged_advice, nonfinite, worse_than_start
 from repro.runtime import environment
 
 log = get_logger("repro.runs.core")
@@ -168,10 +167,6 @@ class RunCore:
             self.state.stopping = True
 
     # -- a push ---------------------------------------------------------------------------------
-    @property
-    def accepting(self) -> bool:
-        return not self.state.stopping
-
     @property
     def stopping(self) -> bool:
         """No more pushes are applied (budget spent, diverged, failed, stopped)."""
@@ -316,7 +311,7 @@ class RunCore:
         for req, result in self.evaluator.poll(wait):
             if isinstance(result, Exception):
                 raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
-            why = _nonfinite(result, req.version)
+            why = nonfinite(result, req.version)
             if why:
                 self.runlog.next_eval = math.inf   # no more evaluations of a diverged run
                 self.diverge(why)
@@ -428,20 +423,4 @@ class RunCore:
                              force=True, test_loss=self.runlog.final.get("test_loss"))
         self.finished = summary
         return summary
-
-
-def _nonfinite(result: dict, version: int) -> str:
-    """Why an evaluation's result means divergence, or "". Finite parameters with non-finite
-    losses at version 0 are not a blow-up of training but of what it starts from: said so."""
-    if result.get("nonfinite"):
-        return f"non-finite parameters at the evaluation of version {version}"
-    bad = {k: v for k, v in result.items() if not math.isfinite(v)}
-    if not bad:
-        return ""
-    what = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
-    if version == 0:
-        return (f"the evaluation of version 0 gives non-finite {what} although the initial "
-                "parameters are finite: the data hold non-finite values, or the model overflows "
-                "at its initial parameters; nothing was trained")
-    return f"non-finite losses at the evaluation of version {version} ({what})"
 

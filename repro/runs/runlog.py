@@ -8,6 +8,7 @@ share an axis), time-to-target bookkeeping, events, and the atomic ``summary.jso
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -48,6 +49,22 @@ def diverged_advice(lr: float, num_clients: int) -> str:
     return (f"try a smaller algo.lr (now {lr:g}"
             + (f"; at {num_clients} clients staleness shrinks the step that stays stable)"
                if num_clients > 1 else ")"))
+
+
+def nonfinite(result: dict, version: int) -> str:
+    """Why an evaluation's result means divergence, or "". Finite parameters with non-finite
+    losses at version 0 are not a blow-up of training but of what it starts from: said so."""
+    if result.get("nonfinite"):
+        return f"non-finite parameters at the evaluation of version {version}"
+    bad = {k: v for k, v in result.items() if not math.isfinite(v)}
+    if not bad:
+        return ""
+    what = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+    if version == 0:
+        return (f"the evaluation of version 0 gives non-finite {what} although the initial "
+                "parameters are finite: the data hold non-finite values, or the model overflows "
+                "at its initial parameters; nothing was trained")
+    return f"non-finite losses at the evaluation of version {version} ({what})"
 
 
 def _fmt(value: Any) -> str:

@@ -107,11 +107,11 @@ class Simulation:
         core, stop = self.core, self.stop
         core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol,
                    fetching=not self.resumed, driver_state=self.state_dict)
-        while core.accepting and not stop.is_set():
+        while not core.stopping and not stop.is_set():
             if self.pending is None and self.churn is not None:
                 while self.churn.next_time() <= self.scheduler.peek() and self.churn.next_time() < math.inf:
                     self.membership(*self.churn.pop())
-                if not core.accepting:
+                if core.stopping:
                     break
                 if self.scheduler.peek() == math.inf:   # nobody computes and nobody comes back
                     break
@@ -167,7 +167,7 @@ class Simulation:
             self.down.discard(k)
         else:   # JOIN: a new id, its slot's settings (client_slot)
             self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
-        if not self.core.accepting:
+        if self.core.stopping:
             return
         self.core.join(k, t)
         self.clients[k].fetch(self.server.params, self.server.version)
