@@ -286,18 +286,15 @@ def _profile_title(frame: pd.DataFrame, profile: str) -> str:
 def draw_sync(frame: pd.DataFrame):
     """3 rows (throughput ratio, updates/s, time to target) x one column per cost profile;
     measured: markers (mean over seeds, bars min-max); predicted: dashed lines."""
-    import matplotlib as mpl
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
 
-    from repro.analysis.figures import _PALETTE, DIVERGED_MARKER, _new_figure
+    from repro.analysis.figures import (_PALETTE, DIVERGED_MARKER, _new_figure, _require, _seeds, mean_minmax,
+                                        ordered, plain_log_ticks)
 
-    if frame.empty:
-        raise ValueError("sync_vs_async: the frame has no rows (no usable runs)")
-    profiles = [p for p in PROFILE_ORDER if p in set(frame["cost.profile"])]
-    profiles += sorted(set(frame["cost.profile"]) - set(profiles))
-    protocols = [p for p in PROTOCOL_ORDER if p in set(frame["protocol"])]
-    protocols += sorted(set(frame["protocol"]) - set(protocols))
+    _require(frame, "sync_vs_async")
+    profiles = ordered(frame["cost.profile"], PROFILE_ORDER)
+    protocols = ordered(frame["protocol"], PROTOCOL_ORDER)
     colors = {p: _PALETTE[i] for i, p in enumerate(protocols)}
     shift = {p: 2 ** (0.06 * (i - (len(protocols) - 1) / 2)) for i, p in enumerate(protocols)}
     fig, axes = _new_figure(len(QUANTITIES), len(profiles), panel=(3.9, 2.9), sharex=True)
@@ -313,12 +310,8 @@ def draw_sync(frame: pd.DataFrame):
                 pred = mine[mine["kind"] == "predicted"].sort_values("num_clients")
                 if len(pred):
                     ax.plot(pred["num_clients"], pred["value"], color=colors[p], linestyle="--", lw=1.3)
-                meas = mine[(mine["kind"] == "measured") & ~mine["diverged"].astype(bool)]
-                stats = meas.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
-                xs = stats.index.to_numpy(float) * shift[p]
-                bars = [stats["mean"] - stats["min"], stats["max"] - stats["mean"]]
-                ax.errorbar(xs, stats["mean"], yerr=bars,
-                            color=colors[p], marker="o", capsize=2, ms=4.5, lw=0.8,
+                mean_minmax(ax, mine[(mine["kind"] == "measured") & ~mine["diverged"].astype(bool)],
+                            shift=shift[p], color=colors[p], marker="o", capsize=2, ms=4.5, lw=0.8,
                             linestyle="-" if q == "time_to_target_s" else "none")
                 if q == "time_to_target_s":
                     miss = mine[(mine["kind"] == "measured") & mine["value"].isna()]
@@ -336,15 +329,10 @@ def draw_sync(frame: pd.DataFrame):
                 ax.set_ylim(0, 1.15)
             else:
                 ax.set_yscale("log")
-                ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
-                ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-                ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
-            if row == 0:
-                ax.set_title(_profile_title(frame, profile))
-            if col == 0:
-                ax.set_ylabel(QUANTITIES[q])
-            if row == len(QUANTITIES) - 1:
-                ax.set_xlabel("clients N")
+                plain_log_ticks(ax.yaxis, subs=(1.0, 2.0, 3.0, 5.0))
+            ax.set(title=_profile_title(frame, profile) if row == 0 else "",
+                   ylabel=QUANTITIES[q] if col == 0 else "",
+                   xlabel="clients N" if row == len(QUANTITIES) - 1 else "")
     handles, labels = [], []
     for p in protocols:
         src = frame.loc[(frame["protocol"] == p) & (frame["kind"] == "predicted"), "source"]
@@ -361,12 +349,11 @@ def draw_sync(frame: pd.DataFrame):
         labels += ["target not reached in the budget", "diverged"]
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small",
                handler_map={tuple: HandlerTuple(ndivide=None)})
-    seeds = frame["seed"].dropna().nunique()
     nsync = "/".join(str(int(k)) for k in sorted(frame["nsync"].unique()))
     target = float(frame["target"].iloc[0])
     fig.suptitle("Sync vs async: what a barrier costs in throughput, and what it buys in time to "
-                 f"{100 * target:g}% training error\n(nsync = {nsync}; {seeds} seed"
-                 f"{'s' if seeds != 1 else ''}; virtual time)\nc: compute time of a step, f_i: client i's "
+                 f"{100 * target:g}% training error\n(nsync = {nsync}; {_seeds(frame)}; virtual time)"
+                 "\nc: compute time of a step, f_i: client i's "
                  "slowdown, S: a segment of nsync steps (mean-1 factors), o: 2 x transfer + server apply")
     return fig
 

@@ -214,10 +214,9 @@ def draw_uneven(frame: pd.DataFrame):
     import matplotlib as mpl
     from matplotlib.lines import Line2D
 
-    from repro.analysis.figures import DIVERGED_MARKER, _new_figure
+    from repro.analysis.figures import DIVERGED_MARKER, _new_figure, _require, _seeds
 
-    if frame.empty:
-        raise ValueError("uneven: the frame has no rows (no usable runs)")
+    _require(frame, "uneven")
     methods = method_order(frame.loc[frame["kind"] == "measured", "method"])
     families = [f for f in FAMILY_ORDER if f in set(frame["family"])]
     colors = dict(zip(families, mpl.colormaps["tab10"].colors))
@@ -281,10 +280,9 @@ def draw_uneven(frame: pd.DataFrame):
               "target not reached within the budget", "predicted (fixed step times, free communication)"]
     fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize="small")
     first = frame.iloc[0]
-    seeds = frame["seed"].dropna().nunique()
     fig.suptitle(f"An uneven cluster: {int(first['num_clients'])} clients, tau_i = 1 + sqrt(i) and one "
                  f"straggler, nsync {int(first['nsync'])}\n(client SGD lr {first['algo.lr']:g}; cost "
-                 f"{first['cost.profile']}; {seeds} seed{'s' if seeds != 1 else ''}; virtual time)")
+                 f"{first['cost.profile']}; {_seeds(frame)}; virtual time)")
     return fig
 
 
