@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.build import printed_table, register_figure
+from repro.analysis.frames import PREDICTED, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.analysis.tables import resolve_target, time_to_target
 
@@ -79,20 +80,17 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["mean_staleness_versions"] = r["run_dir"].map(st["mean"])
     r["max_staleness_versions"] = r["run_dir"].map(st["max"])
     r["mean_staleness_steps"] = r["mean_staleness_versions"] * r["nsync"]
-    r["kind"], r["source"], r["target"] = "measured", "simulator (this run)", target
+    r["target"] = target
     if "clock" not in r:
         r["clock"] = "virtual"
-    ident = [c for c in COLUMNS if c in r and c not in ("quantity", "value")]
-    measured = r.melt(id_vars=ident, value_vars=list(QUANTITIES), var_name="quantity",
-                      value_name="value")
+    measured = measured_rows(r, COLUMNS, QUANTITIES)
     rows = []
     for (mit, rule, proto, n, k), g in r.groupby(["mitigation", "server_rule", "protocol",
                                                   "num_clients", "nsync"], sort=False):
         pushes = int(g.loc[~g["diverged"], "final_version"].max()) if (~g["diverged"]).any() \
             else int(g["final_version"].max())
         base = {"mitigation": mit, "server_rule": rule, "protocol": proto, "num_clients": n,
-                "nsync": k, "seed": np.nan, "run_dir": None, "status": None, "diverged": False,
-                "kind": "predicted", "clock": g["clock"].iloc[0], "target": target,
+                "nsync": k, **PREDICTED, "clock": g["clock"].iloc[0], "target": target,
                 **{c: g[c].iloc[0] for c in ("algo.lr", "algo.momentum", "cost.profile")}}
         if proto == "sync":
             mean, src = 0.0, "sync: 0 by construction"

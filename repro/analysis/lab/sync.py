@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.build import printed_table, register_figure
+from repro.analysis.frames import PREDICTED, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged, recorded
 from repro.analysis.tables import resolve_target, time_to_target
 
@@ -242,11 +243,9 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     base = r[r["protocol"] == "async"].set_index(same)["samples_per_s"]
     key = list(zip(r["cost.profile"], r["num_clients"], r["nsync"], r["seed"]))
     r["throughput_ratio"] = r["samples_per_s"].to_numpy() / base.reindex(key).to_numpy()
-    clock = r["clock"] if "clock" in r else "virtual"
-    r["clock"], r["kind"], r["source"], r["target"] = clock, "measured", "simulator (this run)", target
-    quantities = ["samples_per_s", "updates_per_s", "throughput_ratio", "mean_round_s", "time_to_target_s"]
-    measured = r.melt(id_vars=[c for c in COLUMNS if c in r and c not in ("quantity", "value")],
-                      value_vars=quantities, var_name="quantity", value_name="value")
+    r["target"] = target
+    measured = measured_rows(r, COLUMNS, ["samples_per_s", "updates_per_s", "throughput_ratio", "mean_round_s",
+                                          "time_to_target_s"])
     rows = []
     for (profile, label, n, k), group in r.groupby(KEYS, sort=False):
         run = group.iloc[0]
@@ -262,9 +261,8 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                   "throughput_ratio": pred["segments_per_s"] / ref,
                   "mean_round_s": pred.get("mean_round_s", np.nan)}
         for q, v in values.items():
-            rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k,
-                         "seed": np.nan, "run_dir": None, "status": None, "diverged": False,
-                         "quantity": q, "value": v, "kind": "predicted", "source": source,
+            rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k, **PREDICTED,
+                         "quantity": q, "value": v, "source": source,
                          "clock": run["clock"] if "clock" in run else "virtual", "target": target})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.build import printed_table, register_figure
+from repro.analysis.frames import PREDICTED, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged
 
 TARGET_LOSS = 0.5   # training loss (cross-entropy, nats) whose first crossing times the methods
@@ -160,22 +161,20 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["time_to_target_s"] = r["run_dir"].map(time_to_loss(runs.evals, target))
     r["final_test_error_pct"] = 100.0 * pd.to_numeric(r["final_test_error"], errors="coerce")
     r["final_train_loss"] = pd.to_numeric(r["final_train_loss"], errors="coerce")
-    r["kind"], r["source"], r["target_loss"] = "measured", "simulator (this run)", target
+    r["target_loss"] = target
     if "clock" not in r:
         r["clock"] = "virtual"
+    measured = measured_rows(r, COLUMNS, QUANTITIES)
     ident = [c for c in COLUMNS if c in r and c not in ("quantity", "value")]
-    measured = r.melt(id_vars=ident, value_vars=list(QUANTITIES), var_name="quantity", value_name="value")
     rows = []
     for method, g in r.groupby("method", sort=False):
         first = g.iloc[0]
         value, source = predicted_step_time(first)
         if finite(value):
-            rows.append({**{c: first[c] for c in ident}, "seed": np.nan, "run_dir": None, "status": None,
-                         "diverged": False, "kind": "predicted", "source": source,
+            rows.append({**{c: first[c] for c in ident}, **PREDICTED, "source": source,
                          "quantity": "step_time_s", "value": value})
     base = {c: r.iloc[0][c] for c in ident}   # the cluster itself: each client's segment time
-    rows += [{**base, "method": "cluster", "family": "cluster", "seed": np.nan, "run_dir": None,
-              "status": None, "diverged": False, "kind": "predicted", "quantity": "tau_s", "value": tau,
+    rows += [{**base, "method": "cluster", "family": "cluster", **PREDICTED, "quantity": "tau_s", "value": tau,
               "source": f"client {k}: nsync x compute_s x its relative step time"}
              for k, tau in enumerate(segment_times(r.iloc[0]), start=1)]
     out = pd.concat([measured, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True)
