@@ -33,6 +33,7 @@ import pandas as pd
 
 from repro.analysis.build import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, measured_rows
+from repro.analysis.tables import time_to_target
 from repro.analysis.load import Runs, finite, is_diverged
 
 TARGET_LOSS = 0.5   # training loss (cross-entropy, nats) whose first crossing times the methods
@@ -133,16 +134,6 @@ def predicted_step_time(run: pd.Series) -> tuple[float, str]:
 # The frame
 # ---------------------------------------------------------------------------------------------
 
-def time_to_loss(evals: pd.DataFrame, target: float) -> pd.Series:
-    """Per run_dir: the first evaluation time with training loss <= target (NaN: never)."""
-    out = {}
-    for run_dir, ev in evals.groupby("run_dir", sort=False):
-        ev = ev.sort_values(["time_s", "version"], kind="stable")
-        hit = ev.loc[ev["train_loss"] <= target, "time_s"]
-        out[run_dir] = float(hit.iloc[0]) if len(hit) else math.nan
-    return pd.Series(out, dtype=float)
-
-
 def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """One row per (run, quantity) measured, plus one predicted step time per method with one.
     ``target``: the training loss to reach (default :data:`TARGET_LOSS`)."""
@@ -158,7 +149,8 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     last = runs.updates.sort_values("version").groupby("run_dir")["time_s"].last()
     steps = runs.updates.groupby("run_dir")["version"].max()
     r["step_time_s"] = r["run_dir"].map(last / steps)   # from time 0 to the last apply
-    r["time_to_target_s"] = r["run_dir"].map(time_to_loss(runs.evals, target))
+    r["time_to_target_s"] = r["run_dir"].map(
+        time_to_target(runs.evals, target, "train_loss").set_index("run_dir")["time_to_target_s"])
     r["final_test_error_pct"] = 100.0 * pd.to_numeric(r["final_test_error"], errors="coerce")
     r["final_train_loss"] = pd.to_numeric(r["final_train_loss"], errors="coerce")
     r["target_loss"] = target
