@@ -341,9 +341,7 @@ def staleness(frame: pd.DataFrame) -> Figure:
     for col, k in enumerate(levels):
         ax = axes[2, col]
         group = final[(final["nsync"] == k) & ~final["diverged"].astype(bool)]
-        stats = group.groupby("num_clients")["value"].agg(["mean", "min", "max"])
-        ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                    color="0.2", marker="o", capsize=3)
+        mean_minmax(ax, group, color="0.2", marker="o", capsize=3)
         bad = final[(final["nsync"] == k) & final["diverged"].astype(bool)]
         if len(bad):
             ax.plot(bad["num_clients"], bad["value"].where(np.isfinite(bad["value"]), 100.0),
