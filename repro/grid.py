@@ -41,15 +41,13 @@ import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from repro.files.locks import read_holder
-from repro.files.schema import FINISHED_STATUSES, LOCK_FILE
-from repro.runs.runlog import read_summary
-from repro.gridpoint import STOP_DIR, PointGuard, forget_folder, process_started
+from repro.gridpoint import (STOP_DIR, PointGuard, forget_folder, lock_holder, point_state, process_started,
+                             summary_status)
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
 log = logging.getLogger("repro")
@@ -150,30 +148,6 @@ def grid_points(config: DictConfig) -> list[str] | None:
 
     jobs = sweep_jobs(config)
     return None if jobs is None else [job_name(job) for job in jobs]
-
-
-def lock_holder(run_dir: Path) -> dict | None:
-    """Who holds the run folder's lock (:func:`repro.files.locks.read_holder`), read without taking it."""
-    return read_holder(Path(run_dir) / LOCK_FILE)
-
-
-def point_state(run_dir: Path) -> str:
-    """``running`` (its lock is held), ``done`` (a finished run), ``interrupted``, ``failed``,
-    ``killed`` (its summary still says running, nobody holds it) or ``waiting`` (no run yet)."""
-    if lock_holder(run_dir) is not None:
-        return "running"
-    status = _status(run_dir)
-    if status in FINISHED_STATUSES:
-        return "done"
-    if status == "running":
-        return "killed"
-    return status if status in ("interrupted", "failed") else "waiting"
-
-
-def _status(run_dir: Path) -> str | None:
-    """The status the folder's summary.json records (None: no readable summary)."""
-    summary = read_summary(run_dir)
-    return summary.get("status") if isinstance(summary, dict) else None
 
 
 def _varying(names: list[str]) -> dict[str, str]:
@@ -288,23 +262,25 @@ class Grid(Callback):
         while running and time.monotonic() < deadline:
             time.sleep(0.1)
             running = self._in_flight()
-        self._stop_watching()
-        self._restore_signals()
         remote = [f for f in self._folders() if (lock_holder(self.sweep_dir / f) or {}).get(
             "host", socket.gethostname()) != socket.gethostname()] if self.sweep_dir else []
-        _say(self.progress_line(final=True))
-        _say(f"[{self.label}] stopped by {name}"
-             + (f"; {len(running)} point(s) did not stop within {self.stop_wait_s:g} s and are "
-                "ended now" if running else "")
-             + (f"; {len(remote)} point(s) run on other hosts: they stop when they see the stop "
-                "mark (or scancel stops them)" if remote else "")
-             + self._resume_hint())
-        raise SystemExit(EXIT_INTERRUPTED)
+        self._halt(f"stopped by {name}"
+                   + (f"; {len(running)} point(s) did not stop within {self.stop_wait_s:g} s and are "
+                      "ended now" if running else "")
+                   + (f"; {len(remote)} point(s) run on other hosts: they stop when they see the stop "
+                      "mark (or scancel stops them)" if remote else ""))
 
-    def _resume_hint(self) -> str:
-        """How to go on, and where: a user who stopped a grid knows which folders to resume."""
-        return (". The same command with resume=auto continues the interrupted points and skips the "
-                "finished ones" + (f" (their folders are under {self.sweep_dir})" if self.sweep_dir else "") + ".")
+    def _halt(self, why: str) -> NoReturn:
+        """End the launch: the stop mark, the progress thread and the handlers go, the last
+        progress line, why, and how to go on (which folders to resume), then exit 130."""
+        self._mark_stopped()
+        self._stop_watching()
+        self._restore_signals()
+        _say(self.progress_line(final=True))
+        where = f" (their folders are under {self.sweep_dir})" if self.sweep_dir else ""
+        _say(f"[{self.label}] {why}. The same command with resume=auto continues the interrupted points "
+             f"and skips the finished ones{where}.")
+        raise SystemExit(EXIT_INTERRUPTED)
 
     def _restore_signals(self) -> None:
         if self._stop is not None:
@@ -336,13 +312,8 @@ class Grid(Callback):
         if os.getpid() != self.main_pid:
             return
         run_dir = Path(str(config.hydra.runtime.output_dir))
-        if _status(run_dir) == "interrupted":   # (an interrupted folder from an earlier launch is refused or resumed)
-            self._mark_stopped()
-            self._stop_watching()
-            self._restore_signals()
-            _say(self.progress_line(final=True))
-            _say(f"[{self.label}] stopped: {self._name(run_dir.name)} was interrupted" + self._resume_hint())
-            raise SystemExit(EXIT_INTERRUPTED)
+        if summary_status(run_dir) == "interrupted":   # (an interrupted folder from an earlier launch is refused or resumed)
+            self._halt(f"stopped: {self._name(run_dir.name)} was interrupted")
 
     # -- the stop mark ------------------------------------------------------------------------
     def mark_path(self) -> Path:
@@ -378,13 +349,10 @@ class Grid(Callback):
 
     def progress_line(self, final: bool = False, prefix: str = "", states: dict | None = None) -> str:
         states = self.states() if states is None else states
-        groups: dict[str, list[str]] = {}
-        for folder, state in states.items():
-            groups.setdefault(state, []).append(folder)
-        total = len(states)
-        done = len(groups.get("done", []))
-        skipped = len(self._skipped & set(groups.get("done", [])))
-        parts = [f"{done}/{total} done" + (f" ({skipped} skipped: already finished)" if skipped else "")]
+        groups = {state: [f for f, s in states.items() if s == state] for state in set(states.values())}
+        done = groups.get("done", [])
+        skipped = len(self._skipped & set(done))
+        parts = [f"{len(done)}/{len(states)} done" + (f" ({skipped} skipped: already finished)" if skipped else "")]
         for state in ("running", "interrupted", "failed", "killed"):
             if groups.get(state):
                 parts.append(f"{len(groups[state])} {state}: " + "; ".join(self._name(f) for f in groups[state]))

@@ -4,7 +4,8 @@ A grid's launcher (:class:`repro.grid.Grid`) asks its points to stop with a stop
 own launch, ``<sweep dir>/.grid_stops/<launch id>`` (a signal to the launcher alone never reaches
 them). A :class:`PointGuard` thread in each point's process reads the mark while the point runs
 and, on the launcher's host, checks that the launcher lives: a SIGKILLed launcher used to leave
-its workers alive for good, each holding its run folder's lock.
+its workers alive for good, each holding its run folder's lock. What state a point is in
+(:func:`point_state`) is read from its folder alone: the lock's holder and the summary.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from repro.files.locks import read_holder
+from repro.files.schema import FINISHED_STATUSES, LOCK_FILE
+from repro.runs.runlog import read_summary
 from repro.runtime import EXIT_INTERRUPTED, request_stop, runs_active
 
 STOP_DIR = ".grid_stops"   # in the sweep folder: one mark per launch asked to stop
@@ -88,3 +92,25 @@ def forget_folder(run_dir: Path) -> None:
     drop_hydra_record(run_dir)
     with contextlib.suppress(OSError):
         run_dir.rmdir()   # only when empty
+
+
+def lock_holder(run_dir: Path) -> dict | None:
+    """Who holds the run folder's lock (:func:`repro.files.locks.read_holder`), read without taking it."""
+    return read_holder(Path(run_dir) / LOCK_FILE)
+
+
+def point_state(run_dir: Path) -> str:
+    """``running`` (its lock is held), ``done`` (a finished run), ``interrupted``, ``failed``,
+    ``killed`` (its summary still says running, nobody holds it) or ``waiting`` (no run yet)."""
+    if lock_holder(run_dir) is not None:
+        return "running"
+    status = summary_status(run_dir)
+    if status in FINISHED_STATUSES:
+        return "done"
+    return {"running": "killed", "interrupted": "interrupted", "failed": "failed"}.get(status, "waiting")
+
+
+def summary_status(run_dir: Path) -> str | None:
+    """The status the folder's summary.json records (None: no readable summary)."""
+    summary = read_summary(run_dir)
+    return summary.get("status") if isinstance(summary, dict) else None

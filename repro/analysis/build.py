@@ -218,16 +218,21 @@ def file_label(text: str) -> str:
     return re.sub(r"[^\w.=,+-]", "_", text)
 
 
-def _write(name: str, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
+def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
+    """``draw()``'s figure as ``out/<stem>.png`` and ``.pdf``, and ``frame`` (the numbers behind
+    it) as ``.csv``; the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
+    paths = [out / f"{stem}.{ext}" for ext in ("png", "pdf", "csv")]
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams
-        fig = spec(name).draw(frame)
-        for ext in ("png", "pdf"):
-            paths.append(out / f"{stem}.{ext}")
-            fig.savefig(paths[-1])
-    paths.append(out / f"{stem}.csv")
-    frame.to_csv(paths[-1], index=False)
+        fig = draw()
+        for path in paths[:2]:
+            fig.savefig(path)
+    frame.to_csv(paths[2], index=False)
+    return paths
+
+
+def _write(name: str, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
+    paths = save_figure(lambda: spec(name).draw(frame), frame, out, stem)
     if spec(name).extra is not None:
         paths += _extra(spec(name).extra, frame, out, stem)
     return paths

@@ -87,6 +87,31 @@ def _require(frame: pd.DataFrame, name: str) -> None:
         raise ValueError(f"{name}: the frame has no rows (no usable runs)")
 
 
+def ordered(values: Iterable[Any], order: Iterable[Any]) -> list:
+    """The distinct ``values``: those named in ``order`` first, in its order, then the rest sorted."""
+    present, order = set(values), list(order)
+    return [v for v in order if v in present] + sorted(present - set(order))
+
+
+def plain_log_ticks(axis, subs: tuple[float, ...] | None = None) -> None:
+    """A log axis labelled in plain numbers (0.5, 2, 10), major ticks at ``subs`` of each decade
+    (None: the scale's own), minor ticks unlabelled."""
+    if subs is not None:
+        axis.set_major_locator(mpl.ticker.LogLocator(subs=subs))
+    axis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(mpl.ticker.NullFormatter())
+
+
+def mean_minmax(ax, rows: pd.DataFrame, x: str = "num_clients", y: str = "value", shift: float = 1.0,
+                **style) -> None:
+    """The mean of ``y`` over seeds at each ``x`` (times ``shift``, to set series apart), bars from
+    min to max; an ``x`` without a number is left out."""
+    stats = rows.groupby(x)[y].agg(["mean", "min", "max"]).dropna()
+    if len(stats):
+        ax.errorbar(stats.index.to_numpy(float) * shift, stats["mean"],
+                    yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]], **style)
+
+
 def mean_band(curves: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     """Mean/min/max of ``y`` over runs on a common ``x`` grid (linear interpolation per run).
 
@@ -138,15 +163,16 @@ def draw_diverged(ax, run: pd.DataFrame, x: str, y: str, color, label: str) -> N
             label=label, **DIVERGED_MARKER)
 
 
-def _legend(fig: Figure, axes: Iterable, title: str | None = None) -> None:
-    """One legend for the whole figure, labels de-duplicated across panels."""
+def _legend(fig: Figure, axes: Iterable, title: str | None = None, **kw) -> None:
+    """One legend for the whole figure, labels de-duplicated across panels (``kw``: the legend's
+    options beyond the defaults)."""
     seen: dict[str, Any] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
     if seen:
-        fig.legend(list(seen.values()), list(seen), title=title, loc="outside lower center",
-                   ncols=min(len(seen), 5))
+        fig.legend(list(seen.values()), list(seen), **{"title": title, "loc": "outside lower center",
+                                                       "ncols": min(len(seen), 5), **kw})
 
 
 def _seeds(frame: pd.DataFrame) -> str:
@@ -315,9 +341,7 @@ def staleness(frame: pd.DataFrame) -> Figure:
     for col, k in enumerate(levels):
         ax = axes[2, col]
         group = final[(final["nsync"] == k) & ~final["diverged"].astype(bool)]
-        stats = group.groupby("num_clients")["value"].agg(["mean", "min", "max"])
-        ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                    color="0.2", marker="o", capsize=3)
+        mean_minmax(ax, group, color="0.2", marker="o", capsize=3)
         bad = final[(final["nsync"] == k) & final["diverged"].astype(bool)]
         if len(bad):
             ax.plot(bad["num_clients"], bad["value"].where(np.isfinite(bad["value"]), 100.0),

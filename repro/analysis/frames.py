@@ -36,6 +36,18 @@ CURVE_COLUMNS = (*RUN_ID, "clock", "version", "epoch", "time_s", "train_error_pc
 START_COLUMNS = {"train_error": "start_train_error_pct", "test_error": "start_test_error_pct"}
 GROUP_ONLY = ("job", "target_error")  # identity columns the figure frames leave out
 METRICS = {"train_error_pct": "training error", "test_error_pct": "test error"}
+# What a lab frame's predicted row holds in place of a run's identity (beside its quantity).
+PREDICTED = {"seed": np.nan, "run_dir": None, "status": None, "diverged": False, "kind": "predicted"}
+
+
+def measured_rows(runs: pd.DataFrame, columns: list[str], quantities) -> pd.DataFrame:
+    """A lab frame's measured part, one row per (run, quantity) of ``runs`` (one row per run, a
+    column per quantity): of ``columns``, those the runs have beside ``quantity`` and ``value``;
+    ``kind`` measured, ``source`` the run, ``clock`` virtual unless the runs say."""
+    runs = runs.assign(kind="measured", source="simulator (this run)",
+                       clock=runs["clock"] if "clock" in runs else "virtual")
+    ident = [c for c in columns if c in runs and c not in ("quantity", "value")]
+    return runs.melt(id_vars=ident, value_vars=list(quantities), var_name="quantity", value_name="value")
 
 
 def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:

@@ -47,13 +47,14 @@ def resolve_target(frame: pd.DataFrame, override: float | None = None) -> float:
     return values[0]
 
 
-def time_to_target(evals: pd.DataFrame, target: float) -> pd.DataFrame:
-    """One row per run: its grouping columns, ``clock``, ``target`` and ``time_to_target_s``."""
+def time_to_target(evals: pd.DataFrame, target: float, metric: str = "train_error") -> pd.DataFrame:
+    """One row per run: its grouping columns, ``clock``, ``target`` and ``time_to_target_s``, the
+    first evaluation time at which ``metric`` <= ``target`` (the uneven lab's: ``train_loss``)."""
     keep = [c for c in ("run_dir", *GROUP_COLUMNS, "config_id") if c in evals]
     rows = []
     for _, run in evals.groupby("run_dir", sort=True):
         run = run.sort_values(["time_s", "version"], kind="stable")
-        hit = run.loc[run["train_error"] <= target, "time_s"]  # NaN errors never count
+        hit = run.loc[run[metric] <= target, "time_s"]  # NaN errors never count
         clocks = run["clock"].dropna().unique()
         rows.append({**run.iloc[0][keep].to_dict(),
                      "clock": clocks[0] if len(clocks) == 1 else "mixed",

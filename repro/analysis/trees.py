@@ -85,17 +85,13 @@ class Tree:
         return f"{KINDS[self.kind]} {self.path} ({names})"
 
 
-def _experiments(name: str) -> tuple[str, ...]:
-    return spec(name).exps
-
-
 def tree_kind(path: str | Path) -> str:
     """``"results"`` or ``"figures"``; :class:`ConfigError` when it is neither or both."""
     root = Path(path)
     if not root.is_dir():
         raise NoRunsError("compare", str(root), "an existing results tree or figures folder")
     csvs = [n for n in FIGURES if (root / f"{n}.csv").is_file()]
-    exps = [n for n in FIGURES if any((root / e).is_dir() for e in _experiments(n))]
+    exps = [n for n in FIGURES if any((root / e).is_dir() for e in spec(n).exps)]
     if csvs and exps:
         raise ConfigError("compare", str(root), "either a results tree or a figures folder, "
                                                 f"not both (it holds {csvs[0]}.csv and "
@@ -125,7 +121,7 @@ def read_tree(path: str | Path, names: tuple[str, ...] = tuple(FIGURES),
             if got is not None:
                 frames[name], targets[name] = got, _target(got)
             continue
-        exp = next((e for e in _experiments(name) if (root / e).is_dir()), None)
+        exp = next((e for e in spec(name).exps if (root / e).is_dir()), None)
         if exp is None:
             continue
         if exp not in loaded:

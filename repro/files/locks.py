@@ -83,17 +83,10 @@ def holder_info() -> dict:
 
 
 def _read_holder(fd: int) -> dict:
+    """The holder record a lock file holds ({} when released, release() empties it, or unreadable)."""
     try:
-        return _parse_holder(os.pread(fd, 4096, 0))
-    except OSError:
-        return {}
-
-
-def _parse_holder(data: bytes) -> dict:
-    """The holder record a lock file holds ({} when released: release() empties it)."""
-    try:
-        holder = json.loads(data.decode() or "{}")
-    except ValueError:
+        holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
         return {}
     return holder if isinstance(holder, dict) else {}
 

@@ -207,20 +207,8 @@ def _legend(ax) -> None:
 
 def write_figure(root: str | Path, out_dir: str | Path, stem: str = "sim_vs_real") -> list[Path]:
     """``out_dir/<stem>.png``, ``.pdf`` and ``.csv`` (the grid points' table) from ``root``."""
-    import matplotlib as mpl
-
-    from repro.analysis import figures
+    from repro.analysis.build import save_figure
 
     runs, stale, curves = read_runs(root)
     table = points_table(runs, stale)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    with mpl.rc_context(figures.style_rc()):
-        fig = draw(table, stale, curves)
-        for ext in ("png", "pdf"):
-            paths.append(out / f"{stem}.{ext}")
-            fig.savefig(paths[-1])
-    paths.append(out / f"{stem}.csv")
-    table.to_csv(paths[-1], index=False)
-    return paths
+    return save_figure(lambda: draw(table, stale, curves), table, Path(out_dir), stem)

@@ -108,7 +108,8 @@ def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] |
     try:
         with np.load(path, allow_pickle=False) as f:
             raw = {k: f[k] for k in _MNIST1D_ARRAYS}
-        n_tr = int(num_samples * _mnist1d_args(num_samples).train_split)
+        args = _mnist1d_args(num_samples)
+        n_tr = int(num_samples * args.train_split)
         sizes = {"x": n_tr, "y": n_tr, "x_test": num_samples - n_tr, "y_test": num_samples - n_tr}
         for k, v in raw.items():
             kind = "f" if k.startswith("x") else "iu"
@@ -116,13 +117,10 @@ def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] |
                 raise ValueError(f"array {k!r} has shape {v.shape} and dtype {v.dtype}")
             if kind == "f" and not np.isfinite(v).all():
                 raise ValueError(f"array {k!r} holds non-finite values")
-        width = _mnist1d_args(num_samples).final_seq_length
-        for k in ("x", "x_test"):
-            if raw[k].shape[1] != width:
-                raise ValueError(f"array {k!r} holds signals of length {raw[k].shape[1]}; the generator "
-                                 f"makes {width}")
-        for k in ("y", "y_test"):
-            if raw[k].size and (raw[k].min() < 0 or raw[k].max() >= MNIST1D_CLASSES):
+            if kind == "f" and v.shape[1] != args.final_seq_length:
+                raise ValueError(f"array {k!r} holds signals of length {v.shape[1]}; the generator "
+                                 f"makes {args.final_seq_length}")
+            if kind == "iu" and v.size and (v.min() < 0 or v.max() >= MNIST1D_CLASSES):
                 raise ValueError(f"array {k!r} holds labels outside 0..{MNIST1D_CLASSES - 1}")
         return raw
     except Exception as exc:   # zipfile, ValueError (pickled objects refused), KeyError, OSError

@@ -10,12 +10,8 @@ a resume makes before it touches a file, and a terminal summary on every ending.
   ``force=true`` (start over); starting over is never silent. ``resume=auto`` continues what can
   be continued and starts what cannot, for launchers that restart a job (torchrun).
 * **Resume checks** (before any file is touched): every training-shaping key must equal the
-  recorded one (:func:`repro.config.settings.differences`), the checkpoint must hold what a
-  resume reads (:func:`load_checkpoint`), and the tables must be intact up to the checkpoint
-  (:func:`repro.files.schema.check_table`; timings.csv, one row per handled push, up to the
-  row count the checkpoint recorded: :func:`repro.files.schema.check_handled`). Rows after the
-  checkpoint are dropped (the resumed run recomputes them); a damaged row before it is refused,
-  naming the file and line.
+  recorded one (:func:`repro.config.settings.differences`); the checkpoint and the tables up to
+  it are checked by :mod:`repro.runs.resume`.
 * **Every ending** (:func:`run_folder`): whatever happens inside, an exception or a forced
   second Ctrl-C included, the run ends with a terminal summary and the lock is released.
 """
@@ -39,8 +35,9 @@ from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import FileLock, LockHeld
-from repro.files.storage import atomic_write_text, read_checkpoint, write_json
+from repro.files.storage import write_json
 from repro.logs import get_logger
+from repro.runs.resume import resume_state
 from repro.runs.runlog import read_summary
 from repro.runtime import StopRequest
 
@@ -240,83 +237,6 @@ def start_fresh(run_dir: Path) -> None:
     shutil.rmtree(Path(run_dir) / "_tmp", ignore_errors=True)
 
 # ---------------------------------------------------------------------------------------------
-# The tables, up to the checkpoint
-# ---------------------------------------------------------------------------------------------
-
-
-def repair_tables(run_dir: Path, columns: dict[str, tuple], upto: dict[str, int]) -> list[str]:
-    """Verify each table ``name`` up to version ``upto[name]`` and drop the rows after it.
-    Returns what was repaired (for the log); raises ConfigError naming file and line when a row
-    the resumed run needs is damaged or missing."""
-    notes = []
-    for name, cols in columns.items():
-        path = Path(run_dir) / name
-        kept, dropped = schema.check_table(path, cols, upto[name], contiguous=name == schema.UPDATES_FILE)
-        if dropped:
-            atomic_write_text(path, "".join(kept))
-            notes.append(f"{name}: dropped {dropped} row(s) after version {upto[name]} (recomputed now)")
-    return notes
-
-
-def repair_timings(run_dir: Path, runlog: dict) -> list[str]:
-    """Keep the timings.csv rows written before the checkpoint (``runlog`` holds their count; a
-    checkpoint older than that count: the rows up to its version) and record in ``runlog`` how
-    many were kept, so the resumed run counts on from them. Returns what was repaired."""
-    path = Path(run_dir) / schema.TIMINGS_FILE
-    rows = runlog.get("timing_rows")
-    kept, dropped = schema.check_handled(path, schema.TIMING_COLUMNS, int(runlog["version"]),
-                                         None if rows is None else int(rows))
-    runlog["timing_rows"] = len(kept) - 1
-    if not dropped:
-        return []
-    atomic_write_text(path, "".join(kept))
-    return [f"{schema.TIMINGS_FILE}: dropped {dropped} row(s) written after the checkpoint (recomputed now)"]
-
-
-# ---------------------------------------------------------------------------------------------
-# The checkpoint a resume reads
-# ---------------------------------------------------------------------------------------------
-
-def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dict:
-    """The run folder's checkpoint, which must have been written by the ``kind`` driver and
-    hold the server, the run log and the driver's state."""
-    path = Path(run_dir) / schema.CHECKPOINT_FILE
-    if not path.exists():
-        raise ConfigError("resume", True, f"a run folder holding {schema.CHECKPOINT_FILE} "
-                          f"(none at {path}: nothing to resume; force=true starts over)")
-    state = read_checkpoint(path, device)
-    if state.get("kind") != kind:
-        raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
-                          f"{state.get('kind')!r} backend)")
-    missing = _missing(state, REQUIRED) + _missing(state.get("driver"), DRIVER[kind], "driver.")
-    if missing:
-        raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {', '.join(missing)})")
-    return state
-
-
-# What a checkpoint must hold for a resume to read it (key: type), per part.
-REQUIRED = {"server": dict, "server.params": torch.Tensor, "server.version": int, "server.rule": dict,
-            "runlog": dict, "runlog.version": int, "runlog.samples_seen": int, "runlog.next_eval": float,
-            "runlog.time_s": float, "runlog.last_eval_version": int, "runlog.events": list,
-            "runlog.final": dict, "runlog.wall_time_s": float, "driver": dict}
-
-DRIVER = {"sim": {"clients": dict, "scheduler": dict}, "real": {"clients": dict}}
-
-
-def _missing(state, required: dict, prefix: str = "") -> list[str]:
-    """The required keys (dotted) absent from ``state`` or of the wrong type."""
-    out = []
-    for key, kind in required.items():
-        node = state
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        ok = isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))
-        if not ok:
-            out.append(prefix + key)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # A run folder's life, for either driver
 # ---------------------------------------------------------------------------------------------
 
@@ -351,18 +271,7 @@ class FolderRun:
 
     def checkpoint(self, kind: str, device) -> dict | None:
         """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
-        if not self.resuming:
-            return None
-        state = load_checkpoint(self.run_dir, kind, device)
-        runlog = state["runlog"]
-        notes = repair_tables(self.run_dir, {schema.UPDATES_FILE: schema.UPDATE_COLUMNS,
-                                             schema.EVALS_FILE: schema.EVAL_COLUMNS},
-                              {schema.UPDATES_FILE: int(runlog["version"]),
-                               schema.EVALS_FILE: int(runlog["last_eval_version"])})
-        notes += repair_timings(self.run_dir, runlog)
-        for note in notes:
-            log.info(f"resume: {note}")
-        return state
+        return resume_state(self.run_dir, kind, device) if self.resuming else None
 
 
 @contextlib.contextmanager

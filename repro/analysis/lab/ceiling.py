@@ -155,25 +155,15 @@ def _bandwidth_title(bw: float) -> str:
 MARKERS = {MEASURED: dict(marker="o", ms=4.5), LOCKSTEP: dict(marker="s", ms=4.0, markerfacecolor="none")}
 
 
-def _measured(ax, rows: pd.DataFrame, color, style: dict) -> None:
-    """One series of measured points: the mean over seeds, bars from min to max."""
-    stats = rows.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
-    if len(stats):
-        ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                    color=color, lw=0.8, capsize=2, linestyle="none", **style)
-
-
 def draw_ceiling(frame: pd.DataFrame):
     """2 rows (samples/s, speedup) x one column per link bandwidth; one colour per nsync;
     measured with clients out of step (jitter): filled circles (mean over seeds, bars min-max);
     measured in lockstep (no jitter): hollow squares; predicted bound: dashed."""
-    import matplotlib as mpl
     from matplotlib.lines import Line2D
 
-    from repro.analysis.figures import _PALETTE, _new_figure
+    from repro.analysis.figures import _PALETTE, _new_figure, _require, mean_minmax, plain_log_ticks
 
-    if frame.empty:
-        raise ValueError("ceiling: the frame has no rows (no usable runs)")
+    _require(frame, "ceiling")
     bws = sorted(frame["cost.bandwidth_Bps"].unique(), key=lambda b: (not finite(b), b if finite(b) else 0))
     nsyncs = sorted(int(k) for k in frame["nsync"].unique())
     colors = {k: _PALETTE[i] for i, k in enumerate(nsyncs)}
@@ -189,7 +179,8 @@ def draw_ceiling(frame: pd.DataFrame):
                 pred = mine[mine["kind"] == "predicted"].sort_values("num_clients")
                 ax.plot(pred["num_clients"], pred["value"], color=colors[k], linestyle="--", lw=1.3)
                 for kind, style in MARKERS.items():
-                    _measured(ax, mine[(mine["kind"] == kind) & ~mine["diverged"].astype(bool)], colors[k], style)
+                    mean_minmax(ax, mine[(mine["kind"] == kind) & ~mine["diverged"].astype(bool)], color=colors[k],
+                                lw=0.8, capsize=2, linestyle="none", **style)
                 if len(pred) and (mine["kind"] != "predicted").any():   # what binds at the largest N
                     last = pred.iloc[-1]
                     ax.annotate(last["binding"], (last["num_clients"], last["value"]), color=colors[k],
@@ -198,19 +189,12 @@ def draw_ceiling(frame: pd.DataFrame):
                 ax.plot(counts, counts, color="0.6", lw=0.8, linestyle=":")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log", base=2 if q == "speedup" else 10)
-            if q != "speedup":
-                ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-                ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+            plain_log_ticks(ax.yaxis, subs=None if q == "speedup" else (1.0, 2.0, 5.0))
             ax.set_xticks(counts, [str(c) for c in counts])
             ax.set_xlim(counts[0] / 1.3, counts[-1] * 2.6)
             ax.minorticks_off()
-            ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            if row == 0:
-                ax.set_title(_bandwidth_title(bw))
-            if col == 0:
-                ax.set_ylabel(QUANTITIES[q])
-            if row == len(QUANTITIES) - 1:
-                ax.set_xlabel("clients N")
+            ax.set(title=_bandwidth_title(bw) if row == 0 else "", ylabel=QUANTITIES[q] if col == 0 else "",
+                   xlabel="clients N" if row == len(QUANTITIES) - 1 else "")
     handles = [Line2D([], [], color=colors[k], marker="o", linestyle="--") for k in nsyncs]
     labels = [f"nsync {k}" for k in nsyncs]
     handles += [Line2D([], [], color="0.3", linestyle="none", **MARKERS[MEASURED]),

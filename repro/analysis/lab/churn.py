@@ -41,10 +41,9 @@ def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 
 def draw_churn(frame: pd.DataFrame):
-    from repro.analysis.figures import _new_figure
+    from repro.analysis.figures import _new_figure, _require
 
-    if frame.empty:
-        raise ValueError("churn: the frame has no rows (no usable runs)")
+    _require(frame, "churn")
     fig, axes = _new_figure(1, 2, panel=(4.6, 3.4))
     mean = frame.groupby(["protocol", "preempt_rate"], as_index=False).mean(numeric_only=True)
     for name, d in mean.groupby("protocol"):

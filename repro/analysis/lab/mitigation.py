@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.build import printed_table, register_figure
+from repro.analysis.frames import PREDICTED, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.analysis.tables import resolve_target, time_to_target
 
@@ -79,20 +80,17 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["mean_staleness_versions"] = r["run_dir"].map(st["mean"])
     r["max_staleness_versions"] = r["run_dir"].map(st["max"])
     r["mean_staleness_steps"] = r["mean_staleness_versions"] * r["nsync"]
-    r["kind"], r["source"], r["target"] = "measured", "simulator (this run)", target
+    r["target"] = target
     if "clock" not in r:
         r["clock"] = "virtual"
-    ident = [c for c in COLUMNS if c in r and c not in ("quantity", "value")]
-    measured = r.melt(id_vars=ident, value_vars=list(QUANTITIES), var_name="quantity",
-                      value_name="value")
+    measured = measured_rows(r, COLUMNS, QUANTITIES)
     rows = []
     for (mit, rule, proto, n, k), g in r.groupby(["mitigation", "server_rule", "protocol",
                                                   "num_clients", "nsync"], sort=False):
         pushes = int(g.loc[~g["diverged"], "final_version"].max()) if (~g["diverged"]).any() \
             else int(g["final_version"].max())
         base = {"mitigation": mit, "server_rule": rule, "protocol": proto, "num_clients": n,
-                "nsync": k, "seed": np.nan, "run_dir": None, "status": None, "diverged": False,
-                "kind": "predicted", "clock": g["clock"].iloc[0], "target": target,
+                "nsync": k, **PREDICTED, "clock": g["clock"].iloc[0], "target": target,
                 **{c: g[c].iloc[0] for c in ("algo.lr", "algo.momentum", "cost.profile")}}
         if proto == "sync":
             mean, src = 0.0, "sync: 0 by construction"
@@ -114,15 +112,13 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 def draw_mitigation(frame: pd.DataFrame):
     """(a) final test error, (b) time to target, (c) mean staleness in local steps; x: the
     mitigation, one colour per nsync; mean over seeds with min-max bars, diverged runs 'x'."""
-    import matplotlib as mpl
     from matplotlib.lines import Line2D
 
-    from repro.analysis.figures import DIVERGED_MARKER, _new_figure, nsync_colors
+    from repro.analysis.figures import (DIVERGED_MARKER, _new_figure, _require, _seeds, nsync_colors, ordered,
+                                        plain_log_ticks)
 
-    if frame.empty:
-        raise ValueError("mitigation: the frame has no rows (no usable runs)")
-    names = [m[0] for m in MITIGATIONS.values() if m[0] in set(frame["mitigation"])]
-    names += sorted(set(frame["mitigation"]) - set(names))
+    _require(frame, "mitigation")
+    names = ordered(frame["mitigation"], [m[0] for m in MITIGATIONS.values()])
     levels = sorted(int(k) for k in frame["nsync"].unique())
     colors = nsync_colors(levels)
     width = 0.62 / max(len(levels), 1)
@@ -159,12 +155,10 @@ def draw_mitigation(frame: pd.DataFrame):
                     linestyle="--", lw=1.4)
         if q == "mean_staleness_steps":
             ax.set_yscale("symlog", linthresh=1.0)
+            plain_log_ticks(ax.yaxis)
         else:
             ax.set_yscale("log")
-        if q != "mean_staleness_steps":
-            ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
-        ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+            plain_log_ticks(ax.yaxis, subs=(1.0, 2.0, 3.0, 5.0))
         ax.set_xticks(range(len(names)), names)
         ax.set(ylabel=ylabel, title=title, xlim=(-0.6, len(names) - 0.4))
     handles = [Line2D([], [], color=colors[k], marker="o", linestyle="none") for k in levels]
@@ -184,11 +178,10 @@ def draw_mitigation(frame: pd.DataFrame):
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small",
                columnspacing=4.0)
     n = "/".join(str(int(v)) for v in sorted(frame["num_clients"].unique()))
-    seeds = frame["seed"].dropna().nunique()
     first = frame.iloc[0]
     fig.suptitle(f"Mitigating staleness: {n} clients, plain async Downpour vs its fixes, per nsync\n"
                  f"(client SGD lr {first['algo.lr']:g}, momentum {first['algo.momentum']:g}; cost "
-                 f"{first['cost.profile']}; {seeds} seed{'s' if seeds != 1 else ''}; virtual time)")
+                 f"{first['cost.profile']}; {_seeds(frame)}; virtual time)")
     return fig
 
 

@@ -44,7 +44,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from repro.analysis.build import register_figure
-from repro.analysis.figures import _new_figure, client_color, client_label
+from repro.analysis.figures import _new_figure, _require, client_color, client_label
 from repro.analysis.load import Runs, is_diverged, recorded
 
 WINDOW = 100          # server versions compared (the experiment's whole budget)
@@ -249,8 +249,7 @@ def draw_momentum(frame: pd.DataFrame) -> Figure:
     """(a) N plain-SGD clients' loss beside the predicted momentum-SGD curve, both relative to one
     plain-SGD client; (b) implicit momentum against 1 - 1/N; (c) loss after the window against
     explicit momentum, with the measured and the predicted best."""
-    if frame.empty:
-        raise ValueError("momentum: the frame has no rows (no usable runs)")
+    _require(frame, "momentum")
     fig, axes = _new_figure(1, 3, panel=(4.8, 3.8))
     ax_curve, ax_mu, ax_exp = axes[0]
     counts = sorted(int(n) for n in frame["num_clients"].dropna().unique())

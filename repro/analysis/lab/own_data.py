@@ -99,10 +99,9 @@ def draw_own_data(frame: pd.DataFrame):
     over seeds; the slow client's classes framed."""
     import matplotlib as mpl
 
-    from repro.analysis.figures import _new_figure
+    from repro.analysis.figures import _new_figure, _require, _seeds
 
-    if frame.empty:
-        raise ValueError("own_data: the frame has no rows (no usable runs)")
+    _require(frame, "own_data")
     classes = frame[frame["quantity"] == "class_test_error_pct"]
     parts = partition_order(frame["partition"])
     methods = method_order(frame["method"])
@@ -134,12 +133,11 @@ def draw_own_data(frame: pd.DataFrame):
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.6, label="final test error of the class (%)")
     first = frame.iloc[0]
-    seeds = frame["seed"].dropna().nunique()
     fig.suptitle(f"Clients with their own data: {int(first['num_clients'])} clients, client "
                  f"{int(first['slow_client'])} {first['cost.straggler_factor']:g}x slower and alone holding "
                  f"its classes\nper-class test error after {first['num_epochs']:g} epochs (client SGD lr "
-                 f"{first['algo.lr']:g}, nsync {int(first['nsync'])}; mean of {seeds} seed"
-                 f"{'s' if seeds != 1 else ''}); no closed-form prediction")
+                 f"{first['algo.lr']:g}, nsync {int(first['nsync'])}; mean of {_seeds(frame)}); no "
+                 "closed-form prediction")
     return fig
 
 

@@ -46,7 +46,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from repro.analysis.build import register_figure
-from repro.analysis.figures import _new_figure
+from repro.analysis.figures import _legend, _new_figure, _require
 from repro.analysis.load import Runs, finite, recorded
 
 CONVERGED_FACTOR = 10.0   # converged: the loss fell at least this many times
@@ -164,8 +164,7 @@ def _title(problem: str, part: pd.DataFrame) -> str:
 def draw_stability(frame: pd.DataFrame) -> Figure:
     """One panel per problem: each (staleness, lr) cell's outcome, the measured boundary with
     its bracket, and the predicted boundary (dashed)."""
-    if frame.empty:
-        raise ValueError("stability: the frame has no rows (no usable runs)")
+    _require(frame, "stability")
     problems = sorted(frame["problem"].dropna().unique(), key=lambda p: (p != "quadratic", p))
     fig, axes = _new_figure(1, len(problems), panel=(4.6, 4.0), sharey=True)
     for ax, problem in zip(axes[0], problems):
@@ -192,12 +191,7 @@ def draw_stability(frame: pd.DataFrame) -> Figure:
                xlabel=r"staleness $\tau$ = N $-$ 1 (server versions)", title=_title(problem, part))
     axes[0, 0].set_ylabel("learning rate lr (log scale)")
     axes[0, 0].yaxis.set_minor_formatter(NullFormatter())
-    handles = {}
-    for ax in axes.flat:   # one legend for both panels, each entry once
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, h)
-    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=2,
-               fontsize="small")
+    _legend(fig, axes.flat, ncols=2, fontsize="small")
     fig.suptitle("Stable or not: learning rate x staleness (uniform costs, nsync = 1: every push "
                  "is N - 1 versions stale)")
     return fig

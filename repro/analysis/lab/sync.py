@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.build import printed_table, register_figure
+from repro.analysis.frames import PREDICTED, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged, recorded
 from repro.analysis.tables import resolve_target, time_to_target
 
@@ -242,11 +243,9 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     base = r[r["protocol"] == "async"].set_index(same)["samples_per_s"]
     key = list(zip(r["cost.profile"], r["num_clients"], r["nsync"], r["seed"]))
     r["throughput_ratio"] = r["samples_per_s"].to_numpy() / base.reindex(key).to_numpy()
-    clock = r["clock"] if "clock" in r else "virtual"
-    r["clock"], r["kind"], r["source"], r["target"] = clock, "measured", "simulator (this run)", target
-    quantities = ["samples_per_s", "updates_per_s", "throughput_ratio", "mean_round_s", "time_to_target_s"]
-    measured = r.melt(id_vars=[c for c in COLUMNS if c in r and c not in ("quantity", "value")],
-                      value_vars=quantities, var_name="quantity", value_name="value")
+    r["target"] = target
+    measured = measured_rows(r, COLUMNS, ["samples_per_s", "updates_per_s", "throughput_ratio", "mean_round_s",
+                                          "time_to_target_s"])
     rows = []
     for (profile, label, n, k), group in r.groupby(KEYS, sort=False):
         run = group.iloc[0]
@@ -262,9 +261,8 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                   "throughput_ratio": pred["segments_per_s"] / ref,
                   "mean_round_s": pred.get("mean_round_s", np.nan)}
         for q, v in values.items():
-            rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k,
-                         "seed": np.nan, "run_dir": None, "status": None, "diverged": False,
-                         "quantity": q, "value": v, "kind": "predicted", "source": source,
+            rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k, **PREDICTED,
+                         "quantity": q, "value": v, "source": source,
                          "clock": run["clock"] if "clock" in run else "virtual", "target": target})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]
@@ -286,18 +284,15 @@ def _profile_title(frame: pd.DataFrame, profile: str) -> str:
 def draw_sync(frame: pd.DataFrame):
     """3 rows (throughput ratio, updates/s, time to target) x one column per cost profile;
     measured: markers (mean over seeds, bars min-max); predicted: dashed lines."""
-    import matplotlib as mpl
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
 
-    from repro.analysis.figures import _PALETTE, DIVERGED_MARKER, _new_figure
+    from repro.analysis.figures import (_PALETTE, DIVERGED_MARKER, _new_figure, _require, _seeds, mean_minmax,
+                                        ordered, plain_log_ticks)
 
-    if frame.empty:
-        raise ValueError("sync_vs_async: the frame has no rows (no usable runs)")
-    profiles = [p for p in PROFILE_ORDER if p in set(frame["cost.profile"])]
-    profiles += sorted(set(frame["cost.profile"]) - set(profiles))
-    protocols = [p for p in PROTOCOL_ORDER if p in set(frame["protocol"])]
-    protocols += sorted(set(frame["protocol"]) - set(protocols))
+    _require(frame, "sync_vs_async")
+    profiles = ordered(frame["cost.profile"], PROFILE_ORDER)
+    protocols = ordered(frame["protocol"], PROTOCOL_ORDER)
     colors = {p: _PALETTE[i] for i, p in enumerate(protocols)}
     shift = {p: 2 ** (0.06 * (i - (len(protocols) - 1) / 2)) for i, p in enumerate(protocols)}
     fig, axes = _new_figure(len(QUANTITIES), len(profiles), panel=(3.9, 2.9), sharex=True)
@@ -313,12 +308,8 @@ def draw_sync(frame: pd.DataFrame):
                 pred = mine[mine["kind"] == "predicted"].sort_values("num_clients")
                 if len(pred):
                     ax.plot(pred["num_clients"], pred["value"], color=colors[p], linestyle="--", lw=1.3)
-                meas = mine[(mine["kind"] == "measured") & ~mine["diverged"].astype(bool)]
-                stats = meas.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
-                xs = stats.index.to_numpy(float) * shift[p]
-                bars = [stats["mean"] - stats["min"], stats["max"] - stats["mean"]]
-                ax.errorbar(xs, stats["mean"], yerr=bars,
-                            color=colors[p], marker="o", capsize=2, ms=4.5, lw=0.8,
+                mean_minmax(ax, mine[(mine["kind"] == "measured") & ~mine["diverged"].astype(bool)],
+                            shift=shift[p], color=colors[p], marker="o", capsize=2, ms=4.5, lw=0.8,
                             linestyle="-" if q == "time_to_target_s" else "none")
                 if q == "time_to_target_s":
                     miss = mine[(mine["kind"] == "measured") & mine["value"].isna()]
@@ -336,15 +327,10 @@ def draw_sync(frame: pd.DataFrame):
                 ax.set_ylim(0, 1.15)
             else:
                 ax.set_yscale("log")
-                ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
-                ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-                ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
-            if row == 0:
-                ax.set_title(_profile_title(frame, profile))
-            if col == 0:
-                ax.set_ylabel(QUANTITIES[q])
-            if row == len(QUANTITIES) - 1:
-                ax.set_xlabel("clients N")
+                plain_log_ticks(ax.yaxis, subs=(1.0, 2.0, 3.0, 5.0))
+            ax.set(title=_profile_title(frame, profile) if row == 0 else "",
+                   ylabel=QUANTITIES[q] if col == 0 else "",
+                   xlabel="clients N" if row == len(QUANTITIES) - 1 else "")
     handles, labels = [], []
     for p in protocols:
         src = frame.loc[(frame["protocol"] == p) & (frame["kind"] == "predicted"), "source"]
@@ -361,12 +347,11 @@ def draw_sync(frame: pd.DataFrame):
         labels += ["target not reached in the budget", "diverged"]
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small",
                handler_map={tuple: HandlerTuple(ndivide=None)})
-    seeds = frame["seed"].dropna().nunique()
     nsync = "/".join(str(int(k)) for k in sorted(frame["nsync"].unique()))
     target = float(frame["target"].iloc[0])
     fig.suptitle("Sync vs async: what a barrier costs in throughput, and what it buys in time to "
-                 f"{100 * target:g}% training error\n(nsync = {nsync}; {seeds} seed"
-                 f"{'s' if seeds != 1 else ''}; virtual time)\nc: compute time of a step, f_i: client i's "
+                 f"{100 * target:g}% training error\n(nsync = {nsync}; {_seeds(frame)}; virtual time)"
+                 "\nc: compute time of a step, f_i: client i's "
                  "slowdown, S: a segment of nsync steps (mean-1 factors), o: 2 x transfer + server apply")
     return fig
 

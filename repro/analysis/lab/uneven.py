@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.build import printed_table, register_figure
+from repro.analysis.frames import PREDICTED, measured_rows
+from repro.analysis.tables import time_to_target
 from repro.analysis.load import Runs, finite, is_diverged
 
 TARGET_LOSS = 0.5   # training loss (cross-entropy, nats) whose first crossing times the methods
@@ -132,16 +134,6 @@ def predicted_step_time(run: pd.Series) -> tuple[float, str]:
 # The frame
 # ---------------------------------------------------------------------------------------------
 
-def time_to_loss(evals: pd.DataFrame, target: float) -> pd.Series:
-    """Per run_dir: the first evaluation time with training loss <= target (NaN: never)."""
-    out = {}
-    for run_dir, ev in evals.groupby("run_dir", sort=False):
-        ev = ev.sort_values(["time_s", "version"], kind="stable")
-        hit = ev.loc[ev["train_loss"] <= target, "time_s"]
-        out[run_dir] = float(hit.iloc[0]) if len(hit) else math.nan
-    return pd.Series(out, dtype=float)
-
-
 def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """One row per (run, quantity) measured, plus one predicted step time per method with one.
     ``target``: the training loss to reach (default :data:`TARGET_LOSS`)."""
@@ -157,25 +149,24 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     last = runs.updates.sort_values("version").groupby("run_dir")["time_s"].last()
     steps = runs.updates.groupby("run_dir")["version"].max()
     r["step_time_s"] = r["run_dir"].map(last / steps)   # from time 0 to the last apply
-    r["time_to_target_s"] = r["run_dir"].map(time_to_loss(runs.evals, target))
+    r["time_to_target_s"] = r["run_dir"].map(
+        time_to_target(runs.evals, target, "train_loss").set_index("run_dir")["time_to_target_s"])
     r["final_test_error_pct"] = 100.0 * pd.to_numeric(r["final_test_error"], errors="coerce")
     r["final_train_loss"] = pd.to_numeric(r["final_train_loss"], errors="coerce")
-    r["kind"], r["source"], r["target_loss"] = "measured", "simulator (this run)", target
+    r["target_loss"] = target
     if "clock" not in r:
         r["clock"] = "virtual"
+    measured = measured_rows(r, COLUMNS, QUANTITIES)
     ident = [c for c in COLUMNS if c in r and c not in ("quantity", "value")]
-    measured = r.melt(id_vars=ident, value_vars=list(QUANTITIES), var_name="quantity", value_name="value")
     rows = []
     for method, g in r.groupby("method", sort=False):
         first = g.iloc[0]
         value, source = predicted_step_time(first)
         if finite(value):
-            rows.append({**{c: first[c] for c in ident}, "seed": np.nan, "run_dir": None, "status": None,
-                         "diverged": False, "kind": "predicted", "source": source,
+            rows.append({**{c: first[c] for c in ident}, **PREDICTED, "source": source,
                          "quantity": "step_time_s", "value": value})
     base = {c: r.iloc[0][c] for c in ident}   # the cluster itself: each client's segment time
-    rows += [{**base, "method": "cluster", "family": "cluster", "seed": np.nan, "run_dir": None,
-              "status": None, "diverged": False, "kind": "predicted", "quantity": "tau_s", "value": tau,
+    rows += [{**base, "method": "cluster", "family": "cluster", **PREDICTED, "quantity": "tau_s", "value": tau,
               "source": f"client {k}: nsync x compute_s x its relative step time"}
              for k, tau in enumerate(segment_times(r.iloc[0]), start=1)]
     out = pd.concat([measured, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True)
@@ -214,10 +205,9 @@ def draw_uneven(frame: pd.DataFrame):
     import matplotlib as mpl
     from matplotlib.lines import Line2D
 
-    from repro.analysis.figures import DIVERGED_MARKER, _new_figure
+    from repro.analysis.figures import DIVERGED_MARKER, _new_figure, _require, _seeds
 
-    if frame.empty:
-        raise ValueError("uneven: the frame has no rows (no usable runs)")
+    _require(frame, "uneven")
     methods = method_order(frame.loc[frame["kind"] == "measured", "method"])
     families = [f for f in FAMILY_ORDER if f in set(frame["family"])]
     colors = dict(zip(families, mpl.colormaps["tab10"].colors))
@@ -281,10 +271,9 @@ def draw_uneven(frame: pd.DataFrame):
               "target not reached within the budget", "predicted (fixed step times, free communication)"]
     fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize="small")
     first = frame.iloc[0]
-    seeds = frame["seed"].dropna().nunique()
     fig.suptitle(f"An uneven cluster: {int(first['num_clients'])} clients, tau_i = 1 + sqrt(i) and one "
                  f"straggler, nsync {int(first['nsync'])}\n(client SGD lr {first['algo.lr']:g}; cost "
-                 f"{first['cost.profile']}; {seeds} seed{'s' if seeds != 1 else ''}; virtual time)")
+                 f"{first['cost.profile']}; {_seeds(frame)}; virtual time)")
     return fig
 
 
