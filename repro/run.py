@@ -19,9 +19,11 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from repro.config import help as confhelp
+from repro.config.checks import validate
 from repro.config.help import CONF_DIR, compose, group_options, parse
 from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
@@ -50,17 +52,24 @@ def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
     settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
     :class:`~repro.sim.driver.Resolved` config), and under torchrun the world decides
     ``num_clients`` (:func:`repro.real.launch.world_config`). What comes back is frozen and no
-    driver rewrites it. Raises ConfigError (exit 2) on a bad recording or world."""
+    driver rewrites it. ``cfg`` was validated where it entered (:func:`parse`); a config this
+    step rewrites is a new one, validated here. Raises ConfigError (exit 2) on a bad recording
+    or world."""
     if cfg.backend.name == "real":
         env = torchrun_env()
         if env is None:
             return cfg
         from repro.real.launch import world_config
 
-        return world_config(cfg, env)
-    from repro.sim.driver import resolve as resolve_sim
+        resolved = world_config(cfg, env)
+    else:
+        from repro.sim.driver import resolve as resolve_sim
 
-    return resolve_sim(cfg, run_dir)
+        resolved = resolve_sim(cfg, run_dir)
+    rewritten = getattr(resolved, "cfg", resolved)
+    if rewritten is not cfg:   # torchrun's world, a replay, a fit: e.g. backup workers vs clients
+        validate(rewritten)
+    return resolved
 
 
 def run(cfg: RunConfig, run_dir: str | Path) -> dict:
@@ -131,18 +140,20 @@ def _exit_bad_input(err: ConfigError | str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(dcfg: DictConfig) -> float | None:
+def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
+    """One run in the folder Hydra made for it: ``cfg`` is the config the command line parsed
+    (a single run), or None for a grid point, parsed here from Hydra's ``dcfg``."""
     # Hydra's public resolver for its own settings: this job's folder, and single run or grid
-    job = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
-    run_dir = Path(job.dir)
+    mode = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
+    run_dir = Path(mode.dir)
     from repro.runs.folder import writable
 
     if not writable(run_dir):   # a finished run is only skipped there: no run.log either
         detach_files_in(run_dir)
     try:
-        cfg = parse(dcfg)
-        check_components(cfg)
+        if cfg is None:
+            cfg = parse(dcfg)
+            check_components(cfg)
         mark("main", "config parsed")
         summary = run(cfg, run_dir)
     except ConfigError as err:
@@ -150,7 +161,7 @@ def main(dcfg: DictConfig) -> float | None:
         _remove_empty_run_dir(run_dir.resolve(), results)
         _exit_bad_input(err)
     except OSError as err:
-        if err.errno not in DISK_FAULTS or "MULTIRUN" in str(job.mode):
+        if err.errno not in DISK_FAULTS or "MULTIRUN" in str(mode.mode):
             raise
         # a full disk (the summary says so too): one line, not a traceback
         print(f"failed: {err.strerror}\nrun folder: {pasteable(run_dir)}", file=sys.stderr, flush=True)
@@ -158,9 +169,36 @@ def main(dcfg: DictConfig) -> float | None:
     status_line, folder_line = last_lines(summary, run_dir, _without_classes(cfg)).splitlines()
     log.info(status_line)
     print(folder_line, flush=True)
-    if summary["status"] not in ("completed", "completed_degraded") and "MULTIRUN" not in str(job.mode):
+    if summary["status"] not in ("completed", "completed_degraded") and "MULTIRUN" not in str(mode.mode):
         sys.exit(EXIT_INTERRUPTED if summary["status"] == "interrupted" else 1)
     return (summary.get("final") or {}).get("test_error")
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(dcfg: DictConfig) -> float | None:
+    """Hydra's entry: a grid's points, and a command line with Hydra's own flags."""
+    return job(dcfg)
+
+
+def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
+    """A single run of the config the command line composed and parsed once (``dcfg`` with
+    Hydra's node, ``cfg`` its RunConfig): what ``@hydra.main`` does after its own composition
+    (Hydra's logging, its callbacks, the job in its run folder), without composing again."""
+    from hydra._internal.callbacks import Callbacks   # the aggregate Hydra.run builds (hydra 1.3)
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext
+    from omegaconf import read_write
+
+    configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
+    with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
+        dcfg.hydra.mode = RunMode.RUN
+        dcfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+    callbacks = Callbacks(dcfg)
+    callbacks.on_run_start(config=dcfg, config_name="config")
+    ret = run_job(task_function=lambda _: job(dcfg, cfg), config=dcfg, job_dir_key="hydra.run.dir",
+                  job_subdir_key=None, hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
+    callbacks.on_run_end(config=dcfg, config_name="config", job_return=ret)
+    _ = ret.return_value   # re-raises what the job raised
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +280,11 @@ def check_overrides(argv: list[str]) -> None:
                             + " (python -m repro.run --help lists every key)")
 
 
+def _hydra_flags(argv: list[str]) -> bool:
+    """Hydra's own flags (``--cfg job``, ``--info``, ``-m``): Hydra's main handles them."""
+    return any(a.startswith("-") for a in argv)
+
+
 def _is_sweep(argv: list[str]) -> bool:
     return any(a in ("-m", "--multirun") for a in argv) or any(
         re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
@@ -263,35 +306,38 @@ def _warm_fork_server(argv: list[str]) -> None:
         fork_server_context(start=True)
 
 
-def precheck(argv: list[str]) -> None:
-    """A single run's whole config, validated before Hydra makes a folder: every key's range,
-    the model against the data, a key set under the wrong backend. (Grid points are checked
-    as each starts.)"""
+def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
+    """A single run's whole config, composed once and validated before Hydra makes a folder:
+    every key's range, the model against the data, a key set under the wrong backend, a run
+    folder that cannot be made. Returns the composed config (Hydra's node with it) and its
+    RunConfig, which the run goes on with (:func:`run_composed`); None for a grid, whose points
+    are checked as each starts."""
     if _is_sweep(argv):
-        return
+        return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
-        dcfg = compose(overrides)
+        dcfg = compose(overrides, return_hydra_config=True)
     except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
         key = next((k for _, k, _ in _overrides(overrides) if f"'{k}'" in str(exc)), None)
         owner = _owning_option(key) if key else None
         if owner:
             _exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
         _exit_bad_input(str(exc).splitlines()[0])
-    try:
-        check_components(parse(dcfg))
+    try:   # the settings without Hydra's node (its ${hydra:...} need a job)
+        cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
+        check_components(cfg)
     except ConfigError as err:
         _exit_bad_input(err)
-    _check_folder_writable(overrides)
+    _check_folder_writable(dcfg)
+    return dcfg, cfg
 
 
-def _check_folder_writable(overrides: list[str]) -> None:
+def _check_folder_writable(dcfg: DictConfig) -> None:
     """A new run whose folder cannot be made (a read-only file system, no permission): Hydra
     would die making it, with a raw "Read-only file system". An existing folder is the run
     core's to judge (a finished run is skipped without writing, anything else refused)."""
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
 
-    dcfg = compose(overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     run_dir = Path(str(OmegaConf.select(dcfg, "hydra.run.dir"))).absolute()
     existing = run_dir
@@ -366,8 +412,11 @@ def cli() -> None:
         with StopRequest():
             try:
                 _warm_fork_server(argv)
-                precheck(argv)
-                main()
+                checked = precheck(argv)
+                if checked is None or _hydra_flags(argv) or checked[0].hydra.mode == RunMode.MULTIRUN:
+                    main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
+                else:
+                    run_composed(*checked)
             except KeyboardInterrupt:
                 sys.exit(EXIT_INTERRUPTED)
     finally:

@@ -119,25 +119,12 @@ def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
         f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
 
 
-_VALID: set[str] = set()   # repr of every config validate() passed in this process (frozen: it
-                           # stays valid; repr, not ==, which holds 1 == 1.0 == True)
-
-
 def validate(cfg: RunConfig) -> None:
     """Every key against its declared valid values, then the checks that relate two keys.
     Needs no data; :func:`repro.problem.build.check_components` checks the model and the batch
-    against the data. Every entry point asks (the command line as it parses, the API, every run
-    folder), so the work is done once per process for a config: the answer is remembered."""
-    key = repr(cfg)
-    if key in _VALID:
-        return
-    _check(cfg)
-    if len(_VALID) > 4096:   # a long test session builds many configs
-        _VALID.clear()
-    _VALID.add(key)
-
-
-def _check(cfg: RunConfig) -> None:
+    against the data. Asked once per config, where a config enters: :func:`from_dict` (the
+    command line's parse, a config.json, the API's settings) and the Python entry points that
+    change a parsed config (``repro.api.run_config``, the explorer); the drivers trust theirs."""
     _check_leaves(cfg, RunConfig, "")
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "

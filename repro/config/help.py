@@ -24,7 +24,6 @@ import difflib
 import inspect
 import textwrap
 import typing
-from functools import lru_cache
 from pathlib import Path
 
 from repro.config import checks
@@ -55,7 +54,6 @@ GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
 OPTIONAL_GROUPS = ("exp", "problem", "mitigation", "partition")   # added with +GROUP=OPTION, never in defaults
 
 
-@lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
     """{field: the docstring written under it} (attribute docstrings are not kept at run time,
     so they are read from the source)."""
@@ -231,7 +229,8 @@ def compose(overrides: list[str], return_hydra_config: bool = False):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    # job_name: what @hydra.main names the job of repro/run.py (its log is run.log)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="run"):
         return hydra_compose(config_name="config", overrides=overrides,
                              return_hydra_config=return_hydra_config)
 

@@ -51,7 +51,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from repro.config.checks import validate
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark
@@ -92,7 +91,6 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     master_addr = os.environ["MASTER_ADDR"] if env is not None else cfg.backend.master_addr
     device = server_device(cfg)
     client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
-    validate(cfg)   # (run_folder checks again) before the store: a timeout must not overflow it
     store = None if env is not None else _make_store(cfg)   # a busy port: before the folder is touched
     if store is not None:   # the fork server imports while this process builds the problem
         client_context(start=True)
