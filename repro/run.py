@@ -24,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro.config import help as confhelp
 from repro.config.checks import validate
+from repro.config.renames import modern_override
+from repro.config.resolved import warm_baseline
 from repro.config.help import CONF_DIR, compose, group_options, parse
 from repro.config.settings import RunConfig, all_keys
 from repro.errors import EXIT_BAD_INPUT, ConfigError
@@ -50,7 +52,7 @@ def _incoming_record(run_dir):
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
     """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
     settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
-    :class:`~repro.sim.driver.Resolved` config), and under torchrun the world decides
+    :class:`~repro.config.resolved.Resolved` config, with a warm start's baseline config), and under torchrun the world decides
     ``num_clients`` (:func:`repro.real.launch.world_config`). What comes back is frozen and no
     driver rewrites it. ``cfg`` was validated where it entered (:func:`parse`); a config this
     step rewrites is a new one, validated here. Raises ConfigError (exit 2) on a bad recording
@@ -80,7 +82,7 @@ def run(cfg: RunConfig, run_dir: str | Path) -> dict:
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
 
-        return run_real(resolved, run_dir)
+        return run_real(resolved, run_dir, warm_baseline(resolved))   # the simulator's: in Resolved
     from repro.sim.driver import simulate
 
     return simulate(resolved, run_dir)
@@ -386,7 +388,7 @@ def _join_config(argv: list[str]) -> RunConfig | None:
 
 def cli() -> None:
     mark("main", "imported")
-    argv = sys.argv[1:]
+    sys.argv[1:] = argv = [modern_override(a) for a in sys.argv[1:]]   # Hydra's main reads sys.argv
     if "--help" in argv or "-h" in argv:
         check_overrides(argv)
         print_help(argv)

@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
+from repro.config.renames import modern_tree
 from repro.config.settings import CIFAR10_EXPECTED, RECORDED_ONLY, DataConfig, RunConfig, _leaves, get, slow_client, to_dict
 from repro.errors import ConfigError
 
@@ -26,8 +27,8 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     """Build ``cls`` from a nested dict, type-checking every field; then range-check it all.
     Keys that are not settings (:data:`RECORDED_ONLY`, recorded beside them in config.json) are
     ignored at the top level."""
-    if cls is RunConfig and isinstance(tree, dict):
-        tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
+    if cls is RunConfig and isinstance(tree, dict):   # old flat spellings read, with a line each
+        tree = modern_tree({k: v for k, v in tree.items() if k not in RECORDED_ONLY})
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
@@ -242,20 +243,20 @@ def _check_elastic(cfg: RunConfig) -> None:
     """Joins (the real driver's): a maximum no smaller than the run, an address to join.
     Simulated churn: whole triples of existing clients; not modelled with shared resources or
     a replayed order."""
-    c = cfg.cost
-    if c.churn_leave is not None:
-        if len(c.churn_leave) % 3:
-            raise ConfigError("cost.churn_leave", list(c.churn_leave), "triples [client, t_leave, t_return, ...]")
-        for i in range(0, len(c.churn_leave), 3):
-            k, t1, t2 = c.churn_leave[i:i + 3]
+    c, leave = cfg.cost, cfg.cost.churn.leave
+    if leave is not None:
+        if len(leave) % 3:
+            raise ConfigError("cost.churn.leave", list(leave), "triples [client, t_leave, t_return, ...]")
+        for i in range(0, len(leave), 3):
+            k, t1, t2 = leave[i:i + 3]
             if k != int(k) or not 1 <= k <= cfg.num_clients:
-                raise ConfigError("cost.churn_leave", list(c.churn_leave), f"client ids in 1..{cfg.num_clients} "
+                raise ConfigError("cost.churn.leave", list(leave), f"client ids in 1..{cfg.num_clients} "
                                   "at positions 0, 3, 6, ...")
             if t2 and t2 <= t1:
-                raise ConfigError("cost.churn_leave", list(c.churn_leave), "t_return after t_leave (0: never)")
+                raise ConfigError("cost.churn.leave", list(leave), "t_return after t_leave (0: never)")
     if c.churns and c.topology == "shared":
-        raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.preempt_rate, "
-                          "cost.churn_leave, cost.churn_join): churn on shared resources is not modelled")
+        raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.churn.preempt_rate, "
+                          "cost.churn.leave, cost.churn.join): churn on shared resources is not modelled")
     if c.churns and c.schedule == "replay":
         raise ConfigError("cost.schedule", c.schedule, "events with churn (a replay has its own order)")
     b = cfg.backend

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from repro.config import checks
 from repro.config import settings as config
+from repro.config.renames import modern_override
 from repro.errors import ConfigError
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
@@ -230,6 +231,7 @@ def compose(overrides: list[str], return_hydra_config: bool = False):
     from hydra import initialize_config_dir
 
     # job_name: what @hydra.main names the job of repro/run.py (its log is run.log)
+    overrides = [modern_override(o) for o in overrides]   # old flat spellings, with a line each
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="run"):
         return hydra_compose(config_name="config", overrides=overrides,
                              return_hydra_config=return_hydra_config)
