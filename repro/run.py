@@ -1,14 +1,17 @@
 """Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
 
 This module does the Hydra work and nothing else: it checks the command line (unknown keys, group
-options, ``--help``), composes the config, parses it once into a :class:`~repro.config.settings.RunConfig`
-(:func:`repro.config.help.parse`; nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
-``run(config, run_dir) -> summary``. Bad input exits with code 2 and a message naming the key,
+options, ``--help``: :func:`repro.config.help.check_overrides`), composes the config, parses it
+into a :class:`~repro.config.settings.RunConfig` (:func:`repro.config.help.parse`, which
+validates it; nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
+``run(config, run_dir) -> summary``. A single run is composed, parsed and validated once
+(:func:`precheck`) and run in Hydra's job from that config (:func:`run_composed`); a grid's
+points go through ``@hydra.main``. Bad input exits with code 2 and a message naming the key,
 the bad value and the valid choices, before Hydra makes any folder when it can (a single run),
 else before the run starts (a grid point).
 
-Under ``torchrun`` every rank enters here; only rank 0 goes through ``@hydra.main`` (and so makes
-the run folder), the other ranks compose the same config without any output folder.
+Under ``torchrun`` every rank enters here; only rank 0 makes the run folder, the other ranks
+compose the same config without any output folder.
 """
 from __future__ import annotations
 
@@ -26,9 +29,10 @@ from repro.config import help as confhelp
 from repro.config.checks import validate
 from repro.config.renames import modern_override
 from repro.config.resolved import warm_baseline
-from repro.config.help import CONF_DIR, compose, group_options, parse
-from repro.config.settings import RunConfig, all_keys
-from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.config.help import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
+                               parsed_overrides)
+from repro.config.settings import RunConfig
+from repro.errors import ConfigError
 from repro.files.storage import DISK_FAULTS
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
@@ -137,11 +141,6 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
         parent = parent.parent
 
 
-def _exit_bad_input(err: ConfigError | str) -> None:
-    print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_BAD_INPUT)
-
-
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     """One run in the folder Hydra made for it: ``cfg`` is the config the command line parsed
     (a single run), or None for a grid point, parsed here from Hydra's ``dcfg``."""
@@ -161,7 +160,7 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     except ConfigError as err:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
         _remove_empty_run_dir(run_dir.resolve(), results)
-        _exit_bad_input(err)
+        exit_bad_input(err)
     except OSError as err:
         if err.errno not in DISK_FAULTS or "MULTIRUN" in str(mode.mode):
             raise
@@ -204,83 +203,8 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The command line, checked before Hydra sees it
+# The command line (its words are checked before Hydra sees them: repro.config.help)
 # ---------------------------------------------------------------------------------------------
-
-def _overrides(argv: list[str]) -> list[tuple[str, str, str]]:
-    """(prefix, key, value) of each ``KEY=VALUE`` argument (flags and their values skipped)."""
-    out = []
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, _, value = arg.partition("=")
-        prefix = key[:len(key) - len(key.lstrip("+~"))]
-        out.append((prefix, key.lstrip("+~").split("@")[0], value))
-    return out
-
-
-# Hydra's flags that take a value (``--cfg job``); every other word must be KEY=VALUE or a flag.
-VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-               "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
-
-
-def check_words(argv: list[str]) -> None:
-    """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (``num_clients 4``: Hydra
-    would fail with its own usage text and exit 1), and for a setting given twice (``nsync=4
-    nsync=8``: Hydra would silently keep the last)."""
-    seen: dict[str, str] = {}
-    for i, word in enumerate(argv):
-        if word.startswith("-") or "=" in word:
-            continue
-        if i and argv[i - 1] in VALUE_FLAGS:
-            continue
-        after = argv[i + 1] if i + 1 < len(argv) else None
-        hint = (f"write {word}={after}" if after is not None and "=" not in after
-                and not after.startswith("-") else f"write {word}=VALUE")
-        _exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
-                        f"({hint}; python -m repro.run --help lists every key)")
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key = arg.partition("=")[0].lstrip("+~")
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            continue   # Hydra's own settings: a later one replaces an earlier one, as documented
-        if key in seen:
-            _exit_bad_input(f"'{key}' is set twice ('{seen[key]}' and '{arg}'); keep one "
-                            f"(a sweep is one argument: {key}=A,B)")
-        seen[key] = arg
-
-
-def check_overrides(argv: list[str]) -> None:
-    """Our messages (exit 2) where Hydra's would be raw or point the wrong way: a word that is
-    not KEY=VALUE, a key set twice (:func:`check_words`), an unknown key (with the closest valid
-    ones), a group option that does not exist, ``exp`` without ``+``, a ``+`` on a key that
-    exists."""
-    check_words(argv)
-    keys = set(all_keys())
-    for prefix, key, value in _overrides(argv):
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            continue
-        if key in GROUPS:
-            optional = key in confhelp.OPTIONAL_GROUPS
-            if optional != (prefix == "+"):
-                right = f"+{key}={value}" if optional else f"{key}={value}"
-                _exit_bad_input(f"'{prefix}{key}={value}': write {right} ("
-                                + (f"'{key}' options are added with +" if optional else
-                                   f"'{key}' is already in the config") + ")")
-            choices = group_options(key)
-            for v in value.split(","):
-                if v not in choices:
-                    _exit_bad_input(ConfigError(key, v, choices))
-        elif key in keys:
-            if prefix in ("+", "~"):
-                _exit_bad_input(f"'{prefix}{key}={value}': '{key}' is already a key; write {key}={value}")
-        else:
-            near = confhelp.closest_keys(key)
-            _exit_bad_input(f"unknown key '{key}' (in '{prefix}{key}={value}'); "
-                            + (f"closest valid keys: {', '.join(near)}" if near else "no key is close")
-                            + " (python -m repro.run --help lists every key)")
-
 
 def _hydra_flags(argv: list[str]) -> bool:
     """Hydra's own flags (``--cfg job``, ``--info``, ``-m``): Hydra's main handles them."""
@@ -320,16 +244,16 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     try:
         dcfg = compose(overrides, return_hydra_config=True)
     except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
-        key = next((k for _, k, _ in _overrides(overrides) if f"'{k}'" in str(exc)), None)
-        owner = _owning_option(key) if key else None
+        key = next((k for _, k, _ in parsed_overrides(overrides) if f"'{k}'" in str(exc)), None)
+        owner = owning_option(key) if key else None
         if owner:
-            _exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
-        _exit_bad_input(str(exc).splitlines()[0])
+            exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
+        exit_bad_input(str(exc).splitlines()[0])
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
         check_components(cfg)
     except ConfigError as err:
-        _exit_bad_input(err)
+        exit_bad_input(err)
     _check_folder_writable(dcfg)
     return dcfg, cfg
 
@@ -346,19 +270,8 @@ def _check_folder_writable(dcfg: DictConfig) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if existing != run_dir and not os.access(existing, os.W_OK):
-        _exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
+        exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
                         f"writable (set results_dir=FOLDER to a writable folder)")
-
-
-def _owning_option(key: str) -> str | None:
-    """``backend=real`` for ``backend.timeout_s``: the group option whose YAML sets the key."""
-    group, _, leaf = key.partition(".")
-    if group not in confhelp.GROUPS:
-        return None
-    for option in group_options(group):   # the option's keys, its stored schema's included
-        if leaf in compose([f"{group}={option}"])[group]:
-            return f"{group}={option}"
-    return None
 
 
 def print_help(argv: list[str]) -> None:
@@ -383,7 +296,7 @@ def _join_config(argv: list[str]) -> RunConfig | None:
     try:
         return parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
     except ConfigError as err:
-        _exit_bad_input(err)
+        exit_bad_input(err)
 
 
 def cli() -> None:
@@ -406,7 +319,7 @@ def cli() -> None:
         try:
             cfg = resolve(parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))])))
         except ConfigError as err:
-            _exit_bad_input(err)
+            exit_bad_input(err)
         sys.exit(run_torchrun_worker(cfg))
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
