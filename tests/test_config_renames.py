@@ -2,6 +2,7 @@
 line, in the Python API's overrides, in a YAML tree and in an old run folder's config.json, each
 read through the one table (repro.config.renames.RENAMED), a user's with one line naming the new
 spelling."""
+import dataclasses
 import json
 
 import pytest
@@ -86,3 +87,19 @@ def test_the_command_line_takes_the_old_spelling(tmp_path):
     (run_dir,) = tmp_path.glob("*/*")
     assert "cost.churn.preempt_rate=0.5" in run_dir.name   # one folder, whichever spelling
     assert json.loads((run_dir / "config.json").read_text())["cost"]["churn"]["preempt_rate"] == 0.5
+
+
+def test_the_shared_topology_and_one_machine_keys_read_in_both_spellings(capsys):
+    """cost.shared.* and cost.machine.*: the old flat overrides compose the same config, and
+    code that changes a few cost keys by their old names (CostConfig.updated) sets the new ones."""
+    from repro.config.settings import CostConfig
+
+    new = parse(compose(["cost=paper2013_shared", "cost.shared.clients_per_host=2", "cost.machine.single=true",
+                         "cost.shared.devices_per_host=2", "num_clients=2"]))
+    old = parse(compose(["cost=paper2013_shared", "cost.clients_per_host=2", "cost.one_machine=true",
+                         "cost.devices_per_host=2", "num_clients=2"]))
+    assert old == new and (new.cost.shared.clients_per_host, new.cost.machine.single) == (2, True)
+    assert "'cost.one_machine' is now 'cost.machine.single'" in capsys.readouterr().err
+    cost = CostConfig.of(topology="shared", clients_per_host=4, eval_s=0.5, preempt_rate=1.0)
+    assert (cost.shared.clients_per_host, cost.machine.eval_s, cost.churn.preempt_rate) == (4, 0.5, 1.0)
+    assert cost.updated(devices_per_host=2).shared == dataclasses.replace(cost.shared, devices_per_host=2)

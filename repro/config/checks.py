@@ -201,42 +201,42 @@ def check_segment(cfg: RunConfig, num_train: int) -> None:
                           "one push may not exceed the whole run; lower nsync or raise num_epochs")
 
 
-SHARED_ONLY = {"clients_per_host": 1, "devices_per_host": None, "host_bandwidth_Bps": None,
-               "server_bandwidth_Bps": None, "server_burst_bytes": 0.0, "one_machine": False, "eval_s": 0.0,
-               "link_cpu_s_per_byte": 0.0}   # their values under cost.topology=dedicated
-
-
 def _check_topology(cfg: RunConfig) -> None:
-    """The topology keys act only under cost.topology=shared (refused elsewhere, so that no
-    setting is silently ignored); hosts must be equal: clients fill them in order."""
+    """The keys of cost.shared and cost.machine act only under cost.topology=shared (refused
+    elsewhere, so that no setting is silently ignored); hosts must be equal: clients fill them
+    in order."""
     cost = cfg.cost
+    shared, machine = cost.shared, cost.machine
     if cost.topology != "shared":
-        for key, default in SHARED_ONLY.items():
-            if getattr(cost, key) != default:
-                raise ConfigError(f"cost.{key}", getattr(cost, key), f"{default if default is not None else 'null'} "
-                                  f"with cost.topology={cost.topology} (the key acts only with cost.topology=shared)")
+        for group in ("shared", "machine"):
+            for f in dataclasses.fields(getattr(cost, group)):
+                value, default = getattr(getattr(cost, group), f.name), f.default
+                if value != default:
+                    raise ConfigError(f"cost.{group}.{f.name}", value, f"{default if default is not None else 'null'} "
+                                      f"with cost.topology={cost.topology} (the key acts only with cost.topology=shared)")
         return
-    per_host = cost.clients_per_host
+    per_host = shared.clients_per_host
     if cfg.num_clients > per_host and cfg.num_clients % per_host:
-        raise ConfigError("cost.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or at "
-                          f"least {cfg.num_clients} (clients fill hosts of cost.clients_per_host in order, "
+        raise ConfigError("cost.shared.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or "
+                          f"at least {cfg.num_clients} (clients fill hosts of cost.shared.clients_per_host in order, "
                           "every host full, or all of them on one host)")
-    if cost.one_machine and (cost.devices_per_host is None or per_host < cfg.num_clients):
-        key, value = ("cost.devices_per_host", None) if cost.devices_per_host is None else \
-            ("cost.clients_per_host", per_host)
+    if machine.single and (shared.devices_per_host is None or per_host < cfg.num_clients):
+        key, value = ("cost.shared.devices_per_host", None) if shared.devices_per_host is None else \
+            ("cost.shared.clients_per_host", per_host)
         raise ConfigError(key, value, f"{'a number of cores' if value is None else f'at least num_clients={cfg.num_clients}'} "
-                          "with cost.one_machine=true (the server and every client share one host's cores)")
-    if cost.server_burst_bytes and cost.server_bandwidth_Bps is None and cost.bandwidth_Bps is None:
-        raise ConfigError("cost.server_burst_bytes", cost.server_burst_bytes, "0 unless the server's link is "
-                          "limited (cost.server_bandwidth_Bps or cost.bandwidth_Bps): a burst is what a "
+                          "with cost.machine.single=true (the server and every client share one host's cores)")
+    server_limited = shared.server_bandwidth_Bps or cost.bandwidth_Bps
+    if shared.server_burst_bytes and shared.server_bandwidth_Bps is None and cost.bandwidth_Bps is None:
+        raise ConfigError("cost.shared.server_burst_bytes", shared.server_burst_bytes, "0 unless the server's link is "
+                          "limited (cost.shared.server_bandwidth_Bps or cost.bandwidth_Bps): a burst is what a "
                           "limited link sends at once")
-    if cost.link_cpu_s_per_byte and not (cost.one_machine and (cost.server_bandwidth_Bps or cost.bandwidth_Bps)):
-        raise ConfigError("cost.link_cpu_s_per_byte", cost.link_cpu_s_per_byte, "0 unless cost.one_machine=true "
-                          "and the server's link is limited (cost.server_bandwidth_Bps or cost.bandwidth_Bps): "
-                          "it is the CPU a transfer across that link costs the machine's cores")
-    if cost.eval_s and not cost.one_machine:
-        raise ConfigError("cost.eval_s", cost.eval_s, "0 unless cost.one_machine=true (an evaluation takes "
-                          "time only from the cores the server shares with its clients)")
+    if machine.link_cpu_s_per_byte and not (machine.single and server_limited):
+        raise ConfigError("cost.machine.link_cpu_s_per_byte", machine.link_cpu_s_per_byte, "0 unless "
+                          "cost.machine.single=true and the server's link is limited (cost.shared.server_bandwidth_Bps "
+                          "or cost.bandwidth_Bps): it is the CPU a transfer across that link costs the machine's cores")
+    if machine.eval_s and not machine.single:
+        raise ConfigError("cost.machine.eval_s", machine.eval_s, "0 unless cost.machine.single=true (an evaluation "
+                          "takes time only from the cores the server shares with its clients)")
 
 
 def _check_elastic(cfg: RunConfig) -> None:

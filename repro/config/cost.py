@@ -1,14 +1,17 @@
 """The simulator's cost model settings (``cost.*``): :class:`CostConfig`, with its nested
-groups (``cost.churn.*``: :class:`ChurnConfig`). Declared as in :mod:`repro.config.settings`,
-which re-exports them; a key's old flat spelling is read through
-:data:`repro.config.renames.RENAMED`.
+groups: the shared topology's hosts and links (``cost.shared.*``: :class:`SharedConfig`), one
+machine (``cost.machine.*``: :class:`MachineConfig`), churn (``cost.churn.*``:
+:class:`ChurnConfig`). Declared as in :mod:`repro.config.settings`, which re-exports them; a
+key's old flat spelling is read through :data:`repro.config.renames.RENAMED`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from repro.config.renames import RENAMED
 from repro.config.fields import SECONDS, Choice, Flag, Numbers, Range, Text, knob
 
 JITTERS = ("none", "lognormal", "exponential")
@@ -38,6 +41,49 @@ class ChurnConfig:
     @property
     def churns(self) -> bool:
         return self.preempt_rate > 0 or self.leave is not None or self.join is not None
+
+
+@dataclass(frozen=True)
+class SharedConfig:
+    """The shared topology's hosts and links (``cost.shared.*``; they act only with
+    cost.topology=shared; the old flat keys ``cost.clients_per_host``, ... still read)."""
+
+    clients_per_host: int = knob(1, Range(1, 1024, integer=True))
+    """Clients fill hosts of this many in order (client k on host ceil(k / this));
+    num_clients must be a multiple of it, or at most it (one host)."""
+    devices_per_host: Optional[int] = knob(None, Range(1, 1024, integer=True, nullable=True))
+    """Devices (GPUs, cores) of a host; its clients computing at once share them
+    equally (processor sharing); null: one device per client."""
+    host_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
+    """Bytes/s of a host's link, each way, shared by its clients' transfers; null:
+    cost.bandwidth_Bps."""
+    server_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
+    """Bytes/s of the server's link, each way (full duplex: pushes in, fetches out),
+    shared by every transfer; null: cost.bandwidth_Bps."""
+    server_burst_bytes: float = knob(0.0, Range(0.0, 1e15))
+    """Bytes the server's link sends at once after a pause, each way (a token bucket's
+    burst, as tc's tbf: refilled at the link's rate while no transfer crosses it, up to this
+    many; a transfer that finds the link idle takes what the bucket holds); 0: none."""
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    """One machine under the shared topology (``cost.machine.*``; the old flat keys
+    ``cost.one_machine``, ``cost.link_cpu_s_per_byte``, ``cost.eval_s`` still read)."""
+
+    single: bool = knob(False, Flag())
+    """The server and all clients run on one machine (one host holding every client) whose
+    cost.shared.devices_per_host cores they share: a push or fetch is a loopback copy, CPU work of both
+    its ends, so it takes two shares of the cores beside the computing clients (repro/sim/resources.py)."""
+    link_cpu_s_per_byte: float = knob(0.0, Range(0.0, 1.0))
+    """CPU seconds the machine's kernels spend per byte a transfer moves across a
+    limited link (both ends together: python -m repro.bench simreal --cores measures it as kernel
+    ms per MB); such a transfer then takes that much of the cores at its rate; 0: none (the link's
+    time alone)."""
+    eval_s: float = knob(0.0, SECONDS)
+    """CPU seconds of one evaluation of the server's parameters, which then takes one
+    share of the cores from each evaluation on (the real server evaluates in a thread beside its
+    clients); 0: evaluations cost no time, as elsewhere in the simulator."""
 
 
 @dataclass(frozen=True)
@@ -83,35 +129,10 @@ class CostConfig:
     """dedicated: every client has a host, a device and a link of its own (only the server's
     apply is shared); shared: clients on hosts share the host's devices and link, and every
     push and fetch crosses the server's link (repro/sim/resources.py)."""
-    clients_per_host: int = knob(1, Range(1, 1024, integer=True))
-    """shared: clients fill hosts of this many in order (client k on host ceil(k / this));
-    num_clients must be a multiple of it, or at most it (one host)."""
-    devices_per_host: Optional[int] = knob(None, Range(1, 1024, integer=True, nullable=True))
-    """shared: devices (GPUs, cores) of a host; its clients computing at once share them
-    equally (processor sharing); null: one device per client."""
-    host_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
-    """shared: bytes/s of a host's link, each way, shared by its clients' transfers; null:
-    bandwidth_Bps."""
-    server_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
-    """shared: bytes/s of the server's link, each way (full duplex: pushes in, fetches out),
-    shared by every transfer; null: bandwidth_Bps."""
-    server_burst_bytes: float = knob(0.0, Range(0.0, 1e15))
-    """shared: bytes the server's link sends at once after a pause, each way (a token bucket's
-    burst, as tc's tbf: refilled at the link's rate while no transfer crosses it, up to this
-    many; a transfer that finds the link idle takes what the bucket holds); 0: none."""
-    one_machine: bool = knob(False, Flag())
-    """shared: the server and all clients run on one machine (one host holding every client)
-    whose devices_per_host cores they share: a push or fetch is a loopback copy, CPU work of both
-    its ends, so it takes two shares of the cores beside the computing clients (repro/sim/resources.py)."""
-    link_cpu_s_per_byte: float = knob(0.0, Range(0.0, 1.0))
-    """one_machine: CPU seconds the machine's kernels spend per byte a transfer moves across a
-    limited link (both ends together: python -m repro.bench simreal --cores measures it as kernel
-    ms per MB); such a transfer then takes that much of the cores at its rate; 0: none (the link's
-    time alone)."""
-    eval_s: float = knob(0.0, SECONDS)
-    """one_machine: CPU seconds of one evaluation of the server's parameters, which then takes one
-    share of the cores from each evaluation on (the real server evaluates in a thread beside its
-    clients); 0: evaluations cost no time, as elsewhere in the simulator."""
+    shared: SharedConfig = knob(SharedConfig, None)
+    """cost.topology=shared: the hosts' devices and links, and the server's link."""
+    machine: MachineConfig = knob(MachineConfig, None)
+    """cost.topology=shared: the server and its clients on one machine's cores."""
     path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
     """With profile 'replay': the recorded run folder whose update order is replayed. With the
     events schedule (cost=fit): recorded run folders, ':'-separated, whose timings.csv the cost
@@ -122,6 +143,27 @@ class CostConfig:
     @property
     def churns(self) -> bool:
         return self.churn.churns
+
+    def updated(self, **changes) -> "CostConfig":
+        """``dataclasses.replace`` that takes a nested group's key by its old flat name too
+        (``clients_per_host=4`` sets ``shared.clients_per_host``): for code that changes a few
+        cost keys at once, from the one table :data:`repro.config.renames.RENAMED`."""
+        direct, nested = {}, {}
+        for name, value in changes.items():
+            new = RENAMED.get("cost." + name)
+            if new is None:
+                direct[name] = value
+            else:
+                _, group, leaf = new.split(".")
+                nested.setdefault(group, {})[leaf] = value
+        for group, values in nested.items():
+            direct[group] = dataclasses.replace(direct.get(group, getattr(self, group)), **values)
+        return dataclasses.replace(self, **direct)
+
+    @classmethod
+    def of(cls, **changes) -> "CostConfig":
+        """The default cost with ``changes`` (old flat names taken: :meth:`updated`)."""
+        return cls().updated(**changes)
 
     def speed(self, client: int) -> float:
         """Client ``client``'s relative step time from ``speeds`` or ``speed_law`` (1: neither;

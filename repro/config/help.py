@@ -328,6 +328,7 @@ def check_overrides(argv: list[str]) -> None:
     not KEY=VALUE, a key set twice (:func:`check_words`), an unknown key (with the closest valid
     ones), a group option that does not exist, ``exp`` without ``+``, a ``+`` on a key that
     exists."""
+    argv = [modern_override(a, quiet=True) for a in argv]   # an old spelling is a known key
     check_words(argv)
     keys = set(config.all_keys())
     for prefix, key, value in parsed_overrides(argv):

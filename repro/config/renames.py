@@ -14,6 +14,14 @@ from __future__ import annotations
 import sys
 
 RENAMED = {
+    "cost.clients_per_host": "cost.shared.clients_per_host",
+    "cost.devices_per_host": "cost.shared.devices_per_host",
+    "cost.host_bandwidth_Bps": "cost.shared.host_bandwidth_Bps",
+    "cost.server_bandwidth_Bps": "cost.shared.server_bandwidth_Bps",
+    "cost.server_burst_bytes": "cost.shared.server_burst_bytes",
+    "cost.one_machine": "cost.machine.single",
+    "cost.link_cpu_s_per_byte": "cost.machine.link_cpu_s_per_byte",
+    "cost.eval_s": "cost.machine.eval_s",
     "cost.preempt_rate": "cost.churn.preempt_rate",
     "cost.preempt_down_s": "cost.churn.preempt_down_s",
     "cost.churn_leave": "cost.churn.leave",

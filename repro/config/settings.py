@@ -18,7 +18,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from repro.config.cost import JITTERS, SCHEDULES, SPEED_LAWS, TOPOLOGIES, ChurnConfig, CostConfig  # noqa: F401  (re-exported)
+from repro.config.cost import (JITTERS, SCHEDULES, SPEED_LAWS, TOPOLOGIES, ChurnConfig, CostConfig,  # noqa: F401
+                               MachineConfig, SharedConfig)   # (re-exported)
 from repro.config.renames import modern_tree
 from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob, registry_names
 

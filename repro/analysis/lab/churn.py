@@ -33,7 +33,8 @@ def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         "seed": t["seed"].astype(int),
         "samples_per_s": t["final_samples_seen"].astype(float) / t["final_time_s"].astype(float),
         "time_to_target_s": pd.to_numeric(t[ttt], errors="coerce") if ttt in t else float("nan"),
-        "live_fraction": 1.0 / (1.0 + t["cost.churn.preempt_rate"].astype(float) * t["cost.churn.preempt_down_s"].astype(float)),
+        "live_fraction": 1.0 / (1.0 + t["cost.churn.preempt_rate"].astype(float)
+                                * t["cost.churn.preempt_down_s"].astype(float)),
     })
     base = rows[rows.preempt_rate == 0].groupby("protocol").samples_per_s.mean()
     rows["predicted_samples_per_s"] = rows.protocol.map(base) * rows.live_fraction
