@@ -27,8 +27,10 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     """Build ``cls`` from a nested dict, type-checking every field; then range-check it all.
     Keys that are not settings (:data:`RECORDED_ONLY`, recorded beside them in config.json) are
     ignored at the top level."""
-    if cls is RunConfig and isinstance(tree, dict):   # old flat spellings read, with a line each
-        tree = modern_tree({k: v for k, v in tree.items() if k not in RECORDED_ONLY})
+    if cls is RunConfig and isinstance(tree, dict):
+        tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
+    if isinstance(tree, dict):   # old flat spellings read, with a line each (a group's too: "cost.")
+        tree = _modern(tree, prefix)
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
@@ -36,6 +38,18 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     else:
         _check_leaves(obj, cls, prefix)
     return obj
+
+
+def _modern(tree: dict, prefix: str) -> dict:
+    """``tree`` (the node at ``prefix``) with old flat keys moved (:func:`modern_tree`)."""
+    path = [p for p in prefix.split(".") if p]
+    whole = tree
+    for part in reversed(path):
+        whole = {part: whole}
+    whole = modern_tree(whole)
+    for part in path:
+        whole = whole[part]
+    return whole
 
 
 NAME_BYTES = 255   # the longest file name Linux, macOS and Windows file systems take
