@@ -1,14 +1,17 @@
 """Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
 
 This module does the Hydra work and nothing else: it checks the command line (unknown keys, group
-options, ``--help``), composes the config, parses it once into a :class:`~repro.config.settings.RunConfig`
-(:func:`repro.config.help.parse`; nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
-``run(config, run_dir) -> summary``. Bad input exits with code 2 and a message naming the key,
+options, ``--help``: :func:`repro.config.help.check_overrides`), composes the config, parses it
+into a :class:`~repro.config.settings.RunConfig` (:func:`repro.config.help.parse`, which
+validates it; nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
+``run(config, run_dir) -> summary``. A single run is composed, parsed and validated once
+(:func:`precheck`) and run in Hydra's job from that config (:func:`run_composed`); a grid's
+points go through ``@hydra.main``. Bad input exits with code 2 and a message naming the key,
 the bad value and the valid choices, before Hydra makes any folder when it can (a single run),
 else before the run starts (a grid point).
 
-Under ``torchrun`` every rank enters here; only rank 0 goes through ``@hydra.main`` (and so makes
-the run folder), the other ranks compose the same config without any output folder.
+Under ``torchrun`` every rank enters here; only rank 0 makes the run folder, the other ranks
+compose the same config without any output folder.
 """
 from __future__ import annotations
 
@@ -19,12 +22,17 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from repro.config import help as confhelp
-from repro.config.help import CONF_DIR, compose, group_options, parse
-from repro.config.settings import RunConfig, all_keys
-from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.config.checks import validate
+from repro.config.renames import modern_override
+from repro.config.resolved import warm_baseline
+from repro.config.help import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
+                               parsed_overrides)
+from repro.config.settings import RunConfig
+from repro.errors import ConfigError
 from repro.files.storage import DISK_FAULTS
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
@@ -48,19 +56,26 @@ def _incoming_record(run_dir):
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
     """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
     settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
-    :class:`~repro.sim.driver.Resolved` config), and under torchrun the world decides
-    ``num_clients`` (:func:`repro.real.launch.world_config`). What comes back is frozen and no
-    driver rewrites it. Raises ConfigError (exit 2) on a bad recording or world."""
+    :class:`~repro.config.resolved.Resolved` config, with a warm start's baseline config), and
+    under torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`).
+    What comes back is frozen and no driver rewrites it. ``cfg`` was validated where it entered (:func:`parse`); a config this
+    step rewrites is a new one, validated here. Raises ConfigError (exit 2) on a bad recording
+    or world."""
     if cfg.backend.name == "real":
         env = torchrun_env()
         if env is None:
             return cfg
         from repro.real.launch import world_config
 
-        return world_config(cfg, env)
-    from repro.sim.driver import resolve as resolve_sim
+        resolved = world_config(cfg, env)
+    else:
+        from repro.sim.driver import resolve as resolve_sim
 
-    return resolve_sim(cfg, run_dir)
+        resolved = resolve_sim(cfg, run_dir)
+    rewritten = getattr(resolved, "cfg", resolved)
+    if rewritten is not cfg:   # torchrun's world, a replay, a fit: e.g. backup workers vs clients
+        validate(rewritten)
+    return resolved
 
 
 def run(cfg: RunConfig, run_dir: str | Path) -> dict:
@@ -71,7 +86,7 @@ def run(cfg: RunConfig, run_dir: str | Path) -> dict:
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
 
-        return run_real(resolved, run_dir)
+        return run_real(resolved, run_dir, warm_baseline(resolved))   # the simulator's: in Resolved
     from repro.sim.driver import simulate
 
     return simulate(resolved, run_dir)
@@ -126,31 +141,28 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
         parent = parent.parent
 
 
-def _exit_bad_input(err: ConfigError | str) -> None:
-    print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_BAD_INPUT)
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(dcfg: DictConfig) -> float | None:
+def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
+    """One run in the folder Hydra made for it: ``cfg`` is the config the command line parsed
+    (a single run), or None for a grid point, parsed here from Hydra's ``dcfg``."""
     # Hydra's public resolver for its own settings: this job's folder, and single run or grid
-    job = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
-    run_dir = Path(job.dir)
+    mode = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
+    run_dir = Path(mode.dir)
     from repro.runs.folder import writable
 
     if not writable(run_dir):   # a finished run is only skipped there: no run.log either
         detach_files_in(run_dir)
     try:
-        cfg = parse(dcfg)
-        check_components(cfg)
+        if cfg is None:
+            cfg = parse(dcfg)
+            check_components(cfg)
         mark("main", "config parsed")
         summary = run(cfg, run_dir)
     except ConfigError as err:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
         _remove_empty_run_dir(run_dir.resolve(), results)
-        _exit_bad_input(err)
+        exit_bad_input(err)
     except OSError as err:
-        if err.errno not in DISK_FAULTS or "MULTIRUN" in str(job.mode):
+        if err.errno not in DISK_FAULTS or "MULTIRUN" in str(mode.mode):
             raise
         # a full disk (the summary says so too): one line, not a traceback
         print(f"failed: {err.strerror}\nrun folder: {pasteable(run_dir)}", file=sys.stderr, flush=True)
@@ -158,88 +170,45 @@ def main(dcfg: DictConfig) -> float | None:
     status_line, folder_line = last_lines(summary, run_dir, _without_classes(cfg)).splitlines()
     log.info(status_line)
     print(folder_line, flush=True)
-    if summary["status"] not in ("completed", "completed_degraded") and "MULTIRUN" not in str(job.mode):
+    if summary["status"] not in ("completed", "completed_degraded") and "MULTIRUN" not in str(mode.mode):
         sys.exit(EXIT_INTERRUPTED if summary["status"] == "interrupted" else 1)
     return (summary.get("final") or {}).get("test_error")
 
 
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(dcfg: DictConfig) -> float | None:
+    """Hydra's entry: a grid's points, and a command line with Hydra's own flags."""
+    return job(dcfg)
+
+
+def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
+    """A single run of the config the command line composed and parsed once (``dcfg`` with
+    Hydra's node, ``cfg`` its RunConfig): what ``@hydra.main`` does after its own composition
+    (Hydra's logging, its callbacks, the job in its run folder), without composing again."""
+    from hydra._internal.callbacks import Callbacks   # the aggregate Hydra.run builds (hydra 1.3)
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext
+    from omegaconf import read_write
+
+    configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
+    with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
+        dcfg.hydra.mode = RunMode.RUN
+        dcfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+    callbacks = Callbacks(dcfg)
+    callbacks.on_run_start(config=dcfg, config_name="config")
+    ret = run_job(task_function=lambda _: job(dcfg, cfg), config=dcfg, job_dir_key="hydra.run.dir",
+                  job_subdir_key=None, hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
+    callbacks.on_run_end(config=dcfg, config_name="config", job_return=ret)
+    _ = ret.return_value   # re-raises what the job raised
+
+
 # ---------------------------------------------------------------------------------------------
-# The command line, checked before Hydra sees it
+# The command line (its words are checked before Hydra sees them: repro.config.help)
 # ---------------------------------------------------------------------------------------------
 
-def _overrides(argv: list[str]) -> list[tuple[str, str, str]]:
-    """(prefix, key, value) of each ``KEY=VALUE`` argument (flags and their values skipped)."""
-    out = []
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, _, value = arg.partition("=")
-        prefix = key[:len(key) - len(key.lstrip("+~"))]
-        out.append((prefix, key.lstrip("+~").split("@")[0], value))
-    return out
-
-
-# Hydra's flags that take a value (``--cfg job``); every other word must be KEY=VALUE or a flag.
-VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-               "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
-
-
-def check_words(argv: list[str]) -> None:
-    """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (``num_clients 4``: Hydra
-    would fail with its own usage text and exit 1), and for a setting given twice (``nsync=4
-    nsync=8``: Hydra would silently keep the last)."""
-    seen: dict[str, str] = {}
-    for i, word in enumerate(argv):
-        if word.startswith("-") or "=" in word:
-            continue
-        if i and argv[i - 1] in VALUE_FLAGS:
-            continue
-        after = argv[i + 1] if i + 1 < len(argv) else None
-        hint = (f"write {word}={after}" if after is not None and "=" not in after
-                and not after.startswith("-") else f"write {word}=VALUE")
-        _exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
-                        f"({hint}; python -m repro.run --help lists every key)")
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key = arg.partition("=")[0].lstrip("+~")
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            continue   # Hydra's own settings: a later one replaces an earlier one, as documented
-        if key in seen:
-            _exit_bad_input(f"'{key}' is set twice ('{seen[key]}' and '{arg}'); keep one "
-                            f"(a sweep is one argument: {key}=A,B)")
-        seen[key] = arg
-
-
-def check_overrides(argv: list[str]) -> None:
-    """Our messages (exit 2) where Hydra's would be raw or point the wrong way: a word that is
-    not KEY=VALUE, a key set twice (:func:`check_words`), an unknown key (with the closest valid
-    ones), a group option that does not exist, ``exp`` without ``+``, a ``+`` on a key that
-    exists."""
-    check_words(argv)
-    keys = set(all_keys())
-    for prefix, key, value in _overrides(argv):
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            continue
-        if key in GROUPS:
-            optional = key in confhelp.OPTIONAL_GROUPS
-            if optional != (prefix == "+"):
-                right = f"+{key}={value}" if optional else f"{key}={value}"
-                _exit_bad_input(f"'{prefix}{key}={value}': write {right} ("
-                                + (f"'{key}' options are added with +" if optional else
-                                   f"'{key}' is already in the config") + ")")
-            choices = group_options(key)
-            for v in value.split(","):
-                if v not in choices:
-                    _exit_bad_input(ConfigError(key, v, choices))
-        elif key in keys:
-            if prefix in ("+", "~"):
-                _exit_bad_input(f"'{prefix}{key}={value}': '{key}' is already a key; write {key}={value}")
-        else:
-            near = confhelp.closest_keys(key)
-            _exit_bad_input(f"unknown key '{key}' (in '{prefix}{key}={value}'); "
-                            + (f"closest valid keys: {', '.join(near)}" if near else "no key is close")
-                            + " (python -m repro.run --help lists every key)")
+def _hydra_flags(argv: list[str]) -> bool:
+    """Hydra's own flags (``--cfg job``, ``--info``, ``-m``): Hydra's main handles them."""
+    return any(a.startswith("-") for a in argv)
 
 
 def _is_sweep(argv: list[str]) -> bool:
@@ -263,54 +232,46 @@ def _warm_fork_server(argv: list[str]) -> None:
         fork_server_context(start=True)
 
 
-def precheck(argv: list[str]) -> None:
-    """A single run's whole config, validated before Hydra makes a folder: every key's range,
-    the model against the data, a key set under the wrong backend. (Grid points are checked
-    as each starts.)"""
+def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
+    """A single run's whole config, composed once and validated before Hydra makes a folder:
+    every key's range, the model against the data, a key set under the wrong backend, a run
+    folder that cannot be made. Returns the composed config (Hydra's node with it) and its
+    RunConfig, which the run goes on with (:func:`run_composed`); None for a grid, whose points
+    are checked as each starts."""
     if _is_sweep(argv):
-        return
+        return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
-        dcfg = compose(overrides)
+        dcfg = compose(overrides, return_hydra_config=True)
     except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
-        key = next((k for _, k, _ in _overrides(overrides) if f"'{k}'" in str(exc)), None)
-        owner = _owning_option(key) if key else None
+        key = next((k for _, k, _ in parsed_overrides(overrides) if f"'{k}'" in str(exc)), None)
+        owner = owning_option(key) if key else None
         if owner:
-            _exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
-        _exit_bad_input(str(exc).splitlines()[0])
-    try:
-        check_components(parse(dcfg))
+            exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
+        exit_bad_input(str(exc).splitlines()[0])
+    try:   # the settings without Hydra's node (its ${hydra:...} need a job)
+        cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
+        check_components(cfg)
     except ConfigError as err:
-        _exit_bad_input(err)
-    _check_folder_writable(overrides)
+        exit_bad_input(err)
+    _check_folder_writable(dcfg)
+    return dcfg, cfg
 
 
-def _check_folder_writable(overrides: list[str]) -> None:
+def _check_folder_writable(dcfg: DictConfig) -> None:
     """A new run whose folder cannot be made (a read-only file system, no permission): Hydra
     would die making it, with a raw "Read-only file system". An existing folder is the run
     core's to judge (a finished run is skipped without writing, anything else refused)."""
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
 
-    dcfg = compose(overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     run_dir = Path(str(OmegaConf.select(dcfg, "hydra.run.dir"))).absolute()
     existing = run_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if existing != run_dir and not os.access(existing, os.W_OK):
-        _exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
+        exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
                         f"writable (set results_dir=FOLDER to a writable folder)")
-
-
-def _owning_option(key: str) -> str | None:
-    """``backend=real`` for ``backend.timeout_s``: the group option whose YAML sets the key."""
-    group, _, leaf = key.partition(".")
-    if group not in confhelp.GROUPS:
-        return None
-    for option in group_options(group):   # the option's keys, its stored schema's included
-        if leaf in compose([f"{group}={option}"])[group]:
-            return f"{group}={option}"
-    return None
 
 
 def print_help(argv: list[str]) -> None:
@@ -335,12 +296,12 @@ def _join_config(argv: list[str]) -> RunConfig | None:
     try:
         return parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
     except ConfigError as err:
-        _exit_bad_input(err)
+        exit_bad_input(err)
 
 
 def cli() -> None:
     mark("main", "imported")
-    argv = sys.argv[1:]
+    sys.argv[1:] = argv = [modern_override(a) for a in sys.argv[1:]]   # Hydra's main reads sys.argv
     if "--help" in argv or "-h" in argv:
         check_overrides(argv)
         print_help(argv)
@@ -358,7 +319,7 @@ def cli() -> None:
         try:
             cfg = resolve(parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))])))
         except ConfigError as err:
-            _exit_bad_input(err)
+            exit_bad_input(err)
         sys.exit(run_torchrun_worker(cfg))
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
@@ -366,8 +327,11 @@ def cli() -> None:
         with StopRequest():
             try:
                 _warm_fork_server(argv)
-                precheck(argv)
-                main()
+                checked = precheck(argv)
+                if checked is None or _hydra_flags(argv) or checked[0].hydra.mode == RunMode.MULTIRUN:
+                    main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
+                else:
+                    run_composed(*checked)
             except KeyboardInterrupt:
                 sys.exit(EXIT_INTERRUPTED)
     finally:

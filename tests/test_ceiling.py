@@ -55,7 +55,7 @@ def test_paper2013_shared_bounds_by_hand():
 
 def test_dedicated_links_leave_only_the_apply():
     """Today's clock: nothing is shared but the server's apply (test_sim measures the 200/s)."""
-    c = ceiling(CostConfig(compute_s=0.01, server_apply_s=0.005), 8, 1, param_bytes=4000)
+    c = ceiling(CostConfig.of(compute_s=0.01, server_apply_s=0.005), 8, 1, param_bytes=4000)
     assert set(c.bounds) == {"clients", "server apply"} and c.binding == "server apply"
     assert c.pushes_per_s == pytest.approx(200.0)
 
@@ -77,13 +77,13 @@ JITTERED = dict(profile="t", compute_s=1.0, jitter="lognormal", jitter_sigma=0.1
 
 @pytest.mark.parametrize("what,cost", [
     # 32 clients would push 32/3 a second; the server's link carries 1 (a transfer = 1 s alone)
-    ("server link", CostConfig(**JITTERED, bandwidth_Bps=4.0, clients_per_host=4)),
+    ("server link", CostConfig.of(**JITTERED, bandwidth_Bps=4.0, clients_per_host=4)),
     # one host's link (1 s a transfer), the server's far faster: 1 transfer a second each way
-    ("host links", CostConfig(**JITTERED, bandwidth_Bps=4.0, server_bandwidth_Bps=1e15, clients_per_host=32)),
+    ("host links", CostConfig.of(**JITTERED, bandwidth_Bps=4.0, server_bandwidth_Bps=1e15, clients_per_host=32)),
     # 16 clients a host on 2 devices, free links: 2 hosts x 2 devices / 1 s = 4 pushes/s
-    ("host devices", CostConfig(**JITTERED, bandwidth_Bps=None, clients_per_host=16, devices_per_host=2)),
+    ("host devices", CostConfig.of(**JITTERED, bandwidth_Bps=None, clients_per_host=16, devices_per_host=2)),
     # free links, an apply of 0.25 s: 4 pushes/s whatever 32 clients could do
-    ("server apply", CostConfig(**JITTERED, bandwidth_Bps=None, server_apply_s=0.25)),
+    ("server apply", CostConfig.of(**JITTERED, bandwidth_Bps=None, server_apply_s=0.25)),
 ])
 def test_each_saturated_resource_carries_what_the_ceiling_says(what, cost):
     """Far beyond the knee (32 clients; 3 to 8 times the clients the bound needs) the binding
@@ -103,7 +103,7 @@ def test_the_bound_needs_clients_out_of_step():
     second, the clients alone would push 16 / 3): with no jitter they start together and stay
     together, so the link's two ways take turns and each idles half the time: about half the
     bound. Lognormal jitter (sigma 0.1) puts them out of step: the bound within 10%."""
-    lockstep = CostConfig(profile="t", compute_s=1.0, comm_params=1.0, topology="shared", bandwidth_Bps=4.0)
+    lockstep = CostConfig.of(profile="t", compute_s=1.0, comm_params=1.0, topology="shared", bandwidth_Bps=4.0)
     jittered = dataclasses.replace(lockstep, jitter="lognormal", jitter_sigma=0.1)
     bound = ceiling(lockstep, 16, 1, param_bytes=4)
     assert bound.binding == "server link" and bound.pushes_per_s == ceiling(jittered, 16, 1, 4).pushes_per_s == 1.0
@@ -112,7 +112,7 @@ def test_the_bound_needs_clients_out_of_step():
 
 
 def test_the_dedicated_clock_meets_its_bound_too():
-    cost = CostConfig(profile="d", compute_s=1.0, jitter="lognormal", jitter_sigma=0.1, server_apply_s=0.25)
+    cost = CostConfig.of(profile="d", compute_s=1.0, jitter="lognormal", jitter_sigma=0.1, server_apply_s=0.25)
     s = CostScheduler(CostModel(cost, 7, 4, 1.0), list(range(1, 17)), 1)
     times = []
     for _ in range(2000):
@@ -136,7 +136,7 @@ def test_grid_expands_to_the_intended_runs():
     assert sorted(map(as_key, grid)) == sorted(map(as_key, want)) and len(grid) == 108
     for point in (grid[0], grid[-1]):
         cfg = parse(compose(["+exp=ceiling"] + [f"{k}={v}" for k, v in point.items()]))
-        assert (cfg.cost.profile, cfg.cost.topology, cfg.cost.clients_per_host) == ("paper2013_shared", "shared", 4)
+        assert (cfg.cost.profile, cfg.cost.topology, cfg.cost.shared.clients_per_host) == ("paper2013_shared", "shared", 4)
         assert (cfg.data.name, cfg.exp_name, cfg.num_threads) == ("quadratic", "ceiling", 1)
 
 
@@ -222,8 +222,9 @@ def test_paper_regime_on_the_2013_network_is_fig4_papers_grid_under_paper2013_sh
     assert shared.hydra.sweeper.params == plain.hydra.sweeper.params
     a, b = (to_dict(parse(compose([f"+exp={e}"]))) for e in ("fig4_paper_shared", "fig4_paper"))
     assert {k for k in a if a[k] != b[k]} == {"exp_name", "cost"}
-    assert {k for k in a["cost"] if a["cost"][k] != b["cost"][k]} == {"profile", "topology", "clients_per_host",
-                                                                      "devices_per_host"}
+    assert {k for k in a["cost"] if a["cost"][k] != b["cost"][k]} == {"profile", "topology", "shared"}
+    assert {k for k in a["cost"]["shared"] if a["cost"]["shared"][k] != b["cost"]["shared"][k]} == {
+        "clients_per_host", "devices_per_host"}
     cbs = shared.hydra.callbacks
     assert [(cbs[c].figure, cbs[c].name) for c in ("figure", "figure3")] == [("fig4", "fig4_paper_shared"),
                                                                             ("fig3", "fig3_paper_shared")]

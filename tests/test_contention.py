@@ -27,7 +27,7 @@ from tests.helpers.paths import ROOT  # noqa: E402
 def shared(**kw) -> CostConfig:
     """Steps of 1 s; a transfer of 4 bytes at 4 B/s = 1 s alone (comm_params=1: one float32)."""
     base = dict(profile="t", compute_s=1.0, bandwidth_Bps=4.0, comm_params=1.0, topology="shared")
-    return CostConfig(**{**base, **kw})
+    return CostConfig.of(**{**base, **kw})
 
 
 def schedule(cost: CostConfig, clients: int, pushes: int, nsync: int = 1, seed: int = 0,
@@ -89,11 +89,11 @@ def test_clients_on_one_device_share_it_by_processor_sharing():
 
 
 def machine(**kw) -> CostConfig:
-    """cost.one_machine: steps of 1 s, a transfer of 1 s alone (latency only, no link), two
+    """cost.machine.single: steps of 1 s, a transfer of 1 s alone (latency only, no link), two
     cores for the server, two clients and their transfers."""
     base = dict(profile="t", compute_s=1.0, latency_s=1.0, topology="shared", clients_per_host=2,
                 devices_per_host=2, one_machine=True)
-    return CostConfig(**{**base, **kw})
+    return CostConfig.of(**{**base, **kw})
 
 
 def test_one_machine_transfers_take_two_shares_of_the_cores():
@@ -107,16 +107,16 @@ def test_one_machine_transfers_take_two_shares_of_the_cores():
 
 def test_one_client_on_a_machine_of_two_cores_is_the_dedicated_clock():
     """A compute (weight 1) or a transfer (weight 2) alone never exceeds two cores."""
-    dedicated = CostConfig(profile="t", compute_s=1.0, latency_s=1.0, server_apply_s=0.25,
+    dedicated = CostConfig.of(profile="t", compute_s=1.0, latency_s=1.0, server_apply_s=0.25,
                            jitter="lognormal", jitter_sigma=0.5)
-    one = dataclasses.replace(machine(server_apply_s=0.25, jitter="lognormal", jitter_sigma=0.5), clients_per_host=1)
+    one = machine(server_apply_s=0.25, jitter="lognormal", jitter_sigma=0.5).updated(clients_per_host=1)
     assert schedule(one, 1, 20) == schedule(dedicated, 1, 20, clock=CostScheduler)
 
 
 def test_an_evaluation_takes_a_share_of_the_machine():
     """One client on one core, free transfers. An evaluation of 1 s starts at 0: it and the
     compute share the core, both end at 2; the next compute runs alone [2, 3]. Without
-    cost.one_machine an evaluation takes no time."""
+    cost.machine.single an evaluation takes no time."""
     def pushes(cost, evaluations=1):
         s = ContendedScheduler(CostModel(cost, 0, param_bytes=4, step_s=1.0), [1], 1)
         for _ in range(evaluations):
@@ -173,7 +173,7 @@ def test_a_transfer_that_finds_the_link_in_use_gets_no_burst():
 
 
 def test_on_one_machine_a_transfer_across_a_limited_link_takes_no_core():
-    """Two clients on one core (cost.one_machine), transfers of 1 s across a limited server link
+    """Two clients on one core (cost.machine.single), transfers of 1 s across a limited server link
     (4 B/s): the computes share the core [0, 2]; the pushes, sharing the inbound link, take 2 s
     and no share of the core: arrive 4 (a loopback copy, two shares of the core, would be slower)."""
     limited = machine(latency_s=0.0, devices_per_host=1, bandwidth_Bps=4.0, comm_params=1.0)
@@ -182,7 +182,7 @@ def test_on_one_machine_a_transfer_across_a_limited_link_takes_no_core():
 
 def test_the_kernels_work_of_a_transfer_across_a_limited_link_takes_its_share_of_the_core():
     """One core, client 1's step 1 s of work, client 2's 3 s; transfers of 1 s across a limited
-    link (4 B at 4 B/s), no core unless cost.link_cpu_s_per_byte: 0.125 s per byte is a weight of
+    link (4 B at 4 B/s), no core unless cost.machine.link_cpu_s_per_byte: 0.125 s per byte is a weight of
     0.5 for a transfer at full rate. Both compute at 1/2: client 1 done at 2 (client 2 has 1 s of
     its 3). Client 1's push [2, 3] and fetch [3, 4] cross the link: without the kernels' work
     client 2 runs at full speed and is done at 4, its push applied at 5; with it client 2 runs at
@@ -203,7 +203,7 @@ def test_a_reply_that_holds_the_server_delays_the_next_push(clock):
     With cost.reply_holds_server the server sends client 1's reply [2, 3] before it serves client
     2 (applied at 3, reply [3, 4]); client 1 is back at 5, its reply keeps the server to 6, when
     client 2's push arrives. Without it both are applied at 2, and at 5 again."""
-    cost = CostConfig(profile="t", compute_s=1.0, latency_s=1.0, reply_holds_server=True)
+    cost = CostConfig.of(profile="t", compute_s=1.0, latency_s=1.0, reply_holds_server=True)
     cost = dataclasses.replace(cost, topology="shared") if clock is ContendedScheduler else cost
     assert schedule(cost, 2, 4, clock=clock) == [(1, 2.0), (2, 3.0), (1, 5.0), (2, 6.0)]
     free = dataclasses.replace(cost, reply_holds_server=False)
@@ -230,8 +230,8 @@ def test_resources_that_never_bind_give_exactly_the_dedicated_clock():
     """A host per client and a server link no transfer can fill: every transfer is alone on what
     limits it, so the shared clock computes every time as the dedicated one does (same sums in the
     same order), ties included: 2000 pushes of 4 jittered clients, equal as floats."""
-    dedicated = CostConfig(profile="d", **JITTER)
-    roomy = CostConfig(profile="s", topology="shared", server_bandwidth_Bps=1e15, **JITTER)
+    dedicated = CostConfig.of(profile="d", **JITTER)
+    roomy = CostConfig.of(profile="s", topology="shared", server_bandwidth_Bps=1e15, **JITTER)
     assert schedule(roomy, 4, 2000, nsync=3, seed=3) == schedule(dedicated, 4, 2000, nsync=3, seed=3,
                                                                   clock=CostScheduler)
 
@@ -252,8 +252,8 @@ def test_one_client_alone_on_every_shared_resource_gives_todays_tables(tmp_path)
     device and links of paper2013's bandwidth runs byte for byte as under dedicated links."""
     costs = dict(compute_s=0.5, jitter="lognormal", jitter_sigma=0.1, latency_s=1e-4, bandwidth_Bps=1e9,
                  comm_params=6.1e7, server_apply_s=0.07)
-    simulate(run_cfg(num_clients=1, cost=CostConfig(profile="p", **costs)), tmp_path / "dedicated")
-    simulate(run_cfg(num_clients=1, cost=CostConfig(profile="p", topology="shared", clients_per_host=4,
+    simulate(run_cfg(num_clients=1, cost=CostConfig.of(profile="p", **costs)), tmp_path / "dedicated")
+    simulate(run_cfg(num_clients=1, cost=CostConfig.of(profile="p", topology="shared", clients_per_host=4,
                                                      devices_per_host=1, **costs)), tmp_path / "shared")
     assert tables(tmp_path / "shared") == tables(tmp_path / "dedicated")
     # and the shared clock's parts of each round trip are the dedicated clock's (to rounding:
@@ -267,7 +267,7 @@ def test_one_client_alone_on_every_shared_resource_gives_todays_tables(tmp_path)
 # ---------------------------------------------------------------------------------------------
 
 # every resource binds sometimes: 2 clients a host on 1 device, a transfer about a segment long
-CONTENDED = CostConfig(profile="c", compute_s=0.01, jitter="lognormal", jitter_sigma=0.3, latency_s=1e-4,
+CONTENDED = CostConfig.of(profile="c", compute_s=0.01, jitter="lognormal", jitter_sigma=0.3, latency_s=1e-4,
                        bandwidth_Bps=4e5, comm_params=1000.0, server_apply_s=2e-3, topology="shared",
                        clients_per_host=2, devices_per_host=1, server_bandwidth_Bps=6e5)
 
@@ -277,8 +277,8 @@ def test_contended_runs_are_deterministic_and_differ_from_dedicated(tmp_path):
     for name in ("a", "b"):
         assert simulate(cfg, tmp_path / name)["status"] == "completed"
     assert tables(tmp_path / "a") == tables(tmp_path / "b")
-    dedicated = dataclasses.replace(CONTENDED, topology="dedicated", clients_per_host=1, devices_per_host=None,
-                                    server_bandwidth_Bps=None)
+    dedicated = CONTENDED.updated(topology="dedicated", clients_per_host=1, devices_per_host=None,
+                                  server_bandwidth_Bps=None)
     simulate(cfg.replace(cost=dedicated), tmp_path / "d")
     assert tables(tmp_path / "a")[0] != tables(tmp_path / "d")[0]
 
@@ -295,7 +295,7 @@ def test_interrupt_then_resume_with_contention_is_bitwise_identical(tmp_path):
 def test_replay_of_a_contended_run_reproduces_it(tmp_path):
     import pandas as pd
     simulate(run_cfg(num_clients=4, cost=CONTENDED), tmp_path / "rec")
-    replay = CostConfig(profile="replay", schedule="replay", path=str(tmp_path / "rec"))
+    replay = CostConfig.of(profile="replay", schedule="replay", path=str(tmp_path / "rec"))
     assert simulate(run_cfg(num_clients=1, cost=replay), tmp_path / "rep")["status"] == "completed"
     cols = ["version", "time_s", "client", "read_version", "staleness", "train_loss", "train_error"]
     a, b = (pd.read_csv(tmp_path / d / "updates.csv") for d in ("rec", "rep"))
@@ -307,8 +307,8 @@ def test_protocols_that_hold_or_preempt_clients_run_on_the_shared_clock(tmp_path
     """sync with a backup worker cancels the late client's push in flight (its resources freed);
     ssp holds replies: both finish their budget under contention."""
     cfg = parse(compose([f"protocol={protocol}", "data=synthetic", "model=mlp", "num_clients=4", "num_epochs=2",
-                         "progress=false", "cost.topology=shared", "cost.clients_per_host=2",
-                         "cost.devices_per_host=1", "cost.comm_params=1e5"]))
+                         "progress=false", "cost.topology=shared", "cost.shared.clients_per_host=2",
+                         "cost.shared.devices_per_host=1", "cost.comm_params=1e5"]))
     assert simulate(cfg, tmp_path)["status"] == "completed"
 
 
@@ -318,29 +318,29 @@ def test_protocols_that_hold_or_preempt_clients_run_on_the_shared_clock(tmp_path
 
 BAD = [
     (["cost.bandwidth_Bps=0"], "cost.bandwidth_Bps", "(0, 1e+15]"),
-    (["cost=paper2013_shared", "cost.server_bandwidth_Bps=-1e9"], "cost.server_bandwidth_Bps", "(0, 1e+15]"),
-    (["cost=paper2013_shared", "cost.host_bandwidth_Bps=0"], "cost.host_bandwidth_Bps", "(0, 1e+15]"),
-    (["cost=paper2013_shared", "cost.clients_per_host=0"], "cost.clients_per_host", "1..1024"),
-    (["cost=paper2013_shared", "cost.devices_per_host=0"], "cost.devices_per_host", "1..1024"),
+    (["cost=paper2013_shared", "cost.shared.server_bandwidth_Bps=-1e9"], "cost.shared.server_bandwidth_Bps", "(0, 1e+15]"),
+    (["cost=paper2013_shared", "cost.shared.host_bandwidth_Bps=0"], "cost.shared.host_bandwidth_Bps", "(0, 1e+15]"),
+    (["cost=paper2013_shared", "cost.shared.clients_per_host=0"], "cost.shared.clients_per_host", "1..1024"),
+    (["cost=paper2013_shared", "cost.shared.devices_per_host=0"], "cost.shared.devices_per_host", "1..1024"),
     (["cost=paper2013_shared", "cost.latency_s=-0.1"], "cost.latency_s", "[0, 1e+06]"),
     (["cost.topology=ring"], "cost.topology", "'dedicated', 'shared'"),
     # hosts are filled in order and must be equal: 6 clients on hosts of 4 leave one half full
-    (["cost=paper2013_shared", "num_clients=6"], "cost.clients_per_host", "a divisor of num_clients=6"),
+    (["cost=paper2013_shared", "num_clients=6"], "cost.shared.clients_per_host", "a divisor of num_clients=6"),
     # a topology key that would be ignored is refused, naming the setting that makes it act
-    (["cost.clients_per_host=4"], "cost.clients_per_host", "cost.topology=shared"),
-    (["cost.server_bandwidth_Bps=1e9"], "cost.server_bandwidth_Bps", "cost.topology=shared"),
-    (["cost.one_machine=true"], "cost.one_machine", "cost.topology=shared"),
-    (["cost.topology=shared", "cost.one_machine=true"], "cost.devices_per_host", "cost.one_machine=true"),
-    (["cost.topology=shared", "cost.one_machine=true", "cost.devices_per_host=2", "num_clients=4",
-      "cost.clients_per_host=2"], "cost.clients_per_host", "at least num_clients=4"),
-    (["cost.topology=shared", "cost.eval_s=0.1"], "cost.eval_s", "cost.one_machine=true"),
-    (["cost.server_burst_bytes=32768"], "cost.server_burst_bytes", "cost.topology=shared"),
-    (["cost=uniform", "cost.topology=shared", "cost.server_burst_bytes=32768"], "cost.server_burst_bytes", "limited"),
-    (["cost.link_cpu_s_per_byte=1e-8"], "cost.link_cpu_s_per_byte", "cost.topology=shared"),
-    (["cost.topology=shared", "cost.server_bandwidth_Bps=1e7", "cost.link_cpu_s_per_byte=1e-8"],
-     "cost.link_cpu_s_per_byte", "cost.one_machine=true"),
-    (["cost=uniform", "cost.topology=shared", "cost.one_machine=true", "cost.devices_per_host=2", "num_clients=1",
-      "cost.link_cpu_s_per_byte=1e-8"], "cost.link_cpu_s_per_byte", "limited"),
+    (["cost.shared.clients_per_host=4"], "cost.shared.clients_per_host", "cost.topology=shared"),
+    (["cost.shared.server_bandwidth_Bps=1e9"], "cost.shared.server_bandwidth_Bps", "cost.topology=shared"),
+    (["cost.machine.single=true"], "cost.machine.single", "cost.topology=shared"),
+    (["cost.topology=shared", "cost.machine.single=true"], "cost.shared.devices_per_host", "cost.machine.single=true"),
+    (["cost.topology=shared", "cost.machine.single=true", "cost.shared.devices_per_host=2", "num_clients=4",
+      "cost.shared.clients_per_host=2"], "cost.shared.clients_per_host", "at least num_clients=4"),
+    (["cost.topology=shared", "cost.machine.eval_s=0.1"], "cost.machine.eval_s", "cost.machine.single=true"),
+    (["cost.shared.server_burst_bytes=32768"], "cost.shared.server_burst_bytes", "cost.topology=shared"),
+    (["cost=uniform", "cost.topology=shared", "cost.shared.server_burst_bytes=32768"], "cost.shared.server_burst_bytes", "limited"),
+    (["cost.machine.link_cpu_s_per_byte=1e-8"], "cost.machine.link_cpu_s_per_byte", "cost.topology=shared"),
+    (["cost.topology=shared", "cost.shared.server_bandwidth_Bps=1e7", "cost.machine.link_cpu_s_per_byte=1e-8"],
+     "cost.machine.link_cpu_s_per_byte", "cost.machine.single=true"),
+    (["cost=uniform", "cost.topology=shared", "cost.machine.single=true", "cost.shared.devices_per_host=2", "num_clients=1",
+      "cost.machine.link_cpu_s_per_byte=1e-8"], "cost.machine.link_cpu_s_per_byte", "limited"),
 ]
 
 
@@ -353,7 +353,7 @@ def test_bad_topology_values_name_key_value_and_what_is_valid(overrides, key, ex
 
 @pytest.mark.parametrize("num_clients", [1, 2, 4, 8, 16, 32])
 def test_hosts_of_four_take_fewer_clients_than_a_host_or_any_multiple(num_clients):
-    assert parse(compose(["cost=paper2013_shared", f"num_clients={num_clients}"])).cost.clients_per_host == 4
+    assert parse(compose(["cost=paper2013_shared", f"num_clients={num_clients}"])).cost.shared.clients_per_host == 4
 
 
 def test_cli_refuses_a_host_size_that_does_not_divide_before_any_work(tmp_path):
@@ -361,5 +361,5 @@ def test_cli_refuses_a_host_size_that_does_not_divide_before_any_work(tmp_path):
                            f"results_dir={tmp_path / 'r'}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "MPLBACKEND": "Agg"})
     assert proc.returncode == 2, proc.stderr
-    assert "cost.clients_per_host" in proc.stderr and "6" in proc.stderr and "Traceback" not in proc.stderr
+    assert "cost.shared.clients_per_host" in proc.stderr and "6" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()

@@ -17,7 +17,7 @@ from repro.sim.driver import simulate
 from repro.sim.fit import fit_config
 from tests.helpers.runs import CLI_ARGS, cli, sim_cfg
 
-KNOWN = CostConfig(profile="known", compute_s=0.01, jitter="lognormal", jitter_sigma=0.2,
+KNOWN = CostConfig.of(profile="known", compute_s=0.01, jitter="lognormal", jitter_sigma=0.2,
                    latency_s=0.002, bandwidth_Bps=2e6, server_apply_s=0.001)
 
 
@@ -30,7 +30,7 @@ def record(tmp_path, name: str, comm_params: float | None, epochs: float = 12.0)
 
 def test_fit_recovers_known_costs(tmp_path):
     small, large = record(tmp_path, "small", None), record(tmp_path, "large", 40000.0)
-    cfg = sim_cfg(cost=CostConfig(profile="fit", path=f"{small}:{large}"), checkpoint_every=0)
+    cfg = sim_cfg(cost=CostConfig.of(profile="fit", path=f"{small}:{large}"), checkpoint_every=0)
     summary = simulate(cfg, tmp_path / "fitted")
     fit = summary["fit"]
     assert fit["pushes"] >= 2 * 80
@@ -45,7 +45,7 @@ def test_fit_recovers_known_costs(tmp_path):
 
 def test_fit_refuses_too_few_pushes(tmp_path):
     short = record(tmp_path, "short", None, epochs=0.5)
-    cfg = sim_cfg(cost=CostConfig(profile="fit", path=str(short)))
+    cfg = sim_cfg(cost=CostConfig.of(profile="fit", path=str(short)))
     with pytest.raises(ConfigError, match="at least 20 pushes") as err:
         simulate(cfg, tmp_path / "fitted")
     assert err.value.key == "cost.path" and not (tmp_path / "fitted").exists()
@@ -62,17 +62,17 @@ def test_a_recorded_machine_puts_the_fitted_clients_on_it(tmp_path):
     config["backend"]["name"] = "real"   # its server sent each reply before the next push
     (rec / "config.json").write_text(json.dumps(config))
     (rec / "summary.json").write_text(json.dumps({**summary, "eval_cpu_s": 0.03}))
-    cfg, fit = fit_config(sim_cfg(num_clients=4, cost=CostConfig(profile="fit", path=str(rec))))
+    cfg, fit = fit_config(sim_cfg(num_clients=4, cost=CostConfig.of(profile="fit", path=str(rec))))
     cost = cfg.cost
-    assert (cost.topology, cost.clients_per_host, cost.devices_per_host, cost.one_machine) == ("shared", 4, 2, True)
-    assert cost.eval_s == pytest.approx(0.03) and "one machine of 2 cores" in fit["machine"]
+    assert (cost.topology, cost.shared.clients_per_host, cost.shared.devices_per_host, cost.machine.single) == ("shared", 4, 2, True)
+    assert cost.machine.eval_s == pytest.approx(0.03) and "one machine of 2 cores" in fit["machine"]
     assert cost.reply_holds_server and fit["reply_holds_server"]
     config["host"]["clients_on_host"] = 0   # torchrun: rank 0 alone on its node
     (rec / "config.json").write_text(json.dumps(config))
-    link = CostConfig(profile="fit", path=str(rec), topology="shared", server_bandwidth_Bps=KNOWN.bandwidth_Bps)
+    link = CostConfig.of(profile="fit", path=str(rec), topology="shared", server_bandwidth_Bps=KNOWN.bandwidth_Bps)
     cfg, fit = fit_config(sim_cfg(num_clients=2, cost=link))
-    assert (cfg.cost.one_machine, cfg.cost.eval_s, cfg.cost.clients_per_host) == (False, 0.0, 2)
-    assert cfg.cost.server_bandwidth_Bps == KNOWN.bandwidth_Bps and cfg.cost.bandwidth_Bps is None
+    assert (cfg.cost.machine.single, cfg.cost.machine.eval_s, cfg.cost.shared.clients_per_host) == (False, 0.0, 2)
+    assert cfg.cost.shared.server_bandwidth_Bps == KNOWN.bandwidth_Bps and cfg.cost.bandwidth_Bps is None
     assert cfg.cost.latency_s == pytest.approx(KNOWN.latency_s, rel=0.10)
 
 
@@ -80,28 +80,28 @@ def test_a_known_burst_is_not_latency_and_a_stated_machine_shares_its_cores(tmp_
     """A one-client recording over a limited server link with a token bucket (each transfer finds
     it idle and sends its burst at once): given the link's rate and burst, the fit recovers the
     latency; without the burst the transit looks shorter than the bytes' time and the latency is
-    lost (0). A cross-node recording with cost.one_machine on the command (its nodes were network
+    lost (0). A cross-node recording with cost.machine.single on the command (its nodes were network
     namespaces of one machine) is simulated on that machine, its evaluations taking their share."""
     rate, burst = 2e6, 20000.0
     link = dict(topology="shared", server_bandwidth_Bps=rate, server_burst_bytes=burst, bandwidth_Bps=None,
                 comm_params=40000.0)
     rec = tmp_path / "rec"
-    simulate(sim_cfg(cost=dataclasses.replace(KNOWN, **link), num_clients=1, num_epochs=12.0, checkpoint_every=0), rec)
+    simulate(sim_cfg(cost=KNOWN.updated(**link), num_clients=1, num_epochs=12.0, checkpoint_every=0), rec)
     config = json.loads((rec / "config.json").read_text())
     config["host"] = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 0}   # across nodes
     (rec / "config.json").write_text(json.dumps(config))
     summary = json.loads((rec / "summary.json").read_text())
     (rec / "summary.json").write_text(json.dumps({**summary, "eval_cpu_s": 0.03}))
-    given = CostConfig(profile="fit", path=str(rec), topology="shared", server_bandwidth_Bps=rate,
-                       server_burst_bytes=burst)
+    given = CostConfig.of(profile="fit", path=str(rec), topology="shared", server_bandwidth_Bps=rate,
+                          server_burst_bytes=burst)
     cfg, fit = fit_config(sim_cfg(num_clients=2, cost=given))
     assert cfg.cost.latency_s == pytest.approx(KNOWN.latency_s, rel=0.10)
-    assert (cfg.cost.one_machine, cfg.cost.eval_s) == (False, 0.0)
-    no_burst, _ = fit_config(sim_cfg(num_clients=2, cost=dataclasses.replace(given, server_burst_bytes=0.0)))
+    assert (cfg.cost.machine.single, cfg.cost.machine.eval_s) == (False, 0.0)
+    no_burst, _ = fit_config(sim_cfg(num_clients=2, cost=given.updated(server_burst_bytes=0.0)))
     assert no_burst.cost.latency_s == 0.0   # 160 KB at 2 MB/s is 80 ms; the transit was 72 ms
-    stated = dataclasses.replace(given, one_machine=True, clients_per_host=2, devices_per_host=2)
+    stated = given.updated(one_machine=True, clients_per_host=2, devices_per_host=2)
     cfg, fit = fit_config(sim_cfg(num_clients=2, cost=stated))
-    assert (cfg.cost.one_machine, cfg.cost.devices_per_host, cfg.cost.eval_s) == (True, 2, pytest.approx(0.03))
+    assert (cfg.cost.machine.single, cfg.cost.shared.devices_per_host, cfg.cost.machine.eval_s) == (True, 2, pytest.approx(0.03))
     assert "limited link" in fit["machine"]
 
 
@@ -113,7 +113,7 @@ def test_a_known_burst_is_not_latency_and_a_stated_machine_shares_its_cores(tmp_
 def test_a_fit_without_a_recording_is_refused(path):
     """Without a path nothing was fitted and the run went on the uniform profile's costs."""
     with pytest.raises(ConfigError) as err:
-        validate(sim_cfg(cost=CostConfig(profile="fit", path=path)))
+        validate(sim_cfg(cost=CostConfig.of(profile="fit", path=path)))
     assert err.value.key == "cost.path" and "RUN_DIR" in str(err.value)
 
 
@@ -145,7 +145,7 @@ def test_a_recording_of_another_model_data_or_batch_is_refused(tmp_path, key, ch
     rec = record(tmp_path, "rec", None, epochs=3.0)
     _edit_config(rec, **change)
     with pytest.raises(ConfigError) as err:
-        fit_config(sim_cfg(cost=CostConfig(profile="fit", path=str(rec))))
+        fit_config(sim_cfg(cost=CostConfig.of(profile="fit", path=str(rec))))
     assert err.value.key == "cost.path" and named in str(err.value), str(err.value)
     assert str(rec / "config.json") in str(err.value)
 
@@ -160,9 +160,9 @@ def test_another_models_recording_beside_the_runs_own_gives_only_its_transit(tmp
     slow = [",".join(str(10 * float(v)) if head[i] in ("compute_s", "apply_s") else v
                      for i, v in enumerate(row.split(","))) for row in timings[1:]]
     (other / "timings.csv").write_text("\n".join([timings[0], *slow]) + "\n")
-    alone = fit_config(sim_cfg(cost=CostConfig(profile="fit", path=str(own))))[1]
+    alone = fit_config(sim_cfg(cost=CostConfig.of(profile="fit", path=str(own))))[1]
     with caplog.at_level("WARNING"):
-        _, fit = fit_config(sim_cfg(cost=CostConfig(profile="fit", path=f"{own}:{other}")))
+        _, fit = fit_config(sim_cfg(cost=CostConfig.of(profile="fit", path=f"{own}:{other}")))
     assert (fit["compute_s"], fit["server_apply_s"]) == (alone["compute_s"], alone["server_apply_s"])
     assert fit["transit_only"] == [str(other)] and len(fit["transit"]) == 2 and fit["bandwidth_Bps"]
     assert "model.name=digits_cnn (this run: mlp)" in caplog.text
@@ -194,7 +194,7 @@ def _short_row(rec):
 
 
 def _a_replay(rec):
-    simulate(sim_cfg(cost=CostConfig(profile="replay", schedule="replay", path=str(rec)), checkpoint_every=0),
+    simulate(sim_cfg(cost=CostConfig.of(profile="replay", schedule="replay", path=str(rec)), checkpoint_every=0),
              rec.parent / "replay")
     return "a replay records no timings"
 
@@ -205,7 +205,7 @@ def test_a_malformed_recording_is_refused_naming_the_file_and_line(tmp_path, spo
     said = spoil(rec)
     path = tmp_path / "replay" if spoil is _a_replay else rec
     with pytest.raises(ConfigError) as err:
-        simulate(sim_cfg(cost=CostConfig(profile="fit", path=str(path))), tmp_path / "fitted")
+        simulate(sim_cfg(cost=CostConfig.of(profile="fit", path=str(path))), tmp_path / "fitted")
     assert err.value.key == "cost.path" and said in str(err.value), str(err.value)
     assert not (tmp_path / "fitted").exists()
 
@@ -224,7 +224,7 @@ def test_a_fitted_run_is_simulated_again_from_its_config_without_a_refit(tmp_pat
     from repro.instruments.spread import predicted_config
 
     rec = record(tmp_path, "rec", None, epochs=3.0)
-    simulate(sim_cfg(cost=CostConfig(profile="fit", path=str(rec)), checkpoint_every=0), tmp_path / "fitted")
+    simulate(sim_cfg(cost=CostConfig.of(profile="fit", path=str(rec)), checkpoint_every=0), tmp_path / "fitted")
     cfg = predicted_config(tmp_path / "fitted")
     recorded = json.loads((tmp_path / "fitted" / "config.json").read_text())["cost"]
     assert (cfg.cost.profile, cfg.cost.path, cfg.cost.compute_s) == ("fitted", None, recorded["compute_s"])

@@ -6,7 +6,7 @@ than one place is answered by one function, and the places that ask agree.
 * table integrity: :func:`repro.files.schema.version_fault`, for a resume and for the analysis;
 * the warm-start baseline: the simulator's one-client run, bitwise;
 * what the lab needs to know of a run is in its folder (the analysis imports no torch);
-* validation: once per process, at the layer that owns it; the API's defaults are the config's.
+* validation: once per run, where the config enters; the API's defaults are the config's.
 
 Every exactness claim here compares two computations in one process at one thread count.
 """
@@ -262,21 +262,64 @@ def test_the_analysis_imports_no_torch():
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation: each check once per process, at the layer that owns it
+# Validation: each check once per run, where the config enters; composition once
 # ---------------------------------------------------------------------------------------------
 
-def test_config_validation_runs_once_per_process_for_a_config(monkeypatch):
+def _cli_run_in_process(monkeypatch, *args: str) -> None:
+    """``python -m repro.run ARGS`` in this process; its signal handlers and Hydra's logging
+    are for its process, not pytest's: put back afterwards."""
+    import logging
+    import signal
+
+    from repro import run as cli_module
+
+    monkeypatch.setattr(sys, "argv", ["repro.run", *args])
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    root = logging.getLogger()
+    logging_state = (root.level, list(root.handlers))
+    try:
+        cli_module.cli()
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        for handler in set(root.handlers) - set(logging_state[1]):
+            handler.close()
+        root.setLevel(logging_state[0])
+        root.handlers[:] = logging_state[1]
+
+
+def test_one_command_line_run_composes_and_validates_its_config_once(tmp_path, monkeypatch):
+    """``python -m repro.run`` composes its config once (it was three times: the pre-check,
+    the run folder's check, Hydra's main) and validates it once (the command line's parse,
+    Hydra's main, the run folder and the real launcher each asked; a memo hid the repeats),
+    and the run still completes."""
+    from hydra._internal.hydra import Hydra
+
+    from repro.config import checks
+    from tests.helpers.runs import CLI_ARGS
+
+    validated, composed = [], []
+    validate, compose_config = checks.validate, Hydra.compose_config
+    counted = lambda cfg: validated.append(cfg) or validate(cfg)  # noqa: E731
+    for module in list(sys.modules.values()):   # every module that holds validate by name
+        if getattr(module, "validate", None) is validate and module.__name__.startswith("repro"):
+            monkeypatch.setattr(module, "validate", counted)
+    monkeypatch.setattr(Hydra, "compose_config", lambda self, *a, **k: composed.append(a) or compose_config(self, *a, **k))
+    _cli_run_in_process(monkeypatch, *CLI_ARGS, f"results_dir={tmp_path}")
+    assert len(composed) == 1 and len(validated) == 1
+    summary = json.loads(next(tmp_path.glob("*/*/summary.json")).read_text())
+    assert summary["status"] == "completed"
+
+
+def test_config_validation_refuses_every_bad_config_each_time_it_is_asked():
+    """Validation remembers nothing: an invalid config is refused every time, and a value equal
+    to a valid one (True == 1) but not of its type is refused too."""
     from repro.config import checks
     from repro.config.help import compose, parse
 
-    calls = []
-    check = checks._check
-    monkeypatch.setattr(checks, "_check", lambda cfg: calls.append(cfg) or check(cfg))
-    cfg = parse(compose(["nsync=3", "seed=11"]))                     # the command line parses
-    again = parse(compose(["nsync=3", "seed=11"]))                   # Hydra's main parses again
-    checks.validate(again)                                         # every run folder asks
-    assert again == cfg and len(calls) == 1
-    with pytest.raises(Exception, match="num_clients"):   # an invalid config is never remembered
+    cfg = parse(compose(["nsync=3", "seed=11"]))
+    checks.validate(cfg)
+    with pytest.raises(Exception, match="num_clients"):
         checks.validate(cfg.replace(num_clients=0))
     with pytest.raises(Exception, match="num_clients"):
         checks.validate(cfg.replace(num_clients=0))

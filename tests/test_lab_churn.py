@@ -15,9 +15,11 @@ from tests.helpers.paths import ROOT
 def test_grid_expands_to_the_intended_runs():
     grid = sweep_grid("churn")
     assert len(grid) == 24
-    assert {str(p["cost.preempt_rate"]) for p in grid} == {"0", "0.5", "1", "3"}
-    cfg = parse(compose(["+exp=churn", "protocol=ssp", "cost.preempt_rate=3"]))
-    assert (cfg.num_clients, cfg.cost.preempt_down_s, cfg.cost.preempt_rate, cfg.exp_name) == (4, 0.1, 3.0, "churn")
+    assert {str(p["cost.churn.preempt_rate"]) for p in grid} == {"0", "0.5", "1", "3"}
+    cfg = parse(compose(["+exp=churn", "protocol=ssp", "cost.churn.preempt_rate=3"]))
+    churn = cfg.cost.churn
+    assert (cfg.num_clients, churn.preempt_down_s, churn.preempt_rate, cfg.exp_name) == (4, 0.1, 3.0, "churn")
+    assert parse(compose(["+exp=churn", "protocol=ssp", "cost.preempt_rate=3"])) == cfg   # the old spelling
 
 
 @pytest.mark.slow

@@ -55,3 +55,23 @@ def test_no_driver_replaces_the_config_it_was_handed():
     num_clients from the torchrun world, each on its own)."""
     for fn in (launch.run_real, launch.run_torchrun_worker):
         assert "cfg.replace(" not in inspect.getsource(fn) and "cfg = " not in inspect.getsource(fn), fn.__name__
+
+
+def test_a_warm_start_baseline_config_is_derived_by_the_resolve_step_and_the_driver_reads_it(tmp_path, monkeypatch):
+    """The single-client baseline's config is made once, where the config is resolved, and
+    handed down as data: the driver and the problem builder build none. Its cache key (the
+    baseline's training-shaping values) is what it was: d99f04bcf1df for this config."""
+    from repro.config.resolved import baseline_config
+    from repro.problem import start
+
+    warm = CFG.replace(start="warm", warm_start_epochs=0.5, results_dir=str(tmp_path))
+    resolved = entry.resolve(warm)
+    assert resolved.baseline == baseline_config(warm) and entry.resolve(CFG).baseline is None
+    assert start.cache_dir(warm).name == start.cache_dir(warm, resolved.baseline).name == "d99f04bcf1df"
+
+    def again(*args, **kwargs):
+        raise AssertionError("a config was built below the resolve step")
+    monkeypatch.setattr(start, "baseline_config", again)
+    monkeypatch.setattr(driver, "resolve", lambda cfg, run_dir=None: cfg)   # hand it on as it is
+    assert driver.simulate(resolved, tmp_path / "warm")["status"] == "completed"
+    assert (tmp_path / "_warmstart" / "d99f04bcf1df" / "server.pt").is_file()

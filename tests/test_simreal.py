@@ -95,7 +95,7 @@ def simulated_run(path, *, clients, seed, sigma, real=False, fit_paths=None):
     from repro.sim.driver import simulate
 
     cfg = RunConfig(num_clients=clients, nsync=1, seed=seed, num_epochs=2.0, eval_every=2.0, progress=False,
-                    cost=CostConfig(jitter="lognormal", jitter_sigma=sigma, compute_s=0.002))
+                    cost=CostConfig.of(jitter="lognormal", jitter_sigma=sigma, compute_s=0.002))
     simulate(cfg, path)
     config = json.loads((path / "config.json").read_text())
     if real:
@@ -157,7 +157,7 @@ def test_a_shrunk_experiment_runs_end_to_end_and_the_benchmark_reads_it(tmp_path
     predicted = tmp_path / "r" / "sim_vs_real" / "predicted" / "loopback" / "nsync1_num_clients2_seed0"
     fit = json.loads((predicted / "config.json").read_text())["fit"]
     assert fit["paths"] == [str(tmp_path / "r" / "sim_vs_real" / "nsync=1,num_clients=1,num_epochs=2,seed=0")]
-    assert json.loads((predicted / "config.json").read_text())["cost"]["one_machine"] is True
+    assert json.loads((predicted / "config.json").read_text())["cost"]["machine"]["single"] is True
     bench = subprocess.run([sys.executable, "-m", "repro.bench", "simreal", "--results", str(tmp_path / "r" / "sim_vs_real")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert bench.returncode in (0, 1), bench.stderr   # 1: a target missed, which this machine decides

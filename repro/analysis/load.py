@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from repro.config.renames import modern_tree
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import lock_held
@@ -191,7 +192,7 @@ def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
 
 def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     """One run folder -> (runs row, evals, updates). Raises :class:`BadRun` to skip the folder."""
-    config = _read_json(run_dir / schema.CONFIG_FILE)
+    config = modern_tree(_read_json(run_dir / schema.CONFIG_FILE), quiet=True)   # old spellings: new columns
     lacking = [k for k in REQUIRED_CONFIG_KEYS if k not in config]
     if lacking:
         raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")

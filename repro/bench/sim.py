@@ -12,7 +12,6 @@ machine.
 """
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 
@@ -84,7 +83,7 @@ def bench_sim(num_epochs: float, repeats: int) -> bool:
           " contention off (dedicated links) and on (shared hosts, devices and links)")
     print(f"{'nsync':>6} {'steps':>7} {'sim s':>8} {'plain s':>8} {'ratio':>7} {'shared s':>9} {'ratio':>7}")
     for cfg in configs:
-        shared = cfg.replace(cost=dataclasses.replace(cfg.cost, **CONTENTION))
+        shared = cfg.replace(cost=cfg.cost.updated(**CONTENTION))
         sims, contended, plains = [], [], []
         for _ in range(repeats):   # interleaved, so a busy machine slows all alike
             sim_s, steps = sim_run_s(cfg)

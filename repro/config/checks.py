@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
+from repro.config.renames import modern_tree
 from repro.config.settings import CIFAR10_EXPECTED, RECORDED_ONLY, DataConfig, RunConfig, _leaves, get, slow_client, to_dict
 from repro.errors import ConfigError
 
@@ -28,6 +29,8 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     ignored at the top level."""
     if cls is RunConfig and isinstance(tree, dict):
         tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
+    if isinstance(tree, dict):   # old flat spellings read, with a line each (a group's too: "cost.")
+        tree = _modern(tree, prefix)
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
@@ -35,6 +38,18 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     else:
         _check_leaves(obj, cls, prefix)
     return obj
+
+
+def _modern(tree: dict, prefix: str) -> dict:
+    """``tree`` (the node at ``prefix``) with old flat keys moved (:func:`modern_tree`)."""
+    path = [p for p in prefix.split(".") if p]
+    whole = tree
+    for part in reversed(path):
+        whole = {part: whole}
+    whole = modern_tree(whole)
+    for part in path:
+        whole = whole[part]
+    return whole
 
 
 NAME_BYTES = 255   # the longest file name Linux, macOS and Windows file systems take
@@ -119,25 +134,12 @@ def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
         f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
 
 
-_VALID: set[str] = set()   # repr of every config validate() passed in this process (frozen: it
-                           # stays valid; repr, not ==, which holds 1 == 1.0 == True)
-
-
 def validate(cfg: RunConfig) -> None:
     """Every key against its declared valid values, then the checks that relate two keys.
     Needs no data; :func:`repro.problem.build.check_components` checks the model and the batch
-    against the data. Every entry point asks (the command line as it parses, the API, every run
-    folder), so the work is done once per process for a config: the answer is remembered."""
-    key = repr(cfg)
-    if key in _VALID:
-        return
-    _check(cfg)
-    if len(_VALID) > 4096:   # a long test session builds many configs
-        _VALID.clear()
-    _VALID.add(key)
-
-
-def _check(cfg: RunConfig) -> None:
+    against the data. Asked once per config, where a config enters: :func:`from_dict` (the
+    command line's parse, a config.json, the API's settings) and the Python entry points that
+    change a parsed config (``repro.api.run_config``, the explorer); the drivers trust theirs."""
     _check_leaves(cfg, RunConfig, "")
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
@@ -213,62 +215,62 @@ def check_segment(cfg: RunConfig, num_train: int) -> None:
                           "one push may not exceed the whole run; lower nsync or raise num_epochs")
 
 
-SHARED_ONLY = {"clients_per_host": 1, "devices_per_host": None, "host_bandwidth_Bps": None,
-               "server_bandwidth_Bps": None, "server_burst_bytes": 0.0, "one_machine": False, "eval_s": 0.0,
-               "link_cpu_s_per_byte": 0.0}   # their values under cost.topology=dedicated
-
-
 def _check_topology(cfg: RunConfig) -> None:
-    """The topology keys act only under cost.topology=shared (refused elsewhere, so that no
-    setting is silently ignored); hosts must be equal: clients fill them in order."""
+    """The keys of cost.shared and cost.machine act only under cost.topology=shared (refused
+    elsewhere, so that no setting is silently ignored); hosts must be equal: clients fill them
+    in order."""
     cost = cfg.cost
+    shared, machine = cost.shared, cost.machine
     if cost.topology != "shared":
-        for key, default in SHARED_ONLY.items():
-            if getattr(cost, key) != default:
-                raise ConfigError(f"cost.{key}", getattr(cost, key), f"{default if default is not None else 'null'} "
-                                  f"with cost.topology={cost.topology} (the key acts only with cost.topology=shared)")
+        for group in ("shared", "machine"):
+            for f in dataclasses.fields(getattr(cost, group)):
+                value, default = getattr(getattr(cost, group), f.name), f.default
+                if value != default:
+                    raise ConfigError(f"cost.{group}.{f.name}", value, f"{default if default is not None else 'null'} "
+                                      f"with cost.topology={cost.topology} (the key acts only with cost.topology=shared)")
         return
-    per_host = cost.clients_per_host
+    per_host = shared.clients_per_host
     if cfg.num_clients > per_host and cfg.num_clients % per_host:
-        raise ConfigError("cost.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or at "
-                          f"least {cfg.num_clients} (clients fill hosts of cost.clients_per_host in order, "
+        raise ConfigError("cost.shared.clients_per_host", per_host, f"a divisor of num_clients={cfg.num_clients} or "
+                          f"at least {cfg.num_clients} (clients fill hosts of cost.shared.clients_per_host in order, "
                           "every host full, or all of them on one host)")
-    if cost.one_machine and (cost.devices_per_host is None or per_host < cfg.num_clients):
-        key, value = ("cost.devices_per_host", None) if cost.devices_per_host is None else \
-            ("cost.clients_per_host", per_host)
+    if machine.single and (shared.devices_per_host is None or per_host < cfg.num_clients):
+        key, value = ("cost.shared.devices_per_host", None) if shared.devices_per_host is None else \
+            ("cost.shared.clients_per_host", per_host)
         raise ConfigError(key, value, f"{'a number of cores' if value is None else f'at least num_clients={cfg.num_clients}'} "
-                          "with cost.one_machine=true (the server and every client share one host's cores)")
-    if cost.server_burst_bytes and cost.server_bandwidth_Bps is None and cost.bandwidth_Bps is None:
-        raise ConfigError("cost.server_burst_bytes", cost.server_burst_bytes, "0 unless the server's link is "
-                          "limited (cost.server_bandwidth_Bps or cost.bandwidth_Bps): a burst is what a "
+                          "with cost.machine.single=true (the server and every client share one host's cores)")
+    server_limited = shared.server_bandwidth_Bps or cost.bandwidth_Bps
+    if shared.server_burst_bytes and shared.server_bandwidth_Bps is None and cost.bandwidth_Bps is None:
+        raise ConfigError("cost.shared.server_burst_bytes", shared.server_burst_bytes, "0 unless the server's link is "
+                          "limited (cost.shared.server_bandwidth_Bps or cost.bandwidth_Bps): a burst is what a "
                           "limited link sends at once")
-    if cost.link_cpu_s_per_byte and not (cost.one_machine and (cost.server_bandwidth_Bps or cost.bandwidth_Bps)):
-        raise ConfigError("cost.link_cpu_s_per_byte", cost.link_cpu_s_per_byte, "0 unless cost.one_machine=true "
-                          "and the server's link is limited (cost.server_bandwidth_Bps or cost.bandwidth_Bps): "
-                          "it is the CPU a transfer across that link costs the machine's cores")
-    if cost.eval_s and not cost.one_machine:
-        raise ConfigError("cost.eval_s", cost.eval_s, "0 unless cost.one_machine=true (an evaluation takes "
-                          "time only from the cores the server shares with its clients)")
+    if machine.link_cpu_s_per_byte and not (machine.single and server_limited):
+        raise ConfigError("cost.machine.link_cpu_s_per_byte", machine.link_cpu_s_per_byte, "0 unless "
+                          "cost.machine.single=true and the server's link is limited (cost.shared.server_bandwidth_Bps "
+                          "or cost.bandwidth_Bps): it is the CPU a transfer across that link costs the machine's cores")
+    if machine.eval_s and not machine.single:
+        raise ConfigError("cost.machine.eval_s", machine.eval_s, "0 unless cost.machine.single=true (an evaluation "
+                          "takes time only from the cores the server shares with its clients)")
 
 
 def _check_elastic(cfg: RunConfig) -> None:
     """Joins (the real driver's): a maximum no smaller than the run, an address to join.
     Simulated churn: whole triples of existing clients; not modelled with shared resources or
     a replayed order."""
-    c = cfg.cost
-    if c.churn_leave is not None:
-        if len(c.churn_leave) % 3:
-            raise ConfigError("cost.churn_leave", list(c.churn_leave), "triples [client, t_leave, t_return, ...]")
-        for i in range(0, len(c.churn_leave), 3):
-            k, t1, t2 = c.churn_leave[i:i + 3]
+    c, leave = cfg.cost, cfg.cost.churn.leave
+    if leave is not None:
+        if len(leave) % 3:
+            raise ConfigError("cost.churn.leave", list(leave), "triples [client, t_leave, t_return, ...]")
+        for i in range(0, len(leave), 3):
+            k, t1, t2 = leave[i:i + 3]
             if k != int(k) or not 1 <= k <= cfg.num_clients:
-                raise ConfigError("cost.churn_leave", list(c.churn_leave), f"client ids in 1..{cfg.num_clients} "
+                raise ConfigError("cost.churn.leave", list(leave), f"client ids in 1..{cfg.num_clients} "
                                   "at positions 0, 3, 6, ...")
             if t2 and t2 <= t1:
-                raise ConfigError("cost.churn_leave", list(c.churn_leave), "t_return after t_leave (0: never)")
+                raise ConfigError("cost.churn.leave", list(leave), "t_return after t_leave (0: never)")
     if c.churns and c.topology == "shared":
-        raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.preempt_rate, "
-                          "cost.churn_leave, cost.churn_join): churn on shared resources is not modelled")
+        raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.churn.preempt_rate, "
+                          "cost.churn.leave, cost.churn.join): churn on shared resources is not modelled")
     if c.churns and c.schedule == "replay":
         raise ConfigError("cost.schedule", c.schedule, "events with churn (a replay has its own order)")
     b = cfg.backend

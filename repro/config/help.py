@@ -13,8 +13,12 @@
   config in its ConfigStore, onto which every option of ``conf/`` merges (an option states only
   what it changes; a new field needs no YAML).
 * :func:`compose`, :func:`parse`: the configuration as ``python -m repro.run OVERRIDES`` composes
-  it, and the :class:`~repro.config.settings.RunConfig` it becomes; :func:`composed`, both at
-  once: the defaults and cost profiles the Python API shares with the command line.
+  it (old flat key spellings read through :mod:`repro.config.renames`), and the
+  :class:`~repro.config.settings.RunConfig` it becomes; :func:`composed`, both at once: the
+  defaults and cost profiles the Python API shares with the command line.
+* :func:`check_overrides`: the command line's words checked before Hydra sees them (a word that
+  is not KEY=VALUE, a key set twice or unknown, a group option that does not exist), each an
+  exit 2 with one line (:func:`exit_bad_input`).
 """
 from __future__ import annotations
 
@@ -22,14 +26,15 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import sys
 import textwrap
 import typing
-from functools import lru_cache
 from pathlib import Path
 
 from repro.config import checks
 from repro.config import settings as config
-from repro.errors import ConfigError
+from repro.config.renames import modern_override
+from repro.errors import EXIT_BAD_INPUT, ConfigError
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
 
@@ -55,7 +60,6 @@ GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
 OPTIONAL_GROUPS = ("exp", "problem", "mitigation", "partition")   # added with +GROUP=OPTION, never in defaults
 
 
-@lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
     """{field: the docstring written under it} (attribute docstrings are not kept at run time,
     so they are read from the source)."""
@@ -231,7 +235,9 @@ def compose(overrides: list[str], return_hydra_config: bool = False):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    # job_name: what @hydra.main names the job of repro/run.py (its log is run.log)
+    overrides = [modern_override(o) for o in overrides]   # old flat spellings, with a line each
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="run"):
         return hydra_compose(config_name="config", overrides=overrides,
                              return_hydra_config=return_hydra_config)
 
@@ -258,3 +264,103 @@ def parse(dcfg) -> config.RunConfig:
 def composed(overrides: tuple[str, ...] = ()) -> config.RunConfig:
     """``parse(compose(overrides))``: the config the command line would run for ``overrides``."""
     return parse(compose(list(overrides)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line's words, checked before Hydra sees them (exit 2 with one line)
+# ---------------------------------------------------------------------------------------------
+
+ALL_GROUPS = (*GROUPS, *OPTIONAL_GROUPS)
+
+
+def exit_bad_input(err: ConfigError | str) -> None:
+    """Bad input: one line on stderr, exit 2, before any work."""
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def parsed_overrides(argv: list[str]) -> list[tuple[str, str, str]]:
+    """(prefix, key, value) of each ``KEY=VALUE`` argument (flags and their values skipped)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, _, value = arg.partition("=")
+        prefix = key[:len(key) - len(key.lstrip("+~"))]
+        out.append((prefix, key.lstrip("+~").split("@")[0], value))
+    return out
+
+
+# Hydra's flags that take a value (``--cfg job``); every other word must be KEY=VALUE or a flag.
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+               "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
+
+
+def check_words(argv: list[str]) -> None:
+    """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (``num_clients 4``: Hydra
+    would fail with its own usage text and exit 1), and for a setting given twice (``nsync=4
+    nsync=8``: Hydra would silently keep the last)."""
+    seen: dict[str, str] = {}
+    for i, word in enumerate(argv):
+        if word.startswith("-") or "=" in word:
+            continue
+        if i and argv[i - 1] in VALUE_FLAGS:
+            continue
+        after = argv[i + 1] if i + 1 < len(argv) else None
+        hint = (f"write {word}={after}" if after is not None and "=" not in after
+                and not after.startswith("-") else f"write {word}=VALUE")
+        exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
+                        f"({hint}; python -m repro.run --help lists every key)")
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key = arg.partition("=")[0].lstrip("+~")
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            continue   # Hydra's own settings: a later one replaces an earlier one, as documented
+        if key in seen:
+            exit_bad_input(f"'{key}' is set twice ('{seen[key]}' and '{arg}'); keep one "
+                            f"(a sweep is one argument: {key}=A,B)")
+        seen[key] = arg
+
+
+def check_overrides(argv: list[str]) -> None:
+    """Our messages (exit 2) where Hydra's would be raw or point the wrong way: a word that is
+    not KEY=VALUE, a key set twice (:func:`check_words`), an unknown key (with the closest valid
+    ones), a group option that does not exist, ``exp`` without ``+``, a ``+`` on a key that
+    exists."""
+    argv = [modern_override(a, quiet=True) for a in argv]   # an old spelling is a known key
+    check_words(argv)
+    keys = set(config.all_keys())
+    for prefix, key, value in parsed_overrides(argv):
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            continue
+        if key in ALL_GROUPS:
+            optional = key in OPTIONAL_GROUPS
+            if optional != (prefix == "+"):
+                right = f"+{key}={value}" if optional else f"{key}={value}"
+                exit_bad_input(f"'{prefix}{key}={value}': write {right} ("
+                                + (f"'{key}' options are added with +" if optional else
+                                   f"'{key}' is already in the config") + ")")
+            choices = group_options(key)
+            for v in value.split(","):
+                if v not in choices:
+                    exit_bad_input(ConfigError(key, v, choices))
+        elif key in keys:
+            if prefix in ("+", "~"):
+                exit_bad_input(f"'{prefix}{key}={value}': '{key}' is already a key; write {key}={value}")
+        else:
+            near = closest_keys(key)
+            exit_bad_input(f"unknown key '{key}' (in '{prefix}{key}={value}'); "
+                            + (f"closest valid keys: {', '.join(near)}" if near else "no key is close")
+                            + " (python -m repro.run --help lists every key)")
+
+
+def owning_option(key: str) -> str | None:
+    """``backend=real`` for ``backend.timeout_s``: the group option whose YAML sets the key."""
+    group, _, leaf = key.partition(".")
+    if group not in GROUPS:
+        return None
+    for option in group_options(group):   # the option's keys, its stored schema's included
+        if leaf in compose([f"{group}={option}"])[group]:
+            return f"{group}={option}"
+    return None

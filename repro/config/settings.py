@@ -14,20 +14,18 @@ for a peer or how to report progress never name a folder nor block a resume.
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from repro.config.fields import COUNT, SECONDS, WAIT_S, Choice, Flag, Numbers, Range, Text, knob, registry_names
+from repro.config.cost import (JITTERS, SCHEDULES, SPEED_LAWS, TOPOLOGIES, ChurnConfig, CostConfig,  # noqa: F401
+                               MachineConfig, SharedConfig)   # (re-exported)
+from repro.config.renames import modern_tree
+from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob, registry_names
 
-JITTERS = ("none", "lognormal", "exponential")
 BACKENDS = ("sim", "real")
 STARTS = ("cold", "warm")
 DEVICES = ("cpu", "cuda", "auto")
-SCHEDULES = ("events", "replay")
-TOPOLOGIES = ("dedicated", "shared")
-SPEED_LAWS = ("none", "sqrt")
 PARTITIONS = ("iid", "shards", "by_class", "dirichlet")
 
 
@@ -115,109 +113,6 @@ class AlgoConfig:
     def resolved_elastic_alpha(self, num_clients: int) -> float:
         """easgd's alpha: as set, else beta / p with the paper's beta = 0.9 (its Sec. 5)."""
         return self.elastic_alpha if self.elastic_alpha is not None else 0.9 / num_clients
-
-
-@dataclass(frozen=True)
-class CostConfig:
-    profile: str = knob("uniform", Text("a label"))
-    """Name of the cost profile (a label saved with the run)."""
-    schedule: str = knob("events", Choice(SCHEDULES))
-    """Who decides the order of pushes: events (the cost model's clock) or replay (the order a
-    recorded run's updates.csv holds, cost.path; conf/cost/replay.yaml sets it)."""
-    compute_s: Union[float, str] = knob(0.01, Range(0.0, 1e6, lo_open=True, words=("calibrate",)))
-    """Virtual seconds per client minibatch step, or 'calibrate' to time real steps once."""
-    jitter: str = knob("none", Choice(JITTERS))
-    """Per-step compute-time noise (mean-preserving, seeded by seed, client, push)."""
-    jitter_sigma: float = knob(0.0, Range(0.0, 10.0))
-    """lognormal: sigma of log-time; exponential: weight of the exponential part (0..1)."""
-    straggler_client: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
-    """This client (1..num_clients) computes straggler_factor times slower; null: no straggler."""
-    straggler_factor: float = knob(1.0, Range(0.0, 1e6, lo_open=True))
-    """How many times slower the straggler computes."""
-    speeds: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e6, lo_open=True, nullable=True))
-    """Relative step time of each client: num_clients positive numbers, client k's minibatch
-    step takes compute_s x speeds[k-1] (a larger number is a slower client); null: all 1.
-    Multiplies with the straggler's factor and the jitter. backend=real: a slowed client sleeps
-    after each step so that it takes its time over the fastest client's times as long."""
-    speed_law: str = knob("none", Choice(SPEED_LAWS))
-    """A named law of relative step times, instead of a list: sqrt gives client k the step time
-    1 + sqrt(k - 1), i.e. tau_i = 1 + sqrt(i) with i = k - 1 counted from 0, so client 1 is the
-    fastest at exactly compute_s (the heterogeneous setting of the Rennala and Ringmaster papers)."""
-    latency_s: float = knob(0.0, SECONDS)
-    """One-way link latency of every push and fetch (virtual seconds)."""
-    bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
-    """Link bandwidth in bytes/s for the parameter bytes of each push and fetch; null: free."""
-    comm_params: Optional[float] = knob(None, Range(0.0, 1e13, lo_open=True, nullable=True))
-    """Count communication as if the parameter vector had this many float32 entries (null: the
-    model's real size); lets a small model stand in for an AlexNet-sized one (paper2013)."""
-    server_apply_s: float = knob(0.0, SECONDS)
-    """Virtual seconds the server takes to apply one push; it serves one push at a time."""
-    reply_holds_server: bool = knob(False, Flag())
-    """The server sends each push's reply before it serves the next push, so the reply's transfer
-    keeps it busy (the real driver's Dispatcher holds its lock through the send; cost=fit sets it
-    for a real recording); false: only the apply does."""
-    topology: str = knob("dedicated", Choice(TOPOLOGIES))
-    """dedicated: every client has a host, a device and a link of its own (only the server's
-    apply is shared); shared: clients on hosts share the host's devices and link, and every
-    push and fetch crosses the server's link (repro/sim/resources.py)."""
-    clients_per_host: int = knob(1, Range(1, 1024, integer=True))
-    """shared: clients fill hosts of this many in order (client k on host ceil(k / this));
-    num_clients must be a multiple of it, or at most it (one host)."""
-    devices_per_host: Optional[int] = knob(None, Range(1, 1024, integer=True, nullable=True))
-    """shared: devices (GPUs, cores) of a host; its clients computing at once share them
-    equally (processor sharing); null: one device per client."""
-    host_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
-    """shared: bytes/s of a host's link, each way, shared by its clients' transfers; null:
-    bandwidth_Bps."""
-    server_bandwidth_Bps: Optional[float] = knob(None, Range(0.0, 1e15, lo_open=True, nullable=True))
-    """shared: bytes/s of the server's link, each way (full duplex: pushes in, fetches out),
-    shared by every transfer; null: bandwidth_Bps."""
-    server_burst_bytes: float = knob(0.0, Range(0.0, 1e15))
-    """shared: bytes the server's link sends at once after a pause, each way (a token bucket's
-    burst, as tc's tbf: refilled at the link's rate while no transfer crosses it, up to this
-    many; a transfer that finds the link idle takes what the bucket holds); 0: none."""
-    one_machine: bool = knob(False, Flag())
-    """shared: the server and all clients run on one machine (one host holding every client)
-    whose devices_per_host cores they share: a push or fetch is a loopback copy, CPU work of both
-    its ends, so it takes two shares of the cores beside the computing clients (repro/sim/resources.py)."""
-    link_cpu_s_per_byte: float = knob(0.0, Range(0.0, 1.0))
-    """one_machine: CPU seconds the machine's kernels spend per byte a transfer moves across a
-    limited link (both ends together: python -m repro.bench simreal --cores measures it as kernel
-    ms per MB); such a transfer then takes that much of the cores at its rate; 0: none (the link's
-    time alone)."""
-    eval_s: float = knob(0.0, SECONDS)
-    """one_machine: CPU seconds of one evaluation of the server's parameters, which then takes one
-    share of the cores from each evaluation on (the real server evaluates in a thread beside its
-    clients); 0: evaluations cost no time, as elsewhere in the simulator."""
-    path: Optional[str] = knob(None, Text("a run folder", nullable=True), shapes=False)
-    """With profile 'replay': the recorded run folder whose update order is replayed. With the
-    events schedule (cost=fit): recorded run folders, ':'-separated, whose timings.csv the cost
-    model is fitted to (repro/sim/fit.py); their fitted values replace the ones configured."""
-    preempt_rate: float = knob(0.0, Range(0.0, 1e6))
-    """Simulated churn (repro.sim.churn): each live client is lost at this rate per virtual
-    second (a seeded Poisson process); 0: never."""
-    preempt_down_s: float = knob(1.0, Range(0.0, 1e9, lo_open=True))
-    """Simulated churn: mean virtual seconds a preempted client stays away (seeded,
-    exponential) before it rejoins under its id."""
-    churn_leave: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e12, nullable=True))
-    """Simulated churn, a schedule: triples [client, t_leave, t_return, ...] in virtual
-    seconds (t_return 0: never returns); null: none."""
-    churn_join: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e12, nullable=True))
-    """Simulated churn: virtual times at which one more client joins (ids num_clients+1, ...,
-    slot ((k-1) mod N)+1 for per-client settings); null: none."""
-
-    @property
-    def churns(self) -> bool:
-        return self.preempt_rate > 0 or self.churn_leave is not None or self.churn_join is not None
-
-    def speed(self, client: int) -> float:
-        """Client ``client``'s relative step time from ``speeds`` or ``speed_law`` (1: neither;
-        the straggler's factor and the jitter come on top)."""
-        if self.speeds is not None:
-            return self.speeds[client - 1]
-        if self.speed_law == "sqrt":
-            return 1.0 + math.sqrt(client - 1)   # i = client - 1 = 0..N-1: client 1 at compute_s
-        return 1.0
 
 
 @dataclass(frozen=True)
@@ -394,7 +289,8 @@ def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
 def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
     """``recorded``'s training-shaping settings with ``cfg``'s other settings (paths, progress,
     checkpoints, timeouts): what a replay of a recorded run trains, run the way ``cfg`` says."""
-    tree, mine = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}, to_dict(cfg)
+    tree = modern_tree({k: v for k, v in recorded.items() if k not in RECORDED_ONLY}, quiet=True)
+    mine = to_dict(cfg)
     for key in all_keys():
         if key in shaping_keys():
             continue
@@ -408,7 +304,7 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
 
 def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
     """'key: recorded -> now' for every training-shaping key that differs."""
-    old, new = shaping_values(recorded), shaping_values(cfg)
+    old, new = shaping_values(modern_tree(recorded, quiet=True)), shaping_values(cfg)
     # a calibrated compute time is recorded as the measured number: 'calibrate' matches it
     same = lambda k: old[k] == new[k] or (new[k] == "calibrate" and isinstance(old[k], float))  # noqa: E731
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in new if k in old and not same(k)]

@@ -307,7 +307,7 @@ def _print_resimulated(results: Path, link: str, nsync: int, num_clients: int, m
     if errors is None:
         print(f"{'':17s} (no predicted runs of this point in {results} to re-simulate)")
         return
-    what = f"compute_s x {scale:.2f}" + (f", cost.link_cpu_s_per_byte {cost['link_cpu_s_per_byte']:.3g}"
+    what = f"compute_s x {scale:.2f}" + (f", cost.machine.link_cpu_s_per_byte {cost['link_cpu_s_per_byte']:.3g}"
                                          if "link_cpu_s_per_byte" in cost else "")
     print(f"{'':17s} samples/s error {errors[0]:+.1%} as predicted; {errors[1]:+.1%} re-simulated with "
           f"what this measured ({what})", flush=True)

@@ -22,7 +22,6 @@ benchmark (:mod:`repro.instruments.cli`) reads the tree.
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -183,9 +182,9 @@ class SimVsReal(Callback):
                 continue
             cost = CostConfig(profile="fit", path=":".join(sorted(ones.run_dir)))
             if link == "link":   # the link's rate and burst are known, and its two hosts are one machine
-                cost = dataclasses.replace(cost, topology="shared", server_bandwidth_Bps=self.link_Bps(),
-                                           server_burst_bytes=self.burst_bytes(), one_machine=True,
-                                           clients_per_host=cfg.num_clients, devices_per_host=usable_cores())
+                cost = cost.updated(topology="shared", server_bandwidth_Bps=self.link_Bps(),   # old flat names
+                                    server_burst_bytes=self.burst_bytes(), one_machine=True,
+                                    clients_per_host=cfg.num_clients, devices_per_host=usable_cores())
             cfg = cfg.replace(cost=cost)
             validate(cfg)
             simulate(cfg, root / "predicted" / link / point_name(job))

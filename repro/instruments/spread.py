@@ -17,7 +17,6 @@ Unlike :mod:`repro.instruments.points` (which only reads), this module runs the 
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import tempfile
@@ -65,7 +64,7 @@ def resimulate(run_dir: str | Path, out_dir: Path, **cost) -> Path:
     from repro.sim.driver import simulate
 
     cfg = predicted_config(run_dir)
-    simulate(cfg.replace(cost=dataclasses.replace(cfg.cost, **cost)), out_dir)
+    simulate(cfg.replace(cost=cfg.cost.updated(**cost)), out_dir)   # old flat names taken
     return out_dir
 
 

@@ -51,7 +51,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from repro.config.checks import validate
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark
@@ -83,16 +82,16 @@ def startup_deadline_s(cfg: RunConfig) -> float:
 # Rank 0
 # ---------------------------------------------------------------------------------------------
 
-def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
+def run_real(cfg: RunConfig, run_dir: str | Path, baseline: RunConfig | None = None) -> dict:
     """Run the real driver into ``run_dir`` and return the summary dict (any status; ``failed``
-    and ``interrupted`` come back too). Raises ConfigError on bad input, before any process."""
+    and ``interrupted`` come back too). Raises ConfigError on bad input, before any process.
+    ``baseline``: a warm start's baseline config, as the entry point derived it."""
     run_dir, env = Path(run_dir), torchrun_env()
     if env is not None and env.rank != 0:
         raise RuntimeError("run_real is rank 0's entry point; ranks > 0 call run_torchrun_worker")
     master_addr = os.environ["MASTER_ADDR"] if env is not None else cfg.backend.master_addr
     device = server_device(cfg)
     client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
-    validate(cfg)   # (run_folder checks again) before the store: a timeout must not overflow it
     store = None if env is not None else _make_store(cfg)   # a busy port: before the folder is touched
     if store is not None:   # the fork server imports while this process builds the problem
         client_context(start=True)
@@ -104,7 +103,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
                 _dismiss_clients(cfg)
             return run.summary
         resume = run.checkpoint("real", device)
-        problem = build_problem(cfg, device)
+        problem = build_problem(cfg, device, baseline)
         mark("server", "problem built")
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,
                                   eval_in_thread=cfg.backend.eval_in_thread, measured={"host": host_record(cfg, env)})

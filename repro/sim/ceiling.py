@@ -80,15 +80,15 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int,
     if apply > 0:
         bounds[APPLY] = 1.0 / apply
     if cost.topology == "shared":
-        hosts = math.ceil(num_clients / cost.clients_per_host)
+        hosts = math.ceil(num_clients / cost.shared.clients_per_host)
         host_bw, server_bw = link_bandwidths(cost)
         full = path_bandwidth(cost)
         if server_bw is not None and transfer > 0:
             bounds[SERVER_LINK] = server_bw / (full * transfer)
         if host_bw is not None and transfer > 0:
             bounds[HOST_LINKS] = hosts * host_bw / (full * transfer)
-        if cost.devices_per_host is not None:
-            bounds[DEVICES] = hosts * cost.devices_per_host * len(factors) / (nsync * step_s * sum(factors))
+        if cost.shared.devices_per_host is not None:
+            bounds[DEVICES] = hosts * cost.shared.devices_per_host * len(factors) / (nsync * step_s * sum(factors))
     return Ceiling(num_clients, nsync, cycle, bounds)
 
 

@@ -1,5 +1,5 @@
-"""Simulated churn: clients lost, back, and joining in virtual time (``cost.preempt_rate``,
-``cost.preempt_down_s``, ``cost.churn_leave``, ``cost.churn_join``).
+"""Simulated churn: clients lost, back, and joining in virtual time (``cost.churn.preempt_rate``,
+``cost.churn.preempt_down_s``, ``cost.churn.leave``, ``cost.churn.join``).
 
 This module owns *when* membership changes; the simulator (:mod:`repro.sim.driver`) carries each
 change out through the run core, with the same calls and so the same event records as the real
@@ -30,19 +30,19 @@ class Churn:
     """The pending membership events of one simulated run, earliest first."""
 
     def __init__(self, cost, seed: int, clients: list[int]):
-        self.rate, self.down_s, self.seed = cost.preempt_rate, cost.preempt_down_s, seed
+        self.rate, self.down_s, self.seed = cost.churn.preempt_rate, cost.churn.preempt_down_s, seed
         self.events: list[tuple[float, int, str, int]] = []   # (time, seq, kind, client)
         self.seq = 0
         self.draws: dict[int, int] = {}
         self.life: dict[int, int] = {}   # a preemption drawn for an earlier life of a client is void
         self.next_id = max(clients) + 1
-        leave = list(cost.churn_leave or ())
+        leave = list(cost.churn.leave or ())
         for i in range(0, len(leave), 3):
             k, t1, t2 = int(leave[i]), float(leave[i + 1]), float(leave[i + 2])
             self._push(t1, LEAVE, k)
             if t2 > 0:
                 self._push(t2, BACK, k)
-        for t in cost.churn_join or ():
+        for t in cost.churn.join or ():
             self._push(float(t), JOIN, 0)   # its id is given when it joins: ids in time order
         for k in clients:
             self.arm(k, 0.0)

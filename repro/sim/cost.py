@@ -37,8 +37,8 @@ JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
 def link_bandwidths(cost: CostConfig) -> tuple[float | None, float | None]:
     """(a host's link, the server's link) in bytes/s each way under ``cost.topology=shared``;
     None: unlimited."""
-    host = cost.host_bandwidth_Bps if cost.host_bandwidth_Bps is not None else cost.bandwidth_Bps
-    server = cost.server_bandwidth_Bps if cost.server_bandwidth_Bps is not None else cost.bandwidth_Bps
+    host = cost.shared.host_bandwidth_Bps if cost.shared.host_bandwidth_Bps is not None else cost.bandwidth_Bps
+    server = cost.shared.server_bandwidth_Bps if cost.shared.server_bandwidth_Bps is not None else cost.bandwidth_Bps
     return host, server
 
 

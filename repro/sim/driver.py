@@ -21,12 +21,12 @@ and stays bitwise identical to an uninterrupted one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from repro.asgd.algorithm import Client, Push
+from repro.config.resolved import Resolved
 from repro.config.settings import RunConfig
 from repro.problem.build import Problem, make_clients, param_bytes
 from repro.problem.start import build_problem
@@ -157,7 +157,7 @@ class Simulation:
                 return
             self.down.add(k)
             self.scheduler.cancel(k)   # the push it was computing is lost with it
-            why = "preempted (cost.preempt_rate)" if kind == PREEMPT else "left (cost.churn_leave)"
+            why = "preempted (cost.churn.preempt_rate)" if kind == PREEMPT else "left (cost.churn.leave)"
             self.carry(self.core.lose(k, why, t), t)
             self.churn.lost(k, t, preempted=kind == PREEMPT)
             return
@@ -213,15 +213,6 @@ class _Stopped(Exception):
     """A stop request, raised between two local steps of a push."""
 
 
-@dataclass(frozen=True)
-class Resolved:
-    """A plain, frozen config for the simulator, and the fit it was made with (None: no fit;
-    config.json and summary.json record it under "fit")."""
-
-    cfg: RunConfig
-    fit: dict | None = None
-
-
 def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Resolved:
     """The simulator's part of the entry point's one resolve step (:func:`repro.run.resolve`):
     ``cost=replay`` becomes what the recorded run trained (:func:`repro.sim.replay.replay_config`),
@@ -233,8 +224,8 @@ def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Res
     if cfg.cost.schedule == "replay":
         cfg = replay_config(cfg, run_dir)
     if fits(cfg):
-        return Resolved(*fit_config(cfg))
-    return Resolved(cfg)
+        return Resolved.of(*fit_config(cfg))
+    return Resolved.of(cfg)
 
 
 def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,
@@ -248,7 +239,7 @@ def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | 
         if run.skip:
             return run.summary
         resume = run.checkpoint("sim", device)
-        problem = problem or build_problem(cfg, device)
+        problem = problem or build_problem(cfg, device, plan.baseline)
         compute_s = resolve_compute_s(cfg, problem, resume)
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="virtual", backend="sim", resume=resume,
                                   measured={"cost.compute_s": compute_s, **({"fit": fit} if fit else {})})

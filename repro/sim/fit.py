@@ -31,15 +31,15 @@ transit, half each way, so one client's fitted round trip is its measured one.
 The machine. A real run records where its server ran (config.json's ``host``: cores it could
 use, torch threads per process, clients on its host). A recording whose clients all shared the
 server's host (a single-node loopback run) is simulated on one machine: ``cost.topology=shared``,
-every client on one host, ``devices_per_host`` = cores / threads, ``cost.one_machine`` (the
-transfers are CPU work too: :mod:`repro.sim.resources`), and ``cost.eval_s`` the mean CPU time
+every client on one host, ``devices_per_host`` = cores / threads, ``cost.machine.single`` (the
+transfers are CPU work too: :mod:`repro.sim.resources`), and ``cost.machine.eval_s`` the mean CPU time
 of the recording's evaluations (its summary's ``eval_cpu_s``). A recording across nodes puts the
 simulated clients on one host of the same cores beside the server's, unless the command says
-``cost.one_machine=true``: its nodes were network namespaces of one machine (a fact the host
+``cost.machine.single=true``: its nodes were network namespaces of one machine (a fact the host
 record cannot show), so the clients and the server's evaluations share its cores while the
 transfers wait for the link. When the command names the link's bandwidth
-(``cost.server_bandwidth_Bps``, e.g. the tbf rate of :mod:`repro.instruments.hosts`) and burst
-(``cost.server_burst_bytes``), they are known facts, not fitted ones: the fitted latency is then
+(``cost.shared.server_bandwidth_Bps``, e.g. the tbf rate of :mod:`repro.instruments.hosts`) and burst
+(``cost.shared.server_burst_bytes``), they are known facts, not fitted ones: the fitted latency is then
 the transit less the bytes' time on that link, the burst's bytes taken off (a one-client
 recording's link is idle when each transfer starts). A recording without ``host`` (older runs)
 gets today's dedicated fit.
@@ -279,13 +279,14 @@ def machine_cost(cost, fit: dict, num_clients: int):
     if not host:
         return cost, ""
     cores = max(1, int(host["cpu_cores"]) // max(1, int(host.get("torch_threads", 1))))
-    # cost.one_machine on the command: the recording's hosts share one machine's cores (network
+    # cost.machine.single on the command: the recording's hosts share one machine's cores (network
     # namespaces of one machine: repro.instruments.two_hosts), a fact its host record cannot show
     across = int(host["clients_on_host"]) == 0
-    one_machine = not across or cost.one_machine
+    one_machine = not across or cost.machine.single
     eval_s = (fit["eval_cpu_s"] or 0.0) if one_machine else 0.0
-    cost = dataclasses.replace(cost, topology="shared", clients_per_host=num_clients, devices_per_host=cores,
-                               one_machine=one_machine, eval_s=eval_s)
+    cost = dataclasses.replace(cost, topology="shared", shared=dataclasses.replace(
+        cost.shared, clients_per_host=num_clients, devices_per_host=cores), machine=dataclasses.replace(
+        cost.machine, single=one_machine, eval_s=eval_s))
     where = (f"the clients on one host of {cores} cores (the server's host's count)" if not one_machine else
              f"one machine of {cores} cores shared by the server, {num_clients} clients and their "
              + ("evaluations; the transfers cross the limited link" if across else "transfers"))
@@ -300,7 +301,7 @@ def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
     if not paths:
         raise ConfigError("cost.path", cfg.cost.path, "one or more recorded run folders, separated by ':' "
                           "(cost=fit cost.path=RUN_DIR[:RUN_DIR...])")
-    fit = fit_cost(paths, cfg.cost.server_bandwidth_Bps, cfg.cost.server_burst_bytes, identity(cfg))
+    fit = fit_cost(paths, cfg.cost.shared.server_bandwidth_Bps, cfg.cost.shared.server_burst_bytes, identity(cfg))
     cost = dataclasses.replace(
         cfg.cost, compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
         jitter_sigma=fit["jitter_sigma"], latency_s=fit["latency_s"], bandwidth_Bps=fit["bandwidth_Bps"],

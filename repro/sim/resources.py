@@ -5,8 +5,8 @@ client has a host, a device and a link of its own, and only the server's apply i
 ``shared`` the clients contend for devices, links and the apply, each a queue in virtual time with a
 stated discipline:
 
-* **devices**: clients fill hosts of ``cost.clients_per_host`` in order (clients 1..h on the
-  first host, ...). A host's ``cost.devices_per_host`` devices are shared by its clients that
+* **devices**: clients fill hosts of ``cost.shared.clients_per_host`` in order (clients 1..h on the
+  first host, ...). A host's ``cost.shared.devices_per_host`` devices are shared by its clients that
   compute at once, by *processor sharing*: each of m computing clients runs at min(1, d / m) of
   full speed, as an operating system shares cores or a driver time-slices a GPU (null: one
   device per client, no sharing).
@@ -20,22 +20,22 @@ stated discipline:
   with ``cost.reply_holds_server`` the server also sends the reply before it serves the next push
   (the real driver's Dispatcher holds its lock through the send), so it is busy until the reply's
   transfer ends.
-* **one machine** (``cost.one_machine``): the server and every client on one host whose
+* **one machine** (``cost.machine.single``): the server and every client on one host whose
   ``devices_per_host`` cores they all share, as on a single-node loopback run. A push or fetch is
   then CPU work too (a loopback transfer is a copy by the sending and the receiving process), so
   the cores are shared by processor sharing among the computing clients (one share each) and the
   transfers in flight (two shares each, one per end): with weight W in use every CPU stage runs
   at min(1, d / W) of full speed, a transfer at the lesser of that and its links' share. The
   server's evaluations are CPU work too (the real server evaluates in a thread): from each
-  evaluation on, ``cost.eval_s`` seconds of work take one share; evaluations due while one runs
+  evaluation on, ``cost.machine.eval_s`` seconds of work take one share; evaluations due while one runs
   make one more after it, as the real server's evaluator runs one at a time and the evaluations
   it fell behind on collapse into one. The apply (a tenth of a millisecond against milliseconds of
   compute on digits) keeps its fixed time. A transfer across a limited link (the server's or a
   host's) is the network's time, not the cores': it takes no share of them (two network
   namespaces of one machine, :mod:`repro.instruments.two_hosts`: the cores are shared, the link binds),
-  but for the kernels' work of moving its bytes (``cost.link_cpu_s_per_byte``, 0 by default): at
+  but for the kernels' work of moving its bytes (``cost.machine.link_cpu_s_per_byte``, 0 by default): at
   a rate of B bytes/s it takes B x that of the cores, and is not slowed by them (the link binds).
-* **the server link's burst** (``cost.server_burst_bytes``): each way of the server's link is a
+* **the server link's burst** (``cost.shared.server_burst_bytes``): each way of the server's link is a
   token bucket, as tc's tbf: while no transfer crosses it, it fills at the link's rate up to the
   burst; a transfer that finds that way idle sends what the bucket holds at once (its work is
   that many bytes' time less), and a transfer that finds it busy gets none (the transfers in
@@ -146,13 +146,13 @@ class ContendedScheduler(Schedule):
 
     def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
         cost = model.cost
-        self.model, self.nsync, self.devices = model, nsync, cost.devices_per_host
-        self.one_machine, self.eval_waiting = cost.one_machine, False
+        self.model, self.nsync, self.devices = model, nsync, cost.shared.devices_per_host
+        self.one_machine, self.eval_waiting = cost.machine.single, False
         self.replying: set[int] = set()   # clients whose reply holds the server (reply_holds_server)
         # per client: the start of its stage, and its parts so far (timings.csv's columns)
         self.started: dict[int, float] = {}
         self.flight: dict[int, dict[str, float]] = {}
-        self.host = {k: i // cost.clients_per_host for i, k in enumerate(sorted(client_ids))}
+        self.host = {k: i // cost.shared.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
         self.capacity: dict[str, float] = {}
         if server_bw is not None:
@@ -166,9 +166,9 @@ class ContendedScheduler(Schedule):
             self.paths[k] = {PUSH: tuple(x for x in (up, SERVER_IN) if x in self.capacity),
                              FETCH: tuple(x for x in (SERVER_OUT, down) if x in self.capacity)}
         self.full_Bps = path_bandwidth(cost)     # a transfer alone on its path: rate 1
-        # cost.server_burst_bytes: each way's bucket, [tokens, idle since] (since None: in use)
-        self.bucket = {link: [cost.server_burst_bytes, 0.0] for link in (SERVER_IN, SERVER_OUT)
-                       if cost.server_burst_bytes > 0 and link in self.capacity}
+        # cost.shared.server_burst_bytes: each way's bucket, [tokens, idle since] (since None: in use)
+        self.bucket = {link: [cost.shared.server_burst_bytes, 0.0] for link in (SERVER_IN, SERVER_OUT)
+                       if cost.shared.server_burst_bytes > 0 and link in self.capacity}
         self.stages: dict[int, Stage] = {}
         self.ends: list[tuple] = []   # heap of (end, seq, n, client, stage); stale entries skipped
         self.arrived: list[tuple[float, int, int]] = []   # (arrival, seq, client), first come first
@@ -199,14 +199,14 @@ class ContendedScheduler(Schedule):
         return client, self.nsync, self.server_free
 
     def evaluated(self, t: float) -> None:
-        """The server evaluates its parameters from ``t`` on (cost.one_machine: CPU work beside
-        the clients, cost.eval_s seconds of it; elsewhere an evaluation takes no time)."""
-        if not (self.one_machine and self.model.cost.eval_s > 0):
+        """The server evaluates its parameters from ``t`` on (cost.machine.single: CPU work beside
+        the clients, cost.machine.eval_s seconds of it; elsewhere an evaluation takes no time)."""
+        if not (self.one_machine and self.model.cost.machine.eval_s > 0):
             return
         if EVALUATOR in self.stages:   # the one evaluator is busy: one evaluation waits for it
             self.eval_waiting = True
             return
-        self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
+        self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.machine.eval_s, 0.0, self._new_seq())
         self._rerate(t, (), ())
 
     def served(self, client: int, applied_at: float) -> None:
@@ -282,7 +282,7 @@ class ContendedScheduler(Schedule):
         tokens, since = self.bucket[link]
         if since is None:
             return 0.0
-        tokens = min(self.model.cost.server_burst_bytes, tokens + self.capacity[link] * (t - since))
+        tokens = min(self.model.cost.shared.server_burst_bytes, tokens + self.capacity[link] * (t - since))
         sent = min(tokens, float(self.model.nbytes))
         self.bucket[link] = [tokens - sent, None]
         return sent
@@ -308,7 +308,7 @@ class ContendedScheduler(Schedule):
             del self.stages[client]
             if self.eval_waiting:   # evaluations due meanwhile are one, as the real server's
                 self.eval_waiting = False
-                self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.eval_s, 0.0, self._new_seq())
+                self.stages[EVALUATOR] = Stage(EVAL, t, self.model.cost.machine.eval_s, 0.0, self._new_seq())
             self._rerate(t, (), ())
             return True
         self.flight.setdefault(client, {})[stage.kind] = t - self.started[client]
@@ -346,14 +346,15 @@ class ContendedScheduler(Schedule):
                 self._set_rate(k, t, rate)
 
     def _rerate_machine(self, t: float) -> None:
-        """cost.one_machine: the host's cores shared by every compute (weight 1) and loopback
+        """cost.machine.single: the host's cores shared by every compute (weight 1) and loopback
         transfer (weight 2: both ends copy), each transfer also held to its links' share; a
         transfer across a limited link waits for the link, not the cores (weight: its rate in
-        bytes/s x cost.link_cpu_s_per_byte, the kernels' work, 0 by default)."""
+        bytes/s x cost.machine.link_cpu_s_per_byte, the kernels' work, 0 by default)."""
         links = {**self._flow_rates(FETCH), **self._flow_rates(PUSH)}
         # cores per unit of a limited-link transfer's rate; 0 without a limited link, where
         # full_Bps is infinite (inf x 0 would be nan)
-        per_rate = self.full_Bps * self.model.cost.link_cpu_s_per_byte if self.model.cost.link_cpu_s_per_byte else 0.0
+        cpu_s_per_byte = self.model.cost.machine.link_cpu_s_per_byte
+        per_rate = self.full_Bps * cpu_s_per_byte if cpu_s_per_byte else 0.0
         weight = sum(1 if st.kind not in (FETCH, PUSH) else per_rate * links[k] if self.paths[k][st.kind] else 2
                      for k, st in self.stages.items())
         cpu = 1.0 if weight <= self.devices else self.devices / weight

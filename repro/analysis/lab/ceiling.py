@@ -44,18 +44,21 @@ QUANTITIES = {"samples_per_s": "applied samples per second\n(steady state, virtu
 # A run's cost profile and its prediction
 # ---------------------------------------------------------------------------------------------
 
-def cost_of(run: pd.Series) -> CostConfig:
+def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> CostConfig:
     """The run's :class:`CostConfig`, from its ``cost.*`` columns (absent in older runs, or NaN
-    where the run said null: the field's default or None)."""
-    hints, values = typing.get_type_hints(CostConfig), {}
-    for f in dataclasses.fields(CostConfig):
-        v = run.get(f"cost.{f.name}")
+    where the run said null: the field's default or None); a nested group from its own."""
+    hints, values = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):   # cost.shared.*, cost.machine.*, cost.churn.*
+            values[f.name] = cost_of(run, hints[f.name], f"{prefix}{f.name}.")
+            continue
+        v = run.get(f"{prefix}{f.name}")
         if v is None or (isinstance(v, float) and np.isnan(v)):
             continue
         if typing.Optional[int] == hints[f.name] or hints[f.name] is int:
             v = int(v)
         values[f.name] = v.item() if isinstance(v, np.generic) else v
-    return CostConfig(**values)
+    return cls(**values)
 
 
 def predict(run: pd.Series, num_clients: int):

@@ -1,8 +1,8 @@
 """Staleness lab, experiment ``churn``: what losing and regaining clients costs.
 
 Owns the figure ``churn`` (``python -m repro.run +exp=churn``): for each protocol, samples per
-virtual second and time to target against the preemption rate lambda (``cost.preempt_rate``,
-losses per client per virtual second; a lost client is back after ``cost.preempt_down_s`` on
+virtual second and time to target against the preemption rate lambda (``cost.churn.preempt_rate``,
+losses per client per virtual second; a lost client is back after ``cost.churn.preempt_down_s`` on
 average), beside what the live-client count alone predicts: a client is live a fraction
 ``1 / (1 + lambda * down)`` of the time (an alternating renewal process), so a throughput that
 only counted live clients would be the no-churn throughput times that fraction. What a protocol
@@ -29,11 +29,12 @@ def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     target = target if target is not None else float(t["target_error"].iloc[0])
     ttt = f"time_to_target.{target:g}"
     rows = pd.DataFrame({
-        "protocol": t["protocol.name"].astype(str), "preempt_rate": t["cost.preempt_rate"].astype(float),
+        "protocol": t["protocol.name"].astype(str), "preempt_rate": t["cost.churn.preempt_rate"].astype(float),
         "seed": t["seed"].astype(int),
         "samples_per_s": t["final_samples_seen"].astype(float) / t["final_time_s"].astype(float),
         "time_to_target_s": pd.to_numeric(t[ttt], errors="coerce") if ttt in t else float("nan"),
-        "live_fraction": 1.0 / (1.0 + t["cost.preempt_rate"].astype(float) * t["cost.preempt_down_s"].astype(float)),
+        "live_fraction": 1.0 / (1.0 + t["cost.churn.preempt_rate"].astype(float)
+                                * t["cost.churn.preempt_down_s"].astype(float)),
     })
     base = rows[rows.preempt_rate == 0].groupby("protocol").samples_per_s.mean()
     rows["predicted_samples_per_s"] = rows.protocol.map(base) * rows.live_fraction
@@ -57,7 +58,7 @@ def draw_churn(frame: pd.DataFrame):
                      title="time to target (mean over seeds that reached it)")
     for ax in axes.flat:
         ax.legend(fontsize="x-small")
-    fig.suptitle("What churn costs: 4 clients, preempted clients back after cost.preempt_down_s")
+    fig.suptitle("What churn costs: 4 clients, preempted clients back after cost.churn.preempt_down_s")
     return fig
 
 

@@ -1,0 +1,88 @@
+"""Keys that moved into a nested group, and their old flat spellings, which keep working.
+
+:data:`RENAMED` is the one table (old dotted key -> new dotted key). Everything that reads a
+key a user or an old run folder wrote goes through it: :func:`modern_override` for a
+``KEY=VALUE`` of the command line or :func:`repro.api.configure` (before Hydra, which knows only
+the new keys), :func:`modern_tree` for a YAML tree or a ``config.json`` (the loader,
+:func:`repro.config.checks.from_dict`, replays, the resume check, the analysis). A user's old
+spelling gets one line on stderr naming the new one; a recorded run folder's is read silently.
+:func:`legacy_keys` gives values back their old spellings where a key must not change (the
+warm-start cache's key and record). No imports beyond the standard library.
+"""
+from __future__ import annotations
+
+import sys
+
+RENAMED = {
+    "cost.clients_per_host": "cost.shared.clients_per_host",
+    "cost.devices_per_host": "cost.shared.devices_per_host",
+    "cost.host_bandwidth_Bps": "cost.shared.host_bandwidth_Bps",
+    "cost.server_bandwidth_Bps": "cost.shared.server_bandwidth_Bps",
+    "cost.server_burst_bytes": "cost.shared.server_burst_bytes",
+    "cost.one_machine": "cost.machine.single",
+    "cost.link_cpu_s_per_byte": "cost.machine.link_cpu_s_per_byte",
+    "cost.eval_s": "cost.machine.eval_s",
+    "cost.preempt_rate": "cost.churn.preempt_rate",
+    "cost.preempt_down_s": "cost.churn.preempt_down_s",
+    "cost.churn_leave": "cost.churn.leave",
+    "cost.churn_join": "cost.churn.join",
+}
+OLD_SPELLING = {new: old for old, new in RENAMED.items()}
+
+
+def _deprecated(old: str) -> None:
+    print(f"deprecated: '{old}' is now '{RENAMED[old]}' (the old spelling still works, for now)",
+          file=sys.stderr, flush=True)
+
+
+def modern_override(arg: str, quiet: bool = False) -> str:
+    """``cost.preempt_rate=3`` -> ``cost.churn.preempt_rate=3`` (a ``+``/``~`` prefix and a
+    sweep's values kept); any other argument as it is."""
+    key, sep, value = arg.partition("=")
+    bare = key.lstrip("+~")
+    if not sep or bare not in RENAMED:
+        return arg
+    if not quiet:
+        _deprecated(bare)
+    return key[:len(key) - len(bare)] + RENAMED[bare] + sep + value
+
+
+def modern_tree(tree: dict, quiet: bool = False) -> dict:
+    """A nested config dict with every old flat key moved to its new place (a copy; ``tree``
+    itself is not changed)."""
+    out = dict(tree)
+    for old, new in RENAMED.items():
+        *path, leaf = old.split(".")
+        node = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        if not quiet:
+            _deprecated(old)
+        _move(out, old, new)
+    return out
+
+
+def _move(tree: dict, old: str, new: str) -> None:
+    """Move ``old``'s value to ``new`` in ``tree``, copying each dict on the way (no aliasing).
+    The old spelling wins: in a composed tree the new key is always there (the schema's
+    default), so the old one is what was written."""
+    *old_path, old_leaf = old.split(".")
+    *new_path, new_leaf = new.split(".")
+    value = _copied(tree, old_path).pop(old_leaf)
+    _copied(tree, new_path)[new_leaf] = value
+
+
+def _copied(tree: dict, path: list[str]) -> dict:
+    node = tree
+    for part in path:
+        node[part] = dict(node.get(part) or {})
+        node = node[part]
+    return node
+
+
+def legacy_keys(values: dict) -> dict:
+    """``{dotted key: value}`` with each moved key under its old flat spelling, in the same
+    order: what a key computed before the move was computed from."""
+    return {OLD_SPELLING.get(key, key): value for key, value in values.items()}
