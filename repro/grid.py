@@ -144,7 +144,7 @@ def grid_points(config: DictConfig) -> list[str] | None:
     experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
     when another sweeper decides the jobs."""
     from repro.config.help import job_name
-    from repro.launcher import sweep_jobs   # imports joblib: only once a grid starts
+    from repro.hydra_internals import sweep_jobs
 
     jobs = sweep_jobs(config)
     return None if jobs is None else [job_name(job) for job in jobs]

@@ -11,25 +11,26 @@ A point that exits (bad input) costs only itself too; Hydra reports its status a
 Hydra's joblib launcher always asks for ``loky``: :func:`use_point_slots` (called by the grid's
 callback in the launching process) answers that name with :class:`PointSlots`.
 
-It is also the one place where repro uses Hydra beyond its public interface (the section "Hydra
-beyond its public interface" below says which code, and why).
+What a dead worker's point hands back to Hydra comes from :mod:`repro.hydra_internals`, the one
+place where repro uses Hydra beyond its public interface.
 """
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import signal
 import sys
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Callable
 
 from joblib import cpu_count, register_parallel_backend
 from joblib.externals.loky import ProcessPoolExecutor
 from joblib.externals.loky.process_executor import BrokenProcessPool
 from joblib.parallel import ParallelBackendBase
+
+from repro.hydra_internals import job_return
 
 
 
@@ -152,46 +153,3 @@ def _exit_reason(exc: BaseException) -> str:
         if f"{sig.name}(-{int(sig)})" in text or f"{{-{int(sig)}}}" in text:
             return f"killed by {sig.name}" + (", e.g. the out-of-memory killer" if sig == signal.SIGKILL else "")
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-# ---------------------------------------------------------------------------------------------
-# Hydra beyond its public interface: the one place (which code, and why)
-#
-# A grid is Hydra's sweep, launcher plugins and callbacks, all public. Two guarantees need what
-# Hydra keeps for its plugins (hydra.core), imported here only:
-# * the job list before any point runs (sweep_jobs), for the progress line's points not yet
-#   started, the figure drawn from the grid's own points, and sim-vs-real's folder names: Hydra
-#   gives it to the launcher alone. It is expanded as Hydra's basic sweeper does, with Hydra's
-#   override parser (hydra.core.override_parser), so every sweep syntax Hydra takes reads alike;
-# * a point whose worker died still returns (job_return): Hydra's launchers hand back one
-#   hydra.core.utils.JobReturn per point, and a missing one ends the whole grid.
-# ---------------------------------------------------------------------------------------------
-def sweep_jobs(config: Any) -> list[list[str]] | None:
-    """Each job's overrides, in launch order, for a config composed with its Hydra node (the
-    experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
-    sweeper other than Hydra's basic one decides the jobs."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
-        return None
-    params = config.hydra.sweeper.get("params") or {}
-    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
-    axes: dict[str, list[str]] = {}
-    for override in OverridesParser.create().parse_overrides(arguments):
-        key = override.get_key_element()
-        values = (override.sweep_string_iterator() if override.is_sweep_override()
-                  else [override.get_value_element_as_str()])
-        axes[key] = [f"{key}={value}" for value in values]
-    return [list(job) for job in itertools.product(*axes.values())]
-
-
-def job_return(exited: SystemExit | None = None) -> Any:
-    """What Hydra's launcher hands back for a point that never returned: its worker died
-    (``exited`` None: an ended job) or it exited (status 0: ended; else failed, and Hydra raises
-    the exit once every other point has run)."""
-    from hydra.core.utils import JobReturn, JobStatus
-
-    if exited is None or exited.code in (0, None):
-        return JobReturn(status=JobStatus.COMPLETED)
-    return JobReturn(status=JobStatus.FAILED, _return_value=exited)
-

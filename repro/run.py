@@ -185,21 +185,9 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
     """A single run of the config the command line composed and parsed once (``dcfg`` with
     Hydra's node, ``cfg`` its RunConfig): what ``@hydra.main`` does after its own composition
     (Hydra's logging, its callbacks, the job in its run folder), without composing again."""
-    from hydra._internal.callbacks import Callbacks   # the aggregate Hydra.run builds (hydra 1.3)
-    from hydra.core.utils import configure_log, run_job
-    from hydra.types import HydraContext
-    from omegaconf import read_write
+    from repro.hydra_internals import run_single_job
 
-    configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
-    with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
-        dcfg.hydra.mode = RunMode.RUN
-        dcfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-    callbacks = Callbacks(dcfg)
-    callbacks.on_run_start(config=dcfg, config_name="config")
-    ret = run_job(task_function=lambda _: job(dcfg, cfg), config=dcfg, job_dir_key="hydra.run.dir",
-                  job_subdir_key=None, hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
-    callbacks.on_run_end(config=dcfg, config_name="config", job_return=ret)
-    _ = ret.return_value   # re-raises what the job raised
+    run_single_job(dcfg, lambda: job(dcfg, cfg))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -360,12 +360,12 @@ def test_a_grid_runs_from_any_folder_with_the_package_installed_as_an_editable_i
 @pytest.mark.parametrize("exp", GRIDS + REAL_GRIDS)
 def test_the_job_list_is_the_one_hydras_basic_sweeper_launches(exp):
     """The progress line, the figure and sim-vs-real read the job list before the grid runs
-    (:func:`repro.launcher.sweep_jobs`, the one place that parses Hydra's overrides): it must be
+    (:func:`repro.hydra_internals.sweep_jobs`, the one place that parses Hydra's overrides): it must be
     Hydra's own, job for job and in order, with the command line's sweeps and overrides too."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from repro.launcher import sweep_jobs
+    from repro.hydra_internals import sweep_jobs
     from repro.run import compose
 
     config = compose([f"+exp={exp}", "nsync=2", "num_epochs=3"], return_hydra_config=True)

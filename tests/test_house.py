@@ -530,3 +530,28 @@ def test_nothing_but_the_command_line_imports_the_instruments():
     assert not bad, "\n".join(bad)
     targets = [p.name for p in (ROOT / "conf").rglob("*.yaml") if "repro.instruments" in p.read_text()]
     assert targets == ["sim_vs_real.yaml"]
+
+
+def test_hydra_beyond_its_public_interface_is_used_in_one_place_only():
+    """Issue 31: no private Hydra import outside one commented place. Hydra's documented API
+    (``hydra``, ``hydra.types``, ``hydra.experimental.callback``, and from ``hydra.core`` only the
+    documented ``config_store`` and ``hydra_config``) may be used anywhere; what Hydra keeps for
+    its plugins and its main (``hydra._internal``, the rest of ``hydra.core``) only in
+    ``repro/hydra_internals.py``, whose docstring says which code and why. Imports inside
+    functions count too."""
+    import ast
+
+    documented = {"hydra.core.config_store", "hydra.core.hydra_config"}
+    private = []
+    for path in sorted((ROOT / "repro").rglob("*.py")):
+        if path.name == "hydra_internals.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                if (name.startswith("hydra._internal") or name.startswith("hydra.core")) and name not in documented:
+                    private.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert not private, f"Hydra's internals imported outside repro/hydra_internals.py: {private}"
+    text = (ROOT / "repro" / "hydra_internals.py").read_text()
+    assert "hydra._internal" in text and "why" in text.split('"""')[1]

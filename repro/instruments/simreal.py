@@ -54,7 +54,7 @@ def _on_signal(name: str) -> None:
 def grid_jobs(config: DictConfig) -> list[dict[str, str]]:
     """Each grid point's swept settings ({key: value}), from the experiment's sweep and the
     command line's, in launch order (Hydra's basic sweeper)."""
-    from repro.launcher import sweep_jobs
+    from repro.hydra_internals import sweep_jobs
 
     params = config.hydra.sweeper.get("params") or {}
     task = list(config.hydra.overrides.task)

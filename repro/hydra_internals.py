@@ -1,0 +1,75 @@
+"""The one place where repro uses Hydra beyond its public interface: which code, and why.
+
+A grid is Hydra's sweep, launcher plugins and callbacks, all public, and a single run is Hydra's
+job. Three guarantees need what Hydra keeps for its plugins and its own main (``hydra.core``,
+``hydra._internal``), imported here only (``tests/test_house.py`` checks that no other module of
+the package imports them):
+
+* the job list before any point runs (:func:`sweep_jobs`), for the progress line's points not yet
+  started, the figure drawn from the grid's own points, and sim-vs-real's folder names: Hydra
+  gives it to the launcher alone. It is expanded as Hydra's basic sweeper does, with Hydra's
+  override parser (``hydra.core.override_parser``), so every sweep syntax Hydra takes reads alike;
+* a point whose worker died still returns (:func:`job_return`): Hydra's launchers hand back one
+  ``hydra.core.utils.JobReturn`` per point, and a missing one ends the whole grid;
+* a single command-line run is composed once (:func:`run_single_job`): the command line composes
+  and checks its config before Hydra is asked (so a typo is answered without torch), and
+  ``@hydra.main`` would compose it again. What Hydra's main does after composing (its logging,
+  its callbacks, the job in its run folder) is ``hydra.core.utils.run_job`` with the callbacks'
+  aggregate, ``hydra._internal.callbacks.Callbacks`` (Hydra 1.3 has no public equivalent).
+
+Every import of Hydra's internals sits inside a function: importing this module costs nothing.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+
+def run_single_job(dcfg: Any, task: Callable[[], Any]) -> None:
+    """Run ``task`` as Hydra's main runs a single job of ``dcfg`` (composed with its Hydra node):
+    Hydra's logging, its callbacks around the job, the job in ``hydra.run.dir``."""
+    from hydra._internal.callbacks import Callbacks   # the aggregate Hydra.run builds (hydra 1.3)
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import read_write
+
+    configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
+    with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
+        dcfg.hydra.mode = RunMode.RUN
+        dcfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+    callbacks = Callbacks(dcfg)
+    callbacks.on_run_start(config=dcfg, config_name="config")
+    ret = run_job(task_function=lambda _: task(), config=dcfg, job_dir_key="hydra.run.dir",
+                  job_subdir_key=None, hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
+    callbacks.on_run_end(config=dcfg, config_name="config", job_return=ret)
+    _ = ret.return_value   # re-raises what the job raised
+
+
+def sweep_jobs(config: Any) -> list[list[str]] | None:
+    """Each job's overrides, in launch order, for a config composed with its Hydra node (the
+    experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
+    sweeper other than Hydra's basic one decides the jobs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    axes: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(arguments):
+        key = override.get_key_element()
+        values = (override.sweep_string_iterator() if override.is_sweep_override()
+                  else [override.get_value_element_as_str()])
+        axes[key] = [f"{key}={value}" for value in values]
+    return [list(job) for job in itertools.product(*axes.values())]
+
+
+def job_return(exited: SystemExit | None = None) -> Any:
+    """What Hydra's launcher hands back for a point that never returned: its worker died
+    (``exited`` None: an ended job) or it exited (status 0: ended; else failed, and Hydra raises
+    the exit once every other point has run)."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    if exited is None or exited.code in (0, None):
+        return JobReturn(status=JobStatus.COMPLETED)
+    return JobReturn(status=JobStatus.FAILED, _return_value=exited)
