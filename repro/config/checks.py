@@ -139,7 +139,8 @@ def validate(cfg: RunConfig) -> None:
     Needs no data; :func:`repro.problem.build.check_components` checks the model and the batch
     against the data. Asked once per config, where a config enters: :func:`from_dict` (the
     command line's parse, a config.json, the API's settings) and the Python entry points that
-    change a parsed config (``repro.api.run_config``, the explorer); the drivers trust theirs."""
+    change a parsed config (``repro.api.run_config``, the explorer); a driver asks
+    :func:`validated`, which passes a config validated already."""
     _check_leaves(cfg, RunConfig, "")
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
@@ -168,6 +169,20 @@ def validate(cfg: RunConfig) -> None:
     _check_topology(cfg)
     _check_speeds(cfg)
     _check_partition(cfg)
+    object.__setattr__(cfg, _VALIDATED, True)   # this object, not its value: a replace() is new
+
+
+_VALIDATED = "_validated"   # an attribute outside the dataclass's fields (not compared, not hashed)
+
+
+def validated(cfg: RunConfig) -> RunConfig:
+    """``cfg``, validated: a config that :func:`validate` passed (the command line's parse, a
+    config.json, the API) goes through as it is; one built or changed in Python and handed to a
+    driver directly (``cfg.replace(...)`` makes a new object) is validated here, so no number can
+    hang a run whichever way it came in. The drivers' one check, at their entry."""
+    if not getattr(cfg, _VALIDATED, False):
+        validate(cfg)
+    return cfg
 
 
 # the run core fails a run that applies nothing for this many pushes per live client

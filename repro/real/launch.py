@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from repro.config.checks import validated
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark
@@ -92,6 +93,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path, baseline: RunConfig | None = N
     master_addr = os.environ["MASTER_ADDR"] if env is not None else cfg.backend.master_addr
     device = server_device(cfg)
     client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
+    validated(cfg)   # before the store: a timeout must not overflow it
     store = None if env is not None else _make_store(cfg)   # a busy port: before the folder is touched
     if store is not None:   # the fork server imports while this process builds the problem
         client_context(start=True)

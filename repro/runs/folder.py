@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from repro.config.checks import validated
 from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
@@ -281,6 +282,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
     second signal) is absorbed here: after the block, ``run.summary`` says ``interrupted``; any
     other exception is re-raised once the summary says ``failed``."""
     run_dir = Path(run_dir)
+    validated(cfg)   # every entry point, not only the command line: no number may hang a run
     with open_folder(run_dir), StopRequest() as stop:
         decision = _decide(cfg, run_dir)
         if decision.action == "fresh":
