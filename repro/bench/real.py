@@ -122,9 +122,11 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
             for variant in VARIANTS:
                 n = _round_trips(size)
                 if variant.startswith("raw"):   # receive an update, send the parameters, as a server does
-                    for _ in range(n):
-                        dist.recv(buf, 1, group=group)
+                    for _ in range(n):   # each receive released only after the next is posted, as
+                        work = dist.irecv(buf, 1, group=group)   # the client does (see Channel)
+                        work.wait()
                         dist.send(raw_params, 1, group=group)
+                    del work
                     continue
                 served = [0]
 
