@@ -10,6 +10,11 @@
     drifting machine load hits both alike; the ratio is the median of the per-block ratios. Target >= 0.9 at 0.1M, 1M and 10M parameters. For information, two more
     columns: the ratio when the server also applies each push (``DeltaRule``: algorithm, not
     protocol), and raw against a second raw measurement: the noise floor of such a ratio.
+    Both ends of raw release a receive only after posting the next: a gloo receive released the
+    instant its wait returns makes gloo spin (see :mod:`repro.real.transport`); raw's server
+    used ``dist.recv`` until issue 34 and then ran 3-4x slower at 0.1M on a busy machine. The
+    client's channel here is unwatched; a real client's is watched, which adds one thread
+    hand-off per reply (~30 us at 0.1M on 2 shared cores, issue 34), not counted here.
 (b) Real throughput: training samples per second of ``run_real`` (steady state: samples applied
     per wall second after the first epoch) with 2 CPU clients divided by 1 client, digits +
     digits_cnn, nsync=4. Target >= 1.6 on a 2-core machine. Printed beside it, the same ratio
@@ -123,9 +128,11 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
             for variant in VARIANTS:
                 n = _round_trips(size)
                 if variant.startswith("raw"):   # receive an update, send the parameters, as a server does
-                    for _ in range(n):
-                        dist.recv(buf, 1, group=group)
+                    for _ in range(n):   # each receive released only after the next is posted, as
+                        work = dist.irecv(buf, 1, group=group)   # the client does (see Channel)
+                        work.wait()
                         dist.send(raw_params, 1, group=group)
+                    del work
                     continue
                 served = [0]
 

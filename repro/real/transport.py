@@ -35,6 +35,18 @@ client's frames are the pinned buffers it stages through anyway.
 Every wait is bounded. gloo cannot keep a receive pending across an expired timeout (see above),
 so an expired wait ends the channel: :class:`LinkLost`.
 
+Releasing a work. gloo's device thread still holds a message's buffer for a moment after it has
+completed the work (it wakes the waiter first, then leaves the read or write), and destroying a
+work whose buffer it holds *spins* (``std::this_thread::yield`` in gloo's
+``~ShareableNonOwningPtr``) until it lets go. A work dropped the instant its wait returns races
+with that thread, and on a busy 2-core machine the spinning thread can keep a core for a whole
+scheduler tick while the thread it waits for waits for that core. Measured at 0.1M parameters
+on 2 shared cores (issue 34): a client used 700-1000 us of CPU per round trip instead of ~250,
+and one round trip in ten took 4 ms instead of ~0.3. So a channel keeps its last completed send
+and receive, and releases each when the next one completes (long after gloo let go). A plain
+loop of ``dist.recv`` (which drops its work at once) pays the same: the benchmark's raw server
+keeps each receive until it has posted the next.
+
 Has a message arrived? A client asks between two local steps (STOP, or a preemption's
 parameters). A gloo receive reports its completion only through ``wait()``
 (``work.is_completed()`` stays False until then, torch 2.13), and a short wait that expires
@@ -198,12 +210,23 @@ class Channel:
         # A pair group made on demand (pair_group) is no world's: its ranks are given, 0 the server
         self._peer_in_group = dist.get_group_rank(group, peer) if peer_in_group is None else peer_in_group
         self._pending: tuple | None = None   # (receive work, its frame, its Arrival), posted ahead
+        # the last send and the last receive that completed, released only when the next one
+        # completes: see "Releasing a work" in the module docstring
+        self._last_send = self._last_recv = None
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
+        self._timeouts: dict[float | None, datetime.timedelta] = {}
+
+    def _timeout(self, timeout_s: float | None) -> datetime.timedelta:
+        """``timeout_s`` (None: the channel's) as gloo takes it, made once: every wait needs one."""
+        timeout = self._timeouts.get(timeout_s)
+        if timeout is None:
+            timeout = self._timeouts[timeout_s] = datetime.timedelta(seconds=timeout_s or self.timeout_s)
+        return timeout
 
     def _wait(self, work, timeout_s: float | None, what: str) -> None:
-        timeout = datetime.timedelta(seconds=timeout_s or self.timeout_s)
+        timeout = self._timeout(timeout_s)
         try:
-            work.wait(timeout=timeout)
+            work.wait(timeout)
         except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
             raise self._lost(what, timeout, exc) from exc
 
@@ -234,6 +257,7 @@ class Channel:
         except RuntimeError as exc:   # see _closed
             raise self._closed(f"sending {header.kind.name}", exc) from exc
         self._wait(work, None, f"sending {header.kind.name}")
+        self._last_send = work
 
     def post(self, frame: Frame) -> None:
         """Post the next receive now, so the peer's message lands without waiting for this
@@ -264,9 +288,10 @@ class Channel:
         if arrival is None:
             self._wait(work, timeout_s, "waiting for a message")
         else:   # the watcher waits on gloo; we wait on it, as long as the timeout says
-            timeout = datetime.timedelta(seconds=timeout_s or self.timeout_s)
+            timeout = self._timeout(timeout_s)
             if not arrival.wait(timeout.total_seconds()) or arrival.error is not None:
                 raise self._lost("waiting for a message", timeout, arrival.error)
+        self._last_recv = work
         header = Header.unpack(frame)
         if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
             raise LinkLost(f"rank {self.peer}: protocol error: {header.length} values in a "
