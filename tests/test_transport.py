@@ -8,6 +8,8 @@ import pytest
 
 from repro.real.transport import Channel, Frame, Header, Kind
 
+PUSHED = dict(num_steps=4, num_samples=128, train_loss=0.5, train_error=0.1, stream_position=(0, 0))
+
 
 class _Work:
     """A work that completes when waited on (a receive: the reply lands in its frame then), and
@@ -50,7 +52,7 @@ def test_a_completed_work_is_released_only_when_the_next_one_completes(watched):
 
     def round_trip() -> None:   # the client's calls: receive posted first, push, reply
         channel.post(inbox)
-        channel.send(Header(Kind.PUSH, 1, 0, 4), outbox)
+        channel.send(Header(Kind.PUSH, 1, 0, 4, PUSHED), outbox)
         assert channel.recv(inbox).kind == Kind.PARAMS
 
     round_trip()
