@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from repro.config.settings import BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
-from repro.real.transport import Frame, Header, Kind
+from repro.real.frames import Frame, Header, Kind
 from repro.sim.driver import simulate
 from tests.helpers.paths import ROOT
 

@@ -21,7 +21,7 @@ from repro.problem.evaluation import EvalSets
 from repro.problem.start import build_problem
 from repro.real.client import build_client, run_client
 from repro.real.server import Dispatcher
-from repro.real.transport import Header, Kind
+from repro.real.frames import Header, Kind
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest
@@ -248,7 +248,8 @@ def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
 WATCHING_CLIENT = """
 import sys, time
 import torch.distributed as dist
-from repro.real.transport import Channel, Frame, Kind, connect, disconnect
+from repro.real.frames import Frame, Kind
+from repro.real.transport import Channel, connect, disconnect
 port, watched = int(sys.argv[1]), sys.argv[2] == "watched"
 store = dist.TCPStore("127.0.0.1", port, 2, False)
 groups = connect(1, 2, 30.0, store)
@@ -275,7 +276,8 @@ def test_a_client_sees_the_servers_message_arrive_between_two_steps(tmp_path):
 
     import torch.distributed as dist
 
-    from repro.real.transport import Channel, Frame, connect, disconnect
+    from repro.real.frames import Frame
+    from repro.real.transport import Channel, connect, disconnect
 
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=60))

@@ -106,7 +106,8 @@ def test_ctrl_c_ends_a_joiner_waiting_on_a_silent_listener(tmp_path):
 
 DROPPER = """
 import os, sys, time
-from repro.real.transport import Channel, Frame, LinkLost, pair_group
+from repro.real.frames import Frame, LinkLost
+from repro.real.transport import Channel, pair_group
 import torch.distributed as dist, datetime
 store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timeout=datetime.timedelta(seconds=60))
 channel = Channel(pair_group(store, "p", 0, 60), 1, 60, peer_in_group=1)
@@ -125,7 +126,8 @@ def test_a_send_on_a_link_the_server_dropped_is_a_lost_link(tmp_path):
     RuntimeError, which escaped as a traceback (and in the server ended the whole run)."""
     import torch.distributed as dist
 
-    from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, pair_group
+    from repro.real.frames import Frame, Header, Kind, LinkLost
+    from repro.real.transport import Channel, pair_group
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,

@@ -29,7 +29,7 @@ import torch
 from repro.config.settings import BackendConfig, ModelConfig, to_dict
 from repro.errors import ConfigError
 from repro.real import run_real
-from repro.real.transport import HEADER_BYTES, Frame, Header, Kind
+from repro.real.frames import HEADER_BYTES, Frame, Header, Kind
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
 from tests.helpers.runs import launch_real, real_cfg, wait_rows

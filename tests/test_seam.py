@@ -8,7 +8,6 @@ and read where it is used, and nothing in between changes.
 """
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from repro.asgd.algorithm import Push, push_fields
 from repro.asgd.protocols import _push_from_state, _push_state
 from repro.config.settings import DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.problem.start import build_problem
-from repro.real.transport import Frame, Header, Kind
+from repro.real.frames import Frame, Header, Kind
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.sim.cost import Schedule

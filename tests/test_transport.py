@@ -6,7 +6,8 @@ import datetime
 
 import pytest
 
-from repro.real.transport import Channel, Frame, Header, Kind
+from repro.real.frames import Frame, Header, Kind
+from repro.real.transport import Channel
 
 PUSHED = dict(num_steps=4, num_samples=128, train_loss=0.5, train_error=0.1, stream_position=(0, 0))
 

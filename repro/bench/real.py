@@ -82,7 +82,7 @@ def _connect(rank: int, store):
 
 def _protocol_client(port: int, sizes: tuple, blocks: int) -> None:
     """Rank 1: times every block of round trips and sends the timings to rank 0 at the end."""
-    from repro.real.transport import Frame, Header, Kind
+    from repro.real.frames import Frame, Header, Kind
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
@@ -116,7 +116,8 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
     import threading
 
     from repro.asgd.rules import DeltaRule
-    from repro.real.transport import Frame, Header, Kind, Receiver
+    from repro.real.frames import Frame, Header, Kind
+    from repro.real.transport import Receiver
 
     group, channel = _connect(0, store)
     lock = threading.Lock()

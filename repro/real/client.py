@@ -41,7 +41,8 @@ from repro.errors import ConfigError
 from repro.logs import prefixed
 from repro.problem.build import build_net, load_data, make_clients
 from repro.problem.data import Dataset
-from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, check_hello, hello
+from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
+from repro.real.transport import Channel
 from repro.runtime import cuda_missing, deterministic
 
 
@@ -202,7 +203,7 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
             return 0
         if header.kind != Kind.PARAMS or header.client != client_id:
             raise LinkLost(f"protocol error: got {header.kind.name} for client {header.client}")
-        to_client_s = time.monotonic() - header.sent_at   # one clock on one kernel (transport.Header)
+        to_client_s = time.monotonic() - header.sent_at   # one clock on one kernel (frames.Header)
         if header.position is not None:
             client.stream.set_position(header.position)   # resumed: continue the data order
         client.fetch(params_in, header.version)   # copy_ into the client's own tensor (H2D on a GPU)

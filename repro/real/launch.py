@@ -59,9 +59,9 @@ from repro.problem.data import Dataset
 from repro.problem.start import build_problem
 from repro.real.client import build_client, client_device, run_client
 from repro.real.elastic import Acceptor
+from repro.real.frames import Header, Kind
 from repro.real.server import Dispatcher, log, server_device
-from repro.real.transport import (Channel, Header, Kind, connect, disconnect, pin_gloo_to_loopback,
-                                  pin_gloo_towards)
+from repro.real.transport import Channel, connect, disconnect, pin_gloo_to_loopback, pin_gloo_towards
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import (StopRequest, TorchrunEnv, deterministic, fork_server_context, torch_threads,
@@ -341,7 +341,7 @@ def _stop_children(procs: dict, grace_s: float) -> None:
 
 def _dismiss_clients(cfg: RunConfig) -> None:
     """Under torchrun, a skipped run still has clients waiting: join the world and tell each STOP."""
-    from repro.real.transport import Frame
+    from repro.real.frames import Frame
 
     try:
         groups = connect(0, cfg.num_clients + 1, cfg.backend.timeout_s)

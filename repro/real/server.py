@@ -26,7 +26,8 @@ import torch
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark, prefixed
-from repro.real.transport import Channel, Frame, Header, Kind, LinkLost, Receiver, check_hello, hello
+from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
+from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
 log = prefixed("repro.real.server", "[real server]")
