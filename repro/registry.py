@@ -1,13 +1,21 @@
 """The one registry idiom: names users type (``model=digits_cnn``, ``algo.server_rule=adagrad``,
-a figure name) mapped to what they build, plus what validation needs to know about each.
+a figure name, an exercise) mapped to what they build, plus what validation needs to know.
 
-Models, data sets, server rules and figures each keep one :class:`Registry`; validation takes its
-valid names from it (``registry.names()``), and an unknown name is a :class:`ConfigError` naming
-the config key, the value and the registered choices. Registering is a decorator, so the entry
-sits beside the code it names.
+Each kind of name is declared once, here, in :data:`DECLARED`: its config key, the modules that
+register its entries and the names each of them registers. A module registers its entries with
+the registry's decorator beside the code they name (``@RULES.register("delta")``); registering a
+name its module does not declare is refused at import, so the declaration and the decorators
+cannot drift apart. The declaration lets the command line list and check names without importing
+the modules (torch lives there: :func:`names_of`), and lets a registry find an entry whose
+module nothing has imported yet: a lookup imports the module declared for that name, once. No
+module registers anything by being imported for its side effect.
+
+A user's own entry (the Python API, the classroom's grader) is added under a name no module
+declares, and from then on is listed and checked like the package's.
 """
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -15,17 +23,75 @@ from repro.errors import ConfigError
 
 T = TypeVar("T")
 
+# config key (how an unknown name is reported) -> {module that registers: its names, in order}.
+# Order matters where a registry is iterated: figures are listed and built in this order.
+DECLARED: dict[str, dict[str, tuple[str, ...]]] = {
+    "algo.server_rule": {
+        "repro.asgd.rules": ("delta", "downpour", "staleness_scaled", "dcasgd", "adagrad", "easgd",
+                             "outer_nesterov")},
+    "protocol.name": {
+        "repro.asgd.protocols": ("async", "ssp", "sync"),
+        "repro.asgd.optimal": ("ringmaster", "rennala")},
+    "model.name": {
+        "repro.problem.models": ("mlp", "digits_cnn", "mnist1d_cnn", "cifar_18pct", "quadratic")},
+    "data.name": {
+        "repro.problem.data": ("digits", "mnist1d", "synthetic", "quadratic", "cifar10")},
+    "figure": {
+        "repro.analysis.build": ("fig1", "fig2", "fig3", "fig4", "staleness", "fig3_paper",
+                                 "fig4_paper"),
+        "repro.analysis.lab.stability": ("stability",),
+        "repro.analysis.lab.momentum": ("momentum",),
+        "repro.analysis.lab.sync": ("sync_vs_async",),
+        "repro.analysis.lab.mitigation": ("mitigation",),
+        "repro.analysis.lab.ceiling": ("ceiling",),
+        "repro.analysis.lab.partition": ("partition",),
+        "repro.analysis.lab.uneven": ("uneven",),
+        "repro.analysis.lab.own_data": ("own_data",),
+        "repro.analysis.lab.churn": ("churn",)},
+    "EXERCISE": {
+        "repro.lab.numeric": ("mean_staleness", "stable_lr", "sync_ratio"),
+        "repro.lab.plugins": ("staleness_rule", "backup_workers"),
+        "repro.lab.gates": ("ssp_gate", "ringmaster")},
+}
+
+_BUILT: dict[str, "Registry"] = {}   # key -> its registry, once the module holding it is imported
+
+
+def names_of(key: str) -> Callable[[], tuple[str, ...]]:
+    """The valid names for config key ``key``, read when a value is checked: its registry's
+    (the declared ones and any a user added) once built, before that the declared ones, sorted;
+    so ``--help`` and a bad value are answered without importing the registering modules."""
+    def names() -> tuple[str, ...]:
+        if key in _BUILT:
+            return _BUILT[key].names()
+        return tuple(sorted(_declared(key)))
+    return names
+
+
+def _declared(key: str) -> dict[str, str]:
+    """Declared name -> the module that registers it."""
+    return {name: module for module, names in DECLARED.get(key, {}).items() for name in names}
+
 
 class Registry(Generic[T]):
-    """Name -> entry, for the config key ``key`` (e.g. "model.name")."""
+    """Name -> entry, for the config key ``key`` (e.g. "model.name"), declared in :data:`DECLARED`."""
 
     def __init__(self, key: str):
         self.key = key
+        self._homes = _declared(key)   # name -> module, for the package's own entries
         self._entries: dict[str, T] = {}
+        _BUILT[key] = self
 
-    def add(self, name: str, entry: T) -> T:
+    def add(self, name: str, entry: T, module: str | None = None) -> T:
+        """Register ``entry`` as ``name``. ``module``: the module registering it; a module that
+        fills this registry registers exactly the names :data:`DECLARED` lists for it, and a
+        declared name only from its own module (a user's entry comes without one)."""
         if name in self._entries:
             raise ValueError(f"{self.key}: {name!r} is registered twice")
+        if module is not None and (module in self._homes.values() or name in self._homes) \
+                and self._homes.get(name) != module:
+            raise ValueError(f"{self.key}: {module} registers {name!r}, which repro.registry.DECLARED "
+                             f"does not list for that module: declare it there")
         self._entries[name] = entry
         return entry
 
@@ -41,10 +107,10 @@ class Registry(Generic[T]):
             del self._entries[name]
 
     def register(self, name: str, **fields: Any) -> Callable[[Callable], Callable]:
-        """Decorator: ``@MODELS.register("mlp", ...)`` registers ``make(fn, **fields)`` where the
-        registry was given an entry factory, else the function itself."""
+        """Decorator: ``@MODELS.register("mlp", ...)`` registers ``make_entry(fn, **fields)``:
+        the function itself, or the spec a :class:`SpecRegistry` makes of it."""
         def decorate(fn: Callable) -> Callable:
-            self.add(name, self.make_entry(fn, **fields))
+            self.add(name, self.make_entry(fn, **fields), getattr(fn, "__module__", None))
             return fn
         return decorate
 
@@ -54,23 +120,28 @@ class Registry(Generic[T]):
         return fn
 
     def __getitem__(self, name: str) -> T:
-        try:
-            return self._entries[name]
-        except (KeyError, TypeError):
-            raise ConfigError(self.key, name, self.names()) from None
+        if not isinstance(name, str) or name not in self:
+            raise ConfigError(self.key, name, self.names())
+        if name not in self._entries:
+            importlib.import_module(self._homes[name])   # its declared module, loaded once
+            if name not in self._entries:
+                raise LookupError(f"{self.key}: {self._homes[name]} is declared to register {name!r} "
+                                  f"in repro.registry.DECLARED but does not")
+        return self._entries[name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._entries or name in self._homes
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        """The declared names in their declared order, then the ones users added."""
+        return iter({**dict.fromkeys(self._homes), **dict.fromkeys(self._entries)})
 
     def names(self) -> tuple[str, ...]:
         """Every registered name, sorted (so messages and help list them in a stable order)."""
-        return tuple(sorted(self._entries))
+        return tuple(sorted(self))
 
     def items(self):
-        return self._entries.items()
+        return [(name, self[name]) for name in self]
 
 
 class SpecRegistry(Registry[T]):

@@ -460,7 +460,7 @@ def test_the_readme_layout_names_every_module_and_folder_of_the_package():
 # (sim's driver, real, runs, problem's models and data, asgd, the entry points, the instruments)
 # trains, simulates or builds a network, which the analysis promises never to do; torch builds
 # networks. Read from every Import and ImportFrom node, also those inside functions, and from
-# every string that names a module (an import by name, e.g. build.LAB_MODULES).
+# every string that names a module (an import by name).
 ANALYSIS_MAY_IMPORT = ("repro.analysis", "repro.config", "repro.errors", "repro.files", "repro.registry",
                        "repro.logs", "repro.sim.ceiling")
 NEVER_IN_ANALYSIS = ("torch",)

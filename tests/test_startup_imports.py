@@ -34,12 +34,17 @@ def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, a
 
 
 def test_the_registries_names_are_known_before_their_modules_load():
-    """--help and a bad name list a registry's names from its decorators in the source; once its
-    module is imported, from the registry itself: the two agree."""
+    """--help and a bad name list a registry's names from its declaration (repro.registry); once
+    its modules are imported, from the registry itself: the two agree, and every declared name
+    is registered (a module registering a name it does not declare is refused at import)."""
     import importlib
 
-    from repro.config.fields import declared_names
+    from repro import registry
 
-    for module, name in (("repro.asgd.rules", "RULES"), ("repro.asgd.protocols", "PROTOCOLS"),
-                         ("repro.problem.data", "DATASETS"), ("repro.problem.models", "MODELS")):
-        assert declared_names(module, name) == getattr(importlib.import_module(module), name).names()
+    before = {key: registry.names_of(key)() for key in registry.DECLARED}
+    for key, homes in registry.DECLARED.items():
+        for module in homes:
+            importlib.import_module(module)
+        built = registry._BUILT[key]
+        assert [name for name, _ in built.items()] == [n for names in homes.values() for n in names]
+        assert registry.names_of(key)() == before[key] == built.names(), key

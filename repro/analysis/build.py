@@ -12,8 +12,6 @@ unless ``config`` chooses one (``--config num_epochs=3``); the grid callback pas
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import re
 import sys
@@ -47,18 +45,17 @@ class FigureSpec:
     axes: tuple[str, ...] | None = None
 
 
+# Declared in repro.registry: the paper's figures here, the staleness lab's each in its own
+# module (repro.analysis.lab.*), which the registry imports when one of its figures is asked for.
 FIGURES: Registry[FigureSpec] = Registry("figure")
-# The staleness lab's figures live in their own modules, each registering itself on import.
-LAB_MODULES = ("repro.analysis.lab.stability", "repro.analysis.lab.momentum",
-               "repro.analysis.lab.sync", "repro.analysis.lab.mitigation", "repro.analysis.lab.ceiling",
-                "repro.analysis.lab.partition", "repro.analysis.lab.uneven", "repro.analysis.lab.own_data",
-                "repro.analysis.lab.churn")
 
 
 def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str, ...] = (),
                     extra: Callable | None = None, axes: tuple[str, ...] | None = None) -> None:
+    """Register figure ``name``; the calling module must be the one repro.registry declares for it."""
     FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra,
-                                 LAB_AXES.get(name) if axes is None else tuple(axes)))
+                                 LAB_AXES.get(name) if axes is None else tuple(axes)),
+                module=sys._getframe(1).f_globals["__name__"])
 
 
 def printed_table(table: Callable[[pd.DataFrame], pd.DataFrame], digits: int = 3) -> Callable:
@@ -104,20 +101,12 @@ register_figure("fig3_paper", _fig3, figures.fig3, axes=CURVES)
 register_figure("fig4_paper", frames.fig4_frame, figures.fig4, extra=_speedup_table, axes=CURVES)
 
 
-def _load_labs() -> None:
-    for module in LAB_MODULES:
-        if importlib.util.find_spec(module) is not None and module not in sys.modules:
-            importlib.import_module(module)
-
-
 def figure_names() -> tuple[str, ...]:
-    """Every figure that can be drawn (the paper's and the lab's), in registration order."""
-    _load_labs()
+    """Every figure that can be drawn (the paper's and the lab's), in declared order."""
     return tuple(FIGURES)
 
 
 def spec(name: str) -> FigureSpec:
-    _load_labs()
     return FIGURES[name]
 
 

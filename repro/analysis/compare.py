@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.load import NoRunsError
-from repro.analysis.trees import FIGURES, METRICS, Tree, read_tree, run_metrics, start_errors
+from repro.analysis.trees import COMPARED, METRICS, Tree, read_tree, run_metrics, start_errors
 from repro.errors import ConfigError
 
 DEFAULT_TARGET = 0.01  # the target_error of conf/exp/fig2.yaml, fig3.yaml and fig4.yaml
@@ -220,14 +220,14 @@ def compare_baseline(name: str, fa: pd.DataFrame | None, fb: pd.DataFrame | None
 def figure_names(figures: Iterable[str] | str | None) -> tuple[str, ...]:
     """``None`` -> every figure; ``"fig3,fig4"`` or a list -> those, checked."""
     if figures is None:
-        return tuple(FIGURES)
+        return COMPARED
     names = [f.strip() for f in (figures.split(",") if isinstance(figures, str) else figures)]
     names = [n for n in names if n]
     for n in names:
-        if n not in FIGURES:
-            raise ConfigError("figures", n, tuple(FIGURES))
+        if n not in COMPARED:
+            raise ConfigError("figures", n, COMPARED)
     if not names:
-        raise ConfigError("figures", figures, "a comma-separated list of " + ", ".join(FIGURES))
+        raise ConfigError("figures", figures, "a comma-separated list of " + ", ".join(COMPARED))
     return tuple(dict.fromkeys(names))
 
 
@@ -243,7 +243,7 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
     """The comparison table of two read trees (see :func:`compare_trees`)."""
     check_options(k, target)
     rows = []
-    for name in FIGURES:
+    for name in COMPARED:
         if name not in a.frames and name not in b.frames:
             continue
         t = curve_target(name, a, b, target)

@@ -36,10 +36,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.analysis.build import figure_frame, spec
+from repro.analysis.build import FIGURES, figure_frame, spec
 
-# The figures compare knows how to reduce to per-run metrics (the paper's; the lab's are new).
-FIGURES = ("fig1", "fig2", "fig3", "fig4", "staleness", "fig3_paper", "fig4_paper")
 KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import resolve_target
@@ -60,6 +58,9 @@ REQUIRED = {"fig1": ("metric", "error_pct", "time_s", "version"),
             "staleness": ("quantity", "value", "count")}
 for _name, _kind in KIND.items():
     METRICS[_name], REQUIRED[_name] = METRICS[_kind], REQUIRED[_kind]
+# The registered figures compare knows how to reduce to per-run metrics (the paper's; the lab's
+# are new), in the registry's order.
+COMPARED = tuple(name for name in FIGURES if name in METRICS)
 KINDS = {"results": "results tree", "figures": "figures folder"}
 # Read back the very floats build_figure wrote, so that a results tree and the figures folder
 # built from it give equal metrics: pandas 3 does by default (and deprecates the option);
@@ -90,8 +91,8 @@ def tree_kind(path: str | Path) -> str:
     root = Path(path)
     if not root.is_dir():
         raise NoRunsError("compare", str(root), "an existing results tree or figures folder")
-    csvs = [n for n in FIGURES if (root / f"{n}.csv").is_file()]
-    exps = [n for n in FIGURES if any((root / e).is_dir() for e in spec(n).exps)]
+    csvs = [n for n in COMPARED if (root / f"{n}.csv").is_file()]
+    exps = [n for n in COMPARED if any((root / e).is_dir() for e in spec(n).exps)]
     if csvs and exps:
         raise ConfigError("compare", str(root), "either a results tree or a figures folder, "
                                                 f"not both (it holds {csvs[0]}.csv and "
@@ -101,11 +102,11 @@ def tree_kind(path: str | Path) -> str:
     hint = [str(root / d) for d in ("results", "figures") if (root / d).is_dir()]
     raise NoRunsError("compare", str(root),
                       "a results tree (folders fig1/ .. fig4/, staleness/) or a figures folder "
-                      f"({', '.join(f'{n}.csv' for n in FIGURES)})"
+                      f"({', '.join(f'{n}.csv' for n in COMPARED)})"
                       + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
 
 
-def read_tree(path: str | Path, names: tuple[str, ...] = tuple(FIGURES),
+def read_tree(path: str | Path, names: tuple[str, ...] = COMPARED,
               target: float | None = None, config: str | None = None) -> Tree:
     """Every figure of ``names`` that ``path`` holds. A figure whose experiment folder holds no
     usable run is left out with a warning; a malformed CSV, or an experiment folder holding
@@ -202,7 +203,7 @@ def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> 
         metrics = {"mean_staleness": weighted / pushes.groupby("run_dir")["count"].sum(),
                    "final_test_error_pct": final.groupby("run_dir")["value"].last()}
     else:
-        raise ConfigError("figure", name, tuple(FIGURES))
+        raise ConfigError("figure", name, COMPARED)
     out = out.copy()
     for column, values in metrics.items():
         out[column] = pd.to_numeric(values, errors="coerce").reindex(out.index)  # NaN: none
@@ -236,5 +237,5 @@ def start_errors(name: str, frame: pd.DataFrame) -> pd.DataFrame | None:
     return first.sort_values("run_dir", kind="stable").drop_duplicates("seed")[columns]
 
 
-__all__ = ["Tree", "tree_kind", "read_tree", "run_metrics", "start_errors", "METRICS",
+__all__ = ["Tree", "tree_kind", "read_tree", "run_metrics", "start_errors", "METRICS", "COMPARED",
            "IDENTITY"]

@@ -4,7 +4,8 @@ Tyurin & Richtarik (NeurIPS 2023) proved a lower bound on the wall-clock time of
 whose workers compute at fixed, different speeds, and found that plain asynchronous SGD (the
 paper's Downpour) misses it: its slowest clients push gradients so stale that they hurt more
 than they help. Two ways to meet the bound, both registered in
-:data:`repro.asgd.protocols.PROTOCOLS` (imported by the package's ``__init__``) and run by both drivers like every
+:data:`repro.asgd.protocols.PROTOCOLS` (declared in :data:`repro.registry.DECLARED`, which says this
+module registers them: a lookup of either name imports it) and run by both drivers like every
 protocol (:mod:`repro.asgd.protocols` says what a policy is):
 
 * ``ringmaster`` (Maranjyan, Tyurin, Richtarik, ICML 2025, "Ringmaster ASGD", Algorithm 4):

@@ -40,7 +40,8 @@ an update past its client's reply: one that replies before it merges (a client t
 and computes on while its push waits for others) copies the update, or adds it into a buffer of
 its own, in a fixed order if its result must not depend on timing.
 
-Adding a protocol: one class here registered in :data:`PROTOCOLS`, its ``conf/protocol/*.yaml``
+Adding a protocol: one class here registered in :data:`PROTOCOLS` (its name declared in
+:data:`repro.registry.DECLARED`), its ``conf/protocol/*.yaml``
 and its keys in :class:`repro.config.settings.ProtocolConfig`; the core and the drivers stay as
 they are. (A protocol that discards stale pushes, e.g. one that drops a push whose staleness
 ``view.version - push.read_version`` reaches a bound, answers ``Decision(reply=(client,),

@@ -2,7 +2,7 @@
 
 :func:`knob` makes a dataclass field carrying a validator (:class:`Range` for every number: a
 finite range, so no value can hang or overflow a run; :class:`Choice` for names, possibly a
-registry's; :class:`Text`; :class:`Flag`) and the ``shapes`` mark that :mod:`repro.config.settings`
+registry's (:func:`repro.registry.names_of`); :class:`Text`; :class:`Flag`) and the ``shapes`` mark that :mod:`repro.config.settings`
 reads back to derive run-folder names, cache keys, replays and resume checks. Each validator
 both checks a value (raising :class:`ConfigError` naming key, value and what is valid) and
 describes the valid values for ``--help``.
@@ -121,31 +121,6 @@ def knob(default: Any, valid: Any, shapes: bool = True) -> Any:
     the tables change with it); ``shapes=False`` for where files go, timeouts, ports, progress."""
     kw = {"default_factory": default} if callable(default) else {"default": default}
     return field(metadata={"valid": valid, "shapes": shapes}, **kw)
-
-
-def registry_names(module: str, name: str) -> Callable[[], tuple]:
-    """The names of registry ``name`` in ``module``, read when a value is checked: from the live
-    registry once its module is imported (with whatever a user registered), before that from the
-    decorators in its package's source (``@NAME.register("x")``), so that ``--help`` and a bad
-    value are answered without importing torch, beside which the registries live."""
-    def names() -> tuple:
-        import sys
-        if module in sys.modules:
-            return getattr(sys.modules[module], name).names()
-        return declared_names(module, name)
-    return names
-
-
-def declared_names(module: str, name: str) -> tuple:
-    """The names registered with ``@NAME.register("x")`` in the source files of ``module``'s
-    package (a registry may gather entries from several modules of its package), sorted."""
-    import re
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[2].joinpath(*module.split(".")[:-1])
-    pattern = re.compile(rf"@{re.escape(name)}\.register\(\s*[\"']([^\"']+)[\"']")
-    found = {m for path in folder.glob("*.py") for m in pattern.findall(path.read_text())}
-    return tuple(sorted(found))
 
 
 SECONDS = Range(0.0, 1e6)   # a million seconds: finite, far beyond any sensible run

@@ -20,8 +20,9 @@ from typing import Any, Optional, Union
 
 from repro.config.cost import (JITTERS, SCHEDULES, SPEED_LAWS, TOPOLOGIES, ChurnConfig, CostConfig,  # noqa: F401
                                MachineConfig, SharedConfig)   # (re-exported)
+from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob
 from repro.config.renames import modern_tree
-from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob, registry_names
+from repro.registry import names_of
 
 BACKENDS = ("sim", "real")
 STARTS = ("cold", "warm")
@@ -41,7 +42,7 @@ CIFAR10_EXPECTED = ("a folder with the CIFAR-10 python batches data_batch_1..5 a
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: str = knob("digits", Choice(registry_names("repro.problem.data", "DATASETS"), custom=True))
+    name: str = knob("digits", Choice(names_of("data.name"), custom=True))
     """Data set (all offline)."""
     root: Optional[str] = knob(None, Text("a folder", nullable=True), shapes=False)
     """Folder holding the data set's files (cifar10 only)."""
@@ -65,7 +66,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = knob("digits_cnn", Choice(registry_names("repro.problem.models", "MODELS"), custom=True))
+    name: str = knob("digits_cnn", Choice(names_of("model.name"), custom=True))
     """Network; it must be made for the data's input shape."""
 
 
@@ -79,7 +80,7 @@ class AlgoConfig:
     """L2 weight decay, added to the gradient as torch.optim.SGD does."""
     batch_size: int = knob(32, Range(1, 10**6, integer=True))
     """Minibatch size of one client step (at most the training-set size)."""
-    server_rule: str = knob("delta", Choice(registry_names("repro.asgd.rules", "RULES")))
+    server_rule: str = knob("delta", Choice(names_of("algo.server_rule")))
     """How the server applies a push: delta (add the client's parameter change), downpour
     (w -= lr_server * accrued gradient), adagrad (DistBelief's per-parameter Adagrad),
     staleness_scaled, dcasgd, easgd (asynchronous elastic averaging, Zhang, Choromanska, LeCun
@@ -147,7 +148,7 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class ProtocolConfig:
-    name: str = knob("async", Choice(registry_names("repro.asgd.protocols", "PROTOCOLS")))
+    name: str = knob("async", Choice(names_of("protocol.name")))
     """When the server applies and clients fetch: async (Downpour, the paper), sync
     (bulk-synchronous rounds, mean update), ssp (stale synchronous parallel), ringmaster
     (async, pushes of staleness >= R discarded; Maranjyan, Tyurin, Richtarik 2025), rennala

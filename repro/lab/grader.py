@@ -30,8 +30,8 @@ class Unloadable(Exception):
 
 
 def catalogue() -> tuple[str, ...]:
-    """Every exercise's name (importing the modules that register them)."""
-    from repro.lab import gates, numeric, plugins  # noqa: F401  (they register themselves)
+    """Every exercise's name (declared in repro.registry; an exercise's module loads when it is
+    looked up)."""
     return EXERCISES.names()
 
 

@@ -45,7 +45,7 @@ EXERCISES: Registry[Exercise] = Registry("EXERCISE")
 def exercise(name: str, title: str, **needs: str) -> Callable:
     """Decorator: register a grading function as exercise ``name``."""
     def decorate(grade: Callable[[ModuleType], Iterator[Check]]) -> Callable:
-        EXERCISES.add(name, Exercise(name, title, tuple(needs.items()), grade))
+        EXERCISES.add(name, Exercise(name, title, tuple(needs.items()), grade), grade.__module__)
         return grade
     return decorate
 
