@@ -7,7 +7,7 @@
   docs/ links ``../REPRODUCE.md`` and ``../figures/x.png``, a top-level page ``docs/x.md``. On the
   site every one of them lies at the site's root, so the prefixes go.
 * ``<!-- generated: configuration -->`` becomes the configuration reference, generated from the
-  field declarations that ``python -m repro.run --help`` prints (:mod:`repro.config.help`), so it
+  field declarations that ``python -m repro.run --help`` prints (:mod:`repro.config.loader`), so it
   is never kept by hand.
 * ``<!-- csv: PATH -->`` becomes a table of the dated CSV file PATH (relative to docs/): measured
   numbers live in data files, not in prose.
@@ -58,10 +58,10 @@ def csv_table(path: Path) -> str:
 
 def configuration_reference() -> str:
     """Every group's options and every key's default, valid values and meaning, read from the
-    declarations ``--help`` prints (:func:`repro.config.help.help_text` reads the same)."""
+    declarations ``--help`` prints (:func:`repro.config.loader.help_text` reads the same)."""
     from omegaconf import OmegaConf
 
-    from repro.config import help as h
+    from repro.config import loader as h
     from repro.config import settings
 
     dcfg = h.compose([], return_hydra_config=True)   # as python -m repro.run --help composes it

@@ -29,14 +29,14 @@ from torch import Tensor, nn
 from repro.asgd.flatnet import FlatNet
 from repro.asgd.protocols import PROTOCOLS
 from repro.asgd.rules import RULES
-from repro.config.help import composed, group_options
+from repro.config.loader import composed, group_options
 from repro.config.checks import from_dict
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
 from repro.errors import ConfigError
 from repro.files import schema
-from repro.problem.build import Problem
-from repro.problem.data import Dataset, check_batch_size
-from repro.problem.evaluation import EvalSets
+from repro.workload.build import Problem
+from repro.workload.data import Dataset, check_batch_size
+from repro.workload.evaluation import EvalSets
 from repro.runtime import resolve_device
 from repro.sim.driver import simulate as sim_run
 
@@ -356,8 +356,8 @@ from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View  #
 from repro.asgd.rules import RULES, StalenessScaledRule  # noqa: E402
 from repro.config.checks import validate  # noqa: E402
 from repro.asgd.flatnet import quadratic_loss  # noqa: E402  (the quadratic's loss_fn)
-from repro.problem.data import QUADRATIC_CURVATURES, load_dataset  # noqa: E402  (the quadratic's l_i)
-from repro.problem.models import build_model  # noqa: E402  (a registered network, e.g. "digits_cnn")
+from repro.workload.data import QUADRATIC_CURVATURES, load_dataset  # noqa: E402  (the quadratic's l_i)
+from repro.workload.models import build_model  # noqa: E402  (a registered network, e.g. "digits_cnn")
 
 
 def configure(*overrides: str) -> RunConfig:

@@ -68,7 +68,7 @@ class BuildFigure(Callback):
     The figure is drawn from the grid's own points only: other runs in ``results_dir/<exp_name>``
     (another configuration, an earlier grid) are left out, named in a warning; a grid whose
     points hold several configurations (a command-line sweep of a setting the figure does not
-    draw across) draws one figure per configuration (:func:`repro.analysis.build.build_figure`).
+    draw across) draws one figure per configuration (:func:`repro.analysis.render.build_figure`).
 
     ``name``: the files' base name (default: the figure's), so a variant of an experiment
     (``fig3_paper``) draws the same figure without overwriting the original's files: every file
@@ -120,8 +120,8 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     (``exp_name=stability_random``; a second figure of the grid: ``<exp_name>-<name>``), else
     ``<name>-<its overrides>`` (``fig2-algo=sgd``). In a folder of the user's own
     (``figures_dir=...``) the files keep ``name``, so that two folders compare figure by figure."""
-    from repro.analysis.build import file_label
-    from repro.config.help import job_name
+    from repro.analysis.render import file_label
+    from repro.config.loader import job_name
 
     given = {o.partition("=")[0].lstrip("+~"): o.partition("=")[2] for o in overrides}
     if "figures_dir" in given:
@@ -143,7 +143,7 @@ def grid_points(config: DictConfig) -> list[str] | None:
     """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
     experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
     when another sweeper decides the jobs."""
-    from repro.config.help import job_name
+    from repro.config.loader import job_name
     from repro.hydra_internals import sweep_jobs
 
     jobs = sweep_jobs(config)

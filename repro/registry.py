@@ -33,11 +33,11 @@ DECLARED: dict[str, dict[str, tuple[str, ...]]] = {
         "repro.asgd.protocols": ("async", "ssp", "sync"),
         "repro.asgd.optimal": ("ringmaster", "rennala")},
     "model.name": {
-        "repro.problem.models": ("mlp", "digits_cnn", "mnist1d_cnn", "cifar_18pct", "quadratic")},
+        "repro.workload.models": ("mlp", "digits_cnn", "mnist1d_cnn", "cifar_18pct", "quadratic")},
     "data.name": {
-        "repro.problem.data": ("digits", "mnist1d", "synthetic", "quadratic", "cifar10")},
+        "repro.workload.data": ("digits", "mnist1d", "synthetic", "quadratic", "cifar10")},
     "figure": {
-        "repro.analysis.build": ("fig1", "fig2", "fig3", "fig4", "staleness", "fig3_paper",
+        "repro.analysis.render": ("fig1", "fig2", "fig3", "fig4", "staleness", "fig3_paper",
                                  "fig4_paper"),
         "repro.analysis.lab.stability": ("stability",),
         "repro.analysis.lab.momentum": ("momentum",),

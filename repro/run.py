@@ -1,8 +1,8 @@
 """Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
 
 This module does the Hydra work and nothing else: it checks the command line (unknown keys, group
-options, ``--help``: :func:`repro.config.help.check_overrides`), composes the config, parses it
-into a :class:`~repro.config.settings.RunConfig` (:func:`repro.config.help.parse`, which
+options, ``--help``: :func:`repro.config.loader.check_overrides`), composes the config, parses it
+into a :class:`~repro.config.settings.RunConfig` (:func:`repro.config.loader.parse`, which
 validates it; nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
 ``run(config, run_dir) -> summary``. A single run is composed, parsed and validated once
 (:func:`precheck`) and run in Hydra's job from that config (:func:`run_composed`); a grid's
@@ -25,11 +25,11 @@ import hydra
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from repro.config import help as confhelp
+from repro.config import loader as confhelp
 from repro.config.checks import validate
 from repro.config.renames import modern_override
 from repro.config.resolved import warm_baseline
-from repro.config.help import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
+from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
                                parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
@@ -119,7 +119,7 @@ def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
 
 def _without_classes(cfg: RunConfig) -> bool:
     """A problem whose test error means nothing (the quadratic): its loss is what to show."""
-    from repro.problem.data import DATASETS
+    from repro.workload.data import DATASETS
 
     return cfg.data.name in DATASETS and DATASETS[cfg.data.name].task != "classification"
 
@@ -191,7 +191,7 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The command line (its words are checked before Hydra sees them: repro.config.help)
+# The command line (its words are checked before Hydra sees them: repro.config.loader)
 # ---------------------------------------------------------------------------------------------
 
 def _hydra_flags(argv: list[str]) -> bool:
@@ -206,7 +206,7 @@ def _is_sweep(argv: list[str]) -> bool:
 
 def check_components(cfg: RunConfig) -> None:
     """The model and the batch against the data's declaration (imported here: it pulls in torch)."""
-    from repro.problem.build import check_components as check
+    from repro.workload.build import check_components as check
 
     check(cfg)
 

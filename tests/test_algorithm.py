@@ -6,9 +6,9 @@ import torch
 from repro.asgd.algorithm import LocalSGD, Push, ParameterServer
 from repro.asgd.rules import AdagradRule, DeltaRule, DownpourRule, make_rule
 from repro.config.settings import AlgoConfig, DataConfig, ModelConfig, RunConfig
-from repro.problem.build import build_net, load_data, make_clients, make_server
-from repro.problem.data import ClientStream
-from repro.problem.models import build_model
+from repro.workload.build import build_net, load_data, make_clients, make_server
+from repro.workload.data import ClientStream
+from repro.workload.models import build_model
 
 
 def _push(update, read_version=0, client=1):

@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 
 from repro.analysis import figures, frames, load_runs, speedup_table, time_to_target  # noqa: E402
 from repro.analysis.__main__ import main  # noqa: E402
-from repro.analysis.build import build_figure  # noqa: E402
+from repro.analysis.render import build_figure  # noqa: E402
 from repro.analysis.load import NoRunsError  # noqa: E402
 from repro.analysis.tables import resolve_target, run_speedups  # noqa: E402
 from repro.files import schema  # noqa: E402

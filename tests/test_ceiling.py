@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.grids import sweep_grid
 
 from repro.analysis.lab.ceiling import ceiling_frame, draw_ceiling, steady_samples_per_s, table
-from repro.analysis.build import build_figure
+from repro.analysis.render import build_figure
 from repro.analysis.load import load_runs
 from repro.config.settings import CostConfig
 from repro.run import compose, parse
@@ -236,7 +236,7 @@ def test_the_lab_counts_a_networks_bytes_from_its_run_folder_as_the_real_model_d
     parameter, and a folder that does not record it is refused, never guessed."""
     from repro.analysis.lab.ceiling import predict
     from repro.analysis.load import NoRunsError
-    from repro.problem.models import build_model, num_parameters
+    from repro.workload.models import build_model, num_parameters
 
     cost = ["cost=paper2013_shared", "cost.comm_params=null", "cost.bandwidth_Bps=1e6"]
     cfg = parse(compose([*cost, "num_epochs=0.1", "eval_every=0.1", "progress=false", "exp_name=exp"]))

@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 
 from repro.analysis import compare_trees  # noqa: E402
 from repro.analysis.__main__ import main, parse_args  # noqa: E402
-from repro.analysis.build import build_figure  # noqa: E402
+from repro.analysis.render import build_figure  # noqa: E402
 from repro.analysis.compare import compare_values  # noqa: E402
 from repro.analysis.trees import tree_kind  # noqa: E402
 from tests.helpers import fake_runs  # noqa: E402

@@ -111,7 +111,7 @@ def test_every_numeric_key_has_a_finite_range():
 
 
 def test_every_key_is_documented_for_help():
-    from repro.config.help import key_docs
+    from repro.config.loader import key_docs
     from repro.config.settings import all_keys
     docs = key_docs()
     assert set(docs) == set(all_keys())
@@ -119,7 +119,7 @@ def test_every_key_is_documented_for_help():
 
 
 def test_training_shaping_keys_are_declared_once():
-    from repro.config.help import job_name
+    from repro.config.loader import job_name
     from repro.config.settings import shaping_keys
     keys = set(shaping_keys())
     assert {"seed", "num_clients", "nsync", "num_threads", "device", "algo.lr", "cost.jitter"} <= keys

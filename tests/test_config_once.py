@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from repro.config import settings
-from repro.config.help import CONF_DIR, GROUPS, group_options
+from repro.config.loader import CONF_DIR, GROUPS, group_options
 from repro.errors import ConfigError
 from repro.run import compose, parse
 

@@ -9,7 +9,7 @@ import pytest
 
 from repro.config import renames
 from repro.config.checks import from_dict
-from repro.config.help import compose, parse
+from repro.config.loader import compose, parse
 from repro.config.settings import all_keys, differences, shaping_keys, to_dict, with_operational
 
 OLD = ["cost.preempt_rate=2", "cost.preempt_down_s=0.5", "cost.churn_leave=[1,0.1,0.2]", "cost.churn_join=[0.3]"]

@@ -12,8 +12,8 @@ import torch
 
 from repro.config.settings import DataConfig, RunConfig
 from repro.errors import ConfigError, DataError
-from repro.problem.build import load_data
-from repro.problem.data import DATASET_NAMES, ClientStream, Dataset, _latin1_encode, _mix, load_dataset
+from repro.workload.build import load_data
+from repro.workload.data import DATASET_NAMES, ClientStream, Dataset, _latin1_encode, _mix, load_dataset
 
 # ----------------------------------------------------------------------------- generated data sets
 
@@ -47,7 +47,7 @@ def test_digits_read_without_scikit_learn_equal_scikit_learns():
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    from repro.problem.data import DIGITS_SPLIT, digits_arrays
+    from repro.workload.data import DIGITS_SPLIT, digits_arrays
 
     x, y = load_digits(return_X_y=True)
     ours_x, ours_y = digits_arrays()
@@ -61,7 +61,7 @@ def test_loading_digits_imports_no_scikit_learn():
     import subprocess
     import sys
 
-    code = ("import sys; from repro.problem.data import load_dataset; load_dataset('digits'); "
+    code = ("import sys; from repro.workload.data import load_dataset; load_dataset('digits'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

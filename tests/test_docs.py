@@ -19,7 +19,7 @@ that never says to activate fails here. ``MPLBACKEND=Agg``, as on a machine with
 markdown, fenced or inline, slow and manual ones included (figure grids: every grid point;
 multi-node torchrun: its overrides), composes and validates as ``python -m repro.run`` would
 before training (:func:`repro.run.check_overrides`, :func:`repro.run.compose`,
-:func:`repro.run.parse`, :func:`repro.problem.build.check_components`); every ``cost.path=`` names a run
+:func:`repro.run.parse`, :func:`repro.workload.build.check_components`); every ``cost.path=`` names a run
 folder that an earlier command of its block writes (or one in the repository); every fenced
 ``python -m repro.analysis`` draws from a results tree like the one its experiments leave
 (:mod:`tests.helpers.fake_runs`).
@@ -262,9 +262,9 @@ def compose_errors(args: list[str]) -> list[str]:
     from omegaconf import OmegaConf
 
     from repro import run as rr
-    from repro.config import help as confhelp
+    from repro.config import loader as confhelp
     from repro.errors import ConfigError
-    from repro.problem.build import check_components
+    from repro.workload.build import check_components
 
     err = io.StringIO()
     try:
@@ -339,7 +339,7 @@ def _written_folders(step: dc.Step) -> set[Path]:
     relative to the directory it is run in."""
     from omegaconf import OmegaConf
 
-    from repro.config.help import job_name
+    from repro.config.loader import job_name
 
     try:
         fixed, grid, _, base = _grid(step.module_args)
@@ -353,7 +353,7 @@ def _written_folders(step: dc.Step) -> set[Path]:
 
 def test_every_replay_path_names_a_run_folder_written_above_it():
     """``cost.path=`` of a replay: a folder an earlier command of its block writes (as Hydra
-    names it: repro.config.help.job_name), or a run folder in the repository."""
+    names it: repro.config.loader.job_name), or a run folder in the repository."""
     problems, found = [], 0
     for name in DOCS:
         if not (ROOT / name).is_file():

@@ -75,7 +75,7 @@ def test_the_configuration_reference_is_generated_from_the_declarations():
         import hooks
     finally:
         sys.path.remove(str(ROOT / "docs"))
-    from repro.config import help as confhelp
+    from repro.config import loader as confhelp
     from repro.config import settings
 
     reference = hooks.configuration_reference()

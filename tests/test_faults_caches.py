@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-import repro.problem.start as start
+import repro.workload.start as start
 import repro.sim.driver as driver
 from repro.config.settings import DataConfig, RunConfig
-from repro.problem.datacache import mnist1d_arrays, mnist1d_cache_path
-from repro.problem.start import build_problem, cache_dir
+from repro.workload.datacache import mnist1d_arrays, mnist1d_cache_path
+from repro.workload.start import build_problem, cache_dir
 from repro.sim.driver import simulate
 
 CPU = torch.device("cpu")

@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repro.analysis import build_figure, grids, load_runs, run_speedups
+from repro.analysis import build_figure, configs, load_runs, run_speedups
 from repro.analysis.__main__ import main
-from repro.analysis.build import figure_runs, spec
+from repro.analysis.render import figure_runs, spec
 from repro.errors import ConfigError
 from repro.grid import BuildFigure, figure_stem
 
@@ -226,7 +226,7 @@ def test_every_committed_experiment_is_one_configuration_per_figure():
                 else:
                     dcfg = copy.deepcopy(base)
                     OmegaConf.update(dcfg, key, parser.parse_overrides([f"{key}={value}"])[0].value())
-                ids.add(grids.fingerprint(grids.settings(flatten(to_dict(parse(dcfg))), axes)))
+                ids.add(configs.fingerprint(configs.settings(flatten(to_dict(parse(dcfg))), axes)))
         assert len(ids) == 1, f"{path.stem}: its grid spans {len(ids)} configurations of {callback.figure}"
         checked += 1
     assert checked >= 10
@@ -251,7 +251,7 @@ def test_fig4_reference_is_never_a_stale_folder_of_other_settings(tmp_path):
     assert not frame["ref_run_dir"].str.contains(stale[0]).any()
     assert (frame["ref_run_dir"].map(lambda d: Path(d).name.split(",")[0]) == "num_clients=1").all()
     # and through the API on the pooled tables: the reference shares the configuration
-    runs = grids.annotate(load_runs(root, "fig4"), spec("fig4").axes)
+    runs = configs.annotate(load_runs(root, "fig4"), spec("fig4").axes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         per_run = run_speedups(runs.evals, 0.1)

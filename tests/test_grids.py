@@ -131,7 +131,7 @@ WARM_JOB = textwrap.dedent("""
     import hashlib, os, sys, time
     from pathlib import Path
     import torch
-    import repro.problem.start as ws
+    import repro.workload.start as ws
     from repro.run import compose, parse
 
     results, go, calls = sys.argv[1:4]

@@ -17,8 +17,8 @@ from repro.asgd.flatnet import FlatNet
 from repro.config.checks import validate
 from repro.config.settings import AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.errors import ConfigError
-from repro.problem.evaluation import EvalSets
-from repro.problem.start import build_problem
+from repro.workload.evaluation import EvalSets
+from repro.workload.start import build_problem
 from repro.real.client import build_client, run_client
 from repro.real.server import Dispatcher
 from repro.real.frames import Header, Kind

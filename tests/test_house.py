@@ -127,7 +127,7 @@ def test_to_cpu_copies_nested_tensors_so_a_view_saves_only_itself(tmp_path):
 def test_the_warm_start_baseline_is_bitwise_the_simulators_one_client_run(tmp_path, rule):
     """The baseline's server state (parameters and the rule's state: Adagrad's sums, DC-ASGD's
     backups) equals the final checkpoint of ``simulate`` on the baseline's config."""
-    from repro.problem.start import baseline_config, train_baseline
+    from repro.workload.start import baseline_config, train_baseline
     from repro.sim.driver import simulate
 
     cfg = RunConfig(start="warm", warm_start_epochs=0.3, num_threads=0, progress=False,
@@ -216,8 +216,8 @@ def test_a_resume_and_the_analysis_refuse_the_same_tables_in_the_same_words(tmp_
 def test_the_lab_reads_the_network_size_from_the_run_folder_and_times_transfers_as_the_simulator(tmp_path):
     from repro.analysis.lab.sync import timing_of
     from repro.analysis.load import NoRunsError, load_runs
-    from repro.config.help import composed
-    from repro.problem.models import build_model, num_parameters
+    from repro.config.loader import composed
+    from repro.workload.models import build_model, num_parameters
     from repro.sim.cost import CostModel
     from repro.sim.driver import simulate
 
@@ -315,7 +315,7 @@ def test_config_validation_refuses_every_bad_config_each_time_it_is_asked():
     """Validation remembers nothing: an invalid config is refused every time, and a value equal
     to a valid one (True == 1) but not of its type is refused too."""
     from repro.config import checks
-    from repro.config.help import compose, parse
+    from repro.config.loader import compose, parse
 
     cfg = parse(compose(["nsync=3", "seed=11"]))
     checks.validate(cfg)
@@ -330,8 +330,8 @@ def test_config_validation_refuses_every_bad_config_each_time_it_is_asked():
 def test_model_and_batch_are_checked_once_per_process_before_any_data_is_loaded(tmp_path, monkeypatch):
     from repro.config.settings import CostConfig
     from repro.errors import ConfigError
-    from repro.problem import build
-    from repro.problem.start import build_problem
+    from repro.workload import build
+    from repro.workload.start import build_problem
 
     build._check_components.cache_clear()
     calls = []
@@ -381,7 +381,7 @@ def test_the_apis_defaults_are_the_command_lines_and_its_help_states_them():
     import re
 
     from repro import api
-    from repro.config.help import compose, parse
+    from repro.config.loader import compose, parse
     from repro.config.settings import get, to_dict
 
     cli = to_dict(parse(compose([])))
@@ -401,7 +401,7 @@ def test_the_apis_defaults_are_the_command_lines_and_its_help_states_them():
 
 def test_the_apis_cost_profiles_are_the_command_lines():
     from repro import api
-    from repro.config.help import compose, group_options, parse
+    from repro.config.loader import compose, group_options, parse
     from repro.errors import ConfigError
 
     for name in group_options("cost"):
@@ -510,11 +510,11 @@ def test_the_walk_sees_imports_inside_functions_and_by_name(tmp_path):
     """The rule's own reading: what ceiling.py once did (torch and a model builder inside a
     function) and what spread.py did (the simulator's driver) are found."""
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    import torch\n    from repro.problem.models import build_model\n"
+    source.write_text("def f():\n    import torch\n    from repro.workload.models import build_model\n"
                       "    from ...sim.driver import simulate\n    from repro import real\n"
                       "MODS = ('repro.runs.core',)\n")
     found = {m for _, m in _imports(source, "repro.analysis.lab")}
-    assert {"torch", "repro.problem.models", "repro.sim.driver", "repro.real", "repro.runs.core"} <= found
+    assert {"torch", "repro.workload.models", "repro.sim.driver", "repro.real", "repro.runs.core"} <= found
 
 
 def test_nothing_but_the_command_line_imports_the_instruments():

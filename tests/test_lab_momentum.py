@@ -15,7 +15,7 @@ from repro.analysis.lab.momentum import (
     refine_minimum,
     theorem_response,
 )
-from repro.problem.data import QUADRATIC_CURVATURES as L
+from repro.workload.data import QUADRATIC_CURVATURES as L
 from repro.run import compose, parse
 from tests.helpers.grids import sweep_grid
 from tests.helpers.paths import ROOT

@@ -16,7 +16,7 @@ from repro.analysis.lab.own_data import own_data_frame
 from repro.analysis.load import load_runs
 from repro.asgd.flatnet import FlatNet
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.problem.evaluation import EvalSets, class_errors
+from repro.workload.evaluation import EvalSets, class_errors
 from repro.run import compose, parse
 from repro.sim.driver import simulate
 from tests.helpers.grids import sweep_grid
@@ -70,7 +70,7 @@ def test_dropping_stale_work_drops_the_slow_clients_classes_and_the_frame_says_s
     assert 1 not in set(applied)
     assert 1 in set(pd.read_csv(tmp_path / "r" / "own" / "async" / "updates.csv")["client"])
 
-    from repro.problem.build import load_data
+    from repro.workload.build import load_data
     labels = load_data(runs["async"]).y_test
     counts = torch.bincount(labels).tolist()
     for name in runs:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from repro.config.help import job_name
+from repro.config.loader import job_name
 
 from tests.helpers.paths import ROOT
 

@@ -15,11 +15,11 @@ from repro.asgd.algorithm import Push
 from repro.asgd.optimal import Rennala, Ringmaster
 from repro.asgd.protocols import NOTHING, PROTOCOLS, View
 from repro.asgd.rules import ElasticExchange, ElasticRule, OuterNesterovRule
-from repro.config.help import compose, parse
+from repro.config.loader import compose, parse
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.errors import ConfigError
-from repro.problem.build import build_net, load_data
-from repro.problem.data import ClientStream
+from repro.workload.build import build_net, load_data
+from repro.workload.data import ClientStream
 from repro.sim.driver import simulate
 from tests.helpers.paths import ROOT
 from tests.helpers.tables import table_bytes

@@ -8,8 +8,8 @@ from torch.nn.utils import parameters_to_vector
 
 from repro.asgd.flatnet import FlatModule
 from repro.errors import ConfigError
-from repro.problem.data import ClientStream, load_dataset
-from repro.problem.models import MODEL_NAMES, ChannelLRN, build_model, check_fits, num_parameters
+from repro.workload.data import ClientStream, load_dataset
+from repro.workload.models import MODEL_NAMES, ChannelLRN, build_model, check_fits, num_parameters
 
 SHAPES = {"mlp": (1, 8, 8), "digits_cnn": (1, 8, 8), "mnist1d_cnn": (1, 40), "cifar_18pct": (3, 32, 32),
           "quadratic": (10,)}
@@ -85,7 +85,7 @@ def test_a_model_that_runs_on_data_it_is_not_made_for_is_refused():
     """cifar_18pct *runs* on 8x8 digits (its pools shrink the map to 1x1) and trains to ~65%
     error: the declared input shape refuses it, naming both shapes, before any work."""
     from repro.config.settings import ModelConfig, RunConfig
-    from repro.problem.build import check_components
+    from repro.workload.build import check_components
 
     with pytest.raises(ConfigError) as info:
         check_components(RunConfig(model=ModelConfig(name="cifar_18pct")))

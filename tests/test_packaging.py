@@ -1,7 +1,7 @@
 """The package as a user gets it from a wheel, not from this checkout.
 
 ``pyproject.toml`` installs the top-level ``conf/`` as the package data folder ``repro/conf``
-and :mod:`repro.config.help` finds it there. These tests build a wheel of the working tree and
+and :mod:`repro.config.loader` finds it there. These tests build a wheel of the working tree and
 check that it carries every YAML file (quick), then install it into a fresh virtual environment
 and train the smoke run from a folder that is not the checkout (slow).
 
@@ -78,7 +78,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_carries_every_config_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"repro/conf/config.yaml", "repro/conf/exp/fig3.yaml", "repro/config/help.py",
+    assert {"repro/conf/config.yaml", "repro/conf/exp/fig3.yaml", "repro/config/loader.py",
             "repro/run.py"} <= names
     yamls = sorted(p.relative_to(ROOT / "conf").as_posix() for p in (ROOT / "conf").rglob("*.yaml"))
     assert yamls, "no conf/**/*.yaml in the checkout"
@@ -127,7 +127,7 @@ def test_the_wheel_runs_from_anywhere(wheel, tmp_path):
         return subprocess.run([str(python), *args], cwd=elsewhere, env=env, capture_output=True,
                               text=True, timeout=timeout)
 
-    probe = run("-c", "import json, sys, repro, repro.config.help as r; "
+    probe = run("-c", "import json, sys, repro, repro.config.loader as r; "
                       "print(json.dumps({'file': repro.__file__, 'conf': str(r.CONF_DIR), "
                       "'path': sys.path, 'finders': [repr(f) for f in sys.meta_path]}))")
     assert probe.returncode == 0, probe.stderr
@@ -140,7 +140,7 @@ def test_the_wheel_runs_from_anywhere(wheel, tmp_path):
 
     usage = run("-m", "repro.run", "--help")
     assert usage.returncode == 0, usage.stderr
-    from repro.config.help import GROUPS
+    from repro.config.loader import GROUPS
     for group in (*GROUPS, "+exp"):
         assert f"\n  {group} " in usage.stdout, (group, usage.stdout[:2000])
     assert "smoke" in usage.stdout and "fig3" in usage.stdout

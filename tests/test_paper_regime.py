@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-import repro.problem.datacache as datacache
-from repro.problem.data import load_dataset, mnist1d_cache_path
+import repro.workload.datacache as datacache
+from repro.workload.data import load_dataset, mnist1d_cache_path
 from repro.run import compose, parse
 from tests.helpers.paths import ROOT
 
@@ -150,7 +150,7 @@ OFFLINE = textwrap.dedent("""
     socket.create_connection = refuse
     import requests
     requests.get = requests.post = requests.Session.request = refuse
-    from repro.problem.data import load_dataset
+    from repro.workload.data import load_dataset
     ds = load_dataset("mnist1d", num_train=int(sys.argv[1]), num_test=int(sys.argv[2]), root="results/_data")
     print(tuple(ds.x_train.shape), tuple(ds.x_test.shape))
 """)

@@ -15,10 +15,10 @@ import torch
 
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.errors import ConfigError
-from repro.problem.build import check_components, load_data, make_clients
-from repro.problem.data import load_dataset
-from repro.problem.partition import class_counts, split
-from repro.problem.start import baseline_config
+from repro.workload.build import check_components, load_data, make_clients
+from repro.workload.data import load_dataset
+from repro.workload.partition import class_counts, split
+from repro.workload.start import baseline_config
 from repro.run import compose, parse
 from repro.sim.driver import simulate
 from tests.helpers.paths import ROOT
@@ -113,7 +113,7 @@ def small(partition: str, **kw) -> RunConfig:
 
 
 def test_a_partitioned_run_records_its_counts_resumes_bit_for_bit_and_is_drawn(tmp_path):
-    from repro.analysis.build import build_figure
+    from repro.analysis.render import build_figure
 
     cfg = small("dirichlet", alpha=0.5)
     exp = tmp_path / "results" / "own"

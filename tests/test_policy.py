@@ -13,7 +13,7 @@ from repro.asgd.algorithm import Push
 from repro.asgd.flatnet import FlatNet
 from repro.asgd.protocols import NOTHING, PROTOCOLS, SSP, Async, Decision, Policy, Sync, View
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.problem.start import build_problem
+from repro.workload.start import build_problem
 from repro.runs import core as core_module
 from repro.runs.core import STALL_PUSHES, RunCore
 from repro.runs.folder import run_folder

@@ -9,9 +9,9 @@ import torch
 from repro.asgd.algorithm import Push
 from repro.asgd.rules import DCASGDRule, StalenessScaledRule
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.problem.build import build_net, load_data
-from repro.problem.data import ClientStream
-from repro.problem.start import build_problem
+from repro.workload.build import build_net, load_data
+from repro.workload.data import ClientStream
+from repro.workload.start import build_problem
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.sim.driver import simulate

@@ -25,7 +25,7 @@ print('lookup', PROTOCOLS['ringmaster'].__name__, loaded('repro.asgd.optimal'))
 from repro.lab import grader
 print('catalogue', len(grader.catalogue()), loaded('repro.lab.gates', 'repro.lab.numeric', 'repro.lab.plugins'))
 print('exercise', grader.EXERCISES['ssp_gate'].name, loaded('repro.lab.gates', 'repro.lab.numeric'))
-from repro.analysis.build import figure_names, spec
+from repro.analysis.render import figure_names, spec
 print('figures', len(figure_names()), loaded('repro.analysis.lab.churn'))
 print('figure', spec('churn').exps, loaded('repro.analysis.lab.churn', 'repro.analysis.lab.sync'))
 """
@@ -87,7 +87,7 @@ def test_the_names_are_declared_before_the_registry_is_built(monkeypatch):
 def test_every_figure_reads_experiments_that_conf_exp_declares():
     """Experiments are declared once, as Hydra's ``exp`` group (one conf/exp/NAME.yaml each);
     the figure registry names them by those names only."""
-    from repro.analysis.build import FIGURES
+    from repro.analysis.render import FIGURES
 
     experiments = {p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml")}
     for name, figure in FIGURES.items():

@@ -62,7 +62,7 @@ def test_a_warm_start_baseline_config_is_derived_by_the_resolve_step_and_the_dri
     handed down as data: the driver and the problem builder build none. Its cache key (the
     baseline's training-shaping values) is what it was: d99f04bcf1df for this config."""
     from repro.config.resolved import baseline_config
-    from repro.problem import start
+    from repro.workload import start
 
     warm = CFG.replace(start="warm", warm_start_epochs=0.5, results_dir=str(tmp_path))
     resolved = entry.resolve(warm)

@@ -15,7 +15,7 @@ import torch
 from repro.asgd.algorithm import Push, push_fields
 from repro.asgd.protocols import _push_from_state, _push_state
 from repro.config.settings import DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.problem.start import build_problem
+from repro.workload.start import build_problem
 from repro.real.frames import Frame, Header, Kind
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder

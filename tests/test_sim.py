@@ -165,7 +165,7 @@ def test_warm_start_carries_the_server_rule_state(tmp_path):
     survive into the asynchronous phase; fresh ones would jolt every weight by lr_server."""
     import torch
 
-    from repro.problem.start import build_problem
+    from repro.workload.start import build_problem
 
     cfg = cfg_for(start="warm", warm_start_epochs=1.0, results_dir=str(tmp_path),
                   algo=AlgoConfig(server_rule="adagrad", lr_server=0.01))

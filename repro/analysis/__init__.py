@@ -4,8 +4,8 @@
 * :mod:`.tables`  -- time to target, per-run speedups, the speedup table;
 * :mod:`.frames`  -- ``figN_frame(runs)``: the tidy frame behind each figure;
 * :mod:`.figures` -- ``figN(frame) -> Figure`` (pure), style and colours;
-* :mod:`.grids`   -- a run's configuration: the runs one figure may draw (never a pool of settings);
-* :mod:`.build`   -- :func:`build_figure` (PNG + PDF + CSV), shared by the CLI and the grid callback;
+* :mod:`.configs` -- a run's configuration: the runs one figure may draw (never a pool of settings);
+* :mod:`.render`  -- :func:`build_figure` (PNG + PDF + CSV), shared by the CLI and the grid callback;
 * :mod:`.trees`   -- a results tree or a figures folder -> each figure's per-run scalar metrics;
 * :mod:`.compare` -- :func:`compare_trees`: do two trees agree within the spread over seeds?
 * ``python -m repro.analysis {fig1,...,fig3_paper,fig4_paper,all} [--config KEY=VALUE,...]`` and
@@ -22,8 +22,8 @@ from typing import Any
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, run_speedups, speedup_table, time_to_target
 
-_LAZY = {"build_figure": "build", "figure_frame": "build", "FIGURES": "build",
-         "figure_names": "build", "register_figure": "build",
+_LAZY = {"build_figure": "render", "figure_frame": "render", "FIGURES": "render",
+         "figure_names": "render", "register_figure": "render",
          "fig1_frame": "frames", "fig2_frame": "frames", "fig3_frame": "frames",
          "fig4_frame": "frames", "staleness_frame": "frames",
          "fig1": "figures", "fig2": "figures", "fig3": "figures", "fig4": "figures",

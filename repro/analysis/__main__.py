@@ -3,14 +3,14 @@
 ``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two results
 trees or figures folders agree within the spread over seeds.
 
-A figure is drawn from the runs of one configuration (:mod:`repro.analysis.grids`): when the
+A figure is drawn from the runs of one configuration (:mod:`repro.analysis.configs`): when the
 experiment folder holds runs of several (``+exp=fig1`` and ``+exp=fig1 num_epochs=3``), the
 command refuses, naming them, until ``--config KEY=VALUE,...`` chooses one; the files of a chosen
 configuration are named ``NAME-KEY=VALUE,...`` (or ``--name``), never the committed ``NAME``.
 
 Owns argument parsing and exit codes only. Drawing: 0 on success, 2 when the experiment folder is
 missing, holds no usable run or several configurations; the work is
-:func:`repro.analysis.build.build_figure`. Compare: 0
+:func:`repro.analysis.render.build_figure`. Compare: 0
 when no comparison disagrees, 1 when one does, 2 for bad input (a missing directory, one of
 neither kind, nothing comparable); the work is :mod:`repro.analysis.compare`.
 """
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        "results trees or figures folders agree within the "
                                        "spread over seeds (exit 0: agree, 1: disagree, 2: bad "
                                        "input); see 'python -m repro.analysis compare --help'.")
-    from repro.analysis.build import figure_names
+    from repro.analysis.render import figure_names
 
     p.add_argument("figure", choices=[*figure_names(), "all", "compare"],
                    help="the figure to draw ('all': every one), or 'compare' (see below)")
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return compare_main(argv[1:])
     args = parse_args(argv)
     matplotlib.use("Agg")  # files only, never a window: works with or without a display
-    from repro.analysis.build import build_figure, file_label
+    from repro.analysis.render import build_figure, file_label
     from repro.analysis.figures import set_style
 
     set_style()

@@ -7,7 +7,7 @@ the report; the per-run metrics it compares come from :mod:`repro.analysis.trees
 results tree or a figures folder; the two kinds mix).
 
 * **Configurations are never pooled**: a results tree's figure is read from the runs of one
-  configuration (:mod:`repro.analysis.grids`: every training-shaping setting but the figure's
+  configuration (:mod:`repro.analysis.configs`: every training-shaping setting but the figure's
   axes and the seed; ``--config`` chooses when a folder holds several), a figures folder's CSV
   holds one. When both trees record it (the ``config_id`` column) and it differs, the figure is
   not compared (its grid points are "only in A" / "only in B"): different settings, not

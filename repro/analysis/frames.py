@@ -5,7 +5,7 @@ draws and what the CLI saves as ``figures/<name>.csv``; plotting code never read
 
 Columns shared by every frame: ``exp_name, run_dir, seed, num_clients, nsync, start,
 backend.name, status, diverged`` (one run's identity), and ``config_id`` when the runs were
-chosen as one configuration (:mod:`repro.analysis.grids`; ``compare`` never pools two). Then
+chosen as one configuration (:mod:`repro.analysis.configs`; ``compare`` never pools two). Then
 per frame:
 
 * fig1: ``clock, version, epoch, time_s, metric`` ("training error" / "test error"), ``error_pct``

@@ -319,7 +319,7 @@ def _concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFram
 
 def recorded(runs: pd.DataFrame, key: str) -> Any:
     """What the first of ``runs`` (rows of :attr:`Runs.runs`) records under ``key`` beside its
-    settings (:func:`repro.problem.build.Problem.recorded`: e.g. ``network.param_bytes``,
+    settings (:func:`repro.workload.build.Problem.recorded`: e.g. ``network.param_bytes``,
     ``dataset.curvatures``; a list comes back as a list). A folder written before run folders
     recorded it is refused (:class:`NoRunsError`): the analysis builds no network to find out."""
     values = runs[key].tolist() if key in runs else [None] * len(runs)

@@ -9,7 +9,7 @@ Two kinds of directory hold the same frames:
 * a **results tree** (``results/``) holding experiment folders named after the figures
   (``fig1/`` .. ``fig4/``, ``staleness/``, which falls back to ``fig3/`` as when drawing,
   ``fig3_paper/``, ``fig4_paper/``): each frame is built by
-  :func:`repro.analysis.build.figure_frame` from the run folders of one configuration (a folder
+  :func:`repro.analysis.render.figure_frame` from the run folders of one configuration (a folder
   holding several is refused, naming them, unless ``config`` chooses one);
 * a **figures folder** (``figures/``) holding the CSVs ``build_figure`` writes (``fig1.csv`` ..
   ``fig4.csv``, ``staleness.csv``, ``fig3_paper.csv``, ``fig4_paper.csv``): these *are* the
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.analysis.build import FIGURES, figure_frame, spec
+from repro.analysis.render import FIGURES, figure_frame, spec
 
 KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 from repro.analysis.load import NoRunsError, Runs, load_runs

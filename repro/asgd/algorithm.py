@@ -134,7 +134,7 @@ class LocalSGD:
 
 
 class Stream(Protocol):
-    """A client's minibatch source (see :class:`repro.problem.data.ClientStream`)."""
+    """A client's minibatch source (see :class:`repro.workload.data.ClientStream`)."""
 
     def next_batch(self) -> tuple[Tensor, Tensor]: ...
     @property

@@ -223,7 +223,7 @@ def _plain_loop(seconds: float, conn, steps: int = 4) -> None:
     """A bare training loop (one client's compute_push of ``steps`` steps, no server, no
     messages) for ``seconds``; sends its samples/s and each push's duration."""
     from repro.config.settings import RunConfig
-    from repro.problem.build import build_net, load_data, make_clients
+    from repro.workload.build import build_net, load_data, make_clients
 
     torch.set_num_threads(1)
     cfg = RunConfig()

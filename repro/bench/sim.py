@@ -19,10 +19,10 @@ import torch
 
 from repro.config.checks import check_segment
 from repro.config.settings import AlgoConfig, CostConfig, RunConfig
-from repro.problem.build import load_data
-from repro.problem.data import ClientStream
-from repro.problem.models import build_model
-from repro.problem.start import build_problem
+from repro.workload.build import load_data
+from repro.workload.data import ClientStream
+from repro.workload.models import build_model
+from repro.workload.start import build_problem
 from repro.sim.driver import simulate
 
 TARGET_SIM = 1.10

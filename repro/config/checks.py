@@ -136,7 +136,7 @@ def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Every key against its declared valid values, then the checks that relate two keys.
-    Needs no data; :func:`repro.problem.build.check_components` checks the model and the batch
+    Needs no data; :func:`repro.workload.build.check_components` checks the model and the batch
     against the data. Asked once per config, where a config enters: :func:`from_dict` (the
     command line's parse, a config.json, the API's settings) and the Python entry points that
     change a parsed config (``repro.api.run_config``, the explorer); a driver asks
@@ -317,7 +317,7 @@ def _check_speeds(cfg: RunConfig) -> None:
 
 
 def _check_partition(cfg: RunConfig) -> None:
-    """What can be said of data.* without the data (repro/problem/partition.py checks the rest
+    """What can be said of data.* without the data (repro/workload/partition.py checks the rest
     against the labels before any work): alpha acts only with dirichlet; the slow client's
     classes need a slow client and at least one other client."""
     data = cfg.data

@@ -3,7 +3,7 @@ derived from it there, so that no driver rewrites or builds a config.
 
 :class:`Resolved`: the config a driver runs as it is, the cost fit it was made with (``cost=fit``)
 and, for a warm start, the config of the single-client baseline whose final server state it
-starts from (:func:`baseline_config`, derived here once; :mod:`repro.problem.start` trains and
+starts from (:func:`baseline_config`, derived here once; :mod:`repro.workload.start` trains and
 caches that run, keyed by the baseline config's training-shaping values). No torch here.
 """
 from __future__ import annotations

@@ -51,7 +51,7 @@ class DataConfig:
     num_test: Optional[int] = knob(None, COUNT)
     """Use only this many test samples (null: all)."""
     partition: str = knob("iid", Choice(PARTITIONS))
-    """Which training samples each client holds (repro/problem/partition.py, seeded by seed):
+    """Which training samples each client holds (repro/workload/partition.py, seeded by seed):
     iid (every client its own order over the whole set), shards (disjoint random equal parts),
     by_class (classes dealt to clients in turn), dirichlet (each class split over the clients
     by Dirichlet(data.alpha) proportions, Hsu et al. 2019)."""
@@ -328,9 +328,9 @@ def _lists(tree: Any) -> Any:
 
 
 # what config.json holds beside the settings: what identity depends on (repro.runtime), what
-# is trained (repro.problem.build.Problem.recorded), where a real run's server ran (the real
+# is trained (repro.workload.build.Problem.recorded), where a real run's server ran (the real
 # driver's host record: what cost=fit needs to model the machine, repro.sim.fit),
-# and the overrides a shortened folder name stands for (repro.config.help.short_name)
+# and the overrides a shortened folder name stands for (repro.config.loader.short_name)
 RECORDED_ONLY = ("environment", "network", "dataset", "host", "overrides")
 
 # what is per client, for a config's clients and the clients that join later

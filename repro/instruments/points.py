@@ -207,7 +207,7 @@ def _legend(ax) -> None:
 
 def write_figure(root: str | Path, out_dir: str | Path, stem: str = "sim_vs_real") -> list[Path]:
     """``out_dir/<stem>.png``, ``.pdf`` and ``.csv`` (the grid points' table) from ``root``."""
-    from repro.analysis.build import save_figure
+    from repro.analysis.render import save_figure
 
     runs, stale, curves = read_runs(root)
     table = points_table(runs, stale)

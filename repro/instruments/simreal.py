@@ -84,7 +84,7 @@ class SimVsReal(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from omegaconf import OmegaConf
 
-        from repro.config.help import parse
+        from repro.config.loader import parse
 
         base = parse(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
         jobs = grid_jobs(config)

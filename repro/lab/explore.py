@@ -90,7 +90,7 @@ class Settings:
 def _base_config(problem: str = "quadratic"):
     """The lab's quadratic (conf/problem/quadratic.yaml) or the digits network, composed once per
     process and problem."""
-    from repro.config.help import composed
+    from repro.config.loader import composed
     return composed((*PROBLEMS[problem], "cost=uniform", "progress=false", "seed=0"))
 
 
@@ -119,7 +119,7 @@ def run_config(s: Settings):
 def _initial_weights() -> np.ndarray:
     """The quadratic's initial weights at seed 0 (what every run starts from)."""
     import torch
-    from repro.problem.start import build_problem
+    from repro.workload.start import build_problem
     return build_problem(_base_config(), torch.device("cpu")).init_params.numpy().astype(float)
 
 
@@ -127,7 +127,7 @@ def theory_loss(lr: float, tau: int, nsync: int, versions: int) -> np.ndarray:
     """Loss after each of ``versions`` updates of delayed gradient descent on the quadratic:
     per coordinate a push is nsync local steps from parameters tau versions old,
     w_{t+1} = w_t + ((1 - lr l)^nsync - 1) w_{t - tau} (Levin & May 1976 at nsync 1)."""
-    from repro.problem.data import QUADRATIC_CURVATURES
+    from repro.workload.data import QUADRATIC_CURVATURES
     curv = np.asarray(QUADRATIC_CURVATURES)
     w = [_initial_weights().copy()]
     factor = (1.0 - lr * curv) ** nsync - 1.0

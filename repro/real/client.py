@@ -3,7 +3,7 @@
 This module owns the client's side of the conversation, and nothing of process plumbing
 (:mod:`repro.real.launch`): receive parameters (or STOP), ``client.fetch`` them, run
 ``client.compute_push(net, nsync)`` exactly as the simulator does, send the push, repeat.
-Client ``k`` is built by the same :mod:`repro.problem.build` as simulator client ``k``, so its data
+Client ``k`` is built by the same :mod:`repro.workload.build` as simulator client ``k``, so its data
 order is the one seeded by ``(seed, k)``. While it computes, a client proves it is alive with a
 header-only HEARTBEAT every quarter of ``backend.client_timeout_s``, so only a silent client is
 dropped, however long its pushes take.
@@ -39,8 +39,8 @@ from repro.asgd.protocols import PROTOCOLS
 from repro.config.settings import RunConfig, client_slot
 from repro.errors import ConfigError
 from repro.logs import prefixed
-from repro.problem.build import build_net, load_data, make_clients
-from repro.problem.data import Dataset
+from repro.workload.build import build_net, load_data, make_clients
+from repro.workload.data import Dataset
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
 from repro.real.transport import Channel
 from repro.runtime import cuda_missing, deterministic
@@ -93,7 +93,7 @@ def warm_up(setup: ClientSetup) -> None:
     """One forward and backward on a throw-away batch, then synchronise: lazy cuDNN/cuBLAS
     loading happens now, not inside the first push the server is timing. The data stream is not
     advanced (a fresh stream over the same data serves the batch) and the gradient is zeroed."""
-    from repro.problem.data import ClientStream
+    from repro.workload.data import ClientStream
 
     stream = setup.client.stream
     probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)

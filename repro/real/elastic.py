@@ -250,7 +250,7 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     from repro.real.client import build_client, client_device, run_client
     from repro.real.transport import Channel, disconnect, pair_group, pin_gloo_to_loopback
 
-    from repro.problem.build import load_data
+    from repro.workload.build import load_data
 
     pin_gloo_to_loopback(cfg.backend.join.rpartition(":")[0], single_node=True)
     # the data before the ticket: once admitted, the server waits backend.client_timeout_s for the

@@ -1,7 +1,7 @@
 """Process plumbing of the real driver: who is rank 0, how ranks start, stop and never outlive a run.
 
 Rank 0 first builds everything that can fail on bad input (the run folder's decision, data,
-network, initial parameters: the simulator's, via :mod:`repro.problem.build`, and the run core), so
+network, initial parameters: the simulator's, via :mod:`repro.workload.build`, and the run core), so
 bad input is a ConfigError before any process starts.
 
 Single node (``run_real`` outside torchrun): the calling process is rank 0, the server, so the
@@ -55,8 +55,8 @@ from repro.config.checks import validated
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark
-from repro.problem.data import Dataset
-from repro.problem.start import build_problem
+from repro.workload.data import Dataset
+from repro.workload.start import build_problem
 from repro.real.client import build_client, client_device, run_client
 from repro.real.elastic import Acceptor
 from repro.real.frames import Header, Kind

@@ -43,13 +43,13 @@ import torch
 from repro.asgd.algorithm import Push, ParameterServer, push_fields
 from repro.asgd.protocols import Decision, View, make_protocol
 from repro.config.checks import check_segment
-from repro.config.help import SHORTENED
+from repro.config.loader import SHORTENED
 from repro.config.settings import RunConfig, to_dict
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
 from repro.logs import get_logger
-from repro.problem.build import Problem
-from repro.problem.evaluation import EvalRequest, Evaluator, class_errors
+from repro.workload.build import Problem
+from repro.workload.evaluation import EvalRequest, Evaluator, class_errors
 from repro.runs.folder import resume_hint
 from repro.runs.runlog import Progress, RunLog, diverged_advice, nonfinite, worse_than_start
 from repro.runtime import environment

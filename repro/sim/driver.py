@@ -28,8 +28,8 @@ import torch
 from repro.asgd.algorithm import Client, Push
 from repro.config.resolved import Resolved
 from repro.config.settings import RunConfig
-from repro.problem.build import Problem, make_clients, param_bytes
-from repro.problem.start import build_problem
+from repro.workload.build import Problem, make_clients, param_bytes
+from repro.workload.start import build_problem
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads

@@ -169,7 +169,7 @@ def split_and(text: str) -> list[str]:
 def is_grid(exp: str, conf_dir: Path | None = None) -> bool:
     """True when ``+exp=EXP`` is a Hydra grid (its file sets ``hydra.mode: MULTIRUN``)."""
     if conf_dir is None:
-        from repro.config.help import CONF_DIR as conf_dir
+        from repro.config.loader import CONF_DIR as conf_dir
     path = Path(conf_dir) / "exp" / f"{exp}.yaml"
     try:
         text = path.read_text()

@@ -26,7 +26,7 @@ import typing
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import printed_table, register_figure
+from repro.analysis.render import printed_table, register_figure
 from repro.analysis.load import Runs, finite, is_diverged, recorded
 from repro.config.settings import CostConfig
 from repro.sim.ceiling import ceiling

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from repro.analysis.build import register_figure
+from repro.analysis.render import register_figure
 from repro.analysis.load import Runs
 
 COLUMNS = ["protocol", "preempt_rate", "seed", "samples_per_s", "predicted_samples_per_s",

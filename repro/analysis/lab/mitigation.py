@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import printed_table, register_figure
+from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.analysis.tables import resolve_target, time_to_target

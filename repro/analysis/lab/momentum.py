@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from repro.analysis.build import register_figure
+from repro.analysis.render import register_figure
 from repro.analysis.figures import _new_figure, _require, client_color, client_label
 from repro.analysis.load import Runs, is_diverged, recorded
 

@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import printed_table, register_figure
+from repro.analysis.render import printed_table, register_figure
 from repro.analysis.lab.uneven import method_of, method_order
 from repro.analysis.load import Runs, is_diverged
 

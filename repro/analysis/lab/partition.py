@@ -2,7 +2,7 @@
 
 A run with ``data.partition`` other than ``iid`` (or with ``data.slow_client_classes``) records
 in its ``config.json`` how many training samples of each class each client holds
-(``dataset.client_class_counts``, :func:`repro.problem.partition.class_counts`); this figure
+(``dataset.client_class_counts``, :func:`repro.workload.partition.class_counts`); this figure
 reads that record only, never the data. One panel per partition found in the experiment folder
 (the settings that decide it: ``data.*``, ``num_clients`` and, for the random ones, the seed: the
 lowest seed's is drawn), a heat map of clients (rows) by classes (columns), each cell its count.
@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import register_figure
+from repro.analysis.render import register_figure
 from repro.analysis.load import Runs
 
 COUNTS = "dataset.client_class_counts"

@@ -45,7 +45,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from repro.analysis.build import register_figure
+from repro.analysis.render import register_figure
 from repro.analysis.figures import _legend, _new_figure, _require
 from repro.analysis.load import Runs, finite, recorded
 

@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import printed_table, register_figure
+from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged, recorded
 from repro.analysis.tables import resolve_target, time_to_target

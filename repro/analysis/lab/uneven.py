@@ -31,7 +31,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from repro.analysis.build import printed_table, register_figure
+from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, measured_rows
 from repro.analysis.tables import time_to_target
 from repro.analysis.load import Runs, finite, is_diverged

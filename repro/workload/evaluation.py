@@ -32,7 +32,7 @@ class EvalSets:
 
     @classmethod
     def of(cls, ds) -> "EvalSets":
-        """From a :class:`repro.problem.data.Dataset`: its test set, a fixed training subset."""
+        """From a :class:`repro.workload.data.Dataset`: its test set, a fixed training subset."""
         n = min(TRAIN_SUBSET, ds.num_train)
         idx = torch.randperm(ds.num_train, generator=torch.Generator().manual_seed(0))[:n]
         idx = idx.to(ds.x_train.device)

@@ -23,7 +23,7 @@ from repro.files.locks import FileLock
 from repro.files.storage import atomic_write, write_json
 from repro.logs import get_logger
 
-log = get_logger("repro.problem.data")
+log = get_logger("repro.workload.data")
 MNIST1D_CACHE_FORMAT = 1   # bump when what a cache file holds changes
 MNIST1D_CLASSES = 10       # the generator's digit templates: labels 0..9
 _MNIST1D_ARRAYS = ("x", "y", "x_test", "y_test")

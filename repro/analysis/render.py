@@ -4,7 +4,7 @@ Owns the figure registry (name -> frame builder, figure function), each figure's
 experiment folder and axes, and :func:`build_figure`, which both the CLI
 (``python -m repro.analysis``) and the grid callback (after a sweep) call.
 
-A figure is drawn from the runs of one configuration (:mod:`repro.analysis.grids`): the runs of
+A figure is drawn from the runs of one configuration (:mod:`repro.analysis.configs`): the runs of
 its experiment folder that differ only in the figure's axes and the seed. A folder holding runs
 of several configurations (``+exp=fig1`` and ``+exp=fig1 num_epochs=3``) is refused, naming them,
 unless ``config`` chooses one (``--config num_epochs=3``); the grid callback passes its own points
@@ -23,7 +23,7 @@ from typing import Callable
 import matplotlib as mpl
 import pandas as pd
 
-from repro.analysis import figures, frames, grids
+from repro.analysis import configs, figures, frames
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, summarise_speedups
 from repro.registry import Registry
@@ -36,7 +36,7 @@ class FigureSpec:
     optionally ``extra(frame, out_dir, stem) -> [paths]`` for more outputs (fig4's speedup
     table, ``<stem>_speedup.csv``), and its ``axes``: the settings it draws across (besides the
     seed; ``"cost."`` stands for a whole group), every other training-shaping setting being one
-    configuration (:mod:`repro.analysis.grids`); None: any runs of the folder, unchecked."""
+    configuration (:mod:`repro.analysis.configs`); None: any runs of the folder, unchecked."""
 
     frame: Callable
     draw: Callable
@@ -139,7 +139,7 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     ``jobs``: only these run folders (a grid's points; the others are left out with a warning
     naming them); ``config``: only the runs whose settings match its ``KEY=VALUE,...``. What is
     left must be one configuration of the figure's axes with one run per grid point and seed
-    (:func:`repro.analysis.grids.one_grid`), else :class:`ConfigError` naming them; ``each``:
+    (:func:`repro.analysis.configs.one_grid`), else :class:`ConfigError` naming them; ``each``:
     return ``[(label, runs), ...]``, one per configuration, instead of refusing.
     """
     figure = spec(name)   # ConfigError naming the figures there are
@@ -150,21 +150,21 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
         raise NoRunsError("exp", where, "a folder holding at least one finished run "
                                         f"({len(runs.skipped)} skipped: see the warnings)")
     if jobs is not None:
-        runs, others = grids.only_jobs(runs, jobs)
+        runs, others = configs.only_jobs(runs, jobs)
         if others:
             warnings.warn(f"{name}: drawn from this grid's runs only; {len(others)} other run(s) "
                           f"in {where} left out (another configuration or grid): "
-                          f"{grids.list_folders(others)}", stacklevel=2)
-    runs = grids.choose(runs, config)
+                          f"{configs.list_folders(others)}", stacklevel=2)
+    runs = configs.choose(runs, config)
     if runs.runs.empty:
         raise NoRunsError("exp", where, "finished runs of this grid" if config is None else
                           f"finished runs with {config}")
     if figure.axes is None:
         return ([("", runs)], where) if each else (runs, where)
     if each:   # each configuration still one run per grid point and seed
-        return [(label, grids.one_grid(part, figure.axes, where, config))
-                for label, part in grids.split(runs, figure.axes)], where
-    return grids.one_grid(runs, figure.axes, where, config), where
+        return [(label, configs.one_grid(part, figure.axes, where, config))
+                for label, part in configs.split(runs, figure.axes)], where
+    return configs.one_grid(runs, figure.axes, where, config), where
 
 
 def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFrame:

@@ -26,7 +26,7 @@ import torch
 
 from repro.config.settings import CIFAR10_EXPECTED
 from repro.errors import ConfigError, DataError
-from repro.problem.datacache import mnist1d_arrays, mnist1d_cache_path  # noqa: F401 (re-exported)
+from repro.workload.datacache import mnist1d_arrays, mnist1d_cache_path  # noqa: F401 (re-exported)
 from repro.registry import SpecRegistry
 
 
@@ -96,7 +96,7 @@ def load_dataset(name: str, *, root: str | None = None,
 
 def check_batch_size(batch_size, num_train: int, key: str = "algo.batch_size") -> None:
     """A minibatch is 1 to ``num_train`` samples (every step sees exactly ``batch_size``). Asked
-    before any work of the data set's declared size (:func:`repro.problem.build.check_components`,
+    before any work of the data set's declared size (:func:`repro.workload.build.check_components`,
     the API of its own data) and by every :class:`ClientStream` of the set it reads."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= num_train:
         raise ConfigError(key, batch_size, f"an integer from 1 to the training-set size {num_train}")
@@ -189,7 +189,7 @@ def _load_mnist1d(root, num_train, num_test) -> Dataset:
     library's own data set and split. The samples depend only on how many are generated (and the
     library's fixed generation seed 42), never on the training seed.
 
-    ``root`` (``data.root``), when set, is a cache folder (:mod:`repro.problem.datacache`); with ``root``
+    ``root`` (``data.root``), when set, is a cache folder (:mod:`repro.workload.datacache`); with ``root``
     null nothing is written at all.
     """
     n_tr = MNIST1D_DEFAULT_TRAIN if num_train is None else num_train

@@ -5,7 +5,7 @@ pure function of the labels, the settings and ``seed`` (so client ``k`` holds th
 the simulator and in every real client process, which each compute it from the same labels):
 
 * ``iid`` (the default, the paper's Downpour): every client reads the whole set, each in its own
-  seeded order (:class:`repro.problem.data.ClientStream`); nothing is split;
+  seeded order (:class:`repro.workload.data.ClientStream`); nothing is split;
 * ``shards``: a seeded permutation of the set cut into ``num_clients`` disjoint parts of equal
   size (within one sample): the same mix of classes, a client's own samples;
 * ``by_class``: the classes dealt to the clients in turn (client ``k`` holds classes
@@ -23,7 +23,7 @@ other clients (the case where a method that drops stale work never learns them).
 
 Every client must hold at least one minibatch (``algo.batch_size``); a split that leaves one
 with fewer is bad input (:class:`~repro.errors.ConfigError`), checked before any work by
-:func:`repro.problem.build.check_components`.
+:func:`repro.workload.build.check_components`.
 """
 from __future__ import annotations
 

@@ -20,17 +20,17 @@ from repro.asgd.flatnet import LOSSES, FlatNet
 from repro.asgd.rules import ServerRule, make_rule
 from repro.config.settings import RunConfig, client_slot, slow_client
 from repro.errors import ConfigError
-from repro.problem.data import DATASETS, ClientStream, Dataset, check_batch_size, load_dataset
-from repro.problem.evaluation import EvalSets
-from repro.problem.models import build_model, check_fits
-from repro.problem.partition import class_counts, split
+from repro.workload.data import DATASETS, ClientStream, Dataset, check_batch_size, load_dataset
+from repro.workload.evaluation import EvalSets
+from repro.workload.models import build_model, check_fits
+from repro.workload.partition import class_counts, split
 
 
 def check_components(cfg: RunConfig) -> None:
     """What the configured problem needs, checked before any work from the data set's declaration
     (nothing is loaded): the data set's files, where it reads any; a model made for its inputs; a
     minibatch no larger than its training set. Once per process for each choice: the command
-    line asks before Hydra makes a run folder, :func:`repro.problem.start.build_problem` for
+    line asks before Hydra makes a run folder, :func:`repro.workload.start.build_problem` for
     every other caller."""
     _check_components(cfg.data.name, cfg.data.root, cfg.data.num_train, cfg.model.name,
                       cfg.algo.batch_size)
