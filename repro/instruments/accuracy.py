@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-KEYS = ["link", "nsync", "num_clients"]
+from repro.instruments.points import KEYS
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from repro.instruments.hosts import cmdline
+
 HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
@@ -101,10 +103,7 @@ def role(pid: int, loopback_server: int | None) -> str | None:
 
 
 def _forkserver(pid: int) -> bool:
-    try:
-        return b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    return b"multiprocessing.forkserver" in cmdline(pid)
 
 
 def _parent(pid: int) -> int | None:

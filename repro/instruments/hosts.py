@@ -94,6 +94,15 @@ def namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
 
 
+def cmdline(pid: int) -> bytes:
+    """Process ``pid``'s command line as /proc holds it (empty once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def netns_pids(netns: str) -> set[int]:
     """Every live process in ``netns`` (zombies have left their namespaces and are not listed)."""
     out = _ip("netns", "pids", netns, check=False).stdout

@@ -92,7 +92,7 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     return pd.DataFrame(runs), cat(stale), cat(curves)
 
 
-PARTS = ["to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"]
+PARTS = list(schema.TIMING_PARTS)
 
 
 def parts_table(runs: pd.DataFrame) -> pd.DataFrame:

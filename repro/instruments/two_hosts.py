@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.files.schema import FINISHED_STATUSES
-from repro.instruments.hosts import SERVER_ADDR, Host, Link, TwoHosts
+from repro.instruments.hosts import SERVER_ADDR, Host, Link, TwoHosts, cmdline
 from repro.runtime import StopRequest
 
 PORT = 29500   # inside a fresh namespace every port is free
@@ -111,7 +111,7 @@ class TwoHostRun:
     def ranks(self) -> set[int]:
         """The live ranks on both hosts: ``repro.run`` processes that are not torchrun's agents."""
         return {pid for host in (self.hosts.server, self.hosts.client) for pid in self.hosts.pids(host)
-                if _runs_repro(pid) and b"torch.distributed.run" not in _cmdline(pid)}
+                if _runs_repro(pid) and b"torch.distributed.run" not in cmdline(pid)}
 
     def interrupt(self) -> None:
         """SIGINT to each rank not sent one yet (a rank that started since gets its own): each stops
@@ -187,15 +187,8 @@ def refusal(log: str) -> str:
     return errors[-1] if errors else "node 0's log ends: " + " | ".join(lines[-3:])   # one line, to name
 
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 def _runs_repro(pid: int) -> bool:
-    return b"repro.run" in _cmdline(pid)
+    return b"repro.run" in cmdline(pid)
 
 
 def start(hosts: TwoHosts, overrides: list[str], num_clients: int, results_dir: str | Path,

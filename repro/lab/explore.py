@@ -138,14 +138,14 @@ def theory_loss(lr: float, tau: int, nsync: int, versions: int) -> np.ndarray:
     return np.array([0.5 * float(np.sum(curv * v * v)) for v in w])
 
 
-def predictions(s: Settings, pushes: int) -> dict:
-    """The theory's numbers for one slider position: mean staleness (versions), the throughput
-    ceiling and the protocol's own rate (local steps per virtual second), the critical lr."""
+def predictions(s: Settings, cfg, pushes: int) -> dict:
+    """The theory's numbers for one slider position (``cfg``: its run config): mean staleness
+    (versions), the throughput ceiling and the protocol's own rate (local steps per virtual
+    second), the critical lr."""
     from repro.analysis.lab.mitigation import expected_mean_staleness
     from repro.analysis.lab.stability import critical_lr
     from repro.analysis.lab.sync import Timing, predict
     from repro.sim.ceiling import ceiling
-    cfg = run_config(s)
     ceil = ceiling(cfg.cost, s.clients, s.nsync, param_bytes=40).pushes_per_s * s.nsync
     tm = Timing(COMPUTE_S, "exponential" if s.jitter else "none", float(s.jitter), s.nsync, s.clients)
     if s.protocol in ("sync", "rennala"):
@@ -174,7 +174,7 @@ def point(s: Settings) -> dict:
         updates = pd.read_csv(Path(tmp) / "run" / "updates.csv")
         evals = pd.read_csv(Path(tmp) / "run" / "evals.csv")
     pushes = int(updates["num_steps"].count())
-    pred = predictions(s, max(pushes, 1))
+    pred = predictions(s, cfg, max(pushes, 1))
     end = float(updates["time_s"].max()) if len(updates) else 0.0
     steps = float(updates["num_steps"].sum())
     loss_col = "train_loss" if "train_loss" in evals else "test_loss"
