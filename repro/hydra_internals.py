@@ -7,8 +7,8 @@ the package imports them):
 
 * the job list before any point runs (:func:`sweep_jobs`), for the progress line's points not yet
   started, the figure drawn from the grid's own points, and sim-vs-real's folder names: Hydra
-  gives it to the launcher alone. It is expanded as Hydra's basic sweeper does, with Hydra's
-  override parser (``hydra.core.override_parser``), so every sweep syntax Hydra takes reads alike;
+  gives it to the launcher alone. It is expanded by the basic sweeper's own split
+  (``BasicSweeper.split_arguments``) of Hydra's parsed overrides, so every sweep reads alike;
 * a point whose worker died still returns (:func:`job_return`): Hydra's launchers hand back one
   ``hydra.core.utils.JobReturn`` per point, and a missing one ends the whole grid;
 * a single command-line run is composed once (:func:`run_single_job`): the command line composes
@@ -21,7 +21,6 @@ Every import of Hydra's internals sits inside a function: importing this module 
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable
 
 
@@ -49,19 +48,15 @@ def sweep_jobs(config: Any) -> list[list[str]] | None:
     """Each job's overrides, in launch order, for a config composed with its Hydra node (the
     experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
     sweeper other than Hydra's basic one decides the jobs."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
     params = config.hydra.sweeper.get("params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
-    axes: dict[str, list[str]] = {}
-    for override in OverridesParser.create().parse_overrides(arguments):
-        key = override.get_key_element()
-        values = (override.sweep_string_iterator() if override.is_sweep_override()
-                  else [override.get_value_element_as_str()])
-        axes[key] = [f"{key}={value}" for value in values]
-    return [list(job) for job in itertools.product(*axes.values())]
+    overrides = OverridesParser.create().parse_overrides(arguments)
+    return BasicSweeper.split_arguments(overrides, max_batch_size=None)[0]   # the basic sweeper's own split
 
 
 def job_return(exited: SystemExit | None = None) -> Any:
