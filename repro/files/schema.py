@@ -58,6 +58,7 @@ TIMING_COLUMNS = (
     "queue_s",        # received -> the server took it up (another push was being served)
     "apply_s",        # the server's work on it (protocol, apply, row); nan where a schedule has no model
 )
+TIMING_PARTS = TIMING_COLUMNS[TIMING_COLUMNS.index("to_client_s"):]   # a push's five timed parts
 
 EVAL_COLUMNS = (
     "version",

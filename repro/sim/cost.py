@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from repro.config.settings import CostConfig
+from repro.files.schema import TIMING_PARTS
 
 JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
 
@@ -92,10 +93,6 @@ class CostModel:
                 factors = (1 - sigma) + sigma * rng.exponential(1.0, shape)
             self._blocks[client], self._block_key[client] = factors, key
         return self._blocks[client][row]
-
-
-# timings.csv's parts of a push's round trip (repro.files.schema.TIMING_COLUMNS)
-TIMING_PARTS = ("to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s")
 
 
 class Schedule(ABC):

@@ -80,7 +80,7 @@ def fits(cfg: RunConfig) -> bool:
     return cfg.cost.schedule == "events" and bool(cfg.cost.path)
 
 
-PARTS = ("to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s")
+PARTS = schema.TIMING_PARTS
 # what a fit reads of a recording's config.json, and what each must be
 NEEDED = {"nsync": "a positive integer", "model.name": "a model name", "data.name": "a data set name",
           "algo.batch_size": "a positive integer", "network.param_bytes": "a positive number of bytes"}
@@ -266,7 +266,7 @@ def _eval_cpu_s(run_dir: Path) -> float | None:
 def round_trip_rest(t: pd.DataFrame) -> float:
     """Mean seconds of a client's round trip that the five parts do not cover: between two of
     its applied pushes, less the later push's parts (0 when no client pushed twice)."""
-    parts = t[["to_client_s", "compute_s", "to_server_s", "queue_s", "apply_s"]].sum(axis=1)
+    parts = t[list(PARTS)].sum(axis=1)
     cycle = t.groupby("client").time_s.diff()
     later = cycle.notna()
     return max(0.0, float((cycle[later] - parts[later]).mean())) if later.any() else 0.0
