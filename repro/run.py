@@ -38,7 +38,6 @@ from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
 
 log = get_logger("repro.run")
-GROUPS = (*confhelp.GROUPS, *confhelp.OPTIONAL_GROUPS)
 
 
 if not OmegaConf.has_resolver("job_name"):
@@ -265,7 +264,7 @@ def _check_folder_writable(dcfg: DictConfig) -> None:
 def print_help(argv: list[str]) -> None:
     overrides = [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
     dcfg = compose(overrides, return_hydra_config=True)
-    choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in GROUPS}
+    choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in confhelp.ALL_GROUPS}
     tree = OmegaConf.to_container(dcfg, resolve=False)
     tree.pop("hydra", None)
     print(confhelp.help_text(tree, choices))

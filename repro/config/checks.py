@@ -255,7 +255,7 @@ def _check_topology(cfg: RunConfig) -> None:
         raise ConfigError(key, value, f"{'a number of cores' if value is None else f'at least num_clients={cfg.num_clients}'} "
                           "with cost.machine.single=true (the server and every client share one host's cores)")
     server_limited = shared.server_bandwidth_Bps or cost.bandwidth_Bps
-    if shared.server_burst_bytes and shared.server_bandwidth_Bps is None and cost.bandwidth_Bps is None:
+    if shared.server_burst_bytes and not server_limited:
         raise ConfigError("cost.shared.server_burst_bytes", shared.server_burst_bytes, "0 unless the server's link is "
                           "limited (cost.shared.server_bandwidth_Bps or cost.bandwidth_Bps): a burst is what a "
                           "limited link sends at once")
