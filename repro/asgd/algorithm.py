@@ -73,6 +73,7 @@ def _int_tuple(values) -> tuple[int, ...]:
 
 
 @functools.cache
+@functools.cache   # asked for every applied push and every header: a type's fields never change
 def push_fields(push_type: type = Push) -> tuple[PushField, ...]:
     """The fields of ``push_type`` (Push or an extension of it) but ``update``, in order."""
     hints, out = get_type_hints(push_type), []

@@ -33,7 +33,8 @@ from repro.asgd.algorithm import Push, PushField, push_fields
 
 # kind, client, version, length, position (2 + present), device, sent_at, compute_s, to_client_s
 ENVELOPE_SLOTS = 11
-PUSH_SLOTS = sum(f.width for f in push_fields() if f.name not in ("client", "read_version"))
+IN_ENVELOPE = ("client", "read_version")   # a push's fields the envelope's client and version carry
+PUSH_SLOTS = sum(f.width for f in push_fields() if f.name not in IN_ENVELOPE)
 HEADER_SLOTS = -(-(ENVELOPE_SLOTS + PUSH_SLOTS) // 8) * 8   # rounded up to 64 bytes
 HEADER_BYTES = HEADER_SLOTS * 8
 
@@ -147,7 +148,7 @@ class Header:
 @functools.cache
 def _carried(push_type: type) -> tuple[PushField, ...]:
     """The fields of ``push_type`` a PUSH header carries in ``push`` (its slots, in order)."""
-    carried = tuple(f for f in push_fields(push_type) if f.name not in ("client", "read_version"))
+    carried = tuple(f for f in push_fields(push_type) if f.name not in IN_ENVELOPE)
     if ENVELOPE_SLOTS + sum(f.width for f in carried) > HEADER_SLOTS:
         raise ValueError(f"{push_type.__name__}'s fields need more than the header's {HEADER_SLOTS} slots")
     return carried
