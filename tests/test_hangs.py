@@ -89,8 +89,9 @@ def test_a_non_finite_push_after_divergence_still_stops_the_run(tmp_path):
         core.state.stopping = False
         bad = Push(client=1, read_version=0, update=torch.zeros_like(core.server.params), num_steps=2,
                    num_samples=64, train_loss=NAN, train_error=1.0, stream_position=(0, 0))
-        assert [(r.client, r.stop) for r in core.on_push(bad, 1.0).replies] == [(1, True)]
-        assert core.stopping
+        outcome = core.on_push(bad, 1.0)
+        assert [(r.client, r.stop) for r in outcome.replies] == [(1, True)]
+        assert outcome.stopping
         assert core.finish(*core.final_status(interrupted=False))["status"] == "diverged"
 
 

@@ -1,8 +1,9 @@
 """One seam between the drivers and the run core (issue 31, item 2).
 
 A driver hands the core what it needs when it begins, hands it pushes, carries the replies of
-each :class:`~repro.runs.core.Outcome` and reads the run through the core's properties: it never
-writes into the core's state or objects, nor probes the schedule for what it can do. A push and
+each :class:`~repro.runs.core.Outcome` and learns from the Outcomes alone whether the run is
+stopping: it never writes into the core's state or objects, nor probes the schedule for what it
+can do. A push and
 its wire header share one field list, so a new push field is declared where it is produced
 and read where it is used, and nothing in between changes.
 """
@@ -15,9 +16,10 @@ import torch
 from repro.asgd.algorithm import Push, push_fields
 from repro.asgd.protocols import _push_from_state, _push_state
 from repro.config.settings import DataConfig, ModelConfig, ProtocolConfig, RunConfig
+from repro.errors import ConfigError
 from repro.workload.start import build_problem
 from repro.real.frames import Frame, Header, Kind
-from repro.runs.core import RunCore
+from repro.runs.core import Outcome, RunCore
 from repro.runs.folder import run_folder
 from repro.sim.cost import Schedule
 
@@ -29,6 +31,7 @@ REACHES = {
     "a probe of the schedule": re.compile(r"\b(hasattr|getattr)\(\s*[\w.]*sched"),
     "a swap of the server's parameters": re.compile(r"\.server\.params\s*=[^=]"),
     "a comparison of tensor addresses": re.compile(r"data_ptr\(\)"),
+    "a read of stopping beside the Outcomes": re.compile(r"\bcore\.stopping\b"),
 }
 
 
@@ -94,9 +97,22 @@ def test_a_new_push_field_crosses_the_wire_and_a_checkpoint_with_no_other_edit()
     assert torch.equal(rebuilt.update, update)
     state = _push_state(push)   # a sync round's held push, as a checkpoint keeps it
     assert state["grad_norm"] == 1.5 and state["window"] == [3, 9]
-    assert _fields(_push_from_state(state)) == _fields(Push(**{k: v for k, v in _fields(push).items()
-                                                                 if k not in ("grad_norm", "window")},
-                                                              update=update))
+    held = _push_from_state(state)   # its type and every field, not a plain Push without them
+    assert type(held) is TimedPush and _fields(held) == _fields(push) and torch.equal(held.update, update)
+
+
+def test_a_checkpoint_without_push_types_still_loads_its_held_pushes_as_plain_pushes():
+    """Checkpoints written before the type was recorded held plain pushes: they load as before."""
+    push = Push(client=1, read_version=2, update=torch.ones(3), num_steps=1, num_samples=8,
+                train_loss=0.5, train_error=0.25, stream_position=(0, 8))
+    state = {k: v for k, v in _push_state(push).items() if k != "type"}
+    held = _push_from_state(state)
+    assert type(held) is Push and _fields(held) == _fields(push)
+
+
+def test_the_core_never_needs_a_stopping_property():
+    """One way for a driver to learn a run is stopping: the Outcome of each call that can end it."""
+    assert not hasattr(RunCore, "stopping")
 
 
 def test_a_push_field_that_cannot_cross_the_wire_is_refused_naming_it():
@@ -145,11 +161,12 @@ def test_the_core_says_what_it_did_with_each_push(tmp_path):
         core.record_timing(1.0, 1, 0, to_client_s=0.1, compute_s=0.2, to_server_s=0.3, queue_s=0.0, apply_s=0.0)
         closed = core.on_push(_push(core, 2), 2.0)
         assert sorted(r.client for r in closed.replies) == [1, 2] and closed.applied
-        evaluated = []
-        while not core.stopping:
+        evaluated, settled = [], Outcome()
+        while not settled.stopping:
             core.on_push(_push(core, 1), 3.0)
             core.on_push(_push(core, 2), 3.0)
-            evaluated.append(core.settle(3.0).evaluated)
+            settled = core.settle(3.0)
+            evaluated.append(settled.evaluated)
         assert any(evaluated) and not all(evaluated)   # eval_every 0.5 epochs: not every round
         summary = core.finish(*core.final_status(interrupted=False))
     assert summary["status"] == "completed" and saved   # the final checkpoint asked the driver
@@ -175,3 +192,65 @@ def test_the_core_keeps_its_parameters_where_the_driver_says(tmp_path):
         assert core.on_push(push, 0.5).applied
         assert not torch.equal(frame.payload, before) and torch.equal(frame.payload, core.server.params)
         core.finish("interrupted")
+
+
+def _held_round(tmp_path, type_name: str | None = None) -> tuple[RunConfig, dict]:
+    """A sync run's checkpoint holding client 1's TimedPush in a half-full round (its recorded
+    type replaced by ``type_name``), and the config to resume it with."""
+    cfg = _cfg(protocol=ProtocolConfig(name="sync"))
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim")
+        core.begin([1, 2])
+        assert not core.on_push(_push(core, 1, TimedPush, grad_norm=2.5, window=(4, 7)), 1.0).replies
+        core.finish("interrupted")
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    if type_name is not None:
+        state["protocol"]["pushes"]["1"]["type"] = type_name
+    return cfg.replace(resume=True), state
+
+
+def test_a_resumed_round_holds_the_push_subclass_it_held_with_all_its_fields(tmp_path):
+    cfg, state = _held_round(tmp_path)
+    assert state["protocol"]["pushes"]["1"]["type"].endswith("test_seam:TimedPush")
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim", resume=state)
+        core.begin([1, 2], protocol_state=state["protocol"], fetching=False)
+        held = core.protocol.pushes[1]
+        assert type(held) is TimedPush and (held.grad_norm, held.window) == (2.5, (4, 7))
+        core.finish("interrupted")
+
+
+@pytest.mark.parametrize("name", ["tests.gone_module:TimedPush", "repro.asgd.algorithm:Gone",
+                                  "repro.asgd.algorithm:Applied"])
+def test_a_held_push_type_that_cannot_be_rebuilt_is_refused_naming_it_and_the_run_folder(tmp_path, name):
+    """Never a silent plain Push: an unimportable type, or one that is no Push, is bad input."""
+    cfg, state = _held_round(tmp_path, name)
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim", resume=state)
+        with pytest.raises(ConfigError) as err:
+            core.begin([1, 2], protocol_state=state["protocol"], fetching=False)
+        core.finish("interrupted")
+    message = str(err.value)
+    assert name in message and str(tmp_path) in message and "\n" not in message, message
+
+
+def test_the_command_line_refuses_such_a_resume_with_exit_2_and_one_line(tmp_path):
+    from repro.sim.driver import simulate
+
+    from tests.helpers.runs import CLI_ARGS, cli, cli_cfg
+
+    run_dir = tmp_path / "run"
+    assert simulate(cli_cfg("protocol=sync"), run_dir, stop_at_version=4)["status"] == "interrupted"
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    push = _push_state(TimedPush(client=1, read_version=4, update=state["server"]["params"].clone(),
+                                 num_steps=2, num_samples=64, train_loss=1.0, train_error=0.5,
+                                 stream_position=(0, 64)))
+    state["protocol"]["pushes"] = {"1": {**push, "type": "gone_module:TimedPush"}}
+    torch.save(state, run_dir / "checkpoint.pt")
+    proc = cli(f"hydra.run.dir={run_dir}", *CLI_ARGS, "protocol=sync", "resume=true")
+    assert proc.returncode == 2, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "gone_module:TimedPush" in line]
+    assert len(said) == 1 and str(run_dir) in said[0] and "Traceback" not in proc.stderr, proc.stderr

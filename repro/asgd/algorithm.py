@@ -20,6 +20,7 @@ the client fetched (server version before apply minus the version the client rea
 from __future__ import annotations
 
 import functools
+import importlib
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Protocol, get_args, get_origin, get_type_hints
 
@@ -72,7 +73,6 @@ def _int_tuple(values) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-@functools.cache
 @functools.cache   # asked for every applied push and every header: a type's fields never change
 def push_fields(push_type: type = Push) -> tuple[PushField, ...]:
     """The fields of ``push_type`` (Push or an extension of it) but ``update``, in order."""
@@ -89,6 +89,27 @@ def push_fields(push_type: type = Push) -> tuple[PushField, ...]:
             raise TypeError(f"push field {f.name!r} is a {hint}: a push carries ints, floats, bools "
                             "and fixed-length tuples of ints besides its update")
     return tuple(out)
+
+
+def push_type_name(push_type: type) -> str:
+    """How a checkpoint names the type of a push it holds (``module:qualname``), so that a
+    resume rebuilds that type (:func:`push_type`), not a plain Push without its extra fields."""
+    return f"{push_type.__module__}:{push_type.__qualname__}"
+
+
+def push_type(name: str) -> type:
+    """The push type :func:`push_type_name` named; LookupError saying why when it cannot be
+    imported (a class defined inside a function never can) or is no Push."""
+    module, _, qualname = name.partition(":")
+    try:
+        found = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise LookupError(f"push type {name!r} cannot be imported ({exc})") from exc
+    if not (isinstance(found, type) and issubclass(found, Push)):
+        raise LookupError(f"push type {name!r} is not a Push")
+    return found
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from typing import AbstractSet
 
 import torch
 
-from repro.asgd.algorithm import Push, push_fields
+from repro.asgd.algorithm import Push, push_fields, push_type, push_type_name
 from repro.errors import ConfigError
 from repro.registry import Registry
 
@@ -270,14 +270,19 @@ class Sync(Policy):
 
 
 def _push_state(p: Push) -> dict:
-    """A held push as a checkpoint keeps it: every field (:func:`push_fields`), tuples as lists."""
+    """A held push as a checkpoint keeps it: its type (:func:`push_type_name`) and every field
+    (:func:`push_fields`), tuples as lists."""
     state = {f.name: getattr(p, f.name) for f in push_fields(type(p))}
-    return {**{k: list(v) if isinstance(v, tuple) else v for k, v in state.items()}, "update": p.update}
+    return {**{k: list(v) if isinstance(v, tuple) else v for k, v in state.items()}, "update": p.update,
+            "type": push_type_name(type(p))}
 
 
 def _push_from_state(s: dict) -> Push:
-    """A field the checkpoint lacks (one added since it was written) takes its default."""
-    return Push(update=s["update"], **{f.name: f.cast(s[f.name]) for f in push_fields() if f.name in s})
+    """The held push of that type (a checkpoint written before types were recorded held plain
+    pushes); a field the checkpoint lacks (one added since it was written) takes its default.
+    LookupError (:func:`push_type`) when the type cannot be rebuilt: never a silent plain Push."""
+    kind = push_type(s["type"]) if "type" in s else Push
+    return kind(update=s["update"], **{f.name: f.cast(s[f.name]) for f in push_fields(kind) if f.name in s})
 
 
 def make_protocol(cfg, clients: list[int], version: int) -> Policy:

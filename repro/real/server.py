@@ -56,6 +56,7 @@ class Dispatcher:
         self.device = self.server.params.device
         self.lock = threading.Lock()   # one push (or one watch round) at a time
         self.closed = False            # set under the lock: receivers stop serving
+        self.stopping = False          # set under the lock: every client is told STOP, no joiner admitted
         numel, pin = self.server.params.numel(), self.device.type == "cuda"
         self.receivers = {k: Receiver(k, ch, Frame(numel, pin), cfg.backend.client_timeout_s,
                                       self.on_message, self.on_lost) for k, ch in channels.items()}
@@ -146,8 +147,9 @@ class Dispatcher:
             return   # shutting down on purpose: peers leaving is expected, not an event
         log.info(f"client {k} lost at version {self.server.version}: {reason}; "
             f"{len(self.live())} client(s) still training")
-        self.carry(self.core.lose(k, reason, self.now()))   # a barrier it held opens
-        if self.core.stopping:
+        outcome = self.core.lose(k, reason, self.now())
+        self.carry(outcome.replies)   # a barrier it held opens
+        if outcome.stopping:
             self.stop_clients()
 
     def carry(self, replies) -> None:
@@ -164,6 +166,7 @@ class Dispatcher:
         """Once the run is stopping (budget spent, diverged, failed, interrupted), STOP to every
         client still in it, computing ones included (they read it between two local steps): a
         long push must not hold the run open until it arrives."""
+        self.stopping = True
         for k in self.live():
             self.send_stop(k)
 
@@ -176,11 +179,12 @@ class Dispatcher:
     def start(self) -> None:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
         home = self.reply.payload if self.device.type != "cuda" else None
-        self.core.begin(sorted(self.channels), self.now(), driver_state=self.driver_state,
-                        params_home=home)   # a resumed run's rounds start afresh
+        begun = self.core.begin(sorted(self.channels), self.now(), driver_state=self.driver_state,
+                                params_home=home)   # a resumed run's rounds start afresh
         self.params_in_reply = home is not None
+        self.stopping = begun.stopping   # version 0 diverged: nobody is served
         for k, receiver in self.receivers.items():
-            if self.core.stopping:
+            if self.stopping:
                 self.send_stop(k)
             elif self.greet(k):
                 self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
@@ -195,9 +199,9 @@ class Dispatcher:
                 self.start()
             while not self.stop.wait(0.05):   # wakes at once on Ctrl-C
                 with self.lock:
-                    self.core.drain()
+                    drained = self.core.drain()
                     self.poll_processes()
-                    if self.core.stopping:
+                    if drained.stopping:
                         self.stop_clients()
                     if not self.live() or self.core.error:
                         break
@@ -217,7 +221,7 @@ class Dispatcher:
         from repro.real.elastic import ENDED, Refused, fingerprint
 
         with self.lock:
-            if self.closed or self.core.stopping:
+            if self.closed or self.stopping:
                 raise Refused(ENDED)
             if request.get("fingerprint") != fingerprint(self.cfg):
                 raise Refused("its config differs from the run's in what is trained (data, model, "
@@ -262,7 +266,7 @@ class Dispatcher:
                 log.info(f"joining client {k} refused: {exc}")
                 return
             with self.lock:
-                if self.closed or self.core.stopping:
+                if self.closed or self.stopping:
                     with contextlib.suppress(LinkLost):
                         channel.send(Header(Kind.STOP, k, 0, 0), frame)
                     return

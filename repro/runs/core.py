@@ -5,8 +5,9 @@ virtual clock; the real driver: receiver threads and the wall clock) and carries
 Everything else happens here, with the same rules for both:
 
 * **the seam**: a driver hands the core what it needs in :meth:`RunCore.begin` (its clients,
-  its state for checkpoints, where the parameters live), then pushes; it carries the replies of
-  each :class:`Outcome`, reads the run through read-only properties and hands over what it
+  its state for checkpoints, where the parameters live), then pushes; each call that can end the
+  run (begin, on_push, settle, lose, drain) returns an :class:`Outcome`: the replies to carry and
+  whether the run is stopping, the one way a driver learns that. The driver hands over what it
   measured (:meth:`RunCore.record_timing`). The core writes every table; no driver writes into
   its state or objects;
 * **a push, one pass** (:meth:`RunCore.on_push`): the divergence check (every push, also each
@@ -16,12 +17,11 @@ Everything else happens here, with the same rules for both:
   (:class:`~repro.asgd.algorithm.ParameterServer`), one ``updates.csv`` row, then the replies the driver
   carries: the new parameters to fetch, or STOP once the run is ending;
 * **cadence** (:meth:`RunCore.settle`, after the replies): an evaluation every ``eval_every``
-  epochs of applied samples (inline, or on a snapshot in a thread for the real driver), a
-  checkpoint every ``checkpoint_every`` versions (with the driver's own state), progress;
-* **divergence**, one rule: a push whose training loss is not finite or exceeds
-  ``divergence_factor`` x the reference loss, or an evaluation that finds non-finite parameters
-  or losses (version 0's included: the run then never starts), ends the run ``diverged`` (see
-  :meth:`RunCore.check_loss`);
+  epochs of applied samples, a checkpoint every ``checkpoint_every`` versions (with the driver's
+  own state), progress;
+* **divergence**, one rule (:mod:`repro.runs.evaluations`): a push whose training loss is not
+  finite or exceeds ``divergence_factor`` x the reference loss, or an evaluation that finds
+  non-finite parameters or losses, ends the run ``diverged``;
 * **the budget**: ``num_epochs`` of applied samples; one push may not exceed it
   (:func:`repro.config.checks.check_segment`);
 * **no loop without progress**: a protocol that keeps every live client waiting, or applies
@@ -33,7 +33,6 @@ Everything else happens here, with the same rules for both:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -43,15 +42,16 @@ import torch
 from repro.asgd.algorithm import Push, ParameterServer, push_fields
 from repro.asgd.protocols import Decision, View, make_protocol
 from repro.config.checks import check_segment
-from repro.config.loader import SHORTENED
 from repro.config.settings import RunConfig, to_dict
+from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
 from repro.logs import get_logger
 from repro.workload.build import Problem
-from repro.workload.evaluation import EvalRequest, Evaluator, class_errors
+from repro.workload.evaluation import class_errors
+from repro.runs.evaluations import Evaluations
 from repro.runs.folder import resume_hint
-from repro.runs.runlog import Progress, RunLog, diverged_advice, nonfinite, worse_than_start
+from repro.runs.runlog import Progress, RunLog, diverged_advice, recorded_config, worse_than_start
 from repro.runtime import environment
 
 log = get_logger("repro.runs.core")
@@ -76,10 +76,12 @@ class Reply:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the core did in one step of a push: :meth:`RunCore.on_push` says which ``replies``
-    the driver carries now and whether the server's version moved (``applied``: this push, or
-    a merge it completed); :meth:`RunCore.settle` whether an evaluation row was written
-    (``evaluated``). ``stopping``: the run is ending, no more pushes are applied."""
+    """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now
+    and whether the server's version moved (``applied``: this push, or a merge it completed);
+    :meth:`RunCore.settle` whether an evaluation row was written (``evaluated``);
+    :meth:`RunCore.lose` the replies a lost client's barrier owed. ``stopping``, from each of them
+    and from :meth:`RunCore.begin` and :meth:`RunCore.drain`: the run is ending, no more pushes
+    are applied (the driver stops its clients)."""
 
     replies: tuple[Reply, ...] = ()
     applied: bool = False
@@ -94,7 +96,6 @@ class RunState:
     stopping: bool = False          # no more pushes are applied (budget spent, diverged, stop)
     diverged: str = ""              # why, when it did
     error: str = ""                 # a failure a driver reported
-    reference_loss: float | None = None
     driver_state: Callable[[], dict] = field(default=lambda: {})
 
 
@@ -110,27 +111,21 @@ class RunCore:
         self.state = RunState()
         self.discarded: list[list[int]] = []   # [read_version, client] of each dropped segment
         self.collected: list[list[int]] = []   # [read_version, client] of each push merged (rennala)
+        core_state = resume.get("core", {}) if resume is not None else {}
         if resume is not None:
             self.server.load_state_dict(resume["server"])
-            core_state = resume.get("core", {})
-            self.state.reference_loss = core_state.get("reference_loss")
             legacy = (resume.get("protocol") or {}).get("discarded", [])   # kept by Sync before
             self.discarded = [[int(a), int(b)] for a, b in core_state.get("discarded", legacy)]
             self.collected = [[int(a), int(b)] for a, b in core_state.get("collected", [])]
         self.budget = cfg.num_epochs * problem.dataset.num_train
-        recorded = to_dict(cfg)
-        for key, value in (measured or {}).items():   # e.g. a calibrated cost.compute_s
-            section, _, leaf = key.rpartition(".")
-            (recorded[section] if section else recorded)[leaf] = value
-        recorded["environment"] = environment(self.server.params.device)
-        recorded.update(problem.recorded())   # what is trained: the analysis reads it here
-        if self.run_dir.name in SHORTENED:     # a folder name too long for the file system
-            recorded["overrides"] = SHORTENED[self.run_dir.name]
+        recorded = recorded_config(to_dict(cfg), measured or {}, self.run_dir,
+                                   environment(self.server.params.device), problem.recorded())
         self.runlog = RunLog(self.run_dir, recorded, clock=clock, backend=backend,
                              num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
                              target_error=cfg.target_error,
                              resume_from=resume["runlog"] if resume else None)
-        self.evaluator = Evaluator(problem.net, problem.eval_sets, eval_in_thread)
+        self.evals = Evaluations(problem, self.runlog, cfg.divergence_factor, eval_in_thread,
+                                 reference_loss=core_state.get("reference_loss"))
         self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress,
                                  loss_only=problem.dataset.task != "classification")
         self.finished: dict | None = None
@@ -142,7 +137,7 @@ class RunCore:
     # -- the start ------------------------------------------------------------------------------
     def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
               fetching: bool = True, driver_state: Callable[[], dict] | None = None,
-              params_home: torch.Tensor | None = None) -> None:
+              params_home: torch.Tensor | None = None) -> Outcome:
         """Start serving ``clients``: the protocol, and version 0 evaluated before any push
         (inline in both drivers: it is the reference for divergence and the first point of every
         curve). ``fetching``: each client holds the server's parameters now; False for a resumed
@@ -150,28 +145,30 @@ class RunCore:
         record of those fetches (DC-ASGD's backups) does, restored with the server.
         ``driver_state``: what the driver adds to each checkpoint (its clients, its schedule);
         ``params_home``: a tensor the server keeps its parameters in from now on (the real
-        driver's reply frame: a reply then copies nothing)."""
+        driver's reply frame: a reply then copies nothing). A held push whose type cannot be
+        rebuilt (a Push subclass that is not importable) is a ConfigError naming the run folder."""
         if driver_state is not None:
             self.state.driver_state = driver_state
         if params_home is not None:
             self.server.keep_in(params_home)
         self.protocol = make_protocol(self.cfg, clients, self.server.version)
         self.live = frozenset(clients)
-        if protocol_state is not None:
-            self.protocol.load_state_dict(protocol_state)
+        try:
+            if protocol_state is not None:
+                self.protocol.load_state_dict(protocol_state)
+        except LookupError as exc:   # never a held push rebuilt as a plain Push without its fields
+            raise ConfigError("resume", str(self.run_dir), f"a checkpoint whose held pushes can be rebuilt: {exc}; "
+                              "make that type importable, or force=true starts the run over") from exc
         for k in clients if fetching else ():
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
-            self.evaluate_now(time_s)   # may find version 0 non-finite: diverged, stopping
+            self.evals.submit(self.server.version, time_s, self.server.params, inline=True)
+            self.drain()   # may find version 0 non-finite: diverged, stopping
         if self.runlog.samples_seen >= self.budget:
             self.state.stopping = True
+        return Outcome(stopping=self.state.stopping)
 
     # -- a push ---------------------------------------------------------------------------------
-    @property
-    def stopping(self) -> bool:
-        """No more pushes are applied (budget spent, diverged, failed, stopped)."""
-        return self.state.stopping
-
     @property
     def error(self) -> str:
         """Why the run failed (:meth:`fail`), or ""."""
@@ -197,18 +194,6 @@ class RunCore:
         recording ran out); the driver's loop says how the run ended."""
         self.state.stopping = True
 
-    def check_loss(self, push: Push) -> str:
-        """Why this push's training loss means divergence, or "". The reference is the larger of
-        the version-0 training loss and the loss of a uniform guess (ln C for cross-entropy), so a
-        warm start's small initial loss does not make its first stale transient 'divergence'."""
-        if not math.isfinite(push.train_loss):
-            return f"client {push.client} pushed a non-finite training loss ({push.train_loss})"
-        ref = self.state.reference_loss
-        if ref is not None and push.train_loss > self.cfg.divergence_factor * ref:
-            return (f"client {push.client} pushed training loss {push.train_loss:.4g} > "
-                    f"divergence_factor {self.cfg.divergence_factor:g} x reference loss {ref:.4g}")
-        return ""
-
     def on_push(self, push: Push, time_s: float) -> Outcome:
         """One push, one pass: check it, ask the protocol, apply what it says, and say who gets
         what back: the pushing client, and any client the decision released. Nothing is applied
@@ -220,7 +205,7 @@ class RunCore:
     def _decide(self, push: Push, time_s: float) -> list[Reply]:
         if self.state.stopping:
             return [Reply(push.client, stop=True)]
-        why = self.check_loss(push)   # every push, before any protocol merges it
+        why = self.evals.check_loss(push)   # every push, before any protocol merges it
         if why:
             self.diverge(why)
             return self._deliver([Reply(push.client)])
@@ -289,9 +274,8 @@ class RunCore:
         """After the replies went out: evaluation and checkpoint cadence, progress."""
         evals = self.runlog.last_eval_version
         self.drain()
-        if self.runlog.eval_due() and not self.evaluator.busy and not self.state.diverged:
-            self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,
-                                              self.server.params.detach().clone()))
+        if self.evals.due() and not self.state.diverged:
+            self.evals.submit(self.server.version, time_s, self.server.params)
             self.drain()
         every, version = self.cfg.checkpoint_every, self.server.version
         if every and version % every == 0 and version != self._checkpointed:
@@ -301,26 +285,12 @@ class RunCore:
                              test_loss=self.runlog.final.get("test_loss"))
         return Outcome(evaluated=self.runlog.last_eval_version != evals, stopping=self.state.stopping)
 
-    def evaluate_now(self, time_s: float) -> None:
-        self.evaluator.submit(EvalRequest(self.server.version, time_s, self.runlog.samples_seen,
-                                          self.server.params.detach().clone()), inline=True)
-        self.drain()
-
-    def drain(self, wait: bool = False) -> None:
-        """Write the rows of finished evaluations; an evaluation that failed fails the run."""
-        for req, result in self.evaluator.poll(wait):
-            if isinstance(result, Exception):
-                raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
-            why = nonfinite(result, req.version)
-            if why:
-                self.runlog.next_eval = math.inf   # no more evaluations of a diverged run
-                self.diverge(why)
-                continue
-            if self.state.reference_loss is None:
-                ref = math.log(self.problem.dataset.num_classes)
-                self.state.reference_loss = max(result["train_loss"], ref)
-            self.runlog.log_eval(version=req.version, time_s=req.time_s, samples_seen=req.samples_seen,
-                                 **result)
+    def drain(self, wait: bool = False) -> Outcome:
+        """Write the rows of finished evaluations (one may find the run diverged; one that failed
+        fails it); the driver that evaluates in a thread asks between pushes."""
+        for why in self.evals.drain(wait):
+            self.diverge(why)
+        return Outcome(stopping=self.state.stopping)
 
     def diverge(self, why: str) -> None:
         """The run ends ``diverged``: no more pushes are applied (also when it already had)."""
@@ -330,18 +300,20 @@ class RunCore:
             self.runlog.add_event("diverged", reason=why)
             log.info(f"diverged: {why}")
 
-    def lose(self, client: int, reason: str, time_s: float = 0.0) -> list[Reply]:
-        """A client is gone (the real driver); the run goes on with the rest. Returns replies
-        owed to clients the lost one held back (a barrier it no longer blocks)."""
+    def lose(self, client: int, reason: str, time_s: float = 0.0) -> Outcome:
+        """A client is gone; the run goes on with the rest. The Outcome's replies are owed to
+        clients the lost one held back (a barrier it no longer blocks)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
             self.runlog.add_event("client_lost", client=client, reason=reason, lost_time_s=round(time_s, 6))
         self.live = self.live - {client}
         if self.protocol is None:
-            return []
-        if self.state.stopping:
-            return self._deliver([])
-        return self._carry_out(self.protocol.on_lost(client, self.view()), time_s)
+            replies = []
+        elif self.state.stopping:
+            replies = self._deliver([])
+        else:
+            replies = self._carry_out(self.protocol.on_lost(client, self.view()), time_s)
+        return Outcome(tuple(replies), stopping=self.state.stopping)
 
     def join(self, client: int, time_s: float = 0.0) -> None:
         """A client joined the running run (the real driver) and fetches the current version now:
@@ -359,7 +331,7 @@ class RunCore:
     def save_checkpoint(self) -> None:
         state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
-                 "core": {"reference_loss": self.state.reference_loss, "discarded": self.discarded,
+                 "core": {"reference_loss": self.evals.reference_loss, "discarded": self.discarded,
                           "collected": self.collected},
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
@@ -388,16 +360,15 @@ class RunCore:
         (``clean``: no push half-served), terminal summary, files closed. Idempotent."""
         if self.finished is not None:
             return self.finished
-        self.evaluator.join(timeout_s=None if clean else 5.0)
+        self.evals.evaluator.join(timeout_s=None if clean else 5.0)
         try:
             if clean:
                 self.drain(wait=True)
-                if status.startswith("completed") and self.runlog.last_eval_version != self.server.version:
-                    self.evaluate_now(self.runlog.time_s)
-                if status.startswith("completed") and not bool(torch.isfinite(self.server.params).all()):
-                    self.diverge("non-finite parameters at the end of the run")
-                if self.state.diverged and status.startswith("completed"):
-                    status, message = "diverged", self.state.diverged
+                if status.startswith("completed"):
+                    for why in self.evals.final(self.server.version, self.runlog.time_s, self.server.params):
+                        self.diverge(why)
+                    if self.state.diverged:
+                        status, message = "diverged", self.state.diverged
                 if status.startswith("completed"):   # the per-class view of the final parameters
                     classes = class_errors(self.problem.net, self.server.params, self.problem.eval_sets)
                     if classes is not None:
@@ -414,8 +385,9 @@ class RunCore:
             extra["discarded_pushes"] = self.discarded
         if self.collected or getattr(type(self.protocol), "collects", False):
             extra["collected_pushes"] = self.collected
-        if self.kind == "real" and self.evaluator.cpu_s:   # what cost=fit's cost.eval_s reads
-            extra["eval_cpu_s"] = sum(self.evaluator.cpu_s) / len(self.evaluator.cpu_s)
+        cpu_s = self.evals.evaluator.cpu_s
+        if self.kind == "real" and cpu_s:   # what cost=fit's cost.eval_s reads
+            extra["eval_cpu_s"] = sum(cpu_s) / len(cpu_s)
         summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
                                             **extra)
         self.runlog.close()

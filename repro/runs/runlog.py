@@ -8,11 +8,11 @@ share an axis), time-to-target bookkeeping, events, and the atomic ``summary.jso
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from repro.config.loader import SHORTENED
 from repro.files import schema
 from repro.files.storage import disk_error, write_json
 from repro.logs import get_logger
@@ -51,20 +51,20 @@ def diverged_advice(lr: float, num_clients: int) -> str:
                if num_clients > 1 else ")"))
 
 
-def nonfinite(result: dict, version: int) -> str:
-    """Why an evaluation's result means divergence, or "". Finite parameters with non-finite
-    losses at version 0 are not a blow-up of training but of what it starts from: said so."""
-    if result.get("nonfinite"):
-        return f"non-finite parameters at the evaluation of version {version}"
-    bad = {k: v for k, v in result.items() if not math.isfinite(v)}
-    if not bad:
-        return ""
-    what = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
-    if version == 0:
-        return (f"the evaluation of version 0 gives non-finite {what} although the initial "
-                "parameters are finite: the data hold non-finite values, or the model overflows "
-                "at its initial parameters; nothing was trained")
-    return f"non-finite losses at the evaluation of version {version} ({what})"
+def recorded_config(config: dict, measured: dict, run_dir: Path, environment: dict, trained: dict) -> dict:
+    """What ``config.json`` records: the resolved ``config`` with what the run ``measured``
+    (dotted keys, e.g. a calibrated ``cost.compute_s``), the ``environment`` bit-for-bit identity
+    depends on, what is ``trained`` (the analysis reads it here) and, for a folder name too long
+    for the file system, the overrides it stands for."""
+    recorded = dict(config)
+    for key, value in measured.items():
+        section, _, leaf = key.rpartition(".")
+        (recorded[section] if section else recorded)[leaf] = value
+    recorded["environment"] = environment
+    recorded.update(trained)
+    if run_dir.name in SHORTENED:
+        recorded["overrides"] = SHORTENED[run_dir.name]
+    return recorded
 
 
 def _fmt(value: Any) -> str:

@@ -30,7 +30,7 @@ from repro.config.resolved import Resolved
 from repro.config.settings import RunConfig
 from repro.workload.build import Problem, make_clients, param_bytes
 from repro.workload.start import build_problem
-from repro.runs.core import RunCore
+from repro.runs.core import Outcome, RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.churn import BACK, LEAVE, PREEMPT, Churn
@@ -87,6 +87,7 @@ class Simulation:
         self.resumed = resume is not None    # the clients hold what they fetched before
         self.churn = Churn(cfg.cost, cfg.seed, sorted(self.clients)) if cfg.cost.churns else None
         self.down: set[int] = set()          # clients away (churn), who may come back
+        self.stopping = False                # what the core's last Outcome said
         if resume is not None:
             for k in resume["driver"]["clients"]:   # joiners (churn) are clients too
                 if int(k) not in self.clients:
@@ -105,13 +106,13 @@ class Simulation:
         """Simulate to the end of the budget; (status, message). ``stop_at_version`` asks the run
         to stop there, as a Ctrl-C would (for testing resume)."""
         core, stop = self.core, self.stop
-        core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol,
-                   fetching=not self.resumed, driver_state=self.state_dict)
-        while not core.stopping and not stop.is_set():
+        self.carry(core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol,
+                              fetching=not self.resumed, driver_state=self.state_dict), 0.0)
+        while not self.stopping and not stop.is_set():
             if self.pending is None and self.churn is not None:
                 while self.churn.next_time() <= self.scheduler.peek() and self.churn.next_time() < math.inf:
                     self.membership(*self.churn.pop())
-                if core.stopping:
+                if self.stopping:
                     break
                 if self.scheduler.peek() == math.inf:   # nobody computes and nobody comes back
                     break
@@ -132,15 +133,19 @@ class Simulation:
             outcome = core.on_push(push, t)
             # timings.csv's row from the virtual clock (nan where the schedule models no parts)
             core.record_timing(t, k, push.read_version, **self.scheduler.timing())
-            self.carry(outcome.replies, t)
-            if core.settle(t).evaluated:
+            self.carry(outcome, t)
+            settled = core.settle(t)
+            self.carry(settled, t)
+            if settled.evaluated:
                 self.scheduler.evaluated(t)   # an evaluation that takes the machine's time
             if stop_at_version is not None and self.server.version >= stop_at_version:
                 stop.set("stop_at_version")
         return core.final_status(interrupted=stop.is_set())
 
-    def carry(self, replies, t: float) -> None:
-        for reply in replies:
+    def carry(self, outcome: Outcome, t: float) -> None:
+        """Carry the replies of what the core did; note whether the run is stopping."""
+        self.stopping = outcome.stopping
+        for reply in outcome.replies:
             if reply.client in self.down:   # away (churn): it fetches when it is back
                 continue
             if reply.preempt:
@@ -167,7 +172,7 @@ class Simulation:
             self.down.discard(k)
         else:   # JOIN: a new id, its slot's settings (client_slot)
             self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
-        if self.core.stopping:
+        if self.stopping:
             return
         self.core.join(k, t)
         self.clients[k].fetch(self.server.params, self.server.version)

@@ -1,0 +1,105 @@
+"""A run's evaluations and the one rule of divergence they set, for the run core.
+
+The run core (:mod:`repro.runs.core`) owns the run; this part owns what it learns from its
+evaluations:
+
+* **when and where**: an evaluation is due every ``eval_every`` epochs of applied samples
+  (:meth:`Evaluations.due`); it runs inline or on a snapshot in a thread
+  (:class:`~repro.workload.evaluation.Evaluator`), one at a time;
+* **its row**: each finished evaluation's row in ``evals.csv`` (:meth:`Evaluations.drain`), or,
+  when it found non-finite parameters or losses (version 0's included: the run then never
+  starts), why the run diverged; no evaluation follows a diverged one;
+* **the reference loss** a push is checked against (:meth:`Evaluations.check_loss`): the larger
+  of the version-0 training loss and the loss of a uniform guess, kept across resumes.
+
+The core turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the
+run's divergence (an event, no more applies); nothing here ends a run.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from repro.asgd.algorithm import Push
+from repro.runs.runlog import RunLog
+from repro.workload.build import Problem
+from repro.workload.evaluation import EvalRequest, Evaluator
+
+
+def nonfinite(result: dict, version: int) -> str:
+    """Why an evaluation's result means divergence, or "". Finite parameters with non-finite
+    losses at version 0 are not a blow-up of training but of what it starts from: said so."""
+    if result.get("nonfinite"):
+        return f"non-finite parameters at the evaluation of version {version}"
+    bad = {k: v for k, v in result.items() if not math.isfinite(v)}
+    if not bad:
+        return ""
+    what = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+    if version == 0:
+        return (f"the evaluation of version 0 gives non-finite {what} although the initial "
+                "parameters are finite: the data hold non-finite values, or the model overflows "
+                "at its initial parameters; nothing was trained")
+    return f"non-finite losses at the evaluation of version {version} ({what})"
+
+
+class Evaluations:
+    """The evaluations of one run, writing their rows into ``runlog``."""
+
+    def __init__(self, problem: Problem, runlog: RunLog, divergence_factor: float, in_thread: bool,
+                 reference_loss: float | None = None):
+        self.runlog, self.divergence_factor = runlog, divergence_factor
+        self.num_classes = problem.dataset.num_classes
+        self.evaluator = Evaluator(problem.net, problem.eval_sets, in_thread)
+        self.reference_loss = reference_loss   # set by the first evaluation (version 0's)
+
+    def check_loss(self, push: Push) -> str:
+        """Why this push's training loss means divergence, or "". The reference is the larger of
+        the version-0 training loss and the loss of a uniform guess (ln C for cross-entropy), so a
+        warm start's small initial loss does not make its first stale transient 'divergence'."""
+        if not math.isfinite(push.train_loss):
+            return f"client {push.client} pushed a non-finite training loss ({push.train_loss})"
+        ref, factor = self.reference_loss, self.divergence_factor
+        if ref is not None and push.train_loss > factor * ref:
+            return (f"client {push.client} pushed training loss {push.train_loss:.4g} > "
+                    f"divergence_factor {factor:g} x reference loss {ref:.4g}")
+        return ""
+
+    def due(self) -> bool:
+        """An evaluation is due and none is running (its row comes before the next is asked)."""
+        return self.runlog.eval_due() and not self.evaluator.busy
+
+    def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False) -> None:
+        """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs)."""
+        self.evaluator.submit(EvalRequest(version, time_s, self.runlog.samples_seen, params.detach().clone()),
+                              inline=inline)
+
+    def drain(self, wait: bool = False) -> list[str]:
+        """Write the rows of finished evaluations; return why each one that found divergence
+        did. An evaluation that failed (an exception, not the numbers) fails the run: raised."""
+        diverged = []
+        for req, result in self.evaluator.poll(wait):
+            if isinstance(result, Exception):
+                raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
+            why = nonfinite(result, req.version)
+            if why:
+                self.runlog.next_eval = math.inf   # no more evaluations of a diverged run
+                diverged.append(why)
+                continue
+            if self.reference_loss is None:
+                self.reference_loss = max(result["train_loss"], math.log(self.num_classes))
+            self.runlog.log_eval(version=req.version, time_s=req.time_s, samples_seen=req.samples_seen,
+                                 **result)
+        return diverged
+
+    def final(self, version: int, time_s: float, params: Tensor) -> list[str]:
+        """A completed run's last look at its parameters: evaluated (unless its last evaluation
+        was of this version) and checked finite; why the run diverged after all, if it did."""
+        diverged = []
+        if self.runlog.last_eval_version != version:
+            self.submit(version, time_s, params, inline=True)
+            diverged = self.drain()
+        if not bool(torch.isfinite(params).all()):
+            diverged.append("non-finite parameters at the end of the run")
+        return diverged
