@@ -41,11 +41,11 @@ class Push:
 
     Its fields are the one list of what a push carries: the real driver's wire header
     (:mod:`repro.real.transport`), the server's rebuild of a received push, the held pushes a
-    checkpoint keeps (:mod:`repro.asgd.protocols`) and updates.csv's pushed columns follow it
-    (:func:`push_fields`). A new field is declared here, with a default (a merged push that does
-    not set it carries the default), set where it is produced and read where it is used. Every
-    field but ``update`` is an int, a float, a bool or a tuple of ints (fixed length: on the
-    wire, one slot per value)."""
+    checkpoint keeps with their type (:mod:`repro.asgd.protocols`) and updates.csv's pushed
+    columns follow it (:func:`push_fields`). A new field is declared here, with a default (a
+    merged push that does not set it carries the default), set where it is produced and read
+    where it is used. Every field but ``update`` is an int, a float, a bool or a tuple of ints
+    (fixed length: on the wire, one slot per value)."""
 
     client: int
     read_version: int          # the server version whose parameters the client started from
@@ -99,7 +99,8 @@ def push_type_name(push_type: type) -> str:
 
 def push_type(name: str) -> type:
     """The push type :func:`push_type_name` named; LookupError saying why when it cannot be
-    imported (a class defined inside a function never can) or is no Push."""
+    imported (a class defined inside a function never can) or is no Push. Only installed code
+    is imported: the checkpoint holds the name, never the class."""
     module, _, qualname = name.partition(":")
     try:
         found = importlib.import_module(module)

@@ -157,8 +157,9 @@ class RunCore:
             if protocol_state is not None:
                 self.protocol.load_state_dict(protocol_state)
         except LookupError as exc:   # never a held push rebuilt as a plain Push without its fields
-            raise ConfigError("resume", str(self.run_dir), f"a checkpoint whose held pushes can be rebuilt: {exc}; "
-                              "make that type importable, or force=true starts the run over") from exc
+            raise ConfigError("resume", str(self.run_dir), f"a checkpoint whose held pushes can be "
+                              f"rebuilt: {exc}; make that type importable, or force=true starts the "
+                              "run over") from exc
         for k in clients if fetching else ():
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
