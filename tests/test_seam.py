@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from repro.asgd.algorithm import Push, push_fields
+from repro.asgd.algorithm import Push, push_fields, push_type_name
 from repro.asgd.protocols import _push_from_state, _push_state
 from repro.config.settings import DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.errors import ConfigError
@@ -238,6 +238,7 @@ def test_a_held_push_type_that_cannot_be_rebuilt_is_refused_naming_it_and_the_ru
 
 
 def test_the_command_line_refuses_such_a_resume_with_exit_2_and_one_line(tmp_path):
+    """...and the folder stays resumable once the type can be imported."""
     from repro.sim.driver import simulate
 
     from tests.helpers.runs import CLI_ARGS, cli, cli_cfg
@@ -254,3 +255,7 @@ def test_the_command_line_refuses_such_a_resume_with_exit_2_and_one_line(tmp_pat
     assert proc.returncode == 2, proc.stderr
     said = [line for line in proc.stderr.splitlines() if "gone_module:TimedPush" in line]
     assert len(said) == 1 and str(run_dir) in said[0] and "Traceback" not in proc.stderr, proc.stderr
+    state["protocol"]["pushes"]["1"]["type"] = push_type_name(Push)   # the type made importable
+    torch.save(state, run_dir / "checkpoint.pt")
+    proc = cli(f"hydra.run.dir={run_dir}", *CLI_ARGS, "protocol=sync", "resume=true")
+    assert proc.returncode == 0, proc.stderr   # the refusal left the run resumable
