@@ -28,7 +28,6 @@ from omegaconf import DictConfig, OmegaConf
 from repro.config import loader as confhelp
 from repro.config.checks import validate
 from repro.config.renames import modern_override
-from repro.config.resolved import warm_baseline
 from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
                                parsed_overrides)
 from repro.config.settings import RunConfig
@@ -55,7 +54,7 @@ def _incoming_record(run_dir):
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
     """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
     settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
-    :class:`~repro.config.resolved.Resolved` config, with a warm start's baseline config), and
+    :class:`~repro.config.resolved.Resolved` config), and
     under torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`).
     What comes back is frozen and no driver rewrites it. ``cfg`` was validated where it entered (:func:`parse`); a config this
     step rewrites is a new one, validated here. Raises ConfigError (exit 2) on a bad recording
@@ -85,7 +84,7 @@ def run(cfg: RunConfig, run_dir: str | Path) -> dict:
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
 
-        return run_real(resolved, run_dir, warm_baseline(resolved))   # the simulator's: in Resolved
+        return run_real(resolved, run_dir)
     from repro.sim.driver import simulate
 
     return simulate(resolved, run_dir)
