@@ -21,7 +21,6 @@ from typing import Any, Optional, Union
 from repro.config.cost import (JITTERS, SCHEDULES, SPEED_LAWS, TOPOLOGIES, ChurnConfig, CostConfig,  # noqa: F401
                                MachineConfig, SharedConfig)   # (re-exported)
 from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob
-from repro.config.renames import modern_tree
 from repro.registry import names_of
 
 BACKENDS = ("sim", "real")
@@ -289,8 +288,9 @@ def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
 
 def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
     """``recorded``'s training-shaping settings with ``cfg``'s other settings (paths, progress,
-    checkpoints, timeouts): what a replay of a recorded run trains, run the way ``cfg`` says."""
-    tree = modern_tree({k: v for k, v in recorded.items() if k not in RECORDED_ONLY}, quiet=True)
+    checkpoints, timeouts): what a replay of a recorded run trains, run the way ``cfg`` says.
+    ``recorded``: a config.json as :func:`repro.config.renames.read_recorded` reads it."""
+    tree = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}
     mine = to_dict(cfg)
     for key in all_keys():
         if key in shaping_keys():
@@ -304,8 +304,9 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
 
 
 def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
-    """'key: recorded -> now' for every training-shaping key that differs."""
-    old, new = shaping_values(modern_tree(recorded, quiet=True)), shaping_values(cfg)
+    """'key: recorded -> now' for every training-shaping key that differs (``recorded``: a
+    config.json as :func:`repro.config.renames.read_recorded` reads it)."""
+    old, new = shaping_values(recorded), shaping_values(cfg)
     # a calibrated compute time is recorded as the measured number: 'calibrate' matches it
     same = lambda k: old[k] == new[k] or (new[k] == "calibrate" and isinstance(old[k], float))  # noqa: E731
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in new if k in old and not same(k)]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from repro.config.checks import validated
+from repro.config.renames import read_recorded
 from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
@@ -160,7 +160,7 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
     summary = summary if _is_summary(summary) else None
-    holds_run = summary is not None or _is_run_config(run_dir / schema.CONFIG_FILE)
+    holds_run = summary is not None or _is_run_config(run_dir)
     foreign = [name for name in RUN_FILES if (run_dir / name).exists()] if not holds_run else []
     if foreign:   # someone's own files (not a run's): no flag may overwrite or delete them
         raise ConfigError("run folder", str(run_dir), f"a folder that holds a run or none of a run's "
@@ -205,13 +205,12 @@ def _is_summary(summary) -> bool:
 RUN_CONFIG_KEYS = {"exp_name", "seed", "num_clients", "nsync", "backend"}
 
 
-def _is_run_config(path: Path) -> bool:
+def _is_run_config(run_dir: Path) -> bool:
     """A config.json a run wrote (the resolved settings), not someone else's file of that name."""
     try:
-        tree = json.loads(path.read_text())
+        return RUN_CONFIG_KEYS <= set(read_recorded(run_dir))
     except (OSError, ValueError):
         return False
-    return isinstance(tree, dict) and RUN_CONFIG_KEYS <= set(tree)
 
 
 def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration the run was "
@@ -220,7 +219,7 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
     listing every difference."""
     path = Path(run_dir) / schema.CONFIG_FILE
     try:
-        recorded = json.loads(path.read_text())
+        recorded = read_recorded(run_dir)
     except (OSError, ValueError) as e:
         raise ConfigError("resume", True, f"a readable {path} to check the configuration against "
                           f"({e}); force=true starts over") from None
