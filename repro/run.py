@@ -15,7 +15,6 @@ compose the same config without any output folder.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -32,7 +31,7 @@ from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_in
                                parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
-from repro.files.storage import DISK_FAULTS
+from repro.files.storage import DISK_FAULTS, is_read_only
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
 
@@ -145,9 +144,7 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     # Hydra's public resolver for its own settings: this job's folder, and single run or grid
     mode = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
     run_dir = Path(mode.dir)
-    from repro.runs.folder import writable
-
-    if not writable(run_dir):   # a finished run is only skipped there: no run.log either
+    if is_read_only(run_dir):   # a finished run is only skipped there: no run.log either
         detach_files_in(run_dir)
     try:
         if cfg is None:
@@ -255,7 +252,7 @@ def _check_folder_writable(dcfg: DictConfig) -> None:
     existing = run_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if existing != run_dir and not os.access(existing, os.W_OK):
+    if existing != run_dir and is_read_only(existing):
         exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
                         f"writable (set results_dir=FOLDER to a writable folder)")
 
