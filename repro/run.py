@@ -53,7 +53,7 @@ def _incoming_record(run_dir):
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
     """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
     settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
-    :class:`~repro.config.resolved.Resolved` config), and
+    :class:`~repro.config.settings.Resolved` config), and
     under torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`).
     What comes back is frozen and no driver rewrites it. ``cfg`` was validated where it entered (:func:`parse`); a config this
     step rewrites is a new one, validated here. Raises ConfigError (exit 2) on a bad recording

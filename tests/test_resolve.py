@@ -63,7 +63,7 @@ def test_a_warm_start_baseline_config_is_derived_where_the_warm_start_is_built(t
     one place (repro.workload.start, where the warm start is built): no step hands it down and
     nothing falls back to deriving it (issue 31: it was both). Its cache key (the baseline's
     training-shaping values) is what it was: d99f04bcf1df for this config."""
-    from repro.config.resolved import Resolved
+    from repro.config.settings import Resolved
     from repro.workload import start
 
     for fn in (start.build_problem, start.warm_start_state, start.cache_dir, start.train_baseline,

@@ -9,7 +9,8 @@ Every field is declared with :func:`knob`: its default, its valid values (a fini
 every number, so no value can hang or overflow a run) and whether it **shapes training**. That
 one declaration is what run-folder names, the warm-start cache key, a replay and the resume
 check derive from (:func:`shaping_keys`): settings that only say where files go, how long to wait
-for a peer or how to report progress never name a folder nor block a resume.
+for a peer or how to report progress never name a folder nor block a resume. :class:`Resolved`
+is what the entry point's one resolve step hands the simulator (the config and its cost fit).
 """
 from __future__ import annotations
 
@@ -326,6 +327,16 @@ def _lists(tree: Any) -> Any:
     if isinstance(tree, dict):
         return {k: _lists(v) for k, v in tree.items()}
     return list(tree) if isinstance(tree, tuple) else tree
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the entry point's one resolve step (:func:`repro.run.resolve`) hands the simulator: a
+    plain, frozen config it runs as it is, and the cost fit it was made with (None: no fit;
+    config.json and summary.json record it under "fit")."""
+
+    cfg: RunConfig
+    fit: dict | None = None
 
 
 # what config.json holds beside the settings: what identity depends on (repro.runtime), what

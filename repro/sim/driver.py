@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 
 from repro.asgd.algorithm import Client, Push
-from repro.config.resolved import Resolved
-from repro.config.settings import RunConfig
+from repro.config.settings import Resolved, RunConfig
 from repro.workload.build import Problem, make_clients, param_bytes
 from repro.workload.start import build_problem
 from repro.runs.core import RunCore
