@@ -10,23 +10,19 @@ Same semantics as ``python -m repro.run``: the same client/server objects, the s
 the same run-folder tables (written to ``run_dir``; without one, to a temporary folder that is
 removed once the tables are read into the result).
 The module is the network for a classification problem (``loss_fn(outputs, labels)``, error =
-argmax mismatch); its current weights are the initial weights; it must have no buffers.
+argmax mismatch); its current weights are the initial weights; it must have no buffers. The
+module and the arrays are checked and made a problem by :mod:`repro.workload.custom`.
 """
 from __future__ import annotations
 
-import copy
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import pandas as pd
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from repro.asgd.flatnet import FlatNet
 from repro.asgd.protocols import PROTOCOLS
 from repro.asgd.rules import RULES
 from repro.config.loader import composed, group_options
@@ -35,15 +31,13 @@ from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.workload.build import Problem
-from repro.workload.data import Dataset, check_batch_size
-from repro.workload.evaluation import EvalSets
+from repro.workload.custom import ArrayLike, check_objects, custom_problem
 from repro.runtime import resolve_device
 from repro.sim.driver import simulate as sim_run
 
 # What ``python -m repro.run`` runs with no overrides: every default of simulate() is read from it
 # (and every setting simulate() does not take), so the API and the command line cannot disagree.
 DEFAULTS = composed()
-ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or torch tensors
 
 
 @dataclass
@@ -216,14 +210,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         When ``module`` has buffers or no parameters, or parameters that are not float32.
     """
     settings = {name: value for name, value in locals().items() if name in API_KEYS}
-    _check_objects(module, train, test, loss_fn, run_dir)
+    check_objects(module, train, test, loss_fn, run_dir)
     cfg = _config(settings, cost_profile(cost), f"custom:{type(module).__name__}")
-    dev = resolve_device(device)
-    ds = _dataset(train, test, dev)
-    check_batch_size(batch_size, ds.num_train, key="batch_size")
-    net = FlatNet(copy.deepcopy(module).to(dev), loss_fn)
-    _check_labels_fit(net.module, ds)
-    problem = Problem(ds, net, net.params.detach().clone(), EvalSets.of(ds))
+    problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
     if run_dir is not None:
         return _run(cfg.replace(force=force), Path(run_dir), problem)
     with tempfile.TemporaryDirectory(prefix="repro-") as tmp:   # nothing left behind
@@ -259,19 +248,6 @@ def _config(settings: dict, cost: CostConfig, model: str) -> RunConfig:
         raise ConfigError(arg, err.value, err.expected + said) from None
 
 
-def _check_objects(module, train, test, loss_fn, run_dir) -> None:
-    """The arguments that are objects, not settings: ConfigError naming the one of a wrong type."""
-    if not isinstance(module, nn.Module):
-        raise ConfigError("module", f"a {type(module).__name__}", "a torch.nn.Module")
-    for key, pair in (("train", train), ("test", test)):
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ConfigError(key, f"a {type(pair).__name__}", "a pair (inputs, labels) of arrays or tensors")
-    if not callable(loss_fn):
-        raise ConfigError("loss_fn", f"a {type(loss_fn).__name__}", "a callable loss_fn(outputs, labels)")
-    if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
-        raise ConfigError("run_dir", f"a {type(run_dir).__name__}", "a folder (str or Path) or None")
-
-
 def _choices(names) -> str:
     return "{" + ", ".join(f'"{n}"' for n in names) + "}"
 
@@ -289,60 +265,6 @@ def _run(cfg: RunConfig, run_dir: Path, problem: Problem) -> Result:
         summary["time_to_target"] = {float(k): v for k, v in ttt.items()}
     return Result(pd.read_csv(run_dir / schema.UPDATES_FILE), pd.read_csv(run_dir / schema.EVALS_FILE),
                   summary, run_dir)
-
-
-def _dataset(train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike],
-             device: torch.device) -> Dataset:
-    (x_train, y_train), (x_test, y_test) = _pair("train", *train), _pair("test", *test)
-    if x_train.shape[1:] != x_test.shape[1:]:
-        raise ConfigError("test", f"inputs of shape {tuple(x_test.shape)}",
-                          f"the training inputs' sample shape {tuple(x_train.shape[1:])}")
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
-    return Dataset("custom", x_train, y_train, x_test, y_test, num_classes).to(device)
-
-
-def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
-    """(inputs, labels) as float32 and int64 tensors, or a ConfigError that says what is wrong."""
-    dtype = getattr(y, "dtype", None)   # the caller's own dtype name, numpy's or torch's
-    x, y = _tensor(key, x), _tensor(key, y)
-    if x.ndim == 0 or y.ndim != 1 or len(x) != len(y) or len(x) == 0:
-        raise ConfigError(key, f"inputs of shape {tuple(x.shape)}, labels of shape {tuple(y.shape)}",
-                          "equally many (>0) inputs and labels, labels of shape (N,)")
-    if y.dtype == torch.bool or y.dtype.is_floating_point or y.dtype.is_complex:
-        raise ConfigError(key, f"labels of dtype {dtype or y.dtype}",
-                          "integer class labels 0..C-1 (any integer dtype)")
-    y = y.to(torch.long)
-    if y.min() < 0:
-        raise ConfigError(key, f"a label of {int(y.min())}", "integer class labels 0..C-1 (none negative)")
-    x = x.to(torch.float32)
-    finite = torch.isfinite(x.reshape(len(x), -1)).all(dim=1)
-    if not bool(finite.all()):   # else the first push's loss is NaN and the run blames the learning rate
-        i = int((~finite).nonzero()[0])
-        raise ConfigError(key, f"a non-finite input (nan or inf) in sample {i}",
-                          "finite inputs (clean or drop those samples)")
-    return x, y
-
-
-def _check_labels_fit(module: nn.Module, ds: Dataset) -> None:
-    """Every label must be one of the module's outputs (a (N, K) output: classes 0..K-1), else
-    the loss fails deep inside training with an index error."""
-    with torch.no_grad():
-        out = module(ds.x_train[:1])
-    if not isinstance(out, Tensor) or out.ndim != 2:
-        return   # not a classifier's (N, K) output: loss_fn decides what a label means
-    for key, y in (("train", ds.y_train), ("test", ds.y_test)):
-        if int(y.max()) >= out.shape[1]:
-            raise ConfigError(key, f"a label of {int(y.max())}", f"class labels 0..{out.shape[1] - 1}: "
-                              f"the module outputs {out.shape[1]} classes")
-
-
-def _tensor(key: str, a: ArrayLike) -> Tensor:
-    # torch.as_tensor shares a numpy array's memory but refuses negative strides (a[::-1])
-    try:
-        t = torch.as_tensor(np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a)
-    except (TypeError, ValueError, RuntimeError) as exc:   # a string, an object, ragged lists
-        raise ConfigError(key, f"a {type(a).__name__}", f"numpy arrays or torch tensors of numbers ({exc})") from None
-    return t
 
 
 # ---------------------------------------------------------------------------------------------

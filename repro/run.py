@@ -15,7 +15,6 @@ compose the same config without any output folder.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -28,12 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 from repro.config import loader as confhelp
 from repro.config.checks import validate
 from repro.config.renames import modern_override
-from repro.config.resolved import warm_baseline
 from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
                                parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
-from repro.files.storage import DISK_FAULTS
+from repro.files.storage import DISK_FAULTS, is_read_only
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
 
@@ -55,7 +53,7 @@ def _incoming_record(run_dir):
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
     """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
     settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
-    :class:`~repro.config.resolved.Resolved` config, with a warm start's baseline config), and
+    :class:`~repro.config.settings.Resolved` config), and
     under torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`).
     What comes back is frozen and no driver rewrites it. ``cfg`` was validated where it entered (:func:`parse`); a config this
     step rewrites is a new one, validated here. Raises ConfigError (exit 2) on a bad recording
@@ -85,7 +83,7 @@ def run(cfg: RunConfig, run_dir: str | Path) -> dict:
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
 
-        return run_real(resolved, run_dir, warm_baseline(resolved))   # the simulator's: in Resolved
+        return run_real(resolved, run_dir)
     from repro.sim.driver import simulate
 
     return simulate(resolved, run_dir)
@@ -146,9 +144,7 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     # Hydra's public resolver for its own settings: this job's folder, and single run or grid
     mode = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
     run_dir = Path(mode.dir)
-    from repro.runs.folder import writable
-
-    if not writable(run_dir):   # a finished run is only skipped there: no run.log either
+    if is_read_only(run_dir):   # a finished run is only skipped there: no run.log either
         detach_files_in(run_dir)
     try:
         if cfg is None:
@@ -256,7 +252,7 @@ def _check_folder_writable(dcfg: DictConfig) -> None:
     existing = run_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if existing != run_dir and not os.access(existing, os.W_OK):
+    if existing != run_dir and is_read_only(existing):
         exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
                         f"writable (set results_dir=FOLDER to a writable folder)")
 

@@ -58,12 +58,37 @@ def test_an_old_run_folders_config_reads_silently_for_replay_resume_and_analysis
     churn = tree["cost"].pop("churn")
     tree["cost"].update(preempt_rate=churn["preempt_rate"], preempt_down_s=churn["preempt_down_s"],
                         churn_leave=churn["leave"], churn_join=churn["join"])
+    (tmp_path / "config.json").write_text(json.dumps(tree))
     capsys.readouterr()
+    tree = renames.read_recorded(tmp_path)   # the one reader of a run folder's config.json
     assert differences(tree, cfg) == [] and differences(tree, cfg.replace(
         cost=cfg.cost.__class__(churn=cfg.cost.churn.__class__(preempt_rate=3.0)))) != []
     assert with_operational(tree, cfg)["cost"]["churn"] == churn
     assert flatten(renames.modern_tree(tree, quiet=True))["cost.churn.preempt_rate"] == 2.0
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_folders_config_json_has_one_reader_and_it_prints_nothing(tmp_path, capsys):
+    """Issue 31: a recorded config.json with the old flat keys, read through the one reader
+    (and the instruments' re-simulation, which used to print the deprecation lines), gives the
+    new keys and prints nothing; nothing else in the package parses a config.json itself."""
+    from repro.instruments.spread import predicted_config
+    from tests.helpers.paths import ROOT
+
+    cfg = parse(compose(NEW))
+    tree = to_dict(cfg)
+    churn = tree["cost"].pop("churn")
+    tree["cost"].update(preempt_rate=churn["preempt_rate"], preempt_down_s=churn["preempt_down_s"],
+                        churn_leave=churn["leave"], churn_join=churn["join"])
+    (tmp_path / "config.json").write_text(json.dumps(tree))
+    capsys.readouterr()
+    recorded = renames.read_recorded(tmp_path)
+    assert recorded["cost"]["churn"] == churn and "preempt_rate" not in recorded["cost"]
+    assert predicted_config(tmp_path).cost.churn == cfg.cost.churn
+    assert capsys.readouterr().err == ""
+    readers = [p.relative_to(ROOT) for p in (ROOT / "repro").rglob("*.py")
+               if any(s in p.read_text() for s in ("CONFIG_FILE).read_text", 'config.json").read_text'))]
+    assert [str(p) for p in readers] == ["repro/config/renames.py"]
 
 
 def test_the_warm_start_cache_key_keeps_the_old_spellings():

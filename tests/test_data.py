@@ -13,7 +13,8 @@ import torch
 from repro.config.settings import DataConfig, RunConfig
 from repro.errors import ConfigError, DataError
 from repro.workload.build import load_data
-from repro.workload.data import DATASET_NAMES, ClientStream, Dataset, _latin1_encode, _mix, load_dataset
+from repro.workload.cifar import _latin1_encode
+from repro.workload.data import DATASET_NAMES, ClientStream, Dataset, _mix, load_dataset
 
 # ----------------------------------------------------------------------------- generated data sets
 

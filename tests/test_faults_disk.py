@@ -149,3 +149,21 @@ def test_a_new_run_in_a_read_only_folder_is_refused_naming_it(tmp_path):
     assert refused.stderr.count("\n") == 1 and "read-only" in refused.stderr, refused.stderr
     assert str(run_dir) in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "results" / "new").exists()
+
+
+def test_a_read_only_folder_is_told_by_one_function(tmp_path):
+    """Issue 31: what makes a folder read-only (an errno a write raised, or no write access
+    asked beforehand) was tested in six places of the run folder and the entry point; one
+    function says it now, and those modules test nothing of their own."""
+    import errno
+    import inspect
+
+    from repro import run
+    from repro.files.storage import is_read_only
+    from repro.runs import folder
+
+    assert all(is_read_only(tmp_path, OSError(code, "x")) for code in (errno.EROFS, errno.EACCES, errno.EPERM))
+    assert not is_read_only(tmp_path, OSError(errno.ENOSPC, "x")) and not is_read_only(tmp_path)
+    for module in (run, folder):
+        source = inspect.getsource(module)
+        assert "os.access" not in source and "READ_ONLY" not in source, module.__name__

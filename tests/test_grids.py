@@ -138,11 +138,11 @@ WARM_JOB = textwrap.dedent("""
     cfg = parse(compose([f"results_dir={results}", "start=warm", "warm_start_epochs=1", "progress=false"]))
     train = ws.train_baseline
 
-    def counted(cfg, device, *baseline):
+    def counted(cfg, device):
         with open(calls, "a") as f:
             f.write(f"{os.getpid()}\\n")
         time.sleep(1.0)            # a slow baseline: the other job must wait, not train its own
-        return train(cfg, device, *baseline)
+        return train(cfg, device)
 
     ws.train_baseline = counted
     while not Path(go).exists():   # both jobs start together

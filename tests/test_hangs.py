@@ -102,8 +102,8 @@ def test_a_real_run_from_non_finite_parameters_ends_diverged(tmp_path, monkeypat
     for good)."""
     import repro.real.launch as launch
 
-    def nan_problem(cfg, device, baseline=None):
-        problem = build_problem(cfg, device, baseline)
+    def nan_problem(cfg, device):
+        problem = build_problem(cfg, device)
         problem.init_params[0] = NAN
         return problem
 

@@ -1,5 +1,6 @@
 """One resolve step at the entry point (:func:`repro.run.resolve`): ``cost=replay``, ``cost=fit``
 and a torchrun world become a plain frozen config before any driver runs; no driver rewrites it."""
+import dataclasses
 import inspect
 
 import pytest
@@ -57,21 +58,19 @@ def test_no_driver_replaces_the_config_it_was_handed():
         assert "cfg.replace(" not in inspect.getsource(fn) and "cfg = " not in inspect.getsource(fn), fn.__name__
 
 
-def test_a_warm_start_baseline_config_is_derived_by_the_resolve_step_and_the_driver_reads_it(tmp_path, monkeypatch):
-    """The single-client baseline's config is made once, where the config is resolved, and
-    handed down as data: the driver and the problem builder build none. Its cache key (the
-    baseline's training-shaping values) is what it was: d99f04bcf1df for this config."""
-    from repro.config.resolved import baseline_config
+def test_a_warm_start_baseline_config_is_derived_where_the_warm_start_is_built(tmp_path):
+    """The single-client baseline's config is a pure function of the run's config, derived in
+    one place (repro.workload.start, where the warm start is built): no step hands it down and
+    nothing falls back to deriving it (issue 31: it was both). Its cache key (the baseline's
+    training-shaping values) is what it was: d99f04bcf1df for this config."""
+    from repro.config.settings import Resolved
     from repro.workload import start
 
+    for fn in (start.build_problem, start.warm_start_state, start.cache_dir, start.train_baseline,
+               launch.run_real):
+        assert "baseline" not in inspect.signature(fn).parameters, fn.__name__
+    assert [f.name for f in dataclasses.fields(Resolved)] == ["cfg", "fit"]
     warm = CFG.replace(start="warm", warm_start_epochs=0.5, results_dir=str(tmp_path))
-    resolved = entry.resolve(warm)
-    assert resolved.baseline == baseline_config(warm) and entry.resolve(CFG).baseline is None
-    assert start.cache_dir(warm).name == start.cache_dir(warm, resolved.baseline).name == "d99f04bcf1df"
-
-    def again(*args, **kwargs):
-        raise AssertionError("a config was built below the resolve step")
-    monkeypatch.setattr(start, "baseline_config", again)
-    monkeypatch.setattr(driver, "resolve", lambda cfg, run_dir=None: cfg)   # hand it on as it is
-    assert driver.simulate(resolved, tmp_path / "warm")["status"] == "completed"
+    assert start.cache_dir(warm).name == "d99f04bcf1df"
+    assert driver.simulate(entry.resolve(warm), tmp_path / "warm")["status"] == "completed"
     assert (tmp_path / "_warmstart" / "d99f04bcf1df" / "server.pt").is_file()

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repro.config.renames import modern_tree
+from repro.config.renames import read_recorded
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import lock_held
@@ -93,6 +93,13 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    try:
+        return read_recorded(run_dir)   # old spellings: new columns
+    except (OSError, ValueError) as e:
+        raise BadRun("corrupt", f"{schema.CONFIG_FILE} is unreadable ({e})") from None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -192,7 +199,7 @@ def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
 
 def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     """One run folder -> (runs row, evals, updates). Raises :class:`BadRun` to skip the folder."""
-    config = modern_tree(_read_json(run_dir / schema.CONFIG_FILE), quiet=True)   # old spellings: new columns
+    config = _read_config(run_dir)
     lacking = [k for k in REQUIRED_CONFIG_KEYS if k not in config]
     if lacking:
         raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")

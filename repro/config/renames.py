@@ -3,15 +3,21 @@
 :data:`RENAMED` is the one table (old dotted key -> new dotted key). Everything that reads a
 key a user or an old run folder wrote goes through it: :func:`modern_override` for a
 ``KEY=VALUE`` of the command line or :func:`repro.api.configure` (before Hydra, which knows only
-the new keys), :func:`modern_tree` for a YAML tree or a ``config.json`` (the loader,
-:func:`repro.config.checks.from_dict`, replays, the resume check, the analysis). A user's old
-spelling gets one line on stderr naming the new one; a recorded run folder's is read silently.
-:func:`legacy_keys` gives values back their old spellings where a key must not change (the
-warm-start cache's key and record). No imports beyond the standard library.
+the new keys), :func:`modern_tree` for a YAML tree (the loader,
+:func:`repro.config.checks.from_dict`). A user's old spelling gets one line on stderr naming
+the new one; a recorded run folder's is read silently: :func:`read_recorded` is the one reader
+of a run folder's ``config.json`` (replays, fits, the resume check, the analysis, the
+instruments). :func:`legacy_keys` gives values back their old spellings where a key must not
+change (the warm-start cache's key and record). No imports beyond the standard library and the
+run folder's file names.
 """
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
+
+from repro.files.schema import CONFIG_FILE
 
 RENAMED = {
     "cost.clients_per_host": "cost.shared.clients_per_host",
@@ -62,6 +68,16 @@ def modern_tree(tree: dict, quiet: bool = False) -> dict:
             _deprecated(old)
         _move(out, old, new)
     return out
+
+
+def read_recorded(run_dir: str | Path) -> dict:
+    """``run_dir``'s config.json with every old spelling moved to its new key, silently (the
+    user wrote nothing old: a recorded run is read, not typed). Raises OSError (unreadable) or
+    ValueError (not JSON, or not a JSON object); the caller says what that means for it."""
+    tree = json.loads((Path(run_dir) / CONFIG_FILE).read_text())
+    if not isinstance(tree, dict):
+        raise ValueError(f"{CONFIG_FILE} holds a {type(tree).__name__}, not a JSON object")
+    return modern_tree(tree, quiet=True)
 
 
 def _move(tree: dict, old: str, new: str) -> None:

@@ -9,7 +9,8 @@ Every field is declared with :func:`knob`: its default, its valid values (a fini
 every number, so no value can hang or overflow a run) and whether it **shapes training**. That
 one declaration is what run-folder names, the warm-start cache key, a replay and the resume
 check derive from (:func:`shaping_keys`): settings that only say where files go, how long to wait
-for a peer or how to report progress never name a folder nor block a resume.
+for a peer or how to report progress never name a folder nor block a resume. :class:`Resolved`
+is what the entry point's one resolve step hands the simulator (the config and its cost fit).
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from typing import Any, Optional, Union
 from repro.config.cost import (JITTERS, SCHEDULES, SPEED_LAWS, TOPOLOGIES, ChurnConfig, CostConfig,  # noqa: F401
                                MachineConfig, SharedConfig)   # (re-exported)
 from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob
-from repro.config.renames import modern_tree
 from repro.registry import names_of
 
 BACKENDS = ("sim", "real")
@@ -289,8 +289,9 @@ def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
 
 def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
     """``recorded``'s training-shaping settings with ``cfg``'s other settings (paths, progress,
-    checkpoints, timeouts): what a replay of a recorded run trains, run the way ``cfg`` says."""
-    tree = modern_tree({k: v for k, v in recorded.items() if k not in RECORDED_ONLY}, quiet=True)
+    checkpoints, timeouts): what a replay of a recorded run trains, run the way ``cfg`` says.
+    ``recorded``: a config.json as :func:`repro.config.renames.read_recorded` reads it."""
+    tree = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}
     mine = to_dict(cfg)
     for key in all_keys():
         if key in shaping_keys():
@@ -304,8 +305,9 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
 
 
 def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
-    """'key: recorded -> now' for every training-shaping key that differs."""
-    old, new = shaping_values(modern_tree(recorded, quiet=True)), shaping_values(cfg)
+    """'key: recorded -> now' for every training-shaping key that differs (``recorded``: a
+    config.json as :func:`repro.config.renames.read_recorded` reads it)."""
+    old, new = shaping_values(recorded), shaping_values(cfg)
     # a calibrated compute time is recorded as the measured number: 'calibrate' matches it
     same = lambda k: old[k] == new[k] or (new[k] == "calibrate" and isinstance(old[k], float))  # noqa: E731
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in new if k in old and not same(k)]
@@ -325,6 +327,16 @@ def _lists(tree: Any) -> Any:
     if isinstance(tree, dict):
         return {k: _lists(v) for k, v in tree.items()}
     return list(tree) if isinstance(tree, tuple) else tree
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the entry point's one resolve step (:func:`repro.run.resolve`) hands the simulator: a
+    plain, frozen config it runs as it is, and the cost fit it was made with (None: no fit;
+    config.json and summary.json record it under "fit")."""
+
+    cfg: RunConfig
+    fit: dict | None = None
 
 
 # what config.json holds beside the settings: what identity depends on (repro.runtime), what

@@ -8,7 +8,8 @@ temp file, fsync, rename. A crash or a full disk mid-write leaves the previous f
 anything beyond tensors, numbers, strings, lists and dicts (``torch.load(weights_only=True)``);
 a file that is empty, truncated or carries code is a :class:`ConfigError` (exit 2) naming the
 file and what is wrong: we never suggest loading it unsafely. :func:`to_cpu` is what every
-checkpoint is made of: its tensors on the CPU. (The one module of ``files/`` that uses
+checkpoint is made of: its tensors on the CPU. :func:`is_read_only` says whether a folder can be
+written at all. (The one module of ``files/`` that uses
 torch: a checkpoint is a torch file. It imports torch where a checkpoint is touched, so that
 writing text and JSON, and the command line's answers, never load it.)
 """
@@ -31,6 +32,19 @@ from repro.errors import ConfigError
 DISK_FAULTS = {errno.ENOSPC: "no space left on the device holding {folder}",
                errno.EDQUOT: "the disk quota is used up on the device holding {folder}",
                errno.EROFS: "{folder} is on a read-only file system"}
+
+
+# A folder nobody may write: a read-only file system, or not this user's to write.
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def is_read_only(folder: Path, exc: OSError | None = None) -> bool:
+    """Whether nobody may write ``folder``: what writing it raised (``exc``) says so, or, asked
+    before writing, this user may not write it. The one test of it (the run folder, the entry
+    point's checks before Hydra makes a folder)."""
+    if exc is not None:
+        return exc.errno in READ_ONLY
+    return not os.access(folder, os.W_OK)
 
 
 def disk_error(exc: OSError, path: Path) -> OSError:

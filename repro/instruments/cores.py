@@ -21,7 +21,6 @@ count as clients too). The sampler's own process is measured too (it is not free
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from repro.config.renames import read_recorded
 from repro.instruments.hosts import cmdline
 
 HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -172,7 +172,7 @@ def report(sampler: Sampler, run_dir: Path) -> dict:
     from repro.sim.fit import message_bytes
 
     updates = pd.read_csv(run_dir / "updates.csv")
-    config = json.loads((run_dir / "config.json").read_text())
+    config = read_recorded(run_dir)
     first, last = sampler.window(len(updates))
     (t0, m0, p0, n0), (t1, m1, p1, n1) = sampler.samples[first], sampler.samples[last]
     span = t1 - t0

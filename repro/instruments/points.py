@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.load import find_run_dirs
+from repro.config.renames import read_recorded
 from repro.files import schema
 
 KEYS = ["link", "nsync", "num_clients"]
@@ -36,8 +37,9 @@ COLUMNS = [*KEYS, "measured_samples_per_s", "predicted_samples_per_s", "samples_
 
 
 def _json(path: Path) -> dict:
+    """``path``'s JSON ({} when unreadable); a config.json through its one reader."""
     try:
-        return json.loads(path.read_text())
+        return read_recorded(path.parent) if path.name == schema.CONFIG_FILE else json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 

@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from repro.instruments.points import KEYS, _json, ks_distance, points_table, read_runs
+from repro.config.renames import read_recorded
 from repro.files import schema
+from repro.instruments.points import KEYS, ks_distance, points_table, read_runs
 
 COLUMNS = [*KEYS, "ks_distance", "ks_spread", "ks_floor", "measured_compute_cv", "predicted_compute_cv",
            "jitter_sigma", "spread_jitter_sigma", "seeds"]
@@ -53,7 +54,7 @@ def predicted_config(run_dir: str | Path):
     ``fitted``, since ``fit`` without a path is refused)."""
     from repro.config.checks import from_dict
 
-    tree = _json(Path(run_dir) / schema.CONFIG_FILE)
+    tree = read_recorded(run_dir)
     tree.pop("fit", None)
     profile = "fitted" if tree["cost"].get("profile") == "fit" else tree["cost"].get("profile")
     return from_dict({**tree, "cost": {**tree["cost"], "path": None, "profile": profile}})

@@ -83,10 +83,9 @@ def startup_deadline_s(cfg: RunConfig) -> float:
 # Rank 0
 # ---------------------------------------------------------------------------------------------
 
-def run_real(cfg: RunConfig, run_dir: str | Path, baseline: RunConfig | None = None) -> dict:
+def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     """Run the real driver into ``run_dir`` and return the summary dict (any status; ``failed``
-    and ``interrupted`` come back too). Raises ConfigError on bad input, before any process.
-    ``baseline``: a warm start's baseline config, as the entry point derived it."""
+    and ``interrupted`` come back too). Raises ConfigError on bad input, before any process."""
     run_dir, env = Path(run_dir), torchrun_env()
     if env is not None and env.rank != 0:
         raise RuntimeError("run_real is rank 0's entry point; ranks > 0 call run_torchrun_worker")
@@ -105,7 +104,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path, baseline: RunConfig | None = N
                 _dismiss_clients(cfg)
             return run.summary
         resume = run.checkpoint("real", device)
-        problem = build_problem(cfg, device, baseline)
+        problem = build_problem(cfg, device)
         mark("server", "problem built")
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,
                                   eval_in_thread=cfg.backend.eval_in_thread, measured={"host": host_record(cfg, env)})

@@ -18,8 +18,6 @@ a resume makes before it touches a file, and a terminal summary on every ending.
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import os
 import re
 import shutil
@@ -31,11 +29,12 @@ from typing import Any
 import torch
 
 from repro.config.checks import validated
+from repro.config.renames import read_recorded
 from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import FileLock, LockHeld
-from repro.files.storage import write_json
+from repro.files.storage import is_read_only, write_json
 from repro.logs import get_logger
 from repro.runs.resume import resume_state
 from repro.runs.runlog import read_summary
@@ -68,9 +67,9 @@ def open_folder(run_dir: str | Path):
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        if exc.errno not in READ_ONLY:
+        if not is_read_only(run_dir, exc):
             raise
-        raise read_only(run_dir, exc) from None
+        raise refuse_read_only(run_dir, exc) from None
     fresh_lock = not path.exists()
     lock = FileLock(path)
     try:
@@ -81,7 +80,7 @@ def open_folder(run_dir: str | Path):
                           f"{h.get('pid', '?')} on {h.get('host', '?')} (started {h.get('started', '?')}) "
                           f"holds it; wait for it to end, or choose another exp_name") from None
     except OSError as exc:
-        if exc.errno not in READ_ONLY:
+        if not is_read_only(run_dir, exc):
             raise
         lock = None   # nobody writes a read-only folder: no lock; run_folder only skips there
     if lock is None:
@@ -100,15 +99,7 @@ def open_folder(run_dir: str | Path):
         lock.release()
 
 
-# A folder nobody may write: a read-only file system, or not this user's to write.
-READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-def writable(run_dir: Path) -> bool:
-    return os.access(run_dir, os.W_OK)
-
-
-def read_only(run_dir: Path, exc: OSError | None = None) -> ConfigError:
+def refuse_read_only(run_dir: Path, exc: OSError | None = None) -> ConfigError:
     why = f" ({exc.strerror})" if exc is not None else ""
     return ConfigError("run folder", str(run_dir), f"a writable folder; this one is read-only{why}: a "
                        "finished run there is only skipped, continuing or starting one needs a "
@@ -121,7 +112,7 @@ def incoming_record(run_dir: Path) -> Path:
     start a run that will only be skipped or refused."""
     name = INCOMING_RECORD.format(pid=os.getpid())
     run_dir = Path(run_dir)
-    return run_dir / name if not run_dir.is_dir() or writable(run_dir) else Path(tempfile.gettempdir()) / name
+    return run_dir / name if not run_dir.is_dir() or not is_read_only(run_dir) else Path(tempfile.gettempdir()) / name
 
 
 def adopt_hydra_record(run_dir: Path) -> None:
@@ -160,7 +151,7 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
     summary = summary if _is_summary(summary) else None
-    holds_run = summary is not None or _is_run_config(run_dir / schema.CONFIG_FILE)
+    holds_run = summary is not None or _is_run_config(run_dir)
     foreign = [name for name in RUN_FILES if (run_dir / name).exists()] if not holds_run else []
     if foreign:   # someone's own files (not a run's): no flag may overwrite or delete them
         raise ConfigError("run folder", str(run_dir), f"a folder that holds a run or none of a run's "
@@ -205,13 +196,12 @@ def _is_summary(summary) -> bool:
 RUN_CONFIG_KEYS = {"exp_name", "seed", "num_clients", "nsync", "backend"}
 
 
-def _is_run_config(path: Path) -> bool:
+def _is_run_config(run_dir: Path) -> bool:
     """A config.json a run wrote (the resolved settings), not someone else's file of that name."""
     try:
-        tree = json.loads(path.read_text())
+        return RUN_CONFIG_KEYS <= set(read_recorded(run_dir))
     except (OSError, ValueError):
         return False
-    return isinstance(tree, dict) and RUN_CONFIG_KEYS <= set(tree)
 
 
 def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration the run was "
@@ -220,7 +210,7 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
     listing every difference."""
     path = Path(run_dir) / schema.CONFIG_FILE
     try:
-        recorded = json.loads(path.read_text())
+        recorded = read_recorded(run_dir)
     except (OSError, ValueError) as e:
         raise ConfigError("resume", True, f"a readable {path} to check the configuration against "
                           f"({e}); force=true starts over") from None
@@ -314,12 +304,12 @@ def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
         decision = decide(cfg, run_dir)
     except ConfigError as exc:
         drop_hydra_record(run_dir)
-        if writable(run_dir):
+        if not is_read_only(run_dir):
             raise
-        raise read_only(run_dir) from exc
-    if decision.action != "skip" and not writable(run_dir):
+        raise refuse_read_only(run_dir) from exc
+    if decision.action != "skip" and is_read_only(run_dir):
         drop_hydra_record(run_dir)
-        raise read_only(run_dir)
+        raise refuse_read_only(run_dir)
     return decision
 
 

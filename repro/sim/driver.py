@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 
 from repro.asgd.algorithm import Client, Push
-from repro.config.resolved import Resolved
-from repro.config.settings import RunConfig
+from repro.config.settings import Resolved, RunConfig
 from repro.workload.build import Problem, make_clients, param_bytes
 from repro.workload.start import build_problem
 from repro.runs.core import Outcome, RunCore
@@ -229,8 +228,8 @@ def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Res
     if cfg.cost.schedule == "replay":
         cfg = replay_config(cfg, run_dir)
     if fits(cfg):
-        return Resolved.of(*fit_config(cfg))
-    return Resolved.of(cfg)
+        return Resolved(*fit_config(cfg))
+    return Resolved(cfg)
 
 
 def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,
@@ -244,7 +243,7 @@ def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | 
         if run.skip:
             return run.summary
         resume = run.checkpoint("sim", device)
-        problem = problem or build_problem(cfg, device, plan.baseline)
+        problem = problem or build_problem(cfg, device)
         compute_s = resolve_compute_s(cfg, problem, resume)
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="virtual", backend="sim", resume=resume,
                                   measured={"cost.compute_s": compute_s, **({"fit": fit} if fit else {})})

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from repro.config.renames import read_recorded
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.files import schema
@@ -99,7 +100,7 @@ def _read(run_dir: Path) -> tuple[pd.DataFrame, dict]:
 def _read_config(run_dir: Path) -> dict:
     path = run_dir / schema.CONFIG_FILE
     try:
-        config = json.loads(path.read_text())
+        config = read_recorded(run_dir)
     except (OSError, ValueError) as exc:
         raise _refuse(run_dir, f"a recorded run folder with a readable {path} ({exc})") from None
     for key, what in NEEDED.items():

@@ -17,12 +17,12 @@ as a new process does). So a joiner's first push reads its join's version, and i
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro.config.checks import from_dict
+from repro.config.renames import read_recorded
 from repro.config.settings import BackendConfig, RunConfig, with_operational
 from repro.errors import ConfigError
 from repro.files import schema
@@ -41,9 +41,8 @@ def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfi
     recording is checked here, before any folder is touched; ``run_dir`` (where the replay
     writes) must not be the recording or inside it."""
     source = Path(cfg.cost.path)
-    path = source / schema.CONFIG_FILE
     try:
-        recorded = from_dict(with_operational(json.loads(path.read_text()), cfg))
+        recorded = from_dict(with_operational(read_recorded(source), cfg))
     except (OSError, ValueError) as e:
         raise ConfigError("cost.path", cfg.cost.path, f"a recorded run folder with a valid config.json ({e})")
     if recorded.protocol.name != "async":
@@ -200,7 +199,7 @@ class ReplayScheduler(Schedule):
     def __init__(self, run_dir: str | Path, num_clients: int | None = None):
         if num_clients is None:
             try:
-                num_clients = int(json.loads((Path(run_dir) / schema.CONFIG_FILE).read_text())["num_clients"])
+                num_clients = int(read_recorded(run_dir)["num_clients"])
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with a valid config.json ({e})")
         recording = read_recording(run_dir, num_clients)

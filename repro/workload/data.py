@@ -2,8 +2,8 @@
 
 This module owns everything between files (or generators) on disk and the tensors a client trains
 on: the four data sets users name with ``data=...`` (``digits``, ``mnist1d``, ``cifar10``,
-``synthetic``), their fixed train/test splits and standardisation, the safe CIFAR-10 batch parser,
-and :class:`ClientStream`, the per-client seeded order over the training set (Downpour: every
+``synthetic``), their fixed train/test splits and standardisation (the safe CIFAR-10 batch
+parser is :mod:`repro.workload.cifar`'s), and :class:`ClientStream`, the per-client seeded order over the training set (Downpour: every
 replica reads its own order of the data).
 
 Every data set is fixed across runs: the training ``seed`` changes the clients' orders and the
@@ -16,7 +16,6 @@ import gzip
 import importlib.util
 import math
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,8 +23,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from repro.config.settings import CIFAR10_EXPECTED
-from repro.errors import ConfigError, DataError
+from repro.errors import ConfigError
+from repro.workload import cifar
 from repro.workload.datacache import mnist1d_arrays, mnist1d_cache_path  # noqa: F401 (re-exported)
 from repro.registry import SpecRegistry
 
@@ -254,123 +253,21 @@ def _load_quadratic(root, num_train, num_test) -> Dataset:
 
 # ----------------------------------------------------------------------------- cifar10
 
-CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
-CIFAR10_TEST_FILE = "test_batch"
-
-
-def _numpy_reconstruct():
-    try:  # numpy >= 2 spelling; numpy.core is a deprecated alias there
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core.multiarray import _reconstruct
-    return _reconstruct
-
-
-def _latin1_encode(text, encoding="latin1"):
-    """The one use of ``_codecs.encode`` in a protocol-2 pickle written by Python 3: bytes."""
-    if not isinstance(text, str) or not isinstance(encoding, str) \
-            or encoding.lower().replace("-", "").replace("_", "") != "latin1":
-        raise pickle.UnpicklingError(f"refusing _codecs.encode({type(text).__name__}, {encoding!r})")
-    return text.encode("latin1")
-
-
-_SAFE_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct,
-    ("numpy", "ndarray"): lambda: np.ndarray,
-    ("numpy", "dtype"): lambda: np.dtype,
-    # Python 3 pickles bytes at protocol 2 as _codecs.encode(str, 'latin1'); the wrapper above
-    # accepts only that, so re-pickled batches load too.
-    ("_codecs", "encode"): lambda: _latin1_encode,
-}
-
-
-class _BatchUnpickler(pickle.Unpickler):
-    """Unpickler that can only rebuild dicts, lists, numbers, bytes and plain numpy arrays.
-
-    Any other global (``os.system``, ``builtins.eval``, ...) is refused before it is looked up,
-    so a crafted file cannot run code.
-    """
-
-    def find_class(self, module, name):
-        factory = _SAFE_GLOBALS.get((module, name))
-        if factory is None:
-            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}")
-        return factory()
-
-
-def _cifar_error(root, detail: str) -> DataError:
-    """DataError on data.root whose message starts with what exactly was wrong."""
-    err = DataError("data.root", root, CIFAR10_EXPECTED)
-    err.args = (f"{detail}. {err.args[0]}",)
-    return err
-
-
-def _read_cifar_batch(path: str, root) -> tuple[np.ndarray, np.ndarray]:
-    """One batch file → (uint8 (n, 3, 32, 32), int64 (n,)), or DataError naming what is wrong."""
-    def bad(what: str) -> DataError:
-        return _cifar_error(root, f"CIFAR-10 file {path}: {what}")
-
-    if not os.path.isfile(path):
-        raise bad("file not found")
-    try:
-        with open(path, "rb") as f:
-            # encoding='bytes': the official files are Python 2 pickles with byte-string keys
-            batch = _BatchUnpickler(f, encoding="bytes").load()
-    except Exception as exc:  # truncated/garbled pickles raise many types; all mean "bad file"
-        raise bad(f"not a readable CIFAR-10 batch pickle ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(batch, dict):
-        raise bad(f"expected a pickled dict, found {type(batch).__name__}")
-    data = batch.get(b"data", batch.get("data"))
-    labels = batch.get(b"labels", batch.get("labels"))
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-            or data.shape[1] != 3 * 32 * 32:
-        found = (f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray)
-                 else type(data).__name__)
-        raise bad(f"b'data' must be a uint8 array of shape (n, 3072), found {found}")
-    labels = np.asarray(labels) if isinstance(labels, (list, np.ndarray)) else None
-    if labels is None or labels.shape != (data.shape[0],) or labels.dtype.kind not in "iu" \
-            or (labels.size and (labels.min() < 0 or labels.max() > 9)):
-        raise bad(f"b'labels' must be a list of {data.shape[0]} integers in 0..9")
-    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
-
-
-def _cifar_folder(root) -> str:
-    if root is None:
-        raise _cifar_error(root, "data 'cifar10' reads its files from data.root, which is not set")
-    root_str = os.path.expanduser(os.fspath(root))
-    # accept the folder above the extracted archive too (…/cifar-10-batches-py)
-    nested = os.path.join(root_str, "cifar-10-batches-py")
-    if not os.path.exists(os.path.join(root_str, CIFAR10_TEST_FILE)) and os.path.isdir(nested):
-        return nested
-    if not os.path.isdir(root_str):
-        raise _cifar_error(root, f"CIFAR-10 folder {root_str} does not exist")
-    return root_str
-
-
-def _check_cifar_source(root) -> None:
-    """The folder, its first training batch and its test batch exist (the loader reads only the
-    batches data.num_train needs; contents are checked as they are read)."""
-    folder = _cifar_folder(root)
-    for name in (CIFAR10_TRAIN_FILES[0], CIFAR10_TEST_FILE):
-        if not os.path.isfile(os.path.join(folder, name)):
-            raise _cifar_error(root, f"CIFAR-10 file {os.path.join(folder, name)}: file not found")
-
-
 @DATASETS.register("cifar10", input_shape=(3, 32, 32), num_classes=10,
-                   check_source=_check_cifar_source, num_train=50_000)
+                   check_source=cifar.check_source, num_train=50_000)
 def _load_cifar10(root, num_train, num_test) -> Dataset:
-    """The official CIFAR-10 python batches, parsed without executing pickled code."""
-    folder = _cifar_folder(root)
+    """The official CIFAR-10 python batches, parsed without executing pickled code
+    (:mod:`repro.workload.cifar`)."""
+    folder = cifar.find_folder(root)
     xs, ys = [], []
-    for name in CIFAR10_TRAIN_FILES:
-        x, y = _read_cifar_batch(os.path.join(folder, name), root)
+    for name in cifar.TRAIN_FILES:
+        x, y = cifar.read_batch(os.path.join(folder, name), root)
         xs.append(x)
         ys.append(y)
         if num_train is not None and sum(map(len, ys)) >= num_train:
             break  # only parse the batches the requested subset needs
     x_tr, y_tr = _take("data.num_train", np.concatenate(xs), np.concatenate(ys), num_train)
-    x_te, y_te = _read_cifar_batch(os.path.join(folder, CIFAR10_TEST_FILE), root)
+    x_te, y_te = cifar.read_batch(os.path.join(folder, cifar.TEST_FILE), root)
     x_te, y_te = _take("data.num_test", x_te, y_te, num_test)
     return _finish("cifar10", x_tr, y_tr, x_te, y_te, 10, (0, 2, 3))
 

@@ -14,8 +14,8 @@ move every weight by a full ``lr_server`` on the first pushes and undo much of t
 The baseline is a one-client run (:func:`one_client_run`): the problem built as the drivers
 build it (:func:`build_problem`), the server and the client the simulator makes, and the calls
 the simulator makes on them when it has one client, in the same order; it is bitwise the
-simulator's one-client run of :func:`~repro.config.resolved.baseline_config` (derived by the
-entry point's resolve step), without the clock and the tables
+simulator's one-client run of :func:`baseline_config` (a pure function of the run's config,
+derived where the warm start is built), without the clock and the tables
 (``tests/test_house.py`` holds the two against each other). It is cached under
 ``<results_dir>/_warmstart/<key>/server.pt``; the key hashes every training-shaping key of the
 baseline's config (:func:`repro.config.settings.shaping_values`). Grid jobs that start together take the
@@ -24,6 +24,7 @@ is retrained. Server versions restart at 0 in the asynchronous phase.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -34,8 +35,7 @@ from torch import Tensor
 
 from repro.asgd.algorithm import ParameterServer
 from repro.config.renames import legacy_keys
-from repro.config.resolved import baseline_config
-from repro.config.settings import RunConfig, shaping_values
+from repro.config.settings import BackendConfig, CostConfig, DataConfig, RunConfig, shaping_values
 from repro.errors import ConfigError
 from repro.files.locks import FileLock
 from repro.files.storage import read_checkpoint, save_checkpoint, to_cpu, write_json
@@ -45,30 +45,44 @@ from repro.workload.evaluation import EvalSets
 
 log = get_logger("repro.workload.start")
 
+WARM_SEED = 0   # every grid point of an experiment starts from the same baseline, whatever its seed
 
-def cache_dir(cfg: RunConfig, baseline: RunConfig | None = None) -> Path:
-    """The warm start's cache folder for ``cfg``, whose baseline config is ``baseline`` (None:
-    derived from ``cfg``, for callers outside a run)."""
-    base = baseline or baseline_config(cfg)
-    key = json.dumps(legacy_keys(shaping_values(base)), sort_keys=True)   # keys as before cost.churn.*
+
+def baseline_config(cfg: RunConfig) -> RunConfig:
+    """The single-client run whose final server state is the warm start (only what shapes that
+    state is kept from ``cfg``: data, model, algo, threads, device, warm_start_epochs; the one
+    client reads the whole training set, whatever the clients' own data, data.partition)."""
+    whole = dataclasses.replace(cfg.data, partition="iid", alpha=DataConfig.alpha, slow_client_classes=None)
+    return cfg.replace(start="cold", num_clients=1, nsync=1, num_epochs=cfg.warm_start_epochs, data=whole,
+                       eval_every=cfg.warm_start_epochs, seed=WARM_SEED, exp_name="_warmstart",
+                       cost=CostConfig(), backend=BackendConfig(), checkpoint_every=0,
+                       target_error=0.0, resume=False, force=False)
+
+
+def _baseline_record(cfg: RunConfig) -> dict:
+    """What keys and records the cache: the baseline's training-shaping values, each moved key
+    under its old spelling (the key as before cost.churn.*)."""
+    return legacy_keys(shaping_values(baseline_config(cfg)))
+
+
+def cache_dir(cfg: RunConfig) -> Path:
+    """The warm start's cache folder for ``cfg``: keyed by its baseline's training-shaping values."""
+    key = json.dumps(_baseline_record(cfg), sort_keys=True)
     return Path(cfg.results_dir) / "_warmstart" / hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
-def warm_start_state(cfg: RunConfig, device: torch.device, like: Tensor | None = None,
-                     baseline: RunConfig | None = None) -> tuple[Tensor, dict]:
+def warm_start_state(cfg: RunConfig, device: torch.device, like: Tensor | None = None) -> tuple[Tensor, dict]:
     """The cached warm-start (parameters, server-rule state), training the baseline if needed.
-    ``like``: the network's parameters, which a cached state must match (size, dtype);
-    ``baseline``: the baseline's config, as the resolve step derived it (None: derived here)."""
-    base = baseline or baseline_config(cfg)
-    folder = cache_dir(cfg, base)
+    ``like``: the network's parameters, which a cached state must match (size, dtype)."""
+    folder = cache_dir(cfg)
     path = folder / "server.pt"
     with FileLock(folder / ".lock", wait=True):   # concurrent grid jobs: one trains, the rest wait
         state = _read(path, device, like)
         if state is None:
-            params, rule = train_baseline(cfg, device, base)
+            params, rule = train_baseline(cfg, device)
             folder.mkdir(parents=True, exist_ok=True)   # the cache may have been deleted meanwhile
             save_checkpoint(to_cpu({"params": params, "rule": rule}), path)
-            write_json(folder / "config.json", legacy_keys(shaping_values(base)))
+            write_json(folder / "config.json", _baseline_record(cfg))
             state = _read(path, device, like)
             if state is None:
                 raise RuntimeError(f"warm start: the baseline just trained is unusable ({path}); see the "
@@ -118,10 +132,9 @@ def _tensors(obj) -> list[Tensor]:
     return []
 
 
-def train_baseline(cfg: RunConfig, device: torch.device, baseline: RunConfig | None = None) -> tuple[Tensor, dict]:
-    """The warm start of ``cfg``: the server state after its baseline's run (``baseline``, else
-    :func:`~repro.config.resolved.baseline_config`)."""
-    base = baseline or baseline_config(cfg)
+def train_baseline(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
+    """The warm start of ``cfg``: the server state after its baseline's run (:func:`baseline_config`)."""
+    base = baseline_config(cfg)
     log.info(f"warm start: training the single-client baseline for {base.num_epochs:g} epochs")
     server = one_client_run(base, device)
     return server.params, server.rule.state_dict()
@@ -151,14 +164,13 @@ def one_client_run(cfg: RunConfig, device: torch.device) -> ParameterServer:
             return server
 
 
-def build_problem(cfg: RunConfig, device: torch.device, baseline: RunConfig | None = None) -> Problem:
+def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
     """Data and network on ``device``; initial parameters from ``seed`` (cold) or the cached
-    single-client baseline (warm, :func:`warm_start_state`) of config ``baseline``: what the
-    resolve step derived (:class:`repro.config.resolved.Resolved`), which the drivers hand on."""
+    single-client baseline (warm, :func:`warm_start_state`)."""
     check_components(cfg)
     ds = load_data(cfg, device)
     net = build_net(cfg, ds, device)
     params, rule_state = net.params.detach().clone(), None
     if cfg.start == "warm":
-        params, rule_state = warm_start_state(cfg, device, like=net.params, baseline=baseline)
+        params, rule_state = warm_start_state(cfg, device, like=net.params)
     return Problem(ds, net, params.to(device), EvalSets.of(ds), rule_state)
