@@ -244,6 +244,6 @@ def test_the_lab_counts_a_networks_bytes_from_its_run_folder_as_the_real_model_d
     run = load_runs(tmp_path, "exp").runs.iloc[0]
     real_bytes = 4 * num_parameters(build_model(cfg.model.name, (1, 8, 8), 10))
     assert run["network.param_bytes"] == real_bytes
-    assert predict(run, 8) == ceiling(cfg.cost, 8, cfg.nsync, real_bytes, cfg.cost.compute_s)
+    assert predict(run, [8]) == [ceiling(cfg.cost, 8, cfg.nsync, real_bytes, cfg.cost.compute_s)]
     with pytest.raises(NoRunsError, match="network.param_bytes"):
-        predict(run.drop("network.param_bytes"), 8)
+        predict(run.drop("network.param_bytes"), [8])
