@@ -114,10 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     set_style()
     try:
         if not Path(args.results).is_dir():   # else the first folder missing under it takes the blame
-            err = ConfigError("--results", args.results, "an existing results folder: where "
-                              "python -m repro.run +exp=NAME wrote its runs (results_dir, default results)")
-            err.args = (f"the results folder {args.results} does not exist. {err.args[0]}",)
-            raise err
+            raise ConfigError("--results", args.results, "an existing results folder (this one does not "
+                              "exist): where python -m repro.run +exp=NAME wrote its runs (results_dir, "
+                              "default results)")
         with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
             warnings.showwarning = _show_warning
             stem = args.name or (f"{args.figure}-{file_label(args.config)}"
