@@ -12,7 +12,6 @@ unless ``config`` chooses one (``--config num_epochs=3``); the grid callback pas
 """
 from __future__ import annotations
 
-import inspect
 import re
 import sys
 import warnings
@@ -61,7 +60,7 @@ def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str,
 def printed_table(table: Callable[[pd.DataFrame], pd.DataFrame], digits: int = 3) -> Callable:
     """A lab figure's ``extra``: print ``table(frame)`` whole (every row and column, numbers to
     ``digits`` significant digits) beside the figure; it writes no file."""
-    def extra(frame: pd.DataFrame, out_dir) -> list:
+    def extra(frame: pd.DataFrame, out_dir, stem: str) -> list:
         with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_rows", 500):
             print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.{digits}g}"))
         return []
@@ -223,15 +222,8 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> li
 def _write(name: str, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
     paths = save_figure(lambda: spec(name).draw(frame), frame, out, stem)
     if spec(name).extra is not None:
-        paths += _extra(spec(name).extra, frame, out, stem)
+        paths += spec(name).extra(frame, out, stem)
     return paths
-
-
-def _extra(extra: Callable, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
-    """A lab figure's extra takes (frame, out); fig4's also the stem its files are named by."""
-    if len(inspect.signature(extra).parameters) >= 3:
-        return extra(frame, out, stem)
-    return extra(frame, out)
 
 
 def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
