@@ -105,13 +105,9 @@ def figure_names() -> tuple[str, ...]:
     return tuple(FIGURES)
 
 
-def spec(name: str) -> FigureSpec:
-    return FIGURES[name]
-
-
 def default_exp(name: str, results_dir: str | Path) -> str:
     """The experiment folder a figure reads by default (the first of its exps that exists)."""
-    candidates = spec(name).exps
+    candidates = FIGURES[name].exps
     return next((c for c in candidates if (Path(results_dir) / c).is_dir()), candidates[0])
 
 
@@ -141,7 +137,7 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     (:func:`repro.analysis.configs.one_grid`), else :class:`ConfigError` naming them; ``each``:
     return ``[(label, runs), ...]``, one per configuration, instead of refusing.
     """
-    figure = spec(name)   # ConfigError naming the figures there are
+    figure = FIGURES[name]   # ConfigError naming the figures there are
     exp = exp_name or default_exp(name, results_dir)
     runs = load_runs(results_dir, exp) if runs is None else runs
     where = str(Path(results_dir) / exp)
@@ -167,7 +163,7 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
 
 
 def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFrame:
-    frame = spec(name).frame(runs, target)
+    frame = FIGURES[name].frame(runs, target)
     if frame.empty:
         raise NoRunsError("exp", where, f"runs that {name} can use"
                                         + (" (1-client runs)" if name == "fig1" else ""))
@@ -220,9 +216,10 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> li
 
 
 def _write(name: str, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
-    paths = save_figure(lambda: spec(name).draw(frame), frame, out, stem)
-    if spec(name).extra is not None:
-        paths += spec(name).extra(frame, out, stem)
+    figure = FIGURES[name]
+    paths = save_figure(lambda: figure.draw(frame), frame, out, stem)
+    if figure.extra is not None:
+        paths += figure.extra(frame, out, stem)
     return paths
 
 
