@@ -134,8 +134,6 @@ def main(argv: list[str] | None = None) -> int:
 def compare_main(argv: list[str]) -> int:
     args = parse_compare_args(argv)
     matplotlib.use("Agg")  # compare draws nothing, but imports the figure registry
-    from pathlib import Path
-
     from repro.analysis import compare, trees
 
     try:
