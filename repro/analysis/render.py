@@ -52,8 +52,7 @@ FIGURES: Registry[FigureSpec] = Registry("figure")
 def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str, ...] = (),
                     extra: Callable | None = None, axes: tuple[str, ...] | None = None) -> None:
     """Register figure ``name``; the calling module must be the one repro.registry declares for it."""
-    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra,
-                                 LAB_AXES.get(name) if axes is None else tuple(axes)),
+    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra, None if axes is None else tuple(axes)),
                 module=sys._getframe(1).f_globals["__name__"])
 
 
@@ -75,15 +74,6 @@ def _speedup_table(frame: pd.DataFrame, out: Path, stem: str = "fig4") -> list[P
     return [path]
 
 
-# The axes of the lab's figures (their modules register them): what each experiment sweeps.
-# +problem chooses data, model, batch size and budget; +mitigation the server rule and protocol.
-LAB_AXES = {"stability": ("num_clients", "algo.lr", "algo.batch_size", "data.", "model.",
-                          "num_epochs"),
-            "momentum": ("num_clients", "algo.momentum"),
-            "sync_vs_async": ("num_clients", "protocol.name", "protocol.backup_workers", "cost."),
-            "mitigation": ("nsync", "algo.server_rule", "protocol.name"),
-            # with jitter and without (clients in lockstep) in one figure
-            "ceiling": ("num_clients", "nsync", "cost.bandwidth_Bps", "cost.jitter")}
 CURVES = ("num_clients", "nsync")   # fig2-fig4: one curve or point per client count and nsync
 _fig1 = lambda runs, target: frames.fig1_frame(runs)   # noqa: E731
 _fig3 = lambda runs, target: frames.fig3_frame(runs)   # noqa: E731

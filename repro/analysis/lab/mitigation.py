@@ -213,5 +213,6 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 
+# its axes: +mitigation chooses the server rule and the protocol
 register_figure("mitigation", mitigation_frame, draw_mitigation, exps=("mitigation",),
-                extra=printed_table(table))
+                extra=printed_table(table), axes=("nsync", "algo.server_rule", "protocol.name"))
