@@ -20,6 +20,9 @@ per frame:
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import typing
 import warnings
 
 import numpy as np
@@ -27,6 +30,7 @@ import pandas as pd
 
 from repro.analysis.load import Runs, is_diverged
 from repro.analysis.tables import resolve_target, run_speedups
+from repro.config.settings import CostConfig
 
 RUN_ID = ("exp_name", "run_dir", "seed", "num_clients", "nsync", "start", "backend.name",
           "status", "diverged")
@@ -49,6 +53,26 @@ def measured_rows(runs: pd.DataFrame, columns: list[str], quantities) -> pd.Data
                        clock=runs["clock"] if "clock" in runs else "virtual")
     ident = [c for c in columns if c in runs and c not in ("quantity", "value")]
     return runs.melt(id_vars=ident, value_vars=list(quantities), var_name="quantity", value_name="value")
+
+
+def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> CostConfig:
+    """A lab run's :class:`CostConfig`, from its ``cost.*`` columns (absent in older runs, or NaN
+    where the run said null: the field's default or None; a list, one JSON cell of the table:
+    :func:`repro.analysis.load.flatten`); a nested group from its own."""
+    hints, values = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):   # cost.shared.*, cost.machine.*, cost.churn.*
+            values[f.name] = cost_of(run, hints[f.name], f"{prefix}{f.name}.")
+            continue
+        v = run.get(f"{prefix}{f.name}")
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            continue
+        if typing.Optional[int] == hints[f.name] or hints[f.name] is int:
+            v = int(v)
+        elif isinstance(v, str) and v.startswith("["):
+            v = tuple(json.loads(v))   # cost.speeds
+        values[f.name] = v.item() if isinstance(v, np.generic) else v
+    return cls(**values)
 
 
 def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:

@@ -20,16 +20,12 @@ bandwidth, nsync, jitter and seed. Nothing here trains or reads files.
 """
 from __future__ import annotations
 
-import dataclasses
-import typing
-
 import numpy as np
 import pandas as pd
 
-from repro.analysis.frames import PREDICTED, measured_rows
+from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.load import Runs, finite, is_diverged, recorded
-from repro.config.settings import CostConfig
 from repro.sim.ceiling import ceiling
 
 KEYS = ["cost.profile", "cost.bandwidth_Bps", "nsync", "num_clients"]
@@ -44,23 +40,6 @@ QUANTITIES = {"samples_per_s": "applied samples per second\n(steady state, virtu
 # ---------------------------------------------------------------------------------------------
 # A run's cost profile and its prediction
 # ---------------------------------------------------------------------------------------------
-
-def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> CostConfig:
-    """The run's :class:`CostConfig`, from its ``cost.*`` columns (absent in older runs, or NaN
-    where the run said null: the field's default or None); a nested group from its own."""
-    hints, values = typing.get_type_hints(cls), {}
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):   # cost.shared.*, cost.machine.*, cost.churn.*
-            values[f.name] = cost_of(run, hints[f.name], f"{prefix}{f.name}.")
-            continue
-        v = run.get(f"{prefix}{f.name}")
-        if v is None or (isinstance(v, float) and np.isnan(v)):
-            continue
-        if typing.Optional[int] == hints[f.name] or hints[f.name] is int:
-            v = int(v)
-        values[f.name] = v.item() if isinstance(v, np.generic) else v
-    return cls(**values)
-
 
 def predict(run: pd.Series, counts) -> list:
     """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at each client count of
