@@ -141,7 +141,7 @@ def staleness_frame(runs: Runs) -> pd.DataFrame:
     hist.insert(len(ident), "quantity", "staleness")
     final = runs.runs[ident].copy()
     final["quantity"] = "final_test_error_pct"
-    final["value"] = 100.0 * _final_test_error(runs).to_numpy()
+    final["value"] = 100.0 * final_test_error(runs).to_numpy()
     final["count"] = 1
     out = _with_diverged(pd.concat([hist, final], ignore_index=True))
     out = out.sort_values(["quantity", "num_clients", "nsync", "seed", "run_dir", "value"],
@@ -149,7 +149,7 @@ def staleness_frame(runs: Runs) -> pd.DataFrame:
     return out[[*_ident(out), "quantity", "value", "count"]].reset_index(drop=True)
 
 
-def _final_test_error(runs: Runs) -> pd.Series:
+def final_test_error(runs: Runs) -> pd.Series:
     """summary.json ``final.test_error``; the last evaluation's when the summary lacks it."""
     final = pd.to_numeric(runs.runs.get("final_test_error", pd.Series(np.nan, runs.runs.index)),
                           errors="coerce")
