@@ -428,6 +428,15 @@ def test_cli_exits_2_on_missing_or_unusable_experiment(results, tmp_path, capsys
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_a_missing_results_folder_is_refused_in_the_one_line_of_every_bad_input(tmp_path, capsys):
+    """Key, value and what is accepted, in ConfigError's own words (nothing patched on in front)."""
+    missing = tmp_path / "nonexistent"
+    assert main(["fig3", "--results", str(missing)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: invalid value for '--results': '{missing}'; expected an existing "
+                           "results folder (this one does not exist)"), line
+
+
 def test_build_figure_returns_written_paths(results, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -26,7 +26,7 @@ import pytest
 
 from repro.analysis import build_figure, configs, load_runs, run_speedups
 from repro.analysis.__main__ import main
-from repro.analysis.render import figure_runs, spec
+from repro.analysis.render import FIGURES, figure_runs
 from repro.errors import ConfigError
 from repro.grid import BuildFigure, figure_stem
 
@@ -212,7 +212,7 @@ def test_every_committed_experiment_is_one_configuration_per_figure():
         callback = (full.hydra.get("callbacks") or {}).get("figure")
         if callback is None:
             continue
-        axes = spec(callback.figure).axes
+        axes = FIGURES[callback.figure].axes
         sweep = {k: list(parser.parse_overrides([f"{k}={v}"])[0].sweep_string_iterator())
                  for k, v in (full.hydra.sweeper.params or {}).items()}
         # each group at its first choice; then every value of every key, one at a time
@@ -251,7 +251,7 @@ def test_fig4_reference_is_never_a_stale_folder_of_other_settings(tmp_path):
     assert not frame["ref_run_dir"].str.contains(stale[0]).any()
     assert (frame["ref_run_dir"].map(lambda d: Path(d).name.split(",")[0]) == "num_clients=1").all()
     # and through the API on the pooled tables: the reference shares the configuration
-    runs = configs.annotate(load_runs(root, "fig4"), spec("fig4").axes)
+    runs = configs.annotate(load_runs(root, "fig4"), FIGURES["fig4"].axes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         per_run = run_speedups(runs.evals, 0.1)

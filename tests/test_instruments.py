@@ -266,6 +266,30 @@ def test_a_terminal_summary_left_by_an_earlier_launch_does_not_end_the_wait(tmp_
                 hosts.agents[host].wait(10)
 
 
+class _Agent:
+    """A stand-in agent that has exited after ``polls`` polls."""
+    pid = -1
+
+    def __init__(self, polls: int):
+        self.polls = polls
+
+    def poll(self):
+        self.polls -= 1
+        return None if self.polls >= 0 else 0
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_the_wait_reads_the_summary_once_a_poll(tmp_path, monkeypatch):
+    """One read of summary.json a poll (and one at the end): two reads could see two summaries."""
+    results, reads = _results(tmp_path, {"status": "completed"}), []
+    read = two_hosts.summary_text
+    monkeypatch.setattr(two_hosts, "summary_text", lambda d: reads.append(d) or read(d))
+    run = two_hosts.TwoHostRun(FakeHosts(), results, _Agent(0), _Agent(1))   # one poll, then both gone
+    assert run.wait(60) == {"status": "completed"} and len(reads) == 2
+
+
 @pytest.mark.slow
 def test_a_run_stopped_while_its_clients_join_is_started_over_by_resume_auto(tmp_path):
     """Issue 32, item 4's way back: a two-host point stopped before its clients joined (rank 0

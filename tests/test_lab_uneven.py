@@ -57,6 +57,12 @@ def _row(cfg: RunConfig) -> pd.Series:
     return pd.Series(flatten(to_dict(cfg)))
 
 
+def test_segment_times_read_per_client_speeds_from_their_json_cell():
+    cfg = _run(cost=CostConfig(compute_s=0.01, speeds=(1.0, 2.0, 4.0, 8.0), straggler_client=2,
+                               straggler_factor=3.0), nsync=2)
+    assert segment_times(_row(cfg)) == pytest.approx([0.02, 0.12, 0.08, 0.16])
+
+
 def _step_times(run_dir) -> pd.Series:
     up = pd.read_csv(run_dir / "updates.csv")
     return up["time_s"].diff().fillna(up["time_s"].iloc[0])

@@ -25,9 +25,9 @@ print('lookup', PROTOCOLS['ringmaster'].__name__, loaded('repro.asgd.optimal'))
 from repro.lab import grader
 print('catalogue', len(grader.catalogue()), loaded('repro.lab.gates', 'repro.lab.numeric', 'repro.lab.plugins'))
 print('exercise', grader.EXERCISES['ssp_gate'].name, loaded('repro.lab.gates', 'repro.lab.numeric'))
-from repro.analysis.render import figure_names, spec
+from repro.analysis.render import FIGURES, figure_names
 print('figures', len(figure_names()), loaded('repro.analysis.lab.churn'))
-print('figure', spec('churn').exps, loaded('repro.analysis.lab.churn', 'repro.analysis.lab.sync'))
+print('figure', FIGURES['churn'].exps, loaded('repro.analysis.lab.churn', 'repro.analysis.lab.sync'))
 """
 
 

@@ -114,10 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     set_style()
     try:
         if not Path(args.results).is_dir():   # else the first folder missing under it takes the blame
-            err = ConfigError("--results", args.results, "an existing results folder: where "
-                              "python -m repro.run +exp=NAME wrote its runs (results_dir, default results)")
-            err.args = (f"the results folder {args.results} does not exist. {err.args[0]}",)
-            raise err
+            raise ConfigError("--results", args.results, "an existing results folder (this one does not "
+                              "exist): where python -m repro.run +exp=NAME wrote its runs (results_dir, "
+                              "default results)")
         with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
             warnings.showwarning = _show_warning
             stem = args.name or (f"{args.figure}-{file_label(args.config)}"
@@ -135,8 +134,6 @@ def main(argv: list[str] | None = None) -> int:
 def compare_main(argv: list[str]) -> int:
     args = parse_compare_args(argv)
     matplotlib.use("Agg")  # compare draws nothing, but imports the figure registry
-    from pathlib import Path
-
     from repro.analysis import compare, trees
 
     try:

@@ -185,7 +185,8 @@ def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, 
                                    None if gb is None else gb[metric], k, *FLOORS[metric])
             if other:
                 stats["note"] = OTHER_CONFIG
-            elif stats["note"].startswith("NaN seeds left out"):
+            elif not math.isnan(stats["tolerance"]) and stats["nan_a"] + stats["nan_b"]:
+                # compared on the finite seeds (it has a tolerance), NaN seeds left out of a mean
                 _warn_left_out(name, _label(keys, point), metric, ga, gb)
             rows.append({"figure": name, "grid_point": _label(keys, point),
                          **dict(zip(keys, point)), "metric": metric,

@@ -20,6 +20,9 @@ per frame:
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import typing
 import warnings
 
 import numpy as np
@@ -27,6 +30,7 @@ import pandas as pd
 
 from repro.analysis.load import Runs, is_diverged
 from repro.analysis.tables import resolve_target, run_speedups
+from repro.config.settings import CostConfig
 
 RUN_ID = ("exp_name", "run_dir", "seed", "num_clients", "nsync", "start", "backend.name",
           "status", "diverged")
@@ -43,11 +47,32 @@ PREDICTED = {"seed": np.nan, "run_dir": None, "status": None, "diverged": False,
 def measured_rows(runs: pd.DataFrame, columns: list[str], quantities) -> pd.DataFrame:
     """A lab frame's measured part, one row per (run, quantity) of ``runs`` (one row per run, a
     column per quantity): of ``columns``, those the runs have beside ``quantity`` and ``value``;
-    ``kind`` measured, ``source`` the run, ``clock`` virtual unless the runs say."""
-    runs = runs.assign(kind="measured", source="simulator (this run)",
+    ``kind`` measured, ``source`` the run, ``clock`` virtual, each unless the runs say (the
+    ceiling's runs in lockstep are kind ``lockstep``)."""
+    runs = runs.assign(kind=runs["kind"] if "kind" in runs else "measured", source="simulator (this run)",
                        clock=runs["clock"] if "clock" in runs else "virtual")
     ident = [c for c in columns if c in runs and c not in ("quantity", "value")]
     return runs.melt(id_vars=ident, value_vars=list(quantities), var_name="quantity", value_name="value")
+
+
+def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> CostConfig:
+    """A lab run's :class:`CostConfig`, from its ``cost.*`` columns (absent in older runs, or NaN
+    where the run said null: the field's default or None; a list, one JSON cell of the table:
+    :func:`repro.analysis.load.flatten`); a nested group from its own."""
+    hints, values = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):   # cost.shared.*, cost.machine.*, cost.churn.*
+            values[f.name] = cost_of(run, hints[f.name], f"{prefix}{f.name}.")
+            continue
+        v = run.get(f"{prefix}{f.name}")
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            continue
+        if typing.Optional[int] == hints[f.name] or hints[f.name] is int:
+            v = int(v)
+        elif isinstance(v, str) and v.startswith("["):
+            v = tuple(json.loads(v))   # cost.speeds
+        values[f.name] = v.item() if isinstance(v, np.generic) else v
+    return cls(**values)
 
 
 def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:
@@ -116,7 +141,7 @@ def staleness_frame(runs: Runs) -> pd.DataFrame:
     hist.insert(len(ident), "quantity", "staleness")
     final = runs.runs[ident].copy()
     final["quantity"] = "final_test_error_pct"
-    final["value"] = 100.0 * _final_test_error(runs).to_numpy()
+    final["value"] = 100.0 * final_test_error(runs).to_numpy()
     final["count"] = 1
     out = _with_diverged(pd.concat([hist, final], ignore_index=True))
     out = out.sort_values(["quantity", "num_clients", "nsync", "seed", "run_dir", "value"],
@@ -124,7 +149,7 @@ def staleness_frame(runs: Runs) -> pd.DataFrame:
     return out[[*_ident(out), "quantity", "value", "count"]].reset_index(drop=True)
 
 
-def _final_test_error(runs: Runs) -> pd.Series:
+def final_test_error(runs: Runs) -> pd.Series:
     """summary.json ``final.test_error``; the last evaluation's when the summary lacks it."""
     final = pd.to_numeric(runs.runs.get("final_test_error", pd.Series(np.nan, runs.runs.index)),
                           errors="coerce")

@@ -12,7 +12,6 @@ unless ``config`` chooses one (``--config num_epochs=3``); the grid callback pas
 """
 from __future__ import annotations
 
-import inspect
 import re
 import sys
 import warnings
@@ -53,15 +52,14 @@ FIGURES: Registry[FigureSpec] = Registry("figure")
 def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str, ...] = (),
                     extra: Callable | None = None, axes: tuple[str, ...] | None = None) -> None:
     """Register figure ``name``; the calling module must be the one repro.registry declares for it."""
-    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra,
-                                 LAB_AXES.get(name) if axes is None else tuple(axes)),
+    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra, None if axes is None else tuple(axes)),
                 module=sys._getframe(1).f_globals["__name__"])
 
 
 def printed_table(table: Callable[[pd.DataFrame], pd.DataFrame], digits: int = 3) -> Callable:
     """A lab figure's ``extra``: print ``table(frame)`` whole (every row and column, numbers to
     ``digits`` significant digits) beside the figure; it writes no file."""
-    def extra(frame: pd.DataFrame, out_dir) -> list:
+    def extra(frame: pd.DataFrame, out_dir, stem: str) -> list:
         with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_rows", 500):
             print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.{digits}g}"))
         return []
@@ -76,15 +74,6 @@ def _speedup_table(frame: pd.DataFrame, out: Path, stem: str = "fig4") -> list[P
     return [path]
 
 
-# The axes of the lab's figures (their modules register them): what each experiment sweeps.
-# +problem chooses data, model, batch size and budget; +mitigation the server rule and protocol.
-LAB_AXES = {"stability": ("num_clients", "algo.lr", "algo.batch_size", "data.", "model.",
-                          "num_epochs"),
-            "momentum": ("num_clients", "algo.momentum"),
-            "sync_vs_async": ("num_clients", "protocol.name", "protocol.backup_workers", "cost."),
-            "mitigation": ("nsync", "algo.server_rule", "protocol.name"),
-            # with jitter and without (clients in lockstep) in one figure
-            "ceiling": ("num_clients", "nsync", "cost.bandwidth_Bps", "cost.jitter")}
 CURVES = ("num_clients", "nsync")   # fig2-fig4: one curve or point per client count and nsync
 _fig1 = lambda runs, target: frames.fig1_frame(runs)   # noqa: E731
 _fig3 = lambda runs, target: frames.fig3_frame(runs)   # noqa: E731
@@ -106,13 +95,9 @@ def figure_names() -> tuple[str, ...]:
     return tuple(FIGURES)
 
 
-def spec(name: str) -> FigureSpec:
-    return FIGURES[name]
-
-
 def default_exp(name: str, results_dir: str | Path) -> str:
     """The experiment folder a figure reads by default (the first of its exps that exists)."""
-    candidates = spec(name).exps
+    candidates = FIGURES[name].exps
     return next((c for c in candidates if (Path(results_dir) / c).is_dir()), candidates[0])
 
 
@@ -142,7 +127,7 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     (:func:`repro.analysis.configs.one_grid`), else :class:`ConfigError` naming them; ``each``:
     return ``[(label, runs), ...]``, one per configuration, instead of refusing.
     """
-    figure = spec(name)   # ConfigError naming the figures there are
+    figure = FIGURES[name]   # ConfigError naming the figures there are
     exp = exp_name or default_exp(name, results_dir)
     runs = load_runs(results_dir, exp) if runs is None else runs
     where = str(Path(results_dir) / exp)
@@ -168,7 +153,7 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
 
 
 def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFrame:
-    frame = spec(name).frame(runs, target)
+    frame = FIGURES[name].frame(runs, target)
     if frame.empty:
         raise NoRunsError("exp", where, f"runs that {name} can use"
                                         + (" (1-client runs)" if name == "fig1" else ""))
@@ -221,17 +206,11 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> li
 
 
 def _write(name: str, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
-    paths = save_figure(lambda: spec(name).draw(frame), frame, out, stem)
-    if spec(name).extra is not None:
-        paths += _extra(spec(name).extra, frame, out, stem)
+    figure = FIGURES[name]
+    paths = save_figure(lambda: figure.draw(frame), frame, out, stem)
+    if figure.extra is not None:
+        paths += figure.extra(frame, out, stem)
     return paths
-
-
-def _extra(extra: Callable, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
-    """A lab figure's extra takes (frame, out); fig4's also the stem its files are named by."""
-    if len(inspect.signature(extra).parameters) >= 3:
-        return extra(frame, out, stem)
-    return extra(frame, out)
 
 
 def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:

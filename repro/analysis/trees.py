@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repro.analysis.render import FIGURES, figure_frame, spec
+from repro.analysis.render import FIGURES, figure_frame
 
 KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 from repro.analysis.load import NoRunsError, Runs, load_runs
@@ -92,7 +92,7 @@ def tree_kind(path: str | Path) -> str:
     if not root.is_dir():
         raise NoRunsError("compare", str(root), "an existing results tree or figures folder")
     csvs = [n for n in COMPARED if (root / f"{n}.csv").is_file()]
-    exps = [n for n in COMPARED if any((root / e).is_dir() for e in spec(n).exps)]
+    exps = [n for n in COMPARED if any((root / e).is_dir() for e in FIGURES[n].exps)]
     if csvs and exps:
         raise ConfigError("compare", str(root), "either a results tree or a figures folder, "
                                                 f"not both (it holds {csvs[0]}.csv and "
@@ -122,7 +122,7 @@ def read_tree(path: str | Path, names: tuple[str, ...] = COMPARED,
             if got is not None:
                 frames[name], targets[name] = got, _target(got)
             continue
-        exp = next((e for e in spec(name).exps if (root / e).is_dir()), None)
+        exp = next((e for e in FIGURES[name].exps if (root / e).is_dir()), None)
         if exp is None:
             continue
         if exp not in loaded:

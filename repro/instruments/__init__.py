@@ -1,6 +1,6 @@
 """The instruments: what measures the simulator against real runs, kept apart from the library.
 
-The library (``repro.asgd``, ``problem``, ``runs``, ``sim``, ``real``, ``analysis``, ``bench``...)
+The library (``repro.asgd``, ``workload``, ``runs``, ``sim``, ``real``, ``analysis``, ``bench``...)
 trains, simulates and draws; this package holds it up against reality, as an experiment's
 instruments sit beside the apparatus (torchtitan's ``experiments/``): it imports the library and
 the library never imports it, so none of its two-host plumbing, core sampling or re-simulation can

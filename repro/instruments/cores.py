@@ -81,10 +81,10 @@ def _softirqs() -> dict[str, int]:
 def role(pid: int, loopback_server: int | None) -> str | None:
     """'server', 'client' or 'agent' for a process of the run, None for any other."""
     try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
+    cmd = cmdline(pid)
     if pid == loopback_server:
         return "server"
     if b"torch.distributed.run" in cmd:
@@ -97,13 +97,9 @@ def role(pid: int, loopback_server: int | None) -> str | None:
     parent = _parent(pid)
     if parent == loopback_server:   # a spawned client, or the fork server clients are forked from
         return None if b"multiprocessing.forkserver" in cmd else "client"
-    if parent is not None and _parent(parent) == loopback_server and _forkserver(parent):
+    if parent is not None and _parent(parent) == loopback_server and b"multiprocessing.forkserver" in cmdline(parent):
         return "client"   # a fork of the run's fork server (repro.real.launch.client_context)
     return None
-
-
-def _forkserver(pid: int) -> bool:
-    return b"multiprocessing.forkserver" in cmdline(pid)
 
 
 def _parent(pid: int) -> int | None:

@@ -205,18 +205,11 @@ class TwoHosts:
         link = self.link
         tbf = ["tbf", "rate", f"{int(link.rate_mbit * 1e6)}bit", "burst", str(int(link.burst_kb * 1024)),
                "latency", f"{link.latency_ms:g}ms"]
-        parent = ["root"]
+        parent, qdisc = ["root"], ["netns", "exec", host.netns, "tc", "qdisc", "add", "dev", host.ifname]
         if link.delay_ms > 0:
-            self._tc(host, "add", "dev", host.ifname, "root", "handle", "1:", "netem", "delay", f"{link.delay_ms:g}ms")
+            _ip(*qdisc, "root", "handle", "1:", "netem", "delay", f"{link.delay_ms:g}ms")
             parent = ["parent", "1:1"]
-        self._tc(host, "add", "dev", host.ifname, *parent, "handle", "10:", *tbf)
-
-    @staticmethod
-    def _tc(host: Host, *args: str) -> None:
-        cmd = ["ip", "netns", "exec", host.netns, "tc", "qdisc", *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        if done.returncode != 0:
-            raise HostsUnavailable(f"'tc qdisc {' '.join(args)}' failed: {done.stderr.strip()}")
+        _ip(*qdisc, *parent, "handle", "10:", *tbf)
 
     def close(self) -> None:
         """Kill every process in both namespaces and delete them; safe to call twice, and not

@@ -68,11 +68,6 @@ def point_name(job: dict[str, str]) -> str:
     return "_".join(f"{k}{job[k]}" for k in sorted(job))
 
 
-def finished(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished run anywhere below it."""
-    return bool(lab.run_dirs(folder))
-
-
 class SimVsReal(Callback):
     """After the loopback grid: the limited link's runs, the fits, the simulations, the figure."""
 
@@ -141,10 +136,11 @@ class SimVsReal(Callback):
 
         missing = {}
         for job in jobs:
-            folder, point = root / "link" / point_name(job), point_name(job)
+            point = point_name(job)
+            folder = root / "link" / point
             if stop.is_set():
                 break
-            if finished(folder):
+            if lab.run_dirs(folder):   # a finished run below it: skipped on a rerun
                 continue
             overrides = [*task, *(f"{k}={v}" for k, v in job.items()), f"num_epochs={self.link_epochs:g}",
                          f"eval_every={base.eval_every:g}", f"target_error={base.target_error:g}",

@@ -93,10 +93,7 @@ class TwoHostRun:
         return run_folder(self.results_dir)
 
     def summary(self) -> dict | None:
-        try:
-            return json.loads(summary_text(self.results_dir) or "null")
-        except json.JSONDecodeError:   # written atomically by the run core; never half, but be safe
-            return None
+        return parsed(summary_text(self.results_dir))
 
     def applied(self) -> int:
         """Pushes applied so far (rows of updates.csv)."""
@@ -137,7 +134,8 @@ class TwoHostRun:
             # over: rank 0 gone with a terminal summary of this launch (one left from an earlier
             # launch says nothing: rank 0 may not have started yet), or node 0's agent gone (rank 0
             # is its only worker: it refused the folder, say; node 1's agent would wait for minutes)
-            summary = self.summary() if summary_text(self.results_dir) != self.previous else None
+            text = summary_text(self.results_dir)   # read once a poll: it may change between reads
+            summary = parsed(text) if text != self.previous else None
             if ended is None and (self.server.poll() is not None
                                   or summary and summary["status"] != "running" and not self.server_alive()):
                 ended = time.monotonic()
@@ -152,11 +150,11 @@ class TwoHostRun:
             time.sleep(0.1)
         for proc in (self.server, self.client):
             proc.wait(10)
-        summary = self.summary()
+        text = summary_text(self.results_dir)
+        summary = parsed(text)
         if summary is None:
             raise RuntimeError("the two-host run ended without a summary.json; node 0's log:\n" + self.log(0)[-3000:])
-        if self.previous is not None and summary_text(self.results_dir) == self.previous \
-                and summary["status"] not in FINISHED_STATUSES:
+        if self.previous is not None and text == self.previous and summary["status"] not in FINISHED_STATUSES:
             raise RuntimeError(f"rank 0 did not run it, the folder still says {summary['status']!r}: "
                                + refusal(self.log(0)))
         return summary
@@ -176,6 +174,14 @@ def summary_text(results_dir: Path) -> str | None:
     try:
         return (run_dir / "summary.json").read_text() if run_dir else None
     except OSError:
+        return None
+
+
+def parsed(text: str | None) -> dict | None:
+    """A summary.json's text as a dict (None: no summary yet)."""
+    try:
+        return json.loads(text or "null")
+    except json.JSONDecodeError:   # written atomically by the run core; never half, but be safe
         return None
 
 

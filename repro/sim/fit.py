@@ -52,7 +52,6 @@ where it came from.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -62,6 +61,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from repro.config import settings
 from repro.config.renames import read_recorded
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
@@ -125,9 +125,11 @@ def _read_config(run_dir: Path) -> dict:
 
 
 def _get(config: dict, key: str):
-    for part in key.split("."):
-        config = config.get(part) if isinstance(config, dict) else None
-    return config
+    """The recording's value at a dotted key; None where its config.json has none (an old run)."""
+    try:
+        return settings.get(config, key)
+    except (KeyError, TypeError):
+        return None
 
 
 def _positive(value) -> bool:
@@ -285,9 +287,8 @@ def machine_cost(cost, fit: dict, num_clients: int):
     across = int(host["clients_on_host"]) == 0
     one_machine = not across or cost.machine.single
     eval_s = (fit["eval_cpu_s"] or 0.0) if one_machine else 0.0
-    cost = dataclasses.replace(cost, topology="shared", shared=dataclasses.replace(
-        cost.shared, clients_per_host=num_clients, devices_per_host=cores), machine=dataclasses.replace(
-        cost.machine, single=one_machine, eval_s=eval_s))
+    cost = cost.updated(topology="shared", clients_per_host=num_clients, devices_per_host=cores,
+                        one_machine=one_machine, eval_s=eval_s)   # old flat names: cost.shared.*, cost.machine.*
     where = (f"the clients on one host of {cores} cores (the server's host's count)" if not one_machine else
              f"one machine of {cores} cores shared by the server, {num_clients} clients and their "
              + ("evaluations; the transfers cross the limited link" if across else "transfers"))
@@ -303,8 +304,8 @@ def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
         raise ConfigError("cost.path", cfg.cost.path, "one or more recorded run folders, separated by ':' "
                           "(cost=fit cost.path=RUN_DIR[:RUN_DIR...])")
     fit = fit_cost(paths, cfg.cost.shared.server_bandwidth_Bps, cfg.cost.shared.server_burst_bytes, identity(cfg))
-    cost = dataclasses.replace(
-        cfg.cost, compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
+    cost = cfg.cost.updated(
+        compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
         jitter_sigma=fit["jitter_sigma"], latency_s=fit["latency_s"], bandwidth_Bps=fit["bandwidth_Bps"],
         server_apply_s=fit["server_apply_s"], reply_holds_server=fit["reply_holds_server"])
     cost, fit["machine"] = machine_cost(cost, fit, cfg.num_clients)

@@ -20,15 +20,12 @@ bandwidth, nsync, jitter and seed. Nothing here trains or reads files.
 """
 from __future__ import annotations
 
-import dataclasses
-import typing
-
 import numpy as np
 import pandas as pd
 
+from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.load import Runs, finite, is_diverged, recorded
-from repro.config.settings import CostConfig
 from repro.sim.ceiling import ceiling
 
 KEYS = ["cost.profile", "cost.bandwidth_Bps", "nsync", "num_clients"]
@@ -44,30 +41,14 @@ QUANTITIES = {"samples_per_s": "applied samples per second\n(steady state, virtu
 # A run's cost profile and its prediction
 # ---------------------------------------------------------------------------------------------
 
-def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> CostConfig:
-    """The run's :class:`CostConfig`, from its ``cost.*`` columns (absent in older runs, or NaN
-    where the run said null: the field's default or None); a nested group from its own."""
-    hints, values = typing.get_type_hints(cls), {}
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):   # cost.shared.*, cost.machine.*, cost.churn.*
-            values[f.name] = cost_of(run, hints[f.name], f"{prefix}{f.name}.")
-            continue
-        v = run.get(f"{prefix}{f.name}")
-        if v is None or (isinstance(v, float) and np.isnan(v)):
-            continue
-        if typing.Optional[int] == hints[f.name] or hints[f.name] is int:
-            v = int(v)
-        values[f.name] = v.item() if isinstance(v, np.generic) else v
-    return cls(**values)
-
-
-def predict(run: pd.Series, num_clients: int):
-    """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at ``num_clients``: messages of
-    the network's own bytes as its config.json records them (``network.param_bytes``; the lab
-    builds no network), unless ``cost.comm_params`` sets them."""
+def predict(run: pd.Series, counts) -> list:
+    """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at each client count of
+    ``counts`` (its inputs read once): messages of the network's own bytes as its config.json
+    records them (``network.param_bytes``; the lab builds no network), unless ``cost.comm_params``
+    sets them."""
     cost = cost_of(run)
     nbytes = 0 if finite(run.get("cost.comm_params")) else int(recorded(pd.DataFrame([run]), "network.param_bytes"))
-    return ceiling(cost, num_clients, int(run["nsync"]), nbytes, float(run["cost.compute_s"]))
+    return [ceiling(cost, n, int(run["nsync"]), nbytes, float(run["cost.compute_s"])) for n in counts]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,23 +91,20 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     one = r[r["num_clients"] == 1].set_index(same)["samples_per_s"]
     key = list(zip(*(r[c] for c in same)))
     r["speedup"] = r["samples_per_s"].to_numpy() / one.reindex(key).to_numpy()
-    r["clock"] = r["clock"] if "clock" in r else "virtual"
     r["kind"], r["binding"] = np.where(in_lockstep(r), LOCKSTEP, MEASURED), None
-    measured = r.melt(id_vars=[c for c in COLUMNS if c in r and c not in ("quantity", "value")],
-                      value_vars=list(QUANTITIES), var_name="quantity", value_name="value")
+    measured = measured_rows(r, COLUMNS, QUANTITIES)
     rows = []   # the bound at every client count up to the largest run, so the knee shows
     for (profile, bw, k), group in r.groupby(KEYS[:3], sort=False, dropna=False):
-        run, alone = group.iloc[0], predict(group.iloc[0], 1)
+        run = group.iloc[0]
+        bounds = predict(run, range(1, int(group["num_clients"].max()) + 1))
         per_push = int(k) * int(run["algo.batch_size"])
-        for n in range(1, int(group["num_clients"].max()) + 1):
-            bound = predict(run, n)
+        for bound in bounds:
             for q, v in (("samples_per_s", bound.pushes_per_s * per_push),
-                         ("speedup", bound.pushes_per_s / alone.pushes_per_s)):
-                rows.append({"cost.profile": profile, "cost.bandwidth_Bps": bw, "nsync": k, "num_clients": n,
-                             "cost.jitter": None, "seed": np.nan, "run_dir": None, "status": None,
-                             "diverged": False,
-                             "quantity": q, "value": v, "kind": "predicted", "binding": bound.binding,
-                             "clock": run["clock"]})
+                         ("speedup", bound.pushes_per_s / bounds[0].pushes_per_s)):
+                rows.append({"cost.profile": profile, "cost.bandwidth_Bps": bw, "nsync": k,
+                             "num_clients": bound.num_clients, "cost.jitter": None, **PREDICTED,
+                             "quantity": q, "value": v, "binding": bound.binding,
+                             "clock": run.get("clock", "virtual")})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     return out[COLUMNS].sort_values(["cost.profile", "cost.bandwidth_Bps", "quantity", "nsync", "num_clients",
                                      "kind", "seed"], kind="stable").reset_index(drop=True)
@@ -216,5 +194,6 @@ def draw_ceiling(frame: pd.DataFrame):
 
 
 
-register_figure("ceiling", ceiling_frame, draw_ceiling, exps=("ceiling",),
-                extra=printed_table(table, digits=4))
+# its axes: with jitter and without (clients in lockstep) in one figure
+register_figure("ceiling", ceiling_frame, draw_ceiling, exps=("ceiling",), extra=printed_table(table, digits=4),
+                axes=("num_clients", "nsync", "cost.bandwidth_Bps", "cost.jitter"))

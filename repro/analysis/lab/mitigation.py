@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.frames import PREDICTED, measured_rows
+from repro.analysis.frames import PREDICTED, final_test_error, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.analysis.tables import resolve_target, time_to_target
 
@@ -70,10 +70,7 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["server_rule"], r["protocol"] = r["algo.server_rule"], r["protocol.name"]
     r["mitigation"] = [mitigation_of(a, b) for a, b in zip(r["server_rule"], r["protocol"])]
     r["diverged"] = is_diverged(r["status"])
-    last = (runs.evals.sort_values(["time_s", "version"], kind="stable")
-            .groupby("run_dir")["test_error"].last())
-    final = pd.to_numeric(r.get("final_test_error"), errors="coerce").fillna(r["run_dir"].map(last))
-    r["final_test_error_pct"] = 100.0 * final
+    r["final_test_error_pct"] = 100.0 * final_test_error(runs)
     r["time_to_target_s"] = r["run_dir"].map(
         time_to_target(runs.evals, target).set_index("run_dir")["time_to_target_s"])
     st = runs.updates.groupby("run_dir")["staleness"].agg(["mean", "max"])
@@ -213,5 +210,6 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 
+# its axes: +mitigation chooses the server rule and the protocol
 register_figure("mitigation", mitigation_frame, draw_mitigation, exps=("mitigation",),
-                extra=printed_table(table))
+                extra=printed_table(table), axes=("nsync", "algo.server_rule", "protocol.name"))

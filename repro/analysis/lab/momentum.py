@@ -320,4 +320,4 @@ def draw_momentum(frame: pd.DataFrame) -> Figure:
     return fig
 
 
-register_figure("momentum", momentum_frame, draw_momentum, exps=("momentum",))
+register_figure("momentum", momentum_frame, draw_momentum, exps=("momentum",), axes=("num_clients", "algo.momentum"))

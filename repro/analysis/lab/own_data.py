@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
+from repro.analysis.lab.partition import partition_of
 from repro.analysis.lab.uneven import method_of, method_order
 from repro.analysis.load import Runs, is_diverged
 
@@ -27,11 +28,6 @@ COLUMNS = ["partition", "method", "family", "seed", "run_dir", "status", "diverg
            "algo.lr", "num_epochs"]
 # methods that drop work, by family (the finding's two sides)
 DROPS_WORK = ("Ringmaster", "sync + backup", "Rennala")
-
-
-def partition_of(run: pd.Series) -> str:
-    part = str(run["data.partition"])
-    return f"dirichlet alpha={float(run['data.alpha']):g}" if part == "dirichlet" else part
 
 
 def _classes(cell) -> list:

@@ -24,10 +24,14 @@ COUNTS = "dataset.client_class_counts"
 PANEL_KEYS = ("data.name", "data.partition", "data.alpha", "data.slow_client_classes", "num_clients")
 
 
-def _label(run: pd.Series) -> str:
+def partition_of(run: pd.Series) -> str:
+    """``iid``, ``dirichlet alpha=0.1``, ...: the partition's name with what parametrises it."""
     part = str(run["data.partition"])
-    if part == "dirichlet":
-        part += f" alpha={float(run['data.alpha']):g}"
+    return f"dirichlet alpha={float(run['data.alpha']):g}" if part == "dirichlet" else part
+
+
+def _label(run: pd.Series) -> str:
+    part = partition_of(run)
     slow = run.get("data.slow_client_classes")
     if isinstance(slow, str) and slow.startswith("["):
         part += f", classes {slow} on the slow client"

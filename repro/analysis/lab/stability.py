@@ -197,4 +197,6 @@ def draw_stability(frame: pd.DataFrame) -> Figure:
     return fig
 
 
-register_figure("stability", stability_frame, draw_stability, exps=("stability",))
+# its axes: +problem chooses data, model, batch size and budget
+register_figure("stability", stability_frame, draw_stability, exps=("stability",),
+                axes=("num_clients", "algo.lr", "algo.batch_size", "data.", "model.", "num_epochs"))

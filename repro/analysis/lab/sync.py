@@ -367,4 +367,5 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 
-register_figure("sync_vs_async", sync_frame, draw_sync, exps=("sync_vs_async",), extra=printed_table(table))
+register_figure("sync_vs_async", sync_frame, draw_sync, exps=("sync_vs_async",), extra=printed_table(table),
+                axes=("num_clients", "protocol.name", "protocol.backup_workers", "cost."))

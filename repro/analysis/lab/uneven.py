@@ -25,14 +25,13 @@ most :data:`TARGET_LOSS`: no published prediction exists for it on this network.
 from __future__ import annotations
 
 import heapq
-import json
 import math
 
 import numpy as np
 import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.frames import PREDICTED, measured_rows
+from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.tables import time_to_target
 from repro.analysis.load import Runs, finite, is_diverged
 
@@ -87,16 +86,9 @@ def method_order(methods) -> list[str]:
 def segment_times(run: pd.Series) -> list[float]:
     """tau_1..tau_N: each client's segment time (nsync steps of compute_s x its relative step
     time x the straggler's factor), as the simulator's clock has them without jitter."""
-    n, steps = int(run["num_clients"]), int(run["nsync"]) * float(run["cost.compute_s"])
-    speeds = run.get("cost.speeds")
-    speeds = json.loads(speeds) if isinstance(speeds, str) and speeds.startswith("[") else None
-    law = run.get("cost.speed_law", "none")
-    straggler, factor = _int(run.get("cost.straggler_client")), float(run.get("cost.straggler_factor", 1.0))
-    taus = []
-    for k in range(1, n + 1):
-        rel = speeds[k - 1] if speeds else (1.0 + math.sqrt(k - 1) if law == "sqrt" else 1.0)
-        taus.append(steps * rel * (factor if k == straggler else 1.0))
-    return taus
+    cost, steps = cost_of(run), int(run["nsync"]) * float(run["cost.compute_s"])
+    return [steps * cost.speed(k) * (cost.straggler_factor if k == cost.straggler_client else 1.0)
+            for k in range(1, int(run["num_clients"]) + 1)]
 
 
 def collection_time(taus: list[float], size: int) -> float:
