@@ -134,6 +134,9 @@ def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
     return True
 
 
+CLOSE_NEWS_S = 0.5   # ample for a runnable thread to read a closed socket, even on 2 busy cores
+
+
 class ServerSpoke(Exception):
     """A message arrived while this client computed (STOP, or the parameters of a preemption):
     the segment is dropped and the message read."""
@@ -142,19 +145,26 @@ class ServerSpoke(Exception):
 class Heartbeat:
     """Called after each local step: raises :class:`ServerSpoke` when the server's next message
     has arrived (STOP, or new parameters: a sync round closed without us); sends a header-only
-    HEARTBEAT when the server has heard nothing from this client for a quarter of its timeout."""
+    HEARTBEAT when the server has heard nothing from this client for a quarter of its timeout.
+
+    A client silent past the server's whole timeout (suspended, or starved of a core) has most
+    likely been dropped: its link is closed, or closing. Before it sends, it waits up to
+    :data:`CLOSE_NEWS_S` for the link to say so: gloo's thread, continued with it, may not have
+    read the close yet, and a send made before it has waits out ``backend.timeout_s`` (see
+    "A send's wait outlives its link" in :mod:`repro.real.transport`)."""
 
     def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
         self.channel, self.frame, self.client_id = channel, frame, client_id
-        self.every_s, self.last = timeout_s / 4, time.monotonic()
+        self.timeout_s, self.every_s, self.last = timeout_s, timeout_s / 4, time.monotonic()
 
     def sent(self) -> None:
         self.last = time.monotonic()
 
     def __call__(self) -> None:
-        if self.channel.arrived():
+        silent_s = time.monotonic() - self.last
+        if self.channel.arrived(CLOSE_NEWS_S if silent_s > self.timeout_s else 0.0):
             raise ServerSpoke
-        if time.monotonic() - self.last >= self.every_s:
+        if silent_s >= self.every_s:
             self.channel.send(Header(Kind.HEARTBEAT, self.client_id, 0, 0), self.frame)
             self.sent()
 

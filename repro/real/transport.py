@@ -33,6 +33,16 @@ and receive, and releases each when the next one completes (long after gloo let 
 loop of ``dist.recv`` (which drops its work at once) pays the same: the benchmark's raw server
 keeps each receive until it has posted the next.
 
+A send's wait outlives its link. gloo tells a send nothing when its connection closes once
+the send's bytes are queued on the socket: the pair signals its posted receives and the sends
+still waiting for the peer's receive, not a queued one, and a write refused by a closed socket
+(EPIPE) just queues it.
+So a send made after the peer closed the link, before gloo's thread has read the close (a
+client continued after the server dropped it: its first heartbeat races that thread), waits out
+its whole timeout and reports gloo's 'Timed out'. The receive posted on the same pair was handed
+the pair's first error, so a channel whose wait timed out asks that receive why the link ended,
+and reports a closed link as closed (:meth:`Channel._first_error`), not as silence.
+
 Has a message arrived? A client asks between two local steps (STOP, or a preemption's
 parameters). A gloo receive reports its completion only through ``wait()``
 (``work.is_completed()`` stays False until then, torch 2.13), and a short wait that expires
@@ -95,7 +105,24 @@ class Channel:
         try:
             work.wait(timeout)
         except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
-            raise self._lost(what, timeout, exc) from exc
+            raise self._lost(what, timeout, self._first_error(exc)) from exc
+
+    def _first_error(self, exc: RuntimeError) -> Exception:
+        """Why the link ended, for a wait that failed with ``exc``: see "A send's wait outlives
+        its link" in the module docstring. gloo hands its pair's first error to the receive posted
+        on it, so a timed-out wait asks that receive (its own wait then fails at once)."""
+        if "Timed out" not in str(exc) or self._pending is None:
+            return exc
+        work, _, arrival = self._pending
+        self._pending = None   # the link is over: nothing waits on this receive again
+        if arrival is not None:   # the watcher waits on it: it was told already, or is told now
+            arrival.wait(1.0)
+            return arrival.error or exc
+        try:
+            work.wait(datetime.timedelta(seconds=1))
+        except RuntimeError as first:
+            return first
+        return exc
 
     def _lost(self, what: str, timeout: datetime.timedelta, exc: Exception | None) -> LinkLost:
         text = "" if exc is None else str(exc)
@@ -137,12 +164,13 @@ class Channel:
             arrival = self._watcher.watch(work) if self._watcher is not None else None
             self._pending = (work, frame, arrival)
 
-    def arrived(self) -> bool:
+    def arrived(self, wait_s: float = 0.0) -> bool:
         """True when the receive posted ahead has completed, or its link failed (polled between
-        local steps; a watched channel only: see the module docstring)."""
+        local steps; a watched channel only: see the module docstring); ``wait_s``: how long to
+        wait for it first."""
         if self._pending is None or self._pending[2] is None:
             return False
-        return self._pending[2].is_set()
+        return self._pending[2].wait(wait_s) if wait_s else self._pending[2].is_set()
 
     def recv(self, frame: Frame, timeout_s: float | None = None) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after ``timeout_s`` of
