@@ -151,7 +151,7 @@ class Heartbeat:
     likely been dropped: its link is closed, or closing. Before it sends, it waits up to
     :data:`CLOSE_NEWS_S` for the link to say so: gloo's thread, continued with it, may not have
     read the close yet, and a send made before it has waits out ``backend.timeout_s`` (see
-    "A send's wait outlives its link" in :mod:`repro.real.transport`)."""
+    ``Channel._first_error`` in :mod:`repro.real.transport`)."""
 
     def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
         self.channel, self.frame, self.client_id = channel, frame, client_id

@@ -33,16 +33,6 @@ and receive, and releases each when the next one completes (long after gloo let 
 loop of ``dist.recv`` (which drops its work at once) pays the same: the benchmark's raw server
 keeps each receive until it has posted the next.
 
-A send's wait outlives its link. gloo tells a send nothing when its connection closes once
-the send's bytes are queued on the socket: the pair signals its posted receives and the sends
-still waiting for the peer's receive, not a queued one, and a write refused by a closed socket
-(EPIPE) just queues it.
-So a send made after the peer closed the link, before gloo's thread has read the close (a
-client continued after the server dropped it: its first heartbeat races that thread), waits out
-its whole timeout and reports gloo's 'Timed out'. The receive posted on the same pair was handed
-the pair's first error, so a channel whose wait timed out asks that receive why the link ended,
-and reports a closed link as closed (:meth:`Channel._first_error`), not as silence.
-
 Has a message arrived? A client asks between two local steps (STOP, or a preemption's
 parameters). A gloo receive reports its completion only through ``wait()``
 (``work.is_completed()`` stays False until then, torch 2.13), and a short wait that expires
@@ -108,18 +98,18 @@ class Channel:
             raise self._lost(what, timeout, self._first_error(exc)) from exc
 
     def _first_error(self, exc: RuntimeError) -> Exception:
-        """Why the link ended, for a wait that failed with ``exc``: see "A send's wait outlives
-        its link" in the module docstring. gloo hands its pair's first error to the receive posted
-        on it, so a timed-out wait asks that receive (its own wait then fails at once)."""
+        """Why the link ended, for a wait that failed with ``exc``. gloo tells a send queued on its
+        socket nothing when the connection closes (a write refused with EPIPE is just queued), so a
+        send made before gloo's thread read a close (a client continued after the server dropped
+        it) times out instead; the receive posted on the pair was handed the pair's first error."""
         if "Timed out" not in str(exc) or self._pending is None:
             return exc
         work, _, arrival = self._pending
-        self._pending = None   # the link is over: nothing waits on this receive again
-        if arrival is not None:   # the watcher waits on it: it was told already, or is told now
-            arrival.wait(1.0)
-            return arrival.error or exc
+        self._pending = None   # the link is over
+        if arrival is not None:   # its watcher was told already, or is told now
+            return arrival.error if arrival.wait(1.0) and arrival.error else exc
         try:
-            work.wait(datetime.timedelta(seconds=1))
+            work.wait(datetime.timedelta(seconds=1))   # fails at once: the pair has failed
         except RuntimeError as first:
             return first
         return exc
