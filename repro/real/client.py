@@ -1,7 +1,7 @@
 """Ranks 1..N of the real driver: one Downpour client per process.
 
 This module owns the client's side of the conversation, and nothing of process plumbing
-(:mod:`repro.real.launch`): receive parameters (or STOP), ``client.fetch`` them, run
+(:mod:`repro.real.processes`): receive parameters (or STOP), ``client.fetch`` them, run
 ``client.compute_push(net, nsync)`` exactly as the simulator does, send the push, repeat.
 Client ``k`` is built by the same :mod:`repro.workload.build` as simulator client ``k``, so its data
 order is the one seeded by ``(seed, k)``. While it computes, a client proves it is alive with a
