@@ -196,10 +196,23 @@ def test_a_send_queued_when_its_link_closes_reports_the_close(tmp_path):
 
 class ClosingLink:
     """A client's watched channel whose close gloo's thread has not read yet: it reports the
-    close only to a caller that waits for it; records what is sent."""
+    close only to a caller that waits for it, and hands out the ``script``'s messages before;
+    records what is sent."""
 
-    def __init__(self):
-        self.sent: list = []
+    def __init__(self, script=()):
+        self.script, self.sent = list(script), []
+
+    def recv(self, frame, timeout_s=None):
+        from repro.real.frames import LinkLost
+
+        if not self.script:
+            raise LinkLost("rank 0: waiting for a message: connection closed by the peer")
+        header = self.script.pop(0)
+        header.pack(frame)
+        return header
+
+    def post(self, frame) -> None:
+        pass
 
     def arrived(self, wait_s: float = 0.0) -> bool:
         return wait_s > 0
@@ -225,6 +238,36 @@ def test_a_client_silent_past_the_server_timeout_hears_the_close_before_it_sends
     beat.last -= 2
     beat()
     assert busy.sent == [Kind.HEARTBEAT]
+
+
+def test_a_client_suspended_after_its_last_step_hears_the_close_before_it_pushes(monkeypatch):
+    """The same between a push's last local step and its send: a client suspended there past
+    the server's timeout, then continued, drops the push it computed and reads the closed link,
+    rather than sending into it."""
+    import time
+
+    import torch
+
+    from repro.asgd.algorithm import Client
+    from repro.config.settings import BackendConfig, DataConfig, ModelConfig, RunConfig
+    from repro.real.client import build_client, run_client
+    from repro.real.frames import Header, Kind
+
+    cfg = RunConfig(num_clients=1, nsync=1, progress=False, data=DataConfig(name="synthetic"),
+                    model=ModelConfig(name="mlp"), backend=BackendConfig(name="real", client_timeout_s=0.2))
+    setup = build_client(cfg, 1, torch.device("cpu"))
+    compute = Client.compute_push
+
+    def suspended_after(self, *args, **kwargs):
+        push = compute(self, *args, **kwargs)
+        time.sleep(0.3)   # past client_timeout_s: the server has dropped it meanwhile
+        return push
+
+    monkeypatch.setattr(Client, "compute_push", suspended_after)
+    numel = setup.inbox.capacity
+    link = ClosingLink([Header(Kind.HELLO, 0, 0, numel), Header(Kind.PARAMS, 1, 0, numel)])
+    assert run_client(cfg, 1, link, setup) == 1
+    assert link.sent == [Kind.HELLO]
 
 
 @pytest.mark.slow

@@ -146,12 +146,7 @@ class Heartbeat:
     """Called after each local step: raises :class:`ServerSpoke` when the server's next message
     has arrived (STOP, or new parameters: a sync round closed without us); sends a header-only
     HEARTBEAT when the server has heard nothing from this client for a quarter of its timeout.
-
-    A client silent past the server's whole timeout (suspended, or starved of a core) has most
-    likely been dropped: its link is closed, or closing. Before it sends, it waits up to
-    :data:`CLOSE_NEWS_S` for the link to say so: gloo's thread, continued with it, may not have
-    read the close yet, and a send made before it has waits out ``backend.timeout_s`` (see
-    ``Channel._first_error`` in :mod:`repro.real.transport`)."""
+    :meth:`listen` is the first half alone, for the push."""
 
     def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
         self.channel, self.frame, self.client_id = channel, frame, client_id
@@ -161,12 +156,21 @@ class Heartbeat:
         self.last = time.monotonic()
 
     def __call__(self) -> None:
+        if self.listen() >= self.every_s:
+            self.channel.send(Header(Kind.HEARTBEAT, self.client_id, 0, 0), self.frame)
+            self.sent()
+
+    def listen(self) -> float:
+        """Raises :class:`ServerSpoke` when the server's next message has arrived; else the
+        seconds since the server last heard from this client. Silent past the server's whole
+        timeout (suspended, or starved of a core), the client has most likely been dropped: it
+        waits up to :data:`CLOSE_NEWS_S` for the link to say so before it sends, since gloo's
+        thread, continued with it, may not have read the close yet, and a send made first waits
+        out ``backend.timeout_s`` (see ``Channel._first_error`` in :mod:`repro.real.transport`)."""
         silent_s = time.monotonic() - self.last
         if self.channel.arrived(CLOSE_NEWS_S if silent_s > self.timeout_s else 0.0):
             raise ServerSpoke
-        if silent_s >= self.every_s:
-            self.channel.send(Header(Kind.HEARTBEAT, self.client_id, 0, 0), self.frame)
-            self.sent()
+        return silent_s
 
 
 class Pace:
@@ -229,6 +233,7 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
                 update_out.copy_(push.update)   # D2H into the pinned frame, synchronous
             else:
                 push = client.compute_push(setup.net, cfg.nsync, out=update_out, on_step=on_step)
+            heartbeat.listen()   # also after the last step: suspended there, it may have been dropped
         except ServerSpoke:   # STOP ends the loop; preempted, as the simulator does: the dropped
             if segment is not None:   # segment consumed nothing
                 client.rewind(segment)
