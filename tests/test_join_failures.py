@@ -33,6 +33,7 @@ from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, free_port
 from tests.helpers.runs import wait_rows
 from tests.helpers.tables import table_frames
+from tests.test_hangs import ScriptedChannel
 
 # the run's overrides, the same for its joiners (a join must share what is trained)
 RUN = ["backend=real", "data=synthetic", "model=mlp", "num_clients=1", "progress=false",
@@ -194,31 +195,23 @@ def test_a_send_queued_when_its_link_closes_reports_the_close(tmp_path):
         assert_no_leftovers(server)
 
 
-class ClosingLink:
+class ClosingLink(ScriptedChannel):
     """A client's watched channel whose close gloo's thread has not read yet: it reports the
-    close only to a caller that waits for it, and hands out the ``script``'s messages before;
-    records what is sent."""
+    close only to a caller that waits for it, and hands out the ``script``'s messages before
+    its receive fails; records what is sent."""
 
     def __init__(self, script=()):
-        self.script, self.sent = list(script), []
+        super().__init__(list(script), arrive_after=0)
 
     def recv(self, frame, timeout_s=None):
         from repro.real.frames import LinkLost
 
         if not self.script:
             raise LinkLost("rank 0: waiting for a message: connection closed by the peer")
-        header = self.script.pop(0)
-        header.pack(frame)
-        return header
-
-    def post(self, frame) -> None:
-        pass
+        return super().recv(frame, timeout_s)
 
     def arrived(self, wait_s: float = 0.0) -> bool:
         return wait_s > 0
-
-    def send(self, header, frame) -> None:
-        self.sent.append(header.kind)
 
 
 def test_a_client_silent_past_the_server_timeout_hears_the_close_before_it_sends():
