@@ -94,7 +94,7 @@ def deterministic(device: torch.device):
 
 
 # What a real run's fork server imports before it forks any client: the launcher, and with it
-# torch and the package (repro.real.launch.client_context).
+# torch and the package (repro.real.processes.client_context).
 CLIENT_PRELOAD = "repro.real.launch"
 
 

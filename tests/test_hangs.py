@@ -188,7 +188,7 @@ class ScriptedChannel:
     def post(self, frame) -> None:
         pass
 
-    def arrived(self) -> bool:
+    def arrived(self, wait_s: float = 0.0) -> bool:
         self.polls += 1
         return self.polls >= self.arrive_after
 

@@ -8,7 +8,9 @@ exit code, never a hang, a C++ stack or a Python traceback.
 * A joiner the server dropped (the pair group closed under it) reads the loss as the link's end,
   not as gloo's raw error; under a real run (``slow``): a joiner suspended past the server's
   ``backend.client_timeout_s`` then continued, and one given Ctrl-C, each end in one line that
-  says how to rejoin (``backend.join_client``), and the run trains on.
+  says how to rejoin (``backend.join_client``), and the run trains on. A send gloo never tells
+  of the close (queued on the socket when it closed) still reports the close, not silence; a
+  client continued past the server's timeout hears of the close before it sends.
 
 Every joiner is the command line a user types, in a session of its own; every wait is bounded
 and each test removes what it started. Loopback only.
@@ -22,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -30,6 +33,7 @@ from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, free_port
 from tests.helpers.runs import wait_rows
 from tests.helpers.tables import table_frames
+from tests.test_hangs import ScriptedChannel
 
 # the run's overrides, the same for its joiners (a join must share what is trained)
 RUN = ["backend=real", "data=synthetic", "model=mlp", "num_clients=1", "progress=false",
@@ -104,19 +108,43 @@ def test_ctrl_c_ends_a_joiner_waiting_on_a_silent_listener(tmp_path):
     assert "SIGINT" in line and "before joining" in line, line
 
 
-DROPPER = """
+# the server's end (rank 0) of pair group "p" of the test's store, as a process of its own
+PEER = """
 import os, sys, time
 from repro.real.frames import Frame, LinkLost
 from repro.real.transport import Channel, pair_group
 import torch.distributed as dist, datetime
 store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timeout=datetime.timedelta(seconds=60))
 channel = Channel(pair_group(store, "p", 0, 60), 1, 60, peer_in_group=1)
+"""
+DROPPER = PEER + """
 try:
     channel.recv(Frame(4), timeout_s=0.2)   # the client is silent: dropped, its link closed
 except LinkLost as exc:
     print("dropped:", exc, flush=True)
 time.sleep(120)   # the server goes on (and is killed by the test)
 """
+# a receive for argv[2] values that gloo's thread fills as bytes come, until the process stops
+QUEUER = PEER + """
+channel.post(Frame(int(sys.argv[2])))
+print("posted", flush=True)
+time.sleep(120)
+"""
+
+
+def start_peer(tmp_path, script: str, store, *args: str) -> subprocess.Popen:
+    """``script`` (:data:`PEER` and what it does then) on ``store``, its output in server.log."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return subprocess.Popen([sys.executable, "-c", script, str(store.port), *args], cwd=ROOT,
+                            stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def new_store():
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=60))
 
 
 def test_a_send_on_a_link_the_server_dropped_is_a_lost_link(tmp_path):
@@ -124,17 +152,11 @@ def test_a_send_on_a_link_the_server_dropped_is_a_lost_link(tmp_path):
     group's connection; the client's next send then fails at once inside gloo's send call, not
     its wait. That is the link's end, LinkLost, which a client reports in one line; not gloo's
     RuntimeError, which escaped as a traceback (and in the server ended the whole run)."""
-    import torch.distributed as dist
-
     from repro.real.frames import Frame, Header, Kind, LinkLost
     from repro.real.transport import Channel, pair_group
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=60))
-    server = subprocess.Popen([sys.executable, "-c", DROPPER, str(store.port)], cwd=ROOT,
-                              stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    store = new_store()
+    server = start_peer(tmp_path, DROPPER, store)
     try:
         client = Channel(pair_group(store, "p", 1, 60), 0, 60, peer_in_group=0)
         wait_log(server, tmp_path / "server.log", "dropped: rank 1: waiting for a message: silent")
@@ -144,6 +166,101 @@ def test_a_send_on_a_link_the_server_dropped_is_a_lost_link(tmp_path):
         server.kill()
         server.wait()
         assert_no_leftovers(server)
+
+
+def test_a_send_queued_when_its_link_closes_reports_the_close(tmp_path):
+    """gloo tells a send whose bytes wait on the socket nothing when the connection closes: the
+    send waits out its timeout and gloo says 'Timed out'. A client continued after the server
+    dropped it met this when its first send beat gloo's thread to the close, and said the server
+    was 'silent for more than 60 s'. The receive posted on the link was told the close, and the
+    channel reports that: the link closed. Here the bytes wait because the peer is stopped (it
+    reads nothing more), then the peer's end closes."""
+    from repro.real.frames import Frame, Header, Kind, LinkLost
+    from repro.real.transport import Channel, pair_group
+
+    n = 16_000_000   # 64 MB: more than the two sockets' buffers hold
+    store = new_store()
+    server = start_peer(tmp_path, QUEUER, store, str(n))
+    try:
+        client = Channel(pair_group(store, "p", 1, 60), 0, 5, watched=True, peer_in_group=0)
+        client.post(Frame(4))   # as a client's, the receive of its next message is posted
+        wait_log(server, tmp_path / "server.log", "posted")
+        server.send_signal(signal.SIGSTOP)
+        threading.Timer(1.0, server.kill).start()   # while the send below waits on the socket
+        with pytest.raises(LinkLost, match="sending PARAMS: connection closed by the peer"):
+            client.send(Header(Kind.PARAMS, 1, 0, n), Frame(n))
+    finally:
+        server.kill()
+        server.wait()
+        assert_no_leftovers(server)
+
+
+class ClosingLink(ScriptedChannel):
+    """A client's watched channel whose close gloo's thread has not read yet: it reports the
+    close only to a caller that waits for it, and hands out the ``script``'s messages before
+    its receive fails; records what is sent."""
+
+    def __init__(self, script=()):
+        super().__init__(list(script), arrive_after=0)
+
+    def recv(self, frame, timeout_s=None):
+        from repro.real.frames import LinkLost
+
+        if not self.script:
+            raise LinkLost("rank 0: waiting for a message: connection closed by the peer")
+        return super().recv(frame, timeout_s)
+
+    def arrived(self, wait_s: float = 0.0) -> bool:
+        return wait_s > 0
+
+
+def test_a_client_silent_past_the_server_timeout_hears_the_close_before_it_sends():
+    """Suspended past the server's client_timeout_s, then continued, a client lets its link tell
+    it of the close before its overdue heartbeat (a send made first would wait out
+    backend.timeout_s: above); a client only a quarter of that timeout silent sends at once."""
+    from repro.real.client import Heartbeat, ServerSpoke
+    from repro.real.frames import Frame, Kind
+
+    continued, busy = ClosingLink(), ClosingLink()
+    beat = Heartbeat(continued, Frame(4), 2, timeout_s=5)
+    beat.last -= 6
+    with pytest.raises(ServerSpoke):
+        beat()
+    assert continued.sent == []
+    beat = Heartbeat(busy, Frame(4), 2, timeout_s=5)
+    beat.last -= 2
+    beat()
+    assert busy.sent == [Kind.HEARTBEAT]
+
+
+def test_a_client_suspended_after_its_last_step_hears_the_close_before_it_pushes(monkeypatch):
+    """The same between a push's last local step and its send: a client suspended there past
+    the server's timeout, then continued, drops the push it computed and reads the closed link,
+    rather than sending into it."""
+    import time
+
+    import torch
+
+    from repro.asgd.algorithm import Client
+    from repro.config.settings import BackendConfig, DataConfig, ModelConfig, RunConfig
+    from repro.real.client import build_client, run_client
+    from repro.real.frames import Header, Kind
+
+    cfg = RunConfig(num_clients=1, nsync=1, progress=False, data=DataConfig(name="synthetic"),
+                    model=ModelConfig(name="mlp"), backend=BackendConfig(name="real", client_timeout_s=0.2))
+    setup = build_client(cfg, 1, torch.device("cpu"))
+    compute = Client.compute_push
+
+    def suspended_after(self, *args, **kwargs):
+        push = compute(self, *args, **kwargs)
+        time.sleep(0.3)   # past client_timeout_s: the server has dropped it meanwhile
+        return push
+
+    monkeypatch.setattr(Client, "compute_push", suspended_after)
+    numel = setup.inbox.capacity
+    link = ClosingLink([Header(Kind.HELLO, 0, 0, numel), Header(Kind.PARAMS, 1, 0, numel)])
+    assert run_client(cfg, 1, link, setup) == 1
+    assert link.sent == [Kind.HELLO]
 
 
 @pytest.mark.slow

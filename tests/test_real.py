@@ -374,7 +374,7 @@ def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path):
 SPAWN_UNDER_LOKY = """
 import multiprocessing as mp
 from joblib.externals.loky.backend.context import get_context   # registers the 'loky' method
-from repro.real.launch import spawn_context
+from repro.real.processes import spawn_context
 
 mp.set_start_method("loky", force=True)        # what a grid's joblib worker runs under
 proc = spawn_context().Process(target=print, args=("child ran",))

@@ -3,7 +3,8 @@
 * :mod:`repro.real.transport` -- process groups and the header + payload messages (gloo).
 * :mod:`repro.real.server` -- rank 0: the push loop, evaluator thread, checkpoints.
 * :mod:`repro.real.client` -- ranks 1..N: fetch, ``nsync`` local steps, push.
-* :mod:`repro.real.launch` -- spawning (single node) or joining torchrun, signals, clean-up.
+* :mod:`repro.real.launch` -- the entry points: rank 0's start-up, serving and ending, or joining torchrun.
+* :mod:`repro.real.processes` -- the client processes: fork server, readiness, signals, clean-up.
 
 Entry points: ``run_real(cfg, run_dir) -> summary`` on rank 0 (single node: it spawns the
 clients; under torchrun: it joins the world), ``run_torchrun_worker(cfg) -> exit code`` on the

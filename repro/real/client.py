@@ -1,7 +1,7 @@
 """Ranks 1..N of the real driver: one Downpour client per process.
 
 This module owns the client's side of the conversation, and nothing of process plumbing
-(:mod:`repro.real.launch`): receive parameters (or STOP), ``client.fetch`` them, run
+(:mod:`repro.real.processes`): receive parameters (or STOP), ``client.fetch`` them, run
 ``client.compute_push(net, nsync)`` exactly as the simulator does, send the push, repeat.
 Client ``k`` is built by the same :mod:`repro.workload.build` as simulator client ``k``, so its data
 order is the one seeded by ``(seed, k)``. While it computes, a client proves it is alive with a
@@ -134,6 +134,9 @@ def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
     return True
 
 
+CLOSE_NEWS_S = 0.5   # ample for a runnable thread to read a closed socket, even on 2 busy cores
+
+
 class ServerSpoke(Exception):
     """A message arrived while this client computed (STOP, or the parameters of a preemption):
     the segment is dropped and the message read."""
@@ -142,21 +145,32 @@ class ServerSpoke(Exception):
 class Heartbeat:
     """Called after each local step: raises :class:`ServerSpoke` when the server's next message
     has arrived (STOP, or new parameters: a sync round closed without us); sends a header-only
-    HEARTBEAT when the server has heard nothing from this client for a quarter of its timeout."""
+    HEARTBEAT when the server has heard nothing from this client for a quarter of its timeout.
+    :meth:`listen` is the first half alone, for the push."""
 
     def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
         self.channel, self.frame, self.client_id = channel, frame, client_id
-        self.every_s, self.last = timeout_s / 4, time.monotonic()
+        self.timeout_s, self.every_s, self.last = timeout_s, timeout_s / 4, time.monotonic()
 
     def sent(self) -> None:
         self.last = time.monotonic()
 
     def __call__(self) -> None:
-        if self.channel.arrived():
-            raise ServerSpoke
-        if time.monotonic() - self.last >= self.every_s:
+        if self.listen() >= self.every_s:
             self.channel.send(Header(Kind.HEARTBEAT, self.client_id, 0, 0), self.frame)
             self.sent()
+
+    def listen(self) -> float:
+        """Raises :class:`ServerSpoke` when the server's next message has arrived; else the
+        seconds since the server last heard from this client. Silent past the server's whole
+        timeout (suspended, or starved of a core), the client has most likely been dropped: it
+        waits up to :data:`CLOSE_NEWS_S` for the link to say so before it sends, since gloo's
+        thread, continued with it, may not have read the close yet, and a send made first waits
+        out ``backend.timeout_s`` (see ``Channel._first_error`` in :mod:`repro.real.transport`)."""
+        silent_s = time.monotonic() - self.last
+        if self.channel.arrived(CLOSE_NEWS_S if silent_s > self.timeout_s else 0.0):
+            raise ServerSpoke
+        return silent_s
 
 
 class Pace:
@@ -219,6 +233,7 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
                 update_out.copy_(push.update)   # D2H into the pinned frame, synchronous
             else:
                 push = client.compute_push(setup.net, cfg.nsync, out=update_out, on_step=on_step)
+            heartbeat.listen()   # also after the last step: suspended there, it may have been dropped
         except ServerSpoke:   # STOP ends the loop; preempted, as the simulator does: the dropped
             if segment is not None:   # segment consumed nothing
                 client.rewind(segment)

@@ -95,7 +95,24 @@ class Channel:
         try:
             work.wait(timeout)
         except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
-            raise self._lost(what, timeout, exc) from exc
+            raise self._lost(what, timeout, self._first_error(exc)) from exc
+
+    def _first_error(self, exc: RuntimeError) -> Exception:
+        """Why the link ended, for a wait that failed with ``exc``. gloo tells a send queued on its
+        socket nothing when the connection closes (a write refused with EPIPE is just queued), so a
+        send made before gloo's thread read a close (a client continued after the server dropped
+        it) times out instead; the receive posted on the pair was handed the pair's first error."""
+        if "Timed out" not in str(exc) or self._pending is None:
+            return exc
+        work, _, arrival = self._pending
+        self._pending = None   # the link is over
+        if arrival is not None:   # its watcher was told already, or is told now
+            return arrival.error if arrival.wait(1.0) and arrival.error else exc
+        try:
+            work.wait(datetime.timedelta(seconds=1))   # fails at once: the pair has failed
+        except RuntimeError as first:
+            return first
+        return exc
 
     def _lost(self, what: str, timeout: datetime.timedelta, exc: Exception | None) -> LinkLost:
         text = "" if exc is None else str(exc)
@@ -137,12 +154,13 @@ class Channel:
             arrival = self._watcher.watch(work) if self._watcher is not None else None
             self._pending = (work, frame, arrival)
 
-    def arrived(self) -> bool:
+    def arrived(self, wait_s: float = 0.0) -> bool:
         """True when the receive posted ahead has completed, or its link failed (polled between
-        local steps; a watched channel only: see the module docstring)."""
+        local steps; a watched channel only: see the module docstring); ``wait_s``: how long to
+        wait for it first."""
         if self._pending is None or self._pending[2] is None:
             return False
-        return self._pending[2].is_set()
+        return self._pending[2].wait(wait_s) if wait_s else self._pending[2].is_set()
 
     def recv(self, frame: Frame, timeout_s: float | None = None) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after ``timeout_s`` of

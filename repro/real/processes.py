@@ -1,0 +1,239 @@
+"""The processes of a real run's clients: how they start, get ready, serve and never outlive a run.
+
+This module owns the client processes' plumbing, and nothing of what rank 0 does with them
+(:mod:`repro.real.launch`) or of what a client computes (:mod:`repro.real.client`): the
+rendezvous store of a single-node run (:func:`make_store`), the fork server the clients start
+from (:func:`client_context`), a client process's life (ready mark, world rank, connect, serve,
+exit), waiting for every client to be ready or dead (:func:`wait_ready`), and stopping them
+(:func:`stop_children`); also a torchrun rank's connect-and-serve (:func:`serve_as_client`).
+
+Fork or spawn, and why neither plainly: a forked child inherits a copy of a parent that may
+already have run torch with several threads (OpenMP pools, gloo's threads, an evaluator thread),
+and such children hang on locks those threads held; spawn pays one fresh interpreter and
+``import torch`` per client (seconds of CPU each). A fork server forks before any torch thread
+exists in it, once per run. The config is parsed once in the parent and handed to each child
+(``RunConfig`` is a frozen, picklable dataclass), with the data set when it is small
+(:func:`handover`).
+
+Readiness: each child builds its data and model, marks itself ready in the store, and waits for
+the world's membership: rank 0 waits for every client to be ready or dead (a deadline of
+``backend.timeout_s`` per core's worth of processes, since start-up is CPU-bound), then forms
+the gloo world of the live ones. A client that dies during start-up is lost, not fatal: the run
+degrades.
+
+Stopping: spawned children ignore SIGINT (a terminal's Ctrl-C reaches the whole process group;
+the parent alone decides), die at once on SIGTERM, and get SIGKILL from the kernel if the parent
+dies (``PR_SET_PDEATHSIG``), so no client outlives its server. At the end the parent joins its
+children, then terminates and finally kills any that remain.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import json
+import math
+import multiprocessing as mp
+import multiprocessing.forkserver
+import os
+import signal
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from repro.config.settings import RunConfig
+from repro.errors import ConfigError
+from repro.logs import mark
+from repro.workload.data import Dataset
+from repro.real.client import build_client, client_device, run_client
+from repro.real.server import log
+from repro.real.transport import Channel, connect, disconnect, pin_gloo_to_loopback
+from repro.runtime import StopRequest, fork_server_context
+
+if TYPE_CHECKING:
+    from repro.runs.core import RunCore
+
+READY_KEY = "repro_real/ready/{}"
+WORLD_KEY = "repro_real/world"
+HANDOVER_MAX_BYTES = 16 * 2**20   # hand a data set this small to spawned clients (see handover)
+
+
+def startup_deadline_s(cfg: RunConfig) -> float:
+    """Start-up is CPU-bound (a fresh interpreter importing torch per process): allow
+    ``backend.timeout_s`` per core's worth of processes."""
+    cores = os.cpu_count() or 1
+    return cfg.backend.timeout_s * max(1.0, math.ceil((cfg.num_clients + 1) / cores))
+
+
+class StartupError(RuntimeError):
+    """Start-up ended without a world to serve: a deadline passed, every client died, or a stop
+    request came; the message says which."""
+
+
+def make_store(cfg: RunConfig) -> dist.TCPStore:
+    """The rendezvous store, listening on ``master_addr`` only (a TCPStore left to itself listens
+    on every interface). We bind the socket ourselves: port 0 gets a free port with no race, and
+    a busy port is a clear error before anything starts."""
+    addr, port = cfg.backend.master_addr, cfg.backend.master_port
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # still fails on a live listener
+        sock.bind(sockaddr)
+    except OSError as exc:
+        raise ConfigError("backend.master_port", port, f"a free port on {addr} (0 picks one): {exc}")
+    bound = sock.getsockname()[1]
+    # world size None: joiners connect for the whole run, beyond the clients started with it
+    return dist.TCPStore(addr, bound, None, True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=startup_deadline_s(cfg)),
+                         master_listen_fd=sock.detach())   # the store owns the socket now
+
+
+def handover(ds: Dataset) -> Dataset | None:
+    """The data set to hand to spawned clients, when small: each child then skips loading it
+    (importing scikit-learn alone takes seconds per process on a small machine). Large data
+    sets are loaded by each child instead of being pickled through a pipe per client."""
+    size = sum(t.numel() * t.element_size() for t in (ds.x_train, ds.y_train))
+    return ds.to("cpu") if size <= HANDOVER_MAX_BYTES else None
+
+
+def spawn_context():
+    """multiprocessing's spawn context, safe inside a grid's joblib worker: a spawned child first
+    re-applies its parent's *process-wide* start method (multiprocessing.spawn.prepare), and in a
+    joblib (loky) worker that is 'loky', which a plain child cannot find, so every client would
+    die at start-up. There the process-wide method becomes spawn too."""
+    if mp.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        mp.set_start_method("spawn", force=True)
+    return mp.get_context("spawn")
+
+
+def client_context(start: bool = False):
+    """multiprocessing's fork server, preloaded with the launcher and so with this module
+    (``runtime.CLIENT_PRELOAD``; ``start``: start it now): the first client of a process starts
+    one fresh interpreter that imports torch and the package once, and every client is a fork of
+    it (milliseconds) instead of an interpreter importing everything afresh (seconds of CPU each,
+    all at once on a small machine). Safe where plain ``fork`` is not: the fork server forks
+    before any torch thread exists in it. A forked child still re-applies the parent's
+    process-wide start method, hence the joblib fix of :func:`spawn_context`."""
+    spawn_context()
+    return fork_server_context(start)
+
+
+def spawn_clients(cfg: RunConfig, port: int, dataset: Dataset | None) -> dict:
+    ctx = client_context()
+    procs = {}
+    for k in range(1, cfg.num_clients + 1):
+        # the parent's environment now, not the fork server's from its first run (GLOO_SOCKET_IFNAME)
+        proc = ctx.Process(target=_client_process, args=(cfg, k, port, os.getpid(), dataset, dict(os.environ)),
+                           name=f"repro-client-{k}", daemon=True)
+        proc.start()
+        procs[k] = proc
+    return procs
+
+
+def wait_ready(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequest) -> list[int]:
+    """Until every client has built its data and model, or died doing so (it is lost, and the
+    run goes on with the rest); the ready clients, in order."""
+    deadline = time.monotonic() + startup_deadline_s(cfg)
+    dead: dict[int, int] = {}
+    while True:
+        if stop.is_set():
+            raise StartupError("interrupted while the clients were starting")
+        ready = [k for k in procs if k not in dead and store.check([READY_KEY.format(k)])]
+        for k, p in procs.items():
+            if k not in dead and k not in ready and p.exitcode is not None:
+                dead[k] = p.exitcode
+                core.lose(k, f"process exited with code {p.exitcode} during start-up")
+                log.info(f"client {k} exited during start-up (code {p.exitcode}); going on without it")
+        if len(ready) + len(dead) == len(procs):
+            break
+        if time.monotonic() > deadline:
+            missing = [k for k in procs if k not in ready and k not in dead]
+            raise StartupError(f"clients {missing} did not start within {startup_deadline_s(cfg):g} s "
+                                f"(backend.timeout_s={cfg.backend.timeout_s:g} per core's worth of processes)")
+        time.sleep(0.05)
+    if not ready:
+        raise StartupError(f"every client exited during start-up (exit codes {dead}); see their errors above")
+    return sorted(ready)
+
+
+def stop_children(procs: dict, grace_s: float) -> None:
+    """Join, then SIGTERM, then SIGKILL (a stopped process only dies of SIGKILL): no orphans."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs.values():
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for step in (lambda p: p.terminate(), lambda p: p.kill()):
+        alive = [p for p in procs.values() if p.is_alive()]
+        for proc in alive:
+            step(proc)
+        for proc in alive:
+            proc.join(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# A client's process
+# ---------------------------------------------------------------------------------------------
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Die with the run's process, so a SIGKILLed server leaves no client behind, not even a
+    stopped one. A client's parent is the fork server; the kernel SIGKILLs the client when the
+    fork server dies (``PR_SET_PDEATHSIG``, Linux), and the fork server exits when the last
+    holder of its "alive" pipe closes it: the run's process, and every forked child, which
+    inherits a copy. So each client closes its copy (multiprocessing keeps it in a private
+    attribute, the one private name this module uses), and the fork server then dies with the
+    run's process, taking every client along."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    server = mp.forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:   # the run's process died before the above took effect
+        os._exit(1)
+
+
+def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
+                    dataset: Dataset | None, environ: dict) -> None:
+    """A client forked by the fork server: set up, mark ready, learn its world rank, connect,
+    train, exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent coordinates a Ctrl-C
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent_pid)
+    os.environ.clear()
+    os.environ.update(environ)
+    mark("client", "started")
+    pin_gloo_to_loopback(cfg.backend.master_addr, single_node=True)
+    setup = build_client(cfg, client_id, client_device(cfg, client_id), dataset)
+    mark("client", "built")
+    timeout = datetime.timedelta(seconds=startup_deadline_s(cfg))
+    store = dist.TCPStore(cfg.backend.master_addr, port, cfg.num_clients + 1, False, timeout=timeout)
+    store.set(READY_KEY.format(client_id), "1")
+    world = json.loads(store.get(WORLD_KEY))
+    rank = world["ranks"].get(str(client_id))
+    if rank is None:
+        sys.exit(0)   # the server went on without this client
+    sys.exit(serve_as_client(cfg, client_id, rank, world["size"], setup, store))
+
+
+def serve_as_client(cfg: RunConfig, client_id: int, rank: int, world_size: int, setup, store) -> int:
+    try:
+        groups = connect(rank, world_size, startup_deadline_s(cfg), store)
+        mark("client", "rendezvous done")
+    except Exception as exc:
+        print(f"[real client {client_id}] could not join the run within backend.timeout_s="
+              f"{cfg.backend.timeout_s:g} s: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        # watched: the client asks between two local steps whether the server has spoken
+        channel = Channel(groups[rank], 0, cfg.backend.timeout_s, watched=True)
+        return run_client(cfg, client_id, channel, setup)
+    finally:
+        disconnect()
+
