@@ -98,7 +98,7 @@ def role(pid: int, loopback_server: int | None) -> str | None:
     if parent == loopback_server:   # a spawned client, or the fork server clients are forked from
         return None if b"multiprocessing.forkserver" in cmd else "client"
     if parent is not None and _parent(parent) == loopback_server and b"multiprocessing.forkserver" in cmdline(parent):
-        return "client"   # a fork of the run's fork server (repro.real.launch.client_context)
+        return "client"   # a fork of the run's fork server (repro.real.processes.client_context)
     return None
 
 
