@@ -47,18 +47,25 @@ def test_an_old_tree_loads_as_the_new_one(capsys):
     assert len(capsys.readouterr().err.splitlines()) == 4
 
 
+def _old_run_folder(folder):
+    """A config.json as a run folder recorded it before the move (churn's flat keys); returns
+    the config it holds and its churn group."""
+    cfg = parse(compose(NEW))
+    tree = to_dict(cfg)
+    churn = tree["cost"].pop("churn")
+    tree["cost"].update(preempt_rate=churn["preempt_rate"], preempt_down_s=churn["preempt_down_s"],
+                        churn_leave=churn["leave"], churn_join=churn["join"])
+    (folder / "config.json").write_text(json.dumps(tree))
+    return cfg, churn
+
+
 def test_an_old_run_folders_config_reads_silently_for_replay_resume_and_analysis(tmp_path, capsys):
     """What a run folder recorded before the move: a replay trains its settings, the resume
     check finds no difference, the analysis has the new columns; no deprecation lines (the
     user wrote nothing old)."""
     from repro.analysis.load import flatten
 
-    cfg = parse(compose(NEW))
-    tree = to_dict(cfg)
-    churn = tree["cost"].pop("churn")
-    tree["cost"].update(preempt_rate=churn["preempt_rate"], preempt_down_s=churn["preempt_down_s"],
-                        churn_leave=churn["leave"], churn_join=churn["join"])
-    (tmp_path / "config.json").write_text(json.dumps(tree))
+    cfg, churn = _old_run_folder(tmp_path)
     capsys.readouterr()
     tree = renames.read_recorded(tmp_path)   # the one reader of a run folder's config.json
     assert differences(tree, cfg) == [] and differences(tree, cfg.replace(
@@ -75,12 +82,7 @@ def test_a_run_folders_config_json_has_one_reader_and_it_prints_nothing(tmp_path
     from repro.instruments.spread import predicted_config
     from tests.helpers.paths import ROOT
 
-    cfg = parse(compose(NEW))
-    tree = to_dict(cfg)
-    churn = tree["cost"].pop("churn")
-    tree["cost"].update(preempt_rate=churn["preempt_rate"], preempt_down_s=churn["preempt_down_s"],
-                        churn_leave=churn["leave"], churn_join=churn["join"])
-    (tmp_path / "config.json").write_text(json.dumps(tree))
+    cfg, churn = _old_run_folder(tmp_path)
     capsys.readouterr()
     recorded = renames.read_recorded(tmp_path)
     assert recorded["cost"]["churn"] == churn and "preempt_rate" not in recorded["cost"]
