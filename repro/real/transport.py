@@ -238,7 +238,8 @@ class Receiver(threading.Thread):
         self._gate.clear()
 
     def release(self) -> None:
-        self._gate.set()
+        if not self._gate.is_set():   # (set() takes a lock and notifies: once per reply otherwise)
+            self._gate.set()
 
     def run(self) -> None:
         channel, frame, gate = self.channel, self.frame, self._gate
