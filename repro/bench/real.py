@@ -2,7 +2,8 @@
 
 (a) Protocol efficiency: bytes per second of one push + fetch round trip through the real
     driver's transport (a client's :class:`~repro.real.transport.Channel` sending a frame, header
-    and payload, both ways; a CPU client computes its update straight into its frame; on the
+    and payload, both ways, with the real client's calls: ``post``, ``send_push``, ``recv``; a
+    CPU client computes its update straight into its frame; on the
     server a :class:`~repro.real.transport.Receiver` thread serving each push under a lock and
     replying from the frame the parameters live in, as the server loop does) divided by a raw
     gloo ``send``/``recv`` round trip of the same tensors (update one way, parameters back) on
