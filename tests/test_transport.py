@@ -6,6 +6,9 @@ import datetime
 
 import pytest
 
+import torch
+
+from repro.asgd.algorithm import Push
 from repro.real.frames import Frame, Header, Kind
 from repro.real.transport import Channel
 
@@ -35,9 +38,11 @@ class _Group:
 
     def __init__(self, frame: Frame):
         self.frame, self.released, self.sends, self.recvs = frame, [], 0, 0
+        self.sent: list[bytes] = []
 
     def send(self, tensors, peer, tag):
         self.sends += 1
+        self.sent.append(b"".join(t.numpy().tobytes() for t in tensors))
         return _Work(f"send{self.sends}", self.released)
 
     def recv(self, tensors, peer, tag):
@@ -60,3 +65,19 @@ def test_a_completed_work_is_released_only_when_the_next_one_completes(watched):
     assert group.released == []   # both completed, both still held
     round_trip()
     assert sorted(group.released) == ["recv1", "send1"]   # replaced by the second round trip's
+
+
+def test_a_push_sent_from_its_fields_is_the_message_its_header_sends():
+    """The client's hot path (send_push: no header built) puts on the wire the very message of
+    send(Header.of_push(...)): header slots and the whole payload."""
+    outbox = Frame(4)
+    outbox.payload.copy_(torch.arange(4.0))
+    push = Push(client=1, read_version=7, update=outbox.payload, num_steps=4, num_samples=128, train_loss=0.5,
+                train_error=0.1, stream_position=(2, 96))
+    envelope = dict(device=-1, sent_at=12.5, compute_s=0.25, to_client_s=0.125)
+    group = _Group(Frame(4))
+    channel = Channel(group, 0, 5.0, peer_in_group=0)
+    channel.send(Header.of_push(push, 4, **envelope), outbox)
+    outbox.header[:] = 0.0
+    channel.send_push(push, outbox, **envelope)
+    assert len(group.sent) == 2 and group.sent[0] == group.sent[1]

@@ -2,7 +2,8 @@
 
 (a) Protocol efficiency: bytes per second of one push + fetch round trip through the real
     driver's transport (a client's :class:`~repro.real.transport.Channel` sending a frame, header
-    and payload, both ways; a CPU client computes its update straight into its frame; on the
+    and payload, both ways, with the real client's calls: ``post``, ``send_push``, ``recv``; a
+    CPU client computes its update straight into its frame; on the
     server a :class:`~repro.real.transport.Receiver` thread serving each push under a lock and
     replying from the frame the parameters live in, as the server loop does) divided by a raw
     gloo ``send``/``recv`` round trip of the same tensors (update one way, parameters back) on
@@ -92,17 +93,19 @@ def _connect(rank: int, store):
 
 def _protocol_client(port: int, sizes: tuple, blocks: int) -> None:
     """Rank 1: times every block of round trips and sends the timings to rank 0 at the end."""
-    from repro.real.frames import Frame, Header, Kind
+    from repro.asgd.algorithm import Push
+    from repro.real.frames import Frame
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
     group, channel = _connect(1, store)
     timings = []
-    pushed = dict(num_steps=4, num_samples=128, train_loss=0.5, train_error=0.1, stream_position=(0, 0))
     for size in sizes:
         t, inbox = torch.randn(size) * 1e-3, torch.empty(size)
         frame_in, frame_out = Frame(size), Frame(size)
         frame_out.payload.copy_(t)
+        push = Push(client=1, read_version=0, update=frame_out.payload, num_steps=4, num_samples=128,
+                    train_loss=0.5, train_error=0.1, stream_position=(0, 0))
         for block in range(blocks):
             for variant in _order(block):
                 start = time.perf_counter()
@@ -113,7 +116,8 @@ def _protocol_client(port: int, sizes: tuple, blocks: int) -> None:
                         work.wait()
                     else:   # the client loop's calls (a CPU client computes into frame_out)
                         channel.post(frame_in)
-                        channel.send(Header(Kind.PUSH, 1, 0, size, pushed), frame_out)
+                        channel.send_push(push, frame_out, device=-1, sent_at=time.monotonic(),
+                                          compute_s=0.0, to_client_s=0.0)
                         channel.recv(frame_in)
                 timings.append(time.perf_counter() - start)
     dist.send(torch.tensor(timings, dtype=torch.float64), 0, group=group)
@@ -152,7 +156,7 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
                         if apply:
                             rule.apply(params, update)
                         served[0] += 1
-                        channel.send(Header(Kind.PARAMS, 1, served[0], size), reply)
+                        channel.send(Header(Kind.PARAMS, 1, served[0], size, sent_at=time.monotonic()), reply)
                         if served[0] < n:
                             channel.post(frame)   # as Dispatcher.send_params does
                         return served[0] < n

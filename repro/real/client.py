@@ -239,5 +239,5 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
                 client.rewind(segment)
             continue
         computed = time.monotonic()
-        channel.send(Header.of_push(push, update_out.numel(), device=device_index, sent_at=time.monotonic(),
-                                    compute_s=computed - began, to_client_s=to_client_s), outbox)
+        channel.send_push(push, outbox, device=device_index, sent_at=time.monotonic(),   # the update fills
+                          compute_s=computed - began, to_client_s=to_client_s)   # outbox's payload

@@ -325,7 +325,8 @@ class Dispatcher:
                                 apply_s=applied - started)
         if outcome.applied or any(r.client == k and not r.stop for r in outcome.replies):
             self.positions[k] = push.stream_position   # applied, or answered (e.g. discarded): its stream moved on
-        self.devices.setdefault(k, f"cuda:{h.device}" if h.device >= 0 else "cpu")
+        if k not in self.devices:   # (its first push: not a string per push)
+            self.devices[k] = f"cuda:{h.device}" if h.device >= 0 else "cpu"
         if all(r.client != k for r in outcome.replies):
             self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)
         self.carry(outcome.replies)

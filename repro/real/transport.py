@@ -57,6 +57,7 @@ from typing import Callable
 import torch.distributed as dist
 from torch import Tensor
 
+from repro.asgd.algorithm import Push
 from repro.real.frames import Frame, Header, Kind, LinkLost
 
 TAG = 1
@@ -82,6 +83,7 @@ class Channel:
         self._last_send = self._last_recv = None
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
         self._timeouts: dict[float | None, datetime.timedelta] = {}
+        self._default_timeout = self._timeout(None)   # the hot path's waits: no lookup
 
     def _timeout(self, timeout_s: float | None) -> datetime.timedelta:
         """``timeout_s`` (None: the channel's) as gloo takes it, made once: every wait needs one."""
@@ -89,13 +91,6 @@ class Channel:
         if timeout is None:
             timeout = self._timeouts[timeout_s] = datetime.timedelta(seconds=timeout_s or self.timeout_s)
         return timeout
-
-    def _wait(self, work, timeout_s: float | None, what: str) -> None:
-        timeout = self._timeout(timeout_s)
-        try:
-            work.wait(timeout)
-        except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
-            raise self._lost(what, timeout, self._first_error(exc)) from exc
 
     def _first_error(self, exc: RuntimeError) -> Exception:
         """Why the link ended, for a wait that failed with ``exc``. gloo tells a send queued on its
@@ -133,14 +128,26 @@ class Channel:
     def send(self, header: Header, frame: Frame) -> None:
         """``header`` and the first ``header.length`` payload values of ``frame``, as one message
         (HELLO and STOP: the header alone)."""
-        if header.payload_length > frame.capacity:
+        length = header.payload_length
+        if length > frame.capacity:
             raise ValueError(f"a frame for {frame.capacity} values cannot carry {header.length}")
-        header.pack(frame)
+        self._transmit(header.pack(frame), length, header.kind)
+
+    def send_push(self, push: Push, frame: Frame, **envelope) -> None:
+        """``push`` as a PUSH whose update fills ``frame``'s payload: what ``send(Header.of_push(
+        push, frame.capacity, **envelope), frame)`` sends, with no header built on the way (a
+        client's hot path: see :meth:`~repro.real.frames.Header.pack_push`)."""
+        self._transmit(Header.pack_push(push, frame, frame.capacity, **envelope), frame.capacity, Kind.PUSH)
+
+    def _transmit(self, frame: Frame, length: int, kind: Kind) -> None:
         try:
-            work = self.group.send(frame.message(header.payload_length), self._peer_in_group, TAG)
+            work = self.group.send(frame.message(length), self._peer_in_group, TAG)
         except RuntimeError as exc:   # see _closed
-            raise self._closed(f"sending {header.kind.name}", exc) from exc
-        self._wait(work, None, f"sending {header.kind.name}")
+            raise self._closed(f"sending {kind.name}", exc) from exc
+        try:
+            work.wait(self._default_timeout)
+        except RuntimeError as exc:
+            raise self._lost(f"sending {kind.name}", self._default_timeout, self._first_error(exc)) from exc
         self._last_send = work
 
     def post(self, frame: Frame) -> None:
@@ -165,17 +172,21 @@ class Channel:
     def recv(self, frame: Frame, timeout_s: float | None = None) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after ``timeout_s`` of
         silence. The payload is ``frame.payload[:header.length]``."""
-        self.post(frame)
+        if self._pending is None:
+            self.post(frame)
         work, posted, arrival = self._pending
         if posted is not frame:
             raise ValueError("recv() into a different frame than the one posted")
         self._pending = None
+        timeout = self._default_timeout if timeout_s is None else self._timeout(timeout_s)
         if arrival is None:
-            self._wait(work, timeout_s, "waiting for a message")
-        else:   # the watcher waits on gloo; we wait on it, as long as the timeout says
-            timeout = self._timeout(timeout_s)
-            if not arrival.wait(timeout.total_seconds()) or arrival.error is not None:
-                raise self._lost("waiting for a message", timeout, arrival.error)
+            try:
+                work.wait(timeout)
+            except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
+                raise self._lost("waiting for a message", timeout, self._first_error(exc)) from exc
+        elif not arrival.wait(timeout.total_seconds()) or arrival.error is not None:
+            # the watcher waits on gloo; we wait on it, as long as the timeout says
+            raise self._lost("waiting for a message", timeout, arrival.error)
         self._last_recv = work
         header = Header.unpack(frame)
         if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
@@ -245,26 +256,28 @@ class Receiver(threading.Thread):
         self._gate.clear()
 
     def release(self) -> None:
-        self._gate.set()
+        if not self._gate.is_set():   # (set() takes a lock and notifies: once per reply otherwise)
+            self._gate.set()
 
     def run(self) -> None:
+        channel, frame, gate = self.channel, self.frame, self._gate
         while not self._done:
-            self._gate.wait()
-            if self._done:
-                return
+            if not gate.is_set():   # (Event.wait takes a lock even when set: once per push)
+                gate.wait()
+                if self._done:
+                    return
             try:
-                header = self.channel.recv(self.frame, self.timeout_s)
+                header = channel.recv(frame, self.timeout_s)
             except Exception as exc:  # LinkLost, or anything else: either way the client is gone
                 if not self._done:
                     self.on_lost(self.client, str(exc))
                 return
             header.received_at = time.monotonic()
-            if header.kind == Kind.HEARTBEAT:
+            if header.kind is Kind.HEARTBEAT:
                 continue   # alive and computing: wait again, the timeout starts over
-            update = self.frame.payload
-            if header.payload_length != self.frame.capacity:
-                update = update[:header.payload_length]
-            if not self.on_push(self.client, header, update):
+            length = header.payload_length
+            if not self.on_push(self.client, header,
+                                frame.payload if length == frame.capacity else frame.payload[:length]):
                 return
 
     def finish(self) -> None:
