@@ -250,7 +250,8 @@ WATCHING_CLIENT = """
 import sys, time
 import torch.distributed as dist
 from repro.real.frames import Frame, Kind
-from repro.real.transport import Channel, connect, disconnect
+from repro.real.transport import Channel
+from repro.real.groups import connect, disconnect
 port, watched = int(sys.argv[1]), sys.argv[2] == "watched"
 store = dist.TCPStore("127.0.0.1", port, 2, False)
 groups = connect(1, 2, 30.0, store)
@@ -278,7 +279,8 @@ def test_a_client_sees_the_servers_message_arrive_between_two_steps(tmp_path):
     import torch.distributed as dist
 
     from repro.real.frames import Frame
-    from repro.real.transport import Channel, connect, disconnect
+    from repro.real.transport import Channel
+    from repro.real.groups import connect, disconnect
 
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=60))

@@ -112,7 +112,8 @@ def test_ctrl_c_ends_a_joiner_waiting_on_a_silent_listener(tmp_path):
 PEER = """
 import os, sys, time
 from repro.real.frames import Frame, LinkLost
-from repro.real.transport import Channel, pair_group
+from repro.real.transport import Channel
+from repro.real.groups import pair_group
 import torch.distributed as dist, datetime
 store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timeout=datetime.timedelta(seconds=60))
 channel = Channel(pair_group(store, "p", 0, 60), 1, 60, peer_in_group=1)
@@ -153,7 +154,8 @@ def test_a_send_on_a_link_the_server_dropped_is_a_lost_link(tmp_path):
     its wait. That is the link's end, LinkLost, which a client reports in one line; not gloo's
     RuntimeError, which escaped as a traceback (and in the server ended the whole run)."""
     from repro.real.frames import Frame, Header, Kind, LinkLost
-    from repro.real.transport import Channel, pair_group
+    from repro.real.transport import Channel
+    from repro.real.groups import pair_group
 
     store = new_store()
     server = start_peer(tmp_path, DROPPER, store)
@@ -176,7 +178,8 @@ def test_a_send_queued_when_its_link_closes_reports_the_close(tmp_path):
     channel reports that: the link closed. Here the bytes wait because the peer is stopped (it
     reads nothing more), then the peer's end closes."""
     from repro.real.frames import Frame, Header, Kind, LinkLost
-    from repro.real.transport import Channel, pair_group
+    from repro.real.transport import Channel
+    from repro.real.groups import pair_group
 
     n = 16_000_000   # 64 MB: more than the two sockets' buffers hold
     store = new_store()

@@ -85,7 +85,8 @@ def _round_trips(size: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def _connect(rank: int, store):
-    from repro.real.transport import Channel, connect
+    from repro.real.transport import Channel
+    from repro.real.groups import connect
 
     groups = connect(rank, 2, 60, store)
     return groups[1], Channel(groups[1], 1 - rank, 60)
@@ -172,7 +173,7 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
 
 def measure_protocol(sizes: tuple = SIZES, blocks: int = 7) -> dict:
     """{size: {"raw_MBps", "ours_MBps", "ratio", "ratio_with_apply"}}."""
-    from repro.real.transport import pin_gloo_to_loopback
+    from repro.real.groups import pin_gloo_to_loopback
 
     torch.set_num_threads(1)
     pin_gloo_to_loopback("127.0.0.1", single_node=True)

@@ -7,7 +7,7 @@ ticket from the store (an atomic counter), writes its request under the ticket (
 fingerprint, a client id to rejoin as, its pid and host), and reads the answer: a client id, or
 why it is refused (another model or config, beyond ``backend.max_clients``, a live id asked for,
 the run is ending). Then the two make their 2-rank gloo group from the ticket's prefix of the
-store (:func:`repro.real.transport.pair_group`, as torchft's parameter-server prototype does), swap
+store (:func:`repro.real.groups.pair_group`, as torchft's parameter-server prototype does), swap
 HELLOs, and the client is served like any other: it fetches the current version and is counted
 from its first push. No world group is touched, so nobody else waits while a client joins.
 
@@ -248,7 +248,8 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     ended or nothing listens at the address, 1 lost). ``on_admitted(k)``: told the id once
     the pair group with the server is made."""
     from repro.real.client import build_client, client_device, run_client
-    from repro.real.transport import Channel, disconnect, pair_group, pin_gloo_to_loopback
+    from repro.real.transport import Channel
+    from repro.real.groups import disconnect, pair_group, pin_gloo_to_loopback
 
     from repro.workload.build import load_data
 

@@ -46,7 +46,8 @@ from repro.real.frames import Header, Kind
 from repro.real.processes import (WORLD_KEY, StartupError, client_context, handover, make_store, serve_as_client,
                                   spawn_clients, startup_deadline_s, stop_children, wait_ready)
 from repro.real.server import Dispatcher, log, server_device
-from repro.real.transport import Channel, connect, disconnect, pin_gloo_to_loopback, pin_gloo_towards
+from repro.real.transport import Channel
+from repro.real.groups import connect, disconnect, pin_gloo_to_loopback, pin_gloo_towards
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env, usable_cores

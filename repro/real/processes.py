@@ -50,7 +50,8 @@ from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.real.client import build_client, client_device, run_client
 from repro.real.server import log
-from repro.real.transport import Channel, connect, disconnect, pin_gloo_to_loopback
+from repro.real.transport import Channel
+from repro.real.groups import connect, disconnect, pin_gloo_to_loopback
 from repro.runtime import StopRequest, fork_server_context
 
 if TYPE_CHECKING:

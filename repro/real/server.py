@@ -244,7 +244,7 @@ class Dispatcher:
         """Connect admitted client ``k`` through its pair group, swap HELLOs, then serve it: it
         fetches the current version. Only the last step takes the lock, so a joiner that never
         connects (dropped after ``backend.client_timeout_s``) holds nobody up."""
-        from repro.real.transport import forget_pair, pair_group
+        from repro.real.groups import forget_pair, pair_group
 
         timeout = self.cfg.backend.client_timeout_s
         numel, pin = self.server.params.numel(), self.device.type == "cuda"

@@ -1,20 +1,9 @@
-"""The real driver's wire: process groups, the message header, and one bounded-wait channel per client.
+"""The real driver's wire: one bounded-wait channel per client, and the server's receiver threads.
 
 This module owns how bytes move between the server (rank 0) and client ``k`` (rank ``k``), and
 nothing about what they mean for training.
 
-Groups. Every rank joins the world group (``init_process_group`` over gloo), then all ranks create
-one 2-rank gloo group ``[0, k]`` per client, in the same order (``dist.new_group`` is collective
-over the world; its ``use_local_synchronization`` mode names groups by how many groups a process
-already has, which differs between the server and a client, and deadlocks). All traffic of
-client ``k`` goes through its own group. Why not one world group with an any-source receive:
-measured on torch 2.13 / gloo, an any-source ``irecv`` on the world group does survive a
-SIGKILLed peer (the others keep talking), but any ``work.wait(timeout=...)`` that expires calls
-gloo's ``Context::signalException``, which closes *every* pair of that group. A hung client would
-then take all clients down with it. With one group per client a timeout closes only that client's
-pairs: its failure domain. The server's "receive from any source" is one :class:`Receiver`
-thread per client, each handing its pushes to the server loop, which serves one at a time
-(as in torchft's parameter-server prototype: one receiver thread per client group).
+Groups: :mod:`repro.real.groups` (one 2-rank gloo group per client: its failure domain).
 
 Messages: one frame each way (:mod:`repro.real.frames`), sent as ONE gloo message.
 
@@ -44,12 +33,8 @@ while that client pushed deadlocked until the client timeout dropped it.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
-import os
 import queue
-import socket
-import struct
 import threading
 import time
 from typing import Callable
@@ -284,126 +269,3 @@ class Receiver(threading.Thread):
         """Stop after the current message (a receive already waiting ends with its link)."""
         self._done = True
         self._gate.set()
-
-
-# ---------------------------------------------------------------------------------------------
-# Joining the world
-# ---------------------------------------------------------------------------------------------
-
-def is_loopback(addr: str) -> bool:
-    try:
-        return all(info[4][0].startswith("127.") or info[4][0] == "::1"
-                   for info in socket.getaddrinfo(addr, None))
-    except OSError:
-        return False
-
-
-def loopback_ifname() -> str | None:
-    """Name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS), if there is one."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return None
-    return next((n for n in names if n in ("lo", "lo0")), None)
-
-
-def pin_gloo_to_loopback(master_addr: str, single_node: bool) -> None:
-    """gloo binds its pairs to the interface GLOO_SOCKET_IFNAME names, else the one the host name
-    resolves to, either of which may be a LAN address. A single-node run on a loopback master
-    listens on loopback only, whatever the environment says (multi-node users export
-    GLOO_SOCKET_IFNAME for torchrun, and it must not open a single-node run to the network).
-    Under torchrun the environment is the user's to set."""
-    name = loopback_ifname()
-    if name and is_loopback(master_addr) and (single_node or "GLOO_SOCKET_IFNAME" not in os.environ):
-        os.environ["GLOO_SOCKET_IFNAME"] = name
-
-
-def interface_towards(addr: str) -> str | None:
-    """The interface this host sends from to reach ``addr`` (IPv4), or None when that cannot be
-    told. No packet is sent: connecting a UDP socket only asks the kernel for a route."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((addr, 9))
-            local = probe.getsockname()[0]
-            import fcntl   # each interface's address: SIOCGIFADDR, Linux's number (elsewhere
-            # the ioctl fails and gloo's own choice stays)
-            for _, name in socket.if_nameindex():
-                with contextlib.suppress(OSError):
-                    ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-                    if socket.inet_ntoa(ifreq[20:24]) == local:
-                        return name
-    except (OSError, ImportError):
-        pass
-    return None
-
-
-def pin_gloo_towards(master_addr: str) -> None:
-    """Under torchrun with GLOO_SOCKET_IFNAME unset, gloo binds the address the host name resolves
-    to, which is loopback on many machines (Debian's 127.0.1.1; a network namespace): the other
-    nodes are then told to connect to their own loopback and a two-node run never starts
-    ('Connect timeout'). Bind the interface that routes to the master instead: the one the
-    other nodes reach this node through. A user's GLOO_SOCKET_IFNAME still wins."""
-    if "GLOO_SOCKET_IFNAME" not in os.environ and not is_loopback(master_addr):
-        name = interface_towards(master_addr)
-        if name:
-            os.environ["GLOO_SOCKET_IFNAME"] = name
-
-
-def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[int, object]:
-    """Join the world over gloo (from ``store``, else from torchrun's env://) and create the
-    per-client groups, all ranks in the same order. Returns {client: group} for the groups this
-    rank belongs to."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if store is None:
-        store = torchrun_store(rank, world_size, timeout)
-    _count_groups_from_zero()
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout, store=store)
-    groups = {}
-    for k in range(1, world_size):
-        group = dist.new_group([0, k], timeout=timeout, backend="gloo")
-        if rank in (0, k):
-            groups[k] = group
-    return groups
-
-
-def pair_group(store, prefix: str, rank: int, timeout_s: float):
-    """The 2-rank gloo group of one joining client (rank 1) and the server (rank 0), made on
-    demand from ``prefix`` of the rendezvous store, as torchft's parameter-server prototype makes
-    one per client session: no world group, so a client's arrival or loss touches no one else
-    (see :mod:`repro.real.elastic`). Blocks until both ends are there, at most ``timeout_s``."""
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, 2,
-                                 datetime.timedelta(seconds=timeout_s))
-
-
-def forget_pair(store, prefix: str) -> None:
-    """Delete every key of a pair group's ``prefix`` (gloo leaves its two addresses there): once
-    both ends have made the group, or one gave up, nobody reads them again, and a joinable run
-    that stayed up for many joins would otherwise keep them all until it exits."""
-    with contextlib.suppress(Exception):   # a store without list_keys, or one that is closing
-        for key in store.list_keys():
-            if key.startswith(prefix + "/"):
-                store.delete_key(key)
-
-
-def torchrun_store(rank: int, world_size: int, timeout: datetime.timedelta):
-    """torchrun's store (env://), under a prefix of this restart attempt: after a restart
-    (--max-restarts) torchrun's agent keeps its store, and the dead attempt's gloo addresses
-    would still be under the keys the new attempt reads ('Connection refused')."""
-    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"repro/attempt_{attempt}", store)
-
-
-def _count_groups_from_zero() -> None:
-    """torch names process groups by a process-wide counter (the names prefix every rendezvous
-    key). A failed ``init_process_group`` leaves it incremented and only a successful destroy
-    resets it, so a process that saw one failure (a test, a sweep) would name its groups
-    differently from fresh peers, which then wait on each other's keys until the timeout."""
-    world = getattr(dist.distributed_c10d, "_world", None)
-    if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
-        world.group_count = 0
-
-
-def disconnect() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
