@@ -1,6 +1,8 @@
 """The real driver (``backend=real``): one parameter server and N client processes on torch.distributed.
 
-* :mod:`repro.real.transport` -- process groups and the header + payload messages (gloo).
+* :mod:`repro.real.frames` -- the message format: a frame (header + payload), the header's slots.
+* :mod:`repro.real.groups` -- process groups: the world, one gloo group per client; gloo's interface.
+* :mod:`repro.real.transport` -- bounded-wait channels and the server's receiver threads (gloo).
 * :mod:`repro.real.server` -- rank 0: the push loop, evaluator thread, checkpoints.
 * :mod:`repro.real.client` -- ranks 1..N: fetch, ``nsync`` local steps, push.
 * :mod:`repro.real.launch` -- the entry points: rank 0's start-up, serving and ending, or joining torchrun.

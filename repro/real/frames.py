@@ -1,7 +1,7 @@
 """The real driver's message format: a frame (header + payload), the header's slots, the kinds.
 
 This module owns what one message between the server and a client looks like in memory and on
-the wire; :mod:`repro.real.transport` owns how it moves (groups, bounded waits, receivers).
+the wire; :mod:`repro.real.transport` owns how it moves (bounded waits, receivers).
 
 Messages. A message is one frame, sent as ONE gloo message: a fixed-size header (a float64
 vector of :data:`HEADER_SLOTS` slots: message kind, client, version, payload length, the
@@ -77,7 +77,7 @@ _KINDS = {int(kind): kind for kind in Kind}   # a dict lookup: Kind(value) costs
 _ENVELOPE = struct.Struct(f"={ENVELOPE_SLOTS}d")   # native float64, as the frame's numpy view
 
 
-@dataclass(slots=True)   # four are made and read per round trip: slots make both cheaper
+@dataclass(slots=True)   # three are made and read per round trip: slots make both cheaper
 class Header:
     """A message's header. A PUSH carries a push: ``client`` and ``version`` are its client and
     read_version, the payload its update, ``push`` its other fields by name. :meth:`of_push` and
@@ -159,9 +159,9 @@ class Codec:
     over its slots), ``values_of(push)`` the same read from the push itself; ``fields(slots)``:
     the dict back, each value cast to its declared type. The four are generated source, as
     :mod:`dataclasses` generates ``__init__``: a loop over the fields per message (a branch and
-    a cast call per field, numpy assignments) made a PUSH's pack and unpack ~1.2 and ~1.9 us
-    (hot) instead of ~0.9 and ~1.3, and in the benchmark's round trip at 0.1M, timed in place
-    on 2 shared cores, the headers' parts took ~35 us instead of ~27 (issue 34).
+    a cast call per field, numpy assignments) was measurably slower on the round trip at 0.1M
+    parameters, where a header's Python is a tenth of the time (issue 34; the figures are in
+    docs/benchmarks.md and its 2026-12-06 table).
     """
 
     def __init__(self, push_type: type):

@@ -42,7 +42,7 @@ from repro.workload.data import Dataset
 from repro.workload.start import build_problem
 from repro.real.client import build_client, client_device
 from repro.real.elastic import Acceptor
-from repro.real.frames import Header, Kind
+from repro.real.frames import Frame, Header, Kind
 from repro.real.processes import (WORLD_KEY, StartupError, client_context, handover, make_store, serve_as_client,
                                   spawn_clients, startup_deadline_s, stop_children, wait_ready)
 from repro.real.server import Dispatcher, log, server_device
@@ -211,8 +211,6 @@ def _connect_watching(world_size: int, timeout_s: float, store, stop: StopReques
 
 def _dismiss_clients(cfg: RunConfig) -> None:
     """Under torchrun, a skipped run still has clients waiting: join the world and tell each STOP."""
-    from repro.real.frames import Frame
-
     try:
         groups = connect(0, cfg.num_clients + 1, cfg.backend.timeout_s)
         frame = Frame(0)

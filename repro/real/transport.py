@@ -7,8 +7,8 @@ Groups: :mod:`repro.real.groups` (one 2-rank gloo group per client: its failure 
 
 Messages: one frame each way (:mod:`repro.real.frames`), sent as ONE gloo message.
 
-Every wait is bounded. gloo cannot keep a receive pending across an expired timeout (see above),
-so an expired wait ends the channel: :class:`LinkLost`.
+Every wait is bounded. gloo cannot keep a receive pending across an expired timeout (see
+:mod:`repro.real.groups`), so an expired wait ends the channel: :class:`LinkLost`.
 
 Releasing a work. gloo's device thread still holds a message's buffer for a moment after it has
 completed the work (it wakes the waiter first, then leaves the read or write), and destroying a
@@ -78,7 +78,8 @@ class Channel:
         return timeout
 
     def _first_error(self, exc: RuntimeError) -> Exception:
-        """Why the link ended, for a wait that failed with ``exc``. gloo tells a send queued on its
+        """Why the link ended, for a send's wait that failed with ``exc`` (a receive's own failure
+        is that first error already). gloo tells a send queued on its
         socket nothing when the connection closes (a write refused with EPIPE is just queued), so a
         send made before gloo's thread read a close (a client continued after the server dropped
         it) times out instead; the receive posted on the pair was handed the pair's first error."""
@@ -108,7 +109,7 @@ class Channel:
         """gloo's send or receive call on a connection already closed fails at once, inside the
         call rather than in its wait (a client continued after the server dropped it; a server
         replying to a client that just died): the link's end as much as a failed wait."""
-        return self._lost(what, datetime.timedelta(seconds=self.timeout_s), exc)
+        return self._lost(what, self._default_timeout, exc)
 
     def send(self, header: Header, frame: Frame) -> None:
         """``header`` and the first ``header.length`` payload values of ``frame``, as one message
@@ -168,7 +169,7 @@ class Channel:
             try:
                 work.wait(timeout)
             except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
-                raise self._lost("waiting for a message", timeout, self._first_error(exc)) from exc
+                raise self._lost("waiting for a message", timeout, exc) from exc
         elif not arrival.wait(timeout.total_seconds()) or arrival.error is not None:
             # the watcher waits on gloo; we wait on it, as long as the timeout says
             raise self._lost("waiting for a message", timeout, arrival.error)
