@@ -195,6 +195,9 @@ class ScriptedChannel:
     def send(self, header: Header, frame) -> None:
         self.sent.append(header.kind)
 
+    def send_push(self, push, frame, **envelope) -> None:   # what the real client pushes with
+        self.sent.append(Kind.PUSH)
+
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("protocol", ["async", "sync"])
