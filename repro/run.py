@@ -24,7 +24,7 @@ import hydra
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from repro.config import loader as confhelp
+from repro.config import loader
 from repro.config.checks import validate
 from repro.config.renames import modern_override
 from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
@@ -39,7 +39,7 @@ log = get_logger("repro.run")
 
 
 if not OmegaConf.has_resolver("job_name"):
-    OmegaConf.register_new_resolver("job_name", lambda overrides: confhelp.job_name(list(overrides)))
+    OmegaConf.register_new_resolver("job_name", lambda overrides: loader.job_name(list(overrides)))
 if not OmegaConf.has_resolver("hydra_record"):   # the Hydra record's folder, this process's own
     OmegaConf.register_new_resolver("hydra_record", lambda run_dir: str(_incoming_record(run_dir)))
 
@@ -260,10 +260,10 @@ def _check_folder_writable(dcfg: DictConfig) -> None:
 def print_help(argv: list[str]) -> None:
     overrides = [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
     dcfg = compose(overrides, return_hydra_config=True)
-    choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in confhelp.ALL_GROUPS}
+    choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in loader.ALL_GROUPS}
     tree = OmegaConf.to_container(dcfg, resolve=False)
     tree.pop("hydra", None)
-    print(confhelp.help_text(tree, choices))
+    print(loader.help_text(tree, choices))
 
 
 def _torchrun_rank() -> int | None:

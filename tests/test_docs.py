@@ -262,7 +262,7 @@ def compose_errors(args: list[str]) -> list[str]:
     from omegaconf import OmegaConf
 
     from repro import run as rr
-    from repro.config import loader as confhelp
+    from repro.config import loader
     from repro.errors import ConfigError
     from repro.workload.build import check_components
 
@@ -277,7 +277,7 @@ def compose_errors(args: list[str]) -> list[str]:
     except Exception as e:   # noqa: BLE001 - Hydra's composition errors have no common base
         return [f"does not compose: {str(e).splitlines()[0]}"]
     parser = OverridesParser.create()
-    groups = set(confhelp.GROUPS) | set(confhelp.OPTIONAL_GROUPS)
+    groups = set(loader.GROUPS) | set(loader.OPTIONAL_GROUPS)
     tree = OmegaConf.to_container(base, resolve=False)
     checked, errors = set(), {}      # message -> the grid points that raise it
     composed: dict[tuple, dict] = {(): tree}   # per choice of the point's groups: composed once

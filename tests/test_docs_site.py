@@ -75,11 +75,11 @@ def test_the_configuration_reference_is_generated_from_the_declarations():
         import hooks
     finally:
         sys.path.remove(str(ROOT / "docs"))
-    from repro.config import loader as confhelp
+    from repro.config import loader
     from repro.config import settings
 
     reference = hooks.configuration_reference()
-    for key in confhelp.key_docs():
+    for key in loader.key_docs():
         row = next((r for r in reference.splitlines() if r.startswith(f"| `{key}` |")), None)
         assert row, key
         assert settings.valid_values(key).replace("|", "\\|") in row, key

@@ -13,7 +13,8 @@ evaluations:
   of the version-0 training loss and the loss of a uniform guess, kept across resumes.
 
 The core turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the
-run's divergence (an event, no more applies); nothing here ends a run.
+run's divergence (an event, no more applies); nothing here decides to end a run (a failed
+evaluation is raised, and fails it).
 """
 from __future__ import annotations
 

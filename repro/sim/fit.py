@@ -81,7 +81,6 @@ def fits(cfg: RunConfig) -> bool:
     return cfg.cost.schedule == "events" and bool(cfg.cost.path)
 
 
-PARTS = schema.TIMING_PARTS
 # what a fit reads of a recording's config.json, and what each must be
 NEEDED = {"nsync": "a positive integer", "model.name": "a model name", "data.name": "a data set name",
           "algo.batch_size": "a positive integer", "network.param_bytes": "a positive number of bytes"}
@@ -149,16 +148,16 @@ def _read_timings(run_dir: Path) -> pd.DataFrame:
     if tuple(text.columns) != schema.TIMING_COLUMNS:
         raise _refuse(run_dir, f"a {path} with the columns {list(schema.TIMING_COLUMNS)}")
     timings = text.copy()
-    for column in ("version", "time_s", "client", "read_version", *PARTS):
+    for column in ("version", "time_s", "client", "read_version", *schema.TIMING_PARTS):
         cells = text[column].fillna("")
         values = pd.to_numeric(cells, errors="coerce")
-        may_be_nan = column in PARTS and cells.str.strip().str.lower().isin(("", "nan"))
+        may_be_nan = column in schema.TIMING_PARTS and cells.str.strip().str.lower().isin(("", "nan"))
         bad = ~((np.isfinite(values) & (values >= 0)) | may_be_nan)
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
             raise _refuse(run_dir, f"a {schema.TIMINGS_FILE} of numbers ({path} line {row + 2} has "
                           f"{column} {cells.iloc[row]!r}, not a finite number >= 0"
-                          + (" or nan)" if column in PARTS else ")"))
+                          + (" or nan)" if column in schema.TIMING_PARTS else ")"))
         timings[column] = values
     return timings
 
@@ -195,7 +194,7 @@ def _own(recordings: list[tuple[str, pd.DataFrame, dict]], run: dict | None) -> 
 
 def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
     """One recording's pushes (those with every part measured), steps and transit point."""
-    t = t[np.isfinite(t[list(PARTS)]).all(axis=1)]
+    t = t[np.isfinite(t[list(schema.TIMING_PARTS)]).all(axis=1)]
     if len(t) < MIN_PUSHES:
         raise ConfigError("cost.path", path, f"a recorded run with at least {MIN_PUSHES} pushes "
                           f"in {schema.TIMINGS_FILE} to fit a cost model to (it has {len(t)})")
@@ -269,7 +268,7 @@ def _eval_cpu_s(run_dir: Path) -> float | None:
 def round_trip_rest(t: pd.DataFrame) -> float:
     """Mean seconds of a client's round trip that the five parts do not cover: between two of
     its applied pushes, less the later push's parts (0 when no client pushed twice)."""
-    parts = t[list(PARTS)].sum(axis=1)
+    parts = t[list(schema.TIMING_PARTS)].sum(axis=1)
     cycle = t.groupby("client").time_s.diff()
     later = cycle.notna()
     return max(0.0, float((cycle[later] - parts[later]).mean())) if later.any() else 0.0
