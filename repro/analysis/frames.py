@@ -47,7 +47,7 @@ PREDICTED = {"seed": np.nan, "run_dir": None, "status": None, "diverged": False,
 def measured_rows(runs: pd.DataFrame, columns: list[str], quantities) -> pd.DataFrame:
     """A lab frame's measured part, one row per (run, quantity) of ``runs`` (one row per run, a
     column per quantity): of ``columns``, those the runs have beside ``quantity`` and ``value``;
-    ``kind`` measured, ``source`` the run, ``clock`` virtual, each unless the runs say (the
+    ``source`` the run; ``kind`` measured and ``clock`` virtual unless the runs say (the
     ceiling's runs in lockstep are kind ``lockstep``)."""
     runs = runs.assign(kind=runs["kind"] if "kind" in runs else "measured", source="simulator (this run)",
                        clock=runs["clock"] if "clock" in runs else "virtual")

@@ -37,9 +37,17 @@ COLUMNS = [*KEYS, "measured_samples_per_s", "predicted_samples_per_s", "samples_
 
 
 def _json(path: Path) -> dict:
-    """``path``'s JSON ({} when unreadable); a config.json through its one reader."""
+    """``path``'s JSON ({} when unreadable)."""
     try:
-        return read_recorded(path.parent) if path.name == schema.CONFIG_FILE else json.loads(path.read_text())
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _config(run_dir: Path) -> dict:
+    """``run_dir``'s config.json through its one reader ({} when unreadable)."""
+    try:
+        return read_recorded(run_dir)
     except (OSError, ValueError):
         return {}
 
@@ -47,7 +55,7 @@ def _json(path: Path) -> dict:
 def link_of(run_dir: Path, config: dict | None = None) -> str | None:
     """'loopback' or 'link' (two hosts) of a real run from its ``host`` record; a simulated run's
     is its fit's first recording's; None: neither (no record)."""
-    config = config if config is not None else _json(run_dir / schema.CONFIG_FILE)
+    config = config if config is not None else _config(run_dir)
     if config.get("backend", {}).get("name") == "real":
         host = config.get("host")
         return None if not host else ("link" if int(host["clients_on_host"]) == 0 else "loopback")
@@ -73,7 +81,7 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     row per evaluation (train error against time)."""
     runs, stale, curves = [], [], []
     for run_dir in run_dirs(Path(root)):
-        config, summary = _json(run_dir / schema.CONFIG_FILE), _json(run_dir / schema.SUMMARY_FILE)
+        config, summary = _config(run_dir), _json(run_dir / schema.SUMMARY_FILE)
         link = link_of(run_dir, config)
         if link is None:
             continue

@@ -86,7 +86,8 @@ def method_order(methods) -> list[str]:
 def segment_times(run: pd.Series) -> list[float]:
     """tau_1..tau_N: each client's segment time (nsync steps of compute_s x its relative step
     time x the straggler's factor), as the simulator's clock has them without jitter."""
-    cost, steps = cost_of(run), int(run["nsync"]) * float(run["cost.compute_s"])
+    cost = cost_of(run)
+    steps = int(run["nsync"]) * cost.compute_s
     return [steps * cost.speed(k) * (cost.straggler_factor if k == cost.straggler_client else 1.0)
             for k in range(1, int(run["num_clients"]) + 1)]
 
