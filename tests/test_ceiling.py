@@ -18,13 +18,19 @@ from repro.analysis.render import build_figure
 from repro.analysis.load import load_runs
 from repro.config.settings import CostConfig
 from repro.run import compose, parse
-from repro.sim.ceiling import ceiling, speedup_ceiling
+from repro.sim.ceiling import ceiling
 from repro.sim.cost import CostModel, CostScheduler
 from repro.sim.driver import simulate
 from repro.sim.resources import ContendedScheduler
 
 from tests.helpers.paths import ROOT  # noqa: E402
 TRANSFER = 1e-4 + 244e6 / 1e9     # paper2013: 61M float32 over 1 GB/s, plus 100 us
+
+
+def speedup_ceiling(cost, num_clients: int, nsync: int, param_bytes: int) -> float:
+    """Predicted throughput of N clients / that of one client, at the same nsync."""
+    one = ceiling(cost, 1, nsync, param_bytes).pushes_per_s
+    return ceiling(cost, num_clients, nsync, param_bytes).pushes_per_s / one
 
 
 # ---------------------------------------------------------------------------------------------

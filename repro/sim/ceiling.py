@@ -91,9 +91,3 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int,
             bounds[DEVICES] = hosts * cost.shared.devices_per_host * len(factors) / (nsync * step_s * sum(factors))
     return Ceiling(num_clients, nsync, cycle, bounds)
 
-
-def speedup_ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int,
-                    step_s: float | None = None) -> float:
-    """Predicted throughput of N clients / that of one client, at the same nsync."""
-    one = ceiling(cost, 1, nsync, param_bytes, step_s).pushes_per_s
-    return ceiling(cost, num_clients, nsync, param_bytes, step_s).pushes_per_s / one
