@@ -64,7 +64,7 @@ def make_schedule(cfg: RunConfig, clients: list[int], param_bytes: int, step_s: 
     """The schedule ``cost.schedule`` names: the cost model's clock (``cost.topology``: dedicated
     or shared resources), or a recorded run's order."""
     if cfg.cost.schedule == "replay":
-        return ReplayScheduler(cfg.cost.path)
+        return ReplayScheduler(cfg.cost.path, cfg.num_clients)   # the recording's (replay_config)
     clock = ContendedScheduler if cfg.cost.topology == "shared" else CostScheduler
     return clock(CostModel(cfg.cost, cfg.seed, param_bytes, step_s), clients, cfg.nsync)
 

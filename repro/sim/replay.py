@@ -196,12 +196,7 @@ class ReplayScheduler(Schedule):
     """The order of a recorded run: each row of its updates.csv, in version order.
     ``end_message``: what the run's summary says when the recording runs out."""
 
-    def __init__(self, run_dir: str | Path, num_clients: int | None = None):
-        if num_clients is None:
-            try:
-                num_clients = int(read_recorded(run_dir)["num_clients"])
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with a valid config.json ({e})")
+    def __init__(self, run_dir: str | Path, num_clients: int):
         recording = read_recording(run_dir, num_clients)
         # the scheduler runs out before the budget only when the recording ends early: unfinished,
         # or a diverged run whose divergence the replay did not repeat
