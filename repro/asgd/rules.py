@@ -31,8 +31,8 @@ class ServerRule(Protocol):
 RULES: Registry[type] = Registry("algo.server_rule")
 
 
-class _Stateless:
-    """Rules that keep nothing between pushes and need no fetch bookkeeping."""
+class _Rule:
+    """What a rule does by default: keep nothing between pushes, no fetch bookkeeping."""
 
     def fetched(self, client: int, params: Tensor) -> None:
         pass
@@ -45,7 +45,7 @@ class _Stateless:
 
 
 @RULES.register("delta")
-class DeltaRule(_Stateless):
+class DeltaRule(_Rule):
     """``w <- w + scale * delta``: the server adds the client's local parameter change. With one
     client and scale 1 this is sequential SGD (momentum stays on the client). Our default."""
 
@@ -59,7 +59,7 @@ class DeltaRule(_Stateless):
 
 
 @RULES.register("downpour")
-class DownpourRule(_Stateless):
+class DownpourRule(_Rule):
     """Downpour's server step ``w <- w - lr_server * accrued`` (Dean et al. 2012, Sec. 4.1)."""
 
     push_kind = "gradient"
@@ -72,22 +72,17 @@ class DownpourRule(_Stateless):
 
 
 @RULES.register("staleness_scaled")
-class StalenessScaledRule(_Stateless):
+class StalenessScaledRule(DownpourRule):
     """Staleness-aware ASGD (Zhang, Gupta, Lian, Liu, IJCAI 2016, Eq. 3): the step of a push
     with staleness tau is divided by tau, ``w <- w - (lr_server / max(1, tau)) * accrued``; a
     fresh push (tau = 0) takes the full step, as tau = 1 does in their count."""
-
-    push_kind = "gradient"
-
-    def __init__(self, lr_server: float, **_):
-        self.lr_server = lr_server
 
     def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
         params.add_(update, alpha=-self.lr_server / max(1, staleness))
 
 
 @RULES.register("dcasgd")
-class DCASGDRule:
+class DCASGDRule(_Rule):
     """Delay-compensated ASGD, constant-lambda form DC-ASGD-c (Zheng et al., ICML 2017, Eq. 10):
     the stale gradient g, computed at the parameters the client fetched (w_bak), is corrected
     towards the gradient at today's w with the diagonal outer-product approximation of the
@@ -125,7 +120,7 @@ class DCASGDRule:
 
 
 @RULES.register("adagrad")
-class AdagradRule:
+class AdagradRule(_Rule):
     """DistBelief's per-parameter Adagrad: ``eta_i = gamma / sqrt(sum of squared updates_i)``
     (Dean et al. 2012, Sec. 4.1), which they found far more robust with many replicas."""
 
@@ -134,9 +129,6 @@ class AdagradRule:
     def __init__(self, lr_server: float, eps: float = 1e-8, **_):
         self.lr_server, self.eps = lr_server, eps
         self.sum_sq: Tensor | None = None
-
-    def fetched(self, client: int, params: Tensor) -> None:
-        pass
 
     def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
         if self.sum_sq is None:
@@ -169,7 +161,7 @@ class ElasticExchange:
 
 
 @RULES.register("easgd")
-class ElasticRule(_Stateless):
+class ElasticRule(_Rule):
     """Asynchronous EASGD (Zhang, Choromanska, LeCun, NIPS 2015, Algorithm 1): every tau = nsync
     local steps a client's exchange moves the centre toward it by the moving rate alpha,
     ``c <- c + alpha (x - c)``, computed here with the centre as it is now, and the client toward
@@ -187,7 +179,7 @@ class ElasticRule(_Stateless):
 
 
 @RULES.register("outer_nesterov")
-class OuterNesterovRule:
+class OuterNesterovRule(_Rule):
     """An outer Nesterov step on each apply's parameter change. The outer gradient is minus the
     pushed delta, ``g = w_fetched - w_local`` (with protocol=sync, the round's mean: DiLoCo,
     Douillard et al. 2023, outer lr 0.7, momentum 0.9). ``delay`` d (Liu et al. 2024, "Asynchronous
@@ -204,9 +196,6 @@ class OuterNesterovRule:
         self.momentum: Tensor | None = None   # m
         self.pending: Tensor | None = None    # outer gradients since the momentum last moved
         self.count = 0                        # applies so far
-
-    def fetched(self, client: int, params: Tensor) -> None:
-        pass
 
     def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
         if self.momentum is None:
