@@ -50,7 +50,7 @@ from typing import AbstractSet
 import torch
 
 from repro.asgd.algorithm import Push
-from repro.asgd.protocols import NOTHING, PROTOCOLS, Decision, Policy, View
+from repro.asgd.protocols import NOTHING, PROTOCOLS, Decision, Policy, View, mean_push
 
 
 @PROTOCOLS.register("ringmaster")
@@ -181,21 +181,9 @@ class Rennala(Policy):
                         collected=collected)
 
     def merge(self) -> Push:
-        clients = sorted(self.stats)
-        first = self.sums[clients[0]]
-        if self.total is None or self.total.shape != first.shape or self.total.device != first.device:
-            self.total = torch.zeros_like(first)
-        total = self.total.zero_()
-        pushes = samples = steps = 0
-        loss = wrong = 0.0
-        for k in clients:
-            k_pushes, n, k_loss, k_wrong, k_steps = self.stats[k]
-            total.add_(self.sums[k])
-            pushes, samples, steps = pushes + k_pushes, samples + n, max(steps, k_steps)
-            loss, wrong = loss + k_loss, wrong + k_wrong
-        return Push(client=0, read_version=self.step_start, update=total.div_(pushes), num_steps=steps,
-                    num_samples=samples, train_loss=loss / samples, train_error=wrong / samples,
-                    stream_position=(0, 0))
+        parts = [(self.sums[k], *self.stats[k]) for k in sorted(self.stats)]
+        self.total, merged = mean_push(self.total, parts, self.step_start)
+        return merged
 
     def state_dict(self) -> dict:
         """A half-full collection keeps each client's sum (a checkpoint copies them)."""

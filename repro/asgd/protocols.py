@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import AbstractSet
 
 import torch
+from torch import Tensor
 
 from repro.asgd.algorithm import Push, push_fields, push_type, push_type_name
 from repro.errors import ConfigError
@@ -192,7 +193,7 @@ class Sync(Policy):
         self.backups = cfg.protocol.backup_workers
         self.round_start = version
         self.pushes: dict[int, Push] = {}       # this round's, by client (held: see the docstring)
-        self.total: torch.Tensor | None = None  # the merge buffer, reused round after round
+        self.total: Tensor | None = None        # the merge buffer, reused round after round
         self.joining: set[int] = set()          # joined during this round: not counted until the next
 
     @classmethod
@@ -227,20 +228,10 @@ class Sync(Policy):
         """The mean of the round's pushes, summed in client-id order: float addition is not
         associative, so summing in arrival order would make a round depend on timing."""
         pushes = [self.pushes[k] for k in sorted(self.pushes)]
-        first = pushes[0].update
-        if self.total is None or self.total.shape != first.shape or self.total.device != first.device:
-            self.total = torch.zeros_like(first)
-        total = self.total.zero_()
-        loss = wrong = 0.0
-        samples = 0
-        for p in pushes:
-            total.add_(p.update.to(total.device))
-            loss += p.train_loss * p.num_samples
-            wrong += p.train_error * p.num_samples
-            samples += p.num_samples
-        return Push(client=0, read_version=self.round_start, update=total.div_(len(pushes)),
-                    num_steps=max(p.num_steps for p in pushes), num_samples=samples,
-                    train_loss=loss / samples, train_error=wrong / samples, stream_position=(0, 0))
+        parts = [(p.update, 1, p.num_samples, p.train_loss * p.num_samples,
+                  p.train_error * p.num_samples, p.num_steps) for p in pushes]
+        self.total, merged = mean_push(self.total, parts, self.round_start)
+        return merged
 
     def on_lost(self, client: int, view: View) -> Decision:
         if self.pushes and len(self.pushes) >= self.needed(view.live):
@@ -267,6 +258,26 @@ class Sync(Policy):
                               "sync round summed in arrival order, written by an older version); "
                               "force=true starts the run over")
         self.pushes = {int(k): _push_from_state(s) for k, s in state.get("pushes", {}).items()}
+
+
+def mean_push(buffer: Tensor | None, parts: list[tuple], read_version: int) -> tuple[Tensor, Push]:
+    """The mean of merged pushes as one push (client 0, which read ``read_version``): each part is
+    (an update or a sum of updates, pushes, samples, loss x samples, errors x samples, steps),
+    summed in the order given into ``buffer`` (reused when it fits). Returns (buffer, push)."""
+    first = parts[0][0]
+    if buffer is None or buffer.shape != first.shape or buffer.device != first.device:
+        buffer = torch.zeros_like(first)
+    total = buffer.zero_()
+    pushes = samples = steps = 0
+    loss = wrong = 0.0
+    for update, k_pushes, n, k_loss, k_wrong, k_steps in parts:
+        total.add_(update.to(total.device))
+        pushes, samples, steps = pushes + k_pushes, samples + n, max(steps, k_steps)
+        loss, wrong = loss + k_loss, wrong + k_wrong
+    merged = Push(client=0, read_version=read_version, update=total.div_(pushes), num_steps=steps,
+                  num_samples=samples, train_loss=loss / samples, train_error=wrong / samples,
+                  stream_position=(0, 0))
+    return buffer, merged
 
 
 def _push_state(p: Push) -> dict:
