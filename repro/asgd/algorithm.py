@@ -37,15 +37,10 @@ from repro.asgd.rules import ServerRule
 
 @dataclass
 class Push:
-    """What a client sends the server after ``num_steps`` local steps.
-
-    Its fields are the one list of what a push carries: the real driver's wire header
-    (:mod:`repro.real.transport`), the server's rebuild of a received push, the held pushes a
-    checkpoint keeps with their type (:mod:`repro.asgd.protocols`) and updates.csv's pushed
-    columns follow it (:func:`push_fields`). A new field is declared here, with a default (a
-    merged push that does not set it carries the default), set where it is produced and read
-    where it is used. Every field but ``update`` is an int, a float, a bool or a tuple of ints
-    (fixed length: on the wire, one slot per value)."""
+    """What a client sends the server after ``num_steps`` local steps. Its fields are the one
+    list of what a push carries (:func:`push_fields`; docs/architecture.md, "The seam"): a new
+    one has a default, which a merged push that does not set it carries. Every field but
+    ``update`` is an int, a float, a bool or a tuple of ints (fixed length: one wire slot each)."""
 
     client: int
     read_version: int          # the server version whose parameters the client started from

@@ -6,42 +6,28 @@ paper's Downpour) misses it: its slowest clients push gradients so stale that th
 than they help. Two ways to meet the bound, both registered in
 :data:`repro.asgd.protocols.PROTOCOLS` (declared in :data:`repro.registry.DECLARED`, which says this
 module registers them: a lookup of either name imports it) and run by both drivers like every
-protocol (:mod:`repro.asgd.protocols` says what a policy is):
+protocol (:mod:`repro.asgd.protocols` says what a policy is). What each does for a user, its
+keys and the summary's ``discarded_pushes`` and ``collected_pushes``: docs/lab.md.
 
-* ``ringmaster`` (Maranjyan, Tyurin, Richtarik, ICML 2025, "Ringmaster ASGD", Algorithm 4):
-  asynchronous SGD that applies a push only if its staleness (their delay) is below a threshold
-  R; a staler push is discarded and its client fetches the current parameters and goes on.
-  With ``cancel_stale`` (their Algorithm 5, "with calculation stops", *the paper's variant*) the
-  server does not wait for such a push: whenever an apply makes a computing client's staleness
-  reach R (its segment started R applies ago), it sends that client the current parameters and
-  the client drops its segment and starts again from them (preempted), as often as that happens:
-  a client slower than R applies of the others is stopped again and again and never applied.
-  No push then arrives stale. ``protocol.stop_once`` is our departure from it (below).
+* ``ringmaster`` (Maranjyan, Tyurin, Richtarik, ICML 2025, "Ringmaster ASGD", Algorithms 4 and
+  5): a push whose staleness (their delay) reaches R is discarded and its client fetches; with
+  ``cancel_stale`` (Algorithm 5, *the paper's variant*) a computing client is stopped
+  (preempted) whenever an apply makes its segment R applies old, as often as that happens.
 * ``rennala`` (Tyurin & Richtarik, NeurIPS 2023, "Rennala SGD"; Algorithm 2 of the Ringmaster
-  paper): the server collects S pushes computed from its *current* parameters, from whichever
-  clients finish first, a client whose push was collected starting at once on another from the
-  same parameters (so a fast client contributes several); with the S-th it applies their mean
-  (version + 1), and every other client is sent the new parameters and drops the segment it was
-  computing (stale: it could only be discarded). Each step then takes the exact collection time
-  t(S) = min{t : sum_i floor(t / tau_i) >= S} for clients of fixed segment times tau_i. Unlike
-  sync with backup workers (a client at most once per round), S may exceed the number of clients.
+  paper): the mean of S pushes computed from the current parameters, by whoever finishes first;
+  every other client is then preempted. Each step takes t(S) = min{t : sum_i floor(t / tau_i) >= S}
+  for clients of fixed segment times tau_i.
 
 **One preemption at a time** (rennala always; ringmaster with ``protocol.stop_once``, a departure
 from the paper's Algorithm 5). A client sent parameters by a preemption is not preempted again
 before a push of its computed from them has arrived; a later step that makes its segment stale
 leaves it computing, and its push is discarded when it arrives (it then fetches the current
-parameters: the same as a preemption, later). That changes the schedule: the restart comes at
-the push's arrival instead of at the stop, so a slow client falls into a different phase and
-may be applied where the paper's algorithm never applies it (8 clients with tau_i = 1 + sqrt(i)
-and R = 4: clients 4 and 5 get about 80 applies each in 2000 epochs, none in the paper's). On the
-real driver it is what keeps the server from sending a client a message it cannot receive yet:
-a client blocked sending its push while its receiver waits for the server's lock has room for
-one unread message (a second send would wait, under that lock, for a receive that never comes),
-so the real driver runs ringmaster's stops only with ``stop_once`` (repro.config.checks).
-
-Both list what they dropped in the summary's ``discarded_pushes`` ([read_version, client]);
-rennala lists what each step merged in ``collected_pushes`` (the same form: per read version,
-the collection's size and which clients made it).
+parameters: the same as a preemption, later), so the schedule changes (docs/lab.md has an
+example). On the real driver it is what keeps the server from sending a client a message it
+cannot receive yet: a client blocked sending its push while its receiver waits for the server's
+lock has room for one unread message (a second send would wait, under that lock, for a receive
+that never comes), so the real driver runs ringmaster's stops only with ``stop_once``
+(repro.config.checks).
 """
 from __future__ import annotations
 

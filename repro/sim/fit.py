@@ -2,53 +2,23 @@
 
 This module owns one question: which :class:`~repro.config.settings.CostConfig` would make the
 simulator's clock the clock a recorded run had. It reads each recording's ``timings.csv``
-(:data:`repro.files.schema.TIMING_COLUMNS`, written by both drivers) and ``config.json`` and
-estimates
+(:data:`repro.files.schema.TIMING_COLUMNS`, written by both drivers) and ``config.json``. What
+is fitted (step time and jitter, latency and bandwidth, apply time), what is refused (exit 2,
+naming ``cost.path``, the file and its line) and how a recording's machine (its ``host``
+record) and a named link are placed: docs/simulator.md, "Fitting the simulator's cost model to
+recorded runs". Beside that:
 
-* the step time ``compute_s`` (mean compute per push / nsync) and its lognormal jitter (the
-  spread of the per-push compute: a push sums nsync independent steps, so a step's coefficient of
-  variation is the push's times sqrt(nsync));
-* the per-message ``latency_s`` and ``bandwidth_Bps`` from the transits each way: one point per
-  recording (its mean transit against its message bytes), a least-squares line through them.
-  One message size alone cannot tell latency from bandwidth, so recordings of one size give the
-  whole transit as latency and a free link (the record says so);
-* the server's ``server_apply_s`` (mean apply time); a real recording's server sends each reply
-  before it serves the next push (``cost.reply_holds_server``: its Dispatcher holds its lock
-  through the send).
-
-What is refused (exit 2, naming ``cost.path``, the file and its line): a recording whose
-``timings.csv`` holds a cell that is not a number, whose ``config.json`` lacks what a fit reads
-(:data:`NEEDED`), a replay's folder (a replay records no timings), and recordings none of which
-ran the run's model, data and batch size (:func:`identity`: the step time is that problem's). A
-recording of another model beside one of the run's own gives its transit alone (a second
-message size, with a warning naming both): its steps, applies and evaluations are not the run's.
-
-The round trip's rest. ``timings.csv``'s five parts miss a little of each round trip (the
-client's copy of the fetched parameters, the server's reply before it is sent): the mean time
-between a client's consecutive applied pushes, less the mean of the five parts, is added to the
-transit, half each way, so one client's fitted round trip is its measured one.
-
-The machine. A real run records where its server ran (config.json's ``host``: cores it could
-use, torch threads per process, clients on its host). A recording whose clients all shared the
-server's host (a single-node loopback run) is simulated on one machine: ``cost.topology=shared``,
-every client on one host, ``devices_per_host`` = cores / threads, ``cost.machine.single`` (the
-transfers are CPU work too: :mod:`repro.sim.resources`), and ``cost.machine.eval_s`` the mean CPU time
-of the recording's evaluations (its summary's ``eval_cpu_s``). A recording across nodes puts the
-simulated clients on one host of the same cores beside the server's, unless the command says
-``cost.machine.single=true``: its nodes were network namespaces of one machine (a fact the host
-record cannot show), so the clients and the server's evaluations share its cores while the
-transfers wait for the link. When the command names the link's bandwidth
-(``cost.shared.server_bandwidth_Bps``, e.g. the tbf rate of :mod:`repro.instruments.hosts`) and burst
-(``cost.shared.server_burst_bytes``), they are known facts, not fitted ones: the fitted latency is then
-the transit less the bytes' time on that link, the burst's bytes taken off (a one-client
-recording's link is idle when each transfer starts). A recording without ``host`` (older runs)
-gets today's dedicated fit.
-
-Means, not medians, everywhere: throughput is set by the mean, and on a loaded machine the
-transit's long tail (the scheduler's waits) holds much of it (REPRODUCE.md, "The simulator
-against reality"). The fitted values replace the configured ones before the run folder is made, so
-``config.json`` records what was simulated, and ``fit`` (config.json and the summary) records
-where it came from.
+* the jitter is the spread of the per-push compute: a push sums nsync independent steps, so a
+  step's coefficient of variation is the push's times sqrt(nsync);
+* a real recording's server sends each reply before it serves the next push
+  (``cost.reply_holds_server``: its Dispatcher holds its lock through the send);
+* the round trip's rest: ``timings.csv``'s five parts miss a little of each round trip (the
+  client's copy of the fetched parameters, the server's reply before it is sent): the mean time
+  between a client's consecutive applied pushes, less the mean of the five parts, is added to the
+  transit, half each way, so one client's fitted round trip is its measured one;
+* means, not medians, everywhere: throughput is set by the mean, and on a loaded machine the
+  transit's long tail (the scheduler's waits) holds much of it (REPRODUCE.md, "The simulator
+  against reality").
 """
 from __future__ import annotations
 
