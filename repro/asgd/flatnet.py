@@ -69,7 +69,7 @@ class FlatModule:
         self.grad.zero_()
 
 
-class FlatNet:
+class FlatNet(FlatModule):
     """Computes losses and gradients of one network whose parameters live in one flat vector.
 
     A FlatNet is a compute engine, not a client (the paper's "workers" and our ``backup_workers``
@@ -78,25 +78,17 @@ class FlatNet:
     """
 
     def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):
-        self.flat_module = FlatModule(module)
-        self.module = self.flat_module.module
+        super().__init__(module)
         self.loss_fn = loss_fn
 
     @property
     def params(self) -> Tensor:
-        return self.flat_module.flat
-
-    @property
-    def grad(self) -> Tensor:
-        return self.flat_module.grad
-
-    def load(self, params: Tensor) -> None:
-        self.flat_module.load(params)
+        return self.flat
 
     def backward(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """Gradient of the minibatch loss into ``self.grad``; returns (loss, num_errors) as tensors
         (no host sync here: on a GPU the caller reads them once per push)."""
-        self.flat_module.zero_grad()
+        self.zero_grad()
         out = self.module(x)
         loss = self.loss_fn(out, y)
         loss.backward()

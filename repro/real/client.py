@@ -98,7 +98,7 @@ def warm_up(setup: ClientSetup) -> None:
     stream = setup.client.stream
     probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)
     setup.net.backward(*probe.next_batch())
-    setup.net.flat_module.zero_grad()
+    setup.net.zero_grad()
     torch.cuda.synchronize(setup.device)
 
 
