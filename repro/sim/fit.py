@@ -143,11 +143,9 @@ def identity(cfg: RunConfig) -> dict:
     return {"model.name": cfg.model.name, "data.name": cfg.data.name, "algo.batch_size": cfg.algo.batch_size}
 
 
-def _own(recordings: list[tuple[str, pd.DataFrame, dict]], run: dict | None) -> list[bool]:
+def _own(recordings: list[tuple[str, pd.DataFrame, dict]], run: dict) -> list[bool]:
     """Which recordings ran the run's model, data and batch size: their steps, applies and
     evaluations are fitted; another's transit alone (a second message size). Exit 2 when none did."""
-    if run is None:
-        return [True] * len(recordings)
     differs = [next(((k, _get(c, k), v) for k, v in run.items() if _get(c, k) != v), None)
                for _, _, c in recordings]
     if all(differs):
@@ -179,13 +177,11 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
             "eval": _eval_cpu_s(Path(path))}
 
 
-def fit_cost(paths: list[str], link_Bps: float | None = None, burst_bytes: float = 0.0,
-             run: dict | None = None) -> dict:
+def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: dict) -> dict:
     """The fitted values and where they came from (the ``fit`` record); ``link_Bps``: the link's
     known bandwidth (latency is then what the transit has beyond the bytes' time), and
     ``burst_bytes`` its known burst (bytes sent at once by a link found idle, as each transfer of a
-    one-client recording finds it: not in the bytes' time). ``run``: the run's :func:`identity`
-    (None: every recording's steps count)."""
+    one-client recording finds it: not in the bytes' time). ``run``: the run's :func:`identity`."""
     recordings = [(path, *_read(Path(path))) for path in paths]
     own = _own(recordings, run)
     measured = [_measure(path, t, config) for path, t, config in recordings]
