@@ -82,13 +82,11 @@ class Recording:
     membership: list[tuple[int, str, int, float]] = ()
 
 
-def _membership(run_dir: Path) -> list[tuple[int, str, int, float]]:
+def _membership(summary: dict) -> list[tuple[int, str, int, float]]:
     """The joins and losses a recorded run's summary lists (none for a run without a summary:
     an unfinished recording is replayed as far as its rows go)."""
-    summary = read_summary(run_dir)
-    events = summary.get("events", []) if isinstance(summary, dict) else []
     out = []
-    for e in events:
+    for e in summary.get("events", []):
         if isinstance(e, dict) and e.get("type") in MEMBERSHIP:
             t = e.get("lost_time_s", e.get("joined_time_s", e.get("time_s", 0.0)))
             out.append((int(e["version"]), e["type"], int(e["client"]), float(t)))
@@ -107,7 +105,9 @@ def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
     if not rows:
         raise ConfigError("cost.path", str(run_dir), "a recording with at least one push (its "
                           f"{schema.UPDATES_FILE} has no rows)")
-    membership = _membership(run_dir)
+    summary = read_summary(run_dir)
+    summary = summary if isinstance(summary, dict) else {}   # none (or not an object): unfinished
+    membership = _membership(summary)
     expected_read: dict[int, int] = {}
     members, events = set(range(1, num_clients + 1)), iter(membership)
     event = next(events, None)
@@ -124,7 +124,7 @@ def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
             raise ConfigError("cost.path", str(run_dir), f"a recording whose rows a replay can apply: "
                               f"{schema.UPDATES_FILE} line {lineno} {why}")
         expected_read[client], last_time = version, time_s
-    return Recording([row for _, row in rows], _unfinished(run_dir, len(rows)), membership)
+    return Recording([row for _, row in rows], _unfinished(run_dir, summary, len(rows)), membership)
 
 
 def _rows(run_dir: Path) -> list[tuple[int, tuple[int, int, int, float]]]:
@@ -173,11 +173,10 @@ def _ranges(ids: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _unfinished(run_dir: Path, num_rows: int) -> str:
+def _unfinished(run_dir: Path, summary: dict, num_rows: int) -> str:
     """Why the recording ends before its run's budget ("" for a finished run, which must hold
     every push its summary counts)."""
-    summary = read_summary(run_dir)
-    status = summary.get("status") if isinstance(summary, dict) else None
+    status = summary.get("status")
     if status in schema.FINISHED_STATUSES:
         version = summary.get("version")
         if version != num_rows:
@@ -186,7 +185,7 @@ def _unfinished(run_dir: Path, num_rows: int) -> str:
                               f"holds {num_rows} rows")
         return ""
     said = f"its summary says {status}" if status else "it has no summary.json"
-    epoch = summary.get("epoch") if isinstance(summary, dict) else None
+    epoch = summary.get("epoch")
     where = f" at epoch {epoch:.2f}" if isinstance(epoch, (int, float)) else ""
     return (f"{run_dir} is an unfinished recording ({said}{where}): the replay ends after its "
             f"{num_rows} recorded pushes, before the budget")
