@@ -111,10 +111,8 @@ class Simulation:
             if self.pending is None and self.churn is not None:
                 while self.churn.next_time() <= self.scheduler.peek() and self.churn.next_time() < math.inf:
                     self.membership(*self.churn.pop())
-                if self.stopping:
-                    break
-                if self.scheduler.peek() == math.inf:   # nobody computes and nobody comes back
-                    break
+                if self.stopping or self.scheduler.peek() == math.inf:   # or nobody computes and
+                    break                                                  # nobody comes back
             if self.pending is None:
                 for kind, k, t in self.scheduler.membership_due(self.server.version):
                     self.recorded_membership(kind, k, t)
