@@ -1,18 +1,13 @@
 """Replay (``cost=replay cost.path=RUN_DIR``): the simulator re-applies the push order a real run
-recorded, to prove that the two drivers compute the same numbers.
+recorded, to prove that the two drivers compute the same numbers (what a user sees:
+docs/simulator.md, "Replaying a real run in the simulator").
 
-:func:`replay_config` makes the replay train exactly what the recorded run trained (its
-training-shaping settings, ours for where files go) and checks the recording before anything
-starts: every row of its ``updates.csv`` (:func:`read_recording`), whether the recorded run
-finished, and that the replay does not write into the recording. :class:`ReplayScheduler` is the
-schedule: each recorded row, in version order, with its recorded times.
-
-A recorded run whose membership changed (a real run's joins, :mod:`repro.real.elastic`) is
-replayed with it: each ``client_joined``, ``client_rejoined`` and ``client_lost`` event of its
-summary happens between the row of the event's version and the next one, as it did in the real
-run, where a joiner fetched the version current at its join (and started its data stream afresh,
-as a new process does). So a joiner's first push reads its join's version, and its id may exceed
-``num_clients`` (its settings are slot ``client_slot``'s, in both drivers).
+:func:`replay_config` makes the replay train exactly what the recorded run trained and checks
+the recording before anything starts (:func:`read_recording`); :class:`ReplayScheduler` is the
+schedule: each recorded row, in version order, with its recorded times, and the recorded
+membership events (a real run's joins, :mod:`repro.real.elastic`) between the rows of their
+versions. A joiner's id may exceed ``num_clients`` (its settings are slot ``client_slot``'s, in
+both drivers).
 """
 from __future__ import annotations
 
