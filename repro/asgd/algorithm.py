@@ -30,10 +30,6 @@ from torch import Tensor
 from repro.asgd.flatnet import FlatNet
 from repro.asgd.rules import ServerRule
 
-# ---------------------------------------------------------------------------------------------
-# Messages
-# ---------------------------------------------------------------------------------------------
-
 
 @dataclass
 class Push:
@@ -114,10 +110,6 @@ class Applied:
 
     version: int               # server version after the apply
     staleness: int             # updates applied between the client's fetch and this push
-
-# ---------------------------------------------------------------------------------------------
-# The client's optimiser
-# ---------------------------------------------------------------------------------------------
 
 
 class LocalSGD:
