@@ -156,7 +156,6 @@ class CostScheduler(Schedule):
             self._schedule(k, 0.0, 0.0)
 
     def peek(self) -> float:
-        """When the next push arrives (inf: no client computes)."""
         return self.queue[0][0] if self.queue else math.inf
 
     def _schedule(self, client: int, fetched_at: float, to_client_s: float) -> None:
@@ -169,7 +168,6 @@ class CostScheduler(Schedule):
         self.seq += 1
 
     def next(self) -> tuple[int, int, float] | None:
-        """(client, num_steps, apply-finished time) of the next push the server applies."""
         arrive, _, client = heapq.heappop(self.queue)
         start = max(arrive, self.server_free)      # the server serves one push at a time
         self.server_free = start + self.model.server_apply_s

@@ -182,7 +182,6 @@ class ContendedScheduler(Schedule):
     # -- the schedule's interface ------------------------------------------------------------
 
     def next(self) -> tuple[int, int, float] | None:
-        """(client, num_steps, apply-finished time) of the next push the server applies."""
         while not self.arrived or self.replying:   # cost.reply_holds_server: until sent
             if not self._step(math.inf):
                 raise RuntimeError("no push in flight: every client waits for a reply")
@@ -210,7 +209,6 @@ class ContendedScheduler(Schedule):
         self._rerate(t, (), ())
 
     def served(self, client: int, applied_at: float) -> None:
-        """The reply (the client's fetch) leaves the server; then the client computes."""
         self.cancel(client)
         self._start(client, FETCH, applied_at, self._new_seq())
         if self.model.cost.reply_holds_server:
