@@ -2,8 +2,7 @@
 
 :class:`FlatModule` lays every parameter and every gradient of a module out in one contiguous
 vector, so a push or a fetch of the server's parameters is a single tensor and loading them is
-one ``copy_``. :class:`FlatNet` computes losses and gradients of such a network; the simulator lets
-every client borrow one FlatNet, the real driver gives each client process its own. No process,
+one ``copy_``. :class:`FlatNet` computes losses and gradients of such a network. No process,
 clock or file is involved.
 """
 from __future__ import annotations
