@@ -82,9 +82,7 @@ def open_folder(run_dir: str | Path):
     except OSError as exc:
         if not is_read_only(run_dir, exc):
             raise
-        lock = None   # nobody writes a read-only folder: no lock; run_folder only skips there
-    if lock is None:
-        yield run_dir
+        yield run_dir   # nobody writes a read-only folder: no lock; run_folder only skips there
         return
     try:
         yield run_dir
@@ -255,13 +253,9 @@ class FolderRun:
     def skip(self) -> bool:
         return self.decision.action == "skip"
 
-    @property
-    def resuming(self) -> bool:
-        return self.decision.action == "resume"
-
     def checkpoint(self, kind: str, device) -> dict | None:
         """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
-        return resume_state(self.run_dir, kind, device) if self.resuming else None
+        return resume_state(self.run_dir, kind, device) if self.decision.action == "resume" else None
 
 
 @contextlib.contextmanager
