@@ -213,12 +213,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     check_objects(module, train, test, loss_fn, run_dir)
     cfg = _config(settings, cost_profile(cost), f"custom:{type(module).__name__}")
     problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
-    if run_dir is not None:
-        return _run(cfg.replace(force=force), Path(run_dir), problem)
-    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:   # nothing left behind
-        result = _run(cfg.replace(force=force), Path(tmp) / "run", problem)
-    result.run_dir = None
-    return result
+    return _run(cfg.replace(force=force), None if run_dir is None else Path(run_dir), problem)
 
 
 # simulate()'s settings: argument -> the config key it sets (the others: the same name)
@@ -258,7 +253,13 @@ simulate.__doc__ = simulate.__doc__.replace("{SERVER_RULES}", _choices(RULES.nam
     .replace("{PROTOCOLS}", _choices(PROTOCOLS.names()))
 
 
-def _run(cfg: RunConfig, run_dir: Path, problem: Problem) -> Result:
+def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Result:
+    """Simulate ``cfg`` into ``run_dir`` (None: a temporary folder, gone once it is read)."""
+    if run_dir is None:
+        with tempfile.TemporaryDirectory(prefix="repro-") as tmp:   # nothing left behind
+            result = _run(cfg, Path(tmp) / "run", problem)
+        result.run_dir = None
+        return result
     summary = dict(sim_run(cfg, run_dir, problem=problem))
     ttt = summary.get("time_to_target")
     if isinstance(ttt, dict):   # JSON keys it by text; a caller looks a target up by number
@@ -295,10 +296,7 @@ def run_config(cfg: RunConfig) -> Result:
     """Simulate ``cfg`` (e.g. from :func:`configure`) in a temporary folder, as ``python -m
     repro.run`` would, and return its tables (``run_dir`` None: the folder is gone)."""
     validate(cfg)
-    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
-        result = _run(cfg, Path(tmp) / "run", None)
-    result.run_dir = None
-    return result
+    return _run(cfg, None, None)
 
 
 def run_point(*overrides: str) -> Result:

@@ -1,10 +1,10 @@
 """Data sets and each client's stream of minibatches.
 
 This module owns everything between files (or generators) on disk and the tensors a client trains
-on: the four data sets users name with ``data=...`` (``digits``, ``mnist1d``, ``cifar10``,
-``synthetic``), their fixed train/test splits and standardisation (the safe CIFAR-10 batch
-parser is :mod:`repro.workload.cifar`'s), and :class:`ClientStream`, the per-client seeded order over the training set (Downpour: every
-replica reads its own order of the data).
+on: the data sets users name with ``data=...``, their fixed train/test splits and
+standardisation (the safe CIFAR-10 batch parser is :mod:`repro.workload.cifar`'s), and
+:class:`ClientStream`, each client's seeded order over the training set (Downpour: every replica
+reads its own order of the data).
 
 Every data set is fixed across runs: the training ``seed`` changes the clients' orders and the
 model's initialisation, never which samples are in the train or test set.
@@ -209,11 +209,6 @@ SYNTHETIC_DEFAULT_TRAIN, SYNTHETIC_DEFAULT_TEST = 512, 128
 
 @DATASETS.register("synthetic", input_shape=(1, 8, 8), num_classes=10, num_train=SYNTHETIC_DEFAULT_TRAIN)
 def _load_synthetic(root, num_train, num_test) -> Dataset:
-    return _make_synthetic(SYNTHETIC_DEFAULT_TRAIN if num_train is None else num_train,
-                           SYNTHETIC_DEFAULT_TEST if num_test is None else num_test)
-
-
-def _make_synthetic(num_train: int, num_test: int) -> Dataset:
     """Gaussian 1x8x8 inputs labelled by argmax of a fixed random linear map: learnable, tiny."""
     weights = torch.randn(64, 10, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED))
 
@@ -222,8 +217,8 @@ def _make_synthetic(num_train: int, num_test: int) -> Dataset:
         x = torch.randn(n, 1, 8, 8, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED + stream))
         return x, (x.flatten(1) @ weights).argmax(1)
 
-    x_tr, y_tr = draw(num_train, 1)
-    x_te, y_te = draw(num_test, 2)
+    x_tr, y_tr = draw(SYNTHETIC_DEFAULT_TRAIN if num_train is None else num_train, 1)
+    x_te, y_te = draw(SYNTHETIC_DEFAULT_TEST if num_test is None else num_test, 2)
     return Dataset("synthetic", x_tr, y_tr, x_te, y_te, 10)
 
 
