@@ -260,8 +260,7 @@ class RunCore:
         if every and version % every == 0 and version != self._checkpointed:
             self.save_checkpoint()
             self._checkpointed = version
-        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
-                             test_loss=self.runlog.final.get("test_loss"))
+        self.progress.update(self.runlog)
         return Outcome(evaluated=self.runlog.last_eval_version != evals, stopping=self.state.stopping)
 
     def drain(self, wait: bool = False) -> Outcome:
@@ -369,8 +368,7 @@ class RunCore:
         summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
                                             **extra)
         self.runlog.close()
-        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
-                             force=True, test_loss=self.runlog.final.get("test_loss"))
+        self.progress.update(self.runlog, force=True)
         self.finished = summary
         return summary
 

@@ -309,12 +309,14 @@ def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
 
 def _end(run: FolderRun, status: str, why: str, clean: bool, early: bool = True) -> None:
     core = run.core
-    if core is None and early and run.decision.action == "fresh":
-        _end_before_core(run, status, why)
-    if core is None or core.finished is not None:
-        return
     try:
-        core.finish(status, why + resume_hint(core.run_dir), clean=clean)
+        if core is not None and core.finished is None:
+            core.finish(status, why + resume_hint(core.run_dir), clean=clean)
+        elif core is None and early and run.decision.action == "fresh":
+            # ended before its core existed (building the data, the network, the warm start):
+            # a terminal summary says so, not an empty folder that looks like a point never started
+            write_json(Path(run.run_dir) / schema.SUMMARY_FILE, {**run.summary, "status": status, "message":
+                       why + "nothing was trained; resume=auto (or force=true) starts it again"})
     except Exception as exc:   # the summary could not be written either: say so on stderr
         log.error(f"could not record the end of {run.run_dir}: {exc}")
 
@@ -336,18 +338,6 @@ def in_grid(run_dir: Path) -> bool:
             continue
         return re.search(r"^\s+mode:\s*MULTIRUN\s*$", text, re.M) is not None
     return False
-
-
-def _end_before_core(run: FolderRun, status: str, why: str) -> None:
-    """A fresh run that ended before its core existed (building the data, the network, the warm
-    start): its folder still gets a terminal summary saying so, not an empty folder that looks
-    like a point never started."""
-    summary = {**run.summary, "status": status, "backend": run.cfg.backend.name,
-               "message": why + "nothing was trained; resume=auto (or force=true) starts it again"}
-    try:
-        write_json(Path(run.run_dir) / schema.SUMMARY_FILE, summary)
-    except OSError as exc:
-        log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
 def resume_hint(run_dir: Path) -> str:

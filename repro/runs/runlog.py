@@ -252,15 +252,15 @@ class Progress:
         self.loss_only = loss_only   # a problem without classes (the quadratic): its error means nothing
         self.started = self.last = time.perf_counter()
 
-    def update(self, epoch: float, version: int, test_error: float | None = None, force: bool = False,
-               test_loss: float | None = None) -> None:
+    def update(self, log: RunLog, force: bool = False) -> None:
+        """Where ``log``'s run stands: epoch, version, its last evaluation's test error (or loss)."""
         now = time.perf_counter()
         if not self.enabled or (not force and now - self.last < self.every_s):
             return
         self.last = now
-        elapsed = now - self.started
+        elapsed, epoch, key = now - self.started, log.epoch, "test_loss" if self.loss_only else "test_error"
         eta = elapsed * (self.total - epoch) / epoch if epoch > 0 else float("nan")
-        err = ("" if test_loss is None else f"  test loss {test_loss:.4g}") if self.loss_only else \
-            "" if test_error is None else f"  test error {100 * test_error:5.2f}%"
-        _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {version:6d}{err}"
+        err = "" if key not in log.final else \
+            f"  test loss {log.final[key]:.4g}" if self.loss_only else f"  test error {100 * log.final[key]:5.2f}%"
+        _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {log.version:6d}{err}"
                   f"  elapsed {elapsed:6.1f}s  eta {max(eta, 0):6.1f}s")
