@@ -315,7 +315,7 @@ class RunCore:
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
     # -- the end --------------------------------------------------------------------------------
-    def final_status(self, interrupted: bool, forced: bool = False) -> tuple[str, str]:
+    def final_status(self, interrupted: bool) -> tuple[str, str]:
         """The status of a run whose loop has ended, and its message."""
         if self.state.error:
             return "failed", self.state.error
@@ -347,10 +347,9 @@ class RunCore:
                         self.diverge(why)
                     if self.state.diverged:
                         status, message = "diverged", self.state.diverged
-                if status.startswith("completed"):   # the per-class view of the final parameters
-                    classes = class_errors(self.problem.net, self.server.params, self.problem.eval_sets)
-                    if classes is not None:
-                        extra["final_class_test_error"] = classes
+                    elif (classes := class_errors(self.problem.net, self.server.params,
+                                                  self.problem.eval_sets)) is not None:
+                        extra["final_class_test_error"] = classes   # the final parameters, per class
                 self.save_checkpoint()
         except OSError as exc:   # a full disk: keep the last good checkpoint, say so
             status, message = "failed", f"could not write the run folder ({exc}); " + resume_hint(self.run_dir)

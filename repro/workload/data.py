@@ -25,7 +25,7 @@ import torch
 
 from repro.errors import ConfigError
 from repro.workload import cifar
-from repro.workload.datacache import mnist1d_arrays, mnist1d_cache_path  # noqa: F401 (re-exported)
+from repro.workload.datacache import mnist1d_arrays
 from repro.registry import SpecRegistry
 
 
@@ -326,5 +326,3 @@ class ClientStream:
         self._epoch, self._index = epoch, index
         self._normalise()
 
-
-DATASET_NAMES = DATASETS.names()

@@ -126,8 +126,6 @@ def _quadratic(input_shape, num_classes) -> nn.Module:
     return nn.Linear(int(input_shape[0]), num_classes, bias=False)
 
 
-MODEL_NAMES = MODELS.names()
-
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A fresh model; its initialisation draws from torch's global RNG (seed it first)."""
@@ -153,7 +151,7 @@ def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
     spec = MODELS[name]
     input_shape = tuple(int(d) for d in input_shape)
     if not fits(name, input_shape, num_classes):
-        fitting = [m for m in MODEL_NAMES if fits(m, input_shape, num_classes)]
+        fitting = [m for m in MODELS.names() if fits(m, input_shape, num_classes)]
         raise ConfigError("model.name", name,
                           f"a model that accepts data '{data_name}' (inputs of shape "
                           f"{input_shape}); '{name}' expects {spec.expects}; models made for "
