@@ -1,20 +1,11 @@
 """A run's evaluations and the one rule of divergence they set, for the run core.
 
-The run core (:mod:`repro.runs.core`) owns the run; this part owns what it learns from its
-evaluations:
-
-* **when and where**: an evaluation is due every ``eval_every`` epochs of applied samples
-  (:meth:`Evaluations.due`); it runs inline (the simulator: free in virtual time) or on a
-  snapshot in a thread (the real server: an evaluation never stalls the pushes), one at a time;
-* **its row**: each finished evaluation's row in ``evals.csv`` (:meth:`Evaluations.drain`), or,
-  when it found non-finite parameters or losses (version 0's included: the run then never
-  starts), why the run diverged; no evaluation follows a diverged one;
-* **the reference loss** a push is checked against (:meth:`Evaluations.check_loss`): the larger
-  of the version-0 training loss and the loss of a uniform guess, kept across resumes.
-
-The core turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the
-run's divergence (an event, no more applies); nothing here decides to end a run (a failed
-evaluation is raised, and fails it).
+When (every ``eval_every`` epochs of applied samples) and where (inline in the simulator, free in
+virtual time; on a snapshot in a thread in the real server, so it never stalls the pushes; one at
+a time), each one's ``evals.csv`` row or why it found the run diverged (non-finite parameters or
+losses; no evaluation follows), and the reference loss each push is checked against. The core
+turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the run's
+divergence; a failed evaluation is raised, and fails the run.
 """
 from __future__ import annotations
 
