@@ -42,12 +42,10 @@ DEFAULTS = composed()
 
 @dataclass
 class Result:
-    """A finished simulation: its tables as DataFrames, its summary and where they were written
-    (``run_dir``: None when no folder was asked for; the temporary one is gone).
-
-    ``summary`` is summary.json's content, except that ``summary["time_to_target"]`` is keyed
-    by the target error as a float (``{0.05: 12.3}``): JSON can only key it by text
-    (``{"0.05": 12.3}``), which is how the file keeps it."""
+    """A finished simulation: its tables as DataFrames, its summary (``time_to_target`` keyed by
+    the target error as a float, ``{0.05: 12.3}``, where summary.json can only key it by text) and
+    where they were written (``run_dir``: None when no folder was asked for; the temporary one is
+    gone). See :func:`simulate`, Returns."""
 
     updates: pd.DataFrame
     evals: pd.DataFrame

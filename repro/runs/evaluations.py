@@ -92,10 +92,8 @@ class Evaluations:
         # cores, however long the clients beside it made it wait
         start = time.thread_time()
         try:
-            if not bool(torch.isfinite(req.params).all()):
-                result: dict | Exception = {"nonfinite": True}
-            else:
-                result = evaluate(self.net, req.params, self.sets)
+            finite = bool(torch.isfinite(req.params).all())
+            result: dict | Exception = evaluate(self.net, req.params, self.sets) if finite else {"nonfinite": True}
         except Exception as exc:  # drain() raises it, which fails the run
             result = exc
         self.cpu_s.append(time.thread_time() - start)
