@@ -147,8 +147,8 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     ConfigError when the answer is 'not without resume=true or force=true', or when a resume
     would change a training-shaping key."""
     run_dir = Path(run_dir)
-    summary = read_summary(run_dir)
-    summary = summary if _is_summary(summary) else None
+    summary = read_summary(run_dir)   # one a run wrote (a status we know), not someone's own file
+    summary = summary if isinstance(summary, dict) and summary.get("status") in schema.STATUSES else None
     holds_run = summary is not None or _is_run_config(run_dir)
     foreign = [name for name in RUN_FILES if (run_dir / name).exists()] if not holds_run else []
     if foreign:   # someone's own files (not a run's): no flag may overwrite or delete them
@@ -184,11 +184,6 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
                           f"version {version} but no {schema.CHECKPOINT_FILE}; force=true starts over")
     check_config(cfg, run_dir)
     return Decision("resume", summary)
-
-
-def _is_summary(summary) -> bool:
-    """A summary.json a run wrote (a status we know), not someone else's file of that name."""
-    return isinstance(summary, dict) and summary.get("status") in schema.STATUSES
 
 
 RUN_CONFIG_KEYS = {"exp_name", "seed", "num_clients", "nsync", "backend"}
