@@ -42,12 +42,10 @@ DEFAULTS = composed()
 
 @dataclass
 class Result:
-    """A finished simulation: its tables as DataFrames, its summary and where they were written
-    (``run_dir``: None when no folder was asked for; the temporary one is gone).
-
-    ``summary`` is summary.json's content, except that ``summary["time_to_target"]`` is keyed
-    by the target error as a float (``{0.05: 12.3}``): JSON can only key it by text
-    (``{"0.05": 12.3}``), which is how the file keeps it."""
+    """A finished simulation: its tables as DataFrames, its summary (``time_to_target`` keyed by
+    the target error as a float, ``{0.05: 12.3}``, where summary.json can only key it by text) and
+    where they were written (``run_dir``: None when no folder was asked for; the temporary one is
+    gone). See :func:`simulate`, Returns."""
 
     updates: pd.DataFrame
     evals: pd.DataFrame
@@ -213,12 +211,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     check_objects(module, train, test, loss_fn, run_dir)
     cfg = _config(settings, cost_profile(cost), f"custom:{type(module).__name__}")
     problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
-    if run_dir is not None:
-        return _run(cfg.replace(force=force), Path(run_dir), problem)
-    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:   # nothing left behind
-        result = _run(cfg.replace(force=force), Path(tmp) / "run", problem)
-    result.run_dir = None
-    return result
+    return _run(cfg.replace(force=force), None if run_dir is None else Path(run_dir), problem)
 
 
 # simulate()'s settings: argument -> the config key it sets (the others: the same name)
@@ -258,7 +251,13 @@ simulate.__doc__ = simulate.__doc__.replace("{SERVER_RULES}", _choices(RULES.nam
     .replace("{PROTOCOLS}", _choices(PROTOCOLS.names()))
 
 
-def _run(cfg: RunConfig, run_dir: Path, problem: Problem) -> Result:
+def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Result:
+    """Simulate ``cfg`` into ``run_dir`` (None: a temporary folder, gone once it is read)."""
+    if run_dir is None:
+        with tempfile.TemporaryDirectory(prefix="repro-") as tmp:   # nothing left behind
+            result = _run(cfg, Path(tmp) / "run", problem)
+        result.run_dir = None
+        return result
     summary = dict(sim_run(cfg, run_dir, problem=problem))
     ttt = summary.get("time_to_target")
     if isinstance(ttt, dict):   # JSON keys it by text; a caller looks a target up by number
@@ -295,10 +294,7 @@ def run_config(cfg: RunConfig) -> Result:
     """Simulate ``cfg`` (e.g. from :func:`configure`) in a temporary folder, as ``python -m
     repro.run`` would, and return its tables (``run_dir`` None: the folder is gone)."""
     validate(cfg)
-    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
-        result = _run(cfg, Path(tmp) / "run", None)
-    result.run_dir = None
-    return result
+    return _run(cfg, None, None)
 
 
 def run_point(*overrides: str) -> Result:

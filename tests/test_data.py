@@ -14,7 +14,7 @@ from repro.config.settings import DataConfig, RunConfig
 from repro.errors import ConfigError, DataError
 from repro.workload.build import load_data
 from repro.workload.cifar import _latin1_encode
-from repro.workload.data import DATASET_NAMES, ClientStream, Dataset, _mix, load_dataset
+from repro.workload.data import DATASETS, ClientStream, Dataset, _mix, load_dataset
 
 # ----------------------------------------------------------------------------- generated data sets
 
@@ -25,7 +25,7 @@ def digits() -> Dataset:
 
 
 def test_dataset_names():
-    assert DATASET_NAMES == ("cifar10", "digits", "mnist1d", "quadratic", "synthetic")
+    assert DATASETS.names() == ("cifar10", "digits", "mnist1d", "quadratic", "synthetic")
 
 
 def test_digits_fixed_stratified_split(digits):

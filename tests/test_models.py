@@ -9,13 +9,13 @@ from torch.nn.utils import parameters_to_vector
 from repro.asgd.flatnet import FlatModule
 from repro.errors import ConfigError
 from repro.workload.data import ClientStream, load_dataset
-from repro.workload.models import MODEL_NAMES, ChannelLRN, build_model, check_fits, num_parameters
+from repro.workload.models import MODELS, ChannelLRN, build_model, check_fits, num_parameters
 
 SHAPES = {"mlp": (1, 8, 8), "digits_cnn": (1, 8, 8), "mnist1d_cnn": (1, 40), "cifar_18pct": (3, 32, 32),
           "quadratic": (10,)}
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", MODELS.names())
 def test_models_map_inputs_to_class_scores_deterministically(name):
     shape = SHAPES[name]
     torch.manual_seed(0)

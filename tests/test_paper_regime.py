@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import repro.workload.datacache as datacache
-from repro.workload.data import load_dataset, mnist1d_cache_path
+from repro.workload.data import load_dataset
 from repro.run import compose, parse
 from tests.helpers.paths import ROOT
 
@@ -79,7 +79,7 @@ def test_mnist1d_is_deterministic_and_the_cache_holds_exactly_the_generated_samp
     root = str(tmp_path / "results" / "_data")
     fresh = load_dataset("mnist1d", num_train=300, num_test=100)                  # no cache
     first = load_dataset("mnist1d", num_train=300, num_test=100, root=root)      # generates, writes
-    path = mnist1d_cache_path(root, 400)
+    path = datacache.mnist1d_cache_path(root, 400)
     stamp = path.stat().st_mtime_ns
     again = load_dataset("mnist1d", num_train=300, num_test=100, root=root)   # reads
     assert path.stat().st_mtime_ns == stamp
@@ -89,12 +89,12 @@ def test_mnist1d_is_deterministic_and_the_cache_holds_exactly_the_generated_samp
     meta = json.loads(path.with_suffix(".json").read_text())
     assert meta["args"]["seed"] == 42 and meta["args"]["num_samples"] == 400
     other = load_dataset("mnist1d", num_train=500, num_test=100, root=root)     # another size: its own file
-    assert mnist1d_cache_path(root, 600).exists() and other.num_train == 500
+    assert datacache.mnist1d_cache_path(root, 600).exists() and other.num_train == 500
 
 
 def test_mnist1d_cache_is_read_without_unpickling_and_a_bad_file_is_made_again(tmp_path, caplog):
     root = tmp_path / "results" / "_data"
-    path = mnist1d_cache_path(root, 400)
+    path = datacache.mnist1d_cache_path(root, 400)
     path.parent.mkdir(parents=True)
     reference = load_dataset("mnist1d", num_train=300, num_test=100)
     marker = tmp_path / "pwned"

@@ -140,6 +140,13 @@ def _cfg(**kw) -> RunConfig:
                      data=DataConfig(name="synthetic"), model=ModelConfig(name="mlp"), **kw)
 
 
+def _core(run, cfg: RunConfig, tmp_path, **kw) -> RunCore:
+    """``run``'s core, as the simulator builds it unless ``kw`` says otherwise."""
+    kw = {"clock": "virtual", "backend": "sim", **kw}
+    run.core = RunCore(cfg, build_problem(cfg, torch.device("cpu")), tmp_path, **kw)
+    return run.core
+
+
 def _push(core: RunCore, client: int, push_type=Push, **extra) -> Push:
     return push_type(client=client, read_version=core.server.version,
                      update=torch.zeros_like(core.server.params), num_steps=1, num_samples=32,
@@ -153,8 +160,7 @@ def test_the_core_says_what_it_did_with_each_push(tmp_path):
     cfg = _cfg(protocol=ProtocolConfig(name="sync"))
     saved = []
     with run_folder(cfg, tmp_path) as run:
-        problem = build_problem(cfg, torch.device("cpu"))
-        run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim")
+        core = _core(run, cfg, tmp_path)
         core.begin([1, 2], driver_state=lambda: saved.append(1) or {"mine": 1})
         held = core.on_push(_push(core, 1, TimedPush, grad_norm=2.0), 1.0)
         assert (held.replies, held.applied, held.stopping) == ((), False, False)
@@ -181,8 +187,7 @@ def test_the_core_keeps_its_parameters_where_the_driver_says(tmp_path):
     changes the frame, so a reply copies nothing."""
     cfg = _cfg()
     with run_folder(cfg, tmp_path) as run:
-        problem = build_problem(cfg, torch.device("cpu"))
-        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real")
+        core = _core(run, cfg, tmp_path, clock="wall", backend="real")
         frame = Frame(core.server.params.numel())
         before = core.server.params.clone()
         core.begin([1, 2], params_home=frame.payload)
@@ -199,8 +204,7 @@ def _held_round(tmp_path, type_name: str | None = None) -> tuple[RunConfig, dict
     type replaced by ``type_name``), and the config to resume it with."""
     cfg = _cfg(protocol=ProtocolConfig(name="sync"))
     with run_folder(cfg, tmp_path) as run:
-        problem = build_problem(cfg, torch.device("cpu"))
-        run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim")
+        core = _core(run, cfg, tmp_path)
         core.begin([1, 2])
         assert not core.on_push(_push(core, 1, TimedPush, grad_norm=2.5, window=(4, 7)), 1.0).replies
         core.finish("interrupted")
@@ -214,8 +218,7 @@ def test_a_resumed_round_holds_the_push_subclass_it_held_with_all_its_fields(tmp
     cfg, state = _held_round(tmp_path)
     assert state["protocol"]["pushes"]["1"]["type"].endswith("test_seam:TimedPush")
     with run_folder(cfg, tmp_path) as run:
-        problem = build_problem(cfg, torch.device("cpu"))
-        run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim", resume=state)
+        core = _core(run, cfg, tmp_path, resume=state)
         core.begin([1, 2], protocol_state=state["protocol"], fetching=False)
         held = core.protocol.pushes[1]
         assert type(held) is TimedPush and (held.grad_norm, held.window) == (2.5, (4, 7))
@@ -228,8 +231,7 @@ def test_a_held_push_type_that_cannot_be_rebuilt_is_refused_naming_it_and_the_ru
     """Never a silent plain Push: an unimportable type, or one that is no Push, is bad input."""
     cfg, state = _held_round(tmp_path, name)
     with run_folder(cfg, tmp_path) as run:
-        problem = build_problem(cfg, torch.device("cpu"))
-        run.core = core = RunCore(cfg, problem, tmp_path, clock="virtual", backend="sim", resume=state)
+        core = _core(run, cfg, tmp_path, resume=state)
         with pytest.raises(ConfigError) as err:
             core.begin([1, 2], protocol_state=state["protocol"], fetching=False)
         core.finish("interrupted")

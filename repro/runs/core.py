@@ -1,35 +1,19 @@
-"""The run core: a run's bookkeeping, written once for both drivers.
+"""The run core: a run's bookkeeping, written once for both drivers (DESIGN.md, "run core").
 
-A driver decides only *which* push comes next and *when* (the simulator: its scheduler and
-virtual clock; the real driver: receiver threads and the wall clock) and carries the replies.
-Everything else happens here, with the same rules for both:
-
-* **the seam**: a driver hands the core what it needs in :meth:`RunCore.begin` (its clients,
-  its state for checkpoints, where the parameters live), then pushes; each call that can end the
-  run (begin, on_push, settle, lose, drain) returns an :class:`Outcome`: the replies to carry and
-  whether the run is stopping, the one way a driver learns that. The driver hands over what it
-  measured (:meth:`RunCore.record_timing`). The core writes every table; no driver writes into
-  its state or objects;
-* **a push, one pass** (:meth:`RunCore.on_push`): the divergence check (every push, also each
-  push of a sync round before it is merged), the protocol's decision (a policy that holds no
-  core, :mod:`repro.asgd.protocols`: told the push and who is live, it says what to apply, who
-  fetches, who is preempted, what it discarded), the parameter server's apply
-  (:class:`~repro.asgd.algorithm.ParameterServer`), one ``updates.csv`` row, then the replies the driver
-  carries: the new parameters to fetch, or STOP once the run is ending;
-* **cadence** (:meth:`RunCore.settle`, after the replies): an evaluation every ``eval_every``
-  epochs of applied samples, a checkpoint every ``checkpoint_every`` versions (with the driver's
-  own state), progress;
-* **divergence**, one rule (:mod:`repro.runs.evaluations`): a push whose training loss is not
-  finite or exceeds ``divergence_factor`` x the reference loss, or an evaluation that finds
-  non-finite parameters or losses, ends the run ``diverged``;
-* **the budget**: ``num_epochs`` of applied samples; one push may not exceed it
-  (:func:`repro.config.checks.check_segment`);
-* **no loop without progress**: a protocol that keeps every live client waiting, or applies
-  nothing for ``STALL_PUSHES`` pushes per live client, fails the run with a message, so neither
-  driver's loop can turn forever;
-* **the ending** (:meth:`RunCore.finish`): the status (completed, completed_degraded, diverged,
-  interrupted, failed), a final evaluation when completed, a final checkpoint of a clean state,
-  the summary. :func:`repro.runs.folder.run_folder` makes sure every ending has one.
+A driver decides only *which* push comes next and *when*, and carries the replies; the core does
+the rest with the same rules for both. **The seam**: the driver hands the core what it needs in
+:meth:`RunCore.begin`, then pushes; each call that can end the run (begin, on_push, settle, lose,
+drain) returns an :class:`Outcome` (the replies to carry, whether the run is stopping: the one
+way a driver learns that); the driver hands over what it measured (:meth:`RunCore.record_timing`)
+and the core writes every table. **A push, one pass** (:meth:`RunCore.on_push`): the divergence
+check, the protocol's decision (:mod:`repro.asgd.protocols`), the server's apply, one
+``updates.csv`` row, the replies. **Cadence** (:meth:`RunCore.settle`): evaluations, checkpoints,
+progress. **Divergence**: one rule, :mod:`repro.runs.evaluations`. **The budget**:
+``num_epochs`` of applied samples (:func:`repro.config.checks.check_segment`). **No loop without
+progress**: a protocol that keeps every live client waiting, or applies nothing for
+``STALL_PUSHES`` pushes per live client, fails the run. **The ending** (:meth:`RunCore.finish`):
+status, final evaluation and checkpoint, summary; :func:`repro.runs.folder.run_folder` makes sure
+every ending has one.
 """
 from __future__ import annotations
 
@@ -57,10 +41,6 @@ from repro.runtime import environment
 log = get_logger("repro.runs.core")
 
 STALL_PUSHES = 100   # pushes per live client without an apply: the protocol makes no progress
-
-# ---------------------------------------------------------------------------------------------
-# The core
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -199,20 +179,18 @@ class RunCore:
         """One push, one pass: check it, ask the protocol, apply what it says, and say who gets
         what back: the pushing client, and any client the decision released. Nothing is applied
         once the run is stopping. The driver carries the replies, then calls :meth:`settle`."""
-        version = self.server.version
-        replies = self._decide(push, time_s)
-        return Outcome(tuple(replies), applied=self.server.version != version, stopping=self.state.stopping)
-
-    def _decide(self, push: Push, time_s: float) -> list[Reply]:
         if self.state.stopping:
-            return [Reply(push.client, stop=True)]
+            return Outcome((Reply(push.client, stop=True),), stopping=True)
+        version = self.server.version
         why = self.evals.check_loss(push)   # every push, before any protocol merges it
         if why:
             self.diverge(why)
-            return self._deliver([Reply(push.client)])
-        decision = self.protocol.on_push(push, self.view())
-        self._unapplied = 0 if decision.apply is not None else self._unapplied + 1
-        return self._carry_out(decision, time_s)
+            replies = self._deliver([Reply(push.client)])
+        else:
+            decision = self.protocol.on_push(push, self.view())
+            self._unapplied = 0 if decision.apply is not None else self._unapplied + 1
+            replies = self._carry_out(decision, time_s)
+        return Outcome(tuple(replies), applied=self.server.version != version, stopping=self.state.stopping)
 
     def record_timing(self, time_s: float, client: int, read_version: int, **parts: float) -> None:
         """Where one push's round trip went (timings.csv's parts, measured by the driver, or
@@ -282,8 +260,7 @@ class RunCore:
         if every and version % every == 0 and version != self._checkpointed:
             self.save_checkpoint()
             self._checkpointed = version
-        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
-                             test_loss=self.runlog.final.get("test_loss"))
+        self.progress.update(self.runlog)
         return Outcome(evaluated=self.runlog.last_eval_version != evals, stopping=self.state.stopping)
 
     def drain(self, wait: bool = False) -> Outcome:
@@ -338,7 +315,7 @@ class RunCore:
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
     # -- the end --------------------------------------------------------------------------------
-    def final_status(self, interrupted: bool, forced: bool = False) -> tuple[str, str]:
+    def final_status(self, interrupted: bool) -> tuple[str, str]:
         """The status of a run whose loop has ended, and its message."""
         if self.state.error:
             return "failed", self.state.error
@@ -361,7 +338,7 @@ class RunCore:
         (``clean``: no push half-served), terminal summary, files closed. Idempotent."""
         if self.finished is not None:
             return self.finished
-        self.evals.evaluator.join(timeout_s=None if clean else 5.0)
+        self.evals.join(timeout_s=None if clean else 5.0)
         try:
             if clean:
                 self.drain(wait=True)
@@ -370,10 +347,9 @@ class RunCore:
                         self.diverge(why)
                     if self.state.diverged:
                         status, message = "diverged", self.state.diverged
-                if status.startswith("completed"):   # the per-class view of the final parameters
-                    classes = class_errors(self.problem.net, self.server.params, self.problem.eval_sets)
-                    if classes is not None:
-                        extra["final_class_test_error"] = classes
+                    elif (classes := class_errors(self.problem.net, self.server.params,
+                                                  self.problem.eval_sets)) is not None:
+                        extra["final_class_test_error"] = classes   # the final parameters, per class
                 self.save_checkpoint()
         except OSError as exc:   # a full disk: keep the last good checkpoint, say so
             status, message = "failed", f"could not write the run folder ({exc}); " + resume_hint(self.run_dir)
@@ -386,14 +362,12 @@ class RunCore:
             extra["discarded_pushes"] = self.discarded
         if self.collected or getattr(type(self.protocol), "collects", False):
             extra["collected_pushes"] = self.collected
-        cpu_s = self.evals.evaluator.cpu_s
-        if self.kind == "real" and cpu_s:   # what cost=fit's cost.eval_s reads
-            extra["eval_cpu_s"] = sum(cpu_s) / len(cpu_s)
+        if self.kind == "real" and self.evals.cpu_s:   # what cost=fit's cost.eval_s reads
+            extra["eval_cpu_s"] = sum(self.evals.cpu_s) / len(self.evals.cpu_s)
         summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
                                             **extra)
         self.runlog.close()
-        self.progress.update(self.runlog.epoch, self.server.version, self.runlog.final.get("test_error"),
-                             force=True, test_loss=self.runlog.final.get("test_loss"))
+        self.progress.update(self.runlog, force=True)
         self.finished = summary
         return summary
 

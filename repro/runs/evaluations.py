@@ -1,24 +1,19 @@
 """A run's evaluations and the one rule of divergence they set, for the run core.
 
-The run core (:mod:`repro.runs.core`) owns the run; this part owns what it learns from its
-evaluations:
-
-* **when and where**: an evaluation is due every ``eval_every`` epochs of applied samples
-  (:meth:`Evaluations.due`); it runs inline or on a snapshot in a thread
-  (:class:`~repro.workload.evaluation.Evaluator`), one at a time;
-* **its row**: each finished evaluation's row in ``evals.csv`` (:meth:`Evaluations.drain`), or,
-  when it found non-finite parameters or losses (version 0's included: the run then never
-  starts), why the run diverged; no evaluation follows a diverged one;
-* **the reference loss** a push is checked against (:meth:`Evaluations.check_loss`): the larger
-  of the version-0 training loss and the loss of a uniform guess, kept across resumes.
-
-The core turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the
-run's divergence (an event, no more applies); nothing here decides to end a run (a failed
-evaluation is raised, and fails it).
+When (every ``eval_every`` epochs of applied samples) and where (inline in the simulator, free in
+virtual time; on a snapshot in a thread in the real server, so it never stalls the pushes; one at
+a time), each one's ``evals.csv`` row or why it found the run diverged (non-finite parameters or
+losses; no evaluation follows), and the reference loss each push is checked against. The core
+turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the run's
+divergence; a failed evaluation is raised, and fails the run.
 """
 from __future__ import annotations
 
 import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -26,7 +21,7 @@ from torch import Tensor
 from repro.asgd.algorithm import Push
 from repro.runs.runlog import RunLog
 from repro.workload.build import Problem
-from repro.workload.evaluation import EvalRequest, Evaluator
+from repro.workload.evaluation import evaluate
 
 
 def nonfinite(result: dict, version: int) -> str:
@@ -45,15 +40,26 @@ def nonfinite(result: dict, version: int) -> str:
     return f"non-finite losses at the evaluation of version {version} ({what})"
 
 
+@dataclass
+class EvalRequest:
+    version: int
+    time_s: float
+    samples_seen: int
+    params: Tensor
+
+
 class Evaluations:
-    """The evaluations of one run, writing their rows into ``runlog``."""
+    """The evaluations of one run, one at a time, writing their rows into ``runlog``."""
 
     def __init__(self, problem: Problem, runlog: RunLog, divergence_factor: float, in_thread: bool,
                  reference_loss: float | None = None):
-        self.runlog, self.divergence_factor = runlog, divergence_factor
-        self.num_classes = problem.dataset.num_classes
-        self.evaluator = Evaluator(problem.net, problem.eval_sets, in_thread)
+        self.runlog, self.divergence_factor, self.in_thread = runlog, divergence_factor, in_thread
+        self.net, self.sets, self.num_classes = problem.net, problem.eval_sets, problem.dataset.num_classes
         self.reference_loss = reference_loss   # set by the first evaluation (version 0's)
+        self.cpu_s: list[float] = []   # CPU seconds of each evaluation (cost=fit's eval_s)
+        self._results: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._outstanding = 0   # submitted, row not yet written
 
     def check_loss(self, push: Push) -> str:
         """Why this push's training loss means divergence, or "". The reference is the larger of
@@ -69,18 +75,44 @@ class Evaluations:
 
     def due(self) -> bool:
         """An evaluation is due and none is running (its row comes before the next is asked)."""
-        return self.runlog.eval_due() and not self.evaluator.busy
+        return self.runlog.eval_due() and not self._outstanding
 
     def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False) -> None:
         """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs)."""
-        self.evaluator.submit(EvalRequest(version, time_s, self.runlog.samples_seen, params.detach().clone()),
-                              inline=inline)
+        req = EvalRequest(version, time_s, self.runlog.samples_seen, params.detach().clone())
+        self._outstanding += 1
+        if inline or not self.in_thread:
+            self._evaluate(req)
+            return
+        self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
+        self._thread.start()
+
+    def _evaluate(self, req: EvalRequest) -> None:
+        # CPU time of this thread, not wall time: what an evaluation takes from the machine's
+        # cores, however long the clients beside it made it wait
+        start = time.thread_time()
+        try:
+            finite = bool(torch.isfinite(req.params).all())
+            result: dict | Exception = evaluate(self.net, req.params, self.sets) if finite else {"nonfinite": True}
+        except Exception as exc:  # drain() raises it, which fails the run
+            result = exc
+        self.cpu_s.append(time.thread_time() - start)
+        self._results.put((req, result))
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Every evaluation ends before the process does (a thread killed mid-kernel is not)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def drain(self, wait: bool = False) -> list[str]:
         """Write the rows of finished evaluations; return why each one that found divergence
         did. An evaluation that failed (an exception, not the numbers) fails the run: raised."""
+        if wait:
+            self.join()
         diverged = []
-        for req, result in self.evaluator.poll(wait):
+        while not self._results.empty():
+            req, result = self._results.get()
+            self._outstanding -= 1
             if isinstance(result, Exception):
                 raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
             why = nonfinite(result, req.version)

@@ -82,9 +82,7 @@ def open_folder(run_dir: str | Path):
     except OSError as exc:
         if not is_read_only(run_dir, exc):
             raise
-        lock = None   # nobody writes a read-only folder: no lock; run_folder only skips there
-    if lock is None:
-        yield run_dir
+        yield run_dir   # nobody writes a read-only folder: no lock; run_folder only skips there
         return
     try:
         yield run_dir
@@ -149,8 +147,8 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     ConfigError when the answer is 'not without resume=true or force=true', or when a resume
     would change a training-shaping key."""
     run_dir = Path(run_dir)
-    summary = read_summary(run_dir)
-    summary = summary if _is_summary(summary) else None
+    summary = read_summary(run_dir)   # one a run wrote (a status we know), not someone's own file
+    summary = summary if isinstance(summary, dict) and summary.get("status") in schema.STATUSES else None
     holds_run = summary is not None or _is_run_config(run_dir)
     foreign = [name for name in RUN_FILES if (run_dir / name).exists()] if not holds_run else []
     if foreign:   # someone's own files (not a run's): no flag may overwrite or delete them
@@ -186,11 +184,6 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
                           f"version {version} but no {schema.CHECKPOINT_FILE}; force=true starts over")
     check_config(cfg, run_dir)
     return Decision("resume", summary)
-
-
-def _is_summary(summary) -> bool:
-    """A summary.json a run wrote (a status we know), not someone else's file of that name."""
-    return isinstance(summary, dict) and summary.get("status") in schema.STATUSES
 
 
 RUN_CONFIG_KEYS = {"exp_name", "seed", "num_clients", "nsync", "backend"}
@@ -255,13 +248,9 @@ class FolderRun:
     def skip(self) -> bool:
         return self.decision.action == "skip"
 
-    @property
-    def resuming(self) -> bool:
-        return self.decision.action == "resume"
-
     def checkpoint(self, kind: str, device) -> dict | None:
         """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
-        return resume_state(self.run_dir, kind, device) if self.resuming else None
+        return resume_state(self.run_dir, kind, device) if self.decision.action == "resume" else None
 
 
 @contextlib.contextmanager
@@ -315,12 +304,14 @@ def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
 
 def _end(run: FolderRun, status: str, why: str, clean: bool, early: bool = True) -> None:
     core = run.core
-    if core is None and early and run.decision.action == "fresh":
-        _end_before_core(run, status, why)
-    if core is None or core.finished is not None:
-        return
     try:
-        core.finish(status, why + resume_hint(core.run_dir), clean=clean)
+        if core is not None and core.finished is None:
+            core.finish(status, why + resume_hint(core.run_dir), clean=clean)
+        elif core is None and early and run.decision.action == "fresh":
+            # ended before its core existed (building the data, the network, the warm start):
+            # a terminal summary says so, not an empty folder that looks like a point never started
+            write_json(Path(run.run_dir) / schema.SUMMARY_FILE, {**run.summary, "status": status, "message":
+                       why + "nothing was trained; resume=auto (or force=true) starts it again"})
     except Exception as exc:   # the summary could not be written either: say so on stderr
         log.error(f"could not record the end of {run.run_dir}: {exc}")
 
@@ -342,18 +333,6 @@ def in_grid(run_dir: Path) -> bool:
             continue
         return re.search(r"^\s+mode:\s*MULTIRUN\s*$", text, re.M) is not None
     return False
-
-
-def _end_before_core(run: FolderRun, status: str, why: str) -> None:
-    """A fresh run that ended before its core existed (building the data, the network, the warm
-    start): its folder still gets a terminal summary saying so, not an empty folder that looks
-    like a point never started."""
-    summary = {**run.summary, "status": status, "backend": run.cfg.backend.name,
-               "message": why + "nothing was trained; resume=auto (or force=true) starts it again"}
-    try:
-        write_json(Path(run.run_dir) / schema.SUMMARY_FILE, summary)
-    except OSError as exc:
-        log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
 def resume_hint(run_dir: Path) -> str:

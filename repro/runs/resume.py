@@ -31,43 +31,39 @@ def resume_state(run_dir: Path, kind: str, device: torch.device | str) -> dict:
     """The checkpoint to resume from, its tables repaired up to it (each repair logged)."""
     state = load_checkpoint(run_dir, kind, device)
     runlog = state["runlog"]
-    notes = repair_tables(run_dir, {schema.UPDATES_FILE: schema.UPDATE_COLUMNS,
-                                    schema.EVALS_FILE: schema.EVAL_COLUMNS},
-                          {schema.UPDATES_FILE: int(runlog["version"]),
-                           schema.EVALS_FILE: int(runlog["last_eval_version"])})
-    notes += repair_timings(run_dir, runlog)
-    for note in notes:
+    notes = [repair_table(run_dir, schema.UPDATES_FILE, schema.UPDATE_COLUMNS, int(runlog["version"])),
+             repair_table(run_dir, schema.EVALS_FILE, schema.EVAL_COLUMNS, int(runlog["last_eval_version"])),
+             repair_timings(run_dir, runlog)]
+    for note in filter(None, notes):
         log.info(f"resume: {note}")
     return state
 
 
-def repair_tables(run_dir: Path, columns: dict[str, tuple], upto: dict[str, int]) -> list[str]:
-    """Verify each table ``name`` up to version ``upto[name]`` and drop the rows after it.
-    Returns what was repaired (for the log); raises ConfigError naming file and line when a row
-    the resumed run needs is damaged or missing."""
-    notes = []
-    for name, cols in columns.items():
-        path = Path(run_dir) / name
-        kept, dropped = schema.check_table(path, cols, upto[name], contiguous=name == schema.UPDATES_FILE)
-        if dropped:
-            atomic_write_text(path, "".join(kept))
-            notes.append(f"{name}: dropped {dropped} row(s) after version {upto[name]} (recomputed now)")
-    return notes
+def repair_table(run_dir: Path, name: str, columns: tuple, upto: int) -> str:
+    """Verify table ``name`` up to version ``upto`` and drop the rows after it. Returns what was
+    repaired (for the log), or ""; raises ConfigError naming file and line when a row the
+    resumed run needs is damaged or missing."""
+    path = Path(run_dir) / name
+    kept, dropped = schema.check_table(path, columns, upto, contiguous=name == schema.UPDATES_FILE)
+    if not dropped:
+        return ""
+    atomic_write_text(path, "".join(kept))
+    return f"{name}: dropped {dropped} row(s) after version {upto} (recomputed now)"
 
 
-def repair_timings(run_dir: Path, runlog: dict) -> list[str]:
+def repair_timings(run_dir: Path, runlog: dict) -> str:
     """Keep the timings.csv rows written before the checkpoint (``runlog`` holds their count; a
     checkpoint older than that count: the rows up to its version) and record in ``runlog`` how
-    many were kept, so the resumed run counts on from them. Returns what was repaired."""
+    many were kept, so the resumed run counts on from them. Returns what was repaired, or ""."""
     path = Path(run_dir) / schema.TIMINGS_FILE
     rows = runlog.get("timing_rows")
     kept, dropped = schema.check_handled(path, schema.TIMING_COLUMNS, int(runlog["version"]),
                                          None if rows is None else int(rows))
     runlog["timing_rows"] = len(kept) - 1
     if not dropped:
-        return []
+        return ""
     atomic_write_text(path, "".join(kept))
-    return [f"{schema.TIMINGS_FILE}: dropped {dropped} row(s) written after the checkpoint (recomputed now)"]
+    return f"{schema.TIMINGS_FILE}: dropped {dropped} row(s) written after the checkpoint (recomputed now)"
 
 
 def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dict:

@@ -142,15 +142,12 @@ class RunLog:
             "samples_seen": samples, "epoch": samples / self.num_train, **pushed})
         self.samples_seen, self.version, self.time_s = samples, version, time_s
 
-    def log_timing(self, *, time_s: float, client: int, read_version: int, to_client_s: float, compute_s: float,
-                   to_server_s: float, queue_s: float, apply_s: float) -> None:
-        """Where one push's round trip went (``timings.csv``); written by the driver after the
-        core handled the push, so ``version`` is that of its updates.csv row when it was applied."""
-        self.timings.write({
-            "version": self.version, "time_s": time_s, "clock": self.clock, "client": client,
-            "read_version": read_version, "to_client_s": float(to_client_s),
-            "compute_s": float(compute_s), "to_server_s": float(to_server_s),
-            "queue_s": float(queue_s), "apply_s": float(apply_s)})
+    def log_timing(self, *, time_s: float, client: int, read_version: int, **parts: float) -> None:
+        """Where one push's round trip went (``timings.csv``: ``parts`` are its seconds columns);
+        written by the driver after the core handled the push, so ``version`` is that of its
+        updates.csv row when it was applied."""
+        self.timings.write({"version": self.version, "time_s": time_s, "clock": self.clock, "client": client,
+                            "read_version": read_version, **{k: float(v) for k, v in parts.items()}})
         self.timing_rows += 1
 
     @property
@@ -173,9 +170,7 @@ class RunLog:
                "test_loss": float(test_loss), "test_error": float(test_error),
                "train_loss": float(train_loss), "train_error": float(train_error)}
         self.evals.write(row)
-        self.evals.flush()
-        self.updates.flush()
-        self.timings.flush()
+        self.flush()
         self.last_eval_version = version
         self.final = {k: row[k] for k in ("test_loss", "test_error", "train_loss", "train_error")}
         if self.time_to_target is None and train_error <= self.target_error:
@@ -207,6 +202,10 @@ class RunLog:
             write_json(path, summary)
         return summary
 
+    def flush(self) -> None:
+        for writer in (self.updates, self.evals, self.timings):
+            writer.flush()
+
     def close(self) -> None:
         for writer in (self.updates, self.evals, self.timings):
             try:
@@ -217,9 +216,7 @@ class RunLog:
 
     # -- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        self.updates.flush()
-        self.evals.flush()
-        self.timings.flush()
+        self.flush()
         return {"samples_seen": self.samples_seen, "next_eval": self.next_eval, "version": self.version,
                 "time_s": self.time_s, "time_to_target": self.time_to_target, "final": dict(self.final),
                 "events": list(self.events), "wall_time_s": self.wall_time_s(),
@@ -255,15 +252,15 @@ class Progress:
         self.loss_only = loss_only   # a problem without classes (the quadratic): its error means nothing
         self.started = self.last = time.perf_counter()
 
-    def update(self, epoch: float, version: int, test_error: float | None = None, force: bool = False,
-               test_loss: float | None = None) -> None:
+    def update(self, log: RunLog, force: bool = False) -> None:
+        """Where ``log``'s run stands: epoch, version, its last evaluation's test error (or loss)."""
         now = time.perf_counter()
         if not self.enabled or (not force and now - self.last < self.every_s):
             return
         self.last = now
-        elapsed = now - self.started
+        elapsed, epoch, key = now - self.started, log.epoch, "test_loss" if self.loss_only else "test_error"
         eta = elapsed * (self.total - epoch) / epoch if epoch > 0 else float("nan")
-        err = ("" if test_loss is None else f"  test loss {test_loss:.4g}") if self.loss_only else \
-            "" if test_error is None else f"  test error {100 * test_error:5.2f}%"
-        _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {version:6d}{err}"
+        err = "" if key not in log.final else \
+            f"  test loss {log.final[key]:.4g}" if self.loss_only else f"  test error {100 * log.final[key]:5.2f}%"
+        _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {log.version:6d}{err}"
                   f"  elapsed {elapsed:6.1f}s  eta {max(eta, 0):6.1f}s")

@@ -48,11 +48,8 @@ _SAFE_GLOBALS = {
 
 
 class _BatchUnpickler(pickle.Unpickler):
-    """Unpickler that can only rebuild dicts, lists, numbers, bytes and plain numpy arrays.
-
-    Any other global (``os.system``, ``builtins.eval``, ...) is refused before it is looked up,
-    so a crafted file cannot run code.
-    """
+    """Refuses any global but :data:`_SAFE_GLOBALS` (``os.system``, ``builtins.eval``, ...)
+    before it is looked up, so a crafted file cannot run code."""
 
     def find_class(self, module, name):
         factory = _SAFE_GLOBALS.get((module, name))

@@ -1,10 +1,10 @@
 """Data sets and each client's stream of minibatches.
 
 This module owns everything between files (or generators) on disk and the tensors a client trains
-on: the four data sets users name with ``data=...`` (``digits``, ``mnist1d``, ``cifar10``,
-``synthetic``), their fixed train/test splits and standardisation (the safe CIFAR-10 batch
-parser is :mod:`repro.workload.cifar`'s), and :class:`ClientStream`, the per-client seeded order over the training set (Downpour: every
-replica reads its own order of the data).
+on: the data sets users name with ``data=...``, their fixed train/test splits and
+standardisation (the safe CIFAR-10 batch parser is :mod:`repro.workload.cifar`'s), and
+:class:`ClientStream`, each client's seeded order over the training set (Downpour: every replica
+reads its own order of the data).
 
 Every data set is fixed across runs: the training ``seed`` changes the clients' orders and the
 model's initialisation, never which samples are in the train or test set.
@@ -25,7 +25,7 @@ import torch
 
 from repro.errors import ConfigError
 from repro.workload import cifar
-from repro.workload.datacache import mnist1d_arrays, mnist1d_cache_path  # noqa: F401 (re-exported)
+from repro.workload.datacache import mnist1d_arrays
 from repro.registry import SpecRegistry
 
 
@@ -118,13 +118,16 @@ def _take(key: str, x: np.ndarray, y: np.ndarray, n: int | None):
     return x[:n], y[:n]
 
 
-def _finish(name: str, x_train, y_train, x_test, y_test, num_classes: int,
+def _finish(name: str, train: tuple, test: tuple, num_train: int | None, num_test: int | None,
             channel_dims: tuple[int, ...] | None) -> Dataset:
-    """Standardise with TRAIN statistics only (so the test set stays unseen) and build tensors.
+    """The first ``num_train``/``num_test`` (inputs, labels) of ``train``/``test`` (:func:`_take`)
+    of a 10-class set, standardised with TRAIN statistics only (so the test set stays unseen).
 
     ``channel_dims`` None: one scalar mean/std; else the dims to reduce over, one pair per channel.
     Works in float32 in place: CIFAR-10's training set is 600 MB as float32, twice that as float64.
     """
+    x_train, y_train = _take("data.num_train", *train, num_train)
+    x_test, y_test = _take("data.num_test", *test, num_test)
     x_train = torch.tensor(x_train, dtype=torch.float32)  # always a copy: safe to modify in place
     x_test = torch.tensor(x_test, dtype=torch.float32)
     if channel_dims is None:
@@ -135,7 +138,7 @@ def _finish(name: str, x_train, y_train, x_test, y_test, num_classes: int,
     for x in (x_train, x_test):
         x.sub_(mean).div_(std)
     as_y = lambda a: torch.tensor(np.asarray(a), dtype=torch.int64)  # noqa: E731
-    return Dataset(name, x_train, as_y(y_train), x_test, as_y(y_test), num_classes)
+    return Dataset(name, x_train, as_y(y_train), x_test, as_y(y_test), 10)
 
 
 # ----------------------------------------------------------------------------- digits
@@ -165,13 +168,10 @@ def _load_digits(root, num_train, num_test) -> Dataset:
     its indices (``digits_split.npy``; a test checks it against scikit-learn): random_state=0 on
     purpose, the split must not move with the training seed."""
     x, y = digits_arrays()
+    x = (x / 16.0).reshape(-1, 1, 8, 8)
     order = np.load(DIGITS_SPLIT, allow_pickle=False).astype(np.int64)
-    train, test = order[:len(order) - 360], order[len(order) - 360:]
-    x_tr, y_tr = _take("data.num_train", x[train], y[train], num_train)
-    x_te, y_te = _take("data.num_test", x[test], y[test], num_test)
-    shape = (-1, 1, 8, 8)
-    return _finish("digits", (x_tr / 16.0).reshape(shape), y_tr, (x_te / 16.0).reshape(shape),
-                   y_te, 10, None)
+    train, test = order[:-360], order[-360:]
+    return _finish("digits", (x[train], y[train]), (x[test], y[test]), num_train, num_test, None)
 
 
 # ----------------------------------------------------------------------------- mnist1d
@@ -198,7 +198,7 @@ def _load_mnist1d(root, num_train, num_test) -> Dataset:
     raw = mnist1d_arrays(num_samples, root)
     x = np.concatenate([raw["x"], raw["x_test"]])[:, None, :]
     y = np.concatenate([raw["y"], raw["y_test"]])
-    return _finish("mnist1d", x[:n_tr], y[:n_tr], x[len(y) - n_te:], y[len(y) - n_te:], 10, None)
+    return _finish("mnist1d", (x[:n_tr], y[:n_tr]), (x[len(y) - n_te:], y[len(y) - n_te:]), None, None, None)
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -209,11 +209,6 @@ SYNTHETIC_DEFAULT_TRAIN, SYNTHETIC_DEFAULT_TEST = 512, 128
 
 @DATASETS.register("synthetic", input_shape=(1, 8, 8), num_classes=10, num_train=SYNTHETIC_DEFAULT_TRAIN)
 def _load_synthetic(root, num_train, num_test) -> Dataset:
-    return _make_synthetic(SYNTHETIC_DEFAULT_TRAIN if num_train is None else num_train,
-                           SYNTHETIC_DEFAULT_TEST if num_test is None else num_test)
-
-
-def _make_synthetic(num_train: int, num_test: int) -> Dataset:
     """Gaussian 1x8x8 inputs labelled by argmax of a fixed random linear map: learnable, tiny."""
     weights = torch.randn(64, 10, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED))
 
@@ -222,8 +217,8 @@ def _make_synthetic(num_train: int, num_test: int) -> Dataset:
         x = torch.randn(n, 1, 8, 8, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED + stream))
         return x, (x.flatten(1) @ weights).argmax(1)
 
-    x_tr, y_tr = draw(num_train, 1)
-    x_te, y_te = draw(num_test, 2)
+    x_tr, y_tr = draw(SYNTHETIC_DEFAULT_TRAIN if num_train is None else num_train, 1)
+    x_te, y_te = draw(SYNTHETIC_DEFAULT_TEST if num_test is None else num_test, 2)
     return Dataset("synthetic", x_tr, y_tr, x_te, y_te, 10)
 
 
@@ -266,10 +261,8 @@ def _load_cifar10(root, num_train, num_test) -> Dataset:
         ys.append(y)
         if num_train is not None and sum(map(len, ys)) >= num_train:
             break  # only parse the batches the requested subset needs
-    x_tr, y_tr = _take("data.num_train", np.concatenate(xs), np.concatenate(ys), num_train)
-    x_te, y_te = cifar.read_batch(os.path.join(folder, cifar.TEST_FILE), root)
-    x_te, y_te = _take("data.num_test", x_te, y_te, num_test)
-    return _finish("cifar10", x_tr, y_tr, x_te, y_te, 10, (0, 2, 3))
+    test = cifar.read_batch(os.path.join(folder, cifar.TEST_FILE), root)
+    return _finish("cifar10", (np.concatenate(xs), np.concatenate(ys)), test, num_train, num_test, (0, 2, 3))
 
 
 # ----------------------------------------------------------------------------- client streams
@@ -333,5 +326,3 @@ class ClientStream:
         self._epoch, self._index = epoch, index
         self._normalise()
 
-
-DATASET_NAMES = DATASETS.names()

@@ -10,6 +10,7 @@ training is deterministic given ``torch.manual_seed`` (callers seed before :func
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,10 +43,8 @@ def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
 @MODELS.register("mlp", expects="inputs of any shape", accepts=lambda shape: True)
 def _mlp(input_shape, num_classes) -> nn.Module:
     """flatten → 128 ReLU → classes: accepts any input shape."""
-    n_in = 1
-    for d in input_shape:
-        n_in *= int(d)
-    return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 128), nn.ReLU(), nn.Linear(128, num_classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 128), nn.ReLU(),
+                         nn.Linear(128, num_classes))
 
 
 @MODELS.register("digits_cnn", expects="(channels, 8, 8) images",
@@ -127,30 +126,24 @@ def _quadratic(input_shape, num_classes) -> nn.Module:
     return nn.Linear(int(input_shape[0]), num_classes, bias=False)
 
 
-MODEL_NAMES = MODELS.names()
-
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A fresh model; its initialisation draws from torch's global RNG (seed it first)."""
     return MODELS[name].build(tuple(int(d) for d in input_shape), int(num_classes))
 
 
-def _fits(name: str, input_shape, num_classes) -> bool:
-    # the model is thrown away: keep the caller's RNG stream as if we had never built it
-    with torch.random.fork_rng(devices=[]):
-        try:
-            model = build_model(name, input_shape, num_classes)
-            with torch.no_grad():
-                out = model(torch.zeros(2, *input_shape))
-        except (ValueError, RuntimeError, TypeError):
-            return False
-    return tuple(out.shape) == (2, num_classes)
-
-
 def fits(name: str, input_shape, num_classes: int) -> bool:
     """Model ``name`` is made for these inputs (declared) and maps them to class scores (tried)."""
     shape = tuple(int(d) for d in input_shape)
-    return MODELS[name].accepts(shape) and _fits(name, shape, num_classes)
+    if not MODELS[name].accepts(shape):
+        return False
+    # the model is thrown away: keep the caller's RNG stream as if we had never built it
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        try:
+            out = build_model(name, shape, num_classes)(torch.zeros(2, *shape))
+        except (ValueError, RuntimeError, TypeError):
+            return False
+    return tuple(out.shape) == (2, num_classes)
 
 
 def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
@@ -158,7 +151,7 @@ def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
     spec = MODELS[name]
     input_shape = tuple(int(d) for d in input_shape)
     if not fits(name, input_shape, num_classes):
-        fitting = [m for m in MODEL_NAMES if fits(m, input_shape, num_classes)]
+        fitting = [m for m in MODELS.names() if fits(m, input_shape, num_classes)]
         raise ConfigError("model.name", name,
                           f"a model that accepts data '{data_name}' (inputs of shape "
                           f"{input_shape}); '{name}' expects {spec.expects}; models made for "

@@ -1,29 +1,15 @@
-"""Clients with their own data: which training samples each client holds (``data.partition``).
+"""Clients with their own data: which training samples each client holds (``data.partition``;
+the schemes in docs/configuration.md).
 
-Owns the split of the training set over the clients, the federated-learning conventions, as a
-pure function of the labels, the settings and ``seed`` (so client ``k`` holds the same samples in
-the simulator and in every real client process, which each compute it from the same labels):
-
-* ``iid`` (the default, the paper's Downpour): every client reads the whole set, each in its own
-  seeded order (:class:`repro.workload.data.ClientStream`); nothing is split;
-* ``shards``: a seeded permutation of the set cut into ``num_clients`` disjoint parts of equal
-  size (within one sample): the same mix of classes, a client's own samples;
-* ``by_class``: the classes dealt to the clients in turn (client ``k`` holds classes
-  ``k - 1, k - 1 + N, ...``); with more clients than classes, the clients holding one class
-  share its samples in equal parts;
-* ``dirichlet``: each class's samples split over the clients in proportions drawn from
-  Dirichlet(``data.alpha``), the label skew of Hsu, Qi & Brown (2019, "Measuring the effects of
-  non-identical data distribution for federated visual classification"): alpha -> 0 gives each
-  client a few classes, alpha -> inf the iid mix. A draw that leaves a client with fewer samples
-  than one minibatch is drawn again (the usual practice), at most :data:`DIRICHLET_TRIES` times.
-
-``data.slow_client_classes`` ties data to speed: those classes go to the slow client alone
-(:func:`repro.config.settings.slow_client`), and the partition splits the other classes over the
-other clients (the case where a method that drops stale work never learns them).
-
-Every client must hold at least one minibatch (``algo.batch_size``); a split that leaves one
-with fewer is bad input (:class:`~repro.errors.ConfigError`), checked before any work by
-:func:`repro.workload.build.check_components`.
+A pure function of the labels, the settings and ``seed``, so client ``k`` holds the same samples
+in the simulator and in every real client process. ``iid`` splits nothing; ``shards`` cuts a
+seeded permutation into equal parts; ``by_class`` deals class ``j`` to client ``j mod N + 1``
+(more clients than classes: those holding one class share its samples equally); ``dirichlet``
+is Hsu, Qi & Brown (2019), "Measuring the effects of non-identical data distribution for
+federated visual classification", drawn again (at most :data:`DIRICHLET_TRIES` times) while a
+client holds less than a minibatch. ``data.slow_client_classes`` gives those classes to the slow
+client alone (:func:`repro.config.settings.slow_client`) and splits the rest over the others.
+A client left with less than one minibatch is a :class:`~repro.errors.ConfigError`.
 """
 from __future__ import annotations
 

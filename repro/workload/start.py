@@ -1,26 +1,16 @@
 """Where training starts: :func:`build_problem` (data, network, and the server's initial state:
 seeded random weights, cold, or the warm start) and the warm start itself.
 
-Warm start: the single-client baseline after a fixed number of epochs, computed once and cached.
-
-DistBelief "warmstarts" by training one replica through the parameter server before releasing
-the others; GPU A-SGD's Fig. 3 studies the same. Our reading (the paper does not say how long the
-pre-training runs): the asynchronous phase starts from the *server state* (parameters and the
-update rule's state, e.g. Adagrad's accumulators) of 1 client at nsync = 1 trained for
-``warm_start_epochs`` epochs with seed 0, whatever the grid point's seed, so every grid point of
-an experiment starts from the same state. Starting Adagrad from empty accumulators instead would
-move every weight by a full ``lr_server`` on the first pushes and undo much of the warm start.
-
-The baseline is a one-client run (:func:`one_client_run`): the problem built as the drivers
-build it (:func:`build_problem`), the server and the client the simulator makes, and the calls
-the simulator makes on them when it has one client, in the same order; it is bitwise the
-simulator's one-client run of :func:`baseline_config` (a pure function of the run's config,
-derived where the warm start is built), without the clock and the tables
-(``tests/test_house.py`` holds the two against each other). It is cached under
-``<results_dir>/_warmstart/<key>/server.pt``; the key hashes every training-shaping key of the
-baseline's config (:func:`repro.config.settings.shaping_values`). Grid jobs that start together take the
-cache's lock, so the baseline is trained once and the others wait for it. A damaged cache file
-is retrained. Server versions restart at 0 in the asynchronous phase.
+Warm start (DistBelief's "warmstarting", the paper's Fig. 3; our reading, since the paper does
+not say how long the pre-training runs): the asynchronous phase starts from the *server state*
+(parameters and the rule's state, e.g. Adagrad's accumulators, without which the first pushes
+would move every weight by a full ``lr_server``) of the single-client baseline
+(:func:`baseline_config`: 1 client, nsync 1, ``warm_start_epochs``, seed 0 whatever the grid
+point's seed). The baseline is :func:`one_client_run`, bitwise the simulator's one-client run
+without the clock and the tables (``tests/test_house.py`` holds the two against each other).
+It is cached under ``<results_dir>/_warmstart/<key>/server.pt``, keyed by the baseline's
+training-shaping values, trained once under the cache's lock while grid jobs that start
+together wait, and retrained when damaged. Server versions restart at 0 after it.
 """
 from __future__ import annotations
 
