@@ -189,11 +189,6 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 # The command line (its words are checked before Hydra sees them: repro.config.loader)
 # ---------------------------------------------------------------------------------------------
 
-def _hydra_flags(argv: list[str]) -> bool:
-    """Hydra's own flags (``--cfg job``, ``--info``, ``-m``): Hydra's main handles them."""
-    return any(a.startswith("-") for a in argv)
-
-
 def _is_sweep(argv: list[str]) -> bool:
     return any(a in ("-m", "--multirun") for a in argv) or any(
         re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
@@ -266,16 +261,9 @@ def print_help(argv: list[str]) -> None:
     print(loader.help_text(tree, choices))
 
 
-def _torchrun_rank() -> int | None:
-    """This process's rank when started by torchrun, else None."""
-    env = torchrun_env()
-    return None if env is None else env.rank
-
-
-def _join_config(argv: list[str]) -> RunConfig | None:
-    """The parsed config when the command line joins a running run (backend.join=...), else None."""
-    if not any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
-        return None
+def _parsed(argv: list[str]) -> RunConfig:
+    """The config the command line's overrides give, parsed outside Hydra's job (a joining
+    client, a torchrun worker: neither makes a run folder); bad input exits 2."""
     try:
         return parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
     except ConfigError as err:
@@ -290,17 +278,16 @@ def cli() -> None:
         print_help(argv)
         return
     check_overrides(argv)
-    join = _join_config(argv)
-    if join is not None:   # backend.join: one more client for a running run, no run folder
-        from repro.real.elastic import join_process
+    if any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
+        from repro.real.elastic import join_process   # one more client for a running run
 
-        join_process(join)   # exits
-    rank = _torchrun_rank()
-    if rank is not None and rank > 0:
+        join_process(_parsed(argv))   # exits
+    env = torchrun_env()
+    if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 
         try:
-            cfg = resolve(parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))])))
+            cfg = resolve(_parsed(argv))
         except ConfigError as err:
             exit_bad_input(err)
         sys.exit(run_torchrun_worker(cfg))
@@ -311,7 +298,8 @@ def cli() -> None:
             try:
                 _warm_fork_server(argv)
                 checked = precheck(argv)
-                if checked is None or _hydra_flags(argv) or checked[0].hydra.mode == RunMode.MULTIRUN:
+                hydra_flags = any(a.startswith("-") for a in argv)   # --cfg job, --info, -m
+                if checked is None or hydra_flags or checked[0].hydra.mode == RunMode.MULTIRUN:
                     main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
                 else:
                     run_composed(*checked)
