@@ -130,7 +130,7 @@ def _type_name(options: tuple) -> str:
 
 def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
     tree = to_dict(obj)
-    for key, f in _leaves(cls, prefix):
+    for key, f, _ in _leaves(cls, prefix):
         f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
 
 

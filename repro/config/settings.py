@@ -1,16 +1,12 @@
-"""Configuration: frozen dataclasses, parsed once at the entry point and validated.
+"""Configuration: the frozen dataclasses of every key, and what derives from their declaration.
 
-Nothing below :mod:`repro.run` sees a Hydra ``DictConfig``: :func:`repro.config.checks.from_dict` turns the resolved
-YAML tree (a plain nested dict) into a :class:`RunConfig`, checking every value's type and range
-and every component name, and raises :class:`~repro.errors.ConfigError` naming the key, the bad
-value and the valid choices. :func:`to_dict` is the inverse and is what ``config.json`` holds.
-
-Every field is declared with :func:`knob`: its default, its valid values (a finite range for
-every number, so no value can hang or overflow a run) and whether it **shapes training**. That
-one declaration is what run-folder names, the warm-start cache key, a replay and the resume
-check derive from (:func:`shaping_keys`): settings that only say where files go, how long to wait
-for a peer or how to report progress never name a folder nor block a resume. :class:`Resolved`
-is what the entry point's one resolve step hands the simulator (the config and its cost fit).
+Nothing below :mod:`repro.run` sees a Hydra ``DictConfig``: :func:`repro.config.checks.from_dict`
+builds a :class:`RunConfig` from the resolved YAML tree and checks it; :func:`to_dict` is the
+inverse and is what ``config.json`` holds. Every field is declared with :func:`knob`: its default,
+its valid values and whether it **shapes training**. Run-folder names, the warm-start cache key, a
+replay and the resume check derive from that mark (:func:`shaping_keys`): settings that only say
+where files go, how long to wait for a peer or how to report progress never name a folder nor
+block a resume.
 """
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from repro.config.cost import (JITTERS, SCHEDULES, SPEED_LAWS, TOPOLOGIES, ChurnConfig, CostConfig,  # noqa: F401
-                               MachineConfig, SharedConfig)   # (re-exported)
+from repro.config.cost import ChurnConfig, CostConfig  # noqa: F401 (ChurnConfig: re-exported)
 from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob
 from repro.registry import names_of
 
@@ -244,28 +239,29 @@ class RunConfig:
 # ---------------------------------------------------------------------------------------------
 
 def _leaves(cls: type = RunConfig, prefix: str = ""):
-    """(dotted key, dataclass field) of every leaf setting, in declaration order."""
+    """(dotted key, dataclass field, the dataclass declaring it) of every leaf setting, in
+    declaration order."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             yield from _leaves(hints[f.name], prefix + f.name + ".")
         else:
-            yield prefix + f.name, f
+            yield prefix + f.name, f, cls
 
 
 def all_keys() -> tuple[str, ...]:
     """Every settable key, dotted (``seed``, ``algo.lr``, ...)."""
-    return tuple(key for key, _ in _leaves())
+    return tuple(key for key, _, _ in _leaves())
 
 
 def shaping_keys() -> tuple[str, ...]:
     """The keys that shape training: run-folder names, warm-start cache keys, replays and the
     resume check all derive from this one list."""
-    return tuple(key for key, f in _leaves() if f.metadata["shapes"])
+    return tuple(key for key, f, _ in _leaves() if f.metadata["shapes"])
 
 
 def valid_values(key: str) -> str:
-    return dict(_leaves())[key].metadata["valid"].describe()
+    return {k: f for k, f, _ in _leaves()}[key].metadata["valid"].describe()
 
 
 def get(tree: dict, key: str) -> Any:
@@ -344,8 +340,6 @@ class Resolved:
 # driver's host record: what cost=fit needs to model the machine, repro.sim.fit),
 # and the overrides a shortened folder name stands for (repro.config.loader.short_name)
 RECORDED_ONLY = ("environment", "network", "dataset", "host", "overrides")
-
-# what is per client, for a config's clients and the clients that join later
 
 
 def client_slot(num_clients: int, client: int) -> int:
