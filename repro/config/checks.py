@@ -11,7 +11,9 @@ partitions), each raising :class:`~repro.errors.ConfigError` naming the key, bef
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 import os
 import types
 import typing
@@ -43,13 +45,8 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
 def _modern(tree: dict, prefix: str) -> dict:
     """``tree`` (the node at ``prefix``) with old flat keys moved (:func:`modern_tree`)."""
     path = [p for p in prefix.split(".") if p]
-    whole = tree
-    for part in reversed(path):
-        whole = {part: whole}
-    whole = modern_tree(whole)
-    for part in path:
-        whole = whole[part]
-    return whole
+    whole = functools.reduce(lambda node, part: {part: node}, reversed(path), tree)
+    return functools.reduce(operator.getitem, path, modern_tree(whole))
 
 
 NAME_BYTES = 255   # the longest file name Linux, macOS and Windows file systems take
@@ -137,10 +134,8 @@ def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
 def validate(cfg: RunConfig) -> None:
     """Every key against its declared valid values, then the checks that relate two keys.
     Needs no data; :func:`repro.workload.build.check_components` checks the model and the batch
-    against the data. Asked once per config, where a config enters: :func:`from_dict` (the
-    command line's parse, a config.json, the API's settings) and the Python entry points that
-    change a parsed config (``repro.api.run_config``, the explorer); a driver asks
-    :func:`validated`, which passes a config validated already."""
+    against the data. Asked once per config, where a config enters (:func:`from_dict`, the
+    Python entry points that change a parsed config); a driver asks :func:`validated`."""
     _check_leaves(cfg, RunConfig, "")
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "

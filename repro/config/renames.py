@@ -55,7 +55,7 @@ def modern_override(arg: str, quiet: bool = False) -> str:
 
 def modern_tree(tree: dict, quiet: bool = False) -> dict:
     """A nested config dict with every old flat key moved to its new place (a copy; ``tree``
-    itself is not changed)."""
+    itself is not changed, nor any dict in it)."""
     out = dict(tree)
     for old, new in RENAMED.items():
         *path, leaf = old.split(".")
@@ -66,7 +66,11 @@ def modern_tree(tree: dict, quiet: bool = False) -> dict:
             continue
         if not quiet:
             _deprecated(old)
-        _move(out, old, new)
+        # the old spelling wins: in a composed tree the new key is always there (the schema's
+        # default), so the old one is what was written
+        value = _copied(out, path).pop(leaf)
+        *path, leaf = new.split(".")
+        _copied(out, path)[leaf] = value
     return out
 
 
@@ -80,17 +84,8 @@ def read_recorded(run_dir: str | Path) -> dict:
     return modern_tree(tree, quiet=True)
 
 
-def _move(tree: dict, old: str, new: str) -> None:
-    """Move ``old``'s value to ``new`` in ``tree``, copying each dict on the way (no aliasing).
-    The old spelling wins: in a composed tree the new key is always there (the schema's
-    default), so the old one is what was written."""
-    *old_path, old_leaf = old.split(".")
-    *new_path, new_leaf = new.split(".")
-    value = _copied(tree, old_path).pop(old_leaf)
-    _copied(tree, new_path)[new_leaf] = value
-
-
 def _copied(tree: dict, path: list[str]) -> dict:
+    """The node at ``path``, each dict on the way copied into ``tree`` (no aliasing)."""
     node = tree
     for part in path:
         node[part] = dict(node.get(part) or {})
