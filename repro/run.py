@@ -1,17 +1,11 @@
 """Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
 
-This module does the Hydra work and nothing else: it checks the command line (unknown keys, group
-options, ``--help``: :func:`repro.config.loader.check_overrides`), composes the config, parses it
-into a :class:`~repro.config.settings.RunConfig` (:func:`repro.config.loader.parse`, which
-validates it; nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
-``run(config, run_dir) -> summary``. A single run is composed, parsed and validated once
-(:func:`precheck`) and run in Hydra's job from that config (:func:`run_composed`); a grid's
-points go through ``@hydra.main``. Bad input exits with code 2 and a message naming the key,
-the bad value and the valid choices, before Hydra makes any folder when it can (a single run),
-else before the run starts (a grid point).
-
-Under ``torchrun`` every rank enters here; only rank 0 makes the run folder, the other ranks
-compose the same config without any output folder.
+This module does the Hydra work and nothing else: it checks the command line, composes the
+config, parses it into a :class:`~repro.config.settings.RunConfig` (nothing below sees a
+``DictConfig``) and calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. A
+single run is composed and validated once (:func:`precheck`), before Hydra makes any folder; a
+grid's points go through ``@hydra.main`` and are checked as each starts. Under ``torchrun`` only
+rank 0 makes the run folder; the other ranks compose the same config without one.
 """
 from __future__ import annotations
 
@@ -52,12 +46,10 @@ def _incoming_record(run_dir):
 
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
     """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
-    settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
-    :class:`~repro.config.settings.Resolved` config), and
-    under torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`).
-    What comes back is frozen and no driver rewrites it. ``cfg`` was validated where it entered (:func:`parse`); a config this
-    step rewrites is a new one, validated here. Raises ConfigError (exit 2) on a bad recording
-    or world."""
+    settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`), and under
+    torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`). What
+    comes back is frozen and no driver rewrites it; a config this step rewrites is validated
+    here. Raises ConfigError (exit 2) on a bad recording or world."""
     if cfg.backend.name == "real":
         env = torchrun_env()
         if env is None:

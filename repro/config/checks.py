@@ -1,12 +1,9 @@
 """Reading a configuration and checking it: from a plain dict to a valid :class:`RunConfig`.
 
-:func:`from_dict` builds the frozen dataclasses of :mod:`repro.config.settings` from the resolved
-YAML tree (or a ``config.json``), checking every value's type, then :func:`validate` checks every
-key against its declared valid values and the settings that relate two keys (a protocol's
-bounds, a budget one push may not exceed, shared resources, churn and joins, per-client speeds,
-partitions), each raising :class:`~repro.errors.ConfigError` naming the key, before any work.
-:func:`check_places` checks where a run writes. The dataclasses and the keys live in
-:mod:`repro.config.settings`; what a field may hold is declared there, with :func:`knob`.
+:func:`from_dict` builds the frozen dataclasses of :mod:`repro.config.settings` (where each
+field's valid values are declared) and type-checks every value; :func:`validate` checks every
+key's range and the settings that relate two keys; :func:`check_places` checks where a run
+writes. Each raises :class:`~repro.errors.ConfigError` naming the key, before any work.
 """
 from __future__ import annotations
 

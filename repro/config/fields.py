@@ -1,9 +1,7 @@
-"""How a config field is declared: its default, its valid values, and whether it shapes training.
+"""How a config field is declared (:func:`knob`): its default, its valid values, and whether it
+shapes training.
 
-:func:`knob` makes a dataclass field carrying a validator (:class:`Range` for every number: a
-finite range, so no value can hang or overflow a run; :class:`Choice` for names, possibly a
-registry's (:func:`repro.registry.names_of`); :class:`Text`; :class:`Flag`) and the ``shapes`` mark that :mod:`repro.config.settings`
-reads back to derive run-folder names, cache keys, replays and resume checks. Each validator
+Each validator (:class:`Range`, :class:`Numbers`, :class:`Choice`, :class:`Text`, :class:`Flag`)
 both checks a value (raising :class:`ConfigError` naming key, value and what is valid) and
 describes the valid values for ``--help``.
 """

@@ -1,15 +1,10 @@
 """Keys that moved into a nested group, and their old flat spellings, which keep working.
 
-:data:`RENAMED` is the one table (old dotted key -> new dotted key). Everything that reads a
-key a user or an old run folder wrote goes through it: :func:`modern_override` for a
-``KEY=VALUE`` of the command line or :func:`repro.api.configure` (before Hydra, which knows only
-the new keys), :func:`modern_tree` for a YAML tree (the loader,
-:func:`repro.config.checks.from_dict`). A user's old spelling gets one line on stderr naming
-the new one; a recorded run folder's is read silently: :func:`read_recorded` is the one reader
-of a run folder's ``config.json`` (replays, fits, the resume check, the analysis, the
-instruments). :func:`legacy_keys` gives values back their old spellings where a key must not
-change (the warm-start cache's key and record). No imports beyond the standard library and the
-run folder's file names.
+:data:`RENAMED` is the one table (old dotted key -> new dotted key). Everything that reads a key
+a user or an old run folder wrote goes through it: a user's old spelling gets one line on stderr
+naming the new one; a recorded run folder's is read silently (:func:`read_recorded`, the one
+reader of a run folder's ``config.json``). No imports beyond the standard library and the run
+folder's file names.
 """
 from __future__ import annotations
 
