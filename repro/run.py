@@ -298,7 +298,7 @@ def cli() -> None:
             except KeyboardInterrupt:
                 sys.exit(EXIT_INTERRUPTED)
     finally:
-        exit_on_signal(EXIT_INTERRUPTED)
+        exit_on_signal()
 
 
 if __name__ == "__main__":

@@ -220,12 +220,13 @@ def runs_active() -> bool:
     return bool(StopRequest._active)
 
 
-def exit_on_signal(code: int = EXIT_INTERRUPTED) -> None:
-    """From here on the process only exits: a signal ends it at once with ``code`` (a Ctrl-C
-    during interpreter shutdown would otherwise print a traceback from some finaliser)."""
+def exit_on_signal() -> None:
+    """From here on the process only exits: a signal ends it at once with
+    :data:`EXIT_INTERRUPTED` (a Ctrl-C during interpreter shutdown would otherwise print a
+    traceback from some finaliser)."""
     if threading.current_thread() is threading.main_thread():
         for sig in SIGNALS:
-            signal.signal(sig, lambda signum, frame: os._exit(code))
+            signal.signal(sig, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
 
 
 def request_stop(reason: str) -> None:

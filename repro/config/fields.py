@@ -72,14 +72,13 @@ class Choice:
     data or module (repro.api.simulate), which no registry knows."""
 
     choices: tuple | Callable[[], tuple]
-    nullable: bool = False
     custom: bool = False
 
     def names(self) -> tuple:
         return self.choices() if callable(self.choices) else self.choices
 
     def check(self, key: str, value: Any) -> None:
-        if value is None and self.nullable or value in self.names():
+        if value in self.names():
             return
         if self.custom and isinstance(value, str) and (value == "custom" or value.startswith("custom:")):
             return
@@ -87,7 +86,7 @@ class Choice:
 
     def describe(self) -> str:
         shown = [str(n).lower() if isinstance(n, bool) else str(n) for n in self.names()]
-        return ", ".join(shown) + (", null" if self.nullable else "")
+        return ", ".join(shown)
 
 
 @dataclass(frozen=True)

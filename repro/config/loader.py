@@ -64,13 +64,13 @@ def key_docs() -> dict[str, str]:
     return {key: field_docs(cls).get(f.name, "") for key, f, cls in config._leaves()}
 
 
-def closest_keys(key: str, n: int = 3) -> list[str]:
+def closest_keys(key: str) -> list[str]:
     """The valid keys (and group names) nearest a mistyped ``key``."""
     candidates = [*config.all_keys(), *GROUPS, *OPTIONAL_GROUPS]
-    near = difflib.get_close_matches(key, candidates, n=n, cutoff=0.6)
+    near = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
     if not near:   # e.g. 'lr' for 'algo.lr': match on the last component
         tails = {k.rsplit(".", 1)[-1]: k for k in config.all_keys()}
-        near = [tails[t] for t in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=n)]
+        near = [tails[t] for t in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=3)]
     return near
 
 
