@@ -265,11 +265,10 @@ def _parsed(argv: list[str]) -> RunConfig:
 def cli() -> None:
     mark("main", "imported")
     sys.argv[1:] = argv = [modern_override(a) for a in sys.argv[1:]]   # Hydra's main reads sys.argv
+    check_overrides(argv)
     if "--help" in argv or "-h" in argv:
-        check_overrides(argv)
         print_help(argv)
         return
-    check_overrides(argv)
     if any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
         from repro.real.elastic import join_process   # one more client for a running run
 

@@ -147,13 +147,15 @@ SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTER
 EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports a Ctrl-C'd command
 
 
-class StopRequest:
-    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...``.
+class StopRequest(threading.Event):
+    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...`` (an event, set once a stop is
+    asked for).
 
     SIGINT (Ctrl-C), SIGTERM (a scheduler, ``kill``) and SIGHUP (a closed terminal) all ask the
     same: stop after the push being served, checkpoint that clean state and end ``interrupted``.
     Handlers are installed only from the main thread (Python delivers signals there) and
     restored on exit.
+
     The one implementation of "a signal asks, a second signal forces", for a run and for a
     grid's launcher alike. What it counts is this *process's* signals since the outermost
     StopRequest was entered (the command line holds one for its whole life, a run one inside
@@ -170,20 +172,14 @@ class StopRequest:
 
     def __init__(self, on_signal: Callable[[str], None] | None = None,
                  force: Callable[[str], BaseException] | None = None) -> None:
-        self.event = threading.Event()
+        super().__init__()
         self.reason = ""
         self.on_signal, self.force = on_signal, force
         self._previous: dict = {}
 
-    def is_set(self) -> bool:
-        return self.event.is_set()
-
     def set(self, reason: str) -> None:
         self.reason = self.reason or reason
-        self.event.set()
-
-    def wait(self, timeout_s: float) -> bool:
-        return self.event.wait(timeout_s)
+        super().set()
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
