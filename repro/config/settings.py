@@ -11,6 +11,7 @@ block a resume.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -289,14 +290,11 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
     ``recorded``: a config.json as :func:`repro.config.renames.read_recorded` reads it."""
     tree = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}
     mine = to_dict(cfg)
-    for key in all_keys():
-        if key in shaping_keys():
-            continue
-        *path, leaf = key.split(".")
-        node, src = tree, mine
-        for part in path:
-            node, src = node.setdefault(part, {}), src[part]
-        node[leaf] = src[leaf]
+    for key, f, _ in _leaves():
+        if not f.metadata["shapes"]:
+            *path, leaf = key.split(".")
+            node = functools.reduce(lambda node, part: node.setdefault(part, {}), path, tree)
+            node[leaf] = get(mine, key)
     return tree
 
 
