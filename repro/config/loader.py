@@ -214,9 +214,7 @@ def parse(dcfg) -> config.RunConfig:
     """Resolve and validate a composed config (raises ConfigError): what the entry points hand
     down, so that nothing below them sees a ``DictConfig``."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import MissingMandatoryValue
-
-    from omegaconf.errors import InterpolationResolutionError
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
     try:
         tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
