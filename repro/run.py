@@ -140,6 +140,8 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         detach_files_in(run_dir)
     try:
         if cfg is None:
+            from repro.workload.build import check_components   # torch: not for --help nor bad input
+
             cfg = parse(dcfg)
             check_components(cfg)
         mark("main", "config parsed")
@@ -186,13 +188,6 @@ def _is_sweep(argv: list[str]) -> bool:
         re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
 
 
-def check_components(cfg: RunConfig) -> None:
-    """The model and the batch against the data's declaration (imported here: it pulls in torch)."""
-    from repro.workload.build import check_components as check
-
-    check(cfg)
-
-
 def _warm_fork_server(argv: list[str]) -> None:
     """A single real run's clients fork from multiprocessing's fork server, which imports torch
     and the launcher first (about a torch import): start it now, so that it imports while this
@@ -221,6 +216,8 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         exit_bad_input(str(exc).splitlines()[0])
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
+        from repro.workload.build import check_components   # the model and batch vs the data
+
         check_components(cfg)
     except ConfigError as err:
         exit_bad_input(err)
