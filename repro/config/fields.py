@@ -1,7 +1,7 @@
 """How a config field is declared (:func:`knob`): its default, its valid values, and whether it
 shapes training.
 
-Each validator (:class:`Range`, :class:`Numbers`, :class:`Choice`, :class:`Text`, :class:`Flag`)
+Each validator (:class:`Range`, :class:`Numbers`, :class:`Choice`, :class:`Text`)
 both checks a value (raising :class:`ConfigError` naming key, value and what is valid) and
 describes the valid values for ``--help``.
 """
@@ -104,15 +104,6 @@ class Text:
         return self.what + (" or null" if self.nullable else "")
 
 
-@dataclass(frozen=True)
-class Flag:
-    def check(self, key: str, value: Any) -> None:
-        pass   # the type check already demands a boolean
-
-    def describe(self) -> str:
-        return "true, false"
-
-
 def knob(default: Any, valid: Any, shapes: bool = True) -> Any:
     """A config field: its default, its valid values, and whether it shapes training (numbers in
     the tables change with it); ``shapes=False`` for where files go, timeouts, ports, progress."""
@@ -123,3 +114,4 @@ def knob(default: Any, valid: Any, shapes: bool = True) -> Any:
 SECONDS = Range(0.0, 1e6)   # a million seconds: finite, far beyond any sensible run
 WAIT_S = Range(0.0, 7 * 86400.0, lo_open=True)   # timeouts: positive, at most a week
 COUNT = Range(1, 10**8, integer=True, nullable=True)
+FLAG = Choice((True, False))

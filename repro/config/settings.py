@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from repro.config.cost import ChurnConfig, CostConfig  # noqa: F401 (ChurnConfig: re-exported)
-from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob
+from repro.config.fields import COUNT, FLAG, WAIT_S, Choice, Numbers, Range, Text, knob
 from repro.registry import names_of
 
 BACKENDS = ("sim", "real")
@@ -130,7 +130,7 @@ class BackendConfig:
     """Where the server keeps its parameters."""
     client_device: str = knob("auto", Choice(DEVICES))
     """Where clients train: auto (a GPU each when CUDA is visible, else the CPU), cpu or cuda."""
-    eval_in_thread: bool = knob(True, Flag(), shapes=False)
+    eval_in_thread: bool = knob(True, FLAG, shapes=False)
     """Evaluate snapshots in a server thread so evaluations never stall the push loop."""
     max_clients: Optional[int] = knob(None, Range(1, 4096, integer=True, nullable=True), shapes=False)
     """Most clients training at once, joiners included (a lost client's place may be taken by a
@@ -158,11 +158,11 @@ class ProtocolConfig:
     staleness_threshold: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
     """ringmaster: a push whose staleness reaches this threshold R is discarded, its client
     fetches and goes on (Maranjyan, Tyurin, Richtarik 2025). null: num_clients."""
-    cancel_stale: bool = knob(False, Flag())
+    cancel_stale: bool = knob(False, FLAG)
     """ringmaster: stop a client as soon as its segment's staleness reaches R (it could only be
     discarded) and send it the current parameters (the paper's variant with calculation stops,
     its Algorithm 5: a client is stopped every time its segment reaches R)."""
-    stop_once: bool = knob(False, Flag())
+    stop_once: bool = knob(False, FLAG)
     """ringmaster with cancel_stale: a client stopped is not stopped again before a push of its
     from the new parameters has arrived (that push is discarded on arrival if stale): a departure
     from the paper, which backend=real needs (a client can hold only one unread preemption);
@@ -211,14 +211,14 @@ class RunConfig:
     resume: Union[bool, str] = knob(False, Choice((False, True, "auto")), shapes=False)
     """true: continue the folder's interrupted run from its checkpoint; auto: continue it if
     there is one, else start (for launchers that restart jobs, e.g. torchrun --max-restarts)."""
-    force: bool = knob(False, Flag(), shapes=False)
+    force: bool = knob(False, FLAG, shapes=False)
     """Start the run folder over even if it holds a finished or interrupted run."""
     device: str = knob("cpu", Choice(DEVICES))
     """Simulator device (cpu, cuda, auto); the real driver's clients: backend.client_device."""
     num_threads: int = knob(1, Range(0, 1024, integer=True))
     """torch CPU threads per process (0: torch's default). Results are bit-for-bit identical only
     at the same thread count. One thread keeps N real-driver clients off each other's cores."""
-    progress: bool = knob(True, Flag(), shapes=False)
+    progress: bool = knob(True, FLAG, shapes=False)
     """Print progress lines on long runs."""
     results_dir: str = knob("results", Text("a folder"), shapes=False)
     """Where run folders and the warm-start cache live."""
