@@ -43,6 +43,7 @@ def group_options(group: str) -> list[str]:
 GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
 
 OPTIONAL_GROUPS = ("exp", "problem", "mitigation", "partition")   # added with +GROUP=OPTION, never in defaults
+ALL_GROUPS = (*GROUPS, *OPTIONAL_GROUPS)
 
 
 @functools.cache
@@ -66,7 +67,7 @@ def key_docs() -> dict[str, str]:
 
 def closest_keys(key: str) -> list[str]:
     """The valid keys (and group names) nearest a mistyped ``key``."""
-    candidates = [*config.all_keys(), *GROUPS, *OPTIONAL_GROUPS]
+    candidates = [*config.all_keys(), *ALL_GROUPS]
     near = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
     if not near:   # e.g. 'lr' for 'algo.lr': match on the last component
         tails = {k.rsplit(".", 1)[-1]: k for k in config.all_keys()}
@@ -84,7 +85,7 @@ def help_text(tree: dict, choices: dict[str, str]) -> str:
              "experiment's whole grid and draws its figure. Bad input exits 2 before any work.",
              "",
              "groups (GROUP=OPTION; * marks the option in use):"]
-    for group in (*GROUPS, *OPTIONAL_GROUPS):
+    for group in ALL_GROUPS:
         opts = [o + ("*" if choices.get(group) == o else "") for o in group_options(group)]
         name = "+" + group if group in OPTIONAL_GROUPS else group
         lines.append(f"  {name:8} {', '.join(opts)}")
@@ -235,9 +236,6 @@ def composed(overrides: tuple[str, ...] = ()) -> config.RunConfig:
 # ---------------------------------------------------------------------------------------------
 # The command line's words, checked before Hydra sees them (exit 2 with one line)
 # ---------------------------------------------------------------------------------------------
-
-ALL_GROUPS = (*GROUPS, *OPTIONAL_GROUPS)
-
 
 def exit_bad_input(err: ConfigError | str) -> None:
     """Bad input: one line on stderr, exit 2, before any work."""
