@@ -1,9 +1,9 @@
 """How a config field is declared (:func:`knob`): its default, its valid values, and whether it
 shapes training.
 
-Each validator (:class:`Range`, :class:`Numbers`, :class:`Choice`, :class:`Text`)
-both checks a value (raising :class:`ConfigError` naming key, value and what is valid) and
-describes the valid values for ``--help``.
+Each validator (:class:`Range` for every number: finite, so no value can hang or overflow a
+run; :class:`Numbers`, :class:`Choice`, :class:`Text`) both checks a value (raising
+:class:`ConfigError` naming key, value and what is valid) and describes it for ``--help``.
 """
 from __future__ import annotations
 
