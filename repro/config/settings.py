@@ -293,7 +293,7 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
     for key, f, _ in _leaves():
         if not f.metadata["shapes"]:
             *path, leaf = key.split(".")
-            node = functools.reduce(lambda node, part: node.setdefault(part, {}), path, tree)
+            node = functools.reduce(lambda parent, part: parent.setdefault(part, {}), path, tree)
             node[leaf] = get(mine, key)
     return tree
 
