@@ -233,9 +233,7 @@ def _check_folder_writable(dcfg: DictConfig) -> None:
 
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     run_dir = Path(str(OmegaConf.select(dcfg, "hydra.run.dir"))).absolute()
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())   # "/" at the latest
     if existing != run_dir and is_read_only(existing):
         exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
                         f"writable (set results_dir=FOLDER to a writable folder)")
