@@ -1,17 +1,11 @@
 """Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
 
-This module does the Hydra work and nothing else: it checks the command line (unknown keys, group
-options, ``--help``: :func:`repro.config.loader.check_overrides`), composes the config, parses it
-into a :class:`~repro.config.settings.RunConfig` (:func:`repro.config.loader.parse`, which
-validates it; nothing below sees a ``DictConfig``) and calls :func:`run`, a plain function
-``run(config, run_dir) -> summary``. A single run is composed, parsed and validated once
-(:func:`precheck`) and run in Hydra's job from that config (:func:`run_composed`); a grid's
-points go through ``@hydra.main``. Bad input exits with code 2 and a message naming the key,
-the bad value and the valid choices, before Hydra makes any folder when it can (a single run),
-else before the run starts (a grid point).
-
-Under ``torchrun`` every rank enters here; only rank 0 makes the run folder, the other ranks
-compose the same config without any output folder.
+This module does the Hydra work and nothing else: it checks the command line, composes the
+config, parses it into a :class:`~repro.config.settings.RunConfig` (nothing below sees a
+``DictConfig``) and calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. A
+single run is composed and validated once (:func:`precheck`), before Hydra makes any folder; a
+grid's points go through ``@hydra.main`` and are checked as each starts. Under ``torchrun`` only
+rank 0 makes the run folder; the other ranks compose the same config without one.
 """
 from __future__ import annotations
 
@@ -52,12 +46,10 @@ def _incoming_record(run_dir):
 
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
     """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
-    settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`: a
-    :class:`~repro.config.settings.Resolved` config), and
-    under torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`).
-    What comes back is frozen and no driver rewrites it. ``cfg`` was validated where it entered (:func:`parse`); a config this
-    step rewrites is a new one, validated here. Raises ConfigError (exit 2) on a bad recording
-    or world."""
+    settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`), and under
+    torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`). What
+    comes back is frozen and no driver rewrites it; a config this step rewrites is validated
+    here. Raises ConfigError (exit 2) on a bad recording or world."""
     if cfg.backend.name == "real":
         env = torchrun_env()
         if env is None:
@@ -148,6 +140,8 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         detach_files_in(run_dir)
     try:
         if cfg is None:
+            from repro.workload.build import check_components   # torch: not for --help nor bad input
+
             cfg = parse(dcfg)
             check_components(cfg)
         mark("main", "config parsed")
@@ -189,21 +183,9 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 # The command line (its words are checked before Hydra sees them: repro.config.loader)
 # ---------------------------------------------------------------------------------------------
 
-def _hydra_flags(argv: list[str]) -> bool:
-    """Hydra's own flags (``--cfg job``, ``--info``, ``-m``): Hydra's main handles them."""
-    return any(a.startswith("-") for a in argv)
-
-
 def _is_sweep(argv: list[str]) -> bool:
     return any(a in ("-m", "--multirun") for a in argv) or any(
         re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
-
-
-def check_components(cfg: RunConfig) -> None:
-    """The model and the batch against the data's declaration (imported here: it pulls in torch)."""
-    from repro.workload.build import check_components as check
-
-    check(cfg)
 
 
 def _warm_fork_server(argv: list[str]) -> None:
@@ -234,6 +216,8 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         exit_bad_input(str(exc).splitlines()[0])
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
+        from repro.workload.build import check_components   # the model and batch vs the data
+
         check_components(cfg)
     except ConfigError as err:
         exit_bad_input(err)
@@ -249,9 +233,7 @@ def _check_folder_writable(dcfg: DictConfig) -> None:
 
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     run_dir = Path(str(OmegaConf.select(dcfg, "hydra.run.dir"))).absolute()
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())   # "/" at the latest
     if existing != run_dir and is_read_only(existing):
         exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
                         f"writable (set results_dir=FOLDER to a writable folder)")
@@ -266,16 +248,9 @@ def print_help(argv: list[str]) -> None:
     print(loader.help_text(tree, choices))
 
 
-def _torchrun_rank() -> int | None:
-    """This process's rank when started by torchrun, else None."""
-    env = torchrun_env()
-    return None if env is None else env.rank
-
-
-def _join_config(argv: list[str]) -> RunConfig | None:
-    """The parsed config when the command line joins a running run (backend.join=...), else None."""
-    if not any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
-        return None
+def _parsed(argv: list[str]) -> RunConfig:
+    """The config the command line's overrides give, parsed outside Hydra's job (a joining
+    client, a torchrun worker: neither makes a run folder); bad input exits 2."""
     try:
         return parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
     except ConfigError as err:
@@ -285,22 +260,20 @@ def _join_config(argv: list[str]) -> RunConfig | None:
 def cli() -> None:
     mark("main", "imported")
     sys.argv[1:] = argv = [modern_override(a) for a in sys.argv[1:]]   # Hydra's main reads sys.argv
+    check_overrides(argv)
     if "--help" in argv or "-h" in argv:
-        check_overrides(argv)
         print_help(argv)
         return
-    check_overrides(argv)
-    join = _join_config(argv)
-    if join is not None:   # backend.join: one more client for a running run, no run folder
-        from repro.real.elastic import join_process
+    if any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
+        from repro.real.elastic import join_process   # one more client for a running run
 
-        join_process(join)   # exits
-    rank = _torchrun_rank()
-    if rank is not None and rank > 0:
+        join_process(_parsed(argv))   # exits
+    env = torchrun_env()
+    if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 
         try:
-            cfg = resolve(parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))])))
+            cfg = resolve(_parsed(argv))
         except ConfigError as err:
             exit_bad_input(err)
         sys.exit(run_torchrun_worker(cfg))
@@ -311,14 +284,15 @@ def cli() -> None:
             try:
                 _warm_fork_server(argv)
                 checked = precheck(argv)
-                if checked is None or _hydra_flags(argv) or checked[0].hydra.mode == RunMode.MULTIRUN:
+                hydra_flags = any(a.startswith("-") for a in argv)   # --cfg job, --info, -m
+                if checked is None or hydra_flags or checked[0].hydra.mode == RunMode.MULTIRUN:
                     main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
                 else:
                     run_composed(*checked)
             except KeyboardInterrupt:
                 sys.exit(EXIT_INTERRUPTED)
     finally:
-        exit_on_signal(EXIT_INTERRUPTED)
+        exit_on_signal()
 
 
 if __name__ == "__main__":

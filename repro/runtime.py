@@ -1,22 +1,11 @@
-"""The process a run lives in: torch threads, the device, deterministic kernels, signals, and
-what bit-for-bit identity depends on.
+"""The process a run lives in: torch threads, the device, deterministic kernels, the fork server,
+signals (:class:`StopRequest`), a torchrun world, and what bit-for-bit identity depends on.
 
-* :func:`torch_threads`, :func:`resolve_device`, :func:`deterministic`: the settings every driver
-  enters before it builds anything (a test or a sweep that goes on keeps its own after).
-* :func:`environment`: what bitwise identity of a run depends on, recorded in every run's
-  config.json. The simulator is deterministic: the same seed and config give byte-identical
-  tables *on the same torch build, CPU kernel family (or GPU), thread count and device*. Change
-  any of those and the float reduction order changes, SGD amplifies the last-bit differences, and
-  results agree only statistically, within the spread over seeds (``python -m repro.analysis
-  compare`` checks that).
-* :func:`torchrun_env`: this process's place in a torchrun world (four environment variables).
-* :class:`StopRequest`: how a run is asked to stop. SIGINT (Ctrl-C), SIGTERM (a scheduler,
-  ``kill``) and SIGHUP (a closed terminal) all ask for the same thing: stop after the push being
-  served, write a checkpoint of that clean state and end ``interrupted``. A second signal forces:
-  it raises :class:`KeyboardInterrupt` wherever the main thread is, and the run still ends
-  ``interrupted`` (keeping the last good checkpoint). Handlers are installed only from the main
-  thread (Python delivers signals there) and restored on exit. A grid's launcher uses the same
-  class (:mod:`repro.grid`); :func:`request_stop` asks a run to stop from another thread.
+:func:`environment` is recorded in every run's config.json. The simulator is deterministic: the
+same seed and config give byte-identical tables *on the same torch build, CPU kernel family (or
+GPU), thread count and device*. Change any of those and the float reduction order changes, SGD
+amplifies the last-bit differences, and results agree only statistically, within the spread over
+seeds (``python -m repro.analysis compare`` checks that).
 """
 from __future__ import annotations
 
@@ -152,23 +141,20 @@ def environment(device: torch.device | str = "cpu") -> dict:
     return env
 
 
-# What must be equal for two runs to be expected byte-identical (the rest is for the record).
-IDENTITY_KEYS = ("torch", "torch_cuda", "cpu_capability", "num_threads", "device", "gpu")
-
-
-def identity_differences(a: dict, b: dict) -> list[str]:
-    """'key: a -> b' for each identity key in which two recorded environments differ."""
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in IDENTITY_KEYS if a.get(k) != b.get(k)]
-
-
 log = get_logger("repro.stop")
 
 SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s)
 EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports a Ctrl-C'd command
 
 
-class StopRequest:
-    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...``.
+class StopRequest(threading.Event):
+    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...`` (an event, set once a stop is
+    asked for).
+
+    SIGINT (Ctrl-C), SIGTERM (a scheduler, ``kill``) and SIGHUP (a closed terminal) all ask the
+    same: stop after the push being served, checkpoint that clean state and end ``interrupted``.
+    Handlers are installed only from the main thread (Python delivers signals there) and
+    restored on exit.
 
     The one implementation of "a signal asks, a second signal forces", for a run and for a
     grid's launcher alike. What it counts is this *process's* signals since the outermost
@@ -186,20 +172,14 @@ class StopRequest:
 
     def __init__(self, on_signal: Callable[[str], None] | None = None,
                  force: Callable[[str], BaseException] | None = None) -> None:
-        self.event = threading.Event()
+        super().__init__()
         self.reason = ""
         self.on_signal, self.force = on_signal, force
         self._previous: dict = {}
 
-    def is_set(self) -> bool:
-        return self.event.is_set()
-
     def set(self, reason: str) -> None:
         self.reason = self.reason or reason
-        self.event.set()
-
-    def wait(self, timeout_s: float) -> bool:
-        return self.event.wait(timeout_s)
+        super().set()
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
@@ -236,12 +216,13 @@ def runs_active() -> bool:
     return bool(StopRequest._active)
 
 
-def exit_on_signal(code: int = EXIT_INTERRUPTED) -> None:
-    """From here on the process only exits: a signal ends it at once with ``code`` (a Ctrl-C
-    during interpreter shutdown would otherwise print a traceback from some finaliser)."""
+def exit_on_signal() -> None:
+    """From here on the process only exits: a signal ends it at once with
+    :data:`EXIT_INTERRUPTED` (a Ctrl-C during interpreter shutdown would otherwise print a
+    traceback from some finaliser)."""
     if threading.current_thread() is threading.main_thread():
         for sig in SIGNALS:
-            signal.signal(sig, lambda signum, frame: os._exit(code))
+            signal.signal(sig, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
 
 
 def request_stop(reason: str) -> None:

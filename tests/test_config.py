@@ -102,7 +102,7 @@ def test_every_numeric_key_has_a_finite_range():
     overflowed. Every number is checked against a finite range before any work."""
 
     from repro.config.settings import Range, _leaves
-    for key, f in _leaves():
+    for key, f, _ in _leaves():
         valid = f.metadata["valid"]
         hint = f.type if isinstance(f.type, str) else str(f.type)
         if "int" in hint or "float" in hint:

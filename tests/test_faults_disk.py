@@ -159,11 +159,11 @@ def test_a_read_only_folder_is_told_by_one_function(tmp_path):
     import inspect
 
     from repro import run
-    from repro.files.storage import is_read_only
+    from repro.files.storage import is_read_only, write_denied
     from repro.runs import folder
 
-    assert all(is_read_only(tmp_path, OSError(code, "x")) for code in (errno.EROFS, errno.EACCES, errno.EPERM))
-    assert not is_read_only(tmp_path, OSError(errno.ENOSPC, "x")) and not is_read_only(tmp_path)
+    assert all(write_denied(OSError(code, "x")) for code in (errno.EROFS, errno.EACCES, errno.EPERM))
+    assert not write_denied(OSError(errno.ENOSPC, "x")) and not is_read_only(tmp_path)
     for module in (run, folder):
         source = inspect.getsource(module)
         assert "os.access" not in source and "READ_ONLY" not in source, module.__name__

@@ -1,17 +1,16 @@
 """Reading a configuration and checking it: from a plain dict to a valid :class:`RunConfig`.
 
-:func:`from_dict` builds the frozen dataclasses of :mod:`repro.config.settings` from the resolved
-YAML tree (or a ``config.json``), checking every value's type, then :func:`validate` checks every
-key against its declared valid values and the settings that relate two keys (a protocol's
-bounds, a budget one push may not exceed, shared resources, churn and joins, per-client speeds,
-partitions), each raising :class:`~repro.errors.ConfigError` naming the key, before any work.
-:func:`check_places` checks where a run writes. The dataclasses and the keys live in
-:mod:`repro.config.settings`; what a field may hold is declared there, with :func:`knob`.
+:func:`from_dict` builds the frozen dataclasses of :mod:`repro.config.settings` (where each
+field's valid values are declared) and type-checks every value; :func:`validate` checks every
+key's range and the settings that relate two keys; :func:`check_places` checks where a run
+writes. Each raises :class:`~repro.errors.ConfigError` naming the key, before any work.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 import os
 import types
 import typing
@@ -43,13 +42,8 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
 def _modern(tree: dict, prefix: str) -> dict:
     """``tree`` (the node at ``prefix``) with old flat keys moved (:func:`modern_tree`)."""
     path = [p for p in prefix.split(".") if p]
-    whole = tree
-    for part in reversed(path):
-        whole = {part: whole}
-    whole = modern_tree(whole)
-    for part in path:
-        whole = whole[part]
-    return whole
+    whole = functools.reduce(lambda node, part: {part: node}, reversed(path), tree)
+    return functools.reduce(operator.getitem, path, modern_tree(whole))
 
 
 NAME_BYTES = 255   # the longest file name Linux, macOS and Windows file systems take
@@ -130,17 +124,15 @@ def _type_name(options: tuple) -> str:
 
 def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
     tree = to_dict(obj)
-    for key, f in _leaves(cls, prefix):
+    for key, f, _ in _leaves(cls, prefix):
         f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
 
 
 def validate(cfg: RunConfig) -> None:
     """Every key against its declared valid values, then the checks that relate two keys.
     Needs no data; :func:`repro.workload.build.check_components` checks the model and the batch
-    against the data. Asked once per config, where a config enters: :func:`from_dict` (the
-    command line's parse, a config.json, the API's settings) and the Python entry points that
-    change a parsed config (``repro.api.run_config``, the explorer); a driver asks
-    :func:`validated`, which passes a config validated already."""
+    against the data. Asked once per config, where a config enters (:func:`from_dict`, the
+    Python entry points that change a parsed config); a driver asks :func:`validated`."""
     _check_leaves(cfg, RunConfig, "")
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "

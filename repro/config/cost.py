@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from repro.config.renames import RENAMED
-from repro.config.fields import SECONDS, Choice, Flag, Numbers, Range, Text, knob
+from repro.config.renames import modern_tree
+from repro.config.fields import FLAG, SECONDS, Choice, Numbers, Range, Text, knob
 
 JITTERS = ("none", "lognormal", "exponential")
 SCHEDULES = ("events", "replay")
@@ -71,7 +71,7 @@ class MachineConfig:
     """One machine under the shared topology (``cost.machine.*``; the old flat keys
     ``cost.one_machine``, ``cost.link_cpu_s_per_byte``, ``cost.eval_s`` still read)."""
 
-    single: bool = knob(False, Flag())
+    single: bool = knob(False, FLAG)
     """The server and all clients run on one machine (one host holding every client) whose
     cost.shared.devices_per_host cores they share: a push or fetch is a loopback copy, CPU work of both
     its ends, so it takes two shares of the cores beside the computing clients (repro/sim/resources.py)."""
@@ -121,7 +121,7 @@ class CostConfig:
     model's real size); lets a small model stand in for an AlexNet-sized one (paper2013)."""
     server_apply_s: float = knob(0.0, SECONDS)
     """Virtual seconds the server takes to apply one push; it serves one push at a time."""
-    reply_holds_server: bool = knob(False, Flag())
+    reply_holds_server: bool = knob(False, FLAG)
     """The server sends each push's reply before it serves the next push, so the reply's transfer
     keeps it busy (the real driver's Dispatcher holds its lock through the send; cost=fit sets it
     for a real recording); false: only the apply does."""
@@ -148,17 +148,11 @@ class CostConfig:
         """``dataclasses.replace`` that takes a nested group's key by its old flat name too
         (``clients_per_host=4`` sets ``shared.clients_per_host``): for code that changes a few
         cost keys at once, from the one table :data:`repro.config.renames.RENAMED`."""
-        direct, nested = {}, {}
-        for name, value in changes.items():
-            new = RENAMED.get("cost." + name)
-            if new is None:
-                direct[name] = value
-            else:
-                _, group, leaf = new.split(".")
-                nested.setdefault(group, {})[leaf] = value
-        for group, values in nested.items():
-            direct[group] = dataclasses.replace(direct.get(group, getattr(self, group)), **values)
-        return dataclasses.replace(self, **direct)
+        changes = modern_tree({"cost": changes}, quiet=True)["cost"]   # {group: {key: value}}
+        for group, values in changes.items():
+            if isinstance(values, dict):
+                changes[group] = dataclasses.replace(getattr(self, group), **values)
+        return dataclasses.replace(self, **changes)
 
     @classmethod
     def of(cls, **changes) -> "CostConfig":

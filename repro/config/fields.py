@@ -1,11 +1,9 @@
-"""How a config field is declared: its default, its valid values, and whether it shapes training.
+"""How a config field is declared (:func:`knob`): its default, its valid values, and whether it
+shapes training.
 
-:func:`knob` makes a dataclass field carrying a validator (:class:`Range` for every number: a
-finite range, so no value can hang or overflow a run; :class:`Choice` for names, possibly a
-registry's (:func:`repro.registry.names_of`); :class:`Text`; :class:`Flag`) and the ``shapes`` mark that :mod:`repro.config.settings`
-reads back to derive run-folder names, cache keys, replays and resume checks. Each validator
-both checks a value (raising :class:`ConfigError` naming key, value and what is valid) and
-describes the valid values for ``--help``.
+Each validator (:class:`Range` for every number: finite, so no value can hang or overflow a
+run; :class:`Numbers`, :class:`Choice`, :class:`Text`) both checks a value (raising
+:class:`ConfigError` naming key, value and what is valid) and describes it for ``--help``.
 """
 from __future__ import annotations
 
@@ -74,14 +72,13 @@ class Choice:
     data or module (repro.api.simulate), which no registry knows."""
 
     choices: tuple | Callable[[], tuple]
-    nullable: bool = False
     custom: bool = False
 
     def names(self) -> tuple:
         return self.choices() if callable(self.choices) else self.choices
 
     def check(self, key: str, value: Any) -> None:
-        if value is None and self.nullable or value in self.names():
+        if value in self.names():
             return
         if self.custom and isinstance(value, str) and (value == "custom" or value.startswith("custom:")):
             return
@@ -89,7 +86,7 @@ class Choice:
 
     def describe(self) -> str:
         shown = [str(n).lower() if isinstance(n, bool) else str(n) for n in self.names()]
-        return ", ".join(shown) + (", null" if self.nullable else "")
+        return ", ".join(shown)
 
 
 @dataclass(frozen=True)
@@ -107,15 +104,6 @@ class Text:
         return self.what + (" or null" if self.nullable else "")
 
 
-@dataclass(frozen=True)
-class Flag:
-    def check(self, key: str, value: Any) -> None:
-        pass   # the type check already demands a boolean
-
-    def describe(self) -> str:
-        return "true, false"
-
-
 def knob(default: Any, valid: Any, shapes: bool = True) -> Any:
     """A config field: its default, its valid values, and whether it shapes training (numbers in
     the tables change with it); ``shapes=False`` for where files go, timeouts, ports, progress."""
@@ -126,3 +114,4 @@ def knob(default: Any, valid: Any, shapes: bool = True) -> Any:
 SECONDS = Range(0.0, 1e6)   # a million seconds: finite, far beyond any sensible run
 WAIT_S = Range(0.0, 7 * 86400.0, lo_open=True)   # timeouts: positive, at most a week
 COUNT = Range(1, 10**8, integer=True, nullable=True)
+FLAG = Choice((True, False))

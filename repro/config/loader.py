@@ -1,34 +1,19 @@
-"""Where the configuration lives, and what ``python -m repro.run --help`` prints.
+"""Where the configuration lives, how the command line composes it, and what ``--help`` prints.
 
-* :data:`CONF_DIR`: ``conf/`` sits at the top of the repository (where Hydra users look for it).
-  A wheel installs it as the package data folder ``repro/conf`` (see pyproject.toml); a checkout
-  or an editable install reads the repository's own ``conf/``. Everything that opens a YAML file
-  asks :data:`CONF_DIR`.
-* :func:`help_text`: the groups, and every key with its value, valid values and meaning, all read
-  from the one declaration in :mod:`repro.config.settings` (the field docstrings, the
-  :func:`~repro.config.fields.knob` valid values) and from ``conf/``; nothing here is written
-  twice. Also: the closest valid keys for a mistyped one.
-* :func:`job_name`: a run folder's name, from the overrides of the keys that shape training.
-* :func:`register_schema`: the dataclasses of :mod:`repro.config.settings` as Hydra's base
-  config in its ConfigStore, onto which every option of ``conf/`` merges (an option states only
-  what it changes; a new field needs no YAML).
-* :func:`compose`, :func:`parse`: the configuration as ``python -m repro.run OVERRIDES`` composes
-  it (old flat key spellings read through :mod:`repro.config.renames`), and the
-  :class:`~repro.config.settings.RunConfig` it becomes; :func:`composed`, both at once: the
-  defaults and cost profiles the Python API shares with the command line.
-* :func:`check_overrides`: the command line's words checked before Hydra sees them (a word that
-  is not KEY=VALUE, a key set twice or unknown, a group option that does not exist), each an
-  exit 2 with one line (:func:`exit_bad_input`).
+:data:`CONF_DIR` is ``conf/`` (the repository's, or a wheel's ``repro/conf``); everything that
+opens a YAML file asks it. The dataclasses of :mod:`repro.config.settings` are Hydra's base
+config, onto which every option of ``conf/`` merges; ``--help``, run-folder names and the checks
+of the command line's words (each an exit 2 with one line) are all read from that one
+declaration and from ``conf/``: nothing here is written twice.
 """
 from __future__ import annotations
 
 import ast
-import dataclasses
 import difflib
+import functools
 import inspect
 import sys
 import textwrap
-import typing
 from pathlib import Path
 
 from repro.config import checks
@@ -58,8 +43,10 @@ def group_options(group: str) -> list[str]:
 GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
 
 OPTIONAL_GROUPS = ("exp", "problem", "mitigation", "partition")   # added with +GROUP=OPTION, never in defaults
+ALL_GROUPS = (*GROUPS, *OPTIONAL_GROUPS)
 
 
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """{field: the docstring written under it} (attribute docstrings are not kept at run time,
     so they are read from the source)."""
@@ -75,26 +62,16 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def key_docs() -> dict[str, str]:
     """{dotted key: meaning} for every settable key."""
-    out = {}
-
-    def walk(cls: type, prefix: str) -> None:
-        hints, docs = typing.get_type_hints(cls), field_docs(cls)
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]):
-                walk(hints[f.name], prefix + f.name + ".")
-            else:
-                out[prefix + f.name] = docs.get(f.name, "")
-    walk(config.RunConfig, "")
-    return out
+    return {key: field_docs(cls).get(f.name, "") for key, f, cls in config._leaves()}
 
 
-def closest_keys(key: str, n: int = 3) -> list[str]:
+def closest_keys(key: str) -> list[str]:
     """The valid keys (and group names) nearest a mistyped ``key``."""
-    candidates = [*config.all_keys(), *GROUPS, *OPTIONAL_GROUPS]
-    near = difflib.get_close_matches(key, candidates, n=n, cutoff=0.6)
+    candidates = [*config.all_keys(), *ALL_GROUPS]
+    near = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
     if not near:   # e.g. 'lr' for 'algo.lr': match on the last component
         tails = {k.rsplit(".", 1)[-1]: k for k in config.all_keys()}
-        near = [tails[t] for t in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=n)]
+        near = [tails[t] for t in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=3)]
     return near
 
 
@@ -108,7 +85,7 @@ def help_text(tree: dict, choices: dict[str, str]) -> str:
              "experiment's whole grid and draws its figure. Bad input exits 2 before any work.",
              "",
              "groups (GROUP=OPTION; * marks the option in use):"]
-    for group in (*GROUPS, *OPTIONAL_GROUPS):
+    for group in ALL_GROUPS:
         opts = [o + ("*" if choices.get(group) == o else "") for o in group_options(group)]
         name = "+" + group if group in OPTIONAL_GROUPS else group
         lines.append(f"  {name:8} {', '.join(opts)}")
@@ -188,15 +165,7 @@ def register_schema() -> None:
     ``backend/real_schema`` (the real driver's keys, which ``backend=real`` adds: under the
     simulator they do not compose, so that no setting is silently ignored). Plain nodes, not
     typed ones: the values are checked by :func:`repro.config.checks.from_dict`, whose messages
-    name the key, the value and what is valid.
-
-    A new setting is one field in a dataclass: e.g. ``protocol.patience: int = knob(0, Range(0,
-    100, integer=True))`` composes at 0 under every protocol option, ``protocol=ssp
-    protocol.patience=3`` sets it, and an option that needs another default says so in one line
-    of its YAML (``patience: 5``); the protocol's class reads ``cfg.protocol.patience``. A cost
-    resource likewise: its field in CostConfig, its clock in repro/sim/resources.py, a relation to
-    other keys in repro/config/checks.py if it has one, and the profiles that set it; the other
-    profiles, --help and config.json follow from the field."""
+    name the key, the value and what is valid. How to add a setting: docs/configuration.md."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
@@ -246,9 +215,7 @@ def parse(dcfg) -> config.RunConfig:
     """Resolve and validate a composed config (raises ConfigError): what the entry points hand
     down, so that nothing below them sees a ``DictConfig``."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import MissingMandatoryValue
-
-    from omegaconf.errors import InterpolationResolutionError
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
     try:
         tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
@@ -269,9 +236,6 @@ def composed(overrides: tuple[str, ...] = ()) -> config.RunConfig:
 # ---------------------------------------------------------------------------------------------
 # The command line's words, checked before Hydra sees them (exit 2 with one line)
 # ---------------------------------------------------------------------------------------------
-
-ALL_GROUPS = (*GROUPS, *OPTIONAL_GROUPS)
-
 
 def exit_bad_input(err: ConfigError | str) -> None:
     """Bad input: one line on stderr, exit 2, before any work."""

@@ -1,15 +1,10 @@
 """Keys that moved into a nested group, and their old flat spellings, which keep working.
 
-:data:`RENAMED` is the one table (old dotted key -> new dotted key). Everything that reads a
-key a user or an old run folder wrote goes through it: :func:`modern_override` for a
-``KEY=VALUE`` of the command line or :func:`repro.api.configure` (before Hydra, which knows only
-the new keys), :func:`modern_tree` for a YAML tree (the loader,
-:func:`repro.config.checks.from_dict`). A user's old spelling gets one line on stderr naming
-the new one; a recorded run folder's is read silently: :func:`read_recorded` is the one reader
-of a run folder's ``config.json`` (replays, fits, the resume check, the analysis, the
-instruments). :func:`legacy_keys` gives values back their old spellings where a key must not
-change (the warm-start cache's key and record). No imports beyond the standard library and the
-run folder's file names.
+:data:`RENAMED` is the one table (old dotted key -> new dotted key). Everything that reads a key
+a user or an old run folder wrote goes through it: a user's old spelling gets one line on stderr
+naming the new one; a recorded run folder's is read silently (:func:`read_recorded`, the one
+reader of a run folder's ``config.json``). No imports beyond the standard library and the run
+folder's file names.
 """
 from __future__ import annotations
 
@@ -55,7 +50,7 @@ def modern_override(arg: str, quiet: bool = False) -> str:
 
 def modern_tree(tree: dict, quiet: bool = False) -> dict:
     """A nested config dict with every old flat key moved to its new place (a copy; ``tree``
-    itself is not changed)."""
+    itself is not changed, nor any dict in it)."""
     out = dict(tree)
     for old, new in RENAMED.items():
         *path, leaf = old.split(".")
@@ -66,7 +61,11 @@ def modern_tree(tree: dict, quiet: bool = False) -> dict:
             continue
         if not quiet:
             _deprecated(old)
-        _move(out, old, new)
+        # the old spelling wins: in a composed tree the new key is always there (the schema's
+        # default), so the old one is what was written
+        value = _copied(out, path).pop(leaf)
+        *path, leaf = new.split(".")
+        _copied(out, path)[leaf] = value
     return out
 
 
@@ -80,17 +79,8 @@ def read_recorded(run_dir: str | Path) -> dict:
     return modern_tree(tree, quiet=True)
 
 
-def _move(tree: dict, old: str, new: str) -> None:
-    """Move ``old``'s value to ``new`` in ``tree``, copying each dict on the way (no aliasing).
-    The old spelling wins: in a composed tree the new key is always there (the schema's
-    default), so the old one is what was written."""
-    *old_path, old_leaf = old.split(".")
-    *new_path, new_leaf = new.split(".")
-    value = _copied(tree, old_path).pop(old_leaf)
-    _copied(tree, new_path)[new_leaf] = value
-
-
 def _copied(tree: dict, path: list[str]) -> dict:
+    """The node at ``path``, each dict on the way copied into ``tree`` (no aliasing)."""
     node = tree
     for part in path:
         node[part] = dict(node.get(part) or {})

@@ -1,27 +1,23 @@
-"""Configuration: frozen dataclasses, parsed once at the entry point and validated.
+"""Configuration: the frozen dataclasses of every key, and what derives from their declaration.
 
-Nothing below :mod:`repro.run` sees a Hydra ``DictConfig``: :func:`repro.config.checks.from_dict` turns the resolved
-YAML tree (a plain nested dict) into a :class:`RunConfig`, checking every value's type and range
-and every component name, and raises :class:`~repro.errors.ConfigError` naming the key, the bad
-value and the valid choices. :func:`to_dict` is the inverse and is what ``config.json`` holds.
-
-Every field is declared with :func:`knob`: its default, its valid values (a finite range for
-every number, so no value can hang or overflow a run) and whether it **shapes training**. That
-one declaration is what run-folder names, the warm-start cache key, a replay and the resume
-check derive from (:func:`shaping_keys`): settings that only say where files go, how long to wait
-for a peer or how to report progress never name a folder nor block a resume. :class:`Resolved`
-is what the entry point's one resolve step hands the simulator (the config and its cost fit).
+Nothing below :mod:`repro.run` sees a Hydra ``DictConfig``: :func:`repro.config.checks.from_dict`
+builds a :class:`RunConfig` from the resolved YAML tree and checks it; :func:`to_dict` is the
+inverse and is what ``config.json`` holds. Every field is declared with :func:`knob`: its default,
+its valid values and whether it **shapes training**. Run-folder names, the warm-start cache key, a
+replay and the resume check derive from that mark (:func:`shaping_keys`): settings that only say
+where files go, how long to wait for a peer or how to report progress never name a folder nor
+block a resume.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from repro.config.cost import (JITTERS, SCHEDULES, SPEED_LAWS, TOPOLOGIES, ChurnConfig, CostConfig,  # noqa: F401
-                               MachineConfig, SharedConfig)   # (re-exported)
-from repro.config.fields import COUNT, WAIT_S, Choice, Flag, Numbers, Range, Text, knob
+from repro.config.cost import ChurnConfig, CostConfig  # noqa: F401 (ChurnConfig: re-exported)
+from repro.config.fields import COUNT, FLAG, WAIT_S, Choice, Numbers, Range, Text, knob
 from repro.registry import names_of
 
 BACKENDS = ("sim", "real")
@@ -134,7 +130,7 @@ class BackendConfig:
     """Where the server keeps its parameters."""
     client_device: str = knob("auto", Choice(DEVICES))
     """Where clients train: auto (a GPU each when CUDA is visible, else the CPU), cpu or cuda."""
-    eval_in_thread: bool = knob(True, Flag(), shapes=False)
+    eval_in_thread: bool = knob(True, FLAG, shapes=False)
     """Evaluate snapshots in a server thread so evaluations never stall the push loop."""
     max_clients: Optional[int] = knob(None, Range(1, 4096, integer=True, nullable=True), shapes=False)
     """Most clients training at once, joiners included (a lost client's place may be taken by a
@@ -162,11 +158,11 @@ class ProtocolConfig:
     staleness_threshold: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
     """ringmaster: a push whose staleness reaches this threshold R is discarded, its client
     fetches and goes on (Maranjyan, Tyurin, Richtarik 2025). null: num_clients."""
-    cancel_stale: bool = knob(False, Flag())
+    cancel_stale: bool = knob(False, FLAG)
     """ringmaster: stop a client as soon as its segment's staleness reaches R (it could only be
     discarded) and send it the current parameters (the paper's variant with calculation stops,
     its Algorithm 5: a client is stopped every time its segment reaches R)."""
-    stop_once: bool = knob(False, Flag())
+    stop_once: bool = knob(False, FLAG)
     """ringmaster with cancel_stale: a client stopped is not stopped again before a push of its
     from the new parameters has arrived (that push is discarded on arrival if stale): a departure
     from the paper, which backend=real needs (a client can hold only one unread preemption);
@@ -215,14 +211,14 @@ class RunConfig:
     resume: Union[bool, str] = knob(False, Choice((False, True, "auto")), shapes=False)
     """true: continue the folder's interrupted run from its checkpoint; auto: continue it if
     there is one, else start (for launchers that restart jobs, e.g. torchrun --max-restarts)."""
-    force: bool = knob(False, Flag(), shapes=False)
+    force: bool = knob(False, FLAG, shapes=False)
     """Start the run folder over even if it holds a finished or interrupted run."""
     device: str = knob("cpu", Choice(DEVICES))
     """Simulator device (cpu, cuda, auto); the real driver's clients: backend.client_device."""
     num_threads: int = knob(1, Range(0, 1024, integer=True))
     """torch CPU threads per process (0: torch's default). Results are bit-for-bit identical only
     at the same thread count. One thread keeps N real-driver clients off each other's cores."""
-    progress: bool = knob(True, Flag(), shapes=False)
+    progress: bool = knob(True, FLAG, shapes=False)
     """Print progress lines on long runs."""
     results_dir: str = knob("results", Text("a folder"), shapes=False)
     """Where run folders and the warm-start cache live."""
@@ -244,28 +240,29 @@ class RunConfig:
 # ---------------------------------------------------------------------------------------------
 
 def _leaves(cls: type = RunConfig, prefix: str = ""):
-    """(dotted key, dataclass field) of every leaf setting, in declaration order."""
+    """(dotted key, dataclass field, the dataclass declaring it) of every leaf setting, in
+    declaration order."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             yield from _leaves(hints[f.name], prefix + f.name + ".")
         else:
-            yield prefix + f.name, f
+            yield prefix + f.name, f, cls
 
 
 def all_keys() -> tuple[str, ...]:
     """Every settable key, dotted (``seed``, ``algo.lr``, ...)."""
-    return tuple(key for key, _ in _leaves())
+    return tuple(key for key, _, _ in _leaves())
 
 
 def shaping_keys() -> tuple[str, ...]:
     """The keys that shape training: run-folder names, warm-start cache keys, replays and the
     resume check all derive from this one list."""
-    return tuple(key for key, f in _leaves() if f.metadata["shapes"])
+    return tuple(key for key, f, _ in _leaves() if f.metadata["shapes"])
 
 
 def valid_values(key: str) -> str:
-    return dict(_leaves())[key].metadata["valid"].describe()
+    return {k: f for k, f, _ in _leaves()}[key].metadata["valid"].describe()
 
 
 def get(tree: dict, key: str) -> Any:
@@ -293,14 +290,11 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
     ``recorded``: a config.json as :func:`repro.config.renames.read_recorded` reads it."""
     tree = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}
     mine = to_dict(cfg)
-    for key in all_keys():
-        if key in shaping_keys():
-            continue
-        *path, leaf = key.split(".")
-        node, src = tree, mine
-        for part in path:
-            node, src = node.setdefault(part, {}), src[part]
-        node[leaf] = src[leaf]
+    for key, f, _ in _leaves():
+        if not f.metadata["shapes"]:
+            *path, leaf = key.split(".")
+            node = functools.reduce(lambda parent, part: parent.setdefault(part, {}), path, tree)
+            node[leaf] = get(mine, key)
     return tree
 
 
@@ -344,8 +338,6 @@ class Resolved:
 # driver's host record: what cost=fit needs to model the machine, repro.sim.fit),
 # and the overrides a shortened folder name stands for (repro.config.loader.short_name)
 RECORDED_ONLY = ("environment", "network", "dataset", "host", "overrides")
-
-# what is per client, for a config's clients and the clients that join later
 
 
 def client_slot(num_clients: int, client: int) -> int:

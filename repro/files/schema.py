@@ -233,7 +233,7 @@ def parse_row(line: str, width: int, version_col: int) -> int | None:
     if len(fields) != width:
         return None
     try:
-        values = [float(f) for i, f in enumerate(fields) if f != "virtual" and f != "wall"]
+        values = [float(f) for f in fields if f not in ("virtual", "wall")]
     except ValueError:
         return None
     version = float(fields[version_col])

@@ -1,17 +1,10 @@
-"""Files that are never half written: atomic writes of text, JSON and checkpoints, and a safe
-reader of checkpoints.
+"""Files that are never half written (atomic writes of text, JSON and checkpoints; a crash or a
+full disk mid-write leaves the previous file and no ``.tmp``), a safe reader of checkpoints, and
+what a failed write means (a full disk, a read-only folder), said in words naming the folder.
 
-Every file a run folder or a cache keeps whole (``summary.json``, ``config.json``, a repaired
-table, ``checkpoint.pt``, the warm start's ``server.pt``) goes through :func:`atomic_write`: a
-temp file, fsync, rename. A crash or a full disk mid-write leaves the previous file intact and no
-``.tmp`` behind, and a reader never sees half a file. :func:`read_checkpoint` never unpickles
-anything beyond tensors, numbers, strings, lists and dicts (``torch.load(weights_only=True)``);
-a file that is empty, truncated or carries code is a :class:`ConfigError` (exit 2) naming the
-file and what is wrong: we never suggest loading it unsafely. :func:`to_cpu` is what every
-checkpoint is made of: its tensors on the CPU. :func:`is_read_only` says whether a folder can be
-written at all. (The one module of ``files/`` that uses
-torch: a checkpoint is a torch file. It imports torch where a checkpoint is touched, so that
-writing text and JSON, and the command line's answers, never load it.)
+The one module of ``files/`` that uses torch (a checkpoint is a torch file): it imports torch
+where a checkpoint is touched, so that writing text and JSON, and the command line's answers,
+never load it.
 """
 from __future__ import annotations
 
@@ -23,7 +16,6 @@ import pickle
 from pathlib import Path
 from typing import IO, Any, Callable
 
-
 from repro.errors import ConfigError
 
 
@@ -34,16 +26,14 @@ DISK_FAULTS = {errno.ENOSPC: "no space left on the device holding {folder}",
                errno.EROFS: "{folder} is on a read-only file system"}
 
 
-# A folder nobody may write: a read-only file system, or not this user's to write.
-READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+def write_denied(exc: OSError) -> bool:
+    """Whether what a write raised says nobody may write there: a read-only file system, or
+    not this user's to write."""
+    return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-def is_read_only(folder: Path, exc: OSError | None = None) -> bool:
-    """Whether nobody may write ``folder``: what writing it raised (``exc``) says so, or, asked
-    before writing, this user may not write it. The one test of it (the run folder, the entry
-    point's checks before Hydra makes a folder)."""
-    if exc is not None:
-        return exc.errno in READ_ONLY
+def is_read_only(folder: Path) -> bool:
+    """Whether this user may not write ``folder``, asked before writing it."""
     return not os.access(folder, os.W_OK)
 
 
@@ -127,7 +117,9 @@ def to_cpu(obj: Any) -> Any:
 
 
 def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "resume") -> dict:
-    """The dict in ``path``; ConfigError (for config key ``key``) saying what is wrong with it."""
+    """The dict in ``path``, unpickling nothing beyond tensors, numbers, strings, lists and dicts
+    (``weights_only=True``); a ConfigError (for config key ``key``) saying what is wrong with a
+    file that is missing, empty, truncated or carries code: never a hint to load it unsafely."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(key, str(path), "an existing checkpoint file")

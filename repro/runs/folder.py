@@ -34,7 +34,7 @@ from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import FileLock, LockHeld
-from repro.files.storage import is_read_only, write_json
+from repro.files.storage import is_read_only, write_denied, write_json
 from repro.logs import get_logger
 from repro.runs.resume import resume_state
 from repro.runs.runlog import read_summary
@@ -67,7 +67,7 @@ def open_folder(run_dir: str | Path):
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        if not is_read_only(run_dir, exc):
+        if not write_denied(exc):
             raise
         raise refuse_read_only(run_dir, exc) from None
     fresh_lock = not path.exists()
@@ -80,7 +80,7 @@ def open_folder(run_dir: str | Path):
                           f"{h.get('pid', '?')} on {h.get('host', '?')} (started {h.get('started', '?')}) "
                           f"holds it; wait for it to end, or choose another exp_name") from None
     except OSError as exc:
-        if not is_read_only(run_dir, exc):
+        if not write_denied(exc):
             raise
         yield run_dir   # nobody writes a read-only folder: no lock; run_folder only skips there
         return
