@@ -29,7 +29,7 @@ EXIT_BAD_INPUT = 2
 def positive(kind: type, allow_zero: bool = False) -> Callable[[str], Any]:
     """An argparse type: ``kind`` (int or float) > 0 (or >= 0 with ``allow_zero``; never nan), so
     a bad value is a usage error (exit 2), not a traceback minutes into a run. Here, below every
-    command line, because the benchmarks and the instruments (:mod:`repro.instruments`) both use it
+    command line, because the benchmarks and the instruments (:mod:`repro_bench.instruments`) both use it
     and neither may import the other's package."""
     import argparse
 

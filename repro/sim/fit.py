@@ -38,7 +38,7 @@ simulated clients on one host of the same cores beside the server's, unless the 
 ``cost.machine.single=true``: its nodes were network namespaces of one machine (a fact the host
 record cannot show), so the clients and the server's evaluations share its cores while the
 transfers wait for the link. When the command names the link's bandwidth
-(``cost.shared.server_bandwidth_Bps``, e.g. the tbf rate of :mod:`repro.instruments.hosts`) and burst
+(``cost.shared.server_bandwidth_Bps``, e.g. the tbf rate of :mod:`repro_bench.instruments.hosts`) and burst
 (``cost.shared.server_burst_bytes``), they are known facts, not fitted ones: the fitted latency is then
 the transit less the bytes' time on that link, the burst's bytes taken off (a one-client
 recording's link is idle when each transfer starts). A recording without ``host`` (older runs)
@@ -282,7 +282,7 @@ def machine_cost(cost, fit: dict, num_clients: int):
         return cost, ""
     cores = max(1, int(host["cpu_cores"]) // max(1, int(host.get("torch_threads", 1))))
     # cost.machine.single on the command: the recording's hosts share one machine's cores (network
-    # namespaces of one machine: repro.instruments.two_hosts), a fact its host record cannot show
+    # namespaces of one machine: repro_bench.instruments.two_hosts), a fact its host record cannot show
     across = int(host["clients_on_host"]) == 0
     one_machine = not across or cost.machine.single
     eval_s = (fit["eval_cpu_s"] or 0.0) if one_machine else 0.0

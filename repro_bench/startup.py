@@ -15,7 +15,7 @@ With ``REPRO_STARTUP_TRACE`` set, every process of a real run appends its marks
 (:func:`repro.logs.mark`), and the report takes each real run apart: imports, the config, the
 store, the problem, the clients' start and build, the rendezvous, serving, stopping the clients,
 the summary, the exit. Last, the protocol's efficiency against raw gloo send/recv at 0.1M, 1M and
-10M parameters (:func:`repro.bench.real.measure_protocol`, target at least 0.9): what a push and
+10M parameters (:func:`repro_bench.real.measure_protocol`, target at least 0.9): what a push and
 a fetch cost beyond moving their bytes.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.bench import positive
-from repro.bench.real import PROTOCOL_TARGET, SIZES, measure_protocol
+from repro_bench import positive
+from repro_bench.real import PROTOCOL_TARGET, SIZES, measure_protocol
 from repro.logs import TRACE_ENV
 
 CLI_TARGET, SIM_TARGET, REAL_TARGET = 0.5, 1.5, 3.0

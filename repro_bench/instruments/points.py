@@ -1,7 +1,7 @@
 """The simulator held against reality: the figure and table of ``+exp=sim_vs_real``.
 
 Owns reading the experiment's tree (``results/sim_vs_real/``: real runs on loopback and across
-two hosts, and the simulator's runs fitted to them, :mod:`repro.instruments.simreal` makes them) into
+two hosts, and the simulator's runs fitted to them, :mod:`repro_bench.instruments.simreal` makes them) into
 tidy frames, the comparison of each grid point (measured against predicted), and the figure
 ``figures/sim_vs_real.{png,pdf,csv}``. It never trains.
 

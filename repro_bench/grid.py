@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.bench import positive
+from repro_bench import positive
 
 TARGET = 1.7
 LAUNCHERS = (("basic", "basic (one after another)"), ("parallel", "parallel (joblib)"))
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(prog="python -m repro.bench.grid", description=DESCRIPTION,
+    parser = add_arguments(argparse.ArgumentParser(prog="python -m repro_bench.grid", description=DESCRIPTION,
                                                    formatter_class=argparse.RawDescriptionHelpFormatter))
     return run(parser.parse_args(argv))
 

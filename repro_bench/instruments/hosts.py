@@ -21,8 +21,8 @@ Where namespaces cannot be made (not root, no ``ip``/``tc``, a sandbox refusing 
 a kernel without ``tbf`` or ``netem``) entering raises :class:`HostsUnavailable`, whose ``reason``
 tests turn into ``pytest.skip(reason)``, after removing whatever part was made.
 
-The real driver across the two hosts (``torchrun --nnodes=2``) is :mod:`repro.instruments.two_hosts`;
-``python -m repro.instruments.hosts`` measures the link's throughput against its configured rate.
+The real driver across the two hosts (``torchrun --nnodes=2``) is :mod:`repro_bench.instruments.two_hosts`;
+``python -m repro_bench.instruments.hosts`` measures the link's throughput against its configured rate.
 """
 from __future__ import annotations
 
@@ -327,7 +327,7 @@ def measure_link(hosts: TwoHosts, num_bytes: int = 4 * 2**20, port: int = 5201) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.instruments.hosts", description=(
+    parser = argparse.ArgumentParser(prog="python -m repro_bench.instruments.hosts", description=(
         "Two network namespaces joined by a tbf-limited veth pair (needs root): measure a TCP "
         "transfer's throughput across the link and print it against the configured rate."))
     parser.add_argument("--rate-mbit", type=positive(float), default=50.0, help="tbf rate (default: %(default)s)")

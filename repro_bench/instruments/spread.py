@@ -6,14 +6,14 @@ core to itself, but with 2-4 clients on the machine's cores the OS time-slices t
 compute time spreads wider; the simulator shares its cores evenly (processor sharing) and cannot
 show it. Per grid point with 2+ clients this measures, median over seeds:
 
-- the KS distance with the fitted model (what :func:`repro.instruments.points.points_table` says);
+- the KS distance with the fitted model (what :func:`repro_bench.instruments.points.points_table` says);
 - the KS distance when the point is re-simulated (in a temporary folder) with a lognormal jitter
   whose per-push compute CV is the point's own measured one: how much of the miss the spread is;
 - the measured per-push compute CV beside the fitted model's (its simulated runs' timings.csv);
 - the measurement's own noise floor: the KS distance between the real runs of two seeds of the
   same point (median over seed pairs), below which no model can be told apart from reality.
 
-Unlike :mod:`repro.instruments.points` (which only reads), this module runs the simulator.
+Unlike :mod:`repro_bench.instruments.points` (which only reads), this module runs the simulator.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import pandas as pd
 
 from repro.config.renames import read_recorded
 from repro.files import schema
-from repro.instruments.points import KEYS, ks_distance, points_table, read_runs
+from repro_bench.instruments.points import KEYS, ks_distance, points_table, read_runs
 
 COLUMNS = [*KEYS, "ks_distance", "ks_spread", "ks_floor", "measured_compute_cv", "predicted_compute_cv",
            "jitter_sigma", "spread_jitter_sigma", "seeds"]
