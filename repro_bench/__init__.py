@@ -2,10 +2,4 @@
 {sim,real,grid,simreal,startup}``, or ``python -m repro_bench``: :mod:`repro_bench.__main__`), each
 printing ratios measured in one run, and the sim-vs-real instruments (:mod:`.instruments`), which
 the command line alone reaches. This package imports ``repro``; ``repro`` never imports it (its
-one shim, :mod:`repro.bench.__main__`, only runs the command line). What the benchmarks share: one
-argparse number type, :func:`repro.errors.positive`."""
-from __future__ import annotations
-
-from repro.errors import positive
-
-__all__ = ["positive"]
+one shim, :mod:`repro.bench.__main__`, only runs the command line)."""

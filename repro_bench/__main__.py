@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from repro.errors import ConfigError, positive
 from repro_bench import grid as bench_grid
-from repro_bench import positive
 from repro_bench import real as bench_real
 from repro_bench import startup as bench_startup
-from repro_bench.sim import SIM_DESCRIPTION, TARGET_SIM, bench_sim
-from repro.errors import ConfigError
 from repro_bench.instruments import cli as bench_simreal   # the one import of the instruments (see above)
+from repro_bench.sim import SIM_DESCRIPTION, TARGET_SIM, bench_sim
 
 DESCRIPTION = """\
 Benchmarks of the two drivers. Each measures ratios of wall times or

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro_bench import positive
+from repro.errors import positive
 
 TARGET = 1.7
 LAUNCHERS = (("basic", "basic (one after another)"), ("parallel", "parallel (joblib)"))

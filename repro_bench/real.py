@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from repro_bench import positive
+from repro.errors import positive
 
 PROTOCOL_TARGET, THROUGHPUT_TARGET = 0.9, 1.6   # DESIGN.md's performance targets
 

@@ -32,8 +32,8 @@ from omegaconf import DictConfig
 from repro.config.checks import validate
 from repro.config.settings import BackendConfig, CostConfig, RunConfig
 from repro.files import schema
-from repro_bench.instruments import points as lab
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
+from repro_bench.instruments import points as lab
 
 EXP = "sim_vs_real"
 # TCP payload per 1514-byte Ethernet frame: what of the tbf rate a transfer gets (REPRODUCE.md,

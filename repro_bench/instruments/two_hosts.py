@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.files.schema import FINISHED_STATUSES
-from repro_bench.instruments.hosts import SERVER_ADDR, Host, Link, TwoHosts, cmdline
 from repro.runtime import StopRequest
+from repro_bench.instruments.hosts import SERVER_ADDR, Host, Link, TwoHosts, cmdline
 
 PORT = 29500   # inside a fresh namespace every port is free
 LOG_DIR = ".two_hosts"   # under results_dir; hidden, so the analysis does not take it for a run
