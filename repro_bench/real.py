@@ -19,13 +19,9 @@
     used ``dist.recv`` until issue 34 and then ran 3-4x slower at 0.1M on a busy machine. The
     client's channel here is unwatched; a real client's is watched, which adds one thread
     hand-off per reply (~30 us at 0.1M on 2 shared cores, issue 34), not counted here.
-(b) Real throughput: training samples per second of ``run_real`` (steady state: samples applied
-    per wall second after the first epoch) with 2 CPU clients divided by 1 client, digits +
-    digits_cnn, nsync=4. Target >= 1.6 on a 2-core machine. Printed beside it, the same ratio
-    for bare training loops (no server, no messages) run side by side: what the machine allows.
-
-Prints a table with the measured ratios and PASS/FAIL against each target; returns 0 when all
-pass, else 1. The numbers depend on what else the machine runs: the load average is printed.
+(b) Real throughput: ``run_real``'s steady-state samples/s (:func:`_samples_per_s`), 2 CPU
+    clients against 1, beside bare training loops side by side; as its ``--help`` says
+    (:data:`DESCRIPTION`, which also gives the targets and the exit status).
 """
 from __future__ import annotations
 
@@ -307,7 +303,7 @@ def _verdict(value: float, target: float) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """This benchmark's options; ``python -m repro.bench real`` and :func:`main` share them."""
+    """This benchmark's options (``python -m repro.bench real``)."""
     parser.add_argument("--blocks", type=positive(int), default=7,
                         help="alternating raw/ours blocks per size; the median counts (default: %(default)s)")
     parser.add_argument("--epochs", type=positive(float), default=20.0,
@@ -318,12 +314,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--skip-throughput", action="store_true",
                         help="measure protocol efficiency (a) only, skip the throughput runs (b)")
     return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.bench real", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    return run(add_arguments(parser).parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -357,7 +347,3 @@ def run(args: argparse.Namespace) -> int:
               f"below 2 means other work holds part of the CPUs")
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
