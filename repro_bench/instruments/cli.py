@@ -4,8 +4,8 @@ numbers of :mod:`repro_bench.instruments.accuracy` (MAPE, worst point, bias, Ken
 target against the seed spread).
 
 This module owns the subcommand's options and its report; :mod:`repro_bench.__main__` mounts it
-(the one place outside this package that imports it) and hands it the bare training loops of
-:mod:`repro_bench.real` (``--machine``), so this package imports nothing of the benchmarks'.
+(the one module outside the instruments that imports them) and hands it the bare training loops
+of :mod:`repro_bench.real` (``--machine``), so the instruments import nothing of the benchmarks'.
 """
 from __future__ import annotations
 

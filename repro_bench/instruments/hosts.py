@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 
 from repro.errors import positive
+from repro.gridpoint import process_alive
 
 PREFIX = "repro-hosts-"
 SERVER_ADDR, CLIENT_ADDR, PREFIX_LEN = "10.213.0.1", "10.213.0.2", 30
@@ -123,15 +124,7 @@ def kill_netns(netns: str, deadline_s: float = 10.0) -> set[int]:
 
 def _owner_alive(netns: str) -> bool:
     pid = netns[len(PREFIX):].split("-")[0]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid.isdigit() and process_alive(int(pid), None)
 
 
 def sweep() -> list[str]:
