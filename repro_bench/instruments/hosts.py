@@ -18,8 +18,8 @@ torchrun starts in sessions of their own) and deletes them; the veth pair goes w
 clean-up itself is not interrupted by a second signal: it is deferred and re-raised after.
 
 Where namespaces cannot be made (not root, no ``ip``/``tc``, a sandbox refusing ``ip netns add``,
-a kernel without ``tbf`` or ``netem``) entering raises :class:`HostsUnavailable`, whose ``reason``
-tests turn into ``pytest.skip(reason)``, after removing whatever part was made.
+a kernel without ``tbf`` or ``netem``) entering raises :class:`HostsUnavailable`, after removing
+whatever part was made.
 
 The real driver across the two hosts (``torchrun --nnodes=2``) is :mod:`repro_bench.instruments.two_hosts`;
 ``python -m repro_bench.instruments.hosts`` measures the link's throughput against its configured rate.
