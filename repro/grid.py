@@ -237,7 +237,6 @@ class Grid(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._stop_watching()
-        self._restore_signals()
         print(self.progress_line(final=True, prefix="finished: "), file=sys.stderr, flush=True)
 
     def _forced(self, name: str) -> SystemExit:
@@ -271,19 +270,17 @@ class Grid(Callback):
         progress line, why, and how to go on (which folders to resume), then exit 130."""
         self._mark_stopped()
         self._stop_watching()
-        self._restore_signals()
         _say(self.progress_line(final=True))
         where = f" (their folders are under {self.sweep_dir})" if self.sweep_dir else ""
         _say(f"[{self.label}] {why}. The same command with resume=auto continues the interrupted points "
              f"and skips the finished ones{where}.")
         raise SystemExit(EXIT_INTERRUPTED)
 
-    def _restore_signals(self) -> None:
+    def _stop_watching(self) -> None:
+        """The progress thread ends and the signal handlers go back to what they were."""
         if self._stop is not None:
             self._stop.__exit__(None, None, None)
         self._stop = None
-
-    def _stop_watching(self) -> None:
         self._done.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)

@@ -298,10 +298,6 @@ def measure_throughput(epochs: float = 20.0, rounds: int = 1) -> dict:
 # Report
 # ---------------------------------------------------------------------------------------------
 
-def _verdict(value: float, target: float) -> str:
-    return "PASS" if value >= target else "FAIL"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """This benchmark's options (``python -m repro.bench real``)."""
     parser.add_argument("--blocks", type=positive(int), default=7,
@@ -326,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'params':>10} {'raw MB/s':>10} {'ours MB/s':>10} {'ratio':>7} {'verdict':>7} "
           f"{'with apply':>11} {'raw/raw':>8}")
     for size, row in proto.items():
-        verdict = _verdict(row["ratio"], PROTOCOL_TARGET)
+        verdict = "PASS" if row["ratio"] >= PROTOCOL_TARGET else "FAIL"
         failures += verdict == "FAIL"
         print(f"{size / 1e6:>9.1f}M {row['raw_MBps']:>10.1f} {row['ours_MBps']:>10.1f} "
               f"{row['ratio']:>7.3f} {verdict:>7} {row['ratio_with_apply']:>11.3f} "
@@ -335,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
           " measurement against itself, the noise floor of a ratio on this machine right now)")
     if not args.skip_throughput:
         thr = measure_throughput(args.epochs, args.rounds)
-        verdict = _verdict(thr["ratio"], THROUGHPUT_TARGET)
+        verdict = "PASS" if thr["ratio"] >= THROUGHPUT_TARGET else "FAIL"
         failures += verdict == "FAIL"
         print("\n(b) real throughput, digits_cnn, nsync=4: samples/s, 2 CPU clients / 1 (target >= 1.6)")
         print(f"{'':>22} {'1 client':>10} {'2 clients':>10} {'ratio':>7} {'verdict':>7}")

@@ -120,10 +120,6 @@ def protocol_report(proto: dict) -> int:
     return failures
 
 
-def _verdict(ratio: float, target: float) -> str:
-    return "PASS" if ratio <= target else "FAIL"
-
-
 def run(args: argparse.Namespace) -> int:
     print(f"start-up benchmark: {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -141,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     failures = 0
     print(f"{'what':<40} {'seconds':>8} {'x torch':>8} {'target':>7} {'verdict':>7}")
     for name, seconds, target in rows:
-        verdict = _verdict(seconds / torch_s, target)
+        verdict = "PASS" if seconds / torch_s <= target else "FAIL"
         failures += verdict == "FAIL"
         print(f"{name:<40} {seconds:>8.2f} {seconds / torch_s:>8.2f} {target:>7.1f} {verdict:>7}")
     for n, out in reals.items():
