@@ -1,15 +1,11 @@
 """The benchmarks' command line: ``python -m repro.bench {sim,real,grid,simreal,startup}``.
 
-Each benchmark prints ratios measured in one run (never asserted by tests; wall times vary by
-machine); README.md (section Benchmarks) has the targets and our measured numbers. One
-subcommand per benchmark (:mod:`repro_bench.sim`, :mod:`repro_bench.real`,
-:mod:`repro_bench.grid`, and ``simreal``: :mod:`repro_bench.instruments.cli`), each owning its options; the help is plain text written for users
-(``DESCRIPTION``, ``SIM_DESCRIPTION``, ``bench_real.DESCRIPTION``, ``bench_grid.DESCRIPTION``),
-not these docstrings.
-
-This command line is the one module that imports the instruments
-(:mod:`repro_bench.instruments`, which nothing else imports): it mounts their ``simreal`` subcommand,
-and hands them the bare training loops they measure the machine with, so they import no benchmark.
+One subcommand per benchmark, each owning its options and its plain-text help (written for users,
+unlike these docstrings); each prints ratios measured in one run, never asserted by tests (wall
+times vary by machine): docs/benchmarks.md has the targets and our numbers. This is the one module
+that imports the instruments (:mod:`repro_bench.instruments`): it mounts their ``simreal``
+subcommand and hands them the bare training loops they measure the machine with, so they import
+no benchmark.
 """
 from __future__ import annotations
 

@@ -3,17 +3,15 @@
 (a) Protocol efficiency: bytes per second of one push + fetch round trip through the real
     driver's transport (a client's :class:`~repro.real.transport.Channel` sending a frame, header
     and payload, both ways, with the real client's calls: ``post``, ``send_push``, ``recv``; a
-    CPU client computes its update straight into its frame; on the
-    server a :class:`~repro.real.transport.Receiver` thread serving each push under a lock and
-    replying from the frame the parameters live in, as the server loop does) divided by a raw
-    gloo ``send``/``recv`` round trip of the same tensors (update one way, parameters back) on
-    the same 2-rank group. Measured by the client, in blocks that alternate raw and ours so
-    drifting machine load hits both alike, their order rotated one place per block (in a fixed
-    order a later place ran slower: raw against raw came out below 1 run after run); the ratio
-    is the median of the per-block ratios. Target >= 0.9 at 0.1M, 1M and 10M parameters. For
-    information, two more
-    columns: the ratio when the server also applies each push (``DeltaRule``: algorithm, not
-    protocol), and raw against a second raw measurement: the noise floor of such a ratio.
+    CPU client computes its update straight into its frame; on the server a
+    :class:`~repro.real.transport.Receiver` thread serving each push under a lock and replying
+    from the frame the parameters live in, as the server loop does) divided by a raw gloo
+    ``send``/``recv`` round trip of the same tensors (update one way, parameters back) on the
+    same 2-rank group. Measured by the client, in blocks that alternate raw and ours so drifting
+    machine load hits both alike, their order rotated one place per block (in a fixed order a
+    later place ran slower: raw against raw came out below 1 run after run); the ratio is the
+    median of the per-block ratios. Sizes, target and the two columns printed for information
+    (``ours+apply``: a ``DeltaRule`` apply, algorithm not protocol; ``raw again``): ``--help``.
     Both ends of raw release a receive only after posting the next: a gloo receive released the
     instant its wait returns makes gloo spin (see :mod:`repro.real.transport`); raw's server
     used ``dist.recv`` until issue 34 and then ran 3-4x slower at 0.1M on a busy machine. The
