@@ -49,11 +49,6 @@ from repro.runtime import EXIT_INTERRUPTED, StopRequest
 log = logging.getLogger("repro")
 
 
-class GridStopped(SystemExit):
-    """A grid point that was about to start after its launcher was asked to stop: it exits 130
-    (a SystemExit, because Hydra turns a callback's exceptions into warnings)."""
-
-
 # ---------------------------------------------------------------------------------------------
 # The figure
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +290,7 @@ class Grid(Callback):
             _say(f"[{self.label}] {self._name(run_dir.name)} does not start: the grid was stopped "
                  "(the same command with resume=auto runs it)")
             forget_folder(run_dir)
-            raise GridStopped(EXIT_INTERRUPTED)
+            raise SystemExit(EXIT_INTERRUPTED)   # not an exception: Hydra only warns of those
         if os.getpid() != self.main_pid:
             PointGuard.start(self)
 
@@ -390,4 +385,4 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-__all__ = ["BuildFigure", "figure_stem", "Grid", "GridStopped", "grid_points", "point_state", "lock_holder"]
+__all__ = ["BuildFigure", "figure_stem", "Grid", "grid_points", "point_state", "lock_holder"]
