@@ -31,25 +31,16 @@ from collections import defaultdict
 from pathlib import Path
 
 from repro.config.renames import read_recorded
+from repro.gridpoint import proc_stat
 from repro_bench.instruments.hosts import cmdline
 
 HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses):
-    [0] the state, [1] the parent, [11] user and [12] system clock ticks; None once it has exited."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()
-
-
 def _proc_times(pid: int) -> tuple[float, float] | None:
     """(user, system) CPU seconds of process ``pid``, its exited threads included."""
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)
     return None if fields is None else (int(fields[11]) / HZ, int(fields[12]) / HZ)
 
 
@@ -103,7 +94,7 @@ def role(pid: int, loopback_server: int | None) -> str | None:
 
 
 def _parent(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)
     return None if fields is None else int(fields[1])
 
 
