@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repro.errors import ConfigError, positive
+from repro.errors import ConfigError
+from repro_bench import positive
 from repro_bench import grid as bench_grid
 from repro_bench import real as bench_real
 from repro_bench import startup as bench_startup

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.errors import positive
+from repro_bench import positive
 
 TARGET = 1.7
 LAUNCHERS = (("basic", "basic (one after another)"), ("parallel", "parallel (joblib)"))

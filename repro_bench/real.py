@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from repro.errors import positive
+from repro_bench import positive
 
 PROTOCOL_TARGET, THROUGHPUT_TARGET = 0.9, 1.6   # DESIGN.md's performance targets
 

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.errors import positive
 from repro.logs import TRACE_ENV
+from repro_bench import positive
 from repro_bench.real import PROTOCOL_TARGET, SIZES, measure_protocol
 
 CLI_TARGET, SIM_TARGET, REAL_TARGET = 0.5, 1.5, 3.0

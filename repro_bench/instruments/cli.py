@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from repro.errors import positive
 from repro.files import schema
+from repro_bench import positive
 from repro_bench.instruments import points as lab
 from repro_bench.instruments.accuracy import accuracy
 from repro_bench.instruments.simreal import EXP

@@ -39,8 +39,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from repro.errors import positive
 from repro.gridpoint import process_alive
+from repro_bench import positive
 
 PREFIX = "repro-hosts-"
 SERVER_ADDR, CLIENT_ADDR, PREFIX_LEN = "10.213.0.1", "10.213.0.2", 30
