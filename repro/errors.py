@@ -6,7 +6,7 @@ code 2 before any process starts or any run folder is marked complete.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 
 class ConfigError(ValueError):
@@ -26,17 +26,3 @@ class DataError(ConfigError):
 EXIT_BAD_INPUT = 2
 
 
-def positive(kind: type, allow_zero: bool = False) -> Callable[[str], Any]:
-    """An argparse type: ``kind`` (int or float) > 0 (or >= 0 with ``allow_zero``; never nan), so
-    a bad value is a usage error (exit 2), not a traceback minutes into a run. Here, below every
-    command line, because the benchmarks and the instruments (:mod:`repro.instruments`) both use it
-    and neither may import the other's package."""
-    import argparse
-
-    def parse(text: str):
-        value = kind(text)
-        if not (value > 0 or (allow_zero and value == 0)):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'>=' if allow_zero else '>'} 0")
-        return value
-    parse.__name__ = kind.__name__   # argparse names the type in its "invalid ... value" message
-    return parse

@@ -13,17 +13,13 @@ a point runs: the launching process (``hydra/launcher=basic``), a joblib worker
   - **progress**: a thread of the launching process reads the run folders (a shared file system
     under Slurm) and prints one line whenever a point starts or ends: how many are done (and
     skipped as already finished), which run, how many wait or failed;
-  - **Ctrl-C** (SIGINT, SIGTERM or SIGHUP to the launcher or its process group): the launcher
-    writes a stop mark of its own launch (``<sweep dir>/.grid_stops/<launch id>``), which every
-    point watches (:class:`repro.gridpoint.PointGuard`): a running point stops at its next clean
-    point and records ``interrupted`` whether or not the signal reached it (never counted as a
-    second signal), and a point not yet started exits 130 before its run (an exit: Hydra turns
-    a callback's exceptions into warnings). The launcher waits for this host's points (a second
+  - **Ctrl-C** (SIGINT, SIGTERM or SIGHUP; what users see: docs/paper.md, "Ctrl-C"): the
+    launcher writes a stop mark of its own launch (``<sweep dir>/.grid_stops/<launch id>``),
+    which every point's :class:`repro.gridpoint.PointGuard` watches (a stop, never counted as a
+    second signal); a point not yet started exits 130 before its run (an exit: Hydra turns a
+    callback's exceptions into warnings). The launcher waits for this host's points (a second
     signal stops at once: :class:`repro.runtime.StopRequest`), ends its workers and exits 130.
-    Points on other hosts (Slurm) see the mark on the shared file system (or ``scancel`` sends
-    the same clean stop). ``resume=auto`` then continues the interrupted points.
-  - **A launcher that dies** (SIGKILL): each point's guard sees it gone (same host), stops its
-    run cleanly and ends its process, so no worker outlives the grid holding its folder's lock.
+  - **A launcher that dies** (SIGKILL): each point's guard ends it (:mod:`repro.gridpoint`).
 
 Run folders are never locked or written from here: a running point is recognised by its
 folder's lock file (:mod:`repro.files.locks`: holder pid and host while held, empty once released).
@@ -51,11 +47,6 @@ from repro.gridpoint import (STOP_DIR, PointGuard, forget_folder, lock_holder, p
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
 log = logging.getLogger("repro")
-
-
-class GridStopped(SystemExit):
-    """A grid point that was about to start after its launcher was asked to stop: it exits 130
-    (a SystemExit, because Hydra turns a callback's exceptions into warnings)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +232,6 @@ class Grid(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._stop_watching()
-        self._restore_signals()
         print(self.progress_line(final=True, prefix="finished: "), file=sys.stderr, flush=True)
 
     def _forced(self, name: str) -> SystemExit:
@@ -275,19 +265,17 @@ class Grid(Callback):
         progress line, why, and how to go on (which folders to resume), then exit 130."""
         self._mark_stopped()
         self._stop_watching()
-        self._restore_signals()
         _say(self.progress_line(final=True))
         where = f" (their folders are under {self.sweep_dir})" if self.sweep_dir else ""
         _say(f"[{self.label}] {why}. The same command with resume=auto continues the interrupted points "
              f"and skips the finished ones{where}.")
         raise SystemExit(EXIT_INTERRUPTED)
 
-    def _restore_signals(self) -> None:
+    def _stop_watching(self) -> None:
+        """The progress thread ends and the signal handlers go back to what they were."""
         if self._stop is not None:
             self._stop.__exit__(None, None, None)
         self._stop = None
-
-    def _stop_watching(self) -> None:
         self._done.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
@@ -302,7 +290,7 @@ class Grid(Callback):
             _say(f"[{self.label}] {self._name(run_dir.name)} does not start: the grid was stopped "
                  "(the same command with resume=auto runs it)")
             forget_folder(run_dir)
-            raise GridStopped(EXIT_INTERRUPTED)
+            raise SystemExit(EXIT_INTERRUPTED)   # not an exception: Hydra only warns of those
         if os.getpid() != self.main_pid:
             PointGuard.start(self)
 
@@ -397,4 +385,4 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-__all__ = ["BuildFigure", "figure_stem", "Grid", "GridStopped", "grid_points", "point_state", "lock_holder"]
+__all__ = ["BuildFigure", "figure_stem", "Grid", "grid_points", "point_state", "lock_holder"]

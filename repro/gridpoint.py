@@ -62,14 +62,22 @@ class PointGuard:
                 os._exit(EXIT_INTERRUPTED)
 
 
+def proc_stat(pid: int | None) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses):
+    [0] the state, [1] the parent, [11] user and [12] system clock ticks, [19] the start time;
+    None where /proc does not say (not Linux, or the process has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()
+    except (OSError, ValueError):
+        return None
+
+
 def process_started(pid: int | None) -> str | None:
     """The process's start time in clock ticks since boot (Linux), which tells it from a later
     process given the same pid; None where /proc does not say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2:].split()[19]
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
 
 
 def process_alive(pid: int | None, started: str | None) -> bool:

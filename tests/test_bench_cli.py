@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from repro.bench import __main__ as bench
-from repro.bench import real as bench_real
+from repro_bench import __main__ as bench
+from repro_bench import real as bench_real
 
 
 def _exit_code(argv, capsys):
@@ -107,7 +107,7 @@ def test_the_real_benchmark_runs_shrunk(capsys):
 
 
 def test_startup_options_and_dispatch(monkeypatch):
-    from repro.bench import startup as bench_startup
+    from repro_bench import startup as bench_startup
 
     args = bench.parse_args(["startup", "--repeats", "2", "--clients", "2", "3", "--skip-protocol"])
     assert (args.which, args.repeats, args.clients, args.skip_protocol) == ("startup", 2, [2, 3], True)
@@ -120,7 +120,7 @@ def test_startup_phases_are_the_time_between_marks(tmp_path):
     """A real run's trace (wall time, role, pid, phase per line) becomes the time from the launch to
     each phase in order: the server's marks as they are, each client phase at the median over the
     clients, and the process's exit last."""
-    from repro.bench.startup import phases
+    from repro_bench.startup import phases
 
     trace = tmp_path / "trace.tsv"
     trace.write_text("".join(f"{t}\t{role}\t{pid}\t{phase}\n" for t, role, pid, phase in [

@@ -79,7 +79,7 @@ def test_a_run_folders_config_json_has_one_reader_and_it_prints_nothing(tmp_path
     """Issue 31: a recorded config.json with the old flat keys, read through the one reader
     (and the instruments' re-simulation, which used to print the deprecation lines), gives the
     new keys and prints nothing; nothing else in the package parses a config.json itself."""
-    from repro.instruments.spread import predicted_config
+    from repro_bench.instruments.spread import predicted_config
     from tests.helpers.paths import ROOT
 
     cfg, churn = _old_run_folder(tmp_path)
@@ -88,7 +88,8 @@ def test_a_run_folders_config_json_has_one_reader_and_it_prints_nothing(tmp_path
     assert recorded["cost"]["churn"] == churn and "preempt_rate" not in recorded["cost"]
     assert predicted_config(tmp_path).cost.churn == cfg.cost.churn
     assert capsys.readouterr().err == ""
-    readers = [p.relative_to(ROOT) for p in (ROOT / "repro").rglob("*.py")
+    modules = [*(ROOT / "repro").rglob("*.py"), *(ROOT / "repro_bench").rglob("*.py")]
+    readers = [p.relative_to(ROOT) for p in modules
                if any(s in p.read_text() for s in ("CONFIG_FILE).read_text", 'config.json").read_text'))]
     assert [str(p) for p in readers] == ["repro/config/renames.py"]
 

@@ -1,4 +1,4 @@
-"""python -m repro.bench simreal --cores (repro/instruments/cores.py): where a real run's cores go.
+"""python -m repro.bench simreal --cores (repro_bench/instruments/cores.py): where a real run's cores go.
 
 Fast: the report's arithmetic on samples whose numbers are known, the roles of processes told
 apart by their command lines, the option's parsing. Slow (a real run, about 6 s, kept out of the
@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from repro.instruments import cores
-from repro.bench.__main__ import build_parser
+from repro_bench.instruments import cores
+from repro_bench.__main__ import build_parser
 
 
 def _run_dir(tmp_path, pushes: int):

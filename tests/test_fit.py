@@ -221,7 +221,7 @@ def test_the_command_line_refuses_a_malformed_recording_and_leaves_nothing(tmp_p
 def test_a_fitted_run_is_simulated_again_from_its_config_without_a_refit(tmp_path):
     """simreal's re-simulations read a fitted run's config.json with cost.path dropped: a fit
     without a path is refused, so the values come back as the profile ``fitted``."""
-    from repro.instruments.spread import predicted_config
+    from repro_bench.instruments.spread import predicted_config
 
     rec = record(tmp_path, "rec", None, epochs=3.0)
     simulate(sim_cfg(cost=CostConfig.of(profile="fit", path=str(rec)), checkpoint_every=0), tmp_path / "fitted")

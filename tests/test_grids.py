@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.bench import __main__ as bench
-from repro.bench import grid as bench_grid
+from repro_bench import __main__ as bench
+from repro_bench import grid as bench_grid
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers
 
@@ -297,7 +297,7 @@ def test_a_grid_of_real_runs_runs_one_point_at_a_time_with_progress_and_its_pipe
     assert full.hydra.launcher._target_.endswith("BasicLauncher")
     callbacks = full.hydra.callbacks
     assert list(callbacks)[-1] == "grid" and callbacks.grid._target_ == "repro.grid.Grid"
-    assert callbacks[list(callbacks)[0]]._target_ == "repro.instruments.simreal.SimVsReal"
+    assert callbacks[list(callbacks)[0]]._target_ == "repro_bench.instruments.simreal.SimVsReal"
 
 
 @pytest.mark.parametrize("exp", GRIDS)

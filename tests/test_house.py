@@ -419,12 +419,12 @@ def test_the_apis_cost_profiles_are_the_command_lines():
 
 
 def test_the_readme_layout_names_every_module_and_folder_of_the_package():
-    """The docs' map mirrors ``tree -L 2`` (issue 15): every module of repro/ is named in the
-    Layout block of docs/architecture.md (where the README's layout moved, issue 33), under its
-    own folder, and nothing it names is gone."""
+    """The docs' map mirrors ``tree -L 2`` (issue 15): every module of repro/ (and of repro_bench/,
+    beside it) is named in the Layout block of docs/architecture.md (where the README's layout
+    moved, issue 33), under its own folder, and nothing it names is gone."""
     readme = (ROOT / "docs" / "architecture.md").read_text()
     block = readme.split("## Layout", 1)[1].split("```")[1]
-    folder, named = None, set()
+    top, folder, named = None, None, {}
     for line in block.splitlines():
         words = line.split()
         if not words:
@@ -433,21 +433,23 @@ def test_the_readme_layout_names_every_module_and_folder_of_the_package():
         if indent == 2 and words[0].endswith("/"):
             folder = words[0].rstrip("/")
         elif indent == 0:
-            folder = None
+            top, folder = words[0].rstrip("/"), None
         for word in words:
             if word.endswith(".py") and indent >= 2:
-                named.add(f"{folder}/{word}" if folder and indent >= 4 else word)
+                path = f"{folder}/{word}" if folder and indent >= 4 else word
+                named.setdefault(top, set()).add(path)
         if indent >= 4 and words[0] == "lab/":
-            named.add("analysis/lab/")
-    package = ROOT / "repro"
-    modules = {str(p.relative_to(package)) for p in package.rglob("*.py")
-               if p.name != "__init__.py" and "__pycache__" not in p.parts}
+            named[top].add("analysis/lab/")
     lab = block.split(" lab/", 1)[1].split(" bench/", 1)[0]   # the lab's figures, named by stem
-    for module in sorted(m for m in modules if m.startswith("analysis/lab/")):
-        assert Path(module).stem in lab, module
-    modules = {m if "/lab/" not in m else "analysis/lab/" for m in modules}
-    assert modules - named == set(), "modules the README's Layout does not name"
-    assert named - modules == set(), "the README's Layout names modules that do not exist"
+    for name in ("repro", "repro_bench"):
+        package = ROOT / name
+        modules = {str(p.relative_to(package)) for p in package.rglob("*.py")
+                   if p.name != "__init__.py" and "__pycache__" not in p.parts}
+        for module in sorted(m for m in modules if m.startswith("analysis/lab/")):
+            assert Path(module).stem in lab, module
+        modules = {m if "/lab/" not in m else "analysis/lab/" for m in modules}
+        assert modules - named[name] == set(), f"{name}/: modules the Layout does not name"
+        assert named[name] - modules == set(), f"{name}/: the Layout names modules that do not exist"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,7 +471,7 @@ NEVER_IN_ANALYSIS = ("torch",)
 def _imports(path: Path, package: str) -> list[tuple[int, str]]:
     """(line, module) of every import anywhere in ``path``'s AST (relative ones resolved against
     ``package``; ``from X import y`` also as ``X.y``, which may be a module), and every string
-    constant that reads as a module of repro."""
+    constant that reads as a module of repro or repro_bench."""
     import ast
     import re
 
@@ -483,9 +485,10 @@ def _imports(path: Path, package: str) -> list[tuple[int, str]]:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             found.append((node.lineno, base))
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names if base == "repro"]
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names
+                      if base in ("repro", "repro_bench")]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and re.fullmatch(r"repro(\.\w+)+", node.value):
+                and re.fullmatch(r"repro(_bench)?(\.\w+)+", node.value):
             found.append((node.lineno, node.value))
     return found
 
@@ -517,18 +520,22 @@ def test_the_walk_sees_imports_inside_functions_and_by_name(tmp_path):
     assert {"torch", "repro.workload.models", "repro.sim.driver", "repro.real", "repro.runs.core"} <= found
 
 
-def test_nothing_but_the_command_line_imports_the_instruments():
-    """repro.instruments (sim-vs-real: two hosts, core sampling, re-simulation) is reached only
-    from the benchmarks' command line and the sim_vs_real experiment's callback (conf/exp)."""
+def test_the_library_never_imports_its_benchmarks_and_only_their_command_line_the_instruments():
+    """repro_bench (benchmarks; instruments: two hosts, core sampling, re-simulation) sits beside
+    repro: nothing under repro/ imports it but the shim ``python -m repro.bench`` runs
+    (repro/bench/__main__.py), and of repro_bench only its command line imports the instruments;
+    from conf/, only the sim_vs_real experiment's callback names them."""
     bad = []
-    for path in sorted([*(ROOT / "repro").rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")]):
+    for path in sorted([*(ROOT / "repro").rglob("*.py"), *(ROOT / "repro_bench").glob("*.py"),
+                        *(ROOT / "hydra_plugins").rglob("*.py")]):
         rel = path.relative_to(ROOT)
-        if rel.parts[:2] == ("repro", "instruments") or rel == Path("repro/bench/__main__.py"):
+        if rel in (Path("repro/bench/__main__.py"), Path("repro_bench/__main__.py")):
             continue
         package = ".".join(rel.with_suffix("").parts[:-1])
-        bad += [f"{rel}:{line} imports {m}" for line, m in _imports(path, package) if _under(m, ("repro.instruments",))]
+        banned = ("repro_bench",) if rel.parts[0] != "repro_bench" else ("repro_bench.instruments",)
+        bad += [f"{rel}:{line} imports {m}" for line, m in _imports(path, package) if _under(m, banned)]
     assert not bad, "\n".join(bad)
-    targets = [p.name for p in (ROOT / "conf").rglob("*.yaml") if "repro.instruments" in p.read_text()]
+    targets = [p.name for p in (ROOT / "conf").rglob("*.yaml") if "repro_bench" in p.read_text()]
     assert targets == ["sim_vs_real.yaml"]
 
 
@@ -543,7 +550,7 @@ def test_hydra_beyond_its_public_interface_is_used_in_one_place_only():
 
     documented = {"hydra.core.config_store", "hydra.core.hydra_config"}
     private = []
-    for path in sorted((ROOT / "repro").rglob("*.py")):
+    for path in sorted([*(ROOT / "repro").rglob("*.py"), *(ROOT / "repro_bench").rglob("*.py")]):
         if path.name == "hydra_internals.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,4 +1,4 @@
-"""The sim-vs-real instruments (repro/instruments/): the accuracy report's arithmetic on known
+"""The sim-vs-real instruments (repro_bench/instruments/): the accuracy report's arithmetic on known
 numbers, and the experiment's phase after its grid (issue 32, items 2 and 4): one Ctrl-C stops it,
 the stop reaches the two-host run's ranks (in sessions of their own), and a two-host point that
 rank 0 refused is named, never dropped from the figure in silence.
@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 
 from repro.config.settings import RunConfig
-from repro.instruments import accuracy as acc
-from repro.instruments import two_hosts
-from repro.instruments.simreal import SimVsReal
+from repro_bench.instruments import accuracy as acc
+from repro_bench.instruments import two_hosts
+from repro_bench.instruments.simreal import SimVsReal
 from repro.runtime import StopRequest
 
 from tests.test_simreal import fake_run
@@ -77,7 +77,7 @@ def test_under_prediction_reads_as_such():
 
 
 def test_the_benchmark_prints_all_five(tmp_path, capsys):
-    from repro.bench.__main__ import main
+    from repro_bench.__main__ import main
 
     one = {"cpu_cores": 2, "torch_threads": 1}
     r1 = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1})

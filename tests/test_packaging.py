@@ -84,7 +84,12 @@ def test_wheel_carries_every_config_file(wheel):
     assert yamls, "no conf/**/*.yaml in the checkout"
     missing = [y for y in yamls if f"repro/conf/{y}" not in names]
     assert not missing, f"conf files not in the wheel: {missing}"
-    sources = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "repro").rglob("*.py"))
+    # repro_bench (the benchmarks and instruments, beside the library) ships too: python -m
+    # repro.bench runs its command line
+    sources = sorted(p.relative_to(ROOT).as_posix() for package in ("repro", "repro_bench")
+                     for p in (ROOT / package).rglob("*.py"))
+    shim_and_tools = {"repro/bench/__main__.py", "repro_bench/__main__.py", "repro_bench/instruments/cli.py"}
+    assert shim_and_tools <= set(sources)
     assert not [s for s in sources if s not in names], "package modules not in the wheel"
 
 

@@ -1,5 +1,5 @@
 """+exp=sim_vs_real and python -m repro.bench simreal: the simulator's predictions held against
-real runs (repro/instruments/simreal.py, repro/instruments/points.py).
+real runs (repro_bench/instruments/simreal.py, repro_bench/instruments/points.py).
 
 Fast: the KS distance, and the table and figure from synthetic run folders whose numbers are
 known (which side and which link each folder is comes from what it recorded, not its path).
@@ -18,8 +18,8 @@ import sys
 import pandas as pd
 import pytest
 
-from repro.instruments import points as lab
-from repro.bench.__main__ import main
+from repro_bench.instruments import points as lab
+from repro_bench.__main__ import main
 from tests.helpers.paths import ROOT
 
 
@@ -108,7 +108,7 @@ def simulated_run(path, *, clients, seed, sigma, real=False, fit_paths=None):
 
 
 def test_matching_a_points_own_compute_spread_brings_its_staleness_closer(tmp_path, capsys):
-    from repro.instruments import spread
+    from repro_bench.instruments import spread
 
     assert spread.spread_sigma(0.0, 8) == 0.0
     cv, nsync = 0.3, 8   # a push of nsync steps: cv^2 = (exp(sigma^2) - 1) / nsync
@@ -137,7 +137,7 @@ def test_matching_a_points_own_compute_spread_brings_its_staleness_closer(tmp_pa
 
 @pytest.mark.slow
 def test_bare_loops_side_by_side_report_their_per_step_spread():
-    from repro.bench.real import plain_step_cv
+    from repro_bench.real import plain_step_cv
 
     cv = plain_step_cv(2, seconds=1.0)   # a property of the samples, never a time asserted
     assert math.isfinite(cv) and cv > 0
@@ -163,7 +163,7 @@ def test_a_shrunk_experiment_runs_end_to_end_and_the_benchmark_reads_it(tmp_path
     assert bench.returncode in (0, 1), bench.stderr   # 1: a target missed, which this machine decides
     assert "loopback      1       2" in bench.stdout
     # simreal --cores re-simulates a point with what it measured: a compute twice as slow, fewer samples/s
-    from repro.instruments.cores import resimulated_error
+    from repro_bench.instruments.cores import resimulated_error
 
     before, after = resimulated_error(tmp_path / "r" / "sim_vs_real", "loopback", 1, 2, compute_scale=2.0)
     assert after < before

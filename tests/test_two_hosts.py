@@ -1,6 +1,6 @@
 """Two real hosts: the server and the clients in two network namespaces joined by a tbf-limited
-veth pair (:mod:`repro.instruments.hosts`), the real driver across them with ``torchrun --nnodes=2``
-(:mod:`repro.instruments.two_hosts`). Issue 18, part 3.
+veth pair (:mod:`repro_bench.instruments.hosts`), the real driver across them with ``torchrun --nnodes=2``
+(:mod:`repro_bench.instruments.two_hosts`). Issue 18, part 3.
 
 Every test here needs root and iproute2 and skips with the harness's reason where namespaces
 cannot be made. Every test ends by checking that nothing is left: no namespace of its own, no
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.instruments.hosts import HostsUnavailable, Link, TwoHosts, measure_link, namespaces, netns_pids
-from repro.instruments.two_hosts import start
+from repro_bench.instruments.hosts import HostsUnavailable, Link, TwoHosts, measure_link, namespaces, netns_pids
+from repro_bench.instruments.two_hosts import start
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.paths import ROOT
 
@@ -155,7 +155,7 @@ def test_c_a_failure_half_way_through_the_set_up_leaves_nothing():
 
 OWNER = """
 import sys, time
-from repro.instruments.hosts import Link, TwoHosts
+from repro_bench.instruments.hosts import Link, TwoHosts
 with TwoHosts(Link(rate_mbit=50)) as hosts:
     hosts.popen(hosts.client, ["sleep", "600"])
     print(hosts.server.netns, hosts.client.netns, hosts.server.ifname, hosts.client.ifname, flush=True)
@@ -198,7 +198,7 @@ def test_c_a_signal_to_the_owner_leaves_nothing(sig):
 def test_where_namespaces_cannot_be_made_entering_says_why(monkeypatch, missing):
     """Not root, or no ip/tc: HostsUnavailable("unavailable: REASON") before anything is made
     (what the tests above turn into a skip)."""
-    import repro.instruments.hosts as hosts_module
+    import repro_bench.instruments.hosts as hosts_module
     if missing == "root":
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
     else:

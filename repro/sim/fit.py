@@ -248,7 +248,7 @@ def machine_cost(cost, fit: dict, num_clients: int):
         return cost, ""
     cores = max(1, int(host["cpu_cores"]) // max(1, int(host.get("torch_threads", 1))))
     # cost.machine.single on the command: the recording's hosts share one machine's cores (network
-    # namespaces of one machine: repro.instruments.two_hosts), a fact its host record cannot show
+    # namespaces of one machine: repro_bench.instruments.two_hosts), a fact its host record cannot show
     across = int(host["clients_on_host"]) == 0
     one_machine = not across or cost.machine.single
     eval_s = (fit["eval_cpu_s"] or 0.0) if one_machine else 0.0

@@ -32,7 +32,7 @@ stated discipline:
   it fell behind on collapse into one. The apply (a tenth of a millisecond against milliseconds of
   compute on digits) keeps its fixed time. A transfer across a limited link (the server's or a
   host's) is the network's time, not the cores': it takes no share of them (two network
-  namespaces of one machine, :mod:`repro.instruments.two_hosts`: the cores are shared, the link binds),
+  namespaces of one machine, :mod:`repro_bench.instruments.two_hosts`: the cores are shared, the link binds),
   but for the kernels' work of moving its bytes (``cost.machine.link_cpu_s_per_byte``, 0 by default): at
   a rate of B bytes/s it takes B x that of the cores, and is not slowed by them (the link binds).
 * **the server link's burst** (``cost.shared.server_burst_bytes``): each way of the server's link is a

@@ -1,7 +1,7 @@
 """The simulator held against reality: the figure and table of ``+exp=sim_vs_real``.
 
 Owns reading the experiment's tree (``results/sim_vs_real/``: real runs on loopback and across
-two hosts, and the simulator's runs fitted to them, :mod:`repro.instruments.simreal` makes them) into
+two hosts, and the simulator's runs fitted to them, :mod:`repro_bench.instruments.simreal` makes them) into
 tidy frames, the comparison of each grid point (measured against predicted), and the figure
 ``figures/sim_vs_real.{png,pdf,csv}``. It never trains.
 
@@ -17,7 +17,6 @@ models), which in runs of a second would otherwise weigh on both.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pandas as pd
 from repro.analysis.load import find_run_dirs
 from repro.config.renames import read_recorded
 from repro.files import schema
+from repro.runs.runlog import read_summary
 
 KEYS = ["link", "nsync", "num_clients"]
 SAMPLES_TARGET, STALENESS_TARGET, KS_TARGET = 0.15, 0.10, 0.1   # the issue's targets (REPRODUCE.md)
@@ -34,14 +34,6 @@ COLUMNS = [*KEYS, "measured_samples_per_s", "predicted_samples_per_s", "samples_
            "measured_staleness", "predicted_staleness", "staleness_error", "ks_distance",
            "measured_time_to_target_s", "predicted_time_to_target_min_s", "predicted_time_to_target_max_s",
            "time_to_target_inside", "seeds"]
-
-
-def _json(path: Path) -> dict:
-    """``path``'s JSON ({} when unreadable)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _config(run_dir: Path) -> dict:
@@ -66,7 +58,7 @@ def link_of(run_dir: Path, config: dict | None = None) -> str | None:
 def run_dirs(root: Path) -> list[Path]:
     """Every finished run folder below ``root`` (hidden folders, the harness's logs, skipped)."""
     return [run_dir for run_dir in find_run_dirs(Path(root))[0]
-            if _json(run_dir / schema.SUMMARY_FILE).get("status") in schema.FINISHED_STATUSES]
+            if (read_summary(run_dir) or {}).get("status") in schema.FINISHED_STATUSES]
 
 
 def samples_per_s(updates: pd.DataFrame) -> float:
@@ -81,7 +73,7 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     row per evaluation (train error against time)."""
     runs, stale, curves = [], [], []
     for run_dir in run_dirs(Path(root)):
-        config, summary = _config(run_dir), _json(run_dir / schema.SUMMARY_FILE)
+        config, summary = _config(run_dir), read_summary(run_dir) or {}
         link = link_of(run_dir, config)
         if link is None:
             continue
@@ -102,9 +94,6 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     return pd.DataFrame(runs), cat(stale), cat(curves)
 
 
-PARTS = list(schema.TIMING_PARTS)
-
-
 def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Where a round trip went, column by column (timings.csv): per grid point and side, the
     mean of each part and of their sum in milliseconds (median over seeds), measured beside
@@ -112,11 +101,11 @@ def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in runs.iterrows():
         t = pd.read_csv(Path(r.run_dir) / schema.TIMINGS_FILE)
-        means = (t[PARTS].mean() * 1000).to_dict()
+        means = (t[list(schema.TIMING_PARTS)].mean() * 1000).to_dict()
         rows.append({**{k: r[k] for k in (*KEYS, "side", "seed")}, **means, "round_trip": sum(means.values())})
     if not rows:
         return pd.DataFrame()
-    columns = [*PARTS, "round_trip"]
+    columns = [*schema.TIMING_PARTS, "round_trip"]
     means = pd.DataFrame(rows).groupby([*KEYS, "side"])[columns].median()
     wide = means.unstack("side").swaplevel(axis=1)
     return wide.reindex(columns=pd.MultiIndex.from_product([["measured", "predicted"], columns]))

@@ -2,23 +2,16 @@
 
 This module owns the experiment's pipeline after its Hydra grid (the real runs on loopback,
 one after another: ``conf/exp/sim_vs_real.yaml``), as the grid's callback :class:`SimVsReal`:
+the same grid across two hosts over a tbf-limited link (:mod:`repro_bench.instruments.two_hosts`),
+per setting (link, nsync) a cost model fitted to its one-client runs (``cost=fit``), the whole
+grid simulated with it, and the figure (:mod:`repro_bench.instruments.points`). What runs, with
+which epochs, and where its folders go: docs/simulator.md, "The simulator against real runs".
 
-1. the same grid across two hosts over a tbf-limited link (:mod:`repro.instruments.two_hosts`), with
-   fewer epochs (a slow link); skipped, with the harness's reason, where namespaces cannot be
-   made;
-2. for each setting (link, nsync) the cost model fitted to that setting's one-client runs (all
-   seeds: ``cost=fit``, :mod:`repro.sim.fit`), on the limited link with the link's known rate;
-3. the whole grid simulated with it, each seed;
-4. the figure and its table (:mod:`repro.instruments.points`).
-
-Every run has a folder of its own under ``results/sim_vs_real/``: the grid's (Hydra's names),
-``link/<point>/`` (the two-host runs), ``predicted/<link>/<point>/`` (the simulator's). A
-finished folder is skipped on a rerun; the command's ``resume=auto`` reaches the two-host runs as
-it reaches the grid's, so a killed one is continued. Without it such a point is refused (rank 0's
-own line is printed) and the experiment ends 1 naming it: no figure is drawn without a point.
-One Ctrl-C stops the phase after the grid too: the run in flight (across the two hosts as well,
-:mod:`repro.instruments.two_hosts`) and everything after it; the experiment ends 130. The
-benchmark (:mod:`repro.instruments.cli`) reads the tree.
+The command's ``resume=auto`` reaches the two-host runs as it reaches the grid's, so a killed one
+is continued. Without it such a point is refused (rank 0's own line is printed) and the
+experiment ends 1 naming it: no figure is drawn without a point. One Ctrl-C stops the phase after
+the grid too: the run in flight (across the two hosts as well) and everything after it; the
+experiment ends 130. The benchmark (:mod:`repro_bench.instruments.cli`) reads the tree.
 """
 from __future__ import annotations
 
@@ -32,8 +25,8 @@ from omegaconf import DictConfig
 from repro.config.checks import validate
 from repro.config.settings import BackendConfig, CostConfig, RunConfig
 from repro.files import schema
-from repro.instruments import points as lab
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
+from repro_bench.instruments import points as lab
 
 EXP = "sim_vs_real"
 # TCP payload per 1514-byte Ethernet frame: what of the tbf rate a transfer gets (REPRODUCE.md,
@@ -123,7 +116,7 @@ class SimVsReal(Callback):
     def burst_bytes(self) -> float:
         """Bytes of TCP payload the link's token bucket sends at once after a pause (tbf's burst
         counts whole frames)."""
-        from repro.instruments.hosts import Link
+        from repro_bench.instruments.hosts import Link
 
         return Link(rate_mbit=self.link_mbit).burst_kb * 1024 * PAYLOAD
 
@@ -131,8 +124,8 @@ class SimVsReal(Callback):
                  stop: StopRequest) -> tuple[list[str], dict[str, str]]:
         """The grid across two hosts, one run after another, until ``stop`` is set: (['link'] when
         any could run, {point: why} of each point that did not finish)."""
-        from repro.instruments import two_hosts
-        from repro.instruments.hosts import HostsUnavailable, Link
+        from repro_bench.instruments import two_hosts
+        from repro_bench.instruments.hosts import HostsUnavailable, Link
 
         missing = {}
         for job in jobs:

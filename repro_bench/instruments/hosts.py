@@ -18,11 +18,11 @@ torchrun starts in sessions of their own) and deletes them; the veth pair goes w
 clean-up itself is not interrupted by a second signal: it is deferred and re-raised after.
 
 Where namespaces cannot be made (not root, no ``ip``/``tc``, a sandbox refusing ``ip netns add``,
-a kernel without ``tbf`` or ``netem``) entering raises :class:`HostsUnavailable`, whose ``reason``
-tests turn into ``pytest.skip(reason)``, after removing whatever part was made.
+a kernel without ``tbf`` or ``netem``) entering raises :class:`HostsUnavailable`, after removing
+whatever part was made.
 
-The real driver across the two hosts (``torchrun --nnodes=2``) is :mod:`repro.instruments.two_hosts`;
-``python -m repro.instruments.hosts`` measures the link's throughput against its configured rate.
+The real driver across the two hosts (``torchrun --nnodes=2``) is :mod:`repro_bench.instruments.two_hosts`;
+``python -m repro_bench.instruments.hosts`` measures the link's throughput against its configured rate.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from repro.errors import positive
+from repro.gridpoint import process_alive
+from repro_bench import positive
 
 PREFIX = "repro-hosts-"
 SERVER_ADDR, CLIENT_ADDR, PREFIX_LEN = "10.213.0.1", "10.213.0.2", 30
@@ -123,15 +124,7 @@ def kill_netns(netns: str, deadline_s: float = 10.0) -> set[int]:
 
 def _owner_alive(netns: str) -> bool:
     pid = netns[len(PREFIX):].split("-")[0]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid.isdigit() and process_alive(int(pid), None)
 
 
 def sweep() -> list[str]:
@@ -327,7 +320,7 @@ def measure_link(hosts: TwoHosts, num_bytes: int = 4 * 2**20, port: int = 5201) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.instruments.hosts", description=(
+    parser = argparse.ArgumentParser(prog="python -m repro_bench.instruments.hosts", description=(
         "Two network namespaces joined by a tbf-limited veth pair (needs root): measure a TCP "
         "transfer's throughput across the link and print it against the configured rate."))
     parser.add_argument("--rate-mbit", type=positive(float), default=50.0, help="tbf rate (default: %(default)s)")

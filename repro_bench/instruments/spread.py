@@ -6,14 +6,14 @@ core to itself, but with 2-4 clients on the machine's cores the OS time-slices t
 compute time spreads wider; the simulator shares its cores evenly (processor sharing) and cannot
 show it. Per grid point with 2+ clients this measures, median over seeds:
 
-- the KS distance with the fitted model (what :func:`repro.instruments.points.points_table` says);
+- the KS distance with the fitted model (what :func:`repro_bench.instruments.points.points_table` says);
 - the KS distance when the point is re-simulated (in a temporary folder) with a lognormal jitter
   whose per-push compute CV is the point's own measured one: how much of the miss the spread is;
 - the measured per-push compute CV beside the fitted model's (its simulated runs' timings.csv);
 - the measurement's own noise floor: the KS distance between the real runs of two seeds of the
   same point (median over seed pairs), below which no model can be told apart from reality.
 
-Unlike :mod:`repro.instruments.points` (which only reads), this module runs the simulator.
+Unlike :mod:`repro_bench.instruments.points` (which only reads), this module runs the simulator.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import pandas as pd
 
 from repro.config.renames import read_recorded
 from repro.files import schema
-from repro.instruments.points import KEYS, ks_distance, points_table, read_runs
+from repro_bench.instruments.points import KEYS, ks_distance, points_table, read_runs
 
 COLUMNS = [*KEYS, "ks_distance", "ks_spread", "ks_floor", "measured_compute_cv", "predicted_compute_cv",
            "jitter_sigma", "spread_jitter_sigma", "seeds"]
@@ -92,7 +92,7 @@ def spread_table(root: str | Path) -> pd.DataFrame:
                 continue
             at = (stale.link == link) & (stale.nsync == nsync) & (stale.num_clients == n)
             real = stale[at & (stale.side == "measured")].set_index("seed").staleness
-            ks, cvs, pcvs, sigmas, fit_sigmas = [], [], [], [], []
+            per_seed = []
             for seed in seeds:
                 cv = compute_cv(m.run_dir[seed])
                 if math.isnan(cv):   # under two steady pushes: no spread to match
@@ -101,16 +101,11 @@ def spread_table(root: str | Path) -> pd.DataFrame:
                 run_dir = resimulate(p.run_dir[seed], Path(tmp) / f"{link}-{nsync}-{n}-{seed}",
                                      jitter="lognormal", jitter_sigma=sigma)
                 wide = pd.read_csv(run_dir / schema.UPDATES_FILE).staleness
-                ks.append(ks_distance(real.loc[[seed]], wide))
-                cvs.append(cv)
-                pcvs.append(compute_cv(p.run_dir[seed]))
-                sigmas.append(sigma)
-                fit_sigmas.append(predicted_config(p.run_dir[seed]).cost.jitter_sigma)
-            if not ks:
-                continue
-            rows.append({"link": link, "nsync": nsync, "num_clients": n, "ks_distance": fitted.get((link, nsync, n)),
-                         "ks_spread": float(np.median(ks)), "ks_floor": noise_floor(real),
-                         "measured_compute_cv": float(np.median(cvs)), "predicted_compute_cv": float(np.median(pcvs)),
-                         "jitter_sigma": float(np.median(fit_sigmas)), "spread_jitter_sigma": float(np.median(sigmas)),
-                         "seeds": len(ks)})
+                per_seed.append({"ks_spread": ks_distance(real.loc[[seed]], wide), "measured_compute_cv": cv,
+                                 "predicted_compute_cv": compute_cv(p.run_dir[seed]), "spread_jitter_sigma": sigma,
+                                 "jitter_sigma": predicted_config(p.run_dir[seed]).cost.jitter_sigma})
+            if per_seed:   # medians over seeds, NaN when one seed's is (as numpy's median)
+                medians = pd.DataFrame(per_seed).median(skipna=False).astype(float).to_dict()
+                rows.append({"link": link, "nsync": nsync, "num_clients": n, **medians, "seeds": len(per_seed),
+                             "ks_distance": fitted.get((link, nsync, n)), "ks_floor": noise_floor(real)})
     return pd.DataFrame(rows, columns=COLUMNS)

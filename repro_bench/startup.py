@@ -1,21 +1,16 @@
 """Start-up benchmark (``python -m repro.bench startup``): what a command costs beyond its work.
 
-Every figure is a ratio to ``python -c "import torch"`` timed in the same run (the median of a
-few), so a busy machine moves both sides alike. Measured as whole processes, the way a user
-waits for them:
-
-* the command line's answer to ``--help`` and to a typo (``num_clientz=3``): the whole process,
-  target at most 0.5x a torch import (it must answer before torch loads);
-* the default simulation: the process's wall time beyond the run's own (``wall_time_s`` in
-  summary.json), target at most 1.5x;
-* the real driver with 4 and 8 clients: the process's wall time beyond the training time (the
-  server's first fetch to its last applied push), target at most 3x.
+Every figure is a ratio to ``python -c "import torch"`` timed in the same run, so a busy machine
+moves both sides alike, measured as whole processes, the way a user waits for them; what each
+measures and its target: its ``--help``, :data:`DESCRIPTION`. A simulation's own time is
+``wall_time_s`` in summary.json, a real run's training time the server's first fetch to its last
+applied push.
 
 With ``REPRO_STARTUP_TRACE`` set, every process of a real run appends its marks
 (:func:`repro.logs.mark`), and the report takes each real run apart: imports, the config, the
 store, the problem, the clients' start and build, the rendezvous, serving, stopping the clients,
 the summary, the exit. Last, the protocol's efficiency against raw gloo send/recv at 0.1M, 1M and
-10M parameters (:func:`repro.bench.real.measure_protocol`, target at least 0.9): what a push and
+10M parameters (:func:`repro_bench.real.measure_protocol`, target at least 0.9): what a push and
 a fetch cost beyond moving their bytes.
 """
 from __future__ import annotations
@@ -30,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.bench import positive
-from repro.bench.real import PROTOCOL_TARGET, SIZES, measure_protocol
 from repro.logs import TRACE_ENV
+from repro_bench import positive
+from repro_bench.real import PROTOCOL_TARGET, SIZES, measure_protocol
 
 CLI_TARGET, SIM_TARGET, REAL_TARGET = 0.5, 1.5, 3.0
 
@@ -60,22 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def _timed(argv: list[str], env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
+def _timed(args: list[str], env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """Wall seconds of ``python ARGS`` as a process, and what it did."""
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
     return time.perf_counter() - start, done
 
 
-def _python(*args: str) -> list[str]:
-    return [sys.executable, *args]
-
-
-def torch_import_s(repeats: int) -> float:
-    return statistics.median(_timed(_python("-c", "import torch"))[0] for _ in range(repeats))
-
-
-def cli_s(words: list[str], repeats: int) -> float:
-    return statistics.median(_timed(_python("-m", "repro.run", *words))[0] for _ in range(repeats))
+def median_s(args: list[str], repeats: int) -> float:
+    return statistics.median(_timed(args)[0] for _ in range(repeats))
 
 
 def run_overhead(overrides: list[str], folder: Path, trace: Path | None = None) -> dict:
@@ -86,8 +74,8 @@ def run_overhead(overrides: list[str], folder: Path, trace: Path | None = None) 
         env[TRACE_ENV] = str(trace)
     results = folder / "results"
     start = time.time()
-    seconds, done = _timed(_python("-m", "repro.run", *overrides, f"results_dir={results}",
-                                   "progress=false"), env)
+    argv = ["-m", "repro.run", *overrides, f"results_dir={results}", "progress=false"]
+    seconds, done = _timed(argv, env)
     if done.returncode != 0:
         raise RuntimeError(f"python -m repro.run {' '.join(overrides)} exited {done.returncode}:\n"
                            + done.stderr[-2000:])
@@ -132,18 +120,13 @@ def protocol_report(proto: dict) -> int:
     return failures
 
 
-def _verdict(ratio: float, target: float) -> str:
-    return "PASS" if ratio <= target else "FAIL"
-
-
 def run(args: argparse.Namespace) -> int:
     print(f"start-up benchmark: {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    torch_s = torch_import_s(args.repeats)
+    torch_s = median_s(["-c", "import torch"], args.repeats)
     print(f"python -c 'import torch': {torch_s:.2f} s (median of {args.repeats})\n")
-    rows: list[tuple[str, float, float]] = []
-    rows.append(("--help", cli_s(["--help"], args.repeats), CLI_TARGET))
-    rows.append(("a typo (num_clientz=3)", cli_s(["num_clientz=3"], args.repeats), CLI_TARGET))
+    rows = [(name, median_s(["-m", "repro.run", word], args.repeats), CLI_TARGET)
+            for name, word in (("--help", "--help"), ("a typo (num_clientz=3)", "num_clientz=3"))]
     with tempfile.TemporaryDirectory(prefix="repro-bench-startup-") as tmp:
         sims = [run_overhead([], Path(tmp) / f"sim{i}") for i in range(args.repeats)]
         beyond = statistics.median(s["process_s"] - s["summary"]["wall_time_s"] for s in sims)
@@ -154,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     failures = 0
     print(f"{'what':<40} {'seconds':>8} {'x torch':>8} {'target':>7} {'verdict':>7}")
     for name, seconds, target in rows:
-        verdict = _verdict(seconds / torch_s, target)
+        verdict = "PASS" if seconds / torch_s <= target else "FAIL"
         failures += verdict == "FAIL"
         print(f"{name:<40} {seconds:>8.2f} {seconds / torch_s:>8.2f} {target:>7.1f} {verdict:>7}")
     for n, out in reals.items():

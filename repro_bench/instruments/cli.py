@@ -1,11 +1,11 @@
 """``python -m repro.bench simreal``: the simulator's predictions held against the real runs of
 ``+exp=sim_vs_real``, printed per grid point against the targets, then summed up in the five
-numbers of :mod:`repro.instruments.accuracy` (MAPE, worst point, bias, Kendall's tau, time to
+numbers of :mod:`repro_bench.instruments.accuracy` (MAPE, worst point, bias, Kendall's tau, time to
 target against the seed spread).
 
-This module owns the subcommand's options and its report; :mod:`repro.bench.__main__` mounts it
-(the one place outside this package that imports it) and hands it the bare training loops of
-:mod:`repro.bench.real` (``--machine``), so this package imports nothing of the benchmarks'.
+This module owns the subcommand's options and its report; :mod:`repro_bench.__main__` mounts it
+(the one module outside the instruments that imports them) and hands it the bare training loops
+of :mod:`repro_bench.real` (``--machine``), so the instruments import nothing of the benchmarks'.
 """
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from repro.errors import positive
 from repro.files import schema
-from repro.instruments import points as lab
-from repro.instruments.accuracy import accuracy
-from repro.instruments.simreal import EXP
+from repro_bench import positive
+from repro_bench.instruments import points as lab
+from repro_bench.instruments.accuracy import accuracy
+from repro_bench.instruments.simreal import EXP
 
 
 class BareLoops(NamedTuple):
-    """What ``--machine`` measures with (:mod:`repro.bench.real`'s bare training loops side by side)."""
+    """What ``--machine`` measures with (:mod:`repro_bench.real`'s bare training loops side by side)."""
     rate: Callable[[int], float]       # samples/s of k loops together
     step_cv: Callable[[int], float]    # per-step time CV of k loops together
 
@@ -90,7 +90,7 @@ def machine_parts(root: Path, cores: float | None = None):
 
     import pandas as pd
 
-    from repro.instruments.spread import resimulate
+    from repro_bench.instruments.spread import resimulate
 
     runs, _, _ = lab.read_runs(root)
     predicted = runs[(runs.side == "predicted") & (runs.link == "loopback")]
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
     import pandas as pd
 
     if args.cores:
-        from repro.instruments.cores import print_cores
+        from repro_bench.instruments.cores import print_cores
 
         print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
         return 0
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
         print(machine_parts(root, cores).to_string(float_format=lambda x: f"{x:+.1%}"))
     if args.spread:
-        from repro.instruments.spread import spread_table
+        from repro_bench.instruments.spread import spread_table
 
         print("\nstaleness KS of the points with 2+ clients (median over seeds): the fitted jitter, "
               "the jitter of the point's own measured compute spread, the real runs' seed-to-seed floor:")

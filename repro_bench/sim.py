@@ -1,14 +1,7 @@
-"""Simulator overhead: ``python -m repro.bench sim``.
-
-Wall time of the simulator divided by a plain training loop of the same number of minibatch
-steps (same model, batch size, device and data order machinery), for ``digits_cnn`` with 8
-clients at ``nsync`` 1 and 16, with contention off (``cost.topology=dedicated``, today's clock) and
-on (``shared``: 2 hosts of 4 clients on 2 devices each, host and server links shared; every
-resource of :mod:`repro.sim.resources` busy). Target <= 1.10 for both. The simulator includes its
-clock, server applies, fetches, CSV logging and two evaluations; the plain loop is
-``torch.optim.SGD``, whose per-parameter update costs more than our one flat-vector update, so
-ratios below 1 are possible and honest. Printed, never asserted by a test: wall times vary by
-machine.
+"""Simulator overhead: ``python -m repro.bench sim``. The simulator's wall time against a plain
+training loop of the same minibatch steps, with contention off and on (:data:`CONTENTION`); the
+settings, the target and why ratios below 1 are honest are its ``--help``, :data:`SIM_DESCRIPTION`.
+Printed, never asserted by a test: wall times vary by machine.
 """
 from __future__ import annotations
 

@@ -3,29 +3,23 @@
 (a) Protocol efficiency: bytes per second of one push + fetch round trip through the real
     driver's transport (a client's :class:`~repro.real.transport.Channel` sending a frame, header
     and payload, both ways, with the real client's calls: ``post``, ``send_push``, ``recv``; a
-    CPU client computes its update straight into its frame; on the
-    server a :class:`~repro.real.transport.Receiver` thread serving each push under a lock and
-    replying from the frame the parameters live in, as the server loop does) divided by a raw
-    gloo ``send``/``recv`` round trip of the same tensors (update one way, parameters back) on
-    the same 2-rank group. Measured by the client, in blocks that alternate raw and ours so
-    drifting machine load hits both alike, their order rotated one place per block (in a fixed
-    order a later place ran slower: raw against raw came out below 1 run after run); the ratio
-    is the median of the per-block ratios. Target >= 0.9 at 0.1M, 1M and 10M parameters. For
-    information, two more
-    columns: the ratio when the server also applies each push (``DeltaRule``: algorithm, not
-    protocol), and raw against a second raw measurement: the noise floor of such a ratio.
+    CPU client computes its update straight into its frame; on the server a
+    :class:`~repro.real.transport.Receiver` thread serving each push under a lock and replying
+    from the frame the parameters live in, as the server loop does) divided by a raw gloo
+    ``send``/``recv`` round trip of the same tensors (update one way, parameters back) on the
+    same 2-rank group. Measured by the client, in blocks that alternate raw and ours so drifting
+    machine load hits both alike, their order rotated one place per block (in a fixed order a
+    later place ran slower: raw against raw came out below 1 run after run); the ratio is the
+    median of the per-block ratios. Sizes, target and the two columns printed for information
+    (``ours+apply``: a ``DeltaRule`` apply, algorithm not protocol; ``raw again``): ``--help``.
     Both ends of raw release a receive only after posting the next: a gloo receive released the
     instant its wait returns makes gloo spin (see :mod:`repro.real.transport`); raw's server
     used ``dist.recv`` until issue 34 and then ran 3-4x slower at 0.1M on a busy machine. The
     client's channel here is unwatched; a real client's is watched, which adds one thread
     hand-off per reply (~30 us at 0.1M on 2 shared cores, issue 34), not counted here.
-(b) Real throughput: training samples per second of ``run_real`` (steady state: samples applied
-    per wall second after the first epoch) with 2 CPU clients divided by 1 client, digits +
-    digits_cnn, nsync=4. Target >= 1.6 on a 2-core machine. Printed beside it, the same ratio
-    for bare training loops (no server, no messages) run side by side: what the machine allows.
-
-Prints a table with the measured ratios and PASS/FAIL against each target; returns 0 when all
-pass, else 1. The numbers depend on what else the machine runs: the load average is printed.
+(b) Real throughput: ``run_real``'s steady-state samples/s (:func:`_samples_per_s`), 2 CPU
+    clients against 1, beside bare training loops side by side; as its ``--help`` says
+    (:data:`DESCRIPTION`, which also gives the targets and the exit status).
 """
 from __future__ import annotations
 
@@ -42,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from repro.bench import positive
+from repro_bench import positive
 
 PROTOCOL_TARGET, THROUGHPUT_TARGET = 0.9, 1.6   # DESIGN.md's performance targets
 
@@ -302,12 +296,8 @@ def measure_throughput(epochs: float = 20.0, rounds: int = 1) -> dict:
 # Report
 # ---------------------------------------------------------------------------------------------
 
-def _verdict(value: float, target: float) -> str:
-    return "PASS" if value >= target else "FAIL"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """This benchmark's options; ``python -m repro.bench real`` and :func:`main` share them."""
+    """This benchmark's options (``python -m repro.bench real``)."""
     parser.add_argument("--blocks", type=positive(int), default=7,
                         help="alternating raw/ours blocks per size; the median counts (default: %(default)s)")
     parser.add_argument("--epochs", type=positive(float), default=20.0,
@@ -320,12 +310,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.bench real", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    return run(add_arguments(parser).parse_args(argv))
-
-
 def run(args: argparse.Namespace) -> int:
     """Measure, print the report; 0 when every ratio meets its target, else 1."""
     print(f"real-driver benchmark: {os.cpu_count()} CPUs, load average "
@@ -336,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'params':>10} {'raw MB/s':>10} {'ours MB/s':>10} {'ratio':>7} {'verdict':>7} "
           f"{'with apply':>11} {'raw/raw':>8}")
     for size, row in proto.items():
-        verdict = _verdict(row["ratio"], PROTOCOL_TARGET)
+        verdict = "PASS" if row["ratio"] >= PROTOCOL_TARGET else "FAIL"
         failures += verdict == "FAIL"
         print(f"{size / 1e6:>9.1f}M {row['raw_MBps']:>10.1f} {row['ours_MBps']:>10.1f} "
               f"{row['ratio']:>7.3f} {verdict:>7} {row['ratio_with_apply']:>11.3f} "
@@ -345,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
           " measurement against itself, the noise floor of a ratio on this machine right now)")
     if not args.skip_throughput:
         thr = measure_throughput(args.epochs, args.rounds)
-        verdict = _verdict(thr["ratio"], THROUGHPUT_TARGET)
+        verdict = "PASS" if thr["ratio"] >= THROUGHPUT_TARGET else "FAIL"
         failures += verdict == "FAIL"
         print("\n(b) real throughput, digits_cnn, nsync=4: samples/s, 2 CPU clients / 1 (target >= 1.6)")
         print(f"{'':>22} {'1 client':>10} {'2 clients':>10} {'ratio':>7} {'verdict':>7}")
@@ -357,7 +341,3 @@ def run(args: argparse.Namespace) -> int:
               f"below 2 means other work holds part of the CPUs")
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Where a real run's cores go: ``python -m repro.bench simreal --cores``.
 
 This module owns one measurement: real runs of a grid point and of its one-client counterpart,
-over loopback and across the two hosts of :mod:`repro.instruments.two_hosts`, while a thread samples every tenth of a second the CPU time
+over loopback and across the two hosts of :mod:`repro_bench.instruments.two_hosts`, while a thread samples every tenth of a second the CPU time
 (user and system) of each of the run's processes, by role (the server, the clients, torchrun's
 agents), and the machine's ``/proc/stat`` (user, system, softirq, idle). Over the steady middle of
 the run (from its fifth to its last fifth applied push, counted in ``updates.csv`` as it grows) it
@@ -31,25 +31,16 @@ from collections import defaultdict
 from pathlib import Path
 
 from repro.config.renames import read_recorded
-from repro.instruments.hosts import cmdline
+from repro.gridpoint import proc_stat
+from repro_bench.instruments.hosts import cmdline
 
 HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses):
-    [0] the state, [1] the parent, [11] user and [12] system clock ticks; None once it has exited."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()
-
-
 def _proc_times(pid: int) -> tuple[float, float] | None:
     """(user, system) CPU seconds of process ``pid``, its exited threads included."""
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)
     return None if fields is None else (int(fields[11]) / HZ, int(fields[12]) / HZ)
 
 
@@ -103,7 +94,7 @@ def role(pid: int, loopback_server: int | None) -> str | None:
 
 
 def _parent(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)
     return None if fields is None else int(fields[1])
 
 
@@ -201,8 +192,8 @@ def measure(link: str, overrides: list[str], num_clients: int, link_mbit: float 
         sampler = Sampler(results)
         common = [f"num_clients={num_clients}", "exp_name=cores", "progress=false", *overrides]
         if link == "link":
-            from repro.instruments.hosts import Link
-            from repro.instruments.two_hosts import run_two_hosts
+            from repro_bench.instruments.hosts import Link
+            from repro_bench.instruments.two_hosts import run_two_hosts
 
             sampler.start()
             try:
@@ -237,8 +228,8 @@ def resimulated_error(root: Path, link: str, nsync: int, num_clients: int, compu
     ``root`` holds no such point."""
     import pandas as pd
 
-    from repro.instruments import points as lab
-    from repro.instruments.spread import predicted_config, resimulate
+    from repro_bench.instruments import points as lab
+    from repro_bench.instruments.spread import predicted_config, resimulate
 
     if not lab.run_dirs(root):
         return None
@@ -262,7 +253,7 @@ def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 
     """Measure the point, and its one-client counterpart, over loopback and over the link; one
     row each; with ``results`` (the experiment's folder) also the point re-simulated with what was
     measured (see the module docstring)."""
-    from repro.instruments.hosts import HostsUnavailable
+    from repro_bench.instruments.hosts import HostsUnavailable
 
     print(f"where the cores go: nsync {nsync}, {epochs:g} epochs; cores used over the steady middle of one "
           f"run (server and clients: user+system; machine: /proc/stat of all {os.cpu_count()} CPUs together; "

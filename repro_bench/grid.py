@@ -1,12 +1,7 @@
-"""Grid benchmark: ``python -m repro.bench grid``.
-
-Trains one figure's grid twice, each time from an empty results folder and as a user would
-(``python -m repro.run +exp=NAME``, warm-start baseline and figure included): once with
-``hydra/launcher=basic`` (one grid point after another) and once with ``hydra/launcher=parallel``
-(joblib, one job per core, one torch thread each). It prints both wall times and their ratio
-(target >= 1.7 on 2 cores), and checks that the two launches wrote byte-identical tables (every
-run folder's updates.csv and evals.csv) and the same figure CSV: parallel jobs must not change a
-number. Run ``python -m repro.bench grid --help`` for the options.
+"""Grid benchmark: ``python -m repro.bench grid``. One figure's grid launched twice as a user
+launches it, one point after another and in parallel: the wall times' ratio, and the two launches'
+tables compared byte for byte (parallel jobs must not change a number). What it measures, its
+target and its exit status are its ``--help``, :data:`DESCRIPTION`.
 """
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.bench import positive
+from repro_bench import positive
 
 TARGET = 1.7
 LAUNCHERS = (("basic", "basic (one after another)"), ("parallel", "parallel (joblib)"))
@@ -150,13 +145,3 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if keep is None:
             shutil.rmtree(base, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(prog="python -m repro.bench.grid", description=DESCRIPTION,
-                                                   formatter_class=argparse.RawDescriptionHelpFormatter))
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The real driver across two hosts: ``torchrun --nnodes=2`` over :mod:`repro.instruments.hosts`' link.
+"""The real driver across two hosts: ``torchrun --nnodes=2`` over :mod:`repro_bench.instruments.hosts`' link.
 
 This module owns launching one real run across the two namespaces and waiting for its end; an
 experiment or a benchmark calls :func:`run_two_hosts` (or :func:`start` and
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro.files.schema import FINISHED_STATUSES
-from repro.instruments.hosts import SERVER_ADDR, Host, Link, TwoHosts, cmdline
 from repro.runtime import StopRequest
+from repro_bench.instruments.hosts import SERVER_ADDR, Host, Link, TwoHosts, cmdline
 
 PORT = 29500   # inside a fresh namespace every port is free
 LOG_DIR = ".two_hosts"   # under results_dir; hidden, so the analysis does not take it for a run
@@ -218,7 +218,7 @@ def start(hosts: TwoHosts, overrides: list[str], num_clients: int, results_dir: 
 def run_two_hosts(overrides: list[str], num_clients: int, results_dir: str | Path, link: Link = Link(),
                   timeout_s: float = 600.0, stop: StopRequest | None = None) -> dict:
     """One real run with its server and clients on two hosts over ``link``; its summary. Raises
-    :class:`~repro.instruments.hosts.HostsUnavailable` where namespaces cannot be made; ``stop``:
+    :class:`~repro_bench.instruments.hosts.HostsUnavailable` where namespaces cannot be made; ``stop``:
     see :meth:`TwoHostRun.wait`."""
     with TwoHosts(link) as hosts:
         return start(hosts, overrides, num_clients, results_dir).wait(timeout_s, stop=stop)

@@ -1,7 +1,7 @@
 """How well the simulator predicts, in the five numbers the best simulators report (SimAI,
 Proteus, Lumos): ``python -m repro.bench simreal`` prints them under its table.
 
-Over every grid point with both sides (:func:`repro.instruments.points.points_table`), each
+Over every grid point with both sides (:func:`repro_bench.instruments.points.points_table`), each
 point's samples/s error e = predicted / measured - 1 (medians over seeds):
 
 * **MAPE**: the mean of |e| over all points, links together;
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from repro.instruments.points import KEYS
+from repro_bench.instruments.points import KEYS
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,8 @@ def time_to_target_errors(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy(table: pd.DataFrame, runs: pd.DataFrame) -> Accuracy:
-    """The five numbers of the points ``table`` (:func:`~repro.instruments.points.points_table`)
-    and their ``runs`` (:func:`~repro.instruments.points.read_runs`)."""
+    """The five numbers of the points ``table`` (:func:`~repro_bench.instruments.points.points_table`)
+    and their ``runs`` (:func:`~repro_bench.instruments.points.read_runs`)."""
     t = table.dropna(subset=["samples_error"])
     if t.empty:
         return Accuracy(0, math.nan, "", math.nan, math.nan, math.nan, 0, math.nan, math.nan, 0, 0)
