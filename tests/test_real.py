@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 import torch
 
+from repro.asgd.algorithm import Push
 from repro.config.settings import BackendConfig, ModelConfig, to_dict
 from repro.errors import ConfigError
 from repro.real import run_real
@@ -59,10 +60,12 @@ def check_fetch_chain(upd: pd.DataFrame) -> None:
 
 def test_frame_round_trip():
     frame = Frame(1000)
-    h = Header(Kind.PUSH, 3, 41, 1000, dict(num_steps=4, num_samples=128, train_loss=0.25, train_error=0.125,
-                                            stream_position=(2, 96)), device=1)
+    pushed = dict(num_steps=4, num_samples=128, train_loss=0.25, train_error=0.125, stream_position=(2, 96))
+    h = Header(Kind.PUSH, 3, 41, 1000, pushed, device=1)
     frame.payload.copy_(torch.arange(1000.0))
-    assert Header.unpack(h.pack(frame)) == h and frame.payload[:3].tolist() == [0.0, 1.0, 2.0]
+    push = Push(client=3, read_version=41, update=frame.payload, **pushed)
+    assert Header.unpack(Header.pack_push(push, frame, 1000, device=1)) == h
+    assert frame.payload[:3].tolist() == [0.0, 1.0, 2.0]
     assert [t.numel() for t in frame.message(1000)] == [HEADER_BYTES + 4000]
     stop = Header(Kind.STOP, 1, 7, 0)
     assert Header.unpack(stop.pack(frame)) == stop and stop.payload_length == 0

@@ -120,9 +120,8 @@ class Channel:
         self._transmit(header.pack(frame), length, header.kind)
 
     def send_push(self, push: Push, frame: Frame, **envelope) -> None:
-        """``push`` as a PUSH whose update fills ``frame``'s payload: what ``send(Header.of_push(
-        push, frame.capacity, **envelope), frame)`` sends, with no header built on the way (a
-        client's hot path: see :meth:`~repro.real.frames.Header.pack_push`)."""
+        """``push`` as a PUSH whose update fills ``frame``'s payload, with no header built on the
+        way (a client's hot path: see :meth:`~repro.real.frames.Header.pack_push`)."""
         self._transmit(Header.pack_push(push, frame, frame.capacity, **envelope), frame.capacity, Kind.PUSH)
 
     def _transmit(self, frame: Frame, length: int, kind: Kind) -> None:
