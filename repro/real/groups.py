@@ -56,6 +56,18 @@ def pin_gloo_to_loopback(master_addr: str, single_node: bool) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
+def ipv4_of(name: str) -> str | None:
+    """Interface ``name``'s IPv4 address, or None (it has none; or not Linux, whose number
+    SIOCGIFADDR is: the ioctl fails there and gloo's own choice stays)."""
+    try:
+        import fcntl
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(ifreq[20:24])
+    except (OSError, ImportError):
+        return None
+
+
 def interface_towards(addr: str) -> str | None:
     """The interface this host sends from to reach ``addr`` (IPv4), or None when that cannot be
     told. No packet is sent: connecting a UDP socket only asks the kernel for a route."""
@@ -63,16 +75,9 @@ def interface_towards(addr: str) -> str | None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((addr, 9))
             local = probe.getsockname()[0]
-            import fcntl   # each interface's address: SIOCGIFADDR, Linux's number (elsewhere
-            # the ioctl fails and gloo's own choice stays)
-            for _, name in socket.if_nameindex():
-                with contextlib.suppress(OSError):
-                    ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-                    if socket.inet_ntoa(ifreq[20:24]) == local:
-                        return name
-    except (OSError, ImportError):
-        pass
-    return None
+        return next((name for _, name in socket.if_nameindex() if ipv4_of(name) == local), None)
+    except OSError:
+        return None
 
 
 def pin_gloo_towards(master_addr: str) -> None:
