@@ -28,12 +28,12 @@ import threading
 
 import pytest
 
+from tests.helpers.channels import ScriptedChannel
 from tests.helpers.joins import wait_log
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, free_port
 from tests.helpers.runs import wait_rows
 from tests.helpers.tables import table_frames
-from tests.test_hangs import ScriptedChannel
 
 # the run's overrides, the same for its joiners (a join must share what is trained)
 RUN = ["backend=real", "data=synthetic", "model=mlp", "num_clients=1", "progress=false",
