@@ -160,11 +160,12 @@ class JoinEnded(Exception):
         self.code = code
 
 
-def bounded(call, timeout_s: float, what: str):
+def bounded(call, timeout_s: float, what: str, stop=None):
     """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming
-    ``what``). The store's and gloo's C++ waits are not all bounded: a listener that accepts and
-    never speaks holds TCPStore's constructor forever, deaf to signals. A thread left waiting so
-    ends with the process."""
+    ``what``), or until ``stop`` (a StopRequest) is set (InterruptedError). The store's and
+    gloo's C++ waits are not all bounded: a listener that accepts and never speaks holds
+    TCPStore's constructor forever, deaf to signals. A thread left waiting so ends with the
+    process."""
     result: dict = {}
 
     def wait() -> None:
@@ -173,9 +174,13 @@ def bounded(call, timeout_s: float, what: str):
         except BaseException as exc:   # handed to the waiting thread
             result["error"] = exc
 
-    thread = threading.Thread(target=wait, name=f"join-{what}", daemon=True)
+    thread = threading.Thread(target=wait, name=what, daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+        if stop is not None and stop.is_set():
+            raise InterruptedError(what)
+        thread.join(min(left, 0.1))   # in slices: a stop request is heard at once
     if thread.is_alive():
         raise TimeoutError(f"{what}: no answer within {timeout_s:g} s")
     if "error" in result:

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
-import threading
 from pathlib import Path
 
 import torch
@@ -41,7 +41,7 @@ from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.workload.start import build_problem
 from repro.real.client import build_client, client_device
-from repro.real.elastic import Acceptor
+from repro.real.elastic import Acceptor, bounded
 from repro.real.frames import Frame, Header, Kind
 from repro.real.processes import (WORLD_KEY, StartupError, client_context, handover, make_store, serve_as_client,
                                   spawn_clients, startup_deadline_s, stop_children, wait_ready)
@@ -176,37 +176,17 @@ def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRe
         members = {k: r for r, k in enumerate(ready, start=1)}
         store.set(WORLD_KEY, json.dumps({"size": len(members) + 1, "ranks": members}))
         timeout = startup_deadline_s(cfg)
-    try:
-        groups = _connect_watching(len(members) + 1, timeout, store, stop)
-    except StartupError:
-        raise
+    try:   # in a thread, so a stop request (torchrun's SIGTERM, a Ctrl-C) is heard at once, not
+        # after the rendezvous timeout (torchrun SIGKILLs a worker 30 s after its SIGTERM, which
+        # would leave the summary saying running)
+        groups = bounded(lambda: connect(0, len(members) + 1, timeout, store), math.inf, "rendezvous", stop)
+    except InterruptedError:
+        raise StartupError("interrupted while the clients were joining") from None
     except Exception as exc:   # a rendezvous timeout: some rank never came
         raise StartupError(f"not every client joined within {timeout:g} s (backend.timeout_s="
                             f"{cfg.backend.timeout_s:g}): {str(exc).splitlines()[0]}") from exc
     mark("server", "rendezvous done")
     return {k: Channel(groups[r], r, cfg.backend.client_timeout_s) for k, r in members.items()}
-
-
-def _connect_watching(world_size: int, timeout_s: float, store, stop: StopRequest) -> dict:
-    """Rank 0's rendezvous in a thread, so a stop request (torchrun's SIGTERM, a Ctrl-C) is
-    heard at once, not after the rendezvous timeout (torchrun SIGKILLs a worker 30 s after its
-    SIGTERM, which would leave the summary saying running)."""
-    result: dict = {}
-
-    def join() -> None:
-        try:
-            result["groups"] = connect(0, world_size, timeout_s, store)
-        except BaseException as exc:   # handed to the waiting thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=join, name="rendezvous", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        if stop.wait(0.1):
-            raise StartupError("interrupted while the clients were joining")
-    if "error" in result:
-        raise result["error"]
-    return result["groups"]
 
 
 def _dismiss_clients(cfg: RunConfig) -> None:
