@@ -3,12 +3,10 @@
 This module owns how bytes move between the server (rank 0) and client ``k`` (rank ``k``), and
 nothing about what they mean for training.
 
-Groups: :mod:`repro.real.groups` (one 2-rank gloo group per client: its failure domain).
-
-Messages: one frame each way (:mod:`repro.real.frames`), sent as ONE gloo message.
-
-Every wait is bounded. gloo cannot keep a receive pending across an expired timeout (see
-:mod:`repro.real.groups`), so an expired wait ends the channel: :class:`LinkLost`.
+Groups: one 2-rank gloo group per client (:mod:`repro.real.groups`); messages: one frame each
+way (:mod:`repro.real.frames`), sent as ONE gloo message. Every wait is bounded, and as gloo
+cannot keep a receive pending across an expired timeout (see :mod:`repro.real.groups`), an
+expired wait ends the channel: :class:`LinkLost`.
 
 Releasing a work. gloo's device thread still holds a message's buffer for a moment after it has
 completed the work (it wakes the waiter first, then leaves the read or write), and destroying a
@@ -18,9 +16,7 @@ with that thread, and on a busy 2-core machine the spinning thread can keep a co
 scheduler tick while the thread it waits for waits for that core. Measured at 0.1M parameters
 on 2 shared cores (issue 34): a client used 700-1000 us of CPU per round trip instead of ~250,
 and one round trip in ten took 4 ms instead of ~0.3. So a channel keeps its last completed send
-and receive, and releases each when the next one completes (long after gloo let go). A plain
-loop of ``dist.recv`` (which drops its work at once) pays the same: the benchmark's raw server
-keeps each receive until it has posted the next.
+and receive, and releases each when the next one completes (long after gloo let go).
 
 Has a message arrived? A client asks between two local steps (STOP, or a preemption's
 parameters). A gloo receive reports its completion only through ``wait()``
@@ -34,6 +30,7 @@ while that client pushed deadlocked until the client timeout dropped it.
 from __future__ import annotations
 
 import datetime
+import functools
 import queue
 import threading
 import time
@@ -67,15 +64,7 @@ class Channel:
         # completes: see "Releasing a work" in the module docstring
         self._last_send = self._last_recv = None
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
-        self._timeouts: dict[float | None, datetime.timedelta] = {}
-        self._default_timeout = self._timeout(None)   # the hot path's waits: no lookup
-
-    def _timeout(self, timeout_s: float | None) -> datetime.timedelta:
-        """``timeout_s`` (None: the channel's) as gloo takes it, made once: every wait needs one."""
-        timeout = self._timeouts.get(timeout_s)
-        if timeout is None:
-            timeout = self._timeouts[timeout_s] = datetime.timedelta(seconds=timeout_s or self.timeout_s)
-        return timeout
+        self._default_timeout = _timedelta(timeout_s)   # the hot path's waits: no lookup
 
     def _first_error(self, exc: RuntimeError) -> Exception:
         """Why the link ended, for a send's wait that failed with ``exc`` (a receive's own failure
@@ -105,12 +94,6 @@ class Channel:
             why = f"connection lost ({text.splitlines()[0][:160]})"
         return LinkLost(f"rank {self.peer}: {what}: {why}")
 
-    def _closed(self, what: str, exc: Exception) -> LinkLost:
-        """gloo's send or receive call on a connection already closed fails at once, inside the
-        call rather than in its wait (a client continued after the server dropped it; a server
-        replying to a client that just died): the link's end as much as a failed wait."""
-        return self._lost(what, self._default_timeout, exc)
-
     def send(self, header: Header, frame: Frame) -> None:
         """``header`` and the first ``header.length`` payload values of ``frame``, as one message
         (HELLO and STOP: the header alone)."""
@@ -125,11 +108,8 @@ class Channel:
         self._transmit(Header.pack_push(push, frame, frame.capacity, **envelope), frame.capacity, Kind.PUSH)
 
     def _transmit(self, frame: Frame, length: int, kind: Kind) -> None:
-        try:
+        try:   # (on a connection already closed the call itself fails, at once)
             work = self.group.send(frame.message(length), self._peer_in_group, TAG)
-        except RuntimeError as exc:   # see _closed
-            raise self._closed(f"sending {kind.name}", exc) from exc
-        try:
             work.wait(self._default_timeout)
         except RuntimeError as exc:
             raise self._lost(f"sending {kind.name}", self._default_timeout, self._first_error(exc)) from exc
@@ -141,8 +121,8 @@ class Channel:
         if self._pending is None:
             try:
                 work = self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG)
-            except RuntimeError as exc:   # see _closed
-                raise self._closed("waiting for a message", exc) from exc
+            except RuntimeError as exc:   # (as a send's call)
+                raise self._lost("waiting for a message", self._default_timeout, exc) from exc
             arrival = self._watcher.watch(work) if self._watcher is not None else None
             self._pending = (work, frame, arrival)
 
@@ -163,7 +143,7 @@ class Channel:
         if posted is not frame:
             raise ValueError("recv() into a different frame than the one posted")
         self._pending = None
-        timeout = self._default_timeout if timeout_s is None else self._timeout(timeout_s)
+        timeout = _timedelta(timeout_s) if timeout_s else self._default_timeout
         if arrival is None:
             try:
                 work.wait(timeout)
@@ -178,6 +158,12 @@ class Channel:
             raise LinkLost(f"rank {self.peer}: protocol error: {header.length} values in a "
                            f"frame for {frame.capacity}")
         return header
+
+
+@functools.cache
+def _timedelta(seconds: float) -> datetime.timedelta:
+    """A timeout as gloo takes it, made once: every wait needs one."""
+    return datetime.timedelta(seconds=seconds)
 
 
 class _Arrival(threading.Event):
