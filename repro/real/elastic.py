@@ -1,43 +1,27 @@
 """Elastic clients of the real driver: joining a running run, and the server's side of a join.
 
-This module owns the join handshake, nothing of training. A running single-node server keeps
-its rendezvous store open for the whole run and logs ``accepting joins at HOST:PORT``. A joiner
-(``python -m repro.run backend=real <the run's overrides> backend.join=HOST:PORT``) takes a
-ticket from the store (an atomic counter), writes its request under the ticket (its config's
-fingerprint, a client id to rejoin as, its pid and host), and reads the answer: a client id, or
-why it is refused (another model or config, beyond ``backend.max_clients``, a live id asked for,
-the run is ending). Then the two make their 2-rank gloo group from the ticket's prefix of the
-store (:func:`repro.real.groups.pair_group`, as torchft's parameter-server prototype does), swap
-HELLOs, and the client is served like any other: it fetches the current version and is counted
-from its first push. No world group is touched, so nobody else waits while a client joins.
+This module owns the join handshake, nothing of training; what a user sees of it (the command,
+refusals, exit codes, what the store keeps, torchrun's restarts) is docs/real.md ("Joins, and
+security", "Clients restarted by torchrun") and docs/failures.md. A running single-node server
+keeps its rendezvous store open. A joiner takes a ticket from the store (an atomic counter),
+writes its request under the ticket (its config's fingerprint, a client id to rejoin as, its pid
+and host), and reads the answer: a client id, or why it is refused. Then the two make their
+2-rank gloo group from the ticket's prefix of the store (:func:`repro.real.groups.pair_group`,
+as torchft's parameter-server prototype does), swap HELLOs, and the client is served like any
+other. No world group is touched, so nobody else waits while a client joins.
 
-Ids: a new joiner gets the next id never used in the run (so an id is never reused for another
-process, across resumes too); a restarted client may ask for its lost id back
-(``backend.join_client``), which is recorded as ``client_rejoined``. What is per client (speeds,
-data shards) for id k > num_clients is slot ((k - 1) mod N) + 1
-(:func:`repro.config.settings.client_slot`).
+Ids: a new joiner gets the next id never used in the run (across resumes too), so an id never
+names two processes; a restarted client may ask for its lost id back (``backend.join_client``).
+Per-client settings of id k > num_clients are slot k's (:func:`repro.config.settings.client_slot`).
 
-Every wait is bounded as before: a joiner silent between its ticket and its HELLO is dropped after
-``backend.client_timeout_s``; a joiner waits for its answer at most ``backend.timeout_s``, and
-loads its data before it takes a ticket, so that the server's wait for its pair group is not
-spent on it. Once the run serves no more joins the acceptor marks the store closed and refuses
-every ticket it has not read, so a late joiner is told at once (exit 2, as any refusal). Nothing of
-a join stays in the store: the request is deleted once read, the answer by the joiner once read
-(and by the server after the join, for a joiner that died before), the pair group's gloo
-addresses once the group is made or given up.
-
-A join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
-at the address (the run's process has exited) is refused at once, by a plain connect before the
-store's (which retries for ``backend.timeout_s``, printing C++ stacks); a listener that accepts
-and never answers (not a run) is refused after ``backend.timeout_s``, each C++ wait of the
-handshake being bounded in a thread (:func:`bounded`: TCPStore's first read has no bound of its
-own); the command line's joiner hears a signal at once and leaves with exit 130
-(:func:`join_process`); a joiner whose link closes (the server dropped it, silent past its
-``backend.client_timeout_s``, or ended) says so and how to rejoin under its id.
-
-Under torchrun: each worker with ``backend.join`` is one joiner, so ``torchrun --nnodes=1:2
---max-restarts=K`` restarts a lost client and it joins again (a fresh id) while the server, a
-single-node run outside torchrun, goes on; see the README's "Clients restarted by torchrun".
+Every wait is bounded. A joiner loads its data before it takes a ticket, so that the server's
+wait for its pair group is not spent on it. Once the run serves no more joins the acceptor marks
+the store closed and refuses every ticket it has not read, so a late joiner is told at once. A
+join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
+is refused by a plain connect before the store's (which retries for ``backend.timeout_s``,
+printing C++ stacks); each C++ wait of the handshake is bounded in a thread (:func:`bounded`:
+TCPStore's first read has no bound of its own); the command line's joiner hears a signal at
+once (:func:`join_process`).
 """
 from __future__ import annotations
 
@@ -57,7 +41,11 @@ import torch.distributed as dist
 
 from repro.config.settings import RunConfig, to_dict
 from repro.logs import get_logger
+from repro.real.client import build_client, client_device, run_client
+from repro.real.groups import disconnect, pair_group, pin_gloo_to_loopback
+from repro.real.transport import Channel
 from repro.runtime import EXIT_INTERRUPTED, SIGNALS
+from repro.workload.build import load_data
 
 _log = get_logger("repro.real.elastic")
 
@@ -252,12 +240,6 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     until STOP. Returns the process exit code (0 after STOP, 2 refused, also when the run has
     ended or nothing listens at the address, 1 lost). ``on_admitted(k)``: told the id once
     the pair group with the server is made."""
-    from repro.real.client import build_client, client_device, run_client
-    from repro.real.transport import Channel
-    from repro.real.groups import disconnect, pair_group, pin_gloo_to_loopback
-
-    from repro.workload.build import load_data
-
     pin_gloo_to_loopback(cfg.backend.join.rpartition(":")[0], single_node=True)
     # the data before the ticket: once admitted, the server waits backend.client_timeout_s for the
     # pair group, and loading data (seconds on a busy machine) must not eat into that wait

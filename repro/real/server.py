@@ -26,7 +26,9 @@ import torch
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark, prefixed
+from repro.real.elastic import ENDED, Refused, fingerprint
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
+from repro.real.groups import forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
@@ -225,8 +227,6 @@ class Dispatcher:
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:
         """The id a joiner gets, or :class:`~repro.real.elastic.Refused` saying why not."""
-        from repro.real.elastic import ENDED, Refused, fingerprint
-
         with self.lock:
             if self.closed or self.stopping:
                 raise Refused(ENDED)
@@ -251,8 +251,6 @@ class Dispatcher:
         """Connect admitted client ``k`` through its pair group, swap HELLOs, then serve it: it
         fetches the current version. Only the last step takes the lock, so a joiner that never
         connects (dropped after ``backend.client_timeout_s``) holds nobody up."""
-        from repro.real.groups import forget_pair, pair_group
-
         timeout = self.cfg.backend.client_timeout_s
         try:
             try:
