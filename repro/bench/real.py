@@ -162,7 +162,7 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
                             channel.post(frame)   # as Dispatcher.send_params does
                         return served[0] < n
 
-                receiver = Receiver(1, channel, frame, 60, on_push, lambda k, why: print(why))
+                receiver = Receiver(1, channel, frame, on_push, lambda k, why: print(why))
                 receiver.start()
                 receiver.join(120)
     timings = torch.empty(len(sizes) * blocks * len(VARIANTS), dtype=torch.float64)

@@ -12,16 +12,10 @@ is ready or dead, and forms the gloo world of the live ones; how client processe
 ready and stop is :mod:`repro.real.processes`. The store stays open for joins
 (:mod:`repro.real.elastic`).
 
-Many nodes (``torchrun``): every rank runs ``python -m repro.run``; rank 0 calls ``run_real``,
+Many nodes (``torchrun``, docs/real.md "Across nodes with torchrun"): rank 0 calls ``run_real``,
 which joins torchrun's world from the environment instead of spawning; ranks > 0 call
-:func:`run_torchrun_worker`. The world size decides the number of clients (world size - 1). A run
-folder that already holds a finished run is skipped by rank 0, which still joins the world to
-tell every client STOP. Under ``torchrun --max-restarts=K`` with ``resume=auto``, a restarted job
-continues from the last checkpoint.
-
-Stopping: see :mod:`repro.runtime` (SIGINT, SIGTERM, SIGHUP) and, for spawned clients,
-:mod:`repro.real.processes`. Whatever ends the loop, every rank is stopped before the summary is
-written. Under torchrun, ranks > 0 die quietly on SIGINT/SIGTERM.
+:func:`run_torchrun_worker`, and die quietly on SIGINT/SIGTERM. Whatever ends the loop, every
+rank is stopped before the summary is written.
 """
 from __future__ import annotations
 

@@ -45,13 +45,13 @@ def server_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def greeted(channel: Channel, k: int, frame: Frame, timeout_s: float, out: Frame) -> None:
+def greeted(channel: Channel, k: int, frame: Frame, out: Frame) -> None:
     """HELLO both ways, ours from ``out``, client ``k``'s into ``frame``: its frames must carry as
     many parameters as ours. LinkLost if not, once the client is told STOP (a header fits any
     frame), or when the link ends first."""
     channel.send(hello(out), out)
     try:
-        check_hello(channel.recv(frame, timeout_s), frame, k)
+        check_hello(channel.recv(frame), frame, k)
     except LinkLost:
         with contextlib.suppress(LinkLost):
             channel.send(Header(Kind.STOP, k, 0, 0), out)
@@ -72,8 +72,8 @@ class Dispatcher:
         self.lock = threading.Lock()   # one push (or one watch round) at a time
         self.closed = False            # set under the lock: receivers stop serving
         self.stopping = False          # set under the lock: every client is told STOP, no joiner admitted
-        self.receivers = {k: Receiver(k, ch, self.frame(), cfg.backend.client_timeout_s,
-                                      self.on_message, self.on_lost) for k, ch in channels.items()}
+        self.receivers = {k: Receiver(k, ch, self.frame(), self.on_message, self.on_lost)
+                          for k, ch in channels.items()}
         self.reply = self.frame()   # every reply leaves from this frame
         # CPU: from start() on the server keeps its parameters in the reply frame (the core's
         # begin moves them there), so a reply copies nothing
@@ -130,7 +130,7 @@ class Dispatcher:
     def greet(self, k: int) -> bool:
         """HELLO both ways (see :func:`greeted`); a client that fails it is lost."""
         try:
-            greeted(self.channels[k], k, self.receivers[k].frame, self.cfg.backend.client_timeout_s, self.reply)
+            greeted(self.channels[k], k, self.receivers[k].frame, self.reply)
             return True
         except LinkLost as exc:
             self.lose(k, str(exc))
@@ -262,7 +262,7 @@ class Dispatcher:
             channel = Channel(group, k, timeout, peer_in_group=1)
             frame = self.frame()
             try:   # HELLO from the joiner's own frame: the reply frame belongs to the locked loop
-                greeted(channel, k, frame, timeout, frame)
+                greeted(channel, k, frame, frame)
             except LinkLost as exc:
                 log.info(f"joining client {k} refused: {exc}")
                 return
@@ -272,7 +272,7 @@ class Dispatcher:
                         channel.send(Header(Kind.STOP, k, 0, 0), frame)
                     return
                 self.channels[k] = channel
-                self.receivers[k] = Receiver(k, channel, frame, timeout, self.on_message, self.on_lost)
+                self.receivers[k] = Receiver(k, channel, frame, self.on_message, self.on_lost)
                 self.lost.pop(k, None)
                 self.stopped.discard(k)
                 self.processes.pop(k, None)   # a rejoiner's dead predecessor is not this client

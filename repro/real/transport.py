@@ -204,17 +204,17 @@ class Receiver(threading.Thread):
     (the server loop, which takes its lock, applies, replies, and posts the next receive only
     with the client's reply; so the frame is never overwritten while read, also while the
     protocol holds the push until a later reply). ``on_push`` returns False when the client was
-    told to stop; ``on_lost`` hears why the link ended otherwise.
+    told to stop; ``on_lost`` hears why the link ended otherwise. Each wait is the channel's.
 
     Why a thread per client that does the server's work under a lock, rather than threads that
     queue pushes for a main loop: the queue's extra thread wake-up cost ~0.1 ms per round trip
     here, a fifth of a 0.1M-parameter round trip. Pushes are still applied one at a time.
     """
 
-    def __init__(self, client: int, channel: Channel, frame: Frame, timeout_s: float,
+    def __init__(self, client: int, channel: Channel, frame: Frame,
                  on_push: Callable[[int, Header, Tensor], bool], on_lost: Callable[[int, str], None]):
         super().__init__(name=f"receiver-{client}", daemon=True)
-        self.client, self.channel, self.frame, self.timeout_s = client, channel, frame, timeout_s
+        self.client, self.channel, self.frame = client, channel, frame
         self.on_push, self.on_lost = on_push, on_lost
         self._done = False
         self._gate = threading.Event()   # cleared while the client waits for a held reply
@@ -238,7 +238,7 @@ class Receiver(threading.Thread):
                 if self._done:
                     return
             try:
-                header = channel.recv(frame, self.timeout_s)
+                header = channel.recv(frame)
             except Exception as exc:  # LinkLost, or anything else: either way the client is gone
                 if not self._done:
                     self.on_lost(self.client, str(exc))
