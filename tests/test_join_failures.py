@@ -120,7 +120,7 @@ channel = Channel(pair_group(store, "p", 0, 60), 1, 60, peer_in_group=1)
 """
 DROPPER = PEER + """
 try:
-    channel.recv(Frame(4), timeout_s=0.2)   # the client is silent: dropped, its link closed
+    Channel(channel.group, 1, 0.2, peer_in_group=1).recv(Frame(4))   # the client is silent: dropped
 except LinkLost as exc:
     print("dropped:", exc, flush=True)
 time.sleep(120)   # the server goes on (and is killed by the test)
@@ -206,12 +206,12 @@ class ClosingLink(ScriptedChannel):
     def __init__(self, script=()):
         super().__init__(list(script), arrive_after=0)
 
-    def recv(self, frame, timeout_s=None):
+    def recv(self, frame):
         from repro.real.frames import LinkLost
 
         if not self.script:
             raise LinkLost("rank 0: waiting for a message: connection closed by the peer")
-        return super().recv(frame, timeout_s)
+        return super().recv(frame)
 
     def arrived(self, wait_s: float = 0.0) -> bool:
         return wait_s > 0

@@ -100,7 +100,7 @@ def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSe
     """Train until the server says STOP (exit code 0) or is lost or silent (1). ``rejoin``: how
     this client may come back, said with the loss (a joiner's)."""
     try:
-        if not _hello(cfg, channel, setup):
+        if not _hello(channel, setup):
             return 0
         return _loop(cfg, client_id, channel, setup)
     except LinkLost as exc:
@@ -112,10 +112,10 @@ def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSe
         return 1
 
 
-def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
+def _hello(channel: Channel, setup: ClientSetup) -> bool:
     """Answer the server's HELLO with ours (both carry the parameter count; no payload moves
     before they agree). False if the server says STOP instead (a finished run)."""
-    theirs = channel.recv(setup.inbox, cfg.backend.timeout_s)
+    theirs = channel.recv(setup.inbox)
     if theirs.kind == Kind.STOP:
         return False
     channel.send(hello(setup.outbox), setup.outbox)   # even on a mismatch: the server reports it
@@ -123,7 +123,7 @@ def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
         check_hello(theirs, setup.inbox, 0)
     except LinkLost:
         # wait for the server's STOP (header-only), so it has read our HELLO before we hang up
-        channel.recv(setup.inbox, cfg.backend.timeout_s)
+        channel.recv(setup.inbox)
         raise
     return True
 
@@ -206,7 +206,7 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
     factor = pace_factor(cfg, client_id)
     on_step = Pace(factor, heartbeat) if factor > 1.0 else heartbeat
     while True:
-        header = channel.recv(inbox, cfg.backend.timeout_s)
+        header = channel.recv(inbox)
         if header.kind == Kind.STOP:
             return 0
         if header.kind != Kind.PARAMS or header.client != client_id:

@@ -30,7 +30,6 @@ while that client pushed deadlocked until the client timeout dropped it.
 from __future__ import annotations
 
 import datetime
-import functools
 import queue
 import threading
 import time
@@ -64,7 +63,7 @@ class Channel:
         # completes: see "Releasing a work" in the module docstring
         self._last_send = self._last_recv = None
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
-        self._default_timeout = _timedelta(timeout_s)   # the hot path's waits: no lookup
+        self._timeout = datetime.timedelta(seconds=timeout_s)   # as gloo takes it, made once
 
     def _first_error(self, exc: RuntimeError) -> Exception:
         """Why the link ended, for a send's wait that failed with ``exc`` (a receive's own failure
@@ -84,10 +83,10 @@ class Channel:
             return first
         return exc
 
-    def _lost(self, what: str, timeout: datetime.timedelta, exc: Exception | None) -> LinkLost:
+    def _lost(self, what: str, exc: Exception | None) -> LinkLost:
         text = "" if exc is None else str(exc)
         if exc is None or "Timed out" in text:
-            why = f"silent for more than {timeout.total_seconds():g} s"
+            why = f"silent for more than {self.timeout_s:g} s"
         elif "closed by peer" in text:   # gloo's words, with its source line and advice
             why = "connection closed by the peer (it dropped this link, or exited)"
         else:
@@ -110,9 +109,9 @@ class Channel:
     def _transmit(self, frame: Frame, length: int, kind: Kind) -> None:
         try:   # (on a connection already closed the call itself fails, at once)
             work = self.group.send(frame.message(length), self._peer_in_group, TAG)
-            work.wait(self._default_timeout)
+            work.wait(self._timeout)
         except RuntimeError as exc:
-            raise self._lost(f"sending {kind.name}", self._default_timeout, self._first_error(exc)) from exc
+            raise self._lost(f"sending {kind.name}", self._first_error(exc)) from exc
         self._last_send = work
 
     def post(self, frame: Frame) -> None:
@@ -122,7 +121,7 @@ class Channel:
             try:
                 work = self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG)
             except RuntimeError as exc:   # (as a send's call)
-                raise self._lost("waiting for a message", self._default_timeout, exc) from exc
+                raise self._lost("waiting for a message", exc) from exc
             arrival = self._watcher.watch(work) if self._watcher is not None else None
             self._pending = (work, frame, arrival)
 
@@ -134,36 +133,29 @@ class Channel:
             return False
         return self._pending[2].wait(wait_s) if wait_s else self._pending[2].is_set()
 
-    def recv(self, frame: Frame, timeout_s: float | None = None) -> Header:
-        """The next message, into ``frame``; raises :class:`LinkLost` after ``timeout_s`` of
-        silence. The payload is ``frame.payload[:header.length]``."""
+    def recv(self, frame: Frame) -> Header:
+        """The next message, into ``frame``; raises :class:`LinkLost` after the channel's
+        ``timeout_s`` of silence. The payload is ``frame.payload[:header.length]``."""
         if self._pending is None:
             self.post(frame)
         work, posted, arrival = self._pending
         if posted is not frame:
             raise ValueError("recv() into a different frame than the one posted")
         self._pending = None
-        timeout = _timedelta(timeout_s) if timeout_s else self._default_timeout
         if arrival is None:
             try:
-                work.wait(timeout)
+                work.wait(self._timeout)
             except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
-                raise self._lost("waiting for a message", timeout, exc) from exc
-        elif not arrival.wait(timeout.total_seconds()) or arrival.error is not None:
+                raise self._lost("waiting for a message", exc) from exc
+        elif not arrival.wait(self.timeout_s) or arrival.error is not None:
             # the watcher waits on gloo; we wait on it, as long as the timeout says
-            raise self._lost("waiting for a message", timeout, arrival.error)
+            raise self._lost("waiting for a message", arrival.error)
         self._last_recv = work
         header = Header.unpack(frame)
         if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
             raise LinkLost(f"rank {self.peer}: protocol error: {header.length} values in a "
                            f"frame for {frame.capacity}")
         return header
-
-
-@functools.cache
-def _timedelta(seconds: float) -> datetime.timedelta:
-    """A timeout as gloo takes it, made once: every wait needs one."""
-    return datetime.timedelta(seconds=seconds)
 
 
 class _Arrival(threading.Event):

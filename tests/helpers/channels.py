@@ -13,7 +13,7 @@ class ScriptedChannel:
         self.script, self.arrive_after = list(script), arrive_after
         self.polls, self.sent = 0, []
 
-    def recv(self, frame, timeout_s=None) -> Header:
+    def recv(self, frame) -> Header:
         header = self.script.pop(0)
         header.pack(frame)
         return header
