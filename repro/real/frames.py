@@ -3,18 +3,16 @@
 This module owns what one message between the server and a client looks like in memory and on
 the wire; :mod:`repro.real.transport` owns how it moves (bounded waits, receivers).
 
-Messages. A message is one frame, sent as ONE gloo message: a fixed-size header (a float64
-vector of :data:`HEADER_SLOTS` slots: message kind, client, version, payload length, the
-timings, and a push's own fields, one slot per value in the order
-:class:`~repro.asgd.algorithm.Push` declares them; ints below 2**53 are exact) followed by a
-payload of exactly ``length`` float32 values (none for HELLO and STOP). gloo aborts the receiving *process* when a message is larger
-than the posted buffer, and accepts a shorter one. So a receiver always posts a frame sized for
-the largest payload it accepts (its own parameter count), and before any payload moves the two
-ends swap header-only HELLOs (which fit any frame) carrying their parameter counts: a mismatch
-(say, different models on different nodes) is a clear error, never an abort. Why one frame and
-not a header message then a payload message: each gloo call costs tens of microseconds of CPU,
-and two messages per direction made a 0.1M-parameter round trip ~0.3 ms slower than raw gloo
-(ratio ~0.6); one frame per direction makes exactly the calls raw send/recv makes. Nothing is
+Messages. A message is one frame, sent as ONE gloo message: a fixed-size header of
+:data:`HEADER_SLOTS` float64 slots (kind, client, version, payload length, the timings, and a
+push's own fields in the order :class:`~repro.asgd.algorithm.Push` declares them; ints below
+2**53 are exact), then exactly ``length`` float32 values. gloo aborts the receiving *process*
+when a message is larger than the posted buffer, and accepts a shorter one. So a receiver always
+posts a frame sized for its own parameter count, and before any payload moves the two ends swap
+header-only HELLOs carrying their parameter counts: a mismatch (say, different models on
+different nodes) is a clear error, never an abort. Why one frame and not a header message then a
+payload message: each gloo call costs tens of microseconds of CPU, and two messages per
+direction made a 0.1M-parameter round trip ~0.3 ms slower than raw gloo (ratio ~0.6). Nothing is
 copied into a frame: the server keeps its parameters inside its reply frame, and a CPU client
 computes its update straight into its outgoing frame (``Client.compute_push(..., out=)``); a GPU
 client's frames are the pinned buffers it stages through anyway.

@@ -39,10 +39,9 @@ def is_loopback(addr: str) -> bool:
 def loopback_ifname() -> str | None:
     """Name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS), if there is one."""
     try:
-        names = [name for _, name in socket.if_nameindex()]
+        return next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
     except OSError:
         return None
-    return next((n for n in names if n in ("lo", "lo0")), None)
 
 
 def pin_gloo_to_loopback(master_addr: str, single_node: bool) -> None:

@@ -8,11 +8,8 @@ trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a ti
 they take the lock, and ``updates.csv`` records that order. The main thread only watches:
 interrupts, client processes, finished evaluations. Client loss, divergence, the end of the
 budget and interrupts all end the same way: as soon as the run is stopping, every client still
-computing is sent STOP, which it reads between two local steps, however long its push.
-
-A push the protocol holds (a sync round's, until the round closes) is read from its client's
-receive frame, not copied: that frame receives again only after the client's reply
-(:meth:`Dispatcher.send_params` posts the receive), so the update stays valid until then.
+computing is sent STOP, which it reads between two local steps, however long its push. A push
+the protocol holds is read from its client's receive frame, not copied (see the Receiver).
 """
 from __future__ import annotations
 
@@ -218,10 +215,8 @@ class Dispatcher:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
                 self.acceptor.finish()
-        with self.lock:
-            self.stop_clients()   # an interrupt or a failure: nobody computes on for nothing
-            for receiver in self.receivers.values():
-                receiver.finish()   # a receive still waiting ends with its client (killed) or timeout
+        with self.lock:   # an interrupt or a failure: nobody computes on for nothing
+            self.stop_clients()   # (every receiver is finished now: its client stopped or lost)
             return self.core.final_status(interrupted=self.stop.is_set())
 
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
