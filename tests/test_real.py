@@ -72,6 +72,23 @@ def test_frame_round_trip():
     assert [t.numel() for t in frame.message(stop.payload_length)] == [HEADER_BYTES]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="interface names are Linux's here")
+@pytest.mark.parametrize("single_node, master, preset, expected", [
+    (True, "127.0.0.1", "eth0", "lo"),      # a single-node run is never opened to the network
+    (True, "192.0.2.1", None, None),        # nor pinned to a guess off loopback
+    (False, "127.0.0.1", "eth0", "eth0"),   # torchrun: the user's choice wins
+    (False, "127.0.0.1", None, "lo")])
+def test_gloo_is_pinned_to_loopback_on_one_node_and_to_the_users_choice_under_torchrun(
+        monkeypatch, single_node, master, preset, expected):
+    from repro.real.groups import pin_gloo
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    if preset:
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", preset)
+    pin_gloo(master, single_node)
+    assert os.environ.get("GLOO_SOCKET_IFNAME") == expected
+
+
 def test_peer_that_never_connects_fails_within_timeout(tmp_path, monkeypatch, no_children):
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from repro.config.settings import RunConfig, to_dict
 from repro.logs import get_logger
 from repro.real.client import build_client, client_device, run_client
-from repro.real.groups import disconnect, pair_group, pin_gloo_to_loopback
+from repro.real.groups import disconnect, pair_group, pin_gloo
 from repro.real.transport import Channel
 from repro.runtime import EXIT_INTERRUPTED, SIGNALS
 from repro.workload.build import load_data
@@ -78,9 +78,9 @@ class Acceptor(threading.Thread):
     """The server's side: watch the store for tickets and admit each joiner in ticket order.
     ``loop`` is the :class:`~repro.real.server.Dispatcher` (admit, add_client, closed)."""
 
-    def __init__(self, loop, store, address: str):
+    def __init__(self, loop, store):
         super().__init__(name="join-acceptor", daemon=True)
-        self.loop, self.store, self.address = loop, store, address
+        self.loop, self.store = loop, store
         self.done = threading.Event()
         self.seen = 0
         self.waiting_since: dict[int, float] = {}   # tickets taken whose request is not written yet
@@ -240,7 +240,7 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     until STOP. Returns the process exit code (0 after STOP, 2 refused, also when the run has
     ended or nothing listens at the address, 1 lost). ``on_admitted(k)``: told the id once
     the pair group with the server is made."""
-    pin_gloo_to_loopback(cfg.backend.join.rpartition(":")[0], single_node=True)
+    pin_gloo(cfg.backend.join.rpartition(":")[0], single_node=True)
     # the data before the ticket: once admitted, the server waits backend.client_timeout_s for the
     # pair group, and loading data (seconds on a busy machine) must not eat into that wait
     ds = load_data(cfg, "cpu")

@@ -44,14 +44,22 @@ def loopback_ifname() -> str | None:
         return None
 
 
-def pin_gloo_to_loopback(master_addr: str, single_node: bool) -> None:
-    """gloo binds its pairs to the interface GLOO_SOCKET_IFNAME names, else the one the host name
-    resolves to, either of which may be a LAN address. A single-node run on a loopback master
-    listens on loopback only, whatever the environment says (multi-node users export
-    GLOO_SOCKET_IFNAME for torchrun, and it must not open a single-node run to the network).
-    Under torchrun the environment is the user's to set."""
-    name = loopback_ifname()
-    if name and is_loopback(master_addr) and (single_node or "GLOO_SOCKET_IFNAME" not in os.environ):
+def pin_gloo(master_addr: str, single_node: bool) -> None:
+    """Which interface gloo binds its pairs to (GLOO_SOCKET_IFNAME): left to itself, the one the
+    host name resolves to. A single-node run on a loopback master listens on loopback only,
+    whatever the environment says (multi-node users export GLOO_SOCKET_IFNAME for torchrun, and
+    it must not open a single-node run to the network). Under torchrun a user's
+    GLOO_SOCKET_IFNAME wins; else a loopback master means loopback, and any other master the
+    interface that routes to it: the host name resolves to loopback on many machines (Debian's
+    127.0.1.1; a network namespace), and the other nodes, told to connect to their own loopback,
+    never start ('Connect timeout')."""
+    if not single_node and "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    if is_loopback(master_addr):
+        name = loopback_ifname()
+    else:
+        name = None if single_node else interface_towards(master_addr)
+    if name:
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
@@ -77,18 +85,6 @@ def interface_towards(addr: str) -> str | None:
         return next((name for _, name in socket.if_nameindex() if ipv4_of(name) == local), None)
     except OSError:
         return None
-
-
-def pin_gloo_towards(master_addr: str) -> None:
-    """Under torchrun with GLOO_SOCKET_IFNAME unset, gloo binds the address the host name resolves
-    to, which is loopback on many machines (Debian's 127.0.1.1; a network namespace): the other
-    nodes are then told to connect to their own loopback and a two-node run never starts
-    ('Connect timeout'). Bind the interface that routes to the master instead: the one the
-    other nodes reach this node through. A user's GLOO_SOCKET_IFNAME still wins."""
-    if "GLOO_SOCKET_IFNAME" not in os.environ and not is_loopback(master_addr):
-        name = interface_towards(master_addr)
-        if name:
-            os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[int, object]:

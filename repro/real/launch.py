@@ -41,7 +41,7 @@ from repro.real.processes import (WORLD_KEY, StartupError, client_context, hando
                                   spawn_clients, startup_deadline_s, stop_children, wait_ready)
 from repro.real.server import Dispatcher, log, server_device
 from repro.real.transport import Channel
-from repro.real.groups import connect, disconnect, pin_gloo_to_loopback, pin_gloo_towards
+from repro.real.groups import connect, disconnect, pin_gloo
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env, usable_cores
@@ -91,7 +91,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
         loop = Dispatcher(cfg, core, channels, run.stop, procs, resume)
         if store is not None:   # single node: the store stays open for joins (repro.real.elastic)
             address = f"{cfg.backend.master_addr}:{store.port}"
-            loop.acceptor = Acceptor(loop, store, address)
+            loop.acceptor = Acceptor(loop, store)
             loop.acceptor.start()
             log.info(f"accepting joins at {address} (up to backend.max_clients={loop.max_clients} at once): "
                      f"python -m repro.run backend=real <this run's overrides> backend.join={address}")
@@ -141,12 +141,9 @@ def world_config(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
 
 @contextlib.contextmanager
 def _loopback(master_addr: str, single_node: bool):
-    """gloo on loopback for a single-node run (see pin_gloo_to_loopback), on the interface towards
-    the master under torchrun (see pin_gloo_towards), restored afterwards."""
+    """gloo's interface pinned (see :func:`~repro.real.groups.pin_gloo`), restored afterwards."""
     before = os.environ.get("GLOO_SOCKET_IFNAME")
-    pin_gloo_to_loopback(master_addr, single_node)
-    if not single_node:
-        pin_gloo_towards(master_addr)
+    pin_gloo(master_addr, single_node)
     try:
         yield
     finally:
@@ -208,8 +205,7 @@ def run_torchrun_worker(cfg: RunConfig) -> int:
         raise RuntimeError("run_torchrun_worker is for ranks > 0 of a torchrun world")
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)   # die quietly when torchrun (or a terminal) says so
-    pin_gloo_to_loopback(os.environ["MASTER_ADDR"], single_node=False)
-    pin_gloo_towards(os.environ["MASTER_ADDR"])
+    pin_gloo(os.environ["MASTER_ADDR"], single_node=False)
     setup = build_client(cfg, env.rank, client_device(cfg, env.local_rank))
     return serve_as_client(cfg, env.rank, env.rank, env.world_size, setup, store=None)
 

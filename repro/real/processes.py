@@ -40,7 +40,7 @@ from repro.workload.data import Dataset
 from repro.real.client import build_client, client_device, run_client
 from repro.real.server import log
 from repro.real.transport import Channel
-from repro.real.groups import connect, disconnect, pin_gloo_to_loopback
+from repro.real.groups import connect, disconnect, pin_gloo
 from repro.runtime import StopRequest, fork_server_context
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
     os.environ.clear()
     os.environ.update(environ)
     mark("client", "started")
-    pin_gloo_to_loopback(cfg.backend.master_addr, single_node=True)
+    pin_gloo(cfg.backend.master_addr, single_node=True)
     setup = build_client(cfg, client_id, client_device(cfg, client_id), dataset)
     mark("client", "built")
     timeout = datetime.timedelta(seconds=startup_deadline_s(cfg))
