@@ -192,7 +192,7 @@ def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
                     dataset: Dataset | None, environ: dict) -> None:
     """A client forked by the fork server: set up, mark ready, learn its world rank, connect,
     train, exit."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C reaches the process group: the parent decides
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent_pid)
     os.environ.clear()
