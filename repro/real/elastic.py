@@ -94,10 +94,8 @@ class Acceptor(threading.Thread):
                     _log.info(f"[real server] join acceptor stopped: {exc}")
                 return
             self.done.wait(0.1)
-        try:
+        with contextlib.suppress(Exception):   # the store may be gone: a joiner is told by its connect
             self.close()
-        except Exception:   # the store is gone already: a joiner is told by its connect
-            pass
 
     def close(self) -> None:
         """Tell every joiner that the run has ended instead of letting it wait for an answer
