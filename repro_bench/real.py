@@ -156,7 +156,7 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
                             channel.post(frame)   # as Dispatcher.send_params does
                         return served[0] < n
 
-                receiver = Receiver(1, channel, frame, 60, on_push, lambda k, why: print(why))
+                receiver = Receiver(1, channel, frame, on_push, lambda k, why: print(why))
                 receiver.start()
                 receiver.join(120)
     timings = torch.empty(len(sizes) * blocks * len(VARIANTS), dtype=torch.float64)
@@ -167,10 +167,10 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
 
 def measure_protocol(sizes: tuple = SIZES, blocks: int = 7) -> dict:
     """{size: {"raw_MBps", "ours_MBps", "ratio", "ratio_with_apply"}}."""
-    from repro.real.groups import pin_gloo_to_loopback
+    from repro.real.groups import pin_gloo
 
     torch.set_num_threads(1)
-    pin_gloo_to_loopback("127.0.0.1", single_node=True)
+    pin_gloo("127.0.0.1", single_node=True)
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)   # port 0: a free one
     proc = mp.get_context("spawn").Process(target=_protocol_client, args=(store.port, sizes, blocks),
                                            daemon=True)

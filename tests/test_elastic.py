@@ -248,7 +248,7 @@ def test_a_join_after_the_run_ended_is_told_so(monkeypatch, capsys):
                           timeout=datetime.timedelta(seconds=5))
     early = store.add(COUNT_KEY, 1)   # a joiner that took its ticket before the run closed
     cfg = elastic_cfg(0)
-    acceptor = Acceptor(SimpleNamespace(closed=True, cfg=cfg), store, f"127.0.0.1:{store.port}")
+    acceptor = Acceptor(SimpleNamespace(closed=True, cfg=cfg), store)
     acceptor.start()
     acceptor.join(timeout=10)
     assert json.loads(store.get(ticket_key(early, "answer"))) == {"refused": ENDED}
@@ -276,7 +276,7 @@ def test_a_ticket_without_a_request_is_skipped_after_the_client_timeout():
     added = []
     loop = SimpleNamespace(closed=False, cfg=cfg, admit=lambda request: 7,
                            add_client=lambda k, store, prefix: added.append((k, prefix)))
-    acceptor = Acceptor(loop, store, f"127.0.0.1:{store.port}")
+    acceptor = Acceptor(loop, store)
     store.add(COUNT_KEY, 1)   # ticket 1: hangs
     second = store.add(COUNT_KEY, 1)
     store.set(ticket_key(second, "request"), json.dumps({"fingerprint": "", "client": None}))

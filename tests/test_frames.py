@@ -1,17 +1,19 @@
 """The real driver's message format (repro.real.frames): what a header writes into a frame and
 reads back, through every path that writes one. No processes, no sockets.
 
-The hot path packs a client's push straight from its fields (issue 34); it must write the very
-bytes the general path (``Header.of_push(...).pack``) writes, for the push and for an extension
-of it that declares new fields, so the one field list stays the only place a field is named.
+A client's push is packed straight from its fields (issue 34), the one writer of a PUSH header:
+what it writes reads back as every field of the push, for the push and for an extension of it
+that declares new fields (so the one field list stays the only place a field is named), and the
+bytes of one push are pinned slot by slot.
 """
+import struct
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from repro.asgd.algorithm import Push
-from repro.real.frames import Frame, Header, Kind, LinkLost
+from repro.real.frames import HEADER_SLOTS, Frame, Header, Kind, LinkLost
 
 ENVELOPE = dict(device=2, sent_at=12.5, compute_s=0.25, to_client_s=0.125)
 
@@ -39,14 +41,29 @@ CASES = [(Header, _push()),
 
 
 @pytest.mark.parametrize("header_type, push", CASES, ids=["Push", "extension"])
-def test_a_push_packed_from_its_fields_is_its_header_packed(header_type, push):
-    general, lean = Frame(4), Frame(4)
-    general.header[:] = lean.header[:] = -1.0   # stale slots of an earlier message
-    header = header_type.of_push(push, 4, **ENVELOPE)
-    header.pack(general)
-    header_type.pack_push(push, lean, 4, **ENVELOPE)
-    assert lean.header.tobytes() == general.header.tobytes()
-    assert header_type.unpack(lean) == header
+def test_a_packed_push_reads_back_as_its_header(header_type, push):
+    frame = Frame(4)
+    frame.header[:] = -1.0   # stale slots of an earlier message
+    carried = {name: value for name, value in vars(push).items()
+               if name not in ("client", "read_version", "update")}
+    back = header_type.unpack(header_type.pack_push(push, frame, 4, **ENVELOPE))
+    assert back == header_type(Kind.PUSH, 3, 41, 4, carried, **ENVELOPE)
+
+
+def test_a_push_header_is_laid_out_slot_by_slot():
+    """kind, client, version, length, position (two slots and a flag: none), device, sent_at,
+    compute_s, to_client_s, then the push's fields in declared order; later slots untouched."""
+    frame = Frame(4)
+    frame.header[:] = -1.0
+    Header.pack_push(_push(), frame, 4, **ENVELOPE)
+    written = (2, 3, 41, 4, 0, 0, 0, 2, 12.5, 0.25, 0.125, 4, 128, 0.25, 0.125, 2, 96)
+    assert frame.header.tobytes() == struct.pack(f"={HEADER_SLOTS}d", *written,
+                                                 *[-1.0] * (HEADER_SLOTS - len(written)))
+
+
+def test_a_push_header_is_never_packed_without_its_push():
+    with pytest.raises(ValueError, match="pack_push"):
+        Header(Kind.PUSH, 3, 41, 4, {"num_steps": 4}).pack(Frame(4))
 
 
 @pytest.mark.parametrize("header_type, push", CASES, ids=["Push", "extension"])

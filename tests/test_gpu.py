@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from repro.asgd.algorithm import Push
 from repro.config.settings import BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.real.frames import Frame, Header, Kind
 from repro.sim.driver import simulate
@@ -54,13 +55,14 @@ def test_simulator_on_cuda_calibrates_its_compute_time(tmp_path):
 def test_pinned_frame_round_trip():
     frame = Frame(1000, pin=True)
     assert frame.buf.is_pinned()
-    header = Header(Kind.PUSH, 2, 17, 1000, dict(num_steps=4, num_samples=128, train_loss=0.5, train_error=0.25,
-                                                 stream_position=(1, 64)), device=0)
+    pushed = dict(num_steps=4, num_samples=128, train_loss=0.5, train_error=0.25, stream_position=(1, 64))
+    header = Header(Kind.PUSH, 2, 17, 1000, pushed, device=0)
     on_gpu = torch.arange(1000.0, device="cuda")
     frame.payload.copy_(on_gpu)                     # D2H into the staging buffer
     back = frame.payload.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
-    assert Header.unpack(header.pack(frame)) == header and torch.equal(back, on_gpu)
+    push = Push(client=2, read_version=17, update=frame.payload, **pushed)
+    assert Header.unpack(Header.pack_push(push, frame, 1000, device=0)) == header and torch.equal(back, on_gpu)
 
 
 @pytest.mark.gpu

@@ -26,6 +26,7 @@ from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest
 from repro.sim.driver import simulate
+from tests.helpers.channels import ScriptedChannel
 
 ROOT = Path(__file__).resolve().parent.parent
 NAN = float("nan")
@@ -170,33 +171,6 @@ def test_sigterm_stops_the_simulator_inside_a_long_push_and_resume_is_bitwise(tm
     assert simulate(cfg.replace(resume=True), tmp_path / "cut")["status"] == "completed"
     for table in ("updates.csv", "evals.csv"):
         assert (tmp_path / "cut" / table).read_bytes() == (tmp_path / "whole" / table).read_bytes()
-
-
-class ScriptedChannel:
-    """A channel to no one: hands out scripted messages; the next one 'arrives' after
-    ``arrive_after`` polls (local steps); records what is sent."""
-
-    def __init__(self, script: list[Header], arrive_after: int):
-        self.script, self.arrive_after = list(script), arrive_after
-        self.polls, self.sent = 0, []
-
-    def recv(self, frame, timeout_s=None) -> Header:
-        header = self.script.pop(0)
-        header.pack(frame)
-        return header
-
-    def post(self, frame) -> None:
-        pass
-
-    def arrived(self, wait_s: float = 0.0) -> bool:
-        self.polls += 1
-        return self.polls >= self.arrive_after
-
-    def send(self, header: Header, frame) -> None:
-        self.sent.append(header.kind)
-
-    def send_push(self, push, frame, **envelope) -> None:   # what the real client pushes with
-        self.sent.append(Kind.PUSH)
 
 
 @pytest.mark.timeout(60)

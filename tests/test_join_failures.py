@@ -28,12 +28,12 @@ import threading
 
 import pytest
 
+from tests.helpers.channels import ScriptedChannel
 from tests.helpers.joins import wait_log
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, free_port
 from tests.helpers.runs import wait_rows
 from tests.helpers.tables import table_frames
-from tests.test_hangs import ScriptedChannel
 
 # the run's overrides, the same for its joiners (a join must share what is trained)
 RUN = ["backend=real", "data=synthetic", "model=mlp", "num_clients=1", "progress=false",
@@ -120,7 +120,7 @@ channel = Channel(pair_group(store, "p", 0, 60), 1, 60, peer_in_group=1)
 """
 DROPPER = PEER + """
 try:
-    channel.recv(Frame(4), timeout_s=0.2)   # the client is silent: dropped, its link closed
+    Channel(channel.group, 1, 0.2, peer_in_group=1).recv(Frame(4))   # the client is silent: dropped
 except LinkLost as exc:
     print("dropped:", exc, flush=True)
 time.sleep(120)   # the server goes on (and is killed by the test)
@@ -206,12 +206,12 @@ class ClosingLink(ScriptedChannel):
     def __init__(self, script=()):
         super().__init__(list(script), arrive_after=0)
 
-    def recv(self, frame, timeout_s=None):
+    def recv(self, frame):
         from repro.real.frames import LinkLost
 
         if not self.script:
             raise LinkLost("rank 0: waiting for a message: connection closed by the peer")
-        return super().recv(frame, timeout_s)
+        return super().recv(frame)
 
     def arrived(self, wait_s: float = 0.0) -> bool:
         return wait_s > 0

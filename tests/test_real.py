@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 import torch
 
+from repro.asgd.algorithm import Push
 from repro.config.settings import BackendConfig, ModelConfig, to_dict
 from repro.errors import ConfigError
 from repro.real import run_real
@@ -59,14 +60,33 @@ def check_fetch_chain(upd: pd.DataFrame) -> None:
 
 def test_frame_round_trip():
     frame = Frame(1000)
-    h = Header(Kind.PUSH, 3, 41, 1000, dict(num_steps=4, num_samples=128, train_loss=0.25, train_error=0.125,
-                                            stream_position=(2, 96)), device=1)
+    pushed = dict(num_steps=4, num_samples=128, train_loss=0.25, train_error=0.125, stream_position=(2, 96))
+    h = Header(Kind.PUSH, 3, 41, 1000, pushed, device=1)
     frame.payload.copy_(torch.arange(1000.0))
-    assert Header.unpack(h.pack(frame)) == h and frame.payload[:3].tolist() == [0.0, 1.0, 2.0]
+    push = Push(client=3, read_version=41, update=frame.payload, **pushed)
+    assert Header.unpack(Header.pack_push(push, frame, 1000, device=1)) == h
+    assert frame.payload[:3].tolist() == [0.0, 1.0, 2.0]
     assert [t.numel() for t in frame.message(1000)] == [HEADER_BYTES + 4000]
     stop = Header(Kind.STOP, 1, 7, 0)
     assert Header.unpack(stop.pack(frame)) == stop and stop.payload_length == 0
     assert [t.numel() for t in frame.message(stop.payload_length)] == [HEADER_BYTES]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="interface names are Linux's here")
+@pytest.mark.parametrize("single_node, master, preset, expected", [
+    (True, "127.0.0.1", "eth0", "lo"),      # a single-node run is never opened to the network
+    (True, "192.0.2.1", None, None),        # nor pinned to a guess off loopback
+    (False, "127.0.0.1", "eth0", "eth0"),   # torchrun: the user's choice wins
+    (False, "127.0.0.1", None, "lo")])
+def test_gloo_is_pinned_to_loopback_on_one_node_and_to_the_users_choice_under_torchrun(
+        monkeypatch, single_node, master, preset, expected):
+    from repro.real.groups import pin_gloo
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    if preset:
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", preset)
+    pin_gloo(master, single_node)
+    assert os.environ.get("GLOO_SOCKET_IFNAME") == expected
 
 
 def test_peer_that_never_connects_fails_within_timeout(tmp_path, monkeypatch, no_children):

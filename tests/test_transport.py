@@ -58,7 +58,7 @@ def test_a_completed_work_is_released_only_when_the_next_one_completes(watched):
 
     def round_trip() -> None:   # the client's calls: receive posted first, push, reply
         channel.post(inbox)
-        channel.send(Header(Kind.PUSH, 1, 0, 4, PUSHED), outbox)
+        channel.send_push(Push(client=1, read_version=0, update=outbox.payload, **PUSHED), outbox)
         assert channel.recv(inbox).kind == Kind.PARAMS
 
     round_trip()
@@ -67,17 +67,19 @@ def test_a_completed_work_is_released_only_when_the_next_one_completes(watched):
     assert sorted(group.released) == ["recv1", "send1"]   # replaced by the second round trip's
 
 
-def test_a_push_sent_from_its_fields_is_the_message_its_header_sends():
-    """The client's hot path (send_push: no header built) puts on the wire the very message of
-    send(Header.of_push(...)): header slots and the whole payload."""
+def test_a_push_is_sent_as_one_message_its_header_and_its_whole_update():
+    """The client's hot path (send_push: no header built) puts on the wire one message: the
+    push's header slots and the whole payload, which read back as the push."""
     outbox = Frame(4)
     outbox.payload.copy_(torch.arange(4.0))
     push = Push(client=1, read_version=7, update=outbox.payload, num_steps=4, num_samples=128, train_loss=0.5,
                 train_error=0.1, stream_position=(2, 96))
-    envelope = dict(device=-1, sent_at=12.5, compute_s=0.25, to_client_s=0.125)
     group = _Group(Frame(4))
-    channel = Channel(group, 0, 5.0, peer_in_group=0)
-    channel.send(Header.of_push(push, 4, **envelope), outbox)
-    outbox.header[:] = 0.0
-    channel.send_push(push, outbox, **envelope)
-    assert len(group.sent) == 2 and group.sent[0] == group.sent[1]
+    Channel(group, 0, 5.0, peer_in_group=0).send_push(push, outbox, device=-1, sent_at=12.5)
+    (message,) = group.sent
+    received = Frame(4)
+    received.buf.copy_(torch.frombuffer(bytearray(message), dtype=torch.uint8))
+    header = Header.unpack(received)
+    assert (header.kind, header.length, header.sent_at) == (Kind.PUSH, 4, 12.5)
+    back = header.to_push(received.payload)
+    assert vars(back) == {**vars(push), "update": back.update} and torch.equal(back.update, torch.arange(4.0))

@@ -213,11 +213,12 @@ def test_where_namespaces_cannot_be_made_entering_says_why(monkeypatch, missing)
 
 
 def test_the_interface_towards_an_address_is_found_without_sending_anything():
-    """pin_gloo_towards' lookup: the route's interface (a UDP connect sends no packet)."""
-    from repro.real.groups import interface_towards
+    """pin_gloo's lookup under torchrun: the route's interface (a UDP connect sends no packet)."""
+    from repro.real.groups import interface_towards, ipv4_of
     if not sys.platform.startswith("linux"):
         pytest.skip("interface names are Linux's here")
     assert interface_towards("127.0.0.1") == "lo"
+    assert ipv4_of("lo") == "127.0.0.1" and ipv4_of("no-such-if") is None   # the tests' helper's too
     assert interface_towards("::1") is None   # IPv4 only: gloo's choice stays as it was
 
 

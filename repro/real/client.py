@@ -8,17 +8,13 @@ order is the one seeded by ``(seed, k)``. While it computes, a client proves it 
 header-only HEARTBEAT every quarter of ``backend.client_timeout_s``, so only a silent client is
 dropped, however long its pushes take.
 
-Devices, one rule for every launcher: the process of local rank ``r`` on a node (the server is
-local rank 0, spawned client ``k`` is local rank ``k``, a torchrun rank its ``LOCAL_RANK``) uses
-``cuda:(r mod G)`` when it trains on a GPU, so with G > N no GPU is shared, not even by the
-server (``backend.server_device=cuda`` puts it on ``cuda:0``). ``backend.client_device``: auto
-(a GPU when CUDA is visible), cpu, or cuda. On a GPU the messages go through pinned CPU buffers
-(gloo moves CPU tensors only), and before it reports ready the client runs one warm-up step, so
-its first push does not pay for loading cuDNN and cuBLAS while the server's timeout runs.
+Devices follow one placement rule for every launcher (docs/real.md, "One node"): the process of
+local rank ``r`` trains on ``cuda:(r mod G)``. On a GPU the messages go through pinned CPU
+buffers (gloo moves CPU tensors only), and a warm-up step precedes the ready mark, so the first
+push does not pay for loading cuDNN and cuBLAS while the server's timeout runs.
 
 A resumed run sends each client the stream position it last reported, so it continues its data
-order; its momentum buffer restarts at zero (the server checkpoints parameters, not client
-optimiser state).
+order; its momentum buffer restarts at zero (the server checkpoints parameters only).
 
 Between two local steps the client looks whether the server has spoken (the receive for its
 next message is posted before it computes): STOP (the run is ending: budget, divergence, a
@@ -40,7 +36,7 @@ from repro.config.settings import RunConfig, client_slot
 from repro.errors import ConfigError
 from repro.logs import prefixed
 from repro.workload.build import build_net, load_data, make_clients
-from repro.workload.data import Dataset
+from repro.workload.data import ClientStream, Dataset
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
 from repro.real.transport import Channel
 from repro.runtime import cuda_missing, deterministic
@@ -93,8 +89,6 @@ def warm_up(setup: ClientSetup) -> None:
     """One forward and backward on a throw-away batch, then synchronise: lazy cuDNN/cuBLAS
     loading happens now, not inside the first push the server is timing. The data stream is not
     advanced (a fresh stream over the same data serves the batch) and the gradient is zeroed."""
-    from repro.workload.data import ClientStream
-
     stream = setup.client.stream
     probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)
     setup.net.backward(*probe.next_batch())
@@ -106,7 +100,7 @@ def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSe
     """Train until the server says STOP (exit code 0) or is lost or silent (1). ``rejoin``: how
     this client may come back, said with the loss (a joiner's)."""
     try:
-        if not _hello(cfg, channel, setup):
+        if not _hello(channel, setup):
             return 0
         return _loop(cfg, client_id, channel, setup)
     except LinkLost as exc:
@@ -118,10 +112,10 @@ def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSe
         return 1
 
 
-def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
+def _hello(channel: Channel, setup: ClientSetup) -> bool:
     """Answer the server's HELLO with ours (both carry the parameter count; no payload moves
     before they agree). False if the server says STOP instead (a finished run)."""
-    theirs = channel.recv(setup.inbox, cfg.backend.timeout_s)
+    theirs = channel.recv(setup.inbox)
     if theirs.kind == Kind.STOP:
         return False
     channel.send(hello(setup.outbox), setup.outbox)   # even on a mismatch: the server reports it
@@ -129,7 +123,7 @@ def _hello(cfg: RunConfig, channel: Channel, setup: ClientSetup) -> bool:
         check_hello(theirs, setup.inbox, 0)
     except LinkLost:
         # wait for the server's STOP (header-only), so it has read our HELLO before we hang up
-        channel.recv(setup.inbox, cfg.backend.timeout_s)
+        channel.recv(setup.inbox)
         raise
     return True
 
@@ -212,7 +206,7 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
     factor = pace_factor(cfg, client_id)
     on_step = Pace(factor, heartbeat) if factor > 1.0 else heartbeat
     while True:
-        header = channel.recv(inbox, cfg.backend.timeout_s)
+        header = channel.recv(inbox)
         if header.kind == Kind.STOP:
             return 0
         if header.kind != Kind.PARAMS or header.client != client_id:

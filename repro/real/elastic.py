@@ -1,43 +1,27 @@
 """Elastic clients of the real driver: joining a running run, and the server's side of a join.
 
-This module owns the join handshake, nothing of training. A running single-node server keeps
-its rendezvous store open for the whole run and logs ``accepting joins at HOST:PORT``. A joiner
-(``python -m repro.run backend=real <the run's overrides> backend.join=HOST:PORT``) takes a
-ticket from the store (an atomic counter), writes its request under the ticket (its config's
-fingerprint, a client id to rejoin as, its pid and host), and reads the answer: a client id, or
-why it is refused (another model or config, beyond ``backend.max_clients``, a live id asked for,
-the run is ending). Then the two make their 2-rank gloo group from the ticket's prefix of the
-store (:func:`repro.real.groups.pair_group`, as torchft's parameter-server prototype does), swap
-HELLOs, and the client is served like any other: it fetches the current version and is counted
-from its first push. No world group is touched, so nobody else waits while a client joins.
+This module owns the join handshake, nothing of training; what a user sees of it (the command,
+refusals, exit codes, what the store keeps, torchrun's restarts) is docs/real.md ("Joins, and
+security", "Clients restarted by torchrun") and docs/failures.md. A running single-node server
+keeps its rendezvous store open. A joiner takes a ticket from the store (an atomic counter),
+writes its request under the ticket (its config's fingerprint, a client id to rejoin as, its pid
+and host), and reads the answer: a client id, or why it is refused. Then the two make their
+2-rank gloo group from the ticket's prefix of the store (:func:`repro.real.groups.pair_group`,
+as torchft's parameter-server prototype does), swap HELLOs, and the client is served like any
+other. No world group is touched, so nobody else waits while a client joins.
 
-Ids: a new joiner gets the next id never used in the run (so an id is never reused for another
-process, across resumes too); a restarted client may ask for its lost id back
-(``backend.join_client``), which is recorded as ``client_rejoined``. What is per client (speeds,
-data shards) for id k > num_clients is slot ((k - 1) mod N) + 1
-(:func:`repro.config.settings.client_slot`).
+Ids: a new joiner gets the next id never used in the run (across resumes too), so an id never
+names two processes; a restarted client may ask for its lost id back (``backend.join_client``).
+Per-client settings of id k > num_clients are slot k's (:func:`repro.config.settings.client_slot`).
 
-Every wait is bounded as before: a joiner silent between its ticket and its HELLO is dropped after
-``backend.client_timeout_s``; a joiner waits for its answer at most ``backend.timeout_s``, and
-loads its data before it takes a ticket, so that the server's wait for its pair group is not
-spent on it. Once the run serves no more joins the acceptor marks the store closed and refuses
-every ticket it has not read, so a late joiner is told at once (exit 2, as any refusal). Nothing of
-a join stays in the store: the request is deleted once read, the answer by the joiner once read
-(and by the server after the join, for a joiner that died before), the pair group's gloo
-addresses once the group is made or given up.
-
-A join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
-at the address (the run's process has exited) is refused at once, by a plain connect before the
-store's (which retries for ``backend.timeout_s``, printing C++ stacks); a listener that accepts
-and never answers (not a run) is refused after ``backend.timeout_s``, each C++ wait of the
-handshake being bounded in a thread (:func:`bounded`: TCPStore's first read has no bound of its
-own); the command line's joiner hears a signal at once and leaves with exit 130
-(:func:`join_process`); a joiner whose link closes (the server dropped it, silent past its
-``backend.client_timeout_s``, or ended) says so and how to rejoin under its id.
-
-Under torchrun: each worker with ``backend.join`` is one joiner, so ``torchrun --nnodes=1:2
---max-restarts=K`` restarts a lost client and it joins again (a fresh id) while the server, a
-single-node run outside torchrun, goes on; see the README's "Clients restarted by torchrun".
+Every wait is bounded. A joiner loads its data before it takes a ticket, so that the server's
+wait for its pair group is not spent on it. Once the run serves no more joins the acceptor marks
+the store closed and refuses every ticket it has not read, so a late joiner is told at once. A
+join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
+is refused by a plain connect before the store's (which retries for ``backend.timeout_s``,
+printing C++ stacks); each C++ wait of the handshake is bounded in a thread (:func:`bounded`:
+TCPStore's first read has no bound of its own); the command line's joiner hears a signal at
+once (:func:`join_process`).
 """
 from __future__ import annotations
 
@@ -57,7 +41,11 @@ import torch.distributed as dist
 
 from repro.config.settings import RunConfig, to_dict
 from repro.logs import get_logger
+from repro.real.client import build_client, client_device, run_client
+from repro.real.groups import disconnect, pair_group, pin_gloo
+from repro.real.transport import Channel
 from repro.runtime import EXIT_INTERRUPTED, SIGNALS
+from repro.workload.build import load_data
 
 _log = get_logger("repro.real.elastic")
 
@@ -90,9 +78,9 @@ class Acceptor(threading.Thread):
     """The server's side: watch the store for tickets and admit each joiner in ticket order.
     ``loop`` is the :class:`~repro.real.server.Dispatcher` (admit, add_client, closed)."""
 
-    def __init__(self, loop, store, address: str):
+    def __init__(self, loop, store):
         super().__init__(name="join-acceptor", daemon=True)
-        self.loop, self.store, self.address = loop, store, address
+        self.loop, self.store = loop, store
         self.done = threading.Event()
         self.seen = 0
         self.waiting_since: dict[int, float] = {}   # tickets taken whose request is not written yet
@@ -106,10 +94,8 @@ class Acceptor(threading.Thread):
                     _log.info(f"[real server] join acceptor stopped: {exc}")
                 return
             self.done.wait(0.1)
-        try:
+        with contextlib.suppress(Exception):   # the store may be gone: a joiner is told by its connect
             self.close()
-        except Exception:   # the store is gone already: a joiner is told by its connect
-            pass
 
     def close(self) -> None:
         """Tell every joiner that the run has ended instead of letting it wait for an answer
@@ -160,11 +146,12 @@ class JoinEnded(Exception):
         self.code = code
 
 
-def bounded(call, timeout_s: float, what: str):
+def bounded(call, timeout_s: float, what: str, stop=None):
     """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming
-    ``what``). The store's and gloo's C++ waits are not all bounded: a listener that accepts and
-    never speaks holds TCPStore's constructor forever, deaf to signals. A thread left waiting so
-    ends with the process."""
+    ``what``), or until ``stop`` (a StopRequest) is set (InterruptedError). The store's and
+    gloo's C++ waits are not all bounded: a listener that accepts and never speaks holds
+    TCPStore's constructor forever, deaf to signals. A thread left waiting so ends with the
+    process."""
     result: dict = {}
 
     def wait() -> None:
@@ -173,9 +160,13 @@ def bounded(call, timeout_s: float, what: str):
         except BaseException as exc:   # handed to the waiting thread
             result["error"] = exc
 
-    thread = threading.Thread(target=wait, name=f"join-{what}", daemon=True)
+    thread = threading.Thread(target=wait, name=what, daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+        if stop is not None and stop.is_set():
+            raise InterruptedError(what)
+        thread.join(min(left, 0.1))   # in slices: a stop request is heard at once
     if thread.is_alive():
         raise TimeoutError(f"{what}: no answer within {timeout_s:g} s")
     if "error" in result:
@@ -247,13 +238,7 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     until STOP. Returns the process exit code (0 after STOP, 2 refused, also when the run has
     ended or nothing listens at the address, 1 lost). ``on_admitted(k)``: told the id once
     the pair group with the server is made."""
-    from repro.real.client import build_client, client_device, run_client
-    from repro.real.transport import Channel
-    from repro.real.groups import disconnect, pair_group, pin_gloo_to_loopback
-
-    from repro.workload.build import load_data
-
-    pin_gloo_to_loopback(cfg.backend.join.rpartition(":")[0], single_node=True)
+    pin_gloo(cfg.backend.join.rpartition(":")[0], single_node=True)
     # the data before the ticket: once admitted, the server waits backend.client_timeout_s for the
     # pair group, and loading data (seconds on a busy machine) must not eat into that wait
     ds = load_data(cfg, "cpu")

@@ -3,18 +3,16 @@
 This module owns what one message between the server and a client looks like in memory and on
 the wire; :mod:`repro.real.transport` owns how it moves (bounded waits, receivers).
 
-Messages. A message is one frame, sent as ONE gloo message: a fixed-size header (a float64
-vector of :data:`HEADER_SLOTS` slots: message kind, client, version, payload length, the
-timings, and a push's own fields, one slot per value in the order
-:class:`~repro.asgd.algorithm.Push` declares them; ints below 2**53 are exact) followed by a
-payload of exactly ``length`` float32 values (none for HELLO and STOP). gloo aborts the receiving *process* when a message is larger
-than the posted buffer, and accepts a shorter one. So a receiver always posts a frame sized for
-the largest payload it accepts (its own parameter count), and before any payload moves the two
-ends swap header-only HELLOs (which fit any frame) carrying their parameter counts: a mismatch
-(say, different models on different nodes) is a clear error, never an abort. Why one frame and
-not a header message then a payload message: each gloo call costs tens of microseconds of CPU,
-and two messages per direction made a 0.1M-parameter round trip ~0.3 ms slower than raw gloo
-(ratio ~0.6); one frame per direction makes exactly the calls raw send/recv makes. Nothing is
+Messages. A message is one frame, sent as ONE gloo message: a fixed-size header of
+:data:`HEADER_SLOTS` float64 slots (kind, client, version, payload length, the timings, and a
+push's own fields in the order :class:`~repro.asgd.algorithm.Push` declares them; ints below
+2**53 are exact), then exactly ``length`` float32 values. gloo aborts the receiving *process*
+when a message is larger than the posted buffer, and accepts a shorter one. So a receiver always
+posts a frame sized for its own parameter count, and before any payload moves the two ends swap
+header-only HELLOs carrying their parameter counts: a mismatch (say, different models on
+different nodes) is a clear error, never an abort. Why one frame and not a header message then a
+payload message: each gloo call costs tens of microseconds of CPU, and two messages per
+direction made a 0.1M-parameter round trip ~0.3 ms slower than raw gloo (ratio ~0.6). Nothing is
 copied into a frame: the server keeps its parameters inside its reply frame, and a CPU client
 computes its update straight into its outgoing frame (``Client.compute_push(..., out=)``); a GPU
 client's frames are the pinned buffers it stages through anyway.
@@ -80,7 +78,7 @@ _ENVELOPE = struct.Struct(f"={ENVELOPE_SLOTS}d")   # native float64, as the fram
 @dataclass(slots=True)   # three are made and read per round trip: slots make both cheaper
 class Header:
     """A message's header. A PUSH carries a push: ``client`` and ``version`` are its client and
-    read_version, the payload its update, ``push`` its other fields by name. :meth:`of_push` and
+    read_version, the payload its update, ``push`` its other fields by name. :meth:`pack_push` and
     :meth:`to_push` convert, and the slots follow the push's one list of fields
     (:func:`~repro.asgd.algorithm.push_fields`, through :class:`Codec`), so a new push field
     needs no edit here."""
@@ -103,16 +101,11 @@ class Header:
     push_type: ClassVar[type] = Push    # whose fields a PUSH carries
 
     @classmethod
-    def of_push(cls, push: Push, length: int, **envelope) -> "Header":
-        """The header of ``push`` (its update, ``length`` values, is the payload)."""
-        return cls(Kind.PUSH, push.client, push.read_version, length, codec(cls.push_type).carried(push),
-                   **envelope)
-
-    @classmethod
     def pack_push(cls, push: Push, frame: Frame, length: int, device: int = -1, sent_at: float = 0.0,
                   compute_s: float = 0.0, to_client_s: float = 0.0) -> Frame:
-        """Write what ``cls.of_push(push, length, ...).pack(frame)`` writes, straight from the
-        push's fields: no header and no dict are built (every push of every client)."""
+        """Write ``push`` as a PUSH header into ``frame`` (its update, ``length`` values, is the
+        payload), straight from the push's fields: no header and no dict are built (every push of
+        every client). The one writer of a PUSH header."""
         coded = codec(cls.push_type)
         coded.slots.pack_into(frame.header, 0, Kind.PUSH, push.client, push.read_version, length, 0, 0, False,
                               device, sent_at, compute_s, to_client_s, *coded.values_of(push))
@@ -128,15 +121,13 @@ class Header:
         return self.length if self.kind is Kind.PUSH or self.kind is Kind.PARAMS else 0
 
     def pack(self, frame: Frame) -> Frame:
-        """Write the header's slots into ``frame`` (a PUSH's push slots too), one struct call."""
-        pos = self.position
-        envelope = (self.kind, self.client, self.version, self.length, *(pos or (0, 0)), pos is not None,
-                    self.device, self.sent_at, self.compute_s, self.to_client_s)
+        """Write the header's slots into ``frame``, one struct call; a PUSH is :meth:`pack_push`'s."""
         if self.kind is Kind.PUSH:
-            coded = codec(self.push_type)
-            coded.slots.pack_into(frame.header, 0, *envelope, *coded.values(self.push))
-        else:
-            _ENVELOPE.pack_into(frame.header, 0, *envelope)
+            raise ValueError("a PUSH header is written from its push: Header.pack_push")
+        pos = self.position
+        _ENVELOPE.pack_into(frame.header, 0, self.kind, self.client, self.version, self.length,
+                            *(pos or (0, 0)), pos is not None, self.device, self.sent_at, self.compute_s,
+                            self.to_client_s)
         return frame
 
     @classmethod
@@ -154,10 +145,9 @@ class Codec:
     """A push type's slots in the header, compiled once per type from its fields
     (:func:`~repro.asgd.algorithm.push_fields`, less the two the envelope carries).
 
-    ``slots``: the struct of the envelope's and the push's slots. ``carried(push)``: the dict of
-    a push's carried fields; ``values(fields)``: their slot values in order (a tuple field spread
-    over its slots), ``values_of(push)`` the same read from the push itself; ``fields(slots)``:
-    the dict back, each value cast to its declared type. The four are generated source, as
+    ``slots``: the struct of the envelope's and the push's slots. ``values_of(push)``: the push's
+    slot values in order (a tuple field spread over its slots); ``fields(slots)``: the dict of
+    its carried fields back, each value cast to its declared type. Both are generated source, as
     :mod:`dataclasses` generates ``__init__``: a loop over the fields per message (a branch and
     a cast call per field, numpy assignments) was measurably slower on the round trip at 0.1M
     parameters, where a header's Python is a tenth of the time (issue 34; the figures are in
@@ -170,13 +160,8 @@ class Codec:
         if ENVELOPE_SLOTS + width > HEADER_SLOTS:
             raise ValueError(f"{push_type.__name__}'s fields need more than the header's {HEADER_SLOTS} slots")
         self.slots = struct.Struct(f"={ENVELOPE_SLOTS + width}d")
-
-        def spread(value) -> str:   # the slot values in order: "(p.a, *p.b, )"
-            return "(" + "".join(f"{'*' if f.many else ''}{value(f.name)}, " for f in carried) + ")"
-
-        self.values = _compiled("p", spread(lambda name: f"p[{name!r}]"))
-        self.values_of = _compiled("p", spread(lambda name: f"p.{name}"))
-        self.carried = _compiled("p", "{" + "".join(f"{f.name!r}: p.{f.name}, " for f in carried) + "}")
+        spread = "".join(f"{'*' if f.many else ''}p.{f.name}, " for f in carried)   # "p.a, *p.b, "
+        self.values_of = _compiled("p", f"({spread})")
         casts, read, at = {}, [], ENVELOPE_SLOTS
         for i, f in enumerate(carried):
             if f.many:   # push_fields admits tuples of ints only: each slot cast alone, no generator

@@ -39,21 +39,40 @@ def is_loopback(addr: str) -> bool:
 def loopback_ifname() -> str | None:
     """Name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS), if there is one."""
     try:
-        names = [name for _, name in socket.if_nameindex()]
+        return next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
     except OSError:
         return None
-    return next((n for n in names if n in ("lo", "lo0")), None)
 
 
-def pin_gloo_to_loopback(master_addr: str, single_node: bool) -> None:
-    """gloo binds its pairs to the interface GLOO_SOCKET_IFNAME names, else the one the host name
-    resolves to, either of which may be a LAN address. A single-node run on a loopback master
-    listens on loopback only, whatever the environment says (multi-node users export
-    GLOO_SOCKET_IFNAME for torchrun, and it must not open a single-node run to the network).
-    Under torchrun the environment is the user's to set."""
-    name = loopback_ifname()
-    if name and is_loopback(master_addr) and (single_node or "GLOO_SOCKET_IFNAME" not in os.environ):
+def pin_gloo(master_addr: str, single_node: bool) -> None:
+    """Which interface gloo binds its pairs to (GLOO_SOCKET_IFNAME): left to itself, the one the
+    host name resolves to. A single-node run on a loopback master listens on loopback only,
+    whatever the environment says (multi-node users export GLOO_SOCKET_IFNAME for torchrun, and
+    it must not open a single-node run to the network). Under torchrun a user's
+    GLOO_SOCKET_IFNAME wins; else a loopback master means loopback, and any other master the
+    interface that routes to it: the host name resolves to loopback on many machines (Debian's
+    127.0.1.1; a network namespace), and the other nodes, told to connect to their own loopback,
+    never start ('Connect timeout')."""
+    if not single_node and "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    if is_loopback(master_addr):
+        name = loopback_ifname()
+    else:
+        name = None if single_node else interface_towards(master_addr)
+    if name:
         os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+def ipv4_of(name: str) -> str | None:
+    """Interface ``name``'s IPv4 address, or None (it has none; or not Linux, whose number
+    SIOCGIFADDR is: the ioctl fails there and gloo's own choice stays)."""
+    try:
+        import fcntl
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(ifreq[20:24])
+    except (OSError, ImportError):
+        return None
 
 
 def interface_towards(addr: str) -> str | None:
@@ -63,28 +82,9 @@ def interface_towards(addr: str) -> str | None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((addr, 9))
             local = probe.getsockname()[0]
-            import fcntl   # each interface's address: SIOCGIFADDR, Linux's number (elsewhere
-            # the ioctl fails and gloo's own choice stays)
-            for _, name in socket.if_nameindex():
-                with contextlib.suppress(OSError):
-                    ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-                    if socket.inet_ntoa(ifreq[20:24]) == local:
-                        return name
-    except (OSError, ImportError):
-        pass
-    return None
-
-
-def pin_gloo_towards(master_addr: str) -> None:
-    """Under torchrun with GLOO_SOCKET_IFNAME unset, gloo binds the address the host name resolves
-    to, which is loopback on many machines (Debian's 127.0.1.1; a network namespace): the other
-    nodes are then told to connect to their own loopback and a two-node run never starts
-    ('Connect timeout'). Bind the interface that routes to the master instead: the one the
-    other nodes reach this node through. A user's GLOO_SOCKET_IFNAME still wins."""
-    if "GLOO_SOCKET_IFNAME" not in os.environ and not is_loopback(master_addr):
-        name = interface_towards(master_addr)
-        if name:
-            os.environ["GLOO_SOCKET_IFNAME"] = name
+        return next((name for _, name in socket.if_nameindex() if ipv4_of(name) == local), None)
+    except OSError:
+        return None
 
 
 def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[int, object]:

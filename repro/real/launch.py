@@ -12,24 +12,18 @@ is ready or dead, and forms the gloo world of the live ones; how client processe
 ready and stop is :mod:`repro.real.processes`. The store stays open for joins
 (:mod:`repro.real.elastic`).
 
-Many nodes (``torchrun``): every rank runs ``python -m repro.run``; rank 0 calls ``run_real``,
+Many nodes (``torchrun``, docs/real.md "Across nodes with torchrun"): rank 0 calls ``run_real``,
 which joins torchrun's world from the environment instead of spawning; ranks > 0 call
-:func:`run_torchrun_worker`. The world size decides the number of clients (world size - 1). A run
-folder that already holds a finished run is skipped by rank 0, which still joins the world to
-tell every client STOP. Under ``torchrun --max-restarts=K`` with ``resume=auto``, a restarted job
-continues from the last checkpoint.
-
-Stopping: see :mod:`repro.runtime` (SIGINT, SIGTERM, SIGHUP) and, for spawned clients,
-:mod:`repro.real.processes`. Whatever ends the loop, every rank is stopped before the summary is
-written. Under torchrun, ranks > 0 die quietly on SIGINT/SIGTERM.
+:func:`run_torchrun_worker`, and die quietly on SIGINT/SIGTERM. Whatever ends the loop, every
+rank is stopped before the summary is written.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
-import threading
 from pathlib import Path
 
 import torch
@@ -41,13 +35,13 @@ from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.workload.start import build_problem
 from repro.real.client import build_client, client_device
-from repro.real.elastic import Acceptor
+from repro.real.elastic import Acceptor, bounded
 from repro.real.frames import Frame, Header, Kind
 from repro.real.processes import (WORLD_KEY, StartupError, client_context, handover, make_store, serve_as_client,
                                   spawn_clients, startup_deadline_s, stop_children, wait_ready)
 from repro.real.server import Dispatcher, log, server_device
 from repro.real.transport import Channel
-from repro.real.groups import connect, disconnect, pin_gloo_to_loopback, pin_gloo_towards
+from repro.real.groups import connect, disconnect, pin_gloo
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env, usable_cores
@@ -97,7 +91,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
         loop = Dispatcher(cfg, core, channels, run.stop, procs, resume)
         if store is not None:   # single node: the store stays open for joins (repro.real.elastic)
             address = f"{cfg.backend.master_addr}:{store.port}"
-            loop.acceptor = Acceptor(loop, store, address)
+            loop.acceptor = Acceptor(loop, store)
             loop.acceptor.start()
             log.info(f"accepting joins at {address} (up to backend.max_clients={loop.max_clients} at once): "
                      f"python -m repro.run backend=real <this run's overrides> backend.join={address}")
@@ -147,12 +141,9 @@ def world_config(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
 
 @contextlib.contextmanager
 def _loopback(master_addr: str, single_node: bool):
-    """gloo on loopback for a single-node run (see pin_gloo_to_loopback), on the interface towards
-    the master under torchrun (see pin_gloo_towards), restored afterwards."""
+    """gloo's interface pinned (see :func:`~repro.real.groups.pin_gloo`), restored afterwards."""
     before = os.environ.get("GLOO_SOCKET_IFNAME")
-    pin_gloo_to_loopback(master_addr, single_node)
-    if not single_node:
-        pin_gloo_towards(master_addr)
+    pin_gloo(master_addr, single_node)
     try:
         yield
     finally:
@@ -176,37 +167,17 @@ def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRe
         members = {k: r for r, k in enumerate(ready, start=1)}
         store.set(WORLD_KEY, json.dumps({"size": len(members) + 1, "ranks": members}))
         timeout = startup_deadline_s(cfg)
-    try:
-        groups = _connect_watching(len(members) + 1, timeout, store, stop)
-    except StartupError:
-        raise
+    try:   # in a thread, so a stop request (torchrun's SIGTERM, a Ctrl-C) is heard at once, not
+        # after the rendezvous timeout (torchrun SIGKILLs a worker 30 s after its SIGTERM, which
+        # would leave the summary saying running)
+        groups = bounded(lambda: connect(0, len(members) + 1, timeout, store), math.inf, "rendezvous", stop)
+    except InterruptedError:
+        raise StartupError("interrupted while the clients were joining") from None
     except Exception as exc:   # a rendezvous timeout: some rank never came
         raise StartupError(f"not every client joined within {timeout:g} s (backend.timeout_s="
                             f"{cfg.backend.timeout_s:g}): {str(exc).splitlines()[0]}") from exc
     mark("server", "rendezvous done")
     return {k: Channel(groups[r], r, cfg.backend.client_timeout_s) for k, r in members.items()}
-
-
-def _connect_watching(world_size: int, timeout_s: float, store, stop: StopRequest) -> dict:
-    """Rank 0's rendezvous in a thread, so a stop request (torchrun's SIGTERM, a Ctrl-C) is
-    heard at once, not after the rendezvous timeout (torchrun SIGKILLs a worker 30 s after its
-    SIGTERM, which would leave the summary saying running)."""
-    result: dict = {}
-
-    def join() -> None:
-        try:
-            result["groups"] = connect(0, world_size, timeout_s, store)
-        except BaseException as exc:   # handed to the waiting thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=join, name="rendezvous", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        if stop.wait(0.1):
-            raise StartupError("interrupted while the clients were joining")
-    if "error" in result:
-        raise result["error"]
-    return result["groups"]
 
 
 def _dismiss_clients(cfg: RunConfig) -> None:
@@ -234,8 +205,7 @@ def run_torchrun_worker(cfg: RunConfig) -> int:
         raise RuntimeError("run_torchrun_worker is for ranks > 0 of a torchrun world")
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)   # die quietly when torchrun (or a terminal) says so
-    pin_gloo_to_loopback(os.environ["MASTER_ADDR"], single_node=False)
-    pin_gloo_towards(os.environ["MASTER_ADDR"])
+    pin_gloo(os.environ["MASTER_ADDR"], single_node=False)
     setup = build_client(cfg, env.rank, client_device(cfg, env.local_rank))
     return serve_as_client(cfg, env.rank, env.rank, env.world_size, setup, store=None)
 

@@ -7,24 +7,13 @@ from (:func:`client_context`), a client process's life (ready mark, world rank, 
 exit), waiting for every client to be ready or dead (:func:`wait_ready`), and stopping them
 (:func:`stop_children`); also a torchrun rank's connect-and-serve (:func:`serve_as_client`).
 
-Fork or spawn, and why neither plainly: a forked child inherits a copy of a parent that may
-already have run torch with several threads (OpenMP pools, gloo's threads, an evaluator thread),
-and such children hang on locks those threads held; spawn pays one fresh interpreter and
-``import torch`` per client (seconds of CPU each). A fork server forks before any torch thread
-exists in it, once per run. The config is parsed once in the parent and handed to each child
-(``RunConfig`` is a frozen, picklable dataclass), with the data set when it is small
-(:func:`handover`).
-
-Readiness: each child builds its data and model, marks itself ready in the store, and waits for
-the world's membership: rank 0 waits for every client to be ready or dead (a deadline of
-``backend.timeout_s`` per core's worth of processes, since start-up is CPU-bound), then forms
-the gloo world of the live ones. A client that dies during start-up is lost, not fatal: the run
-degrades.
-
-Stopping: spawned children ignore SIGINT (a terminal's Ctrl-C reaches the whole process group;
-the parent alone decides), die at once on SIGTERM, and get SIGKILL from the kernel if the parent
-dies (``PR_SET_PDEATHSIG``), so no client outlives its server. At the end the parent joins its
-children, then terminates and finally kills any that remain.
+Why a fork server (docs/real.md, "One node"): forked children of a parent that already ran
+multi-threaded torch hang on locks its threads held, and spawn pays one fresh interpreter and
+``import torch`` per client; the fork server forks before any torch thread exists in it, once
+per run. The config is parsed once in the parent and handed to each child (a frozen, picklable
+``RunConfig``), with the data set when it is small (:func:`handover`). A client that dies during
+start-up is lost, not fatal: the run degrades. No client outlives its server
+(:func:`_die_with_parent`, :func:`stop_children`).
 """
 from __future__ import annotations
 
@@ -51,7 +40,7 @@ from repro.workload.data import Dataset
 from repro.real.client import build_client, client_device, run_client
 from repro.real.server import log
 from repro.real.transport import Channel
-from repro.real.groups import connect, disconnect, pin_gloo_to_loopback
+from repro.real.groups import connect, disconnect, pin_gloo
 from repro.runtime import StopRequest, fork_server_context
 
 if TYPE_CHECKING:
@@ -116,9 +105,8 @@ def client_context(start: bool = False):
     (``runtime.CLIENT_PRELOAD``; ``start``: start it now): the first client of a process starts
     one fresh interpreter that imports torch and the package once, and every client is a fork of
     it (milliseconds) instead of an interpreter importing everything afresh (seconds of CPU each,
-    all at once on a small machine). Safe where plain ``fork`` is not: the fork server forks
-    before any torch thread exists in it. A forked child still re-applies the parent's
-    process-wide start method, hence the joblib fix of :func:`spawn_context`."""
+    all at once on a small machine). A forked child still re-applies the parent's process-wide
+    start method, hence the joblib fix of :func:`spawn_context`."""
     spawn_context()
     return fork_server_context(start)
 
@@ -204,13 +192,13 @@ def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
                     dataset: Dataset | None, environ: dict) -> None:
     """A client forked by the fork server: set up, mark ready, learn its world rank, connect,
     train, exit."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent coordinates a Ctrl-C
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent_pid)
     os.environ.clear()
     os.environ.update(environ)
     mark("client", "started")
-    pin_gloo_to_loopback(cfg.backend.master_addr, single_node=True)
+    pin_gloo(cfg.backend.master_addr, single_node=True)
     setup = build_client(cfg, client_id, client_device(cfg, client_id), dataset)
     mark("client", "built")
     timeout = datetime.timedelta(seconds=startup_deadline_s(cfg))

@@ -8,11 +8,8 @@ trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a ti
 they take the lock, and ``updates.csv`` records that order. The main thread only watches:
 interrupts, client processes, finished evaluations. Client loss, divergence, the end of the
 budget and interrupts all end the same way: as soon as the run is stopping, every client still
-computing is sent STOP, which it reads between two local steps, however long its push.
-
-A push the protocol holds (a sync round's, until the round closes) is read from its client's
-receive frame, not copied: that frame receives again only after the client's reply
-(:meth:`Dispatcher.send_params` posts the receive), so the update stays valid until then.
+computing is sent STOP, which it reads between two local steps, however long its push. A push
+the protocol holds is read from its client's receive frame, not copied (see the Receiver).
 """
 from __future__ import annotations
 
@@ -26,7 +23,9 @@ import torch
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark, prefixed
+from repro.real.elastic import ENDED, Refused, fingerprint
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
+from repro.real.groups import forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
@@ -43,6 +42,19 @@ def server_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def greeted(channel: Channel, k: int, frame: Frame, out: Frame) -> None:
+    """HELLO both ways, ours from ``out``, client ``k``'s into ``frame``: its frames must carry as
+    many parameters as ours. LinkLost if not, once the client is told STOP (a header fits any
+    frame), or when the link ends first."""
+    channel.send(hello(out), out)
+    try:
+        check_hello(channel.recv(frame), frame, k)
+    except LinkLost:
+        with contextlib.suppress(LinkLost):
+            channel.send(Header(Kind.STOP, k, 0, 0), out)
+        raise
+
+
 class Dispatcher:
     """The server's side of a run, from the first fetch to the last STOP."""
 
@@ -57,10 +69,9 @@ class Dispatcher:
         self.lock = threading.Lock()   # one push (or one watch round) at a time
         self.closed = False            # set under the lock: receivers stop serving
         self.stopping = False          # set under the lock: every client is told STOP, no joiner admitted
-        numel, pin = self.server.params.numel(), self.device.type == "cuda"
-        self.receivers = {k: Receiver(k, ch, Frame(numel, pin), cfg.backend.client_timeout_s,
-                                      self.on_message, self.on_lost) for k, ch in channels.items()}
-        self.reply = Frame(numel, pin)   # every reply leaves from this frame
+        self.receivers = {k: Receiver(k, ch, self.frame(), self.on_message, self.on_lost)
+                          for k, ch in channels.items()}
+        self.reply = self.frame()   # every reply leaves from this frame
         # CPU: from start() on the server keeps its parameters in the reply frame (the core's
         # begin moves them there), so a reply copies nothing
         self.params_in_reply = False
@@ -76,6 +87,10 @@ class Dispatcher:
         self.max_clients = cfg.backend.max_clients or cfg.num_clients
         self.pending: set[int] = set()   # admitted, not yet connected
         self.acceptor = None              # set by the launcher when joins are served
+
+    def frame(self) -> Frame:
+        """A frame for the parameters (pinned for a GPU server: the staging buffer)."""
+        return Frame(self.server.params.numel(), pin=self.device.type == "cuda")
 
     def now(self) -> float:
         return self.time_offset + time.perf_counter() - self.t0
@@ -110,20 +125,11 @@ class Dispatcher:
             self.receivers[k].release()   # a held client's receiver may listen again
 
     def greet(self, k: int) -> bool:
-        """HELLO both ways: the client's frames must carry as many parameters as ours."""
-        channel, frame = self.channels[k], self.receivers[k].frame
+        """HELLO both ways (see :func:`greeted`); a client that fails it is lost."""
         try:
-            channel.send(hello(self.reply), self.reply)
-            theirs = channel.recv(frame, self.cfg.backend.client_timeout_s)
-        except LinkLost as exc:
-            self.lose(k, str(exc))
-            return False
-        try:
-            check_hello(theirs, frame, k)
+            greeted(self.channels[k], k, self.receivers[k].frame, self.reply)
             return True
         except LinkLost as exc:
-            with contextlib.suppress(LinkLost):   # tell it to go (a header fits any frame)
-                channel.send(Header(Kind.STOP, k, 0, 0), self.reply)
             self.lose(k, str(exc))
             return False
 
@@ -209,17 +215,13 @@ class Dispatcher:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
                 self.acceptor.finish()
-        with self.lock:
-            self.stop_clients()   # an interrupt or a failure: nobody computes on for nothing
-            for receiver in self.receivers.values():
-                receiver.finish()   # a receive still waiting ends with its client (killed) or timeout
+        with self.lock:   # an interrupt or a failure: nobody computes on for nothing
+            self.stop_clients()   # (every receiver is finished now: its client stopped or lost)
             return self.core.final_status(interrupted=self.stop.is_set())
 
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:
         """The id a joiner gets, or :class:`~repro.real.elastic.Refused` saying why not."""
-        from repro.real.elastic import ENDED, Refused, fingerprint
-
         with self.lock:
             if self.closed or self.stopping:
                 raise Refused(ENDED)
@@ -244,10 +246,7 @@ class Dispatcher:
         """Connect admitted client ``k`` through its pair group, swap HELLOs, then serve it: it
         fetches the current version. Only the last step takes the lock, so a joiner that never
         connects (dropped after ``backend.client_timeout_s``) holds nobody up."""
-        from repro.real.groups import forget_pair, pair_group
-
         timeout = self.cfg.backend.client_timeout_s
-        numel, pin = self.server.params.numel(), self.device.type == "cuda"
         try:
             try:
                 group = pair_group(store, prefix, 0, timeout)
@@ -256,13 +255,10 @@ class Dispatcher:
                     f"{str(exc).splitlines()[0]}")
                 return
             channel = Channel(group, k, timeout, peer_in_group=1)
-            frame = Frame(numel, pin)
+            frame = self.frame()
             try:   # HELLO from the joiner's own frame: the reply frame belongs to the locked loop
-                channel.send(Header(Kind.HELLO, 0, 0, numel), frame)
-                check_hello(channel.recv(frame, timeout), frame, k)
+                greeted(channel, k, frame, frame)
             except LinkLost as exc:
-                with contextlib.suppress(LinkLost):
-                    channel.send(Header(Kind.STOP, k, 0, 0), frame)
                 log.info(f"joining client {k} refused: {exc}")
                 return
             with self.lock:
@@ -271,7 +267,7 @@ class Dispatcher:
                         channel.send(Header(Kind.STOP, k, 0, 0), frame)
                     return
                 self.channels[k] = channel
-                self.receivers[k] = Receiver(k, channel, frame, timeout, self.on_message, self.on_lost)
+                self.receivers[k] = Receiver(k, channel, frame, self.on_message, self.on_lost)
                 self.lost.pop(k, None)
                 self.stopped.discard(k)
                 self.processes.pop(k, None)   # a rejoiner's dead predecessor is not this client
@@ -291,9 +287,8 @@ class Dispatcher:
         with self.lock:
             if self.closed or k in self.lost or k in self.stopped:
                 return False
-            taken_at = time.monotonic()
             try:
-                self.on_push(k, header, update, taken_at)
+                self.on_push(k, header, update)
             except Exception as exc:   # a bug: end the run (the main thread sees the error)
                 traceback.print_exc()
                 self.core.fail(f"{type(exc).__name__} serving client {k}: {exc}")
@@ -305,7 +300,8 @@ class Dispatcher:
         with self.lock:
             self.lose(k, reason)
 
-    def on_push(self, k: int, h: Header, update: torch.Tensor, taken_at: float | None = None) -> None:
+    def on_push(self, k: int, h: Header, update: torch.Tensor) -> None:
+        taken_at = time.monotonic()   # the lock is held: a push's queue ends here
         if h.kind == Kind.PUSH and h.client == k and h.version < self.sent_version.get(k, 0):
             return   # computed before a preemption reached it: its new parameters are on the way
         if (h.kind != Kind.PUSH or h.client != k or h.version != self.sent_version.get(k)
@@ -318,7 +314,6 @@ class Dispatcher:
         started = time.monotonic()
         outcome = self.core.on_push(push, now)
         applied = time.monotonic()
-        taken_at = started if taken_at is None else taken_at
         received_at = h.received_at or taken_at
         self.core.record_timing(now, k, push.read_version, to_client_s=h.to_client_s, compute_s=h.compute_s,
                                 to_server_s=received_at - h.sent_at, queue_s=taken_at - received_at,
@@ -333,11 +328,10 @@ class Dispatcher:
         if self.core.settle(now).stopping:
             self.stop_clients()
 
-    def join_receivers(self, timeout_s: float) -> bool:
+    def join_receivers(self, timeout_s: float) -> None:
         """Wait for the receiver threads (each ends when its client leaves or its bounded wait
-        expires); True if all ended, so the process groups can be destroyed safely."""
+        expires), so that the process groups are destroyed under none of them."""
         deadline = time.monotonic() + timeout_s
         for receiver in self.receivers.values():
-            if receiver.is_alive():
+            if receiver.is_alive():   # (one never started cannot be joined)
                 receiver.join(max(0.0, deadline - time.monotonic()))
-        return not any(r.is_alive() for r in self.receivers.values())

@@ -3,12 +3,10 @@
 This module owns how bytes move between the server (rank 0) and client ``k`` (rank ``k``), and
 nothing about what they mean for training.
 
-Groups: :mod:`repro.real.groups` (one 2-rank gloo group per client: its failure domain).
-
-Messages: one frame each way (:mod:`repro.real.frames`), sent as ONE gloo message.
-
-Every wait is bounded. gloo cannot keep a receive pending across an expired timeout (see
-:mod:`repro.real.groups`), so an expired wait ends the channel: :class:`LinkLost`.
+Groups: one 2-rank gloo group per client (:mod:`repro.real.groups`); messages: one frame each
+way (:mod:`repro.real.frames`), sent as ONE gloo message. Every wait is bounded, and as gloo
+cannot keep a receive pending across an expired timeout (see :mod:`repro.real.groups`), an
+expired wait ends the channel: :class:`LinkLost`.
 
 Releasing a work. gloo's device thread still holds a message's buffer for a moment after it has
 completed the work (it wakes the waiter first, then leaves the read or write), and destroying a
@@ -18,9 +16,7 @@ with that thread, and on a busy 2-core machine the spinning thread can keep a co
 scheduler tick while the thread it waits for waits for that core. Measured at 0.1M parameters
 on 2 shared cores (issue 34): a client used 700-1000 us of CPU per round trip instead of ~250,
 and one round trip in ten took 4 ms instead of ~0.3. So a channel keeps its last completed send
-and receive, and releases each when the next one completes (long after gloo let go). A plain
-loop of ``dist.recv`` (which drops its work at once) pays the same: the benchmark's raw server
-keeps each receive until it has posted the next.
+and receive, and releases each when the next one completes (long after gloo let go).
 
 Has a message arrived? A client asks between two local steps (STOP, or a preemption's
 parameters). A gloo receive reports its completion only through ``wait()``
@@ -67,15 +63,7 @@ class Channel:
         # completes: see "Releasing a work" in the module docstring
         self._last_send = self._last_recv = None
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
-        self._timeouts: dict[float | None, datetime.timedelta] = {}
-        self._default_timeout = self._timeout(None)   # the hot path's waits: no lookup
-
-    def _timeout(self, timeout_s: float | None) -> datetime.timedelta:
-        """``timeout_s`` (None: the channel's) as gloo takes it, made once: every wait needs one."""
-        timeout = self._timeouts.get(timeout_s)
-        if timeout is None:
-            timeout = self._timeouts[timeout_s] = datetime.timedelta(seconds=timeout_s or self.timeout_s)
-        return timeout
+        self._timeout = datetime.timedelta(seconds=timeout_s)   # as gloo takes it, made once
 
     def _first_error(self, exc: RuntimeError) -> Exception:
         """Why the link ended, for a send's wait that failed with ``exc`` (a receive's own failure
@@ -95,21 +83,15 @@ class Channel:
             return first
         return exc
 
-    def _lost(self, what: str, timeout: datetime.timedelta, exc: Exception | None) -> LinkLost:
+    def _lost(self, what: str, exc: Exception | None) -> LinkLost:
         text = "" if exc is None else str(exc)
         if exc is None or "Timed out" in text:
-            why = f"silent for more than {timeout.total_seconds():g} s"
+            why = f"silent for more than {self.timeout_s:g} s"
         elif "closed by peer" in text:   # gloo's words, with its source line and advice
             why = "connection closed by the peer (it dropped this link, or exited)"
         else:
             why = f"connection lost ({text.splitlines()[0][:160]})"
         return LinkLost(f"rank {self.peer}: {what}: {why}")
-
-    def _closed(self, what: str, exc: Exception) -> LinkLost:
-        """gloo's send or receive call on a connection already closed fails at once, inside the
-        call rather than in its wait (a client continued after the server dropped it; a server
-        replying to a client that just died): the link's end as much as a failed wait."""
-        return self._lost(what, self._default_timeout, exc)
 
     def send(self, header: Header, frame: Frame) -> None:
         """``header`` and the first ``header.length`` payload values of ``frame``, as one message
@@ -120,20 +102,16 @@ class Channel:
         self._transmit(header.pack(frame), length, header.kind)
 
     def send_push(self, push: Push, frame: Frame, **envelope) -> None:
-        """``push`` as a PUSH whose update fills ``frame``'s payload: what ``send(Header.of_push(
-        push, frame.capacity, **envelope), frame)`` sends, with no header built on the way (a
-        client's hot path: see :meth:`~repro.real.frames.Header.pack_push`)."""
+        """``push`` as a PUSH whose update fills ``frame``'s payload, with no header built on the
+        way (a client's hot path: see :meth:`~repro.real.frames.Header.pack_push`)."""
         self._transmit(Header.pack_push(push, frame, frame.capacity, **envelope), frame.capacity, Kind.PUSH)
 
     def _transmit(self, frame: Frame, length: int, kind: Kind) -> None:
-        try:
+        try:   # (on a connection already closed the call itself fails, at once)
             work = self.group.send(frame.message(length), self._peer_in_group, TAG)
-        except RuntimeError as exc:   # see _closed
-            raise self._closed(f"sending {kind.name}", exc) from exc
-        try:
-            work.wait(self._default_timeout)
+            work.wait(self._timeout)
         except RuntimeError as exc:
-            raise self._lost(f"sending {kind.name}", self._default_timeout, self._first_error(exc)) from exc
+            raise self._lost(f"sending {kind.name}", self._first_error(exc)) from exc
         self._last_send = work
 
     def post(self, frame: Frame) -> None:
@@ -142,8 +120,8 @@ class Channel:
         if self._pending is None:
             try:
                 work = self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG)
-            except RuntimeError as exc:   # see _closed
-                raise self._closed("waiting for a message", exc) from exc
+            except RuntimeError as exc:   # (as a send's call)
+                raise self._lost("waiting for a message", exc) from exc
             arrival = self._watcher.watch(work) if self._watcher is not None else None
             self._pending = (work, frame, arrival)
 
@@ -155,24 +133,23 @@ class Channel:
             return False
         return self._pending[2].wait(wait_s) if wait_s else self._pending[2].is_set()
 
-    def recv(self, frame: Frame, timeout_s: float | None = None) -> Header:
-        """The next message, into ``frame``; raises :class:`LinkLost` after ``timeout_s`` of
-        silence. The payload is ``frame.payload[:header.length]``."""
+    def recv(self, frame: Frame) -> Header:
+        """The next message, into ``frame``; raises :class:`LinkLost` after the channel's
+        ``timeout_s`` of silence. The payload is ``frame.payload[:header.length]``."""
         if self._pending is None:
             self.post(frame)
         work, posted, arrival = self._pending
         if posted is not frame:
             raise ValueError("recv() into a different frame than the one posted")
         self._pending = None
-        timeout = self._default_timeout if timeout_s is None else self._timeout(timeout_s)
         if arrival is None:
             try:
-                work.wait(timeout)
+                work.wait(self._timeout)
             except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
-                raise self._lost("waiting for a message", timeout, exc) from exc
-        elif not arrival.wait(timeout.total_seconds()) or arrival.error is not None:
+                raise self._lost("waiting for a message", exc) from exc
+        elif not arrival.wait(self.timeout_s) or arrival.error is not None:
             # the watcher waits on gloo; we wait on it, as long as the timeout says
-            raise self._lost("waiting for a message", timeout, arrival.error)
+            raise self._lost("waiting for a message", arrival.error)
         self._last_recv = work
         header = Header.unpack(frame)
         if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
@@ -219,17 +196,17 @@ class Receiver(threading.Thread):
     (the server loop, which takes its lock, applies, replies, and posts the next receive only
     with the client's reply; so the frame is never overwritten while read, also while the
     protocol holds the push until a later reply). ``on_push`` returns False when the client was
-    told to stop; ``on_lost`` hears why the link ended otherwise.
+    told to stop; ``on_lost`` hears why the link ended otherwise. Each wait is the channel's.
 
     Why a thread per client that does the server's work under a lock, rather than threads that
     queue pushes for a main loop: the queue's extra thread wake-up cost ~0.1 ms per round trip
     here, a fifth of a 0.1M-parameter round trip. Pushes are still applied one at a time.
     """
 
-    def __init__(self, client: int, channel: Channel, frame: Frame, timeout_s: float,
+    def __init__(self, client: int, channel: Channel, frame: Frame,
                  on_push: Callable[[int, Header, Tensor], bool], on_lost: Callable[[int, str], None]):
         super().__init__(name=f"receiver-{client}", daemon=True)
-        self.client, self.channel, self.frame, self.timeout_s = client, channel, frame, timeout_s
+        self.client, self.channel, self.frame = client, channel, frame
         self.on_push, self.on_lost = on_push, on_lost
         self._done = False
         self._gate = threading.Event()   # cleared while the client waits for a held reply
@@ -253,7 +230,7 @@ class Receiver(threading.Thread):
                 if self._done:
                     return
             try:
-                header = channel.recv(frame, self.timeout_s)
+                header = channel.recv(frame)
             except Exception as exc:  # LinkLost, or anything else: either way the client is gone
                 if not self._done:
                     self.on_lost(self.client, str(exc))

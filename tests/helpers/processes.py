@@ -8,12 +8,10 @@ that fails still leaves no process behind.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import os
 import signal
 import socket
-import struct
 import subprocess
 import time
 from pathlib import Path
@@ -116,23 +114,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _ipv4_of(name: str) -> str | None:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        return None
-
-
 def non_loopback_interface() -> str | None:
     """A network interface with an IPv4 address other than loopback (eth0 first)."""
+    from repro.real.groups import ipv4_of   # (torch.distributed: only for the tests that ask)
+
     try:
         names = [n for _, n in socket.if_nameindex()]
     except OSError:
         return None
     names.sort(key=lambda n: n != "eth0")
-    return next((n for n in names if (a := _ipv4_of(n)) and not ipaddress.ip_address(a).is_loopback), None)
+    return next((n for n in names if (a := ipv4_of(n)) and not ipaddress.ip_address(a).is_loopback), None)
 
 
 def proc_net_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
