@@ -24,7 +24,7 @@ from repro.analysis.tables import format_speedup_table, run_speedups, speedup_ta
 
 _LAZY = {"build_figure": "render", "figure_frame": "render", "FIGURES": "render",
          "figure_names": "render", "register_figure": "render",
-         "fig1_frame": "frames", "fig2_frame": "frames", "fig3_frame": "frames",
+         "fig1_frame": "frames", "fig2_frame": "frames",
          "fig4_frame": "frames", "staleness_frame": "frames",
          "fig1": "figures", "fig2": "figures", "fig3": "figures", "fig4": "figures",
          "staleness": "figures", "set_style": "figures", "compare_trees": "compare"}
