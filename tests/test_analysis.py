@@ -25,7 +25,7 @@ from repro.analysis import figures, frames, load_runs, speedup_table, time_to_ta
 from repro.analysis.__main__ import main  # noqa: E402
 from repro.analysis.render import FIGURES, build_figure  # noqa: E402
 from repro.analysis.load import NoRunsError  # noqa: E402
-from repro.analysis.tables import resolve_target, run_speedups  # noqa: E402
+from repro.analysis.tables import resolve_target, run_speedups, summarise_speedups  # noqa: E402
 from repro.files import schema  # noqa: E402
 from tests.helpers import fake_runs  # noqa: E402
 
@@ -297,7 +297,7 @@ def test_speedup_arithmetic():
     assert per_run.loc["four_div", "outcome"] == "diverged"
     assert per_run.loc["four_s2", "outcome"] == "no_reference"
     assert per_run.loc["two_k8", "outcome"] == "not_reached"
-    table = speedup_table(HAND, target=0.1).set_index(["nsync", "num_clients"])
+    table = summarise_speedups(run_speedups(HAND, 0.1)).set_index(["nsync", "num_clients"])
     four = table.loc[(1, 4)]
     assert four["speedup_mean"] == pytest.approx(3.0)  # seeds: 100/25 = 4, 100/50 = 2
     assert four["speedup_std"] == pytest.approx(math.sqrt(2))

@@ -360,8 +360,3 @@ def format_report(table: pd.DataFrame) -> str:
         parts.append(head + "\n" + shown.to_string(index=False, na_rep="-",
                                                    float_format=lambda x: f"{x:.4g}"))
     return "\n\n".join([*parts, "\n".join(figure_verdicts(table).values())])
-
-
-__all__ = ["compare_trees", "compare", "compare_values", "compare_figure", "curve_target",
-           "figure_verdicts", "format_report", "exit_code", "figure_names", "check_options",
-           "FLOORS", "DEFAULT_TARGET"]

@@ -231,7 +231,3 @@ def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = N
             raise ConfigError("config", choice, f"one run per grid point and seed; {where} holds "
                               f"{len(rows)} for one of them ({list_folders(group['job'])}); {how}")
     return runs
-
-
-__all__ = ["COLUMN", "ENVIRONMENT", "is_axis", "settings", "fingerprint", "annotate", "subset",
-           "only_jobs", "list_folders", "parse_choice", "choose", "labels", "split", "one_grid", "fmt"]

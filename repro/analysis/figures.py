@@ -353,7 +353,3 @@ def staleness(frame: pd.DataFrame) -> Figure:
     fig.suptitle(f"Staleness of applied pushes, and what it costs ({_seeds(frame)}; dashed: the "
                  "expected mean with equally fast clients)")
     return fig
-
-
-__all__ = ["fig1", "fig2", "fig3", "fig4", "staleness", "set_style", "style_rc", "client_color",
-           "client_label", "nsync_colors", "nsync_markers", "time_label", "mean_band", "draw_curves"]

@@ -147,17 +147,10 @@ def summarise_speedups(per_run: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*keys[:-2], *TABLE_COLUMNS])
 
 
-def speedup_table(data: Runs | pd.DataFrame, target: float | None = None) -> pd.DataFrame:
-    """The speedup table from a :class:`Runs`, an evals frame, or a :func:`run_speedups` frame.
-
-    ``target`` defaults to the runs' config ``target_error`` (see :func:`resolve_target`).
-    """
-    if isinstance(data, Runs):
-        target = resolve_target(data.runs, target)
-        return summarise_speedups(run_speedups(data.evals, target))
-    if "speedup" in data and "outcome" in data:
-        return summarise_speedups(data)
-    return summarise_speedups(run_speedups(data, resolve_target(data, target)))
+def speedup_table(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """The speedup table of ``runs`` at ``target`` (default: the runs' config ``target_error``,
+    see :func:`resolve_target`)."""
+    return summarise_speedups(run_speedups(runs.evals, resolve_target(runs.runs, target)))
 
 
 def format_speedup_table(table: pd.DataFrame) -> str:
@@ -168,7 +161,3 @@ def format_speedup_table(table: pd.DataFrame) -> str:
     body = table.drop(columns="target").to_string(index=False, float_format=lambda x: f"{x:.3g}",
                                                   na_rep="-")
     return f"speedup to training error <= {target:g} (1 client / N clients, over seeds)\n{body}"
-
-
-__all__ = ["resolve_target", "time_to_target", "run_speedups", "summarise_speedups",
-           "speedup_table", "format_speedup_table", "OUTCOMES", "TABLE_COLUMNS"]

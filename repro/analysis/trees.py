@@ -235,7 +235,3 @@ def start_errors(name: str, frame: pd.DataFrame) -> pd.DataFrame | None:
         return None
     columns = ["seed", "start_train_error_pct", "start_test_error_pct"]
     return first.sort_values("run_dir", kind="stable").drop_duplicates("seed")[columns]
-
-
-__all__ = ["Tree", "tree_kind", "read_tree", "run_metrics", "start_errors", "METRICS", "COMPARED",
-           "IDENTITY"]
