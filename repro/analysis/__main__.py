@@ -1,18 +1,13 @@
 """Command line: ``python -m repro.analysis NAME [options]`` draws a figure (``fig1`` .. ``fig4``,
-``staleness``, ``fig3_paper``, ``fig4_paper``, the lab's, or ``all``);
+``staleness``, ``fig3_paper``, ``fig4_paper``, the lab's, or ``all``) from the runs of one
+configuration (:mod:`repro.analysis.configs`; ``--config`` chooses among several);
 ``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two results
 trees or figures folders agree within the spread over seeds.
 
-A figure is drawn from the runs of one configuration (:mod:`repro.analysis.configs`): when the
-experiment folder holds runs of several (``+exp=fig1`` and ``+exp=fig1 num_epochs=3``), the
-command refuses, naming them, until ``--config KEY=VALUE,...`` chooses one; the files of a chosen
-configuration are named ``NAME-KEY=VALUE,...`` (or ``--name``), never the committed ``NAME``.
-
-Owns argument parsing and exit codes only. Drawing: 0 on success, 2 when the experiment folder is
-missing, holds no usable run or several configurations; the work is
-:func:`repro.analysis.render.build_figure`. Compare: 0
-when no comparison disagrees, 1 when one does, 2 for bad input (a missing directory, one of
-neither kind, nothing comparable); the work is :mod:`repro.analysis.compare`.
+Owns argument parsing and exit codes only: 0 on success (compare: no comparison disagrees), 1
+when a comparison disagrees, 2 for bad input (a missing or unusable folder, several
+configurations, nothing comparable). The work: :func:`repro.analysis.render.build_figure` and
+:mod:`repro.analysis.compare`.
 """
 from __future__ import annotations
 

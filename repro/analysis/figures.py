@@ -72,11 +72,6 @@ def _clock(frame: pd.DataFrame) -> str:
     return "/".join(clocks) or "unknown clock"
 
 
-def time_label(frame: pd.DataFrame) -> str:
-    """``time (s, virtual)`` or ``time (s, wall)`` from the frame's ``clock`` column."""
-    return f"time (s, {_clock(frame)})"
-
-
 def _new_figure(nrows: int = 1, ncols: int = 1, panel=(4.8, 3.4), **kw) -> tuple[Figure, Any]:
     fig = Figure(figsize=(panel[0] * ncols, panel[1] * nrows), layout="constrained")
     return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
@@ -207,7 +202,7 @@ def _error_vs_time(ax, frame: pd.DataFrame, all_frame: pd.DataFrame) -> None:
     for n, group in frame.groupby("num_clients", sort=True):
         draw_curves(ax, group, "time_s", "train_error_pct", client_color(n), client_label(n))
     ax.set_yscale("symlog", linthresh=1.0, linscale=0.5)
-    ax.set(xlabel=time_label(all_frame), ylabel="training error (%)", ylim=(0, 100))
+    ax.set(xlabel=f"time (s, {_clock(all_frame)})", ylabel="training error (%)", ylim=(0, 100))
     ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     multi = all_frame[all_frame["num_clients"] > 1]["time_s"]
     single = all_frame[all_frame["num_clients"] == 1]["time_s"]

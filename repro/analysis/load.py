@@ -171,14 +171,14 @@ def _is_float(text: str) -> bool:
 
 def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
     """Summary fields as columns: ``status``, ``final_test_error``, ``time_to_target.0.1``, ..."""
-    row: dict[str, Any] = {"status": summary["status"]}
-    for key in ("clock", "message", "wall_time_s"):
-        row[key] = summary.get(key)
+    row: dict[str, Any] = {"status": summary["status"],
+                           **{k: summary.get(k) for k in ("clock", "message", "wall_time_s")}}
     for key in ("version", "samples_seen", "epoch", "time_s"):  # final values of the run
         row[f"final_{key}"] = summary.get(key)
-    final = summary.get("final") or {}
+    final = summary.get("final")
+    final = final if isinstance(final, dict) else {}
     for key in ("test_loss", "test_error", "train_loss", "train_error"):
-        row[f"final_{key}"] = final.get(key) if isinstance(final, dict) else None
+        row[f"final_{key}"] = final.get(key)
     ttt = summary.get("time_to_target") or {}
     if isinstance(ttt, dict):
         for target, t in ttt.items():
@@ -239,9 +239,7 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
 
 def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
     """Raise :class:`BadRun` (corrupt) for tables a resume would refuse, by the same rule
-    (:func:`repro.files.schema.versions_fault`): ``updates.csv`` versions exactly 1, 2, ..., V
-    (one row per applied push, none duplicated or lost) with V the summary's final version;
-    ``evals.csv`` versions whole numbers, unique and increasing."""
+    (:func:`repro.files.schema.versions_fault`; the module docstring says it)."""
     final = summary.get("version")
     end = final if isinstance(final, int) and not isinstance(final, bool) else None
     why = (schema.versions_fault(schema.UPDATES_FILE, updates["version"].tolist(), True, end,

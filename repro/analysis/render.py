@@ -4,11 +4,9 @@ Owns the figure registry (name -> frame builder, figure function), each figure's
 experiment folder and axes, and :func:`build_figure`, which both the CLI
 (``python -m repro.analysis``) and the grid callback (after a sweep) call.
 
-A figure is drawn from the runs of one configuration (:mod:`repro.analysis.configs`): the runs of
-its experiment folder that differ only in the figure's axes and the seed. A folder holding runs
-of several configurations (``+exp=fig1`` and ``+exp=fig1 num_epochs=3``) is refused, naming them,
-unless ``config`` chooses one (``--config num_epochs=3``); the grid callback passes its own points
-(``jobs``) and draws each configuration they hold into its own files.
+A figure draws the runs of one configuration (:mod:`repro.analysis.configs`; ``config`` chooses
+among several); the grid callback passes its own points (``jobs``) and draws each configuration
+they hold into its own files.
 """
 from __future__ import annotations
 
@@ -94,8 +92,8 @@ def figure_names() -> tuple[str, ...]:
 
 
 def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None,
-                 target: float | None = None, runs: Runs | None = None, config: str | None = None,
-                 jobs: list[str] | None = None) -> pd.DataFrame:
+                 target: float | None = None, runs: Runs | None = None,
+                 config: str | None = None) -> pd.DataFrame:
     """The tidy frame of one figure, read from ``results_dir/exp_name``: the runs of one
     configuration (:func:`figure_runs`).
 
@@ -104,8 +102,7 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
     Raises :class:`NoRunsError` when the folder is missing or nothing in it is usable, and
     :class:`ConfigError` when it holds several configurations and ``config`` chooses none.
     """
-    runs, where = figure_runs(name, results_dir, exp_name, runs, config, jobs)
-    return _frame(name, runs, where, target)
+    return _frame(name, *figure_runs(name, results_dir, exp_name, runs, config), target)
 
 
 def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,

@@ -37,12 +37,11 @@ from pathlib import Path
 import pandas as pd
 
 from repro.analysis.render import FIGURES, figure_frame
-
-KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import resolve_target
 from repro.errors import ConfigError
 
+KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 METRICS = {"fig1": ("final_train_error_pct", "final_test_error_pct"),
            "fig2": ("time_to_target_s", "final_train_error_pct"),
            "fig3": ("time_to_target_s", "final_train_error_pct"),
@@ -181,10 +180,8 @@ def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> 
     out = frame.drop_duplicates("run_dir").set_index("run_dir")[ident]
     name = KIND.get(name, name)
     if name == "fig1":
-        metrics = {"final_train_error_pct": _last(frame[frame["metric"] == "training error"],
-                                                  "error_pct"),
-                   "final_test_error_pct": _last(frame[frame["metric"] == "test error"],
-                                                 "error_pct")}
+        metrics = {f"final_{m}_error_pct": _last(frame[frame["metric"] == label], "error_pct")
+                   for m, label in (("train", "training error"), ("test", "test error"))}
     elif name in ("fig2", "fig3"):
         if target is None:
             raise ValueError(f"{name} metrics need a target error")
