@@ -6,12 +6,9 @@ agree statistically, within the spread over seeds. This module owns that rule, t
 the report; the per-run metrics it compares come from :mod:`repro.analysis.trees` (a tree is a
 results tree or a figures folder; the two kinds mix).
 
-* **Configurations are never pooled**: a results tree's figure is read from the runs of one
-  configuration (:mod:`repro.analysis.configs`: every training-shaping setting but the figure's
-  axes and the seed; ``--config`` chooses when a folder holds several), a figures folder's CSV
-  holds one. When both trees record it (the ``config_id`` column) and it differs, the figure is
-  not compared (its grid points are "only in A" / "only in B"): different settings, not
-  different machines.
+* **Configurations are never pooled** (:mod:`repro.analysis.configs`): when both trees record
+  one (the ``config_id`` column) and they differ, the figure is not compared (its grid points are
+  "only in A" / "only in B"): different settings, not different machines.
 * **Grid point**: the runs of one figure that share ``num_clients``, ``nsync`` and, when they take
   more than one value in either tree, ``exp_name``, ``start``, ``backend.name`` and
   ``config_id``; the seeds (and run folders) of a grid point are its samples.
@@ -41,9 +38,6 @@ results tree or a figures folder; the two kinds mix).
   ``target_error`` (A's when both trees are results trees and differ, with a warning; a figures
   folder's CSVs do not hold it, so the other tree's is used); else :data:`DEFAULT_TARGET`
   (fig3_paper: :data:`DEFAULT_TARGETS`).
-
-Exit code of the CLI (:func:`exit_code`): 0 when no comparison disagrees (incomplete and
-one-sided figures included), 1 when any does; bad input raises :class:`ConfigError` (code 2).
 """
 from __future__ import annotations
 
@@ -172,8 +166,8 @@ def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, 
                    target: float | None = None) -> list[dict]:
     """Rows of one figure from the :func:`run_metrics` of A and of B (None: not in that tree)."""
     keys = _keys(name, [ma, mb])
-    groups = [{} if m is None else {(key if isinstance(key, tuple) else (key,)): g
-                                    for key, g in _normalise(m, keys).groupby(keys, sort=True)}
+    # keys holds num_clients and nsync at least, so each group's key is a tuple
+    groups = [{} if m is None else dict(iter(_normalise(m, keys).groupby(keys, sort=True)))
               for m in (ma, mb)]
     other = "config_id" in keys and not any(m is None or m["config_id"].nunique() > 1
                                              for m in (ma, mb))
@@ -327,7 +321,7 @@ def _baseline_verdict(base: pd.DataFrame) -> str:
 
 
 def exit_code(table: pd.DataFrame) -> int:
-    """1 when any comparison disagrees, else 0."""
+    """1 when any comparison disagrees, else 0 (incomplete and one-sided figures included)."""
     return 1 if (table["verdict"] == DISAGREE).any() else 0
 
 

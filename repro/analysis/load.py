@@ -223,8 +223,8 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
     check_versions(evals, updates, summary)
 
     cfg = flatten(config)
-    cfg.setdefault("exp_name", exp_dir.name)
-    ident = {"run_dir": str(run_dir), "exp_name": cfg.pop("exp_name"), "job": run_dir.name}
+    ident = {"run_dir": str(run_dir), "exp_name": cfg.pop("exp_name", exp_dir.name),
+             "job": run_dir.name}
     leading = {k: cfg.pop(k) for k in GROUP_COLUMNS if k in cfg}  # the grouping keys first
     row = {**ident, **leading, **cfg}
     row.update(_summary_row(summary, set(row)))

@@ -7,21 +7,18 @@ metrics (:func:`run_metrics`). :mod:`repro.analysis.compare` compares those rows
 Two kinds of directory hold the same frames:
 
 * a **results tree** (``results/``) holding experiment folders named after the figures
-  (``fig1/`` .. ``fig4/``, ``staleness/``, which falls back to ``fig3/`` as when drawing,
-  ``fig3_paper/``, ``fig4_paper/``): each frame is built by
-  :func:`repro.analysis.render.figure_frame` from the run folders of one configuration (a folder
-  holding several is refused, naming them, unless ``config`` chooses one);
-* a **figures folder** (``figures/``) holding the CSVs ``build_figure`` writes (``fig1.csv`` ..
-  ``fig4.csv``, ``staleness.csv``, ``fig3_paper.csv``, ``fig4_paper.csv``): these *are* the
-  tidy frames, read as they are.
+  (``fig1/`` .. ``fig4/``, ``staleness/``, ``fig3_paper/``, ``fig4_paper/``): each frame is
+  built as when drawing (:func:`repro.analysis.render.figure_frame`);
+* a **figures folder** (``figures/``) holding the CSVs ``build_figure`` writes (``fig1.csv``,
+  ...): these *are* the tidy frames, read as they are.
 
 Metrics, one row per run (``run_dir``); "final" is the run's last evaluation by (time_s, version),
 so a diverged run's final errors are NaN:
 
 * fig1: ``final_train_error_pct``, ``final_test_error_pct``;
-* fig2, fig3 (and fig3_paper; fig4_paper as fig4): ``time_to_target_s`` (first evaluation with training error <= target, NaN if none;
-  the target is chosen by the caller, see :func:`repro.analysis.compare.curve_target`) and
-  ``final_train_error_pct``;
+* fig2, fig3 (and fig3_paper; fig4_paper as fig4): ``time_to_target_s`` (first evaluation with
+  training error <= target, NaN if none; the target is the caller's,
+  :func:`repro.analysis.compare.curve_target`) and ``final_train_error_pct``;
 * fig4: ``speedup`` of the runs with more than one client, NaN unless their outcome is ``ok``
   (1-client runs are the reference, speedup 1 by definition, and are left out). A results tree
   computes it at ``--target`` or its runs' config ``target_error``; a figures folder holds it
