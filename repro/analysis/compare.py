@@ -49,6 +49,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from repro.analysis.figures import plural
 from repro.analysis.load import NoRunsError
 from repro.analysis.trees import COMPARED, METRICS, Tree, read_tree, run_metrics, start_errors
 from repro.errors import ConfigError
@@ -296,7 +297,7 @@ def _grid_verdict(name: str, g: pd.DataFrame) -> str:
         return f"{name}: only in A"
     if both.empty and not only[ONLY_A]:
         return f"{name}: only in B"
-    missing = ", ".join(f"{_plural(n, 'grid point')} {side}" for side, n in only.items() if n)
+    missing = ", ".join(f"{plural(n, 'grid point')} {side}" for side, n in only.items() if n)
     bad = int((both["verdict"] == DISAGREE).sum())
     points, metrics = both["grid_point"].nunique(), both["metric"].nunique()
     if bad:
@@ -305,9 +306,9 @@ def _grid_verdict(name: str, g: pd.DataFrame) -> str:
     if not points:
         return f"{name}: incomplete (no common grid point: {missing})"
     if missing:
-        return (f"{name}: incomplete ({missing}; the common {_plural(points, 'grid point')} x "
-                f"{_plural(metrics, 'metric')} agree)")
-    return f"{name}: agree ({_plural(points, 'grid point')} x {_plural(metrics, 'metric')})"
+        return (f"{name}: incomplete ({missing}; the common {plural(points, 'grid point')} x "
+                f"{plural(metrics, 'metric')} agree)")
+    return f"{name}: agree ({plural(points, 'grid point')} x {plural(metrics, 'metric')})"
 
 
 def _baseline_verdict(base: pd.DataFrame) -> str:
@@ -329,10 +330,6 @@ def _left(texts: pd.Series) -> list[str]:
     """Left-aligned text cells (to_string right-aligns them; names read better aligned left)."""
     width = max(texts.astype(str).str.len().max(), 1)
     return [str(t).ljust(width) for t in texts]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("s" if n != 1 else "")
 
 
 def format_report(table: pd.DataFrame) -> str:

@@ -46,8 +46,12 @@ def client_color(num_clients: int) -> tuple[float, float, float]:
     return _PALETTE[CLIENT_LADDER.index(n)] if n in CLIENT_LADDER else _PALETTE[7 + n % 3]
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("s" if n != 1 else "")
+
+
 def client_label(num_clients: int) -> str:
-    return "1 client" if int(num_clients) == 1 else f"{int(num_clients)} clients"
+    return plural(int(num_clients), "client")
 
 
 def nsync_colors(values: Iterable[Any]) -> dict[int, tuple[float, float, float]]:
@@ -171,8 +175,7 @@ def _legend(fig: Figure, axes: Iterable, title: str | None = None, **kw) -> None
 
 
 def _seeds(frame: pd.DataFrame) -> str:
-    n = frame["seed"].nunique()
-    return f"{n} seed" + ("s" if n != 1 else "")
+    return plural(frame["seed"].nunique(), "seed")
 
 
 def fig1(frame: pd.DataFrame) -> Figure:

@@ -66,9 +66,7 @@ def time_to_target(evals: pd.DataFrame, target: float, metric: str = "train_erro
 
 def _same(a: Any, b: Any) -> bool:
     """Equality where two missing values (None/NaN) also match."""
-    if pd.isna(a) and pd.isna(b):
-        return True
-    return bool(a == b)
+    return (pd.isna(a) and pd.isna(b)) or bool(a == b)
 
 
 def _reference(row: pd.Series, ones: pd.DataFrame) -> pd.Series | None:
