@@ -72,10 +72,8 @@ STAT_COLUMNS = ("metric", "target", "n_a", "n_b", "nan_a", "nan_b", "mean_a", "m
 
 def compare_values(a: Iterable[float] | None, b: Iterable[float] | None, k: float = 3.0,
                    floor_abs: float = 0.0, floor_rel: float = 0.0) -> dict:
-    """One comparison: the seed values of A and of B (None: the grid point is not in that tree).
-
-    Returns the :data:`STAT_COLUMNS` from ``n_a`` on (see the module docstring for the rule).
-    """
+    """One comparison of the seed values of A and of B (None: the grid point is not in that
+    tree): the :data:`STAT_COLUMNS` from ``n_a`` on, by the rule of the module docstring."""
     sides = [_side(v) for v in (a, b)]
     (na, nan_a, ma, va), (nb, nan_b, mb, vb) = sides
     row = {"n_a": na, "n_b": nb, "nan_a": nan_a, "nan_b": nan_b, "mean_a": ma, "mean_b": mb,

@@ -128,8 +128,7 @@ def fig4_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 def staleness_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Staleness histogram of each run's pushes plus its final test error (%), stacked."""
     ident = [c for c in _ident(runs.runs) if c != "diverged"]
-    up = runs.updates
-    hist = (up.groupby([*ident, "staleness"], dropna=False, sort=True).size()
+    hist = (runs.updates.groupby([*ident, "staleness"], dropna=False, sort=True).size()
             .rename("count").reset_index().rename(columns={"staleness": "value"}))
     hist.insert(len(ident), "quantity", "staleness")
     final = runs.runs[ident].copy()

@@ -30,11 +30,8 @@ TABLE_COLUMNS = ("nsync", "num_clients", "speedup_mean", "speedup_std", "speedup
 
 
 def resolve_target(frame: pd.DataFrame, override: float | None = None) -> float:
-    """The target error: ``override`` if given, else the runs' config ``target_error``.
-
-    All runs of one experiment should share it; if several values appear the first (in run
-    order) is used with a warning.
-    """
+    """The target error: ``override`` if given, else the runs' config ``target_error`` (the
+    first in run order, with a warning, when the runs disagree)."""
     if override is not None:
         return float(override)
     column = frame["target_error"] if "target_error" in frame else pd.Series(dtype=float)
@@ -86,10 +83,8 @@ def _reference(row: pd.Series, ones: pd.DataFrame) -> pd.Series | None:
 
 
 def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Per run: time to target, its 1-client reference, ``speedup`` and ``outcome``.
-
-    ``outcome`` is one of :data:`OUTCOMES`; ``speedup`` is finite only for ``ok``.
-    """
+    """Per run: time to target, its 1-client reference, ``speedup`` and ``outcome`` (one of
+    :data:`OUTCOMES`; ``speedup`` is finite only for ``ok``)."""
     times = time_to_target(evals, target)
     ones = times[times["num_clients"] == 1]
     rows = []
