@@ -98,10 +98,6 @@ def fmt(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-# ---------------------------------------------------------------------------------------------
-# Tables with the configuration column; subsets
-# ---------------------------------------------------------------------------------------------
-
 def annotate(runs: Runs, axes: Iterable[str]) -> Runs:
     """``runs`` with :data:`COLUMN` on the runs, evals and updates tables."""
     axes = tuple(axes)
@@ -135,10 +131,6 @@ def only_jobs(runs: Runs, jobs: Iterable[str]) -> tuple[Runs, list[str]]:
     inside = runs.runs["job"].isin(jobs)
     return subset(runs, runs.runs.loc[inside, "run_dir"]), sorted(runs.runs.loc[~inside, "job"])
 
-
-# ---------------------------------------------------------------------------------------------
-# --config KEY=VALUE,...
-# ---------------------------------------------------------------------------------------------
 
 def parse_choice(text: str) -> dict[str, str]:
     """``"num_epochs=3,algo.lr=0.01"`` -> {key: value text}; :class:`ConfigError` if malformed."""
@@ -178,10 +170,6 @@ def choose(runs: Runs, text: str | None) -> Runs:
     mask = [all(_matches(_value(r, k), v) for k, v in pairs.items()) for _, r in runs.runs.iterrows()]
     return subset(runs, runs.runs.loc[mask, "run_dir"]) if len(runs.runs) else runs
 
-
-# ---------------------------------------------------------------------------------------------
-# One configuration, one run per grid point and seed
-# ---------------------------------------------------------------------------------------------
 
 def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
     """The ``keys`` in which ``rows`` do not all agree, in declaration order."""

@@ -142,9 +142,8 @@ def draw_curves(ax, group: pd.DataFrame, x: str, y: str, color, label: str,
     ok = group[~group["diverged"].astype(bool)]
     if len(ok):
         band = mean_band(ok, x, y)
-        n = ok["run_dir"].nunique()
         ax.plot(band[x], band["mean"], color=color, linestyle=linestyle, label=label)
-        if n > 1:
+        if ok["run_dir"].nunique() > 1:
             ax.fill_between(band[x], band["lo"], band["hi"], color=color, alpha=0.2, lw=0)
     bad = group[group["diverged"].astype(bool)]
     for i, (_, run) in enumerate(bad.groupby("run_dir", sort=True)):

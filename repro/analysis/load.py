@@ -42,8 +42,6 @@ from repro.files.schema import LOCK_FILE
 GROUP_COLUMNS = ("exp_name", "job", "num_clients", "nsync", "seed", "start", "backend.name",
                  "target_error", "status")
 REQUIRED_CONFIG_KEYS = ("num_clients", "nsync", "seed")
-KILLED = "killed (its summary says running but no process holds it)"
-PARTIAL_STATUSES = tuple(s for s in schema.STATUSES if s not in schema.FINISHED_STATUSES)
 SKIPPED_COLUMNS = ("run_dir", "exp_name", "job", "kind", "reason")
 # Counts in the CSVs: stored as int64 when every value is a whole number (NaN keeps float).
 INT_COLUMNS = ("version", "client", "read_version", "staleness", "num_steps", "num_samples",
@@ -213,9 +211,9 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
         raise BadRun("corrupt", f"{schema.SUMMARY_FILE} status {status!r} is not one of "
                                 f"{list(schema.STATUSES)}")
     if status == "running":
-        raise BadRun("partial", "still running (a live process holds its lock)"
-                     if lock_held(run_dir / LOCK_FILE) else KILLED)
-    if status in PARTIAL_STATUSES:
+        raise BadRun("partial", "still running (a live process holds its lock)" if lock_held(
+            run_dir / LOCK_FILE) else "killed (its summary says running but no process holds it)")
+    if status not in schema.FINISHED_STATUSES:
         raise BadRun("partial", f"status {status!r}" + (f": {summary['message']}"
                                                          if summary.get("message") else ""))
     evals = read_table(run_dir / schema.EVALS_FILE, schema.EVAL_COLUMNS)
