@@ -114,8 +114,7 @@ def curve_target(name: str, a: Tree, b: Tree, override: float | None = None) -> 
         return None
     if override is not None:
         return float(override)
-    found = [t.targets.get(name) for t in (a, b)]
-    found = [t for t in found if t is not None]
+    found = [t.targets[name] for t in (a, b) if t.targets.get(name) is not None]
     if len(found) == 2 and found[0] != found[1]:
         warnings.warn(f"{name}: the trees' runs have target_error {found[0]} (A) and {found[1]} "
                       f"(B); using A's", stacklevel=3)

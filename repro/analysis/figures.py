@@ -101,11 +101,10 @@ def plain_log_ticks(axis, subs: tuple[float, ...] | None = None) -> None:
     axis.set_minor_formatter(mpl.ticker.NullFormatter())
 
 
-def mean_minmax(ax, rows: pd.DataFrame, x: str = "num_clients", y: str = "value", shift: float = 1.0,
-                **style) -> None:
-    """The mean of ``y`` over seeds at each ``x`` (times ``shift``, to set series apart), bars from
-    min to max; an ``x`` without a number is left out."""
-    stats = rows.groupby(x)[y].agg(["mean", "min", "max"]).dropna()
+def mean_minmax(ax, rows: pd.DataFrame, shift: float = 1.0, **style) -> None:
+    """The mean ``value`` over seeds at each ``num_clients`` (times ``shift``, to set series
+    apart), bars from min to max; a client count without a number is left out."""
+    stats = rows.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
     if len(stats):
         ax.errorbar(stats.index.to_numpy(float) * shift, stats["mean"],
                     yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]], **style)
