@@ -24,7 +24,7 @@ CLIENT_LADDER = (1, 2, 4, 8, 16, 32, 64)
 _PALETTE = sns.color_palette("colorblind", 10)  # fixed: client ladder first, then the rest
 DIVERGED_MARKER = dict(marker="x", markersize=7, markeredgewidth=2)
 BAND_NOTE = "line: mean over seeds, band: min-max"
-NSYNC_MARKERS = ("o", "s", "^", "D", "P", "*", "h")
+NSYNC_MARKERS = ("o", "s", "^", "D", "P", "*", "h")   # lines stay apart where colours blur
 
 
 def style_rc() -> dict[str, Any]:
@@ -61,12 +61,6 @@ def nsync_colors(values: Iterable[Any]) -> dict[int, tuple[float, float, float]]
     cmap = mpl.colormaps["viridis"]
     steps = np.linspace(0.0, 0.85, max(len(levels), 2))[:max(len(levels), 1)]
     return {k: tuple(cmap(x)[:3]) for k, x in zip(levels, steps)}
-
-
-def nsync_markers(values: Iterable[Any]) -> dict[int, str]:
-    """A marker per nsync value, so that lines stay apart where colours are hard to tell."""
-    levels = sorted({int(v) for v in values})
-    return {k: NSYNC_MARKERS[i % len(NSYNC_MARKERS)] for i, k in enumerate(levels)}
 
 
 def _clock(frame: pd.DataFrame) -> str:
@@ -272,7 +266,8 @@ def fig4(frame: pd.DataFrame) -> Figure:
     ax = axes[0, 0]
     counts = sorted(int(n) for n in frame["num_clients"].unique())
     ax.plot(counts, counts, color="0.3", linestyle="--", label="ideal")
-    colors, markers = nsync_colors(frame["nsync"]), nsync_markers(frame["nsync"])
+    colors = nsync_colors(frame["nsync"])   # small to large nsync, as are the markers
+    markers = {k: NSYNC_MARKERS[i % len(NSYNC_MARKERS)] for i, k in enumerate(colors)}
     missed = {}
     for k, group in frame.groupby("nsync", sort=True):
         color, marker = colors[int(k)], markers[int(k)]
