@@ -306,11 +306,8 @@ def _skip(skipped: list[dict[str, Any]], run_dir: Path, exp_dir: Path, bad: BadR
 
 
 def _frame(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows)
-    for c in columns:  # an empty tree still has the columns downstream code selects
-        if c not in frame:
-            frame[c] = pd.Series(dtype=object)
-    return frame
+    # every row holds ``columns``; an empty tree still has them: downstream code selects them
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(columns))
 
 
 def _concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFrame:
