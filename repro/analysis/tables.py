@@ -57,8 +57,7 @@ def time_to_target(evals: pd.DataFrame, target: float, metric: str = "train_erro
                      "clock": clocks[0] if len(clocks) == 1 else "mixed",
                      "target": float(target),
                      "time_to_target_s": float(hit.iloc[0]) if len(hit) else math.nan})
-    columns = [*keep, "clock", "target", "time_to_target_s"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=[*keep, "clock", "target", "time_to_target_s"])
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -90,9 +89,7 @@ def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:
     rows = []
     for _, row in times.iterrows():
         ref = _reference(row, ones)
-        ref_t = math.nan
-        if ref is not None and ref["status"] != "diverged":
-            ref_t = ref["time_to_target_s"]
+        ref_t = math.nan if ref is None or ref["status"] == "diverged" else ref["time_to_target_s"]
         t = row["time_to_target_s"]
         if row["status"] == "diverged":
             outcome = "diverged"
