@@ -151,8 +151,7 @@ def _normalise(per_run: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         if col in ALWAYS_KEYS:
             per_run[col] = pd.to_numeric(per_run[col]).astype("int64")
         else:
-            per_run[col] = per_run[col].astype(object).where(per_run[col].notna(), "-")
-            per_run[col] = per_run[col].astype(str)
+            per_run[col] = per_run[col].astype(object).where(per_run[col].notna(), "-").astype(str)
     return per_run
 
 
