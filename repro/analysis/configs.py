@@ -179,8 +179,7 @@ def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
 def labels(runs: Runs, axes: Iterable[str]) -> dict[str, str]:
     """{configuration: its settings that differ from the other configurations'} (``KEY=VALUE``
     joined by commas, ``""`` when there is only one) of annotated ``runs``."""
-    first = runs.runs.drop_duplicates(COLUMN)
-    rows = [r for _, r in first.iterrows()]
+    rows = [r for _, r in runs.runs.drop_duplicates(COLUMN).iterrows()]
     keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, tuple(axes))
                             and k not in ENVIRONMENT])
     return {r[COLUMN]: ",".join(f"{k}={fmt(_value(r, k))}" for k in keys) for r in rows}
