@@ -23,9 +23,9 @@ import pytest  # noqa: E402
 
 from repro.analysis import figures, frames, load_runs, speedup_table, time_to_target  # noqa: E402
 from repro.analysis.__main__ import main  # noqa: E402
-from repro.analysis.render import build_figure  # noqa: E402
+from repro.analysis.render import FIGURES, build_figure  # noqa: E402
 from repro.analysis.load import NoRunsError  # noqa: E402
-from repro.analysis.tables import resolve_target, run_speedups  # noqa: E402
+from repro.analysis.tables import resolve_target, run_speedups, summarise_speedups  # noqa: E402
 from repro.files import schema  # noqa: E402
 from tests.helpers import fake_runs  # noqa: E402
 
@@ -297,7 +297,7 @@ def test_speedup_arithmetic():
     assert per_run.loc["four_div", "outcome"] == "diverged"
     assert per_run.loc["four_s2", "outcome"] == "no_reference"
     assert per_run.loc["two_k8", "outcome"] == "not_reached"
-    table = speedup_table(HAND, target=0.1).set_index(["nsync", "num_clients"])
+    table = summarise_speedups(run_speedups(HAND, 0.1)).set_index(["nsync", "num_clients"])
     four = table.loc[(1, 4)]
     assert four["speedup_mean"] == pytest.approx(3.0)  # seeds: 100/25 = 4, 100/50 = 2
     assert four["speedup_std"] == pytest.approx(math.sqrt(2))
@@ -332,7 +332,7 @@ def _labels(fig) -> list[str]:
 @pytest.mark.parametrize("name", ["fig1", "fig2", "fig3", "fig4", "staleness"])
 def test_every_figure_builds_from_its_frame(results, name):
     exp = {"staleness": "fig3"}.get(name, name)
-    frame = getattr(frames, f"{name}_frame")(quiet_load(results, exp))
+    frame = FIGURES[name].frame(quiet_load(results, exp), None)
     assert len(frame) and set(frames.RUN_ID) <= set(frame)
     before = frame.copy()
     fig = getattr(figures, name)(frame)
@@ -348,7 +348,7 @@ def test_every_figure_builds_from_its_frame(results, name):
 
 @pytest.mark.parametrize("name", ["fig3", "fig4", "staleness"])
 def test_diverged_run_is_drawn_as_diverged(fig3_runs, name):
-    frame = getattr(frames, f"{name}_frame")(fig3_runs)
+    frame = FIGURES[name].frame(fig3_runs, None)
     assert frame["diverged"].any()
     labels = _labels(getattr(figures, name)(frame))
     assert any("diverged" in label for label in labels), labels
@@ -356,7 +356,7 @@ def test_diverged_run_is_drawn_as_diverged(fig3_runs, name):
 
 def test_client_colours_are_fixed_across_figures(results, fig3_runs):
     f2 = figures.fig2(frames.fig2_frame(quiet_load(results, "fig2")))
-    f3 = figures.fig3(frames.fig3_frame(fig3_runs))
+    f3 = figures.fig3(frames.fig2_frame(fig3_runs))
     for fig in (f2, f3):
         line = next(l for ax in fig.axes for l in ax.get_lines() if l.get_label() == "4 clients")
         assert matplotlib.colors.to_rgb(line.get_color()) == figures.client_color(4)

@@ -22,12 +22,9 @@ from typing import Any
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, run_speedups, speedup_table, time_to_target
 
-_LAZY = {"build_figure": "render", "figure_frame": "render", "FIGURES": "render",
-         "figure_names": "render", "register_figure": "render",
-         "fig1_frame": "frames", "fig2_frame": "frames", "fig3_frame": "frames",
-         "fig4_frame": "frames", "staleness_frame": "frames",
-         "fig1": "figures", "fig2": "figures", "fig3": "figures", "fig4": "figures",
-         "staleness": "figures", "set_style": "figures", "compare_trees": "compare"}
+_LAZY = {"build_figure": "render", "figure_frame": "render", "compare_trees": "compare",
+         "fig1_frame": "frames", "fig2_frame": "frames", "fig4_frame": "frames",
+         "staleness_frame": "frames"}
 
 
 def __getattr__(name: str) -> Any:

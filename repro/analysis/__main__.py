@@ -1,18 +1,13 @@
 """Command line: ``python -m repro.analysis NAME [options]`` draws a figure (``fig1`` .. ``fig4``,
-``staleness``, ``fig3_paper``, ``fig4_paper``, the lab's, or ``all``);
+``staleness``, ``fig3_paper``, ``fig4_paper``, the lab's, or ``all``) from the runs of one
+configuration (:mod:`repro.analysis.configs`; ``--config`` chooses among several);
 ``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two results
 trees or figures folders agree within the spread over seeds.
 
-A figure is drawn from the runs of one configuration (:mod:`repro.analysis.configs`): when the
-experiment folder holds runs of several (``+exp=fig1`` and ``+exp=fig1 num_epochs=3``), the
-command refuses, naming them, until ``--config KEY=VALUE,...`` chooses one; the files of a chosen
-configuration are named ``NAME-KEY=VALUE,...`` (or ``--name``), never the committed ``NAME``.
-
-Owns argument parsing and exit codes only. Drawing: 0 on success, 2 when the experiment folder is
-missing, holds no usable run or several configurations; the work is
-:func:`repro.analysis.render.build_figure`. Compare: 0
-when no comparison disagrees, 1 when one does, 2 for bad input (a missing directory, one of
-neither kind, nothing comparable); the work is :mod:`repro.analysis.compare`.
+Owns argument parsing and exit codes only: 0 on success (compare: no comparison disagrees), 1
+when a comparison disagrees, 2 for bad input (a missing or unusable folder, several
+configurations, nothing comparable). The work: :func:`repro.analysis.render.build_figure` and
+:mod:`repro.analysis.compare`.
 """
 from __future__ import annotations
 
@@ -104,49 +99,43 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["compare"]:
-        return compare_main(argv[1:])
-    args = parse_args(argv)
+    compared = argv[:1] == ["compare"]
+    args = parse_compare_args(argv[1:]) if compared else parse_args(argv)
     matplotlib.use("Agg")  # files only, never a window: works with or without a display
+    try:
+        with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
+            warnings.showwarning = _show_warning
+            return compare_main(args) if compared else draw_main(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def draw_main(args: argparse.Namespace) -> int:
     from repro.analysis.render import build_figure, file_label
     from repro.analysis.figures import set_style
 
     set_style()
-    try:
-        if not Path(args.results).is_dir():   # else the first folder missing under it takes the blame
-            raise ConfigError("--results", args.results, "an existing results folder (this one does not "
-                              "exist): where python -m repro.run +exp=NAME wrote its runs (results_dir, "
-                              "default results)")
-        with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
-            warnings.showwarning = _show_warning
-            stem = args.name or (f"{args.figure}-{file_label(args.config)}"
-                                 if args.config and args.figure != "all" else None)
-            paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
-                                 config=args.config, stem=stem)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    if not Path(args.results).is_dir():   # else the first folder missing under it takes the blame
+        raise ConfigError("--results", args.results, "an existing results folder (this one does not "
+                          "exist): where python -m repro.run +exp=NAME wrote its runs (results_dir, "
+                          "default results)")
+    stem = args.name or (f"{args.figure}-{file_label(args.config)}"
+                         if args.config and args.figure != "all" else None)
+    paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
+                         config=args.config, stem=stem)
     for path in paths:
         print(f"wrote {path}")
     return 0
 
 
-def compare_main(argv: list[str]) -> int:
-    args = parse_compare_args(argv)
-    matplotlib.use("Agg")  # compare draws nothing, but imports the figure registry
+def compare_main(args: argparse.Namespace) -> int:
     from repro.analysis import compare, trees
 
-    try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _show_warning
-            names = compare.figure_names(args.figures)
-            compare.check_options(args.k, args.target)
-            a, b = (trees.read_tree(d, names, args.target, args.config)
-                    for d in (args.dir_a, args.dir_b))
-            table = compare.compare(a, b, args.k, args.target)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    names = compare.figure_names(args.figures)
+    compare.check_options(args.k, args.target)
+    a, b = (trees.read_tree(d, names, args.target, args.config) for d in (args.dir_a, args.dir_b))
+    table = compare.compare(a, b, args.k, args.target)
     print(f"A: {a.describe()}\nB: {b.describe()}\n")
     print(compare.format_report(table))
     if args.csv:

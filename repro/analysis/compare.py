@@ -6,12 +6,9 @@ agree statistically, within the spread over seeds. This module owns that rule, t
 the report; the per-run metrics it compares come from :mod:`repro.analysis.trees` (a tree is a
 results tree or a figures folder; the two kinds mix).
 
-* **Configurations are never pooled**: a results tree's figure is read from the runs of one
-  configuration (:mod:`repro.analysis.configs`: every training-shaping setting but the figure's
-  axes and the seed; ``--config`` chooses when a folder holds several), a figures folder's CSV
-  holds one. When both trees record it (the ``config_id`` column) and it differs, the figure is
-  not compared (its grid points are "only in A" / "only in B"): different settings, not
-  different machines.
+* **Configurations are never pooled** (:mod:`repro.analysis.configs`): when both trees record
+  one (the ``config_id`` column) and they differ, the figure is not compared (its grid points are
+  "only in A" / "only in B"): different settings, not different machines.
 * **Grid point**: the runs of one figure that share ``num_clients``, ``nsync`` and, when they take
   more than one value in either tree, ``exp_name``, ``start``, ``backend.name`` and
   ``config_id``; the seeds (and run folders) of a grid point are its samples.
@@ -41,9 +38,6 @@ results tree or a figures folder; the two kinds mix).
   ``target_error`` (A's when both trees are results trees and differ, with a warning; a figures
   folder's CSVs do not hold it, so the other tree's is used); else :data:`DEFAULT_TARGET`
   (fig3_paper: :data:`DEFAULT_TARGETS`).
-
-Exit code of the CLI (:func:`exit_code`): 0 when no comparison disagrees (incomplete and
-one-sided figures included), 1 when any does; bad input raises :class:`ConfigError` (code 2).
 """
 from __future__ import annotations
 
@@ -55,6 +49,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from repro.analysis.figures import plural
 from repro.analysis.load import NoRunsError
 from repro.analysis.trees import COMPARED, METRICS, Tree, read_tree, run_metrics, start_errors
 from repro.errors import ConfigError
@@ -77,10 +72,8 @@ STAT_COLUMNS = ("metric", "target", "n_a", "n_b", "nan_a", "nan_b", "mean_a", "m
 
 def compare_values(a: Iterable[float] | None, b: Iterable[float] | None, k: float = 3.0,
                    floor_abs: float = 0.0, floor_rel: float = 0.0) -> dict:
-    """One comparison: the seed values of A and of B (None: the grid point is not in that tree).
-
-    Returns the :data:`STAT_COLUMNS` from ``n_a`` on (see the module docstring for the rule).
-    """
+    """One comparison of the seed values of A and of B (None: the grid point is not in that
+    tree): the :data:`STAT_COLUMNS` from ``n_a`` on, by the rule of the module docstring."""
     sides = [_side(v) for v in (a, b)]
     (na, nan_a, ma, va), (nb, nan_b, mb, vb) = sides
     row = {"n_a": na, "n_b": nb, "nan_a": nan_a, "nan_b": nan_b, "mean_a": ma, "mean_b": mb,
@@ -121,8 +114,7 @@ def curve_target(name: str, a: Tree, b: Tree, override: float | None = None) -> 
         return None
     if override is not None:
         return float(override)
-    found = [t.targets.get(name) for t in (a, b)]
-    found = [t for t in found if t is not None]
+    found = [t.targets[name] for t in (a, b) if t.targets.get(name) is not None]
     if len(found) == 2 and found[0] != found[1]:
         warnings.warn(f"{name}: the trees' runs have target_error {found[0]} (A) and {found[1]} "
                       f"(B); using A's", stacklevel=3)
@@ -159,8 +151,7 @@ def _normalise(per_run: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         if col in ALWAYS_KEYS:
             per_run[col] = pd.to_numeric(per_run[col]).astype("int64")
         else:
-            per_run[col] = per_run[col].astype(object).where(per_run[col].notna(), "-")
-            per_run[col] = per_run[col].astype(str)
+            per_run[col] = per_run[col].astype(object).where(per_run[col].notna(), "-").astype(str)
     return per_run
 
 
@@ -172,8 +163,8 @@ def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, 
                    target: float | None = None) -> list[dict]:
     """Rows of one figure from the :func:`run_metrics` of A and of B (None: not in that tree)."""
     keys = _keys(name, [ma, mb])
-    groups = [{} if m is None else {(key if isinstance(key, tuple) else (key,)): g
-                                    for key, g in _normalise(m, keys).groupby(keys, sort=True)}
+    # keys holds num_clients and nsync at least, so each group's key is a tuple
+    groups = [{} if m is None else dict(iter(_normalise(m, keys).groupby(keys, sort=True)))
               for m in (ma, mb)]
     other = "config_id" in keys and not any(m is None or m["config_id"].nunique() > 1
                                              for m in (ma, mb))
@@ -302,7 +293,7 @@ def _grid_verdict(name: str, g: pd.DataFrame) -> str:
         return f"{name}: only in A"
     if both.empty and not only[ONLY_A]:
         return f"{name}: only in B"
-    missing = ", ".join(f"{_plural(n, 'grid point')} {side}" for side, n in only.items() if n)
+    missing = ", ".join(f"{plural(n, 'grid point')} {side}" for side, n in only.items() if n)
     bad = int((both["verdict"] == DISAGREE).sum())
     points, metrics = both["grid_point"].nunique(), both["metric"].nunique()
     if bad:
@@ -311,9 +302,9 @@ def _grid_verdict(name: str, g: pd.DataFrame) -> str:
     if not points:
         return f"{name}: incomplete (no common grid point: {missing})"
     if missing:
-        return (f"{name}: incomplete ({missing}; the common {_plural(points, 'grid point')} x "
-                f"{_plural(metrics, 'metric')} agree)")
-    return f"{name}: agree ({_plural(points, 'grid point')} x {_plural(metrics, 'metric')})"
+        return (f"{name}: incomplete ({missing}; the common {plural(points, 'grid point')} x "
+                f"{plural(metrics, 'metric')} agree)")
+    return f"{name}: agree ({plural(points, 'grid point')} x {plural(metrics, 'metric')})"
 
 
 def _baseline_verdict(base: pd.DataFrame) -> str:
@@ -327,7 +318,7 @@ def _baseline_verdict(base: pd.DataFrame) -> str:
 
 
 def exit_code(table: pd.DataFrame) -> int:
-    """1 when any comparison disagrees, else 0."""
+    """1 when any comparison disagrees, else 0 (incomplete and one-sided figures included)."""
     return 1 if (table["verdict"] == DISAGREE).any() else 0
 
 
@@ -335,10 +326,6 @@ def _left(texts: pd.Series) -> list[str]:
     """Left-aligned text cells (to_string right-aligns them; names read better aligned left)."""
     width = max(texts.astype(str).str.len().max(), 1)
     return [str(t).ljust(width) for t in texts]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("s" if n != 1 else "")
 
 
 def format_report(table: pd.DataFrame) -> str:
@@ -360,8 +347,3 @@ def format_report(table: pd.DataFrame) -> str:
         parts.append(head + "\n" + shown.to_string(index=False, na_rep="-",
                                                    float_format=lambda x: f"{x:.4g}"))
     return "\n\n".join([*parts, "\n".join(figure_verdicts(table).values())])
-
-
-__all__ = ["compare_trees", "compare", "compare_values", "compare_figure", "curve_target",
-           "figure_verdicts", "format_report", "exit_code", "figure_names", "check_options",
-           "FLOORS", "DEFAULT_TARGET"]

@@ -98,10 +98,6 @@ def fmt(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-# ---------------------------------------------------------------------------------------------
-# Tables with the configuration column; subsets
-# ---------------------------------------------------------------------------------------------
-
 def annotate(runs: Runs, axes: Iterable[str]) -> Runs:
     """``runs`` with :data:`COLUMN` on the runs, evals and updates tables."""
     axes = tuple(axes)
@@ -135,10 +131,6 @@ def only_jobs(runs: Runs, jobs: Iterable[str]) -> tuple[Runs, list[str]]:
     inside = runs.runs["job"].isin(jobs)
     return subset(runs, runs.runs.loc[inside, "run_dir"]), sorted(runs.runs.loc[~inside, "job"])
 
-
-# ---------------------------------------------------------------------------------------------
-# --config KEY=VALUE,...
-# ---------------------------------------------------------------------------------------------
 
 def parse_choice(text: str) -> dict[str, str]:
     """``"num_epochs=3,algo.lr=0.01"`` -> {key: value text}; :class:`ConfigError` if malformed."""
@@ -179,10 +171,6 @@ def choose(runs: Runs, text: str | None) -> Runs:
     return subset(runs, runs.runs.loc[mask, "run_dir"]) if len(runs.runs) else runs
 
 
-# ---------------------------------------------------------------------------------------------
-# One configuration, one run per grid point and seed
-# ---------------------------------------------------------------------------------------------
-
 def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
     """The ``keys`` in which ``rows`` do not all agree, in declaration order."""
     return [k for k in keys if len({json.dumps(_value(r, k)) for r in rows}) > 1]
@@ -191,8 +179,7 @@ def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
 def labels(runs: Runs, axes: Iterable[str]) -> dict[str, str]:
     """{configuration: its settings that differ from the other configurations'} (``KEY=VALUE``
     joined by commas, ``""`` when there is only one) of annotated ``runs``."""
-    first = runs.runs.drop_duplicates(COLUMN)
-    rows = [r for _, r in first.iterrows()]
+    rows = [r for _, r in runs.runs.drop_duplicates(COLUMN).iterrows()]
     keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, tuple(axes))
                             and k not in ENVIRONMENT])
     return {r[COLUMN]: ",".join(f"{k}={fmt(_value(r, k))}" for k in keys) for r in rows}
@@ -231,7 +218,3 @@ def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = N
             raise ConfigError("config", choice, f"one run per grid point and seed; {where} holds "
                               f"{len(rows)} for one of them ({list_folders(group['job'])}); {how}")
     return runs
-
-
-__all__ = ["COLUMN", "ENVIRONMENT", "is_axis", "settings", "fingerprint", "annotate", "subset",
-           "only_jobs", "list_folders", "parse_choice", "choose", "labels", "split", "one_grid", "fmt"]

@@ -24,7 +24,7 @@ CLIENT_LADDER = (1, 2, 4, 8, 16, 32, 64)
 _PALETTE = sns.color_palette("colorblind", 10)  # fixed: client ladder first, then the rest
 DIVERGED_MARKER = dict(marker="x", markersize=7, markeredgewidth=2)
 BAND_NOTE = "line: mean over seeds, band: min-max"
-NSYNC_MARKERS = ("o", "s", "^", "D", "P", "*", "h")
+NSYNC_MARKERS = ("o", "s", "^", "D", "P", "*", "h")   # lines stay apart where colours blur
 
 
 def style_rc() -> dict[str, Any]:
@@ -46,8 +46,12 @@ def client_color(num_clients: int) -> tuple[float, float, float]:
     return _PALETTE[CLIENT_LADDER.index(n)] if n in CLIENT_LADDER else _PALETTE[7 + n % 3]
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("s" if n != 1 else "")
+
+
 def client_label(num_clients: int) -> str:
-    return "1 client" if int(num_clients) == 1 else f"{int(num_clients)} clients"
+    return plural(int(num_clients), "client")
 
 
 def nsync_colors(values: Iterable[Any]) -> dict[int, tuple[float, float, float]]:
@@ -59,22 +63,11 @@ def nsync_colors(values: Iterable[Any]) -> dict[int, tuple[float, float, float]]
     return {k: tuple(cmap(x)[:3]) for k, x in zip(levels, steps)}
 
 
-def nsync_markers(values: Iterable[Any]) -> dict[int, str]:
-    """A marker per nsync value, so that lines stay apart where colours are hard to tell."""
-    levels = sorted({int(v) for v in values})
-    return {k: NSYNC_MARKERS[i % len(NSYNC_MARKERS)] for i, k in enumerate(levels)}
-
-
 def _clock(frame: pd.DataFrame) -> str:
     clocks = sorted({str(c) for c in frame["clock"].dropna()}) if "clock" in frame else []
     if len(clocks) > 1:
         warnings.warn(f"frame mixes clocks {clocks}: times are not comparable", stacklevel=4)
     return "/".join(clocks) or "unknown clock"
-
-
-def time_label(frame: pd.DataFrame) -> str:
-    """``time (s, virtual)`` or ``time (s, wall)`` from the frame's ``clock`` column."""
-    return f"time (s, {_clock(frame)})"
 
 
 def _new_figure(nrows: int = 1, ncols: int = 1, panel=(4.8, 3.4), **kw) -> tuple[Figure, Any]:
@@ -102,11 +95,10 @@ def plain_log_ticks(axis, subs: tuple[float, ...] | None = None) -> None:
     axis.set_minor_formatter(mpl.ticker.NullFormatter())
 
 
-def mean_minmax(ax, rows: pd.DataFrame, x: str = "num_clients", y: str = "value", shift: float = 1.0,
-                **style) -> None:
-    """The mean of ``y`` over seeds at each ``x`` (times ``shift``, to set series apart), bars from
-    min to max; an ``x`` without a number is left out."""
-    stats = rows.groupby(x)[y].agg(["mean", "min", "max"]).dropna()
+def mean_minmax(ax, rows: pd.DataFrame, shift: float = 1.0, **style) -> None:
+    """The mean ``value`` over seeds at each ``num_clients`` (times ``shift``, to set series
+    apart), bars from min to max; a client count without a number is left out."""
+    stats = rows.groupby("num_clients")["value"].agg(["mean", "min", "max"]).dropna()
     if len(stats):
         ax.errorbar(stats.index.to_numpy(float) * shift, stats["mean"],
                     yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]], **style)
@@ -143,9 +135,8 @@ def draw_curves(ax, group: pd.DataFrame, x: str, y: str, color, label: str,
     ok = group[~group["diverged"].astype(bool)]
     if len(ok):
         band = mean_band(ok, x, y)
-        n = ok["run_dir"].nunique()
         ax.plot(band[x], band["mean"], color=color, linestyle=linestyle, label=label)
-        if n > 1:
+        if ok["run_dir"].nunique() > 1:
             ax.fill_between(band[x], band["lo"], band["hi"], color=color, alpha=0.2, lw=0)
     bad = group[group["diverged"].astype(bool)]
     for i, (_, run) in enumerate(bad.groupby("run_dir", sort=True)):
@@ -176,8 +167,7 @@ def _legend(fig: Figure, axes: Iterable, title: str | None = None, **kw) -> None
 
 
 def _seeds(frame: pd.DataFrame) -> str:
-    n = frame["seed"].nunique()
-    return f"{n} seed" + ("s" if n != 1 else "")
+    return plural(frame["seed"].nunique(), "seed")
 
 
 def fig1(frame: pd.DataFrame) -> Figure:
@@ -207,7 +197,7 @@ def _error_vs_time(ax, frame: pd.DataFrame, all_frame: pd.DataFrame) -> None:
     for n, group in frame.groupby("num_clients", sort=True):
         draw_curves(ax, group, "time_s", "train_error_pct", client_color(n), client_label(n))
     ax.set_yscale("symlog", linthresh=1.0, linscale=0.5)
-    ax.set(xlabel=time_label(all_frame), ylabel="training error (%)", ylim=(0, 100))
+    ax.set(xlabel=f"time (s, {_clock(all_frame)})", ylabel="training error (%)", ylim=(0, 100))
     ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     multi = all_frame[all_frame["num_clients"] > 1]["time_s"]
     single = all_frame[all_frame["num_clients"] == 1]["time_s"]
@@ -276,7 +266,8 @@ def fig4(frame: pd.DataFrame) -> Figure:
     ax = axes[0, 0]
     counts = sorted(int(n) for n in frame["num_clients"].unique())
     ax.plot(counts, counts, color="0.3", linestyle="--", label="ideal")
-    colors, markers = nsync_colors(frame["nsync"]), nsync_markers(frame["nsync"])
+    colors = nsync_colors(frame["nsync"])   # small to large nsync, as are the markers
+    markers = {k: NSYNC_MARKERS[i % len(NSYNC_MARKERS)] for i, k in enumerate(colors)}
     missed = {}
     for k, group in frame.groupby("nsync", sort=True):
         color, marker = colors[int(k)], markers[int(k)]
@@ -353,7 +344,3 @@ def staleness(frame: pd.DataFrame) -> Figure:
     fig.suptitle(f"Staleness of applied pushes, and what it costs ({_seeds(frame)}; dashed: the "
                  "expected mean with equally fast clients)")
     return fig
-
-
-__all__ = ["fig1", "fig2", "fig3", "fig4", "staleness", "set_style", "style_rc", "client_color",
-           "client_label", "nsync_colors", "nsync_markers", "time_label", "mean_band", "draw_curves"]

@@ -82,10 +82,8 @@ def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _ident(frame: pd.DataFrame, columns=RUN_ID) -> list[str]:
-    """``columns`` with ``config_id`` after the run's identity when ``frame`` has it."""
-    at = len(RUN_ID) if columns[:len(RUN_ID)] == RUN_ID else len(columns)
-    extra = [CONFIG] if CONFIG in frame and CONFIG not in columns else []
-    return [*columns[:at], *extra, *columns[at:]]
+    """``columns`` (:data:`RUN_ID` first) with ``config_id`` after RUN_ID when ``frame`` has it."""
+    return [*RUN_ID, *([CONFIG] if CONFIG in frame else []), *columns[len(RUN_ID):]]
 
 
 def _curves(evals: pd.DataFrame) -> pd.DataFrame:
@@ -97,7 +95,7 @@ def _curves(evals: pd.DataFrame) -> pd.DataFrame:
     return ev[_ident(ev, CURVE_COLUMNS)].reset_index(drop=True)
 
 
-def fig1_frame(runs: Runs) -> pd.DataFrame:
+def fig1_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Single-client baseline: training and test error (%) of every 1-client run, long format."""
     curves = _curves(runs.evals)
     curves = curves[curves["num_clients"] == 1]
@@ -107,13 +105,8 @@ def fig1_frame(runs: Runs) -> pd.DataFrame:
     return long.reset_index(drop=True)
 
 
-def fig2_frame(runs: Runs) -> pd.DataFrame:
-    """Cold start: every evaluation of every run (training error vs time per client count)."""
-    return _curves(runs.evals)
-
-
-def fig3_frame(runs: Runs) -> pd.DataFrame:
-    """Warm start: as :func:`fig2_frame`; the figure makes one panel per nsync."""
+def fig2_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Every evaluation of every run: fig2's (cold start) and fig3's (warm, a panel per nsync)."""
     return _curves(runs.evals)
 
 
@@ -132,11 +125,10 @@ def fig4_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     return per_run[[*ident, *extra]]
 
 
-def staleness_frame(runs: Runs) -> pd.DataFrame:
+def staleness_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Staleness histogram of each run's pushes plus its final test error (%), stacked."""
     ident = [c for c in _ident(runs.runs) if c != "diverged"]
-    up = runs.updates
-    hist = (up.groupby([*ident, "staleness"], dropna=False, sort=True).size()
+    hist = (runs.updates.groupby([*ident, "staleness"], dropna=False, sort=True).size()
             .rename("count").reset_index().rename(columns={"staleness": "value"}))
     hist.insert(len(ident), "quantity", "staleness")
     final = runs.runs[ident].copy()
@@ -156,7 +148,3 @@ def final_test_error(runs: Runs) -> pd.Series:
     last = (runs.evals.sort_values(["time_s", "version"], kind="stable")
             .groupby("run_dir")["test_error"].last())
     return final.fillna(runs.runs["run_dir"].map(last))
-
-
-__all__ = ["fig1_frame", "fig2_frame", "fig3_frame", "fig4_frame", "staleness_frame",
-           "RUN_ID", "CURVE_COLUMNS"]

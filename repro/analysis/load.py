@@ -42,8 +42,6 @@ from repro.files.schema import LOCK_FILE
 GROUP_COLUMNS = ("exp_name", "job", "num_clients", "nsync", "seed", "start", "backend.name",
                  "target_error", "status")
 REQUIRED_CONFIG_KEYS = ("num_clients", "nsync", "seed")
-KILLED = "killed (its summary says running but no process holds it)"
-PARTIAL_STATUSES = tuple(s for s in schema.STATUSES if s not in schema.FINISHED_STATUSES)
 SKIPPED_COLUMNS = ("run_dir", "exp_name", "job", "kind", "reason")
 # Counts in the CSVs: stored as int64 when every value is a whole number (NaN keeps float).
 INT_COLUMNS = ("version", "client", "read_version", "staleness", "num_steps", "num_samples",
@@ -171,14 +169,14 @@ def _is_float(text: str) -> bool:
 
 def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
     """Summary fields as columns: ``status``, ``final_test_error``, ``time_to_target.0.1``, ..."""
-    row: dict[str, Any] = {"status": summary["status"]}
-    for key in ("clock", "message", "wall_time_s"):
-        row[key] = summary.get(key)
+    row: dict[str, Any] = {"status": summary["status"],
+                           **{k: summary.get(k) for k in ("clock", "message", "wall_time_s")}}
     for key in ("version", "samples_seen", "epoch", "time_s"):  # final values of the run
         row[f"final_{key}"] = summary.get(key)
-    final = summary.get("final") or {}
+    final = summary.get("final")
+    final = final if isinstance(final, dict) else {}
     for key in ("test_loss", "test_error", "train_loss", "train_error"):
-        row[f"final_{key}"] = final.get(key) if isinstance(final, dict) else None
+        row[f"final_{key}"] = final.get(key)
     ttt = summary.get("time_to_target") or {}
     if isinstance(ttt, dict):
         for target, t in ttt.items():
@@ -213,9 +211,9 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
         raise BadRun("corrupt", f"{schema.SUMMARY_FILE} status {status!r} is not one of "
                                 f"{list(schema.STATUSES)}")
     if status == "running":
-        raise BadRun("partial", "still running (a live process holds its lock)"
-                     if lock_held(run_dir / LOCK_FILE) else KILLED)
-    if status in PARTIAL_STATUSES:
+        raise BadRun("partial", "still running (a live process holds its lock)" if lock_held(
+            run_dir / LOCK_FILE) else "killed (its summary says running but no process holds it)")
+    if status not in schema.FINISHED_STATUSES:
         raise BadRun("partial", f"status {status!r}" + (f": {summary['message']}"
                                                          if summary.get("message") else ""))
     evals = read_table(run_dir / schema.EVALS_FILE, schema.EVAL_COLUMNS)
@@ -223,8 +221,8 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
     check_versions(evals, updates, summary)
 
     cfg = flatten(config)
-    cfg.setdefault("exp_name", exp_dir.name)
-    ident = {"run_dir": str(run_dir), "exp_name": cfg.pop("exp_name"), "job": run_dir.name}
+    ident = {"run_dir": str(run_dir), "exp_name": cfg.pop("exp_name", exp_dir.name),
+             "job": run_dir.name}
     leading = {k: cfg.pop(k) for k in GROUP_COLUMNS if k in cfg}  # the grouping keys first
     row = {**ident, **leading, **cfg}
     row.update(_summary_row(summary, set(row)))
@@ -239,9 +237,7 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
 
 def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
     """Raise :class:`BadRun` (corrupt) for tables a resume would refuse, by the same rule
-    (:func:`repro.files.schema.versions_fault`): ``updates.csv`` versions exactly 1, 2, ..., V
-    (one row per applied push, none duplicated or lost) with V the summary's final version;
-    ``evals.csv`` versions whole numbers, unique and increasing."""
+    (:func:`repro.files.schema.versions_fault`; the module docstring says it)."""
     final = summary.get("version")
     end = final if isinstance(final, int) and not isinstance(final, bool) else None
     why = (schema.versions_fault(schema.UPDATES_FILE, updates["version"].tolist(), True, end,
@@ -310,11 +306,8 @@ def _skip(skipped: list[dict[str, Any]], run_dir: Path, exp_dir: Path, bad: BadR
 
 
 def _frame(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows)
-    for c in columns:  # an empty tree still has the columns downstream code selects
-        if c not in frame:
-            frame[c] = pd.Series(dtype=object)
-    return frame
+    # every row holds ``columns``; an empty tree still has them: downstream code selects them
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(columns))
 
 
 def _concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFrame:

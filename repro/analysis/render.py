@@ -4,11 +4,9 @@ Owns the figure registry (name -> frame builder, figure function), each figure's
 experiment folder and axes, and :func:`build_figure`, which both the CLI
 (``python -m repro.analysis``) and the grid callback (after a sweep) call.
 
-A figure is drawn from the runs of one configuration (:mod:`repro.analysis.configs`): the runs of
-its experiment folder that differ only in the figure's axes and the seed. A folder holding runs
-of several configurations (``+exp=fig1`` and ``+exp=fig1 num_epochs=3``) is refused, naming them,
-unless ``config`` chooses one (``--config num_epochs=3``); the grid callback passes its own points
-(``jobs``) and draws each configuration they hold into its own files.
+A figure draws the runs of one configuration (:mod:`repro.analysis.configs`; ``config`` chooses
+among several); the grid callback passes its own points (``jobs``) and draws each configuration
+they hold into its own files.
 """
 from __future__ import annotations
 
@@ -75,18 +73,16 @@ def _speedup_table(frame: pd.DataFrame, out: Path, stem: str = "fig4") -> list[P
 
 
 CURVES = ("num_clients", "nsync")   # fig2-fig4: one curve or point per client count and nsync
-_fig1 = lambda runs, target: frames.fig1_frame(runs)   # noqa: E731
-_fig3 = lambda runs, target: frames.fig3_frame(runs)   # noqa: E731
-register_figure("fig1", _fig1, figures.fig1, axes=("num_clients",))   # its 1-client runs
-register_figure("fig2", lambda runs, target: frames.fig2_frame(runs), figures.fig2,
-                axes=("num_clients",))   # one nsync: its curves are per client count only
-register_figure("fig3", _fig3, figures.fig3, axes=CURVES)
+register_figure("fig1", frames.fig1_frame, figures.fig1, axes=("num_clients",))   # 1-client runs
+# fig2 has one nsync: its curves are per client count only
+register_figure("fig2", frames.fig2_frame, figures.fig2, axes=("num_clients",))
+register_figure("fig3", frames.fig2_frame, figures.fig3, axes=CURVES)
 register_figure("fig4", frames.fig4_frame, figures.fig4, extra=_speedup_table, axes=CURVES)
 # The staleness figure reads its own sweep, else fig3's full grid.
-register_figure("staleness", lambda runs, target: frames.staleness_frame(runs), figures.staleness,
-                ("staleness", "fig3"), axes=CURVES)
+register_figure("staleness", frames.staleness_frame, figures.staleness, ("staleness", "fig3"),
+                axes=CURVES)
 # The paper's regime (conf/exp/fig3_paper.yaml, fig4_paper.yaml): the same figures, own files.
-register_figure("fig3_paper", _fig3, figures.fig3, axes=CURVES)
+register_figure("fig3_paper", frames.fig2_frame, figures.fig3, axes=CURVES)
 register_figure("fig4_paper", frames.fig4_frame, figures.fig4, extra=_speedup_table, axes=CURVES)
 
 
@@ -95,15 +91,9 @@ def figure_names() -> tuple[str, ...]:
     return tuple(FIGURES)
 
 
-def default_exp(name: str, results_dir: str | Path) -> str:
-    """The experiment folder a figure reads by default (the first of its exps that exists)."""
-    candidates = FIGURES[name].exps
-    return next((c for c in candidates if (Path(results_dir) / c).is_dir()), candidates[0])
-
-
 def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None,
-                 target: float | None = None, runs: Runs | None = None, config: str | None = None,
-                 jobs: list[str] | None = None) -> pd.DataFrame:
+                 target: float | None = None, runs: Runs | None = None,
+                 config: str | None = None) -> pd.DataFrame:
     """The tidy frame of one figure, read from ``results_dir/exp_name``: the runs of one
     configuration (:func:`figure_runs`).
 
@@ -112,8 +102,7 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
     Raises :class:`NoRunsError` when the folder is missing or nothing in it is usable, and
     :class:`ConfigError` when it holds several configurations and ``config`` chooses none.
     """
-    runs, where = figure_runs(name, results_dir, exp_name, runs, config, jobs)
-    return _frame(name, runs, where, target)
+    return _frame(name, *figure_runs(name, results_dir, exp_name, runs, config), target)
 
 
 def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
@@ -128,7 +117,8 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     return ``[(label, runs), ...]``, one per configuration, instead of refusing.
     """
     figure = FIGURES[name]   # ConfigError naming the figures there are
-    exp = exp_name or default_exp(name, results_dir)
+    exp = exp_name or next((e for e in figure.exps if (Path(results_dir) / e).is_dir()),
+                           figure.exps[0])   # by default the first of its folders that exists
     runs = load_runs(results_dir, exp) if runs is None else runs
     where = str(Path(results_dir) / exp)
     if runs.runs.empty:
@@ -144,12 +134,11 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     if runs.runs.empty:
         raise NoRunsError("exp", where, "finished runs of this grid" if config is None else
                           f"finished runs with {config}")
-    if figure.axes is None:
-        return ([("", runs)], where) if each else (runs, where)
-    if each:   # each configuration still one run per grid point and seed
-        return [(label, configs.one_grid(part, figure.axes, where, config))
-                for label, part in configs.split(runs, figure.axes)], where
-    return configs.one_grid(runs, figure.axes, where, config), where
+    parts = configs.split(runs, figure.axes) if each and figure.axes is not None else [("", runs)]
+    if figure.axes is not None:   # each configuration still one run per grid point and seed
+        parts = [(label, configs.one_grid(part, figure.axes, where, config))
+                 for label, part in parts]
+    return (parts if each else parts[0][1]), where
 
 
 def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFrame:
@@ -175,10 +164,8 @@ def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | 
     if name == "all":
         return _build_all(results_dir, out_dir, exp_name, target, config)
     stem = stem or name
-    if not each:
-        runs, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs)
-        return _write(name, _frame(name, runs, where, target), Path(out_dir), stem)
-    parts, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs, each=True)
+    parts, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs, each=each)
+    parts = parts if each else [("", parts)]
     paths = []
     for label, runs in parts:
         files = f"{stem}-{file_label(label)}" if len(parts) > 1 else stem

@@ -30,11 +30,8 @@ TABLE_COLUMNS = ("nsync", "num_clients", "speedup_mean", "speedup_std", "speedup
 
 
 def resolve_target(frame: pd.DataFrame, override: float | None = None) -> float:
-    """The target error: ``override`` if given, else the runs' config ``target_error``.
-
-    All runs of one experiment should share it; if several values appear the first (in run
-    order) is used with a warning.
-    """
+    """The target error: ``override`` if given, else the runs' config ``target_error`` (the
+    first in run order, with a warning, when the runs disagree)."""
     if override is not None:
         return float(override)
     column = frame["target_error"] if "target_error" in frame else pd.Series(dtype=float)
@@ -60,15 +57,12 @@ def time_to_target(evals: pd.DataFrame, target: float, metric: str = "train_erro
                      "clock": clocks[0] if len(clocks) == 1 else "mixed",
                      "target": float(target),
                      "time_to_target_s": float(hit.iloc[0]) if len(hit) else math.nan})
-    columns = [*keep, "clock", "target", "time_to_target_s"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=[*keep, "clock", "target", "time_to_target_s"])
 
 
 def _same(a: Any, b: Any) -> bool:
     """Equality where two missing values (None/NaN) also match."""
-    if pd.isna(a) and pd.isna(b):
-        return True
-    return bool(a == b)
+    return (pd.isna(a) and pd.isna(b)) or bool(a == b)
 
 
 def _reference(row: pd.Series, ones: pd.DataFrame) -> pd.Series | None:
@@ -88,18 +82,14 @@ def _reference(row: pd.Series, ones: pd.DataFrame) -> pd.Series | None:
 
 
 def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Per run: time to target, its 1-client reference, ``speedup`` and ``outcome``.
-
-    ``outcome`` is one of :data:`OUTCOMES`; ``speedup`` is finite only for ``ok``.
-    """
+    """Per run: time to target, its 1-client reference, ``speedup`` and ``outcome`` (one of
+    :data:`OUTCOMES`; ``speedup`` is finite only for ``ok``)."""
     times = time_to_target(evals, target)
     ones = times[times["num_clients"] == 1]
     rows = []
     for _, row in times.iterrows():
         ref = _reference(row, ones)
-        ref_t = math.nan
-        if ref is not None and ref["status"] != "diverged":
-            ref_t = ref["time_to_target_s"]
+        ref_t = math.nan if ref is None or ref["status"] == "diverged" else ref["time_to_target_s"]
         t = row["time_to_target_s"]
         if row["status"] == "diverged":
             outcome = "diverged"
@@ -147,17 +137,10 @@ def summarise_speedups(per_run: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*keys[:-2], *TABLE_COLUMNS])
 
 
-def speedup_table(data: Runs | pd.DataFrame, target: float | None = None) -> pd.DataFrame:
-    """The speedup table from a :class:`Runs`, an evals frame, or a :func:`run_speedups` frame.
-
-    ``target`` defaults to the runs' config ``target_error`` (see :func:`resolve_target`).
-    """
-    if isinstance(data, Runs):
-        target = resolve_target(data.runs, target)
-        return summarise_speedups(run_speedups(data.evals, target))
-    if "speedup" in data and "outcome" in data:
-        return summarise_speedups(data)
-    return summarise_speedups(run_speedups(data, resolve_target(data, target)))
+def speedup_table(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """The speedup table of ``runs`` at ``target`` (default: the runs' config ``target_error``,
+    see :func:`resolve_target`)."""
+    return summarise_speedups(run_speedups(runs.evals, resolve_target(runs.runs, target)))
 
 
 def format_speedup_table(table: pd.DataFrame) -> str:
@@ -168,7 +151,3 @@ def format_speedup_table(table: pd.DataFrame) -> str:
     body = table.drop(columns="target").to_string(index=False, float_format=lambda x: f"{x:.3g}",
                                                   na_rep="-")
     return f"speedup to training error <= {target:g} (1 client / N clients, over seeds)\n{body}"
-
-
-__all__ = ["resolve_target", "time_to_target", "run_speedups", "summarise_speedups",
-           "speedup_table", "format_speedup_table", "OUTCOMES", "TABLE_COLUMNS"]

@@ -7,21 +7,18 @@ metrics (:func:`run_metrics`). :mod:`repro.analysis.compare` compares those rows
 Two kinds of directory hold the same frames:
 
 * a **results tree** (``results/``) holding experiment folders named after the figures
-  (``fig1/`` .. ``fig4/``, ``staleness/``, which falls back to ``fig3/`` as when drawing,
-  ``fig3_paper/``, ``fig4_paper/``): each frame is built by
-  :func:`repro.analysis.render.figure_frame` from the run folders of one configuration (a folder
-  holding several is refused, naming them, unless ``config`` chooses one);
-* a **figures folder** (``figures/``) holding the CSVs ``build_figure`` writes (``fig1.csv`` ..
-  ``fig4.csv``, ``staleness.csv``, ``fig3_paper.csv``, ``fig4_paper.csv``): these *are* the
-  tidy frames, read as they are.
+  (``fig1/`` .. ``fig4/``, ``staleness/``, ``fig3_paper/``, ``fig4_paper/``): each frame is
+  built as when drawing (:func:`repro.analysis.render.figure_frame`);
+* a **figures folder** (``figures/``) holding the CSVs ``build_figure`` writes (``fig1.csv``,
+  ...): these *are* the tidy frames, read as they are.
 
 Metrics, one row per run (``run_dir``); "final" is the run's last evaluation by (time_s, version),
 so a diverged run's final errors are NaN:
 
 * fig1: ``final_train_error_pct``, ``final_test_error_pct``;
-* fig2, fig3 (and fig3_paper; fig4_paper as fig4): ``time_to_target_s`` (first evaluation with training error <= target, NaN if none;
-  the target is chosen by the caller, see :func:`repro.analysis.compare.curve_target`) and
-  ``final_train_error_pct``;
+* fig2, fig3 (and fig3_paper; fig4_paper as fig4): ``time_to_target_s`` (first evaluation with
+  training error <= target, NaN if none; the target is the caller's,
+  :func:`repro.analysis.compare.curve_target`) and ``final_train_error_pct``;
 * fig4: ``speedup`` of the runs with more than one client, NaN unless their outcome is ``ok``
   (1-client runs are the reference, speedup 1 by definition, and are left out). A results tree
   computes it at ``--target`` or its runs' config ``target_error``; a figures folder holds it
@@ -37,12 +34,11 @@ from pathlib import Path
 import pandas as pd
 
 from repro.analysis.render import FIGURES, figure_frame
-
-KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import resolve_target
 from repro.errors import ConfigError
 
+KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 METRICS = {"fig1": ("final_train_error_pct", "final_test_error_pct"),
            "fig2": ("time_to_target_s", "final_train_error_pct"),
            "fig3": ("time_to_target_s", "final_train_error_pct"),
@@ -181,10 +177,8 @@ def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> 
     out = frame.drop_duplicates("run_dir").set_index("run_dir")[ident]
     name = KIND.get(name, name)
     if name == "fig1":
-        metrics = {"final_train_error_pct": _last(frame[frame["metric"] == "training error"],
-                                                  "error_pct"),
-                   "final_test_error_pct": _last(frame[frame["metric"] == "test error"],
-                                                 "error_pct")}
+        metrics = {f"final_{m}_error_pct": _last(frame[frame["metric"] == label], "error_pct")
+                   for m, label in (("train", "training error"), ("test", "test error"))}
     elif name in ("fig2", "fig3"):
         if target is None:
             raise ValueError(f"{name} metrics need a target error")
@@ -196,14 +190,12 @@ def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> 
         out = out[out["num_clients"] != 1]
         per_run = frame.drop_duplicates("run_dir").set_index("run_dir")
         metrics = {"speedup": per_run["speedup"].where(per_run["outcome"] == "ok")}
-    elif name == "staleness":
+    else:   # staleness (compare asks only for the figures of METRICS)
         pushes = frame[frame["quantity"] == "staleness"]
         weighted = (pushes["value"] * pushes["count"]).groupby(pushes["run_dir"]).sum()
         final = frame[frame["quantity"] == "final_test_error_pct"]
         metrics = {"mean_staleness": weighted / pushes.groupby("run_dir")["count"].sum(),
                    "final_test_error_pct": final.groupby("run_dir")["value"].last()}
-    else:
-        raise ConfigError("figure", name, COMPARED)
     out = out.copy()
     for column, values in metrics.items():
         out[column] = pd.to_numeric(values, errors="coerce").reindex(out.index)  # NaN: none
@@ -235,7 +227,3 @@ def start_errors(name: str, frame: pd.DataFrame) -> pd.DataFrame | None:
         return None
     columns = ["seed", "start_train_error_pct", "start_test_error_pct"]
     return first.sort_values("run_dir", kind="stable").drop_duplicates("seed")[columns]
-
-
-__all__ = ["Tree", "tree_kind", "read_tree", "run_metrics", "start_errors", "METRICS", "COMPARED",
-           "IDENTITY"]
