@@ -148,10 +148,8 @@ def predictions(s: Settings, cfg, pushes: int) -> dict:
     from repro.sim.ceiling import ceiling
     ceil = ceiling(cfg.cost, s.clients, s.nsync, param_bytes=40).pushes_per_s * s.nsync
     tm = Timing(COMPUTE_S, "exponential" if s.jitter else "none", float(s.jitter), s.nsync, s.clients)
-    if s.protocol in ("sync", "rennala"):
-        staleness = 0.0      # every applied push was computed from the current parameters
-    else:
-        staleness = expected_mean_staleness(s.clients, pushes)
+    # sync and rennala: every applied push was computed from the current parameters
+    staleness = 0.0 if s.protocol in ("sync", "rennala") else expected_mean_staleness(s.clients, pushes)
     rate, source = ceil, "the ceiling: every client busy"
     if s.protocol == "sync":
         rate = predict(tm, "sync", cfg.protocol.backup_workers, 0, pushes)["segments_per_s"] * s.nsync
@@ -177,7 +175,6 @@ def point(s: Settings) -> dict:
     pred = predictions(s, cfg, max(pushes, 1))
     end = float(updates["time_s"].max()) if len(updates) else 0.0
     steps = float(updates["num_steps"].sum())
-    loss_col = "train_loss" if "train_loss" in evals else "test_loss"
     versions = int(updates["version"].max()) if len(updates) else 0
     # the theory's curve is the quadratic's (delayed gradient descent); none for the digits network
     theory = theory_loss(s.lr, pred["tau"], s.nsync, versions) if s.problem == "quadratic" else np.array([])
@@ -189,7 +186,7 @@ def point(s: Settings) -> dict:
             "mean_staleness": float(updates["staleness"].mean()) if pushes else float("nan"),
             "steps_per_s": steps / end if end > 0 else float("nan"),
             "loss_time_s": evals["time_s"].tolist(), "loss_version": evals["version"].astype(int).tolist(),
-            "loss": evals[loss_col].tolist(),
+            "loss": evals["train_loss"].tolist(),
             "theory_time_s": (np.arange(len(theory)) / update_rate).tolist() if update_rate > 0 else [],
             "theory_loss": theory.tolist(), "predicted": pred}
 
