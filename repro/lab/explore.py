@@ -98,7 +98,6 @@ def run_config(s: Settings):
     """The RunConfig of one slider position: the base config with the sliders' values."""
     from repro.config.checks import validate
     base = _base_config(s.problem)
-    steps = STEPS if s.problem == "quadratic" else DIGITS_STEPS
     bound = {"sync": min(s.bound, s.clients - 1), "ssp": s.bound, "ringmaster": max(s.bound, 1),
              "rennala": max(s.bound, 1)}
     protocol = dataclasses.replace(base.protocol, name=s.protocol,
@@ -107,7 +106,8 @@ def run_config(s: Settings):
                                jitter_sigma=float(s.jitter))
     algo = dataclasses.replace(base.algo, lr=float(s.lr))
     # the quadratic's epoch is one step; the digits' is 1437 samples: count its budget in steps too
-    per_epoch, evals = (1.0, EVAL_EVERY) if s.problem == "quadratic" else (base.algo.batch_size / 1437, 2 * EVAL_EVERY)
+    steps, per_epoch, evals = ((STEPS, 1.0, EVAL_EVERY) if s.problem == "quadratic" else
+                               (DIGITS_STEPS, base.algo.batch_size / 1437, 2 * EVAL_EVERY))
     cfg = dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=steps * per_epoch,
                               eval_every=max(evals, s.nsync) * per_epoch, protocol=protocol, cost=cost, algo=algo,
                               exp_name="explore")

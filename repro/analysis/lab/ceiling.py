@@ -101,7 +101,7 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                 rows.append({"cost.profile": profile, "cost.bandwidth_Bps": bw, "nsync": k,
                              "num_clients": bound.num_clients, "cost.jitter": None, **PREDICTED,
                              "quantity": q, "value": v, "binding": bound.binding,
-                             "clock": run.get("clock", "virtual")})
+                             "clock": run["clock"]})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     return out[COLUMNS].sort_values(["cost.profile", "cost.bandwidth_Bps", "quantity", "nsync", "num_clients",
                                      "kind", "seed"], kind="stable").reset_index(drop=True)

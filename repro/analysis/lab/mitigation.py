@@ -78,8 +78,6 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["max_staleness_versions"] = r["run_dir"].map(st["max"])
     r["mean_staleness_steps"] = r["mean_staleness_versions"] * r["nsync"]
     r["target"] = target
-    if "clock" not in r:
-        r["clock"] = "virtual"
     measured = measured_rows(r, COLUMNS, QUANTITIES)
     rows = []
     for (mit, rule, proto, n, k), g in r.groupby(["mitigation", "server_rule", "protocol",

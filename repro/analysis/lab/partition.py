@@ -47,12 +47,11 @@ def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     table = table[table[COUNTS].apply(lambda v: isinstance(v, str) and v.startswith("["))]
     keys = [k for k in PANEL_KEYS if k in table]
     rows = []
-    firsts = table.sort_values("seed").astype({k: str for k in keys}).drop_duplicates(keys) if len(table) else table
-    if len(firsts):   # panels in the settings' order, Dirichlet alpha as a number (0.1, 1, 100)
-        order = table.loc[firsts.index]
-        alpha = pd.to_numeric(order["data.alpha"], errors="coerce") if "data.alpha" in order else 0
-        firsts = firsts.assign(_alpha=alpha).sort_values([k for k in ("data.name", "data.partition") if k in keys]
-                                                          + ["_alpha"], kind="stable")
+    firsts = table.sort_values("seed").astype({k: str for k in keys}).drop_duplicates(keys)
+    # panels in the settings' order, Dirichlet alpha as a number (0.1, 1, 100)
+    alpha = pd.to_numeric(table.loc[firsts.index, "data.alpha"], errors="coerce") if "data.alpha" in table else 0
+    firsts = firsts.assign(_alpha=alpha).sort_values([k for k in ("data.name", "data.partition") if k in keys]
+                                                      + ["_alpha"], kind="stable")
     for idx in firsts.index:
         run = table.loc[idx]
         for client, counts in enumerate(json.loads(run[COUNTS]), start=1):

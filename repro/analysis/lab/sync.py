@@ -255,7 +255,7 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         for q, v in values.items():
             rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k, **PREDICTED,
                          "quantity": q, "value": v, "source": source,
-                         "clock": run.get("clock", "virtual"), "target": target})
+                         "clock": run["clock"], "target": target})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]
     return out[COLUMNS].sort_values(["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"],

@@ -147,8 +147,6 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["final_test_error_pct"] = 100.0 * pd.to_numeric(r["final_test_error"], errors="coerce")
     r["final_train_loss"] = pd.to_numeric(r["final_train_loss"], errors="coerce")
     r["target_loss"] = target
-    if "clock" not in r:
-        r["clock"] = "virtual"
     measured = measured_rows(r, COLUMNS, QUANTITIES)
     ident = [c for c in COLUMNS if c in r and c not in ("quantity", "value")]
     rows = []
