@@ -139,15 +139,14 @@ def log_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(d ** 2)) if np.isfinite(d).all() else float("nan")
 
 
-def implicit_momentum(curvatures, c, lr: float, versions, losses, grid=MU_GRID,
-                      response=theorem_response) -> float:
+def implicit_momentum(curvatures, c, lr: float, versions, losses, response=theorem_response) -> float:
     """The mu whose curve (mode energies ``c``, step size ``lr``; the theorem's form unless
     ``response`` says otherwise) best matches the measured (versions, losses)."""
     versions = np.asarray(versions, int)
     steps = int(versions.max())
     dist = [log_distance(np.asarray(c) @ response(curvatures, lr, mu, steps)[:, versions] ** 2, losses)
-            for mu in grid]
-    return refine_minimum(grid, dist)
+            for mu in MU_GRID]
+    return refine_minimum(MU_GRID, dist)
 
 
 def direct_momentum(versions, losses, references: dict) -> float:

@@ -156,25 +156,24 @@ def _segments(rng, tm: Timing, shape) -> np.ndarray:
     return n * (1 - s) + s * rng.gamma(n, 1.0, shape)
 
 
-def ssp_time(tm: Timing, bound: int, pushes: int, replicas: int = MC_REPLICAS,
-             seed: int = MC_SEED) -> float:
+def ssp_time(tm: Timing, bound: int, pushes: int) -> float:
     """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s.
 
     Client k's j-th push is applied at A_k(j) = R_k(j-1) + o_in + c f_k S_kj (R_k(0) = 0) and
     released (it fetches) at R_k(j) = max(A_k(j), max_l A_l(j - s)) (Ho et al. 2013: a client
     more than s clocks ahead of the slowest waits), plus the reply's travel. s = 0 gives
     sync-like rounds; s -> infinity gives async. Averaged over seeded replicas."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(MC_SEED)
     n_cl, per_client = tm.num_clients, pushes   # no client can push more than all pushes
     f = np.asarray(tm.factors())[None, :]
-    applied = np.zeros((replicas, n_cl, per_client))
-    released = np.zeros((replicas, n_cl))
+    applied = np.zeros((MC_REPLICAS, n_cl, per_client))
+    released = np.zeros((MC_REPLICAS, n_cl))
     for j in range(per_client):
-        seg = tm.compute_s * f * _segments(rng, tm, (replicas, n_cl))
+        seg = tm.compute_s * f * _segments(rng, tm, (MC_REPLICAS, n_cl))
         applied[:, :, j] = released + seg + tm.overhead_s / 2 + (tm.overhead_s / 2 if j else 0.0)
         gate = applied[:, :, j - bound].max(1, keepdims=True) if j - bound >= 0 else 0.0
         released = np.maximum(applied[:, :, j], gate)
-    flat = applied.reshape(replicas, -1)
+    flat = applied.reshape(MC_REPLICAS, -1)
     return float(np.partition(flat, pushes - 1, axis=1)[:, pushes - 1].mean())
 
 
