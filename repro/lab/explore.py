@@ -13,10 +13,10 @@ loss against virtual time on the lab's quadratic (the delayed gradient descent r
 Why the standard library (http.server) and not Panel or marimo: the page is six controls and
 three small plots; Panel (bokeh, tornado) or marimo would be a new dependency of tens of MB that
 takes seconds to start, on top of torch's import, for nothing the HTML and 100 lines of script
-in explore.html do not do. Each change runs the real simulator (:func:`repro.sim.driver.simulate`,
-the same code as ``python -m repro.run``) for 300 exact-gradient local steps into a temporary
-folder and answers JSON; the page draws it on canvases (a matplotlib figure per change cost more
-than the simulation itself).
+in explore.html do not do. Each change runs the real simulator (:func:`repro.api.run_config`, the
+same code as ``python -m repro.run``) for 300 exact-gradient local steps into a temporary folder
+and answers JSON; the page draws it on canvases (a matplotlib figure per change cost more than
+the simulation itself).
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -90,13 +89,13 @@ class Settings:
 def _base_config(problem: str = "quadratic"):
     """The lab's quadratic (conf/problem/quadratic.yaml) or the digits network, composed once per
     process and problem."""
-    from repro.config.loader import composed
-    return composed((*PROBLEMS[problem], "cost=uniform", "progress=false", "seed=0"))
+    import repro.api as asgd
+    return asgd.configure(*PROBLEMS[problem], "cost=uniform", "seed=0")
 
 
 def run_config(s: Settings):
-    """The RunConfig of one slider position: the base config with the sliders' values."""
-    from repro.config.checks import validate
+    """The RunConfig of one slider position: the base config with the sliders' values (checked
+    when it runs)."""
     base = _base_config(s.problem)
     bound = {"sync": min(s.bound, s.clients - 1), "ssp": s.bound, "ringmaster": max(s.bound, 1),
              "rennala": max(s.bound, 1)}
@@ -108,11 +107,9 @@ def run_config(s: Settings):
     # the quadratic's epoch is one step; the digits' is 1437 samples: count its budget in steps too
     steps, per_epoch, evals = ((STEPS, 1.0, EVAL_EVERY) if s.problem == "quadratic" else
                                (DIGITS_STEPS, base.algo.batch_size / 1437, 2 * EVAL_EVERY))
-    cfg = dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=steps * per_epoch,
-                              eval_every=max(evals, s.nsync) * per_epoch, protocol=protocol, cost=cost, algo=algo,
-                              exp_name="explore")
-    validate(cfg)
-    return cfg
+    return dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=steps * per_epoch,
+                               eval_every=max(evals, s.nsync) * per_epoch, protocol=protocol, cost=cost, algo=algo,
+                               exp_name="explore")
 
 
 @functools.cache
@@ -164,13 +161,10 @@ def predictions(s: Settings, cfg, pushes: int) -> dict:
 
 def point(s: Settings) -> dict:
     """Simulate one slider position and return its measured and predicted numbers."""
-    import pandas as pd
-    from repro.sim.driver import simulate
+    import repro.api as asgd
     cfg = run_config(s)
-    with tempfile.TemporaryDirectory(prefix="repro-explore-") as tmp:
-        summary = simulate(cfg, Path(tmp) / "run")
-        updates = pd.read_csv(Path(tmp) / "run" / "updates.csv")
-        evals = pd.read_csv(Path(tmp) / "run" / "evals.csv")
+    result = asgd.run_config(cfg)
+    summary, updates, evals = result.summary, result.updates, result.evals
     pushes = int(updates["num_steps"].count())
     pred = predictions(s, cfg, max(pushes, 1))
     end = float(updates["time_s"].max()) if len(updates) else 0.0
