@@ -68,12 +68,6 @@ def steady_samples_per_s(updates: pd.DataFrame) -> pd.Series:
     return pd.Series(out, dtype=float)
 
 
-def in_lockstep(r: pd.DataFrame) -> pd.Series:
-    """Runs whose clients stay in step: no jitter (or a jitter of size 0)."""
-    sigma = r["cost.jitter_sigma"].astype(float) if "cost.jitter_sigma" in r else pd.Series(1.0, index=r.index)
-    return (r["cost.jitter"] == "none") | (sigma == 0)
-
-
 def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Per run: steady-state samples/s and speedup over 1 client (same profile, bandwidth,
     nsync, jitter, seed), kind ``measured`` (clients out of step) or ``lockstep`` (no jitter);
@@ -88,7 +82,9 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     one = r[r["num_clients"] == 1].set_index(same)["samples_per_s"]
     key = list(zip(*(r[c] for c in same)))
     r["speedup"] = r["samples_per_s"].to_numpy() / one.reindex(key).to_numpy()
-    r["kind"], r["binding"] = np.where(in_lockstep(r), LOCKSTEP, MEASURED), None
+    sigma = r["cost.jitter_sigma"].astype(float) if "cost.jitter_sigma" in r else 1.0
+    lockstep = (r["cost.jitter"] == "none") | (sigma == 0)   # clients in step: no jitter, or of size 0
+    r["kind"], r["binding"] = np.where(lockstep, LOCKSTEP, MEASURED), None
     measured = measured_rows(r, COLUMNS, QUANTITIES)
     rows = []   # the bound at every client count up to the largest run, so the knee shows
     for (profile, bw, k), group in r.groupby(KEYS[:3], sort=False, dropna=False):

@@ -22,7 +22,7 @@ from repro.analysis.render import printed_table, register_figure
 from repro.analysis.lab import heat_map, panel_grid
 from repro.analysis.lab.partition import partition_of
 from repro.analysis.lab.uneven import method_of, method_order
-from repro.analysis.load import Runs, is_diverged
+from repro.analysis.load import Runs
 
 COLUMNS = ["partition", "method", "family", "seed", "run_dir", "status", "diverged", "quantity",
            "class", "slow_class", "value", "num_clients", "nsync", "slow_client", "cost.straggler_factor",
@@ -42,7 +42,7 @@ def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         slow = set(_classes(run.get("data.slow_client_classes")))
         base = {"partition": partition_of(run), "method": method, "family": family, "seed": run["seed"],
                 "run_dir": run["run_dir"], "status": run["status"],
-                "diverged": bool(is_diverged(pd.Series([run["status"]])).iloc[0]),
+                "diverged": run["status"] == "diverged",
                 "num_clients": run["num_clients"], "nsync": run["nsync"],
                 "slow_client": run.get("cost.straggler_client"),
                 "cost.straggler_factor": run.get("cost.straggler_factor"),
