@@ -29,15 +29,9 @@ class Unloadable(Exception):
     """The file cannot be graded; the message is the one line the student sees."""
 
 
-def catalogue() -> tuple[str, ...]:
-    """Every exercise's name (declared in repro.registry; an exercise's module loads when it is
-    looked up)."""
-    return EXERCISES.names()
-
-
 def exercise_of(path: Path, tree: ast.Module) -> Exercise:
     """The exercise a file's top-level ``EXERCISE = "NAME"`` line names."""
-    names = catalogue()
+    names = EXERCISES.names()   # declared in repro.registry: no exercise's module loads for them
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
