@@ -21,6 +21,7 @@ the simulation itself).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -266,10 +267,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     answer({})   # warm-up before the URL is printed, so the first slider move is fast
     print(f"explorer at http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops it)", flush=True)
-    try:
+    with server, contextlib.suppress(KeyboardInterrupt):   # Ctrl-C: the socket closed, exit 0
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
     return 0
