@@ -47,7 +47,7 @@ def failing(tmp_path: Path, capsys, name: str, old: str, new: str) -> str:
 
 
 def test_every_exercise_has_a_stub_a_solution_and_a_line_in_the_help():
-    names = grader.catalogue()
+    names = grader.EXERCISES.names()
     assert len(names) >= 6
     assert [p.name for p in STUBS] == [p.name for p in SOLUTIONS]
     for stub in STUBS:
@@ -155,7 +155,7 @@ def test_the_help_lists_every_exercise_without_importing_torch():
                              "except SystemExit:\n    print('torch' in sys.modules)"],
                             capture_output=True, text=True, cwd=ROOT)
     assert helped.returncode == 0 and helped.stdout.endswith("False\n")
-    assert all(name in helped.stdout for name in grader.catalogue())
+    assert all(name in helped.stdout for name in grader.EXERCISES.names())
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from repro.asgd.protocols import PROTOCOLS
 print('protocols', loaded('repro.asgd.optimal'), 'ringmaster' in PROTOCOLS)
 print('lookup', PROTOCOLS['ringmaster'].__name__, loaded('repro.asgd.optimal'))
 from repro.lab import grader
-print('catalogue', len(grader.catalogue()), loaded('repro.lab.gates', 'repro.lab.numeric', 'repro.lab.plugins'))
+print('catalogue', len(grader.EXERCISES.names()), loaded('repro.lab.gates', 'repro.lab.numeric', 'repro.lab.plugins'))
 print('exercise', grader.EXERCISES['ssp_gate'].name, loaded('repro.lab.gates', 'repro.lab.numeric'))
 from repro.analysis.render import FIGURES, figure_names
 print('figures', len(figure_names()), loaded('repro.analysis.lab.churn'))

@@ -28,7 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m repro.lab", description="The staleness classroom: "
                                 "exercises that grade themselves, e.g. python -m repro.lab grade "
                                 "exercises/01_mean_staleness.py, and an explorer with sliders in "
-                                "the browser, python -m repro.lab explore")
+                                "the browser, python -m repro.lab explore", epilog=EXERCISES_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
     grade = commands.add_parser("grade", help="grade an exercise file", epilog=EXERCISES_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -39,8 +40,6 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser("explore", add_help=False,
                         help="the staleness explorer: sliders in a browser on 127.0.0.1 "
                              "(python -m repro.lab explore --help for its options)")
-    p.epilog = EXERCISES_HELP
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
 
 

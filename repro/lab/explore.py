@@ -13,20 +13,20 @@ loss against virtual time on the lab's quadratic (the delayed gradient descent r
 Why the standard library (http.server) and not Panel or marimo: the page is six controls and
 three small plots; Panel (bokeh, tornado) or marimo would be a new dependency of tens of MB that
 takes seconds to start, on top of torch's import, for nothing the HTML and 100 lines of script
-in explore.html do not do. Each change runs the real simulator (:func:`repro.sim.driver.simulate`,
-the same code as ``python -m repro.run``) for 300 exact-gradient local steps into a temporary
-folder and answers JSON; the page draws it on canvases (a matplotlib figure per change cost more
-than the simulation itself).
+in explore.html do not do. Each change runs the real simulator (:func:`repro.api.run_config`, the
+same code as ``python -m repro.run``) for 300 exact-gradient local steps into a temporary folder
+and answers JSON; the page draws it on canvases (a matplotlib figure per change cost more than
+the simulation itself).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -90,15 +90,14 @@ class Settings:
 def _base_config(problem: str = "quadratic"):
     """The lab's quadratic (conf/problem/quadratic.yaml) or the digits network, composed once per
     process and problem."""
-    from repro.config.loader import composed
-    return composed((*PROBLEMS[problem], "cost=uniform", "progress=false", "seed=0"))
+    import repro.api as asgd
+    return asgd.configure(*PROBLEMS[problem], "cost=uniform", "seed=0")
 
 
 def run_config(s: Settings):
-    """The RunConfig of one slider position: the base config with the sliders' values."""
-    from repro.config.checks import validate
+    """The RunConfig of one slider position: the base config with the sliders' values (checked
+    when it runs)."""
     base = _base_config(s.problem)
-    steps = STEPS if s.problem == "quadratic" else DIGITS_STEPS
     bound = {"sync": min(s.bound, s.clients - 1), "ssp": s.bound, "ringmaster": max(s.bound, 1),
              "rennala": max(s.bound, 1)}
     protocol = dataclasses.replace(base.protocol, name=s.protocol,
@@ -107,12 +106,11 @@ def run_config(s: Settings):
                                jitter_sigma=float(s.jitter))
     algo = dataclasses.replace(base.algo, lr=float(s.lr))
     # the quadratic's epoch is one step; the digits' is 1437 samples: count its budget in steps too
-    per_epoch, evals = (1.0, EVAL_EVERY) if s.problem == "quadratic" else (base.algo.batch_size / 1437, 2 * EVAL_EVERY)
-    cfg = dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=steps * per_epoch,
-                              eval_every=max(evals, s.nsync) * per_epoch, protocol=protocol, cost=cost, algo=algo,
-                              exp_name="explore")
-    validate(cfg)
-    return cfg
+    steps, per_epoch, evals = ((STEPS, 1.0, EVAL_EVERY) if s.problem == "quadratic" else
+                               (DIGITS_STEPS, base.algo.batch_size / 1437, 2 * EVAL_EVERY))
+    return dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=steps * per_epoch,
+                               eval_every=max(evals, s.nsync) * per_epoch, protocol=protocol, cost=cost, algo=algo,
+                               exp_name="explore")
 
 
 @functools.cache
@@ -148,10 +146,8 @@ def predictions(s: Settings, cfg, pushes: int) -> dict:
     from repro.sim.ceiling import ceiling
     ceil = ceiling(cfg.cost, s.clients, s.nsync, param_bytes=40).pushes_per_s * s.nsync
     tm = Timing(COMPUTE_S, "exponential" if s.jitter else "none", float(s.jitter), s.nsync, s.clients)
-    if s.protocol in ("sync", "rennala"):
-        staleness = 0.0      # every applied push was computed from the current parameters
-    else:
-        staleness = expected_mean_staleness(s.clients, pushes)
+    # sync and rennala: every applied push was computed from the current parameters
+    staleness = 0.0 if s.protocol in ("sync", "rennala") else expected_mean_staleness(s.clients, pushes)
     rate, source = ceil, "the ceiling: every client busy"
     if s.protocol == "sync":
         rate = predict(tm, "sync", cfg.protocol.backup_workers, 0, pushes)["segments_per_s"] * s.nsync
@@ -166,18 +162,14 @@ def predictions(s: Settings, cfg, pushes: int) -> dict:
 
 def point(s: Settings) -> dict:
     """Simulate one slider position and return its measured and predicted numbers."""
-    import pandas as pd
-    from repro.sim.driver import simulate
+    import repro.api as asgd
     cfg = run_config(s)
-    with tempfile.TemporaryDirectory(prefix="repro-explore-") as tmp:
-        summary = simulate(cfg, Path(tmp) / "run")
-        updates = pd.read_csv(Path(tmp) / "run" / "updates.csv")
-        evals = pd.read_csv(Path(tmp) / "run" / "evals.csv")
+    result = asgd.run_config(cfg)
+    summary, updates, evals = result.summary, result.updates, result.evals
     pushes = int(updates["num_steps"].count())
     pred = predictions(s, cfg, max(pushes, 1))
     end = float(updates["time_s"].max()) if len(updates) else 0.0
     steps = float(updates["num_steps"].sum())
-    loss_col = "train_loss" if "train_loss" in evals else "test_loss"
     versions = int(updates["version"].max()) if len(updates) else 0
     # the theory's curve is the quadratic's (delayed gradient descent); none for the digits network
     theory = theory_loss(s.lr, pred["tau"], s.nsync, versions) if s.problem == "quadratic" else np.array([])
@@ -189,7 +181,7 @@ def point(s: Settings) -> dict:
             "mean_staleness": float(updates["staleness"].mean()) if pushes else float("nan"),
             "steps_per_s": steps / end if end > 0 else float("nan"),
             "loss_time_s": evals["time_s"].tolist(), "loss_version": evals["version"].astype(int).tolist(),
-            "loss": evals[loss_col].tolist(),
+            "loss": evals["train_loss"].tolist(),
             "theory_time_s": (np.arange(len(theory)) / update_rate).tolist() if update_rate > 0 else [],
             "theory_loss": theory.tolist(), "predicted": pred}
 
@@ -275,10 +267,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     answer({})   # warm-up before the URL is printed, so the first slider move is fast
     print(f"explorer at http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops it)", flush=True)
-    try:
+    with server, contextlib.suppress(KeyboardInterrupt):   # Ctrl-C: the socket closed, exit 0
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
     return 0

@@ -65,8 +65,7 @@ def scripted_ssp(cls: type) -> Iterator[Check]:
 
 def largest_lead(updates) -> int:
     """The most pushes a client had applied beyond the client with the fewest, at its push."""
-    clients = sorted(set(updates.client))
-    counts, lead = dict.fromkeys(clients, 0), 0
+    counts, lead = dict.fromkeys(set(updates.client), 0), 0
     for k in updates.client:
         counts[k] += 1
         lead = max(lead, counts[k] - min(counts.values()))

@@ -29,15 +29,9 @@ class Unloadable(Exception):
     """The file cannot be graded; the message is the one line the student sees."""
 
 
-def catalogue() -> tuple[str, ...]:
-    """Every exercise's name (declared in repro.registry; an exercise's module loads when it is
-    looked up)."""
-    return EXERCISES.names()
-
-
 def exercise_of(path: Path, tree: ast.Module) -> Exercise:
     """The exercise a file's top-level ``EXERCISE = "NAME"`` line names."""
-    names = catalogue()
+    names = EXERCISES.names()   # declared in repro.registry: no exercise's module loads for them
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
@@ -80,10 +74,9 @@ def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     return ex, module
 
 
-def report(ex: Exercise, path: Path, module: types.ModuleType, out=None) -> bool:
-    """Grade and print each check as it comes (to ``out``, default stdout); True when all passed."""
-    out = out or sys.stdout
-    print(f"exercise {ex.name}: {ex.title}  ({path})", file=out, flush=True)
+def report(ex: Exercise, path: Path, module: types.ModuleType) -> bool:
+    """Grade and print each check as it comes; True when all passed."""
+    print(f"exercise {ex.name}: {ex.title}  ({path})", flush=True)
     passed = total = 0
     hinted: set[str] = set()                # each hint once: the lines below say what differs
     runs_log = logging.getLogger("repro")   # a graded run's own lines ("diverged: ...") are
@@ -93,24 +86,24 @@ def report(ex: Exercise, path: Path, module: types.ModuleType, out=None) -> bool
         for check in ex.grade(module):
             total += 1
             passed += check.passed
-            print_check(check, out, hinted)
+            print_check(check, hinted)
     except (StudentError, TimeoutError) as e:   # their code failed where a check needs it
         total += 1
         print_check(Check("your code ran", "no exception", str(e), False,
-                          "fix the error above and grade again"), out, hinted)
+                          "fix the error above and grade again"), hinted)
     finally:
         runs_log.setLevel(level)
     print(f"{passed} of {total} checks pass" + ("" if passed == total else
-                                                "; read the hints above and try again"), file=out)
+                                                "; read the hints above and try again"))
     return passed == total
 
 
-def print_check(check: Check, out, hinted: set[str]) -> None:
+def print_check(check: Check, hinted: set[str]) -> None:
     print(f"  {'PASS' if check.passed else 'FAIL'}  {check.what}: expected {check.expected}, "
-          f"got {check.got}", file=out, flush=True)
+          f"got {check.got}", flush=True)
     if not check.passed and check.hint and check.hint not in hinted:
         hinted.add(check.hint)
-        print(f"        hint: {check.hint}", file=out)
+        print(f"        hint: {check.hint}")
 
 
 def grade(file: str) -> int:

@@ -73,15 +73,6 @@ def describe_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}{where}"
 
 
-def close(got: Any, expected: float, rel: float = 0.0, abs_tol: float = 0.0) -> bool:
-    """A number within ``max(rel * |expected|, abs_tol)`` of ``expected`` (None, text: no)."""
-    try:
-        value = float(got)
-    except (TypeError, ValueError):
-        return False
-    return abs(value - expected) <= max(rel * abs(expected), abs_tol)
-
-
 class Raised(str):
     """What came out when the student's function raised: shown as it is, never a number."""
 
@@ -97,8 +88,13 @@ def shown(value: Any) -> str:
 
 def number_check(what: str, got: Any, expected: float, tolerance: str, hint: str, rel: float = 0.0,
                  abs_tol: float = 0.0) -> Check:
-    """A student's number against an expected one, the tolerance stated beside it."""
-    return Check(what, f"{expected:.4g} ({tolerance})", shown(got), close(got, expected, rel, abs_tol), hint)
+    """A student's number against an expected one: it passes within ``max(rel * |expected|,
+    abs_tol)`` (None or text never does), the tolerance stated beside it."""
+    try:
+        passed = abs(float(got) - expected) <= max(rel * abs(expected), abs_tol)
+    except (TypeError, ValueError):
+        passed = False
+    return Check(what, f"{expected:.4g} ({tolerance})", shown(got), passed, hint)
 
 
 # ---------------------------------------------------------------------------------------------

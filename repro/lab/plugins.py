@@ -9,6 +9,7 @@ reference, and with the published prediction where there is one.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Iterator
 
 import torch
@@ -57,15 +58,9 @@ BACKUP_HINT = ("a round closes at the first N - b pushes of the N clients live a
                "that joined during it count from the next): b backup workers, but at least one push")
 
 
-class _Cfg:
-    """The little of a run's config a Sync policy reads when built."""
-
-    def __init__(self, backups: int):
-        self.protocol = type("P", (), {"backup_workers": backups})()
-
-
 def needed_of(cls: type, backups: int, live: set[int], joining: set[int]) -> int:
-    policy = student_call(cls, _Cfg(backups), sorted(live | joining), 0)
+    cfg = SimpleNamespace(protocol=SimpleNamespace(backup_workers=backups))   # all a Sync policy reads when built
+    policy = student_call(cls, cfg, sorted(live | joining), 0)
     policy.joining = set(joining)
     return student_call(policy.needed, frozenset(live))
 

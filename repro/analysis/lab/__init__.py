@@ -1,1 +1,46 @@
-"""The staleness lab's figures, each registering itself on import."""
+"""The staleness lab's figures, each registering itself on import, and the steps that several of
+them share: the bytes of a run's messages, panels of heat maps."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from repro.analysis.load import recorded
+from repro.sim.cost import path_bandwidth
+
+
+def message_bytes(run: pd.Series, cost) -> int:
+    """The network's own bytes, as the run's config.json records them (``network.param_bytes``:
+    the lab builds no network), for the simulator's cost model (:class:`repro.sim.cost.CostModel`)
+    to send; 0 where they do not count: ``cost.comm_params`` sets the size, or links are free."""
+    if cost.comm_params is not None or path_bandwidth(cost) is None:
+        return 0
+    return int(recorded(pd.DataFrame([run]), "network.param_bytes"))
+
+
+def panel_grid(count: int, max_cols: int, panel: tuple[float, float]):
+    """A figure with ``count`` panels, at most ``max_cols`` to a row (the spare ones hidden)."""
+    from repro.analysis.figures import _new_figure
+
+    cols = min(count, max_cols)
+    fig, axes = _new_figure(-(-count // cols), cols, panel=panel)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def heat_map(ax, grid: pd.DataFrame, text: Callable[[float], str], dark: float, fontsize: str, **style):
+    """``grid`` (rows x integer columns) as an image, each cell's ``text`` written in it (none
+    where that is empty; white on cells above ``dark``), rows and columns labelled."""
+    values = grid.to_numpy()
+    image = ax.imshow(values, aspect="auto", **style)
+    for (i, j), v in np.ndenumerate(values):
+        if text(v):
+            ax.text(j, i, text(v), ha="center", va="center", fontsize=fontsize,
+                    color="white" if v > dark else "black")
+    ax.set_xticks(range(values.shape[1]), [str(int(c)) for c in grid.columns], fontsize="small")
+    ax.set_yticks(range(values.shape[0]), [str(k) for k in grid.index], fontsize="small")
+    ax.grid(False)
+    return image

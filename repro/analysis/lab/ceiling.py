@@ -25,7 +25,8 @@ import pandas as pd
 
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.load import Runs, finite, is_diverged, recorded
+from repro.analysis.lab import message_bytes
+from repro.analysis.load import Runs, finite, is_diverged
 from repro.sim.ceiling import ceiling
 
 KEYS = ["cost.profile", "cost.bandwidth_Bps", "nsync", "num_clients"]
@@ -43,12 +44,10 @@ QUANTITIES = {"samples_per_s": "applied samples per second\n(steady state, virtu
 
 def predict(run: pd.Series, counts) -> list:
     """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at each client count of
-    ``counts`` (its inputs read once): messages of the network's own bytes as its config.json
-    records them (``network.param_bytes``; the lab builds no network), unless ``cost.comm_params``
-    sets them."""
+    ``counts`` (its inputs read once; messages: :func:`repro.analysis.lab.message_bytes`)."""
     cost = cost_of(run)
-    nbytes = 0 if finite(run.get("cost.comm_params")) else int(recorded(pd.DataFrame([run]), "network.param_bytes"))
-    return [ceiling(cost, n, int(run["nsync"]), nbytes, float(run["cost.compute_s"])) for n in counts]
+    return [ceiling(cost, n, int(run["nsync"]), message_bytes(run, cost), float(run["cost.compute_s"]))
+            for n in counts]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,19 +68,11 @@ def steady_samples_per_s(updates: pd.DataFrame) -> pd.Series:
     return pd.Series(out, dtype=float)
 
 
-def in_lockstep(r: pd.DataFrame) -> pd.Series:
-    """Runs whose clients stay in step: no jitter (or a jitter of size 0)."""
-    sigma = r["cost.jitter_sigma"].astype(float) if "cost.jitter_sigma" in r else pd.Series(1.0, index=r.index)
-    return (r["cost.jitter"] == "none") | (sigma == 0)
-
-
 def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Per run: steady-state samples/s and speedup over 1 client (same profile, bandwidth,
     nsync, jitter, seed), kind ``measured`` (clients out of step) or ``lockstep`` (no jitter);
     per grid point: the predicted bound on both and the resource that sets it."""
     r = runs.runs.copy()
-    if "cost.topology" not in r:
-        r["cost.topology"] = "dedicated"
     if "cost.jitter" not in r:
         r["cost.jitter"] = "none"
     r["cost.bandwidth_Bps"] = r["cost.bandwidth_Bps"].astype(float)
@@ -91,7 +82,9 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     one = r[r["num_clients"] == 1].set_index(same)["samples_per_s"]
     key = list(zip(*(r[c] for c in same)))
     r["speedup"] = r["samples_per_s"].to_numpy() / one.reindex(key).to_numpy()
-    r["kind"], r["binding"] = np.where(in_lockstep(r), LOCKSTEP, MEASURED), None
+    sigma = r["cost.jitter_sigma"].astype(float) if "cost.jitter_sigma" in r else 1.0
+    lockstep = (r["cost.jitter"] == "none") | (sigma == 0)   # clients in step: no jitter, or of size 0
+    r["kind"], r["binding"] = np.where(lockstep, LOCKSTEP, MEASURED), None
     measured = measured_rows(r, COLUMNS, QUANTITIES)
     rows = []   # the bound at every client count up to the largest run, so the knee shows
     for (profile, bw, k), group in r.groupby(KEYS[:3], sort=False, dropna=False):
@@ -104,7 +97,7 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                 rows.append({"cost.profile": profile, "cost.bandwidth_Bps": bw, "nsync": k,
                              "num_clients": bound.num_clients, "cost.jitter": None, **PREDICTED,
                              "quantity": q, "value": v, "binding": bound.binding,
-                             "clock": run.get("clock", "virtual")})
+                             "clock": run["clock"]})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     return out[COLUMNS].sort_values(["cost.profile", "cost.bandwidth_Bps", "quantity", "nsync", "num_clients",
                                      "kind", "seed"], kind="stable").reset_index(drop=True)
@@ -127,12 +120,6 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
 # The figure
 # ---------------------------------------------------------------------------------------------
 
-def _bandwidth_title(bw: float) -> str:
-    if not finite(bw):
-        return "links: free"
-    return f"every link {bw / 1e9:g} GB/s each way"
-
-
 MARKERS = {MEASURED: dict(marker="o", ms=4.5), LOCKSTEP: dict(marker="s", ms=4.0, markerfacecolor="none")}
 
 
@@ -151,6 +138,7 @@ def draw_ceiling(frame: pd.DataFrame):
     counts = sorted(int(n) for n in frame.loc[frame["kind"] != "predicted", "num_clients"].unique())
     fig, axes = _new_figure(len(QUANTITIES), len(bws), panel=(3.9, 3.0), sharex=True)
     for col, bw in enumerate(bws):
+        title = f"every link {bw / 1e9:g} GB/s each way" if finite(bw) else "links: free"
         panel_bw = frame[(frame["cost.bandwidth_Bps"] == bw) | (frame["cost.bandwidth_Bps"].isna() & pd.isna(bw))]
         for row, q in enumerate(QUANTITIES):
             ax = axes[row, col]
@@ -174,7 +162,7 @@ def draw_ceiling(frame: pd.DataFrame):
             ax.set_xticks(counts, [str(c) for c in counts])
             ax.set_xlim(counts[0] / 1.3, counts[-1] * 2.6)
             ax.minorticks_off()
-            ax.set(title=_bandwidth_title(bw) if row == 0 else "", ylabel=QUANTITIES[q] if col == 0 else "",
+            ax.set(title="" if row else title, ylabel=QUANTITIES[q] if col == 0 else "",
                    xlabel="clients N" if row == len(QUANTITIES) - 1 else "")
     handles = [Line2D([], [], color=colors[k], marker="o", linestyle="--") for k in nsyncs]
     labels = [f"nsync {k}" for k in nsyncs]

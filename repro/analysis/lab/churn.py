@@ -62,5 +62,4 @@ def draw_churn(frame: pd.DataFrame):
     return fig
 
 
-AXES = ("num_clients", "protocol.name", "cost.")
-register_figure("churn", churn_frame, draw_churn, exps=("churn",), axes=AXES)
+register_figure("churn", churn_frame, draw_churn, exps=("churn",), axes=("num_clients", "protocol.name", "cost."))

@@ -78,8 +78,6 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["max_staleness_versions"] = r["run_dir"].map(st["max"])
     r["mean_staleness_steps"] = r["mean_staleness_versions"] * r["nsync"]
     r["target"] = target
-    if "clock" not in r:
-        r["clock"] = "virtual"
     measured = measured_rows(r, COLUMNS, QUANTITIES)
     rows = []
     for (mit, rule, proto, n, k), g in r.groupby(["mitigation", "server_rule", "protocol",
@@ -89,10 +87,8 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         base = {"mitigation": mit, "server_rule": rule, "protocol": proto, "num_clients": n,
                 "nsync": k, **PREDICTED, "clock": g["clock"].iloc[0], "target": target,
                 **{c: g[c].iloc[0] for c in ("algo.lr", "algo.momentum", "cost.profile")}}
-        if proto == "sync":
-            mean, src = 0.0, "sync: 0 by construction"
-        else:
-            mean, src = expected_mean_staleness(int(n), pushes), "(N-1)(1 - N/2P) versions, equal speeds"
+        mean, src = ((0.0, "sync: 0 by construction") if proto == "sync" else
+                     (expected_mean_staleness(int(n), pushes), "(N-1)(1 - N/2P) versions, equal speeds"))
         rows += [{**base, "quantity": "mean_staleness_versions", "value": mean, "source": src},
                  {**base, "quantity": "mean_staleness_steps", "value": mean * k, "source": src}]
         if proto == "ssp":
@@ -186,6 +182,7 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (mitigation, nsync): final test error and time to target (mean, min, max over seeds),
     runs diverged / not reaching the target, and mean staleness measured vs expected."""
     meas = frame[frame["kind"] == "measured"]
+    expected = frame[frame["kind"] == "predicted"].set_index(["mitigation", "nsync", "quantity"])["value"]
     rows = []
     for (m, k), g in meas.groupby(["mitigation", "nsync"], sort=False):
         def stat(q, ok_only=True):
@@ -193,19 +190,15 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
             return v.mean(), v.min(), v.max()
         err, ttt = stat("final_test_error_pct"), stat("time_to_target_s")
         runs = g[g["quantity"] == "time_to_target_s"]
-        pred = frame[(frame["kind"] == "predicted") & (frame["mitigation"] == m) & (frame["nsync"] == k)
-                     & (frame["quantity"] == "mean_staleness_versions")]["value"]
-        bound = frame[(frame["kind"] == "predicted") & (frame["mitigation"] == m) & (frame["nsync"] == k)
-                      & (frame["quantity"] == "max_staleness_versions")]["value"]
         rows.append({"mitigation": m.replace("\n", ""), "nsync": int(k), "final_test_err_pct": err[0],
                      "err_min": err[1], "err_max": err[2], "time_to_target_s": ttt[0],
                      "ttt_min": ttt[1], "ttt_max": ttt[2], "runs": len(runs),
                      "diverged": int(runs["diverged"].astype(bool).sum()),
                      "not_reached": int(runs["value"].isna().sum()),
                      "staleness_measured": stat("mean_staleness_versions", False)[0],
-                     "staleness_expected": pred.iloc[0] if len(pred) else np.nan,
+                     "staleness_expected": expected.get((m, k, "mean_staleness_versions"), np.nan),
                      "max_staleness": stat("max_staleness_versions", False)[2],
-                     "ssp_bound": bound.iloc[0] if len(bound) else np.nan})
+                     "ssp_bound": expected.get((m, k, "max_staleness_versions"), np.nan)})
     return pd.DataFrame(rows)
 
 

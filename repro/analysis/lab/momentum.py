@@ -139,15 +139,14 @@ def log_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(d ** 2)) if np.isfinite(d).all() else float("nan")
 
 
-def implicit_momentum(curvatures, c, lr: float, versions, losses, grid=MU_GRID,
-                      response=theorem_response) -> float:
+def implicit_momentum(curvatures, c, lr: float, versions, losses, response=theorem_response) -> float:
     """The mu whose curve (mode energies ``c``, step size ``lr``; the theorem's form unless
     ``response`` says otherwise) best matches the measured (versions, losses)."""
     versions = np.asarray(versions, int)
     steps = int(versions.max())
     dist = [log_distance(np.asarray(c) @ response(curvatures, lr, mu, steps)[:, versions] ** 2, losses)
-            for mu in grid]
-    return refine_minimum(grid, dist)
+            for mu in MU_GRID]
+    return refine_minimum(MU_GRID, dist)
 
 
 def direct_momentum(versions, losses, references: dict) -> float:
@@ -287,7 +286,8 @@ def draw_momentum(frame: pd.DataFrame) -> Figure:
               f"(closest theorem-form curve, {WINDOW} versions)")
     ax_mu.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2))
 
-    exp, best = frame[frame["kind"] == "explicit"], frame[frame["kind"] == "best"]
+    exp = frame[frame["kind"] == "explicit"]
+    best = frame[frame["kind"] == "best"].set_index(["num_clients", "source"])["value"]
     top = np.nanmax(exp["value"].to_numpy()) * 3 if exp["value"].notna().any() else 1.0
     for n in counts:
         part, color = exp[exp["num_clients"] == n], client_color(n)
@@ -298,16 +298,13 @@ def draw_momentum(frame: pd.DataFrame) -> Figure:
         bad = part[part["diverged"].astype(bool)]
         ax_exp.plot(bad["momentum"], np.full(len(bad), top), "x", color=color, ls="none",
                     label="a seed diverged" if n == counts[-1] else "_nolegend_")
-        measured = best[(best["num_clients"] == n) & (best["source"] == "measured")]["value"]
-        predicted = best[(best["num_clients"] == n) & (best["source"] == PREDICTION)]["value"]
-        last = n == counts[-1]
-        if len(measured) and np.isfinite(measured.iloc[0]):
-            m = measured.iloc[0]
+        m, predicted = best.get((n, "measured"), np.nan), best.get((n, PREDICTION), np.nan)
+        if np.isfinite(m):
             y = 10 ** np.interp(m, geo.dropna().index, np.log10(geo.dropna().to_numpy()))
-            ax_exp.plot([m], [y], "*", ms=12,
-                        color=color, mec="k", label="measured best (parabola through 3 best)" if last else "_nolegend_")
-        if len(predicted) and np.isfinite(predicted.iloc[0]):
-            ax_exp.axvline(predicted.iloc[0], color=color, ls="--", lw=1)
+            ax_exp.plot([m], [y], "*", ms=12, color=color, mec="k",
+                        label="measured best (parabola through 3 best)" if n == counts[-1] else "_nolegend_")
+        if np.isfinite(predicted):
+            ax_exp.axvline(predicted, color=color, ls="--", lw=1)
     ax_exp.plot([], [], color="0.4", ls="--", lw=1,   # one legend entry for the N coloured lines
                 label=f"predicted best: max(0, $\\mu^*_{{1\\ client}} - (1 - 1/N)$) ({PREDICTION})")
     ax_exp.set(yscale="log", xlabel="explicit momentum m (each client's buffer)",

@@ -19,15 +19,14 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
+from repro.analysis.lab import heat_map, panel_grid
 from repro.analysis.lab.partition import partition_of
 from repro.analysis.lab.uneven import method_of, method_order
-from repro.analysis.load import Runs, is_diverged
+from repro.analysis.load import Runs
 
 COLUMNS = ["partition", "method", "family", "seed", "run_dir", "status", "diverged", "quantity",
            "class", "slow_class", "value", "num_clients", "nsync", "slow_client", "cost.straggler_factor",
            "algo.lr", "num_epochs"]
-# methods that drop work, by family (the finding's two sides)
-DROPS_WORK = ("Ringmaster", "sync + backup", "Rennala")
 
 
 def _classes(cell) -> list:
@@ -43,7 +42,7 @@ def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         slow = set(_classes(run.get("data.slow_client_classes")))
         base = {"partition": partition_of(run), "method": method, "family": family, "seed": run["seed"],
                 "run_dir": run["run_dir"], "status": run["status"],
-                "diverged": bool(is_diverged(pd.Series([run["status"]])).iloc[0]),
+                "diverged": run["status"] == "diverged",
                 "num_clients": run["num_clients"], "nsync": run["nsync"],
                 "slow_client": run.get("cost.straggler_client"),
                 "cost.straggler_factor": run.get("cost.straggler_factor"),
@@ -95,36 +94,26 @@ def draw_own_data(frame: pd.DataFrame):
     over seeds; the slow client's classes framed."""
     import matplotlib as mpl
 
-    from repro.analysis.figures import _new_figure, _require, _seeds
+    from repro.analysis.figures import _require, _seeds
 
     _require(frame, "own_data")
     classes = frame[frame["quantity"] == "class_test_error_pct"]
     parts = partition_order(frame["partition"])
     methods = method_order(frame["method"])
-    cols = min(len(parts), 2)
-    nrows = -(-len(parts) // cols)
-    fig, axes = _new_figure(nrows, cols, panel=(6.0, 0.9 + 0.42 * len(methods)))
-    for ax in axes.flat[len(parts):]:
-        ax.set_visible(False)
+    fig, axes = panel_grid(len(parts), 2, panel=(6.0, 0.9 + 0.42 * len(methods)))
     norm = mpl.colors.Normalize(0, 100)
     image = None
     for ax, part in zip(axes.flat, parts):
         g = classes[classes["partition"] == part]
         grid = g.pivot_table(index="method", columns="class", values="value", aggfunc="mean")
         grid = grid.reindex([m for m in methods if m in grid.index])
-        image = ax.imshow(grid.to_numpy(), cmap="Reds", norm=norm, aspect="auto")
-        for (i, j), v in np.ndenumerate(grid.to_numpy()):
-            if np.isfinite(v):
-                ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize="x-small",
-                        color="white" if v > 60 else "black")
+        image = heat_map(ax, grid, lambda v: f"{v:.0f}" if np.isfinite(v) else "", 60, "x-small", cmap="Reds",
+                         norm=norm)
         slow = sorted({int(c) for c in g.loc[g["slow_class"].astype(bool), "class"]})
         for c in slow:   # the slow client's classes, framed
             j = list(grid.columns).index(c)
             ax.add_patch(mpl.patches.Rectangle((j - 0.5, -0.5), 1, len(grid), fill=False, lw=1.8,
                                                edgecolor="0.1"))
-        ax.set_xticks(range(len(grid.columns)), [str(int(c)) for c in grid.columns], fontsize="small")
-        ax.set_yticks(range(len(grid)), list(grid.index), fontsize="small")
-        ax.grid(False)
         ax.set(xlabel="class (framed: held by the slow client alone)", title=part)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.6, label="final test error of the class (%)")

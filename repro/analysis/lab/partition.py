@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd
 
+from repro.analysis.lab import heat_map, panel_grid
 from repro.analysis.render import register_figure
 from repro.analysis.load import Runs
 
@@ -47,12 +47,11 @@ def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     table = table[table[COUNTS].apply(lambda v: isinstance(v, str) and v.startswith("["))]
     keys = [k for k in PANEL_KEYS if k in table]
     rows = []
-    firsts = table.sort_values("seed").astype({k: str for k in keys}).drop_duplicates(keys) if len(table) else table
-    if len(firsts):   # panels in the settings' order, Dirichlet alpha as a number (0.1, 1, 100)
-        order = table.loc[firsts.index]
-        alpha = pd.to_numeric(order["data.alpha"], errors="coerce") if "data.alpha" in order else 0
-        firsts = firsts.assign(_alpha=alpha).sort_values([k for k in ("data.name", "data.partition") if k in keys]
-                                                          + ["_alpha"], kind="stable")
+    firsts = table.sort_values("seed").astype({k: str for k in keys}).drop_duplicates(keys)
+    # panels in the settings' order, Dirichlet alpha as a number (0.1, 1, 100)
+    alpha = pd.to_numeric(table.loc[firsts.index, "data.alpha"], errors="coerce") if "data.alpha" in table else 0
+    firsts = firsts.assign(_alpha=alpha).sort_values([k for k in ("data.name", "data.partition") if k in keys]
+                                                      + ["_alpha"], kind="stable")
     for idx in firsts.index:
         run = table.loc[idx]
         for client, counts in enumerate(json.loads(run[COUNTS]), start=1):
@@ -63,28 +62,14 @@ def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 def draw_partition(frame: pd.DataFrame):
     """One heat map per partition: clients x classes, each cell the samples the client holds."""
-    from repro.analysis.figures import _new_figure
-
     if frame.empty:
         raise ValueError("partition: no run records a partition (iid runs read the whole set)")
     panels = list(dict.fromkeys(frame["panel"]))
-    cols = min(len(panels), 3)
-    rows = -(-len(panels) // cols)
-    clients = frame["client"].max()
-    fig, axes = _new_figure(rows, cols, panel=(4.2, 1.2 + 0.32 * clients))
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
+    fig, axes = panel_grid(len(panels), 3, panel=(4.2, 1.2 + 0.32 * frame["client"].max()))
     for ax, panel in zip(axes.flat, panels):
         grid = frame[frame["panel"] == panel].pivot(index="client", columns="class", values="count")
-        values = grid.to_numpy()
-        ax.imshow(values, cmap="Blues", aspect="auto", vmin=0)
-        for (i, j), n in np.ndenumerate(values):
-            if n:
-                ax.text(j, i, str(int(n)), ha="center", va="center", fontsize="xx-small",
-                        color="white" if n > values.max() / 2 else "black")
-        ax.set_xticks(range(values.shape[1]), [str(c) for c in grid.columns], fontsize="small")
-        ax.set_yticks(range(values.shape[0]), [str(k) for k in grid.index], fontsize="small")
-        ax.grid(False)
+        heat_map(ax, grid, lambda n: str(int(n)) if n else "", grid.to_numpy().max() / 2, "xx-small", cmap="Blues",
+                 vmin=0)
         head, *tail = panel.rsplit(", ", 2)   # two lines: neighbouring titles would touch on one
         ax.set(xlabel="class", ylabel="client", title=head + "\n" + ", ".join(tail))
         ax.title.set_fontsize("small")

@@ -172,8 +172,7 @@ def draw_stability(frame: pd.DataFrame) -> Figure:
         cells = part[part["kind"] == "run"]
         for name in OUTCOMES:
             sel = cells[cells["outcome"] == name]
-            style = dict(STYLE[name])
-            ax.plot(sel["tau"], sel["lr"], ls="none", ms=8, mew=1.5, **style)
+            ax.plot(sel["tau"], sel["lr"], ls="none", ms=8, mew=1.5, **STYLE[name])
         theory = part[part["kind"] == "theory"]
         if len(theory):   # exact for the quadratic (dashed); only its shape elsewhere (dash-dot)
             source = theory["source"].iloc[0]

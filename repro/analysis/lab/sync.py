@@ -28,8 +28,10 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.frames import PREDICTED, measured_rows
-from repro.analysis.load import Runs, finite, is_diverged, recorded
+from repro.analysis.frames import PREDICTED, cost_of, measured_rows
+from repro.analysis.lab import message_bytes
+from repro.analysis.load import Runs, finite, is_diverged
+from repro.sim.cost import CostModel
 from repro.analysis.tables import resolve_target, time_to_target
 
 PROFILE_ORDER = ("jitter_lognormal", "jitter_exponential", "straggler")
@@ -154,25 +156,24 @@ def _segments(rng, tm: Timing, shape) -> np.ndarray:
     return n * (1 - s) + s * rng.gamma(n, 1.0, shape)
 
 
-def ssp_time(tm: Timing, bound: int, pushes: int, replicas: int = MC_REPLICAS,
-             seed: int = MC_SEED) -> float:
+def ssp_time(tm: Timing, bound: int, pushes: int) -> float:
     """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s.
 
     Client k's j-th push is applied at A_k(j) = R_k(j-1) + o_in + c f_k S_kj (R_k(0) = 0) and
     released (it fetches) at R_k(j) = max(A_k(j), max_l A_l(j - s)) (Ho et al. 2013: a client
     more than s clocks ahead of the slowest waits), plus the reply's travel. s = 0 gives
     sync-like rounds; s -> infinity gives async. Averaged over seeded replicas."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(MC_SEED)
     n_cl, per_client = tm.num_clients, pushes   # no client can push more than all pushes
     f = np.asarray(tm.factors())[None, :]
-    applied = np.zeros((replicas, n_cl, per_client))
-    released = np.zeros((replicas, n_cl))
+    applied = np.zeros((MC_REPLICAS, n_cl, per_client))
+    released = np.zeros((MC_REPLICAS, n_cl))
     for j in range(per_client):
-        seg = tm.compute_s * f * _segments(rng, tm, (replicas, n_cl))
+        seg = tm.compute_s * f * _segments(rng, tm, (MC_REPLICAS, n_cl))
         applied[:, :, j] = released + seg + tm.overhead_s / 2 + (tm.overhead_s / 2 if j else 0.0)
         gate = applied[:, :, j - bound].max(1, keepdims=True) if j - bound >= 0 else 0.0
         released = np.maximum(applied[:, :, j], gate)
-    flat = applied.reshape(replicas, -1)
+    flat = applied.reshape(MC_REPLICAS, -1)
     return float(np.partition(flat, pushes - 1, axis=1)[:, pushes - 1].mean())
 
 
@@ -194,22 +195,13 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
 # ---------------------------------------------------------------------------------------------
 
 def timing_of(run: pd.Series) -> Timing:
-    """The timing model of a run, from its config columns. A transfer is what the simulator's
-    cost model (:class:`repro.sim.cost.CostModel`) makes it: latency + bytes / bandwidth, the
-    bytes of ``cost.comm_params`` float32 values when set, else the network's own (recorded in
-    the run's config.json: the lab builds no network)."""
-    bw = run.get("cost.bandwidth_Bps")
-    transfer = float(run["cost.latency_s"])
-    if finite(bw):
-        params = run.get("cost.comm_params")
-        nbytes = 4.0 * float(params) if finite(params) else float(
-            recorded(pd.DataFrame([run]), "network.param_bytes"))
-        transfer += nbytes / float(bw)
-    strag = finite(run.get("cost.straggler_client"))
-    return Timing(float(run["cost.compute_s"]), str(run["cost.jitter"]),
-                  float(run["cost.jitter_sigma"]), int(run["nsync"]), int(run["num_clients"]),
-                  float(run["cost.straggler_factor"]) if strag else 1.0,
-                  2 * transfer + float(run["cost.server_apply_s"]))
+    """The timing model of a run, from its config columns; a transfer is what the simulator's
+    cost model makes it (:func:`repro.analysis.lab.message_bytes`)."""
+    cost = cost_of(run)
+    transfer = CostModel(cost, 0, message_bytes(run, cost), cost.compute_s).transfer_s
+    return Timing(cost.compute_s, cost.jitter, cost.jitter_sigma, int(run["nsync"]), int(run["num_clients"]),
+                  cost.straggler_factor if cost.straggler_client is not None else 1.0,
+                  2 * transfer + cost.server_apply_s)
 
 
 def protocol_label(run: pd.Series) -> str:
@@ -250,10 +242,9 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     for (profile, label, n, k), group in r.groupby(KEYS, sort=False):
         run = group.iloc[0]
         tm, name = timing_of(run), str(run["protocol.name"])
-        pushes = int(round(run["final_samples_seen"] / (run["algo.batch_size"] * k)))
-        pred = predict(tm, name, int(run["protocol.backup_workers"]),
-                       int(run["protocol.staleness_bound"]), max(pushes, 1))
-        ref = predict(tm, "async", 0, 0, max(pushes, 1))["segments_per_s"]
+        pushes = max(int(round(run["final_samples_seen"] / (run["algo.batch_size"] * k))), 1)
+        pred = predict(tm, name, int(run["protocol.backup_workers"]), int(run["protocol.staleness_bound"]), pushes)
+        ref = async_segments_per_s(tm)
         source = SOURCES["backup" if name == "sync" and run["protocol.backup_workers"] else
                          name if name in SOURCES else "async"]
         values = {"samples_per_s": pred["segments_per_s"] * k * run["algo.batch_size"],
@@ -263,7 +254,7 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         for q, v in values.items():
             rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k, **PREDICTED,
                          "quantity": q, "value": v, "source": source,
-                         "clock": run["clock"] if "clock" in run else "virtual", "target": target})
+                         "clock": run["clock"], "target": target})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]
     return out[COLUMNS].sort_values(["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"],
@@ -274,11 +265,9 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 # The figure
 # ---------------------------------------------------------------------------------------------
 
-def _profile_title(frame: pd.DataFrame, profile: str) -> str:
-    known = {"jitter_lognormal": "lognormal steps (sigma 0.5), free comm.",
-             "jitter_exponential": "exponential steps, free comm.",
-             "straggler": "client 1 is 4x slower (lan: comm. + sigma 0.1)"}
-    return f"{profile}:\n{known.get(profile, 'cost profile')}"
+PROFILE_TITLES = {"jitter_lognormal": "lognormal steps (sigma 0.5), free comm.",
+                  "jitter_exponential": "exponential steps, free comm.",
+                  "straggler": "client 1 is 4x slower (lan: comm. + sigma 0.1)"}
 
 
 def draw_sync(frame: pd.DataFrame):
@@ -328,7 +317,7 @@ def draw_sync(frame: pd.DataFrame):
             else:
                 ax.set_yscale("log")
                 plain_log_ticks(ax.yaxis, subs=(1.0, 2.0, 3.0, 5.0))
-            ax.set(title=_profile_title(frame, profile) if row == 0 else "",
+            ax.set(title=f"{profile}:\n{PROFILE_TITLES.get(profile, 'cost profile')}" if row == 0 else "",
                    ylabel=QUANTITIES[q] if col == 0 else "",
                    xlabel="clients N" if row == len(QUANTITIES) - 1 else "")
     handles, labels = [], []

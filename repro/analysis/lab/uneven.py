@@ -147,8 +147,6 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["final_test_error_pct"] = 100.0 * pd.to_numeric(r["final_test_error"], errors="coerce")
     r["final_train_loss"] = pd.to_numeric(r["final_train_loss"], errors="coerce")
     r["target_loss"] = target
-    if "clock" not in r:
-        r["clock"] = "virtual"
     measured = measured_rows(r, COLUMNS, QUANTITIES)
     ident = [c for c in COLUMNS if c in r and c not in ("quantity", "value")]
     rows = []
@@ -172,15 +170,15 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 def table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per method: time per step measured (mean over seeds) / predicted, time to the target
     loss (mean, min, max over the seeds reaching it; how many did not), final test error."""
-    meas, pred = frame[frame["kind"] == "measured"], frame[frame["kind"] == "predicted"]
+    meas = frame[frame["kind"] == "measured"]
+    step = frame[(frame["kind"] == "predicted") & (frame["quantity"] == "step_time_s")].set_index("method")["value"]
     rows = []
     for method in method_order(meas["method"]):
         g = meas[meas["method"] == method]
         q = lambda name: g[g["quantity"] == name]["value"]   # noqa: E731
-        p = pred[(pred["method"] == method) & (pred["quantity"] == "step_time_s")]["value"]
         ttt = q("time_to_target_s")
         rows.append({"method": method, "runs": len(ttt), "step_s": q("step_time_s").mean(),
-                     "step_predicted_s": p.iloc[0] if len(p) else np.nan,
+                     "step_predicted_s": step.get(method, np.nan),
                      "time_to_target_s": ttt.mean(), "ttt_min": ttt.min(), "ttt_max": ttt.max(),
                      "not_reached": int(ttt.isna().sum()),
                      "diverged": int(g[g["quantity"] == "step_time_s"]["diverged"].astype(bool).sum()),
@@ -210,7 +208,7 @@ def draw_uneven(frame: pd.DataFrame):
     (a, b), (c, d) = axes
     family = dict(zip(frame["method"], frame["family"]))
 
-    def per_method(ax, quantity, log=True, missing_y=None):
+    def per_method(ax, quantity):
         g = meas[meas["quantity"] == quantity]
         ok = g[g["value"].notna() & ~g["diverged"].astype(bool)]
         for m, v in ok.groupby("method")["value"]:
@@ -219,11 +217,10 @@ def draw_uneven(frame: pd.DataFrame):
         top = ok["value"].max() if len(ok) else 1.0
         for _, row in g[~g.index.isin(ok.index)].iterrows():
             style = DIVERGED_MARKER if row["diverged"] else {**DIVERGED_MARKER, "marker": "v"}
-            ax.plot([x[row["method"]]], [missing_y or top * 1.4], linestyle="none",
+            ax.plot([x[row["method"]]], [top * 1.4], linestyle="none",
                     color=colors[family[row["method"]]], **style)
-        if log:
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", fontsize="small")
         ax.set_xlim(-0.6, len(methods) - 0.4)
 
