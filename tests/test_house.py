@@ -457,14 +457,16 @@ def test_the_readme_layout_names_every_module_and_folder_of_the_package():
 # ---------------------------------------------------------------------------------------------
 
 # What repro.analysis may import of the package: its own modules and the floors below that hold
-# no training (settings, errors, files, the registry, logs), and the ceiling's closed-form bound
-# (repro.sim.ceiling: arithmetic on a cost profile, no clock is run). Everything else of repro
+# no training (settings, errors, files, the registry, logs), the ceiling's closed-form bound
+# (repro.sim.ceiling: arithmetic on a cost profile, no clock is run) and the cost model it is
+# built on (repro.sim.cost: a transfer's or a step's time from the profile, no clock is run; the
+# lab's theory charges a transfer what the simulator charges). Everything else of repro
 # (sim's driver, real, runs, problem's models and data, asgd, the entry points, the instruments)
 # trains, simulates or builds a network, which the analysis promises never to do; torch builds
 # networks. Read from every Import and ImportFrom node, also those inside functions, and from
 # every string that names a module (an import by name).
 ANALYSIS_MAY_IMPORT = ("repro.analysis", "repro.config", "repro.errors", "repro.files", "repro.registry",
-                       "repro.logs", "repro.sim.ceiling")
+                       "repro.logs", "repro.sim.ceiling", "repro.sim.cost")
 NEVER_IN_ANALYSIS = ("torch",)
 
 

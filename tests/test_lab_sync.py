@@ -18,6 +18,7 @@ from repro.analysis.lab.sync import (
     segment_order_time,
     ssp_time,
     sync_round_s,
+    timing_of,
 )
 from repro.run import compose, parse
 from tests.helpers.grids import sweep_grid
@@ -86,6 +87,20 @@ def test_ssp_recurrence_spans_sync_to_async():
 # ---------------------------------------------------------------------------------------------
 # the experiment
 # ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("topology, link", [("dedicated", {"cost.bandwidth_Bps": 1e6}),
+                                             ("shared", {"cost.shared.server_bandwidth_Bps": 1e6})])
+def test_the_theory_charges_a_transfer_what_the_simulator_charges(topology, link):
+    """o = 2 * (latency + bytes / bandwidth) + apply, with the bandwidth the simulator's cost model
+    gives one transfer on its path: on shared links with only the server's link limited too (the
+    theory once charged that path no transfer at all)."""
+    run = pd.Series({"cost.compute_s": 0.01, "cost.jitter": "lognormal", "cost.jitter_sigma": 0.1,
+                     "cost.latency_s": 0.001, "cost.server_apply_s": 0.002, "cost.topology": topology,
+                     "nsync": 4, "num_clients": 2, "network.param_bytes": 4000, **link})
+    assert timing_of(run).overhead_s == pytest.approx(2 * (0.001 + 4000 / 1e6) + 0.002)
+    free = run.drop(list(link)).drop("network.param_bytes")   # free links: latency alone, no bytes read
+    assert timing_of(free).overhead_s == pytest.approx(2 * 0.001 + 0.002)
+
 
 def test_grid_expands_to_the_intended_runs():
     expected = {"protocol": ["async", "sync", "sync_backup", "ssp"], "num_clients": ["2", "4", "8"],
