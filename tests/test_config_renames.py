@@ -131,6 +131,8 @@ def test_the_shared_topology_and_one_machine_keys_read_in_both_spellings(capsys)
     cost = CostConfig.of(topology="shared", clients_per_host=4, eval_s=0.5, preempt_rate=1.0)
     assert (cost.shared.clients_per_host, cost.machine.eval_s, cost.churn.preempt_rate) == (4, 0.5, 1.0)
     assert cost.updated(devices_per_host=2).shared == dataclasses.replace(cost.shared, devices_per_host=2)
+    given = dataclasses.replace(cost.shared, clients_per_host=3)   # a group given whole, an old key onto it
+    assert cost.updated(shared=given, devices_per_host=2).shared == dataclasses.replace(given, devices_per_host=2)
     from repro.api import cost_profile   # the API's dict of cost fields: the loader's table too
 
     assert cost_profile({"profile": "p", "topology": "shared", "clients_per_host": 4}).shared.clients_per_host == 4

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from repro.config.renames import modern_tree
+from repro.config.renames import RENAMED
 from repro.config.fields import FLAG, SECONDS, Choice, Numbers, Range, Text, knob
 
 JITTERS = ("none", "lognormal", "exponential")
@@ -148,11 +148,17 @@ class CostConfig:
         """``dataclasses.replace`` that takes a nested group's key by its old flat name too
         (``clients_per_host=4`` sets ``shared.clients_per_host``): for code that changes a few
         cost keys at once, from the one table :data:`repro.config.renames.RENAMED`."""
-        changes = modern_tree({"cost": changes}, quiet=True)["cost"]   # {group: {key: value}}
-        for group, values in changes.items():
-            if isinstance(values, dict):
-                changes[group] = dataclasses.replace(getattr(self, group), **values)
-        return dataclasses.replace(self, **changes)
+        direct, nested = {}, {}
+        for name, value in changes.items():
+            new = RENAMED.get("cost." + name)
+            if new is None:
+                direct[name] = value
+            else:
+                _, group, leaf = new.split(".")
+                nested.setdefault(group, {})[leaf] = value
+        for group, values in nested.items():   # onto a group given whole, if one is
+            direct[group] = dataclasses.replace(direct.get(group, getattr(self, group)), **values)
+        return dataclasses.replace(self, **direct)
 
     @classmethod
     def of(cls, **changes) -> "CostConfig":
