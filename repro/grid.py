@@ -272,14 +272,15 @@ class Grid(Callback):
         raise SystemExit(EXIT_INTERRUPTED)
 
     def _stop_watching(self) -> None:
-        """The progress thread ends and the signal handlers go back to what they were."""
-        if self._stop is not None:
-            self._stop.__exit__(None, None, None)
-        self._stop = None
+        """The progress thread ends, then the signal handlers go back to what they were (in that
+        order: a second Ctrl-C while the thread is joined still reaches ours, exit 130)."""
         self._done.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
+        if self._stop is not None:
+            self._stop.__exit__(None, None, None)
+        self._stop = None
 
     # -- where a grid point runs ------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -47,6 +47,25 @@ def _launched(tmp_path: Path, monkeypatch) -> Grid:
     return grid
 
 
+def test_the_progress_thread_ends_before_the_signal_handlers_go_back():
+    """A second Ctrl-C while the launcher joins its progress thread (up to 5 s) still reaches the
+    grid's own handler (exit 130, its message), not Python's default (a traceback)."""
+    order = []
+
+    class Thread:
+        def join(self, timeout=None):
+            order.append("thread joined")
+
+    class Stop:
+        def __exit__(self, *exc):
+            order.append("handlers back")
+
+    grid = Grid(every_s=0)
+    grid._thread, grid._stop = Thread(), Stop()
+    grid._stop_watching()
+    assert order == ["thread joined", "handlers back"] and grid._stop is None and grid._thread is None
+
+
 def _job(tmp_path: Path, name: str):
     """A point's config as Hydra hands it to on_job_start, its folder made with Hydra's record."""
     run_dir = tmp_path / "fig3" / name
