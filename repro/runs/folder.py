@@ -82,7 +82,9 @@ def open_folder(run_dir: str | Path):
     except OSError as exc:
         if not write_denied(exc):
             raise
-        yield run_dir   # nobody writes a read-only folder: no lock; run_folder only skips there
+        lock = None   # nobody writes a read-only folder: no lock; run_folder only skips there
+    if lock is None:   # yielded outside the except: the body's errors carry no OSError context
+        yield run_dir
         return
     try:
         yield run_dir
