@@ -57,11 +57,19 @@ def test_sync_and_rennala_predict_no_staleness():
 
 
 def test_the_bound_slider_is_kept_to_what_each_protocol_accepts():
-    """sync: at most N - 1 backup workers; ringmaster's R and rennala's S at least 1."""
-    assert explore.run_config(Settings(clients=4, protocol="sync", bound=9)).protocol.backup_workers == 3
-    assert explore.run_config(Settings(protocol="ringmaster", bound=0)).protocol.staleness_threshold == 1
-    assert explore.run_config(Settings(protocol="rennala", bound=0)).protocol.collection_size == 1
-    assert explore.run_config(Settings(protocol="ssp", bound=0)).protocol.staleness_bound == 0
+    """sync: at most N - 1 backup workers; ringmaster's R and rennala's S at least 1 (each a
+    config the run's own check accepts)."""
+    from repro.config.checks import validate
+
+    def checked(s: Settings):
+        cfg = explore.run_config(s)
+        validate(cfg)
+        return cfg
+
+    assert checked(Settings(clients=4, protocol="sync", bound=9)).protocol.backup_workers == 3
+    assert checked(Settings(protocol="ringmaster", bound=0)).protocol.staleness_threshold == 1
+    assert checked(Settings(protocol="rennala", bound=0)).protocol.collection_size == 1
+    assert checked(Settings(protocol="ssp", bound=0)).protocol.staleness_bound == 0
 
 
 def test_endpoint_answers_the_sliders(server):
