@@ -151,10 +151,11 @@ def test_a_new_run_in_a_read_only_folder_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "results" / "new").exists()
 
 
-def test_a_read_only_folder_is_told_by_one_function(tmp_path):
+def test_a_read_only_folder_is_told_by_storage_alone(tmp_path):
     """Issue 31: what makes a folder read-only (an errno a write raised, or no write access
-    asked beforehand) was tested in six places of the run folder and the entry point; one
-    function says it now, and those modules test nothing of their own."""
+    asked beforehand) was tested in six places of the run folder and the entry point; now
+    repro/files/storage.py says it, ``write_denied`` (an errno a write raised) and
+    ``is_read_only`` (asked beforehand), and those modules test nothing of their own."""
     import errno
     import inspect
 

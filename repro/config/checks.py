@@ -42,6 +42,7 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
 def _modern(tree: dict, prefix: str) -> dict:
     """``tree`` (the node at ``prefix``) with old flat keys moved (:func:`modern_tree`)."""
     path = [p for p in prefix.split(".") if p]
+    # wrap the node in its path's dicts, move the old keys, take the node back out
     whole = functools.reduce(lambda node, part: {part: node}, reversed(path), tree)
     return functools.reduce(operator.getitem, path, modern_tree(whole))
 

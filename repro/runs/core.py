@@ -1,4 +1,4 @@
-"""The run core: a run's bookkeeping, written once for both drivers (DESIGN.md, "run core").
+"""The run core: a run's bookkeeping, written once for both drivers (docs/architecture.md, "The seam").
 
 A driver decides only *which* push comes next and *when*, and carries the replies; the core does
 the rest with the same rules for both. **The seam**: the driver hands the core what it needs in

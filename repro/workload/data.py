@@ -198,7 +198,8 @@ def _load_mnist1d(root, num_train, num_test) -> Dataset:
     raw = mnist1d_arrays(num_samples, root)
     x = np.concatenate([raw["x"], raw["x_test"]])[:, None, :]
     y = np.concatenate([raw["y"], raw["y_test"]])
-    return _finish("mnist1d", (x[:n_tr], y[:n_tr]), (x[len(y) - n_te:], y[len(y) - n_te:]), None, None, None)
+    return _finish("mnist1d", (x[:n_tr], y[:n_tr]), (x[len(y) - n_te:], y[len(y) - n_te:]),
+                   num_train=None, num_test=None, channel_dims=None)   # already cut to size, not images
 
 
 # ----------------------------------------------------------------------------- synthetic
