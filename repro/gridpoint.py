@@ -120,5 +120,4 @@ def point_state(run_dir: Path) -> str:
 
 def summary_status(run_dir: Path) -> str | None:
     """The status the folder's summary.json records (None: no readable summary)."""
-    summary = read_summary(run_dir)
-    return summary.get("status") if isinstance(summary, dict) else None
+    return (read_summary(run_dir) or {}).get("status")

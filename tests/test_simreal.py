@@ -168,3 +168,12 @@ def test_a_shrunk_experiment_runs_end_to_end_and_the_benchmark_reads_it(tmp_path
     before, after = resimulated_error(tmp_path / "r" / "sim_vs_real", "loopback", 1, 2, compute_scale=2.0)
     assert after < before
     assert resimulated_error(tmp_path / "r" / "sim_vs_real", "link", 1, 2) is None   # no such point
+
+
+def test_a_summary_that_is_no_json_object_is_read_as_none_not_a_crash(tmp_path):
+    """A folder whose summary.json holds a list is not a finished run: the reader of the
+    experiment's tree passes over it (it raised AttributeError: a list has no .get)."""
+    kept = fake_run(tmp_path / "a", backend="real", clients=1, nsync=1, seed=0)
+    odd = fake_run(tmp_path / "b", backend="real", clients=1, nsync=1, seed=1)
+    (odd / "summary.json").write_text("[1, 2]")
+    assert lab.run_dirs(tmp_path) == [kept]

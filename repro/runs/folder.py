@@ -150,7 +150,7 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     would change a training-shaping key."""
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)   # one a run wrote (a status we know), not someone's own file
-    summary = summary if isinstance(summary, dict) and summary.get("status") in schema.STATUSES else None
+    summary = summary if summary and summary.get("status") in schema.STATUSES else None
     holds_run = summary is not None or _is_run_config(run_dir)
     foreign = [name for name in RUN_FILES if (run_dir / name).exists()] if not holds_run else []
     if foreign:   # someone's own files (not a run's): no flag may overwrite or delete them

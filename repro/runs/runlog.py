@@ -236,11 +236,12 @@ class RunLog:
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / schema.SUMMARY_FILE
+    """``run_dir``'s summary.json; None when it is missing, unreadable or not a JSON object."""
     try:
-        return json.loads(path.read_text())
+        summary = json.loads((Path(run_dir) / schema.SUMMARY_FILE).read_text())
     except (OSError, ValueError):
         return None
+    return summary if isinstance(summary, dict) else None
 
 
 class Progress:

@@ -22,7 +22,6 @@ recorded runs". Beside that:
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -36,6 +35,7 @@ from repro.config.renames import read_recorded
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.files import schema
+from repro.runs.runlog import read_summary
 
 if TYPE_CHECKING:   # pandas is imported where a recording is read: every simulation imports this module
     import pandas as pd
@@ -223,11 +223,7 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
 
 def _eval_cpu_s(run_dir: Path) -> float | None:
     """The recording's mean CPU seconds of one evaluation (its summary's; None when it has none)."""
-    try:
-        summary = json.loads((run_dir / schema.SUMMARY_FILE).read_text())
-    except (OSError, ValueError):   # a recording's summary says only how long evaluations took
-        return None
-    value = summary.get("eval_cpu_s") if isinstance(summary, dict) else None
+    value = (read_summary(run_dir) or {}).get("eval_cpu_s")
     return float(value) if value == 0 or _positive(value) else None
 
 

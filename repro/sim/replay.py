@@ -100,8 +100,7 @@ def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
     if not rows:
         raise ConfigError("cost.path", str(run_dir), "a recording with at least one push (its "
                           f"{schema.UPDATES_FILE} has no rows)")
-    summary = read_summary(run_dir)
-    summary = summary if isinstance(summary, dict) else {}   # none (or not an object): unfinished
+    summary = read_summary(run_dir) or {}   # none (or not an object): unfinished
     membership = _membership(summary)
     expected_read: dict[int, int] = {}
     members, events = set(range(1, num_clients + 1)), iter(membership)
