@@ -39,3 +39,16 @@ def test_shrunk_sweep_draws_measured_beside_predicted(tmp_path):
     churned = frame[frame.preempt_rate == 3].iloc[0]
     assert churned.live_fraction == pytest.approx(1 / 1.3)
     assert churned.samples_per_s < calm.samples_per_s
+
+
+def test_time_to_target_is_the_column_of_the_key_the_run_wrote():
+    """summary.json keys time_to_target by the target's repr (1.0 -> "1.0"), so the runs table's
+    column is time_to_target.1.0; the frame looked for time_to_target.1 and found no time."""
+    from repro.analysis.lab.churn import churn_frame
+    from repro.analysis.load import Runs
+
+    runs = pd.DataFrame({"protocol.name": ["async"], "cost.churn.preempt_rate": [0.0], "seed": [0],
+                         "final_samples_seen": [100], "final_time_s": [2.0], "target_error": [1.0],
+                         "cost.churn.preempt_down_s": [0.1], "time_to_target.1.0": [1.5]})
+    frame = churn_frame(Runs(runs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame()))
+    assert frame.time_to_target_s.tolist() == [1.5]

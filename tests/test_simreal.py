@@ -177,3 +177,14 @@ def test_a_summary_that_is_no_json_object_is_read_as_none_not_a_crash(tmp_path):
     odd = fake_run(tmp_path / "b", backend="real", clients=1, nsync=1, seed=1)
     (odd / "summary.json").write_text("[1, 2]")
     assert lab.run_dirs(tmp_path) == [kept]
+
+
+def test_time_to_target_is_read_under_the_key_the_run_wrote(tmp_path):
+    """The run keys time_to_target by the target's repr (0.1234567 -> "0.1234567"); the reader
+    looked it up as f"{target:g}" ("0.123457") and found nothing."""
+    run = fake_run(tmp_path / "a", backend="real", clients=1, nsync=1, seed=0,
+                   host={"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}, target=0.1234567)
+    (run / "summary.json").write_text(json.dumps({"status": "completed",
+                                                  "time_to_target": {"0.1234567": 1.0}}))
+    runs, _, _ = lab.read_runs(tmp_path)
+    assert runs.time_to_target_s.tolist() == [0.5]   # from the first applied push, at 0.5 s

@@ -95,6 +95,12 @@ SUMMARY_KEYS = (
 # (a real run: mean CPU seconds of one evaluation of the server's parameters, for cost=fit).
 
 
+def target_key(target: float) -> str:
+    """The key of ``time_to_target`` in summary.json for target error ``target``: the float's
+    repr, as the run writes it (``0.05`` -> "0.05", ``1.0`` -> "1.0")."""
+    return str(float(target))
+
+
 # ---------------------------------------------------------------------------------------------
 # A table read back: the one integrity check, for a resume and for the analysis
 # ---------------------------------------------------------------------------------------------

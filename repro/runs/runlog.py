@@ -189,7 +189,7 @@ class RunLog:
             "status": status, "backend": self.backend, "clock": self.clock, "version": self.version,
             "samples_seen": self.samples_seen, "epoch": self.epoch, "time_s": self.time_s,
             "wall_time_s": self.wall_time_s(), "final": self.final,
-            "time_to_target": {str(self.target_error): self.time_to_target},
+            "time_to_target": {schema.target_key(self.target_error): self.time_to_target},
             "events": self.events, "message": message,
             "lost_clients": sorted(int(k) for k in self.lost_clients), **extra}
         path = self.run_dir / schema.SUMMARY_FILE

@@ -84,7 +84,7 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
         evals = pd.read_csv(run_dir / schema.EVALS_FILE)
         rate = samples_per_s(updates)
         target = config.get("target_error")
-        ttt = (summary.get("time_to_target") or {}).get(f"{target:g}") if target is not None else None
+        ttt = (summary.get("time_to_target") or {}).get(schema.target_key(target)) if target is not None else None
         start = float(updates.time_s.iloc[0])   # both sides' clocks from their first applied push
         runs.append({**key, "samples_per_s": rate, "staleness": float(updates.staleness.mean()),
                      "time_to_target_s": math.nan if ttt is None else float(ttt) - start, "run_dir": str(run_dir)})
