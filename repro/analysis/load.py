@@ -13,9 +13,7 @@ A folder is a run iff it holds ``config.json``. Every folder is sorted into exac
   a live process, it is "still running"; held by nobody, it was killed without a summary;
 * **corrupt**: unreadable JSON, missing or truncated CSV, non-numeric values, missing columns,
   CSV/summary files without a ``config.json``, or tables a resume would refuse
-  (:func:`check_versions`, the resume's own rule: ``updates.csv`` versions not exactly 1, 2,
-  ..., V with V the summary's version; ``evals.csv`` versions not unique and increasing): skipped with a warning
-  and listed (``kind="corrupt"``).
+  (:func:`check_versions`): skipped with a warning and listed (``kind="corrupt"``).
 
 A bad folder never raises; only a missing experiment folder does (:class:`NoRunsError`).
 """
@@ -236,8 +234,8 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
 
 
 def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
-    """Raise :class:`BadRun` (corrupt) for tables a resume would refuse, by the same rule
-    (:func:`repro.files.schema.versions_fault`; the module docstring says it)."""
+    """Raise :class:`BadRun` (corrupt) for tables a resume would refuse, by its own rule
+    (:func:`repro.files.schema.versions_fault`), ``updates.csv`` ending at the summary's version."""
     final = summary.get("version")
     end = final if isinstance(final, int) and not isinstance(final, bool) else None
     why = (schema.versions_fault(schema.UPDATES_FILE, updates["version"].tolist(), True, end,
@@ -323,8 +321,7 @@ def recorded(runs: pd.DataFrame, key: str) -> Any:
     ``dataset.curvatures``; a list comes back as a list). A folder written before run folders
     recorded it is refused (:class:`NoRunsError`): the analysis builds no network to find out."""
     values = runs[key].tolist() if key in runs else [None] * len(runs)
-    folders = runs["run_dir"].tolist() if "run_dir" in runs else runs.index.tolist()
-    for folder, value in zip(folders, values):
+    for folder, value in zip(runs["run_dir"], values):
         if not isinstance(value, str) and not finite(value):
             raise NoRunsError(key, None, f"run folders whose config.json records it: {folder} was "
                                          "written before they did; run it again with force=true")
