@@ -60,12 +60,6 @@ def _refuse(run_dir: Path, what: str) -> ConfigError:
     return ConfigError("cost.path", str(run_dir), what)
 
 
-def _read(run_dir: Path) -> tuple[pd.DataFrame, dict]:
-    """A recording's timings and config.json, checked: exit 2 naming the file (and the line)."""
-    config = _read_config(run_dir)
-    return _read_timings(run_dir), config
-
-
 def _read_config(run_dir: Path) -> dict:
     path = run_dir / schema.CONFIG_FILE
     try:
@@ -143,11 +137,11 @@ def identity(cfg: RunConfig) -> dict:
     return {"model.name": cfg.model.name, "data.name": cfg.data.name, "algo.batch_size": cfg.algo.batch_size}
 
 
-def _own(recordings: list[tuple[str, pd.DataFrame, dict]], run: dict) -> list[bool]:
+def _own(recordings: list[tuple[str, dict, pd.DataFrame]], run: dict) -> list[bool]:
     """Which recordings ran the run's model, data and batch size: their steps, applies and
     evaluations are fitted; another's transit alone (a second message size). Exit 2 when none did."""
     differs = [next(((k, _get(c, k), v) for k, v in run.items() if _get(c, k) != v), None)
-               for _, _, c in recordings]
+               for _, c, _ in recordings]
     if all(differs):
         key, theirs, ours = differs[0]
         where = Path(recordings[0][0]) / schema.CONFIG_FILE
@@ -182,9 +176,10 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
     known bandwidth (latency is then what the transit has beyond the bytes' time), and
     ``burst_bytes`` its known burst (bytes sent at once by a link found idle, as each transfer of a
     one-client recording finds it: not in the bytes' time). ``run``: the run's :func:`identity`."""
-    recordings = [(path, *_read(Path(path))) for path in paths]
+    # config.json, then timings.csv: each checked, exit 2 naming the file (and the line)
+    recordings = [(path, _read_config(Path(path)), _read_timings(Path(path))) for path in paths]
     own = _own(recordings, run)
-    measured = [_measure(path, t, config) for path, t, config in recordings]
+    measured = [_measure(path, t, config) for path, config, t in recordings]
     mine = [m for m, o in zip(measured, own) if o]
     steps, applies = [m["step"] for m in mine], [m["apply"] for m in mine]
     cvs = [m["cv"] for m in mine if m["cv"] is not None]
