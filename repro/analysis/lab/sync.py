@@ -194,14 +194,20 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
 # The frame: measured and predicted, one row per (run or prediction, quantity)
 # ---------------------------------------------------------------------------------------------
 
+def timing(cost, nsync: int, num_clients: int, param_bytes: int) -> Timing:
+    """The timing model of ``num_clients`` clients at ``nsync`` under ``cost`` (a CostConfig):
+    a transfer of ``param_bytes`` is what the simulator's cost model makes it."""
+    transfer = CostModel(cost, 0, param_bytes, cost.compute_s).transfer_s
+    return Timing(cost.compute_s, cost.jitter, cost.jitter_sigma, nsync, num_clients,
+                  tuple(step_time(cost, k, 1.0) for k in range(1, num_clients + 1)),
+                  2 * transfer + cost.server_apply_s)
+
+
 def timing_of(run: pd.Series) -> Timing:
-    """The timing model of a run, from its config columns; a transfer is what the simulator's
-    cost model makes it (:func:`repro.analysis.lab.message_bytes`)."""
+    """The timing model of a run, from its config columns (its messages:
+    :func:`repro.analysis.lab.message_bytes`)."""
     cost = cost_of(run)
-    transfer = CostModel(cost, 0, message_bytes(run, cost), cost.compute_s).transfer_s
-    n = int(run["num_clients"])
-    return Timing(cost.compute_s, cost.jitter, cost.jitter_sigma, int(run["nsync"]), n,
-                  tuple(step_time(cost, k, 1.0) for k in range(1, n + 1)), 2 * transfer + cost.server_apply_s)
+    return timing(cost, int(run["nsync"]), int(run["num_clients"]), message_bytes(run, cost))
 
 
 def protocol_label(run: pd.Series) -> str:
