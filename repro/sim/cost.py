@@ -38,9 +38,8 @@ JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
 def link_bandwidths(cost: CostConfig) -> tuple[float | None, float | None]:
     """(a host's link, the server's link) in bytes/s each way under ``cost.topology=shared``;
     None: unlimited."""
-    host = cost.shared.host_bandwidth_Bps if cost.shared.host_bandwidth_Bps is not None else cost.bandwidth_Bps
-    server = cost.shared.server_bandwidth_Bps if cost.shared.server_bandwidth_Bps is not None else cost.bandwidth_Bps
-    return host, server
+    host, server = cost.shared.host_bandwidth_Bps, cost.shared.server_bandwidth_Bps
+    return (cost.bandwidth_Bps if host is None else host), (cost.bandwidth_Bps if server is None else server)
 
 
 def path_bandwidth(cost: CostConfig) -> float | None:
