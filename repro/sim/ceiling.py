@@ -66,11 +66,10 @@ class Ceiling:
         return min(self.bounds, key=lambda name: (self.bounds[name], name != CLIENTS))
 
 
-def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int,
-            step_s: float | None = None) -> Ceiling:
+def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) -> Ceiling:
     """The throughput bounds of ``num_clients`` clients at ``nsync`` under ``cost`` (a model of
-    ``param_bytes`` bytes; ``step_s``: a minibatch step, default ``cost.compute_s``)."""
-    step_s = float(cost.compute_s if step_s is None else step_s)
+    ``param_bytes`` bytes; a minibatch step of ``cost.compute_s``)."""
+    step_s = float(cost.compute_s)
     model = CostModel(cost, 0, param_bytes, step_s)
     transfer, apply = model.transfer_s, cost.server_apply_s
     factors = [step_time(cost, k, 1.0) for k in range(1, num_clients + 1)]

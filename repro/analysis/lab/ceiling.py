@@ -44,8 +44,7 @@ def predict(run: pd.Series, counts) -> list:
     """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at each client count of
     ``counts`` (its inputs read once; messages: :func:`repro.analysis.lab.message_bytes`)."""
     cost = cost_of(run)
-    return [ceiling(cost, n, int(run["nsync"]), message_bytes(run, cost), float(run["cost.compute_s"]))
-            for n in counts]
+    return [ceiling(cost, n, int(run["nsync"]), message_bytes(run, cost)) for n in counts]
 
 
 # ---------------------------------------------------------------------------------------------
