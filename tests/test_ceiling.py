@@ -250,7 +250,7 @@ def test_the_lab_counts_a_networks_bytes_from_its_run_folder_as_the_real_model_d
     run = load_runs(tmp_path, "exp").runs.iloc[0]
     real_bytes = 4 * num_parameters(build_model(cfg.model.name, (1, 8, 8), 10))
     assert run["network.param_bytes"] == real_bytes
-    assert predict(run, [8]) == [ceiling(cfg.cost, 8, cfg.nsync, real_bytes, cfg.cost.compute_s)]
+    assert predict(run, [8]) == [ceiling(cfg.cost, 8, cfg.nsync, real_bytes)]
     with pytest.raises(NoRunsError, match="network.param_bytes"):
         predict(run.drop("network.param_bytes"), [8])
 
@@ -264,4 +264,4 @@ def test_the_lab_reads_per_client_speeds_back_from_their_json_cell():
 
     cost = CostConfig.of(speeds=(1.0, 2.0, 4.0), comm_params=1000, straggler_client=2, straggler_factor=3.0)
     run = pd.Series(flatten({"nsync": 2, "cost": to_dict(cost)}))
-    assert predict(run, [3]) == [ceiling(cost, 3, 2, 0, cost.compute_s)]
+    assert predict(run, [3]) == [ceiling(cost, 3, 2, 0)]

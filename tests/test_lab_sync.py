@@ -48,7 +48,7 @@ def test_order_statistics_match_a_large_seeded_monte_carlo(jitter, sigma, nsync,
     convolution) against 200 000 seeded draws of the same segments, for the max (sync) and the
     (N-1)-th (one backup worker), straggler included. Tolerance: 5 Monte Carlo standard errors."""
     n = 6
-    tm = Timing(1.0, jitter, sigma, nsync, n, straggler_factor=factor)
+    tm = Timing(1.0, jitter, sigma, nsync, n, slowdowns=(factor,) + (1.0,) * (n - 1))
     rng = np.random.default_rng(12345)
     draws = _segments(rng, tm, (200_000, n)) * np.asarray(tm.factors())
     draws.sort(axis=1)
@@ -63,7 +63,7 @@ def test_straggler_ratio_is_n_over_k_times_n_minus_1_plus_1(n, k):
     """No jitter, one client k times slower: a round lasts k steps and applies N segments;
     async completes (N - 1) + 1/k segments per step time: ratio N / (k (N - 1) + 1). One backup
     worker drops the straggler: N - 1 segments per step, ratio (N - 1) / ((N - 1) + 1/k)."""
-    tm = Timing(0.01, "none", 0.0, 1, n, straggler_factor=k)
+    tm = Timing(0.01, "none", 0.0, 1, n, slowdowns=(k,) + (1.0,) * (n - 1))
     ratio = (n / sync_round_s(tm)) / async_segments_per_s(tm)
     assert ratio == pytest.approx(n / (k * (n - 1) + 1), rel=1e-3)
     backup = ((n - 1) / sync_round_s(tm, 1)) / async_segments_per_s(tm)
@@ -101,6 +101,14 @@ def test_the_theory_charges_a_transfer_what_the_simulator_charges(topology, link
     free = run.drop(list(link)).drop("network.param_bytes")   # free links: latency alone, no bytes read
     assert timing_of(free).overhead_s == pytest.approx(2 * 0.001 + 0.002)
 
+
+
+def test_the_theory_paces_each_client_as_the_simulator_does():
+    """f_i is the client's relative step time times the straggler's factor, wherever the
+    straggler is (the theory once put it at client 1 and ignored cost.speed_law)."""
+    run = pd.Series({"cost.compute_s": 0.01, "cost.speed_law": "sqrt", "cost.straggler_client": 3,
+                     "cost.straggler_factor": 4.0, "nsync": 1, "num_clients": 4})
+    assert timing_of(run).factors() == pytest.approx([1.0, 2.0, 4 * (1 + math.sqrt(2)), 1 + math.sqrt(3)])
 
 def test_grid_expands_to_the_intended_runs():
     expected = {"protocol": ["async", "sync", "sync_backup", "ssp"], "num_clients": ["2", "4", "8"],

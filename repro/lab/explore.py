@@ -142,10 +142,10 @@ def predictions(s: Settings, cfg, pushes: int) -> dict:
     second), the critical lr."""
     from repro.analysis.lab.mitigation import expected_mean_staleness
     from repro.analysis.lab.stability import critical_lr
-    from repro.analysis.lab.sync import Timing, predict
+    from repro.analysis.lab.sync import predict, timing
     from repro.sim.ceiling import ceiling
     ceil = ceiling(cfg.cost, s.clients, s.nsync, param_bytes=40).pushes_per_s * s.nsync
-    tm = Timing(COMPUTE_S, "exponential" if s.jitter else "none", float(s.jitter), s.nsync, s.clients)
+    tm = timing(cfg.cost, s.nsync, s.clients, param_bytes=40)
     # sync and rennala: every applied push was computed from the current parameters
     staleness = 0.0 if s.protocol in ("sync", "rennala") else expected_mean_staleness(s.clients, pushes)
     rate, source = ceil, "the ceiling: every client busy"

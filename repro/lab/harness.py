@@ -122,10 +122,7 @@ def plugged_run(registry: Registry, cls: type, cfg: Any, use: Callable[[Any, str
     """Run ``use(cfg, name)`` with the student's ``cls`` registered in ``registry`` under a
     temporary name; their code's exceptions become a :class:`StudentError`."""
     with registry.plugged(f"student_{tag}", cls) as name:
-        try:
-            return asgd.run_config(use(cfg, name))
-        except Exception as e:   # noqa: BLE001
-            raise StudentError(describe_error(e)) from None
+        return student_call(lambda: asgd.run_config(use(cfg, name)))
 
 
 def first_difference(reference: Any, student: Any) -> str | None:

@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass
 
 from repro.config.settings import CostConfig
-from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth
+from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth, step_time
 
 CLIENTS, APPLY, SERVER_LINK, HOST_LINKS, DEVICES = "clients", "server apply", "server link", "host links", "host devices"
 
@@ -66,15 +66,13 @@ class Ceiling:
         return min(self.bounds, key=lambda name: (self.bounds[name], name != CLIENTS))
 
 
-def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int,
-            step_s: float | None = None) -> Ceiling:
+def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) -> Ceiling:
     """The throughput bounds of ``num_clients`` clients at ``nsync`` under ``cost`` (a model of
-    ``param_bytes`` bytes; ``step_s``: a minibatch step, default ``cost.compute_s``)."""
-    step_s = float(cost.compute_s if step_s is None else step_s)
+    ``param_bytes`` bytes; a minibatch step of ``cost.compute_s``)."""
+    step_s = float(cost.compute_s)
     model = CostModel(cost, 0, param_bytes, step_s)
     transfer, apply = model.transfer_s, cost.server_apply_s
-    factors = [cost.speed(k) * (cost.straggler_factor if cost.straggler_client == k else 1.0)
-               for k in range(1, num_clients + 1)]
+    factors = [step_time(cost, k, 1.0) for k in range(1, num_clients + 1)]
     cycle = nsync * step_s + 2 * transfer + apply
     bounds = {CLIENTS: sum(1.0 / (nsync * step_s * f + 2 * transfer + apply) for f in factors)}
     if apply > 0:

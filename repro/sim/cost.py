@@ -38,9 +38,8 @@ JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
 def link_bandwidths(cost: CostConfig) -> tuple[float | None, float | None]:
     """(a host's link, the server's link) in bytes/s each way under ``cost.topology=shared``;
     None: unlimited."""
-    host = cost.shared.host_bandwidth_Bps if cost.shared.host_bandwidth_Bps is not None else cost.bandwidth_Bps
-    server = cost.shared.server_bandwidth_Bps if cost.shared.server_bandwidth_Bps is not None else cost.bandwidth_Bps
-    return host, server
+    host, server = cost.shared.host_bandwidth_Bps, cost.shared.server_bandwidth_Bps
+    return (cost.bandwidth_Bps if host is None else host), (cost.bandwidth_Bps if server is None else server)
 
 
 def path_bandwidth(cost: CostConfig) -> float | None:
@@ -50,6 +49,14 @@ def path_bandwidth(cost: CostConfig) -> float | None:
         return cost.bandwidth_Bps
     limited = [b for b in link_bandwidths(cost) if b is not None]
     return min(limited) if limited else None
+
+
+def step_time(cost: CostConfig, client: int, step_s: float) -> float:
+    """``client``'s step of ``step_s`` seconds (or its segment, given one) without jitter: times
+    its relative step time (``cost.speeds`` or ``cost.speed_law``) and the straggler's factor.
+    The one place the clock, the ceiling and the lab's theories read a client's pace."""
+    step_s = step_s * cost.speed(client)
+    return step_s * cost.straggler_factor if cost.straggler_client == client else step_s
 
 
 class CostModel:
@@ -68,11 +75,8 @@ class CostModel:
 
     def segment_s(self, client: int, segment: int, num_steps: int) -> float:
         """Virtual time of ``client``'s ``segment``-th push: ``num_steps`` minibatch steps."""
-        # uneven clusters: the client's relative step time (exactly 1.0, which changes no bit,
-        # without cost.speeds or cost.speed_law)
-        step_s = self.step_s * self.cost.speed(client)
-        if self.cost.straggler_client == client:
-            step_s *= self.cost.straggler_factor
+        # a relative step time of exactly 1.0 (no cost.speeds or cost.speed_law) changes no bit
+        step_s = step_time(self.cost, client, self.step_s)
         if self.cost.jitter == "none" or self.cost.jitter_sigma == 0:
             return step_s * num_steps
         return float(step_s * self._jitter(client, segment, num_steps).sum())

@@ -1,7 +1,8 @@
 """The staleness lab's figures, each registering itself on import, and the steps that several of
-them share: the bytes of a run's messages, panels of heat maps."""
+them share: the bytes of a run's messages, a list cell of the runs' table, heat-map panels."""
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 import numpy as np
@@ -18,6 +19,11 @@ def message_bytes(run: pd.Series, cost) -> int:
     if cost.comm_params is not None or path_bandwidth(cost) is None:
         return 0
     return int(recorded(pd.DataFrame([run]), "network.param_bytes"))
+
+
+def listed(cell) -> list:
+    """A list that flattening config.json or summary.json left as JSON text ([]: any other)."""
+    return json.loads(cell) if isinstance(cell, str) and cell.startswith("[") else []
 
 
 def panel_grid(count: int, max_cols: int, panel: tuple[float, float]):

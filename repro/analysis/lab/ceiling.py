@@ -6,11 +6,9 @@ its table. The prediction is :func:`repro.sim.ceiling.ceiling`, from each run's 
 alone: the smallest of what the clients would push with nothing shared and what each shared
 resource (server apply, server link, host links, host devices) can carry.
 
-The bound needs clients out of step (:mod:`repro.sim.ceiling`): a resource carries it only if
-it never idles, and clients in lockstep (no jitter: they start together and stay together)
-leave a busy link idle one way while it carries the other. The lab's grid runs with the
-profile's jitter (kind ``measured``); runs without it (``cost.jitter=none``: kind ``lockstep``)
-are a series of their own beside them and the bound, in one figure (jitter is one of its axes):
+The bound needs clients out of step (:mod:`repro.sim.ceiling` says why). The lab's grid runs
+with the profile's jitter (kind ``measured``); runs without it (``cost.jitter=none``: kind
+``lockstep``) are a series of their own beside them and the bound, in one figure:
 ``python -m repro.run +exp=ceiling cost.jitter=lognormal,none exp_name=ceiling_lockstep``.
 
 Measured throughput is the steady state: applied samples per virtual second over the second
@@ -46,8 +44,7 @@ def predict(run: pd.Series, counts) -> list:
     """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at each client count of
     ``counts`` (its inputs read once; messages: :func:`repro.analysis.lab.message_bytes`)."""
     cost = cost_of(run)
-    return [ceiling(cost, n, int(run["nsync"]), message_bytes(run, cost), float(run["cost.compute_s"]))
-            for n in counts]
+    return [ceiling(cost, n, int(run["nsync"]), message_bytes(run, cost)) for n in counts]
 
 
 # ---------------------------------------------------------------------------------------------

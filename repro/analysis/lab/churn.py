@@ -15,6 +15,7 @@ import pandas as pd
 
 from repro.analysis.render import register_figure
 from repro.analysis.load import Runs
+from repro.analysis.tables import resolve_target
 from repro.files.schema import target_key
 
 COLUMNS = ["protocol", "preempt_rate", "seed", "samples_per_s", "predicted_samples_per_s",
@@ -27,7 +28,7 @@ def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     t = runs.runs
     if t.empty:
         return pd.DataFrame(columns=COLUMNS)
-    target = target if target is not None else float(t["target_error"].iloc[0])
+    target = resolve_target(t, target)
     ttt = f"time_to_target.{target_key(target)}"
     rows = pd.DataFrame({
         "protocol": t["protocol.name"].astype(str), "preempt_rate": t["cost.churn.preempt_rate"].astype(float),

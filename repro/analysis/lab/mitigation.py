@@ -5,20 +5,12 @@ Downpour against its mitigations at one client count, for several nsync and seed
 tidy frame (final test error, time to target, measured staleness; the expected staleness as
 context) and the drawing. Nothing here trains or reads files.
 
-The mitigations (conf/mitigation/*.yaml; the rules in :mod:`repro.asgd.algorithm`):
-
-* async: Downpour, w -= lr * sum(g) for every push as it arrives (Dean et al. 2012);
-* staleness-scaled: the step of a push of staleness tau divided by tau (Zhang et al. 2016);
-* DC-ASGD-c: the stale gradient corrected by lambda g*g*(w - w_fetched) (Zheng et al. 2017);
-* ssp: async applies, but a client more than s pushes ahead of the slowest waits (Ho et al. 2013);
-* sync: bulk-synchronous rounds, the mean of the N pushes applied once (staleness 0).
-
-Prediction: there is no closed form for the final error of any of them, so none is drawn. What
-theory does give is the staleness they face: with N clients of equal speed each push waits on
-average for one push of every other client, N - 1 server versions = (N - 1) * nsync local steps
-(the first round's pushes see 0 .. N - 1, so a run of P pushes averages (N - 1)(1 - N / 2P));
-SSP's clock rule leaves that mean alone and bounds only the worst case, at most (2s + 1)(N - 1)
-versions (every other client can push from s behind to s + 1 ahead); sync is 0 by construction.
+The mitigations (conf/mitigation/*.yaml; the rules in :mod:`repro.asgd.algorithm`) and their
+sources: :data:`MITIGATIONS`. No closed form exists for the final error of any of them, so none
+is drawn; theory gives the staleness they face, drawn as context: with N equally fast clients
+each push waits for one push of every other client, N - 1 versions = (N - 1) * nsync local
+steps (:func:`expected_mean_staleness`); SSP's clock rule leaves that mean alone and bounds the
+worst case (:func:`ssp_staleness_bound`); sync is 0 by construction.
 """
 from __future__ import annotations
 

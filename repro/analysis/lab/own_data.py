@@ -13,13 +13,11 @@ staleness-scaled steps, EASGD) keep its pushes, at whatever staleness they arriv
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.lab import heat_map, panel_grid
+from repro.analysis.lab import heat_map, listed, panel_grid
 from repro.analysis.lab.partition import partition_of
 from repro.analysis.lab.uneven import method_of, method_order
 from repro.analysis.load import Runs
@@ -29,17 +27,13 @@ COLUMNS = ["partition", "method", "family", "seed", "run_dir", "status", "diverg
            "algo.lr", "num_epochs"]
 
 
-def _classes(cell) -> list:
-    return json.loads(cell) if isinstance(cell, str) and cell.startswith("[") else []
-
-
 def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Rows per run: one per class (``class_test_error_pct``), the means over the slow client's
     classes and over the others, and the final test error."""
     rows = []
     for _, run in runs.runs.iterrows():
         method, family = method_of(run)
-        slow = set(_classes(run.get("data.slow_client_classes")))
+        slow = set(listed(run.get("data.slow_client_classes")))
         base = {"partition": partition_of(run), "method": method, "family": family, "seed": run["seed"],
                 "run_dir": run["run_dir"], "status": run["status"],
                 "diverged": run["status"] == "diverged",
@@ -47,7 +41,7 @@ def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                 "slow_client": run.get("cost.straggler_client"),
                 "cost.straggler_factor": run.get("cost.straggler_factor"),
                 "algo.lr": run["algo.lr"], "num_epochs": run["num_epochs"]}
-        errors = _classes(run.get("final_class_test_error"))
+        errors = listed(run.get("final_class_test_error"))
         for c, e in enumerate(errors):
             rows.append({**base, "quantity": "class_test_error_pct", "class": c, "slow_class": c in slow,
                          "value": np.nan if e is None else 100.0 * e})

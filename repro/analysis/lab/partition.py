@@ -11,11 +11,9 @@ lowest seed's is drawn), a heat map of clients (rows) by classes (columns), each
 """
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
-from repro.analysis.lab import heat_map, panel_grid
+from repro.analysis.lab import heat_map, listed, panel_grid
 from repro.analysis.render import register_figure
 from repro.analysis.load import Runs
 
@@ -44,7 +42,7 @@ def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     table = runs.runs
     if COUNTS not in table:
         return pd.DataFrame(columns=["panel", "client", "class", "count"])
-    table = table[table[COUNTS].apply(lambda v: isinstance(v, str) and v.startswith("["))]
+    table = table[table[COUNTS].apply(lambda v: bool(listed(v)))]
     keys = [k for k in PANEL_KEYS if k in table]
     rows = []
     firsts = table.sort_values("seed").astype({k: str for k in keys}).drop_duplicates(keys)
@@ -54,7 +52,7 @@ def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                                                       + ["_alpha"], kind="stable")
     for idx in firsts.index:
         run = table.loc[idx]
-        for client, counts in enumerate(json.loads(run[COUNTS]), start=1):
+        for client, counts in enumerate(listed(run[COUNTS]), start=1):
             rows += [{"panel": _label(run), "client": client, "class": c, "count": int(n)}
                      for c, n in enumerate(counts)]
     return pd.DataFrame(rows, columns=["panel", "client", "class", "count"])

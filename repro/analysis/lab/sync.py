@@ -7,10 +7,10 @@ prediction and quantity) and the drawing. Nothing here trains or reads files.
 
 The timing model is the simulator's (:mod:`repro.sim.cost`): one local step of a client takes
 ``compute_s * X`` with X i.i.d., mean 1 (``lognormal``: exp(sigma z - sigma^2 / 2);
-``exponential``: (1 - w) + w Exp(1)); the straggler's steps take ``straggler_factor`` times longer;
-a segment S is the sum of ``nsync`` steps. Every exchange adds an overhead
-o = 2 * transfer + server apply (push and reply travel, the server applies), zero for the
-``jitter_*`` profiles. Server queueing is ignored (apply time << compute time here).
+``exponential``: (1 - w) + w Exp(1)); client i's steps take f_i times longer (its relative step
+time and the straggler's factor: :func:`repro.sim.cost.step_time`); a segment S is the sum of
+``nsync`` steps. Every exchange adds an overhead o = 2 * transfer + server apply (push and reply
+travel, the server applies), zero for the ``jitter_*`` profiles. Server queueing is ignored (apply time << compute time here).
 
 * async: client i completes a segment every c f_i E[S] + o seconds;
 * sync: a round waits for the slowest, E[max_i C_i] + o, and applies N segments;
@@ -31,7 +31,7 @@ from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.lab import message_bytes
 from repro.analysis.load import Runs, finite, is_diverged
-from repro.sim.cost import CostModel
+from repro.sim.cost import CostModel, step_time
 from repro.analysis.tables import resolve_target, time_to_target
 
 PROFILE_ORDER = ("jitter_lognormal", "jitter_exponential", "straggler")
@@ -121,11 +121,11 @@ class Timing:
     sigma: float
     nsync: int
     num_clients: int
-    straggler_factor: float = 1.0     # 1: no straggler; else client 1 is this much slower
+    slowdowns: tuple[float, ...] = ()   # f_i of clients 1..N (repro.sim.cost.step_time); (): all 1
     overhead_s: float = 0.0           # 2 * transfer + server apply, per exchange
 
     def factors(self) -> list[float]:
-        return [self.straggler_factor] + [1.0] * (self.num_clients - 1)
+        return list(self.slowdowns) or [1.0] * self.num_clients
 
 
 def segment_order_time(tm: Timing, m: int) -> float:
@@ -194,14 +194,20 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
 # The frame: measured and predicted, one row per (run or prediction, quantity)
 # ---------------------------------------------------------------------------------------------
 
-def timing_of(run: pd.Series) -> Timing:
-    """The timing model of a run, from its config columns; a transfer is what the simulator's
-    cost model makes it (:func:`repro.analysis.lab.message_bytes`)."""
-    cost = cost_of(run)
-    transfer = CostModel(cost, 0, message_bytes(run, cost), cost.compute_s).transfer_s
-    return Timing(cost.compute_s, cost.jitter, cost.jitter_sigma, int(run["nsync"]), int(run["num_clients"]),
-                  cost.straggler_factor if cost.straggler_client is not None else 1.0,
+def timing(cost, nsync: int, num_clients: int, param_bytes: int) -> Timing:
+    """The timing model of ``num_clients`` clients at ``nsync`` under ``cost`` (a CostConfig):
+    a transfer of ``param_bytes`` is what the simulator's cost model makes it."""
+    transfer = CostModel(cost, 0, param_bytes, cost.compute_s).transfer_s
+    return Timing(cost.compute_s, cost.jitter, cost.jitter_sigma, nsync, num_clients,
+                  tuple(step_time(cost, k, 1.0) for k in range(1, num_clients + 1)),
                   2 * transfer + cost.server_apply_s)
+
+
+def timing_of(run: pd.Series) -> Timing:
+    """The timing model of a run, from its config columns (its messages:
+    :func:`repro.analysis.lab.message_bytes`)."""
+    cost = cost_of(run)
+    return timing(cost, int(run["nsync"]), int(run["num_clients"]), message_bytes(run, cost))
 
 
 def protocol_label(run: pd.Series) -> str:

@@ -34,6 +34,7 @@ from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.tables import time_to_target
 from repro.analysis.load import Runs, finite, is_diverged
+from repro.sim.cost import step_time
 
 TARGET_LOSS = 0.5   # training loss (cross-entropy, nats) whose first crossing times the methods
 QUANTITIES = ("step_time_s", "time_to_target_s", "final_test_error_pct", "final_train_loss")
@@ -88,8 +89,7 @@ def segment_times(run: pd.Series) -> list[float]:
     time x the straggler's factor), as the simulator's clock has them without jitter."""
     cost = cost_of(run)
     steps = int(run["nsync"]) * cost.compute_s
-    return [steps * cost.speed(k) * (cost.straggler_factor if k == cost.straggler_client else 1.0)
-            for k in range(1, int(run["num_clients"]) + 1)]
+    return [step_time(cost, k, steps) for k in range(1, int(run["num_clients"]) + 1)]
 
 
 def collection_time(taus: list[float], size: int) -> float:
