@@ -96,7 +96,7 @@ def test_the_theory_charges_a_transfer_what_the_simulator_charges(topology, link
     theory once charged that path no transfer at all)."""
     run = pd.Series({"cost.compute_s": 0.01, "cost.jitter": "lognormal", "cost.jitter_sigma": 0.1,
                      "cost.latency_s": 0.001, "cost.server_apply_s": 0.002, "cost.topology": topology,
-                     "nsync": 4, "num_clients": 2, "network.param_bytes": 4000, **link})
+                     "nsync": 4, "num_clients": 2, "network.param_bytes": 4000, "run_dir": "r", **link})
     assert timing_of(run).overhead_s == pytest.approx(2 * (0.001 + 4000 / 1e6) + 0.002)
     free = run.drop(list(link)).drop("network.param_bytes")   # free links: latency alone, no bytes read
     assert timing_of(free).overhead_s == pytest.approx(2 * 0.001 + 0.002)
