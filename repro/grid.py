@@ -368,16 +368,16 @@ def _check_places(config: DictConfig) -> None:
     """exp_name and results_dir checked before Hydra makes the sweep folder (a grid point is
     checked only once it runs, when its folder exists): exit 2, no folder."""
     from repro.config.checks import check_places
+    from repro.config.loader import exit_bad_input
     from repro.config.settings import RunConfig
-    from repro.errors import EXIT_BAD_INPUT, ConfigError
+    from repro.errors import ConfigError
 
     try:
         check_places(RunConfig(exp_name=str(config.get("exp_name", "default")),
                                results_dir=str(config.get("results_dir", "results")),
                                figures_dir=str(config.get("figures_dir", "figures"))))
     except ConfigError as err:
-        _say(f"error: {err}")
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        exit_bad_input(err)
 
 
 def _say(line: str) -> None:
@@ -385,5 +385,3 @@ def _say(line: str) -> None:
     with contextlib.suppress(OSError):
         print(line, file=sys.stderr, flush=True)
 
-
-__all__ = ["BuildFigure", "figure_stem", "Grid", "grid_points", "point_state", "lock_holder"]
