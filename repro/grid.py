@@ -13,13 +13,9 @@ a point runs: the launching process (``hydra/launcher=basic``), a joblib worker
   - **progress**: a thread of the launching process reads the run folders (a shared file system
     under Slurm) and prints one line whenever a point starts or ends: how many are done (and
     skipped as already finished), which run, how many wait or failed;
-  - **Ctrl-C** (SIGINT, SIGTERM or SIGHUP; what users see: docs/paper.md, "Ctrl-C"): the
-    launcher writes a stop mark of its own launch (``<sweep dir>/.grid_stops/<launch id>``),
-    which every point's :class:`repro.gridpoint.PointGuard` watches (a stop, never counted as a
-    second signal); a point not yet started exits 130 before its run (an exit: Hydra turns a
-    callback's exceptions into warnings). The launcher waits for this host's points (a second
-    signal stops at once: :class:`repro.runtime.StopRequest`), ends its workers and exits 130.
-  - **A launcher that dies** (SIGKILL): each point's guard ends it (:mod:`repro.gridpoint`).
+  - **Ctrl-C** (what users see: docs/paper.md, "Ctrl-C"): the launcher writes its launch's stop
+    mark, which every point watches (:mod:`repro.gridpoint`, which also ends the points of a
+    launcher that dies), waits for this host's points, ends its workers and exits 130.
 
 Run folders are never locked or written from here: a running point is recognised by its
 folder's lock file (:mod:`repro.files.locks`: holder pid and host while held, empty once released).
