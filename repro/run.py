@@ -117,11 +117,9 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
     """Hydra made the folder (and this process's record in it) before we could check: leave
     nothing that looks like a run, and no empty experiment folder either. A folder that holds
     anything else (another run's files, its lock, its log) is never touched but for our record."""
-    from repro.runs.folder import drop_hydra_record
+    from repro.gridpoint import forget_folder
 
-    drop_hydra_record(run_dir)
-    if run_dir.is_dir() and not any(run_dir.iterdir()):
-        run_dir.rmdir()
+    forget_folder(run_dir)
     parent = run_dir.parent
     while parent != results_dir and results_dir in parent.parents and parent.is_dir():
         if any(p for p in parent.iterdir() if p.name != "multirun.yaml"):
