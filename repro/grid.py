@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import socket
 import sys
@@ -40,9 +39,10 @@ from omegaconf import DictConfig
 
 from repro.gridpoint import (STOP_DIR, PointGuard, forget_folder, lock_holder, point_state, process_started,
                              summary_status)
+from repro.logs import get_logger
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
-log = logging.getLogger("repro")
+log = get_logger()
 
 
 # ---------------------------------------------------------------------------------------------
