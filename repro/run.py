@@ -246,11 +246,13 @@ def print_help(argv: list[str]) -> None:
     print(loader.help_text(tree, choices))
 
 
-def _parsed(argv: list[str]) -> RunConfig:
-    """The config the command line's overrides give, parsed outside Hydra's job (a joining
-    client, a torchrun worker: neither makes a run folder); bad input exits 2."""
+def _parsed(argv: list[str], resolved: bool = False) -> RunConfig:
+    """The config the command line's overrides give (``resolved``: after :func:`resolve`), parsed
+    outside Hydra's job (a joining client, a torchrun worker: neither makes a run folder); bad
+    input exits 2."""
     try:
-        return parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
+        cfg = parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
+        return resolve(cfg) if resolved else cfg
     except ConfigError as err:
         exit_bad_input(err)
 
@@ -270,11 +272,7 @@ def cli() -> None:
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 
-        try:
-            cfg = resolve(_parsed(argv))
-        except ConfigError as err:
-            exit_bad_input(err)
-        sys.exit(run_torchrun_worker(cfg))
+        sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
     try:
