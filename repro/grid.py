@@ -108,9 +108,9 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     ``<name>-<its overrides>`` (``fig2-algo=sgd``). In a folder of the user's own
     (``figures_dir=...``) the files keep ``name``, so that two folders compare figure by figure."""
     from repro.analysis.render import file_label
-    from repro.config.loader import job_name
+    from repro.config.loader import job_name, parsed_overrides
 
-    given = {o.partition("=")[0].lstrip("+~"): o.partition("=")[2] for o in overrides}
+    given = {key: value for _, key, value in parsed_overrides(overrides)}
     if "figures_dir" in given:
         return name
     if given.get("exp_name"):
