@@ -13,13 +13,9 @@ a point runs: the launching process (``hydra/launcher=basic``), a joblib worker
   - **progress**: a thread of the launching process reads the run folders (a shared file system
     under Slurm) and prints one line whenever a point starts or ends: how many are done (and
     skipped as already finished), which run, how many wait or failed;
-  - **Ctrl-C** (SIGINT, SIGTERM or SIGHUP; what users see: docs/paper.md, "Ctrl-C"): the
-    launcher writes a stop mark of its own launch (``<sweep dir>/.grid_stops/<launch id>``),
-    which every point's :class:`repro.gridpoint.PointGuard` watches (a stop, never counted as a
-    second signal); a point not yet started exits 130 before its run (an exit: Hydra turns a
-    callback's exceptions into warnings). The launcher waits for this host's points (a second
-    signal stops at once: :class:`repro.runtime.StopRequest`), ends its workers and exits 130.
-  - **A launcher that dies** (SIGKILL): each point's guard ends it (:mod:`repro.gridpoint`).
+  - **Ctrl-C** (what users see: docs/paper.md, "Ctrl-C"): the launcher writes its launch's stop
+    mark, which every point watches (:mod:`repro.gridpoint`, which also ends the points of a
+    launcher that dies), waits for this host's points, ends its workers and exits 130.
 
 Run folders are never locked or written from here: a running point is recognised by its
 folder's lock file (:mod:`repro.files.locks`: holder pid and host while held, empty once released).
@@ -28,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import socket
 import sys
@@ -44,9 +39,10 @@ from omegaconf import DictConfig
 
 from repro.gridpoint import (STOP_DIR, PointGuard, forget_folder, lock_holder, point_state, process_started,
                              summary_status)
+from repro.logs import get_logger
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
-log = logging.getLogger("repro")
+log = get_logger()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,9 +108,9 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     ``<name>-<its overrides>`` (``fig2-algo=sgd``). In a folder of the user's own
     (``figures_dir=...``) the files keep ``name``, so that two folders compare figure by figure."""
     from repro.analysis.render import file_label
-    from repro.config.loader import job_name
+    from repro.config.loader import job_name, parsed_overrides
 
-    given = {o.partition("=")[0].lstrip("+~"): o.partition("=")[2] for o in overrides}
+    given = {key: value for _, key, value in parsed_overrides(overrides)}
     if "figures_dir" in given:
         return name
     if given.get("exp_name"):
@@ -368,16 +364,16 @@ def _check_places(config: DictConfig) -> None:
     """exp_name and results_dir checked before Hydra makes the sweep folder (a grid point is
     checked only once it runs, when its folder exists): exit 2, no folder."""
     from repro.config.checks import check_places
+    from repro.config.loader import exit_bad_input
     from repro.config.settings import RunConfig
-    from repro.errors import EXIT_BAD_INPUT, ConfigError
+    from repro.errors import ConfigError
 
     try:
         check_places(RunConfig(exp_name=str(config.get("exp_name", "default")),
                                results_dir=str(config.get("results_dir", "results")),
                                figures_dir=str(config.get("figures_dir", "figures"))))
     except ConfigError as err:
-        _say(f"error: {err}")
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        exit_bad_input(err)
 
 
 def _say(line: str) -> None:
@@ -385,5 +381,3 @@ def _say(line: str) -> None:
     with contextlib.suppress(OSError):
         print(line, file=sys.stderr, flush=True)
 
-
-__all__ = ["BuildFigure", "figure_stem", "Grid", "grid_points", "point_state", "lock_holder"]

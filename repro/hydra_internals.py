@@ -5,17 +5,13 @@ job. Three guarantees need what Hydra keeps for its plugins and its own main (``
 ``hydra._internal``), imported here only (``tests/test_house.py`` checks that no other module of
 the package imports them):
 
-* the job list before any point runs (:func:`sweep_jobs`), for the progress line's points not yet
-  started, the figure drawn from the grid's own points, and sim-vs-real's folder names: Hydra
-  gives it to the launcher alone. It is expanded by the basic sweeper's own split
-  (``BasicSweeper.split_arguments``) of Hydra's parsed overrides, so every sweep reads alike;
-* a point whose worker died still returns (:func:`job_return`): Hydra's launchers hand back one
-  ``hydra.core.utils.JobReturn`` per point, and a missing one ends the whole grid;
-* a single command-line run is composed once (:func:`run_single_job`): the command line composes
-  and checks its config before Hydra is asked (so a typo is answered without torch), and
-  ``@hydra.main`` would compose it again. What Hydra's main does after composing (its logging,
-  its callbacks, the job in its run folder) is ``hydra.core.utils.run_job`` with the callbacks'
-  aggregate, ``hydra._internal.callbacks.Callbacks`` (Hydra 1.3 has no public equivalent).
+* the job list before any point runs (:func:`sweep_jobs`): Hydra gives it to the launcher alone,
+  and the progress line, the grid's figure and sim-vs-real's folder names need it;
+* a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends
+  the whole grid;
+* a single command-line run is composed once (:func:`run_single_job`): the command line checks
+  its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
+  compose it again. Hydra 1.3 has no public equivalent of what its main does after composing.
 
 Every import of Hydra's internals sits inside a function: importing this module costs nothing.
 """

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 NAME = "repro"
 TRACE_ENV = "REPRO_STARTUP_TRACE"   # a file: where each process appends its start-up marks
@@ -68,8 +69,6 @@ def mark(role: str, phase: str) -> None:
 def detach_files_in(folder) -> None:
     """Stop logging into files inside ``folder`` (a read-only run folder: the run.log handler
     would print a logging error for every line instead of the line)."""
-    from pathlib import Path
-
     folder = Path(folder).resolve()
     root = logging.getLogger()
     for handler in list(root.handlers):

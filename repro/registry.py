@@ -74,10 +74,12 @@ def _declared(key: str) -> dict[str, str]:
 
 
 class Registry(Generic[T]):
-    """Name -> entry, for the config key ``key`` (e.g. "model.name"), declared in :data:`DECLARED`."""
+    """Name -> entry, for the config key ``key`` (e.g. "model.name"), declared in :data:`DECLARED`.
+    With ``spec_type`` a decorated function's entry is ``spec_type(fn, **fields)`` (e.g. a model's
+    builder and the input shape it accepts), else the function itself."""
 
-    def __init__(self, key: str):
-        self.key = key
+    def __init__(self, key: str, spec_type: Callable[..., T] | None = None):
+        self.key, self.spec_type = key, spec_type
         self._homes = _declared(key)   # name -> module, for the package's own entries
         self._entries: dict[str, T] = {}
         _BUILT[key] = self
@@ -107,17 +109,16 @@ class Registry(Generic[T]):
             del self._entries[name]
 
     def register(self, name: str, **fields: Any) -> Callable[[Callable], Callable]:
-        """Decorator: ``@MODELS.register("mlp", ...)`` registers ``make_entry(fn, **fields)``:
-        the function itself, or the spec a :class:`SpecRegistry` makes of it."""
+        """Decorator: ``@MODELS.register("mlp", ...)`` registers the function itself, or the spec
+        ``spec_type(fn, **fields)`` makes of it."""
+        if fields and self.spec_type is None:
+            raise TypeError(f"{self.key}: this registry takes no fields, got {sorted(fields)}")
+
         def decorate(fn: Callable) -> Callable:
-            self.add(name, self.make_entry(fn, **fields), getattr(fn, "__module__", None))
+            entry = fn if self.spec_type is None else self.spec_type(fn, **fields)
+            self.add(name, entry, getattr(fn, "__module__", None))
             return fn
         return decorate
-
-    def make_entry(self, fn: Callable, **fields: Any) -> Any:
-        if fields:
-            raise TypeError(f"{self.key}: this registry takes no fields, got {sorted(fields)}")
-        return fn
 
     def __getitem__(self, name: str) -> T:
         if not isinstance(name, str) or name not in self:
@@ -143,14 +144,3 @@ class Registry(Generic[T]):
     def items(self):
         return [(name, self[name]) for name in self]
 
-
-class SpecRegistry(Registry[T]):
-    """A registry whose entries are ``spec_type(fn, **fields)`` (e.g. a model's builder and the
-    input shape it accepts)."""
-
-    def __init__(self, key: str, spec_type: Callable[..., T]):
-        super().__init__(key)
-        self.spec_type = spec_type
-
-    def make_entry(self, fn: Callable, **fields: Any) -> T:
-        return self.spec_type(fn, **fields)

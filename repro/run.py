@@ -117,11 +117,9 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
     """Hydra made the folder (and this process's record in it) before we could check: leave
     nothing that looks like a run, and no empty experiment folder either. A folder that holds
     anything else (another run's files, its lock, its log) is never touched but for our record."""
-    from repro.runs.folder import drop_hydra_record
+    from repro.gridpoint import forget_folder
 
-    drop_hydra_record(run_dir)
-    if run_dir.is_dir() and not any(run_dir.iterdir()):
-        run_dir.rmdir()
+    forget_folder(run_dir)
     parent = run_dir.parent
     while parent != results_dir and results_dir in parent.parents and parent.is_dir():
         if any(p for p in parent.iterdir() if p.name != "multirun.yaml"):
@@ -248,11 +246,13 @@ def print_help(argv: list[str]) -> None:
     print(loader.help_text(tree, choices))
 
 
-def _parsed(argv: list[str]) -> RunConfig:
-    """The config the command line's overrides give, parsed outside Hydra's job (a joining
-    client, a torchrun worker: neither makes a run folder); bad input exits 2."""
+def _parsed(argv: list[str], resolved: bool = False) -> RunConfig:
+    """The config the command line's overrides give (``resolved``: after :func:`resolve`), parsed
+    outside Hydra's job (a joining client, a torchrun worker: neither makes a run folder); bad
+    input exits 2."""
     try:
-        return parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
+        cfg = parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
+        return resolve(cfg) if resolved else cfg
     except ConfigError as err:
         exit_bad_input(err)
 
@@ -272,11 +272,7 @@ def cli() -> None:
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 
-        try:
-            cfg = resolve(_parsed(argv))
-        except ConfigError as err:
-            exit_bad_input(err)
-        sys.exit(run_torchrun_worker(cfg))
+        sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
     try:

@@ -4,10 +4,8 @@ configuration (:mod:`repro.analysis.configs`; ``--config`` chooses among several
 ``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two results
 trees or figures folders agree within the spread over seeds.
 
-Owns argument parsing and exit codes only: 0 on success (compare: no comparison disagrees), 1
-when a comparison disagrees, 2 for bad input (a missing or unusable folder, several
-configurations, nothing comparable). The work: :func:`repro.analysis.render.build_figure` and
-:mod:`repro.analysis.compare`.
+Owns argument parsing and exit codes only: 0 on success, 1 when a comparison disagrees, 2 for
+bad input. The work: :func:`repro.analysis.render.build_figure` and :mod:`repro.analysis.compare`.
 """
 from __future__ import annotations
 

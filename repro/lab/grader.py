@@ -20,6 +20,7 @@ from pathlib import Path
 
 from repro.lab import harness
 from repro.lab.harness import EXERCISES, Check, Exercise, StudentError
+from repro.logs import get_logger
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNLOADABLE = 0, 1, 2
 GRADE_LIMIT_S = 300   # far beyond a grading's seconds: only an answer that never returns meets it
@@ -79,7 +80,7 @@ def report(ex: Exercise, path: Path, module: types.ModuleType) -> bool:
     print(f"exercise {ex.name}: {ex.title}  ({path})", flush=True)
     passed = total = 0
     hinted: set[str] = set()                # each hint once: the lines below say what differs
-    runs_log = logging.getLogger("repro")   # a graded run's own lines ("diverged: ...") are
+    runs_log = get_logger()                 # a graded run's own lines ("diverged: ...") are
     level = runs_log.level                  # the checks' business: silent while grading
     runs_log.setLevel(logging.CRITICAL)
     try:

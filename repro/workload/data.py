@@ -26,7 +26,7 @@ import torch
 from repro.errors import ConfigError
 from repro.workload import cifar
 from repro.workload.datacache import mnist1d_arrays
-from repro.registry import SpecRegistry
+from repro.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class DataSpec:
     num_train: int | None = None   # training-set size when data.num_train is null (None: unknown)
 
 
-DATASETS: SpecRegistry[DataSpec] = SpecRegistry("data.name", DataSpec)
+DATASETS: Registry[DataSpec] = Registry("data.name", DataSpec)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: comparing tensors with == has no single truth value

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from repro.errors import ConfigError
-from repro.registry import SpecRegistry
+from repro.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class ModelSpec:
     accepts: Callable[[tuple], bool]              # input shape (without the batch) -> ok?
 
 
-MODELS: SpecRegistry[ModelSpec] = SpecRegistry("model.name", ModelSpec)
+MODELS: Registry[ModelSpec] = Registry("model.name", ModelSpec)
 
 
 def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
