@@ -25,7 +25,7 @@ from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_in
                                parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
-from repro.files.storage import DISK_FAULTS, is_read_only
+from repro.files.storage import DISK_FAULTS, is_read_only, unmakeable
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
 
@@ -201,9 +201,14 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     folder that cannot be made. Returns the composed config (Hydra's node with it) and its
     RunConfig, which the run goes on with (:func:`run_composed`); None for a grid, whose points
     are checked as each starts."""
-    if _is_sweep(argv):
-        return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    if _is_sweep(argv):
+        try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
+            dcfg = compose([a for a in overrides if not _is_sweep([a])], return_hydra_config=True)
+        except Exception:
+            return None
+        _check_folder_writable(dcfg, grid=True)
+        return None
     try:
         dcfg = compose(overrides, return_hydra_config=True)
     except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
@@ -219,22 +224,22 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         check_components(cfg)
     except ConfigError as err:
         exit_bad_input(err)
-    _check_folder_writable(dcfg)
+    _check_folder_writable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
     return dcfg, cfg
 
 
-def _check_folder_writable(dcfg: DictConfig) -> None:
-    """A new run whose folder cannot be made (a read-only file system, no permission): Hydra
-    would die making it, with a raw "Read-only file system". An existing folder is the run
-    core's to judge (a finished run is skipped without writing, anything else refused)."""
+def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
+    """A new run or grid whose folder cannot be made (a read-only file system, no permission, a
+    place like /proc): Hydra would die making it, with a raw traceback. An existing folder is the
+    run core's to judge (a finished run is skipped without writing, anything else refused)."""
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
 
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
-    run_dir = Path(str(OmegaConf.select(dcfg, "hydra.run.dir"))).absolute()
-    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())   # "/" at the latest
-    if existing != run_dir and is_read_only(existing):
-        exit_bad_input(f"cannot make the run folder {run_dir}: {existing} is read-only or not "
-                        f"writable (set results_dir=FOLDER to a writable folder)")
+    folder = Path(str(OmegaConf.select(dcfg, "hydra.sweep.dir" if grid else "hydra.run.dir"))).absolute()
+    why = unmakeable(folder)
+    if why:
+        exit_bad_input(f"cannot make the {'grid' if grid else 'run'} folder {folder}: {why} (set "
+                       f"results_dir=FOLDER to a writable folder)")
 
 
 def print_help(argv: list[str]) -> None:

@@ -102,6 +102,17 @@ def test_a_grid_checks_exp_name_before_hydra_makes_its_sweep_folder(tmp_path, ca
     assert tree(tmp_path) == []
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc: no folder here refuses a new one")
+@pytest.mark.parametrize("args", [(), ("-m", "nsync=1,2"), ("+exp=fig1",)], ids=["run", "grid", "exp"])
+def test_a_results_dir_where_no_folder_can_be_made_is_refused_before_hydra(monkeypatch, capsys, args):
+    """/proc: access() may say writable (to root), mkdir says no: a single run, a command-line
+    grid (no grid callback checks it) and an experiment's grid exit 2 with one line naming the
+    folder, instead of Hydra's mkdir traceback."""
+    code, err = cli_in_process(monkeypatch, capsys, "results_dir=/proc/repro-test", *args)
+    assert code == 2 and err.startswith("error: cannot make the") and ": /proc " in err, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+
+
 def test_a_results_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     for value in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "sub"):

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pickle
+import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -35,6 +36,24 @@ def write_denied(exc: OSError) -> bool:
 def is_read_only(folder: Path) -> bool:
     """Whether this user may not write ``folder``, asked before writing it."""
     return not os.access(folder, os.W_OK)
+
+
+def unmakeable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be made, asked before Hydra makes it (its mkdir would end in a raw
+    traceback); None where it exists or can be made. Its nearest existing parent is read-only or
+    not writable, or refuses a new folder although access() allows it (/proc, some mounts): a
+    probe folder is made there and removed at once."""
+    folder = Path(folder).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())   # "/" at the latest
+    if existing == folder:
+        return None
+    if is_read_only(existing):
+        return f"{existing} is read-only or not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".repro-probe-", dir=existing))
+    except OSError as exc:
+        return f"{existing} refuses a new folder ({exc.strerror})"
+    return None
 
 
 def disk_error(exc: OSError, path: Path) -> OSError:
