@@ -4,7 +4,8 @@ This module does the Hydra work and nothing else: it checks the command line, co
 config, parses it into a :class:`~repro.config.settings.RunConfig` (nothing below sees a
 ``DictConfig``) and calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. A
 single run is composed and validated once (:func:`precheck`), before Hydra makes any folder; a
-grid's points go through ``@hydra.main`` and are checked as each starts. Under ``torchrun`` only
+grid's folder is checked first too, and its points go through ``@hydra.main`` and are checked as
+each starts. Under ``torchrun`` only
 rank 0 makes the run folder; the other ranks compose the same config without one.
 """
 from __future__ import annotations
@@ -199,8 +200,8 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     """A single run's whole config, composed once and validated before Hydra makes a folder:
     every key's range, the model against the data, a key set under the wrong backend, a run
     folder that cannot be made. Returns the composed config (Hydra's node with it) and its
-    RunConfig, which the run goes on with (:func:`run_composed`); None for a grid, whose points
-    are checked as each starts."""
+    RunConfig, which the run goes on with (:func:`run_composed`). For a grid, only its folder
+    (``hydra.sweep.dir``) is checked here, then None: its points are checked as each starts."""
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
@@ -230,13 +231,16 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
 
 def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
     """A new run or grid whose folder cannot be made (a read-only file system, no permission, a
-    place like /proc): Hydra would die making it, with a raw traceback. An existing folder is the
-    run core's to judge (a finished run is skipped without writing, anything else refused)."""
+    place like /proc): Hydra would die making it, with a raw traceback. A run's existing folder
+    is the run core's to judge (a finished run is skipped without writing, anything else
+    refused); a grid's must be writable, existing or not: Hydra writes multirun.yaml into it."""
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
 
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     folder = Path(str(OmegaConf.select(dcfg, "hydra.sweep.dir" if grid else "hydra.run.dir"))).absolute()
     why = unmakeable(folder)
+    if why is None and grid and folder.is_dir() and is_read_only(folder):
+        why = f"{folder} is read-only or not writable"
     if why:
         exit_bad_input(f"cannot make the {'grid' if grid else 'run'} folder {folder}: {why} (set "
                        f"results_dir=FOLDER to a writable folder)")

@@ -133,6 +133,23 @@ def test_an_unfinished_run_in_a_read_only_folder_is_refused_naming_it(tmp_path, 
     assert changed(before, snapshot(run_dir)) == []
 
 
+def test_an_experiments_grid_in_a_read_only_folder_is_refused_naming_it(tmp_path):
+    """An experiment's grid whose folder exists (an earlier launch) on read-only storage: Hydra
+    writes multirun.yaml into it and died with a raw "Read-only file system". Guarantee: exit 2
+    with one line naming the folder, before any work."""
+    if not read_only_possible(tmp_path):
+        pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
+    (tmp_path / "results" / "fig1").mkdir(parents=True)
+    (tmp_path / "tmp").mkdir()
+    refused = run_read_only(tmp_path / "results", sys.executable, "-m", "repro.run", "+exp=fig1",
+                            f"results_dir={tmp_path / 'results'}", cwd=ROOT, timeout=120,
+                            env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "read-only" in refused.stderr, refused.stderr
+    assert str(tmp_path / "results" / "fig1") in refused.stderr and "Traceback" not in refused.stderr
+    assert list((tmp_path / "results" / "fig1").iterdir()) == []
+
+
 def test_a_new_run_in_a_read_only_folder_is_refused_naming_it(tmp_path):
     """issue 32 item 16. Fault: the results folder is read-only and holds no run yet: Hydra died
     making the run folder with a raw "Read-only file system" (exit 1). Guarantee: exit 2 with
