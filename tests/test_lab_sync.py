@@ -102,13 +102,13 @@ def test_the_theory_charges_a_transfer_what_the_simulator_charges(topology, link
     assert timing_of(free).overhead_s == pytest.approx(2 * 0.001 + 0.002)
 
 
-
 def test_the_theory_paces_each_client_as_the_simulator_does():
     """f_i is the client's relative step time times the straggler's factor, wherever the
     straggler is (the theory once put it at client 1 and ignored cost.speed_law)."""
     run = pd.Series({"cost.compute_s": 0.01, "cost.speed_law": "sqrt", "cost.straggler_client": 3,
                      "cost.straggler_factor": 4.0, "nsync": 1, "num_clients": 4})
     assert timing_of(run).factors() == pytest.approx([1.0, 2.0, 4 * (1 + math.sqrt(2)), 1 + math.sqrt(3)])
+
 
 def test_grid_expands_to_the_intended_runs():
     expected = {"protocol": ["async", "sync", "sync_backup", "ssp"], "num_clients": ["2", "4", "8"],

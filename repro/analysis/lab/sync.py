@@ -10,7 +10,8 @@ The timing model is the simulator's (:mod:`repro.sim.cost`): one local step of a
 ``exponential``: (1 - w) + w Exp(1)); client i's steps take f_i times longer (its relative step
 time and the straggler's factor: :func:`repro.sim.cost.step_time`); a segment S is the sum of
 ``nsync`` steps. Every exchange adds an overhead o = 2 * transfer + server apply (push and reply
-travel, the server applies), zero for the ``jitter_*`` profiles. Server queueing is ignored (apply time << compute time here).
+travel, the server applies), zero for the ``jitter_*`` profiles. Server queueing is ignored
+(apply time << compute time here).
 
 * async: client i completes a segment every c f_i E[S] + o seconds;
 * sync: a round waits for the slowest, E[max_i C_i] + o, and applies N segments;
