@@ -5,8 +5,8 @@ config, parses it into a :class:`~repro.config.settings.RunConfig` (nothing belo
 ``DictConfig``) and calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. A
 single run is composed and validated once (:func:`precheck`), before Hydra makes any folder; a
 grid's folder is checked first too, and its points go through ``@hydra.main`` and are checked as
-each starts. Under ``torchrun`` only
-rank 0 makes the run folder; the other ranks compose the same config without one.
+each starts. Under ``torchrun`` only rank 0 makes the run folder; the other ranks compose the
+same config without one.
 """
 from __future__ import annotations
 

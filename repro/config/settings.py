@@ -261,8 +261,15 @@ def shaping_keys() -> tuple[str, ...]:
     return tuple(key for key, f, _ in _leaves() if f.metadata["shapes"])
 
 
+@functools.cache
+def _field_of() -> dict[str, dataclasses.Field]:
+    """{dotted key: its field}, walked once (the schema never changes in a process; --help asks
+    for every key's valid values)."""
+    return {key: f for key, f, _ in _leaves()}
+
+
 def valid_values(key: str) -> str:
-    return {k: f for k, f, _ in _leaves()}[key].metadata["valid"].describe()
+    return _field_of()[key].metadata["valid"].describe()
 
 
 def get(tree: dict, key: str) -> Any:
