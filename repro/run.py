@@ -187,6 +187,11 @@ def _is_sweep(argv: list[str]) -> bool:
         re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
 
 
+def _one_value_overrides(argv: list[str]) -> list[str]:
+    """The overrides that set one value (a grid's sweeps left out): what composes one config."""
+    return [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
+
+
 def _warm_fork_server(argv: list[str]) -> None:
     """A single real run's clients fork from multiprocessing's fork server, which imports torch
     and the launcher first (about a torch import): start it now, so that it imports while this
@@ -202,14 +207,14 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     folder that cannot be made. Returns the composed config (Hydra's node with it) and its
     RunConfig, which the run goes on with (:func:`run_composed`). For a grid, only its folder
     (``hydra.sweep.dir``) is checked here, then None: its points are checked as each starts."""
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
-            dcfg = compose([a for a in overrides if not _is_sweep([a])], return_hydra_config=True)
+            dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
         except Exception:
             return None
         _check_folder_writable(dcfg, grid=True)
         return None
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
         dcfg = compose(overrides, return_hydra_config=True)
     except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
@@ -247,8 +252,7 @@ def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
 
 
 def print_help(argv: list[str]) -> None:
-    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
-    dcfg = compose(overrides, return_hydra_config=True)
+    dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
     choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in loader.ALL_GROUPS}
     tree = OmegaConf.to_container(dcfg, resolve=False)
     tree.pop("hydra", None)

@@ -20,7 +20,7 @@ from tests.helpers.tables import table_bytes
 
 
 def churn_cfg(churn=None, **cost):
-    from repro.config.settings import ChurnConfig
+    from repro.config.cost import ChurnConfig
 
     cfg = sim_cfg()
     churn = ChurnConfig(**{**dict(preempt_rate=5.0, preempt_down_s=0.05, leave=(1, 0.01, 0.05), join=(0.02,)),

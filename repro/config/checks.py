@@ -20,6 +20,7 @@ from typing import Any, Union
 from repro.config.renames import modern_tree
 from repro.config.settings import CIFAR10_EXPECTED, RECORDED_ONLY, DataConfig, RunConfig, _leaves, get, slow_client, to_dict
 from repro.errors import ConfigError
+from repro.files.storage import nearest_existing
 
 
 def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
@@ -66,7 +67,7 @@ def check_places(cfg: RunConfig) -> None:
                           f"{len(name.encode())}; it names the experiment's folder in hydra.run.dir)")
     for key in ("results_dir", "figures_dir"):
         folder = Path(os.path.expanduser(getattr(cfg, key)))
-        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        existing = nearest_existing(folder)
         if existing is not None and not existing.is_dir():
             raise ConfigError(key, getattr(cfg, key), f"a folder ({existing} is a file): choose "
                               f"another {key}")

@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from repro.config.cost import ChurnConfig, CostConfig  # noqa: F401 (ChurnConfig: re-exported)
+from repro.config.cost import CostConfig
 from repro.config.fields import COUNT, FLAG, WAIT_S, Choice, Numbers, Range, Text, knob
 from repro.registry import names_of
 

@@ -38,13 +38,18 @@ def is_read_only(folder: Path) -> bool:
     return not os.access(folder, os.W_OK)
 
 
+def nearest_existing(folder: Path) -> Path | None:
+    """``folder`` itself or its nearest parent that exists (None: none does)."""
+    return next((p for p in (folder, *folder.parents) if p.exists()), None)
+
+
 def unmakeable(folder: Path) -> str | None:
     """Why ``folder`` cannot be made, asked before Hydra makes it (its mkdir would end in a raw
     traceback); None where it exists or can be made. Its nearest existing parent is read-only or
     not writable, or refuses a new folder although access() allows it (/proc, some mounts): a
     probe folder is made there and removed at once."""
     folder = Path(folder).absolute()
-    existing = next(p for p in (folder, *folder.parents) if p.exists())   # "/" at the latest
+    existing = nearest_existing(folder)   # "/" at the latest
     if existing == folder:
         return None
     if is_read_only(existing):
