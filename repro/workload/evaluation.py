@@ -50,10 +50,9 @@ def class_errors(net: FlatNet, params: Tensor, sets: EvalSets, batch_size: int =
         return None
     net.load(params)
     outputs = [net.module(sets.x_test[i:i + batch_size]) for i in range(0, len(sets.x_test), batch_size)]
-    predictions, labels = torch.cat([o.argmax(1) for o in outputs]), sets.y_test
-    out = []
-    for c in range(outputs[0].shape[1]):   # every class the network tells apart
-        held = labels == c
-        count = int(held.sum().item())
-        out.append(None if count == 0 else (predictions[held] != c).sum().item() / count)
-    return out
+    # counted on the CPU: CUDA's bincount may refuse to run under deterministic algorithms
+    predictions, labels = torch.cat([o.argmax(1) for o in outputs]).cpu(), sets.y_test.cpu()
+    num_classes = outputs[0].shape[1]   # every class the network tells apart
+    held = torch.bincount(labels, minlength=num_classes)[:num_classes].tolist()
+    wrong = torch.bincount(labels[predictions != labels], minlength=num_classes)[:num_classes].tolist()
+    return [None if n == 0 else w / n for w, n in zip(wrong, held)]
