@@ -17,7 +17,7 @@ from repro.asgd.flatnet import FlatNet
 from repro.config.checks import validate
 from repro.config.settings import AlgoConfig, BackendConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.errors import ConfigError
-from repro.workload.evaluation import EvalSets
+from repro.workload.build import EvalSets
 from repro.workload.start import build_problem
 from repro.real.client import build_client, run_client
 from repro.real.server import Dispatcher

@@ -16,7 +16,7 @@ from repro.analysis.lab.own_data import own_data_frame
 from repro.analysis.load import load_runs
 from repro.asgd.flatnet import FlatNet
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.workload.evaluation import EvalSets, class_errors
+from repro.workload.build import EvalSets, class_errors
 from repro.run import compose, parse
 from repro.sim.driver import simulate
 from tests.helpers.grids import sweep_grid

@@ -31,8 +31,7 @@ from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
 from repro.logs import get_logger
-from repro.workload.build import Problem
-from repro.workload.evaluation import class_errors
+from repro.workload.build import Problem, class_errors
 from repro.runs.evaluations import Evaluations
 from repro.runs.folder import resume_hint
 from repro.runs.runlog import Progress, RunLog, diverged_advice, recorded_config, worse_than_start

@@ -20,8 +20,7 @@ from torch import Tensor
 
 from repro.asgd.algorithm import Push
 from repro.runs.runlog import RunLog
-from repro.workload.build import Problem
-from repro.workload.evaluation import evaluate
+from repro.workload.build import Problem, evaluate
 
 
 def nonfinite(result: dict, version: int) -> str:

@@ -16,16 +16,13 @@ import numpy as np
 from repro.config.settings import CIFAR10_EXPECTED
 from repro.errors import DataError
 
+try:  # numpy >= 2 spelling; numpy.core is a deprecated alias there
+    from numpy._core.multiarray import _reconstruct
+except ImportError:  # pragma: no cover - numpy 1.x
+    from numpy.core.multiarray import _reconstruct
+
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
-
-
-def _numpy_reconstruct():
-    try:  # numpy >= 2 spelling; numpy.core is a deprecated alias there
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core.multiarray import _reconstruct
-    return _reconstruct
 
 
 def _latin1_encode(text, encoding="latin1"):
@@ -37,13 +34,13 @@ def _latin1_encode(text, encoding="latin1"):
 
 
 _SAFE_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct,
-    ("numpy", "ndarray"): lambda: np.ndarray,
-    ("numpy", "dtype"): lambda: np.dtype,
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
     # Python 3 pickles bytes at protocol 2 as _codecs.encode(str, 'latin1'); the wrapper above
     # accepts only that, so re-pickled batches load too.
-    ("_codecs", "encode"): lambda: _latin1_encode,
+    ("_codecs", "encode"): _latin1_encode,
 }
 
 
@@ -52,10 +49,9 @@ class _BatchUnpickler(pickle.Unpickler):
     before it is looked up, so a crafted file cannot run code."""
 
     def find_class(self, module, name):
-        factory = _SAFE_GLOBALS.get((module, name))
-        if factory is None:
+        if (module, name) not in _SAFE_GLOBALS:
             raise pickle.UnpicklingError(f"refusing to load global {module}.{name}")
-        return factory()
+        return _SAFE_GLOBALS[module, name]
 
 
 def _error(root, detail: str) -> DataError:

@@ -19,9 +19,8 @@ from torch import Tensor, nn
 
 from repro.asgd.flatnet import FlatNet
 from repro.errors import ConfigError
-from repro.workload.build import Problem
+from repro.workload.build import EvalSets, Problem
 from repro.workload.data import Dataset, check_batch_size
-from repro.workload.evaluation import EvalSets
 
 ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or torch tensors
 

@@ -30,8 +30,7 @@ from repro.errors import ConfigError
 from repro.files.locks import FileLock
 from repro.files.storage import read_checkpoint, save_checkpoint, to_cpu, write_json
 from repro.logs import get_logger
-from repro.workload.build import Problem, build_net, check_components, load_data, make_clients
-from repro.workload.evaluation import EvalSets
+from repro.workload.build import EvalSets, Problem, build_net, check_components, load_data, make_clients
 
 log = get_logger("repro.workload.start")
 
