@@ -50,8 +50,7 @@ DECLARED: dict[str, dict[str, tuple[str, ...]]] = {
         "repro.analysis.lab.churn": ("churn",)},
     "EXERCISE": {
         "repro.lab.numeric": ("mean_staleness", "stable_lr", "sync_ratio"),
-        "repro.lab.plugins": ("staleness_rule", "backup_workers"),
-        "repro.lab.gates": ("ssp_gate", "ringmaster")},
+        "repro.lab.plugins": ("staleness_rule", "backup_workers", "ssp_gate", "ringmaster")},
 }
 
 _BUILT: dict[str, "Registry"] = {}   # key -> its registry, once the module holding it is imported

@@ -23,8 +23,8 @@ from repro.asgd.protocols import PROTOCOLS
 print('protocols', loaded('repro.asgd.optimal'), 'ringmaster' in PROTOCOLS)
 print('lookup', PROTOCOLS['ringmaster'].__name__, loaded('repro.asgd.optimal'))
 from repro.lab import grader
-print('catalogue', len(grader.EXERCISES.names()), loaded('repro.lab.gates', 'repro.lab.numeric', 'repro.lab.plugins'))
-print('exercise', grader.EXERCISES['ssp_gate'].name, loaded('repro.lab.gates', 'repro.lab.numeric'))
+print('catalogue', len(grader.EXERCISES.names()), loaded('repro.lab.numeric', 'repro.lab.plugins'))
+print('exercise', grader.EXERCISES['ssp_gate'].name, loaded('repro.lab.plugins', 'repro.lab.numeric'))
 from repro.analysis.render import FIGURES, figure_names
 print('figures', len(figure_names()), loaded('repro.analysis.lab.churn'))
 print('figure', FIGURES['churn'].exps, loaded('repro.analysis.lab.churn', 'repro.analysis.lab.sync'))
@@ -38,7 +38,7 @@ def test_a_lookup_imports_the_declared_module_and_nothing_registers_by_side_effe
                    "protocols [] True",            # ringmaster is known before its module loads
                    "lookup Ringmaster ['repro.asgd.optimal']",
                    "catalogue 7 []",
-                   "exercise ssp_gate ['repro.lab.gates']",
+                   "exercise ssp_gate ['repro.lab.plugins']",
                    "figures 16 []",
                    "figure ('churn',) ['repro.analysis.lab.churn']"]
 

@@ -6,7 +6,7 @@ checked) and the report: one line per check with what was expected and what came
 under each failed one, and the exit status: 0 when every check passes, 1 when one fails, 2 when
 the file cannot be loaded (a syntax error, a missing name, an unknown exercise), said in one
 line on stderr, never with a traceback. The exercises themselves live in
-:mod:`repro.lab.numeric`, :mod:`repro.lab.plugins` and :mod:`repro.lab.gates`.
+:mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
 """
 from __future__ import annotations
 

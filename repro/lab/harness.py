@@ -118,11 +118,15 @@ def with_rule(cfg: Any, name: str, lr_server: float) -> Any:
     return cfg.replace(algo=dataclasses.replace(cfg.algo, server_rule=name, lr_server=lr_server))
 
 
-def plugged_run(registry: Registry, cls: type, cfg: Any, use: Callable[[Any, str], Any], tag: str) -> Any:
-    """Run ``use(cfg, name)`` with the student's ``cls`` registered in ``registry`` under a
-    temporary name; their code's exceptions become a :class:`StudentError`."""
+def plugged_run(registry: Registry, cls: type, cfg: Any, reference: str, tag: str, **fields: Any) -> tuple:
+    """The run of ``cfg`` with the ``reference`` entry of ``registry`` (a protocol, or a server
+    rule; ``fields`` set beside its name), then the same run with the student's ``cls`` in its
+    place, registered under a temporary name for that run alone; their code's exceptions become
+    a :class:`StudentError`."""
+    use = with_rule if registry is asgd.RULES else with_protocol
+    reference_run = asgd.run_config(use(cfg, reference, **fields))
     with registry.plugged(f"student_{tag}", cls) as name:
-        return student_call(lambda: asgd.run_config(use(cfg, name)))
+        return reference_run, student_call(lambda: asgd.run_config(use(cfg, name, **fields)))
 
 
 def first_difference(reference: Any, student: Any) -> str | None:

@@ -178,7 +178,6 @@ def draw_ceiling(frame: pd.DataFrame):
     return fig
 
 
-
 # its axes: with jitter and without (clients in lockstep) in one figure
 register_figure("ceiling", ceiling_frame, draw_ceiling, exps=("ceiling",), extra=printed_table(table, digits=4),
                 axes=("num_clients", "nsync", "cost.bandwidth_Bps", "cost.jitter"))

@@ -194,7 +194,6 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
 # its axes: +mitigation chooses the server rule and the protocol
 register_figure("mitigation", mitigation_frame, draw_mitigation, exps=("mitigation",),
                 extra=printed_table(table), axes=("nsync", "algo.server_rule", "protocol.name"))

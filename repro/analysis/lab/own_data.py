@@ -120,6 +120,5 @@ def draw_own_data(frame: pd.DataFrame):
     return fig
 
 
-
 register_figure("own_data", own_data_frame, draw_own_data, exps=("own_data",), extra=printed_table(table),
                 axes=("data.", "algo.", "protocol."))

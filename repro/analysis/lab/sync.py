@@ -362,6 +362,5 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-
 register_figure("sync_vs_async", sync_frame, draw_sync, exps=("sync_vs_async",), extra=printed_table(table),
                 axes=("num_clients", "protocol.name", "protocol.backup_workers", "cost."))

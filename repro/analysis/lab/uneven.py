@@ -267,6 +267,5 @@ def draw_uneven(frame: pd.DataFrame):
     return fig
 
 
-
 register_figure("uneven", uneven_frame, draw_uneven, exps=("uneven",), extra=printed_table(table, digits=4),
                 axes=("algo.", "protocol."))
