@@ -8,9 +8,7 @@ writes. Each raises :class:`~repro.errors.ConfigError` naming the key, before an
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import operator
 import os
 import types
 import typing
@@ -30,7 +28,7 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     if cls is RunConfig and isinstance(tree, dict):
         tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
     if isinstance(tree, dict):   # old flat spellings read, with a line each (a group's too: "cost.")
-        tree = _modern(tree, prefix)
+        tree = modern_tree(tree, prefix=prefix)
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
@@ -38,14 +36,6 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     else:
         _check_leaves(obj, cls, prefix)
     return obj
-
-
-def _modern(tree: dict, prefix: str) -> dict:
-    """``tree`` (the node at ``prefix``) with old flat keys moved (:func:`modern_tree`)."""
-    path = [p for p in prefix.split(".") if p]
-    # wrap the node in its path's dicts, move the old keys, take the node back out
-    whole = functools.reduce(lambda node, part: {part: node}, reversed(path), tree)
-    return functools.reduce(operator.getitem, path, modern_tree(whole))
 
 
 NAME_BYTES = 255   # the longest file name Linux, macOS and Windows file systems take

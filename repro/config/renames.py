@@ -48,12 +48,15 @@ def modern_override(arg: str, quiet: bool = False) -> str:
     return key[:len(key) - len(bare)] + RENAMED[bare] + sep + value
 
 
-def modern_tree(tree: dict, quiet: bool = False) -> dict:
+def modern_tree(tree: dict, quiet: bool = False, prefix: str = "") -> dict:
     """A nested config dict with every old flat key moved to its new place (a copy; ``tree``
-    itself is not changed, nor any dict in it)."""
+    itself is not changed, nor any dict in it). ``prefix``: where ``tree`` sits in the whole
+    config (``cost.`` for the cost group's dict alone)."""
     out = dict(tree)
     for old, new in RENAMED.items():
-        *path, leaf = old.split(".")
+        if not old.startswith(prefix):
+            continue
+        *path, leaf = old.removeprefix(prefix).split(".")
         node = out
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
@@ -64,7 +67,7 @@ def modern_tree(tree: dict, quiet: bool = False) -> dict:
         # the old spelling wins: in a composed tree the new key is always there (the schema's
         # default), so the old one is what was written
         value = _copied(out, path).pop(leaf)
-        *path, leaf = new.split(".")
+        *path, leaf = new.removeprefix(prefix).split(".")
         _copied(out, path)[leaf] = value
     return out
 
