@@ -93,7 +93,7 @@ def help_text(tree: dict, choices: dict[str, str]) -> str:
     docs = key_docs()
     width = max(map(len, docs)) + 2
     for key, meaning in docs.items():
-        value = _get(tree, key)
+        value = config.get(tree, key, "(not set)")
         lines.append(f"  {key:{width}}{_show(value)}")
         indent = " " * (width + 4)
         lines.append(textwrap.fill(f"valid: {config.valid_values(key)}", 96, initial_indent=indent,
@@ -103,13 +103,6 @@ def help_text(tree: dict, choices: dict[str, str]) -> str:
               "resume=true continues an interrupted run, force=true starts a folder over.",
               "Hydra's own options: --hydra-help; the composed config: --cfg job."]
     return "\n".join(lines)
-
-
-def _get(tree: dict, key: str):
-    try:
-        return config.get(tree, key)
-    except (KeyError, TypeError):
-        return "(not set)"
 
 
 def _show(value) -> str:

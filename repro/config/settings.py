@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -239,15 +240,19 @@ class RunConfig:
 # The declaration, read back: keys, what shapes training, valid values
 # ---------------------------------------------------------------------------------------------
 
-def _leaves(cls: type = RunConfig, prefix: str = ""):
+@functools.cache
+def _leaves(cls: type = RunConfig, prefix: str = "") -> tuple:
     """(dotted key, dataclass field, the dataclass declaring it) of every leaf setting, in
-    declaration order."""
+    declaration order (walked once: the schema never changes in a process, and --help asks for
+    every key's valid values)."""
     hints = typing.get_type_hints(cls)
+    leaves = []
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            yield from _leaves(hints[f.name], prefix + f.name + ".")
+            leaves += _leaves(hints[f.name], prefix + f.name + ".")
         else:
-            yield prefix + f.name, f, cls
+            leaves.append((prefix + f.name, f, cls))
+    return tuple(leaves)
 
 
 def all_keys() -> tuple[str, ...]:
@@ -261,34 +266,29 @@ def shaping_keys() -> tuple[str, ...]:
     return tuple(key for key, f, _ in _leaves() if f.metadata["shapes"])
 
 
-@functools.cache
-def _field_of() -> dict[str, dataclasses.Field]:
-    """{dotted key: its field}, walked once (the schema never changes in a process; --help asks
-    for every key's valid values)."""
-    return {key: f for key, f, _ in _leaves()}
-
-
 def valid_values(key: str) -> str:
-    return _field_of()[key].metadata["valid"].describe()
+    return next(f for k, f, _ in _leaves() if k == key).metadata["valid"].describe()
 
 
-def get(tree: dict, key: str) -> Any:
-    """The value at a dotted ``key`` of a nested dict (KeyError if absent)."""
-    for part in key.split("."):
-        tree = tree[part]
-    return tree
+_ABSENT = object()
+
+
+def get(tree: dict, key: str, default: Any = _ABSENT) -> Any:
+    """The value at a dotted ``key`` of a nested dict; ``default`` where there is none (without
+    one: KeyError, or TypeError where a value stands on the key's path)."""
+    try:
+        return functools.reduce(operator.getitem, key.split("."), tree)
+    except (KeyError, TypeError):
+        if default is _ABSENT:
+            raise
+        return default
 
 
 def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
     """{key: value} of every training-shaping key (missing keys of an old config.json: absent)."""
     tree = to_dict(cfg) if not isinstance(cfg, dict) else cfg
-    out = {}
-    for key in shaping_keys():
-        try:
-            out[key] = get(tree, key)
-        except (KeyError, TypeError):
-            pass
-    return out
+    values = {key: get(tree, key, _ABSENT) for key in shaping_keys()}
+    return {key: value for key, value in values.items() if value is not _ABSENT}
 
 
 def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
