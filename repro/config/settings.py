@@ -21,10 +21,7 @@ from repro.config.cost import CostConfig
 from repro.config.fields import COUNT, FLAG, WAIT_S, Choice, Numbers, Range, Text, knob
 from repro.registry import names_of
 
-BACKENDS = ("sim", "real")
-STARTS = ("cold", "warm")
 DEVICES = ("cpu", "cuda", "auto")
-PARTITIONS = ("iid", "shards", "by_class", "dirichlet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,7 +44,7 @@ class DataConfig:
     """Use only this many training samples (null: all; mnist1d and synthetic generate this many)."""
     num_test: Optional[int] = knob(None, COUNT)
     """Use only this many test samples (null: all)."""
-    partition: str = knob("iid", Choice(PARTITIONS))
+    partition: str = knob("iid", Choice(("iid", "shards", "by_class", "dirichlet")))
     """Which training samples each client holds (repro/workload/partition.py, seeded by seed):
     iid (every client its own order over the whole set), shards (disjoint random equal parts),
     by_class (classes dealt to clients in turn), dirichlet (each class split over the clients
@@ -115,7 +112,7 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class BackendConfig:
-    name: str = knob("sim", Choice(BACKENDS))
+    name: str = knob("sim", Choice(("sim", "real")))
     """sim (deterministic delay simulator) or real (torch.distributed processes). The other keys
     are the real driver's (conf/backend/real.yaml)."""
     master_addr: str = knob("127.0.0.1", Text("a host name or address"), shapes=False)
@@ -203,7 +200,7 @@ class RunConfig:
     on 10 classes: ~23 nats, the right class at probability ~1e-10 on average."""
     target_error: float = knob(0.05, Range(0.0, 1.0))
     """Training error whose first crossing time defines speedup (summary.json time_to_target)."""
-    start: str = knob("cold", Choice(STARTS))
+    start: str = knob("cold", Choice(("cold", "warm")))
     """cold: random initial weights; warm: start from the single-client baseline's checkpoint."""
     warm_start_epochs: float = knob(2.0, Range(0.0, 1e5, lo_open=True))
     """Warm start: epochs of single-client training behind the cached checkpoint."""
