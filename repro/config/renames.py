@@ -8,6 +8,7 @@ folder's file names.
 """
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -50,9 +51,9 @@ def modern_override(arg: str, quiet: bool = False) -> str:
 
 def modern_tree(tree: dict, quiet: bool = False, prefix: str = "") -> dict:
     """A nested config dict with every old flat key moved to its new place (a copy; ``tree``
-    itself is not changed, nor any dict in it). ``prefix``: where ``tree`` sits in the whole
+    itself is not changed, nor anything in it). ``prefix``: where ``tree`` sits in the whole
     config (``cost.`` for the cost group's dict alone)."""
-    out = dict(tree)
+    out = copy.deepcopy(tree)
     for old, new in RENAMED.items():
         if not old.startswith(prefix):
             continue
@@ -66,9 +67,13 @@ def modern_tree(tree: dict, quiet: bool = False, prefix: str = "") -> dict:
             _deprecated(old)
         # the old spelling wins: in a composed tree the new key is always there (the schema's
         # default), so the old one is what was written
-        value = _copied(out, path).pop(leaf)
+        value = node.pop(leaf)
         *path, leaf = new.removeprefix(prefix).split(".")
-        _copied(out, path)[leaf] = value
+        node = out
+        for part in path:   # a group absent or null: made
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        node[leaf] = value
     return out
 
 
@@ -80,15 +85,6 @@ def read_recorded(run_dir: str | Path) -> dict:
     if not isinstance(tree, dict):
         raise ValueError(f"{CONFIG_FILE} holds a {type(tree).__name__}, not a JSON object")
     return modern_tree(tree, quiet=True)
-
-
-def _copied(tree: dict, path: list[str]) -> dict:
-    """The node at ``path``, each dict on the way copied into ``tree`` (no aliasing)."""
-    node = tree
-    for part in path:
-        node[part] = dict(node.get(part) or {})
-        node = node[part]
-    return node
 
 
 def legacy_keys(values: dict) -> dict:
