@@ -82,23 +82,16 @@ def _build(tree: Any, cls: type, prefix: str) -> Any:
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Accept ``value`` for a field typed ``hint`` (int, float, str, bool, Optional, Union)."""
+    """Accept ``value`` for a field typed ``hint`` (int, float, str, bool, None, a tuple of one
+    of them, or a Union of these): a bool is no number, an int is a float where one is wanted."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
-    if value is None:
-        if type(None) in options:
-            return None
-        raise ConfigError(key, value, _type_name(options))
     for option in options:
-        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
-            each = typing.get_args(option)[0]   # tuple[float, ...]: a list setting
-            return tuple(_coerce(key, v, each) for v in value)
-        if option is bool and isinstance(value, bool):
-            return value
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if typing.get_origin(option) is tuple:
+            if isinstance(value, (list, tuple)):   # tuple[float, ...]: a list setting
+                return tuple(_coerce(key, v, typing.get_args(option)[0]) for v in value)
+        elif option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if option is str and isinstance(value, str):
+        elif isinstance(value, option) and (option is bool or not isinstance(value, bool)):
             return value
     raise ConfigError(key, value, _type_name(options))
 
