@@ -260,10 +260,10 @@ def _check_elastic(cfg: RunConfig) -> None:
                                   "at positions 0, 3, 6, ...")
             if t2 and t2 <= t1:
                 raise ConfigError("cost.churn.leave", list(leave), "t_return after t_leave (0: never)")
-    if c.churns and c.topology == "shared":
+    if c.churn.churns and c.topology == "shared":
         raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.churn.preempt_rate, "
                           "cost.churn.leave, cost.churn.join): churn on shared resources is not modelled")
-    if c.churns and c.schedule == "replay":
+    if c.churn.churns and c.schedule == "replay":
         raise ConfigError("cost.schedule", c.schedule, "events with churn (a replay has its own order)")
     b = cfg.backend
     if b.max_clients is not None and b.max_clients < cfg.num_clients:

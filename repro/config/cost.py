@@ -135,10 +135,6 @@ class CostConfig:
     churn: ChurnConfig = knob(ChurnConfig, None)
     """Simulated churn (repro.sim.churn): clients lost, back, and joining in virtual time."""
 
-    @property
-    def churns(self) -> bool:
-        return self.churn.churns
-
     def updated(self, **changes) -> "CostConfig":
         """``dataclasses.replace`` that takes a nested group's key by its old flat name too
         (``clients_per_host=4`` sets ``shared.clients_per_host``): for code that changes a few
