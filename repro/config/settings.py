@@ -284,8 +284,9 @@ def get(tree: dict, key: str, default: Any = _ABSENT) -> Any:
 def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
     """{key: value} of every training-shaping key (missing keys of an old config.json: absent)."""
     tree = to_dict(cfg) if not isinstance(cfg, dict) else cfg
-    values = {key: get(tree, key, _ABSENT) for key in shaping_keys()}
-    return {key: value for key, value in values.items() if value is not _ABSENT}
+    absent = object()   # a key may hold None
+    values = {key: get(tree, key, absent) for key in shaping_keys()}
+    return {key: value for key, value in values.items() if value is not absent}
 
 
 def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
