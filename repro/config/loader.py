@@ -259,15 +259,12 @@ def check_words(argv: list[str]) -> None:
     nsync=8``: Hydra would silently keep the last)."""
     seen: dict[str, str] = {}
     for i, word in enumerate(argv):
-        if word.startswith("-") or "=" in word:
-            continue
-        if i and argv[i - 1] in VALUE_FLAGS:
-            continue
-        after = argv[i + 1] if i + 1 < len(argv) else None
-        hint = (f"write {word}={after}" if after is not None and "=" not in after
-                and not after.startswith("-") else f"write {word}=VALUE")
+        if word.startswith("-") or "=" in word or (i and argv[i - 1] in VALUE_FLAGS):
+            continue   # a flag, an override, or a flag's value
+        after = argv[i + 1] if i + 1 < len(argv) else "-"   # the last word: no value to show
+        value = after if "=" not in after and not after.startswith("-") else "VALUE"
         exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
-                        f"({hint}; python -m repro.run --help lists every key)")
+                        f"(write {word}={value}; python -m repro.run --help lists every key)")
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
