@@ -173,3 +173,13 @@ def test_help_shows_every_key_with_its_meaning_and_valid_values(tmp_path):
                    "+exp     ceiling, churn, fig1, fig2, fig3*"):
         assert needle in out, needle
     assert not list(tmp_path.iterdir())                 # help runs nothing, makes nothing
+
+
+def test_a_key_an_old_config_json_lacks_is_left_out_of_its_shaping_values_not_an_error():
+    from repro.config.settings import differences, shaping_values
+    tree = to_dict(RunConfig(seed=3))
+    del tree["cost"]["churn"], tree["algo"]["lr"]    # recorded before these keys existed
+    values = shaping_values(tree)
+    assert "algo.lr" not in values and "cost.churn.leave" not in values and values["seed"] == 3
+    assert values["data.num_train"] is None                    # a key that holds null is kept
+    assert differences(tree, RunConfig()) == ["seed: 3 -> 0"]

@@ -8,9 +8,7 @@ writes. Each raises :class:`~repro.errors.ConfigError` naming the key, before an
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import operator
 import os
 import types
 import typing
@@ -30,7 +28,7 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     if cls is RunConfig and isinstance(tree, dict):
         tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
     if isinstance(tree, dict):   # old flat spellings read, with a line each (a group's too: "cost.")
-        tree = _modern(tree, prefix)
+        tree = modern_tree(tree, prefix=prefix)
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
@@ -38,14 +36,6 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     else:
         _check_leaves(obj, cls, prefix)
     return obj
-
-
-def _modern(tree: dict, prefix: str) -> dict:
-    """``tree`` (the node at ``prefix``) with old flat keys moved (:func:`modern_tree`)."""
-    path = [p for p in prefix.split(".") if p]
-    # wrap the node in its path's dicts, move the old keys, take the node back out
-    whole = functools.reduce(lambda node, part: {part: node}, reversed(path), tree)
-    return functools.reduce(operator.getitem, path, modern_tree(whole))
 
 
 NAME_BYTES = 255   # the longest file name Linux, macOS and Windows file systems take
@@ -92,23 +82,16 @@ def _build(tree: Any, cls: type, prefix: str) -> Any:
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Accept ``value`` for a field typed ``hint`` (int, float, str, bool, Optional, Union)."""
+    """Accept ``value`` for a field typed ``hint`` (int, float, str, bool, None, a tuple of one
+    of them, or a Union of these): a bool is no number, an int is a float where one is wanted."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
-    if value is None:
-        if type(None) in options:
-            return None
-        raise ConfigError(key, value, _type_name(options))
     for option in options:
-        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
-            each = typing.get_args(option)[0]   # tuple[float, ...]: a list setting
-            return tuple(_coerce(key, v, each) for v in value)
-        if option is bool and isinstance(value, bool):
-            return value
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if typing.get_origin(option) is tuple:
+            if isinstance(value, (list, tuple)):   # tuple[float, ...]: a list setting
+                return tuple(_coerce(key, v, typing.get_args(option)[0]) for v in value)
+        elif option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if option is str and isinstance(value, str):
+        elif isinstance(value, option) and (option is bool or not isinstance(value, bool)):
             return value
     raise ConfigError(key, value, _type_name(options))
 
@@ -277,10 +260,10 @@ def _check_elastic(cfg: RunConfig) -> None:
                                   "at positions 0, 3, 6, ...")
             if t2 and t2 <= t1:
                 raise ConfigError("cost.churn.leave", list(leave), "t_return after t_leave (0: never)")
-    if c.churns and c.topology == "shared":
+    if c.churn.churns and c.topology == "shared":
         raise ConfigError("cost.topology", c.topology, "dedicated with churn (cost.churn.preempt_rate, "
                           "cost.churn.leave, cost.churn.join): churn on shared resources is not modelled")
-    if c.churns and c.schedule == "replay":
+    if c.churn.churns and c.schedule == "replay":
         raise ConfigError("cost.schedule", c.schedule, "events with churn (a replay has its own order)")
     b = cfg.backend
     if b.max_clients is not None and b.max_clients < cfg.num_clients:

@@ -14,11 +14,6 @@ from typing import Optional, Union
 from repro.config.renames import RENAMED
 from repro.config.fields import FLAG, SECONDS, Choice, Numbers, Range, Text, knob
 
-JITTERS = ("none", "lognormal", "exponential")
-SCHEDULES = ("events", "replay")
-TOPOLOGIES = ("dedicated", "shared")
-SPEED_LAWS = ("none", "sqrt")
-
 
 @dataclass(frozen=True)
 class ChurnConfig:
@@ -90,12 +85,12 @@ class MachineConfig:
 class CostConfig:
     profile: str = knob("uniform", Text("a label"))
     """Name of the cost profile (a label saved with the run)."""
-    schedule: str = knob("events", Choice(SCHEDULES))
+    schedule: str = knob("events", Choice(("events", "replay")))
     """Who decides the order of pushes: events (the cost model's clock) or replay (the order a
     recorded run's updates.csv holds, cost.path; conf/cost/replay.yaml sets it)."""
     compute_s: Union[float, str] = knob(0.01, Range(0.0, 1e6, lo_open=True, words=("calibrate",)))
     """Virtual seconds per client minibatch step, or 'calibrate' to time real steps once."""
-    jitter: str = knob("none", Choice(JITTERS))
+    jitter: str = knob("none", Choice(("none", "lognormal", "exponential")))
     """Per-step compute-time noise (mean-preserving, seeded by seed, client, push)."""
     jitter_sigma: float = knob(0.0, Range(0.0, 10.0))
     """lognormal: sigma of log-time; exponential: weight of the exponential part (0..1)."""
@@ -108,7 +103,7 @@ class CostConfig:
     step takes compute_s x speeds[k-1] (a larger number is a slower client); null: all 1.
     Multiplies with the straggler's factor and the jitter. backend=real: a slowed client sleeps
     after each step so that it takes its time over the fastest client's times as long."""
-    speed_law: str = knob("none", Choice(SPEED_LAWS))
+    speed_law: str = knob("none", Choice(("none", "sqrt")))
     """A named law of relative step times, instead of a list: sqrt gives client k the step time
     1 + sqrt(k - 1), i.e. tau_i = 1 + sqrt(i) with i = k - 1 counted from 0, so client 1 is the
     fastest at exactly compute_s (the heterogeneous setting of the Rennala and Ringmaster papers)."""
@@ -125,7 +120,7 @@ class CostConfig:
     """The server sends each push's reply before it serves the next push, so the reply's transfer
     keeps it busy (the real driver's Dispatcher holds its lock through the send; cost=fit sets it
     for a real recording); false: only the apply does."""
-    topology: str = knob("dedicated", Choice(TOPOLOGIES))
+    topology: str = knob("dedicated", Choice(("dedicated", "shared")))
     """dedicated: every client has a host, a device and a link of its own (only the server's
     apply is shared); shared: clients on hosts share the host's devices and link, and every
     push and fetch crosses the server's link (repro/sim/resources.py)."""
@@ -139,10 +134,6 @@ class CostConfig:
     model is fitted to (repro/sim/fit.py); their fitted values replace the ones configured."""
     churn: ChurnConfig = knob(ChurnConfig, None)
     """Simulated churn (repro.sim.churn): clients lost, back, and joining in virtual time."""
-
-    @property
-    def churns(self) -> bool:
-        return self.churn.churns
 
     def updated(self, **changes) -> "CostConfig":
         """``dataclasses.replace`` that takes a nested group's key by its old flat name too

@@ -16,6 +16,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
 from repro.config import checks
 from repro.config import settings as config
 from repro.config.renames import modern_override
@@ -93,7 +99,7 @@ def help_text(tree: dict, choices: dict[str, str]) -> str:
     docs = key_docs()
     width = max(map(len, docs)) + 2
     for key, meaning in docs.items():
-        value = _get(tree, key)
+        value = config.get(tree, key, "(not set)")
         lines.append(f"  {key:{width}}{_show(value)}")
         indent = " " * (width + 4)
         lines.append(textwrap.fill(f"valid: {config.valid_values(key)}", 96, initial_indent=indent,
@@ -103,13 +109,6 @@ def help_text(tree: dict, choices: dict[str, str]) -> str:
               "resume=true continues an interrupted run, force=true starts a folder over.",
               "Hydra's own options: --hydra-help; the composed config: --cfg job."]
     return "\n".join(lines)
-
-
-def _get(tree: dict, key: str):
-    try:
-        return config.get(tree, key)
-    except (KeyError, TypeError):
-        return "(not set)"
 
 
 def _show(value) -> str:
@@ -166,8 +165,6 @@ def register_schema() -> None:
     simulator they do not compose, so that no setting is silently ignored). Plain nodes, not
     typed ones: the values are checked by :func:`repro.config.checks.from_dict`, whose messages
     name the key, the value and what is valid. How to add a setting: docs/configuration.md."""
-    from hydra.core.config_store import ConfigStore
-
     store = ConfigStore.instance()
     tree = config.to_dict(config.RunConfig())
     store.store(group="backend", name="real_schema", node=dict(tree["backend"]))
@@ -182,28 +179,17 @@ REQUIRED = "${required:}"
 
 
 def _required(*, _node_):
-    from omegaconf.errors import MissingMandatoryValue
-
     raise MissingMandatoryValue(_node_._get_full_key(None))
 
 
-def _register() -> None:
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("required"):
-        OmegaConf.register_new_resolver("required", _required)
-    register_schema()
-
-
-_register()
+if not OmegaConf.has_resolver("required"):
+    OmegaConf.register_new_resolver("required", _required)
+register_schema()
 
 
 def compose(overrides: list[str], return_hydra_config: bool = False):
     """The config (a Hydra ``DictConfig``) as ``python -m repro.run OVERRIDES`` would compose it,
     without output folders."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     # job_name: what @hydra.main names the job of repro/run.py (its log is run.log)
     overrides = [modern_override(o) for o in overrides]   # old flat spellings, with a line each
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="run"):
@@ -214,9 +200,6 @@ def compose(overrides: list[str], return_hydra_config: bool = False):
 def parse(dcfg) -> config.RunConfig:
     """Resolve and validate a composed config (raises ConfigError): what the entry points hand
     down, so that nothing below them sees a ``DictConfig``."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
-
     try:
         tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
     except (MissingMandatoryValue, InterpolationResolutionError) as e:
@@ -266,15 +249,12 @@ def check_words(argv: list[str]) -> None:
     nsync=8``: Hydra would silently keep the last)."""
     seen: dict[str, str] = {}
     for i, word in enumerate(argv):
-        if word.startswith("-") or "=" in word:
-            continue
-        if i and argv[i - 1] in VALUE_FLAGS:
-            continue
-        after = argv[i + 1] if i + 1 < len(argv) else None
-        hint = (f"write {word}={after}" if after is not None and "=" not in after
-                and not after.startswith("-") else f"write {word}=VALUE")
+        if word.startswith("-") or "=" in word or (i and argv[i - 1] in VALUE_FLAGS):
+            continue   # a flag, an override, or a flag's value
+        after = argv[i + 1] if i + 1 < len(argv) else "-"   # the last word: no value to show
+        value = after if "=" not in after and not after.startswith("-") else "VALUE"
         exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
-                        f"({hint}; python -m repro.run --help lists every key)")
+                        f"(write {word}={value}; python -m repro.run --help lists every key)")
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue

@@ -8,6 +8,7 @@ folder's file names.
 """
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -48,12 +49,15 @@ def modern_override(arg: str, quiet: bool = False) -> str:
     return key[:len(key) - len(bare)] + RENAMED[bare] + sep + value
 
 
-def modern_tree(tree: dict, quiet: bool = False) -> dict:
+def modern_tree(tree: dict, quiet: bool = False, prefix: str = "") -> dict:
     """A nested config dict with every old flat key moved to its new place (a copy; ``tree``
-    itself is not changed, nor any dict in it)."""
-    out = dict(tree)
+    itself is not changed, nor anything in it). ``prefix``: where ``tree`` sits in the whole
+    config (``cost.`` for the cost group's dict alone)."""
+    out = copy.deepcopy(tree)
     for old, new in RENAMED.items():
-        *path, leaf = old.split(".")
+        if not old.startswith(prefix):
+            continue
+        *path, leaf = old.removeprefix(prefix).split(".")
         node = out
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
@@ -63,9 +67,13 @@ def modern_tree(tree: dict, quiet: bool = False) -> dict:
             _deprecated(old)
         # the old spelling wins: in a composed tree the new key is always there (the schema's
         # default), so the old one is what was written
-        value = _copied(out, path).pop(leaf)
-        *path, leaf = new.split(".")
-        _copied(out, path)[leaf] = value
+        value = node.pop(leaf)
+        *path, leaf = new.removeprefix(prefix).split(".")
+        node = out
+        for part in path:   # a group absent or null: made
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        node[leaf] = value
     return out
 
 
@@ -77,15 +85,6 @@ def read_recorded(run_dir: str | Path) -> dict:
     if not isinstance(tree, dict):
         raise ValueError(f"{CONFIG_FILE} holds a {type(tree).__name__}, not a JSON object")
     return modern_tree(tree, quiet=True)
-
-
-def _copied(tree: dict, path: list[str]) -> dict:
-    """The node at ``path``, each dict on the way copied into ``tree`` (no aliasing)."""
-    node = tree
-    for part in path:
-        node[part] = dict(node.get(part) or {})
-        node = node[part]
-    return node
 
 
 def legacy_keys(values: dict) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -20,10 +21,7 @@ from repro.config.cost import CostConfig
 from repro.config.fields import COUNT, FLAG, WAIT_S, Choice, Numbers, Range, Text, knob
 from repro.registry import names_of
 
-BACKENDS = ("sim", "real")
-STARTS = ("cold", "warm")
 DEVICES = ("cpu", "cuda", "auto")
-PARTITIONS = ("iid", "shards", "by_class", "dirichlet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,7 +44,7 @@ class DataConfig:
     """Use only this many training samples (null: all; mnist1d and synthetic generate this many)."""
     num_test: Optional[int] = knob(None, COUNT)
     """Use only this many test samples (null: all)."""
-    partition: str = knob("iid", Choice(PARTITIONS))
+    partition: str = knob("iid", Choice(("iid", "shards", "by_class", "dirichlet")))
     """Which training samples each client holds (repro/workload/partition.py, seeded by seed):
     iid (every client its own order over the whole set), shards (disjoint random equal parts),
     by_class (classes dealt to clients in turn), dirichlet (each class split over the clients
@@ -114,7 +112,7 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class BackendConfig:
-    name: str = knob("sim", Choice(BACKENDS))
+    name: str = knob("sim", Choice(("sim", "real")))
     """sim (deterministic delay simulator) or real (torch.distributed processes). The other keys
     are the real driver's (conf/backend/real.yaml)."""
     master_addr: str = knob("127.0.0.1", Text("a host name or address"), shapes=False)
@@ -202,7 +200,7 @@ class RunConfig:
     on 10 classes: ~23 nats, the right class at probability ~1e-10 on average."""
     target_error: float = knob(0.05, Range(0.0, 1.0))
     """Training error whose first crossing time defines speedup (summary.json time_to_target)."""
-    start: str = knob("cold", Choice(STARTS))
+    start: str = knob("cold", Choice(("cold", "warm")))
     """cold: random initial weights; warm: start from the single-client baseline's checkpoint."""
     warm_start_epochs: float = knob(2.0, Range(0.0, 1e5, lo_open=True))
     """Warm start: epochs of single-client training behind the cached checkpoint."""
@@ -239,15 +237,19 @@ class RunConfig:
 # The declaration, read back: keys, what shapes training, valid values
 # ---------------------------------------------------------------------------------------------
 
-def _leaves(cls: type = RunConfig, prefix: str = ""):
+@functools.cache
+def _leaves(cls: type = RunConfig, prefix: str = "") -> tuple:
     """(dotted key, dataclass field, the dataclass declaring it) of every leaf setting, in
-    declaration order."""
+    declaration order (walked once: the schema never changes in a process, and --help asks for
+    every key's valid values)."""
     hints = typing.get_type_hints(cls)
+    leaves = []
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            yield from _leaves(hints[f.name], prefix + f.name + ".")
+            leaves += _leaves(hints[f.name], prefix + f.name + ".")
         else:
-            yield prefix + f.name, f, cls
+            leaves.append((prefix + f.name, f, cls))
+    return tuple(leaves)
 
 
 def all_keys() -> tuple[str, ...]:
@@ -261,34 +263,30 @@ def shaping_keys() -> tuple[str, ...]:
     return tuple(key for key, f, _ in _leaves() if f.metadata["shapes"])
 
 
-@functools.cache
-def _field_of() -> dict[str, dataclasses.Field]:
-    """{dotted key: its field}, walked once (the schema never changes in a process; --help asks
-    for every key's valid values)."""
-    return {key: f for key, f, _ in _leaves()}
-
-
 def valid_values(key: str) -> str:
-    return _field_of()[key].metadata["valid"].describe()
+    return next(f for k, f, _ in _leaves() if k == key).metadata["valid"].describe()
 
 
-def get(tree: dict, key: str) -> Any:
-    """The value at a dotted ``key`` of a nested dict (KeyError if absent)."""
-    for part in key.split("."):
-        tree = tree[part]
-    return tree
+_ABSENT = object()
+
+
+def get(tree: dict, key: str, default: Any = _ABSENT) -> Any:
+    """The value at a dotted ``key`` of a nested dict; ``default`` where there is none (without
+    one: KeyError, or TypeError where a value stands on the key's path)."""
+    try:
+        return functools.reduce(operator.getitem, key.split("."), tree)
+    except (KeyError, TypeError):
+        if default is _ABSENT:
+            raise
+        return default
 
 
 def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
     """{key: value} of every training-shaping key (missing keys of an old config.json: absent)."""
     tree = to_dict(cfg) if not isinstance(cfg, dict) else cfg
-    out = {}
-    for key in shaping_keys():
-        try:
-            out[key] = get(tree, key)
-        except (KeyError, TypeError):
-            pass
-    return out
+    absent = object()   # a key may hold None
+    values = {key: get(tree, key, absent) for key in shaping_keys()}
+    return {key: value for key, value in values.items() if value is not absent}
 
 
 def with_operational(recorded: dict, cfg: "RunConfig") -> dict:

@@ -84,7 +84,7 @@ class Simulation:
         self.resume_protocol = resume.get("protocol") if resume is not None else None
         self.pending: tuple | None = None   # a push taken from the schedule, abandoned by a stop
         self.resumed = resume is not None    # the clients hold what they fetched before
-        self.churn = Churn(cfg.cost, cfg.seed, sorted(self.clients)) if cfg.cost.churns else None
+        self.churn = Churn(cfg.cost, cfg.seed, sorted(self.clients)) if cfg.cost.churn.churns else None
         self.down: set[int] = set()          # clients away (churn), who may come back
         self.stopping = False                # what the core's last Outcome said
         if resume is not None:
