@@ -72,11 +72,7 @@ class BuildFigure(Callback):
         from repro.errors import ConfigError
 
         overrides = [str(o) for o in config.hydra.overrides.task]
-        try:
-            points = grid_points(config)
-        except Exception as exc:   # another sweeper: draw every run of one configuration
-            log.debug("figure without the grid's job list: %s", exc)
-            points = None
+        points = grid_points(config)   # None: draw every run of one configuration
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -129,12 +125,16 @@ def figure_stem(name: str, overrides: list[str]) -> str:
 def grid_points(config: DictConfig) -> list[str] | None:
     """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
     experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
-    when another sweeper decides the jobs."""
+    when another sweeper decides the jobs or they cannot be read (never a reason to stop a grid)."""
     from repro.config.loader import job_name
     from repro.hydra_internals import sweep_jobs
 
-    jobs = sweep_jobs(config)
-    return None if jobs is None else [job_name(job) for job in jobs]
+    try:
+        jobs = sweep_jobs(config)
+        return None if jobs is None else [job_name(job) for job in jobs]
+    except Exception as exc:
+        log.debug("a grid without its job list: %s", exc)
+        return None
 
 
 def _varying(names: list[str]) -> dict[str, str]:
@@ -195,11 +195,7 @@ class Grid(Callback):
         self.label = f"grid {config.get('exp_name', '')}".strip()
         self._show = bool(config.get("progress", True))
         self._started = time.monotonic()
-        try:
-            self.points = grid_points(config)
-        except Exception as exc:   # progress is a courtesy: never stop a grid for it
-            log.debug("grid progress without a job list: %s", exc)
-            self.points = None
+        self.points = grid_points(config)
         if self.points:
             self._short = _varying(self.points)
             if not config.get("force", False):   # force=true re-runs finished points

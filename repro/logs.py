@@ -54,16 +54,12 @@ def prefixed(name: str, prefix: str) -> logging.LoggerAdapter:
 def mark(role: str, phase: str) -> None:
     """Append ``wall-time role pid phase`` to the file named by ``$REPRO_STARTUP_TRACE`` (nothing
     when unset): where a real run's processes spend their start-up and teardown, for
-    ``python -m repro.bench startup``. One short O_APPEND write per line, so processes never
-    interleave within a line."""
+    ``python -m repro.bench startup``. One short O_APPEND write per line (mode "a", the line
+    written as the file closes), so processes never interleave within a line."""
     path = os.environ.get(TRACE_ENV)
     if path:
-        line = f"{time.time():.6f}\t{role}\t{os.getpid()}\t{phase}\n".encode()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        with open(path, "a") as trace:
+            trace.write(f"{time.time():.6f}\t{role}\t{os.getpid()}\t{phase}\n")
 
 
 def detach_files_in(folder) -> None:

@@ -130,3 +130,25 @@ def test_startup_phases_are_the_time_between_marks(tmp_path):
     assert phases(trace, start=100.0, end=110.0) == [
         ("main: imported", 1.0), ("server: clients started", 1.5), ("client: started", 1.5),
         ("server: serving", 2.0), ("main: exited", 4.0)]
+
+
+def test_a_startup_mark_appends_one_line_that_phases_reads(tmp_path, monkeypatch):
+    """repro.logs.mark appends ``wall-time role pid phase`` to $REPRO_STARTUP_TRACE, one line per
+    mark after what is there (nothing without the variable): the trace phases() reads."""
+    import os
+
+    from repro.logs import TRACE_ENV, mark
+    from repro_bench.startup import phases
+
+    trace = tmp_path / "trace.tsv"
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    mark("main", "imported")
+    assert not trace.exists()
+    trace.write_text(f"1.0\tserver\t{os.getpid()}\tclients started\n")
+    monkeypatch.setenv(TRACE_ENV, str(trace))
+    mark("main", "imported")
+    lines = [line.split("\t") for line in trace.read_text().splitlines()]
+    assert [fields[1:] for fields in lines] == [["server", str(os.getpid()), "clients started"],
+                                                 ["main", str(os.getpid()), "imported"]]
+    assert [name for name, _ in phases(trace, start=0.0, end=float(lines[-1][0]))][:2] == [
+        "server: clients started", "main: imported"]
