@@ -25,7 +25,7 @@ from repro.errors import ConfigError
 from repro.logs import mark, prefixed
 from repro.real.elastic import ENDED, Refused, fingerprint
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
-from repro.real.groups import forget_pair, pair_group
+from repro.real.groups import first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
@@ -214,7 +214,7 @@ class Dispatcher:
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
-                self.acceptor.finish()
+                self.acceptor.done.set()
         with self.lock:   # an interrupt or a failure: nobody computes on for nothing
             self.stop_clients()   # (every receiver is finished now: its client stopped or lost)
             return self.core.final_status(interrupted=self.stop.is_set())
@@ -252,7 +252,7 @@ class Dispatcher:
                 group = pair_group(store, prefix, 0, timeout)
             except Exception as exc:
                 log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: "
-                    f"{str(exc).splitlines()[0]}")
+                    f"{first_line(exc)}")
                 return
             channel = Channel(group, k, timeout, peer_in_group=1)
             frame = self.frame()
