@@ -124,15 +124,6 @@ class Dispatcher:
         if not preempt:
             self.receivers[k].release()   # a held client's receiver may listen again
 
-    def greet(self, k: int) -> bool:
-        """HELLO both ways (see :func:`greeted`); a client that fails it is lost."""
-        try:
-            greeted(self.channels[k], k, self.receivers[k].frame, self.reply)
-            return True
-        except LinkLost as exc:
-            self.lose(k, str(exc))
-            return False
-
     def send_stop(self, k: int) -> None:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()   # the apply read the buffer
@@ -192,9 +183,14 @@ class Dispatcher:
         for k, receiver in self.receivers.items():
             if self.stopping:
                 self.send_stop(k)
-            elif self.greet(k):
-                self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
-                receiver.start()
+                continue
+            try:   # HELLO both ways (see greeted): a client that fails it is lost
+                greeted(self.channels[k], k, receiver.frame, self.reply)
+            except LinkLost as exc:
+                self.lose(k, str(exc))
+                continue
+            self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
+            receiver.start()
         log.info(f"serving {len(self.channels)} client(s) from version {self.server.version}")
         mark("server", "serving")
 
