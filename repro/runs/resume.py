@@ -24,7 +24,7 @@ REQUIRED = {"server": dict, "server.params": torch.Tensor, "server.version": int
             "runlog.time_s": float, "runlog.last_eval_version": int, "runlog.events": list,
             "runlog.final": dict, "runlog.wall_time_s": float, "driver": dict}
 
-DRIVER = {"sim": {"clients": dict, "scheduler": dict}, "real": {"clients": dict}}
+DRIVER = {"sim": {"driver.clients": dict, "driver.scheduler": dict}, "real": {"driver.clients": dict}}
 
 
 def resume_state(run_dir: Path, kind: str, device: torch.device | str) -> dict:
@@ -77,13 +77,13 @@ def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dic
     if state.get("kind") != kind:
         raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
                           f"{state.get('kind')!r} backend)")
-    missing = _missing(state, REQUIRED) + _missing(state.get("driver"), DRIVER[kind], "driver.")
+    missing = _missing(state, {**REQUIRED, **DRIVER[kind]})
     if missing:
         raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {', '.join(missing)})")
     return state
 
 
-def _missing(state, required: dict, prefix: str = "") -> list[str]:
+def _missing(state: dict, required: dict) -> list[str]:
     """The required keys (dotted) absent from ``state`` or of the wrong type."""
     out = []
     for key, kind in required.items():
@@ -92,5 +92,5 @@ def _missing(state, required: dict, prefix: str = "") -> list[str]:
             node = node.get(part) if isinstance(node, dict) else None
         ok = isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))
         if not ok:
-            out.append(prefix + key)
+            out.append(key)
     return out
