@@ -129,7 +129,7 @@ class Acceptor(threading.Thread):
             _log.info(f"[real server] join refused (pid {request.get('pid')} on {request.get('host')}): {why}")
             return
         self.store.set(ticket_key(n, "answer"), json.dumps({"client": k}))
-        self.loop.add_client(k, self.store, f"repro/join/{n}/pair")
+        self.loop.add_client(k, self.store, ticket_key(n, "pair"))
         # joined (it read its answer before its pair group) or dropped: a joiner that died or hung
         # after reading its answer never deleted it
         self.store.delete_key(ticket_key(n, "answer"))
@@ -216,7 +216,7 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     setup = build_client(cfg, k, client_device(cfg, k), ds)
     timeout_s = cfg.backend.timeout_s
     try:
-        group = bounded(lambda: pair_group(store, f"repro/join/{n}/pair", 1, timeout_s), timeout_s, "pair group")
+        group = bounded(lambda: pair_group(store, ticket_key(n, "pair"), 1, timeout_s), timeout_s, "pair group")
     except Exception as exc:
         print(f"[real join] client {k} could not connect to the server: {first_line(exc)}",
               file=sys.stderr, flush=True)
