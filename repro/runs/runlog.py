@@ -68,11 +68,6 @@ def recorded_config(config: dict, measured: dict, run_dir: Path, environment: di
     return recorded
 
 
-def _fmt(value: Any) -> str:
-    # repr of a float is the shortest string that round-trips: byte-identical across runs.
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 class CsvWriter:
     """Appends rows to a CSV whose columns are fixed at construction (dqn_zoo's CsvWriter)."""
 
@@ -86,8 +81,8 @@ class CsvWriter:
     def write(self, row: dict) -> None:
         if len(row) != len(self.columns) or any(c not in row for c in self.columns):
             raise ValueError(f"{self.path.name}: row keys {sorted(row)} != columns {list(self.columns)}")
-        try:
-            self._file.write(",".join(_fmt(row[c]) for c in self.columns) + "\n")
+        try:   # str of a float is its repr, the shortest string that round-trips: byte-identical runs
+            self._file.write(",".join(str(row[c]) for c in self.columns) + "\n")
         except OSError as exc:   # a full disk: say so, naming the folder and the table
             raise disk_error(exc, self.path) from exc
 
