@@ -311,3 +311,18 @@ def test_a_joiner_dropped_or_interrupted_ends_in_one_line_and_the_run_goes_on(tm
     assert summary["status"] == "interrupted", summary["message"]
     events = [(e["type"], e["client"]) for e in summary["events"] if e["type"].startswith("client_")]
     assert events == [("client_joined", 2), ("client_joined", 3), ("client_lost", 2), ("client_lost", 3)], events
+
+
+def test_a_rendezvous_error_with_no_message_still_ends_in_one_line(monkeypatch, capsys):
+    """A client whose rendezvous fails with an error that says nothing (gloo's, or a store's)
+    names the error's type in its one line; its first line was an IndexError before."""
+    from repro.real import processes
+    from tests.helpers.runs import real_cfg
+
+    def fails(*args, **kwargs):
+        raise RuntimeError()
+
+    monkeypatch.setattr(processes, "connect", fails)
+    assert processes.serve_as_client(real_cfg(), 1, 1, 2, setup=None, store=None) == 1
+    assert capsys.readouterr().err.strip() == ("[real client 1] could not join the run within "
+                                               "backend.timeout_s=30 s: RuntimeError")

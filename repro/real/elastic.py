@@ -19,7 +19,7 @@ wait for its pair group is not spent on it. Once the run serves no more joins th
 the store closed and refuses every ticket it has not read, so a late joiner is told at once. A
 join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
 is refused by a plain connect before the store's (which retries for ``backend.timeout_s``,
-printing C++ stacks); each C++ wait of the handshake is bounded in a thread (:func:`bounded`:
+printing C++ stacks); each C++ wait of the handshake is bounded in a thread (:func:`~repro.real.groups.bounded`:
 TCPStore's first read has no bound of its own); the command line's joiner hears a signal at
 once (:func:`join_process`).
 """
@@ -42,7 +42,7 @@ import torch.distributed as dist
 from repro.config.settings import RunConfig, to_dict
 from repro.logs import get_logger
 from repro.real.client import build_client, client_device, run_client
-from repro.real.groups import disconnect, pair_group, pin_gloo
+from repro.real.groups import bounded, disconnect, first_line, pair_group, pin_gloo
 from repro.real.transport import Channel
 from repro.runtime import EXIT_INTERRUPTED, SIGNALS
 from repro.workload.build import load_data
@@ -129,13 +129,10 @@ class Acceptor(threading.Thread):
             _log.info(f"[real server] join refused (pid {request.get('pid')} on {request.get('host')}): {why}")
             return
         self.store.set(ticket_key(n, "answer"), json.dumps({"client": k}))
-        self.loop.add_client(k, self.store, f"repro/join/{n}/pair")
+        self.loop.add_client(k, self.store, ticket_key(n, "pair"))
         # joined (it read its answer before its pair group) or dropped: a joiner that died or hung
         # after reading its answer never deleted it
         self.store.delete_key(ticket_key(n, "answer"))
-
-    def finish(self) -> None:
-        self.done.set()
 
 
 class JoinEnded(Exception):
@@ -144,38 +141,6 @@ class JoinEnded(Exception):
     def __init__(self, message: str, code: int = EXIT_REFUSED):
         super().__init__(message)
         self.code = code
-
-
-def bounded(call, timeout_s: float, what: str, stop=None):
-    """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming
-    ``what``), or until ``stop`` (a StopRequest) is set (InterruptedError). The store's and
-    gloo's C++ waits are not all bounded: a listener that accepts and never speaks holds
-    TCPStore's constructor forever, deaf to signals. A thread left waiting so ends with the
-    process."""
-    result: dict = {}
-
-    def wait() -> None:
-        try:
-            result["value"] = call()
-        except BaseException as exc:   # handed to the waiting thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=wait, name=what, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
-        if stop is not None and stop.is_set():
-            raise InterruptedError(what)
-        thread.join(min(left, 0.1))   # in slices: a stop request is heard at once
-    if thread.is_alive():
-        raise TimeoutError(f"{what}: no answer within {timeout_s:g} s")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def _listening(host: str, port: int, cfg: RunConfig) -> None:
@@ -222,12 +187,12 @@ def ask(cfg: RunConfig):
     except JoinEnded:
         raise
     except Exception as exc:
-        raise JoinEnded(f"refused: no run is listening at {where}: {_first_line(exc)}") from None
+        raise JoinEnded(f"refused: no run is listening at {where}: {first_line(exc)}") from None
     try:
         answer = bounded(lambda: _read_answer(store, n), timeout_s, "answer")
     except Exception as exc:
         raise JoinEnded(f"the server at {cfg.backend.join} did not answer within backend.timeout_s="
-                        f"{timeout_s:g} s: {_first_line(exc)}", code=1) from None
+                        f"{timeout_s:g} s: {first_line(exc)}", code=1) from None
     if "refused" in answer:
         raise JoinEnded(f"refused: {answer['refused']}")
     return store, n, int(answer["client"])
@@ -251,9 +216,9 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     setup = build_client(cfg, k, client_device(cfg, k), ds)
     timeout_s = cfg.backend.timeout_s
     try:
-        group = bounded(lambda: pair_group(store, f"repro/join/{n}/pair", 1, timeout_s), timeout_s, "pair group")
+        group = bounded(lambda: pair_group(store, ticket_key(n, "pair"), 1, timeout_s), timeout_s, "pair group")
     except Exception as exc:
-        print(f"[real join] client {k} could not connect to the server: {_first_line(exc)}",
+        print(f"[real join] client {k} could not connect to the server: {first_line(exc)}",
               file=sys.stderr, flush=True)
         return 1
     _log.info(f"[real client {k}] joined the run at {cfg.backend.join}")
@@ -278,7 +243,7 @@ def join_process(cfg: RunConfig) -> NoReturn:
     link close and counts the client lost; it may rejoin under its id. Every ending leaves with
     ``os._exit`` once the output is flushed: a joiner writes no file, and the interpreter's
     shutdown would destroy gloo's objects while their threads (or a wait left in C++ by
-    :func:`bounded`) still run, which aborts ('terminate called without an active exception')."""
+    :func:`~repro.real.groups.bounded`) still run, which aborts ('terminate called without an active exception')."""
     admitted: list[int] = []
     result: list[int] = []
 

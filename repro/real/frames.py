@@ -179,10 +179,7 @@ def _compiled(arg: str, expression: str, names: dict | None = None):
     return eval(f"lambda {arg}: {expression}", dict(names or {}))
 
 
-@functools.cache
-def codec(push_type: type) -> Codec:
-    """The :class:`Codec` of ``push_type`` (Push or an extension of it), made on first use."""
-    return Codec(push_type)
+codec = functools.cache(Codec)   # the Codec of a push type (Push or an extension of it), made once
 
 
 def hello(frame: Frame) -> Header:

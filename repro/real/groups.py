@@ -1,8 +1,8 @@
 """How the real driver's ranks find each other: the world, one gloo group per client, the interface gloo binds.
 
 This module owns joining and leaving process groups (from a rendezvous store or torchrun's
-env://) and which network interface gloo listens on; :mod:`repro.real.transport` owns how
-messages move once a group exists.
+env://), the bound on joining's C++ waits (:func:`bounded`) and which network interface gloo
+listens on; :mod:`repro.real.transport` owns how messages move once a group exists.
 
 Groups. Every rank joins the world group (``init_process_group`` over gloo), then all ranks create
 one 2-rank gloo group ``[0, k]`` per client, in the same order (``dist.new_group`` is collective
@@ -24,6 +24,8 @@ import datetime
 import os
 import socket
 import struct
+import threading
+import time
 
 import torch.distributed as dist
 
@@ -121,6 +123,39 @@ def forget_pair(store, prefix: str) -> None:
         for key in store.list_keys():
             if key.startswith(prefix + "/"):
                 store.delete_key(key)
+
+
+def bounded(call, timeout_s: float, what: str, stop=None):
+    """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming
+    ``what``), or until ``stop`` (a StopRequest) is set (InterruptedError). The store's and
+    gloo's C++ waits are not all bounded: a listener that accepts and never speaks holds
+    TCPStore's constructor forever, deaf to signals. A thread left waiting so ends with the
+    process."""
+    result: dict = {}
+
+    def wait() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:   # handed to the waiting thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=wait, name=what, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+        if stop is not None and stop.is_set():
+            raise InterruptedError(what)
+        thread.join(min(left, 0.1))   # in slices: a stop request is heard at once
+    if thread.is_alive():
+        raise TimeoutError(f"{what}: no answer within {timeout_s:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, for a one-line message (its type's name when it says nothing)."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def torchrun_store(rank: int, world_size: int, timeout: datetime.timedelta):

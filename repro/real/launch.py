@@ -35,13 +35,13 @@ from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.workload.start import build_problem
 from repro.real.client import build_client, client_device
-from repro.real.elastic import Acceptor, bounded
+from repro.real.elastic import Acceptor
 from repro.real.frames import Frame, Header, Kind
 from repro.real.processes import (WORLD_KEY, StartupError, client_context, handover, make_store, serve_as_client,
                                   spawn_clients, startup_deadline_s, stop_children, wait_ready)
 from repro.real.server import Dispatcher, log, server_device
 from repro.real.transport import Channel
-from repro.real.groups import connect, disconnect, pin_gloo
+from repro.real.groups import bounded, connect, disconnect, first_line, pin_gloo
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env, usable_cores
@@ -175,7 +175,7 @@ def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRe
         raise StartupError("interrupted while the clients were joining") from None
     except Exception as exc:   # a rendezvous timeout: some rank never came
         raise StartupError(f"not every client joined within {timeout:g} s (backend.timeout_s="
-                            f"{cfg.backend.timeout_s:g}): {str(exc).splitlines()[0]}") from exc
+                            f"{cfg.backend.timeout_s:g}): {first_line(exc)}") from exc
     mark("server", "rendezvous done")
     return {k: Channel(groups[r], r, cfg.backend.client_timeout_s) for k, r in members.items()}
 

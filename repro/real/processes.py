@@ -40,7 +40,7 @@ from repro.workload.data import Dataset
 from repro.real.client import build_client, client_device, run_client
 from repro.real.server import log
 from repro.real.transport import Channel
-from repro.real.groups import connect, disconnect, pin_gloo
+from repro.real.groups import connect, disconnect, first_line, pin_gloo
 from repro.runtime import StopRequest, fork_server_context
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ def serve_as_client(cfg: RunConfig, client_id: int, rank: int, world_size: int, 
         mark("client", "rendezvous done")
     except Exception as exc:
         print(f"[real client {client_id}] could not join the run within backend.timeout_s="
-              f"{cfg.backend.timeout_s:g} s: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+              f"{cfg.backend.timeout_s:g} s: {first_line(exc)}", file=sys.stderr, flush=True)
         return 1
     try:
         # watched: the client asks between two local steps whether the server has spoken

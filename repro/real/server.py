@@ -25,7 +25,7 @@ from repro.errors import ConfigError
 from repro.logs import mark, prefixed
 from repro.real.elastic import ENDED, Refused, fingerprint
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
-from repro.real.groups import forget_pair, pair_group
+from repro.real.groups import first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
@@ -124,15 +124,6 @@ class Dispatcher:
         if not preempt:
             self.receivers[k].release()   # a held client's receiver may listen again
 
-    def greet(self, k: int) -> bool:
-        """HELLO both ways (see :func:`greeted`); a client that fails it is lost."""
-        try:
-            greeted(self.channels[k], k, self.receivers[k].frame, self.reply)
-            return True
-        except LinkLost as exc:
-            self.lose(k, str(exc))
-            return False
-
     def send_stop(self, k: int) -> None:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()   # the apply read the buffer
@@ -192,9 +183,14 @@ class Dispatcher:
         for k, receiver in self.receivers.items():
             if self.stopping:
                 self.send_stop(k)
-            elif self.greet(k):
-                self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
-                receiver.start()
+                continue
+            try:   # HELLO both ways (see greeted): a client that fails it is lost
+                greeted(self.channels[k], k, receiver.frame, self.reply)
+            except LinkLost as exc:
+                self.lose(k, str(exc))
+                continue
+            self.send_params(k, self.positions[k])   # before the receiver runs: one user at a time
+            receiver.start()
         log.info(f"serving {len(self.channels)} client(s) from version {self.server.version}")
         mark("server", "serving")
 
@@ -214,7 +210,7 @@ class Dispatcher:
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
-                self.acceptor.finish()
+                self.acceptor.done.set()
         with self.lock:   # an interrupt or a failure: nobody computes on for nothing
             self.stop_clients()   # (every receiver is finished now: its client stopped or lost)
             return self.core.final_status(interrupted=self.stop.is_set())
@@ -252,7 +248,7 @@ class Dispatcher:
                 group = pair_group(store, prefix, 0, timeout)
             except Exception as exc:
                 log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: "
-                    f"{str(exc).splitlines()[0]}")
+                    f"{first_line(exc)}")
                 return
             channel = Channel(group, k, timeout, peer_in_group=1)
             frame = self.frame()

@@ -136,8 +136,7 @@ class Channel:
     def recv(self, frame: Frame) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after the channel's
         ``timeout_s`` of silence. The payload is ``frame.payload[:header.length]``."""
-        if self._pending is None:
-            self.post(frame)
+        self.post(frame)   # (posted ahead already: nothing to do)
         work, posted, arrival = self._pending
         if posted is not frame:
             raise ValueError("recv() into a different frame than the one posted")

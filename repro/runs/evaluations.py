@@ -73,8 +73,9 @@ class Evaluations:
         return ""
 
     def due(self) -> bool:
-        """An evaluation is due and none is running (its row comes before the next is asked)."""
-        return self.runlog.eval_due() and not self._outstanding
+        """An evaluation is due (applied samples reached the next multiple of eval_every epochs)
+        and none is running (its row comes before the next is asked)."""
+        return self.runlog.samples_seen >= self.runlog.next_eval and not self._outstanding
 
     def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False) -> None:
         """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs)."""

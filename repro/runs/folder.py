@@ -83,20 +83,18 @@ def open_folder(run_dir: str | Path):
         if not write_denied(exc):
             raise
         lock = None   # nobody writes a read-only folder: no lock; run_folder only skips there
-    if lock is None:   # yielded outside the except: the body's errors carry no OSError context
-        yield run_dir
-        return
-    try:
+    try:   # yielded outside the except: the body's errors carry no OSError context
         yield run_dir
     except ConfigError:
         # refused: the lock file this run made goes, and a folder it made and left empty too
-        if fresh_lock:
+        if lock is not None and fresh_lock:
             path.unlink(missing_ok=True)
             if made and not any(run_dir.iterdir()):
                 run_dir.rmdir()
         raise
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def refuse_read_only(run_dir: Path, exc: OSError | None = None) -> ConfigError:

@@ -24,46 +24,35 @@ REQUIRED = {"server": dict, "server.params": torch.Tensor, "server.version": int
             "runlog.time_s": float, "runlog.last_eval_version": int, "runlog.events": list,
             "runlog.final": dict, "runlog.wall_time_s": float, "driver": dict}
 
-DRIVER = {"sim": {"clients": dict, "scheduler": dict}, "real": {"clients": dict}}
+DRIVER = {"sim": {"driver.clients": dict, "driver.scheduler": dict}, "real": {"driver.clients": dict}}
 
 
 def resume_state(run_dir: Path, kind: str, device: torch.device | str) -> dict:
-    """The checkpoint to resume from, its tables repaired up to it (each repair logged)."""
+    """The checkpoint to resume from, its tables cut back to it (see the module docstring):
+    ConfigError naming the file and line when a row the resumed run needs is damaged or missing."""
     state = load_checkpoint(run_dir, kind, device)
-    runlog = state["runlog"]
-    notes = [repair_table(run_dir, schema.UPDATES_FILE, schema.UPDATE_COLUMNS, int(runlog["version"])),
-             repair_table(run_dir, schema.EVALS_FILE, schema.EVAL_COLUMNS, int(runlog["last_eval_version"])),
-             repair_timings(run_dir, runlog)]
-    for note in filter(None, notes):
-        log.info(f"resume: {note}")
+    runlog, run_dir = state["runlog"], Path(run_dir)
+    version, evaluated = int(runlog["version"]), int(runlog["last_eval_version"])
+    for name, columns, upto in ((schema.UPDATES_FILE, schema.UPDATE_COLUMNS, version),
+                                (schema.EVALS_FILE, schema.EVAL_COLUMNS, evaluated)):
+        kept, dropped = schema.check_table(run_dir / name, columns, upto,
+                                           contiguous=name == schema.UPDATES_FILE)
+        cut(run_dir / name, kept, dropped, f"after version {upto}")
+    # timings.csv has a row per handled push (versions repeat): the rows the checkpoint counted (an
+    # older checkpoint counted none: the rows up to its version); the resumed run counts on from them
+    rows = runlog.get("timing_rows")
+    kept, dropped = schema.check_handled(run_dir / schema.TIMINGS_FILE, schema.TIMING_COLUMNS, version,
+                                         None if rows is None else int(rows))
+    runlog["timing_rows"] = len(kept) - 1
+    cut(run_dir / schema.TIMINGS_FILE, kept, dropped, "written after the checkpoint")
     return state
 
 
-def repair_table(run_dir: Path, name: str, columns: tuple, upto: int) -> str:
-    """Verify table ``name`` up to version ``upto`` and drop the rows after it. Returns what was
-    repaired (for the log), or ""; raises ConfigError naming file and line when a row the
-    resumed run needs is damaged or missing."""
-    path = Path(run_dir) / name
-    kept, dropped = schema.check_table(path, columns, upto, contiguous=name == schema.UPDATES_FILE)
-    if not dropped:
-        return ""
-    atomic_write_text(path, "".join(kept))
-    return f"{name}: dropped {dropped} row(s) after version {upto} (recomputed now)"
-
-
-def repair_timings(run_dir: Path, runlog: dict) -> str:
-    """Keep the timings.csv rows written before the checkpoint (``runlog`` holds their count; a
-    checkpoint older than that count: the rows up to its version) and record in ``runlog`` how
-    many were kept, so the resumed run counts on from them. Returns what was repaired, or ""."""
-    path = Path(run_dir) / schema.TIMINGS_FILE
-    rows = runlog.get("timing_rows")
-    kept, dropped = schema.check_handled(path, schema.TIMING_COLUMNS, int(runlog["version"]),
-                                         None if rows is None else int(rows))
-    runlog["timing_rows"] = len(kept) - 1
-    if not dropped:
-        return ""
-    atomic_write_text(path, "".join(kept))
-    return f"{schema.TIMINGS_FILE}: dropped {dropped} row(s) written after the checkpoint (recomputed now)"
+def cut(path: Path, kept: list[str], dropped: int, after: str) -> None:
+    """Rewrite the table at ``path`` as its lines ``kept`` when ``dropped`` rows followed (logged)."""
+    if dropped:
+        atomic_write_text(path, "".join(kept))
+        log.info(f"resume: {path.name}: dropped {dropped} row(s) {after} (recomputed now)")
 
 
 def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dict:
@@ -77,13 +66,13 @@ def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dic
     if state.get("kind") != kind:
         raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
                           f"{state.get('kind')!r} backend)")
-    missing = _missing(state, REQUIRED) + _missing(state.get("driver"), DRIVER[kind], "driver.")
+    missing = _missing(state, {**REQUIRED, **DRIVER[kind]})
     if missing:
         raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {', '.join(missing)})")
     return state
 
 
-def _missing(state, required: dict, prefix: str = "") -> list[str]:
+def _missing(state: dict, required: dict) -> list[str]:
     """The required keys (dotted) absent from ``state`` or of the wrong type."""
     out = []
     for key, kind in required.items():
@@ -92,5 +81,5 @@ def _missing(state, required: dict, prefix: str = "") -> list[str]:
             node = node.get(part) if isinstance(node, dict) else None
         ok = isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))
         if not ok:
-            out.append(prefix + key)
+            out.append(key)
     return out

@@ -7,6 +7,7 @@ share an axis), time-to-target bookkeeping, events, and the atomic ``summary.jso
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -67,11 +68,6 @@ def recorded_config(config: dict, measured: dict, run_dir: Path, environment: di
     return recorded
 
 
-def _fmt(value: Any) -> str:
-    # repr of a float is the shortest string that round-trips: byte-identical across runs.
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 class CsvWriter:
     """Appends rows to a CSV whose columns are fixed at construction (dqn_zoo's CsvWriter)."""
 
@@ -85,8 +81,8 @@ class CsvWriter:
     def write(self, row: dict) -> None:
         if len(row) != len(self.columns) or any(c not in row for c in self.columns):
             raise ValueError(f"{self.path.name}: row keys {sorted(row)} != columns {list(self.columns)}")
-        try:
-            self._file.write(",".join(_fmt(row[c]) for c in self.columns) + "\n")
+        try:   # str of a float is its repr, the shortest string that round-trips: byte-identical runs
+            self._file.write(",".join(str(row[c]) for c in self.columns) + "\n")
         except OSError as exc:   # a full disk: say so, naming the folder and the table
             raise disk_error(exc, self.path) from exc
 
@@ -126,9 +122,10 @@ class RunLog:
         self._reserve.write_bytes(b"\0" * RESERVE_BYTES)   # room for the last summary on a full disk
         write_json(self.run_dir / schema.CONFIG_FILE, config)
         append = resume_from is not None
-        self.updates = CsvWriter(self.run_dir / schema.UPDATES_FILE, schema.UPDATE_COLUMNS, append)
-        self.evals = CsvWriter(self.run_dir / schema.EVALS_FILE, schema.EVAL_COLUMNS, append)
-        self.timings = CsvWriter(self.run_dir / schema.TIMINGS_FILE, schema.TIMING_COLUMNS, append)
+        self.tables = tuple(CsvWriter(self.run_dir / name, columns, append) for name, columns in (
+            (schema.UPDATES_FILE, schema.UPDATE_COLUMNS), (schema.EVALS_FILE, schema.EVAL_COLUMNS),
+            (schema.TIMINGS_FILE, schema.TIMING_COLUMNS)))
+        self.updates, self.evals, self.timings = self.tables
         self.write_summary("running")
 
     # -- rows ---------------------------------------------------------------------------------
@@ -153,10 +150,6 @@ class RunLog:
     @property
     def epoch(self) -> float:
         return self.samples_seen / self.num_train
-
-    def eval_due(self) -> bool:
-        """True once applied samples reach the next multiple of eval_every epochs."""
-        return self.samples_seen >= self.next_eval
 
     def log_eval(self, *, version: int, time_s: float, samples_seen: int | None = None,
                  test_loss: float, test_error: float, train_loss: float, train_error: float) -> None:
@@ -203,15 +196,13 @@ class RunLog:
         return summary
 
     def flush(self) -> None:
-        for writer in (self.updates, self.evals, self.timings):
+        for writer in self.tables:
             writer.flush()
 
     def close(self) -> None:
-        for writer in (self.updates, self.evals, self.timings):
-            try:
+        for writer in self.tables:   # (a full disk: the summary says so; the checkpoint's rows are safe)
+            with contextlib.suppress(OSError):
                 writer.close()
-            except OSError:
-                pass   # a full disk: the summary says so; the rows up to the checkpoint are safe
         self._reserve.unlink(missing_ok=True)
 
     # -- checkpointing ------------------------------------------------------------------------
