@@ -135,34 +135,27 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     cols = list(zip(*body)) if body else [()] * len(header)
     frame = {}
     for name, values in zip(header, cols):
-        if name == "clock":
-            frame[name] = list(values)
-        elif name in columns:
-            frame[name] = _to_float(values, path.name, name)
-        else:  # a column the schema does not know: numbers if it parses, else text
-            frame[name] = _to_float(values, path.name, name) if all(
-                _is_float(v) or not v.strip() for v in values) else list(values)
+        numbers = None if name == "clock" else _numbers(values, path.name, name, name in columns)
+        frame[name] = list(values) if numbers is None else numbers
     return pd.DataFrame(frame, columns=header)
 
 
-def _to_float(values: tuple[str, ...], file: str, column: str) -> np.ndarray:
-    cleaned = [v if v.strip() else "nan" for v in values]
-    try:
-        array = np.array(cleaned, dtype=float)
-    except ValueError:
-        bad = next(v for v in cleaned if not _is_float(v))
-        raise BadRun("corrupt", f"{file} column '{column}' has non-numeric value {bad!r}") from None
+def _numbers(values: tuple[str, ...], file: str, column: str,
+             schema_column: bool) -> np.ndarray | None:
+    """The cells as floats (blank: NaN), the counts of :data:`INT_COLUMNS` as int64 when all
+    are whole. A cell that is not a number raises :class:`BadRun` in a ``schema_column``; a
+    column the schema does not know stays text (None)."""
+    text = pd.Series(values, dtype=object)
+    array = pd.to_numeric(text, errors="coerce").to_numpy(float)   # float()'s exact values
+    bad = np.isnan(array) & ~text.str.strip().str.lower().isin(("", "nan", "+nan", "-nan"))
+    if bad.any():
+        if not schema_column:
+            return None
+        raise BadRun("corrupt", f"{file} column '{column}' has non-numeric value "
+                                f"{text[bad].iloc[0]!r}")
     if column in INT_COLUMNS and np.isfinite(array).all() and (array == np.round(array)).all():
         return array.astype(np.int64)
     return array
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
 
 
 def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
