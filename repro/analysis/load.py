@@ -25,7 +25,7 @@ import json
 import math
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -91,17 +91,13 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _read_config(run_dir: Path) -> dict[str, Any]:
+def _read_json(path: Path, read: Callable[[Path], Any] = lambda p: json.loads(p.read_text())
+               ) -> dict[str, Any]:
+    """``path`` as a dict, else :class:`BadRun`; ``read``: config.json's is
+    :func:`~repro.config.renames.read_recorded` (old spellings: new columns)."""
     try:
-        return read_recorded(run_dir)   # old spellings: new columns
-    except (OSError, ValueError) as e:
-        raise BadRun("corrupt", f"{schema.CONFIG_FILE} is unreadable ({e})") from None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = read(path)
+    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise BadRun("corrupt", f"{path.name} is unreadable ({e})") from None
     if not isinstance(data, dict):
         raise BadRun("corrupt", f"{path.name} is not a JSON object")
@@ -188,7 +184,7 @@ def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
 
 def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     """One run folder -> (runs row, evals, updates). Raises :class:`BadRun` to skip the folder."""
-    config = _read_config(run_dir)
+    config = _read_json(run_dir / schema.CONFIG_FILE, lambda p: read_recorded(p.parent))
     lacking = [k for k in REQUIRED_CONFIG_KEYS if k not in config]
     if lacking:
         raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")
