@@ -86,8 +86,9 @@ def _ident(frame: pd.DataFrame, columns=RUN_ID) -> list[str]:
     return [*RUN_ID, *([CONFIG] if CONFIG in frame else []), *columns[len(RUN_ID):]]
 
 
-def _curves(evals: pd.DataFrame) -> pd.DataFrame:
-    ev = _with_diverged(evals)
+def fig2_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Every evaluation of every run: fig2's (cold start) and fig3's (warm, a panel per nsync)."""
+    ev = _with_diverged(runs.evals)
     ev["train_error_pct"] = 100.0 * ev["train_error"].astype(float)
     ev["test_error_pct"] = 100.0 * ev["test_error"].astype(float)
     ev = ev.sort_values(["num_clients", "nsync", "seed", "run_dir", "time_s", "version"],
@@ -97,17 +98,12 @@ def _curves(evals: pd.DataFrame) -> pd.DataFrame:
 
 def fig1_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Single-client baseline: training and test error (%) of every 1-client run, long format."""
-    curves = _curves(runs.evals)
+    curves = fig2_frame(runs)
     curves = curves[curves["num_clients"] == 1]
     long = curves.melt(id_vars=[c for c in _ident(curves, CURVE_COLUMNS) if c not in METRICS],
                        value_vars=list(METRICS), var_name="metric", value_name="error_pct")
     long["metric"] = long["metric"].map(METRICS)
     return long.reset_index(drop=True)
-
-
-def fig2_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """Every evaluation of every run: fig2's (cold start) and fig3's (warm, a panel per nsync)."""
-    return _curves(runs.evals)
 
 
 def fig4_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
