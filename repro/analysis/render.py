@@ -131,11 +131,9 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     if runs.runs.empty:
         raise NoRunsError("exp", where, "finished runs of this grid" if config is None else
                           f"finished runs with {config}")
-    parts = configs.split(runs, figure.axes) if each and figure.axes is not None else [("", runs)]
-    if figure.axes is not None:   # each configuration still one run per grid point and seed
-        parts = [(label, configs.one_grid(part, figure.axes, where, config))
-                 for label, part in parts]
-    return parts, where
+    if figure.axes is None:
+        return [("", runs)], where
+    return configs.one_grid(runs, figure.axes, where, config, each), where
 
 
 def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFrame:
