@@ -76,9 +76,8 @@ def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> Co
 
 
 def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.copy()
-    frame["diverged"] = is_diverged(frame["status"]) if len(frame) else pd.Series(dtype=bool)
-    return frame
+    return frame.assign(diverged=is_diverged(frame["status"]) if len(frame) else
+                        pd.Series(dtype=bool))
 
 
 def _ident(frame: pd.DataFrame, columns=RUN_ID) -> list[str]:
@@ -127,10 +126,8 @@ def staleness_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     hist = (runs.updates.groupby([*ident, "staleness"], dropna=False, sort=True).size()
             .rename("count").reset_index().rename(columns={"staleness": "value"}))
     hist.insert(len(ident), "quantity", "staleness")
-    final = runs.runs[ident].copy()
-    final["quantity"] = "final_test_error_pct"
-    final["value"] = 100.0 * final_test_error(runs).to_numpy()
-    final["count"] = 1
+    final = runs.runs[ident].assign(quantity="final_test_error_pct",
+                                    value=100.0 * final_test_error(runs).to_numpy(), count=1)
     out = _with_diverged(pd.concat([hist, final], ignore_index=True))
     out = out.sort_values(["quantity", "num_clients", "nsync", "seed", "run_dir", "value"],
                           kind="stable")
