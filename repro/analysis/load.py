@@ -141,17 +141,25 @@ def _numbers(values: tuple[str, ...], file: str, column: str,
     """The cells as floats (blank: NaN), the counts of :data:`INT_COLUMNS` as int64 when all
     are whole. A cell that is not a number raises :class:`BadRun` in a ``schema_column``; a
     column the schema does not know stays text (None)."""
-    text = pd.Series(values, dtype=object)
-    array = pd.to_numeric(text, errors="coerce").to_numpy(float)   # float()'s exact values
-    bad = np.isnan(array) & ~text.str.strip().str.lower().isin(("", "nan", "+nan", "-nan"))
-    if bad.any():
+    cleaned = [v if v.strip() else "nan" for v in values]
+    try:
+        array = np.array(cleaned, dtype=float)   # float()'s values (pandas 2's parser can differ)
+    except ValueError:
         if not schema_column:
             return None
-        raise BadRun("corrupt", f"{file} column '{column}' has non-numeric value "
-                                f"{text[bad].iloc[0]!r}")
+        bad = next(v for v in cleaned if not _is_float(v))
+        raise BadRun("corrupt", f"{file} column '{column}' has non-numeric value {bad!r}") from None
     if column in INT_COLUMNS and np.isfinite(array).all() and (array == np.round(array)).all():
         return array.astype(np.int64)
     return array
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
