@@ -117,7 +117,7 @@ def test_two_runs_of_one_grid_point_are_refused_naming_what_differs(tmp_path):
     write_variant(root, "fig1", "num_threads=2", {"num_threads": 2}, 0.0, seeds=(0, 1))
     with pytest.raises(ConfigError, match=r"num_threads: choose with --config num_threads=1"):
         figure_runs("fig1", root, "fig1")
-    runs, _ = figure_runs("fig1", root, "fig1", config="num_threads=2")
+    [(_, runs)], _ = figure_runs("fig1", root, "fig1", config="num_threads=2")
     assert len(runs.runs) == 2
 
 

@@ -25,8 +25,8 @@ print('lookup', PROTOCOLS['ringmaster'].__name__, loaded('repro.asgd.optimal'))
 from repro.lab import grader
 print('catalogue', len(grader.EXERCISES.names()), loaded('repro.lab.numeric', 'repro.lab.plugins'))
 print('exercise', grader.EXERCISES['ssp_gate'].name, loaded('repro.lab.plugins', 'repro.lab.numeric'))
-from repro.analysis.render import FIGURES, figure_names
-print('figures', len(figure_names()), loaded('repro.analysis.lab.churn'))
+from repro.analysis.render import FIGURES
+print('figures', len(tuple(FIGURES)), loaded('repro.analysis.lab.churn'))
 print('figure', FIGURES['churn'].exps, loaded('repro.analysis.lab.churn', 'repro.analysis.lab.sync'))
 """
 

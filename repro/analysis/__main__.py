@@ -34,9 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        "results trees or figures folders agree within the "
                                        "spread over seeds (exit 0: agree, 1: disagree, 2: bad "
                                        "input); see 'python -m repro.analysis compare --help'.")
-    from repro.analysis.render import figure_names
+    from repro.analysis.render import FIGURES
 
-    p.add_argument("figure", choices=[*figure_names(), "all", "compare"],
+    p.add_argument("figure", choices=[*FIGURES, "all", "compare"],
                    help="the figure to draw ('all': every one), or 'compare' (see below)")
     p.add_argument("--results", default="results", help="results tree (default: results)")
     p.add_argument("--out", default="figures", help="output folder (default: figures)")

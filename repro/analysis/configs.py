@@ -17,8 +17,8 @@ seeds. This module owns:
 * **choosing runs**: the run folders of one grid (:func:`only_jobs`: the grid callback knows its
   points), ``--config KEY=VALUE,...`` (:func:`choose`), and the refusal, naming what was found,
   when what is left is not one configuration with one run per grid point and seed
-  (:func:`one_grid`); :func:`split` separates the configurations instead (the grid callback
-  draws one figure each).
+  (:func:`one_grid`), which with ``each`` separates the configurations instead (the grid
+  callback draws one figure each).
 """
 from __future__ import annotations
 
@@ -193,28 +193,30 @@ def split(runs: Runs, axes: Iterable[str]) -> list[tuple[str, Runs]]:
             for cid, g in runs.runs.sort_values("run_dir").groupby(COLUMN, sort=False)]
 
 
-def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = None) -> Runs:
-    """Annotated ``runs`` if they are one configuration with at most one run per grid point and
-    seed; else :class:`ConfigError` naming the configurations (or the duplicated runs) and how to
-    choose with ``--config`` (``choice``: what was chosen already)."""
+def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = None,
+             each: bool = False) -> list[tuple[str, Runs]]:
+    """:func:`split` ``runs`` if they are one configuration (``each``: any number of them), each
+    with at most one run per grid point and seed; else :class:`ConfigError` naming the
+    configurations (or the duplicated runs) and how to choose with ``--config`` (``choice``: what
+    was chosen already)."""
     axes = tuple(axes)
     parts = split(runs, axes)
-    if len(parts) > 1:
+    if len(parts) > 1 and not each:
         lines = [f"  {label or '(the rest)'}: {len(p.runs)} run(s) ({list_folders(p.runs['job'])})"
                  for label, p in parts]
         raise ConfigError("config", choice, f"one configuration to draw: {where} holds runs of "
                           f"{len(parts)} configurations (settings that shape training differ), "
                           "and a figure never pools them:\n" + "\n".join(lines)
                           + f"\nchoose one with --config {parts[0][0]}")
-    runs = annotate(runs, axes)
-    point = [c for c in runs.runs.columns if is_axis(c, axes) and c != COLUMN]
-    for _, group in runs.runs.groupby(point, dropna=False, sort=True) if point else ():
-        if len(group) > 1:
-            rows = [r for _, r in group.iterrows()]
-            keys = differing(rows, shaping_keys())
-            how = (f"they differ in {', '.join(keys)}: choose with --config "
-                   f"{keys[0]}={fmt(_value(rows[0], keys[0]))}" if keys else
-                   "they are copies of one run: remove all but one")
-            raise ConfigError("config", choice, f"one run per grid point and seed; {where} holds "
-                              f"{len(rows)} for one of them ({list_folders(group['job'])}); {how}")
-    return runs
+    point = [c for c in runs.runs.columns if is_axis(c, axes)]   # a grid point and seed
+    copies = [g for _, part in parts if point
+              for _, g in part.runs.groupby(point, dropna=False, sort=True) if len(g) > 1]
+    if copies:
+        rows = [r for _, r in copies[0].iterrows()]
+        keys = differing(rows, shaping_keys())
+        how = (f"they differ in {', '.join(keys)}: choose with --config "
+               f"{keys[0]}={fmt(_value(rows[0], keys[0]))}" if keys else
+               "they are copies of one run: remove all but one")
+        raise ConfigError("config", choice, f"one run per grid point and seed; {where} holds "
+                          f"{len(rows)} for one of them ({list_folders(copies[0]['job'])}); {how}")
+    return parts

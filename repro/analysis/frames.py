@@ -76,9 +76,8 @@ def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> Co
 
 
 def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.copy()
-    frame["diverged"] = is_diverged(frame["status"]) if len(frame) else pd.Series(dtype=bool)
-    return frame
+    return frame.assign(diverged=is_diverged(frame["status"]) if len(frame) else
+                        pd.Series(dtype=bool))
 
 
 def _ident(frame: pd.DataFrame, columns=RUN_ID) -> list[str]:
@@ -86,8 +85,9 @@ def _ident(frame: pd.DataFrame, columns=RUN_ID) -> list[str]:
     return [*RUN_ID, *([CONFIG] if CONFIG in frame else []), *columns[len(RUN_ID):]]
 
 
-def _curves(evals: pd.DataFrame) -> pd.DataFrame:
-    ev = _with_diverged(evals)
+def fig2_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
+    """Every evaluation of every run: fig2's (cold start) and fig3's (warm, a panel per nsync)."""
+    ev = _with_diverged(runs.evals)
     ev["train_error_pct"] = 100.0 * ev["train_error"].astype(float)
     ev["test_error_pct"] = 100.0 * ev["test_error"].astype(float)
     ev = ev.sort_values(["num_clients", "nsync", "seed", "run_dir", "time_s", "version"],
@@ -97,17 +97,12 @@ def _curves(evals: pd.DataFrame) -> pd.DataFrame:
 
 def fig1_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Single-client baseline: training and test error (%) of every 1-client run, long format."""
-    curves = _curves(runs.evals)
+    curves = fig2_frame(runs)
     curves = curves[curves["num_clients"] == 1]
     long = curves.melt(id_vars=[c for c in _ident(curves, CURVE_COLUMNS) if c not in METRICS],
                        value_vars=list(METRICS), var_name="metric", value_name="error_pct")
     long["metric"] = long["metric"].map(METRICS)
     return long.reset_index(drop=True)
-
-
-def fig2_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """Every evaluation of every run: fig2's (cold start) and fig3's (warm, a panel per nsync)."""
-    return _curves(runs.evals)
 
 
 def fig4_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
@@ -131,10 +126,8 @@ def staleness_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     hist = (runs.updates.groupby([*ident, "staleness"], dropna=False, sort=True).size()
             .rename("count").reset_index().rename(columns={"staleness": "value"}))
     hist.insert(len(ident), "quantity", "staleness")
-    final = runs.runs[ident].copy()
-    final["quantity"] = "final_test_error_pct"
-    final["value"] = 100.0 * final_test_error(runs).to_numpy()
-    final["count"] = 1
+    final = runs.runs[ident].assign(quantity="final_test_error_pct",
+                                    value=100.0 * final_test_error(runs).to_numpy(), count=1)
     out = _with_diverged(pd.concat([hist, final], ignore_index=True))
     out = out.sort_values(["quantity", "num_clients", "nsync", "seed", "run_dir", "value"],
                           kind="stable")

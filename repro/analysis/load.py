@@ -25,7 +25,7 @@ import json
 import math
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -91,17 +91,13 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _read_config(run_dir: Path) -> dict[str, Any]:
+def _read_json(path: Path, read: Callable[[Path], Any] = lambda p: json.loads(p.read_text())
+               ) -> dict[str, Any]:
+    """``path`` as a dict, else :class:`BadRun`; ``read``: config.json's is
+    :func:`~repro.config.renames.read_recorded` (old spellings: new columns)."""
     try:
-        return read_recorded(run_dir)   # old spellings: new columns
-    except (OSError, ValueError) as e:
-        raise BadRun("corrupt", f"{schema.CONFIG_FILE} is unreadable ({e})") from None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = read(path)
+    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise BadRun("corrupt", f"{path.name} is unreadable ({e})") from None
     if not isinstance(data, dict):
         raise BadRun("corrupt", f"{path.name} is not a JSON object")
@@ -135,21 +131,22 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     cols = list(zip(*body)) if body else [()] * len(header)
     frame = {}
     for name, values in zip(header, cols):
-        if name == "clock":
-            frame[name] = list(values)
-        elif name in columns:
-            frame[name] = _to_float(values, path.name, name)
-        else:  # a column the schema does not know: numbers if it parses, else text
-            frame[name] = _to_float(values, path.name, name) if all(
-                _is_float(v) or not v.strip() for v in values) else list(values)
+        numbers = None if name == "clock" else _numbers(values, path.name, name, name in columns)
+        frame[name] = list(values) if numbers is None else numbers
     return pd.DataFrame(frame, columns=header)
 
 
-def _to_float(values: tuple[str, ...], file: str, column: str) -> np.ndarray:
+def _numbers(values: tuple[str, ...], file: str, column: str,
+             schema_column: bool) -> np.ndarray | None:
+    """The cells as floats (blank: NaN), the counts of :data:`INT_COLUMNS` as int64 when all
+    are whole. A cell that is not a number raises :class:`BadRun` in a ``schema_column``; a
+    column the schema does not know stays text (None)."""
     cleaned = [v if v.strip() else "nan" for v in values]
     try:
-        array = np.array(cleaned, dtype=float)
+        array = np.array(cleaned, dtype=float)   # float()'s values (pandas 2's parser can differ)
     except ValueError:
+        if not schema_column:
+            return None
         bad = next(v for v in cleaned if not _is_float(v))
         raise BadRun("corrupt", f"{file} column '{column}' has non-numeric value {bad!r}") from None
     if column in INT_COLUMNS and np.isfinite(array).all() and (array == np.round(array)).all():
@@ -195,7 +192,7 @@ def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
 
 def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     """One run folder -> (runs row, evals, updates). Raises :class:`BadRun` to skip the folder."""
-    config = _read_config(run_dir)
+    config = _read_json(run_dir / schema.CONFIG_FILE, lambda p: read_recorded(p.parent))
     lacking = [k for k in REQUIRED_CONFIG_KEYS if k not in config]
     if lacking:
         raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")

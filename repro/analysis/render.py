@@ -86,11 +86,6 @@ register_figure("fig3_paper", frames.fig2_frame, figures.fig3, axes=CURVES)
 register_figure("fig4_paper", frames.fig4_frame, figures.fig4, extra=_speedup_table, axes=CURVES)
 
 
-def figure_names() -> tuple[str, ...]:
-    """Every figure that can be drawn (the paper's and the lab's), in declared order."""
-    return tuple(FIGURES)
-
-
 def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None,
                  target: float | None = None, runs: Runs | None = None,
                  config: str | None = None) -> pd.DataFrame:
@@ -102,19 +97,21 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
     Raises :class:`NoRunsError` when the folder is missing or nothing in it is usable, and
     :class:`ConfigError` when it holds several configurations and ``config`` chooses none.
     """
-    return _frame(name, *figure_runs(name, results_dir, exp_name, runs, config), target)
+    parts, where = figure_runs(name, results_dir, exp_name, runs, config)
+    return _frame(name, parts[0][1], where, target)
 
 
 def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
                 runs: Runs | None = None, config: str | None = None,
                 jobs: list[str] | None = None, each: bool = False):
-    """The runs ``name`` draws from ``results_dir/exp_name`` and where they are (for messages).
+    """``[(label, runs)]``: the runs ``name`` draws from ``results_dir/exp_name``, and where they
+    are (for messages).
 
     ``jobs``: only these run folders (a grid's points; the others are left out with a warning
     naming them); ``config``: only the runs whose settings match its ``KEY=VALUE,...``. What is
     left must be one configuration of the figure's axes with one run per grid point and seed
     (:func:`repro.analysis.configs.one_grid`), else :class:`ConfigError` naming them; ``each``:
-    return ``[(label, runs), ...]``, one per configuration, instead of refusing.
+    one ``(label, runs)`` per configuration instead of refusing.
     """
     figure = FIGURES[name]   # ConfigError naming the figures there are
     exp = exp_name or next((e for e in figure.exps if (Path(results_dir) / e).is_dir()),
@@ -134,11 +131,9 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     if runs.runs.empty:
         raise NoRunsError("exp", where, "finished runs of this grid" if config is None else
                           f"finished runs with {config}")
-    parts = configs.split(runs, figure.axes) if each and figure.axes is not None else [("", runs)]
-    if figure.axes is not None:   # each configuration still one run per grid point and seed
-        parts = [(label, configs.one_grid(part, figure.axes, where, config))
-                 for label, part in parts]
-    return (parts if each else parts[0][1]), where
+    if figure.axes is None:
+        return [("", runs)], where
+    return configs.one_grid(runs, figure.axes, where, config, each), where
 
 
 def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFrame:
@@ -165,11 +160,12 @@ def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | 
         return _build_all(results_dir, out_dir, exp_name, target, config)
     stem = stem or name
     parts, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs, each=each)
-    parts = parts if each else [("", parts)]
-    paths = []
+    figure, out, paths = FIGURES[name], Path(out_dir), []
     for label, runs in parts:
         files = f"{stem}-{file_label(label)}" if len(parts) > 1 else stem
-        paths += _write(name, _frame(name, runs, where, target), Path(out_dir), files)
+        frame = _frame(name, runs, where, target)
+        paths += save_figure(lambda: figure.draw(frame), frame, out, files)
+        paths += figure.extra(frame, out, files) if figure.extra is not None else []
     return paths
 
 
@@ -192,17 +188,9 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> li
     return paths
 
 
-def _write(name: str, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
-    figure = FIGURES[name]
-    paths = save_figure(lambda: figure.draw(frame), frame, out, stem)
-    if figure.extra is not None:
-        paths += figure.extra(frame, out, stem)
-    return paths
-
-
 def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
     paths, failures = [], []
-    for name in figure_names():
+    for name in FIGURES:
         try:
             paths += build_figure(name, results_dir, out_dir, exp_name, target, config)
         except NoRunsError as e:
