@@ -12,7 +12,6 @@ both drivers).
 from __future__ import annotations
 
 import csv
-import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,9 +159,12 @@ def _bad_row(version: int, client: int, read_version: int, num_steps: int, time_
 
 def _ranges(ids: list[int]) -> str:
     """1..3, 7 for [1, 2, 3, 7]: the run's clients, short."""
-    # consecutive ids keep the same difference to their position: one group each
-    runs = [[k for _, k in run] for _, run in itertools.groupby(enumerate(ids), lambda p: p[1] - p[0])]
-    return ", ".join(f"{run[0]}..{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+    parts, start = [], ids[0]
+    for a, b in zip(ids, ids[1:] + [None]):
+        if b != a + 1:
+            parts.append(f"{start}..{a}" if a > start else str(a))
+            start = b
+    return ", ".join(parts)
 
 
 def _unfinished(run_dir: Path, summary: dict, num_rows: int) -> str:
@@ -206,9 +208,12 @@ class ReplayScheduler(Schedule):
     def membership_due(self, version: int) -> list[tuple[str, int, float]]:
         """The recorded joins and losses that happened at server version ``version`` or before
         and are not carried out yet: (type, client, time_s), in order."""
-        due = list(itertools.takewhile(lambda e: e[0] <= version, self.membership[self.members_done:]))
-        self.members_done += len(due)
-        return [(kind, client, t) for _, kind, client, t in due]
+        due = []
+        while self.members_done < len(self.membership) and self.membership[self.members_done][0] <= version:
+            _, kind, client, t = self.membership[self.members_done]
+            due.append((kind, client, t))
+            self.members_done += 1
+        return due
 
     def check(self, client: int, read_version: int) -> None:
         """The push about to be computed must start from the version the recording says."""
