@@ -20,7 +20,7 @@ the client fetched (server version before apply minus the version the client rea
 from __future__ import annotations
 
 import functools
-import pkgutil
+import importlib
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Protocol, get_args, get_origin, get_type_hints
 
@@ -92,8 +92,11 @@ def push_type(name: str) -> type:
     """The push type :func:`push_type_name` named; LookupError saying why when it cannot be
     imported (a class defined inside a function never can) or is no Push. Only installed code
     is imported: the checkpoint holds the name, never the class."""
+    module, _, qualname = name.partition(":")
     try:
-        found = pkgutil.resolve_name(name)   # module:qualname, the form push_type_name writes
+        found = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
     except (ImportError, AttributeError, ValueError) as exc:
         raise LookupError(f"push type {name!r} cannot be imported ({exc})") from exc
     if not (isinstance(found, type) and issubclass(found, Push)):
