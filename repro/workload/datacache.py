@@ -110,16 +110,17 @@ def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] |
             raw = {k: f[k] for k in _MNIST1D_ARRAYS}
         args = _mnist1d_args(num_samples)
         n_tr = int(num_samples * args.train_split)
+        sizes = {"x": n_tr, "y": n_tr, "x_test": num_samples - n_tr, "y_test": num_samples - n_tr}
         for k, v in raw.items():
-            signals = k.startswith("x")   # x: (n, signal length) floats; y: (n,) integer labels
-            size = n_tr if k in ("x", "y") else num_samples - n_tr
-            want = (size, args.final_seq_length) if signals else (size,)
-            if v.shape != want or v.dtype.kind not in ("f" if signals else "iu"):
-                raise ValueError(f"array {k!r} has shape {v.shape} and dtype {v.dtype}; the "
-                                 f"generator makes shape {want}")
-            if signals and not np.isfinite(v).all():
+            kind = "f" if k.startswith("x") else "iu"
+            if v.shape[0] != sizes[k] or v.dtype.kind not in kind or v.ndim != (2 if kind == "f" else 1):
+                raise ValueError(f"array {k!r} has shape {v.shape} and dtype {v.dtype}")
+            if kind == "f" and not np.isfinite(v).all():
                 raise ValueError(f"array {k!r} holds non-finite values")
-            if not signals and v.size and (v.min() < 0 or v.max() >= MNIST1D_CLASSES):
+            if kind == "f" and v.shape[1] != args.final_seq_length:
+                raise ValueError(f"array {k!r} holds signals of length {v.shape[1]}; the generator "
+                                 f"makes {args.final_seq_length}")
+            if kind == "iu" and v.size and (v.min() < 0 or v.max() >= MNIST1D_CLASSES):
                 raise ValueError(f"array {k!r} holds labels outside 0..{MNIST1D_CLASSES - 1}")
         return raw
     except Exception as exc:   # zipfile, ValueError (pickled objects refused), KeyError, OSError
