@@ -95,8 +95,8 @@ class PointSlots(ParallelBackendBase):
             return [job_return(exc)]
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """The launcher stops (a signal, an error): no queued point starts, every worker ends
-        now (Parallel, which made this backend, never reuses it: ``ensure_ready`` asks nothing)."""
+        """The launcher stops (a signal, an error): no queued point starts, every worker ends now
+        (Parallel, which made this backend, never reuses it: ``ensure_ready`` asks for nothing here)."""
         self.slots.shutdown(wait=False, cancel_futures=True)
         self.terminate()
 
