@@ -4,10 +4,9 @@
 ``loky`` backend. In one loky pool a worker that dies (the out-of-memory killer, a ``kill -9``)
 breaks the pool: loky SIGKILLs every other worker, killing healthy points mid-push and ending the
 grid with a traceback. :class:`PointSlots`, a joblib backend (joblib's public backend interface),
-gives each of ``n_jobs`` slots (threads taking the points in grid order) a loky executor of its
-own with one worker, reused point after point. A dead worker breaks only its slot: one line names
-its point (its folder stays as the kill left it, for ``resume=auto``), a fresh worker takes the
-slot, and the grid goes on, in grid order.
+gives each of ``n_jobs`` slots a loky executor of its own with one worker, reused point after
+point. A dead worker breaks only its slot: one line names its point (its folder stays as the kill
+left it, for ``resume=auto``), a fresh worker takes the slot, and the grid goes on, in grid order.
 A point that exits (bad input) costs only itself too; Hydra reports its status after the grid.
 Hydra's joblib launcher always asks for ``loky``: :func:`use_point_slots` (called by the grid's
 callback in the launching process) answers that name with :class:`PointSlots`.
@@ -22,7 +21,8 @@ import os
 import signal
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future
 from typing import Callable
 
 from joblib import cpu_count, register_parallel_backend
@@ -33,6 +33,7 @@ from joblib.parallel import ParallelBackendBase
 from repro.hydra_internals import job_return
 
 
+
 def use_point_slots(label: str, lost: Callable[[], str]) -> None:
     """Run this process's joblib ``loky`` work (Hydra's joblib launcher) on :class:`PointSlots`;
     ``label`` starts its lines (``grid fig3``), ``lost()`` names the point whose worker died."""
@@ -40,17 +41,18 @@ def use_point_slots(label: str, lost: Callable[[], str]) -> None:
 
 
 class PointSlots(ParallelBackendBase):
-    """``n_jobs`` slots: threads that take the points in grid order, each running its points in a
-    one-worker loky executor of its own, made when first needed and again after a death."""
+    """``n_jobs`` single-worker loky executors, made when first needed and again after a death."""
 
     supports_retrieve_callback = True   # Parallel's main thread polls: a signal handler runs at once
 
     def __init__(self, nesting_level: int | None = None, label: str = "grid",
                  lost: Callable[[], str] = lambda: "a grid point", **kwargs) -> None:
         super().__init__(nesting_level=nesting_level, **kwargs)
-        self.label, self.lost, self.lock = label, lost, threading.Lock()
-        self.slot = threading.local()   # the executor of the slot whose thread asks
-        self.executors: list[ProcessPoolExecutor] | None = []   # every one made; None once ended
+        self.label, self.lost, self.lock = label, lost, threading.RLock()
+        self.executors: list[ProcessPoolExecutor | None] = []
+        self.idle: list[int] = []
+        self.queue: deque = deque()
+        self.broken: list[ProcessPoolExecutor] = []
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
         """As joblib counts: -1 every core, -2 all but one; 0 or None one."""
@@ -61,53 +63,68 @@ class PointSlots(ParallelBackendBase):
         n = self.effective_n_jobs(n_jobs)
         self.parallel = parallel
         _start_resource_trackers()
-        self.slots = ThreadPoolExecutor(n, thread_name_prefix="grid-slot")
+        self.executors, self.idle = [None] * n, list(range(n))[::-1]
         # one BLAS/OpenMP pool per core, as joblib's loky backend gives its workers
         self.env = {v: os.environ.get(v, str(max(cpu_count() // n, 1))) for v in self.MAX_NUM_THREADS_VARS}
         return max(n, 2)   # Parallel runs n_jobs=1 in the launcher itself: a point's death would end it
 
     def submit(self, func, callback=None) -> Future:
-        future = self.slots.submit(self._run, func)
+        future: Future = Future()
         if callback is not None:
             future.add_done_callback(callback)
+        with self.lock:
+            self.queue.append((func, future))
+            self._start()
         return future
 
     def retrieve_result_callback(self, future: Future):
         return future.result()
 
-    def _run(self, func) -> list:
-        """In a slot's thread: one point in the slot's worker. A point that exited or lost its
-        worker still answers Parallel (a dead worker's slot gets a fresh one for its next point)."""
+    def _start(self) -> None:
+        """Hand queued points to idle slots (under the lock: a slot's callback thread calls it too)."""
         with self.lock:
-            if self.executors is None:   # the launcher stopped while this point was handed over
-                raise RuntimeError("the grid's workers were ended")
-            if getattr(self.slot, "executor", None) is None:
-                self.slot.executor = ProcessPoolExecutor(max_workers=1, env=self.env)
-                self.executors.append(self.slot.executor)
-        try:
-            return self.slot.executor.submit(func).result()
-        except BrokenProcessPool as exc:   # its worker died: only this slot is broken
-            self.slot.executor = None
+            while self.queue and self.idle:
+                func, future = self.queue.popleft()
+                slot = self.idle.pop()
+                if self.executors[slot] is None:
+                    self.executors[slot] = ProcessPoolExecutor(max_workers=1, env=self.env)
+                self.executors[slot].submit(func).add_done_callback(functools.partial(self._done, slot, future))
+
+    def _done(self, slot: int, future: Future, inner: Future) -> None:
+        """A point returned, exited or lost its worker: free its slot, answer Parallel, go on."""
+        exc = inner.exception()
+        with self.lock:
+            if isinstance(exc, BrokenProcessPool):   # its worker died: only this slot is broken
+                self.broken.append(self.executors[slot])
+                self.executors[slot] = None
+            self.idle.append(slot)
+        if isinstance(exc, BrokenProcessPool):
             print(f"[{self.label}] {self.lost()}: its worker process died ({_exit_reason(exc)}); the other "
                   "points go on, and the same command with resume=auto continues this one", file=sys.stderr, flush=True)
-            return [job_return()]
-        except SystemExit as exc:   # the point said why (bad input: exit 2)
-            return [job_return(exc)]
+            future.set_result([job_return()])
+        elif isinstance(exc, SystemExit):   # the point said why (bad input: exit 2)
+            future.set_result([job_return(exc)])
+        elif exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(inner.result())
+        self._start()
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """The launcher stops (a signal, an error): no queued point starts, every worker ends now
-        (Parallel, which made this backend, never reuses it: ``ensure_ready`` asks for nothing here)."""
-        self.slots.shutdown(wait=False, cancel_futures=True)
+        """The launcher stops (a signal, an error): end every worker now (Parallel, which made
+        this backend, never reuses it: ``ensure_ready`` asks for nothing here)."""
+        self.queue.clear()
         self.terminate()
 
     def terminate(self) -> None:
         """Every point has returned, or the launcher is stopping: end the workers now, not at
         interpreter exit (their polite shutdown costs seconds)."""
-        self.slots.shutdown(wait=False)
         with self.lock:
-            executors, self.executors = self.executors or [], None
+            executors, self.executors = self.executors + self.broken, [None] * len(self.executors)
+            self.broken = []
         for executor in executors:
-            executor.shutdown(wait=False, kill_workers=True)
+            if executor is not None:
+                executor.shutdown(wait=False, kill_workers=True)
 
 
 def _start_resource_trackers() -> None:
