@@ -74,7 +74,7 @@ def configuration_reference() -> str:
         lines.append(f"| `{name}` | {', '.join(opts)} |")
     lines += ["", "### Keys", "", "| key | default | valid | meaning |", "|---|---|---|---|"]
     for key, meaning in h.key_docs().items():
-        default = h._show(h._get(tree, key))
+        default = h._show(settings.get(tree, key, "(not set)"))
         cells = [f"`{key}`", f"`{default}`", settings.valid_values(key), meaning]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

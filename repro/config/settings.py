@@ -264,7 +264,8 @@ def shaping_keys() -> tuple[str, ...]:
 
 
 def valid_values(key: str) -> str:
-    return next(f for k, f, _ in _leaves() if k == key).metadata["valid"].describe()
+    field = {k: f for k, f, _ in _leaves()}[key]   # KeyError for a key the schema lacks
+    return field.metadata["valid"].describe()
 
 
 _ABSENT = object()

@@ -89,10 +89,7 @@ def _read_config(run_dir: Path) -> dict:
 
 def _get(config: dict, key: str):
     """The recording's value at a dotted key; None where its config.json has none (an old run)."""
-    try:
-        return settings.get(config, key)
-    except (KeyError, TypeError):
-        return None
+    return settings.get(config, key, None)
 
 
 def _positive(value) -> bool:
