@@ -287,19 +287,22 @@ def compose_errors(args: list[str]) -> list[str]:
         return [f"does not compose: {str(e).splitlines()[0]}"]
     parser = OverridesParser.create()
     groups = set(loader.GROUPS) | set(loader.OPTIONAL_GROUPS)
-    tree = OmegaConf.to_container(base, resolve=False)
     checked, errors = set(), {}      # message -> the grid points that raise it
-    composed: dict[tuple, dict] = {(): tree}   # per choice of the point's groups: composed once
+    # per choice of the point's groups: composed once, and its plain keys set for each point;
+    # every point sets every plain key of the grid, so a point's values replace the last one's
+    # (a dict or list value is merged into the last one's instead: those points start afresh)
+    composed = {(): OmegaConf.create(OmegaConf.to_container(base, resolve=False))}
     value = {(k, v): parser.parse_overrides([f"{k}={v}"])[0].value()   # per key and value: parsed once
              for k, vs in grid.items() if k.lstrip("+") not in groups for v in vs}
+    replaced = not any(isinstance(v, (dict, list)) for v in value.values())
     for values in itertools.product(*grid.values()):
         point = dict(zip(grid, values))
         try:
             chosen = tuple((k, v) for k, v in point.items() if k.lstrip("+") in groups)
             if chosen not in composed:       # a group per point: compose it as Hydra would
-                composed[chosen] = OmegaConf.to_container(
-                    rr.compose([*fixed, *(f"{k}={v}" for k, v in chosen)]), resolve=False)
-            dcfg = OmegaConf.create(copy.deepcopy(composed[chosen]))
+                composed[chosen] = OmegaConf.create(OmegaConf.to_container(
+                    rr.compose([*fixed, *(f"{k}={v}" for k, v in chosen)]), resolve=False))
+            dcfg = composed[chosen] if replaced else OmegaConf.create(OmegaConf.to_container(composed[chosen]))
             for key, text in point.items():   # plain keys: set them on the composed tree
                 if key.lstrip("+") not in groups:
                     OmegaConf.update(dcfg, key, copy.deepcopy(value[key, text]), force_add=False)
