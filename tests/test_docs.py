@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import itertools
 import os
@@ -35,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -227,12 +229,17 @@ def test_slow_commands_work_as_written(name, tmp_path):
 # Checked without running
 # ---------------------------------------------------------------------------------------------
 
-def _grid(args: list[str]):
+@functools.lru_cache(maxsize=None)
+def _grid(args: tuple[str, ...]):
     """(overrides that are single values, {key: values} of the grid, the config composed from
-    the former with and without Hydra's node), as Hydra's basic sweeper makes the grid: the
-    experiment's ``hydra.sweeper.params``, then the command line's overrides, a later one
-    replacing an earlier one of the same key. No grid: ``{}``. Raises what composing raises."""
+    the former), as Hydra's basic sweeper makes the grid: the experiment's
+    ``hydra.sweeper.params``, then the command line's overrides, a later one replacing an earlier
+    one of the same key. No grid: ``{}``. Raises what composing raises.
+
+    Composed once with Hydra's node, which is then dropped as ``hydra.compose`` drops it, and
+    kept per command (read-only): both checks without running ask it of the same commands."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
 
     from repro import run as rr
 
@@ -240,19 +247,21 @@ def _grid(args: list[str]):
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(overrides)
     fixed = [text for text, o in zip(overrides, parsed) if not o.is_sweep_override()]
-    hcfg = rr.compose(fixed, return_hydra_config=True)
-    base = rr.compose(fixed)
-    grid: dict[str, list[str]] = {}
-    multirun = "-m" in args or "--multirun" in args or str(hcfg.hydra.mode) == "RunMode.MULTIRUN"
+    base = rr.compose(fixed, return_hydra_config=True)
+    grid: dict[str, tuple[str, ...]] = {}
+    multirun = "-m" in args or "--multirun" in args or str(base.hydra.mode) == "RunMode.MULTIRUN"
     if multirun or any(o.is_sweep_override() for o in parsed):
-        for key, value in (hcfg.hydra.sweeper.get("params") or {}).items():
-            grid[key] = list(parser.parse_overrides([f"{key}={value}"])[0].sweep_string_iterator())
+        for key, value in (base.hydra.sweeper.get("params") or {}).items():
+            grid[key] = tuple(parser.parse_overrides([f"{key}={value}"])[0].sweep_string_iterator())
         for o in parsed:
             if o.is_sweep_override():
-                grid[o.get_key_element()] = list(o.sweep_string_iterator())
+                grid[o.get_key_element()] = tuple(o.sweep_string_iterator())
             else:
                 grid.pop(o.get_key_element(), None)   # the single value (in ``base``) wins
-    return fixed, grid, hcfg, base
+    with open_dict(base):
+        del base["hydra"]
+    OmegaConf.set_readonly(base, True)
+    return tuple(fixed), types.MappingProxyType(grid), base
 
 
 def compose_errors(args: list[str]) -> list[str]:
@@ -273,26 +282,30 @@ def compose_errors(args: list[str]) -> list[str]:
     except SystemExit as e:
         return [f"exit {e.code}: {err.getvalue().strip()}"]
     try:
-        fixed, grid, _, base = _grid(args)
+        fixed, grid, base = _grid(tuple(args))
     except Exception as e:   # noqa: BLE001 - Hydra's composition errors have no common base
         return [f"does not compose: {str(e).splitlines()[0]}"]
     parser = OverridesParser.create()
     groups = set(loader.GROUPS) | set(loader.OPTIONAL_GROUPS)
-    tree = OmegaConf.to_container(base, resolve=False)
     checked, errors = set(), {}      # message -> the grid points that raise it
-    composed: dict[tuple, dict] = {(): tree}   # per choice of the point's groups: composed once
+    # per choice of the point's groups: composed once, and its plain keys set for each point;
+    # every point sets every plain key of the grid, so a point's values replace the last one's
+    # (a dict or list value is merged into the last one's instead: those points start afresh)
+    composed = {(): OmegaConf.create(OmegaConf.to_container(base, resolve=False))}
+    value = {(k, v): parser.parse_overrides([f"{k}={v}"])[0].value()   # per key and value: parsed once
+             for k, vs in grid.items() if k.lstrip("+") not in groups for v in vs}
+    replaced = not any(isinstance(v, (dict, list)) for v in value.values())
     for values in itertools.product(*grid.values()):
         point = dict(zip(grid, values))
         try:
             chosen = tuple((k, v) for k, v in point.items() if k.lstrip("+") in groups)
             if chosen not in composed:       # a group per point: compose it as Hydra would
-                composed[chosen] = OmegaConf.to_container(
-                    rr.compose(fixed + [f"{k}={v}" for k, v in chosen]), resolve=False)
-            dcfg = OmegaConf.create(copy.deepcopy(composed[chosen]))
-            for key, value in point.items():   # plain keys: set them on the composed tree
+                composed[chosen] = OmegaConf.create(OmegaConf.to_container(
+                    rr.compose([*fixed, *(f"{k}={v}" for k, v in chosen)]), resolve=False))
+            dcfg = composed[chosen] if replaced else OmegaConf.create(OmegaConf.to_container(composed[chosen]))
+            for key, text in point.items():   # plain keys: set them on the composed tree
                 if key.lstrip("+") not in groups:
-                    OmegaConf.update(dcfg, key, parser.parse_overrides([f"{key}={value}"])[0].value(),
-                                     force_add=False)
+                    OmegaConf.update(dcfg, key, copy.deepcopy(value[key, text]), force_add=False)
             cfg = rr.parse(dcfg)
             pair = (cfg.data.name, cfg.model.name)
             if pair not in checked:
@@ -342,12 +355,12 @@ def _written_folders(step: dc.Step) -> set[Path]:
     from repro.config.loader import job_name
 
     try:
-        fixed, grid, _, base = _grid(step.module_args)
+        fixed, grid, base = _grid(tuple(step.module_args))
     except Exception:   # noqa: BLE001 - reported by the compose check
         return set()
     tree = OmegaConf.to_container(base, resolve=True)
     root = Path(str(tree["results_dir"])) / str(tree["exp_name"])
-    return {root / job_name(fixed + [f"{k}={v}" for k, v in zip(grid, values)])
+    return {root / job_name([*fixed, *(f"{k}={v}" for k, v in zip(grid, values))])
             for values in itertools.product(*grid.values())}
 
 

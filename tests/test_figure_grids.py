@@ -193,6 +193,16 @@ def test_the_committed_figure_is_written_only_by_the_experiment_as_committed():
     assert figure_stem("fig3", ["+exp=fig3", "num_threads=2", "figures_dir=figures_2threads"]) == "fig3"
 
 
+def without_hydra(full):
+    """``full`` (composed with Hydra's node) as ``compose`` without it: the node dropped in place,
+    as ``hydra.compose`` drops it (one composition fewer)."""
+    from omegaconf import open_dict
+
+    with open_dict(full):
+        del full["hydra"]
+    return full
+
+
 def test_every_committed_experiment_is_one_configuration_per_figure():
     """The axes each figure declares cover what its experiment sweeps: every grid point of every
     experiment file with a figure is the same configuration of that figure (else the committed
@@ -217,10 +227,12 @@ def test_every_committed_experiment_is_one_configuration_per_figure():
                  for k, v in (full.hydra.sweeper.params or {}).items()}
         # each group at its first choice; then every value of every key, one at a time
         first = {k: f"{k}={v[0]}" for k, v in sweep.items() if k.lstrip("+") in groups}
-        base, ids = compose([f"+exp={path.stem}", *first.values()]), set()
+        base, ids = compose([f"+exp={path.stem}", *first.values()]) if first else without_hydra(full), set()
         for key, values in sweep.items():
             for value in values:
-                if key in first:   # a group: composed as Hydra would
+                if key in first and value == values[0]:   # every group at its first choice
+                    dcfg = base
+                elif key in first:   # a group: composed as Hydra would
                     dcfg = compose([f"+exp={path.stem}", *(o for k, o in first.items() if k != key),
                                     f"{key}={value}"])
                 else:

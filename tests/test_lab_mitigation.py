@@ -12,7 +12,7 @@ from repro.analysis.lab.mitigation import expected_mean_staleness, mitigation_of
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.run import compose, parse
 from repro.sim.driver import simulate
-from tests.helpers.grids import sweep_grid
+from tests.helpers.grids import IN_PROCESS, sweep_grid
 from tests.helpers.paths import ROOT
 
 RULES = {"async": ("downpour", "async"), "staleness_scaled": ("staleness_scaled", "async"),
@@ -70,7 +70,7 @@ def test_ssp_never_exceeds_its_staleness_bound(tmp_path):
 
 def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path):
     cmd = [sys.executable, "-m", "repro.run", "+exp=mitigation", f"results_dir={tmp_path / 'r'}",
-           f"figures_dir={tmp_path / 'f'}", "num_epochs=0.5", "progress=false",
+           f"figures_dir={tmp_path / 'f'}", "num_epochs=0.5", "progress=false", *IN_PROCESS,
            # '+mitigation' cannot be a dotted key on the command line: replace the whole dict
            "hydra.sweeper.params={+mitigation:'async,sync',nsync:'4',seed:'0'}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -17,7 +17,7 @@ from repro.analysis.lab.momentum import (
 )
 from repro.workload.data import QUADRATIC_CURVATURES as L
 from repro.run import compose, parse
-from tests.helpers.grids import sweep_grid
+from tests.helpers.grids import IN_PROCESS, sweep_grid
 from tests.helpers.paths import ROOT
 
 LR, STEPS = 0.2, 100
@@ -97,7 +97,7 @@ def test_experiment_grid_and_config():
 
 def test_shrunk_momentum_experiment_draws_its_figure(tmp_path):
     cmd = [sys.executable, "-m", "repro.run", "+exp=momentum", f"results_dir={tmp_path / 'results'}",
-           f"figures_dir={tmp_path / 'figures'}", "progress=false",
+           f"figures_dir={tmp_path / 'figures'}", "progress=false", *IN_PROCESS,
            "hydra.sweeper.params={num_clients:'1,2',algo.momentum:'0,0.5',seed:'0'}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MPLBACKEND": "Agg"})

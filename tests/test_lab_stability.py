@@ -13,7 +13,7 @@ from repro.analysis.lab.stability import critical_lr, measured_boundary, outcome
 from repro.config.checks import validate
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.run import compose, parse
-from tests.helpers.grids import sweep_grid
+from tests.helpers.grids import IN_PROCESS, sweep_grid
 from tests.helpers.paths import ROOT
 
 LADDER = [0.0682, 0.0964, 0.136, 0.193, 0.273, 0.386, 0.545, 0.771, 1.09, 1.54, 2.18]
@@ -110,7 +110,7 @@ def test_quadratic_with_4_clients_is_stable_below_the_bound_and_diverges_above(t
 
 def test_shrunk_stability_experiment_draws_its_figure(tmp_path):
     cmd = [sys.executable, "-m", "repro.run", "+exp=stability", f"results_dir={tmp_path / 'results'}",
-           f"figures_dir={tmp_path / 'figures'}", "num_epochs=1", "eval_every=1", "progress=false",
+           f"figures_dir={tmp_path / 'figures'}", "num_epochs=1", "eval_every=1", "progress=false", *IN_PROCESS,
            "hydra.sweeper.params={num_clients:'1,4',algo.lr:'0.3,3.0'}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MPLBACKEND": "Agg"})

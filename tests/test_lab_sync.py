@@ -21,7 +21,7 @@ from repro.analysis.lab.sync import (
     timing_of,
 )
 from repro.run import compose, parse
-from tests.helpers.grids import sweep_grid
+from tests.helpers.grids import IN_PROCESS, sweep_grid
 from tests.helpers.paths import ROOT
 
 
@@ -127,7 +127,8 @@ def test_grid_expands_to_the_intended_runs():
 def _sweep(tmp_path, *params, num_epochs=0.5):
     # num_epochs once: a key set twice on the command line is refused (issue 22)
     cmd = [sys.executable, "-m", "repro.run", "+exp=sync_vs_async", f"results_dir={tmp_path / 'r'}",
-           f"figures_dir={tmp_path / 'f'}", f"num_epochs={num_epochs}", "progress=false", *params]
+           f"figures_dir={tmp_path / 'f'}", f"num_epochs={num_epochs}", "progress=false", *IN_PROCESS,
+           *params]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "MPLBACKEND": "Agg"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

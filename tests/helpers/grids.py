@@ -1,4 +1,5 @@
-"""A figure's grid as its Hydra sweep declares it, expanded into the runs it launches."""
+"""A figure's grid as its Hydra sweep declares it, expanded into the runs it launches, and the
+launcher override that runs a shrunk grid's points inside its command's own process."""
 from __future__ import annotations
 
 import itertools
@@ -6,6 +7,12 @@ import itertools
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from repro.run import CONF_DIR
+
+# A shrunk grid whose test checks its figure, not its launcher, runs its points one after another
+# in the command's process (Hydra's basic launcher), sparing the two worker processes (each
+# importing torch) of the experiments' default joblib launcher. The numbers are the same:
+# tests/test_grids.py holds joblib workers' tables and figure byte-equal to the basic launcher's.
+IN_PROCESS = ("hydra/launcher=basic",)
 
 
 def sweep_grid(exp: str) -> list[dict]:
