@@ -9,6 +9,7 @@ seeds (``python -m repro.analysis compare`` checks that).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import platform
@@ -219,10 +220,25 @@ def runs_active() -> bool:
 def exit_on_signal() -> None:
     """From here on the process only exits: a signal ends it at once with
     :data:`EXIT_INTERRUPTED` (a Ctrl-C during interpreter shutdown would otherwise print a
-    traceback from some finaliser)."""
+    traceback from some finaliser), and is ignored once Python finalises its modules."""
+    global _exiting
     if threading.current_thread() is threading.main_thread():
+        _exiting = True
         for sig in SIGNALS:
             signal.signal(sig, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+
+
+_exiting = False   # exit_on_signal was called: this process only exits
+
+
+@atexit.register   # at import: it runs after the exit calls registered later (torch's, multiprocessing's)
+def _ignore_signals_while_finalising() -> None:
+    # After the exit calls, Python resets every handler written in Python to the default before
+    # it finalises the modules (CPython's _PySignal_Fini): a Ctrl-C landing then killed the
+    # process by the signal (status -2, not 130). Ignoring survives finalisation.
+    if _exiting:
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def request_stop(reason: str) -> None:

@@ -180,6 +180,28 @@ def test_a_real_run_refused_for_a_busy_port_leaves_no_folder(tmp_path):
 # Ctrl-C twice: 130, whenever the second one lands
 # ---------------------------------------------------------------------------------------------
 
+LATE_SIGNAL = """
+import os, signal, sys
+from repro.runtime import EXIT_INTERRUPTED, exit_on_signal
+class Late:
+    def __del__(self):   # runs while Python finalises the modules, after its exit calls
+        os.kill(os.getpid(), signal.SIGINT)
+        os.write(2, b"lived")
+sys.modules["late"] = Late()
+exit_on_signal()
+sys.exit(EXIT_INTERRUPTED)
+"""
+
+
+def test_a_ctrl_c_while_python_finalises_its_modules_still_exits_130():
+    """The end of a run's process, made certain: a Ctrl-C that lands after the exit calls, while
+    the modules are finalised (torch's take a while), used to kill the process by the signal
+    (status -2) instead of letting it exit 130."""
+    proc = subprocess.run([sys.executable, "-c", LATE_SIGNAL], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stderr) == (130, "lived"), (proc.returncode, proc.stderr[-2000:])
+
+
 def start_run(run_dir: Path, err: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "repro.run", f"hydra.run.dir={run_dir}", "data=synthetic",
                              "model=mlp", "num_epochs=5000", "progress=false"], cwd=ROOT,
