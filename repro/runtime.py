@@ -217,6 +217,9 @@ def runs_active() -> bool:
     return bool(StopRequest._active)
 
 
+_exiting = False   # exit_on_signal was called: this process only exits
+
+
 def exit_on_signal() -> None:
     """From here on the process only exits: a signal ends it at once with
     :data:`EXIT_INTERRUPTED` (a Ctrl-C during interpreter shutdown would otherwise print a
@@ -226,9 +229,6 @@ def exit_on_signal() -> None:
         _exiting = True
         for sig in SIGNALS:
             signal.signal(sig, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
-
-
-_exiting = False   # exit_on_signal was called: this process only exits
 
 
 @atexit.register   # at import: it runs after the exit calls registered later (torch's, multiprocessing's)

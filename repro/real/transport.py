@@ -116,7 +116,8 @@ class Channel:
 
     def post(self, frame: Frame) -> None:
         """Post the next receive now, so the peer's message lands without waiting for this
-        process to come back to Python (e.g. before sending the message it answers)."""
+        process to come back to Python (e.g. before sending the message it answers); nothing
+        when one is posted already."""
         if self._pending is None:
             try:
                 work = self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG)
@@ -136,7 +137,7 @@ class Channel:
     def recv(self, frame: Frame) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after the channel's
         ``timeout_s`` of silence. The payload is ``frame.payload[:header.length]``."""
-        self.post(frame)   # (posted ahead already: nothing to do)
+        self.post(frame)   # unless one was posted ahead
         work, posted, arrival = self._pending
         if posted is not frame:
             raise ValueError("recv() into a different frame than the one posted")
