@@ -16,7 +16,7 @@ module and the arrays are checked and made a problem by :mod:`repro.workload.cus
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.workload.build import Problem
-from repro.workload.custom import ArrayLike, check_objects, custom_problem
+from repro.workload.custom import ArrayLike, check_objects, custom_problem, names
 from repro.runtime import resolve_device
 from repro.sim.driver import simulate as sim_run
 
@@ -173,8 +173,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         Folder the run's tables are written to (the same files as a command-line run), kept
         afterwards. None runs in a fresh temporary folder that is removed before ``simulate``
         returns (the result holds the tables; ``result.run_dir`` is None). A folder that
-        already holds a finished run with the same settings is returned as it is; one holding
-        another run is refused (ConfigError) unless ``force``.
+        already holds a finished run with the same settings, data, initial weights and
+        ``loss_fn`` (by name) is returned as it is; one holding another run is refused
+        (ConfigError) unless ``force``.
     force : bool, default False
         Start ``run_dir`` over whatever run it holds.
     progress : bool, default False
@@ -202,16 +203,20 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         test inputs of different sample shapes, a batch larger than the training set, or
         device "cuda" without CUDA; an argument of the wrong type (``num_clients=1.5``, a
         string for a flag, a module that is not a ``torch.nn.Module``, a ``loss_fn`` that is not
-        callable, inputs that are not arrays or tensors of numbers).
+        callable, inputs that are not arrays or tensors of numbers); a module that raises on
+        two training inputs, or a ``loss_fn`` that raises on its outputs or does not return
+        one number.
         The message names the argument, the value and what would be valid.
     ValueError
         When ``module`` has buffers or no parameters, or parameters that are not float32.
     """
     settings = {name: value for name, value in locals().items() if name in API_KEYS}
     check_objects(module, train, test, loss_fn, run_dir)
-    cfg = _config(settings, cost_profile(cost), f"custom:{type(module).__name__}")
+    cfg = _config(settings, cost_profile(cost))
     problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
-    return _run(cfg.replace(force=force), None if run_dir is None else Path(run_dir), problem)
+    data, model = names(problem, module, loss_fn)
+    cfg = cfg.replace(data=replace(cfg.data, name=data), model=replace(cfg.model, name=model))
+    return _run(cfg, None if run_dir is None else Path(run_dir), problem)
 
 
 # simulate()'s settings: argument -> the config key it sets (the others: the same name)
@@ -223,13 +228,13 @@ API_KEYS = {**{name: name for name in ("num_clients", "nsync", "num_epochs", "ev
             "staleness_bound": "protocol.staleness_bound"}
 
 
-def _config(settings: dict, cost: CostConfig, model: str) -> RunConfig:
+def _config(settings: dict, cost: CostConfig) -> RunConfig:
     """The command line's defaults with ``settings`` (simulate()'s arguments), each type-checked
     as a config.json's value is (an integer for an integer, a boolean for a flag): a wrong one is
     a ConfigError naming the argument, never a TypeError deep inside."""
     # num_threads 0: the notebook's own torch threads, not the command line's one per process
     tree = {**to_dict(DEFAULTS), "exp_name": "api", "num_threads": 0, "cost": to_dict(cost),
-            "data": to_dict(DataConfig(name="custom")), "model": to_dict(ModelConfig(name=model))}
+            "data": to_dict(DataConfig(name="custom")), "model": to_dict(ModelConfig(name="custom"))}
     for name, value in settings.items():
         group, _, leaf = API_KEYS[name].rpartition(".")
         (tree[group] if group else tree)[leaf] = value.item() if isinstance(value, np.generic) else value

@@ -176,3 +176,48 @@ def test_the_classroom_predictions_are_the_theorys_and_load_no_analysis_on_impor
     quad = api.load_dataset("quadratic")
     out = api.build_model("quadratic", quad.input_shape, 1)(quad.x_train)
     assert float(api.quadratic_loss(out, quad.y_train).detach()) > 0
+
+
+def test_a_run_dir_holding_a_run_of_other_data_or_weights_is_refused_not_returned(tmp_path):
+    # config.json's settings alone cannot tell two problems apart: it used to hand back the old run
+    x, y = _problem()
+    kw = dict(num_clients=2, nsync=2, num_epochs=1, cost="lan", run_dir=tmp_path)
+    torch.manual_seed(0)
+    api.simulate(nn.Linear(6, 2), (x, y), (x, y), **kw)
+    torch.manual_seed(0)
+    assert api.simulate(nn.Linear(6, 2), (x, y), (x, y), **kw).summary["status"] == "completed"
+    with pytest.raises(ConfigError, match="data.name"):
+        torch.manual_seed(0)
+        api.simulate(nn.Linear(6, 2), (2 * x, y), (x, y), **kw)
+    with pytest.raises(ConfigError, match="model.name"):
+        torch.manual_seed(1)
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), **kw)
+    with pytest.raises(ConfigError, match="model.name"):
+        torch.manual_seed(0)
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), loss_fn=nn.functional.nll_loss, **kw)
+
+
+def test_an_empty_run_dir_is_refused_not_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    x, y = _problem()
+    with pytest.raises(ConfigError, match="'run_dir'"):
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir="")
+    assert not list(tmp_path.iterdir())
+
+
+class _Pair(nn.Linear):
+    def forward(self, x):
+        return super().forward(x), x
+
+
+@pytest.mark.parametrize("module, loss_fn, match", [
+    (nn.Linear(5, 2), nn.functional.cross_entropy, "'module'.*mat1 and mat2.*inputs of shape \\(2, 6\\)"),
+    (_Pair(6, 2), nn.functional.cross_entropy, "'loss_fn'.*TypeError"),
+    (nn.Linear(6, 2), lambda out, y: 1.0, "'loss_fn'.*a result of float.*one element"),
+    (nn.Linear(6, 2), lambda out, y: nn.functional.cross_entropy(out, y, reduction="none"),
+     "'loss_fn'.*a result of \\(2,\\)"),
+])
+def test_a_module_or_loss_fn_that_fails_on_the_inputs_is_named_before_training(module, loss_fn, match):
+    x, y = _problem()
+    with pytest.raises(ConfigError, match=match):
+        api.simulate(module, (x, y), (x, y), loss_fn=loss_fn, num_epochs=1)

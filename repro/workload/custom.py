@@ -4,12 +4,15 @@ into the :class:`~repro.workload.build.Problem` the simulator trains (a classifi
 float32 inputs, int64 labels, C = one more than the largest label). Every fault is a
 :class:`~repro.errors.ConfigError` naming the argument, the value and what would be valid,
 before any training (a label the module has no output for, a non-finite input, ragged or empty
-sets, a batch larger than the training set); no fault surfaces later as an index error or a
-loss of nan that the run would blame on the learning rate.
+sets, a batch larger than the training set, a module or loss_fn that fails on the inputs); no
+fault surfaces later as an index error or a loss of nan that the run would blame on the
+learning rate. Also the names config.json records of the problem (:func:`names`: digests, so
+a run folder of other data or weights is never taken for this problem's).
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from typing import Union
 
@@ -32,7 +35,7 @@ def custom_problem(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: 
     ds = _dataset(train, test, device)
     check_batch_size(batch_size, ds.num_train, key="batch_size")
     net = FlatNet(copy.deepcopy(module).to(device), loss_fn)
-    _check_labels_fit(net.module, ds)
+    _check_fit(net, ds)
     return Problem(ds, net, net.params.detach().clone(), EvalSets.of(ds))
 
 
@@ -47,6 +50,26 @@ def check_objects(module, train, test, loss_fn, run_dir) -> None:
         raise ConfigError("loss_fn", f"a {type(loss_fn).__name__}", "a callable loss_fn(outputs, labels)")
     if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
         raise ConfigError("run_dir", f"a {type(run_dir).__name__}", "a folder (str or Path) or None")
+    if run_dir is not None and not os.fspath(run_dir):   # Path("") is the working folder
+        raise ConfigError("run_dir", "''", "a folder (str or Path) or None")
+
+
+def names(problem: Problem, module: nn.Module, loss_fn) -> tuple[str, str]:
+    """config.json's data.name and model.name for a user's problem: ``custom:<digest of both
+    sets>`` and ``custom:<class>@<digest of the initial weights and the loss's name>``. Both are
+    training-shaping keys, so a run_dir holding a run of other data or weights is refused, never
+    returned as this one's (the settings alone cannot tell them apart)."""
+    ds = problem.dataset
+    loss = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
+    return (f"custom:{_digest(ds.x_train, ds.y_train, ds.x_test, ds.y_test)}",
+            f"custom:{type(module).__name__}@{_digest(problem.init_params, text=loss)}")
+
+
+def _digest(*tensors: Tensor, text: str = "") -> str:
+    h = hashlib.blake2b(text.encode(), digest_size=6)
+    for t in tensors:
+        h.update(t.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _dataset(train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike],
@@ -81,17 +104,29 @@ def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
     return x, y
 
 
-def _check_labels_fit(module: nn.Module, ds: Dataset) -> None:
-    """Every label must be one of the module's outputs (a (N, K) output: classes 0..K-1), else
-    the loss fails deep inside training with an index error."""
+def _check_fit(net: FlatNet, ds: Dataset) -> None:
+    """A minibatch through the module and loss_fn: the module must take the inputs, every label
+    must be one of its outputs (a (N, K) output: classes 0..K-1) and loss_fn must give one
+    number; else the first evaluation fails deep inside training."""
+    x, y = ds.x_train[:2], ds.y_train[:2]   # two: a per-sample loss (reduction="none") shows
     with torch.no_grad():
-        out = module(ds.x_train[:1])
-    if not isinstance(out, Tensor) or out.ndim != 2:
-        return   # not a classifier's (N, K) output: loss_fn decides what a label means
-    for key, y in (("train", ds.y_train), ("test", ds.y_test)):
-        if int(y.max()) >= out.shape[1]:
-            raise ConfigError(key, f"a label of {int(y.max())}", f"class labels 0..{out.shape[1] - 1}: "
-                              f"the module outputs {out.shape[1]} classes")
+        out = _call("module", net.module, f"a module that takes inputs of shape {tuple(x.shape)}", x)
+        if isinstance(out, Tensor) and out.ndim == 2:   # else loss_fn decides what a label means
+            for key, labels in (("train", ds.y_train), ("test", ds.y_test)):
+                if int(labels.max()) >= out.shape[1]:
+                    raise ConfigError(key, f"a label of {int(labels.max())}", f"class labels 0..{out.shape[1] - 1}: "
+                                      f"the module outputs {out.shape[1]} classes")
+        loss = _call("loss_fn", net.loss_fn, "loss_fn(outputs, labels) giving the mean minibatch loss", out, y)
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        raise ConfigError("loss_fn", f"a result of {tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}",
+                          "the mean minibatch loss: a tensor of one element")
+
+
+def _call(key: str, fn, expected: str, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:   # the user's code: whatever it raises, name the argument
+        raise ConfigError(key, f"one that raises {type(exc).__name__}: {exc}", expected) from None
 
 
 def _tensor(key: str, a: ArrayLike) -> Tensor:
