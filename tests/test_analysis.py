@@ -437,6 +437,19 @@ def test_a_missing_results_folder_is_refused_in_the_one_line_of_every_bad_input(
                            "results folder (this one does not exist)"), line
 
 
+
+@pytest.mark.parametrize("args, key", [(["--target", "nan"], "--target"), (["--target", "-1"], "--target"),
+                                       (["--out", "FILE/sub"], "--out")])
+def test_a_bad_target_or_an_out_folder_that_cannot_be_made_is_one_line_exit_2(results, tmp_path, capsys, args, key):
+    """A target no run can reach drew blank speedups with exit 0; a file in --out's way was a traceback."""
+    (tmp_path / "FILE").write_text("")
+    args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fig4", "--results", str(results), "--out", str(tmp_path / "out"), *args]) == 2
+    assert capsys.readouterr().err.startswith(f"error: invalid value for '{key}'")
+
+
 def test_build_figure_returns_written_paths(results, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

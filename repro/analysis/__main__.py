@@ -118,10 +118,16 @@ def draw_main(args: argparse.Namespace) -> int:
         raise ConfigError("--results", args.results, "an existing results folder (this one does not "
                           "exist): where python -m repro.run +exp=NAME wrote its runs (results_dir, "
                           "default results)")
+    if args.target is not None and not 0 <= args.target <= 1:   # nan too: else every speedup is blank
+        raise ConfigError("--target", args.target, "a training error as a fraction in [0, 1]")
     stem = args.name or (f"{args.figure}-{file_label(args.config)}"
                          if args.config and args.figure != "all" else None)
-    paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
-                         config=args.config, stem=stem)
+    try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
+        paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
+                             config=args.config, stem=stem)
+    except OSError as e:   # a file in the way, no permission: one line, not a traceback
+        raise ConfigError("--out", args.out, f"a folder the figures can be written to "
+                          f"({e.filename}: {e.strerror})") from None
     for path in paths:
         print(f"wrote {path}")
     return 0
