@@ -15,12 +15,14 @@ module and the arrays are checked and made a problem by :mod:`repro.workload.cus
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from torch import nn
 
 from repro.asgd.protocols import PROTOCOLS
@@ -213,10 +215,11 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     settings = {name: value for name, value in locals().items() if name in API_KEYS}
     check_objects(module, train, test, loss_fn, run_dir)
     cfg = _config(settings, cost_profile(cost))
-    problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
-    data, model = names(problem, module, loss_fn)
-    cfg = cfg.replace(data=replace(cfg.data, name=data), model=replace(cfg.model, name=model))
-    return _run(cfg, None if run_dir is None else Path(run_dir), problem)
+    with _seeded(seed):
+        problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
+        data, model = names(problem, module, loss_fn)
+        cfg = cfg.replace(data=replace(cfg.data, name=data), model=replace(cfg.model, name=model))
+        return _run(cfg, None if run_dir is None else Path(run_dir), problem)
 
 
 # simulate()'s settings: argument -> the config key it sets (the others: the same name)
@@ -254,6 +257,15 @@ def _choices(names) -> str:
 # them from there: a rule or protocol registered later is documented without an edit here.
 simulate.__doc__ = simulate.__doc__.replace("{SERVER_RULES}", _choices(RULES.names())) \
     .replace("{PROTOCOLS}", _choices(PROTOCOLS.names()))
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """Dropout draws from torch's global generator: seed it, so that the same arguments give the
+    same tables, and give the caller's back as it was (the CUDA ones are seeded, not restored)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Result:
@@ -299,7 +311,8 @@ def run_config(cfg: RunConfig) -> Result:
     """Simulate ``cfg`` (e.g. from :func:`configure`) in a temporary folder, as ``python -m
     repro.run`` would, and return its tables (``run_dir`` None: the folder is gone)."""
     validate(cfg)
-    return _run(cfg, None, None)
+    with _seeded(cfg.seed):
+        return _run(cfg, None, None)
 
 
 def run_point(*overrides: str) -> Result:

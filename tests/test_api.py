@@ -221,3 +221,17 @@ def test_a_module_or_loss_fn_that_fails_on_the_inputs_is_named_before_training(m
     x, y = _problem()
     with pytest.raises(ConfigError, match=match):
         api.simulate(module, (x, y), (x, y), loss_fn=loss_fn, num_epochs=1)
+
+
+def test_a_module_with_dropout_gives_the_same_tables_whatever_the_callers_generator_and_leaves_it_be():
+    # dropout drew from the caller's global generator: the same arguments gave other tables
+    x, y = _problem()
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 2))
+    tables = []
+    for state in (1, 2):
+        torch.manual_seed(state)
+        before = torch.random.get_rng_state()
+        tables.append(api.simulate(module, (x, y), (x, y), num_clients=2, nsync=2, num_epochs=1).updates)
+        assert torch.equal(torch.random.get_rng_state(), before)
+    assert tables[0].equals(tables[1])
