@@ -303,8 +303,14 @@ def configure(*overrides: str) -> RunConfig:
     lines (e.g. ``configure("+problem=quadratic", "num_clients=4", "cost=uniform")``; a lab
     experiment's point: ``configure("+exp=uneven", "+mitigation=sync")``). Composed once per
     process for each list of overrides; change it with ``cfg.replace(...)``. Raises ConfigError
-    for a bad value."""
-    return composed((*overrides, "progress=false"))
+    for a bad value, an unknown key or option."""
+    from hydra.errors import HydraException
+
+    try:
+        return composed((*overrides, "progress=false"))
+    except HydraException as exc:   # Hydra's own exception, whose second line may point the wrong way
+        raise ConfigError("overrides", list(overrides), "KEY=VALUE of known keys and options (python -m "
+                          f"repro.run --help lists them): {str(exc).splitlines()[0]}") from None
 
 
 def run_config(cfg: RunConfig) -> Result:

@@ -235,3 +235,12 @@ def test_a_module_with_dropout_gives_the_same_tables_whatever_the_callers_genera
         tables.append(api.simulate(module, (x, y), (x, y), num_clients=2, nsync=2, num_epochs=1).updates)
         assert torch.equal(torch.random.get_rng_state(), before)
     assert tables[0].equals(tables[1])
+
+
+@pytest.mark.parametrize("override, said", [("nope=1", "Could not override 'nope'"),
+                                            ("data=nope", "Could not find 'data/nope'"),
+                                            ("num_clients", "Error parsing override")])
+def test_configure_refuses_an_unknown_key_or_option_with_a_config_error(override, said):
+    # Hydra's own exceptions came through, where the docstring promises a ConfigError
+    with pytest.raises(ConfigError, match=f"'overrides'.*{re.escape(said)}"):
+        api.configure(override)
