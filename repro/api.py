@@ -275,7 +275,13 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
             result = _run(cfg, Path(tmp) / "run", problem)
         result.run_dir = None
         return result
-    summary = dict(sim_run(cfg, run_dir, problem=problem))
+    try:
+        summary = dict(sim_run(cfg, run_dir, problem=problem))
+    except ConfigError as err:   # the command line's advice, resume=true, which simulate() has not
+        if err.key != "resume":
+            raise
+        raise ConfigError("run_dir", str(run_dir), f"{err.expected.partition(': resume=true')[0]}; simulate "
+                          "does not resume a run: force=True starts it over") from None
     ttt = summary.get("time_to_target")
     if isinstance(ttt, dict):   # JSON keys it by text; a caller looks a target up by number
         summary["time_to_target"] = {float(k): v for k, v in ttt.items()}

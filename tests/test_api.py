@@ -1,6 +1,7 @@
 """The public notebook API: any torch module, tensors or numpy arrays in, DataFrames out, CLI
 semantics."""
 import inspect
+import json
 import re
 
 import numpy as np
@@ -244,3 +245,18 @@ def test_configure_refuses_an_unknown_key_or_option_with_a_config_error(override
     # Hydra's own exceptions came through, where the docstring promises a ConfigError
     with pytest.raises(ConfigError, match=f"'overrides'.*{re.escape(said)}"):
         api.configure(override)
+
+
+def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_resume(tmp_path):
+    # the refusal said "resume=true continues it": simulate() has no resume
+    x, y = _problem()
+    kw = dict(num_clients=2, nsync=2, num_epochs=1, run_dir=tmp_path)
+    torch.manual_seed(0)
+    module = nn.Linear(6, 2)
+    api.simulate(module, (x, y), (x, y), **kw)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    with pytest.raises(ConfigError, match="'run_dir'.*interrupted run.*force=True starts it over") as err:
+        api.simulate(module, (x, y), (x, y), **kw)
+    assert "resume=true" not in str(err.value)
+    assert api.simulate(module, (x, y), (x, y), force=True, **kw).summary["status"] == "completed"
