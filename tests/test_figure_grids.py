@@ -104,7 +104,9 @@ def test_config_draws_one_configuration_into_files_of_its_own(mixed, tmp_path):
 
 def test_a_choice_that_is_not_a_setting_or_matches_nothing_exits_2(mixed, tmp_path):
     for choice, words in (("lr=0.1", "'lr' is not one"), ("num_epochs", "KEY=VALUE"),
-                          ("num_epochs=4", "num_epochs=4")):
+                          ("num_epochs=4", "num_epochs=4"),
+                          # the last value used to win, drawn under a file name showing both
+                          ("num_epochs=4,num_epochs=6", "'num_epochs' is given twice")):
         code, _, err = cli("fig1", "--results", str(mixed), "--out", str(tmp_path), "--config",
                            choice)
         assert code == 2 and words in err, (choice, err)

@@ -139,7 +139,10 @@ def parse_choice(text: str) -> dict[str, str]:
         key, sep, value = part.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise ConfigError("config", text, CHOICE_HELP)
-        pairs[key.strip().lstrip("+")] = value.strip()
+        key = key.strip().lstrip("+")
+        if key in pairs:   # else the last value wins, under a file name that shows both
+            raise ConfigError("config", text, f"{CHOICE_HELP}, each key once ('{key}' is given twice)")
+        pairs[key] = value.strip()
     return pairs
 
 
