@@ -321,8 +321,12 @@ def configure(*overrides: str) -> RunConfig:
 
 def run_config(cfg: RunConfig) -> Result:
     """Simulate ``cfg`` (e.g. from :func:`configure`) in a temporary folder, as ``python -m
-    repro.run`` would, and return its tables (``run_dir`` None: the folder is gone)."""
+    repro.run`` would, and return its tables (``run_dir`` None: the folder is gone). Raises
+    ConfigError for a bad value or a backend other than sim."""
     validate(cfg)
+    if cfg.backend.name != "sim":   # else a real run's config came back simulated, without a word
+        raise ConfigError("backend", cfg.backend.name, "sim: run_config simulates (python -m repro.run "
+                          "backend=real runs it for real)")
     with _seeded(cfg.seed):
         return _run(cfg, None, None)
 

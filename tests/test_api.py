@@ -260,3 +260,8 @@ def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_r
         api.simulate(module, (x, y), (x, y), **kw)
     assert "resume=true" not in str(err.value)
     assert api.simulate(module, (x, y), (x, y), force=True, **kw).summary["status"] == "completed"
+
+
+def test_run_config_refuses_a_real_backend_rather_than_simulating_it():
+    with pytest.raises(ConfigError, match="'backend': 'real'.*run_config simulates"):
+        api.run_config(api.configure("backend=real", "data=synthetic", "model=mlp", "num_epochs=1"))
