@@ -57,10 +57,13 @@ class Result:
 
 def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
     """A cost model from a profile name in ``conf/cost`` (e.g. "lan", "paper2013"), composed as
-    ``python -m repro.run cost=NAME`` composes it; a dict of :class:`CostConfig` fields; or a
-    CostConfig. A schedule that replays a recorded run is refused: the API simulates."""
-    if isinstance(cost, dict):
-        cost = from_dict(cost, CostConfig, "cost.")
+    ``python -m repro.run cost=NAME`` composes it; a dict of :class:`CostConfig` fields, set on
+    the profile it names (``{"profile": "straggler", "straggler_factor": 8}``), else on
+    CostConfig's defaults; or a CostConfig. A schedule that replays a recorded run is refused: the API simulates."""
+    if isinstance(cost, dict):   # on the profile it names: else its label and its settings disagree
+        base = to_dict(cost_profile(cost["profile"])) if "profile" in cost else {}
+        cost = from_dict({**base, **{k: {**base.get(k, {}), **v} if isinstance(v, dict) else v
+                                     for k, v in cost.items()}}, CostConfig, "cost.")
     elif not isinstance(cost, CostConfig):
         if cost not in group_options("cost"):
             raise ConfigError("cost", cost, group_options("cost"))
@@ -154,8 +157,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     cost : str, dict or CostConfig, default "lan"
         The simulator's cost model, which sets virtual time and so the order of pushes. A
         profile name from ``conf/cost`` ("lan", "uniform", "straggler", "paper2013", or "local",
-        which times real steps once); a dict of CostConfig fields (fields left out take
-        CostConfig's defaults, which are the "uniform" profile's); or a CostConfig. "replay" is
+        which times real steps once); a dict of CostConfig fields (fields left out take those
+        of the profile its "profile" names, else CostConfig's defaults, which are the
+        "uniform" profile's); or a CostConfig. "replay" is
         refused: replay a recorded run with ``python -m repro.run cost=replay``.
     seed : int, default 0
         Base seed of each client's data order, seeded by (seed, client), and of the cost

@@ -3,6 +3,7 @@ semantics."""
 import inspect
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -51,6 +52,11 @@ def test_cost_profiles_by_name_dict_and_errors():
     assert api.cost_profile("straggler").straggler_factor == 4.0      # inherits lan's other fields
     assert api.cost_profile("straggler").latency_s == api.cost_profile("lan").latency_s
     assert api.cost_profile({"compute_s": 0.2}).compute_s == 0.2
+    # a dict naming a profile is that profile with the dict's changes, not the defaults under its label
+    assert api.cost_profile({"profile": "straggler"}) == api.cost_profile("straggler")
+    assert api.cost_profile({"profile": "straggler", "latency_s": 0.5}).straggler_factor == 4.0
+    assert api.cost_profile({"profile": "paper2013_shared", "shared": {"devices_per_host": 2}}).shared == \
+        replace(api.cost_profile("paper2013_shared").shared, devices_per_host=2)   # clients_per_host kept
     with pytest.raises(ConfigError, match="'cost': 'fast'"):
         api.cost_profile("fast")
 
