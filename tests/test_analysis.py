@@ -450,6 +450,16 @@ def test_a_bad_target_or_an_out_folder_that_cannot_be_made_is_one_line_exit_2(re
     assert capsys.readouterr().err.startswith(f"error: invalid value for '{key}'")
 
 
+
+@pytest.mark.parametrize("figure", ["churn", "sync_vs_async"])
+def test_a_lab_figure_of_runs_that_record_no_protocol_is_one_line_exit_2(results, tmp_path, capsys, figure):
+    """The synthetic tree's config.json, like an old run's, has no protocol: a KeyError traceback."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([figure, "--results", str(results), "--exp", "fig2", "--out", str(tmp_path)]) == 2
+    assert "records no 'protocol.name'" in capsys.readouterr().err
+
+
 def test_build_figure_returns_written_paths(results, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -137,7 +137,10 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
 
 
 def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFrame:
-    frame = FIGURES[name].frame(runs, target)
+    try:
+        frame = FIGURES[name].frame(runs, target)
+    except KeyError as e:   # a setting their config.json does not record (another experiment's, an old run)
+        raise NoRunsError("exp", where, f"runs that {name} can use (their config.json records no {e})") from None
     if frame.empty:
         raise NoRunsError("exp", where, f"runs that {name} can use"
                                         + (" (1-client runs)" if name == "fig1" else ""))
