@@ -368,6 +368,8 @@ def collection_time(taus: list[float], size: int) -> float:
     """Rennala SGD's time per server step (Tyurin & Richtarik 2023): t(S) = min{t : sum_i
     floor(t / tau_i) >= S} for clients whose segments take ``taus`` and collections of ``size``."""
     from repro.analysis.lab.uneven import collection_time as t_of_s
+    if not len(taus) or min(taus) <= 0:   # else an IndexError from the heap, or times that go back
+        raise ConfigError("taus", taus, "the clients' segment times: at least one, each > 0")
     return t_of_s(taus, size)
 
 

@@ -271,3 +271,10 @@ def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_r
 def test_run_config_refuses_a_real_backend_rather_than_simulating_it():
     with pytest.raises(ConfigError, match="'backend': 'real'.*run_config simulates"):
         api.run_config(api.configure("backend=real", "data=synthetic", "model=mlp", "num_epochs=1"))
+
+
+@pytest.mark.parametrize("taus", [[], [1.0, 0.0], [-1.0]])
+def test_collection_time_refuses_no_clients_or_a_segment_time_not_above_zero(taus):
+    with pytest.raises(ConfigError, match="'taus'"):
+        api.collection_time(taus, 3)
+    assert api.collection_time([1.0, 2.0], 3) == 2.0
