@@ -278,3 +278,14 @@ def test_collection_time_refuses_no_clients_or_a_segment_time_not_above_zero(tau
     with pytest.raises(ConfigError, match="'taus'"):
         api.collection_time(taus, 3)
     assert api.collection_time([1.0, 2.0], 3) == 2.0
+
+
+def test_pandas_frames_and_series_give_the_numpy_tables(tmp_path):
+    # torch.as_tensor indexed a shuffled DataFrame by its labels: a raw KeyError
+    pd = pytest.importorskip("pandas")
+    x, y = _problem()
+    order = np.random.default_rng(0).permutation(len(x))   # a shuffled index, as train_test_split leaves
+    frame, labels = pd.DataFrame(x.numpy(), index=order), pd.Series(y.numpy(), index=order)
+    tables = _tables((frame, labels), (x, y), tmp_path, "pandas")
+    expected = _tables((x.numpy(), y.numpy()), (x, y), tmp_path, "numpy")
+    assert tables[0].equals(expected[0]) and tables[1].equals(expected[1])
