@@ -105,8 +105,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         it is copied, never trained in place. It must have float32 parameters and no buffers
         (e.g. no BatchNorm: the server would not synchronise them).
     train : (inputs, labels)
-        The training set: two numpy arrays or torch tensors of equal length N >= 1. Inputs are
-        converted to float32, shape (N, ...) as the module expects; labels are integer class
+        The training set: two numpy arrays, torch tensors or pandas objects of equal length
+        N >= 1. Inputs are converted to float32, shape (N, ...) as the module expects; labels
+        are integer class
         indices 0..C-1 of any integer dtype (converted to int64), shape (N,). Float labels
         are refused rather than silently truncated.
     test : (inputs, labels)
@@ -204,8 +205,8 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     ConfigError
         Before any training, for a bad argument: a value out of range or not among the
         choices, an unknown cost profile or field, inputs and labels of different lengths or
-        an empty set, non-finite inputs (nan, inf), non-integer or negative labels, a label
-        the module has no output for (a label of 12 for a module with 10 outputs), train and
+        an empty set, non-finite (nan, inf) or complex inputs, non-integer or negative labels,
+        a label the module has no output for (a label of 12 for a module with 10 outputs), train and
         test inputs of different sample shapes, a batch larger than the training set, or
         device "cuda" without CUDA; an argument of the wrong type (``num_clients=1.5``, a
         string for a flag, a module that is not a ``torch.nn.Module``, a ``loss_fn`` that is not

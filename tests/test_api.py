@@ -289,3 +289,9 @@ def test_pandas_frames_and_series_give_the_numpy_tables(tmp_path):
     tables = _tables((frame, labels), (x, y), tmp_path, "pandas")
     expected = _tables((x.numpy(), y.numpy()), (x, y), tmp_path, "numpy")
     assert tables[0].equals(expected[0]) and tables[1].equals(expected[1])
+
+
+def test_complex_inputs_are_refused_not_cut_to_their_real_part():
+    x, y = _problem()
+    with pytest.raises(ConfigError, match="'train'.*inputs of dtype torch.complex64.*real inputs"):
+        api.simulate(nn.Linear(6, 2), (x.to(torch.complex64), y), (x, y))

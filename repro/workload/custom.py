@@ -95,6 +95,8 @@ def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
     y = y.to(torch.long)
     if y.min() < 0:
         raise ConfigError(key, f"a label of {int(y.min())}", "integer class labels 0..C-1 (none negative)")
+    if x.dtype.is_complex:   # else the cast drops the imaginary part, with only torch's warning
+        raise ConfigError(key, f"inputs of dtype {x.dtype}", "real inputs (they become float32)")
     x = x.to(torch.float32)
     finite = torch.isfinite(x.reshape(len(x), -1)).all(dim=1)
     if not bool(finite.all()):   # else the first push's loss is NaN and the run blames the learning rate
