@@ -107,9 +107,8 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     train : (inputs, labels)
         The training set: two numpy arrays, torch tensors or pandas objects of equal length
         N >= 1. Inputs are converted to float32, shape (N, ...) as the module expects; labels
-        are integer class
-        indices 0..C-1 of any integer dtype (converted to int64), shape (N,). Float labels
-        are refused rather than silently truncated.
+        are integer class indices 0..C-1 of any integer dtype (converted to int64), shape
+        (N,). Float labels are refused rather than silently truncated.
     test : (inputs, labels)
         The test set, in the same form as ``train``. The number of classes C is one more than
         the largest label in either set.
