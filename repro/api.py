@@ -210,8 +210,8 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         device "cuda" without CUDA; an argument of the wrong type (``num_clients=1.5``, a
         string for a flag, a module that is not a ``torch.nn.Module``, a ``loss_fn`` that is not
         callable, inputs that are not arrays or tensors of numbers); a module that raises on
-        two training inputs, or a ``loss_fn`` that raises on its outputs or does not return
-        one number.
+        two training inputs or has every parameter frozen, or a ``loss_fn`` that raises on its
+        outputs or does not return one number.
         The message names the argument, the value and what would be valid.
     ValueError
         When ``module`` has buffers or no parameters, or parameters that are not float32.

@@ -295,3 +295,11 @@ def test_complex_inputs_are_refused_not_cut_to_their_real_part():
     x, y = _problem()
     with pytest.raises(ConfigError, match="'train'.*inputs of dtype torch.complex64.*real inputs"):
         api.simulate(nn.Linear(6, 2), (x.to(torch.complex64), y), (x, y))
+
+
+def test_a_module_with_every_parameter_frozen_is_refused_before_training():
+    # backward() failed inside the first push with "element 0 of tensors does not require grad"
+    x, y = _problem()
+    module = nn.Linear(6, 2).requires_grad_(False)
+    with pytest.raises(ConfigError, match="'module'.*every parameter frozen"):
+        api.simulate(module, (x, y), (x, y), num_epochs=1)

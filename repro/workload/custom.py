@@ -110,6 +110,9 @@ def _check_fit(net: FlatNet, ds: Dataset) -> None:
     """A minibatch through the module and loss_fn: the module must take the inputs, every label
     must be one of its outputs (a (N, K) output: classes 0..K-1) and loss_fn must give one
     number; else the first evaluation fails deep inside training."""
+    if not any(p.requires_grad for p in net.module.parameters()):   # else backward() fails in training
+        raise ConfigError("module", f"a {type(net.module).__name__} with every parameter frozen",
+                          "a module with a parameter to train (requires_grad=True)")
     x, y = ds.x_train[:2], ds.y_train[:2]   # two: a per-sample loss (reduction="none") shows
     with torch.no_grad():
         out = _call("module", net.module, f"a module that takes inputs of shape {tuple(x.shape)}", x)
