@@ -10,9 +10,14 @@ same config without one.
 """
 from __future__ import annotations
 
+import signal
+import sys
+
+if __name__ == "__main__":   # a Ctrl-C while the imports below load (half a second): 130, not importlib's traceback
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import hydra
