@@ -134,6 +134,11 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
         parent = parent.parent
 
 
+# the grid points refused as bad input, in the process that launches the grid (None elsewhere:
+# a worker's bad point exits 2, which costs only that point, repro.launcher)
+_bad_points: list[str] | None = None
+
+
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     """One run in the folder Hydra made for it: ``cfg`` is the config the command line parsed
     (a single run), or None for a grid point, parsed here from Hydra's ``dcfg``."""
@@ -153,6 +158,10 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     except ConfigError as err:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
         _remove_empty_run_dir(run_dir.resolve(), results)
+        if _bad_points is not None and "MULTIRUN" in str(mode.mode):   # the grid goes on (cli exits 2)
+            print(f"error: grid point {run_dir.name} not run: {err}", file=sys.stderr, flush=True)
+            _bad_points.append(run_dir.name)
+            return None
         exit_bad_input(err)
     except OSError as err:
         if err.errno not in DISK_FAULTS or "MULTIRUN" in str(mode.mode):
@@ -300,7 +309,12 @@ def cli() -> None:
                 checked = precheck(argv)
                 hydra_flags = any(a.startswith("-") for a in argv)   # --cfg job, --info, -m
                 if checked is None or hydra_flags or checked[0].hydra.mode == RunMode.MULTIRUN:
+                    global _bad_points
+                    _bad_points = []
                     main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
+                    if _bad_points:
+                        exit_bad_input(f"{len(_bad_points)} grid point(s) not run, named above: "
+                                       + "; ".join(_bad_points))
                 else:
                     run_composed(*checked)
             except KeyboardInterrupt:
