@@ -21,6 +21,8 @@ import shutil
 from pathlib import Path
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -197,8 +199,13 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _is_sweep(argv: list[str]) -> bool:
-    return any(a in ("-m", "--multirun") for a in argv) or any(
-        re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
+    if any(a in ("-m", "--multirun") for a in argv):
+        return True
+    try:   # Hydra's own parser: a list [1,2] or a quoted 'a,b' holds a comma but sweeps nothing
+        return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(
+            [a for a in argv if "=" in a and not a.startswith(("-", "hydra"))]))
+    except OverrideParseException:   # Hydra's message comes where the config is composed
+        return False
 
 
 def _one_value_overrides(argv: list[str]) -> list[str]:
@@ -226,6 +233,10 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
         except Exception:
             return None
+        if "-m" not in argv and "--multirun" not in argv and dcfg.hydra.mode != RunMode.MULTIRUN:
+            sweep = next(a for a in argv if "=" in a and _is_sweep([a]))   # Hydra: exit 1, five lines
+            exit_bad_input(f"'{sweep}' is a sweep: add -m to run one run per value (a list is "
+                           f"KEY=[A,B], a text with a comma KEY='A,B')")
         _check_folder_writable(dcfg, grid=True)
         return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests.helpers.paths import ROOT
+from tests.helpers.runs import cli
 
 CTRL_C_WHILE_IMPORTING = """
 import builtins, os, runpy, signal, sys
@@ -42,3 +43,17 @@ def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_pat
     runs = sorted(p.parent.name for p in (tmp_path / "default").glob("*/summary.json"))
     assert runs == ["nsync=1,num_epochs=0.2", "nsync=2,num_epochs=0.2"]
     assert all('"completed"' in (tmp_path / "default" / r / "summary.json").read_text() for r in runs)
+
+
+def test_a_sweep_without_multirun_is_bad_input_and_a_list_or_quoted_comma_is_no_sweep(tmp_path):
+    """``nsync=1,2`` without -m ended in Hydra's five-line message with exit 1; a list value
+    (``cost.speeds=[1,2]``) was taken for a sweep by a regular expression and skipped the
+    single run's checks (here: a results_dir that is a file, refused with one line)."""
+    sweep = cli(f"results_dir={tmp_path}", "nsync=1,2")
+    assert (sweep.returncode, sweep.stderr) == (2, "error: 'nsync=1,2' is a sweep: add -m to run one run per "
+                                                   "value (a list is KEY=[A,B], a text with a comma KEY='A,B')\n")
+    (tmp_path / "file").write_text("")
+    listed = cli(f"results_dir={tmp_path / 'file'}", "num_clients=2", "cost.speeds=[1,2]")
+    assert listed.returncode == 2 and listed.stderr.startswith("error: invalid value for 'results_dir'"), \
+        listed.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
