@@ -16,6 +16,7 @@ import sys
 if __name__ == "__main__":   # a Ctrl-C while the imports below load (half a second): 130, not importlib's traceback
     signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -32,7 +33,7 @@ from repro.config.renames import modern_override
 from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
                                parsed_overrides)
 from repro.config.settings import RunConfig
-from repro.errors import ConfigError
+from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only, unmakeable
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
@@ -136,9 +137,11 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
         parent = parent.parent
 
 
-# the grid points refused as bad input, in the process that launches the grid (None elsewhere:
-# a worker's bad point exits 2, which costs only that point, repro.launcher)
-_bad_points: list[str] | None = None
+# the grid points refused as bad input in the process that launches the grid (_launcher_pid; a
+# worker's bad point exits 2, which costs only that point, repro.launcher). A pid, not a flag: a
+# worker gets job() and its globals pickled by value (it is __main__'s)
+_launcher_pid: int | None = None
+_bad_points: list[str] = []
 
 
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
@@ -160,9 +163,11 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     except ConfigError as err:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
         _remove_empty_run_dir(run_dir.resolve(), results)
-        if _bad_points is not None and "MULTIRUN" in str(mode.mode):   # the grid goes on (cli exits 2)
+        if "MULTIRUN" in str(mode.mode):
             print(f"error: grid point {run_dir.name} not run: {err}", file=sys.stderr, flush=True)
-            _bad_points.append(run_dir.name)
+            if os.getpid() != _launcher_pid:
+                sys.exit(EXIT_BAD_INPUT)   # a worker's point (repro.launcher: it costs only itself)
+            _bad_points.append(run_dir.name)   # the grid goes on; cli exits 2 after it
             return None
         exit_bad_input(err)
     except OSError as err:
@@ -238,6 +243,10 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
             exit_bad_input(f"'{sweep}' is a sweep: add -m to run one run per value (a list is "
                            f"KEY=[A,B], a text with a comma KEY='A,B')")
         _check_folder_writable(dcfg, grid=True)
+        if str(dcfg.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+            from repro.launcher import use_point_slots   # +exp's Grid does it too; a plain -m has none
+
+            use_point_slots("grid", lambda: "a grid point")   # a point that exits costs only itself
         return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
@@ -320,8 +329,8 @@ def cli() -> None:
                 checked = precheck(argv)
                 hydra_flags = any(a.startswith("-") for a in argv)   # --cfg job, --info, -m
                 if checked is None or hydra_flags or checked[0].hydra.mode == RunMode.MULTIRUN:
-                    global _bad_points
-                    _bad_points = []
+                    global _launcher_pid
+                    _launcher_pid = os.getpid()
                     main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
                     if _bad_points:
                         exit_bad_input(f"{len(_bad_points)} grid point(s) not run, named above: "

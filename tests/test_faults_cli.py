@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import cli
 
@@ -31,15 +33,20 @@ def test_a_ctrl_c_while_the_command_line_imports_exits_130_without_a_traceback()
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
-def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_path):
-    """``-m nsync=1,0,2`` under the basic launcher: the bad point's exit 2 used to end the grid
-    there, so nsync=2 never ran; now every good point runs and the bad one is named."""
-    proc = subprocess.run([sys.executable, "-m", "repro.run", "-m", f"results_dir={tmp_path}", "progress=false",
-                           "num_epochs=0.2", "nsync=1,0,2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("launcher", ["basic", "parallel"])
+def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_path, launcher):
+    """``-m nsync=1,0,2``: under the basic launcher the bad point's exit 2 ended the grid there,
+    so nsync=2 never ran; under the parallel one (without +exp's Grid) it broke the worker pool,
+    which killed the nsync=1 point mid-run and left its folder 'running'. Now every good point
+    runs and the bad one is named."""
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "-m", f"hydra/launcher={launcher}",
+                           f"results_dir={tmp_path}", "progress=false", "num_epochs=0.2", "nsync=1,0,2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert proc.stderr.rstrip().endswith("1 grid point(s) not run, named above: nsync=0,num_epochs=0.2")
-    assert "grid point nsync=0,num_epochs=0.2 not run: invalid value for 'nsync': 0" in proc.stderr
+    assert "error: grid point nsync=0,num_epochs=0.2 not run: invalid value for 'nsync': 0" in proc.stderr
+    if launcher == "basic":
+        assert proc.stderr.endswith("error: 1 grid point(s) not run, named above: nsync=0,num_epochs=0.2\n")
     runs = sorted(p.parent.name for p in (tmp_path / "default").glob("*/summary.json"))
     assert runs == ["nsync=1,num_epochs=0.2", "nsync=2,num_epochs=0.2"]
     assert all('"completed"' in (tmp_path / "default" / r / "summary.json").read_text() for r in runs)
