@@ -213,6 +213,15 @@ def _is_sweep(argv: list[str]) -> bool:
         return False
 
 
+def _flags_last(argv: list[str]) -> list[str]:
+    """The overrides, then Hydra's flags with their values: its parser takes the overrides as one
+    run of words, so ``num_epochs=1 -m nsync=1,2`` failed with argparse's usage text (last, not
+    first: ``--info``'s value is optional, and an override after it would be taken for one)."""
+    is_flag = [w.startswith("-") or (i > 0 and argv[i - 1] in loader.VALUE_FLAGS and "=" not in w)
+               for i, w in enumerate(argv)]
+    return [w for w, f in zip(argv, is_flag) if not f] + [w for w, f in zip(argv, is_flag) if f]
+
+
 def _one_value_overrides(argv: list[str]) -> list[str]:
     """The overrides that set one value (a grid's sweeps left out): what composes one config."""
     return [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
@@ -306,7 +315,7 @@ def _parsed(argv: list[str], resolved: bool = False) -> RunConfig:
 
 def cli() -> None:
     mark("main", "imported")
-    sys.argv[1:] = argv = [modern_override(a) for a in sys.argv[1:]]   # Hydra's main reads sys.argv
+    sys.argv[1:] = argv = _flags_last([modern_override(a) for a in sys.argv[1:]])   # Hydra's main reads sys.argv
     check_overrides(argv)
     if "--help" in argv or "-h" in argv:
         print_help(argv)

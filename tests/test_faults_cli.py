@@ -64,3 +64,16 @@ def test_a_sweep_without_multirun_is_bad_input_and_a_list_or_quoted_comma_is_no_
     assert listed.returncode == 2 and listed.stderr.startswith("error: invalid value for 'results_dir'"), \
         listed.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_hydras_flags_may_stand_between_the_overrides_and_two_modes_are_one_line():
+    """``num_epochs=0.2 --cfg job seed=3`` failed with argparse's usage text ("unrecognized
+    arguments: seed=3"): Hydra's parser takes the overrides as one run of words. ``-m ...
+    --cfg job`` ended in a raw ValueError traceback."""
+    shown = cli("num_epochs=0.2", "--cfg", "job", "seed=3")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert {"seed: 3", "num_epochs: 0.2"} <= set(shown.stdout.splitlines())
+    both = cli("-m", "nsync=1,2", "--cfg", "job")
+    assert (both.returncode, both.stderr) == (2, "error: -m and --cfg: give one of --run, --multirun (-m), "
+                                                 "--cfg, --info and --shell-completion (--cfg job shows a "
+                                                 "single run's config)\n")
