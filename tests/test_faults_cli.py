@@ -77,3 +77,14 @@ def test_hydras_flags_may_stand_between_the_overrides_and_two_modes_are_one_line
     assert (both.returncode, both.stderr) == (2, "error: -m and --cfg: give one of --run, --multirun (-m), "
                                                  "--cfg, --info and --shell-completion (--cfg job shows a "
                                                  "single run's config)\n")
+
+
+def test_an_interpolation_that_does_not_resolve_is_one_line(tmp_path):
+    """``exp_name=${oops}`` or an unset ``${oc.env:...}`` ended in OmegaConf's raw traceback, exit 1."""
+    for value, why in [("${oops}", "Interpolation key 'oops' not found"),
+                       ("${oc.env:REPRO_UNSET_VARIABLE}", "KeyError raised while resolving interpolation: "
+                                                          "\"Environment variable 'REPRO_UNSET_VARIABLE' not found\"")]:
+        proc = cli(f"results_dir={tmp_path}", f"exp_name={value}")
+        assert (proc.returncode, proc.stderr) == (2, f"error: invalid value for 'exp_name': '{value}'; expected "
+                                                     f"a ${{...}} that resolves ({why})\n"), proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

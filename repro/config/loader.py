@@ -204,9 +204,13 @@ def parse(dcfg) -> config.RunConfig:
         tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
     except (MissingMandatoryValue, InterpolationResolutionError) as e:
         key = getattr(e, "full_key", None) or "?"
-        if isinstance(e, InterpolationResolutionError) and "MissingMandatoryValue" not in str(e):
+        if not isinstance(e, InterpolationResolutionError) or "MissingMandatoryValue" in str(e):
+            raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
+        if key == "?" or key.startswith("hydra."):   # Hydra's own (a run folder's record): not input
             raise
-        raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
+        # the user's ${...} (a key or environment variable that is not there): a traceback before
+        written = config.get(OmegaConf.to_container(dcfg, resolve=False), key, None)
+        raise ConfigError(key, written, f"a ${{...}} that resolves ({str(e).splitlines()[0]})") from None
     tree.pop("hydra", None)
     return checks.from_dict(tree)
 
