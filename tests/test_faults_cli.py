@@ -88,3 +88,13 @@ def test_an_interpolation_that_does_not_resolve_is_one_line(tmp_path):
         assert (proc.returncode, proc.stderr) == (2, f"error: invalid value for 'exp_name': '{value}'; expected "
                                                      f"a ${{...}} that resolves ({why})\n"), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_folder_that_is_a_file_is_one_line(tmp_path):
+    """``hydra.run.dir=FILE`` ended in Hydra's mkdir traceback (FileExistsError), exit 1."""
+    (tmp_path / "file").write_text("mine")
+    proc = cli(f"hydra.run.dir={tmp_path / 'file'}", "num_epochs=0.2")
+    assert (proc.returncode, proc.stderr) == (2, f"error: cannot make the run folder {tmp_path / 'file'}: "
+                                                 f"{tmp_path / 'file'} is a file, not a folder (set "
+                                                 "results_dir=FOLDER to a writable folder)\n"), proc.stderr[-2000:]
+    assert (tmp_path / "file").read_text() == "mine"
