@@ -98,3 +98,13 @@ def test_a_run_folder_that_is_a_file_is_one_line(tmp_path):
                                                  f"{tmp_path / 'file'} is a file, not a folder (set "
                                                  "results_dir=FOLDER to a writable folder)\n"), proc.stderr[-2000:]
     assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_resume_and_force_together_are_refused_before_the_folder_is_touched(tmp_path):
+    """``resume=true force=true`` started the folder over without a word: the interrupted run
+    the user asked to continue was thrown away."""
+    proc = cli(f"results_dir={tmp_path}", "resume=true", "force=true")
+    assert (proc.returncode, proc.stderr) == (2, "error: invalid value for 'resume': True; expected false with "
+                                                 "force=true (force=true starts the folder over, resume=true "
+                                                 "continues its run: keep one)\n"), proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
