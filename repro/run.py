@@ -265,6 +265,9 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         owner = owning_option(key) if key else None
         if owner:
             exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
+        if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
+            *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
+            exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
         exit_bad_input(str(exc).splitlines()[0])
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))

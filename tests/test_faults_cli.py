@@ -108,3 +108,12 @@ def test_resume_and_force_together_are_refused_before_the_folder_is_touched(tmp_
                                                  "force=true (force=true starts the folder over, resume=true "
                                                  "continues its run: keep one)\n"), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path):
+    """``exp_name=é`` (unquoted unicode) said only 'LexerNoViableAltException: exp_name=é'."""
+    proc = cli(f"results_dir={tmp_path}", "exp_name=é")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: LexerNoViableAltException: exp_name=é (quote a value with other "
+                                  "characters: KEY='VALUE'; See https://hydra.cc/docs/"), proc.stderr
+    assert cli(f"results_dir={tmp_path}", "exp_name='é'", "--cfg", "job").returncode == 0
