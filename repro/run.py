@@ -22,7 +22,6 @@ import shutil
 from pathlib import Path
 
 import hydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -206,9 +205,10 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 def _is_sweep(argv: list[str]) -> bool:
     if any(a in ("-m", "--multirun") for a in argv):
         return True
+    from repro.hydra_internals import sweeps
+
     try:   # Hydra's own parser: a list [1,2] or a quoted 'a,b' holds a comma but sweeps nothing
-        return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(
-            [a for a in argv if "=" in a and not a.startswith(("-", "hydra"))]))
+        return sweeps([a for a in argv if "=" in a and not a.startswith(("-", "hydra"))])
     except OverrideParseException:   # Hydra's message comes where the config is composed
         return False
 
