@@ -25,6 +25,7 @@ import hydra
 from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from repro.config import loader
 from repro.config.checks import validate
@@ -288,7 +289,11 @@ def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
 
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
-    folder = Path(str(OmegaConf.select(dcfg, "hydra.sweep.dir" if grid else "hydra.run.dir"))).absolute()
+    key = "hydra.sweep.dir" if grid else "hydra.run.dir"
+    try:
+        folder = Path(str(OmegaConf.select(dcfg, key))).absolute()
+    except InterpolationResolutionError as exc:   # -m exp_name=${oops}: OmegaConf's traceback
+        exit_bad_input(f"cannot name the {'grid' if grid else 'run'} folder ({key}): {str(exc).splitlines()[0]}")
     why = unmakeable(folder)
     if why is None and grid and folder.is_dir() and is_read_only(folder):
         why = f"{folder} is read-only or not writable"

@@ -117,3 +117,15 @@ def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path):
     assert proc.stderr.startswith("error: LexerNoViableAltException: exp_name=é (quote a value with other "
                                   "characters: KEY='VALUE'; See https://hydra.cc/docs/"), proc.stderr
     assert cli(f"results_dir={tmp_path}", "exp_name='é'", "--cfg", "job").returncode == 0
+
+
+def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path):
+    """``-m exp_name=${oops} nsync=1,2`` (the grid's folder is results_dir/exp_name) and
+    ``hydra.run.dir=${oops}`` ended in OmegaConf's raw traceback, exit 1."""
+    grid = cli("-m", f"results_dir={tmp_path}", "exp_name=${oops}", "nsync=1,2")
+    assert (grid.returncode, grid.stderr) == (2, "error: cannot name the grid folder (hydra.sweep.dir): "
+                                                 "Interpolation key 'oops' not found\n"), grid.stderr[-2000:]
+    single = cli("hydra.run.dir=${oops}")
+    assert (single.returncode, single.stderr) == (2, "error: cannot name the run folder (hydra.run.dir): "
+                                                     "Interpolation key 'oops' not found\n"), single.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
