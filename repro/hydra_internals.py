@@ -6,7 +6,8 @@ job. Three guarantees need what Hydra keeps for its plugins and its own main (``
 the package imports them):
 
 * the job list before any point runs (:func:`sweep_jobs`): Hydra gives it to the launcher alone,
-  and the progress line, the grid's figure and sim-vs-real's folder names need it;
+  and the progress line, the grid's figure and sim-vs-real's folder names need it; whether an
+  override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it;
 * a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends
   the whole grid;
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
@@ -53,6 +54,15 @@ def sweep_jobs(config: Any) -> list[list[str]] | None:
     arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
     overrides = OverridesParser.create().parse_overrides(arguments)
     return BasicSweeper.split_arguments(overrides, max_batch_size=None)[0]   # the basic sweeper's own split
+
+
+def sweeps(arguments: list[str]) -> bool:
+    """Whether any of the override ``arguments`` is a sweep (``nsync=1,2``, ``range(1,3)``) as
+    Hydra's parser reads it: a list ``[1,2]`` or a quoted ``'a,b'`` is not. Raises Hydra's
+    OverrideParseException for an argument its grammar cannot read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments))
 
 
 def job_return(exited: SystemExit | None = None) -> Any:

@@ -10,14 +10,22 @@ same config without one.
 """
 from __future__ import annotations
 
+import signal
+import sys
+
+if __name__ == "__main__":   # a Ctrl-C while the imports below load (half a second): 130, not importlib's traceback
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+
+import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import hydra
+from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from repro.config import loader
 from repro.config.checks import validate
@@ -25,7 +33,7 @@ from repro.config.renames import modern_override
 from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
                                parsed_overrides)
 from repro.config.settings import RunConfig
-from repro.errors import ConfigError
+from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only, unmakeable
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
@@ -129,6 +137,13 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
         parent = parent.parent
 
 
+# the grid points refused as bad input in the process that launches the grid (_launcher_pid; a
+# worker's bad point exits 2, which costs only that point, repro.launcher). A pid, not a flag: a
+# worker gets job() and its globals pickled by value (it is __main__'s)
+_launcher_pid: int | None = None
+_bad_points: list[str] = []
+
+
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     """One run in the folder Hydra made for it: ``cfg`` is the config the command line parsed
     (a single run), or None for a grid point, parsed here from Hydra's ``dcfg``."""
@@ -148,6 +163,12 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     except ConfigError as err:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
         _remove_empty_run_dir(run_dir.resolve(), results)
+        if "MULTIRUN" in str(mode.mode):
+            print(f"error: grid point {run_dir.name} not run: {err}", file=sys.stderr, flush=True)
+            if os.getpid() != _launcher_pid:
+                sys.exit(EXIT_BAD_INPUT)   # a worker's point (repro.launcher: it costs only itself)
+            _bad_points.append(run_dir.name)   # the grid goes on; cli exits 2 after it
+            return None
         exit_bad_input(err)
     except OSError as err:
         if err.errno not in DISK_FAULTS or "MULTIRUN" in str(mode.mode):
@@ -183,8 +204,23 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _is_sweep(argv: list[str]) -> bool:
-    return any(a in ("-m", "--multirun") for a in argv) or any(
-        re.search(r"=(.*,|(range|choice|interval|glob)\()", a) for a in argv if not a.startswith("hydra"))
+    if any(a in ("-m", "--multirun") for a in argv):
+        return True
+    from repro.hydra_internals import sweeps
+
+    try:   # Hydra's own parser: a list [1,2] or a quoted 'a,b' holds a comma but sweeps nothing
+        return sweeps([a for a in argv if "=" in a and not a.startswith(("-", "hydra"))])
+    except OverrideParseException:   # Hydra's message comes where the config is composed
+        return False
+
+
+def _flags_last(argv: list[str]) -> list[str]:
+    """The overrides, then Hydra's flags with their values: its parser takes the overrides as one
+    run of words, so ``num_epochs=1 -m nsync=1,2`` failed with argparse's usage text (last, not
+    first: ``--info``'s value is optional, and an override after it would be taken for one)."""
+    is_flag = [w.startswith("-") or (i > 0 and argv[i - 1] in loader.VALUE_FLAGS and "=" not in w)
+               for i, w in enumerate(argv)]
+    return [w for w, f in zip(argv, is_flag) if not f] + [w for w, f in zip(argv, is_flag) if f]
 
 
 def _one_value_overrides(argv: list[str]) -> list[str]:
@@ -212,7 +248,15 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
         except Exception:
             return None
+        if "-m" not in argv and "--multirun" not in argv and dcfg.hydra.mode != RunMode.MULTIRUN:
+            sweep = next(a for a in argv if "=" in a and _is_sweep([a]))   # Hydra: exit 1, five lines
+            exit_bad_input(f"'{sweep}' is a sweep: add -m to run one run per value (a list is "
+                           f"KEY=[A,B], a text with a comma KEY='A,B')")
         _check_folder_writable(dcfg, grid=True)
+        if str(dcfg.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+            from repro.launcher import use_point_slots   # +exp's Grid does it too; a plain -m has none
+
+            use_point_slots("grid", lambda: "a grid point")   # a point that exits costs only itself
         return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     try:
@@ -222,6 +266,9 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         owner = owning_option(key) if key else None
         if owner:
             exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
+        if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
+            *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
+            exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
         exit_bad_input(str(exc).splitlines()[0])
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
@@ -242,7 +289,11 @@ def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
 
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
-    folder = Path(str(OmegaConf.select(dcfg, "hydra.sweep.dir" if grid else "hydra.run.dir"))).absolute()
+    key = "hydra.sweep.dir" if grid else "hydra.run.dir"
+    try:
+        folder = Path(str(OmegaConf.select(dcfg, key))).absolute()
+    except InterpolationResolutionError as exc:   # -m exp_name=${oops}: OmegaConf's traceback
+        exit_bad_input(f"cannot name the {'grid' if grid else 'run'} folder ({key}): {str(exc).splitlines()[0]}")
     why = unmakeable(folder)
     if why is None and grid and folder.is_dir() and is_read_only(folder):
         why = f"{folder} is read-only or not writable"
@@ -272,7 +323,7 @@ def _parsed(argv: list[str], resolved: bool = False) -> RunConfig:
 
 def cli() -> None:
     mark("main", "imported")
-    sys.argv[1:] = argv = [modern_override(a) for a in sys.argv[1:]]   # Hydra's main reads sys.argv
+    sys.argv[1:] = argv = _flags_last([modern_override(a) for a in sys.argv[1:]])   # Hydra's main reads sys.argv
     check_overrides(argv)
     if "--help" in argv or "-h" in argv:
         print_help(argv)
@@ -295,7 +346,12 @@ def cli() -> None:
                 checked = precheck(argv)
                 hydra_flags = any(a.startswith("-") for a in argv)   # --cfg job, --info, -m
                 if checked is None or hydra_flags or checked[0].hydra.mode == RunMode.MULTIRUN:
+                    global _launcher_pid
+                    _launcher_pid = os.getpid()
                     main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
+                    if _bad_points:
+                        exit_bad_input(f"{len(_bad_points)} grid point(s) not run, named above: "
+                                       + "; ".join(_bad_points))
                 else:
                     run_composed(*checked)
             except KeyboardInterrupt:

@@ -204,9 +204,13 @@ def parse(dcfg) -> config.RunConfig:
         tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
     except (MissingMandatoryValue, InterpolationResolutionError) as e:
         key = getattr(e, "full_key", None) or "?"
-        if isinstance(e, InterpolationResolutionError) and "MissingMandatoryValue" not in str(e):
+        if not isinstance(e, InterpolationResolutionError) or "MissingMandatoryValue" in str(e):
+            raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
+        if key == "?" or key.startswith("hydra."):   # Hydra's own (a run folder's record): not input
             raise
-        raise ConfigError(key, None, "a value (it has none: set " + key + "=...)") from None
+        # the user's ${...} (a key or environment variable that is not there): a traceback before
+        written = config.get(OmegaConf.to_container(dcfg, resolve=False), key, None)
+        raise ConfigError(key, written, f"a ${{...}} that resolves ({str(e).splitlines()[0]})") from None
     tree.pop("hydra", None)
     return checks.from_dict(tree)
 
@@ -243,10 +247,18 @@ VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--conf
                "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
 
 
+# Hydra's flags that each choose what the command does: one at most
+MODE_FLAGS = ("--run", "-r", "--multirun", "-m", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
+
+
 def check_words(argv: list[str]) -> None:
     """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (``num_clients 4``: Hydra
     would fail with its own usage text and exit 1), and for a setting given twice (``nsync=4
     nsync=8``: Hydra would silently keep the last)."""
+    modes = [w for w in argv if w in MODE_FLAGS]
+    if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
+        exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg, --info and "
+                       "--shell-completion (--cfg job shows a single run's config)")
     seen: dict[str, str] = {}
     for i, word in enumerate(argv):
         if word.startswith("-") or "=" in word or (i and argv[i - 1] in VALUE_FLAGS):

@@ -50,8 +50,8 @@ def unmakeable(folder: Path) -> str | None:
     probe folder is made there and removed at once."""
     folder = Path(folder).absolute()
     existing = nearest_existing(folder)   # "/" at the latest
-    if existing == folder:
-        return None
+    if existing == folder:   # hydra.run.dir=FILE: Hydra's mkdir raised FileExistsError
+        return None if folder.is_dir() else f"{folder} is a file, not a folder"
     if is_read_only(existing):
         return f"{existing} is read-only or not writable"
     try:

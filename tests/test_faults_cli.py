@@ -1,0 +1,131 @@
+"""The command line under attack (wave 7): a Ctrl-C while its imports load, a grid with one bad
+point, a sweep without --multirun. Each ends with one line and the exit code the guide gives."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import cli
+
+CTRL_C_WHILE_IMPORTING = """
+import builtins, os, runpy, signal, sys
+real_import = builtins.__import__
+def ctrl_c_on_hydra(name, *args, **kwargs):   # the first heavy import of repro.run
+    if name == "hydra":
+        builtins.__import__ = real_import
+        os.kill(os.getpid(), signal.SIGINT)
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = ctrl_c_on_hydra
+sys.argv = ["repro.run", "--help"]
+runpy.run_module("repro.run", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_ctrl_c_while_the_command_line_imports_exits_130_without_a_traceback():
+    """Ctrl-C in the first half second (Hydra, OmegaConf loading) printed importlib's traceback
+    and died by the signal: no handler was installed before the imports."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_IMPORTING], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (130, ""), (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("launcher", ["basic", "parallel"])
+def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_path, launcher):
+    """``-m nsync=1,0,2``: under the basic launcher the bad point's exit 2 ended the grid there,
+    so nsync=2 never ran; under the parallel one (without +exp's Grid) it broke the worker pool,
+    which killed the nsync=1 point mid-run and left its folder 'running'. Now every good point
+    runs and the bad one is named."""
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "-m", f"hydra/launcher={launcher}",
+                           f"results_dir={tmp_path}", "progress=false", "num_epochs=0.2", "nsync=1,0,2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "error: grid point nsync=0,num_epochs=0.2 not run: invalid value for 'nsync': 0" in proc.stderr
+    if launcher == "basic":
+        assert proc.stderr.endswith("error: 1 grid point(s) not run, named above: nsync=0,num_epochs=0.2\n")
+    runs = sorted(p.parent.name for p in (tmp_path / "default").glob("*/summary.json"))
+    assert runs == ["nsync=1,num_epochs=0.2", "nsync=2,num_epochs=0.2"]
+    assert all('"completed"' in (tmp_path / "default" / r / "summary.json").read_text() for r in runs)
+
+
+def test_a_sweep_without_multirun_is_bad_input_and_a_list_or_quoted_comma_is_no_sweep(tmp_path):
+    """``nsync=1,2`` without -m ended in Hydra's five-line message with exit 1; a list value
+    (``cost.speeds=[1,2]``) was taken for a sweep by a regular expression and skipped the
+    single run's checks (here: a results_dir that is a file, refused with one line)."""
+    sweep = cli(f"results_dir={tmp_path}", "nsync=1,2")
+    assert (sweep.returncode, sweep.stderr) == (2, "error: 'nsync=1,2' is a sweep: add -m to run one run per "
+                                                   "value (a list is KEY=[A,B], a text with a comma KEY='A,B')\n")
+    (tmp_path / "file").write_text("")
+    listed = cli(f"results_dir={tmp_path / 'file'}", "num_clients=2", "cost.speeds=[1,2]")
+    assert listed.returncode == 2 and listed.stderr.startswith("error: invalid value for 'results_dir'"), \
+        listed.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_hydras_flags_may_stand_between_the_overrides_and_two_modes_are_one_line():
+    """``num_epochs=0.2 --cfg job seed=3`` failed with argparse's usage text ("unrecognized
+    arguments: seed=3"): Hydra's parser takes the overrides as one run of words. ``-m ...
+    --cfg job`` ended in a raw ValueError traceback."""
+    shown = cli("num_epochs=0.2", "--cfg", "job", "seed=3")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert {"seed: 3", "num_epochs: 0.2"} <= set(shown.stdout.splitlines())
+    both = cli("-m", "nsync=1,2", "--cfg", "job")
+    assert (both.returncode, both.stderr) == (2, "error: -m and --cfg: give one of --run, --multirun (-m), "
+                                                 "--cfg, --info and --shell-completion (--cfg job shows a "
+                                                 "single run's config)\n")
+
+
+def test_an_interpolation_that_does_not_resolve_is_one_line(tmp_path):
+    """``exp_name=${oops}`` or an unset ``${oc.env:...}`` ended in OmegaConf's raw traceback, exit 1."""
+    for value, why in [("${oops}", "Interpolation key 'oops' not found"),
+                       ("${oc.env:REPRO_UNSET_VARIABLE}", "KeyError raised while resolving interpolation: "
+                                                          "\"Environment variable 'REPRO_UNSET_VARIABLE' not found\"")]:
+        proc = cli(f"results_dir={tmp_path}", f"exp_name={value}")
+        assert (proc.returncode, proc.stderr) == (2, f"error: invalid value for 'exp_name': '{value}'; expected "
+                                                     f"a ${{...}} that resolves ({why})\n"), proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_folder_that_is_a_file_is_one_line(tmp_path):
+    """``hydra.run.dir=FILE`` ended in Hydra's mkdir traceback (FileExistsError), exit 1."""
+    (tmp_path / "file").write_text("mine")
+    proc = cli(f"hydra.run.dir={tmp_path / 'file'}", "num_epochs=0.2")
+    assert (proc.returncode, proc.stderr) == (2, f"error: cannot make the run folder {tmp_path / 'file'}: "
+                                                 f"{tmp_path / 'file'} is a file, not a folder (set "
+                                                 "results_dir=FOLDER to a writable folder)\n"), proc.stderr[-2000:]
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_resume_and_force_together_are_refused_before_the_folder_is_touched(tmp_path):
+    """``resume=true force=true`` started the folder over without a word: the interrupted run
+    the user asked to continue was thrown away."""
+    proc = cli(f"results_dir={tmp_path}", "resume=true", "force=true")
+    assert (proc.returncode, proc.stderr) == (2, "error: invalid value for 'resume': True; expected false with "
+                                                 "force=true (force=true starts the folder over, resume=true "
+                                                 "continues its run: keep one)\n"), proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path):
+    """``exp_name=é`` (unquoted unicode) said only 'LexerNoViableAltException: exp_name=é'."""
+    proc = cli(f"results_dir={tmp_path}", "exp_name=é")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: LexerNoViableAltException: exp_name=é (quote a value with other "
+                                  "characters: KEY='VALUE'; See https://hydra.cc/docs/"), proc.stderr
+    assert cli(f"results_dir={tmp_path}", "exp_name='é'", "--cfg", "job").returncode == 0
+
+
+def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path):
+    """``-m exp_name=${oops} nsync=1,2`` (the grid's folder is results_dir/exp_name) and
+    ``hydra.run.dir=${oops}`` ended in OmegaConf's raw traceback, exit 1."""
+    grid = cli("-m", f"results_dir={tmp_path}", "exp_name=${oops}", "nsync=1,2")
+    assert (grid.returncode, grid.stderr) == (2, "error: cannot name the grid folder (hydra.sweep.dir): "
+                                                 "Interpolation key 'oops' not found\n"), grid.stderr[-2000:]
+    single = cli("hydra.run.dir=${oops}")
+    assert (single.returncode, single.stderr) == (2, "error: cannot name the run folder (hydra.run.dir): "
+                                                     "Interpolation key 'oops' not found\n"), single.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
