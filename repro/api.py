@@ -128,7 +128,8 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     momentum : float, default 0.5
         Client momentum in [0, 1); the momentum buffer stays on the client across exchanges.
     weight_decay : float, default 0.0
-        L2 weight decay added to the client's gradient, >= 0.
+        L2 weight decay added to the client's gradient, >= 0; 0 when some parameters are
+        frozen (the decay acts on the whole parameter vector).
     batch_size : int, default 32
         Minibatch size of one client step, between 1 and the training-set size.
     server_rule : {SERVER_RULES}, default "delta"
@@ -218,6 +219,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     """
     settings = {name: value for name, value in locals().items() if name in API_KEYS}
     check_objects(module, train, test, loss_fn, run_dir)
+    if weight_decay and not all(p.requires_grad for p in module.parameters()):   # torch's SGD skips them
+        raise ConfigError("weight_decay", weight_decay, "0 for a module with frozen parameters "
+                          "(requires_grad=False): the decay would shrink them every step")
     cfg = _config(settings, cost_profile(cost))
     with _seeded(seed):
         problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))

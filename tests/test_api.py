@@ -297,6 +297,15 @@ def test_complex_inputs_are_refused_not_cut_to_their_real_part():
         api.simulate(nn.Linear(6, 2), (x.to(torch.complex64), y), (x, y))
 
 
+def test_weight_decay_on_a_module_with_frozen_parameters_is_refused():
+    # the decay acts on the whole flat vector: the frozen layer shrank every step (torch's SGD skips it)
+    x, y = _problem()
+    module = nn.Sequential(nn.Linear(6, 4).requires_grad_(False), nn.ReLU(), nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="'weight_decay'.*0 for a module with frozen parameters"):
+        api.simulate(module, (x, y), (x, y), num_epochs=1, weight_decay=0.1)
+    assert api.simulate(module, (x, y), (x, y), num_epochs=1).summary["status"] == "completed"
+
+
 def test_a_module_with_every_parameter_frozen_is_refused_before_training():
     # backward() failed inside the first push with "element 0 of tensors does not require grad"
     x, y = _problem()
