@@ -62,7 +62,7 @@ def student_call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     the student's file it came from (their traceback, not the grader's)."""
     try:
         return fn(*args, **kwargs)
-    except Exception as e:   # noqa: BLE001  (whatever their code raises is their answer's verdict)
+    except (Exception, SystemExit) as e:   # noqa: BLE001  (their code's exit() too: not the grader's status)
         raise StudentError(describe_error(e)) from None
 
 
