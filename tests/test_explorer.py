@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -116,6 +118,52 @@ def test_busy_port_exits_2(capsys):
     finally:
         srv.server_close()
     assert "--port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["-1", "70000"])
+def test_a_port_out_of_range_exits_2(port, capsys):
+    assert explore.main(["--port", port]) == 2
+    assert f"--port {port}: not a port" in capsys.readouterr().err
+
+
+def test_a_run_without_numbers_answers_json_the_page_can_parse(server):
+    """32 clients at lr 4 diverge before any push is applied: no mean staleness, no rate. JSON
+    has no NaN: the browser's JSON.parse would throw and the page stop redrawing."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    with urllib.request.urlopen(server + "/api?clients=32&nsync=16&lr=4", timeout=120) as r:
+        answer = json.loads(r.read(), parse_constant=refuse)
+    assert answer["status"] == "diverged" and answer["mean_staleness"] == "NaN"
+
+
+def _explorer(*code: str) -> subprocess.Popen:
+    """``python -m repro.lab explore`` (after ``code``), with Ctrl-C as a terminal delivers it."""
+    run = ["-c", "; ".join((*code, "from repro.lab import explore", "sys.exit(explore.main([]))"))]
+    return subprocess.Popen([sys.executable, *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def test_ctrl_c_while_a_change_is_simulated_waits_for_it_and_exits_0():
+    """The simulation under way ends and is answered; torch's threads torn down under it
+    aborted the process (SIGABRT, "terminate called without an active exception")."""
+    proc = _explorer("import sys")
+    url = proc.stdout.readline().split()[2]
+    answered = []
+    slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
+    slow.start()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    slow.join()
+    assert (proc.returncode, err, answered) == (0, "", [200])
+
+
+def test_ctrl_c_during_the_warm_up_stops_the_explorer():
+    """A Ctrl-C in the warm-up's run stops that run (interrupted): the explorer stops too,
+    rather than print its URL and serve."""
+    proc = _explorer("import sys", "from repro.runtime import request_stop", "request_stop('SIGINT')")
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (0, "", "")
 
 
 # ---------------------------------------------------------------------------------------------
