@@ -229,3 +229,11 @@ def test_a_gate_that_returns_a_list_is_judged_by_whom_it_releases(tmp_path, caps
     path = edited(tmp_path, "05_ssp_gate.py", "return tuple(go)", "return go")
     code, out, err = graded(path, capsys)
     assert code == grader.EXIT_PASSED, out + err
+
+
+@pytest.mark.parametrize("exercise, function", [("mean_staleness", "mean_staleness"), ("stable_lr", "largest_stable_lr")])
+def test_an_int_beyond_floats_fails_as_an_answer(exercise, function, tmp_path, capsys):
+    path = tmp_path / "answer.py"
+    path.write_text(f'EXERCISE = "{exercise}"\n\ndef {function}(n):\n    return 10 ** 400\n')
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "Traceback" not in out + err, out + err

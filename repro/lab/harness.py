@@ -92,7 +92,7 @@ def number_check(what: str, got: Any, expected: float, tolerance: str, hint: str
     abs_tol)`` (None or text never does), the tolerance stated beside it."""
     try:
         passed = abs(float(got) - expected) <= max(rel * abs(expected), abs_tol)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):   # text, None, an int past float's range
         passed = False
     return Check(what, f"{expected:.4g} ({tolerance})", shown(got), passed, hint)
 
