@@ -237,3 +237,10 @@ def test_an_int_beyond_floats_fails_as_an_answer(exercise, function, tmp_path, c
     path.write_text(f'EXERCISE = "{exercise}"\n\ndef {function}(n):\n    return 10 ** 400\n')
     code, out, err = graded(path, capsys)
     assert code == grader.EXIT_FAILED and "Traceback" not in out + err, out + err
+
+
+@pytest.mark.parametrize("start", [b"\xef\xbb\xbf", b"# -*- coding: latin-1 -*-\n# \xe9\n"])
+def test_a_file_python_runs_is_graded_with_a_bom_or_a_coding_line(start, tmp_path, capsys):
+    path = tmp_path / "answer.py"   # Windows Notepad saves UTF-8 with a BOM
+    path.write_bytes(start + (EXERCISES / "solutions" / "01_mean_staleness.py").read_bytes())
+    assert graded(path, capsys)[0] == grader.EXIT_PASSED

@@ -54,10 +54,10 @@ def exercise_of(path: Path, tree: ast.Module) -> Exercise:
 
 def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     """The file's exercise and the file run as a fresh module, or :class:`Unloadable`."""
-    try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise Unloadable(f"{path}: cannot read it ({e.strerror if isinstance(e, OSError) else e})") from None
+    try:   # bytes: the parser decodes them as python does (a BOM, a coding line; else a syntax error)
+        source = path.read_bytes()
+    except OSError as e:
+        raise Unloadable(f"{path}: cannot read it ({e.strerror})") from None
     filename = str(path.resolve())
     try:
         tree = ast.parse(source, filename)
