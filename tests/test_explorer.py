@@ -58,6 +58,15 @@ def test_sync_and_rennala_predict_no_staleness():
         assert r["bound_used"] == 2
 
 
+def test_sync_without_jitter_is_measured_at_the_ceiling():
+    """Equal step times: a round ends when every client has made its step, so sync moves as many
+    local steps per second as async (a round is one row of one step in the updates, but N
+    clients' samples)."""
+    r = explore.point(Settings(clients=8, jitter=0.0, protocol="sync", bound=0))
+    assert r["steps_per_s"] == pytest.approx(r["predicted"]["steps_per_s"], rel=0.02)
+    assert r["predicted"]["steps_per_s"] == pytest.approx(r["predicted"]["ceiling_steps_per_s"])
+
+
 def test_the_bound_slider_is_kept_to_what_each_protocol_accepts():
     """sync: at most N - 1 backup workers; ringmaster's R and rennala's S at least 1 (each a
     config the run's own check accepts)."""

@@ -169,7 +169,9 @@ def point(s: Settings) -> dict:
     pushes = int(updates["num_steps"].count())
     pred = predictions(s, cfg, max(pushes, 1))
     end = float(updates["time_s"].max()) if len(updates) else 0.0
-    steps = float(updates["num_steps"].sum())
+    # local steps from samples: a merged push (a sync round, a rennala collection) is one row of
+    # one step, but carries every collected client's samples
+    steps = float(updates["num_samples"].sum()) / cfg.algo.batch_size
     versions = int(updates["version"].max()) if len(updates) else 0
     # the theory's curve is the quadratic's (delayed gradient descent); none for the digits network
     theory = theory_loss(s.lr, pred["tau"], s.nsync, versions) if s.problem == "quadratic" else np.array([])
