@@ -244,3 +244,10 @@ def test_a_file_python_runs_is_graded_with_a_bom_or_a_coding_line(start, tmp_pat
     path = tmp_path / "answer.py"   # Windows Notepad saves UTF-8 with a BOM
     path.write_bytes(start + (EXERCISES / "solutions" / "01_mean_staleness.py").read_bytes())
     assert graded(path, capsys)[0] == grader.EXIT_PASSED
+
+
+def test_a_rate_too_large_to_try_is_named_so(tmp_path, capsys):
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "stable_lr"\n\ndef largest_stable_lr(tau):\n    return 150.0\n')
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "expected a learning rate between 0 and 100, got 150.0" in out, out
