@@ -130,7 +130,7 @@ UNLOADABLE = {
     "renamed": ('EXERCISE = "staleness_rule"\nclass MyRule:\n    pass\n', "no class named StalenessRule"),
     "raises": ('EXERCISE = "mean_staleness"\nimport no_such_module_here\n',
                "it stops while loading: ModuleNotFoundError: No module named 'no_such_module_here' (line 2"),
-    "null_byte": ('EXERCISE = "mean_staleness"\x00\n', "answer.py: syntax error: source code string cannot contain null"),
+    "null_byte": ('EXERCISE = "mean_staleness"\x00\n', "answer.py: syntax error: source code string cannot"),
 }
 
 
@@ -231,7 +231,8 @@ def test_a_gate_that_returns_a_list_is_judged_by_whom_it_releases(tmp_path, caps
     assert code == grader.EXIT_PASSED, out + err
 
 
-@pytest.mark.parametrize("exercise, function", [("mean_staleness", "mean_staleness"), ("stable_lr", "largest_stable_lr")])
+@pytest.mark.parametrize("exercise, function", [("mean_staleness", "mean_staleness"),
+                                                ("stable_lr", "largest_stable_lr")])
 def test_an_int_beyond_floats_fails_as_an_answer(exercise, function, tmp_path, capsys):
     path = tmp_path / "answer.py"
     path.write_text(f'EXERCISE = "{exercise}"\n\ndef {function}(n):\n    return 10 ** 400\n')

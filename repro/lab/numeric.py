@@ -85,7 +85,8 @@ def grade_stable_lr(student) -> Iterator[Check]:
         yield Check("staleness 3, simulator (4 equally fast clients)", "a number to try", str(got), False, LR_HINT)
         return
     if not 0 < lr < 100:
-        yield Check("staleness 3, simulator (4 equally fast clients)", "a learning rate between 0 and 100", str(got), False, LR_HINT)
+        yield Check("staleness 3, simulator (4 equally fast clients)", "a learning rate between 0 and 100", str(got),
+                    False, LR_HINT)
         return
     for factor, want, hint in ((0.85, "stable", "your rate is above the boundary: a little below it "
                                 "already fails"), (1.2, "unstable", "your rate is below the boundary: "
