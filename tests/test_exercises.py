@@ -252,3 +252,12 @@ def test_a_rate_too_large_to_try_is_named_so(tmp_path, capsys):
     path.write_text('EXERCISE = "stable_lr"\n\ndef largest_stable_lr(tau):\n    return 150.0\n')
     code, out, err = graded(path, capsys)
     assert code == grader.EXIT_FAILED and "expected a learning rate between 0 and 100, got 150.0" in out, out
+
+
+def test_a_report_piped_into_head_ends_without_a_traceback():
+    graded = subprocess.Popen([sys.executable, "-m", "repro.lab", "grade", "exercises/01_mean_staleness.py"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert graded.stdout.readline().startswith("exercise mean_staleness")
+    graded.stdout.close()   # as head -1 does
+    assert "Traceback" not in graded.stderr.read()
+    graded.wait(timeout=120)
