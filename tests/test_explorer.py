@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -143,6 +145,16 @@ def test_a_run_without_numbers_answers_json_the_page_can_parse(server):
     with urllib.request.urlopen(server + "/api?clients=32&nsync=16&lr=4", timeout=120) as r:
         answer = json.loads(r.read(), parse_constant=refuse)
     assert answer["status"] == "diverged" and answer["mean_staleness"] == "NaN"
+
+
+def test_a_page_that_goes_away_before_its_answer_leaves_no_traceback(server, capsys):
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as page:
+        page.sendall(b"GET /api?problem=digits&clients=32 HTTP/1.0\r\n\r\n")
+        time.sleep(0.2)   # the change is being simulated
+        page.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # closed: a reset
+    assert _get(server + "/api?clients=2")[0] == 200   # served after the first (one at a time)
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def _explorer(*code: str) -> subprocess.Popen:

@@ -203,6 +203,10 @@ def answer(query: dict[str, list[str]]) -> dict:
 class _Handler(BaseHTTPRequestHandler):
     lock = threading.Lock()    # one simulation at a time: two cores, and torch's threads
 
+    def handle(self):
+        with contextlib.suppress(ConnectionError):   # the page went away (reloaded, closed) before
+            super().handle()                         # its answer: nobody to tell, no traceback
+
     def do_GET(self):  # noqa: N802 (http.server's name)
         url = urlparse(self.path)
         if url.path == "/":
