@@ -2,6 +2,7 @@
 page in a real headless browser, a slider moved and the new result shown."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -13,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -157,33 +159,40 @@ def test_a_page_that_goes_away_before_its_answer_leaves_no_traceback(server, cap
     assert "Traceback" not in capsys.readouterr().err
 
 
-def _explorer(*code: str) -> subprocess.Popen:
-    """``python -m repro.lab explore`` (after ``code``), with Ctrl-C as a terminal delivers it."""
+@contextlib.contextmanager
+def _explorer(*code: str) -> Iterator[subprocess.Popen]:
+    """``python -m repro.lab explore`` (after ``code``), with Ctrl-C as a terminal delivers it;
+    killed when its ``with`` block ends (a test that fails leaves no explorer behind)."""
     run = ["-c", "; ".join((*code, "from repro.lab import explore", "sys.exit(explore.main([]))"))]
-    return subprocess.Popen([sys.executable, *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    with proc:
+        try:
+            yield proc
+        finally:
+            proc.kill()
 
 
 def test_ctrl_c_while_a_change_is_simulated_waits_for_it_and_exits_0():
     """The simulation under way ends and is answered; torch's threads torn down under it
     aborted the process (SIGABRT, "terminate called without an active exception")."""
-    proc = _explorer("import sys")
-    url = proc.stdout.readline().split()[2]
-    answered = []
-    slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
-    slow.start()
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    slow.join()
+    with _explorer("import sys") as proc:
+        url = proc.stdout.readline().split()[2]
+        answered = []
+        slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
+        slow.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        slow.join()
     assert (proc.returncode, err, answered) == (0, "", [200])
 
 
 def test_ctrl_c_during_the_warm_up_stops_the_explorer():
     """A Ctrl-C in the warm-up's run stops that run (interrupted): the explorer stops too,
     rather than print its URL and serve."""
-    proc = _explorer("import sys", "from repro.runtime import request_stop", "request_stop('SIGINT')")
-    out, err = proc.communicate(timeout=120)
+    with _explorer("import sys", "from repro.runtime import request_stop", "request_stop('SIGINT')") as proc:
+        out, err = proc.communicate(timeout=120)
     assert (proc.returncode, out, err) == (0, "", "")
 
 
