@@ -130,6 +130,7 @@ UNLOADABLE = {
     "renamed": ('EXERCISE = "staleness_rule"\nclass MyRule:\n    pass\n', "no class named StalenessRule"),
     "raises": ('EXERCISE = "mean_staleness"\nimport no_such_module_here\n',
                "it stops while loading: ModuleNotFoundError: No module named 'no_such_module_here' (line 2"),
+    "null_byte": ('EXERCISE = "mean_staleness"\x00\n', "answer.py: syntax error: source code string cannot"),
 }
 
 
@@ -195,3 +196,68 @@ def test_a_protocol_that_never_closes_a_round_fails_with_the_runs_own_reason(tmp
     out = failing(tmp_path, capsys, "07_backup_workers.py", "max(1, len(counted) - self.backups)", "len(counted) + 1")
     assert "your run ended failed: protocol 'student_backup_workers' holds every live client" in out
     assert "got no rounds (none applied)" in out
+
+
+def test_an_answer_that_calls_exit_fails_instead_of_passing(tmp_path, capsys):
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\n\ndef mean_staleness(n):\n    exit()\n')
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "got an error: SystemExit:" in out, out + err
+
+
+@pytest.mark.parametrize("where", ["answer", "top"])
+def test_an_endless_loop_is_stopped_once_for_the_whole_grading(where, tmp_path, monkeypatch, capsys):
+    """The alarm rings once: an endless answer, or an endless file, must end the grading there."""
+    monkeypatch.setattr(grader, "GRADE_LIMIT_S", 1)
+    loop = "while True:\n    try:\n        pass\n    except Exception:\n        pass\n"
+    body = ("def mean_staleness(n):\n" + "".join("    " + line + "\n" for line in loop.splitlines())
+            if where == "answer" else loop)
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\n' + body)
+    code, out, err = graded(path, capsys)
+    assert code == (grader.EXIT_FAILED if where == "answer" else grader.EXIT_UNLOADABLE), out + err
+    assert "grading ran over 1 s" in out + err and "Traceback" not in out + err
+
+
+def test_a_method_that_returns_no_decision_fails_saying_so(tmp_path, capsys):
+    out = failing(tmp_path, capsys, "06_ringmaster.py", "        return Decision(apply=push",
+                  "        Decision(apply=push")   # a forgotten return
+    assert "on_push returned None, not a Decision" in out
+
+
+def test_a_gate_that_returns_a_list_is_judged_by_whom_it_releases(tmp_path, capsys):
+    path = edited(tmp_path, "05_ssp_gate.py", "return tuple(go)", "return go")
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_PASSED, out + err
+
+
+@pytest.mark.parametrize("exercise, function", [("mean_staleness", "mean_staleness"),
+                                                ("stable_lr", "largest_stable_lr")])
+def test_an_int_beyond_floats_fails_as_an_answer(exercise, function, tmp_path, capsys):
+    path = tmp_path / "answer.py"
+    path.write_text(f'EXERCISE = "{exercise}"\n\ndef {function}(n):\n    return 10 ** 400\n')
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "Traceback" not in out + err, out + err
+
+
+@pytest.mark.parametrize("start", [b"\xef\xbb\xbf", b"# -*- coding: latin-1 -*-\n# \xe9\n"])
+def test_a_file_python_runs_is_graded_with_a_bom_or_a_coding_line(start, tmp_path, capsys):
+    path = tmp_path / "answer.py"   # Windows Notepad saves UTF-8 with a BOM
+    path.write_bytes(start + (EXERCISES / "solutions" / "01_mean_staleness.py").read_bytes())
+    assert graded(path, capsys)[0] == grader.EXIT_PASSED
+
+
+def test_a_rate_too_large_to_try_is_named_so(tmp_path, capsys):
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "stable_lr"\n\ndef largest_stable_lr(tau):\n    return 150.0\n')
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "expected a learning rate between 0 and 100, got 150.0" in out, out
+
+
+def test_a_report_piped_into_head_ends_without_a_traceback():
+    graded = subprocess.Popen([sys.executable, "-m", "repro.lab", "grade", "exercises/01_mean_staleness.py"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert graded.stdout.readline().startswith("exercise mean_staleness")
+    graded.stdout.close()   # as head -1 does
+    assert "Traceback" not in graded.stderr.read()
+    graded.wait(timeout=120)

@@ -2,13 +2,19 @@
 page in a real headless browser, a slider moved and the new result shown."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -54,6 +60,15 @@ def test_sync_and_rennala_predict_no_staleness():
         assert r["predicted"]["mean_staleness"] == 0.0
         assert r["mean_staleness"] == 0.0, protocol
         assert r["bound_used"] == 2
+
+
+def test_sync_without_jitter_is_measured_at_the_ceiling():
+    """Equal step times: a round ends when every client has made its step, so sync moves as many
+    local steps per second as async (a round is one row of one step in the updates, but N
+    clients' samples)."""
+    r = explore.point(Settings(clients=8, jitter=0.0, protocol="sync", bound=0))
+    assert r["steps_per_s"] == pytest.approx(r["predicted"]["steps_per_s"], rel=0.02)
+    assert r["predicted"]["steps_per_s"] == pytest.approx(r["predicted"]["ceiling_steps_per_s"])
 
 
 def test_the_bound_slider_is_kept_to_what_each_protocol_accepts():
@@ -116,6 +131,69 @@ def test_busy_port_exits_2(capsys):
     finally:
         srv.server_close()
     assert "--port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["-1", "70000"])
+def test_a_port_out_of_range_exits_2(port, capsys):
+    assert explore.main(["--port", port]) == 2
+    assert f"--port {port}: not a port" in capsys.readouterr().err
+
+
+def test_a_run_without_numbers_answers_json_the_page_can_parse(server):
+    """32 clients at lr 4 diverge before any push is applied: no mean staleness, no rate. JSON
+    has no NaN: the browser's JSON.parse would throw and the page stop redrawing."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    with urllib.request.urlopen(server + "/api?clients=32&nsync=16&lr=4", timeout=120) as r:
+        answer = json.loads(r.read(), parse_constant=refuse)
+    assert answer["status"] == "diverged" and answer["mean_staleness"] == "NaN"
+
+
+def test_a_page_that_goes_away_before_its_answer_leaves_no_traceback(server, capsys):
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as page:
+        page.sendall(b"GET /api?problem=digits&clients=32 HTTP/1.0\r\n\r\n")
+        time.sleep(0.2)   # the change is being simulated
+        page.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # closed: a reset
+    assert _get(server + "/api?clients=2")[0] == 200   # served after the first (one at a time)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def _explorer(*code: str) -> Iterator[subprocess.Popen]:
+    """``python -m repro.lab explore`` (after ``code``), with Ctrl-C as a terminal delivers it;
+    killed when its ``with`` block ends (a test that fails leaves no explorer behind)."""
+    run = ["-c", "; ".join((*code, "from repro.lab import explore", "sys.exit(explore.main([]))"))]
+    proc = subprocess.Popen([sys.executable, *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    with proc:
+        try:
+            yield proc
+        finally:
+            proc.kill()
+
+
+def test_ctrl_c_while_a_change_is_simulated_waits_for_it_and_exits_0():
+    """The simulation under way ends and is answered; torch's threads torn down under it
+    aborted the process (SIGABRT, "terminate called without an active exception")."""
+    with _explorer("import sys") as proc:
+        url = proc.stdout.readline().split()[2]
+        answered = []
+        slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
+        slow.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        slow.join()
+    assert (proc.returncode, err, answered) == (0, "", [200])
+
+
+def test_ctrl_c_during_the_warm_up_stops_the_explorer():
+    """A Ctrl-C in the warm-up's run stops that run (interrupted): the explorer stops too,
+    rather than print its URL and serve."""
+    with _explorer("import sys", "from repro.runtime import request_stop", "request_stop('SIGINT')") as proc:
+        out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (0, "", "")
 
 
 # ---------------------------------------------------------------------------------------------

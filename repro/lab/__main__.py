@@ -8,6 +8,7 @@ Answered without importing torch until a file is graded (``--help`` is instant).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 EXERCISES_HELP = """\
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "grade":
         p.error("say what to do: grade FILE or explore (python -m repro.lab --help)")   # exits 2
     from repro.lab.grader import grade
+    if hasattr(signal, "SIGPIPE"):   # grade FILE | head: end quietly as a Unix tool does (no sockets here)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return grade(args.file)
 
 

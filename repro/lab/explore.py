@@ -169,7 +169,9 @@ def point(s: Settings) -> dict:
     pushes = int(updates["num_steps"].count())
     pred = predictions(s, cfg, max(pushes, 1))
     end = float(updates["time_s"].max()) if len(updates) else 0.0
-    steps = float(updates["num_steps"].sum())
+    # local steps from samples: a merged push (a sync round, a rennala collection) is one row of
+    # one step, but carries every collected client's samples
+    steps = float(updates["num_samples"].sum()) / cfg.algo.batch_size
     versions = int(updates["version"].max()) if len(updates) else 0
     # the theory's curve is the quadratic's (delayed gradient descent); none for the digits network
     theory = theory_loss(s.lr, pred["tau"], s.nsync, versions) if s.problem == "quadratic" else np.array([])
@@ -201,14 +203,21 @@ def answer(query: dict[str, list[str]]) -> dict:
 class _Handler(BaseHTTPRequestHandler):
     lock = threading.Lock()    # one simulation at a time: two cores, and torch's threads
 
+    def handle(self):
+        with contextlib.suppress(ConnectionError):   # the page went away (reloaded, closed) before
+            super().handle()                         # its answer: nobody to tell, no traceback
+
     def do_GET(self):  # noqa: N802 (http.server's name)
         url = urlparse(self.path)
         if url.path == "/":
             self._send(200, "text/html; charset=utf-8", PAGE.read_bytes())
         elif url.path == "/api":
-            with self.lock:
+            with self.lock:   # held until sent: a Ctrl-C waits for the answer under way (main)
                 body = answer(parse_qs(url.query))
-            self._send(400 if "error" in body else 200, "application/json", json.dumps(body).encode())
+                # a diverged run's NaN or inf goes as the text "NaN" or "Infinity": JSON has no
+                # such numbers, and the page's JSON.parse would throw and stop redrawing for good
+                text = json.dumps(json.loads(json.dumps(body), parse_constant=str))
+                self._send(400 if "error" in body else 200, "application/json", text.encode())
         else:
             self._send(404, "text/plain", b"not found")
 
@@ -262,11 +271,18 @@ def main(argv: list[str] | None = None) -> int:
         return bench()
     try:
         server = serve(args.port)
-    except OSError as e:
-        print(f"explore: --port {args.port}: {e.strerror}; accepted: a free port, or 0 for any", file=sys.stderr)
+    except (OSError, OverflowError) as e:   # OverflowError: a port outside 0-65535
+        reason = e.strerror if isinstance(e, OSError) else "not a port"
+        print(f"explore: --port {args.port}: {reason}; accepted: a free port from 1 to 65535, or 0 for any",
+              file=sys.stderr)
         return 2
-    answer({})   # warm-up before the URL is printed, so the first slider move is fast
-    print(f"explorer at http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops it)", flush=True)
     with server, contextlib.suppress(KeyboardInterrupt):   # Ctrl-C: the socket closed, exit 0
-        server.serve_forever()
+        # warm-up before the URL is printed, so the first slider move is fast (a Ctrl-C during
+        # its run stops that run, which ends interrupted: then stop here too)
+        if answer({})["status"] != "interrupted":
+            print(f"explorer at http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops it)", flush=True)
+            server.serve_forever()
+    # a simulation under way ends first (torch's threads torn down under it abort the process);
+    # the lock stays held so that no request waiting for it starts another
+    _Handler.lock.acquire()
     return 0

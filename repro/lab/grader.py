@@ -30,6 +30,12 @@ class Unloadable(Exception):
     """The file cannot be graded; the message is the one line the student sees."""
 
 
+class TooLong(BaseException):
+    """The grading's time is up. Not an Exception: neither the student's ``except Exception``
+    nor :func:`~repro.lab.harness.student_call` may take it for an answer and call on (the alarm
+    rings once: the next call of an endless answer would never end)."""
+
+
 def exercise_of(path: Path, tree: ast.Module) -> Exercise:
     """The exercise a file's top-level ``EXERCISE = "NAME"`` line names."""
     names = EXERCISES.names()   # declared in repro.registry: no exercise's module loads for them
@@ -48,15 +54,16 @@ def exercise_of(path: Path, tree: ast.Module) -> Exercise:
 
 def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     """The file's exercise and the file run as a fresh module, or :class:`Unloadable`."""
-    try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise Unloadable(f"{path}: cannot read it ({e.strerror if isinstance(e, OSError) else e})") from None
+    try:   # bytes: the parser decodes them as python does (a BOM, a coding line; else a syntax error)
+        source = path.read_bytes()
+    except OSError as e:
+        raise Unloadable(f"{path}: cannot read it ({e.strerror})") from None
     filename = str(path.resolve())
     try:
         tree = ast.parse(source, filename)
     except SyntaxError as e:
-        raise Unloadable(f"{path}: line {e.lineno}: syntax error: {e.msg}") from None
+        where = f"line {e.lineno}: " if e.lineno else ""   # null bytes: no line
+        raise Unloadable(f"{path}: {where}syntax error: {e.msg}") from None
     ex = exercise_of(path, tree)
     module = types.ModuleType(f"exercise_{ex.name}")
     module.__file__ = filename
@@ -88,7 +95,7 @@ def report(ex: Exercise, path: Path, module: types.ModuleType) -> bool:
             total += 1
             passed += check.passed
             print_check(check, hinted)
-    except (StudentError, TimeoutError) as e:   # their code failed where a check needs it
+    except (StudentError, TooLong) as e:   # their code failed where a check needs it
         total += 1
         print_check(Check("your code ran", "no exception", str(e), False,
                           "fix the error above and grade again"), hinted)
@@ -110,12 +117,12 @@ def print_check(check: Check, hinted: set[str]) -> None:
 def grade(file: str) -> int:
     """Grade one file; the exit status (see the module docstring)."""
     path = Path(file)
-    try:
-        ex, module = load(path)
-    except Unloadable as e:
-        print(f"grade: {e}", file=sys.stderr)
-        return EXIT_UNLOADABLE
-    with time_limit(GRADE_LIMIT_S):
+    with time_limit(GRADE_LIMIT_S):   # loading runs the file: an endless loop at its top too
+        try:
+            ex, module = load(path)
+        except Unloadable as e:
+            print(f"grade: {e}", file=sys.stderr)
+            return EXIT_UNLOADABLE
         return EXIT_PASSED if report(ex, path, module) else EXIT_FAILED
 
 
@@ -124,7 +131,7 @@ def time_limit(seconds: int):
     """A grading stopped after ``seconds`` (an answer that loops forever) fails, where the
     platform has alarms (not Windows) and this is the main thread."""
     def too_long(signum, frame):
-        raise TimeoutError(f"grading ran over {seconds} s: does your code ever return?")
+        raise TooLong(f"grading ran over {seconds} s: does your code ever return?")
     try:
         previous = signal.signal(signal.SIGALRM, too_long)
     except (AttributeError, ValueError):   # no SIGALRM, or not the main thread

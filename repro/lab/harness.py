@@ -62,7 +62,7 @@ def student_call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     the student's file it came from (their traceback, not the grader's)."""
     try:
         return fn(*args, **kwargs)
-    except Exception as e:   # noqa: BLE001  (whatever their code raises is their answer's verdict)
+    except (Exception, SystemExit) as e:   # noqa: BLE001  (their code's exit() too: not the grader's status)
         raise StudentError(describe_error(e)) from None
 
 
@@ -92,7 +92,7 @@ def number_check(what: str, got: Any, expected: float, tolerance: str, hint: str
     abs_tol)`` (None or text never does), the tolerance stated beside it."""
     try:
         passed = abs(float(got) - expected) <= max(rel * abs(expected), abs_tol)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):   # text, None, an int past float's range
         passed = False
     return Check(what, f"{expected:.4g} ({tolerance})", shown(got), passed, hint)
 

@@ -36,7 +36,7 @@ def off_by_one(got: object, expected: float) -> str:
     """A hint's addition when an answer is exactly one off."""
     try:
         gap = float(got) - expected
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return ""
     return f" (yours is {gap:+g}: off by one)" if abs(abs(gap) - 1) < 1e-9 else ""
 
@@ -81,11 +81,12 @@ def grade_stable_lr(student) -> Iterator[Check]:
     got = answer(student.largest_stable_lr, 3)
     try:
         lr = float(got)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         yield Check("staleness 3, simulator (4 equally fast clients)", "a number to try", str(got), False, LR_HINT)
         return
     if not 0 < lr < 100:
-        yield Check("staleness 3, simulator (4 equally fast clients)", "a learning rate > 0", str(got), False, LR_HINT)
+        yield Check("staleness 3, simulator (4 equally fast clients)", "a learning rate between 0 and 100", str(got),
+                    False, LR_HINT)
         return
     for factor, want, hint in ((0.85, "stable", "your rate is above the boundary: a little below it "
                                 "already fails"), (1.2, "unstable", "your rate is below the boundary: "
