@@ -58,10 +58,11 @@ class Result:
 def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
     """A cost model from a profile name in ``conf/cost`` (e.g. "lan", "paper2013"), composed as
     ``python -m repro.run cost=NAME`` composes it; a dict of :class:`CostConfig` fields, set on
-    the profile it names (``{"profile": "straggler", "straggler_factor": 8}``), else on
-    CostConfig's defaults; or a CostConfig. A schedule that replays a recorded run is refused: the API simulates."""
+    the profile it names (``{"profile": "straggler", "straggler_factor": 8}``), else (no profile,
+    or a label of your own) on CostConfig's defaults; or a CostConfig. A schedule that replays a recorded run is refused: the API simulates."""
     if isinstance(cost, dict):   # on the profile it names: else its label and its settings disagree
-        base = to_dict(cost_profile(cost["profile"])) if "profile" in cost else {}
+        named = cost.get("profile") in group_options("cost")   # else "profile" is a free label
+        base = to_dict(cost_profile(cost["profile"])) if named else {}
         cost = from_dict({**base, **{k: {**base.get(k, {}), **v} if isinstance(v, dict) else v
                                      for k, v in cost.items()}}, CostConfig, "cost.")
     elif not isinstance(cost, CostConfig):
