@@ -62,6 +62,16 @@ def test_sync_and_rennala_predict_no_staleness():
         assert r["bound_used"] == 2
 
 
+def test_rennala_without_jitter_is_measured_at_its_collection_rate():
+    """S pushes per collection of t(S): 8 equal clients and S = 4 make 4 steps per step time,
+    half the ceiling (the other 4 pushes are computed at a point the server has left); S = 12
+    waits for a second round of pushes: 12 per two step times. The page showed the ceiling."""
+    for bound, share in ((4, 0.5), (8, 1.0), (12, 0.75)):
+        r = explore.point(Settings(clients=8, jitter=0.0, protocol="rennala", bound=bound))
+        assert r["predicted"]["steps_per_s"] == pytest.approx(share * r["predicted"]["ceiling_steps_per_s"])
+        assert r["steps_per_s"] == pytest.approx(r["predicted"]["steps_per_s"], rel=0.02), bound
+
+
 def test_sync_without_jitter_is_measured_at_the_ceiling():
     """Equal step times: a round ends when every client has made its step, so sync moves as many
     local steps per second as async (a round is one row of one step in the updates, but N

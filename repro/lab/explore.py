@@ -5,9 +5,10 @@ student sets the clients, nsync, the step-time jitter, the learning rate and the
 sync, ssp, ringmaster, rennala, with their bound) and sees, redrawn at each change, three panels
 beside the theory's prediction: the staleness histogram (predicted mean, Mitliagkas et al. 2016's
 N - 1 corrected for the first round), the throughput (the ceiling of :mod:`repro.sim.ceiling`,
-and the barrier's order statistics of :mod:`repro.analysis.lab.sync` for sync and ssp) and the
-loss against virtual time on the lab's quadratic (the delayed gradient descent recursion of
-:mod:`repro.analysis.lab.stability`, mapped to time by the predicted update rate), or, when asked
+the barrier's order statistics of :mod:`repro.analysis.lab.sync` for sync and ssp, Rennala's
+t(S) of :mod:`repro.analysis.lab.uneven`) and the loss against virtual time on the lab's
+quadratic (the delayed gradient descent recursion of :mod:`repro.analysis.lab.stability`,
+mapped to time by the predicted update rate), or, when asked
 (``problem=digits``), of the digits network (digits_cnn, 60 steps; no theory curve).
 
 Why the standard library (http.server) and not Panel or marimo: the page is six controls and
@@ -155,6 +156,12 @@ def predictions(s: Settings, cfg, pushes: int) -> dict:
     elif s.protocol == "ssp":
         rate = predict(tm, "ssp", 0, s.bound, max(pushes, 1))["segments_per_s"] * s.nsync
         source = "ssp clock rule (Monte Carlo)"
+    elif s.protocol == "rennala":   # a step per S collected pushes; the others' work is dropped
+        from repro.analysis.lab.uneven import collection_time
+        size = cfg.protocol.resolved_collection_size(s.clients)
+        taus = [tm.nsync * tm.compute_s * f + tm.overhead_s for f in tm.factors()]
+        rate = size * s.nsync / collection_time(taus, size)
+        source = "S / t(S), t(S) = min{t : sum floor(t/tau_i) >= S} (Tyurin & Richtarik 2023; exact without jitter)"
     tau = int(round(staleness))
     return {"mean_staleness": staleness, "ceiling_steps_per_s": ceil, "steps_per_s": rate,
             "rate_source": source, "critical_lr": float(critical_lr(tau)), "tau": tau}
