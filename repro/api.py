@@ -33,7 +33,7 @@ from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.workload.build import Problem
-from repro.workload.custom import ArrayLike, check_objects, custom_problem, names
+from repro.workload.custom import ArrayLike, check_objects, check_trainable, custom_problem, names
 from repro.runtime import resolve_device
 from repro.sim.driver import simulate as sim_run
 
@@ -59,7 +59,8 @@ def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
     """A cost model from a profile name in ``conf/cost`` (e.g. "lan", "paper2013"), composed as
     ``python -m repro.run cost=NAME`` composes it; a dict of :class:`CostConfig` fields, set on
     the profile it names (``{"profile": "straggler", "straggler_factor": 8}``), else (no profile,
-    or a label of your own) on CostConfig's defaults; or a CostConfig. A schedule that replays a recorded run is refused: the API simulates."""
+    or a label of your own) on CostConfig's defaults; or a CostConfig. A schedule that replays a
+    recorded run is refused: the API simulates."""
     if isinstance(cost, dict):   # on the profile it names: else its label and its settings disagree
         named = cost.get("profile") in group_options("cost")   # else "profile" is a free label
         base = to_dict(cost_profile(cost["profile"])) if named else {}
@@ -220,9 +221,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     """
     settings = {name: value for name, value in locals().items() if name in API_KEYS}
     check_objects(module, train, test, loss_fn, run_dir)
-    if weight_decay and not all(p.requires_grad for p in module.parameters()):   # torch's SGD skips them
-        raise ConfigError("weight_decay", weight_decay, "0 for a module with frozen parameters "
-                          "(requires_grad=False): the decay would shrink them every step")
+    check_trainable(module, weight_decay)
     cfg = _config(settings, cost_profile(cost))
     with _seeded(seed):
         problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))

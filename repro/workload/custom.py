@@ -54,6 +54,19 @@ def check_objects(module, train, test, loss_fn, run_dir) -> None:
         raise ConfigError("run_dir", "''", "a folder (str or Path) or None")
 
 
+def check_trainable(module: nn.Module, weight_decay: float) -> None:
+    """Frozen parameters (``requires_grad=False``) the clients can honour: not every one (else
+    backward() fails in training), and none under weight decay, which acts on the whole flat
+    parameter vector (torch.optim.SGD skips them: here they would shrink every step)."""
+    frozen = [not p.requires_grad for p in module.parameters()]
+    if frozen and all(frozen):
+        raise ConfigError("module", f"a {type(module).__name__} with every parameter frozen",
+                          "a module with a parameter to train (requires_grad=True)")
+    if weight_decay and any(frozen):
+        raise ConfigError("weight_decay", weight_decay, "0 for a module with frozen parameters "
+                          "(requires_grad=False): the decay would shrink them every step")
+
+
 def names(problem: Problem, module: nn.Module, loss_fn) -> tuple[str, str]:
     """config.json's data.name and model.name for a user's problem: ``custom:<digest of both
     sets>`` and ``custom:<class>@<digest of the initial weights and the loss's name>``. Both are
@@ -110,9 +123,6 @@ def _check_fit(net: FlatNet, ds: Dataset) -> None:
     """A minibatch through the module and loss_fn: the module must take the inputs, every label
     must be one of its outputs (a (N, K) output: classes 0..K-1) and loss_fn must give one
     number; else the first evaluation fails deep inside training."""
-    if not any(p.requires_grad for p in net.module.parameters()):   # else backward() fails in training
-        raise ConfigError("module", f"a {type(net.module).__name__} with every parameter frozen",
-                          "a module with a parameter to train (requires_grad=True)")
     x, y = ds.x_train[:2], ds.y_train[:2]   # two: a per-sample loss (reduction="none") shows
     with torch.no_grad():
         out = _call("module", net.module, f"a module that takes inputs of shape {tuple(x.shape)}", x)
@@ -123,8 +133,8 @@ def _check_fit(net: FlatNet, ds: Dataset) -> None:
                                       f"the module outputs {out.shape[1]} classes")
         loss = _call("loss_fn", net.loss_fn, "loss_fn(outputs, labels) giving the mean minibatch loss", out, y)
     if not isinstance(loss, Tensor) or loss.numel() != 1:
-        raise ConfigError("loss_fn", f"a result of {tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}",
-                          "the mean minibatch loss: a tensor of one element")
+        got = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+        raise ConfigError("loss_fn", f"a result of {got}", "the mean minibatch loss: a tensor of one element")
 
 
 def _call(key: str, fn, expected: str, *args):
