@@ -86,14 +86,21 @@ def shown(value: Any) -> str:
     return repr(value) if value is None or isinstance(value, str) else str(value)
 
 
+def as_number(got: Any) -> float | None:
+    """A student's answer as a float; None for what is not a number (text, None, an int past
+    float's range)."""
+    try:
+        return float(got)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def number_check(what: str, got: Any, expected: float, tolerance: str, hint: str, rel: float = 0.0,
                  abs_tol: float = 0.0) -> Check:
     """A student's number against an expected one: it passes within ``max(rel * |expected|,
     abs_tol)`` (None or text never does), the tolerance stated beside it."""
-    try:
-        passed = abs(float(got) - expected) <= max(rel * abs(expected), abs_tol)
-    except (TypeError, ValueError, OverflowError):   # text, None, an int past float's range
-        passed = False
+    value = as_number(got)
+    passed = value is not None and abs(value - expected) <= max(rel * abs(expected), abs_tol)
     return Check(what, f"{expected:.4g} ({tolerance})", shown(got), passed, hint)
 
 

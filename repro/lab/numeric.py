@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import repro.api as asgd
-from repro.lab.harness import (Check, Raised, StudentError, exercise, number_check, quadratic, student_call,
+from repro.lab.harness import (Check, Raised, StudentError, as_number, exercise, number_check, quadratic, student_call,
                                with_protocol)
 
 STALENESS_HINT = ("between a client's fetch and its push every other client pushes once (they "
@@ -34,10 +34,10 @@ def answer(fn, *args) -> object:
 
 def off_by_one(got: object, expected: float) -> str:
     """A hint's addition when an answer is exactly one off."""
-    try:
-        gap = float(got) - expected
-    except (TypeError, ValueError, OverflowError):
+    value = as_number(got)
+    if value is None:
         return ""
+    gap = value - expected
     return f" (yours is {gap:+g}: off by one)" if abs(abs(gap) - 1) < 1e-9 else ""
 
 
@@ -79,9 +79,8 @@ def grade_stable_lr(student) -> Iterator[Check]:
         yield number_check(f"staleness {tau}, theory", got, float(asgd.critical_lr(tau)), "within 2%", LR_HINT,
                            rel=0.02)
     got = answer(student.largest_stable_lr, 3)
-    try:
-        lr = float(got)
-    except (TypeError, ValueError, OverflowError):
+    lr = as_number(got)
+    if lr is None:
         yield Check("staleness 3, simulator (4 equally fast clients)", "a number to try", str(got), False, LR_HINT)
         return
     if not 0 < lr < 100:
