@@ -33,7 +33,6 @@ from joblib.parallel import ParallelBackendBase
 from repro.hydra_internals import job_return
 
 
-
 def use_point_slots(label: str, lost: Callable[[], str]) -> None:
     """Run this process's joblib ``loky`` work (Hydra's joblib launcher) on :class:`PointSlots`;
     ``label`` starts its lines (``grid fig3``), ``lost()`` names the point whose worker died."""
