@@ -128,6 +128,24 @@ def test_the_dedicated_clock_meets_its_bound_too():
     assert 999 / (times[-1] - times[1000]) == pytest.approx(ceiling(cost, 16, 1, 4).pushes_per_s, rel=0.01)
 
 
+def test_a_reply_that_holds_the_server_lowers_its_bound():
+    """cost.reply_holds_server (cost=fit sets it for a real recording): the server is busy for
+    the apply and the reply's transfer, 5 + 10 ms a push, so it carries 1 / 0.015 = 66.7 pushes/s
+    whatever 8 clients (8 / (10 + 2 x 10 + 5 ms) = 229/s alone) could push; the clock measures
+    that within 1% (the bound was 200/s, the apply's alone: 3x what the clock runs)."""
+    cost = CostConfig.of(profile="r", compute_s=0.01, jitter="lognormal", jitter_sigma=0.1,
+                         latency_s=0.01, server_apply_s=0.005, reply_holds_server=True)
+    bound = ceiling(cost, 8, 1, param_bytes=4)
+    assert bound.binding == "server apply" and bound.pushes_per_s == pytest.approx(1 / 0.015)
+    s = CostScheduler(CostModel(cost, 7, 4, 0.01), list(range(1, 9)), 1)
+    times = []
+    for _ in range(2000):
+        k, _, t = s.next()
+        times.append(t)
+        s.served(k, t)
+    assert 999 / (times[-1] - times[1000]) == pytest.approx(bound.pushes_per_s, rel=0.01)
+
+
 # ---------------------------------------------------------------------------------------------
 # The lab's experiment
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ second, for N clients on H hosts (:mod:`repro.sim.resources` for the disciplines
   segment of steps of c seconds, f_k the client's relative step time (cost.speeds or
   cost.speed_law) times the straggler's factor, one push, one fetch, one apply):
   each client alone;
-* **server apply**: 1 / server_apply_s (one push at a time);
+* **server apply**: 1 / server_apply_s (one push at a time); with ``cost.reply_holds_server``
+  1 / (server_apply_s + transfer_s): the server sends each reply before it serves the next push;
 * **server link** (``shared``): B_s / (B_path transfer_s), each way: a transfer is transfer_s
   seconds of work at B_path bytes/s (its idle path), so a busy link of B_s bytes/s finishes that
   many a second; each push crosses it inbound and each fetch outbound, one of each per cycle;
@@ -75,8 +76,9 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) ->
     factors = [step_time(cost, k, 1.0) for k in range(1, num_clients + 1)]
     cycle = nsync * step_s + 2 * transfer + apply
     bounds = {CLIENTS: sum(1.0 / (nsync * step_s * f + 2 * transfer + apply) for f in factors)}
-    if apply > 0:
-        bounds[APPLY] = 1.0 / apply
+    serve = apply + (transfer if cost.reply_holds_server else 0.0)   # the reply holds the server too
+    if serve > 0:
+        bounds[APPLY] = 1.0 / serve
     if cost.topology == "shared":
         hosts = math.ceil(num_clients / cost.shared.clients_per_host)
         host_bw, server_bw = link_bandwidths(cost)
