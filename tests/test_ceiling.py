@@ -104,6 +104,21 @@ def test_each_saturated_resource_carries_what_the_ceiling_says(what, cost):
     assert rate(cost, 1, pushes=400) == pytest.approx(ceiling(cost, 1, 1, 4).pushes_per_s, rel=0.02)
 
 
+def test_one_machines_transfers_take_its_cores():
+    """cost.machine.single: the server and 8 clients on 2 cores, where a loopback push or fetch
+    (10 ms) takes two shares of them for its time. A push needs 10 ms of compute and 4 x 10 ms of
+    copies: 2 / 0.05 = 40 pushes/s, which the clock runs within 2% (the bound was 200/s, the
+    compute's alone). Across a limited link (4 B at 400 B/s: a transfer of 20 ms) a transfer takes
+    the kernels' 1e-4 s per byte at 400 B/s for 20 ms: 2 / (0.01 + 2 x 0.0008) = 172.4/s."""
+    cost = CostConfig.of(profile="m", compute_s=0.01, jitter="lognormal", jitter_sigma=0.1, latency_s=0.01,
+                         topology="shared", clients_per_host=8, devices_per_host=2, one_machine=True)
+    bound = ceiling(cost, 8, 1, param_bytes=4)
+    assert bound.binding == "host devices" and bound.pushes_per_s == pytest.approx(40.0)
+    assert rate(cost, 8) == pytest.approx(40.0, rel=0.02)
+    linked = cost.updated(server_bandwidth_Bps=400.0, link_cpu_s_per_byte=1e-4)
+    assert ceiling(linked, 8, 1, param_bytes=4).bounds["host devices"] == pytest.approx(2 / 0.0116)
+
+
 def test_the_bound_needs_clients_out_of_step():
     """16 clients on a shared server link (step and transfer 1 s each: the link carries 1 push a
     second, the clients alone would push 16 / 3): with no jitter they start together and stay

@@ -17,7 +17,10 @@ second, for N clients on H hosts (:mod:`repro.sim.resources` for the disciplines
   many a second; each push crosses it inbound and each fetch outbound, one of each per cycle;
 * **host links** (``shared``): H B_h / (B_path transfer_s);
 * **host devices** (``shared``, ``devices_per_host`` d): H d / (nsync c mean(f)): a push needs
-  nsync steps of one device.
+  nsync steps of one device; on one machine (``cost.machine.single``) its push and fetch are CPU
+  work too, d / (nsync c mean(f) + 4 transfer_s): a loopback copy takes two shares (one per end)
+  for its transfer_s; across a limited link, B_path transfer_s ``link_cpu_s_per_byte`` each (its
+  kernels' work). The evaluations' (``cost.machine.eval_s``) are not counted.
 
 The predicted throughput is the smallest bound; it is reached when the binding resource never
 idles (clients well beyond the knee) and approached from below near it, where clients wait for
@@ -88,6 +91,14 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) ->
         if host_bw is not None and transfer > 0:
             bounds[HOST_LINKS] = hosts * host_bw / (full * transfer)
         if cost.shared.devices_per_host is not None:
-            bounds[DEVICES] = hosts * cost.shared.devices_per_host * len(factors) / (nsync * step_s * sum(factors))
+            bounds[DEVICES] = hosts * cost.shared.devices_per_host * len(factors) / (
+                nsync * step_s * sum(factors) + len(factors) * transfers_cpu_s(cost, transfer, full))
     return Ceiling(num_clients, nsync, cycle, bounds)
 
+
+def transfers_cpu_s(cost: CostConfig, transfer: float, full: float | None) -> float:
+    """Core-seconds of one push's two transfers on one machine (``cost.machine.single``; 0
+    elsewhere): as :meth:`repro.sim.resources.ContendedScheduler._rerate_machine` weighs them."""
+    if not cost.machine.single:
+        return 0.0
+    return 2 * (full * cost.machine.link_cpu_s_per_byte * transfer if full is not None else 2 * transfer)
