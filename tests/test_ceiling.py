@@ -119,6 +119,20 @@ def test_one_machines_transfers_take_its_cores():
     assert ceiling(linked, 8, 1, param_bytes=4).bounds["host devices"] == pytest.approx(2 / 0.0116)
 
 
+def test_a_client_alone_gets_the_server_links_burst():
+    """cost.shared.server_burst_bytes: a transfer that finds the server's link idle sends that
+    many bytes at once. One client (step 1 s, a 4 B message at 4 B/s: 1 s a transfer) with a
+    4 B burst finds the link idle every time, so its cycle is 1 s, not 3 s: the clock runs about
+    1 push/s (0.96: a jittered step shorter than 1 s leaves the bucket short), which a bound of
+    1/3 must not undercut. A 2 B burst leaves half of each transfer: a cycle of 2 s."""
+    cost = CostConfig.of(profile="b", compute_s=1.0, comm_params=1.0, topology="shared", bandwidth_Bps=4.0,
+                         server_burst_bytes=4.0, jitter="lognormal", jitter_sigma=0.1)
+    bound = ceiling(cost, 1, 1, param_bytes=4)
+    assert bound.cycle_s == 1.0 and bound.pushes_per_s == 1.0
+    assert 0.9 <= rate(cost, 1, pushes=400) <= bound.pushes_per_s
+    assert ceiling(cost.updated(server_burst_bytes=2.0), 1, 1, 4).cycle_s == 2.0
+
+
 def test_the_bound_needs_clients_out_of_step():
     """16 clients on a shared server link (step and transfer 1 s each: the link carries 1 push a
     second, the clients alone would push 16 / 3): with no jitter they start together and stay

@@ -9,7 +9,8 @@ second, for N clients on H hosts (:mod:`repro.sim.resources` for the disciplines
 * **clients**: sum_k 1 / cycle_k, with cycle_k = nsync c f_k + 2 transfer_s + server_apply_s (one
   segment of steps of c seconds, f_k the client's relative step time (cost.speeds or
   cost.speed_law) times the straggler's factor, one push, one fetch, one apply):
-  each client alone;
+  each client alone (a transfer that finds the server's link idle sends
+  ``cost.shared.server_burst_bytes`` of its bytes at once, as the clock's token bucket does);
 * **server apply**: 1 / server_apply_s (one push at a time); with ``cost.reply_holds_server``
   1 / (server_apply_s + transfer_s): the server sends each reply before it serves the next push;
 * **server link** (``shared``): B_s / (B_path transfer_s), each way: a transfer is transfer_s
@@ -77,8 +78,9 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) ->
     model = CostModel(cost, 0, param_bytes, step_s)
     transfer, apply = model.transfer_s, cost.server_apply_s
     factors = [step_time(cost, k, 1.0) for k in range(1, num_clients + 1)]
-    cycle = nsync * step_s + 2 * transfer + apply
-    bounds = {CLIENTS: sum(1.0 / (nsync * step_s * f + 2 * transfer + apply) for f in factors)}
+    alone = transfer - idle_burst_s(cost, model)   # a transfer on idle links
+    cycle = nsync * step_s + 2 * alone + apply
+    bounds = {CLIENTS: sum(1.0 / (nsync * step_s * f + 2 * alone + apply) for f in factors)}
     serve = apply + (transfer if cost.reply_holds_server else 0.0)   # the reply holds the server too
     if serve > 0:
         bounds[APPLY] = 1.0 / serve
@@ -102,3 +104,11 @@ def transfers_cpu_s(cost: CostConfig, transfer: float, full: float | None) -> fl
     if not cost.machine.single:
         return 0.0
     return 2 * (full * cost.machine.link_cpu_s_per_byte * transfer if full is not None else 2 * transfer)
+
+
+def idle_burst_s(cost: CostConfig, model: CostModel) -> float:
+    """Seconds a transfer saves when it finds the server's link idle, its bucket full
+    (``cost.shared.server_burst_bytes`` under ``shared`` with a limited server link; else 0)."""
+    if cost.topology != "shared" or link_bandwidths(cost)[1] is None or not cost.shared.server_burst_bytes:
+        return 0.0
+    return min(cost.shared.server_burst_bytes, float(model.nbytes)) / path_bandwidth(cost)
