@@ -383,6 +383,16 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     (a host's link, the server's link, the server's apply) can carry; ``.binding`` names the limit
     that sets it, ``.bounds`` holds them all, ``.cycle_s`` is one client's cycle alone. A push
     carries ``param_bytes`` (the model's size) unless ``cfg.cost.comm_params`` sets it, as the
-    simulator's clock counts them (the lab's ``+exp=ceiling`` sets it: 244 MB)."""
+    simulator's clock counts them (the lab's ``+exp=ceiling`` sets it: 244 MB). ``cost=fit``: of
+    the fitted costs, as a run would simulate them. Raises ConfigError for a replay (a recorded
+    order, no cost model) or ``cost.compute_s=calibrate`` (a step measured only when a run starts)."""
     from repro.sim.ceiling import ceiling as bound
+    from repro.sim.driver import resolve
+
+    if cfg.cost.schedule == "replay":
+        raise ConfigError("cost", "replay", "a cost model: a replay applies a recorded run's order")
+    cfg = resolve(cfg).cfg   # cost=fit: the recordings' costs, else the costs as they are
+    if isinstance(cfg.cost.compute_s, str):
+        raise ConfigError("cost.compute_s", cfg.cost.compute_s, "seconds per step: the ceiling is "
+                          "predicted from the profile alone (a run records its calibrated step in config.json)")
     return bound(cfg.cost, cfg.num_clients, cfg.nsync, param_bytes=param_bytes)

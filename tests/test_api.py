@@ -185,6 +185,23 @@ def test_the_classroom_predictions_are_the_theorys_and_load_no_analysis_on_impor
     assert float(api.quadratic_loss(out, quad.y_train).detach()) > 0
 
 
+def test_ceiling_predicts_a_fitted_profile_and_refuses_what_has_no_cost(tmp_path):
+    """api.ceiling of cost=fit is the fitted clock's: a recording of 20 ms steps (cost=uniform:
+    no jitter, free links, no apply) gives a cycle of 4 x 0.02 s at nsync 4 (it gave the
+    uniform defaults' 4 x 0.01 s, the recording unread); a calibrated step or a replay has no
+    profile to predict from: ConfigError, not a ValueError from float('calibrate')."""
+    from repro.sim.driver import simulate
+
+    simulate(api.configure("data=digits", "num_epochs=1", "num_clients=1", "nsync=1", "cost=uniform",
+                           "cost.compute_s=0.02"), tmp_path / "rec")
+    fitted = api.ceiling(api.configure("data=digits", "nsync=4", "cost=fit", f"cost.path={tmp_path / 'rec'}"))
+    assert fitted.cycle_s == pytest.approx(0.08)
+    for cost in ("cost=local", "cost=replay"):
+        cfg = api.configure(cost, *(["cost.path=" + str(tmp_path / "rec")] if cost == "cost=replay" else []))
+        with pytest.raises(ConfigError):
+            api.ceiling(cfg)
+
+
 def test_a_run_dir_holding_a_run_of_other_data_or_weights_is_refused_not_returned(tmp_path):
     # config.json's settings alone cannot tell two problems apart: it used to hand back the old run
     x, y = _problem()
