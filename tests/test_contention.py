@@ -210,6 +210,24 @@ def test_a_reply_that_holds_the_server_delays_the_next_push(clock):
     assert schedule(free, 2, 4, clock=clock) == [(1, 2.0), (2, 2.0), (1, 5.0), (2, 5.0)]
 
 
+@pytest.mark.parametrize("clock", [CostScheduler, ContendedScheduler])
+def test_a_rounds_replies_hold_the_server_one_after_another(clock):
+    """A sync round of three clients (steps and transfers of 1 s): the pushes arrive at 2 and
+    the round closes; with cost.reply_holds_server the server sends the three replies in turn,
+    as the real Dispatcher does under its lock: [2, 3], [3, 4], [4, 5], so the clients are back
+    at 5, 6 and 7 (all at 5 when the three replies went at once), and the last one's to_client_s
+    holds its 2 s of waiting and its 1 s transfer."""
+    cost = CostConfig.of(profile="t", compute_s=1.0, latency_s=1.0, reply_holds_server=True)
+    cost = dataclasses.replace(cost, topology="shared") if clock is ContendedScheduler else cost
+    s = clock(CostModel(cost, 0, param_bytes=4, step_s=1.0), [1, 2, 3], 1)
+    first = [s.next() for _ in range(3)]
+    assert [t for _, _, t in first] == [2.0, 2.0, 2.0]
+    for k, _, _ in first:
+        s.served(k, 2.0)
+    assert [s.next()[::2] for _ in range(3)] == [(1, 5.0), (2, 6.0), (3, 7.0)]
+    assert s.timing()["to_client_s"] == 3.0
+
+
 def test_max_min_shares_give_what_a_bottleneck_leaves_to_the_others():
     """Links a (capacity 4) and b (capacity 12): x crosses a and b, y and z cross b only. x is held
     to 2 on a (shared with w); b's 10 left go to y and z, 5 each; w gets a's other 2."""

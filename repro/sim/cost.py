@@ -183,10 +183,14 @@ class CostScheduler(Schedule):
 
     def served(self, client: int, applied_at: float) -> None:
         """The reply (the client's fetch) travels back, then the client computes its next push;
-        with cost.reply_holds_server the server serves no push before the reply has arrived."""
+        with cost.reply_holds_server the server sends its replies one after another (a sync
+        round's, as the real Dispatcher does under its lock) and serves no push before the last
+        has arrived: a reply waits for those before it (its to_client_s counts the wait)."""
+        start = max(applied_at, self.server_free) if self.model.cost.reply_holds_server else applied_at
+        sent = start + self.model.transfer_s
         if self.model.cost.reply_holds_server:
-            self.server_free = max(self.server_free, applied_at + self.model.transfer_s)
-        self._schedule(client, applied_at + self.model.transfer_s, self.model.transfer_s)
+            self.server_free = sent
+        self._schedule(client, sent, (start - applied_at) + self.model.transfer_s)
 
     def cancel(self, client: int) -> None:
         """Drop the client's push in flight (a sync round's backup worker, preempted): it is

@@ -148,7 +148,7 @@ class ContendedScheduler(Schedule):
         cost = model.cost
         self.model, self.nsync, self.devices = model, nsync, cost.shared.devices_per_host
         self.one_machine, self.eval_waiting = cost.machine.single, False
-        self.replying: set[int] = set()   # clients whose reply holds the server (reply_holds_server)
+        self.replying: list[int] = []   # replies that hold the server, sent in turn (reply_holds_server)
         # per client: the start of its stage, and its parts so far (timings.csv's columns)
         self.started: dict[int, float] = {}
         self.flight: dict[int, dict[str, float]] = {}
@@ -210,9 +210,12 @@ class ContendedScheduler(Schedule):
 
     def served(self, client: int, applied_at: float) -> None:
         self.cancel(client)
+        if self.model.cost.reply_holds_server:   # one reply at a time, as the real Dispatcher sends
+            self.replying.append(client)
+            if len(self.replying) > 1:          # after those before it: its wait is in its to_client_s
+                self.started[client] = applied_at
+                return
         self._start(client, FETCH, applied_at, self._new_seq())
-        if self.model.cost.reply_holds_server:
-            self.replying.add(client)
         self._rerate(applied_at, (), (FETCH,))
 
     def cancel(self, client: int) -> None:
@@ -232,7 +235,7 @@ class ContendedScheduler(Schedule):
                 "segments": [[k, v] for k, v in self.segments.items()],
                 "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
                 "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting,
-                "replying": sorted(self.replying), "started": [[k, v] for k, v in self.started.items()],
+                "replying": list(self.replying), "started": [[k, v] for k, v in self.started.items()],
                 "flight": [[k, v] for k, v in self.flight.items()],
                 "bucket": [[link, *v] for link, v in sorted(self.bucket.items())]}
 
@@ -245,7 +248,7 @@ class ContendedScheduler(Schedule):
             self.stages[int(k)] = Stage(str(kind), float(t0), float(work), float(rate), int(seq))
         self.arrived = [(float(t), int(s), int(c)) for t, s, c in state["arrived"]]
         self.eval_waiting = bool(state.get("eval_waiting", False))
-        self.replying = {int(k) for k in state.get("replying", [])}
+        self.replying = [int(k) for k in state.get("replying", [])]
         self.started = {int(k): float(v) for k, v in state.get("started", [])}
         self.flight = {int(k): {str(a): float(b) for a, b in v.items()} for k, v in state.get("flight", [])}
         for link, tokens, since in state.get("bucket", []):
@@ -311,9 +314,13 @@ class ContendedScheduler(Schedule):
             return True
         self.flight.setdefault(client, {})[stage.kind] = t - self.started[client]
         if stage.kind == FETCH:
-            if client in self.replying:   # the reply is sent: the server may serve the next push
-                self.replying.discard(client)
+            if client in self.replying:   # the reply is sent: the next reply, then the next push
+                self.replying.remove(client)
                 self.server_free = max(self.server_free, t)
+                if self.replying and self.replying[0] not in self.stages:
+                    since = self.started[self.replying[0]]
+                    self._start(self.replying[0], FETCH, t, self._new_seq())
+                    self.started[self.replying[0]] = since
             self._start(client, COMPUTE, t, stage.seq)
         elif stage.kind == COMPUTE:
             self._start(client, PUSH, t, stage.seq)
