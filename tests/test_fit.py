@@ -11,7 +11,7 @@ import json
 import pytest
 
 from repro.config.checks import validate
-from repro.config.settings import CostConfig
+from repro.config.settings import CostConfig, ProtocolConfig
 from repro.errors import ConfigError
 from repro.sim.driver import simulate
 from repro.sim.fit import fit_config
@@ -41,6 +41,24 @@ def test_fit_recovers_known_costs(tmp_path):
     assert recorded["fit"] == fit   # where the values came from, beside the values simulated
     assert recorded["cost"]["compute_s"] == fit["compute_s"]
     assert recorded["cost"]["bandwidth_Bps"] == fit["bandwidth_Bps"]
+
+
+def test_a_barriers_wait_is_not_fitted_as_transit(tmp_path):
+    """A sync recording's clients wait at the barrier between two pushes: that wait is no
+    transit. KNOWN's costs (2 ms latency, 2 MB/s) recorded under sync with a straggler 3x slower
+    (the others wait ~2 segments a round), beside the same under async: the fitted latency and
+    bandwidth are KNOWN's from both, within 10% (the sync recording's latency came out 7x)."""
+    runs = []
+    for protocol in ("sync", "async"):
+        for name, comm in (("small", None), ("large", 40000.0)):
+            cost = dataclasses.replace(KNOWN, comm_params=comm, straggler_client=1, straggler_factor=3.0)
+            simulate(sim_cfg(cost=cost, checkpoint_every=0, protocol=ProtocolConfig(name=protocol)),
+                     tmp_path / protocol / name)
+        runs.append(f"{tmp_path / protocol / 'small'}:{tmp_path / protocol / 'large'}")
+    for path in runs:
+        fit = fit_config(sim_cfg(cost=CostConfig.of(profile="fit", path=path)))[1]
+        for key in ("latency_s", "bandwidth_Bps"):
+            assert fit[key] == pytest.approx(getattr(KNOWN, key), rel=0.10), (path, key)
 
 
 def test_fit_refuses_too_few_pushes(tmp_path):

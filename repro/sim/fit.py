@@ -15,7 +15,8 @@ recorded runs". Beside that:
 * the round trip's rest: ``timings.csv``'s five parts miss a little of each round trip (the
   client's copy of the fetched parameters, the server's reply before it is sent): the mean time
   between a client's consecutive applied pushes, less the mean of the five parts, is added to the
-  transit, half each way, so one client's fitted round trip is its measured one;
+  transit, half each way, so one client's fitted round trip is its measured one (async
+  recordings only: under other protocols that time holds waits for a reply, not transit);
 * means, not medians, everywhere: throughput is set by the mean, and on a loaded machine the
   transit's long tail (the scheduler's waits) holds much of it (REPRODUCE.md, "The simulator
   against reality").
@@ -163,7 +164,7 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
     transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
     return {"step": step, "apply": t.apply_s.to_numpy(), "pushes": len(t),
             "cv": step.std() / step.mean() * math.sqrt(nsync) if step.mean() > 0 else None,
-            "point": (message_bytes(config), float(np.mean(transit)) + round_trip_rest(t) / 2),
+            "point": (message_bytes(config), float(np.mean(transit)) + round_trip_rest(t, config) / 2),
             "host": config.get("host"), "real": _get(config, "backend.name") == "real",
             "eval": _eval_cpu_s(Path(path))}
 
@@ -219,9 +220,13 @@ def _eval_cpu_s(run_dir: Path) -> float | None:
     return float(value) if value == 0 or _positive(value) else None
 
 
-def round_trip_rest(t: pd.DataFrame) -> float:
+def round_trip_rest(t: pd.DataFrame, config: dict) -> float:
     """Mean seconds of a client's round trip that the five parts do not cover: between two of
-    its applied pushes, less the later push's parts (0 when no client pushed twice)."""
+    its applied pushes, less the later push's parts (0 when no client pushed twice, or when the
+    recording's protocol is not async: a barrier's or a bound's wait for a reply, a dropped
+    segment, are not transit)."""
+    if _get(config, "protocol.name") not in (None, "async"):
+        return 0.0
     parts = t[list(schema.TIMING_PARTS)].sum(axis=1)
     cycle = t.groupby("client").time_s.diff()
     later = cycle.notna()
