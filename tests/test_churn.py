@@ -68,6 +68,18 @@ def test_churn_resumes_bit_for_bit(tmp_path, protocol):
     assert [e for e in summary["events"] if e["type"] != "resumed"] == whole
 
 
+def test_a_joiner_computes_at_its_slots_speed(tmp_path):
+    """cost.speeds holds num_clients step times; joiner 4 of 3 clients takes slot 1's (as the
+    real driver's pace does): 2 steps x 0.01 s x 2 = 0.04 s a push, where it raised IndexError."""
+    import pandas as pd
+
+    cfg = churn_cfg(dict(preempt_rate=0.0, leave=None, join=(0.02,)), speeds=(2.0, 1.0, 1.0))
+    simulate(cfg, tmp_path / "run")
+    timings = pd.read_csv(tmp_path / "run" / "timings.csv")
+    assert set(timings[timings.client == 4].compute_s) == {0.04}
+    assert set(timings[timings.client == 2].compute_s) == {0.02}
+
+
 def test_preemption_draws_do_not_depend_on_their_order():
     cost = churn_cfg(dict(leave=None, join=None)).cost
     one, two = Churn(cost, 0, [1, 2]), Churn(cost, 0, [2, 1])
