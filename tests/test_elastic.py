@@ -218,6 +218,29 @@ def test_protocols_count_a_joiner_from_its_fetch():
     assert sync.needed(live) == 3   # the next round counts it
 
 
+def test_a_joiners_push_takes_no_place_in_a_sync_round():
+    """Sync without backup workers: a joiner fetched round 0's parameters and pushed before
+    client 2 (a joiner as fast as client 1, client 2 slower): the round still waits for client
+    2, then merges all three pushes and discards nothing (it closed at the joiner's push and
+    dropped client 2's segment). With every client of the round's start lost, the joiner's
+    push closes it."""
+    from repro.asgd.protocols import NOTHING, Sync, View
+    from repro.config.settings import ProtocolConfig
+
+    sync = Sync(real_cfg(protocol=ProtocolConfig(name="sync")), [1, 2], 0)
+    sync.on_push(_push(1, 0), View(0, frozenset({1, 2})))
+    sync.on_join(3, View(0, frozenset({1, 2})))
+    live = frozenset({1, 2, 3})
+    assert sync.on_push(_push(3, 0), View(0, live)) is NOTHING
+    decision = sync.on_push(_push(2, 0), View(0, live))
+    assert decision.apply.num_samples == 3 and decision.reply == (1, 2, 3) and decision.discarded == ()
+    alone = Sync(real_cfg(protocol=ProtocolConfig(name="sync")), [1, 2], 0)
+    alone.on_join(3, View(0, frozenset({1, 2})))
+    alone.on_push(_push(3, 0), View(0, frozenset({1, 2, 3})))
+    assert alone.on_lost(1, View(0, frozenset({2, 3}))) is NOTHING
+    assert alone.on_lost(2, View(0, frozenset({3}))).apply is not None
+
+
 def test_bad_elastic_keys_exit_before_any_work():
     from repro.config.checks import validate
     from repro.errors import ConfigError

@@ -204,6 +204,12 @@ class Sync(Policy):
         """A round waits for the clients live at its start (a joiner counts from the next)."""
         return max(1, len(set(live) - self.joining) - self.backups)
 
+    def full(self, live: AbstractSet[int]) -> bool:
+        """The round has its pushes: a joiner's is merged but takes no one's place (it counts
+        only when no client live at the round's start is left)."""
+        counted = set(self.pushes) - self.joining if set(live) - self.joining else set(self.pushes)
+        return len(counted) >= self.needed(live)
+
     def on_join(self, client: int, view: View) -> None:
         self.joining.add(client)
 
@@ -211,7 +217,7 @@ class Sync(Policy):
         if push.read_version < self.round_start:   # sent before its preemption reached it
             return NOTHING                         # (its new parameters are on their way)
         self.pushes[push.client] = push
-        return self.close(view) if len(self.pushes) >= self.needed(view.live) else NOTHING
+        return self.close(view) if self.full(view.live) else NOTHING
 
     def close(self, view: View) -> Decision:
         """Apply the round's mean update once; every client of the round fetches, the late
@@ -234,7 +240,7 @@ class Sync(Policy):
         return merged
 
     def on_lost(self, client: int, view: View) -> Decision:
-        if self.pushes and len(self.pushes) >= self.needed(view.live):
+        if self.pushes and self.full(view.live):
             return self.close(view)
         return NOTHING
 
