@@ -19,6 +19,7 @@ from repro.config.settings import BackendConfig, RunConfig
 from repro.errors import ConfigError
 from repro.real import run_real
 from repro.sim.driver import simulate
+from tests.helpers.invariants import check_run_folder
 from tests.helpers.runs import SIM, real_cfg
 
 
@@ -60,3 +61,15 @@ def test_7_numbers_that_would_hang_are_refused_at_once(tmp_path, run, key):
     with pytest.raises(ConfigError, match=f"'{re.escape(key)}'"):
         run(run_dir)
     assert not (run_dir / "summary.json").exists() and not (run_dir / "config.json").exists()
+
+
+def test_a_bandwidth_whose_transfer_time_overflows_is_refused(tmp_path):
+    """Fault: cost.bandwidth_Bps=1e-320 (in its range, above 0): a message's bytes / bandwidth is
+    inf, and the run 'completed' with every time_s inf (the push order then arbitrary ties).
+    Guarantee: ConfigError naming the key, the run folder marked failed, no row written."""
+    import dataclasses
+
+    cfg = SIM.replace(cost=dataclasses.replace(SIM.cost, bandwidth_Bps=1e-320))
+    with pytest.raises(ConfigError, match="'cost.bandwidth_Bps'"):
+        simulate(cfg, tmp_path / "run")
+    assert check_run_folder(tmp_path / "run", "failed")["version"] == 0   # no row written

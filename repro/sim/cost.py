@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from repro.config.settings import CostConfig
+from repro.errors import ConfigError
 from repro.files.schema import TIMING_PARTS
 
 JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
@@ -69,6 +70,9 @@ class CostModel:
         bandwidth = path_bandwidth(cost)
         # one push or fetch on idle links; shared links stretch it (repro.sim.resources)
         self.transfer_s = cost.latency_s + (nbytes / bandwidth if bandwidth else 0.0)
+        if not math.isfinite(self.transfer_s):   # else every time is inf, the order arbitrary
+            raise ConfigError("cost.bandwidth_Bps", bandwidth, f"a bandwidth at which one message "
+                              f"({nbytes:g} bytes) takes a finite time")
         self.server_apply_s = cost.server_apply_s
         self._blocks: dict[int, np.ndarray] = {}
         self._block_key: dict[int, tuple] = {}
