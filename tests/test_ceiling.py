@@ -133,6 +133,18 @@ def test_a_client_alone_gets_the_server_links_burst():
     assert ceiling(cost.updated(server_burst_bytes=2.0), 1, 1, 4).cycle_s == 2.0
 
 
+def test_an_uneven_hosts_devices_carry_its_fast_clients_more_often():
+    """8 clients on one host of 2 devices, four with steps of 10 ms and four 8x slower, free
+    links: the busy devices give each client a quarter of one, so a fast client pushes every
+    40 ms and a slow one every 320 ms: 4 x 25 + 4 x 3.125 = 112.5 pushes/s, which the clock runs
+    within 2%. The bound was 2 / (10 ms x mean f = 45 ms) = 44.4/s: under what the clock ran."""
+    cost = CostConfig.of(profile="d", compute_s=0.01, jitter="lognormal", jitter_sigma=0.1, topology="shared",
+                         clients_per_host=8, devices_per_host=2, speeds=(1, 1, 1, 1, 8, 8, 8, 8))
+    bound = ceiling(cost, 8, 1, param_bytes=4)
+    assert bound.binding == "host devices" and bound.pushes_per_s == pytest.approx(112.5)
+    assert rate(cost, 8, pushes=4000) == pytest.approx(112.5, rel=0.02)
+
+
 def test_the_bound_needs_clients_out_of_step():
     """16 clients on a shared server link (step and transfer 1 s each: the link carries 1 push a
     second, the clients alone would push 16 / 3): with no jitter they start together and stay

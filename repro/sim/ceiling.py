@@ -17,11 +17,15 @@ second, for N clients on H hosts (:mod:`repro.sim.resources` for the disciplines
   seconds of work at B_path bytes/s (its idle path), so a busy link of B_s bytes/s finishes that
   many a second; each push crosses it inbound and each fetch outbound, one of each per cycle;
 * **host links** (``shared``): H B_h / (B_path transfer_s);
-* **host devices** (``shared``, ``devices_per_host`` d): H d / (nsync c mean(f)): a push needs
-  nsync steps of one device; on one machine (``cost.machine.single``) its push and fetch are CPU
-  work too, d / (nsync c mean(f) + 4 transfer_s): a loopback copy takes two shares (one per end)
-  for its transfer_s; across a limited link, B_path transfer_s ``link_cpu_s_per_byte`` each (its
-  kernels' work). The evaluations' (``cost.machine.eval_s``) are not counted.
+* **host devices** (``shared``, ``devices_per_host`` d): a push needs nsync c f_k seconds of one
+  device, and a busy host's d devices are shared equally (processor sharing) by its n clients:
+  each gets min(1, d / n) of one and pushes that over its own work a second, so a host carries
+  min(1, d / n) sum_k 1 / (nsync c f_k) (H d / (nsync c) for equal clients; an uneven host's
+  fast clients push more often). On one machine (``cost.machine.single``) a push and a fetch
+  are CPU work too, added to each push's work (exact for equal clients): a loopback copy takes
+  two shares (one per end) for its transfer_s; across a limited link, B_path transfer_s
+  ``link_cpu_s_per_byte`` each (its kernels' work). The evaluations' (``cost.machine.eval_s``)
+  are not counted.
 
 The predicted throughput is the smallest bound; it is reached when the binding resource never
 idles (clients well beyond the knee) and approached from below near it, where clients wait for
@@ -93,8 +97,10 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) ->
         if host_bw is not None and transfer > 0:
             bounds[HOST_LINKS] = hosts * host_bw / (full * transfer)
         if cost.shared.devices_per_host is not None:
-            bounds[DEVICES] = hosts * cost.shared.devices_per_host * len(factors) / (
-                nsync * step_s * sum(factors) + len(factors) * transfers_cpu_s(cost, transfer, full))
+            work = [nsync * step_s * f + transfers_cpu_s(cost, transfer, full) for f in factors]
+            per_host, d = cost.shared.clients_per_host, cost.shared.devices_per_host
+            bounds[DEVICES] = sum(min(1.0, d / len(host)) * sum(1.0 / w for w in host)
+                                  for host in (work[i:i + per_host] for i in range(0, len(work), per_host)))
     return Ceiling(num_clients, nsync, cycle, bounds)
 
 
