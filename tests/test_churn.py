@@ -69,15 +69,18 @@ def test_churn_resumes_bit_for_bit(tmp_path, protocol):
 
 
 def test_a_joiner_computes_at_its_slots_speed(tmp_path):
-    """cost.speeds holds num_clients step times; joiner 4 of 3 clients takes slot 1's (as the
-    real driver's pace does): 2 steps x 0.01 s x 2 = 0.04 s a push, where it raised IndexError."""
+    """Joiner 4 of 3 clients takes slot 1's pace (as the real driver's does): with cost.speeds
+    (2, 1, 1), 2 steps x 0.01 s x 2 = 0.04 s a push, where it raised IndexError; with
+    speed_law=sqrt and client 1 the straggler (3x), 2 x 0.01 x 1 x 3 = 0.06 s, where it computed
+    at 1 + sqrt(3) and unslowed (0.055 s)."""
     import pandas as pd
 
-    cfg = churn_cfg(dict(preempt_rate=0.0, leave=None, join=(0.02,)), speeds=(2.0, 1.0, 1.0))
-    simulate(cfg, tmp_path / "run")
-    timings = pd.read_csv(tmp_path / "run" / "timings.csv")
-    assert set(timings[timings.client == 4].compute_s) == {0.04}
-    assert set(timings[timings.client == 2].compute_s) == {0.02}
+    for name, cost, mine, twos in (("speeds", dict(speeds=(2.0, 1.0, 1.0)), 0.04, 0.02),
+                                   ("law", dict(speed_law="sqrt", straggler_client=1, straggler_factor=3.0), 0.06, 0.04)):
+        simulate(churn_cfg(dict(preempt_rate=0.0, leave=None, join=(0.02,)), **cost), tmp_path / name)
+        timings = pd.read_csv(tmp_path / name / "timings.csv")
+        assert set(timings[timings.client == 4].compute_s) == {mine}, name
+        assert set(timings[timings.client == 2].compute_s) == {twos}, name
 
 
 def test_preemption_draws_do_not_depend_on_their_order():

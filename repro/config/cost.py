@@ -158,10 +158,9 @@ class CostConfig:
 
     def speed(self, client: int) -> float:
         """Client ``client``'s relative step time from ``speeds`` or ``speed_law`` (1: neither;
-        the straggler's factor and the jitter come on top); a joiner (cost.churn.join) takes its
-        slot's speed (:func:`repro.config.settings.client_slot`: speeds holds num_clients)."""
+        the straggler's factor and the jitter come on top)."""
         if self.speeds is not None:
-            return self.speeds[(client - 1) % len(self.speeds)]
+            return self.speeds[client - 1]
         if self.speed_law == "sqrt":
             return 1.0 + math.sqrt(client - 1)   # i = client - 1 = 0..N-1: client 1 at compute_s
         return 1.0

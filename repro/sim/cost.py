@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from repro.config.settings import CostConfig
+from repro.config.settings import CostConfig, client_slot
 from repro.errors import ConfigError
 from repro.files.schema import TIMING_PARTS
 
@@ -62,10 +62,11 @@ def step_time(cost: CostConfig, client: int, step_s: float) -> float:
 
 class CostModel:
     """Durations in virtual seconds. ``step_s``: one minibatch step (``cost.compute_s``, or the
-    measured value when it says ``calibrate``)."""
+    measured value when it says ``calibrate``). ``num_clients``: a joiner (an id beyond it)
+    computes at its slot's pace (:func:`~repro.config.settings.client_slot`), as the real one does."""
 
-    def __init__(self, cost: CostConfig, seed: int, param_bytes: int, step_s: float):
-        self.cost, self.seed, self.step_s = cost, seed, step_s
+    def __init__(self, cost: CostConfig, seed: int, param_bytes: int, step_s: float, num_clients: int = 0):
+        self.cost, self.seed, self.step_s, self.num_clients = cost, seed, step_s, num_clients
         nbytes = self.nbytes = cost.comm_params * 4 if cost.comm_params is not None else param_bytes
         bandwidth = path_bandwidth(cost)
         # one push or fetch on idle links; shared links stretch it (repro.sim.resources)
@@ -80,7 +81,8 @@ class CostModel:
     def segment_s(self, client: int, segment: int, num_steps: int) -> float:
         """Virtual time of ``client``'s ``segment``-th push: ``num_steps`` minibatch steps."""
         # a relative step time of exactly 1.0 (no cost.speeds or cost.speed_law) changes no bit
-        step_s = step_time(self.cost, client, self.step_s)
+        slot = client_slot(self.num_clients, client) if self.num_clients else client
+        step_s = step_time(self.cost, slot, self.step_s)
         if self.cost.jitter == "none" or self.cost.jitter_sigma == 0:
             return step_s * num_steps
         return float(step_s * self._jitter(client, segment, num_steps).sum())

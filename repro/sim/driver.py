@@ -66,7 +66,7 @@ def make_schedule(cfg: RunConfig, clients: list[int], param_bytes: int, step_s: 
     if cfg.cost.schedule == "replay":
         return ReplayScheduler(cfg.cost.path, cfg.num_clients)   # the recording's (replay_config)
     clock = ContendedScheduler if cfg.cost.topology == "shared" else CostScheduler
-    return clock(CostModel(cfg.cost, cfg.seed, param_bytes, step_s), clients, cfg.nsync)
+    return clock(CostModel(cfg.cost, cfg.seed, param_bytes, step_s, cfg.num_clients), clients, cfg.nsync)
 
 
 class Simulation:
