@@ -145,6 +145,17 @@ def test_an_uneven_hosts_devices_carry_its_fast_clients_more_often():
     assert rate(cost, 8, pushes=4000) == pytest.approx(112.5, rel=0.02)
 
 
+def test_the_cycle_is_the_lone_clients_own():
+    """cost=straggler: client 1 computes 4x slower, so one client alone (client 1) cycles in
+    4 x 4 x 10 ms + 2 transfers + the apply, and pushes once a cycle: cycle_s x pushes_per_s = 1
+    (cycle_s was a 10 ms client's, 4x shorter than the one client's cycle it claims)."""
+    cost = parse(compose(["cost=straggler"])).cost
+    one = ceiling(cost, 1, 4, param_bytes=4000)
+    transfer = 1e-4 + 4000 / 1e9
+    assert one.cycle_s == pytest.approx(0.16 + 2 * transfer + 1e-4)
+    assert one.cycle_s * one.pushes_per_s == pytest.approx(1.0)
+
+
 def test_the_bound_needs_clients_out_of_step():
     """16 clients on a shared server link (step and transfer 1 s each: the link carries 1 push a
     second, the clients alone would push 16 / 3): with no jitter they start together and stay

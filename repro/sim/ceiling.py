@@ -62,7 +62,7 @@ class Ceiling:
 
     num_clients: int
     nsync: int
-    cycle_s: float            # one client's cycle on idle resources
+    cycle_s: float            # client 1's cycle on idle resources (who runs alone at N = 1)
     bounds: dict[str, float]
 
     @property
@@ -83,7 +83,7 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) ->
     transfer, apply = model.transfer_s, cost.server_apply_s
     factors = [step_time(cost, k, 1.0) for k in range(1, num_clients + 1)]
     alone = transfer - idle_burst_s(cost, model)   # a transfer on idle links
-    cycle = nsync * step_s + 2 * alone + apply
+    cycle = nsync * step_s * factors[0] + 2 * alone + apply
     bounds = {CLIENTS: sum(1.0 / (nsync * step_s * f + 2 * alone + apply) for f in factors)}
     serve = apply + (transfer if cost.reply_holds_server else 0.0)   # the reply holds the server too
     if serve > 0:
