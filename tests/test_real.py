@@ -131,6 +131,16 @@ def test_busy_port_is_a_config_error(tmp_path, no_children):
     assert not (tmp_path / "run" / "summary.json").exists()   # nothing started
 
 
+def test_a_master_addr_this_machine_cannot_listen_on_names_that_key(tmp_path, no_children):
+    """The address is at fault, not the port (a TEST-NET address, no machine's; a host name that
+    does not resolve alike, not tried here: no DNS in the tests): the error names
+    backend.master_addr and its value (it named backend.master_port=0); nothing is contacted."""
+    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", master_addr="192.0.2.1"))
+    with pytest.raises(ConfigError, match="'backend.master_addr': '192.0.2.1'"):
+        run_real(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 WORKER = """
 import json, sys
 from repro.config.checks import from_dict
