@@ -337,7 +337,10 @@ def cli() -> None:
         from repro.real.elastic import join_process   # one more client for a running run
 
         join_process(_parsed(argv))   # exits
-    env = torchrun_env()
+    try:
+        env = torchrun_env()
+    except ConfigError as err:
+        exit_bad_input(err)
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 
