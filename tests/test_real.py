@@ -368,6 +368,33 @@ def test_real_sync_rounds(tmp_path, no_children, backups):
         check_same_evaluations(evals, sim_evals)
 
 
+@pytest.mark.slow   # ~30 s: a round held for 2.5 times backend.timeout_s
+def test_a_client_held_at_a_sync_barrier_past_its_timeout_stays_in_the_run(tmp_path):
+    """One client suspended (SIGSTOP; backend.client_timeout_s=60, so the server keeps it) for
+    2.5 x backend.timeout_s: the other pushes and waits for the round that long. The server's
+    HEARTBEATs to a client whose reply is held keep it; it left the run 'silent for more than
+    4 s' before, a sync round or an ssp bound that outlasts backend.timeout_s (a slow client,
+    a large nsync) costing every faster client."""
+    from repro.config.settings import ProtocolConfig
+    cfg = real_cfg(num_epochs=1000.0, eval_every=500.0, protocol=ProtocolConfig(name="sync"),
+                   backend=BackendConfig(name="real", client_device="cpu", timeout_s=4.0, client_timeout_s=60.0))
+    proc, run_dir = launch_real(tmp_path, cfg)
+    try:
+        wait_rows(proc, run_dir, 2)
+        slow = client_pids(proc.pid)[0]
+        os.kill(slow, signal.SIGSTOP)
+        time.sleep(10)
+        os.kill(slow, signal.SIGCONT)
+        rows = sum(1 for _ in open(run_dir / "updates.csv"))
+        wait_rows(proc, run_dir, rows + 5)   # rounds close again: both clients are in them
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        assert_no_leftovers(proc)
+    _, _, summary = table_frames(run_dir)
+    assert summary["status"] == "interrupted" and summary["lost_clients"] == [], summary["events"]
+
+
 def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
     from repro.config.settings import ProtocolConfig
     cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="ssp", staleness_bound=1))

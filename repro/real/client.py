@@ -209,6 +209,8 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
         header = channel.recv(inbox)
         if header.kind == Kind.STOP:
             return 0
+        if header.kind == Kind.HEARTBEAT:   # its reply is held (a sync round, an ssp bound): the
+            continue                          # server is alive; the wait starts over
         if header.kind != Kind.PARAMS or header.client != client_id:
             raise LinkLost(f"protocol error: got {header.kind.name} for client {header.client}")
         to_client_s = time.monotonic() - header.sent_at   # one clock on one kernel (frames.Header)
