@@ -258,18 +258,7 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
 
             use_point_slots("grid", lambda: "a grid point")   # a point that exits costs only itself
         return None
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    try:
-        dcfg = compose(overrides, return_hydra_config=True)
-    except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
-        key = next((k for _, k, _ in parsed_overrides(overrides) if f"'{k}'" in str(exc)), None)
-        owner = owning_option(key) if key else None
-        if owner:
-            exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
-        if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
-            *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
-            exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
-        exit_bad_input(str(exc).splitlines()[0])
+    dcfg = _composed([a for a in argv if "=" in a and not a.startswith("-")], return_hydra_config=True)
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
         from repro.workload.build import check_components   # the model and batch vs the data
@@ -279,6 +268,22 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         exit_bad_input(err)
     _check_folder_writable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
     return dcfg, cfg
+
+
+def _composed(overrides: list[str], **kwargs) -> DictConfig:
+    """Hydra's composition of ``overrides``; its error is bad input, one line (exit 2): a run's,
+    a joiner's (backend.join=[::1]:PORT) or a torchrun worker's command line alike."""
+    try:
+        return compose(overrides, **kwargs)
+    except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
+        key = next((k for _, k, _ in parsed_overrides(overrides) if f"'{k}'" in str(exc)), None)
+        owner = owning_option(key) if key else None
+        if owner:
+            exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
+        if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
+            *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
+            exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
+        exit_bad_input(str(exc).splitlines()[0])
 
 
 def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
@@ -315,7 +320,7 @@ def _parsed(argv: list[str], resolved: bool = False) -> RunConfig:
     outside Hydra's job (a joining client, a torchrun worker: neither makes a run folder); bad
     input exits 2."""
     try:
-        cfg = parse(compose([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
+        cfg = parse(_composed([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
         return resolve(cfg) if resolved else cfg
     except ConfigError as err:
         exit_bad_input(err)
@@ -332,7 +337,10 @@ def cli() -> None:
         from repro.real.elastic import join_process   # one more client for a running run
 
         join_process(_parsed(argv))   # exits
-    env = torchrun_env()
+    try:
+        env = torchrun_env()
+    except ConfigError as err:
+        exit_bad_input(err)
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 

@@ -257,9 +257,14 @@ class TorchrunEnv:
 
 
 def torchrun_env() -> TorchrunEnv | None:
-    """This process's place in a torchrun world, or None when not started by torchrun."""
+    """This process's place in a torchrun world, or None when not started by torchrun; a
+    ConfigError for a variable that is not a count (left exported by hand: int() raised)."""
     keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     if not all(k in os.environ for k in keys):
         return None
+    for key in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK"):
+        if not os.environ.get(key, "0").isdigit():
+            raise ConfigError(key, os.environ[key], "a count, as torchrun sets it (outside torchrun, unset "
+                              "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)")
     return TorchrunEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                        int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))

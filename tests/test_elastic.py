@@ -309,3 +309,29 @@ def test_a_ticket_without_a_request_is_skipped_after_the_client_timeout():
     acceptor.poll()
     assert added == [(7, f"repro/join/{second}/pair")] and acceptor.seen == 2
     assert not store.check([ticket_key(second, "request"), ticket_key(second, "answer")])
+
+
+def test_a_malformed_join_request_is_refused_and_the_next_joiner_admitted():
+    """A ticket whose request is not a joiner's (a damaged or foreign write into the run's store:
+    not JSON, not an object, a client id that is no integer) is refused under its ticket and the
+    next joiner admitted; the first one stopped the acceptor, and every later joiner waited
+    backend.timeout_s for an answer (in-process, as the test above)."""
+    import datetime
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from repro.real.elastic import COUNT_KEY, Acceptor, ticket_key
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=5))
+    added = []
+    loop = SimpleNamespace(closed=False, cfg=elastic_cfg(0), admit=lambda request: 7,
+                           add_client=lambda k, store, prefix: added.append(k))
+    bad = ["not json{", "[1]", json.dumps({"client": "abc"}), b"\xff"]
+    for request in [*bad, json.dumps({"fingerprint": "", "client": None})]:
+        store.set(ticket_key(store.add(COUNT_KEY, 1), "request"), request)
+    Acceptor(loop, store).poll()
+    for n in range(1, len(bad) + 1):
+        assert "a malformed join request" in json.loads(store.get(ticket_key(n, "answer")))["refused"]
+    assert added == [7]

@@ -73,3 +73,18 @@ def test_a_bandwidth_whose_transfer_time_overflows_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="'cost.bandwidth_Bps'"):
         simulate(cfg, tmp_path / "run")
     assert check_run_folder(tmp_path / "run", "failed")["version"] == 0   # no row written
+
+
+def test_the_progress_line_before_the_first_push_says_no_eta_not_nan(caplog):
+    """Fault: a run that ends before its first push (a failed start-up) forces its progress line
+    at epoch 0, where no rate exists. Guarantee: its eta reads '?' ('eta    nans' before)."""
+    from types import SimpleNamespace
+
+    from repro.runs.runlog import Progress
+
+    with caplog.at_level("INFO", logger="repro.progress"):
+        Progress("real x", 5.0).update(SimpleNamespace(epoch=0.0, version=0, final={}), force=True)
+        Progress("real x", 5.0).update(SimpleNamespace(epoch=1.0, version=3, final={}), force=True)
+    first, later = [r.getMessage() for r in caplog.records]
+    assert "nan" not in first and first.endswith("eta      ?"), first
+    assert re.search(r"eta +\d+\.\ds$", later), later

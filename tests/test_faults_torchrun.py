@@ -72,3 +72,18 @@ def test_11_torchrun_restart_survives_the_loss_of_rank_0(tmp_path):
     summary = check_run_folder(run_dir, "completed")
     assert [e["type"] for e in summary["events"]].count("resumed") == 1, summary["events"]
     assert summary["version"] > killed_at
+
+
+@pytest.mark.parametrize("key,value", [("RANK", "x"), ("MASTER_PORT", "abc")])
+def test_a_torchrun_variable_that_is_not_a_count_is_bad_input(tmp_path, key, value):
+    """Fault: torchrun's variables exported by hand with a value that is not a count (RANK=x: a
+    raw ValueError traceback; MASTER_PORT=abc: a start-up that waited backend.timeout_s and left
+    a failed folder). Guarantee: one line naming the variable and its value, exit 2, no folder."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555", key: value}
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "backend=real", f"results_dir={tmp_path}/r",
+                           "num_epochs=1", "backend.timeout_s=5"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: invalid value for '{key}': '{value}'"), proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()

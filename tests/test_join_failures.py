@@ -83,6 +83,20 @@ def test_a_join_where_nothing_listens_is_refused_at_once(tmp_path):
     assert "refused: no run is listening at backend.join=127.0.0.1:" in line
 
 
+@pytest.mark.parametrize("torchrun", [False, True], ids=["joiner", "torchrun_worker"])
+def test_an_override_hydra_cannot_read_is_one_line_for_a_joiner_and_a_torchrun_worker(tmp_path, torchrun):
+    """An IPv6 address in brackets (Hydra's grammar reads ``[`` as a list) on a joiner's command
+    line, or any unreadable override on a torchrun rank > 0: exit 2 with Hydra's message and the
+    quoting hint, as a run's own command line says it, not a traceback."""
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())) \
+        if torchrun else None
+    arg = "exp_name=a(b" if torchrun else "backend.join=[::1]:5555"
+    proc = subprocess.run([sys.executable, "-m", "repro.run", *RUN, arg], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "quote a value" in proc.stderr, proc.stderr
+
+
 def test_a_join_to_a_silent_listener_is_refused_within_the_timeout(tmp_path):
     with silent_listener() as sock:
         port = sock.getsockname()[1]

@@ -131,6 +131,16 @@ def test_busy_port_is_a_config_error(tmp_path, no_children):
     assert not (tmp_path / "run" / "summary.json").exists()   # nothing started
 
 
+def test_a_master_addr_this_machine_cannot_listen_on_names_that_key(tmp_path, no_children):
+    """The address is at fault, not the port (a TEST-NET address, no machine's; a host name that
+    does not resolve alike, not tried here: no DNS in the tests): the error names
+    backend.master_addr and its value (it named backend.master_port=0); nothing is contacted."""
+    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", master_addr="192.0.2.1"))
+    with pytest.raises(ConfigError, match="'backend.master_addr': '192.0.2.1'"):
+        run_real(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 WORKER = """
 import json, sys
 from repro.config.checks import from_dict
@@ -356,6 +366,33 @@ def test_real_sync_rounds(tmp_path, no_children, backups):
         sim_upd, sim_evals, _ = table_frames(tmp_path / "sim")
         pd.testing.assert_series_equal(upd.train_loss, sim_upd.train_loss, check_exact=True)
         check_same_evaluations(evals, sim_evals)
+
+
+@pytest.mark.slow   # ~30 s: a round held for 2.5 times backend.timeout_s
+def test_a_client_held_at_a_sync_barrier_past_its_timeout_stays_in_the_run(tmp_path):
+    """One client suspended (SIGSTOP; backend.client_timeout_s=60, so the server keeps it) for
+    2.5 x backend.timeout_s: the other pushes and waits for the round that long. The server's
+    HEARTBEATs to a client whose reply is held keep it; it left the run 'silent for more than
+    4 s' before, a sync round or an ssp bound that outlasts backend.timeout_s (a slow client,
+    a large nsync) costing every faster client."""
+    from repro.config.settings import ProtocolConfig
+    cfg = real_cfg(num_epochs=1000.0, eval_every=500.0, protocol=ProtocolConfig(name="sync"),
+                   backend=BackendConfig(name="real", client_device="cpu", timeout_s=4.0, client_timeout_s=60.0))
+    proc, run_dir = launch_real(tmp_path, cfg)
+    try:
+        wait_rows(proc, run_dir, 2)
+        slow = client_pids(proc.pid)[0]
+        os.kill(slow, signal.SIGSTOP)
+        time.sleep(10)
+        os.kill(slow, signal.SIGCONT)
+        rows = sum(1 for _ in open(run_dir / "updates.csv"))
+        wait_rows(proc, run_dir, rows + 5)   # rounds close again: both clients are in them
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        assert_no_leftovers(proc)
+    _, _, summary = table_frames(run_dir)
+    assert summary["status"] == "interrupted" and summary["lost_clients"] == [], summary["events"]
 
 
 def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):

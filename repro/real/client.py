@@ -6,7 +6,8 @@ This module owns the client's side of the conversation, and nothing of process p
 Client ``k`` is built by the same :mod:`repro.workload.build` as simulator client ``k``, so its data
 order is the one seeded by ``(seed, k)``. While it computes, a client proves it is alive with a
 header-only HEARTBEAT every quarter of ``backend.client_timeout_s``, so only a silent client is
-dropped, however long its pushes take.
+dropped, however long its pushes take; the server sends one to a client whose reply it holds (a sync
+round, an ssp bound), so only a silent server ends a client's bounded wait.
 
 Devices follow one placement rule for every launcher (docs/real.md, "One node"): the process of
 local rank ``r`` trains on ``cuda:(r mod G)``. On a GPU the messages go through pinned CPU
@@ -209,6 +210,8 @@ def _loop(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup) 
         header = channel.recv(inbox)
         if header.kind == Kind.STOP:
             return 0
+        if header.kind == Kind.HEARTBEAT:   # its reply is held (a sync round, an ssp bound): the
+            continue                          # server is alive; the wait starts over
         if header.kind != Kind.PARAMS or header.client != client_id:
             raise LinkLost(f"protocol error: got {header.kind.name} for client {header.client}")
         to_client_s = time.monotonic() - header.sent_at   # one clock on one kernel (frames.Header)

@@ -117,12 +117,14 @@ class Acceptor(threading.Thread):
                 _log.info(f"[real server] join ticket {n} wrote no request within "
                           f"backend.client_timeout_s; skipped")
             else:
-                self.admit(n, json.loads(self.store.get(ticket_key(n, "request"))))
+                self.admit(n, self.store.get(ticket_key(n, "request")))
             self.seen = n
 
-    def admit(self, n: int, request: dict) -> None:
+    def admit(self, n: int, raw: bytes) -> None:
         self.store.delete_key(ticket_key(n, "request"))   # read; the answer is the joiner's to delete
+        request: dict = {}
         try:
+            request = join_request(raw)
             k = self.loop.admit(request)
         except Refused as why:
             self.store.set(ticket_key(n, "answer"), json.dumps({"refused": str(why)}))
@@ -133,6 +135,19 @@ class Acceptor(threading.Thread):
         # joined (it read its answer before its pair group) or dropped: a joiner that died or hung
         # after reading its answer never deleted it
         self.store.delete_key(ticket_key(n, "answer"))
+
+
+def join_request(raw: bytes) -> dict:
+    """A ticket's request, or Refused when it is not a joiner's (a damaged or foreign write to the
+    store): refused like any other join, where it stopped the acceptor, and every later joiner
+    waited ``backend.timeout_s`` for an answer."""
+    try:
+        request = json.loads(raw)
+    except ValueError as exc:   # (a JSONDecodeError, or bytes that are not UTF-8)
+        raise Refused(f"a malformed join request: {exc}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("client"), (int, type(None))):
+        raise Refused("a malformed join request: not a JSON object with a client id or null")
+    return request
 
 
 class JoinEnded(Exception):

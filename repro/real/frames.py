@@ -43,7 +43,8 @@ class Kind(IntEnum):
     PUSH = 2     # client -> server: an update and its metadata
     STOP = 3     # server -> client: the run is over (no payload)
     HELLO = 4    # both ways, first: "my frames carry `length` parameters" (no payload)
-    HEARTBEAT = 5   # client -> server while computing a long push: "alive" (no payload)
+    HEARTBEAT = 5   # "alive" (no payload): client -> server while computing a long push, server ->
+    # client while its reply is held (a round or a bound may outlast the client's backend.timeout_s)
 
 
 class Frame:

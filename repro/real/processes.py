@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import errno
 import json
 import math
 import multiprocessing as mp
@@ -74,6 +75,9 @@ def make_store(cfg: RunConfig) -> dist.TCPStore:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # still fails on a live listener
         sock.bind(sockaddr)
     except OSError as exc:
+        if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:   # the address is at fault
+            raise ConfigError("backend.master_addr", addr, f"an address of this machine to listen on "
+                              f"(127.0.0.1, the default: loopback only): {exc.strerror or exc}") from None
         raise ConfigError("backend.master_port", port, f"a free port on {addr} (0 picks one): {exc}")
     bound = sock.getsockname()[1]
     # world size None: joiners connect for the whole run, beyond the clients started with it

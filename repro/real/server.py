@@ -82,6 +82,7 @@ class Dispatcher:
         self.stopped: set[int] = set()
         self.devices: dict[int, str] = {}   # where each client trains (from its pushes)
         self.t0, self.time_offset = time.perf_counter(), core.time_s
+        self.kept_alive = time.monotonic()   # the last HEARTBEAT to clients whose reply is held
         # joins (repro.real.elastic): ids never used in this run, across resumes too
         self.next_id = max([cfg.num_clients, *core.used_clients, *channels]) + 1
         self.max_clients = cfg.backend.max_clients or cfg.num_clients
@@ -167,6 +168,20 @@ class Dispatcher:
         for k in self.live():
             self.send_stop(k)
 
+    def keep_alive(self) -> None:
+        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply is held:
+        it waits for that reply at most ``backend.timeout_s``, and a sync round or an ssp bound
+        held by a slow (heartbeating) client may last longer; it left the run before."""
+        if time.monotonic() - self.kept_alive < self.cfg.backend.timeout_s / 4:
+            return
+        self.kept_alive = time.monotonic()
+        for k in self.live():
+            if self.receivers[k].held():
+                try:
+                    self.channels[k].send(Header(Kind.HEARTBEAT, k, self.server.version, 0), self.reply)
+                except LinkLost as exc:
+                    self.lose(k, str(exc))
+
     def poll_processes(self) -> None:
         for k, proc in self.processes.items():
             if proc.exitcode is not None and k not in self.stopped:
@@ -203,6 +218,7 @@ class Dispatcher:
                 with self.lock:
                     drained = self.core.drain()
                     self.poll_processes()
+                    self.keep_alive()
                     if drained.stopping:
                         self.stop_clients()
                     if not self.live() or self.core.error:

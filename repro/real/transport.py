@@ -218,6 +218,9 @@ class Receiver(threading.Thread):
         left waiting would time out and close its link."""
         self._gate.clear()
 
+    def held(self) -> bool:
+        return not self._gate.is_set()
+
     def release(self) -> None:
         if not self._gate.is_set():   # (set() takes a lock and notifies: once per reply otherwise)
             self._gate.set()

@@ -251,10 +251,11 @@ class Progress:
             return
         self.last = now
         elapsed, epoch, key = now - self.started, log.epoch, "test_loss" if self.loss_only else "test_error"
-        eta = elapsed * (self.total - epoch) / epoch if epoch > 0 else float("nan")
+        # before the first push there is no rate: no eta (max(nan, 0) printed 'nans')
+        eta = f"{max(elapsed * (self.total - epoch) / epoch, 0):6.1f}s" if epoch > 0 else "     ?"
         err = ""
         if key in log.final:
             value = log.final[key]
             err = f"  test loss {value:.4g}" if self.loss_only else f"  test error {100 * value:5.2f}%"
         _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {log.version:6d}{err}"
-                  f"  elapsed {elapsed:6.1f}s  eta {max(eta, 0):6.1f}s")
+                  f"  elapsed {elapsed:6.1f}s  eta {eta}")
