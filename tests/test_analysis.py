@@ -468,3 +468,19 @@ def test_build_figure_returns_written_paths(results, tmp_path):
     assert all(p.is_file() for p in paths)
     frame = pd.read_csv(paths[-1])
     assert set(frame["metric"]) == {"training error", "test error"}
+
+
+def test_a_config_key_unknown_to_this_version_is_read_with_a_warning_naming_folder_and_key(tmp_path):
+    """A run folder of a newer version (or a hand edit) was read silently: a figure pools runs
+    that differ only in a setting it does not know, so say so; the run is kept, the key a column."""
+    new, old = fake_runs.write_experiment(tmp_path, "exp", [1, 2], [1], [0], "cold")
+    config = json.loads((new / schema.CONFIG_FILE).read_text())
+    config["algo"]["nesterov"] = True
+    (new / schema.CONFIG_FILE).write_text(json.dumps(config))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    said = [str(w.message) for w in caught if "unknown to this version" in str(w.message)]
+    assert len(runs.runs) == 2 and "algo.nesterov" in runs.runs
+    assert any(str(new) in m and "algo.nesterov" in m for m in said), said
+    assert not any(str(old) in m and "algo.nesterov" in m for m in said), said
