@@ -484,3 +484,14 @@ def test_a_config_key_unknown_to_this_version_is_read_with_a_warning_naming_fold
     assert len(runs.runs) == 2 and "algo.nesterov" in runs.runs
     assert any(str(new) in m and "algo.nesterov" in m for m in said), said
     assert not any(str(old) in m and "algo.nesterov" in m for m in said), said
+
+
+@pytest.mark.parametrize("file", [schema.CONFIG_FILE, schema.SUMMARY_FILE])
+def test_json_nested_past_the_parsers_depth_is_a_corrupt_folder_not_a_traceback(tmp_path, file):
+    bad, good = fake_runs.write_experiment(tmp_path, "exp", [1, 2], [1], [0], "cold")
+    (bad / file).write_text("[" * 100_000 + "]" * 100_000)   # json.loads: RecursionError
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = load_runs(tmp_path, "exp")
+    assert runs.runs["run_dir"].tolist() == [str(good)]
+    assert runs.skipped.set_index("job").loc[bad.name, "kind"] == "corrupt"

@@ -102,7 +102,8 @@ def _read_json(path: Path, read: Callable[[Path], Any] = lambda p: json.loads(p.
     :func:`~repro.config.renames.read_recorded` (old spellings: new columns)."""
     try:
         data = read(path)
-    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (OSError, ValueError, RecursionError) as e:   # decode errors are ValueErrors; JSON nested
+        # past the parser's depth a RecursionError (a traceback, where a bad folder never raises)
         raise BadRun("corrupt", f"{path.name} is unreadable ({e})") from None
     if not isinstance(data, dict):
         raise BadRun("corrupt", f"{path.name} is not a JSON object")
