@@ -42,12 +42,13 @@ from repro.sim.driver import simulate as sim_run
 DEFAULTS = composed()
 
 
-@dataclass
+@dataclass(eq=False)   # the dataclass's == compared DataFrames: "truth value ... is ambiguous"
 class Result:
     """A finished simulation: its tables as DataFrames, its summary (``time_to_target`` keyed by
     the target error as a float, ``{0.05: 12.3}``, where summary.json can only key it by text) and
     where they were written (``run_dir``: None when no folder was asked for; the temporary one is
-    gone). See :func:`simulate`, Returns."""
+    gone). See :func:`simulate`, Returns. ``==`` is identity: compare the tables
+    (``a.updates.equals(b.updates)``); two summaries differ in their wall time."""
 
     updates: pd.DataFrame
     evals: pd.DataFrame

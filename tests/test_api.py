@@ -342,3 +342,16 @@ def test_the_theory_helpers_still_take_numpy_numbers_and_arrays():
     assert api.critical_lr(np.arange(0, 3), np.float32(2.0)) == pytest.approx([1.0, 0.5, 0.3090170], rel=1e-6)
     assert api.collection_time(np.array([1.0, 2.0, 4.0]), np.int64(4)) == 3.0
     assert api.theorem_response(np.array([0.0, 1.0]), 0.5, 0.0, 0).shape == (2, 1)
+
+
+def test_a_result_compares_and_pickles_without_a_pandas_error():
+    # the dataclass's == compared the DataFrames: "The truth value of a DataFrame is ambiguous"
+    import pickle
+
+    import pandas as pd
+
+    frame = pd.DataFrame({"version": [1, 2], "staleness": [0, 1]})
+    a = api.Result(frame, frame.copy(), {"status": "completed", "time_to_target": {0.05: None}}, None)
+    b = pickle.loads(pickle.dumps(a))
+    assert a == a and (a == b) is False and a != b
+    assert b.updates.equals(a.updates) and b.summary == a.summary and "Result(" in repr(b)
