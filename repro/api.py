@@ -321,6 +321,8 @@ def configure(*overrides: str) -> RunConfig:
     for a bad value, an unknown key or option."""
     from hydra.errors import HydraException
 
+    if not all(isinstance(o, str) for o in overrides):   # else an AttributeError from deep in the parser
+        raise ConfigError("overrides", list(overrides), 'KEY=VALUE strings, e.g. configure("num_clients=4")')
     try:
         return composed((*overrides, "progress=false"))
     except HydraException as exc:   # Hydra's own exception, whose second line may point the wrong way
@@ -393,4 +395,6 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     carries ``param_bytes`` (the model's size) unless ``cfg.cost.comm_params`` sets it, as the
     simulator's clock counts them (the lab's ``+exp=ceiling`` sets it: 244 MB)."""
     from repro.sim.ceiling import ceiling as bound
+    # -1 gave a negative rate, "x" a TypeError
+    numbers("param_bytes", param_bytes, "a finite number >= 0 (the model's bytes)", lambda b: b >= 0, scalar=True)
     return bound(cfg.cost, cfg.num_clients, cfg.nsync, param_bytes=param_bytes)

@@ -323,13 +323,19 @@ def test_a_module_with_every_parameter_frozen_is_refused_before_training():
     (lambda: api.harmonic(True), "n"), (lambda: api.harmonic("3"), "n"), (lambda: api.harmonic(float("inf")), "n"),
     (lambda: api.theorem_response([1.0, float("nan")], 0.1, 0.5, 3), "curvatures"),
     (lambda: api.theorem_response("ab", 0.1, 0.5, 3), "curvatures"),
-    (lambda: api.theorem_response([1.0], -0.1, 0.5, 3), "lr"), (lambda: api.theorem_response([1.0], 0.1, 1.0, 3), "mu"),
-    (lambda: api.theorem_response([1.0], 0.1, True, 3), "mu"), (lambda: api.theorem_response([1.0], 0.1, 0.5, -1), "steps"),
+    (lambda: api.theorem_response([1.0], -0.1, 0.5, 3), "lr"),
+    (lambda: api.theorem_response([1.0], 0.1, 1.0, 3), "mu"), (lambda: api.theorem_response([1.0], 0.1, True, 3), "mu"),
+    (lambda: api.theorem_response([1.0], 0.1, 0.5, -1), "steps"),
     (lambda: api.theorem_response([1.0], 0.1, 0.5, 2.5), "steps"),
-    (lambda: api.collection_time([1.0, float("nan")], 2), "taus"), (lambda: api.collection_time([1.0, float("inf")], 2), "taus"),
+    (lambda: api.collection_time([1.0, float("nan")], 2), "taus"),
+    (lambda: api.collection_time([1.0, float("inf")], 2), "taus"),
     (lambda: api.collection_time(["a"], 2), "taus"), (lambda: api.collection_time([1.0, 2.0], 0), "size"),
     (lambda: api.collection_time([1.0, 2.0], -1), "size"), (lambda: api.collection_time([1.0, 2.0], 2.5), "size"),
-    (lambda: api.collection_time([1.0, 2.0], True), "size")])
+    (lambda: api.collection_time([1.0, 2.0], True), "size"),
+    (lambda: api.ceiling(api.configure("cost=lan"), -10**6), "param_bytes"),   # a negative rate
+    (lambda: api.ceiling(api.configure("cost=lan"), float("nan")), "param_bytes"),
+    (lambda: api.ceiling(api.configure("cost=lan"), "x"), "param_bytes"),
+    (lambda: api.configure(3), "overrides"), (lambda: api.configure("num_clients=4", None), "overrides")])
 def test_the_theory_helpers_refuse_a_value_outside_their_formula_naming_the_argument(call, name):
     # critical_lr(-1) answered -2.0, harmonic(0) 0, collection_time(taus, 0) 0.0, theorem_response(..., -1)
     # one column, harmonic(2.5) a TypeError: now a ConfigError naming the argument and what is accepted
