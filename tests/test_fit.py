@@ -234,7 +234,8 @@ def test_a_fitted_run_replays(tmp_path):
     """config.json records the fit beside the settings ("fit"): a replay of a cost=fit run was
     refused with "invalid value for 'fit': {...}; expected a known key"."""
     rec = record(tmp_path, "rec", None, epochs=3.0)
-    fitted = simulate(sim_cfg(cost=CostConfig.of(profile="fit", path=str(rec)), checkpoint_every=0), tmp_path / "fitted")
+    fit = CostConfig.of(profile="fit", path=str(rec))
+    fitted = simulate(sim_cfg(cost=fit, checkpoint_every=0), tmp_path / "fitted")
     replay = CostConfig.of(profile="replay", schedule="replay", path=str(tmp_path / "fitted"))
     again = simulate(sim_cfg(cost=replay, checkpoint_every=0), tmp_path / "replay")
     assert (again["status"], again["final"]) == (fitted["status"], fitted["final"])
