@@ -219,6 +219,24 @@ def test_a_second_ctrl_c_while_a_change_is_simulated_stops_it_and_exits_130_quie
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_kill_or_a_closed_terminal_while_a_change_is_simulated_ends_as_ctrl_c_does(tmp_path, monkeypatch, sig):
+    """SIGTERM and SIGHUP killed the explorer under the simulation (-15, -1), leaving its
+    temporary run folder behind; now they ask as a Ctrl-C does: the change is answered, exit 0."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with _explorer("import sys") as proc:
+        url = proc.stdout.readline().split()[2]
+        answered = []
+        slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
+        slow.start()
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        slow.join()
+    assert (proc.returncode, err, answered) == (0, "", [200])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ctrl_c_during_the_warm_up_stops_the_explorer():
     """A Ctrl-C in the warm-up's run stops that run (interrupted): the explorer stops too,
     rather than print its URL and serve."""

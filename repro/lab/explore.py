@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
-from repro.runtime import EXIT_INTERRUPTED, exit_on_signal, request_stop
+from repro.runtime import EXIT_INTERRUPTED, SIGNALS, exit_on_signal, request_stop
 
 PROTOCOLS = ("async", "sync", "ssp", "ringmaster", "rennala")
 # What is trained: the lab's quadratic (the theory's curve beside it), or, when asked, the digits
@@ -286,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"explore: --port {args.port}: {reason}; accepted: a free port from 1 to 65535, or 0 for any",
               file=sys.stderr)
         return 2
+    for sig in SIGNALS:   # kill and a closed terminal ask as Ctrl-C does: killed, a change under way left its folder
+        signal.signal(sig, signal.default_int_handler)
     with server, contextlib.suppress(KeyboardInterrupt):   # Ctrl-C: the socket closed, exit 0
         # warm-up before the URL is printed, so the first slider move is fast (a Ctrl-C during
         # its run stops that run, which ends interrupted: then stop here too)
@@ -299,9 +301,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def stop_now(signum, frame) -> None:
         forced.set()
-        request_stop("SIGINT")   # the simulation under way ends interrupted, its temporary folder removed
-        exit_on_signal()         # a third Ctrl-C, or one during the shutdown, exits 130 at once
+        request_stop(signal.Signals(signum).name)   # the simulation under way ends interrupted, its folder removed
+        exit_on_signal()   # a third signal, or one during the shutdown, exits 130 at once
 
-    signal.signal(signal.SIGINT, stop_now)
+    for sig in SIGNALS:
+        signal.signal(sig, stop_now)
     _Handler.lock.acquire()
     return EXIT_INTERRUPTED if forced.is_set() else 0
