@@ -505,3 +505,18 @@ def test_a_name_that_is_not_one_files_stem_is_refused_naming_name(results, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: invalid value for '--name'"), err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit, words", [(lambda r: [], "has no rows"),
+                                         (lambda r: r[:-2], "summary.json says version")])
+def test_a_completed_runs_evals_cut_short_is_corrupt_not_a_seed_left_out(tmp_path, edit, words):
+    """A completed run evaluates at its start and its end: an evals.csv holding its header only, or
+    cut at a row's end, was read as a run without those points (a figure drew one seed fewer)."""
+    exp = tmp_path / "exp"
+    _edit_rows(_copy_of_a_good_run(exp, "cut") / schema.EVALS_FILE, edit)
+    _copy_of_a_good_run(exp, "good")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    assert runs.runs["job"].tolist() == ["good"]
+    assert any(str(exp / "cut") in str(w.message) and words in str(w.message) for w in caught)

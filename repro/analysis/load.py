@@ -243,12 +243,17 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
 
 def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
     """Raise :class:`BadRun` (corrupt) for tables a resume would refuse, by its own rule
-    (:func:`repro.files.schema.versions_fault`), ``updates.csv`` ending at the summary's version."""
+    (:func:`repro.files.schema.versions_fault`), ``updates.csv`` ending at the summary's version, and
+    ``evals.csv`` too for a completed run (its final evaluation); a run evaluates at its start, so
+    an ``evals.csv`` without rows was cut (its run left out of the figure without a word)."""
     final = summary.get("version")
     end = final if isinstance(final, int) and not isinstance(final, bool) else None
+    completed = str(summary.get("status")).startswith("completed")
     why = (schema.versions_fault(schema.UPDATES_FILE, updates["version"].tolist(), True, end,
                                  schema.SUMMARY_FILE)
-           or schema.versions_fault(schema.EVALS_FILE, evals["version"].tolist(), False))
+           or ("" if len(evals) else f"{schema.EVALS_FILE} has no rows (a run evaluates at its start)")
+           or schema.versions_fault(schema.EVALS_FILE, evals["version"].tolist(), False,
+                                    end if completed else None, schema.SUMMARY_FILE))
     if why:
         raise BadRun("corrupt", why)
 
