@@ -245,6 +245,17 @@ def test_ctrl_c_during_the_warm_up_stops_the_explorer():
     assert (proc.returncode, out, err) == (0, "", "")
 
 
+def test_a_second_ctrl_c_during_the_shutdown_is_ignored():
+    """A first Ctrl-C in the warm-up, a second as the explorer exits (here: when Python finalises
+    __main__, after it reset its signal handlers): it killed the process (-2)."""
+    at_finalisation = ("import os, signal; late = type('Late', (), {'__del__': lambda self: "
+                       "os.kill(os.getpid(), signal.SIGINT)})()")
+    with _explorer("import sys", at_finalisation, "from repro.runtime import request_stop",
+                   "request_stop('SIGINT')") as proc:
+        out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (0, "", "")
+
+
 # ---------------------------------------------------------------------------------------------
 # The page in a real browser
 # ---------------------------------------------------------------------------------------------

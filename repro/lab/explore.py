@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         request_stop(signal.Signals(signum).name)   # the simulation under way ends interrupted, its folder removed
         exit_on_signal()   # a third signal, or one during the shutdown, exits 130 at once
 
+    exit_on_signal()   # from here a signal during the shutdown is ignored (it killed the process: -2)
     for sig in SIGNALS:
         signal.signal(sig, stop_now)
     _Handler.lock.acquire()
