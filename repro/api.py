@@ -30,7 +30,7 @@ from repro.asgd.rules import RULES
 from repro.config.loader import composed, group_options
 from repro.config.checks import from_dict
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
-from repro.errors import ConfigError
+from repro.errors import ConfigError, numbers
 from repro.files import schema
 from repro.workload.build import Problem
 from repro.workload.custom import ArrayLike, check_objects, check_trainable, custom_problem, names
@@ -42,12 +42,13 @@ from repro.sim.driver import simulate as sim_run
 DEFAULTS = composed()
 
 
-@dataclass
+@dataclass(eq=False)   # the dataclass's == compared DataFrames: "truth value ... is ambiguous"
 class Result:
     """A finished simulation: its tables as DataFrames, its summary (``time_to_target`` keyed by
     the target error as a float, ``{0.05: 12.3}``, where summary.json can only key it by text) and
     where they were written (``run_dir``: None when no folder was asked for; the temporary one is
-    gone). See :func:`simulate`, Returns."""
+    gone). See :func:`simulate`, Returns. ``==`` is identity: compare the tables
+    (``a.updates.equals(b.updates)``); two summaries differ in their wall time."""
 
     updates: pd.DataFrame
     evals: pd.DataFrame
@@ -320,6 +321,8 @@ def configure(*overrides: str) -> RunConfig:
     for a bad value, an unknown key or option."""
     from hydra.errors import HydraException
 
+    if not all(isinstance(o, str) for o in overrides):   # else an AttributeError from deep in the parser
+        raise ConfigError("overrides", list(overrides), 'KEY=VALUE strings, e.g. configure("num_clients=4")')
     try:
         return composed((*overrides, "progress=false"))
     except HydraException as exc:   # Hydra's own exception, whose second line may point the wrong way
@@ -349,6 +352,8 @@ def critical_lr(staleness, l_max: float = 1.0):
     updates old, on curvatures up to ``l_max``: 2 sin(pi / (4 tau + 2)) / l_max (Levin & May
     1976; 2 / l_max at tau = 0, about 0.445 / l_max at tau = 3). Numbers or arrays."""
     from repro.analysis.lab.stability import critical_lr as bound   # the analysis: imported late
+    numbers("staleness", staleness, "a number or array of numbers, each finite and >= 0", lambda t: t >= 0)
+    numbers("l_max", l_max, "a finite number > 0 (the largest curvature)", lambda v: v > 0, scalar=True)
     return bound(staleness, l_max)
 
 
@@ -356,7 +361,7 @@ def harmonic(n: int) -> float:
     """H_n = 1 + 1/2 + ... + 1/n: a sync round of n clients with exponential step times lasts
     H_n mean steps, so sync applies 1/H_n as many samples per second as async (nsync 1)."""
     from repro.analysis.lab.sync import harmonic as h
-    return h(n)
+    return h(int(numbers("n", n, "an integer >= 1 (the clients)", lambda n: n >= 1, scalar=True, integer=True)))
 
 
 def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray:
@@ -365,6 +370,10 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
     running average ``u <- mu u + (1 - mu) g``; shape (modes, steps + 1). N async clients with
     exponential step times: mu = 1 - 1/N; mu = 0 is plain gradient descent."""
     from repro.analysis.lab.momentum import theorem_response as response
+    numbers("curvatures", curvatures, "a number or array of numbers, each finite and >= 0", lambda c: c >= 0)
+    numbers("lr", lr, "a finite number > 0", lambda v: v > 0, scalar=True)
+    numbers("mu", mu, "a number in [0, 1)", lambda v: (v >= 0) & (v < 1), scalar=True)
+    steps = int(numbers("steps", steps, "an integer >= 0", lambda v: v >= 0, scalar=True, integer=True))
     return response(curvatures, lr, mu, steps)
 
 
@@ -372,9 +381,10 @@ def collection_time(taus: list[float], size: int) -> float:
     """Rennala SGD's time per server step (Tyurin & Richtarik 2023): t(S) = min{t : sum_i
     floor(t / tau_i) >= S} for clients whose segments take ``taus`` and collections of ``size``."""
     from repro.analysis.lab.uneven import collection_time as t_of_s
-    if not len(taus) or min(taus) <= 0:   # else an IndexError from the heap, or times that go back
-        raise ConfigError("taus", taus, "the clients' segment times: at least one, each > 0")
-    return t_of_s(taus, size)
+    # else an IndexError from the heap, times that go back, or a nan that ends the heap's order
+    taus = numbers("taus", taus, "the clients' segment times: at least one, each finite and > 0", lambda t: t > 0)
+    size = numbers("size", size, "an integer >= 1", lambda s: s >= 1, scalar=True, integer=True)
+    return t_of_s(taus.ravel().tolist(), int(size))
 
 
 def ceiling(cfg: RunConfig, param_bytes: int = 0):
@@ -387,6 +397,8 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     the fitted costs, as a run would simulate them. Raises ConfigError for a replay (a recorded
     order, no cost model) or ``cost.compute_s=calibrate`` (a step measured only when a run starts)."""
     from repro.sim.ceiling import ceiling as bound
+    # -1 gave a negative rate, "x" a TypeError
+    numbers("param_bytes", param_bytes, "a finite number >= 0 (the model's bytes)", lambda b: b >= 0, scalar=True)
     from repro.sim.driver import resolve
 
     if cfg.cost.schedule == "replay":

@@ -2,11 +2,13 @@
 
 Every check that rejects user input raises :class:`ConfigError`, which names the key, the bad value
 and what would have been valid. The entry point turns it into a one-paragraph message and exit
-code 2 before any process starts or any run folder is marked complete.
+code 2 before any process starts or any run folder is marked complete. :func:`numbers` is that
+check for the numbers a Python caller hands a function (the API's theory helpers, the model builder).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+import contextlib
+from typing import Any, Callable, Iterable
 
 
 class ConfigError(ValueError):
@@ -26,3 +28,18 @@ class DataError(ConfigError):
 EXIT_BAD_INPUT = 2
 
 
+
+
+def numbers(name: str, value: Any, accepted: str, ok: Callable, scalar: bool = False, integer: bool = False):
+    """``value`` as a numpy array of real numbers (a bool or a text is none), at least one, each
+    finite and ``ok`` (``ok(array)`` -> booleans; ``scalar``: one number); else a ConfigError naming
+    ``name`` and what is ``accepted`` (the API's critical_lr(-1) answered -2.0, harmonic(2.5) a
+    TypeError)."""
+    import numpy as np   # here: the command line's --help and config errors load no numpy
+
+    with contextlib.suppress(ValueError, TypeError):   # a ragged list, a tensor on a GPU: refused
+        array = np.asarray(value)
+        if array.dtype.kind in ("iu" if integer else "iuf") and array.size and not (scalar and array.ndim) \
+                and np.all(np.isfinite(array) & ok(array)):
+            return array
+    raise ConfigError(name, value, accepted)

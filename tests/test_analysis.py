@@ -468,3 +468,55 @@ def test_build_figure_returns_written_paths(results, tmp_path):
     assert all(p.is_file() for p in paths)
     frame = pd.read_csv(paths[-1])
     assert set(frame["metric"]) == {"training error", "test error"}
+
+
+def test_a_config_key_unknown_to_this_version_is_read_with_a_warning_naming_folder_and_key(tmp_path):
+    """A run folder of a newer version (or a hand edit) was read silently: a figure pools runs
+    that differ only in a setting it does not know, so say so; the run is kept, the key a column."""
+    new, old = fake_runs.write_experiment(tmp_path, "exp", [1, 2], [1], [0], "cold")
+    config = json.loads((new / schema.CONFIG_FILE).read_text())
+    config["algo"]["nesterov"] = True
+    (new / schema.CONFIG_FILE).write_text(json.dumps(config))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    said = [str(w.message) for w in caught if "unknown to this version" in str(w.message)]
+    assert len(runs.runs) == 2 and "algo.nesterov" in runs.runs
+    assert any(str(new) in m and "algo.nesterov" in m for m in said), said
+    assert not any(str(old) in m and "algo.nesterov" in m for m in said), said
+
+
+@pytest.mark.parametrize("file", [schema.CONFIG_FILE, schema.SUMMARY_FILE])
+def test_json_nested_past_the_parsers_depth_is_a_corrupt_folder_not_a_traceback(tmp_path, file):
+    bad, good = fake_runs.write_experiment(tmp_path, "exp", [1, 2], [1], [0], "cold")
+    (bad / file).write_text("[" * 100_000 + "]" * 100_000)   # json.loads: RecursionError
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = load_runs(tmp_path, "exp")
+    assert runs.runs["run_dir"].tolist() == [str(good)]
+    assert runs.skipped.set_index("job").loc[bad.name, "kind"] == "corrupt"
+
+
+@pytest.mark.parametrize("argv", [["fig1", "--name", "sub/fig1"], ["fig1", "--name", ""], ["fig1", "--name", ".."],
+                                  ["all", "--name", "mine"]])
+def test_a_name_that_is_not_one_files_stem_is_refused_naming_name(results, tmp_path, capsys, argv):
+    # "sub/fig1" was blamed on --out ("No such file or directory"); "" and all ignored it silently
+    assert main([*argv, "--results", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid value for '--name'"), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit, words", [(lambda r: [], "has no rows"),
+                                         (lambda r: r[:-2], "summary.json says version")])
+def test_a_completed_runs_evals_cut_short_is_corrupt_not_a_seed_left_out(tmp_path, edit, words):
+    """A completed run evaluates at its start and its end: an evals.csv holding its header only, or
+    cut at a row's end, was read as a run without those points (a figure drew one seed fewer)."""
+    exp = tmp_path / "exp"
+    _edit_rows(_copy_of_a_good_run(exp, "cut") / schema.EVALS_FILE, edit)
+    _copy_of_a_good_run(exp, "good")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    assert runs.runs["job"].tolist() == ["good"]
+    assert any(str(exp / "cut") in str(w.message) and words in str(w.message) for w in caught)

@@ -329,3 +329,52 @@ def test_a_module_with_every_parameter_frozen_is_refused_before_training():
     module = nn.Linear(6, 2).requires_grad_(False)
     with pytest.raises(ConfigError, match="'module'.*every parameter frozen"):
         api.simulate(module, (x, y), (x, y), num_epochs=1)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: api.critical_lr(-1), "staleness"), (lambda: api.critical_lr([0, 1, -1]), "staleness"),
+    (lambda: api.critical_lr(float("nan")), "staleness"), (lambda: api.critical_lr(float("inf")), "staleness"),
+    (lambda: api.critical_lr(True), "staleness"), (lambda: api.critical_lr("3"), "staleness"),
+    (lambda: api.critical_lr(1, 0), "l_max"), (lambda: api.critical_lr(1, -2.0), "l_max"),
+    (lambda: api.harmonic(0), "n"), (lambda: api.harmonic(-1), "n"), (lambda: api.harmonic(2.5), "n"),
+    (lambda: api.harmonic(True), "n"), (lambda: api.harmonic("3"), "n"), (lambda: api.harmonic(float("inf")), "n"),
+    (lambda: api.theorem_response([1.0, float("nan")], 0.1, 0.5, 3), "curvatures"),
+    (lambda: api.theorem_response("ab", 0.1, 0.5, 3), "curvatures"),
+    (lambda: api.theorem_response([1.0], -0.1, 0.5, 3), "lr"),
+    (lambda: api.theorem_response([1.0], 0.1, 1.0, 3), "mu"), (lambda: api.theorem_response([1.0], 0.1, True, 3), "mu"),
+    (lambda: api.theorem_response([1.0], 0.1, 0.5, -1), "steps"),
+    (lambda: api.theorem_response([1.0], 0.1, 0.5, 2.5), "steps"),
+    (lambda: api.collection_time([1.0, float("nan")], 2), "taus"),
+    (lambda: api.collection_time([1.0, float("inf")], 2), "taus"),
+    (lambda: api.collection_time(["a"], 2), "taus"), (lambda: api.collection_time([1.0, 2.0], 0), "size"),
+    (lambda: api.collection_time([1.0, 2.0], -1), "size"), (lambda: api.collection_time([1.0, 2.0], 2.5), "size"),
+    (lambda: api.collection_time([1.0, 2.0], True), "size"),
+    (lambda: api.ceiling(api.configure("cost=lan"), -10**6), "param_bytes"),   # a negative rate
+    (lambda: api.ceiling(api.configure("cost=lan"), float("nan")), "param_bytes"),
+    (lambda: api.ceiling(api.configure("cost=lan"), "x"), "param_bytes"),
+    (lambda: api.configure(3), "overrides"), (lambda: api.configure("num_clients=4", None), "overrides")])
+def test_the_theory_helpers_refuse_a_value_outside_their_formula_naming_the_argument(call, name):
+    # critical_lr(-1) answered -2.0, harmonic(0) 0, collection_time(taus, 0) 0.0, theorem_response(..., -1)
+    # one column, harmonic(2.5) a TypeError: now a ConfigError naming the argument and what is accepted
+    with pytest.raises(ConfigError, match=f"'{name}'.*expected"):
+        call()
+
+
+def test_the_theory_helpers_still_take_numpy_numbers_and_arrays():
+    assert api.harmonic(np.int64(4)) == pytest.approx(25 / 12)
+    assert api.critical_lr(np.arange(0, 3), np.float32(2.0)) == pytest.approx([1.0, 0.5, 0.3090170], rel=1e-6)
+    assert api.collection_time(np.array([1.0, 2.0, 4.0]), np.int64(4)) == 3.0
+    assert api.theorem_response(np.array([0.0, 1.0]), 0.5, 0.0, 0).shape == (2, 1)
+
+
+def test_a_result_compares_and_pickles_without_a_pandas_error():
+    # the dataclass's == compared the DataFrames: "The truth value of a DataFrame is ambiguous"
+    import pickle
+
+    import pandas as pd
+
+    frame = pd.DataFrame({"version": [1, 2], "staleness": [0, 1]})
+    a = api.Result(frame, frame.copy(), {"status": "completed", "time_to_target": {0.05: None}}, None)
+    b = pickle.loads(pickle.dumps(a))
+    assert a == a and (a == b) is False and a != b
+    assert b.updates.equals(a.updates) and b.summary == a.summary and "Result(" in repr(b)

@@ -198,10 +198,60 @@ def test_ctrl_c_while_a_change_is_simulated_waits_for_it_and_exits_0():
     assert (proc.returncode, err, answered) == (0, "", [200])
 
 
+def test_a_second_ctrl_c_while_a_change_is_simulated_stops_it_and_exits_130_quietly(tmp_path, monkeypatch):
+    """The second Ctrl-C raised KeyboardInterrupt in the wait for the simulation under way (a
+    traceback, then "terminate called without an active exception", -6), or at shutdown (a
+    traceback from an atexit callback; -2). Now that simulation ends interrupted, its temporary
+    folder removed, and the explorer exits 130 without a word."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))   # the simulation's temporary folder: none left behind
+    with _explorer("import sys") as proc:
+        url = proc.stdout.readline().split()[2]
+        answered = []
+        slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
+        slow.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        slow.join()
+    assert (proc.returncode, err, answered) == (130, "", [200])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_kill_or_a_closed_terminal_while_a_change_is_simulated_ends_as_ctrl_c_does(tmp_path, monkeypatch, sig):
+    """SIGTERM and SIGHUP killed the explorer under the simulation (-15, -1), leaving its
+    temporary run folder behind; now they ask as a Ctrl-C does: the change is answered, exit 0."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with _explorer("import sys") as proc:
+        url = proc.stdout.readline().split()[2]
+        answered = []
+        slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
+        slow.start()
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        slow.join()
+    assert (proc.returncode, err, answered) == (0, "", [200])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ctrl_c_during_the_warm_up_stops_the_explorer():
     """A Ctrl-C in the warm-up's run stops that run (interrupted): the explorer stops too,
     rather than print its URL and serve."""
     with _explorer("import sys", "from repro.runtime import request_stop", "request_stop('SIGINT')") as proc:
+        out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (0, "", "")
+
+
+def test_a_second_ctrl_c_during_the_shutdown_is_ignored():
+    """A first Ctrl-C in the warm-up, a second as the explorer exits (here: when Python finalises
+    __main__, after it reset its signal handlers): it killed the process (-2)."""
+    at_finalisation = ("import os, signal; late = type('Late', (), {'__del__': lambda self: "
+                       "os.kill(os.getpid(), signal.SIGINT)})()")
+    with _explorer("import sys", at_finalisation, "from repro.runtime import request_stop",
+                   "request_stop('SIGINT')") as proc:
         out, err = proc.communicate(timeout=120)
     assert (proc.returncode, out, err) == (0, "", "")
 

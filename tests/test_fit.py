@@ -246,3 +246,14 @@ def test_a_fitted_run_is_simulated_again_from_its_config_without_a_refit(tmp_pat
     cfg = predicted_config(tmp_path / "fitted")
     recorded = json.loads((tmp_path / "fitted" / "config.json").read_text())["cost"]
     assert (cfg.cost.profile, cfg.cost.path, cfg.cost.compute_s) == ("fitted", None, recorded["compute_s"])
+
+
+def test_a_fitted_run_replays(tmp_path):
+    """config.json records the fit beside the settings ("fit"): a replay of a cost=fit run was
+    refused with "invalid value for 'fit': {...}; expected a known key"."""
+    rec = record(tmp_path, "rec", None, epochs=3.0)
+    fit = CostConfig.of(profile="fit", path=str(rec))
+    fitted = simulate(sim_cfg(cost=fit, checkpoint_every=0), tmp_path / "fitted")
+    replay = CostConfig.of(profile="replay", schedule="replay", path=str(tmp_path / "fitted"))
+    again = simulate(sim_cfg(cost=replay, checkpoint_every=0), tmp_path / "replay")
+    assert (again["status"], again["final"]) == (fitted["status"], fitted["final"])

@@ -120,6 +120,11 @@ def draw_main(args: argparse.Namespace) -> int:
                           "default results)")
     if args.target is not None and not 0 <= args.target <= 1:   # nan too: else every speedup is blank
         raise ConfigError("--target", args.target, "a training error as a fraction in [0, 1]")
+    named = args.name is not None
+    if named and (args.figure == "all" or args.name in ("", ".", "..") or Path(args.name).name != args.name):
+        # else "a/b" blamed --out (no such file), and all or '' ignored it without a word
+        raise ConfigError("--name", args.name, "a file name without a folder, for one figure (with all, each figure's "
+                          "files are named after it; the folder is --out)")
     stem = args.name or (f"{args.figure}-{file_label(args.config)}"
                          if args.config and args.figure != "all" else None)
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes

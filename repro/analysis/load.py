@@ -15,6 +15,10 @@ A folder is a run iff it holds ``config.json``. Every folder is sorted into exac
   CSV/summary files without a ``config.json``, or tables a resume would refuse
   (:func:`check_versions`): skipped with a warning and listed (``kind="corrupt"``).
 
+A kept run whose ``config.json`` holds a key this version's settings lack (another version's, or
+a hand edit) is read with a warning naming the folder and the key: a figure cannot tell runs
+apart by a setting it does not know.
+
 A bad folder never raises; only a missing experiment folder does (:class:`NoRunsError`).
 """
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from repro.config.renames import read_recorded
+from repro.config.settings import RECORDED_ONLY, all_keys
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import lock_held
@@ -97,7 +102,8 @@ def _read_json(path: Path, read: Callable[[Path], Any] = lambda p: json.loads(p.
     :func:`~repro.config.renames.read_recorded` (old spellings: new columns)."""
     try:
         data = read(path)
-    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (OSError, ValueError, RecursionError) as e:   # decode errors are ValueErrors; JSON nested
+        # past the parser's depth a RecursionError (a traceback, where a bad folder never raises)
         raise BadRun("corrupt", f"{path.name} is unreadable ({e})") from None
     if not isinstance(data, dict):
         raise BadRun("corrupt", f"{path.name} is not a JSON object")
@@ -196,6 +202,11 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
     lacking = [k for k in REQUIRED_CONFIG_KEYS if k not in config]
     if lacking:
         raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")
+    unknown = [k for k in flatten(config) if k not in all_keys() and k.partition(".")[0] not in RECORDED_ONLY]
+    if unknown:   # read, as other columns are; but a figure's configuration (configs.py) never sees it
+        warnings.warn(f"run {run_dir}: {schema.CONFIG_FILE} key(s) unknown to this version: {', '.join(unknown)} "
+                      "(written by another version, or by hand): kept as columns, but no figure tells "
+                      "runs apart by them", stacklevel=3)
     if not (run_dir / schema.SUMMARY_FILE).is_file():
         raise BadRun("partial", f"no {schema.SUMMARY_FILE} (" + (
             "still running: a live process holds its lock)" if lock_held(run_dir / LOCK_FILE)
@@ -232,12 +243,17 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
 
 def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
     """Raise :class:`BadRun` (corrupt) for tables a resume would refuse, by its own rule
-    (:func:`repro.files.schema.versions_fault`), ``updates.csv`` ending at the summary's version."""
+    (:func:`repro.files.schema.versions_fault`), ``updates.csv`` ending at the summary's version, and
+    ``evals.csv`` too for a completed run (its final evaluation); a run evaluates at its start, so
+    an ``evals.csv`` without rows was cut (its run left out of the figure without a word)."""
     final = summary.get("version")
     end = final if isinstance(final, int) and not isinstance(final, bool) else None
+    completed = str(summary.get("status")).startswith("completed")
     why = (schema.versions_fault(schema.UPDATES_FILE, updates["version"].tolist(), True, end,
                                  schema.SUMMARY_FILE)
-           or schema.versions_fault(schema.EVALS_FILE, evals["version"].tolist(), False))
+           or ("" if len(evals) else f"{schema.EVALS_FILE} has no rows (a run evaluates at its start)")
+           or schema.versions_fault(schema.EVALS_FILE, evals["version"].tolist(), False,
+                                    end if completed else None, schema.SUMMARY_FILE))
     if why:
         raise BadRun("corrupt", why)
 

@@ -341,9 +341,10 @@ class Resolved:
 
 # what config.json holds beside the settings: what identity depends on (repro.runtime), what
 # is trained (repro.workload.build.Problem.recorded), where a real run's server ran (the real
-# driver's host record: what cost=fit needs to model the machine, repro.sim.fit),
-# and the overrides a shortened folder name stands for (repro.config.loader.short_name)
-RECORDED_ONLY = ("environment", "network", "dataset", "host", "overrides")
+# driver's host record: what cost=fit needs to model the machine, repro.sim.fit), the cost fit
+# a cost=fit run was made with (its values are in cost.*), and the overrides a shortened folder
+# name stands for (repro.config.loader.short_name)
+RECORDED_ONLY = ("environment", "network", "dataset", "host", "fit", "overrides")
 
 
 def client_slot(num_clients: int, client: int) -> int:

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -36,6 +37,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
+
+from repro.runtime import EXIT_INTERRUPTED, SIGNALS, exit_on_signal, request_stop
 
 PROTOCOLS = ("async", "sync", "ssp", "ringmaster", "rennala")
 # What is trained: the lab's quadratic (the theory's curve beside it), or, when asked, the digits
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"explore: --port {args.port}: {reason}; accepted: a free port from 1 to 65535, or 0 for any",
               file=sys.stderr)
         return 2
+    for sig in SIGNALS:   # kill and a closed terminal ask as Ctrl-C does: killed, a change under way left its folder
+        signal.signal(sig, signal.default_int_handler)
     with server, contextlib.suppress(KeyboardInterrupt):   # Ctrl-C: the socket closed, exit 0
         # warm-up before the URL is printed, so the first slider move is fast (a Ctrl-C during
         # its run stops that run, which ends interrupted: then stop here too)
@@ -290,6 +295,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"explorer at http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops it)", flush=True)
             server.serve_forever()
     # a simulation under way ends first (torch's threads torn down under it abort the process);
-    # the lock stays held so that no request waiting for it starts another
+    # the lock stays held so that no request waiting for it starts another. A second Ctrl-C
+    # raised KeyboardInterrupt in the wait (a traceback, then that abort) or in the shutdown
+    forced = threading.Event()
+
+    def stop_now(signum, frame) -> None:
+        forced.set()
+        request_stop(signal.Signals(signum).name)   # the simulation under way ends interrupted, its folder removed
+        exit_on_signal()   # a third signal, or one during the shutdown, exits 130 at once
+
+    exit_on_signal()   # from here a signal during the shutdown is ignored (it killed the process: -2)
+    for sig in SIGNALS:
+        signal.signal(sig, stop_now)
     _Handler.lock.acquire()
-    return 0
+    return EXIT_INTERRUPTED if forced.is_set() else 0

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from repro.errors import ConfigError
+from repro.errors import ConfigError, numbers
 from repro.registry import Registry
 
 
@@ -128,8 +128,16 @@ def _quadratic(input_shape, num_classes) -> nn.Module:
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """A fresh model; its initialisation draws from torch's global RNG (seed it first)."""
-    return MODELS[name].build(tuple(int(d) for d in input_shape), int(num_classes))
+    """A fresh model; its initialisation draws from torch's global RNG (seed it first).
+    ConfigError for an unknown name, a sample shape the model is not made for, or ``num_classes``
+    not an integer >= 1 (the API exposes this: a 0 built a net without outputs, a 2.7 one of 2)."""
+    spec = MODELS[name]
+    shape = tuple(int(d) for d in numbers("input_shape", input_shape, "a sample's sizes, integers >= 1",
+                                          lambda d: d >= 1, integer=True).reshape(-1))
+    if not spec.accepts(shape):
+        raise ConfigError("input_shape", input_shape, f"{spec.expects} (what model '{name}' is made for)")
+    return spec.build(shape, int(numbers("num_classes", num_classes, "an integer >= 1", lambda n: n >= 1,
+                                         scalar=True, integer=True)))
 
 
 def fits(name: str, input_shape, num_classes: int) -> bool:
