@@ -33,7 +33,7 @@ from repro.config.renames import modern_override
 from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
                                parsed_overrides)
 from repro.config.settings import RunConfig
-from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only, unmakeable
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
@@ -137,11 +137,9 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
         parent = parent.parent
 
 
-# the grid points refused as bad input in the process that launches the grid (_launcher_pid; a
-# worker's bad point exits 2, which costs only that point, repro.launcher). A pid, not a flag: a
-# worker gets job() and its globals pickled by value (it is __main__'s)
+# the process that launches the grid (a worker's bad point exits 2, which costs only that point,
+# repro.launcher). A pid, not a flag: a worker gets job() and its globals pickled by value (it is __main__'s)
 _launcher_pid: int | None = None
-_bad_points: list[str] = []
 
 
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
@@ -165,9 +163,11 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         _remove_empty_run_dir(run_dir.resolve(), results)
         if "MULTIRUN" in str(mode.mode):
             print(f"error: grid point {run_dir.name} not run: {err}", file=sys.stderr, flush=True)
-            if os.getpid() != _launcher_pid:
-                sys.exit(EXIT_BAD_INPUT)   # a worker's point (repro.launcher: it costs only itself)
-            _bad_points.append(run_dir.name)   # the grid goes on; cli exits 2 after it
+            if os.getpid() != _launcher_pid:   # a worker's point (repro.launcher: it costs only itself)
+                refused = SystemExit(EXIT_BAD_INPUT)
+                refused.point = run_dir.name   # for the launcher's last line
+                raise refused
+            BAD_POINTS.append(run_dir.name)   # the grid goes on; cli exits 2 after it
             return None
         exit_bad_input(err)
     except OSError as err:
@@ -248,6 +248,7 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
         except Exception:
             return None
+        _refuse_run_of_grid(argv, dcfg)
         if "-m" not in argv and "--multirun" not in argv and dcfg.hydra.mode != RunMode.MULTIRUN:
             sweep = next(a for a in argv if "=" in a and _is_sweep([a]))   # Hydra: exit 1, five lines
             exit_bad_input(f"'{sweep}' is a sweep: add -m to run one run per value (a list is "
@@ -270,6 +271,7 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
             *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
             exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
         exit_bad_input(str(exc).splitlines()[0])
+    _refuse_run_of_grid(argv, dcfg)
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
         from repro.workload.build import check_components   # the model and batch vs the data
@@ -279,6 +281,16 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         exit_bad_input(err)
     _check_folder_writable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
     return dcfg, cfg
+
+
+def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
+    """``--run +exp=fig1``: Hydra runs the experiment's whole grid all the same (its file sets
+    hydra.mode=MULTIRUN), where --run asks for one run."""
+    if ("--run" in argv or "-r" in argv) and dcfg.hydra.mode == RunMode.MULTIRUN:
+        exp = dcfg.hydra.runtime.choices.get("exp")
+        keys = ", ".join(dcfg.hydra.sweeper.get("params") or {}) or "its sweeps"
+        exit_bad_input(f"--run: {f'+exp={exp}' if exp else 'hydra.mode=MULTIRUN'} is a grid: leave out --run "
+                       f"to run the whole grid, or run one point with hydra.mode=RUN and one value of {keys}")
 
 
 def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
@@ -349,9 +361,9 @@ def cli() -> None:
                     global _launcher_pid
                     _launcher_pid = os.getpid()
                     main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
-                    if _bad_points:
-                        exit_bad_input(f"{len(_bad_points)} grid point(s) not run, named above: "
-                                       + "; ".join(_bad_points))
+                    if BAD_POINTS:
+                        exit_bad_input(f"{len(BAD_POINTS)} grid point(s) not run, named above: "
+                                       + "; ".join(BAD_POINTS))
                 else:
                     run_composed(*checked)
             except KeyboardInterrupt:

@@ -1,5 +1,6 @@
-"""The command line under attack (wave 7): a Ctrl-C while its imports load, a grid with one bad
-point, a sweep without --multirun. Each ends with one line and the exit code the guide gives."""
+"""The command line under attack (waves 7 and 8): a Ctrl-C while its imports load, a grid with one
+bad point, a sweep without --multirun, a number's spelling, --run of a grid. Each ends with one
+line and the exit code the guide gives."""
 from __future__ import annotations
 
 import subprocess
@@ -45,8 +46,7 @@ def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_pat
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "error: grid point nsync=0,num_epochs=0.2 not run: invalid value for 'nsync': 0" in proc.stderr
-    if launcher == "basic":
-        assert proc.stderr.endswith("error: 1 grid point(s) not run, named above: nsync=0,num_epochs=0.2\n")
+    assert proc.stderr.endswith("error: 1 grid point(s) not run, named above: nsync=0,num_epochs=0.2\n")
     runs = sorted(p.parent.name for p in (tmp_path / "default").glob("*/summary.json"))
     assert runs == ["nsync=1,num_epochs=0.2", "nsync=2,num_epochs=0.2"]
     assert all('"completed"' in (tmp_path / "default" / r / "summary.json").read_text() for r in runs)
@@ -128,4 +128,43 @@ def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path):
     single = cli("hydra.run.dir=${oops}")
     assert (single.returncode, single.stderr) == (2, "error: cannot name the run folder (hydra.run.dir): "
                                                      "Interpolation key 'oops' not found\n"), single.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_experiments_bad_point_under_its_parallel_launcher_still_draws_its_figure(tmp_path):
+    """``+exp=fig1 nsync=1,0``: the worker's exit 2 reached Hydra as a failed job, which printed
+    "Error executing job with overrides: None" and never called the figure's callback. Now the
+    figure is drawn from the good point, as under hydra/launcher=basic, and the bad one is named."""
+    proc = cli("+exp=fig1", "nsync=1,0", "num_epochs=0.2", "hydra.sweeper.params.seed=0", "progress=false",
+               f"results_dir={tmp_path / 'r'}", f"figures_dir={tmp_path / 'f'}", timeout_s=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Error executing job" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.endswith("error: 1 grid point(s) not run, named above: nsync=0,num_epochs=0.2,seed=0\n")
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["fig1.csv", "fig1.pdf", "fig1.png"]
+
+
+def test_a_number_names_its_run_folder_by_its_value_not_its_spelling(tmp_path):
+    """``seed=-0 algo.lr=0.10`` ran in a folder of its own beside ``seed=0 algo.lr=0.1`` (a grid
+    point's, whose numbers Hydra writes by value), so resume=auto ran the finished run again.
+    A normal spelling keeps its name: an exponent, ``2.0``, a list or an interpolation as given."""
+    from repro.config.loader import job_name
+
+    assert job_name(["seed=-0", "nsync=+4", "algo.lr=0.10", "algo.momentum=.5", "num_epochs=2.00"]) == \
+        "algo.lr=0.1,algo.momentum=0.5,nsync=4,num_epochs=2.0,seed=0"
+    kept = ["algo.lr=1e-3", "cost.speeds=[1, 2]", "nsync=${num_clients}", "num_epochs=2.0", "seed=1,2"]
+    assert [job_name([k]) for k in kept] == kept
+    first = cli(f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false", "seed=-0", "algo.lr=0.10")
+    again = cli(f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false", "seed=0", "algo.lr=0.1",
+                "resume=auto")
+    assert (first.returncode, again.returncode) == (0, 0), first.stderr[-2000:] + again.stderr[-2000:]
+    assert "already completed" in again.stderr, again.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "default").iterdir()] == ["algo.lr=0.1,num_epochs=0.2,seed=0"]
+
+
+def test_run_of_an_experiment_grid_is_refused_with_how_to_run_one_point(tmp_path):
+    """``--run +exp=fig1`` ran the experiment's whole grid (its file sets hydra.mode=MULTIRUN)."""
+    proc = cli("--run", "+exp=fig1", f"results_dir={tmp_path}")
+    assert (proc.returncode, proc.stderr) == (2, "error: --run: +exp=fig1 is a grid: leave out --run to run the "
+                                                 "whole grid, or run one point with hydra.mode=RUN and one value "
+                                                 "of seed\n"), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []

@@ -120,14 +120,17 @@ def _show(value) -> str:
 def job_name(overrides) -> str:
     """A run folder's name: the command-line overrides of keys that shape training, sorted, as
     Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
-    ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.settings.shaping_keys`)."""
+    ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.settings.shaping_keys`).
+    A number is named by its value, as in a grid (``seed=-0`` ran the run of ``seed=0`` again)."""
+    from repro.hydra_internals import plain_number
+
     shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
     kept = []
     for item in overrides or ():
-        key, sep, value = str(item).partition("=")
+        key, sep, _ = str(item).partition("=")
         key = key.lstrip("+~")
         if sep and key in shaping:
-            kept.append((key, value))
+            kept.append((key, plain_number(str(item))))
     return short_name(",".join(f"{k}={v}" for k, v in sorted(kept)) or "base")
 
 
