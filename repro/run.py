@@ -303,9 +303,13 @@ def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     key = "hydra.sweep.dir" if grid else "hydra.run.dir"
     try:
-        folder = Path(str(OmegaConf.select(dcfg, key))).absolute()
+        name = str(OmegaConf.select(dcfg, key))
     except InterpolationResolutionError as exc:   # -m exp_name=${oops}: OmegaConf's traceback
         exit_bad_input(f"cannot name the {'grid' if grid else 'run'} folder ({key}): {str(exc).splitlines()[0]}")
+    folder = Path(name).absolute()
+    if not name.strip():   # Hydra takes '' for the working folder: the run's files went into it
+        exit_bad_input(f"{key} is empty: the {'grid' if grid else 'run'} would write into {folder}; give a "
+                       f"folder, or leave {key} out (results_dir=FOLDER)")
     why = unmakeable(folder)
     if why is None and grid and folder.is_dir() and is_read_only(folder):
         why = f"{folder} is read-only or not writable"

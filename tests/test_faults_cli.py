@@ -168,3 +168,25 @@ def test_run_of_an_experiment_grid_is_refused_with_how_to_run_one_point(tmp_path
                                                  "whole grid, or run one point with hydra.mode=RUN and one value "
                                                  "of seed\n"), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line): each printed a traceback,
+    # a misleading line or nothing, and went on (the points of +exp=fig1,fig2 ran each experiment's
+    # base config once, no grid, no figure; an empty folder wrote the run into the working folder)
+    (["hydra.run.dir="], "error: hydra.run.dir is empty: the run would write into "),
+    (["-m", "hydra.sweep.dir=", "nsync=1,2"], "error: hydra.sweep.dir is empty: the grid would write into "),
+    (["-m", "+exp=fig1,fig2"], "error: '+exp=fig1,fig2' sweeps experiments, and each is a grid of its own: "
+                               "run one experiment per command (+exp=fig1, then +exp=fig2)"),
+    (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
+    (["-sc", "install=bash"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
+    (["--experimental-rerun", "missing.pickle"], "error: --experimental-rerun: no file missing.pickle"),
+]
+
+
+@pytest.mark.parametrize("words,line", ONE_LINE_REFUSALS, ids=[" ".join(w) for w, _ in ONE_LINE_REFUSALS])
+def test_what_cannot_work_here_is_one_line_and_writes_nothing(tmp_path, words, line):
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "num_epochs=0.2", "progress=false", *words],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(line), proc.stderr[-2000:]
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

@@ -262,6 +262,13 @@ def check_words(argv: list[str]) -> None:
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
         exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg, --info and "
                        "--shell-completion (--cfg job shows a single run's config)")
+    if "--shell-completion" in argv or "-sc" in argv:   # Hydra: a traceback, or install=bash taken for a key
+        exit_bad_input("--shell-completion: Hydra's completion completes 'python FILE.py', not 'python -m "
+                       "repro.run' (python -m repro.run --help lists every key and option)")
+    rerun = argv[argv.index("--experimental-rerun") + 1:][:1] if "--experimental-rerun" in argv else []
+    if rerun and not Path(rerun[0]).is_file():   # Hydra: a raw ValueError traceback
+        exit_bad_input(f"--experimental-rerun: no file {rerun[0]} (it takes the config.pickle of Hydra's "
+                       "save_job_info callback; resume=true continues a run, force=true runs it again)")
     seen: dict[str, str] = {}
     for i, word in enumerate(argv):
         if word.startswith("-") or "=" in word or (i and argv[i - 1] in VALUE_FLAGS):
@@ -300,6 +307,9 @@ def check_overrides(argv: list[str]) -> None:
                 exit_bad_input(f"'{prefix}{key}={value}': write {right} ("
                                 + (f"'{key}' options are added with +" if optional else
                                    f"'{key}' is already in the config") + ")")
+            if key == "exp" and "," in value:   # Hydra ran each experiment's base config once, no figure
+                exit_bad_input(f"'+exp={value}' sweeps experiments, and each is a grid of its own: run one "
+                               "experiment per command (" + ", then ".join(f"+exp={v}" for v in value.split(",")) + ")")
             choices = group_options(key)
             for v in value.split(","):
                 if v not in choices:
