@@ -39,6 +39,7 @@ from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
 
 log = get_logger("repro.run")
+GRID = "repro.grid.Grid"   # a grid's progress, its Ctrl-C, its points' worker slots (conf/exp/shared/grid.yaml)
 
 
 if not OmegaConf.has_resolver("job_name"):
@@ -254,10 +255,8 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
             exit_bad_input(f"'{sweep}' is a sweep: add -m to run one run per value (a list is "
                            f"KEY=[A,B], a text with a comma KEY='A,B')")
         _check_folder_writable(dcfg, grid=True)
-        if str(dcfg.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
-            from repro.launcher import use_point_slots   # +exp's Grid does it too; a plain -m has none
-
-            use_point_slots("grid", lambda: "a grid point")   # a point that exits costs only itself
+        if "grid" not in (dcfg.hydra.get("callbacks") or {}):   # a plain -m: Ctrl-C started every later
+            sys.argv.insert(1, f"+hydra.callbacks.grid._target_={GRID}")   # point ('interrupted'), exit 0
         return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     try:

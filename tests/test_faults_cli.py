@@ -3,13 +3,15 @@ bad point, a sweep without --multirun, a number's spelling, --run of a grid. Eac
 line and the exit code the guide gives."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from tests.helpers.paths import ROOT
-from tests.helpers.runs import cli
+from tests.helpers.runs import cli, stop_process, wait_rows
 
 CTRL_C_WHILE_IMPORTING = """
 import builtins, os, runpy, signal, sys
@@ -190,3 +192,22 @@ def test_what_cannot_work_here_is_one_line_and_writes_nothing(tmp_path, words, l
     assert proc.returncode == 2 and proc.stderr.startswith(line), proc.stderr[-2000:]
     assert len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_stops_a_plain_multirun_grid_and_exits_130(tmp_path):
+    """``-m nsync=1,2`` (no +exp, so none of its grid callback) under Ctrl-C: the run in flight
+    stopped, then every later point started, recorded 'interrupted' at version 0 in a folder of
+    its own, and the command exited 0. Now a plain grid stops as an experiment's does."""
+    FIRST = "data=synthetic,model=mlp,nsync=1,num_epochs=5000"
+    proc = subprocess.Popen([sys.executable, "-m", "repro.run", "-m", f"results_dir={tmp_path}", "data=synthetic",
+                             "model=mlp", "num_epochs=5000", "progress=false", "nsync=1,2"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_rows(proc, tmp_path / "default" / FIRST, 5)
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        stop_process(proc)
+    assert proc.returncode == 130, err[-2000:]
+    assert "The same command with resume=auto continues the interrupted points" in err, err[-2000:]
+    assert {p.name for p in (tmp_path / "default").iterdir()} == {".grid_stops", "multirun.yaml", FIRST}
