@@ -174,11 +174,14 @@ def test_run_of_an_experiment_grid_is_refused_with_how_to_run_one_point(tmp_path
 
 ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line): each printed a traceback,
     # a misleading line or nothing, and went on (the points of +exp=fig1,fig2 ran each experiment's
-    # base config once, no grid, no figure; an empty folder wrote the run into the working folder)
+    # base config once, no grid, no figure; an empty folder wrote the run into the working folder;
+    # two points of one folder ran one run twice)
     (["hydra.run.dir="], "error: hydra.run.dir is empty: the run would write into "),
     (["-m", "hydra.sweep.dir=", "nsync=1,2"], "error: hydra.sweep.dir is empty: the grid would write into "),
     (["-m", "+exp=fig1,fig2"], "error: '+exp=fig1,fig2' sweeps experiments, and each is a grid of its own: "
                                "run one experiment per command (+exp=fig1, then +exp=fig2)"),
+    (["-m", "seed=0,-0"], "error: grid points share a run folder (num_epochs=0.2,seed=0): sweep values that "
+                          "differ"),   # raced for its lock under the parallel launcher: one refused
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["--experimental-rerun", "missing.pickle"], "error: --experimental-rerun: no file missing.pickle"),
