@@ -306,9 +306,11 @@ def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
     except InterpolationResolutionError as exc:   # -m exp_name=${oops}: OmegaConf's traceback
         exit_bad_input(f"cannot name the {'grid' if grid else 'run'} folder ({key}): {str(exc).splitlines()[0]}")
     folder = Path(name).absolute()
-    if not name.strip():   # Hydra takes '' for the working folder: the run's files went into it
-        exit_bad_input(f"{key} is empty: the {'grid' if grid else 'run'} would write into {folder}; give a "
-                       f"folder, or leave {key} out (results_dir=FOLDER)")
+    # Hydra takes '' for the folder above it: the run's files went there, among other runs' or files
+    for part in [key, "hydra.sweep.subdir"] if grid else [key]:
+        if not str(OmegaConf.select(dcfg, part)).strip():
+            exit_bad_input(f"{part} is empty: the {'grid' if grid else 'run'} would write into {folder}; give "
+                           f"a folder, or leave {part} out (results_dir=FOLDER)")
     why = unmakeable(folder)
     if why is None and grid and folder.is_dir() and is_read_only(folder):
         why = f"{folder} is read-only or not writable"

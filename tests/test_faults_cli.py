@@ -178,6 +178,7 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     # two points of one folder ran one run twice)
     (["hydra.run.dir="], "error: hydra.run.dir is empty: the run would write into "),
     (["-m", "hydra.sweep.dir=", "nsync=1,2"], "error: hydra.sweep.dir is empty: the grid would write into "),
+    (["-m", "hydra.sweep.subdir=", "nsync=1,2"], "error: hydra.sweep.subdir is empty: the grid would write into "),
     (["-m", "+exp=fig1,fig2"], "error: '+exp=fig1,fig2' sweeps experiments, and each is a grid of its own: "
                                "run one experiment per command (+exp=fig1, then +exp=fig2)"),
     (["-m", "seed=0,-0"], "error: grid points share a run folder (num_epochs=0.2,seed=0): sweep values that "
