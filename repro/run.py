@@ -345,6 +345,11 @@ def cli() -> None:
     if "--help" in argv or "-h" in argv:
         print_help(argv)
         return
+    if "--version" in argv:   # Hydra's own answer was "Hydra 1.3.8" alone
+        from repro import __version__
+
+        print(f"gpu-asgd-repro {__version__} (Hydra {hydra.__version__})")
+        return
     if any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
         from repro.real.elastic import join_process   # one more client for a running run
 

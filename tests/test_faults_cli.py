@@ -215,3 +215,13 @@ def test_ctrl_c_stops_a_plain_multirun_grid_and_exits_130(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert "The same command with resume=auto continues the interrupted points" in err, err[-2000:]
     assert {p.name for p in (tmp_path / "default").iterdir()} == {".grid_stops", "multirun.yaml", FIRST}
+
+
+def test_version_names_the_package_not_only_hydra():
+    """``--version`` printed Hydra's version alone ("Hydra 1.3.8")."""
+    import hydra
+
+    import repro
+
+    proc = cli("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"gpu-asgd-repro {repro.__version__} (Hydra {hydra.__version__})\n")
