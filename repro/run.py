@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 import hydra
-from hydra.errors import OverrideParseException
+from hydra.errors import MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
@@ -247,6 +247,8 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
+        except MissingConfigException as exc:   # hydra/launcher=nope: every point's, Hydra's 14 lines, exit 1
+            exit_bad_input(_composition_line(exc))
         except Exception:
             return None
         _refuse_run_of_grid(argv, dcfg)
@@ -269,7 +271,7 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
             *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
             exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
-        exit_bad_input(str(exc).splitlines()[0])
+        exit_bad_input(_composition_line(exc))
     _refuse_run_of_grid(argv, dcfg)
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
@@ -280,6 +282,12 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         exit_bad_input(err)
     _check_folder_writable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
     return dcfg, cfg
+
+
+def _composition_line(exc: Exception) -> str:
+    """Hydra's first line, with the options where it names one that does not exist."""
+    options = getattr(exc, "options", None)
+    return str(exc).splitlines()[0] + (f" (one of: {', '.join(options)})" if options else "")
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:

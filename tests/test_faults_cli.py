@@ -183,6 +183,8 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
                                "run one experiment per command (+exp=fig1, then +exp=fig2)"),
     (["-m", "seed=0,-0"], "error: grid points share a run folder (num_epochs=0.2,seed=0): sweep values that "
                           "differ"),   # raced for its lock under the parallel launcher: one refused
+    (["-m", "hydra/launcher=nope", "nsync=1,2"], "error: In 'hydra/config': Could not find 'hydra/launcher/nope' "
+                                                 "(one of: basic, joblib, parallel, slurm, submitit_local"),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["--experimental-rerun", "missing.pickle"], "error: --experimental-rerun: no file missing.pickle"),
