@@ -186,7 +186,8 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["-m", "hydra/launcher=nope", "nsync=1,2"], "error: In 'hydra/config': Could not find 'hydra/launcher/nope' "
                                                  "(one of: basic, joblib, parallel, slurm, submitit_local"),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
-    (["-sc", "install=bash"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
+    (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
+    (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),
     (["--experimental-rerun", "missing.pickle"], "error: --experimental-rerun: no file missing.pickle"),
 ]
 

@@ -254,6 +254,14 @@ VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--conf
 MODE_FLAGS = ("--run", "-r", "--multirun", "-m", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
 
 
+# Hydra's flags that cannot work for ``python -m repro.run``, and why
+UNSUPPORTED_FLAGS = {
+    ("--shell-completion", "-sc"): "Hydra's completion completes 'python FILE.py', not 'python -m repro.run'",
+    ("--config-name", "-cn", "--config-path", "-cp"): "the command's config is conf/config.yaml, whose "
+                                                       "experiments are added with +exp=NAME",
+}
+
+
 def check_words(argv: list[str]) -> None:
     """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (``num_clients 4``: Hydra
     would fail with its own usage text and exit 1), and for a setting given twice (``nsync=4
@@ -262,9 +270,9 @@ def check_words(argv: list[str]) -> None:
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
         exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg, --info and "
                        "--shell-completion (--cfg job shows a single run's config)")
-    if "--shell-completion" in argv or "-sc" in argv:   # Hydra: a traceback, or install=bash taken for a key
-        exit_bad_input("--shell-completion: Hydra's completion completes 'python FILE.py', not 'python -m "
-                       "repro.run' (python -m repro.run --help lists every key and option)")
+    for flags, why in UNSUPPORTED_FLAGS.items():   # Hydra: a traceback, its 14 lines, or 'install' an unknown key
+        for flag in [w for w in argv if w in flags][:1]:
+            exit_bad_input(f"{flag}: {why} (python -m repro.run --help lists every key and option)")
     rerun = argv[argv.index("--experimental-rerun") + 1:][:1] if "--experimental-rerun" in argv else []
     if rerun and not Path(rerun[0]).is_file():   # Hydra: a raw ValueError traceback
         exit_bad_input(f"--experimental-rerun: no file {rerun[0]} (it takes the config.pickle of Hydra's "
