@@ -185,6 +185,9 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
                           "differ"),   # raced for its lock under the parallel launcher: one refused
     (["-m", "hydra/launcher=nope", "nsync=1,2"], "error: In 'hydra/config': Could not find 'hydra/launcher/nope' "
                                                  "(one of: basic, joblib, parallel, slurm, submitit_local"),
+    (["+exp=fig1", "figures_dir="], "error: invalid value for 'figures_dir': ''; expected a folder, not empty ('.' "
+                                    "is the working folder) and not starting with '~' (write $HOME/...)"),
+    (["results_dir='~/runs'"], "error: invalid value for 'results_dir': '~/runs'; expected a folder, not empty"),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
     (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),
@@ -228,3 +231,13 @@ def test_version_names_the_package_not_only_hydra():
 
     proc = cli("--version")
     assert (proc.returncode, proc.stdout) == (0, f"gpu-asgd-repro {repro.__version__} (Hydra {hydra.__version__})\n")
+
+
+def test_an_empty_results_dir_is_refused_before_a_run_reaches_the_file_systems_root():
+    """``results_dir=`` made hydra.run.dir ``/default/base``: the run wrote at the root (as root)."""
+    from repro.config.checks import check_places
+    from repro.config.settings import RunConfig
+    from repro.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="invalid value for 'results_dir': ''; expected a folder, not empty"):
+        check_places(RunConfig(results_dir=""))
