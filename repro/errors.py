@@ -27,6 +27,10 @@ class DataError(ConfigError):
 
 EXIT_BAD_INPUT = 2
 
+# the grid points refused as bad input, named in the process that launches the grid: the points
+# it runs itself (repro.run.job) and a worker's, which exits 2 with ``point`` set (repro.launcher)
+BAD_POINTS: list[str] = []
+
 
 
 

@@ -196,6 +196,7 @@ class Grid(Callback):
         self._show = bool(config.get("progress", True))
         self._started = time.monotonic()
         self.points = grid_points(config)
+        _check_distinct(self.points or [])
         if self.points:
             self._short = _varying(self.points)
             if not config.get("force", False):   # force=true re-runs finished points
@@ -370,6 +371,18 @@ def _check_places(config: DictConfig) -> None:
                                figures_dir=str(config.get("figures_dir", "figures"))))
     except ConfigError as err:
         exit_bad_input(err)
+
+
+def _check_distinct(points: list[str]) -> None:
+    """Two points of one folder (``seed=0,-0``, or a sweep of a key that names no folder, such as
+    ``backend.timeout_s=60,120``) raced for its lock, one refused as bad input, or ran one run
+    twice: exit 2 before any runs."""
+    from repro.config.loader import exit_bad_input
+
+    twice = sorted({p for p in points if points.count(p) > 1})
+    if twice:
+        exit_bad_input(f"grid points share a run folder ({'; '.join(twice)}): sweep values that differ, "
+                       "of keys that shape training (paths, timeouts, ports and progress name no folder)")
 
 
 def _say(line: str) -> None:

@@ -7,7 +7,9 @@ the package imports them):
 
 * the job list before any point runs (:func:`sweep_jobs`): Hydra gives it to the launcher alone,
   and the progress line, the grid's figure and sim-vs-real's folder names need it; whether an
-  override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it;
+  override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it; a number as the
+  sweeper writes it (:func:`plain_number`), so that a single run names its folder as the same
+  configuration's grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=0.10`` is ``algo.lr=0.1``);
 * a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends
   the whole grid;
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
@@ -63,6 +65,25 @@ def sweeps(arguments: list[str]) -> bool:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments))
+
+
+def plain_number(override: str) -> str:
+    """The value of ``override`` as Hydra's sweeper writes a grid point's where it is a number
+    without an exponent (``0`` for ``-0``, ``4`` for ``+4``, ``0.1`` for ``0.10``, ``1000`` for
+    ``1_000``); an exponent (``1e-3``: existing folders bear it), any other value, a sweep and
+    what Hydra's grammar cannot read stay as given."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    given = override.partition("=")[2]
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+    except OverrideParseException:
+        return given
+    value = None if parsed.is_sweep_override() else parsed.value()
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return given
+    return given if "e" in (str(value) + given).lower() else str(value)
 
 
 def job_return(exited: SystemExit | None = None) -> Any:

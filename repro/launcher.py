@@ -7,7 +7,8 @@ grid with a traceback. :class:`PointSlots`, a joblib backend (joblib's public ba
 gives each of ``n_jobs`` slots a loky executor of its own with one worker, reused point after
 point. A dead worker breaks only its slot: one line names its point (its folder stays as the kill
 left it, for ``resume=auto``), a fresh worker takes the slot, and the grid goes on, in grid order.
-A point that exits (bad input) costs only itself too; Hydra reports its status after the grid.
+A point refused as bad input costs only itself too: its worker names it, the grid goes on (its figure
+is drawn), and the command exits 2 after it (:data:`repro.errors.BAD_POINTS`).
 Hydra's joblib launcher always asks for ``loky``: :func:`use_point_slots` (called by the grid's
 callback in the launching process) answers that name with :class:`PointSlots`.
 
@@ -30,6 +31,7 @@ from joblib.externals.loky import ProcessPoolExecutor
 from joblib.externals.loky.process_executor import BrokenProcessPool
 from joblib.parallel import ParallelBackendBase
 
+from repro.errors import BAD_POINTS
 from repro.hydra_internals import job_return
 
 
@@ -101,7 +103,10 @@ class PointSlots(ParallelBackendBase):
             print(f"[{self.label}] {self.lost()}: its worker process died ({_exit_reason(exc)}); the other "
                   "points go on, and the same command with resume=auto continues this one", file=sys.stderr, flush=True)
             future.set_result([job_return()])
-        elif isinstance(exc, SystemExit):   # the point said why (bad input: exit 2)
+        elif isinstance(exc, SystemExit) and getattr(exc, "point", None):   # bad input, named by its worker
+            BAD_POINTS.append(exc.point)   # a finished job to Hydra, so the figure is drawn; cli exits 2 after it
+            future.set_result([job_return()])
+        elif isinstance(exc, SystemExit):   # the point said why (a stopped grid: 130)
             future.set_result([job_return(exc)])
         elif exc is not None:
             future.set_exception(exc)

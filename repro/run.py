@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 import hydra
-from hydra.errors import OverrideParseException
+from hydra.errors import MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
@@ -33,12 +33,13 @@ from repro.config.renames import modern_override
 from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
                                parsed_overrides)
 from repro.config.settings import RunConfig
-from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only, unmakeable
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
 
 log = get_logger("repro.run")
+GRID = "repro.grid.Grid"   # a grid's progress, its Ctrl-C, its points' worker slots (conf/exp/shared/grid.yaml)
 
 
 if not OmegaConf.has_resolver("job_name"):
@@ -137,11 +138,9 @@ def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
         parent = parent.parent
 
 
-# the grid points refused as bad input in the process that launches the grid (_launcher_pid; a
-# worker's bad point exits 2, which costs only that point, repro.launcher). A pid, not a flag: a
-# worker gets job() and its globals pickled by value (it is __main__'s)
+# the process that launches the grid (a worker's bad point exits 2, which costs only that point,
+# repro.launcher). A pid, not a flag: a worker gets job() and its globals pickled by value (it is __main__'s)
 _launcher_pid: int | None = None
-_bad_points: list[str] = []
 
 
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
@@ -165,9 +164,11 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         _remove_empty_run_dir(run_dir.resolve(), results)
         if "MULTIRUN" in str(mode.mode):
             print(f"error: grid point {run_dir.name} not run: {err}", file=sys.stderr, flush=True)
-            if os.getpid() != _launcher_pid:
-                sys.exit(EXIT_BAD_INPUT)   # a worker's point (repro.launcher: it costs only itself)
-            _bad_points.append(run_dir.name)   # the grid goes on; cli exits 2 after it
+            if os.getpid() != _launcher_pid:   # a worker's point (repro.launcher: it costs only itself)
+                refused = SystemExit(EXIT_BAD_INPUT)
+                refused.point = run_dir.name   # for the launcher's last line
+                raise refused
+            BAD_POINTS.append(run_dir.name)   # the grid goes on; cli exits 2 after it
             return None
         exit_bad_input(err)
     except OSError as err:
@@ -246,19 +247,21 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
+        except MissingConfigException as exc:   # hydra/launcher=nope: every point's, Hydra's 14 lines, exit 1
+            exit_bad_input(_composition_line(exc))
         except Exception:
             return None
+        _refuse_run_of_grid(argv, dcfg)
         if "-m" not in argv and "--multirun" not in argv and dcfg.hydra.mode != RunMode.MULTIRUN:
             sweep = next(a for a in argv if "=" in a and _is_sweep([a]))   # Hydra: exit 1, five lines
             exit_bad_input(f"'{sweep}' is a sweep: add -m to run one run per value (a list is "
                            f"KEY=[A,B], a text with a comma KEY='A,B')")
         _check_folder_writable(dcfg, grid=True)
-        if str(dcfg.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
-            from repro.launcher import use_point_slots   # +exp's Grid does it too; a plain -m has none
-
-            use_point_slots("grid", lambda: "a grid point")   # a point that exits costs only itself
+        if "grid" not in (dcfg.hydra.get("callbacks") or {}):   # a plain -m: Ctrl-C started every later
+            sys.argv.insert(1, f"+hydra.callbacks.grid._target_={GRID}")   # point ('interrupted'), exit 0
         return None
     dcfg = _composed([a for a in argv if "=" in a and not a.startswith("-")], return_hydra_config=True)
+    _refuse_run_of_grid(argv, dcfg)
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
         from repro.workload.build import check_components   # the model and batch vs the data
@@ -283,7 +286,23 @@ def _composed(overrides: list[str], **kwargs) -> DictConfig:
         if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
             *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
             exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
-        exit_bad_input(str(exc).splitlines()[0])
+        exit_bad_input(_composition_line(exc))
+
+
+def _composition_line(exc: Exception) -> str:
+    """Hydra's first line, with the options where it names one that does not exist."""
+    options = getattr(exc, "options", None)
+    return str(exc).splitlines()[0] + (f" (one of: {', '.join(options)})" if options else "")
+
+
+def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
+    """``--run +exp=fig1``: Hydra runs the experiment's whole grid all the same (its file sets
+    hydra.mode=MULTIRUN), where --run asks for one run."""
+    if ("--run" in argv or "-r" in argv) and dcfg.hydra.mode == RunMode.MULTIRUN:
+        exp = dcfg.hydra.runtime.choices.get("exp")
+        keys = ", ".join(dcfg.hydra.sweeper.get("params") or {}) or "its sweeps"
+        exit_bad_input(f"--run: {f'+exp={exp}' if exp else 'hydra.mode=MULTIRUN'} is a grid: leave out --run "
+                       f"to run the whole grid, or run one point with hydra.mode=RUN and one value of {keys}")
 
 
 def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
@@ -296,9 +315,15 @@ def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     key = "hydra.sweep.dir" if grid else "hydra.run.dir"
     try:
-        folder = Path(str(OmegaConf.select(dcfg, key))).absolute()
+        name = str(OmegaConf.select(dcfg, key))
     except InterpolationResolutionError as exc:   # -m exp_name=${oops}: OmegaConf's traceback
         exit_bad_input(f"cannot name the {'grid' if grid else 'run'} folder ({key}): {str(exc).splitlines()[0]}")
+    folder = Path(name).absolute()
+    # Hydra takes '' for the folder above it: the run's files went there, among other runs' or files
+    for part in [key, "hydra.sweep.subdir"] if grid else [key]:
+        if not str(OmegaConf.select(dcfg, part)).strip():
+            exit_bad_input(f"{part} is empty: the {'grid' if grid else 'run'} would write into {folder}; give "
+                           f"a folder, or leave {part} out (results_dir=FOLDER)")
     why = unmakeable(folder)
     if why is None and grid and folder.is_dir() and is_read_only(folder):
         why = f"{folder} is read-only or not writable"
@@ -333,6 +358,11 @@ def cli() -> None:
     if "--help" in argv or "-h" in argv:
         print_help(argv)
         return
+    if "--version" in argv:   # Hydra's own answer was "Hydra 1.3.8" alone
+        from repro import __version__
+
+        print(f"gpu-asgd-repro {__version__} (Hydra {hydra.__version__})")
+        return
     if any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
         from repro.real.elastic import join_process   # one more client for a running run
 
@@ -357,9 +387,9 @@ def cli() -> None:
                     global _launcher_pid
                     _launcher_pid = os.getpid()
                     main()   # a grid (+exp=NAME's own mode included), or Hydra's flags: Hydra's path
-                    if _bad_points:
-                        exit_bad_input(f"{len(_bad_points)} grid point(s) not run, named above: "
-                                       + "; ".join(_bad_points))
+                    if BAD_POINTS:
+                        exit_bad_input(f"{len(BAD_POINTS)} grid point(s) not run, named above: "
+                                       + "; ".join(BAD_POINTS))
                 else:
                     run_composed(*checked)
             except KeyboardInterrupt:

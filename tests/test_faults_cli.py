@@ -1,14 +1,17 @@
-"""The command line under attack (wave 7): a Ctrl-C while its imports load, a grid with one bad
-point, a sweep without --multirun. Each ends with one line and the exit code the guide gives."""
+"""The command line under attack (waves 7 and 8): a Ctrl-C while its imports load, a grid with one
+bad point, a sweep without --multirun, a number's spelling, --run of a grid. Each ends with one
+line and the exit code the guide gives."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from tests.helpers.paths import ROOT
-from tests.helpers.runs import cli
+from tests.helpers.runs import cli, stop_process, wait_rows
 
 CTRL_C_WHILE_IMPORTING = """
 import builtins, os, runpy, signal, sys
@@ -45,8 +48,7 @@ def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_pat
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "error: grid point nsync=0,num_epochs=0.2 not run: invalid value for 'nsync': 0" in proc.stderr
-    if launcher == "basic":
-        assert proc.stderr.endswith("error: 1 grid point(s) not run, named above: nsync=0,num_epochs=0.2\n")
+    assert proc.stderr.endswith("error: 1 grid point(s) not run, named above: nsync=0,num_epochs=0.2\n")
     runs = sorted(p.parent.name for p in (tmp_path / "default").glob("*/summary.json"))
     assert runs == ["nsync=1,num_epochs=0.2", "nsync=2,num_epochs=0.2"]
     assert all('"completed"' in (tmp_path / "default" / r / "summary.json").read_text() for r in runs)
@@ -129,3 +131,113 @@ def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path):
     assert (single.returncode, single.stderr) == (2, "error: cannot name the run folder (hydra.run.dir): "
                                                      "Interpolation key 'oops' not found\n"), single.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_experiments_bad_point_under_its_parallel_launcher_still_draws_its_figure(tmp_path):
+    """``+exp=fig1 nsync=1,0``: the worker's exit 2 reached Hydra as a failed job, which printed
+    "Error executing job with overrides: None" and never called the figure's callback. Now the
+    figure is drawn from the good point, as under hydra/launcher=basic, and the bad one is named."""
+    proc = cli("+exp=fig1", "nsync=1,0", "num_epochs=0.2", "hydra.sweeper.params.seed=0", "progress=false",
+               f"results_dir={tmp_path / 'r'}", f"figures_dir={tmp_path / 'f'}", timeout_s=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Error executing job" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.endswith("error: 1 grid point(s) not run, named above: nsync=0,num_epochs=0.2,seed=0\n")
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["fig1.csv", "fig1.pdf", "fig1.png"]
+
+
+def test_a_number_names_its_run_folder_by_its_value_not_its_spelling(tmp_path):
+    """``seed=-0 algo.lr=0.10`` ran in a folder of its own beside ``seed=0 algo.lr=0.1`` (a grid
+    point's, whose numbers Hydra writes by value), so resume=auto ran the finished run again.
+    A normal spelling keeps its name: an exponent, ``2.0``, a list or an interpolation as given."""
+    from repro.config.loader import job_name
+
+    assert job_name(["seed=-0", "nsync=+4", "algo.lr=0.10", "algo.momentum=.5", "num_epochs=2.00"]) == \
+        "algo.lr=0.1,algo.momentum=0.5,nsync=4,num_epochs=2.0,seed=0"
+    kept = ["algo.lr=1e-3", "cost.speeds=[1, 2]", "nsync=${num_clients}", "num_epochs=2.0", "seed=1,2"]
+    assert [job_name([k]) for k in kept] == kept
+    first = cli(f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false", "seed=-0", "algo.lr=0.10")
+    again = cli(f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false", "seed=0", "algo.lr=0.1",
+                "resume=auto")
+    assert (first.returncode, again.returncode) == (0, 0), first.stderr[-2000:] + again.stderr[-2000:]
+    assert "already completed" in again.stderr, again.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "default").iterdir()] == ["algo.lr=0.1,num_epochs=0.2,seed=0"]
+
+
+def test_run_of_an_experiment_grid_is_refused_with_how_to_run_one_point(tmp_path):
+    """``--run +exp=fig1`` ran the experiment's whole grid (its file sets hydra.mode=MULTIRUN)."""
+    proc = cli("--run", "+exp=fig1", f"results_dir={tmp_path}")
+    assert (proc.returncode, proc.stderr) == (2, "error: --run: +exp=fig1 is a grid: leave out --run to run the "
+                                                 "whole grid, or run one point with hydra.mode=RUN and one value "
+                                                 "of seed\n"), proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line): each printed a traceback,
+    # a misleading line or nothing, and went on (the points of +exp=fig1,fig2 ran each experiment's
+    # base config once, no grid, no figure; an empty folder wrote the run into the working folder;
+    # two points of one folder ran one run twice)
+    (["hydra.run.dir="], "error: hydra.run.dir is empty: the run would write into "),
+    (["-m", "hydra.sweep.dir=", "nsync=1,2"], "error: hydra.sweep.dir is empty: the grid would write into "),
+    (["-m", "hydra.sweep.subdir=", "nsync=1,2"], "error: hydra.sweep.subdir is empty: the grid would write into "),
+    (["-m", "+exp=fig1,fig2"], "error: '+exp=fig1,fig2' sweeps experiments, and each is a grid of its own: "
+                               "run one experiment per command (+exp=fig1, then +exp=fig2)"),
+    (["-m", "seed=0,-0"], "error: grid points share a run folder (num_epochs=0.2,seed=0): sweep values that "
+                          "differ"),   # raced for its lock under the parallel launcher: one refused
+    (["-m", "hydra/launcher=nope", "nsync=1,2"], "error: In 'hydra/config': Could not find 'hydra/launcher/nope' "
+                                                 "(one of: basic, joblib, parallel, slurm, submitit_local"),
+    (["+exp=fig1", "figures_dir="], "error: invalid value for 'figures_dir': ''; expected a folder, not empty ('.' "
+                                    "is the working folder) and not starting with '~' (write $HOME/...)"),
+    (["results_dir='~/runs'"], "error: invalid value for 'results_dir': '~/runs'; expected a folder, not empty"),
+    (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
+    (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
+    (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),
+    (["--experimental-rerun", "missing.pickle"], "error: --experimental-rerun: no file missing.pickle"),
+]
+
+
+@pytest.mark.parametrize("words,line", ONE_LINE_REFUSALS, ids=[" ".join(w) for w, _ in ONE_LINE_REFUSALS])
+def test_what_cannot_work_here_is_one_line_and_writes_nothing(tmp_path, words, line):
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "num_epochs=0.2", "progress=false", *words],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(line), proc.stderr[-2000:]
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_stops_a_plain_multirun_grid_and_exits_130(tmp_path):
+    """``-m nsync=1,2`` (no +exp, so none of its grid callback) under Ctrl-C: the run in flight
+    stopped, then every later point started, recorded 'interrupted' at version 0 in a folder of
+    its own, and the command exited 0. Now a plain grid stops as an experiment's does."""
+    FIRST = "data=synthetic,model=mlp,nsync=1,num_epochs=5000"
+    proc = subprocess.Popen([sys.executable, "-m", "repro.run", "-m", f"results_dir={tmp_path}", "data=synthetic",
+                             "model=mlp", "num_epochs=5000", "progress=false", "nsync=1,2"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_rows(proc, tmp_path / "default" / FIRST, 5)
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        stop_process(proc)
+    assert proc.returncode == 130, err[-2000:]
+    assert "The same command with resume=auto continues the interrupted points" in err, err[-2000:]
+    assert {p.name for p in (tmp_path / "default").iterdir()} == {".grid_stops", "multirun.yaml", FIRST}
+
+
+def test_version_names_the_package_not_only_hydra():
+    """``--version`` printed Hydra's version alone ("Hydra 1.3.8")."""
+    import hydra
+
+    import repro
+
+    proc = cli("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"gpu-asgd-repro {repro.__version__} (Hydra {hydra.__version__})\n")
+
+
+def test_an_empty_results_dir_is_refused_before_a_run_reaches_the_file_systems_root():
+    """``results_dir=`` made hydra.run.dir ``/default/base``: the run wrote at the root (as root)."""
+    from repro.config.checks import check_places
+    from repro.config.settings import RunConfig
+    from repro.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="invalid value for 'results_dir': ''; expected a folder, not empty"):
+        check_places(RunConfig(results_dir=""))

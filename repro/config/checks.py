@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import types
 import typing
 from pathlib import Path
@@ -56,11 +55,14 @@ def check_places(cfg: RunConfig) -> None:
         raise ConfigError("exp_name", name, f"a folder name of at most {NAME_BYTES} bytes (it has "
                           f"{len(name.encode())}; it names the experiment's folder in hydra.run.dir)")
     for key in ("results_dir", "figures_dir"):
-        folder = Path(os.path.expanduser(getattr(cfg, key)))
-        existing = nearest_existing(folder)
+        value = getattr(cfg, key)
+        # Hydra's folder names expand neither: '' put a run at /default/..., a quoted ~ made a folder '~'
+        if not value.strip() or value.startswith("~"):
+            raise ConfigError(key, value, "a folder, not empty ('.' is the working folder) and not starting "
+                              "with '~' (write $HOME/...)")
+        existing = nearest_existing(Path(value))
         if existing is not None and not existing.is_dir():
-            raise ConfigError(key, getattr(cfg, key), f"a folder ({existing} is a file): choose "
-                              f"another {key}")
+            raise ConfigError(key, value, f"a folder ({existing} is a file): choose another {key}")
 
 
 def _build(tree: Any, cls: type, prefix: str) -> Any:

@@ -120,14 +120,17 @@ def _show(value) -> str:
 def job_name(overrides) -> str:
     """A run folder's name: the command-line overrides of keys that shape training, sorted, as
     Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
-    ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.settings.shaping_keys`)."""
+    ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.settings.shaping_keys`).
+    A number is named by its value, as in a grid (``seed=-0`` ran the run of ``seed=0`` again)."""
+    from repro.hydra_internals import plain_number
+
     shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
     kept = []
     for item in overrides or ():
-        key, sep, value = str(item).partition("=")
+        key, sep, _ = str(item).partition("=")
         key = key.lstrip("+~")
         if sep and key in shaping:
-            kept.append((key, value))
+            kept.append((key, plain_number(str(item))))
     return short_name(",".join(f"{k}={v}" for k, v in sorted(kept)) or "base")
 
 
@@ -251,6 +254,14 @@ VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--conf
 MODE_FLAGS = ("--run", "-r", "--multirun", "-m", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
 
 
+# Hydra's flags that cannot work for ``python -m repro.run``, and why
+UNSUPPORTED_FLAGS = {
+    ("--shell-completion", "-sc"): "Hydra's completion completes 'python FILE.py', not 'python -m repro.run'",
+    ("--config-name", "-cn", "--config-path", "-cp"): "the command's config is conf/config.yaml, whose "
+                                                       "experiments are added with +exp=NAME",
+}
+
+
 def check_words(argv: list[str]) -> None:
     """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (``num_clients 4``: Hydra
     would fail with its own usage text and exit 1), and for a setting given twice (``nsync=4
@@ -259,6 +270,13 @@ def check_words(argv: list[str]) -> None:
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
         exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg, --info and "
                        "--shell-completion (--cfg job shows a single run's config)")
+    for flags, why in UNSUPPORTED_FLAGS.items():   # Hydra: a traceback, its 14 lines, or 'install' an unknown key
+        for flag in [w for w in argv if w in flags][:1]:
+            exit_bad_input(f"{flag}: {why} (python -m repro.run --help lists every key and option)")
+    rerun = argv[argv.index("--experimental-rerun") + 1:][:1] if "--experimental-rerun" in argv else []
+    if rerun and not Path(rerun[0]).is_file():   # Hydra: a raw ValueError traceback
+        exit_bad_input(f"--experimental-rerun: no file {rerun[0]} (it takes the config.pickle of Hydra's "
+                       "save_job_info callback; resume=true continues a run, force=true runs it again)")
     seen: dict[str, str] = {}
     for i, word in enumerate(argv):
         if word.startswith("-") or "=" in word or (i and argv[i - 1] in VALUE_FLAGS):
@@ -297,6 +315,9 @@ def check_overrides(argv: list[str]) -> None:
                 exit_bad_input(f"'{prefix}{key}={value}': write {right} ("
                                 + (f"'{key}' options are added with +" if optional else
                                    f"'{key}' is already in the config") + ")")
+            if key == "exp" and "," in value:   # Hydra ran each experiment's base config once, no figure
+                exit_bad_input(f"'+exp={value}' sweeps experiments, and each is a grid of its own: run one "
+                               "experiment per command (" + ", then ".join(f"+exp={v}" for v in value.split(",")) + ")")
             choices = group_options(key)
             for v in value.split(","):
                 if v not in choices:
