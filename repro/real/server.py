@@ -169,14 +169,16 @@ class Dispatcher:
             self.send_stop(k)
 
     def keep_alive(self) -> None:
-        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply is held:
-        it waits for that reply at most ``backend.timeout_s``, and a sync round or an ssp bound
-        held by a slow (heartbeating) client may last longer; it left the run before."""
-        if time.monotonic() - self.kept_alive < self.cfg.backend.timeout_s / 4:
+        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been
+        held that long: it waits for that reply at most ``backend.timeout_s``, and a sync round or
+        an ssp bound held by a slow (heartbeating) client may last longer; it left the run before.
+        (A short hold gets none: a send waits for the client's next receive, under the lock.)"""
+        every = self.cfg.backend.timeout_s / 4
+        if time.monotonic() - self.kept_alive < every:
             return
         self.kept_alive = time.monotonic()
         for k in self.live():
-            if self.receivers[k].held():
+            if self.receivers[k].held_s() >= every:
                 try:
                     self.channels[k].send(Header(Kind.HEARTBEAT, k, self.server.version, 0), self.reply)
                 except LinkLost as exc:
