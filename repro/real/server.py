@@ -23,8 +23,8 @@ import torch
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark, prefixed
-from repro.real.elastic import ENDED, Refused, fingerprint
-from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
+from repro.real.elastic import ENDED, Refused
+from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello
 from repro.real.groups import first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
@@ -42,13 +42,13 @@ def server_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def greeted(channel: Channel, k: int, frame: Frame, out: Frame) -> None:
+def greeted(channel: Channel, k: int, frame: Frame, out: Frame, cfg: RunConfig) -> None:
     """HELLO both ways, ours from ``out``, client ``k``'s into ``frame``: its frames must carry as
-    many parameters as ours. LinkLost if not, once the client is told STOP (a header fits any
-    frame), or when the link ends first."""
-    channel.send(hello(out), out)
+    many parameters as ours, its config train what ours does. LinkLost if not, once the client is
+    told STOP (a header fits any frame), or when the link ends first."""
+    channel.send(hello(out, cfg), out)
     try:
-        check_hello(channel.recv(frame), frame, k)
+        check_hello(channel.recv(frame), frame, k, cfg)
     except LinkLost:
         with contextlib.suppress(LinkLost):
             channel.send(Header(Kind.STOP, k, 0, 0), out)
@@ -202,7 +202,7 @@ class Dispatcher:
                 self.send_stop(k)
                 continue
             try:   # HELLO both ways (see greeted): a client that fails it is lost
-                greeted(self.channels[k], k, receiver.frame, self.reply)
+                greeted(self.channels[k], k, receiver.frame, self.reply, self.cfg)
             except LinkLost as exc:
                 self.lose(k, str(exc))
                 continue
@@ -271,7 +271,7 @@ class Dispatcher:
             channel = Channel(group, k, timeout, peer_in_group=1)
             frame = self.frame()
             try:   # HELLO from the joiner's own frame: the reply frame belongs to the locked loop
-                greeted(channel, k, frame, frame)
+                greeted(channel, k, frame, frame, self.cfg)
             except LinkLost as exc:
                 log.info(f"joining client {k} refused: {exc}")
                 return
