@@ -21,7 +21,7 @@ from repro.workload.build import EvalSets
 from repro.workload.start import build_problem
 from repro.real.client import build_client, run_client
 from repro.real.server import Dispatcher
-from repro.real.frames import Header, Kind
+from repro.real.frames import Header, Kind, hello
 from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest
@@ -184,10 +184,24 @@ def test_a_real_client_reads_stop_between_two_local_steps(protocol):
     cfg = cfg_for(nsync=10**6, protocol=ProtocolConfig(name=protocol))
     setup = build_client(cfg, 1, torch.device("cpu"))
     numel = setup.inbox.capacity
-    channel = ScriptedChannel([Header(Kind.HELLO, 0, 0, numel), Header(Kind.PARAMS, 1, 0, numel),
+    channel = ScriptedChannel([hello(setup.inbox, cfg), Header(Kind.PARAMS, 1, 0, numel),
                                Header(Kind.STOP, 1, 0, 0)], arrive_after=5)
     assert run_client(cfg, 1, channel, setup) == 0
     assert channel.polls == 5 and channel.sent == [Kind.HELLO]   # 5 steps, no push
+
+
+def test_a_real_client_waiting_for_a_held_reply_reads_the_servers_heartbeat_and_waits_on():
+    """The server heartbeats a client whose reply it holds (a sync round outlasting
+    backend.timeout_s): the client waits on for its parameters; it took the HEARTBEAT for a
+    protocol error and left the run (exit 1). The slow twin in test_real.py runs it for real."""
+    cfg = cfg_for(nsync=2)
+    setup = build_client(cfg, 1, torch.device("cpu"))
+    numel = setup.inbox.capacity
+    channel = ScriptedChannel([hello(setup.inbox, cfg), Header(Kind.PARAMS, 1, 0, numel),
+                               Header(Kind.HEARTBEAT, 1, 1, 0), Header(Kind.PARAMS, 1, 1, numel),
+                               Header(Kind.STOP, 1, 1, 0)], arrive_after=10**9)
+    assert run_client(cfg, 1, channel, setup) == 0
+    assert channel.sent == [Kind.HELLO, Kind.PUSH, Kind.PUSH]
 
 
 class _Channel:

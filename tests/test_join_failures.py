@@ -261,7 +261,7 @@ def test_a_client_suspended_after_its_last_step_hears_the_close_before_it_pushes
     from repro.asgd.algorithm import Client
     from repro.config.settings import BackendConfig, DataConfig, ModelConfig, RunConfig
     from repro.real.client import build_client, run_client
-    from repro.real.frames import Header, Kind
+    from repro.real.frames import Header, Kind, hello
 
     cfg = RunConfig(num_clients=1, nsync=1, progress=False, data=DataConfig(name="synthetic"),
                     model=ModelConfig(name="mlp"), backend=BackendConfig(name="real", client_timeout_s=0.2))
@@ -275,7 +275,7 @@ def test_a_client_suspended_after_its_last_step_hears_the_close_before_it_pushes
 
     monkeypatch.setattr(Client, "compute_push", suspended_after)
     numel = setup.inbox.capacity
-    link = ClosingLink([Header(Kind.HELLO, 0, 0, numel), Header(Kind.PARAMS, 1, 0, numel)])
+    link = ClosingLink([hello(setup.inbox, cfg), Header(Kind.PARAMS, 1, 0, numel)])
     assert run_client(cfg, 1, link, setup) == 1
     assert link.sent == [Kind.HELLO]
 

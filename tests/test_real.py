@@ -149,12 +149,15 @@ sys.exit(run_torchrun_worker(from_dict(json.loads(sys.argv[1]))))
 """
 
 
-def test_a_client_with_another_model_is_refused_not_crashed(tmp_path, monkeypatch, no_children):
+@pytest.mark.parametrize("other", [{"model": ModelConfig(name="mlp")}, {"nsync": 8}], ids=["model", "nsync"])
+def test_a_client_with_another_model_is_refused_not_crashed(tmp_path, monkeypatch, no_children, other):
     """torchrun-style world by hand: rank 0 here (digits_cnn), rank 1 a subprocess running the
     mlp. The HELLO exchange must catch the size mismatch before any payload moves (a payload
-    larger than the posted buffer would make gloo abort the server process)."""
+    larger than the posted buffer would make gloo abort the server process). A rank with the
+    same model and another nsync (a node given other overrides) is refused alike: it trained
+    into the run's tables, its pushes of 8 steps under a config.json that says 4."""
     env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    other = real_cfg(num_clients=1, model=ModelConfig(name="mlp"))
+    other = real_cfg(num_clients=1, **other)
     worker = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(to_dict(other))], cwd=ROOT,
                               env={**os.environ, **env, "RANK": "1", "LOCAL_RANK": "1"},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

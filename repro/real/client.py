@@ -101,7 +101,7 @@ def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSe
     """Train until the server says STOP (exit code 0) or is lost or silent (1). ``rejoin``: how
     this client may come back, said with the loss (a joiner's)."""
     try:
-        if not _hello(channel, setup):
+        if not _hello(channel, setup, cfg):
             return 0
         return _loop(cfg, client_id, channel, setup)
     except LinkLost as exc:
@@ -113,15 +113,16 @@ def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSe
         return 1
 
 
-def _hello(channel: Channel, setup: ClientSetup) -> bool:
-    """Answer the server's HELLO with ours (both carry the parameter count; no payload moves
-    before they agree). False if the server says STOP instead (a finished run)."""
+def _hello(channel: Channel, setup: ClientSetup, cfg: RunConfig) -> bool:
+    """Answer the server's HELLO with ours (both carry the parameter count and the config's
+    fingerprint; no payload moves before they agree). False if the server says STOP instead (a
+    finished run)."""
     theirs = channel.recv(setup.inbox)
     if theirs.kind == Kind.STOP:
         return False
-    channel.send(hello(setup.outbox), setup.outbox)   # even on a mismatch: the server reports it
+    channel.send(hello(setup.outbox, cfg), setup.outbox)   # even on a mismatch: the server reports it
     try:
-        check_hello(theirs, setup.inbox, 0)
+        check_hello(theirs, setup.inbox, 0, cfg)
     except LinkLost:
         # wait for the server's STOP (header-only), so it has read our HELLO before we hang up
         channel.recv(setup.inbox)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import json
 import os
 import signal
@@ -39,9 +38,10 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from repro.config.settings import RunConfig, to_dict
+from repro.config.settings import RunConfig
 from repro.logs import get_logger
 from repro.real.client import build_client, client_device, run_client
+from repro.real.frames import fingerprint
 from repro.real.groups import bounded, disconnect, first_line, pair_group, pin_gloo
 from repro.real.transport import Channel
 from repro.runtime import EXIT_INTERRUPTED, SIGNALS
@@ -56,15 +56,6 @@ EXIT_REFUSED = 2   # a refused join is bad input: the joiner's config, id or tim
 
 def ticket_key(n: int, what: str) -> str:
     return f"repro/join/{n}/{what}"
-
-
-def fingerprint(cfg: RunConfig) -> str:
-    """What a joiner must share with the run: what is trained and how (the model, the data, the
-    algorithm, the protocol, the seed, nsync, num_clients for the slots). Not the run's
-    bookkeeping (folders, progress, backend keys)."""
-    d = to_dict(cfg)
-    shared = {k: d[k] for k in ("data", "model", "algo", "protocol", "seed", "nsync", "num_clients")}
-    return hashlib.sha256(json.dumps(shared, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 ENDED = "the run has ended (its budget is spent or it was stopped): nothing to join"

@@ -20,6 +20,8 @@ client's frames are the pinned buffers it stages through anyway.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -29,6 +31,7 @@ import torch
 from torch import Tensor
 
 from repro.asgd.algorithm import Push, push_fields
+from repro.config.settings import RunConfig, to_dict
 
 # kind, client, version, length, position (2 + present), device, sent_at, compute_s, to_client_s
 ENVELOPE_SLOTS = 11
@@ -183,13 +186,29 @@ def _compiled(arg: str, expression: str, names: dict | None = None):
 codec = functools.cache(Codec)   # the Codec of a push type (Push or an extension of it), made once
 
 
-def hello(frame: Frame) -> Header:
-    """The header-only first message of each end: the parameter count its frames carry."""
-    return Header(Kind.HELLO, 0, 0, frame.capacity)
+def fingerprint(cfg: RunConfig) -> str:
+    """What every rank and joiner must share with the run: what is trained and how (the model,
+    the data, the algorithm, the protocol, the seed, nsync, num_clients for the slots). Not the
+    run's bookkeeping (folders, progress, backend keys), nor where a node keeps the data."""
+    d = to_dict(cfg)
+    shared = {k: d[k] for k in ("data", "model", "algo", "protocol", "seed", "nsync", "num_clients")}
+    shared["data"] = {k: v for k, v in shared["data"].items() if k != "root"}
+    return hashlib.sha256(json.dumps(shared, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def check_hello(theirs: Header, frame: Frame, peer: int) -> None:
+def hello(frame: Frame, cfg: RunConfig) -> Header:
+    """The header-only first message of each end: the parameter count its frames carry, and in
+    its version slot 48 bits of its config's :func:`fingerprint` (exact in a float64 slot)."""
+    return Header(Kind.HELLO, 0, int(fingerprint(cfg)[:12], 16), frame.capacity)
+
+
+def check_hello(theirs: Header, frame: Frame, peer: int, cfg: RunConfig) -> None:
+    """Both ends must agree on the parameter count, then on the config (torchrun ranks started
+    with other overrides trained into one run's tables, unseen: one push of another nsync)."""
     if theirs.kind != Kind.HELLO or theirs.length != frame.capacity:
         raise LinkLost(f"rank {peer}: protocol error: its frames carry {theirs.length} parameters "
                        f"({theirs.kind.name}), this rank's {frame.capacity} (do all ranks run the "
                        f"same model and data?)")
+    if theirs.version != hello(frame, cfg).version:
+        raise LinkLost(f"rank {peer}: protocol error: its config differs from this rank's in what is trained "
+                       "(data, model, algo, protocol, seed, nsync or num_clients): give every rank the same overrides")

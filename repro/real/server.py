@@ -23,8 +23,8 @@ import torch
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark, prefixed
-from repro.real.elastic import ENDED, Refused, fingerprint
-from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, hello
+from repro.real.elastic import ENDED, Refused
+from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello
 from repro.real.groups import first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
@@ -42,13 +42,13 @@ def server_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def greeted(channel: Channel, k: int, frame: Frame, out: Frame) -> None:
+def greeted(channel: Channel, k: int, frame: Frame, out: Frame, cfg: RunConfig) -> None:
     """HELLO both ways, ours from ``out``, client ``k``'s into ``frame``: its frames must carry as
-    many parameters as ours. LinkLost if not, once the client is told STOP (a header fits any
-    frame), or when the link ends first."""
-    channel.send(hello(out), out)
+    many parameters as ours, its config train what ours does. LinkLost if not, once the client is
+    told STOP (a header fits any frame), or when the link ends first."""
+    channel.send(hello(out, cfg), out)
     try:
-        check_hello(channel.recv(frame), frame, k)
+        check_hello(channel.recv(frame), frame, k, cfg)
     except LinkLost:
         with contextlib.suppress(LinkLost):
             channel.send(Header(Kind.STOP, k, 0, 0), out)
@@ -169,14 +169,16 @@ class Dispatcher:
             self.send_stop(k)
 
     def keep_alive(self) -> None:
-        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply is held:
-        it waits for that reply at most ``backend.timeout_s``, and a sync round or an ssp bound
-        held by a slow (heartbeating) client may last longer; it left the run before."""
-        if time.monotonic() - self.kept_alive < self.cfg.backend.timeout_s / 4:
+        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been
+        held that long: it waits for that reply at most ``backend.timeout_s``, and a sync round or
+        an ssp bound held by a slow (heartbeating) client may last longer; it left the run before.
+        (A short hold gets none: a send waits for the client's next receive, under the lock.)"""
+        every = self.cfg.backend.timeout_s / 4
+        if time.monotonic() - self.kept_alive < every:
             return
         self.kept_alive = time.monotonic()
         for k in self.live():
-            if self.receivers[k].held():
+            if self.receivers[k].held_s() >= every:
                 try:
                     self.channels[k].send(Header(Kind.HEARTBEAT, k, self.server.version, 0), self.reply)
                 except LinkLost as exc:
@@ -200,7 +202,7 @@ class Dispatcher:
                 self.send_stop(k)
                 continue
             try:   # HELLO both ways (see greeted): a client that fails it is lost
-                greeted(self.channels[k], k, receiver.frame, self.reply)
+                greeted(self.channels[k], k, receiver.frame, self.reply, self.cfg)
             except LinkLost as exc:
                 self.lose(k, str(exc))
                 continue
@@ -269,7 +271,7 @@ class Dispatcher:
             channel = Channel(group, k, timeout, peer_in_group=1)
             frame = self.frame()
             try:   # HELLO from the joiner's own frame: the reply frame belongs to the locked loop
-                greeted(channel, k, frame, frame)
+                greeted(channel, k, frame, frame, self.cfg)
             except LinkLost as exc:
                 log.info(f"joining client {k} refused: {exc}")
                 return

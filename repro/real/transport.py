@@ -211,15 +211,18 @@ class Receiver(threading.Thread):
         self._done = False
         self._gate = threading.Event()   # cleared while the client waits for a held reply
         self._gate.set()
+        self.held_since = 0.0            # when the held reply began (see held_s)
 
     def hold(self) -> None:
         """The client's reply is held (a sync round, an ssp bound): do not listen for its next
         message until :meth:`release`; the client sends nothing while it waits, and a receive
         left waiting would time out and close its link."""
+        self.held_since = time.monotonic()
         self._gate.clear()
 
-    def held(self) -> bool:
-        return not self._gate.is_set()
+    def held_s(self) -> float:
+        """How long the client's reply has been held (0: it is not)."""
+        return 0.0 if self._gate.is_set() else time.monotonic() - self.held_since
 
     def release(self) -> None:
         if not self._gate.is_set():   # (set() takes a lock and notifies: once per reply otherwise)
