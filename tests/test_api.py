@@ -352,8 +352,9 @@ def test_a_module_with_every_parameter_frozen_is_refused_before_training():
     (lambda: api.ceiling(api.configure("cost=lan"), -10**6), "param_bytes"),   # a negative rate
     (lambda: api.ceiling(api.configure("cost=lan"), float("nan")), "param_bytes"),
     (lambda: api.ceiling(api.configure("cost=lan"), "x"), "param_bytes"),
-    (lambda: api.configure(3), "overrides"), (lambda: api.configure("num_clients=4", None), "overrides")])
-def test_the_theory_helpers_refuse_a_value_outside_their_formula_naming_the_argument(call, name):
+    (lambda: api.configure(3), "overrides"), (lambda: api.configure("num_clients=4", None), "overrides"),
+    (lambda: api.run_config(None), "cfg"), (lambda: api.run_config("num_clients=4"), "cfg")])
+def test_the_classroom_functions_refuse_a_bad_argument_naming_it(call, name):
     # critical_lr(-1) answered -2.0, harmonic(0) 0, collection_time(taus, 0) 0.0, theorem_response(..., -1)
     # one column, harmonic(2.5) a TypeError: now a ConfigError naming the argument and what is accepted
     with pytest.raises(ConfigError, match=f"'{name}'.*expected"):

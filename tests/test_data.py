@@ -349,3 +349,14 @@ def test_stream_rejects_batches_larger_than_the_training_set():
         assert info.value.key == "algo.batch_size"
     s = _stream(n=10, batch_size=10)
     assert sorted(_take(s, 1)[0]) == list(range(10)) and s.position == (1, 0)
+
+
+def test_an_mnist1d_cache_root_that_cannot_be_a_folder_gives_the_samples_uncached(tmp_path, caplog):
+    """data.root only caches MNIST-1D: a root that is a file (or read-only) raised a raw
+    NotADirectoryError and left a failed run folder; the samples are the same without the cache."""
+    a_file = tmp_path / "root"
+    a_file.write_text("not a folder")
+    ds = load_dataset("mnist1d", root=str(a_file), num_train=60, num_test=40)
+    plain = load_dataset("mnist1d", num_train=60, num_test=40)
+    assert torch.equal(ds.x_train, plain.x_train) and torch.equal(ds.y_test, plain.y_test)
+    assert "cannot cache under data.root" in caplog.text and a_file.read_text() == "not a folder"

@@ -204,7 +204,10 @@ def test_a_second_ctrl_c_while_a_change_is_simulated_stops_it_and_exits_130_quie
     traceback from an atexit callback; -2). Now that simulation ends interrupted, its temporary
     folder removed, and the explorer exits 130 without a word."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))   # the simulation's temporary folder: none left behind
-    with _explorer("import sys") as proc:
+    # the change takes 3 s more, so both Ctrl-Cs land while it is under way however loaded the machine
+    slow_digits = ("import time; from repro.lab import explore as e; point = e.point; "
+                   "e.point = lambda s: (time.sleep(3 if s.problem == 'digits' else 0), point(s))[1]")
+    with _explorer("import sys", slow_digits) as proc:
         url = proc.stdout.readline().split()[2]
         answered = []
         slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))

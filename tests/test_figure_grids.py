@@ -373,3 +373,20 @@ def test_variant_grids_in_one_tree_draw_their_own_runs_into_their_own_files(tmp_
     assert "2 other run(s)" in outs[1] and "left out" in outs[1]
     assert json.loads((tmp_path / "results" / "fig1" / "eval_every=0.1,num_epochs=0.2,seed=0"
                        / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_configuration_told_apart_by_a_list_is_chosen_as_the_refusal_prints_it(tmp_path):
+    """The refusal printed data.slow_client_classes=[0, 1], which --config split at its comma
+    ("KEY=VALUE pairs separated by commas"): that configuration could not be drawn at all."""
+    root = tmp_path / "results"
+    fr.write_experiment(root, "fig1", [1], [1], [0, 1, 2], "cold")
+    listed = write_variant(root, "fig1", "slow", {"data": {"slow_client_classes": [0, 1]}}, 0.1)
+    code, _, err = cli("fig1", "--results", str(root), "--out", str(tmp_path / "figures"))
+    assert code == 2 and "data.slow_client_classes=[0, 1]: 3 run(s)" in err, err
+    for choice in ("data.slow_client_classes=[0, 1]", "data.slow_client_classes=[0,1],num_epochs=6"):
+        code, _, err = cli("fig1", "--results", str(root), "--out", str(tmp_path / "figures"), "--config", choice)
+        assert code == 0, err
+        frame = pd.read_csv(next((tmp_path / "figures").glob("*.csv")))
+        assert sorted(frame["run_dir"].map(lambda d: Path(d).name).unique()) == sorted(listed)
+        for path in (tmp_path / "figures").iterdir():
+            path.unlink()

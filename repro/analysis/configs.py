@@ -26,6 +26,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from typing import Any, Iterable
 
 import numpy as np
@@ -135,7 +136,8 @@ def only_jobs(runs: Runs, jobs: Iterable[str]) -> tuple[Runs, list[str]]:
 def parse_choice(text: str) -> dict[str, str]:
     """``"num_epochs=3,algo.lr=0.01"`` -> {key: value text}; :class:`ConfigError` if malformed."""
     pairs = {}
-    for part in (p.strip() for p in str(text).split(",")):
+    # not at a comma inside brackets: a list's value ("[0, 1]", as a refusal prints it) is one value
+    for part in (p.strip() for p in re.split(r",(?![^\[]*\])", str(text))):
         key, sep, value = part.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise ConfigError("config", text, CHOICE_HELP)
@@ -156,6 +158,8 @@ def _matches(value: Any, wanted: str) -> bool:
             return float(wanted) == value
         except ValueError:
             return False
+    if wanted.startswith("["):   # a list column holds its JSON text, "[0, 1]": typed with or without spaces
+        return str(value).replace(" ", "") == wanted.replace(" ", "")
     return str(value) == wanted
 
 

@@ -120,6 +120,8 @@ def validate(cfg: RunConfig) -> None:
     Needs no data; :func:`repro.workload.build.check_components` checks the model and the batch
     against the data. Asked once per config, where a config enters (:func:`from_dict`, the
     Python entry points that change a parsed config); a driver asks :func:`validated`."""
+    if not isinstance(cfg, RunConfig):   # the API's run_config(None): "asdict() should be called on ..."
+        raise ConfigError("cfg", cfg, "a RunConfig, e.g. repro.api.configure(...)")
     _check_leaves(cfg, RunConfig, "")
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "

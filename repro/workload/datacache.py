@@ -84,19 +84,23 @@ def mnist1d_arrays(num_samples: int, root) -> dict[str, np.ndarray]:
     cached = _read_mnist1d_cache(path, num_samples)
     if cached is not None:
         return cached
-    # one generator at a time: jobs that start together wait for the first one's file
-    with FileLock(path.with_name(path.stem + ".lock"), wait=True):
-        cached = _read_mnist1d_cache(path, num_samples)
-        if cached is not None:
-            return cached
-        log.info(f"mnist1d: generating {num_samples} samples once (cached in {path})")
-        raw = _generate_mnist1d(num_samples)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda f: np.savez(f, **raw))
-        meta = {**mnist1d_cache_key(num_samples), "file": path.name,
-                "shapes": {k: list(v.shape) for k, v in raw.items()}}
-        write_json(path.with_suffix(".json"), meta)
-    return raw
+    raw = None
+    try:   # one generator at a time: jobs that start together wait for the first one's file
+        with FileLock(path.with_name(path.stem + ".lock"), wait=True):
+            cached = _read_mnist1d_cache(path, num_samples)
+            if cached is not None:
+                return cached
+            log.info(f"mnist1d: generating {num_samples} samples once (cached in {path})")
+            raw = _generate_mnist1d(num_samples)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda f: np.savez(f, **raw))
+            meta = {**mnist1d_cache_key(num_samples), "file": path.name,
+                    "shapes": {k: list(v.shape) for k, v in raw.items()}}
+            write_json(path.with_suffix(".json"), meta)
+    except OSError as exc:   # a root that is a file, read-only or full: a traceback and a failed run
+        # folder, where the cache never changes the samples (the same with or without it)
+        log.warning(f"mnist1d: cannot cache under data.root {root} ({exc}); using the samples uncached")
+    return _generate_mnist1d(num_samples) if raw is None else raw
 
 
 def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] | None:
