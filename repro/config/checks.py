@@ -198,16 +198,27 @@ def _check_methods(cfg: RunConfig) -> None:
 
 
 def check_segment(cfg: RunConfig, num_train: int) -> None:
-    """One push may not exceed the whole budget (in whole minibatches): a client computes its
+    """One apply may not exceed the whole budget (in whole minibatches): a client computes its
     ``nsync`` steps before the server hears from it, so a larger segment trains past
-    ``num_epochs`` (at nsync = 10**6, for hours) before the first row. Checked by
-    :func:`validate` when ``data.num_train`` is set, and by the run core on the loaded data."""
+    ``num_epochs`` (at nsync = 10**6, for hours) before the first row; a sync round or a
+    rennala collection merges many segments into one apply, whose samples all count (one
+    collection of 400 spent 35 budgets of num_epochs=1). Checked by :func:`validate` when
+    ``data.num_train`` is set, and by the run core on the loaded data."""
     budget = cfg.num_epochs * num_train
     most = max(1, math.ceil(budget / cfg.algo.batch_size))   # the budget in minibatches
+    why = (f"the budget in minibatches (num_epochs x {num_train} training samples / algo.batch_size "
+           f"{cfg.algo.batch_size}) is {most}")
     if cfg.nsync > most:
-        raise ConfigError("nsync", cfg.nsync, f"at most {most}, the budget in minibatches (num_epochs "
-                          f"x {num_train} training samples / algo.batch_size {cfg.algo.batch_size}): "
-                          "one push may not exceed the whole run; lower nsync or raise num_epochs")
+        raise ConfigError("nsync", cfg.nsync, f"at most {most}, {why}: one push may not exceed the "
+                          "whole run; lower nsync or raise num_epochs")
+    p, n = cfg.protocol, cfg.num_clients
+    key, value, merged, spare = {"sync": ("num_clients", n, n - p.backup_workers, p.backup_workers),
+                                 "rennala": ("num_clients", n, n, 0) if p.collection_size is None else
+                                 ("protocol.collection_size", p.collection_size, p.collection_size, 0)}.get(p.name, ("", 0, 1, 0))
+    if merged * cfg.nsync > most:
+        raise ConfigError(key, value, f"at most {most // cfg.nsync + spare} with protocol={p.name} and "
+                          f"nsync={cfg.nsync}: {why}, and one apply merges {merged} pushes of nsync "
+                          "minibatches, which may not exceed the whole run; lower it or nsync, or raise num_epochs")
 
 
 def _check_topology(cfg: RunConfig) -> None:
