@@ -211,14 +211,21 @@ def check_segment(cfg: RunConfig, num_train: int) -> None:
     if cfg.nsync > most:
         raise ConfigError("nsync", cfg.nsync, f"at most {most}, {why}: one push may not exceed the "
                           "whole run; lower nsync or raise num_epochs")
-    p, n = cfg.protocol, cfg.num_clients
-    key, value, merged, spare = {"sync": ("num_clients", n, n - p.backup_workers, p.backup_workers),
-                                 "rennala": ("num_clients", n, n, 0) if p.collection_size is None else
-                                 ("protocol.collection_size", p.collection_size, p.collection_size, 0)}.get(p.name, ("", 0, 1, 0))
+    merged, p = pushes_per_apply(cfg), cfg.protocol
     if merged * cfg.nsync > most:
-        raise ConfigError(key, value, f"at most {most // cfg.nsync + spare} with protocol={p.name} and "
-                          f"nsync={cfg.nsync}: {why}, and one apply merges {merged} pushes of nsync "
-                          "minibatches, which may not exceed the whole run; lower it or nsync, or raise num_epochs")
+        key = "protocol.collection_size" if p.name == "rennala" and p.collection_size is not None else "num_clients"
+        spare = p.backup_workers if p.name == "sync" else 0
+        raise ConfigError(key, p.collection_size if key != "num_clients" else cfg.num_clients,
+                          f"at most {most // cfg.nsync + spare} with protocol={p.name} and nsync={cfg.nsync}: "
+                          f"{why}, and one apply merges {merged} pushes of nsync minibatches, which may not "
+                          "exceed the whole run; lower it or nsync, or raise num_epochs")
+
+
+def pushes_per_apply(cfg: RunConfig) -> int:
+    """The pushes one apply merges: a sync round's N - b, a rennala collection's S, else one."""
+    p = cfg.protocol
+    return {"sync": cfg.num_clients - p.backup_workers,
+            "rennala": p.resolved_collection_size(cfg.num_clients)}.get(p.name, 1)
 
 
 def _check_topology(cfg: RunConfig) -> None:
