@@ -228,6 +228,21 @@ def pushes_per_apply(cfg: RunConfig) -> int:
             "rennala": p.resolved_collection_size(cfg.num_clients)}.get(p.name, 1)
 
 
+# the protocol.* keys each built-in protocol reads (a protocol registered by a user may read any)
+PROTOCOL_KEYS = {"async": (), "sync": ("backup_workers",), "ssp": ("staleness_bound",),
+                 "ringmaster": ("staleness_threshold", "cancel_stale", "stop_once"), "rennala": ("collection_size",)}
+
+
+def ignored_protocol_keys(cfg: RunConfig) -> list[str]:
+    """``protocol.KEY=VALUE`` of each key set away from its default that the run's built-in
+    protocol does not read: the run core warns of them (not refused as cost.shared's are: a grid
+    sweeps protocols under one setting, and the grader's and the API's configs carry them)."""
+    p = cfg.protocol
+    return [f"protocol.{f.name}={getattr(p, f.name)}" for f in dataclasses.fields(p)
+            if p.name in PROTOCOL_KEYS and f.name not in ("name", *PROTOCOL_KEYS[p.name])
+            and getattr(p, f.name) != f.default]
+
+
 def _check_topology(cfg: RunConfig) -> None:
     """The keys of cost.shared and cost.machine act only under cost.topology=shared (refused
     elsewhere, so that no setting is silently ignored); hosts must be equal: clients fill them
