@@ -81,6 +81,17 @@ def test_sync_without_jitter_is_measured_at_the_ceiling():
     assert r["predicted"]["steps_per_s"] == pytest.approx(r["predicted"]["ceiling_steps_per_s"])
 
 
+def test_a_round_or_collection_longer_than_the_run_is_run_once():
+    """A sync round of 32 clients x nsync 16 (512 steps) or a rennala collection of 64 x 16 is
+    longer than the 300-step run, which the run's own check refuses (one apply may not exceed the
+    budget): the slider position is answered with that one apply, as before the check."""
+    for s in (Settings(clients=32, nsync=16, protocol="sync", bound=0),
+              Settings(clients=8, nsync=16, protocol="rennala", bound=64),
+              Settings(clients=32, nsync=16, protocol="rennala", bound=64, problem="digits")):
+        r = explore.point(s)
+        assert (r["status"], r["versions"]) == ("completed", 1), s
+
+
 def test_the_bound_slider_is_kept_to_what_each_protocol_accepts():
     """sync: at most N - 1 backup workers; ringmaster's R and rennala's S at least 1 (each a
     config the run's own check accepts)."""

@@ -132,6 +132,29 @@ def test_a_segment_larger_than_the_budget_is_refused_naming_nsync(tmp_path):
     assert simulate(cfg_for(nsync=16, num_epochs=1.0), tmp_path / "ok")["status"] == "completed"
 
 
+@pytest.mark.parametrize("protocol, key", [("sync", "num_clients"), ("sync_backup", "num_clients"),
+                                           ("rennala", "protocol.collection_size"), ("rennala_n", "num_clients")])
+def test_a_round_or_collection_larger_than_the_budget_is_refused(tmp_path, protocol, key):
+    """16 minibatches (512 samples x 1 epoch / batch 32): a sync round of 5 clients (6 with one
+    backup worker) or a rennala collection of 5 x nsync 4 merges 20 into one apply (a collection
+    of 400 at num_epochs=1 trained 35 epochs), refused naming the key before any file of the run
+    is written; 4 x 4 (the budget spent in one apply) runs."""
+    from repro.config.settings import ProtocolConfig
+
+    def cfg(size):
+        p = {"sync": dict(name="sync"), "sync_backup": dict(name="sync", backup_workers=1),
+             "rennala": dict(name="rennala", collection_size=size), "rennala_n": dict(name="rennala")}[protocol]
+        n = size + p.get("backup_workers", 0) if key == "num_clients" else 2
+        return cfg_for(nsync=4, num_epochs=1.0, num_clients=n, protocol=ProtocolConfig(**p))
+    with pytest.raises(ConfigError, match=f"'{key}': [56].*at most [45] with protocol"):
+        validate(cfg(5).replace(data=DataConfig(name="synthetic", num_train=512)))
+    with pytest.raises(ConfigError, match=f"'{key}': [56].*at most [45] with protocol"):
+        simulate(cfg(5), tmp_path / "refused")   # size known once loaded
+    assert not (tmp_path / "refused" / "config.json").exists()
+    done = simulate(cfg(4), tmp_path / "ok")
+    assert done["status"] == "completed" and done["epoch"] == 1.0
+
+
 @pytest.mark.timeout(180)
 def test_the_command_line_refuses_a_push_of_many_budgets(tmp_path):
     """The issue's reproduction, nsync=1000000 num_epochs=1 (one push ~60,000 times the budget),

@@ -69,8 +69,9 @@ def test_ssp_never_exceeds_its_staleness_bound(tmp_path):
 
 
 def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path):
+    # 0.75 epochs: one sync round of 8 clients x nsync 4 (32 minibatches, 0.71 epochs) must fit
     cmd = [sys.executable, "-m", "repro.run", "+exp=mitigation", f"results_dir={tmp_path / 'r'}",
-           f"figures_dir={tmp_path / 'f'}", "num_epochs=0.5", "progress=false", *IN_PROCESS,
+           f"figures_dir={tmp_path / 'f'}", "num_epochs=0.75", "progress=false", *IN_PROCESS,
            # '+mitigation' cannot be a dotted key on the command line: replace the whole dict
            "hydra.sweeper.params={+mitigation:'async,sync',nsync:'4',seed:'0'}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,

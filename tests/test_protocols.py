@@ -192,3 +192,23 @@ def test_async_protocol_rows_say_which_protocol_ran(tmp_path):
     summary = simulate(cfg_for(num_epochs=0.5), tmp_path)
     assert summary["protocol"] == "async"
     assert json.loads((tmp_path / "config.json").read_text())["protocol"]["name"] == "async"
+
+
+def test_a_protocol_key_the_protocol_does_not_read_is_warned_of(tmp_path, caplog):
+    """protocol=async protocol.backup_workers=2 ran as plain async without a word: the run says
+    which key it ignores; a key the protocol reads (sync's backup workers), a default, or a
+    protocol registered by a user (which may read any key) says nothing."""
+    import logging
+
+    def warned(name, **keys):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="repro"):
+            simulate(cfg_for(num_epochs=0.2, protocol=ProtocolConfig(name=name, **keys)), tmp_path / f"{name}{len(keys)}")
+        return [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
+
+    assert warned("async", backup_workers=2, collection_size=3) == [
+        "protocol.backup_workers=2 is ignored: protocol=async does not read it",
+        "protocol.collection_size=3 is ignored: protocol=async does not read it"]
+    assert warned("ssp", stop_once=True) == ["protocol.stop_once=True is ignored: protocol=ssp does not read it"]
+    assert warned("sync", backup_workers=2) == [] and warned("rennala", collection_size=3) == []
+    assert warned("ssp") == []

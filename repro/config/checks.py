@@ -202,16 +202,49 @@ def _check_methods(cfg: RunConfig) -> None:
 
 
 def check_segment(cfg: RunConfig, num_train: int) -> None:
-    """One push may not exceed the whole budget (in whole minibatches): a client computes its
+    """One apply may not exceed the whole budget (in whole minibatches): a client computes its
     ``nsync`` steps before the server hears from it, so a larger segment trains past
-    ``num_epochs`` (at nsync = 10**6, for hours) before the first row. Checked by
-    :func:`validate` when ``data.num_train`` is set, and by the run core on the loaded data."""
+    ``num_epochs`` (at nsync = 10**6, for hours) before the first row; a sync round or a
+    rennala collection merges many segments into one apply, whose samples all count (one
+    collection of 400 spent 35 budgets of num_epochs=1). Checked by :func:`validate` when
+    ``data.num_train`` is set, and by the run core on the loaded data."""
     budget = cfg.num_epochs * num_train
     most = max(1, math.ceil(budget / cfg.algo.batch_size))   # the budget in minibatches
+    why = (f"the budget in minibatches (num_epochs x {num_train} training samples / algo.batch_size "
+           f"{cfg.algo.batch_size}) is {most}")
     if cfg.nsync > most:
-        raise ConfigError("nsync", cfg.nsync, f"at most {most}, the budget in minibatches (num_epochs "
-                          f"x {num_train} training samples / algo.batch_size {cfg.algo.batch_size}): "
-                          "one push may not exceed the whole run; lower nsync or raise num_epochs")
+        raise ConfigError("nsync", cfg.nsync, f"at most {most}, {why}: one push may not exceed the "
+                          "whole run; lower nsync or raise num_epochs")
+    merged, p = pushes_per_apply(cfg), cfg.protocol
+    if merged * cfg.nsync > most:
+        key = "protocol.collection_size" if p.name == "rennala" and p.collection_size is not None else "num_clients"
+        spare = p.backup_workers if p.name == "sync" else 0
+        raise ConfigError(key, p.collection_size if key != "num_clients" else cfg.num_clients,
+                          f"at most {most // cfg.nsync + spare} with protocol={p.name} and nsync={cfg.nsync}: "
+                          f"{why}, and one apply merges {merged} pushes of nsync minibatches, which may not "
+                          "exceed the whole run; lower it or nsync, or raise num_epochs")
+
+
+def pushes_per_apply(cfg: RunConfig) -> int:
+    """The pushes one apply merges: a sync round's N - b, a rennala collection's S, else one."""
+    p = cfg.protocol
+    return {"sync": cfg.num_clients - p.backup_workers,
+            "rennala": p.resolved_collection_size(cfg.num_clients)}.get(p.name, 1)
+
+
+# the protocol.* keys each built-in protocol reads (a protocol registered by a user may read any)
+PROTOCOL_KEYS = {"async": (), "sync": ("backup_workers",), "ssp": ("staleness_bound",),
+                 "ringmaster": ("staleness_threshold", "cancel_stale", "stop_once"), "rennala": ("collection_size",)}
+
+
+def ignored_protocol_keys(cfg: RunConfig) -> list[str]:
+    """``protocol.KEY=VALUE`` of each key set away from its default that the run's built-in
+    protocol does not read: the run core warns of them (not refused as cost.shared's are: a grid
+    sweeps protocols under one setting, and the grader's and the API's configs carry them)."""
+    p = cfg.protocol
+    return [f"protocol.{f.name}={getattr(p, f.name)}" for f in dataclasses.fields(p)
+            if p.name in PROTOCOL_KEYS and f.name not in ("name", *PROTOCOL_KEYS[p.name])
+            and getattr(p, f.name) != f.default]
 
 
 def _check_topology(cfg: RunConfig) -> None:

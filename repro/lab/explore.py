@@ -38,6 +38,7 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
+from repro.config.checks import pushes_per_apply
 from repro.runtime import EXIT_INTERRUPTED, SIGNALS, exit_on_signal, request_stop
 
 PROTOCOLS = ("async", "sync", "ssp", "ringmaster", "rennala")
@@ -112,9 +113,13 @@ def run_config(s: Settings):
     # the quadratic's epoch is one step; the digits' is 1437 samples: count its budget in steps too
     steps, per_epoch, evals = ((STEPS, 1.0, EVAL_EVERY) if s.problem == "quadratic" else
                                (DIGITS_STEPS, base.algo.batch_size / 1437, 2 * EVAL_EVERY))
-    return dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=steps * per_epoch,
-                               eval_every=max(evals, s.nsync) * per_epoch, protocol=protocol, cost=cost, algo=algo,
-                               exp_name="explore")
+    cfg = dataclasses.replace(base, num_clients=s.clients, nsync=s.nsync, num_epochs=steps * per_epoch,
+                              eval_every=max(evals, s.nsync) * per_epoch, protocol=protocol, cost=cost, algo=algo,
+                              exp_name="explore")
+    # one apply may not exceed the run (repro.config.checks): a larger round or collection is
+    # run once (the budget half a step short of it: the digits' rounded epoch buys no second)
+    once = pushes_per_apply(cfg) * s.nsync
+    return cfg if once <= steps else dataclasses.replace(cfg, num_epochs=(once - 0.5) * per_epoch)
 
 
 @functools.cache

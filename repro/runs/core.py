@@ -25,7 +25,7 @@ import torch
 
 from repro.asgd.algorithm import Push, ParameterServer, push_fields
 from repro.asgd.protocols import Decision, View, make_protocol
-from repro.config.checks import check_segment
+from repro.config.checks import check_segment, ignored_protocol_keys
 from repro.config.settings import RunConfig, to_dict
 from repro.errors import ConfigError
 from repro.files import schema
@@ -85,6 +85,8 @@ class RunCore:
                  resume: dict | None = None, measured: dict | None = None, eval_in_thread: bool = False):
         self.cfg, self.problem, self.run_dir = cfg, problem, Path(run_dir)
         check_segment(cfg, problem.dataset.num_train)   # before any file of the run is written
+        for key in ignored_protocol_keys(cfg):
+            log.warning(f"{key} is ignored: protocol={cfg.protocol.name} does not read it")
         self.kind = backend
         self.server: ParameterServer = problem.make_server(cfg)
         self.state = RunState()
