@@ -167,8 +167,8 @@ class ProtocolConfig:
     false: the paper's Algorithm 5 (the simulator only)."""
     collection_size: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
     """rennala: the server applies the mean of S pushes computed from its current parameters, a
-    fast client contributing several (Tyurin, Richtarik 2023); at most 100 x num_clients.
-    null: num_clients."""
+    fast client contributing several (Tyurin, Richtarik 2023); at most 100 x num_clients, and S x
+    nsync at most the budget in minibatches. null: num_clients."""
 
     def resolved_staleness_threshold(self, num_clients: int) -> int:
         """ringmaster's R: as set, else N (equally fast clients, whose pushes are about N - 1
