@@ -247,9 +247,9 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
-        except MissingConfigException as exc:   # hydra/launcher=nope: every point's, Hydra's 14 lines, exit 1
-            exit_bad_input(_composition_line(exc))
-        except Exception:
+        except Exception as exc:   # a key that only a swept option has: Hydra judges it point by point
+            if isinstance(exc, MissingConfigException) or "'hydra." in str(exc).partition("\n")[0]:
+                exit_bad_input(_composition_line(exc))   # every point's (Hydra: 7 to 14 lines, exit 1)
             return None
         _refuse_run_of_grid(argv, dcfg)
         if "-m" not in argv and "--multirun" not in argv and dcfg.hydra.mode != RunMode.MULTIRUN:
@@ -285,9 +285,12 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
 
 
 def _composition_line(exc: Exception) -> str:
-    """Hydra's first line, with the options where it names one that does not exist."""
+    """Hydra's first line, with why where it says (a key not in a node), or the options where it
+    names one that does not exist."""
+    cause = str(exc.__cause__ or "").partition("\n")[0]   # e.g. "Key 'n_jobs' not in 'BasicLauncherConf'"
     options = getattr(exc, "options", None)
-    return str(exc).splitlines()[0] + (f" (one of: {', '.join(options)})" if options else "")
+    return (str(exc).partition("\n")[0] + (f" {cause}" if cause.startswith("Key ") else "")
+            + (f" (one of: {', '.join(options)})" if options else ""))
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:

@@ -188,6 +188,8 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["+exp=fig1", "figures_dir="], "error: invalid value for 'figures_dir': ''; expected a folder, not empty ('.' "
                                     "is the working folder) and not starting with '~' (write $HOME/...)"),
     (["results_dir='~/runs'"], "error: invalid value for 'results_dir': '~/runs'; expected a folder, not empty"),
+    (["-m", "hydra.launcher.n_jobs=2", "nsync=1,2"], "error: Could not override 'hydra.launcher.n_jobs'. Key "
+                                                     "'n_jobs' not in 'BasicLauncherConf'"),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
     (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),
