@@ -73,11 +73,11 @@ class BuildFigure(Callback):
 
         overrides = [str(o) for o in config.hydra.overrides.task]
         points = grid_points(config)   # None: draw every run of one configuration
+        sweep = Path(str(config.hydra.sweep.dir))   # results_dir/exp_name, unless hydra.sweep.dir moved it
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                paths = self.build(config.results_dir, config.exp_name, points,
-                                   figure_stem(self.name, overrides))
+                paths = self.build(str(sweep.parent), sweep.name, points, figure_stem(self.name, overrides))
         except ConfigError as err:
             print(f"{self.name}: no figure drawn: {err}", file=sys.stderr, flush=True)
             return

@@ -243,3 +243,12 @@ def test_an_empty_results_dir_is_refused_before_a_run_reaches_the_file_systems_r
 
     with pytest.raises(ConfigError, match="invalid value for 'results_dir': ''; expected a folder, not empty"):
         check_places(RunConfig(results_dir=""))
+
+
+def test_an_experiment_grid_moved_by_hydra_sweep_dir_still_draws_its_figure(tmp_path):
+    """``+exp=fig1 hydra.sweep.dir=X``: the points ran in X, the figure looked in results_dir/fig1,
+    said 'no figure drawn' and the command exited 0."""
+    proc = cli("+exp=fig1", f"hydra.sweep.dir={tmp_path / 'moved'}", "num_epochs=0.2", "hydra.sweeper.params.seed='0'",
+               "progress=false", f"results_dir={tmp_path / 'r'}", f"figures_dir={tmp_path / 'f'}", timeout_s=300)
+    assert proc.returncode == 0 and "no figure drawn" not in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["fig1.csv", "fig1.pdf", "fig1.png"]
