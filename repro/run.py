@@ -30,8 +30,8 @@ from omegaconf.errors import InterpolationResolutionError
 from repro.config import loader
 from repro.config.checks import validate
 from repro.config.renames import modern_override
-from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
-                               parsed_overrides)
+from repro.config.loader import (CONF_DIR, check_overrides, compose, composition_line, exit_bad_input, owning_option,
+                               parse, parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only, unmakeable
@@ -249,7 +249,7 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
         except Exception as exc:   # a key that only a swept option has: Hydra judges it point by point
             if isinstance(exc, MissingConfigException) or "'hydra." in str(exc).partition("\n")[0]:
-                exit_bad_input(_composition_line(exc))   # every point's (Hydra: 7 to 14 lines, exit 1)
+                exit_bad_input(composition_line(exc))   # every point's (Hydra: 7 to 14 lines, exit 1)
             return None
         _refuse_run_of_grid(argv, dcfg)
         if "-m" not in argv and "--multirun" not in argv and dcfg.hydra.mode != RunMode.MULTIRUN:
@@ -271,7 +271,7 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
             *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
             exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
-        exit_bad_input(_composition_line(exc))
+        exit_bad_input(composition_line(exc))
     _refuse_run_of_grid(argv, dcfg)
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
@@ -282,15 +282,6 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         exit_bad_input(err)
     _check_folder_writable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
     return dcfg, cfg
-
-
-def _composition_line(exc: Exception) -> str:
-    """Hydra's first line, with why where it says (a key not in a node), or the options where it
-    names one that does not exist."""
-    cause = str(exc.__cause__ or "").partition("\n")[0]   # e.g. "Key 'n_jobs' not in 'BasicLauncherConf'"
-    options = getattr(exc, "options", None)
-    return (str(exc).partition("\n")[0] + (f" {cause}" if cause.startswith("Key ") else "")
-            + (f" (one of: {', '.join(options)})" if options else ""))
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:

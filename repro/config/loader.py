@@ -233,6 +233,15 @@ def exit_bad_input(err: ConfigError | str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
+def composition_line(exc: Exception) -> str:
+    """Hydra's first line, with why where it says (a key not in a node), or the options where it
+    names one that does not exist."""
+    cause = str(exc.__cause__ or "").partition("\n")[0]   # e.g. "Key 'n_jobs' not in 'BasicLauncherConf'"
+    options = getattr(exc, "options", None)
+    return (str(exc).partition("\n")[0] + (f" {cause}" if cause.startswith("Key ") else "")
+            + (f" (one of: {', '.join(options)})" if options else ""))
+
+
 def parsed_overrides(argv: list[str]) -> list[tuple[str, str, str]]:
     """(prefix, key, value) of each ``KEY=VALUE`` argument (flags and their values skipped)."""
     out = []
