@@ -196,7 +196,7 @@ class Grid(Callback):
         self._show = bool(config.get("progress", True))
         self._started = time.monotonic()
         self.points = grid_points(config)
-        _check_distinct(self.points or [])
+        _check_distinct(config)
         if self.points:
             self._short = _varying(self.points)
             if not config.get("force", False):   # force=true re-runs finished points
@@ -373,13 +373,20 @@ def _check_places(config: DictConfig) -> None:
         exit_bad_input(err)
 
 
-def _check_distinct(points: list[str]) -> None:
+def _check_distinct(config: DictConfig) -> None:
     """Two points of one folder (``seed=0,-0``, or a sweep of a key that names no folder, such as
     ``backend.timeout_s=60,120``) raced for its lock, one refused as bad input, or ran one run
-    twice: exit 2 before any runs."""
-    from repro.config.loader import exit_bad_input
+    twice: exit 2 before any runs. A folder is its name and the keys that place it (exp_name...)."""
+    from repro.config.loader import exit_bad_input, job_name
+    from repro.hydra_internals import sweep_jobs
 
-    twice = sorted({p for p in points if points.count(p) > 1})
+    try:
+        jobs = sweep_jobs(config) or []
+    except Exception:   # the job list unread: Hydra judges the grid
+        return
+    place = ("exp_name", "results_dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+    folders = [(job_name(job), sorted(o for o in job if o.partition("=")[0].lstrip("+") in place)) for job in jobs]
+    twice = sorted({name for name, where in folders if folders.count((name, where)) > 1})
     if twice:
         exit_bad_input(f"grid points share a run folder ({'; '.join(twice)}): sweep values that differ, "
                        "of keys that shape training (paths, timeouts, ports and progress name no folder)")

@@ -252,3 +252,11 @@ def test_an_experiment_grid_moved_by_hydra_sweep_dir_still_draws_its_figure(tmp_
                "progress=false", f"results_dir={tmp_path / 'r'}", f"figures_dir={tmp_path / 'f'}", timeout_s=300)
     assert proc.returncode == 0 and "no figure drawn" not in proc.stderr, proc.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["fig1.csv", "fig1.pdf", "fig1.png"]
+
+
+def test_a_grid_over_exp_name_is_no_shared_folder(tmp_path):
+    """The check that refuses two points of one folder counts the keys that place a folder:
+    ``-m exp_name=a,b`` runs one run in each experiment's folder."""
+    proc = cli("-m", "exp_name=a,b", "num_epochs=0.2", "progress=false", f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.parent.name for p in tmp_path.glob("*/num_epochs=0.2/summary.json")) == ["a", "b"]
