@@ -259,4 +259,4 @@ def test_a_grid_over_exp_name_is_no_shared_folder(tmp_path):
     ``-m exp_name=a,b`` runs one run in each experiment's folder."""
     proc = cli("-m", "exp_name=a,b", "num_epochs=0.2", "progress=false", f"results_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(p.parent.name for p in tmp_path.glob("*/num_epochs=0.2/summary.json")) == ["a", "b"]
+    assert sorted(p.parent.parent.name for p in tmp_path.glob("*/num_epochs=0.2/summary.json")) == ["a", "b"]
