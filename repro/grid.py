@@ -37,12 +37,9 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from repro.gridpoint import (STOP_DIR, PointGuard, forget_folder, lock_holder, point_state, process_started,
-                             summary_status)
-from repro.logs import get_logger
+from repro.gridpoint import (STOP_DIR, PointGuard, check_distinct, forget_folder, grid_points, lock_holder,
+                             point_folders, point_state, process_started, summary_status)
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
-
-log = get_logger()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,21 +119,6 @@ def figure_stem(name: str, overrides: list[str]) -> str:
 # The grid: its points, their states, progress and stopping
 # ---------------------------------------------------------------------------------------------
 
-def grid_points(config: DictConfig) -> list[str] | None:
-    """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
-    experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
-    when another sweeper decides the jobs or they cannot be read (never a reason to stop a grid)."""
-    from repro.config.loader import job_name
-    from repro.hydra_internals import sweep_jobs
-
-    try:
-        jobs = sweep_jobs(config)
-        return None if jobs is None else [job_name(job) for job in jobs]
-    except Exception as exc:
-        log.debug("a grid without its job list: %s", exc)
-        return None
-
-
 def _varying(names: list[str]) -> dict[str, str]:
     """{folder name: the part that differs between grid points} (``nsync=4,seed=1``): the keys
     every point sets alike (``num_epochs=0.5`` from the command line) say nothing."""
@@ -195,8 +177,8 @@ class Grid(Callback):
         self.label = f"grid {config.get('exp_name', '')}".strip()
         self._show = bool(config.get("progress", True))
         self._started = time.monotonic()
-        self.points = grid_points(config)
-        _check_distinct(config)
+        self.points = point_folders(config)
+        check_distinct(self.points or [])
         if self.points:
             self._short = _varying(self.points)
             if not config.get("force", False):   # force=true re-runs finished points
@@ -371,25 +353,6 @@ def _check_places(config: DictConfig) -> None:
                                figures_dir=str(config.get("figures_dir", "figures"))))
     except ConfigError as err:
         exit_bad_input(err)
-
-
-def _check_distinct(config: DictConfig) -> None:
-    """Two points of one folder (``seed=0,-0``, or a sweep of a key that names no folder, such as
-    ``backend.timeout_s=60,120``) raced for its lock, one refused as bad input, or ran one run
-    twice: exit 2 before any runs. A folder is its name and the keys that place it (exp_name...)."""
-    from repro.config.loader import exit_bad_input, job_name
-    from repro.hydra_internals import sweep_jobs
-
-    try:
-        jobs = sweep_jobs(config) or []
-    except Exception:   # the job list unread: Hydra judges the grid
-        return
-    place = ("exp_name", "results_dir", "hydra.sweep.dir", "hydra.sweep.subdir")
-    folders = [(job_name(job), sorted(o for o in job if o.partition("=")[0].lstrip("+") in place)) for job in jobs]
-    twice = sorted({name for name, where in folders if folders.count((name, where)) > 1})
-    if twice:
-        exit_bad_input(f"grid points share a run folder ({'; '.join(twice)}): sweep values that differ, "
-                       "of keys that shape training (paths, timeouts, ports and progress name no folder)")
 
 
 def _say(line: str) -> None:
