@@ -256,7 +256,8 @@ def test_an_experiment_grid_moved_by_hydra_sweep_dir_still_draws_its_figure(tmp_
 
 def test_a_grid_over_exp_name_is_no_shared_folder(tmp_path):
     """The check that refuses two points of one folder counts the keys that place a folder:
-    ``-m exp_name=a,b`` runs one run in each experiment's folder."""
+    ``-m exp_name=a,b`` runs one run in each experiment's folder, and its progress counts them
+    there (it said 'finished: 0/1 done', looking in results_dir/default)."""
     proc = cli("-m", "exp_name=a,b", "num_epochs=0.2", "progress=false", f"results_dir={tmp_path}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0 and "[grid default] finished: 2/2 done" in proc.stderr, proc.stderr[-2000:]
     assert sorted(p.parent.parent.name for p in tmp_path.glob("*/num_epochs=0.2/summary.json")) == ["a", "b"]
