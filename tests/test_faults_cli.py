@@ -190,6 +190,9 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["results_dir='~/runs'"], "error: invalid value for 'results_dir': '~/runs'; expected a folder, not empty"),
     (["-m", "hydra.launcher.n_jobs=2", "nsync=1,2"], "error: Could not override 'hydra.launcher.n_jobs'. Key "
                                                      "'n_jobs' not in 'BasicLauncherConf'"),
+    (["--cfg"], "error: argument --cfg/-c: expected one argument (python -m repro.run --hydra-help lists Hydra's "
+                "flags)"),   # argparse's nine lines of usage, under the name run.py
+    (["--info", "bogus"], "error: argument --info/-i: invalid choice: 'bogus' (choose from 'all', 'config'"),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
     (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),

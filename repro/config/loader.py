@@ -279,6 +279,9 @@ def check_words(argv: list[str]) -> None:
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
         exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg, --info and "
                        "--shell-completion (--cfg job shows a single run's config)")
+    from repro.hydra_internals import check_flags
+
+    check_flags(argv, lambda why: exit_bad_input(f"{why} (python -m repro.run --hydra-help lists Hydra's flags)"))
     for flags, why in UNSUPPORTED_FLAGS.items():   # Hydra: a traceback, its 14 lines, or 'install' an unknown key
         for flag in [w for w in argv if w in flags][:1]:
             exit_bad_input(f"{flag}: {why} (python -m repro.run --help lists every key and option)")
