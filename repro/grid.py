@@ -37,12 +37,9 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from repro.gridpoint import (STOP_DIR, PointGuard, forget_folder, lock_holder, point_state, process_started,
-                             summary_status)
-from repro.logs import get_logger
+from repro.gridpoint import (STOP_DIR, PointGuard, check_distinct, forget_folder, grid_points, lock_holder,
+                             point_folders, point_state, process_started, summary_status)
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
-
-log = get_logger()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,11 +70,11 @@ class BuildFigure(Callback):
 
         overrides = [str(o) for o in config.hydra.overrides.task]
         points = grid_points(config)   # None: draw every run of one configuration
+        sweep = Path(str(config.hydra.sweep.dir))   # results_dir/exp_name, unless hydra.sweep.dir moved it
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                paths = self.build(config.results_dir, config.exp_name, points,
-                                   figure_stem(self.name, overrides))
+                paths = self.build(str(sweep.parent), sweep.name, points, figure_stem(self.name, overrides))
         except ConfigError as err:
             print(f"{self.name}: no figure drawn: {err}", file=sys.stderr, flush=True)
             return
@@ -121,21 +118,6 @@ def figure_stem(name: str, overrides: list[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 # The grid: its points, their states, progress and stopping
 # ---------------------------------------------------------------------------------------------
-
-def grid_points(config: DictConfig) -> list[str] | None:
-    """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
-    experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
-    when another sweeper decides the jobs or they cannot be read (never a reason to stop a grid)."""
-    from repro.config.loader import job_name
-    from repro.hydra_internals import sweep_jobs
-
-    try:
-        jobs = sweep_jobs(config)
-        return None if jobs is None else [job_name(job) for job in jobs]
-    except Exception as exc:
-        log.debug("a grid without its job list: %s", exc)
-        return None
-
 
 def _varying(names: list[str]) -> dict[str, str]:
     """{folder name: the part that differs between grid points} (``nsync=4,seed=1``): the keys
@@ -195,8 +177,8 @@ class Grid(Callback):
         self.label = f"grid {config.get('exp_name', '')}".strip()
         self._show = bool(config.get("progress", True))
         self._started = time.monotonic()
-        self.points = grid_points(config)
-        _check_distinct(self.points or [])
+        self.points = point_folders(config)
+        check_distinct(self.points or [])
         if self.points:
             self._short = _varying(self.points)
             if not config.get("force", False):   # force=true re-runs finished points
@@ -371,18 +353,6 @@ def _check_places(config: DictConfig) -> None:
                                figures_dir=str(config.get("figures_dir", "figures"))))
     except ConfigError as err:
         exit_bad_input(err)
-
-
-def _check_distinct(points: list[str]) -> None:
-    """Two points of one folder (``seed=0,-0``, or a sweep of a key that names no folder, such as
-    ``backend.timeout_s=60,120``) raced for its lock, one refused as bad input, or ran one run
-    twice: exit 2 before any runs."""
-    from repro.config.loader import exit_bad_input
-
-    twice = sorted({p for p in points if points.count(p) > 1})
-    if twice:
-        exit_bad_input(f"grid points share a run folder ({'; '.join(twice)}): sweep values that differ, "
-                       "of keys that shape training (paths, timeouts, ports and progress name no folder)")
 
 
 def _say(line: str) -> None:

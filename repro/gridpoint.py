@@ -5,7 +5,9 @@ own launch, ``<sweep dir>/.grid_stops/<launch id>`` (a signal to the launcher al
 them). A :class:`PointGuard` thread in each point's process reads the mark while the point runs
 and, on the launcher's host, checks that the launcher lives: a SIGKILLed launcher used to leave
 its workers alive for good, each holding its run folder's lock. What state a point is in
-(:func:`point_state`) is read from its folder alone: the lock's holder and the summary.
+(:func:`point_state`) is read from its folder alone: the lock's holder and the summary. Which
+folder each point runs in (:func:`grid_points`, :func:`point_folders`) is read from Hydra's job
+list before any runs, and two points of one folder are refused (:func:`check_distinct`).
 """
 from __future__ import annotations
 
@@ -17,10 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
+
 from repro.files.locks import read_holder
 from repro.files.schema import FINISHED_STATUSES, LOCK_FILE
+from repro.logs import get_logger
 from repro.runs.runlog import read_summary
 from repro.runtime import EXIT_INTERRUPTED, request_stop, runs_active
+
+log = get_logger()
 
 STOP_DIR = ".grid_stops"   # in the sweep folder: one mark per launch asked to stop
 
@@ -121,3 +128,47 @@ def point_state(run_dir: Path) -> str:
 def summary_status(run_dir: Path) -> str | None:
     """The status the folder's summary.json records (None: no readable summary)."""
     return (read_summary(run_dir) or {}).get("status")
+
+
+def grid_points(config: DictConfig) -> list[str] | None:
+    """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
+    experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
+    when another sweeper decides the jobs or they cannot be read (never a reason to stop a grid)."""
+    from repro.config.loader import job_name
+    from repro.hydra_internals import sweep_jobs
+
+    try:
+        jobs = sweep_jobs(config)
+        return None if jobs is None else [job_name(job) for job in jobs]
+    except Exception as exc:
+        log.debug("a grid without its job list: %s", exc)
+        return None
+
+
+def point_folders(config: DictConfig) -> list[str] | None:
+    """Each point's run folder relative to the grid's (:func:`grid_points`' names), under another
+    experiment's or results folder where the point sets exp_name or results_dir (``-m exp_name=a,b``)."""
+    names = grid_points(config)
+    if names is None:
+        return None
+    from repro.hydra_internals import sweep_jobs
+
+    folders = []
+    for name, job in zip(names, sweep_jobs(config)):
+        given = {k.lstrip("+"): v for k, _, v in (o.partition("=") for o in job)}
+        place = Path(given.get("results_dir", config.results_dir)) / given.get("exp_name", config.exp_name)
+        moved = {"results_dir", "exp_name"} & set(given)
+        folders.append(os.path.relpath(place / name, config.hydra.sweep.dir) if moved else name)
+    return folders
+
+
+def check_distinct(folders: list[str]) -> None:
+    """Two points of one folder (``seed=0,-0``, or a sweep of a key that names no folder, such as
+    ``backend.timeout_s=60,120``) raced for its lock, one refused as bad input, or ran one run
+    twice: exit 2 before any runs."""
+    from repro.config.loader import exit_bad_input
+
+    twice = sorted({f for f in folders if folders.count(f) > 1})
+    if twice:
+        exit_bad_input(f"grid points share a run folder ({'; '.join(twice)}): sweep values that differ, "
+                       "of keys that shape training (paths, timeouts, ports and progress name no folder)")

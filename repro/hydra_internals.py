@@ -12,6 +12,8 @@ the package imports them):
   configuration's grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=0.10`` is ``algo.lr=0.1``);
 * a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends
   the whole grid;
+* a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
+  answered in one line (:func:`check_flags`, Hydra's own argument parser): not its usage text;
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
   its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
   compose it again. Hydra 1.3 has no public equivalent of what its main does after composing.
@@ -84,6 +86,17 @@ def plain_number(override: str) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return given
     return given if "e" in (str(value) + given).lower() else str(value)
+
+
+def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
+    """Parse ``argv`` with Hydra's own argument parser, handing its complaint to ``refuse``
+    (argparse printed nine lines of usage under the name run.py). ``--version`` is left out:
+    its action would answer and exit."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    parser.error = refuse
+    parser.parse_args([word for word in argv if word != "--version"])
 
 
 def job_return(exited: SystemExit | None = None) -> Any:

@@ -30,8 +30,8 @@ from omegaconf.errors import InterpolationResolutionError
 from repro.config import loader
 from repro.config.checks import validate
 from repro.config.renames import modern_override
-from repro.config.loader import (CONF_DIR, check_overrides, compose, exit_bad_input, owning_option, parse,
-                               parsed_overrides)
+from repro.config.loader import (CONF_DIR, check_overrides, compose, composition_line, exit_bad_input, owning_option,
+                               parse, parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only, unmakeable
@@ -247,9 +247,9 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
-        except MissingConfigException as exc:   # hydra/launcher=nope: every point's, Hydra's 14 lines, exit 1
-            exit_bad_input(_composition_line(exc))
-        except Exception:
+        except Exception as exc:   # a key that only a swept option has: Hydra judges it point by point
+            if isinstance(exc, MissingConfigException) or "'hydra." in str(exc).partition("\n")[0]:
+                exit_bad_input(composition_line(exc))   # every point's (Hydra: 7 to 14 lines, exit 1)
             return None
         _refuse_run_of_grid(argv, dcfg)
         if "-m" not in argv and "--multirun" not in argv and dcfg.hydra.mode != RunMode.MULTIRUN:
@@ -286,13 +286,7 @@ def _composed(overrides: list[str], **kwargs) -> DictConfig:
         if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
             *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
             exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
-        exit_bad_input(_composition_line(exc))
-
-
-def _composition_line(exc: Exception) -> str:
-    """Hydra's first line, with the options where it names one that does not exist."""
-    options = getattr(exc, "options", None)
-    return str(exc).splitlines()[0] + (f" (one of: {', '.join(options)})" if options else "")
+        exit_bad_input(composition_line(exc))
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:

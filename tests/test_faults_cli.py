@@ -188,6 +188,11 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["+exp=fig1", "figures_dir="], "error: invalid value for 'figures_dir': ''; expected a folder, not empty ('.' "
                                     "is the working folder) and not starting with '~' (write $HOME/...)"),
     (["results_dir='~/runs'"], "error: invalid value for 'results_dir': '~/runs'; expected a folder, not empty"),
+    (["-m", "hydra.launcher.n_jobs=2", "nsync=1,2"], "error: Could not override 'hydra.launcher.n_jobs'. Key "
+                                                     "'n_jobs' not in 'BasicLauncherConf'"),
+    (["--cfg"], "error: argument --cfg/-c: expected one argument (python -m repro.run --hydra-help lists Hydra's "
+                "flags)"),   # argparse's nine lines of usage, under the name run.py
+    (["--info", "bogus"], "error: argument --info/-i: invalid choice: 'bogus' (choose from 'all', 'config'"),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
     (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),
@@ -241,3 +246,21 @@ def test_an_empty_results_dir_is_refused_before_a_run_reaches_the_file_systems_r
 
     with pytest.raises(ConfigError, match="invalid value for 'results_dir': ''; expected a folder, not empty"):
         check_places(RunConfig(results_dir=""))
+
+
+def test_an_experiment_grid_moved_by_hydra_sweep_dir_still_draws_its_figure(tmp_path):
+    """``+exp=fig1 hydra.sweep.dir=X``: the points ran in X, the figure looked in results_dir/fig1,
+    said 'no figure drawn' and the command exited 0."""
+    proc = cli("+exp=fig1", f"hydra.sweep.dir={tmp_path / 'moved'}", "num_epochs=0.2", "hydra.sweeper.params.seed='0'",
+               "progress=false", f"results_dir={tmp_path / 'r'}", f"figures_dir={tmp_path / 'f'}", timeout_s=300)
+    assert proc.returncode == 0 and "no figure drawn" not in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["fig1.csv", "fig1.pdf", "fig1.png"]
+
+
+def test_a_grid_over_exp_name_is_no_shared_folder(tmp_path):
+    """The check that refuses two points of one folder counts the keys that place a folder:
+    ``-m exp_name=a,b`` runs one run in each experiment's folder, and its progress counts them
+    there (it said 'finished: 0/1 done', looking in results_dir/default)."""
+    proc = cli("-m", "exp_name=a,b", "num_epochs=0.2", "progress=false", f"results_dir={tmp_path}")
+    assert proc.returncode == 0 and "[grid default] finished: 2/2 done" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.parent.parent.name for p in tmp_path.glob("*/num_epochs=0.2/summary.json")) == ["a", "b"]

@@ -233,6 +233,15 @@ def exit_bad_input(err: ConfigError | str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
+def composition_line(exc: Exception) -> str:
+    """Hydra's first line, with why where it says (a key not in a node), or the options where it
+    names one that does not exist."""
+    cause = str(exc.__cause__ or "").partition("\n")[0]   # e.g. "Key 'n_jobs' not in 'BasicLauncherConf'"
+    options = getattr(exc, "options", None)
+    return (str(exc).partition("\n")[0] + (f" {cause}" if cause.startswith("Key ") else "")
+            + (f" (one of: {', '.join(options)})" if options else ""))
+
+
 def parsed_overrides(argv: list[str]) -> list[tuple[str, str, str]]:
     """(prefix, key, value) of each ``KEY=VALUE`` argument (flags and their values skipped)."""
     out = []
@@ -270,6 +279,9 @@ def check_words(argv: list[str]) -> None:
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
         exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg, --info and "
                        "--shell-completion (--cfg job shows a single run's config)")
+    from repro.hydra_internals import check_flags
+
+    check_flags(argv, lambda why: exit_bad_input(f"{why} (python -m repro.run --hydra-help lists Hydra's flags)"))
     for flags, why in UNSUPPORTED_FLAGS.items():   # Hydra: a traceback, its 14 lines, or 'install' an unknown key
         for flag in [w for w in argv if w in flags][:1]:
             exit_bad_input(f"{flag}: {why} (python -m repro.run --help lists every key and option)")
