@@ -229,6 +229,16 @@ def _one_value_overrides(argv: list[str]) -> list[str]:
     return [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
 
 
+def _named_by_world(argv: list[str], num_clients: int) -> list[str]:
+    """Under torchrun the world decides ``num_clients`` (:func:`resolve`), so rank 0's command
+    line says the world's: the run folder is named by its overrides, and one named num_clients=1
+    held a run of two clients."""
+    said = [a for a in argv if a.lstrip("+").startswith("num_clients=")]
+    if said and said[-1].partition("=")[2] != str(num_clients):
+        log.info(f"torchrun world: num_clients={num_clients} (the command line said {said[-1]})")
+    return [a.partition("=")[0] + f"={num_clients}" if a in said else a for a in argv]
+
+
 def _warm_fork_server(argv: list[str]) -> None:
     """A single real run's clients fork from multiprocessing's fork server, which imports torch
     and the launcher first (about a torch import): start it now, so that it imports while this
@@ -369,6 +379,8 @@ def cli() -> None:
         from repro.real.launch import run_torchrun_worker
 
         sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
+    if env is not None and env.world_size > 1 and "backend=real" in argv:
+        sys.argv[1:] = argv = _named_by_world(argv, env.world_size - 1)
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
     try:

@@ -106,6 +106,18 @@ def test_a_join_to_a_silent_listener_is_refused_within_the_timeout(tmp_path):
     assert f"backend.join=127.0.0.1:{port}" in line and "backend.timeout_s=3" in line, line
 
 
+def test_a_join_to_a_store_that_is_not_a_runs_is_refused_at_once(tmp_path):
+    """A TCPStore that answers but is no run's (a torchrun run's, which serves no joins): refused
+    with one line, exit 2, not after backend.timeout_s (600 s: the wait below expires first); it
+    took a ticket there, waited backend.timeout_s for an answer and exited 1 'did not answer'."""
+    store = new_store()
+    joiner = start_join(tmp_path, f"127.0.0.1:{store.port}", "backend.timeout_s=600")
+    assert ended(joiner, 120) == 2
+    [line] = lines(tmp_path)
+    assert f"backend.join=127.0.0.1:{store.port} is a store but not a run's" in line, line
+    assert store.num_keys() == 0   # no ticket taken, no request written into a foreign store
+
+
 def test_ctrl_c_ends_a_joiner_waiting_on_a_silent_listener(tmp_path):
     with silent_listener() as sock:
         sock.settimeout(120)

@@ -74,3 +74,29 @@ def test_a_warm_start_baseline_config_is_derived_where_the_warm_start_is_built(t
     assert start.cache_dir(warm).name == "d99f04bcf1df"
     assert driver.simulate(entry.resolve(warm), tmp_path / "warm")["status"] == "completed"
     assert (tmp_path / "_warmstart" / "d99f04bcf1df" / "server.pt").is_file()
+
+
+def test_rank_0_names_its_run_folder_by_the_clients_the_torchrun_world_gives(tmp_path, monkeypatch):
+    """torchrun --nproc-per-node=3 ... num_clients=1 runs 2 clients (the world decides): the run
+    folder, named by the command line's overrides, says num_clients=2 as config.json does; it
+    said num_clients=1 (rank 0's command line up to the run, in process; the run itself not run)."""
+    import signal
+    import sys
+
+    from omegaconf import OmegaConf
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", ["repro.run", "backend=real", "num_clients=1", f"results_dir={tmp_path}"])
+    ran = []
+    monkeypatch.setattr(entry, "run_composed", lambda dcfg, cfg: ran.append((dcfg, cfg)))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        entry.cli()
+    finally:   # the command line's own signal handling is for its process, not for pytest's
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    [(dcfg, cfg)] = ran
+    folder = str(OmegaConf.select(dcfg, "hydra.run.dir"))
+    assert "num_clients=2" in folder and "num_clients=1" not in folder, folder
+    assert entry.resolve(cfg).num_clients == 2

@@ -164,6 +164,9 @@ def _take_ticket(host: str, port: int, cfg: RunConfig):
     or JoinEnded once the run serves no more joins."""
     timeout = datetime.timedelta(seconds=cfg.backend.timeout_s)
     store = dist.TCPStore(host, port, None, False, timeout=timeout)
+    if not store.check([COUNT_KEY]):   # a TCPStore, not a run's (make_store marks it): torchrun's, say
+        raise JoinEnded(f"refused: backend.join={cfg.backend.join} is a store but not a run's (a torchrun "
+                        f"run serves no joins; a run that does logs 'accepting joins at HOST:PORT')")
     n = store.add(COUNT_KEY, 1)
     if store.check([CLOSED_KEY]):   # after the ticket: see Acceptor.close
         raise JoinEnded(f"refused: {ENDED}")

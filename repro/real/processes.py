@@ -39,6 +39,7 @@ from repro.errors import ConfigError
 from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.real.client import build_client, client_device, run_client
+from repro.real.elastic import COUNT_KEY
 from repro.real.server import log
 from repro.real.transport import Channel
 from repro.real.groups import connect, disconnect, first_line, pin_gloo
@@ -81,9 +82,11 @@ def make_store(cfg: RunConfig) -> dist.TCPStore:
         raise ConfigError("backend.master_port", port, f"a free port on {addr} (0 picks one): {exc}")
     bound = sock.getsockname()[1]
     # world size None: joiners connect for the whole run, beyond the clients started with it
-    return dist.TCPStore(addr, bound, None, True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=startup_deadline_s(cfg)),
-                         master_listen_fd=sock.detach())   # the store owns the socket now
+    store = dist.TCPStore(addr, bound, None, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=startup_deadline_s(cfg)),
+                          master_listen_fd=sock.detach())   # the store owns the socket now
+    store.add(COUNT_KEY, 0)   # the mark of a run's store: a joiner at any other (torchrun's) is refused
+    return store
 
 
 def handover(ds: Dataset) -> Dataset | None:
