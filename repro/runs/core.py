@@ -134,6 +134,9 @@ class RunCore:
             self.server.keep_in(params_home)
         self.protocol = make_protocol(self.cfg, clients, self.server.version)
         self.live = frozenset(clients)
+        for k in sorted(self.lost_clients & self.live):   # a resume started it again: it is back
+            self.runlog.lost_clients.pop(str(k))
+            self.runlog.add_event("client_rejoined", client=k, joined_time_s=round(time_s, 6))
         try:
             if protocol_state is not None:
                 self.protocol.load_state_dict(protocol_state)
