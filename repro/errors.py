@@ -32,8 +32,6 @@ EXIT_BAD_INPUT = 2
 BAD_POINTS: list[str] = []
 
 
-
-
 def numbers(name: str, value: Any, accepted: str, ok: Callable, scalar: bool = False, integer: bool = False):
     """``value`` as a numpy array of real numbers (a bool or a text is none), at least one, each
     finite and ``ok`` (``ok(array)`` -> booleans; ``scalar``: one number); else a ConfigError naming
