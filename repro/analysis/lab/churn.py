@@ -64,4 +64,6 @@ def draw_churn(frame: pd.DataFrame):
     return fig
 
 
-register_figure("churn", churn_frame, draw_churn, exps=("churn",), axes=("num_clients", "protocol.name", "cost."))
+# its axes are the frame's keys: a client count or another cost setting it has no column for
+# would be pooled (a 2- and a 4-client run averaged into one point and one prediction)
+register_figure("churn", churn_frame, draw_churn, exps=("churn",), axes=("protocol.name", "cost.churn.preempt_rate"))
