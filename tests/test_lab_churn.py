@@ -63,11 +63,9 @@ def test_runs_of_two_client_counts_are_never_pooled(tmp_path, capsys):
 
     for n in (2, 4):
         for rate in (0.0, 1.0):
-            evals, updates = fr.curves(n, 1, 0, "cold")
-            cfg = {**fr.config("churn", n, 1, 0, "cold"), "protocol": {"name": "async"}}
-            cfg["cost"] = {**cfg["cost"], "churn": {"preempt_rate": rate, "preempt_down_s": 0.1}}
-            fr.write_run(tmp_path / "r" / "churn" / f"n={n},rate={rate}", cfg, evals, updates,
-                         fr.summary(evals, "completed"))
+            fr.write_lab_run(tmp_path / "r", "churn", f"n={n},rate={rate}", n, {
+                "protocol": {"name": "async"},
+                "cost": {"churn": {"preempt_rate": rate, "preempt_down_s": 0.1}}})
     out = tmp_path / "f"
     assert main(["churn", "--results", str(tmp_path / "r"), "--out", str(out)]) == 2
     assert "choose one with --config num_clients=2" in capsys.readouterr().err

@@ -147,3 +147,21 @@ def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path):
     from repro.analysis import figure_frame  # from the logs alone: the same numbers
     figure_frame("uneven", tmp_path / "r").to_csv(tmp_path / "again.csv", index=False)
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again.csv"))
+
+
+def test_runs_of_two_learning_rates_are_never_pooled(tmp_path, capsys):
+    """`+exp=uneven +mitigation=async algo.lr=0.02,0.2` drew one 'async' of 2 runs: the two
+    learning rates' mean as if over seeds, titled with the first's lr; now one lr at a time."""
+    from repro.analysis.__main__ import main
+    from tests.helpers import fake_runs as fr
+
+    for lr in (0.02, 0.2):
+        fr.write_lab_run(tmp_path / "r", "uneven", f"lr={lr}", 4, {
+            "algo": {"lr": lr, "server_rule": "downpour"}, "protocol": {"name": "async"}})
+    out = tmp_path / "f"
+    assert main(["uneven", "--results", str(tmp_path / "r"), "--out", str(out)]) == 2
+    assert "choose one with --config algo.lr=0.02" in capsys.readouterr().err
+    assert main(["uneven", "--results", str(tmp_path / "r"), "--out", str(out),
+                 "--config", "algo.lr=0.2", "--name", "one"]) == 0
+    frame = pd.read_csv(out / "one.csv")
+    assert set(frame["algo.lr"]) == {0.2} and frame["run_dir"].dropna().nunique() == 1
