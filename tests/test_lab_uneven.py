@@ -149,19 +149,23 @@ def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path):
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again.csv"))
 
 
-def test_runs_of_two_learning_rates_are_never_pooled(tmp_path, capsys):
+@pytest.mark.parametrize("figure, groups", [("uneven", {}),
+                                             ("own_data", {"data": {"partition": "by_class"},
+                                                           "cost": {"straggler_client": 1}})])
+def test_runs_of_two_learning_rates_are_never_pooled(tmp_path, capsys, figure, groups):
     """`+exp=uneven +mitigation=async algo.lr=0.02,0.2` drew one 'async' of 2 runs: the two
-    learning rates' mean as if over seeds, titled with the first's lr; now one lr at a time."""
+    learning rates' mean as if over seeds, titled with the first's lr (own_data's table: 'runs
+    2' of seed 0); now one lr at a time."""
     from repro.analysis.__main__ import main
     from tests.helpers import fake_runs as fr
 
     for lr in (0.02, 0.2):
-        fr.write_lab_run(tmp_path / "r", "uneven", f"lr={lr}", 4, {
-            "algo": {"lr": lr, "server_rule": "downpour"}, "protocol": {"name": "async"}})
+        fr.write_lab_run(tmp_path / "r", figure, f"lr={lr}", 4, {
+            **groups, "algo": {"lr": lr, "server_rule": "downpour"}, "protocol": {"name": "async"}})
     out = tmp_path / "f"
-    assert main(["uneven", "--results", str(tmp_path / "r"), "--out", str(out)]) == 2
+    assert main([figure, "--results", str(tmp_path / "r"), "--out", str(out)]) == 2
     assert "choose one with --config algo.lr=0.02" in capsys.readouterr().err
-    assert main(["uneven", "--results", str(tmp_path / "r"), "--out", str(out),
+    assert main([figure, "--results", str(tmp_path / "r"), "--out", str(out),
                  "--config", "algo.lr=0.2", "--name", "one"]) == 0
     frame = pd.read_csv(out / "one.csv")
     assert set(frame["algo.lr"]) == {0.2} and frame["run_dir"].dropna().nunique() == 1
