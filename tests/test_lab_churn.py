@@ -75,3 +75,18 @@ def test_runs_of_two_client_counts_are_never_pooled(tmp_path, capsys):
     by_hand = (frame.samples_per_s[frame.preempt_rate == 0].mean()   # 2 clients' no-churn runs alone
                * frame.live_fraction)
     assert frame.predicted_samples_per_s.tolist() == pytest.approx(by_hand.tolist())
+
+
+def test_a_target_the_summaries_do_not_key_is_timed_from_the_evaluations(tmp_path):
+    """`python -m repro.analysis churn --target 0.9` left time_to_target_s empty for runs that
+    reached 55% error in 0.03 s: the summaries key only their own target_error."""
+    from repro.analysis import figure_frame
+    from tests.helpers import fake_runs as fr
+
+    run = fr.write_lab_run(tmp_path, "churn", "calm", 4, {
+        "protocol": {"name": "async"}, "cost": {"churn": {"preempt_rate": 0.0, "preempt_down_s": 0.1}}})
+    evals = pd.read_csv(run / "evals.csv")
+    for target in (0.5, fr.TARGET):   # another target, and the one the summary keys: one rule
+        frame = figure_frame("churn", tmp_path, target=target)
+        by_hand = evals.loc[evals.train_error <= target, "time_s"].iloc[0]
+        assert frame.time_to_target_s.tolist() == [by_hand]
