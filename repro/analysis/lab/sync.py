@@ -34,9 +34,7 @@ from repro.analysis.lab import message_bytes
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.sim.cost import CostModel, step_time
 from repro.analysis.tables import resolve_target, time_to_target
-from repro.analysis.configs import differing, fmt
-from repro.config.settings import shaping_keys
-from repro.errors import ConfigError
+from repro.analysis.configs import one_run_each
 
 PROFILE_ORDER = ("jitter_lognormal", "jitter_exponential", "straggler")
 PROTOCOL_ORDER = ("async", "sync", "sync + 1 backup", "ssp (s=3)")
@@ -228,18 +226,6 @@ COLUMNS = [*KEYS, "seed", "run_dir", "status", "diverged", "quantity", "value", 
            "clock", "target"]
 
 
-def _one_run_per_point(r: pd.DataFrame) -> None:
-    """The frame knows a run by its profile's name, protocol, N, nsync and seed: two runs of
-    one (a sweep of cost.jitter_sigma within a profile) were averaged, or failed in a reindex."""
-    for _, g in r.groupby([*KEYS, "seed"], sort=True, dropna=False):
-        if len(g) > 1:
-            rows = [row for _, row in g.iterrows()]
-            keys = differing(rows, shaping_keys()) or ["run_dir"]
-            raise ConfigError("config", None, f"one run per cost profile, protocol, client count, "
-                              f"nsync and seed; {len(g)} runs of {g['cost.profile'].iloc[0]} differ "
-                              f"in {', '.join(keys)}: choose with --config {keys[0]}={fmt(rows[0][keys[0]])}")
-
-
 def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Per run: applied samples/s, updates/s, the ratio to async (same profile, N, nsync,
     seed), sync's mean round time, time to ``target`` training error; per grid point: the
@@ -247,7 +233,7 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     target = resolve_target(runs.runs, target)
     r = runs.runs.copy()
     r["protocol"] = [protocol_label(row) for _, row in r.iterrows()]
-    _one_run_per_point(r)
+    one_run_each(r, [*KEYS, "seed"], "cost profile, protocol, client count, nsync and seed")
     r["diverged"] = is_diverged(r["status"])
     ttt = time_to_target(runs.evals, target).set_index("run_dir")["time_to_target_s"]
     r["samples_per_s"] = r["final_samples_seen"] / r["final_time_s"]
