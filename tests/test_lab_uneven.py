@@ -169,3 +169,24 @@ def test_runs_of_two_learning_rates_are_never_pooled(tmp_path, capsys, figure, g
                  "--config", "algo.lr=0.2", "--name", "one"]) == 0
     frame = pd.read_csv(out / "one.csv")
     assert set(frame["algo.lr"]) == {0.2} and frame["run_dir"].dropna().nunique() == 1
+
+
+def test_uneven_target_is_a_training_loss_on_the_command_line(tmp_path, capsys):
+    """uneven's --target is a loss in nats (default 0.5), but the CLI refused any above 1 as 'a
+    training error as a fraction' and --help said it was fig4's training error."""
+    from repro.analysis.__main__ import main
+    from tests.helpers import fake_runs as fr
+
+    run = fr.write_lab_run(tmp_path / "r", "uneven", "async", 4, {
+        "algo": {"server_rule": "downpour"}, "protocol": {"name": "async"}})
+    assert main(["uneven", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "f"),
+                 "--target", "1.5"]) == 0
+    frame = pd.read_csv(tmp_path / "f" / "uneven.csv")
+    evals = pd.read_csv(run / "evals.csv")
+    by_hand = evals.loc[evals.train_loss <= 1.5, "time_s"].iloc[0]
+    assert frame.loc[frame.quantity == "time_to_target_s", "value"].tolist() == [by_hand]
+    assert main(["uneven", "--results", str(tmp_path / "r"), "--target", "-1"]) == 2
+    assert "a training loss >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "uneven's is a training loss" in " ".join(capsys.readouterr().out.split())
