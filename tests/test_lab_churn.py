@@ -57,7 +57,7 @@ def test_time_to_target_is_the_column_of_the_key_the_run_wrote():
 def test_runs_of_two_client_counts_are_never_pooled(tmp_path, capsys):
     """`+exp=churn num_clients=2,4` drew one point per rate with the mean of a 2- and a 4-client
     run, and predicted each from their pooled no-churn mean (9,235 samples/s beside 6,195 and
-    12,275 measured): the frame has no client count, so the figure takes one at a time."""
+    12,275 measured): the frame has no client count, so it is refused, naming it."""
     from repro.analysis.__main__ import main
     from tests.helpers import fake_runs as fr
 
@@ -68,7 +68,7 @@ def test_runs_of_two_client_counts_are_never_pooled(tmp_path, capsys):
                 "cost": {"churn": {"preempt_rate": rate, "preempt_down_s": 0.1}}})
     out = tmp_path / "f"
     assert main(["churn", "--results", str(tmp_path / "r"), "--out", str(out)]) == 2
-    assert "choose one with --config num_clients=2" in capsys.readouterr().err
+    assert "they differ in num_clients: choose with --config num_clients=2" in capsys.readouterr().err
     assert main(["churn", "--results", str(tmp_path / "r"), "--out", str(out),
                  "--config", "num_clients=2", "--name", "two"]) == 0
     frame = pd.read_csv(out / "two.csv")

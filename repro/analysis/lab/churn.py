@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from repro.analysis.configs import one_run_each
 from repro.analysis.render import register_figure
 from repro.analysis.load import Runs
 from repro.analysis.tables import resolve_target, time_to_target
@@ -34,6 +35,9 @@ def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     t = runs.runs
     if t.empty:
         return pd.DataFrame(columns=COLUMNS)
+    # the frame has no column for a client count or another cost setting: two runs of one row
+    # were averaged into one point and one prediction (a 2- and a 4-client run)
+    one_run_each(t, ["protocol.name", "cost.churn.preempt_rate", "seed"], "protocol, preemption rate and seed")
     target = resolve_target(t, target)
     ttt = f"time_to_target.{target_key(target)}"
     rows = pd.DataFrame({
@@ -70,6 +74,4 @@ def draw_churn(frame: pd.DataFrame):
     return fig
 
 
-# its axes are the frame's keys: a client count or another cost setting it has no column for
-# would be pooled (a 2- and a 4-client run averaged into one point and one prediction)
-register_figure("churn", churn_frame, draw_churn, exps=("churn",), axes=("protocol.name", "cost.churn.preempt_rate"))
+register_figure("churn", churn_frame, draw_churn, exps=("churn",), axes=("num_clients", "protocol.name", "cost."))
