@@ -209,3 +209,15 @@ def test_a_nan_seed_left_out_of_a_mean_is_not_counted_and_is_named():
     lines = format_report(pd.DataFrame(rows)).splitlines()
     assert "2/3" in next(x for x in lines if "final_train_error_pct" in x)
     assert "3/3" in next(x for x in lines if "final_test_error_pct" in x)
+
+
+def test_speedups_to_two_targets_are_said_to_differ_for_that_alone(trees):
+    """A figures folder's fig4 speedups are to the target its CSV was written at: compared with a
+    results tree at another --target they disagreed without a word about why."""
+    with pytest.warns(UserWarning, match=r"fig4: A's speedups are to training error 0.2, B's to 0.1: "
+                                         "they differ for that alone"):
+        compare_trees(trees["a"], trees["figs"], figures=["fig4"], target=0.2)
+    with warnings.catch_warnings(record=True) as said:   # the same target: nothing to say
+        warnings.simplefilter("always")
+        compare_trees(trees["a"], trees["figs"], figures=["fig4"])
+    assert not [w for w in said if "differ for that alone" in str(w.message)]

@@ -52,3 +52,41 @@ def test_time_to_target_is_the_column_of_the_key_the_run_wrote():
                          "cost.churn.preempt_down_s": [0.1], "time_to_target.1.0": [1.5]})
     frame = churn_frame(Runs(runs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame()))
     assert frame.time_to_target_s.tolist() == [1.5]
+
+
+def test_runs_of_two_client_counts_are_never_pooled(tmp_path, capsys):
+    """`+exp=churn num_clients=2,4` drew one point per rate with the mean of a 2- and a 4-client
+    run, and predicted each from their pooled no-churn mean (9,235 samples/s beside 6,195 and
+    12,275 measured): the frame has no client count, so it is refused, naming it."""
+    from repro.analysis.__main__ import main
+    from tests.helpers import fake_runs as fr
+
+    for n in (2, 4):
+        for rate in (0.0, 1.0):
+            fr.write_lab_run(tmp_path / "r", "churn", f"n={n},rate={rate}", n, {
+                "protocol": {"name": "async"},
+                "cost": {"churn": {"preempt_rate": rate, "preempt_down_s": 0.1}}})
+    out = tmp_path / "f"
+    assert main(["churn", "--results", str(tmp_path / "r"), "--out", str(out)]) == 2
+    assert "they differ in num_clients: choose with --config num_clients=2" in capsys.readouterr().err
+    assert main(["churn", "--results", str(tmp_path / "r"), "--out", str(out),
+                 "--config", "num_clients=2", "--name", "two"]) == 0
+    frame = pd.read_csv(out / "two.csv")
+    by_hand = (frame.samples_per_s[frame.preempt_rate == 0].mean()   # 2 clients' no-churn runs alone
+               * frame.live_fraction)
+    assert frame.predicted_samples_per_s.tolist() == pytest.approx(by_hand.tolist())
+
+
+def test_a_target_the_summaries_do_not_key_is_timed_from_the_evaluations(tmp_path):
+    """`python -m repro.analysis churn --target 0.9` left time_to_target_s empty for runs that
+    reached 55% error in 0.03 s: the summaries key only their own target_error."""
+    from repro.analysis import figure_frame
+    from tests.helpers import fake_runs as fr
+
+    run = fr.write_lab_run(tmp_path, "churn", "calm", 4, {
+        "protocol": {"name": "async"}, "cost": {"churn": {"preempt_rate": 0.0, "preempt_down_s": 0.1}}})
+    evals = pd.read_csv(run / "evals.csv")
+    for target in (0.5, fr.TARGET):   # another target, and the one the summary keys: one rule
+        frame = figure_frame("churn", tmp_path, target=target)
+        by_hand = evals.loc[evals.train_error <= target, "time_s"].iloc[0]
+        assert frame.time_to_target_s.tolist() == [by_hand]

@@ -127,3 +127,16 @@ def test_shrunk_stability_experiment_draws_its_figure(tmp_path):
     assert (cells[cells.lr == 3.0].outcome.isin(["stalled", "diverged"])).all()
     theory = frame[(frame.kind == "boundary") & (frame.problem == "quadratic") & (frame.source != "measured")]
     assert sorted(theory.lr.round(4)) == [0.445, 2.0]
+
+
+def test_runs_of_one_cell_at_two_batch_sizes_are_refused_in_one_line(tmp_path, capsys):
+    """`+exp=stability +problem=quadratic algo.batch_size=5,10` (data. and algo.batch_size are
+    axes: +problem sets them) measured one boundary from both: at 2 clients 'no stable lr'
+    (batch 5 diverged at 0.9) where batch 10 converged at 0.9, drawn as batch 10's."""
+    from repro.analysis.__main__ import main
+    from tests.helpers import fake_runs as fr
+
+    for batch in (5, 10):
+        fr.write_lab_run(tmp_path / "r", "stability", f"batch={batch}", 2, {"algo": {"batch_size": batch}})
+    assert main(["stability", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "f")]) == 2
+    assert "differ in algo.batch_size: choose with --config algo.batch_size=10" in capsys.readouterr().err

@@ -166,3 +166,17 @@ def test_straggler_throughput_of_every_protocol_matches_theory(tmp_path):
     for protocol, row in ratio.iterrows():
         assert row["measured"] == pytest.approx(row["predicted"], rel=0.05), protocol
     assert ratio.loc["sync + 1 backup", "measured"] > 2 * ratio.loc["sync", "measured"]
+
+
+def test_runs_of_one_profile_at_two_jitters_are_refused_in_one_line(tmp_path, capsys):
+    """`+exp=sync_vs_async cost=jitter_lognormal cost.jitter_sigma=0.2,0.8` ended in pandas'
+    'cannot handle a non-unique multi-index!' (a traceback; the grid drew no figure): the frame
+    knows a run by its profile's name, so the two jitters are refused, naming the key."""
+    from repro.analysis.__main__ import main
+    from tests.helpers import fake_runs as fr
+
+    for sigma in (0.2, 0.8):
+        fr.write_lab_run(tmp_path / "r", "sync_vs_async", f"sigma={sigma}", 2, {
+            "protocol": {"name": "async"}, "cost": {"jitter_sigma": sigma}})
+    assert main(["sync_vs_async", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "f")]) == 2
+    assert "differ in cost.jitter_sigma: choose with --config cost.jitter_sigma=0.2" in capsys.readouterr().err

@@ -147,3 +147,46 @@ def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path):
     from repro.analysis import figure_frame  # from the logs alone: the same numbers
     figure_frame("uneven", tmp_path / "r").to_csv(tmp_path / "again.csv", index=False)
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again.csv"))
+
+
+@pytest.mark.parametrize("figure, groups", [("uneven", {}),
+                                             ("own_data", {"data": {"partition": "by_class"},
+                                                           "cost": {"straggler_client": 1}})])
+def test_runs_of_two_learning_rates_are_never_pooled(tmp_path, capsys, figure, groups):
+    """`+exp=uneven +mitigation=async algo.lr=0.02,0.2` drew one 'async' of 2 runs: the two
+    learning rates' mean as if over seeds, titled with the first's lr (own_data's table: 'runs
+    2' of seed 0); now one lr at a time."""
+    from repro.analysis.__main__ import main
+    from tests.helpers import fake_runs as fr
+
+    for lr in (0.02, 0.2):
+        fr.write_lab_run(tmp_path / "r", figure, f"lr={lr}", 4, {
+            **groups, "algo": {"lr": lr, "server_rule": "downpour"}, "protocol": {"name": "async"}})
+    out = tmp_path / "f"
+    assert main([figure, "--results", str(tmp_path / "r"), "--out", str(out)]) == 2
+    assert "choose one with --config algo.lr=0.02" in capsys.readouterr().err
+    assert main([figure, "--results", str(tmp_path / "r"), "--out", str(out),
+                 "--config", "algo.lr=0.2", "--name", "one"]) == 0
+    frame = pd.read_csv(out / "one.csv")
+    assert set(frame["algo.lr"]) == {0.2} and frame["run_dir"].dropna().nunique() == 1
+
+
+def test_uneven_target_is_a_training_loss_on_the_command_line(tmp_path, capsys):
+    """uneven's --target is a loss in nats (default 0.5), but the CLI refused any above 1 as 'a
+    training error as a fraction' and --help said it was fig4's training error."""
+    from repro.analysis.__main__ import main
+    from tests.helpers import fake_runs as fr
+
+    run = fr.write_lab_run(tmp_path / "r", "uneven", "async", 4, {
+        "algo": {"server_rule": "downpour"}, "protocol": {"name": "async"}})
+    assert main(["uneven", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "f"),
+                 "--target", "1.5"]) == 0
+    frame = pd.read_csv(tmp_path / "f" / "uneven.csv")
+    evals = pd.read_csv(run / "evals.csv")
+    by_hand = evals.loc[evals.train_loss <= 1.5, "time_s"].iloc[0]
+    assert frame.loc[frame.quantity == "time_to_target_s", "value"].tolist() == [by_hand]
+    assert main(["uneven", "--results", str(tmp_path / "r"), "--target", "-1"]) == 2
+    assert "a training loss >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "uneven's is a training loss" in " ".join(capsys.readouterr().out.split())

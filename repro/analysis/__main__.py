@@ -10,6 +10,7 @@ bad input. The work: :func:`repro.analysis.render.build_figure` and :mod:`repro.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 import warnings
@@ -44,8 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="experiment folder under --results (default: the figure's name; "
                         "staleness falls back to fig3)")
     p.add_argument("--target", type=float, default=None,
-                   help="target training error for fig4, as a fraction (default: the runs' "
-                        "config target_error)")
+                   help="target training error, as a fraction, of fig4, churn, mitigation and "
+                        "sync_vs_async (default: the runs' config target_error); uneven's is a "
+                        "training loss (default 0.5)")
     p.add_argument("--config", default=None, metavar="KEY=VALUE,...", help=CONFIG_HELP)
     p.add_argument("--name", default=None, metavar="STEM",
                    help="base name of the files written (default: the figure's name, or "
@@ -118,8 +120,10 @@ def draw_main(args: argparse.Namespace) -> int:
         raise ConfigError("--results", args.results, "an existing results folder (this one does not "
                           "exist): where python -m repro.run +exp=NAME wrote its runs (results_dir, "
                           "default results)")
-    if args.target is not None and not 0 <= args.target <= 1:   # nan too: else every speedup is blank
-        raise ConfigError("--target", args.target, "a training error as a fraction in [0, 1]")
+    top = math.inf if args.figure == "uneven" else 1   # uneven times a loss (nats), not an error
+    if args.target is not None and not 0 <= args.target <= top:   # nan too: else every speedup is blank
+        raise ConfigError("--target", args.target, "a training error as a fraction in [0, 1]"
+                          if top == 1 else "a training loss >= 0")
     named = args.name is not None
     if named and (args.figure == "all" or args.name in ("", ".", "..") or Path(args.name).name != args.name):
         # else "a/b" blamed --out (no such file), and all or '' ignored it without a word

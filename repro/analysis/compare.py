@@ -51,7 +51,7 @@ import pandas as pd
 
 from repro.analysis.figures import plural
 from repro.analysis.load import NoRunsError
-from repro.analysis.trees import COMPARED, METRICS, Tree, read_tree, run_metrics, start_errors
+from repro.analysis.trees import COMPARED, KIND, METRICS, Tree, read_tree, run_metrics, start_errors
 from repro.errors import ConfigError
 
 DEFAULT_TARGET = 0.01  # the target_error of conf/exp/fig2.yaml, fig3.yaml and fig4.yaml
@@ -231,6 +231,18 @@ def check_options(k: float, target: float | None) -> None:
         raise ConfigError("target", target, "a training error as a fraction in [0, 1]")
 
 
+def _say_speedup_targets(name: str, a: Tree, b: Tree) -> None:
+    """Warn when fig4's speedups of A and B are to different targets (a figures folder keeps the
+    one its CSV was written at, whatever --target says): they then differ for that alone."""
+    found = [sorted(set(t.frames[name]["target"].dropna())) if "target" in t.frames.get(name, ()) else []
+             for t in (a, b)]
+    if KIND.get(name, name) == "fig4" and all(found) and found[0] != found[1]:
+        warnings.warn(f"{name}: A's speedups are to training error {', '.join(map(str, found[0]))}, "
+                      f"B's to {', '.join(map(str, found[1]))}: they differ for that alone (a figures "
+                      "folder's are as its fig4.csv was written; --target sets a results tree's)",
+                      stacklevel=3)
+
+
 def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd.DataFrame:
     """The comparison table of two read trees (see :func:`compare_trees`)."""
     check_options(k, target)
@@ -241,6 +253,7 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
         t = curve_target(name, a, b, target)
         ma, mb = (run_metrics(name, tree.frames[name], t) if name in tree.frames else None
                   for tree in (a, b))
+        _say_speedup_targets(name, a, b)
         rows += compare_baseline(name, a.frames.get(name), b.frames.get(name), k)
         rows += compare_figure(name, ma, mb, k, t)
     table = pd.DataFrame(rows)

@@ -219,11 +219,26 @@ def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = N
     copies = [g for _, part in parts if point
               for _, g in part.runs.groupby(point, dropna=False, sort=True) if len(g) > 1]
     if copies:
-        rows = [r for _, r in copies[0].iterrows()]
-        keys = differing(rows, shaping_keys())
-        how = (f"they differ in {', '.join(keys)}: choose with --config "
-               f"{keys[0]}={fmt(_value(rows[0], keys[0]))}" if keys else
-               "they are copies of one run: remove all but one")
         raise ConfigError("config", choice, f"one run per grid point and seed; {where} holds "
-                          f"{len(rows)} for one of them ({list_folders(copies[0]['job'])}); {how}")
+                          f"{len(copies[0])} for one of them {_told_apart(copies[0])}")
     return parts
+
+
+def _told_apart(group: pd.DataFrame) -> str:
+    """``(their folders); how to choose one`` of runs that a figure would take for one."""
+    rows = [row for _, row in group.iterrows()]
+    keys = differing(rows, shaping_keys())
+    how = (f"they differ in {', '.join(keys)}: choose with --config "
+           f"{keys[0]}={fmt(_value(rows[0], keys[0]))}" if keys else
+           "they are copies of one run: remove all but one")
+    return f"({list_folders(group['job'])}); {how}"
+
+
+def one_run_each(runs: pd.DataFrame, keys: list[str], what: str) -> None:
+    """Refuse two runs (rows of ``runs``) that a lab frame knows as one, by ``keys`` (``what``
+    names them): a figure's broad axes (``cost.``, ``data.``) let a sweep within one profile or
+    problem through, and the frame would average the two or fail."""
+    for _, group in runs.groupby(keys, sort=True, dropna=False):
+        if len(group) > 1:
+            raise ConfigError("config", None, f"one run per {what}; {len(group)} runs share one "
+                                              f"{_told_apart(group)}")

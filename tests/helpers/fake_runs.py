@@ -145,6 +145,16 @@ def write_experiment(root: Path, exp_name: str, clients, nsyncs, seeds, start: s
     return paths
 
 
+def write_lab_run(root: Path, exp_name: str, job: str, num_clients: int, groups: dict) -> Path:
+    """One completed 1-seed run of a lab experiment, ``groups`` merged into its config's groups
+    (``{"protocol": {"name": "async"}}``)."""
+    evals, updates = curves(num_clients, 1, 0, "cold")
+    cfg = config(exp_name, num_clients, 1, 0, "cold")
+    for group, values in groups.items():
+        cfg[group] = {**cfg.get(group, {}), **values}
+    return write_run(root / exp_name / job, cfg, evals, updates, summary(evals, "completed"))
+
+
 def write_bad_runs(exp_dir: Path) -> dict[str, Path]:
     """The partial and corrupt folders of :data:`BAD_FOLDERS`."""
     name = exp_dir.name

@@ -120,5 +120,7 @@ def draw_own_data(frame: pd.DataFrame):
     return fig
 
 
+# its axes are what a row's partition and method name: another data or algo setting (algo.lr)
+# has no column and was pooled as if over seeds
 register_figure("own_data", own_data_frame, draw_own_data, exps=("own_data",), extra=printed_table(table),
-                axes=("data.", "algo.", "protocol."))
+                axes=("data.partition", "data.alpha", "algo.server_rule", "algo.momentum", "protocol."))

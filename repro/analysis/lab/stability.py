@@ -47,6 +47,7 @@ from matplotlib.ticker import NullFormatter
 
 from repro.analysis.render import register_figure
 from repro.analysis.figures import _legend, _new_figure, _require
+from repro.analysis.configs import one_run_each
 from repro.analysis.load import Runs, finite, recorded
 
 CONVERGED_FACTOR = 10.0   # converged: the loss fell at least this many times
@@ -112,6 +113,7 @@ def stability_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Runs, measured and predicted boundaries, and the theory curve, one long table (``kind``)."""
     if runs.runs.empty:
         return pd.DataFrame(columns=COLUMNS)
+    one_run_each(runs.runs, ["data.name", "num_clients", "algo.lr", "seed"], "problem, client count, lr and seed")
     info = runs.runs.set_index("run_dir")
     cells = pd.DataFrame({
         "kind": "run", "problem": info["data.name"], "model": info["model.name"],

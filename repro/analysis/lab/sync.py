@@ -34,6 +34,7 @@ from repro.analysis.lab import message_bytes
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.sim.cost import CostModel, step_time
 from repro.analysis.tables import resolve_target, time_to_target
+from repro.analysis.configs import one_run_each
 
 PROFILE_ORDER = ("jitter_lognormal", "jitter_exponential", "straggler")
 PROTOCOL_ORDER = ("async", "sync", "sync + 1 backup", "ssp (s=3)")
@@ -232,6 +233,7 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     target = resolve_target(runs.runs, target)
     r = runs.runs.copy()
     r["protocol"] = [protocol_label(row) for _, row in r.iterrows()]
+    one_run_each(r, [*KEYS, "seed"], "cost profile, protocol, client count, nsync and seed")
     r["diverged"] = is_diverged(r["status"])
     ttt = time_to_target(runs.evals, target).set_index("run_dir")["time_to_target_s"]
     r["samples_per_s"] = r["final_samples_seen"] / r["final_time_s"]

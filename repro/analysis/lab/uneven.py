@@ -267,5 +267,6 @@ def draw_uneven(frame: pd.DataFrame):
     return fig
 
 
+# its axes are what method_of names: another algo setting (algo.lr) has no column and was pooled
 register_figure("uneven", uneven_frame, draw_uneven, exps=("uneven",), extra=printed_table(table, digits=4),
-                axes=("algo.", "protocol."))
+                axes=("algo.server_rule", "protocol."))
