@@ -320,3 +320,20 @@ def test_a_run_stopped_while_its_clients_join_is_started_over_by_resume_auto(tmp
                            timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "j" / "run" / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.parametrize("name", ["a,b", "x=y", "it's"])
+def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_path, monkeypatch, name):
+    # a bare exp_name=a,b was a Hydra sweep: two experiments, in a/ and b/, then none read from a,b/
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from repro_bench.__main__ import main
+
+    commands = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **_: commands.append(cmd))
+    monkeypatch.chdir(tmp_path)
+    assert main(["simreal", "--results", f"res/{name}"]) == 2   # the stand-in ran nothing: no point
+    main(["simreal", "--results", "."])
+    values = [{o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(cmd[4:])}
+              for cmd in commands]
+    assert values == [{"results_dir": str(tmp_path / "res"), "exp_name": name},
+                      {"results_dir": str(tmp_path.parent), "exp_name": tmp_path.name}]

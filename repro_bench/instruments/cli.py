@@ -172,6 +172,11 @@ def _point(text: str) -> tuple[int, int]:
     return nsync, clients
 
 
+def _quoted(text: str) -> str:
+    """``text`` as one quoted Hydra override value (not one that ends in a backslash: no path does)."""
+    return "'" + text.replace("'", "\\'") + "'"
+
+
 def run(args: argparse.Namespace, loops: BareLoops) -> int:
     import pandas as pd
 
@@ -184,8 +189,10 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
     cores = machine_now(loops) if args.machine else None
     root = Path(args.results)
     if not lab.run_dirs(root):
-        results_dir, exp_name = root.parent, root.name
-        cmd = [sys.executable, "-m", "repro.run", f"+exp={EXP}", f"results_dir={results_dir}", f"exp_name={exp_name}"]
+        where = root.resolve()   # '.' or 'x/..' has no name of its own to give exp_name
+        # quoted: a ',' in a bare Hydra override is a sweep (two experiments), '=' or '[' a parse error
+        cmd = [sys.executable, "-m", "repro.run", f"+exp={EXP}", f"results_dir={_quoted(str(where.parent))}",
+               f"exp_name={_quoted(where.name)}"]
         print("no runs in " + str(root) + ": running " + " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=False)
     runs, stale, _ = lab.read_runs(root)
