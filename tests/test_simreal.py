@@ -188,3 +188,22 @@ def test_time_to_target_is_read_under_the_key_the_run_wrote(tmp_path):
                                                   "time_to_target": {"0.1234567": 1.0}}))
     runs, _, _ = lab.read_runs(tmp_path)
     assert runs.time_to_target_s.tolist() == [0.5]   # from the first applied push, at 0.5 s
+
+
+@pytest.mark.parametrize("damage", ["no push", "no updates.csv", "no nsync", "a time to target of text"])
+def test_a_run_folder_that_does_not_read_is_named_in_one_line(tmp_path, capsys, damage):
+    one = {"cpu_cores": 2, "torch_threads": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1})
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    if damage == "no push":
+        pd.read_csv(run / "updates.csv").iloc[:0].to_csv(run / "updates.csv", index=False)
+    elif damage == "no updates.csv":
+        (run / "updates.csv").unlink()
+    else:
+        name, drop = ("config.json", "nsync") if damage == "no nsync" else ("summary.json", None)
+        record = json.loads((run / name).read_text())
+        record.pop("nsync") if drop else record["time_to_target"].update({"0.05": "soon"})
+        (run / name).write_text(json.dumps(record))
+    assert main(["simreal", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"run folder {run} does not read" in err and err.count("\n") == 1, err

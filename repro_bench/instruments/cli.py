@@ -195,7 +195,11 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
                f"exp_name={_quoted(where.name)}"]
         print("no runs in " + str(root) + ": running " + " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=False)
-    runs, stale, _ = lab.read_runs(root)
+    try:
+        runs, stale, _ = lab.read_runs(root)
+    except ValueError as exc:   # a run folder that does not read: named in one line
+        print(f"python -m repro.bench simreal: {exc}", file=sys.stderr)
+        return 2
     table = lab.points_table(runs, stale)
     if table.empty:
         print(f"python -m repro.bench simreal: no grid point in {root} has both a measured and a predicted run",
