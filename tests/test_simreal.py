@@ -207,3 +207,16 @@ def test_a_run_folder_that_does_not_read_is_named_in_one_line(tmp_path, capsys, 
     assert main(["simreal", "--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"run folder {run} does not read" in err and err.count("\n") == 1, err
+
+
+def test_a_target_met_before_the_first_push_is_reached_at_0_not_before(tmp_path, capsys):
+    # the evaluation at version 0 (time 0) met target_error=0.95: the first push came 0.5 s later
+    one = {"cpu_cores": 2, "torch_threads": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1},
+                   ttt=0.0)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run], ttt=0.0)
+    runs, stale, _ = lab.read_runs(tmp_path)
+    assert list(runs.time_to_target_s) == [0.0, 0.0]
+    assert lab.points_table(runs, stale).time_to_target_inside.all()
+    main(["simreal", "--results", str(tmp_path)])
+    assert "before their first push" in capsys.readouterr().out

@@ -13,8 +13,8 @@ point's samples/s error e = predicted / measured - 1 (medians over seeds):
 * **time to target**: per point, the predicted median time to the target error against the
   measured median, |predicted / measured - 1|, beside the real runs' own seed spread at that point
   (half their range over seeds, relative to their median): an error inside it cannot be told from
-  the noise between seeds. Points where no run of a side reached the target are left out, and
-  counted.
+  the noise between seeds. Points where no run of a side reached the target, or where the real
+  runs' median time is 0 (the evaluation before the first push met it), are left out, and counted.
 
 Pure arithmetic on the frames; nothing here runs anything.
 """
@@ -54,7 +54,8 @@ class Accuracy:
                f"±{self.ttt_seed_spread:.1%}; {self.ttt_within_spread} of {self.ttt_points} point(s) within their spread"
                if self.ttt_points else "time to target: no point where both sides reached the target")
         if self.ttt_missing:
-            ttt += f" ({self.ttt_missing} point(s) left out: a side never reached the target)"
+            ttt += (f" ({self.ttt_missing} point(s) left out: a side never reached the target, or the real runs"
+                    " reached it before their first push)")
         return [f"samples/s MAPE over {self.points} point(s): {self.mape:.1%}",
                 f"worst point: {self.worst_point}: {self.worst_error:+.1%}",
                 f"bias (mean signed error): {self.bias:+.1%}: the simulator {side} samples/s",

@@ -81,8 +81,9 @@ def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame] | None:
     target = config.get("target_error")
     ttt = (summary.get("time_to_target") or {}).get(schema.target_key(target)) if target is not None else None
     start = float(updates.time_s.iloc[0])   # both sides' clocks from their first applied push
+    # a target the evaluation at version 0 met was reached before the first push: at 0, not before it
     run = {**key, "samples_per_s": samples_per_s(updates), "staleness": float(updates.staleness.mean()),
-           "time_to_target_s": math.nan if ttt is None else float(ttt) - start, "run_dir": str(run_dir)}
+           "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir)}
     return (run, pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}),
             pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
 
