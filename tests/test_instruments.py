@@ -337,3 +337,13 @@ def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_p
               for cmd in commands]
     assert values == [{"results_dir": str(tmp_path / "res"), "exp_name": name},
                       {"results_dir": str(tmp_path.parent), "exp_name": tmp_path.name}]
+
+
+def test_a_point_without_samples_per_s_is_left_out_and_counted_not_in_silence():
+    # one push (no span: NaN) and none measured (0 samples/s: an infinite error) beside two good points
+    table = _table([100.0, 200.0, math.nan, 1.0], [110.0, 180.0, 300.0, 400.0])
+    table.loc[3, ["measured_samples_per_s", "samples_error"]] = [0.0, math.inf]   # as pandas divides
+    a = acc.accuracy(table, _runs(1, "measured", []))
+    assert (a.points, a.left_out) == (2, 2) and a.mape == pytest.approx(0.10) and a.kendall_tau == 1.0
+    assert a.lines()[0] == "samples/s MAPE over 2 point(s): 10.0% (2 point(s) left out: no samples/s on a side, or none measured)"
+    assert "2 point(s) left out" in acc.accuracy(table.iloc[2:], _runs(1, "measured", [])).lines()[0]
