@@ -220,3 +220,15 @@ def test_a_target_met_before_the_first_push_is_reached_at_0_not_before(tmp_path,
     assert lab.points_table(runs, stale).time_to_target_inside.all()
     main(["simreal", "--results", str(tmp_path)])
     assert "before their first push" in capsys.readouterr().out
+
+
+def test_two_clients_without_staleness_on_both_sides_agree(tmp_path, capsys):
+    # protocol=sync: every push of 2 clients has staleness 0, measured and predicted
+    one = {"cpu_cores": 2, "torch_threads": 1}
+    r1 = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1})
+    fake_run(tmp_path / "m2", backend="real", clients=2, nsync=1, seed=0, host={**one, "clients_on_host": 2})
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[r1])
+    fake_run(tmp_path / "p2", backend="sim", clients=2, nsync=1, seed=0, fit_paths=[r1])
+    runs, stale, _ = lab.read_runs(tmp_path)
+    assert lab.points_table(runs, stale).staleness_error.iloc[-1] == 0.0
+    assert main(["simreal", "--results", str(tmp_path)]) == 0, capsys.readouterr().out

@@ -155,7 +155,8 @@ def points_table(runs: pd.DataFrame, stale: pd.DataFrame) -> pd.DataFrame:
         rows.append({"link": link, "nsync": nsync, "num_clients": n, "measured_samples_per_s": ms,
                      "predicted_samples_per_s": ps, "samples_error": ps / ms - 1,
                      "measured_staleness": mst, "predicted_staleness": pst,
-                     "staleness_error": (pst / mst - 1) if mst > 0 else math.nan,
+                     # both 0 (protocol=sync) agree: no error, where NaN read as a FAIL
+                     "staleness_error": (pst / mst - 1) if mst > 0 else (0.0 if pst == 0 else math.nan),
                      "ks_distance": float(np.median(ks)) if ks and n >= 2 else math.nan,
                      "measured_time_to_target_s": mt, "predicted_time_to_target_min_s": lo,
                      "predicted_time_to_target_max_s": hi,
