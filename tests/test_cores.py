@@ -100,3 +100,18 @@ def test_a_loopback_run_is_measured_by_role():
 
 def test_nothing_to_resimulate_in_a_folder_without_runs(tmp_path):
     assert cores.resimulated_error(tmp_path, "link", 8, 4, compute_scale=1.1) is None
+
+
+def test_too_few_epochs_for_a_steady_middle_is_one_line_and_exit_2(monkeypatch, capsys):
+    from repro_bench.__main__ import main
+
+    def short(*_, **__):   # what the run of --cores-epochs 0.2 met: 9 pushes, the sampler never saw 7
+        sampler = cores.Sampler(".")
+        sampler.samples = [(0.0, {}, {}, 0)]
+        sampler.window(9)
+
+    monkeypatch.setattr(cores, "print_cores", short)
+    assert main(["simreal", "--cores", "1:1", "--cores-epochs", "0.2"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("python -m repro.bench simreal: --cores 1:1 --cores-epochs 0.2: the run's steady middle "
+                   "(9 pushes) is shorter than one sample; use more epochs\n")

@@ -183,7 +183,13 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
     if args.cores:
         from repro_bench.instruments.cores import print_cores
 
-        print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
+        try:
+            print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
+        # too few epochs (cores.TooShort) or a --results run that does not read: 2; a real run that failed: 1
+        except (ValueError, RuntimeError) as exc:
+            print(f"python -m repro.bench simreal: --cores {args.cores[0]}:{args.cores[1]} --cores-epochs "
+                  f"{args.cores_epochs:g}: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, ValueError) else 1
         return 0
 
     cores = machine_now(loops) if args.machine else None
