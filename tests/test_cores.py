@@ -115,3 +115,29 @@ def test_too_few_epochs_for_a_steady_middle_is_one_line_and_exit_2(monkeypatch, 
     err = capsys.readouterr().err
     assert err == ("python -m repro.bench simreal: --cores 1:1 --cores-epochs 0.2: the run's steady middle "
                    "(9 pushes) is shorter than one sample; use more epochs\n")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_during_a_loopback_measurement_takes_its_run_and_folder_along(tmp_path, monkeypatch, capsys, sig):
+    # SIGTERM killed the command on the spot: its run went on to the end, in a temporary folder left behind
+    import signal
+    import tempfile
+    import threading
+
+    from repro_bench.__main__ import main
+
+    started, popen = [], subprocess.Popen
+
+    def run_that_sleeps(argv, **kwargs):   # stands for the real run: a minute of nothing
+        started.append(popen([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(cores.subprocess, "Popen", run_that_sleeps)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    threading.Timer(1.5, os.kill, (os.getpid(), getattr(signal, sig))).start()
+    try:
+        rc = main(["simreal", "--cores", "1:1", "--results", str(tmp_path / "none")])
+    except KeyboardInterrupt:
+        rc = "a KeyboardInterrupt traceback"
+    assert rc == 130 and f"stopped by {sig}" in capsys.readouterr().err
+    assert started[0].poll() is not None and list(tmp_path.iterdir()) == []

@@ -212,6 +212,10 @@ def measure(link: str, overrides: list[str], num_clients: int, link_mbit: float 
             sampler.start()
             try:
                 _, err = proc.communicate(timeout=600)
+            except BaseException:   # a Ctrl-C or SIGTERM here: the run must not outlive us (nor its folder)
+                proc.kill()
+                proc.wait()
+                raise
             finally:
                 sampler.stop()
             if proc.returncode != 0:
