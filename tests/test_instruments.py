@@ -347,3 +347,22 @@ def test_a_point_without_samples_per_s_is_left_out_and_counted_not_in_silence():
     assert (a.points, a.left_out) == (2, 2) and a.mape == pytest.approx(0.10) and a.kendall_tau == 1.0
     assert a.lines()[0] == "samples/s MAPE over 2 point(s): 10.0% (2 point(s) left out: no samples/s on a side, or none measured)"
     assert "2 point(s) left out" in acc.accuracy(table.iloc[2:], _runs(1, "measured", [])).lines()[0]
+
+
+def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_does_alone(tmp_path, monkeypatch):
+    # subprocess.run SIGKILLed the experiment 0.25 s after a Ctrl-C: its runs never wrote their stop
+    import threading
+
+    from repro_bench.__main__ import main
+
+    stand_in = tmp_path / "experiment"   # takes a second to stop, as a run checkpointing does
+    stand_in.write_text(f"#!/bin/sh\ntrap 'kill $!; sleep 1; echo stopped > {tmp_path}/mark; exit 130' INT\n"
+                        "sleep 5 & wait\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        rc = main(["simreal", "--results", str(tmp_path / "none")])
+    except KeyboardInterrupt:
+        rc = "a KeyboardInterrupt traceback"
+    assert rc == 130 and (tmp_path / "mark").read_text() == "stopped\n"
