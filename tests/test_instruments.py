@@ -329,7 +329,15 @@ def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_p
     from repro_bench.__main__ import main
 
     commands = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **_: commands.append(cmd))
+
+    class Experiment:   # stands for the experiment's process: records its command, ends at once
+        def __init__(self, cmd, **_):
+            commands.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Experiment)
     monkeypatch.chdir(tmp_path)
     assert main(["simreal", "--results", f"res/{name}"]) == 2   # the stand-in ran nothing: no point
     main(["simreal", "--results", "."])
