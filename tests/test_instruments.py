@@ -374,3 +374,12 @@ def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_doe
     except KeyboardInterrupt:
         rc = "a KeyboardInterrupt traceback"
     assert rc == 130 and (tmp_path / "mark").read_text() == "stopped\n"
+
+
+def test_a_point_where_a_seed_never_reached_the_target_is_left_out_of_time_to_target():
+    # one real seed of two reached it: its spread is unknown, not the 0 one time makes; its median is no median
+    runs = pd.concat([_runs(1, "measured", [2.0, math.nan]), _runs(1, "predicted", [2.1, 2.1]),
+                      _runs(2, "measured", [1.0, 1.2]), _runs(2, "predicted", [1.1, math.nan])])
+    a = acc.accuracy(_table([100.0, 200.0], [100.0, 200.0]), runs)
+    assert (a.ttt_points, a.ttt_missing) == (0, 2)
+    assert "2 point(s) left out: a run never reached the target" in a.lines()[4]

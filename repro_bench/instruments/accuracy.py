@@ -14,7 +14,7 @@ point's samples/s error e = predicted / measured - 1 (medians over seeds):
 * **time to target**: per point, the predicted median time to the target error against the
   measured median, |predicted / measured - 1|, beside the real runs' own seed spread at that point
   (half their range over seeds, relative to their median): an error inside it cannot be told from
-  the noise between seeds. Points where no run of a side reached the target, or where the real
+  the noise between seeds. Points where a run of either side never reached the target, or where the real
   runs' median time is 0 (the evaluation before the first push met it), are left out, and counted.
 
 Pure arithmetic on the frames; nothing here runs anything.
@@ -44,7 +44,7 @@ class Accuracy:
     ttt_mape: float                # mean |time-to-target error| over them
     ttt_seed_spread: float         # mean of the real runs' seed spread over them
     ttt_within_spread: int         # points whose error lies inside their own spread
-    ttt_missing: int               # points left out: a side never reached the target
+    ttt_missing: int               # points left out: a run never reached the target
     left_out: int = 0              # points without samples/s on a side (NaN), or none measured (0)
 
     def lines(self) -> list[str]:
@@ -58,7 +58,7 @@ class Accuracy:
                f"±{self.ttt_seed_spread:.1%}; {self.ttt_within_spread} of {self.ttt_points} point(s) within their spread"
                if self.ttt_points else "time to target: no point where both sides reached the target")
         if self.ttt_missing:
-            ttt += (f" ({self.ttt_missing} point(s) left out: a side never reached the target, or the real runs"
+            ttt += (f" ({self.ttt_missing} point(s) left out: a run never reached the target, or the real runs"
                     " reached it before their first push)")
         return [f"samples/s MAPE over {self.points} point(s): {self.mape:.1%}{lost}",
                 f"worst point: {self.worst_point}: {self.worst_error:+.1%}",
@@ -85,15 +85,17 @@ def seed_spread(times: pd.Series) -> float:
 
 def time_to_target_errors(runs: pd.DataFrame) -> pd.DataFrame:
     """Per point with both sides: the relative error of the predicted median time to target
-    against the measured median, and the measured runs' seed spread (NaN where a side never
-    reached the target)."""
+    against the measured median, and the measured runs' seed spread (error NaN where a run of
+    either side never reached the target)."""
     rows = []
     for key, g in runs.groupby(KEYS):
         m, p = g[g.side == "measured"].time_to_target_s, g[g.side == "predicted"].time_to_target_s
         if m.empty or p.empty:
             continue
         meas, pred = m.median(), p.median()
-        error = pred / meas - 1 if meas > 0 and not math.isnan(pred) else math.nan
+        # a run that never reached it has no time: medians and spread of the others would pass for the point's
+        reached = m.notna().all() and p.notna().all()
+        error = pred / meas - 1 if reached and meas > 0 else math.nan
         rows.append({**dict(zip(KEYS, key)), "ttt_error": error, "seed_spread": seed_spread(m)})
     return pd.DataFrame(rows, columns=[*KEYS, "ttt_error", "seed_spread"])
 
