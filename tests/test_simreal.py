@@ -232,3 +232,12 @@ def test_two_clients_without_staleness_on_both_sides_agree(tmp_path, capsys):
     runs, stale, _ = lab.read_runs(tmp_path)
     assert lab.points_table(runs, stale).staleness_error.iloc[-1] == 0.0
     assert main(["simreal", "--results", str(tmp_path)]) == 0, capsys.readouterr().out
+
+
+def test_parts_with_no_loopback_point_says_so_instead_of_a_key_error(tmp_path, capsys):
+    # hydra.callbacks.simreal.links=[link]: only the two-host points have predicted runs
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 0}
+    l1 = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[l1])
+    main(["simreal", "--results", str(tmp_path), "--parts"])
+    assert f"none: {tmp_path} has no loopback point with both a measured and a predicted run" in capsys.readouterr().out

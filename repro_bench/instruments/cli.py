@@ -96,6 +96,8 @@ def machine_parts(root: Path, cores: float | None = None):
     runs, _, _ = lab.read_runs(root)
     predicted = runs[(runs.side == "predicted") & (runs.link == "loopback")]
     measured = runs[(runs.side == "measured") & (runs.link == "loopback")]
+    if predicted.empty or measured.empty:   # links=[link]: nothing on loopback to take apart
+        return pd.DataFrame()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for _, r in predicted.iterrows():
@@ -256,7 +258,9 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         with pd.option_context("display.width", 250, "display.max_columns", 20):
             print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
         print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
-        print(machine_parts(root, cores).to_string(float_format=lambda x: f"{x:+.1%}"))
+        parts = machine_parts(root, cores)
+        print(parts.to_string(float_format=lambda x: f"{x:+.1%}") if not parts.empty else
+              f"  none: {root} has no loopback point with both a measured and a predicted run")
     if args.spread:
         from repro_bench.instruments.spread import spread_table
 
