@@ -323,7 +323,7 @@ def test_a_run_stopped_while_its_clients_join_is_started_over_by_resume_auto(tmp
 
 
 @pytest.mark.parametrize("name", ["a,b", "x=y", "it's"])
-def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_path, monkeypatch, name):
+def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_path, monkeypatch, capsys, name):
     # a bare exp_name=a,b was a Hydra sweep: two experiments, in a/ and b/, then none read from a,b/
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from repro_bench.__main__ import main
@@ -340,6 +340,7 @@ def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_p
     monkeypatch.setattr(subprocess, "Popen", Experiment)
     monkeypatch.chdir(tmp_path)
     assert main(["simreal", "--results", f"res/{name}"]) == 2   # the stand-in ran nothing: no point
+    assert "running python -m repro.run +exp=sim_vs_real results_dir=" in capsys.readouterr().out   # one to copy
     main(["simreal", "--results", "."])
     values = [{o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(cmd[4:])}
               for cmd in commands]

@@ -237,7 +237,7 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         # quoted: a ',' in a bare Hydra override is a sweep (two experiments), '=' or '[' a parse error
         cmd = [sys.executable, "-m", "repro.run", f"+exp={EXP}", f"results_dir={_quoted(str(where.parent))}",
                f"exp_name={_quoted(where.name)}"]
-        print("no runs in " + str(root) + ": running " + " ".join(cmd[1:]), flush=True)
+        print(f"no runs in {root}: running python " + " ".join(cmd[1:]), flush=True)   # a command to copy
         if _experiment(cmd) == EXIT_INTERRUPTED:
             return EXIT_INTERRUPTED
     try:
