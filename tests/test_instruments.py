@@ -358,7 +358,7 @@ def test_a_point_without_samples_per_s_is_left_out_and_counted_not_in_silence():
     assert "2 point(s) left out" in acc.accuracy(table.iloc[2:], _runs(1, "measured", [])).lines()[0]
 
 
-def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_does_alone(tmp_path, monkeypatch):
+def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_does_alone(tmp_path, monkeypatch, capsys):
     # subprocess.run SIGKILLed the experiment 0.25 s after a Ctrl-C: its runs never wrote their stop
     import threading
 
@@ -375,6 +375,8 @@ def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_doe
     except KeyboardInterrupt:
         rc = "a KeyboardInterrupt traceback"
     assert rc == 130 and (tmp_path / "mark").read_text() == "stopped\n"
+    # the experiment says "the same command with resume=auto": simreal takes no resume=, so it names the command
+    assert "exp_name='none' resume=auto finishes it" in capsys.readouterr().err
 
 
 def test_a_point_where_a_seed_never_reached_the_target_is_left_out_of_time_to_target():

@@ -238,7 +238,9 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         cmd = [sys.executable, "-m", "repro.run", f"+exp={EXP}", f"results_dir={_quoted(str(where.parent))}",
                f"exp_name={_quoted(where.name)}"]
         print(f"no runs in {root}: running python " + " ".join(cmd[1:]), flush=True)   # a command to copy
-        if _experiment(cmd) == EXIT_INTERRUPTED:
+        if _experiment(cmd) == EXIT_INTERRUPTED:   # its "same command with resume=auto" is not this one
+            print(f"python -m repro.bench simreal: the experiment stopped; python {' '.join(cmd[1:])} resume=auto "
+                  "finishes it, then this command reports on it", file=sys.stderr)
             return EXIT_INTERRUPTED
     try:
         runs, stale, _ = lab.read_runs(root)
