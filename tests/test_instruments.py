@@ -354,7 +354,8 @@ def test_a_point_without_samples_per_s_is_left_out_and_counted_not_in_silence():
     table.loc[3, ["measured_samples_per_s", "samples_error"]] = [0.0, math.inf]   # as pandas divides
     a = acc.accuracy(table, _runs(1, "measured", []))
     assert (a.points, a.left_out) == (2, 2) and a.mape == pytest.approx(0.10) and a.kendall_tau == 1.0
-    assert a.lines()[0] == "samples/s MAPE over 2 point(s): 10.0% (2 point(s) left out: no samples/s on a side, or none measured)"
+    assert a.lines()[0] == ("samples/s MAPE over 2 point(s): 10.0% (2 point(s) left out: no samples/s on a side, "
+                            "or none measured)")
     assert "2 point(s) left out" in acc.accuracy(table.iloc[2:], _runs(1, "measured", [])).lines()[0]
 
 

@@ -49,7 +49,8 @@ class Accuracy:
 
     def lines(self) -> list[str]:
         """The report, one line per number."""
-        lost = f" ({self.left_out} point(s) left out: no samples/s on a side, or none measured)" if self.left_out else ""
+        lost = (f" ({self.left_out} point(s) left out: no samples/s on a side, or none measured)"
+                if self.left_out else "")
         if not self.points:
             return ["no grid point with both a measured and a predicted run" + lost]
         tau = "n/a (fewer than 2 points, or all tied)" if math.isnan(self.kendall_tau) else f"{self.kendall_tau:+.3f}"

@@ -192,7 +192,8 @@ def _cores(args: argparse.Namespace) -> int:
         raise Terminated(signal.Signals(signum).name)
 
     previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    where = f"python -m repro.bench simreal: --cores {args.cores[0]}:{args.cores[1]} --cores-epochs {args.cores_epochs:g}"
+    where = (f"python -m repro.bench simreal: --cores {args.cores[0]}:{args.cores[1]} "
+             f"--cores-epochs {args.cores_epochs:g}")
     try:
         print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
     except (KeyboardInterrupt, Terminated) as exc:
