@@ -100,3 +100,44 @@ def test_a_loopback_run_is_measured_by_role():
 
 def test_nothing_to_resimulate_in_a_folder_without_runs(tmp_path):
     assert cores.resimulated_error(tmp_path, "link", 8, 4, compute_scale=1.1) is None
+
+
+def test_too_few_epochs_for_a_steady_middle_is_one_line_and_exit_2(monkeypatch, capsys):
+    from repro_bench.__main__ import main
+
+    def short(*_, **__):   # what the run of --cores-epochs 0.2 met: 9 pushes, the sampler never saw 7
+        sampler = cores.Sampler(".")
+        sampler.samples = [(0.0, {}, {}, 0)]
+        sampler.window(9)
+
+    monkeypatch.setattr(cores, "print_cores", short)
+    assert main(["simreal", "--cores", "1:1", "--cores-epochs", "0.2"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("python -m repro.bench simreal: --cores 1:1 --cores-epochs 0.2: the run's steady middle "
+                   "(9 pushes) is shorter than one sample; use more epochs\n")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_during_a_loopback_measurement_takes_its_run_and_folder_along(tmp_path, monkeypatch, capsys, sig):
+    # SIGTERM killed the command on the spot: its run went on to the end, in a temporary folder left behind
+    import signal
+    import tempfile
+    import threading
+
+    from repro_bench.__main__ import main
+
+    started, popen = [], subprocess.Popen
+
+    def run_that_sleeps(argv, **kwargs):   # stands for the real run: a minute of nothing
+        started.append(popen([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(cores.subprocess, "Popen", run_that_sleeps)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    threading.Timer(1.5, os.kill, (os.getpid(), getattr(signal, sig))).start()
+    try:
+        rc = main(["simreal", "--cores", "1:1", "--results", str(tmp_path / "none")])
+    except KeyboardInterrupt:
+        rc = "a KeyboardInterrupt traceback"
+    assert rc == 130 and f"stopped by {sig}" in capsys.readouterr().err
+    assert started[0].poll() is not None and list(tmp_path.iterdir()) == []

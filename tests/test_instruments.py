@@ -320,3 +320,70 @@ def test_a_run_stopped_while_its_clients_join_is_started_over_by_resume_auto(tmp
                            timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "j" / "run" / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.parametrize("name", ["a,b", "x=y", "it's"])
+def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_path, monkeypatch, capsys, name):
+    # a bare exp_name=a,b was a Hydra sweep: two experiments, in a/ and b/, then none read from a,b/
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from repro_bench.__main__ import main
+
+    commands = []
+
+    class Experiment:   # stands for the experiment's process: records its command, ends at once
+        def __init__(self, cmd, **_):
+            commands.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Experiment)
+    monkeypatch.chdir(tmp_path)
+    assert main(["simreal", "--results", f"res/{name}"]) == 2   # the stand-in ran nothing: no point
+    assert "running python -m repro.run +exp=sim_vs_real results_dir=" in capsys.readouterr().out   # one to copy
+    main(["simreal", "--results", "."])
+    values = [{o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(cmd[4:])}
+              for cmd in commands]
+    assert values == [{"results_dir": str(tmp_path / "res"), "exp_name": name},
+                      {"results_dir": str(tmp_path.parent), "exp_name": tmp_path.name}]
+
+
+def test_a_point_without_samples_per_s_is_left_out_and_counted_not_in_silence():
+    # one push (no span: NaN) and none measured (0 samples/s: an infinite error) beside two good points
+    table = _table([100.0, 200.0, math.nan, 1.0], [110.0, 180.0, 300.0, 400.0])
+    table.loc[3, ["measured_samples_per_s", "samples_error"]] = [0.0, math.inf]   # as pandas divides
+    a = acc.accuracy(table, _runs(1, "measured", []))
+    assert (a.points, a.left_out) == (2, 2) and a.mape == pytest.approx(0.10) and a.kendall_tau == 1.0
+    assert a.lines()[0] == ("samples/s MAPE over 2 point(s): 10.0% (2 point(s) left out: no samples/s on a side, "
+                            "or none measured)")
+    assert "2 point(s) left out" in acc.accuracy(table.iloc[2:], _runs(1, "measured", [])).lines()[0]
+
+
+def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_does_alone(tmp_path, monkeypatch, capsys):
+    # subprocess.run SIGKILLed the experiment 0.25 s after a Ctrl-C: its runs never wrote their stop
+    import threading
+
+    from repro_bench.__main__ import main
+
+    stand_in = tmp_path / "experiment"   # takes a second to stop, as a run checkpointing does
+    stand_in.write_text(f"#!/bin/sh\ntrap 'kill $!; sleep 1; echo stopped > {tmp_path}/mark; exit 130' INT\n"
+                        "sleep 5 & wait\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        rc = main(["simreal", "--results", str(tmp_path / "none")])
+    except KeyboardInterrupt:
+        rc = "a KeyboardInterrupt traceback"
+    assert rc == 130 and (tmp_path / "mark").read_text() == "stopped\n"
+    # the experiment says "the same command with resume=auto": simreal takes no resume=, so it names the command
+    assert "exp_name='none' resume=auto finishes it" in capsys.readouterr().err
+
+
+def test_a_point_where_a_seed_never_reached_the_target_is_left_out_of_time_to_target():
+    # one real seed of two reached it: its spread is unknown, not the 0 one time makes; its median is no median
+    runs = pd.concat([_runs(1, "measured", [2.0, math.nan]), _runs(1, "predicted", [2.1, 2.1]),
+                      _runs(2, "measured", [1.0, 1.2]), _runs(2, "predicted", [1.1, math.nan])])
+    a = acc.accuracy(_table([100.0, 200.0], [100.0, 200.0]), runs)
+    assert (a.ttt_points, a.ttt_missing) == (0, 2)
+    assert "2 point(s) left out: a run never reached the target" in a.lines()[4]

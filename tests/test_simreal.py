@@ -188,3 +188,56 @@ def test_time_to_target_is_read_under_the_key_the_run_wrote(tmp_path):
                                                   "time_to_target": {"0.1234567": 1.0}}))
     runs, _, _ = lab.read_runs(tmp_path)
     assert runs.time_to_target_s.tolist() == [0.5]   # from the first applied push, at 0.5 s
+
+
+@pytest.mark.parametrize("damage", ["no push", "no updates.csv", "no nsync", "a time to target of text"])
+def test_a_run_folder_that_does_not_read_is_named_in_one_line(tmp_path, capsys, damage):
+    one = {"cpu_cores": 2, "torch_threads": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1})
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    if damage == "no push":
+        pd.read_csv(run / "updates.csv").iloc[:0].to_csv(run / "updates.csv", index=False)
+    elif damage == "no updates.csv":
+        (run / "updates.csv").unlink()
+    else:
+        name, drop = ("config.json", "nsync") if damage == "no nsync" else ("summary.json", None)
+        record = json.loads((run / name).read_text())
+        record.pop("nsync") if drop else record["time_to_target"].update({"0.05": "soon"})
+        (run / name).write_text(json.dumps(record))
+    assert main(["simreal", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"run folder {run} does not read" in err and err.count("\n") == 1, err
+
+
+def test_a_target_met_before_the_first_push_is_reached_at_0_not_before(tmp_path, capsys):
+    # the evaluation at version 0 (time 0) met target_error=0.95: the first push came 0.5 s later
+    one = {"cpu_cores": 2, "torch_threads": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1},
+                   ttt=0.0)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run], ttt=0.0)
+    runs, stale, _ = lab.read_runs(tmp_path)
+    assert list(runs.time_to_target_s) == [0.0, 0.0]
+    assert lab.points_table(runs, stale).time_to_target_inside.all()
+    main(["simreal", "--results", str(tmp_path)])
+    assert "before their first push" in capsys.readouterr().out
+
+
+def test_two_clients_without_staleness_on_both_sides_agree(tmp_path, capsys):
+    # protocol=sync: every push of 2 clients has staleness 0, measured and predicted
+    one = {"cpu_cores": 2, "torch_threads": 1}
+    r1 = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1})
+    fake_run(tmp_path / "m2", backend="real", clients=2, nsync=1, seed=0, host={**one, "clients_on_host": 2})
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[r1])
+    fake_run(tmp_path / "p2", backend="sim", clients=2, nsync=1, seed=0, fit_paths=[r1])
+    runs, stale, _ = lab.read_runs(tmp_path)
+    assert lab.points_table(runs, stale).staleness_error.iloc[-1] == 0.0
+    assert main(["simreal", "--results", str(tmp_path)]) == 0, capsys.readouterr().out
+
+
+def test_parts_with_no_loopback_point_says_so_instead_of_a_key_error(tmp_path, capsys):
+    # hydra.callbacks.simreal.links=[link]: only the two-host points have predicted runs
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 0}
+    l1 = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[l1])
+    main(["simreal", "--results", str(tmp_path), "--parts"])
+    assert f"none: {tmp_path} has no loopback point with both a measured and a predicted run" in capsys.readouterr().out

@@ -4,7 +4,8 @@ Proteus, Lumos): ``python -m repro.bench simreal`` prints them under its table.
 Over every grid point with both sides (:func:`repro_bench.instruments.points.points_table`), each
 point's samples/s error e = predicted / measured - 1 (medians over seeds):
 
-* **MAPE**: the mean of |e| over all points, links together;
+* **MAPE**: the mean of |e| over all points, links together (points without samples/s on a side,
+  a run of one push, or with none measured, are left out of these four numbers, and counted);
 * **worst point**: the point of the largest |e|, named, with its signed error;
 * **bias**: the mean of e (the mean signed error): above 0 the simulator over-predicts samples/s,
   below 0 it under-predicts;
@@ -13,8 +14,8 @@ point's samples/s error e = predicted / measured - 1 (medians over seeds):
 * **time to target**: per point, the predicted median time to the target error against the
   measured median, |predicted / measured - 1|, beside the real runs' own seed spread at that point
   (half their range over seeds, relative to their median): an error inside it cannot be told from
-  the noise between seeds. Points where no run of a side reached the target are left out, and
-  counted.
+  the noise between seeds. Points where a run of either side never reached the target, or where the real
+  runs' median time is 0 (the evaluation before the first push met it), are left out, and counted.
 
 Pure arithmetic on the frames; nothing here runs anything.
 """
@@ -24,6 +25,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from repro_bench.instruments.points import KEYS
@@ -42,20 +44,24 @@ class Accuracy:
     ttt_mape: float                # mean |time-to-target error| over them
     ttt_seed_spread: float         # mean of the real runs' seed spread over them
     ttt_within_spread: int         # points whose error lies inside their own spread
-    ttt_missing: int               # points left out: a side never reached the target
+    ttt_missing: int               # points left out: a run never reached the target
+    left_out: int = 0              # points without samples/s on a side (NaN), or none measured (0)
 
     def lines(self) -> list[str]:
         """The report, one line per number."""
+        lost = (f" ({self.left_out} point(s) left out: no samples/s on a side, or none measured)"
+                if self.left_out else "")
         if not self.points:
-            return ["no grid point with both a measured and a predicted run"]
+            return ["no grid point with both a measured and a predicted run" + lost]
         tau = "n/a (fewer than 2 points, or all tied)" if math.isnan(self.kendall_tau) else f"{self.kendall_tau:+.3f}"
         side = "over-predicts" if self.bias > 0 else "under-predicts" if self.bias < 0 else "neither over- nor under-predicts"
         ttt = (f"time to target: mean |error| {self.ttt_mape:.1%} against the real runs' seed spread "
                f"±{self.ttt_seed_spread:.1%}; {self.ttt_within_spread} of {self.ttt_points} point(s) within their spread"
                if self.ttt_points else "time to target: no point where both sides reached the target")
         if self.ttt_missing:
-            ttt += f" ({self.ttt_missing} point(s) left out: a side never reached the target)"
-        return [f"samples/s MAPE over {self.points} point(s): {self.mape:.1%}",
+            ttt += (f" ({self.ttt_missing} point(s) left out: a run never reached the target, or the real runs"
+                    " reached it before their first push)")
+        return [f"samples/s MAPE over {self.points} point(s): {self.mape:.1%}{lost}",
                 f"worst point: {self.worst_point}: {self.worst_error:+.1%}",
                 f"bias (mean signed error): {self.bias:+.1%}: the simulator {side} samples/s",
                 f"Kendall's tau, predicted against measured samples/s across the points: {tau}",
@@ -80,15 +86,17 @@ def seed_spread(times: pd.Series) -> float:
 
 def time_to_target_errors(runs: pd.DataFrame) -> pd.DataFrame:
     """Per point with both sides: the relative error of the predicted median time to target
-    against the measured median, and the measured runs' seed spread (NaN where a side never
-    reached the target)."""
+    against the measured median, and the measured runs' seed spread (error NaN where a run of
+    either side never reached the target)."""
     rows = []
     for key, g in runs.groupby(KEYS):
         m, p = g[g.side == "measured"].time_to_target_s, g[g.side == "predicted"].time_to_target_s
         if m.empty or p.empty:
             continue
         meas, pred = m.median(), p.median()
-        error = pred / meas - 1 if meas > 0 and not math.isnan(pred) else math.nan
+        # a run that never reached it has no time: medians and spread of the others would pass for the point's
+        reached = m.notna().all() and p.notna().all()
+        error = pred / meas - 1 if reached and meas > 0 else math.nan
         rows.append({**dict(zip(KEYS, key)), "ttt_error": error, "seed_spread": seed_spread(m)})
     return pd.DataFrame(rows, columns=[*KEYS, "ttt_error", "seed_spread"])
 
@@ -96,9 +104,9 @@ def time_to_target_errors(runs: pd.DataFrame) -> pd.DataFrame:
 def accuracy(table: pd.DataFrame, runs: pd.DataFrame) -> Accuracy:
     """The five numbers of the points ``table`` (:func:`~repro_bench.instruments.points.points_table`)
     and their ``runs`` (:func:`~repro_bench.instruments.points.read_runs`)."""
-    t = table.dropna(subset=["samples_error"])
+    t = table[np.isfinite(table.samples_error.astype(float))]   # a lone push: NaN; none measured: inf
     if t.empty:
-        return Accuracy(0, math.nan, "", math.nan, math.nan, math.nan, 0, math.nan, math.nan, 0, 0)
+        return Accuracy(0, math.nan, "", math.nan, math.nan, math.nan, 0, math.nan, math.nan, 0, 0, len(table))
     e = t.samples_error.astype(float)
     worst = t.loc[e.abs().idxmax()]
     ttt = time_to_target_errors(runs)
@@ -111,4 +119,4 @@ def accuracy(table: pd.DataFrame, runs: pd.DataFrame) -> Accuracy:
         ttt_points=len(reached), ttt_mape=float(reached.ttt_error.abs().mean()) if len(reached) else math.nan,
         ttt_seed_spread=float(reached.seed_spread.mean()) if len(reached) else math.nan,
         ttt_within_spread=int((reached.ttt_error.abs() <= reached.seed_spread).sum()),
-        ttt_missing=len(ttt) - len(reached))
+        ttt_missing=len(ttt) - len(reached), left_out=len(table) - len(t))

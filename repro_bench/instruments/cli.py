@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from repro.files import schema
+from repro.runtime import EXIT_INTERRUPTED
 from repro_bench import positive
 from repro_bench.instruments import points as lab
 from repro_bench.instruments.accuracy import accuracy
@@ -95,6 +96,8 @@ def machine_parts(root: Path, cores: float | None = None):
     runs, _, _ = lab.read_runs(root)
     predicted = runs[(runs.side == "predicted") & (runs.link == "loopback")]
     measured = runs[(runs.side == "measured") & (runs.link == "loopback")]
+    if predicted.empty or measured.empty:   # links=[link]: nothing on loopback to take apart
+        return pd.DataFrame()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for _, r in predicted.iterrows():
@@ -172,23 +175,79 @@ def _point(text: str) -> tuple[int, int]:
     return nsync, clients
 
 
+def _quoted(text: str) -> str:
+    """``text`` as one quoted Hydra override value (not one that ends in a backslash: no path does)."""
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+def _cores(args: argparse.Namespace) -> int:
+    """``--cores``: its measurement, ended in one line whatever stops it; a SIGTERM or SIGHUP
+    unwinds like a Ctrl-C (Python's default dies on the spot), so no run outlives it, nor its folder."""
+    import signal
+
+    from repro_bench.instruments.cores import print_cores
+    from repro_bench.instruments.hosts import Terminated
+
+    def unwind(signum, frame):
+        raise Terminated(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    where = (f"python -m repro.bench simreal: --cores {args.cores[0]}:{args.cores[1]} "
+             f"--cores-epochs {args.cores_epochs:g}")
+    try:
+        print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
+    except (KeyboardInterrupt, Terminated) as exc:
+        print(f"{where}: stopped by {str(exc) or 'SIGINT'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    # too few epochs (cores.TooShort) or a --results run that does not read: 2; a real run that failed: 1
+    except (ValueError, RuntimeError) as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _experiment(cmd: list[str]) -> int:
+    """Run the experiment in a session of its own and hand it each Ctrl-C, SIGTERM or SIGHUP once,
+    so it stops as it does alone (first: runs end interrupted, resumable; second: forced). A
+    subprocess.run SIGKILLed it 0.25 s after a Ctrl-C, mid-checkpoint, and a SIGTERM left it running."""
+    import signal
+
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(signum)) for sig in sigs}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(args: argparse.Namespace, loops: BareLoops) -> int:
     import pandas as pd
 
     if args.cores:
-        from repro_bench.instruments.cores import print_cores
-
-        print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
-        return 0
+        return _cores(args)
 
     cores = machine_now(loops) if args.machine else None
     root = Path(args.results)
     if not lab.run_dirs(root):
-        results_dir, exp_name = root.parent, root.name
-        cmd = [sys.executable, "-m", "repro.run", f"+exp={EXP}", f"results_dir={results_dir}", f"exp_name={exp_name}"]
-        print("no runs in " + str(root) + ": running " + " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, check=False)
-    runs, stale, _ = lab.read_runs(root)
+        where = root.resolve()   # '.' or 'x/..' has no name of its own to give exp_name
+        # quoted: a ',' in a bare Hydra override is a sweep (two experiments), '=' or '[' a parse error
+        cmd = [sys.executable, "-m", "repro.run", f"+exp={EXP}", f"results_dir={_quoted(str(where.parent))}",
+               f"exp_name={_quoted(where.name)}"]
+        print(f"no runs in {root}: running python " + " ".join(cmd[1:]), flush=True)   # a command to copy
+        if _experiment(cmd) == EXIT_INTERRUPTED:   # its "same command with resume=auto" is not this one
+            print(f"python -m repro.bench simreal: the experiment stopped; python {' '.join(cmd[1:])} resume=auto "
+                  "finishes it, then this command reports on it", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    try:
+        runs, stale, _ = lab.read_runs(root)
+    except ValueError as exc:   # a run folder that does not read: named in one line
+        print(f"python -m repro.bench simreal: {exc}", file=sys.stderr)
+        return 2
     table = lab.points_table(runs, stale)
     if table.empty:
         print(f"python -m repro.bench simreal: no grid point in {root} has both a measured and a predicted run",
@@ -202,7 +261,9 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         with pd.option_context("display.width", 250, "display.max_columns", 20):
             print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
         print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
-        print(machine_parts(root, cores).to_string(float_format=lambda x: f"{x:+.1%}"))
+        parts = machine_parts(root, cores)
+        print(parts.to_string(float_format=lambda x: f"{x:+.1%}") if not parts.empty else
+              f"  none: {root} has no loopback point with both a measured and a predicted run")
     if args.spread:
         from repro_bench.instruments.spread import spread_table
 

@@ -144,12 +144,16 @@ class Sampler(threading.Thread):
 
     def window(self, applied: int) -> tuple[int, int]:
         """Indices of the first and last sample of the steady middle (see the module docstring)."""
-        first = next(i for i, s in enumerate(self.samples) if s[3] >= applied // 5)
-        last = next(i for i, s in enumerate(self.samples) if s[3] >= applied - applied // 5)
-        if last <= first:
-            raise RuntimeError(f"the run's steady middle ({applied} pushes) is shorter than one sample; "
-                               "use more epochs")
+        first = next((i for i, s in enumerate(self.samples) if s[3] >= applied // 5), None)
+        last = next((i for i, s in enumerate(self.samples) if s[3] >= applied - applied // 5), None)
+        if first is None or last is None or last <= first:
+            raise TooShort(f"the run's steady middle ({applied} pushes) is shorter than one sample; "
+                           "use more epochs")
         return first, last
+
+
+class TooShort(RuntimeError, ValueError):
+    """A run's steady middle shorter than one sample: too few ``--cores-epochs``, a usage error."""
 
 
 def report(sampler: Sampler, run_dir: Path) -> dict:
@@ -208,6 +212,10 @@ def measure(link: str, overrides: list[str], num_clients: int, link_mbit: float 
             sampler.start()
             try:
                 _, err = proc.communicate(timeout=600)
+            except BaseException:   # a Ctrl-C or SIGTERM here: the run must not outlive us (nor its folder)
+                proc.kill()
+                proc.wait()
+                raise
             finally:
                 sampler.stop()
             if proc.returncode != 0:

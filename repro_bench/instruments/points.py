@@ -67,29 +67,41 @@ def samples_per_s(updates: pd.DataFrame) -> float:
     return float((updates.samples_seen.iloc[-1] - updates.samples_seen.iloc[0]) / span) if span > 0 else math.nan
 
 
+def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame] | None:
+    """:func:`read_runs`' three parts of one run folder; None: neither side of the experiment."""
+    config, summary = _config(run_dir), read_summary(run_dir) or {}
+    link = link_of(run_dir, config)
+    if link is None:
+        return None
+    side = "measured" if config["backend"]["name"] == "real" else "predicted"
+    key = {"side": side, "link": link, "nsync": int(config["nsync"]),
+           "num_clients": int(config["num_clients"]), "seed": int(config["seed"])}
+    updates = pd.read_csv(run_dir / schema.UPDATES_FILE)
+    evals = pd.read_csv(run_dir / schema.EVALS_FILE)
+    target = config.get("target_error")
+    ttt = (summary.get("time_to_target") or {}).get(schema.target_key(target)) if target is not None else None
+    start = float(updates.time_s.iloc[0])   # both sides' clocks from their first applied push
+    # a target the evaluation at version 0 met was reached before the first push: at 0, not before it
+    run = {**key, "samples_per_s": samples_per_s(updates), "staleness": float(updates.staleness.mean()),
+           "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir)}
+    return (run, pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}),
+            pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
+
+
 def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(runs, staleness, curves): one row per run (its side, link, grid point, seed, samples
     per second, mean staleness, time to target); one row per applied push (its staleness); one
     row per evaluation (train error against time)."""
     runs, stale, curves = [], [], []
     for run_dir in run_dirs(Path(root)):
-        config, summary = _config(run_dir), read_summary(run_dir) or {}
-        link = link_of(run_dir, config)
-        if link is None:
-            continue
-        side = "measured" if config["backend"]["name"] == "real" else "predicted"
-        key = {"side": side, "link": link, "nsync": int(config["nsync"]),
-               "num_clients": int(config["num_clients"]), "seed": int(config["seed"])}
-        updates = pd.read_csv(run_dir / schema.UPDATES_FILE)
-        evals = pd.read_csv(run_dir / schema.EVALS_FILE)
-        rate = samples_per_s(updates)
-        target = config.get("target_error")
-        ttt = (summary.get("time_to_target") or {}).get(schema.target_key(target)) if target is not None else None
-        start = float(updates.time_s.iloc[0])   # both sides' clocks from their first applied push
-        runs.append({**key, "samples_per_s": rate, "staleness": float(updates.staleness.mean()),
-                     "time_to_target_s": math.nan if ttt is None else float(ttt) - start, "run_dir": str(run_dir)})
-        stale.append(pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}))
-        curves.append(pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
+        try:
+            read = _read_run(run_dir)
+        except (OSError, LookupError, ValueError, TypeError) as exc:   # a folder cut short or edited
+            raise ValueError(f"run folder {run_dir} does not read ({type(exc).__name__}: {exc}); a finished run "
+                             "has config.json, summary.json, updates.csv with a push or more, and evals.csv") from None
+        if read is not None:
+            for out, part in zip((runs, stale, curves), read):
+                out.append(part)
     cat = (lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame())
     return pd.DataFrame(runs), cat(stale), cat(curves)
 
@@ -143,7 +155,8 @@ def points_table(runs: pd.DataFrame, stale: pd.DataFrame) -> pd.DataFrame:
         rows.append({"link": link, "nsync": nsync, "num_clients": n, "measured_samples_per_s": ms,
                      "predicted_samples_per_s": ps, "samples_error": ps / ms - 1,
                      "measured_staleness": mst, "predicted_staleness": pst,
-                     "staleness_error": (pst / mst - 1) if mst > 0 else math.nan,
+                     # both 0 (protocol=sync) agree: no error, where NaN read as a FAIL
+                     "staleness_error": (pst / mst - 1) if mst > 0 else (0.0 if pst == 0 else math.nan),
                      "ks_distance": float(np.median(ks)) if ks and n >= 2 else math.nan,
                      "measured_time_to_target_s": mt, "predicted_time_to_target_min_s": lo,
                      "predicted_time_to_target_max_s": hi,
