@@ -520,3 +520,19 @@ def test_a_completed_runs_evals_cut_short_is_corrupt_not_a_seed_left_out(tmp_pat
         runs = load_runs(tmp_path, "exp")
     assert runs.runs["job"].tolist() == ["good"]
     assert any(str(exp / "cut") in str(w.message) and words in str(w.message) for w in caught)
+
+
+def test_all_draws_every_figure_it_can_and_names_the_refused_one(tmp_path, capsys):
+    """all stopped at the first figure refusing its runs (fig1 mixing configurations): fig2 was
+    never drawn and nothing said which figures were written."""
+    mixed = fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0, 1], "cold")[0]
+    fake_runs.write_experiment(tmp_path / "res", "fig2", [1, 2], [4], [0, 1], "cold")
+    cfg = json.loads((mixed / schema.CONFIG_FILE).read_text())
+    (mixed / schema.CONFIG_FILE).write_text(json.dumps({**cfg, "algo": {**cfg["algo"], "lr": 0.5}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(["all", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and (tmp_path / "out" / "fig2.png").exists() and f"wrote {tmp_path / 'out' / 'fig2.csv'}" in out
+    assert not (tmp_path / "out" / "fig1.png").exists()
+    assert "error: fig1: " in err and "algo.lr=0.5" in err and "fig1 refused" in err.splitlines()[-1]
