@@ -185,7 +185,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         returns (the result holds the tables; ``result.run_dir`` is None). A folder that
         already holds a finished run with the same settings, data, initial weights and
         ``loss_fn`` (by name) is returned as it is; one holding another run is refused
-        (ConfigError) unless ``force``.
+        (ConfigError) unless ``force``, one holding files not a run's always.
     force : bool, default False
         Start ``run_dir`` over whatever run it holds.
     progress : bool, default False

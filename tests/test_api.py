@@ -229,6 +229,15 @@ def test_an_empty_run_dir_is_refused_not_the_working_folder(tmp_path, monkeypatc
     assert not list(tmp_path.iterdir())
 
 
+def test_a_run_dir_holding_the_users_own_files_is_refused_not_mixed_with_a_run(tmp_path):
+    # run_dir=home (or '/') wrote config.json, evals.csv, ... among the user's files
+    (tmp_path / "notes.txt").write_text("mine")
+    x, y = _problem()
+    with pytest.raises(ConfigError, match=f"'run_dir': '{re.escape(str(tmp_path))}'.*holds other files"):
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
 class _Pair(nn.Linear):
     def forward(self, x):
         return super().forward(x), x
