@@ -277,8 +277,8 @@ def check_words(argv: list[str]) -> None:
     nsync=8``: Hydra would silently keep the last)."""
     modes = [w for w in argv if w in MODE_FLAGS]
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
-        exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg, --info and "
-                       "--shell-completion (--cfg job shows a single run's config)")
+        exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg and --info "
+                       "(--cfg job shows a single run's config)")
     from repro.hydra_internals import check_flags
 
     check_flags(argv, lambda why: exit_bad_input(f"{why} (python -m repro.run --hydra-help lists Hydra's flags)"))
@@ -296,7 +296,7 @@ def check_words(argv: list[str]) -> None:
         after = argv[i + 1] if i + 1 < len(argv) else "-"   # the last word: no value to show
         value = after if "=" not in after and not after.startswith("-") else "VALUE"
         exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
-                        f"(write {word}={value}; python -m repro.run --help lists every key)")
+                        f"(write {word.lstrip('~')}={value}; python -m repro.run --help lists every key)")
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
