@@ -533,6 +533,7 @@ def test_all_draws_every_figure_it_can_and_names_the_refused_one(tmp_path, capsy
         warnings.simplefilter("ignore")
         code = main(["all", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
-    assert code == 2 and (tmp_path / "out" / "fig2.png").exists() and f"wrote {tmp_path / 'out' / 'fig2.csv'}" in out
+    assert code == 2 and (tmp_path / "out" / "fig2.png").exists()
+    assert f"wrote {tmp_path / 'out' / 'fig2.csv'}" in out
     assert not (tmp_path / "out" / "fig1.png").exists()
     assert "error: fig1: " in err and "algo.lr=0.5" in err and "fig1 refused" in err.splitlines()[-1]

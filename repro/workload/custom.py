@@ -58,14 +58,17 @@ def check_objects(module, train, test, loss_fn, run_dir) -> None:
         raise ConfigError("run_dir", "''", "a folder (str or Path) or None")
     if run_dir is not None and _holds_others(run_dir):   # e.g. home: the run's files among the user's
         raise ConfigError("run_dir", os.fspath(run_dir), "a new or empty folder, or a run's (holding its "
-                          "config.json): this one holds other files, which a run is never mixed with")
+                          "config.json): this one is a file or holds others, which a run is never mixed with")
 
 
 def _holds_others(run_dir) -> bool:
-    """A folder holding anything, but neither a run's config.json nor its summary.json."""
+    """A file, or a folder holding anything but a run's lock and neither its config.json nor summary.json."""
     folder = Path(run_dir)
-    with contextlib.suppress(OSError):   # not a folder, or unreadable: the run's own checks say so
-        return any(folder.iterdir()) and not any((folder / name).exists() for name in RUN_RECORDS)
+    if folder.exists() and not folder.is_dir():   # a file: mkdir's raw FileExistsError
+        return True
+    with contextlib.suppress(OSError):   # unreadable: the run's own checks say so
+        return any(p.name != schema.LOCK_FILE for p in folder.iterdir()) \
+            and not any((folder / name).exists() for name in RUN_RECORDS)
     return False
 
 
