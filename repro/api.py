@@ -373,7 +373,7 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
     numbers("curvatures", curvatures, "a number or array of numbers, each finite and >= 0", lambda c: c >= 0)
     numbers("lr", lr, "a finite number > 0", lambda v: v > 0, scalar=True)
     numbers("mu", mu, "a number in [0, 1)", lambda v: (v >= 0) & (v < 1), scalar=True)
-    steps = int(numbers("steps", steps, "an integer >= 0", lambda v: v >= 0, scalar=True, integer=True))
+    steps = int(numbers("steps", steps, "an integer in 0..10**6", lambda v: v.clip(0, 10**6) == v, True, True))
     return response(curvatures, lr, mu, steps)
 
 

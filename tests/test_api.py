@@ -367,7 +367,8 @@ def test_a_module_with_every_parameter_frozen_is_refused_before_training():
     (lambda: api.run_config(None), "cfg"), (lambda: api.run_config("num_clients=4"), "cfg"),
     (lambda: api.ceiling(None), "cfg"), (lambda: api.ceiling("cost=lan"), "cfg"),   # an AttributeError
     (lambda: api.harmonic(10**12), "n"), (lambda: api.harmonic(1025), "n"),   # 10**12 looped for hours
-    (lambda: api.collection_time([1.0, 2.0], 10**12), "size")])
+    (lambda: api.collection_time([1.0, 2.0], 10**12), "size"),
+    (lambda: api.theorem_response([1.0], 0.1, 0.5, 10**12), "steps")])   # a loop of 10**12 steps
 def test_the_classroom_functions_refuse_a_bad_argument_naming_it(call, name):
     # critical_lr(-1) answered -2.0, harmonic(0) 0, collection_time(taus, 0) 0.0, theorem_response(..., -1)
     # one column, harmonic(2.5) a TypeError: now a ConfigError naming the argument and what is accepted
