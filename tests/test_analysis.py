@@ -537,3 +537,11 @@ def test_all_draws_every_figure_it_can_and_names_the_refused_one(tmp_path, capsy
     assert f"wrote {tmp_path / 'out' / 'fig2.csv'}" in out
     assert not (tmp_path / "out" / "fig1.png").exists()
     assert "error: fig1: " in err and "algo.lr=0.5" in err and "fig1 refused" in err.splitlines()[-1]
+
+
+def test_all_with_exp_is_refused_not_every_figure_drawn_from_that_folder(results, tmp_path, capsys):
+    # all --exp fig1 wrote fig2.png .. fig4_paper.png from fig1's runs (into figures/, by default)
+    assert main(["all", "--exp", "fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid value for '--exp': 'fig1'"), err
+    assert not (tmp_path / "out").exists()
