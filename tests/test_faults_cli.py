@@ -80,7 +80,8 @@ def test_hydras_flags_may_stand_between_the_overrides_and_two_modes_are_one_line
                                                  "--cfg and --info (--cfg job shows a single run's config)\n")
 
 
-@pytest.mark.parametrize("argv, advice", [(["~nsync"], "write nsync=VALUE"),
+@pytest.mark.parametrize("argv, advice", [(["~nsync"], "write nsync=VALUE"), (["exp", "fig1"], "write +exp=fig1"),
+                                          (["~exp"], "write +exp=VALUE"),
                                           (["-m", "-sc", "bash"], "--cfg and --info (")])
 def test_the_advice_of_a_refusal_is_itself_accepted(argv, advice, capsys):
     """``~nsync`` was answered "write ~nsync=VALUE", which is refused in turn (~ deletes a key); two
