@@ -185,7 +185,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         returns (the result holds the tables; ``result.run_dir`` is None). A folder that
         already holds a finished run with the same settings, data, initial weights and
         ``loss_fn`` (by name) is returned as it is; one holding another run is refused
-        (ConfigError) unless ``force``.
+        (ConfigError) unless ``force``, one holding files not a run's always.
     force : bool, default False
         Start ``run_dir`` over whatever run it holds.
     progress : bool, default False
@@ -360,8 +360,8 @@ def critical_lr(staleness, l_max: float = 1.0):
 def harmonic(n: int) -> float:
     """H_n = 1 + 1/2 + ... + 1/n: a sync round of n clients with exponential step times lasts
     H_n mean steps, so sync applies 1/H_n as many samples per second as async (nsync 1)."""
-    from repro.analysis.lab.sync import harmonic as h
-    return h(int(numbers("n", n, "an integer >= 1 (the clients)", lambda n: n >= 1, scalar=True, integer=True)))
+    from repro.analysis.lab.sync import harmonic as h   # 10**12 looped for hours: n as num_clients, 1..1024
+    return h(int(numbers("n", n, "an integer in 1..1024 (clients)", lambda n: n.clip(1, 1024) == n, True, True)))
 
 
 def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray:
@@ -373,7 +373,7 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
     numbers("curvatures", curvatures, "a number or array of numbers, each finite and >= 0", lambda c: c >= 0)
     numbers("lr", lr, "a finite number > 0", lambda v: v > 0, scalar=True)
     numbers("mu", mu, "a number in [0, 1)", lambda v: (v >= 0) & (v < 1), scalar=True)
-    steps = int(numbers("steps", steps, "an integer >= 0", lambda v: v >= 0, scalar=True, integer=True))
+    steps = int(numbers("steps", steps, "an integer in 0..10**6", lambda v: v.clip(0, 10**6) == v, True, True))
     return response(curvatures, lr, mu, steps)
 
 
@@ -381,9 +381,9 @@ def collection_time(taus: list[float], size: int) -> float:
     """Rennala SGD's time per server step (Tyurin & Richtarik 2023): t(S) = min{t : sum_i
     floor(t / tau_i) >= S} for clients whose segments take ``taus`` and collections of ``size``."""
     from repro.analysis.lab.uneven import collection_time as t_of_s
-    # else an IndexError from the heap, times that go back, or a nan that ends the heap's order
+    # else an IndexError from the heap, times that go back, a nan that ends its order; size as collection_size
     taus = numbers("taus", taus, "the clients' segment times: at least one, each finite and > 0", lambda t: t > 0)
-    size = numbers("size", size, "an integer >= 1", lambda s: s >= 1, scalar=True, integer=True)
+    size = numbers("size", size, "an integer in 1..10**6", lambda s: s.clip(1, 10**6) == s, True, True)
     return t_of_s(taus.ravel().tolist(), int(size))
 
 
@@ -400,7 +400,7 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     # -1 gave a negative rate, "x" a TypeError
     numbers("param_bytes", param_bytes, "a finite number >= 0 (the model's bytes)", lambda b: b >= 0, scalar=True)
     from repro.sim.driver import resolve
-
+    validate(cfg)   # ceiling(None) was an AttributeError; a bad value, one naming its key
     if cfg.cost.schedule == "replay":
         raise ConfigError("cost", "replay", "a cost model: a replay applies a recorded run's order")
     cfg = resolve(cfg).cfg   # cost=fit: the recordings' costs, else the costs as they are

@@ -520,3 +520,28 @@ def test_a_completed_runs_evals_cut_short_is_corrupt_not_a_seed_left_out(tmp_pat
         runs = load_runs(tmp_path, "exp")
     assert runs.runs["job"].tolist() == ["good"]
     assert any(str(exp / "cut") in str(w.message) and words in str(w.message) for w in caught)
+
+
+def test_all_draws_every_figure_it_can_and_names_the_refused_one(tmp_path, capsys):
+    """all stopped at the first figure refusing its runs (fig1 mixing configurations): fig2 was
+    never drawn and nothing said which figures were written."""
+    mixed = fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0, 1], "cold")[0]
+    fake_runs.write_experiment(tmp_path / "res", "fig2", [1, 2], [4], [0, 1], "cold")
+    cfg = json.loads((mixed / schema.CONFIG_FILE).read_text())
+    (mixed / schema.CONFIG_FILE).write_text(json.dumps({**cfg, "algo": {**cfg["algo"], "lr": 0.5}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(["all", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and (tmp_path / "out" / "fig2.png").exists()
+    assert f"wrote {tmp_path / 'out' / 'fig2.csv'}" in out
+    assert not (tmp_path / "out" / "fig1.png").exists()
+    assert "error: fig1: " in err and "algo.lr=0.5" in err and "fig1 refused" in err.splitlines()[-1]
+
+
+def test_all_with_exp_is_refused_not_every_figure_drawn_from_that_folder(results, tmp_path, capsys):
+    # all --exp fig1 wrote fig2.png .. fig4_paper.png from fig1's runs (into figures/, by default)
+    assert main(["all", "--exp", "fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid value for '--exp': 'fig1'"), err
+    assert not (tmp_path / "out").exists()

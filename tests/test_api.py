@@ -229,6 +229,17 @@ def test_an_empty_run_dir_is_refused_not_the_working_folder(tmp_path, monkeypatc
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("under", ["", "notes.txt"])
+def test_a_run_dir_holding_the_users_own_files_is_refused_not_mixed_with_a_run(tmp_path, under):
+    # run_dir=home (or '/') wrote config.json, evals.csv, ... among the user's files; a file: FileExistsError
+    (tmp_path / "notes.txt").write_text("mine")
+    x, y = _problem()
+    said = f"'run_dir': '{re.escape(str(tmp_path / under))}'.*a file or holds others"
+    with pytest.raises(ConfigError, match=said):
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=tmp_path / under)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
 class _Pair(nn.Linear):
     def forward(self, x):
         return super().forward(x), x
@@ -353,7 +364,11 @@ def test_a_module_with_every_parameter_frozen_is_refused_before_training():
     (lambda: api.ceiling(api.configure("cost=lan"), float("nan")), "param_bytes"),
     (lambda: api.ceiling(api.configure("cost=lan"), "x"), "param_bytes"),
     (lambda: api.configure(3), "overrides"), (lambda: api.configure("num_clients=4", None), "overrides"),
-    (lambda: api.run_config(None), "cfg"), (lambda: api.run_config("num_clients=4"), "cfg")])
+    (lambda: api.run_config(None), "cfg"), (lambda: api.run_config("num_clients=4"), "cfg"),
+    (lambda: api.ceiling(None), "cfg"), (lambda: api.ceiling("cost=lan"), "cfg"),   # an AttributeError
+    (lambda: api.harmonic(10**12), "n"), (lambda: api.harmonic(1025), "n"),   # 10**12 looped for hours
+    (lambda: api.collection_time([1.0, 2.0], 10**12), "size"),
+    (lambda: api.theorem_response([1.0], 0.1, 0.5, 10**12), "steps")])   # a loop of 10**12 steps
 def test_the_classroom_functions_refuse_a_bad_argument_naming_it(call, name):
     # critical_lr(-1) answered -2.0, harmonic(0) 0, collection_time(taus, 0) 0.0, theorem_response(..., -1)
     # one column, harmonic(2.5) a TypeError: now a ConfigError naming the argument and what is accepted
@@ -363,6 +378,8 @@ def test_the_classroom_functions_refuse_a_bad_argument_naming_it(call, name):
 
 def test_the_theory_helpers_still_take_numpy_numbers_and_arrays():
     assert api.harmonic(np.int64(4)) == pytest.approx(25 / 12)
+    h_1024 = np.log(1024) + np.euler_gamma + 1 / 2048 - 1 / (12 * 1024**2)   # the top: num_clients' 1024
+    assert api.harmonic(1024) == pytest.approx(h_1024, rel=1e-12)
     assert api.critical_lr(np.arange(0, 3), np.float32(2.0)) == pytest.approx([1.0, 0.5, 0.3090170], rel=1e-6)
     assert api.collection_time(np.array([1.0, 2.0, 4.0]), np.int64(4)) == 3.0
     assert api.theorem_response(np.array([0.0, 1.0]), 0.5, 0.0, 0).shape == (2, 1)

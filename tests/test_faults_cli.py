@@ -77,8 +77,19 @@ def test_hydras_flags_may_stand_between_the_overrides_and_two_modes_are_one_line
     assert {"seed: 3", "num_epochs: 0.2"} <= set(shown.stdout.splitlines())
     both = cli("-m", "nsync=1,2", "--cfg", "job")
     assert (both.returncode, both.stderr) == (2, "error: -m and --cfg: give one of --run, --multirun (-m), "
-                                                 "--cfg, --info and --shell-completion (--cfg job shows a "
-                                                 "single run's config)\n")
+                                                 "--cfg and --info (--cfg job shows a single run's config)\n")
+
+
+@pytest.mark.parametrize("argv, advice", [(["~nsync"], "write nsync=VALUE"), (["exp", "fig1"], "write +exp=fig1"),
+                                          (["~exp"], "write +exp=VALUE"),
+                                          (["-m", "-sc", "bash"], "--cfg and --info (")])
+def test_the_advice_of_a_refusal_is_itself_accepted(argv, advice, capsys):
+    """``~nsync`` was answered "write ~nsync=VALUE", which is refused in turn (~ deletes a key); two
+    modes listed --shell-completion as a choice, which is refused for python -m repro.run."""
+    from repro.config.loader import check_words
+    with pytest.raises(SystemExit):
+        check_words(argv)
+    assert advice in capsys.readouterr().err
 
 
 def test_an_interpolation_that_does_not_resolve_is_one_line(tmp_path):

@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results", default="results", help="results tree (default: results)")
     p.add_argument("--out", default="figures", help="output folder (default: figures)")
     p.add_argument("--exp", default=None,
-                   help="experiment folder under --results (default: the figure's name; "
+                   help="experiment folder under --results, for one figure (default: its name; "
                         "staleness falls back to fig3)")
     p.add_argument("--target", type=float, default=None,
                    help="target training error, as a fraction, of fig4, churn, mitigation and "
@@ -129,6 +129,9 @@ def draw_main(args: argparse.Namespace) -> int:
         # else "a/b" blamed --out (no such file), and all or '' ignored it without a word
         raise ConfigError("--name", args.name, "a file name without a folder, for one figure (with all, each figure's "
                           "files are named after it; the folder is --out)")
+    if args.exp is not None and args.figure == "all":   # else every figure was drawn from that one folder's runs
+        raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
+                          "name one figure to draw it from another folder")
     stem = args.name or (f"{args.figure}-{file_label(args.config)}"
                          if args.config and args.figure != "all" else None)
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes

@@ -23,6 +23,7 @@ import pandas as pd
 from repro.analysis import configs, figures, frames
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, summarise_speedups
+from repro.errors import ConfigError
 from repro.registry import Registry
 
 
@@ -192,13 +193,20 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> li
 
 
 def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
-    paths, failures = [], []
+    paths, failures, refused = [], [], []
     for name in FIGURES:
         try:
             paths += build_figure(name, results_dir, out_dir, exp_name, target, config)
         except NoRunsError as e:
             failures.append(f"{name}: {e}")
             print(f"skipping {name}: {e}")
+        except ConfigError as e:   # runs it refuses (mixed configurations): the rest are still drawn
+            refused.append(name)
+            print(f"error: {name}: {e}", file=sys.stderr)
+    if refused:   # the figures drawn are named before the exit 2 the refused ones earn
+        print("".join(f"wrote {path}\n" for path in paths), end="")
+        raise ConfigError("figure", "all", f"figures that draw their runs; {', '.join(refused)} refused "
+                          "them (said above), the others with runs were written")
     if not paths:
         raise NoRunsError("results", str(results_dir), "usable runs for at least one figure; "
                                                        + "; ".join(failures))

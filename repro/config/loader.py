@@ -277,8 +277,8 @@ def check_words(argv: list[str]) -> None:
     nsync=8``: Hydra would silently keep the last)."""
     modes = [w for w in argv if w in MODE_FLAGS]
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
-        exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg, --info and "
-                       "--shell-completion (--cfg job shows a single run's config)")
+        exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg and --info "
+                       "(--cfg job shows a single run's config)")
     from repro.hydra_internals import check_flags
 
     check_flags(argv, lambda why: exit_bad_input(f"{why} (python -m repro.run --hydra-help lists Hydra's flags)"))
@@ -295,8 +295,10 @@ def check_words(argv: list[str]) -> None:
             continue   # a flag, an override, or a flag's value
         after = argv[i + 1] if i + 1 < len(argv) else "-"   # the last word: no value to show
         value = after if "=" not in after and not after.startswith("-") else "VALUE"
+        key = word.lstrip("~")   # the advice is accepted as written: no ~ (deletes), + on exp and its kin
+        key = f"+{key}" if key in OPTIONAL_GROUPS else key
         exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
-                        f"(write {word}={value}; python -m repro.run --help lists every key)")
+                        f"(write {key}={value}; python -m repro.run --help lists every key)")
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue

@@ -11,9 +11,11 @@ a run folder of other data or weights is never taken for this problem's).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
+from pathlib import Path
 from typing import Union
 
 import numpy as np
@@ -22,9 +24,11 @@ from torch import Tensor, nn
 
 from repro.asgd.flatnet import FlatNet
 from repro.errors import ConfigError
+from repro.files import schema
 from repro.workload.build import EvalSets, Problem
 from repro.workload.data import Dataset, check_batch_size
 
+RUN_RECORDS = (schema.CONFIG_FILE, schema.SUMMARY_FILE)   # what makes a folder a run's
 ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or torch tensors
 
 
@@ -52,6 +56,20 @@ def check_objects(module, train, test, loss_fn, run_dir) -> None:
         raise ConfigError("run_dir", f"a {type(run_dir).__name__}", "a folder (str or Path) or None")
     if run_dir is not None and not os.fspath(run_dir):   # Path("") is the working folder
         raise ConfigError("run_dir", "''", "a folder (str or Path) or None")
+    if run_dir is not None and _holds_others(run_dir):   # e.g. home: the run's files among the user's
+        raise ConfigError("run_dir", os.fspath(run_dir), "a new or empty folder, or a run's (holding its "
+                          "config.json): this one is a file or holds others, which a run is never mixed with")
+
+
+def _holds_others(run_dir) -> bool:
+    """A file, or a folder holding anything but a run's lock and neither its config.json nor summary.json."""
+    folder = Path(run_dir)
+    if folder.exists() and not folder.is_dir():   # a file: mkdir's raw FileExistsError
+        return True
+    with contextlib.suppress(OSError):   # unreadable: the run's own checks say so
+        return any(p.name != schema.LOCK_FILE for p in folder.iterdir()) \
+            and not any((folder / name).exists() for name in RUN_RECORDS)
+    return False
 
 
 def check_trainable(module: nn.Module, weight_decay: float) -> None:
