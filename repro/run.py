@@ -25,18 +25,18 @@ import hydra
 from hydra.errors import MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError
 
 from repro.config import loader
 from repro.config.checks import validate
 from repro.config.renames import modern_override
-from repro.config.loader import (CONF_DIR, check_overrides, compose, composition_line, exit_bad_input, owning_option,
-                               parse, parsed_overrides)
+from repro.config.loader import (CONF_DIR, check_folder_makeable, check_overrides, compose, composition_line,
+                               exit_bad_input, owning_option, parse, parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
-from repro.files.storage import DISK_FAULTS, is_read_only, unmakeable
+from repro.files.storage import DISK_FAULTS, is_read_only
 from repro.logs import detach_files_in, get_logger, mark
-from repro.runtime import EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, torchrun_env
+from repro.runtime import (EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, named_by_world,
+                           torchrun_env)
 
 log = get_logger("repro.run")
 GRID = "repro.grid.Grid"   # a grid's progress, its Ctrl-C, its points' worker slots (conf/exp/shared/grid.yaml)
@@ -229,16 +229,6 @@ def _one_value_overrides(argv: list[str]) -> list[str]:
     return [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
 
 
-def _named_by_world(argv: list[str], num_clients: int) -> list[str]:
-    """Under torchrun the world decides ``num_clients`` (:func:`resolve`), so rank 0's command
-    line says the world's: the run folder is named by its overrides, and one named num_clients=1
-    held a run of two clients."""
-    said = [a for a in argv if a.lstrip("+").startswith("num_clients=")]
-    if said and said[-1].partition("=")[2] != str(num_clients):
-        log.info(f"torchrun world: num_clients={num_clients} (the command line said {said[-1]})")
-    return [a.partition("=")[0] + f"={num_clients}" if a in said else a for a in argv]
-
-
 def _warm_fork_server(argv: list[str]) -> None:
     """A single real run's clients fork from multiprocessing's fork server, which imports torch
     and the launcher first (about a torch import): start it now, so that it imports while this
@@ -266,7 +256,7 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
             sweep = next(a for a in argv if "=" in a and _is_sweep([a]))   # Hydra: exit 1, five lines
             exit_bad_input(f"'{sweep}' is a sweep: add -m to run one run per value (a list is "
                            f"KEY=[A,B], a text with a comma KEY='A,B')")
-        _check_folder_writable(dcfg, grid=True)
+        check_folder_makeable(dcfg, grid=True)
         if "grid" not in (dcfg.hydra.get("callbacks") or {}):   # a plain -m: Ctrl-C started every later
             sys.argv.insert(1, f"+hydra.callbacks.grid._target_={GRID}")   # point ('interrupted'), exit 0
         return None
@@ -279,7 +269,7 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         check_components(cfg)
     except ConfigError as err:
         exit_bad_input(err)
-    _check_folder_writable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
+    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
     return dcfg, cfg
 
 
@@ -307,33 +297,6 @@ def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
         keys = ", ".join(dcfg.hydra.sweeper.get("params") or {}) or "its sweeps"
         exit_bad_input(f"--run: {f'+exp={exp}' if exp else 'hydra.mode=MULTIRUN'} is a grid: leave out --run "
                        f"to run the whole grid, or run one point with hydra.mode=RUN and one value of {keys}")
-
-
-def _check_folder_writable(dcfg: DictConfig, grid: bool) -> None:
-    """A new run or grid whose folder cannot be made (a read-only file system, no permission, a
-    place like /proc): Hydra would die making it, with a raw traceback. A run's existing folder
-    is the run core's to judge (a finished run is skipped without writing, anything else
-    refused); a grid's must be writable, existing or not: Hydra writes multirun.yaml into it."""
-    from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
-
-    HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
-    key = "hydra.sweep.dir" if grid else "hydra.run.dir"
-    try:
-        name = str(OmegaConf.select(dcfg, key))
-    except InterpolationResolutionError as exc:   # -m exp_name=${oops}: OmegaConf's traceback
-        exit_bad_input(f"cannot name the {'grid' if grid else 'run'} folder ({key}): {str(exc).splitlines()[0]}")
-    folder = Path(name).absolute()
-    # Hydra takes '' for the folder above it: the run's files went there, among other runs' or files
-    for part in [key, "hydra.sweep.subdir"] if grid else [key]:
-        if not str(OmegaConf.select(dcfg, part)).strip():
-            exit_bad_input(f"{part} is empty: the {'grid' if grid else 'run'} would write into {folder}; give "
-                           f"a folder, or leave {part} out (results_dir=FOLDER)")
-    why = unmakeable(folder)
-    if why is None and grid and folder.is_dir() and is_read_only(folder):
-        why = f"{folder} is read-only or not writable"
-    if why:
-        exit_bad_input(f"cannot make the {'grid' if grid else 'run'} folder {folder}: {why} (set "
-                       f"results_dir=FOLDER to a writable folder)")
 
 
 def print_help(argv: list[str]) -> None:
@@ -380,7 +343,7 @@ def cli() -> None:
 
         sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
     if env is not None and env.world_size > 1 and "backend=real" in argv:
-        sys.argv[1:] = argv = _named_by_world(argv, env.world_size - 1)
+        sys.argv[1:] = argv = named_by_world(argv, env.world_size - 1)
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
     try:

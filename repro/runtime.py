@@ -268,3 +268,13 @@ def torchrun_env() -> TorchrunEnv | None:
                               "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)")
     return TorchrunEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                        int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+
+
+def named_by_world(argv: list[str], num_clients: int) -> list[str]:
+    """Under torchrun the world decides ``num_clients`` (:func:`repro.run.resolve`), so rank 0's command
+    line says the world's: the run folder is named by its overrides, and one named num_clients=1
+    held a run of two clients."""
+    said = [a for a in argv if a.lstrip("+").startswith("num_clients=")]
+    if said and said[-1].partition("=")[2] != str(num_clients):
+        get_logger("repro.run").info(f"torchrun world: num_clients={num_clients} (the command line said {said[-1]})")
+    return [a.partition("=")[0] + f"={num_clients}" if a in said else a for a in argv]

@@ -4,7 +4,8 @@
 opens a YAML file asks it. The dataclasses of :mod:`repro.config.settings` are Hydra's base
 config, onto which every option of ``conf/`` merges; ``--help``, run-folder names and the checks
 of the command line's words (each an exit 2 with one line) are all read from that one
-declaration and from ``conf/``: nothing here is written twice.
+declaration and from ``conf/``: nothing here is written twice. The run's or grid's folder is
+checked here too (:func:`check_folder_makeable`), before Hydra would fail making it.
 """
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ from pathlib import Path
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from repro.config import checks
 from repro.config import settings as config
 from repro.config.renames import modern_override
 from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.files.storage import is_read_only, unmakeable
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
 
@@ -231,6 +233,33 @@ def exit_bad_input(err: ConfigError | str) -> None:
     """Bad input: one line on stderr, exit 2, before any work."""
     print(f"error: {err}", file=sys.stderr, flush=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
+    """A new run or grid whose folder cannot be made (a read-only file system, no permission, a
+    place like /proc): Hydra would die making it, with a raw traceback. A run's existing folder
+    is the run core's to judge (a finished run is skipped without writing, anything else
+    refused); a grid's must be writable, existing or not: Hydra writes multirun.yaml into it."""
+    from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
+
+    HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
+    key = "hydra.sweep.dir" if grid else "hydra.run.dir"
+    try:
+        name = str(OmegaConf.select(dcfg, key))
+    except InterpolationResolutionError as exc:   # -m exp_name=${oops}: OmegaConf's traceback
+        exit_bad_input(f"cannot name the {'grid' if grid else 'run'} folder ({key}): {str(exc).splitlines()[0]}")
+    folder = Path(name).absolute()
+    # Hydra takes '' for the folder above it: the run's files went there, among other runs' or files
+    for part in [key, "hydra.sweep.subdir"] if grid else [key]:
+        if not str(OmegaConf.select(dcfg, part)).strip():
+            exit_bad_input(f"{part} is empty: the {'grid' if grid else 'run'} would write into {folder}; give "
+                           f"a folder, or leave {part} out (results_dir=FOLDER)")
+    why = unmakeable(folder)
+    if why is None and grid and folder.is_dir() and is_read_only(folder):
+        why = f"{folder} is read-only or not writable"
+    if why:
+        exit_bad_input(f"cannot make the {'grid' if grid else 'run'} folder {folder}: {why} (set "
+                       f"results_dir=FOLDER to a writable folder)")
 
 
 def composition_line(exc: Exception) -> str:
