@@ -397,10 +397,13 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     the fitted costs, as a run would simulate them. Raises ConfigError for a replay (a recorded
     order, no cost model) or ``cost.compute_s=calibrate`` (a step measured only when a run starts)."""
     from repro.sim.ceiling import ceiling as bound
+    from repro.sim.driver import resolve
+
+    # ceiling(None) was an AttributeError; not validate(): the bound takes a part-full host (5 clients, 4 a host)
+    if not isinstance(cfg, RunConfig):
+        raise ConfigError("cfg", cfg, "a RunConfig, e.g. repro.api.configure(...)")
     # -1 gave a negative rate, "x" a TypeError
     numbers("param_bytes", param_bytes, "a finite number >= 0 (the model's bytes)", lambda b: b >= 0, scalar=True)
-    from repro.sim.driver import resolve
-    validate(cfg)   # ceiling(None) was an AttributeError; a bad value, one naming its key
     if cfg.cost.schedule == "replay":
         raise ConfigError("cost", "replay", "a cost model: a replay applies a recorded run's order")
     cfg = resolve(cfg).cfg   # cost=fit: the recordings' costs, else the costs as they are
