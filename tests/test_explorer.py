@@ -81,6 +81,7 @@ def test_sync_without_jitter_is_measured_at_the_ceiling():
     assert r["predicted"]["steps_per_s"] == pytest.approx(r["predicted"]["ceiling_steps_per_s"])
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_round_or_collection_longer_than_the_run_is_run_once():
     """A sync round of 32 clients x nsync 16 (512 steps) or a rennala collection of 64 x 16 is
     longer than the 300-step run, which the run's own check refuses (one apply may not exceed the
@@ -209,6 +210,7 @@ def test_ctrl_c_while_a_change_is_simulated_waits_for_it_and_exits_0():
     assert (proc.returncode, err, answered) == (0, "", [200])
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_second_ctrl_c_while_a_change_is_simulated_stops_it_and_exits_130_quietly(tmp_path, monkeypatch):
     """The second Ctrl-C raised KeyboardInterrupt in the wait for the simulation under way (a
     traceback, then "terminate called without an active exception", -6), or at shutdown (a
@@ -233,6 +235,7 @@ def test_a_second_ctrl_c_while_a_change_is_simulated_stops_it_and_exits_130_quie
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_kill_or_a_closed_terminal_while_a_change_is_simulated_ends_as_ctrl_c_does(tmp_path, monkeypatch, sig):
     """SIGTERM and SIGHUP killed the explorer under the simulation (-15, -1), leaving its
@@ -259,6 +262,7 @@ def test_ctrl_c_during_the_warm_up_stops_the_explorer():
     assert (proc.returncode, out, err) == (0, "", "")
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_second_ctrl_c_during_the_shutdown_is_ignored():
     """A first Ctrl-C in the warm-up, a second as the explorer exits (here: when Python finalises
     __main__, after it reset its signal handlers): it killed the process (-2)."""

@@ -144,6 +144,7 @@ def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_an_experiments_bad_point_under_its_parallel_launcher_still_draws_its_figure(tmp_path):
     """``+exp=fig1 nsync=1,0``: the worker's exit 2 reached Hydra as a failed job, which printed
     "Error executing job with overrides: None" and never called the figure's callback. Now the
@@ -156,6 +157,7 @@ def test_an_experiments_bad_point_under_its_parallel_launcher_still_draws_its_fi
     assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["fig1.csv", "fig1.pdf", "fig1.png"]
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_number_names_its_run_folder_by_its_value_not_its_spelling(tmp_path):
     """``seed=-0 algo.lr=0.10`` ran in a folder of its own beside ``seed=0 algo.lr=0.1`` (a grid
     point's, whose numbers Hydra writes by value), so resume=auto ran the finished run again.
@@ -220,6 +222,7 @@ def test_what_cannot_work_here_is_one_line_and_writes_nothing(tmp_path, words, l
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_ctrl_c_stops_a_plain_multirun_grid_and_exits_130(tmp_path):
     """``-m nsync=1,2`` (no +exp, so none of its grid callback) under Ctrl-C: the run in flight
     stopped, then every later point started, recorded 'interrupted' at version 0 in a folder of
@@ -259,6 +262,7 @@ def test_an_empty_results_dir_is_refused_before_a_run_reaches_the_file_systems_r
         check_places(RunConfig(results_dir=""))
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_an_experiment_grid_moved_by_hydra_sweep_dir_still_draws_its_figure(tmp_path):
     """``+exp=fig1 hydra.sweep.dir=X``: the points ran in X, the figure looked in results_dir/fig1,
     said 'no figure drawn' and the command exited 0."""
@@ -268,6 +272,7 @@ def test_an_experiment_grid_moved_by_hydra_sweep_dir_still_draws_its_figure(tmp_
     assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["fig1.csv", "fig1.pdf", "fig1.png"]
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_grid_over_exp_name_is_no_shared_folder(tmp_path):
     """The check that refuses two points of one folder counts the keys that place a folder:
     ``-m exp_name=a,b`` runs one run in each experiment's folder, and its progress counts them

@@ -359,6 +359,7 @@ def test_a_point_without_samples_per_s_is_left_out_and_counted_not_in_silence():
     assert "2 point(s) left out" in acc.accuracy(table.iloc[2:], _runs(1, "measured", [])).lines()[0]
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_does_alone(tmp_path, monkeypatch, capsys):
     # subprocess.run SIGKILLed the experiment 0.25 s after a Ctrl-C: its runs never wrote their stop
     import threading

@@ -83,6 +83,7 @@ def test_a_join_where_nothing_listens_is_refused_at_once(tmp_path):
     assert "refused: no run is listening at backend.join=127.0.0.1:" in line
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 @pytest.mark.parametrize("torchrun", [False, True], ids=["joiner", "torchrun_worker"])
 def test_an_override_hydra_cannot_read_is_one_line_for_a_joiner_and_a_torchrun_worker(tmp_path, torchrun):
     """An IPv6 address in brackets (Hydra's grammar reads ``[`` as a list) on a joiner's command
@@ -106,6 +107,7 @@ def test_a_join_to_a_silent_listener_is_refused_within_the_timeout(tmp_path):
     assert f"backend.join=127.0.0.1:{port}" in line and "backend.timeout_s=3" in line, line
 
 
+@pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_join_to_a_store_that_is_not_a_runs_is_refused_at_once(tmp_path):
     """A TCPStore that answers but is no run's (a torchrun run's, which serves no joins): refused
     with one line, exit 2, not after backend.timeout_s (600 s: the wait below expires first); it
