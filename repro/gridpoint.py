@@ -130,31 +130,36 @@ def summary_status(run_dir: Path) -> str | None:
     return (read_summary(run_dir) or {}).get("status")
 
 
-def grid_points(config: DictConfig) -> list[str] | None:
-    """The run-folder names of every job Hydra's basic sweeper launches for ``config`` (the
-    experiment's ``hydra.sweeper.params`` and the command line's sweeps), in launch order; None
-    when another sweeper decides the jobs or they cannot be read (never a reason to stop a grid)."""
+def _named_jobs(config: DictConfig) -> list[tuple[list[str], str]] | None:
+    """Every job Hydra's basic sweeper launches for ``config`` (the experiment's
+    ``hydra.sweeper.params`` and the command line's sweeps), in launch order, with its run-folder
+    name; None when another sweeper decides the jobs or they cannot be read (never a reason to
+    stop a grid)."""
     from repro.config.loader import job_name
     from repro.hydra_internals import sweep_jobs
 
     try:
         jobs = sweep_jobs(config)
-        return None if jobs is None else [job_name(job) for job in jobs]
+        return None if jobs is None else [(job, job_name(job)) for job in jobs]
     except Exception as exc:
         log.debug("a grid without its job list: %s", exc)
         return None
 
 
+def grid_points(config: DictConfig) -> list[str] | None:
+    """The run-folder names of the grid's jobs, in launch order (None: see :func:`_named_jobs`)."""
+    jobs = _named_jobs(config)
+    return None if jobs is None else [name for _, name in jobs]
+
+
 def point_folders(config: DictConfig) -> list[str] | None:
     """Each point's run folder relative to the grid's (:func:`grid_points`' names), under another
     experiment's or results folder where the point sets exp_name or results_dir (``-m exp_name=a,b``)."""
-    names = grid_points(config)
-    if names is None:
+    jobs = _named_jobs(config)
+    if jobs is None:
         return None
-    from repro.hydra_internals import sweep_jobs
-
     folders = []
-    for name, job in zip(names, sweep_jobs(config)):
+    for job, name in jobs:
         given = {k.lstrip("+"): v for k, _, v in (o.partition("=") for o in job)}
         place = Path(given.get("results_dir", config.results_dir)) / given.get("exp_name", config.exp_name)
         moved = {"results_dir", "exp_name"} & set(given)
