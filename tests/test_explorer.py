@@ -195,18 +195,27 @@ def _explorer(*code: str) -> Iterator[subprocess.Popen]:
             proc.kill()
 
 
+def _signals_during_a_change(proc, *signals: int) -> tuple[str, list[int]]:
+    """Ask the explorer at ``proc`` for a digits change (seconds of simulation), send it
+    ``signals`` 0.1 s apart while that runs, and return its stderr and the change's HTTP status."""
+    url = proc.stdout.readline().split()[2]
+    answered = []
+    slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
+    slow.start()
+    time.sleep(0.5)
+    for i, sig in enumerate(signals):
+        time.sleep(0.1 if i else 0)
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    slow.join()
+    return err, answered
+
+
 def test_ctrl_c_while_a_change_is_simulated_waits_for_it_and_exits_0():
     """The simulation under way ends and is answered; torch's threads torn down under it
     aborted the process (SIGABRT, "terminate called without an active exception")."""
     with _explorer("import sys") as proc:
-        url = proc.stdout.readline().split()[2]
-        answered = []
-        slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
-        slow.start()
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        slow.join()
+        err, answered = _signals_during_a_change(proc, signal.SIGINT)
     assert (proc.returncode, err, answered) == (0, "", [200])
 
 
@@ -221,16 +230,7 @@ def test_a_second_ctrl_c_while_a_change_is_simulated_stops_it_and_exits_130_quie
     slow_digits = ("import time; from repro.lab import explore as e; point = e.point; "
                    "e.point = lambda s: (time.sleep(3 if s.problem == 'digits' else 0), point(s))[1]")
     with _explorer("import sys", slow_digits) as proc:
-        url = proc.stdout.readline().split()[2]
-        answered = []
-        slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
-        slow.start()
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        slow.join()
+        err, answered = _signals_during_a_change(proc, signal.SIGINT, signal.SIGINT)
     assert (proc.returncode, err, answered) == (130, "", [200])
     assert list(tmp_path.iterdir()) == []
 
@@ -242,14 +242,7 @@ def test_a_kill_or_a_closed_terminal_while_a_change_is_simulated_ends_as_ctrl_c_
     temporary run folder behind; now they ask as a Ctrl-C does: the change is answered, exit 0."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     with _explorer("import sys") as proc:
-        url = proc.stdout.readline().split()[2]
-        answered = []
-        slow = threading.Thread(target=lambda: answered.append(_get(url + "api?problem=digits&clients=32")[0]))
-        slow.start()
-        time.sleep(0.5)
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
-        slow.join()
+        err, answered = _signals_during_a_change(proc, sig)
     assert (proc.returncode, err, answered) == (0, "", [200])
     assert list(tmp_path.iterdir()) == []
 
