@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from repro.config.checks import from_dict
+from repro.config.checks import from_dict, ignored_protocol_keys
 from repro.config.settings import RunConfig, to_dict
 from repro.errors import ConfigError
 from repro.run import CONF_DIR, compose, parse
@@ -26,14 +26,23 @@ def test_default_config_converts_and_round_trips():
 def test_every_experiment_composes_and_converts(exp):
     cfg = parse(compose([f"+exp={exp}"]))
     assert cfg.exp_name == exp
+    assert ignored_protocol_keys(cfg) == []     # no shipped experiment sets a key its protocol ignores
 
 
-@pytest.mark.parametrize("group", ["data", "model", "algo", "cost", "backend"])
+@pytest.mark.parametrize("group", ["data", "model", "algo", "cost", "backend", "protocol", "+mitigation"])
 def test_every_group_option_composes(group):
-    for option in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
+    for option in sorted(p.stem for p in (CONF_DIR / group.lstrip("+")).glob("*.yaml")):
         extra = {"cifar10": ["data.root=/nowhere"], "replay": ["cost.path=/nowhere"], "fit": ["cost.path=/nowhere"]}.get(option, [])
         cfg = parse(compose([f"{group}={option}", *extra]))
-        assert cfg is not None
+        assert cfg is not None and ignored_protocol_keys(cfg) == []
+
+
+def test_only_the_protocol_that_reads_a_key_checks_it_against_num_clients():
+    """protocol=async protocol.backup_workers=2 num_clients=2 was refused (fewer than num_clients)
+    though async does not read the key (the run warns that it is ignored); sync still refuses it."""
+    assert parse(compose(["protocol=async", "protocol.backup_workers=2", "num_clients=2"])).protocol.backup_workers == 2
+    with pytest.raises(ConfigError, match="fewer than num_clients"):
+        parse(compose(["protocol=sync", "protocol.backup_workers=2", "num_clients=2"]))
 
 
 @pytest.mark.parametrize("exp,expected", [

@@ -133,7 +133,7 @@ def validate(cfg: RunConfig) -> None:
         check_segment(cfg, cfg.data.num_train)
     if cfg.data.name == "cifar10" and not cfg.data.root:
         raise ConfigError("data.root", cfg.data.root, CIFAR10_EXPECTED)
-    if cfg.protocol.backup_workers >= cfg.num_clients:
+    if protocol_reads(cfg.protocol, "backup_workers") and cfg.protocol.backup_workers >= cfg.num_clients:
         raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
                           f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")
     _check_methods(cfg)
@@ -237,14 +237,18 @@ PROTOCOL_KEYS = {"async": (), "sync": ("backup_workers",), "ssp": ("staleness_bo
                  "ringmaster": ("staleness_threshold", "cancel_stale", "stop_once"), "rennala": ("collection_size",)}
 
 
+def protocol_reads(protocol, key: str) -> bool:
+    """Whether the run's protocol may read ``protocol.KEY``: only it checks the key against others."""
+    return key in PROTOCOL_KEYS.get(protocol.name, (key,))
+
+
 def ignored_protocol_keys(cfg: RunConfig) -> list[str]:
     """``protocol.KEY=VALUE`` of each key set away from its default that the run's built-in
     protocol does not read: the run core warns of them (not refused as cost.shared's are: a grid
     sweeps protocols under one setting, and the grader's and the API's configs carry them)."""
     p = cfg.protocol
     return [f"protocol.{f.name}={getattr(p, f.name)}" for f in dataclasses.fields(p)
-            if p.name in PROTOCOL_KEYS and f.name not in ("name", *PROTOCOL_KEYS[p.name])
-            and getattr(p, f.name) != f.default]
+            if f.name != "name" and not protocol_reads(p, f.name) and getattr(p, f.name) != f.default]
 
 
 def _check_topology(cfg: RunConfig) -> None:
