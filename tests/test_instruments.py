@@ -322,9 +322,12 @@ def test_a_run_stopped_while_its_clients_join_is_started_over_by_resume_auto(tmp
     assert json.loads((tmp_path / "j" / "run" / "summary.json").read_text())["status"] == "completed"
 
 
-@pytest.mark.parametrize("name", ["a,b", "x=y", "it's"])
+@pytest.mark.parametrize("name", ["a,b", "x=y", "it's", "a b", "[x] $HOME", "nan"])
 def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_path, monkeypatch, capsys, name):
-    # a bare exp_name=a,b was a Hydra sweep: two experiments, in a/ and b/, then none read from a,b/
+    # a bare exp_name=a,b was a Hydra sweep: two experiments, in a/ and b/, then none read from a,b/;
+    # the command printed to copy was quoted for Hydra alone: bash split "a b" and ate its quotes
+    import shlex
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from repro_bench.__main__ import main
 
@@ -340,12 +343,16 @@ def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_p
     monkeypatch.setattr(subprocess, "Popen", Experiment)
     monkeypatch.chdir(tmp_path)
     assert main(["simreal", "--results", f"res/{name}"]) == 2   # the stand-in ran nothing: no point
-    assert "running python -m repro.run +exp=sim_vs_real results_dir=" in capsys.readouterr().out   # one to copy
+    out = capsys.readouterr().out
+    assert "running python -m repro.run +exp=sim_vs_real results_dir=" in out   # one to copy,
+    pasted = shlex.split(out.split(": running ", 1)[1])   # as bash splits it
+    assert pasted[:4] == ["python", "-m", "repro.run", "+exp=sim_vs_real"]
     main(["simreal", "--results", "."])
     values = [{o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(cmd[4:])}
-              for cmd in commands]
-    assert values == [{"results_dir": str(tmp_path / "res"), "exp_name": name},
-                      {"results_dir": str(tmp_path.parent), "exp_name": tmp_path.name}]
+              for cmd in [*commands, pasted]]
+    assert values[:2] == [{"results_dir": str(tmp_path / "res"), "exp_name": name},
+                          {"results_dir": str(tmp_path.parent), "exp_name": tmp_path.name}]
+    assert values[2] == values[0]   # pasted, the printed command runs the same experiment
 
 
 def test_a_point_without_samples_per_s_is_left_out_and_counted_not_in_silence():

@@ -10,6 +10,8 @@ of :mod:`repro_bench.real` (``--machine``), so the instruments import nothing of
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +182,17 @@ def _quoted(text: str) -> str:
     return "'" + text.replace("'", "\\'") + "'"
 
 
+def _for_shell(override: str) -> str:
+    """``override`` as bash must be given it for Hydra to read the same value: a plain name or path
+    as it is (bash drops its quotes, Hydra reads the same string), any other quoted for bash too."""
+    key, value = override.split("=", 1)
+    plain = re.fullmatch(r"'[A-Za-z_/][\w./-]*'", value, re.ASCII) and \
+        value[1:-1].lower() not in ("true", "false", "null", "inf", "nan")   # Hydra reads those bare as no string
+    if plain or shlex.quote(value) == value:
+        return override
+    return f'{key}="{value}"' if not set(value) & set('"$`\\!') else f"{key}={shlex.quote(value)}"   # "'a b'" reads best
+
+
 def _cores(args: argparse.Namespace) -> int:
     """``--cores``: its measurement, ended in one line whatever stops it; a SIGTERM or SIGHUP
     unwinds like a Ctrl-C (Python's default dies on the spot), so no run outlives it, nor its folder."""
@@ -238,9 +251,10 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         # quoted: a ',' in a bare Hydra override is a sweep (two experiments), '=' or '[' a parse error
         cmd = [sys.executable, "-m", "repro.run", f"+exp={EXP}", f"results_dir={_quoted(str(where.parent))}",
                f"exp_name={_quoted(where.name)}"]
-        print(f"no runs in {root}: running python " + " ".join(cmd[1:]), flush=True)   # a command to copy
+        shown = " ".join(["python", *cmd[1:3], *map(_for_shell, cmd[3:])])   # a command to copy
+        print(f"no runs in {root}: running {shown}", flush=True)
         if _experiment(cmd) == EXIT_INTERRUPTED:   # its "same command with resume=auto" is not this one
-            print(f"python -m repro.bench simreal: the experiment stopped; python {' '.join(cmd[1:])} resume=auto "
+            print(f"python -m repro.bench simreal: the experiment stopped; {shown} resume=auto "
                   "finishes it, then this command reports on it", file=sys.stderr)
             return EXIT_INTERRUPTED
     try:
