@@ -190,7 +190,8 @@ def _for_shell(override: str) -> str:
         value[1:-1].lower() not in ("true", "false", "null", "inf", "nan")   # Hydra reads those bare as no string
     if plain or shlex.quote(value) == value:
         return override
-    return f'{key}="{value}"' if not set(value) & set('"$`\\!') else f"{key}={shlex.quote(value)}"   # "'a b'" reads best
+    # "'a b'" reads best; inside bash's double quotes $ ` \ ! " still act
+    return f'{key}="{value}"' if not set(value) & set('"$`\\!') else f"{key}={shlex.quote(value)}"
 
 
 def _cores(args: argparse.Namespace) -> int:
