@@ -8,10 +8,10 @@
 
 Same semantics as ``python -m repro.run``: the same client/server objects, the same cost model,
 the same run-folder tables (written to ``run_dir``; without one, to a temporary folder that is
-removed once the tables are read into the result).
-The module is the network for a classification problem (``loss_fn(outputs, labels)``, error =
-argmax mismatch); its current weights are the initial weights; it must have no buffers. The
-module and the arrays are checked and made a problem by :mod:`repro.workload.custom`.
+removed once the tables are read into the result). The module is the network for a
+classification problem (``loss_fn(outputs, labels)``, error = argmax mismatch); its current
+weights are the initial weights; it must have no buffers. :mod:`repro.workload.custom` checks
+the module and the arrays and makes them a problem. The classroom's API follows simulate().
 """
 from __future__ import annotations
 
@@ -25,15 +25,22 @@ import pandas as pd
 import torch
 from torch import nn
 
-from repro.asgd.protocols import PROTOCOLS
-from repro.asgd.rules import RULES
+# the classroom (exercises, grader, notebook) imports only this module: Push, the policies and their
+# registries (a class registered runs wherever it is named), validate, the quadratic, build_model
+from repro.asgd.algorithm import Push
+from repro.asgd.flatnet import quadratic_loss
+from repro.asgd.optimal import Ringmaster
+from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View
+from repro.asgd.rules import RULES, StalenessScaledRule
 from repro.config.loader import composed, group_options
-from repro.config.checks import from_dict
+from repro.config.checks import from_dict, validate
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
 from repro.errors import ConfigError, numbers
 from repro.files import schema
 from repro.workload.build import Problem
 from repro.workload.custom import ArrayLike, check_objects, check_trainable, custom_problem, names
+from repro.workload.data import QUADRATIC_CURVATURES, load_dataset
+from repro.workload.models import build_model
 from repro.runtime import resolve_device
 from repro.sim.driver import simulate as sim_run
 
@@ -162,9 +169,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         The simulator's cost model, which sets virtual time and so the order of pushes. A
         profile name from ``conf/cost`` ("lan", "uniform", "straggler", "paper2013", or "local",
         which times real steps once); a dict of CostConfig fields (fields left out take those
-        of the profile its "profile" names, else CostConfig's defaults, which are the
-        "uniform" profile's); or a CostConfig. "replay" is
-        refused: replay a recorded run with ``python -m repro.run cost=replay``.
+        of the profile its "profile" names, else CostConfig's defaults, which are the "uniform"
+        profile's); or a CostConfig. "replay" is refused: replay a recorded run with
+        ``python -m repro.run cost=replay``.
     seed : int, default 0
         Base seed of each client's data order, seeded by (seed, client), and of the cost
         model's jitter. Model initialisation is ``module``'s own weights, not this seed.
@@ -200,23 +207,18 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         summary.json (``status``, final metrics, time to target), with ``time_to_target``
         keyed by the target as a float (``result.summary["time_to_target"][0.05]``; the file's
         JSON keys it by the text "0.05"); ``run_dir``, where they were written (None: a
-        temporary folder, removed). Times are virtual seconds of the cost model. A run that diverges (non-finite
-        loss or parameters) returns normally with ``summary["status"] == "diverged"``.
+        temporary folder, removed). Times are virtual seconds of the cost model. A run that
+        diverges (non-finite loss or parameters) returns with ``summary["status"] == "diverged"``.
 
     Raises
     ------
     ConfigError
-        Before any training, for a bad argument: a value out of range or not among the
-        choices, an unknown cost profile or field, inputs and labels of different lengths or
-        an empty set, non-finite (nan, inf) or complex inputs, non-integer or negative labels,
-        a label the module has no output for (a label of 12 for a module with 10 outputs), train and
-        test inputs of different sample shapes, a batch larger than the training set, or
-        device "cuda" without CUDA; an argument of the wrong type (``num_clients=1.5``, a
-        string for a flag, a module that is not a ``torch.nn.Module``, a ``loss_fn`` that is not
-        callable, inputs that are not arrays or tensors of numbers); a module that raises on
-        two training inputs or has every parameter frozen, or a ``loss_fn`` that raises on its
-        outputs or does not return one number.
-        The message names the argument, the value and what would be valid.
+        Before any training, for a bad argument, naming it, its value and what would be valid:
+        a value out of range, of the wrong type or not among the choices; arrays that are empty,
+        of unequal lengths or sample shapes, not finite numbers, or labels that are not class
+        indices the module has outputs for; a batch larger than the training set; "cuda" without
+        CUDA; a module or ``loss_fn`` that raises on two training inputs or gives no single loss;
+        every parameter frozen.
     ValueError
         When ``module`` has buffers or no parameters, or parameters that are not float32.
     """
@@ -241,9 +243,8 @@ API_KEYS = {**{name: name for name in ("num_clients", "nsync", "num_epochs", "ev
 
 
 def _config(settings: dict, cost: CostConfig) -> RunConfig:
-    """The command line's defaults with ``settings`` (simulate()'s arguments), each type-checked
-    as a config.json's value is (an integer for an integer, a boolean for a flag): a wrong one is
-    a ConfigError naming the argument, never a TypeError deep inside."""
+    """The command line's defaults with simulate()'s ``settings``, type-checked as config.json's
+    values are: a wrong one is a ConfigError naming the argument, not a TypeError deep inside."""
     # num_threads 0: the notebook's own torch threads, not the command line's one per process
     tree = {**to_dict(DEFAULTS), "exp_name": "api", "num_threads": 0, "cost": to_dict(cost),
             "data": to_dict(DataConfig(name="custom")), "model": to_dict(ModelConfig(name="custom"))}
@@ -258,14 +259,10 @@ def _config(settings: dict, cost: CostConfig) -> RunConfig:
         raise ConfigError(arg, err.value, err.expected + said) from None
 
 
-def _choices(names) -> str:
-    return "{" + ", ".join(f'"{n}"' for n in names) + "}"
-
-
 # The names simulate() accepts are the registries' (what validate() checks), so its help lists
 # them from there: a rule or protocol registered later is documented without an edit here.
-simulate.__doc__ = simulate.__doc__.replace("{SERVER_RULES}", _choices(RULES.names())) \
-    .replace("{PROTOCOLS}", _choices(PROTOCOLS.names()))
+for _field, _registry in (("{SERVER_RULES}", RULES), ("{PROTOCOLS}", PROTOCOLS)):
+    simulate.__doc__ = simulate.__doc__.replace(_field, "{" + ", ".join(f'"{n}"' for n in _registry.names()) + "}")
 
 
 @contextlib.contextmanager
@@ -298,19 +295,7 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
                   summary, run_dir)
 
 
-# ---------------------------------------------------------------------------------------------
-# The classroom's API: what the exercises, their grader (``python -m repro.lab``) and the
-# notebook use, so that none of them imports the package's internals. The registries are the
-# package's own: a class registered in them runs in every run that names it.
-# ---------------------------------------------------------------------------------------------
-from repro.asgd.algorithm import Push  # noqa: E402  (what a client sends: a protocol's input)
-from repro.asgd.optimal import Ringmaster  # noqa: E402
-from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View  # noqa: E402
-from repro.asgd.rules import RULES, StalenessScaledRule  # noqa: E402
-from repro.config.checks import validate  # noqa: E402
-from repro.asgd.flatnet import quadratic_loss  # noqa: E402  (the quadratic's loss_fn)
-from repro.workload.data import QUADRATIC_CURVATURES, load_dataset  # noqa: E402  (the quadratic's l_i)
-from repro.workload.models import build_model  # noqa: E402  (a registered network, e.g. "digits_cnn")
+# ------------- the classroom's API (and the names imported above for it) -------------
 
 
 def configure(*overrides: str) -> RunConfig:
