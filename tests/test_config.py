@@ -192,3 +192,10 @@ def test_a_key_an_old_config_json_lacks_is_left_out_of_its_shaping_values_not_an
     assert "algo.lr" not in values and "cost.churn.leave" not in values and values["seed"] == 3
     assert values["data.num_train"] is None                    # a key that holds null is kept
     assert differences(tree, RunConfig()) == ["seed: 3 -> 0"]
+
+
+def test_a_key_that_is_not_text_is_an_unknown_key_not_a_type_error():
+    # repro.api.simulate(cost={1: 2}) was a TypeError from joining the key to its group's name
+    from repro.config.settings import CostConfig
+    with pytest.raises(ConfigError, match="'cost.1': 2; expected a known key"):
+        from_dict({1: 2, "profile": "lan"}, CostConfig, "cost.")

@@ -70,9 +70,9 @@ def _build(tree: Any, cls: type, prefix: str) -> Any:
         raise ConfigError(prefix.rstrip(".") or "<root>", tree, "a mapping of keys to values")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(tree) - names)
+    unknown = sorted(set(tree) - names, key=str)   # key=str: the API's dicts may hold a key 1
     if unknown:
-        raise ConfigError(prefix + unknown[0], tree[unknown[0]], "a known key: " + ", ".join(sorted(names)))
+        raise ConfigError(f"{prefix}{unknown[0]}", tree[unknown[0]], "a known key: " + ", ".join(sorted(names)))
     kwargs = {}
     for name in names & set(tree):
         hint, key, value = hints[name], prefix + name, tree[name]
