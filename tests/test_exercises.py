@@ -240,6 +240,17 @@ def test_an_int_beyond_floats_fails_as_an_answer(exercise, function, tmp_path, c
     assert code == grader.EXIT_FAILED and "Traceback" not in out + err, out + err
 
 
+@pytest.mark.parametrize("exercise, function", [("mean_staleness", "mean_staleness"),
+                                                ("stable_lr", "largest_stable_lr")])
+def test_an_answer_that_raises_when_read_as_a_number_fails_naming_its_line(exercise, function, tmp_path, capsys):
+    path = tmp_path / "answer.py"   # was the grader's traceback, exit 1 without a report's last line
+    path.write_text(f'EXERCISE = "{exercise}"\n\nclass Lazy:\n    def __float__(self):\n'
+                    f'        raise ZeroDivisionError("later")\n\ndef {function}(n):\n    return Lazy()\n')
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "Traceback" not in out + err, out + err
+    assert f"ZeroDivisionError: later (line 5 of {path})" in out
+
+
 @pytest.mark.parametrize("start", [b"\xef\xbb\xbf", b"# -*- coding: latin-1 -*-\n# \xe9\n"])
 def test_a_file_python_runs_is_graded_with_a_bom_or_a_coding_line(start, tmp_path, capsys):
     path = tmp_path / "answer.py"   # Windows Notepad saves UTF-8 with a BOM

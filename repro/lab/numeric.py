@@ -25,9 +25,12 @@ RATIO_HINT = ("async applies every push as it comes; a sync round waits for the 
 
 
 def answer(fn, *args) -> object:
-    """The student's answer, or the error their function raised (shown as what came out)."""
+    """The student's answer, or the error their function raised (shown as what came out), or
+    their answer's own when read as a number or as text (a __float__ that raises)."""
     try:
-        return student_call(fn, *args)
+        got = student_call(fn, *args)
+        student_call(lambda: (as_number(got), str(got)))
+        return got
     except StudentError as e:
         return Raised(f"an error: {e}")
 
