@@ -88,6 +88,12 @@ def test_an_off_by_one_ssp_gate_fails_at_a_client_exactly_s_ahead(tmp_path, caps
     assert "FAIL  3 clients, client 1 four times slower, bound s = 2: expected the reference's" in out
 
 
+def test_a_ringmaster_that_discards_every_push_fails_saying_none_was_applied(tmp_path, capsys):
+    # the stalest applied push of no push was NaN, and int(NaN) the grader's traceback
+    out = failing(tmp_path, capsys, "06_ringmaster.py", "discard = staleness >= self.threshold", "discard = True")
+    assert "the stalest push applied: expected at most R - 1 = 3, got none applied" in out
+
+
 def test_discarding_above_r_instead_of_at_r_fails_at_staleness_r(tmp_path, capsys):
     out = failing(tmp_path, capsys, "06_ringmaster.py", "staleness >= self.threshold", "staleness > self.threshold")
     assert "FAIL  a push 4 versions stale, R = 4: expected discarded, got applied" in out
