@@ -199,3 +199,10 @@ def test_a_key_that_is_not_text_is_an_unknown_key_not_a_type_error():
     from repro.config.settings import CostConfig
     with pytest.raises(ConfigError, match="'cost.1': 2; expected a known key"):
         from_dict({1: 2, "profile": "lan"}, CostConfig, "cost.")
+
+
+def test_a_float_where_an_integer_belongs_is_refused_by_validate():
+    # repro.api.run_config(cfg.replace(nsync=2.5)) passed validate() and died in numpy: "seed must be integer"
+    from repro.config.checks import validate
+    with pytest.raises(ConfigError, match="'nsync': 2.5; expected an integer in 1..1000000"):
+        validate(RunConfig().replace(nsync=2.5))

@@ -29,7 +29,8 @@ class Range:
     def check(self, key: str, value: Any) -> None:
         if value is None and self.nullable or value in self.words:
             return
-        bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+        bad = not isinstance(value, int if self.integer else (int, float)) or isinstance(value, bool) \
+            or not math.isfinite(value)   # int: a cfg.replace(nsync=2.5) reaches here unconverted
         if bad or value < self.lo or value > self.hi or (self.lo_open and value == self.lo) \
                 or (self.hi_open and value == self.hi):
             raise ConfigError(key, value, self.describe())
