@@ -206,3 +206,10 @@ def test_a_float_where_an_integer_belongs_is_refused_by_validate():
     from repro.config.checks import validate
     with pytest.raises(ConfigError, match="'nsync': 2.5; expected an integer in 1..1000000"):
         validate(RunConfig().replace(nsync=2.5))
+
+
+def test_a_group_replaced_by_a_name_is_refused_by_validate():
+    # repro.api.run_config(cfg.replace(protocol="sync")) was "TypeError: string indices must be integers"
+    from repro.config.checks import validate
+    with pytest.raises(ConfigError, match=r"'protocol': 'sync'; expected its settings: dataclasses.replace\(cfg.protocol"):
+        validate(RunConfig().replace(protocol="sync"))

@@ -112,6 +112,10 @@ def _type_name(options: tuple) -> str:
 def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
     tree = to_dict(obj)
     for key, f, _ in _leaves(cls, prefix):
+        group = key[len(prefix):].rpartition(".")[0]
+        if group and not isinstance(get(tree, group, None), dict):   # cfg.replace(protocol="sync")
+            raise ConfigError(prefix + group, get(tree, group, None),
+                              f"its settings: dataclasses.replace(cfg.{prefix}{group}, ...)")
         f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
 
 
