@@ -53,9 +53,10 @@ def test_killed_client_is_replaced_by_a_joiner(tmp_path):
     """SIGKILL a client mid-run and join a replacement: the run ends completed (not degraded),
     versions contiguous and unique, events client_lost then client_joined, and the joiner's
     pushes in updates.csv under a new id (never the dead process's)."""
-    # client 2 steps 4x slower (cost.speeds): once the fast client 1 is killed the run lasts
-    # long enough for a joiner to start; joiner 3 takes slot 1, the fast one
-    cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[1.0, 4.0]))
+    # client 2 steps 16x slower (cost.speeds): once the fast client 1 is killed the run lasts
+    # long enough for a joiner to start (alone, client 2 needs ~15 s for the 8 epochs); joiner 3
+    # takes slot 1, the fast one, and ends the run soon after it joins
+    cfg = elastic_cfg(free_port(), num_epochs=8.0, cost=CostConfig(speeds=[1.0, 16.0]))
     run_dir = _kill_one_and_join(tmp_path, cfg, victim=1)
     upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "completed", summary["message"]

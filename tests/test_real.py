@@ -93,12 +93,13 @@ def test_peer_that_never_connects_fails_within_timeout(tmp_path, monkeypatch, no
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)   # a torchrun world whose rank 1 never comes
-    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", timeout_s=3.0))
+    # 1 s: rank 1 never comes, so a longer timeout only makes the failure later
+    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", timeout_s=1.0))
     start = time.monotonic()
     summary = run_real(cfg, tmp_path)
     assert time.monotonic() - start < 30
     assert summary["status"] == "failed"
-    assert "backend.timeout_s=3" in summary["message"]
+    assert "backend.timeout_s=1" in summary["message"]
     # the failed rendezvous must not poison the next run in this process (see the next test)
 
 
