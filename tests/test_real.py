@@ -3,8 +3,10 @@
 Every test runs real processes on loopback: the calling process (or a launcher subprocess) is
 rank 0, the server, and spawns CPU clients. Budgets are a few epochs of ``digits`` so a run
 trains in seconds; start-up (a fresh interpreter importing torch per client) dominates. Runs
-that are interrupted or killed are launched as a subprocess in a new session, so the test can
-signal them and then check that nothing of the session is left running.
+that are interrupted or whose server is killed are launched as a subprocess in a new session,
+so the test can signal them and then check that nothing of the session is left running; a run
+that loses a client runs in this process (:func:`~tests.helpers.runs.killing_a_client`), whose
+fork server is up already.
 
 Accuracy threshold: 2 clients, nsync=4, lr=0.2 without momentum reach 9% test error after 3
 epochs in the simulator (seed 0) and 7-10% in five real runs (the push order varies with timing),
@@ -33,7 +35,7 @@ from repro.real import run_real
 from repro.real.frames import HEADER_BYTES, Frame, Header, Kind
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
-from tests.helpers.runs import launch_real, real_cfg, wait_rows
+from tests.helpers.runs import killing_a_client, launch_real, real_cfg, wait_rows
 from tests.helpers.tables import check_same_evaluations, table_frames
 from tests.test_timings import check_real_timings
 
@@ -189,16 +191,12 @@ def test_sigint_stops_every_rank(tmp_path):
     check_updates(upd)
 
 
-def test_sigkilled_client_degrades_the_run(tmp_path):
+def test_sigkilled_client_degrades_the_run(tmp_path, no_children):
     # 12 epochs (~135 pushes, seconds): the kill must land mid-run even on a loaded machine
-    proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=3, num_epochs=12.0))
-    try:
-        wait_rows(proc, run_dir, 10)
-        victim = client_pids(proc.pid)[0]
-        os.kill(victim, signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        assert_no_leftovers(proc)
+    run_dir = tmp_path / "run"
+    with killing_a_client(run_dir, 10) as killed:
+        run_real(real_cfg(num_clients=3, num_epochs=12.0), run_dir)
+    assert killed
     upd, evals, summary = table_frames(run_dir)
     assert summary["status"] == "completed_degraded", summary["message"]
     lost = [e for e in summary["events"] if e["type"] == "client_lost"]
@@ -226,16 +224,12 @@ def test_a_sigkilled_server_takes_its_clients_and_fork_server_along(tmp_path):
         assert_no_leftovers(proc, within_s=10)
 
 
-def test_losing_every_client_fails_cleanly(tmp_path):
-    proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=1, num_epochs=500.0))
-    try:
-        wait_rows(proc, run_dir, 5)
-        os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        assert_no_leftovers(proc)
+def test_losing_every_client_fails_cleanly(tmp_path, no_children):
+    run_dir = tmp_path / "run"
+    with killing_a_client(run_dir, 5) as killed:
+        returned = run_real(real_cfg(num_clients=1, num_epochs=500.0), run_dir)
     upd, _, summary = table_frames(run_dir)
-    assert proc.returncode == 1 and summary["status"] == "failed"
+    assert killed and returned == summary and summary["status"] == "failed"
     assert "every client was lost" in summary["message"] and summary["lost_clients"] == [1]
     check_updates(upd)
 
@@ -413,18 +407,15 @@ def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
     assert gap <= 2
 
 
-def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path):
+def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path, no_children):
     """SIGKILL one of 3 clients of a sync run: the round it held closes with the others (the
     barrier needs the live clients only) and the run ends degraded, not hung."""
     from repro.config.settings import ProtocolConfig
     cfg = real_cfg(num_clients=3, num_epochs=12.0, protocol=ProtocolConfig(name="sync"))
-    proc, run_dir = launch_real(tmp_path, cfg)
-    try:
-        wait_rows(proc, run_dir, 5)
-        os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        assert_no_leftovers(proc)
+    run_dir = tmp_path / "run"
+    with killing_a_client(run_dir, 5) as killed:
+        run_real(cfg, run_dir)
+    assert killed
     upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "completed_degraded", summary["message"]
     _check_sync_rows(upd, 3)

@@ -8,7 +8,8 @@
   and then check that nothing of it is left (:func:`launch_real`, :data:`LAUNCHER`).
 * :func:`wait_rows` until a run has pushed; :func:`lock_holder`, a live process holding a run
   folder's lock as a running run does; :func:`sim_killed_at`, a simulator run that ends as a
-  SIGKILL leaves it, deterministically.
+  SIGKILL leaves it, deterministically; :func:`killing_a_client`, a client of a real run in
+  this process SIGKILLed mid-run.
 """
 from __future__ import annotations
 
@@ -145,3 +146,35 @@ def lock_holder(run_dir: Path):
         proc.kill()
         proc.wait()
         proc.stdout.close()
+
+
+@contextlib.contextmanager
+def killing_a_client(run_dir: Path, rows: int, victim: int = 0):
+    """While the ``with`` block runs a real run into ``run_dir`` in this process, a thread
+    SIGKILLs the ``victim``-th of its clients (forks of this process's fork server, by pid) once
+    it has pushed more than ``rows`` times. Yields the list that holds the killed pid. In this
+    process, not a launcher's: the fork server is already up (no torch import per run), and
+    what is tested is the client's death, not the launcher's."""
+    import os
+    import signal
+    import threading
+
+    from tests.helpers.processes import client_pids
+
+    path, done, killed = Path(run_dir) / "updates.csv", threading.Event(), []
+
+    def kill() -> None:
+        while not done.is_set():
+            if path.exists() and sum(1 for _ in open(path)) > rows and (pids := client_pids(os.getpid())):
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.append(pids[victim])
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill, name="client-killer", daemon=True)
+    killer.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        killer.join()
