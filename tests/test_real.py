@@ -35,7 +35,7 @@ from repro.real import run_real
 from repro.real.frames import HEADER_BYTES, Frame, Header, Kind
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
-from tests.helpers.runs import killing_a_client, launch_real, real_cfg, wait_rows
+from tests.helpers.runs import killing_a_client, launch_real, real_cfg, torchrun_worker, wait_rows
 from tests.helpers.tables import check_same_evaluations, table_frames
 from tests.test_timings import check_real_timings
 
@@ -144,36 +144,34 @@ def test_a_master_addr_this_machine_cannot_listen_on_names_that_key(tmp_path, no
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
-WORKER = """
-import json, sys
-from repro.config.checks import from_dict
-from repro.real import run_torchrun_worker
-sys.exit(run_torchrun_worker(from_dict(json.loads(sys.argv[1]))))
-"""
-
-
 @pytest.mark.parametrize("other", [{"model": ModelConfig(name="mlp")}, {"nsync": 8}], ids=["model", "nsync"])
 def test_a_client_with_another_model_is_refused_not_crashed(tmp_path, monkeypatch, no_children, other):
-    """torchrun-style world by hand: rank 0 here (digits_cnn), rank 1 a subprocess running the
-    mlp. The HELLO exchange must catch the size mismatch before any payload moves (a payload
+    """torchrun-style world by hand: rank 0 here (digits_cnn), rank 1 another process running
+    the mlp (a fork of the clients' fork server, up already: no interpreter importing torch).
+    The HELLO exchange must catch the size mismatch before any payload moves (a payload
     larger than the posted buffer would make gloo abort the server process). A rank with the
     same model and another nsync (a node given other overrides) is refused alike: it trained
     into the run's tables, its pushes of 8 steps under a config.json that says 4."""
+    from repro.real.processes import client_context
+
     env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    other = real_cfg(num_clients=1, **other)
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(to_dict(other))], cwd=ROOT,
-                              env={**os.environ, **env, "RANK": "1", "LOCAL_RANK": "1"},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    other, log = real_cfg(num_clients=1, **other), tmp_path / "worker.log"
+    worker = client_context().Process(target=torchrun_worker, args=(
+        to_dict(other), {**env, "RANK": "1", "LOCAL_RANK": "1"}, str(log)))
+    worker.start()
     for key, value in {**env, "RANK": "0", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, value)
     try:
-        summary = run_real(real_cfg(num_clients=1), tmp_path)
-        out, _ = worker.communicate(timeout=30)
+        summary = run_real(real_cfg(num_clients=1), tmp_path / "run")
+        worker.join(30)
     finally:
-        worker.kill()
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+    out = log.read_text()
     assert summary["status"] == "failed", out
     assert "protocol error" in summary["events"][0]["reason"], out
-    assert worker.returncode == 1 and "protocol error" in out
+    assert worker.exitcode == 1 and "protocol error" in out
 
 
 def test_sigint_stops_every_rank(tmp_path):

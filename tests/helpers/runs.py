@@ -9,7 +9,7 @@
 * :func:`wait_rows` until a run has pushed; :func:`lock_holder`, a live process holding a run
   folder's lock as a running run does; :func:`sim_killed_at`, a simulator run that ends as a
   SIGKILL leaves it, deterministically; :func:`killing_a_client`, a client of a real run in
-  this process SIGKILLed mid-run.
+  this process SIGKILLed mid-run; :func:`torchrun_worker`, a rank > 0 of a world made by hand.
 """
 from __future__ import annotations
 
@@ -178,3 +178,20 @@ def killing_a_client(run_dir: Path, rows: int, victim: int = 0):
     finally:
         done.set()
         killer.join()
+
+
+def torchrun_worker(cfg: dict, env: dict, log: str) -> None:
+    """Rank ``env["RANK"]`` of a torchrun world made by hand, run as a fork of this process's
+    fork server (``client_context().Process``; no interpreter importing torch afresh): ``cfg``
+    (:func:`~repro.config.settings.to_dict`) through ``run_torchrun_worker``, its output into
+    ``log``, its exit status the worker's."""
+    import os
+
+    os.environ.update(env)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    from repro.config.checks import from_dict
+    from repro.real import run_torchrun_worker
+
+    sys.exit(run_torchrun_worker(from_dict(cfg)))
