@@ -240,8 +240,8 @@ def _warm_fork_server(argv: list[str]) -> None:
 
 def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     """A single run's whole config, composed once and validated before Hydra makes a folder:
-    every key's range, the model against the data, a key set under the wrong backend, a run
-    folder that cannot be made. Returns the composed config (Hydra's node with it) and its
+    every key's range, a key set under the wrong backend, a run folder that cannot be made, then
+    the model against the data (the one check that imports torch). Returns the composed config (Hydra's node with it) and its
     RunConfig, which the run goes on with (:func:`run_composed`). For a grid, only its folder
     (``hydra.sweep.dir``) is checked here, then None: its points are checked as each starts."""
     if _is_sweep(argv):
@@ -264,12 +264,16 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     _refuse_run_of_grid(argv, dcfg)
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
-        from repro.workload.build import check_components   # the model and batch vs the data
+    except ConfigError as err:
+        exit_bad_input(err)
+    # the folder before the components: a folder that cannot be made is answered without torch
+    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
+    try:
+        from repro.workload.build import check_components   # the model and batch vs the data (torch)
 
         check_components(cfg)
     except ConfigError as err:
         exit_bad_input(err)
-    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
     return dcfg, cfg
 
 

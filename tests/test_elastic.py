@@ -1,8 +1,8 @@
 """Elastic clients of the real driver (issue 20): a client joins a running run through the
 store, a lost client is replaced, a refused join leaves the run untouched.
 
-Three join tests run in the default suite (a SIGKILLed client replaced by a joiner, whose run
-is then replayed; in-process: a join after the run ended, a ticket that never brings its
+Three join tests run in the default suite (a SIGKILLed client of a run in the test's process
+replaced by a joiner, whose run is then replayed; in-process: a join after the run ended, a ticket that never brings its
 request); the others are ``slow``, as are the edges in tests/test_elastic_edges.py. Every run
 listens on loopback only and each test removes its processes.
 """
@@ -10,52 +10,87 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import logging
+import re
 import signal
+import threading
 import time
 
 import pandas as pd
 import pytest
 
 from repro.config.settings import BackendConfig, CostConfig, ModelConfig
+from repro.real import run_real
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.joins import elastic_cfg, join_keys_left, start_joiner, wait_log
-from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
-from tests.helpers.runs import launch_real, real_cfg, wait_rows
+from tests.helpers.processes import assert_no_leftovers, free_port
+from tests.helpers.runs import killing_a_client, launch_real, real_cfg, wait_rows
 from tests.helpers.tables import table_frames
 
 
+class _Said(logging.Handler):
+    """What a run in this process logs (the package's logger), for a thread to wait on."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def wait(self, pattern: str, ended: threading.Event, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(re.search(pattern, line) for line in self.lines):
+            assert not ended.is_set() and time.monotonic() < deadline, f"the run never logged {pattern!r}"
+            time.sleep(0.05)
+
+
 def _kill_one_and_join(tmp_path, cfg, victim: int, **backend):
-    """Start a real run, SIGKILL client ``victim`` once it is training, start a joiner (with
-    ``backend`` settings) after the loss is logged, check that the join left no key in the store
-    (its ticket, its pair group's addresses); return the run folder once both have ended and left
-    nothing behind."""
-    proc, run_dir = launch_real(tmp_path, cfg)
-    joiner = None
+    """Run ``cfg`` in this process (its fork server is up: no launcher importing torch), SIGKILL
+    client ``victim`` once it is training, start a joiner (with ``backend`` settings) after the
+    loss is logged, check that the join left no key in the store (its ticket, its pair group's
+    addresses); return the run folder once both have ended and the joiner left nothing behind."""
+    run_dir, said, ended, joined = tmp_path / "run", _Said(), threading.Event(), {}
+
+    def join_after_the_loss():   # a thread: the run holds the main one
+        try:
+            said.wait("accepting joins at", ended)
+            said.wait("lost at version", ended)
+            joined["joiner"] = start_joiner(tmp_path, cfg, **backend)
+            said.wait(r"client \d+ joined", ended)
+            joined["keys left"] = join_keys_left(cfg.backend.master_port)
+        except AssertionError as exc:
+            joined["error"] = exc
+
+    logger, thread = logging.getLogger("repro"), threading.Thread(target=join_after_the_loss, daemon=True)
+    logger.addHandler(said)
+    thread.start()
     try:
-        wait_log(proc, tmp_path / "run.log", "accepting joins at")
-        wait_rows(proc, run_dir, 10)
-        os.kill(client_pids(proc.pid)[victim - 1], signal.SIGKILL)
-        wait_log(proc, tmp_path / "run.log", "lost at version")
-        joiner = start_joiner(tmp_path, cfg, **backend)
-        wait_log(proc, tmp_path / "run.log", r"client \d+ joined")
-        assert join_keys_left(cfg.backend.master_port) == []
-        proc.wait(timeout=180)
-        assert joiner.wait(timeout=30) == 0, (tmp_path / "joiner.log").read_text()
+        with killing_a_client(run_dir, 10, victim - 1):
+            run_real(cfg, run_dir)
     finally:
-        assert_no_leftovers(proc)
-        if joiner is not None:
-            assert_no_leftovers(joiner)
+        ended.set()
+        thread.join()
+        logger.removeHandler(said)
+        if "joiner" in joined:
+            try:
+                assert joined["joiner"].wait(timeout=30) == 0, (tmp_path / "joiner.log").read_text()
+            finally:
+                assert_no_leftovers(joined["joiner"])
+    if "error" in joined:
+        raise joined["error"]
+    assert joined["keys left"] == []
     return run_dir
 
 
-def test_killed_client_is_replaced_by_a_joiner(tmp_path):
+def test_killed_client_is_replaced_by_a_joiner(tmp_path, no_children):
     """SIGKILL a client mid-run and join a replacement: the run ends completed (not degraded),
     versions contiguous and unique, events client_lost then client_joined, and the joiner's
     pushes in updates.csv under a new id (never the dead process's)."""
-    # client 2 steps 4x slower (cost.speeds): once the fast client 1 is killed the run lasts
-    # long enough for a joiner to start; joiner 3 takes slot 1, the fast one
-    cfg = elastic_cfg(free_port(), num_epochs=20.0, cost=CostConfig(speeds=[1.0, 4.0]))
+    # client 2 steps 16x slower (cost.speeds): once the fast client 1 is killed the run lasts
+    # long enough for a joiner to start (alone, client 2 needs ~15 s for the 8 epochs); joiner 3
+    # takes slot 1, the fast one, and ends the run soon after it joins
+    cfg = elastic_cfg(free_port(), num_epochs=8.0, cost=CostConfig(speeds=[1.0, 16.0]))
     run_dir = _kill_one_and_join(tmp_path, cfg, victim=1)
     upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "completed", summary["message"]
@@ -169,7 +204,7 @@ def test_refused_joins_leave_the_run_untouched(tmp_path):
 
 
 @pytest.mark.slow
-def test_restarted_client_rejoins_under_its_id(tmp_path):
+def test_restarted_client_rejoins_under_its_id(tmp_path, no_children):
     """A SIGKILLed client restarted with backend.join_client=<its id> is client_rejoined: the
     run ends completed, the id's pushes continue after the event, and a replay reproduces them,
     also one interrupted after the rejoin and resumed."""

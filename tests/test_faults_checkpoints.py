@@ -74,6 +74,10 @@ def test_8_bad_checkpoint_is_a_clear_config_error(interrupted, reference, capfd,
     check_run_folder(interrupted, "completed")
 
 
+# slow: test_8_bad_checkpoint_is_a_clear_config_error (the refusal, no code run) and
+# test_6_cli_rerun_of_an_interrupted_run_exits_2 (a ConfigError inside the run: exit 2, one line)
+# cover the same path in the default suite
+@pytest.mark.slow
 def test_8_cli_bad_checkpoint_exits_2(tmp_path):
     """Fault: ``python -m repro.run resume=true`` with a checkpoint.pt that carries code.
     Guarantee 8: exit 2, the message names checkpoint.pt and never says weights_only=False; the

@@ -61,6 +61,10 @@ def test_1_dead_holders_lock_does_not_block(interrupted, reference):
     check_run_folder(interrupted, "completed")
 
 
+# slow: test_1_refused_cli_run_leaves_the_live_runs_folder_alone (the command line refused by a
+# live holder, naming it), test_1_api_run_on_a_folder_a_live_process_holds_is_refused[resume] and
+# test_5_signals_end_a_simulator_run_interrupted (SIGTERM) cover the same path in the default suite
+@pytest.mark.slow
 def test_1_two_cli_runs_on_one_folder(tmp_path):
     """Fault: a second ``python -m repro.run resume=true`` on the folder of a first one that is
     still training. Guarantee 1: the second exits 2 naming the first's pid and host; the first

@@ -26,7 +26,7 @@ from repro.runs.core import RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest
 from repro.sim.driver import simulate
-from tests.helpers.channels import ScriptedChannel
+from tests.helpers.channels import ScriptedChannel, watching_client
 
 ROOT = Path(__file__).resolve().parent.parent
 NAN = float("nan")
@@ -260,28 +260,6 @@ def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
         core.finish(*core.final_status(interrupted=False))
 
 
-WATCHING_CLIENT = """
-import sys, time
-import torch.distributed as dist
-from repro.real.frames import Frame, Kind
-from repro.real.transport import Channel
-from repro.real.groups import connect, disconnect
-port, watched = int(sys.argv[1]), sys.argv[2] == "watched"
-store = dist.TCPStore("127.0.0.1", port, 2, False)
-groups = connect(1, 2, 30.0, store)
-channel, frame = Channel(groups[1], 0, 30.0, watched=watched), Frame(16)
-channel.post(frame)                          # as a client does before it computes
-deadline, steps = time.monotonic() + 20, 0
-while not channel.arrived() and time.monotonic() < deadline:
-    time.sleep(0.01)                         # a local step
-    steps += 1
-seen = channel.arrived()
-kind = channel.recv(frame).kind              # read it either way, so the server's send ends
-disconnect()
-sys.exit(0 if seen and kind == Kind.STOP else 3)
-"""
-
-
 @pytest.mark.timeout(120)
 def test_a_client_sees_the_servers_message_arrive_between_two_steps(tmp_path):
     """On real gloo: a STOP sent to a client while it computes is seen between two of its steps.
@@ -293,20 +271,23 @@ def test_a_client_sees_the_servers_message_arrive_between_two_steps(tmp_path):
     import torch.distributed as dist
 
     from repro.real.frames import Frame
+    from repro.real.processes import client_context
     from repro.real.transport import Channel
     from repro.real.groups import connect, disconnect
 
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=60))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", WATCHING_CLIENT, str(store.port), "watched"],
-                            cwd=ROOT, env=env)
+    # the client: a fork of the clients' fork server (torch loaded), as a real client is
+    proc = client_context().Process(target=watching_client, args=(store.port, True))
+    proc.start()
     try:
         groups = connect(0, 2, 60.0, store)
         time.sleep(0.5)
         Channel(groups[1], 1, 30.0).send(Header(Kind.STOP, 1, 0, 0), Frame(16))
-        assert proc.wait(timeout=60) == 0
+        proc.join(60)
+        assert proc.exitcode == 0
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             proc.kill()
+            proc.join()
         disconnect()

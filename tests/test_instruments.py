@@ -252,11 +252,12 @@ def test_a_terminal_summary_left_by_an_earlier_launch_does_not_end_the_wait(tmp_
     """An interrupted folder continued with resume=auto: its old 'interrupted' summary is there
     before rank 0 has even started, and must not be read as this launch's end."""
     results, hosts = _results(tmp_path, {"status": "interrupted"}), FakeHosts()
-    finish = ("import json, pathlib, sys, time; time.sleep(1); "
+    # rank 0 starts 1 s late (torchrun's rendezvous): ten polls that see the old summary
+    finish = ("import json, pathlib, sys, time; time.sleep(0.5); "
               "pathlib.Path(sys.argv[1], 'summary.json').write_text(json.dumps({'status': 'completed'}))")
     try:
-        server = _agent(hosts, "server", results, finish, str(results / "run"), "repro.run", delay_s=3.0)
-        client = _agent(hosts, "client", results, "import time; time.sleep(4)", "repro.run")
+        server = _agent(hosts, "server", results, finish, str(results / "run"), "repro.run", delay_s=1.0)
+        client = _agent(hosts, "client", results, "import time; time.sleep(1.5)", "repro.run")
         run = two_hosts.TwoHostRun(hosts, results, server, client, previous=two_hosts.summary_text(results))
         assert run.wait(60, grace_s=0.5) == {"status": "completed"} and not run.agents_killed
     finally:

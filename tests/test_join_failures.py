@@ -101,10 +101,12 @@ def test_an_override_hydra_cannot_read_is_one_line_for_a_joiner_and_a_torchrun_w
 def test_a_join_to_a_silent_listener_is_refused_within_the_timeout(tmp_path):
     with silent_listener() as sock:
         port = sock.getsockname()[1]
-        joiner = start_join(tmp_path, f"127.0.0.1:{port}", "backend.timeout_s=3")
+        # 1 s: the listener stays silent however long the joiner waits, so a longer timeout
+        # only makes the refusal later
+        joiner = start_join(tmp_path, f"127.0.0.1:{port}", "backend.timeout_s=1")
         assert ended(joiner, 120) == 2
     [line] = lines(tmp_path)
-    assert f"backend.join=127.0.0.1:{port}" in line and "backend.timeout_s=3" in line, line
+    assert f"backend.join=127.0.0.1:{port}" in line and "backend.timeout_s=1" in line, line
 
 
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
@@ -213,7 +215,9 @@ def test_a_send_queued_when_its_link_closes_reports_the_close(tmp_path):
     store = new_store()
     server = start_peer(tmp_path, QUEUER, store, str(n))
     try:
-        client = Channel(pair_group(store, "p", 1, 60), 0, 5, watched=True, peer_in_group=0)
+        # a 3 s timeout: the send below waits it out; the close comes 1 s in (the Timer), so
+        # 2 s are left for gloo's thread to read it
+        client = Channel(pair_group(store, "p", 1, 60), 0, 3, watched=True, peer_in_group=0)
         client.post(Frame(4))   # as a client's, the receive of its next message is posted
         wait_log(server, tmp_path / "server.log", "posted")
         server.send_signal(signal.SIGSTOP)

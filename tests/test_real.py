@@ -3,8 +3,10 @@
 Every test runs real processes on loopback: the calling process (or a launcher subprocess) is
 rank 0, the server, and spawns CPU clients. Budgets are a few epochs of ``digits`` so a run
 trains in seconds; start-up (a fresh interpreter importing torch per client) dominates. Runs
-that are interrupted or killed are launched as a subprocess in a new session, so the test can
-signal them and then check that nothing of the session is left running.
+that are interrupted or whose server is killed are launched as a subprocess in a new session,
+so the test can signal them and then check that nothing of the session is left running; a run
+that loses a client runs in this process (:func:`~tests.helpers.runs.killing_a_client`), whose
+fork server is up already.
 
 Accuracy threshold: 2 clients, nsync=4, lr=0.2 without momentum reach 9% test error after 3
 epochs in the simulator (seed 0) and 7-10% in five real runs (the push order varies with timing),
@@ -33,7 +35,7 @@ from repro.real import run_real
 from repro.real.frames import HEADER_BYTES, Frame, Header, Kind
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers, client_pids, free_port
-from tests.helpers.runs import launch_real, real_cfg, wait_rows
+from tests.helpers.runs import killing_a_client, launch_real, real_cfg, torchrun_worker, wait_rows
 from tests.helpers.tables import check_same_evaluations, table_frames
 from tests.test_timings import check_real_timings
 
@@ -93,12 +95,13 @@ def test_peer_that_never_connects_fails_within_timeout(tmp_path, monkeypatch, no
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)   # a torchrun world whose rank 1 never comes
-    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", timeout_s=3.0))
+    # 1 s: rank 1 never comes, so a longer timeout only makes the failure later
+    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", timeout_s=1.0))
     start = time.monotonic()
     summary = run_real(cfg, tmp_path)
     assert time.monotonic() - start < 30
     assert summary["status"] == "failed"
-    assert "backend.timeout_s=3" in summary["message"]
+    assert "backend.timeout_s=1" in summary["message"]
     # the failed rendezvous must not poison the next run in this process (see the next test)
 
 
@@ -141,36 +144,34 @@ def test_a_master_addr_this_machine_cannot_listen_on_names_that_key(tmp_path, no
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
-WORKER = """
-import json, sys
-from repro.config.checks import from_dict
-from repro.real import run_torchrun_worker
-sys.exit(run_torchrun_worker(from_dict(json.loads(sys.argv[1]))))
-"""
-
-
 @pytest.mark.parametrize("other", [{"model": ModelConfig(name="mlp")}, {"nsync": 8}], ids=["model", "nsync"])
 def test_a_client_with_another_model_is_refused_not_crashed(tmp_path, monkeypatch, no_children, other):
-    """torchrun-style world by hand: rank 0 here (digits_cnn), rank 1 a subprocess running the
-    mlp. The HELLO exchange must catch the size mismatch before any payload moves (a payload
+    """torchrun-style world by hand: rank 0 here (digits_cnn), rank 1 another process running
+    the mlp (a fork of the clients' fork server, up already: no interpreter importing torch).
+    The HELLO exchange must catch the size mismatch before any payload moves (a payload
     larger than the posted buffer would make gloo abort the server process). A rank with the
     same model and another nsync (a node given other overrides) is refused alike: it trained
     into the run's tables, its pushes of 8 steps under a config.json that says 4."""
+    from repro.real.processes import client_context
+
     env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    other = real_cfg(num_clients=1, **other)
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(to_dict(other))], cwd=ROOT,
-                              env={**os.environ, **env, "RANK": "1", "LOCAL_RANK": "1"},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    other, log = real_cfg(num_clients=1, **other), tmp_path / "worker.log"
+    worker = client_context().Process(target=torchrun_worker, args=(
+        to_dict(other), {**env, "RANK": "1", "LOCAL_RANK": "1"}, str(log)))
+    worker.start()
     for key, value in {**env, "RANK": "0", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, value)
     try:
-        summary = run_real(real_cfg(num_clients=1), tmp_path)
-        out, _ = worker.communicate(timeout=30)
+        summary = run_real(real_cfg(num_clients=1), tmp_path / "run")
+        worker.join(30)
     finally:
-        worker.kill()
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+    out = log.read_text()
     assert summary["status"] == "failed", out
     assert "protocol error" in summary["events"][0]["reason"], out
-    assert worker.returncode == 1 and "protocol error" in out
+    assert worker.exitcode == 1 and "protocol error" in out
 
 
 def test_sigint_stops_every_rank(tmp_path):
@@ -188,16 +189,12 @@ def test_sigint_stops_every_rank(tmp_path):
     check_updates(upd)
 
 
-def test_sigkilled_client_degrades_the_run(tmp_path):
+def test_sigkilled_client_degrades_the_run(tmp_path, no_children):
     # 12 epochs (~135 pushes, seconds): the kill must land mid-run even on a loaded machine
-    proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=3, num_epochs=12.0))
-    try:
-        wait_rows(proc, run_dir, 10)
-        victim = client_pids(proc.pid)[0]
-        os.kill(victim, signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        assert_no_leftovers(proc)
+    run_dir = tmp_path / "run"
+    with killing_a_client(run_dir, 10) as killed:
+        run_real(real_cfg(num_clients=3, num_epochs=12.0), run_dir)
+    assert killed
     upd, evals, summary = table_frames(run_dir)
     assert summary["status"] == "completed_degraded", summary["message"]
     lost = [e for e in summary["events"] if e["type"] == "client_lost"]
@@ -225,16 +222,12 @@ def test_a_sigkilled_server_takes_its_clients_and_fork_server_along(tmp_path):
         assert_no_leftovers(proc, within_s=10)
 
 
-def test_losing_every_client_fails_cleanly(tmp_path):
-    proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=1, num_epochs=500.0))
-    try:
-        wait_rows(proc, run_dir, 5)
-        os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        assert_no_leftovers(proc)
+def test_losing_every_client_fails_cleanly(tmp_path, no_children):
+    run_dir = tmp_path / "run"
+    with killing_a_client(run_dir, 5) as killed:
+        returned = run_real(real_cfg(num_clients=1, num_epochs=500.0), run_dir)
     upd, _, summary = table_frames(run_dir)
-    assert proc.returncode == 1 and summary["status"] == "failed"
+    assert killed and returned == summary and summary["status"] == "failed"
     assert "every client was lost" in summary["message"] and summary["lost_clients"] == [1]
     check_updates(upd)
 
@@ -412,18 +405,15 @@ def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
     assert gap <= 2
 
 
-def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path):
+def test_a_client_killed_mid_round_does_not_hang_a_sync_round(tmp_path, no_children):
     """SIGKILL one of 3 clients of a sync run: the round it held closes with the others (the
     barrier needs the live clients only) and the run ends degraded, not hung."""
     from repro.config.settings import ProtocolConfig
     cfg = real_cfg(num_clients=3, num_epochs=12.0, protocol=ProtocolConfig(name="sync"))
-    proc, run_dir = launch_real(tmp_path, cfg)
-    try:
-        wait_rows(proc, run_dir, 5)
-        os.kill(client_pids(proc.pid)[0], signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        assert_no_leftovers(proc)
+    run_dir = tmp_path / "run"
+    with killing_a_client(run_dir, 5) as killed:
+        run_real(cfg, run_dir)
+    assert killed
     upd, _, summary = table_frames(run_dir)
     assert summary["status"] == "completed_degraded", summary["message"]
     _check_sync_rows(upd, 3)

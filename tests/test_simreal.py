@@ -88,13 +88,15 @@ def test_the_table_pairs_each_grid_point_by_what_its_folders_recorded(tmp_path, 
 
 
 def simulated_run(path, *, clients, seed, sigma, real=False, fit_paths=None):
-    """A run of the simulator (2 epochs of digits, 2 ms steps, lognormal jitter ``sigma`` per
-    step); with ``real`` its config.json says it is a real run on one host (a stand-in for a
-    measured run whose spread is known), with ``fit_paths`` that it was fitted to those runs."""
-    from repro.config.settings import CostConfig, RunConfig
+    """A run of the simulator (2 epochs of digits on the mlp, 2 ms steps, lognormal jitter
+    ``sigma`` per step); with ``real`` its config.json says it is a real run on one host (a
+    stand-in for a measured run whose spread is known), with ``fit_paths`` that it was fitted to
+    those runs. The mlp: only the timings are read, and it trains faster than digits_cnn."""
+    from repro.config.settings import CostConfig, ModelConfig, RunConfig
     from repro.sim.driver import simulate
 
     cfg = RunConfig(num_clients=clients, nsync=1, seed=seed, num_epochs=2.0, eval_every=2.0, progress=False,
+                    model=ModelConfig(name="mlp"),
                     cost=CostConfig.of(jitter="lognormal", jitter_sigma=sigma, compute_s=0.002))
     simulate(cfg, path)
     config = json.loads((path / "config.json").read_text())

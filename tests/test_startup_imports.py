@@ -23,6 +23,9 @@ PROBE = ("import atexit, runpy, sys; "
     (["num_clients=0"], 2, "error: invalid value for 'num_clients': 0; expected an integer in 1..1024"),
     (["algo.server_rule=adagrd"], 2, "error: invalid value for 'algo.server_rule': 'adagrd'; expected one of: "
                                      "'adagrad', 'dcasgd', 'delta'"),
+    # a run folder that cannot be made or named: it was refused after the model was built (torch)
+    (["hydra.run.dir="], 2, "error: hydra.run.dir is empty: the run would write into "),
+    (["hydra.run.dir=${oops}"], 2, "error: cannot name the run folder (hydra.run.dir): Interpolation key 'oops'"),
 ])
 def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, args, code, needle):
     proc = subprocess.run([sys.executable, "-c", PROBE, f"results_dir={tmp_path / 'results'}", *args],

@@ -8,7 +8,8 @@
   and then check that nothing of it is left (:func:`launch_real`, :data:`LAUNCHER`).
 * :func:`wait_rows` until a run has pushed; :func:`lock_holder`, a live process holding a run
   folder's lock as a running run does; :func:`sim_killed_at`, a simulator run that ends as a
-  SIGKILL leaves it, deterministically.
+  SIGKILL leaves it, deterministically; :func:`killing_a_client`, a client of a real run in
+  this process SIGKILLed mid-run; :func:`torchrun_worker`, a rank > 0 of a world made by hand.
 """
 from __future__ import annotations
 
@@ -145,3 +146,52 @@ def lock_holder(run_dir: Path):
         proc.kill()
         proc.wait()
         proc.stdout.close()
+
+
+@contextlib.contextmanager
+def killing_a_client(run_dir: Path, rows: int, victim: int = 0):
+    """While the ``with`` block runs a real run into ``run_dir`` in this process, a thread
+    SIGKILLs the ``victim``-th of its clients (forks of this process's fork server, by pid) once
+    it has pushed more than ``rows`` times. Yields the list that holds the killed pid. In this
+    process, not a launcher's: the fork server is already up (no torch import per run), and
+    what is tested is the client's death, not the launcher's."""
+    import os
+    import signal
+    import threading
+
+    from tests.helpers.processes import client_pids
+
+    path, done, killed = Path(run_dir) / "updates.csv", threading.Event(), []
+
+    def kill() -> None:
+        while not done.is_set():
+            if path.exists() and sum(1 for _ in open(path)) > rows and (pids := client_pids(os.getpid())):
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.append(pids[victim])
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill, name="client-killer", daemon=True)
+    killer.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        killer.join()
+
+
+def torchrun_worker(cfg: dict, env: dict, log: str) -> None:
+    """Rank ``env["RANK"]`` of a torchrun world made by hand, run as a fork of this process's
+    fork server (``client_context().Process``; no interpreter importing torch afresh): ``cfg``
+    (:func:`~repro.config.settings.to_dict`) through ``run_torchrun_worker``, its output into
+    ``log``, its exit status the worker's."""
+    import os
+
+    os.environ.update(env)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    from repro.config.checks import from_dict
+    from repro.real import run_torchrun_worker
+
+    sys.exit(run_torchrun_worker(from_dict(cfg)))
