@@ -30,6 +30,7 @@ from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
 log = prefixed("repro.real.server", "[real server]")
+STOPPING_S = 2.0   # once a stop is asked for, the most a STOP waits for its client
 
 
 def server_device(cfg: RunConfig) -> torch.device:
@@ -230,6 +231,9 @@ class Dispatcher:
             if self.acceptor is not None:
                 self.acceptor.done.set()
         with self.lock:   # an interrupt or a failure: nobody computes on for nothing
+            if self.stop.is_set():   # torchrun SIGKILLs rank 0 30 s after its signal: a STOP must not wait
+                for channel in self.channels.values():   # backend.client_timeout_s for a client that
+                    channel.hurry(STOPPING_S)             # answers nothing (stopped, dying), the summary unwritten
             self.stop_clients()   # (every receiver is finished now: its client stopped or lost)
             return self.core.final_status(interrupted=self.stop.is_set())
 

@@ -65,6 +65,11 @@ class Channel:
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
         self._timeout = datetime.timedelta(seconds=timeout_s)   # as gloo takes it, made once
 
+    def hurry(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` from now on (a wait already begun keeps its bound)."""
+        self.timeout_s = min(self.timeout_s, timeout_s)
+        self._timeout = datetime.timedelta(seconds=self.timeout_s)
+
     def _first_error(self, exc: RuntimeError) -> Exception:
         """Why the link ended, for a send's wait that failed with ``exc`` (a receive's own failure
         is that first error already). gloo tells a send queued on its
