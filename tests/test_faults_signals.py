@@ -93,19 +93,24 @@ cfg = from_dict(json.loads(sys.argv[1]))
 setup = build_client(cfg, 1, torch.device("cpu"))
 channel = Channel(connect(1, 2, 60.0)[1], 0, 60.0)
 _hello(channel, setup, cfg)
-channel.recv(setup.inbox)   # its first parameters; from here on it posts no receive and never pushes
+header = channel.recv(setup.inbox)   # its first parameters; from here on it posts no receive
+if sys.argv[2] == "pushes":   # one push: the server's reply to it waits for a receive never posted
+    setup.client.fetch(setup.inbox.payload, header.version)
+    channel.send_push(setup.client.compute_push(setup.net, cfg.nsync, out=setup.outbox.payload), setup.outbox)
 print("silent", flush=True)
 sys.stdin.read()
 """
 
 
 @pytest.mark.slow   # found by this suite: torchrun's Ctrl-C left the run folder running
-def test_5_a_stop_waits_for_no_client_that_does_not_answer(tmp_path):
+@pytest.mark.parametrize("silent_after", ["fetching", "pushes"])
+def test_5_a_stop_waits_for_no_client_that_does_not_answer(tmp_path, silent_after):
     """Fault: SIGINT (torchrun passes a Ctrl-C on) to rank 0 of a torchrun world whose client has
-    its parameters and then answers nothing (stopped, dying, stuck: it posts no receive), with
-    backend.client_timeout_s=60. Rank 0's STOP to it waited the whole client timeout, past
-    torchrun's 30 s grace before its SIGKILL, which left summary.json ``running``. Guarantee 5:
-    rank 0 ends interrupted within seconds, with a terminal summary."""
+    its parameters (and pushed once, or not) and then answers nothing (stopped, dying, stuck: it
+    posts no receive), with backend.client_timeout_s=60. Rank 0's STOP to it, or the reply to its
+    push holding the server's lock, waited the whole client timeout, past torchrun's 30 s grace
+    before its SIGKILL, which left summary.json ``running``. Guarantee 5: rank 0 ends interrupted
+    within seconds, with a terminal summary."""
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
     cfg = real_cfg(num_clients=1, num_epochs=500.0, backend=BackendConfig(
@@ -113,7 +118,7 @@ def test_5_a_stop_waits_for_no_client_that_does_not_answer(tmp_path):
     run_dir, spec = tmp_path / "run", json.dumps(to_dict(cfg))
     server = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(run_dir), spec], cwd=ROOT, env=env,
                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = subprocess.Popen([sys.executable, "-c", SILENT_CLIENT, spec], cwd=ROOT, start_new_session=True,
+    client = subprocess.Popen([sys.executable, "-c", SILENT_CLIENT, spec, silent_after], cwd=ROOT, start_new_session=True,
                               env={**env, "RANK": "1", "LOCAL_RANK": "1"}, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:

@@ -212,30 +212,47 @@ class Dispatcher:
         log.info(f"serving {len(self.channels)} client(s) from version {self.server.version}")
         mark("server", "serving")
 
+    def watch(self) -> bool:
+        """The main thread's round, under the lock: finished evaluations, client processes,
+        heartbeats; False once nobody is left to serve."""
+        drained = self.core.drain()
+        self.poll_processes()
+        self.keep_alive()
+        if drained.stopping:
+            self.stop_clients()
+        return bool(self.live()) and not self.core.error
+
     def run(self) -> tuple[str, str]:
         """Serve until every client is stopped or lost; return (status, message)."""
         try:
             with self.lock:
                 self.start()
             while not self.stop.wait(0.05):   # wakes at once on Ctrl-C
-                with self.lock:
-                    drained = self.core.drain()
-                    self.poll_processes()
-                    self.keep_alive()
-                    if drained.stopping:
-                        self.stop_clients()
-                    if not self.live() or self.core.error:
-                        break
+                # bounded: a receiver's reply may wait for its client under the lock, and a stop
+                # must still be heard (see below)
+                if self.lock.acquire(timeout=0.5):
+                    try:
+                        if not self.watch():
+                            break
+                    finally:
+                        self.lock.release()
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
                 self.acceptor.done.set()
-        with self.lock:   # an interrupt or a failure: nobody computes on for nothing
-            if self.stop.is_set():   # torchrun SIGKILLs rank 0 30 s after its signal: a STOP must not wait
-                for channel in self.channels.values():   # backend.client_timeout_s for a client that
-                    channel.hurry(STOPPING_S)             # answers nothing (stopped, dying), the summary unwritten
+        # torchrun SIGKILLs rank 0 30 s after its signal, so a stop waits for no client that answers
+        # nothing (stopped, dying) backend.client_timeout_s, the summary unwritten: not for a receiver
+        # whose reply to it holds the lock (it serves nothing more: closed), nor for a STOP to it
+        while not self.lock.acquire(timeout=0.1):
+            if self.stop.is_set() and any(ch.sending_s() > STOPPING_S for ch in self.channels.values()):
+                return self.core.final_status(interrupted=True)
+        try:   # an interrupt or a failure: nobody computes on for nothing
+            for channel in self.channels.values() if self.stop.is_set() else ():
+                channel.hurry(STOPPING_S)
             self.stop_clients()   # (every receiver is finished now: its client stopped or lost)
             return self.core.final_status(interrupted=self.stop.is_set())
+        finally:
+            self.lock.release()
 
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:
@@ -343,6 +360,8 @@ class Dispatcher:
         if all(r.client != k for r in outcome.replies):
             self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)
         self.carry(outcome.replies)
+        if self.closed:   # the run ended while a reply waited: its end checkpoints, not this push
+            return
         if self.core.settle(now).stopping:
             self.stop_clients()
 
