@@ -118,9 +118,9 @@ def test_5_a_stop_waits_for_no_client_that_does_not_answer(tmp_path, silent_afte
     run_dir, spec = tmp_path / "run", json.dumps(to_dict(cfg))
     server = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(run_dir), spec], cwd=ROOT, env=env,
                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = subprocess.Popen([sys.executable, "-c", SILENT_CLIENT, spec, silent_after], cwd=ROOT, start_new_session=True,
-                              env={**env, "RANK": "1", "LOCAL_RANK": "1"}, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen([sys.executable, "-c", SILENT_CLIENT, spec, silent_after], cwd=ROOT,
+                              env={**env, "RANK": "1", "LOCAL_RANK": "1"}, start_new_session=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline() == "silent\n"
         time.sleep(0.5)

@@ -228,9 +228,7 @@ class Dispatcher:
             with self.lock:
                 self.start()
             while not self.stop.wait(0.05):   # wakes at once on Ctrl-C
-                # bounded: a receiver's reply may wait for its client under the lock, and a stop
-                # must still be heard (see below)
-                if self.lock.acquire(timeout=0.5):
+                if self.lock.acquire(timeout=0.5):   # (a reply may wait on its client under it: see below)
                     try:
                         if not self.watch():
                             break
@@ -240,9 +238,9 @@ class Dispatcher:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
                 self.acceptor.done.set()
-        # torchrun SIGKILLs rank 0 30 s after its signal, so a stop waits for no client that answers
-        # nothing (stopped, dying) backend.client_timeout_s, the summary unwritten: not for a receiver
-        # whose reply to it holds the lock (it serves nothing more: closed), nor for a STOP to it
+        # torchrun SIGKILLs rank 0 30 s after its signal, so a stop waits backend.client_timeout_s for
+        # no client that answers nothing (stopped, dying), the summary unwritten: neither for a
+        # receiver whose reply to it holds the lock (it serves nothing more: closed) nor for a STOP
         while not self.lock.acquire(timeout=0.1):
             if self.stop.is_set() and any(ch.sending_s() > STOPPING_S for ch in self.channels.values()):
                 return self.core.final_status(interrupted=True)
