@@ -14,6 +14,7 @@ the protocol holds is read from its client's receive frame, not copied (see the 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import traceback
@@ -25,7 +26,7 @@ from repro.errors import ConfigError
 from repro.logs import mark, prefixed
 from repro.real.elastic import ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello
-from repro.real.groups import first_line, forget_pair, pair_group
+from repro.real.groups import bounded, first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
@@ -191,6 +192,10 @@ class Dispatcher:
                 self.lose(k, f"process exited with code {proc.exitcode}")
 
     # -- the loop -------------------------------------------------------------------------------
+    def greet(self) -> None:
+        with self.lock:
+            self.start()
+
     def start(self) -> None:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
         home = self.reply.payload if self.device.type != "cuda" else None
@@ -224,9 +229,8 @@ class Dispatcher:
 
     def run(self) -> tuple[str, str]:
         """Serve until every client is stopped or lost; return (status, message)."""
-        try:
-            with self.lock:
-                self.start()
+        try:   # the greetings in a thread: a HELLO waits on its client, and a stop must be heard
+            bounded(self.greet, math.inf, "greeting the clients", self.stop)
             while not self.stop.wait(0.05):   # wakes at once on Ctrl-C
                 if self.lock.acquire(timeout=0.5):   # (a reply may wait on its client under it: see below)
                     try:
@@ -234,6 +238,8 @@ class Dispatcher:
                             break
                     finally:
                         self.lock.release()
+        except InterruptedError:
+            pass   # stopped while a HELLO waited: the ending below
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
