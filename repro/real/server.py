@@ -31,7 +31,7 @@ from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
 log = prefixed("repro.real.server", "[real server]")
-STOPPING_S = 2.0   # once a stop is asked for, the most a STOP waits for its client
+STOPPING_S = 2.0   # once a stop is asked for, the most a send waits for a client that answers nothing
 
 
 def server_device(cfg: RunConfig) -> torch.device:
