@@ -83,6 +83,62 @@ def test_5_sigterm_during_a_torchrun_rendezvous_ends_within_seconds(tmp_path):
     check_run_folder(run_dir, "interrupted")
 
 
+SILENT_CLIENT = """
+import json, sys, torch
+from repro.config.checks import from_dict
+from repro.real.client import _hello, build_client
+from repro.real.groups import connect
+from repro.real.transport import Channel
+cfg = from_dict(json.loads(sys.argv[1]))
+setup = build_client(cfg, 1, torch.device("cpu"))
+channel = Channel(connect(1, 2, 60.0)[1], 0, 60.0)
+if sys.argv[2] != "connecting":   # (that one never takes the server's HELLO)
+    _hello(channel, setup, cfg)
+    header = channel.recv(setup.inbox)   # its first parameters; from here on it posts no receive
+if sys.argv[2] == "pushes":   # one push: the server's reply to it waits for a receive never posted
+    setup.client.fetch(setup.inbox.payload, header.version)
+    channel.send_push(setup.client.compute_push(setup.net, cfg.nsync, out=setup.outbox.payload), setup.outbox)
+print("silent", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow   # found by this suite: torchrun's Ctrl-C left the run folder running
+@pytest.mark.parametrize("silent_after", ["connecting", "fetching", "pushes"])
+def test_5_a_stop_waits_for_no_client_that_does_not_answer(tmp_path, silent_after):
+    """Fault: SIGINT (torchrun passes a Ctrl-C on) to rank 0 of a torchrun world whose client
+    answers nothing once it has connected, once it has its parameters, or once it has pushed
+    (stopped, dying, stuck: it posts no receive), with backend.client_timeout_s=60. Rank 0's
+    HELLO or STOP to it, or the reply to its push holding the server's lock, waited the whole
+    client timeout, past torchrun's 30 s grace before its SIGKILL, which left summary.json
+    ``running``. Guarantee 5: rank 0 ends interrupted within seconds, with a terminal summary."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    cfg = real_cfg(num_clients=1, num_epochs=500.0, backend=BackendConfig(
+        name="real", client_device="cpu", timeout_s=60.0, client_timeout_s=60.0))
+    run_dir, spec = tmp_path / "run", json.dumps(to_dict(cfg))
+    server = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(run_dir), spec], cwd=ROOT, env=env,
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = subprocess.Popen([sys.executable, "-c", SILENT_CLIENT, spec, silent_after], cwd=ROOT,
+                              env={**env, "RANK": "1", "LOCAL_RANK": "1"}, start_new_session=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline() == "silent\n"
+        time.sleep(0.5)
+        server.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=15)
+        ended = server.poll() is not None
+    finally:
+        for proc in (server, client):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)   # (torchrun's SIGKILL after its grace)
+            proc.wait()
+            assert_no_leftovers(proc)
+    assert ended, "rank 0 still waited for a silent client 15 s after SIGINT"
+    check_run_folder(run_dir, "interrupted")
+
+
 SIM_SIGNALS = {"SIGTERM": [signal.SIGTERM], "SIGHUP": [signal.SIGHUP], "SIGINTx2": [signal.SIGINT, signal.SIGINT]}
 
 

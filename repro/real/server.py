@@ -14,6 +14,7 @@ the protocol holds is read from its client's receive frame, not copied (see the 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import traceback
@@ -25,11 +26,12 @@ from repro.errors import ConfigError
 from repro.logs import mark, prefixed
 from repro.real.elastic import ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello
-from repro.real.groups import first_line, forget_pair, pair_group
+from repro.real.groups import bounded, first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing
 
 log = prefixed("repro.real.server", "[real server]")
+STOPPING_S = 2.0   # once a stop is asked for, the most a send waits for a client that answers nothing
 
 
 def server_device(cfg: RunConfig) -> torch.device:
@@ -190,6 +192,10 @@ class Dispatcher:
                 self.lose(k, f"process exited with code {proc.exitcode}")
 
     # -- the loop -------------------------------------------------------------------------------
+    def greet(self) -> None:
+        with self.lock:
+            self.start()
+
     def start(self) -> None:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
         home = self.reply.payload if self.device.type != "cuda" else None
@@ -211,27 +217,46 @@ class Dispatcher:
         log.info(f"serving {len(self.channels)} client(s) from version {self.server.version}")
         mark("server", "serving")
 
+    def watch(self) -> bool:
+        """The main thread's round, under the lock: finished evaluations, client processes,
+        heartbeats; False once nobody is left to serve."""
+        drained = self.core.drain()
+        self.poll_processes()
+        self.keep_alive()
+        if drained.stopping:
+            self.stop_clients()
+        return bool(self.live()) and not self.core.error
+
     def run(self) -> tuple[str, str]:
         """Serve until every client is stopped or lost; return (status, message)."""
-        try:
-            with self.lock:
-                self.start()
+        try:   # the greetings in a thread: a HELLO waits on its client, and a stop must be heard
+            bounded(self.greet, math.inf, "greeting the clients", self.stop)
             while not self.stop.wait(0.05):   # wakes at once on Ctrl-C
-                with self.lock:
-                    drained = self.core.drain()
-                    self.poll_processes()
-                    self.keep_alive()
-                    if drained.stopping:
-                        self.stop_clients()
-                    if not self.live() or self.core.error:
-                        break
+                if self.lock.acquire(timeout=0.5):   # (a reply may wait on its client under it: see below)
+                    try:
+                        if not self.watch():
+                            break
+                    finally:
+                        self.lock.release()
+        except InterruptedError:
+            pass   # stopped while a HELLO waited: the ending below
         finally:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
                 self.acceptor.done.set()
-        with self.lock:   # an interrupt or a failure: nobody computes on for nothing
+        # torchrun SIGKILLs rank 0 30 s after its signal, so a stop waits backend.client_timeout_s for
+        # no client that answers nothing (stopped, dying), the summary unwritten: neither for a
+        # receiver whose reply to it holds the lock (it serves nothing more: closed) nor for a STOP
+        while not self.lock.acquire(timeout=0.1):
+            if self.stop.is_set() and any(ch.sending_s() > STOPPING_S for ch in self.channels.values()):
+                return self.core.final_status(interrupted=True)
+        try:   # an interrupt or a failure: nobody computes on for nothing
+            for channel in self.channels.values() if self.stop.is_set() else ():
+                channel.hurry(STOPPING_S)
             self.stop_clients()   # (every receiver is finished now: its client stopped or lost)
             return self.core.final_status(interrupted=self.stop.is_set())
+        finally:
+            self.lock.release()
 
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:
@@ -339,6 +364,8 @@ class Dispatcher:
         if all(r.client != k for r in outcome.replies):
             self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)
         self.carry(outcome.replies)
+        if self.closed:   # the run ended while a reply waited: its end checkpoints, not this push
+            return
         if self.core.settle(now).stopping:
             self.stop_clients()
 

@@ -64,6 +64,17 @@ class Channel:
         self._last_send = self._last_recv = None
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
         self._timeout = datetime.timedelta(seconds=timeout_s)   # as gloo takes it, made once
+        self._sent_at: float | None = None   # when the send under way began
+
+    def sending_s(self) -> float:
+        """How long the send under way has waited for its peer (0: none is)."""
+        sent_at = self._sent_at
+        return 0.0 if sent_at is None else time.monotonic() - sent_at
+
+    def hurry(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` from now on (a wait already begun keeps its bound)."""
+        self.timeout_s = min(self.timeout_s, timeout_s)
+        self._timeout = datetime.timedelta(seconds=self.timeout_s)
 
     def _first_error(self, exc: RuntimeError) -> Exception:
         """Why the link ended, for a send's wait that failed with ``exc`` (a receive's own failure
@@ -107,11 +118,14 @@ class Channel:
         self._transmit(Header.pack_push(push, frame, frame.capacity, **envelope), frame.capacity, Kind.PUSH)
 
     def _transmit(self, frame: Frame, length: int, kind: Kind) -> None:
+        self._sent_at = time.monotonic()   # (see sending_s)
         try:   # (on a connection already closed the call itself fails, at once)
             work = self.group.send(frame.message(length), self._peer_in_group, TAG)
             work.wait(self._timeout)
         except RuntimeError as exc:
             raise self._lost(f"sending {kind.name}", self._first_error(exc)) from exc
+        finally:
+            self._sent_at = None
         self._last_send = work
 
     def post(self, frame: Frame) -> None:
