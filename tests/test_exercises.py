@@ -2,11 +2,12 @@
 solution passes, every untouched stub fails with its hint, the typical wrong answers fail naming
 the difference, and a file that cannot be loaded exits 2 with one line, never a traceback.
 
-Gradings run in this process (``grader.grade``: the command's own function); two tests run the
+Gradings run in this process (``grader.grade``: the command's own function); a few tests run the
 command itself. Each grading is a few tiny simulator runs of the lab's quadratic.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,21 @@ def test_a_missing_file_exits_2_with_one_line(tmp_path, capsys):
     code, out, err = graded(tmp_path / "nowhere.py", capsys)
     assert code == grader.EXIT_UNLOADABLE and out == ""
     assert err.count("\n") == 1 and "nowhere.py: cannot read it" in err
+
+
+def test_a_fifo_a_folder_or_a_huge_file_is_refused_at_once_without_reading_it(tmp_path, capsys):
+    # a fifo (or /dev/zero) was read without end: only the 300 s alarm stopped it, with a traceback
+    fifo, huge = tmp_path / "answer.py", tmp_path / "huge.py"
+    os.mkfifo(fifo)
+    graded_fifo = subprocess.run([sys.executable, "-m", "repro.lab", "grade", str(fifo)], capture_output=True,
+                                 text=True, cwd=ROOT, timeout=90)
+    with huge.open("wb") as f:
+        f.truncate(grader.MAX_FILE_BYTES + 1)
+    refusals = [(graded_fifo.returncode, graded_fifo.stdout, graded_fifo.stderr, fifo),
+                *((*graded(path, capsys), path) for path in (tmp_path, huge))]
+    for code, out, err, path in refusals:
+        assert code == grader.EXIT_UNLOADABLE and out == "" and err.count("\n") == 1, err
+        assert f"{path}: not an exercise file (expected a Python file of the exercises" in err, err
 
 
 def test_the_help_lists_every_exercise_without_importing_torch():
