@@ -253,6 +253,35 @@ def test_a_gate_that_returns_a_list_is_judged_by_whom_it_releases(tmp_path, caps
     assert code == grader.EXIT_PASSED, out + err
 
 
+def test_a_gate_whose_clients_are_no_tuple_fails_saying_so_or_is_judged_by_whom_it_names(tmp_path, capsys):
+    # an int (or an array's truth test) in reply or discarded was the grader's traceback
+    out = failing(tmp_path, capsys, "05_ssp_gate.py", "return tuple(go)", "return len(go)")
+    assert "on_push returned a Decision with reply=1, discarded=(): each a tuple" in out
+    path = edited(tmp_path, "06_ringmaster.py", "discarded=((push.read_version, push.client),)",
+                  "discarded=__import__('numpy').array([(push.read_version, push.client)])")
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_PASSED, out + err
+
+
+COUNT = "max(1, len(counted) - self.backups)"
+
+
+@pytest.mark.parametrize("odd, got", [(f"__import__('numpy').array([{COUNT}] * 2)", "array([4, 4])"),
+                                      ("True", "True"), (f"str({COUNT})", "'4'"), (f"float({COUNT})", "4.0")])
+def test_a_needed_that_returns_no_count_fails_saying_what_came(odd, got, tmp_path, capsys):
+    # an array was the grader's traceback (its == "is ambiguous"), True passed for 1, '4' showed as 4
+    out = failing(tmp_path, capsys, "07_backup_workers.py", COUNT, odd)
+    assert f"FAIL  0 backup(s), 4 live client(s): expected a round closes at 4 push(es), got {got}, not a count" in out
+    assert out.count("not a count (an int)") == 5, out
+
+
+@pytest.mark.parametrize("odd", ["str(num_clients - 1)", "num_clients == 2"])
+def test_a_text_or_a_bool_is_no_number(odd, tmp_path, capsys):
+    # float("1") and float(True) read them as numbers: every check passed for '1', two for True
+    out = failing(tmp_path, capsys, "01_mean_staleness.py", "return num_clients - 1", f"return {odd}")
+    assert "PASS" not in out, out
+
+
 @pytest.mark.parametrize("exercise, function", [("mean_staleness", "mean_staleness"),
                                                 ("stable_lr", "largest_stable_lr")])
 def test_an_int_beyond_floats_fails_as_an_answer(exercise, function, tmp_path, capsys):
