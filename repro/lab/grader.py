@@ -69,6 +69,8 @@ def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     except SyntaxError as e:
         where = f"line {e.lineno}: " if e.lineno else ""   # null bytes: no line
         raise Unloadable(f"{path}: {where}syntax error: {e.msg}") from None
+    except (RecursionError, MemoryError) as e:   # the parser's own limits: a traceback, as from python itself
+        raise Unloadable(f"{path}: cannot be parsed: an expression nested too deeply ({type(e).__name__})") from None
     ex = exercise_of(path, tree)
     module = types.ModuleType(f"exercise_{ex.name}")
     module.__file__ = filename
