@@ -138,8 +138,8 @@ UNLOADABLE = {
     "raises": ('EXERCISE = "mean_staleness"\nimport no_such_module_here\n',
                "it stops while loading: ModuleNotFoundError: No module named 'no_such_module_here' (line 2"),
     "null_byte": ('EXERCISE = "mean_staleness"\x00\n', "answer.py: syntax error: source code string cannot"),
-    "deep_unary": ('EXERCISE = "mean_staleness"\nx = ' + "-" * 200000 + "1\n", "cannot be parsed: an expression nested too deeply"),
-    "deep_sum": ('EXERCISE = "mean_staleness"\nx = 1' + " + 1" * 150000 + "\n", "cannot be parsed: an expression nested too deeply"),
+    "deep_unary": ('EXERCISE = "mean_staleness"\nx = ' + "-" * 200000 + "1\n", "an expression nested too deeply"),
+    "deep_sum": ('EXERCISE = "mean_staleness"\nx = 1' + " + 1" * 150000 + "\n", "an expression nested too deeply"),
 }
 
 

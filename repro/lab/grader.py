@@ -58,8 +58,8 @@ def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     """The file's exercise and the file run as a fresh module, or :class:`Unloadable`."""
     try:   # bytes: the parser decodes them as python does (a BOM, a coding line; else a syntax error)
         if not S_ISREG((info := path.stat()).st_mode) or info.st_size > MAX_FILE_BYTES:
-            raise Unloadable(f"{path}: not an exercise file (expected a Python file of the exercises, "
-                             f"a regular file of at most {MAX_FILE_BYTES // 10**6} MB, e.g. exercises/01_mean_staleness.py)")
+            raise Unloadable(f"{path}: not an exercise file (expected a Python file of the exercises, a regular "
+                             f"file of at most {MAX_FILE_BYTES // 10**6} MB, e.g. exercises/01_mean_staleness.py)")
         source = path.read_bytes()
     except OSError as e:
         raise Unloadable(f"{path}: cannot read it ({e.strerror})") from None
