@@ -379,8 +379,9 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     that sets it, ``.bounds`` holds them all, ``.cycle_s`` is one client's cycle alone. A push
     carries ``param_bytes`` (the model's size) unless ``cfg.cost.comm_params`` sets it, as the
     simulator's clock counts them (the lab's ``+exp=ceiling`` sets it: 244 MB). ``cost=fit``: of
-    the fitted costs, as a run would simulate them. Raises ConfigError for a replay (a recorded
-    order, no cost model) or ``cost.compute_s=calibrate`` (a step measured only when a run starts)."""
+    the fitted costs, as a run would simulate them. Raises ConfigError for a key outside its valid
+    values, a replay (a recorded order, no cost model) or ``cost.compute_s=calibrate`` (a step
+    measured only when a run starts)."""
     from repro.sim.ceiling import ceiling as bound
     from repro.sim.driver import resolve
 
