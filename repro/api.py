@@ -33,7 +33,7 @@ from repro.asgd.optimal import Ringmaster
 from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View
 from repro.asgd.rules import RULES, StalenessScaledRule
 from repro.config.loader import composed, group_options
-from repro.config.checks import from_dict, validate
+from repro.config.checks import _check_leaves, from_dict, validate
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
 from repro.errors import ConfigError, numbers
 from repro.files import schema
@@ -379,14 +379,16 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     that sets it, ``.bounds`` holds them all, ``.cycle_s`` is one client's cycle alone. A push
     carries ``param_bytes`` (the model's size) unless ``cfg.cost.comm_params`` sets it, as the
     simulator's clock counts them (the lab's ``+exp=ceiling`` sets it: 244 MB). ``cost=fit``: of
-    the fitted costs, as a run would simulate them. Raises ConfigError for a replay (a recorded
-    order, no cost model) or ``cost.compute_s=calibrate`` (a step measured only when a run starts)."""
+    the fitted costs, as a run would simulate them. Raises ConfigError for a key outside its valid
+    values, a replay (a recorded order, no cost model) or ``cost.compute_s=calibrate`` (a step
+    measured only when a run starts)."""
     from repro.sim.ceiling import ceiling as bound
     from repro.sim.driver import resolve
 
     # ceiling(None) was an AttributeError; not validate(): the bound takes a part-full host (5 clients, 4 a host)
     if not isinstance(cfg, RunConfig):
         raise ConfigError("cfg", cfg, "a RunConfig, e.g. repro.api.configure(...)")
+    _check_leaves(cfg, RunConfig, "")   # each key alone: cfg.replace(num_clients=2.5) was a TypeError
     # -1 gave a negative rate, "x" a TypeError
     numbers("param_bytes", param_bytes, "a finite number >= 0 (the model's bytes)", lambda b: b >= 0, scalar=True)
     if cfg.cost.schedule == "replay":

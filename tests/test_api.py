@@ -366,6 +366,7 @@ def test_a_module_with_every_parameter_frozen_is_refused_before_training():
     (lambda: api.configure(3), "overrides"), (lambda: api.configure("num_clients=4", None), "overrides"),
     (lambda: api.run_config(None), "cfg"), (lambda: api.run_config("num_clients=4"), "cfg"),
     (lambda: api.ceiling(None), "cfg"), (lambda: api.ceiling("cost=lan"), "cfg"),   # an AttributeError
+    (lambda: api.ceiling(api.configure("num_clients=3").replace(num_clients=2.5)), "num_clients"),   # a TypeError
     (lambda: api.harmonic(10**12), "n"), (lambda: api.harmonic(1025), "n"),   # 10**12 looped for hours
     (lambda: api.collection_time([1.0, 2.0], 10**12), "size"),
     (lambda: api.theorem_response([1.0], 0.1, 0.5, 10**12), "steps")])   # a loop of 10**12 steps

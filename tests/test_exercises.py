@@ -2,11 +2,12 @@
 solution passes, every untouched stub fails with its hint, the typical wrong answers fail naming
 the difference, and a file that cannot be loaded exits 2 with one line, never a traceback.
 
-Gradings run in this process (``grader.grade``: the command's own function); two tests run the
+Gradings run in this process (``grader.grade``: the command's own function); a few tests run the
 command itself. Each grading is a few tiny simulator runs of the lab's quadratic.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,8 @@ UNLOADABLE = {
     "raises": ('EXERCISE = "mean_staleness"\nimport no_such_module_here\n',
                "it stops while loading: ModuleNotFoundError: No module named 'no_such_module_here' (line 2"),
     "null_byte": ('EXERCISE = "mean_staleness"\x00\n', "answer.py: syntax error: source code string cannot"),
+    "deep_unary": ('EXERCISE = "mean_staleness"\nx = ' + "-" * 200000 + "1\n", "an expression nested too deeply"),
+    "deep_sum": ('EXERCISE = "mean_staleness"\nx = 1' + " + 1" * 150000 + "\n", "an expression nested too deeply"),
 }
 
 
@@ -154,6 +157,21 @@ def test_a_missing_file_exits_2_with_one_line(tmp_path, capsys):
     code, out, err = graded(tmp_path / "nowhere.py", capsys)
     assert code == grader.EXIT_UNLOADABLE and out == ""
     assert err.count("\n") == 1 and "nowhere.py: cannot read it" in err
+
+
+def test_a_fifo_a_folder_or_a_huge_file_is_refused_at_once_without_reading_it(tmp_path, capsys):
+    # a fifo (or /dev/zero) was read without end: only the 300 s alarm stopped it, with a traceback
+    fifo, huge = tmp_path / "answer.py", tmp_path / "huge.py"
+    os.mkfifo(fifo)
+    graded_fifo = subprocess.run([sys.executable, "-m", "repro.lab", "grade", str(fifo)], capture_output=True,
+                                 text=True, cwd=ROOT, timeout=90)
+    with huge.open("wb") as f:
+        f.truncate(grader.MAX_FILE_BYTES + 1)
+    refusals = [(graded_fifo.returncode, graded_fifo.stdout, graded_fifo.stderr, fifo),
+                *((*graded(path, capsys), path) for path in (tmp_path, huge))]
+    for code, out, err, path in refusals:
+        assert code == grader.EXIT_UNLOADABLE and out == "" and err.count("\n") == 1, err
+        assert f"{path}: not an exercise file (expected a Python file of the exercises" in err, err
 
 
 def test_the_help_lists_every_exercise_without_importing_torch():
@@ -235,6 +253,35 @@ def test_a_gate_that_returns_a_list_is_judged_by_whom_it_releases(tmp_path, caps
     path = edited(tmp_path, "05_ssp_gate.py", "return tuple(go)", "return go")
     code, out, err = graded(path, capsys)
     assert code == grader.EXIT_PASSED, out + err
+
+
+def test_a_gate_whose_clients_are_no_tuple_fails_saying_so_or_is_judged_by_whom_it_names(tmp_path, capsys):
+    # an int (or an array's truth test) in reply or discarded was the grader's traceback
+    out = failing(tmp_path, capsys, "05_ssp_gate.py", "return tuple(go)", "return len(go)")
+    assert "on_push returned a Decision with reply=1, discarded=(): each a tuple" in out
+    path = edited(tmp_path, "06_ringmaster.py", "discarded=((push.read_version, push.client),)",
+                  "discarded=__import__('numpy').array([(push.read_version, push.client)])")
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_PASSED, out + err
+
+
+COUNT = "max(1, len(counted) - self.backups)"
+
+
+@pytest.mark.parametrize("odd, got", [(f"__import__('numpy').array([{COUNT}] * 2)", "array([4, 4])"),
+                                      ("True", "True"), (f"str({COUNT})", "'4'"), (f"float({COUNT})", "4.0")])
+def test_a_needed_that_returns_no_count_fails_saying_what_came(odd, got, tmp_path, capsys):
+    # an array was the grader's traceback (its == "is ambiguous"), True passed for 1, '4' showed as 4
+    out = failing(tmp_path, capsys, "07_backup_workers.py", COUNT, odd)
+    assert f"FAIL  0 backup(s), 4 live client(s): expected a round closes at 4 push(es), got {got}, not a count" in out
+    assert out.count("not a count (an int)") == 5, out
+
+
+@pytest.mark.parametrize("odd", ["str(num_clients - 1)", "num_clients == 2"])
+def test_a_text_or_a_bool_is_no_number(odd, tmp_path, capsys):
+    # float("1") and float(True) read them as numbers: every check passed for '1', two for True
+    out = failing(tmp_path, capsys, "01_mean_staleness.py", "return num_clients - 1", f"return {odd}")
+    assert "PASS" not in out, out
 
 
 @pytest.mark.parametrize("exercise, function", [("mean_staleness", "mean_staleness"),

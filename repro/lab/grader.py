@@ -17,6 +17,7 @@ import sys
 import types
 from contextlib import contextmanager
 from pathlib import Path
+from stat import S_ISREG
 
 from repro.lab import harness
 from repro.lab.harness import EXERCISES, Check, Exercise, StudentError
@@ -24,6 +25,7 @@ from repro.logs import get_logger
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNLOADABLE = 0, 1, 2
 GRADE_LIMIT_S = 300   # far beyond a grading's seconds: only an answer that never returns meets it
+MAX_FILE_BYTES = 10**6   # a stub is 1 kB; /dev/zero or a fifo was read without end (stat opens nothing)
 
 
 class Unloadable(Exception):
@@ -55,6 +57,9 @@ def exercise_of(path: Path, tree: ast.Module) -> Exercise:
 def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     """The file's exercise and the file run as a fresh module, or :class:`Unloadable`."""
     try:   # bytes: the parser decodes them as python does (a BOM, a coding line; else a syntax error)
+        if not S_ISREG((info := path.stat()).st_mode) or info.st_size > MAX_FILE_BYTES:
+            raise Unloadable(f"{path}: not an exercise file (expected a Python file of the exercises, a regular "
+                             f"file of at most {MAX_FILE_BYTES // 10**6} MB, e.g. exercises/01_mean_staleness.py)")
         source = path.read_bytes()
     except OSError as e:
         raise Unloadable(f"{path}: cannot read it ({e.strerror})") from None
@@ -64,6 +69,8 @@ def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     except SyntaxError as e:
         where = f"line {e.lineno}: " if e.lineno else ""   # null bytes: no line
         raise Unloadable(f"{path}: {where}syntax error: {e.msg}") from None
+    except (RecursionError, MemoryError) as e:   # the parser's own limits: a traceback, as from python itself
+        raise Unloadable(f"{path}: cannot be parsed: an expression nested too deeply ({type(e).__name__})") from None
     ex = exercise_of(path, tree)
     module = types.ModuleType(f"exercise_{ex.name}")
     module.__file__ = filename

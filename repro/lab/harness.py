@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 import repro.api as asgd
 from repro.registry import Registry
 
@@ -87,8 +89,10 @@ def shown(value: Any) -> str:
 
 
 def as_number(got: Any) -> float | None:
-    """A student's answer as a float; None for what is not a number (text, None, an int past
-    float's range)."""
+    """A student's answer as a float; None for what is not a number (text, a bool, None, an int
+    past float's range)."""
+    if isinstance(got, (str, bytes, bool, np.bool_)):   # float("1") and float(True) passed for 1
+        return None
     try:
         return float(got)
     except (TypeError, ValueError, OverflowError):

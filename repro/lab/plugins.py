@@ -13,6 +13,8 @@ push R or more versions stale).
 """
 from __future__ import annotations
 
+import dataclasses
+import numbers
 from types import SimpleNamespace
 from typing import Iterator
 
@@ -20,7 +22,7 @@ import pandas as pd
 import torch
 
 import repro.api as asgd
-from repro.lab.harness import (Check, StudentError, exercise, losses_check, plugged_run, quadratic,
+from repro.lab.harness import (Check, Raised, StudentError, exercise, losses_check, plugged_run, quadratic,
                                same_run_check, student_call, with_protocol)
 
 LR_SERVER = 0.1
@@ -62,11 +64,14 @@ BACKUP_HINT = ("a round closes at the first N - b pushes of the N clients live a
                "that joined during it count from the next): b backup workers, but at least one push")
 
 
-def needed_of(cls: type, backups: int, live: set[int], joining: set[int]) -> int:
+def needed_of(cls: type, backups: int, live: set[int], joining: set[int]) -> int | Raised:
     cfg = SimpleNamespace(protocol=SimpleNamespace(backup_workers=backups))   # all a Sync policy reads when built
     policy = student_call(cls, cfg, sorted(live | joining), 0)
     policy.joining = set(joining)
-    return student_call(policy.needed, frozenset(live))
+    got = student_call(policy.needed, frozenset(live))
+    # an array made the check's == ambiguous (a traceback), True passed for 1, "3" showed as 3
+    return int(got) if isinstance(got, numbers.Integral) and not isinstance(got, bool) else \
+        Raised(f"{student_call(repr, got)}, not a count (an int)")
 
 
 @exercise("backup_workers", "backup workers for a sync round (Chen et al. 2016)", BackupSync="class")
@@ -105,12 +110,17 @@ def push(client: int, read_version: int) -> asgd.Push:
 
 
 def decided(method, *args) -> asgd.Decision:
-    """The Decision the student's ``method`` returns; anything else (a forgotten ``return``)
-    is their error, said as one."""
+    """The Decision the student's ``method`` returns, its clients as tuples (a list or an array
+    is judged by whom it names); anything else (a forgotten ``return``, ``reply=3``) is their
+    error, said as one."""
     got = student_call(method, *args)
     if not isinstance(got, asgd.Decision):
         raise StudentError(f"{method.__name__} returned {got!r}, not a Decision")
-    return got
+    try:   # an array's truth test or an int's join was a traceback in goes_on and outcome
+        return dataclasses.replace(got, reply=tuple(got.reply), discarded=tuple(got.discarded))
+    except TypeError:
+        raise StudentError(f"{method.__name__} returned a Decision with reply={got.reply!r}, discarded="
+                           f"{got.discarded!r}: each a tuple, e.g. reply=(client,)") from None
 
 
 def goes_on(decision: asgd.Decision) -> str:
