@@ -1,8 +1,12 @@
-"""A figure's grid as its Hydra sweep declares it, expanded into the runs it launches, and the
-launcher override that runs a shrunk grid's points inside its command's own process."""
+"""A figure's grid as its Hydra sweep declares it, expanded into the runs it launches; the
+launcher override that runs a shrunk grid's points inside its command's own process; and the
+command itself run inside the test's process (:func:`cli_in_process`)."""
 from __future__ import annotations
 
 import itertools
+import logging
+import signal
+import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -13,6 +17,36 @@ from repro.run import CONF_DIR
 # importing torch) of the experiments' default joblib launcher. The numbers are the same:
 # tests/test_grids.py holds joblib workers' tables and figure byte-equal to the basic launcher's.
 IN_PROCESS = ("hydra/launcher=basic",)
+
+
+def cli_in_process(monkeypatch, *args: str) -> int:
+    """``python -m repro.run ARGS`` in the test's process: its exit status (0 when it returns).
+    For a test of what a command writes (runs, figures), not of its process: it spares a fresh
+    interpreter's imports (torch, Hydra, matplotlib: about two seconds on the suite's 2 cores).
+    The command's signal handlers, its exit-only mode and Hydra's logging are for its own
+    process, not pytest's: put back afterwards, as are the grid's points it could not run."""
+    from repro import errors, runtime
+    from repro import run as cli_module
+
+    monkeypatch.setattr(sys, "argv", ["repro.run", *args])
+    monkeypatch.setattr(runtime, "_exiting", runtime._exiting)   # exit_on_signal sets it
+    handlers = {s: signal.getsignal(s) for s in runtime.SIGNALS}
+    root = logging.getLogger()
+    logging_state = (root.level, list(root.handlers))
+    bad_points = list(errors.BAD_POINTS)
+    try:
+        cli_module.cli()
+    except SystemExit as exc:   # sys.exit(None) is 0; a message, 1 (as the interpreter exits)
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        errors.BAD_POINTS[:] = bad_points
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        for handler in set(root.handlers) - set(logging_state[1]):
+            handler.close()
+        root.setLevel(logging_state[0])
+        root.handlers[:] = logging_state[1]
+    return 0
 
 
 def sweep_grid(exp: str) -> list[dict]:
