@@ -134,7 +134,7 @@ WARM_JOB = textwrap.dedent("""
     import repro.workload.start as ws
     from repro.run import compose, parse
 
-    results, go, calls = sys.argv[1:4]
+    results, go, calls, ready = sys.argv[1:5]
     cfg = parse(compose([f"results_dir={results}", "start=warm", "warm_start_epochs=1", "progress=false"]))
     train = ws.train_baseline
 
@@ -145,6 +145,8 @@ WARM_JOB = textwrap.dedent("""
         return train(cfg, device)
 
     ws.train_baseline = counted
+    with open(ready, "a") as f:    # torch imported: at the start line
+        f.write(f"{os.getpid()}\\n")
     while not Path(go).exists():   # both jobs start together
         time.sleep(0.01)
     params, rule = ws.warm_start_state(cfg, torch.device("cpu"))
@@ -153,11 +155,14 @@ WARM_JOB = textwrap.dedent("""
 
 
 def test_two_jobs_starting_together_train_the_warm_start_baseline_once(tmp_path):
-    go, calls = tmp_path / "go", tmp_path / "calls"
-    procs = [subprocess.Popen([sys.executable, "-c", WARM_JOB, str(tmp_path / "results"), str(go), str(calls)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    go, calls, ready = tmp_path / "go", tmp_path / "calls", tmp_path / "ready"
+    procs = [subprocess.Popen([sys.executable, "-c", WARM_JOB, str(tmp_path / "results"), str(go), str(calls),
+                               str(ready)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
-    time.sleep(3.0)   # both have imported torch and wait at the start line
+    deadline = time.monotonic() + 120
+    while not (ready.exists() and len(ready.read_text().split()) == 2):   # both wait at the start line
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a job never reached the start"
+        time.sleep(0.05)
     go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
