@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tests.helpers.configs import composed
 from tests.helpers.grids import sweep_grid
 
 from repro.analysis.lab.ceiling import ceiling_frame, draw_ceiling, steady_samples_per_s, table
@@ -293,7 +294,7 @@ def test_shrunk_sweep_draws_measured_beside_predicted_and_redraws_from_logs(tmp_
 
 def test_paper_regime_on_the_2013_network_is_fig4_papers_grid_under_paper2013_shared():
     from repro.config.settings import to_dict
-    shared, plain = (compose([f"+exp={e}"], return_hydra_config=True) for e in ("fig4_paper_shared", "fig4_paper"))
+    shared, plain = (composed([f"+exp={e}"], hydra=True) for e in ("fig4_paper_shared", "fig4_paper"))
     assert shared.hydra.sweeper.params == plain.hydra.sweeper.params
     a, b = (to_dict(parse(compose([f"+exp={e}"]))) for e in ("fig4_paper_shared", "fig4_paper"))
     assert {k for k in a if a[k] != b[k]} == {"exp_name", "cost"}

@@ -14,6 +14,7 @@ from repro.config import settings
 from repro.config.loader import CONF_DIR, GROUPS, group_options
 from repro.errors import ConfigError
 from repro.run import compose, parse
+from tests.helpers.configs import composed
 
 SCHEMAS = {"data": settings.DataConfig, "model": settings.ModelConfig, "algo": settings.AlgoConfig,
            "cost": settings.CostConfig, "backend": settings.BackendConfig, "protocol": settings.ProtocolConfig}
@@ -79,6 +80,6 @@ def test_every_grid_shares_its_progress_callback_and_ends_with_it():
     assert len(grids) >= 17
     for path in grids:
         assert "repro.grid.Grid" not in path.read_text(), f"{path.name} writes the shared grid block"
-        callbacks = compose([f"+exp={path.stem}"], return_hydra_config=True).hydra.callbacks
+        callbacks = composed([f"+exp={path.stem}"], hydra=True).hydra.callbacks
         assert list(callbacks)[-1] == "grid" and callbacks.grid._target_ == "repro.grid.Grid", path.stem
         assert len(callbacks) >= 2, path.stem   # the experiment's own figure or pipeline first

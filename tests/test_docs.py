@@ -44,6 +44,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import configs
 from tests.helpers import docs_commands as dc
 from tests.helpers import fake_runs
 from tests.helpers.paths import ROOT, tree_files
@@ -270,13 +271,11 @@ def _grid(args: tuple[str, ...]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf, open_dict
 
-    from repro import run as rr
-
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(overrides)
     fixed = [text for text, o in zip(overrides, parsed) if not o.is_sweep_override()]
-    base = rr.compose(fixed, return_hydra_config=True)
+    base = configs.composed(fixed, hydra=True)
     grid: dict[str, tuple[str, ...]] = {}
     multirun = "-m" in args or "--multirun" in args or str(base.hydra.mode) == "RunMode.MULTIRUN"
     if multirun or any(o.is_sweep_override() for o in parsed):
@@ -330,7 +329,7 @@ def compose_errors(args: list[str]) -> list[str]:
             chosen = tuple((k, v) for k, v in point.items() if k.lstrip("+") in groups)
             if chosen not in composed:       # a group per point: compose it as Hydra would
                 composed[chosen] = OmegaConf.create(OmegaConf.to_container(
-                    rr.compose([*fixed, *(f"{k}={v}" for k, v in chosen)]), resolve=False))
+                    configs.composed([*fixed, *(f"{k}={v}" for k, v in chosen)]), resolve=False))
             dcfg = composed[chosen] if replaced else OmegaConf.create(OmegaConf.to_container(composed[chosen]))
             for key, text in point.items():   # plain keys: set them on the composed tree
                 if key.lstrip("+") not in groups:

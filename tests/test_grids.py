@@ -295,9 +295,9 @@ def test_every_grid_experiment_is_found():
 
 @pytest.mark.parametrize("exp", REAL_GRIDS)
 def test_a_grid_of_real_runs_runs_one_point_at_a_time_with_progress_and_its_pipeline(exp):
-    from repro.run import compose
+    from tests.helpers.configs import composed
 
-    full = compose([f"+exp={exp}"], return_hydra_config=True)
+    full = composed([f"+exp={exp}"], hydra=True)
     assert full.backend.name == "real" and str(full.hydra.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
     assert full.hydra.launcher._target_.endswith("BasicLauncher")
     callbacks = full.hydra.callbacks
@@ -307,9 +307,9 @@ def test_a_grid_of_real_runs_runs_one_point_at_a_time_with_progress_and_its_pipe
 
 @pytest.mark.parametrize("exp", GRIDS)
 def test_every_grid_experiment_runs_in_parallel_with_progress_and_a_figure(exp):
-    from repro.run import compose
+    from tests.helpers.configs import composed
 
-    full = compose([f"+exp={exp}"], return_hydra_config=True)
+    full = composed([f"+exp={exp}"], hydra=True)
     assert str(full.hydra.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
     assert full.hydra.launcher._target_.endswith("JoblibLauncher") and full.hydra.launcher.n_jobs == -1
     callbacks = full.hydra.callbacks

@@ -10,7 +10,6 @@ import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from repro.run import CONF_DIR
 
 # A shrunk grid whose test checks its figure, not its launcher, runs its points one after another
 # in the command's process (Hydra's basic launcher), sparing the two worker processes (each
@@ -51,11 +50,9 @@ def cli_in_process(monkeypatch, *args: str) -> int:
 
 def sweep_grid(exp: str) -> list[dict]:
     """The runs a figure's sweep launches, expanded as Hydra's basic sweeper does."""
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
+    from tests.helpers.configs import composed
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        full = hcompose(config_name="config", overrides=[f"+exp={exp}"], return_hydra_config=True)
+    full = composed([f"+exp={exp}"], hydra=True)
     params = full.hydra.sweeper.params
     assert full.hydra.mode.name == "MULTIRUN"
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
