@@ -26,6 +26,7 @@ import pytest
 
 from repro_bench import __main__ as bench
 from repro_bench import grid as bench_grid
+from tests.helpers.grids import cli_in_process
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers
 
@@ -83,9 +84,13 @@ def assert_same_runs(a: Path, b: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sequential(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def sequential(tmp_path_factory) -> Path:
+    """The grid run one point after another in the launching process: this one (the reference
+    needs no process of its own; the parallel launches compared with it start theirs)."""
     root = tmp_path_factory.mktemp("basic")
-    return root, launch(root, "basic")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert cli_in_process(monkeypatch, *grid_cmd(root, "basic")[3:]) == 0
+    return root
 
 
 def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential, tmp_path):
@@ -94,7 +99,7 @@ def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential,
     proc = launch(tmp_path, None, "hydra.launcher.n_jobs=2")   # the experiment's default launcher
     out = proc.stdout + proc.stderr
     assert "joblib (loky): launching 4 jobs in 2 worker process(es)" in out
-    assert_same_runs(sequential[0], tmp_path)
+    assert_same_runs(sequential, tmp_path)
     assert out.count(BASELINE_LINE) == 1
     assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
     assert _drawn(proc.stdout) == 1               # drawn once, after the grid
@@ -120,7 +125,7 @@ def test_submitit_local_executor_writes_the_same_runs_and_figure_as_sequential(s
     each in its own process; the numbers are still the sequential launch's."""
     proc = launch(tmp_path, "submitit_local")
     out = proc.stdout + proc.stderr
-    assert_same_runs(sequential[0], tmp_path)
+    assert_same_runs(sequential, tmp_path)
     assert _drawn(proc.stdout) == 1
     assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
     logs = "".join(p.read_text() for p in (tmp_path / "results" / "fig3" / ".submitit").rglob("*.err"))
