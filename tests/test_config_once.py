@@ -32,7 +32,7 @@ def test_every_option_composes_with_every_key_of_its_dataclass(group):
     """An option that does not write a key still has it, at the dataclass's default: a new field
     needs no YAML edit (before the schema, cost.schedule composed only under cost=replay)."""
     for option in group_options(group):
-        node = compose([f"{group}={option}", *REQUIRED.get(option, [])])[group]
+        node = composed([f"{group}={option}", *REQUIRED.get(option, [])])[group]
         keys = set(_fields(group)) if (group, option) != ("backend", "sim") else {"name"}
         assert keys <= set(node), f"{group}={option} lacks {sorted(keys - set(node))}"
 
