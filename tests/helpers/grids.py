@@ -22,13 +22,15 @@ def cli_in_process(monkeypatch, *args: str) -> int:
     """``python -m repro.run ARGS`` in the test's process: its exit status (0 when it returns).
     For a test of what a command writes (runs, figures), not of its process: it spares a fresh
     interpreter's imports (torch, Hydra, matplotlib: about two seconds on the suite's 2 cores).
-    The command's signal handlers, its exit-only mode and Hydra's logging are for its own
-    process, not pytest's: put back afterwards, as are the grid's points it could not run."""
+    The command's signal handlers, its exit-only mode, its mark of the launching process and
+    Hydra's logging are for its own process, not pytest's: put back afterwards, as are the grid's
+    points it could not run."""
     from repro import errors, runtime
     from repro import run as cli_module
 
     monkeypatch.setattr(sys, "argv", ["repro.run", *args])
     monkeypatch.setattr(runtime, "_exiting", runtime._exiting)   # exit_on_signal sets it
+    monkeypatch.setattr(cli_module, "_launcher_pid", cli_module._launcher_pid)   # a grid sets it
     handlers = {s: signal.getsignal(s) for s in runtime.SIGNALS}
     root = logging.getLogger()
     logging_state = (root.level, list(root.handlers))
