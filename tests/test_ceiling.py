@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tests.helpers.configs import composed
 from tests.helpers.grids import sweep_grid
 
 from repro.analysis.lab.ceiling import ceiling_frame, draw_ceiling, steady_samples_per_s, table
@@ -42,7 +43,7 @@ def test_paper2013_shared_bounds_by_hand():
     finishes 1 / 0.2441 = 4.097 transfers a second each way, so 8 clients (7.56 pushes/s if
     nothing were shared) get 4.097, a speedup ceiling of 4.097 x 1.0582 = 4.335; 2 hosts of 4
     have twice that on their own links; the apply carries 1 / 0.07 = 14.3."""
-    cost = parse(compose(["cost=paper2013_shared"])).cost
+    cost = parse(composed(["cost=paper2013_shared"])).cost
     c = ceiling(cost, 8, 1, param_bytes=0)
     cycle = 0.5 + 2 * TRANSFER + 0.07
     assert c.cycle_s == pytest.approx(cycle, rel=1e-12)
@@ -149,7 +150,7 @@ def test_the_cycle_is_the_lone_clients_own():
     """cost=straggler: client 1 computes 4x slower, so one client alone (client 1) cycles in
     4 x 4 x 10 ms + 2 transfers + the apply, and pushes once a cycle: cycle_s x pushes_per_s = 1
     (cycle_s was a 10 ms client's, 4x shorter than the one client's cycle it claims)."""
-    cost = parse(compose(["cost=straggler"])).cost
+    cost = parse(composed(["cost=straggler"])).cost
     one = ceiling(cost, 1, 4, param_bytes=4000)
     transfer = 1e-4 + 4000 / 1e9
     assert one.cycle_s == pytest.approx(0.16 + 2 * transfer + 1e-4)
@@ -293,9 +294,9 @@ def test_shrunk_sweep_draws_measured_beside_predicted_and_redraws_from_logs(tmp_
 
 def test_paper_regime_on_the_2013_network_is_fig4_papers_grid_under_paper2013_shared():
     from repro.config.settings import to_dict
-    shared, plain = (compose([f"+exp={e}"], return_hydra_config=True) for e in ("fig4_paper_shared", "fig4_paper"))
+    shared, plain = (composed([f"+exp={e}"], hydra=True) for e in ("fig4_paper_shared", "fig4_paper"))
     assert shared.hydra.sweeper.params == plain.hydra.sweeper.params
-    a, b = (to_dict(parse(compose([f"+exp={e}"]))) for e in ("fig4_paper_shared", "fig4_paper"))
+    a, b = (to_dict(parse(composed([f"+exp={e}"]))) for e in ("fig4_paper_shared", "fig4_paper"))
     assert {k for k in a if a[k] != b[k]} == {"exp_name", "cost"}
     assert {k for k in a["cost"] if a["cost"][k] != b["cost"][k]} == {"profile", "topology", "shared"}
     assert {k for k in a["cost"]["shared"] if a["cost"]["shared"][k] != b["cost"]["shared"][k]} == {

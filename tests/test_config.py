@@ -9,6 +9,7 @@ from repro.config.checks import from_dict, ignored_protocol_keys
 from repro.config.settings import RunConfig, to_dict
 from repro.errors import ConfigError
 from repro.run import CONF_DIR, compose, parse
+from tests.helpers.configs import composed
 from tests.helpers.grids import sweep_grid
 from tests.helpers.paths import ROOT
 
@@ -24,7 +25,7 @@ def test_default_config_converts_and_round_trips():
 
 @pytest.mark.parametrize("exp", EXPERIMENTS)
 def test_every_experiment_composes_and_converts(exp):
-    cfg = parse(compose([f"+exp={exp}"]))
+    cfg = parse(composed([f"+exp={exp}"]))
     assert cfg.exp_name == exp
     assert ignored_protocol_keys(cfg) == []     # no shipped experiment sets a key its protocol ignores
 
@@ -33,7 +34,7 @@ def test_every_experiment_composes_and_converts(exp):
 def test_every_group_option_composes(group):
     for option in sorted(p.stem for p in (CONF_DIR / group.lstrip("+")).glob("*.yaml")):
         extra = {"cifar10": ["data.root=/nowhere"], "replay": ["cost.path=/nowhere"], "fit": ["cost.path=/nowhere"]}.get(option, [])
-        cfg = parse(compose([f"{group}={option}", *extra]))
+        cfg = parse(composed([f"{group}={option}", *extra]))
         assert cfg is not None and ignored_protocol_keys(cfg) == []
 
 
@@ -68,10 +69,10 @@ def sorted_items(d):
 
 def test_figure_experiments_use_the_paper_regime_and_warm_start():
     for exp in ("fig2", "fig3", "fig4", "staleness"):
-        cfg = parse(compose([f"+exp={exp}"]))
+        cfg = parse(composed([f"+exp={exp}"]))
         assert (cfg.cost.profile, cfg.algo.server_rule, cfg.cost.comm_params) == ("paper2013", "adagrad", 6.1e7)
-    assert parse(compose(["+exp=fig3"])).start == "warm"
-    assert parse(compose(["+exp=fig2"])).start == "cold"
+    assert parse(composed(["+exp=fig3"])).start == "warm"
+    assert parse(composed(["+exp=fig2"])).start == "cold"
 
 
 BAD_INPUTS = [

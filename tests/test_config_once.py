@@ -14,6 +14,7 @@ from repro.config import settings
 from repro.config.loader import CONF_DIR, GROUPS, group_options
 from repro.errors import ConfigError
 from repro.run import compose, parse
+from tests.helpers.configs import composed
 
 SCHEMAS = {"data": settings.DataConfig, "model": settings.ModelConfig, "algo": settings.AlgoConfig,
            "cost": settings.CostConfig, "backend": settings.BackendConfig, "protocol": settings.ProtocolConfig}
@@ -31,7 +32,7 @@ def test_every_option_composes_with_every_key_of_its_dataclass(group):
     """An option that does not write a key still has it, at the dataclass's default: a new field
     needs no YAML edit (before the schema, cost.schedule composed only under cost=replay)."""
     for option in group_options(group):
-        node = compose([f"{group}={option}", *REQUIRED.get(option, [])])[group]
+        node = composed([f"{group}={option}", *REQUIRED.get(option, [])])[group]
         keys = set(_fields(group)) if (group, option) != ("backend", "sim") else {"name"}
         assert keys <= set(node), f"{group}={option} lacks {sorted(keys - set(node))}"
 
@@ -79,6 +80,6 @@ def test_every_grid_shares_its_progress_callback_and_ends_with_it():
     assert len(grids) >= 17
     for path in grids:
         assert "repro.grid.Grid" not in path.read_text(), f"{path.name} writes the shared grid block"
-        callbacks = compose([f"+exp={path.stem}"], return_hydra_config=True).hydra.callbacks
+        callbacks = composed([f"+exp={path.stem}"], hydra=True).hydra.callbacks
         assert list(callbacks)[-1] == "grid" and callbacks.grid._target_ == "repro.grid.Grid", path.stem
         assert len(callbacks) >= 2, path.stem   # the experiment's own figure or pipeline first

@@ -14,6 +14,8 @@ environment running the tests. Each step runs in a shell that is not activated (
 environment's ``bin`` is off ``PATH``, no ``VIRTUAL_ENV``), after the README's activation command
 (:func:`tests.docs_commands.activation`), as a reader who followed the set-up pastes it: a doc
 that never says to activate fails here. ``MPLBACKEND=Agg``, as on a machine without a display.
+A file whose quick steps are the first ones of a file run before in the session (the same
+commands, in the same order, in an identical copy) reads their exit statuses back.
 
 **Checked without running** (default suite, seconds): every ``python -m repro.run`` of the
 markdown, fenced or inline, slow and manual ones included (figure grids: every grid point;
@@ -42,6 +44,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import configs
 from tests.helpers import docs_commands as dc
 from tests.helpers import fake_runs
 from tests.helpers.paths import ROOT, tree_files
@@ -177,39 +180,67 @@ def _shell(work: Path) -> tuple[dict[str, str], str]:
     return env, ""
 
 
-def run_commands(path: Path, tiers: set[str], work: Path,
-                 timeout_s: float) -> tuple[list[str], list[str]]:
-    """Run the steps of ``path``'s commands whose tier is in ``tiers``, in order, in ``work``.
-    Returns (failures, what ran), each one line (or a few) per step."""
-    failures, ran = [], []
-    env, prefix = _shell(work)
+def _steps(path: Path, tiers: set[str]) -> list[tuple[dc.Command, dc.Step, int]]:
+    """(command, step, the exit status it must have) of ``path``'s steps whose tier is in
+    ``tiers``, in order."""
+    out = []
     for cmd in dc.extract(path):
         last = max((i for i, s in enumerate(cmd.steps) if s.tier != "setup"), default=-1)
-        for i, step in enumerate(cmd.steps):
-            if step.tier not in tiers:
-                continue
-            expected = cmd.exit_code if i == last else 0
-            start = time.monotonic()
-            try:
-                proc = subprocess.run(["bash", "-c", prefix + step.text], cwd=work, env=env,
-                                      capture_output=True, text=True, timeout=timeout_s)
-                rc, out = proc.returncode, (proc.stdout + proc.stderr).strip()
-            except subprocess.TimeoutExpired as e:
-                rc, out = "timeout", f"still running after {timeout_s} s: {e.stderr or ''}"
-            took = time.monotonic() - start
-            ran.append(f"{cmd.where()} [{took:.1f} s] {step.text}")
-            if rc != expected:
-                tail = "\n      ".join(str(out).splitlines()[-8:])
-                failures.append(f"{cmd.where()}: `{step.text}` exited {rc}, expected {expected} "
-                                f"({took:.1f} s):\n      {tail}")
+        out += [(cmd, step, cmd.exit_code if i == last else 0)
+                for i, step in enumerate(cmd.steps) if step.tier in tiers]
+    return out
+
+
+def _run_step(text: str, work: Path, timeout_s: float) -> tuple[int | str, str, float]:
+    """(exit status, output, seconds) of one step run in ``work`` as a reader pastes it."""
+    env, prefix = _shell(work)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(["bash", "-c", prefix + text], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+        rc, out = proc.returncode, (proc.stdout + proc.stderr).strip()
+    except subprocess.TimeoutExpired as e:
+        rc, out = "timeout", f"still running after {timeout_s} s: {e.stderr or ''}"
+    return rc, out, time.monotonic() - start
+
+
+# What the quick steps did, by the steps (texts, in order) run up to each in a fresh copy of the
+# tree. A file whose quick steps are the first ones of a file run before (getting-started's
+# `.venv/bin/python -m repro.run` is the README's first) reads their outcomes back: the same
+# steps in an identical copy, run seconds ago in this session, need not run twice.
+_QUICK_OUTCOMES: dict[tuple[str, ...], tuple[int | str, str, float]] = {}
+
+
+def run_commands(path: Path, tiers: set[str], tmp: Path, timeout_s: float,
+                 known: dict | None = None) -> tuple[list[str], list[str]]:
+    """Run the steps of ``path``'s commands whose tier is in ``tiers``, in order, in a copy of
+    the tree made under ``tmp``; with ``known``, read back what the same steps did in an earlier
+    copy (every one of them run there, in this order) and record what runs. Returns (failures,
+    what ran), each one line (or a few) per step."""
+    failures, ran = [], []
+    steps = _steps(path, tiers)
+    texts = tuple(step.text for _, step, _ in steps)
+    read_back = known is not None and all(texts[:n] in known for n in range(1, len(texts) + 1))
+    work = None if read_back else _workdir(tmp)
+    for n, (cmd, step, expected) in enumerate(steps, 1):
+        if read_back:
+            rc, out, took = known[texts[:n]]
+        else:
+            rc, out, took = _run_step(step.text, work, timeout_s)
+            if known is not None:
+                known[texts[:n]] = rc, out, took
+        ran.append(f"{cmd.where()} [{took:.1f} s{', read back' if read_back else ''}] {step.text}")
+        if rc != expected:
+            tail = "\n      ".join(str(out).splitlines()[-8:])
+            failures.append(f"{cmd.where()}: `{step.text}` exited {rc}, expected {expected} "
+                            f"({took:.1f} s):\n      {tail}")
     return failures, ran
 
 
 @pytest.mark.parametrize("name", DOCS)
 def test_quick_commands_work_as_written(name, tmp_path):
     path = _doc(name)
-    work = _workdir(tmp_path)
-    failures, ran = run_commands(path, {"quick"}, work, QUICK_TIMEOUT_S)
+    failures, ran = run_commands(path, {"quick"}, tmp_path, QUICK_TIMEOUT_S, _QUICK_OUTCOMES)
     assert not failures, f"{len(failures)} of {len(ran)} quick command(s) of {name} failed:\n" + \
         "\n".join(failures)
 
@@ -219,8 +250,7 @@ def test_quick_commands_work_as_written(name, tmp_path):
 def test_slow_commands_work_as_written(name, tmp_path):
     """Quick and slow steps together, in order: a slow step may need what a quick one wrote."""
     path = _doc(name)
-    work = _workdir(tmp_path)
-    failures, ran = run_commands(path, {"quick", "slow"}, work, SLOW_TIMEOUT_S)
+    failures, ran = run_commands(path, {"quick", "slow"}, tmp_path, SLOW_TIMEOUT_S)
     assert not failures, f"{len(failures)} of {len(ran)} quick and slow command(s) of {name} " \
         "failed:\n" + "\n".join(failures)
 
@@ -241,13 +271,11 @@ def _grid(args: tuple[str, ...]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf, open_dict
 
-    from repro import run as rr
-
     overrides = [a for a in args if "=" in a and not a.startswith("-")]
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(overrides)
     fixed = [text for text, o in zip(overrides, parsed) if not o.is_sweep_override()]
-    base = rr.compose(fixed, return_hydra_config=True)
+    base = configs.composed(fixed, hydra=True)
     grid: dict[str, tuple[str, ...]] = {}
     multirun = "-m" in args or "--multirun" in args or str(base.hydra.mode) == "RunMode.MULTIRUN"
     if multirun or any(o.is_sweep_override() for o in parsed):
@@ -301,7 +329,7 @@ def compose_errors(args: list[str]) -> list[str]:
             chosen = tuple((k, v) for k, v in point.items() if k.lstrip("+") in groups)
             if chosen not in composed:       # a group per point: compose it as Hydra would
                 composed[chosen] = OmegaConf.create(OmegaConf.to_container(
-                    rr.compose([*fixed, *(f"{k}={v}" for k, v in chosen)]), resolve=False))
+                    configs.composed([*fixed, *(f"{k}={v}" for k, v in chosen)]), resolve=False))
             dcfg = composed[chosen] if replaced else OmegaConf.create(OmegaConf.to_container(composed[chosen]))
             for key, text in point.items():   # plain keys: set them on the composed tree
                 if key.lstrip("+") not in groups:

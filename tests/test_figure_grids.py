@@ -214,13 +214,14 @@ def test_every_committed_experiment_is_one_configuration_per_figure():
 
     from repro.config.settings import to_dict
     from repro.analysis.load import flatten
-    from repro.run import compose, parse
+    from repro.run import parse
+    from tests.helpers.configs import composed
 
     parser = OverridesParser.create()
     groups = {"data", "model", "algo", "cost", "backend", "protocol", "problem", "mitigation", "partition"}
     checked = 0
     for path in sorted((ROOT / "conf" / "exp").glob("*.yaml")):
-        full = compose([f"+exp={path.stem}"], return_hydra_config=True)
+        full = composed([f"+exp={path.stem}"], hydra=True)
         callback = (full.hydra.get("callbacks") or {}).get("figure")
         if callback is None:
             continue
@@ -229,13 +230,13 @@ def test_every_committed_experiment_is_one_configuration_per_figure():
                  for k, v in (full.hydra.sweeper.params or {}).items()}
         # each group at its first choice; then every value of every key, one at a time
         first = {k: f"{k}={v[0]}" for k, v in sweep.items() if k.lstrip("+") in groups}
-        base, ids = compose([f"+exp={path.stem}", *first.values()]) if first else without_hydra(full), set()
+        base, ids = composed([f"+exp={path.stem}", *first.values()]) if first else without_hydra(full), set()
         for key, values in sweep.items():
             for value in values:
                 if key in first and value == values[0]:   # every group at its first choice
                     dcfg = base
                 elif key in first:   # a group: composed as Hydra would
-                    dcfg = compose([f"+exp={path.stem}", *(o for k, o in first.items() if k != key),
+                    dcfg = composed([f"+exp={path.stem}", *(o for k, o in first.items() if k != key),
                                     f"{key}={value}"])
                 else:
                     dcfg = copy.deepcopy(base)

@@ -26,6 +26,7 @@ import pytest
 
 from repro_bench import __main__ as bench
 from repro_bench import grid as bench_grid
+from tests.helpers.grids import cli_in_process
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import assert_no_leftovers
 
@@ -83,9 +84,13 @@ def assert_same_runs(a: Path, b: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sequential(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def sequential(tmp_path_factory) -> Path:
+    """The grid run one point after another in the launching process: this one (the reference
+    needs no process of its own; the parallel launches compared with it start theirs)."""
     root = tmp_path_factory.mktemp("basic")
-    return root, launch(root, "basic")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert cli_in_process(monkeypatch, *grid_cmd(root, "basic")[3:]) == 0
+    return root
 
 
 def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential, tmp_path):
@@ -94,7 +99,7 @@ def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential,
     proc = launch(tmp_path, None, "hydra.launcher.n_jobs=2")   # the experiment's default launcher
     out = proc.stdout + proc.stderr
     assert "joblib (loky): launching 4 jobs in 2 worker process(es)" in out
-    assert_same_runs(sequential[0], tmp_path)
+    assert_same_runs(sequential, tmp_path)
     assert out.count(BASELINE_LINE) == 1
     assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
     assert _drawn(proc.stdout) == 1               # drawn once, after the grid
@@ -120,7 +125,7 @@ def test_submitit_local_executor_writes_the_same_runs_and_figure_as_sequential(s
     each in its own process; the numbers are still the sequential launch's."""
     proc = launch(tmp_path, "submitit_local")
     out = proc.stdout + proc.stderr
-    assert_same_runs(sequential[0], tmp_path)
+    assert_same_runs(sequential, tmp_path)
     assert _drawn(proc.stdout) == 1
     assert len(list((tmp_path / "results" / "_warmstart").glob("*/server.pt"))) == 1
     logs = "".join(p.read_text() for p in (tmp_path / "results" / "fig3" / ".submitit").rglob("*.err"))
@@ -134,7 +139,7 @@ WARM_JOB = textwrap.dedent("""
     import repro.workload.start as ws
     from repro.run import compose, parse
 
-    results, go, calls = sys.argv[1:4]
+    results, go, calls, ready = sys.argv[1:5]
     cfg = parse(compose([f"results_dir={results}", "start=warm", "warm_start_epochs=1", "progress=false"]))
     train = ws.train_baseline
 
@@ -145,6 +150,8 @@ WARM_JOB = textwrap.dedent("""
         return train(cfg, device)
 
     ws.train_baseline = counted
+    with open(ready, "a") as f:    # torch imported: at the start line
+        f.write(f"{os.getpid()}\\n")
     while not Path(go).exists():   # both jobs start together
         time.sleep(0.01)
     params, rule = ws.warm_start_state(cfg, torch.device("cpu"))
@@ -153,11 +160,14 @@ WARM_JOB = textwrap.dedent("""
 
 
 def test_two_jobs_starting_together_train_the_warm_start_baseline_once(tmp_path):
-    go, calls = tmp_path / "go", tmp_path / "calls"
-    procs = [subprocess.Popen([sys.executable, "-c", WARM_JOB, str(tmp_path / "results"), str(go), str(calls)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    go, calls, ready = tmp_path / "go", tmp_path / "calls", tmp_path / "ready"
+    procs = [subprocess.Popen([sys.executable, "-c", WARM_JOB, str(tmp_path / "results"), str(go), str(calls),
+                               str(ready)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
-    time.sleep(3.0)   # both have imported torch and wait at the start line
+    deadline = time.monotonic() + 120
+    while not (ready.exists() and len(ready.read_text().split()) == 2):   # both wait at the start line
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a job never reached the start"
+        time.sleep(0.05)
     go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
@@ -290,9 +300,9 @@ def test_every_grid_experiment_is_found():
 
 @pytest.mark.parametrize("exp", REAL_GRIDS)
 def test_a_grid_of_real_runs_runs_one_point_at_a_time_with_progress_and_its_pipeline(exp):
-    from repro.run import compose
+    from tests.helpers.configs import composed
 
-    full = compose([f"+exp={exp}"], return_hydra_config=True)
+    full = composed([f"+exp={exp}"], hydra=True)
     assert full.backend.name == "real" and str(full.hydra.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
     assert full.hydra.launcher._target_.endswith("BasicLauncher")
     callbacks = full.hydra.callbacks
@@ -302,9 +312,9 @@ def test_a_grid_of_real_runs_runs_one_point_at_a_time_with_progress_and_its_pipe
 
 @pytest.mark.parametrize("exp", GRIDS)
 def test_every_grid_experiment_runs_in_parallel_with_progress_and_a_figure(exp):
-    from repro.run import compose
+    from tests.helpers.configs import composed
 
-    full = compose([f"+exp={exp}"], return_hydra_config=True)
+    full = composed([f"+exp={exp}"], hydra=True)
     assert str(full.hydra.mode) in ("MULTIRUN", "RunMode.MULTIRUN")
     assert full.hydra.launcher._target_.endswith("JoblibLauncher") and full.hydra.launcher.n_jobs == -1
     callbacks = full.hydra.callbacks

@@ -26,6 +26,7 @@ from repro.files import locks, schema
 from repro.files.locks import FileLock, LockHeld, lock_held, read_holder
 from repro.files.storage import read_checkpoint, to_cpu
 
+from tests.helpers.grids import cli_in_process
 from tests.helpers.paths import ROOT
 
 
@@ -265,29 +266,6 @@ def test_the_analysis_imports_no_torch():
 # Validation: each check once per run, where the config enters; composition once
 # ---------------------------------------------------------------------------------------------
 
-def _cli_run_in_process(monkeypatch, *args: str) -> None:
-    """``python -m repro.run ARGS`` in this process; its signal handlers and Hydra's logging
-    are for its process, not pytest's: put back afterwards."""
-    import logging
-    import signal
-
-    from repro import run as cli_module
-
-    monkeypatch.setattr(sys, "argv", ["repro.run", *args])
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    root = logging.getLogger()
-    logging_state = (root.level, list(root.handlers))
-    try:
-        cli_module.cli()
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
-        for handler in set(root.handlers) - set(logging_state[1]):
-            handler.close()
-        root.setLevel(logging_state[0])
-        root.handlers[:] = logging_state[1]
-
-
 def test_one_command_line_run_composes_and_validates_its_config_once(tmp_path, monkeypatch):
     """``python -m repro.run`` composes its config once (it was three times: the pre-check,
     the run folder's check, Hydra's main) and validates it once (the command line's parse,
@@ -305,7 +283,7 @@ def test_one_command_line_run_composes_and_validates_its_config_once(tmp_path, m
         if getattr(module, "validate", None) is validate and module.__name__.startswith("repro"):
             monkeypatch.setattr(module, "validate", counted)
     monkeypatch.setattr(Hydra, "compose_config", lambda self, *a, **k: composed.append(a) or compose_config(self, *a, **k))
-    _cli_run_in_process(monkeypatch, *CLI_ARGS, f"results_dir={tmp_path}")
+    assert cli_in_process(monkeypatch, *CLI_ARGS, f"results_dir={tmp_path}") == 0
     assert len(composed) == 1 and len(validated) == 1
     summary = json.loads(next(tmp_path.glob("*/*/summary.json")).read_text())
     assert summary["status"] == "completed"

@@ -1,9 +1,6 @@
 """Staleness lab, mitigation: the experiment's grid, the expected staleness it draws against
 exact simulations, and a shrunk sweep that trains, then draws its figure from the logs."""
 import itertools
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -12,8 +9,7 @@ from repro.analysis.lab.mitigation import expected_mean_staleness, mitigation_of
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
 from repro.run import compose, parse
 from repro.sim.driver import simulate
-from tests.helpers.grids import IN_PROCESS, sweep_grid
-from tests.helpers.paths import ROOT
+from tests.helpers.grids import IN_PROCESS, cli_in_process, sweep_grid
 
 RULES = {"async": ("downpour", "async"), "staleness_scaled": ("staleness_scaled", "async"),
          "dcasgd": ("dcasgd", "async"), "ssp": ("downpour", "ssp"), "sync": ("downpour", "sync")}
@@ -68,15 +64,12 @@ def test_ssp_never_exceeds_its_staleness_bound(tmp_path):
     assert worst["ssp"] <= ssp_staleness_bound(4, 1) == 9 < worst["async"]
 
 
-def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path):
+def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path, monkeypatch):
     # 0.75 epochs: one sync round of 8 clients x nsync 4 (32 minibatches, 0.71 epochs) must fit
-    cmd = [sys.executable, "-m", "repro.run", "+exp=mitigation", f"results_dir={tmp_path / 'r'}",
-           f"figures_dir={tmp_path / 'f'}", "num_epochs=0.75", "progress=false", *IN_PROCESS,
-           # '+mitigation' cannot be a dotted key on the command line: replace the whole dict
-           "hydra.sweeper.params={+mitigation:'async,sync',nsync:'4',seed:'0'}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "MPLBACKEND": "Agg"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert cli_in_process(monkeypatch, "+exp=mitigation", f"results_dir={tmp_path / 'r'}",
+                          f"figures_dir={tmp_path / 'f'}", "num_epochs=0.75", "progress=false", *IN_PROCESS,
+                          # '+mitigation' cannot be a dotted key on the command line: replace the whole dict
+                          "hydra.sweeper.params={+mitigation:'async,sync',nsync:'4',seed:'0'}") == 0
     assert (tmp_path / "f" / "mitigation.png").stat().st_size > 20_000
     assert (tmp_path / "f" / "mitigation.pdf").exists()
     frame = pd.read_csv(tmp_path / "f" / "mitigation.csv")

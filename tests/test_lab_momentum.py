@@ -1,7 +1,4 @@
 """Staleness lab, momentum: the estimator on synthetic curves, the theorem's form, the grid, the figure."""
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -17,8 +14,7 @@ from repro.analysis.lab.momentum import (
 )
 from repro.workload.data import QUADRATIC_CURVATURES as L
 from repro.run import compose, parse
-from tests.helpers.grids import IN_PROCESS, sweep_grid
-from tests.helpers.paths import ROOT
+from tests.helpers.grids import IN_PROCESS, cli_in_process, sweep_grid
 
 LR, STEPS = 0.2, 100
 W0 = np.random.default_rng(7).uniform(-0.3, 0.3, len(L))
@@ -95,13 +91,10 @@ def test_experiment_grid_and_config():
     assert (cfg.cost.jitter, cfg.cost.jitter_sigma) == ("exponential", 1.0)
 
 
-def test_shrunk_momentum_experiment_draws_its_figure(tmp_path):
-    cmd = [sys.executable, "-m", "repro.run", "+exp=momentum", f"results_dir={tmp_path / 'results'}",
-           f"figures_dir={tmp_path / 'figures'}", "progress=false", *IN_PROCESS,
-           "hydra.sweeper.params={num_clients:'1,2',algo.momentum:'0,0.5',seed:'0'}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MPLBACKEND": "Agg"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+def test_shrunk_momentum_experiment_draws_its_figure(tmp_path, monkeypatch):
+    assert cli_in_process(monkeypatch, "+exp=momentum", f"results_dir={tmp_path / 'results'}",
+                          f"figures_dir={tmp_path / 'figures'}", "progress=false", *IN_PROCESS,
+                          "hydra.sweeper.params={num_clients:'1,2',algo.momentum:'0,0.5',seed:'0'}") == 0
     assert len(list((tmp_path / "results" / "momentum").glob("*/summary.json"))) == 4
     assert (tmp_path / "figures" / "momentum.png").stat().st_size > 10_000
     frame = pd.read_csv(tmp_path / "figures" / "momentum.csv")

@@ -19,6 +19,7 @@ from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfi
 from repro.workload.build import EvalSets, class_errors
 from repro.run import compose, parse
 from repro.sim.driver import simulate
+from tests.helpers.configs import composed
 from tests.helpers.grids import sweep_grid
 from tests.helpers.paths import ROOT
 
@@ -97,14 +98,14 @@ def test_grid_expands_to_the_intended_runs_and_each_method_keeps_its_own_rule():
     assert sorted(map(as_key, grid)) == sorted(map(as_key, want)) and len(grid) == 64
     for name, (rule, protocol) in METHODS.items():
         # the method's own algo group survives the experiment (no /problem default overrides it)
-        cfg = parse(compose(["+exp=own_data", "+partition=dirichlet_1", f"+mitigation={name}"]))
+        cfg = parse(composed(["+exp=own_data", "+partition=dirichlet_1", f"+mitigation={name}"]))
         assert (cfg.algo.server_rule, cfg.protocol.name) == (rule, protocol), name
         assert (cfg.num_clients, cfg.algo.lr, cfg.algo.momentum, cfg.cost.straggler_client,
                 cfg.cost.straggler_factor, cfg.data.slow_client_classes) == (4, 0.1, 0.0, 1, 4.0, (0, 1))
     assert parse(compose(["+exp=own_data", "+partition=dirichlet_1", "+mitigation=sync_backup"])
                  ).protocol.backup_workers == 1
     for name, (partition, alpha) in PARTITIONS.items():
-        cfg = parse(compose(["+exp=own_data", f"+partition={name}", "+mitigation=async"]))
+        cfg = parse(composed(["+exp=own_data", f"+partition={name}", "+mitigation=async"]))
         assert (cfg.data.partition, cfg.data.alpha) == (partition, alpha)
 
 

@@ -1,9 +1,6 @@
 """Staleness lab, stability: the delay bound, the experiment's grid, its figure, and its physics."""
 import json
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -13,8 +10,7 @@ from repro.analysis.lab.stability import critical_lr, measured_boundary, outcome
 from repro.config.checks import validate
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, RunConfig
 from repro.run import compose, parse
-from tests.helpers.grids import IN_PROCESS, sweep_grid
-from tests.helpers.paths import ROOT
+from tests.helpers.grids import IN_PROCESS, cli_in_process, sweep_grid
 
 LADDER = [0.0682, 0.0964, 0.136, 0.193, 0.273, 0.386, 0.545, 0.771, 1.09, 1.54, 2.18]
 
@@ -108,13 +104,10 @@ def test_quadratic_with_4_clients_is_stable_below_the_bound_and_diverges_above(t
     assert set(updates[updates.version > 4].staleness) == {3}   # uniform costs: tau = N - 1
 
 
-def test_shrunk_stability_experiment_draws_its_figure(tmp_path):
-    cmd = [sys.executable, "-m", "repro.run", "+exp=stability", f"results_dir={tmp_path / 'results'}",
-           f"figures_dir={tmp_path / 'figures'}", "num_epochs=1", "eval_every=1", "progress=false", *IN_PROCESS,
-           "hydra.sweeper.params={num_clients:'1,4',algo.lr:'0.3,3.0'}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MPLBACKEND": "Agg"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+def test_shrunk_stability_experiment_draws_its_figure(tmp_path, monkeypatch):
+    assert cli_in_process(monkeypatch, "+exp=stability", f"results_dir={tmp_path / 'results'}",
+                          f"figures_dir={tmp_path / 'figures'}", "num_epochs=1", "eval_every=1", "progress=false",
+                          *IN_PROCESS, "hydra.sweeper.params={num_clients:'1,4',algo.lr:'0.3,3.0'}") == 0
     runs = list((tmp_path / "results" / "stability").glob("*/summary.json"))
     assert len(runs) == 8
     assert {json.loads(p.read_text())["status"] for p in runs} <= {"completed", "diverged"}

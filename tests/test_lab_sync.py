@@ -2,9 +2,6 @@
 experiment's grid, and a shrunk sweep that trains, then draws its figure from the logs."""
 import itertools
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -21,8 +18,7 @@ from repro.analysis.lab.sync import (
     timing_of,
 )
 from repro.run import compose, parse
-from tests.helpers.grids import IN_PROCESS, sweep_grid
-from tests.helpers.paths import ROOT
+from tests.helpers.grids import IN_PROCESS, cli_in_process, sweep_grid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,19 +120,16 @@ def test_grid_expands_to_the_intended_runs():
     assert (cfg.protocol.name, cfg.protocol.backup_workers, cfg.cost.straggler_factor) == ("sync", 1, 4.0)
 
 
-def _sweep(tmp_path, *params, num_epochs=0.5):
+def _sweep(tmp_path, monkeypatch, *params, num_epochs=0.5):
     # num_epochs once: a key set twice on the command line is refused (issue 22)
-    cmd = [sys.executable, "-m", "repro.run", "+exp=sync_vs_async", f"results_dir={tmp_path / 'r'}",
-           f"figures_dir={tmp_path / 'f'}", f"num_epochs={num_epochs}", "progress=false", *IN_PROCESS,
-           *params]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "MPLBACKEND": "Agg"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert cli_in_process(monkeypatch, "+exp=sync_vs_async", f"results_dir={tmp_path / 'r'}",
+                          f"figures_dir={tmp_path / 'f'}", f"num_epochs={num_epochs}", "progress=false",
+                          *IN_PROCESS, *params) == 0
     return pd.read_csv(tmp_path / "f" / "sync_vs_async.csv")
 
 
-def test_shrunk_sweep_draws_measured_beside_predicted_and_redraws_from_logs(tmp_path):
-    frame = _sweep(tmp_path, "hydra.sweeper.params.protocol='async,sync'",
+def test_shrunk_sweep_draws_measured_beside_predicted_and_redraws_from_logs(tmp_path, monkeypatch):
+    frame = _sweep(tmp_path, monkeypatch, "hydra.sweeper.params.protocol='async,sync'",
                    "hydra.sweeper.params.num_clients='2'", "hydra.sweeper.params.seed='0'",
                    "hydra.sweeper.params.cost='jitter_exponential'")
     assert (tmp_path / "f" / "sync_vs_async.png").stat().st_size > 20_000
@@ -155,10 +148,10 @@ def test_shrunk_sweep_draws_measured_beside_predicted_and_redraws_from_logs(tmp_
 
 
 @pytest.mark.slow
-def test_straggler_throughput_of_every_protocol_matches_theory(tmp_path):
+def test_straggler_throughput_of_every_protocol_matches_theory(tmp_path, monkeypatch):
     """Nearly deterministic (sigma 0.1): every protocol's measured throughput ratio within 5%
     of its prediction, backup workers recovering most of async's throughput."""
-    frame = _sweep(tmp_path, "hydra.sweeper.params.num_clients='4'",
+    frame = _sweep(tmp_path, monkeypatch, "hydra.sweeper.params.num_clients='4'",
                    "hydra.sweeper.params.seed='0'", "hydra.sweeper.params.cost='straggler'", num_epochs=3)
     ratio = (frame[frame["quantity"] == "throughput_ratio"]
              .groupby(["protocol", "kind"])["value"].mean().unstack())

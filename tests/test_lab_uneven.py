@@ -12,8 +12,9 @@ import pytest
 
 from repro.analysis.lab.uneven import collection_time, method_of, predicted_step_time, segment_times
 from repro.config.settings import AlgoConfig, CostConfig, DataConfig, ModelConfig, ProtocolConfig, RunConfig
-from repro.run import compose, parse
+from repro.run import parse
 from repro.sim.driver import simulate
+from tests.helpers.configs import composed
 from tests.helpers.grids import sweep_grid
 from tests.helpers.paths import ROOT
 
@@ -114,7 +115,7 @@ def test_grid_expands_to_the_intended_runs_and_each_method_keeps_its_own_rule():
     assert sorted(map(as_key, grid)) == sorted(map(as_key, want)) and len(grid) == 30
     names = set()
     for option in METHODS:
-        cfg = parse(compose(["+exp=uneven", f"+mitigation={option}"]))
+        cfg = parse(composed(["+exp=uneven", f"+mitigation={option}"]))
         # the experiment's cluster and step size, the method's own rule and protocol
         assert (cfg.num_clients, cfg.nsync, cfg.algo.lr, cfg.algo.momentum) == (8, 1, 0.1, 0.0)
         assert (cfg.cost.speed_law, cfg.cost.straggler_client, cfg.cost.straggler_factor,

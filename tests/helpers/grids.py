@@ -1,12 +1,15 @@
-"""A figure's grid as its Hydra sweep declares it, expanded into the runs it launches, and the
-launcher override that runs a shrunk grid's points inside its command's own process."""
+"""A figure's grid as its Hydra sweep declares it, expanded into the runs it launches; the
+launcher override that runs a shrunk grid's points inside its command's own process; and the
+command itself run inside the test's process (:func:`cli_in_process`)."""
 from __future__ import annotations
 
 import itertools
+import logging
+import signal
+import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from repro.run import CONF_DIR
 
 # A shrunk grid whose test checks its figure, not its launcher, runs its points one after another
 # in the command's process (Hydra's basic launcher), sparing the two worker processes (each
@@ -15,13 +18,43 @@ from repro.run import CONF_DIR
 IN_PROCESS = ("hydra/launcher=basic",)
 
 
+def cli_in_process(monkeypatch, *args: str) -> int:
+    """``python -m repro.run ARGS`` in the test's process: its exit status (0 when it returns).
+    For a test of what a command writes (runs, figures), not of its process: it spares a fresh
+    interpreter's imports (torch, Hydra, matplotlib: about two seconds on the suite's 2 cores).
+    The command's signal handlers, its exit-only mode, its mark of the launching process and
+    Hydra's logging are for its own process, not pytest's: put back afterwards, as are the grid's
+    points it could not run."""
+    from repro import errors, runtime
+    from repro import run as cli_module
+
+    monkeypatch.setattr(sys, "argv", ["repro.run", *args])
+    monkeypatch.setattr(runtime, "_exiting", runtime._exiting)   # exit_on_signal sets it
+    monkeypatch.setattr(cli_module, "_launcher_pid", cli_module._launcher_pid)   # a grid sets it
+    handlers = {s: signal.getsignal(s) for s in runtime.SIGNALS}
+    root = logging.getLogger()
+    logging_state = (root.level, list(root.handlers))
+    bad_points = list(errors.BAD_POINTS)
+    try:
+        cli_module.cli()
+    except SystemExit as exc:   # sys.exit(None) is 0; a message, 1 (as the interpreter exits)
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        errors.BAD_POINTS[:] = bad_points
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        for handler in set(root.handlers) - set(logging_state[1]):
+            handler.close()
+        root.setLevel(logging_state[0])
+        root.handlers[:] = logging_state[1]
+    return 0
+
+
 def sweep_grid(exp: str) -> list[dict]:
     """The runs a figure's sweep launches, expanded as Hydra's basic sweeper does."""
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
+    from tests.helpers.configs import composed
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        full = hcompose(config_name="config", overrides=[f"+exp={exp}"], return_hydra_config=True)
+    full = composed([f"+exp={exp}"], hydra=True)
     params = full.hydra.sweeper.params
     assert full.hydra.mode.name == "MULTIRUN"
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
