@@ -92,7 +92,9 @@ from repro.real.transport import Channel
 cfg = from_dict(json.loads(sys.argv[1]))
 setup = build_client(cfg, 1, torch.device("cpu"))
 channel = Channel(connect(1, 2, 60.0)[1], 0, 60.0)
-if sys.argv[2] != "connecting":   # (that one never takes the server's HELLO)
+if sys.argv[2] == "greeting":   # it takes the server's HELLO and never sends its own
+    channel.recv(setup.inbox)
+elif sys.argv[2] != "connecting":   # (that one never takes the server's HELLO)
     _hello(channel, setup, cfg)
     header = channel.recv(setup.inbox)   # its first parameters; from here on it posts no receive
 if sys.argv[2] == "pushes":   # one push: the server's reply to it waits for a receive never posted
@@ -104,12 +106,13 @@ sys.stdin.read()
 
 
 @pytest.mark.slow   # found by this suite: torchrun's Ctrl-C left the run folder running
-@pytest.mark.parametrize("silent_after", ["connecting", "fetching", "pushes"])
+@pytest.mark.parametrize("silent_after", ["connecting", "greeting", "fetching", "pushes"])
 def test_5_a_stop_waits_for_no_client_that_does_not_answer(tmp_path, silent_after):
     """Fault: SIGINT (torchrun passes a Ctrl-C on) to rank 0 of a torchrun world whose client
-    answers nothing once it has connected, once it has its parameters, or once it has pushed
-    (stopped, dying, stuck: it posts no receive), with backend.client_timeout_s=60. Rank 0's
-    HELLO or STOP to it, or the reply to its push holding the server's lock, waited the whole
+    answers nothing once it has connected, once it has taken rank 0's HELLO (its own never
+    comes), once it has its parameters, or once it has pushed (stopped, dying, stuck: it posts
+    no receive), with backend.client_timeout_s=60. Rank 0's HELLO to it, or its wait for the
+    client's HELLO, or its STOP, or the reply to its push holding the server's lock, waited the whole
     client timeout, past torchrun's 30 s grace before its SIGKILL, which left summary.json
     ``running``. Guarantee 5: rank 0 ends interrupted within seconds, with a terminal summary."""
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",

@@ -246,9 +246,10 @@ class Dispatcher:
                 self.acceptor.done.set()
         # torchrun SIGKILLs rank 0 30 s after its signal, so a stop waits backend.client_timeout_s for
         # no client that answers nothing (stopped, dying), the summary unwritten: neither for a
-        # receiver whose reply to it holds the lock (it serves nothing more: closed) nor for a STOP
+        # receiver whose reply to it holds the lock (it serves nothing more: closed), nor for the
+        # greeting's HELLO, nor for a STOP
         while not self.lock.acquire(timeout=0.1):
-            if self.stop.is_set() and any(ch.sending_s() > STOPPING_S for ch in self.channels.values()):
+            if self.stop.is_set() and self.held_by_silence():
                 return self.core.final_status(interrupted=True)
         try:   # an interrupt or a failure: nobody computes on for nothing
             for channel in self.channels.values() if self.stop.is_set() else ():
@@ -257,6 +258,16 @@ class Dispatcher:
             return self.core.final_status(interrupted=self.stop.is_set())
         finally:
             self.lock.release()
+
+    def held_by_silence(self) -> bool:
+        """Whether the lock's holder has waited over STOPPING_S on a client: a send (a reply, a
+        HELLO, a STOP) to any, or a receive from one whose receiver has not started, which only
+        the greeting makes (its HELLO; a started receiver waits without the lock). Such a holder
+        is past the core's begin and touches the core no more once stopped (lose returns), so
+        the ending may write the summary without it."""
+        return any(ch.sending_s() > STOPPING_S
+                   or (ch.receiving_s() > STOPPING_S and not self.receivers[k].is_alive())
+                   for k, ch in list(self.channels.items()))
 
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:

@@ -65,11 +65,17 @@ class Channel:
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
         self._timeout = datetime.timedelta(seconds=timeout_s)   # as gloo takes it, made once
         self._sent_at: float | None = None   # when the send under way began
+        self._recv_at: float | None = None   # when the receive under way began to wait
 
     def sending_s(self) -> float:
         """How long the send under way has waited for its peer (0: none is)."""
         sent_at = self._sent_at
         return 0.0 if sent_at is None else time.monotonic() - sent_at
+
+    def receiving_s(self) -> float:
+        """How long the receive under way has waited for its peer (0: none is)."""
+        recv_at = self._recv_at
+        return 0.0 if recv_at is None else time.monotonic() - recv_at
 
     def hurry(self, timeout_s: float) -> None:
         """Wait at most ``timeout_s`` from now on (a wait already begun keeps its bound)."""
@@ -156,6 +162,21 @@ class Channel:
         if posted is not frame:
             raise ValueError("recv() into a different frame than the one posted")
         self._pending = None
+        self._recv_at = time.monotonic()   # (see receiving_s)
+        try:
+            self._await(work, arrival)
+        finally:
+            self._recv_at = None
+        self._last_recv = work
+        header = Header.unpack(frame)
+        if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
+            raise LinkLost(f"rank {self.peer}: protocol error: {header.length} values in a "
+                           f"frame for {frame.capacity}")
+        return header
+
+
+    def _await(self, work, arrival) -> None:
+        """Wait for a posted receive at most ``timeout_s``; LinkLost if it fails or expires."""
         if arrival is None:
             try:
                 work.wait(self._timeout)
@@ -164,12 +185,6 @@ class Channel:
         elif not arrival.wait(self.timeout_s) or arrival.error is not None:
             # the watcher waits on gloo; we wait on it, as long as the timeout says
             raise self._lost("waiting for a message", arrival.error)
-        self._last_recv = work
-        header = Header.unpack(frame)
-        if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
-            raise LinkLost(f"rank {self.peer}: protocol error: {header.length} values in a "
-                           f"frame for {frame.capacity}")
-        return header
 
 
 class _Arrival(threading.Event):
