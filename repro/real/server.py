@@ -265,9 +265,12 @@ class Dispatcher:
         the greeting makes (its HELLO; a started receiver waits without the lock). Such a holder
         is past the core's begin and touches the core no more once stopped (lose returns), so
         the ending may write the summary without it."""
-        return any(ch.sending_s() > STOPPING_S
-                   or (ch.receiving_s() > STOPPING_S and not self.receivers[k].is_alive())
-                   for k, ch in list(self.channels.items()))
+        for k, ch in list(self.channels.items()):
+            receiver = self.receivers.get(k)   # (a joiner's is set just after its channel)
+            started = receiver is not None and receiver.is_alive()
+            if ch.sending_s() > STOPPING_S or (ch.receiving_s() > STOPPING_S and not started):
+                return True
+        return False
 
     # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:

@@ -174,7 +174,6 @@ class Channel:
                            f"frame for {frame.capacity}")
         return header
 
-
     def _await(self, work, arrival) -> None:
         """Wait for a posted receive at most ``timeout_s``; LinkLost if it fails or expires."""
         if arrival is None:
