@@ -32,6 +32,13 @@ REAL_SIGNALS = [
     pytest.param([signal.SIGINT, signal.SIGINT], id="SIGINTx2", marks=pytest.mark.slow),
 ]
 
+def ends_after(proc: subprocess.Popen, sig: int, within_s: float) -> bool:
+    """Send ``sig`` to ``proc``; whether it has ended ``within_s`` later."""
+    proc.send_signal(sig)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=within_s)
+    return proc.poll() is not None
+
 
 @pytest.mark.parametrize("signals", REAL_SIGNALS)
 def test_5_signals_end_a_real_run_interrupted(tmp_path, signals):
@@ -70,10 +77,7 @@ def test_5_sigterm_during_a_torchrun_rendezvous_ends_within_seconds(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         time.sleep(1)
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=20)
-        ended = proc.poll() is not None
+        ended = ends_after(proc, signal.SIGTERM, 20)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)   # what torchrun does after its grace period
@@ -128,10 +132,7 @@ def test_5_a_stop_waits_for_no_client_that_does_not_answer(tmp_path, silent_afte
     try:
         assert client.stdout.readline() == "silent\n"
         time.sleep(0.5)
-        server.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(timeout=15)
-        ended = server.poll() is not None
+        ended = ends_after(server, signal.SIGINT, 15)
     finally:
         for proc in (server, client):
             if proc.poll() is None:
