@@ -20,6 +20,7 @@ os.environ["OMP_NUM_THREADS"] = str(THREADS)
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import multiprocessing  # noqa: E402
+import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -70,3 +71,13 @@ def no_children():
     """The test leaves no child process of this one alive (e.g. a real run's spawned clients)."""
     yield
     assert multiprocessing.active_children() == []
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process and reaches its children, as in a
+    terminal, for a test that sends itself a Ctrl-C: pytest started as a background job of a
+    non-interactive shell inherits SIGINT ignored (POSIX), and so would every child it starts."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
