@@ -119,7 +119,8 @@ def test_too_few_epochs_for_a_steady_middle_is_one_line_and_exit_2(monkeypatch, 
 
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_a_stop_during_a_loopback_measurement_takes_its_run_and_folder_along(tmp_path, monkeypatch, capsys, ctrl_c_raises, sig):
+def test_a_stop_during_a_loopback_measurement_takes_its_run_and_folder_along(tmp_path, monkeypatch, capsys,
+                                                                          ctrl_c_raises, sig):
     # SIGTERM killed the command on the spot: its run went on to the end, in a temporary folder left behind
     import signal
     import tempfile

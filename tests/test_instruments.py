@@ -368,7 +368,8 @@ def test_a_point_without_samples_per_s_is_left_out_and_counted_not_in_silence():
 
 
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
-def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_does_alone(tmp_path, monkeypatch, capsys, ctrl_c_raises):
+def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_does_alone(tmp_path, monkeypatch, capsys,
+                                                                                          ctrl_c_raises):
     # subprocess.run SIGKILLed the experiment 0.25 s after a Ctrl-C: its runs never wrote their stop
     import threading
 
