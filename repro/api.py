@@ -33,7 +33,7 @@ from repro.asgd.optimal import Ringmaster
 from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View
 from repro.asgd.rules import RULES, StalenessScaledRule
 from repro.config.loader import composed, group_options
-from repro.config.checks import _check_leaves, from_dict, validate
+from repro.config.checks import check_leaves, from_dict, validate
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
 from repro.errors import ConfigError, numbers
 from repro.files import schema
@@ -388,7 +388,7 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     # ceiling(None) was an AttributeError; not validate(): the bound takes a part-full host (5 clients, 4 a host)
     if not isinstance(cfg, RunConfig):
         raise ConfigError("cfg", cfg, "a RunConfig, e.g. repro.api.configure(...)")
-    _check_leaves(cfg, RunConfig, "")   # each key alone: cfg.replace(num_clients=2.5) was a TypeError
+    check_leaves(cfg, RunConfig, "")   # each key alone: cfg.replace(num_clients=2.5) was a TypeError
     # -1 gave a negative rate, "x" a TypeError
     numbers("param_bytes", param_bytes, "a finite number >= 0 (the model's bytes)", lambda b: b >= 0, scalar=True)
     if cfg.cost.schedule == "replay":

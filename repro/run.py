@@ -241,9 +241,10 @@ def _warm_fork_server(argv: list[str]) -> None:
 def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     """A single run's whole config, composed once and validated before Hydra makes a folder:
     every key's range, a key set under the wrong backend, a run folder that cannot be made, then
-    the model against the data (the one check that imports torch). Returns the composed config (Hydra's node with it) and its
-    RunConfig, which the run goes on with (:func:`run_composed`). For a grid, only its folder
-    (``hydra.sweep.dir``) is checked here, then None: its points are checked as each starts."""
+    the model against the data (the one check that imports torch). Returns the composed config
+    (Hydra's node with it) and its RunConfig, which the run goes on with (:func:`run_composed`).
+    For a grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points are
+    checked as each starts."""
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)

@@ -33,7 +33,7 @@ def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
         validate(obj)
         check_places(obj)
     else:
-        _check_leaves(obj, cls, prefix)
+        check_leaves(obj, cls, prefix)
     return obj
 
 
@@ -109,7 +109,9 @@ def _type_name(options: tuple) -> str:
 # checks
 # ---------------------------------------------------------------------------------------------
 
-def _check_leaves(obj: Any, cls: type, prefix: str) -> None:
+def check_leaves(obj: Any, cls: type, prefix: str) -> None:
+    """Each key of ``obj`` alone against its declared values, not the relations between keys
+    (:func:`validate`'s): what a bound asks of a config it may hold part-full (api.ceiling)."""
     tree = to_dict(obj)
     for key, f, _ in _leaves(cls, prefix):
         group = key[len(prefix):].rpartition(".")[0]
@@ -126,7 +128,7 @@ def validate(cfg: RunConfig) -> None:
     Python entry points that change a parsed config); a driver asks :func:`validated`."""
     if not isinstance(cfg, RunConfig):   # the API's run_config(None): "asdict() should be called on ..."
         raise ConfigError("cfg", cfg, "a RunConfig, e.g. repro.api.configure(...)")
-    _check_leaves(cfg, RunConfig, "")
+    check_leaves(cfg, RunConfig, "")
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
                           f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
