@@ -386,6 +386,13 @@ def test_the_theory_helpers_still_take_numpy_numbers_and_arrays():
     assert api.theorem_response(np.array([0.0, 1.0]), 0.5, 0.0, 0).shape == (2, 1)
 
 
+def test_replace_takes_a_numpy_number_as_its_python_value():
+    # a sweep's np.arange gives np.int64: "invalid value for 'num_clients': np.int64(4); expected an integer"
+    cfg = api.configure("+problem=quadratic", "cost=uniform").replace(num_clients=np.int64(2), seed=np.int32(3))
+    assert (type(cfg.num_clients), type(cfg.seed)) == (int, int) and (cfg.num_clients, cfg.seed) == (2, 3)
+    assert api.ceiling(cfg).pushes_per_s == api.ceiling(cfg.replace(num_clients=2)).pushes_per_s
+
+
 def test_a_result_compares_and_pickles_without_a_pandas_error():
     # the dataclass's == compared the DataFrames: "The truth value of a DataFrame is ambiguous"
     import pickle

@@ -230,7 +230,10 @@ class RunConfig:
     protocol: ProtocolConfig = knob(ProtocolConfig, None)
 
     def replace(self, **changes: Any) -> "RunConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``; a numpy scalar (a sweep's ``np.int64(4)``) becomes its Python
+        value, as simulate() takes it: config.json holds no numpy type."""
+        return dataclasses.replace(self, **{k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item")
+                                            else v for k, v in changes.items()})
 
 
 # ---------------------------------------------------------------------------------------------
