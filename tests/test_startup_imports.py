@@ -36,6 +36,18 @@ def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, a
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize("args,code,needle", [
+    (["--help"], 0, "usage: python -m repro.analysis"), (["compare", "--help"], 0, "usage: python -m repro.analysis compare"),
+    (["fig9"], 2, "invalid choice: 'fig9'"),
+])
+def test_the_analysis_command_answers_without_pandas_or_matplotlib(args, code, needle):
+    # its --help imported the figure registry's module for the names: seaborn, scipy, pandas (2-6 s)
+    proc = subprocess.run([sys.executable, "-c", PROBE.replace("repro.run", "repro.analysis"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, needle in proc.stdout + proc.stderr) == (code, True), proc.stdout + proc.stderr
+    assert "IMPORTED []" in proc.stderr, proc.stderr.splitlines()[-1:]
+
+
 def test_the_registries_names_are_known_before_their_modules_load():
     """--help and a bad name list a registry's names from its declaration (repro.registry); once
     its modules are imported, from the registry itself: the two agree, and every declared name

@@ -11,18 +11,18 @@
 * ``python -m repro.analysis {fig1,...,fig3_paper,fig4_paper,all} [--config KEY=VALUE,...]`` and
   ``python -m repro.analysis compare DIR_A DIR_B`` -- the CLI.
 
-The plotting modules (seaborn, matplotlib) load on first use of one of their names
-(``compare_trees`` too: it reads results trees through the figure registry).
+Each module loads on first use of one of its names, so that ``python -m repro.analysis --help``
+answers without pandas, matplotlib or seaborn (``compare_trees`` reads results trees through
+the figure registry: the plotting modules too).
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from repro.analysis.load import NoRunsError, Runs, load_runs
-from repro.analysis.tables import format_speedup_table, run_speedups, speedup_table, time_to_target
-
-_LAZY = {"build_figure": "render", "figure_frame": "render", "compare_trees": "compare",
+_LAZY = {"NoRunsError": "load", "Runs": "load", "load_runs": "load", "format_speedup_table": "tables",
+         "run_speedups": "tables", "speedup_table": "tables", "time_to_target": "tables",
+         "build_figure": "render", "figure_frame": "render", "compare_trees": "compare",
          "fig1_frame": "frames", "fig2_frame": "frames", "fig4_frame": "frames",
          "staleness_frame": "frames"}
 
@@ -33,5 +33,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["NoRunsError", "Runs", "load_runs", "time_to_target", "run_speedups", "speedup_table",
-           "format_speedup_table", *_LAZY]
+__all__ = [*_LAZY]

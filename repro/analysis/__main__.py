@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 import warnings
 
-import matplotlib
-
 from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.registry import DECLARED
 
 COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
                  "[--target T] [--config KEY=VALUE,...] [--csv FILE.csv]")
@@ -35,9 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        "results trees or figures folders agree within the "
                                        "spread over seeds (exit 0: agree, 1: disagree, 2: bad "
                                        "input); see 'python -m repro.analysis compare --help'.")
-    from repro.analysis.render import FIGURES
-
-    p.add_argument("figure", choices=[*FIGURES, "all", "compare"],
+    figures = [name for names in DECLARED["figure"].values() for name in names]   # without importing them
+    p.add_argument("figure", choices=[*figures, "all", "compare"],
                    help="the figure to draw ('all': every one), or 'compare' (see below)")
     p.add_argument("--results", default="results", help="results tree (default: results)")
     p.add_argument("--out", default="figures", help="output folder (default: figures)")
@@ -101,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     compared = argv[:1] == ["compare"]
     args = parse_compare_args(argv[1:]) if compared else parse_args(argv)
+    import matplotlib   # after parsing: --help and a typo answer without it
+
     matplotlib.use("Agg")  # files only, never a window: works with or without a display
     try:
         with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
