@@ -49,7 +49,8 @@ def test_time_to_target_is_the_column_of_the_key_the_run_wrote():
 
     runs = pd.DataFrame({"protocol.name": ["async"], "cost.churn.preempt_rate": [0.0], "seed": [0],
                          "final_samples_seen": [100], "final_time_s": [2.0], "target_error": [1.0],
-                         "cost.churn.preempt_down_s": [0.1], "time_to_target.1.0": [1.5]})
+                         "cost.churn.preempt_down_s": [0.1], "time_to_target.1.0": [1.5],
+                         "num_clients": [4]})
     frame = churn_frame(Runs(runs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame()))
     assert frame.time_to_target_s.tolist() == [1.5]
 
@@ -90,3 +91,23 @@ def test_a_target_the_summaries_do_not_key_is_timed_from_the_evaluations(tmp_pat
         frame = figure_frame("churn", tmp_path, target=target)
         by_hand = evals.loc[evals.train_error <= target, "time_s"].iloc[0]
         assert frame.time_to_target_s.tolist() == [by_hand]
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_the_title_names_the_client_count_of_the_runs(tmp_path, n):
+    """The title was written out as "4 clients": `+exp=churn num_clients=8` drew 8-client runs
+    under it. For 4 it is the committed figures/churn.png's title, word for word."""
+    import matplotlib.pyplot as plt
+
+    from repro.analysis import figure_frame
+    from repro.analysis.lab.churn import draw_churn
+    from tests.helpers import fake_runs as fr
+
+    for rate in (0.0, 1.0):
+        fr.write_lab_run(tmp_path, "churn", f"rate={rate}", n, {
+            "protocol": {"name": "async"}, "cost": {"churn": {"preempt_rate": rate, "preempt_down_s": 0.1}}})
+    fig = draw_churn(figure_frame("churn", tmp_path))
+    title = fig._suptitle.get_text()
+    plt.close(fig)
+    clients = "1 client," if n == 1 else f"{n} clients,"
+    assert title == f"What churn costs: {clients} preempted clients back after cost.churn.preempt_down_s"

@@ -27,7 +27,7 @@ def test_grid_expands_to_the_intended_runs_and_each_option_sets_rule_and_protoco
         # the experiment's settings win over the mitigation's algo defaults
         assert (cfg.num_clients, cfg.algo.lr, cfg.algo.momentum, cfg.cost.profile, cfg.target_error) == \
             (8, 0.1, 0.0, "jitter_lognormal", 0.1)
-        assert mitigation_of(rule, protocol).replace("\n", "") in (
+        assert mitigation_of(rule, protocol) in (
             "async", "staleness-scaled", "DC-ASGD-c", "ssp", "sync")
 
 
@@ -86,3 +86,26 @@ def test_shrunk_sweep_draws_its_figure_and_redraws_from_logs(tmp_path, monkeypat
     from repro.analysis import figure_frame  # from the logs alone: the same numbers
     figure_frame("mitigation", tmp_path / "r").to_csv(tmp_path / "again.csv", index=False)
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again.csv"))
+
+
+def test_the_frame_names_each_mitigation_on_one_line_and_only_the_tick_breaks_it(tmp_path):
+    """The frame took the tick label "staleness-\\nscaled" (two lines, to fit the axis) as the
+    mitigation's name: figures/mitigation.csv said it in 36 rows, where the printed table, the
+    legend and the other lab tables say staleness-scaled."""
+    import matplotlib.pyplot as plt
+
+    from repro.analysis import figure_frame
+    from repro.analysis.lab.mitigation import draw_mitigation, table
+    from tests.helpers import fake_runs as fr
+
+    for name, (rule, protocol) in RULES.items():
+        fr.write_lab_run(tmp_path, "mitigation", f"mitigation={name}", 8, {
+            "algo": {"server_rule": rule}, "protocol": {"name": protocol, "staleness_bound": 3}})
+    frame = figure_frame("mitigation", tmp_path)
+    names = ["async", "staleness-scaled", "DC-ASGD-c", "ssp", "sync"]
+    assert list(frame["mitigation"].unique()) == names
+    assert table(frame)["mitigation"].tolist() == names
+    fig = draw_mitigation(frame)
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    plt.close(fig)
+    assert ticks == ["async", "staleness-\nscaled", "DC-ASGD-c", "ssp", "sync"]

@@ -50,11 +50,14 @@ def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     })
     base = rows[rows.preempt_rate == 0].groupby("protocol").samples_per_s.mean()
     rows["predicted_samples_per_s"] = rows.protocol.map(base) * rows.live_fraction
-    return rows[COLUMNS].sort_values(["protocol", "preempt_rate", "seed"]).reset_index(drop=True)
+    out = rows[COLUMNS].sort_values(["protocol", "preempt_rate", "seed"]).reset_index(drop=True)
+    # the title's client count rides on attrs, not a column, so churn.csv keeps its columns
+    out.attrs["num_clients"] = sorted(int(n) for n in t["num_clients"].unique())
+    return out
 
 
 def draw_churn(frame: pd.DataFrame):
-    from repro.analysis.figures import _new_figure, _require
+    from repro.analysis.figures import _new_figure, _require, plural
 
     _require(frame, "churn")
     fig, axes = _new_figure(1, 2, panel=(4.6, 3.4))
@@ -70,7 +73,9 @@ def draw_churn(frame: pd.DataFrame):
                      title="time to target (mean over seeds that reached it)")
     for ax in axes.flat:
         ax.legend(fontsize="x-small")
-    fig.suptitle("What churn costs: 4 clients, preempted clients back after cost.churn.preempt_down_s")
+    counts = frame.attrs["num_clients"]
+    clients = plural(counts[0], "client") if len(counts) == 1 else f"{'/'.join(map(str, counts))} clients"
+    fig.suptitle(f"What churn costs: {clients}, preempted clients back after cost.churn.preempt_down_s")
     return fig
 
 

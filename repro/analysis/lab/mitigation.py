@@ -25,7 +25,7 @@ from repro.analysis.tables import resolve_target, time_to_target
 # (server rule, protocol) -> (short name on the axis, legend text with the source)
 MITIGATIONS = {
     ("downpour", "async"): ("async", "async: Downpour, w -= lr sum g (Dean et al. 2012)"),
-    ("staleness_scaled", "async"): ("staleness-\nscaled", "staleness-scaled: step / tau (Zhang et al. 2016)"),
+    ("staleness_scaled", "async"): ("staleness-scaled", "staleness-scaled: step / tau (Zhang et al. 2016)"),
     ("dcasgd", "async"): ("DC-ASGD-c", "DC-ASGD-c: g + lambda g*g*(w - w_bak) (Zheng et al. 2017)"),
     ("downpour", "ssp"): ("ssp", "ssp: wait when s pushes ahead (Ho et al. 2013)"),
     ("downpour", "sync"): ("sync", "sync: mean of the N pushes per round, staleness 0"),
@@ -144,7 +144,8 @@ def draw_mitigation(frame: pd.DataFrame):
         else:
             ax.set_yscale("log")
             plain_log_ticks(ax.yaxis, subs=(1.0, 2.0, 3.0, 5.0))
-        ax.set_xticks(range(len(names)), names)
+        # the one long name on two lines, so the ticks do not run into each other
+        ax.set_xticks(range(len(names)), [m.replace("staleness-", "staleness-\n") for m in names])
         ax.set(ylabel=ylabel, title=title, xlim=(-0.6, len(names) - 0.4))
     handles = [Line2D([], [], color=colors[k], marker="o", linestyle="none") for k in levels]
     labels = [f"nsync = {k}" for k in levels]
@@ -182,7 +183,7 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
             return v.mean(), v.min(), v.max()
         err, ttt = stat("final_test_error_pct"), stat("time_to_target_s")
         runs = g[g["quantity"] == "time_to_target_s"]
-        rows.append({"mitigation": m.replace("\n", ""), "nsync": int(k), "final_test_err_pct": err[0],
+        rows.append({"mitigation": m, "nsync": int(k), "final_test_err_pct": err[0],
                      "err_min": err[1], "err_max": err[2], "time_to_target_s": ttt[0],
                      "ttt_min": ttt[1], "ttt_max": ttt[2], "runs": len(runs),
                      "diverged": int(runs["diverged"].astype(bool).sum()),
