@@ -16,7 +16,7 @@ from repro.sim.driver import simulate
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import sim_cfg
-from tests.helpers.tables import table_bytes
+from tests.helpers.tables import table_bytes, table_frames
 
 
 def churn_cfg(churn=None, **cost):
@@ -66,6 +66,26 @@ def test_churn_resumes_bit_for_bit(tmp_path, protocol):
     assert table_bytes(tmp_path / "cut") == table_bytes(tmp_path / "whole")
     whole = simulate(cfg, tmp_path / "whole")["events"]   # (skipped: the finished summary)
     assert [e for e in summary["events"] if e["type"] != "resumed"] == whole
+
+
+@pytest.mark.parametrize("rule", ["delta", "easgd"])
+def test_a_client_back_from_churn_starts_afresh_as_the_real_drivers_does(tmp_path, rule):
+    """A client lost and back (the schedule's leave and return, preemptions) is a fresh client,
+    as the real driver's rejoiner is a new process: no momentum buffer, its data order from the
+    start, the server's parameters taken (EASGD: not its own moved toward them). So cost=replay
+    of the run, whose rejoiners are built as the real driver's (tests/test_elastic.py::
+    test_restarted_client_rejoins_under_its_id), applies the same pushes, byte for byte; a
+    client back from churn kept its momentum and its data position before."""
+    from repro.config.settings import AlgoConfig
+    from tests.test_elastic import assert_replay_reproduces
+
+    cfg = churn_cfg().replace(algo=AlgoConfig(server_rule=rule, lr=0.05, momentum=0.5))
+    summary = simulate(cfg, tmp_path / "churn")
+    upd = table_frames(tmp_path / "churn")[0]
+    back = {(e["client"], e["version"]) for e in summary["events"] if e["type"] == "client_rejoined"}
+    assert back & set(zip(upd.client, upd.read_version))   # a rejoiner pushed from its rejoin's fetch
+    assert_replay_reproduces(tmp_path / "churn", tmp_path / "replay")
+    assert table_bytes(tmp_path / "replay")[0] == table_bytes(tmp_path / "churn")[0]
 
 
 def test_a_joiner_computes_at_its_slots_speed(tmp_path):

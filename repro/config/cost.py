@@ -25,7 +25,7 @@ class ChurnConfig:
     0: never."""
     preempt_down_s: float = knob(1.0, Range(0.0, 1e9, lo_open=True))
     """Mean virtual seconds a preempted client stays away (seeded, exponential) before it
-    rejoins under its id."""
+    rejoins under its id, a fresh client (no momentum, its data order from the start)."""
     leave: Optional[tuple[float, ...]] = knob(None, Numbers(0.0, 1e12, nullable=True))
     """A schedule: triples [client, t_leave, t_return, ...] in virtual seconds (t_return 0:
     never returns); null: none."""

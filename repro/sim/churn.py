@@ -5,7 +5,9 @@ This module owns *when* membership changes; the simulator (:mod:`repro.sim.drive
 change out through the run core, with the same calls and so the same event records as the real
 driver: ``client_lost`` (the core's :meth:`~repro.runs.core.RunCore.lose`; the push the client
 was computing is dropped), ``client_rejoined`` / ``client_joined`` (:meth:`~repro.runs.core.RunCore.join`;
-the client fetches the current version then, so its staleness counts from that fetch).
+a fresh client, as the real driver's is a new process, whatever it held before it was lost: no
+momentum, its data order from the start; it fetches the current version then, so its staleness
+counts from that fetch).
 
 Two sources, merged in time order: a schedule (client k leaves at t1 and is back at t2, 0 for
 never; a new client joins at t3) and a seeded preemption process: each live client is lost

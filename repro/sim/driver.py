@@ -167,23 +167,25 @@ class Simulation:
             if k not in self.down:
                 return
             self.down.discard(k)
-        else:   # JOIN: a new id, its slot's settings (client_slot)
-            self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
         if self.stopping:
             return
-        self.core.join(k, t)
-        self.clients[k].fetch(self.server.params, self.server.version)
+        self.join(k, t)   # a joiner: a new id, its slot's settings (client_slot)
         self.scheduler.served(k, t)
         self.churn.arm(k, t)
 
     def recorded_membership(self, kind: str, k: int, t: float) -> None:
-        """A replayed run's recorded join or loss (:mod:`repro.sim.replay`): a joiner is a new
-        process in the real run, so a fresh client (its data stream from the start) that fetches
-        the current version, as the real driver's joiner does."""
+        """A replayed run's recorded join or loss (:mod:`repro.sim.replay`)."""
         if kind == "client_lost":
             if k in self.clients:
                 self.carry(self.core.lose(k, "lost in the recorded run", t), t)
             return
+        self.join(k, t)
+
+    def join(self, k: int, t: float) -> None:
+        """Client ``k`` joins, or is back under its id, at ``t``: a fresh client (no momentum
+        buffer, its data stream from the start, no parameters of its own), as the real driver's
+        joiner is a new process, whatever it held before it was lost; it fetches the current
+        version."""
         self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
         self.core.join(k, t)
         self.clients[k].fetch(self.server.params, self.server.version)
