@@ -2,15 +2,18 @@
 solution passes, every untouched stub fails with its hint, the typical wrong answers fail naming
 the difference, and a file that cannot be loaded exits 2 with one line, never a traceback.
 
-Gradings run in this process (``grader.grade``: the command's own function); a few tests run the
-command itself. Each grading is a few tiny simulator runs of the lab's quadratic.
+Gradings run in this process (``grader.grade``: what the command runs in a child process of its
+own); a few tests run the command itself. Each grading is a few tiny simulator runs of the lab's quadratic.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -325,3 +328,56 @@ def test_a_report_piped_into_head_ends_without_a_traceback():
     graded.stdout.close()   # as head -1 does
     assert "Traceback" not in graded.stderr.read()
     graded.wait(timeout=120)
+
+
+@contextlib.contextmanager
+def command(path: Path) -> Iterator[subprocess.Popen]:
+    """``python -m repro.lab grade path`` in a process group of its own (the grader and its child),
+    with Ctrl-C as a terminal delivers it; the group killed when its ``with`` block ends unwaited
+    (a test that fails leaves no grader behind)."""
+    proc = subprocess.Popen([sys.executable, "-m", "repro.lab", "grade", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    with proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("where, ending", [("top", "os._exit(0)"), ("answer", "os._exit(0)"),
+                                           ("top", "os.kill(os.getpid(), signal.SIGKILL)")])
+def test_a_file_that_ends_the_grading_itself_exits_2_saying_so(where, ending, tmp_path):
+    # os._exit(0) was the command's exit 0 with no report: a pass for a file that passed nothing
+    path = tmp_path / "answer.py"
+    body = f"def mean_staleness(n):\n    {ending}\n" if where == "answer" else ending + "\n"
+    path.write_text('EXERCISE = "mean_staleness"\nimport os, signal\n' + body)
+    with command(path) as proc:
+        out, err = proc.communicate(timeout=120)
+    how = "signal 9" if "SIGKILL" in ending else "exit status 0"
+    assert proc.returncode == grader.EXIT_UNLOADABLE and err.count("\n") == 1, out + err
+    assert err.startswith(f"grade: {path}: the grading ended with no verdict ({how}") and "Traceback" not in err
+    assert out.count("\n") == (where == "answer") and "checks pass" not in out   # the report's first line alone
+
+
+@pytest.mark.parametrize("path", [SOLUTIONS[0], STUBS[0]], ids=["solution", "stub"])
+def test_a_thread_the_file_leaves_running_holds_no_grading_nor_changes_its_report(path, tmp_path, capsys):
+    # a non-daemon thread kept the command alive after its report, forever
+    threaded = tmp_path / path.name
+    threaded.write_text(path.read_text() + "\nimport threading, time\n"
+                        "threading.Thread(target=time.sleep, args=(1e6,)).start()\n")
+    with command(threaded) as proc:
+        out, err = proc.communicate(timeout=120)
+    code, report, _ = graded(path, capsys)   # the same file without the thread, in this process
+    assert (proc.returncode, out, err) == (code, report.replace(str(path), str(threaded)), "")
+
+
+def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
+    path = tmp_path / "answer.py"   # was KeyboardInterrupt's traceback from the answer's line
+    path.write_text('EXERCISE = "mean_staleness"\nimport time\n\ndef mean_staleness(n):\n    time.sleep(60)\n')
+    with command(path) as proc:
+        assert proc.stdout.readline().startswith("exercise mean_staleness")   # the answer is called next
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and out == err == "", out + err

@@ -8,6 +8,7 @@ Answered without importing torch until a file is graded (``--help`` is instant).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -22,7 +23,8 @@ exercises (exercises/ in the checkout; each stub names its own in a line EXERCIS
   backup_workers   backup workers for a sync round (a class in the PROTOCOLS registry)
 
 exit status: 0 every check passed; 1 a check failed (each failure prints what was expected,
-what came out and a hint); 2 the file cannot be loaded (the reason in one line)."""
+what came out and a hint); 2 the file cannot be loaded, or it ended the grading itself
+(os._exit(), a crash): the reason in one line."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command != "grade":
         p.error("say what to do: grade FILE or explore (python -m repro.lab --help)")   # exits 2
-    from repro.lab.grader import grade
+    from repro.lab.grader import grade, grade_apart
     if hasattr(signal, "SIGPIPE"):   # grade FILE | head: end quietly as a Unix tool does (no sockets here)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    return grade(args.file)
+    return (grade_apart if hasattr(os, "fork") else grade)(args.file)   # no fork on Windows
 
 
 if __name__ == "__main__":

@@ -5,15 +5,18 @@ running the file; then the file run as a module of its own, and the names the ex
 checked) and the report: one line per check with what was expected and what came out, a hint
 under each failed one, and the exit status: 0 when every check passes, 1 when one fails, 2 when
 the file cannot be loaded (a syntax error, a missing name, an unknown exercise), said in one
-line on stderr, never with a traceback. The exercises themselves live in
-:mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
+line on stderr, never with a traceback; 2 too when the file ends the grading's process itself
+before its verdict (``os._exit``, a signal, a crash: :func:`grade_apart`). The exercises
+themselves live in :mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
 """
 from __future__ import annotations
 
 import ast
 import logging
+import os
 import signal
 import sys
+import traceback
 import types
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,6 +134,45 @@ def grade(file: str) -> int:
             print(f"grade: {e}", file=sys.stderr)
             return EXIT_UNLOADABLE
         return EXIT_PASSED if report(ex, path, module) else EXIT_FAILED
+
+
+def grade_apart(file: str) -> int:
+    """:func:`grade` in a forked child that sends its verdict up a pipe after the report and
+    leaves at once: the student's file runs there, so its ``os._exit(0)`` or a crash cannot pass
+    for a verdict (exit 2, said in one line), nor can its threads keep the grading alive after it."""
+    read, write = os.pipe()
+    if (pid := os.fork()) == 0:
+        verdict = EXIT_FAILED
+        try:
+            verdict = grade(file)
+            sys.stdout.flush()   # the report before the verdict: os._exit flushes nothing
+        except KeyboardInterrupt:
+            verdict = 130
+        except BaseException:   # noqa: BLE001  (the grader's own fault: its traceback, as ever)
+            traceback.print_exc()
+        finally:
+            try:
+                os.write(write, bytes([verdict]))
+            finally:   # never back into the caller; the file's stray threads end with the child
+                os._exit(verdict)
+    os.close(write)
+    with open(read, "rb", buffering=0) as verdicts:
+        try:
+            status = os.waitpid(pid, 0)[1]
+        except KeyboardInterrupt:   # Ctrl-C: the grading ends there, quietly, exit 130 as python -m repro.run
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return 130
+        os.set_blocking(read, False)   # a process the file started may still hold the pipe open
+        if verdict := verdicts.read(1):   # None or b"": the child sent none
+            return verdict[0]
+    code = os.waitstatus_to_exitcode(status)
+    if code == -signal.SIGPIPE:   # grade FILE | head: the reader left, not the file; end as the child did
+        os.kill(os.getpid(), signal.SIGPIPE)
+    how = f"exit status {code}" if code >= 0 else f"signal {-code}, {signal.strsignal(-code)}"
+    print(f"grade: {file}: the grading ended with no verdict ({how}): the file ended it itself "
+          "(os._exit(), a signal, a crash); fix that and grade again", file=sys.stderr)
+    return EXIT_UNLOADABLE
 
 
 @contextmanager
