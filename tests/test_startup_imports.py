@@ -9,10 +9,10 @@ import pytest
 from tests.helpers.paths import ROOT
 
 HEAVY = ("torch", "pandas", "matplotlib")
-# the entry point, run as python -m repro.run runs it, reporting at exit what it had imported
+# the entry point named first, run as python -m MODULE runs it, reporting at exit what it had imported
 PROBE = ("import atexit, runpy, sys; "
          "atexit.register(lambda: print('IMPORTED', sorted(m for m in %r if m in sys.modules), file=sys.stderr)); "
-         "sys.argv = ['repro.run', *sys.argv[1:]]; runpy.run_module('repro.run', run_name='__main__', alter_sys=True)"
+         "module = sys.argv.pop(1); runpy.run_module(module, run_name='__main__', alter_sys=True)"
          % (HEAVY,))
 
 
@@ -28,12 +28,30 @@ PROBE = ("import atexit, runpy, sys; "
     (["hydra.run.dir=${oops}"], 2, "error: cannot name the run folder (hydra.run.dir): Interpolation key 'oops'"),
 ])
 def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, args, code, needle):
-    proc = subprocess.run([sys.executable, "-c", PROBE, f"results_dir={tmp_path / 'results'}", *args],
+    proc = subprocess.run([sys.executable, "-c", PROBE, "repro.run", f"results_dir={tmp_path / 'results'}", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == code, proc.stderr
     assert needle in proc.stdout + proc.stderr
     assert "IMPORTED []" in proc.stderr, proc.stderr.splitlines()[-1:]
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--help"], 0, "usage: python -m repro.bench [-h]"),
+    *[([name, "--help"], 0, f"usage: python -m repro.bench {name} [-h]")
+      for name in ("sim", "real", "grid", "simreal", "startup")],
+    (["fast"], 2, "error: argument {sim,real,grid,simreal,startup}: invalid choice: 'fast'"),
+    (["real", "--blocks", "x"], 2, "python -m repro.bench real: error: argument --blocks: invalid int value: 'x'"),
+    (["simreal", "--cores", "0:1"], 2, "error: argument --cores: nsync and clients must be at least 1, got '0:1'"),
+])
+def test_the_benchmarks_command_line_answers_without_torch_pandas_or_matplotlib(args, code, needle):
+    """python -m repro.bench builds its parser from each benchmark's light declarations: what
+    measures (torch, pandas) loads once a subcommand runs."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, "repro.bench", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert needle in proc.stdout + proc.stderr
+    assert "IMPORTED []" in proc.stderr, proc.stderr.splitlines()[-1:]
 
 
 def test_the_registries_names_are_known_before_their_modules_load():
