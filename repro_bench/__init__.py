@@ -3,7 +3,10 @@
 printing ratios measured in one run, and the sim-vs-real instruments (:mod:`.instruments`), which
 the command line alone reaches. This package imports ``repro``; ``repro`` never imports it (its
 one shim, :mod:`repro.bench.__main__`, only runs the command line). What they share: one argparse
-number type, :func:`positive`."""
+number type, :func:`positive`. A module the command line imports holds at its top only what its
+parser is built from (descriptions, targets, options); torch, pandas and the library's training
+code load inside the functions that measure, so ``--help`` and a usage error answer in a blink
+(``tests/test_startup_imports.py``)."""
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -32,10 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.distributed as dist
-
 from repro_bench import positive
 
 PROTOCOL_TARGET, THROUGHPUT_TARGET = 0.9, 1.6   # DESIGN.md's performance targets
@@ -88,6 +84,9 @@ def _connect(rank: int, store):
 
 def _protocol_client(port: int, sizes: tuple, blocks: int) -> None:
     """Rank 1: times every block of round trips and sends the timings to rank 0 at the end."""
+    import torch
+    import torch.distributed as dist
+
     from repro.asgd.algorithm import Push
     from repro.real.frames import Frame
 
@@ -123,6 +122,9 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
     """Rank 0: echoes; for ours, through a Receiver thread whose pushes are served under a lock,
     from the reply frame the parameters live in, as Dispatcher does."""
     import threading
+
+    import torch
+    import torch.distributed as dist
 
     from repro.asgd.rules import DeltaRule
     from repro.real.frames import Frame, Header, Kind
@@ -167,6 +169,9 @@ def _protocol_server(sizes: tuple, blocks: int, store) -> list[float]:
 
 def measure_protocol(sizes: tuple = SIZES, blocks: int = 7) -> dict:
     """{size: {"raw_MBps", "ours_MBps", "ratio", "ratio_with_apply"}}."""
+    import torch
+    import torch.distributed as dist
+
     from repro.real.groups import pin_gloo
 
     torch.set_num_threads(1)
@@ -231,6 +236,8 @@ def _samples_per_s(num_clients: int, epochs: float, folder: Path) -> float:
 def _plain_loop(seconds: float, conn, steps: int = 4) -> None:
     """A bare training loop (one client's compute_push of ``steps`` steps, no server, no
     messages) for ``seconds``; sends its samples/s and each push's duration."""
+    import torch
+
     from repro.config.settings import RunConfig
     from repro.workload.build import build_net, load_data, make_clients
 
@@ -272,6 +279,8 @@ def plain_step_cv(num_procs: int, seconds: float = 3.0, skip: int = 5) -> float:
     """Coefficient of variation of one training step's time in ``num_procs`` bare loops side by
     side (each loop's first ``skip`` steps left out: warm-up), pooled over the loops as a run's
     timings.csv pools its clients: the spread the OS scheduler alone gives, with no server."""
+    import numpy as np
+
     durations = np.concatenate([d[skip:] for _, d in _plain_loops(num_procs, seconds, steps=1)])
     return float(durations.std(ddof=1) / durations.mean())
 
@@ -312,6 +321,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Measure, print the report; 0 when every ratio meets its target, else 1."""
+    import torch
+
     print(f"real-driver benchmark: {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, torch {torch.__version__}", flush=True)
     failures = 0

@@ -8,15 +8,8 @@ from __future__ import annotations
 import tempfile
 import time
 
-import torch
-
 from repro.config.checks import check_segment
 from repro.config.settings import AlgoConfig, CostConfig, RunConfig
-from repro.workload.build import load_data
-from repro.workload.data import ClientStream
-from repro.workload.models import build_model
-from repro.workload.start import build_problem
-from repro.sim.driver import simulate
 
 TARGET_SIM = 1.10
 # contention on: 2 hosts of 4 clients, 2 devices each, a host's link and the server's shared
@@ -25,6 +18,12 @@ CONTENTION = dict(topology="shared", clients_per_host=4, devices_per_host=2, ban
 
 def plain_loop_s(cfg: RunConfig, num_steps: int) -> float:
     """Seconds for ``num_steps`` of an ordinary torch training loop (torch.optim.SGD)."""
+    import torch
+
+    from repro.workload.build import load_data
+    from repro.workload.data import ClientStream
+    from repro.workload.models import build_model
+
     ds = load_data(cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.name, ds.input_shape, ds.num_classes)
@@ -42,6 +41,11 @@ def plain_loop_s(cfg: RunConfig, num_steps: int) -> float:
 
 def sim_run_s(cfg: RunConfig) -> tuple[float, int]:
     """Seconds for the simulator's whole run (logging, two evaluations) and its step count."""
+    import torch
+
+    from repro.sim.driver import simulate
+    from repro.workload.start import build_problem
+
     problem = build_problem(cfg, torch.device("cpu"))   # data and model: not the simulator's cost
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
@@ -55,6 +59,8 @@ def sim_run_s(cfg: RunConfig) -> tuple[float, int]:
 def bench_configs(num_epochs: float) -> list[RunConfig]:
     """The two settings timed (nsync 1 and 16), checked before anything is timed: a budget too
     short for one nsync-16 push is refused (ConfigError) before the first row is printed."""
+    from repro.workload.build import load_data
+
     configs = []
     for nsync in (1, 16):
         # the default optimiser (momentum 0.5); 8 clients at nsync 16 may blow the loss up, which
@@ -69,6 +75,8 @@ def bench_configs(num_epochs: float) -> list[RunConfig]:
 
 
 def bench_sim(num_epochs: float, repeats: int) -> bool:
+    import torch
+
     torch.set_num_threads(1)
     configs = bench_configs(num_epochs)
     ok = True

@@ -20,9 +20,7 @@ from typing import Callable, NamedTuple
 from repro.files import schema
 from repro.runtime import EXIT_INTERRUPTED
 from repro_bench import positive
-from repro_bench.instruments import points as lab
-from repro_bench.instruments.accuracy import accuracy
-from repro_bench.instruments.simreal import EXP
+from repro_bench.instruments import EXP
 
 
 class BareLoops(NamedTuple):
@@ -93,6 +91,7 @@ def machine_parts(root: Path, cores: float | None = None):
 
     import pandas as pd
 
+    from repro_bench.instruments import points as lab
     from repro_bench.instruments.spread import resimulate
 
     runs, _, _ = lab.read_runs(root)
@@ -116,6 +115,8 @@ def machine_parts(root: Path, cores: float | None = None):
 
 def print_table(table) -> bool:
     """The grid points against the targets; True when every target is met."""
+    from repro_bench.instruments import points as lab
+
     ok = True
     head = (f"{'link':9s} {'nsync':>5s} {'clients':>7s} {'meas/s':>9s} {'pred/s':>9s} {'error':>7s}   "
             f"{'stale m/p':>11s} {'error':>7s}   {'KS':>5s}   {'time to target (s): meas in [sim]':34s}")
@@ -241,6 +242,9 @@ def _experiment(cmd: list[str]) -> int:
 
 def run(args: argparse.Namespace, loops: BareLoops) -> int:
     import pandas as pd
+
+    from repro_bench.instruments import points as lab
+    from repro_bench.instruments.accuracy import accuracy
 
     if args.cores:
         return _cores(args)

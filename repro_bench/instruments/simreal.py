@@ -26,9 +26,8 @@ from repro.config.checks import validate
 from repro.config.settings import BackendConfig, CostConfig, RunConfig
 from repro.files import schema
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
-from repro_bench.instruments import points as lab
+from repro_bench.instruments import EXP, points as lab
 
-EXP = "sim_vs_real"
 # TCP payload per 1514-byte Ethernet frame: what of the tbf rate a transfer gets (REPRODUCE.md,
 # "Two real hosts": measured 0.96-0.97 of the configured rate)
 PAYLOAD = 1448 / 1514
