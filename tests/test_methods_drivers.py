@@ -125,6 +125,25 @@ def test_sim_ringmaster_stops_follow_the_papers_algorithm_5_by_hand(tmp_path):
     assert once["discarded_pushes"] == [[0, 3], [2, 2], [6, 2], [2, 3], [8, 3]]
 
 
+@pytest.mark.parametrize("topology", ["dedicated", "shared"])
+def test_sim_a_discarded_push_costs_the_server_no_apply_time(tmp_path, topology):
+    """R = 1, step times 1 and 2.125, an apply of 0.25, free communication: client 2's push is
+    always stale on arrival, so discarded, and the real server spends no apply on it (it only
+    replies). Client 1 then runs as if alone, applied every 1.25; charging the discard an apply
+    held the server when client 1's push arrived (its second, 2.25, waited for 2.375)."""
+    cost = CostConfig(profile="uneven", compute_s=1.0, speeds=(1.0, 2.125), server_apply_s=0.25, topology=topology)
+    cfg = uneven_quadratic(ProtocolConfig(name="ringmaster", staleness_threshold=1), 8)
+    summary = simulate(cfg.replace(num_clients=2, cost=cost), tmp_path)
+    assert summary["status"] == "completed", summary["message"]
+    upd = pd.read_csv(tmp_path / "updates.csv")
+    assert list(zip(upd.client, upd.time_s)) == [(1, 1.25 * v) for v in range(1, 9)]
+    timings = pd.read_csv(tmp_path / "timings.csv")
+    dropped = timings[timings.client == 2]
+    # arrivals at 2.125, 4.25 (fetched at 2.125), 6.375, 8.5: taken at once, replied at once
+    assert list(zip(dropped.time_s, dropped.queue_s, dropped.apply_s)) == [(2.125 * i, 0.0, 0.0) for i in (1, 2, 3, 4)]
+    assert summary["discarded_pushes"] == [[0, 2], [1, 2], [3, 2], [5, 2]]
+
+
 def test_sim_rennala_steps_merge_s_fresh_pushes_the_fast_clients_more(tmp_path):
     summary = simulate(sim_cfg(protocol=RENNALA), tmp_path)
     upd, _, _ = table_frames(tmp_path)
