@@ -37,6 +37,7 @@ def schedule(cost: CostConfig, clients: int, pushes: int, nsync: int = 1, seed: 
     out = []
     for _ in range(pushes):
         k, _, t = s.next()
+        t = s.handled(t, False)
         out.append((k, t))
         s.served(k, t)
     return out
@@ -124,6 +125,7 @@ def test_an_evaluation_takes_a_share_of_the_machine():
         out = []
         for _ in range(2):
             k, _, t = s.next()
+            t = s.handled(t, False)
             out.append((k, t))
             s.served(k, t)
         return out
@@ -157,6 +159,7 @@ def test_a_transfer_that_finds_the_link_in_use_gets_no_burst():
     # a checkpoint of the clock mid-run carries the buckets: the rest is the same pushes
     s = ContendedScheduler(CostModel(burst, 0, param_bytes=4, step_s=1.0), [1, 2], 1)
     k, _, t = s.next()
+    t = s.handled(t, False)
     s.served(k, t)
     state = s.state_dict()
     again = ContendedScheduler(CostModel(burst, 0, param_bytes=4, step_s=1.0), [1, 2], 1)
@@ -166,6 +169,7 @@ def test_a_transfer_that_finds_the_link_in_use_gets_no_burst():
         out = []
         for _ in range(4):
             k, _, t = clock.next()
+            t = clock.handled(t, False)
             out.append((k, t))
             clock.served(k, t)
         rest.append(out)

@@ -125,6 +125,41 @@ def test_sim_ringmaster_stops_follow_the_papers_algorithm_5_by_hand(tmp_path):
     assert once["discarded_pushes"] == [[0, 3], [2, 2], [6, 2], [2, 3], [8, 3]]
 
 
+@pytest.mark.parametrize("topology", ["dedicated", "shared"])
+def test_sim_a_discarded_push_costs_the_server_no_apply_time(tmp_path, topology):
+    """R = 1, step times 1 and 2.125, an apply of 0.25, free communication: client 2's push is
+    always stale on arrival, so discarded, and the real server spends no apply on it (it only
+    replies). Client 1 then runs as if alone, applied every 1.25; charging the discard an apply
+    held the server when client 1's push arrived (its second, 2.25, waited for 2.375)."""
+    cost = CostConfig(profile="uneven", compute_s=1.0, speeds=(1.0, 2.125), server_apply_s=0.25, topology=topology)
+    cfg = uneven_quadratic(ProtocolConfig(name="ringmaster", staleness_threshold=1), 8)
+    summary = simulate(cfg.replace(num_clients=2, cost=cost), tmp_path)
+    assert summary["status"] == "completed", summary["message"]
+    upd = pd.read_csv(tmp_path / "updates.csv")
+    assert list(zip(upd.client, upd.time_s)) == [(1, 1.25 * v) for v in range(1, 9)]
+    timings = pd.read_csv(tmp_path / "timings.csv")
+    dropped = timings[timings.client == 2]
+    # arrivals at 2.125, 4.25 (fetched at 2.125), 6.375, 8.5: taken at once, replied at once
+    assert list(zip(dropped.time_s, dropped.queue_s, dropped.apply_s)) == [(2.125 * i, 0.0, 0.0) for i in (1, 2, 3, 4)]
+    assert summary["discarded_pushes"] == [[0, 2], [1, 2], [3, 2], [5, 2]]
+
+
+@pytest.mark.parametrize("topology", ["dedicated", "shared"])
+def test_sim_resumes_bitwise_from_a_pending_push_that_is_discarded(tmp_path, monkeypatch, topology):
+    """A stop while the slow client computes a push the server will discard: the checkpoint's
+    clock has not charged its apply (the server is free from when it takes the push until it
+    applies one), so the resumed run frees the server then too: the same tables and times."""
+    cfg = sim_cfg(protocol=RINGMASTER, cost=JITTER.updated(server_apply_s=0.004, topology=topology))
+    simulate(cfg, tmp_path / "whole")
+    assert simulate_cut_at(monkeypatch, cfg, tmp_path / "cut", 28)["status"] == "interrupted"
+    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["driver"]["pending"][:2] == [3, 2]
+    assert simulate(cfg.replace(resume=True), tmp_path / "cut")["status"] == "completed"
+    assert table_bytes(tmp_path / "cut") == table_bytes(tmp_path / "whole")
+    whole, cut = (pd.read_csv(tmp_path / run / "timings.csv") for run in ("whole", "cut"))
+    assert whole.time_s.tolist() == cut.time_s.tolist()
+    assert whole[(whole.client == 3) & (whole.read_version == 4)].apply_s.tolist() == [0.0]   # the one cut
+
+
 def test_sim_rennala_steps_merge_s_fresh_pushes_the_fast_clients_more(tmp_path):
     summary = simulate(sim_cfg(protocol=RENNALA), tmp_path)
     upd, _, _ = table_frames(tmp_path)
@@ -143,6 +178,23 @@ SIM_METHODS = {
 }
 
 
+def simulate_cut_at(monkeypatch, cfg: RunConfig, run_dir, step: int) -> dict:
+    """``cfg`` simulated into ``run_dir`` with a stop request (SIGINT) at its ``step``-th local step."""
+    calls, backward = [0], FlatNet.backward
+
+    def interrupt(self, x, y):
+        calls[0] += 1
+        if calls[0] == step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return backward(self, x, y)
+
+    monkeypatch.setattr(FlatNet, "backward", interrupt)
+    try:
+        return simulate(cfg, run_dir)
+    finally:
+        monkeypatch.setattr(FlatNet, "backward", backward)
+
+
 @pytest.mark.parametrize("name", sorted(SIM_METHODS))
 def test_sim_resumes_each_method_bitwise(tmp_path, monkeypatch, name):
     """A stop request in the middle of a push (a half-full Rennala collection, Ringmaster's
@@ -152,17 +204,7 @@ def test_sim_resumes_each_method_bitwise(tmp_path, monkeypatch, name):
     cfg = sim_cfg(**SIM_METHODS[name])
     whole = simulate(cfg, tmp_path / "whole")
     assert whole["status"] == "completed"
-    calls, backward = [0], FlatNet.backward
-
-    def interrupt_at_step_30(self, x, y):
-        calls[0] += 1
-        if calls[0] == 30:   # the 2nd local step of the 15th push computed
-            os.kill(os.getpid(), signal.SIGINT)
-        return backward(self, x, y)
-
-    monkeypatch.setattr(FlatNet, "backward", interrupt_at_step_30)
-    cut = simulate(cfg, tmp_path / "cut")
-    monkeypatch.setattr(FlatNet, "backward", backward)
+    cut = simulate_cut_at(monkeypatch, cfg, tmp_path / "cut", 30)   # the 2nd local step of the 15th push
     assert cut["status"] == "interrupted"
     ckpt = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert ckpt["driver"]["pending"] is not None

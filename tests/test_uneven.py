@@ -34,6 +34,7 @@ def order(cost: CostConfig, clients: int, pushes: int) -> list[tuple[int, float]
     out = []
     for _ in range(pushes):
         k, _, t = s.next()
+        t = s.handled(t, False)
         out.append((k, t))
         s.served(k, t)
     return out

@@ -55,8 +55,9 @@ class Reply:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now
-    and whether the server's version moved (``applied``: this push, or a merge it completed);
+    """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now,
+    whether the server's version moved (``applied``: this push, or a merge it completed) and
+    whether the protocol dropped the push on arrival (``discarded``: the server only replies);
     :meth:`RunCore.settle` whether an evaluation row was written (``evaluated``);
     :meth:`RunCore.lose` the replies a lost client's barrier owed. ``stopping``, from each of them
     and from :meth:`RunCore.begin` and :meth:`RunCore.drain`: the run is ending, no more pushes
@@ -64,6 +65,7 @@ class Outcome:
 
     replies: tuple[Reply, ...] = ()
     applied: bool = False
+    discarded: bool = False
     evaluated: bool = False
     stopping: bool = False
 
@@ -185,7 +187,7 @@ class RunCore:
         once the run is stopping. The driver carries the replies, then calls :meth:`settle`."""
         if self.state.stopping:
             return Outcome((Reply(push.client, stop=True),), stopping=True)
-        version = self.server.version
+        version, decision = self.server.version, Decision()
         why = self.evals.check_loss(push)   # every push, before any protocol merges it
         if why:
             self.diverge(why)
@@ -194,7 +196,9 @@ class RunCore:
             decision = self.protocol.on_push(push, self.view())
             self._unapplied = 0 if decision.apply is not None else self._unapplied + 1
             replies = self._carry_out(decision, time_s)
-        return Outcome(tuple(replies), applied=self.server.version != version, stopping=self.state.stopping)
+        mine = (push.read_version, push.client)
+        return Outcome(tuple(replies), applied=self.server.version != version, stopping=self.state.stopping,
+                       discarded=any((int(v), int(k)) == mine for v, k in decision.discarded))
 
     def record_timing(self, time_s: float, client: int, read_version: int, **parts: float) -> None:
         """Where one push's round trip went (timings.csv's parts, measured by the driver, or

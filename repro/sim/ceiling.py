@@ -30,7 +30,9 @@ second, for N clients on H hosts (:mod:`repro.sim.resources` for the disciplines
 The predicted throughput is the smallest bound; it is reached when the binding resource never
 idles (clients well beyond the knee) and approached from below near it, where clients wait for
 each other only sometimes. The speedup ceiling is X(N) / X(1): one client alone pushes once a
-cycle. Jitter is mean-preserving and changes no bound.
+cycle. Jitter is mean-preserving and changes no bound. A protocol that discards pushes
+(ringmaster) spends no apply on them (:meth:`repro.sim.cost.Schedule.handled`): its applied
+pushes stay within these bounds, which count an apply per push; its pushes in all may pass them.
 
 **The bound needs clients out of step.** A resource carries its bound only if it never idles,
 and clients in lockstep leave it idle: clients that start together (all of them, at time 0)

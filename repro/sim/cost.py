@@ -115,7 +115,14 @@ class Schedule(ABC):
 
     @abstractmethod
     def next(self) -> tuple[int, int, float] | None:
-        """(client, num_steps, apply-finished time) of the next push; None: nothing is left."""
+        """(client, num_steps, apply-finished time) of the next push; None: nothing is left.
+        The server is busy with it only once :meth:`handled` says whether it applied it."""
+
+    def handled(self, t: float, discarded: bool) -> float:
+        """When the server is done with the push :meth:`next` returned (at ``t``): a push the
+        protocol discarded costs it no apply time (the real server only replies), so it is done
+        as it takes it. A recorded order keeps its recorded times."""
+        return t
 
     @abstractmethod
     def served(self, client: int, applied_at: float) -> None:
@@ -179,13 +186,19 @@ class CostScheduler(Schedule):
 
     def next(self) -> tuple[int, int, float] | None:
         arrive, _, client = heapq.heappop(self.queue)
-        start = max(arrive, self.server_free)      # the server serves one push at a time
-        self.server_free = start + self.model.server_apply_s
+        start = self.server_free = max(arrive, self.server_free)   # the server serves one push at a time
         to_client_s, compute_s = self.flight.get(client, (0.0, 0.0))
         self.last_timing = {"to_client_s": to_client_s, "compute_s": compute_s,
                             "to_server_s": self.model.transfer_s, "queue_s": start - arrive,
                             "apply_s": self.model.server_apply_s}
-        return client, self.nsync, self.server_free
+        return client, self.nsync, start + self.model.server_apply_s
+
+    def handled(self, t: float, discarded: bool) -> float:
+        if discarded:   # free since it took the push (next() left server_free there, a checkpoint too)
+            self.last_timing = self.last_timing and {**self.last_timing, "apply_s": 0.0}
+        else:
+            self.server_free = t
+        return self.server_free
 
     def served(self, client: int, applied_at: float) -> None:
         """The reply (the client's fetch) travels back, then the client computes its next push;

@@ -128,6 +128,7 @@ class Simulation:
                 self.pending = nxt
                 break
             outcome = core.on_push(push, t)
+            t = self.scheduler.handled(t, outcome.discarded)   # a discard: when the server took it
             # timings.csv's row from the virtual clock (nan where the schedule models no parts)
             core.record_timing(t, k, push.read_version, **self.scheduler.timing())
             self.carry(outcome, t)

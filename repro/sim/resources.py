@@ -60,7 +60,7 @@ import heapq
 import itertools
 import math
 
-from repro.sim.cost import CostModel, Schedule, link_bandwidths, path_bandwidth
+from repro.sim.cost import CostModel, CostScheduler, Schedule, link_bandwidths, path_bandwidth
 
 FETCH, COMPUTE, PUSH, EVAL = "fetch", "compute", "push", "eval"
 EVALUATOR = 0   # the stages' key of the server's evaluations (clients are 1, 2, ...)
@@ -186,16 +186,19 @@ class ContendedScheduler(Schedule):
             if not self._step(math.inf):
                 raise RuntimeError("no push in flight: every client waits for a reply")
         arrive, _, client = self.arrived.pop(0)
-        start = max(arrive, self.server_free)      # the server serves one push at a time
-        self.server_free = start + self.model.server_apply_s
+        start = self.server_free = max(arrive, self.server_free)   # the server serves one push at a time
         parts = self.flight.pop(client, {})
         self.last_timing = {"to_client_s": parts.get(FETCH, 0.0), "compute_s": parts.get(COMPUTE, 0.0),
                             "to_server_s": parts.get(PUSH, 0.0), "queue_s": start - arrive,
                             "apply_s": self.model.server_apply_s}
+        return client, self.nsync, start + self.model.server_apply_s
+
+    def handled(self, t: float, discarded: bool) -> float:
+        CostScheduler.handled(self, t, discarded)   # the same server, here among shared resources
         while self._step(self.server_free):        # what happens while it applies
             pass
         self.now = max(self.now, self.server_free)
-        return client, self.nsync, self.server_free
+        return self.server_free
 
     def evaluated(self, t: float) -> None:
         """The server evaluates its parameters from ``t`` on (cost.machine.single: CPU work beside
