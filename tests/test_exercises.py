@@ -381,3 +381,19 @@ def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and out == err == "", out + err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
+    # SIGTERM to the grader alone (timeout(1), a batch system) left the grading child running its
+    # answer, up to the grading's 300 s limit
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\nimport time\n\ndef mean_staleness(n):\n    time.sleep(60)\n')
+    with command(path) as proc:
+        assert proc.stdout.readline().startswith("exercise mean_staleness")
+        os.kill(proc.pid, signum)
+        out, err = proc.communicate(timeout=60)
+        with pytest.raises(ProcessLookupError):   # no process left in the grader's group
+            os.killpg(proc.pid, 0)
+    assert proc.returncode == 128 + signum and out == err == "", out + err
+

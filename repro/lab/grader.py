@@ -157,12 +157,16 @@ def grade_apart(file: str) -> int:
                 os._exit(verdict)
     os.close(write)
     with open(read, "rb", buffering=0) as verdicts:
+        stops = {s: signal.signal(s, _stopped) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
             status = os.waitpid(pid, 0)[1]
-        except KeyboardInterrupt:   # Ctrl-C: the grading ends there, quietly, exit 130 as python -m repro.run
-            os.kill(pid, signal.SIGKILL)
+        except (KeyboardInterrupt, Stopped) as stop:   # Ctrl-C, SIGTERM, SIGHUP: quietly, as python -m
+            os.kill(pid, signal.SIGKILL)   # repro.run; the grading with it (else it ran on, up to its limit)
             os.waitpid(pid, 0)
-            return 130
+            return 128 + getattr(stop, "signum", signal.SIGINT)
+        finally:
+            for s, handler in stops.items():
+                signal.signal(s, handler)
         os.set_blocking(read, False)   # a process the file started may still hold the pipe open
         if verdict := verdicts.read(1):   # None or b"": the child sent none
             return verdict[0]
@@ -173,6 +177,18 @@ def grade_apart(file: str) -> int:
     print(f"grade: {file}: the grading ended with no verdict ({how}): the file ended it itself "
           "(os._exit(), a signal, a crash); fix that and grade again", file=sys.stderr)
     return EXIT_UNLOADABLE
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP while the child grades."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stopped(signum: int, _frame) -> None:
+    raise Stopped(signum)
 
 
 @contextmanager
