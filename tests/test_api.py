@@ -393,6 +393,18 @@ def test_replace_takes_a_numpy_number_as_its_python_value():
     assert api.ceiling(cfg).pushes_per_s == api.ceiling(cfg.replace(num_clients=2)).pushes_per_s
 
 
+def test_replace_takes_a_numpy_number_in_a_group_and_leaves_an_array_to_be_refused():
+    # a group's were kept: "invalid value for 'protocol.staleness_threshold': np.int64(2); expected
+    # an integer"; and an array's .item() raised ValueError ("can only convert an array of size 1")
+    cfg = api.configure("+problem=quadratic", "cost=uniform", "nsync=1", "num_epochs=1")
+    cfg = cfg.replace(protocol=replace(cfg.protocol, name="ringmaster", staleness_threshold=np.int64(2)),
+                      cost=cfg.cost.updated(topology="shared", clients_per_host=np.int64(2)))
+    assert (type(cfg.protocol.staleness_threshold), type(cfg.cost.shared.clients_per_host)) == (int, int)
+    assert api.run_config(cfg).summary["status"] == "completed"
+    with pytest.raises(ConfigError, match="'num_clients': array"):
+        api.run_config(cfg.replace(num_clients=np.array([4, 5])))
+
+
 def test_a_result_compares_and_pickles_without_a_pandas_error():
     # the dataclass's == compared the DataFrames: "The truth value of a DataFrame is ambiguous"
     import pickle

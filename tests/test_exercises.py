@@ -373,6 +373,21 @@ def test_a_thread_the_file_leaves_running_holds_no_grading_nor_changes_its_repor
     assert (proc.returncode, out, err) == (code, report.replace(str(path), str(threaded)), "")
 
 
+def test_a_process_the_file_leaves_running_ends_with_its_grading(tmp_path):
+    # os._exit skipped multiprocessing's exit, which ended the file's daemonic process: it ran on
+    # after the grader, holding the command's stdout open (a pipe's reader waited, here 1e6 s)
+    path = tmp_path / SOLUTIONS[0].name
+    path.write_text(SOLUTIONS[0].read_text() + "\nimport multiprocessing, time\n"
+                    "multiprocessing.Process(target=time.sleep, args=(1e6,), daemon=True).start()\n")
+    with command(path) as proc:
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:   # what is left of the grader's group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and "checks pass" in out and "FAIL" not in out and err == "", out + err
+
+
 def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
     path = tmp_path / "answer.py"   # was KeyboardInterrupt's traceback from the answer's line
     path.write_text('EXERCISE = "mean_staleness"\nimport time\n\ndef mean_staleness(n):\n    time.sleep(60)\n')

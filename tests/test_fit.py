@@ -61,6 +61,18 @@ def test_a_barriers_wait_is_not_fitted_as_transit(tmp_path):
             assert fit[key] == pytest.approx(getattr(KNOWN, key), rel=0.10), (path, key)
 
 
+def test_a_discarded_push_is_not_fitted_as_an_apply(tmp_path):
+    """A Ringmaster recording (R = 1: two pushes in three discarded) spends no apply on a push it
+    discards, in the simulator as in the real server (their apply_s is 0): the fitted apply
+    time is KNOWN's, where the mean over every push came out a third of it (0.00034 s)."""
+    run_dir = tmp_path / "ringmaster"
+    summary = simulate(sim_cfg(cost=KNOWN, checkpoint_every=0,
+                               protocol=ProtocolConfig(name="ringmaster", staleness_threshold=1)), run_dir)
+    assert len(summary["discarded_pushes"]) > 20
+    fit = fit_config(sim_cfg(cost=CostConfig.of(profile="fit", path=str(run_dir))))[1]
+    assert fit["server_apply_s"] == pytest.approx(KNOWN.server_apply_s, rel=1e-9)
+
+
 def test_fit_refuses_too_few_pushes(tmp_path):
     short = record(tmp_path, "short", None, epochs=0.5)
     cfg = sim_cfg(cost=CostConfig.of(profile="fit", path=str(short)))

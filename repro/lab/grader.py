@@ -139,7 +139,8 @@ def grade(file: str) -> int:
 def grade_apart(file: str) -> int:
     """:func:`grade` in a forked child that sends its verdict up a pipe after the report and
     leaves at once: the student's file runs there, so its ``os._exit(0)`` or a crash cannot pass
-    for a verdict (exit 2, said in one line), nor can its threads keep the grading alive after it."""
+    for a verdict (exit 2, said in one line), nor can its threads or multiprocessing's processes
+    keep the grading alive after it."""
     read, write = os.pipe()
     if (pid := os.fork()) == 0:
         verdict = EXIT_FAILED
@@ -151,7 +152,9 @@ def grade_apart(file: str) -> int:
         except BaseException:   # noqa: BLE001  (the grader's own fault: its traceback, as ever)
             traceback.print_exc()
         finally:
-            try:
+            try:   # os._exit skips multiprocessing's exit, which ended the file's processes (else
+                for process in getattr(sys.modules.get("multiprocessing"), "active_children", list)():
+                    process.kill()   # they ran on after the grader, holding its stdout open)
                 os.write(write, bytes([verdict]))
             finally:   # never back into the caller; the file's stray threads end with the child
                 os._exit(verdict)

@@ -162,7 +162,11 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
     step = t.compute_s.to_numpy() / nsync
     later = t[t.duplicated("client")]   # a client's first fetch is the start-up's, not a reply's
     transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
-    return {"step": step, "apply": t.apply_s.to_numpy(), "pushes": len(t),
+    # a push the protocol discarded cost the server no apply (it only replied), nor does it in the
+    # simulator: its apply_s of about 0 is no apply's time ([read_version, client], as the summary lists it)
+    dropped = {tuple(p) for p in (read_summary(Path(path)) or {}).get("discarded_pushes") or []}
+    applied = [(v, k) not in dropped for v, k in zip(t.read_version, t.client)]
+    return {"step": step, "apply": t.apply_s.to_numpy()[applied], "pushes": len(t),
             "cv": step.std() / step.mean() * math.sqrt(nsync) if step.mean() > 0 else None,
             "point": (message_bytes(config), float(np.mean(transit)) + round_trip_rest(t, config) / 2),
             "host": config.get("host"), "real": _get(config, "backend.name") == "real",
