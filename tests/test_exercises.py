@@ -346,8 +346,11 @@ def command(path: Path) -> Iterator[subprocess.Popen]:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("where, ending", [("top", "os._exit(0)"), ("answer", "os._exit(0)"),
-                                           ("top", "os.kill(os.getpid(), signal.SIGKILL)")])
+# slow (a grader process each, ~2 s): the answer's os._exit(0) covers the same path by default
+@pytest.mark.parametrize("where, ending", [pytest.param("top", "os._exit(0)", marks=pytest.mark.slow),
+                                           ("answer", "os._exit(0)"),
+                                           pytest.param("top", "os.kill(os.getpid(), signal.SIGKILL)",
+                                                        marks=pytest.mark.slow)])
 def test_a_file_that_ends_the_grading_itself_exits_2_saying_so(where, ending, tmp_path):
     # os._exit(0) was the command's exit 0 with no report: a pass for a file that passed nothing
     path = tmp_path / "answer.py"
@@ -361,7 +364,8 @@ def test_a_file_that_ends_the_grading_itself_exits_2_saying_so(where, ending, tm
     assert out.count("\n") == (where == "answer") and "checks pass" not in out   # the report's first line alone
 
 
-@pytest.mark.parametrize("path", [SOLUTIONS[0], STUBS[0]], ids=["solution", "stub"])
+@pytest.mark.parametrize("path", [SOLUTIONS[0], pytest.param(STUBS[0], marks=pytest.mark.slow)],
+                         ids=["solution", "stub"])   # slow: the solution covers the same path by default
 def test_a_thread_the_file_leaves_running_holds_no_grading_nor_changes_its_report(path, tmp_path, capsys):
     # a non-daemon thread kept the command alive after its report, forever
     threaded = tmp_path / path.name
@@ -388,6 +392,7 @@ def test_a_process_the_file_leaves_running_ends_with_its_grading(tmp_path):
     assert proc.returncode == 0 and "checks pass" in out and "FAIL" not in out and err == "", out + err
 
 
+@pytest.mark.slow   # a grader process (~2 s); test_a_stopped_grader_ends_its_grading_with_it[SIGTERM] covers the path
 def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
     path = tmp_path / "answer.py"   # was KeyboardInterrupt's traceback from the answer's line
     path.write_text('EXERCISE = "mean_staleness"\nimport time\n\ndef mean_staleness(n):\n    time.sleep(60)\n')
@@ -398,7 +403,7 @@ def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
     assert proc.returncode == 130 and out == err == "", out + err
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
     # SIGTERM to the grader alone (timeout(1), a batch system) left the grading child running its
     # answer, up to the grading's 300 s limit
