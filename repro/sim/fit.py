@@ -164,13 +164,14 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
     transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
     # a push the protocol discarded cost the server no apply (it only replied), nor does it in the
     # simulator: its apply_s of about 0 is no apply's time ([read_version, client], as the summary lists it)
-    dropped = {tuple(p) for p in (read_summary(Path(path)) or {}).get("discarded_pushes") or []}
+    summary = read_summary(Path(path)) or {}
+    dropped = {tuple(p) for p in summary.get("discarded_pushes") or []}
     applied = [(v, k) not in dropped for v, k in zip(t.read_version, t.client)]
     return {"step": step, "apply": t.apply_s.to_numpy()[applied], "pushes": len(t),
             "cv": step.std() / step.mean() * math.sqrt(nsync) if step.mean() > 0 else None,
             "point": (message_bytes(config), float(np.mean(transit)) + round_trip_rest(t, config) / 2),
             "host": config.get("host"), "real": _get(config, "backend.name") == "real",
-            "eval": _eval_cpu_s(Path(path))}
+            "eval": _eval_cpu_s(summary)}
 
 
 def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: dict) -> dict:
@@ -218,9 +219,9 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
             "transit_only": [str(p) for p, o in zip(paths, own) if not o]}
 
 
-def _eval_cpu_s(run_dir: Path) -> float | None:
+def _eval_cpu_s(summary: dict) -> float | None:
     """The recording's mean CPU seconds of one evaluation (its summary's; None when it has none)."""
-    value = (read_summary(run_dir) or {}).get("eval_cpu_s")
+    value = summary.get("eval_cpu_s")
     return float(value) if value == 0 or _positive(value) else None
 
 
