@@ -2,6 +2,7 @@
 both drivers; one push may not exceed the budget; a stop request is honoured between two local
 steps of a push, however long, in the simulator and in a real client. Every test is bounded by
 its own timeout, so a regression fails instead of hanging the suite."""
+import json
 import multiprocessing
 import os
 import signal
@@ -258,6 +259,44 @@ def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
         assert channels[1].sent == [Kind.STOP] and channels[2].sent == [Kind.STOP]
         assert loop.stopped == {1, 2} and not loop.live()
         core.finish(*core.final_status(interrupted=False))
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_evaluation_ends_the_real_run_failed_after_backend_timeout(tmp_path, monkeypatch, caplog):
+    """The real server's finish waited without limit for the evaluation in its thread: one that
+    hung left the run folder ``running`` for good. Now it waits ``backend.timeout_s`` and the run
+    ends ``failed``, saying which evaluation, with one logged line; evals.csv keeps whole rows."""
+    import threading
+
+    from repro.files import schema
+    from repro.runs import evaluations
+
+    release = threading.Event()   # the hung evaluation, let go when the test ends
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=0.2))
+    try:
+        with run_folder(cfg, tmp_path) as run, caplog.at_level("INFO", logger="repro"):
+            problem = build_problem(cfg, torch.device("cpu"))
+            run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+            loop = Dispatcher(cfg, core, {1: _Channel(), 2: _Channel()}, StopRequest())
+            core.begin([1, 2])   # version 0 evaluated inline, as every run's is
+            evaluate = evaluations.evaluate   # the same numbers, after the hang (the old finish waited)
+            monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(10) or evaluate(*a))
+            loop.sent_version = {1: 0, 2: 0}
+            numel = core.server.params.numel()
+            header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=8, num_samples=int(problem.dataset.num_train),
+                                                         train_loss=1.0, train_error=0.5, stream_position=(0, 0)))
+            assert loop.on_message(1, header, torch.zeros(numel)) is False   # the budget: version 1, evaluated
+            summary = core.finish(*core.final_status(interrupted=False))
+    finally:
+        release.set()
+    hung = "the evaluation at version 1 did not finish in 0.2 s (backend.timeout_s)"
+    assert summary["status"] == "failed" and summary["message"].startswith(hung), summary["message"]
+    assert [r.getMessage() for r in caplog.records].count(hung) == 1
+    on_disk = json.loads((tmp_path / schema.SUMMARY_FILE).read_text())
+    assert (on_disk["status"], on_disk["message"]) == ("failed", summary["message"])
+    evals = pd.read_csv(tmp_path / schema.EVALS_FILE)
+    assert list(evals.version) == [0] and not evals.isna().any().any()
+    assert schema.check_table(tmp_path / schema.EVALS_FILE, schema.EVAL_COLUMNS, 0, False)[1] == 0   # a resume's read
 
 
 @pytest.mark.timeout(120)

@@ -120,8 +120,8 @@ class BackendConfig:
     master_port: int = knob(0, Range(0, 65535, integer=True), shapes=False)
     """Port of rank 0's rendezvous; 0 picks a free one (single node only)."""
     timeout_s: float = knob(60.0, WAIT_S, shapes=False)
-    """Bound on every blocking receive, and per process on start-up (the start-up deadline
-    grows with the number of clients)."""
+    """Bound on every blocking receive, per process on start-up (the start-up deadline grows
+    with the number of clients), and on the wait for an evaluation still running as a run ends."""
     client_timeout_s: float = knob(30.0, WAIT_S, shapes=False)
     """The server declares a client lost when it has heard nothing from it for this long."""
     server_device: str = knob("cpu", Choice(("cpu", "cuda")))

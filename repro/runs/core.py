@@ -271,10 +271,10 @@ class RunCore:
         self.progress.update(self.runlog)
         return Outcome(evaluated=self.runlog.last_eval_version != evals, stopping=self.state.stopping)
 
-    def drain(self, wait: bool = False) -> Outcome:
+    def drain(self) -> Outcome:
         """Write the rows of finished evaluations (one may find the run diverged; one that failed
         fails it); the driver that evaluates in a thread asks between pushes."""
-        for why in self.evals.drain(wait):
+        for why in self.evals.drain():
             self.diverge(why)
         return Outcome(stopping=self.state.stopping)
 
@@ -343,13 +343,20 @@ class RunCore:
 
     def finish(self, status: str, message: str = "", clean: bool = True, **extra) -> dict:
         """End the run: final evaluation (completed runs), final checkpoint of a clean state
-        (``clean``: no push half-served), terminal summary, files closed. Idempotent."""
+        (``clean``: no push half-served), terminal summary, files closed. Idempotent. An evaluation
+        still running in its thread is waited for up to ``backend.timeout_s`` (5 s when not
+        clean); past that the run ends ``failed`` (or ``interrupted``) without its row."""
         if self.finished is not None:
             return self.finished
-        self.evals.join(timeout_s=None if clean else 5.0)
+        limit, key = (self.cfg.backend.timeout_s, " (backend.timeout_s)") if clean else (5.0, "")
+        if not self.evals.join(limit):   # a hung evaluation must not leave the folder 'running'
+            hung = f"the evaluation at version {self.evals.asked} did not finish in {limit:g} s{key}"
+            log.error(hung)
+            status = "interrupted" if status == "interrupted" else "failed"
+            message = "; ".join(m for m in (hung, message) if m)
         try:
             if clean:
-                self.drain(wait=True)
+                self.drain()
                 if status.startswith("completed"):
                     for why in self.evals.final(self.server.version, self.runlog.time_s, self.server.params):
                         self.diverge(why)

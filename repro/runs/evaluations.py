@@ -59,6 +59,7 @@ class Evaluations:
         self._results: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._outstanding = 0   # submitted, row not yet written
+        self.asked = -1         # the version of the last one submitted
 
     def check_loss(self, push: Push) -> str:
         """Why this push's training loss means divergence, or "". The reference is the larger of
@@ -81,6 +82,7 @@ class Evaluations:
         """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs)."""
         req = EvalRequest(version, time_s, self.runlog.samples_seen, params.detach().clone())
         self._outstanding += 1
+        self.asked = version
         if inline or not self.in_thread:
             self._evaluate(req)
             return
@@ -99,16 +101,16 @@ class Evaluations:
         self.cpu_s.append(time.thread_time() - start)
         self._results.put((req, result))
 
-    def join(self, timeout_s: float | None = None) -> None:
-        """Every evaluation ends before the process does (a thread killed mid-kernel is not)."""
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the evaluation in its thread to end (the process should
+        not end under it: a thread killed mid-kernel is not); whether none is running now."""
         if self._thread is not None:
             self._thread.join(timeout_s)
+        return self._thread is None or not self._thread.is_alive()
 
-    def drain(self, wait: bool = False) -> list[str]:
+    def drain(self) -> list[str]:
         """Write the rows of finished evaluations; return why each one that found divergence
         did. An evaluation that failed (an exception, not the numbers) fails the run: raised."""
-        if wait:
-            self.join()
         diverged = []
         while not self._results.empty():
             req, result = self._results.get()
