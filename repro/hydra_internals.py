@@ -9,7 +9,7 @@ the package imports them):
   and the progress line, the grid's figure and sim-vs-real's folder names need it; whether an
   override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it; a number as the
   sweeper writes it (:func:`plain_number`), so that a single run names its folder as the same
-  configuration's grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=0.10`` is ``algo.lr=0.1``);
+  configuration's grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=1e-3`` is ``algo.lr=0.001``);
 * a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends
   the whole grid;
 * a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
@@ -70,10 +70,11 @@ def sweeps(arguments: list[str]) -> bool:
 
 
 def plain_number(override: str) -> str:
-    """The value of ``override`` as Hydra's sweeper writes a grid point's where it is a number
-    without an exponent (``0`` for ``-0``, ``4`` for ``+4``, ``0.1`` for ``0.10``, ``1000`` for
-    ``1_000``); an exponent (``1e-3``: existing folders bear it), any other value, a sweep and
-    what Hydra's grammar cannot read stay as given."""
+    """The value of ``override`` as Hydra's sweeper writes a grid point's where it is a number:
+    Python's ``str`` of the parsed value, one spelling per number (``0`` for ``-0``, ``4`` for
+    ``+4``, ``0.1`` for ``0.10``, ``1000`` for ``1_000``, ``0.001`` for ``1e-3`` and ``1.0e-3``,
+    ``1e-05`` for ``1e-5``); any other value, a sweep and what Hydra's grammar cannot read stay
+    as given."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -85,7 +86,7 @@ def plain_number(override: str) -> str:
     value = None if parsed.is_sweep_override() else parsed.value()
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return given
-    return given if "e" in (str(value) + given).lower() else str(value)
+    return str(value)
 
 
 def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:

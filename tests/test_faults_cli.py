@@ -161,12 +161,12 @@ def test_an_experiments_bad_point_under_its_parallel_launcher_still_draws_its_fi
 def test_a_number_names_its_run_folder_by_its_value_not_its_spelling(tmp_path):
     """``seed=-0 algo.lr=0.10`` ran in a folder of its own beside ``seed=0 algo.lr=0.1`` (a grid
     point's, whose numbers Hydra writes by value), so resume=auto ran the finished run again.
-    A normal spelling keeps its name: an exponent, ``2.0``, a list or an interpolation as given."""
+    A normal spelling keeps its name: ``2.0``, a list or an interpolation as given."""
     from repro.config.loader import job_name
 
     assert job_name(["seed=-0", "nsync=+4", "algo.lr=0.10", "algo.momentum=.5", "num_epochs=2.00"]) == \
         "algo.lr=0.1,algo.momentum=0.5,nsync=4,num_epochs=2.0,seed=0"
-    kept = ["algo.lr=1e-3", "cost.speeds=[1, 2]", "nsync=${num_clients}", "num_epochs=2.0", "seed=1,2"]
+    kept = ["cost.speeds=[1, 2]", "nsync=${num_clients}", "num_epochs=2.0", "seed=1,2"]   # 1e-3: below
     assert [job_name([k]) for k in kept] == kept
     first = cli(f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false", "seed=-0", "algo.lr=0.10")
     again = cli(f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false", "seed=0", "algo.lr=0.1",
@@ -174,6 +174,28 @@ def test_a_number_names_its_run_folder_by_its_value_not_its_spelling(tmp_path):
     assert (first.returncode, again.returncode) == (0, 0), first.stderr[-2000:] + again.stderr[-2000:]
     assert "already completed" in again.stderr, again.stderr[-2000:]
     assert [p.name for p in (tmp_path / "default").iterdir()] == ["algo.lr=0.1,num_epochs=0.2,seed=0"]
+
+
+def test_a_float_names_its_run_folder_in_one_spelling_so_resume_auto_finds_it(tmp_path, monkeypatch):
+    """``algo.lr=1e-3`` named a folder of its own beside ``algo.lr=0.001`` (an exponent was kept
+    as given): resume=auto did not find a run started with the other spelling and ran it again
+    in a second folder. A float names its folder as Python writes it (as Hydra's sweeper writes a
+    grid point's): ``0.001`` keeps its name, ``1e-3`` is ``0.001``, ``1e-5`` is ``1e-05``."""
+    from repro.config.loader import job_name
+    from repro.sim.driver import simulate
+    from tests.helpers.grids import cli_in_process
+    from tests.helpers.runs import CLI_ARGS, STOP_AT, cli_cfg
+    from tests.helpers.tables import summary_of
+
+    spellings = ("1e-3", "1E-3", "1.0e-3", "0.001", "0.0010", "+1e-3")
+    assert {job_name([f"algo.lr={v}"]) for v in spellings} == {"algo.lr=0.001"}
+    assert job_name(["algo.lr=1e-5"]) == job_name(["algo.lr=0.00001"]) == "algo.lr=1e-05"
+    folder = tmp_path / "default" / job_name([*CLI_ARGS, "algo.lr=0.001"])
+    assert simulate(cli_cfg("algo.lr=0.001"), folder, stop_at_version=STOP_AT)["status"] == "interrupted"
+    assert cli_in_process(monkeypatch, f"results_dir={tmp_path}", *CLI_ARGS, "algo.lr=1e-3", "resume=auto") == 0
+    assert [p.name for p in (tmp_path / "default").iterdir()] == [folder.name]
+    summary = summary_of(folder)
+    assert summary["status"] == "completed" and any(e["type"] == "resumed" for e in summary["events"])
 
 
 def test_run_of_an_experiment_grid_is_refused_with_how_to_run_one_point(tmp_path):
