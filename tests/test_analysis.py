@@ -316,6 +316,17 @@ def test_speedup_arithmetic():
     assert table.loc[(8, 2), "n_not_reached"] == 1
 
 
+def test_n_no_reference_counts_runs_without_a_reference_not_those_at_the_target_at_start(tmp_path):
+    """At target 1.0 every fake run meets it at time 0; only the 4-client run (seed 1) lacks a
+    1-client run of its seed. Runs met at start were counted as having no reference."""
+    fake_runs.write_experiment(tmp_path, "fig4", [1, 2], [1], [0], "warm")
+    fake_runs.write_experiment(tmp_path, "fig4", [4], [1], [1], "warm")
+    with pytest.warns(UserWarning, match="at time 0"):
+        table = speedup_table(load_runs(tmp_path, "fig4"), 1.0).set_index("num_clients")
+    assert table["n_runs"].tolist() == [1, 1, 1] and table["n"].tolist() == [0, 0, 0]
+    assert table["n_no_reference"].tolist() == [0, 0, 1]
+
+
 def test_target_comes_from_config_and_warns_when_runs_disagree():
     frame = pd.DataFrame({"target_error": [0.1, 0.2, 0.1]})
     with pytest.warns(UserWarning, match="disagree"):
