@@ -34,7 +34,7 @@ from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View
 from repro.asgd.rules import RULES, StalenessScaledRule
 from repro.config.loader import composed, group_options
 from repro.config.checks import check_leaves, from_dict, validate
-from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, to_dict
+from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, plain, to_dict
 from repro.errors import ConfigError, numbers
 from repro.files import schema
 from repro.workload.build import Problem
@@ -250,7 +250,7 @@ def _config(settings: dict, cost: CostConfig) -> RunConfig:
             "data": to_dict(DataConfig(name="custom")), "model": to_dict(ModelConfig(name="custom"))}
     for name, value in settings.items():
         group, _, leaf = API_KEYS[name].rpartition(".")
-        (tree[group] if group else tree)[leaf] = value.item() if isinstance(value, np.generic) else value
+        (tree[group] if group else tree)[leaf] = plain(value)
     try:
         return from_dict(tree)
     except ConfigError as err:   # the argument's name, not the config key it sets

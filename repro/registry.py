@@ -63,12 +63,12 @@ def names_of(key: str) -> Callable[[], tuple[str, ...]]:
     def names() -> tuple[str, ...]:
         if key in _BUILT:
             return _BUILT[key].names()
-        return tuple(sorted(_declared(key)))
+        return tuple(sorted(declared(key)))
     return names
 
 
-def _declared(key: str) -> dict[str, str]:
-    """Declared name -> the module that registers it."""
+def declared(key: str) -> dict[str, str]:
+    """Declared name -> the module that registers it, in :data:`DECLARED`'s order."""
     return {name: module for module, names in DECLARED.get(key, {}).items() for name in names}
 
 
@@ -79,7 +79,7 @@ class Registry(Generic[T]):
 
     def __init__(self, key: str, spec_type: Callable[..., T] | None = None):
         self.key, self.spec_type = key, spec_type
-        self._homes = _declared(key)   # name -> module, for the package's own entries
+        self._homes = declared(key)   # name -> module, for the package's own entries
         self._entries: dict[str, T] = {}
         _BUILT[key] = self
 

@@ -52,7 +52,7 @@ def test_load_flattens_config_and_keeps_diverged(fig3_runs):
     runs = fig3_runs.runs
     assert len(runs) == 12  # 3 client counts x 2 nsync x 2 seeds; bad folders left out
     for col in ("run_dir", "exp_name", "job", "algo.lr", "cost.profile", "backend.name",
-                "cost.measured_compute_s", "status", "final_test_error", "wall_time_s"):
+                "cost.compute_s", "status", "final_test_error", "wall_time_s"):
         assert col in runs, col
     diverged = runs[runs["status"] == "diverged"]
     assert diverged[["num_clients", "nsync", "seed"]].to_dict("records") == [fake_runs.DIVERGED]
@@ -62,6 +62,15 @@ def test_load_flattens_config_and_keeps_diverged(fig3_runs):
         assert col in fig3_runs.evals, col
     assert set(schema.UPDATE_COLUMNS) <= set(fig3_runs.updates)
     assert fig3_runs.updates["staleness"].dtype == np.int64
+
+
+def test_the_fake_runs_write_only_keys_this_version_knows(results):
+    """The helper wrote a key no version had (cost.measured_compute_s): every test reading fake
+    runs warned of it, which hid the warning a real unknown key gives."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_runs(results, "fig1")
+    assert not [str(w.message) for w in caught if "unknown to this version" in str(w.message)]
 
 
 def test_reads_what_the_drivers_runlog_writes(tmp_path):
@@ -305,6 +314,17 @@ def test_speedup_arithmetic():
     assert (four["n"], four["n_runs"], four["n_diverged"], four["n_no_reference"]) == (2, 4, 1, 1)
     assert table.loc[(1, 1), "speedup_mean"] == 1.0
     assert table.loc[(8, 2), "n_not_reached"] == 1
+
+
+def test_n_no_reference_counts_runs_without_a_reference_not_those_at_the_target_at_start(tmp_path):
+    """At target 1.0 every fake run meets it at time 0; only the 4-client run (seed 1) lacks a
+    1-client run of its seed. Runs met at start were counted as having no reference."""
+    fake_runs.write_experiment(tmp_path, "fig4", [1, 2], [1], [0], "warm")
+    fake_runs.write_experiment(tmp_path, "fig4", [4], [1], [1], "warm")
+    with pytest.warns(UserWarning, match="at time 0"):
+        table = speedup_table(load_runs(tmp_path, "fig4"), 1.0).set_index("num_clients")
+    assert table["n_runs"].tolist() == [1, 1, 1] and table["n"].tolist() == [0, 0, 0]
+    assert table["n_no_reference"].tolist() == [0, 0, 1]
 
 
 def test_target_comes_from_config_and_warns_when_runs_disagree():

@@ -393,6 +393,15 @@ def test_replace_takes_a_numpy_number_as_its_python_value():
     assert api.ceiling(cfg).pushes_per_s == api.ceiling(cfg.replace(num_clients=2)).pushes_per_s
 
 
+def test_simulate_takes_a_numpy_number_as_replace_does():
+    # simulate() had its own rule (np.generic only): a 0-d array, which replace() takes as its
+    # number, was refused: "invalid value for 'num_clients': array(2); expected an integer"
+    x, y = _problem()
+    result = api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_clients=np.array(2), nsync=np.int64(2),
+                          num_epochs=1, eval_every=0.5, cost="lan")
+    assert result.summary["status"] == "completed" and set(result.updates.client) == {1, 2}
+
+
 def test_replace_takes_a_numpy_number_in_a_group_and_leaves_an_array_to_be_refused():
     # a group's were kept: "invalid value for 'protocol.staleness_threshold': np.int64(2); expected
     # an integer"; and an array's .item() raised ValueError ("can only convert an array of size 1")

@@ -282,6 +282,24 @@ def test_bench_grid_commands_differ_only_in_the_launcher(tmp_path):
     assert not any(a.startswith("num_threads") for a in basic + parallel)   # same folder names
 
 
+def test_bench_grid_of_an_experiment_without_a_figure_compares_its_tables_only(monkeypatch, capsys):
+    """smoke draws no figure: no figure CSV in either launch is no difference (it was reported as
+    "figure CSVs: [] vs []", the benchmark failing on identical launches)."""
+    def launch(cmd, log_path):   # the launch's tables, the same in both; no figures folder
+        root = log_path.parent
+        run = root / "results" / "smoke" / "point"
+        run.mkdir(parents=True)
+        for name in ("summary.json", "updates.csv", "evals.csv"):
+            (run / name).write_text("step,loss\n1,0.5\n")
+        return 2.0 if "hydra/launcher=basic" in cmd else 1.0
+
+    monkeypatch.setattr(bench_grid, "timed", launch)
+    assert bench.main(["grid", "--exp", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "identical tables: 1/1 grid points" in out and "DIFFERS" not in out and "differs:" not in out
+    assert "figure CSV none (the experiment draws no figure): tables only  PASS" in out
+
+
 # ---------------------------------------------------------------------------------------------
 # Every experiment grid: parallel by default, with progress and a clean Ctrl-C
 # ---------------------------------------------------------------------------------------------

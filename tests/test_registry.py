@@ -73,7 +73,7 @@ def test_an_unknown_name_is_a_config_error_naming_the_key_and_the_declared_names
 
 def test_a_declared_name_its_module_does_not_register_says_so(declared, monkeypatch):
     monkeypatch.setitem(registry.DECLARED, "test.name", {"tests.helpers.paths": ("a",)})
-    monkeypatch.setattr(declared, "_homes", registry._declared("test.name"))
+    monkeypatch.setattr(declared, "_homes", registry.declared("test.name"))
     with pytest.raises(LookupError, match="tests.helpers.paths is declared to register 'a'"):
         declared["a"]
 

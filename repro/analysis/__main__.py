@@ -16,7 +16,7 @@ from pathlib import Path
 import warnings
 
 from repro.errors import EXIT_BAD_INPUT, ConfigError
-from repro.registry import DECLARED
+from repro.registry import declared
 
 COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
                  "[--target T] [--config KEY=VALUE,...] [--csv FILE.csv]")
@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        "results trees or figures folders agree within the "
                                        "spread over seeds (exit 0: agree, 1: disagree, 2: bad "
                                        "input); see 'python -m repro.analysis compare --help'.")
-    figures = [name for names in DECLARED["figure"].values() for name in names]   # without importing them
+    figures = list(declared("figure"))   # in their declared order, without importing them
     p.add_argument("figure", choices=[*figures, "all", "compare"],
                    help="the figure to draw ('all': every one), or 'compare' (see below)")
     p.add_argument("--results", default="results", help="results tree (default: results)")

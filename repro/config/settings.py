@@ -233,16 +233,16 @@ class RunConfig:
         """A copy with ``changes``; a numpy scalar (a sweep's ``np.int64(4)``), in a group given
         too (``protocol=dataclasses.replace(cfg.protocol, staleness_threshold=np.int64(2))``),
         becomes its Python value, as simulate() takes it: config.json holds no numpy type."""
-        return dataclasses.replace(self, **{k: _plain(v) for k, v in changes.items()})
+        return dataclasses.replace(self, **{k: plain(v) for k, v in changes.items()})
 
 
-def _plain(value: Any) -> Any:
-    """``value`` with its numpy scalars (and those of a group's fields) as Python values; an
-    array stays one, for the check to refuse naming its key (``.item()`` of two numbers raised)."""
+def plain(value: Any) -> Any:
+    """``value``, its numpy scalars (a group's fields' too) as Python values, for replace() and
+    simulate(); an array stays one, for the check to refuse naming its key (``.item()`` raised)."""
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
         return value.item()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)})
+        return dataclasses.replace(value, **{f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)})
     return value
 
 

@@ -119,10 +119,14 @@ class Schedule(ABC):
         The server is busy with it only once :meth:`handled` says whether it applied it."""
 
     def handled(self, t: float, discarded: bool) -> float:
-        """When the server is done with the push :meth:`next` returned (at ``t``): a push the
-        protocol discarded costs it no apply time (the real server only replies), so it is done
-        as it takes it. A recorded order keeps its recorded times."""
-        return t
+        """When the one server (free again at ``server_free``) is done with the push :meth:`next`
+        returned (at ``t``): a push the protocol discarded costs it no apply time (the real server
+        only replies), so it is done as it takes it, where :meth:`next` left ``server_free``."""
+        if discarded:   # (a checkpoint left it there too)
+            self.last_timing = self.last_timing and {**self.last_timing, "apply_s": 0.0}
+        else:
+            self.server_free = t
+        return self.server_free
 
     @abstractmethod
     def served(self, client: int, applied_at: float) -> None:
@@ -192,13 +196,6 @@ class CostScheduler(Schedule):
                             "to_server_s": self.model.transfer_s, "queue_s": start - arrive,
                             "apply_s": self.model.server_apply_s}
         return client, self.nsync, start + self.model.server_apply_s
-
-    def handled(self, t: float, discarded: bool) -> float:
-        if discarded:   # free since it took the push (next() left server_free there, a checkpoint too)
-            self.last_timing = self.last_timing and {**self.last_timing, "apply_s": 0.0}
-        else:
-            self.server_free = t
-        return self.server_free
 
     def served(self, client: int, applied_at: float) -> None:
         """The reply (the client's fetch) travels back, then the client computes its next push;

@@ -205,6 +205,9 @@ class ReplayScheduler(Schedule):
         client, _, num_steps, time_s = self.rows[self.position]
         return client, num_steps, time_s
 
+    def handled(self, t: float, discarded: bool) -> float:
+        return t   # a recorded order keeps its recorded times
+
     def membership_due(self, version: int) -> list[tuple[str, int, float]]:
         """The recorded joins and losses that happened at server version ``version`` or before
         and are not carried out yet: (type, client, time_s), in order."""

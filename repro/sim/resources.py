@@ -60,7 +60,7 @@ import heapq
 import itertools
 import math
 
-from repro.sim.cost import CostModel, CostScheduler, Schedule, link_bandwidths, path_bandwidth
+from repro.sim.cost import CostModel, Schedule, link_bandwidths, path_bandwidth
 
 FETCH, COMPUTE, PUSH, EVAL = "fetch", "compute", "push", "eval"
 EVALUATOR = 0   # the stages' key of the server's evaluations (clients are 1, 2, ...)
@@ -194,7 +194,7 @@ class ContendedScheduler(Schedule):
         return client, self.nsync, start + self.model.server_apply_s
 
     def handled(self, t: float, discarded: bool) -> float:
-        CostScheduler.handled(self, t, discarded)   # the same server, here among shared resources
+        super().handled(t, discarded)   # the same server, here among shared resources
         while self._step(self.server_free):        # what happens while it applies
             pass
         self.now = max(self.now, self.server_free)
