@@ -185,11 +185,8 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
         round_s = sync_round_s(tm, backups)
         return {"segments_per_s": (tm.num_clients - backups) / round_s,
                 "updates_per_s": 1.0 / round_s, "mean_round_s": round_s}
-    if protocol == "ssp":
-        rate = pushes / ssp_time(tm, bound, pushes)
-        return {"segments_per_s": rate, "updates_per_s": rate}
-    rate = async_segments_per_s(tm)
-    return {"segments_per_s": rate, "updates_per_s": rate}
+    rate = pushes / ssp_time(tm, bound, pushes) if protocol == "ssp" else async_segments_per_s(tm)
+    return {"segments_per_s": rate, "updates_per_s": rate}   # every push a server update
 
 
 # ---------------------------------------------------------------------------------------------
