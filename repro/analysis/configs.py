@@ -183,19 +183,16 @@ def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
     return [k for k in keys if len({json.dumps(_value(r, k)) for r in rows}) > 1]
 
 
-def labels(runs: Runs, axes: Iterable[str]) -> dict[str, str]:
-    """{configuration: its settings that differ from the other configurations'} (``KEY=VALUE``
-    joined by commas, ``""`` when there is only one) of annotated ``runs``."""
-    rows = [r for _, r in runs.runs.drop_duplicates(COLUMN).iterrows()]
-    keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, tuple(axes))
-                            and k not in ENVIRONMENT])
-    return {r[COLUMN]: ",".join(f"{k}={fmt(_value(r, k))}" for k in keys) for r in rows}
-
-
 def split(runs: Runs, axes: Iterable[str]) -> list[tuple[str, Runs]]:
-    """(label, runs) per configuration of ``runs``, in run-folder order (see :func:`labels`)."""
+    """(label, runs) per configuration of ``runs``, in run-folder order; a label is the settings
+    that differ from the other configurations' (``KEY=VALUE`` joined by commas, ``""`` when
+    there is only one)."""
+    axes = tuple(axes)
     runs = annotate(runs, axes)
-    names = labels(runs, axes)
+    rows = [r for _, r in runs.runs.drop_duplicates(COLUMN).iterrows()]
+    keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, axes)
+                            and k not in ENVIRONMENT])
+    names = {r[COLUMN]: ",".join(f"{k}={fmt(_value(r, k))}" for k in keys) for r in rows}
     return [(names[cid], subset(runs, g["run_dir"]))
             for cid, g in runs.runs.sort_values("run_dir").groupby(COLUMN, sort=False)]
 

@@ -75,6 +75,15 @@ def _new_figure(nrows: int = 1, ncols: int = 1, panel=(4.8, 3.4), **kw) -> tuple
     return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
 
 
+def panel_grid(count: int, max_cols: int, panel: tuple[float, float], **kw) -> tuple[Figure, Any]:
+    """A figure with ``count`` panels, at most ``max_cols`` to a row (the spare ones hidden)."""
+    cols = min(count, max_cols)
+    fig, axes = _new_figure(-(-count // cols), cols, panel=panel, **kw)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
 def _require(frame: pd.DataFrame, name: str) -> None:
     if frame.empty:
         raise ValueError(f"{name}: the frame has no rows (no usable runs)")
@@ -232,9 +241,7 @@ def fig3(frame: pd.DataFrame) -> Figure:
     """
     _require(frame, "fig3")
     levels = sorted(frame["nsync"].unique())
-    ncols = min(len(levels), 4)
-    nrows = -(-len(levels) // ncols)
-    fig, axes = _new_figure(nrows, ncols, panel=(3.4, 3.3), sharey=True, sharex=True)
+    fig, axes = panel_grid(len(levels), 4, panel=(3.4, 3.3), sharey=True, sharex=True)
     ones = frame[frame["num_clients"] == 1]
     fallback = ones[ones["nsync"] == ones["nsync"].min()] if len(ones) else ones
     for ax, k in zip(axes.flat, levels):
@@ -243,8 +250,6 @@ def fig3(frame: pd.DataFrame) -> Figure:
             panel = pd.concat([fallback, panel])
         _error_vs_time(ax, panel, frame)
         ax.set_title(f"nsync = {int(k)}")
-    for ax in list(axes.flat)[len(levels):]:
-        ax.set_visible(False)
     for ax in axes[:, 1:].flat:
         ax.set_ylabel("")
     starts = "/".join(sorted({str(s) for s in frame["start"].dropna()})) or "warm"

@@ -153,19 +153,15 @@ def _numbers(values: tuple[str, ...], file: str, column: str,
     except ValueError:
         if not schema_column:
             return None
-        bad = next(v for v in cleaned if not _is_float(v))
-        raise BadRun("corrupt", f"{file} column '{column}' has non-numeric value {bad!r}") from None
+        for bad in cleaned:   # the first cell float() refuses
+            try:
+                float(bad)
+            except ValueError:
+                raise BadRun("corrupt",
+                             f"{file} column '{column}' has non-numeric value {bad!r}") from None
     if column in INT_COLUMNS and np.isfinite(array).all() and (array == np.round(array)).all():
         return array.astype(np.int64)
     return array
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
 
 
 def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:

@@ -34,13 +34,13 @@ class FigureSpec:
     optionally ``extra(frame, out_dir, stem) -> [paths]`` for more outputs (fig4's speedup
     table, ``<stem>_speedup.csv``), and its ``axes``: the settings it draws across (besides the
     seed; ``"cost."`` stands for a whole group), every other training-shaping setting being one
-    configuration (:mod:`repro.analysis.configs`); None: any runs of the folder, unchecked."""
+    configuration (:mod:`repro.analysis.configs`)."""
 
     frame: Callable
     draw: Callable
     exps: tuple[str, ...] = ()
     extra: Callable | None = None
-    axes: tuple[str, ...] | None = None
+    axes: tuple[str, ...] = ()
 
 
 # Declared in repro.registry: the paper's figures here, the staleness lab's each in its own
@@ -49,9 +49,9 @@ FIGURES: Registry[FigureSpec] = Registry("figure")
 
 
 def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str, ...] = (),
-                    extra: Callable | None = None, axes: tuple[str, ...] | None = None) -> None:
+                    extra: Callable | None = None, axes: tuple[str, ...] = ()) -> None:
     """Register figure ``name``; the calling module must be the one repro.registry declares for it."""
-    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra, None if axes is None else tuple(axes)),
+    FIGURES.add(name, FigureSpec(frame, draw, exps or (name,), extra, tuple(axes)),
                 module=sys._getframe(1).f_globals["__name__"])
 
 
@@ -132,8 +132,6 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     if runs.runs.empty:
         raise NoRunsError("exp", where, "finished runs of this grid" if config is None else
                           f"finished runs with {config}")
-    if figure.axes is None:
-        return [("", runs)], where
     return configs.one_grid(runs, figure.axes, where, config, each), where
 
 

@@ -60,6 +60,12 @@ def time_to_target(evals: pd.DataFrame, target: float, metric: str = "train_erro
     return pd.DataFrame(rows, columns=[*keep, "clock", "target", "time_to_target_s"])
 
 
+def times_to_target(runs: Runs, target: float, metric: str = "train_error") -> pd.Series:
+    """:func:`time_to_target` of each run of ``runs.runs``, in its order (a lab frame's column)."""
+    times = time_to_target(runs.evals, target, metric).set_index("run_dir")["time_to_target_s"]
+    return runs.runs["run_dir"].map(times)
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equality where two missing values (None/NaN) also match."""
     return (pd.isna(a) and pd.isna(b)) or bool(a == b)

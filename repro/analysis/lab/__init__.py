@@ -1,5 +1,5 @@
 """The staleness lab's figures, each registering itself on import, and the steps that several of
-them share: the bytes of a run's messages, a list cell of the runs' table, heat-map panels."""
+them share: the bytes of a run's messages, a list cell of the runs' table, a heat map."""
 from __future__ import annotations
 
 import json
@@ -24,17 +24,6 @@ def message_bytes(run: pd.Series, cost) -> int:
 def listed(cell) -> list:
     """A list that flattening config.json or summary.json left as JSON text ([]: any other)."""
     return json.loads(cell) if isinstance(cell, str) and cell.startswith("[") else []
-
-
-def panel_grid(count: int, max_cols: int, panel: tuple[float, float]):
-    """A figure with ``count`` panels, at most ``max_cols`` to a row (the spare ones hidden)."""
-    from repro.analysis.figures import _new_figure
-
-    cols = min(count, max_cols)
-    fig, axes = _new_figure(-(-count // cols), cols, panel=panel)
-    for ax in axes.flat[count:]:
-        ax.set_visible(False)
-    return fig, axes
 
 
 def heat_map(ax, grid: pd.DataFrame, text: Callable[[float], str], dark: float, fontsize: str, **style):

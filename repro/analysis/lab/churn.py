@@ -16,17 +16,11 @@ import pandas as pd
 from repro.analysis.configs import one_run_each
 from repro.analysis.render import register_figure
 from repro.analysis.load import Runs
-from repro.analysis.tables import resolve_target, time_to_target
+from repro.analysis.tables import resolve_target, times_to_target
 from repro.files.schema import target_key
 
 COLUMNS = ["protocol", "preempt_rate", "seed", "samples_per_s", "predicted_samples_per_s",
            "time_to_target_s", "live_fraction"]
-
-
-def _from_evals(runs: Runs, target: float) -> pd.Series:
-    """Time to a target the runs' summaries do not key (--target): their first evaluation at or
-    under it, the summary's own rule (a column of NaN said 'never reached' of runs that had)."""
-    return runs.runs["run_dir"].map(time_to_target(runs.evals, target).set_index("run_dir")["time_to_target_s"])
 
 
 def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
@@ -39,12 +33,14 @@ def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     # were averaged into one point and one prediction (a 2- and a 4-client run)
     one_run_each(t, ["protocol.name", "cost.churn.preempt_rate", "seed"], "protocol, preemption rate and seed")
     target = resolve_target(t, target)
+    # a --target the summaries do not key: the evaluations, timed by the summaries' own rule
     ttt = f"time_to_target.{target_key(target)}"
+    times = pd.to_numeric(t[ttt], errors="coerce") if ttt in t else times_to_target(runs, target)
     rows = pd.DataFrame({
         "protocol": t["protocol.name"].astype(str), "preempt_rate": t["cost.churn.preempt_rate"].astype(float),
         "seed": t["seed"].astype(int),
         "samples_per_s": t["final_samples_seen"].astype(float) / t["final_time_s"].astype(float),
-        "time_to_target_s": pd.to_numeric(t[ttt], errors="coerce") if ttt in t else _from_evals(runs, target),
+        "time_to_target_s": times,
         "live_fraction": 1.0 / (1.0 + t["cost.churn.preempt_rate"].astype(float)
                                 * t["cost.churn.preempt_down_s"].astype(float)),
     })

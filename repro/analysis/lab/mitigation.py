@@ -20,7 +20,7 @@ import pandas as pd
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, final_test_error, measured_rows
 from repro.analysis.load import Runs, finite, is_diverged
-from repro.analysis.tables import resolve_target, time_to_target
+from repro.analysis.tables import resolve_target, times_to_target
 
 # (server rule, protocol) -> (short name on the axis, legend text with the source)
 MITIGATIONS = {
@@ -63,8 +63,7 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["mitigation"] = [mitigation_of(a, b) for a, b in zip(r["server_rule"], r["protocol"])]
     r["diverged"] = is_diverged(r["status"])
     r["final_test_error_pct"] = 100.0 * final_test_error(runs)
-    r["time_to_target_s"] = r["run_dir"].map(
-        time_to_target(runs.evals, target).set_index("run_dir")["time_to_target_s"])
+    r["time_to_target_s"] = times_to_target(runs, target)
     st = runs.updates.groupby("run_dir")["staleness"].agg(["mean", "max"])
     r["mean_staleness_versions"] = r["run_dir"].map(st["mean"])
     r["max_staleness_versions"] = r["run_dir"].map(st["max"])

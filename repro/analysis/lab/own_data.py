@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.lab import heat_map, listed, panel_grid
+from repro.analysis.lab import heat_map, listed
 from repro.analysis.lab.partition import partition_of
 from repro.analysis.lab.uneven import method_of, method_order
 from repro.analysis.load import Runs
@@ -88,7 +88,7 @@ def draw_own_data(frame: pd.DataFrame):
     over seeds; the slow client's classes framed."""
     import matplotlib as mpl
 
-    from repro.analysis.figures import _require, _seeds
+    from repro.analysis.figures import _require, _seeds, panel_grid
 
     _require(frame, "own_data")
     classes = frame[frame["quantity"] == "class_test_error_pct"]

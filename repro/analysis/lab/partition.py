@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from repro.analysis.lab import heat_map, listed, panel_grid
+from repro.analysis.figures import panel_grid
+from repro.analysis.lab import heat_map, listed
 from repro.analysis.render import register_figure
 from repro.analysis.load import Runs
 

@@ -41,12 +41,11 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from repro.analysis.render import register_figure
-from repro.analysis.figures import _legend, _new_figure, _require
+from repro.analysis.figures import _PALETTE, _legend, _new_figure, _require
 from repro.analysis.configs import one_run_each
 from repro.analysis.load import Runs, finite, recorded
 
@@ -59,17 +58,16 @@ COLUMNS = ("kind", "problem", "model", "batch_size", "num_clients", "tau", "lr",
            "outcome", "status", "initial_loss", "final_loss", "staleness", "source", "run_dir")
 THEORY = "theory: lr * l_max < 2 sin(pi / (4 tau + 2)) (Levin & May 1976)"
 ANCHORED = "theory's shape, anchored at N = 1 (Levin & May 1976)"
-_COLORS = sns.color_palette("colorblind", 10)
 LABELS = {THEORY: r"theory: $lr \cdot l_{max} < 2 \sin(\pi / (4\tau + 2))$ (Levin & May 1976)",
           ANCHORED: r"theory's shape $\propto \sin(\pi / (4\tau + 2))$, anchored at N = 1 (Levin & May 1976)"}
-STYLE = {"converged": dict(marker="o", color=_COLORS[2],
+STYLE = {"converged": dict(marker="o", color=_PALETTE[2],
                            label=f"converged (final loss $\\leq$ initial / {CONVERGED_FACTOR:g})"),
-         "slow": dict(marker="o", color=_COLORS[2], mfc="none",
+         "slow": dict(marker="o", color=_PALETTE[2], mfc="none",
                       label=f"slow (loss fell, to between 1/{CONVERGED_FACTOR:g} and "
                             f"{STALLED_FRACTION:g} of the initial)"),
          "stalled": dict(marker="s", color="0.45",
                          label=f"stalled (final loss above {STALLED_FRACTION:g} x the initial)"),
-         "diverged": dict(marker="X", color=_COLORS[3], label="diverged (stopped: loss > 10 x the initial)")}
+         "diverged": dict(marker="X", color=_PALETTE[3], label="diverged (stopped: loss > 10 x the initial)")}
 
 
 def critical_lr(tau, l_max: float = 1.0):

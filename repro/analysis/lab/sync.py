@@ -33,7 +33,7 @@ from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.lab import message_bytes
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.sim.cost import CostModel, step_time
-from repro.analysis.tables import resolve_target, time_to_target
+from repro.analysis.tables import resolve_target, times_to_target
 from repro.analysis.configs import one_run_each
 
 PROFILE_ORDER = ("jitter_lognormal", "jitter_exponential", "straggler")
@@ -185,11 +185,8 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
         round_s = sync_round_s(tm, backups)
         return {"segments_per_s": (tm.num_clients - backups) / round_s,
                 "updates_per_s": 1.0 / round_s, "mean_round_s": round_s}
-    if protocol == "ssp":
-        rate = pushes / ssp_time(tm, bound, pushes)
-        return {"segments_per_s": rate, "updates_per_s": rate}
-    rate = async_segments_per_s(tm)
-    return {"segments_per_s": rate, "updates_per_s": rate}
+    rate = pushes / ssp_time(tm, bound, pushes) if protocol == "ssp" else async_segments_per_s(tm)
+    return {"segments_per_s": rate, "updates_per_s": rate}   # every push a server update
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,11 +232,10 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r["protocol"] = [protocol_label(row) for _, row in r.iterrows()]
     one_run_each(r, [*KEYS, "seed"], "cost profile, protocol, client count, nsync and seed")
     r["diverged"] = is_diverged(r["status"])
-    ttt = time_to_target(runs.evals, target).set_index("run_dir")["time_to_target_s"]
     r["samples_per_s"] = r["final_samples_seen"] / r["final_time_s"]
     r["updates_per_s"] = r["final_version"] / r["final_time_s"]
     r["mean_round_s"] = np.where(r["protocol.name"] == "sync", r["final_time_s"] / r["final_version"], np.nan)
-    r["time_to_target_s"] = r["run_dir"].map(ttt)
+    r["time_to_target_s"] = times_to_target(runs, target)
     same = ["cost.profile", "num_clients", "nsync", "seed"]
     base = r[r["protocol"] == "async"].set_index(same)["samples_per_s"]
     key = list(zip(r["cost.profile"], r["num_clients"], r["nsync"], r["seed"]))

@@ -32,7 +32,7 @@ import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
-from repro.analysis.tables import time_to_target
+from repro.analysis.tables import times_to_target
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.sim.cost import step_time
 
@@ -142,8 +142,7 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     last = runs.updates.sort_values("version").groupby("run_dir")["time_s"].last()
     steps = runs.updates.groupby("run_dir")["version"].max()
     r["step_time_s"] = r["run_dir"].map(last / steps)   # from time 0 to the last apply
-    r["time_to_target_s"] = r["run_dir"].map(
-        time_to_target(runs.evals, target, "train_loss").set_index("run_dir")["time_to_target_s"])
+    r["time_to_target_s"] = times_to_target(runs, target, "train_loss")
     r["final_test_error_pct"] = 100.0 * pd.to_numeric(r["final_test_error"], errors="coerce")
     r["final_train_loss"] = pd.to_numeric(r["final_train_loss"], errors="coerce")
     r["target_loss"] = target
