@@ -12,6 +12,7 @@ themselves live in :mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import os
 import signal
@@ -139,10 +140,12 @@ def grade(file: str) -> int:
 def grade_apart(file: str) -> int:
     """:func:`grade` in a forked child that sends its verdict up a pipe after the report and
     leaves at once: the student's file runs there, so its ``os._exit(0)`` or a crash cannot pass
-    for a verdict (exit 2, said in one line), nor can its threads or multiprocessing's processes
-    keep the grading alive after it."""
+    for a verdict (exit 2, said in one line), nor can its threads keep the grading alive after it.
+    The child is a session of its own, killed whole as the grading ends, however it ends: the
+    processes the file started end with it."""
     read, write = os.pipe()
     if (pid := os.fork()) == 0:
+        os.setsid()   # not setpgid: a group apart in the terminal's session stops at an input() (SIGTTIN)
         verdict = EXIT_FAILED
         try:
             verdict = grade(file)
@@ -152,9 +155,7 @@ def grade_apart(file: str) -> int:
         except BaseException:   # noqa: BLE001  (the grader's own fault: its traceback, as ever)
             traceback.print_exc()
         finally:
-            try:   # os._exit skips multiprocessing's exit, which ended the file's processes (else
-                for process in getattr(sys.modules.get("multiprocessing"), "active_children", list)():
-                    process.kill()   # they ran on after the grader, holding its stdout open)
+            try:
                 os.write(write, bytes([verdict]))
             finally:   # never back into the caller; the file's stray threads end with the child
                 os._exit(verdict)
@@ -163,14 +164,16 @@ def grade_apart(file: str) -> int:
         stops = {s: signal.signal(s, _stopped) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
             status = os.waitpid(pid, 0)[1]
-        except (KeyboardInterrupt, Stopped) as stop:   # Ctrl-C, SIGTERM, SIGHUP: quietly, as python -m
-            os.kill(pid, signal.SIGKILL)   # repro.run; the grading with it (else it ran on, up to its limit)
-            os.waitpid(pid, 0)
+        except (KeyboardInterrupt, Stopped) as stop:   # Ctrl-C (it reaches the grader alone), SIGTERM,
+            os.kill(pid, signal.SIGKILL)   # SIGHUP: quietly, as python -m repro.run; the grading with it (else
+            os.waitpid(pid, 0)   # it ran on up to its limit), by its pid: it may not be a group of its own yet
             return 128 + getattr(stop, "signum", signal.SIGINT)
         finally:
+            with contextlib.suppress(ProcessLookupError):   # what the file started (subprocess, os.fork,
+                os.killpg(pid, signal.SIGKILL)               # multiprocessing): else it ran on after the grader
             for s, handler in stops.items():
                 signal.signal(s, handler)
-        os.set_blocking(read, False)   # a process the file started may still hold the pipe open
+        os.set_blocking(read, False)   # a process that left the group may still hold the pipe open
         if verdict := verdicts.read(1):   # None or b"": the child sent none
             return verdict[0]
     code = os.waitstatus_to_exitcode(status)
