@@ -332,11 +332,15 @@ def test_a_report_piped_into_head_ends_without_a_traceback():
 
 
 @contextlib.contextmanager
-def command(path: Path) -> Iterator[subprocess.Popen]:
+def command(path: Path, limit_s: int | None = None) -> Iterator[subprocess.Popen]:
     """``python -m repro.lab grade path`` in a process group of its own (the grader; its child is a
-    session of its own), with Ctrl-C as a terminal delivers it; the group killed when its ``with``
-    block ends unwaited (a test that fails leaves no grader behind)."""
-    proc = subprocess.Popen([sys.executable, "-m", "repro.lab", "grade", str(path)], stdout=subprocess.PIPE,
+    session of its own), with Ctrl-C as a terminal delivers it and the grading's limit ``limit_s``
+    with no grace where given; the group killed when its ``with`` block ends unwaited (a test that
+    fails leaves no grader behind)."""
+    run = ["-m", "repro.lab"] if limit_s is None else [
+        "-c", f"import sys; from repro.lab import __main__, grader; grader.GRADE_LIMIT_S = {limit_s}; "
+              "grader.GRACE_S = 0; sys.exit(__main__.main())"]
+    proc = subprocess.Popen([sys.executable, *run, "grade", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     with proc:
@@ -442,6 +446,21 @@ def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
             os.killpg(proc.pid, 0)
     assert proc.returncode == 128 + signum and out == err == "", out + err
     assert gone(pids)
+
+
+@pytest.mark.parametrize("where", ["answer", pytest.param("top", marks=pytest.mark.slow)])   # slow: the same path
+def test_a_file_that_turns_the_alarm_off_is_stopped_at_the_limit_all_the_same(where, tmp_path):
+    # the limit was the child's SIGALRM alone: a file that turned it off and looped hung the grader for ever
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\nimport signal\n' + (
+        "def mean_staleness(n):\n    signal.alarm(0)\n    while True:\n        pass\n" if where == "answer"
+        else "signal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n"))
+    with command(path, limit_s=2) as proc:
+        out, err = proc.communicate(timeout=60)
+    # as the child's alarm says it: a check failed (the answer's), or the file cannot be loaded (its top)
+    assert proc.returncode == (grader.EXIT_FAILED if where == "answer" else grader.EXIT_UNLOADABLE), out + err
+    assert err == f"grade: {path}: grading ran over 2 s: does your code ever return?\n", out + err
+    assert out.count("\n") == (where == "answer") and "checks pass" not in out   # the report's first line alone
 
 
 def test_the_processes_a_file_starts_end_with_its_grading(tmp_path):
