@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -331,11 +332,15 @@ def test_a_report_piped_into_head_ends_without_a_traceback():
 
 
 @contextlib.contextmanager
-def command(path: Path) -> Iterator[subprocess.Popen]:
-    """``python -m repro.lab grade path`` in a process group of its own (the grader and its child),
-    with Ctrl-C as a terminal delivers it; the group killed when its ``with`` block ends unwaited
-    (a test that fails leaves no grader behind)."""
-    proc = subprocess.Popen([sys.executable, "-m", "repro.lab", "grade", str(path)], stdout=subprocess.PIPE,
+def command(path: Path, limit_s: int | None = None) -> Iterator[subprocess.Popen]:
+    """``python -m repro.lab grade path`` in a process group of its own (the grader; its child is a
+    session of its own), with Ctrl-C as a terminal delivers it and the grading's limit ``limit_s``
+    with no grace where given; the group killed when its ``with`` block ends unwaited (a test that
+    fails leaves no grader behind)."""
+    run = ["-m", "repro.lab"] if limit_s is None else [
+        "-c", f"import sys; from repro.lab import __main__, grader; grader.GRADE_LIMIT_S = {limit_s}; "
+              "grader.GRACE_S = 0; sys.exit(__main__.main())"]
+    proc = subprocess.Popen([sys.executable, *run, "grade", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     with proc:
@@ -344,6 +349,26 @@ def command(path: Path) -> Iterator[subprocess.Popen]:
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def gone(pids: Path) -> bool:
+    """Whether every process named in the file ``pids`` has ended (killing those left after a minute)."""
+    left = [int(pid) for pid in pids.read_text().split()] if pids.exists() else []
+    for _ in range(600):   # a SIGKILL is no end at once: init reaps each at its own pace
+        if not (left := [pid for pid in left if alive(pid)]):
+            return True
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return False
 
 
 # slow (a grader process each, ~2 s): the answer's os._exit(0) covers the same path by default
@@ -394,21 +419,25 @@ def test_a_process_the_file_leaves_running_ends_with_its_grading(tmp_path):
 
 @pytest.mark.slow   # a grader process (~2 s); test_a_stopped_grader_ends_its_grading_with_it[SIGTERM] covers the path
 def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
-    path = tmp_path / "answer.py"   # was KeyboardInterrupt's traceback from the answer's line
-    path.write_text('EXERCISE = "mean_staleness"\nimport time\n\ndef mean_staleness(n):\n    time.sleep(60)\n')
+    # was KeyboardInterrupt's traceback from the answer's line
+    path, pids = tmp_path / "answer.py", tmp_path / "pids"   # the grading's pid: a session of its own
+    path.write_text(f'EXERCISE = "mean_staleness"\nimport os, time\n\ndef mean_staleness(n):\n'
+                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    time.sleep(60)\n')
     with command(path) as proc:
         assert proc.stdout.readline().startswith("exercise mean_staleness")   # the answer is called next
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and out == err == "", out + err
+    assert gone(pids)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
     # SIGTERM to the grader alone (timeout(1), a batch system) left the grading child running its
     # answer, up to the grading's 300 s limit
-    path = tmp_path / "answer.py"
-    path.write_text('EXERCISE = "mean_staleness"\nimport time\n\ndef mean_staleness(n):\n    time.sleep(60)\n')
+    path, pids = tmp_path / "answer.py", tmp_path / "pids"   # the grading's pid: a session of its own
+    path.write_text(f'EXERCISE = "mean_staleness"\nimport os, time\n\ndef mean_staleness(n):\n'
+                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    time.sleep(60)\n')
     with command(path) as proc:
         assert proc.stdout.readline().startswith("exercise mean_staleness")
         os.kill(proc.pid, signum)
@@ -416,4 +445,36 @@ def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
         with pytest.raises(ProcessLookupError):   # no process left in the grader's group
             os.killpg(proc.pid, 0)
     assert proc.returncode == 128 + signum and out == err == "", out + err
+    assert gone(pids)
 
+
+@pytest.mark.parametrize("where", ["answer", pytest.param("top", marks=pytest.mark.slow)])   # slow: the same path
+def test_a_file_that_turns_the_alarm_off_is_stopped_at_the_limit_all_the_same(where, tmp_path):
+    # the limit was the child's SIGALRM alone: a file that turned it off and looped hung the grader for ever
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\nimport signal\n' + (
+        "def mean_staleness(n):\n    signal.alarm(0)\n    while True:\n        pass\n" if where == "answer"
+        else "signal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n"))
+    with command(path, limit_s=2) as proc:
+        out, err = proc.communicate(timeout=60)
+    # as the child's alarm says it: a check failed (the answer's), or the file cannot be loaded (its top)
+    assert proc.returncode == (grader.EXIT_FAILED if where == "answer" else grader.EXIT_UNLOADABLE), out + err
+    assert err == f"grade: {path}: grading ran over 2 s: does your code ever return?\n", out + err
+    assert out.count("\n") == (where == "answer") and "checks pass" not in out   # the report's first line alone
+
+
+def test_the_processes_a_file_starts_end_with_its_grading(tmp_path):
+    # a subprocess or a raw fork of the answer ran on after the grader (here 600 s), holding its stdout open
+    path, pids = tmp_path / "answer.py", tmp_path / "pids"
+    path.write_text('EXERCISE = "mean_staleness"\nimport os, subprocess, sys, time\n\n'
+                    "def mean_staleness(n):\n"
+                    '    started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid\n'
+                    "    if (forked := os.fork()) == 0:\n        time.sleep(600)\n        os._exit(0)\n"
+                    f"    with open({str(pids)!r}, 'a') as f:\n        f.write(f'{{started}} {{forked}} ')\n"
+                    "    return n - 1\n")
+    try:
+        with command(path) as proc:
+            out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and "checks pass" in out and "FAIL" not in out and err == "", out + err
+    finally:
+        assert gone(pids)

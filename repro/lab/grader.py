@@ -12,6 +12,7 @@ themselves live in :mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import os
 import signal
@@ -28,6 +29,8 @@ from repro.logs import get_logger
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNLOADABLE = 0, 1, 2
 GRADE_LIMIT_S = 300   # far beyond a grading's seconds: only an answer that never returns meets it
+GRACE_S = 5   # the grader's own limit past the child's: the alarm's report comes first, where the file left it on
+LOADED = b"L"   # up the pipe once the file has loaded, before the verdict (a byte 0..130)
 MAX_FILE_BYTES = 10**6   # a stub is 1 kB; /dev/zero or a fifo was read without end (stat opens nothing)
 
 
@@ -39,6 +42,9 @@ class TooLong(BaseException):
     """The grading's time is up. Not an Exception: neither the student's ``except Exception``
     nor :func:`~repro.lab.harness.student_call` may take it for an answer and call on (the alarm
     rings once: the next call of an endless answer would never end)."""
+
+    def __init__(self, seconds: int):
+        super().__init__(f"grading ran over {seconds} s: does your code ever return?")
 
 
 def exercise_of(path: Path, tree: ast.Module) -> Exercise:
@@ -124,8 +130,9 @@ def print_check(check: Check, hinted: set[str]) -> None:
         print(f"        hint: {check.hint}")
 
 
-def grade(file: str) -> int:
-    """Grade one file; the exit status (see the module docstring)."""
+def grade(file: str, loaded=lambda: None) -> int:
+    """Grade one file, calling ``loaded()`` once it has loaded; the exit status (see the module
+    docstring)."""
     path = Path(file)
     with time_limit(GRADE_LIMIT_S):   # loading runs the file: an endless loop at its top too
         try:
@@ -133,46 +140,58 @@ def grade(file: str) -> int:
         except Unloadable as e:
             print(f"grade: {e}", file=sys.stderr)
             return EXIT_UNLOADABLE
+        loaded()
         return EXIT_PASSED if report(ex, path, module) else EXIT_FAILED
 
 
 def grade_apart(file: str) -> int:
     """:func:`grade` in a forked child that sends its verdict up a pipe after the report and
     leaves at once: the student's file runs there, so its ``os._exit(0)`` or a crash cannot pass
-    for a verdict (exit 2, said in one line), nor can its threads or multiprocessing's processes
-    keep the grading alive after it."""
+    for a verdict (exit 2, said in one line), nor can its threads keep the grading alive after it.
+    The child is a session of its own, killed whole as the grading ends, however it ends: the
+    processes the file started end with it. The grader holds the time limit too, as the alarm
+    in the child is the file's to turn off."""
     read, write = os.pipe()
     if (pid := os.fork()) == 0:
+        os.setsid()   # not setpgid: a group apart in the terminal's session stops at an input() (SIGTTIN)
         verdict = EXIT_FAILED
         try:
-            verdict = grade(file)
+            verdict = grade(file, loaded=lambda: os.write(write, LOADED))
             sys.stdout.flush()   # the report before the verdict: os._exit flushes nothing
         except KeyboardInterrupt:
             verdict = 130
         except BaseException:   # noqa: BLE001  (the grader's own fault: its traceback, as ever)
             traceback.print_exc()
         finally:
-            try:   # os._exit skips multiprocessing's exit, which ended the file's processes (else
-                for process in getattr(sys.modules.get("multiprocessing"), "active_children", list)():
-                    process.kill()   # they ran on after the grader, holding its stdout open)
+            try:
                 os.write(write, bytes([verdict]))
             finally:   # never back into the caller; the file's stray threads end with the child
                 os._exit(verdict)
     os.close(write)
     with open(read, "rb", buffering=0) as verdicts:
-        stops = {s: signal.signal(s, _stopped) for s in (signal.SIGTERM, signal.SIGHUP)}
+        stops = {s: signal.signal(s, _stopped) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)}
+        signal.alarm(GRADE_LIMIT_S + GRACE_S)   # the child's alarm is the file's to turn off: it looped for ever
         try:
             status = os.waitpid(pid, 0)[1]
-        except (KeyboardInterrupt, Stopped) as stop:   # Ctrl-C, SIGTERM, SIGHUP: quietly, as python -m
-            os.kill(pid, signal.SIGKILL)   # repro.run; the grading with it (else it ran on, up to its limit)
-            os.waitpid(pid, 0)
-            return 128 + getattr(stop, "signum", signal.SIGINT)
+        except (KeyboardInterrupt, Stopped) as stop:   # Ctrl-C (it reaches the grader alone), SIGTERM,
+            status, signum = None, getattr(stop, "signum", signal.SIGINT)   # SIGHUP: quietly, as python
+            os.kill(pid, signal.SIGKILL)   # -m repro.run; the grading with it (else it ran on up to its
+            os.waitpid(pid, 0)             # limit), by its pid: it may not be a group of its own yet
         finally:
+            signal.alarm(0)
+            with contextlib.suppress(ProcessLookupError):   # what the file started (subprocess, os.fork,
+                os.killpg(pid, signal.SIGKILL)               # multiprocessing): else it ran on after the grader
             for s, handler in stops.items():
                 signal.signal(s, handler)
-        os.set_blocking(read, False)   # a process the file started may still hold the pipe open
-        if verdict := verdicts.read(1):   # None or b"": the child sent none
-            return verdict[0]
+        if status is None and signum != signal.SIGALRM:
+            return 128 + signum
+        os.set_blocking(read, False)   # a process that left the group may still hold the pipe open
+        sent = verdicts.read() or b""   # None or b"": the child sent nothing
+        if status is None:   # as the child's alarm says it, had the file not turned it off
+            print(f"grade: {file}: {TooLong(GRADE_LIMIT_S)}", file=sys.stderr)
+            return EXIT_FAILED if LOADED in sent else EXIT_UNLOADABLE
+        if verdict := sent.replace(LOADED, b""):
+            return verdict[-1]
     code = os.waitstatus_to_exitcode(status)
     if code == -signal.SIGPIPE:   # grade FILE | head: the reader left, not the file; end as the child did
         os.kill(os.getpid(), signal.SIGPIPE)
@@ -183,7 +202,7 @@ def grade_apart(file: str) -> int:
 
 
 class Stopped(BaseException):
-    """SIGTERM or SIGHUP while the child grades."""
+    """SIGTERM, SIGHUP or the grader's own alarm while the child grades."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -199,7 +218,7 @@ def time_limit(seconds: int):
     """A grading stopped after ``seconds`` (an answer that loops forever) fails, where the
     platform has alarms (not Windows) and this is the main thread."""
     def too_long(signum, frame):
-        raise TooLong(f"grading ran over {seconds} s: does your code ever return?")
+        raise TooLong(seconds)
     try:
         previous = signal.signal(signal.SIGALRM, too_long)
     except (AttributeError, ValueError):   # no SIGALRM, or not the main thread
