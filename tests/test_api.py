@@ -3,6 +3,7 @@ semantics."""
 import inspect
 import json
 import re
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -316,6 +317,25 @@ def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_r
         api.simulate(module, (x, y), (x, y), **kw)
     assert "resume=true" not in str(err.value)
     assert api.simulate(module, (x, y), (x, y), force=True, **kw).summary["status"] == "completed"
+
+
+def test_configure_from_several_threads_at_once_gives_each_its_config():
+    # Hydra's one GlobalHydra per process: all but one thread raised "GlobalHydra is already
+    # initialized" (simulate() composes its cost profile; a sweep in a ThreadPoolExecutor)
+    barrier, got = threading.Barrier(4), {}
+
+    def configure(seed):
+        barrier.wait()
+        try:
+            got[seed] = api.configure(f"seed={seed}").seed
+        except Exception as exc:   # noqa: BLE001 (what each thread met, asserted below)
+            got[seed] = exc
+    threads = [threading.Thread(target=configure, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == {seed: seed for seed in range(4)}
 
 
 def test_run_config_refuses_a_real_backend_rather_than_simulating_it():
