@@ -187,9 +187,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     device : {"cpu", "cuda", "auto"}, default "cpu"
         Where the model and the data live; "auto" picks cuda when available.
     run_dir : str, Path or None, default None
-        Folder the run's tables are written to (the same files as a command-line run), kept
-        afterwards; ``~`` is your home folder. None runs in a fresh temporary folder that is removed before ``simulate``
-        returns (the result holds the tables; ``result.run_dir`` is None). A folder that
+        Folder the run's tables are written to (the same files as a command-line run; ``~``
+        is your home), kept afterwards. None runs in a fresh temporary folder, removed before
+        ``simulate`` returns (the result holds the tables; ``result.run_dir`` is None). A folder that
         already holds a finished run with the same settings, data, initial weights and
         ``loss_fn`` (by name) is returned as it is; one holding another run is refused
         (ConfigError) unless ``force``, one holding files not a run's always.
