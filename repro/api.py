@@ -187,9 +187,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     device : {"cpu", "cuda", "auto"}, default "cpu"
         Where the model and the data live; "auto" picks cuda when available.
     run_dir : str, Path or None, default None
-        Folder the run's tables are written to (the same files as a command-line run), kept
-        afterwards. None runs in a fresh temporary folder that is removed before ``simulate``
-        returns (the result holds the tables; ``result.run_dir`` is None). A folder that
+        Folder the run's tables are written to (the same files as a command-line run; ``~``
+        is your home), kept afterwards. None runs in a fresh temporary folder, removed before
+        ``simulate`` returns (the result holds the tables; ``result.run_dir`` is None). A folder that
         already holds a finished run with the same settings, data, initial weights and
         ``loss_fn`` (by name) is returned as it is; one holding another run is refused
         (ConfigError) unless ``force``, one holding files not a run's always.
@@ -223,14 +223,14 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         When ``module`` has buffers or no parameters, or parameters that are not float32.
     """
     settings = {name: value for name, value in locals().items() if name in API_KEYS}
-    check_objects(module, train, test, loss_fn, run_dir)
+    run_dir = check_objects(module, train, test, loss_fn, run_dir)
     check_trainable(module, weight_decay)
     cfg = _config(settings, cost_profile(cost))
     with _seeded(seed):
         problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
         data, model = names(problem, module, loss_fn)
         cfg = cfg.replace(data=replace(cfg.data, name=data), model=replace(cfg.model, name=model))
-        return _run(cfg, None if run_dir is None else Path(run_dir), problem)
+        return _run(cfg, run_dir, problem)
 
 
 # simulate()'s settings: argument -> the config key it sets (the others: the same name)

@@ -559,6 +559,22 @@ def test_all_draws_every_figure_it_can_and_names_the_refused_one(tmp_path, capsy
     assert "error: fig1: " in err and "algo.lr=0.5" in err and "fig1 refused" in err.splitlines()[-1]
 
 
+def test_all_with_config_names_each_variant_by_its_settings_never_over_the_figure_as_committed(tmp_path, capsys):
+    # all --config algo.lr=0.5 wrote the variant as fig1.png, over the committed figure (into
+    # figures/, by default), where one figure's --config writes fig1-algo.lr=0.5.png
+    mixed = fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0, 1], "cold")[0]
+    cfg = json.loads((mixed / schema.CONFIG_FILE).read_text())
+    (mixed / schema.CONFIG_FILE).write_text(json.dumps({**cfg, "algo": {**cfg["algo"], "lr": 0.5}}))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "fig1.png").write_bytes(b"committed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(["all", "--config", "algo.lr=0.5", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "fig1-algo.lr=0.5.png").exists()
+    assert (tmp_path / "out" / "fig1.png").read_bytes() == b"committed"
+
+
 def test_all_with_exp_is_refused_not_every_figure_drawn_from_that_folder(results, tmp_path, capsys):
     # all --exp fig1 wrote fig2.png .. fig4_paper.png from fig1's runs (into figures/, by default)
     assert main(["all", "--exp", "fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 2

@@ -3,6 +3,7 @@ semantics."""
 import inspect
 import json
 import re
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -240,6 +241,28 @@ def test_a_run_dir_holding_the_users_own_files_is_refused_not_mixed_with_a_run(t
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+def test_a_run_dir_under_home_spelled_with_a_tilde_is_the_home_folder_not_a_folder_named_tilde(tmp_path, monkeypatch):
+    # run_dir="~/runs/a" trained into ./~/runs/a, then pandas (which expands ~) read the
+    # tables from $HOME: a FileNotFoundError after the whole run, its folder in the wrong place
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    x, y = _problem()
+    result = api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir="~/runs/a")
+    assert result.run_dir == tmp_path / "home" / "runs" / "a"
+    assert (result.run_dir / schema.SUMMARY_FILE).exists()
+    assert not list((tmp_path / "cwd").iterdir())
+
+
+def test_a_run_dir_that_cannot_be_made_is_named_before_training(tmp_path):
+    # a run_dir under a file was a NotADirectoryError from deep in the run folder's lock
+    (tmp_path / "notes.txt").write_text("mine")
+    x, y = _problem()
+    with pytest.raises(ConfigError, match="'run_dir'.*a folder that can be made: .*notes.txt refuses a new folder"):
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=tmp_path / "notes.txt" / "run")
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
 class _Pair(nn.Linear):
     def forward(self, x):
         return super().forward(x), x
@@ -294,6 +317,25 @@ def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_r
         api.simulate(module, (x, y), (x, y), **kw)
     assert "resume=true" not in str(err.value)
     assert api.simulate(module, (x, y), (x, y), force=True, **kw).summary["status"] == "completed"
+
+
+def test_configure_from_several_threads_at_once_gives_each_its_config():
+    # Hydra's one GlobalHydra per process: all but one thread raised "GlobalHydra is already
+    # initialized" (simulate() composes its cost profile; a sweep in a ThreadPoolExecutor)
+    barrier, got = threading.Barrier(4), {}
+
+    def configure(seed):
+        barrier.wait()
+        try:
+            got[seed] = api.configure(f"seed={seed}").seed
+        except Exception as exc:   # noqa: BLE001 (what each thread met, asserted below)
+            got[seed] = exc
+    threads = [threading.Thread(target=configure, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == {seed: seed for seed in range(4)}
 
 
 def test_run_config_refuses_a_real_backend_rather_than_simulating_it():

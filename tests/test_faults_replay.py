@@ -111,6 +111,21 @@ def test_a_finished_recording_replays_to_its_end_without_a_message(recording, tm
         (recording / "updates.csv").read_text().count("\n")
 
 
+def test_a_replay_of_another_recording_is_refused_not_skipped_as_the_one_its_folder_holds(recording, tmp_path):
+    """Two recordings of the same settings (a real run's order differs run to run; here one cut
+    after 5 pushes) replayed into one folder: the second was skipped as 'already completed' and
+    its numbers were the first's, without a word. The same recording, however spelled, still is."""
+    other = copy_of(recording, tmp_path / "other")
+    edit_rows(other, lambda rows: rows[:5])
+    summary = json.loads((other / "summary.json").read_text())
+    (other / "summary.json").write_text(json.dumps({**summary, "status": "interrupted", "version": 5}))
+    first = simulate(replay_cfg(recording), tmp_path / "replay")
+    with pytest.raises(ConfigError, match="cost.path: .*->.*other"):
+        simulate(replay_cfg(other), tmp_path / "replay")
+    assert simulate(replay_cfg(Path(f"{recording}/.")), tmp_path / "replay")["version"] == first["version"]
+    assert simulate(replay_cfg(other), tmp_path / "replay2")["version"] == 5
+
+
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 

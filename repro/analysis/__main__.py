@@ -132,8 +132,7 @@ def draw_main(args: argparse.Namespace) -> int:
     if args.exp is not None and args.figure == "all":   # else every figure was drawn from that one folder's runs
         raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
                           "name one figure to draw it from another folder")
-    stem = args.name or (f"{args.figure}-{file_label(args.config)}"
-                         if args.config and args.figure != "all" else None)
+    stem = args.name or (f"{args.figure}-{file_label(args.config)}" if args.config else None)   # all: each its own
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
                              config=args.config, stem=stem)

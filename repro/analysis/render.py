@@ -193,8 +193,9 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> li
 def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
     paths, failures, refused = [], [], []
     for name in FIGURES:
-        try:
-            paths += build_figure(name, results_dir, out_dir, exp_name, target, config)
+        try:   # a variant (config) under its settings' name, never over the figure as committed
+            paths += build_figure(name, results_dir, out_dir, exp_name, target, config,
+                                  stem=f"{name}-{file_label(config)}" if config else None)
         except NoRunsError as e:
             failures.append(f"{name}: {e}")
             print(f"skipping {name}: {e}")

@@ -15,6 +15,7 @@ import functools
 import inspect
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from hydra import compose as hydra_compose
@@ -192,12 +193,17 @@ if not OmegaConf.has_resolver("required"):
 register_schema()
 
 
+_COMPOSING = threading.Lock()
+
+
 def compose(overrides: list[str], return_hydra_config: bool = False):
     """The config (a Hydra ``DictConfig``) as ``python -m repro.run OVERRIDES`` would compose it,
     without output folders."""
     # job_name: what @hydra.main names the job of repro/run.py (its log is run.log)
     overrides = [modern_override(o) for o in overrides]   # old flat spellings, with a line each
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="run"):
+    # Hydra's GlobalHydra is one per process: two threads composing at once (simulate() in a
+    # ThreadPoolExecutor) raised "GlobalHydra is already initialized" in all but one
+    with _COMPOSING, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="run"):
         return hydra_compose(config_name="config", overrides=overrides,
                              return_hydra_config=return_hydra_config)
 

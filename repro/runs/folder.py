@@ -208,9 +208,20 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
         raise ConfigError("resume", True, f"a readable {path} to check the configuration against "
                           f"({e}); force=true starts over") from None
     diffs = differences(recorded, cfg)
+    # a replay's pushes are its recording's (cost.path, not a key that names a folder): another
+    # recording of the same settings, e.g. a second real run, was skipped as this one's replay
+    old = (recorded.get("cost") or {}).get("path")
+    if cfg.cost.schedule == "replay" and not _same_folder(old, cfg.cost.path):
+        diffs.append(f"cost.path: {old!r} -> {cfg.cost.path!r}")
     if diffs:
         raise ConfigError("resume" if cfg.resume else "run folder", cfg.resume if cfg.resume else str(run_dir),
                           what + "; ".join(diffs))
+
+
+def _same_folder(a, b) -> bool:
+    with contextlib.suppress(OSError, TypeError):   # gone, or None: not the same
+        return a == b or os.path.samefile(a, b)
+    return False
 
 
 def start_fresh(run_dir: Path) -> None:

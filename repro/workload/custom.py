@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from repro.asgd.flatnet import FlatNet
 from repro.errors import ConfigError
 from repro.files import schema
+from repro.files.storage import unmakeable
 from repro.workload.build import EvalSets, Problem
 from repro.workload.data import Dataset, check_batch_size
 
@@ -43,8 +44,9 @@ def custom_problem(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: 
     return Problem(ds, net, net.params.detach().clone(), EvalSets.of(ds))
 
 
-def check_objects(module, train, test, loss_fn, run_dir) -> None:
-    """The arguments that are objects, not settings: ConfigError naming the one of a wrong type."""
+def check_objects(module, train, test, loss_fn, run_dir) -> Path | None:
+    """The arguments that are objects, not settings: ConfigError naming the one of a wrong type.
+    Returns the run folder, ``~`` expanded (None: none asked for)."""
     if not isinstance(module, nn.Module):
         raise ConfigError("module", f"a {type(module).__name__}", "a torch.nn.Module")
     for key, pair in (("train", train), ("test", test)):
@@ -56,9 +58,16 @@ def check_objects(module, train, test, loss_fn, run_dir) -> None:
         raise ConfigError("run_dir", f"a {type(run_dir).__name__}", "a folder (str or Path) or None")
     if run_dir is not None and not os.fspath(run_dir):   # Path("") is the working folder
         raise ConfigError("run_dir", "''", "a folder (str or Path) or None")
-    if run_dir is not None and _holds_others(run_dir):   # e.g. home: the run's files among the user's
+    if run_dir is None:
+        return None
+    folder = Path(run_dir).expanduser()   # else trained into ./~, then read by pandas from $HOME
+    if _holds_others(folder):   # e.g. home: the run's files among the user's
         raise ConfigError("run_dir", os.fspath(run_dir), "a new or empty folder, or a run's (holding its "
                           "config.json): this one is a file or holds others, which a run is never mixed with")
+    why = unmakeable(folder)   # e.g. under a file: else NotADirectoryError from the run folder's lock
+    if why:
+        raise ConfigError("run_dir", os.fspath(run_dir), f"a folder that can be made: {why}")
+    return folder
 
 
 def _holds_others(run_dir) -> bool:
