@@ -286,7 +286,7 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
     except ConfigError as err:   # the command line's advice, resume=true, which simulate() has not
         if err.key != "resume":
             raise
-        raise ConfigError("run_dir", str(run_dir), f"{err.expected.partition(': resume=true')[0]}; simulate "
+        raise ConfigError("run_dir", str(run_dir), f"{err.expected.rpartition(': ')[0]}; simulate "
                           "does not resume a run: force=True starts it over") from None
     ttt = summary.get("time_to_target")
     if isinstance(ttt, dict):   # JSON keys it by text; a caller looks a target up by number

@@ -134,6 +134,23 @@ def test_6_rerun_of_an_unfinished_run_needs_resume_or_force(tmp_path, monkeypatc
     check_run_folder(run_dir, "completed")
 
 
+def test_6_rerun_of_a_run_killed_before_its_first_checkpoint_does_not_advise_resume(tmp_path):
+    """Fault: a run killed before it wrote checkpoint.pt, re-run without resume or force: the
+    refusal said 'resume=true continues it', and resume=true then refused (no checkpoint).
+    Guarantee 6: the refusal says there is no checkpoint and that force=true starts over."""
+    run_dir = tmp_path / "run"
+    simulate(SIM, run_dir, stop_at_version=STOP_AT)
+    (run_dir / "checkpoint.pt").unlink()
+    with pytest.raises(ConfigError) as err:
+        simulate(SIM, run_dir)
+    message = str(err.value)
+    assert "resume=true" not in message and "no checkpoint.pt" in message, message
+    assert "force=true starts over" in message and f"version {STOP_AT}" in message, message
+    with pytest.raises(ConfigError, match="no checkpoint.pt"):   # what the old advice led to
+        simulate(SIM.replace(resume=True), run_dir)
+    assert simulate(SIM.replace(force=True), run_dir)["status"] == "completed"
+
+
 def test_6_cli_rerun_of_an_interrupted_run_exits_2(tmp_path):
     """Fault: ``python -m repro.run`` (no resume, no force) on a folder holding an interrupted
     run. Guarantee 6: exit 2, the message says how to continue or start over and names the

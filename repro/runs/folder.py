@@ -172,11 +172,13 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     what = f"an {status} run" if status[0] in "aeiou" else f"a {status} run"
     if status == "running":
         what = "a killed run (" + ("its summary still says running)" if summary else "it has no readable summary.json)")
-    if not cfg.resume:
-        how = (GRID_HOW if in_grid(run_dir) else "resume=true continues it, force=true starts over")
+    has_checkpoint = (run_dir / schema.CHECKPOINT_FILE).exists()
+    if not cfg.resume:   # killed before its first checkpoint: resume=true would refuse it too
+        how = (GRID_HOW if in_grid(run_dir) else "resume=true continues it, force=true starts over"
+               if has_checkpoint else f"no {schema.CHECKPOINT_FILE} to continue it from, force=true starts over")
         raise ConfigError("resume", False, f"a fresh folder: {run_dir} holds {what} at version "
                           f"{version}: {how}")
-    if not (run_dir / schema.CHECKPOINT_FILE).exists():
+    if not has_checkpoint:
         if cfg.resume == "auto":
             log.info("resume=auto: %s holds %s but no checkpoint: starting over", run_dir, what)
             return Decision("fresh")
