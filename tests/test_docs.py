@@ -34,6 +34,7 @@ import functools
 import io
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -459,3 +460,38 @@ def test_every_analysis_command_draws_from_a_results_tree(tmp_path, monkeypatch)
             problems.append(f"{cmd.where()}: `{step.text}` exited {code}, expected {cmd.exit_code}: "
                             + (err.getvalue().strip().splitlines() or [""])[-1])
     assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the docs quote of a run or of the API
+# ---------------------------------------------------------------------------------------------
+
+def test_the_readme_shows_the_last_lines_the_default_run_prints(tmp_path):
+    """The README's (and getting-started's) last lines of ``python -m repro.run`` are the run's,
+    but the wall time; its test error only on the build and CPU kernels that recorded the
+    golden tables (elsewhere one evaluation sample may flip: docs/paper.md, 'Reproducibility')."""
+    from tests.test_golden import RECORDED
+
+    from repro.runtime import environment
+
+    done = subprocess.run([sys.executable, "-m", "repro.run"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=QUICK_TIMEOUT_S,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    env = environment("cpu")
+    same = env["torch"] == RECORDED["torch"] and env["cpu_capability"] == RECORDED["cpu_capability"]
+
+    def masked(text: str) -> str:
+        text = re.sub(r"wall [\d.]+ s", "wall T s", text)
+        return text if same else re.sub(r"test error [\d.]+%", "test error E%", text)
+
+    # the status line is logged (stderr), the folder printed (stdout)
+    lines = (done.stderr + done.stdout).splitlines()
+    printed = masked("\n".join([next(s for s in reversed(lines) if s.startswith("completed: ")),
+                                next(s for s in reversed(lines) if s.startswith("run folder: "))]))
+    shown = {"README.md": re.search(r"```\n(completed: .*\nrun folder: .*)\n```", _doc("README.md").read_text()),
+             "docs/getting-started.md": re.search(r"\(`(completed: [^`]*)`, then\s+`(run folder: [^`]*)`\)",
+                                                  _doc("docs/getting-started.md").read_text())}
+    for name, m in shown.items():
+        assert m, f"{name} shows no last lines of the default run"
+        assert masked("\n".join(m.groups()) if m.lastindex == 2 else m.group(1)) == printed, name
