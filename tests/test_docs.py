@@ -495,3 +495,37 @@ def test_the_readme_shows_the_last_lines_the_default_run_prints(tmp_path):
     for name, m in shown.items():
         assert m, f"{name} shows no last lines of the default run"
         assert masked("\n".join(m.groups()) if m.lastindex == 2 else m.group(1)) == printed, name
+
+
+def test_every_signature_of_repro_api_the_docs_quote_is_its_own():
+    """A signature the markdown quotes of a ``repro.api`` function (```name(a, b=1)```, every
+    argument a name, a ``*name`` or ``name=default``) names its parameters in their order and
+    their defaults: ``collection_time(taus, S)`` read as a keyword the function does not take."""
+    import inspect
+
+    import repro.api as api
+
+    quoted = re.compile(r"`(\w+)\(([^`()]*)\)`")
+    arg = re.compile(r"(\*{0,2})([A-Za-z_]\w*)(?:=(.+))?")
+    problems, found = [], 0
+    for name in (*DOCS, "exercises/README.md"):
+        text = (ROOT / name).read_text() if (ROOT / name).is_file() else ""
+        for m in quoted.finditer(text):
+            func = getattr(api, m.group(1), None)
+            args = [a.strip() for a in m.group(2).split(",") if a.strip()]
+            if not callable(func) or not all(arg.fullmatch(a) for a in args):
+                continue   # not the API's, or a call with values (an example), not a signature
+            found += 1
+            params = inspect.signature(func).parameters
+            names = [arg.fullmatch(a).group(2) for a in args]
+            where = f"{name}: `{m.group(1)}({m.group(2)})`"
+            if any(n not in params for n in names):
+                problems.append(f"{where}: the function takes ({', '.join(params)})")
+            elif names != sorted(names, key=list(params).index):
+                problems.append(f"{where}: its parameters are in the order ({', '.join(params)})")
+            for a in args:
+                _, n, default = arg.fullmatch(a).groups()
+                if default is not None and default != repr(params[n].default):
+                    problems.append(f"{where}: {n} defaults to {params[n].default!r}")
+    assert found, "no signature of repro.api quoted in the markdown"
+    assert not problems, "\n".join(problems)
