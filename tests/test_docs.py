@@ -529,3 +529,30 @@ def test_every_signature_of_repro_api_the_docs_quote_is_its_own():
                     problems.append(f"{where}: {n} defaults to {params[n].default!r}")
     assert found, "no signature of repro.api quoted in the markdown"
     assert not problems, "\n".join(problems)
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors of a markdown file, as GitHub and the site's toc spell them."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower().replace("`", "")).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_every_relative_link_of_the_pages_outside_the_site_resolves():
+    """README.md and exercises/README.md are read on a code host, not built by ``mkdocs build
+    --strict`` (which checks the site's pages): each relative link names a file of the tree, and
+    its ``#anchor`` a heading of that file."""
+    problems = []
+    for name in ("README.md", "exercises/README.md"):
+        page = _doc(name)
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                problems.append(f"{name}: ({target}) names no file")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+                problems.append(f"{name}: ({target}) names no heading of {path or name}")
+    assert not problems, "\n".join(problems)
