@@ -556,3 +556,39 @@ def test_every_relative_link_of_the_pages_outside_the_site_resolves():
             elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
                 problems.append(f"{name}: ({target}) names no heading of {path or name}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_speedup_table_quotes_its_csv():
+    """A table that follows "(`figures/NAME_speedup.csv`):" (one row per nsync, one column per
+    client count, cells "mean (min–max)" or "not reached ...") shows that CSV's numbers, rounded
+    as written: a regenerated figure whose prose kept the old numbers fails here."""
+    import pandas as pd
+
+    cell = re.compile(r"([\d.]+) \(([\d.]+)–([\d.]+)\)")
+    problems, tables = [], 0
+    for name in DOCS:
+        text = _doc(name).read_text()
+        for m in re.finditer(r"\(`(figures/\w+_speedup\.csv)`\):\n\n((?:\|.*\n)+)", text):
+            tables += 1
+            csv = pd.read_csv(ROOT / m.group(1)).set_index(["nsync", "num_clients"])
+            header, _, *rows = [[c.strip() for c in r.strip("|").split("|")] for r in m.group(2).splitlines()]
+            clients = [int(c.split()[0]) for c in header[1:]]
+            for row in rows:
+                nsync = int(row[0].split()[0])
+                for n, shown in zip(clients, row[1:]):
+                    got = csv.loc[(nsync, n)]
+                    where = f"{name}, {m.group(1)}, nsync {nsync}, {n} clients: `{shown}`"
+                    if shown.startswith("not reached"):
+                        if got.n != 0:
+                            problems.append(f"{where}: {int(got.n)} runs reached it")
+                        continue
+                    quoted = cell.match(shown)
+                    if not quoted:
+                        problems.append(f"{where}: not 'mean (min–max)'")
+                        continue
+                    for text_value, value in zip(quoted.groups(), (got.speedup_mean, got.speedup_min, got.speedup_max)):
+                        decimals = len(text_value.partition(".")[2])
+                        if f"{value:.{decimals}f}" != text_value:
+                            problems.append(f"{where}: the CSV says {value:.{decimals}f}")
+    assert tables, "no speedup table found in the markdown"
+    assert not problems, "\n".join(problems)
