@@ -489,9 +489,10 @@ def test_the_readme_shows_the_last_lines_the_default_run_prints(tmp_path):
     lines = (done.stderr + done.stdout).splitlines()
     printed = masked("\n".join([next(s for s in reversed(lines) if s.startswith("completed: ")),
                                 next(s for s in reversed(lines) if s.startswith("run folder: "))]))
-    shown = {"README.md": re.search(r"```\n(completed: .*\nrun folder: .*)\n```", _doc("README.md").read_text()),
+    readme, started = _doc("README.md").read_text(), _doc("docs/getting-started.md").read_text()
+    shown = {"README.md": re.search(r"```\n(completed: .*\nrun folder: .*)\n```", readme),
              "docs/getting-started.md": re.search(r"\(`(completed: [^`]*)`, then\s+`(run folder: [^`]*)`\)",
-                                                  _doc("docs/getting-started.md").read_text())}
+                                                  started)}
     for name, m in shown.items():
         assert m, f"{name} shows no last lines of the default run"
         assert masked("\n".join(m.groups()) if m.lastindex == 2 else m.group(1)) == printed, name
@@ -586,7 +587,8 @@ def test_every_speedup_table_quotes_its_csv():
                     if not quoted:
                         problems.append(f"{where}: not 'mean (min–max)'")
                         continue
-                    for text_value, value in zip(quoted.groups(), (got.speedup_mean, got.speedup_min, got.speedup_max)):
+                    values = (got.speedup_mean, got.speedup_min, got.speedup_max)
+                    for text_value, value in zip(quoted.groups(), values):
                         decimals = len(text_value.partition(".")[2])
                         if f"{value:.{decimals}f}" != text_value:
                             problems.append(f"{where}: the CSV says {value:.{decimals}f}")
