@@ -594,3 +594,27 @@ def test_every_speedup_table_quotes_its_csv():
                             problems.append(f"{where}: the CSV says {value:.{decimals}f}")
     assert tables, "no speedup table found in the markdown"
     assert not problems, "\n".join(problems)
+
+
+def test_every_dotted_name_of_the_package_the_docs_quote_exists():
+    """``repro.sim.ceiling.ceiling``, ``repro_bench.instruments.hosts.TwoHosts``, ...: each name of
+    the package or its benchmarks that the markdown quotes is a module, or an attribute of one."""
+    import importlib
+
+    def resolves(name: str) -> bool:
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):   # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            return functools.reduce(lambda o, a: getattr(o, a, None), parts[i:], obj) is not None
+        return False
+
+    quoted = {}
+    for name in (*DOCS, "exercises/README.md"):
+        for m in re.findall(r"\b(repro(?:_bench)?(?:\.\w+)+)", _doc(name).read_text()):
+            quoted.setdefault(m, name)
+    assert quoted, "no dotted name of the package quoted in the markdown"
+    missing = [f"{where}: {name}" for name, where in sorted(quoted.items()) if not resolves(name)]
+    assert not missing, "names that exist nowhere:\n" + "\n".join(missing)
