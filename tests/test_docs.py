@@ -618,3 +618,24 @@ def test_every_dotted_name_of_the_package_the_docs_quote_exists():
     assert quoted, "no dotted name of the package quoted in the markdown"
     missing = [f"{where}: {name}" for name, where in sorted(quoted.items()) if not resolves(name)]
     assert not missing, "names that exist nowhere:\n" + "\n".join(missing)
+
+
+def test_every_configuration_key_the_docs_quote_is_one_python_m_repro_run_takes():
+    """``backend.client_timeout_s``, ``cost.shared.devices_per_host``, ...: each ``GROUP.KEY`` the
+    markdown names is a key ``--help`` lists (or a nested group of them, or an old spelling of
+    repro/config/renames.py's table), so a renamed or removed key leaves no prose behind."""
+    from repro.config.loader import key_docs
+    from repro.config.renames import RENAMED
+
+    keys = set(key_docs())
+    known = keys | set(RENAMED) | {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count("."))}
+    example = {"protocol.patience"}   # docs/configuration.md's example of adding a setting
+    quoted = {}
+    for name in (*DOCS, "exercises/README.md"):
+        for key in re.findall(r"(?<![\w/.])((?:backend|cost|algo|protocol|data|model)(?:\.[A-Za-z_]+)+)",
+                              _doc(name).read_text()):
+            if not key.endswith((".py", ".yaml", ".md", ".csv", ".json")):
+                quoted.setdefault(key, name)
+    assert quoted, "no configuration key quoted in the markdown"
+    unknown = [f"{where}: {key}" for key, where in sorted(quoted.items()) if key not in known | example]
+    assert not unknown, "keys python -m repro.run does not take:\n" + "\n".join(unknown)
