@@ -639,3 +639,19 @@ def test_every_configuration_key_the_docs_quote_is_one_python_m_repro_run_takes(
     assert quoted, "no configuration key quoted in the markdown"
     unknown = [f"{where}: {key}" for key, where in sorted(quoted.items()) if key not in known | example]
     assert not unknown, "keys python -m repro.run does not take:\n" + "\n".join(unknown)
+
+
+def test_every_group_option_the_docs_quote_exists():
+    """``cost=paper2013_shared``, ``+mitigation=rennala_s8``, ...: prose names options too, not
+    only commands (which the compose check reads); each is a file of its group in conf/."""
+    from repro.config import loader
+
+    options = {g: set(loader.group_options(g)) for g in (*loader.GROUPS, *loader.OPTIONAL_GROUPS)}
+    choice = re.compile(r"(?<![\w.-])\+?(" + "|".join(options) + r")=([a-z0-9_][\w.-]*?)(\.png)?(?=[^\w.(-]|\.?$)",
+                        re.M)
+    unknown = []
+    for name in (*DOCS, "exercises/README.md"):
+        for group, option, png in choice.findall(_doc(name).read_text()):
+            if not png and option not in options[group]:
+                unknown.append(f"{name}: {group}={option} (options: {', '.join(sorted(options[group]))})")
+    assert not unknown, "\n".join(unknown)
