@@ -655,3 +655,19 @@ def test_every_group_option_the_docs_quote_exists():
             if not png and option not in options[group]:
                 unknown.append(f"{name}: {group}={option} (options: {', '.join(sorted(options[group]))})")
     assert not unknown, "\n".join(unknown)
+
+
+def test_every_test_the_docs_name_exists():
+    """docs/failures.md and others name the test that keeps each guarantee
+    (``test_real.py::test_sigkilled_client_degrades_the_run``): the file, and the test in it."""
+    named, problems = 0, []
+    for name in (*DOCS, "exercises/README.md"):
+        for file, test in re.findall(r"\b(test_\w+\.py)(?:::(\w+))?", _doc(name).read_text()):
+            named += 1
+            path = ROOT / "tests" / file
+            if not path.is_file():
+                problems.append(f"{name}: tests/{file} does not exist")
+            elif test and not re.search(rf"^\s*(?:async )?def {test}\(", path.read_text(), re.M):
+                problems.append(f"{name}: {file} has no {test}")
+    assert named, "no test named in the markdown"
+    assert not problems, "\n".join(problems)
