@@ -93,7 +93,13 @@ def run(cfg: RunConfig, run_dir: str | Path) -> dict:
 
 def pasteable(path: str | Path) -> str:
     """``path`` as it pastes after ``key=`` on a shell command line: Hydra reads ``=`` and ``,``
-    in a value as syntax, so such a path goes in single quotes, inside shell double quotes."""
+    in a value as syntax, so such a path goes in single quotes, inside shell double quotes.
+    Relative to the current folder when inside it: Hydra's run folder is absolute, the docs'
+    ``cost.path=results/...`` is not."""
+    try:
+        path = Path(path).relative_to(os.getcwd())
+    except (OSError, ValueError):   # outside this folder (or no current folder): as it is
+        pass
     text = str(path)
     return text if re.fullmatch(r"[\w./@%+-]+", text) else "\"'" + text + "'\""
 

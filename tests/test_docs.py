@@ -25,6 +25,11 @@ before training (:func:`repro.run.check_overrides`, :func:`repro.run.compose`,
 folder that an earlier command of its block writes (or one in the repository); every fenced
 ``python -m repro.analysis`` draws from a results tree like the one its experiments leave
 (:mod:`tests.helpers.fake_runs`).
+
+**What the prose quotes** (default suite, seconds): the default run's last lines, run; the
+signatures of ``repro.api``; the speedup tables against their CSVs; dotted names of the package,
+configuration keys, group options and test names, each against what exists; the relative links
+of the pages the site does not build (README.md, exercises/README.md).
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import functools
 import io
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -458,4 +464,215 @@ def test_every_analysis_command_draws_from_a_results_tree(tmp_path, monkeypatch)
         if code != cmd.exit_code:
             problems.append(f"{cmd.where()}: `{step.text}` exited {code}, expected {cmd.exit_code}: "
                             + (err.getvalue().strip().splitlines() or [""])[-1])
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the docs quote of a run or of the API
+# ---------------------------------------------------------------------------------------------
+
+def test_the_readme_shows_the_last_lines_the_default_run_prints(tmp_path):
+    """The README's (and getting-started's) last lines of ``python -m repro.run`` are the run's,
+    but the wall time; its test error only on the build and CPU kernels that recorded the
+    golden tables (elsewhere one evaluation sample may flip: docs/paper.md, 'Reproducibility')."""
+    from tests.test_golden import RECORDED
+
+    from repro.runtime import environment
+
+    done = subprocess.run([sys.executable, "-m", "repro.run"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=QUICK_TIMEOUT_S,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    env = environment("cpu")
+    same = env["torch"] == RECORDED["torch"] and env["cpu_capability"] == RECORDED["cpu_capability"]
+
+    def masked(text: str) -> str:
+        text = re.sub(r"wall [\d.]+ s", "wall T s", text)
+        return text if same else re.sub(r"test error [\d.]+%", "test error E%", text)
+
+    # the status line is logged (stderr), the folder printed (stdout)
+    lines = (done.stderr + done.stdout).splitlines()
+    printed = masked("\n".join([next(s for s in reversed(lines) if s.startswith("completed: ")),
+                                next(s for s in reversed(lines) if s.startswith("run folder: "))]))
+    readme, started = _doc("README.md").read_text(), _doc("docs/getting-started.md").read_text()
+    shown = {"README.md": re.search(r"```\n(completed: .*\nrun folder: .*)\n```", readme),
+             "docs/getting-started.md": re.search(r"\(`(completed: [^`]*)`, then\s+`(run folder: [^`]*)`\)",
+                                                  started)}
+    for name, m in shown.items():
+        assert m, f"{name} shows no last lines of the default run"
+        assert masked("\n".join(m.groups()) if m.lastindex == 2 else m.group(1)) == printed, name
+
+
+def test_every_signature_of_repro_api_the_docs_quote_is_its_own():
+    """A signature the markdown quotes of a ``repro.api`` function (```name(a, b=1)```, every
+    argument a name, a ``*name`` or ``name=default``) names its parameters in their order and
+    their defaults: ``collection_time(taus, S)`` read as a keyword the function does not take."""
+    import inspect
+
+    import repro.api as api
+
+    quoted = re.compile(r"`(\w+)\(([^`()]*)\)`")
+    arg = re.compile(r"(\*{0,2})([A-Za-z_]\w*)(?:=(.+))?")
+    problems, found = [], 0
+    for name in (*DOCS, "exercises/README.md"):
+        text = (ROOT / name).read_text() if (ROOT / name).is_file() else ""
+        for m in quoted.finditer(text):
+            func = getattr(api, m.group(1), None)
+            args = [a.strip() for a in m.group(2).split(",") if a.strip()]
+            if not callable(func) or not all(arg.fullmatch(a) for a in args):
+                continue   # not the API's, or a call with values (an example), not a signature
+            found += 1
+            params = inspect.signature(func).parameters
+            names = [arg.fullmatch(a).group(2) for a in args]
+            where = f"{name}: `{m.group(1)}({m.group(2)})`"
+            if any(n not in params for n in names):
+                problems.append(f"{where}: the function takes ({', '.join(params)})")
+            elif names != sorted(names, key=list(params).index):
+                problems.append(f"{where}: its parameters are in the order ({', '.join(params)})")
+            for a in args:
+                _, n, default = arg.fullmatch(a).groups()
+                if default is not None and default != repr(params[n].default):
+                    problems.append(f"{where}: {n} defaults to {params[n].default!r}")
+    assert found, "no signature of repro.api quoted in the markdown"
+    assert not problems, "\n".join(problems)
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors of a markdown file, as GitHub and the site's toc spell them."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower().replace("`", "")).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_every_relative_link_of_the_pages_outside_the_site_resolves():
+    """README.md and exercises/README.md are read on a code host, not built by ``mkdocs build
+    --strict`` (which checks the site's pages): each relative link names a file of the tree, and
+    its ``#anchor`` a heading of that file."""
+    problems = []
+    for name in ("README.md", "exercises/README.md"):
+        page = _doc(name)
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                problems.append(f"{name}: ({target}) names no file")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+                problems.append(f"{name}: ({target}) names no heading of {path or name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_speedup_table_quotes_its_csv():
+    """A table that follows "(`figures/NAME_speedup.csv`):" (one row per nsync, one column per
+    client count, cells "mean (min–max)" or "not reached ...") shows that CSV's numbers, rounded
+    as written: a regenerated figure whose prose kept the old numbers fails here."""
+    import pandas as pd
+
+    cell = re.compile(r"([\d.]+) \(([\d.]+)–([\d.]+)\)")
+    problems, tables = [], 0
+    for name in DOCS:
+        text = _doc(name).read_text()
+        for m in re.finditer(r"\(`(figures/\w+_speedup\.csv)`\):\n\n((?:\|.*\n)+)", text):
+            tables += 1
+            csv = pd.read_csv(ROOT / m.group(1)).set_index(["nsync", "num_clients"])
+            header, _, *rows = [[c.strip() for c in r.strip("|").split("|")] for r in m.group(2).splitlines()]
+            clients = [int(c.split()[0]) for c in header[1:]]
+            for row in rows:
+                nsync = int(row[0].split()[0])
+                for n, shown in zip(clients, row[1:]):
+                    got = csv.loc[(nsync, n)]
+                    where = f"{name}, {m.group(1)}, nsync {nsync}, {n} clients: `{shown}`"
+                    if shown.startswith("not reached"):
+                        if got.n != 0:
+                            problems.append(f"{where}: {int(got.n)} runs reached it")
+                        continue
+                    quoted = cell.match(shown)
+                    if not quoted:
+                        problems.append(f"{where}: not 'mean (min–max)'")
+                        continue
+                    values = (got.speedup_mean, got.speedup_min, got.speedup_max)
+                    for text_value, value in zip(quoted.groups(), values):
+                        decimals = len(text_value.partition(".")[2])
+                        if f"{value:.{decimals}f}" != text_value:
+                            problems.append(f"{where}: the CSV says {value:.{decimals}f}")
+    assert tables, "no speedup table found in the markdown"
+    assert not problems, "\n".join(problems)
+
+
+def test_every_dotted_name_of_the_package_the_docs_quote_exists():
+    """``repro.sim.ceiling.ceiling``, ``repro_bench.instruments.hosts.TwoHosts``, ...: each name of
+    the package or its benchmarks that the markdown quotes is a module, or an attribute of one."""
+    import importlib
+
+    def resolves(name: str) -> bool:
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):   # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            return functools.reduce(lambda o, a: getattr(o, a, None), parts[i:], obj) is not None
+        return False
+
+    quoted = {}
+    for name in (*DOCS, "exercises/README.md"):
+        for m in re.findall(r"\b(repro(?:_bench)?(?:\.\w+)+)", _doc(name).read_text()):
+            quoted.setdefault(m, name)
+    assert quoted, "no dotted name of the package quoted in the markdown"
+    missing = [f"{where}: {name}" for name, where in sorted(quoted.items()) if not resolves(name)]
+    assert not missing, "names that exist nowhere:\n" + "\n".join(missing)
+
+
+def test_every_configuration_key_the_docs_quote_is_one_python_m_repro_run_takes():
+    """``backend.client_timeout_s``, ``cost.shared.devices_per_host``, ...: each ``GROUP.KEY`` the
+    markdown names is a key ``--help`` lists (or a nested group of them, or an old spelling of
+    repro/config/renames.py's table), so a renamed or removed key leaves no prose behind."""
+    from repro.config.loader import key_docs
+    from repro.config.renames import RENAMED
+
+    keys = set(key_docs())
+    known = keys | set(RENAMED) | {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count("."))}
+    example = {"protocol.patience"}   # docs/configuration.md's example of adding a setting
+    quoted = {}
+    for name in (*DOCS, "exercises/README.md"):
+        for key in re.findall(r"(?<![\w/.])((?:backend|cost|algo|protocol|data|model)(?:\.[A-Za-z_]+)+)",
+                              _doc(name).read_text()):
+            if not key.endswith((".py", ".yaml", ".md", ".csv", ".json")):
+                quoted.setdefault(key, name)
+    assert quoted, "no configuration key quoted in the markdown"
+    unknown = [f"{where}: {key}" for key, where in sorted(quoted.items()) if key not in known | example]
+    assert not unknown, "keys python -m repro.run does not take:\n" + "\n".join(unknown)
+
+
+def test_every_group_option_the_docs_quote_exists():
+    """``cost=paper2013_shared``, ``+mitigation=rennala_s8``, ...: prose names options too, not
+    only commands (which the compose check reads); each is a file of its group in conf/."""
+    from repro.config import loader
+
+    options = {g: set(loader.group_options(g)) for g in (*loader.GROUPS, *loader.OPTIONAL_GROUPS)}
+    choice = re.compile(r"(?<![\w.-])\+?(" + "|".join(options) + r")=([a-z0-9_][\w.-]*?)(\.png)?(?=[^\w.(-]|\.?$)",
+                        re.M)
+    unknown = []
+    for name in (*DOCS, "exercises/README.md"):
+        for group, option, png in choice.findall(_doc(name).read_text()):
+            if not png and option not in options[group]:
+                unknown.append(f"{name}: {group}={option} (options: {', '.join(sorted(options[group]))})")
+    assert not unknown, "\n".join(unknown)
+
+
+def test_every_test_the_docs_name_exists():
+    """docs/failures.md and others name the test that keeps each guarantee
+    (``test_real.py::test_sigkilled_client_degrades_the_run``): the file, and the test in it."""
+    named, problems = 0, []
+    for name in (*DOCS, "exercises/README.md"):
+        for file, test in re.findall(r"\b(test_\w+\.py)(?:::(\w+))?", _doc(name).read_text()):
+            named += 1
+            path = ROOT / "tests" / file
+            if not path.is_file():
+                problems.append(f"{name}: tests/{file} does not exist")
+            elif test and not re.search(rf"^\s*(?:async )?def {test}\(", path.read_text(), re.M):
+                problems.append(f"{name}: {file} has no {test}")
+    assert named, "no test named in the markdown"
     assert not problems, "\n".join(problems)

@@ -151,6 +151,6 @@ def test_the_readme_shows_the_last_line_a_run_prints():
     shown = re.search(r"```\n(completed: .*)\n(run folder: .*)\n```", readme)
     assert shown, "README shows no run's last lines"
     summary = {"status": "completed", "version": 225, "epoch": 20.04, "clock": "virtual",
-               "time_s": 2.31, "wall_time_s": 3.0, "final": {"test_error": 0.025}, "message": ""}
+               "time_s": 2.31, "wall_time_s": 3.0, "final": {"test_error": 10 / 360}, "message": ""}
     status_line, folder_line = last_lines(summary, "results/default/base").splitlines()
     assert shown.group(1) == status_line and shown.group(2) == folder_line

@@ -3,7 +3,7 @@ added (tests/assets/golden_async, by the code of commit ce18865) are reproduced.
 
 Bitwise only where it can be: on the torch build, CPU kernel family and thread count that
 recorded them the tables must be byte-identical; elsewhere float reductions run in another order
-(README, 'Reproducibility'), so the schedule (who pushed, which version it read, when) must be
+(REPRODUCE.md, 'Reproducibility'), so the schedule (who pushed, which version it read, when) must be
 identical, the losses equal to 1e-4 relative and the segment errors (fractions of 64-96
 samples, where one sample at a decision boundary may flip) within 0.02 on average: a changed rule,
 order or budget is off by far more.

@@ -258,7 +258,7 @@ def test_ctrl_c_under_submitit_local_leaves_no_process_and_no_running_point(tmp_
 
 
 # ---------------------------------------------------------------------------------------------
-# The benchmark's command line (running it takes minutes: README, Benchmarks)
+# The benchmark's command line (running it takes minutes: docs/benchmarks.md)
 # ---------------------------------------------------------------------------------------------
 
 def test_bench_grid_options_and_dispatch(monkeypatch):

@@ -3,7 +3,7 @@
 This module owns launching one real run across the two namespaces and waiting for its end; an
 experiment or a benchmark calls :func:`run_two_hosts` (or :func:`start` and
 :meth:`TwoHostRun.wait` when it acts on the run meanwhile, as the test that kills the client host
-does). It is the README's two-node recipe ("Real asynchronous training"), verbatim:
+does). It is the two-node recipe of docs/real.md ("Across nodes with torchrun"), verbatim:
 
 * node 0, in the server namespace: ``torchrun --nnodes=2 --nproc-per-node=1 --node-rank=0``,
   one process, rank 0 = the server, which alone makes the run folder;
@@ -53,7 +53,7 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
 
 def torchrun_command(node_rank: int, num_procs: int, overrides: list[str], results_dir: Path,
                      port: int = PORT) -> list[str]:
-    """One node's command line: the README's two-node recipe with the server host as master."""
+    """One node's command line: docs/real.md's two-node recipe with the server host as master."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={num_procs}",
             f"--node-rank={node_rank}", f"--master-addr={SERVER_ADDR}", f"--master-port={port}",
             "--max-restarts=0", "-m", "repro.run", "backend=real", f"backend.master_addr={SERVER_ADDR}",

@@ -1,7 +1,7 @@
 """The run-folder invariant every fault-injection case ends with.
 
-**The fault-injection suite**, one file per guarantee of README "Failures we survive" / "What a
-run leaves behind" (the number starts each test's name)::
+**The fault-injection suite**, one file per guarantee of docs/failures.md "Failures we survive"
+and docs/getting-started.md "What a run leaves behind" (the number starts each test's name)::
 
     0    the checker below rejects every damage      tests/test_faults_checker.py
     1    one writer per run folder                   tests/test_faults_writer.py
