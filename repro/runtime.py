@@ -98,7 +98,19 @@ def fork_server_context(start: bool = False):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([CLIENT_PRELOAD])
     if start:
-        mp.forkserver.ensure_running()
+        # the fork server ignores Ctrl-C (it reaches the whole process group) only once it has
+        # imported torch: one during those seconds killed it, and the run failed with its
+        # traceback. It is born ignoring SIGINT instead (an ignored signal stays ignored across
+        # exec); ours is blocked meanwhile, so a Ctrl-C then waits for our handler, not lost.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        main = threading.current_thread() is threading.main_thread()
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            mp.forkserver.ensure_running()
+        finally:
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return ctx
 
 
