@@ -111,6 +111,25 @@ def test_5_a_fork_server_killed_during_start_up_ends_the_real_run_in_one_line(tm
     check_run_folder(tmp_path / "stopped", "interrupted")
 
 
+@pytest.mark.timeout(120)
+def test_5_a_real_run_stopped_during_start_up_says_how_to_go_on(tmp_path):
+    """Fault: a real run stopped while its clients start ends ``interrupted`` (exit 130) with
+    no checkpoint, so resume=true, the way on that exit 130 promises, is refused; its message
+    and its log line said only "interrupted while the clients were starting". Guarantee 5: they
+    end with the way on (force=true starts it over), and that way works."""
+    from repro.real.launch import run_real
+    from repro.runtime import StopRequest, request_stop
+
+    with StopRequest():
+        request_stop("SIGINT")
+        summary = run_real(real_cfg(), tmp_path / "run")
+    assert summary["status"] == "interrupted"
+    assert summary["message"] == ("interrupted while the clients were starting; no checkpoint was "
+                                  "written: force=true starts over"), summary["message"]
+    assert run_real(real_cfg(num_epochs=1.0, force=True), tmp_path / "run")["status"] == "completed"
+    check_run_folder(tmp_path / "run", "completed")
+
+
 @pytest.mark.slow   # found by this suite: the rendezvous blocked the stop request for 60 s
 def test_5_sigterm_during_a_torchrun_rendezvous_ends_within_seconds(tmp_path):
     """Fault: SIGTERM (what torchrun sends on a restart or a shutdown) to rank 0 of a torchrun
