@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import platform
 import signal
@@ -97,7 +98,19 @@ def fork_server_context(start: bool = False):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([CLIENT_PRELOAD])
     if start:
-        mp.forkserver.ensure_running()
+        # the fork server ignores Ctrl-C (it reaches the whole process group) only once it has
+        # imported torch: one during those seconds killed it, and the run failed with its
+        # traceback. It is born ignoring SIGINT instead (an ignored signal stays ignored across
+        # exec); ours is blocked meanwhile, so a Ctrl-C then waits for our handler, not lost.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        main = threading.current_thread() is threading.main_thread()
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            mp.forkserver.ensure_running()
+        finally:
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return ctx
 
 
@@ -239,6 +252,27 @@ def _ignore_signals_while_finalising() -> None:
     if _exiting:
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+
+
+abandoned: list[threading.Thread] = []   # threads a run stopped waiting for (a hung evaluation)
+
+
+def leave_if_abandoned(exc: BaseException | None) -> None:
+    """End the process now, with the code it is exiting with (``exc``: the SystemExit, or None),
+    when a thread a run gave up on still runs: the interpreter's shutdown ends such a thread in
+    the middle of torch's C++, which aborts the process ('terminate called without an active
+    exception', exit 134) after the run folder is final. Any other exception keeps its traceback."""
+    if not any(t.is_alive() for t in abandoned) or not isinstance(exc, (SystemExit, type(None))):
+        return
+    code = 0 if exc is None or exc.code is None else exc.code
+    if not isinstance(code, int):   # sys.exit("text"): printed, exit 1, as the interpreter does
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()   # the run's log files: os._exit runs no atexit call
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def request_stop(reason: str) -> None:

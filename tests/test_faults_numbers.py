@@ -63,6 +63,17 @@ def test_7_numbers_that_would_hang_are_refused_at_once(tmp_path, run, key):
     assert not (run_dir / "summary.json").exists() and not (run_dir / "config.json").exists()
 
 
+@pytest.mark.parametrize("timeout_s", [1e-9, 0.001])
+def test_a_timeout_too_short_to_connect_is_refused_naming_it_not_a_traceback(tmp_path, timeout_s):
+    """Fault: backend.timeout_s=1e-9 or 0.001 (in its range then, above 0): the server's own
+    connect to its rendezvous store timed out, a DistNetworkError traceback with c10d's C++ frames
+    (exit 1). Guarantee: ConfigError naming the key, before the store, nothing in the folder."""
+    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", timeout_s=timeout_s))
+    with pytest.raises(ConfigError, match=r"'backend.timeout_s'.*\[0.1, 604800\]"):
+        run_real(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_a_bandwidth_whose_transfer_time_overflows_is_refused(tmp_path):
     """Fault: cost.bandwidth_Bps=1e-320 (in its range, above 0): a message's bytes / bandwidth is
     inf, and the run 'completed' with every time_s inf (the push order then arbitrary ties).

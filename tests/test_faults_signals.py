@@ -58,6 +58,78 @@ def test_5_signals_end_a_real_run_interrupted(tmp_path, signals):
     assert "resume=true" in summary["message"], summary["message"]
 
 
+_CTRL_C_TO_THE_FORK_SERVER = """
+import os, signal
+import multiprocessing.forkserver as forkserver
+from repro.runtime import fork_server_context
+
+ctx = fork_server_context(start=True)
+os.kill(forkserver._forkserver._forkserver_pid, signal.SIGINT)   # a Ctrl-C, while it imports torch
+proc = ctx.Process(target=os.getpid)
+proc.start()
+proc.join(60)
+print(proc.exitcode)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_5_a_ctrl_c_while_the_clients_fork_server_imports_torch_does_not_kill_it():
+    """Fault: Ctrl-C in the terminal during a real run's first seconds: it reaches the whole
+    process group, the clients' fork server too, which ignores SIGINT only once it has imported
+    torch: it died with a KeyboardInterrupt traceback, the launcher's start of a client with
+    EOFError, and the run ended ``failed`` with that traceback. Guarantee 5: it survives (the
+    launcher alone decides: interrupted), and forks its clients."""
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_TO_THE_FORK_SERVER], cwd=ROOT, capture_output=True,
+                          text=True, timeout=100)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "0\n", "")
+
+
+def test_5_a_fork_server_killed_during_start_up_ends_the_real_run_in_one_line(tmp_path, monkeypatch):
+    """Fault: the clients' fork server killed while the launcher starts a client (a SIGTERM to the
+    process group while it imports torch; the out-of-memory killer). The EOFError of the start
+    escaped as a traceback, the run ``failed`` naming only "EOFError: unexpected EOF". Guarantee
+    5: a start-up error naming the fork server; ``interrupted`` when a stop was asked for."""
+    from repro.real import processes
+    from repro.real.launch import run_real
+    from repro.runtime import StopRequest, request_stop
+
+    class DeadForkServer:
+        def Process(self, *args, **kwargs):
+            class Unstartable:
+                def start(self):
+                    raise EOFError("unexpected EOF")   # what reading a dead fork server's answer gives
+            return Unstartable()
+
+    monkeypatch.setattr(processes, "client_context", lambda start=False: DeadForkServer())
+    summary = run_real(real_cfg(), tmp_path / "killed")
+    assert summary["status"] == "failed"
+    assert summary["message"].startswith("the clients' fork server ended before client 1 started (EOFError")
+    check_run_folder(tmp_path / "killed", "failed")
+    with StopRequest():
+        request_stop("SIGTERM")
+        assert run_real(real_cfg(), tmp_path / "stopped")["status"] == "interrupted"
+    check_run_folder(tmp_path / "stopped", "interrupted")
+
+
+@pytest.mark.timeout(120)
+def test_5_a_real_run_stopped_during_start_up_says_how_to_go_on(tmp_path):
+    """Fault: a real run stopped while its clients start ends ``interrupted`` (exit 130) with
+    no checkpoint, so resume=true, the way on that exit 130 promises, is refused; its message
+    and its log line said only "interrupted while the clients were starting". Guarantee 5: they
+    end with the way on (force=true starts it over), and that way works."""
+    from repro.real.launch import run_real
+    from repro.runtime import StopRequest, request_stop
+
+    with StopRequest():
+        request_stop("SIGINT")
+        summary = run_real(real_cfg(), tmp_path / "run")
+    assert summary["status"] == "interrupted"
+    assert summary["message"] == ("interrupted while the clients were starting; no checkpoint was "
+                                  "written: force=true starts over"), summary["message"]
+    assert run_real(real_cfg(num_epochs=1.0, force=True), tmp_path / "run")["status"] == "completed"
+    check_run_folder(tmp_path / "run", "completed")
+
+
 @pytest.mark.slow   # found by this suite: the rendezvous blocked the stop request for 60 s
 def test_5_sigterm_during_a_torchrun_rendezvous_ends_within_seconds(tmp_path):
     """Fault: SIGTERM (what torchrun sends on a restart or a shutdown) to rank 0 of a torchrun

@@ -299,6 +299,47 @@ def test_a_hung_evaluation_ends_the_real_run_failed_after_backend_timeout(tmp_pa
     assert schema.check_table(tmp_path / schema.EVALS_FILE, schema.EVAL_COLUMNS, 0, False)[1] == 0   # a resume's read
 
 
+# an evaluation that never ends, in and out of torch's C++ (a hung one that sleeps in Python, or
+# blocks in one C++ wait, does not show it): the command line, its thread still running as it exits
+_ENDLESS_EVALUATION = """
+import sys, torch
+from repro.runs import evaluations
+evaluate = evaluations.evaluate
+def endless(net, params, sets):
+    if endless.calls:   # version 0's, inline, as every run's: the reference
+        a = torch.ones(200, 200) / 200
+        while True:
+            a = torch.tanh(a @ a)
+    endless.calls += 1
+    return evaluate(net, params, sets)
+endless.calls = 0
+evaluations.evaluate = endless
+from repro.run import cli
+sys.argv[0] = "repro.run"
+cli()
+"""
+
+
+@pytest.mark.slow   # seconds of subprocesses
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the real driver's fork server: Linux")
+def test_a_hung_evaluation_ends_the_command_line_with_the_runs_status_not_an_abort(tmp_path):
+    """The run ended ``failed`` past backend.timeout_s with its summary written, then the process
+    aborted as it exited (exit 134, "terminate called without an active exception"): the
+    interpreter's shutdown ended the evaluation's thread inside torch. Now it exits 1, the
+    failed run's code, its run.log complete."""
+    proc = subprocess.run([sys.executable, "-c", _ENDLESS_EVALUATION, "backend=real", "data=synthetic",
+                           "model=mlp", "num_clients=2", "num_epochs=1", "eval_every=0.5",
+                           "backend.timeout_s=0.5", "progress=false", f"results_dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 1 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    (summary,) = tmp_path.rglob("summary.json")
+    hung = "the evaluation at version 2 did not finish in 0.5 s (backend.timeout_s)"
+    assert json.loads(summary.read_text())["status"] == "failed"
+    assert "failed: version 4" in (summary.parent / "run.log").read_text().splitlines()[-1]
+    assert hung in proc.stderr
+
+
 @pytest.mark.timeout(120)
 def test_a_client_sees_the_servers_message_arrive_between_two_steps(tmp_path):
     """On real gloo: a STOP sent to a client while it computes is seen between two of its steps.

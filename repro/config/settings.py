@@ -119,8 +119,10 @@ class BackendConfig:
     """Address of rank 0; loopback by default so a single-node run listens on no network."""
     master_port: int = knob(0, Range(0, 65535, integer=True), shapes=False)
     """Port of rank 0's rendezvous; 0 picks a free one (single node only)."""
-    timeout_s: float = knob(60.0, WAIT_S, shapes=False)
-    """Bound on every blocking receive, per process on start-up (the start-up deadline grows
+    # at least 0.1 s: the server's own connect to its rendezvous store is bounded by it, and one
+    # of 1 ms or less failed with c10d's traceback (a loopback run needs some 50 ms)
+    timeout_s: float = knob(60.0, Range(0.1, WAIT_S.hi), shapes=False)
+    """Bound on every blocking receive (at least 0.1 s), per process on start-up (the start-up deadline grows
     with the number of clients), and on the wait for an evaluation still running as a run ends."""
     client_timeout_s: float = knob(30.0, WAIT_S, shapes=False)
     """The server declares a client lost when it has heard nothing from it for this long."""

@@ -43,7 +43,7 @@ from repro.real.server import Dispatcher, log, server_device
 from repro.real.transport import Channel
 from repro.real.groups import bounded, connect, disconnect, first_line, pin_gloo
 from repro.runs.core import RunCore
-from repro.runs.folder import run_folder
+from repro.runs.folder import resume_hint, run_folder
 from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env, usable_cores
 
 
@@ -83,11 +83,13 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
             stop_children(procs, grace_s=0)
             disconnect()
             status = "interrupted" if run.stop.is_set() else "failed"
-            log.info(f"start-up {status}: {exc}")
             # nothing was served, so no checkpoint of it: it would lack the clients' state (not
             # made yet) and no resume could read it; a resumed run keeps its last good one, and a
-            # fresh one has none, so resume=auto starts it over (a two-host point stopped early)
-            return core.finish(status, str(exc), clean=False)
+            # fresh one has none, so resume=true is refused there and force=true (or resume=auto,
+            # a two-host point stopped early) starts it over: the message says which
+            message = f"{exc}; {resume_hint(run.run_dir)}"
+            log.info(f"start-up {status}: {message}")
+            return core.finish(status, message, clean=False)
         loop = Dispatcher(cfg, core, channels, run.stop, procs, resume)
         if store is not None:   # single node: the store stays open for joins (repro.real.elastic)
             address = f"{cfg.backend.master_addr}:{store.port}"

@@ -125,7 +125,12 @@ def spawn_clients(cfg: RunConfig, port: int, dataset: Dataset | None) -> dict:
         # the parent's environment now, not the fork server's from its first run (GLOO_SOCKET_IFNAME)
         proc = ctx.Process(target=_client_process, args=(cfg, k, port, os.getpid(), dataset, dict(os.environ)),
                            name=f"repro-client-{k}", daemon=True)
-        proc.start()
+        try:
+            proc.start()
+        except (EOFError, OSError) as exc:   # e.g. a SIGTERM to the process group while it imported torch
+            stop_children(procs, grace_s=0)
+            raise StartupError(f"the clients' fork server ended before client {k} started "
+                               f"({type(exc).__name__}: {exc})") from None
         procs[k] = proc
     return procs
 

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from repro.asgd.algorithm import Push
 from repro.runs.runlog import RunLog
+from repro.runtime import abandoned
 from repro.workload.build import Problem, evaluate
 
 
@@ -103,10 +104,14 @@ class Evaluations:
 
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the evaluation in its thread to end (the process should
-        not end under it: a thread killed mid-kernel is not); whether none is running now."""
+        not end under it: a thread killed mid-kernel is not); whether none is running now. One
+        still running is :data:`repro.runtime.abandoned` (:func:`repro.runtime.leave_if_abandoned`)."""
         if self._thread is not None:
             self._thread.join(timeout_s)
-        return self._thread is None or not self._thread.is_alive()
+        if self._thread is None or not self._thread.is_alive():
+            return True
+        abandoned.append(self._thread)   # the process leaves without tearing torch down under it
+        return False
 
     def drain(self) -> list[str]:
         """Write the rows of finished evaluations; return why each one that found divergence
