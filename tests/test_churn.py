@@ -103,6 +103,36 @@ def test_a_joiner_computes_at_its_slots_speed(tmp_path):
         assert set(timings[timings.client == 2].compute_s) == {twos}, name
 
 
+def started(run_dir):
+    """Each timings.csv row's push: when its client began fetching the version it read (the row's
+    time less its parts), beside the time that version was applied (updates.csv)."""
+    import pandas as pd
+
+    upd, rows = pd.read_csv(run_dir / "updates.csv"), pd.read_csv(run_dir / "timings.csv")
+    applied = {0: 0.0, **dict(zip(upd.version, upd.time_s))}
+    rows["start"] = rows.time_s - rows[["apply_s", "queue_s", "to_server_s", "compute_s", "to_client_s"]].sum(axis=1)
+    rows["made"] = rows.read_version.map(applied)
+    return rows
+
+
+def test_a_client_back_before_its_sync_round_closed_computes_one_segment(tmp_path):
+    """Client 1 pushes into round 0, is lost (0.025 s) and back (0.045 s) before the slow
+    clients 3 and 4 close the round (0.06 s): the client back is a new process computing from
+    its join's fetch, like any joiner; the reply its lost self's push was owed is not its. The
+    round replied to it all the same, so the simulator computed its join's segment from the
+    round's result (fetched at 0.06 s, pushed at 0.065 s) while a second segment of it ran: two
+    pushes of client 1 from version 1. Now its push leaves the round as it joins; the round
+    preempts it as a joiner still computing, and it pushes once from version 1."""
+    from repro.config.settings import ProtocolConfig
+
+    cfg = churn_cfg(dict(preempt_rate=0.0, leave=(1, 0.025, 0.045), join=None), speeds=(1.0, 1.0, 3.0, 3.0))
+    summary = simulate(cfg.replace(num_clients=4, protocol=ProtocolConfig(name="sync")), tmp_path / "run")
+    rows = started(tmp_path / "run")
+    assert len(rows[(rows.client == 1) & (rows.read_version == 1)]) == 1
+    assert [0, 1] in summary["discarded_pushes"]   # its join's segment, dropped by the round
+    assert (rows.start >= rows.made - 1e-12).all()   # (it took the round's result at 0.06 s)
+
+
 def test_preemption_draws_do_not_depend_on_their_order():
     cost = churn_cfg(dict(leave=None, join=None)).cost
     one, two = Churn(cost, 0, [1, 2]), Churn(cost, 0, [2, 1])
