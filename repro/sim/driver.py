@@ -154,14 +154,21 @@ class Simulation:
 
     def membership(self, t: float, kind: str, k: int) -> None:
         """A churn event at virtual time ``t`` (see :mod:`repro.sim.churn`), carried out through
-        the core as the real driver does: lost, or (re)joined with a fetch of the current version."""
+        the core as the real driver does: lost, or (re)joined with a fetch of the current version.
+        The server takes it once free (``at``), as the real one takes it under its lock: it may be
+        applying past ``t``, and a fetch or a round the loss closes comes after that apply."""
+        at = max(t, self.scheduler.server_free)
         if kind in (LEAVE, PREEMPT):
             if k in self.down or k not in self.clients:
                 return
             self.down.add(k)
             self.scheduler.cancel(k)   # the push it was computing is lost with it
             why = "preempted (cost.churn.preempt_rate)" if kind == PREEMPT else "left (cost.churn.leave)"
-            self.carry(self.core.lose(k, why, t), t)
+            version, end = self.server.version, at + self.scheduler.model.server_apply_s
+            outcome = self.core.lose(k, why, t, applied_at=end)
+            if self.server.version != version:   # it closed a round: an apply like any other
+                at = self.scheduler.handled(end, discarded=False)
+            self.carry(outcome, at)
             self.churn.lost(k, t, preempted=kind == PREEMPT)
             return
         if kind == BACK:
@@ -171,7 +178,7 @@ class Simulation:
         if self.stopping:
             return
         self.join(k, t)   # a joiner: a new id, its slot's settings (client_slot)
-        self.scheduler.served(k, t)
+        self.scheduler.served(k, at)
         self.churn.arm(k, t)
 
     def recorded_membership(self, kind: str, k: int, t: float) -> None:
