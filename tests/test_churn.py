@@ -155,6 +155,38 @@ def test_a_client_back_before_its_sync_round_closed_computes_one_segment(tmp_pat
     assert (rows.start >= rows.made - 1e-12).all()   # (it took the round's result at 0.06 s)
 
 
+@pytest.mark.timeout(120)
+def test_churn_that_leaves_no_push_time_to_arrive_fails_the_run(tmp_path):
+    """At cost.churn.preempt_rate=1e4 (back after 1e-4 s) a client is lost about every 0.1 ms
+    and a push takes 20 ms: none arrives (e^-200). The run fails after 100 churn events per
+    client without a push, saying why, as a protocol that makes no progress does; it looped
+    for good, its events filling memory, deaf to Ctrl-C and SIGTERM (a stop request was read
+    only between pushes)."""
+    cfg = churn_cfg(dict(preempt_rate=1e4, preempt_down_s=1e-4, leave=None, join=None))
+    summary = simulate(cfg, tmp_path / "run")
+    assert summary["status"] == "failed" and summary["version"] == 0
+    assert "cost.churn.preempt_rate" in summary["message"] and "no push" in summary["message"]
+    assert len(summary["events"]) <= 100 * 3 + 3
+
+
+def test_a_stop_is_honoured_between_churn_events(tmp_path, monkeypatch):
+    """A stop request (Ctrl-C, SIGTERM) that comes while churn events follow one another ends
+    the run interrupted after the event it came in, not at the next push."""
+    from repro.sim import driver
+
+    seen, membership = [], driver.Simulation.membership
+
+    def stopping(self, *event):
+        membership(self, *event)
+        seen.append(event)
+        if len(seen) == 10:
+            self.stop.set("test")
+
+    monkeypatch.setattr(driver.Simulation, "membership", stopping)
+    cfg = churn_cfg(dict(preempt_rate=1e4, preempt_down_s=1e-4, leave=None, join=None))
+    assert simulate(cfg, tmp_path / "run")["status"] == "interrupted" and len(seen) == 10
+
+
 def test_preemption_draws_do_not_depend_on_their_order():
     cost = churn_cfg(dict(leave=None, join=None)).cost
     one, two = Churn(cost, 0, [1, 2]), Churn(cost, 0, [2, 1])

@@ -29,7 +29,7 @@ from repro.asgd.algorithm import Client, Push
 from repro.config.settings import Resolved, RunConfig
 from repro.workload.build import Problem, make_clients, param_bytes
 from repro.workload.start import build_problem
-from repro.runs.core import Outcome, RunCore
+from repro.runs.core import STALL_PUSHES, Outcome, RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.churn import BACK, LEAVE, PREEMPT, Churn
@@ -109,10 +109,18 @@ class Simulation:
                               fetching=not self.resumed, driver_state=self.state_dict), 0.0)
         while not self.stopping and not stop.is_set():
             if self.pending is None and self.churn is not None:
+                events = 0   # since the last push: churn that loses every push before it arrives
                 while self.churn.next_time() <= self.scheduler.peek() and self.churn.next_time() < math.inf:
                     self.membership(*self.churn.pop())
-                if self.stopping or self.scheduler.peek() == math.inf:   # or nobody computes and
-                    break                                                  # nobody comes back
+                    events += 1
+                    if events > STALL_PUSHES * len(self.clients):
+                        core.fail(f"no push arrived in {events} churn events ({STALL_PUSHES} per client): each "
+                                  "client is lost before its segment ends; lower cost.churn.preempt_rate or nsync")
+                        self.stopping = True
+                    if self.stopping or stop.is_set():
+                        break
+                if self.stopping or stop.is_set() or self.scheduler.peek() == math.inf:
+                    break   # (or nobody computes and nobody comes back)
             if self.pending is None:
                 for kind, k, t in self.scheduler.membership_due(self.server.version):
                     self.recorded_membership(kind, k, t)
