@@ -103,6 +103,90 @@ def test_a_joiner_computes_at_its_slots_speed(tmp_path):
         assert set(timings[timings.client == 2].compute_s) == {twos}, name
 
 
+def started(run_dir):
+    """Each timings.csv row's push: when its client began fetching the version it read (the row's
+    time less its parts), beside the time that version was applied (updates.csv)."""
+    import pandas as pd
+
+    upd, rows = pd.read_csv(run_dir / "updates.csv"), pd.read_csv(run_dir / "timings.csv")
+    applied = {0: 0.0, **dict(zip(upd.version, upd.time_s))}
+    rows["start"] = rows.time_s - rows[["apply_s", "queue_s", "to_server_s", "compute_s", "to_client_s"]].sum(axis=1)
+    rows["made"] = rows.read_version.map(applied)
+    return rows
+
+
+@pytest.mark.parametrize("protocol", ["async", "sync", "ssp"])
+def test_churn_events_wait_for_the_busy_server(tmp_path, protocol):
+    """A churn event that falls while the server applies (cost.server_apply_s 0.01 s) is carried
+    out once the server is free, as the real server takes a loss or a join under its lock: a
+    (re)joiner fetches a version no earlier than it was applied, and a sync round that a loss
+    closes is applied after the push before it. The simulator carried the event out at its own
+    time: joiners fetched versions from their future, pushes started before what they read
+    existed, and updates.csv's time went back."""
+    from repro.config.settings import ProtocolConfig
+
+    cfg = churn_cfg(dict(preempt_rate=10.0), server_apply_s=0.01).replace(
+        num_clients=4, protocol=ProtocolConfig(name=protocol, backup_workers=1 if protocol == "sync" else 0))
+    simulate(cfg, tmp_path / "run")
+    rows = started(tmp_path / "run")
+    early = rows[rows.start < rows.made - 1e-12]
+    assert early.empty, early[["client", "read_version", "start", "made"]].to_dict("records")
+    if protocol != "sync":   # (its rows are client 0's, the round's, which the helper refuses)
+        check_run_folder(tmp_path / "run")
+    times = table_frames(tmp_path / "run")[0].time_s
+    assert (times.diff().dropna() >= 0).all()   # updates.csv's time never goes back
+
+
+def test_a_client_back_before_its_sync_round_closed_computes_one_segment(tmp_path):
+    """Client 1 pushes into round 0, is lost (0.025 s) and back (0.045 s) before the slow
+    clients 3 and 4 close the round (0.06 s): the client back is a new process computing from
+    its join's fetch, like any joiner; the reply its lost self's push was owed is not its. The
+    round replied to it all the same, so the simulator computed its join's segment from the
+    round's result (fetched at 0.06 s, pushed at 0.065 s) while a second segment of it ran: two
+    pushes of client 1 from version 1. Now its push leaves the round as it joins; the round
+    preempts it as a joiner still computing, and it pushes once from version 1."""
+    from repro.config.settings import ProtocolConfig
+
+    cfg = churn_cfg(dict(preempt_rate=0.0, leave=(1, 0.025, 0.045), join=None), speeds=(1.0, 1.0, 3.0, 3.0))
+    summary = simulate(cfg.replace(num_clients=4, protocol=ProtocolConfig(name="sync")), tmp_path / "run")
+    rows = started(tmp_path / "run")
+    assert len(rows[(rows.client == 1) & (rows.read_version == 1)]) == 1
+    assert [0, 1] in summary["discarded_pushes"]   # its join's segment, dropped by the round
+    assert (rows.start >= rows.made - 1e-12).all()   # (it took the round's result at 0.06 s)
+
+
+@pytest.mark.timeout(120)
+def test_churn_that_leaves_no_push_time_to_arrive_fails_the_run(tmp_path):
+    """At cost.churn.preempt_rate=1e4 (back after 1e-4 s) a client is lost about every 0.1 ms
+    and a push takes 20 ms: none arrives (e^-200). The run fails after 100 churn events per
+    client without a push, saying why, as a protocol that makes no progress does; it looped
+    for good, its events filling memory, deaf to Ctrl-C and SIGTERM (a stop request was read
+    only between pushes)."""
+    cfg = churn_cfg(dict(preempt_rate=1e4, preempt_down_s=1e-4, leave=None, join=None))
+    summary = simulate(cfg, tmp_path / "run")
+    assert summary["status"] == "failed" and summary["version"] == 0
+    assert "cost.churn.preempt_rate" in summary["message"] and "no push" in summary["message"]
+    assert len(summary["events"]) <= 100 * 3 + 3
+
+
+def test_a_stop_is_honoured_between_churn_events(tmp_path, monkeypatch):
+    """A stop request (Ctrl-C, SIGTERM) that comes while churn events follow one another ends
+    the run interrupted after the event it came in, not at the next push."""
+    from repro.sim import driver
+
+    seen, membership = [], driver.Simulation.membership
+
+    def stopping(self, *event):
+        membership(self, *event)
+        seen.append(event)
+        if len(seen) == 10:
+            self.stop.set("test")
+
+    monkeypatch.setattr(driver.Simulation, "membership", stopping)
+    cfg = churn_cfg(dict(preempt_rate=1e4, preempt_down_s=1e-4, leave=None, join=None))
+    assert simulate(cfg, tmp_path / "run")["status"] == "interrupted" and len(seen) == 10
+
+
 def test_preemption_draws_do_not_depend_on_their_order():
     cost = churn_cfg(dict(leave=None, join=None)).cost
     one, two = Churn(cost, 0, [1, 2]), Churn(cost, 0, [2, 1])

@@ -20,7 +20,7 @@ because both only carry the replies the core makes of a decision.
   (preempted): their segment is dropped and they start the next round with everyone else, so
   every round starts with all N and discards exactly b. (A push a preempted client sent before
   the parameters reached it is ignored.) A lost client leaves the barrier: the round needs
-  N_live - b pushes.
+  N_live - b pushes; one back before the round closes is a joiner, its earlier push dropped.
 * ``ringmaster`` and ``rennala``, the optimal-time descendants of asynchronous SGD (Tyurin,
   Richtarik and co-authors): :mod:`repro.asgd.optimal`.
 * ``ssp`` (stale synchronous parallel, Ho et al., NIPS 2013): asynchronous applies, but a client
@@ -212,6 +212,9 @@ class Sync(Policy):
 
     def on_join(self, client: int, view: View) -> None:
         self.joining.add(client)
+        # back before its round closed: a new process computing from this fetch, so the reply its
+        # lost self's held push was owed is not its (two segments of it would be in flight)
+        self.pushes.pop(client, None)
 
     def on_push(self, push: Push, view: View) -> Decision:
         if push.read_version < self.round_start:   # sent before its preemption reached it

@@ -286,9 +286,10 @@ class RunCore:
             self.runlog.add_event("diverged", reason=why)
             log.info(f"diverged: {why}")
 
-    def lose(self, client: int, reason: str, time_s: float = 0.0) -> Outcome:
+    def lose(self, client: int, reason: str, time_s: float = 0.0, applied_at: float | None = None) -> Outcome:
         """A client is gone; the run goes on with the rest. The Outcome's replies are owed to
-        clients the lost one held back (a barrier it no longer blocks)."""
+        clients the lost one held back (a barrier it no longer blocks). ``applied_at``: when a
+        round the loss closes is applied (the simulator's server may be busy past ``time_s``)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
             self.runlog.add_event("client_lost", client=client, reason=reason, lost_time_s=round(time_s, 6))
@@ -298,7 +299,8 @@ class RunCore:
         elif self.state.stopping:
             replies = self._deliver([])
         else:
-            replies = self._carry_out(self.protocol.on_lost(client, self.view()), time_s)
+            replies = self._carry_out(self.protocol.on_lost(client, self.view()),
+                                      time_s if applied_at is None else applied_at)
         return Outcome(tuple(replies), stopping=self.state.stopping)
 
     def join(self, client: int, time_s: float = 0.0) -> None:

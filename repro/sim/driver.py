@@ -29,7 +29,7 @@ from repro.asgd.algorithm import Client, Push
 from repro.config.settings import Resolved, RunConfig
 from repro.workload.build import Problem, make_clients, param_bytes
 from repro.workload.start import build_problem
-from repro.runs.core import Outcome, RunCore
+from repro.runs.core import STALL_PUSHES, Outcome, RunCore
 from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.churn import BACK, LEAVE, PREEMPT, Churn
@@ -109,10 +109,18 @@ class Simulation:
                               fetching=not self.resumed, driver_state=self.state_dict), 0.0)
         while not self.stopping and not stop.is_set():
             if self.pending is None and self.churn is not None:
+                events = 0   # since the last push: churn that loses every push before it arrives
                 while self.churn.next_time() <= self.scheduler.peek() and self.churn.next_time() < math.inf:
                     self.membership(*self.churn.pop())
-                if self.stopping or self.scheduler.peek() == math.inf:   # or nobody computes and
-                    break                                                  # nobody comes back
+                    events += 1
+                    if events > STALL_PUSHES * len(self.clients):
+                        core.fail(f"no push arrived in {events} churn events ({STALL_PUSHES} per client): each "
+                                  "client is lost before its segment ends; lower cost.churn.preempt_rate or nsync")
+                        self.stopping = True
+                    if self.stopping or stop.is_set():
+                        break
+                if self.stopping or stop.is_set() or self.scheduler.peek() == math.inf:
+                    break   # (or nobody computes and nobody comes back)
             if self.pending is None:
                 for kind, k, t in self.scheduler.membership_due(self.server.version):
                     self.recorded_membership(kind, k, t)
@@ -154,14 +162,21 @@ class Simulation:
 
     def membership(self, t: float, kind: str, k: int) -> None:
         """A churn event at virtual time ``t`` (see :mod:`repro.sim.churn`), carried out through
-        the core as the real driver does: lost, or (re)joined with a fetch of the current version."""
+        the core as the real driver does: lost, or (re)joined with a fetch of the current version.
+        The server takes it once free (``at``), as the real one takes it under its lock: it may be
+        applying past ``t``, and a fetch or a round the loss closes comes after that apply."""
+        at = max(t, self.scheduler.server_free)
         if kind in (LEAVE, PREEMPT):
             if k in self.down or k not in self.clients:
                 return
             self.down.add(k)
             self.scheduler.cancel(k)   # the push it was computing is lost with it
             why = "preempted (cost.churn.preempt_rate)" if kind == PREEMPT else "left (cost.churn.leave)"
-            self.carry(self.core.lose(k, why, t), t)
+            version, end = self.server.version, at + self.scheduler.model.server_apply_s
+            outcome = self.core.lose(k, why, t, applied_at=end)
+            if self.server.version != version:   # it closed a round: an apply like any other
+                at = self.scheduler.handled(end, discarded=False)
+            self.carry(outcome, at)
             self.churn.lost(k, t, preempted=kind == PREEMPT)
             return
         if kind == BACK:
@@ -171,7 +186,7 @@ class Simulation:
         if self.stopping:
             return
         self.join(k, t)   # a joiner: a new id, its slot's settings (client_slot)
-        self.scheduler.served(k, t)
+        self.scheduler.served(k, at)
         self.churn.arm(k, t)
 
     def recorded_membership(self, kind: str, k: int, t: float) -> None:
