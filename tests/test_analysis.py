@@ -457,6 +457,14 @@ def test_a_missing_results_folder_is_refused_in_the_one_line_of_every_bad_input(
                            "results folder (this one does not exist)"), line
 
 
+def test_a_results_file_is_named_a_file_not_a_missing_folder(tmp_path, capsys):
+    """``--results FILE`` said the file does not exist."""
+    (tmp_path / "FILE").write_text("")
+    assert main(["fig1", "--results", str(tmp_path / "FILE")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: invalid value for '--results': '{tmp_path / 'FILE'}'; "
+                                              "expected an existing results folder (this one is a file)")
+
+
 
 @pytest.mark.parametrize("args, key", [(["--target", "nan"], "--target"), (["--target", "-1"], "--target"),
                                        (["--out", "FILE/sub"], "--out")])
