@@ -301,9 +301,9 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
 def configure(*overrides: str) -> RunConfig:
     """The checked configuration ``python -m repro.run OVERRIDES`` would run, without progress
     lines (e.g. ``configure("+problem=quadratic", "num_clients=4", "cost=uniform")``; a lab
-    experiment's point: ``configure("+exp=uneven", "+mitigation=sync")``). Composed once per
-    process for each list of overrides; change it with ``cfg.replace(...)``. Raises ConfigError
-    for a bad value, an unknown key or option."""
+    experiment's point: ``configure("+exp=uneven", "+mitigation=sync")``). Composed anew on
+    every call (nothing is cached); change it with ``cfg.replace(...)``. Raises ConfigError for a
+    bad value, an unknown key or option."""
     from hydra.errors import HydraException
 
     if not all(isinstance(o, str) for o in overrides):   # else an AttributeError from deep in the parser

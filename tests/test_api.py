@@ -304,6 +304,19 @@ def test_configure_refuses_an_unknown_key_or_option_with_a_config_error(override
         api.configure(override)
 
 
+def test_configure_composes_on_every_call_as_its_docstring_says(monkeypatch):
+    # the docstring said "Composed once per process for each list of overrides" after the cache
+    # went (038ab93): a reader would expect a conf/ edit within a session to go unseen
+    from repro.config import loader
+
+    calls = []
+    compose = loader.compose
+    monkeypatch.setattr(loader, "compose", lambda *a, **k: calls.append(a) or compose(*a, **k))
+    assert api.configure("num_clients=3") == api.configure("num_clients=3") and len(calls) == 2
+    doc = " ".join(api.configure.__doc__.split())
+    assert "Composed anew on every call (nothing is cached)" in doc and "once per" not in doc, doc
+
+
 def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_resume(tmp_path):
     # the refusal said "resume=true continues it": simulate() has no resume
     x, y = _problem()
