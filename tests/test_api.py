@@ -351,6 +351,14 @@ def test_configure_from_several_threads_at_once_gives_each_its_config():
     assert got == {seed: seed for seed in range(4)}
 
 
+def test_run_point_with_resume_says_there_is_nothing_to_resume_not_a_temporary_folder_and_force():
+    # it named /tmp/repro-.../run and advised force=True, which run_point does not take
+    with pytest.raises(ConfigError) as err:
+        api.run_point("+problem=quadratic", "resume=true")
+    assert str(err.value) == ("invalid value for 'resume': True; expected false: run_config (and run_point) "
+                              "simulate in a fresh temporary folder, which holds no run to resume"), str(err.value)
+
+
 def test_run_config_refuses_a_real_backend_rather_than_simulating_it():
     with pytest.raises(ConfigError, match="'backend': 'real'.*run_config simulates"):
         api.run_config(api.configure("backend=real", "data=synthetic", "model=mlp", "num_epochs=1"))
