@@ -33,7 +33,7 @@ from repro.asgd.flatnet import quadratic_loss
 from repro.asgd.optimal import Ringmaster
 from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View
 from repro.asgd.rules import RULES, StalenessScaledRule
-from repro.config.loader import composed, group_options
+from repro.config.loader import composed, composition_line, group_options
 from repro.config.checks import check_leaves, from_dict, validate
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, plain, to_dict
 from repro.errors import ConfigError, numbers
@@ -309,7 +309,7 @@ def configure(*overrides: str) -> RunConfig:
         return composed((*overrides, "progress=false"))
     except HydraException as exc:   # Hydra's own exception, whose second line may point the wrong way
         raise ConfigError("overrides", list(overrides), "KEY=VALUE of known keys and options (python -m "
-                          f"repro.run --help lists them): {str(exc).splitlines()[0]}") from None
+                          f"repro.run --help lists them): {composition_line(exc)}") from None
 
 
 def run_config(cfg: RunConfig) -> Result:

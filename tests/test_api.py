@@ -317,6 +317,17 @@ def test_configure_composes_on_every_call_as_its_docstring_says(monkeypatch):
     assert "Composed anew on every call (nothing is cached)" in doc and "once per" not in doc, doc
 
 
+def test_configure_of_an_override_hydras_grammar_cannot_read_says_to_quote_it_as_the_command_line_does():
+    # "mismatched input '='" with no hint, where python -m repro.run says how to quote the value
+    with pytest.raises(ConfigError) as err:
+        api.configure("cost.path=/x/num_epochs=100")
+    assert str(err.value).startswith("invalid value for 'overrides': ['cost.path=/x/num_epochs=100']; expected "
+                                     "KEY=VALUE of known keys and options (python -m repro.run --help lists them): "
+                                     "mismatched input '=' expecting <EOF> (quote a value with other characters: "
+                                     "KEY='VALUE'; See https://hydra.cc/docs/"), str(err.value)
+    assert api.configure("cost.path='/x/num_epochs=100'").cost.path == "/x/num_epochs=100"
+
+
 def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_resume(tmp_path):
     # the refusal said "resume=true continues it": simulate() has no resume
     x, y = _problem()

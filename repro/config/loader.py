@@ -18,9 +18,9 @@ import textwrap
 import threading
 from pathlib import Path
 
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
+from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
@@ -273,7 +273,11 @@ def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
 
 def composition_line(exc: Exception) -> str:
     """Hydra's first line, with why where it says (a key not in a node), or the options where it
-    names one that does not exist."""
+    names one that does not exist; for an override its grammar cannot read (exp_name=é), how to
+    quote it (its first line alone said too little): the command line's and configure()'s."""
+    if isinstance(exc, OverrideParseException):
+        *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
+        return f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})"
     cause = str(exc.__cause__ or "").partition("\n")[0]   # e.g. "Key 'n_jobs' not in 'BasicLauncherConf'"
     options = getattr(exc, "options", None)
     return (str(exc).partition("\n")[0] + (f" {cause}" if cause.startswith("Key ") else "")
