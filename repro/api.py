@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from hydra.errors import HydraException
 from torch import nn
 
 # the classroom (exercises, grader, notebook) imports only this module: Push, the policies and their
@@ -32,7 +33,7 @@ from repro.asgd.flatnet import quadratic_loss
 from repro.asgd.optimal import Ringmaster
 from repro.asgd.protocols import PROTOCOLS, SSP, Decision, Policy, Sync, View
 from repro.asgd.rules import RULES, StalenessScaledRule
-from repro.config.loader import composed, group_options
+from repro.config.loader import composed, composition_line, group_options
 from repro.config.checks import check_leaves, from_dict, validate
 from repro.config.settings import CostConfig, DataConfig, ModelConfig, RunConfig, plain, to_dict
 from repro.errors import ConfigError, numbers
@@ -278,9 +279,7 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
     """Simulate ``cfg`` into ``run_dir`` (None: a temporary folder, gone once it is read)."""
     if run_dir is None:
         with tempfile.TemporaryDirectory(prefix="repro-") as tmp:   # nothing left behind
-            result = _run(cfg, Path(tmp) / "run", problem)
-        result.run_dir = None
-        return result
+            return replace(_run(cfg, Path(tmp) / "run", problem), run_dir=None)
     try:
         summary = dict(sim_run(cfg, run_dir, problem=problem))
     except ConfigError as err:   # the command line's advice, resume=true, which simulate() has not
@@ -301,28 +300,29 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
 def configure(*overrides: str) -> RunConfig:
     """The checked configuration ``python -m repro.run OVERRIDES`` would run, without progress
     lines (e.g. ``configure("+problem=quadratic", "num_clients=4", "cost=uniform")``; a lab
-    experiment's point: ``configure("+exp=uneven", "+mitigation=sync")``). Composed once per
-    process for each list of overrides; change it with ``cfg.replace(...)``. Raises ConfigError
-    for a bad value, an unknown key or option."""
-    from hydra.errors import HydraException
-
+    experiment's point: ``configure("+exp=uneven", "+mitigation=sync")``). Composed anew on
+    every call (nothing is cached); change it with ``cfg.replace(...)``. Raises ConfigError for a
+    bad value, an unknown key or option."""
     if not all(isinstance(o, str) for o in overrides):   # else an AttributeError from deep in the parser
         raise ConfigError("overrides", list(overrides), 'KEY=VALUE strings, e.g. configure("num_clients=4")')
     try:
         return composed((*overrides, "progress=false"))
     except HydraException as exc:   # Hydra's own exception, whose second line may point the wrong way
         raise ConfigError("overrides", list(overrides), "KEY=VALUE of known keys and options (python -m "
-                          f"repro.run --help lists them): {str(exc).splitlines()[0]}") from None
+                          f"repro.run --help lists them): {composition_line(exc)}") from None
 
 
 def run_config(cfg: RunConfig) -> Result:
     """Simulate ``cfg`` (e.g. from :func:`configure`) in a temporary folder, as ``python -m
     repro.run`` would, and return its tables (``run_dir`` None: the folder is gone). Raises
-    ConfigError for a bad value or a backend other than sim."""
+    ConfigError for a bad value, a backend other than sim or ``resume=true`` (nothing to resume)."""
     validate(cfg)
     if cfg.backend.name != "sim":   # else a real run's config came back simulated, without a word
         raise ConfigError("backend", cfg.backend.name, "sim: run_config simulates (python -m repro.run "
                           "backend=real runs it for real)")
+    if cfg.resume is True:   # else the refusal named the temporary folder and a force=True it has not
+        raise ConfigError("resume", True, "false: run_config (and run_point) simulate in a fresh temporary "
+                          "folder, which holds no run to resume")
     with _seeded(cfg.seed):
         return _run(cfg, None, None)
 

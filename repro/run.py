@@ -294,10 +294,7 @@ def _composed(overrides: list[str], **kwargs) -> DictConfig:
         owner = owning_option(key) if key else None
         if owner:
             exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
-        if isinstance(exc, OverrideParseException):   # exp_name=é, a(b: its first line alone said too little
-            *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
-            exit_bad_input(f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})")
-        exit_bad_input(composition_line(exc))
+        exit_bad_input(composition_line(exc))   # exp_name=é, a(b: with how to quote a value
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:

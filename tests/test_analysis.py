@@ -457,6 +457,23 @@ def test_a_missing_results_folder_is_refused_in_the_one_line_of_every_bad_input(
                            "results folder (this one does not exist)"), line
 
 
+def test_a_results_file_is_named_a_file_not_a_missing_folder(tmp_path, capsys):
+    """``--results FILE`` said the file does not exist."""
+    (tmp_path / "FILE").write_text("")
+    assert main(["fig1", "--results", str(tmp_path / "FILE")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: invalid value for '--results': '{tmp_path / 'FILE'}'; "
+                                              "expected an existing results folder (this one is a file)")
+
+
+def test_a_figure_folder_holding_no_run_names_no_skipped_runs_nor_warnings(tmp_path, capsys):
+    """A figure's folder holding no run at all said '(0 skipped: see the warnings)', and no
+    warning was printed."""
+    (tmp_path / "results" / "fig1").mkdir(parents=True)
+    assert main(["fig1", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"error: invalid value for 'exp': '{tmp_path / 'results' / 'fig1'}'; "
+                                       "expected a folder holding at least one finished run\n")
+
+
 
 @pytest.mark.parametrize("args, key", [(["--target", "nan"], "--target"), (["--target", "-1"], "--target"),
                                        (["--out", "FILE/sub"], "--out")])

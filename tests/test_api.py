@@ -304,6 +304,30 @@ def test_configure_refuses_an_unknown_key_or_option_with_a_config_error(override
         api.configure(override)
 
 
+def test_configure_composes_on_every_call_as_its_docstring_says(monkeypatch):
+    # the docstring said "Composed once per process for each list of overrides" after the cache
+    # went (038ab93): a reader would expect a conf/ edit within a session to go unseen
+    from repro.config import loader
+
+    calls = []
+    compose = loader.compose
+    monkeypatch.setattr(loader, "compose", lambda *a, **k: calls.append(a) or compose(*a, **k))
+    assert api.configure("num_clients=3") == api.configure("num_clients=3") and len(calls) == 2
+    doc = " ".join(api.configure.__doc__.split())
+    assert "Composed anew on every call (nothing is cached)" in doc and "once per" not in doc, doc
+
+
+def test_configure_of_an_override_hydras_grammar_cannot_read_says_to_quote_it_as_the_command_line_does():
+    # "mismatched input '='" with no hint, where python -m repro.run says how to quote the value
+    with pytest.raises(ConfigError) as err:
+        api.configure("cost.path=/x/num_epochs=100")
+    assert str(err.value).startswith("invalid value for 'overrides': ['cost.path=/x/num_epochs=100']; expected "
+                                     "KEY=VALUE of known keys and options (python -m repro.run --help lists them): "
+                                     "mismatched input '=' expecting <EOF> (quote a value with other characters: "
+                                     "KEY='VALUE'; See https://hydra.cc/docs/"), str(err.value)
+    assert api.configure("cost.path='/x/num_epochs=100'").cost.path == "/x/num_epochs=100"
+
+
 def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_resume(tmp_path):
     # the refusal said "resume=true continues it": simulate() has no resume
     x, y = _problem()
@@ -336,6 +360,14 @@ def test_configure_from_several_threads_at_once_gives_each_its_config():
     for thread in threads:
         thread.join()
     assert got == {seed: seed for seed in range(4)}
+
+
+def test_run_point_with_resume_says_there_is_nothing_to_resume_not_a_temporary_folder_and_force():
+    # it named /tmp/repro-.../run and advised force=True, which run_point does not take
+    with pytest.raises(ConfigError) as err:
+        api.run_point("+problem=quadratic", "resume=true")
+    assert str(err.value) == ("invalid value for 'resume': True; expected false: run_config (and run_point) "
+                              "simulate in a fresh temporary folder, which holds no run to resume"), str(err.value)
 
 
 def test_run_config_refuses_a_real_backend_rather_than_simulating_it():

@@ -164,3 +164,18 @@ def test_6_cli_rerun_of_an_interrupted_run_exits_2(tmp_path):
     assert f"version {STOP_AT}" in proc.stderr and "Traceback" not in proc.stderr
     assert table_bytes(run_dir) == before
     check_run_folder(run_dir, "interrupted")
+
+
+@pytest.mark.parametrize("resume", [True, "auto"])
+def test_6_resume_with_force_is_refused_alike_for_true_and_auto(interrupted, resume):
+    """Fault: ``resume=auto force=true`` was accepted (force won: the interrupted run that auto
+    would continue was thrown away) while ``resume=true force=true`` was refused. Guarantee 6:
+    both are refused in the same words, and the folder is untouched."""
+    before = snapshot(interrupted)
+    with pytest.raises(ConfigError) as err:
+        simulate(SIM.replace(resume=resume, force=True), interrupted)
+    shown = str(resume).lower()
+    assert str(err.value) == (f"invalid value for 'resume': {resume!r}; expected false with force=true (force=true "
+                              f"starts the folder over, resume={shown} continues its run: keep one)"), str(err.value)
+    assert changed(before, snapshot(interrupted)) == []
+    check_run_folder(interrupted, "interrupted")

@@ -117,9 +117,9 @@ def draw_main(args: argparse.Namespace) -> int:
 
     set_style()
     if not Path(args.results).is_dir():   # else the first folder missing under it takes the blame
-        raise ConfigError("--results", args.results, "an existing results folder (this one does not "
-                          "exist): where python -m repro.run +exp=NAME wrote its runs (results_dir, "
-                          "default results)")
+        what = "is a file" if Path(args.results).exists() else "does not exist"
+        raise ConfigError("--results", args.results, f"an existing results folder (this one {what}): "
+                          "where python -m repro.run +exp=NAME wrote its runs (results_dir, default results)")
     top = math.inf if args.figure == "uneven" else 1   # uneven times a loss (nats), not an error
     if args.target is not None and not 0 <= args.target <= top:   # nan too: else every speedup is blank
         raise ConfigError("--target", args.target, "a training error as a fraction in [0, 1]"

@@ -120,8 +120,8 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     runs = load_runs(results_dir, exp) if runs is None else runs
     where = str(Path(results_dir) / exp)
     if runs.runs.empty:
-        raise NoRunsError("exp", where, "a folder holding at least one finished run "
-                                        f"({len(runs.skipped)} skipped: see the warnings)")
+        skipped = f" ({len(runs.skipped)} skipped: see the warnings)" if len(runs.skipped) else ""
+        raise NoRunsError("exp", where, "a folder holding at least one finished run" + skipped)
     if jobs is not None:
         runs, others = configs.only_jobs(runs, jobs)
         if others:

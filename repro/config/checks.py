@@ -132,9 +132,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
                           f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
-    if cfg.force and cfg.resume is True:   # force won silently: the run to continue was thrown away
-        raise ConfigError("resume", True, "false with force=true (force=true starts the folder over, "
-                          "resume=true continues its run: keep one)")
+    if cfg.force and cfg.resume:   # force won silently: the run to continue was thrown away
+        raise ConfigError("resume", cfg.resume, "false with force=true (force=true starts the folder over, "
+                          f"resume={str(cfg.resume).lower()} continues its run: keep one)")
     if cfg.data.num_train is not None:   # the training-set size is known before any data
         check_segment(cfg, cfg.data.num_train)
     if cfg.data.name == "cifar10" and not cfg.data.root:

@@ -18,9 +18,9 @@ import textwrap
 import threading
 from pathlib import Path
 
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
+from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
@@ -28,6 +28,7 @@ from repro.config import checks
 from repro.config import settings as config
 from repro.config.renames import modern_override
 from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.files import schema
 from repro.files.storage import is_read_only, unmakeable
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
@@ -244,8 +245,8 @@ def exit_bad_input(err: ConfigError | str) -> None:
 def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
     """A new run or grid whose folder cannot be made (a read-only file system, no permission, a
     place like /proc): Hydra would die making it, with a raw traceback. A run's existing folder
-    is the run core's to judge (a finished run is skipped without writing, anything else
-    refused); a grid's must be writable, existing or not: Hydra writes multirun.yaml into it."""
+    is the run core's to judge (skip, resume or refuse), unless it holds files no run wrote (as
+    simulate's run_dir); a grid's must be writable, existing or not: Hydra writes multirun.yaml into it."""
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
 
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
@@ -266,11 +267,17 @@ def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
     if why:
         exit_bad_input(f"cannot make the {'grid' if grid else 'run'} folder {folder}: {why} (set "
                        f"results_dir=FOLDER to a writable folder)")
+    if not grid and schema.holds_others(folder):   # before Hydra writes its record and run.log there
+        exit_bad_input(ConfigError(key, str(folder), schema.OTHERS))
 
 
 def composition_line(exc: Exception) -> str:
     """Hydra's first line, with why where it says (a key not in a node), or the options where it
-    names one that does not exist."""
+    names one that does not exist; for an override its grammar cannot read (exp_name=é), how to
+    quote it (its first line alone said too little): the command line's and configure()'s."""
+    if isinstance(exc, OverrideParseException):
+        *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
+        return f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})"
     cause = str(exc.__cause__ or "").partition("\n")[0]   # e.g. "Key 'n_jobs' not in 'BasicLauncherConf'"
     options = getattr(exc, "options", None)
     return (str(exc).partition("\n")[0] + (f" {cause}" if cause.startswith("Key ") else "")

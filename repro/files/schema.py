@@ -18,6 +18,7 @@ same in config keys, dataclass fields and plot labels.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -30,6 +31,11 @@ TIMINGS_FILE = "timings.csv"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 LOCK_FILE = ".lock"   # held while a process writes the folder (repro.files.locks)
+# the names a run writes, as prefixes (their .tmp files, .hydra_incoming_PID): its tables, its
+# lock, its log (conf/hydra/job_logging) and Hydra's record (repro.runs.folder). A folder holding
+# only these is a run's, or one killed before its config.json: the run core judges it
+RUN_OWN = (CONFIG_FILE, UPDATES_FILE, EVALS_FILE, TIMINGS_FILE, SUMMARY_FILE, CHECKPOINT_FILE, LOCK_FILE,
+           "run.log", ".hydra", "_tmp")
 
 UPDATE_COLUMNS = (
     "version",        # server version after this push was applied (1, 2, 3, ...)
@@ -93,6 +99,23 @@ SUMMARY_KEYS = (
 # pushes), "final_class_test_error" (a finished classification run: the test error of its final
 # parameters per class, index = label, null for a class absent from the test set), "eval_cpu_s"
 # (a real run: mean CPU seconds of one evaluation of the server's parameters, for cost=fit).
+
+
+def holds_others(folder: Path) -> bool:
+    """Whether ``folder`` is a file, or holds files no run wrote (neither its config.json nor its
+    summary.json is there): asked before anything is written (the API's run_dir, the command
+    line's hydra.run.dir), since a run's files are never mixed with anyone's (:data:`OTHERS`)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():   # a file: mkdir's raw FileExistsError
+        return True
+    with contextlib.suppress(OSError):   # unreadable: the run's own checks say so
+        return not any((folder / name).exists() for name in (CONFIG_FILE, SUMMARY_FILE)) \
+            and any(not p.name.startswith(RUN_OWN) for p in folder.iterdir())
+    return False
+
+
+OTHERS = ("a new or empty folder, or a run's (holding its config.json): this one is a file or holds others, "
+          "which a run is never mixed with")
 
 
 def target_key(target: float) -> str:

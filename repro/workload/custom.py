@@ -11,7 +11,6 @@ a run folder of other data or weights is never taken for this problem's).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import os
@@ -29,7 +28,6 @@ from repro.files.storage import unmakeable
 from repro.workload.build import EvalSets, Problem
 from repro.workload.data import Dataset, check_batch_size
 
-RUN_RECORDS = (schema.CONFIG_FILE, schema.SUMMARY_FILE)   # what makes a folder a run's
 ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or torch tensors
 
 
@@ -61,24 +59,12 @@ def check_objects(module, train, test, loss_fn, run_dir) -> Path | None:
     if run_dir is None:
         return None
     folder = Path(run_dir).expanduser()   # else trained into ./~, then read by pandas from $HOME
-    if _holds_others(folder):   # e.g. home: the run's files among the user's
-        raise ConfigError("run_dir", os.fspath(run_dir), "a new or empty folder, or a run's (holding its "
-                          "config.json): this one is a file or holds others, which a run is never mixed with")
+    if schema.holds_others(folder):   # e.g. home: the run's files among the user's
+        raise ConfigError("run_dir", os.fspath(run_dir), schema.OTHERS)
     why = unmakeable(folder)   # e.g. under a file: else NotADirectoryError from the run folder's lock
     if why:
         raise ConfigError("run_dir", os.fspath(run_dir), f"a folder that can be made: {why}")
     return folder
-
-
-def _holds_others(run_dir) -> bool:
-    """A file, or a folder holding anything but a run's lock and neither its config.json nor summary.json."""
-    folder = Path(run_dir)
-    if folder.exists() and not folder.is_dir():   # a file: mkdir's raw FileExistsError
-        return True
-    with contextlib.suppress(OSError):   # unreadable: the run's own checks say so
-        return any(p.name != schema.LOCK_FILE for p in folder.iterdir()) \
-            and not any((folder / name).exists() for name in RUN_RECORDS)
-    return False
 
 
 def check_trainable(module: nn.Module, weight_decay: float) -> None:
