@@ -334,8 +334,7 @@ def compose_errors(args: list[str]) -> list[str]:
         try:
             chosen = tuple((k, v) for k, v in point.items() if k.lstrip("+") in groups)
             if chosen not in composed:       # a group per point: compose it as Hydra would
-                composed[chosen] = OmegaConf.create(OmegaConf.to_container(
-                    configs.composed([*fixed, *(f"{k}={v}" for k, v in chosen)]), resolve=False))
+                composed[chosen] = OmegaConf.create(configs.container([*fixed, *(f"{k}={v}" for k, v in chosen)]))
             dcfg = composed[chosen] if replaced else OmegaConf.create(OmegaConf.to_container(composed[chosen]))
             for key, text in point.items():   # plain keys: set them on the composed tree
                 if key.lstrip("+") not in groups:
