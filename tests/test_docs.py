@@ -26,10 +26,11 @@ folder that an earlier command of its block writes (or one in the repository); e
 ``python -m repro.analysis`` draws from a results tree like the one its experiments leave
 (:mod:`tests.helpers.fake_runs`).
 
-**What the prose quotes** (default suite, seconds): the default run's last lines, run; the
-signatures of ``repro.api``; the speedup tables against their CSVs; dotted names of the package,
-configuration keys, group options and test names, each against what exists; the relative links
-of the pages the site does not build (README.md, exercises/README.md).
+**What the prose quotes** (default suite, seconds): the default run's last lines, run (or read
+back from the README's quick commands, whose first is that run); the signatures of
+``repro.api``; the speedup tables against their CSVs; dotted names of the package, configuration
+keys, group options and test names, each against what exists; the relative links of the pages
+the site does not build (README.md, exercises/README.md).
 """
 from __future__ import annotations
 
