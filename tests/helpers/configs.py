@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repro.config.loader import compose
 
@@ -32,3 +32,12 @@ def composed(overrides: list[str] | tuple[str, ...], hydra: bool = False) -> Dic
         with open_dict(cfg):
             del cfg["hydra"]
     return cfg
+
+
+def container(overrides: list[str] | tuple[str, ...]) -> dict:
+    """``OmegaConf.to_container(composed(overrides), resolve=False)``, read from this session's
+    composition without copying it first (a deep copy of a whole composition, Hydra's node
+    included, costs a few milliseconds): for a caller that only reads the tree."""
+    tree = OmegaConf.to_container(_composed(tuple(overrides)), resolve=False)
+    del tree["hydra"]
+    return tree
