@@ -81,6 +81,21 @@ def test_fit_refuses_too_few_pushes(tmp_path):
     assert err.value.key == "cost.path" and not (tmp_path / "fitted").exists()
 
 
+def test_a_simulators_recording_is_fitted_with_a_warning_naming_it(tmp_path, caplog):
+    """A simulator's recording gives back the costs it was simulated with (what these tests
+    check the fit by), never a machine's: the fit says so, naming cost.path's folder; it was
+    fitted silently, as if it were a real run's."""
+    rec = record(tmp_path, "rec", None, epochs=3.0)
+    with caplog.at_level("WARNING"):
+        fit_config(sim_cfg(cost=CostConfig.of(profile="fit", path=str(rec))))
+    assert f"cost.path {rec} is a simulator's recording" in caplog.text
+    caplog.clear()
+    _edit_config(rec, backend__name="real")
+    with caplog.at_level("WARNING"):
+        fit_config(sim_cfg(cost=CostConfig.of(profile="fit", path=str(rec))))
+    assert "simulator's recording" not in caplog.text
+
+
 def test_a_recorded_machine_puts_the_fitted_clients_on_it(tmp_path):
     """A recording whose config.json says its clients shared the server's host (a single-node
     run's ``host`` record) is simulated on one machine of its cores, its evaluations' CPU time

@@ -181,6 +181,10 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
     one-client recording finds it: not in the bytes' time). ``run``: the run's :func:`identity`."""
     # config.json, then timings.csv: each checked, exit 2 naming the file (and the line)
     recordings = [(path, _read_config(Path(path)), _read_timings(Path(path))) for path in paths]
+    for path, config, _ in recordings:   # accepted: a known cost to recover is how the fit is tested
+        if _get(config, "backend.name") == "sim":
+            log.warning(f"cost=fit: cost.path {path} is a simulator's recording: the fit gives back the "
+                        "costs it was simulated with, not a machine's (fit a real run's recording for that)")
     own = _own(recordings, run)
     measured = [_measure(path, t, config) for path, config, t in recordings]
     mine = [m for m, o in zip(measured, own) if o]
