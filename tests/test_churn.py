@@ -155,6 +155,21 @@ def test_a_client_back_before_its_sync_round_closed_computes_one_segment(tmp_pat
     assert (rows.start >= rows.made - 1e-12).all()   # (it took the round's result at 0.06 s)
 
 
+def test_a_client_away_but_due_back_at_the_end_does_not_degrade_the_run(tmp_path):
+    """A client lost for good degrades the run (as a dead process does the real driver's); one
+    away when the budget ends, due back (the schedule's return, a preemption's), is not lost:
+    the run is completed, where it ended completed_degraded ("clients [1] were lost")."""
+    from repro.config.settings import ProtocolConfig
+
+    for back, status in ((100.0, "completed"), (0.0, "completed_degraded")):
+        summary = simulate(churn_cfg(dict(preempt_rate=0.0, leave=(1, 0.05, back), join=None)),
+                           tmp_path / f"leave{back:g}")
+        assert (summary["status"], summary["lost_clients"]) == (status, [1]), summary["message"]
+    cfg = churn_cfg(dict(preempt_rate=20.0, leave=None, join=None)).replace(protocol=ProtocolConfig(name="sync"))
+    summary = simulate(cfg, tmp_path / "preempted")
+    assert summary["lost_clients"] and summary["status"] == "completed", summary["message"]
+
+
 @pytest.mark.timeout(120)
 def test_churn_that_leaves_no_push_time_to_arrive_fails_the_run(tmp_path):
     """At cost.churn.preempt_rate=1e4 (back after 1e-4 s) a client is lost about every 0.1 ms

@@ -146,7 +146,7 @@ class Simulation:
                 self.scheduler.evaluated(t)   # an evaluation that takes the machine's time
             if stop_at_version is not None and self.server.version >= stop_at_version:
                 stop.set("stop_at_version")
-        return core.final_status(interrupted=stop.is_set())
+        return core.final_status(interrupted=stop.is_set(), away=self.churn.due_back() if self.churn else frozenset())
 
     def carry(self, outcome: Outcome, t: float) -> None:
         """Carry the replies of what the core did; note whether the run is stopping."""
