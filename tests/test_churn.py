@@ -155,6 +155,47 @@ def test_a_client_back_before_its_sync_round_closed_computes_one_segment(tmp_pat
     assert (rows.start >= rows.made - 1e-12).all()   # (it took the round's result at 0.06 s)
 
 
+def test_a_client_away_but_due_back_at_the_end_does_not_degrade_the_run(tmp_path):
+    """A client lost for good degrades the run (as a dead process does the real driver's); one
+    away when the budget ends, due back (the schedule's return, a preemption's), is not lost:
+    the run is completed, where it ended completed_degraded ("clients [1] were lost")."""
+    from repro.config.settings import ProtocolConfig
+
+    for back, status in ((100.0, "completed"), (0.0, "completed_degraded")):
+        summary = simulate(churn_cfg(dict(preempt_rate=0.0, leave=(1, 0.05, back), join=None)),
+                           tmp_path / f"leave{back:g}")
+        assert (summary["status"], summary["lost_clients"]) == (status, [1]), summary["message"]
+    cfg = churn_cfg(dict(preempt_rate=20.0, leave=None, join=None)).replace(protocol=ProtocolConfig(name="sync"))
+    summary = simulate(cfg, tmp_path / "preempted")
+    assert summary["lost_clients"] and summary["status"] == "completed", summary["message"]
+
+
+def test_a_version_a_loss_applies_is_evaluated_and_checkpointed_as_a_pushed_one(tmp_path, monkeypatch):
+    """Sync, 2 clients: client 2 (3x slower) leaves at 0.03 s, after client 1 pushed into round 0,
+    so the loss closes the round: version 1. With an evaluation and a checkpoint due at every
+    version, version 1 gets both at its apply, as a version a push applies does; both waited for
+    the next push's cadence check, which saw version 2 (no row, no checkpoint at version 1).
+    Resumed mid-run, the run is byte-identical to an uninterrupted one."""
+    import pandas as pd
+
+    from repro.config.settings import ProtocolConfig
+    from repro.runs.core import RunCore
+
+    saved, save = [], RunCore.save_checkpoint
+    monkeypatch.setattr(RunCore, "save_checkpoint", lambda core: (saved.append(core.server.version), save(core)))
+    cfg = churn_cfg(dict(preempt_rate=0.0, leave=(2, 0.03, 0.0), join=None), speeds=(1.0, 3.0)).replace(
+        num_clients=2, protocol=ProtocolConfig(name="sync"), checkpoint_every=1, eval_every=0.01)
+    summary = simulate(cfg, tmp_path / "whole")
+    lost = next(e for e in summary["events"] if e["type"] == "client_lost")
+    assert (lost["client"], lost["version"]) == (2, 0)
+    evals, versions = pd.read_csv(tmp_path / "whole" / "evals.csv"), set(range(summary["version"] + 1))
+    assert set(evals.version) == versions and versions - {0} <= set(saved)
+    assert evals[evals.version == 1].time_s.item() == pytest.approx(0.03)   # at the loss's apply
+    simulate(cfg, tmp_path / "cut", stop_at_version=2)
+    simulate(cfg.replace(resume=True), tmp_path / "cut")
+    assert table_bytes(tmp_path / "cut") == table_bytes(tmp_path / "whole")
+
+
 @pytest.mark.timeout(120)
 def test_churn_that_leaves_no_push_time_to_arrive_fails_the_run(tmp_path):
     """At cost.churn.preempt_rate=1e4 (back after 1e-4 s) a client is lost about every 0.1 ms

@@ -325,8 +325,9 @@ class RunCore:
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
     # -- the end --------------------------------------------------------------------------------
-    def final_status(self, interrupted: bool) -> tuple[str, str]:
-        """The status of a run whose loop has ended, and its message."""
+    def final_status(self, interrupted: bool, away: frozenset[int] = frozenset()) -> tuple[str, str]:
+        """The status of a run whose loop has ended, and its message. ``away``: lost clients due
+        back (the simulator's churn), not lost for good, so they degrade nothing."""
         if self.state.error:
             return "failed", self.state.error
         if interrupted:
@@ -338,9 +339,9 @@ class RunCore:
             return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} "
                               f"of {self.cfg.num_epochs:g}; lost: {lost}); see the client_lost events")
         joined = sum(e["type"] == "client_joined" for e in self.runlog.events)
-        if len(self.runlog.lost_clients) > joined:   # a joiner took a lost client's place: not degraded
-            return "completed_degraded", (f"clients {sorted(int(k) for k in self.runlog.lost_clients)} "
-                                          "were lost; the others finished the budget")
+        gone = sorted(self.lost_clients - away)
+        if len(gone) > joined:   # a joiner took a lost client's place: not degraded
+            return "completed_degraded", f"clients {gone} were lost; the others finished the budget"
         return "completed", ""
 
     def finish(self, status: str, message: str = "", clean: bool = True, **extra) -> dict:

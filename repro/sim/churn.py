@@ -69,6 +69,10 @@ class Churn:
         if preempted:
             self._push(now + self._draw(client, self.down_s), BACK, client)
 
+    def due_back(self) -> frozenset[int]:
+        """The clients away whom a pending event brings back (preempted, or left with a return)."""
+        return frozenset(k for _, _, kind, k in self.events if kind == BACK)
+
     def next_time(self) -> float:
         while self.events and self._void(self.events[0]):
             heapq.heappop(self.events)

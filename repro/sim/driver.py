@@ -139,14 +139,10 @@ class Simulation:
             t = self.scheduler.handled(t, outcome.discarded)   # a discard: when the server took it
             # timings.csv's row from the virtual clock (nan where the schedule models no parts)
             core.record_timing(t, k, push.read_version, **self.scheduler.timing())
-            self.carry(outcome, t)
-            settled = core.settle(t)
-            self.carry(settled, t)
-            if settled.evaluated:
-                self.scheduler.evaluated(t)   # an evaluation that takes the machine's time
+            self.settle(outcome, t)
             if stop_at_version is not None and self.server.version >= stop_at_version:
                 stop.set("stop_at_version")
-        return core.final_status(interrupted=stop.is_set())
+        return core.final_status(interrupted=stop.is_set(), away=self.churn.due_back() if self.churn else frozenset())
 
     def carry(self, outcome: Outcome, t: float) -> None:
         """Carry the replies of what the core did; note whether the run is stopping."""
@@ -159,6 +155,15 @@ class Simulation:
             if not reply.stop:
                 self.clients[reply.client].fetch(self.server.params, self.server.version)
                 self.scheduler.served(reply.client, t)
+
+    def settle(self, outcome: Outcome, t: float) -> None:
+        """Carry what the core did at ``t``, then its cadence: an evaluation or a checkpoint due at
+        the version now applied, whether a push applied it or a loss that closed a round."""
+        self.carry(outcome, t)
+        settled = self.core.settle(t)
+        self.carry(settled, t)
+        if settled.evaluated:
+            self.scheduler.evaluated(t)   # an evaluation that takes the machine's time
 
     def membership(self, t: float, kind: str, k: int) -> None:
         """A churn event at virtual time ``t`` (see :mod:`repro.sim.churn`), carried out through
@@ -176,8 +181,8 @@ class Simulation:
             outcome = self.core.lose(k, why, t, applied_at=end)
             if self.server.version != version:   # it closed a round: an apply like any other
                 at = self.scheduler.handled(end, discarded=False)
-            self.carry(outcome, at)
-            self.churn.lost(k, t, preempted=kind == PREEMPT)
+            self.churn.lost(k, t, preempted=kind == PREEMPT)   # before a checkpoint the settle may write
+            self.settle(outcome, at)
             return
         if kind == BACK:
             if k not in self.down:
@@ -193,7 +198,7 @@ class Simulation:
         """A replayed run's recorded join or loss (:mod:`repro.sim.replay`)."""
         if kind == "client_lost":
             if k in self.clients:
-                self.carry(self.core.lose(k, "lost in the recorded run", t), t)
+                self.settle(self.core.lose(k, "lost in the recorded run", t), t)
             return
         self.join(k, t)
 
