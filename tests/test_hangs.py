@@ -371,3 +371,34 @@ def test_a_client_sees_the_servers_message_arrive_between_two_steps(tmp_path):
             proc.kill()
             proc.join()
         disconnect()
+
+
+@pytest.mark.timeout(60)
+def test_a_version_a_loss_applies_on_the_real_server_is_evaluated_and_checkpointed(tmp_path, monkeypatch):
+    """Sync, 2 clients: client 1 pushes into round 0, then client 2 is lost, which closes the
+    round (version 1). With an evaluation and a checkpoint due at every version, version 1 gets
+    both at once, as a version a push applies does (the simulator: test_churn); the real server
+    carried the loss's replies but never asked the core's cadence, which waited for a next push."""
+    from repro.config.settings import ProtocolConfig
+    from repro.files import schema
+
+    saved, save = [], RunCore.save_checkpoint
+    monkeypatch.setattr(RunCore, "save_checkpoint", lambda core: (saved.append(core.server.version), save(core)))
+    cfg = cfg_for(num_epochs=1.0, nsync=1, eval_every=0.001, checkpoint_every=1,
+                  protocol=ProtocolConfig(name="sync"), backend=BackendConfig(name="real"))
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real")
+        loop = Dispatcher(cfg, core, {1: _Channel(), 2: _Channel()}, StopRequest())
+        core.begin([1, 2])
+        loop.sent_version = {1: 0, 2: 0}
+        numel = core.server.params.numel()
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=1, num_samples=cfg.algo.batch_size,
+                                                     train_loss=1.0, train_error=0.5, stream_position=(0, 0)))
+        loop.on_message(1, header, torch.zeros(numel))
+        assert core.server.version == 0   # held: the round waits for client 2
+        with loop.lock:
+            loop.lose(2, "gone")
+        assert core.server.version == 1 and saved == [1]
+        assert list(pd.read_csv(tmp_path / schema.EVALS_FILE).version) == [0, 1]
+        core.finish(*core.final_status(interrupted=False))

@@ -147,9 +147,10 @@ class Dispatcher:
             return   # shutting down on purpose: peers leaving is expected, not an event
         log.info(f"client {k} lost at version {self.server.version}: {reason}; "
             f"{len(self.live())} client(s) still training")
-        outcome = self.core.lose(k, reason, self.now())
-        self.carry(outcome.replies)   # a barrier it held opens
-        if outcome.stopping:
+        outcome = self.core.lose(k, reason, now := self.now())
+        self.carry(outcome.replies)   # a barrier it held opens: a version it applies is due its
+        # evaluation and checkpoint now, as a pushed one is (it waited for the next push's check)
+        if outcome.stopping or (not self.closed and self.core.settle(now).stopping):
             self.stop_clients()
 
     def carry(self, replies) -> None:
