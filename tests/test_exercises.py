@@ -463,7 +463,8 @@ def test_a_file_that_turns_the_alarm_off_is_stopped_at_the_limit_all_the_same(wh
     assert out.count("\n") == (where == "answer") and "checks pass" not in out   # the report's first line alone
 
 
-def test_the_processes_a_file_starts_end_with_its_grading(tmp_path):
+@pytest.mark.slow   # a grader process (~2-4 s); test_a_process_the_file_leaves_running_ends_with_its_grading
+def test_the_processes_a_file_starts_end_with_its_grading(tmp_path):   # covers the path: the session's kill
     # a subprocess or a raw fork of the answer ran on after the grader (here 600 s), holding its stdout open
     path, pids = tmp_path / "answer.py", tmp_path / "pids"
     path.write_text('EXERCISE = "mean_staleness"\nimport os, subprocess, sys, time\n\n'

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.helpers.grids import cli_in_process
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import cli, stop_process, wait_rows
 
@@ -113,24 +114,27 @@ def test_a_run_folder_that_is_a_file_is_one_line(tmp_path):
     assert (tmp_path / "file").read_text() == "mine"
 
 
-def test_a_run_folder_holding_someones_files_is_refused_untouched_as_simulate_refuses_it(tmp_path):
+def test_a_run_folder_holding_someones_files_is_refused_untouched_as_simulate_refuses_it(tmp_path, monkeypatch,
+                                                                                           capsys):
     """``hydra.run.dir=DIR`` where DIR holds the user's readme.txt ran, its files mixed in with
     theirs; simulate(run_dir=DIR) refuses such a folder. What a run killed before its config.json
     left (its lock, run.log, Hydra's record) is a run's: that folder runs."""
     mine, killed = tmp_path / "mine", tmp_path / "killed"
     mine.mkdir()
     (mine / "readme.txt").write_text("mine")
-    proc = cli(f"hydra.run.dir={mine}", "+exp=smoke")
-    assert (proc.returncode, proc.stderr) == (2, f"error: invalid value for 'hydra.run.dir': '{mine}'; expected "
-                                                 "a new or empty folder, or a run's (holding its config.json): "
-                                                 "this one is a file or holds others, which a run is never mixed "
-                                                 "with\n"), proc.stderr[-2000:]
+    # in the test's process (what it writes and says is tested, not its process: tests/helpers/grids)
+    code = cli_in_process(monkeypatch, f"hydra.run.dir={mine}", "+exp=smoke")
+    err = capsys.readouterr().err
+    assert (code, err) == (2, f"error: invalid value for 'hydra.run.dir': '{mine}'; expected "
+                              "a new or empty folder, or a run's (holding its config.json): "
+                              "this one is a file or holds others, which a run is never mixed "
+                              "with\n"), err[-2000:]
     assert [p.name for p in mine.iterdir()] == ["readme.txt"] and (mine / "readme.txt").read_text() == "mine"
     (killed / ".hydra").mkdir(parents=True)
     (killed / ".lock").touch()
     (killed / "run.log").write_text("[...] sim: building the data\n")
-    proc = cli(f"hydra.run.dir={killed}", "+exp=smoke", "num_epochs=0.2", "progress=false")
-    assert proc.returncode == 0 and (killed / "summary.json").exists(), proc.stderr[-2000:]
+    code = cli_in_process(monkeypatch, f"hydra.run.dir={killed}", "+exp=smoke", "num_epochs=0.2", "progress=false")
+    assert code == 0 and (killed / "summary.json").exists(), capsys.readouterr().err[-2000:]
 
 
 def test_resume_and_force_together_are_refused_before_the_folder_is_touched(tmp_path):
