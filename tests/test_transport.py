@@ -83,3 +83,20 @@ def test_a_push_is_sent_as_one_message_its_header_and_its_whole_update():
     assert (header.kind, header.length, header.sent_at) == (Kind.PUSH, 4, 12.5)
     back = header.to_push(received.payload)
     assert vars(back) == {**vars(push), "update": back.update} and torch.equal(back.update, torch.arange(4.0))
+
+
+def test_a_receive_woken_past_its_timeout_takes_what_arrived_meanwhile():
+    """A client suspended (SIGSTOP) for longer than backend.timeout_s while it waited for its
+    held reply woke with the wait over before gloo's thread had read the server's HEARTBEATs that
+    came meanwhile, and left the run 'silent for more than 4 s' (test_real's sync-barrier test,
+    2 of 5 runs). The message that lands a moment after the timeout is taken; silence is not."""
+    import threading
+
+    from repro.real.transport import _Arrival
+
+    channel = Channel(None, 0, 0.2, peer_in_group=0)
+    late = _Arrival()
+    threading.Timer(0.3, late.set).start()   # 0.1 s past the timeout, as a woken thread reads it
+    channel._await(None, late)
+    with pytest.raises(Exception, match="silent for more than 0.2 s"):
+        channel._await(None, _Arrival())

@@ -42,6 +42,7 @@ from repro.asgd.algorithm import Push
 from repro.real.frames import Frame, Header, Kind, LinkLost
 
 TAG = 1
+RESUMED_S = 0.5   # see Channel._await: ample for gloo's thread to read a socket, on 2 busy cores
 WATCH = datetime.timedelta(days=30)   # a watcher's wait: longer than any push (it cannot be re-armed)
 
 
@@ -181,8 +182,11 @@ class Channel:
                 work.wait(self._timeout)
             except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
                 raise self._lost("waiting for a message", exc) from exc
-        elif not arrival.wait(self.timeout_s) or arrival.error is not None:
-            # the watcher waits on gloo; we wait on it, as long as the timeout says
+        elif not (arrival.wait(self.timeout_s) or arrival.wait(RESUMED_S)) or arrival.error is not None:
+            # the watcher waits on gloo; we wait on it, as long as the timeout says, and a moment
+            # more: a process suspended past its timeout (SIGSTOP, a starved core) wakes with the
+            # wait over before gloo's thread has read what came meanwhile (a held client's
+            # HEARTBEATs), and gave up on a server that had kept it
             raise self._lost("waiting for a message", arrival.error)
 
 
