@@ -448,6 +448,20 @@ def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
     assert gone(pids)
 
 
+def test_a_sigkilled_grader_takes_its_grading_along(tmp_path):
+    # a SIGKILL runs none of the grader's code: its grading child ran on, orphaned, its answer to the end
+    path, pids = tmp_path / "answer.py", tmp_path / "pids"   # the grading's pid: a session of its own
+    path.write_text(f'EXERCISE = "mean_staleness"\nimport os, time\n\ndef mean_staleness(n):\n'
+                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    print("slept", flush=True)\n'
+                    '    time.sleep(60)\n')
+    with command(path) as proc:
+        assert proc.stdout.readline().startswith("exercise mean_staleness")
+        assert proc.stdout.readline() == "slept\n"   # its pid written
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert gone(pids)
+
+
 @pytest.mark.parametrize("where", ["answer", pytest.param("top", marks=pytest.mark.slow)])   # slow: the same path
 def test_a_file_that_turns_the_alarm_off_is_stopped_at_the_limit_all_the_same(where, tmp_path):
     # the limit was the child's SIGALRM alone: a file that turned it off and looped hung the grader for ever

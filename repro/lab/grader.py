@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ GRADE_LIMIT_S = 300   # far beyond a grading's seconds: only an answer that neve
 GRACE_S = 5   # the grader's own limit past the child's: the alarm's report comes first, where the file left it on
 LOADED = b"L"   # up the pipe once the file has loaded, before the verdict (a byte 0..130)
 MAX_FILE_BYTES = 10**6   # a stub is 1 kB; /dev/zero or a fifo was read without end (stat opens nothing)
+PR_SET_PDEATHSIG = 1   # prctl(2)'s option (Linux)
 
 
 class Unloadable(Exception):
@@ -149,10 +151,14 @@ def grade_apart(file: str) -> int:
     leaves at once: the student's file runs there, so its ``os._exit(0)`` or a crash cannot pass
     for a verdict (exit 2, said in one line), nor can its threads keep the grading alive after it.
     The child is a session of its own, killed whole as the grading ends, however it ends: the
-    processes the file started end with it. The grader holds the time limit too, as the alarm
-    in the child is the file's to turn off."""
+    processes the file started end with it, and on Linux the child with a SIGKILLed grader.
+    The grader holds the time limit too, as the alarm in the child is the file's to turn off."""
     read, write = os.pipe()
+    grader = os.getpid()
     if (pid := os.fork()) == 0:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # a SIGKILLed grader runs no finally: the kernel ends the child
+        if os.getppid() != grader:   # the grader died before that took effect
+            os._exit(EXIT_UNLOADABLE)
         os.setsid()   # not setpgid: a group apart in the terminal's session stops at an input() (SIGTTIN)
         verdict = EXIT_FAILED
         try:
@@ -199,6 +205,14 @@ def grade_apart(file: str) -> int:
     print(f"grade: {file}: the grading ended with no verdict ({how}): the file ended it itself "
           "(os._exit(), a signal, a crash); fix that and grade again", file=sys.stderr)
     return EXIT_UNLOADABLE
+
+
+def prctl(option: int, value: int) -> None:
+    """prctl(2) on Linux; nothing elsewhere, which has no such call (the grading's session is
+    still killed whole there, but not the child of a SIGKILLed grader)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(option, value)
 
 
 class Stopped(BaseException):
