@@ -462,6 +462,22 @@ def test_a_sigkilled_grader_takes_its_grading_along(tmp_path):
     assert gone(pids)
 
 
+def test_a_process_that_leaves_the_grading_session_ends_with_it_all_the_same(tmp_path):
+    # a daemon (os.fork, os.setsid, its parent gone) was out of reach of the session's kill and ran on (600 s)
+    path, pids = tmp_path / "answer.py", tmp_path / "pids"   # no answer: the grading ends as it loads
+    path.write_text('EXERCISE = "mean_staleness"\nimport os, time\nread, write = os.pipe()\n'
+                    "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                    f"        open({str(pids)!r}, 'w').write(str(os.getpid()))\n"
+                    "        os.write(write, b'.')\n        time.sleep(600)\n    os._exit(0)\n"
+                    "os.read(read, 1)\n")
+    try:
+        with command(path) as proc:
+            out, err = proc.communicate(timeout=120)
+        assert proc.returncode == grader.EXIT_UNLOADABLE and "no function named mean_staleness" in err, out + err
+    finally:
+        assert pids.exists() and gone(pids)
+
+
 @pytest.mark.parametrize("where", ["answer", pytest.param("top", marks=pytest.mark.slow)])   # slow: the same path
 def test_a_file_that_turns_the_alarm_off_is_stopped_at_the_limit_all_the_same(where, tmp_path):
     # the limit was the child's SIGALRM alone: a file that turned it off and looped hung the grader for ever

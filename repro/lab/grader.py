@@ -33,7 +33,7 @@ GRADE_LIMIT_S = 300   # far beyond a grading's seconds: only an answer that neve
 GRACE_S = 5   # the grader's own limit past the child's: the alarm's report comes first, where the file left it on
 LOADED = b"L"   # up the pipe once the file has loaded, before the verdict (a byte 0..130)
 MAX_FILE_BYTES = 10**6   # a stub is 1 kB; /dev/zero or a fifo was read without end (stat opens nothing)
-PR_SET_PDEATHSIG = 1   # prctl(2)'s option (Linux)
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36   # prctl(2)'s options (Linux)
 
 
 class Unloadable(Exception):
@@ -151,10 +151,12 @@ def grade_apart(file: str) -> int:
     leaves at once: the student's file runs there, so its ``os._exit(0)`` or a crash cannot pass
     for a verdict (exit 2, said in one line), nor can its threads keep the grading alive after it.
     The child is a session of its own, killed whole as the grading ends, however it ends: the
-    processes the file started end with it, and on Linux the child with a SIGKILLed grader.
+    processes the file started end with it, and on Linux those that left the session too (the
+    grader is their subreaper: :func:`end_descendants`), and the child with a SIGKILLed grader.
     The grader holds the time limit too, as the alarm in the child is the file's to turn off."""
     read, write = os.pipe()
     grader = os.getpid()
+    prctl(PR_SET_CHILD_SUBREAPER, 1)   # orphans of the grading come to the grader, not to init, to be ended
     if (pid := os.fork()) == 0:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # a SIGKILLed grader runs no finally: the kernel ends the child
         if os.getppid() != grader:   # the grader died before that took effect
@@ -187,6 +189,7 @@ def grade_apart(file: str) -> int:
             signal.alarm(0)
             with contextlib.suppress(ProcessLookupError):   # what the file started (subprocess, os.fork,
                 os.killpg(pid, signal.SIGKILL)               # multiprocessing): else it ran on after the grader
+            end_descendants()   # and what left the group (os.setsid(), a daemon)
             for s, handler in stops.items():
                 signal.signal(s, handler)
         if status is None and signum != signal.SIGALRM:
@@ -209,10 +212,41 @@ def grade_apart(file: str) -> int:
 
 def prctl(option: int, value: int) -> None:
     """prctl(2) on Linux; nothing elsewhere, which has no such call (the grading's session is
-    still killed whole there, but not the child of a SIGKILLed grader)."""
+    still killed whole there, but not what left it, nor the child of a SIGKILLed grader)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(option, value)
+
+
+def end_descendants() -> None:
+    """SIGKILL and reap every process below this one (the grader's, whose one child is the
+    grading), found by their parent links in /proc (Linux; elsewhere none is found). Each round
+    reaps the grader's children, whose own then come to it, its subreaper, for the next."""
+    me, spared = os.getpid(), set()
+    while below := descendants(me) - spared:
+        for p in below:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except PermissionError:   # a setuid program's: not the grader's to end (nor to wait for)
+                spared.add(p)
+            except ProcessLookupError:
+                pass
+        for p in below - spared:
+            with contextlib.suppress(ChildProcessError):   # not (yet) the grader's child
+                os.waitpid(p, 0)
+
+
+def descendants(root: int) -> set[int]:
+    """The pids below ``root``, zombies included, from each /proc/PID/stat's parent pid."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):   # ended meanwhile
+            text = stat.read_text()   # "PID (COMMAND) STATE PPID ...": COMMAND may hold ") "
+            parent[int(stat.parent.name)] = int(text[text.rindex(")") + 2:].split()[1])
+    below, grew = set(), {root}
+    while grew := {p for p, pp in parent.items() if pp in grew} - below:
+        below |= grew
+    return below
 
 
 class Stopped(BaseException):
