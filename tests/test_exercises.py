@@ -422,9 +422,11 @@ def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
     # was KeyboardInterrupt's traceback from the answer's line
     path, pids = tmp_path / "answer.py", tmp_path / "pids"   # the grading's pid: a session of its own
     path.write_text(f'EXERCISE = "mean_staleness"\nimport os, time\n\ndef mean_staleness(n):\n'
-                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    time.sleep(60)\n')
+                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    print("slept", flush=True)\n'
+                    '    time.sleep(60)\n')
     with command(path) as proc:
-        assert proc.stdout.readline().startswith("exercise mean_staleness")   # the answer is called next
+        assert proc.stdout.readline().startswith("exercise mean_staleness")
+        assert proc.stdout.readline() == "slept\n"   # its pid written: else gone() would check nothing
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and out == err == "", out + err
@@ -437,9 +439,11 @@ def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
     # answer, up to the grading's 300 s limit
     path, pids = tmp_path / "answer.py", tmp_path / "pids"   # the grading's pid: a session of its own
     path.write_text(f'EXERCISE = "mean_staleness"\nimport os, time\n\ndef mean_staleness(n):\n'
-                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    time.sleep(60)\n')
+                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    print("slept", flush=True)\n'
+                    '    time.sleep(60)\n')
     with command(path) as proc:
         assert proc.stdout.readline().startswith("exercise mean_staleness")
+        assert proc.stdout.readline() == "slept\n"   # its pid written: else gone() would check nothing
         os.kill(proc.pid, signum)
         out, err = proc.communicate(timeout=60)
         with pytest.raises(ProcessLookupError):   # no process left in the grader's group
