@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -338,6 +339,62 @@ def test_a_hung_evaluation_ends_the_command_line_with_the_runs_status_not_an_abo
     assert json.loads(summary.read_text())["status"] == "failed"
     assert "failed: version 4" in (summary.parent / "run.log").read_text().splitlines()[-1]
     assert hung in proc.stderr
+
+
+# the same evaluation, under a script that calls the driver itself (the command line's own exit
+# path is not there) and exits with a code of its own
+_ENDLESS_EVALUATION_API = _ENDLESS_EVALUATION.replace('from repro.run import cli\nsys.argv[0] = "repro.run"\ncli()', """
+from repro.api import configure
+from repro.real import run_real
+summary = run_real(configure(*sys.argv[2:]), sys.argv[1])
+print("run " + summary["status"], flush=True)
+sys.exit(3)""")
+
+
+@pytest.mark.slow   # seconds of subprocesses
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the real driver's fork server: Linux")
+def test_a_hung_evaluation_ends_a_script_that_calls_the_driver_with_its_own_code_not_an_abort(tmp_path):
+    """The command line's exit path left the thread of a hung evaluation safely; a script that
+    called run_real itself still aborted at exit (134, "terminate called without an active
+    exception") instead of its own code."""
+    proc = subprocess.run([sys.executable, "-c", _ENDLESS_EVALUATION_API, str(tmp_path / "run"), "backend=real",
+                           "data=synthetic", "model=mlp", "num_clients=2", "num_epochs=1", "eval_every=0.5",
+                           "backend.timeout_s=3"], cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 3 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    assert "run failed" in proc.stdout
+    assert "the evaluation at version 2 did not finish in 3 s" in proc.stderr
+
+
+def test_an_abandoned_thread_is_ended_before_the_interpreter_finalises(monkeypatch):
+    """What the process's exit runs (:func:`repro.runtime.abandon`'s exit call): a thread left
+    computing, in and out of torch's C++, ends while the interpreter is whole."""
+    from repro import runtime
+
+    monkeypatch.setattr(runtime, "abandoned", [])
+    registered = []
+    monkeypatch.setattr(runtime.atexit, "register", registered.append)
+
+    computing, ended = threading.Event(), []
+
+    def endless():
+        try:
+            a = torch.ones(50, 50) / 50
+            while True:
+                a = torch.tanh(a @ a)
+                computing.set()
+        except SystemExit:   # (the default threading.excepthook ignores it; pytest's would warn)
+            ended.append("SystemExit")
+
+    thread = threading.Thread(target=endless, daemon=True)
+    thread.start()
+    assert computing.wait(10)
+    runtime.abandon(thread)
+    assert registered == [runtime._end_abandoned] and runtime.abandoned == [thread]
+    runtime.abandon(threading.Thread())   # one exit call, whatever the number of threads
+    assert len(registered) == 1
+    registered[0]()
+    assert not thread.is_alive() and ended == ["SystemExit"]
 
 
 @pytest.mark.timeout(120)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from repro.asgd.algorithm import Push
 from repro.runs.runlog import RunLog
-from repro.runtime import abandoned
+from repro.runtime import abandon
 from repro.workload.build import Problem, evaluate
 
 
@@ -105,12 +105,12 @@ class Evaluations:
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the evaluation in its thread to end (the process should
         not end under it: a thread killed mid-kernel is not); whether none is running now. One
-        still running is :data:`repro.runtime.abandoned` (:func:`repro.runtime.leave_if_abandoned`)."""
+        still running is left to the process's exit (:func:`repro.runtime.abandon`)."""
         if self._thread is not None:
             self._thread.join(timeout_s)
         if self._thread is None or not self._thread.is_alive():
             return True
-        abandoned.append(self._thread)   # the process leaves without tearing torch down under it
+        abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
         return False
 
     def drain(self) -> list[str]:
