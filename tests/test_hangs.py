@@ -300,6 +300,66 @@ def test_a_hung_evaluation_ends_the_real_run_failed_after_backend_timeout(tmp_pa
     assert schema.check_table(tmp_path / schema.EVALS_FILE, schema.EVAL_COLUMNS, 0, False)[1] == 0   # a resume's read
 
 
+@pytest.mark.timeout(60)
+def test_an_evaluation_the_server_waits_for_is_waited_for_at_most_backend_timeout(tmp_path, monkeypatch):
+    """backend.eval_in_thread=false evaluated in the server loop itself, without a bound: a hung
+    evaluation held the loop, and the run folder 'running', for good. Now it runs in its thread
+    and the loop waits for it at most backend.timeout_s: a quick one's row is written before the
+    loop goes on; a hung one is left running, and the run's end fails the run naming it."""
+    from repro.runs import evaluations
+
+    release = threading.Event()   # the hung evaluation, let go when the test ends
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=0.2, eval_in_thread=False))
+    try:
+        with run_folder(cfg, tmp_path) as run:
+            problem = build_problem(cfg, torch.device("cpu"))
+            run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+            core.begin([1, 2])   # version 0 evaluated inline, as every run's is
+            core.evals.submit(1, 0.1, core.server.params)
+            core.drain()
+            assert core.runlog.last_eval_version == 1   # waited for: its row is there
+            evaluate = evaluations.evaluate
+            monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(30) or evaluate(*a))
+            core.evals.submit(2, 0.2, core.server.params)   # returns (the test's timeout: it did not)
+            core.drain()
+            assert core.runlog.last_eval_version == 1 and not core.evals.due()
+            summary = core.finish("completed")
+    finally:
+        release.set()
+    hung = "the evaluation at version 2 did not finish in 0.2 s (backend.timeout_s)"
+    assert summary["status"] == "failed" and summary["message"].startswith(hung), summary["message"]
+
+
+@pytest.mark.slow   # a real run, two waits of backend.timeout_s
+@pytest.mark.timeout(150)
+def test_a_hung_evaluation_the_real_server_waits_for_ends_the_run_failed(tmp_path, monkeypatch):
+    """The same through run_real (backend.eval_in_thread=false): the loop waited for the hung
+    evaluation for good, its clients lost meanwhile. Now the run ends failed, naming it."""
+    from repro.real import run_real
+    from repro.runs import evaluations
+    from tests.helpers.runs import real_cfg
+
+    release, evaluate, calls = threading.Event(), evaluations.evaluate, []
+
+    def hung_after_version_0(*args):
+        calls.append(args)
+        if len(calls) > 1:
+            release.wait(30)
+        return evaluate(*args)
+
+    monkeypatch.setattr(evaluations, "evaluate", hung_after_version_0)
+    backend = BackendConfig(name="real", client_device="cpu", timeout_s=5.0, client_timeout_s=10.0,
+                            eval_in_thread=False)
+    try:
+        summary = run_real(real_cfg(backend=backend), tmp_path / "run")
+    finally:
+        release.set()
+    assert summary["status"] == "failed", summary["message"]
+    assert summary["message"].startswith("the evaluation at version "), summary["message"]
+    assert "did not finish in 5 s (backend.timeout_s)" in summary["message"]
+    assert multiprocessing.active_children() == []
+
+
 # an evaluation that never ends, in and out of torch's C++ (a hung one that sleeps in Python, or
 # blocks in one C++ wait, does not show it): the command line, its thread still running as it exits
 _ENDLESS_EVALUATION = """

@@ -108,7 +108,8 @@ class RunCore:
                              target_error=cfg.target_error,
                              resume_from=resume["runlog"] if resume else None)
         self.evals = Evaluations(problem, self.runlog, cfg.divergence_factor, eval_in_thread,
-                                 reference_loss=core_state.get("reference_loss"))
+                                 reference_loss=core_state.get("reference_loss"),
+                                 wait_s=0.0 if cfg.backend.eval_in_thread else cfg.backend.timeout_s)
         self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress,
                                  loss_only=problem.dataset.task != "classification")
         self.finished: dict | None = None

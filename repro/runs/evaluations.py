@@ -52,8 +52,9 @@ class Evaluations:
     """The evaluations of one run, one at a time, writing their rows into ``runlog``."""
 
     def __init__(self, problem: Problem, runlog: RunLog, divergence_factor: float, in_thread: bool,
-                 reference_loss: float | None = None):
+                 reference_loss: float | None = None, wait_s: float = 0.0):
         self.runlog, self.divergence_factor, self.in_thread = runlog, divergence_factor, in_thread
+        self.wait_s = wait_s   # how long submit waits for one in its thread (0: the server goes on)
         self.net, self.sets, self.num_classes = problem.net, problem.eval_sets, problem.dataset.num_classes
         self.reference_loss = reference_loss   # set by the first evaluation (version 0's)
         self.cpu_s: list[float] = []   # CPU seconds of each evaluation (cost=fit's eval_s)
@@ -89,6 +90,7 @@ class Evaluations:
             return
         self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
         self._thread.start()
+        self._thread.join(self.wait_s)   # in a thread even so: a hung one must not hold the server for good
 
     def _evaluate(self, req: EvalRequest) -> None:
         # CPU time of this thread, not wall time: what an evaluation takes from the machine's
