@@ -230,6 +230,11 @@ def runs_active() -> bool:
     return bool(StopRequest._active)
 
 
+def stop_asked() -> bool:
+    """Whether a stop was asked of this process's runs (a first signal, :func:`request_stop`)."""
+    return bool(StopRequest._pending)
+
+
 _exiting = False   # exit_on_signal was called: this process only exits
 
 

@@ -330,6 +330,37 @@ def test_an_evaluation_the_server_waits_for_is_waited_for_at_most_backend_timeou
     assert summary["status"] == "failed" and summary["message"].startswith(hung), summary["message"]
 
 
+@pytest.mark.timeout(20)
+def test_a_first_ctrl_c_ends_the_wait_for_a_hung_evaluation_and_the_run_interrupted(tmp_path, monkeypatch):
+    """A first Ctrl-C while the run's end waited for an evaluation in its thread did nothing
+    until backend.timeout_s was over (here 60 s: the test's timeout), then the run ended
+    ``failed``; only a second one forced the stop. Now the first ends the wait and the run:
+    ``interrupted``, the checkpoint written, the message with its resume hint."""
+    from repro.files import schema
+    from repro.runs import evaluations
+
+    release = threading.Event()   # the hung evaluation, let go when the test ends
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=60.0))
+    try:
+        with run_folder(cfg, tmp_path) as run:
+            problem = build_problem(cfg, torch.device("cpu"))
+            run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+            core.begin([1, 2])
+            evaluate = evaluations.evaluate
+            monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(60) or evaluate(*a))
+            core.evals.submit(1, 0.1, core.server.params)
+            ctrl_c = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))   # once the end waits
+            ctrl_c.start()
+            summary = core.finish("completed")
+            ctrl_c.join()
+    finally:
+        release.set()
+    assert summary["status"] == "interrupted", summary["message"]
+    assert summary["message"].startswith("the evaluation at version 1 was not waited for: a stop was asked; ")
+    assert summary["message"].endswith("resume=true continues from version 0"), summary["message"]
+    assert (tmp_path / schema.CHECKPOINT_FILE).exists()
+
+
 @pytest.mark.slow   # a real run, two waits of backend.timeout_s
 @pytest.mark.timeout(150)
 def test_a_hung_evaluation_the_real_server_waits_for_ends_the_run_failed(tmp_path, monkeypatch):

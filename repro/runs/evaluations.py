@@ -20,7 +20,7 @@ from torch import Tensor
 
 from repro.asgd.algorithm import Push
 from repro.runs.runlog import RunLog
-from repro.runtime import abandon
+from repro.runtime import abandon, stop_asked
 from repro.workload.build import Problem, evaluate
 
 
@@ -106,10 +106,14 @@ class Evaluations:
 
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the evaluation in its thread to end (the process should
-        not end under it: a thread killed mid-kernel is not); whether none is running now. One
+        not end under it: a thread killed mid-kernel is not), or until a stop is asked (a first
+        Ctrl-C; one asked before the wait does not end it); whether none is running now. One
         still running is left to the process's exit (:func:`repro.runtime.abandon`)."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        asked, end = stop_asked(), time.monotonic() + timeout_s
+        while self._thread is not None and self._thread.is_alive() and time.monotonic() < end:
+            if stop_asked() and not asked:
+                break
+            self._thread.join(min(0.05, end - time.monotonic()))   # (a signal's handler runs between)
         if self._thread is None or not self._thread.is_alive():
             return True
         abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
