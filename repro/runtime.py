@@ -114,6 +114,18 @@ def fork_server_context(start: bool = False):
     return ctx
 
 
+FORK_SERVER_DIED = 255   # multiprocessing's exit code for a client whose fork server, its parent, ended
+
+
+def naming_fork_server(proc, reason: str) -> str:
+    """Why a client was lost, naming the clients' fork server when it died: every client dies
+    with it (:func:`repro.real.processes._die_with_parent`), and each loss, by its link or its
+    exit code 255, would otherwise look like a client's own fault."""
+    if proc is None or proc.exitcode != FORK_SERVER_DIED:
+        return reason
+    return f"the clients' fork server died, and every client with it ({reason})"
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity; what joblib's n_jobs=-1 counts, near
     enough): a real run's host record, a grid's parallel jobs, the machine two namespaces share."""

@@ -43,7 +43,7 @@ from repro.real.elastic import COUNT_KEY
 from repro.real.server import log
 from repro.real.transport import Channel
 from repro.real.groups import connect, disconnect, first_line, pin_gloo
-from repro.runtime import StopRequest, fork_server_context
+from repro.runtime import StopRequest, fork_server_context, naming_fork_server
 
 if TYPE_CHECKING:
     from repro.runs.core import RunCore
@@ -147,8 +147,9 @@ def wait_ready(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequ
         for k, p in procs.items():
             if k not in dead and k not in ready and p.exitcode is not None:
                 dead[k] = p.exitcode
-                core.lose(k, f"process exited with code {p.exitcode} during start-up")
-                log.info(f"client {k} exited during start-up (code {p.exitcode}); going on without it")
+                why = naming_fork_server(p, f"process exited with code {p.exitcode} during start-up")
+                core.lose(k, why)
+                log.info(f"client {k} lost: {why}; going on without it")
         if len(ready) + len(dead) == len(procs):
             break
         if time.monotonic() > deadline:
