@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import datetime
 import errno
+import ipaddress
 import json
 import math
 import multiprocessing as mp
@@ -72,6 +73,10 @@ def make_store(cfg: RunConfig) -> dist.TCPStore:
     addr, port = cfg.backend.master_addr, cfg.backend.master_port
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        if ipaddress.ip_address(sockaddr[0]).is_unspecified:   # 0.0.0.0, ::: every interface, no peer's address
+            raise ConfigError("backend.master_addr", addr, "one address of this machine (127.0.0.1, the default: "
+                              "loopback only); 0.0.0.0 and :: listen on every interface, and clients cannot "
+                              "connect to them")
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # still fails on a live listener
         sock.bind(sockaddr)
