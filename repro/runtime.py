@@ -287,7 +287,8 @@ def abandon(thread: threading.Thread) -> None:
 
 def _end_abandoned() -> None:
     # SystemExit raised in the thread at its next Python line (between two torch calls) ends it
-    # while the interpreter is whole; the process keeps its own exit code, which no exit call knows
+    # while the interpreter is whole; the process keeps its own exit code, which no exit call
+    # knows (one C++ call longer than ABANDONED_S still meets the shutdown, as before)
     for thread in abandoned:
         if thread.is_alive():
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
