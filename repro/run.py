@@ -35,7 +35,7 @@ from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only
 from repro.logs import detach_files_in, get_logger, mark
-from repro.runtime import (EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context, leave_if_abandoned,
+from repro.runtime import (EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context,
                            named_by_world, torchrun_env)
 
 log = get_logger("repro.run")
@@ -373,7 +373,6 @@ def cli() -> None:
                 sys.exit(EXIT_INTERRUPTED)
     finally:
         exit_on_signal()
-        leave_if_abandoned(sys.exc_info()[1])   # a hung evaluation's thread: exit, not abort
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
+import ctypes
 import os
 import platform
 import signal
@@ -112,6 +112,18 @@ def fork_server_context(start: bool = False):
                 signal.signal(signal.SIGINT, handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return ctx
+
+
+FORK_SERVER_DIED = 255   # multiprocessing's exit code for a client whose fork server, its parent, ended
+
+
+def naming_fork_server(proc, reason: str) -> str:
+    """Why a client was lost, naming the clients' fork server when it died: every client dies
+    with it (:func:`repro.real.processes._die_with_parent`), and each loss, by its link or its
+    exit code 255, would otherwise look like a client's own fault."""
+    if proc is None or proc.exitcode != FORK_SERVER_DIED:
+        return reason
+    return f"the clients' fork server died, and every client with it ({reason})"
 
 
 def usable_cores() -> int:
@@ -230,6 +242,11 @@ def runs_active() -> bool:
     return bool(StopRequest._active)
 
 
+def stop_asked() -> bool:
+    """Whether a stop was asked of this process's runs (a first signal, :func:`request_stop`)."""
+    return bool(StopRequest._pending)
+
+
 _exiting = False   # exit_on_signal was called: this process only exits
 
 
@@ -255,24 +272,27 @@ def _ignore_signals_while_finalising() -> None:
 
 
 abandoned: list[threading.Thread] = []   # threads a run stopped waiting for (a hung evaluation)
+ABANDONED_S = 5.0   # the most the exit waits for one of them to end
 
 
-def leave_if_abandoned(exc: BaseException | None) -> None:
-    """End the process now, with the code it is exiting with (``exc``: the SystemExit, or None),
-    when a thread a run gave up on still runs: the interpreter's shutdown ends such a thread in
-    the middle of torch's C++, which aborts the process ('terminate called without an active
-    exception', exit 134) after the run folder is final. Any other exception keeps its traceback."""
-    if not any(t.is_alive() for t in abandoned) or not isinstance(exc, (SystemExit, type(None))):
-        return
-    code = 0 if exc is None or exc.code is None else exc.code
-    if not isinstance(code, int):   # sys.exit("text"): printed, exit 1, as the interpreter does
-        print(code, file=sys.stderr)
-        code = 1
-    logging.shutdown()   # the run's log files: os._exit runs no atexit call
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+def abandon(thread: threading.Thread) -> None:
+    """Leave ``thread`` running (a hung evaluation) until the process exits, and have it ended
+    first then, however the process exits (the command line, a script that called a driver):
+    the interpreter's shutdown ended it in the middle of torch's C++, which aborted the process
+    ('terminate called without an active exception', exit 134) after the run folder was final."""
+    if not abandoned:
+        atexit.register(_end_abandoned)   # after the others registered so far: it runs before them
+    abandoned.append(thread)
+
+
+def _end_abandoned() -> None:
+    # SystemExit raised in the thread at its next Python line (between two torch calls) ends it
+    # while the interpreter is whole; the process keeps its own exit code, which no exit call
+    # knows (one C++ call longer than ABANDONED_S still meets the shutdown, as before)
+    for thread in abandoned:
+        if thread.is_alive():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
+            thread.join(ABANDONED_S)
 
 
 def request_stop(reason: str) -> None:

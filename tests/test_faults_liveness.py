@@ -20,7 +20,7 @@ import torch
 from repro.config.settings import BackendConfig
 from repro.real import run_real
 from tests.helpers.invariants import check_run_folder
-from tests.helpers.processes import assert_no_leftovers, client_pids
+from tests.helpers.processes import assert_no_leftovers, client_pids, fork_servers
 from tests.helpers.runs import launch_real, real_cfg, wait_rows
 from tests.helpers.tables import changed, lines, row_count, snapshot, summary_of
 
@@ -95,3 +95,52 @@ def test_10c_lost_client_survives_interrupt_and_resume(tmp_path):
     before = snapshot(run_dir)
     assert run_real(cfg.replace(resume=True), run_dir) == summary_of(run_dir)
     assert changed(before, snapshot(run_dir)) == []
+
+
+def test_10d_a_loss_names_the_dead_fork_server_not_the_client(tmp_path):
+    """Fault: the clients' fork server dies: every client dies with it (its parent), and each
+    loss said only 'connection lost' or 'process exited with code 255' (multiprocessing's code
+    when no status came), as if each client had failed alone. Guarantee 10d: the loss names the
+    fork server, by a link or an exit seen first alike; another client's loss is its own."""
+    from types import SimpleNamespace
+
+    from repro.real.server import Dispatcher
+    from repro.runs.core import RunCore
+    from repro.runs.folder import run_folder
+    from repro.runtime import StopRequest
+    from repro.workload.start import build_problem
+
+    class Channel:
+        def send(self, header, frame):
+            pass
+
+    cfg = real_cfg(num_clients=3)
+    with run_folder(cfg, tmp_path) as run:
+        run.core = core = RunCore(cfg, build_problem(cfg, torch.device("cpu")), tmp_path, clock="wall", backend="real")
+        procs = {1: SimpleNamespace(exitcode=255), 2: SimpleNamespace(exitcode=255), 3: SimpleNamespace(exitcode=-9)}
+        loop = Dispatcher(cfg, core, {k: Channel() for k in procs}, StopRequest(), procs)
+        core.begin([1, 2, 3])
+        loop.lose(1, "rank 1: waiting for a message: connection lost")
+        loop.poll_processes()
+        core.finish(*core.final_status(interrupted=False))
+    died = "the clients' fork server died, and every client with it"
+    assert core.runlog.lost_clients == {"1": f"{died} (rank 1: waiting for a message: connection lost)",
+                                        "2": f"{died} (process exited with code 255)",
+                                        "3": "process exited with code -9"}
+
+
+@pytest.mark.slow
+def test_10d_the_fork_server_killed_mid_run_is_named_in_every_loss(tmp_path):
+    """Fault: the clients' fork server is SIGKILLed mid-run. Guarantee 10d: every client is
+    lost with it and the run ends failed, each client_lost event naming the fork server."""
+    proc, run_dir = launch_real(tmp_path, real_cfg(num_clients=2, num_epochs=2000.0))
+    try:
+        wait_rows(proc, run_dir, 10)
+        (server,) = fork_servers(proc.pid)
+        os.kill(server, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        assert_no_leftovers(proc)
+    summary = check_run_folder(run_dir, "failed")
+    reasons = [e["reason"] for e in summary["events"] if e["type"] == "client_lost"]
+    assert len(reasons) == 2 and all(r.startswith("the clients' fork server died") for r in reasons), reasons

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -299,6 +300,97 @@ def test_a_hung_evaluation_ends_the_real_run_failed_after_backend_timeout(tmp_pa
     assert schema.check_table(tmp_path / schema.EVALS_FILE, schema.EVAL_COLUMNS, 0, False)[1] == 0   # a resume's read
 
 
+@pytest.mark.timeout(60)
+def test_an_evaluation_the_server_waits_for_is_waited_for_at_most_backend_timeout(tmp_path, monkeypatch):
+    """backend.eval_in_thread=false evaluated in the server loop itself, without a bound: a hung
+    evaluation held the loop, and the run folder 'running', for good. Now it runs in its thread
+    and the loop waits for it at most backend.timeout_s: a quick one's row is written before the
+    loop goes on; a hung one is left running, and the run's end fails the run naming it."""
+    from repro.runs import evaluations
+
+    release = threading.Event()   # the hung evaluation, let go when the test ends
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=0.2, eval_in_thread=False))
+    try:
+        with run_folder(cfg, tmp_path) as run:
+            problem = build_problem(cfg, torch.device("cpu"))
+            run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+            core.begin([1, 2])   # version 0 evaluated inline, as every run's is
+            core.evals.submit(1, 0.1, core.server.params)
+            core.drain()
+            assert core.runlog.last_eval_version == 1   # waited for: its row is there
+            evaluate = evaluations.evaluate
+            monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(30) or evaluate(*a))
+            core.evals.submit(2, 0.2, core.server.params)   # returns (the test's timeout: it did not)
+            core.drain()
+            assert core.runlog.last_eval_version == 1 and not core.evals.due()
+            summary = core.finish("completed")
+    finally:
+        release.set()
+    hung = "the evaluation at version 2 did not finish in 0.2 s (backend.timeout_s)"
+    assert summary["status"] == "failed" and summary["message"].startswith(hung), summary["message"]
+
+
+@pytest.mark.timeout(20)
+def test_a_first_ctrl_c_ends_the_wait_for_a_hung_evaluation_and_the_run_interrupted(tmp_path, monkeypatch):
+    """A first Ctrl-C while the run's end waited for an evaluation in its thread did nothing
+    until backend.timeout_s was over (here 60 s: the test's timeout), then the run ended
+    ``failed``; only a second one forced the stop. Now the first ends the wait and the run:
+    ``interrupted``, the checkpoint written, the message with its resume hint."""
+    from repro.files import schema
+    from repro.runs import evaluations
+
+    release = threading.Event()   # the hung evaluation, let go when the test ends
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=60.0))
+    try:
+        with run_folder(cfg, tmp_path) as run:
+            problem = build_problem(cfg, torch.device("cpu"))
+            run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+            core.begin([1, 2])
+            evaluate = evaluations.evaluate
+            monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(60) or evaluate(*a))
+            core.evals.submit(1, 0.1, core.server.params)
+            ctrl_c = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))   # once the end waits
+            ctrl_c.start()
+            summary = core.finish("completed")
+            ctrl_c.join()
+    finally:
+        release.set()
+    assert summary["status"] == "interrupted", summary["message"]
+    assert summary["message"].startswith("the evaluation at version 1 was not waited for: a stop was asked; ")
+    assert summary["message"].endswith("resume=true continues from version 0"), summary["message"]
+    assert (tmp_path / schema.CHECKPOINT_FILE).exists()
+
+
+@pytest.mark.slow   # a real run, two waits of backend.timeout_s
+@pytest.mark.timeout(150)
+def test_a_hung_evaluation_the_real_server_waits_for_ends_the_run_failed(tmp_path, monkeypatch):
+    """The same through run_real (backend.eval_in_thread=false): the loop waited for the hung
+    evaluation for good, its clients lost meanwhile. Now the run ends failed, naming it."""
+    from repro.real import run_real
+    from repro.runs import evaluations
+    from tests.helpers.runs import real_cfg
+
+    release, evaluate, calls = threading.Event(), evaluations.evaluate, []
+
+    def hung_after_version_0(*args):
+        calls.append(args)
+        if len(calls) > 1:
+            release.wait(30)
+        return evaluate(*args)
+
+    monkeypatch.setattr(evaluations, "evaluate", hung_after_version_0)
+    backend = BackendConfig(name="real", client_device="cpu", timeout_s=5.0, client_timeout_s=10.0,
+                            eval_in_thread=False)
+    try:
+        summary = run_real(real_cfg(backend=backend), tmp_path / "run")
+    finally:
+        release.set()
+    assert summary["status"] == "failed", summary["message"]
+    assert summary["message"].startswith("the evaluation at version "), summary["message"]
+    assert "did not finish in 5 s (backend.timeout_s)" in summary["message"]
+    assert multiprocessing.active_children() == []
+
+
 # an evaluation that never ends, in and out of torch's C++ (a hung one that sleeps in Python, or
 # blocks in one C++ wait, does not show it): the command line, its thread still running as it exits
 _ENDLESS_EVALUATION = """
@@ -338,6 +430,62 @@ def test_a_hung_evaluation_ends_the_command_line_with_the_runs_status_not_an_abo
     assert json.loads(summary.read_text())["status"] == "failed"
     assert "failed: version 4" in (summary.parent / "run.log").read_text().splitlines()[-1]
     assert hung in proc.stderr
+
+
+# the same evaluation, under a script that calls the driver itself (the command line's own exit
+# path is not there) and exits with a code of its own
+_ENDLESS_EVALUATION_API = _ENDLESS_EVALUATION.replace('from repro.run import cli\nsys.argv[0] = "repro.run"\ncli()', """
+from repro.api import configure
+from repro.real import run_real
+summary = run_real(configure(*sys.argv[2:]), sys.argv[1])
+print("run " + summary["status"], flush=True)
+sys.exit(3)""")
+
+
+@pytest.mark.slow   # seconds of subprocesses
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the real driver's fork server: Linux")
+def test_a_hung_evaluation_ends_a_script_that_calls_the_driver_with_its_own_code_not_an_abort(tmp_path):
+    """The command line's exit path left the thread of a hung evaluation safely; a script that
+    called run_real itself still aborted at exit (134, "terminate called without an active
+    exception") instead of its own code."""
+    proc = subprocess.run([sys.executable, "-c", _ENDLESS_EVALUATION_API, str(tmp_path / "run"), "backend=real",
+                           "data=synthetic", "model=mlp", "num_clients=2", "num_epochs=1", "eval_every=0.5",
+                           "backend.timeout_s=3"], cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 3 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    assert "run failed" in proc.stdout
+    assert "the evaluation at version 2 did not finish in 3 s" in proc.stderr
+
+
+def test_an_abandoned_thread_is_ended_before_the_interpreter_finalises(monkeypatch):
+    """What the process's exit runs (:func:`repro.runtime.abandon`'s exit call): a thread left
+    computing, in and out of torch's C++, ends while the interpreter is whole."""
+    from repro import runtime
+
+    monkeypatch.setattr(runtime, "abandoned", [])
+    registered = []
+    monkeypatch.setattr(runtime.atexit, "register", registered.append)
+
+    computing, ended = threading.Event(), []
+
+    def endless():
+        try:
+            a = torch.ones(50, 50) / 50
+            while True:
+                a = torch.tanh(a @ a)
+                computing.set()
+        except SystemExit:   # (the default threading.excepthook ignores it; pytest's would warn)
+            ended.append("SystemExit")
+
+    thread = threading.Thread(target=endless, daemon=True)
+    thread.start()
+    assert computing.wait(10)
+    runtime.abandon(thread)
+    assert registered == [runtime._end_abandoned] and runtime.abandoned == [thread]
+    runtime.abandon(threading.Thread())   # one exit call, whatever the number of threads
+    assert len(registered) == 1
+    registered[0]()
+    assert not thread.is_alive() and ended == ["SystemExit"]
 
 
 @pytest.mark.timeout(120)

@@ -144,6 +144,17 @@ def test_a_master_addr_this_machine_cannot_listen_on_names_that_key(tmp_path, no
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.parametrize("addr", ["0.0.0.0", "::"])
+def test_a_master_addr_of_every_interface_is_refused_naming_that_key(tmp_path, no_children, addr):
+    """backend.master_addr=0.0.0.0 was accepted: a single-node run's store then listened on
+    every interface (a single-node run listens on loopback only), and its joiners were told to
+    connect to 0.0.0.0. Refused, naming the key, before anything starts."""
+    cfg = real_cfg(backend=BackendConfig(name="real", client_device="cpu", master_addr=addr))
+    with pytest.raises(ConfigError, match=f"'backend.master_addr': '{addr}'.*every interface"):
+        run_real(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 @pytest.mark.parametrize("other", [{"model": ModelConfig(name="mlp")}, {"nsync": 8}], ids=["model", "nsync"])
 def test_a_client_with_another_model_is_refused_not_crashed(tmp_path, monkeypatch, no_children, other):
     """torchrun-style world by hand: rank 0 here (digits_cnn), rank 1 another process running

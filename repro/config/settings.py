@@ -131,7 +131,8 @@ class BackendConfig:
     client_device: str = knob("auto", Choice(DEVICES))
     """Where clients train: auto (a GPU each when CUDA is visible, else the CPU), cpu or cuda."""
     eval_in_thread: bool = knob(True, FLAG, shapes=False)
-    """Evaluate snapshots in a server thread so evaluations never stall the push loop."""
+    """Evaluate snapshots in a server thread so evaluations never stall the push loop; false: the
+    loop waits for each, at most backend.timeout_s (one that takes longer goes on in its thread)."""
     max_clients: Optional[int] = knob(None, Range(1, 4096, integer=True, nullable=True), shapes=False)
     """Most clients training at once, joiners included (a lost client's place may be taken by a
     joiner for the whole run); null: num_clients (replacements only)."""

@@ -75,7 +75,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
         problem = build_problem(cfg, device)
         mark("server", "problem built")
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,
-                                  eval_in_thread=cfg.backend.eval_in_thread, measured={"host": host_record(cfg, env)})
+                                  eval_in_thread=True, measured={"host": host_record(cfg, env)})
         procs: dict = {}
         try:
             channels = _start_world(cfg, core, store, procs, run.stop, handover(problem.dataset))

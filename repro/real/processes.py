@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import datetime
 import errno
+import ipaddress
 import json
 import math
 import multiprocessing as mp
@@ -43,7 +44,7 @@ from repro.real.elastic import COUNT_KEY
 from repro.real.server import log
 from repro.real.transport import Channel
 from repro.real.groups import connect, disconnect, first_line, pin_gloo
-from repro.runtime import StopRequest, fork_server_context
+from repro.runtime import StopRequest, fork_server_context, naming_fork_server
 
 if TYPE_CHECKING:
     from repro.runs.core import RunCore
@@ -72,6 +73,10 @@ def make_store(cfg: RunConfig) -> dist.TCPStore:
     addr, port = cfg.backend.master_addr, cfg.backend.master_port
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        if ipaddress.ip_address(sockaddr[0]).is_unspecified:   # 0.0.0.0, ::: every interface, no peer's address
+            raise ConfigError("backend.master_addr", addr, "one address of this machine (127.0.0.1, the default: "
+                              "loopback only); 0.0.0.0 and :: listen on every interface, and clients cannot "
+                              "connect to them")
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # still fails on a live listener
         sock.bind(sockaddr)
@@ -147,8 +152,9 @@ def wait_ready(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequ
         for k, p in procs.items():
             if k not in dead and k not in ready and p.exitcode is not None:
                 dead[k] = p.exitcode
-                core.lose(k, f"process exited with code {p.exitcode} during start-up")
-                log.info(f"client {k} exited during start-up (code {p.exitcode}); going on without it")
+                why = naming_fork_server(p, f"process exited with code {p.exitcode} during start-up")
+                core.lose(k, why)
+                log.info(f"client {k} lost: {why}; going on without it")
         if len(ready) + len(dead) == len(procs):
             break
         if time.monotonic() > deadline:

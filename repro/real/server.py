@@ -28,7 +28,7 @@ from repro.real.elastic import ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello
 from repro.real.groups import bounded, first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
-from repro.runtime import StopRequest, cuda_missing
+from repro.runtime import StopRequest, cuda_missing, naming_fork_server
 
 log = prefixed("repro.real.server", "[real server]")
 STOPPING_S = 2.0   # once a stop is asked for, the most a send waits for a client that answers nothing
@@ -141,7 +141,7 @@ class Dispatcher:
     def lose(self, k: int, reason: str) -> None:
         if k in self.lost or k in self.stopped or k not in self.receivers:
             return
-        self.lost[k] = reason
+        self.lost[k] = reason = naming_fork_server(self.processes.get(k), reason)
         self.receivers[k].finish()
         if self.stop.is_set():
             return   # shutting down on purpose: peers leaving is expected, not an event

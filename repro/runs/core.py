@@ -35,7 +35,7 @@ from repro.workload.build import Problem, class_errors
 from repro.runs.evaluations import Evaluations
 from repro.runs.folder import resume_hint
 from repro.runs.runlog import Progress, RunLog, diverged_advice, recorded_config, worse_than_start
-from repro.runtime import environment
+from repro.runtime import environment, stop_asked
 
 log = get_logger("repro.runs.core")
 
@@ -108,7 +108,8 @@ class RunCore:
                              target_error=cfg.target_error,
                              resume_from=resume["runlog"] if resume else None)
         self.evals = Evaluations(problem, self.runlog, cfg.divergence_factor, eval_in_thread,
-                                 reference_loss=core_state.get("reference_loss"))
+                                 reference_loss=core_state.get("reference_loss"),
+                                 wait_s=0.0 if cfg.backend.eval_in_thread else cfg.backend.timeout_s)
         self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress,
                                  loss_only=problem.dataset.task != "classification")
         self.finished: dict | None = None
@@ -352,10 +353,13 @@ class RunCore:
         if self.finished is not None:
             return self.finished
         limit, key = (self.cfg.backend.timeout_s, " (backend.timeout_s)") if clean else (5.0, "")
+        asked = stop_asked()   # one asked while the wait below runs (a first Ctrl-C) ends it
         if not self.evals.join(limit):   # a hung evaluation must not leave the folder 'running'
-            hung = f"the evaluation at version {self.evals.asked} did not finish in {limit:g} s{key}"
+            stopped = stop_asked() and not asked
+            hung = f"the evaluation at version {self.evals.asked} " + (
+                "was not waited for: a stop was asked" if stopped else f"did not finish in {limit:g} s{key}")
             log.error(hung)
-            status = "interrupted" if status == "interrupted" else "failed"
+            status = "interrupted" if status == "interrupted" or stopped else "failed"
             message = "; ".join(m for m in (hung, message) if m)
         try:
             if clean:
@@ -371,8 +375,8 @@ class RunCore:
                 self.save_checkpoint()
         except OSError as exc:   # a full disk: keep the last good checkpoint, say so
             status, message = "failed", f"could not write the run folder ({exc}); " + resume_hint(self.run_dir)
-        if status == "interrupted" and not message:
-            message = "interrupted; " + resume_hint(self.run_dir)
+        if status == "interrupted" and (hint := resume_hint(self.run_dir)) not in message:
+            message = f"{message or 'interrupted'}; {hint}"
         note = worse_than_start(self.runlog.evals.path) if status.startswith("completed") else \
             diverged_advice(self.cfg.algo.lr, self.cfg.num_clients) if status == "diverged" else ""
         message = "; ".join(m for m in (message, note) if m)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from repro.asgd.algorithm import Push
 from repro.runs.runlog import RunLog
-from repro.runtime import abandoned
+from repro.runtime import abandon, stop_asked
 from repro.workload.build import Problem, evaluate
 
 
@@ -52,8 +52,9 @@ class Evaluations:
     """The evaluations of one run, one at a time, writing their rows into ``runlog``."""
 
     def __init__(self, problem: Problem, runlog: RunLog, divergence_factor: float, in_thread: bool,
-                 reference_loss: float | None = None):
+                 reference_loss: float | None = None, wait_s: float = 0.0):
         self.runlog, self.divergence_factor, self.in_thread = runlog, divergence_factor, in_thread
+        self.wait_s = wait_s   # how long submit waits for one in its thread (0: the server goes on)
         self.net, self.sets, self.num_classes = problem.net, problem.eval_sets, problem.dataset.num_classes
         self.reference_loss = reference_loss   # set by the first evaluation (version 0's)
         self.cpu_s: list[float] = []   # CPU seconds of each evaluation (cost=fit's eval_s)
@@ -89,6 +90,7 @@ class Evaluations:
             return
         self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
         self._thread.start()
+        self._thread.join(self.wait_s)   # in a thread even so: a hung one must not hold the server for good
 
     def _evaluate(self, req: EvalRequest) -> None:
         # CPU time of this thread, not wall time: what an evaluation takes from the machine's
@@ -104,13 +106,17 @@ class Evaluations:
 
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the evaluation in its thread to end (the process should
-        not end under it: a thread killed mid-kernel is not); whether none is running now. One
-        still running is :data:`repro.runtime.abandoned` (:func:`repro.runtime.leave_if_abandoned`)."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        not end under it: a thread killed mid-kernel is not), or until a stop is asked (a first
+        Ctrl-C; one asked before the wait does not end it); whether none is running now. One
+        still running is left to the process's exit (:func:`repro.runtime.abandon`)."""
+        asked, end = stop_asked(), time.monotonic() + timeout_s
+        while self._thread is not None and self._thread.is_alive() and time.monotonic() < end:
+            if stop_asked() and not asked:
+                break
+            self._thread.join(min(0.05, end - time.monotonic()))   # (a signal's handler runs between)
         if self._thread is None or not self._thread.is_alive():
             return True
-        abandoned.append(self._thread)   # the process leaves without tearing torch down under it
+        abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
         return False
 
     def drain(self) -> list[str]:

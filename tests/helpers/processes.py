@@ -46,10 +46,9 @@ def assert_no_leftovers(proc: subprocess.Popen, within_s: float = 5.0) -> None:
     assert not left, f"processes left behind: {left}"
 
 
-def client_pids(launcher_pid: int) -> list[int]:
-    """The client processes of a real run's launcher: forks of its multiprocessing fork server
-    (the launcher's child), or spawn children of the launcher itself."""
-    pids, servers = [], []
+def _children_of(launcher_pid: int) -> tuple[list[int], list[int]]:
+    """The launcher's spawn children and its multiprocessing fork servers."""
+    spawned, servers = [], []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         fields = _stat(pid)
         try:
@@ -59,9 +58,21 @@ def client_pids(launcher_pid: int) -> list[int]:
         if not fields:
             continue
         if int(fields[1]) == launcher_pid and b"spawn_main" in cmd:
-            pids.append(int(pid))
+            spawned.append(int(pid))
         elif int(fields[1]) == launcher_pid and b"multiprocessing.forkserver" in cmd:
-            servers.append(pid)
+            servers.append(int(pid))
+    return spawned, servers
+
+
+def fork_servers(launcher_pid: int) -> list[int]:
+    """The multiprocessing fork servers a real run's launcher started (its children)."""
+    return _children_of(launcher_pid)[1]
+
+
+def client_pids(launcher_pid: int) -> list[int]:
+    """The client processes of a real run's launcher: forks of its multiprocessing fork server
+    (the launcher's child), or spawn children of the launcher itself."""
+    pids, servers = _children_of(launcher_pid)
     for server in servers:
         with contextlib.suppress(OSError):
             pids += [int(c) for c in Path(f"/proc/{server}/task/{server}/children").read_text().split()]
