@@ -4,6 +4,7 @@ line and the exit code the guide gives."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,6 +136,36 @@ def test_a_run_folder_holding_someones_files_is_refused_untouched_as_simulate_re
     (killed / "run.log").write_text("[...] sim: building the data\n")
     code = cli_in_process(monkeypatch, f"hydra.run.dir={killed}", "+exp=smoke", "num_epochs=0.2", "progress=false")
     assert code == 0 and (killed / "summary.json").exists(), capsys.readouterr().err[-2000:]
+
+
+def test_a_grid_folder_holding_someones_files_is_refused_untouched_as_a_run_folder_is(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """``-m hydra.sweep.dir=DIR`` where DIR holds the user's notes.txt and photos/ ran, Hydra's
+    multirun.yaml and every point's folder mixed in with them (over a multirun.yaml of theirs).
+    A grid's own folder (its multirun.yaml, its run folders, one killed before its config.json
+    among them, folders of runs' folders as sim_vs_real's predicted/LINK/POINT) is re-run as before."""
+    mine, grid = tmp_path / "mine", tmp_path / "grid"
+    (mine / "photos" / "2024").mkdir(parents=True)
+    (mine / "photos" / "2024" / "cat.jpg").write_text("mine")
+    (mine / "links").mkdir()
+    (mine / "links" / "back").symlink_to(mine / "links")   # a loop, read without end if followed
+    (mine / "notes.txt").write_text("mine")
+    for holding in ("notes.txt", "photos", "links"):   # a file of theirs, folders of theirs
+        code = cli_in_process(monkeypatch, "-m", f"hydra.sweep.dir={mine}", "nsync=1,2")
+        err = capsys.readouterr().err
+        assert (code, err) == (2, f"error: invalid value for 'hydra.sweep.dir': '{mine}'; expected a new or empty "
+                                  "folder, or a grid's (its multirun.yaml and run folders): this one is a file or "
+                                  "holds others, which a grid is never mixed with\n"), err[-2000:]
+        (mine / holding).rename(tmp_path / holding)
+    assert list(mine.iterdir()) == []
+    args = ("-m", f"hydra.sweep.dir={grid}", "+exp=smoke", "num_epochs=0.2", "progress=false")
+    assert cli_in_process(monkeypatch, *args, "nsync=1") == 0
+    (grid / "nsync=2,num_epochs=0.2" / ".hydra").mkdir(parents=True)   # a point killed before its config.json
+    (grid / "nsync=2,num_epochs=0.2" / "run.log").write_text("[...] sim: building the data\n")
+    (grid / "predicted" / "loopback" / "nsync1").mkdir(parents=True)
+    shutil.copy(grid / "nsync=1,num_epochs=0.2" / "config.json", grid / "predicted" / "loopback" / "nsync1")
+    assert cli_in_process(monkeypatch, *args, "nsync=1,2") == 0, capsys.readouterr().err[-2000:]
+    assert (grid / "nsync=2,num_epochs=0.2" / "summary.json").exists()
 
 
 def test_resume_and_force_together_are_refused_before_the_folder_is_touched(tmp_path):

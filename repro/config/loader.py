@@ -267,8 +267,8 @@ def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
     if why:
         exit_bad_input(f"cannot make the {'grid' if grid else 'run'} folder {folder}: {why} (set "
                        f"results_dir=FOLDER to a writable folder)")
-    if not grid and schema.holds_others(folder):   # before Hydra writes its record and run.log there
-        exit_bad_input(ConfigError(key, str(folder), schema.OTHERS))
+    if schema.holds_others(folder, grid):   # before Hydra writes its record, run.log or multirun.yaml there
+        exit_bad_input(ConfigError(key, str(folder), schema.GRID_OTHERS if grid else schema.OTHERS))
 
 
 def composition_line(exc: Exception) -> str:
