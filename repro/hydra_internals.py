@@ -50,13 +50,16 @@ def sweep_jobs(config: Any) -> list[list[str]] | None:
     experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
     sweeper other than Hydra's basic one decides the jobs."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
     params = config.hydra.sweeper.get("params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
-    overrides = OverridesParser.create().parse_overrides(arguments)
+    hydra = GlobalHydra.instance()   # the sweeper's config loader: a glob(*) of a group's options reads it
+    loader = hydra.config_loader() if hydra.is_initialized() else None
+    overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
     return BasicSweeper.split_arguments(overrides, max_batch_size=None)[0]   # the basic sweeper's own split
 
 

@@ -299,6 +299,26 @@ def test_what_cannot_work_here_is_one_line_and_writes_nothing(tmp_path, words, l
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("sweep,line", [
+    ("nsync=range(1,5,0)", "error: the grid's sweeps cannot be expanded: range() arg 3 must not be zero\n"),
+    ("algo.lr=interval(0.1,0.2)", "error: the grid's sweeps cannot be expanded: BasicSweeper does not support "
+                                  "sweep type : INTERVAL_SWEEP\n"),
+    ("nsync=choice()", "error: Error parsing override 'nsync=choice()'; ValueError while evaluating 'choice()': "
+                       "empty choice is not legal (quote"),
+    ("seed=range(0,0)", "error: the grid has no point: a sweep gives it no value (seed=range(0,0))\n"),
+    ("nsync=glob(*)", "error: the grid has no point: a sweep gives it no value (nsync=glob(*))\n")],
+    ids=["range-step-0", "interval", "choice-of-nothing", "range-of-nothing", "glob-of-a-number"])
+def test_a_sweep_hydras_sweeper_cannot_expand_or_that_gives_no_point_is_one_line(tmp_path, monkeypatch, capsys,
+                                                                                sweep, line):
+    """``-m nsync=range(1,5,0)`` or ``interval(...)`` ended in the basic sweeper's traceback (exit
+    1) and ``choice()`` in Hydra's five lines, after the grid's folder and multirun.yaml were made;
+    ``range(0,0)`` or ``glob(*)`` of a number ran nothing and exited 0 ('finished: 0/0 done')."""
+    code = cli_in_process(monkeypatch, "-m", f"results_dir={tmp_path}", "num_epochs=0.2", sweep)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(line) and len(err.splitlines()) == 1, err[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_ctrl_c_stops_a_plain_multirun_grid_and_exits_130(tmp_path):
     """``-m nsync=1,2`` (no +exp, so none of its grid callback) under Ctrl-C: the run in flight
