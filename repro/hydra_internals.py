@@ -72,6 +72,23 @@ def sweeps(arguments: list[str]) -> bool:
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments))
 
 
+def named_options(override: str) -> list[str] | None:
+    """The values ``KEY=VALUE`` gives its key, as Hydra's parser reads them: ``a,b``, ``a, b`` and
+    ``choice(a,b)`` each give a and b; None for a glob, which picks among the options there are.
+    What its grammar cannot read is split at its commas (Hydra's composition answers it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+        if parsed.value_type == ValueType.GLOB_CHOICE_SWEEP:
+            return None
+        return list(parsed.sweep_string_iterator()) if parsed.is_sweep_override() else [
+            parsed.get_value_element_as_str()]
+    except Exception:   # OverrideParseException, or a sweep that cannot be listed (interval)
+        return override.partition("=")[2].split(",")
+
+
 def plain_number(override: str) -> str:
     """The value of ``override`` as Hydra's sweeper writes a grid point's where it is a number:
     Python's ``str`` of the parsed value, one spelling per number (``0`` for ``-0``, ``4`` for

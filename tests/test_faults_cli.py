@@ -319,6 +319,27 @@ def test_a_sweep_hydras_sweeper_cannot_expand_or_that_gives_no_point_is_one_line
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_group_sweep_in_hydras_other_spellings_is_read_as_hydra_reads_it(tmp_path, monkeypatch, capsys):
+    """``-m 'algo=sgd, adagrad'`` (a space after the comma, as a number's sweep takes it) and
+    ``algo=choice(sgd,adagrad)``, which Hydra sweeps as sgd and adagrad, were refused naming
+    ' adagrad' and 'choice(sgd' as options that do not exist; a glob was refused too. An option
+    that does not exist is still named, in any spelling."""
+    from repro.config.loader import check_overrides
+
+    for value in ("sgd,adagrad", "sgd, adagrad", "choice(sgd,adagrad)", "glob(sg*)", "sgd"):
+        check_overrides(["-m", f"algo={value}"])
+    options = "expected one of: 'adagrad', 'dcasgd', 'downpour', 'easgd', 'outer_nesterov', 'sgd', 'staleness_scaled'\n"
+    for value, bad in (("sgd, nope", "nope"), ("choice(sgd,nope)", "nope"), ("range(1,2)", "1"), ("nope", "nope")):
+        with pytest.raises(SystemExit):
+            check_overrides(["-m", f"algo={value}"])
+        assert capsys.readouterr().err == f"error: invalid value for 'algo': '{bad}'; {options}"
+    code = cli_in_process(monkeypatch, "-m", f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false",
+                          "algo=choice(sgd, adagrad)")
+    assert code == 0, capsys.readouterr().err[-2000:]
+    assert sorted(p.parent.name for p in tmp_path.glob("default/*/summary.json")) == \
+        ["algo=adagrad,num_epochs=0.2", "algo=sgd,num_epochs=0.2"]
+
+
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_ctrl_c_stops_a_plain_multirun_grid_and_exits_130(tmp_path):
     """``-m nsync=1,2`` (no +exp, so none of its grid callback) under Ctrl-C: the run in flight
