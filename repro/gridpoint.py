@@ -133,13 +133,19 @@ def summary_status(run_dir: Path) -> str | None:
 def _named_jobs(config: DictConfig) -> list[tuple[list[str], str]] | None:
     """Every job Hydra's basic sweeper launches for ``config`` (the experiment's
     ``hydra.sweeper.params`` and the command line's sweeps), in launch order, with its run-folder
-    name; None when another sweeper decides the jobs or they cannot be read (never a reason to
-    stop a grid)."""
-    from repro.config.loader import job_name
-    from repro.hydra_internals import sweep_jobs
+    name; None when another sweeper decides the jobs or a name cannot be read (never a reason to
+    stop a grid). Sweeps the basic sweeper cannot expand, or that give no point, exit 2."""
+    from repro.config.loader import exit_bad_input, job_name
+    from repro.hydra_internals import sweep_jobs, sweeps
 
-    try:
+    try:   # the basic sweeper's own split, which it makes next, after the grid's folder and multirun.yaml
         jobs = sweep_jobs(config)
+    except Exception as exc:   # range(1,5,0), interval(...): its traceback, exit 1
+        exit_bad_input(f"the grid's sweeps cannot be expanded: {str(exc).partition(chr(10))[0]}")
+    if jobs == []:   # range(0,0): nothing ran, 'finished: 0/0 done', exit 0
+        given = [o for o in config.hydra.overrides.task if sweeps([o])]
+        exit_bad_input(f"the grid has no point: a sweep gives it no value ({', '.join(given)})")
+    try:
         return None if jobs is None else [(job, job_name(job)) for job in jobs]
     except Exception as exc:
         log.debug("a grid without its job list: %s", exc)

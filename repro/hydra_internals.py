@@ -50,13 +50,16 @@ def sweep_jobs(config: Any) -> list[list[str]] | None:
     experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
     sweeper other than Hydra's basic one decides the jobs."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
     params = config.hydra.sweeper.get("params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
-    overrides = OverridesParser.create().parse_overrides(arguments)
+    hydra = GlobalHydra.instance()   # the sweeper's config loader: a glob(*) of a group's options reads it
+    loader = hydra.config_loader() if hydra.is_initialized() else None
+    overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
     return BasicSweeper.split_arguments(overrides, max_batch_size=None)[0]   # the basic sweeper's own split
 
 
@@ -67,6 +70,23 @@ def sweeps(arguments: list[str]) -> bool:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments))
+
+
+def named_options(override: str) -> list[str] | None:
+    """The values ``KEY=VALUE`` gives its key, as Hydra's parser reads them: ``a,b``, ``a, b`` and
+    ``choice(a,b)`` each give a and b; None for a glob, which picks among the options there are.
+    What its grammar cannot read is split at its commas (Hydra's composition answers it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+        if parsed.value_type == ValueType.GLOB_CHOICE_SWEEP:
+            return None
+        return list(parsed.sweep_string_iterator()) if parsed.is_sweep_override() else [
+            parsed.get_value_element_as_str()]
+    except Exception:   # OverrideParseException, or a sweep that cannot be listed (interval)
+        return override.partition("=")[2].split(",")
 
 
 def plain_number(override: str) -> str:

@@ -255,7 +255,8 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
         except Exception as exc:   # a key that only a swept option has: Hydra judges it point by point
-            if isinstance(exc, MissingConfigException) or "'hydra." in str(exc).partition("\n")[0]:
+            if isinstance(exc, (MissingConfigException, OverrideParseException)) \
+                    or "'hydra." in str(exc).partition("\n")[0]:   # choice(): Hydra's 5 lines, exit 1
                 exit_bad_input(composition_line(exc))   # every point's (Hydra: 7 to 14 lines, exit 1)
             return None
         _refuse_run_of_grid(argv, dcfg)

@@ -4,6 +4,7 @@ line and the exit code the guide gives."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,6 +138,36 @@ def test_a_run_folder_holding_someones_files_is_refused_untouched_as_simulate_re
     assert code == 0 and (killed / "summary.json").exists(), capsys.readouterr().err[-2000:]
 
 
+def test_a_grid_folder_holding_someones_files_is_refused_untouched_as_a_run_folder_is(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """``-m hydra.sweep.dir=DIR`` where DIR holds the user's notes.txt and photos/ ran, Hydra's
+    multirun.yaml and every point's folder mixed in with them (over a multirun.yaml of theirs).
+    A grid's own folder (its multirun.yaml, its run folders, one killed before its config.json
+    among them, folders of runs' folders as sim_vs_real's predicted/LINK/POINT) is re-run as before."""
+    mine, grid = tmp_path / "mine", tmp_path / "grid"
+    (mine / "photos" / "2024").mkdir(parents=True)
+    (mine / "photos" / "2024" / "cat.jpg").write_text("mine")
+    (mine / "links").mkdir()
+    (mine / "links" / "back").symlink_to(mine / "links")   # a loop, read without end if followed
+    (mine / "notes.txt").write_text("mine")
+    for holding in ("notes.txt", "photos", "links"):   # a file of theirs, folders of theirs
+        code = cli_in_process(monkeypatch, "-m", f"hydra.sweep.dir={mine}", "nsync=1,2")
+        err = capsys.readouterr().err
+        assert (code, err) == (2, f"error: invalid value for 'hydra.sweep.dir': '{mine}'; expected a new or empty "
+                                  "folder, or a grid's (its multirun.yaml and run folders): this one is a file or "
+                                  "holds others, which a grid is never mixed with\n"), err[-2000:]
+        (mine / holding).rename(tmp_path / holding)
+    assert list(mine.iterdir()) == []
+    args = ("-m", f"hydra.sweep.dir={grid}", "+exp=smoke", "num_epochs=0.2", "progress=false")
+    assert cli_in_process(monkeypatch, *args, "nsync=1") == 0
+    (grid / "nsync=2,num_epochs=0.2" / ".hydra").mkdir(parents=True)   # a point killed before its config.json
+    (grid / "nsync=2,num_epochs=0.2" / "run.log").write_text("[...] sim: building the data\n")
+    (grid / "predicted" / "loopback" / "nsync1").mkdir(parents=True)
+    shutil.copy(grid / "nsync=1,num_epochs=0.2" / "config.json", grid / "predicted" / "loopback" / "nsync1")
+    assert cli_in_process(monkeypatch, *args, "nsync=1,2") == 0, capsys.readouterr().err[-2000:]
+    assert (grid / "nsync=2,num_epochs=0.2" / "summary.json").exists()
+
+
 def test_resume_and_force_together_are_refused_before_the_folder_is_touched(tmp_path):
     """``resume=true force=true`` started the folder over without a word: the interrupted run
     the user asked to continue was thrown away."""
@@ -266,6 +297,47 @@ def test_what_cannot_work_here_is_one_line_and_writes_nothing(tmp_path, words, l
     assert proc.returncode == 2 and proc.stderr.startswith(line), proc.stderr[-2000:]
     assert len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sweep,line", [
+    ("nsync=range(1,5,0)", "error: the grid's sweeps cannot be expanded: range() arg 3 must not be zero\n"),
+    ("algo.lr=interval(0.1,0.2)", "error: the grid's sweeps cannot be expanded: BasicSweeper does not support "
+                                  "sweep type : INTERVAL_SWEEP\n"),
+    ("nsync=choice()", "error: Error parsing override 'nsync=choice()'; ValueError while evaluating 'choice()': "
+                       "empty choice is not legal (quote"),
+    ("seed=range(0,0)", "error: the grid has no point: a sweep gives it no value (seed=range(0,0))\n"),
+    ("nsync=glob(*)", "error: the grid has no point: a sweep gives it no value (nsync=glob(*))\n")],
+    ids=["range-step-0", "interval", "choice-of-nothing", "range-of-nothing", "glob-of-a-number"])
+def test_a_sweep_hydras_sweeper_cannot_expand_or_that_gives_no_point_is_one_line(tmp_path, monkeypatch, capsys,
+                                                                                sweep, line):
+    """``-m nsync=range(1,5,0)`` or ``interval(...)`` ended in the basic sweeper's traceback (exit
+    1) and ``choice()`` in Hydra's five lines, after the grid's folder and multirun.yaml were made;
+    ``range(0,0)`` or ``glob(*)`` of a number ran nothing and exited 0 ('finished: 0/0 done')."""
+    code = cli_in_process(monkeypatch, "-m", f"results_dir={tmp_path}", "num_epochs=0.2", sweep)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(line) and len(err.splitlines()) == 1, err[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_group_sweep_in_hydras_other_spellings_is_read_as_hydra_reads_it(tmp_path, monkeypatch, capsys):
+    """``-m 'algo=sgd, adagrad'`` (a space after the comma, as a number's sweep takes it) and
+    ``algo=choice(sgd,adagrad)``, which Hydra sweeps as sgd and adagrad, were refused naming
+    ' adagrad' and 'choice(sgd' as options that do not exist; a glob was refused too. An option
+    that does not exist is still named, in any spelling."""
+    from repro.config.loader import check_overrides
+
+    for value in ("sgd,adagrad", "sgd, adagrad", "choice(sgd,adagrad)", "glob(sg*)", "sgd"):
+        check_overrides(["-m", f"algo={value}"])
+    options = "expected one of: 'adagrad', 'dcasgd', 'downpour', 'easgd', 'outer_nesterov', 'sgd', 'staleness_scaled'\n"
+    for value, bad in (("sgd, nope", "nope"), ("choice(sgd,nope)", "nope"), ("range(1,2)", "1"), ("nope", "nope")):
+        with pytest.raises(SystemExit):
+            check_overrides(["-m", f"algo={value}"])
+        assert capsys.readouterr().err == f"error: invalid value for 'algo': '{bad}'; {options}"
+    code = cli_in_process(monkeypatch, "-m", f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false",
+                          "algo=choice(sgd, adagrad)")
+    assert code == 0, capsys.readouterr().err[-2000:]
+    assert sorted(p.parent.name for p in tmp_path.glob("default/*/summary.json")) == \
+        ["algo=adagrad,num_epochs=0.2", "algo=sgd,num_epochs=0.2"]
 
 
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from repro.config.renames import read_recorded
-from repro.config.settings import RECORDED_ONLY, all_keys
+from repro.config.settings import unknown_keys
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import lock_held
@@ -198,7 +198,7 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
     lacking = [k for k in REQUIRED_CONFIG_KEYS if k not in config]
     if lacking:
         raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")
-    unknown = [k for k in flatten(config) if k not in all_keys() and k.partition(".")[0] not in RECORDED_ONLY]
+    unknown = unknown_keys(config)
     if unknown:   # read, as other columns are; but a figure's configuration (configs.py) never sees it
         warnings.warn(f"run {run_dir}: {schema.CONFIG_FILE} key(s) unknown to this version: {', '.join(unknown)} "
                       "(written by another version, or by hand): kept as columns, but no figure tells "

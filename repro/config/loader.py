@@ -30,6 +30,7 @@ from repro.config.renames import modern_override
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files import schema
 from repro.files.storage import is_read_only, unmakeable
+from repro.hydra_internals import check_flags, named_options, plain_number   # Hydra's own readings (no import cost)
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
 
@@ -126,8 +127,6 @@ def job_name(overrides) -> str:
     Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
     ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.settings.shaping_keys`).
     A number is named by its value, as in a grid (``seed=-0`` ran the run of ``seed=0`` again)."""
-    from repro.hydra_internals import plain_number
-
     shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
     kept = []
     for item in overrides or ():
@@ -267,8 +266,8 @@ def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
     if why:
         exit_bad_input(f"cannot make the {'grid' if grid else 'run'} folder {folder}: {why} (set "
                        f"results_dir=FOLDER to a writable folder)")
-    if not grid and schema.holds_others(folder):   # before Hydra writes its record and run.log there
-        exit_bad_input(ConfigError(key, str(folder), schema.OTHERS))
+    if schema.holds_others(folder, grid):   # before Hydra writes its record, run.log or multirun.yaml there
+        exit_bad_input(ConfigError(key, str(folder), schema.GRID_OTHERS if grid else schema.OTHERS))
 
 
 def composition_line(exc: Exception) -> str:
@@ -321,8 +320,6 @@ def check_words(argv: list[str]) -> None:
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
         exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg and --info "
                        "(--cfg job shows a single run's config)")
-    from repro.hydra_internals import check_flags
-
     check_flags(argv, lambda why: exit_bad_input(f"{why} (python -m repro.run --hydra-help lists Hydra's flags)"))
     for flags, why in UNSUPPORTED_FLAGS.items():   # Hydra: a traceback, its 14 lines, or 'install' an unknown key
         for flag in [w for w in argv if w in flags][:1]:
@@ -371,11 +368,12 @@ def check_overrides(argv: list[str]) -> None:
                 exit_bad_input(f"'{prefix}{key}={value}': write {right} ("
                                 + (f"'{key}' options are added with +" if optional else
                                    f"'{key}' is already in the config") + ")")
-            if key == "exp" and "," in value:   # Hydra ran each experiment's base config once, no figure
+            named = named_options(f"{key}={value}")   # 'a, b', choice(a,b): as Hydra reads them
+            if key == "exp" and (named is None or len(named) > 1):   # Hydra ran each experiment's base config once
                 exit_bad_input(f"'+exp={value}' sweeps experiments, and each is a grid of its own: run one "
-                               "experiment per command (" + ", then ".join(f"+exp={v}" for v in value.split(",")) + ")")
+                               "experiment per command (" + ", then ".join(f"+exp={v}" for v in named or [value]) + ")")
             choices = group_options(key)
-            for v in value.split(","):
+            for v in named or []:
                 if v not in choices:
                     exit_bad_input(ConfigError(key, v, choices))
         elif key in keys:

@@ -320,6 +320,20 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
     return tree
 
 
+def unknown_keys(recorded: dict, prefix: str = "") -> list[str]:
+    """The dotted keys of a config.json (as :func:`repro.config.renames.read_recorded` reads it)
+    that this version has no setting for: another version's, or a hand edit's (what a run
+    records beside its settings, :data:`RECORDED_ONLY`, is not one)."""
+    known, out = set(all_keys()), []
+    for key, value in recorded.items():
+        name = prefix + key
+        if isinstance(value, dict) and name not in known and name not in RECORDED_ONLY:
+            out += unknown_keys(value, name + ".")
+        elif name not in known and name not in RECORDED_ONLY:
+            out.append(name)
+    return out
+
+
 def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
     """'key: recorded -> now' for every training-shaping key that differs (``recorded``: a
     config.json as :func:`repro.config.renames.read_recorded` reads it)."""

@@ -36,6 +36,9 @@ LOCK_FILE = ".lock"   # held while a process writes the folder (repro.files.lock
 # only these is a run's, or one killed before its config.json: the run core judges it
 RUN_OWN = (CONFIG_FILE, UPDATES_FILE, EVALS_FILE, TIMINGS_FILE, SUMMARY_FILE, CHECKPOINT_FILE, LOCK_FILE,
            "run.log", ".hydra", "_tmp")
+# a grid's folder (hydra.sweep.dir) holds, beside its points' run folders: Hydra's record of the
+# grid, the launches' stop marks (repro.gridpoint) and submitit's job files (conf/hydra/launcher)
+GRID_OWN = ("multirun.yaml", ".grid_stops", ".submitit")
 
 UPDATE_COLUMNS = (
     "version",        # server version after this push was applied (1, 2, 3, ...)
@@ -101,14 +104,19 @@ SUMMARY_KEYS = (
 # (a real run: mean CPU seconds of one evaluation of the server's parameters, for cost=fit).
 
 
-def holds_others(folder: Path) -> bool:
+def holds_others(folder: Path, grid: bool = False) -> bool:
     """Whether ``folder`` is a file, or holds files no run wrote (neither its config.json nor its
     summary.json is there): asked before anything is written (the API's run_dir, the command
-    line's hydra.run.dir), since a run's files are never mixed with anyone's (:data:`OTHERS`)."""
+    line's hydra.run.dir), since a run's files are never mixed with anyone's (:data:`OTHERS`).
+    ``grid``: a grid's folder (hydra.sweep.dir), holding :data:`GRID_OWN` and folders that are
+    each a run's, or hold only runs' (sim_vs_real's ``predicted/LINK/POINT``): :data:`GRID_OTHERS`."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():   # a file: mkdir's raw FileExistsError
         return True
     with contextlib.suppress(OSError):   # unreadable: the run's own checks say so
+        if grid:
+            return any(p.name not in GRID_OWN and holds_others(p) and (p.is_symlink() or holds_others(p, grid))
+                       for p in folder.iterdir())   # never down a link: a loop would never end
         return not any((folder / name).exists() for name in (CONFIG_FILE, SUMMARY_FILE)) \
             and any(not p.name.startswith(RUN_OWN) for p in folder.iterdir())
     return False
@@ -116,6 +124,8 @@ def holds_others(folder: Path) -> bool:
 
 OTHERS = ("a new or empty folder, or a run's (holding its config.json): this one is a file or holds others, "
           "which a run is never mixed with")
+GRID_OTHERS = ("a new or empty folder, or a grid's (its multirun.yaml and run folders): this one is a file or "
+               "holds others, which a grid is never mixed with")
 
 
 def target_key(target: float) -> str:

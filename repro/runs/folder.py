@@ -30,7 +30,7 @@ import torch
 
 from repro.config.checks import validated
 from repro.config.renames import read_recorded
-from repro.config.settings import RunConfig, differences
+from repro.config.settings import RunConfig, differences, get, unknown_keys
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import FileLock, LockHeld
@@ -184,7 +184,7 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
             return Decision("fresh")
         raise ConfigError("resume", True, f"a checkpoint to continue from: this folder holds {what} at "
                           f"version {version} but no {schema.CHECKPOINT_FILE}; force=true starts over")
-    check_config(cfg, run_dir)
+    check_config(cfg, run_dir, resuming=True)
     return Decision("resume", summary)
 
 
@@ -200,16 +200,19 @@ def _is_run_config(run_dir: Path) -> bool:
 
 
 def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration the run was "
-                 "started with; these training-shaping keys differ (recorded -> now): ") -> None:
+                 "started with; these training-shaping keys differ (recorded -> now): ",
+                 resuming: bool = False) -> None:
     """Refuse to continue (or to skip as done) a run with other training-shaping settings,
-    listing every difference."""
+    listing every difference; ``resuming``, also a recorded key this version lacks (the run
+    would go on without it, and its config.json, rewritten, would no longer record it)."""
     path = Path(run_dir) / schema.CONFIG_FILE
     try:
         recorded = read_recorded(run_dir)
     except (OSError, ValueError) as e:
         raise ConfigError("resume", True, f"a readable {path} to check the configuration against "
                           f"({e}); force=true starts over") from None
-    diffs = differences(recorded, cfg)
+    diffs = differences(recorded, cfg) + [f"{key}: {get(recorded, key)!r} -> (no such key in this version)"
+                                          for key in (unknown_keys(recorded) if resuming else ())]
     # a replay's pushes are its recording's (cost.path, not a key that names a folder): another
     # recording of the same settings, e.g. a second real run, was skipped as this one's replay
     old = (recorded.get("cost") or {}).get("path")
