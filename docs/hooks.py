@@ -11,6 +11,8 @@
   is never kept by hand.
 * ``<!-- csv: PATH -->`` becomes a table of the dated CSV file PATH (relative to docs/): measured
   numbers live in data files, not in prose.
+* :class:`Inspected` (a griffe extension, mkdocs.yml): the API page's objects are read from the
+  source, but those whose documentation is made at import.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import csv
 import re
 from pathlib import Path
 
+import griffe
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,3 +81,24 @@ def configuration_reference() -> str:
         cells = [f"`{key}`", f"`{default}`", settings.valid_values(key), meaning]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+class Inspected(griffe.Extension):
+    """The ``objects`` named in mkdocs.yml are read by importing their module, the rest of the
+    package from its source. simulate()'s defaults are the command line's (``DEFAULTS``) and its
+    docstring lists the registries' names, both made at import. Inspecting the whole package for
+    it (force_inspection) imported every module of repro on each build, and showed every object
+    as inspection sees it (Result's dataclass internals, with memory addresses)."""
+
+    def __init__(self, objects: list[str]) -> None:
+        self.objects = objects
+
+    def on_package(self, *, pkg, loader, **kwargs) -> None:
+        for path in self.objects:
+            module, _, name = path.rpartition(".")
+            if module.split(".")[0] == pkg.path:
+                inspected = griffe.inspect(module, import_paths=loader.finder.search_paths,
+                                           docstring_parser=loader.docstring_parser,
+                                           docstring_options=loader.docstring_options)
+                loader.modules_collection[module].set_member(name, inspected[name])
+                inspected[name].parent = inspected   # its docstring's types read as inspection reads them

@@ -49,7 +49,7 @@ if not OmegaConf.has_resolver("hydra_record"):   # the Hydra record's folder, th
 
 
 def _incoming_record(run_dir):
-    from repro.runs.folder import incoming_record   # torch: only once a run is under way
+    from repro.runs.folder import incoming_record   # only once a job runs: not for --help
 
     return incoming_record(run_dir)
 
@@ -158,13 +158,18 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     if is_read_only(run_dir):   # a finished run is only skipped there: no run.log either
         detach_files_in(run_dir)
     try:
-        if cfg is None:
-            from repro.workload.build import check_components   # torch: not for --help nor bad input
+        summary = None
+        if cfg is None:   # a grid point: a finished one is skipped before torch loads
+            from repro.runs.folder import finished
 
             cfg = parse(dcfg)
-            check_components(cfg)
+            summary = finished(cfg, run_dir)
+            if summary is None:
+                from repro.workload.build import check_components   # torch: not for --help nor bad input
+
+                check_components(cfg)
         mark("main", "config parsed")
-        summary = run(cfg, run_dir)
+        summary = summary or run(cfg, run_dir)
     except ConfigError as err:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
         _remove_empty_run_dir(run_dir.resolve(), results)

@@ -36,6 +36,20 @@ def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, a
     assert not (tmp_path / "results").exists()
 
 
+
+def test_a_finished_grid_point_is_skipped_without_torch(tmp_path):
+    """A finished grid's re-run answers in a blink: each point decides to skip from its folder
+    (repro.runs.folder.finished) before its driver loads torch, which cost every point's process
+    (the launcher's, each joblib worker) about 2 s on a busy machine only to skip it."""
+    grid = ["repro.run", "-m", "+exp=smoke", "num_epochs=0.5", f"results_dir={tmp_path}"]
+    first = subprocess.run([sys.executable, "-m", *grid], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    again = subprocess.run([sys.executable, "-c", PROBE, *grid], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "1/1 done (1 skipped: already finished)" in again.stderr
+    assert "completed: version" in again.stderr and "run folder:" in again.stdout
+    assert "IMPORTED []" in again.stderr, again.stderr.splitlines()[-1:]
+
 @pytest.mark.parametrize("module,args,code,needle", [
     ("repro.analysis", ["--help"], 0, "usage: python -m repro.analysis"),
     ("repro.analysis", ["compare", "--help"], 0, "usage: python -m repro.analysis compare"),

@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from repro.config.checks import validated
 from repro.config.renames import read_recorded
 from repro.config.settings import RunConfig, differences, get, unknown_keys
@@ -36,9 +34,8 @@ from repro.files import schema
 from repro.files.locks import FileLock, LockHeld
 from repro.files.storage import is_read_only, write_denied, write_json
 from repro.logs import get_logger
-from repro.runs.resume import resume_state
 from repro.runs.runlog import read_summary
-from repro.runtime import StopRequest
+from repro.runtime import StopRequest, torchrun_env
 
 log = get_logger("repro.runs.folder")
 
@@ -188,6 +185,27 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     return Decision("resume", summary)
 
 
+def finished(cfg: RunConfig, run_dir: str | Path) -> dict | None:
+    """The summary of the finished run in ``run_dir`` when :func:`run_folder` would only skip it
+    for ``cfg`` (decided as there, under the folder's lock), else None: a grid point asks before
+    its driver loads torch, which cost each process running points seconds only to skip them.
+    What a driver rewrites or answers first (cost.path: a replay or a fit; a torchrun world's
+    other ranks) is its own to decide."""
+    run_dir = Path(run_dir)
+    try:
+        if cfg.force or cfg.cost.path or not (run_dir / schema.SUMMARY_FILE).is_file() or torchrun_env():
+            return None
+        validated(cfg)
+        with open_folder(run_dir):
+            decision = decide(cfg, run_dir)
+    except ConfigError:   # refused: the driver refuses it the same way, as before
+        return None
+    if decision.action != "skip":
+        return None
+    drop_hydra_record(run_dir)
+    return decision.summary
+
+
 RUN_CONFIG_KEYS = {"exp_name", "seed", "num_clients", "nsync", "backend"}
 
 
@@ -266,6 +284,8 @@ class FolderRun:
 
     def checkpoint(self, kind: str, device) -> dict | None:
         """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
+        from repro.runs.resume import resume_state   # torch: not for a run that is only skipped
+
         return resume_state(self.run_dir, kind, device) if self.decision.action == "resume" else None
 
 
@@ -358,6 +378,8 @@ def resume_hint(run_dir: Path) -> str:
     if not path.exists():
         return "no checkpoint was written: force=true starts over"
     try:
+        import torch
+
         version = f"version {int(torch.load(path, weights_only=True)['server']['version'])}"
     except Exception:
         version = "the last checkpoint"

@@ -18,15 +18,17 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
 
 from repro.errors import ConfigError
 from repro.workload import cifar
 from repro.workload.datacache import mnist1d_arrays
 from repro.registry import Registry
+
+if TYPE_CHECKING:   # torch is imported where tensors are made: a skipped grid point reads DATASETS
+    import torch
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ def _finish(name: str, train: tuple, test: tuple, num_train: int | None, num_tes
     ``channel_dims`` None: one scalar mean/std; else the dims to reduce over, one pair per channel.
     Works in float32 in place: CIFAR-10's training set is 600 MB as float32, twice that as float64.
     """
+    import torch
+
     x_train, y_train = _take("data.num_train", *train, num_train)
     x_test, y_test = _take("data.num_test", *test, num_test)
     x_train = torch.tensor(x_train, dtype=torch.float32)  # always a copy: safe to modify in place
@@ -211,6 +215,8 @@ SYNTHETIC_DEFAULT_TRAIN, SYNTHETIC_DEFAULT_TEST = 512, 128
 @DATASETS.register("synthetic", input_shape=(1, 8, 8), num_classes=10, num_train=SYNTHETIC_DEFAULT_TRAIN)
 def _load_synthetic(root, num_train, num_test) -> Dataset:
     """Gaussian 1x8x8 inputs labelled by argmax of a fixed random linear map: learnable, tiny."""
+    import torch
+
     weights = torch.randn(64, 10, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED))
 
     def draw(n: int, stream: int):
@@ -240,6 +246,8 @@ def _load_quadratic(root, num_train, num_test) -> Dataset:
     for key, n in (("data.num_train", num_train), ("data.num_test", num_test)):
         if n not in (None, QUADRATIC_DIM):
             raise ConfigError(key, n, f"null (the quadratic has exactly {QUADRATIC_DIM} samples)")
+    import torch
+
     d = QUADRATIC_DIM
     x = torch.diag(torch.tensor([math.sqrt(d * c) for c in QUADRATIC_CURVATURES], dtype=torch.float32))
     y = torch.zeros(d, dtype=torch.int64)
@@ -298,6 +306,8 @@ class ClientStream:
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm_epoch != epoch:
+            import torch
+
             gen = torch.Generator().manual_seed(_mix(self.seed, self.client, epoch))
             # drawn on CPU so the order is the same on every device, then moved once per epoch
             self._perm = torch.randperm(self.num_samples, generator=gen).to(self.x.device)
