@@ -48,6 +48,7 @@ from repro.sim.driver import simulate as sim_run
 # What ``python -m repro.run`` runs with no overrides: every default of simulate() is read from it
 # (and every setting simulate() does not take), so the API and the command line cannot disagree.
 DEFAULTS = composed()
+_PROFILES: dict[str, CostConfig] = {}   # cost=NAME composed once a process: Hydra takes ~0.2 s a call
 
 
 @dataclass(eq=False)   # the dataclass's == compared DataFrames: "truth value ... is ambiguous"
@@ -65,7 +66,7 @@ class Result:
 
 
 def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
-    """A cost model from a profile name in ``conf/cost`` (e.g. "lan", "paper2013"), composed as
+    """A cost model from a profile name in ``conf/cost`` (e.g. "lan", "paper2013"), composed once a process as
     ``python -m repro.run cost=NAME`` composes it; a dict of :class:`CostConfig` fields, set on
     the profile it names (``{"profile": "straggler", "straggler_factor": 8}``), else (no profile,
     or a label of your own) on CostConfig's defaults; or a CostConfig. A schedule that replays a
@@ -79,7 +80,7 @@ def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
         if cost not in group_options("cost"):
             raise ConfigError("cost", cost, group_options("cost"))
         if cost != "replay":   # which would need a recorded run's folder to compose
-            cost = composed((f"cost={cost}",)).cost
+            cost = _PROFILES.get(cost) or _PROFILES.setdefault(cost, composed((f"cost={cost}",)).cost)
     if cost == "replay" or cost.schedule == "replay":
         raise ConfigError("cost", "replay", "a cost model; replay a recorded run with "
                           "python -m repro.run cost=replay cost.path=RUN_DIR")
@@ -151,8 +152,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         al. 2017); the others (the lab's) run at the command line's defaults of their own keys
         (``python -m repro.run --help``).
     lr_server : float or None, default None
-        Server step size, > 0. None picks the rule's default: 1.0 for delta, 0.01 for adagrad,
-        ``lr`` for the others.
+        Server step size, > 0. None picks the rule's default: 1.0 for delta, 0.01 for adagrad, ``lr`` for the others.
     dc_lambda : float, default 0.04
         DC-ASGD's lambda, >= 0 (server_rule="dcasgd" only; 0.04 is the paper's DC-ASGD-c value).
     protocol : {PROTOCOLS}, default "async"

@@ -10,8 +10,7 @@ from repro.config.settings import RunConfig, to_dict
 from repro.errors import ConfigError
 from repro.run import CONF_DIR, compose, parse
 from tests.helpers.configs import composed
-from tests.helpers.grids import sweep_grid
-from tests.helpers.paths import ROOT
+from tests.helpers.grids import cli_run, sweep_grid
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "exp").glob("*.yaml"))
 
@@ -142,9 +141,10 @@ def test_training_shaping_keys_are_declared_once():
     assert job_name([]) == "base"
 
 
-def _cli(args, tmp_path):
-    return subprocess.run([sys.executable, "-m", "repro.run", f"results_dir={tmp_path}", "progress=false", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+def _cli(args, tmp_path, monkeypatch, capsys):
+    # in the test's process: what a refusal says and leaves is tested here, the exit status of a
+    # fresh interpreter in tests/test_startup_imports.py (each interpreter: ~1-3 s of imports)
+    return cli_run(monkeypatch, capsys, f"results_dir={tmp_path}", "progress=false", *args)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -164,8 +164,8 @@ def _cli(args, tmp_path):
     (["backend.timeout_s=5"], "'backend.timeout_s' is a setting of backend=real"),
     (["+exp=fig3", "eval_every=0"], "'eval_every': 0"),
 ])
-def test_cli_rejects_bad_input_with_exit_code_2_and_no_complete_run(tmp_path, args, needle):
-    proc = _cli(args, tmp_path)
+def test_cli_rejects_bad_input_with_exit_code_2_and_no_complete_run(tmp_path, monkeypatch, capsys, args, needle):
+    proc = _cli(args, tmp_path, monkeypatch, capsys)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert "???" not in proc.stderr and "Traceback" not in proc.stderr

@@ -6,9 +6,6 @@ Every expected time below is a sum of dyadic fractions (1, 0.5, 0.25), exact in 
 point, so the comparisons are exact at any thread count and on any machine.
 """
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -21,7 +18,7 @@ from repro.sim.cost import CostModel, CostScheduler
 from repro.sim.driver import simulate
 from repro.sim.resources import ContendedScheduler, max_min_shares
 
-from tests.helpers.paths import ROOT  # noqa: E402
+from tests.helpers.grids import cli_run
 
 
 def shared(**kw) -> CostConfig:
@@ -378,10 +375,9 @@ def test_hosts_of_four_take_fewer_clients_than_a_host_or_any_multiple(num_client
     assert parse(compose(["cost=paper2013_shared", f"num_clients={num_clients}"])).cost.shared.clients_per_host == 4
 
 
-def test_cli_refuses_a_host_size_that_does_not_divide_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "repro.run", "cost=paper2013_shared", "num_clients=6",
-                           f"results_dir={tmp_path / 'r'}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "MPLBACKEND": "Agg"})
+def test_cli_refuses_a_host_size_that_does_not_divide_before_any_work(tmp_path, monkeypatch, capsys):
+    # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run)
+    proc = cli_run(monkeypatch, capsys, "cost=paper2013_shared", "num_clients=6", f"results_dir={tmp_path / 'r'}")
     assert proc.returncode == 2, proc.stderr
     assert "cost.shared.clients_per_host" in proc.stderr and "6" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()

@@ -3,6 +3,7 @@ bad point, a sweep without --multirun, a number's spelling, --run of a grid. Eac
 line and the exit code the guide gives."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -11,9 +12,18 @@ import sys
 
 import pytest
 
-from tests.helpers.grids import cli_in_process
+from tests.helpers.grids import cli_in_process, cli_run
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import cli, stop_process, wait_rows
+
+
+@pytest.fixture
+def cli_here(monkeypatch, capsys):
+    """``python -m repro.run ARGS`` in the test's process, answered as :func:`cli` answers
+    (tests/helpers/grids.cli_run): what a refusal says and leaves is what most tests here check,
+    not a fresh interpreter's start-up (about a second each; tests/test_startup_imports.py)."""
+    return functools.partial(cli_run, monkeypatch, capsys)
+
 
 CTRL_C_WHILE_IMPORTING = """
 import builtins, os, runpy, signal, sys
@@ -56,28 +66,28 @@ def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_pat
     assert all('"completed"' in (tmp_path / "default" / r / "summary.json").read_text() for r in runs)
 
 
-def test_a_sweep_without_multirun_is_bad_input_and_a_list_or_quoted_comma_is_no_sweep(tmp_path):
+def test_a_sweep_without_multirun_is_bad_input_and_a_list_or_quoted_comma_is_no_sweep(tmp_path, cli_here):
     """``nsync=1,2`` without -m ended in Hydra's five-line message with exit 1; a list value
     (``cost.speeds=[1,2]``) was taken for a sweep by a regular expression and skipped the
     single run's checks (here: a results_dir that is a file, refused with one line)."""
-    sweep = cli(f"results_dir={tmp_path}", "nsync=1,2")
+    sweep = cli_here(f"results_dir={tmp_path}", "nsync=1,2")
     assert (sweep.returncode, sweep.stderr) == (2, "error: 'nsync=1,2' is a sweep: add -m to run one run per "
                                                    "value (a list is KEY=[A,B], a text with a comma KEY='A,B')\n")
     (tmp_path / "file").write_text("")
-    listed = cli(f"results_dir={tmp_path / 'file'}", "num_clients=2", "cost.speeds=[1,2]")
+    listed = cli_here(f"results_dir={tmp_path / 'file'}", "num_clients=2", "cost.speeds=[1,2]")
     assert listed.returncode == 2 and listed.stderr.startswith("error: invalid value for 'results_dir'"), \
         listed.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-def test_hydras_flags_may_stand_between_the_overrides_and_two_modes_are_one_line():
+def test_hydras_flags_may_stand_between_the_overrides_and_two_modes_are_one_line(cli_here):
     """``num_epochs=0.2 --cfg job seed=3`` failed with argparse's usage text ("unrecognized
     arguments: seed=3"): Hydra's parser takes the overrides as one run of words. ``-m ...
     --cfg job`` ended in a raw ValueError traceback."""
-    shown = cli("num_epochs=0.2", "--cfg", "job", "seed=3")
+    shown = cli_here("num_epochs=0.2", "--cfg", "job", "seed=3")
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert {"seed: 3", "num_epochs: 0.2"} <= set(shown.stdout.splitlines())
-    both = cli("-m", "nsync=1,2", "--cfg", "job")
+    both = cli_here("-m", "nsync=1,2", "--cfg", "job")
     assert (both.returncode, both.stderr) == (2, "error: -m and --cfg: give one of --run, --multirun (-m), "
                                                  "--cfg and --info (--cfg job shows a single run's config)\n")
 
@@ -94,21 +104,21 @@ def test_the_advice_of_a_refusal_is_itself_accepted(argv, advice, capsys):
     assert advice in capsys.readouterr().err
 
 
-def test_an_interpolation_that_does_not_resolve_is_one_line(tmp_path):
+def test_an_interpolation_that_does_not_resolve_is_one_line(tmp_path, cli_here):
     """``exp_name=${oops}`` or an unset ``${oc.env:...}`` ended in OmegaConf's raw traceback, exit 1."""
     for value, why in [("${oops}", "Interpolation key 'oops' not found"),
                        ("${oc.env:REPRO_UNSET_VARIABLE}", "KeyError raised while resolving interpolation: "
                                                           "\"Environment variable 'REPRO_UNSET_VARIABLE' not found\"")]:
-        proc = cli(f"results_dir={tmp_path}", f"exp_name={value}")
+        proc = cli_here(f"results_dir={tmp_path}", f"exp_name={value}")
         assert (proc.returncode, proc.stderr) == (2, f"error: invalid value for 'exp_name': '{value}'; expected "
                                                      f"a ${{...}} that resolves ({why})\n"), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_run_folder_that_is_a_file_is_one_line(tmp_path):
+def test_a_run_folder_that_is_a_file_is_one_line(tmp_path, cli_here):
     """``hydra.run.dir=FILE`` ended in Hydra's mkdir traceback (FileExistsError), exit 1."""
     (tmp_path / "file").write_text("mine")
-    proc = cli(f"hydra.run.dir={tmp_path / 'file'}", "num_epochs=0.2")
+    proc = cli_here(f"hydra.run.dir={tmp_path / 'file'}", "num_epochs=0.2")
     assert (proc.returncode, proc.stderr) == (2, f"error: cannot make the run folder {tmp_path / 'file'}: "
                                                  f"{tmp_path / 'file'} is a file, not a folder (set "
                                                  "results_dir=FOLDER to a writable folder)\n"), proc.stderr[-2000:]
@@ -168,32 +178,32 @@ def test_a_grid_folder_holding_someones_files_is_refused_untouched_as_a_run_fold
     assert (grid / "nsync=2,num_epochs=0.2" / "summary.json").exists()
 
 
-def test_resume_and_force_together_are_refused_before_the_folder_is_touched(tmp_path):
+def test_resume_and_force_together_are_refused_before_the_folder_is_touched(tmp_path, cli_here):
     """``resume=true force=true`` started the folder over without a word: the interrupted run
     the user asked to continue was thrown away."""
-    proc = cli(f"results_dir={tmp_path}", "resume=true", "force=true")
+    proc = cli_here(f"results_dir={tmp_path}", "resume=true", "force=true")
     assert (proc.returncode, proc.stderr) == (2, "error: invalid value for 'resume': True; expected false with "
                                                  "force=true (force=true starts the folder over, resume=true "
                                                  "continues its run: keep one)\n"), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path):
+def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path, cli_here):
     """``exp_name=é`` (unquoted unicode) said only 'LexerNoViableAltException: exp_name=é'."""
-    proc = cli(f"results_dir={tmp_path}", "exp_name=é")
+    proc = cli_here(f"results_dir={tmp_path}", "exp_name=é")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
     assert proc.stderr.startswith("error: LexerNoViableAltException: exp_name=é (quote a value with other "
                                   "characters: KEY='VALUE'; See https://hydra.cc/docs/"), proc.stderr
-    assert cli(f"results_dir={tmp_path}", "exp_name='é'", "--cfg", "job").returncode == 0
+    assert cli_here(f"results_dir={tmp_path}", "exp_name='é'", "--cfg", "job").returncode == 0
 
 
-def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path):
+def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path, cli_here):
     """``-m exp_name=${oops} nsync=1,2`` (the grid's folder is results_dir/exp_name) and
     ``hydra.run.dir=${oops}`` ended in OmegaConf's raw traceback, exit 1."""
-    grid = cli("-m", f"results_dir={tmp_path}", "exp_name=${oops}", "nsync=1,2")
+    grid = cli_here("-m", f"results_dir={tmp_path}", "exp_name=${oops}", "nsync=1,2")
     assert (grid.returncode, grid.stderr) == (2, "error: cannot name the grid folder (hydra.sweep.dir): "
                                                  "Interpolation key 'oops' not found\n"), grid.stderr[-2000:]
-    single = cli("hydra.run.dir=${oops}")
+    single = cli_here("hydra.run.dir=${oops}")
     assert (single.returncode, single.stderr) == (2, "error: cannot name the run folder (hydra.run.dir): "
                                                      "Interpolation key 'oops' not found\n"), single.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
@@ -253,9 +263,9 @@ def test_a_float_names_its_run_folder_in_one_spelling_so_resume_auto_finds_it(tm
     assert summary["status"] == "completed" and any(e["type"] == "resumed" for e in summary["events"])
 
 
-def test_run_of_an_experiment_grid_is_refused_with_how_to_run_one_point(tmp_path):
+def test_run_of_an_experiment_grid_is_refused_with_how_to_run_one_point(tmp_path, cli_here):
     """``--run +exp=fig1`` ran the experiment's whole grid (its file sets hydra.mode=MULTIRUN)."""
-    proc = cli("--run", "+exp=fig1", f"results_dir={tmp_path}")
+    proc = cli_here("--run", "+exp=fig1", f"results_dir={tmp_path}")
     assert (proc.returncode, proc.stderr) == (2, "error: --run: +exp=fig1 is a grid: leave out --run to run the "
                                                  "whole grid, or run one point with hydra.mode=RUN and one value "
                                                  "of seed\n"), proc.stderr[-2000:]
@@ -291,9 +301,9 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
 
 
 @pytest.mark.parametrize("words,line", ONE_LINE_REFUSALS, ids=[" ".join(w) for w, _ in ONE_LINE_REFUSALS])
-def test_what_cannot_work_here_is_one_line_and_writes_nothing(tmp_path, words, line):
-    proc = subprocess.run([sys.executable, "-m", "repro.run", "num_epochs=0.2", "progress=false", *words],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+def test_what_cannot_work_here_is_one_line_and_writes_nothing(tmp_path, monkeypatch, cli_here, words, line):
+    monkeypatch.chdir(tmp_path)
+    proc = cli_here("num_epochs=0.2", "progress=false", *words)
     assert proc.returncode == 2 and proc.stderr.startswith(line), proc.stderr[-2000:]
     assert len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
@@ -360,13 +370,13 @@ def test_ctrl_c_stops_a_plain_multirun_grid_and_exits_130(tmp_path):
     assert {p.name for p in (tmp_path / "default").iterdir()} == {".grid_stops", "multirun.yaml", FIRST}
 
 
-def test_version_names_the_package_not_only_hydra():
+def test_version_names_the_package_not_only_hydra(cli_here):
     """``--version`` printed Hydra's version alone ("Hydra 1.3.8")."""
     import hydra
 
     import repro
 
-    proc = cli("--version")
+    proc = cli_here("--version")
     assert (proc.returncode, proc.stdout) == (0, f"gpu-asgd-repro {repro.__version__} (Hydra {hydra.__version__})\n")
 
 

@@ -19,9 +19,10 @@ import torch
 
 from repro.sim.driver import simulate
 from tests.helpers.disk import FullDisk, read_only_possible, run_read_only
+from tests.helpers.grids import cli_run
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.paths import ROOT
-from tests.helpers.runs import CLI_ARGS, SIM, cli, cli_cfg
+from tests.helpers.runs import CLI_ARGS, SIM, cli_cfg
 from tests.helpers.tables import changed, snapshot, summary_of, table_bytes
 
 
@@ -76,12 +77,13 @@ def test_5_a_full_disk_is_named_with_its_folder_and_file(tmp_path, name, written
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_5_the_command_line_says_a_full_disk_in_one_line(tmp_path):
+def test_5_the_command_line_says_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys):
     """issue 32 item 16, on the command line: the cause in one line, not a traceback; exit 1."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "checkpoint.pt.tmp").symlink_to("/dev/full")
-    done = cli(*CLI_ARGS, f"hydra.run.dir={run_dir}")
+    # in the test's process (what it says and its exit status: tests/helpers/grids.cli_run)
+    done = cli_run(monkeypatch, capsys, *CLI_ARGS, f"hydra.run.dir={run_dir}")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"failed: no space left on the device holding {run_dir} while writing checkpoint.pt\n" in done.stderr
 

@@ -19,7 +19,8 @@ from repro.config.settings import AlgoConfig, ModelConfig
 from repro.errors import ConfigError
 from repro.sim.driver import simulate
 from tests.helpers.invariants import check_run_folder
-from tests.helpers.runs import CLI_ARGS, SIM, STOP_AT, cli, cli_cfg
+from tests.helpers.grids import cli_run
+from tests.helpers.runs import CLI_ARGS, SIM, STOP_AT, cli_cfg
 from tests.helpers.tables import changed, snapshot, summary_of, table_bytes
 
 
@@ -173,14 +174,15 @@ def test_6_rerun_of_a_run_killed_before_its_first_checkpoint_does_not_advise_res
     assert simulate(SIM.replace(force=True), run_dir)["status"] == "completed"
 
 
-def test_6_cli_rerun_of_an_interrupted_run_exits_2(tmp_path):
+def test_6_cli_rerun_of_an_interrupted_run_exits_2(tmp_path, monkeypatch, capsys):
     """Fault: ``python -m repro.run`` (no resume, no force) on a folder holding an interrupted
     run. Guarantee 6: exit 2, the message says how to continue or start over and names the
     version; the tables are untouched."""
     run_dir = tmp_path / "run"
     assert simulate(cli_cfg(), run_dir, stop_at_version=STOP_AT)["status"] == "interrupted"
     before = table_bytes(run_dir)
-    proc = cli(f"hydra.run.dir={run_dir}", *CLI_ARGS)
+    # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run)
+    proc = cli_run(monkeypatch, capsys, f"hydra.run.dir={run_dir}", *CLI_ARGS)
     assert proc.returncode == 2, proc.stderr
     assert "resume=true continues it, force=true starts over" in proc.stderr, proc.stderr
     assert f"version {STOP_AT}" in proc.stderr and "Traceback" not in proc.stderr

@@ -17,6 +17,7 @@ import pytest
 from repro.errors import ConfigError
 from repro.real import run_real
 from repro.sim.driver import simulate
+from tests.helpers.grids import cli_run
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.processes import assert_no_leftovers
 from tests.helpers.runs import (
@@ -93,7 +94,7 @@ def test_1_two_cli_runs_on_one_folder(tmp_path):
     pytest.param("starting"),
     pytest.param("training"),
 ])
-def test_1_refused_cli_run_leaves_the_live_runs_folder_alone(tmp_path, state):
+def test_1_refused_cli_run_leaves_the_live_runs_folder_alone(tmp_path, monkeypatch, capsys, state):
     """Fault: a second CLI run on a folder held by a live run, (starting) in the live run's
     start-up (its lock taken, data still loading: no config.json yet), or (training) once it
     has written config.json and Hydra's record. Guarantee 1: the refused run changes nothing in
@@ -107,7 +108,9 @@ def test_1_refused_cli_run_leaves_the_live_runs_folder_alone(tmp_path, state):
     with lock_holder(run_dir) as holder:
         before = snapshot(run_dir)
         lock_inode = (run_dir / ".lock").stat().st_ino
-        proc = cli(f"hydra.run.dir={run_dir}", *CLI_ARGS, "force=true", "seed=3")
+        # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run);
+        # the holder is a process of its own, as a live run is
+        proc = cli_run(monkeypatch, capsys, f"hydra.run.dir={run_dir}", *CLI_ARGS, "force=true", "seed=3")
         assert proc.returncode == 2 and f"pid {holder.pid}" in proc.stderr, proc.stderr
         assert (run_dir / ".lock").exists() and (run_dir / ".lock").stat().st_ino == lock_inode, \
             "the live run's lock file was deleted: the next run would take the folder"

@@ -15,19 +15,20 @@ import contextlib
 import io
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
 from torch import nn
 
+from tests.helpers.grids import cli_run
 from tests.helpers.paths import ROOT
 
 
-def _run(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "repro.run", f"results_dir={tmp_path}", *overrides],
-                          capture_output=True, text=True, timeout=240)
+def _run(tmp_path, monkeypatch, capfd, *overrides: str) -> subprocess.CompletedProcess:
+    # in the test's process: its last line and exit status are tested, not a fresh interpreter's
+    # start-up (~2 s of imports; tests/helpers/grids.cli_run)
+    return cli_run(monkeypatch, capfd, f"results_dir={tmp_path}", *overrides)
 
 
 def _status_line(done: subprocess.CompletedProcess) -> str:
@@ -35,16 +36,16 @@ def _status_line(done: subprocess.CompletedProcess) -> str:
                 if re.match(r"(completed|diverged|failed)\w*: version", line))
 
 
-def test_a_quadratic_run_prints_its_loss_not_a_meaningless_error(tmp_path):
-    done = _run(tmp_path, "+problem=quadratic", "num_epochs=20")
+def test_a_quadratic_run_prints_its_loss_not_a_meaningless_error(tmp_path, monkeypatch, capfd):
+    done = _run(tmp_path, monkeypatch, capfd, "+problem=quadratic", "num_epochs=20")
     assert done.returncode == 0, done.stderr[-2000:]
     line = _status_line(done)
     assert "test loss" in line and "test error" not in line, line
     assert "test error" not in done.stdout + done.stderr   # nor in a progress line
 
 
-def test_a_diverged_run_exits_1_and_says_to_lower_the_learning_rate(tmp_path):
-    done = _run(tmp_path, "algo.lr=1000", "num_epochs=1")
+def test_a_diverged_run_exits_1_and_says_to_lower_the_learning_rate(tmp_path, monkeypatch, capfd):
+    done = _run(tmp_path, monkeypatch, capfd, "algo.lr=1000", "num_epochs=1")
     assert done.returncode == 1, done.stderr[-2000:]
     line = _status_line(done)
     assert line.startswith("diverged:") and "smaller algo.lr (now 1000" in line, line
@@ -101,8 +102,8 @@ def test_simulate_help_lists_every_rule_and_protocol_it_accepts():
     assert set(re.findall(r'"(\w+)"', protocols)) == set(PROTOCOLS.names())
 
 
-def test_cifar10_without_a_folder_says_what_it_must_hold_and_where_to_get_it(tmp_path):
-    done = _run(tmp_path, "data=cifar10", "model=cifar_18pct")
+def test_cifar10_without_a_folder_says_what_it_must_hold_and_where_to_get_it(tmp_path, monkeypatch, capfd):
+    done = _run(tmp_path, monkeypatch, capfd, "data=cifar10", "model=cifar_18pct")
     assert done.returncode == 2
     line = done.stderr.strip().splitlines()[-1]
     assert "data.root" in line and "data_batch_1..5" in line and "test_batch" in line, line

@@ -15,7 +15,8 @@ from repro.config.settings import CostConfig, ProtocolConfig
 from repro.errors import ConfigError
 from repro.sim.driver import simulate
 from repro.sim.fit import fit_config
-from tests.helpers.runs import CLI_ARGS, cli, sim_cfg
+from tests.helpers.grids import cli_run
+from tests.helpers.runs import CLI_ARGS, sim_cfg
 
 KNOWN = CostConfig.of(profile="known", compute_s=0.01, jitter="lognormal", jitter_sigma=0.2,
                    latency_s=0.002, bandwidth_Bps=2e6, server_apply_s=0.001)
@@ -162,8 +163,9 @@ def test_a_fit_without_a_recording_is_refused(path):
     assert err.value.key == "cost.path" and "RUN_DIR" in str(err.value)
 
 
-def test_the_command_line_refuses_a_fit_without_a_recording(tmp_path):
-    done = cli(*CLI_ARGS, "cost=fit", "cost.path=''", f"results_dir={tmp_path / 'r'}")
+def test_the_command_line_refuses_a_fit_without_a_recording(tmp_path, monkeypatch, capsys):
+    # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run)
+    done = cli_run(monkeypatch, capsys, *CLI_ARGS, "cost=fit", "cost.path=''", f"results_dir={tmp_path / 'r'}")
     assert done.returncode == 2 and "'cost.path'" in done.stderr, done.stderr
     assert not (tmp_path / "r").exists()
 
@@ -255,10 +257,11 @@ def test_a_malformed_recording_is_refused_naming_the_file_and_line(tmp_path, spo
     assert not (tmp_path / "fitted").exists()
 
 
-def test_the_command_line_refuses_a_malformed_recording_and_leaves_nothing(tmp_path):
+def test_the_command_line_refuses_a_malformed_recording_and_leaves_nothing(tmp_path, monkeypatch, capsys):
     rec = record(tmp_path, "rec", None, epochs=6.0)
     said = _bad_cell(rec)
-    done = cli(*CLI_ARGS, "cost=fit", f"cost.path={rec}", f"results_dir={tmp_path / 'r'}")
+    # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run)
+    done = cli_run(monkeypatch, capsys, *CLI_ARGS, "cost=fit", f"cost.path={rec}", f"results_dir={tmp_path / 'r'}")
     assert done.returncode == 2 and "'cost.path'" in done.stderr and said in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not list((tmp_path / "r").rglob("*"))   # no .hydra_incoming_*
 

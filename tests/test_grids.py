@@ -159,6 +159,11 @@ WARM_JOB = textwrap.dedent("""
 """)
 
 
+# slow (two interpreters importing torch, ~5 s): the same path (warm_start_state's lock, one
+# baseline for two jobs starting together) is default in
+# test_joblib_workers_write_the_same_runs_and_figure_as_sequential (its baseline line once, one
+# server.pt); this one forces the race with a slowed baseline
+@pytest.mark.slow
 def test_two_jobs_starting_together_train_the_warm_start_baseline_once(tmp_path):
     go, calls, ready = tmp_path / "go", tmp_path / "calls", tmp_path / "ready"
     procs = [subprocess.Popen([sys.executable, "-c", WARM_JOB, str(tmp_path / "results"), str(go), str(calls),

@@ -29,6 +29,7 @@ from repro.runs.folder import run_folder
 from repro.runtime import StopRequest
 from repro.sim.driver import simulate
 from tests.helpers.channels import ScriptedChannel, watching_client
+from tests.helpers.grids import cli_run
 
 ROOT = Path(__file__).resolve().parent.parent
 NAN = float("nan")
@@ -158,13 +159,13 @@ def test_a_round_or_collection_larger_than_the_budget_is_refused(tmp_path, proto
 
 
 @pytest.mark.timeout(180)
-def test_the_command_line_refuses_a_push_of_many_budgets(tmp_path):
+def test_the_command_line_refuses_a_push_of_many_budgets(tmp_path, monkeypatch, capsys):
     """The issue's reproduction, nsync=1000000 num_epochs=1 (one push ~60,000 times the budget),
     exits 2 naming nsync instead of computing for hours (synthetic data: a cheaper import than
     digits, the same check on the loaded training-set size)."""
-    proc = subprocess.run([sys.executable, "-m", "repro.run", "nsync=1000000", "num_epochs=1",
-                           "data=synthetic", "model=mlp", f"results_dir={tmp_path}", "progress=false"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=150)
+    # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run)
+    proc = cli_run(monkeypatch, capsys, "nsync=1000000", "num_epochs=1", "data=synthetic", "model=mlp",
+                   f"results_dir={tmp_path}", "progress=false")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "'nsync': 1000000" in proc.stderr and "at most 16" in proc.stderr, proc.stderr[-2000:]
     assert not list(tmp_path.rglob("updates.csv"))

@@ -26,7 +26,7 @@ from repro.files import locks, schema
 from repro.files.locks import FileLock, LockHeld, lock_held, read_holder
 from repro.files.storage import read_checkpoint, to_cpu
 
-from tests.helpers.grids import cli_in_process
+from tests.helpers.grids import cli_in_process, cli_run
 from tests.helpers.paths import ROOT
 
 
@@ -331,10 +331,9 @@ def test_model_and_batch_are_checked_once_per_process_before_any_data_is_loaded(
     assert len(loaded) == 2                      # refused from the declaration: nothing loaded
 
 
-def test_a_batch_larger_than_the_training_set_exits_2_and_leaves_no_run_folder(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "repro.run", "algo.batch_size=5000", "num_epochs=0.1",
-                          f"results_dir={tmp_path / 'results'}"], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=300)
+def test_a_batch_larger_than_the_training_set_exits_2_and_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)   # in the test's process (what the refusal says and leaves: cli_run)
+    out = cli_run(monkeypatch, capsys, "algo.batch_size=5000", "num_epochs=0.1", f"results_dir={tmp_path / 'results'}")
     assert out.returncode == 2, out.stderr
     assert "'algo.batch_size': 5000" in out.stderr and "1437" in out.stderr
     assert not (tmp_path / "results").exists() or not list((tmp_path / "results").rglob("*"))

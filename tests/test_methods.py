@@ -4,8 +4,6 @@ local SGD (server rules); what each reduces to with one client; their config nam
 input. (Both drivers running them: tests/test_methods_drivers.py.)"""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -21,7 +19,7 @@ from repro.errors import ConfigError
 from repro.workload.build import build_net, load_data
 from repro.workload.data import ClientStream
 from repro.sim.driver import simulate
-from tests.helpers.paths import ROOT
+from tests.helpers.grids import cli_run
 from tests.helpers.tables import table_bytes
 
 UNIFORM = CostConfig(profile="uniform", compute_s=0.01)
@@ -358,9 +356,9 @@ def test_bad_input_names_the_key_before_any_work(overrides, key, expected):
     assert f"'{key}'" in str(err.value) and expected in str(err.value), str(err.value)
 
 
-def test_the_command_line_refuses_easgd_with_rounds_with_exit_2_and_no_folder(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "repro.run", f"results_dir={tmp_path}", "algo=easgd",
-                           "protocol=sync"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_the_command_line_refuses_easgd_with_rounds_with_exit_2_and_no_folder(tmp_path, monkeypatch, capsys):
+    # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run)
+    proc = cli_run(monkeypatch, capsys, f"results_dir={tmp_path}", "algo=easgd", "protocol=sync")
     assert proc.returncode == 2, proc.stderr
     assert "'protocol.name': 'sync'; expected async with algo.server_rule=easgd" in proc.stderr
     assert not list(tmp_path.iterdir())

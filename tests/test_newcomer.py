@@ -24,6 +24,7 @@ from repro.run import check_overrides
 from repro.runs import folder
 
 from tests.helpers import docs_commands as dc
+from tests.helpers.grids import cli_run
 from tests.helpers.paths import ROOT
 
 
@@ -126,10 +127,9 @@ def test_after_ctrl_c_on_a_grid_the_same_command_says_resume_auto(tmp_path):
 # §5: smaller things
 # ---------------------------------------------------------------------------------------------
 
-def test_a_word_that_is_not_key_value_exits_2_naming_it():
-    proc = subprocess.run([sys.executable, "-m", "repro.run", "num_clients", "4"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def test_a_word_that_is_not_key_value_exits_2_naming_it(monkeypatch, capsys):
+    # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run)
+    proc = cli_run(monkeypatch, capsys, "num_clients", "4")
     assert proc.returncode == 2, proc.stderr
     assert "'num_clients' is not an override" in proc.stderr and "num_clients=4" in proc.stderr
 

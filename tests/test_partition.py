@@ -5,8 +5,6 @@ run folder and drawn by the analysis; bad input refused before any work.
 numpy's default generator (PCG64) gives the same draws on every platform, so the partitions below
 are exact everywhere; no assertion depends on float reductions of training."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -21,7 +19,7 @@ from repro.workload.partition import class_counts, split
 from repro.workload.start import baseline_config
 from repro.run import compose, parse
 from repro.sim.driver import simulate
-from tests.helpers.paths import ROOT
+from tests.helpers.grids import cli_run
 
 DIGITS = load_dataset("digits")
 LABELS = DIGITS.y_train.numpy()
@@ -192,9 +190,9 @@ def test_a_split_that_starves_a_client_is_refused_before_any_work(overrides, key
     assert f"'{key}'" in str(err.value) and expected in str(err.value)
 
 
-def test_a_bad_partition_exits_2_on_the_command_line_and_leaves_no_folder(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "repro.run", "data.partition=by_class", "num_clients=500",
-                           f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_a_bad_partition_exits_2_on_the_command_line_and_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    # in the test's process (what the refusal says and leaves: tests/helpers/grids.cli_run)
+    proc = cli_run(monkeypatch, capsys, "data.partition=by_class", "num_clients=500", f"results_dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "'data.partition'" in proc.stderr and "algo.batch_size" in proc.stderr
     assert not any(tmp_path.iterdir())

@@ -240,11 +240,12 @@ def test_a_held_push_type_that_cannot_be_rebuilt_is_refused_naming_it_and_the_ru
     assert name in message and str(tmp_path) in message and "\n" not in message, message
 
 
-def test_the_command_line_refuses_such_a_resume_with_exit_2_and_one_line(tmp_path):
+def test_the_command_line_refuses_such_a_resume_with_exit_2_and_one_line(tmp_path, monkeypatch, capsys):
     """...and the folder stays resumable once the type can be imported."""
     from repro.sim.driver import simulate
 
-    from tests.helpers.runs import CLI_ARGS, cli, cli_cfg
+    from tests.helpers.grids import cli_in_process
+    from tests.helpers.runs import CLI_ARGS, cli_cfg
 
     run_dir = tmp_path / "run"
     assert simulate(cli_cfg("protocol=sync"), run_dir, stop_at_version=4)["status"] == "interrupted"
@@ -254,11 +255,14 @@ def test_the_command_line_refuses_such_a_resume_with_exit_2_and_one_line(tmp_pat
                                  stream_position=(0, 64)))
     state["protocol"]["pushes"] = {"1": {**push, "type": "gone_module:TimedPush"}}
     torch.save(state, run_dir / "checkpoint.pt")
-    proc = cli(f"hydra.run.dir={run_dir}", *CLI_ARGS, "protocol=sync", "resume=true")
-    assert proc.returncode == 2, proc.stderr
-    said = [line for line in proc.stderr.splitlines() if "gone_module:TimedPush" in line]
-    assert len(said) == 1 and str(run_dir) in said[0] and "Traceback" not in proc.stderr, proc.stderr
+    # in the test's process (its exit status and what it says are tested, not its process: a
+    # fresh interpreter's imports cost ~2 s each; tests/helpers/grids.cli_in_process)
+    code = cli_in_process(monkeypatch, f"hydra.run.dir={run_dir}", *CLI_ARGS, "protocol=sync", "resume=true")
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    said = [line for line in stderr.splitlines() if "gone_module:TimedPush" in line]
+    assert len(said) == 1 and str(run_dir) in said[0] and "Traceback" not in stderr, stderr
     state["protocol"]["pushes"]["1"]["type"] = push_type_name(Push)   # the type made importable
     torch.save(state, run_dir / "checkpoint.pt")
-    proc = cli(f"hydra.run.dir={run_dir}", *CLI_ARGS, "protocol=sync", "resume=true")
-    assert proc.returncode == 0, proc.stderr   # the refusal left the run resumable
+    code = cli_in_process(monkeypatch, f"hydra.run.dir={run_dir}", *CLI_ARGS, "protocol=sync", "resume=true")
+    assert code == 0, capsys.readouterr().err   # the refusal left the run resumable

@@ -1,11 +1,12 @@
 """A figure's grid as its Hydra sweep declares it, expanded into the runs it launches; the
 launcher override that runs a shrunk grid's points inside its command's own process; and the
-command itself run inside the test's process (:func:`cli_in_process`)."""
+command itself run inside the test's process (:func:`cli_in_process`, :func:`cli_run`)."""
 from __future__ import annotations
 
 import itertools
 import logging
 import signal
+import subprocess
 import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -48,6 +49,17 @@ def cli_in_process(monkeypatch, *args: str) -> int:
         root.setLevel(logging_state[0])
         root.handlers[:] = logging_state[1]
     return 0
+
+
+def cli_run(monkeypatch, capture, *args: str) -> subprocess.CompletedProcess:
+    """:func:`cli_in_process` answered as ``subprocess.run(..., capture_output=True, text=True)``
+    answers: its exit status and what it printed (``capture``: pytest's capsys or capfd; what
+    the test printed before is left out). For a test of what a refusal says and leaves, not of
+    the exit status a fresh interpreter gives (tests/test_startup_imports.py tests that)."""
+    capture.readouterr()
+    code = cli_in_process(monkeypatch, *args)
+    out = capture.readouterr()
+    return subprocess.CompletedProcess(["repro.run", *args], code, out.out, out.err)
 
 
 def sweep_grid(exp: str) -> list[dict]:
