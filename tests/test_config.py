@@ -174,6 +174,16 @@ def test_cli_rejects_bad_input_with_exit_code_2_and_no_complete_run(tmp_path, mo
     assert not [p for p in tmp_path.rglob("*") if p.is_dir()]   # not even an empty folder
 
 
+def test_a_refusal_after_torch_loads_is_exit_2_from_a_fresh_interpreter(tmp_path):
+    # the cases above run in the test's process; this one keeps a process's own exit, after torch
+    # and the data are loaded (a refusal before torch: tests/test_startup_imports.py)
+    proc = subprocess.run([sys.executable, "-m", "repro.run", f"results_dir={tmp_path}", "model=cifar_18pct"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "'cifar_18pct' expects (3, 32, 32) colour images" in proc.stderr
+    assert not [p for p in tmp_path.rglob("*") if p.is_dir()]
+
+
 def test_help_shows_every_key_with_its_meaning_and_valid_values(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "repro.run", "+exp=fig3", "--help"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
