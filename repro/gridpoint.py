@@ -87,10 +87,8 @@ def process_started(pid: int | None) -> str | None:
     return fields[19] if fields and len(fields) > 19 else None
 
 
-def process_alive(pid: int | None, started: str | None) -> bool:
+def process_alive(pid: int, started: str | None) -> bool:
     """Whether process ``pid`` (started at ``started``, when known) still runs on this host."""
-    if pid is None:
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -63,12 +63,9 @@ class Frame:
         self._whole, self._head = [self.buf], [self.buf[:HEADER_BYTES]]
 
     def message(self, payload_length: int) -> list[Tensor]:
-        """What gloo sends for the header and the first ``payload_length`` values."""
-        if payload_length == self.capacity:
-            return self._whole
-        if payload_length == 0:
-            return self._head
-        return [self.buf[:HEADER_BYTES + 4 * payload_length]]
+        """What gloo sends for the header and ``payload_length`` values: a message carries the
+        frame's every value or none (a header alone: HELLO, STOP, HEARTBEAT)."""
+        return self._whole if payload_length == self.capacity else self._head
 
 
 class LinkLost(RuntimeError):

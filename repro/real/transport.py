@@ -59,7 +59,7 @@ class Channel:
         # the group's own send/recv: the dist.isend/irecv wrappers add ~10 us of checks a call.
         # A pair group made on demand (pair_group) is no world's: its ranks are given, 0 the server
         self._peer_in_group = dist.get_group_rank(group, peer) if peer_in_group is None else peer_in_group
-        self._pending: tuple | None = None   # (receive work, its frame, its Arrival), posted ahead
+        self._pending: tuple | None = None   # (receive work, its Arrival), posted ahead
         # the last send and the last receive that completed, released only when the next one
         # completes: see "Releasing a work" in the module docstring
         self._last_send = self._last_recv = None
@@ -91,7 +91,7 @@ class Channel:
         it) times out instead; the receive posted on the pair was handed the pair's first error."""
         if "Timed out" not in str(exc) or self._pending is None:
             return exc
-        work, _, arrival = self._pending
+        work, arrival = self._pending
         self._pending = None   # the link is over
         if arrival is not None:   # its watcher was told already, or is told now
             return arrival.error if arrival.wait(1.0) and arrival.error else exc
@@ -114,10 +114,7 @@ class Channel:
     def send(self, header: Header, frame: Frame) -> None:
         """``header`` and the first ``header.length`` payload values of ``frame``, as one message
         (HELLO and STOP: the header alone)."""
-        length = header.payload_length
-        if length > frame.capacity:
-            raise ValueError(f"a frame for {frame.capacity} values cannot carry {header.length}")
-        self._transmit(header.pack(frame), length, header.kind)
+        self._transmit(header.pack(frame), header.payload_length, header.kind)
 
     def send_push(self, push: Push, frame: Frame, **envelope) -> None:
         """``push`` as a PUSH whose update fills ``frame``'s payload, with no header built on the
@@ -145,23 +142,21 @@ class Channel:
             except RuntimeError as exc:   # (as a send's call)
                 raise self._lost("waiting for a message", exc) from exc
             arrival = self._watcher.watch(work) if self._watcher is not None else None
-            self._pending = (work, frame, arrival)
+            self._pending = (work, arrival)
 
     def arrived(self, wait_s: float = 0.0) -> bool:
         """True when the receive posted ahead has completed, or its link failed (polled between
         local steps; a watched channel only: see the module docstring); ``wait_s``: how long to
         wait for it first."""
-        if self._pending is None or self._pending[2] is None:
+        if self._pending is None or self._pending[1] is None:
             return False
-        return self._pending[2].wait(wait_s) if wait_s else self._pending[2].is_set()
+        return self._pending[1].wait(wait_s) if wait_s else self._pending[1].is_set()
 
     def recv(self, frame: Frame) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after the channel's
         ``timeout_s`` of silence. The payload is ``frame.payload[:header.length]``."""
         self.post(frame)   # unless one was posted ahead
-        work, posted, arrival = self._pending
-        if posted is not frame:
-            raise ValueError("recv() into a different frame than the one posted")
+        work, arrival = self._pending
         self._pending = None
         self._recv_at = time.monotonic()   # (see receiving_s)
         try:

@@ -310,16 +310,13 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         try:
             yield run
         except KeyboardInterrupt:   # forced (a second signal): the state may be mid-push
-            _end(run, "interrupted", "forced stop (second signal); ", clean=False)
+            _end(run, "interrupted", "forced stop (second signal); ")
         except ConfigError:
-            _end(run, "failed", "bad input: ", clean=False, early=False)
+            _end(run, "failed", "bad input: ", early=False)
             raise
         except BaseException as exc:
-            _end(run, "failed", f"{type(exc).__name__}: {exc}; ", clean=False)
+            _end(run, "failed", f"{type(exc).__name__}: {exc}; ")
             raise
-        finally:
-            if run.core is not None and run.core.finished is None:   # a driver forgot: still terminal
-                _end(run, "failed", "the driver ended without a status; ", clean=False)
 
 
 def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
@@ -338,11 +335,11 @@ def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
     return decision
 
 
-def _end(run: FolderRun, status: str, why: str, clean: bool, early: bool = True) -> None:
+def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
     core = run.core
     try:
         if core is not None and core.finished is None:
-            core.finish(status, why + resume_hint(core.run_dir), clean=clean)
+            core.finish(status, why + resume_hint(core.run_dir), clean=False)
         elif core is None and early and run.decision.action == "fresh":
             # ended before its core existed (building the data, the network, the warm start):
             # a terminal summary says so, not an empty folder that looks like a point never started

@@ -142,11 +142,6 @@ class Schedule(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict) -> None: ...
 
-    def peek(self) -> float:
-        """When the next push arrives (inf: no client computes); churn's events interleave by it."""
-        raise NotImplementedError(f"{type(self).__name__} does not say when its next push arrives: "
-                                  "churn runs with cost.topology=dedicated")
-
     def check(self, client: int, read_version: int) -> None:
         """Refuse a push that the schedule did not foresee (a replay of another run)."""
 
@@ -177,6 +172,8 @@ class CostScheduler(Schedule):
             self._schedule(k, 0.0, 0.0)
 
     def peek(self) -> float:
+        """When the next push arrives (inf: no client computes); churn's events interleave by it
+        (churn runs on this schedule alone: validate refuses it with shared resources or a replay)."""
         return self.queue[0][0] if self.queue else math.inf
 
     def _schedule(self, client: int, fetched_at: float, to_client_s: float) -> None:
