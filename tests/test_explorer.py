@@ -81,6 +81,22 @@ def test_sync_without_jitter_is_measured_at_the_ceiling():
     assert r["predicted"]["steps_per_s"] == pytest.approx(r["predicted"]["ceiling_steps_per_s"])
 
 
+def test_ssp_is_answered_with_the_simulators_staleness_and_rate():
+    """ssp at bound 0 runs in rounds: every client fetches the round's last push, so the k-th
+    push of a round is k - 1 stale, (N - 1) / 2 on average with or without jitter; the page
+    predicted async's N - 1 (2.98 beside a measured 1.5). At a bound equal clients never reach
+    it is async. Its throughput is the clock rule's (exact without jitter)."""
+    for s, measured in ((Settings(clients=4, jitter=0.0, protocol="ssp", bound=0), 1.5),
+                        (Settings(clients=8, protocol="ssp", bound=0), (37 * 28 + 6) / 300),   # 37.5 rounds
+                        (Settings(clients=4, jitter=0.0, protocol="ssp", bound=3), expected_mean_staleness(4, 300))):
+        r = explore.point(s)
+        assert (r["status"], r["bound_used"], r["pushes"]) == ("completed", s.bound, explore.STEPS), s
+        assert r["mean_staleness"] == pytest.approx(measured), s
+        assert r["predicted"]["mean_staleness"] == pytest.approx(measured), s
+        assert r["steps_per_s"] == pytest.approx(r["predicted"]["steps_per_s"], rel=0.02 if s.jitter == 0 else 0.05)
+        assert r["predicted"]["rate_source"] == "ssp clock rule (Monte Carlo)"
+
+
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_round_or_collection_longer_than_the_run_is_run_once():
     """A sync round of 32 clients x nsync 16 (512 steps) or a rennala collection of 64 x 16 is

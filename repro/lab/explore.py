@@ -4,12 +4,12 @@ Owns ``python -m repro.lab explore``: a local web page (loopback only, a free po
 student sets the clients, nsync, the step-time jitter, the learning rate and the protocol (async,
 sync, ssp, ringmaster, rennala, with their bound) and sees, redrawn at each change, three panels
 beside the theory's prediction: the staleness histogram (predicted mean, Mitliagkas et al. 2016's
-N - 1 corrected for the first round), the throughput (the ceiling of :mod:`repro.sim.ceiling`,
-the barrier's order statistics of :mod:`repro.analysis.lab.sync` for sync and ssp, Rennala's
-t(S) of :mod:`repro.analysis.lab.uneven`) and the loss against virtual time on the lab's
-quadratic (the delayed gradient descent recursion of :mod:`repro.analysis.lab.stability`,
-mapped to time by the predicted update rate), or, when asked
-(``problem=digits``), of the digits network (digits_cnn, 60 steps; no theory curve).
+N - 1 corrected for the first round; ssp at bound 0, whose pushes come in rounds: (N - 1) / 2),
+the throughput (the ceiling of :mod:`repro.sim.ceiling`, the barrier's order statistics of
+:mod:`repro.analysis.lab.sync` for sync and ssp, Rennala's t(S) of :mod:`repro.analysis.lab.uneven`)
+and the loss against virtual time on the lab's quadratic (the delayed gradient descent recursion
+of :mod:`repro.analysis.lab.stability`, mapped to time by the predicted update rate), or, when
+asked (``problem=digits``), of the digits network (digits_cnn, 60 steps; no theory curve).
 
 Why the standard library (http.server) and not Panel or marimo: the page is six controls and
 three small plots; Panel (bokeh, tornado) or marimo would be a new dependency of tens of MB that
@@ -157,6 +157,8 @@ def predictions(s: Settings, cfg, pushes: int) -> dict:
     tm = timing(cfg.cost, s.nsync, s.clients, param_bytes=40)
     # sync and rennala: every applied push was computed from the current parameters
     staleness = 0.0 if s.protocol in ("sync", "rennala") else expected_mean_staleness(s.clients, pushes)
+    if s.protocol == "ssp" and s.bound == 0:   # rounds: all fetch the round's end, its k-th push is k - 1 stale
+        staleness = float(np.mean(np.arange(pushes) % s.clients))
     rate, source = ceil, "the ceiling: every client busy"
     if s.protocol == "sync":
         rate = predict(tm, "sync", cfg.protocol.backup_workers, 0, pushes)["segments_per_s"] * s.nsync
