@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import signal
 import socket
@@ -160,6 +161,23 @@ def test_page_has_the_sliders(server):
     for key in ("clients", "nsync", "jitter", "lr", "bound"):
         assert f'<input type="range" id="{key}"' in page
     assert "ringmaster" in page and "rennala" in page
+
+
+def test_bench_times_each_change_against_the_budget(monkeypatch, capsys):
+    """``python -m repro.lab explore --bench`` (docs/benchmarks.md), over one change here: a
+    line per change with its wall and CPU time, then each measure's verdict against the 1 s
+    budget; the exit status follows the wall time's (no time is asserted)."""
+    from repro.lab.__main__ import main
+
+    monkeypatch.setattr(explore, "BENCH", (Settings(clients=2, protocol="ssp", bound=0),))
+    code = main(["explore", "--bench"])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4, out
+    assert re.fullmatch(r"Settings\(clients=2, .*protocol='ssp', bound=0.*\): wall +\d+ ms, cpu +\d+ ms", out[0])
+    assert re.fullmatch(r"load average [\d.]+ on \d+ CPUs; budget 1000 ms per change", out[1])
+    verdicts = [re.fullmatch(r"(PASS|FAIL) \((wall|cpu)\): slowest change (\d+) ms, median \3 ms", line) for line in out[2:]]
+    assert all(verdicts) and [v[2] for v in verdicts] == ["wall", "cpu"], out
+    assert code == (0 if verdicts[0][1] == "PASS" else 1)
 
 
 def test_busy_port_exits_2(capsys):
