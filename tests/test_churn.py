@@ -88,6 +88,30 @@ def test_a_client_back_from_churn_starts_afresh_as_the_real_drivers_does(tmp_pat
     assert table_bytes(tmp_path / "replay")[0] == table_bytes(tmp_path / "churn")[0]
 
 
+@pytest.mark.parametrize("protocol", [dict(name="ringmaster", staleness_threshold=4, cancel_stale=True),
+                                      dict(name="rennala")])
+def test_ringmaster_and_rennala_serve_a_joiner_from_its_joins_fetch(tmp_path, protocol):
+    """Joiner 4 (0.02 s) and client 1, lost (0.01 s) and back (0.05 s): each computes from the
+    version it fetched as it joined (the policies' on_join), so no push or stop of it names an
+    older one (without on_join, ringmaster stops client 1 at once as stale since version 0, and
+    rennala's step records its segment as read from version 0), and each is served to the end."""
+    import pandas as pd
+
+    from repro.config.settings import ProtocolConfig
+
+    cfg = churn_cfg(dict(preempt_rate=0.0)).replace(protocol=ProtocolConfig(**protocol))
+    summary = simulate(cfg, tmp_path / "run")
+    assert summary["status"] == "completed", summary["message"]
+    joined = {e["client"]: e["version"] for e in summary["events"] if e["type"] in ("client_joined", "client_rejoined")}
+    assert sorted(joined) == [1, 4]
+    pushed = pd.read_csv(tmp_path / "run" / "timings.csv")   # every push the server handled
+    for k, version in joined.items():
+        mine = pushed[pushed.client == k]
+        read = [*mine.read_version, *(v for v, j in summary["discarded_pushes"] if j == k)]
+        assert min(read) == version, (k, read)
+        assert mine.version.max() > 0.9 * summary["version"], k   # still pushing at the end
+
+
 def test_a_joiner_computes_at_its_slots_speed(tmp_path):
     """Joiner 4 of 3 clients takes slot 1's pace (as the real driver's does): with cost.speeds
     (2, 1, 1), 2 steps x 0.01 s x 2 = 0.04 s a push, where it raised IndexError; with
