@@ -8,6 +8,7 @@ in :mod:`tests.helpers.invariants`): each case states its fault and guarantee an
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -100,6 +101,25 @@ def test_3_resume_of_a_run_recorded_with_a_key_this_version_lacks_is_refused(int
     path.write_text(json.dumps(recorded))
     assert simulate(SIM.replace(resume=True), interrupted)["status"] == "completed"
     assert table_bytes(interrupted) == reference
+
+
+def test_3_resume_of_a_calibrated_run_keeps_its_measured_step_time(tmp_path, monkeypatch):
+    """Fault: ``resume=true`` of a run whose step time was measured (``cost.compute_s=calibrate``,
+    as cost=local sets), on a machine that now measures another. Guarantee 3: the resume takes
+    the step time recorded in its checkpoint (no second measurement), so it is byte-identical to
+    the uninterrupted run of that step time; config.json keeps the measured value."""
+    from repro.sim import driver
+
+    measured = [0.01, 0.01, 0.03]   # the whole run's, the cut run's, a resume's if it measured
+    monkeypatch.setattr(driver, "calibrate_compute_s", lambda step: (step(), measured.pop(0))[1])
+    cfg = SIM.replace(cost=dataclasses.replace(SIM.cost, compute_s="calibrate"))
+    assert simulate(cfg, tmp_path / "whole")["status"] == "completed"
+    assert simulate(cfg, tmp_path / "cut", stop_at_version=STOP_AT)["status"] == "interrupted"
+    assert simulate(cfg.replace(resume=True), tmp_path / "cut")["status"] == "completed"
+    assert measured == [0.03]   # measured twice, not at the resume
+    assert table_bytes(tmp_path / "cut") == table_bytes(tmp_path / "whole")
+    assert json.loads((tmp_path / "cut" / "config.json").read_text())["cost"]["compute_s"] == 0.01
+    check_run_folder(tmp_path / "cut", "completed")
 
 
 # ---------------------------------------------------------------------------------------------
