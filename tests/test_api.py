@@ -281,6 +281,34 @@ def test_a_module_or_loss_fn_that_fails_on_the_inputs_is_named_before_training(m
         api.simulate(module, (x, y), (x, y), loss_fn=loss_fn, num_epochs=1)
 
 
+class _NoParameters(nn.Module):
+    def forward(self, x):
+        return x[:, :2]
+
+
+class _OneDouble(nn.Linear):
+    def __init__(self):
+        super().__init__(6, 2)
+        self.scale = nn.Parameter(torch.ones(2, dtype=torch.float64))
+
+    def forward(self, x):
+        return super().forward(x) * self.scale.float()
+
+
+@pytest.mark.parametrize("module, match", [
+    (_NoParameters(), r"^_NoParameters has no parameters to train$"),
+    (nn.Linear(6, 2).double(), r"^Linear's parameter weight is torch.float64 on cpu; every parameter must be "
+                               r"torch.float32 on one device \(cpu\): module.float\(\) converts$"),
+    (_OneDouble(), r"^_OneDouble's parameter scale is torch.float64"),
+])
+def test_a_module_without_parameters_or_with_one_not_float32_is_a_value_error_naming_it(module, match):
+    """As simulate's docstring promises; the dtype's said "FlatModule needs float32 parameters
+    all on one device", naming a class of ours and neither the module nor the parameter."""
+    x, y = _problem()
+    with pytest.raises(ValueError, match=match):
+        api.simulate(module, (x, y), (x, y), num_epochs=1)
+
+
 def test_a_module_with_dropout_gives_the_same_tables_whatever_the_callers_generator_and_leaves_it_be():
     # dropout drew from the caller's global generator: the same arguments gave other tables
     x, y = _problem()

@@ -33,12 +33,14 @@ class FlatModule:
                 f"{type(module).__name__} has buffers (e.g. BatchNorm running statistics) that the "
                 f"parameter server would not synchronise; use a model without buffers (found: "
                 f"{', '.join(buffers[:5])})")
-        params = list(module.parameters())
-        if not params:
+        named = list(module.named_parameters())
+        if not named:
             raise ValueError(f"{type(module).__name__} has no parameters to train")
-        device = params[0].device
-        if any(p.dtype != torch.float32 or p.device != device for p in params):
-            raise ValueError("FlatModule needs float32 parameters all on one device")
+        params, device = [p for _, p in named], named[0][1].device
+        for name, p in named:   # the user's module and parameter named, not this class
+            if p.dtype != torch.float32 or p.device != device:
+                raise ValueError(f"{type(module).__name__}'s parameter {name} is {p.dtype} on {p.device}; every "
+                                 f"parameter must be torch.float32 on one device ({device}): module.float() converts")
         self.module = module
         self.numel = sum(p.numel() for p in params)
         self.flat = torch.empty(self.numel, dtype=torch.float32, device=device)
