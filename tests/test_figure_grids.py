@@ -112,6 +112,27 @@ def test_a_choice_that_is_not_a_setting_or_matches_nothing_exits_2(mixed, tmp_pa
         assert code == 2 and words in err, (choice, err)
 
 
+def test_config_matches_a_bool_a_string_and_an_int_as_typed_and_a_non_number_matches_none(tmp_path):
+    """--config KEY=VALUE compares a value by its setting's type: a bool as true/false in any
+    case, a string as written, an integer as a number (64 or 64.0); a non-number where a number
+    is due matches no run (exit 2 naming the choice), as does 1 for true."""
+    root = tmp_path / "results"
+    fr.write_experiment(root, "fig1", [1], [1], [0, 1], "cold")
+    for job, change in (("held", {"cost": {"reply_holds_server": True}}), ("exp", {"cost": {"jitter": "exponential"}}),
+                        ("b64", {"algo": {"batch_size": 64}})):
+        write_variant(root, "fig1", job, change, 0.0, seeds=(0, 1))
+    for choice, job in (("cost.reply_holds_server=true", "held"), ("cost.reply_holds_server=True", "held"),
+                        ("cost.jitter=exponential", "exp"), ("algo.batch_size=64", "b64"), ("algo.batch_size=64.0", "b64"),
+                        ("cost.reply_holds_server=false,cost.jitter=lognormal,algo.batch_size=32", None)):
+        code, _, err = cli("fig1", "--results", str(root), "--out", str(tmp_path / "figures"), "--config", choice)
+        assert code == 0, (choice, err)
+        drawn = pd.read_csv(tmp_path / "figures" / f"fig1-{choice}.csv")["run_dir"].map(lambda d: Path(d).name)
+        assert sorted(set(drawn)) == [f"{job + ',' if job else ''}{fr.job_name(1, 1, s)}" for s in (0, 1)], choice
+    for choice in ("algo.batch_size=sixty", "cost.reply_holds_server=1", "cost.jitter=Exponential"):
+        code, _, err = cli("fig1", "--results", str(root), "--out", str(tmp_path / "figures"), "--config", choice)
+        assert code == 2 and f"finished runs with {choice}" in err, (choice, err)
+
+
 def test_two_runs_of_one_grid_point_are_refused_naming_what_differs(tmp_path):
     """One configuration at 1 and at 2 threads: twice as many runs as seeds, never pooled."""
     root = tmp_path / "results"
