@@ -122,7 +122,8 @@ def test_config_matches_a_bool_a_string_and_an_int_as_typed_and_a_non_number_mat
                         ("b64", {"algo": {"batch_size": 64}})):
         write_variant(root, "fig1", job, change, 0.0, seeds=(0, 1))
     for choice, job in (("cost.reply_holds_server=true", "held"), ("cost.reply_holds_server=True", "held"),
-                        ("cost.jitter=exponential", "exp"), ("algo.batch_size=64", "b64"), ("algo.batch_size=64.0", "b64"),
+                        ("cost.jitter=exponential", "exp"), ("algo.batch_size=64", "b64"),
+                        ("algo.batch_size=64.0", "b64"),
                         ("cost.reply_holds_server=false,cost.jitter=lognormal,algo.batch_size=32", None)):
         code, _, err = cli("fig1", "--results", str(root), "--out", str(tmp_path / "figures"), "--config", choice)
         assert code == 0, (choice, err)
