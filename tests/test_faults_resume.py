@@ -101,6 +101,27 @@ def test_3_resume_of_a_run_recorded_with_a_key_this_version_lacks_is_refused(int
     assert table_bytes(interrupted) == reference
 
 
+@pytest.mark.parametrize("resume", [False, True, "auto"])
+def test_3_a_run_whose_config_json_is_cut_is_refused_naming_what_was_typed(interrupted, resume):
+    """Fault: the interrupted run's config.json cut short. resume=auto was refused as "invalid
+    value for 'resume': True", and a re-run without resume advised 'resume=true continues it',
+    which then refused. Guarantee 3: each is refused naming what the user typed and config.json,
+    with the one way on that works (force=true); nothing changes."""
+    path = interrupted / "config.json"
+    good = path.read_bytes()
+    path.write_bytes(good[:100])
+    before = snapshot(interrupted)
+    with pytest.raises(ConfigError) as err:
+        simulate(SIM.replace(resume=resume), interrupted)
+    message = str(err.value)
+    typed = f"'resume': {resume!r}" if resume else f"'run folder': {str(interrupted)!r}"
+    assert message.startswith(f"invalid value for {typed}; expected a readable {path}"), message
+    assert "resume=true" not in message and message.endswith("force=true starts over"), message
+    assert changed(before, snapshot(interrupted)) == []
+    path.write_bytes(good)
+    check_run_folder(interrupted, "interrupted")
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. Starting over is never silent
 # ---------------------------------------------------------------------------------------------

@@ -174,6 +174,8 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
         what = "a killed run (" + ("its summary still says running)" if summary else "it has no readable summary.json)")
     has_checkpoint = (run_dir / schema.CHECKPOINT_FILE).exists()
     if not cfg.resume:   # killed before its first checkpoint: resume=true would refuse it too
+        if has_checkpoint:   # nor can resume=true continue a run whose config.json is unreadable
+            recorded_config(cfg, run_dir)
         how = (GRID_HOW if in_grid(run_dir) else "resume=true continues it, force=true starts over"
                if has_checkpoint else f"no {schema.CHECKPOINT_FILE} to continue it from, force=true starts over")
         raise ConfigError("resume", False, f"a fresh folder: {run_dir} holds {what} at version "
@@ -205,12 +207,7 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
     """Refuse to continue (or to skip as done) a run with other training-shaping settings,
     listing every difference; ``resuming``, also a recorded key this version lacks (the run
     would go on without it, and its config.json, rewritten, would no longer record it)."""
-    path = Path(run_dir) / schema.CONFIG_FILE
-    try:
-        recorded = read_recorded(run_dir)
-    except (OSError, ValueError) as e:
-        raise ConfigError("resume", True, f"a readable {path} to check the configuration against "
-                          f"({e}); force=true starts over") from None
+    recorded = recorded_config(cfg, run_dir)
     diffs = differences(recorded, cfg) + [f"{key}: {get(recorded, key)!r} -> (no such key in this version)"
                                           for key in (unknown_keys(recorded) if resuming else ())]
     # a replay's pushes are its recording's (cost.path, not a key that names a folder): another
@@ -219,8 +216,21 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
     if cfg.cost.schedule == "replay" and not _same_folder(old, cfg.cost.path):
         diffs.append(f"cost.path: {old!r} -> {cfg.cost.path!r}")
     if diffs:
-        raise ConfigError("resume" if cfg.resume else "run folder", cfg.resume if cfg.resume else str(run_dir),
-                          what + "; ".join(diffs))
+        raise ConfigError(*_typed(cfg, run_dir), what + "; ".join(diffs))
+
+
+def recorded_config(cfg: RunConfig, run_dir: Path) -> dict:
+    """The folder's config.json, or a ConfigError naming what the user typed (the resume flag,
+    else the folder): no run can be continued or skipped unchecked against it."""
+    try:
+        return read_recorded(run_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(*_typed(cfg, run_dir), f"a readable {Path(run_dir) / schema.CONFIG_FILE} to "
+                          f"check the configuration against ({e}); force=true starts over") from None
+
+
+def _typed(cfg: RunConfig, run_dir: Path) -> tuple[str, Any]:
+    return ("resume", cfg.resume) if cfg.resume else ("run folder", str(run_dir))
 
 
 def _same_folder(a, b) -> bool:
