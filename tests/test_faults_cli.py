@@ -273,6 +273,9 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
                                "run one experiment per command (+exp=fig1, then +exp=fig2)"),
     (["-m", "seed=0,-0"], "error: grid points share a run folder (num_epochs=0.2,seed=0): sweep values that "
                           "differ"),   # raced for its lock under the parallel launcher: one refused
+    # the first point ran, the second was refused (its folder held the first's run), and the
+    # progress said 'finished: 0/2 done, 2 not started': the folders were judged by job name
+    (["-m", "hydra.sweep.subdir=same", "nsync=1,2"], "error: grid points share a run folder (same): "),
     (["-m", "hydra/launcher=nope", "nsync=1,2"], "error: In 'hydra/config': Could not find 'hydra/launcher/nope' "
                                                  "(one of: basic, joblib, parallel, slurm, submitit_local"),
     (["+exp=fig1", "figures_dir="], "error: invalid value for 'figures_dir': ''; expected a folder, not empty ('.' "
