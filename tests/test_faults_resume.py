@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import repro.runs.folder
 import repro.runs.runlog
 from repro.config.settings import AlgoConfig, ModelConfig
 from repro.errors import ConfigError
@@ -192,6 +193,33 @@ def test_6_rerun_of_a_run_killed_before_its_first_checkpoint_does_not_advise_res
     with pytest.raises(ConfigError, match="no checkpoint.pt"):   # what the old advice led to
         simulate(SIM.replace(resume=True), run_dir)
     assert simulate(SIM.replace(force=True), run_dir)["status"] == "completed"
+
+
+@pytest.mark.parametrize("grid", [False, True], ids=["run", "grid point"])
+def test_6_a_run_killed_before_its_first_checkpoint_is_not_said_to_be_at_version_0(tmp_path, grid):
+    """Fault: a run (or grid point) SIGKILLed after training a while but before its first
+    checkpoint: its summary still the start's (version 0), no row flushed to updates.csv. The
+    refusal said it was 'at version 0', and a grid point's that resume=auto 'continues it'
+    (resume=auto starts it over: there is nothing to continue). Guarantee 6: it says what is
+    known, 'before its first checkpoint', and what each flag does."""
+    run_dir = tmp_path / "run"
+    simulate(SIM, run_dir, stop_at_version=STOP_AT)
+    summary = summary_of(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "running", "version": 0}))
+    (run_dir / "checkpoint.pt").unlink()
+    updates = run_dir / "updates.csv"
+    updates.write_text(updates.read_text().splitlines(keepends=True)[0])
+    for resume in (False, True):
+        if grid:   # Hydra's record of this launch of a grid, as test_newcomer writes it (a refusal drops it)
+            record = repro.runs.folder.incoming_record(run_dir)
+            record.mkdir()
+            (record / "hydra.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
+        with pytest.raises(ConfigError) as err:
+            simulate(SIM.replace(resume=resume), run_dir)
+        message = str(err.value)
+        assert "before its first checkpoint" in message and "version 0" not in message, message
+        assert "force=true starts" in message, message
+        assert "starts the points that have none" in message or not grid or resume, message
 
 
 def test_6_cli_rerun_of_an_interrupted_run_exits_2(tmp_path):
