@@ -576,6 +576,17 @@ def test_all_draws_every_figure_it_can_and_names_the_refused_one(tmp_path, capsy
     assert "error: fig1: " in err and "algo.lr=0.5" in err and "fig1 refused" in err.splitlines()[-1]
 
 
+def test_all_without_a_run_of_any_figure_says_so_once_in_a_short_line(tmp_path, capsys):
+    """all on a results folder holding no figure's experiment: each figure's reason is printed,
+    then the error line repeated all of them (16 figures' reasons, thousands of characters)."""
+    fake_runs.write_experiment(tmp_path / "res", "default", [1], [1], [0], "cold")
+    code = main(["all", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out.count("skipping ") == len(FIGURES.names()), out
+    assert err == (f"error: invalid value for 'results': {str(tmp_path / 'res')!r}; expected usable runs for at "
+                   "least one figure: no figure has any there (each one's reason is said above)\n"), err
+
+
 def test_all_with_config_names_each_variant_by_its_settings_never_over_the_figure_as_committed(tmp_path, capsys):
     # all --config algo.lr=0.5 wrote the variant as fig1.png, over the committed figure (into
     # figures/, by default), where one figure's --config writes fig1-algo.lr=0.5.png
