@@ -149,6 +149,28 @@ def _copy_of_a_good_run(exp: Path, name: str) -> Path:
     return d
 
 
+@pytest.mark.timeout(60)
+def test_a_run_file_that_is_a_fifo_or_a_folder_is_skipped_with_a_warning_and_never_waited_on(tmp_path):
+    """A summary.json that is a folder or a FIFO was skipped as 'no summary.json (killed before its
+    first summary)', and a config.json that is a FIFO blocked the analysis for good (its read
+    waits for a writer). Each is skipped as corrupt, named, without opening it."""
+    exp = tmp_path / "exp"
+    _copy_of_a_good_run(exp, "good")
+    bad = {"summary-fifo": schema.SUMMARY_FILE, "summary-folder": schema.SUMMARY_FILE,
+           "config-fifo": schema.CONFIG_FILE, "evals-fifo": schema.EVALS_FILE}
+    for name, file in bad.items():
+        path = _copy_of_a_good_run(exp, name) / file
+        path.unlink()
+        path.mkdir() if name.endswith("folder") else os.mkfifo(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    assert runs.runs["job"].tolist() == ["good"]
+    said = [str(w.message) for w in caught]
+    for name, file in bad.items():
+        assert any(f"skipping corrupt run {exp / name}: {file} is not a regular file" in m for m in said), said
+
+
 def _edit_rows(path: Path, edit) -> None:
     """Rewrite a CSV's data rows as ``edit(rows)`` returns them (each row a list of strings)."""
     header, *rows = [line.split(",") for line in path.read_text().splitlines()]

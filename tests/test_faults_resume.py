@@ -9,6 +9,7 @@ in :mod:`tests.helpers.invariants`): each case states its fault and guarantee an
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,23 @@ def test_6_a_run_killed_before_its_first_checkpoint_is_not_said_to_be_at_version
         assert "before its first checkpoint" in message and "version 0" not in message, message
         assert "force=true starts" in message, message
         assert "starts the points that have none" in message or not grid or resume, message
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["summary.json", "config.json"])
+def test_6_a_run_file_that_is_a_fifo_is_refused_never_waited_on(interrupted, name):
+    """Fault: the run folder's summary.json (or config.json) replaced by a FIFO: the re-run
+    blocked for good opening it (waiting for a writer; SIGTERM only asked it to stop). Guarantee
+    6: refused as a killed run without a readable summary (or one whose config.json cannot be
+    read), nothing changed."""
+    path = interrupted / name
+    path.unlink()
+    os.mkfifo(path)
+    before = snapshot(interrupted)
+    with pytest.raises(ConfigError, match="no readable summary.json" if name == "summary.json"
+                       else r"config.json is not a regular file\); force=true starts over"):
+        simulate(SIM, interrupted)
+    assert changed(before, snapshot(interrupted)) == []
 
 
 def test_6_cli_rerun_of_an_interrupted_run_exits_2(tmp_path):
