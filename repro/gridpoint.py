@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from repro.files.locks import read_holder
 from repro.files.schema import FINISHED_STATUSES, LOCK_FILE
@@ -30,6 +30,7 @@ from repro.runtime import EXIT_INTERRUPTED, request_stop, runs_active
 log = get_logger()
 
 STOP_DIR = ".grid_stops"   # in the sweep folder: one mark per launch asked to stop
+DEFAULT_SUBDIR = "${job_name:${hydra:overrides.task}}"   # conf/config.yaml's hydra.sweep.subdir
 
 
 class PointGuard:
@@ -158,10 +159,19 @@ def grid_points(config: DictConfig) -> list[str] | None:
 
 def point_folders(config: DictConfig) -> list[str] | None:
     """Each point's run folder relative to the grid's (:func:`grid_points`' names), under another
-    experiment's or results folder where the point sets exp_name or results_dir (``-m exp_name=a,b``)."""
+    experiment's or results folder where the point sets exp_name or results_dir (``-m exp_name=a,b``);
+    where ``hydra.sweep.subdir`` is the user's, the folder the launcher will give each job."""
     jobs = _named_jobs(config)
     if jobs is None:
         return None
+    if OmegaConf.to_container(config.hydra.sweep)["subdir"] != DEFAULT_SUBDIR:   # the user's: resolved per job
+        from repro.config.loader import exit_bad_input
+        from repro.hydra_internals import job_folders
+
+        try:
+            return [os.path.relpath(f, config.hydra.sweep.dir) for f in job_folders(config, [j for j, _ in jobs])]
+        except Exception as exc:   # ${oops}: Hydra only warns of a callback's error, then its traceback
+            exit_bad_input(f"cannot name a grid point's folder (hydra.sweep.subdir): {str(exc).partition(chr(10))[0]}")
     folders = []
     for job, name in jobs:
         given = {k.lstrip("+"): v for k, _, v in (o.partition("=") for o in job)}
@@ -172,12 +182,13 @@ def point_folders(config: DictConfig) -> list[str] | None:
 
 
 def check_distinct(folders: list[str]) -> None:
-    """Two points of one folder (``seed=0,-0``, or a sweep of a key that names no folder, such as
-    ``backend.timeout_s=60,120``) raced for its lock, one refused as bad input, or ran one run
-    twice: exit 2 before any runs."""
+    """Two points of one folder (``seed=0,-0``, a sweep of a key that names no folder, such as
+    ``backend.timeout_s=60,120``, or ``hydra.sweep.subdir=same``) raced for its lock, one refused
+    as bad input, or ran one run twice: exit 2 before any runs."""
     from repro.config.loader import exit_bad_input
 
     twice = sorted({f for f in folders if folders.count(f) > 1})
     if twice:
         exit_bad_input(f"grid points share a run folder ({'; '.join(twice)}): sweep values that differ, "
-                       "of keys that shape training (paths, timeouts, ports and progress name no folder)")
+                       "of keys that shape training (paths, timeouts, ports and progress name no folder), and a "
+                       "hydra.sweep.subdir that tells them apart")

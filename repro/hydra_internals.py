@@ -6,7 +6,9 @@ job. Three guarantees need what Hydra keeps for its plugins and its own main (``
 the package imports them):
 
 * the job list before any point runs (:func:`sweep_jobs`): Hydra gives it to the launcher alone,
-  and the progress line, the grid's figure and sim-vs-real's folder names need it; whether an
+  and the progress line, the grid's figure and sim-vs-real's folder names need it; each job's
+  folder where ``hydra.sweep.subdir`` is the user's (:func:`job_folders`, composed as the
+  launcher composes it), so that points of one folder are refused before any runs; whether an
   override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it; a number as the
   sweeper writes it (:func:`plain_number`), so that a single run names its folder as the same
   configuration's grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=1e-3`` is ``algo.lr=0.001``);
@@ -61,6 +63,30 @@ def sweep_jobs(config: Any) -> list[list[str]] | None:
     loader = hydra.config_loader() if hydra.is_initialized() else None
     overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
     return BasicSweeper.split_arguments(overrides, max_batch_size=None)[0]   # the basic sweeper's own split
+
+
+def job_folders(config: Any, jobs: list[list[str]]) -> list[str]:
+    """Each job's folder as the launcher names it: ``hydra.sweep.dir``/``hydra.sweep.subdir`` of
+    the job's own config, composed as the launcher composes it (a job's number too), for a
+    subdir other than the default one, which may read any of these."""
+    import os
+
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    loader, before, folders = GlobalHydra.instance().config_loader(), HydraConfig.instance().cfg, []
+    try:
+        for num, job in enumerate(jobs):
+            cfg = loader.load_sweep_config(config, list(job))
+            with open_dict(cfg):
+                cfg.hydra.job.id = cfg.hydra.job.num = num
+            HydraConfig.instance().set_config(cfg)   # resolves ${hydra:...}, as the launcher's run_job
+            folders.append(os.path.join(str(OmegaConf.select(cfg, "hydra.sweep.dir")),
+                                        str(OmegaConf.select(cfg, "hydra.sweep.subdir"))))
+    finally:
+        HydraConfig.instance().cfg = before
+    return folders
 
 
 def sweeps(arguments: list[str]) -> bool:

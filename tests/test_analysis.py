@@ -149,6 +149,28 @@ def _copy_of_a_good_run(exp: Path, name: str) -> Path:
     return d
 
 
+@pytest.mark.timeout(60)
+def test_a_run_file_that_is_a_fifo_or_a_folder_is_skipped_with_a_warning_and_never_waited_on(tmp_path):
+    """A summary.json that is a folder or a FIFO was skipped as 'no summary.json (killed before its
+    first summary)', and a config.json that is a FIFO blocked the analysis for good (its read
+    waits for a writer). Each is skipped as corrupt, named, without opening it."""
+    exp = tmp_path / "exp"
+    _copy_of_a_good_run(exp, "good")
+    bad = {"summary-fifo": schema.SUMMARY_FILE, "summary-folder": schema.SUMMARY_FILE,
+           "config-fifo": schema.CONFIG_FILE, "evals-fifo": schema.EVALS_FILE}
+    for name, file in bad.items():
+        path = _copy_of_a_good_run(exp, name) / file
+        path.unlink()
+        path.mkdir() if name.endswith("folder") else os.mkfifo(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    assert runs.runs["job"].tolist() == ["good"]
+    said = [str(w.message) for w in caught]
+    for name, file in bad.items():
+        assert any(f"skipping corrupt run {exp / name}: {file} is not a regular file" in m for m in said), said
+
+
 def _edit_rows(path: Path, edit) -> None:
     """Rewrite a CSV's data rows as ``edit(rows)`` returns them (each row a list of strings)."""
     header, *rows = [line.split(",") for line in path.read_text().splitlines()]
@@ -574,6 +596,17 @@ def test_all_draws_every_figure_it_can_and_names_the_refused_one(tmp_path, capsy
     assert f"wrote {tmp_path / 'out' / 'fig2.csv'}" in out
     assert not (tmp_path / "out" / "fig1.png").exists()
     assert "error: fig1: " in err and "algo.lr=0.5" in err and "fig1 refused" in err.splitlines()[-1]
+
+
+def test_all_without_a_run_of_any_figure_says_so_once_in_a_short_line(tmp_path, capsys):
+    """all on a results folder holding no figure's experiment: each figure's reason is printed,
+    then the error line repeated all of them (16 figures' reasons, thousands of characters)."""
+    fake_runs.write_experiment(tmp_path / "res", "default", [1], [1], [0], "cold")
+    code = main(["all", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out.count("skipping ") == len(FIGURES.names()), out
+    assert err == (f"error: invalid value for 'results': {str(tmp_path / 'res')!r}; expected usable runs for at "
+                   "least one figure: no figure has any there (each one's reason is said above)\n"), err
 
 
 def test_all_with_config_names_each_variant_by_its_settings_never_over_the_figure_as_committed(tmp_path, capsys):

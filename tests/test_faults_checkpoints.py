@@ -92,3 +92,21 @@ def test_8_cli_bad_checkpoint_exits_2(tmp_path):
     assert "weights_only=False" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
     assert "CODE FROM A CHECKPOINT RAN" not in proc.stdout + proc.stderr
     check_run_folder(run_dir, "interrupted")
+
+
+def test_8_truncated_checkpoint_says_damaged_and_how_to_start_over(interrupted):
+    """Fault: an interrupted run's checkpoint.pt cut in half, then ``resume=true``. Guarantee 8:
+    the refusal names the file, says it is damaged, quotes torch's reason as a whole sentence
+    (it was cut at 120 characters, mid-word) and, as a damaged table's does, says force=true
+    starts over."""
+    path = interrupted / "checkpoint.pt"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(Exception) as torch_error:
+        torch.load(path, weights_only=True)
+    first = str(torch_error.value).splitlines()[0].split(". ")[0]
+    with pytest.raises(ConfigError) as err:
+        simulate(SIM.replace(resume=True), interrupted)
+    message = str(err.value)
+    assert str(path) in message and "damaged" in message, message
+    assert f"{first})" in message and message.endswith("; force=true starts over"), message
+    check_run_folder(interrupted, "interrupted")

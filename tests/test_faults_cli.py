@@ -283,6 +283,11 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
                                "run one experiment per command (+exp=fig1, then +exp=fig2)"),
     (["-m", "seed=0,-0"], "error: grid points share a run folder (num_epochs=0.2,seed=0): sweep values that "
                           "differ"),   # raced for its lock under the parallel launcher: one refused
+    # the first point ran, the second was refused (its folder held the first's run), and the
+    # progress said 'finished: 0/2 done, 2 not started': the folders were judged by job name
+    (["-m", "hydra.sweep.subdir=same", "nsync=1,2"], "error: grid points share a run folder (same): "),
+    (["-m", "hydra.sweep.subdir=${oops}", "nsync=1,2"], "error: cannot name a grid point's folder "
+                                                        "(hydra.sweep.subdir): Interpolation key 'oops' not found\n"),
     (["-m", "hydra/launcher=nope", "nsync=1,2"], "error: In 'hydra/config': Could not find 'hydra/launcher/nope' "
                                                  "(one of: basic, joblib, parallel, slurm, submitit_local"),
     (["+exp=fig1", "figures_dir="], "error: invalid value for 'figures_dir': ''; expected a folder, not empty ('.' "
@@ -348,6 +353,18 @@ def test_a_group_sweep_in_hydras_other_spellings_is_read_as_hydra_reads_it(tmp_p
     assert code == 0, capsys.readouterr().err[-2000:]
     assert sorted(p.parent.name for p in tmp_path.glob("default/*/summary.json")) == \
         ["algo=adagrad,num_epochs=0.2", "algo=sgd,num_epochs=0.2"]
+
+
+def test_a_sweep_subdir_of_the_jobs_number_names_each_points_folder(tmp_path, monkeypatch, capsys):
+    """``-m hydra.sweep.subdir=${hydra.job.num}`` (Hydra's own default) ended in OmegaConf's
+    traceback: the grid's folder check resolved the subdir before any job had a number. Each
+    point now runs in the folder the launcher gives it, and a second launch skips both."""
+    for skipped in ("", " (2 skipped: already finished)"):
+        code = cli_in_process(monkeypatch, "-m", f"results_dir={tmp_path}", "num_epochs=0.2", "progress=false",
+                              "hydra.sweep.subdir=${hydra.job.num}", "nsync=1,2")
+        err = capsys.readouterr().err
+        assert code == 0 and f"finished: 2/2 done{skipped} " in err, err[-2000:]
+        assert sorted(p.parent.name for p in tmp_path.glob("default/*/summary.json")) == ["0", "1"]
 
 
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
+import repro.runs.folder
 import repro.runs.runlog
 from repro.config.settings import AlgoConfig, ModelConfig
 from repro.errors import ConfigError
@@ -122,6 +124,27 @@ def test_3_resume_of_a_calibrated_run_keeps_its_measured_step_time(tmp_path, mon
     check_run_folder(tmp_path / "cut", "completed")
 
 
+@pytest.mark.parametrize("resume", [False, True, "auto"])
+def test_3_a_run_whose_config_json_is_cut_is_refused_naming_what_was_typed(interrupted, resume):
+    """Fault: the interrupted run's config.json cut short. resume=auto was refused as "invalid
+    value for 'resume': True", and a re-run without resume advised 'resume=true continues it',
+    which then refused. Guarantee 3: each is refused naming what the user typed and config.json,
+    with the one way on that works (force=true); nothing changes."""
+    path = interrupted / "config.json"
+    good = path.read_bytes()
+    path.write_bytes(good[:100])
+    before = snapshot(interrupted)
+    with pytest.raises(ConfigError) as err:
+        simulate(SIM.replace(resume=resume), interrupted)
+    message = str(err.value)
+    typed = f"'resume': {resume!r}" if resume else f"'run folder': {str(interrupted)!r}"
+    assert message.startswith(f"invalid value for {typed}; expected a readable {path}"), message
+    assert "resume=true" not in message and message.endswith("force=true starts over"), message
+    assert changed(before, snapshot(interrupted)) == []
+    path.write_bytes(good)
+    check_run_folder(interrupted, "interrupted")
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. Starting over is never silent
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +215,50 @@ def test_6_rerun_of_a_run_killed_before_its_first_checkpoint_does_not_advise_res
     with pytest.raises(ConfigError, match="no checkpoint.pt"):   # what the old advice led to
         simulate(SIM.replace(resume=True), run_dir)
     assert simulate(SIM.replace(force=True), run_dir)["status"] == "completed"
+
+
+@pytest.mark.parametrize("grid", [False, True], ids=["run", "grid point"])
+def test_6_a_run_killed_before_its_first_checkpoint_is_not_said_to_be_at_version_0(tmp_path, grid):
+    """Fault: a run (or grid point) SIGKILLed after training a while but before its first
+    checkpoint: its summary still the start's (version 0), no row flushed to updates.csv. The
+    refusal said it was 'at version 0', and a grid point's that resume=auto 'continues it'
+    (resume=auto starts it over: there is nothing to continue). Guarantee 6: it says what is
+    known, 'before its first checkpoint', and what each flag does."""
+    run_dir = tmp_path / "run"
+    simulate(SIM, run_dir, stop_at_version=STOP_AT)
+    summary = summary_of(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "running", "version": 0}))
+    (run_dir / "checkpoint.pt").unlink()
+    updates = run_dir / "updates.csv"
+    updates.write_text(updates.read_text().splitlines(keepends=True)[0])
+    for resume in (False, True):
+        if grid:   # Hydra's record of this launch of a grid, as test_newcomer writes it (a refusal drops it)
+            record = repro.runs.folder.incoming_record(run_dir)
+            record.mkdir()
+            (record / "hydra.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
+        with pytest.raises(ConfigError) as err:
+            simulate(SIM.replace(resume=resume), run_dir)
+        message = str(err.value)
+        assert "before its first checkpoint" in message and "version 0" not in message, message
+        assert "force=true starts" in message, message
+        assert "starts the points that have none" in message or not grid or resume, message
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["summary.json", "config.json"])
+def test_6_a_run_file_that_is_a_fifo_is_refused_never_waited_on(interrupted, name):
+    """Fault: the run folder's summary.json (or config.json) replaced by a FIFO: the re-run
+    blocked for good opening it (waiting for a writer; SIGTERM only asked it to stop). Guarantee
+    6: refused as a killed run without a readable summary (or one whose config.json cannot be
+    read), nothing changed."""
+    path = interrupted / name
+    path.unlink()
+    os.mkfifo(path)
+    before = snapshot(interrupted)
+    with pytest.raises(ConfigError, match="no readable summary.json" if name == "summary.json"
+                       else r"config.json is not a regular file\); force=true starts over"):
+        simulate(SIM, interrupted)
+    assert changed(before, snapshot(interrupted)) == []
 
 
 def test_6_cli_rerun_of_an_interrupted_run_exits_2(tmp_path, monkeypatch, capsys):

@@ -11,7 +11,8 @@ A folder is a run iff it holds ``config.json``. Every folder is sorted into exac
   and listed in :attr:`Runs.skipped` (``kind="partial"``). A run whose summary says running is
   told apart by its folder's lock (:mod:`repro.files.locks`, probed without writing anything): held by
   a live process, it is "still running"; held by nobody, it was killed without a summary;
-* **corrupt**: unreadable JSON, missing or truncated CSV, non-numeric values, missing columns,
+* **corrupt**: unreadable JSON, missing or truncated CSV, a run file that is not a regular file
+  (a folder; a FIFO is never opened), non-numeric values, missing columns,
   CSV/summary files without a ``config.json``, or tables a resume would refuse
   (:func:`check_versions`): skipped with a warning and listed (``kind="corrupt"``).
 
@@ -100,6 +101,8 @@ def _read_json(path: Path, read: Callable[[Path], Any] = lambda p: json.loads(p.
                ) -> dict[str, Any]:
     """``path`` as a dict, else :class:`BadRun`; ``read``: config.json's is
     :func:`~repro.config.renames.read_recorded` (old spellings: new columns)."""
+    if not path.is_file():   # a folder, or a FIFO, whose read would wait for a writer for good
+        raise BadRun("corrupt", f"{path.name} is not a regular file")
     try:
         data = read(path)
     except (OSError, ValueError, RecursionError) as e:   # decode errors are ValueErrors; JSON nested
@@ -117,8 +120,8 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     Empty cells and ``nan``/``inf`` are accepted (a diverging run writes them); anything else that
     is not a number, a ragged row (a truncated write) or a missing column raises :class:`BadRun`.
     """
-    if not path.is_file():
-        raise BadRun("corrupt", f"{path.name} is missing")
+    if not path.is_file():   # (a FIFO's read would wait for a writer for good)
+        raise BadRun("corrupt", f"{path.name} is {'not a regular file' if path.exists() else 'missing'}")
     try:
         with path.open(newline="") as f:
             rows = list(csv.reader(f))
@@ -203,7 +206,7 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
         warnings.warn(f"run {run_dir}: {schema.CONFIG_FILE} key(s) unknown to this version: {', '.join(unknown)} "
                       "(written by another version, or by hand): kept as columns, but no figure tells "
                       "runs apart by them", stacklevel=3)
-    if not (run_dir / schema.SUMMARY_FILE).is_file():
+    if not (run_dir / schema.SUMMARY_FILE).exists():
         raise BadRun("partial", f"no {schema.SUMMARY_FILE} (" + (
             "still running: a live process holds its lock)" if lock_held(run_dir / LOCK_FILE)
             else "killed before its first summary: no process holds it)"))

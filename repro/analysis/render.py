@@ -191,13 +191,12 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> li
 
 
 def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
-    paths, failures, refused = [], [], []
+    paths, refused = [], []
     for name in FIGURES:
         try:   # a variant (config) under its settings' name, never over the figure as committed
             paths += build_figure(name, results_dir, out_dir, exp_name, target, config,
                                   stem=f"{name}-{file_label(config)}" if config else None)
         except NoRunsError as e:
-            failures.append(f"{name}: {e}")
             print(f"skipping {name}: {e}")
         except ConfigError as e:   # runs it refuses (mixed configurations): the rest are still drawn
             refused.append(name)
@@ -207,6 +206,6 @@ def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
         raise ConfigError("figure", "all", f"figures that draw their runs; {', '.join(refused)} refused "
                           "them (said above), the others with runs were written")
     if not paths:
-        raise NoRunsError("results", str(results_dir), "usable runs for at least one figure; "
-                                                       + "; ".join(failures))
+        raise NoRunsError("results", str(results_dir), "usable runs for at least one figure: no figure has "
+                                                       "any there (each one's reason is said above)")
     return paths

@@ -256,8 +256,8 @@ def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
         exit_bad_input(f"cannot name the {'grid' if grid else 'run'} folder ({key}): {str(exc).splitlines()[0]}")
     folder = Path(name).absolute()
     # Hydra takes '' for the folder above it: the run's files went there, among other runs' or files
-    for part in [key, "hydra.sweep.subdir"] if grid else [key]:
-        if not str(OmegaConf.select(dcfg, part)).strip():
+    for part in [key, "hydra.sweep.subdir"] if grid else [key]:   # a subdir of ${hydra.job.num}: a job's
+        if not str(OmegaConf.select(dcfg, part, throw_on_resolution_failure=False)).strip():
             exit_bad_input(f"{part} is empty: the {'grid' if grid else 'run'} would write into {folder}; give "
                            f"a folder, or leave {part} out (results_dir=FOLDER)")
     why = unmakeable(folder)

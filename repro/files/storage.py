@@ -157,9 +157,10 @@ def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "
         raise ConfigError(key, str(path), "a checkpoint of tensors and numbers only: this file "
                           "holds other objects, and loading it could run code, so it is refused") from None
     except Exception as e:   # torch's readers raise many kinds on bytes they do not expect
-        first = (str(e).splitlines() or [type(e).__name__])[0][:120]
-        raise ConfigError(key, str(path), f"a complete checkpoint: the file is truncated or not "
-                          f"a torch checkpoint ({type(e).__name__}: {first})") from None
+        # torch's first sentence says what broke; the rest is advice for torch's developers
+        first = (str(e).splitlines() or [type(e).__name__])[0].split(". ")[0].rstrip(".")
+        raise ConfigError(key, str(path), f"a complete checkpoint: this file is damaged, truncated "
+                          f"or not a torch checkpoint ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict):
         raise ConfigError(key, str(path), "a checkpoint holding a dict")
     return state

@@ -170,17 +170,22 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     if status == "running":
         what = "a killed run (" + ("its summary still says running)" if summary else "it has no readable summary.json)")
     has_checkpoint = (run_dir / schema.CHECKPOINT_FILE).exists()
+    # a killed run's rows reach updates.csv at its checkpoints (or a buffer's worth): with none, how
+    # far it got is not known (its summary's version is the start's)
+    at = (f"at version {version}" if version or has_checkpoint or status != "running"
+          else "before its first checkpoint")
     if not cfg.resume:   # killed before its first checkpoint: resume=true would refuse it too
+        if has_checkpoint:   # nor can resume=true continue a run whose config.json is unreadable
+            recorded_config(cfg, run_dir)
         how = (GRID_HOW if in_grid(run_dir) else "resume=true continues it, force=true starts over"
                if has_checkpoint else f"no {schema.CHECKPOINT_FILE} to continue it from, force=true starts over")
-        raise ConfigError("resume", False, f"a fresh folder: {run_dir} holds {what} at version "
-                          f"{version}: {how}")
+        raise ConfigError("resume", False, f"a fresh folder: {run_dir} holds {what} {at}: {how}")
     if not has_checkpoint:
         if cfg.resume == "auto":
             log.info("resume=auto: %s holds %s but no checkpoint: starting over", run_dir, what)
             return Decision("fresh")
-        raise ConfigError("resume", True, f"a checkpoint to continue from: this folder holds {what} at "
-                          f"version {version} but no {schema.CHECKPOINT_FILE}; force=true starts over")
+        raise ConfigError("resume", True, f"a checkpoint to continue from: this folder holds {what} {at} "
+                          f"but no {schema.CHECKPOINT_FILE}; force=true starts over")
     check_config(cfg, run_dir, resuming=True)
     return Decision("resume", summary)
 
@@ -223,12 +228,7 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
     """Refuse to continue (or to skip as done) a run with other training-shaping settings,
     listing every difference; ``resuming``, also a recorded key this version lacks (the run
     would go on without it, and its config.json, rewritten, would no longer record it)."""
-    path = Path(run_dir) / schema.CONFIG_FILE
-    try:
-        recorded = read_recorded(run_dir)
-    except (OSError, ValueError) as e:
-        raise ConfigError("resume", True, f"a readable {path} to check the configuration against "
-                          f"({e}); force=true starts over") from None
+    recorded = recorded_config(cfg, run_dir)
     diffs = differences(recorded, cfg) + [f"{key}: {get(recorded, key)!r} -> (no such key in this version)"
                                           for key in (unknown_keys(recorded) if resuming else ())]
     # a replay's pushes are its recording's (cost.path, not a key that names a folder): another
@@ -237,8 +237,21 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
     if cfg.cost.schedule == "replay" and not _same_folder(old, cfg.cost.path):
         diffs.append(f"cost.path: {old!r} -> {cfg.cost.path!r}")
     if diffs:
-        raise ConfigError("resume" if cfg.resume else "run folder", cfg.resume if cfg.resume else str(run_dir),
-                          what + "; ".join(diffs))
+        raise ConfigError(*_typed(cfg, run_dir), what + "; ".join(diffs))
+
+
+def recorded_config(cfg: RunConfig, run_dir: Path) -> dict:
+    """The folder's config.json, or a ConfigError naming what the user typed (the resume flag,
+    else the folder): no run can be continued or skipped unchecked against it."""
+    try:
+        return read_recorded(run_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(*_typed(cfg, run_dir), f"a readable {Path(run_dir) / schema.CONFIG_FILE} to "
+                          f"check the configuration against ({e}); force=true starts over") from None
+
+
+def _typed(cfg: RunConfig, run_dir: Path) -> tuple[str, Any]:
+    return ("resume", cfg.resume) if cfg.resume else ("run folder", str(run_dir))
 
 
 def _same_folder(a, b) -> bool:
@@ -351,9 +364,9 @@ def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
 
 # A grid point's way on: resume=true would refuse every point that never started (nothing to
 # continue) and stop the grid there; resume=auto continues what can be and starts the rest.
-GRID_HOW = ("it is a grid point: the grid's command with resume=auto continues it and every other "
-            "interrupted point, and starts the points that never ran (resume=true would refuse "
-            "those); force=true starts the points over")
+GRID_HOW = ("it is a grid point: the grid's command with resume=auto continues every interrupted point "
+            "from its checkpoint, and starts the points that have none or never ran (resume=true would "
+            "refuse those); force=true starts the points over")
 
 
 def in_grid(run_dir: Path) -> bool:

@@ -62,7 +62,10 @@ def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dic
     if not path.exists():
         raise ConfigError("resume", True, f"a run folder holding {schema.CHECKPOINT_FILE} "
                           f"(none at {path}: nothing to resume; force=true starts over)")
-    state = read_checkpoint(path, device)
+    try:
+        state = read_checkpoint(path, device)
+    except ConfigError as e:   # unreadable: nothing to continue from, as without a checkpoint
+        raise ConfigError(e.key, e.value, f"{e.expected}; force=true starts over") from None
     if state.get("kind") != kind:
         raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
                           f"{state.get('kind')!r} backend)")

@@ -227,9 +227,13 @@ class RunLog:
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    """``run_dir``'s summary.json; None when it is missing, unreadable or not a JSON object."""
+    """``run_dir``'s summary.json; None when it is missing, unreadable, not a regular file (a
+    FIFO's read would wait for a writer for good) or not a JSON object."""
+    path = Path(run_dir) / schema.SUMMARY_FILE
+    if not path.is_file():
+        return None
     try:
-        summary = json.loads((Path(run_dir) / schema.SUMMARY_FILE).read_text())
+        summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return summary if isinstance(summary, dict) else None
