@@ -99,3 +99,20 @@ def test_the_progress_line_before_the_first_push_says_no_eta_not_nan(caplog):
     first, later = [r.getMessage() for r in caplog.records]
     assert "nan" not in first and first.endswith("eta      ?"), first
     assert re.search(r"eta +\d+\.\ds$", later), later
+
+
+def test_a_driver_that_returns_without_a_status_leaves_the_folder_failed_not_running(tmp_path, monkeypatch):
+    """Guard: a driver (a new one, or an edit to one) that returns without ending its run left
+    summary.json 'running' for good; run_folder ends it ``failed``, saying so."""
+    from repro.runs.core import RunCore
+
+    finish, calls = RunCore.finish, []
+
+    def forgotten_once(self, *args, **kwargs):   # the driver's own call does nothing
+        calls.append(args)
+        return finish(self, *args, **kwargs) if len(calls) > 1 else {}
+
+    monkeypatch.setattr(RunCore, "finish", forgotten_once)
+    simulate(SIM, tmp_path / "run")
+    summary = check_run_folder(tmp_path / "run", "failed")
+    assert "the driver ended without a status" in summary["message"], summary
