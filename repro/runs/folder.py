@@ -340,15 +340,14 @@ def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
     force=true would do cannot be done there); a refusal drops this process's Hydra record."""
     try:
         decision = decide(cfg, run_dir)
+        if decision.action != "skip" and is_read_only(run_dir):
+            raise refuse_read_only(run_dir)
+        return decision
     except ConfigError as exc:
         drop_hydra_record(run_dir)
         if not is_read_only(run_dir):
             raise
         raise refuse_read_only(run_dir) from exc
-    if decision.action != "skip" and is_read_only(run_dir):
-        drop_hydra_record(run_dir)
-        raise refuse_read_only(run_dir)
-    return decision
 
 
 def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
@@ -391,8 +390,7 @@ def resume_hint(run_dir: Path) -> str:
     if not path.exists():
         return "no checkpoint was written: force=true starts over"
     try:
-        import torch
-
+        import torch   # here: a run only skipped never loads it
         version = f"version {int(torch.load(path, weights_only=True)['server']['version'])}"
     except Exception:
         version = "the last checkpoint"
