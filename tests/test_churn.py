@@ -53,7 +53,7 @@ def test_churn_events_follow_the_schedule_and_the_seed(tmp_path):
     assert simulate(cfg.replace(seed=1), tmp_path / "c")["events"] != a["events"]
 
 
-@pytest.mark.parametrize("protocol", ["async", "sync", "ssp"])
+@pytest.mark.parametrize("protocol", ["async", "sync", "ssp", "ringmaster", "rennala"])
 def test_churn_resumes_bit_for_bit(tmp_path, protocol):
     from repro.config.settings import ProtocolConfig
 
@@ -110,6 +110,33 @@ def test_ringmaster_and_rennala_serve_a_joiner_from_its_joins_fetch(tmp_path, pr
         read = [*mine.read_version, *(v for v, j in summary["discarded_pushes"] if j == k)]
         assert min(read) == version, (k, read)
         assert mine.version.max() > 0.9 * summary["version"], k   # still pushing at the end
+
+
+@pytest.mark.parametrize("protocol, churn", [
+    (dict(name="ringmaster"), dict(preempt_rate=0.0)),
+    (dict(name="ringmaster", cancel_stale=True), dict(preempt_rate=0.0)),
+    (dict(name="ringmaster"), dict(leave=None, join=None)),   # losses only: segments in flight
+    (dict(name="rennala"), dict(preempt_rate=0.0))])
+def test_ringmaster_and_rennalas_default_r_and_s_follow_the_live_clients(tmp_path, protocol, churn):
+    """Three equally fast clients, then four live (joiner 4 at 0.02 s, client 1 back at 0.05 s):
+    R unset must follow them, each push then being about 3 stale; at the start's R = 3 client 1
+    (back last) had all 14 of its pushes discarded. Under preemptions alone (no joins) nothing
+    is discarded either: a segment a loss catches in flight keeps the R of its fetch. S unset is
+    one push per live client: every collection after the joins holds one of each of the four,
+    where S = 3 collected 2 of the joiner's 17 pushes."""
+    from repro.config.settings import ProtocolConfig
+
+    summary = simulate(churn_cfg(churn).replace(protocol=ProtocolConfig(**protocol)), tmp_path / "run")
+    assert summary["status"] == "completed", summary["message"]
+    if protocol["name"] == "ringmaster":
+        assert summary["discarded_pushes"] == []
+        return
+    joins = [e["version"] for e in summary["events"] if e["type"] in ("client_joined", "client_rejoined")]
+    steps: dict[int, list[int]] = {}
+    for version, k in summary["collected_pushes"]:
+        steps.setdefault(version, []).append(k)
+    after = [sorted(ks) for v, ks in steps.items() if v > max(joins)]
+    assert after and all(ks == [1, 2, 3, 4] for ks in after), steps
 
 
 def test_a_joiner_computes_at_its_slots_speed(tmp_path):

@@ -253,6 +253,32 @@ def test_protocols_count_a_joiner_from_its_fetch():
     assert sync.needed(live) == 3   # the next round counts it
 
 
+def test_ringmaster_and_rennalas_defaults_count_a_joiner():
+    """R and S unset follow the live clients as the real driver's joins change them: with joiner
+    3, three equally fast clients' pushes are 2 stale and applied (the start's R = 2 discarded
+    them); a segment fetched among three keeps R = 3 after a loss (and a resume); Rennala's step
+    waits for a push of each of the three live clients (S = 2 stepped without the joiner)."""
+    from repro.asgd.optimal import Rennala, Ringmaster
+    from repro.asgd.protocols import View
+    from repro.config.settings import ProtocolConfig
+
+    two, three, cfg = frozenset({1, 2}), frozenset({1, 2, 3}), real_cfg(protocol=ProtocolConfig(name="ringmaster"))
+    ring = Ringmaster(cfg, [1, 2], 0)
+    ring.on_join(3, View(0, two))
+    for v, k in enumerate((1, 2, 3, 1, 2, 3)):   # each read the version its push before made
+        decision = ring.on_push(_push(k, max(0, v - 2)), View(v, three))
+        assert decision.apply is not None and decision.discarded == (), (k, v)
+    assert ring.on_push(_push(1, 4), View(6, two)).apply is not None   # 3 lost: 2 stale, R 3
+    restored = Ringmaster(cfg, [1, 2], 0)   # a resume keeps each segment's R
+    restored.load_state_dict(ring.state_dict())
+    assert restored.on_push(_push(2, 5), View(7, two)).apply is not None
+    ren = Rennala(real_cfg(protocol=ProtocolConfig(name="rennala")), [1, 2], 0)
+    ren.on_join(3, View(0, two))
+    assert ren.on_push(_push(1, 0), View(0, three)).apply is None
+    assert ren.on_push(_push(2, 0), View(0, three)).apply is None
+    assert ren.on_push(_push(3, 0), View(0, three)).apply.num_samples == 3
+
+
 def test_a_joiners_push_takes_no_place_in_a_sync_round():
     """Sync without backup workers: a joiner fetched round 0's parameters and pushed before
     client 2 (a joiner as fast as client 1, client 2 slower): the round still waits for client

@@ -44,10 +44,11 @@ class Ringmaster(Policy):
     discards = True
 
     def __init__(self, cfg, clients: list[int], version: int):
-        self.threshold = cfg.protocol.resolved_staleness_threshold(cfg.num_clients)
+        self.settings = cfg.protocol
         self.cancel = cfg.protocol.cancel_stale
         self.stop_once = cfg.protocol.stop_once
         self.fetched = {k: version for k in clients}   # the version each client computes from
+        self.width = {k: len(clients) for k in clients}   # the clients live at that fetch
         self.restarting: set[int] = set()             # preempted, not heard from since (stop_once)
 
     @classmethod
@@ -55,23 +56,32 @@ class Ringmaster(Policy):
         return cfg.protocol.cancel_stale
 
     def on_join(self, client: int, view: View) -> None:
-        self.fetched[client] = view.version
+        self.fetch(client, view.version, view.live | {client})
         self.restarting.discard(client)
+
+    def fetch(self, client: int, version: int, live: AbstractSet[int]) -> None:
+        self.fetched[client], self.width[client] = version, len(live)
+
+    def threshold(self, client: int, live: AbstractSet[int]) -> int:
+        """R for the segment ``client`` computes: as set, else the most clients live at its
+        fetch or now. Equally fast clients each apply about once in another's segment, so none
+        loses a push as clients join (the start's count would discard every push of one of
+        them) or leave (the count now would discard the segments a leave catches in flight)."""
+        return self.settings.resolved_staleness_threshold(max(self.width.get(client, 0), len(live)))
 
     def on_push(self, push: Push, view: View) -> Decision:
         k = push.client
         if push.read_version < self.fetched.get(k, push.read_version):   # sent before its stop
             return NOTHING                                               # reached it: ignored
         self.restarting.discard(k)
-        if view.version - push.read_version >= self.threshold:   # delay >= R: not applied
-            self.fetched[k] = view.version
+        if view.version - push.read_version >= self.threshold(k, view.live):   # delay >= R: not applied
+            self.fetch(k, view.version, view.live)
             return Decision(reply=(k,), discarded=((push.read_version, k),))
         version = view.version + 1                                # after this apply
-        self.fetched[k] = version
         stopped = self.too_stale(version, view.live, k) if self.cancel else ()
         discarded = tuple((self.fetched[j], j) for j in stopped)
-        for j in stopped:
-            self.fetched[j] = version
+        for j in (k, *stopped):
+            self.fetch(j, version, view.live)
         if self.stop_once:
             self.restarting.update(stopped)
         return Decision(apply=push, reply=(k,), preempt=stopped, discarded=discarded)
@@ -81,14 +91,16 @@ class Ringmaster(Policy):
         their segment started R applies ago (Algorithm 5's stop; with ``stop_once`` not those
         already stopped and not heard from since: see the module docstring)."""
         return tuple(j for j in sorted(live) if j != pusher and j in self.fetched and j not in self.restarting
-                     and version - self.fetched[j] >= self.threshold)
+                     and version - self.fetched[j] >= self.threshold(j, live))
 
     def state_dict(self) -> dict:
-        return {"fetched": {str(k): v for k, v in self.fetched.items()}, "restarting": sorted(self.restarting)}
+        return {"fetched": {str(k): v for k, v in self.fetched.items()}, "restarting": sorted(self.restarting),
+                "width": {str(k): v for k, v in self.width.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.fetched = {int(k): int(v) for k, v in state["fetched"].items()}
         self.restarting = {int(k) for k in state["restarting"]}
+        self.width = {int(k): int(v) for k, v in state.get("width", {}).items()}   # none before R followed joins
 
 
 @PROTOCOLS.register("rennala")
@@ -102,7 +114,7 @@ class Rennala(Policy):
     collects = True
 
     def __init__(self, cfg, clients: list[int], version: int):
-        self.size = cfg.protocol.resolved_collection_size(cfg.num_clients)
+        self.settings = cfg.protocol              # S unset: the clients live at each push
         self.step_start = version                 # the version every collected push read
         self.given = {k: version for k in clients}   # the version each client computes from
         self.restarting: set[int] = set()         # preempted, not heard from since
@@ -130,8 +142,9 @@ class Rennala(Policy):
         if push.read_version < self.step_start:   # stale, not preempted (one preemption at a time)
             return Decision(reply=(k,), discarded=((push.read_version, k),))
         self.add(push)
-        if self.collected() < self.size:          # Rennala: it computes again at the same point
-            return Decision(reply=(k,))
+        # S as set, else one push per live client, as a sync round (joins and losses included)
+        if self.collected() < self.settings.resolved_collection_size(len(view.live)):
+            return Decision(reply=(k,))           # Rennala: it computes again at the same point
         return self.step(k, view)
 
     def add(self, push: Push) -> None:

@@ -158,7 +158,8 @@ class ProtocolConfig:
     (Ho et al. 2013); 0 behaves like sync rounds, a large value like async."""
     staleness_threshold: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
     """ringmaster: a push whose staleness reaches this threshold R is discarded, its client
-    fetches and goes on (Maranjyan, Tyurin, Richtarik 2025). null: num_clients."""
+    fetches and goes on (Maranjyan, Tyurin, Richtarik 2025). null: the clients live (num_clients
+    without churn or joins; see resolved_staleness_threshold)."""
     cancel_stale: bool = knob(False, FLAG)
     """ringmaster: stop a client as soon as its segment's staleness reaches R (it could only be
     discarded) and send it the current parameters (the paper's variant with calculation stops,
@@ -171,15 +172,20 @@ class ProtocolConfig:
     collection_size: Optional[int] = knob(None, Range(1, 10**6, integer=True, nullable=True))
     """rennala: the server applies the mean of S pushes computed from its current parameters, a
     fast client contributing several (Tyurin, Richtarik 2023); at most 100 x num_clients, and S x
-    nsync at most the budget in minibatches. null: num_clients."""
+    nsync at most the budget in minibatches. null: the clients live at each push (num_clients
+    without churn or joins)."""
 
     def resolved_staleness_threshold(self, num_clients: int) -> int:
-        """ringmaster's R: as set, else N (equally fast clients, whose pushes are about N - 1
-        stale, lose nothing; only work slower than a round of the others is dropped)."""
+        """ringmaster's R: as set, else N, the clients live (equally fast clients, whose pushes
+        are about N - 1 stale, lose nothing; only work slower than a round of the others is
+        dropped). Ringmaster passes the most live at a segment's fetch or at its push: joins and
+        losses change N mid-run."""
         return self.staleness_threshold if self.staleness_threshold is not None else num_clients
 
     def resolved_collection_size(self, num_clients: int) -> int:
-        """rennala's S: as set, else N (as many pushes per step as a sync round has)."""
+        """rennala's S: as set, else N, the clients live at the push: as many pushes per step as
+        a sync round, which counts the live clients too (the paper fixes S; a default fixed at
+        the start's N would preempt a joiner's segment at nearly every step)."""
         return self.collection_size if self.collection_size is not None else num_clients
 
 
