@@ -345,6 +345,9 @@ def cli() -> None:
         print(f"gpu-asgd-repro {__version__} (Hydra {hydra.__version__})")
         return
     if any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
+        # before torch loads (it reads this once): at a listener that answers as no run does (a
+        # web server) TCPStore retries until backend.timeout_s, printing a C++ stack per try
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         from repro.real.elastic import join_process   # one more client for a running run
 
         join_process(_parsed(argv))   # exits
