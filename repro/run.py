@@ -16,6 +16,8 @@ import sys
 if __name__ == "__main__":   # a Ctrl-C while the imports below load (half a second): 130, not importlib's traceback
     signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
 
+import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -355,6 +357,12 @@ def cli() -> None:
         env = torchrun_env()
     except ConfigError as err:
         exit_bad_input(err)
+    if env is not None:
+        # a rank ends with its torchrun agent: a SIGKILLed torchrun signals no worker, and they
+        # trained on headless, holding the run folder; SIGTERM is torchrun's own stop (rank 0
+        # checkpoints, the run ends interrupted, resume=auto continues it)
+        with contextlib.suppress(AttributeError, OSError):   # prctl is Linux's
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 
