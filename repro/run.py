@@ -359,10 +359,13 @@ def cli() -> None:
         exit_bad_input(err)
     if env is not None:
         # a rank ends with its torchrun agent: a SIGKILLed torchrun signals no worker, and they
-        # trained on headless, holding the run folder; SIGTERM is torchrun's own stop (rank 0
-        # checkpoints, the run ends interrupted, resume=auto continues it)
+        # trained on headless, holding the run folder. Each thread made later inherits the
+        # setting and sends a signal of its own, so SIGUSR1 stands for one SIGTERM, torchrun's
+        # own stop (a second forces): rank 0 checkpoints, resume=auto continues the run
+        told: list[int] = []
+        signal.signal(signal.SIGUSR1, lambda *_: told or told.append(1) or signal.raise_signal(signal.SIGTERM))
         with contextlib.suppress(AttributeError, OSError):   # prctl is Linux's
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGUSR1)   # PR_SET_PDEATHSIG
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 
