@@ -262,6 +262,26 @@ def test_a_joiner_from_before_a_resume_stands_in_for_no_client_lost_after_it(tmp
     assert (summary["status"], summary["lost_clients"]) == ("completed_degraded", [1]), summary
 
 
+def test_a_join_with_another_config_is_refused_naming_each_key_that_differs():
+    """The joiner sends what it trains by key, so the refusal names each difference; it said
+    only '(data, model, algo, protocol, seed, nsync or num_clients)', which left the user to
+    find the key. A request without those keys (an older joiner's) gets the general line."""
+    from types import SimpleNamespace
+
+    from repro.real.elastic import Refused
+    from repro.real.frames import fingerprint, trained
+    from repro.real.server import Dispatcher
+
+    cfg = elastic_cfg(0)
+    joiner = cfg.replace(nsync=3, algo=dataclasses.replace(cfg.algo, lr=0.1))
+    loop = SimpleNamespace(lock=threading.Lock(), closed=False, stopping=False, cfg=cfg)
+    for request, named in (({"trained": trained(joiner)}, "(nsync=3, the run's 4; algo.lr=0.1, the run's 0.2)"),
+                           ({}, "(data, model, algo, protocol, seed, nsync or num_clients)")):
+        with pytest.raises(Refused) as why:
+            Dispatcher.admit(loop, {"fingerprint": fingerprint(joiner), "client": None, **request})
+        assert named in str(why.value), why.value
+
+
 def test_protocols_count_a_joiner_from_its_fetch():
     """ssp: a joiner's clock starts at the slowest live client's (it holds nobody back and runs
     at most the bound ahead); sync: a round waits for the clients live at its start, and the
