@@ -16,6 +16,8 @@ import sys
 if __name__ == "__main__":   # a Ctrl-C while the imports below load (half a second): 130, not importlib's traceback
     signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
 
+import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -345,6 +347,9 @@ def cli() -> None:
         print(f"gpu-asgd-repro {__version__} (Hydra {hydra.__version__})")
         return
     if any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
+        # before torch loads (it reads this once): at a listener that answers as no run does (a
+        # web server) TCPStore retries until backend.timeout_s, printing a C++ stack per try
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         from repro.real.elastic import join_process   # one more client for a running run
 
         join_process(_parsed(argv))   # exits
@@ -352,6 +357,15 @@ def cli() -> None:
         env = torchrun_env()
     except ConfigError as err:
         exit_bad_input(err)
+    if env is not None:
+        # a rank ends with its torchrun agent: a SIGKILLed torchrun signals no worker, and they
+        # trained on headless, holding the run folder. Each thread made later inherits the
+        # setting and sends a signal of its own, so SIGUSR1 stands for one SIGTERM, torchrun's
+        # own stop (a second forces): rank 0 checkpoints, resume=auto continues the run
+        told: list[int] = []
+        signal.signal(signal.SIGUSR1, lambda *_: told or told.append(1) or signal.raise_signal(signal.SIGTERM))
+        with contextlib.suppress(AttributeError, OSError):   # prctl is Linux's
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGUSR1)   # PR_SET_PDEATHSIG
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 

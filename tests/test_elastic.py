@@ -18,6 +18,7 @@ import time
 
 import pandas as pd
 import pytest
+import torch
 
 from repro.config.settings import BackendConfig, CostConfig, ModelConfig
 from repro.real import run_real
@@ -229,6 +230,56 @@ def _push(k: int, read_version: int) -> "Push":
 
     return Push(client=k, read_version=read_version, update=torch.zeros(3), num_steps=1, num_samples=1,
                 train_loss=1.0, train_error=0.5, stream_position=(0, 0))
+
+
+def test_a_joiner_from_before_a_resume_stands_in_for_no_client_lost_after_it(tmp_path):
+    """A resume restarts clients 1..num_clients, not joiners: client 3 joined (an extra, room
+    under backend.max_clients) before the run was interrupted, client 1 was lost after the
+    resume, and client 2 alone finished the budget: completed_degraded. The summary said
+    completed, the earlier join counted as client 1's replacement."""
+    from repro.asgd.algorithm import Push
+    from repro.runs.core import RunCore
+    from repro.runs.folder import run_folder
+    from repro.workload.start import build_problem
+
+    cfg, resume = real_cfg(nsync=1, num_epochs=0.5), None
+    for phase in ("before", "after"):
+        with run_folder(cfg, tmp_path) as run:
+            run.core = core = RunCore(cfg, build_problem(cfg, torch.device("cpu")), tmp_path,
+                                      clock="wall", backend="real", resume=resume)
+            core.begin([1, 2])   # what the real driver starts, fresh or resumed
+            if phase == "before":
+                core.join(3, 0.5)
+                core.finish("interrupted")
+                resume, cfg = torch.load(tmp_path / "checkpoint.pt", weights_only=True), cfg.replace(resume=True)
+                continue
+            core.lose(1, "killed", 1.0)
+            while not core.on_push(Push(client=2, read_version=core.server.version, num_steps=1,
+                                        update=torch.zeros_like(core.server.params), num_samples=32,
+                                        train_loss=1.0, train_error=0.5, stream_position=(0, 32)), 2.0).stopping:
+                core.settle(2.0)
+            summary = core.finish(*core.final_status(interrupted=False))
+    assert (summary["status"], summary["lost_clients"]) == ("completed_degraded", [1]), summary
+
+
+def test_a_join_with_another_config_is_refused_naming_each_key_that_differs():
+    """The joiner sends what it trains by key, so the refusal names each difference; it said
+    only '(data, model, algo, protocol, seed, nsync or num_clients)', which left the user to
+    find the key. A request without those keys (an older joiner's) gets the general line."""
+    from types import SimpleNamespace
+
+    from repro.real.elastic import Refused
+    from repro.real.frames import fingerprint, trained
+    from repro.real.server import Dispatcher
+
+    cfg = elastic_cfg(0)
+    joiner = cfg.replace(nsync=3, algo=dataclasses.replace(cfg.algo, lr=0.1))
+    loop = SimpleNamespace(lock=threading.Lock(), closed=False, stopping=False, cfg=cfg)
+    for request, named in (({"trained": trained(joiner)}, "(nsync=3, the run's 4; algo.lr=0.1, the run's 0.2)"),
+                           ({}, "(data, model, algo, protocol, seed, nsync or num_clients)")):
+        with pytest.raises(Refused) as why:
+            Dispatcher.admit(loop, {"fingerprint": fingerprint(joiner), "client": None, **request})
+        assert named in str(why.value), why.value
 
 
 def test_protocols_count_a_joiner_from_its_fetch():

@@ -87,3 +87,40 @@ def test_a_torchrun_variable_that_is_not_a_count_is_bad_input(tmp_path, key, val
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: invalid value for '{key}': '{value}'"), proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow   # a torchrun job: ~10 s
+def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupted(tmp_path):
+    """Fault: ``torchrun`` itself (the agent, not a rank) SIGKILLed mid-run. Its workers trained
+    on headless to the end of the budget, holding the run folder (a relaunch with resume=auto
+    was a second writer). Guarantee: each rank gets one SIGTERM, torchrun's own stop: no worker
+    is left behind and the run ends ``interrupted`` with its checkpoint, for resume=auto."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node=3", "-m", "repro.run", "backend=real",
+           f"results_dir={tmp_path}", "num_epochs=100000", "eval_every=1000", "progress=false"]
+    log = open(tmp_path / "torchrun.log", "w")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.rglob("updates.csv")) or row_count(next(tmp_path.rglob("updates.csv")).parent) < 15:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "torchrun.log").read_text()
+            workers |= descendants(proc.pid)
+            time.sleep(0.05)
+        workers |= descendants(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+        deadline = time.monotonic() + 30   # the budget takes minutes: only a stop ends them sooner
+        while any(is_worker(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in workers if is_worker(p)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert len(workers) == 3 and not left, f"workers left behind: {left} of {sorted(workers)}"
+    run_dir = next(tmp_path.rglob("updates.csv")).parent
+    summary = check_run_folder(run_dir, "interrupted")
+    # one stop, not a forced one: each of rank 0's threads sent a parent-death signal of its own
+    assert "forced" not in summary["message"] and (run_dir / "checkpoint.pt").is_file(), summary["message"]

@@ -109,6 +109,31 @@ def test_a_join_to_a_silent_listener_is_refused_within_the_timeout(tmp_path):
     assert f"backend.join=127.0.0.1:{port}" in line and "backend.timeout_s=1" in line, line
 
 
+def test_a_join_to_a_listener_that_answers_as_no_run_does_is_one_line(tmp_path):
+    """A wrong port taken by a web server, which answers the store's ping with 'HTTP/1.1 400':
+    TCPStore retried until backend.timeout_s and printed a C++ stack per try (43 lines in 2 s)
+    before the refusal."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+
+        def answer() -> None:
+            with contextlib.suppress(OSError):   # until the socket closes
+                while True:
+                    conn, _ = sock.accept()
+                    with conn:
+                        conn.recv(64)
+                        conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        port = sock.getsockname()[1]
+        joiner = start_join(tmp_path, f"127.0.0.1:{port}", "backend.timeout_s=1")
+        assert ended(joiner, 120) == 2
+        sock.shutdown(socket.SHUT_RDWR)
+    [line] = lines(tmp_path)
+    assert f"nothing at backend.join=127.0.0.1:{port} answered as a run" in line, line
+
+
 @pytest.mark.slow   # seconds of subprocesses: the default suite keeps its ~6 minutes
 def test_a_join_to_a_store_that_is_not_a_runs_is_refused_at_once(tmp_path):
     """A TCPStore that answers but is no run's (a torchrun run's, which serves no joins): refused

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from repro.config.settings import RunConfig
 from repro.logs import get_logger
 from repro.real.client import build_client, client_device, run_client
-from repro.real.frames import fingerprint
+from repro.real.frames import fingerprint, trained
 from repro.real.groups import bounded, disconnect, first_line, pair_group, pin_gloo
 from repro.real.transport import Channel
 from repro.runtime import EXIT_INTERRUPTED, SIGNALS
@@ -171,8 +171,8 @@ def _take_ticket(host: str, port: int, cfg: RunConfig):
     if store.check([CLOSED_KEY]):   # after the ticket: see Acceptor.close
         raise JoinEnded(f"refused: {ENDED}")
     store.set(ticket_key(n, "request"), json.dumps({
-        "fingerprint": fingerprint(cfg), "client": cfg.backend.join_client, "pid": os.getpid(),
-        "host": socket.gethostname()}))
+        "fingerprint": fingerprint(cfg), "trained": trained(cfg), "client": cfg.backend.join_client,
+        "pid": os.getpid(), "host": socket.gethostname()}))
     return store, n
 
 

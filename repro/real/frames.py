@@ -183,14 +183,21 @@ def _compiled(arg: str, expression: str, names: dict | None = None):
 codec = functools.cache(Codec)   # the Codec of a push type (Push or an extension of it), made once
 
 
-def fingerprint(cfg: RunConfig) -> str:
-    """What every rank and joiner must share with the run: what is trained and how (the model,
-    the data, the algorithm, the protocol, the seed, nsync, num_clients for the slots). Not the
-    run's bookkeeping (folders, progress, backend keys), nor where a node keeps the data."""
+def trained(cfg: RunConfig) -> dict:
+    """What every rank and joiner must share with the run, by key (``algo.lr``): what is trained
+    and how (the model, the data, the algorithm, the protocol, the seed, nsync, num_clients for
+    the slots). Not the run's bookkeeping (folders, progress, backend keys), nor where a node
+    keeps the data."""
     d = to_dict(cfg)
-    shared = {k: d[k] for k in ("data", "model", "algo", "protocol", "seed", "nsync", "num_clients")}
-    shared["data"] = {k: v for k, v in shared["data"].items() if k != "root"}
-    return hashlib.sha256(json.dumps(shared, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    shared = {k: d[k] for k in ("seed", "nsync", "num_clients")}
+    for group in ("data", "model", "algo", "protocol"):
+        shared.update({f"{group}.{k}": v for k, v in d[group].items() if f"{group}.{k}" != "data.root"})
+    return shared
+
+
+def fingerprint(cfg: RunConfig) -> str:
+    """A hash of :func:`trained`."""
+    return hashlib.sha256(json.dumps(trained(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def hello(frame: Frame, cfg: RunConfig) -> Header:

@@ -25,7 +25,7 @@ from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark, prefixed
 from repro.real.elastic import ENDED, Refused
-from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello
+from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello, trained
 from repro.real.groups import bounded, first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver
 from repro.runtime import StopRequest, cuda_missing, naming_fork_server
@@ -280,8 +280,12 @@ class Dispatcher:
             if self.closed or self.stopping:
                 raise Refused(ENDED)
             if request.get("fingerprint") != fingerprint(self.cfg):
-                raise Refused("its config differs from the run's in what is trained (data, model, "
-                              "algo, protocol, seed, nsync or num_clients): join with the run's overrides")
+                ours, theirs = trained(self.cfg), request.get("trained")
+                theirs = theirs if isinstance(theirs, dict) else {}   # an older joiner's: no keys
+                named = "; ".join(f"{k}={theirs[k]!r}, the run's {v!r}" for k, v in ours.items()
+                                  if theirs.get(k, v) != v) or "data, model, algo, protocol, seed, nsync or num_clients"
+                raise Refused(f"its config differs from the run's in what is trained ({named}): join with the run's "
+                              "overrides")
             asked = request.get("client")
             lost = set(self.core.lost_clients) | set(self.lost)
             if asked is not None and (int(asked) not in lost or int(asked) in self.pending):

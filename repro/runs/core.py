@@ -339,9 +339,10 @@ class RunCore:
             lost = sorted(int(k) for k in self.runlog.lost_clients)
             return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} "
                               f"of {self.cfg.num_epochs:g}; lost: {lost}); see the client_lost events")
-        joined = sum(e["type"] == "client_joined" for e in self.runlog.events)
         gone = sorted(self.lost_clients - away)
-        if len(gone) > joined:   # a joiner took a lost client's place: not degraded
+        # the clients there at the end, not the joins ever made: a joiner may have taken a lost
+        # client's place (not degraded), but a real resume restarts clients 1..N, not joiners
+        if gone and len(self.live | away) < self.cfg.num_clients:
             return "completed_degraded", f"clients {gone} were lost; the others finished the budget"
         return "completed", ""
 
