@@ -417,16 +417,24 @@ def test_a_process_the_file_leaves_running_ends_with_its_grading(tmp_path):
     assert proc.returncode == 0 and "checks pass" in out and "FAIL" not in out and err == "", out + err
 
 
-@pytest.mark.slow   # a grader process (~2 s); test_a_stopped_grader_ends_its_grading_with_it[SIGTERM] covers the path
-def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
-    # was KeyboardInterrupt's traceback from the answer's line
-    path, pids = tmp_path / "answer.py", tmp_path / "pids"   # the grading's pid: a session of its own
+@contextlib.contextmanager
+def asleep_in_its_answer(tmp_path: Path):
+    """The grader, its answer asleep once it has written its pid (the grading's: a session of its
+    own) to the file ``pids``: (the grader's process, pids)."""
+    path, pids = tmp_path / "answer.py", tmp_path / "pids"
     path.write_text(f'EXERCISE = "mean_staleness"\nimport os, time\n\ndef mean_staleness(n):\n'
                     f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    print("slept", flush=True)\n'
                     '    time.sleep(60)\n')
     with command(path) as proc:
         assert proc.stdout.readline().startswith("exercise mean_staleness")
         assert proc.stdout.readline() == "slept\n"   # its pid written: else gone() would check nothing
+        yield proc, pids
+
+
+@pytest.mark.slow   # a grader process (~2 s); test_a_stopped_grader_ends_its_grading_with_it[SIGTERM] covers the path
+def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
+    # was KeyboardInterrupt's traceback from the answer's line
+    with asleep_in_its_answer(tmp_path) as (proc, pids):
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and out == err == "", out + err
@@ -437,13 +445,7 @@ def test_ctrl_c_ends_the_grading_with_130_and_no_traceback(tmp_path):
 def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
     # SIGTERM to the grader alone (timeout(1), a batch system) left the grading child running its
     # answer, up to the grading's 300 s limit
-    path, pids = tmp_path / "answer.py", tmp_path / "pids"   # the grading's pid: a session of its own
-    path.write_text(f'EXERCISE = "mean_staleness"\nimport os, time\n\ndef mean_staleness(n):\n'
-                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    print("slept", flush=True)\n'
-                    '    time.sleep(60)\n')
-    with command(path) as proc:
-        assert proc.stdout.readline().startswith("exercise mean_staleness")
-        assert proc.stdout.readline() == "slept\n"   # its pid written: else gone() would check nothing
+    with asleep_in_its_answer(tmp_path) as (proc, pids):
         os.kill(proc.pid, signum)
         out, err = proc.communicate(timeout=60)
         with pytest.raises(ProcessLookupError):   # no process left in the grader's group
@@ -454,13 +456,7 @@ def test_a_stopped_grader_ends_its_grading_with_it(signum, tmp_path):
 
 def test_a_sigkilled_grader_takes_its_grading_along(tmp_path):
     # a SIGKILL runs none of the grader's code: its grading child ran on, orphaned, its answer to the end
-    path, pids = tmp_path / "answer.py", tmp_path / "pids"   # the grading's pid: a session of its own
-    path.write_text(f'EXERCISE = "mean_staleness"\nimport os, time\n\ndef mean_staleness(n):\n'
-                    f'    open({str(pids)!r}, "w").write(str(os.getpid()))\n    print("slept", flush=True)\n'
-                    '    time.sleep(60)\n')
-    with command(path) as proc:
-        assert proc.stdout.readline().startswith("exercise mean_staleness")
-        assert proc.stdout.readline() == "slept\n"   # its pid written
+    with asleep_in_its_answer(tmp_path) as (proc, pids):
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
     assert gone(pids)
