@@ -81,10 +81,9 @@ def read_recorded(run_dir: str | Path) -> dict:
     """``run_dir``'s config.json with every old spelling moved to its new key, silently (the
     user wrote nothing old: a recorded run is read, not typed). Raises OSError (unreadable) or
     ValueError (not JSON, or not a JSON object); the caller says what that means for it."""
-    path = Path(run_dir) / CONFIG_FILE
-    if path.exists() and not path.is_file():   # a folder, or a FIFO, whose read would wait for good
+    if (path := Path(run_dir) / CONFIG_FILE).exists() and not path.is_file():   # a FIFO's read waits for good
         raise ValueError(f"{path} is not a regular file")
-    tree = json.loads(path.read_text())
+    tree = json.loads((Path(run_dir) / CONFIG_FILE).read_text())   # the one reader (test_config_renames)
     if not isinstance(tree, dict):
         raise ValueError(f"{CONFIG_FILE} holds a {type(tree).__name__}, not a JSON object")
     return modern_tree(tree, quiet=True)
