@@ -16,8 +16,6 @@ import sys
 if __name__ == "__main__":   # a Ctrl-C while the imports below load (half a second): 130, not importlib's traceback
     signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
 
-import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -37,8 +35,8 @@ from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only
 from repro.logs import detach_files_in, get_logger, mark
-from repro.runtime import (EXIT_INTERRUPTED, StopRequest, exit_on_signal, fork_server_context,
-                           named_by_world, torchrun_env)
+from repro.runtime import (EXIT_INTERRUPTED, PR_SET_PDEATHSIG, StopRequest, exit_on_signal, fork_server_context,
+                           named_by_world, prctl, torchrun_env)
 
 log = get_logger("repro.run")
 GRID = "repro.grid.Grid"   # a grid's progress, its Ctrl-C, its points' worker slots (conf/exp/shared/grid.yaml)
@@ -364,8 +362,7 @@ def cli() -> None:
         # own stop (a second forces): rank 0 checkpoints, resume=auto continues the run
         told: list[int] = []
         signal.signal(signal.SIGUSR1, lambda *_: told or told.append(1) or signal.raise_signal(signal.SIGTERM))
-        with contextlib.suppress(AttributeError, OSError):   # prctl is Linux's
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGUSR1)   # PR_SET_PDEATHSIG
+        prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 

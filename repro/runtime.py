@@ -126,6 +126,17 @@ def naming_fork_server(proc, reason: str) -> str:
     return f"the clients' fork server died, and every client with it ({reason})"
 
 
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36   # prctl(2)'s options (Linux)
+
+
+def prctl(option: int, value: int) -> None:
+    """prctl(2) on Linux (a signal when the parent dies, a subreaper of orphans); nothing
+    elsewhere, which has no such call."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(option, value)
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity; what joblib's n_jobs=-1 counts, near
     enough): a real run's host record, a grid's parallel jobs, the machine two namespaces share."""

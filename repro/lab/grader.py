@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -27,13 +26,13 @@ from stat import S_ISREG
 from repro.lab import harness
 from repro.lab.harness import EXERCISES, Check, Exercise, StudentError
 from repro.logs import get_logger
+from repro.runtime import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNLOADABLE = 0, 1, 2
 GRADE_LIMIT_S = 300   # far beyond a grading's seconds: only an answer that never returns meets it
 GRACE_S = 5   # the grader's own limit past the child's: the alarm's report comes first, where the file left it on
 LOADED = b"L"   # up the pipe once the file has loaded, before the verdict (a byte 0..130)
 MAX_FILE_BYTES = 10**6   # a stub is 1 kB; /dev/zero or a fifo was read without end (stat opens nothing)
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36   # prctl(2)'s options (Linux)
 
 
 class Unloadable(Exception):
@@ -208,14 +207,6 @@ def grade_apart(file: str) -> int:
     print(f"grade: {file}: the grading ended with no verdict ({how}): the file ended it itself "
           "(os._exit(), a signal, a crash); fix that and grade again", file=sys.stderr)
     return EXIT_UNLOADABLE
-
-
-def prctl(option: int, value: int) -> None:
-    """prctl(2) on Linux; nothing elsewhere, which has no such call (the grading's session is
-    still killed whole there, but not what left it, nor the child of a SIGKILLed grader)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(option, value)
 
 
 def end_descendants() -> None:

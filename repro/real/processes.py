@@ -18,7 +18,6 @@ start-up is lost, not fatal: the run degrades. No client outlives its server
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import errno
 import ipaddress
@@ -44,7 +43,7 @@ from repro.real.elastic import COUNT_KEY
 from repro.real.server import log
 from repro.real.transport import Channel
 from repro.real.groups import connect, disconnect, first_line, pin_gloo
-from repro.runtime import StopRequest, fork_server_context, naming_fork_server
+from repro.runtime import PR_SET_PDEATHSIG, StopRequest, fork_server_context, naming_fork_server, prctl
 
 if TYPE_CHECKING:
     from repro.runs.core import RunCore
@@ -192,9 +191,7 @@ def _die_with_parent(parent_pid: int) -> None:
     inherits a copy. So each client closes its copy (multiprocessing keeps it in a private
     attribute, the one private name this module uses), and the fork server then dies with the
     run's process, taking every client along."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     server = mp.forkserver._forkserver
     if server._forkserver_alive_fd is not None:
         with contextlib.suppress(OSError):
