@@ -330,13 +330,10 @@ def unknown_keys(recorded: dict, prefix: str = "") -> list[str]:
     """The dotted keys of a config.json (as :func:`repro.config.renames.read_recorded` reads it)
     that this version has no setting for: another version's, or a hand edit's (what a run
     records beside its settings, :data:`RECORDED_ONLY`, is not one)."""
-    known, out = set(all_keys()), []
-    for key, value in recorded.items():
-        name = prefix + key
-        if isinstance(value, dict) and name not in known and name not in RECORDED_ONLY:
-            out += unknown_keys(value, name + ".")
-        elif name not in known and name not in RECORDED_ONLY:
-            out.append(name)
+    known, out = set(all_keys()) | set(RECORDED_ONLY), []
+    for name, value in ((prefix + key, value) for key, value in recorded.items()):
+        if name not in known:   # a group (algo, or one this version lacks) is read key by key
+            out += unknown_keys(value, name + ".") if isinstance(value, dict) else [name]
     return out
 
 
