@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import warnings
@@ -41,6 +42,7 @@ from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import lock_held
 from repro.files.schema import LOCK_FILE
+from repro.files.storage import NotRegular, read_regular
 
 # Config columns copied onto every evals/updates row so that figures can group without a join.
 GROUP_COLUMNS = ("exp_name", "job", "num_clients", "nsync", "seed", "start", "backend.name",
@@ -97,20 +99,13 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _read_json(path: Path, read: Callable[[Path], Any] = lambda p: json.loads(p.read_text())
-               ) -> dict[str, Any]:
-    """``path`` as a dict, else :class:`BadRun`; ``read``: config.json's is
-    :func:`~repro.config.renames.read_recorded` (old spellings: new columns)."""
-    if not path.is_file():   # a folder, or a FIFO, whose read would wait for a writer for good
-        raise BadRun("corrupt", f"{path.name} is not a regular file")
+def _read(path: Path, read: Callable[[Path], Any]) -> Any:
+    """``read(path)``, else :class:`BadRun` saying why (:func:`read_regular`: not a regular file)."""
     try:
-        data = read(path)
-    except (OSError, ValueError, RecursionError) as e:   # decode errors are ValueErrors; JSON nested
-        # past the parser's depth a RecursionError (a traceback, where a bad folder never raises)
-        raise BadRun("corrupt", f"{path.name} is unreadable ({e})") from None
-    if not isinstance(data, dict):
-        raise BadRun("corrupt", f"{path.name} is not a JSON object")
-    return data
+        return read(path)
+    except (OSError, ValueError, RecursionError, csv.Error) as e:   # decode errors are ValueErrors; JSON
+        # nested past the parser's depth a RecursionError (a traceback, where a bad folder never raises)
+        raise BadRun("corrupt", str(e) if isinstance(e, NotRegular) else f"{path.name} is unreadable ({e})") from None
 
 
 def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -120,13 +115,9 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     Empty cells and ``nan``/``inf`` are accepted (a diverging run writes them); anything else that
     is not a number, a ragged row (a truncated write) or a missing column raises :class:`BadRun`.
     """
-    if not path.is_file():   # (a FIFO's read would wait for a writer for good)
-        raise BadRun("corrupt", f"{path.name} is {'not a regular file' if path.exists() else 'missing'}")
-    try:
-        with path.open(newline="") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise BadRun("corrupt", f"{path.name} is unreadable ({e})") from None
+    if not path.exists():
+        raise BadRun("corrupt", f"{path.name} is missing")
+    rows = _read(path, lambda p: list(csv.reader(io.StringIO(read_regular(p, newline=""), newline=""))))
     if not rows:
         raise BadRun("corrupt", f"{path.name} is empty (no header)")
     header, body = rows[0], [r for r in rows[1:] if r]  # csv gives [] for a blank line
@@ -197,7 +188,7 @@ def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
 
 def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     """One run folder -> (runs row, evals, updates). Raises :class:`BadRun` to skip the folder."""
-    config = _read_json(run_dir / schema.CONFIG_FILE, lambda p: read_recorded(p.parent))
+    config = _read(run_dir / schema.CONFIG_FILE, lambda p: read_recorded(p.parent))   # old spellings: new columns
     lacking = [k for k in REQUIRED_CONFIG_KEYS if k not in config]
     if lacking:
         raise BadRun("corrupt", f"{schema.CONFIG_FILE} lacks {lacking}")
@@ -210,7 +201,9 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
         raise BadRun("partial", f"no {schema.SUMMARY_FILE} (" + (
             "still running: a live process holds its lock)" if lock_held(run_dir / LOCK_FILE)
             else "killed before its first summary: no process holds it)"))
-    summary = _read_json(run_dir / schema.SUMMARY_FILE)
+    summary = _read(run_dir / schema.SUMMARY_FILE, lambda p: json.loads(read_regular(p)))
+    if not isinstance(summary, dict):
+        raise BadRun("corrupt", f"{schema.SUMMARY_FILE} is not a JSON object")
     status = summary.get("status")
     if status not in schema.STATUSES:
         raise BadRun("corrupt", f"{schema.SUMMARY_FILE} status {status!r} is not one of "

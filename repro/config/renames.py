@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from repro.files.schema import CONFIG_FILE
+from repro.files.storage import read_regular
 
 RENAMED = {
     "cost.clients_per_host": "cost.shared.clients_per_host",
@@ -80,10 +81,8 @@ def modern_tree(tree: dict, quiet: bool = False, prefix: str = "") -> dict:
 def read_recorded(run_dir: str | Path) -> dict:
     """``run_dir``'s config.json with every old spelling moved to its new key, silently (the
     user wrote nothing old: a recorded run is read, not typed). Raises OSError (unreadable) or
-    ValueError (not JSON, or not a JSON object); the caller says what that means for it."""
-    if (path := Path(run_dir) / CONFIG_FILE).exists() and not path.is_file():   # a FIFO's read waits for good
-        raise ValueError(f"{path} is not a regular file")
-    tree = json.loads((Path(run_dir) / CONFIG_FILE).read_text())   # the one reader (test_config_renames)
+    ValueError (not a regular file, not JSON, or not a JSON object); the caller says what that means for it."""
+    tree = json.loads(read_regular(Path(run_dir) / CONFIG_FILE))   # the one reader (test_config_renames)
     if not isinstance(tree, dict):
         raise ValueError(f"{CONFIG_FILE} holds a {type(tree).__name__}, not a JSON object")
     return modern_tree(tree, quiet=True)

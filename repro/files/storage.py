@@ -107,6 +107,18 @@ def _interrupt_behind(exc: BaseException) -> BaseException | None:
     return None
 
 
+class NotRegular(ValueError):
+    """A file there but not a regular file: a folder, or a FIFO, whose read would wait for good."""
+
+
+def read_regular(path: Path, newline: str | None = None) -> str:
+    """``path``'s text (``newline``: :func:`open`'s); :class:`NotRegular`, unopened, naming it."""
+    if path.exists() and not path.is_file():
+        raise NotRegular(f"{path.name} is not a regular file")
+    with open(path, newline=newline) as f:
+        return f.read()
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode()))
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from repro.config.loader import SHORTENED
 from repro.files import schema
-from repro.files.storage import disk_error, write_json
+from repro.files.storage import disk_error, read_regular, write_json
 from repro.logs import get_logger
 
 RESERVE_FILE = ".reserve"      # kept free for the final summary.json when the disk fills up
@@ -227,16 +227,11 @@ class RunLog:
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    """``run_dir``'s summary.json; None when it is missing, unreadable, not a regular file (a
-    FIFO's read would wait for a writer for good) or not a JSON object."""
-    path = Path(run_dir) / schema.SUMMARY_FILE
-    if not path.is_file():
-        return None
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
+    """``run_dir``'s summary.json; None: missing, unreadable, not a regular file, not a JSON object."""
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads(read_regular(Path(run_dir) / schema.SUMMARY_FILE))
+        return summary if isinstance(summary, dict) else None
+    return None
 
 
 class Progress:
