@@ -35,7 +35,7 @@ from repro.workload.build import Problem, class_errors
 from repro.runs.evaluations import Evaluations
 from repro.runs.folder import resume_hint
 from repro.runs.runlog import Progress, RunLog, diverged_advice, recorded_config, worse_than_start
-from repro.runtime import environment, stop_asked
+from repro.runtime import environment
 
 log = get_logger("repro.runs.core")
 
@@ -354,13 +354,11 @@ class RunCore:
         if self.finished is not None:
             return self.finished
         limit, key = (self.cfg.backend.timeout_s, " (backend.timeout_s)") if clean else (5.0, "")
-        asked = stop_asked()   # one asked while the wait below runs (a first Ctrl-C) ends it
-        if not self.evals.join(limit):   # a hung evaluation must not leave the folder 'running'
-            stopped = stop_asked() and not asked
+        if why := self.evals.join(limit):   # a hung evaluation must not leave the folder 'running'
             hung = f"the evaluation at version {self.evals.asked} " + (
-                "was not waited for: a stop was asked" if stopped else f"did not finish in {limit:g} s{key}")
+                "was not waited for: a stop was asked" if why == "stop" else f"did not finish in {limit:g} s{key}")
             log.error(hung)
-            status = "interrupted" if status == "interrupted" or stopped else "failed"
+            status = "interrupted" if status == "interrupted" or why == "stop" else "failed"
             message = "; ".join(m for m in (hung, message) if m)
         try:
             if clean:

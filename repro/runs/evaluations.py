@@ -104,20 +104,19 @@ class Evaluations:
         self.cpu_s.append(time.thread_time() - start)
         self._results.put((req, result))
 
-    def join(self, timeout_s: float) -> bool:
+    def join(self, timeout_s: float) -> str:
         """Wait up to ``timeout_s`` for the evaluation in its thread to end (the process should
         not end under it: a thread killed mid-kernel is not), or until a stop is asked (a first
-        Ctrl-C; one asked before the wait does not end it); whether none is running now. One
-        still running is left to the process's exit (:func:`repro.runtime.abandon`)."""
+        Ctrl-C; one asked before the wait does not end it); why one is still running: "" (none
+        is), "stop" or "time". One still running is left to the process's exit
+        (:func:`repro.runtime.abandon`)."""
         asked, end = stop_asked(), time.monotonic() + timeout_s
-        while self._thread is not None and self._thread.is_alive() and time.monotonic() < end:
-            if stop_asked() and not asked:
-                break
+        while self._thread is not None and self._thread.is_alive():
+            if (stopped := stop_asked() and not asked) or time.monotonic() >= end:
+                abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
+                return "stop" if stopped else "time"
             self._thread.join(min(0.05, end - time.monotonic()))   # (a signal's handler runs between)
-        if self._thread is None or not self._thread.is_alive():
-            return True
-        abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
-        return False
+        return ""
 
     def drain(self) -> list[str]:
         """Write the rows of finished evaluations; return why each one that found divergence
