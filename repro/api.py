@@ -386,9 +386,7 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     from repro.sim.driver import resolve
 
     # ceiling(None) was an AttributeError; not validate(): the bound takes a part-full host (5 clients, 4 a host)
-    if not isinstance(cfg, RunConfig):
-        raise ConfigError("cfg", cfg, "a RunConfig, e.g. repro.api.configure(...)")
-    check_leaves(cfg, RunConfig, "")   # each key alone: cfg.replace(num_clients=2.5) was a TypeError
+    check_leaves(cfg)   # each key alone: cfg.replace(num_clients=2.5) was a TypeError
     # -1 gave a negative rate, "x" a TypeError
     numbers("param_bytes", param_bytes, "a finite number >= 0 (the model's bytes)", lambda b: b >= 0, scalar=True)
     if cfg.cost.schedule == "replay":

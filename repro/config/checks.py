@@ -109,9 +109,11 @@ def _type_name(options: tuple) -> str:
 # checks
 # ---------------------------------------------------------------------------------------------
 
-def check_leaves(obj: Any, cls: type, prefix: str) -> None:
-    """Each key of ``obj`` alone against its declared values, not the relations between keys
-    (:func:`validate`'s): what a bound asks of a config it may hold part-full (api.ceiling)."""
+def check_leaves(obj: Any, cls: type = RunConfig, prefix: str = "") -> None:
+    """``obj`` a ``cls``, each key alone against its declared values, not the relations between
+    keys (:func:`validate`'s): what a bound asks of a config it may hold part-full (api.ceiling)."""
+    if not isinstance(obj, cls):   # the API's run_config(None), ceiling(None): "asdict() should be called on ..."
+        raise ConfigError("cfg", obj, "a RunConfig, e.g. repro.api.configure(...)")
     tree = to_dict(obj)
     for key, f, _ in _leaves(cls, prefix):
         group = key[len(prefix):].rpartition(".")[0]
@@ -126,9 +128,7 @@ def validate(cfg: RunConfig) -> None:
     Needs no data; :func:`repro.workload.build.check_components` checks the model and the batch
     against the data. Asked once per config, where a config enters (:func:`from_dict`, the
     Python entry points that change a parsed config); a driver asks :func:`validated`."""
-    if not isinstance(cfg, RunConfig):   # the API's run_config(None): "asdict() should be called on ..."
-        raise ConfigError("cfg", cfg, "a RunConfig, e.g. repro.api.configure(...)")
-    check_leaves(cfg, RunConfig, "")
+    check_leaves(cfg)
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
                           f"{cfg.num_epochs / 1e5:g} (at most 100000 evaluations per run)")
