@@ -16,6 +16,7 @@ the module and the arrays and makes them a problem. The classroom's API follows 
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,7 +49,7 @@ from repro.sim.driver import simulate as sim_run
 # What ``python -m repro.run`` runs with no overrides: every default of simulate() is read from it
 # (and every setting simulate() does not take), so the API and the command line cannot disagree.
 DEFAULTS = composed()
-_PROFILES: dict[str, CostConfig] = {}   # cost=NAME composed once a process: Hydra takes ~0.2 s a call
+_composed = functools.cache(composed)   # cost=NAME composed once a process: Hydra takes ~0.2 s a call
 
 
 @dataclass(eq=False)   # the dataclass's == compared DataFrames: "truth value ... is ambiguous"
@@ -80,7 +81,7 @@ def cost_profile(cost: str | dict | CostConfig) -> CostConfig:
         if cost not in group_options("cost"):
             raise ConfigError("cost", cost, group_options("cost"))
         if cost != "replay":   # which would need a recorded run's folder to compose
-            cost = _PROFILES.get(cost) or _PROFILES.setdefault(cost, composed((f"cost={cost}",)).cost)
+            cost = _composed((f"cost={cost}",)).cost
     if cost == "replay" or cost.schedule == "replay":
         raise ConfigError("cost", "replay", "a cost model; replay a recorded run with "
                           "python -m repro.run cost=replay cost.path=RUN_DIR")
