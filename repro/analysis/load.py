@@ -241,11 +241,9 @@ def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str
     final = summary.get("version")
     end = final if isinstance(final, int) and not isinstance(final, bool) else None
     completed = str(summary.get("status")).startswith("completed")
-    why = (schema.versions_fault(schema.UPDATES_FILE, updates["version"].tolist(), True, end,
-                                 schema.SUMMARY_FILE)
+    why = (schema.versions_fault(schema.UPDATES_FILE, updates["version"].tolist(), True, end)
            or ("" if len(evals) else f"{schema.EVALS_FILE} has no rows (a run evaluates at its start)")
-           or schema.versions_fault(schema.EVALS_FILE, evals["version"].tolist(), False,
-                                    end if completed else None, schema.SUMMARY_FILE))
+           or schema.versions_fault(schema.EVALS_FILE, evals["version"].tolist(), False, end if completed else None))
     if why:
         raise BadRun("corrupt", why)
 

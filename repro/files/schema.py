@@ -165,17 +165,16 @@ def end_fault(name: str, last: int | None, end: int, source: str) -> str:
     return f"{name} ends at version {last or 0} but {source} says version {end} (rows lost or added)"
 
 
-def versions_fault(name: str, versions, contiguous: bool, end: int | None = None,
-                   source: str = "") -> str:
+def versions_fault(name: str, versions, contiguous: bool, end: int | None = None) -> str:
     """The first fault of a whole table's ``version`` column (rows in file order, line 2 first)
-    by :func:`version_fault`, then, with ``end``, :func:`end_fault`; "" for a whole table."""
+    by :func:`version_fault`, then, with the summary's ``end``, :func:`end_fault`; "" if whole."""
     last = None
     for i, version in enumerate(versions):
         why = version_fault(name, i + 2, version, last, contiguous)
         if why:
             return why
         last = int(version)
-    return end_fault(name, last, end, source) if end is not None else ""
+    return end_fault(name, last, end, SUMMARY_FILE) if end is not None else ""
 
 
 def check_table(path: Path, columns: tuple, upto: int, contiguous: bool) -> tuple[list[str], int]:
