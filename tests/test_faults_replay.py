@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -82,6 +83,18 @@ def test_a_recording_with_a_bad_row_is_refused_before_the_first_push(recording, 
         simulate(replay_cfg(source), out)
     assert err.value.key == "cost.path" and expected in str(err.value), str(err.value)
     assert not out.exists()                          # refused before any folder was made
+
+
+@pytest.mark.timeout(30)   # a FIFO's read waits for a writer for good: the old code hung here
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_recording_whose_updates_csv_is_not_a_file_is_refused_without_opening_it(recording, tmp_path, kind):
+    source = copy_of(recording, tmp_path / "source")
+    (source / "updates.csv").unlink()
+    os.mkfifo(source / "updates.csv") if kind == "fifo" else (source / "updates.csv").mkdir()
+    with pytest.raises(ConfigError) as err:
+        simulate(replay_cfg(source), tmp_path / "replay")
+    assert err.value.key == "cost.path" and "updates.csv is not a regular file" in str(err.value), str(err.value)
+    assert not (tmp_path / "replay").exists()
 
 
 @pytest.mark.parametrize("status", ["running", "interrupted", None])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -246,7 +247,14 @@ def _a_replay(rec):
     return "a replay records no timings"
 
 
-@pytest.mark.parametrize("spoil", [_bad_cell, _no_network, _bad_host, _short_row, _a_replay])
+def _fifo_timings(rec):
+    (rec / "timings.csv").unlink()
+    os.mkfifo(rec / "timings.csv")   # its read would wait for a writer for good: the old code hung
+    return "timings.csv is not a regular file"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("spoil", [_bad_cell, _no_network, _bad_host, _short_row, _a_replay, _fifo_timings])
 def test_a_malformed_recording_is_refused_naming_the_file_and_line(tmp_path, spoil):
     rec = record(tmp_path, "rec", None, epochs=6.0)
     said = spoil(rec)

@@ -23,6 +23,7 @@ recorded runs". Beside that:
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
@@ -36,6 +37,7 @@ from repro.config.renames import read_recorded
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.files import schema
+from repro.files.storage import read_regular
 from repro.runs.runlog import read_summary
 
 if TYPE_CHECKING:   # pandas is imported where a recording is read: every simulation imports this module
@@ -104,7 +106,8 @@ def _read_timings(run_dir: Path) -> pd.DataFrame:
 
     path = run_dir / schema.TIMINGS_FILE
     try:
-        text = pd.read_csv(path, dtype=str, keep_default_na=False)
+        # read_regular: a FIFO there would wait for a writer for good
+        text = pd.read_csv(io.StringIO(read_regular(path, ""), newline=""), dtype=str, keep_default_na=False)
     except (OSError, ValueError) as exc:
         raise _refuse(run_dir, f"a recorded run folder with a readable {path} ({exc})") from None
     if tuple(text.columns) != schema.TIMING_COLUMNS:

@@ -12,6 +12,7 @@ both drivers).
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from repro.config.renames import read_recorded
 from repro.config.settings import BackendConfig, RunConfig, with_operational
 from repro.errors import ConfigError
 from repro.files import schema
+from repro.files.storage import read_regular
 from repro.logs import get_logger
 from repro.runs.runlog import read_summary
 from repro.sim.cost import Schedule
@@ -126,12 +128,12 @@ def _rows(run_dir: Path) -> list[tuple[int, tuple[int, int, int, float]]]:
     path = run_dir / schema.UPDATES_FILE
     out = []
     try:
-        with open(path, newline="") as f:
-            for lineno, r in enumerate(csv.DictReader(f), start=2):
-                if int(r["version"]) != len(out) + 1:
-                    raise ValueError(f"line {lineno} has version {r['version']} where {len(out) + 1} belongs")
-                out.append((lineno, (int(r["client"]), int(r["read_version"]), int(r["num_steps"]),
-                                     float(r["time_s"]))))
+        # read_regular: a FIFO there would wait for a writer for good
+        for lineno, r in enumerate(csv.DictReader(io.StringIO(read_regular(path, ""), newline="")), start=2):
+            if int(r["version"]) != len(out) + 1:
+                raise ValueError(f"line {lineno} has version {r['version']} where {len(out) + 1} belongs")
+            out.append((lineno, (int(r["client"]), int(r["read_version"]), int(r["num_steps"]),
+                                 float(r["time_s"]))))
     except (OSError, KeyError, ValueError, TypeError) as e:
         raise ConfigError("cost.path", str(run_dir), f"a recorded run folder with a readable "
                           f"{schema.UPDATES_FILE} ({e})") from None
