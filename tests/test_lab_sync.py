@@ -13,10 +13,11 @@ from repro.analysis.lab.sync import (
     async_segments_per_s,
     harmonic,
     segment_order_time,
-    ssp_time,
+    ssp_clock,
     sync_round_s,
     timing_of,
 )
+from repro.analysis.lab.mitigation import expected_mean_staleness
 from repro.run import compose, parse
 from tests.helpers.grids import IN_PROCESS, cli_in_process, sweep_grid
 
@@ -71,13 +72,24 @@ def test_ssp_recurrence_spans_sync_to_async():
     Tolerance: Monte Carlo over 256 replicas of a few hundred pushes, ~2%."""
     tm = Timing(0.01, "exponential", 1.0, 1, 8)
     pushes = 400
-    sync_rate = pushes / ssp_time(tm, 0, pushes)
+    (sync_s, sync_stale), (async_s, async_stale), (mid_s, mid_stale) = (ssp_clock(tm, s, pushes) for s in (0, 10**6, 3))
+    sync_rate, async_rate, mid = pushes / sync_s, pushes / async_s, pushes / mid_s
     assert sync_rate == pytest.approx(8 / sync_round_s(tm), rel=0.03)
-    async_rate = pushes / ssp_time(tm, 10**6, pushes)
     assert async_rate == pytest.approx(async_segments_per_s(tm), rel=0.03)
-    mid = pushes / ssp_time(tm, 3, pushes)
     assert sync_rate < mid < async_rate
-    assert ssp_time(tm, 3, pushes) == ssp_time(tm, 3, pushes)   # seeded: a frame repeats
+    assert ssp_clock(tm, 3, pushes) == (mid_s, mid_stale)   # seeded: a frame repeats
+    # staleness: rounds at s = 0 (the k-th push of a round is k - 1 stale, whatever the jitter);
+    # async's (N - 1)(1 - N / 2P) beyond the run; between them at s = 3
+    assert sync_stale == pytest.approx(float(np.mean(np.arange(pushes) % 8)))
+    assert async_stale == pytest.approx(expected_mean_staleness(8, pushes), rel=0.02)
+    assert sync_stale < mid_stale < async_stale
+
+
+def test_ssp_staleness_of_equal_clients_is_asyncs_at_a_bound_they_never_reach():
+    """No jitter: every client pushes at the same instants; the server takes them one at a time,
+    so each push is N - 1 stale after the first round, exactly as async's."""
+    pushes = 300
+    assert ssp_clock(Timing(0.01, "none", 0.0, 1, 4), 3, pushes)[1] == pytest.approx(expected_mean_staleness(4, pushes))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Owns ``python -m repro.lab explore``: a local web page (loopback only, a free po
 student sets the clients, nsync, the step-time jitter, the learning rate and the protocol (async,
 sync, ssp, ringmaster, rennala, with their bound) and sees, redrawn at each change, three panels
 beside the theory's prediction: the staleness histogram (predicted mean, Mitliagkas et al. 2016's
-N - 1 corrected for the first round; ssp at bound 0, whose pushes come in rounds: (N - 1) / 2),
+N - 1 corrected for the first round; ssp's from its clock rule's recurrence, rounds at bound 0),
 the throughput (the ceiling of :mod:`repro.sim.ceiling`, the barrier's order statistics of
 :mod:`repro.analysis.lab.sync` for sync and ssp, Rennala's t(S) of :mod:`repro.analysis.lab.uneven`)
 and the loss against virtual time on the lab's quadratic (the delayed gradient descent recursion
@@ -157,15 +157,13 @@ def predictions(s: Settings, cfg, pushes: int) -> dict:
     tm = timing(cfg.cost, s.nsync, s.clients, param_bytes=40)
     # sync and rennala: every applied push was computed from the current parameters
     staleness = 0.0 if s.protocol in ("sync", "rennala") else expected_mean_staleness(s.clients, pushes)
-    if s.protocol == "ssp" and s.bound == 0:   # rounds: all fetch the round's end, its k-th push is k - 1 stale
-        staleness = float(np.mean(np.arange(pushes) % s.clients))
     rate, source = ceil, "the ceiling: every client busy"
     if s.protocol == "sync":
         rate = predict(tm, "sync", cfg.protocol.backup_workers, 0, pushes)["segments_per_s"] * s.nsync
         source = "barrier: (N - b) / E[(N-b)-th segment]"
-    elif s.protocol == "ssp":
-        rate = predict(tm, "ssp", 0, s.bound, max(pushes, 1))["segments_per_s"] * s.nsync
-        source = "ssp clock rule (Monte Carlo)"
+    elif s.protocol == "ssp":   # its staleness too: the clock rule's recurrence
+        ssp = predict(tm, "ssp", 0, s.bound, max(pushes, 1))
+        rate, staleness, source = ssp["segments_per_s"] * s.nsync, ssp["mean_staleness"], "ssp clock rule (Monte Carlo)"
     elif s.protocol == "rennala":   # a step per S collected pushes; the others' work is dropped
         from repro.analysis.lab.uneven import collection_time
         size = cfg.protocol.resolved_collection_size(s.clients)

@@ -17,7 +17,7 @@ travel, the server applies), zero for the ``jitter_*`` profiles. Server queueing
 * sync: a round waits for the slowest, E[max_i C_i] + o, and applies N segments;
 * sync, b backup workers (Chen et al. 2016): the round closes at the (N - b)-th arrival,
   E[C_(N-b)] + o, and applies N - b segments;
-* ssp, bound s (Ho et al. 2013): no closed form; the recurrence in :func:`ssp_time`.
+* ssp, bound s (Ho et al. 2013): no closed form; the recurrence in :func:`ssp_clock`.
 """
 from __future__ import annotations
 
@@ -158,8 +158,9 @@ def _segments(rng, tm: Timing, shape) -> np.ndarray:
     return n * (1 - s) + s * rng.gamma(n, 1.0, shape)
 
 
-def ssp_time(tm: Timing, bound: int, pushes: int) -> float:
-    """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s.
+def ssp_clock(tm: Timing, bound: int, pushes: int) -> tuple[float, float]:
+    """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s, and
+    their mean staleness.
 
     Client k's j-th push is applied at A_k(j) = R_k(j-1) + o_in + c f_k S_kj (R_k(0) = 0) and
     released (it fetches) at R_k(j) = max(A_k(j), max_l A_l(j - s)) (Ho et al. 2013: a client
@@ -176,7 +177,27 @@ def ssp_time(tm: Timing, bound: int, pushes: int) -> float:
         gate = applied[:, :, j - bound].max(1, keepdims=True) if j - bound >= 0 else 0.0
         released = np.maximum(applied[:, :, j], gate)
     flat = applied.reshape(MC_REPLICAS, -1)
-    return float(np.partition(flat, pushes - 1, axis=1)[:, pushes - 1].mean())
+    return float(np.partition(flat, pushes - 1, axis=1)[:, pushes - 1].mean()), _staleness(applied, bound, pushes)
+
+
+def _staleness(applied: np.ndarray, bound: int, pushes: int) -> float:
+    """Mean staleness of the first ``pushes`` applied pushes of :func:`ssp_clock`'s recurrence:
+    the pushes the server applied between a push's fetch and its own apply. The server takes
+    pushes one at a time, ties in order of client (the simulator's order for equal times); a
+    client fetches after its own push, or after the push that ended its wait, the latest of
+    round j - s: fetch rank max(r_k(j-1), max_l r_l(j-1-s)), -1 before its first push."""
+    reps, n_cl, per_client = applied.shape
+    order = np.lexsort((np.broadcast_to(np.arange(n_cl)[None, :, None], applied.shape).reshape(reps, -1),
+                        applied.reshape(reps, -1)))
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(order.shape[1])[None, :], axis=1)
+    rank = rank.reshape(applied.shape)
+    fetch = np.full(applied.shape, -1)
+    fetch[:, :, 1:] = rank[:, :, :-1]
+    if per_client > bound + 1:   # the wait for round j - 1 - s's latest push
+        fetch[:, :, bound + 1:] = np.maximum(fetch[:, :, bound + 1:], rank[:, :, :per_client - bound - 1].max(1, keepdims=True))
+    first = rank < pushes
+    return float((rank - fetch - 1)[first].mean())
 
 
 def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) -> dict:
@@ -185,7 +206,10 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
         round_s = sync_round_s(tm, backups)
         return {"segments_per_s": (tm.num_clients - backups) / round_s,
                 "updates_per_s": 1.0 / round_s, "mean_round_s": round_s}
-    rate = pushes / ssp_time(tm, bound, pushes) if protocol == "ssp" else async_segments_per_s(tm)
+    if protocol == "ssp":
+        time_s, staleness = ssp_clock(tm, bound, pushes)
+        return {"segments_per_s": pushes / time_s, "updates_per_s": pushes / time_s, "mean_staleness": staleness}
+    rate = async_segments_per_s(tm)
     return {"segments_per_s": rate, "updates_per_s": rate}   # every push a server update
 
 
