@@ -263,6 +263,16 @@ def test_a_run_dir_that_cannot_be_made_is_named_before_training(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.parametrize("target", ["nowhere", "link"])
+def test_a_run_dir_that_is_a_broken_link_or_a_loop_is_named_before_training(tmp_path, target):
+    # a link to nothing (or to itself) was a FileExistsError from deep in the run folder's lock
+    (tmp_path / "link").symlink_to(tmp_path / target)
+    x, y = _problem()
+    with pytest.raises(ConfigError, match="'run_dir'.*a folder that can be made: .*link is a broken link"):
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=tmp_path / "link")
+    assert [p.name for p in tmp_path.iterdir()] == ["link"]
+
+
 class _Pair(nn.Linear):
     def forward(self, x):
         return super().forward(x), x
