@@ -2,7 +2,9 @@
 semantics."""
 import inspect
 import json
+import os
 import re
+import signal
 import threading
 from dataclasses import replace
 
@@ -537,3 +539,30 @@ def test_a_result_compares_and_pickles_without_a_pandas_error():
     b = pickle.loads(pickle.dumps(a))
     assert a == a and (a == b) is False and a != b
     assert b.updates.equals(a.updates) and b.summary == a.summary and "Result(" in repr(b)
+
+
+class _CtrlC:
+    """cross_entropy that sends this process a SIGINT (a notebook's interrupt) at its ``at``-th call."""
+
+    def __init__(self, at: int) -> None:
+        self.calls, self.at = 0, at
+
+    def __call__(self, outputs, labels):
+        self.calls += 1
+        if self.calls == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return nn.functional.cross_entropy(outputs, labels)
+
+
+def test_ctrl_c_stops_the_caller_too_its_run_dir_saying_interrupted(tmp_path):
+    # the run stopped cleanly and simulate returned its partial result: a notebook's loop went on
+    # to its next point (one Ctrl-C a point), a cell's checks judged the partial tables
+    x, y = _problem()
+    kw = dict(num_clients=2, nsync=1, num_epochs=50, batch_size=8, cost="uniform")
+    for run_dir in (tmp_path / "run", None):
+        with pytest.raises(KeyboardInterrupt, match="interrupted"):
+            api.simulate(nn.Linear(6, 2), (x, y), (x, y), loss_fn=_CtrlC(40), run_dir=run_dir, **kw)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert json.loads((tmp_path / "run" / schema.SUMMARY_FILE).read_text())["status"] == "interrupted"
+    again = api.simulate(nn.Linear(6, 2), (x, y), (x, y), run_dir=tmp_path / "run", force=True, **{**kw, "num_epochs": 1})
+    assert again.summary["status"] == "completed"
