@@ -256,6 +256,16 @@ def test_a_run_dir_under_home_spelled_with_a_tilde_is_the_home_folder_not_a_fold
     assert not list((tmp_path / "cwd").iterdir())
 
 
+def test_a_relative_run_dir_is_the_result_s_folder_after_a_chdir_too(tmp_path, monkeypatch):
+    # result.run_dir was Path("runs/a"): after a later chdir it named a folder below the new one
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    x, y = _problem()
+    result = api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir="runs/a")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert result.run_dir == tmp_path / "runs" / "a" and (result.run_dir / schema.SUMMARY_FILE).exists()
+
+
 def test_a_run_dir_that_cannot_be_made_is_named_before_training(tmp_path):
     # a run_dir under a file was a NotADirectoryError from deep in the run folder's lock
     (tmp_path / "notes.txt").write_text("mine")
