@@ -8,16 +8,15 @@
 
 Same semantics as ``python -m repro.run``: the same client/server objects, the same cost model,
 the same run-folder tables (written to ``run_dir``; without one, to a temporary folder that is
-removed once the tables are read into the result). The module is the network for a
-classification problem (``loss_fn(outputs, labels)``, error = argmax mismatch); its current
-weights are the initial weights; it must have no buffers. :mod:`repro.workload.custom` checks
-the module and the arrays and makes them a problem. The classroom's API follows simulate().
+removed once the tables are read into the result). :mod:`repro.workload.custom` checks the
+module and the arrays and makes them a problem. The classroom's API follows simulate().
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import tempfile
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -46,19 +45,17 @@ from repro.workload.models import build_model
 from repro.runtime import resolve_device
 from repro.sim.driver import simulate as sim_run
 
-# What ``python -m repro.run`` runs with no overrides: every default of simulate() is read from it
-# (and every setting simulate() does not take), so the API and the command line cannot disagree.
+# ``python -m repro.run`` with no overrides: simulate()'s defaults, and every setting it does not take
 DEFAULTS = composed()
 _composed = functools.cache(composed)   # cost=NAME composed once a process: Hydra takes ~0.2 s a call
 
 
 @dataclass(eq=False)   # the dataclass's == compared DataFrames: "truth value ... is ambiguous"
 class Result:
-    """A finished simulation: its tables as DataFrames, its summary (``time_to_target`` keyed by
-    the target error as a float, ``{0.05: 12.3}``, where summary.json can only key it by text) and
-    where they were written (``run_dir``: None when no folder was asked for; the temporary one is
-    gone). See :func:`simulate`, Returns. ``==`` is identity: compare the tables
-    (``a.updates.equals(b.updates)``); two summaries differ in their wall time."""
+    """A finished simulation: its tables as DataFrames, its summary (``time_to_target`` keyed by the
+    target error as a float, ``{0.05: 12.3}``, where summary.json keys it by text) and where they were
+    written (``run_dir``: None when no folder was asked for). See :func:`simulate`, Returns. ``==``
+    is identity: compare the tables (``a.updates.equals(b.updates)``); summaries differ in wall time."""
 
     updates: pd.DataFrame
     evals: pd.DataFrame
@@ -206,11 +203,10 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     Result
         ``updates`` (one row per push applied) and ``evals`` (one row per evaluation) as pandas
         DataFrames with the columns of updates.csv and evals.csv; ``summary``, the dict in
-        summary.json (``status``, final metrics, time to target), with ``time_to_target``
-        keyed by the target as a float (``result.summary["time_to_target"][0.05]``; the file's
-        JSON keys it by the text "0.05"); ``run_dir``, where they were written (None: a
-        temporary folder, removed). Times are virtual seconds of the cost model. A run that
-        diverges (non-finite loss or parameters) returns with ``summary["status"] == "diverged"``.
+        summary.json (``status``, final metrics, ``time_to_target`` keyed by the target as a
+        float, ``[0.05]``, where the file has the text "0.05"); ``run_dir``, where they were written
+        (None: a temporary folder, removed). Times are virtual seconds of the cost model. A run
+        that diverges (non-finite loss or parameters) returns with ``summary["status"] == "diverged"``.
 
     Raises
     ------
@@ -223,6 +219,8 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         every parameter frozen.
     ValueError
         When ``module`` has buffers or no parameters, or parameters that are not float32.
+    KeyboardInterrupt
+        Once Ctrl-C has stopped the run (``run_dir`` keeps its tables, status ``interrupted``).
     """
     settings = {name: value for name, value in locals().items() if name in API_KEYS}
     run_dir = check_objects(module, train, test, loss_fn, run_dir)
@@ -261,8 +259,7 @@ def _config(settings: dict, cost: CostConfig) -> RunConfig:
         raise ConfigError(arg, err.value, err.expected + said) from None
 
 
-# The names simulate() accepts are the registries' (what validate() checks), so its help lists
-# them from there: a rule or protocol registered later is documented without an edit here.
+# simulate()'s help lists the registries' names (what validate() checks): one registered later too
 for _field, _registry in (("{SERVER_RULES}", RULES), ("{PROTOCOLS}", PROTOCOLS)):
     simulate.__doc__ = simulate.__doc__.replace(_field, "{" + ", ".join(f'"{n}"' for n in _registry.names()) + "}")
 
@@ -288,6 +285,9 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
             raise
         raise ConfigError("run_dir", str(run_dir), f"{err.expected.rpartition(': ')[0]}; simulate "
                           "does not resume a run: force=True starts it over") from None
+    # Ctrl-C (whose signal reaches the main thread alone) stops the caller too, as the command line's exit 130
+    if summary["status"] == "interrupted" and threading.current_thread() is threading.main_thread():
+        raise KeyboardInterrupt(f"the run interrupted at version {summary['version']}")   # returned, a loop ran on
     ttt = summary.get("time_to_target")
     if isinstance(ttt, dict):   # JSON keys it by text; a caller looks a target up by number
         summary["time_to_target"] = {float(k): v for k, v in ttt.items()}
@@ -314,9 +314,9 @@ def configure(*overrides: str) -> RunConfig:
 
 
 def run_config(cfg: RunConfig) -> Result:
-    """Simulate ``cfg`` (e.g. from :func:`configure`) in a temporary folder, as ``python -m
-    repro.run`` would, and return its tables (``run_dir`` None: the folder is gone). Raises
-    ConfigError for a bad value, a backend other than sim or ``resume=true`` (nothing to resume)."""
+    """Simulate ``cfg`` (e.g. from :func:`configure`) in a temporary folder, as ``python -m repro.run``
+    would, and return its tables (``run_dir`` None: the folder is gone). Raises ConfigError for a bad
+    value, a backend other than sim or ``resume=true``; KeyboardInterrupt once Ctrl-C stopped the run."""
     validate(cfg)
     if cfg.backend.name != "sim":   # else a real run's config came back simulated, without a word
         raise ConfigError("backend", cfg.backend.name, "sim: run_config simulates (python -m repro.run "

@@ -87,7 +87,9 @@ class Registry(Generic[T]):
         """Register ``entry`` as ``name``. ``module``: the module registering it; a module that
         fills this registry registers exactly the names :data:`DECLARED` lists for it, and a
         declared name only from its own module (a user's entry comes without one)."""
-        if name in self._entries:
+        old = self._entries.get(name)
+        # a user's module may register its name again (a notebook's cell run twice): the new entry replaces its own
+        if old is not None and (module is None or name in self._homes or getattr(old, "__module__", None) != module):
             raise ValueError(f"{self.key}: {name!r} is registered twice")
         if module is not None and (module in self._homes.values() or name in self._homes) \
                 and self._homes.get(name) != module:

@@ -2,7 +2,9 @@
 semantics."""
 import inspect
 import json
+import os
 import re
+import signal
 import threading
 from dataclasses import replace
 
@@ -254,6 +256,16 @@ def test_a_run_dir_under_home_spelled_with_a_tilde_is_the_home_folder_not_a_fold
     assert not list((tmp_path / "cwd").iterdir())
 
 
+def test_a_relative_run_dir_is_the_result_s_folder_after_a_chdir_too(tmp_path, monkeypatch):
+    # result.run_dir was Path("runs/a"): after a later chdir it named a folder below the new one
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    x, y = _problem()
+    result = api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir="runs/a")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert result.run_dir == tmp_path / "runs" / "a" and (result.run_dir / schema.SUMMARY_FILE).exists()
+
+
 def test_a_run_dir_that_cannot_be_made_is_named_before_training(tmp_path):
     # a run_dir under a file was a NotADirectoryError from deep in the run folder's lock
     (tmp_path / "notes.txt").write_text("mine")
@@ -261,6 +273,16 @@ def test_a_run_dir_that_cannot_be_made_is_named_before_training(tmp_path):
     with pytest.raises(ConfigError, match="'run_dir'.*a folder that can be made: .*notes.txt refuses a new folder"):
         api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=tmp_path / "notes.txt" / "run")
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("target", ["nowhere", "link"])
+def test_a_run_dir_that_is_a_broken_link_or_a_loop_is_named_before_training(tmp_path, target):
+    # a link to nothing (or to itself) was a FileExistsError from deep in the run folder's lock
+    (tmp_path / "link").symlink_to(tmp_path / target)
+    x, y = _problem()
+    with pytest.raises(ConfigError, match="'run_dir'.*a folder that can be made: .*link is a broken link"):
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=tmp_path / "link")
+    assert [p.name for p in tmp_path.iterdir()] == ["link"]
 
 
 class _Pair(nn.Linear):
@@ -527,3 +549,30 @@ def test_a_result_compares_and_pickles_without_a_pandas_error():
     b = pickle.loads(pickle.dumps(a))
     assert a == a and (a == b) is False and a != b
     assert b.updates.equals(a.updates) and b.summary == a.summary and "Result(" in repr(b)
+
+
+class _CtrlC:
+    """cross_entropy that sends this process a SIGINT (a notebook's interrupt) at its ``at``-th call."""
+
+    def __init__(self, at: int) -> None:
+        self.calls, self.at = 0, at
+
+    def __call__(self, outputs, labels):
+        self.calls += 1
+        if self.calls == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return nn.functional.cross_entropy(outputs, labels)
+
+
+def test_ctrl_c_stops_the_caller_too_its_run_dir_saying_interrupted(tmp_path):
+    # the run stopped cleanly and simulate returned its partial result: a notebook's loop went on
+    # to its next point (one Ctrl-C a point), a cell's checks judged the partial tables
+    x, y = _problem()
+    kw = dict(num_clients=2, nsync=1, num_epochs=50, batch_size=8, cost="uniform")
+    for run_dir in (tmp_path / "run", None):
+        with pytest.raises(KeyboardInterrupt, match="interrupted"):
+            api.simulate(nn.Linear(6, 2), (x, y), (x, y), loss_fn=_CtrlC(40), run_dir=run_dir, **kw)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert json.loads((tmp_path / "run" / schema.SUMMARY_FILE).read_text())["status"] == "interrupted"
+    again = api.simulate(nn.Linear(6, 2), (x, y), (x, y), run_dir=tmp_path / "run", force=True, **{**kw, "num_epochs": 1})
+    assert again.summary["status"] == "completed"

@@ -425,3 +425,14 @@ def test_a_grid_over_exp_name_is_no_shared_folder(tmp_path):
     proc = cli("-m", "exp_name=a,b", "num_epochs=0.2", "progress=false", f"results_dir={tmp_path}")
     assert proc.returncode == 0 and "[grid default] finished: 2/2 done" in proc.stderr, proc.stderr[-2000:]
     assert sorted(p.parent.parent.name for p in tmp_path.glob("*/num_epochs=0.2/summary.json")) == ["a", "b"]
+
+
+@pytest.mark.parametrize("target", ["nowhere", "link"])
+def test_a_run_folder_that_is_a_broken_link_or_a_loop_is_one_line(tmp_path, cli_here, target):
+    """``hydra.run.dir=LINK`` to nothing (or to itself) ended in mkdir's FileExistsError traceback:
+    exists() is False for it, so it was taken for a folder to make."""
+    (tmp_path / "link").symlink_to(tmp_path / target)
+    proc = cli_here(f"hydra.run.dir={tmp_path / 'link'}", "num_epochs=0.2")
+    assert (proc.returncode, proc.stderr) == (2, f"error: cannot make the run folder {tmp_path / 'link'}: "
+                                                 f"{tmp_path / 'link'} is a broken link, not a folder (set "
+                                                 "results_dir=FOLDER to a writable folder)\n"), proc.stderr[-2000:]

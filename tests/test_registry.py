@@ -64,6 +64,20 @@ def test_a_module_registers_only_what_it_declares(declared):
     assert list(declared) == ["a", "b", "c", "mine"]
 
 
+def test_a_notebook_cell_run_twice_registers_its_class_again_and_only_its_own(declared):
+    # a cell defining @RULES.register("mine") class Mine, run again after a fix: "registered
+    # twice", and the old class stayed the one that ran, until the kernel was restarted
+    cell = 'class Mine:\n    pass\nregistry.register("mine")(Mine)\n'
+    for _ in range(2):
+        exec(cell, run := {"__name__": "__main__", "registry": declared})
+    assert declared["mine"] is run["Mine"]
+    with pytest.raises(ValueError, match="'mine' is registered twice"):
+        exec(cell, {"__name__": "elsewhere", "registry": declared})   # another module's: refused
+    declared.add("a", 1, module="home")
+    with pytest.raises(ValueError, match="'a' is registered twice"):
+        declared.add("a", 2, module="home")   # a declared name is registered once
+
+
 def test_an_unknown_name_is_a_config_error_naming_the_key_and_the_declared_names(declared):
     with pytest.raises(ConfigError, match=r"invalid value for 'test.name': 'z'; expected one of: 'a', 'b', 'c'"):
         declared["z"]

@@ -39,8 +39,9 @@ def is_read_only(folder: Path) -> bool:
 
 
 def nearest_existing(folder: Path) -> Path | None:
-    """``folder`` itself or its nearest parent that exists (None: none does)."""
-    return next((p for p in (folder, *folder.parents) if p.exists()), None)
+    """``folder`` itself or its nearest parent that exists (None: none does); a link to nothing
+    (broken, or a loop) exists: mkdir of it is a FileExistsError."""
+    return next((p for p in (folder, *folder.parents) if p.exists() or p.is_symlink()), None)
 
 
 def unmakeable(folder: Path) -> str | None:
@@ -51,7 +52,8 @@ def unmakeable(folder: Path) -> str | None:
     folder = Path(folder).absolute()
     existing = nearest_existing(folder)   # "/" at the latest
     if existing == folder:   # hydra.run.dir=FILE: Hydra's mkdir raised FileExistsError
-        return None if folder.is_dir() else f"{folder} is a file, not a folder"
+        what = "a broken link" if folder.is_symlink() else "a file"   # a link to nothing, or a loop
+        return None if folder.is_dir() else f"{folder} is {what}, not a folder"
     if is_read_only(existing):
         return f"{existing} is read-only or not writable"
     try:

@@ -58,7 +58,8 @@ def check_objects(module, train, test, loss_fn, run_dir) -> Path | None:
         raise ConfigError("run_dir", "''", "a folder (str or Path) or None")
     if run_dir is None:
         return None
-    folder = Path(run_dir).expanduser()   # else trained into ./~, then read by pandas from $HOME
+    # ~: else trained into ./~, read by pandas from $HOME; absolute: result.run_dir names it after a chdir too
+    folder = Path(run_dir).expanduser().absolute()
     if schema.holds_others(folder):   # e.g. home: the run's files among the user's
         raise ConfigError("run_dir", os.fspath(run_dir), schema.OTHERS)
     why = unmakeable(folder)   # e.g. under a file: else NotADirectoryError from the run folder's lock
