@@ -57,7 +57,8 @@ class Reply:
 class Outcome:
     """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now,
     whether the server's version moved (``applied``: this push, or a merge it completed) and
-    whether the protocol dropped the push on arrival (``discarded``: the server only replies);
+    whether the push was dropped on arrival (``discarded``: by the protocol, or refused as
+    diverging; the server only replies);
     :meth:`RunCore.settle` whether an evaluation row was written (``evaluated``);
     :meth:`RunCore.lose` the replies a lost client's barrier owed. ``stopping``, from each of them
     and from :meth:`RunCore.begin` and :meth:`RunCore.drain`: the run is ending, no more pushes
@@ -199,7 +200,7 @@ class RunCore:
             replies = self._carry_out(decision, time_s)
         mine = (push.read_version, push.client)
         return Outcome(tuple(replies), applied=self.server.version != version, stopping=self.state.stopping,
-                       discarded=any((int(v), int(k)) == mine for v, k in decision.discarded))
+                       discarded=bool(why) or any((int(v), int(k)) == mine for v, k in decision.discarded))
 
     def record_timing(self, time_s: float, client: int, read_version: int, **parts: float) -> None:
         """Where one push's round trip went (timings.csv's parts, measured by the driver, or
