@@ -208,7 +208,7 @@ class RunCore:
         self.runlog.log_timing(time_s=time_s, client=client, read_version=read_version, **parts)
 
     def view(self) -> View:
-        return View(version=self.server.version, live=self.live)
+        return View(version=self.server.version, live=self.live, left=self.budget - self.runlog.samples_seen)
 
     def _carry_out(self, decision: Decision, time_s: float) -> list[Reply]:
         """Apply what the protocol decided, record what it discarded, make its replies."""
