@@ -78,6 +78,7 @@ class RunState:
     stopping: bool = False          # no more pushes are applied (budget spent, diverged, stop)
     diverged: str = ""              # why, when it did
     error: str = ""                 # a failure a driver reported
+    away: frozenset[int] = frozenset()   # lost clients due back at the end (final_status)
     driver_state: Callable[[], dict] = field(default=lambda: {})
 
 
@@ -330,6 +331,7 @@ class RunCore:
     def final_status(self, interrupted: bool, away: frozenset[int] = frozenset()) -> tuple[str, str]:
         """The status of a run whose loop has ended, and its message. ``away``: lost clients due
         back (the simulator's churn), not lost for good, so they degrade nothing."""
+        self.state.away = away   # nor does the summary name them (lost_clients)
         if self.state.error:
             return "failed", self.state.error
         if interrupted:
@@ -389,7 +391,7 @@ class RunCore:
         if self.kind == "real" and self.evals.cpu_s:   # what cost=fit's cost.eval_s reads
             extra["eval_cpu_s"] = sum(self.evals.cpu_s) / len(self.evals.cpu_s)
         summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
-                                            **extra)
+                                            lost_clients=sorted(self.lost_clients - self.state.away), **extra)
         self.runlog.close()
         self.progress.update(self.runlog, force=True)
         self.finished = summary
