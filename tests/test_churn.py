@@ -206,19 +206,36 @@ def test_a_client_back_before_its_sync_round_closed_computes_one_segment(tmp_pat
     assert (rows.start >= rows.made - 1e-12).all()   # (it took the round's result at 0.06 s)
 
 
+def test_a_sync_round_with_a_joiners_push_does_not_pass_the_budget(tmp_path):
+    """3 clients, 6 epochs of 512 samples: 48 pushes of 64 samples, 16 rounds of 3, the budget
+    held exactly. A joiner at 0.02 s makes the rounds after it 4 pushes each (its push is merged
+    but takes no one's place), so the last round passed the budget by 3 pushes (3264 samples):
+    now the round that reaches the budget closes there, under async's rule."""
+    from repro.config.settings import ProtocolConfig
+
+    for join in (None, (0.02,), (0.02, 0.03, 0.04)):
+        cfg = churn_cfg(dict(preempt_rate=0.0, leave=None, join=join)).replace(protocol=ProtocolConfig(name="sync"))
+        summary = simulate(cfg, tmp_path / f"join{len(join or ())}")
+        assert (summary["status"], summary["samples_seen"]) == ("completed", 6 * 512), join
+
+
 def test_a_client_away_but_due_back_at_the_end_does_not_degrade_the_run(tmp_path):
     """A client lost for good degrades the run (as a dead process does the real driver's); one
     away when the budget ends, due back (the schedule's return, a preemption's), is not lost:
-    the run is completed, where it ended completed_degraded ("clients [1] were lost")."""
+    the run is completed, where it ended completed_degraded ("clients [1] were lost"), and
+    summary.json's lost_clients names only the clients lost at the end, as the real driver's
+    does (it named the ones away too)."""
     from repro.config.settings import ProtocolConfig
 
-    for back, status in ((100.0, "completed"), (0.0, "completed_degraded")):
+    for back, status, lost in ((100.0, "completed", []), (0.0, "completed_degraded", [1])):
         summary = simulate(churn_cfg(dict(preempt_rate=0.0, leave=(1, 0.05, back), join=None)),
                            tmp_path / f"leave{back:g}")
-        assert (summary["status"], summary["lost_clients"]) == (status, [1]), summary["message"]
+        assert (summary["status"], summary["lost_clients"]) == (status, lost), summary["message"]
     cfg = churn_cfg(dict(preempt_rate=20.0, leave=None, join=None)).replace(protocol=ProtocolConfig(name="sync"))
     summary = simulate(cfg, tmp_path / "preempted")
-    assert summary["lost_clients"] and summary["status"] == "completed", summary["message"]
+    last = {e["client"]: e["type"] for e in summary["events"] if e["type"].startswith("client_")}
+    away = [k for k, kind in last.items() if kind == "client_lost"]
+    assert away and summary["lost_clients"] == [] and summary["status"] == "completed", summary["message"]
 
 
 def test_a_version_a_loss_applies_is_evaluated_and_checkpointed_as_a_pushed_one(tmp_path, monkeypatch):

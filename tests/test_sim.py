@@ -99,6 +99,17 @@ def test_huge_learning_rate_ends_diverged(tmp_path):
     assert any(e["type"] == "diverged" for e in summary["events"])
 
 
+def test_a_diverging_push_costs_the_server_no_apply_time(tmp_path):
+    """Client 1's first push (2 steps of 1 s) diverges: the server refuses it (no apply), so
+    its timings row is taken at 2.0 with no apply, where the clock charged it cost.server_apply_s
+    (2.25, apply_s 0.25)."""
+    cost = CostConfig(profile="u", compute_s=1.0, server_apply_s=0.25)
+    summary = simulate(cfg_for(algo=AlgoConfig(lr=1e6, momentum=0.0), cost=cost), tmp_path)
+    assert summary["status"] == "diverged" and "client 1 pushed" in summary["message"]
+    timings = pd.read_csv(tmp_path / "timings.csv")
+    assert list(zip(timings.client, timings.time_s, timings.apply_s)) == [(1, 2.0, 0.0)]
+
+
 def test_interrupt_then_resume_is_bitwise_identical(tmp_path):
     cfg = cfg_for(num_clients=3, nsync=2, num_epochs=6.0, checkpoint_every=7,   # 48 versions
                   cost=CostConfig(profile="j", compute_s=0.01, jitter="lognormal", jitter_sigma=0.3))

@@ -49,6 +49,7 @@ discarded=((read_version, client),))``: the client fetches and goes on.)
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import AbstractSet
 
@@ -68,6 +69,7 @@ class View:
 
     version: int                 # the server's version now (an apply makes it version + 1)
     live: AbstractSet[int]       # clients still in the run (not lost)
+    left: float = math.inf       # samples left in the budget: the apply that reaches it is the last
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ class Sync(Policy):
     discards = True
 
     def __init__(self, cfg, clients: list[int], version: int):
-        self.backups = cfg.protocol.backup_workers
+        self.backups, self.clients = cfg.protocol.backup_workers, cfg.num_clients
         self.round_start = version
         self.pushes: dict[int, Push] = {}       # this round's, by client (held: see the docstring)
         self.total: Tensor | None = None        # the merge buffer, reused round after round
@@ -204,11 +206,16 @@ class Sync(Policy):
         """A round waits for the clients live at its start (a joiner counts from the next)."""
         return max(1, len(set(live) - self.joining) - self.backups)
 
-    def full(self, live: AbstractSet[int]) -> bool:
+    def full(self, view: View) -> bool:
         """The round has its pushes: a joiner's is merged but takes no one's place (it counts
-        only when no client live at the round's start is left)."""
+        only when no client live at the round's start is left). With joiners beyond num_clients
+        live, also once they reach the budget: a run may pass it by less than one apply of
+        num_clients - b pushes (the budget check's), which their extra pushes would pass (the
+        late clients are dropped, as backup workers); without, every sync run stays as it was."""
+        live = view.live
         counted = set(self.pushes) - self.joining if set(live) - self.joining else set(self.pushes)
-        return len(counted) >= self.needed(live)
+        held = sum(p.num_samples for p in self.pushes.values())
+        return len(counted) >= self.needed(live) or (len(live) > self.clients and held >= view.left)
 
     def on_join(self, client: int, view: View) -> None:
         self.joining.add(client)
@@ -220,7 +227,7 @@ class Sync(Policy):
         if push.read_version < self.round_start:   # sent before its preemption reached it
             return NOTHING                         # (its new parameters are on their way)
         self.pushes[push.client] = push
-        return self.close(view) if self.full(view.live) else NOTHING
+        return self.close(view) if self.full(view) else NOTHING
 
     def close(self, view: View) -> Decision:
         """Apply the round's mean update once; every client of the round fetches, the late
@@ -243,7 +250,7 @@ class Sync(Policy):
         return merged
 
     def on_lost(self, client: int, view: View) -> Decision:
-        if self.pushes and self.full(view.live):
+        if self.pushes and self.full(view):
             return self.close(view)
         return NOTHING
 

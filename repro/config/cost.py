@@ -116,7 +116,8 @@ class CostConfig:
     model's real size); lets a small model stand in for an AlexNet-sized one (paper2013)."""
     server_apply_s: float = knob(0.0, SECONDS)
     """Virtual seconds the server takes to apply one push; it serves one push at a time. A push the
-    protocol discards (ringmaster, rennala) takes none: the server only replies, as the real one does."""
+    protocol discards (ringmaster, rennala) or the server refuses (diverging) takes none: the server
+    only replies, as the real one does."""
     reply_holds_server: bool = knob(False, FLAG)
     """The server sends each push's reply before it serves the next push, so the reply's transfer
     keeps it busy (the real driver's Dispatcher holds its lock through the send; cost=fit sets it

@@ -65,7 +65,8 @@ BACKUP_HINT = ("a round closes at the first N - b pushes of the N clients live a
 
 
 def needed_of(cls: type, backups: int, live: set[int], joining: set[int]) -> int | Raised:
-    cfg = SimpleNamespace(protocol=SimpleNamespace(backup_workers=backups))   # all a Sync policy reads when built
+    # all a Sync policy reads when built
+    cfg = SimpleNamespace(num_clients=len(live), protocol=SimpleNamespace(backup_workers=backups))
     policy = student_call(cls, cfg, sorted(live | joining), 0)
     policy.joining = set(joining)
     got = student_call(policy.needed, frozenset(live))

@@ -57,7 +57,8 @@ class Reply:
 class Outcome:
     """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now,
     whether the server's version moved (``applied``: this push, or a merge it completed) and
-    whether the protocol dropped the push on arrival (``discarded``: the server only replies);
+    whether the push was dropped on arrival (``discarded``: by the protocol, or refused as
+    diverging; the server only replies);
     :meth:`RunCore.settle` whether an evaluation row was written (``evaluated``);
     :meth:`RunCore.lose` the replies a lost client's barrier owed. ``stopping``, from each of them
     and from :meth:`RunCore.begin` and :meth:`RunCore.drain`: the run is ending, no more pushes
@@ -77,6 +78,7 @@ class RunState:
     stopping: bool = False          # no more pushes are applied (budget spent, diverged, stop)
     diverged: str = ""              # why, when it did
     error: str = ""                 # a failure a driver reported
+    away: frozenset[int] = frozenset()   # lost clients due back at the end (final_status)
     driver_state: Callable[[], dict] = field(default=lambda: {})
 
 
@@ -199,7 +201,7 @@ class RunCore:
             replies = self._carry_out(decision, time_s)
         mine = (push.read_version, push.client)
         return Outcome(tuple(replies), applied=self.server.version != version, stopping=self.state.stopping,
-                       discarded=any((int(v), int(k)) == mine for v, k in decision.discarded))
+                       discarded=bool(why) or any((int(v), int(k)) == mine for v, k in decision.discarded))
 
     def record_timing(self, time_s: float, client: int, read_version: int, **parts: float) -> None:
         """Where one push's round trip went (timings.csv's parts, measured by the driver, or
@@ -207,7 +209,7 @@ class RunCore:
         self.runlog.log_timing(time_s=time_s, client=client, read_version=read_version, **parts)
 
     def view(self) -> View:
-        return View(version=self.server.version, live=self.live)
+        return View(version=self.server.version, live=self.live, left=self.budget - self.runlog.samples_seen)
 
     def _carry_out(self, decision: Decision, time_s: float) -> list[Reply]:
         """Apply what the protocol decided, record what it discarded, make its replies."""
@@ -329,6 +331,7 @@ class RunCore:
     def final_status(self, interrupted: bool, away: frozenset[int] = frozenset()) -> tuple[str, str]:
         """The status of a run whose loop has ended, and its message. ``away``: lost clients due
         back (the simulator's churn), not lost for good, so they degrade nothing."""
+        self.state.away = away   # nor does the summary name them (lost_clients)
         if self.state.error:
             return "failed", self.state.error
         if interrupted:
@@ -386,7 +389,7 @@ class RunCore:
         if self.kind == "real" and self.evals.cpu_s:   # what cost=fit's cost.eval_s reads
             extra["eval_cpu_s"] = sum(self.evals.cpu_s) / len(self.evals.cpu_s)
         summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
-                                            **extra)
+                                            lost_clients=sorted(self.lost_clients - self.state.away), **extra)
         self.runlog.close()
         self.progress.update(self.runlog, force=True)
         self.finished = summary

@@ -120,8 +120,10 @@ class Schedule(ABC):
 
     def handled(self, t: float, discarded: bool) -> float:
         """When the one server (free again at ``server_free``) is done with the push :meth:`next`
-        returned (at ``t``): a push the protocol discarded costs it no apply time (the real server
-        only replies), so it is done as it takes it, where :meth:`next` left ``server_free``."""
+        returned (at ``t``): a push the protocol discarded or the server refused (diverging) costs it
+        no apply time (the real server only replies), so it is done as it takes it, where
+        :meth:`next` left ``server_free``. A push a sync round holds or Rennala collects costs one:
+        the real server's work on a round or a step grows with its pushes (each is summed in)."""
         if discarded:   # (a checkpoint left it there too)
             self.last_timing = self.last_timing and {**self.last_timing, "apply_s": 0.0}
         else:
