@@ -95,6 +95,9 @@ class RunCore:
         self.discarded: list[list[int]] = []   # [read_version, client] of each dropped segment
         self.collected: list[list[int]] = []   # [read_version, client] of each push merged (rennala)
         core_state = resume.get("core", {}) if resume is not None else {}
+        # an evaluation the checkpoint saw running: its row came later or never (a resume cuts
+        # it), so begin evaluates that snapshot, at its version, as the run would have
+        self._resumed_eval: dict | None = core_state.get("evaluating")
         if resume is not None:
             self.server.load_state_dict(resume["server"])
             legacy = (resume.get("protocol") or {}).get("discarded", [])   # kept by Sync before
@@ -151,6 +154,9 @@ class RunCore:
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
             self.evals.submit(self.server.version, time_s, self.server.params, inline=True)
+            self.drain()
+        elif self._resumed_eval is not None:
+            self.evals.submit(**self._resumed_eval, inline=True)
             self.drain()   # may find version 0 non-finite: diverged, stopping
         if self.runlog.samples_seen >= self.budget:
             self.state.stopping = True
@@ -321,7 +327,8 @@ class RunCore:
         state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
                  "core": {"reference_loss": self.evals.reference_loss, "discarded": self.discarded,
-                          "collected": self.collected},
+                          "collected": self.collected,
+                          **({"evaluating": vars(r)} if (r := self.evals.running) else {})},
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 

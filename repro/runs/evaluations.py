@@ -60,7 +60,7 @@ class Evaluations:
         self.cpu_s: list[float] = []   # CPU seconds of each evaluation (cost=fit's eval_s)
         self._results: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._outstanding = 0   # submitted, row not yet written
+        self.running: EvalRequest | None = None   # submitted, row not yet written (a checkpoint keeps it)
         self.asked = -1         # the version of the last one submitted
 
     def check_loss(self, push: Push) -> str:
@@ -78,12 +78,14 @@ class Evaluations:
     def due(self) -> bool:
         """An evaluation is due (applied samples reached the next multiple of eval_every epochs)
         and none is running (its row comes before the next is asked)."""
-        return self.runlog.samples_seen >= self.runlog.next_eval and not self._outstanding
+        return self.runlog.samples_seen >= self.runlog.next_eval and self.running is None
 
-    def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False) -> None:
-        """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs)."""
-        req = EvalRequest(version, time_s, self.runlog.samples_seen, params.detach().clone())
-        self._outstanding += 1
+    def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False,
+               samples_seen: int | None = None) -> None:
+        """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs);
+        ``samples_seen``: the count at the snapshot (a resumed checkpoint's :attr:`running`)."""
+        samples = self.runlog.samples_seen if samples_seen is None else samples_seen
+        req = self.running = EvalRequest(version, time_s, samples, params.detach().clone())
         self.asked = version
         if inline or not self.in_thread:
             self._evaluate(req)
@@ -125,7 +127,7 @@ class Evaluations:
         diverged = []
         while not self._results.empty():
             req, result = self._results.get()
-            self._outstanding -= 1
+            self.running = None
             if isinstance(result, Exception):
                 raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
             why = nonfinite(result, req.version)
