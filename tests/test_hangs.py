@@ -302,6 +302,45 @@ def test_a_hung_evaluation_ends_the_real_run_failed_after_backend_timeout(tmp_pa
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("version", [0, 1], ids=["version 0's", "the final one"])
+def test_an_evaluation_the_run_waits_for_is_waited_for_at_most_backend_timeout(tmp_path, monkeypatch, caplog,
+                                                                                version):
+    """Version 0's evaluation (begin) and the final one (finish) ran in the server's own thread
+    without a bound: a hung one held the run, its folder 'running', for good (here until the test
+    lets it go, after 5 s). Now each runs in its thread, waited for at most backend.timeout_s: the
+    run ends failed with one line naming the version; the checkpoint keeps that evaluation."""
+    from repro.asgd.algorithm import Push
+    from repro.files import schema
+    from repro.runs import evaluations
+
+    release, evaluate = threading.Event(), evaluations.evaluate   # the hung evaluation, let go when the test ends
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=0.2))
+    try:
+        with run_folder(cfg, tmp_path) as run, caplog.at_level("INFO", logger="repro"):
+            problem = build_problem(cfg, torch.device("cpu"))
+            run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+            hang = lambda: monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(5) or evaluate(*a))
+            if version == 0:
+                hang()
+            assert core.begin([1, 2], driver_state=lambda: {"clients": {}}).stopping == (version == 0)
+            if version == 1:   # the budget in one push, not evaluated before the end
+                core.on_push(Push(client=1, read_version=0, update=torch.zeros_like(core.server.params),
+                                  num_steps=8, num_samples=problem.dataset.num_train, train_loss=1.0,
+                                  train_error=0.5, stream_position=(0, 0)), 0.1)
+                hang()
+            summary = core.finish(*core.final_status(interrupted=False))
+    finally:
+        release.set()
+    hung = f"the evaluation at version {version} did not finish in 0.2 s (backend.timeout_s)"
+    assert summary["status"] == "failed" and summary["message"].startswith(hung), summary["message"]
+    assert summary["message"].count(hung) == 1
+    assert [hung in r.getMessage() for r in caplog.records].count(True) == 1
+    assert json.loads((tmp_path / schema.SUMMARY_FILE).read_text())["status"] == "failed"
+    assert list(pd.read_csv(tmp_path / schema.EVALS_FILE).version) == [0] * version
+    assert torch.load(tmp_path / schema.CHECKPOINT_FILE, weights_only=True)["core"]["evaluating"]["version"] == version
+
+
+@pytest.mark.timeout(60)
 def test_an_evaluation_the_server_waits_for_is_waited_for_at_most_backend_timeout(tmp_path, monkeypatch):
     """backend.eval_in_thread=false evaluated in the server loop itself, without a bound: a hung
     evaluation held the loop, and the run folder 'running', for good. Now it runs in its thread

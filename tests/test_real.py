@@ -345,13 +345,13 @@ def test_an_evaluation_running_at_the_checkpoint_is_resumed_at_its_version_once(
     monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(10) and evaluate(*a))
     served(core, 1)   # version 2: its evaluation starts, the checkpoint is written meanwhile
     release.set()
-    assert core.evals.join(10)
+    assert core.evals.join(10) == ""
     core.drain()   # its row, after the checkpoint; then the server dies (no finish)
     before = pd.read_csv(tmp_path / "evals.csv")
     assert before.version.tolist() == [0, 2]
     core = core_of(resume_state(tmp_path, "real", "cpu"))
     served(core, 2)   # version 3: nothing due
-    assert core.evals.join(10)
+    assert core.evals.join(10) == ""
     core.drain()
     after = pd.read_csv(tmp_path / "evals.csv")
     assert after.version.tolist() == [0, 2]

@@ -95,9 +95,6 @@ class RunCore:
         self.discarded: list[list[int]] = []   # [read_version, client] of each dropped segment
         self.collected: list[list[int]] = []   # [read_version, client] of each push merged (rennala)
         core_state = resume.get("core", {}) if resume is not None else {}
-        # an evaluation the checkpoint saw running: its row came later or never (a resume cuts
-        # it), so begin evaluates that snapshot, at its version, as the run would have
-        self._resumed_eval: dict | None = core_state.get("evaluating")
         if resume is not None:
             self.server.load_state_dict(resume["server"])
             legacy = (resume.get("protocol") or {}).get("discarded", [])   # kept by Sync before
@@ -110,8 +107,7 @@ class RunCore:
                              num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
                              target_error=cfg.target_error,
                              resume_from=resume["runlog"] if resume else None)
-        self.evals = Evaluations(problem, self.runlog, cfg.divergence_factor, eval_in_thread,
-                                 reference_loss=core_state.get("reference_loss"),
+        self.evals = Evaluations(problem, self.runlog, cfg.divergence_factor, eval_in_thread, state=core_state,
                                  wait_s=0.0 if cfg.backend.eval_in_thread else cfg.backend.timeout_s)
         self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress,
                                  loss_only=problem.dataset.task != "classification")
@@ -153,11 +149,9 @@ class RunCore:
         for k in clients if fetching else ():
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
-            self.evals.submit(self.server.version, time_s, self.server.params, inline=True)
-            self.drain()
-        elif self._resumed_eval is not None:
-            self.evals.submit(**self._resumed_eval, inline=True)
-            self.drain()   # may find version 0 non-finite: diverged, stopping
+            self.evaluate_now(self.server.version, time_s, self.server.params)   # may find version 0 non-finite
+        elif self.evals.resumed is not None:   # running as the checkpoint was written: its row was cut
+            self.evaluate_now(**self.evals.resumed)
         if self.runlog.samples_seen >= self.budget:
             self.state.stopping = True
         return Outcome(stopping=self.state.stopping)
@@ -184,8 +178,7 @@ class RunCore:
         return self.runlog.time_s
 
     def stop(self) -> None:
-        """No more pushes are applied: the driver has nothing left to serve (a replay whose
-        recording ran out); the driver's loop says how the run ended."""
+        """No more pushes are applied (a replay ran out, a stop): the driver's loop says how the run ended."""
         self.state.stopping = True
 
     def on_push(self, push: Push, time_s: float) -> Outcome:
@@ -285,6 +278,13 @@ class RunCore:
             self.diverge(why)
         return Outcome(stopping=self.state.stopping)
 
+    def evaluate_now(self, version: int, time_s: float, params: torch.Tensor, samples_seen: int | None = None) -> None:
+        """Evaluate and wait (version 0's, a resumed one, the final one): past backend.timeout_s the run fails."""
+        self.evals.submit(version, time_s, params, inline=True, samples_seen=samples_seen)
+        if hung := self.evals.join(self.cfg.backend.timeout_s, " (backend.timeout_s)"):
+            self.stop() if stop_asked() else self.fail(hung)
+        self.drain()
+
     def diverge(self, why: str) -> None:
         """The run ends ``diverged``: no more pushes are applied (also when it already had)."""
         self.state.stopping = True
@@ -326,9 +326,7 @@ class RunCore:
     def save_checkpoint(self) -> None:
         state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
-                 "core": {"reference_loss": self.evals.reference_loss, "discarded": self.discarded,
-                          "collected": self.collected,
-                          **({"evaluating": vars(r)} if (r := self.evals.running) else {})},
+                 "core": {**self.evals.state_dict(), "discarded": self.discarded, "collected": self.collected},
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
@@ -356,27 +354,26 @@ class RunCore:
     def finish(self, status: str, message: str = "", clean: bool = True, **extra) -> dict:
         """End the run: final evaluation (completed runs), final checkpoint of a clean state
         (``clean``: no push half-served), terminal summary, files closed. Idempotent. An evaluation
-        still running in its thread is waited for up to ``backend.timeout_s`` (5 s when not
-        clean); past that the run ends ``failed`` (or ``interrupted``) without its row."""
+        still running in its thread, or the final one, waited for past ``backend.timeout_s`` (5 s
+        when not clean) ends the run ``failed`` (or ``interrupted``) without its row."""
         if self.finished is not None:
             return self.finished
         limit, key = (self.cfg.backend.timeout_s, " (backend.timeout_s)") if clean else (5.0, "")
         asked = stop_asked()   # one asked while the wait below runs (a first Ctrl-C) ends it
-        if not self.evals.join(limit):   # a hung evaluation must not leave the folder 'running'
-            stopped = stop_asked() and not asked
-            hung = f"the evaluation at version {self.evals.asked} " + (
-                "was not waited for: a stop was asked" if stopped else f"did not finish in {limit:g} s{key}")
+        if hung := self.evals.join(limit, key):   # a hung evaluation must not leave the folder 'running'
             log.error(hung)
-            status = "interrupted" if status == "interrupted" or stopped else "failed"
             message = "; ".join(m for m in (hung, message) if m)
+            status = "interrupted" if status == "interrupted" or (stop_asked() and not asked) else "failed"
         try:
             if clean:
                 self.drain()
-                if status.startswith("completed"):
-                    for why in self.evals.final(self.server.version, self.runlog.time_s, self.server.params):
-                        self.diverge(why)
-                    if self.state.diverged:
-                        status, message = "diverged", self.state.diverged
+                if status.startswith("completed"):   # a last look at its parameters
+                    if self.runlog.last_eval_version != self.server.version:
+                        self.evaluate_now(self.server.version, self.runlog.time_s, self.server.params)
+                    if not bool(torch.isfinite(self.server.params).all()):
+                        self.diverge("non-finite parameters at the end of the run")
+                    if self.state.error or self.state.diverged or stop_asked() and not asked:
+                        status, message = self.final_status(interrupted=stop_asked() and not asked)
                     elif (classes := class_errors(self.problem.net, self.server.params,
                                                   self.problem.eval_sets)) is not None:
                         extra["final_class_test_error"] = classes   # the final parameters, per class
