@@ -279,7 +279,7 @@ class RunCore:
         return Outcome(stopping=self.state.stopping)
 
     def evaluate_now(self, version: int, time_s: float, params: torch.Tensor, samples_seen: int | None = None) -> None:
-        """Evaluate and wait (version 0's, a resumed one, the final one): past backend.timeout_s the run fails."""
+        """Evaluate and wait (version 0's, a resumed one, the final one): one hung (Evaluations.join) fails the run."""
         self.evals.submit(version, time_s, params, inline=True, samples_seen=samples_seen)
         if hung := self.evals.join(self.cfg.backend.timeout_s, " (backend.timeout_s)"):
             self.stop() if stop_asked() else self.fail(hung)
@@ -354,8 +354,8 @@ class RunCore:
     def finish(self, status: str, message: str = "", clean: bool = True, **extra) -> dict:
         """End the run: final evaluation (completed runs), final checkpoint of a clean state
         (``clean``: no push half-served), terminal summary, files closed. Idempotent. An evaluation
-        still running in its thread, or the final one, waited for past ``backend.timeout_s`` (5 s
-        when not clean) ends the run ``failed`` (or ``interrupted``) without its row."""
+        still running in its thread, or the final one, that evaluates no batch for ``backend.timeout_s``
+        (5 s when not clean) ends the run ``failed`` (or ``interrupted``) without its row."""
         if self.finished is not None:
             return self.finished
         limit, key = (self.cfg.backend.timeout_s, " (backend.timeout_s)") if clean else (5.0, "")

@@ -6,7 +6,8 @@ a time), each one's ``evals.csv`` row or why it found the run diverged (non-fini
 losses; no evaluation follows), and the reference loss each push is checked against. The core
 turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the run's
 divergence; a failed evaluation is raised, and fails the run. The core waits for the ones a run
-cannot go on without (version 0's, a resumed one, the final one), at most ``backend.timeout_s``.
+cannot go on without (version 0's, a resumed one, the final one) while each evaluates a batch every
+``backend.timeout_s`` (:meth:`Evaluations.join`).
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class Evaluations:
         self.running: EvalRequest | None = None   # submitted, row not yet written (a checkpoint keeps it)
         self.asked = -1         # the version of the last one submitted
         self.hung = False       # one was not waited for (left running, abandoned)
+        self.last_progress = 0.0   # when the one in its thread last moved on (monotonic)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the reference loss, and the evaluation running (its snapshot)."""
@@ -101,6 +103,7 @@ class Evaluations:
         # in a thread even so: a hung one must not hold the server for good; an ``inline`` one
         # the caller waits for itself (:meth:`join`), as long as the run's end would
         self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
+        self.progressed()
         self._thread.start()
         self._thread.join(0.0 if inline else self.wait_s)
 
@@ -108,34 +111,43 @@ class Evaluations:
         # CPU time of this thread, not wall time: what an evaluation takes from the machine's
         # cores, however long the clients beside it made it wait
         start = time.thread_time()
+        beats = self.net.module.register_forward_hook(self.progressed) if self.in_thread else None
         try:
             finite = bool(torch.isfinite(req.params).all())
             result: dict | Exception = evaluate(self.net, req.params, self.sets) if finite else {"nonfinite": True}
         except Exception as exc:  # drain() raises it, which fails the run
             result = exc
+        if beats is not None:
+            beats.remove()
         self.cpu_s.append(time.thread_time() - start)
         self._results.put((req, result))
 
+    def progressed(self, *_) -> None:
+        """The evaluation in its thread moved on (it started, or evaluated a batch)."""
+        self.last_progress = time.monotonic()
+
     def join(self, timeout_s: float, key: str = "") -> str:
-        """Wait up to ``timeout_s`` (``key`` names it) for the evaluation in its thread to end (the
-        process should not end under it: a thread killed mid-kernel is not), or until a stop is
-        asked (a first Ctrl-C; one asked before the wait does not end it); "" when none is running
-        now, else why not, naming its version. One still running is left to the process's exit
+        """Wait for the evaluation in its thread to end (the process should not end under it: a
+        thread killed mid-kernel is not) while it evaluates a batch every ``timeout_s`` (``key``
+        names it: a slow one is waited for, a hung one is not), or until a stop is asked (a first
+        Ctrl-C; one asked before the wait does not end it); "" when none is running now, else why
+        not, naming its version. One still running is left to the process's exit
         (:func:`repro.runtime.abandon`): not waited for, nor reported, again."""
         if self.hung:
             return ""
-        asked, end = stop_asked(), time.monotonic() + timeout_s
-        while self._thread is not None and self._thread.is_alive() and time.monotonic() < end:
+        asked = stop_asked()
+        while self._thread is not None and self._thread.is_alive() and \
+                (left := self.last_progress + timeout_s - time.monotonic()) > 0:
             if stop_asked() and not asked:
                 break
-            self._thread.join(min(0.05, end - time.monotonic()))   # (a signal's handler runs between)
+            self._thread.join(min(0.05, left))   # (a signal's handler runs between)
         if self._thread is None or not self._thread.is_alive():
             return ""
         abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
         self.hung = True
         stopped = stop_asked() and not asked
         return f"the evaluation at version {self.asked} " + (
-            "was not waited for: a stop was asked" if stopped else f"did not finish in {timeout_s:g} s{key}")
+            "was not waited for: a stop was asked" if stopped else f"evaluated no batch in {timeout_s:g} s{key}")
 
     def drain(self) -> list[str]:
         """Write the rows of finished evaluations; return why each one that found divergence
