@@ -310,10 +310,9 @@ class RunCore:
                                       time_s if applied_at is None else applied_at)
         return Outcome(tuple(replies), stopping=self.state.stopping)
 
-    def join(self, client: int, time_s: float = 0.0) -> None:
-        """A client joined the running run (the real driver) and fetches the current version now:
-        its staleness counts from this fetch. A lost client coming back is ``client_rejoined``
-        (its loss no longer degrades the run), any other ``client_joined``."""
+    def join(self, client: int, time_s: float = 0.0) -> bool:
+        """A client joined the running run (the real driver), fetching the current version now (its staleness counts
+        from here); True: a lost client back (``client_rejoined``, degrading no more), else ``client_joined``."""
         rejoin = self.runlog.lost_clients.pop(str(client), None) is not None
         self.runlog.add_event("client_rejoined" if rejoin else "client_joined", client=client,
                               joined_time_s=round(time_s, 6))
@@ -321,6 +320,7 @@ class RunCore:
             self.protocol.on_join(client, self.view())
         self.live = self.live | {client}
         self.server.fetched(client)
+        return rejoin
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
