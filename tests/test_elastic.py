@@ -262,6 +262,40 @@ def test_a_joiner_from_before_a_resume_stands_in_for_no_client_lost_after_it(tmp
     assert (summary["status"], summary["lost_clients"]) == ("completed_degraded", [1]), summary
 
 
+def test_a_lost_client_back_is_logged_rejoined_and_a_new_one_joined(tmp_path, monkeypatch, caplog):
+    """The server's log said 'client 2 joined' for a lost client restarted under its id, which
+    its events call client_rejoined: it now says 'rejoined' for it, 'joined' for a new id."""
+    import repro.real.server as server
+    from repro.runs.core import RunCore
+    from repro.runs.folder import run_folder
+    from repro.runtime import StopRequest
+    from repro.workload.start import build_problem
+
+    class Link:   # the pair group's channel and receiver, without a peer
+        frame = None
+
+        def __init__(self, *a, **kw):
+            pass
+        send = post = start = release = finish = __init__
+
+    for name, fake in (("pair_group", Link), ("Channel", Link), ("Receiver", Link), ("greeted", Link),
+                       ("forget_pair", Link)):
+        monkeypatch.setattr(server, name, fake)
+    cfg = real_cfg(nsync=1, num_epochs=0.5)
+    with run_folder(cfg, tmp_path) as run, caplog.at_level("INFO", logger="repro"):
+        run.core = core = RunCore(cfg, build_problem(cfg, torch.device("cpu")), tmp_path, clock="wall", backend="real")
+        loop = server.Dispatcher(cfg, core, {1: Link(), 2: Link()}, StopRequest())
+        core.begin([1, 2])
+        with loop.lock:
+            loop.lose(2, "killed")
+        for k in (2, 3):
+            loop.add_client(k, None, "")
+        core.finish("interrupted")
+    said = [r.getMessage() for r in caplog.records if " at version " in r.getMessage()]
+    assert [m.split(" at version")[0].split("] ")[-1] for m in said if "joined" in m] == \
+        ["client 2 rejoined", "client 3 joined"], said
+
+
 def test_a_join_with_another_config_is_refused_naming_each_key_that_differs():
     """The joiner sends what it trains by key, so the refusal names each difference; it said
     only '(data, model, algo, protocol, seed, nsync or num_clients)', which left the user to

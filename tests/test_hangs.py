@@ -291,7 +291,7 @@ def test_a_hung_evaluation_ends_the_real_run_failed_after_backend_timeout(tmp_pa
             summary = core.finish(*core.final_status(interrupted=False))
     finally:
         release.set()
-    hung = "the evaluation at version 1 did not finish in 0.2 s (backend.timeout_s)"
+    hung = "the evaluation at version 1 evaluated no batch in 0.2 s (backend.timeout_s)"
     assert summary["status"] == "failed" and summary["message"].startswith(hung), summary["message"]
     assert [r.getMessage() for r in caplog.records].count(hung) == 1
     on_disk = json.loads((tmp_path / schema.SUMMARY_FILE).read_text())
@@ -299,6 +299,82 @@ def test_a_hung_evaluation_ends_the_real_run_failed_after_backend_timeout(tmp_pa
     evals = pd.read_csv(tmp_path / schema.EVALS_FILE)
     assert list(evals.version) == [0] and not evals.isna().any().any()
     assert schema.check_table(tmp_path / schema.EVALS_FILE, schema.EVAL_COLUMNS, 0, False)[1] == 0   # a resume's read
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_evaluation_still_running_as_training_ends_is_waited_for_and_the_run_completes(tmp_path, monkeypatch):
+    """The evaluation of the last version takes 2 s, longer than backend.timeout_s (1 s), but
+    evaluates a batch every 0.25 s. The run's end waited backend.timeout_s in all, then failed a
+    run whose training had finished, its last point lost. A user expects the run completed with
+    that point: the end now waits while the evaluation makes progress (a batch every
+    backend.timeout_s); only one that evaluates nothing for that long is hung."""
+    import time
+
+    from repro.files import schema
+    from repro.runs import evaluations
+
+    evaluate = evaluations.evaluate
+
+    def slow(net, params, sets):
+        for _ in range(8):
+            net.module(sets.x_test[:1])   # a batch: progress
+            time.sleep(0.25)
+        return evaluate(net, params, sets)
+
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=1.0))
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+        loop = Dispatcher(cfg, core, {1: _Channel(), 2: _Channel()}, StopRequest())
+        core.begin([1, 2])
+        monkeypatch.setattr(evaluations, "evaluate", slow)
+        loop.sent_version = {1: 0, 2: 0}
+        numel = core.server.params.numel()
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=8, num_samples=int(problem.dataset.num_train),
+                                                     train_loss=1.0, train_error=0.5, stream_position=(0, 0)))
+        assert loop.on_message(1, header, torch.zeros(numel)) is False   # the budget: version 1, in its thread
+        summary = core.finish(*core.final_status(interrupted=False))
+    assert summary["status"] == "completed", summary["message"]
+    assert list(pd.read_csv(tmp_path / schema.EVALS_FILE).version) == [0, 1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("version", [0, 1], ids=["version 0's", "the final one"])
+def test_an_evaluation_the_run_waits_for_is_waited_for_at_most_backend_timeout(tmp_path, monkeypatch, caplog,
+                                                                                version):
+    """Version 0's evaluation (begin) and the final one (finish) ran in the server's own thread
+    without a bound: a hung one held the run, its folder 'running', for good (here until the test
+    lets it go, after 5 s). Now each runs in its thread, waited for at most backend.timeout_s: the
+    run ends failed with one line naming the version; the checkpoint keeps that evaluation."""
+    from repro.asgd.algorithm import Push
+    from repro.files import schema
+    from repro.runs import evaluations
+
+    release, evaluate = threading.Event(), evaluations.evaluate   # the hung evaluation, let go when the test ends
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=0.2))
+    try:
+        with run_folder(cfg, tmp_path) as run, caplog.at_level("INFO", logger="repro"):
+            problem = build_problem(cfg, torch.device("cpu"))
+            run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+            hang = lambda: monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(5) or evaluate(*a))
+            if version == 0:
+                hang()
+            assert core.begin([1, 2], driver_state=lambda: {"clients": {}}).stopping == (version == 0)
+            if version == 1:   # the budget in one push, not evaluated before the end
+                core.on_push(Push(client=1, read_version=0, update=torch.zeros_like(core.server.params),
+                                  num_steps=8, num_samples=problem.dataset.num_train, train_loss=1.0,
+                                  train_error=0.5, stream_position=(0, 0)), 0.1)
+                hang()
+            summary = core.finish(*core.final_status(interrupted=False))
+    finally:
+        release.set()
+    hung = f"the evaluation at version {version} evaluated no batch in 0.2 s (backend.timeout_s)"
+    assert summary["status"] == "failed" and summary["message"].startswith(hung), summary["message"]
+    assert summary["message"].count(hung) == 1
+    assert [hung in r.getMessage() for r in caplog.records].count(True) == 1
+    assert json.loads((tmp_path / schema.SUMMARY_FILE).read_text())["status"] == "failed"
+    assert list(pd.read_csv(tmp_path / schema.EVALS_FILE).version) == [0] * version
+    assert torch.load(tmp_path / schema.CHECKPOINT_FILE, weights_only=True)["core"]["evaluating"]["version"] == version
 
 
 @pytest.mark.timeout(60)
@@ -327,7 +403,7 @@ def test_an_evaluation_the_server_waits_for_is_waited_for_at_most_backend_timeou
             summary = core.finish("completed")
     finally:
         release.set()
-    hung = "the evaluation at version 2 did not finish in 0.2 s (backend.timeout_s)"
+    hung = "the evaluation at version 2 evaluated no batch in 0.2 s (backend.timeout_s)"
     assert summary["status"] == "failed" and summary["message"].startswith(hung), summary["message"]
 
 
@@ -388,7 +464,7 @@ def test_a_hung_evaluation_the_real_server_waits_for_ends_the_run_failed(tmp_pat
         release.set()
     assert summary["status"] == "failed", summary["message"]
     assert summary["message"].startswith("the evaluation at version "), summary["message"]
-    assert "did not finish in 5 s (backend.timeout_s)" in summary["message"]
+    assert "evaluated no batch in 5 s (backend.timeout_s)" in summary["message"]
     assert multiprocessing.active_children() == []
 
 
@@ -427,7 +503,7 @@ def test_a_hung_evaluation_ends_the_command_line_with_the_runs_status_not_an_abo
                           cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 1 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
     (summary,) = tmp_path.rglob("summary.json")
-    hung = "the evaluation at version 2 did not finish in 0.5 s (backend.timeout_s)"
+    hung = "the evaluation at version 2 evaluated no batch in 0.5 s (backend.timeout_s)"
     assert json.loads(summary.read_text())["status"] == "failed"
     assert "failed: version 4" in (summary.parent / "run.log").read_text().splitlines()[-1]
     assert hung in proc.stderr
@@ -455,7 +531,7 @@ def test_a_hung_evaluation_ends_a_script_that_calls_the_driver_with_its_own_code
                            "backend.timeout_s=3"], cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 3 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
     assert "run failed" in proc.stdout
-    assert "the evaluation at version 2 did not finish in 3 s" in proc.stderr
+    assert "the evaluation at version 2 evaluated no batch in 3 s" in proc.stderr
 
 
 def test_an_abandoned_thread_is_ended_before_the_interpreter_finalises(monkeypatch):

@@ -310,6 +310,54 @@ def test_resume_cuts_rows_after_the_checkpoint(tmp_path, no_children):
     assert evals.version.is_unique and evals.version.is_monotonic_increasing
 
 
+@pytest.mark.timeout(60)
+def test_an_evaluation_running_at_the_checkpoint_is_resumed_at_its_version_once(tmp_path, monkeypatch):
+    """The evaluation of version 2 runs in its thread while version 2's checkpoint is written;
+    its row follows, then the server dies. A resume cut that row (after the checkpoint's last
+    evaluation) and evaluated the next version served instead (3: a shifted point). Now the
+    checkpoint keeps the snapshot being evaluated and the resume evaluates it, at version 2, once:
+    the same row as before the death."""
+    import threading
+
+    from repro.runs import evaluations
+    from repro.runs.core import RunCore
+    from repro.runs.resume import resume_state
+    from repro.workload.start import build_problem
+    from tests.test_hangs import cfg_for
+
+    cfg = cfg_for(num_epochs=1.0, eval_every=0.5, checkpoint_every=2, backend=BackendConfig(name="real"))
+
+    def core_of(resume=None):
+        problem = build_problem(cfg, torch.device("cpu"))
+        core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True, resume=resume)
+        core.begin([1, 2], driver_state=lambda: {"clients": {}})
+        return core
+
+    def served(core, version):   # a quarter epoch: version 2 is due an evaluation (and a checkpoint)
+        push = Push(client=1, read_version=version, update=torch.zeros_like(core.server.params), num_steps=1,
+                    num_samples=core.problem.dataset.num_train // 4, train_loss=1.0, train_error=0.5,
+                    stream_position=(0, 0))
+        core.on_push(push, 0.1 * (version + 1))
+        core.settle(0.1 * (version + 1))
+
+    core, release, evaluate = core_of(), threading.Event(), evaluations.evaluate
+    served(core, 0)
+    monkeypatch.setattr(evaluations, "evaluate", lambda *a: release.wait(10) and evaluate(*a))
+    served(core, 1)   # version 2: its evaluation starts, the checkpoint is written meanwhile
+    release.set()
+    assert core.evals.join(10) == ""
+    core.drain()   # its row, after the checkpoint; then the server dies (no finish)
+    before = pd.read_csv(tmp_path / "evals.csv")
+    assert before.version.tolist() == [0, 2]
+    core = core_of(resume_state(tmp_path, "real", "cpu"))
+    served(core, 2)   # version 3: nothing due
+    assert core.evals.join(10) == ""
+    core.drain()
+    after = pd.read_csv(tmp_path / "evals.csv")
+    assert after.version.tolist() == [0, 2]
+    pd.testing.assert_frame_equal(after.drop(columns="time_s"), before.drop(columns="time_s"))
+
+
 @pytest.mark.slow
 def test_torchrun_standalone_one_node(tmp_path):
     """torchrun --standalone --nproc-per-node=3 -m repro.run backend=real: world size 3 gives 2

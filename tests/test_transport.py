@@ -100,3 +100,15 @@ def test_a_receive_woken_past_its_timeout_takes_what_arrived_meanwhile():
     channel._await(None, late)
     with pytest.raises(Exception, match="silent for more than 0.2 s"):
         channel._await(None, _Arrival())
+
+
+def test_a_long_loss_reason_is_cut_between_two_words():
+    """gloo's first line of a lost link, over 160 characters, was cut at character 160, mid-word
+    (a reason ending 'Connection res' misleads); now between two words, marked '...'."""
+    text = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:45678: " + \
+           "Connection reset by peer while reading the header of a message from another side of this pair"
+    why = str(Channel(None, 3, 1.0, peer_in_group=0)._lost("receive", RuntimeError(text + "\nmore")))
+    reason = why.split("connection lost (", 1)[1].rstrip(")")
+    assert reason.endswith(" ...") and text.startswith(reason[:-4]) and text[len(reason) - 4] == " ", why
+    short = "[pair.cc:534] Read error: Connection reset by peer"
+    assert str(Channel(None, 3, 1.0, peer_in_group=0)._lost("receive", RuntimeError(short))).endswith(f"({short})")

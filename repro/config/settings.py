@@ -123,7 +123,8 @@ class BackendConfig:
     # of 1 ms or less failed with c10d's traceback (a loopback run needs some 50 ms)
     timeout_s: float = knob(60.0, Range(0.1, WAIT_S.hi), shapes=False)
     """Bound on every blocking receive (at least 0.1 s), per process on start-up (the start-up deadline grows
-    with the number of clients), and on the wait for an evaluation still running as a run ends."""
+    with the number of clients), and between two batches of an evaluation the run waits for (version 0's,
+    the final one, one still running as it ends)."""
     client_timeout_s: float = knob(30.0, WAIT_S, shapes=False)
     """The server declares a client lost when it has heard nothing from it for this long."""
     server_device: str = knob("cpu", Choice(("cpu", "cuda")))

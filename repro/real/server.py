@@ -330,8 +330,8 @@ class Dispatcher:
                 self.stopped.discard(k)
                 self.processes.pop(k, None)   # a rejoiner's dead predecessor is not this client
                 self.positions[k] = None
-                self.core.join(k, self.now())
-                log.info(f"client {k} joined at version {self.server.version}; {len(self.live())} client(s) training")
+                joined = "rejoined" if self.core.join(k, self.now()) else "joined"   # (a lost client of the run, back)
+                log.info(f"client {k} {joined} at version {self.server.version}; {len(self.live())} client(s) training")
                 self.send_params(k)
                 self.receivers[k].start()
         finally:   # made (both ends passed HELLO) or given up: its store keys are read no more

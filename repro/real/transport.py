@@ -107,8 +107,9 @@ class Channel:
             why = f"silent for more than {self.timeout_s:g} s"
         elif "closed by peer" in text:   # gloo's words, with its source line and advice
             why = "connection closed by the peer (it dropped this link, or exited)"
-        else:
-            why = f"connection lost ({text.splitlines()[0][:160]})"
+        else:   # gloo's first line, long or not, cut between two words (a word cut in two misleads)
+            line = text.splitlines()[0]
+            why = f"connection lost ({line if len(line) <= 160 else line[:161].rsplit(' ', 1)[0] + ' ...'})"
         return LinkLost(f"rank {self.peer}: {what}: {why}")
 
     def send(self, header: Header, frame: Frame) -> None:

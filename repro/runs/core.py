@@ -35,7 +35,7 @@ from repro.workload.build import Problem, class_errors
 from repro.runs.evaluations import Evaluations
 from repro.runs.folder import resume_hint
 from repro.runs.runlog import Progress, RunLog, diverged_advice, recorded_config, worse_than_start
-from repro.runtime import environment
+from repro.runtime import environment, stop_asked
 
 log = get_logger("repro.runs.core")
 
@@ -58,11 +58,10 @@ class Outcome:
     """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now,
     whether the server's version moved (``applied``: this push, or a merge it completed) and
     whether the push was dropped on arrival (``discarded``: by the protocol, or refused as
-    diverging; the server only replies);
-    :meth:`RunCore.settle` whether an evaluation row was written (``evaluated``);
-    :meth:`RunCore.lose` the replies a lost client's barrier owed. ``stopping``, from each of them
-    and from :meth:`RunCore.begin` and :meth:`RunCore.drain`: the run is ending, no more pushes
-    are applied (the driver stops its clients)."""
+    diverging; the server only replies); :meth:`RunCore.settle` whether an evaluation row was
+    written (``evaluated``); :meth:`RunCore.lose` the replies a lost client's barrier owed.
+    ``stopping``, from each of them and from :meth:`RunCore.begin` and :meth:`RunCore.drain`: the
+    run is ending, no more pushes are applied (the driver stops its clients)."""
 
     replies: tuple[Reply, ...] = ()
     applied: bool = False
@@ -107,10 +106,8 @@ class RunCore:
                                    environment(self.server.params.device), problem.recorded())
         self.runlog = RunLog(self.run_dir, recorded, clock=clock, backend=backend,
                              num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
-                             target_error=cfg.target_error,
-                             resume_from=resume["runlog"] if resume else None)
-        self.evals = Evaluations(problem, self.runlog, cfg.divergence_factor, eval_in_thread,
-                                 reference_loss=core_state.get("reference_loss"),
+                             target_error=cfg.target_error, resume_from=resume["runlog"] if resume else None)
+        self.evals = Evaluations(problem, self.runlog, cfg.divergence_factor, eval_in_thread, state=core_state,
                                  wait_s=0.0 if cfg.backend.eval_in_thread else cfg.backend.timeout_s)
         self.progress = Progress(f"{backend} {cfg.exp_name}/{self.run_dir.name}", cfg.num_epochs, cfg.progress,
                                  loss_only=problem.dataset.task != "classification")
@@ -124,11 +121,11 @@ class RunCore:
     def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
               fetching: bool = True, driver_state: Callable[[], dict] | None = None,
               params_home: torch.Tensor | None = None) -> Outcome:
-        """Start serving ``clients``: the protocol, and version 0 evaluated before any push
-        (inline in both drivers: it is the reference for divergence and the first point of every
-        curve). ``fetching``: each client holds the server's parameters now; False for a resumed
-        simulation, whose clients hold what they fetched before the checkpoint, as the rule's
-        record of those fetches (DC-ASGD's backups) does, restored with the server.
+        """Start serving ``clients``: the protocol, and version 0 evaluated and waited for before
+        any push (the reference for divergence, every curve's first point). ``fetching``: each
+        client holds the server's parameters now; False for a resumed simulation, whose clients
+        hold what they fetched before the checkpoint, as the rule's record of those fetches
+        (DC-ASGD's backups) does, restored with the server.
         ``driver_state``: what the driver adds to each checkpoint (its clients, its schedule);
         ``params_home``: a tensor the server keeps its parameters in from now on (the real
         driver's reply frame: a reply then copies nothing). A held push whose type cannot be
@@ -152,8 +149,9 @@ class RunCore:
         for k in clients if fetching else ():
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
-            self.evals.submit(self.server.version, time_s, self.server.params, inline=True)
-            self.drain()   # may find version 0 non-finite: diverged, stopping
+            self.evaluate_now(self.server.version, time_s, self.server.params)   # may find version 0 non-finite
+        elif self.evals.resumed is not None:   # running as the checkpoint was written: its row was cut
+            self.evaluate_now(**self.evals.resumed)
         if self.runlog.samples_seen >= self.budget:
             self.state.stopping = True
         return Outcome(stopping=self.state.stopping)
@@ -180,8 +178,7 @@ class RunCore:
         return self.runlog.time_s
 
     def stop(self) -> None:
-        """No more pushes are applied: the driver has nothing left to serve (a replay whose
-        recording ran out); the driver's loop says how the run ended."""
+        """No more pushes are applied (a replay ran out, a stop): the driver's loop says how the run ended."""
         self.state.stopping = True
 
     def on_push(self, push: Push, time_s: float) -> Outcome:
@@ -281,6 +278,13 @@ class RunCore:
             self.diverge(why)
         return Outcome(stopping=self.state.stopping)
 
+    def evaluate_now(self, version: int, time_s: float, params: torch.Tensor, samples_seen: int | None = None) -> None:
+        """Evaluate and wait (version 0's, a resumed one, the final one): one hung (Evaluations.join) fails the run."""
+        self.evals.submit(version, time_s, params, inline=True, samples_seen=samples_seen)
+        if hung := self.evals.join(self.cfg.backend.timeout_s, " (backend.timeout_s)"):
+            self.stop() if stop_asked() else self.fail(hung)
+        self.drain()
+
     def diverge(self, why: str) -> None:
         """The run ends ``diverged``: no more pushes are applied (also when it already had)."""
         self.state.stopping = True
@@ -306,10 +310,9 @@ class RunCore:
                                       time_s if applied_at is None else applied_at)
         return Outcome(tuple(replies), stopping=self.state.stopping)
 
-    def join(self, client: int, time_s: float = 0.0) -> None:
-        """A client joined the running run (the real driver) and fetches the current version now:
-        its staleness counts from this fetch. A lost client coming back is ``client_rejoined``
-        (its loss no longer degrades the run), any other ``client_joined``."""
+    def join(self, client: int, time_s: float = 0.0) -> bool:
+        """A client joined the running run (the real driver), fetching the current version now (its staleness counts
+        from here); True: a lost client back (``client_rejoined``, degrading no more), else ``client_joined``."""
         rejoin = self.runlog.lost_clients.pop(str(client), None) is not None
         self.runlog.add_event("client_rejoined" if rejoin else "client_joined", client=client,
                               joined_time_s=round(time_s, 6))
@@ -317,13 +320,13 @@ class RunCore:
             self.protocol.on_join(client, self.view())
         self.live = self.live | {client}
         self.server.fetched(client)
+        return rejoin
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
-                 "core": {"reference_loss": self.evals.reference_loss, "discarded": self.discarded,
-                          "collected": self.collected},
+                 "core": {**self.evals.state_dict(), "discarded": self.discarded, "collected": self.collected},
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
@@ -352,25 +355,26 @@ class RunCore:
     def finish(self, status: str, message: str = "", clean: bool = True, **extra) -> dict:
         """End the run: final evaluation (completed runs), final checkpoint of a clean state
         (``clean``: no push half-served), terminal summary, files closed. Idempotent. An evaluation
-        still running in its thread is waited for up to ``backend.timeout_s`` (5 s when not
-        clean); past that the run ends ``failed`` (or ``interrupted``) without its row."""
+        still running in its thread, or the final one, that evaluates no batch for ``backend.timeout_s``
+        (5 s when not clean) ends the run ``failed`` (or ``interrupted``) without its row."""
         if self.finished is not None:
             return self.finished
         limit, key = (self.cfg.backend.timeout_s, " (backend.timeout_s)") if clean else (5.0, "")
-        if why := self.evals.join(limit):   # a hung evaluation must not leave the folder 'running'
-            hung = f"the evaluation at version {self.evals.asked} " + (
-                "was not waited for: a stop was asked" if why == "stop" else f"did not finish in {limit:g} s{key}")
+        asked = stop_asked()   # one asked while the wait below runs (a first Ctrl-C) ends it
+        if hung := self.evals.join(limit, key):   # a hung evaluation must not leave the folder 'running'
             log.error(hung)
-            status = "interrupted" if status == "interrupted" or why == "stop" else "failed"
             message = "; ".join(m for m in (hung, message) if m)
+            status = "interrupted" if status == "interrupted" or (stop_asked() and not asked) else "failed"
         try:
             if clean:
                 self.drain()
-                if status.startswith("completed"):
-                    for why in self.evals.final(self.server.version, self.runlog.time_s, self.server.params):
-                        self.diverge(why)
-                    if self.state.diverged:
-                        status, message = "diverged", self.state.diverged
+                if status.startswith("completed"):   # a last look at its parameters
+                    if self.runlog.last_eval_version != self.server.version:
+                        self.evaluate_now(self.server.version, self.runlog.time_s, self.server.params)
+                    if not bool(torch.isfinite(self.server.params).all()):
+                        self.diverge("non-finite parameters at the end of the run")
+                    if self.state.error or self.state.diverged or stop_asked() and not asked:
+                        status, message = self.final_status(interrupted=stop_asked() and not asked)
                     elif (classes := class_errors(self.problem.net, self.server.params,
                                                   self.problem.eval_sets)) is not None:
                         extra["final_class_test_error"] = classes   # the final parameters, per class
@@ -388,10 +392,9 @@ class RunCore:
             extra["collected_pushes"] = self.collected
         if self.kind == "real" and self.evals.cpu_s:   # what cost=fit's cost.eval_s reads
             extra["eval_cpu_s"] = sum(self.evals.cpu_s) / len(self.evals.cpu_s)
-        summary = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
-                                            lost_clients=sorted(self.lost_clients - self.state.away), **extra)
+        self.finished = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
+                                                  lost_clients=sorted(self.lost_clients - self.state.away), **extra)
         self.runlog.close()
         self.progress.update(self.runlog, force=True)
-        self.finished = summary
-        return summary
+        return self.finished
 

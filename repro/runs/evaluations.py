@@ -5,7 +5,9 @@ virtual time; on a snapshot in a thread in the real server, so it never stalls t
 a time), each one's ``evals.csv`` row or why it found the run diverged (non-finite parameters or
 losses; no evaluation follows), and the reference loss each push is checked against. The core
 turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the run's
-divergence; a failed evaluation is raised, and fails the run.
+divergence; a failed evaluation is raised, and fails the run. The core waits for the ones a run
+cannot go on without (version 0's, a resumed one, the final one) while each evaluates a batch every
+``backend.timeout_s`` (:meth:`Evaluations.join`).
 """
 from __future__ import annotations
 
@@ -52,16 +54,24 @@ class Evaluations:
     """The evaluations of one run, one at a time, writing their rows into ``runlog``."""
 
     def __init__(self, problem: Problem, runlog: RunLog, divergence_factor: float, in_thread: bool,
-                 reference_loss: float | None = None, wait_s: float = 0.0):
+                 state: dict | None = None, wait_s: float = 0.0):
         self.runlog, self.divergence_factor, self.in_thread = runlog, divergence_factor, in_thread
         self.wait_s = wait_s   # how long submit waits for one in its thread (0: the server goes on)
         self.net, self.sets, self.num_classes = problem.net, problem.eval_sets, problem.dataset.num_classes
-        self.reference_loss = reference_loss   # set by the first evaluation (version 0's)
+        state = state or {}   # a checkpoint's (state_dict)
+        self.reference_loss: float | None = state.get("reference_loss")   # set by the first evaluation (version 0's)
+        self.resumed: dict | None = state.get("evaluating")   # the one running as that checkpoint was written
         self.cpu_s: list[float] = []   # CPU seconds of each evaluation (cost=fit's eval_s)
         self._results: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._outstanding = 0   # submitted, row not yet written
+        self.running: EvalRequest | None = None   # submitted, row not yet written (a checkpoint keeps it)
         self.asked = -1         # the version of the last one submitted
+        self.hung = False       # one was not waited for (left running, abandoned)
+        self.last_progress = 0.0   # when the one in its thread last moved on (monotonic)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the reference loss, and the evaluation running (its snapshot)."""
+        return {"reference_loss": self.reference_loss, **({"evaluating": vars(self.running)} if self.running else {})}
 
     def check_loss(self, push: Push) -> str:
         """Why this push's training loss means divergence, or "". The reference is the larger of
@@ -78,45 +88,66 @@ class Evaluations:
     def due(self) -> bool:
         """An evaluation is due (applied samples reached the next multiple of eval_every epochs)
         and none is running (its row comes before the next is asked)."""
-        return self.runlog.samples_seen >= self.runlog.next_eval and not self._outstanding
+        return self.runlog.samples_seen >= self.runlog.next_eval and self.running is None
 
-    def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False) -> None:
-        """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs)."""
-        req = EvalRequest(version, time_s, self.runlog.samples_seen, params.detach().clone())
-        self._outstanding += 1
+    def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False,
+               samples_seen: int | None = None) -> None:
+        """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs);
+        ``samples_seen``: the count at the snapshot (a resumed checkpoint's :attr:`running`)."""
+        samples = self.runlog.samples_seen if samples_seen is None else samples_seen
+        req = self.running = EvalRequest(version, time_s, samples, params.detach().clone())
         self.asked = version
-        if inline or not self.in_thread:
+        if not self.in_thread:
             self._evaluate(req)
             return
+        # in a thread even so: a hung one must not hold the server for good; an ``inline`` one
+        # the caller waits for itself (:meth:`join`), as long as the run's end would
         self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
+        self.progressed()
         self._thread.start()
-        self._thread.join(self.wait_s)   # in a thread even so: a hung one must not hold the server for good
+        self._thread.join(0.0 if inline else self.wait_s)
 
     def _evaluate(self, req: EvalRequest) -> None:
         # CPU time of this thread, not wall time: what an evaluation takes from the machine's
         # cores, however long the clients beside it made it wait
         start = time.thread_time()
+        beats = self.net.module.register_forward_hook(self.progressed) if self.in_thread else None
         try:
             finite = bool(torch.isfinite(req.params).all())
             result: dict | Exception = evaluate(self.net, req.params, self.sets) if finite else {"nonfinite": True}
         except Exception as exc:  # drain() raises it, which fails the run
             result = exc
+        if beats is not None:
+            beats.remove()
         self.cpu_s.append(time.thread_time() - start)
         self._results.put((req, result))
 
-    def join(self, timeout_s: float) -> str:
-        """Wait up to ``timeout_s`` for the evaluation in its thread to end (the process should
-        not end under it: a thread killed mid-kernel is not), or until a stop is asked (a first
-        Ctrl-C; one asked before the wait does not end it); why one is still running: "" (none
-        is), "stop" or "time". One still running is left to the process's exit
-        (:func:`repro.runtime.abandon`)."""
-        asked, end = stop_asked(), time.monotonic() + timeout_s
-        while self._thread is not None and self._thread.is_alive():
-            if (stopped := stop_asked() and not asked) or time.monotonic() >= end:
-                abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
-                return "stop" if stopped else "time"
-            self._thread.join(min(0.05, end - time.monotonic()))   # (a signal's handler runs between)
-        return ""
+    def progressed(self, *_) -> None:
+        """The evaluation in its thread moved on (it started, or evaluated a batch)."""
+        self.last_progress = time.monotonic()
+
+    def join(self, timeout_s: float, key: str = "") -> str:
+        """Wait for the evaluation in its thread to end (the process should not end under it: a
+        thread killed mid-kernel is not) while it evaluates a batch every ``timeout_s`` (``key``
+        names it: a slow one is waited for, a hung one is not), or until a stop is asked (a first
+        Ctrl-C; one asked before the wait does not end it); "" when none is running now, else why
+        not, naming its version. One still running is left to the process's exit
+        (:func:`repro.runtime.abandon`): not waited for, nor reported, again."""
+        if self.hung:
+            return ""
+        asked = stop_asked()
+        while self._thread is not None and self._thread.is_alive() and \
+                (left := self.last_progress + timeout_s - time.monotonic()) > 0:
+            if stop_asked() and not asked:
+                break
+            self._thread.join(min(0.05, left))   # (a signal's handler runs between)
+        if self._thread is None or not self._thread.is_alive():
+            return ""
+        abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
+        self.hung = True
+        stopped = stop_asked() and not asked
+        return f"the evaluation at version {self.asked} " + (
+            "was not waited for: a stop was asked" if stopped else f"evaluated no batch in {timeout_s:g} s{key}")
 
     def drain(self) -> list[str]:
         """Write the rows of finished evaluations; return why each one that found divergence
@@ -124,7 +155,7 @@ class Evaluations:
         diverged = []
         while not self._results.empty():
             req, result = self._results.get()
-            self._outstanding -= 1
+            self.running = None
             if isinstance(result, Exception):
                 raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
             why = nonfinite(result, req.version)
@@ -136,15 +167,4 @@ class Evaluations:
                 self.reference_loss = max(result["train_loss"], math.log(self.num_classes))
             self.runlog.log_eval(version=req.version, time_s=req.time_s, samples_seen=req.samples_seen,
                                  **result)
-        return diverged
-
-    def final(self, version: int, time_s: float, params: Tensor) -> list[str]:
-        """A completed run's last look at its parameters: evaluated (unless its last evaluation
-        was of this version) and checked finite; why the run diverged after all, if it did."""
-        diverged = []
-        if self.runlog.last_eval_version != version:
-            self.submit(version, time_s, params, inline=True)
-            diverged = self.drain()
-        if not bool(torch.isfinite(params).all()):
-            diverged.append("non-finite parameters at the end of the run")
         return diverged
