@@ -367,8 +367,8 @@ def cli() -> None:
         from repro.real.launch import run_torchrun_worker
 
         sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
-    if env is not None and env.world_size > 1 and "backend=real" in argv:
-        sys.argv[1:] = argv = named_by_world(argv, env.world_size - 1)
+    if env is not None and env.world_size > 1 and (configured := _parsed(argv)).backend.name == "real":
+        sys.argv[1:] = argv = named_by_world(argv, configured.num_clients, env.world_size - 1)
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
     try:
