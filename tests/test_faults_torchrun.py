@@ -124,3 +124,28 @@ def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupt
     summary = check_run_folder(run_dir, "interrupted")
     # one stop, not a forced one: each of rank 0's threads sent a parent-death signal of its own
     assert "forced" not in summary["message"] and (run_dir / "checkpoint.pt").is_file(), summary["message"]
+
+
+def test_a_joiner_torchrun_starts_asks_for_its_agents_death_signal_before_it_joins(monkeypatch):
+    """Fault: a client torchrun started as a joiner (``backend.join``, torchrun's elastic form)
+    set no parent-death signal, as its ranks do: a SIGKILLed torchrun left it training headless.
+    Guarantee: it asks for SIGUSR1 (one SIGTERM, torchrun's stop) before it joins (in process;
+    the join itself not run; tests/test_elastic_edges.py kills a real torchrun)."""
+    from repro import run as entry
+    from repro.real import elastic
+    from repro.runtime import PR_SET_PDEATHSIG
+
+    calls = []
+    monkeypatch.setattr(entry, "prctl", lambda option, value: calls.append((option, value)))
+    monkeypatch.setattr(elastic, "join_process", lambda cfg: calls.append("join") or sys.exit(0))
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", ["repro.run", "backend=real", "backend.join=127.0.0.1:29400"])
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)}
+    try:
+        with pytest.raises(SystemExit):
+            entry.cli()
+    finally:   # the command line's own signal handling is for its process, not for pytest's
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    assert calls == [(PR_SET_PDEATHSIG, signal.SIGUSR1), "join"], calls
