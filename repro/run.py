@@ -350,10 +350,9 @@ def cli() -> None:
         exit_bad_input(err)
     if env is not None:
         # a rank, or a joiner torchrun started, ends with its torchrun agent: a SIGKILLed torchrun
-        # signals no worker, and they trained on headless, holding the run folder (a joiner, its
-        # client slot). Each thread made later inherits the setting and sends a signal of its own,
-        # so SIGUSR1 stands for one SIGTERM, torchrun's own stop (a second forces): rank 0
-        # checkpoints, resume=auto continues the run; a joiner leaves, as on any SIGTERM
+        # signals no worker, and they trained on headless, holding the run folder or a client slot.
+        # Each thread made later inherits the setting and sends a signal of its own, so SIGUSR1 is
+        # one SIGTERM, torchrun's own stop (a second forces): rank 0 checkpoints, a joiner leaves
         told: list[int] = []
         signal.signal(signal.SIGUSR1, lambda *_: told or told.append(1) or signal.raise_signal(signal.SIGTERM))
         prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
@@ -368,7 +367,11 @@ def cli() -> None:
         from repro.real.launch import run_torchrun_worker
 
         sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
-    if env is not None and env.world_size > 1 and (configured := _parsed(argv)).backend.name == "real":
+    if env is not None and (configured := _parsed(argv)).backend.name == "real":
+        try:   # the world's refusals (WORLD_SIZE, torchrun's address) before Hydra makes a folder
+            resolve(configured)
+        except ConfigError as err:
+            exit_bad_input(err)
         sys.argv[1:] = argv = named_by_world(argv, configured.num_clients, env.world_size - 1)
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown

@@ -89,6 +89,21 @@ def test_a_torchrun_variable_that_is_not_a_count_is_bad_input(tmp_path, key, val
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
 
 
+def test_a_master_addr_other_than_torchruns_is_bad_input(tmp_path):
+    """Fault: ``torchrun --master-addr=A ... backend.master_addr=B``: the world met at A and B was
+    ignored in silence (config.json recorded B). Guarantee: one line naming the key and both
+    addresses, exit 2, no folder (rank 0 under torchrun's variables; the world never formed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29555"}
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "backend=real", f"results_dir={tmp_path}/r",
+                           "num_epochs=1", "backend.master_addr=10.9.9.9", "backend.timeout_s=5"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: invalid value for 'backend.master_addr': '10.9.9.9'") and "127.0.0.1" in last, last
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
 @pytest.mark.slow   # a torchrun job: ~10 s
 def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupted(tmp_path):
     """Fault: ``torchrun`` itself (the agent, not a rank) SIGKILLed mid-run. Its workers trained

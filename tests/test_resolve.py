@@ -52,6 +52,28 @@ def test_the_torchrun_world_decides_the_clients_on_every_rank_before_the_driver(
         entry.resolve(real)
 
 
+@pytest.mark.parametrize("typed,torchruns,refused", [
+    ({"master_addr": "10.9.9.9"}, {"MASTER_ADDR": "localhost"}, "'backend.master_addr': '10.9.9.9'"),
+    ({"master_port": 4242}, {"MASTER_PORT": "29500"}, "'backend.master_port': 4242"),
+    ({"master_addr": "localhost", "master_port": 29500}, {"MASTER_ADDR": "127.0.0.1"}, None),   # the same host
+    ({}, {"MASTER_ADDR": "10.0.0.1"}, None)])   # left at the defaults: nothing typed to disagree
+def test_a_master_address_torchrun_does_not_use_is_refused_naming_both(monkeypatch, typed, torchruns, refused):
+    """Under torchrun the world meets at torchrun's MASTER_ADDR:MASTER_PORT: a backend.master_addr
+    or master_port typed to another was ignored in silence (and config.json recorded it as the
+    run's). Refused on every rank, naming the key, its value and torchrun's."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                       **torchruns}.items():
+        monkeypatch.setenv(key, value)
+    asked = CFG.replace(backend=BackendConfig(name="real", **typed))
+    if refused is None:
+        assert entry.resolve(asked).num_clients == 2
+        return
+    with pytest.raises(ConfigError, match=refused) as err:
+        entry.resolve(asked)
+    theirs = torchruns.get("MASTER_ADDR", torchruns.get("MASTER_PORT"))
+    assert f"torchrun's" in str(err.value) and theirs in str(err.value), err.value
+
+
 def test_no_driver_replaces_the_config_it_was_handed():
     """The real driver's entry points take the config as resolved (they used to replace
     num_clients from the torchrun world, each on its own)."""
