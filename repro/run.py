@@ -344,6 +344,18 @@ def cli() -> None:
 
         print(f"gpu-asgd-repro {__version__} (Hydra {hydra.__version__})")
         return
+    try:
+        env = torchrun_env()
+    except ConfigError as err:
+        exit_bad_input(err)
+    if env is not None:
+        # a rank, or a joiner torchrun started, ends with its torchrun agent: a SIGKILLed torchrun
+        # signals no worker, and they trained on headless, holding the run folder or a client slot.
+        # Each thread made later inherits the setting and sends a signal of its own, so SIGUSR1 is
+        # one SIGTERM, torchrun's own stop (a second forces): rank 0 checkpoints, a joiner leaves
+        told: list[int] = []
+        signal.signal(signal.SIGUSR1, lambda *_: told or told.append(1) or signal.raise_signal(signal.SIGTERM))
+        prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
     if any(a.lstrip("+").startswith("backend.join=") and not a.endswith("=null") for a in argv):
         # before torch loads (it reads this once): at a listener that answers as no run does (a
         # web server) TCPStore retries until backend.timeout_s, printing a C++ stack per try
@@ -351,24 +363,16 @@ def cli() -> None:
         from repro.real.elastic import join_process   # one more client for a running run
 
         join_process(_parsed(argv))   # exits
-    try:
-        env = torchrun_env()
-    except ConfigError as err:
-        exit_bad_input(err)
-    if env is not None:
-        # a rank ends with its torchrun agent: a SIGKILLed torchrun signals no worker, and they
-        # trained on headless, holding the run folder. Each thread made later inherits the
-        # setting and sends a signal of its own, so SIGUSR1 stands for one SIGTERM, torchrun's
-        # own stop (a second forces): rank 0 checkpoints, resume=auto continues the run
-        told: list[int] = []
-        signal.signal(signal.SIGUSR1, lambda *_: told or told.append(1) or signal.raise_signal(signal.SIGTERM))
-        prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
 
         sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
-    if env is not None and env.world_size > 1 and "backend=real" in argv:
-        sys.argv[1:] = argv = named_by_world(argv, env.world_size - 1)
+    if env is not None and (configured := _parsed(argv)).backend.name == "real":
+        try:   # the world's refusals (WORLD_SIZE, torchrun's address) before Hydra makes a folder
+            resolve(configured)
+        except ConfigError as err:
+            exit_bad_input(err)
+        sys.argv[1:] = argv = named_by_world(argv, configured.num_clients, env.world_size - 1)
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
     try:

@@ -335,11 +335,12 @@ def torchrun_env() -> TorchrunEnv | None:
                        int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
 
 
-def named_by_world(argv: list[str], num_clients: int) -> list[str]:
+def named_by_world(argv: list[str], configured: int, num_clients: int) -> list[str]:
     """Under torchrun the world decides ``num_clients`` (:func:`repro.run.resolve`), so rank 0's command
-    line says the world's: the run folder is named by its overrides, and one named num_clients=1
-    held a run of two clients."""
-    said = [a for a in argv if a.lstrip("+").startswith("num_clients=")]
-    if said and said[-1].partition("=")[2] != str(num_clients):
-        get_logger("repro.run").info(f"torchrun world: num_clients={num_clients} (the command line said {said[-1]})")
+    line says the world's where it differs from the ``configured`` one: the run folder is named by the
+    overrides, as the plain run of the resolved config. One named num_clients=1 held a run of two
+    clients, and one named without it held two where the plain run (four, the default) was then refused."""
+    said = [a for a in argv if a.lstrip("+").startswith("num_clients=")]   # the resolve step logs the change
+    if not said and configured != num_clients:
+        return [*argv, f"num_clients={num_clients}"]
     return [a.partition("=")[0] + f"={num_clients}" if a in said else a for a in argv]

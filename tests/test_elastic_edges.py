@@ -1,6 +1,6 @@
 """Elastic clients at their edges (issue 20), all ``slow``: torchrun's elastic form restarting a
-client that joined, a joiner that hangs before its first message, and ``resume=true`` of a run
-that had joiners. Every run listens on loopback only and each test removes its processes.
+client that joined (and a SIGKILLed torchrun taking its joiner along), a joiner that hangs before
+its first message, and ``resume=true`` of a run that had joiners. Every run listens on loopback only and each test removes its processes.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,52 @@ def test_torchrun_restarts_a_killed_client_which_rejoins(tmp_path):
     assert (upd[upd.version > lost["version"]].client == 3).any()
     assert "resumed" not in [e["type"] for e in summary["events"]]
     check_run_folder(run_dir)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_torchrun_takes_its_joiner_along(tmp_path):
+    """Fault: ``torchrun`` itself (the agent) SIGKILLed while the client it started as a joiner
+    (``backend.join``) trains. The joiner had no parent-death signal (only torchrun's ranks set
+    one): it trained on headless, a client nobody could stop but by its pid. Guarantee: it gets
+    torchrun's own stop (one SIGTERM), leaves with its one line, and the server counts it lost."""
+    port, run_dir = free_port(), tmp_path / "run"
+    server = subprocess.Popen([sys.executable, "-m", "repro.run", *TORCHRUN_RUN, "backend.max_clients=2",
+                               f"backend.master_port={port}", f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=open(tmp_path / "run.log", "w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    torchrun, workers = None, set()
+    try:
+        wait_log(server, tmp_path / "run.log", "accepting joins at")
+        torchrun = subprocess.Popen(
+            [str(Path(sys.executable).with_name("torchrun")), "--nnodes=1:2", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+             "-m", "repro.run", *TORCHRUN_RUN, f"backend.join=127.0.0.1:{port}"],
+            cwd=tmp_path, stdout=open(tmp_path / "torchrun.log", "w"), stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        wait_log(server, tmp_path / "run.log", "client 2 joined", timeout_s=120)
+        workers = {p for p in descendants(torchrun.pid) if is_worker(p)}
+        assert len(workers) == 1, workers
+        torchrun.kill()
+        torchrun.wait()
+        deadline = time.monotonic() + 15
+        while any(is_worker(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in workers if is_worker(p)]
+        if not left:   # else the server's stop ends the joiner, for the assertion below
+            wait_log(server, tmp_path / "run.log", "client 2 lost", timeout_s=30)
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+    finally:
+        assert_no_leftovers(server)
+        if torchrun is not None and torchrun.poll() is None:
+            torchrun.kill()
+            torchrun.wait()
+        stray = [p for p in workers if is_worker(p)]
+        for pid in stray:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"the joiner trained on headless: {left}"
+    assert "SIGTERM: left the run" in (tmp_path / "torchrun.log").read_text()
+    summary = check_run_folder(run_dir, "interrupted")
+    assert ("client_lost", 2) in [(e["type"], e["client"]) for e in summary["events"]], summary["events"]
 
 
 HANGER = """

@@ -89,6 +89,21 @@ def test_a_torchrun_variable_that_is_not_a_count_is_bad_input(tmp_path, key, val
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
 
 
+def test_a_master_addr_other_than_torchruns_is_bad_input(tmp_path):
+    """Fault: ``torchrun --master-addr=A ... backend.master_addr=B``: the world met at A and B was
+    ignored in silence (config.json recorded B). Guarantee: one line naming the key and both
+    addresses, exit 2, no folder (rank 0 under torchrun's variables; the world never formed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29555"}
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "backend=real", f"results_dir={tmp_path}/r",
+                           "num_epochs=1", "backend.master_addr=10.9.9.9", "backend.timeout_s=5"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: invalid value for 'backend.master_addr': '10.9.9.9'") and "127.0.0.1" in last, last
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
 @pytest.mark.slow   # a torchrun job: ~10 s
 def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupted(tmp_path):
     """Fault: ``torchrun`` itself (the agent, not a rank) SIGKILLed mid-run. Its workers trained
@@ -124,3 +139,28 @@ def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupt
     summary = check_run_folder(run_dir, "interrupted")
     # one stop, not a forced one: each of rank 0's threads sent a parent-death signal of its own
     assert "forced" not in summary["message"] and (run_dir / "checkpoint.pt").is_file(), summary["message"]
+
+
+def test_a_joiner_torchrun_starts_asks_for_its_agents_death_signal_before_it_joins(monkeypatch):
+    """Fault: a client torchrun started as a joiner (``backend.join``, torchrun's elastic form)
+    set no parent-death signal, as its ranks do: a SIGKILLed torchrun left it training headless.
+    Guarantee: it asks for SIGUSR1 (one SIGTERM, torchrun's stop) before it joins (in process;
+    the join itself not run; tests/test_elastic_edges.py kills a real torchrun)."""
+    from repro import run as entry
+    from repro.real import elastic
+    from repro.runtime import PR_SET_PDEATHSIG
+
+    calls = []
+    monkeypatch.setattr(entry, "prctl", lambda option, value: calls.append((option, value)))
+    monkeypatch.setattr(elastic, "join_process", lambda cfg: calls.append("join") or sys.exit(0))
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", ["repro.run", "backend=real", "backend.join=127.0.0.1:29400"])
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)}
+    try:
+        with pytest.raises(SystemExit):
+            entry.cli()
+    finally:   # the command line's own signal handling is for its process, not for pytest's
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    assert calls == [(PR_SET_PDEATHSIG, signal.SIGUSR1), "join"], calls

@@ -2,6 +2,7 @@
 and a torchrun world become a plain frozen config before any driver runs; no driver rewrites it."""
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,28 @@ def test_the_torchrun_world_decides_the_clients_on_every_rank_before_the_driver(
         entry.resolve(real)
 
 
+@pytest.mark.parametrize("typed,torchruns,refused", [
+    ({"master_addr": "10.9.9.9"}, {"MASTER_ADDR": "localhost"}, "'backend.master_addr': '10.9.9.9'"),
+    ({"master_port": 4242}, {"MASTER_PORT": "29500"}, "'backend.master_port': 4242"),
+    ({"master_addr": "localhost", "master_port": 29500}, {"MASTER_ADDR": "127.0.0.1"}, None),   # the same host
+    ({}, {"MASTER_ADDR": "10.0.0.1"}, None)])   # left at the defaults: nothing typed to disagree
+def test_a_master_address_torchrun_does_not_use_is_refused_naming_both(monkeypatch, typed, torchruns, refused):
+    """Under torchrun the world meets at torchrun's MASTER_ADDR:MASTER_PORT: a backend.master_addr
+    or master_port typed to another was ignored in silence (and config.json recorded it as the
+    run's). Refused on every rank, naming the key, its value and torchrun's."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                       **torchruns}.items():
+        monkeypatch.setenv(key, value)
+    asked = CFG.replace(backend=BackendConfig(name="real", **typed))
+    if refused is None:
+        assert entry.resolve(asked).num_clients == 2
+        return
+    with pytest.raises(ConfigError, match=refused) as err:
+        entry.resolve(asked)
+    theirs = torchruns.get("MASTER_ADDR", torchruns.get("MASTER_PORT"))
+    assert f"torchrun's" in str(err.value) and theirs in str(err.value), err.value
+
+
 def test_no_driver_replaces_the_config_it_was_handed():
     """The real driver's entry points take the config as resolved (they used to replace
     num_clients from the torchrun world, each on its own)."""
@@ -76,27 +99,46 @@ def test_a_warm_start_baseline_config_is_derived_where_the_warm_start_is_built(t
     assert (tmp_path / "_warmstart" / "d99f04bcf1df" / "server.pt").is_file()
 
 
-def test_rank_0_names_its_run_folder_by_the_clients_the_torchrun_world_gives(tmp_path, monkeypatch):
-    """torchrun --nproc-per-node=3 ... num_clients=1 runs 2 clients (the world decides): the run
-    folder, named by the command line's overrides, says num_clients=2 as config.json does; it
-    said num_clients=1 (rank 0's command line up to the run, in process; the run itself not run)."""
+def _rank0_run(tmp_path, monkeypatch, world_size: int, *overrides: str):
+    """Rank 0's command line of a torchrun world up to the run (in process; the run itself not
+    run): the composed config with Hydra's node, its RunConfig and the run folder Hydra names."""
     import signal
     import sys
 
     from omegaconf import OmegaConf
 
-    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+    for key, value in {"RANK": "0", "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(sys, "argv", ["repro.run", "backend=real", "num_clients=1", f"results_dir={tmp_path}"])
+    monkeypatch.setattr(sys, "argv", ["repro.run", "backend=real", *overrides, f"results_dir={tmp_path}"])
     ran = []
     monkeypatch.setattr(entry, "run_composed", lambda dcfg, cfg: ran.append((dcfg, cfg)))
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)}
     try:
         entry.cli()
     finally:   # the command line's own signal handling is for its process, not for pytest's
         for s, handler in handlers.items():
             signal.signal(s, handler)
     [(dcfg, cfg)] = ran
-    folder = str(OmegaConf.select(dcfg, "hydra.run.dir"))
-    assert "num_clients=2" in folder and "num_clients=1" not in folder, folder
+    return cfg, Path(str(OmegaConf.select(dcfg, "hydra.run.dir")))
+
+
+def test_rank_0_names_its_run_folder_by_the_clients_the_torchrun_world_gives(tmp_path, monkeypatch):
+    """torchrun --nproc-per-node=3 ... num_clients=1 runs 2 clients (the world decides): the run
+    folder, named by the command line's overrides, says num_clients=2 as config.json does; it
+    said num_clients=1 (rank 0's command line up to the run, in process; the run itself not run)."""
+    cfg, folder = _rank0_run(tmp_path, monkeypatch, 3, "num_clients=1")
+    assert "num_clients=2" in str(folder) and "num_clients=1" not in str(folder), folder
     assert entry.resolve(cfg).num_clients == 2
+
+
+@pytest.mark.parametrize("world_size,name", [(3, "backend=real,num_clients=2"), (5, "backend=real")])
+def test_a_torchrun_run_folder_is_the_plain_run_folder_of_the_resolved_config(tmp_path, monkeypatch,
+                                                                              world_size, name):
+    """torchrun --nproc-per-node=3 ... with no num_clients=N ran 2 clients in the folder ``backend=real``,
+    the plain run's of 4 clients (the default): that run was then refused as another run's folder,
+    or with resume=auto continued the 2-client run. The folder is the one a plain run of the
+    resolved config names: num_clients=2 for a world of 3, none for a world of 5 (4 clients,
+    the default's own folder)."""
+    cfg, folder = _rank0_run(tmp_path, monkeypatch, world_size)
+    assert folder.name == name and entry.resolve(cfg).num_clients == world_size - 1, folder

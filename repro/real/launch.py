@@ -24,12 +24,13 @@ import json
 import math
 import os
 import signal
+import socket
 from pathlib import Path
 
 import torch
 
 from repro.config.checks import validated
-from repro.config.settings import RunConfig
+from repro.config.settings import BackendConfig, RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark
 from repro.workload.data import Dataset
@@ -135,10 +136,32 @@ def world_config(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
     if env.world_size < 2:
         raise ConfigError("WORLD_SIZE", env.world_size, "at least 2 under torchrun (rank 0 serves, "
                           "ranks 1.. are clients)")
+    _torchruns_address(cfg)
     if cfg.num_clients != env.world_size - 1 and env.rank == 0:
         log.info(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
             f"(config said {cfg.num_clients})")
     return cfg.replace(num_clients=env.world_size - 1)
+
+
+def _torchruns_address(cfg: RunConfig) -> None:
+    """Under torchrun the world meets at torchrun's MASTER_ADDR:MASTER_PORT (--master-addr, or its
+    rendezvous's choice) and backend.master_addr/port go unused: one set to another is refused
+    rather than ignored, as a key its backend does not read is (config.json recorded it as the
+    run's address, and it names where the user believes the server is). Left at its default, or
+    naming the same host, it is torchrun's."""
+    addr, port, default = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), BackendConfig()
+    if cfg.backend.master_port not in (default.master_port, port):
+        raise ConfigError("backend.master_port", cfg.backend.master_port, f"torchrun's MASTER_PORT {port}, or "
+                          "left out: under torchrun the world meets at torchrun's --master-port")
+
+    def addresses(host: str) -> set[str]:
+        with contextlib.suppress(OSError):
+            return {info[4][0] for info in socket.getaddrinfo(host, None)}
+        return {host}
+
+    if cfg.backend.master_addr != default.master_addr and not addresses(cfg.backend.master_addr) & addresses(addr):
+        raise ConfigError("backend.master_addr", cfg.backend.master_addr, f"torchrun's MASTER_ADDR {addr!r}, or "
+                          "left out: under torchrun the world meets at torchrun's --master-addr")
 
 
 @contextlib.contextmanager
