@@ -326,7 +326,7 @@ class RunCore:
     def save_checkpoint(self) -> None:
         state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
-                 "core": {**self.evals.state_dict(), "discarded": self.discarded, "collected": self.collected},
+                 "core": to_cpu({**self.evals.state_dict(), "discarded": self.discarded, "collected": self.collected}),
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
