@@ -238,8 +238,7 @@ API_KEYS = {**{name: name for name in ("num_clients", "nsync", "num_epochs", "ev
                                         "divergence_factor", "device", "force", "progress")},
             **{name: f"algo.{name}" for name in ("lr", "momentum", "weight_decay", "batch_size", "server_rule",
                                                  "lr_server", "dc_lambda")},
-            "protocol": "protocol.name", "backup_workers": "protocol.backup_workers",
-            "staleness_bound": "protocol.staleness_bound"}
+            **{name: f"protocol.{name}" for name in ("backup_workers", "staleness_bound")}, "protocol": "protocol.name"}
 
 
 def _config(settings: dict, cost: CostConfig) -> RunConfig:
@@ -280,19 +279,22 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
             return replace(_run(cfg, Path(tmp) / "run", problem), run_dir=None)
     try:
         summary = dict(sim_run(cfg, run_dir, problem=problem))
-    except ConfigError as err:   # the command line's advice, resume=true, which simulate() has not
-        if err.key != "resume":
+    except ConfigError as err:   # said in the command line's names (run folder, force=true, resume=true, exp_name)
+        if err.key not in ("resume", "run folder"):
             raise
-        raise ConfigError("run_dir", str(run_dir), f"{err.expected.rpartition(': ')[0]}; simulate "
-                          "does not resume a run: force=True starts it over") from None
+        said = err.expected if err.key != "resume" else \
+            f"{err.expected.rpartition(': ')[0]}; simulate does not resume a run: force=true starts it over"
+        for cli, ours in (("force=true", "force=True"), ("exp_name or hydra.run.dir", "run_dir"),
+                          ("exp_name", "run_dir"), ("results_dir (or hydra.run.dir)", "run_dir")):
+            said = said.replace(cli, ours)
+        raise ConfigError("run_dir", str(run_dir), said) from None
     # Ctrl-C (whose signal reaches the main thread alone) stops the caller too, as the command line's exit 130
     if summary["status"] == "interrupted" and threading.current_thread() is threading.main_thread():
         raise KeyboardInterrupt(f"the run interrupted at version {summary['version']}")   # returned, a loop ran on
     ttt = summary.get("time_to_target")
     if isinstance(ttt, dict):   # JSON keys it by text; a caller looks a target up by number
         summary["time_to_target"] = {float(k): v for k, v in ttt.items()}
-    return Result(pd.read_csv(run_dir / schema.UPDATES_FILE), pd.read_csv(run_dir / schema.EVALS_FILE),
-                  summary, run_dir)
+    return Result(*(pd.read_csv(run_dir / name) for name in (schema.UPDATES_FILE, schema.EVALS_FILE)), summary, run_dir)
 
 
 # ------------- the classroom's API (and the names imported above for it) -------------
@@ -385,7 +387,6 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     measured only when a run starts)."""
     from repro.sim.ceiling import ceiling as bound
     from repro.sim.driver import resolve
-
     # ceiling(None) was an AttributeError; not validate(): the bound takes a part-full host (5 clients, 4 a host)
     check_leaves(cfg)   # each key alone: cfg.replace(num_clients=2.5) was a TypeError
     # -1 gave a negative rate, "x" a TypeError

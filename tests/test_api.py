@@ -393,6 +393,22 @@ def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_r
     assert api.simulate(module, (x, y), (x, y), force=True, **kw).summary["status"] == "completed"
 
 
+def test_a_run_dir_a_command_line_run_wrote_or_a_live_run_holds_is_refused_in_the_apis_names(tmp_path):
+    # only the resume refusals were rewritten: these named 'run folder' and advised force=true, or
+    # another exp_name, where simulate() takes run_dir and force=True
+    from repro.files.locks import FileLock
+    from repro.sim.driver import simulate as sim_run
+    cli = tmp_path / "cli"
+    sim_run(api.configure("+problem=quadratic", "cost=uniform", "num_clients=2", "nsync=1", "num_epochs=8"), cli)
+    x, y = _problem()
+    with pytest.raises(ConfigError, match=r"'run_dir'.*finished \(completed\) run.*\(force=True starts it over\)") as err:
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=cli)
+    assert "run folder" not in str(err.value) and "force=true" not in str(err.value)
+    with FileLock(cli / schema.LOCK_FILE), pytest.raises(ConfigError, match="'run_dir'.*choose another run_dir") as err:
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=cli)
+    assert "exp_name" not in str(err.value)
+
+
 def test_configure_from_several_threads_at_once_gives_each_its_config():
     # Hydra's one GlobalHydra per process: all but one thread raised "GlobalHydra is already
     # initialized" (simulate() composes its cost profile; a sweep in a ThreadPoolExecutor)
