@@ -226,3 +226,24 @@ def test_build_model_refuses_sizes_it_cannot_build_naming_the_argument(name, sha
     with pytest.raises(ConfigError) as info:
         build_model(name, shape, classes)
     assert info.value.key == key
+
+
+@pytest.mark.parametrize("name, shape, classes, key", [
+    ("mlp", (10**7, 10**7), 10, "input_shape"), ("mlp", (2**40, 2**40), 2, "input_shape"),   # past int64
+    ("digits_cnn", (10**9, 8, 8), 10, "input_shape"), ("mnist1d_cnn", (1, 10**12), 10, "input_shape"),
+    ("quadratic", (10**13,), 2, "input_shape"), ("mlp", (8,), 10**13, "num_classes"),
+    ("quadratic", (8,), 2**62, "num_classes")])
+def test_build_model_refuses_a_model_larger_than_memory_naming_the_argument_that_makes_it(name, shape, classes, key):
+    # torch's allocator error ("DefaultCPUAllocator: can't allocate memory"), or an overflow, was a
+    # traceback from deep in a Linear; sized first on the meta device, nothing is allocated
+    with pytest.raises(ConfigError, match=f"'{key}'.*memory") as info:
+        build_model(name, shape, classes)
+    assert "\n" not in str(info.value)
+
+
+def test_sizing_a_model_first_leaves_its_initial_weights_those_of_the_seed():
+    torch.manual_seed(0)
+    a = build_model("digits_cnn", (1, 8, 8), 10)
+    torch.manual_seed(0)
+    b = MODELS["digits_cnn"].build((1, 8, 8), 10)   # unsized
+    assert torch.equal(parameters_to_vector(a.parameters()), parameters_to_vector(b.parameters()))
