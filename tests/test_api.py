@@ -533,6 +533,17 @@ def test_replace_takes_a_numpy_number_as_its_python_value():
     assert api.ceiling(cfg).pushes_per_s == api.ceiling(cfg.replace(num_clients=2)).pushes_per_s
 
 
+@pytest.mark.parametrize("changes, key, said", [
+    ({"num_clientz": 2}, "num_clientz", "a known key: algo, .*num_clients"),
+    ({"lr": 0.1}, "lr", "algo.lr \\(a group's key\\)"),
+    ({"nsync": 2, "clients_per_host": 2}, "clients_per_host", "cost.shared.clients_per_host \\(a group's key\\)")])
+def test_replace_of_an_unknown_or_a_groups_key_names_it_and_its_full_spelling(changes, key, said):
+    # dataclasses' TypeError: "RunConfig.__init__() got an unexpected keyword argument 'lr'"
+    cfg = api.configure("+problem=quadratic", "cost=uniform")
+    with pytest.raises(ConfigError, match=f"^invalid value for '{key}': (2|0.1); expected {said}"):
+        cfg.replace(**changes)
+
+
 def test_simulate_takes_a_numpy_number_as_replace_does():
     # simulate() had its own rule (np.generic only): a 0-d array, which replace() takes as its
     # number, was refused: "invalid value for 'num_clients': array(2); expected an integer"
