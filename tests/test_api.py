@@ -517,6 +517,18 @@ def test_the_classroom_functions_refuse_a_bad_argument_naming_it(call, name):
         call()
 
 
+def test_theorem_response_refuses_an_lr_whose_response_leaves_float64_without_a_numpy_warning():
+    # it printed numpy's overflow warnings and returned inf, then nan, for finite inputs
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for args in (([1e300], 1e300, 0.5, 3), ([4.0], 1.0, 0.0, 10**4)):   # (1 - 4)^t passes 1e308 at t ~ 646
+            with pytest.raises(ConfigError, match="'lr'.*float64"):
+                api.theorem_response(*args)
+        assert np.isfinite(api.theorem_response([4.0], 1.0, 0.0, 600)).all()   # 3^600 ~ 1e286: answered
+        assert (api.theorem_response([1e-300], 1e-300, 0.5, 3) == 1.0).all()   # an underflow is no error
+
+
 def test_the_theory_helpers_still_take_numpy_numbers_and_arrays():
     assert api.harmonic(np.int64(4)) == pytest.approx(25 / 12)
     h_1024 = np.log(1024) + np.euler_gamma + 1 / 2048 - 1 / (12 * 1024**2)   # the top: num_clients' 1024
