@@ -247,3 +247,14 @@ def test_sizing_a_model_first_leaves_its_initial_weights_those_of_the_seed():
     torch.manual_seed(0)
     b = MODELS["digits_cnn"].build((1, 8, 8), 10)   # unsized
     assert torch.equal(parameters_to_vector(a.parameters()), parameters_to_vector(b.parameters()))
+
+
+def test_a_model_the_meta_device_cannot_size_is_built_as_before():
+    # sizing re-raised the meta device's error: a builder that reads a value (.item()) was refused
+    from repro.workload.models import ModelSpec
+
+    def build(shape, classes):
+        assert torch.zeros(1).item() == 0.0   # "cannot be called on meta tensors"
+        return nn.Linear(shape[0], classes)
+    with MODELS.plugged("_reads_a_value", ModelSpec(build, "(d,) vectors", lambda shape: len(shape) == 1)):
+        assert isinstance(build_model("_reads_a_value", (4,), 2), nn.Linear)
