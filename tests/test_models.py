@@ -219,7 +219,7 @@ def test_digits_cnn_reaches_under_5_percent():
     ("mlp", (64,), True, "num_classes"), ("mlp", (64,), "10", "num_classes"), ("quadratic", (5,), 0, "num_classes"),
     ("mlp", (0,), 10, "input_shape"), ("mlp", (-3,), 10, "input_shape"), ("mlp", (2.5,), 10, "input_shape"),
     ("mlp", (), 10, "input_shape"), ("digits_cnn", (0, 8, 8), 10, "input_shape"),
-    ("cifar_18pct", (3, 8, 8), 10, "input_shape")])
+    ("cifar_18pct", (3, 8, 8), 10, "input_shape"), ("mnist1d_cnn", (1, 1), 10, "input_shape")])
 def test_build_model_refuses_sizes_it_cannot_build_naming_the_argument(name, shape, classes, key):
     # the public API's build_model made a net without outputs for num_classes=0, one of 2 classes
     # for 2.7, a raw RuntimeError for -1, and a cifar_18pct for 8x8 images (trains to ~65% error)

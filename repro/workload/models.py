@@ -62,8 +62,8 @@ def _digits_cnn(input_shape, num_classes) -> nn.Module:
         nn.Linear(64, num_classes))
 
 
-@MODELS.register("mnist1d_cnn", expects="(channels, length) 1-D signals",
-                 accepts=lambda shape: len(shape) == 2)
+@MODELS.register("mnist1d_cnn", expects="(channels, length >= 2) 1-D signals",   # its pool halves the length
+                 accepts=lambda shape: len(shape) == 2 and shape[1] >= 2)
 def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
     """Three 1-D convs for MNIST-1D's (1, 40) signals."""
     if len(input_shape) != 2:
