@@ -125,11 +125,9 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     num_clients : int, default 4
         Asynchronous clients, >= 1.
     nsync : int, default 4
-        Local minibatch steps between exchanges with the server (the paper's nsync = nfetch =
-        npush), >= 1.
+        Local minibatch steps between exchanges with the server (the paper's nsync = nfetch = npush), >= 1.
     num_epochs : float, default 20.0
-        Training budget in epochs of the training set, counted in samples consumed by all
-        clients together; > 0.
+        Training budget in epochs of the training set, counted in samples consumed by all clients together; > 0.
     eval_every : float, default 1.0
         Evaluate the server's parameters every this many epochs (by samples applied); > 0. An
         evaluation also runs at the start and at the end.
@@ -165,12 +163,11 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     staleness_bound : int, default 3
         ssp only: how many pushes a client may be ahead of the slowest live client, >= 0.
     cost : str, dict or CostConfig, default "lan"
-        The simulator's cost model, which sets virtual time and so the order of pushes. A
-        profile name from ``conf/cost`` ("lan", "uniform", "straggler", "paper2013", or "local",
-        which times real steps once); a dict of CostConfig fields (fields left out take those
-        of the profile its "profile" names, else CostConfig's defaults, which are the "uniform"
-        profile's); or a CostConfig. "replay" is refused: replay a recorded run with
-        ``python -m repro.run cost=replay``.
+        The simulator's cost model, which sets virtual time and so the order of pushes. A profile
+        name from ``conf/cost`` ("lan", "uniform", "straggler", "paper2013", or "local", which times
+        real steps once); a dict of CostConfig fields (fields left out take those of the profile its
+        "profile" names, else CostConfig's defaults, which are the "uniform" profile's); or a
+        CostConfig. "replay" is refused: replay a recorded run with ``python -m repro.run cost=replay``.
     seed : int, default 0
         Base seed of each client's data order, seeded by (seed, client), and of the cost
         model's jitter. Model initialisation is ``module``'s own weights, not this seed.
@@ -211,12 +208,11 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     Raises
     ------
     ConfigError
-        Before any training, for a bad argument, naming it, its value and what would be valid:
-        a value out of range, of the wrong type or not among the choices; arrays that are empty,
-        of unequal lengths or sample shapes, not finite numbers, or labels that are not class
-        indices the module has outputs for; a batch larger than the training set; "cuda" without
-        CUDA; a module or ``loss_fn`` that raises on two training inputs or gives no single loss;
-        every parameter frozen.
+        Before any training, for a bad argument, naming it, its value and what would be valid: a
+        value out of range, of the wrong type or not among the choices; arrays that are empty, of
+        unequal lengths or sample shapes, not finite numbers, or labels that are not class indices
+        the module has outputs for; a batch larger than the training set; "cuda" without CUDA; a
+        module or ``loss_fn`` that raises on two training inputs or gives no single loss; every parameter frozen.
     ValueError
         When ``module`` has buffers or no parameters, or parameters that are not float32.
     KeyboardInterrupt
@@ -238,8 +234,7 @@ API_KEYS = {**{name: name for name in ("num_clients", "nsync", "num_epochs", "ev
                                         "divergence_factor", "device", "force", "progress")},
             **{name: f"algo.{name}" for name in ("lr", "momentum", "weight_decay", "batch_size", "server_rule",
                                                  "lr_server", "dc_lambda")},
-            "protocol": "protocol.name", "backup_workers": "protocol.backup_workers",
-            "staleness_bound": "protocol.staleness_bound"}
+            **{name: f"protocol.{name}" for name in ("backup_workers", "staleness_bound")}, "protocol": "protocol.name"}
 
 
 def _config(settings: dict, cost: CostConfig) -> RunConfig:
@@ -280,19 +275,22 @@ def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Resul
             return replace(_run(cfg, Path(tmp) / "run", problem), run_dir=None)
     try:
         summary = dict(sim_run(cfg, run_dir, problem=problem))
-    except ConfigError as err:   # the command line's advice, resume=true, which simulate() has not
-        if err.key != "resume":
+    except ConfigError as err:   # said in the command line's names (run folder, force=true, resume=true, exp_name)
+        if err.key not in ("resume", "run folder"):
             raise
-        raise ConfigError("run_dir", str(run_dir), f"{err.expected.rpartition(': ')[0]}; simulate "
-                          "does not resume a run: force=True starts it over") from None
+        said = err.expected if err.key != "resume" else \
+            f"{err.expected.rpartition(': ')[0]}; simulate does not resume a run: force=true starts it over"
+        for cli, ours in (("force=true", "force=True"), ("exp_name or hydra.run.dir", "run_dir"),
+                          ("exp_name", "run_dir"), ("results_dir (or hydra.run.dir)", "run_dir")):
+            said = said.replace(cli, ours)
+        raise ConfigError("run_dir", str(run_dir), said) from None
     # Ctrl-C (whose signal reaches the main thread alone) stops the caller too, as the command line's exit 130
     if summary["status"] == "interrupted" and threading.current_thread() is threading.main_thread():
         raise KeyboardInterrupt(f"the run interrupted at version {summary['version']}")   # returned, a loop ran on
     ttt = summary.get("time_to_target")
     if isinstance(ttt, dict):   # JSON keys it by text; a caller looks a target up by number
         summary["time_to_target"] = {float(k): v for k, v in ttt.items()}
-    return Result(pd.read_csv(run_dir / schema.UPDATES_FILE), pd.read_csv(run_dir / schema.EVALS_FILE),
-                  summary, run_dir)
+    return Result(*(pd.read_csv(run_dir / name) for name in (schema.UPDATES_FILE, schema.EVALS_FILE)), summary, run_dir)
 
 
 # ------------- the classroom's API (and the names imported above for it) -------------
@@ -354,13 +352,17 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
     """Asynchrony begets momentum (Mitliagkas et al. 2016): each mode's weight, relative to its
     start, under the expected dynamics of async SGD at ``lr`` whose update direction is the
     running average ``u <- mu u + (1 - mu) g``; shape (modes, steps + 1). N async clients with
-    exponential step times: mu = 1 - 1/N; mu = 0 is plain gradient descent."""
+    exponential step times: mu = 1 - 1/N; mu = 0 is plain gradient descent. Computed exactly, so
+    refused (ConfigError naming lr) where an unstable mode's response leaves float64's range."""
     from repro.analysis.lab.momentum import theorem_response as response
     numbers("curvatures", curvatures, "a number or array of numbers, each finite and >= 0", lambda c: c >= 0)
     numbers("lr", lr, "a finite number > 0", lambda v: v > 0, scalar=True)
     numbers("mu", mu, "a number in [0, 1)", lambda v: (v >= 0) & (v < 1), scalar=True)
     steps = int(numbers("steps", steps, "an integer in 0..10**6", lambda v: v.clip(0, 10**6) == v, True, True))
-    return response(curvatures, lr, mu, steps)
+    with np.errstate(over="raise", invalid="raise"), contextlib.suppress(FloatingPointError):   # else inf, then nan
+        return response(curvatures, lr, mu, steps)
+    raise ConfigError("lr", lr, f"a step size whose every mode stays within float64's range over {steps} steps (lr x the "
+                      f"largest curvature is {float(lr) * float(np.max(curvatures)):.3g}): lower lr, the curvatures or steps")
 
 
 def collection_time(taus: list[float], size: int) -> float:
@@ -385,7 +387,6 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     measured only when a run starts)."""
     from repro.sim.ceiling import ceiling as bound
     from repro.sim.driver import resolve
-
     # ceiling(None) was an AttributeError; not validate(): the bound takes a part-full host (5 clients, 4 a host)
     check_leaves(cfg)   # each key alone: cfg.replace(num_clients=2.5) was a TypeError
     # -1 gave a negative rate, "x" a TypeError

@@ -393,6 +393,22 @@ def test_a_run_dir_holding_an_interrupted_run_says_force_not_the_command_lines_r
     assert api.simulate(module, (x, y), (x, y), force=True, **kw).summary["status"] == "completed"
 
 
+def test_a_run_dir_a_command_line_run_wrote_or_a_live_run_holds_is_refused_in_the_apis_names(tmp_path):
+    # only the resume refusals were rewritten: these named 'run folder' and advised force=true, or
+    # another exp_name, where simulate() takes run_dir and force=True
+    from repro.files.locks import FileLock
+    from repro.sim.driver import simulate as sim_run
+    cli = tmp_path / "cli"
+    sim_run(api.configure("+problem=quadratic", "cost=uniform", "num_clients=2", "nsync=1", "num_epochs=8"), cli)
+    x, y = _problem()
+    with pytest.raises(ConfigError, match=r"'run_dir'.*finished \(completed\) run.*\(force=True starts it over\)") as err:
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=cli)
+    assert "run folder" not in str(err.value) and "force=true" not in str(err.value)
+    with FileLock(cli / schema.LOCK_FILE), pytest.raises(ConfigError, match="'run_dir'.*choose another run_dir") as err:
+        api.simulate(nn.Linear(6, 2), (x, y), (x, y), num_epochs=1, run_dir=cli)
+    assert "exp_name" not in str(err.value)
+
+
 def test_configure_from_several_threads_at_once_gives_each_its_config():
     # Hydra's one GlobalHydra per process: all but one thread raised "GlobalHydra is already
     # initialized" (simulate() composes its cost profile; a sweep in a ThreadPoolExecutor)
@@ -501,6 +517,18 @@ def test_the_classroom_functions_refuse_a_bad_argument_naming_it(call, name):
         call()
 
 
+def test_theorem_response_refuses_an_lr_whose_response_leaves_float64_without_a_numpy_warning():
+    # it printed numpy's overflow warnings and returned inf, then nan, for finite inputs
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for args in (([1e300], 1e300, 0.5, 3), ([4.0], 1.0, 0.0, 10**4)):   # (1 - 4)^t passes 1e308 at t ~ 646
+            with pytest.raises(ConfigError, match="'lr'.*float64"):
+                api.theorem_response(*args)
+        assert np.isfinite(api.theorem_response([4.0], 1.0, 0.0, 600)).all()   # 3^600 ~ 1e286: answered
+        assert (api.theorem_response([1e-300], 1e-300, 0.5, 3) == 1.0).all()   # an underflow is no error
+
+
 def test_the_theory_helpers_still_take_numpy_numbers_and_arrays():
     assert api.harmonic(np.int64(4)) == pytest.approx(25 / 12)
     h_1024 = np.log(1024) + np.euler_gamma + 1 / 2048 - 1 / (12 * 1024**2)   # the top: num_clients' 1024
@@ -515,6 +543,17 @@ def test_replace_takes_a_numpy_number_as_its_python_value():
     cfg = api.configure("+problem=quadratic", "cost=uniform").replace(num_clients=np.int64(2), seed=np.int32(3))
     assert (type(cfg.num_clients), type(cfg.seed)) == (int, int) and (cfg.num_clients, cfg.seed) == (2, 3)
     assert api.ceiling(cfg).pushes_per_s == api.ceiling(cfg.replace(num_clients=2)).pushes_per_s
+
+
+@pytest.mark.parametrize("changes, key, said", [
+    ({"num_clientz": 2}, "num_clientz", "a known key: algo, .*num_clients"),
+    ({"lr": 0.1}, "lr", "algo.lr \\(a group's key\\)"),
+    ({"nsync": 2, "clients_per_host": 2}, "clients_per_host", "cost.shared.clients_per_host \\(a group's key\\)")])
+def test_replace_of_an_unknown_or_a_groups_key_names_it_and_its_full_spelling(changes, key, said):
+    # dataclasses' TypeError: "RunConfig.__init__() got an unexpected keyword argument 'lr'"
+    cfg = api.configure("+problem=quadratic", "cost=uniform")
+    with pytest.raises(ConfigError, match=f"^invalid value for '{key}': (2|0.1); expected {said}"):
+        cfg.replace(**changes)
 
 
 def test_simulate_takes_a_numpy_number_as_replace_does():

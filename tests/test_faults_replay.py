@@ -163,3 +163,19 @@ def test_cli_replay_into_its_source_exits_2_and_touches_nothing(recording, tmp_p
     assert "cost.path" in proc.stderr and "the recording itself" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert snapshot(source) == before
+
+
+def test_cli_replay_of_a_run_simulate_made_on_the_callers_own_problem_says_why_it_cannot(tmp_path, monkeypatch, capsys):
+    # it said only "invalid value for 'data.name': 'custom:...'; expected one of: 'cifar10', ...":
+    # the recording's data and module are the notebook's, which no replay can load
+    import torch
+
+    from repro import api
+    x = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
+    api.simulate(torch.nn.Linear(6, 2), (x, (x[:, 0] > 0).long()), (x, (x[:, 0] > 0).long()), num_epochs=1,
+                 nsync=1, run_dir=tmp_path / "custom")
+    proc = cli_run(monkeypatch, capsys, "cost=replay", f"cost.path='{tmp_path / 'custom'}'",
+                   f"hydra.run.dir='{tmp_path / 'replay'}'", "progress=false")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "'cost.path'" in proc.stderr and "repro.api.simulate" in proc.stderr and "own data and module" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "replay" / "summary.json").exists()

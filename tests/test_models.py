@@ -219,10 +219,42 @@ def test_digits_cnn_reaches_under_5_percent():
     ("mlp", (64,), True, "num_classes"), ("mlp", (64,), "10", "num_classes"), ("quadratic", (5,), 0, "num_classes"),
     ("mlp", (0,), 10, "input_shape"), ("mlp", (-3,), 10, "input_shape"), ("mlp", (2.5,), 10, "input_shape"),
     ("mlp", (), 10, "input_shape"), ("digits_cnn", (0, 8, 8), 10, "input_shape"),
-    ("cifar_18pct", (3, 8, 8), 10, "input_shape")])
+    ("cifar_18pct", (3, 8, 8), 10, "input_shape"), ("mnist1d_cnn", (1, 1), 10, "input_shape")])
 def test_build_model_refuses_sizes_it_cannot_build_naming_the_argument(name, shape, classes, key):
     # the public API's build_model made a net without outputs for num_classes=0, one of 2 classes
     # for 2.7, a raw RuntimeError for -1, and a cifar_18pct for 8x8 images (trains to ~65% error)
     with pytest.raises(ConfigError) as info:
         build_model(name, shape, classes)
     assert info.value.key == key
+
+
+@pytest.mark.parametrize("name, shape, classes, key", [
+    ("mlp", (10**7, 10**7), 10, "input_shape"), ("mlp", (2**40, 2**40), 2, "input_shape"),   # past int64
+    ("digits_cnn", (10**9, 8, 8), 10, "input_shape"), ("mnist1d_cnn", (1, 10**12), 10, "input_shape"),
+    ("quadratic", (10**13,), 2, "input_shape"), ("mlp", (8,), 10**13, "num_classes"),
+    ("quadratic", (8,), 2**62, "num_classes")])
+def test_build_model_refuses_a_model_larger_than_memory_naming_the_argument_that_makes_it(name, shape, classes, key):
+    # torch's allocator error ("DefaultCPUAllocator: can't allocate memory"), or an overflow, was a
+    # traceback from deep in a Linear; sized first on the meta device, nothing is allocated
+    with pytest.raises(ConfigError, match=f"'{key}'.*memory") as info:
+        build_model(name, shape, classes)
+    assert "\n" not in str(info.value)
+
+
+def test_sizing_a_model_first_leaves_its_initial_weights_those_of_the_seed():
+    torch.manual_seed(0)
+    a = build_model("digits_cnn", (1, 8, 8), 10)
+    torch.manual_seed(0)
+    b = MODELS["digits_cnn"].build((1, 8, 8), 10)   # unsized
+    assert torch.equal(parameters_to_vector(a.parameters()), parameters_to_vector(b.parameters()))
+
+
+def test_a_model_the_meta_device_cannot_size_is_built_as_before():
+    # sizing re-raised the meta device's error: a builder that reads a value (.item()) was refused
+    from repro.workload.models import ModelSpec
+
+    def build(shape, classes):
+        assert torch.zeros(1).item() == 0.0   # "cannot be called on meta tensors"
+        return nn.Linear(shape[0], classes)
+    with MODELS.plugged("_reads_a_value", ModelSpec(build, "(d,) vectors", lambda shape: len(shape) == 1)):
+        assert isinstance(build_model("_reads_a_value", (4,), 2), nn.Linear)

@@ -243,6 +243,8 @@ class RunConfig:
         """A copy with ``changes``; a numpy scalar (a sweep's ``np.int64(4)``), in a group given
         too (``protocol=dataclasses.replace(cfg.protocol, staleness_threshold=np.int64(2))``),
         becomes its Python value, as simulate() takes it: config.json holds no numpy type."""
+        from repro.config.checks import check_known   # (which imports this module)
+        check_known(changes, RunConfig)   # dataclasses' TypeError named no group: lr is algo.lr
         return dataclasses.replace(self, **{k: plain(v) for k, v in changes.items()})
 
 

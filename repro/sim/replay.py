@@ -42,6 +42,11 @@ def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfi
         recorded = from_dict(with_operational(read_recorded(source), cfg))
     except (OSError, ValueError) as e:
         raise ConfigError("cost.path", cfg.cost.path, f"a recorded run folder with a valid config.json ({e})")
+    if any(name.partition(":")[0] == "custom" for name in (recorded.data.name, recorded.model.name)):
+        raise ConfigError("cost.path", cfg.cost.path, f"a recording of a named data set and model: this run "
+                          f"(data.name {recorded.data.name}) was simulated by repro.api.simulate on its caller's "
+                          "own data and module, which no replay can load; simulate() with the same problem and "
+                          "arguments gives its tables again")
     if recorded.protocol.name != "async":
         raise ConfigError("cost.path", cfg.cost.path, f"an async run (replay replays the order of "
                           f"asynchronous pushes; this one ran protocol={recorded.protocol.name})")

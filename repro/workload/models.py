@@ -11,6 +11,7 @@ training is deterministic given ``torch.manual_seed`` (callers seed before :func
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,8 +62,8 @@ def _digits_cnn(input_shape, num_classes) -> nn.Module:
         nn.Linear(64, num_classes))
 
 
-@MODELS.register("mnist1d_cnn", expects="(channels, length) 1-D signals",
-                 accepts=lambda shape: len(shape) == 2)
+@MODELS.register("mnist1d_cnn", expects="(channels, length >= 2) 1-D signals",   # its pool halves the length
+                 accepts=lambda shape: len(shape) == 2 and shape[1] >= 2)
 def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
     """Three 1-D convs for MNIST-1D's (1, 40) signals."""
     if len(input_shape) != 2:
@@ -129,15 +130,33 @@ def _quadratic(input_shape, num_classes) -> nn.Module:
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A fresh model; its initialisation draws from torch's global RNG (seed it first).
-    ConfigError for an unknown name, a sample shape the model is not made for, or ``num_classes``
-    not an integer >= 1 (the API exposes this: a 0 built a net without outputs, a 2.7 one of 2)."""
+    ConfigError for an unknown name, a sample shape the model is not made for, ``num_classes``
+    not an integer >= 1 (the API exposes this: a 0 built a net without outputs, a 2.7 one of 2),
+    or parameters larger than this machine's memory, naming the argument that makes them so."""
     spec = MODELS[name]
     shape = tuple(int(d) for d in numbers("input_shape", input_shape, "a sample's sizes, integers >= 1",
                                           lambda d: d >= 1, integer=True).reshape(-1))
     if not spec.accepts(shape):
         raise ConfigError("input_shape", input_shape, f"{spec.expects} (what model '{name}' is made for)")
-    return spec.build(shape, int(numbers("num_classes", num_classes, "an integer >= 1", lambda n: n >= 1,
-                                         scalar=True, integer=True)))
+    classes = int(numbers("num_classes", num_classes, "an integer >= 1", lambda n: n >= 1, scalar=True, integer=True))
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    # else torch's allocator error (or an overflow) from deep in a layer: input_shape's, unless one class fits
+    for key, value, tried in (("input_shape", input_shape, 1), ("num_classes", num_classes, classes)):
+        if (need := _parameter_bytes(spec, shape, tried)) > memory:
+            raise ConfigError(key, value, f"a value whose model '{name}' fits this machine's memory "
+                              f"({memory / 2**30:.0f} GiB); its parameters would take {need / 2**30:.3g} GiB")
+    return spec.build(shape, classes)
+
+
+def _parameter_bytes(spec: ModelSpec, shape: tuple, classes: int) -> float:
+    """The bytes of the parameters of ``spec``'s model, sized on the meta device (nothing is
+    allocated, no RNG drawn); inf past int64; 0 where the meta device fails otherwise (a pool's
+    "Invalid computed output size", an op it lacks): the real build's to raise, or to build."""
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() * p.element_size() for p in spec.build(shape, classes).parameters())
+    except (RuntimeError, TypeError) as exc:
+        return math.inf if "overflow" in str(exc).lower() else 0
 
 
 def fits(name: str, input_shape, num_classes: int) -> bool:
