@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from repro.config.settings import to_dict
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.joins import elastic_cfg, join_keys_left, start_joiner, wait_log
 from tests.helpers.paths import ROOT
-from tests.helpers.processes import assert_no_leftovers, descendants, free_port, is_worker
+from tests.helpers.processes import assert_no_leftovers, descendants, free_port, is_worker, workers_left
 from tests.helpers.runs import launch_real, wait_rows
 from tests.helpers.tables import table_frames
 
@@ -114,10 +113,7 @@ def test_a_sigkilled_torchrun_takes_its_joiner_along(tmp_path):
         assert len(workers) == 1, workers
         torchrun.kill()
         torchrun.wait()
-        deadline = time.monotonic() + 15
-        while any(is_worker(p) for p in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [p for p in workers if is_worker(p)]
+        left = workers_left(workers, 15)
         if not left:   # else the server's stop ends the joiner, for the assertion below
             wait_log(server, tmp_path / "run.log", "client 2 lost", timeout_s=30)
         server.send_signal(signal.SIGINT)

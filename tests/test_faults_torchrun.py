@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.paths import ROOT
-from tests.helpers.processes import descendants, find_rank0, is_worker
+from tests.helpers.processes import descendants, find_rank0, workers_left
 from tests.helpers.tables import row_count
 
 
@@ -60,10 +60,7 @@ def test_11_torchrun_restart_survives_the_loss_of_rank_0(tmp_path):
             proc.kill()
             proc.wait()
         log.close()
-        deadline = time.monotonic() + 10
-        while any(is_worker(p) for p in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [p for p in workers if is_worker(p)]
+        left = workers_left(workers, 10)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     assert not left, f"workers left behind: {left}"
@@ -128,10 +125,7 @@ def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupt
         proc.kill()
         proc.wait()
         log.close()
-        deadline = time.monotonic() + 30   # the budget takes minutes: only a stop ends them sooner
-        while any(is_worker(p) for p in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [p for p in workers if is_worker(p)]
+        left = workers_left(workers, 30)   # the budget takes minutes: only a stop ends them sooner
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     assert len(workers) == 3 and not left, f"workers left behind: {left} of {sorted(workers)}"

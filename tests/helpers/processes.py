@@ -109,6 +109,14 @@ def is_worker(pid: int) -> bool:
         return False
 
 
+def workers_left(workers: set[int], within_s: float) -> list[int]:
+    """The ``workers`` still live (:func:`is_worker`) after waiting up to ``within_s`` for them to end."""
+    deadline = time.monotonic() + within_s
+    while any(is_worker(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in workers if is_worker(p)]
+
+
 def find_rank0(workers: set[int]) -> int | None:
     """The worker among ``workers`` whose environment says RANK=0 (the server), if any."""
     for pid in sorted(workers):
