@@ -1,12 +1,11 @@
 """Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
 
-This module does the Hydra work and nothing else: it checks the command line, composes the
-config, parses it into a :class:`~repro.config.settings.RunConfig` (nothing below sees a
-``DictConfig``) and calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. A
-single run is composed and validated once (:func:`precheck`), before Hydra makes any folder; a
-grid's folder is checked first too, and its points go through ``@hydra.main`` and are checked as
-each starts. Under ``torchrun`` only rank 0 makes the run folder; the other ranks compose the
-same config without one.
+This module does the Hydra work and nothing else: it checks the command line, composes the config,
+parses it into a :class:`~repro.config.settings.RunConfig` (nothing below sees a ``DictConfig``) and
+calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. A single run is composed and
+validated once (:func:`precheck`), before Hydra makes any folder; a grid's folder is checked first too,
+and its points go through ``@hydra.main`` and are checked as each starts. Under ``torchrun`` only rank 0
+makes the run folder; the other ranks compose the same config without one.
 """
 from __future__ import annotations
 
@@ -322,9 +321,8 @@ def print_help(argv: list[str]) -> None:
 
 
 def _parsed(argv: list[str], resolved: bool = False) -> RunConfig:
-    """The config the command line's overrides give (``resolved``: after :func:`resolve`), parsed
-    outside Hydra's job (a joining client, a torchrun worker: neither makes a run folder); bad
-    input exits 2."""
+    """The config the command line's overrides give (``resolved``: after :func:`resolve`), parsed outside
+    Hydra's job (a joining client, a torchrun worker: neither makes a run folder); bad input exits 2."""
     try:
         cfg = parse(_composed([a for a in argv if "=" in a and not a.startswith(("hydra", "-"))]))
         return resolve(cfg) if resolved else cfg
@@ -367,12 +365,14 @@ def cli() -> None:
         from repro.real.launch import run_torchrun_worker
 
         sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
+    typed = {}   # rank 0's num_clients as configured: the job's resolve step logs the world's (run.log)
     if env is not None and (configured := _parsed(argv)).backend.name == "real":
         try:   # the world's refusals (WORLD_SIZE, torchrun's address) before Hydra makes a folder
-            resolve(configured)
+            resolve(configured.replace(num_clients=env.world_size - 1))   # (its line: the job's)
         except ConfigError as err:
             exit_bad_input(err)
         sys.argv[1:] = argv = named_by_world(argv, configured.num_clients, env.world_size - 1)
+        typed["num_clients"] = configured.num_clients
     # one StopRequest for the process's life: a second signal forces (exit 130) wherever it lands,
     # also after the run has ended, and during the interpreter's shutdown
     try:
@@ -389,7 +389,7 @@ def cli() -> None:
                         exit_bad_input(f"{len(BAD_POINTS)} grid point(s) not run, named above: "
                                        + "; ".join(BAD_POINTS))
                 else:
-                    run_composed(*checked)
+                    run_composed(checked[0], checked[1].replace(**typed))
             except KeyboardInterrupt:
                 sys.exit(EXIT_INTERRUPTED)
     finally:

@@ -75,6 +75,19 @@ def test_a_discarded_push_is_not_fitted_as_an_apply(tmp_path):
     assert fit["server_apply_s"] == pytest.approx(KNOWN.server_apply_s, rel=1e-9)
 
 
+def test_a_refused_push_of_a_diverged_recording_is_not_fitted_as_an_apply(tmp_path):
+    """A recording that diverged: its last push was refused (no apply; apply_s 0 in the simulator,
+    the check's own time in the real server), but the summary did not list it as dropped, so the
+    fit averaged it in as an apply (0.000952 s where KNOWN's is 0.001). Now it is listed."""
+    run_dir = tmp_path / "diverged"
+    summary = simulate(sim_cfg(cost=KNOWN, checkpoint_every=0, divergence_factor=5.0,
+                               algo=dataclasses.replace(sim_cfg().algo, lr=1.0)), run_dir)
+    assert summary["status"] == "diverged", summary["message"]
+    assert len(summary["discarded_pushes"]) == 1
+    fit = fit_config(sim_cfg(cost=CostConfig.of(profile="fit", path=str(run_dir))))[1]
+    assert fit["server_apply_s"] == pytest.approx(KNOWN.server_apply_s, rel=1e-9)
+
+
 def test_fit_refuses_too_few_pushes(tmp_path):
     short = record(tmp_path, "short", None, epochs=0.5)
     cfg = sim_cfg(cost=CostConfig.of(profile="fit", path=str(short)))

@@ -241,6 +241,63 @@ class _Channel:
         pass
 
 
+def test_a_real_client_awaiting_the_servers_hello_reads_its_heartbeats_and_waits_on():
+    """The server heartbeats its clients while it evaluates version 0, before its HELLO: the
+    client waits on for the HELLO; it took the HEARTBEAT for a protocol error and left (exit 1)."""
+    cfg = cfg_for(nsync=2)
+    setup = build_client(cfg, 1, torch.device("cpu"))
+    channel = ScriptedChannel([Header(Kind.HEARTBEAT, 1, 0, 0), Header(Kind.HEARTBEAT, 1, 0, 0),
+                               hello(setup.inbox, cfg), Header(Kind.STOP, 1, 0, 0)], arrive_after=10**9)
+    assert run_client(cfg, 1, channel, setup) == 0
+    assert channel.sent == [Kind.HELLO]
+
+
+class _Greeted(_Channel):
+    """A client's channel that answers the server's HELLO with its own."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    def recv(self, frame):
+        return hello(frame, self.cfg)
+
+
+@pytest.mark.timeout(60)
+def test_the_real_server_heartbeats_its_clients_while_it_evaluates_version_0_before_its_hello(
+        tmp_path, monkeypatch):
+    """Version 0's evaluation outlasts backend.timeout_s (0.4 s) evaluating a batch every 0.2 s:
+    the server waits for it (Evaluations.join), but each client waits for the server's HELLO at
+    most backend.timeout_s, so every client left and the run failed 'every client lost'. Now
+    the server heartbeats every client while it waits (its slow twin: ..._keeps_the_real_clients)."""
+    import time
+
+    from repro.real.transport import Receiver
+    from repro.runs import evaluations
+
+    evaluate = evaluations.evaluate
+
+    def slow(net, params, sets):
+        for _ in range(4):
+            net.module(sets.x_test[:1])   # a batch: progress
+            time.sleep(0.2)
+        return evaluate(net, params, sets)
+
+    monkeypatch.setattr(evaluations, "evaluate", slow)
+    monkeypatch.setattr(Receiver, "start", lambda receiver: None)   # no client pushes
+    cfg = cfg_for(backend=BackendConfig(name="real", timeout_s=0.4))
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+        channels = {1: _Greeted(cfg), 2: _Greeted(cfg)}
+        Dispatcher(cfg, core, channels, StopRequest()).start()
+        core.stop()
+        core.finish(*core.final_status(interrupted=False))
+    for sent in channels.values():
+        assert sent.sent[-2:] == [Kind.HELLO, Kind.PARAMS] and len(sent.sent) > 2, sent.sent
+        assert set(sent.sent[:-2]) == {Kind.HEARTBEAT}, sent.sent
+
+
 @pytest.mark.timeout(60)
 def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
     """Client 1's push spends the budget while client 2 computes: client 2 is sent STOP at
@@ -627,3 +684,33 @@ def test_a_version_a_loss_applies_on_the_real_server_is_evaluated_and_checkpoint
         assert core.server.version == 1 and saved == [1]
         assert list(pd.read_csv(tmp_path / schema.EVALS_FILE).version) == [0, 1]
         core.finish(*core.final_status(interrupted=False))
+
+
+@pytest.mark.slow   # a real run whose version 0 takes 8 s to evaluate
+@pytest.mark.timeout(150)
+def test_a_slow_version_0_evaluation_keeps_the_real_clients(tmp_path, monkeypatch):
+    """Version 0's evaluation takes 8 s, longer than backend.timeout_s (5 s), but evaluates a
+    batch every second: the server waits for it (Evaluations.join), and its clients, waiting
+    for its HELLO at most backend.timeout_s, gave up: every client lost, the run failed. Now the
+    server heartbeats them while it evaluates, and the run completes."""
+    import time
+
+    from repro.real import run_real
+    from repro.runs import evaluations
+    from tests.helpers.runs import real_cfg
+
+    evaluate, calls = evaluations.evaluate, []
+
+    def slow_version_0(net, params, sets):
+        calls.append(1)
+        for _ in range(8 if len(calls) == 1 else 0):
+            net.module(sets.x_test[:1])   # a batch: progress
+            time.sleep(1.0)
+        return evaluate(net, params, sets)
+
+    monkeypatch.setattr(evaluations, "evaluate", slow_version_0)
+    backend = BackendConfig(name="real", client_device="cpu", timeout_s=5.0, client_timeout_s=10.0)
+    summary = run_real(real_cfg(backend=backend, num_epochs=1.0), tmp_path / "run")
+    assert summary["status"] == "completed", summary["message"]
+    assert list(pd.read_csv(tmp_path / "run" / "evals.csv").version)[0] == 0
+    assert multiprocessing.active_children() == []

@@ -142,3 +142,31 @@ def test_a_torchrun_run_folder_is_the_plain_run_folder_of_the_resolved_config(tm
     the default's own folder)."""
     cfg, folder = _rank0_run(tmp_path, monkeypatch, world_size)
     assert folder.name == name and entry.resolve(cfg).num_clients == world_size - 1, folder
+
+
+def test_the_torchrun_worlds_num_clients_line_is_in_the_run_log_once(tmp_path, monkeypatch, caplog):
+    """torchrun --nproc-per-node=3 ... with no num_clients=N runs 2 clients where the config said
+    4: the line saying so was logged once on rank 0's command line before the job, so it never
+    reached the run folder's run.log (a run folder records what changed its config). Now the job's
+    resolve step logs it, once, into run.log (the run itself not run: its resolve step only)."""
+    from tests.helpers.grids import cli_in_process
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    resolved, before = [], []
+    line = "torchrun world size 3: num_clients = 2 (config said 4)"
+
+    def resolve_only(cfg, run_dir):
+        before.extend(r for r in caplog.records if line in r.getMessage())   # logged before the job
+        resolved.append(entry.resolve(cfg, run_dir))
+        return {"status": "completed", "version": 0, "epoch": 0.0, "final": {}, "clock": "wall",
+                "time_s": 0.0, "wall_time_s": 0.0}
+
+    monkeypatch.setattr(entry, "run", resolve_only)
+    with caplog.at_level("INFO", logger="repro"):
+        assert cli_in_process(monkeypatch, "backend=real", f"results_dir={tmp_path}") == 0
+    assert [r.num_clients for r in resolved] == [2]
+    assert before == []
+    [run_log] = tmp_path.rglob("run.log")
+    assert run_log.parent.name == "backend=real,num_clients=2"
+    assert run_log.read_text().count(line) == 1, run_log.read_text()

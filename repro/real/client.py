@@ -117,7 +117,8 @@ def _hello(channel: Channel, setup: ClientSetup, cfg: RunConfig) -> bool:
     """Answer the server's HELLO with ours (both carry the parameter count and the config's
     fingerprint; no payload moves before they agree). False if the server says STOP instead (a
     finished run)."""
-    theirs = channel.recv(setup.inbox)
+    while (theirs := channel.recv(setup.inbox)).kind == Kind.HEARTBEAT:
+        continue   # the server evaluates version 0 before its HELLO: it is alive, the wait starts over
     if theirs.kind == Kind.STOP:
         return False
     channel.send(hello(setup.outbox, cfg), setup.outbox)   # even on a mismatch: the server reports it

@@ -171,21 +171,23 @@ class Dispatcher:
         for k in self.live():
             self.send_stop(k)
 
-    def keep_alive(self) -> None:
+    def keep_alive(self, greeting: bool = False) -> None:
         """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been
         held that long: it waits for that reply at most ``backend.timeout_s``, and a sync round or
         an ssp bound held by a slow (heartbeating) client may last longer; it left the run before.
-        (A short hold gets none: a send waits for the client's next receive, under the lock.)"""
+        (A short hold gets none: a send waits for the client's next receive, under the lock.) ``greeting``:
+        to all, awaiting our HELLO as long while the evaluation before it (version 0's) is waited for."""
         every = self.cfg.backend.timeout_s / 4
         if time.monotonic() - self.kept_alive < every:
             return
         self.kept_alive = time.monotonic()
         for k in self.live():
-            if self.receivers[k].held_s() >= every:
+            if greeting or self.receivers[k].held_s() >= every:
                 try:
                     self.channels[k].send(Header(Kind.HEARTBEAT, k, self.server.version, 0), self.reply)
                 except LinkLost as exc:
-                    self.lose(k, str(exc))
+                    if not greeting:   # (then its HELLO loses it: the core is mid-begin)
+                        self.lose(k, str(exc))
 
     def poll_processes(self) -> None:
         for k, proc in self.processes.items():
@@ -200,8 +202,10 @@ class Dispatcher:
     def start(self) -> None:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
         home = self.reply.payload if self.device.type != "cuda" else None
+        self.core.evals.waiting = lambda: self.keep_alive(greeting=True)   # version 0's evaluation comes first
         begun = self.core.begin(sorted(self.channels), self.now(), driver_state=self.driver_state,
                                 params_home=home)   # a resumed run's rounds start afresh
+        self.core.evals.waiting = None
         self.params_in_reply = home is not None
         self.stopping = begun.stopping   # version 0 diverged: nobody is served
         for k, receiver in self.receivers.items():
@@ -245,10 +249,9 @@ class Dispatcher:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
                 self.acceptor.done.set()
-        # torchrun SIGKILLs rank 0 30 s after its signal, so a stop waits backend.client_timeout_s for
-        # no client that answers nothing (stopped, dying), the summary unwritten: neither for a
-        # receiver whose reply to it holds the lock (it serves nothing more: closed), nor for the
-        # greeting's HELLO, nor for a STOP
+        # torchrun SIGKILLs rank 0 30 s after its signal: a stop waits backend.client_timeout_s for no
+        # client that answers nothing (stopped, dying), summary unwritten: neither for a receiver whose
+        # reply holds the lock (it serves no more: closed), nor for the greeting's HELLO, nor a STOP
         while not self.lock.acquire(timeout=0.1):
             if self.stop.is_set() and self.held_by_silence():
                 return self.core.final_status(interrupted=True)

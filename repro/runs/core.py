@@ -93,7 +93,7 @@ class RunCore:
         self.kind = backend
         self.server: ParameterServer = problem.make_server(cfg)
         self.state = RunState()
-        self.discarded: list[list[int]] = []   # [read_version, client] of each dropped segment
+        self.discarded: list[list[int]] = []   # [read_version, client] of each push dropped (or refused)
         self.collected: list[list[int]] = []   # [read_version, client] of each push merged (rennala)
         core_state = resume.get("core", {}) if resume is not None else {}
         if resume is not None:
@@ -187,18 +187,18 @@ class RunCore:
         once the run is stopping. The driver carries the replies, then calls :meth:`settle`."""
         if self.state.stopping:
             return Outcome((Reply(push.client, stop=True),), stopping=True)
-        version, decision = self.server.version, Decision()
+        version, decision, mine = self.server.version, Decision(), [int(push.read_version), int(push.client)]
         why = self.evals.check_loss(push)   # every push, before any protocol merges it
         if why:
             self.diverge(why)
+            self.discarded.append(mine)   # dropped on arrival, no apply (which cost=fit leaves out)
             replies = self._deliver([Reply(push.client)])
         else:
             decision = self.protocol.on_push(push, self.view())
             self._unapplied = 0 if decision.apply is not None else self._unapplied + 1
             replies = self._carry_out(decision, time_s)
-        mine = (push.read_version, push.client)
         return Outcome(tuple(replies), applied=self.server.version != version, stopping=self.state.stopping,
-                       discarded=bool(why) or any((int(v), int(k)) == mine for v, k in decision.discarded))
+                       discarded=bool(why) or any([int(v), int(k)] == mine for v, k in decision.discarded))
 
     def record_timing(self, time_s: float, client: int, read_version: int, **parts: float) -> None:
         """Where one push's round trip went (timings.csv's parts, measured by the driver, or

@@ -68,6 +68,7 @@ class Evaluations:
         self.asked = -1         # the version of the last one submitted
         self.hung = False       # one was not waited for (left running, abandoned)
         self.last_progress = 0.0   # when the one in its thread last moved on (monotonic)
+        self.waiting = None   # called as join waits (the real server heartbeats the clients awaiting its HELLO)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the reference loss, and the evaluation running (its snapshot)."""
@@ -141,6 +142,8 @@ class Evaluations:
             if stop_asked() and not asked:
                 break
             self._thread.join(min(0.05, left))   # (a signal's handler runs between)
+            if self.waiting:
+                self.waiting()
         if self._thread is None or not self._thread.is_alive():
             return ""
         abandon(self._thread)   # the process's exit ends it, not torch's teardown under it
