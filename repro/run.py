@@ -389,7 +389,7 @@ def cli() -> None:
                         exit_bad_input(f"{len(BAD_POINTS)} grid point(s) not run, named above: "
                                        + "; ".join(BAD_POINTS))
                 else:
-                    run_composed(checked[0], checked[1].replace(**typed))
+                    run_composed(checked[0], checked[1].replace(**typed) if typed else checked[1])   # (validated)
             except KeyboardInterrupt:
                 sys.exit(EXIT_INTERRUPTED)
     finally:
