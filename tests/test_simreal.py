@@ -243,3 +243,18 @@ def test_parts_with_no_loopback_point_says_so_instead_of_a_key_error(tmp_path, c
     fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[l1])
     main(["simreal", "--results", str(tmp_path), "--parts"])
     assert f"none: {tmp_path} has no loopback point with both a measured and a predicted run" in capsys.readouterr().out
+
+
+def test_a_moved_experiment_tree_still_pairs_its_predicted_runs(tmp_path, capsys):
+    """A simulated run's link came from its fit's recordings, by their absolute paths: once the
+    tree was moved or copied (to another machine, another name) no predicted run had a link, and
+    the report said no point had both sides. The fit records its recordings' host: read that."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    r1 = fake_run(tmp_path / "old" / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    p1 = fake_run(tmp_path / "old" / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[r1])
+    config = json.loads((p1 / "config.json").read_text())
+    config["fit"]["host"] = host   # as repro.sim.fit records it
+    (p1 / "config.json").write_text(json.dumps(config))
+    (tmp_path / "old").rename(tmp_path / "new")
+    assert main(["simreal", "--results", str(tmp_path / "new")]) == 0, capsys.readouterr().err
+    assert "loopback      1       1" in capsys.readouterr().out

@@ -8,7 +8,7 @@ tidy frames, the comparison of each grid point (measured against predicted), and
 Which side and which link a run folder is comes from what it recorded, never from its path: a
 real run is on the limited link when its server's host held none of its clients (config.json's
 ``host``, written by the real driver); a simulated run belongs to the link of the recording its
-cost model was fitted to (config.json's ``fit.paths``).
+cost model was fitted to (config.json's ``fit``: the ``host`` its recordings share, else its first path's).
 
 Samples per second are counted from the first applied push to the last, and time to target from
 the first applied push, on both sides: a real run's first push comes after its processes'
@@ -46,12 +46,15 @@ def _config(run_dir: Path) -> dict:
 
 def link_of(run_dir: Path, config: dict | None = None) -> str | None:
     """'loopback' or 'link' (two hosts) of a real run from its ``host`` record; a simulated run's
-    is its fit's first recording's; None: neither (no record)."""
+    is its fit's (the ``host`` its recordings share, else its first recording's); None: neither
+    (no record)."""
     config = config if config is not None else _config(run_dir)
-    if config.get("backend", {}).get("name") == "real":
-        host = config.get("host")
+    real, fit = config.get("backend", {}).get("name") == "real", config.get("fit") or {}
+    # the fit's own copy first: its recordings' paths are absolute, gone once the tree is moved
+    host = config.get("host") if real else fit.get("host")
+    if real or host:
         return None if not host else ("link" if int(host["clients_on_host"]) == 0 else "loopback")
-    paths = (config.get("fit") or {}).get("paths") or []
+    paths = fit.get("paths") or []
     return link_of(Path(paths[0])) if paths else None
 
 
