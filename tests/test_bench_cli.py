@@ -43,6 +43,9 @@ def test_defaults_are_each_benchmarks_own():
     ["sim", "--repeats", "0"],
     ["sim", "--epochs", "-1"],
     ["real", "--blocks", "x"],
+    ["sim", "--epochs", "inf"],           # an OverflowError traceback sizing the budget
+    ["grid", "--epochs", "inf"],          # every run refused it, a RuntimeError traceback
+    ["simreal", "--cores-epochs", "inf"],
 ])
 def test_bad_command_lines_are_usage_errors(argv, capsys):
     code, _ = _exit_code(argv, capsys)
