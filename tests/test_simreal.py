@@ -258,3 +258,16 @@ def test_a_moved_experiment_tree_still_pairs_its_predicted_runs(tmp_path, capsys
     (tmp_path / "old").rename(tmp_path / "new")
     assert main(["simreal", "--results", str(tmp_path / "new")]) == 0, capsys.readouterr().err
     assert "loopback      1       1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--parts", "--spread"])
+def test_a_run_without_timings_is_named_in_one_line_by_parts_and_spread(tmp_path, capsys, option):
+    """--parts and --spread read timings.csv, which read_runs does not need: a run folder without
+    one (an older or edited recording) was a FileNotFoundError traceback after the table."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 2}
+    run = fake_run(tmp_path / "m2", backend="real", clients=2, nsync=1, seed=0, host=host)
+    fake_run(tmp_path / "p2", backend="sim", clients=2, nsync=1, seed=0, fit_paths=[run])
+    (run / "timings.csv").unlink()
+    assert main(["simreal", "--results", str(tmp_path), option]) == 2
+    err = capsys.readouterr().err
+    assert str(run / "timings.csv") in err and err.count("\n") == 1, err

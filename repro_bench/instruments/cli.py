@@ -275,20 +275,24 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
     ok = print_table(table)
     print("\nthe simulator's accuracy over all points (samples/s medians over seeds):")
     print("\n".join("  " + line for line in accuracy(table, runs).lines()))
-    if args.parts:
-        print("\nwhere a round trip went, ms (timings.csv means, median over seeds):")
-        with pd.option_context("display.width", 250, "display.max_columns", 20):
-            print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
-        print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
-        parts = machine_parts(root, cores)
-        print(parts.to_string(float_format=lambda x: f"{x:+.1%}") if not parts.empty else
-              f"  none: {root} has no loopback point with both a measured and a predicted run")
-    if args.spread:
-        from repro_bench.instruments.spread import spread_table
+    try:   # a run folder without timings.csv (an older or edited recording): named, not a traceback
+        if args.parts:
+            print("\nwhere a round trip went, ms (timings.csv means, median over seeds):")
+            with pd.option_context("display.width", 250, "display.max_columns", 20):
+                print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
+            print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
+            parts = machine_parts(root, cores)
+            print(parts.to_string(float_format=lambda x: f"{x:+.1%}") if not parts.empty else
+                  f"  none: {root} has no loopback point with both a measured and a predicted run")
+        if args.spread:
+            from repro_bench.instruments.spread import spread_table
 
-        print("\nstaleness KS of the points with 2+ clients (median over seeds): the fitted jitter, "
-              "the jitter of the point's own measured compute spread, the real runs' seed-to-seed floor:")
-        print_spread(spread_table(root))
-        if args.machine:
-            scheduler_spread(loops)
+            print("\nstaleness KS of the points with 2+ clients (median over seeds): the fitted jitter, "
+                  "the jitter of the point's own measured compute spread, the real runs' seed-to-seed floor:")
+            print_spread(spread_table(root))
+            if args.machine:
+                scheduler_spread(loops)
+    except (OSError, ValueError) as exc:
+        print(f"python -m repro.bench simreal: {exc}", file=sys.stderr)
+        return 2
     return 0 if ok else 1
