@@ -271,3 +271,13 @@ def test_a_run_without_timings_is_named_in_one_line_by_parts_and_spread(tmp_path
     assert main(["simreal", "--results", str(tmp_path), option]) == 2
     err = capsys.readouterr().err
     assert str(run / "timings.csv") in err and err.count("\n") == 1, err
+
+
+def test_a_point_no_seed_brought_to_the_target_prints_never_not_nan(tmp_path, capsys):
+    """The table printed 'nan in [nan, nan] no' for a point whose runs never reached the target."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host, ttt=None)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run], ttt=None)
+    main(["simreal", "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert " never in [never, never] no" in out and "nan" not in out, out

@@ -133,8 +133,13 @@ def print_table(table) -> bool:
               f"{r.measured_staleness:5.2f}/{r.predicted_staleness:5.2f} {stale_err:>7s} "
               f"{'' if r.num_clients < 2 else ('PASS' if st_ok else 'FAIL'):4s} {ks:>5s} "
               f"{'' if r.num_clients < 2 else ('PASS' if ks_ok else 'FAIL'):4s} "
-              f"{r.measured_time_to_target_s:6.3f} in [{r.predicted_time_to_target_min_s:.3f}, "
-              f"{r.predicted_time_to_target_max_s:.3f}] {'yes' if r.time_to_target_inside else 'no'}")
+              f"{_time(r.measured_time_to_target_s):>6s} in [{_time(r.predicted_time_to_target_min_s)}, "
+              f"{_time(r.predicted_time_to_target_max_s)}] {'yes' if r.time_to_target_inside else 'no'}")
+
+
+def _time(seconds: float) -> str:
+    """A time to target as the table prints it: 'never' where no seed reached it (NaN was printed)."""
+    return "never" if seconds != seconds else f"{seconds:.3f}"
     return ok
 
 
