@@ -281,3 +281,15 @@ def test_a_point_no_seed_brought_to_the_target_prints_never_not_nan(tmp_path, ca
     main(["simreal", "--results", str(tmp_path)])
     out = capsys.readouterr().out
     assert " never in [never, never] no" in out and "nan" not in out, out
+
+
+def test_an_experiment_that_refused_to_start_is_its_own_one_line(tmp_path, monkeypatch, capsys):
+    """--results naming a file: the experiment refused it in one line (exit 2), then the benchmark
+    added 'no grid point in FILE has both a measured and a predicted run', as if runs were missing."""
+    stand_in = tmp_path / "experiment"   # the experiment's refusal, without its imports
+    stand_in.write_text("#!/bin/sh\necho 'error: cannot make the grid folder' >&2\nexit 2\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    (tmp_path / "file").write_text("")
+    assert main(["simreal", "--results", str(tmp_path / "file")]) == 2
+    assert "no grid point" not in capsys.readouterr().err

@@ -263,10 +263,13 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
                f"exp_name={_quoted(where.name)}"]
         shown = " ".join(["python", *cmd[1:3], *map(_for_shell, cmd[3:])])   # a command to copy
         print(f"no runs in {root}: running {shown}", flush=True)
-        if _experiment(cmd) == EXIT_INTERRUPTED:   # its "same command with resume=auto" is not this one
+        code = _experiment(cmd)
+        if code == EXIT_INTERRUPTED:   # its "same command with resume=auto" is not this one
             print(f"python -m repro.bench simreal: the experiment stopped; {shown} resume=auto "
                   "finishes it, then this command reports on it", file=sys.stderr)
             return EXIT_INTERRUPTED
+        if code and not lab.run_dirs(root):   # it said why (e.g. --results a file); "no grid point" would not
+            return code
     try:
         runs, stale, _ = lab.read_runs(root)
     except ValueError as exc:   # a run folder that does not read: named in one line
