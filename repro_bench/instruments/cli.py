@@ -135,12 +135,12 @@ def print_table(table) -> bool:
               f"{'' if r.num_clients < 2 else ('PASS' if ks_ok else 'FAIL'):4s} "
               f"{_time(r.measured_time_to_target_s):>6s} in [{_time(r.predicted_time_to_target_min_s)}, "
               f"{_time(r.predicted_time_to_target_max_s)}] {'yes' if r.time_to_target_inside else 'no'}")
+    return ok
 
 
 def _time(seconds: float) -> str:
     """A time to target as the table prints it: 'never' where no seed reached it (NaN was printed)."""
     return "never" if seconds != seconds else f"{seconds:.3f}"
-    return ok
 
 
 def machine_now(loops: BareLoops) -> float:
