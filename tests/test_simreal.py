@@ -293,3 +293,18 @@ def test_an_experiment_that_refused_to_start_is_its_own_one_line(tmp_path, monke
     (tmp_path / "file").write_text("")
     assert main(["simreal", "--results", str(tmp_path / "file")]) == 2
     assert "no grid point" not in capsys.readouterr().err
+
+
+def test_runs_of_one_point_that_differ_in_more_than_their_seed_are_refused_naming_two(tmp_path, capsys):
+    """A run of another setting left in the tree (here another lr) joined the point's medians
+    over seeds in silence; the runs of one point and side may differ only in their seed."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    other = fake_run(tmp_path / "m1-lr", backend="real", clients=1, nsync=1, seed=1, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "algo": {"lr": 0.5}}))
+    assert main(["simreal", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "the measured loopback runs of nsync 1, 1 client(s) differ in more than their seed" in err
+    assert str(other) in err and err.count("\n") == 1, err

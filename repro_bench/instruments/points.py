@@ -17,6 +17,7 @@ models), which in runs of a second would otherwise weigh on both.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -25,10 +26,13 @@ import pandas as pd
 
 from repro.analysis.load import find_run_dirs
 from repro.config.renames import read_recorded
+from repro.config.settings import RECORDED_ONLY
 from repro.files import schema
 from repro.runs.runlog import read_summary
 
 KEYS = ["link", "nsync", "num_clients"]
+# what the runs of one grid point and side may differ in: the seed, their folder, what they recorded
+UNSET = {*RECORDED_ONLY, "seed", "results_dir", "exp_name", "resume", "progress"}
 SAMPLES_TARGET, STALENESS_TARGET, KS_TARGET = 0.15, 0.10, 0.1   # the issue's targets (REPRODUCE.md)
 COLUMNS = [*KEYS, "measured_samples_per_s", "predicted_samples_per_s", "samples_error",
            "measured_staleness", "predicted_staleness", "staleness_error", "ks_distance",
@@ -86,7 +90,8 @@ def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame] | None:
     start = float(updates.time_s.iloc[0])   # both sides' clocks from their first applied push
     # a target the evaluation at version 0 met was reached before the first push: at 0, not before it
     run = {**key, "samples_per_s": samples_per_s(updates), "staleness": float(updates.staleness.mean()),
-           "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir)}
+           "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir),
+           "setting": json.dumps({k: v for k, v in config.items() if k not in UNSET}, sort_keys=True, default=str)}
     return (run, pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}),
             pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
 
@@ -105,8 +110,13 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
         if read is not None:
             for out, part in zip((runs, stale, curves), read):
                 out.append(part)
-    cat = (lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame())
-    return pd.DataFrame(runs), cat(stale), cat(curves)
+    cat, runs = (lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()), pd.DataFrame(runs)
+    for key, g in runs.groupby(["side", *KEYS]) if not runs.empty else ():   # medians over seeds of one setting
+        if g.setting.nunique() > 1:
+            a, b = g.drop_duplicates("setting").run_dir.iloc[:2]
+            raise ValueError(f"the {' '.join(map(str, key[:2]))} runs of nsync {key[2]}, {key[3]} client(s) differ in "
+                             f"more than their seed ({a} and {b}): a point's medians are over seeds of one setting")
+    return runs.drop(columns="setting", errors="ignore"), cat(stale), cat(curves)
 
 
 def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
