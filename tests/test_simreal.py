@@ -308,3 +308,18 @@ def test_runs_of_one_point_that_differ_in_more_than_their_seed_are_refused_namin
     err = capsys.readouterr().err
     assert "the measured loopback runs of nsync 1, 1 client(s) differ in more than their seed" in err
     assert str(other) in err and err.count("\n") == 1, err
+
+
+def test_an_unfinished_run_is_said_to_be_left_out(tmp_path, capsys):
+    """A killed run (summary 'running') was passed over in silence: its point had a seed fewer,
+    or no point was left and the report said only that none had both sides."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    killed = fake_run(tmp_path / "m1-seed1", backend="real", clients=1, nsync=1, seed=1, host=host)
+    (killed / "summary.json").write_text(json.dumps({"status": "running"}))
+    main(["simreal", "--results", str(tmp_path)])
+    assert "(1 run folder(s) not finished, left out): their points have fewer seeds" in capsys.readouterr().out
+    (run / "summary.json").write_text(json.dumps({"status": "running"}))
+    assert main(["simreal", "--results", str(tmp_path)]) == 2
+    assert "has both a measured and a predicted run (2 run folder(s) not finished, left out)\n" in capsys.readouterr().err

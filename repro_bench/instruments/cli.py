@@ -275,11 +275,18 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
     except ValueError as exc:   # a run folder that does not read: named in one line
         print(f"python -m repro.bench simreal: {exc}", file=sys.stderr)
         return 2
+    from repro.analysis.load import find_run_dirs
+
+    # a killed run (summary 'running'), an interrupted or a failed one is not read: say so, not in silence
+    unfinished = len(find_run_dirs(root)[0]) - len(lab.run_dirs(root))
+    unfinished = f" ({unfinished} run folder(s) not finished, left out)" if unfinished else ""
     table = lab.points_table(runs, stale)
     if table.empty:
-        print(f"python -m repro.bench simreal: no grid point in {root} has both a measured and a predicted run",
-              file=sys.stderr)
+        print(f"python -m repro.bench simreal: no grid point in {root} has both a measured and a predicted "
+              f"run{unfinished}", file=sys.stderr)
         return 2
+    if unfinished:
+        print(f"in {root}{unfinished}: their points have fewer seeds")
     ok = print_table(table)
     print("\nthe simulator's accuracy over all points (samples/s medians over seeds):")
     print("\n".join("  " + line for line in accuracy(table, runs).lines()))
