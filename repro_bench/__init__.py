@@ -13,15 +13,17 @@ from typing import Any, Callable
 
 
 def positive(kind: type, allow_zero: bool = False) -> Callable[[str], Any]:
-    """An argparse type: ``kind`` (int or float) > 0 (or >= 0 with ``allow_zero``; never nan), so
-    a bad value is a usage error (exit 2), not a traceback minutes into a run. Here, where
-    every benchmark's and instrument's command line finds it."""
+    """An argparse type: ``kind`` (int or float) > 0 (or >= 0 with ``allow_zero``; never nan nor
+    inf), so a bad value is a usage error (exit 2), not a traceback minutes into a run (inf was
+    one: an OverflowError sizing a budget). Here, where every benchmark's and instrument's
+    command line finds it."""
     import argparse
+    import math
 
     def parse(text: str):
         value = kind(text)
-        if not (value > 0 or (allow_zero and value == 0)):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'>=' if allow_zero else '>'} 0")
+        if not (value > 0 or (allow_zero and value == 0)) or value == math.inf:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {'>=' if allow_zero else '>'} 0")
         return value
     parse.__name__ = kind.__name__   # argparse names the type in its "invalid ... value" message
     return parse

@@ -38,7 +38,7 @@ Exit status 0 when the ratio meets the target and the tables are identical,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--exp", default="fig4",
+    parser.add_argument("--exp", default="fig4", type=_experiment,
                         help="the experiment whose grid is timed (default: %(default)s)")
     parser.add_argument("--epochs", type=positive(float, allow_zero=True), default=0.0,
                         help="num_epochs of every grid point, to make the benchmark shorter; 0 "
@@ -53,6 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="write both results trees under DIR and keep them (default: a "
                              "temporary folder, removed afterwards)")
     return parser
+
+
+def _experiment(name: str) -> str:
+    """An argparse type: an experiment of conf/exp/ (an unknown one was a RuntimeError traceback
+    after its first launch failed)."""
+    from repro.config.loader import group_options
+
+    if name not in (names := group_options("exp")):
+        raise argparse.ArgumentTypeError(f"no experiment {name!r}; one of: {', '.join(names)}")
+    return name
 
 
 def command(exp: str, root: Path, launcher: str, epochs: float, jobs: int | None, data_root: Path) -> list[str]:
@@ -109,7 +119,12 @@ def run(args: argparse.Namespace) -> int:
     jobs = args.jobs or n_cores
     keep = Path(args.keep).resolve() if args.keep else None
     base = keep or Path(tempfile.mkdtemp(prefix="repro-bench-grid-"))
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:   # a file, or a place no folder can be made: a usage error, not a traceback
+        print(f"python -m repro.bench grid: --keep {args.keep}: cannot make the folder ({exc.strerror})",
+              file=sys.stderr)
+        return 2
     try:
         load = " ".join(f"{v:.2f}" for v in os.getloadavg())
         epochs = f" num_epochs={args.epochs:g}" if args.epochs else ""
@@ -146,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
         if keep:
             print(f"results kept in {keep}")
         return 0 if ok_ratio and ok_same else 1
+    except RuntimeError as exc:   # a launch that failed: its command, status and log's tail
+        print(f"python -m repro.bench grid: {exc}", file=sys.stderr)
+        return 1
     finally:
         if keep is None:
             shutil.rmtree(base, ignore_errors=True)

@@ -43,6 +43,10 @@ def test_defaults_are_each_benchmarks_own():
     ["sim", "--repeats", "0"],
     ["sim", "--epochs", "-1"],
     ["real", "--blocks", "x"],
+    ["sim", "--epochs", "inf"],           # an OverflowError traceback sizing the budget
+    ["grid", "--epochs", "inf"],          # every run refused it, a RuntimeError traceback
+    ["simreal", "--cores-epochs", "inf"],
+    ["grid", "--exp", "nosuch"],          # a RuntimeError traceback once its first launch failed
 ])
 def test_bad_command_lines_are_usage_errors(argv, capsys):
     code, _ = _exit_code(argv, capsys)
@@ -152,3 +156,19 @@ def test_a_startup_mark_appends_one_line_that_phases_reads(tmp_path, monkeypatch
                                                  ["main", str(os.getpid()), "imported"]]
     assert [name for name, _ in phases(trace, start=0.0, end=float(lines[-1][0]))][:2] == [
         "server: clients started", "main: imported"]
+
+
+def test_a_grid_keep_folder_that_cannot_be_made_or_a_failed_launch_is_one_line(tmp_path, capsys, monkeypatch):
+    """--keep naming a file was a FileExistsError traceback; a launch that exited non-zero a
+    RuntimeError traceback. Now: the option and why (2), the launch's command and log tail (1)."""
+    from repro_bench import grid as bench_grid
+
+    (tmp_path / "file").write_text("")
+    assert bench.main(["grid", "--keep", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == f"python -m repro.bench grid: --keep {tmp_path / 'file'}: cannot make the folder (File exists)\n"
+
+    def failed(cmd, log_path):
+        raise RuntimeError("python -m repro.run +exp=fig4 exited 2:\nerror: no")
+    monkeypatch.setattr(bench_grid, "timed", failed)
+    assert bench.main(["grid", "--keep", str(tmp_path / "kept")]) == 1
+    assert capsys.readouterr().err == "python -m repro.bench grid: python -m repro.run +exp=fig4 exited 2:\nerror: no\n"

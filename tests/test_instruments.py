@@ -397,3 +397,14 @@ def test_a_point_where_a_seed_never_reached_the_target_is_left_out_of_time_to_ta
     a = acc.accuracy(_table([100.0, 200.0], [100.0, 200.0]), runs)
     assert (a.ttt_points, a.ttt_missing) == (0, 2)
     assert "2 point(s) left out: a run never reached the target" in a.lines()[4]
+
+
+def test_one_seed_per_point_has_no_seed_spread_not_a_spread_of_0():
+    """With one real seed a point's spread was 0, printed as '±0.0%; 0 of 1 point(s) within
+    their spread': no error can lie inside a spread one time cannot show. Now the error is
+    given, and the spread is said to be unknown."""
+    runs = pd.concat([_runs(1, "measured", [2.0]), _runs(1, "predicted", [2.2])])
+    a = acc.accuracy(_table([100.0], [100.0]), runs)
+    assert a.ttt_points == 1 and a.ttt_mape == pytest.approx(0.1) and math.isnan(a.ttt_seed_spread)
+    assert a.lines()[4] == ("time to target: mean |error| 10.0% over 1 point(s); "
+                            "the real runs' seed spread: n/a (one seed per point)")

@@ -243,3 +243,83 @@ def test_parts_with_no_loopback_point_says_so_instead_of_a_key_error(tmp_path, c
     fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[l1])
     main(["simreal", "--results", str(tmp_path), "--parts"])
     assert f"none: {tmp_path} has no loopback point with both a measured and a predicted run" in capsys.readouterr().out
+
+
+def test_a_moved_experiment_tree_still_pairs_its_predicted_runs(tmp_path, capsys):
+    """A simulated run's link came from its fit's recordings, by their absolute paths: once the
+    tree was moved or copied (to another machine, another name) no predicted run had a link, and
+    the report said no point had both sides. The fit records its recordings' host: read that."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    r1 = fake_run(tmp_path / "old" / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    p1 = fake_run(tmp_path / "old" / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[r1])
+    config = json.loads((p1 / "config.json").read_text())
+    config["fit"]["host"] = host   # as repro.sim.fit records it
+    (p1 / "config.json").write_text(json.dumps(config))
+    (tmp_path / "old").rename(tmp_path / "new")
+    assert main(["simreal", "--results", str(tmp_path / "new")]) == 0, capsys.readouterr().err
+    assert "loopback      1       1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--parts", "--spread"])
+def test_a_run_without_timings_is_named_in_one_line_by_parts_and_spread(tmp_path, capsys, option):
+    """--parts and --spread read timings.csv, which read_runs does not need: a run folder without
+    one (an older or edited recording) was a FileNotFoundError traceback after the table."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 2}
+    run = fake_run(tmp_path / "m2", backend="real", clients=2, nsync=1, seed=0, host=host)
+    fake_run(tmp_path / "p2", backend="sim", clients=2, nsync=1, seed=0, fit_paths=[run])
+    (run / "timings.csv").unlink()
+    assert main(["simreal", "--results", str(tmp_path), option]) == 2
+    err = capsys.readouterr().err
+    assert str(run / "timings.csv") in err and err.count("\n") == 1, err
+
+
+def test_a_point_no_seed_brought_to_the_target_prints_never_not_nan(tmp_path, capsys):
+    """The table printed 'nan in [nan, nan] no' for a point whose runs never reached the target."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host, ttt=None)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run], ttt=None)
+    main(["simreal", "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert " never in [never, never] no" in out and "nan" not in out, out
+
+
+def test_an_experiment_that_refused_to_start_is_its_own_one_line(tmp_path, monkeypatch, capsys):
+    """--results naming a file: the experiment refused it in one line (exit 2), then the benchmark
+    added 'no grid point in FILE has both a measured and a predicted run', as if runs were missing."""
+    stand_in = tmp_path / "experiment"   # the experiment's refusal, without its imports
+    stand_in.write_text("#!/bin/sh\necho 'error: cannot make the grid folder' >&2\nexit 2\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    (tmp_path / "file").write_text("")
+    assert main(["simreal", "--results", str(tmp_path / "file")]) == 2
+    assert "no grid point" not in capsys.readouterr().err
+
+
+def test_runs_of_one_point_that_differ_in_more_than_their_seed_are_refused_naming_two(tmp_path, capsys):
+    """A run of another setting left in the tree (here another lr) joined the point's medians
+    over seeds in silence; the runs of one point and side may differ only in their seed."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    other = fake_run(tmp_path / "m1-lr", backend="real", clients=1, nsync=1, seed=1, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "algo": {"lr": 0.5}}))
+    assert main(["simreal", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "the measured loopback runs of nsync 1, 1 client(s) differ in more than their seed" in err
+    assert str(other) in err and err.count("\n") == 1, err
+
+
+def test_an_unfinished_run_is_said_to_be_left_out(tmp_path, capsys):
+    """A killed run (summary 'running') was passed over in silence: its point had a seed fewer,
+    or no point was left and the report said only that none had both sides."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    killed = fake_run(tmp_path / "m1-seed1", backend="real", clients=1, nsync=1, seed=1, host=host)
+    (killed / "summary.json").write_text(json.dumps({"status": "running"}))
+    main(["simreal", "--results", str(tmp_path)])
+    assert "(1 run folder(s) not finished, left out): their points have fewer seeds" in capsys.readouterr().out
+    (run / "summary.json").write_text(json.dumps({"status": "running"}))
+    assert main(["simreal", "--results", str(tmp_path)]) == 2
+    assert "has both a measured and a predicted run (2 run folder(s) not finished, left out)\n" in capsys.readouterr().err

@@ -13,9 +13,10 @@ point's samples/s error e = predicted / measured - 1 (medians over seeds):
   samples/s across the points: 1 when the simulator orders the configurations as reality does;
 * **time to target**: per point, the predicted median time to the target error against the
   measured median, |predicted / measured - 1|, beside the real runs' own seed spread at that point
-  (half their range over seeds, relative to their median): an error inside it cannot be told from
-  the noise between seeds. Points where a run of either side never reached the target, or where the real
-  runs' median time is 0 (the evaluation before the first push met it), are left out, and counted.
+  (half their range over seeds, relative to their median; none with one seed): an error inside
+  it cannot be told from the noise between seeds. Points where a run of either side never
+  reached the target, or where the real runs' median time is 0 (the evaluation before the first
+  push met it), are left out, and counted.
 
 Pure arithmetic on the frames; nothing here runs anything.
 """
@@ -42,7 +43,7 @@ class Accuracy:
     kendall_tau: float
     ttt_points: int                # points where both sides reached the target
     ttt_mape: float                # mean |time-to-target error| over them
-    ttt_seed_spread: float         # mean of the real runs' seed spread over them
+    ttt_seed_spread: float         # mean of the real runs' seed spread over them (NaN: one seed each)
     ttt_within_spread: int         # points whose error lies inside their own spread
     ttt_missing: int               # points left out: a run never reached the target
     left_out: int = 0              # points without samples/s on a side (NaN), or none measured (0)
@@ -55,8 +56,10 @@ class Accuracy:
             return ["no grid point with both a measured and a predicted run" + lost]
         tau = "n/a (fewer than 2 points, or all tied)" if math.isnan(self.kendall_tau) else f"{self.kendall_tau:+.3f}"
         side = "over-predicts" if self.bias > 0 else "under-predicts" if self.bias < 0 else "neither over- nor under-predicts"
-        ttt = (f"time to target: mean |error| {self.ttt_mape:.1%} against the real runs' seed spread "
-               f"±{self.ttt_seed_spread:.1%}; {self.ttt_within_spread} of {self.ttt_points} point(s) within their spread"
+        spread = (f" against the real runs' seed spread ±{self.ttt_seed_spread:.1%}; {self.ttt_within_spread} of "
+                  f"{self.ttt_points} point(s) within their spread" if not math.isnan(self.ttt_seed_spread) else
+                  f" over {self.ttt_points} point(s); the real runs' seed spread: n/a (one seed per point)")
+        ttt = (f"time to target: mean |error| {self.ttt_mape:.1%}{spread}"
                if self.ttt_points else "time to target: no point where both sides reached the target")
         if self.ttt_missing:
             ttt += (f" ({self.ttt_missing} point(s) left out: a run never reached the target, or the real runs"
@@ -79,9 +82,10 @@ def kendall_tau(x, y) -> float:
 
 
 def seed_spread(times: pd.Series) -> float:
-    """Half the range of ``times`` over seeds relative to their median (0 with one seed)."""
+    """Half the range of ``times`` over seeds relative to their median (NaN with one seed: its 0
+    read as a spread that no error lies inside)."""
     t = times.dropna()
-    return float((t.max() - t.min()) / 2 / t.median()) if len(t) and t.median() > 0 else math.nan
+    return float((t.max() - t.min()) / 2 / t.median()) if len(t) > 1 and t.median() > 0 else math.nan
 
 
 def time_to_target_errors(runs: pd.DataFrame) -> pd.DataFrame:
@@ -110,13 +114,14 @@ def accuracy(table: pd.DataFrame, runs: pd.DataFrame) -> Accuracy:
     e = t.samples_error.astype(float)
     worst = t.loc[e.abs().idxmax()]
     ttt = time_to_target_errors(runs)
-    reached = ttt.dropna(subset=["ttt_error", "seed_spread"])
+    reached = ttt.dropna(subset=["ttt_error"])
+    spread = reached.seed_spread.dropna()   # none with one seed per point
     return Accuracy(
         points=len(t), mape=float(e.abs().mean()),
         worst_point=f"{worst.link}, nsync {worst.nsync}, {worst.num_clients} client(s)",
         worst_error=float(worst.samples_error), bias=float(e.mean()),
         kendall_tau=kendall_tau(t.predicted_samples_per_s.to_numpy(float), t.measured_samples_per_s.to_numpy(float)),
         ttt_points=len(reached), ttt_mape=float(reached.ttt_error.abs().mean()) if len(reached) else math.nan,
-        ttt_seed_spread=float(reached.seed_spread.mean()) if len(reached) else math.nan,
+        ttt_seed_spread=float(spread.mean()) if len(spread) else math.nan,
         ttt_within_spread=int((reached.ttt_error.abs() <= reached.seed_spread).sum()),
         ttt_missing=len(ttt) - len(reached), left_out=len(table) - len(t))

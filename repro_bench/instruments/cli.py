@@ -133,9 +133,14 @@ def print_table(table) -> bool:
               f"{r.measured_staleness:5.2f}/{r.predicted_staleness:5.2f} {stale_err:>7s} "
               f"{'' if r.num_clients < 2 else ('PASS' if st_ok else 'FAIL'):4s} {ks:>5s} "
               f"{'' if r.num_clients < 2 else ('PASS' if ks_ok else 'FAIL'):4s} "
-              f"{r.measured_time_to_target_s:6.3f} in [{r.predicted_time_to_target_min_s:.3f}, "
-              f"{r.predicted_time_to_target_max_s:.3f}] {'yes' if r.time_to_target_inside else 'no'}")
+              f"{_time(r.measured_time_to_target_s):>6s} in [{_time(r.predicted_time_to_target_min_s)}, "
+              f"{_time(r.predicted_time_to_target_max_s)}] {'yes' if r.time_to_target_inside else 'no'}")
     return ok
+
+
+def _time(seconds: float) -> str:
+    """A time to target as the table prints it: 'never' where no seed reached it (NaN was printed)."""
+    return "never" if seconds != seconds else f"{seconds:.3f}"
 
 
 def machine_now(loops: BareLoops) -> float:
@@ -258,37 +263,51 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
                f"exp_name={_quoted(where.name)}"]
         shown = " ".join(["python", *cmd[1:3], *map(_for_shell, cmd[3:])])   # a command to copy
         print(f"no runs in {root}: running {shown}", flush=True)
-        if _experiment(cmd) == EXIT_INTERRUPTED:   # its "same command with resume=auto" is not this one
+        code = _experiment(cmd)
+        if code == EXIT_INTERRUPTED:   # its "same command with resume=auto" is not this one
             print(f"python -m repro.bench simreal: the experiment stopped; {shown} resume=auto "
                   "finishes it, then this command reports on it", file=sys.stderr)
             return EXIT_INTERRUPTED
+        if code and not lab.run_dirs(root):   # it said why (e.g. --results a file); "no grid point" would not
+            return code
     try:
         runs, stale, _ = lab.read_runs(root)
     except ValueError as exc:   # a run folder that does not read: named in one line
         print(f"python -m repro.bench simreal: {exc}", file=sys.stderr)
         return 2
+    from repro.analysis.load import find_run_dirs
+
+    # a killed run (summary 'running'), an interrupted or a failed one is not read: say so, not in silence
+    unfinished = len(find_run_dirs(root)[0]) - len(lab.run_dirs(root))
+    unfinished = f" ({unfinished} run folder(s) not finished, left out)" if unfinished else ""
     table = lab.points_table(runs, stale)
     if table.empty:
-        print(f"python -m repro.bench simreal: no grid point in {root} has both a measured and a predicted run",
-              file=sys.stderr)
+        print(f"python -m repro.bench simreal: no grid point in {root} has both a measured and a predicted "
+              f"run{unfinished}", file=sys.stderr)
         return 2
+    if unfinished:
+        print(f"in {root}{unfinished}: their points have fewer seeds")
     ok = print_table(table)
     print("\nthe simulator's accuracy over all points (samples/s medians over seeds):")
     print("\n".join("  " + line for line in accuracy(table, runs).lines()))
-    if args.parts:
-        print("\nwhere a round trip went, ms (timings.csv means, median over seeds):")
-        with pd.option_context("display.width", 250, "display.max_columns", 20):
-            print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
-        print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
-        parts = machine_parts(root, cores)
-        print(parts.to_string(float_format=lambda x: f"{x:+.1%}") if not parts.empty else
-              f"  none: {root} has no loopback point with both a measured and a predicted run")
-    if args.spread:
-        from repro_bench.instruments.spread import spread_table
+    try:   # a run folder without timings.csv (an older or edited recording): named, not a traceback
+        if args.parts:
+            print("\nwhere a round trip went, ms (timings.csv means, median over seeds):")
+            with pd.option_context("display.width", 250, "display.max_columns", 20):
+                print(lab.parts_table(runs).to_string(float_format=lambda x: f"{x:.2f}"))
+            print("\nsamples/s error of the loopback points with parts of the machine's model (median over seeds):")
+            parts = machine_parts(root, cores)
+            print(parts.to_string(float_format=lambda x: f"{x:+.1%}") if not parts.empty else
+                  f"  none: {root} has no loopback point with both a measured and a predicted run")
+        if args.spread:
+            from repro_bench.instruments.spread import spread_table
 
-        print("\nstaleness KS of the points with 2+ clients (median over seeds): the fitted jitter, "
-              "the jitter of the point's own measured compute spread, the real runs' seed-to-seed floor:")
-        print_spread(spread_table(root))
-        if args.machine:
-            scheduler_spread(loops)
+            print("\nstaleness KS of the points with 2+ clients (median over seeds): the fitted jitter, "
+                  "the jitter of the point's own measured compute spread, the real runs' seed-to-seed floor:")
+            print_spread(spread_table(root))
+            if args.machine:
+                scheduler_spread(loops)
+    except (OSError, ValueError) as exc:
+        print(f"python -m repro.bench simreal: {exc}", file=sys.stderr)
+        return 2
     return 0 if ok else 1

@@ -8,7 +8,7 @@ tidy frames, the comparison of each grid point (measured against predicted), and
 Which side and which link a run folder is comes from what it recorded, never from its path: a
 real run is on the limited link when its server's host held none of its clients (config.json's
 ``host``, written by the real driver); a simulated run belongs to the link of the recording its
-cost model was fitted to (config.json's ``fit.paths``).
+cost model was fitted to (config.json's ``fit``: the ``host`` its recordings share, else its first path's).
 
 Samples per second are counted from the first applied push to the last, and time to target from
 the first applied push, on both sides: a real run's first push comes after its processes'
@@ -17,6 +17,7 @@ models), which in runs of a second would otherwise weigh on both.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -25,10 +26,13 @@ import pandas as pd
 
 from repro.analysis.load import find_run_dirs
 from repro.config.renames import read_recorded
+from repro.config.settings import RECORDED_ONLY
 from repro.files import schema
 from repro.runs.runlog import read_summary
 
 KEYS = ["link", "nsync", "num_clients"]
+# what the runs of one grid point and side may differ in: the seed, their folder, what they recorded
+UNSET = {*RECORDED_ONLY, "seed", "results_dir", "exp_name", "resume", "progress"}
 SAMPLES_TARGET, STALENESS_TARGET, KS_TARGET = 0.15, 0.10, 0.1   # the issue's targets (REPRODUCE.md)
 COLUMNS = [*KEYS, "measured_samples_per_s", "predicted_samples_per_s", "samples_error",
            "measured_staleness", "predicted_staleness", "staleness_error", "ks_distance",
@@ -46,12 +50,15 @@ def _config(run_dir: Path) -> dict:
 
 def link_of(run_dir: Path, config: dict | None = None) -> str | None:
     """'loopback' or 'link' (two hosts) of a real run from its ``host`` record; a simulated run's
-    is its fit's first recording's; None: neither (no record)."""
+    is its fit's (the ``host`` its recordings share, else its first recording's); None: neither
+    (no record)."""
     config = config if config is not None else _config(run_dir)
-    if config.get("backend", {}).get("name") == "real":
-        host = config.get("host")
+    real, fit = config.get("backend", {}).get("name") == "real", config.get("fit") or {}
+    # the fit's own copy first: its recordings' paths are absolute, gone once the tree is moved
+    host = config.get("host") if real else fit.get("host")
+    if real or host:
         return None if not host else ("link" if int(host["clients_on_host"]) == 0 else "loopback")
-    paths = (config.get("fit") or {}).get("paths") or []
+    paths = fit.get("paths") or []
     return link_of(Path(paths[0])) if paths else None
 
 
@@ -83,7 +90,8 @@ def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame] | None:
     start = float(updates.time_s.iloc[0])   # both sides' clocks from their first applied push
     # a target the evaluation at version 0 met was reached before the first push: at 0, not before it
     run = {**key, "samples_per_s": samples_per_s(updates), "staleness": float(updates.staleness.mean()),
-           "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir)}
+           "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir),
+           "setting": json.dumps({k: v for k, v in config.items() if k not in UNSET}, sort_keys=True, default=str)}
     return (run, pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}),
             pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
 
@@ -102,8 +110,13 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
         if read is not None:
             for out, part in zip((runs, stale, curves), read):
                 out.append(part)
-    cat = (lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame())
-    return pd.DataFrame(runs), cat(stale), cat(curves)
+    cat, runs = (lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()), pd.DataFrame(runs)
+    for key, g in runs.groupby(["side", *KEYS]) if not runs.empty else ():   # medians over seeds of one setting
+        if g.setting.nunique() > 1:
+            a, b = g.drop_duplicates("setting").run_dir.iloc[:2]
+            raise ValueError(f"the {' '.join(map(str, key[:2]))} runs of nsync {key[2]}, {key[3]} client(s) differ in "
+                             f"more than their seed ({a} and {b}): a point's medians are over seeds of one setting")
+    return runs.drop(columns="setting", errors="ignore"), cat(stale), cat(curves)
 
 
 def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
