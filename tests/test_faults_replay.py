@@ -213,3 +213,18 @@ def test_cli_a_grid_of_replays_refuses_each_point_the_recording_overrules(record
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "num_clients=5 not run: invalid value for 'num_clients': 5" in proc.stderr, proc.stderr
     assert [p.name for p in (tmp_path / "replay").iterdir() if p.is_dir()] == ["cost=replay,num_clients=2"]
+
+
+def test_cli_a_replay_of_another_recording_into_a_replays_folder_is_told_to_take_another_exp_name(
+        recording, tmp_path, monkeypatch, capsys):
+    """Two replays of different recordings land in one folder (``<exp>/cost=replay``): the second was
+    refused advising only force=true, which deletes the first replay; another exp_name keeps both."""
+    other = copy_of(recording, tmp_path / "other")   # another folder: another recording (a second real run)
+    common = (f"results_dir='{tmp_path}'", "cost=replay", "progress=false")
+    assert cli_run(monkeypatch, capsys, *common, f"cost.path='{recording}'", "exp_name=replay").returncode == 0
+    first = snapshot(tmp_path / "replay")
+    proc = cli_run(monkeypatch, capsys, *common, f"cost.path='{other}'", "exp_name=replay")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cost.path: " in proc.stderr and "another exp_name or hydra.run.dir" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and snapshot(tmp_path / "replay") == first
+    assert cli_run(monkeypatch, capsys, *common, f"cost.path='{other}'", "exp_name=replay2").returncode == 0
