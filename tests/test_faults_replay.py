@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.config.settings import CostConfig, DataConfig, RunConfig
+from repro.config.checks import validated
+from repro.config.settings import BackendConfig, CostConfig, DataConfig, RunConfig
 from repro.errors import ConfigError
 from repro.sim.driver import simulate
 
@@ -228,3 +229,10 @@ def test_cli_a_replay_of_another_recording_into_a_replays_folder_is_told_to_take
     assert "cost.path: " in proc.stderr and "another exp_name or hydra.run.dir" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and snapshot(tmp_path / "replay") == first
     assert cli_run(monkeypatch, capsys, *common, f"cost.path='{other}'", "exp_name=replay2").returncode == 0
+
+
+def test_a_replay_under_the_real_backend_is_refused_naming_it(recording, tmp_path):
+    """``backend=real cost=replay cost.path=REC`` ran a real run of the command line's own config
+    (4 clients, 20 epochs: the defaults), its recording never read, without a word."""
+    with pytest.raises(ConfigError, match="'backend': 'real'; expected sim with cost=replay"):
+        validated(replay_cfg(recording, backend=BackendConfig(name="real")))
