@@ -53,12 +53,12 @@ def _incoming_record(run_dir):
     return incoming_record(run_dir)
 
 
-def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
+def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] = ()):
     """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
-    settings, ``cost=fit`` the fitted cost model (:func:`repro.sim.driver.resolve`), and under
-    torchrun the world decides ``num_clients`` (:func:`repro.real.launch.world_config`). What
-    comes back is frozen and no driver rewrites it; a config this step rewrites is validated
-    here. Raises ConfigError (exit 2) on a bad recording or world."""
+    settings (``typed``, the job's overrides, must not say otherwise), ``cost=fit`` the fitted cost
+    model (:func:`repro.sim.driver.resolve`), and under torchrun the world decides ``num_clients``
+    (:func:`repro.real.launch.world_config`). What comes back is frozen and no driver rewrites it;
+    a rewritten config is validated here. ConfigError (exit 2): a bad recording, world or typed key."""
     if cfg.backend.name == "real":
         env = torchrun_env()
         if env is None:
@@ -68,19 +68,20 @@ def resolve(cfg: RunConfig, run_dir: str | Path | None = None):
         resolved = world_config(cfg, env)
     else:
         from repro.sim.driver import resolve as resolve_sim
+        from repro.sim.replay import refuse_typed
 
-        resolved = resolve_sim(cfg, run_dir)
+        refuse_typed(typed, cfg, (resolved := resolve_sim(cfg, run_dir)).cfg)
     rewritten = getattr(resolved, "cfg", resolved)
     if rewritten is not cfg:   # torchrun's world, a replay, a fit: e.g. backup workers vs clients
         validate(rewritten)
     return resolved
 
 
-def run(cfg: RunConfig, run_dir: str | Path) -> dict:
+def run(cfg: RunConfig, run_dir: str | Path, typed: list[str] = ()) -> dict:
     """Train as configured, writing ``run_dir``; return the summary. What a folder that already
     holds a run means (skip it, continue it with resume=true, start over with force=true, else
     refuse) is decided by the run core (:func:`repro.runs.folder.run_folder`), for both drivers."""
-    resolved = resolve(cfg, run_dir)
+    resolved = resolve(cfg, run_dir, typed)
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
 
@@ -91,10 +92,9 @@ def run(cfg: RunConfig, run_dir: str | Path) -> dict:
 
 
 def pasteable(path: str | Path) -> str:
-    """``path`` as it pastes after ``key=`` on a shell command line: Hydra reads ``=`` and ``,``
-    in a value as syntax, so such a path goes in single quotes, inside shell double quotes.
-    Relative to the current folder when inside it: Hydra's run folder is absolute, the docs'
-    ``cost.path=results/...`` is not."""
+    """``path`` as it pastes after ``key=`` on a shell command line: Hydra reads ``=`` and ``,`` in a
+    value as syntax, so such a path goes in single quotes, inside shell double quotes. Relative to
+    the current folder when inside it: Hydra's run folder is absolute, the docs' ``cost.path=...`` is not."""
     try:
         path = Path(path).relative_to(os.getcwd())
     except (OSError, ValueError):   # outside this folder (or no current folder): as it is
@@ -129,9 +129,8 @@ def _without_classes(cfg: RunConfig) -> bool:
 
 
 def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
-    """Hydra made the folder (and this process's record in it) before we could check: leave
-    nothing that looks like a run, and no empty experiment folder either. A folder that holds
-    anything else (another run's files, its lock, its log) is never touched but for our record."""
+    """Hydra made the folder (and this process's record in it) before we could check: leave nothing
+    like a run, nor an empty experiment folder; one holding anything else is touched only for our record."""
     from repro.gridpoint import forget_folder
 
     forget_folder(run_dir)
@@ -151,8 +150,9 @@ _launcher_pid: int | None = None
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     """One run in the folder Hydra made for it: ``cfg`` is the config the command line parsed
     (a single run), or None for a grid point, parsed here from Hydra's ``dcfg``."""
-    # Hydra's public resolver for its own settings: this job's folder, and single run or grid
-    mode = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}"})
+    # Hydra's public resolver for its own settings: this job's folder, single run or grid, the typed overrides
+    mode = OmegaConf.create({"dir": "${hydra:runtime.output_dir}", "mode": "${hydra:mode}",
+                             "typed": "${hydra:overrides.task}"})
     run_dir = Path(mode.dir)
     if is_read_only(run_dir):   # a finished run is only skipped there: no run.log either
         detach_files_in(run_dir)
@@ -168,7 +168,7 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
 
                 check_components(cfg)
         mark("main", "config parsed")
-        summary = summary or run(cfg, run_dir)
+        summary = summary or run(cfg, run_dir, list(mode.typed))
     except ConfigError as err:
         results = Path(str(dcfg.get("results_dir", "results"))).resolve()
         _remove_empty_run_dir(run_dir.resolve(), results)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.config.settings import CostConfig, DataConfig, RunConfig
+from repro.config.checks import validated
+from repro.config.settings import BackendConfig, CostConfig, DataConfig, RunConfig
 from repro.errors import ConfigError
 from repro.sim.driver import simulate
 
@@ -179,3 +180,59 @@ def test_cli_replay_of_a_run_simulate_made_on_the_callers_own_problem_says_why_i
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "'cost.path'" in proc.stderr and "repro.api.simulate" in proc.stderr and "own data and module" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "replay" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("typed,said", [
+    ("num_clients=5", "'num_clients': 5; expected the recording's num_clients 2"),
+    ("seed=3", "'seed': 3; expected the recording's seed 0"),
+    ("model=mlp", "'model': 'mlp'; expected the recording's model.name 'digits_cnn'"),
+])
+def test_cli_a_typed_setting_the_recording_overrules_is_refused_naming_both_values(recording, tmp_path, monkeypatch,
+                                                                                   capsys, typed, said):
+    """``cost=replay cost.path=<a 2-client recording> num_clients=5`` trained the recording's 2 clients
+    in a folder named ``cost=replay,num_clients=5``, without a word."""
+    proc = cli_run(monkeypatch, capsys, "cost=replay", f"cost.path='{recording}'", typed,
+                   f"results_dir='{tmp_path}'", "exp_name=replay", "progress=false")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "replay").exists()
+
+
+def test_cli_a_replay_takes_typed_settings_it_keeps_or_that_say_the_recordings_values(recording, tmp_path,
+                                                                                      monkeypatch, capsys):
+    proc = cli_run(monkeypatch, capsys, "cost=replay", f"cost.path='{recording}'", "num_clients=2", "seed=0",
+                   "backend=sim", "device=cpu", "num_threads=1", f"results_dir='{tmp_path}'", "exp_name=replay",
+                   "progress=false")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "replay" / "backend=sim,cost=replay,device=cpu,num_clients=2,num_threads=1,seed=0"
+    assert (run / "updates.csv").read_bytes() == (recording / "updates.csv").read_bytes()
+
+
+def test_cli_a_grid_of_replays_refuses_each_point_the_recording_overrules(recording, tmp_path, monkeypatch, capsys):
+    proc = cli_run(monkeypatch, capsys, "-m", "cost=replay", f"cost.path='{recording}'", "num_clients=2,5",
+                   f"results_dir='{tmp_path}'", "exp_name=replay", "progress=false")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "num_clients=5 not run: invalid value for 'num_clients': 5" in proc.stderr, proc.stderr
+    assert [p.name for p in (tmp_path / "replay").iterdir() if p.is_dir()] == ["cost=replay,num_clients=2"]
+
+
+def test_cli_a_replay_of_another_recording_into_a_replays_folder_is_told_to_take_another_exp_name(
+        recording, tmp_path, monkeypatch, capsys):
+    """Two replays of different recordings land in one folder (``<exp>/cost=replay``): the second was
+    refused advising only force=true, which deletes the first replay; another exp_name keeps both."""
+    other = copy_of(recording, tmp_path / "other")   # another folder: another recording (a second real run)
+    common = (f"results_dir='{tmp_path}'", "cost=replay", "progress=false")
+    assert cli_run(monkeypatch, capsys, *common, f"cost.path='{recording}'", "exp_name=replay").returncode == 0
+    first = snapshot(tmp_path / "replay")
+    proc = cli_run(monkeypatch, capsys, *common, f"cost.path='{other}'", "exp_name=replay")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cost.path: " in proc.stderr and "another exp_name or hydra.run.dir" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and snapshot(tmp_path / "replay") == first
+    assert cli_run(monkeypatch, capsys, *common, f"cost.path='{other}'", "exp_name=replay2").returncode == 0
+
+
+def test_a_replay_under_the_real_backend_is_refused_naming_it(recording, tmp_path):
+    """``backend=real cost=replay cost.path=REC`` ran a real run of the command line's own config
+    (4 clients, 20 epochs: the defaults), its recording never read, without a word."""
+    with pytest.raises(ConfigError, match="'backend': 'real'; expected sim with cost=replay"):
+        validated(replay_cfg(recording, backend=BackendConfig(name="real")))

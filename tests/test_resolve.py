@@ -156,9 +156,9 @@ def test_the_torchrun_worlds_num_clients_line_is_in_the_run_log_once(tmp_path, m
     resolved, before = [], []
     line = "torchrun world size 3: num_clients = 2 (config said 4)"
 
-    def resolve_only(cfg, run_dir):
+    def resolve_only(cfg, run_dir, typed=()):
         before.extend(r for r in caplog.records if line in r.getMessage())   # logged before the job
-        resolved.append(entry.resolve(cfg, run_dir))
+        resolved.append(entry.resolve(cfg, run_dir, typed))
         return {"status": "completed", "version": 0, "epoch": 0.0, "final": {}, "clock": "wall",
                 "time_s": 0.0, "wall_time_s": 0.0}
 
@@ -170,3 +170,13 @@ def test_the_torchrun_worlds_num_clients_line_is_in_the_run_log_once(tmp_path, m
     [run_log] = tmp_path.rglob("run.log")
     assert run_log.parent.name == "backend=real,num_clients=2"
     assert run_log.read_text().count(line) == 1, run_log.read_text()
+
+
+def test_a_typed_setting_a_replay_takes_from_its_recording_must_say_the_recordings_value(tmp_path):
+    """The job's typed overrides (Hydra's overrides.task) against what the replay trains: num_clients=3
+    on a 2-client recording trained 2 clients in a folder named num_clients=3."""
+    assert driver.simulate(CFG, tmp_path / "rec")["status"] == "completed"
+    asked = CFG.replace(num_clients=3, cost=CostConfig(profile="replay", schedule="replay", path=str(tmp_path / "rec")))
+    with pytest.raises(ConfigError, match="'num_clients': 3; expected the recording's num_clients 2"):
+        entry.resolve(asked, tmp_path / "rep", ["cost=replay", "num_clients=3"])
+    assert entry.resolve(asked, tmp_path / "rep", ["cost=replay", "progress=false"]).cfg.num_clients == 2

@@ -161,6 +161,8 @@ def validate(cfg: RunConfig) -> None:
                           f"null or a client id in 1..{cfg.num_clients}")
     if cost.schedule == "replay" and not cost.path:
         raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
+    if cost.schedule == "replay" and cfg.backend.name == "real":   # the real driver has no schedule: it trained anew
+        raise ConfigError("backend", "real", "sim with cost=replay (a replay re-applies a recorded run in the simulator)")
     if cost.profile == "fit" and cost.schedule == "events" and not str(cost.path or "").replace(":", "").strip():
         # without a recording nothing is fitted: the run would go on the uniform profile's costs
         raise ConfigError("cost.path", cost.path, "the folders of recorded runs to fit, separated by ':' "

@@ -231,11 +231,11 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
     recorded = recorded_config(cfg, run_dir)
     diffs = differences(recorded, cfg) + [f"{key}: {get(recorded, key)!r} -> (no such key in this version)"
                                           for key in (unknown_keys(recorded) if resuming else ())]
-    # a replay's pushes are its recording's (cost.path, not a key that names a folder): another
-    # recording of the same settings, e.g. a second real run, was skipped as this one's replay
+    # a replay's pushes are its recording's (cost.path names no folder): another recording was skipped as this one's
     old = (recorded.get("cost") or {}).get("path")
     if cfg.cost.schedule == "replay" and not _same_folder(old, cfg.cost.path):
-        diffs.append(f"cost.path: {old!r} -> {cfg.cost.path!r}")
+        diffs.append(f"cost.path: {old!r} -> {cfg.cost.path!r} (another recording: replay it under another "
+                     "exp_name or hydra.run.dir, where force=true would delete this replay)")
     if diffs:
         raise ConfigError(*_typed(cfg, run_dir), what + "; ".join(diffs))
 

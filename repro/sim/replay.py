@@ -19,7 +19,7 @@ from pathlib import Path
 
 from repro.config.checks import from_dict
 from repro.config.renames import read_recorded
-from repro.config.settings import BackendConfig, RunConfig, with_operational
+from repro.config.settings import BackendConfig, RunConfig, all_keys, get, to_dict, with_operational
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.storage import read_regular
@@ -58,6 +58,24 @@ def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfi
     # where the replay runs is ours to choose: the simulator, this device, this many threads
     return recorded.replace(cost=cfg.cost, backend=BackendConfig(name="sim"), device=cfg.device,
                             num_threads=cfg.num_threads)
+
+
+def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
+    """A setting the command line typed (``typed``: its overrides, as Hydra records them) that a
+    replay takes from its recording (``replayed``: :func:`replay_config` of ``cfg``) must have the
+    recording's value: another ran the recording's all the same, in a folder the typed value named.
+    ConfigError naming the key (or group), the typed value and the recording's; not a replay: nothing."""
+    if cfg.cost.schedule != "replay":
+        return
+    mine, theirs = to_dict(cfg), to_dict(replayed)
+    for override in typed:
+        key, _, text = override.partition("=")
+        key = key.lstrip("+~").split("@")[0]
+        differ = [k for k in all_keys() if (k == key or k.startswith(key + ".")) and get(mine, k) != get(theirs, k)]
+        if differ:
+            recorded = ", ".join(f"{k} {get(theirs, k)!r}" for k in differ)
+            raise ConfigError(key, get(mine, key) if differ == [key] else text, f"the recording's {recorded} "
+                              f"(a replay trains what its recording, cost.path, trained: leave {key} out)")
 
 
 def _refuse_own_source(source: Path, run_dir: Path) -> None:
