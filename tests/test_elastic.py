@@ -58,7 +58,7 @@ def _kill_one_and_join(tmp_path, cfg, victim: int, **backend):
             said.wait("accepting joins at", ended)
             said.wait("lost at version", ended)
             joined["joiner"] = start_joiner(tmp_path, cfg, **backend)
-            said.wait(r"client \d+ joined", ended)
+            said.wait(r"client \d+ (re)?joined", ended)   # a lost id back is "rejoined"
             joined["keys left"] = join_keys_left(cfg.backend.master_port)
         except AssertionError as exc:
             joined["error"] = exc
