@@ -14,8 +14,10 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
+from repro.config.fields import check_known
 from repro.config.renames import modern_tree
-from repro.config.settings import CIFAR10_EXPECTED, RECORDED_ONLY, DataConfig, RunConfig, _leaves, get, slow_client, to_dict
+from repro.config.settings import (CIFAR10_EXPECTED, RECORDED_ONLY, DataConfig, RunConfig, _leaves, all_keys, get,
+                                   slow_client, to_dict)
 from repro.errors import ConfigError
 from repro.files.storage import nearest_existing
 
@@ -65,23 +67,11 @@ def check_places(cfg: RunConfig) -> None:
             raise ConfigError(key, value, f"a folder ({existing} is a file): choose another {key}")
 
 
-def check_known(tree: dict, cls: type, prefix: str = "") -> set[str]:
-    """``cls``'s keys; a ConfigError naming the first key of ``tree`` not among them, with its full
-    spelling where it is a group's (``lr``: algo.lr). RunConfig.replace() asks it too."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(tree) - names, key=str)   # key=str: the API's dicts may hold a key 1
-    if unknown:
-        full = " or ".join(k for k, _, _ in _leaves() if k.startswith(prefix) and k.endswith(f".{unknown[0]}"))
-        raise ConfigError(f"{prefix}{unknown[0]}", tree[unknown[0]], (f"{full} (a group's key) or " if full else "")
-                          + "a known key: " + ", ".join(sorted(names)))
-    return names
-
-
 def _build(tree: Any, cls: type, prefix: str) -> Any:
     if not isinstance(tree, dict):
         raise ConfigError(prefix.rstrip(".") or "<root>", tree, "a mapping of keys to values")
     hints = typing.get_type_hints(cls)
-    names = check_known(tree, cls, prefix)
+    names = check_known(tree, cls, all_keys(), prefix)
     kwargs = {}
     for name in names & set(tree):
         hint, key, value = hints[name], prefix + name, tree[name]

@@ -8,7 +8,7 @@ run; :class:`Numbers`, :class:`Choice`, :class:`Text`) both checks a value (rais
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from repro.errors import ConfigError
@@ -116,3 +116,15 @@ SECONDS = Range(0.0, 1e6)   # a million seconds: finite, far beyond any sensible
 WAIT_S = Range(0.0, 7 * 86400.0, lo_open=True)   # timeouts: positive, at most a week
 COUNT = Range(1, 10**8, integer=True, nullable=True)
 FLAG = Choice((True, False))
+
+
+def check_known(tree: dict, cls: type, keys: tuple[str, ...], prefix: str = "") -> set[str]:
+    """``cls``'s field names; a ConfigError naming the first key of ``tree`` not among them, with
+    its full spelling among ``keys`` (every dotted key) where it is a group's (``lr``: algo.lr)."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(tree) - names, key=str)   # key=str: the API's dicts may hold a key 1
+    if unknown:
+        full = " or ".join(k for k in keys if k.startswith(prefix) and k.endswith(f".{unknown[0]}"))
+        raise ConfigError(f"{prefix}{unknown[0]}", tree[unknown[0]], (f"{full} (a group's key) or " if full else "")
+                          + "a known key: " + ", ".join(sorted(names)))
+    return names

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from repro.config.cost import CostConfig
-from repro.config.fields import COUNT, FLAG, WAIT_S, Choice, Numbers, Range, Text, knob
+from repro.config.fields import COUNT, FLAG, WAIT_S, Choice, Numbers, Range, Text, check_known, knob
 from repro.registry import names_of
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -243,8 +243,7 @@ class RunConfig:
         """A copy with ``changes``; a numpy scalar (a sweep's ``np.int64(4)``), in a group given
         too (``protocol=dataclasses.replace(cfg.protocol, staleness_threshold=np.int64(2))``),
         becomes its Python value, as simulate() takes it: config.json holds no numpy type."""
-        from repro.config.checks import check_known   # (which imports this module)
-        check_known(changes, RunConfig)   # dataclasses' TypeError named no group: lr is algo.lr
+        check_known(changes, RunConfig, all_keys())   # dataclasses' TypeError named no group: lr is algo.lr
         return dataclasses.replace(self, **{k: plain(v) for k, v in changes.items()})
 
 
