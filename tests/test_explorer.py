@@ -354,3 +354,9 @@ def test_browser_moves_a_slider_and_sees_the_new_result(tmp_path):
             browser.quit()
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_endpoint_names_an_unknown_key(server):
+    """A misspelt key (client for clients) was ignored: the default's run answered, 200."""
+    code, r = _get(server + "/api?client=8")
+    assert code == 400 and r["error"].startswith("'client': unknown; accepted clients, nsync,")

@@ -73,7 +73,10 @@ class Settings:
         """The settings of a query string; ValueError naming the key, value and what is accepted."""
         kinds = {"clients": (int, 1, 32), "nsync": (int, 1, 16), "jitter": (float, 0.0, 1.0),
                  "lr": (float, 1e-4, 4.0), "bound": (int, 0, 64)}
-        values = {}
+        values, known = {}, (*kinds, "protocol", "problem")
+        for key in query:   # else a misspelt key (client=8) was answered with the default, without a word
+            if key not in known:
+                raise ValueError(f"{key!r}: unknown; accepted {', '.join(known)}")
         for key, (kind, lo, hi) in kinds.items():
             if key in query:
                 try:
