@@ -360,3 +360,9 @@ def test_endpoint_names_an_unknown_key(server):
     """A misspelt key (client for clients) was ignored: the default's run answered, 200."""
     code, r = _get(server + "/api?client=8")
     assert code == 400 and r["error"].startswith("'client': unknown; accepted clients, nsync,")
+
+
+def test_endpoint_names_a_key_given_twice(server):
+    """clients=2&clients=8 ran the first (2) and answered 200: the second value was dropped."""
+    code, r = _get(server + "/api?clients=2&clients=8")
+    assert code == 400 and r["error"] == "clients: given 2 times; give it once"

@@ -74,9 +74,11 @@ class Settings:
         kinds = {"clients": (int, 1, 32), "nsync": (int, 1, 16), "jitter": (float, 0.0, 1.0),
                  "lr": (float, 1e-4, 4.0), "bound": (int, 0, 64)}
         values, known = {}, (*kinds, "protocol", "problem")
-        for key in query:   # else a misspelt key (client=8) was answered with the default, without a word
+        for key in query:   # else a misspelt key (client=8) or a second value was ignored, without a word
             if key not in known:
                 raise ValueError(f"{key!r}: unknown; accepted {', '.join(known)}")
+            if len(query[key]) > 1:
+                raise ValueError(f"{key}: given {len(query[key])} times; give it once")
         for key, (kind, lo, hi) in kinds.items():
             if key in query:
                 try:
