@@ -366,3 +366,11 @@ def test_endpoint_names_a_key_given_twice(server):
     """clients=2&clients=8 ran the first (2) and answered 200: the second value was dropped."""
     code, r = _get(server + "/api?clients=2&clients=8")
     assert code == 400 and r["error"] == "clients: given 2 times; give it once"
+
+
+@pytest.mark.parametrize("query, words", [("clients=", "clients='': accepted int from 1 to 32"),
+                                          ("protocol", "protocol='': accepted async,")])
+def test_endpoint_names_a_key_without_a_value(server, query, words):
+    """parse_qs dropped a blank value: the key's default was run and answered 200."""
+    code, r = _get(server + "/api?" + query)
+    assert code == 400 and r["error"].startswith(words)

@@ -233,7 +233,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/html; charset=utf-8", PAGE.read_bytes())
         elif url.path == "/api":
             with self.lock:   # held until sent: a Ctrl-C waits for the answer under way (main)
-                body = answer(parse_qs(url.query))
+                # kept blank: else clients= (a value left out) ran the default, without a word
+                body = answer(parse_qs(url.query, keep_blank_values=True))
                 # a diverged run's NaN or inf goes as the text "NaN" or "Infinity": JSON has no
                 # such numbers, and the page's JSON.parse would throw and stop redrawing for good
                 text = json.dumps(json.loads(json.dumps(body), parse_constant=str))
