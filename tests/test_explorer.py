@@ -374,3 +374,10 @@ def test_endpoint_names_a_key_without_a_value(server, query, words):
     """parse_qs dropped a blank value: the key's default was run and answered 200."""
     code, r = _get(server + "/api?" + query)
     assert code == 400 and r["error"].startswith(words)
+
+
+@pytest.mark.parametrize("query", ["clients=" + "9" * 50000, "protocol=" + "a" * 50000, "a" * 50000 + "=1"])
+def test_a_long_value_or_key_is_not_echoed_whole(server, query):
+    """The refusal echoed the whole value or key: a 50 kB error line for the page to show."""
+    code, r = _get(server + "/api?" + query)
+    assert code == 400 and len(r["error"]) < 200 and "..." in r["error"]

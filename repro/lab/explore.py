@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import os
+import reprlib
 import signal
 import sys
 import threading
@@ -76,7 +77,7 @@ class Settings:
         values, known = {}, (*kinds, "protocol", "problem")
         for key in query:   # else a misspelt key (client=8) or a second value was ignored, without a word
             if key not in known:
-                raise ValueError(f"{key!r}: unknown; accepted {', '.join(known)}")
+                raise ValueError(f"{reprlib.repr(key)}: unknown; accepted {', '.join(known)}")
             if len(query[key]) > 1:
                 raise ValueError(f"{key}: given {len(query[key])} times; give it once")
         for key, (kind, lo, hi) in kinds.items():
@@ -85,13 +86,13 @@ class Settings:
                     v = kind(query[key][0])
                 except ValueError:
                     v = None
-                if v is None or not lo <= v <= hi:
-                    raise ValueError(f"{key}={query[key][0]!r}: accepted {kind.__name__} from {lo} to {hi}")
+                if v is None or not lo <= v <= hi:   # reprlib: a 60 kB value is not echoed whole
+                    raise ValueError(f"{key}={reprlib.repr(query[key][0])}: accepted {kind.__name__} from {lo} to {hi}")
                 values[key] = v
         for key, accepted in (("protocol", PROTOCOLS), ("problem", tuple(PROBLEMS))):
             if key in query:
                 if query[key][0] not in accepted:
-                    raise ValueError(f"{key}={query[key][0]!r}: accepted {', '.join(accepted)}")
+                    raise ValueError(f"{key}={reprlib.repr(query[key][0])}: accepted {', '.join(accepted)}")
                 values[key] = query[key][0]
         return cls(**values)
 
