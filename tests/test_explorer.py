@@ -354,3 +354,30 @@ def test_browser_moves_a_slider_and_sees_the_new_result(tmp_path):
             browser.quit()
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_endpoint_names_an_unknown_key(server):
+    """A misspelt key (client for clients) was ignored: the default's run answered, 200."""
+    code, r = _get(server + "/api?client=8")
+    assert code == 400 and r["error"].startswith("'client': unknown; accepted clients, nsync,")
+
+
+def test_endpoint_names_a_key_given_twice(server):
+    """clients=2&clients=8 ran the first (2) and answered 200: the second value was dropped."""
+    code, r = _get(server + "/api?clients=2&clients=8")
+    assert code == 400 and r["error"] == "clients: given 2 times; give it once"
+
+
+@pytest.mark.parametrize("query, words", [("clients=", "clients='': accepted int from 1 to 32"),
+                                          ("protocol", "protocol='': accepted async,")])
+def test_endpoint_names_a_key_without_a_value(server, query, words):
+    """parse_qs dropped a blank value: the key's default was run and answered 200."""
+    code, r = _get(server + "/api?" + query)
+    assert code == 400 and r["error"].startswith(words)
+
+
+@pytest.mark.parametrize("query", ["clients=" + "9" * 50000, "protocol=" + "a" * 50000, "a" * 50000 + "=1"])
+def test_a_long_value_or_key_is_not_echoed_whole(server, query):
+    """The refusal echoed the whole value or key: a 50 kB error line for the page to show."""
+    code, r = _get(server + "/api?" + query)
+    assert code == 400 and len(r["error"]) < 200 and "..." in r["error"]

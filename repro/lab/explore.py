@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import os
+import reprlib
 import signal
 import sys
 import threading
@@ -73,20 +74,25 @@ class Settings:
         """The settings of a query string; ValueError naming the key, value and what is accepted."""
         kinds = {"clients": (int, 1, 32), "nsync": (int, 1, 16), "jitter": (float, 0.0, 1.0),
                  "lr": (float, 1e-4, 4.0), "bound": (int, 0, 64)}
-        values = {}
+        values, known = {}, (*kinds, "protocol", "problem")
+        for key in query:   # else a misspelt key (client=8) or a second value was ignored, without a word
+            if key not in known:
+                raise ValueError(f"{reprlib.repr(key)}: unknown; accepted {', '.join(known)}")
+            if len(query[key]) > 1:
+                raise ValueError(f"{key}: given {len(query[key])} times; give it once")
         for key, (kind, lo, hi) in kinds.items():
             if key in query:
                 try:
                     v = kind(query[key][0])
                 except ValueError:
                     v = None
-                if v is None or not lo <= v <= hi:
-                    raise ValueError(f"{key}={query[key][0]!r}: accepted {kind.__name__} from {lo} to {hi}")
+                if v is None or not lo <= v <= hi:   # reprlib: a 60 kB value is not echoed whole
+                    raise ValueError(f"{key}={reprlib.repr(query[key][0])}: accepted {kind.__name__} from {lo} to {hi}")
                 values[key] = v
         for key, accepted in (("protocol", PROTOCOLS), ("problem", tuple(PROBLEMS))):
             if key in query:
                 if query[key][0] not in accepted:
-                    raise ValueError(f"{key}={query[key][0]!r}: accepted {', '.join(accepted)}")
+                    raise ValueError(f"{key}={reprlib.repr(query[key][0])}: accepted {', '.join(accepted)}")
                 values[key] = query[key][0]
         return cls(**values)
 
@@ -228,7 +234,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/html; charset=utf-8", PAGE.read_bytes())
         elif url.path == "/api":
             with self.lock:   # held until sent: a Ctrl-C waits for the answer under way (main)
-                body = answer(parse_qs(url.query))
+                # kept blank: else clients= (a value left out) ran the default, without a word
+                body = answer(parse_qs(url.query, keep_blank_values=True))
                 # a diverged run's NaN or inf goes as the text "NaN" or "Infinity": JSON has no
                 # such numbers, and the page's JSON.parse would throw and stop redrawing for good
                 text = json.dumps(json.loads(json.dumps(body), parse_constant=str))
