@@ -43,6 +43,24 @@ def cfg_for(**kw) -> RunConfig:
     return RunConfig(**base)
 
 
+def evaluating_slowly(monkeypatch, batches: int, every_s: float) -> None:
+    """Every evaluation first evaluates ``batches`` one-sample batches ``every_s`` apart (progress,
+    :meth:`Evaluations.join`'s), then the real one."""
+    import time
+
+    from repro.runs import evaluations
+
+    evaluate = evaluations.evaluate
+
+    def slow(net, params, sets):
+        for _ in range(batches):
+            net.module(sets.x_test[:1])   # a batch: progress
+            time.sleep(every_s)
+        return evaluate(net, params, sets)
+
+    monkeypatch.setattr(evaluations, "evaluate", slow)
+
+
 def poisoned(cfg: RunConfig, what: str):
     """The problem ``cfg`` trains, with NaN where ``what`` says (below any input check: the
     run core must end the run whatever reaches it)."""
@@ -270,20 +288,9 @@ def test_the_real_server_heartbeats_its_clients_while_it_evaluates_version_0_bef
     the server waits for it (Evaluations.join), but each client waits for the server's HELLO at
     most backend.timeout_s, so every client left and the run failed 'every client lost'. Now
     the server heartbeats every client while it waits (its slow twin: ..._keeps_the_real_clients)."""
-    import time
-
     from repro.real.transport import Receiver
-    from repro.runs import evaluations
 
-    evaluate = evaluations.evaluate
-
-    def slow(net, params, sets):
-        for _ in range(4):
-            net.module(sets.x_test[:1])   # a batch: progress
-            time.sleep(0.2)
-        return evaluate(net, params, sets)
-
-    monkeypatch.setattr(evaluations, "evaluate", slow)
+    evaluating_slowly(monkeypatch, 4, 0.2)
     monkeypatch.setattr(Receiver, "start", lambda receiver: None)   # no client pushes
     cfg = cfg_for(backend=BackendConfig(name="real", timeout_s=0.4))
     with run_folder(cfg, tmp_path) as run:
@@ -365,18 +372,7 @@ def test_a_slow_evaluation_still_running_as_training_ends_is_waited_for_and_the_
     run whose training had finished, its last point lost. A user expects the run completed with
     that point: the end now waits while the evaluation makes progress (a batch every
     backend.timeout_s); only one that evaluates nothing for that long is hung."""
-    import time
-
     from repro.files import schema
-    from repro.runs import evaluations
-
-    evaluate = evaluations.evaluate
-
-    def slow(net, params, sets):
-        for _ in range(8):
-            net.module(sets.x_test[:1])   # a batch: progress
-            time.sleep(0.25)
-        return evaluate(net, params, sets)
 
     cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=1.0))
     with run_folder(cfg, tmp_path) as run:
@@ -384,7 +380,7 @@ def test_a_slow_evaluation_still_running_as_training_ends_is_waited_for_and_the_
         run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
         loop = Dispatcher(cfg, core, {1: _Channel(), 2: _Channel()}, StopRequest())
         core.begin([1, 2])
-        monkeypatch.setattr(evaluations, "evaluate", slow)
+        evaluating_slowly(monkeypatch, 8, 0.25)   # version 0's is not: the last one is
         loop.sent_version = {1: 0, 2: 0}
         numel = core.server.params.numel()
         header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=8, num_samples=int(problem.dataset.num_train),
