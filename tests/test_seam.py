@@ -32,6 +32,8 @@ REACHES = {
     "a swap of the server's parameters": re.compile(r"\.server\.params\s*=[^=]"),
     "a comparison of tensor addresses": re.compile(r"data_ptr\(\)"),
     "a read of stopping beside the Outcomes": re.compile(r"\bcore\.stopping\b"),
+    # e.g. the real server set core.evals.waiting around begin(); begin takes it (waiting=...)
+    "an assignment into the core's objects": re.compile(r"\bcore\.\w+\.\w+\s*=[^=]"),
 }
 
 

@@ -202,10 +202,8 @@ class Dispatcher:
     def start(self) -> None:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
         home = self.reply.payload if self.device.type != "cuda" else None
-        self.core.evals.waiting = lambda: self.keep_alive(greeting=True)   # version 0's evaluation comes first
-        begun = self.core.begin(sorted(self.channels), self.now(), driver_state=self.driver_state,
-                                params_home=home)   # a resumed run's rounds start afresh
-        self.core.evals.waiting = None
+        begun = self.core.begin(sorted(self.channels), self.now(), driver_state=self.driver_state, params_home=home,
+                                waiting=lambda: self.keep_alive(greeting=True))   # a resumed run's rounds start afresh
         self.params_in_reply = home is not None
         self.stopping = begun.stopping   # version 0 diverged: nobody is served
         for k, receiver in self.receivers.items():

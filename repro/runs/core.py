@@ -120,18 +120,17 @@ class RunCore:
     # -- the start ------------------------------------------------------------------------------
     def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
               fetching: bool = True, driver_state: Callable[[], dict] | None = None,
-              params_home: torch.Tensor | None = None) -> Outcome:
-        """Start serving ``clients``: the protocol, and version 0 evaluated and waited for before
-        any push (the reference for divergence, every curve's first point). ``fetching``: each
-        client holds the server's parameters now; False for a resumed simulation, whose clients
-        hold what they fetched before the checkpoint, as the rule's record of those fetches
-        (DC-ASGD's backups) does, restored with the server.
-        ``driver_state``: what the driver adds to each checkpoint (its clients, its schedule);
-        ``params_home``: a tensor the server keeps its parameters in from now on (the real
-        driver's reply frame: a reply then copies nothing). A held push whose type cannot be
-        rebuilt (a Push subclass that is not importable) is a ConfigError naming the run folder."""
-        if driver_state is not None:
-            self.state.driver_state = driver_state
+              params_home: torch.Tensor | None = None, waiting: Callable[[], None] | None = None) -> Outcome:
+        """Start serving ``clients``: the protocol, and version 0 evaluated and waited for before any push
+        (the reference for divergence, every curve's first point; ``waiting`` is called meanwhile: the real
+        server heartbeats the clients awaiting its HELLO). ``fetching``: each client holds the server's
+        parameters now; False for a resumed simulation, whose clients hold what they fetched before the
+        checkpoint, as the rule's record of those fetches (DC-ASGD's backups) does, restored with the server.
+        ``driver_state``: what the driver adds to each checkpoint (its clients, its schedule); ``params_home``:
+        a tensor the server keeps its parameters in from now on (the real driver's reply frame: a reply then
+        copies nothing). A held push whose type cannot be rebuilt (a Push subclass that is not importable)
+        is a ConfigError naming the run folder."""
+        self.state.driver_state = driver_state or self.state.driver_state
         if params_home is not None:
             self.server.keep_in(params_home)
         self.protocol = make_protocol(self.cfg, clients, self.server.version)
@@ -148,12 +147,13 @@ class RunCore:
                               "run over") from exc
         for k in clients if fetching else ():
             self.server.fetched(k)
+        self.evals.waiting = waiting
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
             self.evaluate_now(self.server.version, time_s, self.server.params)   # may find version 0 non-finite
         elif self.evals.resumed is not None:   # running as the checkpoint was written: its row was cut
             self.evaluate_now(**self.evals.resumed)
-        if self.runlog.samples_seen >= self.budget:
-            self.state.stopping = True
+        self.evals.waiting = None
+        self.state.stopping |= self.runlog.samples_seen >= self.budget
         return Outcome(stopping=self.state.stopping)
 
     # -- a push ---------------------------------------------------------------------------------
