@@ -603,7 +603,7 @@ class _CtrlC:
         return nn.functional.cross_entropy(outputs, labels)
 
 
-def test_ctrl_c_stops_the_caller_too_its_run_dir_saying_interrupted(tmp_path):
+def test_ctrl_c_stops_the_caller_too_its_run_dir_saying_interrupted(tmp_path, ctrl_c_raises):
     # the run stopped cleanly and simulate returned its partial result: a notebook's loop went on
     # to its next point (one Ctrl-C a point), a cell's checks judged the partial tables
     x, y = _problem()
