@@ -214,8 +214,8 @@ class Sync(Policy):
         late clients are dropped, as backup workers); without, every sync run stays as it was."""
         live = view.live
         counted = set(self.pushes) - self.joining if set(live) - self.joining else set(self.pushes)
-        held = sum(p.num_samples for p in self.pushes.values())
-        return len(counted) >= self.needed(live) or (len(live) > self.clients and held >= view.left)
+        return len(counted) >= self.needed(live) or \
+            (len(live) > self.clients and sum(p.num_samples for p in self.pushes.values()) >= view.left)
 
     def on_join(self, client: int, view: View) -> None:
         self.joining.add(client)
