@@ -99,9 +99,10 @@ SUMMARY_KEYS = (
     "message",        # human-readable reason for a non-completed status, else ""
 )
 # Written when they apply: "discarded_pushes", "collected_pushes" (protocols that drop or collect
-# pushes; a push refused as diverging is dropped too), "final_class_test_error" (a finished classification run: the test error of its final
-# parameters per class, index = label, null for a class absent from the test set), "eval_cpu_s"
-# (a real run: mean CPU seconds of one evaluation of the server's parameters, for cost=fit).
+# pushes; a push refused as diverging is dropped too), "final_class_test_error" (a finished
+# classification run: the test error of its final parameters per class, index = label, null for a
+# class absent from the test set), "eval_cpu_s" (a real run: mean CPU seconds of one evaluation of
+# the server's parameters, for cost=fit).
 
 
 def holds_others(folder: Path, grid: bool = False) -> bool:

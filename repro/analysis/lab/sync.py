@@ -195,7 +195,8 @@ def _staleness(applied: np.ndarray, bound: int, pushes: int) -> float:
     fetch = np.full(applied.shape, -1)
     fetch[:, :, 1:] = rank[:, :, :-1]
     if per_client > bound + 1:   # the wait for round j - 1 - s's latest push
-        fetch[:, :, bound + 1:] = np.maximum(fetch[:, :, bound + 1:], rank[:, :, :per_client - bound - 1].max(1, keepdims=True))
+        latest = rank[:, :, :per_client - bound - 1].max(1, keepdims=True)
+        fetch[:, :, bound + 1:] = np.maximum(fetch[:, :, bound + 1:], latest)
     first = rank < pushes
     return float((rank - fetch - 1)[first].mean())
 
