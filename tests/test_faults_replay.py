@@ -208,6 +208,26 @@ def test_cli_a_replay_takes_typed_settings_it_keeps_or_that_say_the_recordings_v
     assert (run / "updates.csv").read_bytes() == (recording / "updates.csv").read_bytes()
 
 
+def test_cli_a_replay_splits_the_data_as_its_recording_did_for_the_slow_clients_classes(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """A recording of ``data.slow_client_classes=[0,1] cost.straggler_client=2`` (classes client 2 alone
+    holds): its replay took the command line's cost, which names no slow client, and was refused
+    advising cost.straggler_client; typed so, any client was taken (``cost.straggler_client=1`` trained
+    another split, in silence). The slow client is the recording's: the replay computes its numbers,
+    and a typed slow client other than the recording's is refused."""
+    cfg = CFG.replace(data=DataConfig(num_train=256, num_test=64, slow_client_classes=(0, 1)),
+                      cost=CostConfig(straggler_client=2))
+    assert simulate(cfg, tmp_path / "rec")["status"] == "completed"
+    common = ("cost=replay", f"cost.path='{tmp_path / 'rec'}'", "progress=false")
+    proc = cli_run(monkeypatch, capsys, *common, f"hydra.run.dir='{tmp_path / 'replay'}'")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "replay" / "updates.csv").read_bytes() == (tmp_path / "rec" / "updates.csv").read_bytes()
+    proc = cli_run(monkeypatch, capsys, *common, "cost.straggler_client=1", f"hydra.run.dir='{tmp_path / 'other'}'")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "'cost.straggler_client': 1; expected the recording's cost.straggler_client 2" in proc.stderr, proc.stderr
+    assert not (tmp_path / "other").exists()
+
+
 def test_cli_a_grid_of_replays_refuses_each_point_the_recording_overrules(recording, tmp_path, monkeypatch, capsys):
     proc = cli_run(monkeypatch, capsys, "-m", "cost=replay", f"cost.path='{recording}'", "num_clients=2,5",
                    f"results_dir='{tmp_path}'", "exp_name=replay", "progress=false")

@@ -29,14 +29,15 @@ from repro.sim.cost import Schedule
 
 log = get_logger("repro.sim.replay")
 MAX_STEPS = 10**6   # a recorded segment is at most nsync's largest value
+SLOW_CLIENT = ("straggler_client", "speeds", "speed_law")   # cost.*: who is slow (repro.config.settings.slow_client)
 
 
 def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfig:
     """A replay trains exactly what the recorded run trained: every training-shaping setting
-    comes from its config.json; the backend (sim), the cost (replay) and everything that does
-    not shape training (where results go, progress, checkpoints) come from ``cfg``. The
-    recording is checked here, before any folder is touched; ``run_dir`` (where the replay
-    writes) must not be the recording or inside it."""
+    comes from its config.json (the slow client's cost keys too); the backend (sim), the cost
+    (replay) and everything that does not shape training (where results go, progress,
+    checkpoints) come from ``cfg``. The recording is checked here, before any folder is touched;
+    ``run_dir`` (where the replay writes) must not be the recording or inside it."""
     source = Path(cfg.cost.path)
     try:
         recorded = from_dict(with_operational(read_recorded(source), cfg))
@@ -55,8 +56,10 @@ def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfi
     recording = read_recording(source, recorded.num_clients)
     if recording.unfinished:
         log.warning(f"replay: {recording.unfinished}")
-    # where the replay runs is ours to choose: the simulator, this device, this many threads
-    return recorded.replace(cost=cfg.cost, backend=BackendConfig(name="sim"), device=cfg.device,
+    # where the replay runs is ours to choose: the simulator, this device, this many threads; its
+    # cost is its own but for the slow client, to whom data.slow_client_classes gave the classes
+    slow = {key: getattr(recorded.cost, key) for key in SLOW_CLIENT}
+    return recorded.replace(cost=cfg.cost.updated(**slow), backend=BackendConfig(name="sim"), device=cfg.device,
                             num_threads=cfg.num_threads)
 
 
@@ -71,6 +74,8 @@ def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
     for override in typed:
         key, _, text = override.partition("=")
         key = key.lstrip("+~").split("@")[0]
+        if key == "cost":   # cost=replay itself, the command line's (whose slow client is the recording's)
+            continue
         differ = [k for k in all_keys() if (k == key or k.startswith(key + ".")) and get(mine, k) != get(theirs, k)]
         if differ:
             recorded = ", ".join(f"{k} {get(theirs, k)!r}" for k in differ)
