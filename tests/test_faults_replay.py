@@ -186,6 +186,11 @@ def test_cli_replay_of_a_run_simulate_made_on_the_callers_own_problem_says_why_i
     ("num_clients=5", "'num_clients': 5; expected the recording's num_clients 2"),
     ("seed=3", "'seed': 3; expected the recording's seed 0"),
     ("model=mlp", "'model': 'mlp'; expected the recording's model.name 'digits_cnn'"),
+    # named the folder and changed nothing: a global group the replay overrules, a cost model's key
+    ("+partition=by_class", "'+partition': 'by_class'; expected the recording's data.partition 'iid'"),
+    ("+mitigation=dcasgd", "'+mitigation': 'dcasgd'; expected the recording's algo."),
+    ("cost.compute_s=0.5", "'cost.compute_s': 0.5; expected left out: a replay has no cost model"),
+    ("cost.latency_s=0.001", "'cost.latency_s': 0.001; expected left out"),
 ])
 def test_cli_a_typed_setting_the_recording_overrules_is_refused_naming_both_values(recording, tmp_path, monkeypatch,
                                                                                    capsys, typed, said):
@@ -226,6 +231,21 @@ def test_cli_a_replay_splits_the_data_as_its_recording_did_for_the_slow_clients_
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "'cost.straggler_client': 1; expected the recording's cost.straggler_client 2" in proc.stderr, proc.stderr
     assert not (tmp_path / "other").exists()
+
+
+def test_cli_a_replay_takes_a_global_group_that_sets_the_recordings_values(tmp_path, monkeypatch, capsys):
+    """``+partition=dirichlet_1`` beside cost=replay of a by_class recording replayed by_class in a
+    folder named ``+partition=dirichlet_1``; the group the recording ran with is its own values."""
+    assert simulate(CFG.replace(data=DataConfig(num_train=256, num_test=64, partition="by_class")),
+                    tmp_path / "rec")["status"] == "completed"
+    common = ("cost=replay", f"cost.path='{tmp_path / 'rec'}'", "progress=false", "cost.schedule=replay")
+    proc = cli_run(monkeypatch, capsys, *common, "+partition=by_class", f"hydra.run.dir='{tmp_path / 'replay'}'")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "replay" / "updates.csv").read_bytes() == (tmp_path / "rec" / "updates.csv").read_bytes()
+    proc = cli_run(monkeypatch, capsys, *common, "+partition=dirichlet_1", f"hydra.run.dir='{tmp_path / 'other'}'")
+    assert proc.returncode == 2 and "'+partition': 'dirichlet_1'; expected the recording's data.partition " \
+        "'by_class', data.alpha 0.5" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "other").exists()
 
 
 def test_cli_a_grid_of_replays_refuses_each_point_the_recording_overrules(recording, tmp_path, monkeypatch, capsys):

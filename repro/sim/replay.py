@@ -67,20 +67,44 @@ def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
     """A setting the command line typed (``typed``: its overrides, as Hydra records them) that a
     replay takes from its recording (``replayed``: :func:`replay_config` of ``cfg``) must have the
     recording's value: another ran the recording's all the same, in a folder the typed value named.
+    So must each key a typed ``+partition``, ``+mitigation`` or ``+problem`` sets; a ``cost.*`` key
+    the replay does not read (a cost model's: its order and times are the recording's) is refused.
     ConfigError naming the key (or group), the typed value and the recording's; not a replay: nothing."""
     if cfg.cost.schedule != "replay":
         return
+    from repro.config.loader import OPTIONAL_GROUPS
+
     mine, theirs = to_dict(cfg), to_dict(replayed)
     for override in typed:
         key, _, text = override.partition("=")
         key = key.lstrip("+~").split("@")[0]
-        if key == "cost":   # cost=replay itself, the command line's (whose slow client is the recording's)
+        if key in ("cost", "cost.schedule", "cost.path"):   # the replay's own (its slow client: the recording's)
             continue
-        differ = [k for k in all_keys() if (k == key or k.startswith(key + ".")) and get(mine, k) != get(theirs, k)]
+        if key.startswith("cost.") and key.split(".")[1] not in SLOW_CLIENT:
+            raise ConfigError(key, get(mine, key, text), "left out: a replay has no cost model (the order and times "
+                              "of its pushes are its recording's, cost.path), so the key would change nothing "
+                              "but the folder's name")
+        named = option_keys(key, text) if key in OPTIONAL_GROUPS and key != "exp" else [key]
+        differ = [k for k in all_keys() if any(k == n or k.startswith(n + ".") for n in named)
+                  and get(mine, k) != get(theirs, k)]
         if differ:
-            recorded = ", ".join(f"{k} {get(theirs, k)!r}" for k in differ)
+            recorded, key = ", ".join(f"{k} {get(theirs, k)!r}" for k in differ), ("+" if named != [key] else "") + key
             raise ConfigError(key, get(mine, key) if differ == [key] else text, f"the recording's {recorded} "
                               f"(a replay trains what its recording, cost.path, trained: leave {key} out)")
+
+
+def option_keys(group: str, option: str) -> list[str]:
+    """The keys ``+group=option`` sets: those its YAML gives, the whole of each group it overrides
+    (``override /algo: downpour``: algo), and those of its group's options it builds on."""
+    from omegaconf import OmegaConf
+
+    from repro.config.loader import CONF_DIR
+
+    tree, keys, absent = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")), [], object()
+    for entry in tree.pop("defaults", []):
+        keys += [name.rpartition("/")[2] for name in entry] if isinstance(entry, dict) else \
+            option_keys(group, entry) if entry != "_self_" else []
+    return keys + [k for k in all_keys() if get(tree, k, absent) is not absent]
 
 
 def _refuse_own_source(source: Path, run_dir: Path) -> None:
