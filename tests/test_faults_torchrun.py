@@ -8,6 +8,7 @@ in :mod:`tests.helpers.invariants`): each case states its fault and guarantee an
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -101,6 +102,21 @@ def test_a_master_addr_other_than_torchruns_is_bad_input(tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
 
 
+def test_config_json_records_the_address_torchrun_gave(monkeypatch):
+    """Fault: under torchrun a left-out ``backend.master_addr`` was recorded in config.json as
+    127.0.0.1 (its default) and ``master_port`` as 0, where the world met at torchrun's
+    MASTER_ADDR:MASTER_PORT (``localhost`` under --standalone). Guarantee: the resolved config,
+    which config.json records, holds the address the run used (one typed for the same host too)."""
+    from repro import run as entry
+    from repro.config.settings import BackendConfig, RunConfig
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "localhost", "MASTER_PORT": "29555"}.items():
+        monkeypatch.setenv(key, value)
+    for typed in ({}, {"master_addr": "127.0.0.1", "master_port": 29555}):
+        resolved = entry.resolve(RunConfig(backend=BackendConfig(name="real", **typed)))
+        assert (resolved.backend.master_addr, resolved.backend.master_port) == ("localhost", 29555), typed
+
+
 @pytest.mark.slow   # a torchrun job: ~10 s
 def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupted(tmp_path):
     """Fault: ``torchrun`` itself (the agent, not a rank) SIGKILLed mid-run. Its workers trained
@@ -121,6 +137,8 @@ def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupt
             workers |= descendants(proc.pid)
             time.sleep(0.05)
         workers |= descendants(proc.pid)
+        env = Path(f"/proc/{find_rank0(workers)}/environ").read_bytes().split(b"\0")
+        met = {k: v for k, _, v in (e.decode().partition("=") for e in env) if k in ("MASTER_ADDR", "MASTER_PORT")}
     finally:
         proc.kill()
         proc.wait()
@@ -133,6 +151,9 @@ def test_a_sigkilled_torchrun_takes_its_workers_along_and_the_run_ends_interrupt
     summary = check_run_folder(run_dir, "interrupted")
     # one stop, not a forced one: each of rank 0's threads sent a parent-death signal of its own
     assert "forced" not in summary["message"] and (run_dir / "checkpoint.pt").is_file(), summary["message"]
+    # where the world met, as rank 0's environment says (--standalone: localhost), not the left-out default
+    backend = json.loads((run_dir / "config.json").read_text())["backend"]
+    assert (backend["master_addr"], str(backend["master_port"])) == (met["MASTER_ADDR"], met["MASTER_PORT"]), met
 
 
 def test_a_joiner_torchrun_starts_asks_for_its_agents_death_signal_before_it_joins(monkeypatch):

@@ -20,6 +20,7 @@ rank is stopped before the summary is written.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -131,8 +132,9 @@ def _serve(loop: Dispatcher, procs: dict) -> dict:
 
 
 def world_config(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
-    """Under torchrun the world decides the clients: ranks 1.. of it. The entry point's resolve
-    step (:func:`repro.run.resolve`) applies it on every rank before the driver runs."""
+    """Under torchrun the world decides the clients (ranks 1.. of it) and where they meet
+    (MASTER_ADDR:MASTER_PORT, which config.json records). The entry point's resolve step
+    (:func:`repro.run.resolve`) applies it on every rank before the driver runs."""
     if env.world_size < 2:
         raise ConfigError("WORLD_SIZE", env.world_size, "at least 2 under torchrun (rank 0 serves, "
                           "ranks 1.. are clients)")
@@ -140,7 +142,9 @@ def world_config(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
     if cfg.num_clients != env.world_size - 1 and env.rank == 0:
         log.info(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
             f"(config said {cfg.num_clients})")
-    return cfg.replace(num_clients=env.world_size - 1)
+    backend = dataclasses.replace(cfg.backend, master_addr=os.environ["MASTER_ADDR"],
+                                  master_port=int(os.environ["MASTER_PORT"]))
+    return cfg.replace(num_clients=env.world_size - 1, backend=backend)
 
 
 def _torchruns_address(cfg: RunConfig) -> None:
