@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -241,7 +242,14 @@ class _Handler(BaseHTTPRequestHandler):
                 text = json.dumps(json.loads(json.dumps(body), parse_constant=str))
                 self._send(400 if "error" in body else 200, "application/json", text.encode())
         else:
-            self._send(404, "text/plain", b"not found")
+            self.send_error(404, f"{reprlib.repr(url.path)}: unknown; accepted / and /api")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Every refusal as /api's, one JSON line: http.server's own (a method other than GET, a bad
+        or too long request line or header) answered an HTML page, the bad line echoed whole."""
+        message = message or HTTPStatus(code).phrase
+        text = message if len(message) <= 200 else message[:200] + "..."   # a 64 kB bad line: not echoed whole
+        self._send(code, "application/json", json.dumps({"error": text}).encode())
 
     def _send(self, code: int, kind: str, body: bytes) -> None:
         self.send_response(code)
