@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from typing import Iterator
+from urllib.parse import parse_qs
 
 import numpy as np
 import pytest
@@ -153,6 +154,28 @@ def test_the_digits_network_when_asked(server):
 def test_endpoint_names_a_bad_value(server, query, words):
     code, r = _get(server + "/api?" + query)
     assert code == 400 and words in r["error"]
+
+
+@pytest.mark.parametrize("query", ["clients=2_0", "clients=+2+", "clients=%2B2", "clients=%D9%A3", "bound=%EF%BC%93",
+                                   "lr=1e-1", "lr=0.2_5", "jitter=.5", "jitter=%201"])
+def test_a_number_no_slider_writes_is_refused_naming_the_key(query):
+    """int() and float() took 2_0 (as 20), ' 2', +2, 1e-1, .5 and other scripts' digits (an
+    Arabic-Indic or a fullwidth 3): each ran as that number, where a slider sends digits."""
+    key = query.split("=")[0]
+    with pytest.raises(ValueError, match=rf"^{key}='.*': accepted \w+ from .*, in digits"):
+        Settings.from_query(parse_qs(query, keep_blank_values=True))
+
+
+def test_every_value_a_slider_sends_is_accepted():
+    """Each position of each slider of the page, written as the browser writes it (0.06, 1, 0)."""
+    page = explore.PAGE.read_text()
+    sliders = re.findall(r'<input type="range" id="(\w+)" min="([\d.]+)" max="([\d.]+)"(?: step="([\d.]+)")?', page)
+    assert {s[0] for s in sliders} == {"clients", "nsync", "jitter", "lr", "bound"}
+    for key, lo, hi, step in sliders:
+        step = float(step or 1)
+        for k in range(round((float(hi) - float(lo)) / step) + 1):
+            text = repr(round(float(lo) + k * step, 10)).removesuffix(".0")
+            assert getattr(Settings.from_query({key: [text]}), key) == float(text), (key, text)
 
 
 def test_page_has_the_sliders(server):
