@@ -134,6 +134,26 @@ def test_a_class_that_raises_inside_a_run_fails_and_leaves_the_registry_as_it_wa
     assert (asgd.RULES.names(), asgd.PROTOCOLS.names()) == (rules, protocols)
 
 
+@pytest.mark.parametrize("raised", ["BaseException('boom')", "GeneratorExit('closed')", "Oops('mine')"])
+def test_a_base_exception_in_the_answer_fails_naming_its_line(raised, tmp_path, capsys):
+    """Neither an Exception nor SystemExit: it went past the answer's check and the report, the
+    grader's traceback."""
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\nclass Oops(BaseException):\n    pass\n\n\n'
+                    f"def mean_staleness(n):\n    raise {raised}\n")
+    code, out, err = graded(path, capsys)
+    shown = raised.replace("('", ": ").removesuffix("')")
+    assert code == grader.EXIT_FAILED and f"got an error: {shown} (line 7 of {path.resolve()})" in out, out + err
+    assert "Traceback" not in out + err
+
+
+def test_a_base_exception_inside_a_run_fails_naming_its_line(tmp_path, capsys):
+    path = edited(tmp_path, "04_staleness_rule.py", "    def fetched(self, client: int, params) -> None:\n        pass",
+                  "    def fetched(self, client: int, params) -> None:\n        raise BaseException('no fetch')")
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "got BaseException: no fetch (line" in out, out + err
+
+
 UNLOADABLE = {
     "syntax": ("def mean_staleness(n):\n    return n -\n", "line 2: syntax error"),
     "no_exercise": ("def mean_staleness(n):\n    return n - 1\n", 'no line EXERCISE = "NAME"'),

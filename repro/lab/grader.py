@@ -24,7 +24,7 @@ from pathlib import Path
 from stat import S_ISREG
 
 from repro.lab import harness
-from repro.lab.harness import EXERCISES, Check, Exercise, StudentError
+from repro.lab.harness import EXERCISES, Check, Exercise, StudentError, TooLong
 from repro.logs import get_logger
 from repro.runtime import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
@@ -37,15 +37,6 @@ MAX_FILE_BYTES = 10**6   # a stub is 1 kB; /dev/zero or a fifo was read without 
 
 class Unloadable(Exception):
     """The file cannot be graded; the message is the one line the student sees."""
-
-
-class TooLong(BaseException):
-    """The grading's time is up. Not an Exception: neither the student's ``except Exception``
-    nor :func:`~repro.lab.harness.student_call` may take it for an answer and call on (the alarm
-    rings once: the next call of an endless answer would never end)."""
-
-    def __init__(self, seconds: int):
-        super().__init__(f"grading ran over {seconds} s: does your code ever return?")
 
 
 def exercise_of(path: Path, tree: ast.Module) -> Exercise:
