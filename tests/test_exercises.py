@@ -154,6 +154,19 @@ def test_a_base_exception_inside_a_run_fails_naming_its_line(tmp_path, capsys):
     assert code == grader.EXIT_FAILED and "got BaseException: no fetch (line" in out, out + err
 
 
+@pytest.mark.parametrize("where", ["answer", "top"])
+def test_an_exception_whose_message_raises_is_named_by_its_class(where, tmp_path, capsys):
+    """Its __str__ (a field never set) raised again as the grader described it: a traceback."""
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\n\n\nclass Wrong(Exception):\n    def __str__(self):\n'
+                    "        return self.why\n\n\ndef mean_staleness(n):\n    raise Wrong()\n"
+                    + ("\n\nmean_staleness(2)\n" if where == "top" else ""))
+    code, out, err = graded(path, capsys)
+    said = f"Wrong: (its message cannot be shown: AttributeError in its __str__) (line 10 of {path.resolve()})"
+    assert code == (grader.EXIT_FAILED if where == "answer" else grader.EXIT_UNLOADABLE), out + err
+    assert said in (out if where == "answer" else err) and "Traceback" not in out + err, out + err
+
+
 UNLOADABLE = {
     "syntax": ("def mean_staleness(n):\n    return n -\n", "line 2: syntax error"),
     "no_exercise": ("def mean_staleness(n):\n    return n - 1\n", 'no line EXERCISE = "NAME"'),

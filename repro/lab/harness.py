@@ -83,7 +83,11 @@ def describe_error(e: BaseException) -> str:
     """``ValueError: bad (line 12 of exercises/x.py)``: the innermost frame in a student file."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename in STUDENT_FILES]
     where = f" (line {frames[-1].lineno} of {frames[-1].filename})" if frames else ""
-    return f"{type(e).__name__}: {e}{where}"
+    try:
+        message = str(e)
+    except Exception as inner:   # noqa: BLE001  (their exception's __str__ raised in turn: it was a traceback)
+        message = f"(its message cannot be shown: {type(inner).__name__} in its __str__)"
+    return f"{type(e).__name__}: {message}{where}"
 
 
 class Raised(str):
