@@ -422,6 +422,21 @@ def test_a_file_that_ends_the_grading_itself_exits_2_saying_so(where, ending, tm
     assert out.count("\n") == (where == "answer") and "checks pass" not in out   # the report's first line alone
 
 
+@pytest.mark.parametrize("ending", ["raise KeyboardInterrupt('mine')",   # slow: a grader process, the same path
+                                    pytest.param("os.kill(os.getpid(), signal.SIGINT)", marks=pytest.mark.slow)])
+def test_an_interrupt_the_file_raises_itself_exits_2_saying_so(ending, tmp_path):
+    # the grading process, a session apart, gets no Ctrl-C: its KeyboardInterrupt is the file's own.
+    # It was exit 130 without a word, as the grader's Ctrl-C, the report cut short
+    path = tmp_path / "answer.py"
+    path.write_text(f'EXERCISE = "mean_staleness"\nimport os, signal\n\n\ndef mean_staleness(n):\n    {ending}\n')
+    with command(path) as proc:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == grader.EXIT_UNLOADABLE and err.count("\n") == 1, out + err
+    assert err.startswith(f"grade: {path}: the grading ended with no verdict: the file interrupted it itself "
+                          "(KeyboardInterrupt: ") and f"(line 6 of {path.resolve()})); fix that" in err, err
+    assert out.count("\n") == 1 and "checks pass" not in out   # the report's first line alone
+
+
 @pytest.mark.parametrize("path", [SOLUTIONS[0], pytest.param(STUBS[0], marks=pytest.mark.slow)],
                          ids=["solution", "stub"])   # slow: the solution covers the same path by default
 def test_a_thread_the_file_leaves_running_holds_no_grading_nor_changes_its_report(path, tmp_path, capsys):

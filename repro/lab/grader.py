@@ -6,8 +6,8 @@ checked) and the report: one line per check with what was expected and what came
 under each failed one, and the exit status: 0 when every check passes, 1 when one fails, 2 when
 the file cannot be loaded (a syntax error, a missing name, an unknown exercise), said in one
 line on stderr, never with a traceback; 2 too when the file ends the grading's process itself
-before its verdict (``os._exit``, a signal, a crash: :func:`grade_apart`). The exercises
-themselves live in :mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
+before its verdict (``os._exit``, a signal, a crash, a KeyboardInterrupt: :func:`grade_apart`). The
+exercises themselves live in :mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
 """
 from __future__ import annotations
 
@@ -156,8 +156,11 @@ def grade_apart(file: str) -> int:
         try:
             verdict = grade(file, loaded=lambda: os.write(write, LOADED))
             sys.stdout.flush()   # the report before the verdict: os._exit flushes nothing
-        except KeyboardInterrupt:
-            verdict = 130
+        except KeyboardInterrupt as e:   # the file's own (raised, a SIGINT to itself): Ctrl-C reaches the grader alone
+            sys.stdout.flush()   # (it was exit 130 without a word, the report cut short)
+            print(f"grade: {file}: the grading ended with no verdict: the file interrupted it itself "
+                  f"({harness.describe_error(e)}); fix that and grade again", file=sys.stderr)
+            verdict = EXIT_UNLOADABLE
         except BaseException:   # noqa: BLE001  (the grader's own fault: its traceback, as ever)
             traceback.print_exc()
         finally:
