@@ -292,6 +292,20 @@ def test_a_gate_that_returns_a_list_is_judged_by_whom_it_releases(tmp_path, caps
     assert code == grader.EXIT_PASSED, out + err
 
 
+@pytest.mark.parametrize("returned", ["Odd()", "Decision(reply=Odd())"])
+def test_a_gate_that_returns_what_cannot_be_shown_fails_naming_its_line(returned, tmp_path, capsys):
+    """Its repr raised as the grader said what came back (not a Decision, no tuple): a traceback."""
+    odd = ("from repro.api import SSP, Decision\n\n\nclass Odd:\n    def __iter__(self):\n"
+           "        raise TypeError('no iter')\n\n    def __repr__(self):\n        raise ValueError('no repr')\n")
+    path = edited(tmp_path, "05_ssp_gate.py", "        return tuple(go)",
+                  f"        return tuple(go)\n\n    def on_push(self, push, view):\n        return {returned}")
+    path.write_text(path.read_text().replace("from repro.api import SSP\n", odd))
+    line = path.read_text().splitlines().index("        raise ValueError('no repr')") + 1
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "Traceback" not in out + err, out + err
+    assert f"got ValueError: no repr (line {line} of {path.resolve()})" in out, out
+
+
 def test_a_gate_whose_clients_are_no_tuple_fails_saying_so_or_is_judged_by_whom_it_names(tmp_path, capsys):
     # an int (or an array's truth test) in reply or discarded was the grader's traceback
     out = failing(tmp_path, capsys, "05_ssp_gate.py", "return tuple(go)", "return len(go)")
