@@ -190,6 +190,22 @@ def test_a_file_that_cannot_be_loaded_exits_2_with_one_line(case, tmp_path, caps
     assert out == "" and err.count("\n") == 1 and reason in err and str(path) in err, err
 
 
+def test_a_module_beside_the_file_imports_from_any_folder(tmp_path, capsys, monkeypatch):
+    """``python answer.py`` finds it (a script's folder is on the path), and so did a grading
+    started in that folder; one started elsewhere stopped: "No module named 'beside_answer'"."""
+    (tmp_path / "beside_answer.py").write_text("def staleness(n):\n    return n - 1\n")
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\nfrom beside_answer import staleness as mean_staleness\n')
+    monkeypatch.chdir(ROOT)
+    path_before = list(sys.path)
+    try:
+        code, out, err = graded(path, capsys)
+    finally:
+        sys.modules.pop("beside_answer", None)
+    assert code == grader.EXIT_PASSED, out + err
+    assert sys.path == path_before   # the grading's path was its own
+
+
 def test_a_missing_file_exits_2_with_one_line(tmp_path, capsys):
     code, out, err = graded(tmp_path / "nowhere.py", capsys)
     assert code == grader.EXIT_UNLOADABLE and out == ""

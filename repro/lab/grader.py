@@ -22,6 +22,7 @@ import types
 from contextlib import contextmanager
 from pathlib import Path
 from stat import S_ISREG
+from unittest import mock
 
 from repro.lab import harness
 from repro.lab.harness import EXERCISES, Check, Exercise, StudentError, TooLong
@@ -76,6 +77,9 @@ def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     module = types.ModuleType(f"exercise_{ex.name}")
     module.__file__ = filename
     harness.STUDENT_FILES.add(filename)
+    # the file's folder first on the path, as python puts a script's: a module beside it imports
+    # whatever folder the grading starts in (it did from the file's own alone: python -m's path)
+    sys.path.insert(0, str(Path(filename).parent))
     try:
         exec(compile(tree, filename, "exec"), module.__dict__)   # noqa: S102  (the student's own file)
     except BaseException as e:   # noqa: BLE001  (SystemExit too: the file must load to be graded)
@@ -126,7 +130,8 @@ def grade(file: str, loaded=lambda: None) -> int:
     """Grade one file, calling ``loaded()`` once it has loaded; the exit status (see the module
     docstring)."""
     path = Path(file)
-    with time_limit(GRADE_LIMIT_S):   # loading runs the file: an endless loop at its top too
+    # loading runs the file: an endless loop at its top too; it puts the file's folder on the path
+    with time_limit(GRADE_LIMIT_S), mock.patch.object(sys, "path", list(sys.path)):
         try:
             ex, module = load(path)
         except Unloadable as e:
