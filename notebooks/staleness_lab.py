@@ -42,6 +42,9 @@ if importlib.util.find_spec("repro") is None:
 
 # %%
 import io
+import os   # again (the set-up cell's): this cell runs without the set-up cell above
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch

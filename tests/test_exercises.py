@@ -134,6 +134,39 @@ def test_a_class_that_raises_inside_a_run_fails_and_leaves_the_registry_as_it_wa
     assert (asgd.RULES.names(), asgd.PROTOCOLS.names()) == (rules, protocols)
 
 
+@pytest.mark.parametrize("raised", ["BaseException('boom')", "GeneratorExit('closed')", "Oops('mine')"])
+def test_a_base_exception_in_the_answer_fails_naming_its_line(raised, tmp_path, capsys):
+    """Neither an Exception nor SystemExit: it went past the answer's check and the report, the
+    grader's traceback."""
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\nclass Oops(BaseException):\n    pass\n\n\n'
+                    f"def mean_staleness(n):\n    raise {raised}\n")
+    code, out, err = graded(path, capsys)
+    shown = raised.replace("('", ": ").removesuffix("')")
+    assert code == grader.EXIT_FAILED and f"got an error: {shown} (line 7 of {path.resolve()})" in out, out + err
+    assert "Traceback" not in out + err
+
+
+def test_a_base_exception_inside_a_run_fails_naming_its_line(tmp_path, capsys):
+    path = edited(tmp_path, "04_staleness_rule.py", "    def fetched(self, client: int, params) -> None:\n        pass",
+                  "    def fetched(self, client: int, params) -> None:\n        raise BaseException('no fetch')")
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "got BaseException: no fetch (line" in out, out + err
+
+
+@pytest.mark.parametrize("where", ["answer", "top"])
+def test_an_exception_whose_message_raises_is_named_by_its_class(where, tmp_path, capsys):
+    """Its __str__ (a field never set) raised again as the grader described it: a traceback."""
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\n\n\nclass Wrong(Exception):\n    def __str__(self):\n'
+                    "        return self.why\n\n\ndef mean_staleness(n):\n    raise Wrong()\n"
+                    + ("\n\nmean_staleness(2)\n" if where == "top" else ""))
+    code, out, err = graded(path, capsys)
+    said = f"Wrong: (its message cannot be shown: AttributeError in its __str__) (line 10 of {path.resolve()})"
+    assert code == (grader.EXIT_FAILED if where == "answer" else grader.EXIT_UNLOADABLE), out + err
+    assert said in (out if where == "answer" else err) and "Traceback" not in out + err, out + err
+
+
 UNLOADABLE = {
     "syntax": ("def mean_staleness(n):\n    return n -\n", "line 2: syntax error"),
     "no_exercise": ("def mean_staleness(n):\n    return n - 1\n", 'no line EXERCISE = "NAME"'),
@@ -155,6 +188,22 @@ def test_a_file_that_cannot_be_loaded_exits_2_with_one_line(case, tmp_path, caps
     code, out, err = graded(path, capsys)
     assert code == grader.EXIT_UNLOADABLE
     assert out == "" and err.count("\n") == 1 and reason in err and str(path) in err, err
+
+
+def test_a_module_beside_the_file_imports_from_any_folder(tmp_path, capsys, monkeypatch):
+    """``python answer.py`` finds it (a script's folder is on the path), and so did a grading
+    started in that folder; one started elsewhere stopped: "No module named 'beside_answer'"."""
+    (tmp_path / "beside_answer.py").write_text("def staleness(n):\n    return n - 1\n")
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\nfrom beside_answer import staleness as mean_staleness\n')
+    monkeypatch.chdir(ROOT)
+    path_before = list(sys.path)
+    try:
+        code, out, err = graded(path, capsys)
+    finally:
+        sys.modules.pop("beside_answer", None)
+    assert code == grader.EXIT_PASSED, out + err
+    assert sys.path == path_before   # the grading's path was its own
 
 
 def test_a_missing_file_exits_2_with_one_line(tmp_path, capsys):
@@ -257,6 +306,20 @@ def test_a_gate_that_returns_a_list_is_judged_by_whom_it_releases(tmp_path, caps
     path = edited(tmp_path, "05_ssp_gate.py", "return tuple(go)", "return go")
     code, out, err = graded(path, capsys)
     assert code == grader.EXIT_PASSED, out + err
+
+
+@pytest.mark.parametrize("returned", ["Odd()", "Decision(reply=Odd())"])
+def test_a_gate_that_returns_what_cannot_be_shown_fails_naming_its_line(returned, tmp_path, capsys):
+    """Its repr raised as the grader said what came back (not a Decision, no tuple): a traceback."""
+    odd = ("from repro.api import SSP, Decision\n\n\nclass Odd:\n    def __iter__(self):\n"
+           "        raise TypeError('no iter')\n\n    def __repr__(self):\n        raise ValueError('no repr')\n")
+    path = edited(tmp_path, "05_ssp_gate.py", "        return tuple(go)",
+                  f"        return tuple(go)\n\n    def on_push(self, push, view):\n        return {returned}")
+    path.write_text(path.read_text().replace("from repro.api import SSP\n", odd))
+    line = path.read_text().splitlines().index("        raise ValueError('no repr')") + 1
+    code, out, err = graded(path, capsys)
+    assert code == grader.EXIT_FAILED and "Traceback" not in out + err, out + err
+    assert f"got ValueError: no repr (line {line} of {path.resolve()})" in out, out
 
 
 def test_a_gate_whose_clients_are_no_tuple_fails_saying_so_or_is_judged_by_whom_it_names(tmp_path, capsys):
@@ -387,6 +450,21 @@ def test_a_file_that_ends_the_grading_itself_exits_2_saying_so(where, ending, tm
     assert proc.returncode == grader.EXIT_UNLOADABLE and err.count("\n") == 1, out + err
     assert err.startswith(f"grade: {path}: the grading ended with no verdict ({how}") and "Traceback" not in err
     assert out.count("\n") == (where == "answer") and "checks pass" not in out   # the report's first line alone
+
+
+@pytest.mark.parametrize("ending", ["raise KeyboardInterrupt('mine')",   # slow: a grader process, the same path
+                                    pytest.param("os.kill(os.getpid(), signal.SIGINT)", marks=pytest.mark.slow)])
+def test_an_interrupt_the_file_raises_itself_exits_2_saying_so(ending, tmp_path):
+    # the grading process, a session apart, gets no Ctrl-C: its KeyboardInterrupt is the file's own.
+    # It was exit 130 without a word, as the grader's Ctrl-C, the report cut short
+    path = tmp_path / "answer.py"
+    path.write_text(f'EXERCISE = "mean_staleness"\nimport os, signal\n\n\ndef mean_staleness(n):\n    {ending}\n')
+    with command(path) as proc:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == grader.EXIT_UNLOADABLE and err.count("\n") == 1, out + err
+    assert err.startswith(f"grade: {path}: the grading ended with no verdict: the file interrupted it itself "
+                          "(KeyboardInterrupt: ") and f"(line 6 of {path.resolve()})); fix that" in err, err
+    assert out.count("\n") == 1 and "checks pass" not in out   # the report's first line alone
 
 
 @pytest.mark.parametrize("path", [SOLUTIONS[0], pytest.param(STUBS[0], marks=pytest.mark.slow)],

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from typing import Iterator
+from urllib.parse import parse_qs
 
 import numpy as np
 import pytest
@@ -153,6 +154,28 @@ def test_the_digits_network_when_asked(server):
 def test_endpoint_names_a_bad_value(server, query, words):
     code, r = _get(server + "/api?" + query)
     assert code == 400 and words in r["error"]
+
+
+@pytest.mark.parametrize("query", ["clients=2_0", "clients=+2+", "clients=%2B2", "clients=%D9%A3", "bound=%EF%BC%93",
+                                   "lr=1e-1", "lr=0.2_5", "jitter=.5", "jitter=%201"])
+def test_a_number_no_slider_writes_is_refused_naming_the_key(query):
+    """int() and float() took 2_0 (as 20), ' 2', +2, 1e-1, .5 and other scripts' digits (an
+    Arabic-Indic or a fullwidth 3): each ran as that number, where a slider sends digits."""
+    key = query.split("=")[0]
+    with pytest.raises(ValueError, match=rf"^{key}='.*': accepted \w+ from .*, in digits"):
+        Settings.from_query(parse_qs(query, keep_blank_values=True))
+
+
+def test_every_value_a_slider_sends_is_accepted():
+    """Each position of each slider of the page, written as the browser writes it (0.06, 1, 0)."""
+    page = explore.PAGE.read_text()
+    sliders = re.findall(r'<input type="range" id="(\w+)" min="([\d.]+)" max="([\d.]+)"(?: step="([\d.]+)")?', page)
+    assert {s[0] for s in sliders} == {"clients", "nsync", "jitter", "lr", "bound"}
+    for key, lo, hi, step in sliders:
+        step = float(step or 1)
+        for k in range(round((float(hi) - float(lo)) / step) + 1):
+            text = repr(round(float(lo) + k * step, 10)).removesuffix(".0")
+            assert getattr(Settings.from_query({key: [text]}), key) == float(text), (key, text)
 
 
 def test_page_has_the_sliders(server):
@@ -381,3 +404,31 @@ def test_a_long_value_or_key_is_not_echoed_whole(server, query):
     """The refusal echoed the whole value or key: a 50 kB error line for the page to show."""
     code, r = _get(server + "/api?" + query)
     assert code == 400 and len(r["error"]) < 200 and "..." in r["error"]
+
+
+def _raw(server: str, request: bytes) -> tuple[int, str, dict]:
+    """Send ``request`` as it is and return the answer's status, Content-Type and JSON body."""
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as page:
+        page.sendall(request)
+        answer = b"".join(iter(lambda: page.recv(65536), b""))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    kind = re.search(rb"\r\nContent-Type: ([^\r]*)", head)
+    return int(head.split()[1]), kind and kind[1].decode(), json.loads(body)
+
+
+@pytest.mark.parametrize("request_, code, words", [
+    (b"GET /apl HTTP/1.0\r\n\r\n", 404, "'/apl': unknown; accepted / and /api"),
+    (b"POST /api HTTP/1.0\r\nContent-Length: 0\r\n\r\n", 501, "Unsupported method ('POST')"),
+    (b"PUT / HTTP/1.0\r\nContent-Length: 0\r\n\r\n", 501, "Unsupported method ('PUT')"),
+    (b"GET /a b HTTP/1.0\r\n\r\n", 400, "Bad request syntax ('GET /a b HTTP/1.0')"),
+    (b"GET /a " + b"b " * 30000 + b"HTTP/1.0\r\n\r\n", 400, "Bad request syntax ('GET /a b b b"),
+    (b"GET /" + b"a" * 70000 + b" HTTP/1.0\r\n\r\n", 414, "Request-URI Too Long"),
+    (b"GET / HTTP/1.0\r\nX: " + b"a" * 70000 + b"\r\n\r\n", 431, "Line too long")],
+    ids=["unknown-path", "post", "put", "bad-line", "long-bad-line", "long-line", "long-header"])
+def test_the_servers_own_refusals_are_json_as_the_apis(server, request_, code, words):
+    """http.server answered these itself with an HTML page (the bad request line echoed whole, 60 kB
+    of it); an unknown path was the text "not found". Now each is /api's one JSON line."""
+    got, kind, body = _raw(server, request_)
+    assert (got, kind) == (code, "application/json")
+    assert body["error"].startswith(words) and len(body["error"]) < 250, body

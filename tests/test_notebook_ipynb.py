@@ -90,6 +90,15 @@ def test_the_install_cell_installs_the_checkout_around_the_notebook(monkeypatch,
     assert calls[-1][-1] == "git+https://example.invalid/gpu-asgd-repro"
 
 
+def test_the_lab_starts_without_its_set_up_cell():
+    """The set-up cell says it does nothing where the package is installed: a student who skips
+    it ran the next cell into "NameError: name 'os' is not defined" (it used the set-up's imports)."""
+    code = [source for kind, source in builder().cells((NOTEBOOKS / "staleness_lab.py").read_text()) if kind == "code"]
+    assert "pip" in code[0]
+    run = subprocess.run([sys.executable, "-c", code[1]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+
+
 def test_the_notebook_runs_top_to_bottom_in_a_kernel_shrunk(monkeypatch, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -27,12 +27,14 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import reprlib
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -55,6 +57,7 @@ EVAL_EVERY = 5.0       # steps between evaluations of the loss: 60 points (each 
 COMPUTE_S = 0.01       # one step: 10 ms of virtual time (the uniform profile's)
 BUDGET_S = 1.0         # each change must be answered within this on 2 idle cores
 PAGE = Path(__file__).with_name("explore.html")
+DIGITS = {int: "[0-9]+", float: r"[0-9]+(\.[0-9]+)?"}   # what a slider sends: 4, 0.5, 0
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,13 @@ class Settings:
                 raise ValueError(f"{key}: given {len(query[key])} times; give it once")
         for key, (kind, lo, hi) in kinds.items():
             if key in query:
-                try:
-                    v = kind(query[key][0])
-                except ValueError:
+                try:   # as a slider writes it: int() and float() also took 2_0, ' 2', +2, 1e-1, other scripts' digits
+                    v = kind(query[key][0]) if re.fullmatch(DIGITS[kind], query[key][0]) else None
+                except ValueError:   # an int of over 4300 digits
                     v = None
                 if v is None or not lo <= v <= hi:   # reprlib: a 60 kB value is not echoed whole
-                    raise ValueError(f"{key}={reprlib.repr(query[key][0])}: accepted {kind.__name__} from {lo} to {hi}")
+                    raise ValueError(f"{key}={reprlib.repr(query[key][0])}: accepted {kind.__name__} from {lo} to {hi}"
+                                     f", in digits{' (a point allowed)' if kind is float else ''}")
                 values[key] = v
         for key, accepted in (("protocol", PROTOCOLS), ("problem", tuple(PROBLEMS))):
             if key in query:
@@ -241,7 +245,14 @@ class _Handler(BaseHTTPRequestHandler):
                 text = json.dumps(json.loads(json.dumps(body), parse_constant=str))
                 self._send(400 if "error" in body else 200, "application/json", text.encode())
         else:
-            self._send(404, "text/plain", b"not found")
+            self.send_error(404, f"{reprlib.repr(url.path)}: unknown; accepted / and /api")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Every refusal as /api's, one JSON line: http.server's own (a method other than GET, a bad
+        or too long request line or header) answered an HTML page, the bad line echoed whole."""
+        message = message or HTTPStatus(code).phrase
+        text = message if len(message) <= 200 else message[:200] + "..."   # a 64 kB bad line: not echoed whole
+        self._send(code, "application/json", json.dumps({"error": text}).encode())
 
     def _send(self, code: int, kind: str, body: bytes) -> None:
         self.send_response(code)

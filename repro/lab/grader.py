@@ -6,8 +6,8 @@ checked) and the report: one line per check with what was expected and what came
 under each failed one, and the exit status: 0 when every check passes, 1 when one fails, 2 when
 the file cannot be loaded (a syntax error, a missing name, an unknown exercise), said in one
 line on stderr, never with a traceback; 2 too when the file ends the grading's process itself
-before its verdict (``os._exit``, a signal, a crash: :func:`grade_apart`). The exercises
-themselves live in :mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
+before its verdict (``os._exit``, a signal, a crash, a KeyboardInterrupt: :func:`grade_apart`). The
+exercises themselves live in :mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
 """
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ import types
 from contextlib import contextmanager
 from pathlib import Path
 from stat import S_ISREG
+from unittest import mock
 
 from repro.lab import harness
-from repro.lab.harness import EXERCISES, Check, Exercise, StudentError
+from repro.lab.harness import EXERCISES, Check, Exercise, StudentError, TooLong
 from repro.logs import get_logger
 from repro.runtime import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
@@ -37,15 +38,6 @@ MAX_FILE_BYTES = 10**6   # a stub is 1 kB; /dev/zero or a fifo was read without 
 
 class Unloadable(Exception):
     """The file cannot be graded; the message is the one line the student sees."""
-
-
-class TooLong(BaseException):
-    """The grading's time is up. Not an Exception: neither the student's ``except Exception``
-    nor :func:`~repro.lab.harness.student_call` may take it for an answer and call on (the alarm
-    rings once: the next call of an endless answer would never end)."""
-
-    def __init__(self, seconds: int):
-        super().__init__(f"grading ran over {seconds} s: does your code ever return?")
 
 
 def exercise_of(path: Path, tree: ast.Module) -> Exercise:
@@ -85,6 +77,9 @@ def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     module = types.ModuleType(f"exercise_{ex.name}")
     module.__file__ = filename
     harness.STUDENT_FILES.add(filename)
+    # the file's folder first on the path, as python puts a script's: a module beside it imports
+    # whatever folder the grading starts in (it did from the file's own alone: python -m's path)
+    sys.path.insert(0, str(Path(filename).parent))
     try:
         exec(compile(tree, filename, "exec"), module.__dict__)   # noqa: S102  (the student's own file)
     except BaseException as e:   # noqa: BLE001  (SystemExit too: the file must load to be graded)
@@ -135,7 +130,8 @@ def grade(file: str, loaded=lambda: None) -> int:
     """Grade one file, calling ``loaded()`` once it has loaded; the exit status (see the module
     docstring)."""
     path = Path(file)
-    with time_limit(GRADE_LIMIT_S):   # loading runs the file: an endless loop at its top too
+    # loading runs the file: an endless loop at its top too; it puts the file's folder on the path
+    with time_limit(GRADE_LIMIT_S), mock.patch.object(sys, "path", list(sys.path)):
         try:
             ex, module = load(path)
         except Unloadable as e:
@@ -165,8 +161,11 @@ def grade_apart(file: str) -> int:
         try:
             verdict = grade(file, loaded=lambda: os.write(write, LOADED))
             sys.stdout.flush()   # the report before the verdict: os._exit flushes nothing
-        except KeyboardInterrupt:
-            verdict = 130
+        except KeyboardInterrupt as e:   # the file's own (raised, a SIGINT to itself): Ctrl-C reaches the grader alone
+            sys.stdout.flush()   # (it was exit 130 without a word, the report cut short)
+            print(f"grade: {file}: the grading ended with no verdict: the file interrupted it itself "
+                  f"({harness.describe_error(e)}); fix that and grade again", file=sys.stderr)
+            verdict = EXIT_UNLOADABLE
         except BaseException:   # noqa: BLE001  (the grader's own fault: its traceback, as ever)
             traceback.print_exc()
         finally:

@@ -59,12 +59,23 @@ class StudentError(Exception):
     """The student's code raised: the message says what and on which line of their file."""
 
 
+class TooLong(BaseException):
+    """The grading's time is up. Not an Exception: neither the student's ``except Exception``
+    nor :func:`student_call` may take it for an answer and call on (the alarm rings once: the
+    next call of an endless answer would never end)."""
+
+    def __init__(self, seconds: int):
+        super().__init__(f"grading ran over {seconds} s: does your code ever return?")
+
+
 def student_call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args)``, with an exception turned into a :class:`StudentError` naming the line of
     the student's file it came from (their traceback, not the grader's)."""
     try:
         return fn(*args, **kwargs)
-    except (Exception, SystemExit) as e:   # noqa: BLE001  (their code's exit() too: not the grader's status)
+    except (KeyboardInterrupt, TooLong):   # Ctrl-C and the time limit end the grading: no answer
+        raise
+    except BaseException as e:   # noqa: BLE001  (exit(), GeneratorExit, a BaseException of theirs: was a traceback)
         raise StudentError(describe_error(e)) from None
 
 
@@ -72,7 +83,11 @@ def describe_error(e: BaseException) -> str:
     """``ValueError: bad (line 12 of exercises/x.py)``: the innermost frame in a student file."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename in STUDENT_FILES]
     where = f" (line {frames[-1].lineno} of {frames[-1].filename})" if frames else ""
-    return f"{type(e).__name__}: {e}{where}"
+    try:
+        message = str(e)
+    except Exception as inner:   # noqa: BLE001  (their exception's __str__ raised in turn: it was a traceback)
+        message = f"(its message cannot be shown: {type(inner).__name__} in its __str__)"
+    return f"{type(e).__name__}: {message}{where}"
 
 
 class Raised(str):

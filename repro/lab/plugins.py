@@ -113,15 +113,16 @@ def push(client: int, read_version: int) -> asgd.Push:
 def decided(method, *args) -> asgd.Decision:
     """The Decision the student's ``method`` returns, its clients as tuples (a list or an array
     is judged by whom it names); anything else (a forgotten ``return``, ``reply=3``) is their
-    error, said as one."""
+    error, said as one (their repr of it too: one that raises was the grader's traceback)."""
     got = student_call(method, *args)
     if not isinstance(got, asgd.Decision):
-        raise StudentError(f"{method.__name__} returned {got!r}, not a Decision")
+        raise StudentError(f"{method.__name__} returned {student_call(repr, got)}, not a Decision")
     try:   # an array's truth test or an int's join was a traceback in goes_on and outcome
         return dataclasses.replace(got, reply=tuple(got.reply), discarded=tuple(got.discarded))
     except TypeError:
-        raise StudentError(f"{method.__name__} returned a Decision with reply={got.reply!r}, discarded="
-                           f"{got.discarded!r}: each a tuple, e.g. reply=(client,)") from None
+        reply, discarded = student_call(repr, got.reply), student_call(repr, got.discarded)
+        raise StudentError(f"{method.__name__} returned a Decision with reply={reply}, discarded={discarded}: "
+                           "each a tuple, e.g. reply=(client,)") from None
 
 
 def goes_on(decision: asgd.Decision) -> str:
