@@ -187,3 +187,44 @@ def test_a_read_only_folder_is_told_by_storage_alone(tmp_path):
     for module in (run, folder):
         source = inspect.getsource(module)
         assert "os.access" not in source and "READ_ONLY" not in source, module.__name__
+
+
+def test_5_a_full_disk_under_the_real_server_is_said_in_one_line_not_a_traceback(tmp_path, monkeypatch, capfd):
+    """Fault: the disk fills as the real server writes after a push (a 450 KB tmpfs filled at
+    version 1578 of a real run). Its receiver printed a traceback, as for a bug, before the
+    one line that names the disk. Guarantee 5: the run fails naming the device, the folder and
+    the file, and nothing prints a traceback."""
+    import errno
+
+    from repro.config.settings import BackendConfig
+    from repro.files.storage import disk_error
+    from repro.real.frames import Header, Kind
+    from repro.real.server import Dispatcher
+    from repro.runs.core import RunCore
+    from repro.runs.folder import run_folder
+    from repro.runtime import StopRequest
+    from repro.workload.start import build_problem
+
+    class Channel:
+        def send(self, header, frame):
+            pass
+
+        def post(self, frame):
+            pass
+
+    full = disk_error(OSError(errno.ENOSPC, "No space left on device"), tmp_path / "updates.csv")
+    cfg = SIM.replace(backend=BackendConfig(name="real"))
+    with run_folder(cfg, tmp_path) as run:
+        run.core = core = RunCore(cfg, build_problem(cfg, torch.device("cpu")), tmp_path, clock="wall", backend="real")
+        loop = Dispatcher(cfg, core, {k: Channel() for k in (1, 2, 3)}, StopRequest())
+        core.begin([1, 2, 3])
+        loop.sent_version = {1: 0, 2: 0, 3: 0}
+        monkeypatch.setattr(core, "settle", lambda now: (_ for _ in ()).throw(full))
+        numel = core.server.params.numel()
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=2, num_samples=64, train_loss=1.0, train_error=0.5,
+                                                     stream_position=(0, 0)))
+        assert loop.on_message(1, header, torch.zeros(numel)) is False and loop.closed
+        summary = core.finish(*core.final_status(interrupted=False), clean=False)
+    assert summary["status"] == "failed" and str(full) in summary["message"], summary["message"]
+    assert "no space left on the device holding" in summary["message"]
+    assert "Traceback" not in capfd.readouterr().err

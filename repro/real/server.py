@@ -73,8 +73,7 @@ class Dispatcher:
         self.receivers = {k: Receiver(k, ch, self.frame(), self.on_message, self.on_lost)
                           for k, ch in channels.items()}
         self.reply = self.frame()   # every reply leaves from this frame
-        # CPU: from start() on the server keeps its parameters in the reply frame (the core's
-        # begin moves them there), so a reply copies nothing
+        # CPU: from start() on the server keeps its parameters in the reply frame (begin moves them): no copy
         self.params_in_reply = False
         resumed = (resume or {}).get("driver", {}).get("clients", {})
         self.positions = {k: resumed.get(str(k), {}).get("stream_position") for k in channels}
@@ -350,8 +349,9 @@ class Dispatcher:
                 return False
             try:
                 self.on_push(k, header, update)
-            except Exception as exc:   # a bug: end the run (the main thread sees the error)
-                traceback.print_exc()
+            except Exception as exc:   # a bug, or a full disk (named: no traceback): end the run (see watch)
+                if not isinstance(exc, OSError):
+                    traceback.print_exc()
                 self.core.fail(f"{type(exc).__name__} serving client {k}: {exc}")
                 self.closed = True
                 return False
