@@ -228,3 +228,17 @@ def test_5_a_full_disk_under_the_real_server_is_said_in_one_line_not_a_traceback
     assert summary["status"] == "failed" and str(full) in summary["message"], summary["message"]
     assert "no space left on the device holding" in summary["message"]
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_write_a_read_only_file_system_refuses_names_the_folder_and_the_file(tmp_path):
+    """Fault: a write into a folder on a read-only file system (a real read-only mount) said
+    "[Errno 30] Read-only file system: '.../summary.json.tmp'": the clean-up of the temp file
+    is refused there too, and its raw error replaced the one that names the folder and the
+    file. Guarantee: the error says the folder is on a read-only file system, and which file."""
+    if not read_only_possible(tmp_path):
+        pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
+    write = "import sys; from pathlib import Path; from repro.files.storage import write_json; " \
+            "write_json(Path(sys.argv[1]) / 'summary.json', {})"
+    done = run_read_only(tmp_path, sys.executable, "-c", write, str(tmp_path), cwd=ROOT, timeout=60)
+    said = done.stderr.strip().splitlines()[-1]   # (the traceback's last line: what was raised)
+    assert said == f"OSError: [Errno 30] {tmp_path} is on a read-only file system while writing summary.json", said
