@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -242,3 +243,41 @@ def test_a_write_a_read_only_file_system_refuses_names_the_folder_and_the_file(t
     done = run_read_only(tmp_path, sys.executable, "-c", write, str(tmp_path), cwd=ROOT, timeout=60)
     said = done.stderr.strip().splitlines()[-1]   # (the traceback's last line: what was raised)
     assert said == f"OSError: [Errno 30] {tmp_path} is on a read-only file system while writing summary.json", said
+
+
+# A simulator run whose folder turns read-only under it, at its first checkpoint (a remount, in
+# namespaces of its own: run with unshare -rm, as run_read_only does)
+TURNS_READ_ONLY = """
+import subprocess, sys
+from pathlib import Path
+from repro.runs.core import RunCore
+from repro.sim.driver import simulate
+from tests.helpers.runs import SIM
+run_dir, save = Path(sys.argv[1]), RunCore.save_checkpoint
+
+def turned_read_only(core):
+    subprocess.run(["sh", "-c", 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0"', str(run_dir)], check=True)
+    RunCore.save_checkpoint = save
+    save(core)
+
+RunCore.save_checkpoint = turned_read_only
+simulate(SIM, run_dir)
+"""
+
+
+def test_a_folder_that_turns_read_only_mid_run_is_named_for_the_summary_too(tmp_path):
+    """Fault: the results folder turns read-only under a running run (a real remount). The run
+    failed at its checkpoint, naming it; the summary it could then not write was said as the
+    raw error of deleting the room kept for it ('Read-only file system: .../.reserve'): that
+    room is for a full disk, and a read-only one refuses the delete too. Guarantee: the
+    checkpoint's error is the run's, and the summary's names the folder as read-only."""
+    if not read_only_possible(tmp_path):
+        pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    done = subprocess.run(["unshare", "-rm", sys.executable, "-c", TURNS_READ_ONLY, str(run_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    read_only = f"[Errno 30] {run_dir} is on a read-only file system while writing"
+    assert done.stderr.strip().splitlines()[-1] == f"OSError: {read_only} checkpoint.pt", done.stderr
+    assert f"could not record the end of {run_dir}: {read_only} summary.json\n" in done.stderr, done.stderr
+    assert ".reserve" not in done.stderr
