@@ -269,8 +269,9 @@ def test_a_folder_that_turns_read_only_mid_run_is_named_for_the_summary_too(tmp_
     """Fault: the results folder turns read-only under a running run (a real remount). The run
     failed at its checkpoint, naming it; the summary it could then not write was said as the
     raw error of deleting the room kept for it ('Read-only file system: .../.reserve'): that
-    room is for a full disk, and a read-only one refuses the delete too. Guarantee: the
-    checkpoint's error is the run's, and the summary's names the folder as read-only."""
+    room is for a full disk, and a read-only one refuses the delete too; and said twice (the
+    ending was tried again as if the driver had returned without a status). Guarantee: the
+    checkpoint's error is the run's, and the summary's names the folder as read-only, once."""
     if not read_only_possible(tmp_path):
         pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
     run_dir = tmp_path / "run"
@@ -281,3 +282,4 @@ def test_a_folder_that_turns_read_only_mid_run_is_named_for_the_summary_too(tmp_
     assert done.stderr.strip().splitlines()[-1] == f"OSError: {read_only} checkpoint.pt", done.stderr
     assert f"could not record the end of {run_dir}: {read_only} summary.json\n" in done.stderr, done.stderr
     assert ".reserve" not in done.stderr
+    assert done.stderr.count("could not record the end") == 1, done.stderr   # (the ending was tried twice)
