@@ -175,3 +175,24 @@ def test_the_server_counts_no_silence_across_its_own_suspension():
     silence.judged += 2.45
     assert silence.judge({1: channel}) == {1: "rank 1: waiting for a message: silent for more than 2 s"}
     assert channel.dropped == 1
+
+
+def test_a_tiny_client_timeout_still_drops_a_silent_client():
+    """backend.client_timeout_s=0.1: half of it, 0.05 s, is a server round's own period, so
+    every round looked like a suspension and a silent client was never dropped. A gap counts
+    as one only above a second as well."""
+    import time
+
+    from repro.real.transport import Silence
+
+    class Silent:
+        def receiving_s(self):
+            return 100.0
+
+        def drop(self):
+            return "silent"
+
+    silence = Silence(0.1)
+    silence.since = silence.judged = time.monotonic() - 0.5   # its rounds 0.06 s apart
+    silence.judged += 0.44
+    assert silence.judge({1: Silent()}) == {1: "silent"}
