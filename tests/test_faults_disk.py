@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -187,3 +188,98 @@ def test_a_read_only_folder_is_told_by_storage_alone(tmp_path):
     for module in (run, folder):
         source = inspect.getsource(module)
         assert "os.access" not in source and "READ_ONLY" not in source, module.__name__
+
+
+def test_5_a_full_disk_under_the_real_server_is_said_in_one_line_not_a_traceback(tmp_path, monkeypatch, capfd):
+    """Fault: the disk fills as the real server writes after a push (a 450 KB tmpfs filled at
+    version 1578 of a real run). Its receiver printed a traceback, as for a bug, before the
+    one line that names the disk. Guarantee 5: the run fails naming the device, the folder and
+    the file, and nothing prints a traceback."""
+    import errno
+
+    from repro.config.settings import BackendConfig
+    from repro.files.storage import disk_error
+    from repro.real.frames import Header, Kind
+    from repro.real.server import Dispatcher
+    from repro.runs.core import RunCore
+    from repro.runs.folder import run_folder
+    from repro.runtime import StopRequest
+    from repro.workload.start import build_problem
+
+    class Channel:
+        def send(self, header, frame):
+            pass
+
+        def post(self, frame):
+            pass
+
+    full = disk_error(OSError(errno.ENOSPC, "No space left on device"), tmp_path / "updates.csv")
+    cfg = SIM.replace(backend=BackendConfig(name="real"))
+    with run_folder(cfg, tmp_path) as run:
+        run.core = core = RunCore(cfg, build_problem(cfg, torch.device("cpu")), tmp_path, clock="wall", backend="real")
+        loop = Dispatcher(cfg, core, {k: Channel() for k in (1, 2, 3)}, StopRequest())
+        core.begin([1, 2, 3])
+        loop.sent_version = {1: 0, 2: 0, 3: 0}
+        monkeypatch.setattr(core, "settle", lambda now: (_ for _ in ()).throw(full))
+        numel = core.server.params.numel()
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=2, num_samples=64, train_loss=1.0, train_error=0.5,
+                                                     stream_position=(0, 0)))
+        assert loop.on_message(1, header, torch.zeros(numel)) is False and loop.closed
+        summary = core.finish(*core.final_status(interrupted=False), clean=False)
+    assert summary["status"] == "failed" and str(full) in summary["message"], summary["message"]
+    assert "no space left on the device holding" in summary["message"]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_write_a_read_only_file_system_refuses_names_the_folder_and_the_file(tmp_path):
+    """Fault: a write into a folder on a read-only file system (a real read-only mount) said
+    "[Errno 30] Read-only file system: '.../summary.json.tmp'": the clean-up of the temp file
+    is refused there too, and its raw error replaced the one that names the folder and the
+    file. Guarantee: the error says the folder is on a read-only file system, and which file."""
+    if not read_only_possible(tmp_path):
+        pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
+    write = "import sys; from pathlib import Path; from repro.files.storage import write_json; " \
+            "write_json(Path(sys.argv[1]) / 'summary.json', {})"
+    done = run_read_only(tmp_path, sys.executable, "-c", write, str(tmp_path), cwd=ROOT, timeout=60)
+    said = done.stderr.strip().splitlines()[-1]   # (the traceback's last line: what was raised)
+    assert said == f"OSError: [Errno 30] {tmp_path} is on a read-only file system while writing summary.json", said
+
+
+# A simulator run whose folder turns read-only under it, at its first checkpoint (a remount, in
+# namespaces of its own: run with unshare -rm, as run_read_only does)
+TURNS_READ_ONLY = """
+import subprocess, sys
+from pathlib import Path
+from repro.runs.core import RunCore
+from repro.sim.driver import simulate
+from tests.helpers.runs import SIM
+run_dir, save = Path(sys.argv[1]), RunCore.save_checkpoint
+
+def turned_read_only(core):
+    subprocess.run(["sh", "-c", 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0"', str(run_dir)], check=True)
+    RunCore.save_checkpoint = save
+    save(core)
+
+RunCore.save_checkpoint = turned_read_only
+simulate(SIM, run_dir)
+"""
+
+
+def test_a_folder_that_turns_read_only_mid_run_is_named_for_the_summary_too(tmp_path):
+    """Fault: the results folder turns read-only under a running run (a real remount). The run
+    failed at its checkpoint, naming it; the summary it could then not write was said as the
+    raw error of deleting the room kept for it ('Read-only file system: .../.reserve'): that
+    room is for a full disk, and a read-only one refuses the delete too; and said twice (the
+    ending was tried again as if the driver had returned without a status). Guarantee: the
+    checkpoint's error is the run's, and the summary's names the folder as read-only, once."""
+    if not read_only_possible(tmp_path):
+        pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    done = subprocess.run(["unshare", "-rm", sys.executable, "-c", TURNS_READ_ONLY, str(run_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    read_only = f"[Errno 30] {run_dir} is on a read-only file system while writing"
+    assert done.stderr.strip().splitlines()[-1] == f"OSError: {read_only} checkpoint.pt", done.stderr
+    assert f"could not record the end of {run_dir}: {read_only} summary.json\n" in done.stderr, done.stderr
+    assert ".reserve" not in done.stderr
+    assert done.stderr.count("could not record the end") == 1, done.stderr   # (the ending was tried twice)

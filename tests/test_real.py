@@ -450,6 +450,31 @@ def test_a_client_held_at_a_sync_barrier_past_its_timeout_stays_in_the_run(tmp_p
     assert summary["status"] == "interrupted" and summary["lost_clients"] == [], summary["events"]
 
 
+@pytest.mark.slow   # ~20 s: the whole run suspended for 2.5 x backend.client_timeout_s
+def test_a_whole_run_suspended_past_the_client_timeout_keeps_its_clients(tmp_path):
+    """Ctrl-Z (here SIGSTOP to the run's whole session: server, fork server, clients), 5 s, then
+    fg (SIGCONT), with backend.client_timeout_s=2 and backend.timeout_s=3. No client failed, yet
+    the server lost both when it continued ('silent for more than 2 s': gloo's bound counted the
+    suspension) and the run failed 'every client was lost'. Now it trains on with both."""
+    cfg = real_cfg(num_epochs=1000.0, eval_every=500.0,
+                   backend=BackendConfig(name="real", client_device="cpu", timeout_s=3.0, client_timeout_s=2.0))
+    proc, run_dir = launch_real(tmp_path, cfg)
+    try:
+        wait_rows(proc, run_dir, 10)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        time.sleep(5)
+        os.killpg(proc.pid, signal.SIGCONT)
+        time.sleep(3)   # past both timeouts again
+        wait_rows(proc, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 20)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        assert_no_leftovers(proc)
+    upd, _, summary = table_frames(run_dir)
+    assert summary["status"] == "interrupted" and summary["lost_clients"] == [], summary["events"]
+    assert set(upd.client.iloc[-10:]) == {1, 2}
+
+
 def test_real_ssp_bounds_how_far_a_client_runs_ahead(tmp_path, no_children):
     from repro.config.settings import ProtocolConfig
     cfg = real_cfg(num_clients=3, protocol=ProtocolConfig(name="ssp", staleness_bound=1))

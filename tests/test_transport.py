@@ -112,3 +112,87 @@ def test_a_long_loss_reason_is_cut_between_two_words():
     assert reason.endswith(" ...") and text.startswith(reason[:-4]) and text[len(reason) - 4] == " ", why
     short = "[pair.cc:534] Read error: Connection reset by peer"
     assert str(Channel(None, 3, 1.0, peer_in_group=0)._lost("receive", RuntimeError(short))).endswith(f"({short})")
+
+
+def test_a_servers_receive_outlasts_the_timeout_until_the_server_drops_it(monkeypatch):
+    """A real gloo pair, both ranks in this process. The server's receive ended after gloo's own
+    bound, which counts time the process was suspended: a whole run continued after a Ctrl-Z lost
+    every client, none of which had failed. A receiver's wait is now judged by the server
+    (Silence): it outlasts the timeout, and ends at once when the server drops it."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from repro.real.groups import loopback_ifname
+    from repro.real.transport import Receiver
+
+    if loopback_ifname():
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", loopback_ifname())   # as a single-node run's pairs
+    store, groups = dist.HashStore(), {}
+    makers = [threading.Thread(target=lambda r=r: groups.__setitem__(r, dist.ProcessGroupGloo(
+        store, r, 2, datetime.timedelta(seconds=10)))) for r in (0, 1)]
+    [t.start() for t in makers]
+    [t.join() for t in makers]
+    server, client = Channel(groups[0], 1, 0.2, peer_in_group=1), Channel(groups[1], 0, 0.2, peer_in_group=0)
+    lost, heard = [], []
+    receiver = Receiver(1, server, Frame(4), lambda *a: heard.append(a) or True, lambda k, why: lost.append(why))
+    receiver.start()
+    time.sleep(0.6)   # three times its timeout
+    client.send(Header(Kind.HEARTBEAT, 1, 0, 0), Frame(4))   # (a HEARTBEAT is not handed on)
+    time.sleep(0.2)
+    assert receiver.is_alive() and not lost and server.receiving_s() < 0.5
+    assert server.drop() == "rank 1: waiting for a message: silent for more than 0.2 s"
+    receiver.join(5)
+    assert not receiver.is_alive() and len(lost) == 1 and not heard
+    with pytest.raises(Exception):   # the link is closed at both ends
+        client.send(Header(Kind.HEARTBEAT, 1, 0, 0), Frame(4))
+
+
+def test_the_server_counts_no_silence_across_its_own_suspension():
+    """The server judges its receivers' waits (Silence) in time it ran: right after a gap between
+    two of its rounds longer than half backend.client_timeout_s (the process was suspended, a
+    Ctrl-Z), a client whose receive has waited longer than that timeout is kept; one silent that
+    long since is dropped, its link closed, the reason naming the silence."""
+    import time
+
+    from repro.real.transport import Silence
+
+    class Silent:
+        dropped = 0
+
+        def receiving_s(self):
+            return 100.0
+
+        def drop(self):
+            self.dropped += 1
+            return "rank 1: waiting for a message: silent for more than 2 s"
+
+    silence, channel = Silence(2.0), Silent()
+    silence.judged -= 100.0   # continued after 100 s: its clients were suspended with it
+    assert silence.judge({1: channel}) == {} and channel.dropped == 0
+    silence.since = silence.judged = time.monotonic() - 2.5   # 2.5 s since, its rounds 0.05 s apart
+    silence.judged += 2.45
+    assert silence.judge({1: channel}) == {1: "rank 1: waiting for a message: silent for more than 2 s"}
+    assert channel.dropped == 1
+
+
+def test_a_tiny_client_timeout_still_drops_a_silent_client():
+    """backend.client_timeout_s=0.1: half of it, 0.05 s, is a server round's own period, so
+    every round looked like a suspension and a silent client was never dropped. A gap counts
+    as one only above a second as well."""
+    import time
+
+    from repro.real.transport import Silence
+
+    class Silent:
+        def receiving_s(self):
+            return 100.0
+
+        def drop(self):
+            return "silent"
+
+    silence = Silence(0.1)
+    silence.since = silence.judged = time.monotonic() - 0.5   # its rounds 0.06 s apart
+    silence.judged += 0.44
+    assert silence.judge({1: Silent()}) == {1: "silent"}

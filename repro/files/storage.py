@@ -8,6 +8,7 @@ never load it.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -86,7 +87,8 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):   # a read-only file system refuses even this: its first error is told
+            tmp.unlink(missing_ok=True)
         interrupt = _interrupt_behind(exc)
         if interrupt is not None and interrupt is not exc:
             # a second Ctrl-C inside torch.save makes its zip writer's clean-up fail too; the

@@ -27,7 +27,7 @@ from repro.logs import mark, prefixed
 from repro.real.elastic import ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello, trained
 from repro.real.groups import bounded, first_line, forget_pair, pair_group
-from repro.real.transport import Channel, Receiver
+from repro.real.transport import Channel, Receiver, Silence
 from repro.runtime import StopRequest, cuda_missing, naming_fork_server
 
 log = prefixed("repro.real.server", "[real server]")
@@ -64,8 +64,7 @@ class Dispatcher:
                  processes: dict | None = None, resume: dict | None = None):
         self.cfg, self.core, self.server = cfg, core, core.server
         self.channels, self.stop = channels, stop
-        # spawn mode: {client: Process} of the clients in the world (one that died during
-        # start-up is already lost, and has no receiver)
+        # spawn mode: {client: Process} of the clients in the world (one dead during start-up is lost: no receiver)
         self.processes = {k: p for k, p in (processes or {}).items() if k in channels}
         self.device = self.server.params.device
         self.lock = threading.Lock()   # one push (or one watch round) at a time
@@ -74,8 +73,7 @@ class Dispatcher:
         self.receivers = {k: Receiver(k, ch, self.frame(), self.on_message, self.on_lost)
                           for k, ch in channels.items()}
         self.reply = self.frame()   # every reply leaves from this frame
-        # CPU: from start() on the server keeps its parameters in the reply frame (the core's
-        # begin moves them there), so a reply copies nothing
+        # CPU: from start() on the server keeps its parameters in the reply frame (begin moves them): no copy
         self.params_in_reply = False
         resumed = (resume or {}).get("driver", {}).get("clients", {})
         self.positions = {k: resumed.get(str(k), {}).get("stream_position") for k in channels}
@@ -85,6 +83,7 @@ class Dispatcher:
         self.devices: dict[int, str] = {}   # where each client trains (from its pushes)
         self.t0, self.time_offset = time.perf_counter(), core.time_s
         self.kept_alive = time.monotonic()   # the last HEARTBEAT to clients whose reply is held
+        self.silence = Silence(cfg.backend.client_timeout_s)   # judges the receivers' waits (see watch)
         # joins (repro.real.elastic): ids never used in this run, across resumes too
         self.next_id = max([cfg.num_clients, *core.used_clients, *channels]) + 1
         self.max_clients = cfg.backend.max_clients or cfg.num_clients
@@ -222,10 +221,12 @@ class Dispatcher:
 
     def watch(self) -> bool:
         """The main thread's round, under the lock: finished evaluations, client processes,
-        heartbeats; False once nobody is left to serve."""
+        heartbeats, silent clients; False once nobody is left to serve."""
         drained = self.core.drain()
         self.poll_processes()
         self.keep_alive()
+        for k, why in self.silence.judge({k: self.channels[k] for k in self.live()}).items():
+            self.lose(k, why)
         if drained.stopping:
             self.stop_clients()
         return bool(self.live()) and not self.core.error
@@ -348,8 +349,9 @@ class Dispatcher:
                 return False
             try:
                 self.on_push(k, header, update)
-            except Exception as exc:   # a bug: end the run (the main thread sees the error)
-                traceback.print_exc()
+            except Exception as exc:   # a bug, or a full disk (named: no traceback): end the run (see watch)
+                if not isinstance(exc, OSError):
+                    traceback.print_exc()
                 self.core.fail(f"{type(exc).__name__} serving client {k}: {exc}")
                 self.closed = True
                 return False

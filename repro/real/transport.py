@@ -1,4 +1,4 @@
-"""The real driver's wire: one bounded-wait channel per client, and the server's receiver threads.
+"""The real driver's wire: one bounded-wait channel per client, the server's receiver threads and their judge.
 
 This module owns how bytes move between the server (rank 0) and client ``k`` (rank ``k``), and
 nothing about what they mean for training.
@@ -6,7 +6,8 @@ nothing about what they mean for training.
 Groups: one 2-rank gloo group per client (:mod:`repro.real.groups`); messages: one frame each
 way (:mod:`repro.real.frames`), sent as ONE gloo message. Every wait is bounded, and as gloo
 cannot keep a receive pending across an expired timeout (see :mod:`repro.real.groups`), an
-expired wait ends the channel: :class:`LinkLost`.
+expired wait ends the channel: :class:`LinkLost`. The server's receivers are bounded by the server
+instead (:class:`Silence`), in time its process ran: gloo's clock runs on while it is suspended.
 
 Releasing a work. gloo's device thread still holds a message's buffer for a moment after it has
 completed the work (it wakes the waiter first, then leaves the read or write), and destroying a
@@ -67,6 +68,7 @@ class Channel:
         self._timeout = datetime.timedelta(seconds=timeout_s)   # as gloo takes it, made once
         self._sent_at: float | None = None   # when the send under way began
         self._recv_at: float | None = None   # when the receive under way began to wait
+        self._receiving = None               # its work (see drop)
 
     def sending_s(self) -> float:
         """How long the send under way has waited for its peer (0: none is)."""
@@ -77,6 +79,18 @@ class Channel:
         """How long the receive under way has waited for its peer (0: none is)."""
         recv_at = self._recv_at
         return 0.0 if recv_at is None else time.monotonic() - recv_at
+
+    def drop(self) -> str:
+        """Close the link for silence, from another thread, so that the receive under way fails
+        at once (a second wait on its work that expires closes the pair, as any expired wait
+        does: see :mod:`repro.real.groups`); why, in a loss's words."""
+        work = self._receiving
+        try:   # (its expiry is the point)
+            if work is not None:
+                work.wait(datetime.timedelta(milliseconds=1))
+        except RuntimeError:
+            pass
+        return str(self._lost("waiting for a message", None))
 
     def hurry(self, timeout_s: float) -> None:
         """Wait at most ``timeout_s`` from now on (a wait already begun keeps its bound)."""
@@ -153,17 +167,18 @@ class Channel:
             return False
         return self._pending[1].wait(wait_s) if wait_s else self._pending[1].is_set()
 
-    def recv(self, frame: Frame) -> Header:
+    def recv(self, frame: Frame, judged: bool = False) -> Header:
         """The next message, into ``frame``; raises :class:`LinkLost` after the channel's
-        ``timeout_s`` of silence. The payload is ``frame.payload[:header.length]``."""
+        ``timeout_s`` of silence (``judged``: once another thread judges it silent, :meth:`drop`).
+        The payload is ``frame.payload[:header.length]``."""
         self.post(frame)   # unless one was posted ahead
         work, arrival = self._pending
         self._pending = None
-        self._recv_at = time.monotonic()   # (see receiving_s)
+        self._recv_at, self._receiving = time.monotonic(), work   # (see receiving_s, drop)
         try:
-            self._await(work, arrival)
+            self._await(work, arrival, WATCH if judged else None)
         finally:
-            self._recv_at = None
+            self._recv_at = self._receiving = None
         self._last_recv = work
         header = Header.unpack(frame)
         if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
@@ -171,11 +186,12 @@ class Channel:
                            f"frame for {frame.capacity}")
         return header
 
-    def _await(self, work, arrival) -> None:
-        """Wait for a posted receive at most ``timeout_s``; LinkLost if it fails or expires."""
+    def _await(self, work, arrival, bound: datetime.timedelta | None = None) -> None:
+        """Wait for a posted receive at most ``timeout_s`` (``bound`` instead: an unwatched judged
+        one); LinkLost if it fails or expires."""
         if arrival is None:
             try:
-                work.wait(self._timeout)
+                work.wait(bound or self._timeout)
             except RuntimeError as exc:  # gloo reports both a closed pair and a timeout this way
                 raise self._lost("waiting for a message", exc) from exc
         elif not (arrival.wait(self.timeout_s) or arrival.wait(RESUMED_S)) or arrival.error is not None:
@@ -224,7 +240,8 @@ class Receiver(threading.Thread):
     (the server loop, which takes its lock, applies, replies, and posts the next receive only
     with the client's reply; so the frame is never overwritten while read, also while the
     protocol holds the push until a later reply). ``on_push`` returns False when the client was
-    told to stop; ``on_lost`` hears why the link ended otherwise. Each wait is the channel's.
+    told to stop; ``on_lost`` hears why the link ended otherwise. Each wait ends when its client
+speaks, its link closes, or the server judges it silent (:class:`Silence`).
 
     Why a thread per client that does the server's work under a lock, rather than threads that
     queue pushes for a main loop: the queue's extra thread wake-up cost ~0.1 ms per round trip
@@ -263,8 +280,8 @@ class Receiver(threading.Thread):
                 gate.wait()
                 if self._done:
                     return
-            try:
-                header = channel.recv(frame)
+            try:   # its silence the server judges (Silence), not gloo's bound
+                header = channel.recv(frame, judged=True)
             except Exception as exc:  # LinkLost, or anything else: either way the client is gone
                 if not self._done:
                     self.on_lost(self.client, str(exc))
@@ -281,3 +298,24 @@ class Receiver(threading.Thread):
         """Stop after the current message (a receive already waiting ends with its link)."""
         self._done = True
         self._gate.set()
+
+
+class Silence:
+    """The server's judge of its receivers' waits, each unbounded in gloo (``Channel.recv(judged=True)``): gloo's
+    bound counts time the process was suspended, and a whole run continued after a Ctrl-Z lost every client, none
+    of which had failed. A gap between two of the server's rounds longer than half ``timeout_s`` (and a second: a
+    round comes every 0.05 s, 0.27 s at most with 12 clients on 2 busy cores) is taken for such a suspension (or
+    starvation), not its clients' doing: their silence counts from its end."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.judged = self.since = time.monotonic()
+
+    def judge(self, channels: dict[int, Channel]) -> dict[int, str]:
+        """Drop each of ``channels`` ({client: its channel}) silent (no push, no HEARTBEAT) for ``timeout_s`` while
+        this process ran (:meth:`Channel.drop`); why, by client."""
+        now = time.monotonic()
+        if now - self.judged > max(self.timeout_s / 2, 1.0):
+            self.since = now
+        self.judged = now
+        return {k: ch.drop() for k, ch in channels.items() if min(ch.receiving_s(), now - self.since) > self.timeout_s}

@@ -147,12 +147,10 @@ class RunCore:
                               "run over") from exc
         for k in clients if fetching else ():
             self.server.fetched(k)
-        self.evals.waiting = waiting
-        if self.runlog.version == 0 and self.runlog.last_eval_version < 0:
-            self.evaluate_now(self.server.version, time_s, self.server.params)   # may find version 0 non-finite
+        if self.runlog.version == 0 and self.runlog.last_eval_version < 0:   # (may find version 0 non-finite)
+            self.evaluate_now(self.server.version, time_s, self.server.params, waiting=waiting)
         elif self.evals.resumed is not None:   # running as the checkpoint was written: its row was cut
-            self.evaluate_now(**self.evals.resumed)
-        self.evals.waiting = None
+            self.evaluate_now(**self.evals.resumed, waiting=waiting)
         self.state.stopping |= self.runlog.samples_seen >= self.budget
         return Outcome(stopping=self.state.stopping)
 
@@ -278,10 +276,11 @@ class RunCore:
             self.diverge(why)
         return Outcome(stopping=self.state.stopping)
 
-    def evaluate_now(self, version: int, time_s: float, params: torch.Tensor, samples_seen: int | None = None) -> None:
+    def evaluate_now(self, version: int, time_s: float, params: torch.Tensor, samples_seen: int | None = None,
+                     waiting: Callable[[], None] | None = None) -> None:
         """Evaluate and wait (version 0's, a resumed one, the final one): one hung (Evaluations.join) fails the run."""
         self.evals.submit(version, time_s, params, inline=True, samples_seen=samples_seen)
-        if hung := self.evals.join(self.cfg.backend.timeout_s, " (backend.timeout_s)"):
+        if hung := self.evals.join(self.cfg.backend.timeout_s, " (backend.timeout_s)", waiting):
             self.stop() if stop_asked() else self.fail(hung)
         self.drain()
 

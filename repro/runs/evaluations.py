@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -68,7 +69,6 @@ class Evaluations:
         self.asked = -1         # the version of the last one submitted
         self.hung = False       # one was not waited for (left running, abandoned)
         self.last_progress = 0.0   # when the one in its thread last moved on (monotonic)
-        self.waiting = None   # called as join waits (the real server heartbeats the clients awaiting its HELLO)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the reference loss, and the evaluation running (its snapshot)."""
@@ -127,13 +127,13 @@ class Evaluations:
         """The evaluation in its thread moved on (it started, or evaluated a batch)."""
         self.last_progress = time.monotonic()
 
-    def join(self, timeout_s: float, key: str = "") -> str:
+    def join(self, timeout_s: float, key: str = "", waiting: Callable[[], None] | None = None) -> str:
         """Wait for the evaluation in its thread to end (the process should not end under it: a
         thread killed mid-kernel is not) while it evaluates a batch every ``timeout_s`` (``key``
         names it: a slow one is waited for, a hung one is not), or until a stop is asked (a first
         Ctrl-C; one asked before the wait does not end it); "" when none is running now, else why
-        not, naming its version. One still running is left to the process's exit
-        (:func:`repro.runtime.abandon`): not waited for, nor reported, again."""
+        not, naming its version; ``waiting`` is called meanwhile. One still running is left to the process's
+        exit (:func:`repro.runtime.abandon`): not waited for, nor reported, again."""
         if self.hung:
             return ""
         asked = stop_asked()
@@ -142,8 +142,8 @@ class Evaluations:
             if stop_asked() and not asked:
                 break
             self._thread.join(min(0.05, left))   # (a signal's handler runs between)
-            if self.waiting:
-                self.waiting()
+            if waiting:
+                waiting()
         if self._thread is None or not self._thread.is_alive():
             return ""
         abandon(self._thread)   # the process's exit ends it, not torch's teardown under it

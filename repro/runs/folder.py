@@ -330,7 +330,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         except BaseException as exc:
             _end(run, "failed", f"{type(exc).__name__}: {exc}; ")
             raise
-        finally:   # a driver that returned without a status: the folder is never left running
+        else:   # a driver that returned without a status: the folder is never left running (an exception: above)
             if run.core is not None and run.core.finished is None:
                 _end(run, "failed", "the driver ended without a status; ")
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from repro.config.loader import SHORTENED
 from repro.files import schema
-from repro.files.storage import disk_error, read_regular, write_json
+from repro.files.storage import disk_error, read_regular, write_denied, write_json
 from repro.logs import get_logger
 
 RESERVE_FILE = ".reserve"      # kept free for the final summary.json when the disk fills up
@@ -188,8 +188,8 @@ class RunLog:
         path = self.run_dir / schema.SUMMARY_FILE
         try:
             write_json(path, summary)
-        except OSError:
-            if not self._reserve.exists():
+        except OSError as exc:
+            if not self._reserve.exists() or write_denied(exc):   # (room is no help where nothing may be written)
                 raise
             self._reserve.unlink()   # a full disk: give the last word the room kept for it
             write_json(path, summary)
