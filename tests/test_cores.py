@@ -138,7 +138,7 @@ def test_a_stop_during_a_loopback_measurement_takes_its_run_and_folder_along(tmp
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     threading.Timer(1.5, os.kill, (os.getpid(), getattr(signal, sig))).start()
     try:
-        rc = main(["simreal", "--cores", "1:1", "--results", str(tmp_path / "none")])
+        rc = main(["simreal", "--cores", "1:1", "--results", str(tmp_path)])   # never read: stopped first
     except KeyboardInterrupt:
         rc = "a KeyboardInterrupt traceback"
     assert rc == 130 and f"stopped by {sig}" in capsys.readouterr().err

@@ -295,6 +295,24 @@ def test_an_experiment_that_refused_to_start_is_its_own_one_line(tmp_path, monke
     assert "no grid point" not in capsys.readouterr().err
 
 
+def test_a_results_folder_that_does_not_exist_is_refused_not_run_into(tmp_path, monkeypatch, capsys):
+    """A typo in --results ran the whole experiment (two-host runs included: minutes) into the
+    typo. A named folder must exist; left out, the experiment's own folder is run into as before."""
+    from repro_bench.instruments import cli
+
+    ran = []
+    monkeypatch.setattr(cli, "_experiment", lambda cmd: ran.append(cmd) or 0)
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--results", "resluts/sim_vs_real"], ["--cores", "8:4", "--results", "typo"]):
+        assert main(["simreal", *argv]) == 2
+        assert capsys.readouterr().err == (f"python -m repro.bench simreal: --results {argv[-1]}: no such folder; "
+                                           "make it to run the experiment into it, or leave --results out for "
+                                           "results/sim_vs_real\n")
+    assert ran == []
+    assert main(["simreal"]) == 2   # the stand-in ran nothing: no grid point
+    assert ran and f"results_dir='{tmp_path / 'results'}'" in ran[0] and "exp_name='sim_vs_real'" in ran[0]
+
+
 def test_runs_of_one_point_that_differ_in_more_than_their_seed_are_refused_naming_two(tmp_path, capsys):
     """A run of another setting left in the tree (here another lr) joined the point's medians
     over seeds in silence; the runs of one point and side may differ only in their seed."""
