@@ -34,7 +34,7 @@ draws no figure has its tables compared only); the benchmark says so, and
 fails if they differ.
 
 Exit status 0 when the ratio meets the target and the tables are identical,
-1 otherwise."""
+1 otherwise, 2 when python -m repro.run refuses the launch."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -82,9 +82,8 @@ def timed(cmd: list[str], log_path: Path) -> float:
     with open(log_path, "w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        tail = log_path.read_text()[-3000:]
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{tail}")
+    if proc.returncode != 0:   # its status kept: a launch refused (2) is the benchmark's usage error
+        raise subprocess.CalledProcessError(proc.returncode, cmd, log_path.read_text()[-3000:])
     return elapsed
 
 
@@ -161,9 +160,9 @@ def run(args: argparse.Namespace) -> int:
         if keep:
             print(f"results kept in {keep}")
         return 0 if ok_ratio and ok_same else 1
-    except RuntimeError as exc:   # a launch that failed: its command, status and log's tail
-        print(f"python -m repro.bench grid: {exc}", file=sys.stderr)
-        return 1
+    except subprocess.CalledProcessError as exc:   # a launch that failed: its command, status and log's tail
+        print(f"python -m repro.bench grid: {' '.join(exc.cmd)} exited {exc.returncode}:\n{exc.output.rstrip()}", file=sys.stderr)
+        return 2 if exc.returncode == 2 else 1
     finally:
         if keep is None:
             shutil.rmtree(base, ignore_errors=True)

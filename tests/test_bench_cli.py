@@ -160,15 +160,20 @@ def test_a_startup_mark_appends_one_line_that_phases_reads(tmp_path, monkeypatch
 
 def test_a_grid_keep_folder_that_cannot_be_made_or_a_failed_launch_is_one_line(tmp_path, capsys, monkeypatch):
     """--keep naming a file was a FileExistsError traceback; a launch that exited non-zero a
-    RuntimeError traceback. Now: the option and why (2), the launch's command and log tail (1)."""
-    from repro_bench import grid as bench_grid
-
+    RuntimeError traceback. Now: the option and why (2), the launch's command and log tail (1; 2 when
+    python -m repro.run refused the launch: its bad input)."""
     (tmp_path / "file").write_text("")
     assert bench.main(["grid", "--keep", str(tmp_path / "file")]) == 2
     assert capsys.readouterr().err == f"python -m repro.bench grid: --keep {tmp_path / 'file'}: cannot make the folder (File exists)\n"
 
-    def failed(cmd, log_path):
-        raise RuntimeError("python -m repro.run +exp=fig4 exited 2:\nerror: no")
-    monkeypatch.setattr(bench_grid, "timed", failed)
-    assert bench.main(["grid", "--keep", str(tmp_path / "kept")]) == 1
-    assert capsys.readouterr().err == "python -m repro.bench grid: python -m repro.run +exp=fig4 exited 2:\nerror: no\n"
+    stand_in = tmp_path / "run"   # python -m repro.run's refusal (2) or failure (1), without its imports
+    stand_in.write_text("#!/bin/sh\necho 'error: no'\nexit $STATUS\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    # a launch python -m repro.run refused (its bad input, exit 2) was exit 1: bad input is 2 across the project
+    for status in ("1", "2"):
+        monkeypatch.setenv("STATUS", status)
+        assert bench.main(["grid", "--keep", str(tmp_path / "kept")]) == int(status)
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m repro.bench grid: {stand_in} -m repro.run +exp=fig4 results_dir=") \
+            and err.endswith(f" exited {status}:\nerror: no\n"), err
