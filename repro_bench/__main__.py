@@ -74,20 +74,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.which == "sim":
-        try:
+    try:
+        if args.which == "sim":
             return 0 if bench_sim(args.epochs, args.repeats) else 1
-        except ConfigError as exc:   # the benchmark's runs refuse the budget: a usage error
-            print(f"python -m repro.bench sim: --epochs {args.epochs:g} does not fit the benchmark's "
-                  f"runs: {exc}", file=sys.stderr)
-            return 2
+        if args.which == "real":
+            return bench_real.run(args)
+    except ConfigError as exc:   # the benchmark's runs refuse the budget: a usage error
+        print(f"python -m repro.bench {args.which}: --epochs {args.epochs:g} does not fit the benchmark's "
+              f"runs: {exc}", file=sys.stderr)
+        return 2
     if args.which == "grid":
         return bench_grid.run(args)
     if args.which == "simreal":
         return bench_simreal.run(args, bench_simreal.BareLoops(bench_real.plain_rate, bench_real.plain_step_cv))
-    if args.which == "startup":
-        return bench_startup.run(args)
-    return bench_real.run(args)
+    return bench_startup.run(args)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,17 @@ def test_a_budget_too_short_for_the_benchmark_is_a_usage_error(capsys):
     assert out == ""   # refused before anything is timed
 
 
+def test_a_budget_too_short_for_the_real_benchmarks_runs_is_a_usage_error_before_anything_is_measured(
+        monkeypatch, capsys):
+    """--epochs 0.01 holds fewer minibatches than one nsync-4 push: the throughput runs raised a
+    ConfigError traceback (exit 1) after the protocol's minute of measuring. Now: exit 2 at once."""
+    monkeypatch.setattr(bench_real, "measure_protocol", lambda *a: pytest.fail("measured before the budget's check"))
+    assert bench.main(["real", "--epochs", "0.01"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("python -m repro.bench real: --epochs 0.01 does not fit the benchmark's runs: ") \
+        and "nsync" in err and err.count("\n") == 1 and out == "", err
+
+
 def test_python_dash_m_help_exits_zero():
     done = subprocess.run([sys.executable, "-m", "repro.bench", "sim", "--help"],
                           capture_output=True, text=True, timeout=120)
