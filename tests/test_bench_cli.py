@@ -131,6 +131,18 @@ def test_startup_options_and_dispatch(monkeypatch):
     assert bench.main(["startup", "--repeats", "2"]) == 7
 
 
+def test_a_client_count_the_real_driver_refuses_is_a_usage_error_before_anything_is_measured(monkeypatch, capsys):
+    """--clients 2000 was a RuntimeError traceback (exit 1) after the torch import, --help, the typo
+    and the simulations had been timed, when python -m repro.run refused it. Now: exit 2 at once."""
+    from repro_bench import startup as bench_startup
+
+    monkeypatch.setattr(bench_startup, "median_s", lambda *a: pytest.fail("measured before the check"))
+    assert bench.main(["startup", "--clients", "4", "2000"]) == 2
+    out, err = capsys.readouterr()
+    assert err == ("python -m repro.bench startup: --clients 2000: invalid value for 'num_clients': 2000; "
+                   "expected an integer in 1..1024\n") and out == "", err
+
+
 def test_startup_phases_are_the_time_between_marks(tmp_path):
     """A real run's trace (wall time, role, pid, phase per line) becomes the time from the launch to
     each phase in order: the server's marks as they are, each client phase at the median over the
