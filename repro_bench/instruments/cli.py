@@ -99,7 +99,7 @@ def machine_parts(root: Path, cores: float | None = None):
     from repro_bench.instruments import points as lab
     from repro_bench.instruments.spread import resimulate
 
-    runs, _, _ = lab.read_runs(root)
+    runs, _, _, _ = lab.read_runs(root)
     predicted = runs[(runs.side == "predicted") & (runs.link == "loopback")]
     measured = runs[(runs.side == "measured") & (runs.link == "loopback")]
     if predicted.empty or measured.empty:   # links=[link]: nothing on loopback to take apart
@@ -280,14 +280,11 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         if code and not lab.run_dirs(root):   # it said why (e.g. --results a file); "no grid point" would not
             return code
     try:
-        runs, stale, _ = lab.read_runs(root)
+        runs, stale, _, unfinished = lab.read_runs(root)
     except ValueError as exc:   # a run folder that does not read: named in one line
         print(f"python -m repro.bench simreal: {exc}", file=sys.stderr)
         return 2
-    from repro.analysis.load import find_run_dirs
-
     # a killed run (summary 'running'), an interrupted or a failed one is not read: say so, not in silence
-    unfinished = len(find_run_dirs(root)[0]) - len(lab.run_dirs(root))
     unfinished = f" ({unfinished} run folder(s) not finished, left out)" if unfinished else ""
     table = lab.points_table(runs, stale)
     if table.empty:
