@@ -328,6 +328,29 @@ def test_runs_of_one_point_that_differ_in_more_than_their_seed_are_refused_namin
     assert str(other) in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("key, value, pooled", [("force", True, True), ("backend.client_timeout_s", 90.0, True),
+                                                ("checkpoint_every", 1, False), ("backend.eval_in_thread", False, False)])
+def test_runs_of_one_point_pool_over_what_shapes_neither_training_nor_the_clock(tmp_path, key, value, pooled):
+    """A seed rerun with force=true (or another client_timeout_s) was refused as another setting:
+    only a hand-written list of keys was left out. Now the settings that shape training, and the
+    few that shape only the real server's clock (a checkpoint or an evaluation waited for stalls
+    it), must agree; any other may differ."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    other = fake_run(tmp_path / "m1-rerun", backend="real", clients=1, nsync=1, seed=1, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    config = json.loads((other / "config.json").read_text())
+    *group, leaf = key.split(".")
+    (config[group[0]] if group else config)[leaf] = value
+    (other / "config.json").write_text(json.dumps(config))
+    if pooled:
+        runs, stale, _, _ = lab.read_runs(tmp_path)
+        assert lab.points_table(runs, stale).seeds.tolist() == ["2/1"]
+    else:
+        with pytest.raises(ValueError, match="differ in more than their seed"):
+            lab.read_runs(tmp_path)
+
+
 def test_an_unfinished_run_is_said_to_be_left_out(tmp_path, capsys, monkeypatch):
     """A killed run (summary 'running') was passed over in silence: its point had a seed fewer,
     or no point was left and the report said only that none had both sides. Counted in

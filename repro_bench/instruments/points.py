@@ -26,13 +26,14 @@ import pandas as pd
 
 from repro.analysis.load import find_run_dirs
 from repro.config.renames import read_recorded
-from repro.config.settings import RECORDED_ONLY
+from repro.config.settings import get, shaping_keys
 from repro.files import schema
 from repro.runs.runlog import read_summary
 
 KEYS = ["link", "nsync", "num_clients"]
-# what the runs of one grid point and side may differ in: the seed, their folder, what they recorded
-UNSET = {*RECORDED_ONLY, "seed", "results_dir", "exp_name", "resume", "progress"}
+# a point's runs (one side) agree on every setting but the seed that shapes training, and on these, that shape the
+# clock: its loop waits for a checkpoint (checkpoint_every=1 halved samples/s) or an evaluation (at most timeout_s)
+CLOCK = ("checkpoint_every", "backend.eval_in_thread", "backend.timeout_s")
 SAMPLES_TARGET, STALENESS_TARGET, KS_TARGET = 0.15, 0.10, 0.1   # the targets (REPRODUCE.md)
 COLUMNS = [*KEYS, "measured_samples_per_s", "predicted_samples_per_s", "samples_error",
            "measured_staleness", "predicted_staleness", "staleness_error", "ks_distance",
@@ -91,7 +92,7 @@ def _read_run(run_dir: Path, summary: dict) -> tuple[dict, pd.DataFrame, pd.Data
     # a target the evaluation at version 0 met was reached before the first push: at 0, not before it
     run = {**key, "samples_per_s": samples_per_s(updates), "staleness": float(updates.staleness.mean()),
            "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir),
-           "setting": json.dumps({k: v for k, v in config.items() if k not in UNSET}, sort_keys=True, default=str)}
+           "setting": json.dumps({k: get(config, k, None) for k in (*shaping_keys(), *CLOCK) if k != "seed"}, default=str)}
     return (run, pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}),
             pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
 
