@@ -1,6 +1,7 @@
 """The benchmark command line: subcommands own their options; help is plain text. Nothing here
 runs a benchmark (they take minutes): parsing is tested directly, dispatch with stand-ins."""
 import argparse
+import os
 import subprocess
 import sys
 
@@ -200,3 +201,31 @@ def test_a_grid_keep_folder_that_cannot_be_made_or_a_failed_launch_is_one_line(t
         err = capsys.readouterr().err
         assert err.startswith(f"python -m repro.bench grid: {stand_in} -m repro.run +exp=fig4 results_dir=") \
             and err.endswith(f" exited {status}:\nerror: no\n"), err
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_mid_benchmark_is_one_line_and_130_and_takes_its_folder_along(tmp_path, monkeypatch, capsys,
+                                                                               ctrl_c_raises, sig):
+    """A Ctrl-C was a KeyboardInterrupt traceback; a SIGTERM killed the benchmark on the spot: grid's
+    launch ran on, orphaned, and its temporary folder stayed. Now: one line, 130, both gone."""
+    import signal
+    import tempfile
+    import time
+
+    from repro_bench import grid as bench_grid
+
+    def launch(cmd, log_path):   # stands for python -m repro.run: the signal comes while it runs
+        os.kill(os.getpid(), getattr(signal, sig))
+        time.sleep(5)
+
+    monkeypatch.setattr(bench_grid, "timed", launch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = signal.signal(signal.SIGTERM, lambda *a: pytest.fail("SIGTERM would have killed the benchmark"))
+    try:
+        rc = bench.main(["grid"])
+    except KeyboardInterrupt:
+        rc = "a KeyboardInterrupt traceback"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert rc == 130 and capsys.readouterr().err == f"python -m repro.bench grid: stopped by {sig}\n"
+    assert list(tmp_path.iterdir()) == []

@@ -206,31 +206,16 @@ def _for_shell(override: str) -> str:
 
 
 def _cores(args: argparse.Namespace, root: Path) -> int:
-    """``--cores``: its measurement, ended in one line whatever stops it; a SIGTERM or SIGHUP
-    unwinds like a Ctrl-C (Python's default dies on the spot), so no run outlives it, nor its folder."""
-    import signal
-
+    """``--cores``: its measurement, ended in one line (a stop: :func:`repro_bench.__main__.main`)."""
     from repro_bench.instruments.cores import print_cores
-    from repro_bench.instruments.hosts import Terminated
 
-    def unwind(signum, frame):
-        raise Terminated(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    where = (f"python -m repro.bench simreal: --cores {args.cores[0]}:{args.cores[1]} "
-             f"--cores-epochs {args.cores_epochs:g}")
     try:
         print_cores(*args.cores, args.cores_epochs, results=root)
-    except (KeyboardInterrupt, Terminated) as exc:
-        print(f"{where}: stopped by {str(exc) or 'SIGINT'}", file=sys.stderr)
-        return EXIT_INTERRUPTED
     # too few epochs (cores.TooShort) or a --results run that does not read: 2; a real run that failed: 1
     except (ValueError, RuntimeError) as exc:
-        print(f"{where}: {exc}", file=sys.stderr)
+        print(f"python -m repro.bench simreal: --cores {args.cores[0]}:{args.cores[1]} "
+              f"--cores-epochs {args.cores_epochs:g}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return 0
 
 
