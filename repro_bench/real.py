@@ -182,8 +182,8 @@ def measure_protocol(sizes: tuple = SIZES, blocks: int = 7) -> dict:
     proc.start()
     try:
         timings = _protocol_server(sizes, blocks, store)
-    finally:
-        proc.join(30)
+        proc.join(30)   # it ends once it has sent its timings
+    finally:   # a stop or a failure: the client goes at once (waited for, a SIGTERM took 30 s)
         if proc.is_alive():
             proc.kill()
     out, i = {}, 0

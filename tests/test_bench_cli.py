@@ -229,3 +229,34 @@ def test_a_stop_mid_benchmark_is_one_line_and_130_and_takes_its_folder_along(tmp
         signal.signal(signal.SIGTERM, before)
     assert rc == 130 and capsys.readouterr().err == f"python -m repro.bench grid: stopped by {sig}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_during_the_protocol_measurement_kills_its_client_at_once(monkeypatch):
+    """The client process, which never learns that rank 0 stopped, was waited for 30 s before it
+    was killed: a SIGTERM took 30 s to end the real benchmark."""
+    calls = []
+
+    class Client:   # stands for the spawned rank 1, measuring on
+        def __init__(self, **kwargs):
+            pass
+
+        def start(self):
+            pass
+
+        def join(self, timeout=None):
+            calls.append(("join", timeout))
+
+        def is_alive(self):
+            return ("kill",) not in calls
+
+        def kill(self):
+            calls.append(("kill",))
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_real.mp, "get_context", lambda kind: argparse.Namespace(Process=Client))
+    monkeypatch.setattr(bench_real, "_protocol_server", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        bench_real.measure_protocol((1000,), blocks=1)
+    assert calls == [("kill",)]
