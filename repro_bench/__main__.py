@@ -75,7 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark named; a Ctrl-C, SIGTERM or SIGHUP ends it in one line, 130, its runs
     and temporary folders taken along (a Ctrl-C was a traceback; a SIGTERM died on the spot,
-    leaving them: grid's launch ran on, its folder stayed in /tmp)."""
+    leaving them: grid's launch ran on, its folder stayed in /tmp); a reader of its output that
+    left (``| head``) ends it quietly, as a Unix tool (a BrokenPipeError traceback)."""
+    import os
     import signal
 
     from repro.runtime import EXIT_INTERRUPTED
@@ -88,10 +90,15 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()   # here, where a reader that left is caught, not at exit
+        return code
     except (KeyboardInterrupt, Terminated) as exc:
         print(f"python -m repro.bench {args.which}: stopped by {str(exc) or 'SIGINT'}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:   # nothing more reaches the reader, nor at exit; the status a SIGPIPE gives
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -313,6 +313,19 @@ def test_a_results_folder_that_does_not_exist_is_refused_not_run_into(tmp_path, 
     assert ran and f"results_dir='{tmp_path / 'results'}'" in ran[0] and "exp_name='sim_vs_real'" in ran[0]
 
 
+def test_a_report_whose_reader_left_ends_quietly_as_a_unix_tool(tmp_path, monkeypatch):
+    """python -m repro.bench simreal | head: a BrokenPipeError traceback once head had left."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    read, write = os.pipe()
+    os.close(read)   # the reader has left
+    with open(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert main(["simreal", "--results", str(tmp_path)]) == 141   # 128 + SIGPIPE, as a Unix tool
+        monkeypatch.undo()
+
+
 def test_runs_of_one_point_that_differ_in_more_than_their_seed_are_refused_naming_two(tmp_path, capsys):
     """A run of another setting left in the tree (here another lr) joined the point's medians
     over seeds in silence; the runs of one point and side may differ only in their seed."""
