@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"results kept in {keep}")
         return 0 if ok_ratio and ok_same else 1
     except subprocess.CalledProcessError as exc:   # a launch that failed: its command, status and log's tail
-        print(f"python -m repro.bench grid: {' '.join(exc.cmd)} exited {exc.returncode}:\n{exc.output.rstrip()}", file=sys.stderr)
+        print(f"python -m repro.bench grid: {' '.join(exc.cmd)} exited {exc.returncode}:\n{exc.output.rstrip()}",
+              file=sys.stderr)
         return 2 if exc.returncode == 2 else 1
     finally:
         if keep is None:

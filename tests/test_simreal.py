@@ -303,11 +303,11 @@ def test_a_results_folder_that_does_not_exist_is_refused_not_run_into(tmp_path, 
     ran = []
     monkeypatch.setattr(cli, "_experiment", lambda cmd: ran.append(cmd) or 0)
     monkeypatch.chdir(tmp_path)
-    for argv in (["--results", "resluts/sim_vs_real"], ["--cores", "8:4", "--results", "typo"]):
-        assert main(["simreal", *argv]) == 2
-        assert capsys.readouterr().err == (f"python -m repro.bench simreal: --results {argv[-1]}: no such folder; "
-                                           "make it to run the experiment into it, or leave --results out for "
-                                           "results/sim_vs_real\n")
+    for argv in (["--results", "resluts/sim_vs_real"], ["--cores", "8:4", "--results", "typo"], ["--results", ""]):
+        assert main(["simreal", *argv]) == 2   # '': a $DIR unset ran the experiment into the current folder
+        assert capsys.readouterr().err == (f"python -m repro.bench simreal: --results {argv[-1] or repr('')}: "
+                                           "no such folder; make it to run the experiment into it, or leave "
+                                           "--results out for results/sim_vs_real\n")
     assert ran == []
     assert main(["simreal"]) == 2   # the stand-in ran nothing: no grid point
     assert ran and f"results_dir='{tmp_path / 'results'}'" in ran[0] and "exp_name='sim_vs_real'" in ran[0]

@@ -242,9 +242,10 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
     from repro_bench.instruments.accuracy import accuracy
 
     root = Path(DEFAULT if args.results is None else args.results)
-    if args.results is not None and not root.exists():   # a typo ran the whole experiment into it: minutes
-        print(f"python -m repro.bench simreal: --results {args.results}: no such folder; make it to run the "
-              f"experiment into it, or leave --results out for {DEFAULT}", file=sys.stderr)
+    # a typo ran the whole experiment into it (minutes); '' (a $DIR unset) into the current folder
+    if args.results is not None and not (args.results and root.exists()):
+        print(f"python -m repro.bench simreal: --results {args.results or repr('')}: no such folder; make it to "
+              f"run the experiment into it, or leave --results out for {DEFAULT}", file=sys.stderr)
         return 2
     if args.cores:
         return _cores(args, root)

@@ -92,7 +92,8 @@ def _read_run(run_dir: Path, summary: dict) -> tuple[dict, pd.DataFrame, pd.Data
     # a target the evaluation at version 0 met was reached before the first push: at 0, not before it
     run = {**key, "samples_per_s": samples_per_s(updates), "staleness": float(updates.staleness.mean()),
            "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir),
-           "setting": json.dumps({k: get(config, k, None) for k in (*shaping_keys(), *CLOCK) if k != "seed"}, default=str)}
+           "setting": json.dumps({k: get(config, k, None) for k in (*shaping_keys(), *CLOCK) if k != "seed"},
+                                 default=str)}
     return (run, pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}),
             pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
 
