@@ -144,6 +144,21 @@ def test_a_client_count_the_real_driver_refuses_is_a_usage_error_before_anything
                    "expected an integer in 1..1024\n") and out == "", err
 
 
+def test_a_client_count_given_twice_is_measured_once(monkeypatch, capsys):
+    """--clients 4 4 ran the second real run into the first's folder, where python -m repro.run
+    skipped it as done: its start-up alone was reported as the real run's time beyond training."""
+    from repro_bench import startup as bench_startup
+
+    measured = []
+    monkeypatch.setattr(bench_startup, "median_s", lambda *a: 1.0)
+    monkeypatch.setattr(bench_startup, "run_overhead", lambda *a: {"process_s": 1.0, "summary": {"wall_time_s": 0.5}})
+    monkeypatch.setattr(bench_startup, "measure_real", lambda n, folder: measured.append(n) or
+                        {"process_s": 2.0, "training_s": 1.0, "beyond_s": 1.0, "phases": []})
+    bench.main(["startup", "--clients", "4", "2", "4", "--repeats", "1", "--skip-protocol"])
+    assert measured == [4, 2]
+    assert capsys.readouterr().out.count("beyond training") == 2
+
+
 def test_startup_phases_are_the_time_between_marks(tmp_path):
     """A real run's trace (wall time, role, pid, phase per line) becomes the time from the launch to
     each phase in order: the server's marks as they are, each client phase at the median over the
