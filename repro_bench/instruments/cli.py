@@ -247,6 +247,10 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         print(f"python -m repro.bench simreal: --results {args.results or repr('')}: no such folder; make it to "
               f"run the experiment into it, or leave --results out for {DEFAULT}", file=sys.stderr)
         return 2
+    if args.cores and (args.machine or args.parts or args.spread):   # ignored in silence after its minutes
+        print("python -m repro.bench simreal: --cores measures instead of the tables; --machine, --parts and "
+              "--spread go without it", file=sys.stderr)
+        return 2
     if args.cores:
         return _cores(args, root)
 
