@@ -39,7 +39,7 @@ Exit status 0 when the ratio meets the target and the tables are identical,
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--exp", default="fig4", type=_experiment,
-                        help="the experiment, a grid of simulated runs, whose grid is timed (default: %(default)s)")
+                        help="the experiment of simulated runs whose grid is timed (default: %(default)s)")
     parser.add_argument("--epochs", type=positive(float, allow_zero=True), default=0.0,
                         help="num_epochs of every grid point, to make the benchmark shorter; 0 "
                              "keeps the experiment's own (default: %(default)s). Fixed costs (start-up, "
@@ -56,17 +56,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _experiment(name: str) -> str:
-    """An argparse type: an experiment of conf/exp/ whose grid simulates (an unknown one was a
-    RuntimeError traceback after its first launch failed; a single run, smoke, or real runs,
-    sim_vs_real, time no launcher: a FAIL of a speedup near 1, or of tables that differ)."""
+    """An argparse type: an experiment of conf/exp/ that simulates (an unknown one was a RuntimeError
+    traceback after its first launch failed; sim_vs_real's real runs, two-host ones too, took minutes
+    to FAIL: their tables differ by nature, and in parallel they share the cores each needs)."""
     from repro.config.loader import CONF_DIR, group_options
 
-    def simulated_grid(exp: str) -> bool:   # the experiment's own marks, as tests/test_grids.py reads them
-        text = (CONF_DIR / "exp" / f"{exp}.yaml").read_text()
-        return "MULTIRUN" in text and "override /backend: real" not in text
+    def simulated(exp: str) -> bool:   # the experiment's own mark, as tests/test_grids.py reads it
+        return "override /backend: real" not in (CONF_DIR / "exp" / f"{exp}.yaml").read_text()
 
-    if name not in (grids := [exp for exp in group_options("exp") if simulated_grid(exp)]):
-        raise argparse.ArgumentTypeError(f"no grid of simulated runs {name!r}; one of: {', '.join(grids)}")
+    if name not in (names := [exp for exp in group_options("exp") if simulated(exp)]):
+        raise argparse.ArgumentTypeError(f"no experiment of simulated runs {name!r}; one of: {', '.join(names)}")
     return name
 
 

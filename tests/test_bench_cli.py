@@ -48,7 +48,6 @@ def test_defaults_are_each_benchmarks_own():
     ["grid", "--epochs", "inf"],          # every run refused it, a RuntimeError traceback
     ["simreal", "--cores-epochs", "inf"],
     ["grid", "--exp", "nosuch"],          # a RuntimeError traceback once its first launch failed
-    ["grid", "--exp", "smoke"],           # one run, no grid: a FAIL of a speedup near 1
     ["grid", "--exp", "sim_vs_real"],     # real runs: minutes, tables that always differ
 ])
 def test_bad_command_lines_are_usage_errors(argv, capsys):
