@@ -172,10 +172,12 @@ def point_folders(config: DictConfig) -> list[str] | None:
             return [os.path.relpath(f, config.hydra.sweep.dir) for f in job_folders(config, [j for j, _ in jobs])]
         except Exception as exc:   # ${oops}: Hydra only warns of a callback's error, then its traceback
             exit_bad_input(f"cannot name a grid point's folder (hydra.sweep.subdir): {str(exc).partition(chr(10))[0]}")
+    from repro.hydra_internals import override_values
+
     folders = []
-    for job, name in jobs:
-        given = {k.lstrip("+"): v for k, _, v in (o.partition("=") for o in job)}
-        place = Path(given.get("results_dir", config.results_dir)) / given.get("exp_name", config.exp_name)
+    for job, name in jobs:   # quoted values read unquoted: results_dir='/a' named each folder under ./'/a'
+        given = override_values(job)
+        place = Path(str(given.get("results_dir", config.results_dir))) / str(given.get("exp_name", config.exp_name))
         moved = {"results_dir", "exp_name"} & set(given)
         folders.append(os.path.relpath(place / name, config.hydra.sweep.dir) if moved else name)
     return folders

@@ -9,9 +9,10 @@ the package imports them):
   and the progress line, the grid's figure and sim-vs-real's folder names need it; each job's
   folder where ``hydra.sweep.subdir`` is the user's (:func:`job_folders`, composed as the
   launcher composes it), so that points of one folder are refused before any runs; whether an
-  override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it; a number as the
-  sweeper writes it (:func:`plain_number`), so that a single run names its folder as the same
-  configuration's grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=1e-3`` is ``algo.lr=0.001``);
+  override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it, and the values a job
+  gives (:func:`override_values`), its quotes undone; a number as the sweeper writes it
+  (:func:`plain_number`), so that a single run names its folder as the same configuration's
+  grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=1e-3`` is ``algo.lr=0.001``);
 * a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends
   the whole grid;
 * a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
@@ -96,6 +97,14 @@ def sweeps(arguments: list[str]) -> bool:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments))
+
+
+def override_values(job: list[str]) -> dict[str, Any]:
+    """{key: value} of a job's overrides as Hydra's parser reads them: quotes and escapes undone
+    (``results_dir='/a,b'`` is ``/a,b``), a key's ``+`` or ``~`` dropped."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(job)}
 
 
 def named_options(override: str) -> list[str] | None:

@@ -73,21 +73,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark named; a Ctrl-C, SIGTERM or SIGHUP ends it in one line, 130, its runs
+    and temporary folders taken along (a Ctrl-C was a traceback; a SIGTERM died on the spot,
+    leaving them: grid's launch ran on, its folder stayed in /tmp); a reader of its output that
+    left (``| head``) ends it quietly, as a Unix tool (a BrokenPipeError traceback)."""
+    import os
+    import signal
+
+    from repro.runtime import EXIT_INTERRUPTED
+    from repro_bench.instruments.hosts import Terminated
+
     args = parse_args(argv)
-    if args.which == "sim":
-        try:
+
+    def unwind(signum, frame):
+        raise Terminated(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = _run(args)
+        sys.stdout.flush()   # here, where a reader that left is caught, not at exit
+        return code
+    except (KeyboardInterrupt, Terminated) as exc:
+        print(f"python -m repro.bench {args.which}: stopped by {str(exc) or 'SIGINT'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:   # nothing more reaches the reader, nor at exit; the status a SIGPIPE gives
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        if args.which == "sim":
             return 0 if bench_sim(args.epochs, args.repeats) else 1
-        except ConfigError as exc:   # the benchmark's runs refuse the budget: a usage error
-            print(f"python -m repro.bench sim: --epochs {args.epochs:g} does not fit the benchmark's "
-                  f"runs: {exc}", file=sys.stderr)
-            return 2
+        if args.which == "real":
+            return bench_real.run(args)
+    except ConfigError as exc:   # the benchmark's runs refuse the budget: a usage error
+        print(f"python -m repro.bench {args.which}: --epochs {args.epochs:g} does not fit the benchmark's "
+              f"runs: {exc}", file=sys.stderr)
+        return 2
     if args.which == "grid":
         return bench_grid.run(args)
     if args.which == "simreal":
         return bench_simreal.run(args, bench_simreal.BareLoops(bench_real.plain_rate, bench_real.plain_step_cv))
-    if args.which == "startup":
-        return bench_startup.run(args)
-    return bench_real.run(args)
+    return bench_startup.run(args)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ Two measurements of the real torch.distributed driver, in one run:
     training loops side by side, the ceiling the machine allows.
 
 Prints PASS or FAIL per target and the load average; exit status 0 when all
-pass, 1 otherwise."""
+pass, 1 otherwise, 2 when --epochs is too short for a push."""
 
 SIZES = (100_000, 1_000_000, 10_000_000)
 VARIANTS = ("raw", "ours", "ours+apply", "raw again")   # raw again: the A/A noise floor
@@ -182,8 +182,8 @@ def measure_protocol(sizes: tuple = SIZES, blocks: int = 7) -> dict:
     proc.start()
     try:
         timings = _protocol_server(sizes, blocks, store)
-    finally:
-        proc.join(30)
+        proc.join(30)   # it ends once it has sent its timings
+    finally:   # a stop or a failure: the client goes at once (waited for, a SIGTERM took 30 s)
         if proc.is_alive():
             proc.kill()
     out, i = {}, 0
@@ -208,18 +208,23 @@ def measure_protocol(sizes: tuple = SIZES, blocks: int = 7) -> dict:
 # (b) throughput with 1 and 2 CPU clients
 # ---------------------------------------------------------------------------------------------
 
+def throughput_config(num_clients: int, epochs: float):
+    """The setting of the throughput runs (b): digits_cnn, nsync 4, ``epochs`` of budget."""
+    from repro.config.settings import AlgoConfig, BackendConfig, RunConfig
+
+    return RunConfig(num_clients=num_clients, nsync=4, num_epochs=epochs, eval_every=epochs, progress=False,
+                     algo=AlgoConfig(lr=0.05, momentum=0.9), backend=BackendConfig(name="real"))
+
+
 def _samples_per_s(num_clients: int, epochs: float, folder: Path) -> float:
     """Steady-state training samples per second of one run_real: from updates.csv, over the
     pushes after the first epoch, or the second half of a shorter run (start-up, the version-0
     evaluation and warm-up excluded)."""
     import pandas as pd
 
-    from repro.config.settings import AlgoConfig, BackendConfig, RunConfig
     from repro.real.launch import run_real
 
-    cfg = RunConfig(num_clients=num_clients, nsync=4, num_epochs=epochs, eval_every=epochs,
-                    progress=False, algo=AlgoConfig(lr=0.05, momentum=0.9),
-                    backend=BackendConfig(name="real"))
+    cfg = throughput_config(num_clients, epochs)
     run_dir = folder / f"clients{num_clients}"
     summary = run_real(cfg, run_dir)
     if summary["status"] != "completed":
@@ -323,6 +328,11 @@ def run(args: argparse.Namespace) -> int:
     """Measure, print the report; 0 when every ratio meets its target, else 1."""
     import torch
 
+    if not args.skip_throughput:   # a budget too short for a push: refused (ConfigError) before (a)'s minute
+        from repro.config.checks import check_segment
+        from repro.workload.build import load_data
+
+        check_segment(cfg := throughput_config(1, args.epochs), load_data(cfg).num_train)
     print(f"real-driver benchmark: {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, torch {torch.__version__}", flush=True)
     failures = 0

@@ -42,7 +42,8 @@ What a command costs beyond its own work, each figure a ratio to
 The real runs are also taken apart: where each process's time goes before
 the first fetch and after the last push. Then the protocol's efficiency:
 push+fetch round trips / raw gloo send+recv at 0.1M, 1M and 10M parameters,
-target >= {PROTOCOL_TARGET}. Exit status 0 when every ratio meets its target, 1 otherwise."""
+target >= {PROTOCOL_TARGET}. Exit status 0 when every ratio meets its target, 1 otherwise,
+2 when the real driver refuses a --clients."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -121,6 +122,16 @@ def protocol_report(proto: dict) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from repro.config.checks import validate
+    from repro.config.settings import BackendConfig, RunConfig
+    from repro.errors import ConfigError
+
+    for n in args.clients:   # refused here, not in a traceback after the minute measuring the rest
+        try:
+            validate(RunConfig(num_clients=n, backend=BackendConfig(name="real")))
+        except ConfigError as exc:
+            print(f"python -m repro.bench startup: --clients {n}: {exc}", file=sys.stderr)
+            return 2
     print(f"start-up benchmark: {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     torch_s = median_s(["-c", "import torch"], args.repeats)
@@ -131,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
         sims = [run_overhead([], Path(tmp) / f"sim{i}") for i in range(args.repeats)]
         beyond = statistics.median(s["process_s"] - s["summary"]["wall_time_s"] for s in sims)
         rows.append(("default simulation, beyond its run", beyond, SIM_TARGET))
-        reals = {n: measure_real(n, Path(tmp) / f"real{n}") for n in args.clients}
+        # once each: a count given twice timed its second run, skipped as done, as the real one
+        reals = {n: measure_real(n, Path(tmp) / f"real{n}") for n in dict.fromkeys(args.clients)}
     for n, out in reals.items():
         rows.append((f"real, {n} clients, beyond training", out["beyond_s"], REAL_TARGET))
     failures = 0

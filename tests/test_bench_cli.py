@@ -1,6 +1,7 @@
 """The benchmark command line: subcommands own their options; help is plain text. Nothing here
 runs a benchmark (they take minutes): parsing is tested directly, dispatch with stand-ins."""
 import argparse
+import os
 import subprocess
 import sys
 
@@ -47,6 +48,7 @@ def test_defaults_are_each_benchmarks_own():
     ["grid", "--epochs", "inf"],          # every run refused it, a RuntimeError traceback
     ["simreal", "--cores-epochs", "inf"],
     ["grid", "--exp", "nosuch"],          # a RuntimeError traceback once its first launch failed
+    ["grid", "--exp", "sim_vs_real"],     # real runs: minutes, tables that always differ
 ])
 def test_bad_command_lines_are_usage_errors(argv, capsys):
     code, _ = _exit_code(argv, capsys)
@@ -87,6 +89,17 @@ def test_a_budget_too_short_for_the_benchmark_is_a_usage_error(capsys):
     assert out == ""   # refused before anything is timed
 
 
+def test_a_budget_too_short_for_the_real_benchmarks_runs_is_a_usage_error_before_anything_is_measured(
+        monkeypatch, capsys):
+    """--epochs 0.01 holds fewer minibatches than one nsync-4 push: the throughput runs raised a
+    ConfigError traceback (exit 1) after the protocol's minute of measuring. Now: exit 2 at once."""
+    monkeypatch.setattr(bench_real, "measure_protocol", lambda *a: pytest.fail("measured before the budget's check"))
+    assert bench.main(["real", "--epochs", "0.01"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("python -m repro.bench real: --epochs 0.01 does not fit the benchmark's runs: ") \
+        and "nsync" in err and err.count("\n") == 1 and out == "", err
+
+
 def test_python_dash_m_help_exits_zero():
     done = subprocess.run([sys.executable, "-m", "repro.bench", "sim", "--help"],
                           capture_output=True, text=True, timeout=120)
@@ -118,6 +131,33 @@ def test_startup_options_and_dispatch(monkeypatch):
     assert bench.parse_args(["startup"]).clients == [4, 8]
     monkeypatch.setattr(bench_startup, "run", lambda a: 7 if a.repeats == 2 else 0)
     assert bench.main(["startup", "--repeats", "2"]) == 7
+
+
+def test_a_client_count_the_real_driver_refuses_is_a_usage_error_before_anything_is_measured(monkeypatch, capsys):
+    """--clients 2000 was a RuntimeError traceback (exit 1) after the torch import, --help, the typo
+    and the simulations had been timed, when python -m repro.run refused it. Now: exit 2 at once."""
+    from repro_bench import startup as bench_startup
+
+    monkeypatch.setattr(bench_startup, "median_s", lambda *a: pytest.fail("measured before the check"))
+    assert bench.main(["startup", "--clients", "4", "2000"]) == 2
+    out, err = capsys.readouterr()
+    assert err == ("python -m repro.bench startup: --clients 2000: invalid value for 'num_clients': 2000; "
+                   "expected an integer in 1..1024\n") and out == "", err
+
+
+def test_a_client_count_given_twice_is_measured_once(monkeypatch, capsys):
+    """--clients 4 4 ran the second real run into the first's folder, where python -m repro.run
+    skipped it as done: its start-up alone was reported as the real run's time beyond training."""
+    from repro_bench import startup as bench_startup
+
+    measured = []
+    monkeypatch.setattr(bench_startup, "median_s", lambda *a: 1.0)
+    monkeypatch.setattr(bench_startup, "run_overhead", lambda *a: {"process_s": 1.0, "summary": {"wall_time_s": 0.5}})
+    monkeypatch.setattr(bench_startup, "measure_real", lambda n, folder: measured.append(n) or
+                        {"process_s": 2.0, "training_s": 1.0, "beyond_s": 1.0, "phases": []})
+    bench.main(["startup", "--clients", "4", "2", "4", "--repeats", "1", "--skip-protocol"])
+    assert measured == [4, 2]
+    assert capsys.readouterr().out.count("beyond training") == 2
 
 
 def test_startup_phases_are_the_time_between_marks(tmp_path):
@@ -160,15 +200,79 @@ def test_a_startup_mark_appends_one_line_that_phases_reads(tmp_path, monkeypatch
 
 def test_a_grid_keep_folder_that_cannot_be_made_or_a_failed_launch_is_one_line(tmp_path, capsys, monkeypatch):
     """--keep naming a file was a FileExistsError traceback; a launch that exited non-zero a
-    RuntimeError traceback. Now: the option and why (2), the launch's command and log tail (1)."""
-    from repro_bench import grid as bench_grid
-
+    RuntimeError traceback. Now: the option and why (2), the launch's command and log tail (1; 2 when
+    python -m repro.run refused the launch: its bad input)."""
     (tmp_path / "file").write_text("")
     assert bench.main(["grid", "--keep", str(tmp_path / "file")]) == 2
     assert capsys.readouterr().err == f"python -m repro.bench grid: --keep {tmp_path / 'file'}: cannot make the folder (File exists)\n"
 
-    def failed(cmd, log_path):
-        raise RuntimeError("python -m repro.run +exp=fig4 exited 2:\nerror: no")
-    monkeypatch.setattr(bench_grid, "timed", failed)
-    assert bench.main(["grid", "--keep", str(tmp_path / "kept")]) == 1
-    assert capsys.readouterr().err == "python -m repro.bench grid: python -m repro.run +exp=fig4 exited 2:\nerror: no\n"
+    stand_in = tmp_path / "run"   # python -m repro.run's refusal (2) or failure (1), without its imports
+    stand_in.write_text("#!/bin/sh\necho 'error: no'\nexit $STATUS\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    # a launch python -m repro.run refused (its bad input, exit 2) was exit 1: bad input is 2 across the project
+    for status in ("1", "2"):
+        monkeypatch.setenv("STATUS", status)
+        assert bench.main(["grid", "--keep", str(tmp_path / "kept")]) == int(status)
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m repro.bench grid: {stand_in} -m repro.run +exp=fig4 results_dir=") \
+            and err.endswith(f" exited {status}:\nerror: no\n"), err
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_mid_benchmark_is_one_line_and_130_and_takes_its_folder_along(tmp_path, monkeypatch, capsys,
+                                                                               ctrl_c_raises, sig):
+    """A Ctrl-C was a KeyboardInterrupt traceback; a SIGTERM killed the benchmark on the spot: grid's
+    launch ran on, orphaned, and its temporary folder stayed. Now: one line, 130, both gone."""
+    import signal
+    import tempfile
+    import time
+
+    from repro_bench import grid as bench_grid
+
+    def launch(cmd, log_path):   # stands for python -m repro.run: the signal comes while it runs
+        os.kill(os.getpid(), getattr(signal, sig))
+        time.sleep(5)
+
+    monkeypatch.setattr(bench_grid, "timed", launch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = signal.signal(signal.SIGTERM, lambda *a: pytest.fail("SIGTERM would have killed the benchmark"))
+    try:
+        rc = bench.main(["grid"])
+    except KeyboardInterrupt:
+        rc = "a KeyboardInterrupt traceback"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert rc == 130 and capsys.readouterr().err == f"python -m repro.bench grid: stopped by {sig}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_during_the_protocol_measurement_kills_its_client_at_once(monkeypatch):
+    """The client process, which never learns that rank 0 stopped, was waited for 30 s before it
+    was killed: a SIGTERM took 30 s to end the real benchmark."""
+    calls = []
+
+    class Client:   # stands for the spawned rank 1, measuring on
+        def __init__(self, **kwargs):
+            pass
+
+        def start(self):
+            pass
+
+        def join(self, timeout=None):
+            calls.append(("join", timeout))
+
+        def is_alive(self):
+            return ("kill",) not in calls
+
+        def kill(self):
+            calls.append(("kill",))
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_real.mp, "get_context", lambda kind: argparse.Namespace(Process=Client))
+    monkeypatch.setattr(bench_real, "_protocol_server", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        bench_real.measure_protocol((1000,), blocks=1)
+    assert calls == [("kill",)]

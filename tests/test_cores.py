@@ -102,6 +102,17 @@ def test_nothing_to_resimulate_in_a_folder_without_runs(tmp_path):
     assert cores.resimulated_error(tmp_path, "link", 8, 4, compute_scale=1.1) is None
 
 
+@pytest.mark.parametrize("option", ["--machine", "--parts", "--spread"])
+def test_an_option_of_the_tables_beside_cores_is_refused_not_ignored(monkeypatch, capsys, option):
+    # --cores prints none of the tables: --parts beside it was dropped in silence after minutes of runs
+    from repro_bench.__main__ import main
+
+    monkeypatch.setattr(cores, "print_cores", lambda *a, **k: pytest.fail("measured"))
+    assert main(["simreal", "--cores", "8:4", option]) == 2
+    assert capsys.readouterr().err == ("python -m repro.bench simreal: --cores measures instead of the tables; "
+                                       "--machine, --parts and --spread go without it\n")
+
+
 def test_too_few_epochs_for_a_steady_middle_is_one_line_and_exit_2(monkeypatch, capsys):
     from repro_bench.__main__ import main
 
@@ -138,7 +149,7 @@ def test_a_stop_during_a_loopback_measurement_takes_its_run_and_folder_along(tmp
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     threading.Timer(1.5, os.kill, (os.getpid(), getattr(signal, sig))).start()
     try:
-        rc = main(["simreal", "--cores", "1:1", "--results", str(tmp_path / "none")])
+        rc = main(["simreal", "--cores", "1:1", "--results", str(tmp_path)])   # never read: stopped first
     except KeyboardInterrupt:
         rc = "a KeyboardInterrupt traceback"
     assert rc == 130 and f"stopped by {sig}" in capsys.readouterr().err

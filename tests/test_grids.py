@@ -390,6 +390,19 @@ def test_a_grid_runs_from_any_folder_with_the_package_installed_as_an_editable_i
     assert "[grid fig1] finished: 1/1 done" in done.stderr and (tmp_path / "figures" / "fig1.png").exists()
 
 
+def test_a_quoted_results_dir_or_exp_name_names_the_folders_the_points_run_in():
+    """results_dir='/r' exp_name='x' (quoted, as python -m repro.bench simreal runs the experiment, and
+    as a path with a comma must be) put every point's folder under ./'/r'/'x'/: the progress line
+    counted them all waiting (0/18 done with 6 finished), and a Ctrl-C waited for none running."""
+    from repro.gridpoint import point_folders
+    from repro.run import compose
+
+    plain, quoted = (compose(["+exp=sim_vs_real", *places], return_hydra_config=True)
+                     for places in (["results_dir=/r", "exp_name=x"], ["results_dir='/r'", "exp_name='x'"]))
+    assert point_folders(quoted) == point_folders(plain)
+    assert point_folders(plain)[0] == "nsync=1,num_clients=1,seed=0"
+
+
 @pytest.mark.parametrize("exp", GRIDS + REAL_GRIDS)
 def test_the_job_list_is_the_one_hydras_basic_sweeper_launches(exp):
     """The progress line, the figure and sim-vs-real read the job list before the grid runs

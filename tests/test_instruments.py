@@ -343,6 +343,7 @@ def test_an_empty_results_folder_runs_the_experiment_into_that_very_folder(tmp_p
 
     monkeypatch.setattr(subprocess, "Popen", Experiment)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "res" / name).mkdir(parents=True)   # a folder named by --results must exist
     assert main(["simreal", "--results", f"res/{name}"]) == 2   # the stand-in ran nothing: no point
     out = capsys.readouterr().out
     assert "running python -m repro.run +exp=sim_vs_real results_dir=" in out   # one to copy,
@@ -380,6 +381,7 @@ def test_a_ctrl_c_while_the_benchmark_runs_the_experiment_lets_it_stop_as_it_doe
                         "sleep 5 & wait\n")
     stand_in.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(stand_in))
+    (tmp_path / "none").mkdir()   # empty: the experiment is run into it
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
         rc = main(["simreal", "--results", str(tmp_path / "none")])

@@ -64,7 +64,7 @@ def test_the_table_pairs_each_grid_point_by_what_its_folders_recorded(tmp_path, 
              stale=2, ttt=0.5)
     fake_run(tmp_path / "p" / "c", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[l1], rate=100.0, ttt=5.0)
     fake_run(tmp_path / ".hidden", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1})
-    runs, stale, curves = lab.read_runs(tmp_path)
+    runs, stale, curves, _ = lab.read_runs(tmp_path)
     assert len(runs) == 6 and set(curves.side) == {"measured", "predicted"}
     table = lab.points_table(runs, stale).set_index(["link", "num_clients"])
     assert list(table.index) == [("link", 1), ("loopback", 1), ("loopback", 2)]
@@ -188,7 +188,7 @@ def test_time_to_target_is_read_under_the_key_the_run_wrote(tmp_path):
                    host={"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}, target=0.1234567)
     (run / "summary.json").write_text(json.dumps({"status": "completed",
                                                   "time_to_target": {"0.1234567": 1.0}}))
-    runs, _, _ = lab.read_runs(tmp_path)
+    runs, _, _, _ = lab.read_runs(tmp_path)
     assert runs.time_to_target_s.tolist() == [0.5]   # from the first applied push, at 0.5 s
 
 
@@ -217,7 +217,7 @@ def test_a_target_met_before_the_first_push_is_reached_at_0_not_before(tmp_path,
     run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host={**one, "clients_on_host": 1},
                    ttt=0.0)
     fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run], ttt=0.0)
-    runs, stale, _ = lab.read_runs(tmp_path)
+    runs, stale, _, _ = lab.read_runs(tmp_path)
     assert list(runs.time_to_target_s) == [0.0, 0.0]
     assert lab.points_table(runs, stale).time_to_target_inside.all()
     main(["simreal", "--results", str(tmp_path)])
@@ -231,7 +231,7 @@ def test_two_clients_without_staleness_on_both_sides_agree(tmp_path, capsys):
     fake_run(tmp_path / "m2", backend="real", clients=2, nsync=1, seed=0, host={**one, "clients_on_host": 2})
     fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[r1])
     fake_run(tmp_path / "p2", backend="sim", clients=2, nsync=1, seed=0, fit_paths=[r1])
-    runs, stale, _ = lab.read_runs(tmp_path)
+    runs, stale, _, _ = lab.read_runs(tmp_path)
     assert lab.points_table(runs, stale).staleness_error.iloc[-1] == 0.0
     assert main(["simreal", "--results", str(tmp_path)]) == 0, capsys.readouterr().out
 
@@ -295,6 +295,37 @@ def test_an_experiment_that_refused_to_start_is_its_own_one_line(tmp_path, monke
     assert "no grid point" not in capsys.readouterr().err
 
 
+def test_a_results_folder_that_does_not_exist_is_refused_not_run_into(tmp_path, monkeypatch, capsys):
+    """A typo in --results ran the whole experiment (two-host runs included: minutes) into the
+    typo. A named folder must exist; left out, the experiment's own folder is run into as before."""
+    from repro_bench.instruments import cli
+
+    ran = []
+    monkeypatch.setattr(cli, "_experiment", lambda cmd: ran.append(cmd) or 0)
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--results", "resluts/sim_vs_real"], ["--cores", "8:4", "--results", "typo"], ["--results", ""]):
+        assert main(["simreal", *argv]) == 2   # '': a $DIR unset ran the experiment into the current folder
+        assert capsys.readouterr().err == (f"python -m repro.bench simreal: --results {argv[-1] or repr('')}: "
+                                           "no such folder; make it to run the experiment into it, or leave "
+                                           "--results out for results/sim_vs_real\n")
+    assert ran == []
+    assert main(["simreal"]) == 2   # the stand-in ran nothing: no grid point
+    assert ran and f"results_dir='{tmp_path / 'results'}'" in ran[0] and "exp_name='sim_vs_real'" in ran[0]
+
+
+def test_a_report_whose_reader_left_ends_quietly_as_a_unix_tool(tmp_path, monkeypatch):
+    """python -m repro.bench simreal | head: a BrokenPipeError traceback once head had left."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    read, write = os.pipe()
+    os.close(read)   # the reader has left
+    with open(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert main(["simreal", "--results", str(tmp_path)]) == 141   # 128 + SIGPIPE, as a Unix tool
+        monkeypatch.undo()
+
+
 def test_runs_of_one_point_that_differ_in_more_than_their_seed_are_refused_naming_two(tmp_path, capsys):
     """A run of another setting left in the tree (here another lr) joined the point's medians
     over seeds in silence; the runs of one point and side may differ only in their seed."""
@@ -310,16 +341,44 @@ def test_runs_of_one_point_that_differ_in_more_than_their_seed_are_refused_namin
     assert str(other) in err and err.count("\n") == 1, err
 
 
-def test_an_unfinished_run_is_said_to_be_left_out(tmp_path, capsys):
+@pytest.mark.parametrize("key, value, pooled", [("force", True, True), ("backend.client_timeout_s", 90.0, True),
+                                                ("checkpoint_every", 1, False), ("backend.eval_in_thread", False, False)])
+def test_runs_of_one_point_pool_over_what_shapes_neither_training_nor_the_clock(tmp_path, key, value, pooled):
+    """A seed rerun with force=true (or another client_timeout_s) was refused as another setting:
+    only a hand-written list of keys was left out. Now the settings that shape training, and the
+    few that shape only the real server's clock (a checkpoint or an evaluation waited for stalls
+    it), must agree; any other may differ."""
+    host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
+    run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
+    other = fake_run(tmp_path / "m1-rerun", backend="real", clients=1, nsync=1, seed=1, host=host)
+    fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
+    config = json.loads((other / "config.json").read_text())
+    *group, leaf = key.split(".")
+    (config[group[0]] if group else config)[leaf] = value
+    (other / "config.json").write_text(json.dumps(config))
+    if pooled:
+        runs, stale, _, _ = lab.read_runs(tmp_path)
+        assert lab.points_table(runs, stale).seeds.tolist() == ["2/1"]
+    else:
+        with pytest.raises(ValueError, match="differ in more than their seed"):
+            lab.read_runs(tmp_path)
+
+
+def test_an_unfinished_run_is_said_to_be_left_out(tmp_path, capsys, monkeypatch):
     """A killed run (summary 'running') was passed over in silence: its point had a seed fewer,
-    or no point was left and the report said only that none had both sides."""
+    or no point was left and the report said only that none had both sides. Counted in
+    read_runs' own walk: the report read each summary four times (once before, three after)."""
     host = {"cpu_cores": 2, "torch_threads": 1, "clients_on_host": 1}
     run = fake_run(tmp_path / "m1", backend="real", clients=1, nsync=1, seed=0, host=host)
     fake_run(tmp_path / "p1", backend="sim", clients=1, nsync=1, seed=0, fit_paths=[run])
     killed = fake_run(tmp_path / "m1-seed1", backend="real", clients=1, nsync=1, seed=1, host=host)
     (killed / "summary.json").write_text(json.dumps({"status": "running"}))
+    reads, read_summary = [], lab.read_summary
+    monkeypatch.setattr(lab, "read_summary", lambda run_dir: reads.append(run_dir) or read_summary(run_dir))
     main(["simreal", "--results", str(tmp_path)])
+    assert sorted(reads) == sorted(2 * [run, tmp_path / "p1", killed])   # once to see runs are there, once read
     assert "(1 run folder(s) not finished, left out): their points have fewer seeds" in capsys.readouterr().out
+    assert lab.read_runs(tmp_path)[3] == 1
     (run / "summary.json").write_text(json.dumps({"status": "running"}))
     assert main(["simreal", "--results", str(tmp_path)]) == 2
     assert "has both a measured and a predicted run (2 run folder(s) not finished, left out)\n" in capsys.readouterr().err

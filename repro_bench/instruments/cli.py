@@ -23,6 +23,9 @@ from repro_bench import positive
 from repro_bench.instruments import EXP
 
 
+DEFAULT = f"results/{EXP}"   # the experiment's own folder: the one the command may run it into
+
+
 class BareLoops(NamedTuple):
     """What ``--machine`` measures with (:mod:`repro_bench.real`'s bare training loops side by side)."""
     rate: Callable[[int], float]       # samples/s of k loops together
@@ -32,21 +35,23 @@ DESCRIPTION = """\
 The simulator against reality. Reads the runs of +exp=sim_vs_real (real runs
 on this machine over loopback and across two hosts on a limited link, and the
 simulator's runs with a cost model fitted to each setting's one-client runs),
-running the experiment first when --results holds none, and prints per grid
-point, median over seeds: measured and predicted samples/s and the error
-(target: within 15%), mean staleness and its error (target: within 10%), the
-Kolmogorov-Smirnov distance between the staleness distributions (target:
-below 0.1, points with 2 or more clients), and whether the measured time to
-the target error lies inside the simulator's range over seeds. Then, over all
-points: the mean absolute percentage error (MAPE) of samples/s, the worst
-point, the bias (mean signed error: over- or under-prediction), Kendall's tau
-between predicted and measured samples/s (do the configurations keep their
-order?) and the time-to-target error against the real runs' seed spread."""
+running the experiment first when its folder holds none (one --results names
+must exist), and prints per grid point, median over seeds: measured and
+predicted samples/s and the error (target: within 15%), mean staleness and its
+error (target: within 10%), the Kolmogorov-Smirnov distance between the
+staleness distributions (target: below 0.1, points with 2 or more clients),
+and whether the measured time to the target error lies inside the simulator's
+range over seeds. Then, over all points: the mean absolute percentage error
+(MAPE) of samples/s, the worst point, the bias (mean signed error: over- or
+under-prediction), Kendall's tau between predicted and measured samples/s (do
+the configurations keep their order?) and the time-to-target error against the
+real runs' seed spread."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--results", default=f"results/{EXP}",
-                        help="the experiment's folder (default: %(default)s)")
+    parser.add_argument("--results", default=None,
+                        help=f"the experiment's folder, run into first when it holds no run; one named "
+                             f"here must exist (default: {DEFAULT})")
     parser.add_argument("--machine", action="store_true",
                         help="first measure what this machine gives now: samples/s of 1, 2 and 4 bare "
                              "training loops side by side (no server, no messages), and the cores they "
@@ -94,7 +99,7 @@ def machine_parts(root: Path, cores: float | None = None):
     from repro_bench.instruments import points as lab
     from repro_bench.instruments.spread import resimulate
 
-    runs, _, _ = lab.read_runs(root)
+    runs, _, _, _ = lab.read_runs(root)
     predicted = runs[(runs.side == "predicted") & (runs.link == "loopback")]
     measured = runs[(runs.side == "measured") & (runs.link == "loopback")]
     if predicted.empty or measured.empty:   # links=[link]: nothing on loopback to take apart
@@ -200,32 +205,17 @@ def _for_shell(override: str) -> str:
     return f'{key}="{value}"' if not set(value) & set('"$`\\!') else f"{key}={shlex.quote(value)}"
 
 
-def _cores(args: argparse.Namespace) -> int:
-    """``--cores``: its measurement, ended in one line whatever stops it; a SIGTERM or SIGHUP
-    unwinds like a Ctrl-C (Python's default dies on the spot), so no run outlives it, nor its folder."""
-    import signal
-
+def _cores(args: argparse.Namespace, root: Path) -> int:
+    """``--cores``: its measurement, ended in one line (a stop: :func:`repro_bench.__main__.main`)."""
     from repro_bench.instruments.cores import print_cores
-    from repro_bench.instruments.hosts import Terminated
 
-    def unwind(signum, frame):
-        raise Terminated(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    where = (f"python -m repro.bench simreal: --cores {args.cores[0]}:{args.cores[1]} "
-             f"--cores-epochs {args.cores_epochs:g}")
     try:
-        print_cores(*args.cores, args.cores_epochs, results=Path(args.results))
-    except (KeyboardInterrupt, Terminated) as exc:
-        print(f"{where}: stopped by {str(exc) or 'SIGINT'}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        print_cores(*args.cores, args.cores_epochs, results=root)
     # too few epochs (cores.TooShort) or a --results run that does not read: 2; a real run that failed: 1
     except (ValueError, RuntimeError) as exc:
-        print(f"{where}: {exc}", file=sys.stderr)
+        print(f"python -m repro.bench simreal: --cores {args.cores[0]}:{args.cores[1]} "
+              f"--cores-epochs {args.cores_epochs:g}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return 0
 
 
@@ -251,11 +241,20 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
     from repro_bench.instruments import points as lab
     from repro_bench.instruments.accuracy import accuracy
 
+    root = Path(DEFAULT if args.results is None else args.results)
+    # a typo ran the whole experiment into it (minutes); '' (a $DIR unset) into the current folder
+    if args.results is not None and not (args.results and root.exists()):
+        print(f"python -m repro.bench simreal: --results {args.results or repr('')}: no such folder; make it to "
+              f"run the experiment into it, or leave --results out for {DEFAULT}", file=sys.stderr)
+        return 2
+    if args.cores and (args.machine or args.parts or args.spread):   # ignored in silence after its minutes
+        print("python -m repro.bench simreal: --cores measures instead of the tables; --machine, --parts and "
+              "--spread go without it", file=sys.stderr)
+        return 2
     if args.cores:
-        return _cores(args)
+        return _cores(args, root)
 
     cores = machine_now(loops) if args.machine else None
-    root = Path(args.results)
     if not lab.run_dirs(root):
         where = root.resolve()   # '.' or 'x/..' has no name of its own to give exp_name
         # quoted: a ',' in a bare Hydra override is a sweep (two experiments), '=' or '[' a parse error
@@ -271,14 +270,11 @@ def run(args: argparse.Namespace, loops: BareLoops) -> int:
         if code and not lab.run_dirs(root):   # it said why (e.g. --results a file); "no grid point" would not
             return code
     try:
-        runs, stale, _ = lab.read_runs(root)
+        runs, stale, _, unfinished = lab.read_runs(root)
     except ValueError as exc:   # a run folder that does not read: named in one line
         print(f"python -m repro.bench simreal: {exc}", file=sys.stderr)
         return 2
-    from repro.analysis.load import find_run_dirs
-
     # a killed run (summary 'running'), an interrupted or a failed one is not read: say so, not in silence
-    unfinished = len(find_run_dirs(root)[0]) - len(lab.run_dirs(root))
     unfinished = f" ({unfinished} run folder(s) not finished, left out)" if unfinished else ""
     table = lab.points_table(runs, stale)
     if table.empty:

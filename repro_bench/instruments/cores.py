@@ -241,7 +241,7 @@ def resimulated_error(root: Path, link: str, nsync: int, num_clients: int, compu
 
     if not lab.run_dirs(root):
         return None
-    runs, _, _ = lab.read_runs(root)
+    runs, _, _, _ = lab.read_runs(root)
     at = (runs.link == link) & (runs.nsync == nsync) & (runs.num_clients == num_clients)
     predicted, measured = runs[at & (runs.side == "predicted")], runs[at & (runs.side == "measured")]
     if predicted.empty or measured.empty:

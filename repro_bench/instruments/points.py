@@ -26,13 +26,14 @@ import pandas as pd
 
 from repro.analysis.load import find_run_dirs
 from repro.config.renames import read_recorded
-from repro.config.settings import RECORDED_ONLY
+from repro.config.settings import get, shaping_keys
 from repro.files import schema
 from repro.runs.runlog import read_summary
 
 KEYS = ["link", "nsync", "num_clients"]
-# what the runs of one grid point and side may differ in: the seed, their folder, what they recorded
-UNSET = {*RECORDED_ONLY, "seed", "results_dir", "exp_name", "resume", "progress"}
+# a point's runs (one side) agree on every setting but the seed that shapes training, and on these, that shape the
+# clock: its loop waits for a checkpoint (checkpoint_every=1 halved samples/s) or an evaluation (at most timeout_s)
+CLOCK = ("checkpoint_every", "backend.eval_in_thread", "backend.timeout_s")
 SAMPLES_TARGET, STALENESS_TARGET, KS_TARGET = 0.15, 0.10, 0.1   # the issue's targets (REPRODUCE.md)
 COLUMNS = [*KEYS, "measured_samples_per_s", "predicted_samples_per_s", "samples_error",
            "measured_staleness", "predicted_staleness", "staleness_error", "ks_distance",
@@ -74,9 +75,9 @@ def samples_per_s(updates: pd.DataFrame) -> float:
     return float((updates.samples_seen.iloc[-1] - updates.samples_seen.iloc[0]) / span) if span > 0 else math.nan
 
 
-def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame] | None:
+def _read_run(run_dir: Path, summary: dict) -> tuple[dict, pd.DataFrame, pd.DataFrame] | None:
     """:func:`read_runs`' three parts of one run folder; None: neither side of the experiment."""
-    config, summary = _config(run_dir), read_summary(run_dir) or {}
+    config = _config(run_dir)
     link = link_of(run_dir, config)
     if link is None:
         return None
@@ -91,19 +92,23 @@ def _read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame] | None:
     # a target the evaluation at version 0 met was reached before the first push: at 0, not before it
     run = {**key, "samples_per_s": samples_per_s(updates), "staleness": float(updates.staleness.mean()),
            "time_to_target_s": math.nan if ttt is None else max(0.0, float(ttt) - start), "run_dir": str(run_dir),
-           "setting": json.dumps({k: v for k, v in config.items() if k not in UNSET}, sort_keys=True, default=str)}
+           "setting": json.dumps({k: get(config, k, None) for k in (*shaping_keys(), *CLOCK) if k != "seed"},
+                                 default=str)}
     return (run, pd.DataFrame({**key, "staleness": updates.staleness.to_numpy()}),
             pd.DataFrame({**key, "time_s": evals.time_s.to_numpy(), "train_error": evals.train_error.to_numpy()}))
 
 
-def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(runs, staleness, curves): one row per run (its side, link, grid point, seed, samples
-    per second, mean staleness, time to target); one row per applied push (its staleness); one
-    row per evaluation (train error against time)."""
-    runs, stale, curves = [], [], []
-    for run_dir in run_dirs(Path(root)):
+def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int]:
+    """(runs, staleness, curves, unfinished): one row per run (its side, link, grid point, seed, samples
+    per second, mean staleness, time to target); one row per applied push (its staleness); one row per
+    evaluation (train error against time); the run folders not finished (killed, interrupted, failed)."""
+    runs, stale, curves, unfinished = [], [], [], 0
+    for run_dir in find_run_dirs(Path(root))[0]:
+        if (summary := read_summary(run_dir) or {}).get("status") not in schema.FINISHED_STATUSES:
+            unfinished += 1   # left out, as run_dirs leaves it
+            continue
         try:
-            read = _read_run(run_dir)
+            read = _read_run(run_dir, summary)
         except (OSError, LookupError, ValueError, TypeError) as exc:   # a folder cut short or edited
             raise ValueError(f"run folder {run_dir} does not read ({type(exc).__name__}: {exc}); a finished run "
                              "has config.json, summary.json, updates.csv with a push or more, and evals.csv") from None
@@ -116,7 +121,7 @@ def read_runs(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
             a, b = g.drop_duplicates("setting").run_dir.iloc[:2]
             raise ValueError(f"the {' '.join(map(str, key[:2]))} runs of nsync {key[2]}, {key[3]} client(s) differ in "
                              f"more than their seed ({a} and {b}): a point's medians are over seeds of one setting")
-    return runs.drop(columns="setting", errors="ignore"), cat(stale), cat(curves)
+    return runs.drop(columns="setting", errors="ignore"), cat(stale), cat(curves), unfinished
 
 
 def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -234,6 +239,6 @@ def write_figure(root: str | Path, out_dir: str | Path, stem: str = "sim_vs_real
     """``out_dir/<stem>.png``, ``.pdf`` and ``.csv`` (the grid points' table) from ``root``."""
     from repro.analysis.render import save_figure
 
-    runs, stale, curves = read_runs(root)
+    runs, stale, curves, _ = read_runs(root)
     table = points_table(runs, stale)
     return save_figure(lambda: draw(table, stale, curves), table, Path(out_dir), stem)

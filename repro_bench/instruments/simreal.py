@@ -158,7 +158,7 @@ class SimVsReal(Callback):
         from repro.runtime import usable_cores
         from repro.sim.driver import simulate
 
-        runs, _, _ = lab.read_runs(root)
+        runs, _, _, _ = lab.read_runs(root)
         for job in jobs:
             if stop.is_set():
                 return

@@ -79,7 +79,7 @@ def noise_floor(real: pd.Series) -> float:
 
 def spread_table(root: str | Path) -> pd.DataFrame:
     """One row per grid point with 2+ clients that has both sides (see the module docstring)."""
-    runs, stale, _ = read_runs(root)
+    runs, stale, _, _ = read_runs(root)
     if runs.empty:
         return pd.DataFrame(columns=COLUMNS)
     fitted = points_table(runs, stale).set_index(KEYS).ks_distance
