@@ -241,7 +241,7 @@ class Receiver(threading.Thread):
     with the client's reply; so the frame is never overwritten while read, also while the
     protocol holds the push until a later reply). ``on_push`` returns False when the client was
     told to stop; ``on_lost`` hears why the link ended otherwise. Each wait ends when its client
-speaks, its link closes, or the server judges it silent (:class:`Silence`).
+    speaks, its link closes, or the server judges it silent (:class:`Silence`).
 
     Why a thread per client that does the server's work under a lock, rather than threads that
     queue pushes for a main loop: the queue's extra thread wake-up cost ~0.1 ms per round trip
