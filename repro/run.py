@@ -249,12 +249,11 @@ def _warm_fork_server(argv: list[str]) -> None:
 
 
 def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
-    """A single run's whole config, composed once and validated before Hydra makes a folder:
-    every key's range, a key set under the wrong backend, a run folder that cannot be made, then
-    the model against the data (the one check that imports torch). Returns the composed config
-    (Hydra's node with it) and its RunConfig, which the run goes on with (:func:`run_composed`).
-    For a grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points are
-    checked as each starts."""
+    """A single run's whole config, composed once and validated before Hydra makes a folder: every key's
+    range, a key set under the wrong backend, a run folder that cannot be made, then the model against the
+    data (the one check that imports torch; neither for Hydra's ``loader.SHOWS``). Returns the composed config
+    (Hydra's node with it) and its RunConfig, which the run goes on with (:func:`run_composed`). For a
+    grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points as each starts."""
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
@@ -278,8 +277,9 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
     except ConfigError as err:
         exit_bad_input(err)
-    # the folder before the components: a folder that cannot be made is answered without torch
-    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
+    if loader.SHOWS & set(argv):   # Hydra prints the config or its help and runs nothing
+        return dcfg, cfg
+    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
     try:
         from repro.workload.build import check_components   # the model and batch vs the data (torch)
 
