@@ -60,8 +60,7 @@ def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] 
     (:func:`repro.real.launch.world_config`). What comes back is frozen and no driver rewrites it;
     a rewritten config is validated here. ConfigError (exit 2): a bad recording, world or typed key."""
     if cfg.backend.name == "real":
-        env = torchrun_env()
-        if env is None:
+        if (env := torchrun_env()) is None:
             return cfg
         from repro.real.launch import world_config
 
@@ -315,8 +314,7 @@ def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
 def print_help(argv: list[str]) -> None:
     dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
     choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in loader.ALL_GROUPS}
-    tree = OmegaConf.to_container(dcfg, resolve=False)
-    tree.pop("hydra", None)
+    tree = OmegaConf.to_container(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
     print(loader.help_text(tree, choices))
 
 
@@ -334,6 +332,8 @@ def cli() -> None:
     mark("main", "imported")
     sys.argv[1:] = argv = _flags_last([modern_override(a) for a in sys.argv[1:]])   # Hydra's main reads sys.argv
     check_overrides(argv)
+    if "--hydra-help" in argv:   # Hydra composes its help without our config: a key of ours was its traceback
+        sys.argv[1:] = [a for a in argv if "=" not in a or a.lstrip("+~").startswith("hydra")]
     if "--help" in argv or "-h" in argv:
         print_help(argv)
         return

@@ -32,6 +32,9 @@ PROBE = ("import atexit, runpy, sys; "
     (["+exp=fig1", "hydra.run.dir=/proc/repro", "-c", "job"], 0, "exp_name: fig1"),
     (["--info", "config"], 0, "Config search path"),
     (["--cfg", "job", "num_clients=0"], 2, "error: invalid value for 'num_clients': 0"),   # still checked
+    # Hydra composes its own help without our config: any key of ours (results_dir here) was its traceback
+    (["hydra.run.dir=/proc/repro", "+exp=fig1", "nsync=2", "--hydra-help"], 0, "== Flags =="),
+    (["-m", "nsync=1,2", "--hydra-help"], 0, "== Flags =="),
 ])
 def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, args, code, needle):
     proc = subprocess.run([sys.executable, "-c", PROBE, "repro.run", f"results_dir={tmp_path / 'results'}", *args],
