@@ -48,9 +48,9 @@ if not OmegaConf.has_resolver("hydra_record"):   # the Hydra record's folder, th
 
 
 def _incoming_record(run_dir):
-    from repro.runs.folder import incoming_record   # only once a job runs: not for --help
+    from repro.runs.folder import HYDRA_RECORD, incoming_record   # only once a job runs or shows: not for --help
 
-    return incoming_record(run_dir)
+    return incoming_record(run_dir) if run_dir else HYDRA_RECORD   # no job (--cfg all --resolve): where it ends
 
 
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] = ()):

@@ -35,6 +35,8 @@ PROBE = ("import atexit, runpy, sys; "
     # Hydra composes its own help without our config: any key of ours (results_dir here) was its traceback
     (["hydra.run.dir=/proc/repro", "+exp=fig1", "nsync=2", "--hydra-help"], 0, "== Flags =="),
     (["-m", "nsync=1,2", "--hydra-help"], 0, "== Flags =="),
+    # no job, no job's folder: the Hydra record's resolver raised TypeError on None, a traceback
+    (["--cfg", "all", "--resolve"], 0, "  output_subdir: .hydra\n"),
 ])
 def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, args, code, needle):
     proc = subprocess.run([sys.executable, "-c", PROBE, "repro.run", f"results_dir={tmp_path / 'results'}", *args],
