@@ -4,8 +4,8 @@
 code cells and ``# %% [markdown]`` lines markdown cells (their lines commented with ``# ``), the
 percent format that jupytext, VS Code and Spyder read. This script turns it into
 ``notebooks/staleness_lab.ipynb``, runs every cell top to bottom in a fresh kernel (nbclient,
-ipykernel: the ``test`` extra) and writes the notebook with its outputs, so that it reads on a
-code host without running:
+ipykernel: the ``notebook`` extra, part of ``test``) and writes the notebook with its outputs, so
+that it reads on a code host without running:
 
     python notebooks/build_notebook.py            # rebuild and run (the full lab, about a minute)
     python notebooks/build_notebook.py --check    # exit 1 when the two differ (no kernel needed)
@@ -105,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only say whether the two agree (exit 1: not)")
     args = parser.parse_args(argv)
     if not args.check:
-        import nbformat
-
+        try:   # the notebook extra (the test extra has it): without it, which to install, not a traceback
+            import ipykernel, nbclient, nbformat  # noqa: F401
+        except ImportError as err:
+            sys.exit(f"error: building the notebook needs {err.name} (pip install -e '.[notebook]'); "
+                     "--check needs none")
         nbformat.write(build(), str(NOTEBOOK))
         print(f"wrote {NOTEBOOK}")
     problems = drift()

@@ -17,6 +17,7 @@ the package imports them):
   the whole grid;
 * a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
   answered in one line (:func:`check_flags`, Hydra's own argument parser): not its usage text;
+  so is ``--cfg hydra --resolve``, which Hydra cannot resolve here: not its traceback;
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
   its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
   compose it again. Hydra 1.3 has no public equivalent of what its main does after composing.
@@ -152,7 +153,10 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
 
     parser = get_args_parser()
     parser.error = refuse
-    parser.parse_args([word for word in argv if word != "--version"])
+    args = parser.parse_args([word for word in argv if word != "--version"])
+    if args.cfg == "hydra" and args.resolve:   # Hydra resolves its node cut from the config it names
+        refuse("--cfg hydra --resolve: Hydra's node names its folders from keys outside it (results_dir, "
+               "exp_name); --cfg all --resolve --package hydra shows it resolved")
 
 
 def job_return(exited: SystemExit | None = None) -> Any:

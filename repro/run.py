@@ -48,9 +48,9 @@ if not OmegaConf.has_resolver("hydra_record"):   # the Hydra record's folder, th
 
 
 def _incoming_record(run_dir):
-    from repro.runs.folder import incoming_record   # only once a job runs: not for --help
+    from repro.runs.folder import HYDRA_RECORD, incoming_record   # only once a job runs or shows: not for --help
 
-    return incoming_record(run_dir)
+    return incoming_record(run_dir) if run_dir else HYDRA_RECORD   # no job (--cfg all --resolve): where it ends
 
 
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] = ()):
@@ -60,8 +60,7 @@ def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] 
     (:func:`repro.real.launch.world_config`). What comes back is frozen and no driver rewrites it;
     a rewritten config is validated here. ConfigError (exit 2): a bad recording, world or typed key."""
     if cfg.backend.name == "real":
-        env = torchrun_env()
-        if env is None:
+        if (env := torchrun_env()) is None:
             return cfg
         from repro.real.launch import world_config
 
@@ -249,12 +248,11 @@ def _warm_fork_server(argv: list[str]) -> None:
 
 
 def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
-    """A single run's whole config, composed once and validated before Hydra makes a folder:
-    every key's range, a key set under the wrong backend, a run folder that cannot be made, then
-    the model against the data (the one check that imports torch). Returns the composed config
-    (Hydra's node with it) and its RunConfig, which the run goes on with (:func:`run_composed`).
-    For a grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points are
-    checked as each starts."""
+    """A single run's whole config, composed once and validated before Hydra makes a folder: every key's
+    range, a key set under the wrong backend, a run folder that cannot be made, then the model against the
+    data (the one check that imports torch; neither for Hydra's ``loader.SHOWS``). Returns the composed config
+    (Hydra's node with it) and its RunConfig, which the run goes on with (:func:`run_composed`). For a
+    grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points as each starts."""
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
@@ -278,8 +276,9 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
     except ConfigError as err:
         exit_bad_input(err)
-    # the folder before the components: a folder that cannot be made is answered without torch
-    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)
+    if loader.SHOWS & set(argv):   # Hydra prints the config or its help and runs nothing
+        return dcfg, cfg
+    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
     try:
         from repro.workload.build import check_components   # the model and batch vs the data (torch)
 
@@ -315,8 +314,7 @@ def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
 def print_help(argv: list[str]) -> None:
     dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
     choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in loader.ALL_GROUPS}
-    tree = OmegaConf.to_container(dcfg, resolve=False)
-    tree.pop("hydra", None)
+    tree = OmegaConf.to_container(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
     print(loader.help_text(tree, choices))
 
 
@@ -334,6 +332,8 @@ def cli() -> None:
     mark("main", "imported")
     sys.argv[1:] = argv = _flags_last([modern_override(a) for a in sys.argv[1:]])   # Hydra's main reads sys.argv
     check_overrides(argv)
+    if "--hydra-help" in argv:   # Hydra composes its help without our config: a key of ours was its traceback
+        sys.argv[1:] = [a for a in argv if "=" not in a or a.lstrip("+~").startswith("hydra")]
     if "--help" in argv or "-h" in argv:
         print_help(argv)
         return

@@ -298,6 +298,9 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["--cfg"], "error: argument --cfg/-c: expected one argument (python -m repro.run --hydra-help lists Hydra's "
                 "flags)"),   # argparse's nine lines of usage, under the name run.py
     (["--info", "bogus"], "error: argument --info/-i: invalid choice: 'bogus' (choose from 'all', 'config'"),
+    # Hydra resolves its node alone, whose folders name results_dir and exp_name: its 75-line traceback, exit 1
+    (["-c", "hydra", "--resolve"], "error: --cfg hydra --resolve: Hydra's node names its folders from keys outside "
+                                   "it (results_dir, exp_name); --cfg all --resolve --package hydra shows it resolved"),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
     (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),

@@ -50,6 +50,15 @@ def test_the_drift_check_sees_an_edited_script_a_missing_cell_and_missing_output
     assert any("top to bottom" in p for p in b.drift(script, notebook))
 
 
+def test_building_without_the_notebook_extra_says_which_to_install(monkeypatch):
+    """After ``pip install -e .`` (no extra) the build ended in ModuleNotFoundError's traceback."""
+    monkeypatch.setitem(sys.modules, "nbformat", None)   # as if not installed: its import fails
+    with pytest.raises(SystemExit) as exited:
+        builder().main([])
+    assert exited.value.code == ("error: building the notebook needs nbformat (pip install -e '.[notebook]'); "
+                                 "--check needs none")
+
+
 def test_percent_cells_parse_as_jupytext_reads_them():
     cells = builder().cells("# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\n\n\n# %%\n# a comment\ny = 2\n")
     assert cells == [("markdown", "# Title\n\ntext"), ("code", "x = 1"), ("code", "# a comment\ny = 2")]

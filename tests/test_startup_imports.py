@@ -26,6 +26,17 @@ PROBE = ("import atexit, runpy, sys; "
     # a run folder that cannot be made or named: it was refused after the model was built (torch)
     (["hydra.run.dir="], 2, "error: hydra.run.dir is empty: the run would write into "),
     (["hydra.run.dir=${oops}"], 2, "error: cannot name the run folder (hydra.run.dir): Interpolation key 'oops'"),
+    # Hydra's flags that only show run nothing: they loaded torch (check_components) and were refused
+    # where the run folder could not be made (a read-only working folder; here /proc)
+    (["--cfg", "job"], 0, "num_clients: 4"),
+    (["+exp=fig1", "hydra.run.dir=/proc/repro", "-c", "job"], 0, "exp_name: fig1"),
+    (["--info", "config"], 0, "Config search path"),
+    (["--cfg", "job", "num_clients=0"], 2, "error: invalid value for 'num_clients': 0"),   # still checked
+    # Hydra composes its own help without our config: any key of ours (results_dir here) was its traceback
+    (["hydra.run.dir=/proc/repro", "+exp=fig1", "nsync=2", "--hydra-help"], 0, "== Flags =="),
+    (["-m", "nsync=1,2", "--hydra-help"], 0, "== Flags =="),
+    # no job, no job's folder: the Hydra record's resolver raised TypeError on None, a traceback
+    (["--cfg", "all", "--resolve"], 0, "  output_subdir: .hydra\n"),
 ])
 def test_the_command_line_answers_without_torch_pandas_or_matplotlib(tmp_path, args, code, needle):
     proc = subprocess.run([sys.executable, "-c", PROBE, "repro.run", f"results_dir={tmp_path / 'results'}", *args],

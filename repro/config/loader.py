@@ -302,6 +302,8 @@ VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--conf
 
 # Hydra's flags that each choose what the command does: one at most
 MODE_FLAGS = ("--run", "-r", "--multirun", "-m", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
+# those that only show the config or Hydra's help: no run folder is made or checked, no torch loads
+SHOWS = {"--cfg", "-c", "--info", "-i", "--hydra-help"}
 
 
 # Hydra's flags that cannot work for ``python -m repro.run``, and why
