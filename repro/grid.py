@@ -101,15 +101,16 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     ``<name>-<its overrides>`` (``fig2-algo=sgd``). In a folder of the user's own
     (``figures_dir=...``) the files keep ``name``, so that two folders compare figure by figure."""
     from repro.analysis.render import file_label
-    from repro.config.loader import job_name, parsed_overrides
+    from repro.config.loader import job_name
+    from repro.hydra_internals import override_values
 
-    given = {key: value for _, key, value in parsed_overrides(overrides)}
+    given = override_values([a for a in overrides if "=" in a and not a.startswith("-")])   # quotes undone
     if "figures_dir" in given:
         return name
     if given.get("exp_name"):
         # a grid that draws several figures (own_data and partition): the one named as its
         # experiment takes the experiment's new name, the others add theirs, so none overwrites
-        stem = file_label(given["exp_name"])
+        stem = file_label(str(given["exp_name"]))
         return stem if given.get("exp") in (None, name) else f"{stem}-{file_label(name)}"
     label = job_name(overrides)
     return name if label == "base" else f"{name}-{file_label(label)}"

@@ -208,6 +208,8 @@ def test_the_committed_figure_is_written_only_by_the_experiment_as_committed():
     assert figure_stem("fig1", ["+exp=fig1", "seed=0,1,2,3"]) == "fig1-seed=0,1,2,3"
     assert figure_stem("stability", ["+exp=stability", "cost=jitter_exponential",
                                      "exp_name=stability_random"]) == "stability_random"
+    # quoted as a shell script or simreal quotes it: the folder Hydra makes has no quotes, nor do the files
+    assert figure_stem("stability", ["+exp=stability", "exp_name='stability_random'"]) == "stability_random"
     assert figure_stem("fig3_paper", ["+exp=fig3_paper", "data.root=/a/b"]) == "fig3_paper"
     # a grid of two figures renamed by exp_name: each keeps files of its own
     assert figure_stem("own_data", ["+exp=own_data", "exp_name=mine"]) == "mine"
