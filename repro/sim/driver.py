@@ -160,10 +160,8 @@ class Simulation:
         """Carry what the core did at ``t``, then its cadence: an evaluation or a checkpoint due at
         the version now applied, whether a push applied it or a loss that closed a round."""
         self.carry(outcome, t)
-        settled = self.core.settle(t)
-        self.carry(settled, t)
-        if settled.evaluated:
-            self.scheduler.evaluated(t)   # an evaluation that takes the machine's time
+        # an evaluation that takes the machine's time, charged before a checkpoint is written
+        self.carry(self.core.settle(t, evaluated=self.scheduler.evaluated), t)
 
     def membership(self, t: float, kind: str, k: int) -> None:
         """A churn event at virtual time ``t`` (see :mod:`repro.sim.churn`), carried out through
