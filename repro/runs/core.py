@@ -316,8 +316,8 @@ class RunCore:
         rejoin = self.runlog.lost_clients.pop(str(client), None) is not None
         self.runlog.add_event("client_rejoined" if rejoin else "client_joined", client=client,
                               joined_time_s=round(time_s, 6))
-        if self.protocol is not None:
-            self.protocol.on_join(client, self.view())
+        if self.protocol is not None:   # a held push of its the protocol drops is discarded
+            self.discarded += [[int(v), int(k)] for v, k in self.protocol.on_join(client, self.view()) or ()]
         self.live = self.live | {client}
         self.server.fetched(client)
         return rejoin
