@@ -206,6 +206,22 @@ def test_a_client_back_before_its_sync_round_closed_computes_one_segment(tmp_pat
     assert (rows.start >= rows.made - 1e-12).all()   # (it took the round's result at 0.06 s)
 
 
+def test_a_held_sync_push_dropped_as_its_client_is_back_is_listed_as_discarded(tmp_path):
+    """The run above: client 1's push into round 0, held when it was lost, is dropped as it is
+    back (a joiner); the summary lists it in discarded_pushes, as each push a protocol drops,
+    beside its join's segment that the round preempted. It listed only the segment: the push
+    the server handled (its timings.csv row) was neither merged nor listed."""
+    import pandas as pd
+    from repro.config.settings import ProtocolConfig
+
+    cfg = churn_cfg(dict(preempt_rate=0.0, leave=(1, 0.025, 0.045), join=None), speeds=(1.0, 1.0, 3.0, 3.0))
+    summary = simulate(cfg.replace(num_clients=4, protocol=ProtocolConfig(name="sync")), tmp_path)
+    updates, timings = (pd.read_csv(tmp_path / name) for name in ("updates.csv", "timings.csv"))
+    merged = updates.num_samples.sum() // (cfg.nsync * cfg.algo.batch_size)
+    assert len(timings) - merged == 1   # the held push: handled, never merged
+    assert summary["discarded_pushes"] == [[0, 1], [0, 1]]
+
+
 def test_a_sync_round_with_a_joiners_push_does_not_pass_the_budget(tmp_path):
     """3 clients, 6 epochs of 512 samples: 48 pushes of 64 samples, 16 rounds of 3, the budget
     held exactly. A joiner at 0.02 s makes the rounds after it 4 pushes each (its push is merged

@@ -311,6 +311,21 @@ def test_interrupt_then_resume_with_contention_is_bitwise_identical(tmp_path):
     assert tables(tmp_path / "cut") == tables(tmp_path / "whole")
 
 
+def test_a_run_killed_after_a_checkpoint_that_an_evaluation_shares_resumes_bitwise(tmp_path):
+    """cost.machine.single charges an evaluation the machine's time: a checkpoint written at the
+    version of an evaluation (here every 4th) holds the charge, so a run killed after it resumes
+    bit for bit (the checkpoint was written before the clock was told of the evaluation: the
+    resumed run's clock ran that evaluation in no time, 0.005 s ahead of the whole run's)."""
+    from tests.helpers.runs import sim_killed_at
+
+    cost = machine(compute_s=0.01, latency_s=0.0, clients_per_host=3, eval_s=0.01)
+    cfg = run_cfg(num_epochs=6.0, checkpoint_every=4, cost=cost)
+    simulate(cfg, tmp_path / "whole")
+    sim_killed_at(cfg, tmp_path / "cut", 10)   # resumes from version 8's checkpoint
+    assert simulate(cfg.replace(resume=True), tmp_path / "cut")["status"] == "completed"
+    assert tables(tmp_path / "cut") == tables(tmp_path / "whole")
+
+
 def test_replay_of_a_contended_run_reproduces_it(tmp_path):
     import pandas as pd
     simulate(run_cfg(num_clients=4, cost=CONTENDED), tmp_path / "rec")

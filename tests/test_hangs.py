@@ -197,7 +197,8 @@ def test_the_command_line_refuses_a_push_of_many_budgets(tmp_path, monkeypatch, 
 def test_sigterm_stops_the_simulator_inside_a_long_push_and_resume_is_bitwise(tmp_path, monkeypatch):
     """Two pushes of 800 local steps each spend the budget. A SIGTERM at step 100 ends the run
     interrupted after that step (it used to compute on to the end of the push); the abandoned
-    push is computed again by the resumed run, whose tables equal an uninterrupted run's."""
+    push is computed again by the resumed run, whose tables equal an uninterrupted run's
+    (timings.csv's too: the push's parts are kept with it, where the resumed run wrote nan)."""
     cfg = cfg_for(nsync=800, num_epochs=100.0, eval_every=50.0)
     assert simulate(cfg, tmp_path / "whole")["status"] == "completed"
     calls, backward = [0], FlatNet.backward
@@ -213,7 +214,7 @@ def test_sigterm_stops_the_simulator_inside_a_long_push_and_resume_is_bitwise(tm
     monkeypatch.setattr(FlatNet, "backward", backward)
     assert cut["status"] == "interrupted" and calls[0] == 100 and cut["version"] == 0
     assert simulate(cfg.replace(resume=True), tmp_path / "cut")["status"] == "completed"
-    for table in ("updates.csv", "evals.csv"):
+    for table in ("updates.csv", "evals.csv", "timings.csv"):
         assert (tmp_path / "cut" / table).read_bytes() == (tmp_path / "whole" / table).read_bytes()
 
 

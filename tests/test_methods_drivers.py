@@ -148,7 +148,9 @@ def test_sim_a_discarded_push_costs_the_server_no_apply_time(tmp_path, topology)
 def test_sim_resumes_bitwise_from_a_pending_push_that_is_discarded(tmp_path, monkeypatch, topology):
     """A stop while the slow client computes a push the server will discard: the checkpoint's
     clock has not charged its apply (the server is free from when it takes the push until it
-    applies one), so the resumed run frees the server then too: the same tables and times."""
+    applies one), so the resumed run frees the server then too: the same tables and times. The
+    checkpoint keeps the pending push's timings.csv parts, which the schedule gave as it chose
+    the push (the resumed run wrote nan for each)."""
     cfg = sim_cfg(protocol=RINGMASTER, cost=JITTER.updated(server_apply_s=0.004, topology=topology))
     simulate(cfg, tmp_path / "whole")
     assert simulate_cut_at(monkeypatch, cfg, tmp_path / "cut", 28)["status"] == "interrupted"
@@ -158,6 +160,7 @@ def test_sim_resumes_bitwise_from_a_pending_push_that_is_discarded(tmp_path, mon
     whole, cut = (pd.read_csv(tmp_path / run / "timings.csv") for run in ("whole", "cut"))
     assert whole.time_s.tolist() == cut.time_s.tolist()
     assert whole[(whole.client == 3) & (whole.read_version == 4)].apply_s.tolist() == [0.0]   # the one cut
+    assert (tmp_path / "cut" / "timings.csv").read_bytes() == (tmp_path / "whole" / "timings.csv").read_bytes()
 
 
 def test_sim_rennala_steps_merge_s_fresh_pushes_the_fast_clients_more(tmp_path):

@@ -174,8 +174,9 @@ def test_the_core_says_what_it_did_with_each_push(tmp_path):
         while not settled.stopping:
             core.on_push(_push(core, 1), 3.0)
             core.on_push(_push(core, 2), 3.0)
-            settled = core.settle(3.0)
-            evaluated.append(settled.evaluated)
+            told = []
+            settled = core.settle(3.0, evaluated=told.append)
+            evaluated.append(told == [3.0])
         assert any(evaluated) and not all(evaluated)   # eval_every 0.5 epochs: not every round
         summary = core.finish(*core.final_status(interrupted=False))
     assert summary["status"] == "completed" and saved   # the final checkpoint asked the driver

@@ -20,7 +20,7 @@ because both only carry the replies the core makes of a decision.
   (preempted): their segment is dropped and they start the next round with everyone else, so
   every round starts with all N and discards exactly b. (A push a preempted client sent before
   the parameters reached it is ignored.) A lost client leaves the barrier: the round needs
-  N_live - b pushes; one back before the round closes is a joiner, its earlier push dropped.
+  N_live - b pushes; one back before the round closes is a joiner, its earlier push dropped (discarded).
 * ``ringmaster`` and ``rennala``, the optimal-time descendants of asynchronous SGD (Tyurin,
   Richtarik and co-authors): :mod:`repro.asgd.optimal`.
 * ``ssp`` (stale synchronous parallel, Ho et al., NIPS 2013): asynchronous applies, but a client
@@ -118,9 +118,10 @@ class Policy:
         """``client`` is gone (``view.live`` no longer holds it): replies it was holding up."""
         return NOTHING
 
-    def on_join(self, client: int, view: View) -> None:
+    def on_join(self, client: int, view: View) -> tuple[tuple[int, int], ...] | None:
         """``client`` joined (or rejoined) and fetches version ``view.version`` now; ``view.live``
-        does not hold it yet. Nobody waits on a joiner, so there is no reply to give."""
+        does not hold it yet. Nobody waits on a joiner, so there is no reply to give; returned:
+        (read_version, client) of a held push of its that the protocol drops, listed in the summary."""
 
     def waiting(self) -> tuple[int, ...]:
         """The clients that pushed and wait for a reply from a later decision."""
@@ -217,11 +218,12 @@ class Sync(Policy):
         return len(counted) >= self.needed(live) or \
             (len(live) > self.clients and sum(p.num_samples for p in self.pushes.values()) >= view.left)
 
-    def on_join(self, client: int, view: View) -> None:
+    def on_join(self, client: int, view: View) -> tuple[tuple[int, int], ...]:
         self.joining.add(client)
         # back before its round closed: a new process computing from this fetch, so the reply its
-        # lost self's held push was owed is not its (two segments of it would be in flight)
-        self.pushes.pop(client, None)
+        # lost self's held push was owed is not its (two segments of it would be in flight): dropped
+        held = self.pushes.pop(client, None)
+        return () if held is None else ((held.read_version, client),)
 
     def on_push(self, push: Push, view: View) -> Decision:
         if push.read_version < self.round_start:   # sent before its preemption reached it

@@ -55,18 +55,15 @@ class Reply:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now,
-    whether the server's version moved (``applied``: this push, or a merge it completed) and
-    whether the push was dropped on arrival (``discarded``: by the protocol, or refused as
-    diverging; the server only replies); :meth:`RunCore.settle` whether an evaluation row was
-    written (``evaluated``); :meth:`RunCore.lose` the replies a lost client's barrier owed.
-    ``stopping``, from each of them and from :meth:`RunCore.begin` and :meth:`RunCore.drain`: the
-    run is ending, no more pushes are applied (the driver stops its clients)."""
+    """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now, whether the
+    server's version moved (``applied``: this push, or a merge it completed) and whether the push was dropped on
+    arrival (``discarded``: by the protocol, or refused as diverging; the server only replies); :meth:`RunCore.lose`
+    the replies a lost client's barrier owed. ``stopping``, from each of them and from :meth:`RunCore.begin`,
+    ``settle`` and ``drain``: the run is ending, no more pushes are applied (the driver stops its clients)."""
 
     replies: tuple[Reply, ...] = ()
     applied: bool = False
     discarded: bool = False
-    evaluated: bool = False
     stopping: bool = False
 
 
@@ -255,19 +252,22 @@ class RunCore:
                 self.server.fetched(r.client)   # delay-compensating rules remember w_bak
         return replies
 
-    def settle(self, time_s: float) -> Outcome:
-        """After the replies went out: evaluation and checkpoint cadence, progress."""
+    def settle(self, time_s: float, evaluated: Callable[[float], None] = lambda t: None) -> Outcome:
+        """After the replies went out: evaluation and checkpoint cadence, progress. ``evaluated(time_s)``: an
+        evaluation row was written now; called before this version's checkpoint, which holds what it did."""
         evals = self.runlog.last_eval_version
         self.drain()
         if self.evals.due() and not self.state.diverged:
             self.evals.submit(self.server.version, time_s, self.server.params)
             self.drain()
+        if self.runlog.last_eval_version != evals:
+            evaluated(time_s)
         every, version = self.cfg.checkpoint_every, self.server.version
         if every and version % every == 0 and version != self._checkpointed:
             self.save_checkpoint()
             self._checkpointed = version
         self.progress.update(self.runlog)
-        return Outcome(evaluated=self.runlog.last_eval_version != evals, stopping=self.state.stopping)
+        return Outcome(stopping=self.state.stopping)
 
     def drain(self) -> Outcome:
         """Write the rows of finished evaluations (one may find the run diverged; one that failed
@@ -315,8 +315,8 @@ class RunCore:
         rejoin = self.runlog.lost_clients.pop(str(client), None) is not None
         self.runlog.add_event("client_rejoined" if rejoin else "client_joined", client=client,
                               joined_time_s=round(time_s, 6))
-        if self.protocol is not None:
-            self.protocol.on_join(client, self.view())
+        if self.protocol is not None:   # a held push of its the protocol drops is discarded
+            self.discarded += [[int(v), int(k)] for v, k in self.protocol.on_join(client, self.view()) or ()]
         self.live = self.live | {client}
         self.server.fetched(client)
         return rejoin

@@ -155,8 +155,8 @@ class Schedule(ABC):
         """The server evaluates its parameters from ``t`` on (a schedule where that takes time)."""
 
     def timing(self) -> dict[str, float]:
-        """timings.csv's parts of the push :meth:`next` returned; nan where the schedule has no
-        model of them (a replay), or has not chosen that push (one pending in a checkpoint)."""
+        """timings.csv's parts of the push :meth:`next` returned (kept with one pending in a
+        checkpoint); nan where the schedule has no model of them (a replay)."""
         return self.last_timing or dict.fromkeys(TIMING_PARTS, float("nan"))
 
 

@@ -98,8 +98,9 @@ class Simulation:
                 c.load_state_dict(resume["driver"]["clients"][str(k)])
             self.scheduler.load_state_dict(resume["driver"]["scheduler"])
             pending = resume["driver"].get("pending")
-            if pending is not None:
+            if pending is not None:   # with its timings.csv parts, which next() gave when it chose it
                 self.pending = (int(pending[0]), int(pending[1]), float(pending[2]))
+                self.scheduler.last_timing = resume["driver"].get("pending_timing")
 
     def run(self, stop_at_version: int | None = None) -> tuple[str, str]:
         """Simulate to the end of the budget; (status, message). ``stop_at_version`` asks the run
@@ -160,10 +161,8 @@ class Simulation:
         """Carry what the core did at ``t``, then its cadence: an evaluation or a checkpoint due at
         the version now applied, whether a push applied it or a loss that closed a round."""
         self.carry(outcome, t)
-        settled = self.core.settle(t)
-        self.carry(settled, t)
-        if settled.evaluated:
-            self.scheduler.evaluated(t)   # an evaluation that takes the machine's time
+        # an evaluation that takes the machine's time, charged before a checkpoint is written
+        self.carry(self.core.settle(t, evaluated=self.scheduler.evaluated), t)
 
     def membership(self, t: float, kind: str, k: int) -> None:
         """A churn event at virtual time ``t`` (see :mod:`repro.sim.churn`), carried out through
@@ -231,6 +230,7 @@ class Simulation:
         return {"clients": {str(k): c.state_dict() for k, c in self.clients.items()},
                 "scheduler": self.scheduler.state_dict(), "compute_s": self.compute_s,
                 "pending": list(self.pending) if self.pending is not None else None,
+                "pending_timing": self.scheduler.last_timing if self.pending is not None else None,
                 **({"churn": self.churn.state_dict(), "down": sorted(self.down)} if self.churn else {})}
 
 
