@@ -14,6 +14,7 @@ so we ask < 20%.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -437,17 +438,24 @@ def test_a_client_held_at_a_sync_barrier_past_its_timeout_stays_in_the_run(tmp_p
     try:
         wait_rows(proc, run_dir, 2)
         slow = client_pids(proc.pid)[0]
-        os.kill(slow, signal.SIGSTOP)
-        time.sleep(10)
-        os.kill(slow, signal.SIGCONT)
-        rows = sum(1 for _ in open(run_dir / "updates.csv"))
-        wait_rows(proc, run_dir, rows + 5)   # rounds close again: both clients are in them
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        # rounds close again: both clients are in them
+        suspend_then_stop(proc, run_dir, functools.partial(os.kill, slow), 10, more_rows=5)
     finally:
         assert_no_leftovers(proc)
     _, _, summary = table_frames(run_dir)
     assert summary["status"] == "interrupted" and summary["lost_clients"] == [], summary["events"]
+
+
+def suspend_then_stop(proc, run_dir, kill, seconds: float, more_rows: int, after_s: float = 0.0) -> None:
+    """SIGSTOP through ``kill`` for ``seconds``, SIGCONT, wait ``after_s``, then for ``more_rows``
+    rows more in updates.csv (the run trains on), then Ctrl-C the run."""
+    kill(signal.SIGSTOP)
+    time.sleep(seconds)
+    kill(signal.SIGCONT)
+    time.sleep(after_s)
+    wait_rows(proc, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + more_rows)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
 
 
 @pytest.mark.slow   # ~20 s: the whole run suspended for 2.5 x backend.client_timeout_s
@@ -461,13 +469,8 @@ def test_a_whole_run_suspended_past_the_client_timeout_keeps_its_clients(tmp_pat
     proc, run_dir = launch_real(tmp_path, cfg)
     try:
         wait_rows(proc, run_dir, 10)
-        os.killpg(proc.pid, signal.SIGSTOP)
-        time.sleep(5)
-        os.killpg(proc.pid, signal.SIGCONT)
-        time.sleep(3)   # past both timeouts again
-        wait_rows(proc, run_dir, sum(1 for _ in open(run_dir / "updates.csv")) + 20)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        # then 3 s more: past both timeouts again
+        suspend_then_stop(proc, run_dir, functools.partial(os.killpg, proc.pid), 5, more_rows=20, after_s=3)
     finally:
         assert_no_leftovers(proc)
     upd, _, summary = table_frames(run_dir)
