@@ -49,14 +49,18 @@ def test_a_ctrl_c_while_the_command_line_imports_exits_130_without_a_traceback()
 
 
 @pytest.mark.parametrize("launcher", ["basic", "parallel"])
-def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_path, launcher):
+def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_path, launcher, cli_here):
     """``-m nsync=1,0,2``: under the basic launcher the bad point's exit 2 ended the grid there,
     so nsync=2 never ran; under the parallel one (without +exp's Grid) it broke the worker pool,
     which killed the nsync=1 point mid-run and left its folder 'running'. Now every good point
     runs and the bad one is named."""
-    proc = subprocess.run([sys.executable, "-m", "repro.run", "-m", f"hydra/launcher={launcher}",
-                           f"results_dir={tmp_path}", "progress=false", "num_epochs=0.2", "nsync=1,0,2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    args = ["-m", f"hydra/launcher={launcher}", f"results_dir={tmp_path}", "progress=false", "num_epochs=0.2",
+            "nsync=1,0,2"]
+    # the basic launcher runs its points in the command's process, so in this one; the parallel
+    # one's worker pool (what the bad point broke) is a process of its own
+    proc = cli_here(*args) if launcher == "basic" else \
+        subprocess.run([sys.executable, "-m", "repro.run", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "error: grid point nsync=0,num_epochs=0.2 not run: invalid value for 'nsync': 0" in proc.stderr
