@@ -42,6 +42,22 @@ def _restore_torch_threads():
         torch.set_num_threads(THREADS)
 
 
+def pytest_xdist_auto_num_workers(config):
+    """How many workers pyproject's ``-n auto`` starts (pytest-xdist). The default suite runs on
+    every core, at most 8 (each worker imports torch, and many tests start processes of their
+    own). A run that names files or tests runs in this process instead, where it starts at once;
+    so does one that selects the slow tests (each loads every core itself, with deadlines to
+    meet) or the gpu tests (they share one card). ``-n N`` on the command line overrides this."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own reading of the variable
+    marks = config.option.markexpr
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS or any(
+            mark in marks and f"not {mark}" not in marks for mark in ("slow", "gpu")):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, 8) if cores > 1 else 0
+
+
 def pytest_report_header(config):
     return f"torch {torch.__version__}, {THREADS} thread(s) (REPRO_TEST_THREADS), " \
            f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
