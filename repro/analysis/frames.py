@@ -47,10 +47,10 @@ PREDICTED = {"seed": np.nan, "run_dir": None, "status": None, "diverged": False,
 def measured_rows(runs: pd.DataFrame, columns: list[str], quantities) -> pd.DataFrame:
     """A lab frame's measured part, one row per (run, quantity) of ``runs`` (one row per run, a
     column per quantity): of ``columns``, those the runs have beside ``quantity`` and ``value``;
-    ``source`` the run; ``kind`` measured and ``clock`` virtual unless the runs say (the
-    ceiling's runs in lockstep are kind ``lockstep``)."""
+    ``source`` the run; ``diverged`` from its status; ``kind`` measured and ``clock`` virtual
+    unless the runs say (the ceiling's runs in lockstep are kind ``lockstep``)."""
     runs = runs.assign(kind=runs["kind"] if "kind" in runs else "measured", source="simulator (this run)",
-                       clock=runs["clock"] if "clock" in runs else "virtual")
+                       clock=runs["clock"] if "clock" in runs else "virtual", diverged=is_diverged(runs["status"]))
     ident = [c for c in columns if c in runs and c not in ("quantity", "value")]
     return runs.melt(id_vars=ident, value_vars=list(quantities), var_name="quantity", value_name="value")
 

@@ -24,7 +24,7 @@ import pandas as pd
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.lab import message_bytes
-from repro.analysis.load import Runs, finite, is_diverged
+from repro.analysis.load import Runs, finite
 from repro.sim.ceiling import ceiling
 
 KEYS = ["cost.profile", "cost.bandwidth_Bps", "nsync", "num_clients"]
@@ -73,7 +73,6 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     if "cost.jitter" not in r:
         r["cost.jitter"] = "none"
     r["cost.bandwidth_Bps"] = r["cost.bandwidth_Bps"].astype(float)
-    r["diverged"] = is_diverged(r["status"])
     r["samples_per_s"] = r["run_dir"].map(steady_samples_per_s(runs.updates))
     same = ["cost.profile", "cost.bandwidth_Bps", "nsync", "cost.jitter", "seed"]
     one = r[r["num_clients"] == 1].set_index(same)["samples_per_s"]

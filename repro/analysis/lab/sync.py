@@ -31,7 +31,7 @@ import pandas as pd
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.lab import message_bytes
-from repro.analysis.load import Runs, finite, is_diverged
+from repro.analysis.load import Runs, finite
 from repro.sim.cost import CostModel, step_time
 from repro.analysis.tables import resolve_target, times_to_target
 from repro.analysis.configs import one_run_each
@@ -256,7 +256,6 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     r = runs.runs.copy()
     r["protocol"] = [protocol_label(row) for _, row in r.iterrows()]
     one_run_each(r, [*KEYS, "seed"], "cost profile, protocol, client count, nsync and seed")
-    r["diverged"] = is_diverged(r["status"])
     r["samples_per_s"] = r["final_samples_seen"] / r["final_time_s"]
     r["updates_per_s"] = r["final_version"] / r["final_time_s"]
     r["mean_round_s"] = np.where(r["protocol.name"] == "sync", r["final_time_s"] / r["final_version"], np.nan)

@@ -33,7 +33,7 @@ import pandas as pd
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.tables import times_to_target
-from repro.analysis.load import Runs, finite, is_diverged
+from repro.analysis.load import Runs, finite
 from repro.sim.cost import step_time
 
 TARGET_LOSS = 0.5   # training loss (cross-entropy, nats) whose first crossing times the methods
@@ -138,7 +138,6 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     for col, key in (("collection_size", "protocol.collection_size"),
                      ("staleness_threshold", "protocol.staleness_threshold")):
         r[col] = r[key] if key in r else np.nan
-    r["diverged"] = is_diverged(r["status"])
     last = runs.updates.sort_values("version").groupby("run_dir")["time_s"].last()
     steps = runs.updates.groupby("run_dir")["version"].max()
     r["step_time_s"] = r["run_dir"].map(last / steps)   # from time 0 to the last apply
