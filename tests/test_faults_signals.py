@@ -218,12 +218,7 @@ def test_5_a_stop_waits_for_no_client_that_does_not_answer(tmp_path, silent_afte
 SIM_SIGNALS = {"SIGTERM": [signal.SIGTERM], "SIGHUP": [signal.SIGHUP], "SIGINTx2": [signal.SIGINT, signal.SIGINT]}
 
 
-# slow (a run's process each, ~2 s): SIGHUP asks for the stop through the handler SIGTERM's does
-# (repro.runtime.SIGNALS), and SIGINTx2 is the "twice" case of
-# tests/test_faults_input.py::test_ctrl_c_exits_130_whenever_the_second_one_lands (the same command,
-# two SIGINTs 2 ms apart), both in the default suite
-@pytest.mark.parametrize("name", ["SIGTERM", pytest.param("SIGHUP", marks=pytest.mark.slow),
-                                  pytest.param("SIGINTx2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", SIM_SIGNALS)
 def test_5_signals_end_a_simulator_run_interrupted(tmp_path, name):
     """Fault: SIGTERM, SIGHUP, or SIGINT twice to ``python -m repro.run`` (simulator, hours of
     budget) while it trains. Guarantee 5: it ends within a minute, interrupted with a terminal

@@ -6,8 +6,8 @@ byte-identical tables to the same point run one after another in the launching p
 (``hydra/launcher=basic``): the same torch build, CPU kernel family and thread count (one torch
 thread per job, the default ``num_threads``), so the same numbers. Also here: the figure is drawn
 once after the grid, the warm-start baseline is trained once when jobs start together, progress
-names what is done and what runs, Ctrl-C stops every job with no process left behind, and (slow)
-a finished grid launched again skips every point.
+names what is done and what runs, Ctrl-C stops every job with no process left behind, and a
+finished grid launched again skips every point.
 """
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def sequential(tmp_path_factory) -> Path:
 
 def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential, tmp_path):
     """Two joblib workers start together: one trains the warm-start baseline, the other waits for
-    it; every table and the figure's numbers equal the sequential launch's, byte for byte."""
+    it; every table and the figure's numbers equal the sequential launch's, byte for byte. The
+    grid launched again skips every finished point and touches no table."""
     proc = launch(tmp_path, None, "hydra.launcher.n_jobs=2")   # the experiment's default launcher
     out = proc.stdout + proc.stderr
     assert "joblib (loky): launching 4 jobs in 2 worker process(es)" in out
@@ -107,13 +108,6 @@ def test_joblib_workers_write_the_same_runs_and_figure_as_sequential(sequential,
     assert (tmp_path / "figures" / "fig3.png").stat().st_size > 10_000
     assert (tmp_path / "figures" / "fig3.pdf").exists()
 
-
-# slow (a second launch's processes, ~5 s): a finished point is skipped by its job before torch
-# loads, whoever launches it, and the grid counts it skipped; the default suite checks that path in
-# tests/test_startup_imports.py::test_a_finished_grid_point_is_skipped_without_torch
-@pytest.mark.slow
-def test_a_finished_grid_launched_again_by_joblib_workers_skips_every_point(tmp_path):
-    launch(tmp_path, None, "hydra.launcher.n_jobs=2")
     runs = run_folders(tmp_path)
     before = {name: (r / "updates.csv").stat().st_mtime_ns for name, r in runs.items()}
     again = launch(tmp_path, None, "hydra.launcher.n_jobs=2")   # finished points are skipped
