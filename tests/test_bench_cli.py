@@ -219,6 +219,31 @@ def test_a_grid_keep_folder_that_cannot_be_made_or_a_failed_launch_is_one_line(t
             and err.endswith(f" exited {status}:\nerror: no\n"), err
 
 
+def test_a_grid_keep_folder_holding_the_users_files_is_refused_untouched(tmp_path, capsys, monkeypatch):
+    """--keep DIR deleted DIR/basic and DIR/parallel before each launch, whoever made them: a
+    user's folder was lost. Now a folder holding anything an earlier --keep did not write is
+    refused (2, one line naming --keep) before anything is written or deleted; a new folder, and
+    one an earlier --keep wrote, are still taken."""
+    from repro_bench import grid as bench_grid
+
+    launched = []
+    monkeypatch.setattr(bench_grid, "timed", lambda cmd, log: launched.append(cmd) or 1.0)
+    monkeypatch.setattr(bench_grid, "compare_trees", lambda a, b, exp: (0, [], []))
+    for held in ("basic/mine.txt", "parallel/mine.txt", "notes.txt"):
+        users = tmp_path / held.replace("/", "_") / "dir"
+        (users / held).parent.mkdir(parents=True)
+        (users / held).write_text("mine")
+        assert bench.main(["grid", "--keep", str(users)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m repro.bench grid: --keep {users}: ") and err.count("\n") == 1, err
+        assert (users / held).read_text() == "mine" and sorted(p.name for p in users.iterdir()) == [held.split("/")[0]]
+    assert not launched
+    kept = tmp_path / "kept"
+    for _ in range(2):   # a new folder, then the one it left
+        assert bench.main(["grid", "--keep", str(kept), "--jobs", "2"]) in (0, 1)
+    assert len(launched) == 4 and (kept / "basic").is_dir() and (kept / "parallel").is_dir()
+
+
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_stop_mid_benchmark_is_one_line_and_130_and_takes_its_folder_along(tmp_path, monkeypatch, capsys,
                                                                                ctrl_c_raises, sig):
