@@ -145,6 +145,23 @@ def test_a_client_count_the_real_driver_refuses_is_a_usage_error_before_anything
                    "expected an integer in 1..1024\n") and out == "", err
 
 
+def test_more_clients_than_the_machines_memory_holds_are_refused_before_any_real_run(monkeypatch, capsys):
+    """--clients 1024 was accepted on any machine: 1025 processes each importing torch, on a
+    machine whose memory holds a few dozen. Now: exit 2 naming --clients once the torch import
+    has been measured (its size is each process's least), before any run."""
+    from repro_bench import startup as bench_startup
+
+    monkeypatch.setattr(bench_startup, "median_s", lambda *a: 1.0)
+    monkeypatch.setattr(bench_startup, "run_overhead", lambda *a: pytest.fail("a run before the check"))
+    monkeypatch.setattr(bench_startup, "clients_that_fit", lambda: (10, "8 GiB of memory, 700 MiB a process"),
+                        raising=False)
+    assert bench.main(["startup", "--clients", "4", "11", "--skip-protocol"]) == 2
+    assert capsys.readouterr().err == ("python -m repro.bench startup: --clients 11: at most 10 client processes "
+                                       "beside the server on this machine (8 GiB of memory, 700 MiB a process)\n")
+    fit, why = bench_startup.clients_that_fit()   # the real one: this machine's, from its children's sizes
+    assert fit >= 0 and why.endswith(" a process") and "of memory" in why
+
+
 def test_a_client_count_given_twice_is_measured_once(monkeypatch, capsys):
     """--clients 4 4 ran the second real run into the first's folder, where python -m repro.run
     skipped it as done: its start-up alone was reported as the real run's time beyond training."""
