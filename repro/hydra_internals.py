@@ -174,7 +174,11 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
         args.cfg, list(dcfg)))
     parent, _, last = args.package.rpartition(".")
     node = OmegaConf.select(shown, parent, default=None) if parent else shown
-    value = OmegaConf.to_container(node).get(last, absent) if OmegaConf.is_dict(node) else absent
+    tree = OmegaConf.to_container(node) if OmegaConf.is_config(node) else {}
+    if isinstance(tree, list):   # a list's element by its index (hydra.overrides.task.0)
+        tree = dict(enumerate(tree))
+        last = int(last) if last.isdigit() else last
+    value = tree.get(last, absent)
     if value is absent or value is None:
         refuse(f"-p/--package {args.package}: " + (f"null in the config --cfg {args.cfg} shows (Hydra cannot show a "
                f"null alone; -p {parent} shows it)" if value is None else f"not a node of the config --cfg "

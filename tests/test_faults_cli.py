@@ -203,7 +203,8 @@ def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path, cli_h
 
 @pytest.mark.parametrize("words,shown", [(["--cfg", "job", "-p", "algo"], "# @package algo\nlr: 0.05\n"),
                                          (["--cfg", "all", "--package=hydra.run"], "# @package hydra.run\ndir: "),
-                                         (["-c", "job", "-p", "_global_", "seed=3"], "exp_name: default\nseed: 3\n")])
+                                         (["-c", "job", "-p", "_global_", "seed=3"], "exp_name: default\nseed: 3\n"),
+                                         (["--cfg", "hydra", "-p", "hydra.overrides.task.0", "seed=3"], "seed=3\n")])
 def test_a_package_of_the_config_shown_is_shown(cli_here, words, shown):
     proc = cli_here(*words)
     assert proc.returncode == 0 and proc.stdout.startswith(shown), proc.stdout[:200] + proc.stderr[-2000:]
