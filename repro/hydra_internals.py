@@ -17,7 +17,8 @@ the package imports them):
   the whole grid;
 * a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
   answered in one line (:func:`check_flags`, Hydra's own argument parser): not its usage text;
-  so is ``--cfg hydra --resolve``, which Hydra cannot resolve here: not its traceback;
+  so is ``--cfg hydra --resolve``, which Hydra cannot resolve here: not its traceback; and a
+  ``--package`` the config shown has not (:func:`check_package`): not Hydra's exit 1;
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
   its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
   compose it again. Hydra 1.3 has no public equivalent of what its main does after composing.
@@ -157,6 +158,32 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
     if args.cfg == "hydra" and args.resolve:   # Hydra resolves its node cut from the config it names
         refuse("--cfg hydra --resolve: Hydra's node names its folders from keys outside it (results_dir, "
                "exp_name); --cfg all --resolve --package hydra shows it resolved")
+
+
+def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> Any:
+    """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``, composed
+    with its Hydra node), and not null: Hydra's 'package ... not found in config' ended it, exit 1.
+    Read without resolving (Hydra's own node needs a job for that). Returns ``dcfg``."""
+    from hydra._internal.utils import get_args_parser
+    from omegaconf import OmegaConf
+
+    args, absent = get_args_parser().parse_args([word for word in argv if word != "--version"]), object()
+    if not args.cfg or args.package in (None, "_global_"):
+        return dcfg
+    shown = OmegaConf.masked_copy(dcfg, {"job": [k for k in dcfg if k != "hydra"], "hydra": ["hydra"]}.get(
+        args.cfg, list(dcfg)))
+    parent, _, last = args.package.rpartition(".")
+    node = OmegaConf.select(shown, parent, default=None) if parent else shown
+    tree = OmegaConf.to_container(node) if OmegaConf.is_config(node) else {}
+    if isinstance(tree, list):   # a list's element by its index (hydra.overrides.task.0)
+        tree = dict(enumerate(tree))
+        last = int(last) if last.isdigit() else last
+    value = tree.get(last, absent)
+    if value is absent or value is None:
+        refuse(f"-p/--package {args.package}: " + (f"null in the config --cfg {args.cfg} shows (Hydra cannot show a "
+               f"null alone; -p {parent} shows it)" if value is None else f"not a node of the config --cfg "
+               f"{args.cfg} shows (--cfg {args.cfg} without --package shows all of it)"))
+    return dcfg
 
 
 def job_return(exited: SystemExit | None = None) -> Any:

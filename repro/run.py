@@ -28,8 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from repro.config import loader
 from repro.config.checks import validate
 from repro.config.renames import modern_override
-from repro.config.loader import (CONF_DIR, check_folder_makeable, check_overrides, compose, composition_line,
-                               exit_bad_input, owning_option, parse, parsed_overrides)
+from repro.config.loader import (CONF_DIR, check_folder_makeable, check_overrides, check_package, compose,
+                               composition_line, exit_bad_input, owning_option, parse, parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, is_read_only
@@ -276,8 +276,8 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
     except ConfigError as err:
         exit_bad_input(err)
-    if loader.SHOWS & set(argv):   # Hydra prints the config or its help and runs nothing
-        return dcfg, cfg
+    if loader.SHOWS & set(argv):   # Hydra prints the config (the node --package names: there) or its help
+        return check_package(argv, dcfg, exit_bad_input), cfg
     check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
     try:
         from repro.workload.build import check_components   # the model and batch vs the data (torch)

@@ -19,6 +19,9 @@ from repro_bench import positive
 
 TARGET = 1.7
 LAUNCHERS = (("basic", "basic (one after another)"), ("parallel", "parallel (joblib)"))
+# what a --keep folder holds: this mark (the benchmark made the folder), the launches' trees
+# (each launch starts by deleting its own) and the generated data
+KEPT = (".repro-bench-grid", "basic", "parallel", "_data")
 
 DESCRIPTION = f"""\
 Grid launchers: wall time of one figure's grid run one point after another
@@ -50,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="launches of each kind, interleaved; the fastest of each counts, so a "
                              "burst of other load on a shared machine counts less (default: %(default)s)")
     parser.add_argument("--keep", metavar="DIR", default=None,
-                        help="write both results trees under DIR and keep them (default: a "
-                             "temporary folder, removed afterwards)")
+                        help="write both results trees under DIR and keep them: a new or empty "
+                             "folder, or one an earlier --keep wrote (its trees are replaced); "
+                             "default: a temporary folder, removed afterwards")
     return parser
 
 
@@ -124,10 +128,16 @@ def run(args: argparse.Namespace) -> int:
     base = keep or Path(tempfile.mkdtemp(prefix="repro-bench-grid-"))
     try:
         base.mkdir(parents=True, exist_ok=True)
+        held = {p.name for p in base.iterdir()}
     except OSError as exc:   # a file, or a place no folder can be made: a usage error, not a traceback
         print(f"python -m repro.bench grid: --keep {args.keep}: cannot make the folder ({exc.strerror})",
               file=sys.stderr)
         return 2
+    if held and not (KEPT[0] in held and held <= set(KEPT)):   # a launch deletes its tree: never a user's
+        print(f"python -m repro.bench grid: --keep {args.keep}: holds files an earlier --keep did not "
+              f"write; name a new or empty folder", file=sys.stderr)
+        return 2
+    (base / KEPT[0]).touch()
     try:
         load = " ".join(f"{v:.2f}" for v in os.getloadavg())
         epochs = f" num_epochs={args.epochs:g}" if args.epochs else ""

@@ -43,7 +43,9 @@ The real runs are also taken apart: where each process's time goes before
 the first fetch and after the last push. Then the protocol's efficiency:
 push+fetch round trips / raw gloo send+recv at 0.1M, 1M and 10M parameters,
 target >= {PROTOCOL_TARGET}. Exit status 0 when every ratio meets its target, 1 otherwise,
-2 when the real driver refuses a --clients."""
+2 when the real driver refuses a --clients, or when more client processes than
+the machine's memory holds (each the size of the torch import, at least) are
+asked for."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -65,6 +67,17 @@ def _timed(args: list[str], env: dict | None = None) -> tuple[float, subprocess.
 
 def median_s(args: list[str], repeats: int) -> float:
     return statistics.median(_timed(args)[0] for _ in range(repeats))
+
+
+def clients_that_fit() -> tuple[int, str]:
+    """How many client processes beside the server this machine's memory holds at once (what
+    build_model bounds a model by), each at least the largest torch-importing child measured so
+    far (its peak resident set); and why, in words. More would swap, not measure start-up."""
+    import resource
+
+    each = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, 1)   # Linux: KiB
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return memory // each - 1, f"{memory / 2**30:.0f} GiB of memory, {each / 2**20:.0f} MiB a process"
 
 
 def run_overhead(overrides: list[str], folder: Path, trace: Path | None = None) -> dict:
@@ -136,6 +149,11 @@ def run(args: argparse.Namespace) -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     torch_s = median_s(["-c", "import torch"], args.repeats)
     print(f"python -c 'import torch': {torch_s:.2f} s (median of {args.repeats})\n")
+    fit, why = clients_that_fit()
+    if (most := max(args.clients)) > fit:
+        print(f"python -m repro.bench startup: --clients {most}: at most {fit} client processes beside the "
+              f"server on this machine ({why})", file=sys.stderr)
+        return 2
     rows = [(name, median_s(["-m", "repro.run", word], args.repeats), CLI_TARGET)
             for name, word in (("--help", "--help"), ("a typo (num_clientz=3)", "num_clientz=3"))]
     with tempfile.TemporaryDirectory(prefix="repro-bench-startup-") as tmp:

@@ -145,6 +145,23 @@ def test_a_client_count_the_real_driver_refuses_is_a_usage_error_before_anything
                    "expected an integer in 1..1024\n") and out == "", err
 
 
+def test_more_clients_than_the_machines_memory_holds_are_refused_before_any_real_run(monkeypatch, capsys):
+    """--clients 1024 was accepted on any machine: 1025 processes each importing torch, on a
+    machine whose memory holds a few dozen. Now: exit 2 naming --clients once the torch import
+    has been measured (its size is each process's least), before any run."""
+    from repro_bench import startup as bench_startup
+
+    monkeypatch.setattr(bench_startup, "median_s", lambda *a: 1.0)
+    monkeypatch.setattr(bench_startup, "run_overhead", lambda *a: pytest.fail("a run before the check"))
+    monkeypatch.setattr(bench_startup, "clients_that_fit", lambda: (10, "8 GiB of memory, 700 MiB a process"),
+                        raising=False)
+    assert bench.main(["startup", "--clients", "4", "11", "--skip-protocol"]) == 2
+    assert capsys.readouterr().err == ("python -m repro.bench startup: --clients 11: at most 10 client processes "
+                                       "beside the server on this machine (8 GiB of memory, 700 MiB a process)\n")
+    fit, why = bench_startup.clients_that_fit()   # the real one: this machine's, from its children's sizes
+    assert fit >= 0 and why.endswith(" a process") and "of memory" in why
+
+
 def test_a_client_count_given_twice_is_measured_once(monkeypatch, capsys):
     """--clients 4 4 ran the second real run into the first's folder, where python -m repro.run
     skipped it as done: its start-up alone was reported as the real run's time beyond training."""
@@ -217,6 +234,31 @@ def test_a_grid_keep_folder_that_cannot_be_made_or_a_failed_launch_is_one_line(t
         err = capsys.readouterr().err
         assert err.startswith(f"python -m repro.bench grid: {stand_in} -m repro.run +exp=fig4 results_dir=") \
             and err.endswith(f" exited {status}:\nerror: no\n"), err
+
+
+def test_a_grid_keep_folder_holding_the_users_files_is_refused_untouched(tmp_path, capsys, monkeypatch):
+    """--keep DIR deleted DIR/basic and DIR/parallel before each launch, whoever made them: a
+    user's folder was lost. Now a folder holding anything an earlier --keep did not write is
+    refused (2, one line naming --keep) before anything is written or deleted; a new folder, and
+    one an earlier --keep wrote, are still taken."""
+    from repro_bench import grid as bench_grid
+
+    launched = []
+    monkeypatch.setattr(bench_grid, "timed", lambda cmd, log: launched.append(cmd) or 1.0)
+    monkeypatch.setattr(bench_grid, "compare_trees", lambda a, b, exp: (0, [], []))
+    for held in ("basic/mine.txt", "parallel/mine.txt", "notes.txt"):
+        users = tmp_path / held.replace("/", "_") / "dir"
+        (users / held).parent.mkdir(parents=True)
+        (users / held).write_text("mine")
+        assert bench.main(["grid", "--keep", str(users)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m repro.bench grid: --keep {users}: ") and err.count("\n") == 1, err
+        assert (users / held).read_text() == "mine" and sorted(p.name for p in users.iterdir()) == [held.split("/")[0]]
+    assert not launched
+    kept = tmp_path / "kept"
+    for _ in range(2):   # a new folder, then the one it left
+        assert bench.main(["grid", "--keep", str(kept), "--jobs", "2"]) in (0, 1)
+    assert len(launched) == 4 and (kept / "basic").is_dir() and (kept / "parallel").is_dir()
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])

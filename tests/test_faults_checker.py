@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from repro.config.settings import ProtocolConfig
 from repro.sim.driver import simulate
 from tests.helpers.invariants import check_run_folder
-from tests.helpers.runs import SIM
+from tests.helpers.runs import SIM, sim_cfg
 from tests.helpers.tables import drop_line, duplicate_line, edit_cell, edit_json
 
 
@@ -34,6 +35,7 @@ CHECKER_CATCHES = {
     "last line cut": lambda d: (d / "evals.csv").write_bytes((d / "evals.csv").read_bytes()[:-1]),
     "evaluation versions not increasing": duplicate_line("evals.csv", 3),
     "client id beyond num_clients": edit_json("config.json", num_clients=2),
+    "client 0 under a protocol that does not merge": edit_cell("updates.csv", 11, 3, "0"),
     "num_steps not nsync": edit_json("config.json", nsync=3),
     "a temp file left": lambda d: (d / "checkpoint.pt.tmp").write_bytes(b"PK"),
 }
@@ -57,4 +59,17 @@ def test_0_the_invariant_checker_rejects_damage(tmp_path, finished, name):
         check_run_folder(run_dir, "interrupted")
     CHECKER_CATCHES[name](run_dir)
     with pytest.raises(AssertionError):
+        check_run_folder(run_dir)
+
+
+@pytest.mark.parametrize("protocol", ["sync", "rennala"])
+def test_0_a_merging_protocols_run_passes_the_checker(tmp_path, protocol):
+    """sync and rennala log each merged apply as client 0 (repro.files.schema.UPDATE_COLUMNS):
+    their finished runs pass the checker, which rejected client 0 before; a client's own id
+    there is damage."""
+    run_dir = tmp_path / "run"
+    assert simulate(sim_cfg(protocol=ProtocolConfig(name=protocol)), run_dir)["status"] == "completed"
+    check_run_folder(run_dir, "completed")
+    edit_cell("updates.csv", 5, 3, "1")(run_dir)
+    with pytest.raises(AssertionError, match="client 0"):
         check_run_folder(run_dir)

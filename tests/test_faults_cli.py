@@ -201,6 +201,15 @@ def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path, cli_h
     assert cli_here(f"results_dir={tmp_path}", "exp_name='é'", "--cfg", "job").returncode == 0
 
 
+@pytest.mark.parametrize("words,shown", [(["--cfg", "job", "-p", "algo"], "# @package algo\nlr: 0.05\n"),
+                                         (["--cfg", "all", "--package=hydra.run"], "# @package hydra.run\ndir: "),
+                                         (["-c", "job", "-p", "_global_", "seed=3"], "exp_name: default\nseed: 3\n"),
+                                         (["--cfg", "hydra", "-p", "hydra.overrides.task.0", "seed=3"], "seed=3\n")])
+def test_a_package_of_the_config_shown_is_shown(cli_here, words, shown):
+    proc = cli_here(*words)
+    assert proc.returncode == 0 and proc.stdout.startswith(shown), proc.stdout[:200] + proc.stderr[-2000:]
+
+
 def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path, cli_here):
     """``-m exp_name=${oops} nsync=1,2`` (the grid's folder is results_dir/exp_name) and
     ``hydra.run.dir=${oops}`` ended in OmegaConf's raw traceback, exit 1."""
@@ -305,6 +314,11 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     # Hydra resolves its node alone, whose folders name results_dir and exp_name: its 75-line traceback, exit 1
     (["-c", "hydra", "--resolve"], "error: --cfg hydra --resolve: Hydra's node names its folders from keys outside "
                                    "it (results_dir, exp_name); --cfg all --resolve --package hydra shows it resolved"),
+    # Hydra's 'package ... not found in config', exit 1: a node that is not there, or not in what --cfg shows
+    (["--cfg", "job", "-p", "nope"], "error: -p/--package nope: not a node of the config --cfg job shows"),
+    (["--cfg", "hydra", "--package", "algo"], "error: -p/--package algo: not a node of the config --cfg hydra"),
+    (["--cfg", "job", "--package=hydra.run"], "error: -p/--package hydra.run: not a node of the config --cfg job"),
+    (["--cfg", "job", "-p", "protocol.collection_size"], "error: -p/--package protocol.collection_size: null in "),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
     (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),

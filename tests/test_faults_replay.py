@@ -189,6 +189,7 @@ def test_cli_replay_of_a_run_simulate_made_on_the_callers_own_problem_says_why_i
     # named the folder and changed nothing: a global group the replay overrules, a cost model's key
     ("+partition=by_class", "'+partition': 'by_class'; expected the recording's data.partition 'iid'"),
     ("+mitigation=dcasgd", "'+mitigation': 'dcasgd'; expected the recording's algo."),
+    ("+exp=smoke", "'+exp': 'smoke'; expected the recording's nsync 1"),   # smoke's nsync=2, unchecked
     ("cost.compute_s=0.5", "'cost.compute_s': 0.5; expected left out: a replay has no cost model"),
     ("cost.latency_s=0.001", "'cost.latency_s': 0.001; expected left out"),
 ])
@@ -246,6 +247,26 @@ def test_cli_a_replay_takes_a_global_group_that_sets_the_recordings_values(tmp_p
     assert proc.returncode == 2 and "'+partition': 'dirichlet_1'; expected the recording's data.partition " \
         "'by_class', data.alpha 0.5" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "other").exists()
+
+
+def test_cli_a_replay_takes_an_experiment_that_sets_the_recordings_values(tmp_path, monkeypatch, capsys):
+    """``+exp=NAME`` beside cost=replay was never checked against the recording (a global group's
+    keys are, since +partition's): each key the experiment sets must be the recording's. +exp=smoke
+    (2 clients, nsync 2, 2 epochs) replays a recording of those; of nsync 1 it is refused above."""
+    assert simulate(CFG.replace(nsync=2), tmp_path / "rec")["status"] == "completed"
+    proc = cli_run(monkeypatch, capsys, "cost=replay", f"cost.path='{tmp_path / 'rec'}'", "progress=false",
+                   "+exp=smoke", f"hydra.run.dir='{tmp_path / 'replay'}'")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "replay" / "updates.csv").read_bytes() == (tmp_path / "rec" / "updates.csv").read_bytes()
+
+
+def test_an_experiments_keys_include_those_of_the_global_groups_it_builds_on():
+    """+exp=ceiling builds on /problem: quadratic (data, model, algo): its keys were 'problem',
+    which names no key, so a replay compared none of the problem's."""
+    from repro.sim.replay import option_keys
+
+    assert {"data", "model", "algo", "algo.batch_size", "algo.lr"} <= set(option_keys("exp", "ceiling"))
+    assert option_keys("exp", "smoke") == ["exp_name", "num_clients", "nsync", "num_epochs", "eval_every"]
 
 
 def test_cli_a_grid_of_replays_refuses_each_point_the_recording_overrules(recording, tmp_path, monkeypatch, capsys):

@@ -57,7 +57,8 @@ def check_ringmaster(upd: pd.DataFrame, summary: dict, threshold: int) -> None:
 
 def check_rennala(upd: pd.DataFrame, summary: dict, size: int, samples_per_push: int) -> None:
     """One row per step (client 0, staleness 0) merging exactly S pushes from that step's
-    version; the collection listed per step. (Not check_run_folder: its client ids are 1..N.)"""
+    version; the collection listed per step (beside check_run_folder, which takes client 0 as
+    a merging protocol's)."""
     assert summary["status"] == "completed", summary["message"]
     assert upd.version.tolist() == list(range(1, len(upd) + 1)) and summary["version"] == len(upd)
     assert (upd.samples_seen == upd.num_samples.cumsum()).all()
@@ -165,6 +166,7 @@ def test_sim_resumes_bitwise_from_a_pending_push_that_is_discarded(tmp_path, mon
 
 def test_sim_rennala_steps_merge_s_fresh_pushes_the_fast_clients_more(tmp_path):
     summary = simulate(sim_cfg(protocol=RENNALA), tmp_path)
+    check_run_folder(tmp_path, "completed")
     upd, _, _ = table_frames(tmp_path)
     check_rennala(upd, summary, 4, 2 * 32)
     made = pd.Series([k for _, k in summary["collected_pushes"]]).value_counts()
@@ -319,6 +321,7 @@ def test_real_rennala_steps(tmp_path, no_children):
     may make two of them), whoever finishes first."""
     cfg = real_cfg(protocol=ProtocolConfig(name="rennala", collection_size=3))
     summary = run_real(cfg, tmp_path)
+    check_run_folder(tmp_path, "completed")
     upd, _, _ = table_frames(tmp_path)
     check_rennala(upd, summary, 3, 4 * 32)
     assert len(upd) >= 8

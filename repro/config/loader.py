@@ -30,7 +30,7 @@ from repro.config.renames import modern_override
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files import schema
 from repro.files.storage import is_read_only, unmakeable
-from repro.hydra_internals import check_flags, named_options, plain_number   # Hydra's own readings (no import cost)
+from repro.hydra_internals import check_flags, check_package, named_options, plain_number   # Hydra's own readings
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
 

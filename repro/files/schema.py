@@ -44,7 +44,8 @@ UPDATE_COLUMNS = (
     "version",        # server version after this push was applied (1, 2, 3, ...)
     "time_s",         # when the server applied it (seconds since the run started)
     "clock",          # "virtual" (sim) or "wall" (real)
-    "client",         # client id, 1..num_clients (the client's rank in the real driver)
+    "client",         # client id, 1..num_clients (the client's rank in the real driver); 0 in
+                      # every row of a protocol that merges pushes (sync's round, rennala's step)
     "read_version",   # server version the client last fetched before computing this push
     "staleness",      # version before apply - read_version: updates the client did not see
     "num_steps",      # local minibatch steps in this push (always nsync; a replay copies the record)

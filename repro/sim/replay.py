@@ -67,8 +67,9 @@ def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
     """A setting the command line typed (``typed``: its overrides, as Hydra records them) that a
     replay takes from its recording (``replayed``: :func:`replay_config` of ``cfg``) must have the
     recording's value: another ran the recording's all the same, in a folder the typed value named.
-    So must each key a typed ``+partition``, ``+mitigation`` or ``+problem`` sets; a ``cost.*`` key
-    the replay does not read (a cost model's: its order and times are the recording's) is refused.
+    So must each key a typed ``+exp``, ``+partition``, ``+mitigation`` or ``+problem`` sets; a
+    ``cost.*`` key the replay does not read (a cost model's: its order and times are the
+    recording's) is refused.
     ConfigError naming the key (or group), the typed value and the recording's; not a replay: nothing."""
     if cfg.cost.schedule != "replay":
         return
@@ -84,7 +85,7 @@ def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
             raise ConfigError(key, get(mine, key, text), "left out: a replay has no cost model (the order and times "
                               "of its pushes are its recording's, cost.path), so the key would change nothing "
                               "but the folder's name")
-        named = option_keys(key, text) if key in OPTIONAL_GROUPS and key != "exp" else [key]
+        named = option_keys(key, text) if key in OPTIONAL_GROUPS else [key]
         differ = [k for k in all_keys() if any(k == n or k.startswith(n + ".") for n in named)
                   and get(mine, k) != get(theirs, k)]
         if differ:
@@ -95,15 +96,17 @@ def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
 
 def option_keys(group: str, option: str) -> list[str]:
     """The keys ``+group=option`` sets: those its YAML gives, the whole of each group it overrides
-    (``override /algo: downpour``: algo), and those of its group's options it builds on."""
+    (``override /algo: downpour``: algo), and those of the options it builds on (its group's, or
+    another global group's: an experiment's ``/problem: quadratic``)."""
     from omegaconf import OmegaConf
 
-    from repro.config.loader import CONF_DIR
+    from repro.config.loader import CONF_DIR, OPTIONAL_GROUPS
 
     tree, keys, absent = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")), [], object()
     for entry in tree.pop("defaults", []):
-        keys += [name.rpartition("/")[2] for name in entry] if isinstance(entry, dict) else \
-            option_keys(group, entry) if entry != "_self_" else []
+        for name, chosen in entry.items() if isinstance(entry, dict) else [(group, entry)]:
+            name = name.rpartition("/")[2]
+            keys += [] if chosen == "_self_" else option_keys(name, chosen) if name in OPTIONAL_GROUPS else [name]
     return keys + [k for k in all_keys() if get(tree, k, absent) is not absent]
 
 

@@ -39,8 +39,9 @@ ended in, whatever ended it:
   ``samples_seen`` is the running sum of ``num_samples`` and the summary's ``samples_seen`` is the
   last row's; ``staleness == version - 1 - read_version``;
 * ``evals.csv`` versions are unique and increasing;
-* ``config.json`` exists and describes the rows: ``num_clients`` >= every client id, and for a
-  simulator run ``nsync == num_steps`` in every row;
+* ``config.json`` exists and describes the rows: every client id is in 1..``num_clients`` (or
+  a joiner's), or 0 in every row under a protocol that merges pushes (:data:`MERGING`), and for
+  a simulator run ``nsync == num_steps`` in every row;
 * no ``*.tmp`` file is left anywhere in the folder.
 """
 from __future__ import annotations
@@ -53,6 +54,8 @@ from repro.files import schema
 
 NEWLINE = b"\n"
 TERMINAL = tuple(s for s in schema.STATUSES if s != "running")
+# the protocols whose every apply merges pushes, logged as client 0 (repro.asgd.protocols.mean_push)
+MERGING = ("sync", "rennala")
 
 
 def read_rows(path: Path, columns: tuple[str, ...]) -> list[dict]:
@@ -136,8 +139,12 @@ def check_run_folder(run_dir: str | Path, expect_status: str | None = None) -> d
     config = json.loads(cpath.read_text())
     clients = {_whole(r["client"], "client") for r in updates}
     joined = {int(e["client"]) for e in summary.get("events", []) if e.get("type") == "client_joined"}
-    assert all(1 <= k <= config["num_clients"] or k in joined for k in clients), \
-        f"client ids {sorted(clients)} outside 1..num_clients={config['num_clients']} and no joiner's"
+    if config.get("protocol", {}).get("name") in MERGING:
+        assert clients <= {0}, f"client ids {sorted(clients)} under {config['protocol']['name']}, " \
+                               "whose merged applies are client 0"
+    else:
+        assert all(1 <= k <= config["num_clients"] or k in joined for k in clients), \
+            f"client ids {sorted(clients)} outside 1..num_clients={config['num_clients']} and no joiner's"
     if config.get("backend", {}).get("name", "sim") == "sim":
         bad = [i + 2 for i, r in enumerate(updates) if r["num_steps"] != config["nsync"]]
         assert not bad, f"updates.csv num_steps != nsync={config['nsync']} on lines {bad[:5]}"
