@@ -631,3 +631,22 @@ def test_all_with_exp_is_refused_not_every_figure_drawn_from_that_folder(results
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: invalid value for '--exp': 'fig1'"), err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("file", [schema.EVALS_FILE, schema.UPDATES_FILE])
+def test_a_table_cut_inside_its_last_row_is_corrupt_not_a_smaller_number(tmp_path, file):
+    """A write cut inside the last row's last cell ('0.377' -> '0.3') leaves every row its full
+    width and a number: the run was drawn with that wrong number. The writer ends every row
+    with a newline, and a resume refuses a row without one (schema.parse_row): so does the loader."""
+    exp = tmp_path / "exp"
+    path = _copy_of_a_good_run(exp, "cut") / file
+    text = path.read_text()
+    assert text.endswith("\n") and not text.endswith(",\n")   # the last cell has digits to lose
+    path.write_text(text[:-2])
+    _copy_of_a_good_run(exp, "good")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    assert runs.runs["job"].tolist() == ["good"]
+    said = [str(w.message) for w in caught]
+    assert any(f"skipping corrupt run {exp / 'cut'}: {file}" in m and "cut" in m for m in said), said

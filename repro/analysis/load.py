@@ -113,11 +113,15 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     numeric.
 
     Empty cells and ``nan``/``inf`` are accepted (a diverging run writes them); anything else that
-    is not a number, a ragged row (a truncated write) or a missing column raises :class:`BadRun`.
+    is not a number, a ragged row or a last row without its newline (a truncated write) or a
+    missing column raises :class:`BadRun`.
     """
     if not path.exists():
         raise BadRun("corrupt", f"{path.name} is missing")
-    rows = _read(path, lambda p: list(csv.reader(io.StringIO(read_regular(p, newline=""), newline=""))))
+    text = _read(path, lambda p: read_regular(p, newline=""))
+    if text and not text.endswith("\n"):   # a cut inside the last cell leaves a number, a smaller one
+        raise BadRun("corrupt", f"{path.name} ends inside a row: its last line was cut (truncated write?)")
+    rows = _read(path, lambda p: list(csv.reader(io.StringIO(text, newline=""))))
     if not rows:
         raise BadRun("corrupt", f"{path.name} is empty (no header)")
     header, body = rows[0], [r for r in rows[1:] if r]  # csv gives [] for a blank line
