@@ -650,3 +650,20 @@ def test_a_table_cut_inside_its_last_row_is_corrupt_not_a_smaller_number(tmp_pat
     assert runs.runs["job"].tolist() == ["good"]
     said = [str(w.message) for w in caught]
     assert any(f"skipping corrupt run {exp / 'cut'}: {file}" in m and "cut" in m for m in said), said
+
+
+@pytest.mark.timeout(60)
+def test_a_linked_run_folder_is_read_and_a_link_back_up_the_tree_read_once(tmp_path):
+    """A tree assembled from links to runs kept elsewhere (ln -s ../elsewhere/seed=1 exp/) drew
+    without the linked runs, and said nothing: the search did not follow folder links. A link to
+    a folder above it (a loop) is walked once."""
+    exp = tmp_path / "res" / "exp"
+    _copy_of_a_good_run(exp, "here")
+    elsewhere = _copy_of_a_good_run(tmp_path / "elsewhere" / "exp", "there")
+    (exp / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (exp / "here" / "loop").symlink_to(exp, target_is_directory=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path / "res", "exp")
+    assert sorted(runs.runs["job"]) == ["here", "linked"], [str(w.message) for w in caught]
+    assert runs.skipped.empty
