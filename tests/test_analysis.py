@@ -667,3 +667,21 @@ def test_a_linked_run_folder_is_read_and_a_link_back_up_the_tree_read_once(tmp_p
         runs = load_runs(tmp_path / "res", "exp")
     assert sorted(runs.runs["job"]) == ["here", "linked"], [str(w.message) for w in caught]
     assert runs.skipped.empty
+
+
+@pytest.mark.parametrize("argv", [["fig1", "--out", "RUN"], ["fig1", "--out", "RUN/sub"],
+                                  ["compare", "RESULTS", "RESULTS", "--csv", "RUN/cmp.csv"]])
+def test_an_output_inside_a_run_folder_is_refused_and_the_run_left_as_it_was(tmp_path, capsys, argv):
+    """--out results/fig1/<run> (or compare's --csv there) wrote the figure's files into the run
+    folder: the analysis reads run folders and must never change one."""
+    results = tmp_path / "res"
+    run = fake_runs.write_experiment(results, "fig1", [1], [1], [0, 1], "cold")[0]
+    before = sorted(p.name for p in run.rglob("*"))
+    argv = [a.replace("RESULTS", str(results)).replace("RUN", str(run)) for a in argv]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*argv, "--results", str(results)] if argv[0] != "compare" else argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    key = "--csv" if "--csv" in argv else "--out"
+    assert len(err) == 1 and err[0].startswith(f"error: invalid value for '{key}'") and str(run) in err[0], err
+    assert sorted(p.name for p in run.rglob("*")) == before
