@@ -685,3 +685,15 @@ def test_an_output_inside_a_run_folder_is_refused_and_the_run_left_as_it_was(tmp
     key = "--csv" if "--csv" in argv else "--out"
     assert len(err) == 1 and err[0].startswith(f"error: invalid value for '{key}'") and str(run) in err[0], err
     assert sorted(p.name for p in run.rglob("*")) == before
+
+
+def test_a_run_folder_named_in_bytes_that_are_not_utf8_is_drawn_and_its_csv_stays_utf8(tmp_path, capsys):
+    """A run folder whose name is not UTF-8 (copied from another file system) was a traceback
+    (UnicodeEncodeError) half way through writing the figure's CSV; its name is written escaped."""
+    results = tmp_path / "res"
+    kept, run = fake_runs.write_experiment(results, "fig1", [1], [1], [0, 1], "cold")
+    odd = run.with_name(os.fsdecode(b"seed\xff1"))
+    run.rename(odd)
+    assert main(["fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 0
+    frame = pd.read_csv(tmp_path / "out" / "fig1.csv", encoding="utf-8")
+    assert sorted(frame["run_dir"].unique()) == sorted([str(kept), str(odd).encode("utf-8", "backslashreplace").decode()])
