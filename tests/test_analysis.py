@@ -28,6 +28,7 @@ from repro.analysis.load import NoRunsError  # noqa: E402
 from repro.analysis.tables import resolve_target, run_speedups, summarise_speedups  # noqa: E402
 from repro.files import schema  # noqa: E402
 from tests.helpers import fake_runs  # noqa: E402
+from tests.helpers.paths import ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -697,3 +698,18 @@ def test_a_run_folder_named_in_bytes_that_are_not_utf8_is_drawn_and_its_csv_stay
     assert main(["fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 0
     frame = pd.read_csv(tmp_path / "out" / "fig1.csv", encoding="utf-8")
     assert sorted(frame["run_dir"].unique()) == sorted([str(kept), str(odd).encode("utf-8", "backslashreplace").decode()])
+
+
+@pytest.mark.parametrize("argv, written", [(["fig4", "--results", "RES", "--out", "OUT"], ["fig4.png", "fig4.csv", "fig4_speedup.csv"]),
+                                           (["compare", "RES", "RES", "--csv", "OUT/cmp.csv"], ["cmp.csv"])])
+def test_a_reader_that_leaves_early_ends_no_output_file_nor_a_traceback(results, tmp_path, argv, written):
+    """| head: the first line written after the reader left raised BrokenPipeError, a traceback,
+    and the files still to come (fig4's speedup table, compare's --csv) were never written."""
+    argv = [a.replace("RES", str(results)).replace("OUT", str(tmp_path / "out")) for a in argv]
+    proc = subprocess.Popen([sys.executable, "-m", "repro.analysis", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc.stdout.close()   # as head does once it has its lines
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "Exception ignored" not in err, err
+    assert all((tmp_path / "out" / name).is_file() for name in written), sorted(os.listdir(tmp_path / "out"))
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 import warnings
@@ -102,6 +103,31 @@ def outside_runs(key: str, path: str, *trees: str) -> None:
                                          "a run's: the analysis never writes into one)")
 
 
+class _Lines:
+    """stdout for the report's lines. Once its reader has gone (``| head``) they go to /dev/null
+    and the work goes on: the files are what the analysis makes, and a BrokenPipeError stopped it
+    before the rest were written."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def write(self, text: str):
+        return self._quiet(self.stream.write, text)
+
+    def flush(self):
+        return self._quiet(self.stream.flush)
+
+    def _quiet(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:   # the lines still buffered, and the interpreter's last flush, go nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+            return call(*args)
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     print(f"warning: {message}", file=sys.stderr if file is None else file)
 
@@ -113,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib   # after parsing: --help and a typo answer without it
 
     matplotlib.use("Agg")  # files only, never a window: works with or without a display
+    stdout, sys.stdout = sys.stdout, _Lines(sys.stdout)
     try:
         with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
             warnings.showwarning = _show_warning
@@ -120,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
 
 
 def draw_main(args: argparse.Namespace) -> int:
