@@ -713,3 +713,18 @@ def test_a_reader_that_leaves_early_ends_no_output_file_nor_a_traceback(results,
     assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "Exception ignored" not in err, err
     assert all((tmp_path / "out" / name).is_file() for name in written), sorted(os.listdir(tmp_path / "out"))
 
+
+@pytest.mark.parametrize("argv", [["fig1"], ["compare", "RES", "RES"]])
+def test_ctrl_c_ends_the_analysis_with_130_and_no_traceback(results, tmp_path, capsys, monkeypatch, argv):
+    """Ctrl-C while the runs were read or a figure drawn was KeyboardInterrupt's traceback."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("repro.analysis.load.read_run", interrupted)
+    argv = [a.replace("RES", str(results)) for a in argv]
+    if argv[0] != "compare":
+        argv += ["--results", str(results), "--out", str(tmp_path / "out")]
+    try:
+        code = main(argv)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt raised"
+    assert code == 130 and capsys.readouterr().err == ""

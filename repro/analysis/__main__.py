@@ -19,6 +19,7 @@ import warnings
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files.schema import CONFIG_FILE
 from repro.registry import declared
+from repro.runtime import EXIT_INTERRUPTED
 
 COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
                  "[--target T] [--config KEY=VALUE,...] [--csv FILE.csv]")
@@ -147,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:   # Ctrl-C: the shell's 128 + SIGINT, without a traceback (as repro.lab's)
+        return EXIT_INTERRUPTED
     finally:
         sys.stdout.flush()
         sys.stdout = stdout
