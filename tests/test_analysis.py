@@ -702,7 +702,7 @@ def test_a_run_folder_named_in_bytes_that_are_not_utf8_is_drawn_and_its_csv_stay
 
 @pytest.mark.parametrize("argv, written", [(["fig4", "--results", "RES", "--out", "OUT"], ["fig4.png", "fig4.csv", "fig4_speedup.csv"]),
                                            (["compare", "RES", "RES", "--csv", "OUT/cmp.csv"], ["cmp.csv"])])
-def test_a_reader_that_leaves_early_ends_no_output_file_nor_a_traceback(results, tmp_path, argv, written):
+def test_a_reader_that_leaves_early_loses_no_output_file_nor_prints_a_traceback(results, tmp_path, argv, written):
     """| head: the first line written after the reader left raised BrokenPipeError, a traceback,
     and the files still to come (fig4's speedup table, compare's --csv) were never written."""
     argv = [a.replace("RES", str(results)).replace("OUT", str(tmp_path / "out")) for a in argv]
