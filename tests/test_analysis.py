@@ -28,6 +28,7 @@ from repro.analysis.load import NoRunsError  # noqa: E402
 from repro.analysis.tables import resolve_target, run_speedups, summarise_speedups  # noqa: E402
 from repro.files import schema  # noqa: E402
 from tests.helpers import fake_runs  # noqa: E402
+from tests.helpers.paths import ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -631,3 +632,99 @@ def test_all_with_exp_is_refused_not_every_figure_drawn_from_that_folder(results
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: invalid value for '--exp': 'fig1'"), err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("file", [schema.EVALS_FILE, schema.UPDATES_FILE])
+def test_a_table_cut_inside_its_last_row_is_corrupt_not_a_smaller_number(tmp_path, file):
+    """A write cut inside the last row's last cell ('0.377' -> '0.3') leaves every row its full
+    width and a number: the run was drawn with that wrong number. The writer ends every row
+    with a newline, and a resume refuses a row without one (schema.parse_row): so does the loader."""
+    exp = tmp_path / "exp"
+    path = _copy_of_a_good_run(exp, "cut") / file
+    text = path.read_text()
+    assert text.endswith("\n") and not text.endswith(",\n")   # the last cell has digits to lose
+    path.write_text(text[:-2])
+    _copy_of_a_good_run(exp, "good")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path, "exp")
+    assert runs.runs["job"].tolist() == ["good"]
+    said = [str(w.message) for w in caught]
+    assert any(f"skipping corrupt run {exp / 'cut'}: {file}" in m and "cut" in m for m in said), said
+
+
+@pytest.mark.timeout(60)
+def test_a_linked_run_folder_is_read_and_a_link_back_up_the_tree_read_once(tmp_path):
+    """A tree assembled from links to runs kept elsewhere (ln -s ../elsewhere/seed=1 exp/) drew
+    without the linked runs, and said nothing: the search did not follow folder links. A link to
+    a folder above it (a loop) is walked once."""
+    exp = tmp_path / "res" / "exp"
+    _copy_of_a_good_run(exp, "here")
+    elsewhere = _copy_of_a_good_run(tmp_path / "elsewhere" / "exp", "there")
+    (exp / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (exp / "here" / "loop").symlink_to(exp, target_is_directory=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path / "res", "exp")
+    assert sorted(runs.runs["job"]) == ["here", "linked"], [str(w.message) for w in caught]
+    assert runs.skipped.empty
+
+
+@pytest.mark.parametrize("argv", [["fig1", "--out", "RUN"], ["fig1", "--out", "RUN/sub"],
+                                  ["compare", "RESULTS", "RESULTS", "--csv", "RUN/cmp.csv"]])
+def test_an_output_inside_a_run_folder_is_refused_and_the_run_left_as_it_was(tmp_path, capsys, argv):
+    """--out results/fig1/<run> (or compare's --csv there) wrote the figure's files into the run
+    folder: the analysis reads run folders and must never change one."""
+    results = tmp_path / "res"
+    run = fake_runs.write_experiment(results, "fig1", [1], [1], [0, 1], "cold")[0]
+    before = sorted(p.name for p in run.rglob("*"))
+    argv = [a.replace("RESULTS", str(results)).replace("RUN", str(run)) for a in argv]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*argv, "--results", str(results)] if argv[0] != "compare" else argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    key = "--csv" if "--csv" in argv else "--out"
+    assert len(err) == 1 and err[0].startswith(f"error: invalid value for '{key}'") and str(run) in err[0], err
+    assert sorted(p.name for p in run.rglob("*")) == before
+
+
+def test_a_run_folder_named_in_bytes_that_are_not_utf8_is_drawn_and_its_csv_stays_utf8(tmp_path, capsys):
+    """A run folder whose name is not UTF-8 (copied from another file system) was a traceback
+    (UnicodeEncodeError) half way through writing the figure's CSV; its name is written escaped."""
+    results = tmp_path / "res"
+    kept, run = fake_runs.write_experiment(results, "fig1", [1], [1], [0, 1], "cold")
+    odd = run.with_name(os.fsdecode(b"seed\xff1"))
+    run.rename(odd)
+    assert main(["fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 0
+    frame = pd.read_csv(tmp_path / "out" / "fig1.csv", encoding="utf-8")
+    assert sorted(frame["run_dir"].unique()) == sorted([str(kept), str(odd).encode("utf-8", "backslashreplace").decode()])
+
+
+@pytest.mark.parametrize("argv, written", [(["fig4", "--results", "RES", "--out", "OUT"], ["fig4.png", "fig4.csv", "fig4_speedup.csv"]),
+                                           (["compare", "RES", "RES", "--csv", "OUT/cmp.csv"], ["cmp.csv"])])
+def test_a_reader_that_leaves_early_loses_no_output_file_nor_prints_a_traceback(results, tmp_path, argv, written):
+    """| head: the first line written after the reader left raised BrokenPipeError, a traceback,
+    and the files still to come (fig4's speedup table, compare's --csv) were never written."""
+    argv = [a.replace("RES", str(results)).replace("OUT", str(tmp_path / "out")) for a in argv]
+    proc = subprocess.Popen([sys.executable, "-m", "repro.analysis", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc.stdout.close()   # as head does once it has its lines
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "Exception ignored" not in err, err
+    assert all((tmp_path / "out" / name).is_file() for name in written), sorted(os.listdir(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("argv", [["fig1"], ["compare", "RES", "RES"]])
+def test_ctrl_c_ends_the_analysis_with_130_and_no_traceback(results, tmp_path, capsys, monkeypatch, argv):
+    """Ctrl-C while the runs were read or a figure drawn was KeyboardInterrupt's traceback."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("repro.analysis.load.read_run", interrupted)
+    argv = [a.replace("RES", str(results)) for a in argv]
+    if argv[0] != "compare":
+        argv += ["--results", str(results), "--out", str(tmp_path / "out")]
+    try:
+        code = main(argv)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt raised"
+    assert code == 130 and capsys.readouterr().err == ""

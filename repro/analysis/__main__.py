@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 import warnings
 
 from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.files.schema import CONFIG_FILE
 from repro.registry import declared
+from repro.runtime import EXIT_INTERRUPTED
 
 COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
                  "[--target T] [--config KEY=VALUE,...] [--csv FILE.csv]")
@@ -91,6 +94,41 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def outside_runs(key: str, path: str, *trees: str) -> None:
+    """ConfigError naming ``key`` when ``path`` lies in a run folder (one holding config.json) of
+    one of ``trees``: the analysis reads run folders and never writes into one."""
+    roots, place = [Path(t).resolve() for t in trees], Path(path).resolve()
+    for folder in (place, *place.parents):
+        if any(root in folder.parents for root in roots) and (folder / CONFIG_FILE).exists():
+            raise ConfigError(key, path, f"a place outside the run folders it reads ({folder} is "
+                                         "a run's: the analysis never writes into one)")
+
+
+class _Lines:
+    """stdout for the report's lines. Once its reader has gone (``| head``) they go to /dev/null
+    and the work goes on: the files are what the analysis makes, and a BrokenPipeError stopped it
+    before the rest were written."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def write(self, text: str):
+        return self._quiet(self.stream.write, text)
+
+    def flush(self):
+        return self._quiet(self.stream.flush)
+
+    def _quiet(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:   # the lines still buffered, and the interpreter's last flush, go nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+            return call(*args)
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     print(f"warning: {message}", file=sys.stderr if file is None else file)
 
@@ -102,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib   # after parsing: --help and a typo answer without it
 
     matplotlib.use("Agg")  # files only, never a window: works with or without a display
+    stdout, sys.stdout = sys.stdout, _Lines(sys.stdout)
     try:
         with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
             warnings.showwarning = _show_warning
@@ -109,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:   # Ctrl-C: the shell's 128 + SIGINT, without a traceback (as repro.lab's)
+        return EXIT_INTERRUPTED
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
 
 
 def draw_main(args: argparse.Namespace) -> int:
@@ -132,6 +176,7 @@ def draw_main(args: argparse.Namespace) -> int:
     if args.exp is not None and args.figure == "all":   # else every figure was drawn from that one folder's runs
         raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
                           "name one figure to draw it from another folder")
+    outside_runs("--out", args.out, args.results, Path(args.results) / (args.exp or ""))   # --exp may lie elsewhere
     stem = args.name or (f"{args.figure}-{file_label(args.config)}" if args.config else None)   # all: each its own
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
@@ -149,6 +194,8 @@ def compare_main(args: argparse.Namespace) -> int:
 
     names = compare.figure_names(args.figures)
     compare.check_options(args.k, args.target)
+    if args.csv:
+        outside_runs("--csv", args.csv, args.dir_a, args.dir_b)
     a, b = (trees.read_tree(d, names, args.target, args.config) for d in (args.dir_a, args.dir_b))
     table = compare.compare(a, b, args.k, args.target)
     print(f"A: {a.describe()}\nB: {b.describe()}\n")

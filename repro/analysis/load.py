@@ -29,6 +29,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -113,11 +114,15 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     numeric.
 
     Empty cells and ``nan``/``inf`` are accepted (a diverging run writes them); anything else that
-    is not a number, a ragged row (a truncated write) or a missing column raises :class:`BadRun`.
+    is not a number, a ragged row or a last row without its newline (a truncated write) or a
+    missing column raises :class:`BadRun`.
     """
     if not path.exists():
         raise BadRun("corrupt", f"{path.name} is missing")
-    rows = _read(path, lambda p: list(csv.reader(io.StringIO(read_regular(p, newline=""), newline=""))))
+    text = _read(path, lambda p: read_regular(p, newline=""))
+    if text and not text.endswith("\n"):   # a cut inside the last cell leaves a number, a smaller one
+        raise BadRun("corrupt", f"{path.name} ends inside a row: its last line was cut (truncated write?)")
+    rows = _read(path, lambda p: list(csv.reader(io.StringIO(text, newline=""))))
     if not rows:
         raise BadRun("corrupt", f"{path.name} is empty (no header)")
     header, body = rows[0], [r for r in rows[1:] if r]  # csv gives [] for a blank line
@@ -256,14 +261,23 @@ def _fill_clock(table: pd.DataFrame, row: dict[str, Any]) -> None:
 
 
 def find_run_dirs(exp_dir: Path) -> tuple[list[Path], list[Path]]:
-    """(folders with config.json, folders with run files but no config.json), sorted."""
-    runs, orphans = set(), set()
-    for name in (schema.CONFIG_FILE, schema.SUMMARY_FILE, schema.EVALS_FILE, schema.UPDATES_FILE):
-        for path in exp_dir.rglob(name):
-            if any(part.startswith(".") for part in path.relative_to(exp_dir).parts[:-1]):
-                continue  # .hydra/ and friends
-            (runs if name == schema.CONFIG_FILE else orphans).add(path.parent)
-    return sorted(runs), sorted(orphans - runs)
+    """(folders with config.json, folders with run files but no config.json), sorted. Folder
+    links are followed (a tree assembled from links to runs kept elsewhere), each real folder
+    walked once (a link to a folder above it would loop)."""
+    runs, orphans, walked = set(), set(), set()
+    for top, dirs, files in os.walk(exp_dir, followlinks=True):
+        real = os.path.realpath(top)
+        if real in walked:
+            dirs[:] = []
+            continue
+        walked.add(real)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))   # .hydra/ and friends
+        names = {*files, *dirs}   # a run file that is a folder is still the run's (read_run says so)
+        if schema.CONFIG_FILE in names:
+            runs.add(Path(top))
+        elif names & {schema.SUMMARY_FILE, schema.EVALS_FILE, schema.UPDATES_FILE}:
+            orphans.add(Path(top))
+    return sorted(runs), sorted(orphans)
 
 
 def load_runs(results_dir: str | Path, exp_name: str | None = None) -> Runs:

@@ -186,7 +186,7 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> li
         fig = draw()
         for path in paths[:2]:
             fig.savefig(path)
-    frame.to_csv(paths[2], index=False)
+    frame.to_csv(paths[2], index=False, errors="backslashreplace")   # a run folder's name may not be UTF-8
     return paths
 
 
