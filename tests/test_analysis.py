@@ -728,3 +728,44 @@ def test_ctrl_c_ends_the_analysis_with_130_and_no_traceback(results, tmp_path, c
     except KeyboardInterrupt:
         code = "KeyboardInterrupt raised"
     assert code == 130 and capsys.readouterr().err == ""
+
+
+
+@pytest.mark.parametrize("argv, file", [(["fig4"], "fig4.png"), (["fig4"], "fig4.pdf"), (["fig4"], "fig4.csv"),
+                                        (["fig4"], "fig4_speedup.csv"), (["compare", "RES", "RES", "--csv", "OUT/cmp.csv"], "cmp.csv")])
+def test_an_interrupt_while_a_file_is_written_leaves_the_old_file_never_a_cut_one(results, tmp_path, monkeypatch, argv, file):
+    """Ctrl-C inside savefig or to_csv left a truncated PNG, PDF or CSV under its final name: a
+    broken figure that looks finished. Each is written under a temporary name, then renamed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / file).write_bytes(b"the old file")
+
+    def cut(original):
+        def write(self, target=None, *args, **kwargs):
+            if not Path(os.fspath(getattr(target, "name", target or ""))).name.startswith(file):
+                return original(self, target, *args, **kwargs)
+            if isinstance(target, (str, os.PathLike)):
+                Path(target).write_bytes(b"half")
+            else:
+                target.write(b"half")
+            raise KeyboardInterrupt   # half written
+        return write
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", cut(matplotlib.figure.Figure.savefig))
+    monkeypatch.setattr(pd.DataFrame, "to_csv", cut(pd.DataFrame.to_csv))
+    argv = [a.replace("RES", str(results)).replace("OUT", str(out)) for a in argv]
+    if argv[0] != "compare":
+        argv += ["--results", str(results), "--out", str(out)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 130
+    assert (out / file).read_bytes() == b"the old file" and not list(out.glob("*.tmp"))
+
+
+def test_a_folder_in_the_way_of_a_figure_is_named_not_its_temporary_file(results, tmp_path, capsys):
+    """Written under a temporary name and renamed, the rename's error named the temporary file."""
+    (tmp_path / "out" / "fig1.png").mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"({tmp_path / 'out' / 'fig1.png'}: Is a directory)")
+    assert not list((tmp_path / "out").glob("*.tmp"))

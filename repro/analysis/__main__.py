@@ -182,8 +182,10 @@ def draw_main(args: argparse.Namespace) -> int:
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
                              config=args.config, stem=stem)
     except OSError as e:   # a file in the way, no permission: one line, not a traceback
+        # the rename into place names the file it would replace second; a full disk's names it in words
+        where = f"{e.filename2 or e.filename}: " if e.filename else ""
         raise ConfigError("--out", args.out, f"a folder the figures can be written to "
-                          f"({e.filename}: {e.strerror})") from None
+                          f"({where}{e.strerror})") from None
     for path in paths:
         print(f"wrote {path}")
     return 0
@@ -191,6 +193,7 @@ def draw_main(args: argparse.Namespace) -> int:
 
 def compare_main(args: argparse.Namespace) -> int:
     from repro.analysis import compare, trees
+    from repro.analysis.render import write_csv
 
     names = compare.figure_names(args.figures)
     compare.check_options(args.k, args.target)
@@ -203,7 +206,7 @@ def compare_main(args: argparse.Namespace) -> int:
     if args.csv:
         try:
             Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-            table.to_csv(args.csv, index=False)
+            write_csv(table, Path(args.csv))
         except OSError as e:
             print(f"error: cannot write {args.csv}: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT

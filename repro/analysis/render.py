@@ -24,6 +24,7 @@ from repro.analysis import configs, figures, frames
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, summarise_speedups
 from repro.errors import ConfigError
+from repro.files.storage import atomic_write
 from repro.registry import Registry
 
 
@@ -69,7 +70,7 @@ def _speedup_table(frame: pd.DataFrame, out: Path, stem: str = "fig4") -> list[P
     table = summarise_speedups(frame)
     print(format_speedup_table(table))
     path = out / f"{stem}_speedup.csv"
-    table.to_csv(path, index=False)
+    write_csv(table, path)
     return [path]
 
 
@@ -179,15 +180,22 @@ def file_label(text: str) -> str:
 
 def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
     """``draw()``'s figure as ``out/<stem>.png`` and ``.pdf``, and ``frame`` (the numbers behind
-    it) as ``.csv``; the paths written."""
+    it) as ``.csv``, each whole or not at all; the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.{ext}" for ext in ("png", "pdf", "csv")]
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams
         fig = draw()
         for path in paths[:2]:
-            fig.savefig(path)
-    frame.to_csv(paths[2], index=False, errors="backslashreplace")   # a run folder's name may not be UTF-8
+            atomic_write(path, lambda f: fig.savefig(f, format=path.suffix[1:]))
+    write_csv(frame, paths[2])
     return paths
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    """``frame`` as the CSV ``path``, whole or not at all: Ctrl-C inside to_csv (or savefig) left
+    a cut file under its final name, a broken figure that looks finished."""
+    # a run folder's name may not be UTF-8
+    atomic_write(path, lambda f: frame.to_csv(f, index=False, errors="backslashreplace"))
 
 
 def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
