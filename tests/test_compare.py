@@ -6,6 +6,7 @@ shifting its errors and stretching its times); no training runs here.
 from __future__ import annotations
 
 import math
+import shutil
 import warnings
 from pathlib import Path
 
@@ -221,3 +222,15 @@ def test_speedups_to_two_targets_are_said_to_differ_for_that_alone(trees):
         warnings.simplefilter("always")
         compare_trees(trees["a"], trees["figs"], figures=["fig4"])
     assert not [w for w in said if "differ for that alone" in str(w.message)]
+
+
+@pytest.mark.parametrize("name", ["fig1", "fig4"])
+def test_a_figures_csv_cut_inside_its_last_row_is_refused_not_a_smaller_number(trees, tmp_path, capsys, name):
+    """compare read a figures folder's CSV unchecked: one cut inside its last cell (a truncated
+    write) gave a smaller number silently. The loader's rule: a table not ending in a newline was cut."""
+    shutil.copytree(trees["figs"], tmp_path / "cut")
+    csv = tmp_path / "cut" / f"{name}.csv"
+    csv.write_bytes(csv.read_bytes()[:-2])
+    assert main(["compare", str(trees["figs"]), str(tmp_path / "cut"), "--figures", name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(csv) in err[0] and "its last line was cut" in err[0], err

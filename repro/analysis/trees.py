@@ -28,6 +28,7 @@ so a diverged run's final errors are NaN:
 from __future__ import annotations
 
 import dataclasses
+import io
 import warnings
 from pathlib import Path
 
@@ -150,8 +151,11 @@ def _read_csv(root: Path, name: str) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     try:
-        frame = pd.read_csv(path, **_ROUND_TRIP)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):   # a cut inside the last cell leaves a number, a smaller one
+            raise ValueError("it ends inside a row: its last line was cut, a truncated write")
+        frame = pd.read_csv(io.BytesIO(data), **_ROUND_TRIP)
+    except (OSError, ValueError) as e:   # pandas' ParserError, EmptyDataError; UnicodeDecodeError
         raise ConfigError(f"{name}.csv", str(path), f"a CSV written by build_figure ({e})") \
             from None
     missing = [c for c in ("run_dir", "num_clients", "nsync", *REQUIRED[name])
