@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -769,3 +770,20 @@ def test_a_folder_in_the_way_of_a_figure_is_named_not_its_temporary_file(results
         assert main(["fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip().endswith(f"({tmp_path / 'out' / 'fig1.png'}: Is a directory)")
     assert not list((tmp_path / "out").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("edit, words", [(lambda cfg: cfg, "they are copies of one run: remove all but one, e.g. rm -r "),
+                                         (lambda cfg: {**cfg, "algo": {**cfg["algo"], "lr": 0.5}},
+                                          "choose one with --config algo.lr=")])
+def test_runs_a_figure_cannot_tell_apart_without_config_blame_their_folder_not_config_none(tmp_path, capsys, edit, words):
+    """Without --config, a folder holding two copies of one run (or two configurations) was
+    refused as "invalid value for 'config': None": the folder is what is wrong, and the line
+    says what to type."""
+    run = fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0, 1], "cold")[0]
+    copy = run.with_name("copy")
+    shutil.copytree(run, copy)
+    (copy / schema.CONFIG_FILE).write_text(json.dumps(edit(json.loads((copy / schema.CONFIG_FILE).read_text()))))
+    assert main(["fig1", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: invalid value for 'exp': '{tmp_path / 'res' / 'fig1'}'; expected ") and words in err, err
+    assert "None" not in err

@@ -27,6 +27,8 @@ import hashlib
 import json
 import math
 import re
+import shlex
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -208,7 +210,7 @@ def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = N
     if len(parts) > 1 and not each:
         lines = [f"  {label or '(the rest)'}: {len(p.runs)} run(s) ({list_folders(p.runs['job'])})"
                  for label, p in parts]
-        raise ConfigError("config", choice, f"one configuration to draw: {where} holds runs of "
+        raise _refusal(choice, where, f"one configuration to draw: {where} holds runs of "
                           f"{len(parts)} configurations (settings that shape training differ), "
                           "and a figure never pools them:\n" + "\n".join(lines)
                           + f"\nchoose one with --config {parts[0][0]}")
@@ -216,9 +218,16 @@ def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = N
     copies = [g for _, part in parts if point
               for _, g in part.runs.groupby(point, dropna=False, sort=True) if len(g) > 1]
     if copies:
-        raise ConfigError("config", choice, f"one run per grid point and seed; {where} holds "
+        raise _refusal(choice, where, f"one run per grid point and seed; {where} holds "
                           f"{len(copies[0])} for one of them {_told_apart(copies[0])}")
     return parts
+
+
+def _refusal(choice: str | None, where: str, expected: str) -> ConfigError:
+    """The refusal of runs a figure cannot draw as they are: it blames ``--config`` when one
+    was chosen, else the experiment folder ``where`` (a ``--config`` never given read "invalid
+    value for 'config': None")."""
+    return ConfigError("config", choice, expected) if choice else ConfigError("exp", where, expected)
 
 
 def _told_apart(group: pd.DataFrame) -> str:
@@ -227,7 +236,8 @@ def _told_apart(group: pd.DataFrame) -> str:
     keys = differing(rows, shaping_keys())
     how = (f"they differ in {', '.join(keys)}: choose with --config "
            f"{keys[0]}={fmt(_value(rows[0], keys[0]))}" if keys else
-           "they are copies of one run: remove all but one")
+           "they are copies of one run: remove all but one, e.g. rm -r "
+           + " ".join(shlex.quote(str(d)) for d in sorted(group["run_dir"])[1:]))
     return f"({list_folders(group['job'])}); {how}"
 
 
@@ -237,5 +247,6 @@ def one_run_each(runs: pd.DataFrame, keys: list[str], what: str) -> None:
     problem through, and the frame would average the two or fail."""
     for _, group in runs.groupby(keys, sort=True, dropna=False):
         if len(group) > 1:
-            raise ConfigError("config", None, f"one run per {what}; {len(group)} runs share one "
-                                              f"{_told_apart(group)}")
+            where = str(Path(group["run_dir"].iloc[0]).parent)   # no --config is chosen here
+            raise ConfigError("exp", where, f"one run per {what}; {len(group)} runs share one "
+                                           f"{_told_apart(group)}")
