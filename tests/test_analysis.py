@@ -559,9 +559,11 @@ def test_json_nested_past_the_parsers_depth_is_a_corrupt_folder_not_a_traceback(
 
 
 @pytest.mark.parametrize("argv", [["fig1", "--name", "sub/fig1"], ["fig1", "--name", ""], ["fig1", "--name", ".."],
-                                  ["all", "--name", "mine"]])
+                                  ["all", "--name", "mine"], ["fig1", "--name", " "], ["fig1", "--name", " \t"],
+                                  ["fig1", "--name", "fig1/"]])
 def test_a_name_that_is_not_one_files_stem_is_refused_naming_name(results, tmp_path, capsys, argv):
-    # "sub/fig1" was blamed on --out ("No such file or directory"); "" and all ignored it silently
+    # "sub/fig1" was blamed on --out ("No such file or directory"); "" and all ignored it silently;
+    # " " wrote " .png", a file that looks nameless
     assert main([*argv, "--results", str(results), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: invalid value for '--name'"), err

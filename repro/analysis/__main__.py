@@ -169,10 +169,11 @@ def draw_main(args: argparse.Namespace) -> int:
         raise ConfigError("--target", args.target, "a training error as a fraction in [0, 1]"
                           if top == 1 else "a training loss >= 0")
     named = args.name is not None
-    if named and (args.figure == "all" or args.name in ("", ".", "..") or Path(args.name).name != args.name):
-        # else "a/b" blamed --out (no such file), and all or '' ignored it without a word
-        raise ConfigError("--name", args.name, "a file name without a folder, for one figure (with all, each figure's "
-                          "files are named after it; the folder is --out)")
+    if named and (args.figure == "all" or not args.name.strip() or args.name in (".", "..")
+                  or Path(args.name).name != args.name):
+        # else "a/b" blamed --out (no such file), all or '' ignored it without a word, and ' ' wrote ' .png'
+        raise ConfigError("--name", args.name, "a file name, not blank and without a folder, for one figure "
+                          "(with all, each figure's files are named after it; the folder is --out)")
     if args.exp is not None and args.figure == "all":   # else every figure was drawn from that one folder's runs
         raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
                           "name one figure to draw it from another folder")
