@@ -26,6 +26,7 @@ class DataError(ConfigError):
 
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports a Ctrl-C'd command
 
 # the grid points refused as bad input, named in the process that launches the grid: the points
 # it runs itself (repro.run.job) and a worker's, which exits 2 with ``point`` set (repro.launcher)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from repro.errors import ConfigError
+from repro.errors import EXIT_INTERRUPTED, ConfigError
 from repro.logs import get_logger
 
 
@@ -181,7 +181,6 @@ def environment(device: torch.device | str = "cpu") -> dict:
 log = get_logger("repro.stop")
 
 SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s)
-EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports a Ctrl-C'd command
 
 
 class StopRequest(threading.Event):

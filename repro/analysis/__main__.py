@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 import warnings
 
-from repro.errors import EXIT_BAD_INPUT, ConfigError
+from repro.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ConfigError
 from repro.files.schema import CONFIG_FILE
 from repro.registry import declared
-from repro.runtime import EXIT_INTERRUPTED
 
 COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
                  "[--target T] [--config KEY=VALUE,...] [--csv FILE.csv]")
