@@ -656,6 +656,44 @@ def test_a_table_cut_inside_its_last_row_is_corrupt_not_a_smaller_number(tmp_pat
     assert any(f"skipping corrupt run {exp / 'cut'}: {file}" in m and "cut" in m for m in said), said
 
 
+def _drawn_texts(monkeypatch, argv: list[str], capsys) -> tuple[list[str], str]:
+    """Every text of the figures ``main(argv)`` saves (read from the Figure objects), and stderr."""
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    texts, save = [], Figure.savefig
+
+    def savefig(fig, *args, **kw):
+        texts.extend(t.get_text() for t in fig.findobj(Text))
+        return save(fig, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    assert main(argv) == 0
+    return texts, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_figure_says_how_many_run_folders_it_left_out_and_a_clean_one_says_nothing(
+        tmp_path, monkeypatch, capsys, cut):
+    """A run folder the loader skips (here a table cut inside its last row) was named only in a
+    warning on stderr: the figure's title said '2 seeds' and nothing else, so the PNG, shared
+    later, looked whole. It now says how many folders it left out and where the reasons are; a
+    figure with nothing left out carries no such note (the committed figures stay as they are)."""
+    runs = fake_runs.write_experiment(tmp_path / "results", "fig1", [1], [1], [0, 1, 2], "cold")
+    if cut:
+        path = runs[2] / schema.EVALS_FILE
+        path.write_text(path.read_text()[:-2])
+    argv = ["fig1", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "out")]
+    texts, err = _drawn_texts(monkeypatch, argv, capsys)
+    assert len(texts) > 5 and any(f"{2 if cut else 3} seeds" in t for t in texts), texts
+    notes = [t for t in texts if "left out" in t]
+    if cut:   # the PNG and the PDF each say it, once
+        assert notes == ["1 run folder left out as unusable (why: the warnings on stderr)"] * 2, notes
+        assert err.count("left out") == 1 and "warning: fig1: 1 run folder left out" in err, err
+    else:
+        assert notes == [] and "left out" not in err, (notes, err)
+
+
 @pytest.mark.timeout(60)
 def test_a_linked_run_folder_is_read_and_a_link_back_up_the_tree_read_once(tmp_path):
     """A tree assembled from links to runs kept elsewhere (ln -s ../elsewhere/seed=1 exp/) drew

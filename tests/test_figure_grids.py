@@ -184,6 +184,21 @@ def test_the_grid_callback_draws_its_own_points_and_names_the_others(mixed, tmp_
     assert "6 other run(s)" in said and "num_epochs=3,num_clients=1" in said, said
 
 
+def test_a_grids_figure_counts_its_own_unusable_points_not_another_grids(tmp_path):
+    """A figure says how many unusable run folders it left out (render.save_figure); a grid's is
+    drawn from its own points, so the broken folders of other grids beside them are not its own:
+    it counted them too (6 where 1 of its 3 points was cut)."""
+    points = fr.write_experiment(tmp_path, "fig1", [1], [1], [0, 1, 2], "cold")
+    cut = points[2] / "evals.csv"
+    cut.write_text(cut.read_text()[:-2])
+    fr.write_bad_runs(tmp_path / "fig1")   # five folders no point of this grid names
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("always")
+        BuildFigure("fig1", str(tmp_path / "figures")).build(str(tmp_path), "fig1", [p.name for p in points])
+    said = [str(w.message) for w in caught if "left out as unusable" in str(w.message)]
+    assert said == ["fig1: 1 run folder left out as unusable, each named above"], said
+
+
 def test_a_grid_of_two_configurations_draws_one_figure_each(mixed, tmp_path):
     """A command-line sweep of a setting the figure does not draw across (num_epochs=3 with
     algo.lr=0.05,0.001): each configuration its own files, named by what differs."""

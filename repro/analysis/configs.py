@@ -129,10 +129,13 @@ def list_folders(jobs: Iterable[str]) -> str:
 
 def only_jobs(runs: Runs, jobs: Iterable[str]) -> tuple[Runs, list[str]]:
     """The runs whose folder name is one of ``jobs`` (a grid's points), and the names of the
-    others, which that grid did not make."""
+    others, which that grid did not make; of the skipped folders, only its points' (the figure
+    counts those it left out)."""
     jobs = set(jobs)
     inside = runs.runs["job"].isin(jobs)
-    return subset(runs, runs.runs.loc[inside, "run_dir"]), sorted(runs.runs.loc[~inside, "job"])
+    kept = subset(runs, runs.runs.loc[inside, "run_dir"])
+    skipped = runs.skipped[runs.skipped["job"].isin(jobs)].reset_index(drop=True)
+    return Runs(kept.runs, kept.evals, kept.updates, skipped), sorted(runs.runs.loc[~inside, "job"])
 
 
 def parse_choice(text: str) -> dict[str, str]:

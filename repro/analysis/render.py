@@ -167,7 +167,7 @@ def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | 
     for label, runs in parts:
         files = f"{stem}-{file_label(label)}" if len(parts) > 1 else stem
         frame = _frame(name, runs, where, target)
-        paths += save_figure(lambda: figure.draw(frame), frame, out, files)
+        paths += save_figure(lambda: figure.draw(frame), frame, out, files, len(runs.skipped))
         paths += figure.extra(frame, out, files) if figure.extra is not None else []
     return paths
 
@@ -178,13 +178,22 @@ def file_label(text: str) -> str:
     return re.sub(r"[^\w.=,+-]", "_", text)
 
 
-def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
+def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str, left_out: int = 0) -> list[Path]:
     """``draw()``'s figure as ``out/<stem>.png`` and ``.pdf``, and ``frame`` (the numbers behind
-    it) as ``.csv``, each whole or not at all; the paths written."""
+    it) as ``.csv``, each whole or not at all; the paths written. ``left_out``: the run folders
+    the loader skipped as unusable, counted in a line above the figure and in one warning."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.{ext}" for ext in ("png", "pdf", "csv")]
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams
         fig = draw()
+        if left_out:   # the warnings naming them stay behind on stderr: a PNG shared later looked whole
+            note = f"{figures.plural(left_out, 'run folder')} left out as unusable"
+            fig.draw_without_rendering()   # laid out, so the line goes above all of it (below it, a
+            box = fig.get_tightbbox()      # tight save would move a legend under the axes onto it)
+            fig.text((box.x0 + box.x1) / 2 / fig.get_figwidth(), (box.y1 + 0.05) / fig.get_figheight(),
+                     f"{note} (why: the warnings on stderr)", ha="center", va="bottom",
+                     fontsize="small", color="0.3")
+            warnings.warn(f"{stem}: {note}, each named above", stacklevel=3)
         for path in paths[:2]:
             atomic_write(path, lambda f: fig.savefig(f, format=path.suffix[1:]))
     write_csv(frame, paths[2])
