@@ -27,6 +27,7 @@ Every import of Hydra's internals sits inside a function: importing this module 
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 
@@ -183,6 +184,13 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
         refuse(f"-p/--package {args.package}: " + (f"null in the config --cfg {args.cfg} shows (Hydra cannot show a "
                f"null alone; -p {parent} shows it)" if value is None else f"not a node of the config --cfg "
                f"{args.cfg} shows (--cfg {args.cfg} without --package shows all of it)"))
+    # Hydra resolves a value it shows alone: one naming keys outside the config shown is its KeyError, exit 1
+    # (hydra.run.dir names results_dir); ${hydra:...} and ${resolver:...} are no keys
+    outside = sorted({key for key in re.findall(r"\$\{(\w[\w.]*)\}", value) if key.split(".")[0] not in shown}
+                     if isinstance(value, str) else ())
+    if outside:
+        refuse(f"-p/--package {args.package}: its value names {', '.join(outside)}, outside the config --cfg "
+               f"{args.cfg} shows; --cfg all -p {args.package} shows it")
     return dcfg
 
 
