@@ -321,6 +321,11 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["--cfg", "hydra", "--package", "algo"], "error: -p/--package algo: not a node of the config --cfg hydra"),
     (["--cfg", "job", "--package=hydra.run"], "error: -p/--package hydra.run: not a node of the config --cfg job"),
     (["--cfg", "job", "-p", "protocol.collection_size"], "error: -p/--package protocol.collection_size: null in "),
+    # Hydra's own node as it shows it: without its help texts, and a job's ??? is shown as no value ('not found')
+    (["--cfg", "hydra", "-p", "hydra.help.app_name"], "error: -p/--package hydra.help.app_name: not a node of the "
+                                                      "config --cfg hydra shows"),
+    (["--cfg", "hydra", "-p", "hydra.runtime.output_dir"], "error: -p/--package hydra.runtime.output_dir: set by "
+                                                           "Hydra only as a run starts: no value to show before"),
     # Hydra resolves a value shown alone: hydra.run.dir names results_dir, outside --cfg hydra: its traceback, exit 1
     (["--cfg", "hydra", "-p", "hydra.run.dir"], "error: -p/--package hydra.run.dir: its value names exp_name, "
                                                 "results_dir, outside the config --cfg hydra shows; --cfg all -p "
