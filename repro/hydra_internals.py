@@ -27,6 +27,7 @@ Every import of Hydra's internals sits inside a function: importing this module 
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 
@@ -162,7 +163,7 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
 
 def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> Any:
     """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``, composed
-    with its Hydra node), and not null: Hydra's 'package ... not found in config' ended it, exit 1.
+    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in config' ended it, exit 1.
     Read without resolving (Hydra's own node needs a job for that). Returns ``dcfg``."""
     from hydra._internal.utils import get_args_parser
     from omegaconf import OmegaConf
@@ -172,6 +173,8 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
         return dcfg
     shown = OmegaConf.masked_copy(dcfg, {"job": [k for k in dcfg if k != "hydra"], "hydra": ["hydra"]}.get(
         args.cfg, list(dcfg)))
+    if args.cfg == "hydra":   # without its help texts, as Hydra shows it (Hydra.get_sanitized_hydra_cfg)
+        shown = OmegaConf.create({"hydra": OmegaConf.masked_copy(dcfg.hydra, [k for k in dcfg.hydra if "help" not in k])})
     parent, _, last = args.package.rpartition(".")
     node = OmegaConf.select(shown, parent, default=None) if parent else shown
     tree = OmegaConf.to_container(node) if OmegaConf.is_config(node) else {}
@@ -179,10 +182,18 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
         tree = dict(enumerate(tree))
         last = int(last) if last.isdigit() else last
     value = tree.get(last, absent)
-    if value is absent or value is None:
+    if value is absent or value is None or value == "???":   # (???: a job's, e.g. hydra.runtime.output_dir)
         refuse(f"-p/--package {args.package}: " + (f"null in the config --cfg {args.cfg} shows (Hydra cannot show a "
-               f"null alone; -p {parent} shows it)" if value is None else f"not a node of the config --cfg "
+               f"null alone; -p {parent} shows it)" if value is None else "set by Hydra only as a run starts: no "
+               "value to show before" if value == "???" else f"not a node of the config --cfg "
                f"{args.cfg} shows (--cfg {args.cfg} without --package shows all of it)"))
+    # Hydra resolves a value it shows alone: one naming keys outside the config shown is its KeyError, exit 1
+    # (hydra.run.dir names results_dir); ${hydra:...} and ${resolver:...} are no keys
+    outside = sorted({key for key in re.findall(r"\$\{(\w[\w.]*)\}", value) if key.split(".")[0] not in shown}
+                     if isinstance(value, str) else ())
+    if outside:
+        refuse(f"-p/--package {args.package}: its value names {', '.join(outside)}, outside the config --cfg "
+               f"{args.cfg} shows; --cfg all -p {args.package} shows it")
     return dcfg
 
 

@@ -32,7 +32,7 @@ from repro.config.loader import (CONF_DIR, check_folder_makeable, check_override
                                composition_line, exit_bad_input, owning_option, parse, parsed_overrides)
 from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
-from repro.files.storage import DISK_FAULTS, is_read_only
+from repro.files.storage import DISK_FAULTS, disk_error, is_read_only
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import (EXIT_INTERRUPTED, PR_SET_PDEATHSIG, StopRequest, exit_on_signal, fork_server_context,
                            named_by_world, prctl, torchrun_env)
@@ -183,8 +183,8 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     except OSError as err:
         if err.errno not in DISK_FAULTS or "MULTIRUN" in str(mode.mode):
             raise
-        # a full disk (the summary says so too): one line, not a traceback
-        print(f"failed: {err.strerror}\nrun folder: {pasteable(run_dir)}", file=sys.stderr, flush=True)
+        # a full or read-only disk: one line naming the folder, not a traceback (run.log's raw error too)
+        print(f"failed: {disk_error(err, err.filename).strerror}\nrun folder: {pasteable(run_dir)}", file=sys.stderr, flush=True)
         sys.exit(1)
     status_line, folder_line = last_lines(summary, run_dir, _without_classes(cfg)).splitlines()
     log.info(status_line)

@@ -491,6 +491,28 @@ def test_a_thread_the_file_leaves_running_holds_no_grading_nor_changes_its_repor
     assert (proc.returncode, out, err) == (code, report.replace(str(path), str(threaded)), "")
 
 
+@pytest.mark.parametrize("taken", ["sys.stdout = None", "sys.stdout = io.StringIO()"])
+def test_a_file_that_takes_sys_stdout_away_still_gets_its_report(taken, tmp_path, capsys):
+    # the report went to whatever the file left in sys.stdout: nowhere, and the command's exit 0
+    # (or a traceback and exit 1 where it could not flush None) told a passing student nothing more
+    path = tmp_path / SOLUTIONS[0].name
+    path.write_text(SOLUTIONS[0].read_text() + f"\nimport io, sys\n{taken}\n")
+    code, report, _ = graded(SOLUTIONS[0], capsys)
+    assert graded(path, capsys) == (code, report.replace(str(SOLUTIONS[0]), str(path)), "")
+
+
+# slow (a grader process, ~2 s): sys.stdout.close() covers the command's own handle by default
+@pytest.mark.parametrize("closed", ["sys.stdout.close()", pytest.param("os.close(1)", marks=pytest.mark.slow)])
+def test_a_file_that_closes_stdout_still_gets_its_report_from_the_command(closed, tmp_path, capsys):
+    # it was a traceback ("I/O operation on closed file", "Bad file descriptor"), exit 1, no report
+    path = tmp_path / SOLUTIONS[0].name
+    path.write_text(SOLUTIONS[0].read_text() + f"\nimport os, sys\n{closed}\n")
+    with command(path) as proc:
+        out, err = proc.communicate(timeout=120)
+    code, report, _ = graded(SOLUTIONS[0], capsys)   # the same file, in this process
+    assert (proc.returncode, out, err) == (code, report.replace(str(SOLUTIONS[0]), str(path)), "")
+
+
 def test_a_process_the_file_leaves_running_ends_with_its_grading(tmp_path):
     # os._exit skipped multiprocessing's exit, which ended the file's daemonic process: it ran on
     # after the grader, holding the command's stdout open (a pipe's reader waited, here 1e6 s)

@@ -204,7 +204,9 @@ def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path, cli_h
 @pytest.mark.parametrize("words,shown", [(["--cfg", "job", "-p", "algo"], "# @package algo\nlr: 0.05\n"),
                                          (["--cfg", "all", "--package=hydra.run"], "# @package hydra.run\ndir: "),
                                          (["-c", "job", "-p", "_global_", "seed=3"], "exp_name: default\nseed: 3\n"),
-                                         (["--cfg", "hydra", "-p", "hydra.overrides.task.0", "seed=3"], "seed=3\n")])
+                                         (["--cfg", "hydra", "-p", "hydra.overrides.task.0", "seed=3"], "seed=3\n"),
+                                         (["--cfg", "all", "-p", "hydra.run.dir"], "results/default/"),
+                                         (["--cfg", "hydra", "-p", "hydra.sweep.subdir"], "base\n")])   # (a resolver's)
 def test_a_package_of_the_config_shown_is_shown(cli_here, words, shown):
     proc = cli_here(*words)
     assert proc.returncode == 0 and proc.stdout.startswith(shown), proc.stdout[:200] + proc.stderr[-2000:]
@@ -319,6 +321,15 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["--cfg", "hydra", "--package", "algo"], "error: -p/--package algo: not a node of the config --cfg hydra"),
     (["--cfg", "job", "--package=hydra.run"], "error: -p/--package hydra.run: not a node of the config --cfg job"),
     (["--cfg", "job", "-p", "protocol.collection_size"], "error: -p/--package protocol.collection_size: null in "),
+    # Hydra's own node as it shows it: without its help texts, and a job's ??? is shown as no value ('not found')
+    (["--cfg", "hydra", "-p", "hydra.help.app_name"], "error: -p/--package hydra.help.app_name: not a node of the "
+                                                      "config --cfg hydra shows"),
+    (["--cfg", "hydra", "-p", "hydra.runtime.output_dir"], "error: -p/--package hydra.runtime.output_dir: set by "
+                                                           "Hydra only as a run starts: no value to show before"),
+    # Hydra resolves a value shown alone: hydra.run.dir names results_dir, outside --cfg hydra: its traceback, exit 1
+    (["--cfg", "hydra", "-p", "hydra.run.dir"], "error: -p/--package hydra.run.dir: its value names exp_name, "
+                                                "results_dir, outside the config --cfg hydra shows; --cfg all -p "
+                                                "hydra.run.dir shows it"),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
     (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),

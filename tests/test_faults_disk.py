@@ -283,3 +283,40 @@ def test_a_folder_that_turns_read_only_mid_run_is_named_for_the_summary_too(tmp_
     assert f"could not record the end of {run_dir}: {read_only} summary.json\n" in done.stderr, done.stderr
     assert ".reserve" not in done.stderr
     assert done.stderr.count("could not record the end") == 1, done.stderr   # (the ending was tried twice)
+
+
+# A command-line run whose folder turns read-only after the run took it, before its first line
+# into run.log (Hydra's handler opens the file at that line): a remount as the run core is made
+TURNS_READ_ONLY_AT_START = """
+import subprocess, sys
+from pathlib import Path
+import repro.run
+from repro.runs.core import RunCore
+run_dir, made = Path(sys.argv[1]), RunCore.__init__
+
+def turned_read_only(*args, **kwargs):
+    subprocess.run(["sh", "-c", 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0"', str(run_dir)], check=True)
+    made(*args, **kwargs)
+
+RunCore.__init__ = turned_read_only
+sys.argv = ["repro.run", *sys.argv[2:], f"hydra.run.dir={run_dir}"]
+repro.run.cli()
+"""
+
+
+@pytest.mark.parametrize("backend", ["sim", pytest.param("real", marks=pytest.mark.slow)])
+def test_a_folder_that_turns_read_only_before_the_first_log_line_is_named(tmp_path, backend):
+    """Fault: the run folder turns read-only (a real remount) after the run took it and before
+    its first log line; the raw error of opening run.log (Hydra's handler opens it lazily) was
+    the run's last word: "failed: Read-only file system", naming neither folder nor file.
+    Guarantee: exit 1, the failure in one line naming the folder (as a full disk is named)."""
+    if not read_only_possible(tmp_path):
+        pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    done = subprocess.run(["unshare", "-rm", sys.executable, "-c", TURNS_READ_ONLY_AT_START, str(run_dir),
+                           *CLI_ARGS, f"backend={backend}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert re.search(rf"^failed: {re.escape(str(run_dir))} is on a read-only file system while writing \S+\n",
+                     done.stderr, re.M), done.stderr
+    assert "Read-only file system" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -307,6 +307,60 @@ def test_the_real_server_heartbeats_its_clients_while_it_evaluates_version_0_bef
 
 
 @pytest.mark.timeout(60)
+def test_a_joiner_waits_while_the_real_server_evaluates_version_0_and_joins_after(tmp_path, monkeypatch):
+    """A joiner arrives while the server evaluates version 0 (1 s, a batch every 0.2 s) longer
+    than backend.timeout_s (0.4 s): the server admits nobody meanwhile (it holds its lock), and
+    the joiner, waiting at most backend.timeout_s for its answer, ended 'did not answer' (exit 1)
+    although the run had logged 'accepting joins'. Now it waits while the server beats the store
+    as it heartbeats its clients, and is admitted once the evaluation is done (in-process: a
+    store, the acceptor, the joiner's handshake in a thread)."""
+    import dataclasses
+    import time
+
+    from repro.real.elastic import Acceptor, ask
+    from repro.real.processes import make_store
+    from repro.real.transport import Receiver
+
+    evaluating_slowly(monkeypatch, 5, 0.2)
+    monkeypatch.setattr(Receiver, "start", lambda receiver: None)   # no client pushes
+    admitted: list[int] = []
+
+    def add_client(loop, k, store, prefix):   # as the real one, it returns once the joiner read its answer
+        admitted.append(k)
+        thread.join(timeout=30)
+
+    monkeypatch.setattr(Dispatcher, "add_client", add_client)
+    cfg = cfg_for(backend=BackendConfig(name="real", timeout_s=0.4, master_port=0, max_clients=3))
+    store = make_store(cfg)
+    joiner = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{store.port}"))
+    answered: dict = {}
+
+    def join_while_evaluating(loop):
+        while not loop.lock.locked():   # the greeting holds it while version 0 is evaluated
+            time.sleep(0.01)
+        try:
+            answered["client"] = ask(joiner)[2]
+        except Exception as exc:
+            answered["error"] = exc
+
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+        loop = Dispatcher(cfg, core, {1: _Greeted(cfg), 2: _Greeted(cfg)}, StopRequest())
+        loop.acceptor = Acceptor(loop, store)
+        loop.acceptor.start()
+        thread = threading.Thread(target=join_while_evaluating, args=(loop,), daemon=True)
+        thread.start()
+        loop.greet()
+        thread.join(timeout=30)
+        loop.acceptor.done.set()
+        core.stop()
+        core.finish(*core.final_status(interrupted=False))
+    assert answered == {"client": 3} and admitted == [3], answered
+    assert int(store.add("repro/busy", 0)) > 0   # the evaluation outlasted backend.timeout_s: beaten
+
+
+@pytest.mark.timeout(60)
 def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
     """Client 1's push spends the budget while client 2 computes: client 2 is sent STOP at
     once (it reads it between two local steps), not after its own push."""

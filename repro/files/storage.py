@@ -64,11 +64,11 @@ def unmakeable(folder: Path) -> str | None:
     return None
 
 
-def disk_error(exc: OSError, path: Path) -> OSError:
+def disk_error(exc: OSError, path: Path | str | None) -> OSError:
     """``exc`` with a message naming the cause (a full disk, a quota, a read-only file system),
-    the folder and the file, when it is one of those; else ``exc`` itself."""
+    the folder and the file (``path``), when it is one of those; else (or no path) ``exc`` itself."""
     what = DISK_FAULTS.get(exc.errno)
-    if what is None:
+    if what is None or path is None:
         return exc
     path = Path(path)
     return OSError(exc.errno, what.format(folder=path.parent) + f" while writing {path.name}")

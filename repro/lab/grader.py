@@ -22,6 +22,7 @@ import types
 from contextlib import contextmanager
 from pathlib import Path
 from stat import S_ISREG
+from typing import IO
 from unittest import mock
 
 from repro.lab import harness
@@ -94,9 +95,9 @@ def load(path: Path) -> tuple[Exercise, types.ModuleType]:
     return ex, module
 
 
-def report(ex: Exercise, path: Path, module: types.ModuleType) -> bool:
-    """Grade and print each check as it comes; True when all passed."""
-    print(f"exercise {ex.name}: {ex.title}  ({path})", flush=True)
+def report(ex: Exercise, path: Path, module: types.ModuleType, out: IO[str]) -> bool:
+    """Grade and print each check to ``out`` as it comes; True when all passed."""
+    say(f"exercise {ex.name}: {ex.title}  ({path})", out)
     passed = total = 0
     hinted: set[str] = set()                # each hint once: the lines below say what differs
     runs_log = get_logger()                 # a graded run's own lines ("diverged: ...") are
@@ -106,30 +107,40 @@ def report(ex: Exercise, path: Path, module: types.ModuleType) -> bool:
         for check in ex.grade(module):
             total += 1
             passed += check.passed
-            print_check(check, hinted)
+            print_check(check, hinted, out)
     except (StudentError, TooLong) as e:   # their code failed where a check needs it
         total += 1
         print_check(Check("your code ran", "no exception", str(e), False,
-                          "fix the error above and grade again"), hinted)
+                          "fix the error above and grade again"), hinted, out)
     finally:
         runs_log.setLevel(level)
-    print(f"{passed} of {total} checks pass" + ("" if passed == total else
-                                                "; read the hints above and try again"))
+    say(f"{passed} of {total} checks pass" + ("" if passed == total else "; read the hints above and try again"), out)
     return passed == total
 
 
-def print_check(check: Check, hinted: set[str]) -> None:
-    print(f"  {'PASS' if check.passed else 'FAIL'}  {check.what}: expected {check.expected}, "
-          f"got {check.got}", flush=True)
+def print_check(check: Check, hinted: set[str], out: IO[str]) -> None:
+    say(f"  {'PASS' if check.passed else 'FAIL'}  {check.what}: expected {check.expected}, got {check.got}", out)
     if not check.passed and check.hint and check.hint not in hinted:
         hinted.add(check.hint)
-        print(f"        hint: {check.hint}")
+        say(f"        hint: {check.hint}", out)
 
 
-def grade(file: str, loaded=lambda: None) -> int:
-    """Grade one file, calling ``loaded()`` once it has loaded; the exit status (see the module
-    docstring)."""
-    path = Path(file)
+def say(line: str, out: IO[str]) -> None:
+    """A line of the report into ``out``, the grader's own stdout, after the file's own lines (its
+    ``sys.stdout``, which the file may have replaced, set to None or closed: the report goes on)."""
+    flush_stdout()
+    print(line, file=out, flush=True)
+
+
+def flush_stdout() -> None:
+    with contextlib.suppress(Exception):   # (None, or closed by the file: nothing of its to flush)
+        sys.stdout.flush()
+
+
+def grade(file: str, loaded=lambda: None, out: IO[str] | None = None) -> int:
+    """Grade one file, calling ``loaded()`` once it has loaded, its report into ``out`` (by
+    default ``sys.stdout`` as the grading starts); the exit status (see the module docstring)."""
+    path, out = Path(file), out or sys.stdout
     # loading runs the file: an endless loop at its top too; it puts the file's folder on the path
     with time_limit(GRADE_LIMIT_S), mock.patch.object(sys, "path", list(sys.path)):
         try:
@@ -138,7 +149,7 @@ def grade(file: str, loaded=lambda: None) -> int:
             print(f"grade: {e}", file=sys.stderr)
             return EXIT_UNLOADABLE
         loaded()
-        return EXIT_PASSED if report(ex, path, module) else EXIT_FAILED
+        return EXIT_PASSED if report(ex, path, module, out) else EXIT_FAILED
 
 
 def grade_apart(file: str) -> int:
@@ -158,11 +169,13 @@ def grade_apart(file: str) -> int:
             os._exit(EXIT_UNLOADABLE)
         os.setsid()   # not setpgid: a group apart in the terminal's session stops at an input() (SIGTTIN)
         verdict = EXIT_FAILED
+        # the report's own handle on stdout: the file may replace sys.stdout, close it, or close fd 1
+        out = open(os.dup(1), "w", encoding=sys.stdout.encoding, errors=sys.stdout.errors)
         try:
-            verdict = grade(file, loaded=lambda: os.write(write, LOADED))
-            sys.stdout.flush()   # the report before the verdict: os._exit flushes nothing
+            verdict = grade(file, loaded=lambda: os.write(write, LOADED), out=out)
+            flush_stdout()   # the file's lines before the verdict: os._exit flushes nothing
         except KeyboardInterrupt as e:   # the file's own (raised, a SIGINT to itself): Ctrl-C reaches the grader alone
-            sys.stdout.flush()   # (it was exit 130 without a word, the report cut short)
+            flush_stdout()   # (it was exit 130 without a word, the report cut short)
             print(f"grade: {file}: the grading ended with no verdict: the file interrupted it itself "
                   f"({harness.describe_error(e)}); fix that and grade again", file=sys.stderr)
             verdict = EXIT_UNLOADABLE

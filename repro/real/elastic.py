@@ -14,7 +14,8 @@ Ids: a new joiner gets the next id never used in the run (across resumes too), s
 names two processes; a restarted client may ask for its lost id back (``backend.join_client``).
 Per-client settings of id k > num_clients are slot k's (:func:`repro.config.settings.client_slot`).
 
-Every wait is bounded. A joiner loads its data before it takes a ticket, so that the server's
+Every wait is bounded (the answer's, past the server's last count of BUSY_KEY: it admits nobody while
+it evaluates version 0, busy, not dead). A joiner loads its data before it takes a ticket, so that the server's
 wait for its pair group is not spent on it. Once the run serves no more joins the acceptor marks
 the store closed and refuses every ticket it has not read, so a late joiner is told at once. A
 join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
@@ -51,6 +52,7 @@ _log = get_logger("repro.real.elastic")
 
 COUNT_KEY = "repro/join/count"
 CLOSED_KEY = "repro/join/closed"   # set once the run serves no more joins (it is ending)
+BUSY_KEY = "repro/busy"   # the run's (not a join's): counted up while the server evaluates before serving
 EXIT_REFUSED = 2   # a refused join is bad input: the joiner's config, id or timing
 
 
@@ -176,10 +178,24 @@ def _take_ticket(host: str, port: int, cfg: RunConfig):
     return store, n
 
 
-def _read_answer(store, n: int) -> dict:
-    answer = json.loads(store.get(ticket_key(n, "answer")))
-    store.delete_key(ticket_key(n, "answer"))   # read: nothing of this ticket stays in the store
-    return answer
+def _read_answer(store, n: int, timeout_s: float) -> dict:
+    """Ticket ``n``'s answer, waited for up to ``timeout_s`` past the server's last sign of life:
+    while it evaluates the version it starts from (version 0's evaluation, before its HELLO) it
+    admits nobody, busy, not dead, and counts BUSY_KEY up as it heartbeats its own clients. Each
+    look is bounded (a stopped server's store answers nothing, whatever its timeout)."""
+    key, beats, since = ticket_key(n, "answer"), None, time.monotonic()
+    while not (seen := bounded(lambda: (store.check([key]), store.add(BUSY_KEY, 0)), timeout_s, "answer"))[0]:
+        if seen[1] != beats:
+            beats, since = seen[1], time.monotonic()
+        elif time.monotonic() - since > timeout_s:
+            raise TimeoutError(f"answer: no answer within {timeout_s:g} s")
+        time.sleep(0.05)
+
+    def read() -> dict:
+        answer = json.loads(store.get(key))
+        store.delete_key(key)   # read: nothing of this ticket stays in the store
+        return answer
+    return bounded(read, timeout_s, "answer")
 
 
 def ask(cfg: RunConfig):
@@ -198,7 +214,7 @@ def ask(cfg: RunConfig):
     except Exception as exc:
         raise JoinEnded(f"refused: no run is listening at {where}: {first_line(exc)}") from None
     try:
-        answer = bounded(lambda: _read_answer(store, n), timeout_s, "answer")
+        answer = _read_answer(store, n, timeout_s)
     except Exception as exc:
         raise JoinEnded(f"the server at {cfg.backend.join} did not answer within backend.timeout_s="
                         f"{timeout_s:g} s: {first_line(exc)}", code=1) from None

@@ -39,7 +39,7 @@ from repro.errors import ConfigError
 from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.real.client import build_client, client_device, run_client
-from repro.real.elastic import COUNT_KEY
+from repro.real.elastic import BUSY_KEY, COUNT_KEY
 from repro.real.server import log
 from repro.real.transport import Channel
 from repro.real.groups import connect, disconnect, first_line, pin_gloo
@@ -90,6 +90,7 @@ def make_store(cfg: RunConfig) -> dist.TCPStore:
                           timeout=datetime.timedelta(seconds=startup_deadline_s(cfg)),
                           master_listen_fd=sock.detach())   # the store owns the socket now
     store.add(COUNT_KEY, 0)   # the mark of a run's store: a joiner at any other (torchrun's) is refused
+    store.add(BUSY_KEY, 0)   # what a joiner waiting for its answer watches (repro.real.elastic._read_answer)
     return store
 
 

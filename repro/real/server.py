@@ -24,7 +24,7 @@ import torch
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark, prefixed
-from repro.real.elastic import ENDED, Refused
+from repro.real.elastic import BUSY_KEY, ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello, trained
 from repro.real.groups import bounded, first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver, Silence
@@ -144,8 +144,7 @@ class Dispatcher:
         self.receivers[k].finish()
         if self.stop.is_set():
             return   # shutting down on purpose: peers leaving is expected, not an event
-        log.info(f"client {k} lost at version {self.server.version}: {reason}; "
-            f"{len(self.live())} client(s) still training")
+        log.info(f"client {k} lost at version {self.server.version}: {reason}; {len(self.live())} client(s) still training")
         outcome = self.core.lose(k, reason, now := self.now())
         self.carry(outcome.replies)   # a barrier it held opens: a version it applies is due its
         # evaluation and checkpoint now, as a pushed one is (it waited for the next push's check)
@@ -180,6 +179,8 @@ class Dispatcher:
         if time.monotonic() - self.kept_alive < every:
             return
         self.kept_alive = time.monotonic()
+        if greeting and self.acceptor is not None:   # and joiners, who wait for their answer as long (repro.real.elastic)
+            self.acceptor.store.add(BUSY_KEY, 1)
         for k in self.live():
             if greeting or self.receivers[k].held_s() >= every:
                 try:
@@ -311,8 +312,7 @@ class Dispatcher:
             try:
                 group = pair_group(store, prefix, 0, timeout)
             except Exception as exc:
-                log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: "
-                    f"{first_line(exc)}")
+                log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: {first_line(exc)}")
                 return
             channel = Channel(group, k, timeout, peer_in_group=1)
             frame = self.frame()
