@@ -42,6 +42,18 @@ def _restore_torch_threads():
         torch.set_num_threads(THREADS)
 
 
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers():
+    """A test (or an in-process command it runs) that leaves a signal handler behind must not pass
+    it on: the processes the next tests start inherit an ignored SIGINT, or get the default in
+    place of a handler, and which tests share a process depends on the order the workers draw."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for sig, handler in before.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
+
+
 def pytest_xdist_auto_num_workers(config):
     """How many workers pyproject's ``-n auto`` starts (pytest-xdist). The default suite runs on
     every core, at most 8 (each worker imports torch, and many tests start processes of their

@@ -168,8 +168,11 @@ def test_c_a_signal_to_the_owner_leaves_nothing(sig):
     """SIGTERM or Ctrl-C (SIGINT) to the process that owns two hosts: its clean-up runs. SIGKILL:
     nothing can clean up, so the next owner sweeps the dead owner's namespaces at its start."""
     up().close()   # skip where namespaces cannot be made
+    # SIGINT as a terminal delivers it: pytest started in the background of a non-interactive
+    # shell (nohup, a CI script's &) passes it on ignored, and the owner would sleep through it
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         server_ns, client_ns, *ifnames = owner.stdout.readline().split()
         deadline = time.monotonic() + 30
