@@ -105,7 +105,6 @@ def no_children():
 def ctrl_c_raises():
     """SIGINT raises KeyboardInterrupt in this process and reaches its children, as in a
     terminal, for a test that sends itself a Ctrl-C: pytest started as a background job of a
-    non-interactive shell inherits SIGINT ignored (POSIX), and so would every child it starts."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
+    non-interactive shell inherits SIGINT ignored (POSIX), and so would every child it starts.
+    The handler before it comes back with every test's (_restore_signal_handlers)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
