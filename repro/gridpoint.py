@@ -31,6 +31,7 @@ log = get_logger()
 
 STOP_DIR = ".grid_stops"   # in the sweep folder: one mark per launch asked to stop
 DEFAULT_SUBDIR = "${job_name:${hydra:overrides.task}}"   # conf/config.yaml's hydra.sweep.subdir
+DEFAULT_SWEEP_DIR = "${results_dir}/${exp_name}"            # and its hydra.sweep.dir
 
 
 class PointGuard:
@@ -160,11 +161,13 @@ def grid_points(config: DictConfig) -> list[str] | None:
 def point_folders(config: DictConfig) -> list[str] | None:
     """Each point's run folder relative to the grid's (:func:`grid_points`' names), under another
     experiment's or results folder where the point sets exp_name or results_dir (``-m exp_name=a,b``);
-    where ``hydra.sweep.subdir`` is the user's, the folder the launcher will give each job."""
+    where ``hydra.sweep.dir`` or ``hydra.sweep.subdir`` is the user's, the folder the launcher will give each job."""
     jobs = _named_jobs(config)
     if jobs is None:
         return None
-    if OmegaConf.to_container(config.hydra.sweep)["subdir"] != DEFAULT_SUBDIR:   # the user's: resolved per job
+    sweep = OmegaConf.to_container(config.hydra.sweep)
+    # the user's (resolved per job): a point's results_dir no longer moves its folder out of hydra.sweep.dir
+    if (sweep["dir"], sweep["subdir"]) != (DEFAULT_SWEEP_DIR, DEFAULT_SUBDIR):
         from repro.config.loader import exit_bad_input
         from repro.hydra_internals import job_folders
 

@@ -301,6 +301,8 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     # the first point ran, the second was refused (its folder held the first's run), and the
     # progress said 'finished: 0/2 done, 2 not started': the folders were judged by job name
     (["-m", "hydra.sweep.subdir=same", "nsync=1,2"], "error: grid points share a run folder (same): "),
+    # hydra.sweep.dir holds every point, whatever its results_dir: both ran in X/num_epochs=0.2
+    (["-m", "results_dir=a,b", "hydra.sweep.dir=x"], "error: grid points share a run folder (num_epochs=0.2): "),
     (["-m", "hydra.sweep.subdir=${oops}", "nsync=1,2"], "error: cannot name a grid point's folder "
                                                         "(hydra.sweep.subdir): Interpolation key 'oops' not found\n"),
     (["-m", "hydra/launcher=nope", "nsync=1,2"], "error: In 'hydra/config': Could not find 'hydra/launcher/nope' "

@@ -404,6 +404,22 @@ def test_a_quoted_results_dir_or_exp_name_names_the_folders_the_points_run_in():
     assert point_folders(plain)[0] == "nsync=1,num_clients=1,seed=0"
 
 
+def test_hydra_sweep_dir_with_results_dir_names_the_folders_the_points_run_in():
+    """``results_dir=R hydra.sweep.dir=S``: each point runs in S/NAME (the launcher's folder), but the
+    grid looked for it in R/EXP/NAME: the progress line said 'finished: 0/2 done, 2 not started'
+    for two completed points, and a Ctrl-C waited for none of those running."""
+    from hydra import initialize_config_dir
+
+    from repro.config.loader import CONF_DIR
+    from repro.gridpoint import point_folders
+    from repro.run import compose
+
+    config = compose(["+exp=fig1", "results_dir=/r", "hydra.sweep.dir=/s"], return_hydra_config=True)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):   # the launch's Hydra
+        folders = point_folders(config)
+    assert folders == point_folders(compose(["+exp=fig1"], return_hydra_config=True)) and folders[0] == "seed=0"
+
+
 @pytest.mark.parametrize("exp", GRIDS + REAL_GRIDS)
 def test_the_job_list_is_the_one_hydras_basic_sweeper_launches(exp):
     """The progress line, the figure and sim-vs-real read the job list before the grid runs
