@@ -74,6 +74,29 @@ def test_8_bad_checkpoint_is_a_clear_config_error(interrupted, reference, capfd,
     check_run_folder(interrupted, "completed")
 
 
+def test_8_a_checkpoint_of_another_runs_settings_is_refused_listing_them(interrupted, reference, tmp_path):
+    """Fault: an interrupted run's checkpoint.pt replaced by another run's (nsync=3, copied
+    between folders), whose config.json was not. It resumed: rows 1..20 of this run, then rows
+    continued from the other's state, mixed in one updates.csv. Guarantee 8: resume refuses it
+    before any file changes, listing each setting of the other run; with its own checkpoint back
+    the run resumes to the uninterrupted run's tables."""
+    other = tmp_path / "other"
+    assert simulate(SIM.replace(nsync=3), other, stop_at_version=STOP_AT)["status"] == "interrupted"
+    path = interrupted / "checkpoint.pt"
+    good = path.read_bytes()
+    path.write_bytes((other / "checkpoint.pt").read_bytes())
+    before = snapshot(interrupted)
+    for resume in (True, "auto"):
+        with pytest.raises(ConfigError, match=r"written by a run with other settings \(checkpoint -> now\): "
+                                              r"nsync: 3 -> 2\); force=true starts over"):
+            simulate(SIM.replace(resume=resume), interrupted)
+    assert changed(before, snapshot(interrupted)) == []
+    path.write_bytes(good)
+    assert simulate(SIM.replace(resume=True), interrupted)["status"] == "completed"
+    assert table_bytes(interrupted) == reference
+    check_run_folder(interrupted, "completed")
+
+
 # slow: test_8_bad_checkpoint_is_a_clear_config_error (the refusal, no code run) and
 # test_6_cli_rerun_of_an_interrupted_run_exits_2 (a ConfigError inside the run: exit 2, one line)
 # cover the same path in the default suite

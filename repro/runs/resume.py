@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from repro.config.renames import modern_tree
+from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.storage import atomic_write_text, read_checkpoint
@@ -27,11 +29,20 @@ REQUIRED = {"server": dict, "server.params": torch.Tensor, "server.version": int
 DRIVER = {"sim": {"driver.clients": dict, "driver.scheduler": dict}, "real": {"driver.clients": dict}}
 
 
-def resume_state(run_dir: Path, kind: str, device: torch.device | str) -> dict:
+def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunConfig | None = None) -> dict:
     """The checkpoint to resume from, its tables cut back to it (see the module docstring):
-    ConfigError naming the file and line when a row the resumed run needs is damaged or missing."""
+    ConfigError naming the file and line when a row the resumed run needs is damaged or missing,
+    or, before any file changes, listing the settings in which the run that wrote the checkpoint
+    differs from ``cfg`` (config.json agrees with ``cfg``, but a checkpoint copied from another
+    run's folder was continued, its rows after the first run's)."""
     state = load_checkpoint(run_dir, kind, device)
     runlog, run_dir = state["runlog"], Path(run_dir)
+    written_by = runlog.get("config")   # (none in a checkpoint older than this check)
+    diffs = differences(modern_tree(written_by, quiet=True), cfg) if cfg and isinstance(written_by, dict) else []
+    if diffs:
+        raise ConfigError("resume", cfg.resume, f"a checkpoint of this run ({run_dir / schema.CHECKPOINT_FILE} was "
+                          f"written by a run with other settings (checkpoint -> now): {'; '.join(diffs)}); "
+                          "force=true starts over")
     version, evaluated = int(runlog["version"]), int(runlog["last_eval_version"])
     for name, columns, upto in ((schema.UPDATES_FILE, schema.UPDATE_COLUMNS, version),
                                 (schema.EVALS_FILE, schema.EVAL_COLUMNS, evaluated)):

@@ -103,6 +103,8 @@ class RunLog:
     def __init__(self, run_dir: Path, config: dict, *, clock: str, backend: str, num_train: int,
                  eval_every: float, target_error: float, resume_from: dict | None = None):
         self.run_dir = Path(run_dir)
+        # as config.json holds it, for the checkpoints: torch's version is a str subclass they may not hold
+        self.config = json.loads(json.dumps(config))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.clock, self.backend, self.num_train = clock, backend, num_train
         self.eval_every_samples = eval_every * num_train
@@ -212,7 +214,7 @@ class RunLog:
                 "time_s": self.time_s, "time_to_target": self.time_to_target, "final": dict(self.final),
                 "events": list(self.events), "wall_time_s": self.wall_time_s(),
                 "last_eval_version": self.last_eval_version, "lost_clients": dict(self.lost_clients),
-                "timing_rows": self.timing_rows}
+                "timing_rows": self.timing_rows, "config": self.config}   # config: whose checkpoint it is
 
     def load_state_dict(self, state: dict) -> None:
         self.samples_seen, self.version = int(state["samples_seen"]), int(state["version"])
