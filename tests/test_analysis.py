@@ -802,6 +802,28 @@ def test_an_interrupt_while_a_file_is_written_leaves_the_old_file_never_a_cut_on
     assert (out / file).read_bytes() == b"the old file" and not list(out.glob("*.tmp"))
 
 
+def test_a_figure_two_processes_write_at_once_is_written_whole(tmp_path, monkeypatch):
+    """Two launches of one grid draw its figure at once, through one temporary file (fig3.png.tmp):
+    the other's rename took it away, and this one's failed (FileNotFoundError, which Hydra turned
+    into a warning); a file truncated mid-write by the other could have been renamed into place."""
+    import os
+
+    from repro.analysis.render import write_csv
+
+    path, to_csv, pid = tmp_path / "fig3.csv", pd.DataFrame.to_csv, os.getpid()
+
+    def meanwhile(frame, f, **kwargs):
+        if "b" not in frame:   # the other launcher's process writes the same file meanwhile
+            with monkeypatch.context() as other:
+                other.setattr(os, "getpid", lambda: pid + 1)
+                write_csv(pd.DataFrame({"b": [2]}), path)
+        return to_csv(frame, f, **kwargs)
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", meanwhile)
+    write_csv(pd.DataFrame({"a": [1]}), path)
+    assert path.read_text() == "a\n1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["fig3.csv"]
+
+
 def test_a_folder_in_the_way_of_a_figure_is_named_not_its_temporary_file(results, tmp_path, capsys):
     """Written under a temporary name and renamed, the rename's error named the temporary file."""
     (tmp_path / "out" / "fig1.png").mkdir(parents=True)

@@ -74,12 +74,13 @@ def disk_error(exc: OSError, path: Path | str | None) -> OSError:
     return OSError(exc.errno, what.format(folder=path.parent) + f" while writing {path.name}")
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any], shared: bool = False) -> None:
     """``write(f)`` to a temp file, then rename, so a reader never sees half a file (and a full
     disk or an interrupt leaves the old file and no temp file). A full or read-only disk is an
-    OSError naming it (:func:`disk_error`)."""
+    OSError naming it (:func:`disk_error`). ``shared``: a file no lock keeps to one writer (a
+    figure two grids draw at once), written through a temp file of this process's own."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + (f".{os.getpid()}.tmp" if shared else ".tmp"))
     try:
         with open(tmp, "wb") as f:
             write(f)
