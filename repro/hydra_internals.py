@@ -19,6 +19,8 @@ the package imports them):
   answered in one line (:func:`check_flags`, Hydra's own argument parser): not its usage text;
   so is ``--cfg hydra --resolve``, which Hydra cannot resolve here: not its traceback; and a
   ``--package`` the config shown has not (:func:`check_package`): not Hydra's exit 1;
+* a key set under a null node (``hydra.sweeper.params.seed=0`` without an experiment's grid) is
+  named (:func:`null_node_named`): OmegaConf says only 'Unexpected type for root: NoneType';
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
   its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
   compose it again. Hydra 1.3 has no public equivalent of what its main does after composing.
@@ -206,3 +208,21 @@ def job_return(exited: SystemExit | None = None) -> Any:
     if exited is None or exited.code in (0, None):
         return JobReturn(status=JobStatus.COMPLETED)
     return JobReturn(status=JobStatus.FAILED, _return_value=exited)
+
+
+def null_node_named(compose: Any, overrides: list[str]) -> Any:
+    """``compose(overrides)``; OmegaConf's bare AssertionError for a key set under a null node
+    becomes a ValueError naming the override that raises it alone (traceback, exit 1, in a grid)."""
+    try:
+        return compose(overrides)
+    except AssertionError:
+        for override in overrides:
+            try:
+                compose([override])
+            except AssertionError:
+                raise ValueError(f"'{override.partition('=')[0].lstrip('+~')}' is set under a node that is null "
+                                 "here, as hydra.sweeper.params is without an experiment's grid (a grid "
+                                 "sweeps KEY=A,B with -m)") from None
+            except Exception:   # another override's own error: not this one
+                pass
+        raise

@@ -303,6 +303,10 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["-m", "hydra.sweep.subdir=same", "nsync=1,2"], "error: grid points share a run folder (same): "),
     # hydra.sweep.dir holds every point, whatever its results_dir: both ran in X/num_epochs=0.2
     (["-m", "results_dir=a,b", "hydra.sweep.dir=x"], "error: grid points share a run folder (num_epochs=0.2): "),
+    # OmegaConf's 'Unexpected type for root: NoneType' (a grid: its traceback, exit 1): no experiment, no params
+    (["-m", "hydra.sweeper.params.seed=0", "nsync=1,2"], "error: 'hydra.sweeper.params.seed' is set under a node "
+                                                        "that is null here, as hydra.sweeper.params is without"),
+    (["hydra.sweeper.params.seed=0"], "error: 'hydra.sweeper.params.seed' is set under a node that is null here"),
     (["-m", "hydra.sweep.subdir=${oops}", "nsync=1,2"], "error: cannot name a grid point's folder "
                                                         "(hydra.sweep.subdir): Interpolation key 'oops' not found\n"),
     (["-m", "hydra/launcher=nope", "nsync=1,2"], "error: In 'hydra/config': Could not find 'hydra/launcher/nope' "

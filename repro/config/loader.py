@@ -30,7 +30,8 @@ from repro.config.renames import modern_override
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files import schema
 from repro.files.storage import is_read_only, unmakeable
-from repro.hydra_internals import check_flags, check_package, named_options, plain_number   # Hydra's own readings
+from repro.hydra_internals import (check_flags, check_package, named_options,   # Hydra's own readings
+                                   null_node_named, plain_number)
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
 
@@ -204,8 +205,8 @@ def compose(overrides: list[str], return_hydra_config: bool = False):
     # Hydra's GlobalHydra is one per process: two threads composing at once (simulate() in a
     # ThreadPoolExecutor) raised "GlobalHydra is already initialized" in all but one
     with _COMPOSING, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="run"):
-        return hydra_compose(config_name="config", overrides=overrides,
-                             return_hydra_config=return_hydra_config)
+        return null_node_named(lambda o: hydra_compose(config_name="config", overrides=o,
+                                                       return_hydra_config=return_hydra_config), overrides)
 
 
 def parse(dcfg) -> config.RunConfig:
