@@ -29,6 +29,7 @@ from torch import Tensor
 
 from repro.asgd.flatnet import FlatNet
 from repro.asgd.rules import ServerRule
+from repro.errors import ConfigError
 
 
 @dataclass
@@ -278,6 +279,9 @@ class ParameterServer:
         return {"params": self.params, "version": self.version, "rule": self.rule.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        if state["params"].shape != self.params.shape:   # another model's: its code (or torch's) changed since
+            raise ConfigError("resume", "checkpoint.pt", f"a checkpoint of this model: it holds {state['params'].numel()} "
+                              f"parameters, the model {self.params.numel()}; force=true starts over")
         self.params.copy_(state["params"])
         self.version = int(state["version"])
         self.rule.load_state_dict(state["rule"])
