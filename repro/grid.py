@@ -187,6 +187,8 @@ class Grid(Callback):
         if str(config.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
             self._use_slots(config)
         self._stop = StopRequest(on_signal=self._on_signal, force=self._forced).__enter__()
+        if self._stop.is_set():   # a signal during start-up, to the command line's handler: no point starts
+            self._on_signal(self._stop.reason)
         self._thread = threading.Thread(target=self._watch, name="grid-progress", daemon=True)
         self._thread.start()
 

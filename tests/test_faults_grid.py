@@ -47,6 +47,26 @@ def _launched(tmp_path: Path, monkeypatch) -> Grid:
     return grid
 
 
+def test_a_ctrl_c_while_the_grid_is_composed_stops_it_before_any_point(tmp_path, capsys):
+    """A Ctrl-C after the command line's handler was installed and before the grid's own (the
+    second of a second's start-up, as Hydra composes) asked this process's runs to stop, and
+    no other process heard it: the joblib launcher ran every point, drew the figure and exited
+    0. The grid now stops as for a Ctrl-C while it runs: its mark, exit 130, the resume hint."""
+    from repro.runtime import StopRequest, request_stop
+
+    grid = Grid(every_s=0)
+    config = compose(["+exp=fig3", f"results_dir={tmp_path}", "progress=false"], return_hydra_config=True)
+    request_stop("SIGINT")   # what the command line's StopRequest does with the Ctrl-C
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            grid.on_multirun_start(config)
+    finally:
+        grid._stop_watching()
+        StopRequest._pending = ""
+    assert stopped.value.code == 130 and grid.mark_path().exists()
+    assert "[grid fig3] stopped by SIGINT. The same command with resume=auto" in capsys.readouterr().err
+
+
 def test_the_progress_thread_ends_before_the_signal_handlers_go_back():
     """A second Ctrl-C while the launcher joins its progress thread (up to 5 s) still reaches the
     grid's own handler (exit 130, its message), not Python's default (a traceback)."""
