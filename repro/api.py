@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from hydra.errors import HydraException
 from torch import nn
 
@@ -42,7 +41,7 @@ from repro.workload.build import Problem
 from repro.workload.custom import ArrayLike, check_objects, check_trainable, custom_problem, names
 from repro.workload.data import QUADRATIC_CURVATURES, load_dataset
 from repro.workload.models import build_model
-from repro.runtime import resolve_device
+from repro.runtime import resolve_device, seeded
 from repro.sim.driver import simulate as sim_run
 
 # ``python -m repro.run`` with no overrides: simulate()'s defaults, and every setting it does not take
@@ -222,7 +221,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     run_dir = check_objects(module, train, test, loss_fn, run_dir)
     check_trainable(module, weight_decay)
     cfg = _config(settings, cost_profile(cost))
-    with _seeded(seed):
+    with seeded(seed):
         problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
         data, model = names(problem, module, loss_fn)
         cfg = cfg.replace(data=replace(cfg.data, name=data), model=replace(cfg.model, name=model))
@@ -257,15 +256,6 @@ def _config(settings: dict, cost: CostConfig) -> RunConfig:
 # simulate()'s help lists the registries' names (what validate() checks): one registered later too
 for _field, _registry in (("{SERVER_RULES}", RULES), ("{PROTOCOLS}", PROTOCOLS)):
     simulate.__doc__ = simulate.__doc__.replace(_field, "{" + ", ".join(f'"{n}"' for n in _registry.names()) + "}")
-
-
-@contextlib.contextmanager
-def _seeded(seed: int):
-    """Dropout draws from torch's global generator: seed it, so that the same arguments give the
-    same tables, and give the caller's back as it was (the CUDA ones are seeded, not restored)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
 
 
 def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Result:
@@ -322,7 +312,7 @@ def run_config(cfg: RunConfig) -> Result:
     if cfg.resume is True:   # else the refusal named the temporary folder and a force=True it has not
         raise ConfigError("resume", True, "false: run_config (and run_point) simulate in a fresh temporary "
                           "folder, which holds no run to resume")
-    with _seeded(cfg.seed):
+    with seeded(cfg.seed):
         return _run(cfg, None, None)
 
 
@@ -361,8 +351,9 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
     steps = int(numbers("steps", steps, "an integer in 0..10**6", lambda v: v.clip(0, 10**6) == v, True, True))
     with np.errstate(over="raise", invalid="raise"), contextlib.suppress(FloatingPointError):   # else inf, then nan
         return response(curvatures, lr, mu, steps)
-    raise ConfigError("lr", lr, f"a step size whose every mode stays within float64's range over {steps} steps (lr x the "
-                      f"largest curvature is {float(lr) * float(np.max(curvatures)):.3g}): lower lr, the curvatures or steps")
+    raise ConfigError("lr", lr, f"a step size whose every mode stays within float64's range over {steps} steps "
+                      f"(lr x the largest curvature is {float(lr) * float(np.max(curvatures)):.3g}): lower lr, "
+                      "the curvatures or steps")
 
 
 def collection_time(taus: list[float], size: int) -> float:

@@ -40,6 +40,16 @@ def torch_threads(n: int):
             torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Dropout draws from torch's global generator: seed it, so that the same arguments give the
+    same tables, and give the caller's back as it was (the CUDA ones are seeded, not restored)."""
+    import torch
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def cuda_missing() -> str:
     """Why CUDA cannot be used here, in words a user can act on."""
     import torch
