@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import threading
 import time
@@ -106,6 +107,18 @@ def forget_folder(run_dir: Path) -> None:
     drop_hydra_record(run_dir)
     with contextlib.suppress(OSError):
         run_dir.rmdir()   # only when empty
+
+
+def remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
+    """Hydra made the folder (and this process's record in it) before we could check: leave nothing
+    like a run, nor an empty experiment folder; one holding anything else is touched only for our record."""
+    forget_folder(run_dir)
+    parent = run_dir.parent
+    while parent != results_dir and results_dir in parent.parents and parent.is_dir():
+        if any(p for p in parent.iterdir() if p.name != "multirun.yaml"):
+            break
+        shutil.rmtree(parent, ignore_errors=True)
+        parent = parent.parent
 
 
 def lock_holder(run_dir: Path) -> dict | None:
