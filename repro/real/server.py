@@ -22,26 +22,15 @@ import traceback
 import torch
 
 from repro.config.settings import RunConfig
-from repro.errors import ConfigError
 from repro.logs import mark, prefixed
 from repro.real.elastic import BUSY_KEY, ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello, trained
 from repro.real.groups import bounded, first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver, Silence
-from repro.runtime import StopRequest, cuda_missing, naming_fork_server
+from repro.runtime import StopRequest, naming_fork_server
 
 log = prefixed("repro.real.server", "[real server]")
 STOPPING_S = 2.0   # once a stop is asked for, the most a send waits for a client that answers nothing
-
-
-def server_device(cfg: RunConfig) -> torch.device:
-    """Local rank 0's device: ``cuda:0`` with ``backend.server_device=cuda`` (see
-    :mod:`repro.real.client` for the one placement rule), else the CPU."""
-    if cfg.backend.server_device == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("backend.server_device", "cuda", f"'cpu': {cuda_missing()}")
-        return torch.device("cuda:0")
-    return torch.device("cpu")
 
 
 def greeted(channel: Channel, k: int, frame: Frame, out: Frame, cfg: RunConfig) -> None:
@@ -144,7 +133,8 @@ class Dispatcher:
         self.receivers[k].finish()
         if self.stop.is_set():
             return   # shutting down on purpose: peers leaving is expected, not an event
-        log.info(f"client {k} lost at version {self.server.version}: {reason}; {len(self.live())} client(s) still training")
+        log.info(f"client {k} lost at version {self.server.version}: {reason}; "
+                 f"{len(self.live())} client(s) still training")
         outcome = self.core.lose(k, reason, now := self.now())
         self.carry(outcome.replies)   # a barrier it held opens: a version it applies is due its
         # evaluation and checkpoint now, as a pushed one is (it waited for the next push's check)
@@ -179,7 +169,8 @@ class Dispatcher:
         if time.monotonic() - self.kept_alive < every:
             return
         self.kept_alive = time.monotonic()
-        if greeting and self.acceptor is not None:   # and joiners, who wait for their answer as long (repro.real.elastic)
+        # and joiners, who wait for their answer as long (repro.real.elastic)
+        if greeting and self.acceptor is not None:
             self.acceptor.store.add(BUSY_KEY, 1)
         for k in self.live():
             if greeting or self.receivers[k].held_s() >= every:
@@ -312,7 +303,8 @@ class Dispatcher:
             try:
                 group = pair_group(store, prefix, 0, timeout)
             except Exception as exc:
-                log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: {first_line(exc)}")
+                log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: "
+                         f"{first_line(exc)}")
                 return
             channel = Channel(group, k, timeout, peer_in_group=1)
             frame = self.frame()
