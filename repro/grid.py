@@ -277,7 +277,8 @@ class Grid(Callback):
         if os.getpid() != self.main_pid:
             return
         run_dir = Path(str(config.hydra.runtime.output_dir))
-        if summary_status(run_dir) == "interrupted":   # (an interrupted folder from an earlier launch is refused or resumed)
+        # (an interrupted folder from an earlier launch is refused or resumed)
+        if summary_status(run_dir) == "interrupted":
             self._halt(f"stopped: {self._name(run_dir.name)} was interrupted")
 
     # -- the stop mark ------------------------------------------------------------------------

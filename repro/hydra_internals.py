@@ -163,8 +163,9 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
 
 def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> Any:
     """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``, composed
-    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in config' ended it, exit 1.
-    Read without resolving (Hydra's own node needs a job for that). Returns ``dcfg``."""
+    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in
+    config' ended it, exit 1. Read without resolving (Hydra's own node needs a job for that).
+    Returns ``dcfg``."""
     from hydra._internal.utils import get_args_parser
     from omegaconf import OmegaConf
 
@@ -174,7 +175,8 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
     shown = OmegaConf.masked_copy(dcfg, {"job": [k for k in dcfg if k != "hydra"], "hydra": ["hydra"]}.get(
         args.cfg, list(dcfg)))
     if args.cfg == "hydra":   # without its help texts, as Hydra shows it (Hydra.get_sanitized_hydra_cfg)
-        shown = OmegaConf.create({"hydra": OmegaConf.masked_copy(dcfg.hydra, [k for k in dcfg.hydra if "help" not in k])})
+        shown = OmegaConf.create({"hydra": OmegaConf.masked_copy(dcfg.hydra,
+                                                                 [k for k in dcfg.hydra if "help" not in k])})
     parent, _, last = args.package.rpartition(".")
     node = OmegaConf.select(shown, parent, default=None) if parent else shown
     tree = OmegaConf.to_container(node) if OmegaConf.is_config(node) else {}

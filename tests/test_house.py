@@ -541,3 +541,24 @@ def test_hydra_beyond_its_public_interface_is_used_in_one_place_only():
     assert not private, f"Hydra's internals imported outside repro/hydra_internals.py: {private}"
     text = (ROOT / "repro" / "hydra_internals.py").read_text()
     assert "hydra._internal" in text and "why" in text.split('"""')[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The house's shape: lines and modules a reader takes in whole
+# ---------------------------------------------------------------------------------------------
+
+def _sources() -> list[Path]:
+    return sorted(p for package in ("repro", "repro_bench") for p in (ROOT / package).rglob("*.py")
+                  if "__pycache__" not in p.parts)
+
+
+def test_no_line_of_the_package_or_its_benchmarks_is_over_120_characters():
+    long = [f"{p.relative_to(ROOT)}:{i} ({len(line)})" for p in _sources()
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 120]
+    assert not long, "\n".join(long)
+
+
+def test_no_module_of_the_package_or_its_benchmarks_is_over_400_lines():
+    long = [f"{p.relative_to(ROOT)} ({n})" for p in _sources() if (n := len(p.read_text().splitlines())) > 400]
+    assert not long, "\n".join(long)
+

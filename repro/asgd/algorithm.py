@@ -13,9 +13,10 @@ A rule may make its clients keep their own parameters across exchanges (EASGD: t
 pushes its parameters and, with the server's reply, moves toward the centre instead of taking
 it); the rule declares that ``exchange`` and both drivers run it through :meth:`Client.fetch`.
 
-ParameterServer (the paper's parameter server): holds the parameter vector and a ``version`` counter,
-applies each push as it arrives with a server rule (:mod:`repro.asgd.rules`), and reports the push's staleness: the number of updates applied since
-the client fetched (server version before apply minus the version the client read).
+ParameterServer (the paper's parameter server): holds the parameter vector and a ``version``
+counter, applies each push as it arrives with a server rule (:mod:`repro.asgd.rules`), and
+reports the push's staleness: the number of updates applied since the client fetched (server
+version before apply minus the version the client read).
 """
 from __future__ import annotations
 
