@@ -156,6 +156,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def memory_bytes() -> int:
+    """This machine's physical memory: what a model's parameters must fit (build_model), and the
+    client processes a benchmark starts at once (repro_bench.startup)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
     try:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from repro.logs import TRACE_ENV
+from repro.runtime import memory_bytes
 from repro_bench import positive
 from repro_bench.real import PROTOCOL_TARGET, SIZES, measure_protocol
 
@@ -76,7 +77,7 @@ def clients_that_fit() -> tuple[int, str]:
     import resource
 
     each = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, 1)   # Linux: KiB
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    memory = memory_bytes()
     return memory // each - 1, f"{memory / 2**30:.0f} GiB of memory, {each / 2**20:.0f} MiB a process"
 
 

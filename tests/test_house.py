@@ -6,7 +6,8 @@ than one place is answered by one function, and the places that ask agree.
 * table integrity: :func:`repro.files.schema.version_fault`, for a resume and for the analysis;
 * the warm-start baseline: the simulator's one-client run, bitwise;
 * what the lab needs to know of a run is in its folder (the analysis imports no torch);
-* validation: once per run, where the config enters; the API's defaults are the config's.
+* validation: once per run, where the config enters; the API's defaults are the config's;
+* the machine's memory: :func:`repro.runtime.memory_bytes`, for build_model and the startup benchmark.
 
 Every exactness claim here compares two computations in one process at one thread count.
 """
@@ -562,3 +563,11 @@ def test_no_module_of_the_package_or_its_benchmarks_is_over_400_lines():
     long = [f"{p.relative_to(ROOT)} ({n})" for p in _sources() if (n := len(p.read_text().splitlines())) > 400]
     assert not long, "\n".join(long)
 
+
+def test_the_machines_memory_is_read_in_one_place():
+    """build_model bounds a model by it and the startup benchmark its client processes by it:
+    both ask :func:`repro.runtime.memory_bytes` (the benchmark imports no torch for it)."""
+    readers = [str(p.relative_to(ROOT)) for p in _sources() if "SC_PHYS_PAGES" in p.read_text()]
+    assert readers == ["repro/runtime.py"]
+    from repro.runtime import memory_bytes
+    assert memory_bytes() > 0
