@@ -18,7 +18,8 @@ the package imports them):
 * a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
   answered in one line (:func:`check_flags`, Hydra's own argument parser): not its usage text;
   so is ``--cfg hydra --resolve``, which Hydra cannot resolve here: not its traceback; and a
-  ``--package`` the config shown has not (:func:`check_package`): not Hydra's exit 1;
+  ``--package`` the config shown has not, or whose value cannot be resolved before a run
+  (:func:`check_package`): not Hydra's exit 1 or OmegaConf's traceback;
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
   its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
   compose it again. Hydra 1.3 has no public equivalent of what its main does after composing.
@@ -27,6 +28,7 @@ Every import of Hydra's internals sits inside a function: importing this module 
 """
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any, Callable
 
@@ -163,8 +165,8 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
 
 def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> Any:
     """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``, composed
-    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in config' ended it, exit 1.
-    Read without resolving (Hydra's own node needs a job for that). Returns ``dcfg``."""
+    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in config' ended it, exit 1;
+    a value shown alone must resolve as Hydra's show_cfg resolves it. Returns ``dcfg``."""
     from hydra._internal.utils import get_args_parser
     from omegaconf import OmegaConf
 
@@ -194,6 +196,19 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
     if outside:
         refuse(f"-p/--package {args.package}: its value names {', '.join(outside)}, outside the config --cfg "
                f"{args.cfg} shows; --cfg all -p {args.package} shows it")
+    if isinstance(value, str) and "${" in value:   # one naming a value a run sets (output_dir): its traceback
+        from hydra.core.hydra_config import HydraConfig
+
+        before = HydraConfig.instance().cfg
+        try:
+            HydraConfig.instance().set_config(copy.deepcopy(dcfg))   # as Hydra's show_cfg: ${hydra:...} resolve
+            OmegaConf.select(shown, args.package)
+        except Exception as exc:
+            refuse(f"-p/--package {args.package}: its value {value} cannot be resolved before a run "
+                   f"({str(exc).splitlines()[0]}); --cfg {args.cfg} " + (f"-p {parent}" if parent else
+                   "without --package") + " shows it unresolved")
+        finally:
+            HydraConfig.instance().cfg = before
     return dcfg
 
 
