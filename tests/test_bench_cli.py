@@ -148,7 +148,8 @@ def test_a_client_count_the_real_driver_refuses_is_a_usage_error_before_anything
 def test_more_clients_than_the_machines_memory_holds_are_refused_before_any_real_run(monkeypatch, capsys):
     """--clients 1024 was accepted on any machine: 1025 processes each importing torch, on a
     machine whose memory holds a few dozen. Now: exit 2 naming --clients once the torch import
-    has been measured (its size is each process's least), before any run."""
+    has been measured (its size is each process's least), before any run, and before anything is
+    printed (the header and the torch import's time came first, then the refusal)."""
     from repro_bench import startup as bench_startup
 
     monkeypatch.setattr(bench_startup, "median_s", lambda *a: 1.0)
@@ -156,8 +157,10 @@ def test_more_clients_than_the_machines_memory_holds_are_refused_before_any_real
     monkeypatch.setattr(bench_startup, "clients_that_fit", lambda: (10, "8 GiB of memory, 700 MiB a process"),
                         raising=False)
     assert bench.main(["startup", "--clients", "4", "11", "--skip-protocol"]) == 2
-    assert capsys.readouterr().err == ("python -m repro.bench startup: --clients 11: at most 10 client processes "
-                                       "beside the server on this machine (8 GiB of memory, 700 MiB a process)\n")
+    out, err = capsys.readouterr()
+    assert err == ("python -m repro.bench startup: --clients 11: at most 10 client processes "
+                   "beside the server on this machine (8 GiB of memory, 700 MiB a process)\n")
+    assert out == ""
     fit, why = bench_startup.clients_that_fit()   # the real one: this machine's, from its children's sizes
     assert fit >= 0 and why.endswith(" a process") and "of memory" in why
 
