@@ -218,6 +218,26 @@ def test_a_startup_mark_appends_one_line_that_phases_reads(tmp_path, monkeypatch
         "server: clients started", "main: imported"]
 
 
+def test_a_grid_of_one_point_says_it_has_no_speedup(monkeypatch, capsys):
+    """``grid --exp smoke`` (one run, no sweep) timed that run under both launchers and printed
+    their ratio as a 'speedup', PASS or FAIL: nothing ran in parallel. Now it says so, and its
+    tables alone decide the exit status."""
+    from repro_bench import grid as bench_grid
+
+    def launch(cmd, log_path):   # the one point's tables, the same in both launches
+        run = log_path.parent / "results" / "smoke" / "point"
+        run.mkdir(parents=True)
+        for name in ("summary.json", "updates.csv", "evals.csv"):
+            (run / name).write_text("step,loss\n1,0.5\n")
+        return 1.0   # a ratio of 1.00: below the target, which judged it FAIL
+
+    monkeypatch.setattr(bench_grid, "timed", launch)
+    assert bench.main(["grid", "--exp", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "speedup: none, a grid of one point has nothing to run in parallel (its tables are compared only)\n" in out
+    assert "basic / parallel" not in out and "identical tables: 1/1 grid points" in out
+
+
 def test_a_grid_keep_folder_that_cannot_be_made_or_a_failed_launch_is_one_line(tmp_path, capsys, monkeypatch):
     """--keep naming a file was a FileExistsError traceback; a launch that exited non-zero a
     RuntimeError traceback. Now: the option and why (2), the launch's command and log tail (1; 2 when
