@@ -22,7 +22,8 @@ the package imports them):
   (:func:`check_package`): not Hydra's exit 1 or OmegaConf's traceback;
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
   its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
-  compose it again. Hydra 1.3 has no public equivalent of what its main does after composing.
+  compose it again; what Hydra's main logs of its composing under ``hydra.verbose`` is logged
+  from that config. Hydra 1.3 has no public equivalent of what its main does after composing.
 
 Every import of Hydra's internals sits inside a function: importing this module costs nothing.
 """
@@ -41,16 +42,39 @@ def run_single_job(dcfg: Any, task: Callable[[], Any]) -> None:
     from hydra.types import HydraContext, RunMode
     from omegaconf import read_write
 
+    from repro.logs import follow_verbose
+
     configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
+    _log_loading(dcfg)
     with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
         dcfg.hydra.mode = RunMode.RUN
         dcfg.hydra.overrides.hydra.append("hydra.mode=RUN")
     callbacks = Callbacks(dcfg)
     callbacks.on_run_start(config=dcfg, config_name="config")
-    ret = run_job(task_function=lambda _: task(), config=dcfg, job_dir_key="hydra.run.dir",
-                  job_subdir_key=None, hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
+    ret = run_job(task_function=lambda _: follow_verbose(dcfg.hydra.verbose) or task(),   # (logging configured)
+                  config=dcfg, job_dir_key="hydra.run.dir", job_subdir_key=None,
+                  hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
     callbacks.on_run_end(config=dcfg, config_name="config", job_return=ret)
     _ = ret.return_value   # re-raises what the job raised
+
+
+def _log_loading(dcfg: Any) -> None:
+    """What Hydra's main logs at DEBUG once it has composed (``hydra.verbose=true``): its version,
+    plugins, search path, defaults tree and config. The command line composed ``dcfg`` itself."""
+    import logging
+
+    import hydra._internal.hydra as main
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    main.log = logging.getLogger(main.__name__)   # as Hydra.compose_config sets it
+    if not main.log.isEnabledFor(logging.DEBUG):
+        return
+    conf = next(s.path for s in dcfg.hydra.runtime.config_sources if s.provider == "main")
+    with initialize_config_dir(config_dir=conf, version_base="1.3", job_name=dcfg.hydra.job.name):
+        overrides = [*dcfg.hydra.overrides.hydra, *dcfg.hydra.overrides.task]
+        GlobalHydra.instance().hydra._print_debug_info("config", overrides, RunMode.RUN)
 
 
 def sweep_jobs(config: Any) -> list[list[str]] | None:

@@ -215,6 +215,24 @@ def test_a_package_of_the_config_shown_is_shown(cli_here, words, shown):
     assert proc.returncode == 0 and proc.stdout.startswith(shown), proc.stdout[:200] + proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("verbose", ["true", "repro"])
+def test_hydra_verbose_turns_on_debug_logging_for_a_single_run(tmp_path, cli_here, verbose):
+    """``hydra.verbose=true`` (or ``=repro``) on a single run printed nothing more than without it:
+    the command line composes the config itself, so Hydra's main never logged its loading, and the
+    package's logger kept the INFO its fallback pins (Hydra's true sets the root's level only)."""
+    quiet = cli_here(f"results_dir={tmp_path / 'quiet'}", "num_epochs=0.2", "progress=false")
+    assert quiet.returncode == 0 and "sim run in" not in quiet.stderr, quiet.stderr[-2000:]
+    assert "Installed Hydra Plugins" not in quiet.stdout
+    proc = cli_here(f"results_dir={tmp_path / 'told'}", "num_epochs=0.2", "progress=false", f"hydra.verbose={verbose}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"sim run in {tmp_path / 'told'}" in proc.stderr   # the package's DEBUG line, in run.log too
+    assert "sim run in" in next((tmp_path / "told").rglob("run.log")).read_text()
+    # Hydra's own DEBUG, on stdout as its hydra_logging has it (version, plugins, search path, defaults
+    # tree, config): true's, not repro's
+    assert ("Installed Hydra Plugins" in proc.stdout) == (verbose == "true"), proc.stdout[-2000:]
+    assert ("Defaults Tree" in proc.stdout) == (verbose == "true")
+
+
 def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path, cli_here):
     """``-m exp_name=${oops} nsync=1,2`` (the grid's folder is results_dir/exp_name) and
     ``hydra.run.dir=${oops}`` ended in OmegaConf's raw traceback, exit 1."""
