@@ -146,15 +146,15 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"python -m repro.bench startup: --clients {n}: {exc}", file=sys.stderr)
             return 2
-    print(f"start-up benchmark: {os.cpu_count()} CPUs, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    load = os.getloadavg()   # before the torch import: its size bounds --clients, refused before any output
     torch_s = median_s(["-c", "import torch"], args.repeats)
-    print(f"python -c 'import torch': {torch_s:.2f} s (median of {args.repeats})\n")
     fit, why = clients_that_fit()
     if (most := max(args.clients)) > fit:
         print(f"python -m repro.bench startup: --clients {most}: at most {fit} client processes beside the "
               f"server on this machine ({why})", file=sys.stderr)
         return 2
+    print(f"start-up benchmark: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in load)}")
+    print(f"python -c 'import torch': {torch_s:.2f} s (median of {args.repeats})\n", flush=True)
     rows = [(name, median_s(["-m", "repro.run", word], args.repeats), CLI_TARGET)
             for name, word in (("--help", "--help"), ("a typo (num_clientz=3)", "num_clientz=3"))]
     with tempfile.TemporaryDirectory(prefix="repro-bench-startup-") as tmp:

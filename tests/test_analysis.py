@@ -827,3 +827,16 @@ def test_runs_a_figure_cannot_tell_apart_without_config_blame_their_folder_not_c
     err = capsys.readouterr().err
     assert err.startswith(f"error: invalid value for 'exp': '{tmp_path / 'res' / 'fig1'}'; expected ") and words in err, err
     assert "None" not in err
+
+
+def test_copies_of_one_run_given_config_name_the_option_as_typed(tmp_path, capsys):
+    """With --config, copies of one run were refused as "invalid value for 'config'", the
+    Python API's parameter, not the command line's option; as are a --config it cannot read."""
+    run = fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0, 1], "cold")[0]
+    shutil.copytree(run, run.with_name("copy"))
+    for choice, words in (("algo.lr=0.05", "they are copies of one run: remove all but one, e.g. rm -r "),
+                          ("num_epochs", "KEY=VALUE")):
+        assert main(["fig1", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
+                     "--config", choice]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: invalid value for '--config': '{choice}'; expected ") and words in err, err

@@ -87,6 +87,7 @@ class RunCore:
         check_segment(cfg, problem.dataset.num_train)   # before any file of the run is written
         for key in ignored_protocol_keys(cfg):
             log.warning(f"{key} is ignored: protocol={cfg.protocol.name} does not read it")
+        log.debug(f"{backend} run in {self.run_dir}: {cfg}")   # (hydra.verbose=true or repro)
         self.kind = backend
         self.server: ParameterServer = problem.make_server(cfg)
         self.state = RunState()
