@@ -729,6 +729,23 @@ def test_an_output_inside_a_run_folder_is_refused_and_the_run_left_as_it_was(tmp
     assert sorted(p.name for p in run.rglob("*")) == before
 
 
+@pytest.mark.parametrize("out", ["RESULTS", "RESULTS/fig1", "OTHER"])
+def test_an_out_that_is_the_results_tree_or_holds_run_folders_is_refused_naming_out(tmp_path, capsys, out):
+    """--out results (or an experiment folder, or another results tree) wrote the figure beside the
+    experiment folders: the tree then held fig1.csv and fig1/, which compare refuses as both kinds."""
+    results = tmp_path / "res"
+    fake_runs.write_experiment(results, "fig1", [1], [1], [0, 1], "cold")
+    fake_runs.write_experiment(tmp_path / "other", "fig2", [1], [1], [0], "cold")
+    out = out.replace("RESULTS", str(results)).replace("OTHER", str(tmp_path / "other"))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fig1", "--results", str(results), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid value for '--out'") and out in err[0], err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_a_run_folder_named_in_bytes_that_are_not_utf8_is_drawn_and_its_csv_stays_utf8(tmp_path, capsys):
     """A run folder whose name is not UTF-8 (copied from another file system) was a traceback
     (UnicodeEncodeError) half way through writing the figure's CSV; its name is written escaped."""

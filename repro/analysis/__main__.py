@@ -95,8 +95,13 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
 
 def outside_runs(key: str, path: str, *trees: str) -> None:
     """ConfigError naming ``key`` when ``path`` lies in a run folder (one holding config.json) of
-    one of ``trees``: the analysis reads run folders and never writes into one."""
+    one of ``trees``, is one of ``trees``, or holds run folders: the analysis reads run folders and
+    never writes into one, nor beside the experiment folders (a figures folder and a results tree
+    in one folder are neither to compare)."""
     roots, place = [Path(t).resolve() for t in trees], Path(path).resolve()
+    if place in roots or any(place.glob("*/config.json")) or any(place.glob("*/*/config.json")):
+        raise ConfigError(key, path, "a folder of its own, not a results tree nor a folder holding run folders "
+                                     "(the analysis never writes beside the runs it reads)")
     for folder in (place, *place.parents):
         if any(root in folder.parents for root in roots) and (folder / CONFIG_FILE).exists():
             raise ConfigError(key, path, f"a place outside the run folders it reads ({folder} is "
