@@ -637,6 +637,15 @@ def test_all_with_exp_is_refused_not_every_figure_drawn_from_that_folder(results
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("exp", ["", " "])
+def test_a_blank_exp_is_refused_naming_exp_not_the_figures_own_folder_drawn(results, tmp_path, capsys, exp):
+    # --exp '' (an unset shell variable) drew fig1's own folder as if --exp were left out
+    assert main(["fig1", "--exp", exp, "--results", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: invalid value for '--exp': '{exp}'"), err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("file", [schema.EVALS_FILE, schema.UPDATES_FILE])
 def test_a_table_cut_inside_its_last_row_is_corrupt_not_a_smaller_number(tmp_path, file):
     """A write cut inside the last row's last cell ('0.377' -> '0.3') leaves every row its full

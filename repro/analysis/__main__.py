@@ -178,6 +178,9 @@ def draw_main(args: argparse.Namespace) -> int:
         # else "a/b" blamed --out (no such file), all or '' ignored it without a word, and ' ' wrote ' .png'
         raise ConfigError("--name", args.name, "a file name, not blank and without a folder, for one figure "
                           "(with all, each figure's files are named after it; the folder is --out)")
+    if args.exp is not None and not args.exp.strip():   # else '' drew the figure's own folder without a word
+        raise ConfigError("--exp", args.exp, "an experiment folder's name, not blank "
+                          "(leave --exp out for the figure's own)")
     if args.exp is not None and args.figure == "all":   # else every figure was drawn from that one folder's runs
         raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
                           "name one figure to draw it from another folder")
