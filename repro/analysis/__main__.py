@@ -207,6 +207,8 @@ def compare_main(args: argparse.Namespace) -> int:
     compare.check_options(args.k, args.target)
     if args.csv:
         outside_runs("--csv", args.csv, args.dir_a, args.dir_b)
+    for d in (args.dir_a, args.dir_b):   # B missing is said before A is read (minutes, on a big tree)
+        trees.tree_kind(d)
     a, b = (trees.read_tree(d, names, args.target, args.config) for d in (args.dir_a, args.dir_b))
     table = compare.compare(a, b, args.k, args.target)
     print(f"A: {a.describe()}\nB: {b.describe()}\n")
