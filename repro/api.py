@@ -345,7 +345,8 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
     exponential step times: mu = 1 - 1/N; mu = 0 is plain gradient descent. Computed exactly, so
     refused (ConfigError naming lr) where an unstable mode's response leaves float64's range."""
     from repro.analysis.lab.momentum import theorem_response as response
-    numbers("curvatures", curvatures, "a number or array of numbers, each finite and >= 0", lambda c: c >= 0)
+    numbers("curvatures", curvatures, "a number or 1-D array of numbers, each finite and >= 0",
+            lambda c: (c >= 0) & (c.ndim < 2))
     numbers("lr", lr, "a finite number > 0", lambda v: v > 0, scalar=True)
     numbers("mu", mu, "a number in [0, 1)", lambda v: (v >= 0) & (v < 1), scalar=True)
     steps = int(numbers("steps", steps, "an integer in 0..10**6", lambda v: v.clip(0, 10**6) == v, True, True))
@@ -361,7 +362,8 @@ def collection_time(taus: list[float], size: int) -> float:
     floor(t / tau_i) >= S} for clients whose segments take ``taus`` and collections of ``size``."""
     from repro.analysis.lab.uneven import collection_time as t_of_s
     # else an IndexError from the heap, times that go back, a nan that ends its order; size as collection_size
-    taus = numbers("taus", taus, "the clients' segment times: at least one, each finite and > 0", lambda t: t > 0)
+    taus = numbers("taus", taus, "the clients' segment times, a number or 1-D: at least one, each finite and > 0",
+                   lambda t: (t > 0) & (t.ndim < 2))
     size = numbers("size", size, "an integer in 1..10**6", lambda s: s.clip(1, 10**6) == s, True, True)
     return t_of_s(taus.ravel().tolist(), int(size))
 

@@ -637,6 +637,15 @@ def test_all_with_exp_is_refused_not_every_figure_drawn_from_that_folder(results
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("exp", ["", " "])
+def test_a_blank_exp_is_refused_naming_exp_not_the_figures_own_folder_drawn(results, tmp_path, capsys, exp):
+    # --exp '' (an unset shell variable) drew fig1's own folder as if --exp were left out
+    assert main(["fig1", "--exp", exp, "--results", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: invalid value for '--exp': '{exp}'"), err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("file", [schema.EVALS_FILE, schema.UPDATES_FILE])
 def test_a_table_cut_inside_its_last_row_is_corrupt_not_a_smaller_number(tmp_path, file):
     """A write cut inside the last row's last cell ('0.377' -> '0.3') leaves every row its full
@@ -727,6 +736,23 @@ def test_an_output_inside_a_run_folder_is_refused_and_the_run_left_as_it_was(tmp
     key = "--csv" if "--csv" in argv else "--out"
     assert len(err) == 1 and err[0].startswith(f"error: invalid value for '{key}'") and str(run) in err[0], err
     assert sorted(p.name for p in run.rglob("*")) == before
+
+
+@pytest.mark.parametrize("out", ["RESULTS", "RESULTS/fig1", "OTHER"])
+def test_an_out_that_is_the_results_tree_or_holds_run_folders_is_refused_naming_out(tmp_path, capsys, out):
+    """--out results (or an experiment folder, or another results tree) wrote the figure beside the
+    experiment folders: the tree then held fig1.csv and fig1/, which compare refuses as both kinds."""
+    results = tmp_path / "res"
+    fake_runs.write_experiment(results, "fig1", [1], [1], [0, 1], "cold")
+    fake_runs.write_experiment(tmp_path / "other", "fig2", [1], [1], [0], "cold")
+    out = out.replace("RESULTS", str(results)).replace("OTHER", str(tmp_path / "other"))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fig1", "--results", str(results), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid value for '--out'") and out in err[0], err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
 def test_a_run_folder_named_in_bytes_that_are_not_utf8_is_drawn_and_its_csv_stays_utf8(tmp_path, capsys):

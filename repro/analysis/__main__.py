@@ -95,8 +95,13 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
 
 def outside_runs(key: str, path: str, *trees: str) -> None:
     """ConfigError naming ``key`` when ``path`` lies in a run folder (one holding config.json) of
-    one of ``trees``: the analysis reads run folders and never writes into one."""
+    one of ``trees``, is one of ``trees``, or holds run folders: the analysis reads run folders and
+    never writes into one, nor beside the experiment folders (a figures folder and a results tree
+    in one folder are neither to compare)."""
     roots, place = [Path(t).resolve() for t in trees], Path(path).resolve()
+    if place in roots or any(place.glob("*/config.json")) or any(place.glob("*/*/config.json")):
+        raise ConfigError(key, path, "a folder of its own, not a results tree nor a folder holding run folders "
+                                     "(the analysis never writes beside the runs it reads)")
     for folder in (place, *place.parents):
         if any(root in folder.parents for root in roots) and (folder / CONFIG_FILE).exists():
             raise ConfigError(key, path, f"a place outside the run folders it reads ({folder} is "
@@ -174,6 +179,9 @@ def draw_main(args: argparse.Namespace) -> int:
         # else "a/b" blamed --out (no such file), all or '' ignored it without a word, and ' ' wrote ' .png'
         raise ConfigError("--name", args.name, "a file name, not blank and without a folder, for one figure "
                           "(with all, each figure's files are named after it; the folder is --out)")
+    if args.exp is not None and not args.exp.strip():   # else '' drew the figure's own folder without a word
+        raise ConfigError("--exp", args.exp, "an experiment folder's name, not blank "
+                          "(leave --exp out for the figure's own)")
     if args.exp is not None and args.figure == "all":   # else every figure was drawn from that one folder's runs
         raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
                           "name one figure to draw it from another folder")
@@ -200,6 +208,8 @@ def compare_main(args: argparse.Namespace) -> int:
     compare.check_options(args.k, args.target)
     if args.csv:
         outside_runs("--csv", args.csv, args.dir_a, args.dir_b)
+    for d in (args.dir_a, args.dir_b):   # B missing is said before A is read (minutes, on a big tree)
+        trees.tree_kind(d)
     a, b = (trees.read_tree(d, names, args.target, args.config) for d in (args.dir_a, args.dir_b))
     table = compare.compare(a, b, args.k, args.target)
     print(f"A: {a.describe()}\nB: {b.describe()}\n")

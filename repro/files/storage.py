@@ -1,5 +1,5 @@
-"""Files that are never half written (atomic writes of text, JSON and checkpoints; a crash or a
-full disk mid-write leaves the previous file and no ``.tmp``), a safe reader of checkpoints, and
+"""Files that are never half written (atomic writes of text, JSON and checkpoints; a crash or a full
+disk mid-write leaves the previous file, and no ``.tmp`` but a SIGKILL's), a safe reader of checkpoints, and
 what a failed write means (a full disk, a read-only folder), said in words naming the folder.
 
 The one module of ``files/`` that uses torch (a checkpoint is a torch file): it imports torch
@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pickle
+import secrets
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable
@@ -76,12 +77,14 @@ def disk_error(exc: OSError, path: Path | str | None) -> OSError:
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """``write(f)`` to a temp file, then rename, so a reader never sees half a file (and a full
-    disk or an interrupt leaves the old file and no temp file). A full or read-only disk is an
-    OSError naming it (:func:`disk_error`)."""
+    disk or an interrupt leaves the old file and no temp file; a SIGKILL leaves the temp file,
+    ``NAME.RANDOM.tmp``). A full or read-only disk is an OSError naming it (:func:`disk_error`)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    # a name and a file of this write's own ("x": made new, as mkstemp does, but with the umask's
+    # mode): a shared NAME.tmp was truncated by a second writer, and followed where it was a link
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
