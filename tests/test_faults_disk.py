@@ -220,7 +220,7 @@ def test_5_a_full_disk_under_the_real_server_is_said_in_one_line_not_a_traceback
         loop = Dispatcher(cfg, core, {k: Channel() for k in (1, 2, 3)}, StopRequest())
         core.begin([1, 2, 3])
         loop.sent_version = {1: 0, 2: 0, 3: 0}
-        monkeypatch.setattr(core, "settle", lambda now: (_ for _ in ()).throw(full))
+        monkeypatch.setattr(core, "settle", lambda now, **hooks: (_ for _ in ()).throw(full))
         numel = core.server.params.numel()
         header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=2, num_samples=64, train_loss=1.0, train_error=0.5,
                                                      stream_position=(0, 0)))

@@ -361,6 +361,69 @@ def test_a_joiner_waits_while_the_real_server_evaluates_version_0_and_joins_afte
 
 
 @pytest.mark.timeout(60)
+def test_a_joiner_waits_while_the_real_server_evaluates_in_its_loop_mid_run_and_joins_after(tmp_path, monkeypatch):
+    """backend.eval_in_thread=false: the evaluation a push makes due holds the server's lock up to
+    backend.timeout_s (0.8 s; it takes 1.5 s, a batch every 0.3 s) without the busy count version
+    0's makes. A joiner whose request the acceptor read only once that evaluation held the lock
+    waited backend.timeout_s from its ticket and ended 'did not answer' (exit 1) just before the
+    lock was free. Now the server counts the busy key while it waits (the one place version 0's
+    wait counts it), and the joiner is admitted after (in-process, as version 0's twin above)."""
+    import dataclasses
+    import time
+
+    from repro.real.elastic import Acceptor, ask, ticket_key
+    from repro.real.processes import make_store
+
+    admitted: list[int] = []
+
+    def add_client(loop, k, store, prefix):   # as the real one, it returns once the joiner read its answer
+        admitted.append(k)
+        joining.join(timeout=30)
+
+    monkeypatch.setattr(Dispatcher, "add_client", add_client)
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=0.8, master_port=0,
+                                                                 max_clients=3, eval_in_thread=False))
+    store = make_store(cfg)
+    joiner = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{store.port}"))
+    answered: dict = {}
+
+    def join() -> None:
+        try:
+            answered["client"] = ask(joiner)[2]
+        except Exception as exc:
+            answered["error"] = exc
+
+    def admit_once_evaluating(loop) -> None:   # the acceptor reads the request while the lock is held
+        while core.evals.running is None:
+            time.sleep(0.01)
+        loop.acceptor.start()
+
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+        loop = Dispatcher(cfg, core, {1: _Channel(), 2: _Channel()}, StopRequest())
+        core.begin([1, 2])
+        evaluating_slowly(monkeypatch, 5, 0.3)   # version 0's is not: the one at version 1 is
+        loop.acceptor = Acceptor(loop, store)
+        joining = threading.Thread(target=join, daemon=True)
+        joining.start()
+        while not store.check([ticket_key(1, "request")]):   # its answer's wait has begun
+            time.sleep(0.01)
+        time.sleep(0.2)   # the push comes a little after the ticket, as it may in any run
+        threading.Thread(target=admit_once_evaluating, args=(loop,), daemon=True).start()
+        loop.sent_version = {1: 0, 2: 0}
+        numel = core.server.params.numel()
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=8, num_samples=problem.dataset.num_train // 2,
+                                                     train_loss=1.0, train_error=0.5, stream_position=(0, 0)))
+        assert loop.on_message(1, header, torch.zeros(numel)) is True   # version 1, its evaluation due
+        joining.join(timeout=30)
+        loop.acceptor.done.set()
+        core.stop()
+        core.finish(*core.final_status(interrupted=False))
+    assert answered == {"client": 3} and admitted == [3], answered
+
+
+@pytest.mark.timeout(60)
 def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
     """Client 1's push spends the budget while client 2 computes: client 2 is sent STOP at
     once (it reads it between two local steps), not after its own push."""

@@ -148,7 +148,7 @@ class Dispatcher:
         outcome = self.core.lose(k, reason, now := self.now())
         self.carry(outcome.replies)   # a barrier it held opens: a version it applies is due its
         # evaluation and checkpoint now, as a pushed one is (it waited for the next push's check)
-        if outcome.stopping or (not self.closed and self.core.settle(now).stopping):
+        if outcome.stopping or (not self.closed and self.core.settle(now, waiting=self.keep_alive).stopping):
             self.stop_clients()
 
     def carry(self, replies) -> None:
@@ -169,24 +169,24 @@ class Dispatcher:
         for k in self.live():
             self.send_stop(k)
 
-    def keep_alive(self, greeting: bool = False) -> None:
-        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been
-        held that long: it waits for that reply at most ``backend.timeout_s``, and a sync round or
-        an ssp bound held by a slow (heartbeating) client may last longer; it left the run before.
-        (A short hold gets none: a send waits for the client's next receive, under the lock.) ``greeting``:
-        to all, awaiting our HELLO as long while the evaluation before it (version 0's) is waited for."""
+    def keep_alive(self, evaluating: bool = True) -> None:
+        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been held that long:
+        it waits for that reply at most ``backend.timeout_s``, and a sync round or an ssp bound held by a slow
+        (heartbeating) client may last longer; it left the run before. (A short hold gets none: a send waits for
+        the client's next receive, under the lock.) ``evaluating``: the core waits for an evaluation under the lock
+        (version 0's; a push's, backend.eval_in_thread=false): to clients awaiting our HELLO too; the busy count."""
         every = self.cfg.backend.timeout_s / 4
         if time.monotonic() - self.kept_alive < every:
             return
         self.kept_alive = time.monotonic()
-        if greeting and self.acceptor is not None:   # and joiners, who wait for their answer as long (repro.real.elastic)
+        if evaluating and self.acceptor is not None:   # joiners wait for their answer as long (repro.real.elastic)
             self.acceptor.store.add(BUSY_KEY, 1)
         for k in self.live():
-            if greeting or self.receivers[k].held_s() >= every:
+            if evaluating and not self.receivers[k].is_alive() or self.receivers[k].held_s() >= every:
                 try:
                     self.channels[k].send(Header(Kind.HEARTBEAT, k, self.server.version, 0), self.reply)
                 except LinkLost as exc:
-                    if not greeting:   # (then its HELLO loses it: the core is mid-begin)
+                    if not evaluating:   # (its HELLO, or the next round, loses it: the core is mid-begin or mid-settle)
                         self.lose(k, str(exc))
 
     def poll_processes(self) -> None:
@@ -203,7 +203,7 @@ class Dispatcher:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
         home = self.reply.payload if self.device.type != "cuda" else None
         begun = self.core.begin(sorted(self.channels), self.now(), driver_state=self.driver_state, params_home=home,
-                                waiting=lambda: self.keep_alive(greeting=True))   # a resumed run's rounds start afresh
+                                waiting=self.keep_alive)   # a resumed run's rounds start afresh
         self.params_in_reply = home is not None
         self.stopping = begun.stopping   # version 0 diverged: nobody is served
         for k, receiver in self.receivers.items():
@@ -225,7 +225,7 @@ class Dispatcher:
         heartbeats, silent clients; False once nobody is left to serve."""
         drained = self.core.drain()
         self.poll_processes()
-        self.keep_alive()
+        self.keep_alive(evaluating=False)
         for k, why in self.silence.judge({k: self.channels[k] for k in self.live()}).items():
             self.lose(k, why)
         if drained.stopping:
@@ -388,7 +388,7 @@ class Dispatcher:
         self.carry(outcome.replies)
         if self.closed:   # the run ended while a reply waited: its end checkpoints, not this push
             return
-        if self.core.settle(now).stopping:
+        if self.core.settle(now, waiting=self.keep_alive).stopping:
             self.stop_clients()
 
     def join_receivers(self, timeout_s: float) -> None:

@@ -252,13 +252,14 @@ class RunCore:
                 self.server.fetched(r.client)   # delay-compensating rules remember w_bak
         return replies
 
-    def settle(self, time_s: float, evaluated: Callable[[float], None] = lambda t: None) -> Outcome:
+    def settle(self, time_s: float, evaluated: Callable[[float], None] = lambda t: None,
+               waiting: Callable[[], None] | None = None) -> Outcome:
         """After the replies went out: evaluation and checkpoint cadence, progress. ``evaluated(time_s)``: an
-        evaluation row was written now; called before this version's checkpoint, which holds what it did."""
+        evaluation row was written now, before this version's checkpoint; ``waiting``: as :meth:`begin`'s."""
         evals = self.runlog.last_eval_version
         self.drain()
         if self.evals.due() and not self.state.diverged:
-            self.evals.submit(self.server.version, time_s, self.server.params)
+            self.evals.submit(self.server.version, time_s, self.server.params, waiting=waiting)
             self.drain()
         if self.runlog.last_eval_version != evals:
             evaluated(time_s)
