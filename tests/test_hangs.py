@@ -445,6 +445,71 @@ def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
         core.finish(*core.final_status(interrupted=False))
 
 
+class _Waited(_Greeted):
+    """A client's channel with the sends' and receives' waits the server's main thread reads;
+    ``stalls_s``: a STOP sent to it waits that long (a client suspended before it posted its
+    receive: the send waits for it, up to backend.client_timeout_s)."""
+
+    def __init__(self, cfg, stalls_s: float = 0.0):
+        super().__init__(cfg)
+        self.stalls_s, self.sent_at, self.timeout_s = stalls_s, None, cfg.backend.client_timeout_s
+
+    def send(self, header, frame):
+        super().send(header, frame)
+        if header.kind == Kind.STOP and self.stalls_s:
+            import time
+
+            self.sending, self.sent_at = header.kind, time.monotonic()
+            time.sleep(self.stalls_s)
+            self.sent_at = None
+
+    def sending_s(self):
+        import time
+
+        return 0.0 if self.sent_at is None else time.monotonic() - self.sent_at
+
+    def receiving_s(self):
+        return 0.0
+
+
+@pytest.mark.timeout(60)
+def test_the_real_server_says_once_which_client_a_send_at_the_end_waits_for(tmp_path, monkeypatch, caplog):
+    """Client 1's push spends the budget, and its receiver sends STOP to client 2, suspended
+    (SIGSTOP) before it posted its receive: the send waits for it, the lock held, up to
+    backend.client_timeout_s (here 3 s), and the run's end with it, in silence (the line that
+    it 'left before it could be told to stop' comes after). Now the server's main thread says
+    at once, once, which client it waits for, for what, and for how long at most."""
+    import time
+
+    from repro.real.transport import Receiver
+
+    monkeypatch.setattr(Receiver, "start", lambda receiver: None)   # the test pushes itself
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", client_timeout_s=30.0))
+    channels = {1: _Waited(cfg), 2: _Waited(cfg, stalls_s=3.0)}
+
+    def push_the_budget(loop) -> None:   # as client 1's receiver does, once the clients are greeted
+        while len(loop.sent_version) < 2:
+            time.sleep(0.01)
+        numel = core.server.params.numel()
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=8, num_samples=problem.dataset.num_train,
+                                                     train_loss=1.0, train_error=0.5, stream_position=(0, 0)))
+        loop.on_message(1, header, torch.zeros(numel))
+
+    with run_folder(cfg, tmp_path) as run, caplog.at_level("INFO", logger="repro"):
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+        loop = Dispatcher(cfg, core, channels, StopRequest())
+        pusher = threading.Thread(target=push_the_budget, args=(loop,), daemon=True)
+        pusher.start()
+        status, _ = loop.run()
+        pusher.join(timeout=30)
+        core.finish(status)
+    assert status == "completed" and channels[2].sent[-1] == Kind.STOP
+    said = [r.getMessage() for r in caplog.records if "waiting for client" in r.getMessage()]
+    assert said == ["[real server] waiting for client 2 to take the STOP sent to it (nothing taken for 2 s: "
+                    "suspended or hung?); the run waits up to backend.client_timeout_s=30 s, then counts it lost"], said
+
+
 @pytest.mark.timeout(60)
 def test_a_hung_evaluation_ends_the_real_run_failed_after_backend_timeout(tmp_path, monkeypatch, caplog):
     """The real server's finish waited without limit for the evaluation in its thread: one that

@@ -1,15 +1,14 @@
 """Rank 0 of the real driver: receive a push, hand it to the run core, carry the replies.
 
 One receiver thread per client (:class:`~repro.real.transport.Receiver`) hands each push to
-:meth:`Dispatcher.on_message`, which holds the server lock while the run core
-(:mod:`repro.runs.core`) applies the push with the same :class:`~repro.asgd.algorithm.ParameterServer` the simulator
-runs and writes its row, and while this loop sends each reply (Downpour's push + fetch round
-trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a time, in the order
-they take the lock, and ``updates.csv`` records that order. The main thread only watches:
-interrupts, client processes, finished evaluations. Client loss, divergence, the end of the
-budget and interrupts all end the same way: as soon as the run is stopping, every client still
-computing is sent STOP, which it reads between two local steps, however long its push. A push
-the protocol holds is read from its client's receive frame, not copied (see the Receiver).
+:meth:`Dispatcher.on_message`, which holds the server lock while the run core (:mod:`repro.runs.core`) applies the
+push with the same :class:`~repro.asgd.algorithm.ParameterServer` the simulator runs and writes its row, and while this
+loop sends each reply (Downpour's push + fetch round trip, ``nfetch = npush = nsync``). Pushes from any client are
+served one at a time, in the order they take the lock, and ``updates.csv`` records that order. The main thread only
+watches: interrupts, client processes, finished evaluations, sends that wait on a silent client. Client loss,
+divergence, the end of the budget and interrupts all end the same way: as soon as the run is stopping, every client
+still computing is sent STOP, which it reads between two local steps, however long its push. A push the protocol
+holds is read from its client's receive frame, not copied (see the Receiver).
 """
 from __future__ import annotations
 
@@ -237,6 +236,7 @@ class Dispatcher:
         try:   # the greetings in a thread: a HELLO waits on its client, and a stop must be heard
             bounded(self.greet, math.inf, "greeting the clients", self.stop)
             while not self.stop.wait(0.05):   # wakes at once on Ctrl-C
+                self.silence.stalled(self.channels, STOPPING_S)   # a send under the lock (a receiver's): said
                 if self.lock.acquire(timeout=0.5):   # (a reply may wait on its client under it: see below)
                     try:
                         if not self.watch():
