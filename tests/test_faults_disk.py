@@ -268,7 +268,7 @@ def test_5_a_full_disk_under_the_real_server_is_said_in_one_line_not_a_traceback
         loop = Dispatcher(cfg, core, {k: Channel() for k in (1, 2, 3)}, StopRequest())
         core.begin([1, 2, 3])
         loop.sent_version = {1: 0, 2: 0, 3: 0}
-        monkeypatch.setattr(core, "settle", lambda now: (_ for _ in ()).throw(full))
+        monkeypatch.setattr(core, "settle", lambda now, **hooks: (_ for _ in ()).throw(full))
         numel = core.server.params.numel()
         header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=2, num_samples=64, train_loss=1.0, train_error=0.5,
                                                      stream_position=(0, 0)))
@@ -356,8 +356,10 @@ repro.run.cli()
 def test_a_folder_that_turns_read_only_before_the_first_log_line_is_named(tmp_path, backend):
     """Fault: the run folder turns read-only (a real remount) after the run took it and before
     its first log line; the raw error of opening run.log (Hydra's handler opens it lazily) was
-    the run's last word: "failed: Read-only file system", naming neither folder nor file.
-    Guarantee: exit 1, the failure in one line naming the folder (as a full disk is named)."""
+    the run's last word: "failed: Read-only file system", naming neither folder nor file; then
+    it was named, but as run.log's, whose first line (could not record the end) raised over the
+    write that failed first, .reserve's. Guarantee: exit 1, the failure in one line naming the
+    folder (as a full disk is named) and the first write it refused."""
     if not read_only_possible(tmp_path):
         pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
     run_dir = tmp_path / "run"
@@ -365,6 +367,6 @@ def test_a_folder_that_turns_read_only_before_the_first_log_line_is_named(tmp_pa
     done = subprocess.run(["unshare", "-rm", sys.executable, "-c", TURNS_READ_ONLY_AT_START, str(run_dir),
                            *CLI_ARGS, f"backend={backend}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert re.search(rf"^failed: {re.escape(str(run_dir))} is on a read-only file system while writing \S+\n",
+    assert re.search(rf"^failed: {re.escape(str(run_dir))} is on a read-only file system while writing \.reserve\n",
                      done.stderr, re.M), done.stderr
     assert "Read-only file system" not in done.stderr and "Traceback" not in done.stderr, done.stderr
