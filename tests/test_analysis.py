@@ -494,7 +494,7 @@ def test_a_figure_folder_holding_no_run_names_no_skipped_runs_nor_warnings(tmp_p
     warning was printed."""
     (tmp_path / "results" / "fig1").mkdir(parents=True)
     assert main(["fig1", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err == (f"error: invalid value for 'exp': '{tmp_path / 'results' / 'fig1'}'; "
+    assert capsys.readouterr().err == (f"error: invalid value for '--exp': '{tmp_path / 'results' / 'fig1'}'; "
                                        "expected a folder holding at least one finished run\n")
 
 
@@ -609,7 +609,7 @@ def test_all_without_a_run_of_any_figure_says_so_once_in_a_short_line(tmp_path, 
     code = main(["all", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert code == 2 and out.count("skipping ") == len(FIGURES.names()), out
-    assert err == (f"error: invalid value for 'results': {str(tmp_path / 'res')!r}; expected usable runs for at "
+    assert err == (f"error: invalid value for '--results': {str(tmp_path / 'res')!r}; expected usable runs for at "
                    "least one figure: no figure has any there (each one's reason is said above)\n"), err
 
 
@@ -851,7 +851,7 @@ def test_runs_a_figure_cannot_tell_apart_without_config_blame_their_folder_not_c
     (copy / schema.CONFIG_FILE).write_text(json.dumps(edit(json.loads((copy / schema.CONFIG_FILE).read_text()))))
     assert main(["fig1", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: invalid value for 'exp': '{tmp_path / 'res' / 'fig1'}'; expected ") and words in err, err
+    assert err.startswith(f"error: invalid value for '--exp': '{tmp_path / 'res' / 'fig1'}'; expected ") and words in err, err
     assert "None" not in err
 
 
@@ -866,3 +866,18 @@ def test_copies_of_one_run_given_config_name_the_option_as_typed(tmp_path, capsy
                      "--config", choice]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: invalid value for '--config': '{choice}'; expected ") and words in err, err
+
+
+@pytest.mark.parametrize("args, option", [(["compare", "A", "B", "--k", "-1"], "--k"),
+                                          (["compare", "A", "B", "--target", "2"], "--target"),
+                                          (["compare", "A", "B", "--figures", "fig9"], "--figures"),
+                                          (["all", "--results", "res"], "--results"),
+                                          (["fig1", "--results", "res", "--exp", "none"], "--exp")])
+def test_every_refusal_of_an_option_names_the_option_as_typed(tmp_path, monkeypatch, capsys, args, option):
+    """compare --k -1 was refused as "invalid value for 'k'" (as --target, --figures, a --results
+    holding no runs, an --exp folder missing): the Python API's parameter, not the option typed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "res").mkdir()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: invalid value for '{option}': "), err

@@ -149,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
             warnings.showwarning = _show_warning
             return compare_main(args) if compared else draw_main(args)
-    except ConfigError as e:   # the API's parameter config is the command line's --config
-        typed = e.key == "config" and e.value == args.config
-        print(f"error: {ConfigError('--config', e.value, e.expected) if typed else e}", file=sys.stderr)
+    except ConfigError as e:   # an API parameter an option fills (k, config...) is named as typed (--k, --config)
+        typed = e.key in vars(args).keys() - {"figure", "dir_a", "dir_b"}   # less the positional arguments
+        print(f"error: {ConfigError('--' + e.key, e.value, e.expected) if typed else e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:   # Ctrl-C: the shell's 128 + SIGINT, without a traceback (as repro.lab's)
         return EXIT_INTERRUPTED
