@@ -178,12 +178,13 @@ def test_a_real_run_refused_for_a_busy_port_leaves_no_folder(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="refused only where CUDA is missing")
-@pytest.mark.parametrize("key, choices", [("backend.server_device", "'cpu'"),
-                                          ("backend.client_device", "'cpu' or 'auto'")])
+@pytest.mark.parametrize("key, choices", [("backend.server_device", "'cpu'"), ("backend.client_device", "'cpu' or 'auto'"),
+                                          ("device", "'cpu' or 'auto'")])
 def test_a_real_run_on_cuda_with_a_cpu_torch_is_refused_in_one_line(tmp_path, key, choices):
-    """Only the GPU tests took the path that refuses cuda for the real server (or its clients):
-    on a CPU-only torch the command line says why in one line, exit 2, and leaves no run folder."""
-    proc = subprocess.run([sys.executable, "-m", "repro.run", "backend=real", f"{key}=cuda", "num_epochs=0.1",
+    """Only the GPU tests took the path that refuses cuda for the real server (its clients, the
+    simulator): on a CPU-only torch the command line says why in one line, exit 2, and leaves no run folder."""
+    backend = "sim" if key == "device" else "real"   # device is the simulator's
+    proc = subprocess.run([sys.executable, "-m", "repro.run", f"backend={backend}", f"{key}=cuda", "num_epochs=0.1",
                            f"results_dir={tmp_path / 'results'}", "progress=false"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2, proc.stderr
