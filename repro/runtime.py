@@ -19,10 +19,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from repro.errors import EXIT_INTERRUPTED, ConfigError
 from repro.logs import get_logger
+
+if TYPE_CHECKING:   # torch is imported where a function uses it: the command line's answers load none
+    import torch
 
 
 @contextlib.contextmanager

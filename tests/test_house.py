@@ -564,6 +564,19 @@ def test_no_module_of_the_package_or_its_benchmarks_is_over_400_lines():
     assert not long, "\n".join(long)
 
 
+def test_every_name_the_package_uses_is_bound_in_its_module():
+    """pyflakes said "undefined name 'torch'" of annotations naming torch in modules that import it
+    only inside functions (harmless when annotations stay strings, but a reader's tool stumbled):
+    such a name is imported under TYPE_CHECKING."""
+    pytest.importorskip("pyflakes")
+    import ast
+    from pyflakes import checker, messages
+
+    unbound = [f"{p.relative_to(ROOT)}:{m.lineno}: {m.message % m.message_args}" for p in _sources()
+               for m in checker.Checker(ast.parse(p.read_text()), str(p)).messages
+               if isinstance(m, messages.UndefinedName)]
+    assert not unbound, "\n".join(unbound)
+
 def test_the_machines_memory_is_read_in_one_place():
     """build_model bounds a model by it and the startup benchmark its client processes by it:
     both ask :func:`repro.runtime.memory_bytes` (the benchmark imports no torch for it)."""

@@ -17,9 +17,12 @@ import pickle
 import secrets
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from repro.errors import ConfigError
+
+if TYPE_CHECKING:   # for the annotations only: torch is imported where a checkpoint is touched
+    import torch
 
 
 # What a write's errno means for the run, said plainly (the raw "[Errno 28] No space left on
