@@ -881,3 +881,19 @@ def test_every_refusal_of_an_option_names_the_option_as_typed(tmp_path, monkeypa
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"error: invalid value for '{option}': "), err
+
+
+@pytest.mark.parametrize("args, key", [(["fig1", "--name", "a" * 240], "--name"),
+                                       (["fig1", "--name", "é" * 120], "--name"),   # 240 bytes
+                                       (["fig1", "--config", "algo.lr=" + "1" * 230], "--name"),
+                                       (["all", "--config", "algo.lr=" + "1" * 230], "--config")])
+def test_a_name_too_long_for_a_file_is_refused_naming_the_option(tmp_path, capsys, args, key):
+    """A --name (or the name --config makes) too long for the file system once atomic_write's temporary
+    suffix is added was refused as the first file was written, blaming --out (or as runs --config
+    did not find): one line now names the option and the longest name a figure can write."""
+    fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0], "cold")
+    assert main([*args, "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: invalid value for '{key}': "), err
+    assert "expected a file name of at most 222 bytes" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -18,6 +18,7 @@ import warnings
 
 from repro.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ConfigError
 from repro.files.schema import CONFIG_FILE
+from repro.files.storage import LONGEST_NAME
 from repro.registry import declared
 
 COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
@@ -187,6 +188,15 @@ def draw_main(args: argparse.Namespace) -> int:
                           "name one figure to draw it from another folder")
     outside_runs("--out", args.out, args.results, Path(args.results) / (args.exp or ""))   # --exp may lie elsewhere
     stem = args.name or (f"{args.figure}-{file_label(args.config)}" if args.config else None)   # all: each its own
+    each = args.figure == "all"
+    figure = max(declared("figure"), key=len) if each else args.figure   # all: each is named after its figure
+    widest = args.name or (f"{figure}-{file_label(args.config)}" if args.config else "")
+    if len(f"{widest}_speedup.csv".encode()) > LONGEST_NAME:   # fig4's table: the longest name a figure writes
+        # else the file system refused it as the first file was written: a traceback, or a line blaming --out
+        made = "" if named else f": --config names them {figure}-SETTINGS" + ("" if each else "; give a shorter --name")
+        raise ConfigError(*(("--config", args.config) if each else ("--name", widest)),   # all takes no --name
+                          f"a file name of at most {LONGEST_NAME - 12} bytes (a figure writes <name>_speedup.csv, and "
+                          f"a temporary name {255 - LONGEST_NAME} bytes longer, within the file system's 255){made}")
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
                              config=args.config, stem=stem)

@@ -78,6 +78,11 @@ def disk_error(exc: OSError, path: Path | str | None) -> OSError:
     return OSError(exc.errno, what.format(folder=path.parent) + f" while writing {path.name}")
 
 
+# the longest file name atomic_write can write: its temporary name, NAME.RANDOM.tmp, must fit the
+# file system's 255 bytes too
+LONGEST_NAME = 255 - len(".0123456789abcdef.tmp")
+
+
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """``write(f)`` to a temp file, then rename, so a reader never sees half a file (and a full
     disk or an interrupt leaves the old file and no temp file; a SIGKILL leaves the temp file,
