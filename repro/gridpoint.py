@@ -1,4 +1,5 @@
-"""Where a grid point runs: it stops with its grid, and never outlives its launcher.
+"""Where a grid point runs: it stops with its grid, and never outlives its launcher. And that a run
+refused before it starts, a grid point or a single run, leaves no folder.
 
 A grid's launcher (:class:`repro.grid.Grid`) asks its points to stop with a stop mark of its
 own launch, ``<sweep dir>/.grid_stops/<launch id>`` (a signal to the launcher alone never reaches
@@ -7,7 +8,9 @@ and, on the launcher's host, checks that the launcher lives: a SIGKILLed launche
 its workers alive for good, each holding its run folder's lock. What state a point is in
 (:func:`point_state`) is read from its folder alone: the lock's holder and the summary. Which
 folder each point runs in (:func:`grid_points`, :func:`point_folders`) is read from Hydra's job
-list before any runs, and two points of one folder are refused (:func:`check_distinct`).
+list before any runs, and two points of one folder are refused (:func:`check_distinct`). A run
+that does not start (a grid point, or a single run of :mod:`repro.run` refused for bad input after
+Hydra made its folder) leaves no folder: :func:`forget_folder`, :func:`remove_empty_run_dir`.
 """
 from __future__ import annotations
 
