@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from hydra.errors import HydraException
 from torch import nn
 
@@ -42,7 +41,7 @@ from repro.workload.build import Problem
 from repro.workload.custom import ArrayLike, check_objects, check_trainable, custom_problem, names
 from repro.workload.data import QUADRATIC_CURVATURES, load_dataset
 from repro.workload.models import build_model
-from repro.runtime import resolve_device
+from repro.runtime import resolve_device, seeded
 from repro.sim.driver import simulate as sim_run
 
 # ``python -m repro.run`` with no overrides: simulate()'s defaults, and every setting it does not take
@@ -222,7 +221,7 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
     run_dir = check_objects(module, train, test, loss_fn, run_dir)
     check_trainable(module, weight_decay)
     cfg = _config(settings, cost_profile(cost))
-    with _seeded(seed):
+    with seeded(seed):
         problem = custom_problem(module, train, test, loss_fn, batch_size, resolve_device(device))
         data, model = names(problem, module, loss_fn)
         cfg = cfg.replace(data=replace(cfg.data, name=data), model=replace(cfg.model, name=model))
@@ -257,15 +256,6 @@ def _config(settings: dict, cost: CostConfig) -> RunConfig:
 # simulate()'s help lists the registries' names (what validate() checks): one registered later too
 for _field, _registry in (("{SERVER_RULES}", RULES), ("{PROTOCOLS}", PROTOCOLS)):
     simulate.__doc__ = simulate.__doc__.replace(_field, "{" + ", ".join(f'"{n}"' for n in _registry.names()) + "}")
-
-
-@contextlib.contextmanager
-def _seeded(seed: int):
-    """Dropout draws from torch's global generator: seed it, so that the same arguments give the
-    same tables, and give the caller's back as it was (the CUDA ones are seeded, not restored)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
 
 
 def _run(cfg: RunConfig, run_dir: Path | None, problem: Problem | None) -> Result:
@@ -322,7 +312,7 @@ def run_config(cfg: RunConfig) -> Result:
     if cfg.resume is True:   # else the refusal named the temporary folder and a force=True it has not
         raise ConfigError("resume", True, "false: run_config (and run_point) simulate in a fresh temporary "
                           "folder, which holds no run to resume")
-    with _seeded(cfg.seed):
+    with seeded(cfg.seed):
         return _run(cfg, None, None)
 
 
@@ -355,14 +345,16 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
     exponential step times: mu = 1 - 1/N; mu = 0 is plain gradient descent. Computed exactly, so
     refused (ConfigError naming lr) where an unstable mode's response leaves float64's range."""
     from repro.analysis.lab.momentum import theorem_response as response
-    numbers("curvatures", curvatures, "a number or array of numbers, each finite and >= 0", lambda c: c >= 0)
+    numbers("curvatures", curvatures, "a number or 1-D array of numbers, each finite and >= 0",
+            lambda c: (c >= 0) & (c.ndim < 2))
     numbers("lr", lr, "a finite number > 0", lambda v: v > 0, scalar=True)
     numbers("mu", mu, "a number in [0, 1)", lambda v: (v >= 0) & (v < 1), scalar=True)
     steps = int(numbers("steps", steps, "an integer in 0..10**6", lambda v: v.clip(0, 10**6) == v, True, True))
     with np.errstate(over="raise", invalid="raise"), contextlib.suppress(FloatingPointError):   # else inf, then nan
         return response(curvatures, lr, mu, steps)
-    raise ConfigError("lr", lr, f"a step size whose every mode stays within float64's range over {steps} steps (lr x the "
-                      f"largest curvature is {float(lr) * float(np.max(curvatures)):.3g}): lower lr, the curvatures or steps")
+    raise ConfigError("lr", lr, f"a step size whose every mode stays within float64's range over {steps} steps "
+                      f"(lr x the largest curvature is {float(lr) * float(np.max(curvatures)):.3g}): lower lr, "
+                      "the curvatures or steps")
 
 
 def collection_time(taus: list[float], size: int) -> float:
@@ -370,7 +362,8 @@ def collection_time(taus: list[float], size: int) -> float:
     floor(t / tau_i) >= S} for clients whose segments take ``taus`` and collections of ``size``."""
     from repro.analysis.lab.uneven import collection_time as t_of_s
     # else an IndexError from the heap, times that go back, a nan that ends its order; size as collection_size
-    taus = numbers("taus", taus, "the clients' segment times: at least one, each finite and > 0", lambda t: t > 0)
+    taus = numbers("taus", taus, "the clients' segment times, a number or 1-D: at least one, each finite and > 0",
+                   lambda t: (t > 0) & (t.ndim < 2))
     size = numbers("size", size, "an integer in 1..10**6", lambda s: s.clip(1, 10**6) == s, True, True)
     return t_of_s(taus.ravel().tolist(), int(size))
 

@@ -39,6 +39,7 @@ from omegaconf import DictConfig
 
 from repro.gridpoint import (STOP_DIR, PointGuard, check_distinct, forget_folder, grid_points, lock_holder,
                              point_folders, point_state, process_started, summary_status)
+from repro.logs import follow_verbose
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
 
@@ -264,6 +265,7 @@ class Grid(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """In the point's process, before its run: a point of a stopped launch does not start;
         any other watches for the stop mark and, on this host, for its launcher's death."""
+        follow_verbose(config.hydra.get("verbose"))   # Hydra has configured the point's logging
         if self.mark_path().exists():
             run_dir = Path(str(config.hydra.runtime.output_dir))
             _say(f"[{self.label}] {self._name(run_dir.name)} does not start: the grid was stopped "
@@ -279,7 +281,8 @@ class Grid(Callback):
         if os.getpid() != self.main_pid:
             return
         run_dir = Path(str(config.hydra.runtime.output_dir))
-        if summary_status(run_dir) == "interrupted":   # (an interrupted folder from an earlier launch is refused or resumed)
+        # (an interrupted folder from an earlier launch is refused or resumed)
+        if summary_status(run_dir) == "interrupted":
             self._halt(f"stopped: {self._name(run_dir.name)} was interrupted")
 
     # -- the stop mark ------------------------------------------------------------------------

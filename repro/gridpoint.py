@@ -1,4 +1,5 @@
-"""Where a grid point runs: it stops with its grid, and never outlives its launcher.
+"""Where a grid point runs: it stops with its grid, and never outlives its launcher. And that a run
+refused before it starts, a grid point or a single run, leaves no folder.
 
 A grid's launcher (:class:`repro.grid.Grid`) asks its points to stop with a stop mark of its
 own launch, ``<sweep dir>/.grid_stops/<launch id>`` (a signal to the launcher alone never reaches
@@ -7,12 +8,15 @@ and, on the launcher's host, checks that the launcher lives: a SIGKILLed launche
 its workers alive for good, each holding its run folder's lock. What state a point is in
 (:func:`point_state`) is read from its folder alone: the lock's holder and the summary. Which
 folder each point runs in (:func:`grid_points`, :func:`point_folders`) is read from Hydra's job
-list before any runs, and two points of one folder are refused (:func:`check_distinct`).
+list before any runs, and two points of one folder are refused (:func:`check_distinct`). A run
+that does not start (a grid point, or a single run of :mod:`repro.run` refused for bad input after
+Hydra made its folder) leaves no folder: :func:`forget_folder`, :func:`remove_empty_run_dir`.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import threading
 import time
@@ -107,6 +111,18 @@ def forget_folder(run_dir: Path) -> None:
     drop_hydra_record(run_dir)
     with contextlib.suppress(OSError):
         run_dir.rmdir()   # only when empty
+
+
+def remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
+    """Hydra made the folder (and this process's record in it) before we could check: leave nothing
+    like a run, nor an empty experiment folder; one holding anything else is touched only for our record."""
+    forget_folder(run_dir)
+    parent = run_dir.parent
+    while parent != results_dir and results_dir in parent.parents and parent.is_dir():
+        if any(p for p in parent.iterdir() if p.name != "multirun.yaml"):
+            break
+        shutil.rmtree(parent, ignore_errors=True)
+        parent = parent.parent
 
 
 def lock_holder(run_dir: Path) -> dict | None:

@@ -18,17 +18,20 @@ the package imports them):
 * a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
   answered in one line (:func:`check_flags`, Hydra's own argument parser): not its usage text;
   so is ``--cfg hydra --resolve``, which Hydra cannot resolve here: not its traceback; and a
-  ``--package`` the config shown has not (:func:`check_package`): not Hydra's exit 1;
+  ``--package`` the config shown has not, or whose value cannot be resolved before a run
+  (:func:`check_package`): not Hydra's exit 1 or OmegaConf's traceback;
 * a key set under a null node (``hydra.sweeper.params.seed=0`` without an experiment's grid) is
   named (:func:`null_node_named`): OmegaConf says only 'Unexpected type for root: NoneType';
 * a single command-line run is composed once (:func:`run_single_job`): the command line checks
   its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
-  compose it again. Hydra 1.3 has no public equivalent of what its main does after composing.
+  compose it again; what Hydra's main logs of its composing under ``hydra.verbose`` is logged
+  from that config. Hydra 1.3 has no public equivalent of what its main does after composing.
 
 Every import of Hydra's internals sits inside a function: importing this module costs nothing.
 """
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any, Callable
 
@@ -41,16 +44,39 @@ def run_single_job(dcfg: Any, task: Callable[[], Any]) -> None:
     from hydra.types import HydraContext, RunMode
     from omegaconf import read_write
 
+    from repro.logs import follow_verbose
+
     configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
+    _log_loading(dcfg)
     with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
         dcfg.hydra.mode = RunMode.RUN
         dcfg.hydra.overrides.hydra.append("hydra.mode=RUN")
     callbacks = Callbacks(dcfg)
     callbacks.on_run_start(config=dcfg, config_name="config")
-    ret = run_job(task_function=lambda _: task(), config=dcfg, job_dir_key="hydra.run.dir",
-                  job_subdir_key=None, hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
+    ret = run_job(task_function=lambda _: follow_verbose(dcfg.hydra.verbose) or task(),   # (logging configured)
+                  config=dcfg, job_dir_key="hydra.run.dir", job_subdir_key=None,
+                  hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
     callbacks.on_run_end(config=dcfg, config_name="config", job_return=ret)
     _ = ret.return_value   # re-raises what the job raised
+
+
+def _log_loading(dcfg: Any) -> None:
+    """What Hydra's main logs at DEBUG once it has composed (``hydra.verbose=true``): its version,
+    plugins, search path, defaults tree and config. The command line composed ``dcfg`` itself."""
+    import logging
+
+    import hydra._internal.hydra as main
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    main.log = logging.getLogger(main.__name__)   # as Hydra.compose_config sets it
+    if not main.log.isEnabledFor(logging.DEBUG):
+        return
+    conf = next(s.path for s in dcfg.hydra.runtime.config_sources if s.provider == "main")
+    with initialize_config_dir(config_dir=conf, version_base="1.3", job_name=dcfg.hydra.job.name):
+        overrides = [*dcfg.hydra.overrides.hydra, *dcfg.hydra.overrides.task]
+        GlobalHydra.instance().hydra._print_debug_info("config", overrides, RunMode.RUN)
 
 
 def sweep_jobs(config: Any) -> list[list[str]] | None:
@@ -165,8 +191,9 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
 
 def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> Any:
     """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``, composed
-    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in config' ended it, exit 1.
-    Read without resolving (Hydra's own node needs a job for that). Returns ``dcfg``."""
+    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in
+    config' ended it, exit 1; a value shown alone must resolve as Hydra's show_cfg resolves it.
+    Returns ``dcfg``."""
     from hydra._internal.utils import get_args_parser
     from omegaconf import OmegaConf
 
@@ -176,7 +203,8 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
     shown = OmegaConf.masked_copy(dcfg, {"job": [k for k in dcfg if k != "hydra"], "hydra": ["hydra"]}.get(
         args.cfg, list(dcfg)))
     if args.cfg == "hydra":   # without its help texts, as Hydra shows it (Hydra.get_sanitized_hydra_cfg)
-        shown = OmegaConf.create({"hydra": OmegaConf.masked_copy(dcfg.hydra, [k for k in dcfg.hydra if "help" not in k])})
+        shown = OmegaConf.create({"hydra": OmegaConf.masked_copy(dcfg.hydra,
+                                                                 [k for k in dcfg.hydra if "help" not in k])})
     parent, _, last = args.package.rpartition(".")
     node = OmegaConf.select(shown, parent, default=None) if parent else shown
     tree = OmegaConf.to_container(node) if OmegaConf.is_config(node) else {}
@@ -196,6 +224,19 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
     if outside:
         refuse(f"-p/--package {args.package}: its value names {', '.join(outside)}, outside the config --cfg "
                f"{args.cfg} shows; --cfg all -p {args.package} shows it")
+    if isinstance(value, str) and "${" in value:   # one naming a value a run sets (output_dir): its traceback
+        from hydra.core.hydra_config import HydraConfig
+
+        before = HydraConfig.instance().cfg
+        try:
+            HydraConfig.instance().set_config(copy.deepcopy(dcfg))   # as Hydra's show_cfg: ${hydra:...} resolve
+            OmegaConf.select(shown, args.package)
+        except Exception as exc:
+            refuse(f"-p/--package {args.package}: its value {value} cannot be resolved before a run "
+                   f"({str(exc).splitlines()[0]}); --cfg {args.cfg} " + (f"-p {parent}" if parent else
+                   "without --package") + " shows it unresolved")
+        finally:
+            HydraConfig.instance().cfg = before
     return dcfg
 
 

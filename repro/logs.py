@@ -35,6 +35,13 @@ def _install() -> None:
         logger.setLevel(logging.INFO)
 
 
+def follow_verbose(verbose) -> None:
+    """``hydra.verbose=true`` puts every logger at DEBUG (Hydra sets the root's): ours too, whose
+    INFO :func:`_install` pins for its fallback. Called once Hydra has configured a job's logging."""
+    if verbose is True:
+        logging.getLogger(NAME).setLevel(logging.DEBUG)
+
+
 def get_logger(name: str = NAME) -> logging.Logger:
     _install()
     return logging.getLogger(name)

@@ -17,7 +17,6 @@ if __name__ == "__main__":   # a Ctrl-C while the imports below load (half a sec
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 import hydra
@@ -127,20 +126,6 @@ def _without_classes(cfg: RunConfig) -> bool:
     return cfg.data.name in DATASETS and DATASETS[cfg.data.name].task != "classification"
 
 
-def _remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
-    """Hydra made the folder (and this process's record in it) before we could check: leave nothing
-    like a run, nor an empty experiment folder; one holding anything else is touched only for our record."""
-    from repro.gridpoint import forget_folder
-
-    forget_folder(run_dir)
-    parent = run_dir.parent
-    while parent != results_dir and results_dir in parent.parents and parent.is_dir():
-        if any(p for p in parent.iterdir() if p.name != "multirun.yaml"):
-            break
-        shutil.rmtree(parent, ignore_errors=True)
-        parent = parent.parent
-
-
 # the process that launches the grid (a worker's bad point exits 2, which costs only that point,
 # repro.launcher). A pid, not a flag: a worker gets job() and its globals pickled by value (it is __main__'s)
 _launcher_pid: int | None = None
@@ -169,8 +154,9 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         mark("main", "config parsed")
         summary = summary or run(cfg, run_dir, list(mode.typed))
     except ConfigError as err:
-        results = Path(str(dcfg.get("results_dir", "results"))).resolve()
-        _remove_empty_run_dir(run_dir.resolve(), results)
+        from repro.gridpoint import remove_empty_run_dir
+
+        remove_empty_run_dir(run_dir.resolve(), Path(str(dcfg.get("results_dir", "results"))).resolve())
         if "MULTIRUN" in str(mode.mode):
             print(f"error: grid point {run_dir.name} not run: {err}", file=sys.stderr, flush=True)
             if os.getpid() != _launcher_pid:   # a worker's point (repro.launcher: it costs only itself)
@@ -184,7 +170,8 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         if err.errno not in DISK_FAULTS or "MULTIRUN" in str(mode.mode):
             raise
         # a full or read-only disk: one line naming the folder, not a traceback (run.log's raw error too)
-        print(f"failed: {disk_error(err, err.filename).strerror}\nrun folder: {pasteable(run_dir)}", file=sys.stderr, flush=True)
+        print(f"failed: {disk_error(err, err.filename).strerror}\nrun folder: {pasteable(run_dir)}",
+              file=sys.stderr, flush=True)
         sys.exit(1)
     status_line, folder_line = last_lines(summary, run_dir, _without_classes(cfg)).splitlines()
     log.info(status_line)

@@ -19,10 +19,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from repro.errors import EXIT_INTERRUPTED, ConfigError
 from repro.logs import get_logger
+
+if TYPE_CHECKING:   # torch is imported where a function uses it: the command line's answers load none
+    import torch
 
 
 @contextlib.contextmanager
@@ -38,6 +41,16 @@ def torch_threads(n: int):
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Dropout draws from torch's global generator: seed it, so that the same arguments give the
+    same tables, and give the caller's back as it was (the CUDA ones are seeded, not restored)."""
+    import torch
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def cuda_missing() -> str:
@@ -144,6 +157,12 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:   # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory: what a model's parameters must fit (build_model), and the
+    client processes a benchmark starts at once (repro_bench.startup)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def cpu_model() -> str:

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter   # keep the hand-wrapped paragraphs
     parser = argparse.ArgumentParser(prog="python -m repro.bench", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=raw)
-    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real,grid,simreal,startup}", title="benchmarks")
+    sub = parser.add_subparsers(dest="which", required=True, metavar="{sim,real,grid,simreal,startup}",
+                                title="benchmarks")
     sim = sub.add_parser("sim", formatter_class=raw, description=SIM_DESCRIPTION,
                          help=f"simulator overhead: simulator wall time / a plain training loop "
                               f"taking the same steps (target <= {TARGET_SIM:.2f})")

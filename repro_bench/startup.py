@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from repro.logs import TRACE_ENV
+from repro.runtime import memory_bytes
 from repro_bench import positive
 from repro_bench.real import PROTOCOL_TARGET, SIZES, measure_protocol
 
@@ -76,7 +77,7 @@ def clients_that_fit() -> tuple[int, str]:
     import resource
 
     each = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, 1)   # Linux: KiB
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    memory = memory_bytes()
     return memory // each - 1, f"{memory / 2**30:.0f} GiB of memory, {each / 2**20:.0f} MiB a process"
 
 
@@ -145,15 +146,15 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"python -m repro.bench startup: --clients {n}: {exc}", file=sys.stderr)
             return 2
-    print(f"start-up benchmark: {os.cpu_count()} CPUs, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    load = os.getloadavg()   # before the torch import: its size bounds --clients, refused before any output
     torch_s = median_s(["-c", "import torch"], args.repeats)
-    print(f"python -c 'import torch': {torch_s:.2f} s (median of {args.repeats})\n")
     fit, why = clients_that_fit()
     if (most := max(args.clients)) > fit:
         print(f"python -m repro.bench startup: --clients {most}: at most {fit} client processes beside the "
               f"server on this machine ({why})", file=sys.stderr)
         return 2
+    print(f"start-up benchmark: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in load)}")
+    print(f"python -c 'import torch': {torch_s:.2f} s (median of {args.repeats})\n", flush=True)
     rows = [(name, median_s(["-m", "repro.run", word], args.repeats), CLI_TARGET)
             for name, word in (("--help", "--help"), ("a typo (num_clientz=3)", "num_clientz=3"))]
     with tempfile.TemporaryDirectory(prefix="repro-bench-startup-") as tmp:

@@ -494,7 +494,7 @@ def test_a_figure_folder_holding_no_run_names_no_skipped_runs_nor_warnings(tmp_p
     warning was printed."""
     (tmp_path / "results" / "fig1").mkdir(parents=True)
     assert main(["fig1", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err == (f"error: invalid value for 'exp': '{tmp_path / 'results' / 'fig1'}'; "
+    assert capsys.readouterr().err == (f"error: invalid value for '--exp': '{tmp_path / 'results' / 'fig1'}'; "
                                        "expected a folder holding at least one finished run\n")
 
 
@@ -609,7 +609,7 @@ def test_all_without_a_run_of_any_figure_says_so_once_in_a_short_line(tmp_path, 
     code = main(["all", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert code == 2 and out.count("skipping ") == len(FIGURES.names()), out
-    assert err == (f"error: invalid value for 'results': {str(tmp_path / 'res')!r}; expected usable runs for at "
+    assert err == (f"error: invalid value for '--results': {str(tmp_path / 'res')!r}; expected usable runs for at "
                    "least one figure: no figure has any there (each one's reason is said above)\n"), err
 
 
@@ -634,6 +634,15 @@ def test_all_with_exp_is_refused_not_every_figure_drawn_from_that_folder(results
     assert main(["all", "--exp", "fig1", "--results", str(results), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: invalid value for '--exp': 'fig1'"), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("exp", ["", " "])
+def test_a_blank_exp_is_refused_naming_exp_not_the_figures_own_folder_drawn(results, tmp_path, capsys, exp):
+    # --exp '' (an unset shell variable) drew fig1's own folder as if --exp were left out
+    assert main(["fig1", "--exp", exp, "--results", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: invalid value for '--exp': '{exp}'"), err
     assert not (tmp_path / "out").exists()
 
 
@@ -727,6 +736,23 @@ def test_an_output_inside_a_run_folder_is_refused_and_the_run_left_as_it_was(tmp
     key = "--csv" if "--csv" in argv else "--out"
     assert len(err) == 1 and err[0].startswith(f"error: invalid value for '{key}'") and str(run) in err[0], err
     assert sorted(p.name for p in run.rglob("*")) == before
+
+
+@pytest.mark.parametrize("out", ["RESULTS", "RESULTS/fig1", "OTHER"])
+def test_an_out_that_is_the_results_tree_or_holds_run_folders_is_refused_naming_out(tmp_path, capsys, out):
+    """--out results (or an experiment folder, or another results tree) wrote the figure beside the
+    experiment folders: the tree then held fig1.csv and fig1/, which compare refuses as both kinds."""
+    results = tmp_path / "res"
+    fake_runs.write_experiment(results, "fig1", [1], [1], [0, 1], "cold")
+    fake_runs.write_experiment(tmp_path / "other", "fig2", [1], [1], [0], "cold")
+    out = out.replace("RESULTS", str(results)).replace("OTHER", str(tmp_path / "other"))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fig1", "--results", str(results), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid value for '--out'") and out in err[0], err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
 def test_a_run_folder_named_in_bytes_that_are_not_utf8_is_drawn_and_its_csv_stays_utf8(tmp_path, capsys):
@@ -847,5 +873,49 @@ def test_runs_a_figure_cannot_tell_apart_without_config_blame_their_folder_not_c
     (copy / schema.CONFIG_FILE).write_text(json.dumps(edit(json.loads((copy / schema.CONFIG_FILE).read_text()))))
     assert main(["fig1", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: invalid value for 'exp': '{tmp_path / 'res' / 'fig1'}'; expected ") and words in err, err
+    assert err.startswith(f"error: invalid value for '--exp': '{tmp_path / 'res' / 'fig1'}'; expected ") and words in err, err
     assert "None" not in err
+
+
+def test_copies_of_one_run_given_config_name_the_option_as_typed(tmp_path, capsys):
+    """With --config, copies of one run were refused as "invalid value for 'config'", the
+    Python API's parameter, not the command line's option; as are a --config it cannot read."""
+    run = fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0, 1], "cold")[0]
+    shutil.copytree(run, run.with_name("copy"))
+    for choice, words in (("algo.lr=0.05", "they are copies of one run: remove all but one, e.g. rm -r "),
+                          ("num_epochs", "KEY=VALUE")):
+        assert main(["fig1", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out"),
+                     "--config", choice]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: invalid value for '--config': '{choice}'; expected ") and words in err, err
+
+
+@pytest.mark.parametrize("args, option", [(["compare", "A", "B", "--k", "-1"], "--k"),
+                                          (["compare", "A", "B", "--target", "2"], "--target"),
+                                          (["compare", "A", "B", "--figures", "fig9"], "--figures"),
+                                          (["all", "--results", "res"], "--results"),
+                                          (["fig1", "--results", "res", "--exp", "none"], "--exp")])
+def test_every_refusal_of_an_option_names_the_option_as_typed(tmp_path, monkeypatch, capsys, args, option):
+    """compare --k -1 was refused as "invalid value for 'k'" (as --target, --figures, a --results
+    holding no runs, an --exp folder missing): the Python API's parameter, not the option typed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "res").mkdir()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: invalid value for '{option}': "), err
+
+
+@pytest.mark.parametrize("args, key", [(["fig1", "--name", "a" * 240], "--name"),
+                                       (["fig1", "--name", "é" * 120], "--name"),   # 240 bytes
+                                       (["fig1", "--config", "algo.lr=" + "1" * 230], "--name"),
+                                       (["all", "--config", "algo.lr=" + "1" * 230], "--config")])
+def test_a_name_too_long_for_a_file_is_refused_naming_the_option(tmp_path, capsys, args, key):
+    """A --name (or the name --config makes) too long for the file system once atomic_write's temporary
+    suffix is added was refused as the first file was written, blaming --out (or as runs --config
+    did not find): one line now names the option and the longest name a figure can write."""
+    fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0], "cold")
+    assert main([*args, "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: invalid value for '{key}': "), err
+    assert "expected a file name of at most 222 bytes" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -498,6 +498,8 @@ def test_a_module_with_every_parameter_frozen_is_refused_before_training():
     (lambda: api.collection_time([1.0, float("nan")], 2), "taus"),
     (lambda: api.collection_time([1.0, float("inf")], 2), "taus"),
     (lambda: api.collection_time(["a"], 2), "taus"), (lambda: api.collection_time([1.0, 2.0], 0), "size"),
+    (lambda: api.collection_time([[1, 2]], 1), "taus"),   # raveled: two clients, answered 1
+    (lambda: api.theorem_response([[1.0, 2.0]], 0.1, 0.5, 3), "curvatures"),   # a (1, 4, 2) array answered
     (lambda: api.collection_time([1.0, 2.0], -1), "size"), (lambda: api.collection_time([1.0, 2.0], 2.5), "size"),
     (lambda: api.collection_time([1.0, 2.0], True), "size"),
     (lambda: api.ceiling(api.configure("cost=lan"), -10**6), "param_bytes"),   # a negative rate
@@ -536,6 +538,7 @@ def test_the_theory_helpers_still_take_numpy_numbers_and_arrays():
     assert api.critical_lr(np.arange(0, 3), np.float32(2.0)) == pytest.approx([1.0, 0.5, 0.3090170], rel=1e-6)
     assert api.collection_time(np.array([1.0, 2.0, 4.0]), np.int64(4)) == 3.0
     assert api.theorem_response(np.array([0.0, 1.0]), 0.5, 0.0, 0).shape == (2, 1)
+    assert api.theorem_response(2.0, 0.5, 0.0, 2).tolist() == [[1.0, 0.0, 0.0]]   # a number, one mode: an AxisError
 
 
 def test_replace_takes_a_numpy_number_as_its_python_value():

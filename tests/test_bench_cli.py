@@ -148,7 +148,8 @@ def test_a_client_count_the_real_driver_refuses_is_a_usage_error_before_anything
 def test_more_clients_than_the_machines_memory_holds_are_refused_before_any_real_run(monkeypatch, capsys):
     """--clients 1024 was accepted on any machine: 1025 processes each importing torch, on a
     machine whose memory holds a few dozen. Now: exit 2 naming --clients once the torch import
-    has been measured (its size is each process's least), before any run."""
+    has been measured (its size is each process's least), before any run, and before anything is
+    printed (the header and the torch import's time came first, then the refusal)."""
     from repro_bench import startup as bench_startup
 
     monkeypatch.setattr(bench_startup, "median_s", lambda *a: 1.0)
@@ -156,8 +157,10 @@ def test_more_clients_than_the_machines_memory_holds_are_refused_before_any_real
     monkeypatch.setattr(bench_startup, "clients_that_fit", lambda: (10, "8 GiB of memory, 700 MiB a process"),
                         raising=False)
     assert bench.main(["startup", "--clients", "4", "11", "--skip-protocol"]) == 2
-    assert capsys.readouterr().err == ("python -m repro.bench startup: --clients 11: at most 10 client processes "
-                                       "beside the server on this machine (8 GiB of memory, 700 MiB a process)\n")
+    out, err = capsys.readouterr()
+    assert err == ("python -m repro.bench startup: --clients 11: at most 10 client processes "
+                   "beside the server on this machine (8 GiB of memory, 700 MiB a process)\n")
+    assert out == ""
     fit, why = bench_startup.clients_that_fit()   # the real one: this machine's, from its children's sizes
     assert fit >= 0 and why.endswith(" a process") and "of memory" in why
 
@@ -213,6 +216,26 @@ def test_a_startup_mark_appends_one_line_that_phases_reads(tmp_path, monkeypatch
                                                  ["main", str(os.getpid()), "imported"]]
     assert [name for name, _ in phases(trace, start=0.0, end=float(lines[-1][0]))][:2] == [
         "server: clients started", "main: imported"]
+
+
+def test_a_grid_of_one_point_says_it_has_no_speedup(monkeypatch, capsys):
+    """``grid --exp smoke`` (one run, no sweep) timed that run under both launchers and printed
+    their ratio as a 'speedup', PASS or FAIL: nothing ran in parallel. Now it says so, and its
+    tables alone decide the exit status."""
+    from repro_bench import grid as bench_grid
+
+    def launch(cmd, log_path):   # the one point's tables, the same in both launches
+        run = log_path.parent / "results" / "smoke" / "point"
+        run.mkdir(parents=True)
+        for name in ("summary.json", "updates.csv", "evals.csv"):
+            (run / name).write_text("step,loss\n1,0.5\n")
+        return 1.0   # a ratio of 1.00: below the target, which judged it FAIL
+
+    monkeypatch.setattr(bench_grid, "timed", launch)
+    assert bench.main(["grid", "--exp", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "speedup: none, a grid of one point has nothing to run in parallel (its tables are compared only)\n" in out
+    assert "basic / parallel" not in out and "identical tables: 1/1 grid points" in out
 
 
 def test_a_grid_keep_folder_that_cannot_be_made_or_a_failed_launch_is_one_line(tmp_path, capsys, monkeypatch):

@@ -179,6 +179,16 @@ def test_bad_input_exits_2_with_a_message(trees, tmp_path, capsys):
     assert "lacks" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad", ["nope", "empty"])
+def test_a_missing_or_unknown_b_is_refused_before_a_is_read(trees, tmp_path, capsys, monkeypatch, bad):
+    # compare A B read every run of A (minutes on a big tree) before it said that B does not exist
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr("repro.analysis.trees.load_runs", lambda *a: pytest.fail("A was read"))
+    assert main(["compare", str(trees["a"]), str(tmp_path / bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(tmp_path / bad) in err[0], err
+
+
 def test_help_lists_compare_and_figure_commands_parse_as_before(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])

@@ -513,6 +513,27 @@ def test_a_file_that_closes_stdout_still_gets_its_report_from_the_command(closed
     assert (proc.returncode, out, err) == (code, report.replace(str(SOLUTIONS[0]), str(path)), "")
 
 
+REFUSAL = "grade: {}: no function named mean_staleness (the exercise grades mean_staleness; keep the stub's name)\n"
+
+
+def test_a_file_that_sets_sys_stderr_to_none_gets_the_graders_refusal_on_stderr(tmp_path, capsys):
+    # the refusal went to print(file=None): stdout, where a script reading the report took it for one
+    path = tmp_path / "answer.py"
+    path.write_text('EXERCISE = "mean_staleness"\nimport sys\nsys.stderr = None\n')
+    assert graded(path, capsys) == (grader.EXIT_UNLOADABLE, "", REFUSAL.format(path))
+
+
+# slow (a grader process): sys.stderr.close() covers the command's own handle by default
+@pytest.mark.parametrize("closed", ["sys.stderr.close()", pytest.param("os.close(2)", marks=pytest.mark.slow)])
+def test_a_file_that_closes_stderr_still_gets_the_graders_refusal_from_the_command(closed, tmp_path):
+    # the refusal raised "I/O operation on closed file" in the grading, whose traceback went nowhere: exit 1, silent
+    path = tmp_path / "answer.py"
+    path.write_text(f'EXERCISE = "mean_staleness"\nimport os, sys\n{closed}\n')
+    with command(path) as proc:
+        out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (grader.EXIT_UNLOADABLE, "", REFUSAL.format(path))
+
+
 def test_a_process_the_file_leaves_running_ends_with_its_grading(tmp_path):
     # os._exit skipped multiprocessing's exit, which ended the file's daemonic process: it ran on
     # after the grader, holding the command's stdout open (a pipe's reader waited, here 1e6 s)

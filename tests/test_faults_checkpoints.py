@@ -48,7 +48,8 @@ BAD_CHECKPOINTS = {
     # a checkpoint of a model whose code changed since (or another torch's): torch's RuntimeError
     # from copy_ ("The size of tensor a (9610) must match ..."), a traceback on the command line
     "another model's parameters": (lambda p, good: torch.save({**_state(p), "server": {
-        **_state(p)["server"], "params": _state(p)["server"]["params"][:-3]}}, p), "it holds 9607 parameters, the model 9610"),
+        **_state(p)["server"], "params": _state(p)["server"]["params"][:-3]}}, p),
+        "it holds 9607 parameters, the model 9610"),
 }
 CHECKPOINT_CASES = [pytest.param(make, expected, id=name) for name, (make, expected) in BAD_CHECKPOINTS.items()]
 

@@ -206,10 +206,31 @@ def test_an_override_hydras_grammar_cannot_read_says_to_quote_it(tmp_path, cli_h
                                          (["-c", "job", "-p", "_global_", "seed=3"], "exp_name: default\nseed: 3\n"),
                                          (["--cfg", "hydra", "-p", "hydra.overrides.task.0", "seed=3"], "seed=3\n"),
                                          (["--cfg", "all", "-p", "hydra.run.dir"], "results/default/"),
-                                         (["--cfg", "hydra", "-p", "hydra.sweep.subdir"], "base\n")])   # (a resolver's)
+                                         (["--cfg", "hydra", "-p", "hydra.sweep.subdir"], "base\n"),   # (a resolver's)
+                                         (["--cfg", "hydra", "-p", "hydra.job_logging.handlers.file"],
+                                          "# @package hydra.job_logging.handlers.file\n"),
+                                         (["--cfg", "all", "-p", "hydra.output_subdir"], ".hydra\n")])   # ${hydra:...}
 def test_a_package_of_the_config_shown_is_shown(cli_here, words, shown):
     proc = cli_here(*words)
     assert proc.returncode == 0 and proc.stdout.startswith(shown), proc.stdout[:200] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("verbose", ["true", "repro"])
+def test_hydra_verbose_turns_on_debug_logging_for_a_single_run(tmp_path, cli_here, verbose):
+    """``hydra.verbose=true`` (or ``=repro``) on a single run printed nothing more than without it:
+    the command line composes the config itself, so Hydra's main never logged its loading, and the
+    package's logger kept the INFO its fallback pins (Hydra's true sets the root's level only)."""
+    quiet = cli_here(f"results_dir={tmp_path / 'quiet'}", "num_epochs=0.2", "progress=false")
+    assert quiet.returncode == 0 and "sim run in" not in quiet.stderr, quiet.stderr[-2000:]
+    assert "Installed Hydra Plugins" not in quiet.stdout
+    proc = cli_here(f"results_dir={tmp_path / 'told'}", "num_epochs=0.2", "progress=false", f"hydra.verbose={verbose}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"sim run in {tmp_path / 'told'}" in proc.stderr   # the package's DEBUG line, in run.log too
+    assert "sim run in" in next((tmp_path / "told").rglob("run.log")).read_text()
+    # Hydra's own DEBUG, on stdout as its hydra_logging has it (version, plugins, search path, defaults
+    # tree, config): true's, not repro's
+    assert ("Installed Hydra Plugins" in proc.stdout) == (verbose == "true"), proc.stdout[-2000:]
+    assert ("Defaults Tree" in proc.stdout) == (verbose == "true")
 
 
 def test_a_grid_or_run_folder_whose_name_does_not_resolve_is_one_line(tmp_path, cli_here):
@@ -336,6 +357,13 @@ ONE_LINE_REFUSALS = [   # (the command line's words, the start of its one line):
     (["--cfg", "hydra", "-p", "hydra.run.dir"], "error: -p/--package hydra.run.dir: its value names exp_name, "
                                                 "results_dir, outside the config --cfg hydra shows; --cfg all -p "
                                                 "hydra.run.dir shows it"),
+    # Hydra resolves a value shown alone: the log file's names hydra.runtime.output_dir (???): its traceback, exit 1
+    (["--cfg", "hydra", "-p", "hydra.job_logging.handlers.file.filename"], "error: -p/--package hydra.job_logging."
+     "handlers.file.filename: its value ${hydra.runtime.output_dir}/${hydra.job.name}.log cannot be resolved before "
+     "a run (MissingMandatoryValue while resolving interpolation: Missing mandatory value: hydra.runtime.output_dir);"
+     " --cfg hydra -p hydra.job_logging.handlers.file shows it unresolved"),
+    (["--cfg", "all", "-p", "hydra.job_logging.handlers.file.filename"], "error: -p/--package hydra.job_logging."
+     "handlers.file.filename: its value ${hydra.runtime.output_dir}/${hydra.job.name}.log cannot be resolved "),
     (["--shell-completion"], "error: --shell-completion: Hydra's completion completes 'python FILE.py'"),
     (["-sc", "install=bash"], "error: -sc: Hydra's completion completes 'python FILE.py'"),
     (["-cn", "exp/fig1"], "error: -cn: the command's config is conf/config.yaml, whose experiments"),

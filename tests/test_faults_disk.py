@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from repro.sim.driver import simulate
-from tests.helpers.disk import FullDisk, read_only_possible, run_read_only
+from tests.helpers.disk import FullDisk, dev_full_temp, read_only_possible, run_read_only
 from tests.helpers.grids import cli_run
 from tests.helpers.invariants import check_run_folder
 from tests.helpers.paths import ROOT
-from tests.helpers.runs import CLI_ARGS, SIM, cli_cfg
+from tests.helpers.runs import CLI_ARGS, SIM, cli_cfg, sim_killed_at
 from tests.helpers.tables import changed, snapshot, summary_of, table_bytes
 
 
@@ -62,13 +62,16 @@ def test_5_full_disk_fails_the_run_cleanly(tmp_path, monkeypatch, reference, at,
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize("name,written", [("checkpoint.pt.tmp", "checkpoint.pt"), ("timings.csv", "timings.csv")])
-def test_5_a_full_disk_is_named_with_its_folder_and_file(tmp_path, name, written):
+def test_5_a_full_disk_is_named_with_its_folder_and_file(tmp_path, monkeypatch, name, written):
     """issue 32 item 16. Fault: the kernel's own ENOSPC (the file is /dev/full), under torch's
     zip writer for a checkpoint, which said only "unexpected pos 308288 vs 308216". Guarantee:
     the run ends ``failed`` with a message naming the cause, the folder and the file."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / name).symlink_to("/dev/full")
+    if name.endswith(".tmp"):   # a temporary file of the write's own, never a link found there
+        dev_full_temp(monkeypatch, written)
+    else:
+        (run_dir / name).symlink_to("/dev/full")
     why = f"no space left on the device holding {run_dir} while writing {written}"
     with pytest.raises(OSError, match=re.escape(why)):
         simulate(SIM, run_dir)
@@ -82,7 +85,7 @@ def test_5_the_command_line_says_a_full_disk_in_one_line(tmp_path, monkeypatch, 
     """issue 32 item 16, on the command line: the cause in one line, not a traceback; exit 1."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "checkpoint.pt.tmp").symlink_to("/dev/full")
+    dev_full_temp(monkeypatch, "checkpoint.pt")
     # in the test's process (what it says and its exit status: tests/helpers/grids.cli_run)
     done = cli_run(monkeypatch, capsys, *CLI_ARGS, f"hydra.run.dir={run_dir}")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
@@ -105,6 +108,51 @@ def read_only_cli(tmp_path: Path, run_dir: Path, *args: str):
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
     return run_read_only(run_dir.parent, sys.executable, "-m", "repro.run", *CLI_ARGS,
                          f"hydra.run.dir={run_dir}", *args, cwd=ROOT, env=env, timeout=120)
+
+
+def test_two_writers_of_one_file_never_share_its_temporary_file(tmp_path):
+    """Fault: every write of NAME went through NAME.tmp: a second writer meanwhile (two analyses
+    drawing into one folder) truncated the first's, wrote through it and renamed it, and the first
+    wrote on into the renamed file, then failed (FileNotFoundError). Guarantee: each write has a
+    temporary file of its own; the last rename wins, whole."""
+    from repro.files.storage import atomic_write
+
+    path = tmp_path / "fig1.csv"
+
+    def first(f):
+        f.write(b"first ")
+        atomic_write(path, lambda g: g.write(b"second"))   # another writer, meanwhile
+        f.write(b"whole")
+
+    atomic_write(path, first)
+    assert path.read_bytes() == b"first whole" and os.listdir(tmp_path) == ["fig1.csv"]
+
+
+def test_a_file_in_the_way_of_a_temporary_name_is_neither_written_through_nor_taken(tmp_path):
+    """Fault: a NAME.tmp already there (a SIGKILLed write's, or a link) was opened as it was: a
+    link was written through, into the file it names, and then renamed into place as NAME."""
+    from repro.files.storage import write_json
+
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("untouched")
+    (tmp_path / "summary.json.tmp").symlink_to(elsewhere)
+    write_json(tmp_path / "summary.json", {"status": "completed"})
+    assert elsewhere.read_text() == "untouched" and not (tmp_path / "summary.json").is_symlink()
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "completed"}
+
+
+def test_the_temporary_files_a_sigkill_left_in_a_run_folder_go_when_the_run_resumes(tmp_path):
+    """A SIGKILL mid-write leaves that write's NAME.RANDOM.tmp (no code runs to remove it): the run
+    folder's next run, its one writer, removes its own files' (and an older version's NAME.tmp)."""
+    run_dir = tmp_path / "run"
+    sim_killed_at(SIM, run_dir, 12)
+    strays = ["checkpoint.pt.0123456789abcdef.tmp", "summary.json.tmp", "updates.csv.fedcba9876543210.tmp"]
+    for name in [*strays, "notes.tmp"]:   # the last is not the run's: kept
+        (run_dir / name).write_bytes(b"half")
+    assert simulate(SIM.replace(resume=True), run_dir)["status"] == "completed"
+    assert sorted(p.name for p in run_dir.glob("*.tmp")) == ["notes.tmp"]
+    (run_dir / "notes.tmp").unlink()
+    check_run_folder(run_dir, "completed")
 
 
 def test_a_finished_run_in_a_read_only_folder_is_skipped_without_writing(tmp_path):
@@ -220,7 +268,7 @@ def test_5_a_full_disk_under_the_real_server_is_said_in_one_line_not_a_traceback
         loop = Dispatcher(cfg, core, {k: Channel() for k in (1, 2, 3)}, StopRequest())
         core.begin([1, 2, 3])
         loop.sent_version = {1: 0, 2: 0, 3: 0}
-        monkeypatch.setattr(core, "settle", lambda now: (_ for _ in ()).throw(full))
+        monkeypatch.setattr(core, "settle", lambda now, **hooks: (_ for _ in ()).throw(full))
         numel = core.server.params.numel()
         header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=2, num_samples=64, train_loss=1.0, train_error=0.5,
                                                      stream_position=(0, 0)))
@@ -308,8 +356,10 @@ repro.run.cli()
 def test_a_folder_that_turns_read_only_before_the_first_log_line_is_named(tmp_path, backend):
     """Fault: the run folder turns read-only (a real remount) after the run took it and before
     its first log line; the raw error of opening run.log (Hydra's handler opens it lazily) was
-    the run's last word: "failed: Read-only file system", naming neither folder nor file.
-    Guarantee: exit 1, the failure in one line naming the folder (as a full disk is named)."""
+    the run's last word: "failed: Read-only file system", naming neither folder nor file; then
+    it was named, but as run.log's, whose first line (could not record the end) raised over the
+    write that failed first, .reserve's. Guarantee: exit 1, the failure in one line naming the
+    folder (as a full disk is named) and the first write it refused."""
     if not read_only_possible(tmp_path):
         pytest.skip("this machine cannot make a folder read-only (unshare, user namespaces)")
     run_dir = tmp_path / "run"
@@ -317,6 +367,6 @@ def test_a_folder_that_turns_read_only_before_the_first_log_line_is_named(tmp_pa
     done = subprocess.run(["unshare", "-rm", sys.executable, "-c", TURNS_READ_ONLY_AT_START, str(run_dir),
                            *CLI_ARGS, f"backend={backend}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert re.search(rf"^failed: {re.escape(str(run_dir))} is on a read-only file system while writing \S+\n",
+    assert re.search(rf"^failed: {re.escape(str(run_dir))} is on a read-only file system while writing \.reserve\n",
                      done.stderr, re.M), done.stderr
     assert "Read-only file system" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -21,6 +21,7 @@ from repro import run as cli_module
 from repro.config.settings import BackendConfig, DataConfig, RunConfig
 from repro.errors import ConfigError
 from repro.real import run_real
+from repro.runtime import cuda_missing
 from repro.sim.driver import simulate
 
 from tests.helpers.paths import ROOT  # noqa: E402
@@ -174,6 +175,21 @@ def test_a_real_run_refused_for_a_busy_port_leaves_no_folder(tmp_path):
         with pytest.raises(ConfigError, match="backend.master_port"):
             run_real(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()        # no .hydra, no .lock: the port was checked first
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused only where CUDA is missing")
+@pytest.mark.parametrize("key, choices", [("backend.server_device", "'cpu'"), ("backend.client_device", "'cpu' or 'auto'"),
+                                          ("device", "'cpu' or 'auto'")])
+def test_a_real_run_on_cuda_with_a_cpu_torch_is_refused_in_one_line(tmp_path, key, choices):
+    """Only the GPU tests took the path that refuses cuda for the real server (its clients, the
+    simulator): on a CPU-only torch the command line says why in one line, exit 2, and leaves no run folder."""
+    backend = "sim" if key == "device" else "real"   # device is the simulator's
+    proc = subprocess.run([sys.executable, "-m", "repro.run", f"backend={backend}", f"{key}=cuda", "num_epochs=0.1",
+                           f"results_dir={tmp_path / 'results'}", "progress=false"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"error: invalid value for '{key}': 'cuda'; expected {choices}: {cuda_missing()}\n"
+    assert tree(tmp_path) in ([], ["results"])   # Hydra made results_dir: it is left empty, no run folder
 
 
 # ---------------------------------------------------------------------------------------------

@@ -361,6 +361,69 @@ def test_a_joiner_waits_while_the_real_server_evaluates_version_0_and_joins_afte
 
 
 @pytest.mark.timeout(60)
+def test_a_joiner_waits_while_the_real_server_evaluates_in_its_loop_mid_run_and_joins_after(tmp_path, monkeypatch):
+    """backend.eval_in_thread=false: the evaluation a push makes due holds the server's lock up to
+    backend.timeout_s (0.8 s; it takes 1.5 s, a batch every 0.3 s) without the busy count version
+    0's makes. A joiner whose request the acceptor read only once that evaluation held the lock
+    waited backend.timeout_s from its ticket and ended 'did not answer' (exit 1) just before the
+    lock was free. Now the server counts the busy key while it waits (the one place version 0's
+    wait counts it), and the joiner is admitted after (in-process, as version 0's twin above)."""
+    import dataclasses
+    import time
+
+    from repro.real.elastic import Acceptor, ask, ticket_key
+    from repro.real.processes import make_store
+
+    admitted: list[int] = []
+
+    def add_client(loop, k, store, prefix):   # as the real one, it returns once the joiner read its answer
+        admitted.append(k)
+        joining.join(timeout=30)
+
+    monkeypatch.setattr(Dispatcher, "add_client", add_client)
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", timeout_s=0.8, master_port=0,
+                                                                 max_clients=3, eval_in_thread=False))
+    store = make_store(cfg)
+    joiner = cfg.replace(backend=dataclasses.replace(cfg.backend, join=f"127.0.0.1:{store.port}"))
+    answered: dict = {}
+
+    def join() -> None:
+        try:
+            answered["client"] = ask(joiner)[2]
+        except Exception as exc:
+            answered["error"] = exc
+
+    def admit_once_evaluating(loop) -> None:   # the acceptor reads the request while the lock is held
+        while core.evals.running is None:
+            time.sleep(0.01)
+        loop.acceptor.start()
+
+    with run_folder(cfg, tmp_path) as run:
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+        loop = Dispatcher(cfg, core, {1: _Channel(), 2: _Channel()}, StopRequest())
+        core.begin([1, 2])
+        evaluating_slowly(monkeypatch, 5, 0.3)   # version 0's is not: the one at version 1 is
+        loop.acceptor = Acceptor(loop, store)
+        joining = threading.Thread(target=join, daemon=True)
+        joining.start()
+        while not store.check([ticket_key(1, "request")]):   # its answer's wait has begun
+            time.sleep(0.01)
+        time.sleep(0.2)   # the push comes a little after the ticket, as it may in any run
+        threading.Thread(target=admit_once_evaluating, args=(loop,), daemon=True).start()
+        loop.sent_version = {1: 0, 2: 0}
+        numel = core.server.params.numel()
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=8, num_samples=problem.dataset.num_train // 2,
+                                                     train_loss=1.0, train_error=0.5, stream_position=(0, 0)))
+        assert loop.on_message(1, header, torch.zeros(numel)) is True   # version 1, its evaluation due
+        joining.join(timeout=30)
+        loop.acceptor.done.set()
+        core.stop()
+        core.finish(*core.final_status(interrupted=False))
+    assert answered == {"client": 3} and admitted == [3], answered
+
+
+@pytest.mark.timeout(60)
 def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
     """Client 1's push spends the budget while client 2 computes: client 2 is sent STOP at
     once (it reads it between two local steps), not after its own push."""
@@ -380,6 +443,71 @@ def test_the_real_server_stops_computing_clients_when_the_run_ends(tmp_path):
         assert channels[1].sent == [Kind.STOP] and channels[2].sent == [Kind.STOP]
         assert loop.stopped == {1, 2} and not loop.live()
         core.finish(*core.final_status(interrupted=False))
+
+
+class _Waited(_Greeted):
+    """A client's channel with the sends' and receives' waits the server's main thread reads;
+    ``stalls_s``: a STOP sent to it waits that long (a client suspended before it posted its
+    receive: the send waits for it, up to backend.client_timeout_s)."""
+
+    def __init__(self, cfg, stalls_s: float = 0.0):
+        super().__init__(cfg)
+        self.stalls_s, self.sent_at, self.timeout_s = stalls_s, None, cfg.backend.client_timeout_s
+
+    def send(self, header, frame):
+        super().send(header, frame)
+        if header.kind == Kind.STOP and self.stalls_s:
+            import time
+
+            self.sending, self.sent_at = header.kind, time.monotonic()
+            time.sleep(self.stalls_s)
+            self.sent_at = None
+
+    def sending_s(self):
+        import time
+
+        return 0.0 if self.sent_at is None else time.monotonic() - self.sent_at
+
+    def receiving_s(self):
+        return 0.0
+
+
+@pytest.mark.timeout(60)
+def test_the_real_server_says_once_which_client_a_send_at_the_end_waits_for(tmp_path, monkeypatch, caplog):
+    """Client 1's push spends the budget, and its receiver sends STOP to client 2, suspended
+    (SIGSTOP) before it posted its receive: the send waits for it, the lock held, up to
+    backend.client_timeout_s (here 3 s), and the run's end with it, in silence (the line that
+    it 'left before it could be told to stop' comes after). Now the server's main thread says
+    at once, once, which client it waits for, for what, and for how long at most."""
+    import time
+
+    from repro.real.transport import Receiver
+
+    monkeypatch.setattr(Receiver, "start", lambda receiver: None)   # the test pushes itself
+    cfg = cfg_for(num_epochs=1.0, nsync=8, backend=BackendConfig(name="real", client_timeout_s=30.0))
+    channels = {1: _Waited(cfg), 2: _Waited(cfg, stalls_s=3.0)}
+
+    def push_the_budget(loop) -> None:   # as client 1's receiver does, once the clients are greeted
+        while len(loop.sent_version) < 2:
+            time.sleep(0.01)
+        numel = core.server.params.numel()
+        header = Header(Kind.PUSH, 1, 0, numel, dict(num_steps=8, num_samples=problem.dataset.num_train,
+                                                     train_loss=1.0, train_error=0.5, stream_position=(0, 0)))
+        loop.on_message(1, header, torch.zeros(numel))
+
+    with run_folder(cfg, tmp_path) as run, caplog.at_level("INFO", logger="repro"):
+        problem = build_problem(cfg, torch.device("cpu"))
+        run.core = core = RunCore(cfg, problem, tmp_path, clock="wall", backend="real", eval_in_thread=True)
+        loop = Dispatcher(cfg, core, channels, StopRequest())
+        pusher = threading.Thread(target=push_the_budget, args=(loop,), daemon=True)
+        pusher.start()
+        status, _ = loop.run()
+        pusher.join(timeout=30)
+        core.finish(status)
+    assert status == "completed" and channels[2].sent[-1] == Kind.STOP
+    said = [r.getMessage() for r in caplog.records if "waiting for client" in r.getMessage()]
+    assert said == ["[real server] waiting for client 2 to take the STOP sent to it (nothing taken for 2 s: "
+                    "suspended or hung?); the run waits up to backend.client_timeout_s=30 s, then counts it lost"], said
 
 
 @pytest.mark.timeout(60)

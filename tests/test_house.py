@@ -6,7 +6,8 @@ than one place is answered by one function, and the places that ask agree.
 * table integrity: :func:`repro.files.schema.version_fault`, for a resume and for the analysis;
 * the warm-start baseline: the simulator's one-client run, bitwise;
 * what the lab needs to know of a run is in its folder (the analysis imports no torch);
-* validation: once per run, where the config enters; the API's defaults are the config's.
+* validation: once per run, where the config enters; the API's defaults are the config's;
+* the machine's memory: :func:`repro.runtime.memory_bytes`, for build_model and the startup benchmark.
 
 Every exactness claim here compares two computations in one process at one thread count.
 """
@@ -541,3 +542,45 @@ def test_hydra_beyond_its_public_interface_is_used_in_one_place_only():
     assert not private, f"Hydra's internals imported outside repro/hydra_internals.py: {private}"
     text = (ROOT / "repro" / "hydra_internals.py").read_text()
     assert "hydra._internal" in text and "why" in text.split('"""')[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The house's shape: lines and modules a reader takes in whole
+# ---------------------------------------------------------------------------------------------
+
+def _sources() -> list[Path]:
+    return sorted(p for package in ("repro", "repro_bench") for p in (ROOT / package).rglob("*.py")
+                  if "__pycache__" not in p.parts)
+
+
+def test_no_line_of_the_package_or_its_benchmarks_is_over_120_characters():
+    long = [f"{p.relative_to(ROOT)}:{i} ({len(line)})" for p in _sources()
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 120]
+    assert not long, "\n".join(long)
+
+
+def test_no_module_of_the_package_or_its_benchmarks_is_over_400_lines():
+    long = [f"{p.relative_to(ROOT)} ({n})" for p in _sources() if (n := len(p.read_text().splitlines())) > 400]
+    assert not long, "\n".join(long)
+
+
+def test_every_name_the_package_uses_is_bound_in_its_module():
+    """pyflakes said "undefined name 'torch'" of annotations naming torch in modules that import it
+    only inside functions (harmless when annotations stay strings, but a reader's tool stumbled):
+    such a name is imported under TYPE_CHECKING."""
+    pytest.importorskip("pyflakes")
+    import ast
+    from pyflakes import checker, messages
+
+    unbound = [f"{p.relative_to(ROOT)}:{m.lineno}: {m.message % m.message_args}" for p in _sources()
+               for m in checker.Checker(ast.parse(p.read_text()), str(p)).messages
+               if isinstance(m, messages.UndefinedName)]
+    assert not unbound, "\n".join(unbound)
+
+def test_the_machines_memory_is_read_in_one_place():
+    """build_model bounds a model by it and the startup benchmark its client processes by it:
+    both ask :func:`repro.runtime.memory_bytes` (the benchmark imports no torch for it)."""
+    readers = [str(p.relative_to(ROOT)) for p in _sources() if "SC_PHYS_PAGES" in p.read_text()]
+    assert readers == ["repro/runtime.py"]
+    from repro.runtime import memory_bytes
+    assert memory_bytes() > 0

@@ -234,6 +234,28 @@ def test_a_sigkilled_server_takes_its_clients_and_fork_server_along(tmp_path):
         assert_no_leftovers(proc, within_s=10)
 
 
+def test_a_suspended_client_the_end_waits_for_is_named_once_and_killed_without_a_sigterm(monkeypatch, caplog,
+                                                                                       no_children):
+    """A client SIGSTOPped as its run completes cannot exit when told STOP: the end waited for it in
+    silence, the grace (here 1.5 s; 10 s for a completed run), then 2 s more for a SIGTERM that a
+    stopped process takes only once continued, then killed it. Now the wait names the client, its
+    pid and why, once, and a suspended client is sent SIGKILL, the one signal it takes, at once."""
+    from repro.real.processes import client_context, stop_children
+
+    terminated = []
+    proc = client_context(start=True).Process(target=time.sleep, args=(60,))   # a client that does not exit
+    proc.start()
+    os.kill(proc.pid, signal.SIGSTOP)
+    monkeypatch.setattr(type(proc), "terminate", lambda p: terminated.append(p.pid))
+    with caplog.at_level("INFO", logger="repro"):
+        stop_children({2: proc}, grace_s=1.5)
+    said = [r.getMessage() for r in caplog.records if "told STOP" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"[real server] clients told STOP have not exited: client 2 (pid "
+                                                 f"{proc.pid}) is suspended (SIGSTOP); waiting up to "), said
+    assert said[0].endswith(" s, then they are killed"), said
+    assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL and terminated == []
+
+
 def test_losing_every_client_fails_cleanly(tmp_path, no_children):
     run_dir = tmp_path / "run"
     with killing_a_client(run_dir, 5) as killed:

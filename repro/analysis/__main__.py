@@ -18,6 +18,7 @@ import warnings
 
 from repro.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ConfigError
 from repro.files.schema import CONFIG_FILE
+from repro.files.storage import LONGEST_NAME
 from repro.registry import declared
 
 COMPARE_USAGE = ("python -m repro.analysis compare DIR_A DIR_B [--k K] [--figures LIST] "
@@ -95,8 +96,13 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
 
 def outside_runs(key: str, path: str, *trees: str) -> None:
     """ConfigError naming ``key`` when ``path`` lies in a run folder (one holding config.json) of
-    one of ``trees``: the analysis reads run folders and never writes into one."""
+    one of ``trees``, is one of ``trees``, or holds run folders: the analysis reads run folders and
+    never writes into one, nor beside the experiment folders (a figures folder and a results tree
+    in one folder are neither to compare)."""
     roots, place = [Path(t).resolve() for t in trees], Path(path).resolve()
+    if place in roots or any(place.glob("*/config.json")) or any(place.glob("*/*/config.json")):
+        raise ConfigError(key, path, "a folder of its own, not a results tree nor a folder holding run folders "
+                                     "(the analysis never writes beside the runs it reads)")
     for folder in (place, *place.parents):
         if any(root in folder.parents for root in roots) and (folder / CONFIG_FILE).exists():
             raise ConfigError(key, path, f"a place outside the run folders it reads ({folder} is "
@@ -144,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():  # one plain line per skipped folder, not a traceback
             warnings.showwarning = _show_warning
             return compare_main(args) if compared else draw_main(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ConfigError as e:   # an API parameter an option fills (k, config...) is named as typed (--k, --config)
+        typed = e.key in vars(args).keys() - {"figure", "dir_a", "dir_b"}   # less the positional arguments
+        print(f"error: {ConfigError('--' + e.key, e.value, e.expected) if typed else e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:   # Ctrl-C: the shell's 128 + SIGINT, without a traceback (as repro.lab's)
         return EXIT_INTERRUPTED
@@ -173,11 +180,23 @@ def draw_main(args: argparse.Namespace) -> int:
         # else "a/b" blamed --out (no such file), all or '' ignored it without a word, and ' ' wrote ' .png'
         raise ConfigError("--name", args.name, "a file name, not blank and without a folder, for one figure "
                           "(with all, each figure's files are named after it; the folder is --out)")
+    if args.exp is not None and not args.exp.strip():   # else '' drew the figure's own folder without a word
+        raise ConfigError("--exp", args.exp, "an experiment folder's name, not blank "
+                          "(leave --exp out for the figure's own)")
     if args.exp is not None and args.figure == "all":   # else every figure was drawn from that one folder's runs
         raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
                           "name one figure to draw it from another folder")
     outside_runs("--out", args.out, args.results, Path(args.results) / (args.exp or ""))   # --exp may lie elsewhere
     stem = args.name or (f"{args.figure}-{file_label(args.config)}" if args.config else None)   # all: each its own
+    each = args.figure == "all"
+    figure = max(declared("figure"), key=len) if each else args.figure   # all: each is named after its figure
+    widest = args.name or (f"{figure}-{file_label(args.config)}" if args.config else "")
+    if len(f"{widest}_speedup.csv".encode()) > LONGEST_NAME:   # fig4's table: the longest name a figure writes
+        # else the file system refused it as the first file was written: a traceback, or a line blaming --out
+        made = "" if named else f": --config names them {figure}-SETTINGS" + ("" if each else "; give a shorter --name")
+        raise ConfigError(*(("--config", args.config) if each else ("--name", widest)),   # all takes no --name
+                          f"a file name of at most {LONGEST_NAME - 12} bytes (a figure writes <name>_speedup.csv, and "
+                          f"a temporary name {255 - LONGEST_NAME} bytes longer, within the file system's 255){made}")
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
                              config=args.config, stem=stem)
@@ -199,6 +218,8 @@ def compare_main(args: argparse.Namespace) -> int:
     compare.check_options(args.k, args.target)
     if args.csv:
         outside_runs("--csv", args.csv, args.dir_a, args.dir_b)
+    for d in (args.dir_a, args.dir_b):   # B missing is said before A is read (minutes, on a big tree)
+        trees.tree_kind(d)
     a, b = (trees.read_tree(d, names, args.target, args.config) for d in (args.dir_a, args.dir_b))
     table = compare.compare(a, b, args.k, args.target)
     print(f"A: {a.describe()}\nB: {b.describe()}\n")

@@ -195,7 +195,7 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str, left_
                      fontsize="small", color="0.3")
             warnings.warn(f"{stem}: {note}, each named above", stacklevel=3)
         for path in paths[:2]:
-            atomic_write(path, lambda f: fig.savefig(f, format=path.suffix[1:]), shared=True)
+            atomic_write(path, lambda f: fig.savefig(f, format=path.suffix[1:]))
     write_csv(frame, paths[2])
     return paths
 
@@ -204,7 +204,7 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
     """``frame`` as the CSV ``path``, whole or not at all: Ctrl-C inside to_csv (or savefig) left
     a cut file under its final name, a broken figure that looks finished."""
     # a run folder's name may not be UTF-8
-    atomic_write(path, lambda f: frame.to_csv(f, index=False, errors="backslashreplace"), shared=True)
+    atomic_write(path, lambda f: frame.to_csv(f, index=False, errors="backslashreplace"))
 
 
 def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:

@@ -13,9 +13,10 @@ A rule may make its clients keep their own parameters across exchanges (EASGD: t
 pushes its parameters and, with the server's reply, moves toward the centre instead of taking
 it); the rule declares that ``exchange`` and both drivers run it through :meth:`Client.fetch`.
 
-ParameterServer (the paper's parameter server): holds the parameter vector and a ``version`` counter,
-applies each push as it arrives with a server rule (:mod:`repro.asgd.rules`), and reports the push's staleness: the number of updates applied since
-the client fetched (server version before apply minus the version the client read).
+ParameterServer (the paper's parameter server): holds the parameter vector and a ``version``
+counter, applies each push as it arrives with a server rule (:mod:`repro.asgd.rules`), and
+reports the push's staleness: the number of updates applied since the client fetched (server
+version before apply minus the version the client read).
 """
 from __future__ import annotations
 
@@ -280,8 +281,9 @@ class ParameterServer:
 
     def load_state_dict(self, state: dict) -> None:
         if state["params"].shape != self.params.shape:   # another model's: its code (or torch's) changed since
-            raise ConfigError("resume", "checkpoint.pt", f"a checkpoint of this model: it holds {state['params'].numel()} "
-                              f"parameters, the model {self.params.numel()}; force=true starts over")
+            raise ConfigError("resume", "checkpoint.pt", f"a checkpoint of this model: it holds "
+                              f"{state['params'].numel()} parameters, the model {self.params.numel()}; "
+                              "force=true starts over")
         self.params.copy_(state["params"])
         self.version = int(state["version"])
         self.rule.load_state_dict(state["rule"])

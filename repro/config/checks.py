@@ -150,9 +150,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("cost.straggler_client", cost.straggler_client,
                           f"null or a client id in 1..{cfg.num_clients}")
     if cost.schedule == "replay" and not cost.path:
-        raise ConfigError("cost.path", cost.path, "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
+        raise ConfigError("cost.path", cost.path,
+                          "the folder of a recorded run to replay (cost=replay cost.path=RUN_DIR)")
     if cost.schedule == "replay" and cfg.backend.name == "real":   # the real driver has no schedule: it trained anew
-        raise ConfigError("backend", "real", "sim with cost=replay (a replay re-applies a recorded run in the simulator)")
+        raise ConfigError("backend", "real",
+                          "sim with cost=replay (a replay re-applies a recorded run in the simulator)")
     if cost.profile == "fit" and cost.schedule == "events" and not str(cost.path or "").replace(":", "").strip():
         # without a recording nothing is fitted: the run would go on the uniform profile's costs
         raise ConfigError("cost.path", cost.path, "the folders of recorded runs to fit, separated by ':' "
@@ -269,8 +271,9 @@ def _check_topology(cfg: RunConfig) -> None:
             for f in dataclasses.fields(getattr(cost, group)):
                 value, default = getattr(getattr(cost, group), f.name), f.default
                 if value != default:
-                    raise ConfigError(f"cost.{group}.{f.name}", value, f"{default if default is not None else 'null'} "
-                                      f"with cost.topology={cost.topology} (the key acts only with cost.topology=shared)")
+                    raise ConfigError(f"cost.{group}.{f.name}", value,
+                                      f"{default if default is not None else 'null'} with cost.topology="
+                                      f"{cost.topology} (the key acts only with cost.topology=shared)")
         return
     per_host = shared.clients_per_host
     if cfg.num_clients > per_host and cfg.num_clients % per_host:
@@ -280,8 +283,9 @@ def _check_topology(cfg: RunConfig) -> None:
     if machine.single and (shared.devices_per_host is None or per_host < cfg.num_clients):
         key, value = ("cost.shared.devices_per_host", None) if shared.devices_per_host is None else \
             ("cost.shared.clients_per_host", per_host)
-        raise ConfigError(key, value, f"{'a number of cores' if value is None else f'at least num_clients={cfg.num_clients}'} "
-                          "with cost.machine.single=true (the server and every client share one host's cores)")
+        wanted = "a number of cores" if value is None else f"at least num_clients={cfg.num_clients}"
+        raise ConfigError(key, value, f"{wanted} with cost.machine.single=true (the server and every client "
+                          "share one host's cores)")
     server_limited = shared.server_bandwidth_Bps or cost.bandwidth_Bps
     if shared.server_burst_bytes and not server_limited:
         raise ConfigError("cost.shared.server_burst_bytes", shared.server_burst_bytes, "0 unless the server's link is "

@@ -1,5 +1,5 @@
-"""Files that are never half written (atomic writes of text, JSON and checkpoints; a crash or a
-full disk mid-write leaves the previous file and no ``.tmp``), a safe reader of checkpoints, and
+"""Files that are never half written (atomic writes of text, JSON and checkpoints; a crash or a full
+disk mid-write leaves the previous file, and no ``.tmp`` but a SIGKILL's), a safe reader of checkpoints, and
 what a failed write means (a full disk, a read-only folder), said in words naming the folder.
 
 The one module of ``files/`` that uses torch (a checkpoint is a torch file): it imports torch
@@ -14,11 +14,15 @@ import io
 import json
 import os
 import pickle
+import secrets
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from repro.errors import ConfigError
+
+if TYPE_CHECKING:   # for the annotations only: torch is imported where a checkpoint is touched
+    import torch
 
 
 # What a write's errno means for the run, said plainly (the raw "[Errno 28] No space left on
@@ -74,15 +78,21 @@ def disk_error(exc: OSError, path: Path | str | None) -> OSError:
     return OSError(exc.errno, what.format(folder=path.parent) + f" while writing {path.name}")
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], Any], shared: bool = False) -> None:
+# the longest file name atomic_write can write: its temporary name, NAME.RANDOM.tmp, must fit the
+# file system's 255 bytes too
+LONGEST_NAME = 255 - len(".0123456789abcdef.tmp")
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """``write(f)`` to a temp file, then rename, so a reader never sees half a file (and a full
-    disk or an interrupt leaves the old file and no temp file). A full or read-only disk is an
-    OSError naming it (:func:`disk_error`). ``shared``: a file no lock keeps to one writer (a
-    figure two grids draw at once), written through a temp file of this process's own."""
+    disk or an interrupt leaves the old file and no temp file; a SIGKILL leaves the temp file,
+    ``NAME.RANDOM.tmp``). A full or read-only disk is an OSError naming it (:func:`disk_error`)."""
     path = Path(path)
-    tmp = path.with_name(path.name + (f".{os.getpid()}.tmp" if shared else ".tmp"))
+    # a name and a file of this write's own ("x": made new, as mkstemp does, but with the umask's
+    # mode): a shared NAME.tmp was truncated by a second writer, and followed where it was a link
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

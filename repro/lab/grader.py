@@ -137,16 +137,17 @@ def flush_stdout() -> None:
         sys.stdout.flush()
 
 
-def grade(file: str, loaded=lambda: None, out: IO[str] | None = None) -> int:
-    """Grade one file, calling ``loaded()`` once it has loaded, its report into ``out`` (by
-    default ``sys.stdout`` as the grading starts); the exit status (see the module docstring)."""
-    path, out = Path(file), out or sys.stdout
+def grade(file: str, loaded=lambda: None, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
+    """Grade one file, calling ``loaded()`` once it has loaded, its report into ``out`` and its refusal
+    into ``err`` (by default ``sys.stdout``, ``sys.stderr`` as the grading starts: the file may take
+    them away); the exit status (see the module docstring)."""
+    path, out, err = Path(file), out or sys.stdout, err or sys.stderr
     # loading runs the file: an endless loop at its top too; it puts the file's folder on the path
     with time_limit(GRADE_LIMIT_S), mock.patch.object(sys, "path", list(sys.path)):
         try:
             ex, module = load(path)
         except Unloadable as e:
-            print(f"grade: {e}", file=sys.stderr)
+            print(f"grade: {e}", file=err, flush=True)
             return EXIT_UNLOADABLE
         loaded()
         return EXIT_PASSED if report(ex, path, module, out) else EXIT_FAILED
@@ -169,18 +170,20 @@ def grade_apart(file: str) -> int:
             os._exit(EXIT_UNLOADABLE)
         os.setsid()   # not setpgid: a group apart in the terminal's session stops at an input() (SIGTTIN)
         verdict = EXIT_FAILED
-        # the report's own handle on stdout: the file may replace sys.stdout, close it, or close fd 1
+        # the grading's own handles on stdout and stderr: the file may replace sys.stdout or
+        # sys.stderr, close them, or close fd 1 or 2 (its refusals went to stdout, or nowhere)
         out = open(os.dup(1), "w", encoding=sys.stdout.encoding, errors=sys.stdout.errors)
+        err = open(os.dup(2), "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)
         try:
-            verdict = grade(file, loaded=lambda: os.write(write, LOADED), out=out)
+            verdict = grade(file, loaded=lambda: os.write(write, LOADED), out=out, err=err)
             flush_stdout()   # the file's lines before the verdict: os._exit flushes nothing
         except KeyboardInterrupt as e:   # the file's own (raised, a SIGINT to itself): Ctrl-C reaches the grader alone
             flush_stdout()   # (it was exit 130 without a word, the report cut short)
             print(f"grade: {file}: the grading ended with no verdict: the file interrupted it itself "
-                  f"({harness.describe_error(e)}); fix that and grade again", file=sys.stderr)
+                  f"({harness.describe_error(e)}); fix that and grade again", file=err)
             verdict = EXIT_UNLOADABLE
         except BaseException:   # noqa: BLE001  (the grader's own fault: its traceback, as ever)
-            traceback.print_exc()
+            traceback.print_exc(file=err)
         finally:
             try:
                 os.write(write, bytes([verdict]))

@@ -55,6 +55,15 @@ def client_device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
 
 
+def server_device(cfg: RunConfig) -> torch.device:
+    """Local rank 0's device: ``cuda:0`` with ``backend.server_device=cuda``, else the CPU."""
+    if cfg.backend.server_device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("backend.server_device", "cuda", f"'cpu': {cuda_missing()}")
+        return torch.device("cuda:0")
+    return torch.device("cpu")
+
+
 @dataclass
 class ClientSetup:
     """Everything a client process builds before it connects (so a bad config or missing data

@@ -15,7 +15,7 @@ names two processes; a restarted client may ask for its lost id back (``backend.
 Per-client settings of id k > num_clients are slot k's (:func:`repro.config.settings.client_slot`).
 
 Every wait is bounded (the answer's, past the server's last count of BUSY_KEY: it admits nobody while
-it evaluates version 0, busy, not dead). A joiner loads its data before it takes a ticket, so that the server's
+it waits for an evaluation, busy, not dead). A joiner loads its data before it takes a ticket, so that the server's
 wait for its pair group is not spent on it. Once the run serves no more joins the acceptor marks
 the store closed and refuses every ticket it has not read, so a late joiner is told at once. A
 join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
@@ -52,7 +52,7 @@ _log = get_logger("repro.real.elastic")
 
 COUNT_KEY = "repro/join/count"
 CLOSED_KEY = "repro/join/closed"   # set once the run serves no more joins (it is ending)
-BUSY_KEY = "repro/busy"   # the run's (not a join's): counted up while the server evaluates before serving
+BUSY_KEY = "repro/busy"   # the run's (not a join's): counted up while the server waits for an evaluation
 EXIT_REFUSED = 2   # a refused join is bad input: the joiner's config, id or timing
 
 
@@ -180,8 +180,8 @@ def _take_ticket(host: str, port: int, cfg: RunConfig):
 
 def _read_answer(store, n: int, timeout_s: float) -> dict:
     """Ticket ``n``'s answer, waited for up to ``timeout_s`` past the server's last sign of life:
-    while it evaluates the version it starts from (version 0's evaluation, before its HELLO) it
-    admits nobody, busy, not dead, and counts BUSY_KEY up as it heartbeats its own clients. Each
+    while it waits for an evaluation (version 0's, before its HELLO; a push's, backend.eval_in_thread=false)
+    it admits nobody, busy, not dead, and counts BUSY_KEY up as it heartbeats its own clients. Each
     look is bounded (a stopped server's store answers nothing, whatever its timeout)."""
     key, beats, since = ticket_key(n, "answer"), None, time.monotonic()
     while not (seen := bounded(lambda: (store.check([key]), store.add(BUSY_KEY, 0)), timeout_s, "answer"))[0]:

@@ -36,12 +36,12 @@ from repro.errors import ConfigError
 from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.workload.start import build_problem
-from repro.real.client import build_client, client_device
+from repro.real.client import build_client, client_device, server_device
 from repro.real.elastic import Acceptor
 from repro.real.frames import Frame, Header, Kind
 from repro.real.processes import (WORLD_KEY, StartupError, client_context, handover, make_store, serve_as_client,
                                   spawn_clients, startup_deadline_s, stop_children, wait_ready)
-from repro.real.server import Dispatcher, log, server_device
+from repro.real.server import Dispatcher, log
 from repro.real.transport import Channel
 from repro.real.groups import bounded, connect, disconnect, first_line, pin_gloo
 from repro.runs.core import RunCore

@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -168,16 +169,31 @@ def wait_ready(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequ
 
 
 def stop_children(procs: dict, grace_s: float) -> None:
-    """Join, then SIGTERM, then SIGKILL (a stopped process only dies of SIGKILL): no orphans."""
+    """Join ({client: process}, each told STOP) for up to ``grace_s`` in all, then SIGTERM, then SIGKILL: no
+    orphans. A client still there after a second of that wait is named once, and why (the end was silent for
+    up to ``grace_s`` + 2 s); a suspended one (SIGSTOP) gets SIGKILL at once: SIGTERM waits for a SIGCONT."""
     deadline = time.monotonic() + grace_s
-    for proc in procs.values():
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for step in (lambda p: p.terminate(), lambda p: p.kill()):
+    for until in (min(deadline, time.monotonic() + 1.0), deadline):
+        for proc in procs.values():
+            proc.join(max(0.0, until - time.monotonic()))
+        if (left := deadline - time.monotonic()) > 0 and (late := [k for k, p in procs.items() if p.is_alive()]):
+            whys = [f"client {k} (pid {procs[k].pid}) " + ("is suspended (SIGSTOP)" if suspended(procs[k])
+                                                           else "is still running") for k in late]
+            log.info(f"clients told STOP have not exited: {'; '.join(whys)}; waiting up to {math.ceil(left)} s, "
+                     "then they are killed")
+    for step in (lambda p: p.kill() if suspended(p) else p.terminate(), lambda p: p.kill()):
         alive = [p for p in procs.values() if p.is_alive()]
         for proc in alive:
             step(proc)
         for proc in alive:
             proc.join(2)
+
+
+def suspended(proc) -> bool:
+    """Whether ``proc`` is stopped (SIGSTOP, Ctrl-Z of its own): it exits on nothing but SIGKILL or a SIGCONT."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] in "Tt"
+    return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,15 +1,14 @@
 """Rank 0 of the real driver: receive a push, hand it to the run core, carry the replies.
 
 One receiver thread per client (:class:`~repro.real.transport.Receiver`) hands each push to
-:meth:`Dispatcher.on_message`, which holds the server lock while the run core
-(:mod:`repro.runs.core`) applies the push with the same :class:`~repro.asgd.algorithm.ParameterServer` the simulator
-runs and writes its row, and while this loop sends each reply (Downpour's push + fetch round
-trip, ``nfetch = npush = nsync``). Pushes from any client are served one at a time, in the order
-they take the lock, and ``updates.csv`` records that order. The main thread only watches:
-interrupts, client processes, finished evaluations. Client loss, divergence, the end of the
-budget and interrupts all end the same way: as soon as the run is stopping, every client still
-computing is sent STOP, which it reads between two local steps, however long its push. A push
-the protocol holds is read from its client's receive frame, not copied (see the Receiver).
+:meth:`Dispatcher.on_message`, which holds the server lock while the run core (:mod:`repro.runs.core`) applies the
+push with the same :class:`~repro.asgd.algorithm.ParameterServer` the simulator runs and writes its row, and while this
+loop sends each reply (Downpour's push + fetch round trip, ``nfetch = npush = nsync``). Pushes from any client are
+served one at a time, in the order they take the lock, and ``updates.csv`` records that order. The main thread only
+watches: interrupts, client processes, finished evaluations, sends that wait on a silent client. Client loss,
+divergence, the end of the budget and interrupts all end the same way: as soon as the run is stopping, every client
+still computing is sent STOP, which it reads between two local steps, however long its push. A push the protocol
+holds is read from its client's receive frame, not copied (see the Receiver).
 """
 from __future__ import annotations
 
@@ -22,26 +21,15 @@ import traceback
 import torch
 
 from repro.config.settings import RunConfig
-from repro.errors import ConfigError
 from repro.logs import mark, prefixed
 from repro.real.elastic import BUSY_KEY, ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello, trained
 from repro.real.groups import bounded, first_line, forget_pair, pair_group
 from repro.real.transport import Channel, Receiver, Silence
-from repro.runtime import StopRequest, cuda_missing, naming_fork_server
+from repro.runtime import StopRequest, naming_fork_server
 
 log = prefixed("repro.real.server", "[real server]")
 STOPPING_S = 2.0   # once a stop is asked for, the most a send waits for a client that answers nothing
-
-
-def server_device(cfg: RunConfig) -> torch.device:
-    """Local rank 0's device: ``cuda:0`` with ``backend.server_device=cuda`` (see
-    :mod:`repro.real.client` for the one placement rule), else the CPU."""
-    if cfg.backend.server_device == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("backend.server_device", "cuda", f"'cpu': {cuda_missing()}")
-        return torch.device("cuda:0")
-    return torch.device("cpu")
 
 
 def greeted(channel: Channel, k: int, frame: Frame, out: Frame, cfg: RunConfig) -> None:
@@ -144,11 +132,12 @@ class Dispatcher:
         self.receivers[k].finish()
         if self.stop.is_set():
             return   # shutting down on purpose: peers leaving is expected, not an event
-        log.info(f"client {k} lost at version {self.server.version}: {reason}; {len(self.live())} client(s) still training")
+        log.info(f"client {k} lost at version {self.server.version}: {reason}; "
+                 f"{len(self.live())} client(s) still training")
         outcome = self.core.lose(k, reason, now := self.now())
         self.carry(outcome.replies)   # a barrier it held opens: a version it applies is due its
         # evaluation and checkpoint now, as a pushed one is (it waited for the next push's check)
-        if outcome.stopping or (not self.closed and self.core.settle(now).stopping):
+        if outcome.stopping or (not self.closed and self.core.settle(now, waiting=self.keep_alive).stopping):
             self.stop_clients()
 
     def carry(self, replies) -> None:
@@ -169,24 +158,25 @@ class Dispatcher:
         for k in self.live():
             self.send_stop(k)
 
-    def keep_alive(self, greeting: bool = False) -> None:
-        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been
-        held that long: it waits for that reply at most ``backend.timeout_s``, and a sync round or
-        an ssp bound held by a slow (heartbeating) client may last longer; it left the run before.
-        (A short hold gets none: a send waits for the client's next receive, under the lock.) ``greeting``:
-        to all, awaiting our HELLO as long while the evaluation before it (version 0's) is waited for."""
+    def keep_alive(self, evaluating: bool = True) -> None:
+        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been held that long:
+        it waits for that reply at most ``backend.timeout_s``, and a sync round or an ssp bound held by a slow
+        (heartbeating) client may last longer; it left the run before. (A short hold gets none: a send waits for
+        the client's next receive, under the lock.) ``evaluating``: the core waits for an evaluation under the lock
+        (version 0's; a push's, backend.eval_in_thread=false): to clients awaiting our HELLO too; the busy count."""
         every = self.cfg.backend.timeout_s / 4
         if time.monotonic() - self.kept_alive < every:
             return
         self.kept_alive = time.monotonic()
-        if greeting and self.acceptor is not None:   # and joiners, who wait for their answer as long (repro.real.elastic)
+        # and joiners, who wait for their answer as long (repro.real.elastic)
+        if evaluating and self.acceptor is not None:
             self.acceptor.store.add(BUSY_KEY, 1)
         for k in self.live():
-            if greeting or self.receivers[k].held_s() >= every:
+            if evaluating and not self.receivers[k].is_alive() or self.receivers[k].held_s() >= every:
                 try:
                     self.channels[k].send(Header(Kind.HEARTBEAT, k, self.server.version, 0), self.reply)
                 except LinkLost as exc:
-                    if not greeting:   # (then its HELLO loses it: the core is mid-begin)
+                    if not evaluating:   # (its HELLO, or the next round, loses it: the core is mid-begin or mid-settle)
                         self.lose(k, str(exc))
 
     def poll_processes(self) -> None:
@@ -203,7 +193,7 @@ class Dispatcher:
         self.t0 = time.perf_counter()   # all clients are connected: wall time 0 (or resumed)
         home = self.reply.payload if self.device.type != "cuda" else None
         begun = self.core.begin(sorted(self.channels), self.now(), driver_state=self.driver_state, params_home=home,
-                                waiting=lambda: self.keep_alive(greeting=True))   # a resumed run's rounds start afresh
+                                waiting=self.keep_alive)   # a resumed run's rounds start afresh
         self.params_in_reply = home is not None
         self.stopping = begun.stopping   # version 0 diverged: nobody is served
         for k, receiver in self.receivers.items():
@@ -225,7 +215,7 @@ class Dispatcher:
         heartbeats, silent clients; False once nobody is left to serve."""
         drained = self.core.drain()
         self.poll_processes()
-        self.keep_alive()
+        self.keep_alive(evaluating=False)
         for k, why in self.silence.judge({k: self.channels[k] for k in self.live()}).items():
             self.lose(k, why)
         if drained.stopping:
@@ -237,6 +227,7 @@ class Dispatcher:
         try:   # the greetings in a thread: a HELLO waits on its client, and a stop must be heard
             bounded(self.greet, math.inf, "greeting the clients", self.stop)
             while not self.stop.wait(0.05):   # wakes at once on Ctrl-C
+                self.silence.stalled(self.channels, STOPPING_S)   # a send under the lock (a receiver's): said
                 if self.lock.acquire(timeout=0.5):   # (a reply may wait on its client under it: see below)
                     try:
                         if not self.watch():
@@ -312,7 +303,8 @@ class Dispatcher:
             try:
                 group = pair_group(store, prefix, 0, timeout)
             except Exception as exc:
-                log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: {first_line(exc)}")
+                log.info(f"joining client {k} did not connect within backend.client_timeout_s={timeout:g} s: "
+                         f"{first_line(exc)}")
                 return
             channel = Channel(group, k, timeout, peer_in_group=1)
             frame = self.frame()
@@ -388,7 +380,7 @@ class Dispatcher:
         self.carry(outcome.replies)
         if self.closed:   # the run ended while a reply waited: its end checkpoints, not this push
             return
-        if self.core.settle(now).stopping:
+        if self.core.settle(now, waiting=self.keep_alive).stopping:
             self.stop_clients()
 
     def join_receivers(self, timeout_s: float) -> None:

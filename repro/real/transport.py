@@ -40,8 +40,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from repro.asgd.algorithm import Push
+from repro.logs import prefixed
 from repro.real.frames import Frame, Header, Kind, LinkLost
 
+log = prefixed("repro.real.server", "[real server]")   # (the server's: Silence speaks for it)
 TAG = 1
 RESUMED_S = 0.5   # see Channel._await: ample for gloo's thread to read a socket, on 2 busy cores
 WATCH = datetime.timedelta(days=30)   # a watcher's wait: longer than any push (it cannot be re-armed)
@@ -67,6 +69,7 @@ class Channel:
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
         self._timeout = datetime.timedelta(seconds=timeout_s)   # as gloo takes it, made once
         self._sent_at: float | None = None   # when the send under way began
+        self.sending = Kind.HELLO            # what the last send carried
         self._recv_at: float | None = None   # when the receive under way began to wait
         self._receiving = None               # its work (see drop)
 
@@ -137,7 +140,7 @@ class Channel:
         self._transmit(Header.pack_push(push, frame, frame.capacity, **envelope), frame.capacity, Kind.PUSH)
 
     def _transmit(self, frame: Frame, length: int, kind: Kind) -> None:
-        self._sent_at = time.monotonic()   # (see sending_s)
+        self._sent_at, self.sending = time.monotonic(), kind   # (see sending_s, Silence.stalled)
         try:   # (on a connection already closed the call itself fails, at once)
             work = self.group.send(frame.message(length), self._peer_in_group, TAG)
             work.wait(self._timeout)
@@ -305,11 +308,12 @@ class Silence:
     bound counts time the process was suspended, and a whole run continued after a Ctrl-Z lost every client, none
     of which had failed. A gap between two of the server's rounds longer than half ``timeout_s`` (and a second: a
     round comes every 0.05 s, 0.27 s at most with 12 clients on 2 busy cores) is taken for such a suspension (or
-    starvation), not its clients' doing: their silence counts from its end."""
+    starvation), not its clients' doing: their silence counts from its end. Also the teller of its sends' waits."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self.judged = self.since = time.monotonic()
+        self.stalls: set[int] = set()   # clients whose send under way was said (see stalled)
 
     def judge(self, channels: dict[int, Channel]) -> dict[int, str]:
         """Drop each of ``channels`` ({client: its channel}) silent (no push, no HEARTBEAT) for ``timeout_s`` while
@@ -319,3 +323,16 @@ class Silence:
             self.since = now
         self.judged = now
         return {k: ch.drop() for k, ch in channels.items() if min(ch.receiving_s(), now - self.since) > self.timeout_s}
+
+    def stalled(self, channels: dict[int, Channel], after_s: float) -> None:
+        """Say once which client a send has waited on for over ``after_s`` (one suspended, whose receive was not
+        posted): the lock's holder, and with it the run, its end included, waits for it up to the channel's bound
+        (``backend.client_timeout_s``), silent before."""
+        for k, ch in list(channels.items()):
+            if ch.sending_s() <= after_s:
+                self.stalls.discard(k)   # (its send ended: a later one is said afresh)
+            elif k not in self.stalls:
+                self.stalls.add(k)
+                log.info(f"waiting for client {k} to take the {ch.sending.name} sent to it (nothing taken for "
+                         f"{after_s:g} s: suspended or hung?); the run waits up to backend.client_timeout_s="
+                         f"{ch.timeout_s:g} s, then counts it lost")

@@ -87,7 +87,7 @@ class RunCore:
         check_segment(cfg, problem.dataset.num_train)   # before any file of the run is written
         for key in ignored_protocol_keys(cfg):
             log.warning(f"{key} is ignored: protocol={cfg.protocol.name} does not read it")
-        self.kind = backend
+        log.debug(f"{backend} run in {self.run_dir}: {cfg}")   # (hydra.verbose=true or repro)
         self.server: ParameterServer = problem.make_server(cfg)
         self.state = RunState()
         self.discarded: list[list[int]] = []   # [read_version, client] of each push dropped (or refused)
@@ -252,13 +252,14 @@ class RunCore:
                 self.server.fetched(r.client)   # delay-compensating rules remember w_bak
         return replies
 
-    def settle(self, time_s: float, evaluated: Callable[[float], None] = lambda t: None) -> Outcome:
+    def settle(self, time_s: float, evaluated: Callable[[float], None] = lambda t: None,
+               waiting: Callable[[], None] | None = None) -> Outcome:
         """After the replies went out: evaluation and checkpoint cadence, progress. ``evaluated(time_s)``: an
-        evaluation row was written now; called before this version's checkpoint, which holds what it did."""
+        evaluation row was written now, before this version's checkpoint; ``waiting``: as :meth:`begin`'s."""
         evals = self.runlog.last_eval_version
         self.drain()
         if self.evals.due() and not self.state.diverged:
-            self.evals.submit(self.server.version, time_s, self.server.params)
+            self.evals.submit(self.server.version, time_s, self.server.params, waiting=waiting)
             self.drain()
         if self.runlog.last_eval_version != evals:
             evaluated(time_s)
@@ -323,7 +324,7 @@ class RunCore:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        state = {"kind": self.kind, "server": to_cpu(self.server.state_dict()),
+        state = {"kind": self.runlog.backend, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
                  "core": to_cpu({**self.evals.state_dict(), "discarded": self.discarded, "collected": self.collected}),
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
@@ -389,7 +390,7 @@ class RunCore:
             extra["discarded_pushes"] = self.discarded
         if self.collected or getattr(type(self.protocol), "collects", False):
             extra["collected_pushes"] = self.collected
-        if self.kind == "real" and self.evals.cpu_s:   # what cost=fit's cost.eval_s reads
+        if self.runlog.backend == "real" and self.evals.cpu_s:   # what cost=fit's cost.eval_s reads
             extra["eval_cpu_s"] = sum(self.evals.cpu_s) / len(self.evals.cpu_s)
         self.finished = self.runlog.write_summary(status, message=message, protocol=self.cfg.protocol.name,
                                                   lost_clients=sorted(self.lost_clients - self.state.away), **extra)

@@ -92,9 +92,10 @@ class Evaluations:
         return self.runlog.samples_seen >= self.runlog.next_eval and self.running is None
 
     def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False,
-               samples_seen: int | None = None) -> None:
+               samples_seen: int | None = None, waiting: Callable[[], None] | None = None) -> None:
         """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs);
-        ``samples_seen``: the count at the snapshot (a resumed checkpoint's :attr:`running`)."""
+        ``samples_seen``: the count at the snapshot (a resumed checkpoint's :attr:`running`); ``waiting`` is
+        called while the caller waits for it (``wait_s``)."""
         samples = self.runlog.samples_seen if samples_seen is None else samples_seen
         req = self.running = EvalRequest(version, time_s, samples, params.detach().clone())
         self.asked = version
@@ -106,7 +107,11 @@ class Evaluations:
         self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
         self.progressed()
         self._thread.start()
-        self._thread.join(0.0 if inline else self.wait_s)
+        until = time.monotonic() + (0.0 if inline else self.wait_s)
+        while self._thread.is_alive() and (left := until - time.monotonic()) > 0:
+            self._thread.join(min(0.05, left))   # in slices: the real server beats meanwhile, holding its lock
+            if waiting:
+                waiting()
 
     def _evaluate(self, req: EvalRequest) -> None:
         # CPU time of this thread, not wall time: what an evaluation takes from the machine's

@@ -128,14 +128,12 @@ def recorded_version(run_dir: Path, summary: dict | None) -> int:
     summary moved on (it still says running), the last row of updates.csv."""
     version = int(summary.get("version", 0)) if summary else 0
     if summary is None or summary.get("status") == "running":
-        try:
+        with contextlib.suppress(OSError):
             lines = (Path(run_dir) / schema.UPDATES_FILE).read_text(errors="replace").splitlines()
             for line in reversed(lines[1:]):
                 row = schema.parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0)
                 if row is not None:
                     return max(version, row)
-        except OSError:
-            pass
     return version
 
 
@@ -360,8 +358,9 @@ def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
             # a terminal summary says so, not an empty folder that looks like a point never started
             write_json(Path(run.run_dir) / schema.SUMMARY_FILE, {**run.summary, "status": status, "message":
                        why + "nothing was trained; resume=auto (or force=true) starts it again"})
-    except Exception as exc:   # the summary could not be written either: say so on stderr
-        log.error(f"could not record the end of {run.run_dir}: {exc}")
+    except Exception as exc:   # the summary could not be written either: say so on stderr (run.log, opened at
+        with contextlib.suppress(OSError):   # its first line, may be refused too: the run's error is the first)
+            log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
 # A grid point's way on: resume=true would refuse every point that never started (nothing to

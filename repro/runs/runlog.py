@@ -120,6 +120,9 @@ class RunLog:
         self.timing_rows = 0   # rows of timings.csv: what a resume keeps of it (versions repeat)
         if resume_from is not None:
             self.load_state_dict(resume_from)
+        # a write a SIGKILL cut leaves its temp file (storage.atomic_write): this run, the folder's one writer, drops it
+        for stray in [p for p in self.run_dir.glob("*.tmp") if p.name.startswith(schema.RUN_OWN)]:
+            stray.unlink(missing_ok=True)
         self._reserve = self.run_dir / RESERVE_FILE
         self._reserve.write_bytes(b"\0" * RESERVE_BYTES)   # room for the last summary on a full disk
         write_json(self.run_dir / schema.CONFIG_FILE, config)

@@ -55,7 +55,8 @@ from dataclasses import dataclass
 from repro.config.settings import CostConfig
 from repro.sim.cost import CostModel, link_bandwidths, path_bandwidth, step_time
 
-CLIENTS, APPLY, SERVER_LINK, HOST_LINKS, DEVICES = "clients", "server apply", "server link", "host links", "host devices"
+CLIENTS, APPLY, SERVER_LINK, HOST_LINKS, DEVICES = ("clients", "server apply", "server link", "host links",
+                                                    "host devices")
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,8 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
     if link_Bps is not None:   # a known link: its bytes' time is not latency
         latency = max(0.0, float(np.mean(times - np.maximum(sizes - burst_bytes, 0.0) / link_Bps)))
         bandwidth = None
-        note = (f"the link's bandwidth is given ({link_Bps:g} B/s{f', burst {burst_bytes:g} B' if burst_bytes else ''}): "
+        burst = f", burst {burst_bytes:g} B" if burst_bytes else ""
+        note = (f"the link's bandwidth is given ({link_Bps:g} B/s{burst}): "
                 "latency is the transit less the bytes' time on it")
     host = hosts[0] if hosts and all(h == hosts[0] for h in hosts) else None
     return {"paths": [str(p) for p in paths], "pushes": pushes, "compute_s": float(step.mean()),

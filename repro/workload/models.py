@@ -11,7 +11,6 @@ training is deterministic given ``torch.manual_seed`` (callers seed before :func
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,6 +19,7 @@ from torch import nn
 
 from repro.errors import ConfigError, numbers
 from repro.registry import Registry
+from repro.runtime import memory_bytes
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     if not spec.accepts(shape):
         raise ConfigError("input_shape", input_shape, f"{spec.expects} (what model '{name}' is made for)")
     classes = int(numbers("num_classes", num_classes, "an integer >= 1", lambda n: n >= 1, scalar=True, integer=True))
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    memory = memory_bytes()
     # else torch's allocator error (or an overflow) from deep in a layer: input_shape's, unless one class fits
     for key, value, tried in (("input_shape", input_shape, 1), ("num_classes", num_classes, classes)):
         if (need := _parameter_bytes(spec, shape, tried)) > memory:

@@ -55,7 +55,8 @@ class Accuracy:
         if not self.points:
             return ["no grid point with both a measured and a predicted run" + lost]
         tau = "n/a (fewer than 2 points, or all tied)" if math.isnan(self.kendall_tau) else f"{self.kendall_tau:+.3f}"
-        side = "over-predicts" if self.bias > 0 else "under-predicts" if self.bias < 0 else "neither over- nor under-predicts"
+        side = ("over-predicts" if self.bias > 0 else "under-predicts" if self.bias < 0
+                else "neither over- nor under-predicts")
         spread = (f" against the real runs' seed spread ±{self.ttt_seed_spread:.1%}; {self.ttt_within_spread} of "
                   f"{self.ttt_points} point(s) within their spread" if not math.isnan(self.ttt_seed_spread) else
                   f" over {self.ttt_points} point(s); the real runs' seed spread: n/a (one seed per point)")

@@ -81,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # what --parts leaves out of the fitted machine, from nothing modelled to all of it
-PARTS = (("dedicated", dict(topology="dedicated", clients_per_host=1, devices_per_host=None, one_machine=False, eval_s=0.0)),
+PARTS = (("dedicated", dict(topology="dedicated", clients_per_host=1, devices_per_host=None, one_machine=False,
+                            eval_s=0.0)),
          ("cores", dict(one_machine=False, eval_s=0.0)),
          ("+transfers", dict(eval_s=0.0)),
          ("+evaluations", {}))

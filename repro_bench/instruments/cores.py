@@ -1,18 +1,18 @@
 """Where a real run's cores go: ``python -m repro.bench simreal --cores``.
 
 This module owns one measurement: real runs of a grid point and of its one-client counterpart,
-over loopback and across the two hosts of :mod:`repro_bench.instruments.two_hosts`, while a thread samples every tenth of a second the CPU time
-(user and system) of each of the run's processes, by role (the server, the clients, torchrun's
-agents), and the machine's ``/proc/stat`` (user, system, softirq, idle). Over the steady middle of
-the run (from its fifth to its last fifth applied push, counted in ``updates.csv`` as it grows) it
-reports the cores each role used, the machine's, and the kernel's CPU time (system + softirq) per
-megabyte the messages moved, and from each process's main thread's ``/proc/PID/schedstat`` (a
-client's main thread computes) how long the clients waited in the run queue for a CPU and how
-often they were scheduled. The simulator gives the cores to the computing clients and the
-evaluator and, on one machine, to loopback copies; a transfer across the limited link takes none
-(:mod:`repro.sim.resources`); this measures what that leaves out, and re-simulates the point's
-predicted runs of ``+exp=sim_vs_real`` with what it measured (REPRODUCE.md, "The simulator
-against reality").
+over loopback and across the two hosts of :mod:`repro_bench.instruments.two_hosts`, while a thread
+samples every tenth of a second the CPU time (user and system) of each of the run's processes, by
+role (the server, the clients, torchrun's agents), and the machine's ``/proc/stat`` (user, system,
+softirq, idle). Over the steady middle of the run (from its fifth to its last fifth applied push,
+counted in ``updates.csv`` as it grows) it reports the cores each role used, the machine's, and
+the kernel's CPU time (system + softirq) per megabyte the messages moved, and from each process's
+main thread's ``/proc/PID/schedstat`` (a client's main thread computes) how long the clients
+waited in the run queue for a CPU and how often they were scheduled. The simulator gives the cores
+to the computing clients and the evaluator and, on one machine, to loopback copies; a transfer
+across the limited link takes none (:mod:`repro.sim.resources`); this measures what that leaves
+out, and re-simulates the point's predicted runs of ``+exp=sim_vs_real`` with what it measured
+(REPRODUCE.md, "The simulator against reality").
 
 Processes are found by their command lines: torchrun's ranks carry ``RANK`` (0 the server); a
 loopback run's server is the ``repro.run`` process this module starts, its clients the forks of
@@ -283,7 +283,8 @@ def print_cores(nsync: int, num_clients: int, epochs: float, link_mbit: float = 
             print(f"{link:9s} {clients:7d} {r['samples_per_s']:9.0f} {part('server'):>11s} {part('client'):>12s} "
                   f"{1e3 * cpu_per_push(r):11.1f} {1e3 * r['runq'].get('client', 0.0) / r['pushes_per_s']:12.1f} "
                   f"{r['slices_per_s'].get('client', 0.0) / clients:8.0f} {m['user']:6.2f} {m['system']:6.2f} "
-                  f"{m['softirq']:7.2f} {m['idle']:5.2f} {r['mb_per_s']:6.1f} {r['kernel_ms_per_mb']:12.1f}", flush=True)
+                  f"{m['softirq']:7.2f} {m['idle']:5.2f} {r['mb_per_s']:6.1f} {r['kernel_ms_per_mb']:12.1f}",
+                  flush=True)
             softirqs = {k: v for k, v in r["softirqs_per_s"].items() if v >= 1}
             if softirqs:
                 print(f"{'':17s} softirqs per second: " + ", ".join(f"{k} {v:.0f}" for k, v in softirqs.items()))

@@ -147,7 +147,8 @@ def ks_distance(a, b) -> float:
     if not len(a) or not len(b):
         return math.nan
     grid = np.union1d(a, b)
-    return float(np.max(np.abs(np.searchsorted(a, grid, "right") / len(a) - np.searchsorted(b, grid, "right") / len(b))))
+    cdf = lambda x: np.searchsorted(x, grid, "right") / len(x)
+    return float(np.max(np.abs(cdf(a) - cdf(b))))
 
 
 def points_table(runs: pd.DataFrame, stale: pd.DataFrame) -> pd.DataFrame:

@@ -77,7 +77,8 @@ class SimVsReal(Callback):
         jobs = grid_jobs(config)
         swept = set(jobs[0]) if jobs else set()
         task = [o for o in config.hydra.overrides.task if o.split("=", 1)[0] not in swept
-                and not o.lstrip("+~").startswith(("exp", "hydra", "num_epochs", "results_dir", "figures_dir", "progress"))]
+                and not o.lstrip("+~").startswith(("exp", "hydra", "num_epochs", "results_dir", "figures_dir",
+                                                   "progress"))]
         self.pipeline(base, jobs, task)
 
     def pipeline(self, base: RunConfig, jobs: list[dict], task: list[str]) -> None:

@@ -201,7 +201,8 @@ def start(hosts: TwoHosts, overrides: list[str], num_clients: int, results_dir: 
           port: int = PORT, gloo_ifname: bool = True) -> TwoHostRun:
     """Launch node 0 (the server) and node 1 (``num_clients`` clients) across ``hosts``, with
     Hydra ``overrides`` (``backend=real``, ``backend.master_addr`` and ``results_dir`` are added
-    here). ``gloo_ifname=False`` leaves GLOO_SOCKET_IFNAME unset. Logs go to ``results_dir/.two_hosts/node{0,1}.log``."""
+    here). ``gloo_ifname=False`` leaves GLOO_SOCKET_IFNAME unset. Logs go to
+    ``results_dir/.two_hosts/node{0,1}.log``."""
     results_dir = Path(results_dir).resolve()
     (results_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
     previous = summary_text(results_dir)   # before rank 0 can touch it

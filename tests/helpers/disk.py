@@ -62,6 +62,17 @@ class FullDisk:
 
 
 
+def dev_full_temp(monkeypatch, name: str) -> None:
+    """The temporary file through which :func:`repro.files.storage.atomic_write` writes ``name`` is
+    /dev/full: its write meets the kernel's own ENOSPC (the temp file is made too, and removed)."""
+    def opened(file, mode="r", *args, **kwargs):
+        if Path(file).name.startswith(f"{name}.") and Path(file).suffix == ".tmp":
+            open(file, mode, *args, **kwargs).close()
+            return open("/dev/full", "wb")
+        return open(file, mode, *args, **kwargs)
+    monkeypatch.setattr(repro.files.storage, "open", opened, raising=False)   # the module's name, before the builtin
+
+
 # The folder ($1) becomes read-only for the command after it, in a mount namespace of its own
 # (a user namespace: no privilege needed, and root's writes are refused too, as on a real one).
 _READ_ONLY = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit 97; shift; exec "$@"'

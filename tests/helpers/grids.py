@@ -35,6 +35,7 @@ def cli_in_process(monkeypatch, *args: str) -> int:
     handlers = {s: signal.getsignal(s) for s in runtime.SIGNALS}
     root = logging.getLogger()
     logging_state = (root.level, list(root.handlers))
+    levels = {name: logging.getLogger(name).level for name in ("repro", "hydra")}   # hydra.verbose sets them
     bad_points = list(errors.BAD_POINTS)
     try:
         cli_module.cli()
@@ -48,6 +49,8 @@ def cli_in_process(monkeypatch, *args: str) -> int:
             handler.close()
         root.setLevel(logging_state[0])
         root.handlers[:] = logging_state[1]
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
     return 0
 
 

@@ -75,7 +75,7 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
     """The expected dynamics of asynchronous SGD at step size ``lr`` under geometric staleness
     with parameter 1 - mu (Mitliagkas et al. 2016): ``w_{t+1} = w_t - lr u_t``, ``u_0 = g_0``,
     ``u_{t+1} = mu u_t + (1 - mu) g_{t+1}``; mu = 0 is plain gradient descent."""
-    l = np.asarray(curvatures, float)
+    l = np.atleast_1d(np.asarray(curvatures, float))   # a number: one mode
     w = np.ones_like(l)
     u, out = l * w, [w]
     for _ in range(steps):
