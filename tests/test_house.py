@@ -577,6 +577,7 @@ def test_every_name_the_package_uses_is_bound_in_its_module():
                if isinstance(m, messages.UndefinedName)]
     assert not unbound, "\n".join(unbound)
 
+
 def test_the_machines_memory_is_read_in_one_place():
     """build_model bounds a model by it and the startup benchmark its client processes by it:
     both ask :func:`repro.runtime.memory_bytes` (the benchmark imports no torch for it)."""
