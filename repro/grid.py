@@ -12,7 +12,7 @@ a point runs: the launching process (``hydra/launcher=basic``), a joblib worker
 
   - **progress**: a thread of the launching process reads the run folders (a shared file system
     under Slurm) and prints one line whenever a point starts or ends: how many are done (and
-    skipped as already finished), which run, how many wait or failed;
+    skipped as already finished), which run, how many wait, failed or were refused;
   - **Ctrl-C** (what users see: docs/paper.md, "Ctrl-C"): the launcher writes its launch's stop
     mark, which every point watches (:mod:`repro.gridpoint`, which also ends the points of a
     launcher that dies), waits for this host's points, ends its workers and exits 130.
@@ -37,6 +37,7 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from repro.errors import BAD_POINTS
 from repro.gridpoint import (STOP_DIR, PointGuard, check_distinct, forget_folder, grid_points, lock_holder,
                              point_folders, point_state, process_started, summary_status)
 from repro.logs import follow_verbose
@@ -319,11 +320,13 @@ class Grid(Callback):
 
     def progress_line(self, final: bool = False, prefix: str = "", states: dict | None = None) -> str:
         states = self.states() if states is None else states
+        # a point refused as bad input (repro.run.job, repro.launcher) did not run: its folder may hold an old run
+        states = {f: "refused" if f in BAD_POINTS else s for f, s in states.items()}
         groups = {state: [f for f, s in states.items() if s == state] for state in set(states.values())}
         done = groups.get("done", [])
         skipped = len(self._skipped & set(done))
         parts = [f"{len(done)}/{len(states)} done" + (f" ({skipped} skipped: already finished)" if skipped else "")]
-        for state in ("running", "interrupted", "failed", "killed"):
+        for state in ("running", "interrupted", "failed", "killed", "refused"):
             if groups.get(state):
                 parts.append(f"{len(groups[state])} {state}: " + "; ".join(self._name(f) for f in groups[state]))
         if groups.get("waiting"):

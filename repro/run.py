@@ -9,13 +9,23 @@ makes the run folder; the other ranks compose the same config without one.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 
-if __name__ == "__main__":   # a Ctrl-C while the imports below load (half a second): 130, not importlib's traceback
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
 
-import os
+def _exit_now(signum, frame) -> None:
+    """SIGINT before cli()'s own handlers (the imports below load for half a second): exit 130 at
+    once. Not by SystemExit: raised inside an import it was swallowed (exit 0) or became a traceback."""
+    with contextlib.suppress(Exception):   # what --help printed goes out first (not inside a write: reentrant)
+        sys.stdout.flush()
+    os._exit(130)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _exit_now)
+
 import re
 from pathlib import Path
 

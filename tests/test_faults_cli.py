@@ -48,6 +48,27 @@ def test_a_ctrl_c_while_the_command_line_imports_exits_130_without_a_traceback()
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+# The Ctrl-C lands where an exception is swallowed: a library's broad except around an optional
+# import, or a __del__ or weakref callback running then (Python only prints what those raise)
+CTRL_C_WHERE_SWALLOWED = CTRL_C_WHILE_IMPORTING.replace("""        os.kill(os.getpid(), signal.SIGINT)
+""", """        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.getsignal(signal.SIGINT)   # (the handler has run by the next call)
+        except BaseException:
+            pass
+""")
+
+
+def test_a_ctrl_c_while_the_command_line_imports_ends_it_even_where_an_import_swallows_exceptions():
+    """Ctrl-C in the first quarter second sometimes did nothing (exit 0, the grid ran) or ended in
+    OmegaConf's traceback: the handler raised SystemExit inside an import, where it was swallowed."""
+    assert CTRL_C_WHERE_SWALLOWED != CTRL_C_WHILE_IMPORTING
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHERE_SWALLOWED], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (130, ""), (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("launcher", ["basic", "parallel"])
 def test_a_grid_runs_its_good_points_past_a_bad_one_names_it_and_exits_2(tmp_path, launcher, cli_here):
     """``-m nsync=1,0,2``: under the basic launcher the bad point's exit 2 ended the grid there,

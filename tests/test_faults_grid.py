@@ -86,6 +86,26 @@ def test_the_progress_thread_ends_before_the_signal_handlers_go_back():
     assert order == ["thread joined", "handlers back"] and grid._stop is None and grid._thread is None
 
 
+def test_a_point_refused_at_a_resume_is_counted_refused_not_done(tmp_path, monkeypatch):
+    """Every point of a finished grid launched again with resume=auto and other settings is
+    refused (exit 2, each named), and the last progress line read '4/4 done (4 skipped: already
+    finished)': the refused points' folders still hold the finished runs of the old settings.
+    A refused point is counted refused (here all points but one)."""
+    from repro.errors import BAD_POINTS
+
+    grid = _launched(tmp_path, monkeypatch)
+    states = {p: "done" for p in grid.points}
+    grid._skipped = set(grid.points)   # finished when the launch began
+    before = list(BAD_POINTS)
+    BAD_POINTS.extend(grid.points[1:])   # as repro.run.job and repro.launcher record a refused point
+    try:
+        line = grid.progress_line(final=True, prefix="finished: ", states=states)
+    finally:
+        BAD_POINTS[:] = before
+    n = len(grid.points)
+    assert line.startswith(f"[grid fig3] finished: 1/{n} done (1 skipped: already finished), {n - 1} refused: "), line
+
+
 def _job(tmp_path: Path, name: str):
     """A point's config as Hydra hands it to on_job_start, its folder made with Hydra's record."""
     run_dir = tmp_path / "fig3" / name

@@ -145,6 +145,38 @@ def test_3_a_run_whose_config_json_is_cut_is_refused_naming_what_was_typed(inter
     check_run_folder(interrupted, "interrupted")
 
 
+def _another_backends_checkpoint(run_dir: Path) -> None:
+    path = run_dir / "checkpoint.pt"
+    torch.save({**torch.load(path, weights_only=True), "kind": "real"}, path)
+
+
+DAMAGED = {   # what the checks of the tables and of the checkpoint refuse, and what they say
+    "header": (lambda d: (d / "updates.csv").write_bytes(b"x" + (d / "updates.csv").read_bytes()), "intact updates"),
+    "row": (lambda d: (d / "evals.csv").write_bytes((d / "evals.csv").read_bytes()[:-9] + b"\n"), "line "),
+    "backend": (_another_backends_checkpoint, "written by the 'real' backend"),
+}
+
+
+@pytest.mark.parametrize("resume", [True, "auto"])
+@pytest.mark.parametrize("damage", list(DAMAGED))
+def test_3_a_damaged_table_or_checkpoint_is_refused_naming_what_was_typed(interrupted, damage, resume):
+    """Fault: the interrupted run's tables or checkpoint damaged. resume=auto was refused as
+    "invalid value for 'resume': True" (the checks knew no config). Guarantee 3: the refusal
+    names what the user typed; nothing changes."""
+    make, expected = DAMAGED[damage]
+    good = {name: (interrupted / name).read_bytes() for name in ("updates.csv", "evals.csv", "checkpoint.pt")}
+    make(interrupted)
+    before = snapshot(interrupted)
+    with pytest.raises(ConfigError) as err:
+        simulate(SIM.replace(resume=resume), interrupted)
+    message = str(err.value)
+    assert message.startswith(f"invalid value for 'resume': {resume!r}; expected ") and expected in message, message
+    assert changed(before, snapshot(interrupted)) == []
+    for name, data in good.items():
+        (interrupted / name).write_bytes(data)
+    check_run_folder(interrupted, "interrupted")
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. Starting over is never silent
 # ---------------------------------------------------------------------------------------------

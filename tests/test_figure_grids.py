@@ -199,6 +199,21 @@ def test_a_grids_figure_counts_its_own_unusable_points_not_another_grids(tmp_pat
     assert said == ["fig1: 1 run folder left out as unusable, each named above"], said
 
 
+def test_a_grids_figure_warns_only_about_its_own_unusable_points(tmp_path):
+    """The folders of other grids beside a grid's points (an interrupted one's) are not its own:
+    building its figure warned "skipping partial run" for each of them too (load_runs warned
+    before the grid's points were chosen), above a note that counts its own only."""
+    points = fr.write_experiment(tmp_path, "fig1", [1], [1], [0, 1, 2], "cold")
+    cut = points[2] / "evals.csv"
+    cut.write_text(cut.read_text()[:-2])
+    fr.write_bad_runs(tmp_path / "fig1")   # five folders no point of this grid names
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("always")
+        BuildFigure("fig1", str(tmp_path / "figures")).build(str(tmp_path), "fig1", [p.name for p in points])
+    said = [str(w.message) for w in caught if str(w.message).startswith("skipping ")]
+    assert len(said) == 1 and str(points[2]) in said[0], said
+
+
 def test_a_grid_of_two_configurations_draws_one_figure_each(mixed, tmp_path):
     """A command-line sweep of a setting the figure does not draw across (num_epochs=3 with
     algo.lr=0.05,0.001): each configuration its own files, named by what differs."""

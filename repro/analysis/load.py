@@ -32,7 +32,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -280,11 +280,12 @@ def find_run_dirs(exp_dir: Path) -> tuple[list[Path], list[Path]]:
     return sorted(runs), sorted(orphans)
 
 
-def load_runs(results_dir: str | Path, exp_name: str | None = None) -> Runs:
+def load_runs(results_dir: str | Path, exp_name: str | None = None, jobs: Iterable[str] | None = None) -> Runs:
     """Load every run under ``results_dir/exp_name`` (every experiment when ``exp_name`` is None).
 
     Partial and corrupt folders are skipped with a ``warnings.warn`` that names the folder and
-    the reason. Raises :class:`NoRunsError` only when the folder itself does not exist.
+    the reason (given ``jobs``, a grid's points: only theirs, the folders its figure draws from).
+    Raises :class:`NoRunsError` only when the folder itself does not exist.
     """
     root = Path(results_dir)
     found = sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith((".", "_")))
@@ -295,15 +296,16 @@ def load_runs(results_dir: str | Path, exp_name: str | None = None) -> Runs:
                                               f"(found: {names})")
     exp_dirs = [wanted] if exp_name else found
     rows, evals, updates, skipped = [], [], [], []
+    jobs = None if jobs is None else set(jobs)
     for exp_dir in exp_dirs:
         run_dirs, orphans = find_run_dirs(exp_dir)
         for orphan in orphans:
-            _skip(skipped, orphan, exp_dir, BadRun("corrupt", f"no {schema.CONFIG_FILE}"))
+            _skip(skipped, orphan, exp_dir, BadRun("corrupt", f"no {schema.CONFIG_FILE}"), jobs)
         for run_dir in run_dirs:
             try:
                 row, ev, up = read_run(run_dir, exp_dir)
             except BadRun as bad:
-                _skip(skipped, run_dir, exp_dir, bad)
+                _skip(skipped, run_dir, exp_dir, bad, jobs)
                 continue
             rows.append(row)
             evals.append(ev)
@@ -314,8 +316,9 @@ def load_runs(results_dir: str | Path, exp_name: str | None = None) -> Runs:
                 skipped=_frame(skipped, SKIPPED_COLUMNS))
 
 
-def _skip(skipped: list[dict[str, Any]], run_dir: Path, exp_dir: Path, bad: BadRun) -> None:
-    warnings.warn(f"skipping {bad.kind} run {run_dir}: {bad.reason}", stacklevel=3)
+def _skip(skipped: list[dict[str, Any]], run_dir: Path, exp_dir: Path, bad: BadRun, jobs: set | None) -> None:
+    if jobs is None or run_dir.name in jobs:
+        warnings.warn(f"skipping {bad.kind} run {run_dir}: {bad.reason}", stacklevel=3)
     skipped.append({"run_dir": str(run_dir), "exp_name": exp_dir.name, "job": run_dir.name,
                     "kind": bad.kind, "reason": bad.reason})
 

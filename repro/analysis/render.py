@@ -118,7 +118,7 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
     figure = FIGURES[name]   # ConfigError naming the figures there are
     exp = exp_name or next((e for e in figure.exps if (Path(results_dir) / e).is_dir()),
                            figure.exps[0])   # by default the first of its folders that exists
-    runs = load_runs(results_dir, exp) if runs is None else runs
+    runs = load_runs(results_dir, exp, jobs) if runs is None else runs
     where = str(Path(results_dir) / exp)
     if runs.runs.empty:
         skipped = f" ({len(runs.skipped)} skipped: see the warnings)" if len(runs.skipped) else ""

@@ -182,7 +182,7 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
         if cfg.resume == "auto":
             log.info("resume=auto: %s holds %s but no checkpoint: starting over", run_dir, what)
             return Decision("fresh")
-        raise ConfigError("resume", True, f"a checkpoint to continue from: this folder holds {what} {at} "
+        raise ConfigError("resume", cfg.resume, f"a checkpoint to continue from: this folder holds {what} {at} "
                           f"but no {schema.CHECKPOINT_FILE}; force=true starts over")
     check_config(cfg, run_dir, resuming=True)
     return Decision("resume", summary)
