@@ -52,7 +52,8 @@ class BuildFigure(Callback):
     """Draw ``figure`` from this grid's runs into ``out_dir`` after the grid.
 
     The figure is drawn from the grid's own points only: other runs in ``results_dir/<exp_name>``
-    (another configuration, an earlier grid) are left out, named in a warning; a grid whose
+    (another configuration, an earlier grid) are left out, named in a warning, and so are the
+    points refused as bad input (:data:`repro.errors.BAD_POINTS`; all of them: no figure); a grid whose
     points hold several configurations (a command-line sweep of a setting the figure does not
     draw across) draws one figure per configuration (:func:`repro.analysis.render.build_figure`).
 
@@ -72,11 +73,17 @@ class BuildFigure(Callback):
 
         overrides = [str(o) for o in config.hydra.overrides.task]
         points = grid_points(config)   # None: draw every run of one configuration
+        # a point refused as bad input did not run: its folder may hold an old run of other settings
+        refused = [p for p in points or [] if p in BAD_POINTS]
+        if points and len(refused) == len(points):
+            print(f"{self.name}: no figure drawn: every point of the grid was refused (named above)",
+                  file=sys.stderr, flush=True)
+            return
         sweep = Path(str(config.hydra.sweep.dir))   # results_dir/exp_name, unless hydra.sweep.dir moved it
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                paths = self.build(str(sweep.parent), sweep.name, points, figure_stem(self.name, overrides))
+                paths = self.build(str(sweep.parent), sweep.name, points, figure_stem(self.name, overrides), refused)
         except ConfigError as err:
             print(f"{self.name}: no figure drawn: {err}", file=sys.stderr, flush=True)
             return
@@ -86,11 +93,11 @@ class BuildFigure(Callback):
         print(f"{self.name}: wrote " + ", ".join(str(p) for p in paths), flush=True)
 
     def build(self, results_dir: str, exp_name: str, jobs: list[str] | None = None,
-              stem: str | None = None) -> list[Path]:
+              stem: str | None = None, refused: list[str] = ()) -> list[Path]:
         from repro.analysis import build_figure
 
         return build_figure(self.figure, results_dir, self.out_dir, exp_name=exp_name,
-                            jobs=jobs, stem=stem or self.name, each=True)
+                            jobs=jobs, stem=stem or self.name, each=True, refused=refused)
 
 
 def figure_stem(name: str, overrides: list[str]) -> str:

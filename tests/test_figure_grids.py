@@ -214,6 +214,34 @@ def test_a_grids_figure_warns_only_about_its_own_unusable_points(tmp_path):
     assert len(said) == 1 and str(points[2]) in said[0], said
 
 
+def test_a_grids_figure_leaves_out_its_refused_points_and_none_left_draws_nothing(tmp_path, monkeypatch, capsys):
+    """A finished grid launched again with resume=auto and other settings refuses its points
+    (exit 2, errors.BAD_POINTS), yet its figure was redrawn from those folders' runs of the old
+    settings ("fig3: wrote ..."): a refused point did not run. Its folder is left out, the
+    figure says so, and a grid whose every point was refused draws nothing, in one line."""
+    from omegaconf import OmegaConf
+
+    points = [p.name for p in fr.write_experiment(tmp_path, "fig1", [1], [1], [0, 1, 2], "cold")]
+    monkeypatch.setattr("repro.grid.grid_points", lambda config: points)
+    config = OmegaConf.create({"hydra": {"overrides": {"task": []}, "sweep": {"dir": str(tmp_path / "fig1")}}})
+    figure = BuildFigure("fig1", str(tmp_path / "figures"))
+    # as repro.run.job and repro.launcher record a refused point in the launching process
+    monkeypatch.setattr("repro.grid.BAD_POINTS", points[2:])
+    figure.on_multirun_end(config)
+    drawn = pd.read_csv(tmp_path / "figures" / "fig1.csv")["run_dir"].map(lambda d: Path(d).name)
+    assert sorted(drawn.unique()) == sorted(points[:2])
+    err = capsys.readouterr().err
+    assert f"fig1: 1 grid point refused as bad input left out (not run with this grid's settings): {points[2]}" \
+        in err and "fig1: 1 refused grid point left out, each named above" in err and "other run" not in err, err
+
+    monkeypatch.setattr("repro.grid.BAD_POINTS", points)
+    (tmp_path / "figures" / "fig1.csv").unlink()
+    figure.on_multirun_end(config)
+    out = capsys.readouterr()
+    assert not (tmp_path / "figures" / "fig1.csv").exists() and "wrote" not in out.out, out
+    assert out.err == "fig1: no figure drawn: every point of the grid was refused (named above)\n", out.err
+
+
 def test_a_grid_of_two_configurations_draws_one_figure_each(mixed, tmp_path):
     """A command-line sweep of a setting the figure does not draw across (num_epochs=3 with
     algo.lr=0.05,0.001): each configuration its own files, named by what differs."""

@@ -105,19 +105,22 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
 
 def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
                 runs: Runs | None = None, config: str | None = None,
-                jobs: list[str] | None = None, each: bool = False):
+                jobs: list[str] | None = None, each: bool = False, refused: list[str] = ()):
     """``[(label, runs)]``: the runs ``name`` draws from ``results_dir/exp_name``, and where they
     are (for messages).
 
     ``jobs``: only these run folders (a grid's points; the others are left out with a warning
-    naming them); ``config``: only the runs whose settings match its ``KEY=VALUE,...``. What is
-    left must be one configuration of the figure's axes with one run per grid point and seed
+    naming them); ``refused``: the grid's points refused as bad input, left out with a warning of
+    their own (they did not run: a folder of theirs holds a run of other settings); ``config``:
+    only the runs whose settings match its ``KEY=VALUE,...``. What is left must be one
+    configuration of the figure's axes with one run per grid point and seed
     (:func:`repro.analysis.configs.one_grid`), else :class:`ConfigError` naming them; ``each``:
     one ``(label, runs)`` per configuration instead of refusing.
     """
     figure = FIGURES[name]   # ConfigError naming the figures there are
     exp = exp_name or next((e for e in figure.exps if (Path(results_dir) / e).is_dir()),
                            figure.exps[0])   # by default the first of its folders that exists
+    jobs = None if jobs is None else [j for j in jobs if j not in refused]
     runs = load_runs(results_dir, exp, jobs) if runs is None else runs
     where = str(Path(results_dir) / exp)
     if runs.runs.empty:
@@ -125,6 +128,10 @@ def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
         raise NoRunsError("exp", where, "a folder holding at least one finished run" + skipped)
     if jobs is not None:
         runs, others = configs.only_jobs(runs, jobs)
+        others = [o for o in others if o not in refused]
+        if refused:
+            warnings.warn(f"{name}: {figures.plural(len(refused), 'grid point')} refused as bad input left out "
+                          f"(not run with this grid's settings): {configs.list_folders(refused)}", stacklevel=2)
         if others:
             warnings.warn(f"{name}: drawn from this grid's runs only; {len(others)} other run(s) "
                           f"in {where} left out (another configuration or grid): "
@@ -150,11 +157,11 @@ def _frame(name: str, runs: Runs, where: str, target: float | None) -> pd.DataFr
 def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | Path = "figures",
                  exp_name: str | None = None, target: float | None = None,
                  config: str | None = None, jobs: list[str] | None = None,
-                 stem: str | None = None, each: bool = False) -> list[Path]:
+                 stem: str | None = None, each: bool = False, refused: list[str] = ()) -> list[Path]:
     """Write ``out_dir/<stem>.png``, ``.pdf`` and ``.csv`` (fig4: also ``<stem>_speedup.csv``,
     printed too) and return the paths written; ``stem`` defaults to ``name``.
 
-    The runs are chosen as :func:`figure_runs` says (``config``, ``jobs``). ``each``: a grid
+    The runs are chosen as :func:`figure_runs` says (``config``, ``jobs``, ``refused``). ``each``: a grid
     holding several configurations draws each into its own files, ``<stem>-<its settings>``
     (the grid callback), instead of refusing. ``name="all"`` builds every figure whose
     experiment folder holds usable runs and raises :class:`NoRunsError` only if none does.
@@ -162,12 +169,12 @@ def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | 
     if name == "all":
         return _build_all(results_dir, out_dir, exp_name, target, config)
     stem = stem or name
-    parts, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs, each=each)
+    parts, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs, each=each, refused=refused)
     figure, out, paths = FIGURES[name], Path(out_dir), []
     for label, runs in parts:
         files = f"{stem}-{file_label(label)}" if len(parts) > 1 else stem
         frame = _frame(name, runs, where, target)
-        paths += save_figure(lambda: figure.draw(frame), frame, out, files, len(runs.skipped))
+        paths += save_figure(lambda: figure.draw(frame), frame, out, files, len(runs.skipped), len(refused))
         paths += figure.extra(frame, out, files) if figure.extra is not None else []
     return paths
 
@@ -178,16 +185,19 @@ def file_label(text: str) -> str:
     return re.sub(r"[^\w.=,+-]", "_", text)
 
 
-def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str, left_out: int = 0) -> list[Path]:
+def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str, left_out: int = 0,
+                refused: int = 0) -> list[Path]:
     """``draw()``'s figure as ``out/<stem>.png`` and ``.pdf``, and ``frame`` (the numbers behind
     it) as ``.csv``, each whole or not at all; the paths written. ``left_out``: the run folders
-    the loader skipped as unusable, counted in a line above the figure and in one warning."""
+    the loader skipped as unusable, ``refused``: the grid's points refused as bad input, counted
+    in a line above the figure and in one warning."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.{ext}" for ext in ("png", "pdf", "csv")]
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams
         fig = draw()
-        if left_out:   # the warnings naming them stay behind on stderr: a PNG shared later looked whole
-            note = f"{figures.plural(left_out, 'run folder')} left out as unusable"
+        note = "; ".join([f"{figures.plural(left_out, 'run folder')} left out as unusable"] * bool(left_out)
+                         + [f"{figures.plural(refused, 'refused grid point')} left out"] * bool(refused))
+        if note:   # the warnings naming them stay behind on stderr: a PNG shared later looked whole
             fig.draw_without_rendering()   # laid out, so the line goes above all of it (below it, a
             box = fig.get_tightbbox()      # tight save would move a legend under the axes onto it)
             fig.text((box.x0 + box.x1) / 2 / fig.get_figwidth(), (box.y1 + 0.05) / fig.get_figheight(),
