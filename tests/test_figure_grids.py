@@ -184,18 +184,24 @@ def test_the_grid_callback_draws_its_own_points_and_names_the_others(mixed, tmp_
     assert "6 other run(s)" in said and "num_epochs=3,num_clients=1" in said, said
 
 
+def _grid_beside_other_grids(tmp_path) -> tuple[list[Path], list[str]]:
+    """A grid of 3 points, the last cut, beside five broken folders no point of it names; its
+    figure built: the points and the warnings it gave."""
+    points = fr.write_experiment(tmp_path, "fig1", [1], [1], [0, 1, 2], "cold")
+    cut = points[2] / "evals.csv"
+    cut.write_text(cut.read_text()[:-2])
+    fr.write_bad_runs(tmp_path / "fig1")
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("always")
+        BuildFigure("fig1", str(tmp_path / "figures")).build(str(tmp_path), "fig1", [p.name for p in points])
+    return points, [str(w.message) for w in caught]
+
+
 def test_a_grids_figure_counts_its_own_unusable_points_not_another_grids(tmp_path):
     """A figure says how many unusable run folders it left out (render.save_figure); a grid's is
     drawn from its own points, so the broken folders of other grids beside them are not its own:
     it counted them too (6 where 1 of its 3 points was cut)."""
-    points = fr.write_experiment(tmp_path, "fig1", [1], [1], [0, 1, 2], "cold")
-    cut = points[2] / "evals.csv"
-    cut.write_text(cut.read_text()[:-2])
-    fr.write_bad_runs(tmp_path / "fig1")   # five folders no point of this grid names
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("always")
-        BuildFigure("fig1", str(tmp_path / "figures")).build(str(tmp_path), "fig1", [p.name for p in points])
-    said = [str(w.message) for w in caught if "left out as unusable" in str(w.message)]
+    said = [m for m in _grid_beside_other_grids(tmp_path)[1] if "left out as unusable" in m]
     assert said == ["fig1: 1 run folder left out as unusable, each named above"], said
 
 
@@ -203,14 +209,8 @@ def test_a_grids_figure_warns_only_about_its_own_unusable_points(tmp_path):
     """The folders of other grids beside a grid's points (an interrupted one's) are not its own:
     building its figure warned "skipping partial run" for each of them too (load_runs warned
     before the grid's points were chosen), above a note that counts its own only."""
-    points = fr.write_experiment(tmp_path, "fig1", [1], [1], [0, 1, 2], "cold")
-    cut = points[2] / "evals.csv"
-    cut.write_text(cut.read_text()[:-2])
-    fr.write_bad_runs(tmp_path / "fig1")   # five folders no point of this grid names
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("always")
-        BuildFigure("fig1", str(tmp_path / "figures")).build(str(tmp_path), "fig1", [p.name for p in points])
-    said = [str(w.message) for w in caught if str(w.message).startswith("skipping ")]
+    points, messages = _grid_beside_other_grids(tmp_path)
+    said = [m for m in messages if m.startswith("skipping ")]
     assert len(said) == 1 and str(points[2]) in said[0], said
 
 
