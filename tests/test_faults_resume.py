@@ -145,6 +145,23 @@ def test_3_a_run_whose_config_json_is_cut_is_refused_naming_what_was_typed(inter
     check_run_folder(interrupted, "interrupted")
 
 
+@pytest.mark.parametrize("resume", [True, "auto"])
+def test_3_a_checkpoint_the_protocol_refuses_is_refused_naming_what_was_typed(tmp_path, resume):
+    """Fault: a sync run's checkpoint holding a half-full round as an older version wrote it
+    (its waiting clients, no pushes). Sync's own check knows no cfg and names resume=True, which
+    was said for resume=auto too (the tables' and checkpoint's checks were mended one by one).
+    Guarantee 3: the refusal names what the user typed."""
+    cfg = SIM.replace(protocol=dataclasses.replace(SIM.protocol, name="sync"))
+    assert simulate(cfg, tmp_path, stop_at_version=2)["status"] == "interrupted"   # (a round: one version)
+    path = tmp_path / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    state["protocol"] = {**{k: v for k, v in state["protocol"].items() if k != "pushes"}, "waiting": [1]}
+    torch.save(state, path)
+    with pytest.raises(ConfigError, match=rf"^invalid value for 'resume': {resume!r}; expected a checkpoint of "
+                                          "this version"):
+        simulate(cfg.replace(resume=resume), tmp_path)
+
+
 def _another_backends_checkpoint(run_dir: Path) -> None:
     path = run_dir / "checkpoint.pt"
     torch.save({**torch.load(path, weights_only=True), "kind": "real"}, path)

@@ -322,9 +322,9 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
             yield run
         except KeyboardInterrupt:   # forced (a second signal): the state may be mid-push
             _end(run, "interrupted", "forced stop (second signal); ")
-        except ConfigError:
+        except ConfigError as exc:   # a check that knows no cfg (the checkpoint's, the tables') names resume=True
             _end(run, "failed", "bad input: ", early=False)
-            raise
+            raise ConfigError("resume", cfg.resume, exc.expected) if exc.key == "resume" and exc.value is True else exc
         except BaseException as exc:
             _end(run, "failed", f"{type(exc).__name__}: {exc}; ")
             raise

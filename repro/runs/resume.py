@@ -30,16 +30,6 @@ DRIVER = {"sim": {"driver.clients": dict, "driver.scheduler": dict}, "real": {"d
 
 
 def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunConfig | None = None) -> dict:
-    """What :func:`_resume_state` returns; its refusals name the ``resume`` the user typed (auto too)."""
-    try:
-        return _resume_state(run_dir, kind, device, cfg)
-    except ConfigError as e:   # the table and checkpoint checks know no cfg: they name resume=True
-        if e.key != "resume" or e.value is not True or cfg is None:
-            raise
-        raise ConfigError("resume", cfg.resume, e.expected) from None
-
-
-def _resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunConfig | None) -> dict:
     """The checkpoint to resume from, its tables cut back to it (see the module docstring):
     ConfigError naming the file and line when a row the resumed run needs is damaged or missing,
     or, before any file changes, listing the settings in which the run that wrote the checkpoint
