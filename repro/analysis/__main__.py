@@ -191,11 +191,12 @@ def draw_main(args: argparse.Namespace) -> int:
     each = args.figure == "all"
     figure = max(declared("figure"), key=len) if each else args.figure   # all: each is named after its figure
     widest = args.name or (f"{figure}-{file_label(args.config)}" if args.config else "")
-    if len(f"{widest}_speedup.csv".encode()) > LONGEST_NAME:   # fig4's table: the longest name a figure writes
+    longest = LONGEST_NAME - len("_speedup.csv")   # fig4's table: the longest name a figure writes
+    if len(widest.encode()) > longest:
         # else the file system refused it as the first file was written: a traceback, or a line blaming --out
         made = "" if named else f": --config names them {figure}-SETTINGS" + ("" if each else "; give a shorter --name")
         raise ConfigError(*(("--config", args.config) if each else ("--name", widest)),   # all takes no --name
-                          f"a file name of at most {LONGEST_NAME - 12} bytes (a figure writes <name>_speedup.csv, and "
+                          f"a file name of at most {longest} bytes (a figure writes <name>_speedup.csv, and "
                           f"a temporary name {255 - LONGEST_NAME} bytes longer, within the file system's 255){made}")
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
