@@ -1,2 +1,1 @@
-"""``python -m repro.bench``: the benchmarks' command, kept where users type it; the benchmarks
-themselves live beside the library, in :mod:`repro_bench` (see :mod:`repro.bench.__main__`)."""
+"""``python -m repro.bench``: the benchmarks' command; the benchmarks live in :mod:`repro_bench`."""

@@ -1,6 +1,5 @@
-"""``python -m repro.bench ...`` runs :mod:`repro_bench`'s command line, unchanged: the one place
-the library names ``repro_bench``, only ever run, never imported (``tests/test_house.py`` checks
-both; why the benchmarks live beside the library: docs/architecture.md)."""
+"""``python -m repro.bench ...`` runs :mod:`repro_bench`'s command line: the one place the library names
+``repro_bench``, only ever run, never imported (why: docs/architecture.md)."""
 import sys
 
 from repro_bench.__main__ import main

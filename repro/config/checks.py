@@ -1,9 +1,6 @@
-"""Reading a configuration and checking it: from a plain dict to a valid :class:`RunConfig`.
-
-:func:`from_dict` builds the frozen dataclasses of :mod:`repro.config.settings` (where each
-field's valid values are declared) and type-checks every value; :func:`validate` checks every
-key's range and the settings that relate two keys; :func:`check_places` checks where a run
-writes. Each raises :class:`~repro.errors.ConfigError` naming the key, before any work.
+"""From a plain dict to a valid :class:`RunConfig`: :func:`from_dict` builds and type-checks it,
+:func:`validate` checks each key's values and the relations between keys, :func:`check_places` where
+a run writes. Each raises :class:`~repro.errors.ConfigError` naming the key, before any work.
 """
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ from repro.files.storage import nearest_existing
 
 
 def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
-    """Build ``cls`` from a nested dict, type-checking every field; then range-check it all.
-    Keys that are not settings (:data:`RECORDED_ONLY`, recorded beside them in config.json) are
-    ignored at the top level."""
+    """Build ``cls`` from a nested dict, type-checking every field; then range-check it all
+    (:data:`RECORDED_ONLY` keys ignored at the top level)."""
     if cls is RunConfig and isinstance(tree, dict):
         tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
     if isinstance(tree, dict):   # old flat spellings read, with a line each (a group's too: "cost.")
@@ -44,10 +40,8 @@ CACHE_PREFIX = "_"   # results_dir/_warmstart and results_dir/_data are the pack
 
 
 def check_places(cfg: RunConfig) -> None:
-    """Where a run writes, checked for what a user typed (the command line, a config.json):
-    ``exp_name`` is one folder inside ``results_dir``, never a path out of it, nor the results
-    folder itself, nor a cache's name; ``results_dir`` is a folder, or can be made one. (The
-    package's own warm-start run is named ``_warmstart`` without passing here.)"""
+    """Where a run writes: ``exp_name`` one folder inside ``results_dir`` (no path out of it, not a cache's
+    name); ``results_dir`` and ``figures_dir`` folders, or places one can be made."""
     name = cfg.exp_name
     if name in ("", ".", "..") or "/" in name or "\\" in name or name.startswith(CACHE_PREFIX):
         raise ConfigError("exp_name", name, "a plain folder name inside results_dir: not empty, '.' or "
@@ -104,13 +98,8 @@ def _type_name(options: tuple) -> str:
                        else names.get(o, str(o)) for o in options)
 
 
-# ---------------------------------------------------------------------------------------------
-# checks
-# ---------------------------------------------------------------------------------------------
-
 def check_leaves(obj: Any, cls: type = RunConfig, prefix: str = "") -> None:
-    """``obj`` a ``cls``, each key alone against its declared values, not the relations between
-    keys (:func:`validate`'s): what a bound asks of a config it may hold part-full (api.ceiling)."""
+    """``obj`` a ``cls``, each key alone against its declared values, not the relations between keys."""
     if not isinstance(obj, cls):   # the API's run_config(None), ceiling(None): "asdict() should be called on ..."
         raise ConfigError("cfg", obj, "a RunConfig, e.g. repro.api.configure(...)")
     tree = to_dict(obj)
@@ -123,10 +112,8 @@ def check_leaves(obj: Any, cls: type = RunConfig, prefix: str = "") -> None:
 
 
 def validate(cfg: RunConfig) -> None:
-    """Every key against its declared valid values, then the checks that relate two keys.
-    Needs no data; :func:`repro.workload.build.check_components` checks the model and the batch
-    against the data. Asked once per config, where a config enters (:func:`from_dict`, the
-    Python entry points that change a parsed config); a driver asks :func:`validated`."""
+    """Every key against its declared valid values, then the checks that relate keys (no data needed: the
+    model and batch against the data are :func:`repro.workload.build.check_components`')."""
     check_leaves(cfg)
     if cfg.num_epochs / cfg.eval_every > 1e5:
         raise ConfigError("eval_every", cfg.eval_every, f"at least num_epochs / 1e5 = "
@@ -169,10 +156,8 @@ _VALIDATED = "_validated"   # an attribute outside the dataclass's fields (not c
 
 
 def validated(cfg: RunConfig) -> RunConfig:
-    """``cfg``, validated: a config that :func:`validate` passed (the command line's parse, a
-    config.json, the API) goes through as it is; one built or changed in Python and handed to a
-    driver directly (``cfg.replace(...)`` makes a new object) is validated here, so no number can
-    hang a run whichever way it came in. The drivers' one check, at their entry."""
+    """``cfg``, validated unless :func:`validate` passed this object (``cfg.replace(...)`` makes a new one):
+    the drivers' one check, at their entry."""
     if not getattr(cfg, _VALIDATED, False):
         validate(cfg)
     return cfg
@@ -184,8 +169,7 @@ MAX_PUSHES_PER_CLIENT = 100
 
 
 def _check_methods(cfg: RunConfig) -> None:
-    """What the descendants of Downpour need of the other keys (both drivers alike, but for
-    Ringmaster's repeated stops, the simulator's only)."""
+    """What the descendants of Downpour need of the other keys."""
     algo, protocol = cfg.algo, cfg.protocol
     if algo.server_rule in ("easgd", "outer_nesterov") and algo.lr_server is not None:
         own = "algo.elastic_alpha" if algo.server_rule == "easgd" else "algo.outer_lr"
@@ -211,11 +195,8 @@ def _check_methods(cfg: RunConfig) -> None:
 
 
 def check_segment(cfg: RunConfig, num_train: int) -> None:
-    """One apply may not exceed the whole budget (in whole minibatches): a client computes its
-    ``nsync`` steps before the server hears from it, so a larger segment trains past
-    ``num_epochs`` (at nsync = 10**6, for hours) before the first row; a sync round or a
-    rennala collection merges many segments into one apply, whose samples all count (one
-    collection of 400 spent 35 budgets of num_epochs=1). Checked by :func:`validate` when
+    """One push, or one apply's merged pushes, may not exceed the whole budget in minibatches: it is computed
+    before the server hears of it, and would train past ``num_epochs``. Checked by :func:`validate` when
     ``data.num_train`` is set, and by the run core on the loaded data."""
     budget = cfg.num_epochs * num_train
     most = max(1, math.ceil(budget / cfg.algo.batch_size))   # the budget in minibatches
@@ -252,18 +233,15 @@ def protocol_reads(protocol, key: str) -> bool:
 
 
 def ignored_protocol_keys(cfg: RunConfig) -> list[str]:
-    """``protocol.KEY=VALUE`` of each key set away from its default that the run's built-in
-    protocol does not read: the run core warns of them (not refused as cost.shared's are: a grid
-    sweeps protocols under one setting, and the grader's and the API's configs carry them)."""
+    """``protocol.KEY=VALUE`` of each key set away from its default that the run's built-in protocol does
+    not read: warned of, not refused (a grid sweeps protocols under one setting)."""
     p = cfg.protocol
     return [f"protocol.{f.name}={getattr(p, f.name)}" for f in dataclasses.fields(p)
             if f.name != "name" and not protocol_reads(p, f.name) and getattr(p, f.name) != f.default]
 
 
 def _check_topology(cfg: RunConfig) -> None:
-    """The keys of cost.shared and cost.machine act only under cost.topology=shared (refused
-    elsewhere, so that no setting is silently ignored); hosts must be equal: clients fill them
-    in order."""
+    """cost.shared.* and cost.machine.* only under cost.topology=shared; hosts equal (clients fill them in order)."""
     cost = cfg.cost
     shared, machine = cost.shared, cost.machine
     if cost.topology != "shared":
@@ -301,9 +279,7 @@ def _check_topology(cfg: RunConfig) -> None:
 
 
 def _check_elastic(cfg: RunConfig) -> None:
-    """Joins (the real driver's): a maximum no smaller than the run, an address to join.
-    Simulated churn: whole triples of existing clients; not modelled with shared resources or
-    a replayed order."""
+    """Joins (the real driver's) and simulated churn (whole triples; not with shared resources or a replay)."""
     c, leave = cfg.cost, cfg.cost.churn.leave
     if leave is not None:
         if len(leave) % 3:
@@ -349,9 +325,7 @@ def _check_speeds(cfg: RunConfig) -> None:
 
 
 def _check_partition(cfg: RunConfig) -> None:
-    """What can be said of data.* without the data (repro/workload/partition.py checks the rest
-    against the labels before any work): alpha acts only with dirichlet; the slow client's
-    classes need a slow client and at least one other client."""
+    """What can be said of data.* without the data (repro/workload/partition.py checks the rest)."""
     data = cfg.data
     if data.partition != "dirichlet" and data.alpha != DataConfig.alpha:
         raise ConfigError("data.alpha", data.alpha, f"{DataConfig.alpha:g} with data.partition={data.partition} "

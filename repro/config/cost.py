@@ -1,8 +1,5 @@
-"""The simulator's cost model settings (``cost.*``): :class:`CostConfig`, with its nested
-groups: the shared topology's hosts and links (``cost.shared.*``: :class:`SharedConfig`), one
-machine (``cost.machine.*``: :class:`MachineConfig`), churn (``cost.churn.*``:
-:class:`ChurnConfig`). Declared as in :mod:`repro.config.settings`, which re-exports them; a
-key's old flat spelling is read through :data:`repro.config.renames.RENAMED`.
+"""The simulator's cost model settings (``cost.*``): :class:`CostConfig` and its nested groups
+``cost.shared.*``, ``cost.machine.*`` and ``cost.churn.*``, declared as in :mod:`repro.config.settings`.
 """
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from repro.config.fields import FLAG, SECONDS, Choice, Numbers, Range, Text, kno
 
 @dataclass(frozen=True)
 class ChurnConfig:
-    """Simulated churn (``cost.churn.*``; the old flat keys ``cost.preempt_rate``,
-    ``cost.preempt_down_s``, ``cost.churn_leave``, ``cost.churn_join`` still read)."""
+    """Simulated churn (``cost.churn.*``)."""
 
     preempt_rate: float = knob(0.0, Range(0.0, 1e6))
     """Each live client is lost at this rate per virtual second (a seeded Poisson process);
@@ -40,8 +36,7 @@ class ChurnConfig:
 
 @dataclass(frozen=True)
 class SharedConfig:
-    """The shared topology's hosts and links (``cost.shared.*``; they act only with
-    cost.topology=shared; the old flat keys ``cost.clients_per_host``, ... still read)."""
+    """The shared topology's hosts and links (``cost.shared.*``; only with cost.topology=shared)."""
 
     clients_per_host: int = knob(1, Range(1, 1024, integer=True))
     """Clients fill hosts of this many in order (client k on host ceil(k / this));
@@ -63,8 +58,7 @@ class SharedConfig:
 
 @dataclass(frozen=True)
 class MachineConfig:
-    """One machine under the shared topology (``cost.machine.*``; the old flat keys
-    ``cost.one_machine``, ``cost.link_cpu_s_per_byte``, ``cost.eval_s`` still read)."""
+    """One machine under the shared topology (``cost.machine.*``)."""
 
     single: bool = knob(False, FLAG)
     """The server and all clients run on one machine (one host holding every client) whose
@@ -139,16 +133,12 @@ class CostConfig:
 
     def updated(self, **changes) -> "CostConfig":
         """``dataclasses.replace`` that takes a nested group's key by its old flat name too
-        (``clients_per_host=4`` sets ``shared.clients_per_host``): for code that changes a few
-        cost keys at once, from the one table :data:`repro.config.renames.RENAMED`."""
-        direct, nested = {}, {}
-        for name, value in changes.items():
-            new = RENAMED.get("cost." + name)
-            if new is None:
-                direct[name] = value
-            else:
-                _, group, leaf = new.split(".")
-                nested.setdefault(group, {})[leaf] = value
+        (``clients_per_host=4`` sets ``shared.clients_per_host``; :data:`repro.config.renames.RENAMED`)."""
+        direct = {name: value for name, value in changes.items() if "cost." + name not in RENAMED}
+        nested: dict = {}
+        for name in changes.keys() - direct.keys():
+            _, group, leaf = RENAMED["cost." + name].split(".")
+            nested.setdefault(group, {})[leaf] = changes[name]
         for group, values in nested.items():   # onto a group given whole, if one is
             direct[group] = dataclasses.replace(direct.get(group, getattr(self, group)), **values)
         return dataclasses.replace(self, **direct)

@@ -1,9 +1,6 @@
 """How a config field is declared (:func:`knob`): its default, its valid values, and whether it
-shapes training.
-
-Each validator (:class:`Range` for every number: finite, so no value can hang or overflow a
-run; :class:`Numbers`, :class:`Choice`, :class:`Text`) both checks a value (raising
-:class:`ConfigError` naming key, value and what is valid) and describes it for ``--help``.
+shapes training. Each validator both checks a value (a :class:`ConfigError` naming key, value and
+what is valid) and describes it for ``--help``; every number is finite, so none can hang a run.
 """
 from __future__ import annotations
 
@@ -86,8 +83,7 @@ class Choice:
         raise ConfigError(key, value, self.names())
 
     def describe(self) -> str:
-        shown = [str(n).lower() if isinstance(n, bool) else str(n) for n in self.names()]
-        return ", ".join(shown)
+        return ", ".join(str(n).lower() if isinstance(n, bool) else str(n) for n in self.names())
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,13 @@
-"""Where the configuration lives, how the command line composes it, and what ``--help`` prints.
-
-:data:`CONF_DIR` is ``conf/`` (the repository's, or a wheel's ``repro/conf``); everything that
-opens a YAML file asks it. The dataclasses of :mod:`repro.config.settings` are Hydra's base
-config, onto which every option of ``conf/`` merges; ``--help``, run-folder names and the checks
-of the command line's words (each an exit 2 with one line) are all read from that one
-declaration and from ``conf/``: nothing here is written twice. The run's or grid's folder is
-checked here too (:func:`check_folder_makeable`), before Hydra would fail making it.
+"""Where the configuration lives (:data:`CONF_DIR`), how the command line composes it onto the
+dataclasses of :mod:`repro.config.settings`, what ``--help`` prints, and the checks of the command
+line's words and folders (each an exit 2 with one line). How it fits: docs/configuration.md.
 """
 from __future__ import annotations
 
 import ast
 import difflib
 import functools
+import hashlib
 import inspect
 import sys
 import textwrap
@@ -36,15 +32,11 @@ from repro.hydra_internals import (check_flags, check_package, named_options,   
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
 
 
-def _find_conf_dir() -> Path:
-    for candidate in (_PACKAGE / "conf", _PACKAGE.parent / "conf"):   # wheel, then checkout
-        if (candidate / "config.yaml").is_file():
-            return candidate
+CONF_DIR = next((c for c in (_PACKAGE / "conf", _PACKAGE.parent / "conf")   # wheel, then checkout
+                 if (c / "config.yaml").is_file()), None)
+if CONF_DIR is None:
     raise FileNotFoundError(f"no Hydra configuration (conf/config.yaml) beside {_PACKAGE}: "
                             "reinstall the package (pip install gpu-asgd-repro or pip install -e .)")
-
-
-CONF_DIR = _find_conf_dir()
 
 
 def group_options(group: str) -> list[str]:
@@ -53,15 +45,13 @@ def group_options(group: str) -> list[str]:
 
 
 GROUPS = ("data", "model", "algo", "cost", "backend", "protocol")
-
 OPTIONAL_GROUPS = ("exp", "problem", "mitigation", "partition")   # added with +GROUP=OPTION, never in defaults
 ALL_GROUPS = (*GROUPS, *OPTIONAL_GROUPS)
 
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: the docstring written under it} (attribute docstrings are not kept at run time,
-    so they are read from the source)."""
+    """{field: the docstring written under it}, read from the source (Python does not keep them)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
     docs = {}
@@ -88,8 +78,7 @@ def closest_keys(key: str) -> list[str]:
 
 
 def help_text(tree: dict, choices: dict[str, str]) -> str:
-    """The help page for the composed config ``tree`` (values shown are what would run);
-    ``choices``: {group: chosen option}."""
+    """The help page for the composed config ``tree``; ``choices``: {group: chosen option}."""
     lines = ["usage: python -m repro.run [GROUP=OPTION ...] [KEY=VALUE ...] [+exp=NAME]",
              "",
              "Trains one run (a folder under results/<exp_name>/) with the delay simulator",
@@ -124,18 +113,12 @@ def _show(value) -> str:
 
 
 def job_name(overrides) -> str:
-    """A run folder's name: the command-line overrides of keys that shape training, sorted, as
-    Hydra writes them (``nsync=4,num_clients=2``); ``base`` when there are none. Paths, timeouts,
-    ports, ``exp``, ``resume`` and the like never name a folder (:func:`repro.config.settings.shaping_keys`).
-    A number is named by its value, as in a grid (``seed=-0`` ran the run of ``seed=0`` again)."""
+    """A run folder's name: the overrides of keys that shape training (:func:`repro.config.settings.shaping_keys`),
+    sorted, as Hydra writes them (``nsync=4,num_clients=2``), numbers by value; ``base`` when there are none."""
     shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
-    kept = []
-    for item in overrides or ():
-        key, sep, _ = str(item).partition("=")
-        key = key.lstrip("+~")
-        if sep and key in shaping:
-            kept.append((key, plain_number(str(item))))
-    return short_name(",".join(f"{k}={v}" for k, v in sorted(kept)) or "base")
+    kept = sorted((key, plain_number(str(item))) for item in overrides or ()
+                  for key in [str(item).partition("=")[0].lstrip("+~")] if "=" in str(item) and key in shaping)
+    return short_name(",".join(f"{k}={v}" for k, v in kept) or "base")
 
 
 PREFIX_BYTES = 100    # the readable start a shortened folder name keeps
@@ -143,16 +126,11 @@ SHORTENED: dict[str, str] = {}   # {shortened folder name: the overrides it stan
 
 
 def short_name(name: str) -> str:
-    """``name`` when it fits in one folder name (255 bytes), else its first ~100 bytes (cut after
-    a whole ``key=value`` where one ends there), ``-``, and 16 hex digits of its SHA-256: unique,
-    and still saying what the run is (``cost.speeds=[...],num_clients=64`` was an ``OSError``).
-    The run core records the whole string as ``overrides`` in config.json (:data:`SHORTENED`:
-    the folder's name is computed in the process that runs it, under every launcher)."""
+    """``name`` when it fits in one folder name, else its first ~100 bytes (up to a whole ``key=value``),
+    ``-`` and 16 hex digits of its SHA-256, remembered in :data:`SHORTENED` for config.json."""
     raw = name.encode()
     if len(raw) <= checks.NAME_BYTES:
         return name
-    import hashlib
-
     prefix = raw[:PREFIX_BYTES].decode(errors="ignore")
     prefix = prefix[:prefix.rindex(",")] if "," in prefix else prefix
     short = f"{prefix}-{hashlib.sha256(raw).hexdigest()[:16]}"
@@ -160,18 +138,10 @@ def short_name(name: str) -> str:
     return short
 
 
-# ---------------------------------------------------------------------------------------------
-# The configuration as the command line composes it
-# ---------------------------------------------------------------------------------------------
-
 def register_schema() -> None:
-    """The dataclasses of :mod:`repro.config.settings` as Hydra's base configs, in its ConfigStore:
-    ``schema`` (every key at its declared default; ``conf/config.yaml`` lists it first, and each
-    group's option merges onto its node, so an option YAML states only what it changes) and
-    ``backend/real_schema`` (the real driver's keys, which ``backend=real`` adds: under the
-    simulator they do not compose, so that no setting is silently ignored). Plain nodes, not
-    typed ones: the values are checked by :func:`repro.config.checks.from_dict`, whose messages
-    name the key, the value and what is valid. How to add a setting: docs/configuration.md."""
+    """The dataclasses' defaults as Hydra's base configs: ``schema``, and ``backend/real_schema`` (the real
+    driver's keys, which only ``backend=real`` composes, so none is silently ignored). Plain nodes: the
+    values are checked by :func:`repro.config.checks.from_dict`, whose messages say more than OmegaConf's."""
     store = ConfigStore.instance()
     tree = config.to_dict(config.RunConfig())
     store.store(group="backend", name="real_schema", node=dict(tree["backend"]))
@@ -179,8 +149,7 @@ def register_schema() -> None:
     store.store(name="schema", node=tree)
 
 
-# A value an option requires the user to give (cost=replay's cost.path, data=cifar10's data.root).
-# Hydra's '???' cannot say it here: merged onto the schema's default, a missing value keeps the
+# A value an option requires the user to give: Hydra's '???' merged onto the schema's default keeps the
 # default (OmegaConf's rule), so the option writes ${required:} and reading it fails as '???' did.
 REQUIRED = "${required:}"
 
@@ -192,14 +161,11 @@ def _required(*, _node_):
 if not OmegaConf.has_resolver("required"):
     OmegaConf.register_new_resolver("required", _required)
 register_schema()
-
-
 _COMPOSING = threading.Lock()
 
 
 def compose(overrides: list[str], return_hydra_config: bool = False):
-    """The config (a Hydra ``DictConfig``) as ``python -m repro.run OVERRIDES`` would compose it,
-    without output folders."""
+    """The ``DictConfig`` that ``python -m repro.run OVERRIDES`` would compose, without output folders."""
     # job_name: what @hydra.main names the job of repro/run.py (its log is run.log)
     overrides = [modern_override(o) for o in overrides]   # old flat spellings, with a line each
     # Hydra's GlobalHydra is one per process: two threads composing at once (simulate() in a
@@ -210,8 +176,7 @@ def compose(overrides: list[str], return_hydra_config: bool = False):
 
 
 def parse(dcfg) -> config.RunConfig:
-    """Resolve and validate a composed config (raises ConfigError): what the entry points hand
-    down, so that nothing below them sees a ``DictConfig``."""
+    """A composed config resolved and validated (or a ConfigError): nothing below sees a ``DictConfig``."""
     try:
         tree = OmegaConf.to_container(dcfg, resolve=True, throw_on_missing=True)
     except (MissingMandatoryValue, InterpolationResolutionError) as e:
@@ -232,10 +197,6 @@ def composed(overrides: tuple[str, ...] = ()) -> config.RunConfig:
     return parse(compose(list(overrides)))
 
 
-# ---------------------------------------------------------------------------------------------
-# The command line's words, checked before Hydra sees them (exit 2 with one line)
-# ---------------------------------------------------------------------------------------------
-
 def exit_bad_input(err: ConfigError | str) -> None:
     """Bad input: one line on stderr, exit 2, before any work."""
     print(f"error: {err}", file=sys.stderr, flush=True)
@@ -243,10 +204,8 @@ def exit_bad_input(err: ConfigError | str) -> None:
 
 
 def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
-    """A new run or grid whose folder cannot be made (a read-only file system, no permission, a
-    place like /proc): Hydra would die making it, with a raw traceback. A run's existing folder
-    is the run core's to judge (skip, resume or refuse), unless it holds files no run wrote (as
-    simulate's run_dir); a grid's must be writable, existing or not: Hydra writes multirun.yaml into it."""
+    """Exit 2 for a new run's or grid's folder that cannot be made (Hydra would die with a traceback), or
+    that holds files no run wrote; a grid's must be writable even if it exists (multirun.yaml goes there)."""
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
 
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
@@ -272,9 +231,8 @@ def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
 
 
 def composition_line(exc: Exception) -> str:
-    """Hydra's first line, with why where it says (a key not in a node), or the options where it
-    names one that does not exist; for an override its grammar cannot read (exp_name=é), how to
-    quote it (its first line alone said too little): the command line's and configure()'s."""
+    """Hydra's first line, with why (a key not in a node) or the options where it says them; for an override
+    its grammar cannot read (exp_name=é), how to quote it."""
     if isinstance(exc, OverrideParseException):
         *what, grammar = [line.strip() for line in str(exc).splitlines() if line.strip() not in ("", "^")]
         return f"{'; '.join(what)} (quote a value with other characters: KEY='VALUE'; {grammar})"
@@ -286,27 +244,18 @@ def composition_line(exc: Exception) -> str:
 
 def parsed_overrides(argv: list[str]) -> list[tuple[str, str, str]]:
     """(prefix, key, value) of each ``KEY=VALUE`` argument (flags and their values skipped)."""
-    out = []
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, _, value = arg.partition("=")
-        prefix = key[:len(key) - len(key.lstrip("+~"))]
-        out.append((prefix, key.lstrip("+~").split("@")[0], value))
-    return out
+    pairs = (arg.partition("=") for arg in argv if not arg.startswith("-") and "=" in arg)
+    return [(key[:len(key) - len(key.lstrip("+~"))], key.lstrip("+~").split("@")[0], value)
+            for key, _, value in pairs]
 
 
 # Hydra's flags that take a value (``--cfg job``); every other word must be KEY=VALUE or a flag.
 VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
-
-
 # Hydra's flags that each choose what the command does: one at most
 MODE_FLAGS = ("--run", "-r", "--multirun", "-m", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
 # those that only show the config or Hydra's help: no run folder is made or checked, no torch loads
 SHOWS = {"--cfg", "-c", "--info", "-i", "--hydra-help"}
-
-
 # Hydra's flags that cannot work for ``python -m repro.run``, and why
 UNSUPPORTED_FLAGS = {
     ("--shell-completion", "-sc"): "Hydra's completion completes 'python FILE.py', not 'python -m repro.run'",
@@ -316,9 +265,8 @@ UNSUPPORTED_FLAGS = {
 
 
 def check_words(argv: list[str]) -> None:
-    """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (``num_clients 4``: Hydra
-    would fail with its own usage text and exit 1), and for a setting given twice (``nsync=4
-    nsync=8``: Hydra would silently keep the last)."""
+    """Exit 2 for a word that is neither a flag nor ``KEY=VALUE`` (Hydra: its usage text, exit 1), a setting
+    given twice (Hydra silently keeps the last), and Hydra's flags that cannot work here."""
     modes = [w for w in argv if w in MODE_FLAGS]
     if len(set(modes)) > 1:   # Hydra: a raw ValueError traceback
         exit_bad_input(f"{' and '.join(modes)}: give one of --run, --multirun (-m), --cfg and --info "
@@ -354,10 +302,8 @@ def check_words(argv: list[str]) -> None:
 
 
 def check_overrides(argv: list[str]) -> None:
-    """Our messages (exit 2) where Hydra's would be raw or point the wrong way: a word that is
-    not KEY=VALUE, a key set twice (:func:`check_words`), an unknown key (with the closest valid
-    ones), a group option that does not exist, ``exp`` without ``+``, a ``+`` on a key that
-    exists."""
+    """Exit 2 where Hydra's message would be raw or point the wrong way: :func:`check_words`, an unknown key
+    (with the closest valid ones), an unknown group option, ``exp`` without ``+``, ``+`` on a known key."""
     argv = [modern_override(a, quiet=True) for a in argv]   # an old spelling is a known key
     check_words(argv)
     keys = set(config.all_keys())

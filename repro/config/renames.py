@@ -1,10 +1,6 @@
-"""Keys that moved into a nested group, and their old flat spellings, which keep working.
-
-:data:`RENAMED` is the one table (old dotted key -> new dotted key). Everything that reads a key
-a user or an old run folder wrote goes through it: a user's old spelling gets one line on stderr
-naming the new one; a recorded run folder's is read silently (:func:`read_recorded`, the one
-reader of a run folder's ``config.json``). No imports beyond the standard library and the run
-folder's file names.
+"""Keys that moved into a nested group: :data:`RENAMED` (old dotted key -> new), the one table every
+reader of a key goes through, and :func:`read_recorded`, the one reader of a run folder's config.json.
+See docs/configuration.md, "Renamed keys".
 """
 from __future__ import annotations
 
@@ -51,9 +47,8 @@ def modern_override(arg: str, quiet: bool = False) -> str:
 
 
 def modern_tree(tree: dict, quiet: bool = False, prefix: str = "") -> dict:
-    """A nested config dict with every old flat key moved to its new place (a copy; ``tree``
-    itself is not changed, nor anything in it). ``prefix``: where ``tree`` sits in the whole
-    config (``cost.`` for the cost group's dict alone)."""
+    """A copy of a nested config dict with every old flat key moved to its new place; ``prefix``: where
+    ``tree`` sits in the whole config (``cost.`` for the cost group's dict alone)."""
     out = copy.deepcopy(tree)
     for old, new in RENAMED.items():
         if not old.startswith(prefix):
@@ -79,9 +74,8 @@ def modern_tree(tree: dict, quiet: bool = False, prefix: str = "") -> dict:
 
 
 def read_recorded(run_dir: str | Path) -> dict:
-    """``run_dir``'s config.json with every old spelling moved to its new key, silently (the
-    user wrote nothing old: a recorded run is read, not typed). Raises OSError (unreadable) or
-    ValueError (not a regular file, not JSON, or not a JSON object); the caller says what that means for it."""
+    """``run_dir``'s config.json with every old spelling moved to its new key, silently. Raises OSError
+    (unreadable) or ValueError (not a regular file, not JSON, or not a JSON object)."""
     tree = json.loads(read_regular(Path(run_dir) / CONFIG_FILE))   # the one reader (test_config_renames)
     if not isinstance(tree, dict):
         raise ValueError(f"{CONFIG_FILE} holds a {type(tree).__name__}, not a JSON object")

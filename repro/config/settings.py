@@ -1,12 +1,6 @@
-"""Configuration: the frozen dataclasses of every key, and what derives from their declaration.
-
-Nothing below :mod:`repro.run` sees a Hydra ``DictConfig``: :func:`repro.config.checks.from_dict`
-builds a :class:`RunConfig` from the resolved YAML tree and checks it; :func:`to_dict` is the
-inverse and is what ``config.json`` holds. Every field is declared with :func:`knob`: its default,
-its valid values and whether it **shapes training**. Run-folder names, the warm-start cache key, a
-replay and the resume check derive from that mark (:func:`shaping_keys`): settings that only say
-where files go, how long to wait for a peer or how to report progress never name a folder nor
-block a resume.
+"""Configuration: the frozen dataclasses of every key (each declared with :func:`knob`), and what derives
+from their declaration: the keys, those that shape training (:func:`shaping_keys`), and :func:`to_dict`
+(what config.json holds; :func:`repro.config.checks.from_dict` is the way back). See docs/configuration.md.
 """
 from __future__ import annotations
 
@@ -23,10 +17,6 @@ from repro.registry import names_of
 
 DEVICES = ("cpu", "cuda", "auto")
 
-
-# ---------------------------------------------------------------------------------------------
-# The configuration
-# ---------------------------------------------------------------------------------------------
 
 # what data.root must hold for data=cifar10 (checked when the config is, said again by the loader)
 CIFAR10_EXPECTED = ("a folder with the CIFAR-10 python batches data_batch_1..5 and test_batch "
@@ -177,16 +167,11 @@ class ProtocolConfig:
     without churn or joins)."""
 
     def resolved_staleness_threshold(self, num_clients: int) -> int:
-        """ringmaster's R: as set, else N, the clients live (equally fast clients, whose pushes
-        are about N - 1 stale, lose nothing; only work slower than a round of the others is
-        dropped). Ringmaster passes the most live at a segment's fetch or at its push: joins and
-        losses change N mid-run."""
+        """ringmaster's R: as set, else N, the clients live (joins and losses change it mid-run)."""
         return self.staleness_threshold if self.staleness_threshold is not None else num_clients
 
     def resolved_collection_size(self, num_clients: int) -> int:
-        """rennala's S: as set, else N, the clients live at the push: as many pushes per step as
-        a sync round, which counts the live clients too (the paper fixes S; a default fixed at
-        the start's N would preempt a joiner's segment at nearly every step)."""
+        """rennala's S: as set, else N, the clients live at the push, as a sync round counts them."""
         return self.collection_size if self.collection_size is not None else num_clients
 
 
@@ -240,16 +225,14 @@ class RunConfig:
     protocol: ProtocolConfig = knob(ProtocolConfig, None)
 
     def replace(self, **changes: Any) -> "RunConfig":
-        """A copy with ``changes``; a numpy scalar (a sweep's ``np.int64(4)``), in a group given
-        too (``protocol=dataclasses.replace(cfg.protocol, staleness_threshold=np.int64(2))``),
-        becomes its Python value, as simulate() takes it: config.json holds no numpy type."""
+        """A copy with ``changes``, numpy scalars (a group's fields' too) as Python values (:func:`plain`)."""
         check_known(changes, RunConfig, all_keys())   # dataclasses' TypeError named no group: lr is algo.lr
         return dataclasses.replace(self, **{k: plain(v) for k, v in changes.items()})
 
 
 def plain(value: Any) -> Any:
-    """``value``, its numpy scalars (a group's fields' too) as Python values, for replace() and
-    simulate(); an array stays one, for the check to refuse naming its key (``.item()`` raised)."""
+    """``value``, its numpy scalars (a group's fields' too) as Python values: config.json holds no numpy type
+    (an array stays one, for the check to refuse naming its key)."""
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
         return value.item()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -257,15 +240,9 @@ def plain(value: Any) -> Any:
     return value
 
 
-# ---------------------------------------------------------------------------------------------
-# The declaration, read back: keys, what shapes training, valid values
-# ---------------------------------------------------------------------------------------------
-
 @functools.cache
 def _leaves(cls: type = RunConfig, prefix: str = "") -> tuple:
-    """(dotted key, dataclass field, the dataclass declaring it) of every leaf setting, in
-    declaration order (walked once: the schema never changes in a process, and --help asks for
-    every key's valid values)."""
+    """(dotted key, dataclass field, the dataclass declaring it) of every leaf setting, in declaration order."""
     hints = typing.get_type_hints(cls)
     leaves = []
     for f in dataclasses.fields(cls):
@@ -282,8 +259,7 @@ def all_keys() -> tuple[str, ...]:
 
 
 def shaping_keys() -> tuple[str, ...]:
-    """The keys that shape training: run-folder names, warm-start cache keys, replays and the
-    resume check all derive from this one list."""
+    """The keys that shape training: run-folder names, warm-start cache keys, replays and resumes read them."""
     return tuple(key for key, f, _ in _leaves() if f.metadata["shapes"])
 
 
@@ -310,14 +286,12 @@ def shaping_values(cfg: "RunConfig | dict") -> dict[str, Any]:
     """{key: value} of every training-shaping key (missing keys of an old config.json: absent)."""
     tree = to_dict(cfg) if not isinstance(cfg, dict) else cfg
     absent = object()   # a key may hold None
-    values = {key: get(tree, key, absent) for key in shaping_keys()}
-    return {key: value for key, value in values.items() if value is not absent}
+    return {key: value for key in shaping_keys() if (value := get(tree, key, absent)) is not absent}
 
 
 def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
-    """``recorded``'s training-shaping settings with ``cfg``'s other settings (paths, progress,
-    checkpoints, timeouts): what a replay of a recorded run trains, run the way ``cfg`` says.
-    ``recorded``: a config.json as :func:`repro.config.renames.read_recorded` reads it."""
+    """``recorded``'s (a config.json read by :func:`repro.config.renames.read_recorded`) training-shaping
+    settings with ``cfg``'s other settings: what a replay trains, run the way ``cfg`` says."""
     tree = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}
     mine = to_dict(cfg)
     for key, f, _ in _leaves():
@@ -329,9 +303,8 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
 
 
 def unknown_keys(recorded: dict, prefix: str = "") -> list[str]:
-    """The dotted keys of a config.json (as :func:`repro.config.renames.read_recorded` reads it)
-    that this version has no setting for: another version's, or a hand edit's (what a run
-    records beside its settings, :data:`RECORDED_ONLY`, is not one)."""
+    """The dotted keys of a config.json (:func:`repro.config.renames.read_recorded`) that are neither a
+    setting of this version nor :data:`RECORDED_ONLY`."""
     known, out = set(all_keys()) | set(RECORDED_ONLY), []
     for name, value in ((prefix + key, value) for key, value in recorded.items()):
         if name not in known:   # a group (algo, or one this version lacks) is read key by key
@@ -340,45 +313,29 @@ def unknown_keys(recorded: dict, prefix: str = "") -> list[str]:
 
 
 def differences(recorded: dict, cfg: "RunConfig") -> list[str]:
-    """'key: recorded -> now' for every training-shaping key that differs (``recorded``: a
-    config.json as :func:`repro.config.renames.read_recorded` reads it)."""
+    """'key: recorded -> now' for every training-shaping key that differs (``recorded``: a config.json)."""
     old, new = shaping_values(recorded), shaping_values(cfg)
     # a calibrated compute time is recorded as the measured number: 'calibrate' matches it
     same = lambda k: old[k] == new[k] or (new[k] == "calibrate" and isinstance(old[k], float))  # noqa: E731
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in new if k in old and not same(k)]
 
 
-# ---------------------------------------------------------------------------------------------
-# dataclasses -> dict (config.json); the way back, with its checks, is repro.config.checks
-# ---------------------------------------------------------------------------------------------
-
 def to_dict(cfg: Any) -> dict:
-    """The nested plain dict of a config dataclass (what config.json holds; a list setting, a
-    tuple in the frozen dataclass, is a list here, as JSON and YAML give it back)."""
-    return _lists(dataclasses.asdict(cfg))
-
-
-def _lists(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _lists(v) for k, v in tree.items()}
-    return list(tree) if isinstance(tree, tuple) else tree
+    """The nested plain dict of a config dataclass (what config.json holds; tuples as lists, as JSON gives them)."""
+    return dataclasses.asdict(cfg, dict_factory=lambda items: {k: list(v) if isinstance(v, tuple) else v
+                                                                for k, v in items})
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """What the entry point's one resolve step (:func:`repro.run.resolve`) hands the simulator: a
-    plain, frozen config it runs as it is, and the cost fit it was made with (None: no fit;
-    config.json and summary.json record it under "fit")."""
+    """What :func:`repro.run.resolve` hands the simulator: the config it runs as it is, and the cost fit it
+    was made with (None: no fit; recorded under "fit")."""
 
     cfg: RunConfig
     fit: dict | None = None
 
 
-# what config.json holds beside the settings: what identity depends on (repro.runtime), what
-# is trained (repro.workload.build.Problem.recorded), where a real run's server ran (the real
-# driver's host record: what cost=fit needs to model the machine, repro.sim.fit), the cost fit
-# a cost=fit run was made with (its values are in cost.*), and the overrides a shortened folder
-# name stands for (repro.config.loader.short_name)
+# what config.json holds beside the settings (docs/getting-started.md, "What a run leaves behind")
 RECORDED_ONLY = ("environment", "network", "dataset", "host", "fit", "overrides")
 
 

@@ -1,11 +1,6 @@
-"""Advisory file locks that name their holder and never outlive it.
-
-A run folder has one writer, and a warm-start baseline is trained once even when grid jobs start
-together: both take a :class:`FileLock`. It is an ``flock`` on a small file that also records the
-holder (pid, host, start time). The kernel drops an ``flock`` when its process dies, however it
-dies (SIGKILL included), so a dead holder's lock never blocks anyone: the next run takes it over.
-Whoever only watches (the analysis, a grid's progress line) asks :func:`read_holder`, the one
-probe, which writes nothing.
+"""Advisory file locks that name their holder and never outlive it: an ``flock`` (which the kernel drops
+when its process dies, SIGKILL included) on a small file recording the holder (pid, host, start time).
+A run folder's writer and the warm-start baseline take one; watchers ask :func:`read_holder`.
 """
 from __future__ import annotations
 
@@ -79,7 +74,7 @@ def holder_info() -> dict:
 
 
 def _read_holder(fd: int) -> dict:
-    """The holder record a lock file holds ({} when released, release() empties it, or unreadable)."""
+    """The holder record a lock file holds ({} when released or unreadable)."""
     try:
         holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
     except (OSError, ValueError):
@@ -88,31 +83,22 @@ def _read_holder(fd: int) -> dict:
 
 
 def read_holder(path: str | Path) -> dict | None:
-    """Who holds the lock at ``path``: the holder record while a live process holds it (``{}``
-    in the instant between its ``flock`` and its record), None when nobody does. The one way to
-    ask: a run folder's reader (:mod:`repro.analysis.load`) and a grid's progress line both call it.
-
-    The kernel's ``flock`` is the truth, not the record: the kernel drops the lock when its holder
-    dies, also on another host of a shared file system and when the pid is reused, while a killed
-    holder's record stays behind. The probe writes nothing (no lock file is created in a tree an
-    observer only reads, none is truncated): a shared lock tried for an instant on a read-only
-    descriptor (a writer starting in that instant would be refused and told who holds it). A
-    missing or unreadable file is not held."""
+    """Who holds the lock at ``path``: the holder record while a live process holds it (``{}`` between its
+    ``flock`` and its record), None when nobody does (a missing or unreadable file included). The
+    kernel's ``flock`` is the truth, not the record a killed holder leaves; the probe writes nothing:
+    a shared lock tried for an instant on a read-only descriptor."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return _read_holder(fd)
-            return None
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+    except OSError as e:
+        return _read_holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
     finally:
         os.close(fd)
+    return None
 
 
 def lock_held(path: str | Path) -> bool:

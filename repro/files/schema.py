@@ -1,20 +1,6 @@
-"""The run folder: the contract between the drivers (writers) and :mod:`repro.analysis` (reader).
-
-``results/<exp_name>/<job>/`` holds
-
-* ``config.json``  -- the fully resolved configuration (nested dict of the config dataclasses),
-  plus measured values such as a calibrated compute time;
-* ``updates.csv``  -- one row per push the server applied, columns :data:`UPDATE_COLUMNS`;
-* ``timings.csv``  -- one row per push the server handled: where its round trip's time went,
-  columns :data:`TIMING_COLUMNS` (both drivers: the real one from its clocks, the simulator
-  from its virtual clock, so the two compare column by column);
-* ``evals.csv``    -- one row per evaluation of the server's parameters, :data:`EVAL_COLUMNS`;
-* ``summary.json`` -- :data:`SUMMARY_KEYS`; ``status`` is one of :data:`STATUSES`;
-* ``checkpoint.pt`` -- the latest server checkpoint (tensors and numbers only), when enabled.
-
-``time_s`` is virtual time for the simulator and wall time for the real driver; the ``clock``
-column says which (``virtual`` or ``wall``). Column names are the paper's vocabulary and are the
-same in config keys, dataclass fields and plot labels.
+"""The run folder: the contract between the drivers (writers) and :mod:`repro.analysis` (reader):
+its file names, columns and summary keys, and the integrity check of a table read back. Each file's
+meaning: docs/getting-started.md, "What a run leaves behind".
 """
 from __future__ import annotations
 
@@ -31,13 +17,11 @@ TIMINGS_FILE = "timings.csv"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 LOCK_FILE = ".lock"   # held while a process writes the folder (repro.files.locks)
-# the names a run writes, as prefixes (their .tmp files, .hydra_incoming_PID): its tables, its
-# lock, its log (conf/hydra/job_logging) and Hydra's record (repro.runs.folder). A folder holding
+# the names a run writes, as prefixes (their .tmp files, .hydra_incoming_PID): a folder holding
 # only these is a run's, or one killed before its config.json: the run core judges it
 RUN_OWN = (CONFIG_FILE, UPDATES_FILE, EVALS_FILE, TIMINGS_FILE, SUMMARY_FILE, CHECKPOINT_FILE, LOCK_FILE,
            "run.log", ".hydra", "_tmp")
-# a grid's folder (hydra.sweep.dir) holds, beside its points' run folders: Hydra's record of the
-# grid, the launches' stop marks (repro.gridpoint) and submitit's job files (conf/hydra/launcher)
+# a grid's folder holds, beside its points' run folders: Hydra's record, stop marks, submitit's files
 GRID_OWN = ("multirun.yaml", ".grid_stops", ".submitit")
 
 UPDATE_COLUMNS = (
@@ -70,17 +54,8 @@ TIMING_COLUMNS = (
 )
 TIMING_PARTS = TIMING_COLUMNS[TIMING_COLUMNS.index("to_client_s"):]   # a push's five timed parts
 
-EVAL_COLUMNS = (
-    "version",
-    "time_s",
-    "clock",
-    "epoch",
-    "samples_seen",
-    "test_loss",
-    "test_error",
-    "train_loss",     # on a fixed subset of the training set, server parameters
-    "train_error",
-)
+EVAL_COLUMNS = ("version", "time_s", "clock", "epoch", "samples_seen", "test_loss", "test_error",
+                "train_loss", "train_error")   # train_*: on a fixed subset of the training set
 
 STATUSES = ("running", "completed", "completed_degraded", "diverged", "interrupted", "failed")
 FINISHED_STATUSES = ("completed", "completed_degraded", "diverged")
@@ -99,19 +74,12 @@ SUMMARY_KEYS = (
     "events",         # list of {"type": "client_lost"|"resumed"|"diverged", "time_s", "version", ...}
     "message",        # human-readable reason for a non-completed status, else ""
 )
-# Written when they apply: "discarded_pushes", "collected_pushes" (protocols that drop or collect
-# pushes; a push refused as diverging is dropped too), "final_class_test_error" (a finished
-# classification run: the test error of its final parameters per class, index = label, null for a
-# class absent from the test set), "eval_cpu_s" (a real run: mean CPU seconds of one evaluation of
-# the server's parameters, for cost=fit).
+# Written when they apply: "discarded_pushes", "collected_pushes", "final_class_test_error", "eval_cpu_s"
 
 
 def holds_others(folder: Path, grid: bool = False) -> bool:
-    """Whether ``folder`` is a file, or holds files no run wrote (neither its config.json nor its
-    summary.json is there): asked before anything is written (the API's run_dir, the command
-    line's hydra.run.dir), since a run's files are never mixed with anyone's (:data:`OTHERS`).
-    ``grid``: a grid's folder (hydra.sweep.dir), holding :data:`GRID_OWN` and folders that are
-    each a run's, or hold only runs' (sim_vs_real's ``predicted/LINK/POINT``): :data:`GRID_OTHERS`."""
+    """Whether ``folder`` is a file, or holds files no run wrote (:data:`OTHERS`), asked before anything
+    is written; ``grid``: a grid's folder, holding :data:`GRID_OWN` and runs' folders (:data:`GRID_OTHERS`)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():   # a file: mkdir's raw FileExistsError
         return True
@@ -131,19 +99,13 @@ GRID_OTHERS = ("a new or empty folder, or a grid's (its multirun.yaml and run fo
 
 
 def target_key(target: float) -> str:
-    """The key of ``time_to_target`` in summary.json for target error ``target``: the float's
-    repr, as the run writes it (``0.05`` -> "0.05", ``1.0`` -> "1.0")."""
+    """The key of ``time_to_target`` in summary.json for ``target``: the float's repr ("0.05", "1.0")."""
     return str(float(target))
 
 
-# ---------------------------------------------------------------------------------------------
-# A table read back: the one integrity check, for a resume and for the analysis
-# ---------------------------------------------------------------------------------------------
-
 def version_fault(name: str, line: int, version, last: int | None, contiguous: bool) -> str:
-    """Why ``version`` on line ``line`` of table ``name`` cannot follow ``last`` (None: it is the
-    first row), or "". ``contiguous`` (updates.csv: one row per applied push): 1, 2, 3, ...
-    without a gap or a repeat; else (evals.csv): whole numbers, unique and increasing."""
+    """Why ``version`` on line ``line`` of table ``name`` cannot follow ``last`` (None: first row), or "".
+    ``contiguous`` (updates.csv): 1, 2, 3, ... without gaps; else (evals.csv): unique and increasing."""
     if not _whole(version):
         return f"{name} line {line} has version {version!r}; versions are whole numbers >= 0"
     version = int(version)
@@ -160,8 +122,7 @@ def version_fault(name: str, line: int, version, last: int | None, contiguous: b
 
 
 def end_fault(name: str, last: int | None, end: int, source: str) -> str:
-    """Why a table whose last row has version ``last`` is not the table ``source`` (the summary, a
-    checkpoint) says ends at version ``end``, or ""."""
+    """Why a table ending at version ``last`` is not the one ``source`` says ends at ``end``, or ""."""
     if (last or 0) == end:
         return ""
     return f"{name} ends at version {last or 0} but {source} says version {end} (rows lost or added)"
@@ -180,10 +141,8 @@ def versions_fault(name: str, versions, contiguous: bool, end: int | None = None
 
 
 def check_table(path: Path, columns: tuple, upto: int, contiguous: bool) -> tuple[list[str], int]:
-    """(lines to keep, header included; rows dropped): what a resume keeps of a table. Rows up to
-    version ``upto`` must parse and follow each other as :func:`version_fault` says (updates up to
-    exactly ``upto``); anything after them may be damaged and is dropped. A ConfigError (for
-    ``resume``) names the file and the line otherwise."""
+    """(lines to keep, header included; rows dropped): what a resume keeps of a table: rows up to version
+    ``upto``, whole and in order (:func:`version_fault`); later ones are dropped. Else a ConfigError."""
     first = 1 if contiguous else 0
     lines = _read_lines(path, columns, needed=upto >= first)
     kept, last = lines[:1] or [_header(columns)], None
@@ -207,12 +166,9 @@ def check_table(path: Path, columns: tuple, upto: int, contiguous: bool) -> tupl
 
 
 def check_handled(path: Path, columns: tuple, upto: int, rows: int | None) -> tuple[list[str], int]:
-    """(lines to keep, header included; rows dropped): what a resume keeps of a table with one
-    row per push the server handled (timings.csv), whose versions repeat where a push was not
-    applied. Kept: the first ``rows`` rows (the count the checkpoint recorded), each whole, its
-    version never going back nor past ``upto``; a ConfigError (for ``resume``) names the file and
-    the line otherwise. ``rows`` None (a checkpoint older than that count): the rows up to the
-    first that is damaged, goes back or passes ``upto``."""
+    """As :func:`check_table` for timings.csv (versions repeat): the first ``rows`` rows (the checkpoint's
+    count), whole, never going back nor past ``upto``; ``rows`` None (an older checkpoint): the rows up to
+    the first that is not."""
     lines = _read_lines(path, columns, needed=bool(rows))
     kept, last = lines[:1] or [_header(columns)], 0
     for lineno, line in enumerate(lines[1:], start=2):
@@ -240,8 +196,7 @@ def _header(columns: tuple) -> str:
 
 
 def _read_lines(path: Path, columns: tuple, needed: bool) -> list[str]:
-    """The table's lines (an unreadable file: none); a ConfigError (for ``resume``) when its
-    header is wrong, or missing where ``needed`` (the resumed run keeps rows of it)."""
+    """The table's lines (unreadable: none); a ConfigError when its header is wrong, or missing where ``needed``."""
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError:

@@ -1,10 +1,6 @@
-"""Files that are never half written (atomic writes of text, JSON and checkpoints; a crash or a full
-disk mid-write leaves the previous file, and no ``.tmp`` but a SIGKILL's), a safe reader of checkpoints, and
-what a failed write means (a full disk, a read-only folder), said in words naming the folder.
-
-The one module of ``files/`` that uses torch (a checkpoint is a torch file): it imports torch
-where a checkpoint is touched, so that writing text and JSON, and the command line's answers,
-never load it.
+"""Files that are never half written (atomic writes of text, JSON and checkpoints), a safe reader of
+checkpoints, and a failed write said in words naming the folder. torch is imported only where a
+checkpoint is touched, so that text, JSON and the command line's answers never load it.
 """
 from __future__ import annotations
 
@@ -25,16 +21,14 @@ if TYPE_CHECKING:   # for the annotations only: torch is imported where a checkp
     import torch
 
 
-# What a write's errno means for the run, said plainly (the raw "[Errno 28] No space left on
-# device" names neither the folder nor the file).
+# a write's errno said plainly (the raw "[Errno 28] No space left on device" names no folder nor file)
 DISK_FAULTS = {errno.ENOSPC: "no space left on the device holding {folder}",
                errno.EDQUOT: "the disk quota is used up on the device holding {folder}",
                errno.EROFS: "{folder} is on a read-only file system"}
 
 
 def write_denied(exc: OSError) -> bool:
-    """Whether what a write raised says nobody may write there: a read-only file system, or
-    not this user's to write."""
+    """Whether what a write raised says nobody may write there (read-only, or not this user's)."""
     return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
@@ -50,10 +44,8 @@ def nearest_existing(folder: Path) -> Path | None:
 
 
 def unmakeable(folder: Path) -> str | None:
-    """Why ``folder`` cannot be made, asked before Hydra makes it (its mkdir would end in a raw
-    traceback); None where it exists or can be made. Its nearest existing parent is read-only or
-    not writable, or refuses a new folder although access() allows it (/proc, some mounts): a
-    probe folder is made there and removed at once."""
+    """Why ``folder`` cannot be made (asked before Hydra's mkdir would raise), or None. A probe folder
+    is made and removed in its nearest existing parent: /proc and some mounts refuse one that access() allows."""
     folder = Path(folder).absolute()
     existing = nearest_existing(folder)   # "/" at the latest
     if existing == folder:   # hydra.run.dir=FILE: Hydra's mkdir raised FileExistsError
@@ -69,8 +61,7 @@ def unmakeable(folder: Path) -> str | None:
 
 
 def disk_error(exc: OSError, path: Path | str | None) -> OSError:
-    """``exc`` with a message naming the cause (a full disk, a quota, a read-only file system),
-    the folder and the file (``path``), when it is one of those; else (or no path) ``exc`` itself."""
+    """``exc`` as a message naming the cause (:data:`DISK_FAULTS`), the folder and the file; else ``exc``."""
     what = DISK_FAULTS.get(exc.errno)
     if what is None or path is None:
         return exc
@@ -84,9 +75,8 @@ LONGEST_NAME = 255 - len(".0123456789abcdef.tmp")
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """``write(f)`` to a temp file, then rename, so a reader never sees half a file (and a full
-    disk or an interrupt leaves the old file and no temp file; a SIGKILL leaves the temp file,
-    ``NAME.RANDOM.tmp``). A full or read-only disk is an OSError naming it (:func:`disk_error`)."""
+    """``write(f)`` to a temp file, then rename: a reader never sees half a file, a failed write leaves the
+    old file and no temp file (a SIGKILL's stays, ``NAME.RANDOM.tmp``); errors as :func:`disk_error`."""
     path = Path(path)
     # a name and a file of this write's own ("x": made new, as mkstemp does, but with the umask's
     # mode): a shared NAME.tmp was truncated by a second writer, and followed where it was a link
@@ -112,8 +102,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
 
 
 def _interrupt_behind(exc: BaseException) -> BaseException | None:
-    """The interrupt (KeyboardInterrupt, SystemExit, a forced stop: not an ``Exception``)
-    that ``exc`` is or was raised while handling, if any."""
+    """The interrupt (not an ``Exception``) that ``exc`` is or was raised while handling, if any."""
     seen: BaseException | None = exc
     while seen is not None:
         if not isinstance(seen, Exception):
@@ -168,9 +157,8 @@ def to_cpu(obj: Any) -> Any:
 
 
 def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "resume") -> dict:
-    """The dict in ``path``, unpickling nothing beyond tensors, numbers, strings, lists and dicts
-    (``weights_only=True``); a ConfigError (for config key ``key``) saying what is wrong with a
-    file that is missing, empty, truncated or carries code: never a hint to load it unsafely."""
+    """The dict in ``path``, loaded ``weights_only``; a ConfigError (for ``key``) saying what is wrong
+    with a file that is missing, empty, truncated or carries code: never a hint to load it unsafely."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(key, str(path), "an existing checkpoint file")
