@@ -66,14 +66,9 @@ def _build(tree: Any, cls: type, prefix: str) -> Any:
         raise ConfigError(prefix.rstrip(".") or "<root>", tree, "a mapping of keys to values")
     hints = typing.get_type_hints(cls)
     names = check_known(tree, cls, all_keys(), prefix)
-    kwargs = {}
-    for name in names & set(tree):
-        hint, key, value = hints[name], prefix + name, tree[name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(value, hint, key + ".")
-        else:
-            kwargs[name] = _coerce(key, value, hint)
-    return cls(**kwargs)
+    return cls(**{name: _build(tree[name], hint, f"{prefix}{name}.") if dataclasses.is_dataclass(hint)
+                  else _coerce(prefix + name, tree[name], hint)
+                  for name in names & set(tree) for hint in [hints[name]]})
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
@@ -147,7 +142,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("cost.path", cost.path, "the folders of recorded runs to fit, separated by ':' "
                           "(cost=fit cost.path=RUN_DIR[:RUN_DIR...])")
     _check_topology(cfg)
-    _check_speeds(cfg)
+    if cost.speeds is not None and len(cost.speeds) != cfg.num_clients:
+        raise ConfigError("cost.speeds", list(cost.speeds), f"a list of num_clients={cfg.num_clients} relative step "
+                          f"times, one per client (it has {len(cost.speeds)}), e.g. cost.speeds=[" +
+                          ",".join(["1"] * cfg.num_clients) + "]")
+    if cost.speeds is not None and cost.speed_law != "none":
+        raise ConfigError("cost.speed_law", cost.speed_law, "none when cost.speeds is set (one or the other)")
     _check_partition(cfg)
     object.__setattr__(cfg, _VALIDATED, True)   # this object, not its value: a replace() is new
 
@@ -309,19 +309,6 @@ def _check_elastic(cfg: RunConfig) -> None:
             raise ConfigError("backend.name", b.name, "real with backend.join (a join is the real driver's)")
     if b.join_client is not None and b.join is None:
         raise ConfigError("backend.join_client", b.join_client, "null without backend.join")
-
-
-def _check_speeds(cfg: RunConfig) -> None:
-    """One relative step time per client, from a list or a law, not both."""
-    cost = cfg.cost
-    if cost.speeds is None:
-        return
-    if len(cost.speeds) != cfg.num_clients:
-        raise ConfigError("cost.speeds", list(cost.speeds), f"a list of num_clients={cfg.num_clients} relative step "
-                          f"times, one per client (it has {len(cost.speeds)}), e.g. cost.speeds=[" +
-                          ",".join(["1"] * cfg.num_clients) + "]")
-    if cost.speed_law != "none":
-        raise ConfigError("cost.speed_law", cost.speed_law, "none when cost.speeds is set (one or the other)")
 
 
 def _check_partition(cfg: RunConfig) -> None:

@@ -76,11 +76,9 @@ class Choice:
         return self.choices() if callable(self.choices) else self.choices
 
     def check(self, key: str, value: Any) -> None:
-        if value in self.names():
-            return
-        if self.custom and isinstance(value, str) and (value == "custom" or value.startswith("custom:")):
-            return
-        raise ConfigError(key, value, self.names())
+        custom = self.custom and isinstance(value, str) and (value == "custom" or value.startswith("custom:"))
+        if value not in self.names() and not custom:
+            raise ConfigError(key, value, self.names())
 
     def describe(self) -> str:
         return ", ".join(str(n).lower() if isinstance(n, bool) else str(n) for n in self.names())

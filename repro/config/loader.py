@@ -67,16 +67,6 @@ def key_docs() -> dict[str, str]:
     return {key: field_docs(cls).get(f.name, "") for key, f, cls in config._leaves()}
 
 
-def closest_keys(key: str) -> list[str]:
-    """The valid keys (and group names) nearest a mistyped ``key``."""
-    candidates = [*config.all_keys(), *ALL_GROUPS]
-    near = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
-    if not near:   # e.g. 'lr' for 'algo.lr': match on the last component
-        tails = {k.rsplit(".", 1)[-1]: k for k in config.all_keys()}
-        near = [tails[t] for t in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=3)]
-    return near
-
-
 def help_text(tree: dict, choices: dict[str, str]) -> str:
     """The help page for the composed config ``tree``; ``choices``: {group: chosen option}."""
     lines = ["usage: python -m repro.run [GROUP=OPTION ...] [KEY=VALUE ...] [+exp=NAME]",
@@ -93,13 +83,11 @@ def help_text(tree: dict, choices: dict[str, str]) -> str:
     lines += ["", "keys (KEY=VALUE):"]
     docs = key_docs()
     width = max(map(len, docs)) + 2
+    indent = " " * (width + 4)
     for key, meaning in docs.items():
-        value = config.get(tree, key, "(not set)")
-        lines.append(f"  {key:{width}}{_show(value)}")
-        indent = " " * (width + 4)
-        lines.append(textwrap.fill(f"valid: {config.valid_values(key)}", 96, initial_indent=indent,
-                                   subsequent_indent=indent))
-        lines.append(textwrap.fill(meaning, 96, initial_indent=indent, subsequent_indent=indent))
+        lines.append(f"  {key:{width}}{_show(config.get(tree, key, '(not set)'))}")
+        lines += [textwrap.fill(text, 96, initial_indent=indent, subsequent_indent=indent)
+                  for text in (f"valid: {config.valid_values(key)}", meaning)]
     lines += ["", "Run folders are named from the overrides of keys that shape training;",
               "resume=true continues an interrupted run, force=true starts a folder over.",
               "Hydra's own options: --hydra-help; the composed config: --cfg job."]
@@ -112,22 +100,19 @@ def _show(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def job_name(overrides) -> str:
-    """A run folder's name: the overrides of keys that shape training (:func:`repro.config.settings.shaping_keys`),
-    sorted, as Hydra writes them (``nsync=4,num_clients=2``), numbers by value; ``base`` when there are none."""
-    shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
-    kept = sorted((key, plain_number(str(item))) for item in overrides or ()
-                  for key in [str(item).partition("=")[0].lstrip("+~")] if "=" in str(item) and key in shaping)
-    return short_name(",".join(f"{k}={v}" for k, v in kept) or "base")
-
-
 PREFIX_BYTES = 100    # the readable start a shortened folder name keeps
 SHORTENED: dict[str, str] = {}   # {shortened folder name: the overrides it stands for}, this process's
 
 
-def short_name(name: str) -> str:
-    """``name`` when it fits in one folder name, else its first ~100 bytes (up to a whole ``key=value``),
-    ``-`` and 16 hex digits of its SHA-256, remembered in :data:`SHORTENED` for config.json."""
+def job_name(overrides) -> str:
+    """A run folder's name: the overrides of keys that shape training (:func:`repro.config.settings.shaping_keys`),
+    sorted, as Hydra writes them (``nsync=4,num_clients=2``), numbers by value; ``base`` when there are none.
+    Over 255 bytes: its first ~100 bytes (up to a whole ``key=value``), ``-`` and 16 hex digits of its
+    SHA-256, remembered in :data:`SHORTENED` for config.json."""
+    shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
+    kept = sorted((key, plain_number(str(item))) for item in overrides or ()
+                  for key in [str(item).partition("=")[0].lstrip("+~")] if "=" in str(item) and key in shaping)
+    name = ",".join(f"{k}={v}" for k, v in kept) or "base"
     raw = name.encode()
     if len(raw) <= checks.NAME_BYTES:
         return name
@@ -329,7 +314,10 @@ def check_overrides(argv: list[str]) -> None:
             if prefix in ("+", "~"):
                 exit_bad_input(f"'{prefix}{key}={value}': '{key}' is already a key; write {key}={value}")
         else:
-            near = closest_keys(key)
+            near = difflib.get_close_matches(key, [*config.all_keys(), *ALL_GROUPS], n=3, cutoff=0.6)
+            if not near:   # e.g. 'lr' for 'algo.lr': match on the last component
+                tails = {k.rsplit(".", 1)[-1]: k for k in config.all_keys()}
+                near = [tails[t] for t in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=3)]
             exit_bad_input(f"unknown key '{key}' (in '{prefix}{key}={value}'); "
                             + (f"closest valid keys: {', '.join(near)}" if near else "no key is close")
                             + " (python -m repro.run --help lists every key)")

@@ -90,7 +90,9 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     except BaseException as exc:
         with contextlib.suppress(OSError):   # a read-only file system refuses even this: its first error is told
             tmp.unlink(missing_ok=True)
-        interrupt = _interrupt_behind(exc)
+        interrupt = exc   # the interrupt (not an Exception) that exc is or was raised while handling
+        while isinstance(interrupt, Exception):
+            interrupt = interrupt.__context__
         if interrupt is not None and interrupt is not exc:
             # a second Ctrl-C inside torch.save makes its zip writer's clean-up fail too; the
             # interrupt, not that follow-on error, is what happened (and is handled upstream)
@@ -99,16 +101,6 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         if error is not exc:
             raise error from exc
         raise
-
-
-def _interrupt_behind(exc: BaseException) -> BaseException | None:
-    """The interrupt (not an ``Exception``) that ``exc`` is or was raised while handling, if any."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if not isinstance(seen, Exception):
-            return seen
-        seen = seen.__context__
-    return None
 
 
 class NotRegular(ValueError):
