@@ -87,8 +87,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
 
 
 def _type_name(options: tuple) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             type(None): "null"}
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null"}
     return " or ".join(f"a list of {_type_name(typing.get_args(o)[:1])[2:]}s" if typing.get_origin(o) is tuple
                        else names.get(o, str(o)) for o in options)
 
@@ -104,6 +103,11 @@ def check_leaves(obj: Any, cls: type = RunConfig, prefix: str = "") -> None:
             raise ConfigError(prefix + group, get(tree, group, None),
                               f"its settings: dataclasses.replace(cfg.{prefix}{group}, ...)")
         f.metadata["valid"].check(key, get(tree, key[len(prefix):]))
+
+
+# the run core fails a run that applies nothing for this many pushes per live client
+# (repro.runs.core.STALL_PUSHES): a rennala collection must fit in it
+MAX_PUSHES_PER_CLIENT = 100
 
 
 def validate(cfg: RunConfig) -> None:
@@ -123,7 +127,28 @@ def validate(cfg: RunConfig) -> None:
     if protocol_reads(cfg.protocol, "backup_workers") and cfg.protocol.backup_workers >= cfg.num_clients:
         raise ConfigError("protocol.backup_workers", cfg.protocol.backup_workers,
                           f"an integer in 0..{cfg.num_clients - 1} (fewer than num_clients)")
-    _check_methods(cfg)
+    algo, protocol = cfg.algo, cfg.protocol
+    if algo.server_rule in ("easgd", "outer_nesterov") and algo.lr_server is not None:
+        own = "algo.elastic_alpha" if algo.server_rule == "easgd" else "algo.outer_lr"
+        raise ConfigError("algo.lr_server", algo.lr_server,
+                          f"null with algo.server_rule={algo.server_rule} (its step is {own})")
+    if algo.server_rule == "easgd" and protocol.name != "async":
+        # the client moves by the elastic difference its own push made, which it reads from the
+        # centre in its reply: the reply must follow that apply at once
+        raise ConfigError("protocol.name", protocol.name, "async with algo.server_rule=easgd "
+                          "(asynchronous EASGD: each exchange is answered at once)")
+    if cfg.backend.name == "real" and protocol.name == "ringmaster" and protocol.cancel_stale \
+            and not protocol.stop_once:
+        # a real client holds one unread preemption: a second, sent while it pushes, deadlocks
+        # the server (repro.asgd.optimal, "one preemption at a time")
+        raise ConfigError("protocol.stop_once", protocol.stop_once, "true with backend=real and "
+                          "protocol.cancel_stale=true (the real driver stops a client once per push; "
+                          "the paper's stops at every apply are the simulator's)")
+    most = MAX_PUSHES_PER_CLIENT * cfg.num_clients
+    if protocol.name == "rennala" and protocol.resolved_collection_size(cfg.num_clients) > most:
+        raise ConfigError("protocol.collection_size", protocol.collection_size,
+                          f"null or an integer in 1..{most} (at most {MAX_PUSHES_PER_CLIENT} pushes "
+                          f"per client in one collection, with num_clients={cfg.num_clients})")
     _check_elastic(cfg)
     cost = cfg.cost
     if cost.jitter == "exponential" and cost.jitter_sigma > 1:
@@ -148,7 +173,20 @@ def validate(cfg: RunConfig) -> None:
                           ",".join(["1"] * cfg.num_clients) + "]")
     if cost.speeds is not None and cost.speed_law != "none":
         raise ConfigError("cost.speed_law", cost.speed_law, "none when cost.speeds is set (one or the other)")
-    _check_partition(cfg)
+    # data.*, as far as it goes without the data (repro/workload/partition.py checks the rest)
+    data = cfg.data
+    if data.partition != "dirichlet" and data.alpha != DataConfig.alpha:
+        raise ConfigError("data.alpha", data.alpha, f"{DataConfig.alpha:g} with data.partition={data.partition} "
+                          "(the key acts only with data.partition=dirichlet)")
+    if data.slow_client_classes is not None and cfg.num_clients < 2:
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "null with num_clients=1 "
+                          "(the slow client's classes are held by it alone: the other classes need another client)")
+    if data.slow_client_classes is not None and slow_client(cfg) is None:
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "null, or a slow client to "
+                          "hold them: set cost.straggler_client, or cost.speeds / cost.speed_law with one "
+                          "slowest client")
+    if data.slow_client_classes is not None and len(set(data.slow_client_classes)) != len(data.slow_client_classes):
+        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "distinct class labels")
     object.__setattr__(cfg, _VALIDATED, True)   # this object, not its value: a replace() is new
 
 
@@ -163,35 +201,6 @@ def validated(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-# the run core fails a run that applies nothing for this many pushes per live client
-# (repro.runs.core.STALL_PUSHES): a rennala collection must fit in it
-MAX_PUSHES_PER_CLIENT = 100
-
-
-def _check_methods(cfg: RunConfig) -> None:
-    """What the descendants of Downpour need of the other keys."""
-    algo, protocol = cfg.algo, cfg.protocol
-    if algo.server_rule in ("easgd", "outer_nesterov") and algo.lr_server is not None:
-        own = "algo.elastic_alpha" if algo.server_rule == "easgd" else "algo.outer_lr"
-        raise ConfigError("algo.lr_server", algo.lr_server,
-                          f"null with algo.server_rule={algo.server_rule} (its step is {own})")
-    if algo.server_rule == "easgd" and protocol.name != "async":
-        # the client moves by the elastic difference its own push made, which it reads from the
-        # centre in its reply: the reply must follow that apply at once
-        raise ConfigError("protocol.name", protocol.name, "async with algo.server_rule=easgd "
-                          "(asynchronous EASGD: each exchange is answered at once)")
-    if cfg.backend.name == "real" and protocol.name == "ringmaster" and protocol.cancel_stale \
-            and not protocol.stop_once:
-        # a real client holds one unread preemption: a second, sent while it pushes, deadlocks
-        # the server (repro.asgd.optimal, "one preemption at a time")
-        raise ConfigError("protocol.stop_once", protocol.stop_once, "true with backend=real and "
-                          "protocol.cancel_stale=true (the real driver stops a client once per push; "
-                          "the paper's stops at every apply are the simulator's)")
-    most = MAX_PUSHES_PER_CLIENT * cfg.num_clients
-    if protocol.name == "rennala" and protocol.resolved_collection_size(cfg.num_clients) > most:
-        raise ConfigError("protocol.collection_size", protocol.collection_size,
-                          f"null or an integer in 1..{most} (at most {MAX_PUSHES_PER_CLIENT} pushes "
-                          f"per client in one collection, with num_clients={cfg.num_clients})")
 
 
 def check_segment(cfg: RunConfig, num_train: int) -> None:
@@ -298,8 +307,7 @@ def _check_elastic(cfg: RunConfig) -> None:
         raise ConfigError("cost.schedule", c.schedule, "events with churn (a replay has its own order)")
     b = cfg.backend
     if b.max_clients is not None and b.max_clients < cfg.num_clients:
-        raise ConfigError("backend.max_clients", b.max_clients,
-                          f"null or at least num_clients={cfg.num_clients}")
+        raise ConfigError("backend.max_clients", b.max_clients, f"null or at least num_clients={cfg.num_clients}")
     if b.join is not None:
         host, _, port = b.join.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -309,22 +317,3 @@ def _check_elastic(cfg: RunConfig) -> None:
             raise ConfigError("backend.name", b.name, "real with backend.join (a join is the real driver's)")
     if b.join_client is not None and b.join is None:
         raise ConfigError("backend.join_client", b.join_client, "null without backend.join")
-
-
-def _check_partition(cfg: RunConfig) -> None:
-    """What can be said of data.* without the data (repro/workload/partition.py checks the rest)."""
-    data = cfg.data
-    if data.partition != "dirichlet" and data.alpha != DataConfig.alpha:
-        raise ConfigError("data.alpha", data.alpha, f"{DataConfig.alpha:g} with data.partition={data.partition} "
-                          "(the key acts only with data.partition=dirichlet)")
-    if data.slow_client_classes is None:
-        return
-    if cfg.num_clients < 2:
-        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "null with num_clients=1 "
-                          "(the slow client's classes are held by it alone: the other classes need another client)")
-    if slow_client(cfg) is None:
-        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "null, or a slow client to "
-                          "hold them: set cost.straggler_client, or cost.speeds / cost.speed_law with one "
-                          "slowest client")
-    if len(set(data.slow_client_classes)) != len(data.slow_client_classes):
-        raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), "distinct class labels")

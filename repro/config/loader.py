@@ -30,8 +30,6 @@ from repro.hydra_internals import (check_flags, check_package, named_options,   
                                    null_node_named, plain_number)
 
 _PACKAGE = Path(__file__).resolve().parent.parent   # repro/
-
-
 CONF_DIR = next((c for c in (_PACKAGE / "conf", _PACKAGE.parent / "conf")   # wheel, then checkout
                  if (c / "config.yaml").is_file()), None)
 if CONF_DIR is None:
@@ -52,14 +50,10 @@ ALL_GROUPS = (*GROUPS, *OPTIONAL_GROUPS)
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """{field: the docstring written under it}, read from the source (Python does not keep them)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {node.target.id: " ".join(str(nxt.value.value).split()) for node, nxt in zip(body, body[1:])
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)}
 
 
 def key_docs() -> dict[str, str]:
@@ -230,8 +224,7 @@ def composition_line(exc: Exception) -> str:
 def parsed_overrides(argv: list[str]) -> list[tuple[str, str, str]]:
     """(prefix, key, value) of each ``KEY=VALUE`` argument (flags and their values skipped)."""
     pairs = (arg.partition("=") for arg in argv if not arg.startswith("-") and "=" in arg)
-    return [(key[:len(key) - len(key.lstrip("+~"))], key.lstrip("+~").split("@")[0], value)
-            for key, _, value in pairs]
+    return [(key[:len(key) - len(key.lstrip("+~"))], key.lstrip("+~").split("@")[0], value) for key, _, value in pairs]
 
 
 # Hydra's flags that take a value (``--cfg job``); every other word must be KEY=VALUE or a flag.

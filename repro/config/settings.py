@@ -244,13 +244,8 @@ def plain(value: Any) -> Any:
 def _leaves(cls: type = RunConfig, prefix: str = "") -> tuple:
     """(dotted key, dataclass field, the dataclass declaring it) of every leaf setting, in declaration order."""
     hints = typing.get_type_hints(cls)
-    leaves = []
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            leaves += _leaves(hints[f.name], prefix + f.name + ".")
-        else:
-            leaves.append((prefix + f.name, f, cls))
-    return tuple(leaves)
+    return tuple(leaf for f in dataclasses.fields(cls) for leaf in (_leaves(hints[f.name], prefix + f.name + ".")
+                 if dataclasses.is_dataclass(hints[f.name]) else [(prefix + f.name, f, cls)]))
 
 
 def all_keys() -> tuple[str, ...]:

@@ -40,18 +40,10 @@ UPDATE_COLUMNS = (
     "train_error",    # fraction misclassified over the pushed segment
 )
 
-TIMING_COLUMNS = (
-    "version",        # server version after the push was handled (as updates.csv when applied)
-    "time_s",         # when the server handled it, on the run's clock (as updates.csv)
-    "clock",          # "virtual" (sim) or "wall" (real)
-    "client",
-    "read_version",   # the version the push was computed from
-    "to_client_s",    # the fetch this push was computed from: server send -> client receive
-    "compute_s",      # the client's local steps for this push (nsync minibatch steps)
-    "to_server_s",    # the push: client send -> server receive
-    "queue_s",        # received -> the server took it up (another push was being served)
-    "apply_s",        # the server's work on it (protocol, apply, row); nan where a schedule has no model
-)
+# one row per push the server handled (version and time_s: as updates.csv's, once it was handled), then
+# where its round trip went (docs/getting-started.md); apply_s is nan where a schedule has no model
+TIMING_COLUMNS = ("version", "time_s", "clock", "client", "read_version", "to_client_s", "compute_s", "to_server_s",
+                  "queue_s", "apply_s")
 TIMING_PARTS = TIMING_COLUMNS[TIMING_COLUMNS.index("to_client_s"):]   # a push's five timed parts
 
 EVAL_COLUMNS = ("version", "time_s", "clock", "epoch", "samples_seen", "test_loss", "test_error",
@@ -60,20 +52,9 @@ EVAL_COLUMNS = ("version", "time_s", "clock", "epoch", "samples_seen", "test_los
 STATUSES = ("running", "completed", "completed_degraded", "diverged", "interrupted", "failed")
 FINISHED_STATUSES = ("completed", "completed_degraded", "diverged")
 
-SUMMARY_KEYS = (
-    "status",         # one of STATUSES
-    "backend",        # "sim" or "real"
-    "clock",
-    "version",        # final server version
-    "samples_seen",
-    "epoch",
-    "time_s",         # final time on the run's clock
-    "wall_time_s",    # wall time the run took
-    "final",          # {"test_loss", "test_error", "train_loss", "train_error"} at the last eval
-    "time_to_target", # {"<target_error>": time_s or null}: first eval with train_error <= target
-    "events",         # list of {"type": "client_lost"|"resumed"|"diverged", "time_s", "version", ...}
-    "message",        # human-readable reason for a non-completed status, else ""
-)
+# final values (time_to_target: {target_key(target): time_s or null}); each: docs/getting-started.md
+SUMMARY_KEYS = ("status", "backend", "clock", "version", "samples_seen", "epoch", "time_s", "wall_time_s", "final",
+                "time_to_target", "events", "message")
 # Written when they apply: "discarded_pushes", "collected_pushes", "final_class_test_error", "eval_cpu_s"
 
 
@@ -186,8 +167,7 @@ def check_handled(path: Path, columns: tuple, upto: int, rows: int | None) -> tu
         kept.append(line)
         last = version
     if rows is not None and len(kept) <= rows:
-        raise _refused(upto, f"{path.name} has {len(kept) - 1} row(s) but the checkpoint counts "
-                             f"{rows} (rows lost)")
+        raise _refused(upto, f"{path.name} has {len(kept) - 1} row(s) but the checkpoint counts {rows} (rows lost)")
     return kept, max(len(lines) - len(kept), 0)
 
 

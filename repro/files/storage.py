@@ -69,8 +69,7 @@ def disk_error(exc: OSError, path: Path | str | None) -> OSError:
     return OSError(exc.errno, what.format(folder=path.parent) + f" while writing {path.name}")
 
 
-# the longest file name atomic_write can write: its temporary name, NAME.RANDOM.tmp, must fit the
-# file system's 255 bytes too
+# the longest file name atomic_write can write: its temporary NAME.RANDOM.tmp must fit in 255 bytes too
 LONGEST_NAME = 255 - len(".0123456789abcdef.tmp")
 
 
