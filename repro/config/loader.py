@@ -257,7 +257,6 @@ def check_words(argv: list[str]) -> None:
     if rerun and not Path(rerun[0]).is_file():   # Hydra: a raw ValueError traceback
         exit_bad_input(f"--experimental-rerun: no file {rerun[0]} (it takes the config.pickle of Hydra's "
                        "save_job_info callback; resume=true continues a run, force=true runs it again)")
-    seen: dict[str, str] = {}
     for i, word in enumerate(argv):
         if word.startswith("-") or "=" in word or (i and argv[i - 1] in VALUE_FLAGS):
             continue   # a flag, an override, or a flag's value
@@ -267,13 +266,11 @@ def check_words(argv: list[str]) -> None:
         key = f"+{key}" if key in OPTIONAL_GROUPS else key
         exit_bad_input(f"'{word}' is not an override: every setting is KEY=VALUE without spaces "
                         f"(write {key}={value}; python -m repro.run --help lists every key)")
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
+    seen: dict[str, str] = {}
+    for arg in (a for a in argv if not a.startswith("-") and "=" in a):
         key = arg.partition("=")[0].lstrip("+~")
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            continue   # Hydra's own settings: a later one replaces an earlier one, as documented
-        if key in seen:
+        # Hydra's own settings may repeat: a later one replaces an earlier one, as documented
+        if key in seen and key != "hydra" and not key.startswith(("hydra.", "hydra/")):
             exit_bad_input(f"'{key}' is set twice ('{seen[key]}' and '{arg}'); keep one "
                             f"(a sweep is one argument: {key}=A,B)")
         seen[key] = arg

@@ -16,12 +16,9 @@ from repro.config.fields import COUNT, FLAG, WAIT_S, Choice, Numbers, Range, Tex
 from repro.registry import names_of
 
 DEVICES = ("cpu", "cuda", "auto")
-
-
 # what data.root must hold for data=cifar10 (checked when the config is, said again by the loader)
 CIFAR10_EXPECTED = ("a folder with the CIFAR-10 python batches data_batch_1..5 and test_batch "
-                    "(cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, "
-                    "extracted)")
+                    "(cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, extracted)")
 
 
 @dataclass(frozen=True)
