@@ -136,8 +136,7 @@ class Exchange(Protocol):
 
 
 class Client:
-    """One Downpour client: the parameters it last fetched (its own with an ``exchange``: EASGD),
-    their version, its momentum buffer and its data stream."""
+    """One Downpour client: its fetched (with an ``exchange``, own) parameters, momentum and data stream."""
 
     def __init__(self, client_id: int, stream: Stream, optimiser: LocalSGD, push_kind: str,
                  exchange: Exchange | None = None):
@@ -150,8 +149,7 @@ class Client:
         self.joined = False        # fetched once: later fetches are exchanges
 
     def fetch(self, params: Tensor, version: int) -> None:
-        """Take the server's parameters; with an exchange, every fetch but the first moves the
-        client's own parameters instead."""
+        """Take the server's parameters (with an exchange, after the first: move toward them)."""
         if self.params is None:
             self.params = params.detach().clone()
         elif self.exchange is not None and self.joined:

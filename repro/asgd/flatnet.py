@@ -61,8 +61,7 @@ class FlatModule:
 
 
 class FlatNet(FlatModule):
-    """Losses and gradients of one flat-vector network: a compute engine, not a client (the
-    simulator's clients borrow one; each real client process has its own)."""
+    """Losses and gradients of one flat-vector network: a compute engine, not a client."""
 
     def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):
         super().__init__(module)

@@ -23,9 +23,7 @@ class Ringmaster(Policy):
     discards = True
 
     def __init__(self, cfg, clients: list[int], version: int):
-        self.settings = cfg.protocol
-        self.cancel = cfg.protocol.cancel_stale
-        self.stop_once = cfg.protocol.stop_once
+        self.settings, self.cancel, self.stop_once = cfg.protocol, cfg.protocol.cancel_stale, cfg.protocol.stop_once
         self.fetched = {k: version for k in clients}   # the version each client computes from
         self.width = {k: len(clients) for k in clients}   # the clients live at that fetch
         self.restarting: set[int] = set()             # preempted, not heard from since (stop_once)
@@ -139,9 +137,9 @@ class Rennala(Policy):
         stats[4] = max(stats[4], push.num_steps)
 
     def step(self, pusher: int, view: View) -> Decision:
-        """Apply the collection's mean; the pusher fetches, every other live client (computing
-        from the old parameters) is sent the new ones and starts over."""
-        merged = self.merge()
+        """Apply the collection's mean; the pusher fetches, every other live client is preempted."""
+        parts = [(self.sums[k], *self.stats[k]) for k in sorted(self.stats)]
+        self.total, merged = mean_push(self.total, parts, self.step_start)
         collected = tuple((self.step_start, k) for k in sorted(self.stats) for _ in range(self.stats[k][0]))
         others = tuple(j for j in sorted(view.live)
                        if j != pusher and j in self.given and j not in self.restarting)
@@ -152,11 +150,6 @@ class Rennala(Policy):
         self.restarting.update(others)
         return Decision(apply=merged, reply=(pusher,), preempt=others, discarded=discarded,
                         collected=collected)
-
-    def merge(self) -> Push:
-        parts = [(self.sums[k], *self.stats[k]) for k in sorted(self.stats)]
-        self.total, merged = mean_push(self.total, parts, self.step_start)
-        return merged
 
     def state_dict(self) -> dict:
         """A half-full collection keeps each client's sum (a checkpoint copies them)."""

@@ -43,8 +43,7 @@ NOTHING = Decision()
 
 
 class Policy:
-    """The interface of a protocol. ``cfg``: the run's config (read when built, never kept);
-    ``clients``: who fetched version ``version``."""
+    """The interface of a protocol (``cfg`` read when built, never kept); ``clients`` fetched ``version``."""
     #: True when the protocol may drop segments (the summary then lists ``discarded_pushes``)
     discards = False
     #: True when the summary lists the pushes each apply merged (``collected_pushes``)
@@ -175,21 +174,16 @@ class Sync(Policy):
 
     def close(self, view: View) -> Decision:
         """Apply the round's mean once; its clients fetch, the late ones (backup workers) are preempted."""
-        merged = self.merge()
+        pushes = [self.pushes[k] for k in sorted(self.pushes)]   # client-id order, not timing's
+        parts = [(p.update, 1, p.num_samples, p.train_loss * p.num_samples,
+                  p.train_error * p.num_samples, p.num_steps) for p in pushes]
+        self.total, merged = mean_push(self.total, parts, self.round_start)
         waiting = tuple(sorted(self.pushes))
         late = tuple(sorted(set(view.live) - set(waiting)))
         discarded = tuple((self.round_start, k) for k in late)
         self.round_start, self.pushes = view.version + 1, {}   # the apply makes version + 1
         self.joining = set()   # everyone live now fetches this round's result: all count next round
         return Decision(apply=merged, reply=waiting, preempt=late, discarded=discarded)
-
-    def merge(self) -> Push:
-        """The mean of the round's pushes, summed in client-id order (not timing's)."""
-        pushes = [self.pushes[k] for k in sorted(self.pushes)]
-        parts = [(p.update, 1, p.num_samples, p.train_loss * p.num_samples,
-                  p.train_error * p.num_samples, p.num_steps) for p in pushes]
-        self.total, merged = mean_push(self.total, parts, self.round_start)
-        return merged
 
     def on_lost(self, client: int, view: View) -> Decision:
         if self.pushes and self.full(view):

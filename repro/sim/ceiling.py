@@ -32,8 +32,7 @@ class Ceiling:
 
 
 def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) -> Ceiling:
-    """The throughput bounds of ``num_clients`` clients at ``nsync`` under ``cost`` (a model of
-    ``param_bytes`` bytes; a minibatch step of ``cost.compute_s``)."""
+    """The throughput bounds of ``num_clients`` clients at ``nsync`` under ``cost`` (``param_bytes``: the model's)."""
     step_s = float(cost.compute_s)
     model = CostModel(cost, 0, param_bytes, step_s)
     transfer, apply = model.transfer_s, cost.server_apply_s

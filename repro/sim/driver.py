@@ -86,8 +86,7 @@ class Simulation:
                 self.scheduler.last_timing = resume["driver"].get("pending_timing")
 
     def run(self, stop_at_version: int | None = None) -> tuple[str, str]:
-        """Simulate to the end of the budget; (status, message). ``stop_at_version``: stop there,
-        as a Ctrl-C would (for testing resume)."""
+        """Simulate to the end of the budget: (status, message); ``stop_at_version``: stop there, as Ctrl-C."""
         core, stop = self.core, self.stop
         self.carry(core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol,
                               fetching=not self.resumed, driver_state=self.state_dict), 0.0)
@@ -181,8 +180,7 @@ class Simulation:
         self.join(k, t)
 
     def join(self, k: int, t: float) -> None:
-        """Client ``k`` joins, or is back, at ``t``: a fresh client (as the real joiner is a new
-        process) that fetches the current version."""
+        """Client ``k`` joins, or is back, at ``t``: a fresh client (a real joiner is a new process) that fetches."""
         self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
         self.core.join(k, t)
         self.clients[k].fetch(self.server.params, self.server.version)
@@ -228,8 +226,7 @@ def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Res
 
 def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,
              stop_at_version: int | None = None) -> dict:
-    """Run the simulator for ``cfg`` into ``run_dir``; return the summary dict (``cfg`` resolved
-    first unless a :class:`Resolved` one)."""
+    """Run the simulator for ``cfg`` (resolved first unless a Resolved one) into ``run_dir``: the summary."""
     plan = resolve(cfg, run_dir)   # before the folder: config.json records the fitted values
     cfg, fit = plan.cfg, plan.fit
     device = resolve_device(cfg.device)

@@ -117,8 +117,7 @@ def identity(cfg: RunConfig) -> dict:
 
 
 def _own(recordings: list[tuple[str, dict, pd.DataFrame]], run: dict) -> list[bool]:
-    """Which recordings ran the run's model, data and batch size (another's transit alone is
-    fitted); exit 2 when none did."""
+    """Which recordings ran the run's model, data and batch size (others: transit only); exit 2 if none."""
     differs = [next(((k, _get(c, k), v) for k, v in run.items() if _get(c, k) != v), None)
                for _, c, _ in recordings]
     if all(differs):
@@ -216,8 +215,7 @@ def round_trip_rest(t: pd.DataFrame, config: dict) -> float:
 
 
 def machine_cost(cost, fit: dict, num_clients: int):
-    """The fitted cost placed on the recorded machine; ``cost`` unchanged when the recordings hold
-    no (or disagreeing) ``host`` records."""
+    """The fitted cost placed on the recorded machine (unchanged without one agreed ``host`` record)."""
     host = fit["host"]
     if not host:
         return cost, ""

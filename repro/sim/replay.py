@@ -79,8 +79,7 @@ def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
 
 
 def option_keys(group: str, option: str) -> list[str]:
-    """The keys ``+group=option`` sets: its YAML's, each group it overrides, and those of the
-    options it builds on."""
+    """The keys ``+group=option`` sets: its YAML's, each group it overrides, and its bases' keys."""
     from omegaconf import OmegaConf
     from repro.config.loader import CONF_DIR, OPTIONAL_GROUPS
     tree, keys, absent = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")), [], object()
