@@ -78,9 +78,6 @@ class Stage:
         self.rate = rate
         self.end = self.t0 + self.work / rate if rate > 0 else math.inf
 
-    def as_list(self) -> list:
-        return [self.kind, self.t0, self.work, self.rate, self.seq]
-
 
 class ContendedScheduler(Schedule):
     """Push arrivals in virtual time with shared devices and links; one apply at a time, in order."""
@@ -173,15 +170,14 @@ class ContendedScheduler(Schedule):
     def state_dict(self) -> dict:
         return {"now": self.now, "seq": self.seq, "server_free": self.server_free,
                 "segments": [[k, v] for k, v in self.segments.items()],
-                "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
+                "stages": [[k, st.kind, st.t0, st.work, st.rate, st.seq] for k, st in self.stages.items()],
                 "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting,
                 "replying": list(self.replying), "started": [[k, v] for k, v in self.started.items()],
                 "flight": [[k, v] for k, v in self.flight.items()],
                 "bucket": [[link, *v] for link, v in sorted(self.bucket.items())]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.now, self.seq = float(state["now"]), int(state["seq"])
-        self.server_free = float(state["server_free"])
+        self.now, self.seq, self.server_free = float(state["now"]), int(state["seq"]), float(state["server_free"])
         self.segments = {int(k): int(v) for k, v in state["segments"]}
         self.stages = {int(k): Stage(str(kind), float(t0), float(work), float(rate), int(seq))
                        for k, kind, t0, work, rate, seq in state["stages"]}
