@@ -1,22 +1,7 @@
-"""The GPU A-SGD algorithm: what a client does between two exchanges, what the server does with a push.
-
-This module owns the arithmetic of Downpour SGD (Dean et al., NIPS 2012) as used by GPU A-SGD
-(Paine et al., arXiv 1312.6186), and nothing else: no processes, clocks, sockets or files. The
-simulator (:mod:`repro.sim.driver`) and the real driver (:mod:`repro.real`) run these same objects and
-differ only in who carries a :class:`Push` to the :class:`ParameterServer` and which clock stamps it.
-
-Client (Downpour with ``nfetch = npush = nsync``, the paper's single knob): starting from the
-parameters it last fetched, run ``nsync`` local minibatch steps of SGD with momentum and weight
-decay (cuda-convnet's optimiser), accruing its update; push it; fetch the server's parameters.
-
-A rule may make its clients keep their own parameters across exchanges (EASGD: the client
-pushes its parameters and, with the server's reply, moves toward the centre instead of taking
-it); the rule declares that ``exchange`` and both drivers run it through :meth:`Client.fetch`.
-
-ParameterServer (the paper's parameter server): holds the parameter vector and a ``version``
-counter, applies each push as it arrives with a server rule (:mod:`repro.asgd.rules`), and
-reports the push's staleness: the number of updates applied since the client fetched (server
-version before apply minus the version the client read).
+"""The GPU A-SGD algorithm (Paine et al., arXiv 1312.6186): Downpour SGD (Dean et al., NIPS 2012)
+with ``nfetch = npush = nsync``, the paper's one knob. A client runs ``nsync`` local SGD steps from
+the parameters it last fetched, pushes and fetches; the server applies each push with a rule
+(:mod:`repro.asgd.rules`) and reports its staleness. No processes, clocks or files.
 """
 from __future__ import annotations
 
@@ -35,11 +20,8 @@ from repro.errors import ConfigError
 
 @dataclass
 class Push:
-    """What a client sends the server after ``num_steps`` local steps. Its fields are the one
-    list of what a push carries (:func:`push_fields`; docs/architecture.md, "The seam"): a new
-    one has a default, which a merged push that does not set it carries. Every field but
-    ``update`` is an int, a float, a bool or a tuple of ints (fixed length: one wire slot each)."""
-
+    """What a client sends the server after ``num_steps`` local steps; its fields are the one list
+    of what a push carries (docs/architecture.md, "The seam"): ints, floats, bools, int tuples."""
     client: int
     read_version: int          # the server version whose parameters the client started from
     update: Tensor             # parameter delta (delta rule), accrued gradient (downpour, adagrad)
@@ -53,9 +35,7 @@ class Push:
 
 @dataclass(frozen=True)
 class PushField:
-    """One field of a push besides its update: its name, a cast to its declared type (values
-    come back from the wire as floats and from a checkpoint as lists) and its width on the wire."""
-
+    """One field of a push besides its update: its name, a cast to its type and its wire width."""
     name: str
     cast: Callable[[Any], Any]
     width: int
@@ -85,15 +65,13 @@ def push_fields(push_type: type = Push) -> tuple[PushField, ...]:
 
 
 def push_type_name(push_type: type) -> str:
-    """How a checkpoint names the type of a push it holds (``module:qualname``), so that a
-    resume rebuilds that type (:func:`push_type`), not a plain Push without its extra fields."""
+    """How a checkpoint names the type of a push it holds (``module:qualname``)."""
     return f"{push_type.__module__}:{push_type.__qualname__}"
 
 
 def push_type(name: str) -> type:
     """The push type :func:`push_type_name` named; LookupError saying why when it cannot be
-    imported (a class defined inside a function never can) or is no Push. Only installed code
-    is imported: the checkpoint holds the name, never the class."""
+    imported or is no Push (only installed code is imported: a checkpoint holds the name)."""
     module, _, qualname = name.partition(":")
     try:
         found = importlib.import_module(module)
@@ -109,16 +87,13 @@ def push_type(name: str) -> type:
 @dataclass(frozen=True)
 class Applied:
     """The server's receipt for a push."""
-
     version: int               # server version after the apply
     staleness: int             # updates applied between the client's fetch and this push
 
 
 class LocalSGD:
-    """SGD with momentum and weight decay on a flat vector: exactly ``torch.optim.SGD``'s
-    arithmetic (``g += wd*w; b = m*b + g; w -= lr*b``, buffer initialised to the first g), so that
-    one client reproduces a plain sequential training loop. cuda-convnet's update
-    (``v = m*v - lr*(g + wd*w); w += v``) is the same trajectory for a constant lr."""
+    """SGD with momentum and weight decay on a flat vector: ``torch.optim.SGD``'s arithmetic, so one
+    client is a plain training loop; cuda-convnet's update is the same trajectory at a constant lr."""
 
     def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
@@ -161,9 +136,7 @@ class Exchange(Protocol):
 
 
 class Client:
-    """One Downpour client. It holds only what survives between exchanges: the parameters it last
-    fetched (and their version), or its own with an ``exchange`` (EASGD), its momentum buffer
-    and its data stream."""
+    """One Downpour client: its fetched (with an ``exchange``, own) parameters, momentum and data stream."""
 
     def __init__(self, client_id: int, stream: Stream, optimiser: LocalSGD, push_kind: str,
                  exchange: Exchange | None = None):
@@ -176,8 +149,7 @@ class Client:
         self.joined = False        # fetched once: later fetches are exchanges
 
     def fetch(self, params: Tensor, version: int) -> None:
-        """Take the server's parameters (Downpour's fetch, every nsync steps); with an exchange,
-        every fetch but the first moves the client's own parameters instead."""
+        """Take the server's parameters (with an exchange, after the first: move toward them)."""
         if self.params is None:
             self.params = params.detach().clone()
         elif self.exchange is not None and self.joined:
@@ -189,11 +161,8 @@ class Client:
 
     def compute_push(self, net: FlatNet, num_steps: int, out: Tensor | None = None,
                      on_step: Callable[[], None] | None = None) -> Push:
-        """Run ``num_steps`` local steps from the fetched parameters and return the push.
-        ``out``: write the update into this tensor (e.g. a transport buffer) instead of a new
-        one; the numbers are the same. ``on_step``: called after each local step (the real
-        client proves it is alive there; both drivers honour a stop request there by raising,
-        after which the caller rewinds to a :meth:`mark`); it must not touch the numbers."""
+        """Run ``num_steps`` local steps from the fetched parameters and return the push, its update
+        in ``out`` if given; ``on_step`` runs after each step (it may raise to stop; then :meth:`rewind`)."""
         assert self.params is not None, "fetch() before compute_push()"
         net.load(self.params)
         w = net.params
@@ -229,9 +198,8 @@ class Client:
         )
 
     def mark(self) -> tuple:
-        """What a segment changes besides the push it returns (momentum buffer, stream position),
-        taken before the segment so that :meth:`rewind` can drop it: a preempted segment (sync's
-        backup workers) or one abandoned between steps by a stop request consumes nothing."""
+        """What a segment changes besides its push (momentum buffer, stream position), taken before
+        it so that :meth:`rewind` can drop it: a preempted or abandoned segment consumes nothing."""
         buffer = self.optimiser.buffer
         return (None if buffer is None else buffer.clone(), tuple(self.stream.position))
 

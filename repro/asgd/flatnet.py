@@ -1,9 +1,5 @@
-"""The compute side of a client: a network whose parameters live in one flat vector.
-
-:class:`FlatModule` lays every parameter and every gradient of a module out in one contiguous
-vector, so a push or a fetch of the server's parameters is a single tensor and loading them is
-one ``copy_``. :class:`FlatNet` computes losses and gradients of such a network. No process,
-clock or file is involved.
+"""The compute side of a client: a network whose parameters live in one flat vector, so a push or
+a fetch is a single tensor and loading parameters is one ``copy_``.
 """
 from __future__ import annotations
 
@@ -16,15 +12,9 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
 class FlatModule:
-    """Wraps a module so that all its parameters are views into ONE contiguous flat float32
-    vector `self.flat`, and all their .grad are views into ONE flat vector `self.grad`:
-    loading a parameter vector is one copy_, and reading the gradient is free.
-
-    Order is ``module.parameters()`` order, as ``torch.nn.utils.parameters_to_vector``.
-    Autograd accumulates into existing ``.grad`` tensors in place, so after ``backward()`` the
-    gradient is already in ``self.grad``. Use :meth:`zero_grad` (not ``module.zero_grad()`` or an
-    optimiser's, which set grads to None); it re-links any gradient that was replaced anyway.
-    """
+    """A module whose parameters are views into one flat float32 vector ``flat`` (in
+    ``module.parameters()`` order) and their .grad views into ``grad``, where autograd accumulates
+    in place. Use :meth:`zero_grad`, which re-links grads ``module.zero_grad()`` set to None."""
 
     def __init__(self, module: nn.Module):
         buffers = [name for name, _ in module.named_buffers()]
@@ -71,12 +61,7 @@ class FlatModule:
 
 
 class FlatNet(FlatModule):
-    """Computes losses and gradients of one network whose parameters live in one flat vector.
-
-    A FlatNet is a compute engine, not a client (the paper's "workers" and our ``backup_workers``
-    are clients): the simulator lets every client borrow one FlatNet (loading the client's
-    parameters is one ``copy_``), the real driver gives each client process its own.
-    """
+    """Losses and gradients of one flat-vector network: a compute engine, not a client."""
 
     def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):
         super().__init__(module)
@@ -111,9 +96,8 @@ class FlatNet(FlatModule):
 
 
 def quadratic_loss(out: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
-    """``0.5 * (w . x)^2`` per sample (labels unused): with the ``quadratic`` data set, whose
-    inputs are the scaled basis vectors, the mean over the full set is ``0.5 * sum_i l_i w_i^2``,
-    a quadratic of known curvatures (the staleness lab's stability problem)."""
+    """``0.5 * (w . x)^2`` per sample (labels unused): on the ``quadratic`` data set (scaled basis
+    vectors) the mean is ``0.5 * sum_i l_i w_i^2``, of known curvatures (the lab's stability problem)."""
     per_sample = 0.5 * out.reshape(len(out), -1).pow(2).sum(1)
     return per_sample.sum() if reduction == "sum" else per_sample.mean()
 

@@ -1,33 +1,12 @@
-"""Asynchronous SGD with optimal time complexity: Ringmaster ASGD and Rennala SGD, as policies.
+"""Asynchronous SGD with optimal time complexity, as policies (docs/lab.md): ``ringmaster``
+(Maranjyan, Tyurin, Richtarik, ICML 2025, Algorithms 4 and 5: a push R or more versions stale is
+discarded; ``cancel_stale``: a computing client is stopped once its segment is R applies old) and
+``rennala`` (Tyurin & Richtarik, NeurIPS 2023: the mean of the first S pushes from the current
+parameters; every other client is then preempted).
 
-Tyurin & Richtarik (NeurIPS 2023) proved a lower bound on the wall-clock time of any method
-whose workers compute at fixed, different speeds, and found that plain asynchronous SGD (the
-paper's Downpour) misses it: its slowest clients push gradients so stale that they hurt more
-than they help. Two ways to meet the bound, both registered in
-:data:`repro.asgd.protocols.PROTOCOLS` (declared in :data:`repro.registry.DECLARED`, which says this
-module registers them: a lookup of either name imports it) and run by both drivers like every
-protocol (:mod:`repro.asgd.protocols` says what a policy is). What each does for a user, its
-keys and the summary's ``discarded_pushes`` and ``collected_pushes``: docs/lab.md.
-
-* ``ringmaster`` (Maranjyan, Tyurin, Richtarik, ICML 2025, "Ringmaster ASGD", Algorithms 4 and
-  5): a push whose staleness (their delay) reaches R is discarded and its client fetches; with
-  ``cancel_stale`` (Algorithm 5, *the paper's variant*) a computing client is stopped
-  (preempted) whenever an apply makes its segment R applies old, as often as that happens.
-* ``rennala`` (Tyurin & Richtarik, NeurIPS 2023, "Rennala SGD"; Algorithm 2 of the Ringmaster
-  paper): the mean of S pushes computed from the current parameters, by whoever finishes first;
-  every other client is then preempted. Each step takes t(S) = min{t : sum_i floor(t / tau_i) >= S}
-  for clients of fixed segment times tau_i.
-
-**One preemption at a time** (rennala always; ringmaster with ``protocol.stop_once``, a departure
-from the paper's Algorithm 5). A client sent parameters by a preemption is not preempted again
-before a push of its computed from them has arrived; a later step that makes its segment stale
-leaves it computing, and its push is discarded when it arrives (it then fetches the current
-parameters: the same as a preemption, later), so the schedule changes (docs/lab.md has an
-example). On the real driver it is what keeps the server from sending a client a message it
-cannot receive yet: a client blocked sending its push while its receiver waits for the server's
-lock has room for one unread message (a second send would wait, under that lock, for a receive
-that never comes), so the real driver runs ringmaster's stops only with ``stop_once``
-(repro.config.checks).
+**One preemption at a time** (rennala; ringmaster with ``protocol.stop_once``, our departure from
+Algorithm 5): a preempted client is not preempted again before its next push, discarded if stale
+(why the real driver needs it: docs/real.md).
 """
 from __future__ import annotations
 
@@ -44,9 +23,7 @@ class Ringmaster(Policy):
     discards = True
 
     def __init__(self, cfg, clients: list[int], version: int):
-        self.settings = cfg.protocol
-        self.cancel = cfg.protocol.cancel_stale
-        self.stop_once = cfg.protocol.stop_once
+        self.settings, self.cancel, self.stop_once = cfg.protocol, cfg.protocol.cancel_stale, cfg.protocol.stop_once
         self.fetched = {k: version for k in clients}   # the version each client computes from
         self.width = {k: len(clients) for k in clients}   # the clients live at that fetch
         self.restarting: set[int] = set()             # preempted, not heard from since (stop_once)
@@ -63,10 +40,8 @@ class Ringmaster(Policy):
         self.fetched[client], self.width[client] = version, len(live)
 
     def threshold(self, client: int, live: AbstractSet[int]) -> int:
-        """R for the segment ``client`` computes: as set, else the most clients live at its
-        fetch or now. Equally fast clients each apply about once in another's segment, so none
-        loses a push as clients join (the start's count would discard every push of one of
-        them) or leave (the count now would discard the segments a leave catches in flight)."""
+        """R for the segment ``client`` computes: as set, else the most clients live at its fetch or
+        now, so equally fast clients lose no push as clients join or leave."""
         return self.settings.resolved_staleness_threshold(max(self.width.get(client, 0), len(live)))
 
     def on_push(self, push: Push, view: View) -> Decision:
@@ -87,9 +62,8 @@ class Ringmaster(Policy):
         return Decision(apply=push, reply=(k,), preempt=stopped, discarded=discarded)
 
     def too_stale(self, version: int, live: AbstractSet[int], pusher: int) -> tuple[int, ...]:
-        """The computing clients whose push, arriving at ``version`` or later, would be discarded:
-        their segment started R applies ago (Algorithm 5's stop; with ``stop_once`` not those
-        already stopped and not heard from since: see the module docstring)."""
+        """The computing clients whose segment started R applies before ``version`` (Algorithm 5's
+        stop; with ``stop_once`` not those stopped and not heard from since)."""
         return tuple(j for j in sorted(live) if j != pusher and j in self.fetched and j not in self.restarting
                      and version - self.fetched[j] >= self.threshold(j, live))
 
@@ -105,11 +79,9 @@ class Ringmaster(Policy):
 
 @PROTOCOLS.register("rennala")
 class Rennala(Policy):
-    """The collection is summed per client (each client's pushes in its own order), then over
-    clients in id order: as sync's rounds, its numbers do not depend on the arrival order of
-    the pushes it holds. A collected client is replied to before the step, so its update is
-    added into a buffer of ours at once (the real driver reuses its receive frame)."""
-
+    """The collection is summed per client, then over clients in id order, so its numbers do not
+    depend on arrival order; each update is added into a buffer of ours at once (held pushes:
+    docs/simulator.md, "Protocols")."""
     discards = True
     collects = True
 
@@ -165,9 +137,9 @@ class Rennala(Policy):
         stats[4] = max(stats[4], push.num_steps)
 
     def step(self, pusher: int, view: View) -> Decision:
-        """Apply the collection's mean; the pusher fetches, every other live client (computing
-        from the old parameters) is sent the new ones and starts over."""
-        merged = self.merge()
+        """Apply the collection's mean; the pusher fetches, every other live client is preempted."""
+        parts = [(self.sums[k], *self.stats[k]) for k in sorted(self.stats)]
+        self.total, merged = mean_push(self.total, parts, self.step_start)
         collected = tuple((self.step_start, k) for k in sorted(self.stats) for _ in range(self.stats[k][0]))
         others = tuple(j for j in sorted(view.live)
                        if j != pusher and j in self.given and j not in self.restarting)
@@ -178,11 +150,6 @@ class Rennala(Policy):
         self.restarting.update(others)
         return Decision(apply=merged, reply=(pusher,), preempt=others, discarded=discarded,
                         collected=collected)
-
-    def merge(self) -> Push:
-        parts = [(self.sums[k], *self.stats[k]) for k in sorted(self.stats)]
-        self.total, merged = mean_push(self.total, parts, self.step_start)
-        return merged
 
     def state_dict(self) -> dict:
         """A half-full collection keeps each client's sum (a checkpoint copies them)."""

@@ -1,12 +1,7 @@
 """The server rules: the arithmetic of one apply, ``w <- rule(w, update, staleness, client)``.
 
-A rule turns a client's push into a change of the server's parameters. ``push_kind`` says what
-its clients push: ``delta`` (their local parameter change), ``gradient`` (Downpour's accrued
-gradient) or ``params`` (their own parameters, EASGD). A rule whose clients keep their own
-parameters across exchanges declares ``exchange`` (:class:`ElasticExchange`): what a client does
-with the parameters it receives; without one a client takes them (Downpour's fetch). Each rule
-is registered under the name ``algo.server_rule`` takes; a rule that keeps state between pushes
-(Adagrad's accumulators, DC-ASGD's per-client backups, the outer momentum) checkpoints it.
+``push_kind``: what a rule's clients push, ``delta`` (their local change), ``gradient`` (Downpour's
+accrued gradient) or ``params`` (their own, EASGD, whose rule declares the client's ``exchange``).
 """
 from __future__ import annotations
 
@@ -46,9 +41,7 @@ class _Rule:
 
 @RULES.register("delta")
 class DeltaRule(_Rule):
-    """``w <- w + scale * delta``: the server adds the client's local parameter change. With one
-    client and scale 1 this is sequential SGD (momentum stays on the client). Our default."""
-
+    """``w <- w + scale * delta``: with one client and scale 1, sequential SGD. Our default."""
     push_kind = "delta"
 
     def __init__(self, lr_server: float = 1.0, **_):
@@ -61,7 +54,6 @@ class DeltaRule(_Rule):
 @RULES.register("downpour")
 class DownpourRule(_Rule):
     """Downpour's server step ``w <- w - lr_server * accrued`` (Dean et al. 2012, Sec. 4.1)."""
-
     push_kind = "gradient"
 
     def __init__(self, lr_server: float, **_):
@@ -73,9 +65,8 @@ class DownpourRule(_Rule):
 
 @RULES.register("staleness_scaled")
 class StalenessScaledRule(DownpourRule):
-    """Staleness-aware ASGD (Zhang, Gupta, Lian, Liu, IJCAI 2016, Eq. 3): the step of a push
-    with staleness tau is divided by tau, ``w <- w - (lr_server / max(1, tau)) * accrued``; a
-    fresh push (tau = 0) takes the full step, as tau = 1 does in their count."""
+    """Staleness-aware ASGD (Zhang, Gupta, Lian, Liu, IJCAI 2016, Eq. 3):
+    ``w <- w - (lr_server / max(1, tau)) * accrued`` (tau = 0 is their tau = 1)."""
 
     def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
         params.add_(update, alpha=-self.lr_server / max(1, staleness))
@@ -83,12 +74,8 @@ class StalenessScaledRule(DownpourRule):
 
 @RULES.register("dcasgd")
 class DCASGDRule(_Rule):
-    """Delay-compensated ASGD, constant-lambda form DC-ASGD-c (Zheng et al., ICML 2017, Eq. 10):
-    the stale gradient g, computed at the parameters the client fetched (w_bak), is corrected
-    towards the gradient at today's w with the diagonal outer-product approximation of the
-    Hessian: ``w <- w - lr_server * (g + lambda * g * g * (w - w_bak))``. The server keeps w_bak
-    per client (its parameters at that client's last fetch)."""
-
+    """Delay-compensated ASGD, DC-ASGD-c (Zheng et al., ICML 2017, Eq. 10): with w_bak the client's
+    fetched parameters, kept per client, ``w <- w - lr_server * (g + lambda * g * g * (w - w_bak))``."""
     push_kind = "gradient"
 
     def __init__(self, lr_server: float, dc_lambda: float = 0.04, **_):
@@ -123,7 +110,6 @@ class DCASGDRule(_Rule):
 class AdagradRule(_Rule):
     """DistBelief's per-parameter Adagrad: ``eta_i = gamma / sqrt(sum of squared updates_i)``
     (Dean et al. 2012, Sec. 4.1), which they found far more robust with many replicas."""
-
     push_kind = "gradient"
 
     def __init__(self, lr_server: float, eps: float = 1e-8, **_):
@@ -144,13 +130,8 @@ class AdagradRule(_Rule):
 
 
 class ElasticExchange:
-    """A client's side of an EASGD exchange: it keeps its own parameters x and moves toward the
-    centre. The server answers its push x with the centre right after applying it,
-    c' = c + alpha (x - c) (:class:`ElasticRule`); since x - c' = (1 - alpha)(x - c), the
-    client's move of the paper, x <- x - alpha (x - c), is x - alpha / (1 - alpha) (x - c'),
-    exact in real arithmetic (alpha < 1). In floats the centre's rounding comes back times
-    alpha / (1 - alpha) (at most 9 at the default alphas, 0.9 / N): no form of c' and x avoids
-    that, since c' holds c only to its rounding over 1 - alpha (at alpha = 1, x' = c, c' = x)."""
+    """A client's side of an EASGD exchange: x <- x - alpha / (1 - alpha) (x - c'), from the centre
+    c' after the apply (why, and its rounding: docs/simulator.md, "EASGD's exchange")."""
 
     def __init__(self, alpha: float):
         self.alpha = alpha
@@ -164,12 +145,8 @@ class ElasticExchange:
 
 @RULES.register("easgd")
 class ElasticRule(_Rule):
-    """Asynchronous EASGD (Zhang, Choromanska, LeCun, NIPS 2015, Algorithm 1): every tau = nsync
-    local steps a client's exchange moves the centre toward it by the moving rate alpha,
-    ``c <- c + alpha (x - c)``, computed here with the centre as it is now, and the client toward
-    the centre by the same elastic difference (:class:`ElasticExchange`). Clients push their
-    parameters x and keep them across exchanges."""
-
+    """Asynchronous EASGD (Zhang, Choromanska, LeCun, NIPS 2015, Algorithm 1): each exchange moves
+    the centre toward the client, ``c <- c + alpha (x - c)``, and the client toward the centre."""
     push_kind = "params"
 
     def __init__(self, lr_server: float | None = None, elastic_alpha: float = 0.9, **_):
@@ -182,14 +159,10 @@ class ElasticRule(_Rule):
 
 @RULES.register("outer_nesterov")
 class OuterNesterovRule(_Rule):
-    """An outer Nesterov step on each apply's parameter change. The outer gradient is minus the
-    pushed delta, ``g = w_fetched - w_local`` (with protocol=sync, the round's mean: DiLoCo,
-    Douillard et al. 2023, outer lr 0.7, momentum 0.9). ``delay`` d (Liu et al. 2024, "Asynchronous
-    Local-SGD Training for Language Modeling", delayed Nesterov): the outer gradients are summed
-    and the momentum updated once every d applies, ``m <- mu m + sum/d``, each apply stepping
-    ``w <- w - lr (g/d + mu m)`` on those (``w <- w - lr g/d`` on the others); d = 1 is Nesterov
-    at every apply, torch.optim.SGD(nesterov=True)'s arithmetic."""
-
+    """An outer Nesterov step on each apply's outer gradient ``g = w_fetched - w_local`` (DiLoCo,
+    Douillard et al. 2023). Delay d (Liu et al. 2024, delayed Nesterov): ``m <- mu m + sum/d`` once
+    every d applies, each stepping ``w <- w - lr (g/d + mu m)``, the others ``w <- w - lr g/d``;
+    d = 1 is torch.optim.SGD(nesterov=True)'s arithmetic."""
     push_kind = "delta"
 
     def __init__(self, lr_server: float | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9,

@@ -1,21 +1,5 @@
-"""Simulated churn: clients lost, back, and joining in virtual time (``cost.churn.preempt_rate``,
-``cost.churn.preempt_down_s``, ``cost.churn.leave``, ``cost.churn.join``).
-
-This module owns *when* membership changes; the simulator (:mod:`repro.sim.driver`) carries each
-change out through the run core, with the same calls and so the same event records as the real
-driver: ``client_lost`` (the core's :meth:`~repro.runs.core.RunCore.lose`; the push the client
-was computing is dropped), ``client_rejoined`` / ``client_joined`` (:meth:`~repro.runs.core.RunCore.join`;
-a fresh client, as the real driver's is a new process, whatever it held before it was lost: no
-momentum, its data order from the start; it fetches the current version then, so its staleness
-counts from that fetch).
-
-Two sources, merged in time order: a schedule (client k leaves at t1 and is back at t2, 0 for
-never; a new client joins at t3) and a seeded preemption process: each live client is lost
-after an exponential time of rate lambda and is back after an exponential time of mean
-``preempt_down_s``. Deterministic: the i-th draw of client k comes from
-``default_rng([seed, CHURN_STREAM, k, i])``, so nothing depends on the order events were
-drawn in, and a resumed run (which restores the pending events and the draw counters) goes on
-bit for bit.
+"""Simulated churn (``cost.churn.*``): when clients are lost, back and join, in virtual time
+(docs/simulator.md, "Churn and determinism"); :mod:`repro.sim.driver` carries each change out.
 """
 from __future__ import annotations
 

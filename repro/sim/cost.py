@@ -1,24 +1,6 @@
-"""The simulator's clock: how long computing, communicating and applying take, and who goes next.
-
-:class:`CostModel` turns a :class:`~repro.config.settings.CostConfig` into durations: compute
-time per minibatch per client (its relative step time from ``cost.speeds`` or ``cost.speed_law``:
-an uneven cluster; seeded jitter; an optional straggler, all multiplied), one-way transfer time of a
-parameter vector (latency + bytes / bandwidth) and the server's apply time. A schedule decides
-the order in which the server applies pushes; every schedule derives from :class:`Schedule`
-(every verb the simulator's loop calls; what a schedule does not model has a default that does
-nothing, so the loop never probes), and :func:`repro.sim.driver.make_schedule` picks one:
-
-* :class:`CostScheduler` -- ``cost.topology=dedicated`` (the default): every client has a host, a
-  device and a link of its own, so its push arrives at fetch + compute + transfer; an event queue
-  of push arrivals ordered by (time, sequence number); the server serves one push at a time,
-  first come first served (and, with ``cost.reply_holds_server``, sends its reply before the next);
-* :class:`repro.sim.resources.ContendedScheduler` -- ``cost.topology=shared``: the same, with the
-  devices and links that clients share as queues in virtual time (processor sharing);
-* :class:`repro.sim.replay.ReplayScheduler` -- the exact order (and times) a real run recorded.
-
-Each is stateless apart from plain numbers, so a checkpoint captures it exactly. Jitter for
-(client, segment) is drawn from a generator seeded by (seed, client, segment), independent of the
-order in which segments are simulated (drawn in blocks of pushes, see ``CostModel._jitter``).
+"""The simulator's clock (docs/simulator.md, "The clock"): :class:`CostModel`'s durations, and
+:class:`Schedule`, what the loop asks of a schedule: :class:`CostScheduler` under
+``cost.topology=dedicated``, :mod:`repro.sim.resources` under ``shared``, :mod:`repro.sim.replay`.
 """
 from __future__ import annotations
 
@@ -37,15 +19,13 @@ JITTER_BLOCK = 256  # pushes per client whose jitter is drawn from one generator
 
 
 def link_bandwidths(cost: CostConfig) -> tuple[float | None, float | None]:
-    """(a host's link, the server's link) in bytes/s each way under ``cost.topology=shared``;
-    None: unlimited."""
+    """(a host's link, the server's link) in bytes/s each way under ``shared``; None: unlimited."""
     host, server = cost.shared.host_bandwidth_Bps, cost.shared.server_bandwidth_Bps
     return (cost.bandwidth_Bps if host is None else host), (cost.bandwidth_Bps if server is None else server)
 
 
 def path_bandwidth(cost: CostConfig) -> float | None:
-    """Bytes/s of one transfer alone on its path (None: free): ``bandwidth_Bps`` for a dedicated
-    link; under ``shared`` the slower of its host's link and the server's."""
+    """Bytes/s of one transfer alone on its path (None: free); under ``shared`` the slower link."""
     if cost.topology != "shared":
         return cost.bandwidth_Bps
     limited = [b for b in link_bandwidths(cost) if b is not None]
@@ -53,17 +33,15 @@ def path_bandwidth(cost: CostConfig) -> float | None:
 
 
 def step_time(cost: CostConfig, client: int, step_s: float) -> float:
-    """``client``'s step of ``step_s`` seconds (or its segment, given one) without jitter: times
-    its relative step time (``cost.speeds`` or ``cost.speed_law``) and the straggler's factor.
-    The one place the clock, the ceiling and the lab's theories read a client's pace."""
+    """``client``'s step (or segment) of ``step_s`` seconds without jitter: times its relative step
+    time and the straggler's factor (the one place every model reads a client's pace)."""
     step_s = step_s * cost.speed(client)
     return step_s * cost.straggler_factor if cost.straggler_client == client else step_s
 
 
 class CostModel:
-    """Durations in virtual seconds. ``step_s``: one minibatch step (``cost.compute_s``, or the
-    measured value when it says ``calibrate``). ``num_clients``: a joiner (an id beyond it)
-    computes at its slot's pace (:func:`~repro.config.settings.client_slot`), as the real one does."""
+    """Durations in virtual seconds; ``step_s``: one minibatch step. A joiner (an id beyond
+    ``num_clients``) computes at its slot's pace (:func:`~repro.config.settings.client_slot`)."""
 
     def __init__(self, cost: CostConfig, seed: int, param_bytes: int, step_s: float, num_clients: int = 0):
         self.cost, self.seed, self.step_s, self.num_clients = cost, seed, step_s, num_clients
@@ -88,15 +66,13 @@ class CostModel:
         return float(step_s * self._jitter(client, segment, num_steps).sum())
 
     def _jitter(self, client: int, segment: int, num_steps: int) -> np.ndarray:
-        """Per-step time factors, a pure function of (seed, client, segment). Drawn in blocks of
-        JITTER_BLOCK pushes per generator: seeding a generator costs more than a minibatch of
-        digits_cnn, so one per push would dominate the simulator's overhead."""
+        """Per-step time factors, a pure function of (seed, client, segment), drawn in blocks:
+        seeding a generator costs more than a minibatch of digits_cnn."""
         block, row = divmod(segment, JITTER_BLOCK)
         key = (client, block, num_steps)
         if self._block_key.get(client) != key:
             rng = np.random.default_rng([self.seed, client, block, num_steps])
-            sigma = self.cost.jitter_sigma
-            shape = (JITTER_BLOCK, num_steps)
+            sigma, shape = self.cost.jitter_sigma, (JITTER_BLOCK, num_steps)
             if self.cost.jitter == "lognormal":   # mean-preserving: E[exp(s z - s^2/2)] = 1
                 factors = np.exp(sigma * rng.standard_normal(shape) - sigma * sigma / 2)
             else:                                   # exponential tail of weight sigma, mean 1
@@ -107,7 +83,6 @@ class CostModel:
 
 class Schedule(ABC):
     """What the simulator asks of a schedule: the next push to apply, then that it was served."""
-
     #: what the run's summary says when :meth:`next` runs out before the budget (a replay)
     end_message = ""
     #: timings.csv's parts of the push :meth:`next` returned; None: the schedule models none
@@ -115,15 +90,11 @@ class Schedule(ABC):
 
     @abstractmethod
     def next(self) -> tuple[int, int, float] | None:
-        """(client, num_steps, apply-finished time) of the next push; None: nothing is left.
-        The server is busy with it only once :meth:`handled` says whether it applied it."""
+        """(client, num_steps, apply-finished time) of the next push; None: nothing is left."""
 
     def handled(self, t: float, discarded: bool) -> float:
-        """When the one server (free again at ``server_free``) is done with the push :meth:`next`
-        returned (at ``t``): a push the protocol discarded or the server refused (diverging) costs it
-        no apply time (the real server only replies), so it is done as it takes it, where
-        :meth:`next` left ``server_free``. A push a sync round holds or Rennala collects costs one:
-        the real server's work on a round or a step grows with its pushes (each is summed in)."""
+        """When the one server is done with the push :meth:`next` returned (at ``t``): one discarded
+        or refused costs no apply (the real server only replies); a held or collected one costs one."""
         if discarded:   # (a checkpoint left it there too)
             self.last_timing = self.last_timing and {**self.last_timing, "apply_s": 0.0}
         else:
@@ -155,8 +126,7 @@ class Schedule(ABC):
         """The server evaluates its parameters from ``t`` on (a schedule where that takes time)."""
 
     def timing(self) -> dict[str, float]:
-        """timings.csv's parts of the push :meth:`next` returned (kept with one pending in a
-        checkpoint); nan where the schedule has no model of them (a replay)."""
+        """timings.csv's parts of the push :meth:`next` returned; nan where none are modelled."""
         return self.last_timing or dict.fromkeys(TIMING_PARTS, float("nan"))
 
 
@@ -168,14 +138,12 @@ class CostScheduler(Schedule):
         self.queue: list[tuple[float, int, int]] = []
         self.seq, self.server_free = 0, 0.0
         self.segments = {k: 0 for k in client_ids}
-        # per client (to_client_s, compute_s) of the push in flight: timings.csv's columns
-        self.flight: dict[int, tuple[float, float]] = {}
+        self.flight: dict[int, tuple[float, float]] = {}   # (to_client_s, compute_s) of the push in flight
         for k in client_ids:              # every client fetches version 0 at t = 0
             self._schedule(k, 0.0, 0.0)
 
     def peek(self) -> float:
-        """When the next push arrives (inf: no client computes); churn's events interleave by it
-        (churn runs on this schedule alone: validate refuses it with shared resources or a replay)."""
+        """When the next push arrives (inf: no client computes); churn's events interleave by it."""
         return self.queue[0][0] if self.queue else math.inf
 
     def _schedule(self, client: int, fetched_at: float, to_client_s: float) -> None:
@@ -197,10 +165,8 @@ class CostScheduler(Schedule):
         return client, self.nsync, start + self.model.server_apply_s
 
     def served(self, client: int, applied_at: float) -> None:
-        """The reply (the client's fetch) travels back, then the client computes its next push;
-        with cost.reply_holds_server the server sends its replies one after another (a sync
-        round's, as the real Dispatcher does under its lock) and serves no push before the last
-        has arrived: a reply waits for those before it (its to_client_s counts the wait)."""
+        """The reply travels back, then the client computes; with cost.reply_holds_server replies
+        go one after another (as the real Dispatcher's, under its lock), each waiting in to_client_s."""
         start = max(applied_at, self.server_free) if self.model.cost.reply_holds_server else applied_at
         sent = start + self.model.transfer_s
         if self.model.cost.reply_holds_server:
@@ -208,8 +174,6 @@ class CostScheduler(Schedule):
         self._schedule(client, sent, (start - applied_at) + self.model.transfer_s)
 
     def cancel(self, client: int) -> None:
-        """Drop the client's push in flight (a sync round's backup worker, preempted): it is
-        never computed, and the client starts over when it is served."""
         self.queue = [e for e in self.queue if e[2] != client]
         heapq.heapify(self.queue)
 

@@ -1,22 +1,7 @@
 """The deterministic delay simulator (``backend=sim``): N clients, one server, one device, a virtual clock.
 
-The simulator is a driver: a scheduler (:mod:`repro.sim.cost`) says which client's push the server
-applies next and when; the client computes that push *lazily* from the parameters it fetched (a
-push depends only on them and on the client's own data stream, so computing it late changes
-nothing); the run core (:mod:`repro.runs.core`) applies it and says who fetches what; the client
-fetches. Every client borrows one :class:`~repro.asgd.flatnet.FlatNet`, so simulating K minibatch steps
-costs about what K steps of a plain training loop cost.
-
-Bit-for-bit reproducible from the seed (on one torch build, CPU kernel family, thread count and
-device): the only randomness is the model init (``seed``), each client's data order
-(``seed, client``) and the jitter (``seed, client, segment``); no wall clock enters any table.
-``cost=replay`` replays the update order recorded by a real run instead; ``cost=fit`` simulates
-with a cost model fitted to recorded runs (:mod:`repro.sim.fit`).
-
-A stop request (Ctrl-C, SIGTERM) is honoured between two local steps of a push, however long
-the push: the push is abandoned (its client rewinds to the segment's start, :meth:`Client.mark`)
-and recorded as pending in the final checkpoint, so a resumed run computes it from the start
-and stays bitwise identical to an uninterrupted one.
+A schedule (:mod:`repro.sim.cost`) says whose push the server applies next and when; the client
+computes it then and the run core (:mod:`repro.runs.core`) applies it (docs/simulator.md).
 """
 from __future__ import annotations
 
@@ -55,14 +40,12 @@ def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> 
         net.backward(x, y)
         client.optimiser.step(net.params, net.grad)
         sync()
-
     net.load(problem.init_params)
     return calibrate_compute_s(step)
 
 
 def make_schedule(cfg: RunConfig, clients: list[int], param_bytes: int, step_s: float) -> Schedule:
-    """The schedule ``cost.schedule`` names: the cost model's clock (``cost.topology``: dedicated
-    or shared resources), or a recorded run's order."""
+    """The schedule ``cost.schedule`` names: the cost model's clock, or a recorded run's order."""
     if cfg.cost.schedule == "replay":
         return ReplayScheduler(cfg.cost.path, cfg.num_clients)   # the recording's (replay_config)
     clock = ContendedScheduler if cfg.cost.topology == "shared" else CostScheduler
@@ -103,8 +86,7 @@ class Simulation:
                 self.scheduler.last_timing = resume["driver"].get("pending_timing")
 
     def run(self, stop_at_version: int | None = None) -> tuple[str, str]:
-        """Simulate to the end of the budget; (status, message). ``stop_at_version`` asks the run
-        to stop there, as a Ctrl-C would (for testing resume)."""
+        """Simulate to the end of the budget: (status, message); ``stop_at_version``: stop there, as Ctrl-C."""
         core, stop = self.core, self.stop
         self.carry(core.begin(sorted(set(self.clients) - self.down), protocol_state=self.resume_protocol,
                               fetching=not self.resumed, driver_state=self.state_dict), 0.0)
@@ -138,7 +120,6 @@ class Simulation:
                 break
             outcome = core.on_push(push, t)
             t = self.scheduler.handled(t, outcome.discarded)   # a discard: when the server took it
-            # timings.csv's row from the virtual clock (nan where the schedule models no parts)
             core.record_timing(t, k, push.read_version, **self.scheduler.timing())
             self.settle(outcome, t)
             if stop_at_version is not None and self.server.version >= stop_at_version:
@@ -158,17 +139,14 @@ class Simulation:
                 self.scheduler.served(reply.client, t)
 
     def settle(self, outcome: Outcome, t: float) -> None:
-        """Carry what the core did at ``t``, then its cadence: an evaluation or a checkpoint due at
-        the version now applied, whether a push applied it or a loss that closed a round."""
+        """Carry what the core did at ``t``, then the evaluation or checkpoint due at its version."""
         self.carry(outcome, t)
         # an evaluation that takes the machine's time, charged before a checkpoint is written
         self.carry(self.core.settle(t, evaluated=self.scheduler.evaluated), t)
 
     def membership(self, t: float, kind: str, k: int) -> None:
-        """A churn event at virtual time ``t`` (see :mod:`repro.sim.churn`), carried out through
-        the core as the real driver does: lost, or (re)joined with a fetch of the current version.
-        The server takes it once free (``at``), as the real one takes it under its lock: it may be
-        applying past ``t``, and a fetch or a round the loss closes comes after that apply."""
+        """A churn event at virtual time ``t``, carried out through the core as the real driver
+        does; the server takes it once free (``at``), as the real one takes it under its lock."""
         at = max(t, self.scheduler.server_free)
         if kind in (LEAVE, PREEMPT):
             if k in self.down or k not in self.clients:
@@ -202,17 +180,13 @@ class Simulation:
         self.join(k, t)
 
     def join(self, k: int, t: float) -> None:
-        """Client ``k`` joins, or is back under its id, at ``t``: a fresh client (no momentum
-        buffer, its data stream from the start, no parameters of its own), as the real driver's
-        joiner is a new process, whatever it held before it was lost; it fetches the current
-        version."""
+        """Client ``k`` joins, or is back, at ``t``: a fresh client (a real joiner is a new process) that fetches."""
         self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
         self.core.join(k, t)
         self.clients[k].fetch(self.server.params, self.server.version)
 
     def compute(self, client: Client, num_steps: int) -> Push | None:
-        """The client's push, or None when a stop request came between two of its steps (the
-        client is rewound: the abandoned segment consumed nothing)."""
+        """The client's push, or None (the client rewound) when a stop came between two steps."""
         if num_steps < 2:
             return client.compute_push(self.net, num_steps)
         mark = client.mark()
@@ -239,11 +213,8 @@ class _Stopped(Exception):
 
 
 def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Resolved:
-    """The simulator's part of the entry point's one resolve step (:func:`repro.run.resolve`):
-    ``cost=replay`` becomes what the recorded run trained (:func:`repro.sim.replay.replay_config`),
-    ``cost=fit`` the cost model fitted to recorded timings (:func:`repro.sim.fit.fit_config`),
-    once, before any run folder is touched (ConfigError on a bad recording); the driver runs the
-    result as it is. A Resolved config comes back as it is."""
+    """The simulator's part of :func:`repro.run.resolve`, before any folder is touched: ``cost=replay``
+    becomes what the recording trained, ``cost=fit`` the fitted cost model; a Resolved one is kept."""
     if isinstance(cfg, Resolved):
         return cfg
     if cfg.cost.schedule == "replay":
@@ -255,8 +226,7 @@ def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Res
 
 def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,
              stop_at_version: int | None = None) -> dict:
-    """Run the simulator for ``cfg`` into ``run_dir``; return the summary dict. The entry point
-    hands a :class:`Resolved` config; one built in Python is resolved here first (:func:`resolve`)."""
+    """Run the simulator for ``cfg`` (resolved first unless a Resolved one) into ``run_dir``: the summary."""
     plan = resolve(cfg, run_dir)   # before the folder: config.json records the fitted values
     cfg, fit = plan.cfg, plan.fit
     device = resolve_device(cfg.device)

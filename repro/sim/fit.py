@@ -1,25 +1,6 @@
-"""A cost model fitted to recorded runs (``cost=fit cost.path=RUN_DIR[:RUN_DIR...]``).
-
-This module owns one question: which :class:`~repro.config.settings.CostConfig` would make the
-simulator's clock the clock a recorded run had. It reads each recording's ``timings.csv``
-(:data:`repro.files.schema.TIMING_COLUMNS`, written by both drivers) and ``config.json``. What
-is fitted (step time and jitter, latency and bandwidth, apply time), what is refused (exit 2,
-naming ``cost.path``, the file and its line) and how a recording's machine (its ``host``
-record) and a named link are placed: docs/simulator.md, "Fitting the simulator's cost model to
-recorded runs". Beside that:
-
-* the jitter is the spread of the per-push compute: a push sums nsync independent steps, so a
-  step's coefficient of variation is the push's times sqrt(nsync);
-* a real recording's server sends each reply before it serves the next push
-  (``cost.reply_holds_server``: its Dispatcher holds its lock through the send);
-* the round trip's rest: ``timings.csv``'s five parts miss a little of each round trip (the
-  client's copy of the fetched parameters, the server's reply before it is sent): the mean time
-  between a client's consecutive applied pushes, less the mean of the five parts, is added to the
-  transit, half each way, so one client's fitted round trip is its measured one (async
-  recordings only: under other protocols that time holds waits for a reply, not transit);
-* means, not medians, everywhere: throughput is set by the mean, and on a loaded machine the
-  transit's long tail (the scheduler's waits) holds much of it (REPRODUCE.md, "The simulator
-  against reality").
+"""A cost model fitted to recorded runs' ``timings.csv`` (``cost=fit cost.path=RUN_DIR[:RUN_DIR...]``):
+what is fitted and refused, and how the recorded machine is placed: docs/simulator.md, "Fitting
+the simulator's cost model to recorded runs".
 """
 from __future__ import annotations
 
@@ -27,7 +8,6 @@ import io
 import math
 import os
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -100,10 +80,8 @@ def _positive(value) -> bool:
 
 
 def _read_timings(run_dir: Path) -> pd.DataFrame:
-    """timings.csv with every cell a number: version, time_s and client on every row, each part
-    a number >= 0 or nan (a part a run did not measure)."""
+    """timings.csv with every cell a number >= 0 (a part a run did not measure: nan)."""
     import pandas as pd
-
     path = run_dir / schema.TIMINGS_FILE
     try:
         # read_regular: a FIFO there would wait for a writer for good
@@ -139,8 +117,7 @@ def identity(cfg: RunConfig) -> dict:
 
 
 def _own(recordings: list[tuple[str, dict, pd.DataFrame]], run: dict) -> list[bool]:
-    """Which recordings ran the run's model, data and batch size: their steps, applies and
-    evaluations are fitted; another's transit alone (a second message size). Exit 2 when none did."""
+    """Which recordings ran the run's model, data and batch size (others: transit only); exit 2 if none."""
     differs = [next(((k, _get(c, k), v) for k, v in run.items() if _get(c, k) != v), None)
                for _, c, _ in recordings]
     if all(differs):
@@ -165,8 +142,7 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
     step = t.compute_s.to_numpy() / nsync
     later = t[t.duplicated("client")]   # a client's first fetch is the start-up's, not a reply's
     transit = np.concatenate([t.to_server_s.to_numpy(), later.to_client_s.to_numpy()])
-    # a push the protocol discarded cost the server no apply (it only replied), nor does it in the
-    # simulator: its apply_s of about 0 is no apply's time ([read_version, client], as the summary lists it)
+    # a discarded push cost the server no apply (it only replied): its apply_s of about 0 is no apply's time
     summary = read_summary(Path(path)) or {}
     dropped = {tuple(p) for p in summary.get("discarded_pushes") or []}
     applied = [(v, k) not in dropped for v, k in zip(t.read_version, t.client)]
@@ -178,11 +154,8 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
 
 
 def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: dict) -> dict:
-    """The fitted values and where they came from (the ``fit`` record); ``link_Bps``: the link's
-    known bandwidth (latency is then what the transit has beyond the bytes' time), and
-    ``burst_bytes`` its known burst (bytes sent at once by a link found idle, as each transfer of a
-    one-client recording finds it: not in the bytes' time). ``run``: the run's :func:`identity`."""
-    # config.json, then timings.csv: each checked, exit 2 naming the file (and the line)
+    """The fitted values and where they came from (the ``fit`` record); ``link_Bps`` and
+    ``burst_bytes``: the link's known bandwidth and burst; ``run``: the run's :func:`identity`."""
     recordings = [(path, _read_config(Path(path)), _read_timings(Path(path))) for path in paths]
     for path, config, _ in recordings:   # accepted: a known cost to recover is how the fit is tested
         if _get(config, "backend.name") == "sim":
@@ -191,16 +164,13 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
     own = _own(recordings, run)
     measured = [_measure(path, t, config) for path, config, t in recordings]
     mine = [m for m, o in zip(measured, own) if o]
-    steps, applies = [m["step"] for m in mine], [m["apply"] for m in mine]
+    step = np.concatenate([m["step"] for m in mine])
     cvs = [m["cv"] for m in mine if m["cv"] is not None]
     evals = [m["eval"] for m in mine]
     points, hosts = [m["point"] for m in measured], [m["host"] for m in measured]
-    real, pushes = [m["real"] for m in measured], sum(m["pushes"] for m in measured)
-    step = np.concatenate(steps)
     cv = float(np.mean(cvs)) if cvs else 0.0
     sigma = math.sqrt(math.log1p(cv * cv))
-    sizes = np.array([b for b, _ in points])
-    times = np.array([s for _, s in points])
+    sizes, times = (np.array(column) for column in zip(*points))
     latency, bandwidth, note = float(np.mean(times)), None, ""
     if len(set(sizes.tolist())) >= 2:
         slope, intercept = np.polyfit(sizes, times, 1)
@@ -218,12 +188,12 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
         note = (f"the link's bandwidth is given ({link_Bps:g} B/s{burst}): "
                 "latency is the transit less the bytes' time on it")
     host = hosts[0] if hosts and all(h == hosts[0] for h in hosts) else None
-    return {"paths": [str(p) for p in paths], "pushes": pushes, "compute_s": float(step.mean()),
-            "jitter_sigma": sigma, "latency_s": latency, "bandwidth_Bps": bandwidth,
-            "server_apply_s": float(np.concatenate(applies).mean()),
+    return {"paths": [str(p) for p in paths], "pushes": sum(m["pushes"] for m in measured),
+            "compute_s": float(step.mean()), "jitter_sigma": sigma, "latency_s": latency, "bandwidth_Bps": bandwidth,
+            "server_apply_s": float(np.concatenate([m["apply"] for m in mine]).mean()),
             "transit": [[b, s] for b, s in points], "note": note, "host": host,
             "eval_cpu_s": float(np.mean(evals)) if evals and None not in evals else None,
-            "reply_holds_server": all(real),
+            "reply_holds_server": all(m["real"] for m in measured),
             "transit_only": [str(p) for p, o in zip(paths, own) if not o]}
 
 
@@ -234,10 +204,8 @@ def _eval_cpu_s(summary: dict) -> float | None:
 
 
 def round_trip_rest(t: pd.DataFrame, config: dict) -> float:
-    """Mean seconds of a client's round trip that the five parts do not cover: between two of
-    its applied pushes, less the later push's parts (0 when no client pushed twice, or when the
-    recording's protocol is not async: a barrier's or a bound's wait for a reply, a dropped
-    segment, are not transit)."""
+    """Mean seconds of a client's round trip that the five parts miss (0 when no client pushed
+    twice, or not async: a barrier's wait is not transit)."""
     if _get(config, "protocol.name") not in (None, "async"):
         return 0.0
     parts = t[list(schema.TIMING_PARTS)].sum(axis=1)
@@ -247,8 +215,7 @@ def round_trip_rest(t: pd.DataFrame, config: dict) -> float:
 
 
 def machine_cost(cost, fit: dict, num_clients: int):
-    """The fitted cost placed on the recorded machine (see the module docstring); ``cost``
-    unchanged when the recordings hold no (or disagreeing) ``host`` records."""
+    """The fitted cost placed on the recorded machine (unchanged without one agreed ``host`` record)."""
     host = fit["host"]
     if not host:
         return cost, ""
@@ -267,9 +234,8 @@ def machine_cost(cost, fit: dict, num_clients: int):
 
 
 def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
-    """``cfg`` with the cost model fitted to the recordings ``cost.path`` names (separated by
-    ``:``, as in PATH: run folder names hold commas), and the ``fit`` record; raises ConfigError
-    (exit 2) before any work on a bad recording."""
+    """``cfg`` with the cost model fitted to the recordings ``cost.path`` names (``:``-separated:
+    folder names hold commas), and the ``fit`` record; ConfigError on a bad recording."""
     paths = [p for p in str(cfg.cost.path).split(os.pathsep) if p.strip()]
     if not paths:
         raise ConfigError("cost.path", cfg.cost.path, "one or more recorded run folders, separated by ':' "

@@ -1,13 +1,6 @@
-"""Replay (``cost=replay cost.path=RUN_DIR``): the simulator re-applies the push order a real run
-recorded, to prove that the two drivers compute the same numbers (what a user sees:
-docs/simulator.md, "Replaying a real run in the simulator").
-
-:func:`replay_config` makes the replay train exactly what the recorded run trained and checks
-the recording before anything starts (:func:`read_recording`); :class:`ReplayScheduler` is the
-schedule: each recorded row, in version order, with its recorded times, and the recorded
-membership events (a real run's joins, :mod:`repro.real.elastic`) between the rows of their
-versions. A joiner's id may exceed ``num_clients`` (its settings are slot ``client_slot``'s, in
-both drivers).
+"""Replay (``cost=replay cost.path=RUN_DIR``): the simulator re-applies a real run's recorded push
+order (docs/simulator.md, "Replaying a real run in the simulator"); the recording is checked
+before anything starts.
 """
 from __future__ import annotations
 
@@ -33,11 +26,8 @@ SLOW_CLIENT = ("straggler_client", "speeds", "speed_law")   # cost.*: who is slo
 
 
 def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfig:
-    """A replay trains exactly what the recorded run trained: every training-shaping setting
-    comes from its config.json (the slow client's cost keys too); the backend (sim), the cost
-    (replay) and everything that does not shape training (where results go, progress,
-    checkpoints) come from ``cfg``. The recording is checked here, before any folder is touched;
-    ``run_dir`` (where the replay writes) must not be the recording or inside it."""
+    """``cfg`` training exactly what the recording trained (its config.json's training settings,
+    the slow client's cost keys too); the recording is checked here, before any folder is touched."""
     source = Path(cfg.cost.path)
     try:
         recorded = from_dict(with_operational(read_recorded(source), cfg))
@@ -64,17 +54,11 @@ def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfi
 
 
 def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
-    """A setting the command line typed (``typed``: its overrides, as Hydra records them) that a
-    replay takes from its recording (``replayed``: :func:`replay_config` of ``cfg``) must have the
-    recording's value: another ran the recording's all the same, in a folder the typed value named.
-    So must each key a typed ``+exp``, ``+partition``, ``+mitigation`` or ``+problem`` sets; a
-    ``cost.*`` key the replay does not read (a cost model's: its order and times are the
-    recording's) is refused.
-    ConfigError naming the key (or group), the typed value and the recording's; not a replay: nothing."""
+    """ConfigError for a typed override (or a key a typed ``+group`` sets) whose value differs from
+    the recording's (``replayed``: :func:`replay_config` of ``cfg``), or a cost model's ``cost.*`` key."""
     if cfg.cost.schedule != "replay":
         return
     from repro.config.loader import OPTIONAL_GROUPS
-
     mine, theirs = to_dict(cfg), to_dict(replayed)
     for override in typed:
         key, _, text = override.partition("=")
@@ -95,13 +79,9 @@ def refuse_typed(typed: list[str], cfg: RunConfig, replayed: RunConfig) -> None:
 
 
 def option_keys(group: str, option: str) -> list[str]:
-    """The keys ``+group=option`` sets: those its YAML gives, the whole of each group it overrides
-    (``override /algo: downpour``: algo), and those of the options it builds on (its group's, or
-    another global group's: an experiment's ``/problem: quadratic``)."""
+    """The keys ``+group=option`` sets: its YAML's, each group it overrides, and its bases' keys."""
     from omegaconf import OmegaConf
-
     from repro.config.loader import CONF_DIR, OPTIONAL_GROUPS
-
     tree, keys, absent = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")), [], object()
     for entry in tree.pop("defaults", []):
         for name, chosen in entry.items() if isinstance(entry, dict) else [(group, entry)]:
@@ -111,8 +91,7 @@ def option_keys(group: str, option: str) -> list[str]:
 
 
 def _refuse_own_source(source: Path, run_dir: Path) -> None:
-    """A replay writes a fresh run folder: into its own recording (force=true would delete it
-    first) it never writes."""
+    """A replay never writes into its own recording (force=true would delete it first)."""
     src, out = source.resolve(), run_dir.resolve()
     if out == src or src in out.parents:
         raise ConfigError("cost.path", str(source), f"a recording outside the replay's own run folder "
@@ -125,33 +104,23 @@ MEMBERSHIP = ("client_joined", "client_rejoined", "client_lost")
 
 @dataclass(frozen=True)
 class Recording:
-    """A recorded run's pushes (client, read_version, num_steps, time_s), in version order,
-    ``unfinished``: why the recording ends before its run's budget ("" when it finished), and
-    its membership events (version, type, client, time_s), in the order they happened."""
-
+    """A recorded run's pushes (client, read_version, num_steps, time_s) in version order, why it
+    ends before its budget ("": it finished), and its membership events (version, type, client, time_s)."""
     rows: list[tuple[int, int, int, float]]
     unfinished: str
     membership: list[tuple[int, str, int, float]] = ()
 
 
 def _membership(summary: dict) -> list[tuple[int, str, int, float]]:
-    """The joins and losses a recorded run's summary lists (none for a run without a summary:
-    an unfinished recording is replayed as far as its rows go)."""
-    out = []
-    for e in summary.get("events", []):
-        if isinstance(e, dict) and e.get("type") in MEMBERSHIP:
-            t = e.get("lost_time_s", e.get("joined_time_s", e.get("time_s", 0.0)))
-            out.append((int(e["version"]), e["type"], int(e["client"]), float(t)))
-    return out
+    """The joins and losses a recorded run's summary lists."""
+    return [(int(e["version"]), e["type"], int(e["client"]),
+             float(e.get("lost_time_s", e.get("joined_time_s", e.get("time_s", 0.0)))))
+            for e in summary.get("events", []) if isinstance(e, dict) and e.get("type") in MEMBERSHIP]
 
 
 def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
-    """Every row of a recorded run's updates.csv, checked before the first push: versions 1, 2,
-    ... in order; a client in 1..num_clients; a read version the client could have fetched (in
-    an async run: 0 for its first push, then the version its previous push made); 1..10^6 local
-    steps; a finite time, never negative nor earlier than the row before. A recording whose
-    summary says it finished must hold every push it counts. A client that joined (its summary's
-    events) is a client from its join on, and its first push read its join's version."""
+    """Every row of a recorded run's updates.csv, checked before the first push (:func:`_bad_row`);
+    a finished recording must hold every push its summary counts."""
     run_dir = Path(run_dir)
     rows = _rows(run_dir)
     if not rows:
@@ -197,8 +166,7 @@ def _rows(run_dir: Path) -> list[tuple[int, tuple[int, int, int, float]]]:
 
 def _bad_row(version: int, client: int, read_version: int, num_steps: int, time_s: float,
              members: set[int], expected_read: int, last_time: float) -> str:
-    """Why a recorded row cannot be replayed, or "". ``members``: the clients of the run so far
-    (1..num_clients and those that joined before this push)."""
+    """Why a recorded row cannot be replayed, or ""."""
     if client not in members:
         return (f"names client {client}; the recorded run had clients {_ranges(sorted(members))} "
                 "at that version (1..num_clients and the client_joined events before it)")
@@ -225,8 +193,7 @@ def _ranges(ids: list[int]) -> str:
 
 
 def _unfinished(run_dir: Path, summary: dict, num_rows: int) -> str:
-    """Why the recording ends before its run's budget ("" for a finished run, which must hold
-    every push its summary counts)."""
+    """Why the recording ends before its run's budget ("" for a finished run)."""
     status = summary.get("status")
     if status in schema.FINISHED_STATUSES:
         version = summary.get("version")
@@ -243,13 +210,11 @@ def _unfinished(run_dir: Path, summary: dict, num_rows: int) -> str:
 
 
 class ReplayScheduler(Schedule):
-    """The order of a recorded run: each row of its updates.csv, in version order.
-    ``end_message``: what the run's summary says when the recording runs out."""
+    """The order of a recorded run: each row of its updates.csv, in version order."""
 
     def __init__(self, run_dir: str | Path, num_clients: int):
         recording = read_recording(run_dir, num_clients)
-        # the scheduler runs out before the budget only when the recording ends early: unfinished,
-        # or a diverged run whose divergence the replay did not repeat
+        # it runs out before the budget only when the recording is unfinished, or diverged and the replay did not
         self.rows, self.membership = recording.rows, recording.membership
         self.members_done = 0   # membership events carried out
         self.end_message = recording.unfinished or (f"all {len(self.rows)} recorded pushes were "
@@ -266,8 +231,7 @@ class ReplayScheduler(Schedule):
         return t   # a recorded order keeps its recorded times
 
     def membership_due(self, version: int) -> list[tuple[str, int, float]]:
-        """The recorded joins and losses that happened at server version ``version`` or before
-        and are not carried out yet: (type, client, time_s), in order."""
+        """The recorded joins and losses due by ``version``, not carried out yet: (type, client, time_s)."""
         due = []
         while self.members_done < len(self.membership) and self.membership[self.members_done][0] <= version:
             _, kind, client, t = self.membership[self.members_done]

@@ -1,58 +1,5 @@
-"""Shared resources in the simulator's clock (``cost.topology=shared``): who waits for whom.
-
-Under ``cost.topology=dedicated`` (the default, :class:`repro.sim.cost.CostScheduler`) every
-client has a host, a device and a link of its own, and only the server's apply is shared. Under
-``shared`` the clients contend for devices, links and the apply, each a queue in virtual time with a
-stated discipline:
-
-* **devices**: clients fill hosts of ``cost.shared.clients_per_host`` in order (clients 1..h on the
-  first host, ...). A host's ``cost.shared.devices_per_host`` devices are shared by its clients that
-  compute at once, by *processor sharing*: each of m computing clients runs at min(1, d / m) of
-  full speed, as an operating system shares cores or a driver time-slices a GPU (null: one
-  device per client, no sharing).
-* **links**: each host's link and the server's link, full duplex: each way has its own
-  bandwidth. A push goes up its host's link and in through the server's; a fetch goes out
-  through the server's and down its host's. Transfers in flight share bandwidth **max-min
-  fairly** (processor sharing over paths, the fluid model of competing TCP flows): every
-  transfer gets an equal share of its bottleneck link, and what a transfer held back elsewhere
-  leaves over goes to the others.
-* **the server's apply**: one push at a time, first come first served, as under ``dedicated``;
-  with ``cost.reply_holds_server`` the server also sends the reply before it serves the next push
-  (the real driver's Dispatcher holds its lock through the send), so it is busy until the reply's
-  transfer ends.
-* **one machine** (``cost.machine.single``): the server and every client on one host whose
-  ``devices_per_host`` cores they all share, as on a single-node loopback run. A push or fetch is
-  then CPU work too (a loopback transfer is a copy by the sending and the receiving process), so
-  the cores are shared by processor sharing among the computing clients (one share each) and the
-  transfers in flight (two shares each, one per end): with weight W in use every CPU stage runs
-  at min(1, d / W) of full speed, a transfer at the lesser of that and its links' share. The
-  server's evaluations are CPU work too (the real server evaluates in a thread): from each
-  evaluation on, ``cost.machine.eval_s`` seconds of work take one share; evaluations due while one runs
-  make one more after it, as the real server's evaluator runs one at a time and the evaluations
-  it fell behind on collapse into one. The apply (a tenth of a millisecond against milliseconds of
-  compute on digits) keeps its fixed time. A transfer across a limited link (the server's or a
-  host's) is the network's time, not the cores': it takes no share of them (two network
-  namespaces of one machine, :mod:`repro_bench.instruments.two_hosts`: the cores are shared, the link binds),
-  but for the kernels' work of moving its bytes (``cost.machine.link_cpu_s_per_byte``, 0 by default): at
-  a rate of B bytes/s it takes B x that of the cores, and is not slowed by them (the link binds).
-* **the server link's burst** (``cost.shared.server_burst_bytes``): each way of the server's link is a
-  token bucket, as tc's tbf: while no transfer crosses it, it fills at the link's rate up to the
-  burst; a transfer that finds that way idle sends what the bucket holds at once (its work is
-  that many bytes' time less), and a transfer that finds it busy gets none (the transfers in
-  flight take every token as it comes). Messages larger than the burst (the case modelled: a
-  parameter vector against tens of kilobytes) leave the bucket empty.
-
-A transfer is ``transfer_s`` (latency + bytes / bandwidth of its idle path) seconds of work at
-full speed, and sharing slows all of it, the latency too (0.1 ms of paper2013's 244 ms): so a
-transfer alone on its links, a client alone on its devices, take exactly the dedicated clock's
-time, bit for bit, and a resource with one user changes nothing.
-
-The clock is an event-driven fluid simulation. Each client is in one stage of its cycle (fetch,
-compute, push; then waiting for, or in, the server's apply): a stage has remaining work (seconds
-at full speed) since its epoch start ``t0``, and a rate (the fraction of full speed its resources
-give it now). When a stage starts or ends, the rates of the stages sharing a resource with it
-are recomputed; a stage whose rate changes is re-based at that instant, the others keep their
-numbers, so their end times are computed exactly as the dedicated clock computes them.
+"""Shared resources in the simulator's clock (``cost.topology=shared``): who waits for whom, as an
+event-driven fluid simulation (docs/simulator.md, "Shared resources").
 """
 from __future__ import annotations
 
@@ -74,11 +21,8 @@ def host_links(host: int) -> tuple[str, str]:
 
 
 def max_min_shares(paths: dict[int, tuple[str, ...]], capacity: dict[str, float]) -> dict[int, float]:
-    """Bytes/s of each transfer (``paths``: transfer -> the limited links it crosses, each in
-    ``capacity``), max-min fair, by progressive filling: the link whose equal share of its
-    capacity left is smallest freezes its transfers at that share, which is taken from every
-    other link they cross; repeat. Transfers on the same path get the same share, so they are
-    filled as one group. A transfer crossing no limited link gets ``inf``."""
+    """Bytes/s of each transfer (``paths``: transfer -> the limited links it crosses), max-min fair
+    by progressive filling, a path's transfers as one group; ``inf`` for one crossing none."""
     groups: dict[tuple[str, ...], list[int]] = {}
     for f, path in paths.items():
         groups.setdefault(path, []).append(f)
@@ -118,10 +62,8 @@ def max_min_shares(paths: dict[int, tuple[str, ...]], capacity: dict[str, float]
 
 
 class Stage:
-    """One client's current stage: ``work`` seconds at full speed remain at time ``t0``, done at
-    ``rate`` of full speed since, so it ends at ``end``; ``seq`` orders ties (the cycle's start,
-    as :class:`~repro.sim.cost.CostScheduler`'s sequence numbers do)."""
-
+    """One client's current stage: ``work`` seconds at full speed left at ``t0``, done at ``rate``
+    since, so it ends at ``end``; ``seq`` orders ties (the cycle's start)."""
     __slots__ = ("kind", "t0", "work", "rate", "seq", "end")
 
     def __init__(self, kind: str, t0: float, work: float, rate: float, seq: int):
@@ -136,13 +78,9 @@ class Stage:
         self.rate = rate
         self.end = self.t0 + self.work / rate if rate > 0 else math.inf
 
-    def as_list(self) -> list:
-        return [self.kind, self.t0, self.work, self.rate, self.seq]
-
 
 class ContendedScheduler(Schedule):
-    """Push arrivals in virtual time with shared devices and links; the server applies pushes one
-    at a time in arrival order."""
+    """Push arrivals in virtual time with shared devices and links; one apply at a time, in order."""
 
     def __init__(self, model: CostModel, client_ids: list[int], nsync: int):
         cost = model.cost
@@ -179,8 +117,6 @@ class ContendedScheduler(Schedule):
             self._start(k, COMPUTE, 0.0, self._new_seq())
         self._rerate(0.0, set(self.host.values()), ())
 
-    # -- the schedule's interface ------------------------------------------------------------
-
     def next(self) -> tuple[int, int, float] | None:
         while not self.arrived or self.replying:   # cost.reply_holds_server: until sent
             if not self._step(math.inf):
@@ -201,8 +137,7 @@ class ContendedScheduler(Schedule):
         return self.server_free
 
     def evaluated(self, t: float) -> None:
-        """The server evaluates its parameters from ``t`` on (cost.machine.single: CPU work beside
-        the clients, cost.machine.eval_s seconds of it; elsewhere an evaluation takes no time)."""
+        """An evaluation from ``t`` on: cost.machine.eval_s of CPU work on one machine, else nothing."""
         if not (self.one_machine and self.model.cost.machine.eval_s > 0):
             return
         if EVALUATOR in self.stages:   # the one evaluator is busy: one evaluation waits for it
@@ -222,8 +157,7 @@ class ContendedScheduler(Schedule):
         self._rerate(applied_at, (), (FETCH,))
 
     def cancel(self, client: int) -> None:
-        """Drop the client's push in flight (a sync round's backup worker, preempted): the
-        resources it held are freed now; it starts over when it is served."""
+        """Drop the client's push in flight, freeing its resources now."""
         self.arrived = [a for a in self.arrived if a[2] != client]
         self.flight.pop(client, None)
         stage = self.stages.pop(client, None)
@@ -236,19 +170,17 @@ class ContendedScheduler(Schedule):
     def state_dict(self) -> dict:
         return {"now": self.now, "seq": self.seq, "server_free": self.server_free,
                 "segments": [[k, v] for k, v in self.segments.items()],
-                "stages": [[k, *st.as_list()] for k, st in self.stages.items()],
+                "stages": [[k, st.kind, st.t0, st.work, st.rate, st.seq] for k, st in self.stages.items()],
                 "arrived": [list(a) for a in self.arrived], "eval_waiting": self.eval_waiting,
                 "replying": list(self.replying), "started": [[k, v] for k, v in self.started.items()],
                 "flight": [[k, v] for k, v in self.flight.items()],
                 "bucket": [[link, *v] for link, v in sorted(self.bucket.items())]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.now, self.seq = float(state["now"]), int(state["seq"])
-        self.server_free = float(state["server_free"])
+        self.now, self.seq, self.server_free = float(state["now"]), int(state["seq"]), float(state["server_free"])
         self.segments = {int(k): int(v) for k, v in state["segments"]}
-        self.stages = {}
-        for k, kind, t0, work, rate, seq in state["stages"]:
-            self.stages[int(k)] = Stage(str(kind), float(t0), float(work), float(rate), int(seq))
+        self.stages = {int(k): Stage(str(kind), float(t0), float(work), float(rate), int(seq))
+                       for k, kind, t0, work, rate, seq in state["stages"]}
         self.arrived = [(float(t), int(s), int(c)) for t, s, c in state["arrived"]]
         self.eval_waiting = bool(state.get("eval_waiting", False))
         self.replying = [int(k) for k in state.get("replying", [])]
@@ -257,8 +189,6 @@ class ContendedScheduler(Schedule):
         for link, tokens, since in state.get("bucket", []):
             self.bucket[str(link)] = [float(tokens), None if since is None else float(since)]
         self._reindex()
-
-    # -- the clock ---------------------------------------------------------------------------
 
     def _new_seq(self) -> int:
         self.seq += 1
@@ -278,8 +208,7 @@ class ContendedScheduler(Schedule):
         self.started[client] = t
 
     def _burst(self, client: int, kind: str, t: float) -> float:
-        """Bytes of a transfer starting at ``t`` that the server link's bucket sends at once (0
-        when that way is in use); the bucket keeps the rest and is in use from ``t``."""
+        """Bytes of a transfer starting at ``t`` that the server link's bucket sends at once."""
         link = SERVER_LINK[kind]
         if link not in self.bucket or link not in self.paths[client][kind]:
             return 0.0
@@ -292,8 +221,7 @@ class ContendedScheduler(Schedule):
         return sent
 
     def _link_idle(self, kind: str, t: float) -> None:
-        """A transfer of ``kind`` ended or was dropped at ``t``: its way of the server's link
-        fills its bucket again from ``t`` once no other transfer crosses it."""
+        """A transfer of ``kind`` ended at ``t``: its bucket refills from ``t`` if no other crosses it."""
         link = SERVER_LINK[kind]
         if link in self.bucket and not any(st.kind == kind and link in self.paths[k][kind]
                                            for k, st in self.stages.items()):
@@ -332,15 +260,13 @@ class ContendedScheduler(Schedule):
             self.arrived.append((t, stage.seq, client))
         if stage.kind in SERVER_LINK:
             self._link_idle(stage.kind, t)
-        # a fetch ends and a compute begins; a compute ends and a push begins; a push ends
         pools = (self.host[client],) if stage.kind in (FETCH, COMPUTE) else ()
         self._rerate(t, pools, (FETCH,) if stage.kind == FETCH else (PUSH,))
         return True
 
     def _rerate(self, t: float, hosts, directions) -> None:
-        """New rates, from ``t`` on, for the devices of ``hosts`` and the transfers in flight in
-        ``directions`` (PUSH: up and in; FETCH: out and down; the links of one direction are
-        not the other's); a stage whose rate is unchanged is left exactly as it is."""
+        """New rates from ``t`` on for the devices of ``hosts`` and the transfers in ``directions``
+        (PUSH: up and in; FETCH: out and down); a stage whose rate is unchanged is left as it is."""
         if self.one_machine:   # every stage is CPU work on the one host: all rates move together
             self._rerate_machine(t)
             return
@@ -354,10 +280,8 @@ class ContendedScheduler(Schedule):
                 self._set_rate(k, t, rate)
 
     def _rerate_machine(self, t: float) -> None:
-        """cost.machine.single: the host's cores shared by every compute (weight 1) and loopback
-        transfer (weight 2: both ends copy), each transfer also held to its links' share; a
-        transfer across a limited link waits for the link, not the cores (weight: its rate in
-        bytes/s x cost.machine.link_cpu_s_per_byte, the kernels' work, 0 by default)."""
+        """cost.machine.single: the cores shared by every compute (weight 1), loopback transfer (2)
+        and transfer across a limited link (its bytes/s x link_cpu_s_per_byte)."""
         links = {**self._flow_rates(FETCH), **self._flow_rates(PUSH)}
         # cores per unit of a limited-link transfer's rate; 0 without a limited link, where
         # full_Bps is infinite (inf x 0 would be nan)
