@@ -45,7 +45,6 @@ DIGITS = {int: "[0-9]+", float: r"[0-9]+(\.[0-9]+)?"}   # what a slider sends: 4
 @dataclass(frozen=True)
 class Settings:
     """One position of the sliders (the query string of /api)."""
-
     clients: int = 4
     nsync: int = 1
     jitter: float = 0.5          # w: a step takes (1 - w) + w Exp(1) times 10 ms; 0: no jitter

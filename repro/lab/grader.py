@@ -119,8 +119,7 @@ def print_check(check: Check, hinted: set[str], out: IO[str]) -> None:
 
 
 def say(line: str, out: IO[str]) -> None:
-    """A line of the report into ``out``, the grader's own stdout, after the file's own lines (on its
-    ``sys.stdout``, which it may have replaced or closed)."""
+    """A line of the report into ``out``, the grader's own stdout, after the file's own lines (flushed)."""
     flush_stdout()
     print(line, file=out, flush=True)
 

@@ -26,8 +26,7 @@ def listed(cell) -> list:
 
 
 def heat_map(ax, grid: pd.DataFrame, text: Callable[[float], str], dark: float, fontsize: str, **style):
-    """``grid`` (rows x integer columns) as an image, each cell's ``text`` in it (white above
-    ``dark``), rows and columns labelled."""
+    """``grid`` (rows x integer columns) as a labelled image, each cell's ``text`` in it (white above ``dark``)."""
     values = grid.to_numpy()
     image = ax.imshow(values, aspect="auto", **style)
     for (i, j), v in np.ndenumerate(values):

@@ -16,8 +16,7 @@ COLUMNS = ["protocol", "preempt_rate", "seed", "samples_per_s", "predicted_sampl
 
 
 def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """One row per run: its throughput, its time to target (empty when not reached) and the
-    live-client prediction from the same protocol's no-churn runs (mean over seeds)."""
+    """One row per run: throughput, time to target, and the live-client prediction from its protocol's no-churn runs."""
     t = runs.runs
     if t.empty:
         return pd.DataFrame(columns=COLUMNS)

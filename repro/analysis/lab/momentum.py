@@ -22,8 +22,7 @@ COLUMNS = ("kind", "num_clients", "seed", "momentum", "version", "quantity", "so
 
 
 def momentum_response(curvatures, lr: float, momentum: float, steps: int) -> np.ndarray:
-    """Per-mode responses w_i(t) / w_i(0) under torch.optim.SGD's momentum (our clients'), shape
-    (modes, steps + 1)."""
+    """Per-mode responses w_i(t) / w_i(0), shape (modes, steps + 1), under torch's SGD momentum (our clients')."""
     l = np.asarray(curvatures, float)
     w, b, out = np.ones_like(l), None, [np.ones_like(l)]
     for _ in range(steps):
@@ -94,8 +93,7 @@ def log_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def implicit_momentum(curvatures, c, lr: float, versions, losses, response=theorem_response) -> float:
-    """The mu whose ``response`` curve (mode energies ``c``, step size ``lr``) best matches the
-    measured (versions, losses)."""
+    """The mu whose ``response`` curve (mode energies ``c``, step ``lr``) best matches (versions, losses)."""
     versions = np.asarray(versions, int)
     steps = int(versions.max())
     dist = [log_distance(np.asarray(c) @ response(curvatures, lr, mu, steps)[:, versions] ** 2, losses)
@@ -104,8 +102,7 @@ def implicit_momentum(curvatures, c, lr: float, versions, losses, response=theor
 
 
 def direct_momentum(versions, losses, references: dict) -> float:
-    """The momentum of the reference curve (momentum -> (versions, losses)) closest to ``losses``,
-    parabola-refined."""
+    """The momentum of the ``references`` curve closest to ``losses``, parabola-refined."""
     target = pd.Series(np.asarray(losses, float), index=np.asarray(versions, int))
     dist = {}
     for m, (v, l) in references.items():
@@ -211,10 +208,9 @@ def draw_momentum(frame: pd.DataFrame) -> Figure:
                        f"prediction, {PREDICTION})")
     ax_curve.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
 
-    imp = frame[frame["kind"] == "implicit"]
     grid = np.linspace(1, max(counts), 200)
     ax_mu.plot(grid, 1 - 1 / grid, "k--", label=f"prediction: $\\mu = 1 - 1/N$ ({PREDICTION})")
-    part = imp[imp["source"] == "measured"]
+    part = frame[(frame["kind"] == "implicit") & (frame["source"] == "measured")]
     if len(part):
         ax_mu.plot(part["num_clients"], part["value"], "o", ms=4, alpha=0.4, color="C0",
                    label="measured, one per seed")

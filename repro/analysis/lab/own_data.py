@@ -56,8 +56,7 @@ def partition_order(parts) -> list[str]:
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per partition and method (mean over seeds): test error on the slow client's classes, on
-    the others, overall; runs diverged."""
+    """Per partition and method (mean over seeds): test error on the slow client's classes, the others', overall."""
     rows = []
     for (part, method), g in frame.groupby(["partition", "method"], sort=False):
         q = lambda name: g[g["quantity"] == name]["value"].mean()   # noqa: E731

@@ -30,8 +30,7 @@ def _label(run: pd.Series) -> str:
 
 
 def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """Tidy rows (panel, client, class, count) of every distinct partition in ``runs`` that
-    recorded one (runs reading the whole set, iid, record none and are left out)."""
+    """Tidy rows (panel, client, class, count) of every distinct partition recorded in ``runs`` (iid: none)."""
     table = runs.runs
     if COUNTS not in table:
         return pd.DataFrame(columns=["panel", "client", "class", "count"])

@@ -115,8 +115,7 @@ def stability_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 
 def draw_stability(frame: pd.DataFrame) -> Figure:
-    """One panel per problem: each (staleness, lr) cell's outcome, the measured boundary with
-    its bracket, and the predicted boundary (dashed)."""
+    """One panel per problem: each cell's outcome, the measured boundary (bracketed), the predicted (dashed)."""
     _require(frame, "stability")
     problems = sorted(frame["problem"].dropna().unique(), key=lambda p: (p != "quadratic", p))
     fig, axes = _new_figure(1, len(problems), panel=(4.6, 4.0), sharey=True)

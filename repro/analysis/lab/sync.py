@@ -181,8 +181,7 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
 
 
 def timing(cost, nsync: int, num_clients: int, param_bytes: int) -> Timing:
-    """The timing model of ``num_clients`` clients at ``nsync`` under ``cost`` (a CostConfig):
-    a transfer of ``param_bytes`` is what the simulator's cost model makes it."""
+    """The timing model of ``num_clients`` clients at ``nsync`` under ``cost``, messages of ``param_bytes``."""
     transfer = CostModel(cost, 0, param_bytes, cost.compute_s).transfer_s
     return Timing(cost.compute_s, cost.jitter, cost.jitter_sigma, nsync, num_clients,
                   tuple(step_time(cost, k, 1.0) for k in range(1, num_clients + 1)),
@@ -233,17 +232,15 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         tm, name = timing_of(run), str(run["protocol.name"])
         pushes = max(int(round(run["final_samples_seen"] / (run["algo.batch_size"] * k))), 1)
         pred = predict(tm, name, int(run["protocol.backup_workers"]), int(run["protocol.staleness_bound"]), pushes)
-        ref = async_segments_per_s(tm)
         source = SOURCES["backup" if name == "sync" and run["protocol.backup_workers"] else
                          name if name in SOURCES else "async"]
         values = {"samples_per_s": pred["segments_per_s"] * k * run["algo.batch_size"],
                   "updates_per_s": pred["updates_per_s"],
-                  "throughput_ratio": pred["segments_per_s"] / ref,
+                  "throughput_ratio": pred["segments_per_s"] / async_segments_per_s(tm),
                   "mean_round_s": pred.get("mean_round_s", np.nan)}
         for q, v in values.items():
             rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k, **PREDICTED,
-                         "quantity": q, "value": v, "source": source,
-                         "clock": run["clock"], "target": target})
+                         "quantity": q, "value": v, "source": source, "clock": run["clock"], "target": target})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]
     return out[COLUMNS].sort_values(["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"],

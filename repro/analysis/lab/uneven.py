@@ -64,8 +64,7 @@ def segment_times(run: pd.Series) -> list[float]:
 
 
 def collection_time(taus: list[float], size: int) -> float:
-    """Rennala's collection time t(S) = min{t : sum_i floor(t / tau_i) >= S}: the S-th smallest
-    push time m * tau_i (m = 1, 2, ...)."""
+    """Rennala's collection time t(S) = min{t : sum_i floor(t / tau_i) >= S}, the S-th push time."""
     heap = [(tau, tau, i) for i, tau in enumerate(taus)]
     heapq.heapify(heap)
     t = 0.0
