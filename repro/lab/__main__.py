@@ -1,10 +1,5 @@
-"""``python -m repro.lab``: the staleness classroom's commands.
-
-    python -m repro.lab grade FILE     grade an exercise file (exercises/*.py in the checkout)
-    python -m repro.lab explore        the staleness explorer: sliders in a browser (its own options)
-
-Answered without importing torch until a file is graded (``--help`` is instant).
-"""
+"""``python -m repro.lab``: the staleness classroom's commands, ``grade FILE`` and ``explore``.
+Answered without importing torch until a file is graded (``--help`` is instant)."""
 from __future__ import annotations
 
 import argparse
@@ -27,31 +22,26 @@ what came out and a hint); 2 the file cannot be loaded, or it ended the grading 
 (os._exit(), a crash): the reason in one line."""
 
 
-def parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["explore"]:   # the explorer owns its options (--port, --bench, --help)
+        from repro.lab import explore
+        return explore.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m repro.lab", description="The staleness classroom: "
                                 "exercises that grade themselves, e.g. python -m repro.lab grade "
                                 "exercises/01_mean_staleness.py, and an explorer with sliders in "
                                 "the browser, python -m repro.lab explore", epilog=EXERCISES_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
-    grade = commands.add_parser("grade", help="grade an exercise file", epilog=EXERCISES_HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="Run the file's answer on fixed seeds against the "
-                                "package's reference and the published prediction, and print "
-                                "each check's verdict.")
-    grade.add_argument("file", metavar="FILE", help="the exercise file, e.g. exercises/01_mean_staleness.py")
+    grading = commands.add_parser("grade", help="grade an exercise file", epilog=EXERCISES_HELP,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter,
+                                  description="Run the file's answer on fixed seeds against the "
+                                  "package's reference and the published prediction, and print "
+                                  "each check's verdict.")
+    grading.add_argument("file", metavar="FILE", help="the exercise file, e.g. exercises/01_mean_staleness.py")
     commands.add_parser("explore", add_help=False,
                         help="the staleness explorer: sliders in a browser on 127.0.0.1 "
                              "(python -m repro.lab explore --help for its options)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["explore"]:   # the explorer owns its options (--port, --bench, --help)
-        from repro.lab import explore
-        return explore.main(argv[1:])
-    p = parser()
     args = p.parse_args(argv)
     if args.command != "grade":
         p.error("say what to do: grade FILE or explore (python -m repro.lab --help)")   # exits 2

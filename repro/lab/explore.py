@@ -1,23 +1,8 @@
 """The staleness explorer: sliders in a browser, one small simulation per change.
 
-Owns ``python -m repro.lab explore``: a local web page (loopback only, a free port) where a
-student sets the clients, nsync, the step-time jitter, the learning rate and the protocol (async,
-sync, ssp, ringmaster, rennala, with their bound) and sees, redrawn at each change, three panels
-beside the theory's prediction: the staleness histogram (predicted mean, Mitliagkas et al. 2016's
-N - 1 corrected for the first round; ssp's from its clock rule's recurrence, rounds at bound 0),
-the throughput (the ceiling of :mod:`repro.sim.ceiling`, the barrier's order statistics of
-:mod:`repro.analysis.lab.sync` for sync and ssp, Rennala's t(S) of :mod:`repro.analysis.lab.uneven`)
-and the loss against virtual time on the lab's quadratic (the delayed gradient descent recursion
-of :mod:`repro.analysis.lab.stability`, mapped to time by the predicted update rate), or, when
-asked (``problem=digits``), of the digits network (digits_cnn, 60 steps; no theory curve).
-
-Why the standard library (http.server) and not Panel or marimo: the page is six controls and
-three small plots; Panel (bokeh, tornado) or marimo would be a new dependency of tens of MB that
-takes seconds to start, on top of torch's import, for nothing the HTML and 100 lines of script
-in explore.html do not do. Each change runs the real simulator (:func:`repro.api.run_config`, the
-same code as ``python -m repro.run``) for 300 exact-gradient local steps into a temporary folder
-and answers JSON; the page draws it on canvases (a matplotlib figure per change cost more than
-the simulation itself).
+Owns ``python -m repro.lab explore``: a page on 127.0.0.1 (explore.html) whose every change runs the
+simulator (:func:`repro.api.run_config`) for a few hundred steps and answers JSON, the measured
+staleness, throughput and loss beside the theory's prediction of each (docs/lab.md, "The explorer").
 """
 from __future__ import annotations
 
@@ -45,11 +30,8 @@ from repro.config.checks import pushes_per_apply
 from repro.runtime import EXIT_INTERRUPTED, SIGNALS, exit_on_signal, request_stop
 
 PROTOCOLS = ("async", "sync", "ssp", "ringmaster", "rennala")
-# What is trained: the lab's quadratic (the theory's curve beside it), or, when asked, the digits
-# network (digits_cnn on sklearn's 8x8 digits: no theory curve, fewer steps to keep within budget).
 PROBLEMS = {"quadratic": ("+problem=quadratic",), "digits": ("data=digits", "model=digits_cnn")}
-DIGITS_STEPS = 60
-# What each protocol's "bound" slider sets (sync: backup workers; async: nothing).
+DIGITS_STEPS = 60      # the digits network's steps per change: fewer, to keep within budget
 BOUND_KEY = {"sync": "backup_workers", "ssp": "staleness_bound", "ringmaster": "staleness_threshold",
              "rennala": "collection_size"}
 STEPS = 300            # local exact-gradient steps per change: "a few hundred updates", < 1 s
@@ -63,7 +45,6 @@ DIGITS = {int: "[0-9]+", float: r"[0-9]+(\.[0-9]+)?"}   # what a slider sends: 4
 @dataclass(frozen=True)
 class Settings:
     """One position of the sliders (the query string of /api)."""
-
     clients: int = 4
     nsync: int = 1
     jitter: float = 0.5          # w: a step takes (1 - w) + w Exp(1) times 10 ms; 0: no jitter
@@ -103,15 +84,13 @@ class Settings:
 
 @functools.cache
 def _base_config(problem: str = "quadratic"):
-    """The lab's quadratic (conf/problem/quadratic.yaml) or the digits network, composed once per
-    process and problem."""
+    """The lab's quadratic or the digits network, composed once per process and problem."""
     import repro.api as asgd
     return asgd.configure(*PROBLEMS[problem], "cost=uniform", "seed=0")
 
 
 def run_config(s: Settings):
-    """The RunConfig of one slider position: the base config with the sliders' values (checked
-    when it runs)."""
+    """The RunConfig of one slider position (checked when it runs)."""
     base = _base_config(s.problem)
     bound = {"sync": min(s.bound, s.clients - 1), "ssp": s.bound, "ringmaster": max(s.bound, 1),
              "rennala": max(s.bound, 1)}
@@ -141,9 +120,8 @@ def _initial_weights() -> np.ndarray:
 
 
 def theory_loss(lr: float, tau: int, nsync: int, versions: int) -> np.ndarray:
-    """Loss after each of ``versions`` updates of delayed gradient descent on the quadratic:
-    per coordinate a push is nsync local steps from parameters tau versions old,
-    w_{t+1} = w_t + ((1 - lr l)^nsync - 1) w_{t - tau} (Levin & May 1976 at nsync 1)."""
+    """Loss after each of ``versions`` updates of delayed gradient descent on the quadratic, a push
+    nsync steps from parameters tau versions old: w_{t+1} = w_t + ((1 - lr l)^nsync - 1) w_{t - tau}."""
     from repro.workload.data import QUADRATIC_CURVATURES
     curv = np.asarray(QUADRATIC_CURVATURES)
     w = [_initial_weights().copy()]
@@ -156,9 +134,8 @@ def theory_loss(lr: float, tau: int, nsync: int, versions: int) -> np.ndarray:
 
 
 def predictions(s: Settings, cfg, pushes: int) -> dict:
-    """The theory's numbers for one slider position (``cfg``: its run config): mean staleness
-    (versions), the throughput ceiling and the protocol's own rate (local steps per virtual
-    second), the critical lr."""
+    """The theory's numbers for one slider position: mean staleness (versions), the ceiling and the
+    protocol's own rate (local steps per virtual second), the critical lr."""
     from repro.analysis.lab.mitigation import expected_mean_staleness
     from repro.analysis.lab.stability import critical_lr
     from repro.analysis.lab.sync import predict, timing
@@ -276,9 +253,8 @@ BENCH = (Settings(), Settings(clients=8), Settings(clients=8, protocol="sync"), 
 
 
 def bench() -> int:
-    """Time each change of :data:`BENCH` (simulation and its numbers; the browser draws) against
-    the budget: wall time, and the process's CPU time, which is what an idle core would take
-    (on a loaded machine the wall time measures the other processes too)."""
+    """Time each change of :data:`BENCH` against the budget, in wall and in CPU time (what an idle
+    core would take: on a loaded machine the wall time counts the other processes too)."""
     answer({})   # warm-up: imports, Hydra's composition
     walls, cpus = [], []
     for s in BENCH:

@@ -1,14 +1,7 @@
-"""``python -m repro.lab grade FILE``: load a student's exercise file, grade it, report.
-
-Owns loading (which exercise a file is, from its ``EXERCISE = "NAME"`` line, read without
-running the file; then the file run as a module of its own, and the names the exercise needs
-checked) and the report: one line per check with what was expected and what came out, a hint
-under each failed one, and the exit status: 0 when every check passes, 1 when one fails, 2 when
-the file cannot be loaded (a syntax error, a missing name, an unknown exercise), said in one
-line on stderr, never with a traceback; 2 too when the file ends the grading's process itself
-before its verdict (``os._exit``, a signal, a crash, a KeyboardInterrupt: :func:`grade_apart`). The
-exercises themselves live in :mod:`repro.lab.numeric` and :mod:`repro.lab.plugins`.
-"""
+"""``python -m repro.lab grade FILE``: load a student's exercise file (its exercise named by its
+``EXERCISE = "NAME"`` line, read without running it), grade it in a child process, report one line
+per check, and exit 0 (all pass), 1 (one fails) or 2 (the file cannot be loaded, or it ended the
+grading itself): exercises/README.md. The exercises: :mod:`repro.lab.numeric`, :mod:`repro.lab.plugins`."""
 from __future__ import annotations
 
 import ast
@@ -126,8 +119,7 @@ def print_check(check: Check, hinted: set[str], out: IO[str]) -> None:
 
 
 def say(line: str, out: IO[str]) -> None:
-    """A line of the report into ``out``, the grader's own stdout, after the file's own lines (its
-    ``sys.stdout``, which the file may have replaced, set to None or closed: the report goes on)."""
+    """A line of the report into ``out``, the grader's own stdout, after the file's own lines (flushed)."""
     flush_stdout()
     print(line, file=out, flush=True)
 
@@ -139,8 +131,7 @@ def flush_stdout() -> None:
 
 def grade(file: str, loaded=lambda: None, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
     """Grade one file, calling ``loaded()`` once it has loaded, its report into ``out`` and its refusal
-    into ``err`` (by default ``sys.stdout``, ``sys.stderr`` as the grading starts: the file may take
-    them away); the exit status (see the module docstring)."""
+    into ``err`` (default: ``sys.stdout``, ``sys.stderr`` as it starts); the exit status."""
     path, out, err = Path(file), out or sys.stdout, err or sys.stderr
     # loading runs the file: an endless loop at its top too; it puts the file's folder on the path
     with time_limit(GRADE_LIMIT_S), mock.patch.object(sys, "path", list(sys.path)):
@@ -154,13 +145,9 @@ def grade(file: str, loaded=lambda: None, out: IO[str] | None = None, err: IO[st
 
 
 def grade_apart(file: str) -> int:
-    """:func:`grade` in a forked child that sends its verdict up a pipe after the report and
-    leaves at once: the student's file runs there, so its ``os._exit(0)`` or a crash cannot pass
-    for a verdict (exit 2, said in one line), nor can its threads keep the grading alive after it.
-    The child is a session of its own, killed whole as the grading ends, however it ends: the
-    processes the file started end with it, and on Linux those that left the session too (the
-    grader is their subreaper: :func:`end_descendants`), and the child with a SIGKILLed grader.
-    The grader holds the time limit too, as the alarm in the child is the file's to turn off."""
+    """:func:`grade` in a forked child, a session of its own that sends its verdict up a pipe and is
+    killed whole, with what it started, as the grading ends however it ends (exercises/README.md):
+    the file's ``os._exit(0)`` or crash cannot pass for a verdict. The grader holds the time limit too."""
     read, write = os.pipe()
     grader = os.getpid()
     prctl(PR_SET_CHILD_SUBREAPER, 1)   # orphans of the grading come to the grader, not to init, to be ended
@@ -225,9 +212,8 @@ def grade_apart(file: str) -> int:
 
 
 def end_descendants() -> None:
-    """SIGKILL and reap every process below this one (the grader's, whose one child is the
-    grading), found by their parent links in /proc (Linux; elsewhere none is found). Each round
-    reaps the grader's children, whose own then come to it, its subreaper, for the next."""
+    """SIGKILL and reap every process below this one, found in /proc (Linux; elsewhere none). Each
+    round reaps the grader's children, whose own then come to it, its subreaper, for the next."""
     me, spared = os.getpid(), set()
     while below := descendants(me) - spared:
         for p in below:
@@ -269,8 +255,7 @@ def _stopped(signum: int, _frame) -> None:
 
 @contextmanager
 def time_limit(seconds: int):
-    """A grading stopped after ``seconds`` (an answer that loops forever) fails, where the
-    platform has alarms (not Windows) and this is the main thread."""
+    """A grading stopped after ``seconds`` fails (where there is SIGALRM and this is the main thread)."""
     def too_long(signum, frame):
         raise TooLong(seconds)
     try:

@@ -1,12 +1,7 @@
-"""What every exercise's grading shares: a check's verdict, the catalogue of exercises, calling
-a student's code safely, and tiny simulator runs on the lab's quadratic.
-
-An exercise is a function that takes the student's loaded module and yields :class:`Check`
-verdicts, registered with :func:`exercise` under the name a stub's ``EXERCISE = "..."`` line
-gives. A student's class runs in the package's own registries (``PROTOCOLS``, ``RULES``) under a
-temporary name (:func:`plugged_run`), removed as soon as its run ends. Everything here reaches
-the package through :mod:`repro.api` only.
-"""
+"""What every exercise's grading shares: a check's verdict, the catalogue of exercises (each a
+function yielding :class:`Check` verdicts, registered with :func:`exercise` under the name a stub's
+``EXERCISE = "..."`` line gives), calling a student's code safely, and tiny simulator runs on the
+lab's quadratic, a student's class plugged into the package's registries (:func:`plugged_run`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,9 +18,7 @@ from repro.registry import Registry
 
 @dataclass(frozen=True)
 class Check:
-    """One verdict: what was checked, what was expected, what came out, and (when it failed) a
-    hint that says what to look at."""
-
+    """One verdict: what was checked, what was expected, what came out, and a hint if it failed."""
     what: str
     expected: str
     got: str
@@ -60,17 +53,15 @@ class StudentError(Exception):
 
 
 class TooLong(BaseException):
-    """The grading's time is up. Not an Exception: neither the student's ``except Exception``
-    nor :func:`student_call` may take it for an answer and call on (the alarm rings once: the
-    next call of an endless answer would never end)."""
+    """The grading's time is up. Not an Exception: neither the student's ``except Exception`` nor
+    :func:`student_call` may take it for an answer and call on (the alarm rings once)."""
 
     def __init__(self, seconds: int):
         super().__init__(f"grading ran over {seconds} s: does your code ever return?")
 
 
 def student_call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args)``, with an exception turned into a :class:`StudentError` naming the line of
-    the student's file it came from (their traceback, not the grader's)."""
+    """``fn(*args)``, an exception turned into a :class:`StudentError` naming their file's line."""
     try:
         return fn(*args, **kwargs)
     except (KeyboardInterrupt, TooLong):   # Ctrl-C and the time limit end the grading: no answer
@@ -104,8 +95,7 @@ def shown(value: Any) -> str:
 
 
 def as_number(got: Any) -> float | None:
-    """A student's answer as a float; None for what is not a number (text, a bool, None, an int
-    past float's range)."""
+    """A student's answer as a float; None for what is not a number (text, a bool, None, a huge int)."""
     if isinstance(got, (str, bytes, bool, np.bool_)):   # float("1") and float(True) passed for 1
         return None
     try:
@@ -116,21 +106,15 @@ def as_number(got: Any) -> float | None:
 
 def number_check(what: str, got: Any, expected: float, tolerance: str, hint: str, rel: float = 0.0,
                  abs_tol: float = 0.0) -> Check:
-    """A student's number against an expected one: it passes within ``max(rel * |expected|,
-    abs_tol)`` (None or text never does), the tolerance stated beside it."""
+    """A student's number against an expected one: it passes within ``max(rel * |expected|, abs_tol)``."""
     value = as_number(got)
     passed = value is not None and abs(value - expected) <= max(rel * abs(expected), abs_tol)
     return Check(what, f"{expected:.4g} ({tolerance})", shown(got), passed, hint)
 
 
-# ---------------------------------------------------------------------------------------------
-# Tiny simulator runs
-# ---------------------------------------------------------------------------------------------
-
 def quadratic(num_clients: int, steps: int, cost: str = "uniform", lr: float = 0.01, **cost_fields) -> Any:
-    """A run of the lab's quadratic (exact gradients, plain SGD through Downpour's gradient
-    rule, nsync 1) with ``num_clients`` clients for ``steps`` server updates' worth of samples,
-    evaluated 20 times; cost fields (e.g. ``straggler_factor=4.0``) change the profile."""
+    """A run config of the lab's quadratic (nsync 1) with ``num_clients`` clients for ``steps`` server
+    updates' worth of samples, evaluated 20 times; cost fields (``straggler_factor=4.0``) change the profile."""
     cfg = asgd.configure("+problem=quadratic", f"cost={cost}", "nsync=1")
     cfg = cfg.replace(num_clients=num_clients, num_epochs=float(steps), eval_every=steps / 20)
     return cfg.replace(algo=dataclasses.replace(cfg.algo, lr=lr), cost=dataclasses.replace(cfg.cost, **cost_fields))
@@ -145,10 +129,8 @@ def with_rule(cfg: Any, name: str, lr_server: float) -> Any:
 
 
 def plugged_run(registry: Registry, cls: type, cfg: Any, reference: str, tag: str, **fields: Any) -> tuple:
-    """The run of ``cfg`` with the ``reference`` entry of ``registry`` (a protocol, or a server
-    rule; ``fields`` set beside its name), then the same run with the student's ``cls`` in its
-    place, registered under a temporary name for that run alone; their code's exceptions become
-    a :class:`StudentError`."""
+    """The runs of ``cfg`` with the ``reference`` entry of ``registry`` (``fields`` set beside its
+    name) and with the student's ``cls`` in its place, under a temporary name for that run alone."""
     use = with_rule if registry is asgd.RULES else with_protocol
     reference_run = asgd.run_config(use(cfg, reference, **fields))
     with registry.plugged(f"student_{tag}", cls) as name:
@@ -156,8 +138,7 @@ def plugged_run(registry: Registry, cls: type, cfg: Any, reference: str, tag: st
 
 
 def first_difference(reference: Any, student: Any) -> str | None:
-    """Where two runs' update sequences part (client and staleness of each applied push), or
-    None when they agree push by push."""
+    """Where two runs' update sequences (client, staleness) part, or None."""
     ref = list(zip(reference.updates.client, reference.updates.staleness))
     got = list(zip(student.updates.client, student.updates.staleness))
     for i, (a, b) in enumerate(zip(ref, got)):

@@ -1,13 +1,6 @@
-"""The exercises that ask for a number: each graded against the theory's prediction and against
-what the simulator measures on fixed seeds (TEACHING.md, steps 1, 2 and 4).
-
-* ``mean_staleness``: N equally fast asynchronous clients, nsync 1: every push after the first
-  round is N - 1 versions stale (and the mean stays N - 1 with random step times).
-* ``stable_lr``: gradient descent with tau-step-old gradients on curvature l is stable iff
-  lr * l < 2 sin(pi / (4 tau + 2)) (Levin & May 1976); the quadratic's l_max is 1.
-* ``sync_ratio``: with exponential step times a sync round waits H_N mean steps, so sync
-  applies 1/H_N as many samples per second as async.
-"""
+"""The exercises that ask for a number (mean staleness, the stable learning rate, sync's throughput
+ratio), each graded against the theory's prediction and against what the simulator measures on
+fixed seeds (TEACHING.md, steps 1, 2 and 4; exercises/README.md)."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -25,8 +18,8 @@ RATIO_HINT = ("async applies every push as it comes; a sync round waits for the 
 
 
 def answer(fn, *args) -> object:
-    """The student's answer, or the error their function raised (shown as what came out), or
-    their answer's own when read as a number or as text (a __float__ that raises)."""
+    """The student's answer, or (as what came out) the error their function raised, or that their
+    answer raised when read as a number or as text."""
     try:
         got = student_call(fn, *args)
         student_call(lambda: (as_number(got), str(got)))
@@ -83,12 +76,9 @@ def grade_stable_lr(student) -> Iterator[Check]:
                            rel=0.02)
     got = answer(student.largest_stable_lr, 3)
     lr = as_number(got)
-    if lr is None:
-        yield Check("staleness 3, simulator (4 equally fast clients)", "a number to try", str(got), False, LR_HINT)
-        return
-    if not 0 < lr < 100:
-        yield Check("staleness 3, simulator (4 equally fast clients)", "a learning rate between 0 and 100", str(got),
-                    False, LR_HINT)
+    if lr is None or not 0 < lr < 100:
+        yield Check("staleness 3, simulator (4 equally fast clients)",
+                    "a number to try" if lr is None else "a learning rate between 0 and 100", str(got), False, LR_HINT)
         return
     for factor, want, hint in ((0.85, "stable", "your rate is above the boundary: a little below it "
                                 "already fails"), (1.2, "unstable", "your rate is below the boundary: "

@@ -1,16 +1,8 @@
-"""The exercises whose answer is a class plugged into the package's registries, beside a
-reference: the staleness-scaled server rule (``RULES``), and, in ``PROTOCOLS``, backup workers
-for sync rounds, the gate of stale synchronous parallel (Ho et al. 2013) and Ringmaster's
-discard rule (Maranjyan, Tyurin, Richtarik 2025).
-
-Each is graded twice: unit checks that call the student's class on chosen inputs (the two gates:
-a scripted sequence of pushes, decision by decision, naming the staleness or lead it was made
-at) and name the first difference from the reference's answer, then a tiny run of the lab's
-quadratic with the student's class in the registry, compared update by update with the same run
-of the reference, and with the published prediction where there is one (backup workers: a
-round's time; SSP: no client more than s + 1 pushes ahead when it pushes; Ringmaster: no applied
-push R or more versions stale).
-"""
+"""The exercises whose answer is a class plugged into the package's registries: the
+staleness-scaled server rule (``RULES``); backup workers, the SSP gate and Ringmaster's discard
+rule (``PROTOCOLS``). Each is graded by unit checks on chosen inputs (the gates: a scripted sequence
+of pushes), then by a tiny run of the lab's quadratic compared update by update with the reference's
+and with the published prediction where there is one (exercises/README.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -56,8 +48,7 @@ def grade_staleness_rule(student) -> Iterator[Check]:
                     abs(got[tau] - want[tau]) < 1e-6 * want[tau], hint)
     reference, mine = plugged_run(asgd.RULES, cls, quadratic(4, 200, "jitter_exponential", lr=0.3),
                                   "staleness_scaled", "staleness_rule", lr_server=0.3)
-    yield losses_check("4 clients, random step times, 200 updates of the quadratic", reference, mine,
-                       RULE_HINT)
+    yield losses_check("4 clients, random step times, 200 updates of the quadratic", reference, mine, RULE_HINT)
 
 
 BACKUP_HINT = ("a round closes at the first N - b pushes of the N clients live at its start (those "
@@ -111,9 +102,8 @@ def push(client: int, read_version: int) -> asgd.Push:
 
 
 def decided(method, *args) -> asgd.Decision:
-    """The Decision the student's ``method`` returns, its clients as tuples (a list or an array
-    is judged by whom it names); anything else (a forgotten ``return``, ``reply=3``) is their
-    error, said as one (their repr of it too: one that raises was the grader's traceback)."""
+    """The Decision the student's ``method`` returns, its clients as tuples (a list or an array is
+    judged by whom it names); anything else (a forgotten ``return``, ``reply=3``) is their error."""
     got = student_call(method, *args)
     if not isinstance(got, asgd.Decision):
         raise StudentError(f"{method.__name__} returned {student_call(repr, got)}, not a Decision")
@@ -131,8 +121,7 @@ def goes_on(decision: asgd.Decision) -> str:
 
 def ssp_script() -> list[tuple[str, int]]:
     """Client 1 runs ahead of clients 2 and 3 (its 2nd push is s = 2 ahead and goes on, its 3rd
-    waits), client 3's push releases it, it runs ahead again, and client 3's loss releases it.
-    A client pushes only when it has its reply."""
+    waits), client 3's push releases it, it runs ahead again, and client 3's loss releases it."""
     return [("push", 1)] * 3 + [("push", 2), ("push", 3), ("push", 1), ("push", 2), ("lost", 3)]
 
 

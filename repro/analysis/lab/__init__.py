@@ -13,9 +13,8 @@ from repro.sim.cost import path_bandwidth
 
 
 def message_bytes(run: pd.Series, cost) -> int:
-    """The network's own bytes, as the run's config.json records them (``network.param_bytes``:
-    the lab builds no network), for the simulator's cost model (:class:`repro.sim.cost.CostModel`)
-    to send; 0 where they do not count: ``cost.comm_params`` sets the size, or links are free."""
+    """The network's bytes as the run's config.json records them (``network.param_bytes``), for the
+    cost model to send; 0 where ``cost.comm_params`` sets the size, or links are free."""
     if cost.comm_params is not None or path_bandwidth(cost) is None:
         return 0
     return int(recorded(pd.DataFrame([run]), "network.param_bytes"))
@@ -27,8 +26,7 @@ def listed(cell) -> list:
 
 
 def heat_map(ax, grid: pd.DataFrame, text: Callable[[float], str], dark: float, fontsize: str, **style):
-    """``grid`` (rows x integer columns) as an image, each cell's ``text`` written in it (none
-    where that is empty; white on cells above ``dark``), rows and columns labelled."""
+    """``grid`` (rows x integer columns) as a labelled image, each cell's ``text`` in it (white above ``dark``)."""
     values = grid.to_numpy()
     image = ax.imshow(values, aspect="auto", **style)
     for (i, j), v in np.ndenumerate(values):

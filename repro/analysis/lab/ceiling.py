@@ -1,21 +1,7 @@
-"""Staleness lab, experiment ``ceiling``: what limits speedup, measured beside the predicted bound.
-
-Owns the figure ``ceiling`` (``python -m repro.run +exp=ceiling``): its tidy frame (measured and
-predicted throughput and speedup, one row per run or prediction and quantity), its drawing and
-its table. The prediction is :func:`repro.sim.ceiling.ceiling`, from each run's cost profile
-alone: the smallest of what the clients would push with nothing shared and what each shared
-resource (server apply, server link, host links, host devices) can carry.
-
-The bound needs clients out of step (:mod:`repro.sim.ceiling` says why). The lab's grid runs
-with the profile's jitter (kind ``measured``); runs without it (``cost.jitter=none``: kind
-``lockstep``) are a series of their own beside them and the bound, in one figure:
-``python -m repro.run +exp=ceiling cost.jitter=lognormal,none exp_name=ceiling_lockstep``.
-
-Measured throughput is the steady state: applied samples per virtual second over the second
-half of a run's pushes (by version), so the start, where every client computes its first
-segment at once, does not count. Speedup is that throughput over one client's at the same
-bandwidth, nsync, jitter and seed. Nothing here trains or reads files.
-"""
+"""Staleness lab, ``ceiling`` (``python -m repro.run +exp=ceiling``): what limits speedup, measured
+beside the bound :func:`repro.sim.ceiling.ceiling` predicts from each run's cost profile. Owns the
+figure's tidy frame (steady-state throughput and speedup over one client; runs without jitter a
+``lockstep`` series of their own), drawing and table. The theory: TEACHING.md, step 6."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,20 +22,11 @@ QUANTITIES = {"samples_per_s": "applied samples per second\n(steady state, virtu
               "speedup": "speedup in throughput\n(N clients / 1 client)"}
 
 
-# ---------------------------------------------------------------------------------------------
-# A run's cost profile and its prediction
-# ---------------------------------------------------------------------------------------------
-
 def predict(run: pd.Series, counts) -> list:
-    """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at each client count of
-    ``counts`` (its inputs read once; messages: :func:`repro.analysis.lab.message_bytes`)."""
+    """The :class:`~repro.sim.ceiling.Ceiling` of the run's profile at each client count of ``counts``."""
     cost = cost_of(run)
     return [ceiling(cost, n, int(run["nsync"]), message_bytes(run, cost)) for n in counts]
 
-
-# ---------------------------------------------------------------------------------------------
-# The frame
-# ---------------------------------------------------------------------------------------------
 
 def steady_samples_per_s(updates: pd.DataFrame) -> pd.Series:
     """Per run_dir: applied samples per virtual second over the second half of its pushes."""
@@ -66,9 +43,8 @@ def steady_samples_per_s(updates: pd.DataFrame) -> pd.Series:
 
 
 def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """Per run: steady-state samples/s and speedup over 1 client (same profile, bandwidth,
-    nsync, jitter, seed), kind ``measured`` (clients out of step) or ``lockstep`` (no jitter);
-    per grid point: the predicted bound on both and the resource that sets it."""
+    """Per run: steady-state samples/s and speedup over 1 client (same profile, bandwidth, nsync,
+    jitter, seed), kind ``measured`` or ``lockstep``; per grid point the bound on both and what sets it."""
     r = runs.runs.copy()
     if "cost.jitter" not in r:
         r["cost.jitter"] = "none"
@@ -100,8 +76,7 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measured (mean over seeds; out of step and in lockstep) beside predicted, per bandwidth,
-    nsync and client count run."""
+    """Measured (mean over seeds) beside predicted, per bandwidth, nsync and client count run."""
     index = ["cost.bandwidth_Bps", "nsync", "num_clients"]
     f = frame[~frame["diverged"].astype(bool)]
     out = f.pivot_table(index=index, columns=["quantity", "kind"], values="value", aggfunc="mean")
@@ -112,21 +87,14 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-# ---------------------------------------------------------------------------------------------
-# The figure
-# ---------------------------------------------------------------------------------------------
-
 MARKERS = {MEASURED: dict(marker="o", ms=4.5), LOCKSTEP: dict(marker="s", ms=4.0, markerfacecolor="none")}
 
 
 def draw_ceiling(frame: pd.DataFrame):
-    """2 rows (samples/s, speedup) x one column per link bandwidth; one colour per nsync;
-    measured with clients out of step (jitter): filled circles (mean over seeds, bars min-max);
-    measured in lockstep (no jitter): hollow squares; predicted bound: dashed."""
+    """2 rows (samples/s, speedup) x one column per link bandwidth, one colour per nsync: measured
+    out of step, filled circles; in lockstep, hollow squares; the bound, dashed."""
     from matplotlib.lines import Line2D
-
     from repro.analysis.figures import _PALETTE, _new_figure, _require, mean_minmax, plain_log_ticks
-
     _require(frame, "ceiling")
     bws = sorted(frame["cost.bandwidth_Bps"].unique(), key=lambda b: (not finite(b), b if finite(b) else 0))
     nsyncs = sorted(int(k) for k in frame["nsync"].unique())

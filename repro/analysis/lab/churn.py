@@ -1,14 +1,6 @@
-"""Staleness lab, experiment ``churn``: what losing and regaining clients costs.
-
-Owns the figure ``churn`` (``python -m repro.run +exp=churn``): for each protocol, samples per
-virtual second and time to target against the preemption rate lambda (``cost.churn.preempt_rate``,
-losses per client per virtual second; a lost client is back after ``cost.churn.preempt_down_s`` on
-average), beside what the live-client count alone predicts: a client is live a fraction
-``1 / (1 + lambda * down)`` of the time (an alternating renewal process), so a throughput that
-only counted live clients would be the no-churn throughput times that fraction. What a protocol
-loses beyond it is the work dropped with each lost client (its push in flight) and, for a
-barrier, the rounds that wait.
-"""
+"""Staleness lab, ``churn`` (``python -m repro.run +exp=churn``): what losing and regaining clients
+costs. Owns the figure: per protocol, samples per virtual second and time to target against the
+preemption rate, beside what the live-client count alone predicts (TEACHING.md, step 9)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -24,8 +16,7 @@ COLUMNS = ["protocol", "preempt_rate", "seed", "samples_per_s", "predicted_sampl
 
 
 def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """One row per run: its throughput, its time to target (empty when not reached) and the
-    live-client prediction from the same protocol's no-churn runs (mean over seeds)."""
+    """One row per run: throughput, time to target, and the live-client prediction from its protocol's no-churn runs."""
     t = runs.runs
     if t.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -54,7 +45,6 @@ def churn_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 def draw_churn(frame: pd.DataFrame):
     from repro.analysis.figures import _new_figure, _require, plural
-
     _require(frame, "churn")
     fig, axes = _new_figure(1, 2, panel=(4.6, 3.4))
     mean = frame.groupby(["protocol", "preempt_rate"], as_index=False).mean(numeric_only=True)

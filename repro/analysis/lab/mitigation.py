@@ -1,17 +1,7 @@
-"""Staleness lab, experiment ``mitigation``: does fixing staleness fix asynchronous SGD?
-
-Owns the figure ``mitigation`` (``python -m repro.run +exp=mitigation``): plain asynchronous
-Downpour against its mitigations at one client count, for several nsync and seeds -- the
-tidy frame (final test error, time to target, measured staleness; the expected staleness as
-context) and the drawing. Nothing here trains or reads files.
-
-The mitigations (conf/mitigation/*.yaml; the rules in :mod:`repro.asgd.algorithm`) and their
-sources: :data:`MITIGATIONS`. No closed form exists for the final error of any of them, so none
-is drawn; theory gives the staleness they face, drawn as context: with N equally fast clients
-each push waits for one push of every other client, N - 1 versions = (N - 1) * nsync local
-steps (:func:`expected_mean_staleness`); SSP's clock rule leaves that mean alone and bounds the
-worst case (:func:`ssp_staleness_bound`); sync is 0 by construction.
-"""
+"""Staleness lab, ``mitigation`` (``python -m repro.run +exp=mitigation``): plain asynchronous
+Downpour against its mitigations (:data:`MITIGATIONS`) at one client count, per nsync and seed.
+Owns the figure's tidy frame (final test error, time to target, measured staleness beside the
+expected staleness: no closed form exists for the error), drawing and table (TEACHING.md, step 5)."""
 from __future__ import annotations
 
 import numpy as np
@@ -97,10 +87,8 @@ def draw_mitigation(frame: pd.DataFrame):
     """(a) final test error, (b) time to target, (c) mean staleness in local steps; x: the
     mitigation, one colour per nsync; mean over seeds with min-max bars, diverged runs 'x'."""
     from matplotlib.lines import Line2D
-
     from repro.analysis.figures import (DIVERGED_MARKER, _new_figure, _require, _seeds, nsync_colors, ordered,
                                         plain_log_ticks)
-
     _require(frame, "mitigation")
     names = ordered(frame["mitigation"], [m[0] for m in MITIGATIONS.values()])
     levels = sorted(int(k) for k in frame["nsync"].unique())

@@ -1,40 +1,7 @@
-"""Staleness lab, ``momentum``: asynchrony acts like added momentum, measured on the quadratic.
-
-Owns the momentum figure: its tidy frame (:func:`momentum_frame`), its drawing
-(:func:`draw_momentum`) and the estimator behind them (:func:`implicit_momentum`,
-:func:`direct_momentum`, :func:`fit_mode_energies`). Trained by ``python -m repro.run
-+exp=momentum`` (``conf/exp/momentum.yaml``); redrawn from the logs by ``python -m
-repro.analysis momentum``.
-
-The prediction (Mitliagkas, Zhang, Hadjis, Re, "Asynchrony begets momentum, with an application
-to deep learning", Allerton 2016, arXiv:1605.09774): when the M workers' compute times are
-exponential, the staleness of a push is geometric, P(tau = s) = (1/M)(1 - 1/M)^s, and
-asynchronous SGD ``w_{t+1} = w_t - a grad f(w_{t-tau_t})`` is, in expectation, momentum SGD
-
-    E[w_{t+1} - w_t] = (1 - 1/M) E[w_t - w_{t-1}] - (a/M) E[grad f(w_t)],
-
-i.e. implicit momentum mu = 1 - 1/M at step size a(1 - mu). Unrolled from the start (every worker
-first reads w_0), the buffer starts full: ``u_0 = g_0; w_{t+1} = w_t - a u_t; u_{t+1} = mu u_t
-+ (1 - mu) g_{t+1}`` (:func:`theorem_response`).
-
-So an N-client curve cannot simply be matched against our 1-client momentum runs: at the same lr
-their steps are 1/(1 - m) times larger (the closest is always m = 0; the frame keeps that naive
-:func:`direct_momentum` estimate), and even at lr(1 - m) torch's buffer starts at the first
-gradient, a first step 1 - m times smaller, which the quadratic's slow modes never forget
-(that alone biases curve matching towards m = 0). The measurement therefore compares each N-client curve with
-the theorem's own momentum curves, computed exactly for this quadratic from the 1-client runs of
-the same seed: the loss is ``sum_i c_i r_i(t)^2`` with known curvatures l_i and per-mode
-responses r_i, so the mode energies c_i = l_i w_{0,i}^2 / 2 are fitted to the measured 1-client
-curves by non-negative least squares (:func:`fit_mode_energies`; the fit's worst relative error
-is in the frame) and any momentum's curve follows. The implicit momentum of an N-client run is
-the mu whose theorem-form curve is closest in mean squared log loss over the first
-:data:`WINDOW` versions (:func:`implicit_momentum`).
-
-Explicit momentum: Mitliagkas et al. advise lowering it as asynchrony grows, keeping the total
-near the best single-worker value mu*; the prediction drawn is max(0, mu* - (1 - 1/N)). Here the
-explicit momentum is each client's own (torch-style) buffer, which the delta rule carries to the
-server; in their model it acts on the global iterate, one reason the two need not agree exactly.
-"""
+"""Staleness lab, ``momentum`` (``python -m repro.run +exp=momentum``): asynchrony acts like added
+momentum (Mitliagkas, Zhang, Hadjis, Re 2016), measured on the quadratic. Owns the figure's tidy
+frame, its drawing and the estimator behind them; how the implicit momentum is measured and why
+so: docs/lab.md, "momentum"."""
 from __future__ import annotations
 
 import warnings
@@ -54,13 +21,8 @@ COLUMNS = ("kind", "num_clients", "seed", "momentum", "version", "quantity", "so
            "diverged")
 
 
-# ---------------------------------------------------------------------------------------------
-# Per-mode responses of the quadratic (w_i(t) / w_i(0)), and the fit of the mode energies
-# ---------------------------------------------------------------------------------------------
-
 def momentum_response(curvatures, lr: float, momentum: float, steps: int) -> np.ndarray:
-    """torch.optim.SGD's momentum (our clients' LocalSGD): ``b_0 = g_0, b_t = m b_{t-1} + g_t,
-    w -= lr b``; shape (modes, steps + 1)."""
+    """Per-mode responses w_i(t) / w_i(0), shape (modes, steps + 1), under torch's SGD momentum (our clients')."""
     l = np.asarray(curvatures, float)
     w, b, out = np.ones_like(l), None, [np.ones_like(l)]
     for _ in range(steps):
@@ -72,9 +34,8 @@ def momentum_response(curvatures, lr: float, momentum: float, steps: int) -> np.
 
 
 def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray:
-    """The expected dynamics of asynchronous SGD at step size ``lr`` under geometric staleness
-    with parameter 1 - mu (Mitliagkas et al. 2016): ``w_{t+1} = w_t - lr u_t``, ``u_0 = g_0``,
-    ``u_{t+1} = mu u_t + (1 - mu) g_{t+1}``; mu = 0 is plain gradient descent."""
+    """Per-mode responses of asynchronous SGD's expected dynamics under geometric staleness with
+    parameter 1 - mu (Mitliagkas et al. 2016; docs/lab.md); mu = 0 is plain gradient descent."""
     l = np.atleast_1d(np.asarray(curvatures, float))   # a number: one mode
     w = np.ones_like(l)
     u, out = l * w, [w]
@@ -86,36 +47,28 @@ def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray
 
 
 def fit_mode_energies(curvatures, curves) -> tuple[np.ndarray, float]:
-    """Mode energies c >= 0 with ``loss(t) = sum_i c_i r_i(t)^2`` for every measured curve.
-    ``curves``: iterable of (lr, momentum, versions, losses) of 1-client runs. Least squares on
-    relative errors (every version counts alike however small its loss). Returns (c, worst
-    relative error of the fit over all points)."""
+    """(c, worst relative error): mode energies c >= 0 with ``loss(t) = sum_i c_i r_i(t)^2`` for each
+    1-client curve (lr, momentum, versions, losses) of ``curves``, least squares on relative errors."""
     from scipy.optimize import nnls  # scikit-learn's dependency; loaded only when fitting
-
-    rows, targets = [], []
+    rows = []
     for lr, m, versions, losses in curves:
         versions = np.asarray(versions, int)
         r = momentum_response(curvatures, lr, m, int(versions.max()))[:, versions]
         rows.append((r ** 2).T / np.asarray(losses)[:, None])
-        targets.append(np.ones(len(versions)))
-    a, y = np.vstack(rows), np.concatenate(targets)
+    a = np.vstack(rows)
+    y = np.ones(len(a))
     c, _ = nnls(a, y, maxiter=50 * a.shape[1])
     return c, float(np.max(np.abs(a @ c - y)))
 
 
-# ---------------------------------------------------------------------------------------------
-# Matching curves
-# ---------------------------------------------------------------------------------------------
-
 def _x(m):
-    """Momentum on its natural scale, ln of the time constant 1 / (1 - m): 1 - 1/N maps to ln N,
-    and a ladder like 0, .5, .75, .875 is evenly spaced."""
+    """Momentum on its natural scale, ln 1 / (1 - m): 1 - 1/N maps to ln N."""
     return -np.log1p(-np.asarray(m, float))
 
 
 def refine_minimum(ms, distances) -> float:
     """The minimising momentum, refined by the parabola through the best point and its two
-    neighbours on the ``_x`` scale (the best point itself at either end of the ladder)."""
+    neighbours on the ``_x`` scale (the best point itself at either end)."""
     ms, d = np.asarray(ms, float), np.asarray(distances, float)
     ok = np.isfinite(d)
     ms, d = ms[ok], d[ok]
@@ -140,8 +93,7 @@ def log_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def implicit_momentum(curvatures, c, lr: float, versions, losses, response=theorem_response) -> float:
-    """The mu whose curve (mode energies ``c``, step size ``lr``; the theorem's form unless
-    ``response`` says otherwise) best matches the measured (versions, losses)."""
+    """The mu whose ``response`` curve (mode energies ``c``, step ``lr``) best matches (versions, losses)."""
     versions = np.asarray(versions, int)
     steps = int(versions.max())
     dist = [log_distance(np.asarray(c) @ response(curvatures, lr, mu, steps)[:, versions] ** 2, losses)
@@ -150,8 +102,7 @@ def implicit_momentum(curvatures, c, lr: float, versions, losses, response=theor
 
 
 def direct_momentum(versions, losses, references: dict) -> float:
-    """The brief's first estimator: the momentum of the reference curve (momentum -> (versions,
-    losses), e.g. the measured 1-client runs) closest to ``losses``, parabola-refined."""
+    """The momentum of the ``references`` curve closest to ``losses``, parabola-refined."""
     target = pd.Series(np.asarray(losses, float), index=np.asarray(versions, int))
     dist = {}
     for m, (v, l) in references.items():
@@ -161,17 +112,6 @@ def direct_momentum(versions, losses, references: dict) -> float:
     return refine_minimum(list(dist), list(dist.values()))
 
 
-# ---------------------------------------------------------------------------------------------
-# The frame
-# ---------------------------------------------------------------------------------------------
-
-def _curves(runs: Runs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    ev = runs.evals.sort_values(["run_dir", "version"], kind="stable")
-    ev = ev[ev["version"] <= WINDOW]
-    return {d: (g["version"].to_numpy(int), g["train_loss"].to_numpy(float))
-            for d, g in ev.groupby("run_dir", sort=False)}
-
-
 def momentum_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Loss curves, implicit momentum per (N, seed), loss after the window per explicit momentum,
     and the best explicit momentum per N: measured and predicted, one long table (``kind``)."""
@@ -179,7 +119,11 @@ def momentum_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     if info.empty:
         return pd.DataFrame(columns=COLUMNS)
     curvatures = tuple(recorded(info, "dataset.curvatures"))   # the runs' config.json records them
-    curves, rows = _curves(runs), []
+    ev = runs.evals.sort_values(["run_dir", "version"], kind="stable")
+    ev = ev[ev["version"] <= WINDOW]
+    curves = {d: (g["version"].to_numpy(int), g["train_loss"].to_numpy(float))
+              for d, g in ev.groupby("run_dir", sort=False)}
+    rows = []
     info = info.assign(diverged=is_diverged(info["status"]).to_numpy(),
                        momentum=info["algo.momentum"].astype(float), lr=info["algo.lr"].astype(float))
 
@@ -240,10 +184,6 @@ def momentum_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-# ---------------------------------------------------------------------------------------------
-# The figure
-# ---------------------------------------------------------------------------------------------
-
 def draw_momentum(frame: pd.DataFrame) -> Figure:
     """(a) N plain-SGD clients' loss beside the predicted momentum-SGD curve, both relative to one
     plain-SGD client; (b) implicit momentum against 1 - 1/N; (c) loss after the window against
@@ -268,10 +208,9 @@ def draw_momentum(frame: pd.DataFrame) -> Figure:
                        f"prediction, {PREDICTION})")
     ax_curve.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
 
-    imp = frame[frame["kind"] == "implicit"]
     grid = np.linspace(1, max(counts), 200)
     ax_mu.plot(grid, 1 - 1 / grid, "k--", label=f"prediction: $\\mu = 1 - 1/N$ ({PREDICTION})")
-    part = imp[imp["source"] == "measured"]
+    part = frame[(frame["kind"] == "implicit") & (frame["source"] == "measured")]
     if len(part):
         ax_mu.plot(part["num_clients"], part["value"], "o", ms=4, alpha=0.4, color="C0",
                    label="measured, one per seed")

@@ -1,16 +1,8 @@
-"""Staleness lab, experiment ``own_data``: clients with their own data, one of them slow.
-
-Owns the figure ``own_data`` (``python -m repro.run +exp=own_data``): its tidy frame (per run and
-class the final test error, from ``summary.json``'s ``final_class_test_error``; per run the mean
-over the slow client's classes and over the others) and its drawing and table. The partition
-itself is drawn by the ``partition`` figure from the same runs. Nothing here trains or reads files.
-
-The question (the finding it tests, no closed-form prediction): a method that drops stale work
-(Ringmaster's threshold R, sync's backup workers, Rennala's collection from the current point)
-drops the slow client's work most often; when that client alone holds some classes, does the
-model stop learning them? Asynchronous methods that apply every push (async Downpour, ssp,
-staleness-scaled steps, EASGD) keep its pushes, at whatever staleness they arrive.
-"""
+"""Staleness lab, ``own_data`` (``python -m repro.run +exp=own_data``): clients with their own data,
+one of them slow; does a method that drops stale work stop learning the slow client's classes
+(TEACHING.md, step 8)? Owns the figure's tidy frame (per run and class the final test error from
+``summary.json``'s ``final_class_test_error``; the means over the slow client's classes and the
+others), drawing and table. The partition itself is the ``partition`` figure's."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,20 +27,17 @@ def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         method, family = method_of(run)
         slow = set(listed(run.get("data.slow_client_classes")))
         base = {"partition": partition_of(run), "method": method, "family": family, "seed": run["seed"],
-                "run_dir": run["run_dir"], "status": run["status"],
-                "diverged": run["status"] == "diverged",
-                "num_clients": run["num_clients"], "nsync": run["nsync"],
+                "run_dir": run["run_dir"], "status": run["status"], "diverged": run["status"] == "diverged",
+                "num_clients": run["num_clients"], "nsync": run["nsync"], "num_epochs": run["num_epochs"],
                 "slow_client": run.get("cost.straggler_client"),
-                "cost.straggler_factor": run.get("cost.straggler_factor"),
-                "algo.lr": run["algo.lr"], "num_epochs": run["num_epochs"]}
+                "cost.straggler_factor": run.get("cost.straggler_factor"), "algo.lr": run["algo.lr"]}
         errors = listed(run.get("final_class_test_error"))
         for c, e in enumerate(errors):
             rows.append({**base, "quantity": "class_test_error_pct", "class": c, "slow_class": c in slow,
                          "value": np.nan if e is None else 100.0 * e})
-        mine = [100.0 * e for c, e in enumerate(errors) if c in slow and e is not None]
-        others = [100.0 * e for c, e in enumerate(errors) if c not in slow and e is not None]
-        for quantity, values in (("slow_classes_error_pct", mine), ("other_classes_error_pct", others)):
-            rows.append({**base, "quantity": quantity, "class": np.nan, "slow_class": quantity.startswith("slow"),
+        for quantity, theirs in (("slow_classes_error_pct", True), ("other_classes_error_pct", False)):
+            values = [100.0 * e for c, e in enumerate(errors) if (c in slow) == theirs and e is not None]
+            rows.append({**base, "quantity": quantity, "class": np.nan, "slow_class": theirs,
                          "value": float(np.mean(values)) if values else np.nan})
         rows.append({**base, "quantity": "final_test_error_pct", "class": np.nan, "slow_class": False,
                      "value": 100.0 * float(run["final_test_error"])})
@@ -63,14 +52,11 @@ def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 
 def partition_order(parts) -> list[str]:
-    def key(p: str):
-        return (0, 0.0) if not p.startswith("dirichlet") else (1, float(p.rsplit("=", 1)[-1]))
-    return sorted(set(parts), key=key)
+    return sorted(set(parts), key=lambda p: (1, float(p.rsplit("=", 1)[-1])) if p.startswith("dirichlet") else (0, 0.0))
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per partition and method (mean over seeds): test error on the slow client's classes, on
-    the others, overall; runs diverged."""
+    """Per partition and method (mean over seeds): test error on the slow client's classes, the others', overall."""
     rows = []
     for (part, method), g in frame.groupby(["partition", "method"], sort=False):
         q = lambda name: g[g["quantity"] == name]["value"].mean()   # noqa: E731
@@ -87,9 +73,7 @@ def draw_own_data(frame: pd.DataFrame):
     """Per partition, a heat map of methods (rows) x classes (columns): final test error, mean
     over seeds; the slow client's classes framed."""
     import matplotlib as mpl
-
     from repro.analysis.figures import _require, _seeds, panel_grid
-
     _require(frame, "own_data")
     classes = frame[frame["quantity"] == "class_test_error_pct"]
     parts = partition_order(frame["partition"])

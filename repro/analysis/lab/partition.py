@@ -1,14 +1,6 @@
-"""The clients' own data, drawn from run folders: which classes each client holds.
-
-A run with ``data.partition`` other than ``iid`` (or with ``data.slow_client_classes``) records
-in its ``config.json`` how many training samples of each class each client holds
-(``dataset.client_class_counts``, :func:`repro.workload.partition.class_counts`); this figure
-reads that record only, never the data. One panel per partition found in the experiment folder
-(the settings that decide it: ``data.*``, ``num_clients`` and, for the random ones, the seed: the
-lowest seed's is drawn), a heat map of clients (rows) by classes (columns), each cell its count.
-
-    python -m repro.analysis partition --exp own_data     # figures/partition.{png,pdf,csv}
-"""
+"""The ``partition`` figure (``python -m repro.analysis partition --exp own_data``): which classes
+each client holds, read from the runs' ``config.json`` record (``dataset.client_class_counts``),
+never the data; one heat map of clients by classes per partition found (the lowest seed's)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -38,8 +30,7 @@ def _label(run: pd.Series) -> str:
 
 
 def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """Tidy rows (panel, client, class, count) of every distinct partition in ``runs`` that
-    recorded one (runs reading the whole set, iid, record none and are left out)."""
+    """Tidy rows (panel, client, class, count) of every distinct partition recorded in ``runs`` (iid: none)."""
     table = runs.runs
     if COUNTS not in table:
         return pd.DataFrame(columns=["panel", "client", "class", "count"])

@@ -1,40 +1,7 @@
-"""Staleness lab, ``stability``: learning rate x staleness -> converges or diverges.
-
-Owns the stability figure: its tidy frame (:func:`stability_frame`: one row per run with its
-outcome, the measured and the predicted boundary per client count, the theory curve), its
-drawing (:func:`draw_stability`), the outcome rule (:func:`outcome`) and the boundary formula
-(:func:`critical_lr`). Trained by ``python -m repro.run +exp=stability``
-(``conf/exp/stability.yaml``); redrawn from the logs by ``python -m repro.analysis stability``.
-
-The theory. Gradient descent whose every gradient is tau updates old, on one curvature l,
-
-    w_{t+1} = w_t - lr * l * w_{t-tau},
-
-is the linear delay difference equation x_{t+1} = x_t - a x_{t-k} (a = lr * l, k = tau). Levin
-and May (1976, "A note on difference-delay equations", Theoretical Population Biology 9:178-187)
-showed it is asymptotically stable iff 0 < a < 2 cos(k pi / (2k + 1)) = 2 sin(pi / (4k + 2));
-tau = 0 gives the familiar lr < 2 / l. On the quadratic 0.5 sum_i l_i w_i^2 every coordinate is
-such an equation, so the largest curvature l_max decides: lr*(tau) = 2 sin(pi/(4 tau + 2)) / l_max
-(checked against a bisection of the iterated recursion in tests/test_lab_stability.py). With
-uniform costs (equal compute times, free communication) and nsync = 1 every push after the first
-N is exactly tau = N - 1 versions stale. For digits_cnn l_max is unknown (and changes along the
-way): the same shape is drawn through the measured 1-client boundary instead.
-
-Outcomes, from the logs (training loss of the server's parameters on the whole training set, at
-version 0 and at the last evaluation; for the quadratic that is the exact objective):
-
-* ``diverged``: the run was stopped by the divergence rule (summary status ``diverged``: a push
-  loss above ``divergence_factor`` x the initial loss, or a non-finite loss or parameter);
-* ``converged``: final loss at most 1/:data:`CONVERGED_FACTOR` of the initial one;
-* ``slow``: the loss fell, to at most :data:`STALLED_FRACTION` of the initial, but not that far
-  within the budget (a small lr);
-* ``stalled``: the loss ended above :data:`STALLED_FRACTION` of the initial: no lasting progress
-  (digits_cnn at a too large lr spikes, its ReLUs die, and it sits at chance, ln 10).
-
-Converged and slow runs are *stable*, stalled and diverged ones *unstable*. The measured boundary
-for a client count lies between the largest stable lr below the smallest unstable one (``lr_lo``)
-and that unstable lr (``lr_hi``); its estimate is their geometric mean (the ladder is geometric).
-"""
+"""Staleness lab, ``stability`` (``python -m repro.run +exp=stability``): learning rate x staleness
+-> converges or diverges. Owns the figure's tidy frame, drawing, outcome rule and the boundary
+formula of Levin & May (1976); the theory, the outcomes and the measured boundary: docs/lab.md,
+"stability"."""
 from __future__ import annotations
 
 import warnings
@@ -76,7 +43,7 @@ def critical_lr(tau, l_max: float = 1.0):
 
 
 def outcome(status: str, initial_loss: float, final_loss: float) -> str:
-    """One run's outcome (see the module docstring)."""
+    """One run's outcome (docs/lab.md, "stability")."""
     if status == "diverged" or not (finite(initial_loss) and finite(final_loss)):
         return "diverged"
     ratio = final_loss / initial_loss
@@ -96,28 +63,20 @@ def measured_boundary(lrs, outcomes) -> tuple[float, float, float]:
     return float(lo), float(hi), float(np.sqrt(lo * hi))
 
 
-def _losses(evals: pd.DataFrame) -> pd.DataFrame:
-    ev = evals.sort_values(["run_dir", "version"], kind="stable").groupby("run_dir")
-    return pd.DataFrame({"initial_loss": ev["train_loss"].first(), "final_loss": ev["train_loss"].last()})
-
-
-def _staleness(updates: pd.DataFrame) -> pd.Series:
-    """Mean staleness of each run's pushes after its first num_clients (the start-up ones)."""
-    steady = updates[updates["version"] > updates["num_clients"]]
-    return steady.groupby("run_dir")["staleness"].mean()
-
-
 def stability_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Runs, measured and predicted boundaries, and the theory curve, one long table (``kind``)."""
     if runs.runs.empty:
         return pd.DataFrame(columns=COLUMNS)
     one_run_each(runs.runs, ["data.name", "num_clients", "algo.lr", "seed"], "problem, client count, lr and seed")
     info = runs.runs.set_index("run_dir")
+    ev = runs.evals.sort_values(["run_dir", "version"], kind="stable").groupby("run_dir")
+    losses = pd.DataFrame({"initial_loss": ev["train_loss"].first(), "final_loss": ev["train_loss"].last()})
+    steady = runs.updates[runs.updates["version"] > runs.updates["num_clients"]]   # after the start-up pushes
     cells = pd.DataFrame({
         "kind": "run", "problem": info["data.name"], "model": info["model.name"],
         "batch_size": info["algo.batch_size"], "num_clients": info["num_clients"].astype(int),
         "tau": info["num_clients"].astype(int) - 1, "lr": info["algo.lr"].astype(float),
-        "status": info["status"]}).join(_losses(runs.evals)).join(_staleness(runs.updates).rename("staleness"))
+        "status": info["status"]}).join(losses).join(steady.groupby("run_dir")["staleness"].mean())
     odd = cells[cells["staleness"].notna() & (cells["staleness"] != cells["tau"])]
     if len(odd):
         warnings.warn(f"stability: {len(odd)} runs are not exactly N - 1 stale (e.g. {odd.index[0]}): "
@@ -155,15 +114,8 @@ def stability_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True).reindex(columns=list(COLUMNS))
 
 
-def _title(problem: str, part: pd.DataFrame) -> str:
-    if problem == "quadratic":
-        return "quadratic $\\frac{1}{2}\\Sigma_i\\, l_i w_i^2$\n($l_i$ = 0.01 .. 1, exact gradients)"
-    return f"{part['model'].iloc[0]} on {problem}\n(minibatch {int(part['batch_size'].iloc[0])}, plain SGD)"
-
-
 def draw_stability(frame: pd.DataFrame) -> Figure:
-    """One panel per problem: each (staleness, lr) cell's outcome, the measured boundary with
-    its bracket, and the predicted boundary (dashed)."""
+    """One panel per problem: each cell's outcome, the measured boundary (bracketed), the predicted (dashed)."""
     _require(frame, "stability")
     problems = sorted(frame["problem"].dropna().unique(), key=lambda p: (p != "quadratic", p))
     fig, axes = _new_figure(1, len(problems), panel=(4.6, 4.0), sharey=True)
@@ -187,7 +139,10 @@ def draw_stability(frame: pd.DataFrame) -> Figure:
         ax.set(yscale="log", yticks=LR_TICKS, yticklabels=[f"{t:g}" for t in LR_TICKS],
                xticks=[n - 1 for n in counts],
                xticklabels=[f"{n - 1}\n(N={n})" for n in counts],
-               xlabel=r"staleness $\tau$ = N $-$ 1 (server versions)", title=_title(problem, part))
+               xlabel=r"staleness $\tau$ = N $-$ 1 (server versions)",
+               title="quadratic $\\frac{1}{2}\\Sigma_i\\, l_i w_i^2$\n($l_i$ = 0.01 .. 1, exact gradients)"
+               if problem == "quadratic" else
+               f"{part['model'].iloc[0]} on {problem}\n(minibatch {int(part['batch_size'].iloc[0])}, plain SGD)")
     axes[0, 0].set_ylabel("learning rate lr (log scale)")
     axes[0, 0].yaxis.set_minor_formatter(NullFormatter())
     _legend(fig, axes.flat, ncols=2, fontsize="small")

@@ -1,24 +1,7 @@
-"""Staleness lab, experiment ``sync_vs_async``: what a barrier costs, measured beside theory.
-
-Owns the figure ``sync_vs_async`` (``python -m repro.run +exp=sync_vs_async``): the throughput
-theory of a barrier (expected order statistics of the clients' segment times, and a max-plus
-recurrence for SSP's clock rule), the tidy frame (measured vs predicted, one row per run or
-prediction and quantity) and the drawing. Nothing here trains or reads files.
-
-The timing model is the simulator's (:mod:`repro.sim.cost`): one local step of a client takes
-``compute_s * X`` with X i.i.d., mean 1 (``lognormal``: exp(sigma z - sigma^2 / 2);
-``exponential``: (1 - w) + w Exp(1)); client i's steps take f_i times longer (its relative step
-time and the straggler's factor: :func:`repro.sim.cost.step_time`); a segment S is the sum of
-``nsync`` steps. Every exchange adds an overhead o = 2 * transfer + server apply (push and reply
-travel, the server applies), zero for the ``jitter_*`` profiles. Server queueing is ignored
-(apply time << compute time here).
-
-* async: client i completes a segment every c f_i E[S] + o seconds;
-* sync: a round waits for the slowest, E[max_i C_i] + o, and applies N segments;
-* sync, b backup workers (Chen et al. 2016): the round closes at the (N - b)-th arrival,
-  E[C_(N-b)] + o, and applies N - b segments;
-* ssp, bound s (Ho et al. 2013): no closed form; the recurrence in :func:`ssp_clock`.
-"""
+"""Staleness lab, ``sync_vs_async`` (``python -m repro.run +exp=sync_vs_async``): what a barrier
+costs, measured beside theory. Owns the throughput theory (expected order statistics of the
+clients' segment times; a max-plus recurrence for SSP's clock rule), the tidy frame and the
+drawing. The timing model and each protocol's prediction: docs/lab.md, "sync_vs_async"."""
 from __future__ import annotations
 
 import math
@@ -48,13 +31,8 @@ SOURCES = {"async": "async: 1/(c f_i E[S] + o) per client",
 MC_SEED, MC_REPLICAS = 20131226, 256   # the recurrence's Monte Carlo: fixed, so frames repeat
 
 
-# ---------------------------------------------------------------------------------------------
-# Theory: segment times and their order statistics
-# ---------------------------------------------------------------------------------------------
-
 def _grid_end(jitter: str, sigma: float, nsync: int) -> float:
-    """A time beyond which a segment (in step units) is vanishingly unlikely (P < 1e-12 per
-    step, so even the max of many clients' segments is covered)."""
+    """A time (step units) beyond which a segment is vanishingly unlikely (P < 1e-12 per step)."""
     if jitter == "none" or sigma == 0:
         return 2.0 * nsync
     if jitter == "lognormal":
@@ -79,9 +57,8 @@ def _gamma_cdf(y: np.ndarray, n: int) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def segment_cdf(jitter: str, sigma: float, nsync: int, points: int = 2**15):
-    """(grid t, P(S <= t)) for S = the sum of ``nsync`` step factors, t in step units.
-    Exponential: S = nsync (1 - w) + w Gamma(nsync) exactly; lognormal, nsync > 1: the sum's
-    distribution by convolving the step's discretised distribution (FFT)."""
+    """(grid t, P(S <= t)) for S = the sum of ``nsync`` step factors, t in step units: exact for
+    exponential steps (a Gamma), an FFT convolution for lognormal ones."""
     t = np.linspace(0.0, _grid_end(jitter, sigma, nsync), points)
     if jitter == "none" or sigma == 0:
         return t, (t >= nsync).astype(float)
@@ -98,9 +75,8 @@ def segment_cdf(jitter: str, sigma: float, nsync: int, points: int = 2**15):
 
 
 def expected_order_statistic(cdfs: list[np.ndarray], t: np.ndarray, m: int) -> float:
-    """E[m-th smallest] of independent variables with CDFs ``cdfs`` on grid ``t`` (>= 0):
-    the integral of P(fewer than m are <= t) (a Poisson-binomial count, by dynamic programming),
-    so non-identical clients (a straggler) are exact too."""
+    """E[m-th smallest] of independent variables with CDFs ``cdfs`` on grid ``t`` (>= 0): the
+    integral of P(fewer than m are <= t), a Poisson-binomial count (exact for a straggler too)."""
     count = np.zeros((len(cdfs) + 1, len(t)))
     count[0] = 1.0
     for p in cdfs:
@@ -117,7 +93,6 @@ def harmonic(n: int) -> float:
 @dataclass(frozen=True)
 class Timing:
     """One grid point's timing model (what a run's config.json says about time)."""
-
     compute_s: float
     jitter: str
     sigma: float
@@ -144,8 +119,7 @@ def async_segments_per_s(tm: Timing) -> float:
 
 
 def sync_round_s(tm: Timing, backups: int = 0) -> float:
-    """A round lasts until the (N - b)-th push (b = 0: the slowest), then one exchange; with b
-    backup workers the b slowest are dropped (Chen et al. 2016, Sec. 3: E[(N-b)-th order stat])."""
+    """A round lasts until the (N - b)-th push, then one exchange (Chen et al. 2016, Sec. 3)."""
     return segment_order_time(tm, tm.num_clients - backups) + tm.overhead_s
 
 
@@ -159,13 +133,8 @@ def _segments(rng, tm: Timing, shape) -> np.ndarray:
 
 
 def ssp_clock(tm: Timing, bound: int, pushes: int) -> tuple[float, float]:
-    """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s, and
-    their mean staleness.
-
-    Client k's j-th push is applied at A_k(j) = R_k(j-1) + o_in + c f_k S_kj (R_k(0) = 0) and
-    released (it fetches) at R_k(j) = max(A_k(j), max_l A_l(j - s)) (Ho et al. 2013: a client
-    more than s clocks ahead of the slowest waits), plus the reply's travel. s = 0 gives
-    sync-like rounds; s -> infinity gives async. Averaged over seeded replicas."""
+    """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s, and their
+    mean staleness: the clock rule's recurrence (docs/lab.md), averaged over seeded replicas."""
     rng = np.random.default_rng(MC_SEED)
     n_cl, per_client = tm.num_clients, pushes   # no client can push more than all pushes
     f = np.asarray(tm.factors())[None, :]
@@ -181,11 +150,8 @@ def ssp_clock(tm: Timing, bound: int, pushes: int) -> tuple[float, float]:
 
 
 def _staleness(applied: np.ndarray, bound: int, pushes: int) -> float:
-    """Mean staleness of the first ``pushes`` applied pushes of :func:`ssp_clock`'s recurrence:
-    the pushes the server applied between a push's fetch and its own apply. The server takes
-    pushes one at a time, ties in order of client (the simulator's order for equal times); a
-    client fetches after its own push, or after the push that ended its wait, the latest of
-    round j - s: fetch rank max(r_k(j-1), max_l r_l(j-1-s)), -1 before its first push."""
+    """Mean staleness of the first ``pushes`` pushes of :func:`ssp_clock`'s recurrence, applied one
+    at a time, ties by client; a client fetches at rank max(r_k(j-1), max_l r_l(j-1-s)), -1 at first."""
     reps, n_cl, per_client = applied.shape
     order = np.lexsort((np.broadcast_to(np.arange(n_cl)[None, :, None], applied.shape).reshape(reps, -1),
                         applied.reshape(reps, -1)))
@@ -214,13 +180,8 @@ def predict(tm: Timing, protocol: str, backups: int, bound: int, pushes: int) ->
     return {"segments_per_s": rate, "updates_per_s": rate}   # every push a server update
 
 
-# ---------------------------------------------------------------------------------------------
-# The frame: measured and predicted, one row per (run or prediction, quantity)
-# ---------------------------------------------------------------------------------------------
-
 def timing(cost, nsync: int, num_clients: int, param_bytes: int) -> Timing:
-    """The timing model of ``num_clients`` clients at ``nsync`` under ``cost`` (a CostConfig):
-    a transfer of ``param_bytes`` is what the simulator's cost model makes it."""
+    """The timing model of ``num_clients`` clients at ``nsync`` under ``cost``, messages of ``param_bytes``."""
     transfer = CostModel(cost, 0, param_bytes, cost.compute_s).transfer_s
     return Timing(cost.compute_s, cost.jitter, cost.jitter_sigma, nsync, num_clients,
                   tuple(step_time(cost, k, 1.0) for k in range(1, num_clients + 1)),
@@ -228,8 +189,7 @@ def timing(cost, nsync: int, num_clients: int, param_bytes: int) -> Timing:
 
 
 def timing_of(run: pd.Series) -> Timing:
-    """The timing model of a run, from its config columns (its messages:
-    :func:`repro.analysis.lab.message_bytes`)."""
+    """The timing model of a run, from its config columns."""
     cost = cost_of(run)
     return timing(cost, int(run["nsync"]), int(run["num_clients"]), message_bytes(run, cost))
 
@@ -249,9 +209,8 @@ COLUMNS = [*KEYS, "seed", "run_dir", "status", "diverged", "quantity", "value", 
 
 
 def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """Per run: applied samples/s, updates/s, the ratio to async (same profile, N, nsync,
-    seed), sync's mean round time, time to ``target`` training error; per grid point: the
-    predictions of the same quantities (not of time to target: no closed form)."""
+    """Per run: applied samples/s, updates/s, the ratio to async (same profile, N, nsync, seed),
+    sync's round time, time to ``target``; per grid point their predictions (none for the last)."""
     target = resolve_target(runs.runs, target)
     r = runs.runs.copy()
     r["protocol"] = [protocol_label(row) for _, row in r.iterrows()]
@@ -273,26 +232,20 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         tm, name = timing_of(run), str(run["protocol.name"])
         pushes = max(int(round(run["final_samples_seen"] / (run["algo.batch_size"] * k))), 1)
         pred = predict(tm, name, int(run["protocol.backup_workers"]), int(run["protocol.staleness_bound"]), pushes)
-        ref = async_segments_per_s(tm)
         source = SOURCES["backup" if name == "sync" and run["protocol.backup_workers"] else
                          name if name in SOURCES else "async"]
         values = {"samples_per_s": pred["segments_per_s"] * k * run["algo.batch_size"],
                   "updates_per_s": pred["updates_per_s"],
-                  "throughput_ratio": pred["segments_per_s"] / ref,
+                  "throughput_ratio": pred["segments_per_s"] / async_segments_per_s(tm),
                   "mean_round_s": pred.get("mean_round_s", np.nan)}
         for q, v in values.items():
             rows.append({"cost.profile": profile, "protocol": label, "num_clients": n, "nsync": k, **PREDICTED,
-                         "quantity": q, "value": v, "source": source,
-                         "clock": run["clock"], "target": target})
+                         "quantity": q, "value": v, "source": source, "clock": run["clock"], "target": target})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]
     return out[COLUMNS].sort_values(["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"],
                                     kind="stable").reset_index(drop=True)
 
-
-# ---------------------------------------------------------------------------------------------
-# The figure
-# ---------------------------------------------------------------------------------------------
 
 PROFILE_TITLES = {"jitter_lognormal": "lognormal steps (sigma 0.5), free comm.",
                   "jitter_exponential": "exponential steps, free comm.",
@@ -304,10 +257,8 @@ def draw_sync(frame: pd.DataFrame):
     measured: markers (mean over seeds, bars min-max); predicted: dashed lines."""
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
-
     from repro.analysis.figures import (_PALETTE, DIVERGED_MARKER, _new_figure, _require, _seeds, mean_minmax,
                                         ordered, plain_log_ticks)
-
     _require(frame, "sync_vs_async")
     profiles = ordered(frame["cost.profile"], PROFILE_ORDER)
     protocols = ordered(frame["protocol"], PROTOCOL_ORDER)

@@ -1,27 +1,7 @@
-"""Staleness lab, experiment ``uneven``: clients of different speeds, and the methods made for them.
-
-Owns the figure ``uneven`` (``python -m repro.run +exp=uneven``): its tidy frame (per run the
-virtual time per server step and the time to a target training loss; the predicted time per step
-where a closed form exists), its drawing and its table, and the names of the methods the lab's
-second part compares (:func:`method_of`, also used by ``own_data``). Nothing here trains or
-reads files.
-
-Predictions, for clients whose segments take fixed times tau_1..tau_N (no jitter, free
-communication, an instant apply: what ``+exp=uneven`` runs), each a time per server step:
-
-* Rennala SGD (Tyurin & Richtarik 2023): every client starts from the new parameters at each
-  step, and the step closes at the S-th push, so it lasts exactly the collection time
-  t(S) = min{t : sum_i floor(t / tau_i) >= S} (:func:`collection_time`);
-* async Downpour and staleness-scaled steps: every push is a step, and in the long run client i
-  pushes 1 / tau_i times per second: 1 / sum_i (1 / tau_i);
-* sync rounds wait for the slowest: max tau_i; with b backup workers the round closes at the
-  (N - b)-th push: the (N - b)-th smallest tau_i (Chen et al. 2016);
-* ssp and Ringmaster: no closed form here (which pushes wait or are discarded depends on the
-  whole history), so none is drawn.
-
-Time to target is the first evaluation whose training loss (on the fixed training subset) is at
-most :data:`TARGET_LOSS`: no published prediction exists for it on this network.
-"""
+"""Staleness lab, ``uneven`` (``python -m repro.run +exp=uneven``): clients of different speeds, and
+the methods made for them. Owns the figure's tidy frame (virtual time per server step and to a
+target training loss; the predicted time per step where a closed form exists: TEACHING.md, step 7),
+its drawing and table, and the names of the methods the lab compares (:func:`method_of`)."""
 from __future__ import annotations
 
 import heapq
@@ -43,10 +23,6 @@ COLUMNS = ["method", "family", "server_rule", "protocol", "collection_size", "st
            "kind", "source", "clock", "target_loss", "cost.profile", "algo.lr"]
 FAMILY_ORDER = ("async", "staleness-scaled", "ssp", "EASGD", "sync", "sync + backup", "Rennala", "Ringmaster")
 
-
-# ---------------------------------------------------------------------------------------------
-# The methods' names
-# ---------------------------------------------------------------------------------------------
 
 def _int(value) -> int | None:
     return int(value) if finite(value) else None
@@ -80,21 +56,15 @@ def method_order(methods) -> list[str]:
     return sorted(set(methods), key=key)
 
 
-# ---------------------------------------------------------------------------------------------
-# Predictions
-# ---------------------------------------------------------------------------------------------
-
 def segment_times(run: pd.Series) -> list[float]:
-    """tau_1..tau_N: each client's segment time (nsync steps of compute_s x its relative step
-    time x the straggler's factor), as the simulator's clock has them without jitter."""
+    """tau_1..tau_N: each client's segment time, as the simulator's clock has it without jitter."""
     cost = cost_of(run)
     steps = int(run["nsync"]) * cost.compute_s
     return [step_time(cost, k, steps) for k in range(1, int(run["num_clients"]) + 1)]
 
 
 def collection_time(taus: list[float], size: int) -> float:
-    """Rennala's exact collection time t(S) = min{t : sum_i floor(t / tau_i) >= S}: the S-th
-    smallest of the push times m * tau_i (m = 1, 2, ...) of clients that all start at 0."""
+    """Rennala's collection time t(S) = min{t : sum_i floor(t / tau_i) >= S}, the S-th push time."""
     heap = [(tau, tau, i) for i, tau in enumerate(taus)]
     heapq.heapify(heap)
     t = 0.0
@@ -123,12 +93,8 @@ def predicted_step_time(run: pd.Series) -> tuple[float, str]:
     return math.nan, f"none: {proto} has no closed form here"
 
 
-# ---------------------------------------------------------------------------------------------
-# The frame
-# ---------------------------------------------------------------------------------------------
-
 def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
-    """One row per (run, quantity) measured, plus one predicted step time per method with one.
+    """One row per (run, quantity) measured, and the predicted step time of each method with one;
     ``target``: the training loss to reach (default :data:`TARGET_LOSS`)."""
     target = TARGET_LOSS if target is None else float(target)
     r = runs.runs.copy()
@@ -166,8 +132,8 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per method: time per step measured (mean over seeds) / predicted, time to the target
-    loss (mean, min, max over the seeds reaching it; how many did not), final test error."""
+    """Per method: time per step measured (mean over seeds) / predicted, time to the target loss
+    (mean, min, max; how many runs missed it), final test error."""
     meas = frame[frame["kind"] == "measured"]
     step = frame[(frame["kind"] == "predicted") & (frame["quantity"] == "step_time_s")].set_index("method")["value"]
     rows = []
@@ -184,18 +150,12 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------
-# The drawing
-# ---------------------------------------------------------------------------------------------
-
 def draw_uneven(frame: pd.DataFrame):
     """(a) time per server step per method, measured vs predicted; (b) Rennala's step time
     against S beside t(S); (c) time to the target loss; (d) final test error."""
     import matplotlib as mpl
     from matplotlib.lines import Line2D
-
     from repro.analysis.figures import DIVERGED_MARKER, _new_figure, _require, _seeds
-
     _require(frame, "uneven")
     methods = method_order(frame.loc[frame["kind"] == "measured", "method"])
     families = [f for f in FAMILY_ORDER if f in set(frame["family"])]
