@@ -1,11 +1,6 @@
-"""Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
-
-This module does the Hydra work and nothing else: it checks the command line, composes the config,
-parses it into a :class:`~repro.config.settings.RunConfig` (nothing below sees a ``DictConfig``) and
-calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. A single run is composed and
-validated once (:func:`precheck`), before Hydra makes any folder; a grid's folder is checked first too,
-and its points go through ``@hydra.main`` and are checked as each starts. Under ``torchrun`` only rank 0
-makes the run folder; the other ranks compose the same config without one.
+"""Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``: the Hydra work
+alone. The command line is checked and the config composed and parsed into a RunConfig for :func:`run`;
+a single run is validated once (:func:`precheck`) before Hydra makes a folder, a grid's points as each starts.
 """
 from __future__ import annotations
 
@@ -63,11 +58,9 @@ def _incoming_record(run_dir):
 
 
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] = ()):
-    """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
-    settings (``typed``, the job's overrides, must not say otherwise), ``cost=fit`` the fitted cost
-    model (:func:`repro.sim.driver.resolve`), and under torchrun the world decides ``num_clients``
-    (:func:`repro.real.launch.world_config`). What comes back is frozen and no driver rewrites it;
-    a rewritten config is validated here. ConfigError (exit 2): a bad recording, world or typed key."""
+    """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's settings
+    (``typed``, the job's overrides, must not say otherwise), ``cost=fit`` the fitted costs, and under
+    torchrun the world decides ``num_clients``; a rewritten config is validated. ConfigError: exit 2."""
     if cfg.backend.name == "real":
         if (env := torchrun_env()) is None:
             return cfg
@@ -86,9 +79,8 @@ def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] 
 
 
 def run(cfg: RunConfig, run_dir: str | Path, typed: list[str] = ()) -> dict:
-    """Train as configured, writing ``run_dir``; return the summary. What a folder that already
-    holds a run means (skip it, continue it with resume=true, start over with force=true, else
-    refuse) is decided by the run core (:func:`repro.runs.folder.run_folder`), for both drivers."""
+    """Train as configured, writing ``run_dir``; return the summary. What a folder already holding a run
+    means is the run core's to decide (:func:`repro.runs.folder.run_folder`)."""
     resolved = resolve(cfg, run_dir, typed)
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
@@ -100,9 +92,8 @@ def run(cfg: RunConfig, run_dir: str | Path, typed: list[str] = ()) -> dict:
 
 
 def pasteable(path: str | Path) -> str:
-    """``path`` as it pastes after ``key=`` on a shell command line: Hydra reads ``=`` and ``,`` in a
-    value as syntax, so such a path goes in single quotes, inside shell double quotes. Relative to
-    the current folder when inside it: Hydra's run folder is absolute, the docs' ``cost.path=...`` is not."""
+    """``path`` as it pastes after ``key=`` on a shell command line (Hydra reads ``=`` and ``,`` as syntax:
+    single quotes inside double quotes), relative to the current folder when inside it."""
     try:
         path = Path(path).relative_to(os.getcwd())
     except (OSError, ValueError):   # outside this folder (or no current folder): as it is
@@ -112,9 +103,8 @@ def pasteable(path: str | Path) -> str:
 
 
 def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
-    """The run's last two lines: its status and final numbers (the test loss for a problem
-    without classes, ``loss_only``, whose error means nothing), then its folder. A run whose
-    outcome needs a word (diverged, or completed worse than it started) adds the summary's."""
+    """The run's last two lines: its status and final numbers (the test loss where ``loss_only``), with
+    the summary's message for a diverged or completed run, then its folder."""
     final = summary.get("final") or {}
     key = "test_loss" if loss_only else "test_error"
     value = final.get(key)
@@ -127,13 +117,6 @@ def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
     return (f"{summary['status']}: version {summary['version']}  epoch {summary['epoch']:.2f}  "
             f"{key.replace('_', ' ')} {shown}  {times}" + (f"; {note}" if note else "") + "\n"
             f"run folder: {pasteable(run_dir)}")
-
-
-def _without_classes(cfg: RunConfig) -> bool:
-    """A problem whose test error means nothing (the quadratic): its loss is what to show."""
-    from repro.workload.data import DATASETS
-
-    return cfg.data.name in DATASETS and DATASETS[cfg.data.name].task != "classification"
 
 
 # the process that launches the grid (a worker's bad point exits 2, which costs only that point,
@@ -183,7 +166,11 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         print(f"failed: {disk_error(err, err.filename).strerror}\nrun folder: {pasteable(run_dir)}",
               file=sys.stderr, flush=True)
         sys.exit(1)
-    status_line, folder_line = last_lines(summary, run_dir, _without_classes(cfg)).splitlines()
+    from repro.workload.data import DATASETS
+
+    # a problem whose test error means nothing (the quadratic): its loss is what to show
+    loss_only = cfg.data.name in DATASETS and DATASETS[cfg.data.name].task != "classification"
+    status_line, folder_line = last_lines(summary, run_dir, loss_only).splitlines()
     log.info(status_line)
     print(folder_line, flush=True)
     if summary["status"] not in ("completed", "completed_degraded") and "MULTIRUN" not in str(mode.mode):
@@ -198,9 +185,8 @@ def main(dcfg: DictConfig) -> float | None:
 
 
 def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
-    """A single run of the config the command line composed and parsed once (``dcfg`` with
-    Hydra's node, ``cfg`` its RunConfig): what ``@hydra.main`` does after its own composition
-    (Hydra's logging, its callbacks, the job in its run folder), without composing again."""
+    """A single run of the config the command line composed and parsed once (``dcfg`` with Hydra's node,
+    ``cfg`` its RunConfig), as ``@hydra.main`` would run it, without composing again."""
     from repro.hydra_internals import run_single_job
 
     run_single_job(dcfg, lambda: job(dcfg, cfg))
@@ -222,9 +208,8 @@ def _is_sweep(argv: list[str]) -> bool:
 
 
 def _flags_last(argv: list[str]) -> list[str]:
-    """The overrides, then Hydra's flags with their values: its parser takes the overrides as one
-    run of words, so ``num_epochs=1 -m nsync=1,2`` failed with argparse's usage text (last, not
-    first: ``--info``'s value is optional, and an override after it would be taken for one)."""
+    """The overrides, then Hydra's flags with their values: its parser takes the overrides as one run of
+    words (flags last: ``--info``'s value is optional, and an override after it would be taken for one)."""
     is_flag = [w.startswith("-") or (i > 0 and argv[i - 1] in loader.VALUE_FLAGS and "=" not in w)
                for i, w in enumerate(argv)]
     return [w for w, f in zip(argv, is_flag) if not f] + [w for w, f in zip(argv, is_flag) if f]
@@ -235,21 +220,10 @@ def _one_value_overrides(argv: list[str]) -> list[str]:
     return [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
 
 
-def _warm_fork_server(argv: list[str]) -> None:
-    """A single real run's clients fork from multiprocessing's fork server, which imports torch
-    and the launcher first (about a torch import): start it now, so that it imports while this
-    process checks the config and builds the run, not after. The launcher's client_context()
-    finds it running (the same preload); a refused or skipped run leaves it to exit with us."""
-    if "backend=real" in argv and not _is_sweep(argv) and torchrun_env() is None:
-        fork_server_context(start=True)
-
-
 def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
-    """A single run's whole config, composed once and validated before Hydra makes a folder: every key's
-    range, a key set under the wrong backend, a run folder that cannot be made, then the model against the
-    data (the one check that imports torch; neither for Hydra's ``loader.SHOWS``). Returns the composed config
-    (Hydra's node with it) and its RunConfig, which the run goes on with (:func:`run_composed`). For a
-    grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points as each starts."""
+    """A single run's whole config, composed once and validated before Hydra makes a folder (the model
+    against the data last: it imports torch), returned with Hydra's node for :func:`run_composed`. For
+    a grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points as each starts."""
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
@@ -299,8 +273,7 @@ def _composed(overrides: list[str], **kwargs) -> DictConfig:
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
-    """``--run +exp=fig1``: Hydra runs the experiment's whole grid all the same (its file sets
-    hydra.mode=MULTIRUN), where --run asks for one run."""
+    """``--run +exp=fig1``: Hydra ran the whole grid all the same (its file sets hydra.mode=MULTIRUN)."""
     if ("--run" in argv or "-r" in argv) and dcfg.hydra.mode == RunMode.MULTIRUN:
         exp = dcfg.hydra.runtime.choices.get("exp")
         keys = ", ".join(dcfg.hydra.sweeper.get("params") or {}) or "its sweeps"
@@ -344,9 +317,8 @@ def cli() -> None:
     except ConfigError as err:
         exit_bad_input(err)
     if env is not None:
-        # a rank, or a joiner torchrun started, ends with its torchrun agent: a SIGKILLed torchrun
-        # signals no worker, and they trained on headless, holding the run folder or a client slot.
-        # Each thread made later inherits the setting and sends a signal of its own, so SIGUSR1 is
+        # a rank or joiner ends with its torchrun agent: a SIGKILLed torchrun signals no worker, and they
+        # trained on headless. Each later thread inherits the setting and signals of its own, so SIGUSR1 is
         # one SIGTERM, torchrun's own stop (a second forces): rank 0 checkpoints, a joiner leaves
         told: list[int] = []
         signal.signal(signal.SIGUSR1, lambda *_: told or told.append(1) or signal.raise_signal(signal.SIGTERM))
@@ -375,7 +347,9 @@ def cli() -> None:
     try:
         with StopRequest():
             try:
-                _warm_fork_server(argv)
+                # a single real run's fork server imports torch while we check the config, not after
+                if "backend=real" in argv and not _is_sweep(argv) and torchrun_env() is None:
+                    fork_server_context(start=True)
                 checked = precheck(argv)
                 hydra_flags = any(a.startswith("-") for a in argv)   # --cfg job, --info, -m
                 if checked is None or hydra_flags or checked[0].hydra.mode == RunMode.MULTIRUN:
