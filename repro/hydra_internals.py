@@ -1,31 +1,15 @@
-"""The one place where repro uses Hydra beyond its public interface: which code, and why.
+"""The one place where repro uses Hydra beyond its public interface (``hydra.core``, ``hydra._internal``,
+which tests/test_house.py keeps out of every other module): which code, and why.
 
-A grid is Hydra's sweep, launcher plugins and callbacks, all public, and a single run is Hydra's
-job. Three guarantees need what Hydra keeps for its plugins and its own main (``hydra.core``,
-``hydra._internal``), imported here only (``tests/test_house.py`` checks that no other module of
-the package imports them):
-
-* the job list before any point runs (:func:`sweep_jobs`): Hydra gives it to the launcher alone,
-  and the progress line, the grid's figure and sim-vs-real's folder names need it; each job's
-  folder where ``hydra.sweep.subdir`` is the user's (:func:`job_folders`, composed as the
-  launcher composes it), so that points of one folder are refused before any runs; whether an
-  override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it, and the values a job
-  gives (:func:`override_values`), its quotes undone; a number as the sweeper writes it
-  (:func:`plain_number`), so that a single run names its folder as the same configuration's
-  grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=1e-3`` is ``algo.lr=0.001``);
-* a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends
-  the whole grid;
-* a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
-  answered in one line (:func:`check_flags`, Hydra's own argument parser): not its usage text;
-  so is ``--cfg hydra --resolve``, which Hydra cannot resolve here: not its traceback; and a
-  ``--package`` the config shown has not, or whose value cannot be resolved before a run
-  (:func:`check_package`): not Hydra's exit 1 or OmegaConf's traceback;
-* a key set under a null node (``hydra.sweeper.params.seed=0`` without an experiment's grid) is
-  named (:func:`null_node_named`): OmegaConf says only 'Unexpected type for root: NoneType';
-* a single command-line run is composed once (:func:`run_single_job`): the command line checks
-  its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
-  compose it again; what Hydra's main logs of its composing under ``hydra.verbose`` is logged
-  from that config. Hydra 1.3 has no public equivalent of what its main does after composing.
+* the job list before any point runs (:func:`sweep_jobs`, :func:`job_folders`): Hydra gives it to the
+  launcher alone, and the progress line, the figure and the refusal of two points of one folder need it;
+  whether an override sweeps and the values it gives (:func:`sweeps`, :func:`override_values`,
+  :func:`named_options`, :func:`plain_number`), in Hydra's grammar, not a guess at it;
+* a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends the grid;
+* Hydra's flags and ``--package`` answered in one line (:func:`check_flags`, :func:`check_package`), and
+  a key set under a null node named (:func:`null_node_named`): not a usage text, exit 1 or traceback;
+* a single run composed once (:func:`run_single_job`): Hydra 1.3 has no public equivalent of what its
+  main does after composing.
 
 Every import of Hydra's internals sits inside a function: importing this module costs nothing.
 """
@@ -80,8 +64,7 @@ def _log_loading(dcfg: Any) -> None:
 
 
 def sweep_jobs(config: Any) -> list[list[str]] | None:
-    """Each job's overrides, in launch order, for a config composed with its Hydra node (the
-    experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
+    """Each job's overrides, in launch order, for a config composed with its Hydra node; None when a
     sweeper other than Hydra's basic one decides the jobs."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
@@ -98,9 +81,8 @@ def sweep_jobs(config: Any) -> list[list[str]] | None:
 
 
 def job_folders(config: Any, jobs: list[list[str]]) -> list[str]:
-    """Each job's folder as the launcher names it: ``hydra.sweep.dir``/``hydra.sweep.subdir`` of
-    the job's own config, composed as the launcher composes it (a job's number too), for a
-    subdir other than the default one, which may read any of these."""
+    """Each job's folder as the launcher names it (``hydra.sweep.dir``/``hydra.sweep.subdir``), from the
+    job's own config composed as the launcher composes it, its number too."""
     import os
 
     from hydra.core.global_hydra import GlobalHydra
@@ -156,11 +138,9 @@ def named_options(override: str) -> list[str] | None:
 
 
 def plain_number(override: str) -> str:
-    """The value of ``override`` as Hydra's sweeper writes a grid point's where it is a number:
-    Python's ``str`` of the parsed value, one spelling per number (``0`` for ``-0``, ``4`` for
-    ``+4``, ``0.1`` for ``0.10``, ``1000`` for ``1_000``, ``0.001`` for ``1e-3`` and ``1.0e-3``,
-    ``1e-05`` for ``1e-5``); any other value, a sweep and what Hydra's grammar cannot read stay
-    as given."""
+    """The value of ``override`` as Hydra's sweeper writes a grid point's where it is a number, so a single
+    run names its folder as the grid point does (``0`` for ``-0``, ``0.001`` for ``1e-3``, ``1e-05`` for
+    ``1e-5``); any other value, a sweep and what Hydra's grammar cannot read stay as given."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -190,9 +170,8 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
 
 
 def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> Any:
-    """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``, composed
-    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in
-    config' ended it, exit 1; a value shown alone must resolve as Hydra's show_cfg resolves it.
+    """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``), neither null
+    nor missing (Hydra: exit 1), and a value shown alone must resolve as Hydra's show_cfg resolves it.
     Returns ``dcfg``."""
     from hydra._internal.utils import get_args_parser
     from omegaconf import OmegaConf
