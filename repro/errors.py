@@ -34,7 +34,6 @@ def numbers(name: str, value: Any, accepted: str, ok: Callable, scalar: bool = F
     and ``ok`` (``ok(array)`` -> booleans; ``scalar``: one number); else a ConfigError naming ``name``
     and what is ``accepted``. The check for numbers a Python caller hands a function."""
     import numpy as np   # here: the command line's --help and config errors load no numpy
-
     with contextlib.suppress(ValueError, TypeError):   # a ragged list, a tensor on a GPU: refused
         array = np.asarray(value)
         if array.dtype.kind in ("iu" if integer else "iuf") and array.size and not (scalar and array.ndim) \

@@ -40,7 +40,6 @@ class BuildFigure(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from repro.errors import ConfigError
-
         overrides = [str(o) for o in config.hydra.overrides.task]
         points = grid_points(config)   # None: draw every run of one configuration
         # a point refused as bad input did not run: its folder may hold an old run of other settings
@@ -65,7 +64,6 @@ class BuildFigure(Callback):
     def build(self, results_dir: str, exp_name: str, jobs: list[str] | None = None,
               stem: str | None = None, refused: list[str] = ()) -> list[Path]:
         from repro.analysis import build_figure
-
         return build_figure(self.figure, results_dir, self.out_dir, exp_name=exp_name,
                             jobs=jobs, stem=stem or self.name, each=True, refused=refused)
 
@@ -76,7 +74,6 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     from repro.analysis.render import file_label
     from repro.config.loader import job_name
     from repro.hydra_internals import override_values
-
     given = override_values([a for a in overrides if "=" in a and not a.startswith("-")])   # quotes undone
     if "figures_dir" in given:
         return name
@@ -157,7 +154,6 @@ class Grid(Callback):
                 self._skipped = {p for p in self.points if point_state(self.sweep_dir / p) == "done"}
         if str(config.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
             from repro.launcher import PointSlots, use_point_slots   # a dead worker costs only its point
-
             use_point_slots(self.label, self._lost)
             if self.points:
                 n = min(PointSlots().effective_n_jobs(config.hydra.launcher.get("n_jobs", -1)), len(self.points))
@@ -318,7 +314,6 @@ def _check_places(config: DictConfig) -> None:
     from repro.config.loader import exit_bad_input
     from repro.config.settings import RunConfig
     from repro.errors import ConfigError
-
     try:
         check_places(RunConfig(exp_name=str(config.get("exp_name", "default")),
                                results_dir=str(config.get("results_dir", "results")),

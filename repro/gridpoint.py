@@ -94,7 +94,6 @@ def process_alive(pid: int, started: str | None) -> bool:
 def forget_folder(run_dir: Path) -> None:
     """A point that does not start leaves no folder: only Hydra's record of it was written."""
     from repro.runs.folder import drop_hydra_record
-
     drop_hydra_record(run_dir)
     with contextlib.suppress(OSError):
         run_dir.rmdir()   # only when empty
@@ -139,7 +138,6 @@ def _named_jobs(config: DictConfig) -> list[tuple[list[str], str]] | None:
     grid). Sweeps it cannot expand, or that give no point, exit 2."""
     from repro.config.loader import exit_bad_input, job_name
     from repro.hydra_internals import sweep_jobs, sweeps
-
     try:   # the basic sweeper's own split, which it makes next, after the grid's folder and multirun.yaml
         jobs = sweep_jobs(config)
     except Exception as exc:   # range(1,5,0), interval(...): its traceback, exit 1
@@ -171,13 +169,11 @@ def point_folders(config: DictConfig) -> list[str] | None:
     if (sweep["dir"], sweep["subdir"]) != (DEFAULT_SWEEP_DIR, DEFAULT_SUBDIR):
         from repro.config.loader import exit_bad_input
         from repro.hydra_internals import job_folders
-
         try:
             return [os.path.relpath(f, config.hydra.sweep.dir) for f in job_folders(config, [j for j, _ in jobs])]
         except Exception as exc:   # ${oops}: Hydra only warns of a callback's error, then its traceback
             exit_bad_input(f"cannot name a grid point's folder (hydra.sweep.subdir): {str(exc).partition(chr(10))[0]}")
     from repro.hydra_internals import override_values
-
     folders = []
     for job, name in jobs:   # quoted values read unquoted: results_dir='/a' named each folder under ./'/a'
         given = override_values(job)
@@ -191,7 +187,6 @@ def check_distinct(folders: list[str]) -> None:
     """Two points of one folder (``seed=0,-0``, ``backend.timeout_s=60,120``, ``hydra.sweep.subdir=same``)
     raced for its lock or ran one run twice: exit 2 before any runs."""
     from repro.config.loader import exit_bad_input
-
     twice = sorted({f for f in folders if folders.count(f) > 1})
     if twice:
         exit_bad_input(f"grid points share a run folder ({'; '.join(twice)}): sweep values that differ, "

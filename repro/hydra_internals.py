@@ -27,9 +27,7 @@ def run_single_job(dcfg: Any, task: Callable[[], Any]) -> None:
     from hydra.core.utils import configure_log, run_job
     from hydra.types import HydraContext, RunMode
     from omegaconf import read_write
-
     from repro.logs import follow_verbose
-
     configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
     _log_loading(dcfg)
     with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
@@ -48,12 +46,10 @@ def _log_loading(dcfg: Any) -> None:
     """What Hydra's main logs at DEBUG once it has composed (``hydra.verbose=true``): its version,
     plugins, search path, defaults tree and config. The command line composed ``dcfg`` itself."""
     import logging
-
     import hydra._internal.hydra as main
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
-
     main.log = logging.getLogger(main.__name__)   # as Hydra.compose_config sets it
     if not main.log.isEnabledFor(logging.DEBUG):
         return
@@ -69,7 +65,6 @@ def sweep_jobs(config: Any) -> list[list[str]] | None:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
     params = config.hydra.sweeper.get("params") or {}
@@ -84,11 +79,9 @@ def job_folders(config: Any, jobs: list[list[str]]) -> list[str]:
     """Each job's folder as the launcher names it (``hydra.sweep.dir``/``hydra.sweep.subdir``), from the
     job's own config composed as the launcher composes it, its number too."""
     import os
-
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
-
     loader, before, folders = GlobalHydra.instance().config_loader(), HydraConfig.instance().cfg, []
     try:
         for num, job in enumerate(jobs):
@@ -108,7 +101,6 @@ def sweeps(arguments: list[str]) -> bool:
     Hydra's parser reads it: a list ``[1,2]`` or a quoted ``'a,b'`` is not. Raises Hydra's
     OverrideParseException for an argument its grammar cannot read."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments))
 
 
@@ -116,7 +108,6 @@ def override_values(job: list[str]) -> dict[str, Any]:
     """{key: value} of a job's overrides as Hydra's parser reads them: quotes and escapes undone
     (``results_dir='/a,b'`` is ``/a,b``), a key's ``+`` or ``~`` dropped."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(job)}
 
 
@@ -126,7 +117,6 @@ def named_options(override: str) -> list[str] | None:
     What its grammar cannot read is split at its commas (Hydra's composition answers it)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
-
     try:
         parsed = OverridesParser.create().parse_override(override)
         if parsed.value_type == ValueType.GLOB_CHOICE_SWEEP:
@@ -143,7 +133,6 @@ def plain_number(override: str) -> str:
     ``1e-5``); any other value, a sweep and what Hydra's grammar cannot read stay as given."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
-
     given = override.partition("=")[2]
     try:
         parsed = OverridesParser.create().parse_override(override)
@@ -160,7 +149,6 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
     (argparse printed nine lines of usage under the name run.py). ``--version`` is left out:
     its action would answer and exit."""
     from hydra._internal.utils import get_args_parser
-
     parser = get_args_parser()
     parser.error = refuse
     args = parser.parse_args([word for word in argv if word != "--version"])
@@ -175,7 +163,6 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
     Returns ``dcfg``."""
     from hydra._internal.utils import get_args_parser
     from omegaconf import OmegaConf
-
     args, absent = get_args_parser().parse_args([word for word in argv if word != "--version"]), object()
     if not args.cfg or args.package in (None, "_global_"):
         return dcfg
@@ -205,7 +192,6 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
                f"{args.cfg} shows; --cfg all -p {args.package} shows it")
     if isinstance(value, str) and "${" in value:   # one naming a value a run sets (output_dir): its traceback
         from hydra.core.hydra_config import HydraConfig
-
         before = HydraConfig.instance().cfg
         try:
             HydraConfig.instance().set_config(copy.deepcopy(dcfg))   # as Hydra's show_cfg: ${hydra:...} resolve
@@ -224,7 +210,6 @@ def job_return(exited: SystemExit | None = None) -> Any:
     (``exited`` None: an ended job) or it exited (status 0: ended; else failed, and Hydra raises
     the exit once every other point has run)."""
     from hydra.core.utils import JobReturn, JobStatus
-
     if exited is None or exited.code in (0, None):
         return JobReturn(status=JobStatus.COMPLETED)
     return JobReturn(status=JobStatus.FAILED, _return_value=exited)

@@ -126,9 +126,7 @@ def _start_resource_trackers() -> None:
     relaunched empty and prints a traceback per resource it is told to free. (An ignored signal
     stays ignored across exec; a handler would not.)"""
     import multiprocessing.resource_tracker
-
     from joblib.externals.loky.backend import resource_tracker
-
     if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
         return
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -53,7 +53,6 @@ if not OmegaConf.has_resolver("hydra_record"):   # the Hydra record's folder, th
 
 def _incoming_record(run_dir):
     from repro.runs.folder import HYDRA_RECORD, incoming_record   # only once a job runs or shows: not for --help
-
     return incoming_record(run_dir) if run_dir else HYDRA_RECORD   # no job (--cfg all --resolve): where it ends
 
 
@@ -65,12 +64,10 @@ def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] 
         if (env := torchrun_env()) is None:
             return cfg
         from repro.real.launch import world_config
-
         resolved = world_config(cfg, env)
     else:
         from repro.sim.driver import resolve as resolve_sim
         from repro.sim.replay import refuse_typed
-
         refuse_typed(typed, cfg, (resolved := resolve_sim(cfg, run_dir)).cfg)
     rewritten = getattr(resolved, "cfg", resolved)
     if rewritten is not cfg:   # torchrun's world, a replay, a fit: e.g. backup workers vs clients
@@ -84,10 +81,8 @@ def run(cfg: RunConfig, run_dir: str | Path, typed: list[str] = ()) -> dict:
     resolved = resolve(cfg, run_dir, typed)
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
-
         return run_real(resolved, run_dir)
     from repro.sim.driver import simulate
-
     return simulate(resolved, run_dir)
 
 
@@ -137,18 +132,15 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         summary = None
         if cfg is None:   # a grid point: a finished one is skipped before torch loads
             from repro.runs.folder import finished
-
             cfg = parse(dcfg)
             summary = finished(cfg, run_dir)
             if summary is None:
                 from repro.workload.build import check_components   # torch: not for --help nor bad input
-
                 check_components(cfg)
         mark("main", "config parsed")
         summary = summary or run(cfg, run_dir, list(mode.typed))
     except ConfigError as err:
         from repro.gridpoint import remove_empty_run_dir
-
         remove_empty_run_dir(run_dir.resolve(), Path(str(dcfg.get("results_dir", "results"))).resolve())
         if "MULTIRUN" in str(mode.mode):
             print(f"error: grid point {run_dir.name} not run: {err}", file=sys.stderr, flush=True)
@@ -167,7 +159,6 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
               file=sys.stderr, flush=True)
         sys.exit(1)
     from repro.workload.data import DATASETS
-
     # a problem whose test error means nothing (the quadratic): its loss is what to show
     loss_only = cfg.data.name in DATASETS and DATASETS[cfg.data.name].task != "classification"
     status_line, folder_line = last_lines(summary, run_dir, loss_only).splitlines()
@@ -188,7 +179,6 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
     """A single run of the config the command line composed and parsed once (``dcfg`` with Hydra's node,
     ``cfg`` its RunConfig), as ``@hydra.main`` would run it, without composing again."""
     from repro.hydra_internals import run_single_job
-
     run_single_job(dcfg, lambda: job(dcfg, cfg))
 
 
@@ -200,7 +190,6 @@ def _is_sweep(argv: list[str]) -> bool:
     if any(a in ("-m", "--multirun") for a in argv):
         return True
     from repro.hydra_internals import sweeps
-
     try:   # Hydra's own parser: a list [1,2] or a quoted 'a,b' holds a comma but sweeps nothing
         return sweeps([a for a in argv if "=" in a and not a.startswith(("-", "hydra"))])
     except OverrideParseException:   # Hydra's message comes where the config is composed
@@ -252,7 +241,6 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
     try:
         from repro.workload.build import check_components   # the model and batch vs the data (torch)
-
         check_components(cfg)
     except ConfigError as err:
         exit_bad_input(err)
@@ -309,7 +297,6 @@ def cli() -> None:
         return
     if "--version" in argv:   # Hydra's own answer was "Hydra 1.3.8" alone
         from repro import __version__
-
         print(f"gpu-asgd-repro {__version__} (Hydra {hydra.__version__})")
         return
     try:
@@ -328,11 +315,9 @@ def cli() -> None:
         # web server) TCPStore retries until backend.timeout_s, printing a C++ stack per try
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         from repro.real.elastic import join_process   # one more client for a running run
-
         join_process(_parsed(argv))   # exits
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
-
         sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
     typed = {}   # rank 0's num_clients as configured: the job's resolve step logs the world's (run.log)
     if env is not None and (configured := _parsed(argv)).backend.name == "real":

@@ -99,7 +99,6 @@ def fork_server_context(start: bool = False):
     start the server now (it imports in the background, and a later client finds it running)."""
     import multiprocessing as mp
     import multiprocessing.forkserver
-
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([CLIENT_PRELOAD])
     if start:
