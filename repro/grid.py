@@ -26,9 +26,7 @@ from repro.logs import follow_verbose
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
 
-# ---------------------------------------------------------------------------------------------
-# The figure
-# ---------------------------------------------------------------------------------------------
+# -- the figure ------------------------------------------------------------------------------------------
 
 class BuildFigure(Callback):
     """Draw ``figure`` from this grid's own points into ``out_dir`` after the grid (other runs of the
@@ -86,9 +84,7 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     return name if label == "base" else f"{name}-{file_label(label)}"
 
 
-# ---------------------------------------------------------------------------------------------
-# The grid: its points, their states, progress and stopping
-# ---------------------------------------------------------------------------------------------
+# -- the grid: its points, their states, progress and stopping ------------------------------------------
 
 def _varying(names: list[str]) -> dict[str, str]:
     """{folder name: the part that differs between grid points} (``nsync=4,seed=1``): the keys

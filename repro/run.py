@@ -182,9 +182,7 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
     run_single_job(dcfg, lambda: job(dcfg, cfg))
 
 
-# ---------------------------------------------------------------------------------------------
-# The command line (its words are checked before Hydra sees them: repro.config.loader)
-# ---------------------------------------------------------------------------------------------
+# -- the command line (its words are checked before Hydra sees them: repro.config.loader) ----------------
 
 def _is_sweep(argv: list[str]) -> bool:
     if any(a in ("-m", "--multirun") for a in argv):

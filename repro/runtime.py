@@ -69,7 +69,7 @@ def resolve_device(name: str) -> torch.device:
 def deterministic(device: torch.device):
     """On CUDA, bit-for-bit reproducible kernels for the block: cuDNN deterministic, not autotuning by
     timing; deterministic algorithms (cuBLAS needs a fixed workspace); TF32 off, so float32 is float32
-    on every device (a Hopper's TF32 matmuls round to 10-bit mantissas). The CPU's already are."""
+    on every device (a Hopper's TF32 matmuls round to 10-bit mantissas). On the CPU nothing changes."""
     import torch
     if device.type != "cuda":
         yield
