@@ -141,8 +141,7 @@ def prctl(option: int, value: int) -> None:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity; what joblib's n_jobs=-1 counts, near
-    enough): a real run's host record, a grid's parallel jobs, the machine two namespaces share."""
+    """The cores this process may run on: its CPU affinity (what joblib's n_jobs=-1 counts, near enough)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:   # pragma: no cover - not Linux
@@ -150,8 +149,7 @@ def usable_cores() -> int:
 
 
 def memory_bytes() -> int:
-    """This machine's physical memory: what a model's parameters must fit (build_model), and the
-    client processes a benchmark starts at once (repro_bench.startup)."""
+    """This machine's physical memory, in bytes."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -257,9 +255,8 @@ _exiting = False   # exit_on_signal was called: this process only exits
 
 
 def exit_on_signal() -> None:
-    """From here on the process only exits: a signal ends it at once with
-    :data:`EXIT_INTERRUPTED` (a Ctrl-C during interpreter shutdown would otherwise print a
-    traceback from some finaliser), and is ignored once Python finalises its modules."""
+    """From here on a signal ends the process at once with :data:`EXIT_INTERRUPTED` (not a finaliser's
+    traceback), and is ignored once Python finalises its modules."""
     global _exiting
     if threading.current_thread() is threading.main_thread():
         _exiting = True
@@ -318,8 +315,7 @@ class TorchrunEnv:
 def torchrun_env() -> TorchrunEnv | None:
     """This process's place in a torchrun world, or None when not started by torchrun; a
     ConfigError for a variable that is not a count (left exported by hand: int() raised)."""
-    keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    if not all(k in os.environ for k in keys):
+    if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         return None
     for key in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK"):
         if not os.environ.get(key, "0").isdigit():
