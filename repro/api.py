@@ -1,15 +1,6 @@
-"""The public Python API: run the delay simulator on your own problem from a notebook.
-
->>> import torch, repro.api as asgd
->>> result = asgd.simulate(my_module, (x_train, y_train), (x_test, y_test),
-...                        num_clients=4, nsync=4, num_epochs=5, cost="lan", seed=0)
->>> result.evals.plot(x="time_s", y="test_error")      # pandas DataFrames
->>> result.updates.staleness.describe()
-
-Same semantics as ``python -m repro.run``: the same client/server objects, the same cost model,
-the same run-folder tables (written to ``run_dir``; without one, to a temporary folder that is
-removed once the tables are read into the result). :mod:`repro.workload.custom` checks the
-module and the arrays and makes them a problem. The classroom's API follows simulate().
+"""The public Python API: :func:`simulate` runs the delay simulator on your own module and data, with
+the command line's semantics, returning the run's tables as DataFrames; the classroom's functions follow
+it. The guide: docs/api.md.
 """
 from __future__ import annotations
 
@@ -237,8 +228,8 @@ API_KEYS = {**{name: name for name in ("num_clients", "nsync", "num_epochs", "ev
 
 
 def _config(settings: dict, cost: CostConfig) -> RunConfig:
-    """The command line's defaults with simulate()'s ``settings``, type-checked as config.json's
-    values are: a wrong one is a ConfigError naming the argument, not a TypeError deep inside."""
+    """The command line's defaults with simulate()'s ``settings``, checked as config.json's values are: a
+    wrong one is a ConfigError naming the argument."""
     # num_threads 0: the notebook's own torch threads, not the command line's one per process
     tree = {**to_dict(DEFAULTS), "exp_name": "api", "num_threads": 0, "cost": to_dict(cost),
             "data": to_dict(DataConfig(name="custom")), "model": to_dict(ModelConfig(name="custom"))}
@@ -380,9 +371,7 @@ def ceiling(cfg: RunConfig, param_bytes: int = 0):
     measured only when a run starts)."""
     from repro.sim.ceiling import ceiling as bound
     from repro.sim.driver import resolve
-    # ceiling(None) was an AttributeError; not validate(): the bound takes a part-full host (5 clients, 4 a host)
-    check_leaves(cfg)   # each key alone: cfg.replace(num_clients=2.5) was a TypeError
-    # -1 gave a negative rate, "x" a TypeError
+    check_leaves(cfg)   # each key alone, not validate(): the bound takes a part-full host (5 clients, 4 a host)
     numbers("param_bytes", param_bytes, "a finite number >= 0 (the model's bytes)", lambda b: b >= 0, scalar=True)
     if cfg.cost.schedule == "replay":
         raise ConfigError("cost", "replay", "a cost model: a replay applies a recorded run's order")

@@ -1,9 +1,5 @@
-"""Errors users see: bad configuration or bad input data.
-
-Every check that rejects user input raises :class:`ConfigError`, which names the key, the bad value
-and what would have been valid. The entry point turns it into a one-paragraph message and exit
-code 2 before any process starts or any run folder is marked complete. :func:`numbers` is that
-check for the numbers a Python caller hands a function (the API's theory helpers, the model builder).
+"""Errors users see: every check that rejects user input raises :class:`ConfigError`, naming the key,
+the bad value and what would be valid; the entry point makes it one paragraph and exit code 2.
 """
 from __future__ import annotations
 
@@ -34,12 +30,10 @@ BAD_POINTS: list[str] = []
 
 
 def numbers(name: str, value: Any, accepted: str, ok: Callable, scalar: bool = False, integer: bool = False):
-    """``value`` as a numpy array of real numbers (a bool or a text is none), at least one, each
-    finite and ``ok`` (``ok(array)`` -> booleans; ``scalar``: one number); else a ConfigError naming
-    ``name`` and what is ``accepted`` (the API's critical_lr(-1) answered -2.0, harmonic(2.5) a
-    TypeError)."""
+    """``value`` as a numpy array of real numbers (a bool or a text is none), at least one, each finite
+    and ``ok`` (``ok(array)`` -> booleans; ``scalar``: one number); else a ConfigError naming ``name``
+    and what is ``accepted``. The check for numbers a Python caller hands a function."""
     import numpy as np   # here: the command line's --help and config errors load no numpy
-
     with contextlib.suppress(ValueError, TypeError):   # a ragged list, a tensor on a GPU: refused
         array = np.asarray(value)
         if array.dtype.kind in ("iu" if integer else "iuf") and array.size and not (scalar and array.ndim) \

@@ -1,24 +1,6 @@
-"""Hydra callbacks for experiment grids: the figure after the grid, the grid's progress, Ctrl-C.
-
-An experiment file (``conf/exp/figN.yaml``) declares its grid as a Hydra sweep and registers two
-callbacks. Hydra calls ``on_multirun_*`` in the launching process only, and ``on_job_*`` wherever
-a point runs: the launching process (``hydra/launcher=basic``), a joblib worker
-(``hydra/launcher=parallel``, :mod:`repro.launcher`), a submitit job (local or Slurm).
-
-* :class:`BuildFigure` (``on_multirun_end``): once the grid has ended, draw the figure
-  (``figures/<name>.png``/``.pdf``/``.csv``) from the logs of the grid's own points alone; a
-  variant of the experiment writes files of its own (:func:`figure_stem`).
-* :class:`Grid`:
-
-  - **progress**: a thread of the launching process reads the run folders (a shared file system
-    under Slurm) and prints one line whenever a point starts or ends: how many are done (and
-    skipped as already finished), which run, how many wait, failed or were refused;
-  - **Ctrl-C** (what users see: docs/paper.md, "Ctrl-C"): the launcher writes its launch's stop
-    mark, which every point watches (:mod:`repro.gridpoint`, which also ends the points of a
-    launcher that dies), waits for this host's points, ends its workers and exits 130.
-
-Run folders are never locked or written from here: a running point is recognised by its
-folder's lock file (:mod:`repro.files.locks`: holder pid and host while held, empty once released).
+"""Hydra callbacks of an experiment grid: :class:`BuildFigure` draws the figure from the grid's own
+points once it has ended; :class:`Grid` prints its progress and stops it cleanly on Ctrl-C, under any
+launcher. What users see: docs/paper.md, "Grids" and "Ctrl-C"; how: docs/architecture.md, "Grids".
 """
 from __future__ import annotations
 
@@ -44,33 +26,18 @@ from repro.logs import follow_verbose
 from repro.runtime import EXIT_INTERRUPTED, StopRequest
 
 
-# ---------------------------------------------------------------------------------------------
-# The figure
-# ---------------------------------------------------------------------------------------------
+# -- the figure ------------------------------------------------------------------------------------------
 
 class BuildFigure(Callback):
-    """Draw ``figure`` from this grid's runs into ``out_dir`` after the grid.
-
-    The figure is drawn from the grid's own points only: other runs in ``results_dir/<exp_name>``
-    (another configuration, an earlier grid) are left out, named in a warning, and so are the
-    points refused as bad input (:data:`repro.errors.BAD_POINTS`; all of them: no figure); a grid whose
-    points hold several configurations (a command-line sweep of a setting the figure does not
-    draw across) draws one figure per configuration (:func:`repro.analysis.render.build_figure`).
-
-    ``name``: the files' base name (default: the figure's), so a variant of an experiment
-    (``fig3_paper``) draws the same figure without overwriting the original's files: every file
-    the figure writes, ``fig4_speedup.csv`` included, gets ``name`` in place of ``figure``. The
-    command line can rename them too (:func:`figure_stem`): the committed figures are written
-    only by the experiment as committed."""
+    """Draw ``figure`` from this grid's own points into ``out_dir`` after the grid (other runs of the
+    folder and refused points left out, named in a warning). ``name``: the files' base name (default:
+    the figure's), so a variant (``fig3_paper``) never overwrites the original's files."""
 
     def __init__(self, figure: str, out_dir: str = "figures", name: str | None = None) -> None:
-        # out_dir arrives resolved from the experiment file (${figures_dir})
-        self.figure, self.out_dir = figure, out_dir
-        self.name = name or figure
+        self.figure, self.out_dir, self.name = figure, out_dir, name or figure   # out_dir: ${figures_dir}, resolved
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from repro.errors import ConfigError
-
         overrides = [str(o) for o in config.hydra.overrides.task]
         points = grid_points(config)   # None: draw every run of one configuration
         # a point refused as bad input did not run: its folder may hold an old run of other settings
@@ -95,24 +62,16 @@ class BuildFigure(Callback):
     def build(self, results_dir: str, exp_name: str, jobs: list[str] | None = None,
               stem: str | None = None, refused: list[str] = ()) -> list[Path]:
         from repro.analysis import build_figure
-
         return build_figure(self.figure, results_dir, self.out_dir, exp_name=exp_name,
                             jobs=jobs, stem=stem or self.name, each=True, refused=refused)
 
 
 def figure_stem(name: str, overrides: list[str]) -> str:
-    """The base name of a grid's figure files, from its command line (``overrides``).
-
-    The experiment as committed (no override of a setting that shapes training): ``name``. A
-    variant (``+exp=fig2 algo=sgd``, ``+exp=fig3 nsync=4``) never overwrites those files in the
-    default figures folder: it writes ``<exp_name>`` when the command names the experiment
-    (``exp_name=stability_random``; a second figure of the grid: ``<exp_name>-<name>``), else
-    ``<name>-<its overrides>`` (``fig2-algo=sgd``). In a folder of the user's own
-    (``figures_dir=...``) the files keep ``name``, so that two folders compare figure by figure."""
+    """The base name of a grid's figure files, from its command line (``overrides``): the rules are
+    docs/paper.md's, "One figure, one configuration"."""
     from repro.analysis.render import file_label
     from repro.config.loader import job_name
     from repro.hydra_internals import override_values
-
     given = override_values([a for a in overrides if "=" in a and not a.startswith("-")])   # quotes undone
     if "figures_dir" in given:
         return name
@@ -125,9 +84,7 @@ def figure_stem(name: str, overrides: list[str]) -> str:
     return name if label == "base" else f"{name}-{file_label(label)}"
 
 
-# ---------------------------------------------------------------------------------------------
-# The grid: its points, their states, progress and stopping
-# ---------------------------------------------------------------------------------------------
+# -- the grid: its points, their states, progress and stopping ------------------------------------------
 
 def _varying(names: list[str]) -> dict[str, str]:
     """{folder name: the part that differs between grid points} (``nsync=4,seed=1``): the keys
@@ -144,11 +101,9 @@ def _duration(seconds: float) -> str:
 
 
 class Grid(Callback):
-    """Progress of a grid and a clean Ctrl-C, under any launcher (see the module docstring).
-
-    ``every_s``: also print the progress line this often when nothing changes (0: only on
-    changes); ``stop_wait_s``: how long the launcher waits, after Ctrl-C, for running points to
-    record ``interrupted`` before it ends them."""
+    """Progress of a grid and a clean Ctrl-C. ``every_s``: print the progress line this often even when
+    nothing changes (0: only on changes); ``stop_wait_s``: how long the launcher waits, after Ctrl-C, for
+    running points to record ``interrupted`` before it ends them."""
 
     def __init__(self, every_s: float = 60.0, stop_wait_s: float = 120.0, poll_s: float = 1.0) -> None:
         self.every_s, self.stop_wait_s, self.poll_s = every_s, stop_wait_s, poll_s
@@ -194,22 +149,16 @@ class Grid(Callback):
             if not config.get("force", False):   # force=true re-runs finished points
                 self._skipped = {p for p in self.points if point_state(self.sweep_dir / p) == "done"}
         if str(config.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
-            self._use_slots(config)
+            from repro.launcher import PointSlots, use_point_slots   # a dead worker costs only its point
+            use_point_slots(self.label, self._lost)
+            if self.points:
+                n = min(PointSlots().effective_n_jobs(config.hydra.launcher.get("n_jobs", -1)), len(self.points))
+                _say(f"joblib (loky): launching {len(self.points)} jobs in {n} worker process(es)")
         self._stop = StopRequest(on_signal=self._on_signal, force=self._forced).__enter__()
         if self._stop.is_set():   # a signal during start-up, to the command line's handler: no point starts
             self._on_signal(self._stop.reason)
         self._thread = threading.Thread(target=self._watch, name="grid-progress", daemon=True)
         self._thread.start()
-
-    def _use_slots(self, config: DictConfig) -> None:
-        """Hydra's joblib launcher runs the points on :class:`repro.launcher.PointSlots`, where a
-        worker that dies costs only its point, which :meth:`_lost` names."""
-        from repro.launcher import PointSlots, use_point_slots
-
-        use_point_slots(self.label, self._lost)
-        if self.points:
-            n = min(PointSlots().effective_n_jobs(config.hydra.launcher.get("n_jobs", -1)), len(self.points))
-            _say(f"joblib (loky): launching {len(self.points)} jobs in {n} worker process(es)")
 
     def _lost(self) -> str:
         """The points whose worker just died: their folder says running, and nobody holds it."""
@@ -316,9 +265,8 @@ class Grid(Callback):
         return self._short.get(folder, folder)
 
     def _in_flight(self) -> list[str]:
-        """The points running on this host (they got the Ctrl-C, from the terminal's process
-        group): the launcher waits for them. A point on another host (Slurm) is not waited for:
-        it finishes, or ``scancel`` stops it."""
+        """The points running on this host (the terminal's Ctrl-C reached them): the launcher waits for
+        them, not for a point on another host (Slurm), which sees the stop mark or ``scancel``."""
         holders = {f: lock_holder(self.sweep_dir / f) or {} for f in self._folders()}
         return [f for f, h in holders.items() if h.get("host") == socket.gethostname() and h.get("pid") != os.getpid()]
 
@@ -362,7 +310,6 @@ def _check_places(config: DictConfig) -> None:
     from repro.config.loader import exit_bad_input
     from repro.config.settings import RunConfig
     from repro.errors import ConfigError
-
     try:
         check_places(RunConfig(exp_name=str(config.get("exp_name", "default")),
                                results_dir=str(config.get("results_dir", "results")),

@@ -1,16 +1,6 @@
-"""Where a grid point runs: it stops with its grid, and never outlives its launcher. And that a run
-refused before it starts, a grid point or a single run, leaves no folder.
-
-A grid's launcher (:class:`repro.grid.Grid`) asks its points to stop with a stop mark of its
-own launch, ``<sweep dir>/.grid_stops/<launch id>`` (a signal to the launcher alone never reaches
-them). A :class:`PointGuard` thread in each point's process reads the mark while the point runs
-and, on the launcher's host, checks that the launcher lives: a SIGKILLed launcher used to leave
-its workers alive for good, each holding its run folder's lock. What state a point is in
-(:func:`point_state`) is read from its folder alone: the lock's holder and the summary. Which
-folder each point runs in (:func:`grid_points`, :func:`point_folders`) is read from Hydra's job
-list before any runs, and two points of one folder are refused (:func:`check_distinct`). A run
-that does not start (a grid point, or a single run of :mod:`repro.run` refused for bad input after
-Hydra made its folder) leaves no folder: :func:`forget_folder`, :func:`remove_empty_run_dir`.
+"""Where a grid point runs: it stops with its grid (its launch's stop mark) and never outlives its
+launcher (:class:`PointGuard`); its state read from its folder alone; each point's folder known before
+any runs; and a run refused before it starts leaves no folder. How: docs/architecture.md, "Grids".
 """
 from __future__ import annotations
 
@@ -39,19 +29,16 @@ DEFAULT_SWEEP_DIR = "${results_dir}/${exp_name}"            # and its hydra.swee
 
 
 class PointGuard:
-    """A daemon thread of a point's process (one per process: a joblib worker runs many points).
-    Every ``POLL_S`` it looks for its launch's stop mark, which stops the run as a first signal
-    would without counting as one (:func:`repro.runtime.request_stop`), and, on the launcher's
-    host, whether the launcher lives: once it is gone, the run stops cleanly and the process
-    ends, after at most the grid's ``stop_wait_s``."""
+    """A daemon thread of a point's process (one per process: a joblib worker runs many points): every
+    ``POLL_S`` it stops the run (as a first signal, :func:`repro.runtime.request_stop`) at its launch's
+    stop mark, and ends the process, at most ``stop_wait_s`` later, once the launcher on its host is gone."""
 
     POLL_S = 0.5
     _current: "PointGuard | None" = None
 
     @classmethod
     def start(cls, grid: Any) -> None:
-        """Guard this process for ``grid`` (a :class:`repro.grid.Grid`: its launch's mark,
-        launcher pid, host and start time, ``stop_wait_s``)."""
+        """Guard this process for ``grid`` (a :class:`repro.grid.Grid`)."""
         if cls._current is None or not cls._current.thread.is_alive():
             cls._current = cls(grid)
         cls._current.grid = grid   # the launch of the point starting now
@@ -87,8 +74,8 @@ def proc_stat(pid: int | None) -> list[str] | None:
 
 
 def process_started(pid: int | None) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), which tells it from a later
-    process given the same pid; None where /proc does not say."""
+    """The process's start time in clock ticks since boot (Linux), which tells it from a later process
+    given the same pid; None where /proc does not say."""
     fields = proc_stat(pid)
     return fields[19] if fields and len(fields) > 19 else None
 
@@ -107,15 +94,14 @@ def process_alive(pid: int, started: str | None) -> bool:
 def forget_folder(run_dir: Path) -> None:
     """A point that does not start leaves no folder: only Hydra's record of it was written."""
     from repro.runs.folder import drop_hydra_record
-
     drop_hydra_record(run_dir)
     with contextlib.suppress(OSError):
         run_dir.rmdir()   # only when empty
 
 
 def remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
-    """Hydra made the folder (and this process's record in it) before we could check: leave nothing
-    like a run, nor an empty experiment folder; one holding anything else is touched only for our record."""
+    """Hydra made the folder (and our record in it) before we could check: leave nothing like a run, nor
+    an empty experiment folder; one holding anything else is touched only for our record."""
     forget_folder(run_dir)
     parent = run_dir.parent
     while parent != results_dir and results_dir in parent.parents and parent.is_dir():
@@ -147,13 +133,11 @@ def summary_status(run_dir: Path) -> str | None:
 
 
 def _named_jobs(config: DictConfig) -> list[tuple[list[str], str]] | None:
-    """Every job Hydra's basic sweeper launches for ``config`` (the experiment's
-    ``hydra.sweeper.params`` and the command line's sweeps), in launch order, with its run-folder
-    name; None when another sweeper decides the jobs or a name cannot be read (never a reason to
-    stop a grid). Sweeps the basic sweeper cannot expand, or that give no point, exit 2."""
+    """(overrides, run-folder name) of every job Hydra's basic sweeper launches for ``config``, in launch
+    order; None when another sweeper decides the jobs or a name cannot be read (never a reason to stop a
+    grid). Sweeps it cannot expand, or that give no point, exit 2."""
     from repro.config.loader import exit_bad_input, job_name
     from repro.hydra_internals import sweep_jobs, sweeps
-
     try:   # the basic sweeper's own split, which it makes next, after the grid's folder and multirun.yaml
         jobs = sweep_jobs(config)
     except Exception as exc:   # range(1,5,0), interval(...): its traceback, exit 1
@@ -175,9 +159,8 @@ def grid_points(config: DictConfig) -> list[str] | None:
 
 
 def point_folders(config: DictConfig) -> list[str] | None:
-    """Each point's run folder relative to the grid's (:func:`grid_points`' names), under another
-    experiment's or results folder where the point sets exp_name or results_dir (``-m exp_name=a,b``);
-    where ``hydra.sweep.dir`` or ``hydra.sweep.subdir`` is the user's, the folder the launcher will give each job."""
+    """Each point's run folder relative to the grid's: :func:`grid_points`' names, moved where the point
+    sets exp_name or results_dir; where ``hydra.sweep.dir`` or ``.subdir`` is the user's, the launcher's."""
     jobs = _named_jobs(config)
     if jobs is None:
         return None
@@ -186,13 +169,11 @@ def point_folders(config: DictConfig) -> list[str] | None:
     if (sweep["dir"], sweep["subdir"]) != (DEFAULT_SWEEP_DIR, DEFAULT_SUBDIR):
         from repro.config.loader import exit_bad_input
         from repro.hydra_internals import job_folders
-
         try:
             return [os.path.relpath(f, config.hydra.sweep.dir) for f in job_folders(config, [j for j, _ in jobs])]
         except Exception as exc:   # ${oops}: Hydra only warns of a callback's error, then its traceback
             exit_bad_input(f"cannot name a grid point's folder (hydra.sweep.subdir): {str(exc).partition(chr(10))[0]}")
     from repro.hydra_internals import override_values
-
     folders = []
     for job, name in jobs:   # quoted values read unquoted: results_dir='/a' named each folder under ./'/a'
         given = override_values(job)
@@ -203,11 +184,9 @@ def point_folders(config: DictConfig) -> list[str] | None:
 
 
 def check_distinct(folders: list[str]) -> None:
-    """Two points of one folder (``seed=0,-0``, a sweep of a key that names no folder, such as
-    ``backend.timeout_s=60,120``, or ``hydra.sweep.subdir=same``) raced for its lock, one refused
-    as bad input, or ran one run twice: exit 2 before any runs."""
+    """Two points of one folder (``seed=0,-0``, ``backend.timeout_s=60,120``, ``hydra.sweep.subdir=same``)
+    raced for its lock or ran one run twice: exit 2 before any runs."""
     from repro.config.loader import exit_bad_input
-
     twice = sorted({f for f in folders if folders.count(f) > 1})
     if twice:
         exit_bad_input(f"grid points share a run folder ({'; '.join(twice)}): sweep values that differ, "

@@ -1,31 +1,15 @@
-"""The one place where repro uses Hydra beyond its public interface: which code, and why.
+"""The one place where repro uses Hydra beyond its public interface (``hydra.core``, ``hydra._internal``,
+which tests/test_house.py keeps out of every other module): which code, and why.
 
-A grid is Hydra's sweep, launcher plugins and callbacks, all public, and a single run is Hydra's
-job. Three guarantees need what Hydra keeps for its plugins and its own main (``hydra.core``,
-``hydra._internal``), imported here only (``tests/test_house.py`` checks that no other module of
-the package imports them):
-
-* the job list before any point runs (:func:`sweep_jobs`): Hydra gives it to the launcher alone,
-  and the progress line, the grid's figure and sim-vs-real's folder names need it; each job's
-  folder where ``hydra.sweep.subdir`` is the user's (:func:`job_folders`, composed as the
-  launcher composes it), so that points of one folder are refused before any runs; whether an
-  override sweeps (:func:`sweeps`), in Hydra's grammar, not a guess at it, and the values a job
-  gives (:func:`override_values`), its quotes undone; a number as the sweeper writes it
-  (:func:`plain_number`), so that a single run names its folder as the same configuration's
-  grid point does (``seed=-0`` is ``seed=0``, ``algo.lr=1e-3`` is ``algo.lr=0.001``);
-* a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends
-  the whole grid;
-* a flag without its value (``--cfg``) or with one Hydra does not know (``--info bogus``) is
-  answered in one line (:func:`check_flags`, Hydra's own argument parser): not its usage text;
-  so is ``--cfg hydra --resolve``, which Hydra cannot resolve here: not its traceback; and a
-  ``--package`` the config shown has not, or whose value cannot be resolved before a run
-  (:func:`check_package`): not Hydra's exit 1 or OmegaConf's traceback;
-* a key set under a null node (``hydra.sweeper.params.seed=0`` without an experiment's grid) is
-  named (:func:`null_node_named`): OmegaConf says only 'Unexpected type for root: NoneType';
-* a single command-line run is composed once (:func:`run_single_job`): the command line checks
-  its config before Hydra is asked (a typo answered without torch), and ``@hydra.main`` would
-  compose it again; what Hydra's main logs of its composing under ``hydra.verbose`` is logged
-  from that config. Hydra 1.3 has no public equivalent of what its main does after composing.
+* the job list before any point runs (:func:`sweep_jobs`, :func:`job_folders`): Hydra gives it to the
+  launcher alone, and the progress line, the figure and the refusal of two points of one folder need it;
+  whether an override sweeps and the values it gives (:func:`sweeps`, :func:`override_values`,
+  :func:`named_options`, :func:`plain_number`), in Hydra's grammar, not a guess at it;
+* a point whose worker died still returns (:func:`job_return`): a missing ``JobReturn`` ends the grid;
+* Hydra's flags and ``--package`` answered in one line (:func:`check_flags`, :func:`check_package`), and
+  a key set under a null node named (:func:`null_node_named`): not a usage text, exit 1 or traceback;
+* a single run composed once (:func:`run_single_job`): Hydra 1.3 has no public equivalent of what its
+  main does after composing.
 
 Every import of Hydra's internals sits inside a function: importing this module costs nothing.
 """
@@ -43,9 +27,7 @@ def run_single_job(dcfg: Any, task: Callable[[], Any]) -> None:
     from hydra.core.utils import configure_log, run_job
     from hydra.types import HydraContext, RunMode
     from omegaconf import read_write
-
     from repro.logs import follow_verbose
-
     configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
     _log_loading(dcfg)
     with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
@@ -64,12 +46,10 @@ def _log_loading(dcfg: Any) -> None:
     """What Hydra's main logs at DEBUG once it has composed (``hydra.verbose=true``): its version,
     plugins, search path, defaults tree and config. The command line composed ``dcfg`` itself."""
     import logging
-
     import hydra._internal.hydra as main
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
-
     main.log = logging.getLogger(main.__name__)   # as Hydra.compose_config sets it
     if not main.log.isEnabledFor(logging.DEBUG):
         return
@@ -80,13 +60,11 @@ def _log_loading(dcfg: Any) -> None:
 
 
 def sweep_jobs(config: Any) -> list[list[str]] | None:
-    """Each job's overrides, in launch order, for a config composed with its Hydra node (the
-    experiment's ``hydra.sweeper.params`` first, then the command line's overrides); None when a
+    """Each job's overrides, in launch order, for a config composed with its Hydra node; None when a
     sweeper other than Hydra's basic one decides the jobs."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
     params = config.hydra.sweeper.get("params") or {}
@@ -98,15 +76,12 @@ def sweep_jobs(config: Any) -> list[list[str]] | None:
 
 
 def job_folders(config: Any, jobs: list[list[str]]) -> list[str]:
-    """Each job's folder as the launcher names it: ``hydra.sweep.dir``/``hydra.sweep.subdir`` of
-    the job's own config, composed as the launcher composes it (a job's number too), for a
-    subdir other than the default one, which may read any of these."""
+    """Each job's folder as the launcher names it (``hydra.sweep.dir``/``hydra.sweep.subdir``), from the
+    job's own config composed as the launcher composes it, its number too."""
     import os
-
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
-
     loader, before, folders = GlobalHydra.instance().config_loader(), HydraConfig.instance().cfg, []
     try:
         for num, job in enumerate(jobs):
@@ -126,7 +101,6 @@ def sweeps(arguments: list[str]) -> bool:
     Hydra's parser reads it: a list ``[1,2]`` or a quoted ``'a,b'`` is not. Raises Hydra's
     OverrideParseException for an argument its grammar cannot read."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments))
 
 
@@ -134,7 +108,6 @@ def override_values(job: list[str]) -> dict[str, Any]:
     """{key: value} of a job's overrides as Hydra's parser reads them: quotes and escapes undone
     (``results_dir='/a,b'`` is ``/a,b``), a key's ``+`` or ``~`` dropped."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(job)}
 
 
@@ -144,7 +117,6 @@ def named_options(override: str) -> list[str] | None:
     What its grammar cannot read is split at its commas (Hydra's composition answers it)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
-
     try:
         parsed = OverridesParser.create().parse_override(override)
         if parsed.value_type == ValueType.GLOB_CHOICE_SWEEP:
@@ -156,14 +128,11 @@ def named_options(override: str) -> list[str] | None:
 
 
 def plain_number(override: str) -> str:
-    """The value of ``override`` as Hydra's sweeper writes a grid point's where it is a number:
-    Python's ``str`` of the parsed value, one spelling per number (``0`` for ``-0``, ``4`` for
-    ``+4``, ``0.1`` for ``0.10``, ``1000`` for ``1_000``, ``0.001`` for ``1e-3`` and ``1.0e-3``,
-    ``1e-05`` for ``1e-5``); any other value, a sweep and what Hydra's grammar cannot read stay
-    as given."""
+    """The value of ``override`` as Hydra's sweeper writes a grid point's where it is a number, so a single
+    run names its folder as the grid point does (``0`` for ``-0``, ``0.001`` for ``1e-3``, ``1e-05`` for
+    ``1e-5``); any other value, a sweep and what Hydra's grammar cannot read stay as given."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
-
     given = override.partition("=")[2]
     try:
         parsed = OverridesParser.create().parse_override(override)
@@ -180,7 +149,6 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
     (argparse printed nine lines of usage under the name run.py). ``--version`` is left out:
     its action would answer and exit."""
     from hydra._internal.utils import get_args_parser
-
     parser = get_args_parser()
     parser.error = refuse
     args = parser.parse_args([word for word in argv if word != "--version"])
@@ -190,13 +158,11 @@ def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:
 
 
 def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> Any:
-    """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``, composed
-    with its Hydra node), and neither null nor missing (???): Hydra's 'package ... not found in
-    config' ended it, exit 1; a value shown alone must resolve as Hydra's show_cfg resolves it.
+    """``--cfg TYPE --package NODE``: NODE must be a node of the config TYPE shows (``dcfg``), neither null
+    nor missing (Hydra: exit 1), and a value shown alone must resolve as Hydra's show_cfg resolves it.
     Returns ``dcfg``."""
     from hydra._internal.utils import get_args_parser
     from omegaconf import OmegaConf
-
     args, absent = get_args_parser().parse_args([word for word in argv if word != "--version"]), object()
     if not args.cfg or args.package in (None, "_global_"):
         return dcfg
@@ -226,7 +192,6 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
                f"{args.cfg} shows; --cfg all -p {args.package} shows it")
     if isinstance(value, str) and "${" in value:   # one naming a value a run sets (output_dir): its traceback
         from hydra.core.hydra_config import HydraConfig
-
         before = HydraConfig.instance().cfg
         try:
             HydraConfig.instance().set_config(copy.deepcopy(dcfg))   # as Hydra's show_cfg: ${hydra:...} resolve
@@ -245,7 +210,6 @@ def job_return(exited: SystemExit | None = None) -> Any:
     (``exited`` None: an ended job) or it exited (status 0: ended; else failed, and Hydra raises
     the exit once every other point has run)."""
     from hydra.core.utils import JobReturn, JobStatus
-
     if exited is None or exited.code in (0, None):
         return JobReturn(status=JobStatus.COMPLETED)
     return JobReturn(status=JobStatus.FAILED, _return_value=exited)

@@ -1,19 +1,8 @@
 """The local grid's workers (``hydra/launcher=parallel``): a point whose worker dies costs only itself.
 
-``hydra/launcher=parallel`` is Hydra's own joblib launcher, which hands the points to joblib's
-``loky`` backend. In one loky pool a worker that dies (the out-of-memory killer, a ``kill -9``)
-breaks the pool: loky SIGKILLs every other worker, killing healthy points mid-push and ending the
-grid with a traceback. :class:`PointSlots`, a joblib backend (joblib's public backend interface),
-gives each of ``n_jobs`` slots a loky executor of its own with one worker, reused point after
-point. A dead worker breaks only its slot: one line names its point (its folder stays as the kill
-left it, for ``resume=auto``), a fresh worker takes the slot, and the grid goes on, in grid order.
-A point refused as bad input costs only itself too: its worker names it, the grid goes on (its figure
-is drawn), and the command exits 2 after it (:data:`repro.errors.BAD_POINTS`).
-Hydra's joblib launcher always asks for ``loky``: :func:`use_point_slots` (called by the grid's
-callback in the launching process) answers that name with :class:`PointSlots`.
-
-What a dead worker's point hands back to Hydra comes from :mod:`repro.hydra_internals`, the one
-place where repro uses Hydra beyond its public interface.
+Hydra's joblib launcher asks for joblib's ``loky`` backend, in whose one pool a dead worker (the
+out-of-memory killer, ``kill -9``) ends every other; :func:`use_point_slots` answers that name with
+:class:`PointSlots`, one single-worker loky executor per slot (docs/architecture.md, "Grids").
 """
 from __future__ import annotations
 
@@ -115,8 +104,8 @@ class PointSlots(ParallelBackendBase):
         self._start()
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """The launcher stops (a signal, an error): end every worker now (Parallel, which made
-        this backend, never reuses it: ``ensure_ready`` asks for nothing here)."""
+        """The launcher stops (a signal, an error): end every worker now (``ensure_ready``: Parallel never
+        reuses this backend)."""
         self.queue.clear()
         self.terminate()
 
@@ -137,9 +126,7 @@ def _start_resource_trackers() -> None:
     relaunched empty and prints a traceback per resource it is told to free. (An ignored signal
     stays ignored across exec; a handler would not.)"""
     import multiprocessing.resource_tracker
-
     from joblib.externals.loky.backend import resource_tracker
-
     if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
         return
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -1,9 +1,6 @@
-"""One logger for the whole package, so a run's messages reach the terminal and its run.log.
-
-Under ``python -m repro.run`` Hydra configures logging (``conf/hydra/job_logging/repro.yaml``):
-plain lines on stderr and time-stamped lines in the run folder's ``run.log``. Anywhere else (the
-Python API, a spawned client process, a test) nothing is configured, and a fallback handler on
-the package's logger prints plain lines on stderr so progress and warnings are still seen.
+"""One logger for the whole package, so a run's messages reach the terminal and its run.log: Hydra
+configures logging under ``python -m repro.run`` (``conf/hydra/job_logging/repro.yaml``); anywhere else
+(the API, a client process, a test) a fallback handler prints plain lines on stderr.
 """
 from __future__ import annotations
 
@@ -59,10 +56,8 @@ def prefixed(name: str, prefix: str) -> logging.LoggerAdapter:
 
 
 def mark(role: str, phase: str) -> None:
-    """Append ``wall-time role pid phase`` to the file named by ``$REPRO_STARTUP_TRACE`` (nothing
-    when unset): where a real run's processes spend their start-up and teardown, for
-    ``python -m repro.bench startup``. One short O_APPEND write per line (mode "a", the line
-    written as the file closes), so processes never interleave within a line."""
+    """Append ``wall-time role pid phase`` to the file ``$REPRO_STARTUP_TRACE`` names, if set (for
+    ``python -m repro.bench startup``): one short O_APPEND write per line, so processes never interleave."""
     path = os.environ.get(TRACE_ENV)
     if path:
         with open(path, "a") as trace:

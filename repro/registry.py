@@ -1,17 +1,7 @@
-"""The one registry idiom: names users type (``model=digits_cnn``, ``algo.server_rule=adagrad``,
-a figure name, an exercise) mapped to what they build, plus what validation needs to know.
-
-Each kind of name is declared once, here, in :data:`DECLARED`: its config key, the modules that
-register its entries and the names each of them registers. A module registers its entries with
-the registry's decorator beside the code they name (``@RULES.register("delta")``); registering a
-name its module does not declare is refused at import, so the declaration and the decorators
-cannot drift apart. The declaration lets the command line list and check names without importing
-the modules (torch lives there: :func:`names_of`), and lets a registry find an entry whose
-module nothing has imported yet: a lookup imports the module declared for that name, once. No
-module registers anything by being imported for its side effect.
-
-A user's own entry (the Python API, the classroom's grader) is added under a name no module
-declares, and from then on is listed and checked like the package's.
+"""The one registry idiom: names users type (``model=digits_cnn``, a figure, an exercise) mapped to
+what they build. Each kind of name is declared once, in :data:`DECLARED`, with the modules that register
+its entries by decorator (docs/contributing.md says how to add one); a user's own entry (the API, the
+grader) is added under a name no module declares.
 """
 from __future__ import annotations
 
@@ -57,13 +47,10 @@ _BUILT: dict[str, "Registry"] = {}   # key -> its registry, once the module hold
 
 
 def names_of(key: str) -> Callable[[], tuple[str, ...]]:
-    """The valid names for config key ``key``, read when a value is checked: its registry's
-    (the declared ones and any a user added) once built, before that the declared ones, sorted;
-    so ``--help`` and a bad value are answered without importing the registering modules."""
+    """The valid names for config key ``key``, read when a value is checked: its registry's once built,
+    before that the declared ones, sorted (``--help`` and a bad value import no registering module)."""
     def names() -> tuple[str, ...]:
-        if key in _BUILT:
-            return _BUILT[key].names()
-        return tuple(sorted(declared(key)))
+        return _BUILT[key].names() if key in _BUILT else tuple(sorted(declared(key)))
     return names
 
 
@@ -73,9 +60,8 @@ def declared(key: str) -> dict[str, str]:
 
 
 class Registry(Generic[T]):
-    """Name -> entry, for the config key ``key`` (e.g. "model.name"), declared in :data:`DECLARED`.
-    With ``spec_type`` a decorated function's entry is ``spec_type(fn, **fields)`` (e.g. a model's
-    builder and the input shape it accepts), else the function itself."""
+    """Name -> entry, for the config key ``key`` (e.g. "model.name"), declared in :data:`DECLARED`. With
+    ``spec_type`` a decorated function's entry is ``spec_type(fn, **fields)``, else the function itself."""
 
     def __init__(self, key: str, spec_type: Callable[..., T] | None = None):
         self.key, self.spec_type = key, spec_type
@@ -100,9 +86,8 @@ class Registry(Generic[T]):
 
     @contextmanager
     def plugged(self, name: str, entry: T) -> Iterator[str]:
-        """``name`` -> ``entry`` while the block runs, gone after it (however it ends): how the
-        classroom's grader runs a student's class through the package's own registries, under a
-        name no other code uses, without leaving it behind for the rest of the process."""
+        """``name`` -> ``entry`` while the block runs, gone after it however it ends (the grader runs a
+        student's class so)."""
         self.add(name, entry)
         try:
             yield name

@@ -1,11 +1,6 @@
-"""Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``.
-
-This module does the Hydra work and nothing else: it checks the command line, composes the config,
-parses it into a :class:`~repro.config.settings.RunConfig` (nothing below sees a ``DictConfig``) and
-calls :func:`run`, a plain function ``run(config, run_dir) -> summary``. A single run is composed and
-validated once (:func:`precheck`), before Hydra makes any folder; a grid's folder is checked first too,
-and its points go through ``@hydra.main`` and are checked as each starts. Under ``torchrun`` only rank 0
-makes the run folder; the other ranks compose the same config without one.
+"""Entry point: ``python -m repro.run [overrides]`` and ``python -m repro.run +exp=NAME``: the Hydra work
+alone. The command line is checked and the config composed and parsed into a RunConfig for :func:`run`;
+a single run is validated once (:func:`precheck`) before Hydra makes a folder, a grid's points as each starts.
 """
 from __future__ import annotations
 
@@ -58,26 +53,21 @@ if not OmegaConf.has_resolver("hydra_record"):   # the Hydra record's folder, th
 
 def _incoming_record(run_dir):
     from repro.runs.folder import HYDRA_RECORD, incoming_record   # only once a job runs or shows: not for --help
-
     return incoming_record(run_dir) if run_dir else HYDRA_RECORD   # no job (--cfg all --resolve): where it ends
 
 
 def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] = ()):
-    """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's
-    settings (``typed``, the job's overrides, must not say otherwise), ``cost=fit`` the fitted cost
-    model (:func:`repro.sim.driver.resolve`), and under torchrun the world decides ``num_clients``
-    (:func:`repro.real.launch.world_config`). What comes back is frozen and no driver rewrites it;
-    a rewritten config is validated here. ConfigError (exit 2): a bad recording, world or typed key."""
+    """The one resolve step, before any driver runs: ``cost=replay`` becomes the recorded run's settings
+    (``typed``, the job's overrides, must not say otherwise), ``cost=fit`` the fitted costs, and under
+    torchrun the world decides ``num_clients``; a rewritten config is validated. ConfigError: exit 2."""
     if cfg.backend.name == "real":
         if (env := torchrun_env()) is None:
             return cfg
         from repro.real.launch import world_config
-
         resolved = world_config(cfg, env)
     else:
         from repro.sim.driver import resolve as resolve_sim
         from repro.sim.replay import refuse_typed
-
         refuse_typed(typed, cfg, (resolved := resolve_sim(cfg, run_dir)).cfg)
     rewritten = getattr(resolved, "cfg", resolved)
     if rewritten is not cfg:   # torchrun's world, a replay, a fit: e.g. backup workers vs clients
@@ -86,23 +76,19 @@ def resolve(cfg: RunConfig, run_dir: str | Path | None = None, typed: list[str] 
 
 
 def run(cfg: RunConfig, run_dir: str | Path, typed: list[str] = ()) -> dict:
-    """Train as configured, writing ``run_dir``; return the summary. What a folder that already
-    holds a run means (skip it, continue it with resume=true, start over with force=true, else
-    refuse) is decided by the run core (:func:`repro.runs.folder.run_folder`), for both drivers."""
+    """Train as configured, writing ``run_dir``; return the summary. What a folder already holding a run
+    means is the run core's to decide (:func:`repro.runs.folder.run_folder`)."""
     resolved = resolve(cfg, run_dir, typed)
     if cfg.backend.name == "real":
         from repro.real.launch import run_real
-
         return run_real(resolved, run_dir)
     from repro.sim.driver import simulate
-
     return simulate(resolved, run_dir)
 
 
 def pasteable(path: str | Path) -> str:
-    """``path`` as it pastes after ``key=`` on a shell command line: Hydra reads ``=`` and ``,`` in a
-    value as syntax, so such a path goes in single quotes, inside shell double quotes. Relative to
-    the current folder when inside it: Hydra's run folder is absolute, the docs' ``cost.path=...`` is not."""
+    """``path`` as it pastes after ``key=`` on a shell command line (Hydra reads ``=`` and ``,`` as syntax:
+    single quotes inside double quotes), relative to the current folder when inside it."""
     try:
         path = Path(path).relative_to(os.getcwd())
     except (OSError, ValueError):   # outside this folder (or no current folder): as it is
@@ -112,9 +98,8 @@ def pasteable(path: str | Path) -> str:
 
 
 def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
-    """The run's last two lines: its status and final numbers (the test loss for a problem
-    without classes, ``loss_only``, whose error means nothing), then its folder. A run whose
-    outcome needs a word (diverged, or completed worse than it started) adds the summary's."""
+    """The run's last two lines: its status and final numbers (the test loss where ``loss_only``), with
+    the summary's message for a diverged or completed run, then its folder."""
     final = summary.get("final") or {}
     key = "test_loss" if loss_only else "test_error"
     value = final.get(key)
@@ -127,13 +112,6 @@ def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
     return (f"{summary['status']}: version {summary['version']}  epoch {summary['epoch']:.2f}  "
             f"{key.replace('_', ' ')} {shown}  {times}" + (f"; {note}" if note else "") + "\n"
             f"run folder: {pasteable(run_dir)}")
-
-
-def _without_classes(cfg: RunConfig) -> bool:
-    """A problem whose test error means nothing (the quadratic): its loss is what to show."""
-    from repro.workload.data import DATASETS
-
-    return cfg.data.name in DATASETS and DATASETS[cfg.data.name].task != "classification"
 
 
 # the process that launches the grid (a worker's bad point exits 2, which costs only that point,
@@ -154,18 +132,15 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         summary = None
         if cfg is None:   # a grid point: a finished one is skipped before torch loads
             from repro.runs.folder import finished
-
             cfg = parse(dcfg)
             summary = finished(cfg, run_dir)
             if summary is None:
                 from repro.workload.build import check_components   # torch: not for --help nor bad input
-
                 check_components(cfg)
         mark("main", "config parsed")
         summary = summary or run(cfg, run_dir, list(mode.typed))
     except ConfigError as err:
         from repro.gridpoint import remove_empty_run_dir
-
         remove_empty_run_dir(run_dir.resolve(), Path(str(dcfg.get("results_dir", "results"))).resolve())
         if "MULTIRUN" in str(mode.mode):
             print(f"error: grid point {run_dir.name} not run: {err}", file=sys.stderr, flush=True)
@@ -183,7 +158,10 @@ def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
         print(f"failed: {disk_error(err, err.filename).strerror}\nrun folder: {pasteable(run_dir)}",
               file=sys.stderr, flush=True)
         sys.exit(1)
-    status_line, folder_line = last_lines(summary, run_dir, _without_classes(cfg)).splitlines()
+    from repro.workload.data import DATASETS
+    # a problem whose test error means nothing (the quadratic): its loss is what to show
+    loss_only = cfg.data.name in DATASETS and DATASETS[cfg.data.name].task != "classification"
+    status_line, folder_line = last_lines(summary, run_dir, loss_only).splitlines()
     log.info(status_line)
     print(folder_line, flush=True)
     if summary["status"] not in ("completed", "completed_degraded") and "MULTIRUN" not in str(mode.mode):
@@ -198,23 +176,18 @@ def main(dcfg: DictConfig) -> float | None:
 
 
 def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
-    """A single run of the config the command line composed and parsed once (``dcfg`` with
-    Hydra's node, ``cfg`` its RunConfig): what ``@hydra.main`` does after its own composition
-    (Hydra's logging, its callbacks, the job in its run folder), without composing again."""
+    """A single run of the config the command line composed and parsed once (``dcfg`` with Hydra's node,
+    ``cfg`` its RunConfig), as ``@hydra.main`` would run it, without composing again."""
     from repro.hydra_internals import run_single_job
-
     run_single_job(dcfg, lambda: job(dcfg, cfg))
 
 
-# ---------------------------------------------------------------------------------------------
-# The command line (its words are checked before Hydra sees them: repro.config.loader)
-# ---------------------------------------------------------------------------------------------
+# -- the command line (its words are checked before Hydra sees them: repro.config.loader) ----------------
 
 def _is_sweep(argv: list[str]) -> bool:
     if any(a in ("-m", "--multirun") for a in argv):
         return True
     from repro.hydra_internals import sweeps
-
     try:   # Hydra's own parser: a list [1,2] or a quoted 'a,b' holds a comma but sweeps nothing
         return sweeps([a for a in argv if "=" in a and not a.startswith(("-", "hydra"))])
     except OverrideParseException:   # Hydra's message comes where the config is composed
@@ -222,9 +195,8 @@ def _is_sweep(argv: list[str]) -> bool:
 
 
 def _flags_last(argv: list[str]) -> list[str]:
-    """The overrides, then Hydra's flags with their values: its parser takes the overrides as one
-    run of words, so ``num_epochs=1 -m nsync=1,2`` failed with argparse's usage text (last, not
-    first: ``--info``'s value is optional, and an override after it would be taken for one)."""
+    """The overrides, then Hydra's flags with their values: its parser takes the overrides as one run of
+    words (flags last: ``--info``'s value is optional, and an override after it would be taken for one)."""
     is_flag = [w.startswith("-") or (i > 0 and argv[i - 1] in loader.VALUE_FLAGS and "=" not in w)
                for i, w in enumerate(argv)]
     return [w for w, f in zip(argv, is_flag) if not f] + [w for w, f in zip(argv, is_flag) if f]
@@ -235,21 +207,10 @@ def _one_value_overrides(argv: list[str]) -> list[str]:
     return [a for a in argv if "=" in a and not a.startswith("-") and not _is_sweep([a])]
 
 
-def _warm_fork_server(argv: list[str]) -> None:
-    """A single real run's clients fork from multiprocessing's fork server, which imports torch
-    and the launcher first (about a torch import): start it now, so that it imports while this
-    process checks the config and builds the run, not after. The launcher's client_context()
-    finds it running (the same preload); a refused or skipped run leaves it to exit with us."""
-    if "backend=real" in argv and not _is_sweep(argv) and torchrun_env() is None:
-        fork_server_context(start=True)
-
-
 def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
-    """A single run's whole config, composed once and validated before Hydra makes a folder: every key's
-    range, a key set under the wrong backend, a run folder that cannot be made, then the model against the
-    data (the one check that imports torch; neither for Hydra's ``loader.SHOWS``). Returns the composed config
-    (Hydra's node with it) and its RunConfig, which the run goes on with (:func:`run_composed`). For a
-    grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points as each starts."""
+    """A single run's whole config, composed once and validated before Hydra makes a folder (the model
+    against the data last: it imports torch), returned with Hydra's node for :func:`run_composed`. For
+    a grid, only its folder (``hydra.sweep.dir``) is checked here, then None: its points as each starts."""
     if _is_sweep(argv):
         try:   # the grid's folder, from the overrides that set one value (Hydra judges the rest)
             dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
@@ -278,7 +239,6 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
     try:
         from repro.workload.build import check_components   # the model and batch vs the data (torch)
-
         check_components(cfg)
     except ConfigError as err:
         exit_bad_input(err)
@@ -299,8 +259,7 @@ def _composed(overrides: list[str], **kwargs) -> DictConfig:
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
-    """``--run +exp=fig1``: Hydra runs the experiment's whole grid all the same (its file sets
-    hydra.mode=MULTIRUN), where --run asks for one run."""
+    """``--run +exp=fig1``: Hydra ran the whole grid all the same (its file sets hydra.mode=MULTIRUN)."""
     if ("--run" in argv or "-r" in argv) and dcfg.hydra.mode == RunMode.MULTIRUN:
         exp = dcfg.hydra.runtime.choices.get("exp")
         keys = ", ".join(dcfg.hydra.sweeper.get("params") or {}) or "its sweeps"
@@ -336,7 +295,6 @@ def cli() -> None:
         return
     if "--version" in argv:   # Hydra's own answer was "Hydra 1.3.8" alone
         from repro import __version__
-
         print(f"gpu-asgd-repro {__version__} (Hydra {hydra.__version__})")
         return
     try:
@@ -344,9 +302,8 @@ def cli() -> None:
     except ConfigError as err:
         exit_bad_input(err)
     if env is not None:
-        # a rank, or a joiner torchrun started, ends with its torchrun agent: a SIGKILLed torchrun
-        # signals no worker, and they trained on headless, holding the run folder or a client slot.
-        # Each thread made later inherits the setting and sends a signal of its own, so SIGUSR1 is
+        # a rank or joiner ends with its torchrun agent: a SIGKILLed torchrun signals no worker, and they
+        # trained on headless. Each later thread inherits the setting and signals of its own, so SIGUSR1 is
         # one SIGTERM, torchrun's own stop (a second forces): rank 0 checkpoints, a joiner leaves
         told: list[int] = []
         signal.signal(signal.SIGUSR1, lambda *_: told or told.append(1) or signal.raise_signal(signal.SIGTERM))
@@ -356,11 +313,9 @@ def cli() -> None:
         # web server) TCPStore retries until backend.timeout_s, printing a C++ stack per try
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         from repro.real.elastic import join_process   # one more client for a running run
-
         join_process(_parsed(argv))   # exits
     if env is not None and env.rank > 0:
         from repro.real.launch import run_torchrun_worker
-
         sys.exit(run_torchrun_worker(_parsed(argv, resolved=True)))
     typed = {}   # rank 0's num_clients as configured: the job's resolve step logs the world's (run.log)
     if env is not None and (configured := _parsed(argv)).backend.name == "real":
@@ -375,7 +330,9 @@ def cli() -> None:
     try:
         with StopRequest():
             try:
-                _warm_fork_server(argv)
+                # a single real run's fork server imports torch while we check the config, not after
+                if "backend=real" in argv and not _is_sweep(argv) and torchrun_env() is None:
+                    fork_server_context(start=True)
                 checked = precheck(argv)
                 hydra_flags = any(a.startswith("-") for a in argv)   # --cfg job, --info, -m
                 if checked is None or hydra_flags or checked[0].hydra.mode == RunMode.MULTIRUN:

@@ -1,11 +1,6 @@
 """The process a run lives in: torch threads, the device, deterministic kernels, the fork server,
-signals (:class:`StopRequest`), a torchrun world, and what bit-for-bit identity depends on.
-
-:func:`environment` is recorded in every run's config.json. The simulator is deterministic: the
-same seed and config give byte-identical tables *on the same torch build, CPU kernel family (or
-GPU), thread count and device*. Change any of those and the float reduction order changes, SGD
-amplifies the last-bit differences, and results agree only statistically, within the spread over
-seeds (``python -m repro.analysis compare`` checks that).
+signals (:class:`StopRequest`), a torchrun world, and what bit-for-bit identity depends on
+(:func:`environment`, recorded in config.json; docs/paper.md, "Bit for bit").
 """
 from __future__ import annotations
 
@@ -72,12 +67,9 @@ def resolve_device(name: str) -> torch.device:
 
 @contextlib.contextmanager
 def deterministic(device: torch.device):
-    """On CUDA, bit-for-bit reproducible kernels for the block: cuDNN deterministic and not
-    benchmarking (its autotuner picks kernels by timing), deterministic algorithms everywhere
-    (an op without one raises instead of silently varying; cuBLAS needs a fixed workspace), and
-    TF32 off: float32 means float32 on every device, so GPU and CPU numbers differ only by
-    reduction order, and a Hopper's TF32 matmuls would round to 10-bit mantissas. On the CPU
-    nothing changes (its kernels are deterministic for a fixed thread count)."""
+    """On CUDA, bit-for-bit reproducible kernels for the block: cuDNN deterministic, not autotuning by
+    timing; deterministic algorithms (cuBLAS needs a fixed workspace); TF32 off, so float32 is float32
+    on every device (a Hopper's TF32 matmuls round to 10-bit mantissas). On the CPU nothing changes."""
     import torch
     if device.type != "cuda":
         yield
@@ -107,14 +99,12 @@ def fork_server_context(start: bool = False):
     start the server now (it imports in the background, and a later client finds it running)."""
     import multiprocessing as mp
     import multiprocessing.forkserver
-
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([CLIENT_PRELOAD])
     if start:
-        # the fork server ignores Ctrl-C (it reaches the whole process group) only once it has
-        # imported torch: one during those seconds killed it, and the run failed with its
-        # traceback. It is born ignoring SIGINT instead (an ignored signal stays ignored across
-        # exec); ours is blocked meanwhile, so a Ctrl-C then waits for our handler, not lost.
+        # the fork server ignores Ctrl-C only once it has imported torch: one before killed it (a
+        # traceback). It is born ignoring SIGINT (which stays ignored across exec); ours is blocked
+        # meanwhile, so a Ctrl-C then waits for our handler, not lost.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         main = threading.current_thread() is threading.main_thread()
         handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
@@ -151,8 +141,7 @@ def prctl(option: int, value: int) -> None:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity; what joblib's n_jobs=-1 counts, near
-    enough): a real run's host record, a grid's parallel jobs, the machine two namespaces share."""
+    """The cores this process may run on: its CPU affinity (what joblib's n_jobs=-1 counts, near enough)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:   # pragma: no cover - not Linux
@@ -160,8 +149,7 @@ def usable_cores() -> int:
 
 
 def memory_bytes() -> int:
-    """This machine's physical memory: what a model's parameters must fit (build_model), and the
-    client processes a benchmark starts at once (repro_bench.startup)."""
+    """This machine's physical memory, in bytes."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -203,23 +191,10 @@ SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTER
 
 
 class StopRequest(threading.Event):
-    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...`` (an event, set once a stop is
-    asked for).
-
-    SIGINT (Ctrl-C), SIGTERM (a scheduler, ``kill``) and SIGHUP (a closed terminal) all ask the
-    same: stop after the push being served, checkpoint that clean state and end ``interrupted``.
-    Handlers are installed only from the main thread (Python delivers signals there) and
-    restored on exit.
-
-    The one implementation of "a signal asks, a second signal forces", for a run and for a
-    grid's launcher alike. What it counts is this *process's* signals since the outermost
-    StopRequest was entered (the command line holds one for its whole life, a run one inside
-    it, a nested run another): a stop asked for once stops every StopRequest of the process, and
-    the second signal forces wherever it lands, also after the run has ended, so a double Ctrl-C
-    ends the same way whenever the second one comes. ``on_signal(name)`` replaces the default
-    reaction to the first signal (log "stopping after the current step"); ``force(name)`` makes
-    the exception the second one raises (default :class:`KeyboardInterrupt`).
-    :func:`request_stop` asks without a signal (a grid's stop mark): it never counts as one."""
+    """``with StopRequest() as stop:`` ... ``if stop.is_set(): ...``: an event set once SIGINT, SIGTERM
+    or SIGHUP asks the process to stop; a second signal since the outermost was entered forces, raising
+    ``force(name)`` (default KeyboardInterrupt). ``on_signal(name)`` replaces the first signal's log line.
+    Handlers are installed from the main thread only, restored on exit (docs/architecture.md, "Signals")."""
 
     _active: list["StopRequest"] = []   # entered in this process, innermost last
     _signals: list[str] = []            # received since the outermost was entered
@@ -280,9 +255,8 @@ _exiting = False   # exit_on_signal was called: this process only exits
 
 
 def exit_on_signal() -> None:
-    """From here on the process only exits: a signal ends it at once with
-    :data:`EXIT_INTERRUPTED` (a Ctrl-C during interpreter shutdown would otherwise print a
-    traceback from some finaliser), and is ignored once Python finalises its modules."""
+    """From here on a signal ends the process at once with :data:`EXIT_INTERRUPTED` (not a finaliser's
+    traceback), and is ignored once Python finalises its modules."""
     global _exiting
     if threading.current_thread() is threading.main_thread():
         _exiting = True
@@ -305,10 +279,9 @@ ABANDONED_S = 5.0   # the most the exit waits for one of them to end
 
 
 def abandon(thread: threading.Thread) -> None:
-    """Leave ``thread`` running (a hung evaluation) until the process exits, and have it ended
-    first then, however the process exits (the command line, a script that called a driver):
-    the interpreter's shutdown ended it in the middle of torch's C++, which aborted the process
-    ('terminate called without an active exception', exit 134) after the run folder was final."""
+    """Leave ``thread`` (a hung evaluation) running until the process exits, and end it first then: the
+    interpreter's shutdown ended it inside torch's C++, which aborted the process ('terminate called
+    without an active exception', exit 134) after the run folder was final."""
     if not abandoned:
         atexit.register(_end_abandoned)   # after the others registered so far: it runs before them
     abandoned.append(thread)
@@ -342,8 +315,7 @@ class TorchrunEnv:
 def torchrun_env() -> TorchrunEnv | None:
     """This process's place in a torchrun world, or None when not started by torchrun; a
     ConfigError for a variable that is not a count (left exported by hand: int() raised)."""
-    keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    if not all(k in os.environ for k in keys):
+    if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         return None
     for key in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK"):
         if not os.environ.get(key, "0").isdigit():
@@ -356,8 +328,7 @@ def torchrun_env() -> TorchrunEnv | None:
 def named_by_world(argv: list[str], configured: int, num_clients: int) -> list[str]:
     """Under torchrun the world decides ``num_clients`` (:func:`repro.run.resolve`), so rank 0's command
     line says the world's where it differs from the ``configured`` one: the run folder is named by the
-    overrides, as the plain run of the resolved config. One named num_clients=1 held a run of two
-    clients, and one named without it held two where the plain run (four, the default) was then refused."""
+    overrides, as the plain run of the resolved config is."""
     said = [a for a in argv if a.lstrip("+").startswith("num_clients=")]   # the resolve step logs the change
     if not said and configured != num_clients:
         return [*argv, f"num_clients={num_clients}"]
