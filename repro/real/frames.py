@@ -178,7 +178,6 @@ def hello(frame: Frame, cfg: RunConfig) -> Header:
 
 def check_hello(theirs: Header, frame: Frame, peer: int, cfg: RunConfig) -> None:
     """Both ends must agree on the parameter count, then on the config; LinkLost if not."""
-
     if theirs.kind != Kind.HELLO or theirs.length != frame.capacity:
         raise LinkLost(f"rank {peer}: protocol error: its frames carry {theirs.length} parameters "
                        f"({theirs.kind.name}), this rank's {frame.capacity} (do all ranks run the "

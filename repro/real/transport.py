@@ -32,14 +32,12 @@ class Channel:
     """One end of a 2-rank group: send a frame, receive a frame, every wait bounded. One thread at a time
     uses a channel (the server hands it between its receiver thread and its main loop)."""
 
-    def __init__(self, group, peer: int, timeout_s: float, watched: bool = False,
-                 peer_in_group: int | None = None):
+    def __init__(self, group, peer: int, timeout_s: float, watched: bool = False, peer_in_group: int | None = None):
         self.group, self.peer, self.timeout_s = group, peer, timeout_s
         # the group's own send/recv, without dist.isend/irecv's checks; a pair group's ranks are given
         self._peer_in_group = dist.get_group_rank(group, peer) if peer_in_group is None else peer_in_group
         self._pending: tuple | None = None   # (receive work, its Arrival), posted ahead
-        # the last completed send and receive, released when the next completes (docs/real.md)
-        self._last_send = self._last_recv = None
+        self._last_send = self._last_recv = None   # released when the next completes (docs/real.md)
         self._watcher = _Watcher(f"watcher-{peer}") if watched else None
         self._timeout = datetime.timedelta(seconds=timeout_s)   # as gloo takes it, made once
         self._sent_at: float | None = None   # when the send under way began
@@ -146,8 +144,7 @@ class Channel:
         self._last_recv = work
         header = Header.unpack(frame)
         if header.payload_length > frame.capacity:   # cannot happen after HELLO; never trust it blindly
-            raise LinkLost(f"rank {self.peer}: protocol error: {header.length} values in a "
-                           f"frame for {frame.capacity}")
+            raise LinkLost(f"rank {self.peer}: protocol error: {header.length} values in a frame for {frame.capacity}")
         return header
 
     def _await(self, work, arrival, bound: datetime.timedelta | None = None) -> None:
@@ -270,7 +267,6 @@ class Silence:
     def stalled(self, channels: dict[int, Channel], after_s: float) -> None:
         """Say once which client a send has waited on for over ``after_s`` (suspended, say): the lock's holder,
         and so the run, waits for it up to ``backend.client_timeout_s``."""
-
         for k, ch in list(channels.items()):
             if ch.sending_s() <= after_s:
                 self.stalls.discard(k)   # (its send ended: a later one is said afresh)
