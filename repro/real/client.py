@@ -1,9 +1,8 @@
 """Ranks 1..N of the real driver: one Downpour client per process.
 
-This module owns the client's side of the conversation (its process: :mod:`repro.real.processes`): receive
-parameters (or STOP), ``client.fetch`` them, run ``client.compute_push(net, nsync)`` exactly as the simulator
-does, send the push, repeat. Client ``k`` is built as simulator client ``k`` (:mod:`repro.workload.build`).
-Its heartbeats, devices, and what it reads between two local steps: docs/real.md, "One node".
+This module owns the client's side of the conversation: receive parameters (or STOP), ``client.fetch`` them, run
+``client.compute_push(net, nsync)`` exactly as the simulator does, send the push, repeat. Its heartbeats, devices,
+and what it reads between two local steps: docs/real.md, "One node".
 """
 from __future__ import annotations
 
@@ -69,24 +68,17 @@ def build_client(cfg: RunConfig, client_id: int, device: torch.device, ds: Datas
     client.params = torch.zeros_like(net.params)   # fetches copy into this: no tensor per round trip
     numel, pin = net.params.numel(), device.type == "cuda"
     setup = ClientSetup(client, net, device, Frame(numel, pin), Frame(numel, pin))
-    if pin:
-        warm_up(setup)
+    if pin:   # a step on a throw-away batch (a fresh stream's): cuDNN and cuBLAS load now, not in the first timed push
+        stream = client.stream
+        probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)
+        net.backward(*probe.next_batch())
+        net.zero_grad()
+        torch.cuda.synchronize(device)
     return setup
 
 
-def warm_up(setup: ClientSetup) -> None:
-    """One forward and backward on a throw-away batch (a fresh stream's), then synchronise: cuDNN and cuBLAS
-    load now, not inside the first push the server is timing."""
-    stream = setup.client.stream
-    probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)
-    setup.net.backward(*probe.next_batch())
-    setup.net.zero_grad()
-    torch.cuda.synchronize(setup.device)
-
-
 def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup, rejoin: str = "") -> int:
-    """Train until the server says STOP (exit code 0) or is lost or silent (1). ``rejoin``: how this client
-    may come back, said with the loss (a joiner's)."""
+    """Train until STOP (exit code 0) or the server is lost or silent (1); ``rejoin``: how to come back, said then."""
     try:
         if not _hello(channel, setup, cfg):
             return 0
@@ -121,8 +113,7 @@ class ServerSpoke(Exception):
 
 
 class Heartbeat:
-    """Called after each local step: :meth:`listen`, then a HEARTBEAT when the server has heard nothing from
-    this client for a quarter of its timeout."""
+    """After each step: :meth:`listen`, then a HEARTBEAT if the server heard nothing for a quarter of its timeout."""
 
     def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
         self.channel, self.frame, self.client_id = channel, frame, client_id
@@ -137,9 +128,8 @@ class Heartbeat:
             self.sent()
 
     def listen(self) -> float:
-        """Raises :class:`ServerSpoke` when the server's next message has arrived; else the seconds since the
-        server last heard from this client. Silent past the server's whole timeout, it waits up to
-        :data:`CLOSE_NEWS_S` for news of a close first (docs/real.md, "Joins, and security")."""
+        """Raises :class:`ServerSpoke` when the server's next message has arrived; else the seconds since it last
+        heard from this client (past its timeout: first up to :data:`CLOSE_NEWS_S` for a close's news, docs/real.md)."""
         silent_s = time.monotonic() - self.last
         if self.channel.arrived(CLOSE_NEWS_S if silent_s > self.timeout_s else 0.0):
             raise ServerSpoke

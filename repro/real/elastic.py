@@ -1,10 +1,10 @@
 """Elastic clients of the real driver: joining a running run, and the server's side of a join.
 
-This module owns the join handshake, nothing of training (what a user sees: docs/real.md, "Joins, and security";
-docs/failures.md). A joiner takes a ticket from the running server's store (an atomic counter), writes its request under
-it and reads the answer (a client id, or why not); the two then make their 2-rank gloo group from the ticket's prefix
-(:func:`~repro.real.groups.pair_group`), touching no world group, swap HELLOs, and the client is served like any other.
-Every wait is bounded; a join that cannot go on ends in one line, never a hang or a stack (issue 32).
+This module owns the join handshake, nothing of training (what a user sees: docs/real.md, "Joins, and security"). A
+joiner takes a ticket from the running server's store, writes its request under it and reads the answer (a client
+id, or why not); the two then make their own 2-rank gloo group (:func:`~repro.real.groups.pair_group`), swap HELLOs,
+and the client is served like any other. Every wait is bounded: a join that cannot go on ends in one line (issue
+32).
 """
 from __future__ import annotations
 
@@ -125,18 +125,8 @@ class JoinEnded(Exception):
         self.code = code
 
 
-def _listening(host: str, port: int, cfg: RunConfig) -> None:
-    """Refuse at once when nothing listens at the address (TCPStore would retry, printing C++ stacks)."""
-    try:
-        socket.create_connection((host, port), timeout=cfg.backend.timeout_s).close()
-    except OSError as exc:
-        raise JoinEnded(f"refused: no run is listening at backend.join={cfg.backend.join} (it has ended, "
-                        f"or the address is wrong): {exc.strerror or exc}") from None
-
-
 def _take_ticket(host: str, port: int, cfg: RunConfig):
-    """Connect to the run's store, take a ticket and write the request under it: (store, ticket),
-    or JoinEnded once the run serves no more joins."""
+    """Connect to the run's store, take a ticket, write the request under it: (store, ticket), or JoinEnded."""
     timeout = datetime.timedelta(seconds=cfg.backend.timeout_s)
     store = dist.TCPStore(host, port, None, False, timeout=timeout)
     if not store.check([COUNT_KEY]):   # a TCPStore, not a run's (make_store marks it): torchrun's, say
@@ -170,11 +160,14 @@ def _read_answer(store, n: int, timeout_s: float) -> dict:
 
 
 def ask(cfg: RunConfig):
-    """The join handshake: (store, ticket, client id), or JoinEnded saying why not; each step bounded by
-    ``backend.timeout_s``."""
+    """The join handshake: (store, ticket, client id), or JoinEnded saying why not; each step bounded."""
     host, _, port = cfg.backend.join.rpartition(":")
     timeout_s, where = cfg.backend.timeout_s, f"backend.join={cfg.backend.join}"
-    _listening(host, int(port), cfg)
+    try:   # nothing listening is refused at once (TCPStore would retry, printing C++ stacks)
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise JoinEnded(f"refused: no run is listening at {where} (it has ended, or the address is wrong): "
+                        f"{exc.strerror or exc}") from None
     try:
         store, n = bounded(lambda: _take_ticket(host, int(port), cfg), timeout_s, "connect")
     except TimeoutError:

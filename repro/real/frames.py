@@ -1,9 +1,8 @@
 """The real driver's message format: a frame (header + payload), the header's slots, the kinds, the HELLOs.
 
-This module owns what one message between the server and a client looks like in memory and on the wire
-(:mod:`repro.real.transport` moves it): :data:`HEADER_SLOTS` float64 slots (ints below 2**53 are exact), then
-exactly ``length`` float32 values, as ONE gloo message. Why one frame, and the HELLOs that precede any
-payload: docs/real.md, "One node" and "How messages move".
+This module owns what one message looks like in memory and on the wire (:mod:`repro.real.transport` moves it):
+:data:`HEADER_SLOTS` float64 slots (ints below 2**53 are exact), then ``length`` float32 values, as ONE gloo
+message. Why one frame, and the HELLOs before any payload: docs/real.md, "One node" and "How messages move".
 """
 from __future__ import annotations
 

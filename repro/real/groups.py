@@ -1,8 +1,8 @@
 """How the real driver's ranks find each other: the world, one gloo group per client, the interface gloo binds.
 
 This module owns joining and leaving process groups (from a rendezvous store or torchrun's env://), the bound on
-joining's C++ waits (:func:`bounded`) and which network interface gloo listens on; :mod:`repro.real.transport` moves the
-messages. Why one 2-rank group per client (an expired wait closes every pair of its group): docs/real.md, "One node".
+joining's C++ waits (:func:`bounded`) and the interface gloo listens on. Why one 2-rank group per client (an expired
+wait closes every pair of its group): docs/real.md, "One node".
 """
 from __future__ import annotations
 
@@ -58,8 +58,7 @@ def ipv4_of(name: str) -> str | None:
 
 
 def interface_towards(addr: str) -> str | None:
-    """The interface this host sends from to reach ``addr`` (IPv4), or None; connecting a UDP socket only
-    asks the kernel for a route."""
+    """The interface this host sends from to reach ``addr`` (IPv4: a UDP socket's route, no packet), or None."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((addr, 9))
@@ -70,12 +69,17 @@ def interface_towards(addr: str) -> str | None:
 
 
 def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[int, object]:
-    """Join the world over gloo (from ``store``, else torchrun's env://) and create the per-client groups;
-    {client: group} of those this rank belongs to."""
+    """Join the world over gloo (``store``, else env://), make the per-client groups: {client: group}, this rank's."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    if store is None:
-        store = torchrun_store(rank, world_size, timeout)
-    _count_groups_from_zero()
+    if store is None:   # torchrun's, under a prefix of this restart attempt: its agent keeps the store across
+        # restarts, with the dead attempt's gloo addresses under the keys ('Connection refused')
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        store = dist.PrefixStore(f"repro/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    # torch's process-wide count of groups names them (and so every rendezvous key): a failed
+    # init_process_group leaves it up, and this process's groups would be named unlike its peers'
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
+        world.group_count = 0
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout, store=store)
     groups = {}
     for k in range(1, world_size):
@@ -94,8 +98,7 @@ def pair_group(store, prefix: str, rank: int, timeout_s: float):
 
 
 def forget_pair(store, prefix: str) -> None:
-    """Delete every key of a pair group's ``prefix`` (gloo's two addresses), read by nobody once the group is
-    made or given up."""
+    """Delete a pair group's keys under ``prefix`` (gloo's two addresses), read by nobody once made or given up."""
     with contextlib.suppress(Exception):   # a store without list_keys, or one that is closing
         for key in store.list_keys():
             if key.startswith(prefix + "/"):
@@ -131,22 +134,6 @@ def bounded(call, timeout_s: float, what: str, stop=None):
 def first_line(exc: BaseException) -> str:
     """An error's first line, for a one-line message (its type's name when it says nothing)."""
     return (str(exc).splitlines() or [type(exc).__name__])[0]
-
-
-def torchrun_store(rank: int, world_size: int, timeout: datetime.timedelta):
-    """torchrun's store (env://) under a prefix of this restart attempt: the agent keeps its store across
-    restarts, with the dead attempt's gloo addresses under the keys ('Connection refused')."""
-    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"repro/attempt_{attempt}", store)
-
-
-def _count_groups_from_zero() -> None:
-    """Reset torch's process-wide count of groups (their names prefix every rendezvous key): a failed
-    ``init_process_group`` leaves it incremented, and this process's groups would be named unlike its peers'."""
-    world = getattr(dist.distributed_c10d, "_world", None)
-    if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
-        world.group_count = 0
 
 
 def disconnect() -> None:

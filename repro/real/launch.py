@@ -1,10 +1,10 @@
 """The real driver's entry points and rank 0's orchestration: who is rank 0, how the world forms, how a run ends.
 
 Rank 0 first builds everything that can fail on bad input (the run folder's decision, data, network, initial
-parameters, the run core), so bad input is a ConfigError before any process starts. On one node the calling
-process is rank 0: it makes the rendezvous store (kept open for joins), starts the clients
-(:mod:`repro.real.processes`) and forms the world of the live ones. Under torchrun (docs/real.md, "Across nodes
-with torchrun") rank 0 joins torchrun's world, and ranks > 0 call :func:`run_torchrun_worker`.
+parameters, the run core): a ConfigError before any process starts. On one node it makes the rendezvous store (kept
+open for joins), starts the clients (:mod:`repro.real.processes`) and forms the world of the live ones; under
+torchrun (docs/real.md, "Across nodes with torchrun") it joins torchrun's world, and ranks > 0 call
+:func:`run_torchrun_worker`.
 """
 from __future__ import annotations
 
@@ -39,8 +39,7 @@ from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads
 
 
 def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
-    """Run the real driver into ``run_dir`` and return the summary dict (any status). Raises ConfigError on
-    bad input, before any process."""
+    """Run the real driver into ``run_dir``: its summary (any status); ConfigError on bad input, before any process."""
     run_dir, env = Path(run_dir), torchrun_env()
     if env is not None and env.rank != 0:
         raise RuntimeError("run_real is rank 0's entry point; ranks > 0 call run_torchrun_worker")
@@ -85,8 +84,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
 
 
 def host_record(cfg: RunConfig, env: TorchrunEnv | None) -> dict:
-    """The server's host, as cost=fit needs it (config.json's ``host``): its usable cores, torch threads per
-    process, and how many of the run's clients share it."""
+    """The server's host as cost=fit needs it (config.json's ``host``): cores, torch threads, clients sharing it."""
     local = cfg.num_clients if env is None else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1
     return {"cpu_cores": usable_cores(), "torch_threads": torch.get_num_threads(), "clients_on_host": local}
 
@@ -112,23 +110,11 @@ def _serve(loop: Dispatcher, procs: dict) -> dict:
 
 
 def world_config(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
-    """Under torchrun the world decides the clients (ranks 1..) and where they meet (MASTER_ADDR:MASTER_PORT);
-    :func:`repro.run.resolve` applies it on every rank."""
+    """Under torchrun the world decides the clients (ranks 1..) and where they meet (MASTER_ADDR:MASTER_PORT: a
+    backend.master_addr/port naming another place is refused); :func:`repro.run.resolve` applies it on every rank."""
     if env.world_size < 2:
         raise ConfigError("WORLD_SIZE", env.world_size, "at least 2 under torchrun (rank 0 serves, "
                           "ranks 1.. are clients)")
-    _torchruns_address(cfg)
-    if cfg.num_clients != env.world_size - 1 and env.rank == 0:
-        log.info(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
-            f"(config said {cfg.num_clients})")
-    backend = dataclasses.replace(cfg.backend, master_addr=os.environ["MASTER_ADDR"],
-                                  master_port=int(os.environ["MASTER_PORT"]))
-    return cfg.replace(num_clients=env.world_size - 1, backend=backend)
-
-
-def _torchruns_address(cfg: RunConfig) -> None:
-    """Refuse a backend.master_addr/port that names another place than torchrun's MASTER_ADDR:MASTER_PORT
-    (where the world meets); left at its default, or naming the same host, it is torchrun's."""
     addr, port, default = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), BackendConfig()
     if cfg.backend.master_port not in (default.master_port, port):
         raise ConfigError("backend.master_port", cfg.backend.master_port, f"torchrun's MASTER_PORT {port}, or "
@@ -142,6 +128,11 @@ def _torchruns_address(cfg: RunConfig) -> None:
     if cfg.backend.master_addr != default.master_addr and not addresses(cfg.backend.master_addr) & addresses(addr):
         raise ConfigError("backend.master_addr", cfg.backend.master_addr, f"torchrun's MASTER_ADDR {addr!r}, or "
                           "left out: under torchrun the world meets at torchrun's --master-addr")
+    if cfg.num_clients != env.world_size - 1 and env.rank == 0:
+        log.info(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
+            f"(config said {cfg.num_clients})")
+    backend = dataclasses.replace(cfg.backend, master_addr=addr, master_port=port)
+    return cfg.replace(num_clients=env.world_size - 1, backend=backend)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,8 @@
 """The processes of a real run's clients: how they start, get ready, serve and never outlive a run.
 
-This module owns the client processes' plumbing (what rank 0 does with them: :mod:`repro.real.launch`; what a
-client computes: :mod:`repro.real.client`): the single-node rendezvous store, the fork server the clients
-start from (why: docs/real.md, "One node"), a client process's life, waiting until each is ready or dead (one
-dead in start-up is lost, not fatal), and stopping them; also a torchrun rank's connect-and-serve.
+This module owns the client processes' plumbing: the single-node rendezvous store, the fork server the clients start
+from (why: docs/real.md, "One node"), a client process's life, waiting until each is ready or dead (one dead in
+start-up is lost, not fatal), and stopping them; also a torchrun rank's connect-and-serve.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Rank 0 of the real driver: receive a push, hand it to the run core, carry the replies.
 
 One receiver thread per client (:class:`~repro.real.transport.Receiver`) hands each push to
-:meth:`Dispatcher.on_message`, which holds the server lock while the run core applies it (with the simulator's
-:class:`~repro.asgd.algorithm.ParameterServer`) and while the replies go out: pushes are served one at a time,
-in the order they take the lock, which ``updates.csv`` records. The main thread only watches. However the run
-stops, every client still in it is sent STOP at once, which it reads between two local steps.
+:meth:`Dispatcher.on_message`, which holds the server lock while the run core applies it (the simulator's
+:class:`~repro.asgd.algorithm.ParameterServer`) and the replies go out: pushes are served one at a time, in the
+order ``updates.csv`` records. The main thread only watches. However the run stops, every client still in it is sent
+STOP at once.
 """
 from __future__ import annotations
 
@@ -193,8 +193,7 @@ class Dispatcher:
         mark("server", "serving")
 
     def watch(self) -> bool:
-        """The main thread's round, under the lock: evaluations, processes, heartbeats, silent clients; False
-        once nobody is left to serve."""
+        """The main thread's round, under the lock: evaluations, processes, heartbeats, silence; False: none is left."""
         drained = self.core.drain()
         self.poll_processes()
         self.keep_alive(evaluating=False)
@@ -353,9 +352,8 @@ class Dispatcher:
         if all(r.client != k for r in outcome.replies):
             self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)
         self.carry(outcome.replies)
-        if self.closed:   # the run ended while a reply waited: its end checkpoints, not this push
-            return
-        if self.core.settle(now, waiting=self.keep_alive).stopping:
+        # (closed: the run ended while a reply waited, and its end checkpoints, not this push)
+        if not self.closed and self.core.settle(now, waiting=self.keep_alive).stopping:
             self.stop_clients()
 
     def join_receivers(self, timeout_s: float) -> None:

@@ -1,10 +1,9 @@
 """The real driver's wire: one bounded-wait channel per client, the server's receiver threads and their judge.
 
-This module owns how bytes move between the server (rank 0) and client ``k`` (rank ``k``), nothing of what
-they mean. Every wait is bounded, and an expired wait ends the channel (:class:`LinkLost`: gloo cannot keep a
-receive pending past one, :mod:`repro.real.groups`); the server's receivers are judged by :class:`Silence`
-instead. Why a channel keeps its last works, and how a client hears a message between two local steps (a
-watcher thread): docs/real.md, "How messages move".
+This module owns how bytes move between the server (rank 0) and client ``k`` (rank ``k``), nothing of what they
+mean. Every wait is bounded, and an expired one ends the channel (:class:`LinkLost`); the server's receivers are
+judged by :class:`Silence` instead. Why a channel keeps its last works, and how a client hears a message between two
+local steps: docs/real.md, "How messages move".
 """
 from __future__ import annotations
 
@@ -113,8 +112,7 @@ class Channel:
         self._last_send = work
 
     def post(self, frame: Frame) -> None:
-        """Post the next receive now, so the peer's message lands without waiting for this process to come
-        back to Python; nothing when one is posted already."""
+        """Post the next receive now, so the peer's message lands while this process is busy (none if one is posted)."""
         if self._pending is None:
             try:
                 work = self.group.recv(frame.message(frame.capacity), self._peer_in_group, TAG)
@@ -124,8 +122,7 @@ class Channel:
             self._pending = (work, arrival)
 
     def arrived(self, wait_s: float = 0.0) -> bool:
-        """True when the receive posted ahead has completed or failed (a watched channel only), waiting up to
-        ``wait_s`` for it first."""
+        """Whether the receive posted ahead has completed or failed (a watched channel's), waiting ``wait_s`` first."""
         if self._pending is None or self._pending[1] is None:
             return False
         return self._pending[1].wait(wait_s) if wait_s else self._pending[1].is_set()
@@ -206,8 +203,7 @@ class Receiver(threading.Thread):
         self.held_since = 0.0            # when the held reply began (see held_s)
 
     def hold(self) -> None:
-        """The client's reply is held (a sync round, an ssp bound): do not listen for its next message until
-        :meth:`release` (it sends nothing meanwhile)."""
+        """The client's reply is held (a sync round, an ssp bound): listen for nothing until :meth:`release`."""
         self.held_since = time.monotonic()
         self._gate.clear()
 
