@@ -3,8 +3,7 @@
 This module owns the join handshake, nothing of training (what a user sees: docs/real.md, "Joins, and security"). A
 joiner takes a ticket from the running server's store, writes its request under it and reads the answer (a client
 id, or why not); the two then make their own 2-rank gloo group (:func:`~repro.real.groups.pair_group`), swap HELLOs,
-and the client is served like any other. Every wait is bounded: a join that cannot go on ends in one line (issue
-32).
+and the client is served like any other. Every wait is bounded; a join that cannot go on ends in one line (issue 32).
 """
 from __future__ import annotations
 
@@ -36,13 +35,11 @@ COUNT_KEY = "repro/join/count"
 CLOSED_KEY = "repro/join/closed"   # set once the run serves no more joins (it is ending)
 BUSY_KEY = "repro/busy"   # the run's (not a join's): counted up while the server waits for an evaluation
 EXIT_REFUSED = 2   # a refused join is bad input: the joiner's config, id or timing
+ENDED = "the run has ended (its budget is spent or it was stopped): nothing to join"
 
 
 def ticket_key(n: int, what: str) -> str:
     return f"repro/join/{n}/{what}"
-
-
-ENDED = "the run has ended (its budget is spent or it was stopped): nothing to join"
 
 
 class Refused(Exception):

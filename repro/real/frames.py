@@ -61,9 +61,8 @@ _ENVELOPE = struct.Struct(f"={ENVELOPE_SLOTS}d")   # native float64, as the fram
 
 @dataclass(slots=True)   # three are made and read per round trip: slots make both cheaper
 class Header:
-    """A message's header. A PUSH carries a push: ``client`` and ``version`` are its client and read_version,
-    the payload its update, ``push`` its other fields by name (the slots follow
-    :func:`~repro.asgd.algorithm.push_fields`: a new push field needs no edit here)."""
+    """A message's header. A PUSH carries a push: ``client`` and ``version`` its client and read_version, the payload
+    its update, ``push`` its other fields (the slots follow :func:`~repro.asgd.algorithm.push_fields`: no edit here)."""
 
     kind: Kind
     client: int
@@ -122,10 +121,9 @@ class Header:
 
 
 class Codec:
-    """A push type's slots in the header, compiled once per type from its fields (less the two the envelope
-    carries). ``slots``: the struct of the envelope's and the push's slots; ``values_of(push)``: the push's
-    slot values in order; ``fields(slots)``: its carried fields back, cast. Both are generated source, as
-    :mod:`dataclasses` generates ``__init__``, for speed (docs/benchmarks.md)."""
+    """A push type's slots in the header, compiled once per type from its fields (less the envelope's two): ``slots``,
+    the struct of the envelope's and the push's slots; ``values_of(push)``, its slot values in order; ``fields(slots)``,
+    its carried fields back, cast. Both are generated source for speed, like :mod:`dataclasses` (docs/benchmarks.md)."""
 
     def __init__(self, push_type: type):
         carried = tuple(f for f in push_fields(push_type) if f.name not in IN_ENVELOPE)

@@ -33,9 +33,8 @@ def loopback_ifname() -> str | None:
 
 
 def pin_gloo(master_addr: str, single_node: bool) -> None:
-    """Set the interface gloo binds its pairs to (GLOO_SOCKET_IFNAME): a single-node run on a loopback master,
-    loopback whatever the environment says; under torchrun a user's GLOO_SOCKET_IFNAME, else loopback for a
-    loopback master and for any other the interface routing to it (docs/real.md, "Across nodes with torchrun")."""
+    """Set GLOO_SOCKET_IFNAME: loopback for a loopback master (in a single-node run whatever the environment says);
+    under torchrun a user's own, else for another master the interface routing to it (docs/real.md, torchrun)."""
     if not single_node and "GLOO_SOCKET_IFNAME" in os.environ:
         return
     if is_loopback(master_addr):
@@ -106,9 +105,8 @@ def forget_pair(store, prefix: str) -> None:
 
 
 def bounded(call, timeout_s: float, what: str, stop=None):
-    """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming ``what``), or until
-    ``stop`` is set (InterruptedError): not all of the store's and gloo's C++ waits are bounded, nor hear a
-    signal. A thread left waiting ends with the process."""
+    """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming ``what``) or until ``stop``
+    is set (InterruptedError): not every C++ wait of the store's and gloo's is bounded or hears a signal."""
     result: dict = {}
 
     def wait() -> None:

@@ -60,8 +60,11 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
         resume = run.checkpoint("real", device)
         problem = build_problem(cfg, device)
         mark("server", "problem built")
+        # the server's host, as cost=fit needs it: its cores, torch threads, and the run's clients sharing it
+        local = cfg.num_clients if env is None else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1
+        host = {"cpu_cores": usable_cores(), "torch_threads": torch.get_num_threads(), "clients_on_host": local}
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,
-                                  eval_in_thread=True, measured={"host": host_record(cfg, env)})
+                                  eval_in_thread=True, measured={"host": host})
         procs: dict = {}
         try:
             channels = _start_world(cfg, core, store, procs, run.stop, handover(problem.dataset))
@@ -81,12 +84,6 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
                      f"python -m repro.run backend=real <this run's overrides> backend.join={address}")
         return _serve(loop, procs)
     return run.summary
-
-
-def host_record(cfg: RunConfig, env: TorchrunEnv | None) -> dict:
-    """The server's host as cost=fit needs it (config.json's ``host``): cores, torch threads, clients sharing it."""
-    local = cfg.num_clients if env is None else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1
-    return {"cpu_cores": usable_cores(), "torch_threads": torch.get_num_threads(), "clients_on_host": local}
 
 
 def _serve(loop: Dispatcher, procs: dict) -> dict:

@@ -173,9 +173,8 @@ def suspended(proc) -> bool:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Die with the run's process: the kernel SIGKILLs a client when its parent, the fork server, dies
-    (``PR_SET_PDEATHSIG``), and the fork server exits when the last holder of its "alive" pipe closes it,
-    so each client closes the copy it inherited (a private attribute of multiprocessing's)."""
+    """Die with the run's process: the kernel SIGKILLs a client when the fork server dies (``PR_SET_PDEATHSIG``), which
+    exits once the last holder of its "alive" pipe closes it; so each client closes the copy it inherited."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     server = mp.forkserver._forkserver
     if server._forkserver_alive_fd is not None:

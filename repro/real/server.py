@@ -146,8 +146,7 @@ class Dispatcher:
 
     def keep_alive(self, evaluating: bool = True) -> None:
         """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been held that long
-        (docs/real.md, "One node"). ``evaluating``: the core waits for an evaluation under the lock: to clients
-        awaiting our HELLO too, and a count of BUSY_KEY for joiners awaiting their answer."""
+        (docs/real.md); ``evaluating`` (under the lock): to clients awaiting our HELLO too, and a count of BUSY_KEY."""
         every = self.cfg.backend.timeout_s / 4
         if time.monotonic() - self.kept_alive < every:
             return

@@ -187,10 +187,9 @@ class _Watcher(threading.Thread):
 
 
 class Receiver(threading.Thread):
-    """The server's receive from client ``k``: each push into one reusable frame, handed to ``on_push`` (the
-    server loop, under its lock; it posts the next receive only with the reply, so the frame is never
-    overwritten while read). ``on_push`` returns False once the client is told to stop; ``on_lost`` hears why
-    the link ended otherwise. Why a thread per client: docs/real.md, "How messages move"."""
+    """The server's receive from client ``k``: each push into one reusable frame, handed to ``on_push`` (under the
+    server lock; the next receive is posted only with the reply, so the frame is never overwritten while read), False
+    once the client is told to stop; ``on_lost`` hears why the link ended otherwise (a thread per client: why, docs)."""
 
     def __init__(self, client: int, channel: Channel, frame: Frame,
                  on_push: Callable[[int, Header, Tensor], bool], on_lost: Callable[[int, str], None]):
@@ -243,9 +242,8 @@ class Receiver(threading.Thread):
 
 
 class Silence:
-    """The server's judge of its receivers' waits (unbounded in gloo, whose bound counts time suspended): a gap
-    between two of its rounds longer than half ``timeout_s`` (and a second) is the server's own suspension, and
-    its clients' silence counts from its end (docs/failures.md). Also the teller of its sends' waits."""
+    """Judges the receivers' waits (unbounded in gloo): a gap over half ``timeout_s`` (and a second) between the
+    server's rounds is its own suspension, silence counting from its end (docs/failures.md); and says stalled sends."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
