@@ -83,8 +83,7 @@ class Header:
     @classmethod
     def pack_push(cls, push: Push, frame: Frame, length: int, device: int = -1, sent_at: float = 0.0,
                   compute_s: float = 0.0, to_client_s: float = 0.0) -> Frame:
-        """Write ``push`` as a PUSH header into ``frame`` (its update, ``length`` values, is the payload),
-        straight from its fields. The one writer of a PUSH header."""
+        """Write ``push`` as a PUSH header into ``frame``, from its fields; ``length``: its update's values."""
         coded = codec(cls.push_type)
         coded.slots.pack_into(frame.header, 0, Kind.PUSH, push.client, push.read_version, length, 0, 0, False,
                               device, sent_at, compute_s, to_client_s, *coded.values_of(push))
@@ -153,8 +152,7 @@ codec = functools.cache(Codec)   # the Codec of a push type (Push or an extensio
 
 
 def trained(cfg: RunConfig) -> dict:
-    """What every rank and joiner must share with the run, by key (``algo.lr``): data (less ``data.root``),
-    model, algo, protocol, seed, nsync, num_clients."""
+    """What every rank and joiner must share with the run, by key (``algo.lr``): what is trained, and how."""
     d = to_dict(cfg)
     shared = {k: d[k] for k in ("seed", "nsync", "num_clients")}
     for group in ("data", "model", "algo", "protocol"):

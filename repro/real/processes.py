@@ -81,8 +81,7 @@ def make_store(cfg: RunConfig) -> dist.TCPStore:
 
 
 def handover(ds: Dataset) -> Dataset | None:
-    """The data set to hand to spawned clients when small, so that none loads it (scikit-learn's import alone
-    is slow); a large one each child loads rather than one pickled through a pipe per client."""
+    """The data set to hand to spawned clients when small (none then loads it), else None (each child loads it)."""
     size = sum(t.numel() * t.element_size() for t in (ds.x_train, ds.y_train))
     return ds.to("cpu") if size <= HANDOVER_MAX_BYTES else None
 

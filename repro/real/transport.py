@@ -28,8 +28,7 @@ WATCH = datetime.timedelta(days=30)   # a watcher's wait: longer than any push (
 
 
 class Channel:
-    """One end of a 2-rank group: send a frame, receive a frame, every wait bounded. One thread at a time
-    uses a channel (the server hands it between its receiver thread and its main loop)."""
+    """One end of a 2-rank group, every wait bounded; one thread at a time uses it (the server hands it over)."""
 
     def __init__(self, group, peer: int, timeout_s: float, watched: bool = False, peer_in_group: int | None = None):
         self.group, self.peer, self.timeout_s = group, peer, timeout_s
@@ -259,8 +258,7 @@ class Silence:
         return {k: ch.drop() for k, ch in channels.items() if min(ch.receiving_s(), now - self.since) > self.timeout_s}
 
     def stalled(self, channels: dict[int, Channel], after_s: float) -> None:
-        """Say once which client a send has waited on for over ``after_s`` (suspended, say): the lock's holder,
-        and so the run, waits for it up to ``backend.client_timeout_s``."""
+        """Say once which client a send has waited on for over ``after_s``: the run waits up to its client timeout."""
         for k, ch in list(channels.items()):
             if ch.sending_s() <= after_s:
                 self.stalls.discard(k)   # (its send ended: a later one is said afresh)
