@@ -1,27 +1,8 @@
 """Ranks 1..N of the real driver: one Downpour client per process.
 
-This module owns the client's side of the conversation, and nothing of process plumbing
-(:mod:`repro.real.processes`): receive parameters (or STOP), ``client.fetch`` them, run
-``client.compute_push(net, nsync)`` exactly as the simulator does, send the push, repeat.
-Client ``k`` is built by the same :mod:`repro.workload.build` as simulator client ``k``, so its data
-order is the one seeded by ``(seed, k)``. While it computes, a client proves it is alive with a
-header-only HEARTBEAT every quarter of ``backend.client_timeout_s``, so only a silent client is
-dropped, however long its pushes take; the server sends one to a client whose reply it holds (a sync
-round, an ssp bound), so only a silent server ends a client's bounded wait.
-
-Devices follow one placement rule for every launcher (docs/real.md, "One node"): the process of
-local rank ``r`` trains on ``cuda:(r mod G)``. On a GPU the messages go through pinned CPU
-buffers (gloo moves CPU tensors only), and a warm-up step precedes the ready mark, so the first
-push does not pay for loading cuDNN and cuBLAS while the server's timeout runs.
-
-A resumed run sends each client the stream position it last reported, so it continues its data
-order; its momentum buffer restarts at zero (the server checkpoints parameters only).
-
-Between two local steps the client looks whether the server has spoken (the receive for its
-next message is posted before it computes): STOP (the run is ending: budget, divergence, a
-stop request) ends it at once, however long its push; new parameters (a protocol that
-preempts, which its class declares: :meth:`repro.asgd.protocols.Policy.preempts`) drop the
-segment, and it starts over from them.
+This module owns the client's side of the conversation: receive parameters (or STOP), ``client.fetch`` them, run
+``client.compute_push(net, nsync)`` exactly as the simulator does, send the push, repeat. Its heartbeats, devices,
+and what it reads between two local steps: docs/real.md, "One node".
 """
 from __future__ import annotations
 
@@ -43,9 +24,8 @@ from repro.real.transport import Channel
 from repro.runtime import cuda_missing, deterministic
 
 
-
 def client_device(cfg: RunConfig, local_rank: int) -> torch.device:
-    """Where the client of this local rank trains (see the module docstring)."""
+    """Where the client of this local rank trains: ``cuda:(local_rank mod G)``, or the CPU."""
     choice = cfg.backend.client_device
     available = torch.cuda.is_available()
     if choice == "cuda" and not available:
@@ -66,8 +46,7 @@ def server_device(cfg: RunConfig) -> torch.device:
 
 @dataclass
 class ClientSetup:
-    """Everything a client process builds before it connects (so a bad config or missing data
-    fails before the server waits on it)."""
+    """Everything a client process builds before it connects (a bad config fails before the server waits)."""
 
     client: Client
     net: FlatNet
@@ -77,8 +56,7 @@ class ClientSetup:
 
 
 def build_client(cfg: RunConfig, client_id: int, device: torch.device, ds: Dataset | None = None) -> ClientSetup:
-    """``ds``: the data set when the launcher hands it over (spawn mode, small data), else it is
-    loaded here (torchrun ranks on other nodes)."""
+    """``ds``: the data set the launcher hands over (small data), else it is loaded here."""
     if device.type == "cuda":
         torch.cuda.set_device(device)   # before anything allocates: the context goes on this GPU
         deterministic(device).__enter__()   # for the process's life: the same kernels as the simulator
@@ -90,42 +68,30 @@ def build_client(cfg: RunConfig, client_id: int, device: torch.device, ds: Datas
     client.params = torch.zeros_like(net.params)   # fetches copy into this: no tensor per round trip
     numel, pin = net.params.numel(), device.type == "cuda"
     setup = ClientSetup(client, net, device, Frame(numel, pin), Frame(numel, pin))
-    if pin:
-        warm_up(setup)
+    if pin:   # a step on a throw-away batch (a fresh stream's): cuDNN and cuBLAS load now, not in the first timed push
+        stream = client.stream
+        probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)
+        net.backward(*probe.next_batch())
+        net.zero_grad()
+        torch.cuda.synchronize(device)
     return setup
 
 
-def warm_up(setup: ClientSetup) -> None:
-    """One forward and backward on a throw-away batch, then synchronise: lazy cuDNN/cuBLAS
-    loading happens now, not inside the first push the server is timing. The data stream is not
-    advanced (a fresh stream over the same data serves the batch) and the gradient is zeroed."""
-    stream = setup.client.stream
-    probe = ClientStream(stream.x, stream.y, stream.batch_size, stream.seed, stream.client)
-    setup.net.backward(*probe.next_batch())
-    setup.net.zero_grad()
-    torch.cuda.synchronize(setup.device)
-
-
 def run_client(cfg: RunConfig, client_id: int, channel: Channel, setup: ClientSetup, rejoin: str = "") -> int:
-    """Train until the server says STOP (exit code 0) or is lost or silent (1). ``rejoin``: how
-    this client may come back, said with the loss (a joiner's)."""
+    """Train until STOP (exit code 0) or the server is lost or silent (1); ``rejoin``: how to come back, said then."""
     try:
         if not _hello(channel, setup, cfg):
             return 0
         return _loop(cfg, client_id, channel, setup)
     except LinkLost as exc:
         log = prefixed("repro.real.client", f"[real client {client_id}]")
-        # a closed link: the server dropped this client (silent past its client_timeout_s, e.g.
-        # suspended) or ended; either way only a new join brings it back
         log.info(f"lost the server: {exc} (backend.timeout_s={cfg.backend.timeout_s:g}); exiting"
                  + (f"; {rejoin}" if rejoin else ""))
         return 1
 
 
 def _hello(channel: Channel, setup: ClientSetup, cfg: RunConfig) -> bool:
-    """Answer the server's HELLO with ours (both carry the parameter count and the config's
-    fingerprint; no payload moves before they agree). False if the server says STOP instead (a
-    finished run)."""
+    """Answer the server's HELLO with ours; False if the server says STOP instead (a finished run)."""
     while (theirs := channel.recv(setup.inbox)).kind == Kind.HEARTBEAT:
         continue   # the server evaluates version 0 before its HELLO: it is alive, the wait starts over
     if theirs.kind == Kind.STOP:
@@ -134,8 +100,7 @@ def _hello(channel: Channel, setup: ClientSetup, cfg: RunConfig) -> bool:
     try:
         check_hello(theirs, setup.inbox, 0, cfg)
     except LinkLost:
-        # wait for the server's STOP (header-only), so it has read our HELLO before we hang up
-        channel.recv(setup.inbox)
+        channel.recv(setup.inbox)   # the server's STOP: it has read our HELLO before we hang up
         raise
     return True
 
@@ -144,15 +109,11 @@ CLOSE_NEWS_S = 0.5   # ample for a runnable thread to read a closed socket, even
 
 
 class ServerSpoke(Exception):
-    """A message arrived while this client computed (STOP, or the parameters of a preemption):
-    the segment is dropped and the message read."""
+    """A message arrived while this client computed (STOP, or a preemption's parameters)."""
 
 
 class Heartbeat:
-    """Called after each local step: raises :class:`ServerSpoke` when the server's next message
-    has arrived (STOP, or new parameters: a sync round closed without us); sends a header-only
-    HEARTBEAT when the server has heard nothing from this client for a quarter of its timeout.
-    :meth:`listen` is the first half alone, for the push."""
+    """After each step: :meth:`listen`, then a HEARTBEAT if the server heard nothing for a quarter of its timeout."""
 
     def __init__(self, channel: Channel, frame: Frame, client_id: int, timeout_s: float):
         self.channel, self.frame, self.client_id = channel, frame, client_id
@@ -167,12 +128,8 @@ class Heartbeat:
             self.sent()
 
     def listen(self) -> float:
-        """Raises :class:`ServerSpoke` when the server's next message has arrived; else the
-        seconds since the server last heard from this client. Silent past the server's whole
-        timeout (suspended, or starved of a core), the client has most likely been dropped: it
-        waits up to :data:`CLOSE_NEWS_S` for the link to say so before it sends, since gloo's
-        thread, continued with it, may not have read the close yet, and a send made first waits
-        out ``backend.timeout_s`` (see ``Channel._first_error`` in :mod:`repro.real.transport`)."""
+        """Raises :class:`ServerSpoke` when the server's next message has arrived; else the seconds since it last
+        heard from this client (past its timeout: first up to :data:`CLOSE_NEWS_S` for a close's news, docs/real.md)."""
         silent_s = time.monotonic() - self.last
         if self.channel.arrived(CLOSE_NEWS_S if silent_s > self.timeout_s else 0.0):
             raise ServerSpoke
@@ -180,10 +137,8 @@ class Heartbeat:
 
 
 class Pace:
-    """An uneven cluster on one machine (``cost.speeds``, ``cost.speed_law``): after each local
-    step the client sleeps ``f - 1`` times the step's measured time, so that its step takes ``f``
-    times as long, ``f`` its relative step time over the fastest client's. The rest of ``cost``
-    (jitter, straggler, links) is the simulator's alone."""
+    """An uneven cluster on one machine (``cost.speeds``, ``cost.speed_law``): after each local step the
+    client sleeps ``f - 1`` times the step's measured time, ``f`` its step time over the fastest client's."""
 
     def __init__(self, factor: float, on_step):
         self.extra, self.on_step = factor - 1.0, on_step

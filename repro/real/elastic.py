@@ -1,28 +1,9 @@
 """Elastic clients of the real driver: joining a running run, and the server's side of a join.
 
-This module owns the join handshake, nothing of training; what a user sees of it (the command,
-refusals, exit codes, what the store keeps, torchrun's restarts) is docs/real.md ("Joins, and
-security", "Clients restarted by torchrun") and docs/failures.md. A running single-node server
-keeps its rendezvous store open. A joiner takes a ticket from the store (an atomic counter),
-writes its request under the ticket (its config's fingerprint, a client id to rejoin as, its pid
-and host), and reads the answer: a client id, or why it is refused. Then the two make their
-2-rank gloo group from the ticket's prefix of the store (:func:`repro.real.groups.pair_group`,
-as torchft's parameter-server prototype does), swap HELLOs, and the client is served like any
-other. No world group is touched, so nobody else waits while a client joins.
-
-Ids: a new joiner gets the next id never used in the run (across resumes too), so an id never
-names two processes; a restarted client may ask for its lost id back (``backend.join_client``).
-Per-client settings of id k > num_clients are slot k's (:func:`repro.config.settings.client_slot`).
-
-Every wait is bounded (the answer's, past the server's last count of BUSY_KEY: it admits nobody while
-it waits for an evaluation, busy, not dead). A joiner loads its data before it takes a ticket, so that the server's
-wait for its pair group is not spent on it. Once the run serves no more joins the acceptor marks
-the store closed and refuses every ticket it has not read, so a late joiner is told at once. A
-join that cannot go on ends in one line, never a hang or a stack (issue 32): nothing listening
-is refused by a plain connect before the store's (which retries for ``backend.timeout_s``,
-printing C++ stacks); each C++ wait of the handshake is bounded in a thread (:func:`~repro.real.groups.bounded`:
-TCPStore's first read has no bound of its own); the command line's joiner hears a signal at
-once (:func:`join_process`).
+This module owns the join handshake, nothing of training (what a user sees: docs/real.md, "Joins, and security"). A
+joiner takes a ticket from the running server's store, writes its request under it and reads the answer (a client
+id, or why not); the two then make their own 2-rank gloo group (:func:`~repro.real.groups.pair_group`), swap HELLOs,
+and the client is served like any other. Every wait is bounded; a join that cannot go on ends in one line (issue 32).
 """
 from __future__ import annotations
 
@@ -54,13 +35,11 @@ COUNT_KEY = "repro/join/count"
 CLOSED_KEY = "repro/join/closed"   # set once the run serves no more joins (it is ending)
 BUSY_KEY = "repro/busy"   # the run's (not a join's): counted up while the server waits for an evaluation
 EXIT_REFUSED = 2   # a refused join is bad input: the joiner's config, id or timing
+ENDED = "the run has ended (its budget is spent or it was stopped): nothing to join"
 
 
 def ticket_key(n: int, what: str) -> str:
     return f"repro/join/{n}/{what}"
-
-
-ENDED = "the run has ended (its budget is spent or it was stopped): nothing to join"
 
 
 class Refused(Exception):
@@ -68,8 +47,7 @@ class Refused(Exception):
 
 
 class Acceptor(threading.Thread):
-    """The server's side: watch the store for tickets and admit each joiner in ticket order.
-    ``loop`` is the :class:`~repro.real.server.Dispatcher` (admit, add_client, closed)."""
+    """The server's side: admit each ticket's joiner in order (``loop``: the :class:`~repro.real.server.Dispatcher`)."""
 
     def __init__(self, loop, store):
         super().__init__(name="join-acceptor", daemon=True)
@@ -91,10 +69,8 @@ class Acceptor(threading.Thread):
             self.close()
 
     def close(self) -> None:
-        """Tell every joiner that the run has ended instead of letting it wait for an answer
-        (``backend.timeout_s``) while the server finishes: the closed mark first, then a refusal
-        for each ticket not yet read. A ticket taken after the count is read here sees the mark
-        (:func:`join_run` looks after taking its ticket), so no joiner is left unanswered."""
+        """Tell every joiner at once that the run has ended: the closed mark first, then a refusal for each
+        ticket not yet read (a ticket taken after the count is read here sees the mark: :func:`_take_ticket`)."""
         self.store.set(CLOSED_KEY, "1")
         for n in range(self.seen + 1, self.store.add(COUNT_KEY, 0) + 1):
             self.store.set(ticket_key(n, "answer"), json.dumps({"refused": ENDED}))
@@ -107,8 +83,7 @@ class Acceptor(threading.Thread):
                 first = self.waiting_since.setdefault(n, time.monotonic())
                 if time.monotonic() - first < self.loop.cfg.backend.client_timeout_s:
                     return   # its request is on its way
-                _log.info(f"[real server] join ticket {n} wrote no request within "
-                          f"backend.client_timeout_s; skipped")
+                _log.info(f"[real server] join ticket {n} wrote no request within backend.client_timeout_s; skipped")
             else:
                 self.admit(n, self.store.get(ticket_key(n, "request")))
             self.seen = n
@@ -125,15 +100,11 @@ class Acceptor(threading.Thread):
             return
         self.store.set(ticket_key(n, "answer"), json.dumps({"client": k}))
         self.loop.add_client(k, self.store, ticket_key(n, "pair"))
-        # joined (it read its answer before its pair group) or dropped: a joiner that died or hung
-        # after reading its answer never deleted it
-        self.store.delete_key(ticket_key(n, "answer"))
+        self.store.delete_key(ticket_key(n, "answer"))   # joined, or dropped (and so never deleted it)
 
 
 def join_request(raw: bytes) -> dict:
-    """A ticket's request, or Refused when it is not a joiner's (a damaged or foreign write to the
-    store): refused like any other join, where it stopped the acceptor, and every later joiner
-    waited ``backend.timeout_s`` for an answer."""
+    """A ticket's request, or Refused when it is not a joiner's (a damaged or foreign write to the store)."""
     try:
         request = json.loads(raw)
     except ValueError as exc:   # (a JSONDecodeError, or bytes that are not UTF-8)
@@ -151,19 +122,8 @@ class JoinEnded(Exception):
         self.code = code
 
 
-def _listening(host: str, port: int, cfg: RunConfig) -> None:
-    """Refuse at once when nothing listens at the address (the run has ended): TCPStore itself
-    would retry until ``backend.timeout_s``, twice, printing C++ stacks each time."""
-    try:
-        socket.create_connection((host, port), timeout=cfg.backend.timeout_s).close()
-    except OSError as exc:
-        raise JoinEnded(f"refused: no run is listening at backend.join={cfg.backend.join} (it has ended, "
-                        f"or the address is wrong): {exc.strerror or exc}") from None
-
-
 def _take_ticket(host: str, port: int, cfg: RunConfig):
-    """Connect to the run's store, take a ticket and write the request under it: (store, ticket),
-    or JoinEnded once the run serves no more joins."""
+    """Connect to the run's store, take a ticket, write the request under it: (store, ticket), or JoinEnded."""
     timeout = datetime.timedelta(seconds=cfg.backend.timeout_s)
     store = dist.TCPStore(host, port, None, False, timeout=timeout)
     if not store.check([COUNT_KEY]):   # a TCPStore, not a run's (make_store marks it): torchrun's, say
@@ -179,10 +139,8 @@ def _take_ticket(host: str, port: int, cfg: RunConfig):
 
 
 def _read_answer(store, n: int, timeout_s: float) -> dict:
-    """Ticket ``n``'s answer, waited for up to ``timeout_s`` past the server's last sign of life:
-    while it waits for an evaluation (version 0's, before its HELLO; a push's, backend.eval_in_thread=false)
-    it admits nobody, busy, not dead, and counts BUSY_KEY up as it heartbeats its own clients. Each
-    look is bounded (a stopped server's store answers nothing, whatever its timeout)."""
+    """Ticket ``n``'s answer, waited for up to ``timeout_s`` past the server's last count of BUSY_KEY (it
+    admits nobody while it waits for an evaluation); each look bounded (a stopped server answers nothing)."""
     key, beats, since = ticket_key(n, "answer"), None, time.monotonic()
     while not (seen := bounded(lambda: (store.check([key]), store.add(BUSY_KEY, 0)), timeout_s, "answer"))[0]:
         if seen[1] != beats:
@@ -199,11 +157,14 @@ def _read_answer(store, n: int, timeout_s: float) -> dict:
 
 
 def ask(cfg: RunConfig):
-    """The join handshake: (store, ticket, client id), or JoinEnded saying why not. Every step is
-    bounded by ``backend.timeout_s``, the wait for the store's first answer included."""
+    """The join handshake: (store, ticket, client id), or JoinEnded saying why not; each step bounded."""
     host, _, port = cfg.backend.join.rpartition(":")
     timeout_s, where = cfg.backend.timeout_s, f"backend.join={cfg.backend.join}"
-    _listening(host, int(port), cfg)
+    try:   # nothing listening is refused at once (TCPStore would retry, printing C++ stacks)
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise JoinEnded(f"refused: no run is listening at {where} (it has ended, or the address is wrong): "
+                        f"{exc.strerror or exc}") from None
     try:
         store, n = bounded(lambda: _take_ticket(host, int(port), cfg), timeout_s, "connect")
     except TimeoutError:
@@ -224,27 +185,21 @@ def ask(cfg: RunConfig):
 
 
 def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
-    """A joining client's process: ask the server at ``backend.join`` for an id, connect, train
-    until STOP. Returns the process exit code (0 after STOP, 2 refused, also when the run has
-    ended or nothing listens at the address, 1 lost). ``on_admitted(k)``: told the id once
-    the pair group with the server is made."""
+    """A joining client's process: ask the server at ``backend.join`` for an id, connect, train until STOP.
+    Returns the exit code (0 after STOP, 2 refused, 1 lost); ``on_admitted(k)``: told the id once connected."""
     pin_gloo(cfg.backend.join.rpartition(":")[0], single_node=True)
-    # the data before the ticket: once admitted, the server waits backend.client_timeout_s for the
-    # pair group, and loading data (seconds on a busy machine) must not eat into that wait
-    ds = load_data(cfg, "cpu")
+    ds = load_data(cfg, "cpu")   # before the ticket: the server's wait for the pair group is not spent on it
     try:
         store, n, k = ask(cfg)
     except JoinEnded as why:
         print(f"[real join] {why}", file=sys.stderr, flush=True)
         return why.code
-    # the same local rank rule as a spawned client: client k, device (k mod G)
-    setup = build_client(cfg, k, client_device(cfg, k), ds)
+    setup = build_client(cfg, k, client_device(cfg, k), ds)   # a spawned client's rule: device k mod G
     timeout_s = cfg.backend.timeout_s
     try:
         group = bounded(lambda: pair_group(store, ticket_key(n, "pair"), 1, timeout_s), timeout_s, "pair group")
     except Exception as exc:
-        print(f"[real join] client {k} could not connect to the server: {first_line(exc)}",
-              file=sys.stderr, flush=True)
+        print(f"[real join] client {k} could not connect to the server: {first_line(exc)}", file=sys.stderr, flush=True)
         return 1
     _log.info(f"[real client {k}] joined the run at {cfg.backend.join}")
     on_admitted(k)
@@ -262,13 +217,10 @@ def rejoin_hint(k: int) -> str:
 
 
 def join_process(cfg: RunConfig) -> NoReturn:
-    """The command line's joiner, to its exit: :func:`join_run` in a thread, while the main
-    thread only waits, so that a signal (Ctrl-C, SIGTERM, SIGHUP) is heard at once, whatever C++
-    wait the joiner is in, and ends the process with one line and exit 130. The server sees the
-    link close and counts the client lost; it may rejoin under its id. Every ending leaves with
-    ``os._exit`` once the output is flushed: a joiner writes no file, and the interpreter's
-    shutdown would destroy gloo's objects while their threads (or a wait left in C++ by
-    :func:`~repro.real.groups.bounded`) still run, which aborts ('terminate called without an active exception')."""
+    """The command line's joiner, to its exit: :func:`join_run` in a thread, so that a signal is heard at once
+    in the main thread, whatever C++ wait the joiner is in (one line, exit 130). Every ending is ``os._exit``
+    once the output is flushed: the interpreter's shutdown would destroy gloo's objects while their threads
+    still run, which aborts ('terminate called without an active exception')."""
     admitted: list[int] = []
     result: list[int] = []
 
@@ -285,8 +237,7 @@ def join_process(cfg: RunConfig) -> NoReturn:
 
     for sig in SIGNALS:
         signal.signal(sig, leave)
-    worker = threading.Thread(target=lambda: result.append(join_run(cfg, admitted.append)),
-                              name="joiner", daemon=True)
+    worker = threading.Thread(target=lambda: result.append(join_run(cfg, admitted.append)), name="joiner", daemon=True)
     worker.start()
     while worker.is_alive():
         worker.join(0.1)   # in slices: a signal's handler runs between them

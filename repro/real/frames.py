@@ -1,21 +1,8 @@
-"""The real driver's message format: a frame (header + payload), the header's slots, the kinds.
+"""The real driver's message format: a frame (header + payload), the header's slots, the kinds, the HELLOs.
 
-This module owns what one message between the server and a client looks like in memory and on
-the wire; :mod:`repro.real.transport` owns how it moves (bounded waits, receivers).
-
-Messages. A message is one frame, sent as ONE gloo message: a fixed-size header of
-:data:`HEADER_SLOTS` float64 slots (kind, client, version, payload length, the timings, and a
-push's own fields in the order :class:`~repro.asgd.algorithm.Push` declares them; ints below
-2**53 are exact), then exactly ``length`` float32 values. gloo aborts the receiving *process*
-when a message is larger than the posted buffer, and accepts a shorter one. So a receiver always
-posts a frame sized for its own parameter count, and before any payload moves the two ends swap
-header-only HELLOs carrying their parameter counts: a mismatch (say, different models on
-different nodes) is a clear error, never an abort. Why one frame and not a header message then a
-payload message: each gloo call costs tens of microseconds of CPU, and two messages per
-direction made a 0.1M-parameter round trip ~0.3 ms slower than raw gloo (ratio ~0.6). Nothing is
-copied into a frame: the server keeps its parameters inside its reply frame, and a CPU client
-computes its update straight into its outgoing frame (``Client.compute_push(..., out=)``); a GPU
-client's frames are the pinned buffers it stages through anyway.
+This module owns what one message looks like in memory and on the wire (:mod:`repro.real.transport` moves it):
+:data:`HEADER_SLOTS` float64 slots (ints below 2**53 are exact), then ``length`` float32 values, as ONE gloo
+message. Why one frame, and the HELLOs before any payload: docs/real.md, "One node" and "How messages move".
 """
 from __future__ import annotations
 
@@ -46,14 +33,11 @@ class Kind(IntEnum):
     PUSH = 2     # client -> server: an update and its metadata
     STOP = 3     # server -> client: the run is over (no payload)
     HELLO = 4    # both ways, first: "my frames carry `length` parameters" (no payload)
-    HEARTBEAT = 5   # "alive" (no payload): client -> server while computing a long push, server ->
-    # client while its reply is held (a round or a bound may outlast the client's backend.timeout_s)
+    HEARTBEAT = 5   # "alive" (no payload): from a client computing a long push, to one whose reply is held
 
 
 class Frame:
-    """One message buffer: a header, then room for ``capacity`` float32 values. Its views are
-    made once: slicing a tensor from Python costs microseconds, and a round trip would make a
-    dozen of them."""
+    """One message buffer: a header, then room for ``capacity`` float32 values (its views made once)."""
 
     def __init__(self, capacity: int, pin: bool = False):
         self.capacity = capacity
@@ -63,8 +47,7 @@ class Frame:
         self._whole, self._head = [self.buf], [self.buf[:HEADER_BYTES]]
 
     def message(self, payload_length: int) -> list[Tensor]:
-        """What gloo sends for the header and ``payload_length`` values: a message carries the
-        frame's every value or none (a header alone: HELLO, STOP, HEARTBEAT)."""
+        """What gloo sends: the whole frame, or the header alone (HELLO, STOP, HEARTBEAT)."""
         return self._whole if payload_length == self.capacity else self._head
 
 
@@ -78,11 +61,8 @@ _ENVELOPE = struct.Struct(f"={ENVELOPE_SLOTS}d")   # native float64, as the fram
 
 @dataclass(slots=True)   # three are made and read per round trip: slots make both cheaper
 class Header:
-    """A message's header. A PUSH carries a push: ``client`` and ``version`` are its client and
-    read_version, the payload its update, ``push`` its other fields by name. :meth:`pack_push` and
-    :meth:`to_push` convert, and the slots follow the push's one list of fields
-    (:func:`~repro.asgd.algorithm.push_fields`, through :class:`Codec`), so a new push field
-    needs no edit here."""
+    """A message's header. A PUSH carries a push: ``client`` and ``version`` its client and read_version, the payload
+    its update, ``push`` its other fields (the slots follow :func:`~repro.asgd.algorithm.push_fields`: no edit here)."""
 
     kind: Kind
     client: int
@@ -91,9 +71,8 @@ class Header:
     push: dict = field(default_factory=dict)   # PUSH: the push's other fields, by name
     position: tuple[int, int] | None = None    # PARAMS: the client's stream resumes here
     device: int = -1                    # PUSH: the client's CUDA device index, -1 for the CPU
-    # timings.csv: times on time.monotonic(), one clock for every process on one kernel (also
-    # across network namespaces); PARAMS: when the server sent it; PUSH: when the client sent
-    # it, its compute time, and the transit of the PARAMS it was computed from
+    # timings.csv, on time.monotonic() (one clock per kernel); PARAMS: when the server sent it; PUSH: when
+    # the client sent it, its compute time, and the transit of the PARAMS it was computed from
     sent_at: float = 0.0
     compute_s: float = 0.0
     to_client_s: float = 0.0
@@ -104,9 +83,7 @@ class Header:
     @classmethod
     def pack_push(cls, push: Push, frame: Frame, length: int, device: int = -1, sent_at: float = 0.0,
                   compute_s: float = 0.0, to_client_s: float = 0.0) -> Frame:
-        """Write ``push`` as a PUSH header into ``frame`` (its update, ``length`` values, is the
-        payload), straight from the push's fields: no header and no dict are built (every push of
-        every client). The one writer of a PUSH header."""
+        """Write ``push`` as a PUSH header into ``frame``, from its fields; ``length``: its update's values."""
         coded = codec(cls.push_type)
         coded.slots.pack_into(frame.header, 0, Kind.PUSH, push.client, push.read_version, length, 0, 0, False,
                               device, sent_at, compute_s, to_client_s, *coded.values_of(push))
@@ -143,17 +120,9 @@ class Header:
 
 
 class Codec:
-    """A push type's slots in the header, compiled once per type from its fields
-    (:func:`~repro.asgd.algorithm.push_fields`, less the two the envelope carries).
-
-    ``slots``: the struct of the envelope's and the push's slots. ``values_of(push)``: the push's
-    slot values in order (a tuple field spread over its slots); ``fields(slots)``: the dict of
-    its carried fields back, each value cast to its declared type. Both are generated source, as
-    :mod:`dataclasses` generates ``__init__``: a loop over the fields per message (a branch and
-    a cast call per field, numpy assignments) was measurably slower on the round trip at 0.1M
-    parameters, where a header's Python is a tenth of the time (issue 34; the figures are in
-    docs/benchmarks.md and its 2026-12-06 table).
-    """
+    """A push type's slots in the header, compiled once per type from its fields (less the envelope's two): ``slots``,
+    the struct of the envelope's and the push's slots; ``values_of(push)``, its slot values in order; ``fields(slots)``,
+    its carried fields back, cast. Both are generated source for speed, like :mod:`dataclasses` (docs/benchmarks.md)."""
 
     def __init__(self, push_type: type):
         carried = tuple(f for f in push_fields(push_type) if f.name not in IN_ENVELOPE)
@@ -175,8 +144,7 @@ class Codec:
 
 
 def _compiled(arg: str, expression: str, names: dict | None = None):
-    """``lambda arg: expression``, made from source (``names``: the globals it reads; the
-    expression is made of field names, which are identifiers, and fixed text)."""
+    """``lambda arg: expression``, made from source (of field names and fixed text); ``names``: its globals."""
     return eval(f"lambda {arg}: {expression}", dict(names or {}))
 
 
@@ -184,10 +152,7 @@ codec = functools.cache(Codec)   # the Codec of a push type (Push or an extensio
 
 
 def trained(cfg: RunConfig) -> dict:
-    """What every rank and joiner must share with the run, by key (``algo.lr``): what is trained
-    and how (the model, the data, the algorithm, the protocol, the seed, nsync, num_clients for
-    the slots). Not the run's bookkeeping (folders, progress, backend keys), nor where a node
-    keeps the data."""
+    """What every rank and joiner must share with the run, by key (``algo.lr``): what is trained, and how."""
     d = to_dict(cfg)
     shared = {k: d[k] for k in ("seed", "nsync", "num_clients")}
     for group in ("data", "model", "algo", "protocol"):
@@ -201,14 +166,13 @@ def fingerprint(cfg: RunConfig) -> str:
 
 
 def hello(frame: Frame, cfg: RunConfig) -> Header:
-    """The header-only first message of each end: the parameter count its frames carry, and in
-    its version slot 48 bits of its config's :func:`fingerprint` (exact in a float64 slot)."""
+    """Each end's first message: its frames' parameter count, and in its version slot 48 bits of its config's
+    :func:`fingerprint` (exact in a float64 slot)."""
     return Header(Kind.HELLO, 0, int(fingerprint(cfg)[:12], 16), frame.capacity)
 
 
 def check_hello(theirs: Header, frame: Frame, peer: int, cfg: RunConfig) -> None:
-    """Both ends must agree on the parameter count, then on the config (torchrun ranks started
-    with other overrides trained into one run's tables, unseen: one push of another nsync)."""
+    """Both ends must agree on the parameter count, then on the config; LinkLost if not."""
     if theirs.kind != Kind.HELLO or theirs.length != frame.capacity:
         raise LinkLost(f"rank {peer}: protocol error: its frames carry {theirs.length} parameters "
                        f"({theirs.kind.name}), this rank's {frame.capacity} (do all ranks run the "

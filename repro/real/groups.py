@@ -1,21 +1,8 @@
 """How the real driver's ranks find each other: the world, one gloo group per client, the interface gloo binds.
 
-This module owns joining and leaving process groups (from a rendezvous store or torchrun's
-env://), the bound on joining's C++ waits (:func:`bounded`) and which network interface gloo
-listens on; :mod:`repro.real.transport` owns how messages move once a group exists.
-
-Groups. Every rank joins the world group (``init_process_group`` over gloo), then all ranks create
-one 2-rank gloo group ``[0, k]`` per client, in the same order (``dist.new_group`` is collective
-over the world; its ``use_local_synchronization`` mode names groups by how many groups a process
-already has, which differs between the server and a client, and deadlocks). All traffic of
-client ``k`` goes through its own group. Why not one world group with an any-source receive:
-measured on torch 2.13 / gloo, an any-source ``irecv`` on the world group does survive a
-SIGKILLed peer (the others keep talking), but any ``work.wait(timeout=...)`` that expires calls
-gloo's ``Context::signalException``, which closes *every* pair of that group. A hung client would
-then take all clients down with it. With one group per client a timeout closes only that client's
-pairs: its failure domain. The server's "receive from any source" is one :class:`~repro.real.transport.Receiver`
-thread per client, each handing its pushes to the server loop, which serves one at a time
-(as in torchft's parameter-server prototype: one receiver thread per client group).
+This module owns joining and leaving process groups (from a rendezvous store or torchrun's env://), the bound on
+joining's C++ waits (:func:`bounded`) and the interface gloo listens on. Why one 2-rank group per client (an expired
+wait closes every pair of its group): docs/real.md, "One node".
 """
 from __future__ import annotations
 
@@ -32,8 +19,7 @@ import torch.distributed as dist
 
 def is_loopback(addr: str) -> bool:
     try:
-        return all(info[4][0].startswith("127.") or info[4][0] == "::1"
-                   for info in socket.getaddrinfo(addr, None))
+        return all(info[4][0].startswith("127.") or info[4][0] == "::1" for info in socket.getaddrinfo(addr, None))
     except OSError:
         return False
 
@@ -47,14 +33,8 @@ def loopback_ifname() -> str | None:
 
 
 def pin_gloo(master_addr: str, single_node: bool) -> None:
-    """Which interface gloo binds its pairs to (GLOO_SOCKET_IFNAME): left to itself, the one the
-    host name resolves to. A single-node run on a loopback master listens on loopback only,
-    whatever the environment says (multi-node users export GLOO_SOCKET_IFNAME for torchrun, and
-    it must not open a single-node run to the network). Under torchrun a user's
-    GLOO_SOCKET_IFNAME wins; else a loopback master means loopback, and any other master the
-    interface that routes to it: the host name resolves to loopback on many machines (Debian's
-    127.0.1.1; a network namespace), and the other nodes, told to connect to their own loopback,
-    never start ('Connect timeout')."""
+    """Set GLOO_SOCKET_IFNAME: loopback for a loopback master (in a single-node run whatever the environment says);
+    under torchrun a user's own, else for another master the interface routing to it (docs/real.md, torchrun)."""
     if not single_node and "GLOO_SOCKET_IFNAME" in os.environ:
         return
     if is_loopback(master_addr):
@@ -66,8 +46,7 @@ def pin_gloo(master_addr: str, single_node: bool) -> None:
 
 
 def ipv4_of(name: str) -> str | None:
-    """Interface ``name``'s IPv4 address, or None (it has none; or not Linux, whose number
-    SIOCGIFADDR is: the ioctl fails there and gloo's own choice stays)."""
+    """Interface ``name``'s IPv4 address, or None (none, or not Linux, whose number SIOCGIFADDR is)."""
     try:
         import fcntl
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -78,8 +57,7 @@ def ipv4_of(name: str) -> str | None:
 
 
 def interface_towards(addr: str) -> str | None:
-    """The interface this host sends from to reach ``addr`` (IPv4), or None when that cannot be
-    told. No packet is sent: connecting a UDP socket only asks the kernel for a route."""
+    """The interface this host sends from to reach ``addr`` (IPv4: a UDP socket's route, no packet), or None."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((addr, 9))
@@ -90,16 +68,22 @@ def interface_towards(addr: str) -> str | None:
 
 
 def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[int, object]:
-    """Join the world over gloo (from ``store``, else from torchrun's env://) and create the
-    per-client groups, all ranks in the same order. Returns {client: group} for the groups this
-    rank belongs to."""
+    """Join the world over gloo (``store``, else env://), make the per-client groups: {client: group}, this rank's."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    if store is None:
-        store = torchrun_store(rank, world_size, timeout)
-    _count_groups_from_zero()
+    if store is None:   # torchrun's, under a prefix of this restart attempt: its agent keeps the store across
+        # restarts, with the dead attempt's gloo addresses under the keys ('Connection refused')
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        store = dist.PrefixStore(f"repro/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    # torch's process-wide count of groups names them (and so every rendezvous key): a failed
+    # init_process_group leaves it up, and this process's groups would be named unlike its peers'
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
+        world.group_count = 0
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout, store=store)
     groups = {}
     for k in range(1, world_size):
+        # collective, every rank in the same order (use_local_synchronization names groups by how many a
+        # process has, which differs between server and client: a deadlock)
         group = dist.new_group([0, k], timeout=timeout, backend="gloo")
         if rank in (0, k):
             groups[k] = group
@@ -107,18 +91,13 @@ def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[in
 
 
 def pair_group(store, prefix: str, rank: int, timeout_s: float):
-    """The 2-rank gloo group of one joining client (rank 1) and the server (rank 0), made on
-    demand from ``prefix`` of the rendezvous store, as torchft's parameter-server prototype makes
-    one per client session: no world group, so a client's arrival or loss touches no one else
-    (see :mod:`repro.real.elastic`). Blocks until both ends are there, at most ``timeout_s``."""
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, 2,
-                                 datetime.timedelta(seconds=timeout_s))
+    """The 2-rank gloo group of a joining client (rank 1) and the server (rank 0) from ``prefix`` of the
+    store, as torchft's parameter-server prototype makes one per client; waits for both, at most ``timeout_s``."""
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, 2, datetime.timedelta(seconds=timeout_s))
 
 
 def forget_pair(store, prefix: str) -> None:
-    """Delete every key of a pair group's ``prefix`` (gloo leaves its two addresses there): once
-    both ends have made the group, or one gave up, nobody reads them again, and a joinable run
-    that stayed up for many joins would otherwise keep them all until it exits."""
+    """Delete a pair group's keys under ``prefix`` (gloo's two addresses), read by nobody once made or given up."""
     with contextlib.suppress(Exception):   # a store without list_keys, or one that is closing
         for key in store.list_keys():
             if key.startswith(prefix + "/"):
@@ -126,11 +105,8 @@ def forget_pair(store, prefix: str) -> None:
 
 
 def bounded(call, timeout_s: float, what: str, stop=None):
-    """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming
-    ``what``), or until ``stop`` (a StopRequest) is set (InterruptedError). The store's and
-    gloo's C++ waits are not all bounded: a listener that accepts and never speaks holds
-    TCPStore's constructor forever, deaf to signals. A thread left waiting so ends with the
-    process."""
+    """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming ``what``) or until ``stop``
+    is set (InterruptedError): not every C++ wait of the store's and gloo's is bounded or hears a signal."""
     result: dict = {}
 
     def wait() -> None:
@@ -156,25 +132,6 @@ def bounded(call, timeout_s: float, what: str, stop=None):
 def first_line(exc: BaseException) -> str:
     """An error's first line, for a one-line message (its type's name when it says nothing)."""
     return (str(exc).splitlines() or [type(exc).__name__])[0]
-
-
-def torchrun_store(rank: int, world_size: int, timeout: datetime.timedelta):
-    """torchrun's store (env://), under a prefix of this restart attempt: after a restart
-    (--max-restarts) torchrun's agent keeps its store, and the dead attempt's gloo addresses
-    would still be under the keys the new attempt reads ('Connection refused')."""
-    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"repro/attempt_{attempt}", store)
-
-
-def _count_groups_from_zero() -> None:
-    """torch names process groups by a process-wide counter (the names prefix every rendezvous
-    key). A failed ``init_process_group`` leaves it incremented and only a successful destroy
-    resets it, so a process that saw one failure (a test, a sweep) would name its groups
-    differently from fresh peers, which then wait on each other's keys until the timeout."""
-    world = getattr(dist.distributed_c10d, "_world", None)
-    if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
-        world.group_count = 0
 
 
 def disconnect() -> None:

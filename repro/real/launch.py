@@ -1,21 +1,10 @@
 """The real driver's entry points and rank 0's orchestration: who is rank 0, how the world forms, how a run ends.
 
-Rank 0 first builds everything that can fail on bad input (the run folder's decision, data,
-network, initial parameters: the simulator's, via :mod:`repro.workload.build`, and the run core), so
-bad input is a ConfigError before any process starts.
-
-Single node (``run_real`` outside torchrun): the calling process is rank 0, the server, so the
-summary comes back as a return value and a Ctrl-C lands in the process that writes the run
-folder. It creates the rendezvous store itself (``master_port: 0`` binds a free port; a busy port
-is a :class:`~repro.errors.ConfigError`), starts the clients from a fork server, waits until each
-is ready or dead, and forms the gloo world of the live ones; how client processes start, get
-ready and stop is :mod:`repro.real.processes`. The store stays open for joins
-(:mod:`repro.real.elastic`).
-
-Many nodes (``torchrun``, docs/real.md "Across nodes with torchrun"): rank 0 calls ``run_real``,
-which joins torchrun's world from the environment instead of spawning; ranks > 0 call
-:func:`run_torchrun_worker`, and die quietly on SIGINT/SIGTERM. Whatever ends the loop, every
-rank is stopped before the summary is written.
+Rank 0 first builds everything that can fail on bad input (the run folder's decision, data, network, initial
+parameters, the run core): a ConfigError before any process starts. On one node it makes the rendezvous store (kept
+open for joins), starts the clients (:mod:`repro.real.processes`) and forms the world of the live ones; under
+torchrun (docs/real.md, "Across nodes with torchrun") it joins torchrun's world, and ranks > 0 call
+:func:`run_torchrun_worker`.
 """
 from __future__ import annotations
 
@@ -49,13 +38,8 @@ from repro.runs.folder import resume_hint, run_folder
 from repro.runtime import StopRequest, TorchrunEnv, deterministic, torch_threads, torchrun_env, usable_cores
 
 
-# ---------------------------------------------------------------------------------------------
-# Rank 0
-# ---------------------------------------------------------------------------------------------
-
 def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
-    """Run the real driver into ``run_dir`` and return the summary dict (any status; ``failed``
-    and ``interrupted`` come back too). Raises ConfigError on bad input, before any process."""
+    """Run the real driver into ``run_dir``: its summary (any status); ConfigError on bad input, before any process."""
     run_dir, env = Path(run_dir), torchrun_env()
     if env is not None and env.rank != 0:
         raise RuntimeError("run_real is rank 0's entry point; ranks > 0 call run_torchrun_worker")
@@ -76,8 +60,11 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
         resume = run.checkpoint("real", device)
         problem = build_problem(cfg, device)
         mark("server", "problem built")
+        # the server's host, as cost=fit needs it: its cores, torch threads, and the run's clients sharing it
+        local = cfg.num_clients if env is None else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1
+        host = {"cpu_cores": usable_cores(), "torch_threads": torch.get_num_threads(), "clients_on_host": local}
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="wall", backend="real", resume=resume,
-                                  eval_in_thread=True, measured={"host": host_record(cfg, env)})
+                                  eval_in_thread=True, measured={"host": host})
         procs: dict = {}
         try:
             channels = _start_world(cfg, core, store, procs, run.stop, handover(problem.dataset))
@@ -85,11 +72,7 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
             stop_children(procs, grace_s=0)
             disconnect()
             status = "interrupted" if run.stop.is_set() else "failed"
-            # nothing was served, so no checkpoint of it: it would lack the clients' state (not
-            # made yet) and no resume could read it; a resumed run keeps its last good one, and a
-            # fresh one has none, so resume=true is refused there and force=true (or resume=auto,
-            # a two-host point stopped early) starts it over: the message says which
-            message = f"{exc}; {resume_hint(run.run_dir)}"
+            message = f"{exc}; {resume_hint(run.run_dir)}"   # no checkpoint: it would lack the clients' state
             log.info(f"start-up {status}: {message}")
             return core.finish(status, message, clean=False)
         loop = Dispatcher(cfg, core, channels, run.stop, procs, resume)
@@ -101,14 +84,6 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
                      f"python -m repro.run backend=real <this run's overrides> backend.join={address}")
         return _serve(loop, procs)
     return run.summary
-
-
-def host_record(cfg: RunConfig, env: TorchrunEnv | None) -> dict:
-    """The server's host, as cost=fit needs it (config.json's ``host``): the cores this process
-    may run on, torch threads per process, and how many of the run's clients share the host (all
-    when spawned on one node; under torchrun the other ranks of rank 0's node)."""
-    local = cfg.num_clients if env is None else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1
-    return {"cpu_cores": usable_cores(), "torch_threads": torch.get_num_threads(), "clients_on_host": local}
 
 
 def _serve(loop: Dispatcher, procs: dict) -> dict:
@@ -132,27 +107,11 @@ def _serve(loop: Dispatcher, procs: dict) -> dict:
 
 
 def world_config(cfg: RunConfig, env: TorchrunEnv) -> RunConfig:
-    """Under torchrun the world decides the clients (ranks 1.. of it) and where they meet
-    (MASTER_ADDR:MASTER_PORT, which config.json records). The entry point's resolve step
-    (:func:`repro.run.resolve`) applies it on every rank before the driver runs."""
+    """Under torchrun the world decides the clients (ranks 1..) and where they meet (MASTER_ADDR:MASTER_PORT: a
+    backend.master_addr/port naming another place is refused); :func:`repro.run.resolve` applies it on every rank."""
     if env.world_size < 2:
         raise ConfigError("WORLD_SIZE", env.world_size, "at least 2 under torchrun (rank 0 serves, "
                           "ranks 1.. are clients)")
-    _torchruns_address(cfg)
-    if cfg.num_clients != env.world_size - 1 and env.rank == 0:
-        log.info(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
-            f"(config said {cfg.num_clients})")
-    backend = dataclasses.replace(cfg.backend, master_addr=os.environ["MASTER_ADDR"],
-                                  master_port=int(os.environ["MASTER_PORT"]))
-    return cfg.replace(num_clients=env.world_size - 1, backend=backend)
-
-
-def _torchruns_address(cfg: RunConfig) -> None:
-    """Under torchrun the world meets at torchrun's MASTER_ADDR:MASTER_PORT (--master-addr, or its
-    rendezvous's choice) and backend.master_addr/port go unused: one set to another is refused
-    rather than ignored, as a key its backend does not read is (config.json recorded it as the
-    run's address, and it names where the user believes the server is). Left at its default, or
-    naming the same host, it is torchrun's."""
     addr, port, default = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), BackendConfig()
     if cfg.backend.master_port not in (default.master_port, port):
         raise ConfigError("backend.master_port", cfg.backend.master_port, f"torchrun's MASTER_PORT {port}, or "
@@ -166,6 +125,11 @@ def _torchruns_address(cfg: RunConfig) -> None:
     if cfg.backend.master_addr != default.master_addr and not addresses(cfg.backend.master_addr) & addresses(addr):
         raise ConfigError("backend.master_addr", cfg.backend.master_addr, f"torchrun's MASTER_ADDR {addr!r}, or "
                           "left out: under torchrun the world meets at torchrun's --master-addr")
+    if cfg.num_clients != env.world_size - 1 and env.rank == 0:
+        log.info(f"torchrun world size {env.world_size}: num_clients = {env.world_size - 1} "
+            f"(config said {cfg.num_clients})")
+    backend = dataclasses.replace(cfg.backend, master_addr=addr, master_port=port)
+    return cfg.replace(num_clients=env.world_size - 1, backend=backend)
 
 
 @contextlib.contextmanager
@@ -182,8 +146,7 @@ def _loopback(master_addr: str, single_node: bool):
             os.environ["GLOO_SOCKET_IFNAME"] = before
 
 
-def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequest,
-                 dataset: Dataset | None) -> dict:
+def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequest, dataset: Dataset | None) -> dict:
     """Spawn the clients (single node) and connect every live rank; {client: Channel}."""
     timeout = cfg.backend.timeout_s
     if store is None:   # torchrun: the world is torchrun's, client k is rank k
@@ -196,9 +159,7 @@ def _start_world(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRe
         members = {k: r for r, k in enumerate(ready, start=1)}
         store.set(WORLD_KEY, json.dumps({"size": len(members) + 1, "ranks": members}))
         timeout = startup_deadline_s(cfg)
-    try:   # in a thread, so a stop request (torchrun's SIGTERM, a Ctrl-C) is heard at once, not
-        # after the rendezvous timeout (torchrun SIGKILLs a worker 30 s after its SIGTERM, which
-        # would leave the summary saying running)
+    try:   # in a thread, so a stop is heard at once (torchrun SIGKILLs a worker 30 s after its SIGTERM)
         groups = bounded(lambda: connect(0, len(members) + 1, timeout, store), math.inf, "rendezvous", stop)
     except InterruptedError:
         raise StartupError("interrupted while the clients were joining") from None
@@ -222,10 +183,6 @@ def _dismiss_clients(cfg: RunConfig) -> None:
     finally:
         disconnect()
 
-
-# ---------------------------------------------------------------------------------------------
-# Ranks 1..N under torchrun
-# ---------------------------------------------------------------------------------------------
 
 def run_torchrun_worker(cfg: RunConfig) -> int:
     """Rank > 0 under torchrun: be client ``rank`` until STOP; return the process exit code."""

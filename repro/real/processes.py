@@ -1,19 +1,8 @@
 """The processes of a real run's clients: how they start, get ready, serve and never outlive a run.
 
-This module owns the client processes' plumbing, and nothing of what rank 0 does with them
-(:mod:`repro.real.launch`) or of what a client computes (:mod:`repro.real.client`): the
-rendezvous store of a single-node run (:func:`make_store`), the fork server the clients start
-from (:func:`client_context`), a client process's life (ready mark, world rank, connect, serve,
-exit), waiting for every client to be ready or dead (:func:`wait_ready`), and stopping them
-(:func:`stop_children`); also a torchrun rank's connect-and-serve (:func:`serve_as_client`).
-
-Why a fork server (docs/real.md, "One node"): forked children of a parent that already ran
-multi-threaded torch hang on locks its threads held, and spawn pays one fresh interpreter and
-``import torch`` per client; the fork server forks before any torch thread exists in it, once
-per run. The config is parsed once in the parent and handed to each child (a frozen, picklable
-``RunConfig``), with the data set when it is small (:func:`handover`). A client that dies during
-start-up is lost, not fatal: the run degrades. No client outlives its server
-(:func:`_die_with_parent`, :func:`stop_children`).
+This module owns the client processes' plumbing: the single-node rendezvous store, the fork server the clients start
+from (why: docs/real.md, "One node"), a client process's life, waiting until each is ready or dead (one dead in
+start-up is lost, not fatal), and stopping them; also a torchrun rank's connect-and-serve.
 """
 from __future__ import annotations
 
@@ -55,21 +44,18 @@ HANDOVER_MAX_BYTES = 16 * 2**20   # hand a data set this small to spawned client
 
 
 def startup_deadline_s(cfg: RunConfig) -> float:
-    """Start-up is CPU-bound (a fresh interpreter importing torch per process): allow
-    ``backend.timeout_s`` per core's worth of processes."""
+    """``backend.timeout_s`` per core's worth of processes (start-up is CPU-bound)."""
     cores = os.cpu_count() or 1
     return cfg.backend.timeout_s * max(1.0, math.ceil((cfg.num_clients + 1) / cores))
 
 
 class StartupError(RuntimeError):
-    """Start-up ended without a world to serve: a deadline passed, every client died, or a stop
-    request came; the message says which."""
+    """Start-up ended without a world to serve (a deadline, every client dead, a stop); the message says which."""
 
 
 def make_store(cfg: RunConfig) -> dist.TCPStore:
-    """The rendezvous store, listening on ``master_addr`` only (a TCPStore left to itself listens
-    on every interface). We bind the socket ourselves: port 0 gets a free port with no race, and
-    a busy port is a clear error before anything starts."""
+    """The rendezvous store, on a socket bound here to ``master_addr`` only (TCPStore's own listens on every
+    interface): port 0 gets a free port with no race, a busy port is a clear error before anything starts."""
     addr, port = cfg.backend.master_addr, cfg.backend.master_port
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
@@ -86,8 +72,7 @@ def make_store(cfg: RunConfig) -> dist.TCPStore:
                               f"(127.0.0.1, the default: loopback only): {exc.strerror or exc}") from None
         raise ConfigError("backend.master_port", port, f"a free port on {addr} (0 picks one): {exc}")
     bound = sock.getsockname()[1]
-    # world size None: joiners connect for the whole run, beyond the clients started with it
-    store = dist.TCPStore(addr, bound, None, True, wait_for_workers=False,
+    store = dist.TCPStore(addr, bound, None, True, wait_for_workers=False,   # world size None: joiners too
                           timeout=datetime.timedelta(seconds=startup_deadline_s(cfg)),
                           master_listen_fd=sock.detach())   # the store owns the socket now
     store.add(COUNT_KEY, 0)   # the mark of a run's store: a joiner at any other (torchrun's) is refused
@@ -96,30 +81,22 @@ def make_store(cfg: RunConfig) -> dist.TCPStore:
 
 
 def handover(ds: Dataset) -> Dataset | None:
-    """The data set to hand to spawned clients, when small: each child then skips loading it
-    (importing scikit-learn alone takes seconds per process on a small machine). Large data
-    sets are loaded by each child instead of being pickled through a pipe per client."""
+    """The data set to hand to spawned clients when small (none then loads it), else None (each child loads it)."""
     size = sum(t.numel() * t.element_size() for t in (ds.x_train, ds.y_train))
     return ds.to("cpu") if size <= HANDOVER_MAX_BYTES else None
 
 
 def spawn_context():
-    """multiprocessing's spawn context, safe inside a grid's joblib worker: a spawned child first
-    re-applies its parent's *process-wide* start method (multiprocessing.spawn.prepare), and in a
-    joblib (loky) worker that is 'loky', which a plain child cannot find, so every client would
-    die at start-up. There the process-wide method becomes spawn too."""
+    """multiprocessing's spawn context, safe inside a grid's joblib worker: a child re-applies its parent's
+    process-wide start method, and a loky worker's 'loky' no plain child can find, so it becomes spawn too."""
     if mp.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
         mp.set_start_method("spawn", force=True)
     return mp.get_context("spawn")
 
 
 def client_context(start: bool = False):
-    """multiprocessing's fork server, preloaded with the launcher and so with this module
-    (``runtime.CLIENT_PRELOAD``; ``start``: start it now): the first client of a process starts
-    one fresh interpreter that imports torch and the package once, and every client is a fork of
-    it (milliseconds) instead of an interpreter importing everything afresh (seconds of CPU each,
-    all at once on a small machine). A forked child still re-applies the parent's process-wide
-    start method, hence the joblib fix of :func:`spawn_context`."""
+    """multiprocessing's fork server, preloaded with the launcher (``runtime.CLIENT_PRELOAD``; ``start``: start
+    it now); with :func:`spawn_context`'s fix, as a forked child re-applies the start method too."""
     spawn_context()
     return fork_server_context(start)
 
@@ -142,8 +119,7 @@ def spawn_clients(cfg: RunConfig, port: int, dataset: Dataset | None) -> dict:
 
 
 def wait_ready(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequest) -> list[int]:
-    """Until every client has built its data and model, or died doing so (it is lost, and the
-    run goes on with the rest); the ready clients, in order."""
+    """Until every client has built its data and model, or died doing so (lost); the ready ones, in order."""
     deadline = time.monotonic() + startup_deadline_s(cfg)
     dead: dict[int, int] = {}
     while True:
@@ -169,9 +145,8 @@ def wait_ready(cfg: RunConfig, core: RunCore, store, procs: dict, stop: StopRequ
 
 
 def stop_children(procs: dict, grace_s: float) -> None:
-    """Join ({client: process}, each told STOP) for up to ``grace_s`` in all, then SIGTERM, then SIGKILL: no
-    orphans. A client still there after a second of that wait is named once, and why (the end was silent for
-    up to ``grace_s`` + 2 s); a suspended one (SIGSTOP) gets SIGKILL at once: SIGTERM waits for a SIGCONT."""
+    """Join ({client: process}, each told STOP) for up to ``grace_s`` in all, then SIGTERM, then SIGKILL (at
+    once for a suspended one: SIGTERM waits for a SIGCONT); one still there after a second is named once."""
     deadline = time.monotonic() + grace_s
     for until in (min(deadline, time.monotonic() + 1.0), deadline):
         for proc in procs.values():
@@ -196,18 +171,9 @@ def suspended(proc) -> bool:
     return False
 
 
-# ---------------------------------------------------------------------------------------------
-# A client's process
-# ---------------------------------------------------------------------------------------------
-
 def _die_with_parent(parent_pid: int) -> None:
-    """Die with the run's process, so a SIGKILLed server leaves no client behind, not even a
-    stopped one. A client's parent is the fork server; the kernel SIGKILLs the client when the
-    fork server dies (``PR_SET_PDEATHSIG``, Linux), and the fork server exits when the last
-    holder of its "alive" pipe closes it: the run's process, and every forked child, which
-    inherits a copy. So each client closes its copy (multiprocessing keeps it in a private
-    attribute, the one private name this module uses), and the fork server then dies with the
-    run's process, taking every client along."""
+    """Die with the run's process: the kernel SIGKILLs a client when the fork server dies (``PR_SET_PDEATHSIG``), which
+    exits once the last holder of its "alive" pipe closes it; so each client closes the copy it inherited."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     server = mp.forkserver._forkserver
     if server._forkserver_alive_fd is not None:
@@ -222,8 +188,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
                     dataset: Dataset | None, environ: dict) -> None:
-    """A client forked by the fork server: set up, mark ready, learn its world rank, connect,
-    train, exit."""
+    """A client forked by the fork server: set up, mark ready, learn its world rank, connect, train, exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent_pid)
@@ -252,8 +217,7 @@ def serve_as_client(cfg: RunConfig, client_id: int, rank: int, world_size: int, 
               f"{cfg.backend.timeout_s:g} s: {first_line(exc)}", file=sys.stderr, flush=True)
         return 1
     try:
-        # watched: the client asks between two local steps whether the server has spoken
-        channel = Channel(groups[rank], 0, cfg.backend.timeout_s, watched=True)
+        channel = Channel(groups[rank], 0, cfg.backend.timeout_s, watched=True)   # (see Channel.arrived)
         return run_client(cfg, client_id, channel, setup)
     finally:
         disconnect()

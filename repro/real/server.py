@@ -1,14 +1,10 @@
 """Rank 0 of the real driver: receive a push, hand it to the run core, carry the replies.
 
 One receiver thread per client (:class:`~repro.real.transport.Receiver`) hands each push to
-:meth:`Dispatcher.on_message`, which holds the server lock while the run core (:mod:`repro.runs.core`) applies the
-push with the same :class:`~repro.asgd.algorithm.ParameterServer` the simulator runs and writes its row, and while this
-loop sends each reply (Downpour's push + fetch round trip, ``nfetch = npush = nsync``). Pushes from any client are
-served one at a time, in the order they take the lock, and ``updates.csv`` records that order. The main thread only
-watches: interrupts, client processes, finished evaluations, sends that wait on a silent client. Client loss,
-divergence, the end of the budget and interrupts all end the same way: as soon as the run is stopping, every client
-still computing is sent STOP, which it reads between two local steps, however long its push. A push the protocol
-holds is read from its client's receive frame, not copied (see the Receiver).
+:meth:`Dispatcher.on_message`, which holds the server lock while the run core applies it (the simulator's
+:class:`~repro.asgd.algorithm.ParameterServer`) and the replies go out: pushes are served one at a time, in the
+order ``updates.csv`` records. The main thread only watches. However the run stops, every client still in it is sent
+STOP at once.
 """
 from __future__ import annotations
 
@@ -33,9 +29,8 @@ STOPPING_S = 2.0   # once a stop is asked for, the most a send waits for a clien
 
 
 def greeted(channel: Channel, k: int, frame: Frame, out: Frame, cfg: RunConfig) -> None:
-    """HELLO both ways, ours from ``out``, client ``k``'s into ``frame``: its frames must carry as
-    many parameters as ours, its config train what ours does. LinkLost if not, once the client is
-    told STOP (a header fits any frame), or when the link ends first."""
+    """HELLO both ways, ours from ``out``, client ``k``'s into ``frame``; LinkLost if they disagree (once the
+    client is told STOP), or when the link ends first."""
     channel.send(hello(out, cfg), out)
     try:
         check_hello(channel.recv(frame), frame, k, cfg)
@@ -52,17 +47,14 @@ class Dispatcher:
                  processes: dict | None = None, resume: dict | None = None):
         self.cfg, self.core, self.server = cfg, core, core.server
         self.channels, self.stop = channels, stop
-        # spawn mode: {client: Process} of the clients in the world (one dead during start-up is lost: no receiver)
-        self.processes = {k: p for k, p in (processes or {}).items() if k in channels}
+        self.processes = {k: p for k, p in (processes or {}).items() if k in channels}   # spawn mode's
         self.device = self.server.params.device
         self.lock = threading.Lock()   # one push (or one watch round) at a time
         self.closed = False            # set under the lock: receivers stop serving
         self.stopping = False          # set under the lock: every client is told STOP, no joiner admitted
-        self.receivers = {k: Receiver(k, ch, self.frame(), self.on_message, self.on_lost)
-                          for k, ch in channels.items()}
+        self.receivers = {k: Receiver(k, ch, self.frame(), self.on_message, self.on_lost) for k, ch in channels.items()}
         self.reply = self.frame()   # every reply leaves from this frame
-        # CPU: from start() on the server keeps its parameters in the reply frame (begin moves them): no copy
-        self.params_in_reply = False
+        self.params_in_reply = False   # CPU: from start() on, the server's parameters live in the reply frame
         resumed = (resume or {}).get("driver", {}).get("clients", {})
         self.positions = {k: resumed.get(str(k), {}).get("stream_position") for k in channels}
         self.sent_version: dict[int, int] = {}
@@ -72,8 +64,7 @@ class Dispatcher:
         self.t0, self.time_offset = time.perf_counter(), core.time_s
         self.kept_alive = time.monotonic()   # the last HEARTBEAT to clients whose reply is held
         self.silence = Silence(cfg.backend.client_timeout_s)   # judges the receivers' waits (see watch)
-        # joins (repro.real.elastic): ids never used in this run, across resumes too
-        self.next_id = max([cfg.num_clients, *core.used_clients, *channels]) + 1
+        self.next_id = max([cfg.num_clients, *core.used_clients, *channels]) + 1   # a joiner's: never used
         self.max_clients = cfg.backend.max_clients or cfg.num_clients
         self.pending: set[int] = set()   # admitted, not yet connected
         self.acceptor = None              # set by the launcher when joins are served
@@ -93,10 +84,9 @@ class Dispatcher:
                                      "read_version": self.sent_version.get(k, 0)}
                             for k, p in self.positions.items()}}
 
-    # -- messages out ---------------------------------------------------------------------------
     def send_params(self, k: int, position=None, preempt: bool = False) -> None:
-        """The parameters to client ``k``. ``preempt``: it is still computing a dropped segment
-        and its receiver is already listening, so no receive is posted and nothing released."""
+        """The parameters to client ``k``. ``preempt``: it is still computing a dropped segment and its
+        receiver is listening, so no receive is posted and nothing released."""
         params = self.reply.payload
         if not self.params_in_reply:
             params.copy_(self.server.params)   # GPU server: D2H, synchronous (orders the apply)
@@ -124,7 +114,6 @@ class Dispatcher:
         except LinkLost as exc:
             log.info(f"client {k} left before it could be told to stop ({exc})")
 
-    # -- events ---------------------------------------------------------------------------------
     def lose(self, k: int, reason: str) -> None:
         if k in self.lost or k in self.stopped or k not in self.receivers:
             return
@@ -135,8 +124,7 @@ class Dispatcher:
         log.info(f"client {k} lost at version {self.server.version}: {reason}; "
                  f"{len(self.live())} client(s) still training")
         outcome = self.core.lose(k, reason, now := self.now())
-        self.carry(outcome.replies)   # a barrier it held opens: a version it applies is due its
-        # evaluation and checkpoint now, as a pushed one is (it waited for the next push's check)
+        self.carry(outcome.replies)   # a barrier it held opens: a version it applies is settled now
         if outcome.stopping or (not self.closed and self.core.settle(now, waiting=self.keep_alive).stopping):
             self.stop_clients()
 
@@ -151,24 +139,18 @@ class Dispatcher:
                 self.send_params(reply.client, preempt=reply.preempt)
 
     def stop_clients(self) -> None:
-        """Once the run is stopping (budget spent, diverged, failed, interrupted), STOP to every
-        client still in it, computing ones included (they read it between two local steps): a
-        long push must not hold the run open until it arrives."""
+        """Once the run is stopping, STOP to every client still in it, computing ones included."""
         self.stopping = True
         for k in self.live():
             self.send_stop(k)
 
     def keep_alive(self, evaluating: bool = True) -> None:
-        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been held that long:
-        it waits for that reply at most ``backend.timeout_s``, and a sync round or an ssp bound held by a slow
-        (heartbeating) client may last longer; it left the run before. (A short hold gets none: a send waits for
-        the client's next receive, under the lock.) ``evaluating``: the core waits for an evaluation under the lock
-        (version 0's; a push's, backend.eval_in_thread=false): to clients awaiting our HELLO too; the busy count."""
+        """A HEARTBEAT every quarter of ``backend.timeout_s`` to each client whose reply has been held that long
+        (docs/real.md); ``evaluating`` (under the lock): to clients awaiting our HELLO too, and a count of BUSY_KEY."""
         every = self.cfg.backend.timeout_s / 4
         if time.monotonic() - self.kept_alive < every:
             return
         self.kept_alive = time.monotonic()
-        # and joiners, who wait for their answer as long (repro.real.elastic)
         if evaluating and self.acceptor is not None:
             self.acceptor.store.add(BUSY_KEY, 1)
         for k in self.live():
@@ -184,7 +166,6 @@ class Dispatcher:
             if proc.exitcode is not None and k not in self.stopped:
                 self.lose(k, f"process exited with code {proc.exitcode}")
 
-    # -- the loop -------------------------------------------------------------------------------
     def greet(self) -> None:
         with self.lock:
             self.start()
@@ -211,8 +192,7 @@ class Dispatcher:
         mark("server", "serving")
 
     def watch(self) -> bool:
-        """The main thread's round, under the lock: finished evaluations, client processes,
-        heartbeats, silent clients; False once nobody is left to serve."""
+        """The main thread's round, under the lock: evaluations, processes, heartbeats, silence; False: none is left."""
         drained = self.core.drain()
         self.poll_processes()
         self.keep_alive(evaluating=False)
@@ -240,9 +220,8 @@ class Dispatcher:
             self.closed = True   # whatever happened, receivers serve no more pushes
             if self.acceptor is not None:
                 self.acceptor.done.set()
-        # torchrun SIGKILLs rank 0 30 s after its signal: a stop waits backend.client_timeout_s for no
-        # client that answers nothing (stopped, dying), summary unwritten: neither for a receiver whose
-        # reply holds the lock (it serves no more: closed), nor for the greeting's HELLO, nor a STOP
+        # torchrun SIGKILLs rank 0 30 s after its signal: a stop waits for no client that answers nothing
+        # (a receiver's reply holding the lock, the greeting's HELLO, a STOP)
         while not self.lock.acquire(timeout=0.1):
             if self.stop.is_set() and self.held_by_silence():
                 return self.core.final_status(interrupted=True)
@@ -255,11 +234,8 @@ class Dispatcher:
             self.lock.release()
 
     def held_by_silence(self) -> bool:
-        """Whether the lock's holder has waited over STOPPING_S on a client: a send (a reply, a
-        HELLO, a STOP) to any, or a receive from one whose receiver has not started, which only
-        the greeting makes (its HELLO; a started receiver waits without the lock). Such a holder
-        is past the core's begin and touches the core no more once stopped (lose returns), so
-        the ending may write the summary without it."""
+        """Whether the lock's holder has waited over STOPPING_S on a client: a send to any, or the greeting's
+        receive of a HELLO. Such a holder touches the core no more once stopped, so the ending need not wait."""
         for k, ch in list(self.channels.items()):
             receiver = self.receivers.get(k)   # (a joiner's is set just after its channel)
             started = receiver is not None and receiver.is_alive()
@@ -267,7 +243,6 @@ class Dispatcher:
                 return True
         return False
 
-    # -- joins (called by the acceptor thread, see repro.real.elastic) -------------------------
     def admit(self, request: dict) -> int:
         """The id a joiner gets, or :class:`~repro.real.elastic.Refused` saying why not."""
         with self.lock:
@@ -295,9 +270,8 @@ class Dispatcher:
             return k
 
     def add_client(self, k: int, store, prefix: str) -> None:
-        """Connect admitted client ``k`` through its pair group, swap HELLOs, then serve it: it
-        fetches the current version. Only the last step takes the lock, so a joiner that never
-        connects (dropped after ``backend.client_timeout_s``) holds nobody up."""
+        """Connect admitted client ``k`` through its pair group, swap HELLOs, then serve it the current version;
+        only the last step takes the lock, so a joiner that never connects holds nobody up."""
         timeout = self.cfg.backend.client_timeout_s
         try:
             try:
@@ -333,7 +307,6 @@ class Dispatcher:
             with self.lock:
                 self.pending.discard(k)
 
-    # -- called by the receiver threads -------------------------------------------------------
     def on_message(self, k: int, header: Header, update: torch.Tensor) -> bool:
         """A push from client ``k``; False when that client is done (stopped or lost)."""
         with self.lock:
@@ -378,14 +351,12 @@ class Dispatcher:
         if all(r.client != k for r in outcome.replies):
             self.receivers[k].hold()   # its reply waits for the protocol (a round, the slowest)
         self.carry(outcome.replies)
-        if self.closed:   # the run ended while a reply waited: its end checkpoints, not this push
-            return
-        if self.core.settle(now, waiting=self.keep_alive).stopping:
+        # (closed: the run ended while a reply waited, and its end checkpoints, not this push)
+        if not self.closed and self.core.settle(now, waiting=self.keep_alive).stopping:
             self.stop_clients()
 
     def join_receivers(self, timeout_s: float) -> None:
-        """Wait for the receiver threads (each ends when its client leaves or its bounded wait
-        expires), so that the process groups are destroyed under none of them."""
+        """Wait for the receiver threads, so that the process groups are destroyed under none of them."""
         deadline = time.monotonic() + timeout_s
         for receiver in self.receivers.values():
             if receiver.is_alive():   # (one never started cannot be joined)
