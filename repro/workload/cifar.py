@@ -1,10 +1,6 @@
-"""The CIFAR-10 python batches, read safely: the official files are pickles, and a pickle can run
-code, so :func:`read_batch` rebuilds only dicts, lists, numbers, bytes and plain numpy arrays
-(any other global is refused before it is looked up) and checks what it rebuilt: uint8 images
-of 3x32x32, labels 0..9. :func:`find_folder` finds the batches under ``data.root`` (or the extracted
-archive's folder below it) and :func:`check_source` checks they are there before any work.
-Every fault is a :class:`~repro.errors.DataError` on ``data.root`` saying what exactly is
-wrong. :mod:`repro.workload.data` registers the data set ``cifar10`` on these.
+"""The CIFAR-10 python batches, read safely: a pickle can run code, so :func:`read_batch` rebuilds
+only dicts, lists, numbers, bytes and plain numpy arrays, and checks them (uint8 3x32x32 images,
+labels 0..9). Every fault is a :class:`~repro.errors.DataError` on ``data.root`` saying what is wrong.
 """
 from __future__ import annotations
 
@@ -45,8 +41,7 @@ _SAFE_GLOBALS = {
 
 
 class _BatchUnpickler(pickle.Unpickler):
-    """Refuses any global but :data:`_SAFE_GLOBALS` (``os.system``, ``builtins.eval``, ...)
-    before it is looked up, so a crafted file cannot run code."""
+    """Refuses any global but :data:`_SAFE_GLOBALS` before it is looked up."""
 
     def find_class(self, module, name):
         if (module, name) not in _SAFE_GLOBALS:
@@ -55,7 +50,6 @@ class _BatchUnpickler(pickle.Unpickler):
 
 
 def _error(root, detail: str) -> DataError:
-    """DataError on data.root whose message starts with what exactly was wrong."""
     err = DataError("data.root", root, CIFAR10_EXPECTED)
     err.args = (f"{detail}. {err.args[0]}",)
     return err

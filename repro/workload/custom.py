@@ -1,13 +1,7 @@
-"""A user's own problem, for :func:`repro.api.simulate`: the objects it is handed (a module, two
-(inputs, labels) pairs of numpy arrays or torch tensors, a loss function) checked, and turned
-into the :class:`~repro.workload.build.Problem` the simulator trains (a classification problem:
-float32 inputs, int64 labels, C = one more than the largest label). Every fault is a
-:class:`~repro.errors.ConfigError` naming the argument, the value and what would be valid,
-before any training (a label the module has no output for, a non-finite input, ragged or empty
-sets, a batch larger than the training set, a module or loss_fn that fails on the inputs); no
-fault surfaces later as an index error or a loss of nan that the run would blame on the
-learning rate. Also the names config.json records of the problem (:func:`names`: digests, so
-a run folder of other data or weights is never taken for this problem's).
+"""A user's own problem for :func:`repro.api.simulate` (docs/api.md): its module, data and loss_fn
+checked and made the :class:`~repro.workload.build.Problem` the simulator trains. Every fault is a
+:class:`~repro.errors.ConfigError` naming the argument before any training, never an index error
+or a nan loss the run would blame on the learning rate.
 """
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or tor
 
 def custom_problem(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike],
                    loss_fn, batch_size: int, device: torch.device) -> Problem:
-    """The problem of ``module`` (copied: the caller's is never trained) on ``train`` and
-    ``test``, its current weights the initial ones, on ``device``."""
+    """The problem of a copy of ``module`` (its current weights the initial ones) on ``device``."""
     ds = _dataset(train, test, device)
     check_batch_size(batch_size, ds.num_train, key="batch_size")
     net = FlatNet(copy.deepcopy(module).to(device), loss_fn)
@@ -69,9 +62,8 @@ def check_objects(module, train, test, loss_fn, run_dir) -> Path | None:
 
 
 def check_trainable(module: nn.Module, weight_decay: float) -> None:
-    """Frozen parameters (``requires_grad=False``) the clients can honour: not every one (else
-    backward() fails in training), and none under weight decay, which acts on the whole flat
-    parameter vector (torch.optim.SGD skips them: here they would shrink every step)."""
+    """Frozen parameters the clients can honour: not every one (else backward() fails), and none
+    under weight decay, which acts on the whole flat vector (torch.optim.SGD skips them)."""
     frozen = [not p.requires_grad for p in module.parameters()]
     if frozen and all(frozen):
         raise ConfigError("module", f"a {type(module).__name__} with every parameter frozen",
@@ -82,10 +74,8 @@ def check_trainable(module: nn.Module, weight_decay: float) -> None:
 
 
 def names(problem: Problem, module: nn.Module, loss_fn) -> tuple[str, str]:
-    """config.json's data.name and model.name for a user's problem: ``custom:<digest of both
-    sets>`` and ``custom:<class>@<digest of the initial weights and the loss's name>``. Both are
-    training-shaping keys, so a run_dir holding a run of other data or weights is refused, never
-    returned as this one's (the settings alone cannot tell them apart)."""
+    """config.json's data.name and model.name for a user's problem (docs/api.md): training-shaping,
+    so a run_dir holding a run of other data or weights is refused, never returned as this one's."""
     ds = problem.dataset
     loss = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
     return (f"custom:{_digest(ds.x_train, ds.y_train, ds.x_test, ds.y_test)}",
@@ -134,9 +124,8 @@ def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
 
 
 def _check_fit(net: FlatNet, ds: Dataset) -> None:
-    """A minibatch through the module and loss_fn: the module must take the inputs, every label
-    must be one of its outputs (a (N, K) output: classes 0..K-1) and loss_fn must give one
-    number; else the first evaluation fails deep inside training."""
+    """A minibatch through the module and loss_fn: it takes the inputs, every label is one of its
+    outputs ((N, K): classes 0..K-1), loss_fn gives one number."""
     x, y = ds.x_train[:2], ds.y_train[:2]   # two: a per-sample loss (reduction="none") shows
     with torch.no_grad():
         out = _call("module", net.module, f"a module that takes inputs of shape {tuple(x.shape)}", x)

@@ -1,9 +1,4 @@
-"""Networks the clients train, and the flat-parameter view the parameter server exchanges.
-
-This module owns the models users name with ``model=...`` (``mlp``, ``digits_cnn``,
-``mnist1d_cnn``, ``cifar_18pct``), the check that a model accepts a data set's input shape
-(before any process starts). :class:`repro.asgd.flatnet.FlatModule` lays a model's parameters out in
-one vector for the parameter server.
+"""The networks users name with ``model=...`` and the check that one accepts a data set's inputs.
 
 No model has buffers (no BatchNorm) or dropout: the server synchronises parameters only, and
 training is deterministic given ``torch.manual_seed`` (callers seed before :func:`build_model`).
@@ -24,8 +19,8 @@ from repro.runtime import memory_bytes
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered network: its builder and the inputs it is made for (checked before any
-    work, so a model that merely *runs* on other inputs is not trained on them by mistake)."""
+    """A registered network: its builder and the inputs it is made for (a model that merely *runs*
+    on other inputs is not trained on them by mistake)."""
 
     build: Callable[[tuple, int], nn.Module]
     expects: str                                  # for messages, e.g. "(channels, 8, 8) images"
@@ -78,10 +73,8 @@ def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
 
 
 class ChannelLRN(nn.Module):
-    """Local response normalisation across channels, ``torch.nn.LocalResponseNorm``'s formula
-    ``b_c = a_c (k + alpha/n sum_{c' in window(c)} a_c'^2)^-beta``, computed with pads and adds
-    only. torch's own runs the window sum through ``avg_pool3d``, whose CUDA backward has no
-    deterministic kernel, so a simulator on a GPU could not be bit-for-bit reproducible with it."""
+    """``torch.nn.LocalResponseNorm``'s formula with pads and adds only: torch's own sums the window
+    with ``avg_pool3d``, whose CUDA backward has no deterministic kernel (no bit-for-bit GPU runs)."""
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
         super().__init__()
@@ -100,11 +93,8 @@ class ChannelLRN(nn.Module):
 @MODELS.register("cifar_18pct", expects="(3, 32, 32) colour images",
                  accepts=lambda shape: tuple(shape) == (3, 32, 32))
 def _cifar_18pct(input_shape, num_classes) -> nn.Module:
-    """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky): ~18% test error on CIFAR-10 without
-    data augmentation. The net of the paper's era: conv5x5(32) → max-pool 3/2 → ReLU → LRN →
-    conv5x5(32) ReLU → avg-pool 3/2 → LRN → conv5x5(64) ReLU → avg-pool 3/2 → fc(classes).
-    Pools use ``ceil_mode`` like cuda-convnet, so 32 → 16 → 8 → 4.
-    """
+    """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky), the net of the paper's era; pools use
+    ``ceil_mode`` like cuda-convnet, so 32 → 16 → 8 → 4."""
     if len(input_shape) != 3:
         raise ValueError(f"cifar_18pct takes images (channels, height, width), not {tuple(input_shape)}")
     body = nn.Sequential(
@@ -127,12 +117,10 @@ def _quadratic(input_shape, num_classes) -> nn.Module:
     return nn.Linear(int(input_shape[0]), num_classes, bias=False)
 
 
-
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """A fresh model; its initialisation draws from torch's global RNG (seed it first).
-    ConfigError for an unknown name, a sample shape the model is not made for, ``num_classes``
-    not an integer >= 1 (the API exposes this: a 0 built a net without outputs, a 2.7 one of 2),
-    or parameters larger than this machine's memory, naming the argument that makes them so."""
+    """A fresh model, initialised from torch's global RNG (seed it first). ConfigError for an
+    unknown name, a shape it is not made for, ``num_classes`` not an integer >= 1, or parameters
+    larger than this machine's memory, naming the argument that makes them so."""
     spec = MODELS[name]
     shape = tuple(int(d) for d in numbers("input_shape", input_shape, "a sample's sizes, integers >= 1",
                                           lambda d: d >= 1, integer=True).reshape(-1))
@@ -149,9 +137,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
 
 
 def _parameter_bytes(spec: ModelSpec, shape: tuple, classes: int) -> float:
-    """The bytes of the parameters of ``spec``'s model, sized on the meta device (nothing is
-    allocated, no RNG drawn); inf past int64; 0 where the meta device fails otherwise (a pool's
-    "Invalid computed output size", an op it lacks): the real build's to raise, or to build."""
+    """The bytes of ``spec``'s model's parameters, sized on the meta device (no allocation, no RNG);
+    inf past int64; 0 where the meta device fails otherwise (the real build raises, or builds)."""
     try:
         with torch.device("meta"):
             return sum(p.numel() * p.element_size() for p in spec.build(shape, classes).parameters())

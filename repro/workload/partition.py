@@ -1,15 +1,9 @@
-"""Clients with their own data: which training samples each client holds (``data.partition``;
-the schemes in docs/configuration.md).
-
-A pure function of the labels, the settings and ``seed``, so client ``k`` holds the same samples
-in the simulator and in every real client process. ``iid`` splits nothing; ``shards`` cuts a
-seeded permutation into equal parts; ``by_class`` deals class ``j`` to client ``j mod N + 1``
-(more clients than classes: those holding one class share its samples equally); ``dirichlet``
-is Hsu, Qi & Brown (2019), "Measuring the effects of non-identical data distribution for
-federated visual classification", drawn again (at most :data:`DIRICHLET_TRIES` times) while a
-client holds less than a minibatch. ``data.slow_client_classes`` gives those classes to the slow
-client alone (:func:`repro.config.settings.slow_client`) and splits the rest over the others.
-A client left with less than one minibatch is a :class:`~repro.errors.ConfigError`.
+"""Which training samples each client holds (``data.partition``, ``data.slow_client_classes``; the
+schemes in docs/configuration.md): a pure function of the labels, the settings and ``seed``, so
+client ``k`` holds the same samples in both drivers. ``by_class`` with more clients than classes
+shares a class equally among its holders; ``dirichlet`` is drawn again while a client holds less
+than a minibatch (Hsu, Qi & Brown 2019, "Measuring the effects of non-identical data distribution
+for federated visual classification").
 """
 from __future__ import annotations
 
@@ -79,8 +73,7 @@ def _by_class(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Genera
 
 def _dirichlet(idx: np.ndarray, labels: np.ndarray, n: int, alpha: float, rng: np.random.Generator,
                min_size: int) -> list[np.ndarray]:
-    """Hsu et al. (2019): for each class, proportions q ~ Dir(alpha 1_n) over the clients, and
-    the class's samples (shuffled) cut at the cumulative proportions."""
+    """Hsu et al. (2019): each class's shuffled samples cut at the cumulative q ~ Dir(alpha 1_n)."""
     classes = np.unique(labels[idx])
     for _ in range(DIRICHLET_TRIES):
         parts: list[list[np.ndarray]] = [[] for _ in range(n)]
