@@ -1,19 +1,6 @@
 """The run core: a run's bookkeeping, written once for both drivers (docs/architecture.md, "The seam").
-
-A driver decides only *which* push comes next and *when*, and carries the replies; the core does
-the rest with the same rules for both. **The seam**: the driver hands the core what it needs in
-:meth:`RunCore.begin`, then pushes; each call that can end the run (begin, on_push, settle, lose,
-drain) returns an :class:`Outcome` (the replies to carry, whether the run is stopping: the one
-way a driver learns that); the driver hands over what it measured (:meth:`RunCore.record_timing`)
-and the core writes every table. **A push, one pass** (:meth:`RunCore.on_push`): the divergence
-check, the protocol's decision (:mod:`repro.asgd.protocols`), the server's apply, one
-``updates.csv`` row, the replies. **Cadence** (:meth:`RunCore.settle`): evaluations, checkpoints,
-progress. **Divergence**: one rule, :mod:`repro.runs.evaluations`. **The budget**:
-``num_epochs`` of applied samples (:func:`repro.config.checks.check_segment`). **No loop without
-progress**: a protocol that keeps every live client waiting, or applies nothing for
-``STALL_PUSHES`` pushes per live client, fails the run. **The ending** (:meth:`RunCore.finish`):
-status, final evaluation and checkpoint, summary; :func:`repro.runs.folder.run_folder` makes sure
-every ending has one.
+A driver decides only *which* push comes next and *when*, and carries the replies; the core checks,
+applies and logs each push, keeps the evaluation and checkpoint cadence, and ends the run.
 """
 from __future__ import annotations
 
@@ -44,9 +31,8 @@ STALL_PUSHES = 100   # pushes per live client without an apply: the protocol mak
 
 @dataclass(frozen=True)
 class Reply:
-    """What the driver carries back to a client: the server's parameters, or STOP.
-    ``preempt``: the client is still computing a segment the protocol dropped (a sync round's
-    backup worker); the parameters reach it now and it starts over from them."""
+    """What the driver carries back to a client: the server's parameters, or STOP. ``preempt``: the
+    client still computes a segment the protocol dropped (a backup worker); it starts over from them."""
 
     client: int
     stop: bool = False
@@ -55,11 +41,9 @@ class Reply:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now, whether the
-    server's version moved (``applied``: this push, or a merge it completed) and whether the push was dropped on
-    arrival (``discarded``: by the protocol, or refused as diverging; the server only replies); :meth:`RunCore.lose`
-    the replies a lost client's barrier owed. ``stopping``, from each of them and from :meth:`RunCore.begin`,
-    ``settle`` and ``drain``: the run is ending, no more pushes are applied (the driver stops its clients)."""
+    """What the core did: the ``replies`` the driver carries now, whether the server's version moved
+    (``applied``), whether the push was dropped on arrival (``discarded``: by the protocol, or as
+    diverging), and whether the run is ending (``stopping``: the driver stops its clients)."""
 
     replies: tuple[Reply, ...] = ()
     applied: bool = False
@@ -118,15 +102,11 @@ class RunCore:
     def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
               fetching: bool = True, driver_state: Callable[[], dict] | None = None,
               params_home: torch.Tensor | None = None, waiting: Callable[[], None] | None = None) -> Outcome:
-        """Start serving ``clients``: the protocol, and version 0 evaluated and waited for before any push
-        (the reference for divergence, every curve's first point; ``waiting`` is called meanwhile: the real
-        server heartbeats the clients awaiting its HELLO). ``fetching``: each client holds the server's
-        parameters now; False for a resumed simulation, whose clients hold what they fetched before the
-        checkpoint, as the rule's record of those fetches (DC-ASGD's backups) does, restored with the server.
-        ``driver_state``: what the driver adds to each checkpoint (its clients, its schedule); ``params_home``:
-        a tensor the server keeps its parameters in from now on (the real driver's reply frame: a reply then
-        copies nothing). A held push whose type cannot be rebuilt (a Push subclass that is not importable)
-        is a ConfigError naming the run folder."""
+        """Start serving ``clients``: the protocol, and version 0 evaluated before any push (``waiting``
+        is called meanwhile). ``fetching``: each client holds the server's parameters now (False for a
+        resumed simulation, whose clients hold what they fetched before the checkpoint). ``driver_state``:
+        what the driver adds to each checkpoint; ``params_home``: a tensor the server keeps its
+        parameters in from now on (the real driver's reply frame)."""
         self.state.driver_state = driver_state or self.state.driver_state
         if params_home is not None:
             self.server.keep_in(params_home)
@@ -177,9 +157,8 @@ class RunCore:
         self.state.stopping = True
 
     def on_push(self, push: Push, time_s: float) -> Outcome:
-        """One push, one pass: check it, ask the protocol, apply what it says, and say who gets
-        what back: the pushing client, and any client the decision released. Nothing is applied
-        once the run is stopping. The driver carries the replies, then calls :meth:`settle`."""
+        """One push, one pass: check it, ask the protocol, apply what it says, and say who gets what
+        back. Nothing is applied once the run is stopping. The driver then calls :meth:`settle`."""
         if self.state.stopping:
             return Outcome((Reply(push.client, stop=True),), stopping=True)
         version, decision, mine = self.server.version, Decision(), [int(push.read_version), int(push.client)]
@@ -196,8 +175,7 @@ class RunCore:
                        discarded=bool(why) or any([int(v), int(k)] == mine for v, k in decision.discarded))
 
     def record_timing(self, time_s: float, client: int, read_version: int, **parts: float) -> None:
-        """Where one push's round trip went (timings.csv's parts, measured by the driver, or
-        from its clock); after :meth:`on_push`, so the row has the version of its updates row."""
+        """One push's timings.csv row, after :meth:`on_push` (so it has the version of its updates row)."""
         self.runlog.log_timing(time_s=time_s, client=client, read_version=read_version, **parts)
 
     def view(self) -> View:
@@ -224,8 +202,8 @@ class RunCore:
         return applied
 
     def _check_progress(self) -> None:
-        """A protocol that holds every live client, or applies nothing push after push, would
-        leave a driver's loop turning (or waiting) for good: the run fails instead, saying so."""
+        """A protocol that holds every live client, or applies nothing push after push, fails the run
+        (else a driver's loop would turn, or wait, for good)."""
         if self.state.stopping or not self.live:
             return
         name = self.cfg.protocol.name
@@ -254,8 +232,8 @@ class RunCore:
 
     def settle(self, time_s: float, evaluated: Callable[[float], None] = lambda t: None,
                waiting: Callable[[], None] | None = None) -> Outcome:
-        """After the replies went out: evaluation and checkpoint cadence, progress. ``evaluated(time_s)``: an
-        evaluation row was written now, before this version's checkpoint; ``waiting``: as :meth:`begin`'s."""
+        """After the replies went out: evaluation and checkpoint cadence, progress. ``evaluated(time_s)``:
+        an evaluation row was written now, before this version's checkpoint."""
         evals = self.runlog.last_eval_version
         self.drain()
         if self.evals.due() and not self.state.diverged:
@@ -271,8 +249,7 @@ class RunCore:
         return Outcome(stopping=self.state.stopping)
 
     def drain(self) -> Outcome:
-        """Write the rows of finished evaluations (one may find the run diverged; one that failed
-        fails it); the driver that evaluates in a thread asks between pushes."""
+        """Write the rows of finished evaluations (one may find the run diverged; one that failed fails it)."""
         for why in self.evals.drain():
             self.diverge(why)
         return Outcome(stopping=self.state.stopping)
@@ -294,9 +271,8 @@ class RunCore:
             log.info(f"diverged: {why}")
 
     def lose(self, client: int, reason: str, time_s: float = 0.0, applied_at: float | None = None) -> Outcome:
-        """A client is gone; the run goes on with the rest. The Outcome's replies are owed to
-        clients the lost one held back (a barrier it no longer blocks). ``applied_at``: when a
-        round the loss closes is applied (the simulator's server may be busy past ``time_s``)."""
+        """A client is gone; the run goes on with the rest. The replies are owed to clients the lost
+        one held back. ``applied_at``: when a round the loss closes is applied (default ``time_s``)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
             self.runlog.add_event("client_lost", client=client, reason=reason, lost_time_s=round(time_s, 6))
@@ -311,8 +287,8 @@ class RunCore:
         return Outcome(tuple(replies), stopping=self.state.stopping)
 
     def join(self, client: int, time_s: float = 0.0) -> bool:
-        """A client joined the running run (the real driver), fetching the current version now (its staleness counts
-        from here); True: a lost client back (``client_rejoined``, degrading no more), else ``client_joined``."""
+        """A client joined the running run, fetching the current version now; True: a lost client back
+        (``client_rejoined``), else ``client_joined``."""
         rejoin = self.runlog.lost_clients.pop(str(client), None) is not None
         self.runlog.add_event("client_rejoined" if rejoin else "client_joined", client=client,
                               joined_time_s=round(time_s, 6))
@@ -332,8 +308,8 @@ class RunCore:
 
     # -- the end --------------------------------------------------------------------------------
     def final_status(self, interrupted: bool, away: frozenset[int] = frozenset()) -> tuple[str, str]:
-        """The status of a run whose loop has ended, and its message. ``away``: lost clients due
-        back (the simulator's churn), not lost for good, so they degrade nothing."""
+        """The status of a run whose loop has ended, and its message. ``away``: lost clients due back
+        (the simulator's churn), which degrade nothing."""
         self.state.away = away   # nor does the summary name them (lost_clients)
         if self.state.error:
             return "failed", self.state.error
@@ -353,10 +329,9 @@ class RunCore:
         return "completed", ""
 
     def finish(self, status: str, message: str = "", clean: bool = True, **extra) -> dict:
-        """End the run: final evaluation (completed runs), final checkpoint of a clean state
-        (``clean``: no push half-served), terminal summary, files closed. Idempotent. An evaluation
-        still running in its thread, or the final one, that evaluates no batch for ``backend.timeout_s``
-        (5 s when not clean) ends the run ``failed`` (or ``interrupted``) without its row."""
+        """End the run: final evaluation (completed runs), final checkpoint of a clean state (``clean``:
+        no push half-served), terminal summary, files closed. Idempotent. An evaluation that evaluates
+        no batch for ``backend.timeout_s`` (5 s when not clean) ends it ``failed`` (or ``interrupted``)."""
         if self.finished is not None:
             return self.finished
         limit, key = (self.cfg.backend.timeout_s, " (backend.timeout_s)") if clean else (5.0, "")

@@ -1,9 +1,5 @@
-"""The server's logbook: the only writer of a run folder's tables and summary.
-
-Both drivers hand every applied push and every evaluation to a :class:`RunLog`; it owns the
-fixed-schema CSV writers (:mod:`repro.files.schema`), the cumulative sample count, the evaluation
-schedule (every ``eval_every`` epochs of applied samples, so curves for different client counts
-share an axis), time-to-target bookkeeping, events, and the atomic ``summary.json``.
+"""The server's logbook: the only writer of a run folder's tables and summary, with the sample count,
+the evaluation schedule (every ``eval_every`` epochs of applied samples), time to target and events.
 """
 from __future__ import annotations
 
@@ -26,8 +22,8 @@ _log = get_logger("repro.progress")
 
 
 def worse_than_start(evals_path: Path) -> str:
-    """A sentence when a run's last evaluation has a higher test loss than its first (it ran its
-    budget, but did not train: a completed status alone would hide that), else ""."""
+    """A sentence when a run's last evaluation has a higher test loss than its first (a completed
+    status alone would hide that it did not train), else ""."""
     import csv
 
     try:
@@ -45,18 +41,15 @@ def worse_than_start(evals_path: Path) -> str:
 
 
 def diverged_advice(lr: float, num_clients: int) -> str:
-    """What to change when a run diverges: staleness shrinks the largest stable step, and
-    staleness grows with the clients (TEACHING.md, step 2)."""
+    """What to change when a run diverges (TEACHING.md, step 2)."""
     return (f"try a smaller algo.lr (now {lr:g}"
             + (f"; at {num_clients} clients staleness shrinks the step that stays stable)"
                if num_clients > 1 else ")"))
 
 
 def recorded_config(config: dict, measured: dict, run_dir: Path, environment: dict, trained: dict) -> dict:
-    """What ``config.json`` records: the resolved ``config`` with what the run ``measured``
-    (dotted keys, e.g. a calibrated ``cost.compute_s``), the ``environment`` bit-for-bit identity
-    depends on, what is ``trained`` (the analysis reads it here) and, for a folder name too long
-    for the file system, the overrides it stands for."""
+    """What ``config.json`` records: the resolved ``config`` with what the run ``measured`` (dotted
+    keys), the ``environment``, what is ``trained`` and, for a shortened folder name, its overrides."""
     recorded = dict(config)
     for key, value in measured.items():
         section, _, leaf = key.rpartition(".")
@@ -135,9 +128,7 @@ class RunLog:
 
     # -- rows ---------------------------------------------------------------------------------
     def log_push(self, *, version: int, time_s: float, staleness: int, **pushed: Any) -> None:
-        """One applied push's row. ``pushed``: the push's own fields that updates.csv has a
-        column for (:data:`repro.files.schema.UPDATE_COLUMNS`; the run core passes them), the
-        rest is the log's."""
+        """One applied push's row; ``pushed``: the push's own fields that updates.csv has a column for."""
         samples = self.samples_seen + pushed["num_samples"]
         self.updates.write({   # the row first: a failed write (a full disk) changes no total
             "version": version, "time_s": time_s, "clock": self.clock, "staleness": staleness,
@@ -145,9 +136,7 @@ class RunLog:
         self.samples_seen, self.version, self.time_s = samples, version, time_s
 
     def log_timing(self, *, time_s: float, client: int, read_version: int, **parts: float) -> None:
-        """Where one push's round trip went (``timings.csv``: ``parts`` are its seconds columns);
-        written by the driver after the core handled the push, so ``version`` is that of its
-        updates.csv row when it was applied."""
+        """Where one push's round trip went (``parts``: timings.csv's seconds columns)."""
         self.timings.write({"version": self.version, "time_s": time_s, "clock": self.clock, "client": client,
                             "read_version": read_version, **{k: float(v) for k, v in parts.items()}})
         self.timing_rows += 1
@@ -158,8 +147,7 @@ class RunLog:
 
     def log_eval(self, *, version: int, time_s: float, samples_seen: int | None = None,
                  test_loss: float, test_error: float, train_loss: float, train_error: float) -> None:
-        """Record an evaluation of the parameters at ``version`` (``samples_seen`` defaults to now;
-        an evaluator thread passes the count at its snapshot)."""
+        """Record an evaluation of the parameters at ``version`` (``samples_seen``: at its snapshot)."""
         samples = self.samples_seen if samples_seen is None else samples_seen
         while self.next_eval <= samples:
             self.next_eval += self.eval_every_samples
