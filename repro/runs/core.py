@@ -98,7 +98,6 @@ class RunCore:
         self._unapplied = 0                       # pushes since the last apply
         self._checkpointed = self.server.version   # the version of the last periodic checkpoint
 
-    # -- the start ------------------------------------------------------------------------------
     def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
               fetching: bool = True, driver_state: Callable[[], dict] | None = None,
               params_home: torch.Tensor | None = None, waiting: Callable[[], None] | None = None) -> Outcome:
@@ -131,7 +130,6 @@ class RunCore:
         self.state.stopping |= self.runlog.samples_seen >= self.budget
         return Outcome(stopping=self.state.stopping)
 
-    # -- a push ---------------------------------------------------------------------------------
     @property
     def error(self) -> str:
         """Why the run failed (:meth:`fail`), or ""."""
@@ -298,7 +296,6 @@ class RunCore:
         self.server.fetched(client)
         return rejoin
 
-    # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         state = {"kind": self.runlog.backend, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
@@ -306,7 +303,6 @@ class RunCore:
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
-    # -- the end --------------------------------------------------------------------------------
     def final_status(self, interrupted: bool, away: frozenset[int] = frozenset()) -> tuple[str, str]:
         """The status of a run whose loop has ended, and its message. ``away``: lost clients due back
         (the simulator's churn), which degrade nothing."""
@@ -322,8 +318,7 @@ class RunCore:
             return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} "
                               f"of {self.cfg.num_epochs:g}; lost: {lost}); see the client_lost events")
         gone = sorted(self.lost_clients - away)
-        # the clients there at the end, not the joins ever made: a joiner may have taken a lost
-        # client's place (not degraded), but a real resume restarts clients 1..N, not joiners
+        # the clients there at the end: a joiner may take a lost client's place; a real resume restarts only 1..N
         if gone and len(self.live | away) < self.cfg.num_clients:
             return "completed_degraded", f"clients {gone} were lost; the others finished the budget"
         return "completed", ""

@@ -93,8 +93,7 @@ class Evaluations:
         if not self.in_thread:
             self._evaluate(req)
             return
-        # in a thread even so: a hung one must not hold the server for good; an ``inline`` one
-        # the caller waits for itself (:meth:`join`), as long as the run's end would
+        # in a thread even so: a hung one must not hold the server; the caller joins an ``inline`` one
         self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
         self.progressed()
         self._thread.start()

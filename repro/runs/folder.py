@@ -26,9 +26,8 @@ from repro.runtime import StopRequest, torchrun_env
 
 log = get_logger("repro.runs.folder")
 
-# Hydra writes a job's record before our code runs, into a folder of this process's own
-# (hydra.output_subdir); it becomes the folder's .hydra/ only once this run has the folder (a
-# refused or skipped run must not overwrite the record of the run the folder holds).
+# Hydra's record of a job goes to a folder of this process's own (hydra.output_subdir) and becomes
+# the folder's .hydra/ once this run has the folder: a refused or skipped run keeps the folder's record
 HYDRA_RECORD, INCOMING_RECORD = ".hydra", ".hydra_incoming_{pid}"
 
 RUN_FILES = (schema.CONFIG_FILE, schema.UPDATES_FILE, schema.EVALS_FILE, schema.SUMMARY_FILE,
@@ -151,8 +150,7 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     if status == "running":
         what = "a killed run (" + ("its summary still says running)" if summary else "it has no readable summary.json)")
     has_checkpoint = (run_dir / schema.CHECKPOINT_FILE).exists()
-    # a killed run's rows reach updates.csv at its checkpoints (or a buffer's worth): with none, how
-    # far it got is not known (its summary's version is the start's)
+    # a killed run's rows reach updates.csv at its checkpoints: with none, how far it got is unknown
     at = (f"at version {version}" if version or has_checkpoint or status != "running"
           else "before its first checkpoint")
     if not cfg.resume:   # killed before its first checkpoint: resume=true would refuse it too
@@ -326,8 +324,7 @@ def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
         if core is not None and core.finished is None:
             core.finish(status, why + resume_hint(core.run_dir), clean=False)
         elif core is None and early and run.decision.action == "fresh":
-            # ended before its core existed (building the data, the network, the warm start):
-            # a terminal summary says so, not an empty folder that looks like a point never started
+            # ended before its core existed: say so, not an empty folder that looks never started
             write_json(Path(run.run_dir) / schema.SUMMARY_FILE, {**run.summary, "status": status, "message":
                        why + "nothing was trained; resume=auto (or force=true) starts it again"})
     except Exception as exc:   # the summary could not be written either: say so on stderr (run.log, opened at
@@ -335,8 +332,7 @@ def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
             log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
-# A grid point's way on: resume=true would refuse every point that never started (nothing to
-# continue) and stop the grid there; resume=auto continues what can be and starts the rest.
+# resume=true would refuse every grid point that never started (nothing to continue), stopping the grid
 GRID_HOW = ("it is a grid point: the grid's command with resume=auto continues every interrupted point "
             "from its checkpoint, and starts the points that have none or never ran (resume=true would "
             "refuse those); force=true starts the points over")

@@ -43,8 +43,7 @@ def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunC
         kept, dropped = schema.check_table(run_dir / name, columns, upto,
                                            contiguous=name == schema.UPDATES_FILE)
         cut(run_dir / name, kept, dropped, f"after version {upto}")
-    # timings.csv has a row per handled push (versions repeat): the rows the checkpoint counted (an
-    # older checkpoint counted none: the rows up to its version); the resumed run counts on from them
+    # timings.csv: a row per handled push (versions repeat), up to the rows the checkpoint counted (older: none)
     rows = runlog.get("timing_rows")
     kept, dropped = schema.check_handled(run_dir / schema.TIMINGS_FILE, schema.TIMING_COLUMNS, version,
                                          None if rows is None else int(rows))

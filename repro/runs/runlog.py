@@ -126,7 +126,6 @@ class RunLog:
         self.updates, self.evals, self.timings = self.tables
         self.write_summary("running")
 
-    # -- rows ---------------------------------------------------------------------------------
     def log_push(self, *, version: int, time_s: float, staleness: int, **pushed: Any) -> None:
         """One applied push's row; ``pushed``: the push's own fields that updates.csv has a column for."""
         samples = self.samples_seen + pushed["num_samples"]
@@ -165,7 +164,6 @@ class RunLog:
     def add_event(self, kind: str, **fields: Any) -> None:
         self.events.append({"type": kind, "time_s": self.time_s, "version": self.version, **fields})
 
-    # -- summary ------------------------------------------------------------------------------
     def wall_time_s(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
 
@@ -198,7 +196,6 @@ class RunLog:
                 writer.close()
         self._reserve.unlink(missing_ok=True)
 
-    # -- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         self.flush()
         return {"samples_seen": self.samples_seen, "next_eval": self.next_eval, "version": self.version,

@@ -25,8 +25,7 @@ TRAIN_SUBSET = 1000  # training-error evaluations use this many fixed training s
 def check_components(cfg: RunConfig) -> None:
     """The data set's files, a model made for its inputs, a minibatch no larger than its training
     set: checked from the data set's declaration (nothing loaded), once per process for each choice."""
-    _check_components(cfg.data.name, cfg.data.root, cfg.data.num_train, cfg.model.name,
-                      cfg.algo.batch_size)
+    _check_components(cfg.data.name, cfg.data.root, cfg.data.num_train, cfg.model.name, cfg.algo.batch_size)
     check_partition(cfg)
 
 
@@ -64,8 +63,7 @@ def _check_components(data: str, root, num_train, model: str, batch_size: int) -
 
 def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
     """The configured data set on ``device``."""
-    ds = load_dataset(cfg.data.name, root=cfg.data.root, num_train=cfg.data.num_train,
-                      num_test=cfg.data.num_test)
+    ds = load_dataset(cfg.data.name, root=cfg.data.root, num_train=cfg.data.num_train, num_test=cfg.data.num_test)
     counts = class_counts(cfg, ds.y_train.numpy(), ds.num_classes)
     if counts is not None:   # the run folder records what each client holds (repro.analysis draws it)
         ds = dataclasses.replace(ds, facts={**ds.facts, "client_class_counts": counts})
@@ -75,8 +73,7 @@ def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
 def build_net(cfg: RunConfig, ds: Dataset, device: torch.device | str = "cpu") -> FlatNet:
     """The network with parameters initialised from ``seed`` (identical in every process)."""
     torch.manual_seed(cfg.seed)
-    module = build_model(cfg.model.name, ds.input_shape, ds.num_classes).to(device)
-    return FlatNet(module, LOSSES[ds.task])
+    return FlatNet(build_model(cfg.model.name, ds.input_shape, ds.num_classes).to(device), LOSSES[ds.task])
 
 
 def make_server_rule(cfg: RunConfig) -> ServerRule:

@@ -34,8 +34,7 @@ _SAFE_GLOBALS = {
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
-    # Python 3 pickles bytes at protocol 2 as _codecs.encode(str, 'latin1'); the wrapper above
-    # accepts only that, so re-pickled batches load too.
+    # Python 3 pickles bytes at protocol 2 as _codecs.encode(str, 'latin1'): re-pickled batches load too
     ("_codecs", "encode"): _latin1_encode,
 }
 

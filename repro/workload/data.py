@@ -74,10 +74,8 @@ def load_dataset(name: str, *, root: str | None = None,
                  num_train: int | None = None, num_test: int | None = None) -> Dataset:
     """Data set ``name``: the first ``num_train``/``num_test`` samples of its fixed split (how many
     are generated, for ``synthetic`` and ``mnist1d``); ``root``: its files or cache."""
-    spec = DATASETS[name]
-    num_train = _check_count("data.num_train", num_train)
-    num_test = _check_count("data.num_test", num_test)
-    return spec.load(root, num_train, num_test)
+    return DATASETS[name].load(root, _check_count("data.num_train", num_train),
+                               _check_count("data.num_test", num_test))
 
 
 def check_batch_size(batch_size, num_train: int, key: str = "algo.batch_size") -> None:
@@ -109,15 +107,12 @@ def _finish(name: str, train: tuple, test: tuple, num_train: int | None, num_tes
     statistics only (``channel_dims``: the dims reduced per channel; None: one scalar mean/std).
     In float32, in place: CIFAR-10's training set is 600 MB as float32, twice that as float64."""
     import torch
-
     x_train, y_train = _take("data.num_train", *train, num_train)
     x_test, y_test = _take("data.num_test", *test, num_test)
-    x_train = torch.tensor(x_train, dtype=torch.float32)  # always a copy: safe to modify in place
-    x_test = torch.tensor(x_test, dtype=torch.float32)
-    if channel_dims is None:
-        std, mean = torch.std_mean(x_train, correction=0)
-    else:
-        std, mean = torch.std_mean(x_train, dim=channel_dims, correction=0, keepdim=True)
+    # torch.tensor always copies: safe to modify in place
+    x_train, x_test = (torch.tensor(x, dtype=torch.float32) for x in (x_train, x_test))
+    per_channel = {} if channel_dims is None else {"dim": channel_dims, "keepdim": True}
+    std, mean = torch.std_mean(x_train, correction=0, **per_channel)
     std = torch.where(std > 0, std, torch.ones_like(std))  # a constant input stays 0, not NaN
     for x in (x_train, x_test):
         x.sub_(mean).div_(std)
@@ -176,7 +171,6 @@ SYNTHETIC_DEFAULT_TRAIN, SYNTHETIC_DEFAULT_TEST = 512, 128
 def _load_synthetic(root, num_train, num_test) -> Dataset:
     """Gaussian 1x8x8 inputs labelled by argmax of a fixed random linear map: learnable, tiny."""
     import torch
-
     weights = torch.randn(64, 10, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED))
 
     def draw(n: int, stream: int):
@@ -202,10 +196,8 @@ def _load_quadratic(root, num_train, num_test) -> Dataset:
         if n not in (None, QUADRATIC_DIM):
             raise ConfigError(key, n, f"null (the quadratic has exactly {QUADRATIC_DIM} samples)")
     import torch
-
-    d = QUADRATIC_DIM
-    x = torch.diag(torch.tensor([math.sqrt(d * c) for c in QUADRATIC_CURVATURES], dtype=torch.float32))
-    y = torch.zeros(d, dtype=torch.int64)
+    x = torch.diag(torch.tensor([math.sqrt(QUADRATIC_DIM * c) for c in QUADRATIC_CURVATURES], dtype=torch.float32))
+    y = torch.zeros(QUADRATIC_DIM, dtype=torch.int64)
     return Dataset("quadratic", x, y, x.clone(), y.clone(), 1, task="quadratic",
                    facts={"curvatures": list(QUADRATIC_CURVATURES)})
 
@@ -250,7 +242,6 @@ class ClientStream:
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm_epoch != epoch:
             import torch
-
             gen = torch.Generator().manual_seed(_mix(self.seed, self.client, epoch))
             # drawn on CPU so the order is the same on every device, then moved once per epoch
             self._perm = torch.randperm(self.num_samples, generator=gen).to(self.x.device)

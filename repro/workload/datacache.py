@@ -84,8 +84,7 @@ def mnist1d_arrays(num_samples: int, root) -> dict[str, np.ndarray]:
             meta = {**mnist1d_cache_key(num_samples), "file": path.name,
                     "shapes": {k: list(v.shape) for k, v in raw.items()}}
             write_json(path.with_suffix(".json"), meta)
-    except OSError as exc:   # a root that is a file, read-only or full: a traceback and a failed run
-        # folder, where the cache never changes the samples (the same with or without it)
+    except OSError as exc:   # a root that is a file, read-only or full: the samples are the same uncached
         log.warning(f"mnist1d: cannot cache under data.root {root} ({exc}); using the samples uncached")
     return _generate_mnist1d(num_samples) if raw is None else raw
 

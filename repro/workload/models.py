@@ -46,7 +46,7 @@ def _mlp(input_shape, num_classes) -> nn.Module:
 @MODELS.register("digits_cnn", expects="(channels, 8, 8) images",
                  accepts=lambda shape: len(shape) == 3 and tuple(shape[1:]) == (8, 8))
 def _digits_cnn(input_shape, num_classes) -> nn.Module:
-    """Two 3x3 convs and a max-pool for 8x8 images (the default model; < 5% error on digits)."""
+    """Two 3x3 convs and a max-pool for 8x8 images (the default model)."""
     if len(input_shape) != 3 or tuple(input_shape[1:]) != (8, 8):
         raise ValueError(f"digits_cnn takes (channels, 8, 8) images, not {tuple(input_shape)}")
     return nn.Sequential(
@@ -81,15 +81,12 @@ class ChannelLRN(nn.Module):
         self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sq = x.pow(2)
         before, after = self.size // 2, (self.size - 1) // 2   # torch's window: c - n/2 .. c + (n-1)/2
-        padded = nn.functional.pad(sq, (0, 0, 0, 0, before, after))
+        padded = nn.functional.pad(x.pow(2), (0, 0, 0, 0, before, after))
         window = sum(padded[:, i:i + x.shape[1]] for i in range(self.size))
         return x * (self.k + self.alpha / self.size * window).pow(-self.beta)
 
 
-# The 18pct layout is made for 32x32 images: on 8x8 digits its pools shrink the map to 1x1 and it
-# runs, but trains to ~65% error, so the shape is part of its contract.
 @MODELS.register("cifar_18pct", expects="(3, 32, 32) colour images",
                  accepts=lambda shape: tuple(shape) == (3, 32, 32))
 def _cifar_18pct(input_shape, num_classes) -> nn.Module:
@@ -166,8 +163,7 @@ def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
     input_shape = tuple(int(d) for d in input_shape)
     if not fits(name, input_shape, num_classes):
         fitting = [m for m in MODELS.names() if fits(m, input_shape, num_classes)]
-        raise ConfigError("model.name", name,
-                          f"a model that accepts data '{data_name}' (inputs of shape "
+        raise ConfigError("model.name", name, f"a model that accepts data '{data_name}' (inputs of shape "
                           f"{input_shape}); '{name}' expects {spec.expects}; models made for "
                           f"'{data_name}': {', '.join(fitting) or 'none'}")
 
