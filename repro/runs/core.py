@@ -118,9 +118,8 @@ class RunCore:
             if protocol_state is not None:
                 self.protocol.load_state_dict(protocol_state)
         except LookupError as exc:   # never a held push rebuilt as a plain Push without its fields
-            raise ConfigError("resume", str(self.run_dir), f"a checkpoint whose held pushes can be "
-                              f"rebuilt: {exc}; make that type importable, or force=true starts the "
-                              "run over") from exc
+            raise ConfigError("resume", str(self.run_dir), f"a checkpoint whose held pushes can be rebuilt: {exc}; "
+                              "make that type importable, or force=true starts the run over") from exc
         for k in clients if fetching else ():
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:   # (may find version 0 non-finite)
@@ -160,8 +159,7 @@ class RunCore:
         if self.state.stopping:
             return Outcome((Reply(push.client, stop=True),), stopping=True)
         version, decision, mine = self.server.version, Decision(), [int(push.read_version), int(push.client)]
-        why = self.evals.check_loss(push)   # every push, before any protocol merges it
-        if why:
+        if why := self.evals.check_loss(push):   # every push, before any protocol merges it
             self.diverge(why)
             self.discarded.append(mine)   # dropped on arrival, no apply (which cost=fit leaves out)
             replies = self._deliver([Reply(push.client)])
@@ -314,9 +312,9 @@ class RunCore:
         if self.state.diverged:
             return "diverged", self.state.diverged
         if self.runlog.samples_seen < self.budget:
-            lost = sorted(int(k) for k in self.runlog.lost_clients)
-            return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} "
-                              f"of {self.cfg.num_epochs:g}; lost: {lost}); see the client_lost events")
+            return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} of "
+                              f"{self.cfg.num_epochs:g}; lost: {sorted(self.lost_clients)}); see the client_lost "
+                              "events")
         gone = sorted(self.lost_clients - away)
         # the clients there at the end: a joiner may take a lost client's place; a real resume restarts only 1..N
         if gone and len(self.live | away) < self.cfg.num_clients:

@@ -152,13 +152,11 @@ class Evaluations:
             self.running = None
             if isinstance(result, Exception):
                 raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
-            why = nonfinite(result, req.version)
-            if why:
+            if why := nonfinite(result, req.version):
                 self.runlog.next_eval = math.inf   # no more evaluations of a diverged run
                 diverged.append(why)
                 continue
             if self.reference_loss is None:
                 self.reference_loss = max(result["train_loss"], math.log(self.num_classes))
-            self.runlog.log_eval(version=req.version, time_s=req.time_s, samples_seen=req.samples_seen,
-                                 **result)
+            self.runlog.log_eval(version=req.version, time_s=req.time_s, samples_seen=req.samples_seen, **result)
         return diverged

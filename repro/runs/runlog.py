@@ -15,7 +15,6 @@ from repro.files.storage import disk_error, read_regular, write_denied, write_js
 from repro.logs import get_logger
 
 RESERVE_FILE = ".reserve"      # kept free for the final summary.json when the disk fills up
-
 RESERVE_BYTES = 64 * 1024
 
 _log = get_logger("repro.progress")
@@ -25,7 +24,6 @@ def worse_than_start(evals_path: Path) -> str:
     """A sentence when a run's last evaluation has a higher test loss than its first (a completed
     status alone would hide that it did not train), else ""."""
     import csv
-
     try:
         with open(evals_path, newline="") as f:
             rows = list(csv.DictReader(f))
@@ -119,8 +117,7 @@ class RunLog:
         self._reserve = self.run_dir / RESERVE_FILE
         self._reserve.write_bytes(b"\0" * RESERVE_BYTES)   # room for the last summary on a full disk
         write_json(self.run_dir / schema.CONFIG_FILE, config)
-        append = resume_from is not None
-        self.tables = tuple(CsvWriter(self.run_dir / name, columns, append) for name, columns in (
+        self.tables = tuple(CsvWriter(self.run_dir / name, columns, resume_from is not None) for name, columns in (
             (schema.UPDATES_FILE, schema.UPDATE_COLUMNS), (schema.EVALS_FILE, schema.EVAL_COLUMNS),
             (schema.TIMINGS_FILE, schema.TIMING_COLUMNS)))
         self.updates, self.evals, self.timings = self.tables
@@ -242,9 +239,7 @@ class Progress:
         elapsed, epoch, key = now - self.started, log.epoch, "test_loss" if self.loss_only else "test_error"
         # before the first push there is no rate: no eta (max(nan, 0) printed 'nans')
         eta = f"{max(elapsed * (self.total - epoch) / epoch, 0):6.1f}s" if epoch > 0 else "     ?"
-        err = ""
-        if key in log.final:
-            value = log.final[key]
-            err = f"  test loss {value:.4g}" if self.loss_only else f"  test error {100 * value:5.2f}%"
+        v = log.final.get(key)
+        err = "" if v is None else f"  test loss {v:.4g}" if self.loss_only else f"  test error {100 * v:5.2f}%"
         _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {log.version:6d}{err}"
                   f"  elapsed {elapsed:6.1f}s  eta {eta}")
