@@ -1,7 +1,6 @@
 """The run core: a run's bookkeeping, written once for both drivers (docs/architecture.md, "The seam").
 A driver decides only *which* push comes next and *when*, and carries the replies; the core checks,
-applies and logs each push, keeps the evaluation and checkpoint cadence, and ends the run.
-"""
+applies and logs each push, keeps the evaluation and checkpoint cadence, and ends the run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -101,11 +100,9 @@ class RunCore:
     def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
               fetching: bool = True, driver_state: Callable[[], dict] | None = None,
               params_home: torch.Tensor | None = None, waiting: Callable[[], None] | None = None) -> Outcome:
-        """Start serving ``clients``: the protocol, and version 0 evaluated before any push (``waiting``
-        is called meanwhile). ``fetching``: each client holds the server's parameters now (False for a
-        resumed simulation, whose clients hold what they fetched before the checkpoint). ``driver_state``:
-        what the driver adds to each checkpoint; ``params_home``: a tensor the server keeps its
-        parameters in from now on (the real driver's reply frame)."""
+        """Start serving ``clients``: the protocol, and version 0 evaluated before any push. ``fetching``:
+        each client holds the server's parameters now (not so in a resumed simulation); ``params_home``:
+        a tensor the server keeps its parameters in from now on (the real driver's reply frame)."""
         self.state.driver_state = driver_state or self.state.driver_state
         if params_home is not None:
             self.server.keep_in(params_home)
@@ -154,8 +151,7 @@ class RunCore:
         self.state.stopping = True
 
     def on_push(self, push: Push, time_s: float) -> Outcome:
-        """One push, one pass: check it, ask the protocol, apply what it says, and say who gets what
-        back. Nothing is applied once the run is stopping. The driver then calls :meth:`settle`."""
+        """One push: check it, ask the protocol, apply what it says, say who gets what back."""
         if self.state.stopping:
             return Outcome((Reply(push.client, stop=True),), stopping=True)
         version, decision, mine = self.server.version, Decision(), [int(push.read_version), int(push.client)]
@@ -198,8 +194,7 @@ class RunCore:
         return applied
 
     def _check_progress(self) -> None:
-        """A protocol that holds every live client, or applies nothing push after push, fails the run
-        (else a driver's loop would turn, or wait, for good)."""
+        """A protocol that holds every live client, or applies nothing push after push, fails the run."""
         if self.state.stopping or not self.live:
             return
         name = self.cfg.protocol.name
@@ -267,8 +262,8 @@ class RunCore:
             log.info(f"diverged: {why}")
 
     def lose(self, client: int, reason: str, time_s: float = 0.0, applied_at: float | None = None) -> Outcome:
-        """A client is gone; the run goes on with the rest. The replies are owed to clients the lost
-        one held back. ``applied_at``: when a round the loss closes is applied (default ``time_s``)."""
+        """A client is gone: the replies owed to clients it held back. ``applied_at``: when a round the
+        loss closes is applied (default ``time_s``)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
             self.runlog.add_event("client_lost", client=client, reason=reason, lost_time_s=round(time_s, 6))
@@ -283,8 +278,7 @@ class RunCore:
         return Outcome(tuple(replies), stopping=self.state.stopping)
 
     def join(self, client: int, time_s: float = 0.0) -> bool:
-        """A client joined the running run, fetching the current version now; True: a lost client back
-        (``client_rejoined``), else ``client_joined``."""
+        """A client joined, fetching the current version now; True: a lost client back."""
         rejoin = self.runlog.lost_clients.pop(str(client), None) is not None
         self.runlog.add_event("client_rejoined" if rejoin else "client_joined", client=client,
                               joined_time_s=round(time_s, 6))
@@ -302,8 +296,7 @@ class RunCore:
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
     def final_status(self, interrupted: bool, away: frozenset[int] = frozenset()) -> tuple[str, str]:
-        """The status of a run whose loop has ended, and its message. ``away``: lost clients due back
-        (the simulator's churn), which degrade nothing."""
+        """The status of a run whose loop ended, and its message; ``away``: lost clients due back."""
         self.state.away = away   # nor does the summary name them (lost_clients)
         if self.state.error:
             return "failed", self.state.error

@@ -1,8 +1,7 @@
 """A run's evaluations and the one rule of divergence they set, for the run core: inline in the
 simulator, on a snapshot in a thread in the real server (so it never stalls the pushes), one at a
 time; each one's ``evals.csv`` row or why it found the run diverged, and the reference loss each
-push is checked against.
-"""
+push is checked against."""
 from __future__ import annotations
 
 import math
@@ -85,8 +84,7 @@ class Evaluations:
 
     def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False,
                samples_seen: int | None = None, waiting: Callable[[], None] | None = None) -> None:
-        """Evaluate a snapshot of ``params``; ``samples_seen``: the count at the snapshot (default now);
-        ``waiting`` is called while the caller waits for it (``wait_s``)."""
+        """Evaluate a snapshot of ``params``; ``waiting`` is called while the caller waits (``wait_s``)."""
         samples = self.runlog.samples_seen if samples_seen is None else samples_seen
         req = self.running = EvalRequest(version, time_s, samples, params.detach().clone())
         self.asked = version
@@ -144,8 +142,7 @@ class Evaluations:
             "was not waited for: a stop was asked" if stopped else f"evaluated no batch in {timeout_s:g} s{key}")
 
     def drain(self) -> list[str]:
-        """Write the rows of finished evaluations; return why each that found divergence did. One that
-        raised is raised again (it fails the run)."""
+        """Write the rows of finished evaluations; why each that found divergence did (one that raised: raised)."""
         diverged = []
         while not self._results.empty():
             req, result = self._results.get()

@@ -1,7 +1,6 @@
 """A run folder's life, for either driver: one writer (:func:`open_folder`), what an existing folder
 means (:func:`decide`), the checks a resume makes before it touches a file, and a terminal summary
-on every ending (:func:`run_folder`). The guarantees: docs/failures.md, "Run folders".
-"""
+on every ending (:func:`run_folder`). The guarantees: docs/failures.md, "Run folders"."""
 from __future__ import annotations
 
 import contextlib
@@ -107,8 +106,7 @@ def drop_hydra_record(run_dir: Path) -> None:
 
 
 def recorded_version(run_dir: Path, summary: dict | None) -> int:
-    """The version a folder's run reached: its summary's, or, for a killed run (still running), the
-    last row of updates.csv."""
+    """The version a folder's run reached: its summary's, or a killed run's last updates.csv row."""
     version = int(summary.get("version", 0)) if summary else 0
     if summary is None or summary.get("status") == "running":
         with contextlib.suppress(OSError):
@@ -202,8 +200,8 @@ def _is_run_config(run_dir: Path) -> bool:
 def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration the run was "
                  "started with; these training-shaping keys differ (recorded -> now): ",
                  resuming: bool = False) -> None:
-    """Refuse to continue (or to skip as done) a run with other training-shaping settings, listing
-    every difference; ``resuming``, also a recorded key this version lacks."""
+    """Refuse to continue (or skip) a run of other training-shaping settings, listing each difference;
+    ``resuming``, also a recorded key this version lacks."""
     recorded = recorded_config(cfg, run_dir)
     diffs = differences(recorded, cfg) + [f"{key}: {get(recorded, key)!r} -> (no such key in this version)"
                                           for key in (unknown_keys(recorded) if resuming else ())]
@@ -304,8 +302,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
 
 
 def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
-    """:func:`decide`, where a read-only folder allows only a skip; a refusal drops this process's
-    Hydra record."""
+    """:func:`decide`, where a read-only folder allows only a skip; a refusal drops the Hydra record."""
     try:
         decision = decide(cfg, run_dir)
         if decision.action != "skip" and is_read_only(run_dir):

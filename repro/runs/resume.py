@@ -1,6 +1,5 @@
 """What a resume reads before it continues a run: the checkpoint, checked whole, and the tables,
-intact up to it; rows after it are dropped (the resumed run recomputes them).
-"""
+intact up to it; rows after it are dropped (the resumed run recomputes them)."""
 from __future__ import annotations
 
 from pathlib import Path

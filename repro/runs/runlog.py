@@ -1,6 +1,5 @@
 """The server's logbook: the only writer of a run folder's tables and summary, with the sample count,
-the evaluation schedule (every ``eval_every`` epochs of applied samples), time to target and events.
-"""
+the evaluation schedule (every ``eval_every`` epochs of applied samples), time to target and events."""
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +20,7 @@ _log = get_logger("repro.progress")
 
 
 def worse_than_start(evals_path: Path) -> str:
-    """A sentence when a run's last evaluation has a higher test loss than its first (a completed
-    status alone would hide that it did not train), else ""."""
+    """A sentence when a run's last evaluation has a higher test loss than its first, else ""."""
     import csv
     try:
         with open(evals_path, newline="") as f:

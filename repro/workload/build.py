@@ -1,6 +1,5 @@
 """What is trained, built from a config the same way for both drivers (so they start from exactly
-the same state): the data, the network, the server, its clients, and what an evaluation measures.
-"""
+the same state): the data, the network, the server, its clients, and what an evaluation measures."""
 from __future__ import annotations
 
 import dataclasses
@@ -135,8 +134,7 @@ def evaluate(net: FlatNet, params: Tensor, sets: EvalSets) -> dict:
 
 @torch.no_grad()
 def class_errors(net: FlatNet, params: Tensor, sets: EvalSets, batch_size: int = 1024) -> list | None:
-    """summary.json's ``final_class_test_error``: the test error on each class (None for a class the
-    test set lacks); None for a loss that is not classification."""
+    """summary.json's ``final_class_test_error``: the test error on each class; None if not classification."""
     if net.loss_fn is not torch.nn.functional.cross_entropy or not len(sets.y_test):
         return None
     net.load(params)

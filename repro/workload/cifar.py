@@ -1,7 +1,6 @@
 """The CIFAR-10 python batches, read safely: a pickle can run code, so :func:`read_batch` rebuilds
 only dicts, lists, numbers, bytes and plain numpy arrays, and checks them (uint8 3x32x32 images,
-labels 0..9). Every fault is a :class:`~repro.errors.DataError` on ``data.root`` saying what is wrong.
-"""
+labels 0..9). Every fault is a :class:`~repro.errors.DataError` on ``data.root`` saying what is wrong."""
 from __future__ import annotations
 
 import os
@@ -97,8 +96,7 @@ def find_folder(root) -> str:
 
 
 def check_source(root) -> None:
-    """The folder, its first training batch and its test batch exist (the loader reads only the
-    batches data.num_train needs; contents are checked as they are read)."""
+    """The folder, its first training batch and its test batch exist (contents are checked as read)."""
     folder = find_folder(root)
     for name in (TRAIN_FILES[0], TEST_FILE):
         if not os.path.isfile(os.path.join(folder, name)):

@@ -1,8 +1,7 @@
 """A user's own problem for :func:`repro.api.simulate` (docs/api.md): its module, data and loss_fn
 checked and made the :class:`~repro.workload.build.Problem` the simulator trains. Every fault is a
 :class:`~repro.errors.ConfigError` naming the argument before any training, never an index error
-or a nan loss the run would blame on the learning rate.
-"""
+or a nan loss the run would blame on the learning rate."""
 from __future__ import annotations
 
 import copy
@@ -36,8 +35,7 @@ def custom_problem(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: 
 
 
 def check_objects(module, train, test, loss_fn, run_dir) -> Path | None:
-    """The arguments that are objects, not settings: ConfigError naming the one of a wrong type.
-    Returns the run folder, ``~`` expanded (None: none asked for)."""
+    """ConfigError naming an argument (an object, not a setting) of a wrong type; the run folder, or None."""
     if not isinstance(module, nn.Module):
         raise ConfigError("module", f"a {type(module).__name__}", "a torch.nn.Module")
     for key, pair in (("train", train), ("test", test)):

@@ -1,7 +1,6 @@
 """The data sets users name with ``data=...`` (fixed train/test splits, standardised) and
 :class:`ClientStream`, each client's seeded order over the training set. The training ``seed``
-never changes which samples are in the train or test set.
-"""
+never changes which samples are in the train or test set."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +25,7 @@ if TYPE_CHECKING:   # torch is imported where tensors are made: a skipped grid p
 
 @dataclass(frozen=True)
 class DataSpec:
-    """A registered data set: ``load(root, num_train, num_test) -> Dataset`` and what is known
-    before loading (so a model/data mismatch is refused before any work)."""
+    """A registered data set: ``load(root, num_train, num_test) -> Dataset`` and what is known before."""
 
     load: Callable[..., "Dataset"]
     input_shape: tuple[int, ...]

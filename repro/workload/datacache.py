@@ -1,6 +1,5 @@
 """MNIST-1D generated offline (``mnist1d.data.make_dataset``), and its cache under ``data.root``
-(docs/failures.md, "Caches").
-"""
+(docs/failures.md, "Caches")."""
 from __future__ import annotations
 
 import hashlib

@@ -3,8 +3,7 @@ schemes in docs/configuration.md): a pure function of the labels, the settings a
 client ``k`` holds the same samples in both drivers. ``by_class`` with more clients than classes
 shares a class equally among its holders; ``dirichlet`` is drawn again while a client holds less
 than a minibatch (Hsu, Qi & Brown 2019, "Measuring the effects of non-identical data distribution
-for federated visual classification").
-"""
+for federated visual classification")."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,8 +38,7 @@ def split(cfg: RunConfig, labels: np.ndarray) -> list[np.ndarray] | None:
 
 
 def class_counts(cfg: RunConfig, labels: np.ndarray, num_classes: int) -> list[list[int]] | None:
-    """Samples of each class (columns) that each client holds (rows: clients 1..N); None when
-    every client reads the whole set."""
+    """Samples of each class (columns) each client holds (rows); None when all read the whole set."""
     parts = split(cfg, labels)
     if parts is None:
         return None

@@ -1,6 +1,5 @@
 """Where training starts: :func:`build_problem` (seeded random weights, cold, or the warm start)
-and the warm start itself (REPRODUCE.md, "warm start"; its cache: docs/failures.md, "Caches").
-"""
+and the warm start itself (REPRODUCE.md, "warm start"; its cache: docs/failures.md, "Caches")."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +36,7 @@ def baseline_config(cfg: RunConfig) -> RunConfig:
 
 
 def _baseline_record(cfg: RunConfig) -> dict:
-    """What keys and records the cache: the baseline's training-shaping values, moved keys under
-    their old spelling (before cost.churn.*)."""
+    """The cache's key: the baseline's training-shaping values, moved keys spelt as before cost.churn.*."""
     return legacy_keys(shaping_values(baseline_config(cfg)))
 
 
