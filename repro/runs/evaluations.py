@@ -24,8 +24,7 @@ def nonfinite(result: dict, version: int) -> str:
     """Why an evaluation's result means divergence, or "" (at version 0: what training starts from)."""
     if result.get("nonfinite"):
         return f"non-finite parameters at the evaluation of version {version}"
-    bad = {k: v for k, v in result.items() if not math.isfinite(v)}
-    if not bad:
+    if not (bad := {k: v for k, v in result.items() if not math.isfinite(v)}):
         return ""
     what = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
     if version == 0:

@@ -112,8 +112,7 @@ def recorded_version(run_dir: Path, summary: dict | None) -> int:
         with contextlib.suppress(OSError):
             lines = (Path(run_dir) / schema.UPDATES_FILE).read_text(errors="replace").splitlines()
             for line in reversed(lines[1:]):
-                row = schema.parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0)
-                if row is not None:
+                if (row := schema.parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0)) is not None:
                     return max(version, row)
     return version
 

@@ -71,8 +71,7 @@ def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dic
     if state.get("kind") != kind:
         raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
                           f"{state.get('kind')!r} backend)")
-    missing = _missing(state, {**REQUIRED, **DRIVER[kind]})
-    if missing:
+    if missing := _missing(state, {**REQUIRED, **DRIVER[kind]}):
         raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {', '.join(missing)})")
     return state
 
@@ -84,7 +83,6 @@ def _missing(state: dict, required: dict) -> list[str]:
         node = state
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        ok = isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))
-        if not ok:
+        if not (isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))):
             out.append(key)
     return out

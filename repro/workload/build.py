@@ -38,8 +38,7 @@ def check_partition(cfg: RunConfig) -> None:
     if key in _PARTITIONS_CHECKED:
         return
     ds = load_dataset(data.name, root=data.root, num_train=data.num_train, num_test=data.num_test)
-    wrong = sorted(set(data.slow_client_classes or ()) - set(range(ds.num_classes)))
-    if wrong:
+    if wrong := sorted(set(data.slow_client_classes or ()) - set(range(ds.num_classes))):
         raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), f"class labels of "
                           f"data '{data.name}': integers in 0..{ds.num_classes - 1} ({wrong[0]} is not one)")
     split(cfg, ds.y_train.numpy())
@@ -55,16 +54,14 @@ def _check_components(data: str, root, num_train, model: str, batch_size: int) -
     if spec.check_source is not None:
         spec.check_source(root)
     check_fits(model, spec.input_shape, spec.num_classes, data)
-    size = num_train if num_train is not None else spec.num_train
-    if size is not None:
+    if (size := num_train if num_train is not None else spec.num_train) is not None:
         check_batch_size(batch_size, size)
 
 
 def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
     """The configured data set on ``device``."""
     ds = load_dataset(cfg.data.name, root=cfg.data.root, num_train=cfg.data.num_train, num_test=cfg.data.num_test)
-    counts = class_counts(cfg, ds.y_train.numpy(), ds.num_classes)
-    if counts is not None:   # the run folder records what each client holds (repro.analysis draws it)
+    if (counts := class_counts(cfg, ds.y_train.numpy(), ds.num_classes)) is not None:   # recorded for the analysis
         ds = dataclasses.replace(ds, facts={**ds.facts, "client_class_counts": counts})
     return ds.to(device)
 

@@ -53,8 +53,7 @@ def check_objects(module, train, test, loss_fn, run_dir) -> Path | None:
     folder = Path(run_dir).expanduser().absolute()
     if schema.holds_others(folder):   # e.g. home: the run's files among the user's
         raise ConfigError("run_dir", os.fspath(run_dir), schema.OTHERS)
-    why = unmakeable(folder)   # e.g. under a file: else NotADirectoryError from the run folder's lock
-    if why:
+    if why := unmakeable(folder):   # e.g. under a file: else NotADirectoryError from the run folder's lock
         raise ConfigError("run_dir", os.fspath(run_dir), f"a folder that can be made: {why}")
     return folder
 

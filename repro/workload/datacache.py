@@ -67,14 +67,12 @@ def mnist1d_arrays(num_samples: int, root) -> dict[str, np.ndarray]:
     if root is None:
         return _generate_mnist1d(num_samples)
     path = mnist1d_cache_path(root, num_samples)
-    cached = _read_mnist1d_cache(path, num_samples)
-    if cached is not None:
+    if (cached := _read_mnist1d_cache(path, num_samples)) is not None:
         return cached
     raw = None
     try:   # one generator at a time: jobs that start together wait for the first one's file
         with FileLock(path.with_name(path.stem + ".lock"), wait=True):
-            cached = _read_mnist1d_cache(path, num_samples)
-            if cached is not None:
+            if (cached := _read_mnist1d_cache(path, num_samples)) is not None:
                 return cached
             log.info(f"mnist1d: generating {num_samples} samples once (cached in {path})")
             raw = _generate_mnist1d(num_samples)

@@ -39,8 +39,7 @@ def split(cfg: RunConfig, labels: np.ndarray) -> list[np.ndarray] | None:
 
 def class_counts(cfg: RunConfig, labels: np.ndarray, num_classes: int) -> list[list[int]] | None:
     """Samples of each class (columns) each client holds (rows); None when all read the whole set."""
-    parts = split(cfg, labels)
-    if parts is None:
+    if (parts := split(cfg, labels)) is None:
         return None
     labels = np.asarray(labels)
     return [np.bincount(labels[p], minlength=num_classes).astype(int).tolist() for p in parts]

@@ -70,8 +70,7 @@ def _read(path: Path, device, like: Tensor | None = None) -> dict | None:
         return None
     try:
         state = read_checkpoint(path, device, key="start")
-        why = _unusable(state, like)
-        if not why:
+        if not (why := _unusable(state, like)):
             return state
         log.warning(f"warm start: {path} {why}; training it again")
     except ConfigError as e:
