@@ -265,7 +265,6 @@ class FolderRun:
     def checkpoint(self, kind: str, device) -> dict | None:
         """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
         from repro.runs.resume import resume_state   # torch: not for a run that is only skipped
-
         return resume_state(self.run_dir, kind, device, self.cfg) if self.decision.action == "resume" else None
 
 

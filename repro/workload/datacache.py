@@ -22,7 +22,6 @@ _MNIST1D_ARRAYS = ("x", "y", "x_test", "y_test")
 
 def _mnist1d_args(num_samples: int):
     from mnist1d.data import get_dataset_args
-
     args = get_dataset_args()
     args.num_samples = int(num_samples)
     return args
@@ -30,7 +29,6 @@ def _mnist1d_args(num_samples: int):
 
 def _generate_mnist1d(num_samples: int) -> dict[str, np.ndarray]:
     from mnist1d.data import make_dataset
-
     # make_dataset reseeds Python's and numpy's global RNGs: put them back
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
@@ -57,8 +55,7 @@ def mnist1d_cache_key(num_samples: int) -> dict:
 
 
 def mnist1d_cache_path(root, num_samples: int) -> Path:
-    text = json.dumps(mnist1d_cache_key(num_samples), sort_keys=True)
-    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    digest = hashlib.sha1(json.dumps(mnist1d_cache_key(num_samples), sort_keys=True).encode()).hexdigest()[:12]
     return Path(os.path.expanduser(os.fspath(root))) / "mnist1d" / f"n{num_samples}-{digest}.npz"
 
 
@@ -78,17 +75,15 @@ def mnist1d_arrays(num_samples: int, root) -> dict[str, np.ndarray]:
             raw = _generate_mnist1d(num_samples)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda f: np.savez(f, **raw))
-            meta = {**mnist1d_cache_key(num_samples), "file": path.name,
-                    "shapes": {k: list(v.shape) for k, v in raw.items()}}
-            write_json(path.with_suffix(".json"), meta)
+            write_json(path.with_suffix(".json"), {**mnist1d_cache_key(num_samples), "file": path.name,
+                                                   "shapes": {k: list(v.shape) for k, v in raw.items()}})
     except OSError as exc:   # a root that is a file, read-only or full: the samples are the same uncached
         log.warning(f"mnist1d: cannot cache under data.root {root} ({exc}); using the samples uncached")
     return _generate_mnist1d(num_samples) if raw is None else raw
 
 
 def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] | None:
-    """The cached arrays, or None when absent or damaged or mismatched (a warning; pickled objects
-    are never loaded)."""
+    """The cached arrays; None when absent, damaged or mismatched (a warning; pickles are never loaded)."""
     if not path.is_file():
         return None
     try:
@@ -110,6 +105,5 @@ def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] |
                 raise ValueError(f"array {k!r} holds labels outside 0..{MNIST1D_CLASSES - 1}")
         return raw
     except Exception as exc:   # zipfile, ValueError (pickled objects refused), KeyError, OSError
-        log.warning(f"mnist1d: cache file {path} is unusable ({type(exc).__name__}: {exc}); "
-                    "generating it again")
+        log.warning(f"mnist1d: cache file {path} is unusable ({type(exc).__name__}: {exc}); generating it again")
         return None
