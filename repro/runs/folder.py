@@ -327,7 +327,6 @@ def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
             log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
-# resume=true would refuse every grid point that never started (nothing to continue), stopping the grid
 GRID_HOW = ("it is a grid point: the grid's command with resume=auto continues every interrupted point "
             "from its checkpoint, and starts the points that have none or never ran (resume=true would "
             "refuse those); force=true starts the points over")

@@ -31,8 +31,7 @@ class DataSpec:
     input_shape: tuple[int, ...]
     num_classes: int
     task: str = "classification"   # or "quadratic" (the loss the worker minimises)
-    # raises DataError for missing files, before Hydra makes a run folder (None: reads no files)
-    check_source: Callable[..., None] | None = None
+    check_source: Callable[..., None] | None = None   # DataError for missing files, before Hydra makes a folder
     num_train: int | None = None   # training-set size when data.num_train is null (None: unknown)
 
 
@@ -50,8 +49,7 @@ class Dataset:
     y_test: torch.Tensor
     num_classes: int
     task: str = "classification"   # "quadratic": loss 0.5 (w.x)^2, errors meaningless (0)
-    # config.json's "dataset": what the analysis reads instead of building it (the quadratic's curvatures)
-    facts: dict = dataclasses.field(default_factory=dict)
+    facts: dict = dataclasses.field(default_factory=dict)   # config.json's "dataset": the analysis reads it
 
     @property
     def input_shape(self) -> tuple[int, ...]:
