@@ -29,8 +29,7 @@ log = get_logger("repro.runs.folder")
 # the folder's .hydra/ once this run has the folder: a refused or skipped run keeps the folder's record
 HYDRA_RECORD, INCOMING_RECORD = ".hydra", ".hydra_incoming_{pid}"
 
-RUN_FILES = (schema.CONFIG_FILE, schema.UPDATES_FILE, schema.EVALS_FILE, schema.SUMMARY_FILE,
-             schema.CHECKPOINT_FILE)
+RUN_FILES = (schema.CONFIG_FILE, schema.UPDATES_FILE, schema.EVALS_FILE, schema.SUMMARY_FILE, schema.CHECKPOINT_FILE)
 
 
 @dataclass
@@ -139,8 +138,7 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     if status in schema.FINISHED_STATUSES:
         check_config(cfg, run_dir, f"a folder whose finished ({status}) run has these settings "
                                    "(force=true starts it over); these differ (recorded -> now): ")
-        log.info(f"skip {run_dir}: already {status}; a finished run is never changed "
-                 "(force=true re-runs it)")
+        log.info(f"skip {run_dir}: already {status}; a finished run is never changed (force=true re-runs it)")
         return Decision("skip", summary)
     version = recorded_version(run_dir, summary)
     what = f"an {status} run" if status[0] in "aeiou" else f"a {status} run"

@@ -39,8 +39,7 @@ def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunC
     version, evaluated = int(runlog["version"]), int(runlog["last_eval_version"])
     for name, columns, upto in ((schema.UPDATES_FILE, schema.UPDATE_COLUMNS, version),
                                 (schema.EVALS_FILE, schema.EVAL_COLUMNS, evaluated)):
-        kept, dropped = schema.check_table(run_dir / name, columns, upto,
-                                           contiguous=name == schema.UPDATES_FILE)
+        kept, dropped = schema.check_table(run_dir / name, columns, upto, contiguous=name == schema.UPDATES_FILE)
         cut(run_dir / name, kept, dropped, f"after version {upto}")
     # timings.csv: a row per handled push (versions repeat), up to the rows the checkpoint counted (older: none)
     rows = runlog.get("timing_rows")

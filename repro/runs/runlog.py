@@ -145,9 +145,8 @@ class RunLog:
         samples = self.samples_seen if samples_seen is None else samples_seen
         while self.next_eval <= samples:
             self.next_eval += self.eval_every_samples
-        row = {"version": version, "time_s": time_s, "clock": self.clock,
-               "epoch": samples / self.num_train, "samples_seen": samples,
-               "test_loss": float(test_loss), "test_error": float(test_error),
+        row = {"version": version, "time_s": time_s, "clock": self.clock, "epoch": samples / self.num_train,
+               "samples_seen": samples, "test_loss": float(test_loss), "test_error": float(test_error),
                "train_loss": float(train_loss), "train_error": float(train_error)}
         self.evals.write(row)
         self.flush()
@@ -164,13 +163,12 @@ class RunLog:
 
     def write_summary(self, status: str, message: str = "", **extra: Any) -> dict:
         assert status in schema.STATUSES, status
-        summary = {
-            "status": status, "backend": self.backend, "clock": self.clock, "version": self.version,
-            "samples_seen": self.samples_seen, "epoch": self.epoch, "time_s": self.time_s,
-            "wall_time_s": self.wall_time_s(), "final": self.final,
-            "time_to_target": {schema.target_key(self.target_error): self.time_to_target},
-            "events": self.events, "message": message,
-            "lost_clients": sorted(int(k) for k in self.lost_clients), **extra}
+        summary = {"status": status, "backend": self.backend, "clock": self.clock, "version": self.version,
+                   "samples_seen": self.samples_seen, "epoch": self.epoch, "time_s": self.time_s,
+                   "wall_time_s": self.wall_time_s(), "final": self.final,
+                   "time_to_target": {schema.target_key(self.target_error): self.time_to_target},
+                   "events": self.events, "message": message,
+                   "lost_clients": sorted(int(k) for k in self.lost_clients), **extra}
         path = self.run_dir / schema.SUMMARY_FILE
         try:
             write_json(path, summary)

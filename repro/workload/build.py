@@ -125,8 +125,7 @@ def evaluate(net: FlatNet, params: Tensor, sets: EvalSets) -> dict:
     """Test and train-subset loss and error of ``params`` (evals.csv's metric columns)."""
     test_loss, test_error = net.evaluate(params, sets.x_test, sets.y_test)
     train_loss, train_error = net.evaluate(params, sets.x_train, sets.y_train)
-    return {"test_loss": test_loss, "test_error": test_error,
-            "train_loss": train_loss, "train_error": train_error}
+    return {"test_loss": test_loss, "test_error": test_error, "train_loss": train_loss, "train_error": train_error}
 
 
 @torch.no_grad()

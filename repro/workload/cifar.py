@@ -70,10 +70,8 @@ def read_batch(path: str, root) -> tuple[np.ndarray, np.ndarray]:
         raise bad(f"expected a pickled dict, found {type(batch).__name__}")
     data = batch.get(b"data", batch.get("data"))
     labels = batch.get(b"labels", batch.get("labels"))
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-            or data.shape[1] != 3 * 32 * 32:
-        found = (f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray)
-                 else type(data).__name__)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        found = f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise bad(f"b'data' must be a uint8 array of shape (n, 3072), found {found}")
     labels = np.asarray(labels) if isinstance(labels, (list, np.ndarray)) else None
     if labels is None or labels.shape != (data.shape[0],) or labels.dtype.kind not in "iu" \

@@ -86,8 +86,7 @@ def _digest(*tensors: Tensor, text: str = "") -> str:
     return h.hexdigest()
 
 
-def _dataset(train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike],
-             device: torch.device) -> Dataset:
+def _dataset(train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike], device: torch.device) -> Dataset:
     (x_train, y_train), (x_test, y_test) = _pair("train", *train), _pair("test", *test)
     if x_train.shape[1:] != x_test.shape[1:]:
         raise ConfigError("test", f"inputs of shape {tuple(x_test.shape)}",
@@ -104,8 +103,7 @@ def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
         raise ConfigError(key, f"inputs of shape {tuple(x.shape)}, labels of shape {tuple(y.shape)}",
                           "equally many (>0) inputs and labels, labels of shape (N,)")
     if y.dtype == torch.bool or y.dtype.is_floating_point or y.dtype.is_complex:
-        raise ConfigError(key, f"labels of dtype {dtype or y.dtype}",
-                          "integer class labels 0..C-1 (any integer dtype)")
+        raise ConfigError(key, f"labels of dtype {dtype or y.dtype}", "integer class labels 0..C-1 (any integer dtype)")
     y = y.to(torch.long)
     if y.min() < 0:
         raise ConfigError(key, f"a label of {int(y.min())}", "integer class labels 0..C-1 (none negative)")

@@ -61,17 +61,15 @@ class Dataset:
 
     def to(self, device) -> "Dataset":
         """A copy with all four tensors on ``device`` (e.g. the GPU, so minibatches never cross PCIe)."""
-        return dataclasses.replace(
-            self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
-            x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+        return dataclasses.replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
+                                   x_test=self.x_test.to(device), y_test=self.y_test.to(device))
 
 
 def load_dataset(name: str, *, root: str | None = None,
                  num_train: int | None = None, num_test: int | None = None) -> Dataset:
     """Data set ``name``: the first ``num_train``/``num_test`` samples of its fixed split (how many
     are generated, for ``synthetic`` and ``mnist1d``); ``root``: its files or cache."""
-    return DATASETS[name].load(root, _check_count("data.num_train", num_train),
-                               _check_count("data.num_test", num_test))
+    return DATASETS[name].load(root, _check_count("data.num_train", num_train), _check_count("data.num_test", num_test))
 
 
 def check_batch_size(batch_size, num_train: int, key: str = "algo.batch_size") -> None:

@@ -38,8 +38,7 @@ def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
 @MODELS.register("mlp", expects="inputs of any shape", accepts=lambda shape: True)
 def _mlp(input_shape, num_classes) -> nn.Module:
     """flatten → 128 ReLU → classes: accepts any input shape."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 128), nn.ReLU(),
-                         nn.Linear(128, num_classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 128), nn.ReLU(), nn.Linear(128, num_classes))
 
 
 @MODELS.register("digits_cnn", expects="(channels, 8, 8) images",

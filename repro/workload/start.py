@@ -30,9 +30,8 @@ def baseline_config(cfg: RunConfig) -> RunConfig:
     algo, threads and device; its one client reads the whole training set."""
     whole = dataclasses.replace(cfg.data, partition="iid", alpha=DataConfig.alpha, slow_client_classes=None)
     return cfg.replace(start="cold", num_clients=1, nsync=1, num_epochs=cfg.warm_start_epochs, data=whole,
-                       eval_every=cfg.warm_start_epochs, seed=WARM_SEED, exp_name="_warmstart",
-                       cost=CostConfig(), backend=BackendConfig(), checkpoint_every=0,
-                       target_error=0.0, resume=False, force=False)
+                       eval_every=cfg.warm_start_epochs, seed=WARM_SEED, exp_name="_warmstart", cost=CostConfig(),
+                       backend=BackendConfig(), checkpoint_every=0, target_error=0.0, resume=False, force=False)
 
 
 def _baseline_record(cfg: RunConfig) -> dict:
