@@ -28,9 +28,8 @@ def nonfinite(result: dict, version: int) -> str:
         return ""
     what = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
     if version == 0:
-        return (f"the evaluation of version 0 gives non-finite {what} although the initial "
-                "parameters are finite: the data hold non-finite values, or the model overflows "
-                "at its initial parameters; nothing was trained")
+        return (f"the evaluation of version 0 gives non-finite {what} although the initial parameters are finite: the "
+                "data hold non-finite values, or the model overflows at its initial parameters; nothing was trained")
     return f"non-finite losses at the evaluation of version {version} ({what})"
 
 

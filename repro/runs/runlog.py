@@ -39,8 +39,7 @@ def worse_than_start(evals_path: Path) -> str:
 def diverged_advice(lr: float, num_clients: int) -> str:
     """What to change when a run diverges (TEACHING.md, step 2)."""
     return (f"try a smaller algo.lr (now {lr:g}"
-            + (f"; at {num_clients} clients staleness shrinks the step that stays stable)"
-               if num_clients > 1 else ")"))
+            + (f"; at {num_clients} clients staleness shrinks the step that stays stable)" if num_clients > 1 else ")"))
 
 
 def recorded_config(config: dict, measured: dict, run_dir: Path, environment: dict, trained: dict) -> dict:
