@@ -27,7 +27,12 @@ ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or tor
 def custom_problem(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike],
                    loss_fn, batch_size: int, device: torch.device) -> Problem:
     """The problem of a copy of ``module`` (its current weights the initial ones) on ``device``."""
-    ds = _dataset(train, test, device)
+    (x_train, y_train), (x_test, y_test) = _pair("train", *train), _pair("test", *test)
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise ConfigError("test", f"inputs of shape {tuple(x_test.shape)}",
+                          f"the training inputs' sample shape {tuple(x_train.shape[1:])}")
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    ds = Dataset("custom", x_train, y_train, x_test, y_test, num_classes).to(device)
     check_batch_size(batch_size, ds.num_train, key="batch_size")
     net = FlatNet(copy.deepcopy(module).to(device), loss_fn)
     _check_fit(net, ds)
@@ -84,15 +89,6 @@ def _digest(*tensors: Tensor, text: str = "") -> str:
     for t in tensors:
         h.update(t.detach().cpu().numpy().tobytes())
     return h.hexdigest()
-
-
-def _dataset(train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike], device: torch.device) -> Dataset:
-    (x_train, y_train), (x_test, y_test) = _pair("train", *train), _pair("test", *test)
-    if x_train.shape[1:] != x_test.shape[1:]:
-        raise ConfigError("test", f"inputs of shape {tuple(x_test.shape)}",
-                          f"the training inputs' sample shape {tuple(x_train.shape[1:])}")
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
-    return Dataset("custom", x_train, y_train, x_test, y_test, num_classes).to(device)
 
 
 def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:

@@ -52,12 +52,8 @@ def _split(scheme: str, idx: np.ndarray, labels: np.ndarray, n: int, alpha: floa
         return [idx] * n
     if scheme == "shards":
         return [np.sort(p) for p in np.array_split(rng.permutation(idx), n)]
-    if scheme == "by_class":
-        return _by_class(idx, labels, n, rng)
-    return _dirichlet(idx, labels, n, alpha, rng, min_size)
-
-
-def _by_class(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    if scheme != "by_class":
+        return _dirichlet(idx, labels, n, alpha, rng, min_size)
     classes = np.unique(labels[idx])
     parts: list[list[np.ndarray]] = [[] for _ in range(n)]
     for j, c in enumerate(classes):
