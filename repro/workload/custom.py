@@ -31,8 +31,7 @@ def custom_problem(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: 
     if x_train.shape[1:] != x_test.shape[1:]:
         raise ConfigError("test", f"inputs of shape {tuple(x_test.shape)}",
                           f"the training inputs' sample shape {tuple(x_train.shape[1:])}")
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
-    ds = Dataset("custom", x_train, y_train, x_test, y_test, num_classes).to(device)
+    ds = Dataset("custom", x_train, y_train, x_test, y_test, int(max(y_train.max(), y_test.max())) + 1).to(device)
     check_batch_size(batch_size, ds.num_train, key="batch_size")
     net = FlatNet(copy.deepcopy(module).to(device), loss_fn)
     _check_fit(net, ds)

@@ -149,8 +149,7 @@ def _load_mnist1d(root, num_train, num_test) -> Dataset:
     n_tr = MNIST1D_DEFAULT_TRAIN if num_train is None else num_train
     n_te = MNIST1D_DEFAULT_TEST if num_test is None else num_test
     # make_dataset draws whole classes of (num_samples // 10) samples: round up to a multiple of 10.
-    num_samples = -(-(n_tr + n_te) // 10) * 10
-    raw = mnist1d_arrays(num_samples, root)
+    raw = mnist1d_arrays(-(-(n_tr + n_te) // 10) * 10, root)
     x = np.concatenate([raw["x"], raw["x_test"]])[:, None, :]
     y = np.concatenate([raw["y"], raw["y_test"]])
     return _finish("mnist1d", (x[:n_tr], y[:n_tr]), (x[len(y) - n_te:], y[len(y) - n_te:]),
@@ -228,8 +227,7 @@ class ClientStream:
         check_batch_size(batch_size, n)
         self.x, self.y = x, y
         self.batch_size, self.seed, self.client = batch_size, int(seed), int(client)
-        self.num_samples = n
-        self.batches_per_epoch = n // batch_size
+        self.num_samples, self.batches_per_epoch = n, n // batch_size
         self._epoch, self._index = 0, 0
         self._perm_epoch, self._perm = None, None  # cache of the current epoch's order
 

@@ -33,8 +33,7 @@ def split(cfg: RunConfig, labels: np.ndarray) -> list[np.ndarray] | None:
                           f"some of the training set's classes, not all of them ({len(np.unique(labels))}): "
                           f"the other {n - 1} clients need classes the slow client does not hold")
     others = _split(data.partition, everyone[~mine], labels, n - 1, data.alpha, rng, cfg.algo.batch_size)
-    parts = others[:slow - 1] + [everyone[mine]] + others[slow - 1:]
-    return _checked(cfg, parts, slow)
+    return _checked(cfg, others[:slow - 1] + [everyone[mine]] + others[slow - 1:], slow)
 
 
 def class_counts(cfg: RunConfig, labels: np.ndarray, num_classes: int) -> list[list[int]] | None:
