@@ -1,7 +1,6 @@
-"""A run's evaluations and the one rule of divergence they set, for the run core: inline in the
-simulator, on a snapshot in a thread in the real server (so it never stalls the pushes), one at a
-time; each one's ``evals.csv`` row or why it found the run diverged, and the reference loss each
-push is checked against."""
+"""A run's evaluations and the one rule of divergence they set, for the run core: inline in the simulator,
+on a snapshot in a thread in the real server (never stalling the pushes), one at a time; each one's
+``evals.csv`` row or why it found the run diverged, and the reference loss each push is checked against."""
 from __future__ import annotations
 
 import math
@@ -65,9 +64,8 @@ class Evaluations:
         return {"reference_loss": self.reference_loss, **({"evaluating": vars(self.running)} if self.running else {})}
 
     def check_loss(self, push: Push) -> str:
-        """Why this push's training loss means divergence, or "". The reference is the larger of the
-        version-0 training loss and ln C (a uniform guess), so a warm start's first stale transient
-        is not 'divergence'."""
+        """Why this push's training loss means divergence, or "": the reference is the larger of the
+        version-0 training loss and ln C, so a warm start's first stale transient is not 'divergence'."""
         if not math.isfinite(push.train_loss):
             return f"client {push.client} pushed a non-finite training loss ({push.train_loss})"
         ref, factor = self.reference_loss, self.divergence_factor

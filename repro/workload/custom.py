@@ -1,7 +1,6 @@
-"""A user's own problem for :func:`repro.api.simulate` (docs/api.md): its module, data and loss_fn
-checked and made the :class:`~repro.workload.build.Problem` the simulator trains. Every fault is a
-:class:`~repro.errors.ConfigError` naming the argument before any training, never an index error
-or a nan loss the run would blame on the learning rate."""
+"""A user's own problem for :func:`repro.api.simulate` (docs/api.md), checked and made the
+:class:`~repro.workload.build.Problem` the simulator trains: every fault is a ConfigError naming the
+argument before any training, never an index error or a nan loss blamed on the learning rate."""
 from __future__ import annotations
 
 import copy

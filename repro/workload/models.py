@@ -1,7 +1,6 @@
-"""The networks users name with ``model=...`` and the check that one accepts a data set's inputs.
-
-No model has buffers (no BatchNorm) or dropout: the server synchronises parameters only, and
-training is deterministic given ``torch.manual_seed`` (callers seed before :func:`build_model`)."""
+"""The networks users name with ``model=...`` and the check that one accepts a data set's inputs. No
+model has buffers (no BatchNorm) or dropout: the server synchronises parameters only, and training is
+deterministic given ``torch.manual_seed`` (callers seed before :func:`build_model`)."""
 from __future__ import annotations
 
 import math

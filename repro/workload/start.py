@@ -111,9 +111,8 @@ def train_baseline(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
 
 
 def one_client_run(cfg: RunConfig, device: torch.device) -> ParameterServer:
-    """The server after ``cfg``'s run with one client: the same calls in the same order as the
-    simulator's one-client run (bitwise, tests/test_house.py), without the clock, tables and
-    evaluations. A non-finite loss stops it: nothing could start from there."""
+    """The server after ``cfg``'s one-client run: the simulator's calls in its order (bitwise, tests/test_house.py)
+    without clock, tables and evaluations; a non-finite loss stops it (nothing could start from there)."""
     problem = build_problem(cfg, device)
     server = problem.make_server(cfg)
     (client,) = make_clients(cfg, problem.dataset, client_ids=[1])
