@@ -32,7 +32,6 @@ STALL_PUSHES = 100   # pushes per live client without an apply: the protocol mak
 class Reply:
     """What the driver carries back to a client: the server's parameters, or STOP. ``preempt``: the
     client still computes a segment the protocol dropped (a backup worker); it starts over from them."""
-
     client: int
     stop: bool = False
     preempt: bool = False
@@ -43,7 +42,6 @@ class Outcome:
     """What the core did: the ``replies`` the driver carries now, whether the server's version moved
     (``applied``), whether the push was dropped on arrival (``discarded``: by the protocol, or as
     diverging), and whether the run is ending (``stopping``: the driver stops its clients)."""
-
     replies: tuple[Reply, ...] = ()
     applied: bool = False
     discarded: bool = False
@@ -53,7 +51,6 @@ class Outcome:
 @dataclass
 class RunState:
     """What the core knows about the run's course beyond the log."""
-
     stopping: bool = False          # no more pushes are applied (budget spent, diverged, stop)
     diverged: str = ""              # why, when it did
     error: str = ""                 # a failure a driver reported

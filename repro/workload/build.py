@@ -107,7 +107,6 @@ def param_bytes(params: Tensor) -> int:
 @dataclass
 class EvalSets:
     """What an evaluation measures: the test set and a fixed subset of the training set."""
-
     x_test: Tensor
     y_test: Tensor
     x_train: Tensor
@@ -146,7 +145,6 @@ def class_errors(net: FlatNet, params: Tensor, sets: EvalSets, batch_size: int =
 @dataclass
 class Problem:
     """What is trained: data, the network and the server's initial state."""
-
     dataset: Dataset
     net: FlatNet
     init_params: Tensor

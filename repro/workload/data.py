@@ -26,7 +26,6 @@ if TYPE_CHECKING:   # torch is imported where tensors are made: a skipped grid p
 @dataclass(frozen=True)
 class DataSpec:
     """A registered data set: ``load(root, num_train, num_test) -> Dataset`` and what is known before."""
-
     load: Callable[..., "Dataset"]
     input_shape: tuple[int, ...]
     num_classes: int
@@ -41,7 +40,6 @@ DATASETS: Registry[DataSpec] = Registry("data.name", DataSpec)
 @dataclass(frozen=True, eq=False)  # eq=False: comparing tensors with == has no single truth value
 class Dataset:
     """A training and a test set, already standardised with training-set statistics."""
-
     name: str
     x_train: torch.Tensor  # float32, (N, *input_shape)
     y_train: torch.Tensor  # int64, (N,)

@@ -19,7 +19,6 @@ from repro.runtime import memory_bytes
 class ModelSpec:
     """A registered network: its builder and the inputs it is made for (a model that merely *runs*
     on other inputs is not trained on them by mistake)."""
-
     build: Callable[[tuple, int], nn.Module]
     expects: str                                  # for messages, e.g. "(channels, 8, 8) images"
     accepts: Callable[[tuple], bool]              # input shape (without the batch) -> ok?
