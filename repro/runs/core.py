@@ -259,8 +259,7 @@ class RunCore:
             log.info(f"diverged: {why}")
 
     def lose(self, client: int, reason: str, time_s: float = 0.0, applied_at: float | None = None) -> Outcome:
-        """A client is gone: the replies owed to clients it held back. ``applied_at``: when a round the
-        loss closes is applied (default ``time_s``)."""
+        """A client is gone: the replies owed to those it held back (``applied_at``: when a round it closes applies)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
             self.runlog.add_event("client_lost", client=client, reason=reason, lost_time_s=round(time_s, 6))

@@ -84,8 +84,7 @@ def refuse_read_only(run_dir: Path, exc: OSError | None = None) -> ConfigError:
 
 
 def incoming_record(run_dir: Path) -> Path:
-    """Where this process's Hydra record goes: into the run folder, or, where it is read-only, into
-    the temp folder (so Hydra can start a run that will only be skipped or refused)."""
+    """Where this process's Hydra record goes: the run folder, or the temp folder where that is read-only."""
     name = INCOMING_RECORD.format(pid=os.getpid())
     run_dir = Path(run_dir)
     return run_dir / name if not run_dir.is_dir() or not is_read_only(run_dir) else Path(tempfile.gettempdir()) / name
@@ -117,8 +116,7 @@ def recorded_version(run_dir: Path, summary: dict | None) -> int:
 
 
 def decide(cfg: RunConfig, run_dir: Path) -> Decision:
-    """What to do with ``run_dir`` for ``cfg`` (the folder's lock held); ConfigError for 'not without
-    resume=true or force=true', or a resume that would change a training-shaping key."""
+    """What to do with ``run_dir`` for ``cfg`` (its lock held); ConfigError where no flag typed allows it."""
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)   # one a run wrote (a status we know), not someone's own file
     summary = summary if summary and summary.get("status") in schema.STATUSES else None
@@ -197,8 +195,7 @@ def _is_run_config(run_dir: Path) -> bool:
 def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration the run was "
                  "started with; these training-shaping keys differ (recorded -> now): ",
                  resuming: bool = False) -> None:
-    """Refuse to continue (or skip) a run of other training-shaping settings, listing each difference;
-    ``resuming``, also a recorded key this version lacks."""
+    """Refuse to continue (or skip) a run of other training-shaping settings (``resuming``: or unknown keys)."""
     recorded = recorded_config(cfg, run_dir)
     diffs = differences(recorded, cfg) + [f"{key}: {get(recorded, key)!r} -> (no such key in this version)"
                                           for key in (unknown_keys(recorded) if resuming else ())]

@@ -152,8 +152,7 @@ class Problem:
     init_rule_state: dict | None = None   # the server rule's state (warm start), None: fresh
 
     def recorded(self) -> dict:
-        """What config.json records of what is trained, so the analysis need not build it: the
-        network's size (the cost model's transfer times) and the data set's facts."""
+        """What config.json records of what is trained (so the analysis need not build it)."""
         out = {"network": {"num_params": self.init_params.numel(), "param_bytes": param_bytes(self.init_params)}}
         if self.dataset.facts:
             out["dataset"] = dict(self.dataset.facts)

@@ -113,8 +113,7 @@ def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
 
 
 def _check_fit(net: FlatNet, ds: Dataset) -> None:
-    """A minibatch through the module and loss_fn: it takes the inputs, every label is one of its
-    outputs ((N, K): classes 0..K-1), loss_fn gives one number."""
+    """A minibatch through the module and loss_fn: it takes the inputs, has every label, gives one loss."""
     x, y = ds.x_train[:2], ds.y_train[:2]   # two: a per-sample loss (reduction="none") shows
     with torch.no_grad():
         out = _call("module", net.module, f"a module that takes inputs of shape {tuple(x.shape)}", x)

@@ -116,8 +116,7 @@ DIGITS_SPLIT = Path(__file__).with_name("digits_split.npy")   # train indices, t
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """sklearn's ``load_digits(return_X_y=True)``, read from the CSV in its wheel without importing
-    scikit-learn (seconds of import, paid by every process of a run)."""
+    """sklearn's ``load_digits(return_X_y=True)`` read from its wheel's CSV (importing sklearn takes seconds)."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
         raise ConfigError("data", "digits", "scikit-learn installed (it ships the digits data set): "

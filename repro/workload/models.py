@@ -17,8 +17,7 @@ from repro.runtime import memory_bytes
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered network: its builder and the inputs it is made for (a model that merely *runs*
-    on other inputs is not trained on them by mistake)."""
+    """A registered network: its builder and the inputs it is made for (not merely those it runs on)."""
     build: Callable[[tuple, int], nn.Module]
     expects: str                                  # for messages, e.g. "(channels, 8, 8) images"
     accepts: Callable[[tuple], bool]              # input shape (without the batch) -> ok?
@@ -86,8 +85,7 @@ class ChannelLRN(nn.Module):
 @MODELS.register("cifar_18pct", expects="(3, 32, 32) colour images",
                  accepts=lambda shape: tuple(shape) == (3, 32, 32))
 def _cifar_18pct(input_shape, num_classes) -> nn.Module:
-    """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky), the net of the paper's era; pools use
-    ``ceil_mode`` like cuda-convnet, so 32 → 16 → 8 → 4."""
+    """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky), of the paper's era; ``ceil_mode`` pools: 32 → 16 → 8 → 4."""
     if len(input_shape) != 3:
         raise ValueError(f"cifar_18pct takes images (channels, height, width), not {tuple(input_shape)}")
     body = nn.Sequential(

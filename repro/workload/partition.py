@@ -16,8 +16,7 @@ _STREAM = 0x9A27   # the partition's own generator stream, apart from the client
 
 
 def split(cfg: RunConfig, labels: np.ndarray) -> list[np.ndarray] | None:
-    """The training-set indices of clients 1..N (item k - 1: client k, sorted), or None when
-    every client reads the whole set (``iid`` without slow-client classes)."""
+    """The sorted training-set indices of clients 1..N (item k - 1: client k); None when all read the whole set."""
     data, n = cfg.data, cfg.num_clients
     labels = np.asarray(labels)
     if data.partition == "iid" and data.slow_client_classes is None:

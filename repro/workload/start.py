@@ -45,8 +45,7 @@ def cache_dir(cfg: RunConfig) -> Path:
 
 
 def warm_start_state(cfg: RunConfig, device: torch.device, like: Tensor | None = None) -> tuple[Tensor, dict]:
-    """The cached warm-start (parameters, server-rule state), training the baseline if needed.
-    ``like``: parameters a cached state must match (size, dtype)."""
+    """The cached warm start (parameters, rule state), trained if needed; ``like``: parameters it must match."""
     folder = cache_dir(cfg)
     path = folder / "server.pt"
     with FileLock(folder / ".lock", wait=True):   # concurrent grid jobs: one trains, the rest wait
