@@ -1,20 +1,6 @@
 """The run core: a run's bookkeeping, written once for both drivers (docs/architecture.md, "The seam").
-
-A driver decides only *which* push comes next and *when*, and carries the replies; the core does
-the rest with the same rules for both. **The seam**: the driver hands the core what it needs in
-:meth:`RunCore.begin`, then pushes; each call that can end the run (begin, on_push, settle, lose,
-drain) returns an :class:`Outcome` (the replies to carry, whether the run is stopping: the one
-way a driver learns that); the driver hands over what it measured (:meth:`RunCore.record_timing`)
-and the core writes every table. **A push, one pass** (:meth:`RunCore.on_push`): the divergence
-check, the protocol's decision (:mod:`repro.asgd.protocols`), the server's apply, one
-``updates.csv`` row, the replies. **Cadence** (:meth:`RunCore.settle`): evaluations, checkpoints,
-progress. **Divergence**: one rule, :mod:`repro.runs.evaluations`. **The budget**:
-``num_epochs`` of applied samples (:func:`repro.config.checks.check_segment`). **No loop without
-progress**: a protocol that keeps every live client waiting, or applies nothing for
-``STALL_PUSHES`` pushes per live client, fails the run. **The ending** (:meth:`RunCore.finish`):
-status, final evaluation and checkpoint, summary; :func:`repro.runs.folder.run_folder` makes sure
-every ending has one.
-"""
+A driver decides only *which* push comes next and *when*, and carries the replies; the core checks,
+applies and logs each push, keeps the evaluation and checkpoint cadence, and ends the run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,10 +30,8 @@ STALL_PUSHES = 100   # pushes per live client without an apply: the protocol mak
 
 @dataclass(frozen=True)
 class Reply:
-    """What the driver carries back to a client: the server's parameters, or STOP.
-    ``preempt``: the client is still computing a segment the protocol dropped (a sync round's
-    backup worker); the parameters reach it now and it starts over from them."""
-
+    """What the driver carries back to a client: the server's parameters, or STOP. ``preempt``: the
+    client still computes a segment the protocol dropped (a backup worker); it starts over from them."""
     client: int
     stop: bool = False
     preempt: bool = False
@@ -55,12 +39,9 @@ class Reply:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the core did: :meth:`RunCore.on_push` says which ``replies`` the driver carries now, whether the
-    server's version moved (``applied``: this push, or a merge it completed) and whether the push was dropped on
-    arrival (``discarded``: by the protocol, or refused as diverging; the server only replies); :meth:`RunCore.lose`
-    the replies a lost client's barrier owed. ``stopping``, from each of them and from :meth:`RunCore.begin`,
-    ``settle`` and ``drain``: the run is ending, no more pushes are applied (the driver stops its clients)."""
-
+    """What the core did: the ``replies`` the driver carries now, whether the server's version moved
+    (``applied``), whether the push was dropped on arrival (``discarded``: by the protocol, or as
+    diverging), and whether the run is ending (``stopping``: the driver stops its clients)."""
     replies: tuple[Reply, ...] = ()
     applied: bool = False
     discarded: bool = False
@@ -70,7 +51,6 @@ class Outcome:
 @dataclass
 class RunState:
     """What the core knows about the run's course beyond the log."""
-
     stopping: bool = False          # no more pushes are applied (budget spent, diverged, stop)
     diverged: str = ""              # why, when it did
     error: str = ""                 # a failure a driver reported
@@ -114,19 +94,12 @@ class RunCore:
         self._unapplied = 0                       # pushes since the last apply
         self._checkpointed = self.server.version   # the version of the last periodic checkpoint
 
-    # -- the start ------------------------------------------------------------------------------
     def begin(self, clients: list[int], time_s: float = 0.0, protocol_state: dict | None = None,
               fetching: bool = True, driver_state: Callable[[], dict] | None = None,
               params_home: torch.Tensor | None = None, waiting: Callable[[], None] | None = None) -> Outcome:
-        """Start serving ``clients``: the protocol, and version 0 evaluated and waited for before any push
-        (the reference for divergence, every curve's first point; ``waiting`` is called meanwhile: the real
-        server heartbeats the clients awaiting its HELLO). ``fetching``: each client holds the server's
-        parameters now; False for a resumed simulation, whose clients hold what they fetched before the
-        checkpoint, as the rule's record of those fetches (DC-ASGD's backups) does, restored with the server.
-        ``driver_state``: what the driver adds to each checkpoint (its clients, its schedule); ``params_home``:
-        a tensor the server keeps its parameters in from now on (the real driver's reply frame: a reply then
-        copies nothing). A held push whose type cannot be rebuilt (a Push subclass that is not importable)
-        is a ConfigError naming the run folder."""
+        """Start serving ``clients``: the protocol, and version 0 evaluated before any push. ``fetching``:
+        each client holds the server's parameters now (not so in a resumed simulation); ``params_home``:
+        a tensor the server keeps its parameters in from now on (the real driver's reply frame)."""
         self.state.driver_state = driver_state or self.state.driver_state
         if params_home is not None:
             self.server.keep_in(params_home)
@@ -139,9 +112,8 @@ class RunCore:
             if protocol_state is not None:
                 self.protocol.load_state_dict(protocol_state)
         except LookupError as exc:   # never a held push rebuilt as a plain Push without its fields
-            raise ConfigError("resume", str(self.run_dir), f"a checkpoint whose held pushes can be "
-                              f"rebuilt: {exc}; make that type importable, or force=true starts the "
-                              "run over") from exc
+            raise ConfigError("resume", str(self.run_dir), f"a checkpoint whose held pushes can be rebuilt: {exc}; "
+                              "make that type importable, or force=true starts the run over") from exc
         for k in clients if fetching else ():
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:   # (may find version 0 non-finite)
@@ -151,7 +123,6 @@ class RunCore:
         self.state.stopping |= self.runlog.samples_seen >= self.budget
         return Outcome(stopping=self.state.stopping)
 
-    # -- a push ---------------------------------------------------------------------------------
     @property
     def error(self) -> str:
         """Why the run failed (:meth:`fail`), or ""."""
@@ -177,14 +148,11 @@ class RunCore:
         self.state.stopping = True
 
     def on_push(self, push: Push, time_s: float) -> Outcome:
-        """One push, one pass: check it, ask the protocol, apply what it says, and say who gets
-        what back: the pushing client, and any client the decision released. Nothing is applied
-        once the run is stopping. The driver carries the replies, then calls :meth:`settle`."""
+        """One push: check it, ask the protocol, apply what it says, say who gets what back."""
         if self.state.stopping:
             return Outcome((Reply(push.client, stop=True),), stopping=True)
         version, decision, mine = self.server.version, Decision(), [int(push.read_version), int(push.client)]
-        why = self.evals.check_loss(push)   # every push, before any protocol merges it
-        if why:
+        if why := self.evals.check_loss(push):   # every push, before any protocol merges it
             self.diverge(why)
             self.discarded.append(mine)   # dropped on arrival, no apply (which cost=fit leaves out)
             replies = self._deliver([Reply(push.client)])
@@ -196,8 +164,7 @@ class RunCore:
                        discarded=bool(why) or any([int(v), int(k)] == mine for v, k in decision.discarded))
 
     def record_timing(self, time_s: float, client: int, read_version: int, **parts: float) -> None:
-        """Where one push's round trip went (timings.csv's parts, measured by the driver, or
-        from its clock); after :meth:`on_push`, so the row has the version of its updates row."""
+        """One push's timings.csv row, after :meth:`on_push` (so it has the version of its updates row)."""
         self.runlog.log_timing(time_s=time_s, client=client, read_version=read_version, **parts)
 
     def view(self) -> View:
@@ -224,8 +191,7 @@ class RunCore:
         return applied
 
     def _check_progress(self) -> None:
-        """A protocol that holds every live client, or applies nothing push after push, would
-        leave a driver's loop turning (or waiting) for good: the run fails instead, saying so."""
+        """A protocol that holds every live client, or applies nothing push after push, fails the run."""
         if self.state.stopping or not self.live:
             return
         name = self.cfg.protocol.name
@@ -254,8 +220,8 @@ class RunCore:
 
     def settle(self, time_s: float, evaluated: Callable[[float], None] = lambda t: None,
                waiting: Callable[[], None] | None = None) -> Outcome:
-        """After the replies went out: evaluation and checkpoint cadence, progress. ``evaluated(time_s)``: an
-        evaluation row was written now, before this version's checkpoint; ``waiting``: as :meth:`begin`'s."""
+        """After the replies went out: evaluation and checkpoint cadence, progress. ``evaluated(time_s)``:
+        an evaluation row was written now, before this version's checkpoint."""
         evals = self.runlog.last_eval_version
         self.drain()
         if self.evals.due() and not self.state.diverged:
@@ -271,8 +237,7 @@ class RunCore:
         return Outcome(stopping=self.state.stopping)
 
     def drain(self) -> Outcome:
-        """Write the rows of finished evaluations (one may find the run diverged; one that failed
-        fails it); the driver that evaluates in a thread asks between pushes."""
+        """Write the rows of finished evaluations (one may find the run diverged; one that failed fails it)."""
         for why in self.evals.drain():
             self.diverge(why)
         return Outcome(stopping=self.state.stopping)
@@ -294,9 +259,7 @@ class RunCore:
             log.info(f"diverged: {why}")
 
     def lose(self, client: int, reason: str, time_s: float = 0.0, applied_at: float | None = None) -> Outcome:
-        """A client is gone; the run goes on with the rest. The Outcome's replies are owed to
-        clients the lost one held back (a barrier it no longer blocks). ``applied_at``: when a
-        round the loss closes is applied (the simulator's server may be busy past ``time_s``)."""
+        """A client is gone: the replies owed to those it held back (``applied_at``: when a round it closes applies)."""
         if str(client) not in self.runlog.lost_clients:
             self.runlog.lost_clients[str(client)] = reason
             self.runlog.add_event("client_lost", client=client, reason=reason, lost_time_s=round(time_s, 6))
@@ -311,8 +274,7 @@ class RunCore:
         return Outcome(tuple(replies), stopping=self.state.stopping)
 
     def join(self, client: int, time_s: float = 0.0) -> bool:
-        """A client joined the running run (the real driver), fetching the current version now (its staleness counts
-        from here); True: a lost client back (``client_rejoined``, degrading no more), else ``client_joined``."""
+        """A client joined, fetching the current version now; True: a lost client back."""
         rejoin = self.runlog.lost_clients.pop(str(client), None) is not None
         self.runlog.add_event("client_rejoined" if rejoin else "client_joined", client=client,
                               joined_time_s=round(time_s, 6))
@@ -322,7 +284,6 @@ class RunCore:
         self.server.fetched(client)
         return rejoin
 
-    # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         state = {"kind": self.runlog.backend, "server": to_cpu(self.server.state_dict()),
                  "runlog": self.runlog.state_dict(), "driver": self.state.driver_state(),
@@ -330,10 +291,8 @@ class RunCore:
                  "protocol": to_cpu(self.protocol.state_dict()) if self.protocol else {}}
         save_checkpoint(state, self.run_dir / schema.CHECKPOINT_FILE)
 
-    # -- the end --------------------------------------------------------------------------------
     def final_status(self, interrupted: bool, away: frozenset[int] = frozenset()) -> tuple[str, str]:
-        """The status of a run whose loop has ended, and its message. ``away``: lost clients due
-        back (the simulator's churn), not lost for good, so they degrade nothing."""
+        """The status of a run whose loop ended, and its message; ``away``: lost clients due back."""
         self.state.away = away   # nor does the summary name them (lost_clients)
         if self.state.error:
             return "failed", self.state.error
@@ -342,21 +301,19 @@ class RunCore:
         if self.state.diverged:
             return "diverged", self.state.diverged
         if self.runlog.samples_seen < self.budget:
-            lost = sorted(int(k) for k in self.runlog.lost_clients)
-            return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} "
-                              f"of {self.cfg.num_epochs:g}; lost: {lost}); see the client_lost events")
+            return "failed", (f"every client was lost before the budget (epoch {self.runlog.epoch:.2f} of "
+                              f"{self.cfg.num_epochs:g}; lost: {sorted(self.lost_clients)}); see the client_lost "
+                              "events")
         gone = sorted(self.lost_clients - away)
-        # the clients there at the end, not the joins ever made: a joiner may have taken a lost
-        # client's place (not degraded), but a real resume restarts clients 1..N, not joiners
+        # the clients there at the end: a joiner may take a lost client's place; a real resume restarts only 1..N
         if gone and len(self.live | away) < self.cfg.num_clients:
             return "completed_degraded", f"clients {gone} were lost; the others finished the budget"
         return "completed", ""
 
     def finish(self, status: str, message: str = "", clean: bool = True, **extra) -> dict:
-        """End the run: final evaluation (completed runs), final checkpoint of a clean state
-        (``clean``: no push half-served), terminal summary, files closed. Idempotent. An evaluation
-        still running in its thread, or the final one, that evaluates no batch for ``backend.timeout_s``
-        (5 s when not clean) ends the run ``failed`` (or ``interrupted``) without its row."""
+        """End the run: final evaluation (completed runs), final checkpoint of a clean state (``clean``:
+        no push half-served), terminal summary, files closed. Idempotent. An evaluation that evaluates
+        no batch for ``backend.timeout_s`` (5 s when not clean) ends it ``failed`` (or ``interrupted``)."""
         if self.finished is not None:
             return self.finished
         limit, key = (self.cfg.backend.timeout_s, " (backend.timeout_s)") if clean else (5.0, "")

@@ -1,14 +1,6 @@
-"""A run's evaluations and the one rule of divergence they set, for the run core.
-
-When (every ``eval_every`` epochs of applied samples) and where (inline in the simulator, free in
-virtual time; on a snapshot in a thread in the real server, so it never stalls the pushes; one at
-a time), each one's ``evals.csv`` row or why it found the run diverged (non-finite parameters or
-losses; no evaluation follows), and the reference loss each push is checked against. The core
-turns what :meth:`Evaluations.drain` and :meth:`Evaluations.check_loss` say into the run's
-divergence; a failed evaluation is raised, and fails the run. The core waits for the ones a run
-cannot go on without (version 0's, a resumed one, the final one) while each evaluates a batch every
-``backend.timeout_s`` (:meth:`Evaluations.join`).
-"""
+"""A run's evaluations and the one rule of divergence they set, for the run core: inline in the simulator,
+on a snapshot in a thread in the real server (never stalling the pushes), one at a time; each one's
+``evals.csv`` row or why it found the run diverged, and the reference loss each push is checked against."""
 from __future__ import annotations
 
 import math
@@ -28,18 +20,15 @@ from repro.workload.build import Problem, evaluate
 
 
 def nonfinite(result: dict, version: int) -> str:
-    """Why an evaluation's result means divergence, or "". Finite parameters with non-finite
-    losses at version 0 are not a blow-up of training but of what it starts from: said so."""
+    """Why an evaluation's result means divergence, or "" (at version 0: what training starts from)."""
     if result.get("nonfinite"):
         return f"non-finite parameters at the evaluation of version {version}"
-    bad = {k: v for k, v in result.items() if not math.isfinite(v)}
-    if not bad:
+    if not (bad := {k: v for k, v in result.items() if not math.isfinite(v)}):
         return ""
     what = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
     if version == 0:
-        return (f"the evaluation of version 0 gives non-finite {what} although the initial "
-                "parameters are finite: the data hold non-finite values, or the model overflows "
-                "at its initial parameters; nothing was trained")
+        return (f"the evaluation of version 0 gives non-finite {what} although the initial parameters are finite: the "
+                "data hold non-finite values, or the model overflows at its initial parameters; nothing was trained")
     return f"non-finite losses at the evaluation of version {version} ({what})"
 
 
@@ -75,9 +64,8 @@ class Evaluations:
         return {"reference_loss": self.reference_loss, **({"evaluating": vars(self.running)} if self.running else {})}
 
     def check_loss(self, push: Push) -> str:
-        """Why this push's training loss means divergence, or "". The reference is the larger of
-        the version-0 training loss and the loss of a uniform guess (ln C for cross-entropy), so a
-        warm start's small initial loss does not make its first stale transient 'divergence'."""
+        """Why this push's training loss means divergence, or "": the reference is the larger of the
+        version-0 training loss and ln C, so a warm start's first stale transient is not 'divergence'."""
         if not math.isfinite(push.train_loss):
             return f"client {push.client} pushed a non-finite training loss ({push.train_loss})"
         ref, factor = self.reference_loss, self.divergence_factor
@@ -87,23 +75,19 @@ class Evaluations:
         return ""
 
     def due(self) -> bool:
-        """An evaluation is due (applied samples reached the next multiple of eval_every epochs)
-        and none is running (its row comes before the next is asked)."""
+        """An evaluation is due (``next_eval`` reached) and none is running."""
         return self.runlog.samples_seen >= self.runlog.next_eval and self.running is None
 
     def submit(self, version: int, time_s: float, params: Tensor, inline: bool = False,
                samples_seen: int | None = None, waiting: Callable[[], None] | None = None) -> None:
-        """Evaluate a snapshot of ``params`` (a copy: the server applies on while a thread runs);
-        ``samples_seen``: the count at the snapshot (a resumed checkpoint's :attr:`running`); ``waiting`` is
-        called while the caller waits for it (``wait_s``)."""
+        """Evaluate a snapshot of ``params``; ``waiting`` is called while the caller waits (``wait_s``)."""
         samples = self.runlog.samples_seen if samples_seen is None else samples_seen
         req = self.running = EvalRequest(version, time_s, samples, params.detach().clone())
         self.asked = version
         if not self.in_thread:
             self._evaluate(req)
             return
-        # in a thread even so: a hung one must not hold the server for good; an ``inline`` one
-        # the caller waits for itself (:meth:`join`), as long as the run's end would
+        # in a thread even so: a hung one must not hold the server; the caller joins an ``inline`` one
         self._thread = threading.Thread(target=self._evaluate, args=(req,), name="evaluator", daemon=True)
         self.progressed()
         self._thread.start()
@@ -114,8 +98,7 @@ class Evaluations:
                 waiting()
 
     def _evaluate(self, req: EvalRequest) -> None:
-        # CPU time of this thread, not wall time: what an evaluation takes from the machine's
-        # cores, however long the clients beside it made it wait
+        # this thread's CPU time, not wall time: what it takes from the cores, however long it waited
         start = time.thread_time()
         beats = self.net.module.register_forward_hook(self.progressed) if self.in_thread else None
         try:
@@ -133,12 +116,9 @@ class Evaluations:
         self.last_progress = time.monotonic()
 
     def join(self, timeout_s: float, key: str = "", waiting: Callable[[], None] | None = None) -> str:
-        """Wait for the evaluation in its thread to end (the process should not end under it: a
-        thread killed mid-kernel is not) while it evaluates a batch every ``timeout_s`` (``key``
-        names it: a slow one is waited for, a hung one is not), or until a stop is asked (a first
-        Ctrl-C; one asked before the wait does not end it); "" when none is running now, else why
-        not, naming its version; ``waiting`` is called meanwhile. One still running is left to the process's
-        exit (:func:`repro.runtime.abandon`): not waited for, nor reported, again."""
+        """Wait for the evaluation in its thread while it evaluates a batch every ``timeout_s`` (``key``
+        names it), or until a stop is asked after the wait began; "" when none runs now, else why not.
+        One still running is left to the process's exit, not waited for, nor reported, again."""
         if self.hung:
             return ""
         asked = stop_asked()
@@ -158,21 +138,18 @@ class Evaluations:
             "was not waited for: a stop was asked" if stopped else f"evaluated no batch in {timeout_s:g} s{key}")
 
     def drain(self) -> list[str]:
-        """Write the rows of finished evaluations; return why each one that found divergence
-        did. An evaluation that failed (an exception, not the numbers) fails the run: raised."""
+        """Write the rows of finished evaluations; why each that found divergence did (one that raised: raised)."""
         diverged = []
         while not self._results.empty():
             req, result = self._results.get()
             self.running = None
             if isinstance(result, Exception):
                 raise RuntimeError(f"evaluation at version {req.version} failed: {result}") from result
-            why = nonfinite(result, req.version)
-            if why:
+            if why := nonfinite(result, req.version):
                 self.runlog.next_eval = math.inf   # no more evaluations of a diverged run
                 diverged.append(why)
                 continue
             if self.reference_loss is None:
                 self.reference_loss = max(result["train_loss"], math.log(self.num_classes))
-            self.runlog.log_eval(version=req.version, time_s=req.time_s, samples_seen=req.samples_seen,
-                                 **result)
+            self.runlog.log_eval(version=req.version, time_s=req.time_s, samples_seen=req.samples_seen, **result)
         return diverged

@@ -1,20 +1,6 @@
-"""A run folder's life, for either driver: one writer, what an existing folder means, the checks
-a resume makes before it touches a file, and a terminal summary on every ending.
-
-* **One writer.** :func:`open_folder` takes the folder's lock (:mod:`repro.files.locks`) for the
-  whole run; a second writer (a second launch, or ``resume=true`` while the first is alive) is
-  refused with exit 2 naming the holder. A dead holder's lock is taken over.
-* **What is already there** (:func:`decide`): nothing: a fresh run. A finished run
-  (completed, degraded, diverged): skipped, also by ``resume=true`` (a finished run is never
-  changed). An interrupted, failed or killed run: refused unless ``resume=true`` (continue it) or
-  ``force=true`` (start over); starting over is never silent. ``resume=auto`` continues what can
-  be continued and starts what cannot, for launchers that restart a job (torchrun).
-* **Resume checks** (before any file is touched): every training-shaping key must equal the
-  recorded one (:func:`repro.config.settings.differences`); the checkpoint and the tables up to
-  it are checked by :mod:`repro.runs.resume`.
-* **Every ending** (:func:`run_folder`): whatever happens inside, an exception or a forced
-  second Ctrl-C included, the run ends with a terminal summary and the lock is released.
-"""
+"""A run folder's life, for either driver: one writer (:func:`open_folder`), what an existing folder
+means (:func:`decide`), the checks a resume makes before it touches a file, and a terminal summary
+on every ending (:func:`run_folder`). The guarantees: docs/failures.md, "Run folders"."""
 from __future__ import annotations
 
 import contextlib
@@ -39,14 +25,11 @@ from repro.runtime import StopRequest, torchrun_env
 
 log = get_logger("repro.runs.folder")
 
-# Hydra writes a job's record (.hydra/config.yaml, overrides.yaml, hydra.yaml) before our code
-# runs; it goes to a folder of this process's own (conf/config.yaml: hydra.output_subdir), and
-# becomes the folder's .hydra/ only once this run has the folder (a refused or skipped run must
-# not overwrite the record of the run the folder holds).
+# Hydra's record of a job goes to a folder of this process's own (hydra.output_subdir) and becomes
+# the folder's .hydra/ once this run has the folder: a refused or skipped run keeps the folder's record
 HYDRA_RECORD, INCOMING_RECORD = ".hydra", ".hydra_incoming_{pid}"
 
-RUN_FILES = (schema.CONFIG_FILE, schema.UPDATES_FILE, schema.EVALS_FILE, schema.SUMMARY_FILE,
-             schema.CHECKPOINT_FILE)
+RUN_FILES = (schema.CONFIG_FILE, schema.UPDATES_FILE, schema.EVALS_FILE, schema.SUMMARY_FILE, schema.CHECKPOINT_FILE)
 
 
 @dataclass
@@ -57,8 +40,7 @@ class Decision:
 
 @contextlib.contextmanager
 def open_folder(run_dir: str | Path):
-    """Hold the run folder's lock for the duration (ConfigError, exit 2, if another live run
-    holds it)."""
+    """Hold the run folder's lock for the duration (ConfigError if another live run holds it)."""
     run_dir = Path(run_dir)
     made, path = not run_dir.exists(), run_dir / schema.LOCK_FILE
     try:
@@ -102,9 +84,7 @@ def refuse_read_only(run_dir: Path, exc: OSError | None = None) -> ConfigError:
 
 
 def incoming_record(run_dir: Path) -> Path:
-    """Where this process's Hydra record goes (conf/config.yaml: ``hydra.output_subdir``): into
-    the run folder, or, where the folder is read-only, into the temp folder, so that Hydra can
-    start a run that will only be skipped or refused."""
+    """Where this process's Hydra record goes: the run folder, or the temp folder where that is read-only."""
     name = INCOMING_RECORD.format(pid=os.getpid())
     run_dir = Path(run_dir)
     return run_dir / name if not run_dir.is_dir() or not is_read_only(run_dir) else Path(tempfile.gettempdir()) / name
@@ -124,23 +104,19 @@ def drop_hydra_record(run_dir: Path) -> None:
 
 
 def recorded_version(run_dir: Path, summary: dict | None) -> int:
-    """The version a folder's run reached: its summary's, or, for a run killed before its
-    summary moved on (it still says running), the last row of updates.csv."""
+    """The version a folder's run reached: its summary's, or a killed run's last updates.csv row."""
     version = int(summary.get("version", 0)) if summary else 0
     if summary is None or summary.get("status") == "running":
         with contextlib.suppress(OSError):
             lines = (Path(run_dir) / schema.UPDATES_FILE).read_text(errors="replace").splitlines()
             for line in reversed(lines[1:]):
-                row = schema.parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0)
-                if row is not None:
+                if (row := schema.parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0)) is not None:
                     return max(version, row)
     return version
 
 
 def decide(cfg: RunConfig, run_dir: Path) -> Decision:
-    """What to do with ``run_dir`` for ``cfg`` (call with the folder's lock held). Raises
-    ConfigError when the answer is 'not without resume=true or force=true', or when a resume
-    would change a training-shaping key."""
+    """What to do with ``run_dir`` for ``cfg`` (its lock held); ConfigError where no flag typed allows it."""
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)   # one a run wrote (a status we know), not someone's own file
     summary = summary if summary and summary.get("status") in schema.STATUSES else None
@@ -160,16 +136,14 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
     if status in schema.FINISHED_STATUSES:
         check_config(cfg, run_dir, f"a folder whose finished ({status}) run has these settings "
                                    "(force=true starts it over); these differ (recorded -> now): ")
-        log.info(f"skip {run_dir}: already {status}; a finished run is never changed "
-                 "(force=true re-runs it)")
+        log.info(f"skip {run_dir}: already {status}; a finished run is never changed (force=true re-runs it)")
         return Decision("skip", summary)
     version = recorded_version(run_dir, summary)
     what = f"an {status} run" if status[0] in "aeiou" else f"a {status} run"
     if status == "running":
         what = "a killed run (" + ("its summary still says running)" if summary else "it has no readable summary.json)")
     has_checkpoint = (run_dir / schema.CHECKPOINT_FILE).exists()
-    # a killed run's rows reach updates.csv at its checkpoints (or a buffer's worth): with none, how
-    # far it got is not known (its summary's version is the start's)
+    # a killed run's rows reach updates.csv at its checkpoints: with none, how far it got is unknown
     at = (f"at version {version}" if version or has_checkpoint or status != "running"
           else "before its first checkpoint")
     if not cfg.resume:   # killed before its first checkpoint: resume=true would refuse it too
@@ -189,11 +163,9 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
 
 
 def finished(cfg: RunConfig, run_dir: str | Path) -> dict | None:
-    """The summary of the finished run in ``run_dir`` when :func:`run_folder` would only skip it
-    for ``cfg`` (decided as there, under the folder's lock), else None: a grid point asks before
-    its driver loads torch, which cost each process running points seconds only to skip them.
-    What a driver rewrites or answers first (cost.path: a replay or a fit; a torchrun world's
-    other ranks) is its own to decide."""
+    """The summary of the finished run in ``run_dir`` when :func:`run_folder` would only skip it,
+    else None: a grid point asks before its driver loads torch. What a driver rewrites or answers
+    first (cost.path; a torchrun world's other ranks) is its own to decide."""
     run_dir = Path(run_dir)
     try:
         if cfg.force or cfg.cost.path or not (run_dir / schema.SUMMARY_FILE).is_file() or torchrun_env():
@@ -223,9 +195,7 @@ def _is_run_config(run_dir: Path) -> bool:
 def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration the run was "
                  "started with; these training-shaping keys differ (recorded -> now): ",
                  resuming: bool = False) -> None:
-    """Refuse to continue (or to skip as done) a run with other training-shaping settings,
-    listing every difference; ``resuming``, also a recorded key this version lacks (the run
-    would go on without it, and its config.json, rewritten, would no longer record it)."""
+    """Refuse to continue (or skip) a run of other training-shaping settings (``resuming``: or unknown keys)."""
     recorded = recorded_config(cfg, run_dir)
     diffs = differences(recorded, cfg) + [f"{key}: {get(recorded, key)!r} -> (no such key in this version)"
                                           for key in (unknown_keys(recorded) if resuming else ())]
@@ -239,8 +209,7 @@ def check_config(cfg: RunConfig, run_dir: Path, what: str = "the configuration t
 
 
 def recorded_config(cfg: RunConfig, run_dir: Path) -> dict:
-    """The folder's config.json, or a ConfigError naming what the user typed (the resume flag,
-    else the folder): no run can be continued or skipped unchecked against it."""
+    """The folder's config.json, or a ConfigError naming what the user typed (resume, else the folder)."""
     try:
         return read_recorded(run_dir)
     except (OSError, ValueError) as e:
@@ -264,15 +233,10 @@ def start_fresh(run_dir: Path) -> None:
         (Path(run_dir) / name).unlink(missing_ok=True)
     shutil.rmtree(Path(run_dir) / "_tmp", ignore_errors=True)
 
-# ---------------------------------------------------------------------------------------------
-# A run folder's life, for either driver
-# ---------------------------------------------------------------------------------------------
-
 
 class FolderRun:
-    """What :func:`run_folder` yields: the decision, the checkpoint to resume from, and the
-    core once the driver builds it (so an ending nobody handled is still written).
-    ``summary``: the run's summary after the ``with`` block (also after a forced stop)."""
+    """What :func:`run_folder` yields: the decision, the checkpoint to resume from, and the core
+    once the driver builds it; ``summary``: the run's summary after the ``with`` block."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, decision: Decision, stop: StopRequest):
         self.cfg, self.run_dir, self.decision, self.stop = cfg, run_dir, decision, stop
@@ -296,17 +260,14 @@ class FolderRun:
     def checkpoint(self, kind: str, device) -> dict | None:
         """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
         from repro.runs.resume import resume_state   # torch: not for a run that is only skipped
-
         return resume_state(self.run_dir, kind, device, self.cfg) if self.decision.action == "resume" else None
 
 
 @contextlib.contextmanager
 def run_folder(cfg: RunConfig, run_dir: str | Path):
-    """``with run_folder(cfg, run_dir) as run:`` hold the folder (one writer), decide what it
-    means (fresh, skip, resume: ConfigError when neither flag allows it), stop on signals, and
-    make sure the run ends with a terminal summary whatever happens inside. A forced stop (a
-    second signal) is absorbed here: after the block, ``run.summary`` says ``interrupted``; any
-    other exception is re-raised once the summary says ``failed``."""
+    """``with run_folder(cfg, run_dir) as run:`` hold the folder, decide what it means, stop on
+    signals, and end with a terminal summary whatever happens inside: a forced stop (a second
+    signal) is absorbed (``interrupted``); any other exception is re-raised once it says ``failed``."""
     run_dir = Path(run_dir)
     validated(cfg)   # every entry point, not only the command line: no number may hang a run
     with open_folder(run_dir), StopRequest() as stop:
@@ -334,8 +295,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
 
 
 def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
-    """:func:`decide`, where a read-only folder allows only a skip (what resume=true or
-    force=true would do cannot be done there); a refusal drops this process's Hydra record."""
+    """:func:`decide`, where a read-only folder allows only a skip; a refusal drops the Hydra record."""
     try:
         decision = decide(cfg, run_dir)
         if decision.action != "skip" and is_read_only(run_dir):
@@ -354,8 +314,7 @@ def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
         if core is not None and core.finished is None:
             core.finish(status, why + resume_hint(core.run_dir), clean=False)
         elif core is None and early and run.decision.action == "fresh":
-            # ended before its core existed (building the data, the network, the warm start):
-            # a terminal summary says so, not an empty folder that looks like a point never started
+            # ended before its core existed: say so, not an empty folder that looks never started
             write_json(Path(run.run_dir) / schema.SUMMARY_FILE, {**run.summary, "status": status, "message":
                        why + "nothing was trained; resume=auto (or force=true) starts it again"})
     except Exception as exc:   # the summary could not be written either: say so on stderr (run.log, opened at
@@ -363,16 +322,13 @@ def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
             log.error(f"could not record the end of {run.run_dir}: {exc}")
 
 
-# A grid point's way on: resume=true would refuse every point that never started (nothing to
-# continue) and stop the grid there; resume=auto continues what can be and starts the rest.
 GRID_HOW = ("it is a grid point: the grid's command with resume=auto continues every interrupted point "
             "from its checkpoint, and starts the points that have none or never ran (resume=true would "
             "refuse those); force=true starts the points over")
 
 
 def in_grid(run_dir: Path) -> bool:
-    """Whether this run is a point of a grid: Hydra's record of this launch (this process's own,
-    or the one the folder adopted) says ``mode: MULTIRUN``."""
+    """Whether Hydra's record of this launch (this process's, or the folder's) says ``mode: MULTIRUN``."""
     for record in (incoming_record(run_dir), Path(run_dir) / HYDRA_RECORD):
         try:
             text = (record / "hydra.yaml").read_text()
@@ -383,8 +339,7 @@ def in_grid(run_dir: Path) -> bool:
 
 
 def resume_hint(run_dir: Path) -> str:
-    """How to continue this folder's run, from what its checkpoint holds; for a grid point,
-    with ``resume=auto`` on the grid's command, naming the folder."""
+    """How to continue this folder's run, from what its checkpoint holds."""
     path = Path(run_dir) / schema.CHECKPOINT_FILE
     if not path.exists():
         return "no checkpoint was written: force=true starts over"

@@ -1,10 +1,5 @@
-"""What a resume reads before it continues a run: the checkpoint (written by the same driver and
-holding every part a resume reads) and the tables up to it. The tables must be intact up to the
-checkpoint (:func:`repro.files.schema.check_table`; timings.csv, one row per handled push, up to
-the row count the checkpoint recorded: :func:`repro.files.schema.check_handled`). Rows after the
-checkpoint are dropped (the resumed run recomputes them); a damaged row before it is refused,
-naming the file and line. :mod:`repro.runs.folder` decides whether a run resumes at all.
-"""
+"""What a resume reads before it continues a run: the checkpoint, checked whole, and the tables,
+intact up to it; rows after it are dropped (the resumed run recomputes them)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,11 +25,9 @@ DRIVER = {"sim": {"driver.clients": dict, "driver.scheduler": dict}, "real": {"d
 
 
 def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunConfig | None = None) -> dict:
-    """The checkpoint to resume from, its tables cut back to it (see the module docstring):
-    ConfigError naming the file and line when a row the resumed run needs is damaged or missing,
-    or, before any file changes, listing the settings in which the run that wrote the checkpoint
-    differs from ``cfg`` (config.json agrees with ``cfg``, but a checkpoint copied from another
-    run's folder was continued, its rows after the first run's)."""
+    """The checkpoint to resume from, its tables cut back to it: ConfigError naming the file and line
+    of a damaged or missing row, or, before any file changes, each setting in which the run that wrote
+    the checkpoint differs from ``cfg`` (a checkpoint copied from another run's folder)."""
     state = load_checkpoint(run_dir, kind, device)
     runlog, run_dir = state["runlog"], Path(run_dir)
     written_by = runlog.get("config")   # (none in a checkpoint older than this check)
@@ -46,11 +39,9 @@ def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunC
     version, evaluated = int(runlog["version"]), int(runlog["last_eval_version"])
     for name, columns, upto in ((schema.UPDATES_FILE, schema.UPDATE_COLUMNS, version),
                                 (schema.EVALS_FILE, schema.EVAL_COLUMNS, evaluated)):
-        kept, dropped = schema.check_table(run_dir / name, columns, upto,
-                                           contiguous=name == schema.UPDATES_FILE)
+        kept, dropped = schema.check_table(run_dir / name, columns, upto, contiguous=name == schema.UPDATES_FILE)
         cut(run_dir / name, kept, dropped, f"after version {upto}")
-    # timings.csv has a row per handled push (versions repeat): the rows the checkpoint counted (an
-    # older checkpoint counted none: the rows up to its version); the resumed run counts on from them
+    # timings.csv: a row per handled push (versions repeat), up to the rows the checkpoint counted (older: none)
     rows = runlog.get("timing_rows")
     kept, dropped = schema.check_handled(run_dir / schema.TIMINGS_FILE, schema.TIMING_COLUMNS, version,
                                          None if rows is None else int(rows))
@@ -67,8 +58,7 @@ def cut(path: Path, kept: list[str], dropped: int, after: str) -> None:
 
 
 def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dict:
-    """The run folder's checkpoint, which must have been written by the ``kind`` driver and
-    hold the server, the run log and the driver's state."""
+    """The run folder's checkpoint, written by the ``kind`` driver and holding every part a resume reads."""
     path = Path(run_dir) / schema.CHECKPOINT_FILE
     if not path.exists():
         raise ConfigError("resume", True, f"a run folder holding {schema.CHECKPOINT_FILE} "
@@ -80,8 +70,7 @@ def load_checkpoint(run_dir: Path, kind: str, device: torch.device | str) -> dic
     if state.get("kind") != kind:
         raise ConfigError("resume", True, f"a {kind!r} checkpoint ({path} was written by the "
                           f"{state.get('kind')!r} backend)")
-    missing = _missing(state, {**REQUIRED, **DRIVER[kind]})
-    if missing:
+    if missing := _missing(state, {**REQUIRED, **DRIVER[kind]}):
         raise ConfigError("resume", str(path), f"a complete checkpoint (it lacks {', '.join(missing)})")
     return state
 
@@ -93,7 +82,6 @@ def _missing(state: dict, required: dict) -> list[str]:
         node = state
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        ok = isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))
-        if not ok:
+        if not (isinstance(node, kind) or (kind is float and isinstance(node, int) and not isinstance(node, bool))):
             out.append(key)
     return out

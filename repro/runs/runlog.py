@@ -1,10 +1,5 @@
-"""The server's logbook: the only writer of a run folder's tables and summary.
-
-Both drivers hand every applied push and every evaluation to a :class:`RunLog`; it owns the
-fixed-schema CSV writers (:mod:`repro.files.schema`), the cumulative sample count, the evaluation
-schedule (every ``eval_every`` epochs of applied samples, so curves for different client counts
-share an axis), time-to-target bookkeeping, events, and the atomic ``summary.json``.
-"""
+"""The server's logbook: the only writer of a run folder's tables and summary, with the sample count,
+the evaluation schedule (every ``eval_every`` epochs of applied samples), time to target and events."""
 from __future__ import annotations
 
 import contextlib
@@ -19,17 +14,14 @@ from repro.files.storage import disk_error, read_regular, write_denied, write_js
 from repro.logs import get_logger
 
 RESERVE_FILE = ".reserve"      # kept free for the final summary.json when the disk fills up
-
 RESERVE_BYTES = 64 * 1024
 
 _log = get_logger("repro.progress")
 
 
 def worse_than_start(evals_path: Path) -> str:
-    """A sentence when a run's last evaluation has a higher test loss than its first (it ran its
-    budget, but did not train: a completed status alone would hide that), else ""."""
+    """A sentence when a run's last evaluation has a higher test loss than its first, else ""."""
     import csv
-
     try:
         with open(evals_path, newline="") as f:
             rows = list(csv.DictReader(f))
@@ -45,18 +37,14 @@ def worse_than_start(evals_path: Path) -> str:
 
 
 def diverged_advice(lr: float, num_clients: int) -> str:
-    """What to change when a run diverges: staleness shrinks the largest stable step, and
-    staleness grows with the clients (TEACHING.md, step 2)."""
+    """What to change when a run diverges (TEACHING.md, step 2)."""
     return (f"try a smaller algo.lr (now {lr:g}"
-            + (f"; at {num_clients} clients staleness shrinks the step that stays stable)"
-               if num_clients > 1 else ")"))
+            + (f"; at {num_clients} clients staleness shrinks the step that stays stable)" if num_clients > 1 else ")"))
 
 
 def recorded_config(config: dict, measured: dict, run_dir: Path, environment: dict, trained: dict) -> dict:
-    """What ``config.json`` records: the resolved ``config`` with what the run ``measured``
-    (dotted keys, e.g. a calibrated ``cost.compute_s``), the ``environment`` bit-for-bit identity
-    depends on, what is ``trained`` (the analysis reads it here) and, for a folder name too long
-    for the file system, the overrides it stands for."""
+    """What ``config.json`` records: the resolved ``config`` with what the run ``measured`` (dotted
+    keys), the ``environment``, what is ``trained`` and, for a shortened folder name, its overrides."""
     recorded = dict(config)
     for key, value in measured.items():
         section, _, leaf = key.rpartition(".")
@@ -126,18 +114,14 @@ class RunLog:
         self._reserve = self.run_dir / RESERVE_FILE
         self._reserve.write_bytes(b"\0" * RESERVE_BYTES)   # room for the last summary on a full disk
         write_json(self.run_dir / schema.CONFIG_FILE, config)
-        append = resume_from is not None
-        self.tables = tuple(CsvWriter(self.run_dir / name, columns, append) for name, columns in (
+        self.tables = tuple(CsvWriter(self.run_dir / name, columns, resume_from is not None) for name, columns in (
             (schema.UPDATES_FILE, schema.UPDATE_COLUMNS), (schema.EVALS_FILE, schema.EVAL_COLUMNS),
             (schema.TIMINGS_FILE, schema.TIMING_COLUMNS)))
         self.updates, self.evals, self.timings = self.tables
         self.write_summary("running")
 
-    # -- rows ---------------------------------------------------------------------------------
     def log_push(self, *, version: int, time_s: float, staleness: int, **pushed: Any) -> None:
-        """One applied push's row. ``pushed``: the push's own fields that updates.csv has a
-        column for (:data:`repro.files.schema.UPDATE_COLUMNS`; the run core passes them), the
-        rest is the log's."""
+        """One applied push's row; ``pushed``: the push's own fields that updates.csv has a column for."""
         samples = self.samples_seen + pushed["num_samples"]
         self.updates.write({   # the row first: a failed write (a full disk) changes no total
             "version": version, "time_s": time_s, "clock": self.clock, "staleness": staleness,
@@ -145,9 +129,7 @@ class RunLog:
         self.samples_seen, self.version, self.time_s = samples, version, time_s
 
     def log_timing(self, *, time_s: float, client: int, read_version: int, **parts: float) -> None:
-        """Where one push's round trip went (``timings.csv``: ``parts`` are its seconds columns);
-        written by the driver after the core handled the push, so ``version`` is that of its
-        updates.csv row when it was applied."""
+        """Where one push's round trip went (``parts``: timings.csv's seconds columns)."""
         self.timings.write({"version": self.version, "time_s": time_s, "clock": self.clock, "client": client,
                             "read_version": read_version, **{k: float(v) for k, v in parts.items()}})
         self.timing_rows += 1
@@ -158,14 +140,12 @@ class RunLog:
 
     def log_eval(self, *, version: int, time_s: float, samples_seen: int | None = None,
                  test_loss: float, test_error: float, train_loss: float, train_error: float) -> None:
-        """Record an evaluation of the parameters at ``version`` (``samples_seen`` defaults to now;
-        an evaluator thread passes the count at its snapshot)."""
+        """Record an evaluation of the parameters at ``version`` (``samples_seen``: at its snapshot)."""
         samples = self.samples_seen if samples_seen is None else samples_seen
         while self.next_eval <= samples:
             self.next_eval += self.eval_every_samples
-        row = {"version": version, "time_s": time_s, "clock": self.clock,
-               "epoch": samples / self.num_train, "samples_seen": samples,
-               "test_loss": float(test_loss), "test_error": float(test_error),
+        row = {"version": version, "time_s": time_s, "clock": self.clock, "epoch": samples / self.num_train,
+               "samples_seen": samples, "test_loss": float(test_loss), "test_error": float(test_error),
                "train_loss": float(train_loss), "train_error": float(train_error)}
         self.evals.write(row)
         self.flush()
@@ -177,19 +157,17 @@ class RunLog:
     def add_event(self, kind: str, **fields: Any) -> None:
         self.events.append({"type": kind, "time_s": self.time_s, "version": self.version, **fields})
 
-    # -- summary ------------------------------------------------------------------------------
     def wall_time_s(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
 
     def write_summary(self, status: str, message: str = "", **extra: Any) -> dict:
         assert status in schema.STATUSES, status
-        summary = {
-            "status": status, "backend": self.backend, "clock": self.clock, "version": self.version,
-            "samples_seen": self.samples_seen, "epoch": self.epoch, "time_s": self.time_s,
-            "wall_time_s": self.wall_time_s(), "final": self.final,
-            "time_to_target": {schema.target_key(self.target_error): self.time_to_target},
-            "events": self.events, "message": message,
-            "lost_clients": sorted(int(k) for k in self.lost_clients), **extra}
+        summary = {"status": status, "backend": self.backend, "clock": self.clock, "version": self.version,
+                   "samples_seen": self.samples_seen, "epoch": self.epoch, "time_s": self.time_s,
+                   "wall_time_s": self.wall_time_s(), "final": self.final,
+                   "time_to_target": {schema.target_key(self.target_error): self.time_to_target},
+                   "events": self.events, "message": message,
+                   "lost_clients": sorted(int(k) for k in self.lost_clients), **extra}
         path = self.run_dir / schema.SUMMARY_FILE
         try:
             write_json(path, summary)
@@ -210,7 +188,6 @@ class RunLog:
                 writer.close()
         self._reserve.unlink(missing_ok=True)
 
-    # -- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         self.flush()
         return {"samples_seen": self.samples_seen, "next_eval": self.next_eval, "version": self.version,
@@ -257,9 +234,7 @@ class Progress:
         elapsed, epoch, key = now - self.started, log.epoch, "test_loss" if self.loss_only else "test_error"
         # before the first push there is no rate: no eta (max(nan, 0) printed 'nans')
         eta = f"{max(elapsed * (self.total - epoch) / epoch, 0):6.1f}s" if epoch > 0 else "     ?"
-        err = ""
-        if key in log.final:
-            value = log.final[key]
-            err = f"  test loss {value:.4g}" if self.loss_only else f"  test error {100 * value:5.2f}%"
+        v = log.final.get(key)
+        err = "" if v is None else f"  test loss {v:.4g}" if self.loss_only else f"  test error {100 * v:5.2f}%"
         _log.info(f"[{self.label}] epoch {epoch:6.2f}/{self.total:g}  version {log.version:6d}{err}"
                   f"  elapsed {elapsed:6.1f}s  eta {eta}")

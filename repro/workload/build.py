@@ -1,13 +1,5 @@
-"""What is trained, built from a :class:`~repro.config.settings.RunConfig` the same way below both
-drivers: the data, the network (as a :class:`~repro.asgd.flatnet.FlatNet`), the server's initial
-state (random, or the warm start), its clients and the sets every evaluation measures
-(:class:`EvalSets`), with what an evaluation measures on them (:func:`evaluate`, and at the end
-of a finished run :func:`class_errors`; when and where they run: :mod:`repro.runs.evaluations`).
-
-One place decides how a config becomes these objects, so the simulator and the real driver start
-from exactly the same state: model init seeded by ``seed``, client ``k``'s data order seeded by
-``(seed, k)``. Neither driver imports the other.
-"""
+"""What is trained, built from a config the same way for both drivers (so they start from exactly
+the same state): the data, the network, the server, its clients, and what an evaluation measures."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,20 +22,15 @@ TRAIN_SUBSET = 1000  # training-error evaluations use this many fixed training s
 
 
 def check_components(cfg: RunConfig) -> None:
-    """What the configured problem needs, checked before any work from the data set's declaration
-    (nothing is loaded): the data set's files, where it reads any; a model made for its inputs; a
-    minibatch no larger than its training set. Once per process for each choice: the command
-    line asks before Hydra makes a run folder, :func:`repro.workload.start.build_problem` for
-    every other caller."""
-    _check_components(cfg.data.name, cfg.data.root, cfg.data.num_train, cfg.model.name,
-                      cfg.algo.batch_size)
+    """The data set's files, a model made for its inputs, a minibatch no larger than its training
+    set: checked from the data set's declaration (nothing loaded), once per process for each choice."""
+    _check_components(cfg.data.name, cfg.data.root, cfg.data.num_train, cfg.model.name, cfg.algo.batch_size)
     check_partition(cfg)
 
 
 def check_partition(cfg: RunConfig) -> None:
-    """The clients' own data (``data.partition``, ``data.slow_client_classes``) against the
-    training labels: every client holds a minibatch, every tied class exists. Loads the data
-    (on the CPU, once per process for each choice); nothing to do for the default iid."""
+    """The clients' own data against the training labels: every client holds a minibatch, every
+    slow-client class exists. Loads the data (once per process for each choice; not for iid)."""
     data = cfg.data
     if data.partition == "iid" and data.slow_client_classes is None:
         return
@@ -51,8 +38,7 @@ def check_partition(cfg: RunConfig) -> None:
     if key in _PARTITIONS_CHECKED:
         return
     ds = load_dataset(data.name, root=data.root, num_train=data.num_train, num_test=data.num_test)
-    wrong = sorted(set(data.slow_client_classes or ()) - set(range(ds.num_classes)))
-    if wrong:
+    if wrong := sorted(set(data.slow_client_classes or ()) - set(range(ds.num_classes))):
         raise ConfigError("data.slow_client_classes", list(data.slow_client_classes), f"class labels of "
                           f"data '{data.name}': integers in 0..{ds.num_classes - 1} ({wrong[0]} is not one)")
     split(cfg, ds.y_train.numpy())
@@ -68,18 +54,14 @@ def _check_components(data: str, root, num_train, model: str, batch_size: int) -
     if spec.check_source is not None:
         spec.check_source(root)
     check_fits(model, spec.input_shape, spec.num_classes, data)
-    size = num_train if num_train is not None else spec.num_train
-    if size is not None:
+    if (size := num_train if num_train is not None else spec.num_train) is not None:
         check_batch_size(batch_size, size)
 
 
 def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
-    """The configured data set on ``device`` (:func:`check_components` says beforehand whether
-    the model and the batch fit it)."""
-    ds = load_dataset(cfg.data.name, root=cfg.data.root, num_train=cfg.data.num_train,
-                      num_test=cfg.data.num_test)
-    counts = class_counts(cfg, ds.y_train.numpy(), ds.num_classes)
-    if counts is not None:   # the run folder records what each client holds (repro.analysis draws it)
+    """The configured data set on ``device``."""
+    ds = load_dataset(cfg.data.name, root=cfg.data.root, num_train=cfg.data.num_train, num_test=cfg.data.num_test)
+    if (counts := class_counts(cfg, ds.y_train.numpy(), ds.num_classes)) is not None:   # recorded for the analysis
         ds = dataclasses.replace(ds, facts={**ds.facts, "client_class_counts": counts})
     return ds.to(device)
 
@@ -87,8 +69,7 @@ def load_data(cfg: RunConfig, device: torch.device | str = "cpu") -> Dataset:
 def build_net(cfg: RunConfig, ds: Dataset, device: torch.device | str = "cpu") -> FlatNet:
     """The network with parameters initialised from ``seed`` (identical in every process)."""
     torch.manual_seed(cfg.seed)
-    module = build_model(cfg.model.name, ds.input_shape, ds.num_classes).to(device)
-    return FlatNet(module, LOSSES[ds.task])
+    return FlatNet(build_model(cfg.model.name, ds.input_shape, ds.num_classes).to(device), LOSSES[ds.task])
 
 
 def make_server_rule(cfg: RunConfig) -> ServerRule:
@@ -103,8 +84,7 @@ def make_server(cfg: RunConfig, params: Tensor) -> ParameterServer:
 
 
 def make_clients(cfg: RunConfig, ds: Dataset, client_ids: list[int] | None = None) -> list[Client]:
-    """Clients 1..num_clients, each with its own seeded stream over the training samples it
-    holds (``data.partition``: by default the whole set)."""
+    """Clients 1..num_clients, each with its own seeded stream over the training samples it holds."""
     rule = make_server_rule(cfg)   # clients push what the server's rule consumes
     ids = client_ids if client_ids is not None else range(1, cfg.num_clients + 1)
     parts = split(cfg, ds.y_train.cpu().numpy())   # None: every client reads the whole set
@@ -127,7 +107,6 @@ def param_bytes(params: Tensor) -> int:
 @dataclass
 class EvalSets:
     """What an evaluation measures: the test set and a fixed subset of the training set."""
-
     x_test: Tensor
     y_test: Tensor
     x_train: Tensor
@@ -137,8 +116,7 @@ class EvalSets:
     def of(cls, ds: Dataset) -> "EvalSets":
         """From a data set: its test set, a fixed training subset."""
         n = min(TRAIN_SUBSET, ds.num_train)
-        idx = torch.randperm(ds.num_train, generator=torch.Generator().manual_seed(0))[:n]
-        idx = idx.to(ds.x_train.device)
+        idx = torch.randperm(ds.num_train, generator=torch.Generator().manual_seed(0))[:n].to(ds.x_train.device)
         return cls(ds.x_test, ds.y_test, ds.x_train[idx], ds.y_train[idx])
 
 
@@ -146,16 +124,12 @@ def evaluate(net: FlatNet, params: Tensor, sets: EvalSets) -> dict:
     """Test and train-subset loss and error of ``params`` (evals.csv's metric columns)."""
     test_loss, test_error = net.evaluate(params, sets.x_test, sets.y_test)
     train_loss, train_error = net.evaluate(params, sets.x_train, sets.y_train)
-    return {"test_loss": test_loss, "test_error": test_error,
-            "train_loss": train_loss, "train_error": train_error}
+    return {"test_loss": test_loss, "test_error": test_error, "train_loss": train_loss, "train_error": train_error}
 
 
 @torch.no_grad()
 def class_errors(net: FlatNet, params: Tensor, sets: EvalSets, batch_size: int = 1024) -> list | None:
-    """Test error of ``params`` on each class (index = label; None for a class the test set does
-    not hold): summary.json's ``final_class_test_error``. Whether a method starves the classes
-    only a slow client holds shows here, not in the mean. None for a loss that is not
-    classification (the quadratic's labels mean nothing)."""
+    """summary.json's ``final_class_test_error``: the test error on each class; None if not classification."""
     if net.loss_fn is not torch.nn.functional.cross_entropy or not len(sets.y_test):
         return None
     net.load(params)
@@ -170,8 +144,7 @@ def class_errors(net: FlatNet, params: Tensor, sets: EvalSets, batch_size: int =
 
 @dataclass
 class Problem:
-    """What is trained: data, the network (as a :class:`~repro.asgd.flatnet.FlatNet`) and the server's initial state."""
-
+    """What is trained: data, the network and the server's initial state."""
     dataset: Dataset
     net: FlatNet
     init_params: Tensor
@@ -179,9 +152,7 @@ class Problem:
     init_rule_state: dict | None = None   # the server rule's state (warm start), None: fresh
 
     def recorded(self) -> dict:
-        """What a run folder's config.json records of what is trained, beside the settings, so
-        the analysis reads it instead of building the network or the data: the network's size
-        (which sets the cost model's transfer times) and what the data set states of itself."""
+        """What config.json records of what is trained (so the analysis need not build it)."""
         out = {"network": {"num_params": self.init_params.numel(), "param_bytes": param_bytes(self.init_params)}}
         if self.dataset.facts:
             out["dataset"] = dict(self.dataset.facts)

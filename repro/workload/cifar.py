@@ -1,11 +1,6 @@
-"""The CIFAR-10 python batches, read safely: the official files are pickles, and a pickle can run
-code, so :func:`read_batch` rebuilds only dicts, lists, numbers, bytes and plain numpy arrays
-(any other global is refused before it is looked up) and checks what it rebuilt: uint8 images
-of 3x32x32, labels 0..9. :func:`find_folder` finds the batches under ``data.root`` (or the extracted
-archive's folder below it) and :func:`check_source` checks they are there before any work.
-Every fault is a :class:`~repro.errors.DataError` on ``data.root`` saying what exactly is
-wrong. :mod:`repro.workload.data` registers the data set ``cifar10`` on these.
-"""
+"""The CIFAR-10 python batches, read safely: a pickle can run code, so :func:`read_batch` rebuilds
+only dicts, lists, numbers, bytes and plain numpy arrays, and checks them (uint8 3x32x32 images,
+labels 0..9). Every fault is a :class:`~repro.errors.DataError` on ``data.root`` saying what is wrong."""
 from __future__ import annotations
 
 import os
@@ -38,15 +33,13 @@ _SAFE_GLOBALS = {
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
-    # Python 3 pickles bytes at protocol 2 as _codecs.encode(str, 'latin1'); the wrapper above
-    # accepts only that, so re-pickled batches load too.
+    # Python 3 pickles bytes at protocol 2 as _codecs.encode(str, 'latin1'): re-pickled batches load too
     ("_codecs", "encode"): _latin1_encode,
 }
 
 
 class _BatchUnpickler(pickle.Unpickler):
-    """Refuses any global but :data:`_SAFE_GLOBALS` (``os.system``, ``builtins.eval``, ...)
-    before it is looked up, so a crafted file cannot run code."""
+    """Refuses any global but :data:`_SAFE_GLOBALS` before it is looked up."""
 
     def find_class(self, module, name):
         if (module, name) not in _SAFE_GLOBALS:
@@ -55,7 +48,6 @@ class _BatchUnpickler(pickle.Unpickler):
 
 
 def _error(root, detail: str) -> DataError:
-    """DataError on data.root whose message starts with what exactly was wrong."""
     err = DataError("data.root", root, CIFAR10_EXPECTED)
     err.args = (f"{detail}. {err.args[0]}",)
     return err
@@ -78,10 +70,8 @@ def read_batch(path: str, root) -> tuple[np.ndarray, np.ndarray]:
         raise bad(f"expected a pickled dict, found {type(batch).__name__}")
     data = batch.get(b"data", batch.get("data"))
     labels = batch.get(b"labels", batch.get("labels"))
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-            or data.shape[1] != 3 * 32 * 32:
-        found = (f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray)
-                 else type(data).__name__)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        found = f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise bad(f"b'data' must be a uint8 array of shape (n, 3072), found {found}")
     labels = np.asarray(labels) if isinstance(labels, (list, np.ndarray)) else None
     if labels is None or labels.shape != (data.shape[0],) or labels.dtype.kind not in "iu" \
@@ -104,8 +94,7 @@ def find_folder(root) -> str:
 
 
 def check_source(root) -> None:
-    """The folder, its first training batch and its test batch exist (the loader reads only the
-    batches data.num_train needs; contents are checked as they are read)."""
+    """The folder, its first training batch and its test batch exist (contents are checked as read)."""
     folder = find_folder(root)
     for name in (TRAIN_FILES[0], TEST_FILE):
         if not os.path.isfile(os.path.join(folder, name)):

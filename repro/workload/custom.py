@@ -1,14 +1,6 @@
-"""A user's own problem, for :func:`repro.api.simulate`: the objects it is handed (a module, two
-(inputs, labels) pairs of numpy arrays or torch tensors, a loss function) checked, and turned
-into the :class:`~repro.workload.build.Problem` the simulator trains (a classification problem:
-float32 inputs, int64 labels, C = one more than the largest label). Every fault is a
-:class:`~repro.errors.ConfigError` naming the argument, the value and what would be valid,
-before any training (a label the module has no output for, a non-finite input, ragged or empty
-sets, a batch larger than the training set, a module or loss_fn that fails on the inputs); no
-fault surfaces later as an index error or a loss of nan that the run would blame on the
-learning rate. Also the names config.json records of the problem (:func:`names`: digests, so
-a run folder of other data or weights is never taken for this problem's).
-"""
+"""A user's own problem for :func:`repro.api.simulate` (docs/api.md), checked and made the
+:class:`~repro.workload.build.Problem` the simulator trains: every fault is a ConfigError naming the
+argument before any training, never an index error or a nan loss blamed on the learning rate."""
 from __future__ import annotations
 
 import copy
@@ -33,9 +25,12 @@ ArrayLike = Union[Tensor, np.ndarray]   # inputs and labels: numpy arrays or tor
 
 def custom_problem(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike],
                    loss_fn, batch_size: int, device: torch.device) -> Problem:
-    """The problem of ``module`` (copied: the caller's is never trained) on ``train`` and
-    ``test``, its current weights the initial ones, on ``device``."""
-    ds = _dataset(train, test, device)
+    """The problem of a copy of ``module`` (its current weights the initial ones) on ``device``."""
+    (x_train, y_train), (x_test, y_test) = _pair("train", *train), _pair("test", *test)
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise ConfigError("test", f"inputs of shape {tuple(x_test.shape)}",
+                          f"the training inputs' sample shape {tuple(x_train.shape[1:])}")
+    ds = Dataset("custom", x_train, y_train, x_test, y_test, int(max(y_train.max(), y_test.max())) + 1).to(device)
     check_batch_size(batch_size, ds.num_train, key="batch_size")
     net = FlatNet(copy.deepcopy(module).to(device), loss_fn)
     _check_fit(net, ds)
@@ -43,8 +38,7 @@ def custom_problem(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: 
 
 
 def check_objects(module, train, test, loss_fn, run_dir) -> Path | None:
-    """The arguments that are objects, not settings: ConfigError naming the one of a wrong type.
-    Returns the run folder, ``~`` expanded (None: none asked for)."""
+    """ConfigError naming an argument (an object, not a setting) of a wrong type; the run folder, or None."""
     if not isinstance(module, nn.Module):
         raise ConfigError("module", f"a {type(module).__name__}", "a torch.nn.Module")
     for key, pair in (("train", train), ("test", test)):
@@ -62,16 +56,14 @@ def check_objects(module, train, test, loss_fn, run_dir) -> Path | None:
     folder = Path(run_dir).expanduser().absolute()
     if schema.holds_others(folder):   # e.g. home: the run's files among the user's
         raise ConfigError("run_dir", os.fspath(run_dir), schema.OTHERS)
-    why = unmakeable(folder)   # e.g. under a file: else NotADirectoryError from the run folder's lock
-    if why:
+    if why := unmakeable(folder):   # e.g. under a file: else NotADirectoryError from the run folder's lock
         raise ConfigError("run_dir", os.fspath(run_dir), f"a folder that can be made: {why}")
     return folder
 
 
 def check_trainable(module: nn.Module, weight_decay: float) -> None:
-    """Frozen parameters (``requires_grad=False``) the clients can honour: not every one (else
-    backward() fails in training), and none under weight decay, which acts on the whole flat
-    parameter vector (torch.optim.SGD skips them: here they would shrink every step)."""
+    """Frozen parameters the clients can honour: not every one (else backward() fails), and none
+    under weight decay, which acts on the whole flat vector (torch.optim.SGD skips them)."""
     frozen = [not p.requires_grad for p in module.parameters()]
     if frozen and all(frozen):
         raise ConfigError("module", f"a {type(module).__name__} with every parameter frozen",
@@ -82,10 +74,8 @@ def check_trainable(module: nn.Module, weight_decay: float) -> None:
 
 
 def names(problem: Problem, module: nn.Module, loss_fn) -> tuple[str, str]:
-    """config.json's data.name and model.name for a user's problem: ``custom:<digest of both
-    sets>`` and ``custom:<class>@<digest of the initial weights and the loss's name>``. Both are
-    training-shaping keys, so a run_dir holding a run of other data or weights is refused, never
-    returned as this one's (the settings alone cannot tell them apart)."""
+    """config.json's data.name and model.name for a user's problem (docs/api.md): training-shaping,
+    so a run_dir holding a run of other data or weights is refused, never returned as this one's."""
     ds = problem.dataset
     loss = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
     return (f"custom:{_digest(ds.x_train, ds.y_train, ds.x_test, ds.y_test)}",
@@ -99,16 +89,6 @@ def _digest(*tensors: Tensor, text: str = "") -> str:
     return h.hexdigest()
 
 
-def _dataset(train: tuple[ArrayLike, ArrayLike], test: tuple[ArrayLike, ArrayLike],
-             device: torch.device) -> Dataset:
-    (x_train, y_train), (x_test, y_test) = _pair("train", *train), _pair("test", *test)
-    if x_train.shape[1:] != x_test.shape[1:]:
-        raise ConfigError("test", f"inputs of shape {tuple(x_test.shape)}",
-                          f"the training inputs' sample shape {tuple(x_train.shape[1:])}")
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
-    return Dataset("custom", x_train, y_train, x_test, y_test, num_classes).to(device)
-
-
 def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
     """(inputs, labels) as float32 and int64 tensors, or a ConfigError that says what is wrong."""
     dtype = getattr(y, "dtype", None)   # the caller's own dtype name, numpy's or torch's
@@ -117,8 +97,7 @@ def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
         raise ConfigError(key, f"inputs of shape {tuple(x.shape)}, labels of shape {tuple(y.shape)}",
                           "equally many (>0) inputs and labels, labels of shape (N,)")
     if y.dtype == torch.bool or y.dtype.is_floating_point or y.dtype.is_complex:
-        raise ConfigError(key, f"labels of dtype {dtype or y.dtype}",
-                          "integer class labels 0..C-1 (any integer dtype)")
+        raise ConfigError(key, f"labels of dtype {dtype or y.dtype}", "integer class labels 0..C-1 (any integer dtype)")
     y = y.to(torch.long)
     if y.min() < 0:
         raise ConfigError(key, f"a label of {int(y.min())}", "integer class labels 0..C-1 (none negative)")
@@ -134,9 +113,7 @@ def _pair(key: str, x: ArrayLike, y: ArrayLike) -> tuple[Tensor, Tensor]:
 
 
 def _check_fit(net: FlatNet, ds: Dataset) -> None:
-    """A minibatch through the module and loss_fn: the module must take the inputs, every label
-    must be one of its outputs (a (N, K) output: classes 0..K-1) and loss_fn must give one
-    number; else the first evaluation fails deep inside training."""
+    """A minibatch through the module and loss_fn: it takes the inputs, has every label, gives one loss."""
     x, y = ds.x_train[:2], ds.y_train[:2]   # two: a per-sample loss (reduction="none") shows
     with torch.no_grad():
         out = _call("module", net.module, f"a module that takes inputs of shape {tuple(x.shape)}", x)

@@ -1,14 +1,6 @@
-"""Data sets and each client's stream of minibatches.
-
-This module owns everything between files (or generators) on disk and the tensors a client trains
-on: the data sets users name with ``data=...``, their fixed train/test splits and
-standardisation (the safe CIFAR-10 batch parser is :mod:`repro.workload.cifar`'s), and
-:class:`ClientStream`, each client's seeded order over the training set (Downpour: every replica
-reads its own order of the data).
-
-Every data set is fixed across runs: the training ``seed`` changes the clients' orders and the
-model's initialisation, never which samples are in the train or test set.
-"""
+"""The data sets users name with ``data=...`` (fixed train/test splits, standardised) and
+:class:`ClientStream`, each client's seeded order over the training set. The training ``seed``
+never changes which samples are in the train or test set."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,16 +25,12 @@ if TYPE_CHECKING:   # torch is imported where tensors are made: a skipped grid p
 
 @dataclass(frozen=True)
 class DataSpec:
-    """A registered data set: its loader ``load(root, num_train, num_test) -> Dataset`` and the
-    shape of one input, known before loading (so a model/data mismatch is refused before any work)."""
-
+    """A registered data set: ``load(root, num_train, num_test) -> Dataset`` and what is known before."""
     load: Callable[..., "Dataset"]
     input_shape: tuple[int, ...]
     num_classes: int
     task: str = "classification"   # or "quadratic" (the loss the worker minimises)
-    # check_source(root): raise DataError when the files the loader reads are missing; called
-    # before Hydra makes a run folder, so a bad data.root leaves nothing behind (None: no files)
-    check_source: Callable[..., None] | None = None
+    check_source: Callable[..., None] | None = None   # DataError for missing files, before Hydra makes a folder
     num_train: int | None = None   # training-set size when data.num_train is null (None: unknown)
 
 
@@ -52,7 +40,6 @@ DATASETS: Registry[DataSpec] = Registry("data.name", DataSpec)
 @dataclass(frozen=True, eq=False)  # eq=False: comparing tensors with == has no single truth value
 class Dataset:
     """A training and a test set, already standardised with training-set statistics."""
-
     name: str
     x_train: torch.Tensor  # float32, (N, *input_shape)
     y_train: torch.Tensor  # int64, (N,)
@@ -60,9 +47,7 @@ class Dataset:
     y_test: torch.Tensor
     num_classes: int
     task: str = "classification"   # "quadratic": loss 0.5 (w.x)^2, errors meaningless (0)
-    # what the data set states of itself for the record (config.json's "dataset"), so the
-    # analysis need not build it: the quadratic's curvatures
-    facts: dict = dataclasses.field(default_factory=dict)
+    facts: dict = dataclasses.field(default_factory=dict)   # config.json's "dataset": the analysis reads it
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -74,31 +59,19 @@ class Dataset:
 
     def to(self, device) -> "Dataset":
         """A copy with all four tensors on ``device`` (e.g. the GPU, so minibatches never cross PCIe)."""
-        return dataclasses.replace(
-            self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
-            x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+        return dataclasses.replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
+                                   x_test=self.x_test.to(device), y_test=self.y_test.to(device))
 
 
 def load_dataset(name: str, *, root: str | None = None,
                  num_train: int | None = None, num_test: int | None = None) -> Dataset:
-    """Load data set ``name`` (no seed: the data is fixed across training seeds on purpose).
-
-    ``num_train``/``num_test`` take the first n samples of the fixed split (for ``synthetic`` and
-    ``mnist1d`` they set how many are generated). ``root`` is only read by ``cifar10``.
-    """
-    spec = DATASETS[name]
-    num_train = _check_count("data.num_train", num_train)
-    num_test = _check_count("data.num_test", num_test)
-    return spec.load(root, num_train, num_test)
-
-
-# ----------------------------------------------------------------------------- helpers
+    """Data set ``name``: the first ``num_train``/``num_test`` samples of its fixed split (how many
+    are generated, for ``synthetic`` and ``mnist1d``); ``root``: its files or cache."""
+    return DATASETS[name].load(root, _check_count("data.num_train", num_train), _check_count("data.num_test", num_test))
 
 
 def check_batch_size(batch_size, num_train: int, key: str = "algo.batch_size") -> None:
-    """A minibatch is 1 to ``num_train`` samples (every step sees exactly ``batch_size``). Asked
-    before any work of the data set's declared size (:func:`repro.workload.build.check_components`,
-    the API of its own data) and by every :class:`ClientStream` of the set it reads."""
+    """A minibatch is 1 to ``num_train`` samples (every step sees exactly ``batch_size``)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= num_train:
         raise ConfigError(key, batch_size, f"an integer from 1 to the training-set size {num_train}")
 
@@ -122,22 +95,16 @@ def _take(key: str, x: np.ndarray, y: np.ndarray, n: int | None):
 
 def _finish(name: str, train: tuple, test: tuple, num_train: int | None, num_test: int | None,
             channel_dims: tuple[int, ...] | None) -> Dataset:
-    """The first ``num_train``/``num_test`` (inputs, labels) of ``train``/``test`` (:func:`_take`)
-    of a 10-class set, standardised with TRAIN statistics only (so the test set stays unseen).
-
-    ``channel_dims`` None: one scalar mean/std; else the dims to reduce over, one pair per channel.
-    Works in float32 in place: CIFAR-10's training set is 600 MB as float32, twice that as float64.
-    """
+    """The first ``num_train``/``num_test`` samples of a 10-class set, standardised with training
+    statistics only (``channel_dims``: the dims reduced per channel; None: one scalar mean/std).
+    In float32, in place: CIFAR-10's training set is 600 MB as float32, twice that as float64."""
     import torch
-
     x_train, y_train = _take("data.num_train", *train, num_train)
     x_test, y_test = _take("data.num_test", *test, num_test)
-    x_train = torch.tensor(x_train, dtype=torch.float32)  # always a copy: safe to modify in place
-    x_test = torch.tensor(x_test, dtype=torch.float32)
-    if channel_dims is None:
-        std, mean = torch.std_mean(x_train, correction=0)
-    else:
-        std, mean = torch.std_mean(x_train, dim=channel_dims, correction=0, keepdim=True)
+    # torch.tensor always copies: safe to modify in place
+    x_train, x_test = (torch.tensor(x, dtype=torch.float32) for x in (x_train, x_test))
+    per_channel = {} if channel_dims is None else {"dim": channel_dims, "keepdim": True}
+    std, mean = torch.std_mean(x_train, correction=0, **per_channel)
     std = torch.where(std > 0, std, torch.ones_like(std))  # a constant input stays 0, not NaN
     for x in (x_train, x_test):
         x.sub_(mean).div_(std)
@@ -145,16 +112,11 @@ def _finish(name: str, train: tuple, test: tuple, num_train: int | None, num_tes
     return Dataset(name, x_train, as_y(y_train), x_test, as_y(y_test), 10)
 
 
-# ----------------------------------------------------------------------------- digits
-
-
 DIGITS_SPLIT = Path(__file__).with_name("digits_split.npy")   # train indices, then test indices
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """sklearn's digits as ``load_digits(return_X_y=True)`` gives them, read from the CSV inside
-    the installed wheel without importing scikit-learn (scipy and scikit-learn take seconds to
-    import, paid by every process of a run on a small machine)."""
+    """sklearn's ``load_digits(return_X_y=True)`` read from its wheel's CSV (importing sklearn takes seconds)."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
         raise ConfigError("data", "digits", "scikit-learn installed (it ships the digits data set): "
@@ -166,11 +128,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 @DATASETS.register("digits", input_shape=(1, 8, 8), num_classes=10, num_train=1437)
 def _load_digits(root, num_train, num_test) -> Dataset:
-    """sklearn's 8x8 digits (ships in the wheel): a fixed stratified 1437/360 split.
-
-    The split is ``train_test_split(x, y, test_size=360, stratify=y, random_state=0)``, stored as
-    its indices (``digits_split.npy``; a test checks it against scikit-learn): random_state=0 on
-    purpose, the split must not move with the training seed."""
+    """sklearn's 8x8 digits, split 1437/360 by stored indices (docs/getting-started.md)."""
     x, y = digits_arrays()
     x = (x / 16.0).reshape(-1, 1, 8, 8)
     order = np.load(DIGITS_SPLIT, allow_pickle=False).astype(np.int64)
@@ -178,35 +136,22 @@ def _load_digits(root, num_train, num_test) -> Dataset:
     return _finish("digits", (x[train], y[train]), (x[test], y[test]), num_train, num_test, None)
 
 
-# ----------------------------------------------------------------------------- mnist1d
-
 MNIST1D_DEFAULT_TRAIN, MNIST1D_DEFAULT_TEST = 4000, 1000
 
 
 @DATASETS.register("mnist1d", input_shape=(1, 40), num_classes=10, num_train=MNIST1D_DEFAULT_TRAIN)
 def _load_mnist1d(root, num_train, num_test) -> Dataset:
-    """MNIST-1D generated locally with the library's default seed (never its downloader).
-
-    ``num_train + num_test`` samples are generated (~0.7 ms each); train = the first
-    ``num_train``, test = the last ``num_test``. With the defaults (4000/1000) that is exactly the
-    library's own data set and split. The samples depend only on how many are generated (and the
-    library's fixed generation seed 42), never on the training seed.
-
-    ``root`` (``data.root``), when set, is a cache folder (:mod:`repro.workload.datacache`); with ``root``
-    null nothing is written at all.
-    """
+    """MNIST-1D generated locally (never downloaded): train the first ``num_train`` samples, test the
+    last ``num_test``; the defaults are the library's own split. ``root``: a cache folder, or None."""
     n_tr = MNIST1D_DEFAULT_TRAIN if num_train is None else num_train
     n_te = MNIST1D_DEFAULT_TEST if num_test is None else num_test
     # make_dataset draws whole classes of (num_samples // 10) samples: round up to a multiple of 10.
-    num_samples = -(-(n_tr + n_te) // 10) * 10
-    raw = mnist1d_arrays(num_samples, root)
+    raw = mnist1d_arrays(-(-(n_tr + n_te) // 10) * 10, root)
     x = np.concatenate([raw["x"], raw["x_test"]])[:, None, :]
     y = np.concatenate([raw["y"], raw["y_test"]])
     return _finish("mnist1d", (x[:n_tr], y[:n_tr]), (x[len(y) - n_te:], y[len(y) - n_te:]),
                    num_train=None, num_test=None, channel_dims=None)   # already cut to size, not images
 
-
-# ----------------------------------------------------------------------------- synthetic
 
 _SYNTHETIC_SEED = 1234  # fixed: the data must not depend on the training seed
 SYNTHETIC_DEFAULT_TRAIN, SYNTHETIC_DEFAULT_TEST = 512, 128
@@ -216,7 +161,6 @@ SYNTHETIC_DEFAULT_TRAIN, SYNTHETIC_DEFAULT_TEST = 512, 128
 def _load_synthetic(root, num_train, num_test) -> Dataset:
     """Gaussian 1x8x8 inputs labelled by argmax of a fixed random linear map: learnable, tiny."""
     import torch
-
     weights = torch.randn(64, 10, generator=torch.Generator().manual_seed(_SYNTHETIC_SEED))
 
     def draw(n: int, stream: int):
@@ -229,8 +173,6 @@ def _load_synthetic(root, num_train, num_test) -> Dataset:
     return Dataset("synthetic", x_tr, y_tr, x_te, y_te, 10)
 
 
-# ----------------------------------------------------------------------------- quadratic
-
 QUADRATIC_DIM = 10
 QUADRATIC_CURVATURES = tuple(float(v) for v in np.logspace(-2, 0, QUADRATIC_DIM))   # 0.01 .. 1
 
@@ -238,30 +180,22 @@ QUADRATIC_CURVATURES = tuple(float(v) for v in np.logspace(-2, 0, QUADRATIC_DIM)
 @DATASETS.register("quadratic", input_shape=(QUADRATIC_DIM,), num_classes=1, task="quadratic",
                    num_train=QUADRATIC_DIM)
 def _load_quadratic(root, num_train, num_test) -> Dataset:
-    """A quadratic with known curvatures for the staleness lab: the inputs are the basis vectors
-    scaled by sqrt(d * l_i), so the ``quadratic`` model's loss over the full set (batch size d)
-    is ``0.5 * sum_i l_i w_i^2``: curvatures l_i from 0.01 to 1, the largest being 1, where
-    gradient descent delayed by tau updates is stable for lr < 2 sin(pi / (4 tau + 2)). The
-    training set is the test set; labels are unused zeros; errors are meaningless (always 0)."""
+    """The staleness lab's quadratic (TEACHING.md): basis vectors scaled by sqrt(d * l_i), so the
+    full-batch loss is ``0.5 * sum_i l_i w_i^2``. Train set = test set; labels unused zeros."""
     for key, n in (("data.num_train", num_train), ("data.num_test", num_test)):
         if n not in (None, QUADRATIC_DIM):
             raise ConfigError(key, n, f"null (the quadratic has exactly {QUADRATIC_DIM} samples)")
     import torch
-
-    d = QUADRATIC_DIM
-    x = torch.diag(torch.tensor([math.sqrt(d * c) for c in QUADRATIC_CURVATURES], dtype=torch.float32))
-    y = torch.zeros(d, dtype=torch.int64)
+    x = torch.diag(torch.tensor([math.sqrt(QUADRATIC_DIM * c) for c in QUADRATIC_CURVATURES], dtype=torch.float32))
+    y = torch.zeros(QUADRATIC_DIM, dtype=torch.int64)
     return Dataset("quadratic", x, y, x.clone(), y.clone(), 1, task="quadratic",
                    facts={"curvatures": list(QUADRATIC_CURVATURES)})
 
 
-# ----------------------------------------------------------------------------- cifar10
-
 @DATASETS.register("cifar10", input_shape=(3, 32, 32), num_classes=10,
                    check_source=cifar.check_source, num_train=50_000)
 def _load_cifar10(root, num_train, num_test) -> Dataset:
-    """The official CIFAR-10 python batches, parsed without executing pickled code
-    (:mod:`repro.workload.cifar`)."""
+    """The official CIFAR-10 python batches (:mod:`repro.workload.cifar`)."""
     folder = cifar.find_folder(root)
     xs, ys = [], []
     for name in cifar.TRAIN_FILES:
@@ -274,23 +208,14 @@ def _load_cifar10(root, num_train, num_test) -> Dataset:
     return _finish("cifar10", (np.concatenate(xs), np.concatenate(ys)), test, num_train, num_test, (0, 2, 3))
 
 
-# ----------------------------------------------------------------------------- client streams
-
-
 def _mix(seed: int, client: int, epoch: int) -> int:
     """Deterministic integer hash of (seed, client, local epoch) → a generator seed."""
     return ((seed * 1_000_003 + client) * 1_000_033 + epoch) % 2**63
 
 
 class ClientStream:
-    """Each client's own seeded stream of minibatches over the training set (Downpour: each
-    replica reads its own shard/order). Stateless given its position, so checkpointing it is
-    two integers.
-
-    Local epoch ``e`` visits the training set in the order ``randperm(N)`` seeded by
-    ``(seed, client, e)``; batches are consecutive ``batch_size`` slices of it and the last partial
-    batch is dropped, so every step sees exactly ``batch_size`` samples.
-    """
+    """A client's minibatches: local epoch ``e`` is ``randperm(N)`` seeded by ``(seed, client, e)``,
+    cut into ``batch_size`` slices (the last partial one dropped). Its state is its position."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, client: int):
         n = int(x.shape[0])
@@ -299,15 +224,13 @@ class ClientStream:
         check_batch_size(batch_size, n)
         self.x, self.y = x, y
         self.batch_size, self.seed, self.client = batch_size, int(seed), int(client)
-        self.num_samples = n
-        self.batches_per_epoch = n // batch_size
+        self.num_samples, self.batches_per_epoch = n, n // batch_size
         self._epoch, self._index = 0, 0
         self._perm_epoch, self._perm = None, None  # cache of the current epoch's order
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm_epoch != epoch:
             import torch
-
             gen = torch.Generator().manual_seed(_mix(self.seed, self.client, epoch))
             # drawn on CPU so the order is the same on every device, then moved once per epoch
             self._perm = torch.randperm(self.num_samples, generator=gen).to(self.x.device)

@@ -1,14 +1,5 @@
-"""MNIST-1D generated offline, and its cache inside the results tree.
-
-The paper's regime needs an epoch of thousands of minibatches; MNIST-1D gives that from its own
-generator (``mnist1d.data.make_dataset``, never its downloader). 40,000 samples take ~30 s to
-generate and well under a second to read, so with ``data.root`` set the arrays are kept in
-``<root>/mnist1d/n<num_samples>-<key>.npz``: plain arrays, read with ``allow_pickle=False``,
-written atomically under a lock so grid jobs that start together generate once. The key hashes
-everything the arrays depend on (the generator's arguments, its fixed seed 42 among them, and the
-library versions). The paper-regime experiments set ``data.root=${results_dir}/_data``, so nothing
-is written outside the results tree.
-"""
+"""MNIST-1D generated offline (``mnist1d.data.make_dataset``), and its cache under ``data.root``
+(docs/failures.md, "Caches")."""
 from __future__ import annotations
 
 import hashlib
@@ -31,18 +22,14 @@ _MNIST1D_ARRAYS = ("x", "y", "x_test", "y_test")
 
 def _mnist1d_args(num_samples: int):
     from mnist1d.data import get_dataset_args
-
     args = get_dataset_args()
     args.num_samples = int(num_samples)
     return args
 
 
 def _generate_mnist1d(num_samples: int) -> dict[str, np.ndarray]:
-    """The library's make_dataset for ``num_samples`` samples: x, y, x_test, y_test."""
     from mnist1d.data import make_dataset
-
-    # make_dataset reseeds Python's and numpy's global RNGs; put them back so loading data
-    # does not silently change anything else that draws from them.
+    # make_dataset reseeds Python's and numpy's global RNGs: put them back
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
         raw = make_dataset(_mnist1d_args(num_samples))
@@ -53,8 +40,7 @@ def _generate_mnist1d(num_samples: int) -> dict[str, np.ndarray]:
 
 
 def mnist1d_cache_key(num_samples: int) -> dict:
-    """Everything the generated arrays depend on: the generator's arguments (its seed included)
-    and the versions of the libraries that compute them."""
+    """Everything the generated arrays depend on: the generator's arguments and library versions."""
     from importlib.metadata import PackageNotFoundError, version
 
     def ver(pkg: str) -> str:
@@ -69,44 +55,35 @@ def mnist1d_cache_key(num_samples: int) -> dict:
 
 
 def mnist1d_cache_path(root, num_samples: int) -> Path:
-    """Where ``num_samples`` generated MNIST-1D samples are cached under ``root``."""
-    text = json.dumps(mnist1d_cache_key(num_samples), sort_keys=True)
-    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    digest = hashlib.sha1(json.dumps(mnist1d_cache_key(num_samples), sort_keys=True).encode()).hexdigest()[:12]
     return Path(os.path.expanduser(os.fspath(root))) / "mnist1d" / f"n{num_samples}-{digest}.npz"
 
 
 def mnist1d_arrays(num_samples: int, root) -> dict[str, np.ndarray]:
-    """x, y, x_test, y_test of ``num_samples`` generated samples: from the cache under ``root``
-    when it holds them, else generated (and, with ``root`` set, cached for the next job)."""
+    """x, y, x_test, y_test of ``num_samples`` samples: cached under ``root``, else generated."""
     if root is None:
         return _generate_mnist1d(num_samples)
     path = mnist1d_cache_path(root, num_samples)
-    cached = _read_mnist1d_cache(path, num_samples)
-    if cached is not None:
+    if (cached := _read_mnist1d_cache(path, num_samples)) is not None:
         return cached
     raw = None
     try:   # one generator at a time: jobs that start together wait for the first one's file
         with FileLock(path.with_name(path.stem + ".lock"), wait=True):
-            cached = _read_mnist1d_cache(path, num_samples)
-            if cached is not None:
+            if (cached := _read_mnist1d_cache(path, num_samples)) is not None:
                 return cached
             log.info(f"mnist1d: generating {num_samples} samples once (cached in {path})")
             raw = _generate_mnist1d(num_samples)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda f: np.savez(f, **raw))
-            meta = {**mnist1d_cache_key(num_samples), "file": path.name,
-                    "shapes": {k: list(v.shape) for k, v in raw.items()}}
-            write_json(path.with_suffix(".json"), meta)
-    except OSError as exc:   # a root that is a file, read-only or full: a traceback and a failed run
-        # folder, where the cache never changes the samples (the same with or without it)
+            write_json(path.with_suffix(".json"), {**mnist1d_cache_key(num_samples), "file": path.name,
+                                                   "shapes": {k: list(v.shape) for k, v in raw.items()}})
+    except OSError as exc:   # a root that is a file, read-only or full: the samples are the same uncached
         log.warning(f"mnist1d: cannot cache under data.root {root} ({exc}); using the samples uncached")
     return _generate_mnist1d(num_samples) if raw is None else raw
 
 
 def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] | None:
-    """The cached arrays, or None when absent; a damaged or mismatched file (truncated, wrong
-    keys, shapes, signal length or dtypes, labels outside 0..9, non-finite signals, or holding
-    pickled objects, which are never loaded) is generated again."""
+    """The cached arrays; None when absent, damaged or mismatched (a warning; pickles are never loaded)."""
     if not path.is_file():
         return None
     try:
@@ -128,6 +105,5 @@ def _read_mnist1d_cache(path: Path, num_samples: int) -> dict[str, np.ndarray] |
                 raise ValueError(f"array {k!r} holds labels outside 0..{MNIST1D_CLASSES - 1}")
         return raw
     except Exception as exc:   # zipfile, ValueError (pickled objects refused), KeyError, OSError
-        log.warning(f"mnist1d: cache file {path} is unusable ({type(exc).__name__}: {exc}); "
-                    "generating it again")
+        log.warning(f"mnist1d: cache file {path} is unusable ({type(exc).__name__}: {exc}); generating it again")
         return None

@@ -1,13 +1,6 @@
-"""Networks the clients train, and the flat-parameter view the parameter server exchanges.
-
-This module owns the models users name with ``model=...`` (``mlp``, ``digits_cnn``,
-``mnist1d_cnn``, ``cifar_18pct``), the check that a model accepts a data set's input shape
-(before any process starts). :class:`repro.asgd.flatnet.FlatModule` lays a model's parameters out in
-one vector for the parameter server.
-
-No model has buffers (no BatchNorm) or dropout: the server synchronises parameters only, and
-training is deterministic given ``torch.manual_seed`` (callers seed before :func:`build_model`).
-"""
+"""The networks users name with ``model=...`` and the check that one accepts a data set's inputs. No
+model has buffers (no BatchNorm) or dropout: the server synchronises parameters only, and training is
+deterministic given ``torch.manual_seed`` (callers seed before :func:`build_model`)."""
 from __future__ import annotations
 
 import math
@@ -24,9 +17,7 @@ from repro.runtime import memory_bytes
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered network: its builder and the inputs it is made for (checked before any
-    work, so a model that merely *runs* on other inputs is not trained on them by mistake)."""
-
+    """A registered network: its builder and the inputs it is made for (not merely those it runs on)."""
     build: Callable[[tuple, int], nn.Module]
     expects: str                                  # for messages, e.g. "(channels, 8, 8) images"
     accepts: Callable[[tuple], bool]              # input shape (without the batch) -> ok?
@@ -44,14 +35,13 @@ def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
 @MODELS.register("mlp", expects="inputs of any shape", accepts=lambda shape: True)
 def _mlp(input_shape, num_classes) -> nn.Module:
     """flatten → 128 ReLU → classes: accepts any input shape."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 128), nn.ReLU(),
-                         nn.Linear(128, num_classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 128), nn.ReLU(), nn.Linear(128, num_classes))
 
 
 @MODELS.register("digits_cnn", expects="(channels, 8, 8) images",
                  accepts=lambda shape: len(shape) == 3 and tuple(shape[1:]) == (8, 8))
 def _digits_cnn(input_shape, num_classes) -> nn.Module:
-    """Two 3x3 convs and a max-pool for 8x8 images (the default model; < 5% error on digits)."""
+    """Two 3x3 convs and a max-pool for 8x8 images (the default model)."""
     if len(input_shape) != 3 or tuple(input_shape[1:]) != (8, 8):
         raise ValueError(f"digits_cnn takes (channels, 8, 8) images, not {tuple(input_shape)}")
     return nn.Sequential(
@@ -78,33 +68,24 @@ def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
 
 
 class ChannelLRN(nn.Module):
-    """Local response normalisation across channels, ``torch.nn.LocalResponseNorm``'s formula
-    ``b_c = a_c (k + alpha/n sum_{c' in window(c)} a_c'^2)^-beta``, computed with pads and adds
-    only. torch's own runs the window sum through ``avg_pool3d``, whose CUDA backward has no
-    deterministic kernel, so a simulator on a GPU could not be bit-for-bit reproducible with it."""
+    """``torch.nn.LocalResponseNorm``'s formula with pads and adds only: torch's own sums the window
+    with ``avg_pool3d``, whose CUDA backward has no deterministic kernel (no bit-for-bit GPU runs)."""
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
         super().__init__()
         self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sq = x.pow(2)
         before, after = self.size // 2, (self.size - 1) // 2   # torch's window: c - n/2 .. c + (n-1)/2
-        padded = nn.functional.pad(sq, (0, 0, 0, 0, before, after))
+        padded = nn.functional.pad(x.pow(2), (0, 0, 0, 0, before, after))
         window = sum(padded[:, i:i + x.shape[1]] for i in range(self.size))
         return x * (self.k + self.alpha / self.size * window).pow(-self.beta)
 
 
-# The 18pct layout is made for 32x32 images: on 8x8 digits its pools shrink the map to 1x1 and it
-# runs, but trains to ~65% error, so the shape is part of its contract.
 @MODELS.register("cifar_18pct", expects="(3, 32, 32) colour images",
                  accepts=lambda shape: tuple(shape) == (3, 32, 32))
 def _cifar_18pct(input_shape, num_classes) -> nn.Module:
-    """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky): ~18% test error on CIFAR-10 without
-    data augmentation. The net of the paper's era: conv5x5(32) → max-pool 3/2 → ReLU → LRN →
-    conv5x5(32) ReLU → avg-pool 3/2 → LRN → conv5x5(64) ReLU → avg-pool 3/2 → fc(classes).
-    Pools use ``ceil_mode`` like cuda-convnet, so 32 → 16 → 8 → 4.
-    """
+    """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky), of the paper's era; ``ceil_mode`` pools: 32 → 16 → 8 → 4."""
     if len(input_shape) != 3:
         raise ValueError(f"cifar_18pct takes images (channels, height, width), not {tuple(input_shape)}")
     body = nn.Sequential(
@@ -127,12 +108,10 @@ def _quadratic(input_shape, num_classes) -> nn.Module:
     return nn.Linear(int(input_shape[0]), num_classes, bias=False)
 
 
-
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """A fresh model; its initialisation draws from torch's global RNG (seed it first).
-    ConfigError for an unknown name, a sample shape the model is not made for, ``num_classes``
-    not an integer >= 1 (the API exposes this: a 0 built a net without outputs, a 2.7 one of 2),
-    or parameters larger than this machine's memory, naming the argument that makes them so."""
+    """A fresh model, initialised from torch's global RNG (seed it first). ConfigError for an
+    unknown name, a shape it is not made for, ``num_classes`` not an integer >= 1, or parameters
+    larger than this machine's memory, naming the argument that makes them so."""
     spec = MODELS[name]
     shape = tuple(int(d) for d in numbers("input_shape", input_shape, "a sample's sizes, integers >= 1",
                                           lambda d: d >= 1, integer=True).reshape(-1))
@@ -149,9 +128,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
 
 
 def _parameter_bytes(spec: ModelSpec, shape: tuple, classes: int) -> float:
-    """The bytes of the parameters of ``spec``'s model, sized on the meta device (nothing is
-    allocated, no RNG drawn); inf past int64; 0 where the meta device fails otherwise (a pool's
-    "Invalid computed output size", an op it lacks): the real build's to raise, or to build."""
+    """The bytes of ``spec``'s model's parameters, sized on the meta device (no allocation, no RNG);
+    inf past int64; 0 where the meta device fails otherwise (the real build raises, or builds)."""
     try:
         with torch.device("meta"):
             return sum(p.numel() * p.element_size() for p in spec.build(shape, classes).parameters())
@@ -179,8 +157,7 @@ def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
     input_shape = tuple(int(d) for d in input_shape)
     if not fits(name, input_shape, num_classes):
         fitting = [m for m in MODELS.names() if fits(m, input_shape, num_classes)]
-        raise ConfigError("model.name", name,
-                          f"a model that accepts data '{data_name}' (inputs of shape "
+        raise ConfigError("model.name", name, f"a model that accepts data '{data_name}' (inputs of shape "
                           f"{input_shape}); '{name}' expects {spec.expects}; models made for "
                           f"'{data_name}': {', '.join(fitting) or 'none'}")
 

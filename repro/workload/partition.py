@@ -1,16 +1,9 @@
-"""Clients with their own data: which training samples each client holds (``data.partition``;
-the schemes in docs/configuration.md).
-
-A pure function of the labels, the settings and ``seed``, so client ``k`` holds the same samples
-in the simulator and in every real client process. ``iid`` splits nothing; ``shards`` cuts a
-seeded permutation into equal parts; ``by_class`` deals class ``j`` to client ``j mod N + 1``
-(more clients than classes: those holding one class share its samples equally); ``dirichlet``
-is Hsu, Qi & Brown (2019), "Measuring the effects of non-identical data distribution for
-federated visual classification", drawn again (at most :data:`DIRICHLET_TRIES` times) while a
-client holds less than a minibatch. ``data.slow_client_classes`` gives those classes to the slow
-client alone (:func:`repro.config.settings.slow_client`) and splits the rest over the others.
-A client left with less than one minibatch is a :class:`~repro.errors.ConfigError`.
-"""
+"""Which training samples each client holds (``data.partition``, ``data.slow_client_classes``; the
+schemes in docs/configuration.md): a pure function of the labels, the settings and ``seed``, so
+client ``k`` holds the same samples in both drivers. ``by_class`` with more clients than classes
+shares a class equally among its holders; ``dirichlet`` is drawn again while a client holds less
+than a minibatch (Hsu, Qi & Brown 2019, "Measuring the effects of non-identical data distribution
+for federated visual classification")."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +16,7 @@ _STREAM = 0x9A27   # the partition's own generator stream, apart from the client
 
 
 def split(cfg: RunConfig, labels: np.ndarray) -> list[np.ndarray] | None:
-    """The training-set indices of clients 1..N (item k - 1: client k, sorted), or None when
-    every client reads the whole set (``iid`` without slow-client classes)."""
+    """The sorted training-set indices of clients 1..N (item k - 1: client k); None when all read the whole set."""
     data, n = cfg.data, cfg.num_clients
     labels = np.asarray(labels)
     if data.partition == "iid" and data.slow_client_classes is None:
@@ -40,15 +32,12 @@ def split(cfg: RunConfig, labels: np.ndarray) -> list[np.ndarray] | None:
                           f"some of the training set's classes, not all of them ({len(np.unique(labels))}): "
                           f"the other {n - 1} clients need classes the slow client does not hold")
     others = _split(data.partition, everyone[~mine], labels, n - 1, data.alpha, rng, cfg.algo.batch_size)
-    parts = others[:slow - 1] + [everyone[mine]] + others[slow - 1:]
-    return _checked(cfg, parts, slow)
+    return _checked(cfg, others[:slow - 1] + [everyone[mine]] + others[slow - 1:], slow)
 
 
 def class_counts(cfg: RunConfig, labels: np.ndarray, num_classes: int) -> list[list[int]] | None:
-    """Samples of each class (columns) that each client holds (rows: clients 1..N); None when
-    every client reads the whole set."""
-    parts = split(cfg, labels)
-    if parts is None:
+    """Samples of each class (columns) each client holds (rows); None when all read the whole set."""
+    if (parts := split(cfg, labels)) is None:
         return None
     labels = np.asarray(labels)
     return [np.bincount(labels[p], minlength=num_classes).astype(int).tolist() for p in parts]
@@ -61,12 +50,8 @@ def _split(scheme: str, idx: np.ndarray, labels: np.ndarray, n: int, alpha: floa
         return [idx] * n
     if scheme == "shards":
         return [np.sort(p) for p in np.array_split(rng.permutation(idx), n)]
-    if scheme == "by_class":
-        return _by_class(idx, labels, n, rng)
-    return _dirichlet(idx, labels, n, alpha, rng, min_size)
-
-
-def _by_class(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    if scheme != "by_class":
+        return _dirichlet(idx, labels, n, alpha, rng, min_size)
     classes = np.unique(labels[idx])
     parts: list[list[np.ndarray]] = [[] for _ in range(n)]
     for j, c in enumerate(classes):
@@ -79,8 +64,7 @@ def _by_class(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Genera
 
 def _dirichlet(idx: np.ndarray, labels: np.ndarray, n: int, alpha: float, rng: np.random.Generator,
                min_size: int) -> list[np.ndarray]:
-    """Hsu et al. (2019): for each class, proportions q ~ Dir(alpha 1_n) over the clients, and
-    the class's samples (shuffled) cut at the cumulative proportions."""
+    """Hsu et al. (2019): each class's shuffled samples cut at the cumulative q ~ Dir(alpha 1_n)."""
     classes = np.unique(labels[idx])
     for _ in range(DIRICHLET_TRIES):
         parts: list[list[np.ndarray]] = [[] for _ in range(n)]

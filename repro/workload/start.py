@@ -1,17 +1,5 @@
-"""Where training starts: :func:`build_problem` (data, network, and the server's initial state:
-seeded random weights, cold, or the warm start) and the warm start itself.
-
-Warm start (DistBelief's "warmstarting", the paper's Fig. 3; our reading, since the paper does
-not say how long the pre-training runs): the asynchronous phase starts from the *server state*
-(parameters and the rule's state, e.g. Adagrad's accumulators, without which the first pushes
-would move every weight by a full ``lr_server``) of the single-client baseline
-(:func:`baseline_config`: 1 client, nsync 1, ``warm_start_epochs``, seed 0 whatever the grid
-point's seed). The baseline is :func:`one_client_run`, bitwise the simulator's one-client run
-without the clock and the tables (``tests/test_house.py`` holds the two against each other).
-It is cached under ``<results_dir>/_warmstart/<key>/server.pt``, keyed by the baseline's
-training-shaping values, trained once under the cache's lock while grid jobs that start
-together wait, and retrained when damaged. Server versions restart at 0 after it.
-"""
+"""Where training starts: :func:`build_problem` (seeded random weights, cold, or the warm start)
+and the warm start itself (REPRODUCE.md, "warm start"; its cache: docs/failures.md, "Caches")."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,31 +26,26 @@ WARM_SEED = 0   # every grid point of an experiment starts from the same baselin
 
 
 def baseline_config(cfg: RunConfig) -> RunConfig:
-    """The single-client run whose final server state is the warm start (only what shapes that
-    state is kept from ``cfg``: data, model, algo, threads, device, warm_start_epochs; the one
-    client reads the whole training set, whatever the clients' own data, data.partition)."""
+    """The single-client run whose final server state is the warm start: ``cfg``'s data, model,
+    algo, threads and device; its one client reads the whole training set."""
     whole = dataclasses.replace(cfg.data, partition="iid", alpha=DataConfig.alpha, slow_client_classes=None)
     return cfg.replace(start="cold", num_clients=1, nsync=1, num_epochs=cfg.warm_start_epochs, data=whole,
-                       eval_every=cfg.warm_start_epochs, seed=WARM_SEED, exp_name="_warmstart",
-                       cost=CostConfig(), backend=BackendConfig(), checkpoint_every=0,
-                       target_error=0.0, resume=False, force=False)
+                       eval_every=cfg.warm_start_epochs, seed=WARM_SEED, exp_name="_warmstart", cost=CostConfig(),
+                       backend=BackendConfig(), checkpoint_every=0, target_error=0.0, resume=False, force=False)
 
 
 def _baseline_record(cfg: RunConfig) -> dict:
-    """What keys and records the cache: the baseline's training-shaping values, each moved key
-    under its old spelling (the key as before cost.churn.*)."""
+    """The cache's key: the baseline's training-shaping values, moved keys spelt as before cost.churn.*."""
     return legacy_keys(shaping_values(baseline_config(cfg)))
 
 
 def cache_dir(cfg: RunConfig) -> Path:
-    """The warm start's cache folder for ``cfg``: keyed by its baseline's training-shaping values."""
     key = json.dumps(_baseline_record(cfg), sort_keys=True)
     return Path(cfg.results_dir) / "_warmstart" / hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
 def warm_start_state(cfg: RunConfig, device: torch.device, like: Tensor | None = None) -> tuple[Tensor, dict]:
-    """The cached warm-start (parameters, server-rule state), training the baseline if needed.
-    ``like``: the network's parameters, which a cached state must match (size, dtype)."""
+    """The cached warm start (parameters, rule state), trained if needed; ``like``: parameters it must match."""
     folder = cache_dir(cfg)
     path = folder / "server.pt"
     with FileLock(folder / ".lock", wait=True):   # concurrent grid jobs: one trains, the rest wait
@@ -80,14 +63,12 @@ def warm_start_state(cfg: RunConfig, device: torch.device, like: Tensor | None =
 
 
 def _read(path: Path, device, like: Tensor | None = None) -> dict | None:
-    """The cached state, or None (a warning says why) when absent or unusable: damaged, or not
-    what this run needs (:func:`_unusable`). An unusable cache is trained again, never loaded."""
+    """The cached state, or None when absent or unusable (a warning says why)."""
     if not path.exists():
         return None
     try:
         state = read_checkpoint(path, device, key="start")
-        why = _unusable(state, like)
-        if not why:
+        if not (why := _unusable(state, like)):
             return state
         log.warning(f"warm start: {path} {why}; training it again")
     except ConfigError as e:
@@ -96,8 +77,7 @@ def _read(path: Path, device, like: Tensor | None = None) -> dict | None:
 
 
 def _unusable(state: dict, like: Tensor | None) -> str:
-    """Why a cached state cannot start this run, or "": parameters a float tensor of the
-    network's size, every value finite, the rule's state (tensors of the same size) too."""
+    """Why a cached state cannot start this run, or ""."""
     params, rule = state.get("params"), state.get("rule")
     if not isinstance(params, Tensor) or not isinstance(rule, dict):
         return "lacks params or rule state"
@@ -130,12 +110,8 @@ def train_baseline(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
 
 
 def one_client_run(cfg: RunConfig, device: torch.device) -> ParameterServer:
-    """The server after ``cfg``'s run with one client, which has nobody to wait for: it fetches,
-    computes ``nsync`` steps, the server applies its push at once (staleness 0), and it fetches
-    again, until ``num_epochs`` of samples are applied. The same objects and the same calls, in
-    the same order, as the simulator's one-client run (the run core's ``apply``, and ``fetched``
-    for every reply but the last, which says stop); what only a logged run needs (the clock, the
-    tables, evaluations) is left out. A non-finite loss stops it: nothing could start from there."""
+    """The server after ``cfg``'s one-client run: the simulator's calls in its order (bitwise, tests/test_house.py)
+    without clock, tables and evaluations; a non-finite loss stops it (nothing could start from there)."""
     problem = build_problem(cfg, device)
     server = problem.make_server(cfg)
     (client,) = make_clients(cfg, problem.dataset, client_ids=[1])
@@ -154,8 +130,7 @@ def one_client_run(cfg: RunConfig, device: torch.device) -> ParameterServer:
 
 
 def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
-    """Data and network on ``device``; initial parameters from ``seed`` (cold) or the cached
-    single-client baseline (warm, :func:`warm_start_state`)."""
+    """Data and network on ``device``; initial parameters from ``seed`` (cold) or the warm start."""
     check_components(cfg)
     ds = load_data(cfg, device)
     net = build_net(cfg, ds, device)
