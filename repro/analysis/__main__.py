@@ -1,11 +1,5 @@
-"""Command line: ``python -m repro.analysis NAME [options]`` draws a figure (``fig1`` .. ``fig4``,
-``staleness``, ``fig3_paper``, ``fig4_paper``, the lab's, or ``all``) from the runs of one
-configuration (:mod:`repro.analysis.configs`; ``--config`` chooses among several);
-``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two results
-trees or figures folders agree within the spread over seeds.
-
-Owns argument parsing and exit codes only: 0 on success, 1 when a comparison disagrees, 2 for
-bad input. The work: :func:`repro.analysis.render.build_figure` and :mod:`repro.analysis.compare`.
+"""``python -m repro.analysis NAME`` and ``... compare DIR_A DIR_B`` (docs/paper.md): argument
+parsing and exit codes only (0 success, 1 a comparison disagrees, 2 bad input).
 """
 from __future__ import annotations
 
@@ -95,10 +89,8 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
 
 
 def outside_runs(key: str, path: str, *trees: str) -> None:
-    """ConfigError naming ``key`` when ``path`` lies in a run folder (one holding config.json) of
-    one of ``trees``, is one of ``trees``, or holds run folders: the analysis reads run folders and
-    never writes into one, nor beside the experiment folders (a figures folder and a results tree
-    in one folder are neither to compare)."""
+    """ConfigError naming ``key`` when ``path`` is one of ``trees``, lies in a run folder of one, or
+    holds run folders (a figures folder beside experiment folders is neither kind to compare)."""
     roots, place = [Path(t).resolve() for t in trees], Path(path).resolve()
     if place in roots or any(place.glob("*/config.json")) or any(place.glob("*/*/config.json")):
         raise ConfigError(key, path, "a folder of its own, not a results tree nor a folder holding run folders "
@@ -110,9 +102,8 @@ def outside_runs(key: str, path: str, *trees: str) -> None:
 
 
 class _Lines:
-    """stdout for the report's lines. Once its reader has gone (``| head``) they go to /dev/null
-    and the work goes on: the files are what the analysis makes, and a BrokenPipeError stopped it
-    before the rest were written."""
+    """stdout that, once its reader has gone (``| head``), writes to /dev/null: a BrokenPipeError
+    stopped the analysis before the rest of its files were written."""
 
     def __init__(self, stream):
         self.stream = stream
