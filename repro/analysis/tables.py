@@ -1,15 +1,5 @@
-"""Time to a target error, per-run speedups and the speedup table (the numbers behind fig4).
-
-Owns the definitions, so the figure and the table cannot disagree:
-
-* time to target = the first evaluation ``time_s`` at which ``train_error <= target``
-  (NaN if never);
-* speedup of an N-client run = t(1-client run, same seed) / t(N-client run). The 1-client
-  reference shares the seed (and experiment, start, backend and, once runs were chosen as one
-  grid, the configuration: :mod:`repro.analysis.configs`) and preferably the nsync; when no
-  1-client run has that nsync, the one with the smallest nsync is used. Two candidates for one
-  reference (a stale folder beside the grid's own) are warned about, never chosen silently;
-* a diverged run gives no speedup (outcome ``diverged``) but is counted in the table.
+"""Time to a target error, per-run speedups and the speedup table (the numbers behind fig4), defined
+here once so that the figure and the table agree (docs/paper.md, 'What a figure's CSV holds').
 """
 from __future__ import annotations
 
