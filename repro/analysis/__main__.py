@@ -63,8 +63,7 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
                     ".. fig4.csv, staleness.csv, fig3_paper.csv, fig4_paper.csv); the kinds may "
                     "be mixed. Runs of different configurations are never pooled, and a "
                     "warm-started figure's shared baseline is compared first. Exit code 0: every "
-                    "figure in both "
-                    "agrees (incomplete ones included), 1: some comparison disagrees, 2: bad "
+                    "figure in both agrees (incomplete ones included), 1: some comparison disagrees, 2: bad "
                     "input. The rule: repro/analysis/compare.py.")
     p.add_argument("dir_a", metavar="DIR_A", help="results tree or figures folder A")
     p.add_argument("dir_b", metavar="DIR_B", help="results tree or figures folder B")
@@ -178,7 +177,6 @@ def draw_main(args: argparse.Namespace) -> int:
         raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
                           "name one figure to draw it from another folder")
     outside_runs("--out", args.out, args.results, Path(args.results) / (args.exp or ""))   # --exp may lie elsewhere
-    stem = args.name or (f"{args.figure}-{file_label(args.config)}" if args.config else None)   # all: each its own
     each = args.figure == "all"
     figure = max(declared("figure"), key=len) if each else args.figure   # all: each is named after its figure
     widest = args.name or (f"{figure}-{file_label(args.config)}" if args.config else "")
@@ -191,7 +189,7 @@ def draw_main(args: argparse.Namespace) -> int:
                           f"a temporary name {255 - LONGEST_NAME} bytes longer, within the file system's 255){made}")
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
-                             config=args.config, stem=stem)
+                             config=args.config, stem=widest or None)   # all: each named after its figure
     except OSError as e:   # a file in the way, no permission: one line, not a traceback
         # the rename into place names the file it would replace second; a full disk's names it in words
         where = f"{e.filename2 or e.filename}: " if e.filename else ""

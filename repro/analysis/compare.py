@@ -221,15 +221,10 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
 def compare_trees(a: str | Path, b: str | Path, k: float = 3.0,
                   figures: Iterable[str] | str | None = None,
                   target: float | None = None) -> pd.DataFrame:
-    """Compare two results trees or figures folders (any mix), figure by figure.
-
-    One row per (figure, grid point, metric): ``figure``, ``grid_point`` (text), the grid key
-    columns, then :data:`STAT_COLUMNS`; ``verdict`` is ``agree``, ``DISAGREE``, ``only in A``
-    or ``only in B``. ``k``: spreads allowed; ``figures``: which (default: all found);
-    ``target``: training-error target (fraction) for fig2/fig3 times and fig4 speedups of
-    results trees. Raises :class:`ConfigError` (:class:`NoRunsError`) for a missing directory,
-    one of neither kind, a malformed CSV or nothing to compare.
-    """
+    """Compare two results trees or figures folders (any mix), figure by figure: one row per
+    (figure, grid point, metric), the grid key columns, then :data:`STAT_COLUMNS`. Raises
+    :class:`ConfigError` for a missing directory, one of neither kind, a malformed CSV or nothing
+    to compare."""
     names = figure_names(figures)
     check_options(k, target)
     return compare(read_tree(a, names, target), read_tree(b, names, target), k, target)

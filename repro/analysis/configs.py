@@ -83,16 +83,10 @@ def fmt(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def annotate(runs: Runs, axes: Iterable[str]) -> Runs:
+def annotate(runs: Runs, axes: tuple[str, ...]) -> Runs:
     """``runs`` with :data:`COLUMN` on the runs, evals and updates tables."""
-    axes = tuple(axes)
     ids = {r["run_dir"]: fingerprint(settings(r, axes)) for _, r in runs.runs.iterrows()}
-
-    def add(frame: pd.DataFrame) -> pd.DataFrame:
-        frame = frame.copy()
-        frame[COLUMN] = frame["run_dir"].map(ids) if len(frame) else pd.Series(dtype=object)
-        return frame
-
+    add = lambda f: f.assign(**{COLUMN: f["run_dir"].map(ids) if len(f) else pd.Series(dtype=object)})  # noqa: E731
     return Runs(add(runs.runs), add(runs.evals), add(runs.updates), runs.skipped)
 
 
@@ -169,10 +163,9 @@ def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
     return [k for k in keys if len({json.dumps(_value(r, k)) for r in rows}) > 1]
 
 
-def split(runs: Runs, axes: Iterable[str]) -> list[tuple[str, Runs]]:
+def split(runs: Runs, axes: tuple[str, ...]) -> list[tuple[str, Runs]]:
     """(label, runs) per configuration, in run-folder order; a label: the settings that differ
     between them (``KEY=VALUE,...``; ``""`` when there is one)."""
-    axes = tuple(axes)
     runs = annotate(runs, axes)
     rows = [r for _, r in runs.runs.drop_duplicates(COLUMN).iterrows()]
     keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, axes)
@@ -182,11 +175,10 @@ def split(runs: Runs, axes: Iterable[str]) -> list[tuple[str, Runs]]:
             for cid, g in runs.runs.sort_values("run_dir").groupby(COLUMN, sort=False)]
 
 
-def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = None,
+def one_grid(runs: Runs, axes: tuple[str, ...], where: str, choice: str | None = None,
              each: bool = False) -> list[tuple[str, Runs]]:
     """:func:`split` ``runs`` if they are one configuration (``each``: any number), each with one run
     per grid point and seed; else :class:`ConfigError` naming them and how to choose."""
-    axes = tuple(axes)
     parts = split(runs, axes)
     if len(parts) > 1 and not each:
         lines = [f"  {label or '(the rest)'}: {len(p.runs)} run(s) ({list_folders(p.runs['job'])})"

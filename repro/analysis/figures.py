@@ -140,18 +140,13 @@ def draw_curves(ax, group: pd.DataFrame, x: str, y: str, color, label: str,
             ax.fill_between(band[x], band["lo"], band["hi"], color=color, alpha=0.2, lw=0)
     bad = group[group["diverged"].astype(bool)]
     for i, (_, run) in enumerate(bad.groupby("run_dir", sort=True)):
-        draw_diverged(ax, run, x, y, color, f"{label} (diverged)" if i == 0 else "_nolegend_")
-
-
-def draw_diverged(ax, run: pd.DataFrame, x: str, y: str, color, label: str) -> None:
-    """One diverged run: dotted curve to its last finite point, an ``x`` there (at 100 % when it
-    has no finite point at all)."""
-    run = run[np.isfinite(run[x])].sort_values(x, kind="stable")
-    fin = run[np.isfinite(run[y])]
-    xs, ys = (fin[x].to_numpy(), fin[y].to_numpy()) if len(fin) else (
-        run[x].to_numpy()[:1] if len(run) else np.array([0.0]), np.array([100.0]))
-    ax.plot(xs, ys, color=color, linestyle=":", linewidth=1.2, markevery=[len(xs) - 1],
-            label=label, **DIVERGED_MARKER)
+        # dotted to its last finite point, an x there (at 100% when it has no finite point at all)
+        run = run[np.isfinite(run[x])].sort_values(x, kind="stable")
+        fin = run[np.isfinite(run[y])]
+        xs, ys = (fin[x].to_numpy(), fin[y].to_numpy()) if len(fin) else (
+            run[x].to_numpy()[:1] if len(run) else np.array([0.0]), np.array([100.0]))
+        ax.plot(xs, ys, color=color, linestyle=":", linewidth=1.2, markevery=[len(xs) - 1],
+                label=f"{label} (diverged)" if i == 0 else "_nolegend_", **DIVERGED_MARKER)
 
 
 def _legend(fig: Figure, axes: Iterable, title: str | None = None, **kw) -> None:
@@ -277,14 +272,6 @@ def fig4(frame: pd.DataFrame) -> Figure:
     return fig
 
 
-def _ecdf(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The empirical CDF of a histogram, as a step curve starting at 0."""
-    order = np.argsort(values)
-    values, counts = values[order], counts[order]
-    cum = np.cumsum(counts) / max(counts.sum(), 1)
-    return np.concatenate([[values[0]], values]), np.concatenate([[0.0], cum])
-
-
 def staleness(frame: pd.DataFrame) -> Figure:
     """ECDFs of staleness in server versions (top row) and local steps (middle: versions x nsync),
     a panel per nsync, a line per client count with equal-speed clients' mean marked; bottom: the
@@ -298,10 +285,12 @@ def staleness(frame: pd.DataFrame) -> Figure:
             ax = axes[row, col]
             scale = 1 if row == 0 else k
             for n, group in pushes[pushes["nsync"] == k].groupby("num_clients", sort=True):
-                hist = group.groupby("value")["count"].sum()
-                xs, ys = _ecdf(hist.index.to_numpy(float) * scale, hist.to_numpy(float))
+                hist = group.groupby("value")["count"].sum()   # sorted by value: its ECDF, from 0
+                xs, counts = hist.index.to_numpy(float) * scale, hist.to_numpy(float)
+                cum = np.cumsum(counts) / max(counts.sum(), 1)
                 color = client_color(n)
-                ax.step(xs, ys, where="post", color=color, label=client_label(n))
+                ax.step(np.concatenate([[xs[0]], xs]), np.concatenate([[0.0], cum]), where="post", color=color,
+                        label=client_label(n))
                 ax.axvline((int(n) - 1) * scale, color=color, linestyle="--", linewidth=0.9)
             ax.set(xlabel=f"staleness ({unit})", ylim=(0, 1.02),
                    ylabel="fraction of pushes <= x" if col == 0 else "",

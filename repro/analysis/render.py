@@ -55,12 +55,11 @@ def printed_table(table: Callable[[pd.DataFrame], pd.DataFrame], digits: int = 3
     return extra
 
 
-def _speedup_table(frame: pd.DataFrame, out: Path, stem: str = "fig4") -> list[Path]:
+def _speedup_table(frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
     table = summarise_speedups(frame)
     print(format_speedup_table(table))
-    path = out / f"{stem}_speedup.csv"
-    write_csv(table, path)
-    return [path]
+    write_csv(table, out / f"{stem}_speedup.csv")
+    return [out / f"{stem}_speedup.csv"]
 
 
 CURVES = ("num_clients", "nsync")   # fig2-fig4: one curve or point per client count and nsync

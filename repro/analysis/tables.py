@@ -87,16 +87,9 @@ def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:
         ref = _reference(row, ones)
         ref_t = math.nan if ref is None or ref["status"] == "diverged" else ref["time_to_target_s"]
         t = row["time_to_target_s"]
-        if row["status"] == "diverged":
-            outcome = "diverged"
-        elif not finite(ref_t):
-            outcome = "no_reference"
-        elif not finite(t):
-            outcome = "not_reached"
-        elif t <= 0 or ref_t <= 0:
-            outcome = "reached_at_start"
-        else:
-            outcome = "ok"
+        first = {"diverged": row["status"] == "diverged", "no_reference": not finite(ref_t),
+                 "not_reached": not finite(t), "reached_at_start": t <= 0 or ref_t <= 0}   # the first that holds
+        outcome = next((o for o, holds in first.items() if holds), "ok")
         rows.append({**row.to_dict(),
                      "ref_run_dir": None if ref is None else ref["run_dir"],
                      "ref_time_s": ref_t,

@@ -32,8 +32,7 @@ REQUIRED = {"fig1": ("metric", "error_pct", "time_s", "version"),
             "staleness": ("quantity", "value", "count")}
 for _name, _kind in KIND.items():
     METRICS[_name], REQUIRED[_name] = METRICS[_kind], REQUIRED[_kind]
-# The registered figures compare knows how to reduce to per-run metrics (the paper's; the lab's
-# are new), in the registry's order.
+# The registered figures compare reduces to per-run metrics (the paper's), in the registry's order.
 COMPARED = tuple(name for name in FIGURES if name in METRICS)
 KINDS = {"results": "results tree", "figures": "figures folder"}
 # Read back the very floats build_figure wrote, so that a results tree and the figures folder
@@ -79,10 +78,9 @@ def tree_kind(path: str | Path) -> str:
 
 def read_tree(path: str | Path, names: tuple[str, ...] = COMPARED,
               target: float | None = None, config: str | None = None) -> Tree:
-    """Every figure of ``names`` that ``path`` holds. A figure whose experiment folder holds no
-    usable run is left out with a warning; a malformed CSV, or an experiment folder holding
-    several configurations that ``config`` does not choose among, raises :class:`ConfigError`.
-    ``target`` is passed to fig4 (results trees only)."""
+    """Every figure of ``names`` that ``path`` holds (one without usable runs left out with a
+    warning); :class:`ConfigError` for a malformed CSV or several configurations ``config`` does
+    not choose among."""
     root = Path(path)
     kind = tree_kind(root)
     frames, targets = {}, {}
