@@ -31,8 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        "results trees or figures folders agree within the "
                                        "spread over seeds (exit 0: agree, 1: disagree, 2: bad "
                                        "input); see 'python -m repro.analysis compare --help'.")
-    figures = list(declared("figure"))   # in their declared order, without importing them
-    p.add_argument("figure", choices=[*figures, "all", "compare"],
+    p.add_argument("figure", choices=[*declared("figure"), "all", "compare"],   # declared order, none imported
                    help="the figure to draw ('all': every one), or 'compare' (see below)")
     p.add_argument("--results", default="results", help="results tree (default: results)")
     p.add_argument("--out", default="figures", help="output folder (default: figures)")

@@ -149,18 +149,6 @@ def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, 
     return rows
 
 
-def compare_baseline(name: str, fa: pd.DataFrame | None, fb: pd.DataFrame | None,
-                     k: float = 3.0) -> list[dict]:
-    """Rows comparing the warm-start baseline of A and B (:func:`repro.analysis.trees.
-    start_errors`); none unless both frames are warm-started and record it."""
-    sa, sb = (None if f is None else start_errors(name, f) for f in (fa, fb))
-    if sa is None or sb is None:
-        return []
-    return [{"figure": name, "grid_point": BASELINE, "metric": metric, "target": math.nan,
-             **compare_values(sa[metric], sb[metric], k, *FLOORS[metric])}
-            for metric in ("start_train_error_pct", "start_test_error_pct")]
-
-
 def figure_names(figures: Iterable[str] | str | None) -> tuple[str, ...]:
     """``None`` -> every figure; ``"fig3,fig4"`` or a list -> those, checked."""
     if figures is None:
@@ -182,18 +170,6 @@ def check_options(k: float, target: float | None) -> None:
         raise ConfigError("target", target, "a training error as a fraction in [0, 1]")
 
 
-def _say_speedup_targets(name: str, a: Tree, b: Tree) -> None:
-    """Warn when fig4's speedups of A and B are to different targets (a figures folder keeps its
-    CSV's, whatever --target says)."""
-    found = [sorted(set(t.frames[name]["target"].dropna())) if "target" in t.frames.get(name, ()) else []
-             for t in (a, b)]
-    if KIND.get(name, name) == "fig4" and all(found) and found[0] != found[1]:
-        warnings.warn(f"{name}: A's speedups are to training error {', '.join(map(str, found[0]))}, "
-                      f"B's to {', '.join(map(str, found[1]))}: they differ for that alone (a figures "
-                      "folder's are as its fig4.csv was written; --target sets a results tree's)",
-                      stacklevel=3)
-
-
 def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd.DataFrame:
     """The comparison table of two read trees, options checked (see :func:`compare_trees`)."""
     rows = []
@@ -203,8 +179,18 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
         t = curve_target(name, a, b, target)
         ma, mb = (run_metrics(name, tree.frames[name], t) if name in tree.frames else None
                   for tree in (a, b))
-        _say_speedup_targets(name, a, b)
-        rows += compare_baseline(name, a.frames.get(name), b.frames.get(name), k)
+        found = [sorted(set(tree.frames[name]["target"].dropna())) if "target" in tree.frames.get(name, ()) else []
+                 for tree in (a, b)]   # fig4's targets: a figures folder keeps its CSV's, whatever --target says
+        if KIND.get(name, name) == "fig4" and all(found) and found[0] != found[1]:
+            warnings.warn(f"{name}: A's speedups are to training error {', '.join(map(str, found[0]))}, "
+                          f"B's to {', '.join(map(str, found[1]))}: they differ for that alone (a figures "
+                          "folder's are as its fig4.csv was written; --target sets a results tree's)",
+                          stacklevel=2)
+        sa, sb = (start_errors(name, tree.frames[name]) if name in tree.frames else None for tree in (a, b))
+        if sa is not None and sb is not None:   # both warm-started and recording it: the baseline first
+            rows += [{"figure": name, "grid_point": BASELINE, "metric": metric, "target": math.nan,
+                      **compare_values(sa[metric], sb[metric], k, *FLOORS[metric])}
+                     for metric in ("start_train_error_pct", "start_test_error_pct")]
         rows += compare_figure(name, ma, mb, k, t)
     table = pd.DataFrame(rows)
     front = ["figure", "grid_point", *[c for c in (*ALWAYS_KEYS, *VARYING_KEYS) if c in table]]

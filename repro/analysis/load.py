@@ -69,13 +69,10 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"algo": {"lr": 0.1}}`` -> ``{"algo.lr": 0.1}``; lists become JSON strings (one cell)."""
     out: dict[str, Any] = {}
     for key, value in d.items():
-        name = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(flatten(value, name + "."))
-        elif isinstance(value, (list, tuple)):
-            out[name] = json.dumps(value)
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
-            out[name] = value
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, tuple)) else value
     return out
 
 
