@@ -23,10 +23,8 @@ NSYNC_MARKERS = ("o", "s", "^", "D", "P", "*", "h")   # lines stay apart where c
 
 def style_rc() -> dict[str, Any]:
     """The rcParams of our style: seaborn "paper" context on a white grid."""
-    rc = {**sns.plotting_context("paper"), **sns.axes_style("whitegrid")}
-    rc.update({"figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight",
-               "legend.frameon": False, "axes.titlesize": "medium"})
-    return rc
+    return {**sns.plotting_context("paper"), **sns.axes_style("whitegrid"), "figure.dpi": 100, "savefig.dpi": 150,
+            "savefig.bbox": "tight", "legend.frameon": False, "axes.titlesize": "medium"}
 
 
 def set_style() -> None:
