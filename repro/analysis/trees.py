@@ -169,10 +169,8 @@ def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> 
         final = frame[frame["quantity"] == "final_test_error_pct"]
         metrics = {"mean_staleness": weighted / pushes.groupby("run_dir")["count"].sum(),
                    "final_test_error_pct": final.groupby("run_dir")["value"].last()}
-    out = out.copy()
-    for column, values in metrics.items():
-        out[column] = pd.to_numeric(values, errors="coerce").reindex(out.index)  # NaN: none
-    return out.reset_index()
+    return out.assign(**{column: pd.to_numeric(values, errors="coerce").reindex(out.index)  # NaN: none
+                         for column, values in metrics.items()}).reset_index()
 
 
 def _last(frame: pd.DataFrame, column: str) -> pd.Series:
