@@ -115,8 +115,7 @@ def mean_band(curves: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
             per_run.append((run[x].to_numpy(float), run[y].to_numpy(float)))
     if not per_run:
         return pd.DataFrame(columns=[x, "mean", "lo", "hi", "n"])
-    lo = max(xs[0] for xs, _ in per_run)
-    hi = min(xs[-1] for xs, _ in per_run)
+    lo, hi = max(xs[0] for xs, _ in per_run), min(xs[-1] for xs, _ in per_run)
     grid = np.unique(np.concatenate([xs for xs, _ in per_run]))
     if lo <= hi:
         grid = grid[(grid >= lo) & (grid <= hi)]
