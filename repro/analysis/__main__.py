@@ -1,11 +1,5 @@
-"""Command line: ``python -m repro.analysis NAME [options]`` draws a figure (``fig1`` .. ``fig4``,
-``staleness``, ``fig3_paper``, ``fig4_paper``, the lab's, or ``all``) from the runs of one
-configuration (:mod:`repro.analysis.configs`; ``--config`` chooses among several);
-``python -m repro.analysis compare DIR_A DIR_B [options]`` says, per figure, whether two results
-trees or figures folders agree within the spread over seeds.
-
-Owns argument parsing and exit codes only: 0 on success, 1 when a comparison disagrees, 2 for
-bad input. The work: :func:`repro.analysis.render.build_figure` and :mod:`repro.analysis.compare`.
+"""``python -m repro.analysis NAME`` and ``... compare DIR_A DIR_B`` (docs/paper.md): argument
+parsing and exit codes only (0 success, 1 a comparison disagrees, 2 bad input).
 """
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        "results trees or figures folders agree within the "
                                        "spread over seeds (exit 0: agree, 1: disagree, 2: bad "
                                        "input); see 'python -m repro.analysis compare --help'.")
-    figures = list(declared("figure"))   # in their declared order, without importing them
-    p.add_argument("figure", choices=[*figures, "all", "compare"],
+    p.add_argument("figure", choices=[*declared("figure"), "all", "compare"],   # declared order, none imported
                    help="the figure to draw ('all': every one), or 'compare' (see below)")
     p.add_argument("--results", default="results", help="results tree (default: results)")
     p.add_argument("--out", default="figures", help="output folder (default: figures)")
@@ -69,8 +62,7 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
                     ".. fig4.csv, staleness.csv, fig3_paper.csv, fig4_paper.csv); the kinds may "
                     "be mixed. Runs of different configurations are never pooled, and a "
                     "warm-started figure's shared baseline is compared first. Exit code 0: every "
-                    "figure in both "
-                    "agrees (incomplete ones included), 1: some comparison disagrees, 2: bad "
+                    "figure in both agrees (incomplete ones included), 1: some comparison disagrees, 2: bad "
                     "input. The rule: repro/analysis/compare.py.")
     p.add_argument("dir_a", metavar="DIR_A", help="results tree or figures folder A")
     p.add_argument("dir_b", metavar="DIR_B", help="results tree or figures folder B")
@@ -95,10 +87,8 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
 
 
 def outside_runs(key: str, path: str, *trees: str) -> None:
-    """ConfigError naming ``key`` when ``path`` lies in a run folder (one holding config.json) of
-    one of ``trees``, is one of ``trees``, or holds run folders: the analysis reads run folders and
-    never writes into one, nor beside the experiment folders (a figures folder and a results tree
-    in one folder are neither to compare)."""
+    """ConfigError naming ``key`` when ``path`` is one of ``trees``, lies in a run folder of one, or
+    holds run folders (a figures folder beside experiment folders is neither kind to compare)."""
     roots, place = [Path(t).resolve() for t in trees], Path(path).resolve()
     if place in roots or any(place.glob("*/config.json")) or any(place.glob("*/*/config.json")):
         raise ConfigError(key, path, "a folder of its own, not a results tree nor a folder holding run folders "
@@ -110,9 +100,8 @@ def outside_runs(key: str, path: str, *trees: str) -> None:
 
 
 class _Lines:
-    """stdout for the report's lines. Once its reader has gone (``| head``) they go to /dev/null
-    and the work goes on: the files are what the analysis makes, and a BrokenPipeError stopped it
-    before the rest were written."""
+    """stdout that, once its reader has gone (``| head``), writes to /dev/null: a BrokenPipeError
+    stopped the analysis before the rest of its files were written."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -187,7 +176,6 @@ def draw_main(args: argparse.Namespace) -> int:
         raise ConfigError("--exp", args.exp, "no --exp with all (each figure reads its own experiment folder); "
                           "name one figure to draw it from another folder")
     outside_runs("--out", args.out, args.results, Path(args.results) / (args.exp or ""))   # --exp may lie elsewhere
-    stem = args.name or (f"{args.figure}-{file_label(args.config)}" if args.config else None)   # all: each its own
     each = args.figure == "all"
     figure = max(declared("figure"), key=len) if each else args.figure   # all: each is named after its figure
     widest = args.name or (f"{figure}-{file_label(args.config)}" if args.config else "")
@@ -200,7 +188,7 @@ def draw_main(args: argparse.Namespace) -> int:
                           f"a temporary name {255 - LONGEST_NAME} bytes longer, within the file system's 255){made}")
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,
-                             config=args.config, stem=stem)
+                             config=args.config, stem=widest or None)   # all: each named after its figure
     except OSError as e:   # a file in the way, no permission: one line, not a traceback
         # the rename into place names the file it would replace second; a full disk's names it in words
         where = f"{e.filename2 or e.filename}: " if e.filename else ""

@@ -1,43 +1,7 @@
 """Do two trees agree within the spread over seeds? (``python -m repro.analysis compare A B``)
 
-Results regenerated on another machine or with another torch thread count differ: float
-reductions run in another order and SGD amplifies the difference. Two trees can therefore only
-agree statistically, within the spread over seeds. This module owns that rule, the verdicts and
-the report; the per-run metrics it compares come from :mod:`repro.analysis.trees` (a tree is a
-results tree or a figures folder; the two kinds mix).
-
-* **Configurations are never pooled** (:mod:`repro.analysis.configs`): when both trees record
-  one (the ``config_id`` column) and they differ, the figure is not compared (its grid points are
-  "only in A" / "only in B"): different settings, not different machines.
-* **Grid point**: the runs of one figure that share ``num_clients``, ``nsync`` and, when they take
-  more than one value in either tree, ``exp_name``, ``start``, ``backend.name`` and
-  ``config_id``; the seeds (and run folders) of a grid point are its samples.
-* **The warm-start baseline first**: every grid point of a warm-started figure (fig3, fig4 and
-  their paper-regime variants) starts from one shared single-client baseline, so when the
-  baseline itself lands elsewhere (another CPU's kernels) every grid point moves together and
-  the spread over seeds cannot cover it. Its errors (each run's first evaluation) are compared
-  first, as the grid point ``warm-start baseline`` (one value per seed, floor 1 point), and the
-  report says when it differs: the grid points' verdicts then compare runs from different
-  starts.
-* **Rule**, per grid point and metric: disagreement when ``|mean_A - mean_B| > max(k * s,
-  floor)``, where the means are over the finite seed values, ``s`` is the pooled standard
-  deviation ``sqrt`` of the mean of the within-tree sample variances of the trees with >= 2
-  finite values (``s = 0``, i.e. the floor alone, when neither has two), ``k = 3`` by default.
-* **Floor** (:data:`FLOORS`), an absolute tolerance so that seeds that happen to agree exactly do
-  not make any difference a disagreement: 1.0 percentage point for errors; 10% of the mean of
-  the two means for times and speedups; max(0.1, 10%) for mean staleness (in versions).
-* **NaN** (target not reached, diverged, no speedup; any non-finite value): a side is "NaN" when
-  most (over half) of its seeds are. NaN on both sides agrees; NaN on one side only is a
-  disagreement noted ``NaN in A: 2 of 2 seeds``; otherwise the finite values are compared as
-  above, the note says how many NaN seeds the means left out (``NaN seeds left out of the mean:
-  1 of 3 in A``), a warning names them, and the report's ``seeds A/B`` counts the seeds each
-  mean is over (the table's ``n_a`` counts every seed, ``nan_a`` those left out).
-* **Only in one tree**: a grid point (or a whole figure) the other tree lacks is listed with the
-  verdict ``only in A`` / ``only in B``; it makes the figure "incomplete", not "disagree".
-* **Target** of fig2/fig3's time to target: ``--target``; else the runs' config
-  ``target_error`` (A's when both trees are results trees and differ, with a warning; a figures
-  folder's CSVs do not hold it, so the other tree's is used); else :data:`DEFAULT_TARGET`
-  (fig3_paper: :data:`DEFAULT_TARGETS`).
+Owns the rule, the verdicts and the report (the rule: docs/paper.md, 'How compare decides'); the
+per-run metrics it compares come from :mod:`repro.analysis.trees`.
 """
 from __future__ import annotations
 
@@ -72,8 +36,8 @@ STAT_COLUMNS = ("metric", "target", "n_a", "n_b", "nan_a", "nan_b", "mean_a", "m
 
 def compare_values(a: Iterable[float] | None, b: Iterable[float] | None, k: float = 3.0,
                    floor_abs: float = 0.0, floor_rel: float = 0.0) -> dict:
-    """One comparison of the seed values of A and of B (None: the grid point is not in that
-    tree): the :data:`STAT_COLUMNS` from ``n_a`` on, by the rule of the module docstring."""
+    """The :data:`STAT_COLUMNS` from ``n_a`` on, comparing the seed values of A and of B (None: the
+    grid point is not in that tree)."""
     sides = [_side(v) for v in (a, b)]
     (na, nan_a, ma, va), (nb, nan_b, mb, vb) = sides
     row = {"n_a": na, "n_b": nb, "nan_a": nan_a, "nan_b": nan_b, "mean_a": ma, "mean_b": mb,
@@ -90,14 +54,10 @@ def compare_values(a: Iterable[float] | None, b: Iterable[float] | None, k: floa
     sd = math.sqrt(sum(variances) / len(variances)) if variances else 0.0
     floor = max(floor_abs, floor_rel * (abs(ma) + abs(mb)) / 2)
     tolerance = max(k * sd, floor)
-    return {**row, "sd": sd, "tolerance": tolerance, "note": _left_out(sides),
-            "verdict": DISAGREE if abs(mb - ma) > tolerance else AGREE}
-
-
-def _left_out(sides: list[tuple[int, int, float, float]]) -> str:
-    """The note of a comparison whose means leave NaN seeds out ("" when none is)."""
     said = [f"{nan} of {n} in {side}" for side, (n, nan, _, _) in zip("AB", sides) if nan]
-    return f"NaN seeds left out of the mean: {', '.join(said)}" if said else ""
+    return {**row, "sd": sd, "tolerance": tolerance,
+            "note": f"NaN seeds left out of the mean: {', '.join(said)}" if said else "",
+            "verdict": DISAGREE if abs(mb - ma) > tolerance else AGREE}
 
 
 def _side(values: Iterable[float] | None) -> tuple[int, int, float, float]:
@@ -155,10 +115,6 @@ def _normalise(per_run: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return per_run
 
 
-def _label(keys: list[str], values: tuple) -> str:
-    return " ".join(f"{k.removesuffix('.name')}={v}" for k, v in zip(keys, values))
-
-
 def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, k: float = 3.0,
                    target: float | None = None) -> list[dict]:
     """Rows of one figure from the :func:`run_metrics` of A and of B (None: not in that tree)."""
@@ -171,50 +127,33 @@ def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, 
     rows = []
     for point in sorted(set(groups[0]) | set(groups[1])):
         ga, gb = (g.get(point) for g in groups)
+        label = " ".join(f"{k.removesuffix('.name')}={v}" for k, v in zip(keys, point))
         for metric in METRICS[name]:
             stats = compare_values(None if ga is None else ga[metric],
                                    None if gb is None else gb[metric], k, *FLOORS[metric])
             if other:
                 stats["note"] = OTHER_CONFIG
             elif not math.isnan(stats["tolerance"]) and stats["nan_a"] + stats["nan_b"]:
-                # compared on the finite seeds (it has a tolerance), NaN seeds left out of a mean
-                _warn_left_out(name, _label(keys, point), metric, ga, gb)
-            rows.append({"figure": name, "grid_point": _label(keys, point),
+                # compared on the finite seeds, NaN seeds left out of a mean: say which, else a seed
+                # that did not reach the target vanished from a mean whose seed count included it
+                for side, group in zip("AB", (ga, gb)):
+                    bad = group[~np.isfinite(pd.to_numeric(group[metric], errors="coerce").astype(float))]
+                    if len(bad):
+                        seeds = ", ".join(str(v) for v in bad["seed"]) if "seed" in bad else f"{len(bad)} seeds"
+                        warnings.warn(f"{name} {label} {metric}: in {side}, seed {seeds} is NaN and left "
+                                      f"out of the mean of the {len(group) - len(bad)} others", stacklevel=3)
+            rows.append({"figure": name, "grid_point": label,
                          **dict(zip(keys, point)), "metric": metric,
                          "target": target if metric == "time_to_target_s" else math.nan,
                          **stats})
     return rows
 
 
-def _warn_left_out(name: str, point: str, metric: str, *groups: pd.DataFrame) -> None:
-    """Say which seeds a mean left out: a seed that did not reach the target, say, would
-    otherwise vanish from a mean whose seed count still included it."""
-    for side, g in zip("AB", groups):
-        bad = g[~np.isfinite(pd.to_numeric(g[metric], errors="coerce").astype(float))]
-        if len(bad):
-            seeds = ", ".join(str(v) for v in bad["seed"]) if "seed" in bad else f"{len(bad)} seeds"
-            warnings.warn(f"{name} {point} {metric}: in {side}, seed {seeds} is NaN and left out "
-                          f"of the mean of the {len(g) - len(bad)} others", stacklevel=4)
-
-
-def compare_baseline(name: str, fa: pd.DataFrame | None, fb: pd.DataFrame | None,
-                     k: float = 3.0) -> list[dict]:
-    """Rows comparing the warm-start baseline of A and B (:func:`repro.analysis.trees.
-    start_errors`); none unless both frames are warm-started and record it."""
-    sa, sb = (None if f is None else start_errors(name, f) for f in (fa, fb))
-    if sa is None or sb is None:
-        return []
-    return [{"figure": name, "grid_point": BASELINE, "metric": metric, "target": math.nan,
-             **compare_values(sa[metric], sb[metric], k, *FLOORS[metric])}
-            for metric in ("start_train_error_pct", "start_test_error_pct")]
-
-
 def figure_names(figures: Iterable[str] | str | None) -> tuple[str, ...]:
     """``None`` -> every figure; ``"fig3,fig4"`` or a list -> those, checked."""
     if figures is None:
         return COMPARED
-    names = [f.strip() for f in (figures.split(",") if isinstance(figures, str) else figures)]
-    names = [n for n in names if n]
+    names = [n for n in (f.strip() for f in (figures.split(",") if isinstance(figures, str) else figures)) if n]
     for n in names:
         if n not in COMPARED:
             raise ConfigError("figures", n, COMPARED)
@@ -231,18 +170,6 @@ def check_options(k: float, target: float | None) -> None:
         raise ConfigError("target", target, "a training error as a fraction in [0, 1]")
 
 
-def _say_speedup_targets(name: str, a: Tree, b: Tree) -> None:
-    """Warn when fig4's speedups of A and B are to different targets (a figures folder keeps the
-    one its CSV was written at, whatever --target says): they then differ for that alone."""
-    found = [sorted(set(t.frames[name]["target"].dropna())) if "target" in t.frames.get(name, ()) else []
-             for t in (a, b)]
-    if KIND.get(name, name) == "fig4" and all(found) and found[0] != found[1]:
-        warnings.warn(f"{name}: A's speedups are to training error {', '.join(map(str, found[0]))}, "
-                      f"B's to {', '.join(map(str, found[1]))}: they differ for that alone (a figures "
-                      "folder's are as its fig4.csv was written; --target sets a results tree's)",
-                      stacklevel=3)
-
-
 def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd.DataFrame:
     """The comparison table of two read trees, options checked (see :func:`compare_trees`)."""
     rows = []
@@ -252,8 +179,18 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
         t = curve_target(name, a, b, target)
         ma, mb = (run_metrics(name, tree.frames[name], t) if name in tree.frames else None
                   for tree in (a, b))
-        _say_speedup_targets(name, a, b)
-        rows += compare_baseline(name, a.frames.get(name), b.frames.get(name), k)
+        found = [sorted(set(tree.frames[name]["target"].dropna())) if "target" in tree.frames.get(name, ()) else []
+                 for tree in (a, b)]   # fig4's targets: a figures folder keeps its CSV's, whatever --target says
+        if KIND.get(name, name) == "fig4" and all(found) and found[0] != found[1]:
+            warnings.warn(f"{name}: A's speedups are to training error {', '.join(map(str, found[0]))}, "
+                          f"B's to {', '.join(map(str, found[1]))}: they differ for that alone (a figures "
+                          "folder's are as its fig4.csv was written; --target sets a results tree's)",
+                          stacklevel=2)
+        sa, sb = (start_errors(name, tree.frames[name]) if name in tree.frames else None for tree in (a, b))
+        if sa is not None and sb is not None:   # both warm-started and recording it: the baseline first
+            rows += [{"figure": name, "grid_point": BASELINE, "metric": metric, "target": math.nan,
+                      **compare_values(sa[metric], sb[metric], k, *FLOORS[metric])}
+                     for metric in ("start_train_error_pct", "start_test_error_pct")]
         rows += compare_figure(name, ma, mb, k, t)
     table = pd.DataFrame(rows)
     front = ["figure", "grid_point", *[c for c in (*ALWAYS_KEYS, *VARYING_KEYS) if c in table]]
@@ -270,15 +207,10 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
 def compare_trees(a: str | Path, b: str | Path, k: float = 3.0,
                   figures: Iterable[str] | str | None = None,
                   target: float | None = None) -> pd.DataFrame:
-    """Compare two results trees or figures folders (any mix), figure by figure.
-
-    One row per (figure, grid point, metric): ``figure``, ``grid_point`` (text), the grid key
-    columns, then :data:`STAT_COLUMNS`; ``verdict`` is ``agree``, ``DISAGREE``, ``only in A``
-    or ``only in B``. ``k``: spreads allowed; ``figures``: which (default: all found);
-    ``target``: training-error target (fraction) for fig2/fig3 times and fig4 speedups of
-    results trees. Raises :class:`ConfigError` (:class:`NoRunsError`) for a missing directory,
-    one of neither kind, a malformed CSV or nothing to compare. See the module docstring.
-    """
+    """Compare two results trees or figures folders (any mix), figure by figure: one row per
+    (figure, grid point, metric), the grid key columns, then :data:`STAT_COLUMNS`. Raises
+    :class:`ConfigError` for a missing directory, one of neither kind, a malformed CSV or nothing
+    to compare."""
     names = figure_names(figures)
     check_options(k, target)
     return compare(read_tree(a, names, target), read_tree(b, names, target), k, target)
@@ -291,7 +223,12 @@ def figure_verdicts(table: pd.DataFrame) -> dict[str, str]:
     lines = {}
     for name, g in table.groupby("figure", sort=False):
         base, g = g[g["grid_point"] == BASELINE], g[g["grid_point"] != BASELINE]
-        lines[name] = _grid_verdict(name, g) + _baseline_verdict(base)
+        train = base[base["metric"] == "start_train_error_pct"]
+        differs = not train.empty and (base["verdict"] == DISAGREE).any()
+        lines[name] = _grid_verdict(name, g) + (
+            f"; the warm-start baseline itself DIFFERS (training error {train['mean_a'].iloc[0]:.2f}% in A, "
+            f"{train['mean_b'].iloc[0]:.2f}% in B): every grid point starts from it, so its grid points "
+            "move together and the spread over seeds cannot cover that" if differs else "")
     return lines
 
 
@@ -317,16 +254,6 @@ def _grid_verdict(name: str, g: pd.DataFrame) -> str:
         return (f"{name}: incomplete ({missing}; the common {plural(points, 'grid point')} x "
                 f"{plural(metrics, 'metric')} agree)")
     return f"{name}: agree ({plural(points, 'grid point')} x {plural(metrics, 'metric')})"
-
-
-def _baseline_verdict(base: pd.DataFrame) -> str:
-    train = base[base["metric"] == "start_train_error_pct"]
-    if train.empty or not (base["verdict"] == DISAGREE).any():
-        return ""
-    row = train.iloc[0]
-    return (f"; the warm-start baseline itself DIFFERS (training error {row['mean_a']:.2f}% in A, "
-            f"{row['mean_b']:.2f}% in B): every grid point starts from it, so its grid points "
-            "move together and the spread over seeds cannot cover that")
 
 
 def exit_code(table: pd.DataFrame) -> int:

@@ -1,24 +1,7 @@
-"""Configuration grids: which runs of a results tree one figure may draw (or compare) together.
-
-A figure shows how a few settings change training (its *axes*: the client count, nsync, ...),
-each over seeds. Every other setting that shapes training must be the same for all the runs it
-draws: ``+exp=fig1`` and ``+exp=fig1 num_epochs=3`` leave their runs in one experiment folder,
-and a figure (or ``compare``) that pooled them would show a spread that is not the spread over
-seeds. This module owns:
-
-* **the configuration of a run** (:func:`settings`, :func:`fingerprint`): its training-shaping
-  settings (:func:`repro.config.settings.shaping_keys`, read from the config.json columns of
-  :class:`~repro.analysis.load.Runs`) except the seed, the figure's axes and where it ran
-  (:data:`ENVIRONMENT`: threads and devices change the bits, not the experiment; results from
-  elsewhere agree only statistically, which ``compare`` checks). A setting at its declared
-  default is left out, so a config.json written before a setting existed has the same
-  configuration; a calibrated compute time (``cost=local``) is measured per run and left out.
-  The column :data:`COLUMN` holds a short fingerprint of it in every table and frame.
-* **choosing runs**: the run folders of one grid (:func:`only_jobs`: the grid callback knows its
-  points), ``--config KEY=VALUE,...`` (:func:`choose`), and the refusal, naming what was found,
-  when what is left is not one configuration with one run per grid point and seed
-  (:func:`one_grid`), which with ``each`` separates the configurations instead (the grid
-  callback draws one figure each).
+"""Which runs of a results tree one figure may draw (or compare) together: a run's configuration
+(:func:`settings`, :func:`fingerprint`), choosing runs (:func:`only_jobs`, ``--config``:
+:func:`choose`) and the refusal of what is not one grid (:func:`one_grid`). What a configuration
+is: docs/paper.md, 'One figure, one configuration'.
 """
 from __future__ import annotations
 
@@ -39,8 +22,7 @@ from repro.config.settings import RunConfig, shaping_keys, shaping_values
 from repro.errors import ConfigError
 
 COLUMN = "config_id"
-# Where a run ran, not what it trained: never part of a configuration (the duplicate check
-# still keeps a 1-thread and a 2-thread run of one grid point apart).
+# Where a run ran, not what it trained (the duplicate check still tells such runs apart).
 ENVIRONMENT = ("device", "num_threads", "backend.server_device", "backend.client_device")
 CHOICE_HELP = "KEY=VALUE pairs separated by commas, e.g. num_epochs=3,algo.lr=0.01"
 SHOWN = 6   # run folders named in a message before "and N more"
@@ -101,16 +83,10 @@ def fmt(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def annotate(runs: Runs, axes: Iterable[str]) -> Runs:
+def annotate(runs: Runs, axes: tuple[str, ...]) -> Runs:
     """``runs`` with :data:`COLUMN` on the runs, evals and updates tables."""
-    axes = tuple(axes)
     ids = {r["run_dir"]: fingerprint(settings(r, axes)) for _, r in runs.runs.iterrows()}
-
-    def add(frame: pd.DataFrame) -> pd.DataFrame:
-        frame = frame.copy()
-        frame[COLUMN] = frame["run_dir"].map(ids) if len(frame) else pd.Series(dtype=object)
-        return frame
-
+    add = lambda f: f.assign(**{COLUMN: f["run_dir"].map(ids) if len(f) else pd.Series(dtype=object)})  # noqa: E731
     return Runs(add(runs.runs), add(runs.evals), add(runs.updates), runs.skipped)
 
 
@@ -128,9 +104,8 @@ def list_folders(jobs: Iterable[str]) -> str:
 
 
 def only_jobs(runs: Runs, jobs: Iterable[str]) -> tuple[Runs, list[str]]:
-    """The runs whose folder name is one of ``jobs`` (a grid's points), and the names of the
-    others, which that grid did not make; of the skipped folders, only its points' (the figure
-    counts those it left out)."""
+    """The runs whose folder name is one of ``jobs`` (a grid's points, and of the skipped folders
+    only theirs), and the names of the others."""
     jobs = set(jobs)
     inside = runs.runs["job"].isin(jobs)
     kept = subset(runs, runs.runs.loc[inside, "run_dir"])
@@ -188,11 +163,9 @@ def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
     return [k for k in keys if len({json.dumps(_value(r, k)) for r in rows}) > 1]
 
 
-def split(runs: Runs, axes: Iterable[str]) -> list[tuple[str, Runs]]:
-    """(label, runs) per configuration of ``runs``, in run-folder order; a label is the settings
-    that differ from the other configurations' (``KEY=VALUE`` joined by commas, ``""`` when
-    there is only one)."""
-    axes = tuple(axes)
+def split(runs: Runs, axes: tuple[str, ...]) -> list[tuple[str, Runs]]:
+    """(label, runs) per configuration, in run-folder order; a label: the settings that differ
+    between them (``KEY=VALUE,...``; ``""`` when there is one)."""
     runs = annotate(runs, axes)
     rows = [r for _, r in runs.runs.drop_duplicates(COLUMN).iterrows()]
     keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, axes)
@@ -202,13 +175,10 @@ def split(runs: Runs, axes: Iterable[str]) -> list[tuple[str, Runs]]:
             for cid, g in runs.runs.sort_values("run_dir").groupby(COLUMN, sort=False)]
 
 
-def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = None,
+def one_grid(runs: Runs, axes: tuple[str, ...], where: str, choice: str | None = None,
              each: bool = False) -> list[tuple[str, Runs]]:
-    """:func:`split` ``runs`` if they are one configuration (``each``: any number of them), each
-    with at most one run per grid point and seed; else :class:`ConfigError` naming the
-    configurations (or the duplicated runs) and how to choose with ``--config`` (``choice``: what
-    was chosen already)."""
-    axes = tuple(axes)
+    """:func:`split` ``runs`` if they are one configuration (``each``: any number), each with one run
+    per grid point and seed; else :class:`ConfigError` naming them and how to choose."""
     parts = split(runs, axes)
     if len(parts) > 1 and not each:
         lines = [f"  {label or '(the rest)'}: {len(p.runs)} run(s) ({list_folders(p.runs['job'])})"
@@ -227,9 +197,8 @@ def one_grid(runs: Runs, axes: Iterable[str], where: str, choice: str | None = N
 
 
 def _refusal(choice: str | None, where: str, expected: str) -> ConfigError:
-    """The refusal of runs a figure cannot draw as they are: it blames ``--config`` when one
-    was chosen, else the experiment folder ``where`` (a ``--config`` never given read "invalid
-    value for 'config': None")."""
+    """The refusal blames ``--config`` when one was chosen, else the folder ``where`` (a
+    ``--config`` never given read "invalid value for 'config': None")."""
     return ConfigError("config", choice, expected) if choice else ConfigError("exp", where, expected)
 
 
@@ -245,9 +214,8 @@ def _told_apart(group: pd.DataFrame) -> str:
 
 
 def one_run_each(runs: pd.DataFrame, keys: list[str], what: str) -> None:
-    """Refuse two runs (rows of ``runs``) that a lab frame knows as one, by ``keys`` (``what``
-    names them): a figure's broad axes (``cost.``, ``data.``) let a sweep within one profile or
-    problem through, and the frame would average the two or fail."""
+    """Refuse two runs that a lab frame knows as one by ``keys``: a figure's broad axes (``cost.``,
+    ``data.``) let a sweep within one profile through, and the frame would average the two."""
     for _, group in runs.groupby(keys, sort=True, dropna=False):
         if len(group) > 1:
             where = str(Path(group["run_dir"].iloc[0]).parent)   # no --config is chosen here

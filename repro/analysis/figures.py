@@ -1,13 +1,7 @@
-"""Figure functions: each ``figN(frame) -> matplotlib.figure.Figure`` is a pure function of the
-tidy frame built by the matching ``figN_frame`` in :mod:`repro.analysis.frames`.
-
-Owns the plotting style (:func:`set_style` / :func:`style_rc`, applied once by the caller, never
-inside a figure function), the fixed colour of each client count, axis labels with units, and how
-diverged runs are drawn: their own dotted curve up to the last finite point, ending in an ``x``,
-labelled "(diverged)"; they never enter a mean or a band.
-
-Figures are built with :class:`matplotlib.figure.Figure` directly (no pyplot), so no GUI backend
-and no global figure registry is involved.
+"""Figure functions: each ``figN(frame) -> Figure`` is pure, drawing the tidy frame its
+``figN_frame`` (:mod:`repro.analysis.frames`) builds, on a plain :class:`Figure` (no pyplot, no GUI
+backend). Owns the style, each client count's colour, and diverged runs' drawing: a dotted curve
+ending in an ``x``, never in a mean or a band.
 """
 from __future__ import annotations
 
@@ -29,10 +23,8 @@ NSYNC_MARKERS = ("o", "s", "^", "D", "P", "*", "h")   # lines stay apart where c
 
 def style_rc() -> dict[str, Any]:
     """The rcParams of our style: seaborn "paper" context on a white grid."""
-    rc = {**sns.plotting_context("paper"), **sns.axes_style("whitegrid")}
-    rc.update({"figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight",
-               "legend.frameon": False, "axes.titlesize": "medium"})
-    return rc
+    return {**sns.plotting_context("paper"), **sns.axes_style("whitegrid"), "figure.dpi": 100, "savefig.dpi": 150,
+            "savefig.bbox": "tight", "legend.frameon": False, "axes.titlesize": "medium"}
 
 
 def set_style() -> None:
@@ -55,8 +47,8 @@ def client_label(num_clients: int) -> str:
 
 
 def nsync_colors(values: Iterable[Any]) -> dict[int, tuple[float, float, float]]:
-    """An ordered (sequential) colour per nsync value, small to large: viridis from dark purple
-    to green, short of its pale yellow (five levels stay apart; "crest" ran them together)."""
+    """A sequential colour per nsync value, small to large: viridis short of its pale yellow (five
+    levels stay apart; "crest" ran them together)."""
     levels = sorted({int(v) for v in values})
     cmap = mpl.colormaps["viridis"]
     steps = np.linspace(0.0, 0.85, max(len(levels), 2))[:max(len(levels), 1)]
@@ -114,11 +106,8 @@ def mean_minmax(ax, rows: pd.DataFrame, shift: float = 1.0, **style) -> None:
 
 
 def mean_band(curves: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """Mean/min/max of ``y`` over runs on a common ``x`` grid (linear interpolation per run).
-
-    Runs log at different times, so values are interpolated at the union of their x values,
-    restricted to the range every run covers (so the mean never jumps when a run ends).
-    """
+    """Mean/min/max of ``y`` over runs, interpolated at the union of their ``x`` values within the
+    range every run covers (so the mean never jumps when a run ends)."""
     per_run = []
     for _, run in curves.groupby("run_dir", sort=True):
         run = run[np.isfinite(run[x]) & np.isfinite(run[y])].sort_values(x, kind="stable")
@@ -126,8 +115,7 @@ def mean_band(curves: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
             per_run.append((run[x].to_numpy(float), run[y].to_numpy(float)))
     if not per_run:
         return pd.DataFrame(columns=[x, "mean", "lo", "hi", "n"])
-    lo = max(xs[0] for xs, _ in per_run)
-    hi = min(xs[-1] for xs, _ in per_run)
+    lo, hi = max(xs[0] for xs, _ in per_run), min(xs[-1] for xs, _ in per_run)
     grid = np.unique(np.concatenate([xs for xs, _ in per_run]))
     if lo <= hi:
         grid = grid[(grid >= lo) & (grid <= hi)]
@@ -149,23 +137,17 @@ def draw_curves(ax, group: pd.DataFrame, x: str, y: str, color, label: str,
             ax.fill_between(band[x], band["lo"], band["hi"], color=color, alpha=0.2, lw=0)
     bad = group[group["diverged"].astype(bool)]
     for i, (_, run) in enumerate(bad.groupby("run_dir", sort=True)):
-        draw_diverged(ax, run, x, y, color, f"{label} (diverged)" if i == 0 else "_nolegend_")
-
-
-def draw_diverged(ax, run: pd.DataFrame, x: str, y: str, color, label: str) -> None:
-    """One diverged run: dotted curve to its last finite point, an ``x`` there (at 100 % when it
-    has no finite point at all)."""
-    run = run[np.isfinite(run[x])].sort_values(x, kind="stable")
-    fin = run[np.isfinite(run[y])]
-    xs, ys = (fin[x].to_numpy(), fin[y].to_numpy()) if len(fin) else (
-        run[x].to_numpy()[:1] if len(run) else np.array([0.0]), np.array([100.0]))
-    ax.plot(xs, ys, color=color, linestyle=":", linewidth=1.2, markevery=[len(xs) - 1],
-            label=label, **DIVERGED_MARKER)
+        # dotted to its last finite point, an x there (at 100% when it has no finite point at all)
+        run = run[np.isfinite(run[x])].sort_values(x, kind="stable")
+        fin = run[np.isfinite(run[y])]
+        xs, ys = (fin[x].to_numpy(), fin[y].to_numpy()) if len(fin) else (
+            run[x].to_numpy()[:1] if len(run) else np.array([0.0]), np.array([100.0]))
+        ax.plot(xs, ys, color=color, linestyle=":", linewidth=1.2, markevery=[len(xs) - 1],
+                label=f"{label} (diverged)" if i == 0 else "_nolegend_", **DIVERGED_MARKER)
 
 
 def _legend(fig: Figure, axes: Iterable, title: str | None = None, **kw) -> None:
-    """One legend for the whole figure, labels de-duplicated across panels (``kw``: the legend's
-    options beyond the defaults)."""
+    """One legend for the whole figure, labels de-duplicated across panels."""
     seen: dict[str, Any] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -195,14 +177,9 @@ def fig1(frame: pd.DataFrame) -> Figure:
 
 
 def _error_vs_time(ax, frame: pd.DataFrame, all_frame: pd.DataFrame) -> None:
-    """Training error vs time. Errors span 90% down to a fraction of a percent, so y is
-    logarithmic above 1% and linear below (symlog); the x axis ends a little after the last
-    multi-client run, because the 1-client reference runs N times longer and would squeeze
-    every other curve into the left edge (its cut-off is annotated).
-
-    ``frame``: what this panel draws; ``all_frame``: every panel, which sets the x limit so that
-    panels share it. The annotation states this panel's own 1-client runs: in fig3 they end at
-    different times per nsync."""
+    """Training error vs time of ``frame``, symlog y (errors span 90% to a fraction of a percent).
+    x ends a little after the last multi-client run of ``all_frame`` (every panel): the 1-client
+    runs, N times longer, would squeeze the rest to the left edge; their cut-off is annotated."""
     for n, group in frame.groupby("num_clients", sort=True):
         draw_curves(ax, group, "time_s", "train_error_pct", client_color(n), client_label(n))
     ax.set_yscale("symlog", linthresh=1.0, linscale=0.5)
@@ -234,11 +211,8 @@ def fig2(frame: pd.DataFrame) -> Figure:
 
 
 def fig3(frame: pd.DataFrame) -> Figure:
-    """Warm start: one panel per nsync (shared y), one line per client count.
-
-    A panel without a 1-client run of its own nsync shows the 1-client runs of the smallest
-    nsync (the same reference the speedup table uses).
-    """
+    """Warm start: one panel per nsync (shared y), one line per client count; a panel without a
+    1-client run of its own nsync shows the smallest nsync's (as the speedup table does)."""
     _require(frame, "fig3")
     levels = sorted(frame["nsync"].unique())
     fig, axes = panel_grid(len(levels), 4, panel=(3.4, 3.3), sharey=True, sharex=True)
@@ -260,12 +234,8 @@ def fig3(frame: pd.DataFrame) -> Figure:
 
 
 def fig4(frame: pd.DataFrame) -> Figure:
-    """Speedup (time to target, 1 client / N clients) vs clients, one line per nsync.
-
-    Line: mean over seeds of the runs that reached the target; band: min-max. A diverged run
-    is an ``x`` at speedup 0, a run that never reached the target a ``v`` at 0. Each nsync has
-    its own colour and marker; the legend sits beside the axes, never over the data.
-    """
+    """Speedup vs clients, one line (mean over seeds, band min-max) per nsync; a diverged run is an
+    ``x`` at 0, one that never reached the target a ``v`` at 0."""
     _require(frame, "fig4")
     fig, axes = _new_figure(panel=(7.0, 3.8))   # room for the legend beside the axes
     ax = axes[0, 0]
@@ -299,20 +269,10 @@ def fig4(frame: pd.DataFrame) -> Figure:
     return fig
 
 
-def _ecdf(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The empirical CDF of a histogram, as a step curve starting at 0."""
-    order = np.argsort(values)
-    values, counts = values[order], counts[order]
-    cum = np.cumsum(counts) / max(counts.sum(), 1)
-    return np.concatenate([[values[0]], values]), np.concatenate([[0.0], cum])
-
-
 def staleness(frame: pd.DataFrame) -> Figure:
-    """Staleness per setting as ECDFs, in server versions (top row) and in local steps (middle,
-    versions x nsync: the minibatch steps of other clients a push did not see), one panel per
-    nsync and one line per client count, each with its expected mean N - 1 (versions) or
-    (N - 1) x nsync (steps) marked: what equal-speed clients give. Bottom: what it costs, the
-    final test error per client count and nsync (line: mean over seeds, bars: min-max)."""
+    """ECDFs of staleness in server versions (top row) and local steps (middle: versions x nsync),
+    a panel per nsync, a line per client count with equal-speed clients' mean marked; bottom: the
+    final test error per client count."""
     _require(frame, "staleness")
     pushes = frame[frame["quantity"] == "staleness"]
     levels = sorted(int(k) for k in frame["nsync"].unique())
@@ -322,10 +282,12 @@ def staleness(frame: pd.DataFrame) -> Figure:
             ax = axes[row, col]
             scale = 1 if row == 0 else k
             for n, group in pushes[pushes["nsync"] == k].groupby("num_clients", sort=True):
-                hist = group.groupby("value")["count"].sum()
-                xs, ys = _ecdf(hist.index.to_numpy(float) * scale, hist.to_numpy(float))
+                hist = group.groupby("value")["count"].sum()   # sorted by value: its ECDF, from 0
+                xs, counts = hist.index.to_numpy(float) * scale, hist.to_numpy(float)
+                cum = np.cumsum(counts) / max(counts.sum(), 1)
                 color = client_color(n)
-                ax.step(xs, ys, where="post", color=color, label=client_label(n))
+                ax.step(np.concatenate([[xs[0]], xs]), np.concatenate([[0.0], cum]), where="post", color=color,
+                        label=client_label(n))
                 ax.axvline((int(n) - 1) * scale, color=color, linestyle="--", linewidth=0.9)
             ax.set(xlabel=f"staleness ({unit})", ylim=(0, 1.02),
                    ylabel="fraction of pushes <= x" if col == 0 else "",

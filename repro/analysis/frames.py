@@ -1,22 +1,6 @@
-"""The tidy frame behind each figure: ``figN_frame(runs) -> DataFrame``.
-
-Owns which runs and which columns each figure shows. The frame is what the figure function
-draws and what the CLI saves as ``figures/<name>.csv``; plotting code never reads run folders.
-
-Columns shared by every frame: ``exp_name, run_dir, seed, num_clients, nsync, start,
-backend.name, status, diverged`` (one run's identity), and ``config_id`` when the runs were
-chosen as one configuration (:mod:`repro.analysis.configs`; ``compare`` never pools two). Then
-per frame:
-
-* fig1: ``clock, version, epoch, time_s, metric`` ("training error" / "test error"), ``error_pct``
-  -- one row per (1-client run, evaluation, metric);
-* fig2, fig3: ``clock, version, epoch, time_s, train_error_pct, test_error_pct`` -- one row per
-  (run, evaluation);
-* fig4: ``clock, target, time_to_target_s, ref_run_dir, ref_time_s, speedup, outcome`` -- one
-  row per run (see :mod:`repro.analysis.tables`) -- and ``start_train_error_pct,
-  start_test_error_pct``: its first evaluation (for a warm start: the baseline it starts from);
-* staleness: ``quantity`` ("staleness" / "final_test_error_pct"), ``value``, ``count`` -- per
-  run, a histogram of the staleness of its applied pushes plus one row with its final test error.
+"""The tidy frame behind each figure, ``figN_frame(runs) -> DataFrame``: which runs and columns
+it shows; the figure draws it and the CLI saves it as ``figures/<name>.csv`` (its columns:
+docs/paper.md, 'What a figure's CSV holds').
 """
 from __future__ import annotations
 
@@ -45,10 +29,8 @@ PREDICTED = {"seed": np.nan, "run_dir": None, "status": None, "diverged": False,
 
 
 def measured_rows(runs: pd.DataFrame, columns: list[str], quantities) -> pd.DataFrame:
-    """A lab frame's measured part, one row per (run, quantity) of ``runs`` (one row per run, a
-    column per quantity): of ``columns``, those the runs have beside ``quantity`` and ``value``;
-    ``source`` the run; ``diverged`` from its status; ``kind`` measured and ``clock`` virtual
-    unless the runs say (the ceiling's runs in lockstep are kind ``lockstep``)."""
+    """A lab frame's measured part: one row per (run, quantity) of ``runs`` (a column per
+    quantity), with those of ``columns`` the runs have; ``kind`` and ``clock`` unless the runs say."""
     runs = runs.assign(kind=runs["kind"] if "kind" in runs else "measured", source="simulator (this run)",
                        clock=runs["clock"] if "clock" in runs else "virtual", diverged=is_diverged(runs["status"]))
     ident = [c for c in columns if c in runs and c not in ("quantity", "value")]
@@ -56,9 +38,8 @@ def measured_rows(runs: pd.DataFrame, columns: list[str], quantities) -> pd.Data
 
 
 def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> CostConfig:
-    """A lab run's :class:`CostConfig`, from its ``cost.*`` columns (absent in older runs, or NaN
-    where the run said null: the field's default or None; a list, one JSON cell of the table:
-    :func:`repro.analysis.load.flatten`); a nested group from its own."""
+    """A lab run's :class:`CostConfig` from its ``cost.*`` columns (absent or NaN: the field's
+    default; a list: its JSON cell); a nested group from its own."""
     hints, values = typing.get_type_hints(cls), {}
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):   # cost.shared.*, cost.machine.*, cost.churn.*

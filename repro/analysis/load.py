@@ -1,26 +1,9 @@
-"""Reading run folders (the contract in :mod:`repro.files.schema`) into tidy DataFrames.
-
-Owns: finding run folders under ``results/<exp_name>/``, validating each one, flattening its
-``config.json`` into dotted columns and concatenating its CSVs. Nothing here plots or aggregates.
-
-A folder is a run iff it holds ``config.json``. Every folder is sorted into exactly one bin:
-
-* **kept**: ``summary.json`` status is finished (:data:`repro.files.schema.FINISHED_STATUSES`);
-  diverged runs are kept, figures draw them as diverged;
-* **partial**: no ``summary.json`` or status running/interrupted/failed: skipped with a warning
-  and listed in :attr:`Runs.skipped` (``kind="partial"``). A run whose summary says running is
-  told apart by its folder's lock (:mod:`repro.files.locks`, probed without writing anything): held by
-  a live process, it is "still running"; held by nobody, it was killed without a summary;
-* **corrupt**: unreadable JSON, missing or truncated CSV, a run file that is not a regular file
-  (a folder; a FIFO is never opened), non-numeric values, missing columns,
-  CSV/summary files without a ``config.json``, or tables a resume would refuse
-  (:func:`check_versions`): skipped with a warning and listed (``kind="corrupt"``).
-
-A kept run whose ``config.json`` holds a key this version's settings lack (another version's, or
-a hand edit) is read with a warning naming the folder and the key: a figure cannot tell runs
-apart by a setting it does not know.
-
-A bad folder never raises; only a missing experiment folder does (:class:`NoRunsError`).
+"""Reading run folders (the contract in :mod:`repro.files.schema`) into tidy DataFrames: finding
+them under ``results/<exp_name>/``, validating each, flattening its ``config.json`` into dotted
+columns and concatenating its CSVs. A folder is a run iff it holds ``config.json``; a finished
+one is kept (a diverged one too), a partial or corrupt one skipped with a warning
+(docs/failures.md lists what is refused). A bad folder never raises; a missing experiment folder
+does (:class:`NoRunsError`).
 """
 from __future__ import annotations
 
@@ -69,13 +52,9 @@ class BadRun(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Runs:
-    """The tidy tables of one results tree.
-
-    ``runs``: one row per kept run (``run_dir``, ``exp_name``, ``job``, dotted config columns,
-    summary columns). ``evals`` / ``updates``: every CSV row plus ``run_dir`` and
-    :data:`GROUP_COLUMNS`. ``skipped``: one row per partial or corrupt folder
-    (:data:`SKIPPED_COLUMNS`).
-    """
+    """The tidy tables of one results tree: ``runs`` (one row per kept run: config and summary
+    columns), ``evals`` and ``updates`` (every CSV row plus ``run_dir`` and :data:`GROUP_COLUMNS`),
+    ``skipped`` (one row per partial or corrupt folder)."""
 
     runs: pd.DataFrame
     evals: pd.DataFrame
@@ -90,13 +69,10 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"algo": {"lr": 0.1}}`` -> ``{"algo.lr": 0.1}``; lists become JSON strings (one cell)."""
     out: dict[str, Any] = {}
     for key, value in d.items():
-        name = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(flatten(value, name + "."))
-        elif isinstance(value, (list, tuple)):
-            out[name] = json.dumps(value)
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
-            out[name] = value
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, tuple)) else value
     return out
 
 
@@ -110,13 +86,8 @@ def _read(path: Path, read: Callable[[Path], Any]) -> Any:
 
 
 def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """Read one of the run's CSVs strictly: every row complete, schema columns but ``clock``
-    numeric.
-
-    Empty cells and ``nan``/``inf`` are accepted (a diverging run writes them); anything else that
-    is not a number, a ragged row or a last row without its newline (a truncated write) or a
-    missing column raises :class:`BadRun`.
-    """
+    """One of the run's CSVs, strictly: :class:`BadRun` for a missing column, a ragged or cut row,
+    or a schema column (``clock`` aside) holding a non-number (blank, nan, inf are numbers)."""
     if not path.exists():
         raise BadRun("corrupt", f"{path.name} is missing")
     text = _read(path, lambda p: read_regular(p, newline=""))
@@ -143,9 +114,8 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
 
 def _numbers(values: tuple[str, ...], file: str, column: str,
              schema_column: bool) -> np.ndarray | None:
-    """The cells as floats (blank: NaN), the counts of :data:`INT_COLUMNS` as int64 when all
-    are whole. A cell that is not a number raises :class:`BadRun` in a ``schema_column``; a
-    column the schema does not know stays text (None)."""
+    """The cells as floats (blank: NaN; :data:`INT_COLUMNS` as int64 when all are whole); a
+    non-number is :class:`BadRun` in a ``schema_column``, else the column stays text (None)."""
     cleaned = [v if v.strip() else "nan" for v in values]
     try:
         array = np.array(cleaned, dtype=float)   # float()'s values (pandas 2's parser can differ)
@@ -167,16 +137,13 @@ def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
     """Summary fields as columns: ``status``, ``final_test_error``, ``time_to_target.0.1``, ..."""
     row: dict[str, Any] = {"status": summary["status"],
                            **{k: summary.get(k) for k in ("clock", "message", "wall_time_s")}}
-    for key in ("version", "samples_seen", "epoch", "time_s"):  # final values of the run
-        row[f"final_{key}"] = summary.get(key)
+    row.update({f"final_{key}": summary.get(key) for key in ("version", "samples_seen", "epoch", "time_s")})
     final = summary.get("final")
     final = final if isinstance(final, dict) else {}
-    for key in ("test_loss", "test_error", "train_loss", "train_error"):
-        row[f"final_{key}"] = final.get(key)
+    row.update({f"final_{key}": final.get(key) for key in ("test_loss", "test_error", "train_loss", "train_error")})
     ttt = summary.get("time_to_target") or {}
     if isinstance(ttt, dict):
-        for target, t in ttt.items():
-            row[f"time_to_target.{target}"] = t
+        row.update({f"time_to_target.{target}": t for target, t in ttt.items()})
     classes = summary.get("final_class_test_error")   # one cell, as config lists (flatten)
     if isinstance(classes, list):
         row["final_class_test_error"] = json.dumps(classes)
@@ -222,7 +189,6 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
     evals = read_table(run_dir / schema.EVALS_FILE, schema.EVAL_COLUMNS)
     updates = read_table(run_dir / schema.UPDATES_FILE, schema.UPDATE_COLUMNS)
     check_versions(evals, updates, summary)
-
     cfg = flatten(config)
     ident = {"run_dir": str(run_dir), "exp_name": cfg.pop("exp_name", exp_dir.name),
              "job": run_dir.name}
@@ -230,8 +196,10 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
     row = {**ident, **leading, **cfg}
     row.update(_summary_row(summary, set(row)))
     group = {c: row.get(c) for c in GROUP_COLUMNS}
+    fallback = row.get("clock") or {"sim": "virtual", "real": "wall"}.get(row.get("backend.name"))
     for table in (evals, updates):
-        _fill_clock(table, row)
+        if fallback and len(table):   # empty clock cells: the summary's clock, else the backend's
+            table["clock"] = [c if c else fallback for c in table["clock"]]
         table.insert(0, "run_dir", ident["run_dir"])
         for name, value in group.items():
             table[name] = value
@@ -239,10 +207,8 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
 
 
 def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str, Any]) -> None:
-    """Raise :class:`BadRun` (corrupt) for tables a resume would refuse, by its own rule
-    (:func:`repro.files.schema.versions_fault`), ``updates.csv`` ending at the summary's version, and
-    ``evals.csv`` too for a completed run (its final evaluation); a run evaluates at its start, so
-    an ``evals.csv`` without rows was cut (its run left out of the figure without a word)."""
+    """:class:`BadRun` for tables a resume would refuse (:func:`repro.files.schema.versions_fault`),
+    or an ``evals.csv`` without rows (a run evaluates at its start: it was cut)."""
     final = summary.get("version")
     end = final if isinstance(final, int) and not isinstance(final, bool) else None
     completed = str(summary.get("status")).startswith("completed")
@@ -253,17 +219,9 @@ def check_versions(evals: pd.DataFrame, updates: pd.DataFrame, summary: dict[str
         raise BadRun("corrupt", why)
 
 
-def _fill_clock(table: pd.DataFrame, row: dict[str, Any]) -> None:
-    """Empty ``clock`` cells take the summary's clock, else the backend's (sim -> virtual)."""
-    fallback = row.get("clock") or {"sim": "virtual", "real": "wall"}.get(row.get("backend.name"))
-    if fallback and len(table):
-        table["clock"] = [c if c else fallback for c in table["clock"]]
-
-
 def find_run_dirs(exp_dir: Path) -> tuple[list[Path], list[Path]]:
-    """(folders with config.json, folders with run files but no config.json), sorted. Folder
-    links are followed (a tree assembled from links to runs kept elsewhere), each real folder
-    walked once (a link to a folder above it would loop)."""
+    """(folders with config.json, folders with run files but no config.json), sorted; links are
+    followed, each real folder walked once (a link to a folder above it would loop)."""
     runs, orphans, walked = set(), set(), set()
     for top, dirs, files in os.walk(exp_dir, followlinks=True):
         real = os.path.realpath(top)
@@ -281,12 +239,9 @@ def find_run_dirs(exp_dir: Path) -> tuple[list[Path], list[Path]]:
 
 
 def load_runs(results_dir: str | Path, exp_name: str | None = None, jobs: Iterable[str] | None = None) -> Runs:
-    """Load every run under ``results_dir/exp_name`` (every experiment when ``exp_name`` is None).
-
-    Partial and corrupt folders are skipped with a ``warnings.warn`` that names the folder and
-    the reason (given ``jobs``, a grid's points: only theirs, the folders its figure draws from).
-    Raises :class:`NoRunsError` only when the folder itself does not exist.
-    """
+    """Every run under ``results_dir/exp_name`` (every experiment when None); a partial or corrupt
+    folder is skipped with a warning naming it and why (given ``jobs``, a grid's points: only
+    theirs). Raises :class:`NoRunsError` only when the folder itself does not exist."""
     root = Path(results_dir)
     found = sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith((".", "_")))
     wanted = root / exp_name if exp_name else root
@@ -336,10 +291,8 @@ def _concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFram
 
 
 def recorded(runs: pd.DataFrame, key: str) -> Any:
-    """What the first of ``runs`` (rows of :attr:`Runs.runs`) records under ``key`` beside its
-    settings (:func:`repro.workload.build.Problem.recorded`: e.g. ``network.param_bytes``,
-    ``dataset.curvatures``; a list comes back as a list). A folder written before run folders
-    recorded it is refused (:class:`NoRunsError`): the analysis builds no network to find out."""
+    """What the first of ``runs`` records under ``key`` beside its settings (e.g.
+    ``network.param_bytes``; a list as a list); :class:`NoRunsError` for a folder that does not."""
     values = runs[key].tolist() if key in runs else [None] * len(runs)
     for folder, value in zip(runs["run_dir"], values):
         if not isinstance(value, str) and not finite(value):

@@ -1,12 +1,5 @@
-"""Building a figure end to end: run folders -> tidy frame -> PNG, PDF and CSV on disk.
-
-Owns the figure registry (name -> frame builder, figure function), each figure's default
-experiment folder and axes, and :func:`build_figure`, which both the CLI
-(``python -m repro.analysis``) and the grid callback (after a sweep) call.
-
-A figure draws the runs of one configuration (:mod:`repro.analysis.configs`; ``config`` chooses
-among several); the grid callback passes its own points (``jobs``) and draws each configuration
-they hold into its own files.
+"""A figure end to end: run folders -> tidy frame -> PNG, PDF and CSV. Owns the figure registry
+and :func:`build_figure`, which the CLI and the grid callback both call.
 """
 from __future__ import annotations
 
@@ -30,12 +23,9 @@ from repro.registry import Registry
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """A registered figure: ``frame(runs, target) -> DataFrame`` (pure), ``draw(frame) ->
-    Figure`` (pure), the experiment folders it reads by default (the first that exists),
-    optionally ``extra(frame, out_dir, stem) -> [paths]`` for more outputs (fig4's speedup
-    table, ``<stem>_speedup.csv``), and its ``axes``: the settings it draws across (besides the
-    seed; ``"cost."`` stands for a whole group), every other training-shaping setting being one
-    configuration (:mod:`repro.analysis.configs`)."""
+    """A registered figure: ``frame(runs, target)`` and ``draw(frame)`` (pure), its default
+    experiment folders (the first that exists), ``extra(frame, out_dir, stem) -> [paths]`` for more
+    outputs, and the ``axes`` it draws across besides the seed (``"cost."``: a whole group)."""
 
     frame: Callable
     draw: Callable
@@ -44,8 +34,7 @@ class FigureSpec:
     axes: tuple[str, ...] = ()
 
 
-# Declared in repro.registry: the paper's figures here, the staleness lab's each in its own
-# module (repro.analysis.lab.*), which the registry imports when one of its figures is asked for.
+# Declared in repro.registry: the paper's figures here, the lab's in repro.analysis.lab.*.
 FIGURES: Registry[FigureSpec] = Registry("figure")
 
 
@@ -57,8 +46,8 @@ def register_figure(name: str, frame: Callable, draw: Callable, exps: tuple[str,
 
 
 def printed_table(table: Callable[[pd.DataFrame], pd.DataFrame], digits: int = 3) -> Callable:
-    """A lab figure's ``extra``: print ``table(frame)`` whole (every row and column, numbers to
-    ``digits`` significant digits) beside the figure; it writes no file."""
+    """A lab figure's ``extra``: print ``table(frame)`` whole, to ``digits`` significant digits;
+    it writes no file."""
     def extra(frame: pd.DataFrame, out_dir, stem: str) -> list:
         with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_rows", 500):
             print(table(frame).to_string(index=False, float_format=lambda x: f"{x:.{digits}g}"))
@@ -66,12 +55,11 @@ def printed_table(table: Callable[[pd.DataFrame], pd.DataFrame], digits: int = 3
     return extra
 
 
-def _speedup_table(frame: pd.DataFrame, out: Path, stem: str = "fig4") -> list[Path]:
+def _speedup_table(frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
     table = summarise_speedups(frame)
     print(format_speedup_table(table))
-    path = out / f"{stem}_speedup.csv"
-    write_csv(table, path)
-    return [path]
+    write_csv(table, out / f"{stem}_speedup.csv")
+    return [out / f"{stem}_speedup.csv"]
 
 
 CURVES = ("num_clients", "nsync")   # fig2-fig4: one curve or point per client count and nsync
@@ -91,14 +79,9 @@ register_figure("fig4_paper", frames.fig4_frame, figures.fig4, extra=_speedup_ta
 def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None,
                  target: float | None = None, runs: Runs | None = None,
                  config: str | None = None) -> pd.DataFrame:
-    """The tidy frame of one figure, read from ``results_dir/exp_name``: the runs of one
-    configuration (:func:`figure_runs`).
-
-    ``runs``: that folder already loaded (:func:`load_runs`), so that a caller building several
-    figures from one experiment folder reads it, and warns about its bad folders, only once.
-    Raises :class:`NoRunsError` when the folder is missing or nothing in it is usable, and
-    :class:`ConfigError` when it holds several configurations and ``config`` chooses none.
-    """
+    """The tidy frame of one figure from the runs of one configuration (:func:`figure_runs`) in
+    ``results_dir/exp_name``; ``runs``: that folder already loaded, so that it is read (and warned
+    about) once. Raises :class:`NoRunsError` when nothing there is usable."""
     parts, where = figure_runs(name, results_dir, exp_name, runs, config)
     return _frame(name, parts[0][1], where, target)
 
@@ -106,17 +89,10 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
 def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
                 runs: Runs | None = None, config: str | None = None,
                 jobs: list[str] | None = None, each: bool = False, refused: list[str] = ()):
-    """``[(label, runs)]``: the runs ``name`` draws from ``results_dir/exp_name``, and where they
-    are (for messages).
-
-    ``jobs``: only these run folders (a grid's points; the others are left out with a warning
-    naming them); ``refused``: the grid's points refused as bad input, left out with a warning of
-    their own (they did not run: a folder of theirs holds a run of other settings); ``config``:
-    only the runs whose settings match its ``KEY=VALUE,...``. What is left must be one
-    configuration of the figure's axes with one run per grid point and seed
-    (:func:`repro.analysis.configs.one_grid`), else :class:`ConfigError` naming them; ``each``:
-    one ``(label, runs)`` per configuration instead of refusing.
-    """
+    """``([(label, runs)], where)``: the runs ``name`` draws from ``results_dir/exp_name``: only
+    ``jobs`` (a grid's points) less those ``refused`` as bad input, each set left out said in a
+    warning; those matching ``config``; one configuration (``each``: one part per configuration),
+    else :class:`ConfigError` (:func:`repro.analysis.configs.one_grid`)."""
     figure = FIGURES[name]   # ConfigError naming the figures there are
     exp = exp_name or next((e for e in figure.exps if (Path(results_dir) / e).is_dir()),
                            figure.exps[0])   # by default the first of its folders that exists
@@ -158,14 +134,9 @@ def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | 
                  exp_name: str | None = None, target: float | None = None,
                  config: str | None = None, jobs: list[str] | None = None,
                  stem: str | None = None, each: bool = False, refused: list[str] = ()) -> list[Path]:
-    """Write ``out_dir/<stem>.png``, ``.pdf`` and ``.csv`` (fig4: also ``<stem>_speedup.csv``,
-    printed too) and return the paths written; ``stem`` defaults to ``name``.
-
-    The runs are chosen as :func:`figure_runs` says (``config``, ``jobs``, ``refused``). ``each``: a grid
-    holding several configurations draws each into its own files, ``<stem>-<its settings>``
-    (the grid callback), instead of refusing. ``name="all"`` builds every figure whose
-    experiment folder holds usable runs and raises :class:`NoRunsError` only if none does.
-    """
+    """Write ``out_dir/<stem>.png``, ``.pdf`` and ``.csv`` (fig4: also ``<stem>_speedup.csv``) of
+    the runs :func:`figure_runs` chooses (``each``: one set of files per configuration,
+    ``<stem>-<its settings>``) and return their paths; ``name="all"``: every figure with runs."""
     if name == "all":
         return _build_all(results_dir, out_dir, exp_name, target, config)
     stem = stem or name
@@ -187,10 +158,9 @@ def file_label(text: str) -> str:
 
 def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str, left_out: int = 0,
                 refused: int = 0) -> list[Path]:
-    """``draw()``'s figure as ``out/<stem>.png`` and ``.pdf``, and ``frame`` (the numbers behind
-    it) as ``.csv``, each whole or not at all; the paths written. ``left_out``: the run folders
-    the loader skipped as unusable, ``refused``: the grid's points refused as bad input, counted
-    in a line above the figure and in one warning."""
+    """``draw()``'s figure as ``out/<stem>.png`` and ``.pdf`` and ``frame`` as ``.csv``, each whole or
+    not at all; the run folders ``left_out`` as unusable and grid points ``refused`` are counted
+    in a line above the figure and in a warning."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.{ext}" for ext in ("png", "pdf", "csv")]
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams
@@ -211,9 +181,8 @@ def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str, left_
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
-    """``frame`` as the CSV ``path``, whole or not at all: Ctrl-C inside to_csv (or savefig) left
-    a cut file under its final name, a broken figure that looks finished."""
-    # a run folder's name may not be UTF-8
+    """``frame`` as the CSV ``path``, whole or not at all (Ctrl-C inside to_csv left a cut file
+    under its final name); a run folder's name may not be UTF-8."""
     atomic_write(path, lambda f: frame.to_csv(f, index=False, errors="backslashreplace"))
 
 

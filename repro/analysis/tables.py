@@ -1,15 +1,5 @@
-"""Time to a target error, per-run speedups and the speedup table (the numbers behind fig4).
-
-Owns the definitions, so the figure and the table cannot disagree:
-
-* time to target = the first evaluation ``time_s`` at which ``train_error <= target``
-  (NaN if never);
-* speedup of an N-client run = t(1-client run, same seed) / t(N-client run). The 1-client
-  reference shares the seed (and experiment, start, backend and, once runs were chosen as one
-  grid, the configuration: :mod:`repro.analysis.configs`) and preferably the nsync; when no
-  1-client run has that nsync, the one with the smallest nsync is used. Two candidates for one
-  reference (a stale folder beside the grid's own) are warned about, never chosen silently;
-* a diverged run gives no speedup (outcome ``diverged``) but is counted in the table.
+"""Time to a target error, per-run speedups and the speedup table (the numbers behind fig4), defined
+here once so that the figure and the table agree (docs/paper.md, 'What a figure's CSV holds').
 """
 from __future__ import annotations
 
@@ -97,16 +87,9 @@ def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:
         ref = _reference(row, ones)
         ref_t = math.nan if ref is None or ref["status"] == "diverged" else ref["time_to_target_s"]
         t = row["time_to_target_s"]
-        if row["status"] == "diverged":
-            outcome = "diverged"
-        elif not finite(ref_t):
-            outcome = "no_reference"
-        elif not finite(t):
-            outcome = "not_reached"
-        elif t <= 0 or ref_t <= 0:
-            outcome = "reached_at_start"
-        else:
-            outcome = "ok"
+        first = {"diverged": row["status"] == "diverged", "no_reference": not finite(ref_t),
+                 "not_reached": not finite(t), "reached_at_start": t <= 0 or ref_t <= 0}   # the first that holds
+        outcome = next((o for o, holds in first.items() if holds), "ok")
         rows.append({**row.to_dict(),
                      "ref_run_dir": None if ref is None else ref["run_dir"],
                      "ref_time_s": ref_t,

@@ -1,29 +1,6 @@
-"""Each figure's per-run scalar metrics, read from a results tree or from a figures folder.
-
-Owns telling the two kinds of directory apart (:func:`tree_kind`), reading each figure's tidy
-frame from either (:func:`read_tree`) and reducing a frame to one row per run with a few scalar
-metrics (:func:`run_metrics`). :mod:`repro.analysis.compare` compares those rows across trees.
-
-Two kinds of directory hold the same frames:
-
-* a **results tree** (``results/``) holding experiment folders named after the figures
-  (``fig1/`` .. ``fig4/``, ``staleness/``, ``fig3_paper/``, ``fig4_paper/``): each frame is
-  built as when drawing (:func:`repro.analysis.render.figure_frame`);
-* a **figures folder** (``figures/``) holding the CSVs ``build_figure`` writes (``fig1.csv``,
-  ...): these *are* the tidy frames, read as they are.
-
-Metrics, one row per run (``run_dir``); "final" is the run's last evaluation by (time_s, version),
-so a diverged run's final errors are NaN:
-
-* fig1: ``final_train_error_pct``, ``final_test_error_pct``;
-* fig2, fig3 (and fig3_paper; fig4_paper as fig4): ``time_to_target_s`` (first evaluation with
-  training error <= target, NaN if none; the target is the caller's,
-  :func:`repro.analysis.compare.curve_target`) and ``final_train_error_pct``;
-* fig4: ``speedup`` of the runs with more than one client, NaN unless their outcome is ``ok``
-  (1-client runs are the reference, speedup 1 by definition, and are left out). A results tree
-  computes it at ``--target`` or its runs' config ``target_error``; a figures folder holds it
-  as computed when ``fig4.csv`` was written (its ``target`` column);
-* staleness: ``mean_staleness`` (over the run's applied pushes) and ``final_test_error_pct``.
+"""Each figure's per-run scalar metrics (docs/paper.md, 'How compare decides'), read from a
+results tree (each frame built as when drawing) or from a figures folder (the CSVs
+``build_figure`` wrote: the frames themselves); :mod:`repro.analysis.compare` compares them.
 """
 from __future__ import annotations
 
@@ -55,8 +32,7 @@ REQUIRED = {"fig1": ("metric", "error_pct", "time_s", "version"),
             "staleness": ("quantity", "value", "count")}
 for _name, _kind in KIND.items():
     METRICS[_name], REQUIRED[_name] = METRICS[_kind], REQUIRED[_kind]
-# The registered figures compare knows how to reduce to per-run metrics (the paper's; the lab's
-# are new), in the registry's order.
+# The registered figures compare reduces to per-run metrics (the paper's), in the registry's order.
 COMPARED = tuple(name for name in FIGURES if name in METRICS)
 KINDS = {"results": "results tree", "figures": "figures folder"}
 # Read back the very floats build_figure wrote, so that a results tree and the figures folder
@@ -67,11 +43,8 @@ _ROUND_TRIP = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precisio
 
 @dataclasses.dataclass(frozen=True)
 class Tree:
-    """One side of a comparison: its kind, each figure's tidy frame and each figure's target.
-
-    ``targets[name]``: the runs' config ``target_error`` (a results tree) or the CSV's
-    ``target_error`` column when it has one; None when the tree does not say.
-    """
+    """One side of a comparison: its kind, each figure's tidy frame and its runs' ``target_error``
+    (None when the tree does not say)."""
 
     path: Path
     kind: str  # "results" or "figures"
@@ -105,10 +78,9 @@ def tree_kind(path: str | Path) -> str:
 
 def read_tree(path: str | Path, names: tuple[str, ...] = COMPARED,
               target: float | None = None, config: str | None = None) -> Tree:
-    """Every figure of ``names`` that ``path`` holds. A figure whose experiment folder holds no
-    usable run is left out with a warning; a malformed CSV, or an experiment folder holding
-    several configurations that ``config`` does not choose among, raises :class:`ConfigError`.
-    ``target`` is passed to fig4 (results trees only)."""
+    """Every figure of ``names`` that ``path`` holds (one without usable runs left out with a
+    warning); :class:`ConfigError` for a malformed CSV or several configurations ``config`` does
+    not choose among."""
     root = Path(path)
     kind = tree_kind(root)
     frames, targets = {}, {}
@@ -175,8 +147,7 @@ def _read_csv(root: Path, name: str) -> pd.DataFrame | None:
 
 def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> pd.DataFrame:
     """One row per run: ``run_dir``, ``seed`` and :data:`IDENTITY` columns (those present), then
-    the figure's :data:`METRICS` (see the module docstring). ``target`` (a fraction) is needed
-    by fig2 and fig3 only."""
+    the figure's :data:`METRICS`; ``target`` (a fraction) is fig2 and fig3's."""
     ident = [c for c in ("seed", *IDENTITY) if c in frame]
     out = frame.drop_duplicates("run_dir").set_index("run_dir")[ident]
     name = KIND.get(name, name)
@@ -198,10 +169,8 @@ def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> 
         final = frame[frame["quantity"] == "final_test_error_pct"]
         metrics = {"mean_staleness": weighted / pushes.groupby("run_dir")["count"].sum(),
                    "final_test_error_pct": final.groupby("run_dir")["value"].last()}
-    out = out.copy()
-    for column, values in metrics.items():
-        out[column] = pd.to_numeric(values, errors="coerce").reindex(out.index)  # NaN: none
-    return out.reset_index()
+    return out.assign(**{column: pd.to_numeric(values, errors="coerce").reindex(out.index)  # NaN: none
+                         for column, values in metrics.items()}).reset_index()
 
 
 def _last(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -211,10 +180,9 @@ def _last(frame: pd.DataFrame, column: str) -> pd.Series:
 
 
 def start_errors(name: str, frame: pd.DataFrame) -> pd.DataFrame | None:
-    """Where each warm-started run of a fig3/fig4 frame started: one row per seed (its first
-    run), ``start_train_error_pct`` and ``start_test_error_pct``, the errors of its first
-    evaluation: for a warm start, the shared baseline's. None for other figures, cold starts,
-    and frames that do not record it (a fig4 CSV written before it did)."""
+    """The errors of the first evaluation (the shared baseline's) of a warm-started fig3/fig4
+    frame, one row per seed (its first run); None for other figures, cold starts, and frames that
+    do not record it (a fig4 CSV written before it did)."""
     kind = KIND.get(name, name)
     if kind not in ("fig3", "fig4") or "start" not in frame or not (frame["start"] == "warm").all():
         return None
