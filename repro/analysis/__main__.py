@@ -63,7 +63,7 @@ def parse_compare_args(argv: list[str]) -> argparse.Namespace:
                     "be mixed. Runs of different configurations are never pooled, and a "
                     "warm-started figure's shared baseline is compared first. Exit code 0: every "
                     "figure in both agrees (incomplete ones included), 1: some comparison disagrees, 2: bad "
-                    "input. The rule: repro/analysis/compare.py.")
+                    "input. The rule: docs/paper.md, 'How compare decides'.")
     p.add_argument("dir_a", metavar="DIR_A", help="results tree or figures folder A")
     p.add_argument("dir_b", metavar="DIR_B", help="results tree or figures folder B")
     p.add_argument("--k", type=float, default=3.0,
