@@ -22,10 +22,9 @@ from repro.files.storage import nearest_existing
 def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     """Build ``cls`` from a nested dict, type-checking every field; then range-check it all
     (:data:`RECORDED_ONLY` keys ignored at the top level)."""
-    if cls is RunConfig and isinstance(tree, dict):
-        tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
     if isinstance(tree, dict):   # old flat spellings read, with a line each (a group's too: "cost.")
-        tree = modern_tree(tree, prefix=prefix)
+        ignored = RECORDED_ONLY if cls is RunConfig else ()
+        tree = modern_tree({k: v for k, v in tree.items() if k not in ignored}, prefix=prefix)
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
@@ -199,8 +198,6 @@ def validated(cfg: RunConfig) -> RunConfig:
     if not getattr(cfg, _VALIDATED, False):
         validate(cfg)
     return cfg
-
-
 
 
 def check_segment(cfg: RunConfig, num_train: int) -> None:

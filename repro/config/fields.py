@@ -14,7 +14,6 @@ from repro.errors import ConfigError
 @dataclass(frozen=True)
 class Range:
     """A finite numeric range; ``words`` are extra string values allowed (e.g. 'calibrate')."""
-
     lo: float
     hi: float
     lo_open: bool = False
@@ -45,7 +44,6 @@ class Range:
 class Numbers(Range):
     """A non-empty list of numbers, each in the range (``nullable``: or null). How many there
     must be is a relation between keys (e.g. one per client), checked by the settings."""
-
     def check(self, key: str, value: Any) -> None:
         if value is None and self.nullable:
             return
@@ -68,7 +66,6 @@ class Choice:
     """One of a fixed tuple, or of a registry's names (a callable, resolved when checked).
     ``custom``: also 'custom' or 'custom:<name>', what the Python API records for a user's own
     data or module (repro.api.simulate), which no registry knows."""
-
     choices: tuple | Callable[[], tuple]
     custom: bool = False
 
@@ -87,7 +84,6 @@ class Choice:
 @dataclass(frozen=True)
 class Text:
     """Free text (a name or a path)."""
-
     what: str = "a string"
     nullable: bool = False
 

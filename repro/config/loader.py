@@ -186,7 +186,6 @@ def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
     """Exit 2 for a new run's or grid's folder that cannot be made (Hydra would die with a traceback), or
     that holds files no run wrote; a grid's must be writable even if it exists (multirun.yaml goes there)."""
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
-
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     key = "hydra.sweep.dir" if grid else "hydra.run.dir"
     try:
@@ -316,9 +315,6 @@ def check_overrides(argv: list[str]) -> None:
 def owning_option(key: str) -> str | None:
     """``backend=real`` for ``backend.timeout_s``: the group option whose YAML sets the key."""
     group, _, leaf = key.partition(".")
-    if group not in GROUPS:
-        return None
-    for option in group_options(group):   # the option's keys, its stored schema's included
-        if leaf in compose([f"{group}={option}"])[group]:
-            return f"{group}={option}"
-    return None
+    options = group_options(group) if group in GROUPS else []
+    # the option's keys, its stored schema's included
+    return next((f"{group}={o}" for o in options if leaf in compose([f"{group}={o}"])[group]), None)
