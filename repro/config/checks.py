@@ -201,9 +201,8 @@ def validated(cfg: RunConfig) -> RunConfig:
 
 
 def check_segment(cfg: RunConfig, num_train: int) -> None:
-    """One push, or one apply's merged pushes, may not exceed the whole budget in minibatches: it is computed
-    before the server hears of it, and would train past ``num_epochs``. Checked by :func:`validate` when
-    ``data.num_train`` is set, and by the run core on the loaded data."""
+    """One push, or one apply's merged pushes, within the whole budget in minibatches (docs/configuration.md):
+    checked by :func:`validate` when ``data.num_train`` is set, and by the run core on the loaded data."""
     budget = cfg.num_epochs * num_train
     most = max(1, math.ceil(budget / cfg.algo.batch_size))   # the budget in minibatches
     why = (f"the budget in minibatches (num_epochs x {num_train} training samples / algo.batch_size "

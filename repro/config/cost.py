@@ -132,12 +132,9 @@ class CostConfig:
         """``dataclasses.replace`` that takes a nested group's key by its old flat name too
         (``clients_per_host=4`` sets ``shared.clients_per_host``; :data:`repro.config.renames.RENAMED`)."""
         direct = {name: value for name, value in changes.items() if "cost." + name not in RENAMED}
-        nested: dict = {}
-        for name in changes.keys() - direct.keys():
+        for name in changes.keys() - direct.keys():   # onto a group given whole, if one is
             _, group, leaf = RENAMED["cost." + name].split(".")
-            nested.setdefault(group, {})[leaf] = changes[name]
-        for group, values in nested.items():   # onto a group given whole, if one is
-            direct[group] = dataclasses.replace(direct.get(group, getattr(self, group)), **values)
+            direct[group] = dataclasses.replace(direct.get(group, getattr(self, group)), **{leaf: changes[name]})
         return dataclasses.replace(self, **direct)
 
     @classmethod

@@ -99,10 +99,8 @@ SHORTENED: dict[str, str] = {}   # {shortened folder name: the overrides it stan
 
 
 def job_name(overrides) -> str:
-    """A run folder's name: the overrides of keys that shape training (:func:`repro.config.settings.shaping_keys`),
-    sorted, as Hydra writes them (``nsync=4,num_clients=2``), numbers by value; ``base`` when there are none.
-    Over 255 bytes: its first ~100 bytes (up to a whole ``key=value``), ``-`` and 16 hex digits of its
-    SHA-256, remembered in :data:`SHORTENED` for config.json."""
+    """A run folder's name: the sorted overrides of keys that shape training, ``base`` for none; over 255 bytes,
+    shortened and remembered in :data:`SHORTENED` (docs/getting-started.md, "What a run leaves behind")."""
     shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
     kept = sorted((key, plain_number(str(item))) for item in overrides or ()
                   for key in [str(item).partition("=")[0].lstrip("+~")] if "=" in str(item) and key in shaping)
@@ -119,8 +117,7 @@ def job_name(overrides) -> str:
 
 def register_schema() -> None:
     """The dataclasses' defaults as Hydra's base configs: ``schema``, and ``backend/real_schema`` (the real
-    driver's keys, which only ``backend=real`` composes, so none is silently ignored). Plain nodes: the
-    values are checked by :func:`repro.config.checks.from_dict`, whose messages say more than OmegaConf's."""
+    driver's keys, only under ``backend=real``). Plain nodes: :func:`repro.config.checks.from_dict` checks them."""
     store = ConfigStore.instance()
     tree = config.to_dict(config.RunConfig())
     store.store(group="backend", name="real_schema", node=dict(tree["backend"]))
