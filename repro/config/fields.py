@@ -44,6 +44,7 @@ class Range:
 class Numbers(Range):
     """A non-empty list of numbers, each in the range (``nullable``: or null). How many there
     must be is a relation between keys (e.g. one per client), checked by the settings."""
+
     def check(self, key: str, value: Any) -> None:
         if value is None and self.nullable:
             return

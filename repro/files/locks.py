@@ -19,6 +19,7 @@ PROBE_GRACE_S = 0.1   # how long a refused writer retries (see FileLock.acquire)
 
 class LockHeld(RuntimeError):
     """Another live process holds the lock; ``holder`` says who (pid, host, started)."""
+
     def __init__(self, path: Path, holder: dict):
         self.path, self.holder = path, holder
         who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
@@ -27,6 +28,7 @@ class LockHeld(RuntimeError):
 
 class FileLock:
     """``with FileLock(path):`` exclusive; ``wait=False`` raises :class:`LockHeld` at once."""
+
     def __init__(self, path: str | Path, wait: bool = False, poll_s: float = 0.2):
         self.path, self.wait, self.poll_s = Path(path), wait, poll_s
         self._fd: int | None = None

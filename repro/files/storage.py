@@ -124,6 +124,7 @@ def save_checkpoint(state: dict, path: Path) -> None:
     """``state`` to ``path`` whole or not at all. Serialised in memory first: torch's zip writer,
     given a file on a full disk, reports "unexpected pos ..." instead of the disk's error."""
     import torch
+
     def write(f: IO[bytes]) -> None:   # inside atomic_write: an interrupt in torch.save stays one
         buffer = io.BytesIO()
         torch.save(state, buffer)
