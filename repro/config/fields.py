@@ -32,10 +32,9 @@ class Range:
             raise ConfigError(key, value, self.describe())
 
     def describe(self) -> str:
-        num = "an integer" if self.integer else "a number"
         lo, hi = (f"{int(v)}" if self.integer else f"{v:g}" for v in (self.lo, self.hi))
-        text = f"{num} in {lo}..{hi}" if self.integer else \
-            f"{num} in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        text = f"an integer in {lo}..{hi}" if self.integer else \
+            f"a number in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
         extra = [f"'{w}'" for w in self.words] + (["null"] if self.nullable else [])
         return " or ".join([text, *extra])
 
