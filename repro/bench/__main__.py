@@ -1,5 +1,4 @@
-"""``python -m repro.bench ...`` runs :mod:`repro_bench`'s command line: the one place the library names
-``repro_bench``, only ever run, never imported (why: docs/architecture.md)."""
+"""The one place the library names :mod:`repro_bench`: runs its command line, never imported (docs/architecture.md)."""
 import sys
 
 from repro_bench.__main__ import main

@@ -22,10 +22,9 @@ from repro.files.storage import nearest_existing
 def from_dict(tree: dict, cls: type = RunConfig, prefix: str = "") -> Any:
     """Build ``cls`` from a nested dict, type-checking every field; then range-check it all
     (:data:`RECORDED_ONLY` keys ignored at the top level)."""
-    if cls is RunConfig and isinstance(tree, dict):
-        tree = {k: v for k, v in tree.items() if k not in RECORDED_ONLY}
     if isinstance(tree, dict):   # old flat spellings read, with a line each (a group's too: "cost.")
-        tree = modern_tree(tree, prefix=prefix)
+        ignored = RECORDED_ONLY if cls is RunConfig else ()
+        tree = modern_tree({k: v for k, v in tree.items() if k not in ignored}, prefix=prefix)
     obj = _build(tree, cls, prefix)
     if cls is RunConfig:
         validate(obj)
@@ -201,12 +200,9 @@ def validated(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-
-
 def check_segment(cfg: RunConfig, num_train: int) -> None:
-    """One push, or one apply's merged pushes, may not exceed the whole budget in minibatches: it is computed
-    before the server hears of it, and would train past ``num_epochs``. Checked by :func:`validate` when
-    ``data.num_train`` is set, and by the run core on the loaded data."""
+    """One push, or one apply's merged pushes, within the whole budget in minibatches (docs/configuration.md):
+    checked by :func:`validate` when ``data.num_train`` is set, and by the run core on the loaded data."""
     budget = cfg.num_epochs * num_train
     most = max(1, math.ceil(budget / cfg.algo.batch_size))   # the budget in minibatches
     why = (f"the budget in minibatches (num_epochs x {num_train} training samples / algo.batch_size "

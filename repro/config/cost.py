@@ -15,7 +15,6 @@ from repro.config.fields import FLAG, SECONDS, Choice, Numbers, Range, Text, kno
 @dataclass(frozen=True)
 class ChurnConfig:
     """Simulated churn (``cost.churn.*``)."""
-
     preempt_rate: float = knob(0.0, Range(0.0, 1e6))
     """Each live client is lost at this rate per virtual second (a seeded Poisson process);
     0: never."""
@@ -37,7 +36,6 @@ class ChurnConfig:
 @dataclass(frozen=True)
 class SharedConfig:
     """The shared topology's hosts and links (``cost.shared.*``; only with cost.topology=shared)."""
-
     clients_per_host: int = knob(1, Range(1, 1024, integer=True))
     """Clients fill hosts of this many in order (client k on host ceil(k / this));
     num_clients must be a multiple of it, or at most it (one host)."""
@@ -59,7 +57,6 @@ class SharedConfig:
 @dataclass(frozen=True)
 class MachineConfig:
     """One machine under the shared topology (``cost.machine.*``)."""
-
     single: bool = knob(False, FLAG)
     """The server and all clients run on one machine (one host holding every client) whose
     cost.shared.devices_per_host cores they share: a push or fetch is a loopback copy, CPU work of both
@@ -135,12 +132,9 @@ class CostConfig:
         """``dataclasses.replace`` that takes a nested group's key by its old flat name too
         (``clients_per_host=4`` sets ``shared.clients_per_host``; :data:`repro.config.renames.RENAMED`)."""
         direct = {name: value for name, value in changes.items() if "cost." + name not in RENAMED}
-        nested: dict = {}
-        for name in changes.keys() - direct.keys():
+        for name in changes.keys() - direct.keys():   # onto a group given whole, if one is
             _, group, leaf = RENAMED["cost." + name].split(".")
-            nested.setdefault(group, {})[leaf] = changes[name]
-        for group, values in nested.items():   # onto a group given whole, if one is
-            direct[group] = dataclasses.replace(direct.get(group, getattr(self, group)), **values)
+            direct[group] = dataclasses.replace(direct.get(group, getattr(self, group)), **{leaf: changes[name]})
         return dataclasses.replace(self, **direct)
 
     @classmethod

@@ -14,7 +14,6 @@ from repro.errors import ConfigError
 @dataclass(frozen=True)
 class Range:
     """A finite numeric range; ``words`` are extra string values allowed (e.g. 'calibrate')."""
-
     lo: float
     hi: float
     lo_open: bool = False
@@ -33,10 +32,9 @@ class Range:
             raise ConfigError(key, value, self.describe())
 
     def describe(self) -> str:
-        num = "an integer" if self.integer else "a number"
         lo, hi = (f"{int(v)}" if self.integer else f"{v:g}" for v in (self.lo, self.hi))
-        text = f"{num} in {lo}..{hi}" if self.integer else \
-            f"{num} in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        text = f"an integer in {lo}..{hi}" if self.integer else \
+            f"a number in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
         extra = [f"'{w}'" for w in self.words] + (["null"] if self.nullable else [])
         return " or ".join([text, *extra])
 
@@ -68,7 +66,6 @@ class Choice:
     """One of a fixed tuple, or of a registry's names (a callable, resolved when checked).
     ``custom``: also 'custom' or 'custom:<name>', what the Python API records for a user's own
     data or module (repro.api.simulate), which no registry knows."""
-
     choices: tuple | Callable[[], tuple]
     custom: bool = False
 
@@ -87,7 +84,6 @@ class Choice:
 @dataclass(frozen=True)
 class Text:
     """Free text (a name or a path)."""
-
     what: str = "a string"
     nullable: bool = False
 

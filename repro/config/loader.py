@@ -99,10 +99,8 @@ SHORTENED: dict[str, str] = {}   # {shortened folder name: the overrides it stan
 
 
 def job_name(overrides) -> str:
-    """A run folder's name: the overrides of keys that shape training (:func:`repro.config.settings.shaping_keys`),
-    sorted, as Hydra writes them (``nsync=4,num_clients=2``), numbers by value; ``base`` when there are none.
-    Over 255 bytes: its first ~100 bytes (up to a whole ``key=value``), ``-`` and 16 hex digits of its
-    SHA-256, remembered in :data:`SHORTENED` for config.json."""
+    """A run folder's name: the sorted overrides of keys that shape training, ``base`` for none; over 255 bytes,
+    shortened and remembered in :data:`SHORTENED` (docs/getting-started.md, "What a run leaves behind")."""
     shaping = set(config.shaping_keys()) | set(GROUPS) | (set(OPTIONAL_GROUPS) - {"exp"})
     kept = sorted((key, plain_number(str(item))) for item in overrides or ()
                   for key in [str(item).partition("=")[0].lstrip("+~")] if "=" in str(item) and key in shaping)
@@ -119,8 +117,7 @@ def job_name(overrides) -> str:
 
 def register_schema() -> None:
     """The dataclasses' defaults as Hydra's base configs: ``schema``, and ``backend/real_schema`` (the real
-    driver's keys, which only ``backend=real`` composes, so none is silently ignored). Plain nodes: the
-    values are checked by :func:`repro.config.checks.from_dict`, whose messages say more than OmegaConf's."""
+    driver's keys, only under ``backend=real``). Plain nodes: :func:`repro.config.checks.from_dict` checks them."""
     store = ConfigStore.instance()
     tree = config.to_dict(config.RunConfig())
     store.store(group="backend", name="real_schema", node=dict(tree["backend"]))
@@ -186,7 +183,6 @@ def check_folder_makeable(dcfg: DictConfig, grid: bool) -> None:
     """Exit 2 for a new run's or grid's folder that cannot be made (Hydra would die with a traceback), or
     that holds files no run wrote; a grid's must be writable even if it exists (multirun.yaml goes there)."""
     from hydra.core.hydra_config import HydraConfig   # Hydra's documented way to its own config
-
     HydraConfig.instance().set_config(dcfg)   # resolves ${hydra:...} in hydra.run.dir
     key = "hydra.sweep.dir" if grid else "hydra.run.dir"
     try:
@@ -316,9 +312,6 @@ def check_overrides(argv: list[str]) -> None:
 def owning_option(key: str) -> str | None:
     """``backend=real`` for ``backend.timeout_s``: the group option whose YAML sets the key."""
     group, _, leaf = key.partition(".")
-    if group not in GROUPS:
-        return None
-    for option in group_options(group):   # the option's keys, its stored schema's included
-        if leaf in compose([f"{group}={option}"])[group]:
-            return f"{group}={option}"
-    return None
+    options = group_options(group) if group in GROUPS else []
+    # the option's keys, its stored schema's included
+    return next((f"{group}={o}" for o in options if leaf in compose([f"{group}={o}"])[group]), None)

@@ -256,8 +256,7 @@ def shaping_keys() -> tuple[str, ...]:
 
 
 def valid_values(key: str) -> str:
-    field = {k: f for k, f, _ in _leaves()}[key]   # KeyError for a key the schema lacks
-    return field.metadata["valid"].describe()
+    return {k: f for k, f, _ in _leaves()}[key].metadata["valid"].describe()   # KeyError: a key the schema lacks
 
 
 _ABSENT = object()
@@ -286,11 +285,9 @@ def with_operational(recorded: dict, cfg: "RunConfig") -> dict:
     settings with ``cfg``'s other settings: what a replay trains, run the way ``cfg`` says."""
     tree = {k: v for k, v in recorded.items() if k not in RECORDED_ONLY}
     mine = to_dict(cfg)
-    for key, f, _ in _leaves():
-        if not f.metadata["shapes"]:
-            *path, leaf = key.split(".")
-            node = functools.reduce(lambda parent, part: parent.setdefault(part, {}), path, tree)
-            node[leaf] = get(mine, key)
+    for key in (key for key, f, _ in _leaves() if not f.metadata["shapes"]):
+        *path, leaf = key.split(".")
+        functools.reduce(lambda parent, part: parent.setdefault(part, {}), path, tree)[leaf] = get(mine, key)
     return tree
 
 
@@ -322,7 +319,6 @@ def to_dict(cfg: Any) -> dict:
 class Resolved:
     """What :func:`repro.run.resolve` hands the simulator: the config it runs as it is, and the cost fit it
     was made with (None: no fit; recorded under "fit")."""
-
     cfg: RunConfig
     fit: dict | None = None
 

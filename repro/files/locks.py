@@ -84,9 +84,8 @@ def _read_holder(fd: int) -> dict:
 
 def read_holder(path: str | Path) -> dict | None:
     """Who holds the lock at ``path``: the holder record while a live process holds it (``{}`` between its
-    ``flock`` and its record), None when nobody does (a missing or unreadable file included). The
-    kernel's ``flock`` is the truth, not the record a killed holder leaves; the probe writes nothing:
-    a shared lock tried for an instant on a read-only descriptor."""
+    ``flock`` and its record), else None. The kernel's ``flock`` decides, not a killed holder's record; the
+    probe writes nothing (a shared lock tried for an instant on a read-only descriptor)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

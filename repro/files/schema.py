@@ -87,7 +87,11 @@ def target_key(target: float) -> str:
 def version_fault(name: str, line: int, version, last: int | None, contiguous: bool) -> str:
     """Why ``version`` on line ``line`` of table ``name`` cannot follow ``last`` (None: first row), or "".
     ``contiguous`` (updates.csv): 1, 2, 3, ... without gaps; else (evals.csv): unique and increasing."""
-    if not _whole(version):
+    try:
+        whole = math.isfinite(float(version)) and float(version) == int(version) and version >= 0
+    except (TypeError, ValueError):
+        whole = False
+    if not whole:
         return f"{name} line {line} has version {version!r}; versions are whole numbers >= 0"
     version = int(version)
     if last is not None and version == last:
@@ -104,9 +108,8 @@ def version_fault(name: str, line: int, version, last: int | None, contiguous: b
 
 def end_fault(name: str, last: int | None, end: int, source: str) -> str:
     """Why a table ending at version ``last`` is not the one ``source`` says ends at ``end``, or ""."""
-    if (last or 0) == end:
-        return ""
-    return f"{name} ends at version {last or 0} but {source} says version {end} (rows lost or added)"
+    return "" if (last or 0) == end else \
+        f"{name} ends at version {last or 0} but {source} says version {end} (rows lost or added)"
 
 
 def versions_fault(name: str, versions, contiguous: bool, end: int | None = None) -> str:
@@ -191,13 +194,6 @@ def _read_lines(path: Path, columns: tuple, needed: bool) -> list[str]:
 def _refused(upto: int, why: str) -> ConfigError:
     return ConfigError("resume", True, f"tables intact up to the checkpoint's version {upto}: "
                        f"{why}; force=true starts over")
-
-
-def _whole(version) -> bool:
-    try:
-        return math.isfinite(float(version)) and float(version) == int(version) and version >= 0
-    except (TypeError, ValueError):
-        return False
 
 
 def parse_row(line: str, width: int, version_col: int) -> int | None:

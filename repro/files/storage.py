@@ -20,7 +20,6 @@ from repro.errors import ConfigError
 if TYPE_CHECKING:   # for the annotations only: torch is imported where a checkpoint is touched
     import torch
 
-
 # a write's errno said plainly (the raw "[Errno 28] No space left on device" names no folder nor file)
 DISK_FAULTS = {errno.ENOSPC: "no space left on the device holding {folder}",
                errno.EDQUOT: "the disk quota is used up on the device holding {folder}",
@@ -65,8 +64,7 @@ def disk_error(exc: OSError, path: Path | str | None) -> OSError:
     what = DISK_FAULTS.get(exc.errno)
     if what is None or path is None:
         return exc
-    path = Path(path)
-    return OSError(exc.errno, what.format(folder=path.parent) + f" while writing {path.name}")
+    return OSError(exc.errno, what.format(folder=Path(path).parent) + f" while writing {Path(path).name}")
 
 
 # the longest file name atomic_write can write: its temporary NAME.RANDOM.tmp must fit in 255 bytes too
@@ -139,7 +137,6 @@ def to_cpu(obj: Any) -> Any:
     """``obj`` with every tensor (in nested dicts) detached and copied to the CPU, so a checkpoint
     loads on any device. A copy, also on the CPU: torch.save writes a view's whole storage."""
     import torch
-
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
@@ -156,7 +153,6 @@ def read_checkpoint(path: Path, device: torch.device | str = "cpu", key: str = "
     if path.stat().st_size == 0:
         raise ConfigError(key, str(path), "a checkpoint, not an empty file")
     import torch
-
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError:
