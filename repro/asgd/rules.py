@@ -14,9 +14,8 @@ RULES: Registry[type] = Registry("algo.server_rule")
 
 
 class ServerRule:
-    """What a rule has (a rule need not derive from it), and by default does: keep nothing between
-    pushes, no fetch bookkeeping. Optional: ``exchange``, what a client does with the parameters it
-    receives (ElasticExchange)."""
+    """What a rule has (it need not derive from this) and by default does: no state, no fetch
+    bookkeeping; optional: ``exchange``, what its clients do with the parameters they receive."""
     push_kind: str             # delta, gradient or params
 
     def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:

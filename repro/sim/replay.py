@@ -217,12 +217,10 @@ class ReplayScheduler(Schedule):
 
     def membership_due(self, version: int) -> list[tuple[str, int, float]]:
         """The recorded joins and losses due by ``version``, not carried out yet: (type, client, time_s)."""
-        due = []
+        done = self.members_done
         while self.members_done < len(self.membership) and self.membership[self.members_done][0] <= version:
-            _, kind, client, t = self.membership[self.members_done]
-            due.append((kind, client, t))
             self.members_done += 1
-        return due
+        return [event[1:] for event in self.membership[done:self.members_done]]
 
     def check(self, client: int, read_version: int) -> None:
         """The push about to be computed must start from the version the recording says."""

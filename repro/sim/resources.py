@@ -207,11 +207,9 @@ class ContendedScheduler(Schedule):
     def _burst(self, client: int, kind: str, t: float) -> float:
         """Bytes of a transfer starting at ``t`` that the server link's bucket sends at once."""
         link = SERVER_LINK[kind]
-        if link not in self.bucket or link not in self.paths[client][kind]:
-            return 0.0
+        if link not in self.bucket or link not in self.paths[client][kind] or self.bucket[link][1] is None:
+            return 0.0   # no bucket on its way, or another transfer is using the link
         tokens, since = self.bucket[link]
-        if since is None:
-            return 0.0
         tokens = min(self.model.cost.shared.server_burst_bytes, tokens + self.capacity[link] * (t - since))
         sent = min(tokens, float(self.model.nbytes))
         self.bucket[link] = [tokens - sent, None]
