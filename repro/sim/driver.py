@@ -215,9 +215,7 @@ def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Res
         return cfg
     if cfg.cost.schedule == "replay":
         cfg = replay_config(cfg, run_dir)
-    if fits(cfg):
-        return Resolved(*fit_config(cfg))
-    return Resolved(cfg)
+    return Resolved(*fit_config(cfg)) if fits(cfg) else Resolved(cfg)
 
 
 def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,
