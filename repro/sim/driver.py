@@ -158,10 +158,9 @@ class Simulation:
             self.churn.lost(k, t, preempted=kind == PREEMPT)   # before a checkpoint the settle may write
             self.settle(outcome, at)
             return
-        if kind == BACK:
-            if k not in self.down:
-                return
-            self.down.discard(k)
+        if kind == BACK and k not in self.down:
+            return
+        self.down.discard(k)   # (a joiner's new id is not there)
         if self.stopping:
             return
         self.join(k, t)   # a joiner: a new id, its slot's settings (client_slot)
