@@ -150,9 +150,8 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
 
 
 def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: dict) -> dict:
-    """The fitted values and where they came from (the ``fit`` record); ``link_Bps`` and
-    ``burst_bytes``: the link's known bandwidth and burst; ``run``: the settings a step's (and an apply's)
-    time depends on, the recording's to be the run's."""
+    """The fitted values and where they came from (the ``fit`` record); ``link_Bps``, ``burst_bytes``:
+    the link's known bandwidth and burst; ``run``: the settings a step's and an apply's time depend on."""
     recordings = [(path, _read_config(Path(path)), _read_timings(Path(path))) for path in paths]
     for path, config, _ in recordings:   # accepted: a known cost to recover is how the fit is tested
         if _get(config, "backend.name") == "sim":
