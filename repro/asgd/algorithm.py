@@ -42,24 +42,18 @@ class PushField:
     many: bool = False         # a tuple: cast takes its values, not one value
 
 
-def _int_tuple(values) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)
-
-
 @functools.cache   # asked for every applied push and every header: a type's fields never change
 def push_fields(push_type: type = Push) -> tuple[PushField, ...]:
     """The fields of ``push_type`` (Push or an extension of it) but ``update``, in order."""
     hints, out = get_type_hints(push_type), []
-    for f in fields(push_type):
-        hint = hints[f.name]
-        if f.name == "update":
-            continue
+    for name in [f.name for f in fields(push_type) if f.name != "update"]:
+        hint = hints[name]
         if hint in (int, float, bool):
-            out.append(PushField(f.name, hint, 1))
+            out.append(PushField(name, hint, 1))
         elif get_origin(hint) is tuple and get_args(hint) and set(get_args(hint)) == {int}:
-            out.append(PushField(f.name, _int_tuple, len(get_args(hint)), many=True))
+            out.append(PushField(name, lambda values: tuple(int(v) for v in values), len(get_args(hint)), many=True))
         else:
-            raise TypeError(f"push field {f.name!r} is a {hint}: a push carries ints, floats, bools "
+            raise TypeError(f"push field {name!r} is a {hint}: a push carries ints, floats, bools "
                             "and fixed-length tuples of ints besides its update")
     return tuple(out)
 

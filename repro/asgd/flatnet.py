@@ -31,19 +31,14 @@ class FlatModule:
             if p.dtype != torch.float32 or p.device != device:
                 raise ValueError(f"{type(module).__name__}'s parameter {name} is {p.dtype} on {p.device}; every "
                                  f"parameter must be torch.float32 on one device ({device}): module.float() converts")
-        self.module = module
-        self.numel = sum(p.numel() for p in params)
+        sizes = [p.numel() for p in params]
+        self.module, self.numel = module, sum(sizes)
         self.flat = torch.empty(self.numel, dtype=torch.float32, device=device)
         self.grad = torch.zeros_like(self.flat)
-        self._params = params
-        self._grad_views = []
-        offset = 0
-        for p in params:
-            n = p.numel()
-            self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
-            p.data = self.flat[offset:offset + n].view_as(p)
-            self._grad_views.append(self.grad[offset:offset + n].view_as(p))
-            offset += n
+        self._params, self._grad_views = params, [g.view_as(p) for p, g in zip(params, self.grad.split(sizes))]
+        for p, view in zip(params, self.flat.split(sizes)):
+            view.copy_(p.detach().reshape(-1))
+            p.data = view.view_as(p)
         self._link_grads()
 
     def _link_grads(self) -> None:
@@ -88,7 +83,7 @@ class FlatNet(FlatModule):
         for i in range(0, len(x), batch_size):
             out = self.module(x[i:i + batch_size])
             yb = y[i:i + batch_size]
-            loss_sum += self.loss_fn(out, yb, reduction="sum") if _takes_reduction(self.loss_fn) \
+            loss_sum += self.loss_fn(out, yb, reduction="sum") if self.loss_fn in REDUCING \
                 else self.loss_fn(out, yb) * len(yb)
             errors += (out.argmax(1) != yb).sum()
         n = max(len(x), 1)
@@ -103,7 +98,4 @@ def quadratic_loss(out: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
 
 
 LOSSES = {"classification": nn.functional.cross_entropy, "quadratic": quadratic_loss}
-
-
-def _takes_reduction(loss_fn: LossFn) -> bool:
-    return loss_fn in (nn.functional.cross_entropy, nn.functional.nll_loss, quadratic_loss)
+REDUCING = (nn.functional.cross_entropy, nn.functional.nll_loss, quadratic_loss)   # take reduction="sum"

@@ -1,12 +1,6 @@
-"""Asynchronous SGD with optimal time complexity, as policies (docs/lab.md): ``ringmaster``
-(Maranjyan, Tyurin, Richtarik, ICML 2025, Algorithms 4 and 5: a push R or more versions stale is
-discarded; ``cancel_stale``: a computing client is stopped once its segment is R applies old) and
-``rennala`` (Tyurin & Richtarik, NeurIPS 2023: the mean of the first S pushes from the current
-parameters; every other client is then preempted).
-
-**One preemption at a time** (rennala; ringmaster with ``protocol.stop_once``, our departure from
-Algorithm 5): a preempted client is not preempted again before its next push, discarded if stale
-(why the real driver needs it: docs/real.md).
+"""Asynchronous SGD with optimal time complexity, as policies: ``ringmaster`` (Maranjyan, Tyurin,
+Richtarik, ICML 2025, Algorithms 4 and 5) and ``rennala`` (Tyurin & Richtarik, NeurIPS 2023). What
+each does: docs/lab.md; one preemption at a time: docs/simulator.md, "Protocols".
 """
 from __future__ import annotations
 

@@ -174,11 +174,10 @@ class Sync(Policy):
 
     def close(self, view: View) -> Decision:
         """Apply the round's mean once; its clients fetch, the late ones (backup workers) are preempted."""
-        pushes = [self.pushes[k] for k in sorted(self.pushes)]   # client-id order, not timing's
+        waiting = self.waiting()   # client-id order, not timing's
         parts = [(p.update, 1, p.num_samples, p.train_loss * p.num_samples,
-                  p.train_error * p.num_samples, p.num_steps) for p in pushes]
+                  p.train_error * p.num_samples, p.num_steps) for p in map(self.pushes.get, waiting)]
         self.total, merged = mean_push(self.total, parts, self.round_start)
-        waiting = tuple(sorted(self.pushes))
         late = tuple(sorted(set(view.live) - set(waiting)))
         discarded = tuple((self.round_start, k) for k in late)
         self.round_start, self.pushes = view.version + 1, {}   # the apply makes version + 1
@@ -186,9 +185,7 @@ class Sync(Policy):
         return Decision(apply=merged, reply=waiting, preempt=late, discarded=discarded)
 
     def on_lost(self, client: int, view: View) -> Decision:
-        if self.pushes and self.full(view):
-            return self.close(view)
-        return NOTHING
+        return self.close(view) if self.pushes and self.full(view) else NOTHING
 
     def waiting(self) -> tuple[int, ...]:
         return tuple(sorted(self.pushes))
@@ -218,14 +215,11 @@ def mean_push(buffer: Tensor | None, parts: list[tuple], read_version: int) -> t
     first = parts[0][0]
     if buffer is None or buffer.shape != first.shape or buffer.device != first.device:
         buffer = torch.zeros_like(first)
-    total = buffer.zero_()
-    pushes = samples = steps = 0
-    loss = wrong = 0.0
-    for update, k_pushes, n, k_loss, k_wrong, k_steps in parts:
+    total, columns = buffer.zero_(), list(zip(*parts))
+    for update in columns[0]:
         total.add_(update.to(total.device))
-        pushes, samples, steps = pushes + k_pushes, samples + n, max(steps, k_steps)
-        loss, wrong = loss + k_loss, wrong + k_wrong
-    merged = Push(client=0, read_version=read_version, update=total.div_(pushes), num_steps=steps,
+    pushes, samples, loss, wrong = map(sum, columns[1:5])
+    merged = Push(client=0, read_version=read_version, update=total.div_(pushes), num_steps=max(columns[5]),
                   num_samples=samples, train_loss=loss / samples, train_error=wrong / samples,
                   stream_position=(0, 0))
     return buffer, merged

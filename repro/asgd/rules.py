@@ -5,29 +5,21 @@ accrued gradient) or ``params`` (their own, EASGD, whose rule declares the clien
 """
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 from torch import Tensor
 
 from repro.registry import Registry
 
-
-class ServerRule(Protocol):
-    push_kind: str             # delta, gradient or params
-    # optional: ``exchange``, what a client does with the parameters it receives (ElasticExchange)
-
-    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None: ...
-    def fetched(self, client: int, params: Tensor) -> None: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-
-
 RULES: Registry[type] = Registry("algo.server_rule")
 
 
-class _Rule:
-    """What a rule does by default: keep nothing between pushes, no fetch bookkeeping."""
+class ServerRule:
+    """What a rule has (it need not derive from this) and by default does: no state, no fetch
+    bookkeeping; optional: ``exchange``, what its clients do with the parameters they receive."""
+    push_kind: str             # delta, gradient or params
+
+    def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
+        raise NotImplementedError
 
     def fetched(self, client: int, params: Tensor) -> None:
         pass
@@ -40,7 +32,7 @@ class _Rule:
 
 
 @RULES.register("delta")
-class DeltaRule(_Rule):
+class DeltaRule(ServerRule):
     """``w <- w + scale * delta``: with one client and scale 1, sequential SGD. Our default."""
     push_kind = "delta"
 
@@ -52,7 +44,7 @@ class DeltaRule(_Rule):
 
 
 @RULES.register("downpour")
-class DownpourRule(_Rule):
+class DownpourRule(ServerRule):
     """Downpour's server step ``w <- w - lr_server * accrued`` (Dean et al. 2012, Sec. 4.1)."""
     push_kind = "gradient"
 
@@ -73,7 +65,7 @@ class StalenessScaledRule(DownpourRule):
 
 
 @RULES.register("dcasgd")
-class DCASGDRule(_Rule):
+class DCASGDRule(ServerRule):
     """Delay-compensated ASGD, DC-ASGD-c (Zheng et al., ICML 2017, Eq. 10): with w_bak the client's
     fetched parameters, kept per client, ``w <- w - lr_server * (g + lambda * g * g * (w - w_bak))``."""
     push_kind = "gradient"
@@ -107,7 +99,7 @@ class DCASGDRule(_Rule):
 
 
 @RULES.register("adagrad")
-class AdagradRule(_Rule):
+class AdagradRule(ServerRule):
     """DistBelief's per-parameter Adagrad: ``eta_i = gamma / sqrt(sum of squared updates_i)``
     (Dean et al. 2012, Sec. 4.1), which they found far more robust with many replicas."""
     push_kind = "gradient"
@@ -138,13 +130,12 @@ class ElasticExchange:
         self.pull = alpha / (1.0 - alpha)
 
     def receive(self, own: Tensor, centre: Tensor) -> None:
-        if centre.device != own.device:   # a GPU client reads its reply from a pinned CPU frame
-            centre = centre.to(own.device)
-        own.sub_(own - centre, alpha=self.pull)
+        # .to: a GPU client reads its reply from a pinned CPU frame (same device: centre itself)
+        own.sub_(own - centre.to(own.device), alpha=self.pull)
 
 
 @RULES.register("easgd")
-class ElasticRule(_Rule):
+class ElasticRule(ServerRule):
     """Asynchronous EASGD (Zhang, Choromanska, LeCun, NIPS 2015, Algorithm 1): each exchange moves
     the centre toward the client, ``c <- c + alpha (x - c)``, and the client toward the centre."""
     push_kind = "params"
@@ -158,7 +149,7 @@ class ElasticRule(_Rule):
 
 
 @RULES.register("outer_nesterov")
-class OuterNesterovRule(_Rule):
+class OuterNesterovRule(ServerRule):
     """An outer Nesterov step on each apply's outer gradient ``g = w_fetched - w_local`` (DiLoCo,
     Douillard et al. 2023). Delay d (Liu et al. 2024, delayed Nesterov): ``m <- mu m + sum/d`` once
     every d applies, each stepping ``w <- w - lr (g/d + mu m)``, the others ``w <- w - lr g/d``;

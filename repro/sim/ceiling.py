@@ -47,10 +47,9 @@ def ceiling(cost: CostConfig, num_clients: int, nsync: int, param_bytes: int) ->
         hosts = math.ceil(num_clients / cost.shared.clients_per_host)
         host_bw, server_bw = link_bandwidths(cost)
         full = path_bandwidth(cost)
-        if server_bw is not None and transfer > 0:
-            bounds[SERVER_LINK] = server_bw / (full * transfer)
-        if host_bw is not None and transfer > 0:
-            bounds[HOST_LINKS] = hosts * host_bw / (full * transfer)
+        for name, bw in ((SERVER_LINK, server_bw), (HOST_LINKS, None if host_bw is None else hosts * host_bw)):
+            if bw is not None and transfer > 0:
+                bounds[name] = bw / (full * transfer)
         if cost.shared.devices_per_host is not None:
             work = [nsync * step_s * f + transfers_cpu_s(cost, transfer, full) for f in factors]
             per_host, d = cost.shared.clients_per_host, cost.shared.devices_per_host

@@ -23,11 +23,10 @@ class Churn:
         self.life: dict[int, int] = {}   # a preemption drawn for an earlier life of a client is void
         self.next_id = max(clients) + 1
         leave = list(cost.churn.leave or ())
-        for i in range(0, len(leave), 3):
-            k, t1, t2 = int(leave[i]), float(leave[i + 1]), float(leave[i + 2])
-            self._push(t1, LEAVE, k)
+        for k, t1, t2 in zip(leave[::3], leave[1::3], leave[2::3]):   # triples (client, leave, back or 0)
+            self._push(float(t1), LEAVE, int(k))
             if t2 > 0:
-                self._push(t2, BACK, k)
+                self._push(float(t2), BACK, int(k))
         for t in cost.churn.join or ():
             self._push(float(t), JOIN, 0)   # its id is given when it joins: ids in time order
         for k in clients:

@@ -53,8 +53,7 @@ class CostModel:
             raise ConfigError("cost.bandwidth_Bps", bandwidth, f"a bandwidth at which one message "
                               f"({nbytes:g} bytes) takes a finite time")
         self.server_apply_s = cost.server_apply_s
-        self._blocks: dict[int, np.ndarray] = {}
-        self._block_key: dict[int, tuple] = {}
+        self._blocks: dict[int, tuple[tuple, np.ndarray]] = {}   # per client: (its block's key, the block)
 
     def segment_s(self, client: int, segment: int, num_steps: int) -> float:
         """Virtual time of ``client``'s ``segment``-th push: ``num_steps`` minibatch steps."""
@@ -70,15 +69,15 @@ class CostModel:
         seeding a generator costs more than a minibatch of digits_cnn."""
         block, row = divmod(segment, JITTER_BLOCK)
         key = (client, block, num_steps)
-        if self._block_key.get(client) != key:
+        if self._blocks.get(client, (None,))[0] != key:
             rng = np.random.default_rng([self.seed, client, block, num_steps])
             sigma, shape = self.cost.jitter_sigma, (JITTER_BLOCK, num_steps)
             if self.cost.jitter == "lognormal":   # mean-preserving: E[exp(s z - s^2/2)] = 1
                 factors = np.exp(sigma * rng.standard_normal(shape) - sigma * sigma / 2)
             else:                                   # exponential tail of weight sigma, mean 1
                 factors = (1 - sigma) + sigma * rng.exponential(1.0, shape)
-            self._blocks[client], self._block_key[client] = factors, key
-        return self._blocks[client][row]
+            self._blocks[client] = key, factors
+        return self._blocks[client][1][row]
 
 
 class Schedule(ABC):

@@ -44,14 +44,6 @@ def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> 
     return calibrate_compute_s(step)
 
 
-def make_schedule(cfg: RunConfig, clients: list[int], param_bytes: int, step_s: float) -> Schedule:
-    """The schedule ``cost.schedule`` names: the cost model's clock, or a recorded run's order."""
-    if cfg.cost.schedule == "replay":
-        return ReplayScheduler(cfg.cost.path, cfg.num_clients)   # the recording's (replay_config)
-    clock = ContendedScheduler if cfg.cost.topology == "shared" else CostScheduler
-    return clock(CostModel(cfg.cost, cfg.seed, param_bytes, step_s, cfg.num_clients), clients, cfg.nsync)
-
-
 class Simulation:
     """The simulator's side of one run: clients, the scheduler and the loop around the core."""
 
@@ -62,7 +54,12 @@ class Simulation:
         self.clients = {c.client_id: c for c in make_clients(cfg, problem.dataset)}
         for c in self.clients.values():
             c.fetch(self.server.params, 0)
-        self.scheduler = make_schedule(cfg, sorted(self.clients), param_bytes(self.server.params), compute_s)
+        if cfg.cost.schedule == "replay":   # a recorded run's order (the recording's cfg: replay_config)
+            self.scheduler: Schedule = ReplayScheduler(cfg.cost.path, cfg.num_clients)
+        else:   # the cost model's clock
+            model = CostModel(cfg.cost, cfg.seed, param_bytes(self.server.params), compute_s, cfg.num_clients)
+            self.scheduler = (ContendedScheduler if cfg.cost.topology == "shared" else CostScheduler)(
+                model, sorted(self.clients), cfg.nsync)
         self.compute_s = compute_s
         self.resume_protocol = resume.get("protocol") if resume is not None else None
         self.pending: tuple | None = None   # a push taken from the schedule, abandoned by a stop
@@ -71,19 +68,19 @@ class Simulation:
         self.down: set[int] = set()          # clients away (churn), who may come back
         self.stopping = False                # what the core's last Outcome said
         if resume is not None:
-            for k in resume["driver"]["clients"]:   # joiners (churn) are clients too
-                if int(k) not in self.clients:
-                    self.clients[int(k)] = make_clients(cfg, problem.dataset, client_ids=[int(k)])[0]
+            driver = resume["driver"]
+            joiners = [int(k) for k in driver["clients"] if int(k) not in self.clients]   # (churn)
+            self.clients.update((c.client_id, c) for c in make_clients(cfg, problem.dataset, client_ids=joiners))
             if self.churn is not None:
-                self.churn.load_state_dict(resume["driver"]["churn"])
-                self.down = {int(k) for k in resume["driver"]["down"]}
+                self.churn.load_state_dict(driver["churn"])
+                self.down = {int(k) for k in driver["down"]}
             for k, c in self.clients.items():
-                c.load_state_dict(resume["driver"]["clients"][str(k)])
-            self.scheduler.load_state_dict(resume["driver"]["scheduler"])
-            pending = resume["driver"].get("pending")
+                c.load_state_dict(driver["clients"][str(k)])
+            self.scheduler.load_state_dict(driver["scheduler"])
+            pending = driver.get("pending")
             if pending is not None:   # with its timings.csv parts, which next() gave when it chose it
                 self.pending = (int(pending[0]), int(pending[1]), float(pending[2]))
-                self.scheduler.last_timing = resume["driver"].get("pending_timing")
+                self.scheduler.last_timing = driver.get("pending_timing")
 
     def run(self, stop_at_version: int | None = None) -> tuple[str, str]:
         """Simulate to the end of the budget: (status, message); ``stop_at_version``: stop there, as Ctrl-C."""
@@ -161,10 +158,9 @@ class Simulation:
             self.churn.lost(k, t, preempted=kind == PREEMPT)   # before a checkpoint the settle may write
             self.settle(outcome, at)
             return
-        if kind == BACK:
-            if k not in self.down:
-                return
-            self.down.discard(k)
+        if kind == BACK and k not in self.down:
+            return
+        self.down.discard(k)   # (a joiner's new id is not there)
         if self.stopping:
             return
         self.join(k, t)   # a joiner: a new id, its slot's settings (client_slot)
@@ -173,11 +169,10 @@ class Simulation:
 
     def recorded_membership(self, kind: str, k: int, t: float) -> None:
         """A replayed run's recorded join or loss (:mod:`repro.sim.replay`)."""
-        if kind == "client_lost":
-            if k in self.clients:
-                self.settle(self.core.lose(k, "lost in the recorded run", t), t)
-            return
-        self.join(k, t)
+        if kind != "client_lost":
+            self.join(k, t)
+        elif k in self.clients:
+            self.settle(self.core.lose(k, "lost in the recorded run", t), t)
 
     def join(self, k: int, t: float) -> None:
         """Client ``k`` joins, or is back, at ``t``: a fresh client (a real joiner is a new process) that fetches."""
@@ -219,9 +214,7 @@ def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Res
         return cfg
     if cfg.cost.schedule == "replay":
         cfg = replay_config(cfg, run_dir)
-    if fits(cfg):
-        return Resolved(*fit_config(cfg))
-    return Resolved(cfg)
+    return Resolved(*fit_config(cfg)) if fits(cfg) else Resolved(cfg)
 
 
 def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,

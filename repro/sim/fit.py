@@ -111,11 +111,6 @@ def message_bytes(config: dict) -> float:
     return float(comm) * 4 if comm is not None else float(config["network"]["param_bytes"])
 
 
-def identity(cfg: RunConfig) -> dict:
-    """What a step's (and an apply's) time depends on: the recording's must be the run's."""
-    return {"model.name": cfg.model.name, "data.name": cfg.data.name, "algo.batch_size": cfg.algo.batch_size}
-
-
 def _own(recordings: list[tuple[str, dict, pd.DataFrame]], run: dict) -> list[bool]:
     """Which recordings ran the run's model, data and batch size (others: transit only); exit 2 if none."""
     differs = [next(((k, _get(c, k), v) for k, v in run.items() if _get(c, k) != v), None)
@@ -146,16 +141,17 @@ def _measure(path: str, t: pd.DataFrame, config: dict) -> dict:
     summary = read_summary(Path(path)) or {}
     dropped = {tuple(p) for p in summary.get("discarded_pushes") or []}
     applied = [(v, k) not in dropped for v, k in zip(t.read_version, t.client)]
+    evaluation = summary.get("eval_cpu_s")   # mean CPU seconds of one evaluation (None: none recorded)
     return {"step": step, "apply": t.apply_s.to_numpy()[applied], "pushes": len(t),
             "cv": step.std() / step.mean() * math.sqrt(nsync) if step.mean() > 0 else None,
             "point": (message_bytes(config), float(np.mean(transit)) + round_trip_rest(t, config) / 2),
             "host": config.get("host"), "real": _get(config, "backend.name") == "real",
-            "eval": _eval_cpu_s(summary)}
+            "eval": float(evaluation) if evaluation == 0 or _positive(evaluation) else None}
 
 
 def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: dict) -> dict:
-    """The fitted values and where they came from (the ``fit`` record); ``link_Bps`` and
-    ``burst_bytes``: the link's known bandwidth and burst; ``run``: the run's :func:`identity`."""
+    """The fitted values and where they came from (the ``fit`` record); ``link_Bps``, ``burst_bytes``:
+    the link's known bandwidth and burst; ``run``: the settings a step's and an apply's time depend on."""
     recordings = [(path, _read_config(Path(path)), _read_timings(Path(path))) for path in paths]
     for path, config, _ in recordings:   # accepted: a known cost to recover is how the fit is tested
         if _get(config, "backend.name") == "sim":
@@ -197,12 +193,6 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
             "transit_only": [str(p) for p, o in zip(paths, own) if not o]}
 
 
-def _eval_cpu_s(summary: dict) -> float | None:
-    """The recording's mean CPU seconds of one evaluation (its summary's; None when it has none)."""
-    value = summary.get("eval_cpu_s")
-    return float(value) if value == 0 or _positive(value) else None
-
-
 def round_trip_rest(t: pd.DataFrame, config: dict) -> float:
     """Mean seconds of a client's round trip that the five parts miss (0 when no client pushed
     twice, or not async: a barrier's wait is not transit)."""
@@ -240,7 +230,8 @@ def fit_config(cfg: RunConfig) -> tuple[RunConfig, dict]:
     if not paths:
         raise ConfigError("cost.path", cfg.cost.path, "one or more recorded run folders, separated by ':' "
                           "(cost=fit cost.path=RUN_DIR[:RUN_DIR...])")
-    fit = fit_cost(paths, cfg.cost.shared.server_bandwidth_Bps, cfg.cost.shared.server_burst_bytes, identity(cfg))
+    run = {"model.name": cfg.model.name, "data.name": cfg.data.name, "algo.batch_size": cfg.algo.batch_size}
+    fit = fit_cost(paths, cfg.cost.shared.server_bandwidth_Bps, cfg.cost.shared.server_burst_bytes, run)
     cost = cfg.cost.updated(
         compute_s=fit["compute_s"], jitter="lognormal" if fit["jitter_sigma"] > 0 else "none",
         jitter_sigma=fit["jitter_sigma"], latency_s=fit["latency_s"], bandwidth_Bps=fit["bandwidth_Bps"],

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 from repro.config.checks import from_dict
@@ -43,9 +42,9 @@ def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfi
                           f"asynchronous pushes; this one ran protocol={recorded.protocol.name})")
     if run_dir is not None:
         _refuse_own_source(source, Path(run_dir))
-    recording = read_recording(source, recorded.num_clients)
-    if recording.unfinished:
-        log.warning(f"replay: {recording.unfinished}")
+    unfinished = read_recording(source, recorded.num_clients)[1]
+    if unfinished:
+        log.warning(f"replay: {unfinished}")
     # where the replay runs is ours to choose: the simulator, this device, this many threads; its
     # cost is its own but for the slow client, to whom data.slow_client_classes gave the classes
     slow = {key: getattr(recorded.cost, key) for key in SLOW_CLIENT}
@@ -102,32 +101,19 @@ def _refuse_own_source(source: Path, run_dir: Path) -> None:
 MEMBERSHIP = ("client_joined", "client_rejoined", "client_lost")
 
 
-@dataclass(frozen=True)
-class Recording:
-    """A recorded run's pushes (client, read_version, num_steps, time_s) in version order, why it
-    ends before its budget ("": it finished), and its membership events (version, type, client, time_s)."""
-    rows: list[tuple[int, int, int, float]]
-    unfinished: str
-    membership: list[tuple[int, str, int, float]] = ()
-
-
-def _membership(summary: dict) -> list[tuple[int, str, int, float]]:
-    """The joins and losses a recorded run's summary lists."""
-    return [(int(e["version"]), e["type"], int(e["client"]),
-             float(e.get("lost_time_s", e.get("joined_time_s", e.get("time_s", 0.0)))))
-            for e in summary.get("events", []) if isinstance(e, dict) and e.get("type") in MEMBERSHIP]
-
-
-def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
-    """Every row of a recorded run's updates.csv, checked before the first push (:func:`_bad_row`);
-    a finished recording must hold every push its summary counts."""
+def read_recording(run_dir: str | Path, num_clients: int) -> tuple[list[tuple[int, int, int, float]], str, list]:
+    """A recorded run's pushes (client, read_version, num_steps, time_s) in version order, each row
+    checked before the first push (:func:`_bad_row`); why it ends before its budget ("": it finished,
+    and holds every push its summary counts); its joins and losses (version, type, client, time_s)."""
     run_dir = Path(run_dir)
     rows = _rows(run_dir)
     if not rows:
         raise ConfigError("cost.path", str(run_dir), "a recording with at least one push (its "
                           f"{schema.UPDATES_FILE} has no rows)")
     summary = read_summary(run_dir) or {}   # none (or not an object): unfinished
-    membership = _membership(summary)
+    membership = [(int(e["version"]), e["type"], int(e["client"]),
+                   float(e.get("lost_time_s", e.get("joined_time_s", e.get("time_s", 0.0)))))
+                  for e in summary.get("events", []) if isinstance(e, dict) and e.get("type") in MEMBERSHIP]
     expected_read: dict[int, int] = {}
     members, events = set(range(1, num_clients + 1)), iter(membership)
     event = next(events, None)
@@ -144,7 +130,7 @@ def read_recording(run_dir: str | Path, num_clients: int) -> Recording:
             raise ConfigError("cost.path", str(run_dir), f"a recording whose rows a replay can apply: "
                               f"{schema.UPDATES_FILE} line {lineno} {why}")
         expected_read[client], last_time = version, time_s
-    return Recording([row for _, row in rows], _unfinished(run_dir, summary, len(rows)), membership)
+    return [row for _, row in rows], _unfinished(run_dir, summary, len(rows)), membership
 
 
 def _rows(run_dir: Path) -> list[tuple[int, tuple[int, int, int, float]]]:
@@ -213,12 +199,11 @@ class ReplayScheduler(Schedule):
     """The order of a recorded run: each row of its updates.csv, in version order."""
 
     def __init__(self, run_dir: str | Path, num_clients: int):
-        recording = read_recording(run_dir, num_clients)
-        # it runs out before the budget only when the recording is unfinished, or diverged and the replay did not
-        self.rows, self.membership = recording.rows, recording.membership
+        self.rows, unfinished, self.membership = read_recording(run_dir, num_clients)
         self.members_done = 0   # membership events carried out
-        self.end_message = recording.unfinished or (f"all {len(self.rows)} recorded pushes were "
-                                                    "replayed; the recorded run ended there, before the budget")
+        # it runs out before the budget only when the recording is unfinished, or diverged and the replay did not
+        self.end_message = unfinished or (f"all {len(self.rows)} recorded pushes were "
+                                          "replayed; the recorded run ended there, before the budget")
         self.position, self.run_dir = 0, str(run_dir)
 
     def next(self) -> tuple[int, int, float] | None:
@@ -232,12 +217,10 @@ class ReplayScheduler(Schedule):
 
     def membership_due(self, version: int) -> list[tuple[str, int, float]]:
         """The recorded joins and losses due by ``version``, not carried out yet: (type, client, time_s)."""
-        due = []
+        done = self.members_done
         while self.members_done < len(self.membership) and self.membership[self.members_done][0] <= version:
-            _, kind, client, t = self.membership[self.members_done]
-            due.append((kind, client, t))
             self.members_done += 1
-        return due
+        return [event[1:] for event in self.membership[done:self.members_done]]
 
     def check(self, client: int, read_version: int) -> None:
         """The push about to be computed must start from the version the recording says."""

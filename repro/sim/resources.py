@@ -92,12 +92,9 @@ class ContendedScheduler(Schedule):
         self.flight: dict[int, dict[str, float]] = {}
         self.host = {k: i // cost.shared.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
-        self.capacity: dict[str, float] = {}
-        if server_bw is not None:
-            self.capacity.update({SERVER_IN: server_bw, SERVER_OUT: server_bw})
-        if host_bw is not None:
-            for h in sorted(set(self.host.values())):
-                self.capacity.update(dict.fromkeys(host_links(h), host_bw))
+        ways = [((SERVER_IN, SERVER_OUT), server_bw)] + [(host_links(h), host_bw)
+                                                         for h in sorted(set(self.host.values()))]
+        self.capacity = {link: bw for links, bw in ways if bw is not None for link in links}   # the limited ones
         self.paths = {}   # client -> {stage: the limited links its transfer crosses}
         for k, h in self.host.items():
             up, down = host_links(h)
@@ -210,11 +207,9 @@ class ContendedScheduler(Schedule):
     def _burst(self, client: int, kind: str, t: float) -> float:
         """Bytes of a transfer starting at ``t`` that the server link's bucket sends at once."""
         link = SERVER_LINK[kind]
-        if link not in self.bucket or link not in self.paths[client][kind]:
-            return 0.0
+        if link not in self.bucket or link not in self.paths[client][kind] or self.bucket[link][1] is None:
+            return 0.0   # no bucket on its way, or another transfer is using the link
         tokens, since = self.bucket[link]
-        if since is None:
-            return 0.0
         tokens = min(self.model.cost.shared.server_burst_bytes, tokens + self.capacity[link] * (t - since))
         sent = min(tokens, float(self.model.nbytes))
         self.bucket[link] = [tokens - sent, None]
