@@ -89,10 +89,8 @@ def run(cfg: RunConfig, run_dir: str | Path, typed: list[str] = ()) -> dict:
 def pasteable(path: str | Path) -> str:
     """``path`` as it pastes after ``key=`` on a shell command line (Hydra reads ``=`` and ``,`` as syntax:
     single quotes inside double quotes), relative to the current folder when inside it."""
-    try:
+    with contextlib.suppress(OSError, ValueError):   # outside this folder (or no current folder): as it is
         path = Path(path).relative_to(os.getcwd())
-    except (OSError, ValueError):   # outside this folder (or no current folder): as it is
-        pass
     text = str(path)
     return text if re.fullmatch(r"[\w./@%+-]+", text) else "\"'" + text + "'\""
 
@@ -100,9 +98,8 @@ def pasteable(path: str | Path) -> str:
 def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
     """The run's last two lines: its status and final numbers (the test loss where ``loss_only``), with
     the summary's message for a diverged or completed run, then its folder."""
-    final = summary.get("final") or {}
     key = "test_loss" if loss_only else "test_error"
-    value = final.get(key)
+    value = (summary.get("final") or {}).get(key)
     shown = "n/a" if value is None else f"{value:.4g}" if loss_only else f"{100 * value:.2f}%"
     if summary.get("clock") == "virtual":
         times = f"virtual time {summary['time_s']:.2f} s, wall {summary['wall_time_s']:.1f} s"
@@ -232,12 +229,9 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     _refuse_run_of_grid(argv, dcfg)
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
-    except ConfigError as err:
-        exit_bad_input(err)
-    if loader.SHOWS & set(argv):   # Hydra prints the config (the node --package names: there) or its help
-        return check_package(argv, dcfg, exit_bad_input), cfg
-    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
-    try:
+        if loader.SHOWS & set(argv):   # Hydra prints the config (the node --package names: there) or its help
+            return check_package(argv, dcfg, exit_bad_input), cfg
+        check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
         from repro.workload.build import check_components   # the model and batch vs the data (torch)
         check_components(cfg)
     except ConfigError as err:
@@ -252,10 +246,8 @@ def _composed(overrides: list[str], **kwargs) -> DictConfig:
         return compose(overrides, **kwargs)
     except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
         key = next((k for _, k, _ in parsed_overrides(overrides) if f"'{k}'" in str(exc)), None)
-        owner = owning_option(key) if key else None
-        if owner:
-            exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
-        exit_bad_input(composition_line(exc))   # exp_name=é, a(b: with how to quote a value
+        owner = owning_option(key) if key else None   # else exp_name=é, a(b: with how to quote a value
+        exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it" if owner else composition_line(exc))
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
@@ -265,13 +257,6 @@ def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
         keys = ", ".join(dcfg.hydra.sweeper.get("params") or {}) or "its sweeps"
         exit_bad_input(f"--run: {f'+exp={exp}' if exp else 'hydra.mode=MULTIRUN'} is a grid: leave out --run "
                        f"to run the whole grid, or run one point with hydra.mode=RUN and one value of {keys}")
-
-
-def print_help(argv: list[str]) -> None:
-    dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
-    choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in loader.ALL_GROUPS}
-    tree = OmegaConf.to_container(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
-    print(loader.help_text(tree, choices))
 
 
 def _parsed(argv: list[str], resolved: bool = False) -> RunConfig:
@@ -291,7 +276,10 @@ def cli() -> None:
     if "--hydra-help" in argv:   # Hydra composes its help without our config: a key of ours was its traceback
         sys.argv[1:] = [a for a in argv if "=" not in a or a.lstrip("+~").startswith("hydra")]
     if "--help" in argv or "-h" in argv:
-        print_help(argv)
+        dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
+        choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in loader.ALL_GROUPS}
+        tree = OmegaConf.to_container(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
+        print(loader.help_text(tree, choices))
         return
     if "--version" in argv:   # Hydra's own answer was "Hydra 1.3.8" alone
         from repro import __version__
