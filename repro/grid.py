@@ -95,11 +95,6 @@ def _varying(names: list[str]) -> dict[str, str]:
     return {n: ",".join(f"{k}={v}" for k, v in kv.items() if k not in same) or n for n, kv in split.items()}
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
 class Grid(Callback):
     """Progress of a grid and a clean Ctrl-C. ``every_s``: print the progress line this often even when
     nothing changes (0: only on changes); ``stop_wait_s``: how long the launcher waits, after Ctrl-C, for
@@ -255,7 +250,6 @@ class Grid(Callback):
             path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}))
 
     # -- progress -----------------------------------------------------------------------------
-
     def _folders(self) -> list[str]:
         if self.points is not None or self.sweep_dir is None or not self.sweep_dir.is_dir():
             return self.points or []
@@ -281,12 +275,13 @@ class Grid(Callback):
         done = groups.get("done", [])
         skipped = len(self._skipped & set(done))
         parts = [f"{len(done)}/{len(states)} done" + (f" ({skipped} skipped: already finished)" if skipped else "")]
-        for state in ("running", "interrupted", "failed", "killed", "refused"):
-            if groups.get(state):
-                parts.append(f"{len(groups[state])} {state}: " + "; ".join(self._name(f) for f in groups[state]))
+        parts += [f"{len(groups[state])} {state}: " + "; ".join(self._name(f) for f in groups[state])
+                  for state in ("running", "interrupted", "failed", "killed", "refused") if groups.get(state)]
         if groups.get("waiting"):
             parts.append(f"{len(groups['waiting'])} {'not started' if final else 'waiting'}")
-        return f"[{self.label}] {prefix}" + ", ".join(parts) + f"  ({_duration(time.monotonic() - self._started)})"
+        took = int(round(time.monotonic() - self._started))
+        took_text = f"{took // 60}m{took % 60:02d}s" if took >= 60 else f"{took}s"
+        return f"[{self.label}] {prefix}" + ", ".join(parts) + f"  ({took_text})"
 
     def _watch(self) -> None:
         last_key, last_print = None, time.monotonic()

@@ -121,10 +121,8 @@ def point_state(run_dir: Path) -> str:
     ``killed`` (its summary still says running, nobody holds it) or ``waiting`` (no run yet)."""
     if lock_holder(run_dir) is not None:
         return "running"
-    status = summary_status(run_dir)
-    if status in FINISHED_STATUSES:
-        return "done"
-    return {"running": "killed", "interrupted": "interrupted", "failed": "failed"}.get(status, "waiting")
+    return {"running": "killed", "interrupted": "interrupted", "failed": "failed",
+            **dict.fromkeys(FINISHED_STATUSES, "done")}.get(summary_status(run_dir), "waiting")
 
 
 def summary_status(run_dir: Path) -> str | None:
