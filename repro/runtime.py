@@ -155,12 +155,10 @@ def memory_bytes() -> int:
 
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 
