@@ -37,12 +37,16 @@ from repro.config.loader import (CONF_DIR, check_folder_makeable, check_override
 from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, disk_error, is_read_only
+from repro.hydra_internals import run_single_job, sweeps
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import (EXIT_INTERRUPTED, PR_SET_PDEATHSIG, StopRequest, exit_on_signal, fork_server_context,
                            named_by_world, prctl, torchrun_env)
 
 log = get_logger("repro.run")
 GRID = "repro.grid.Grid"   # a grid's progress, its Ctrl-C, its points' worker slots (conf/exp/shared/grid.yaml)
+# the process that launches the grid (a worker's bad point exits 2, which costs only that point,
+# repro.launcher). A pid, not a flag: a worker gets job() and its globals pickled by value (it is __main__'s)
+_launcher_pid: int | None = None
 
 
 if not OmegaConf.has_resolver("job_name"):
@@ -111,11 +115,6 @@ def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
             f"run folder: {pasteable(run_dir)}")
 
 
-# the process that launches the grid (a worker's bad point exits 2, which costs only that point,
-# repro.launcher). A pid, not a flag: a worker gets job() and its globals pickled by value (it is __main__'s)
-_launcher_pid: int | None = None
-
-
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
     """One run in the folder Hydra made for it: ``cfg`` is the config the command line parsed
     (a single run), or None for a grid point, parsed here from Hydra's ``dcfg``."""
@@ -175,7 +174,6 @@ def main(dcfg: DictConfig) -> float | None:
 def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
     """A single run of the config the command line composed and parsed once (``dcfg`` with Hydra's node,
     ``cfg`` its RunConfig), as ``@hydra.main`` would run it, without composing again."""
-    from repro.hydra_internals import run_single_job
     run_single_job(dcfg, lambda: job(dcfg, cfg))
 
 
@@ -184,7 +182,6 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 def _is_sweep(argv: list[str]) -> bool:
     if any(a in ("-m", "--multirun") for a in argv):
         return True
-    from repro.hydra_internals import sweeps
     try:   # Hydra's own parser: a list [1,2] or a quoted 'a,b' holds a comma but sweeps nothing
         return sweeps([a for a in argv if "=" in a and not a.startswith(("-", "hydra"))])
     except OverrideParseException:   # Hydra's message comes where the config is composed
