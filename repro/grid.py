@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from repro.errors import BAD_POINTS
+from repro.errors import BAD_POINTS, ConfigError
 from repro.gridpoint import (STOP_DIR, PointGuard, check_distinct, forget_folder, grid_points, lock_holder,
                              point_folders, point_state, process_started, summary_status)
 from repro.logs import follow_verbose
@@ -37,7 +37,6 @@ class BuildFigure(Callback):
         self.figure, self.out_dir, self.name = figure, out_dir, name or figure   # out_dir: ${figures_dir}, resolved
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from repro.errors import ConfigError
         overrides = [str(o) for o in config.hydra.overrides.task]
         points = grid_points(config)   # None: draw every run of one configuration
         # a point refused as bad input did not run: its folder may hold an old run of other settings
@@ -304,7 +303,6 @@ def _check_places(config: DictConfig) -> None:
     from repro.config.checks import check_places
     from repro.config.loader import exit_bad_input
     from repro.config.settings import RunConfig
-    from repro.errors import ConfigError
     try:
         check_places(RunConfig(exp_name=str(config.get("exp_name", "default")),
                                results_dir=str(config.get("results_dir", "results")),
