@@ -38,6 +38,12 @@ from repro.sim.driver import simulate as sim_run
 # ``python -m repro.run`` with no overrides: simulate()'s defaults, and every setting it does not take
 DEFAULTS = composed()
 _composed = functools.cache(composed)   # cost=NAME composed once a process: Hydra takes ~0.2 s a call
+# simulate()'s settings: argument -> the config key it sets (the others: the same name)
+API_KEYS = {**{name: name for name in ("num_clients", "nsync", "num_epochs", "eval_every", "seed", "target_error",
+                                        "divergence_factor", "device", "force", "progress")},
+            **{name: f"algo.{name}" for name in ("lr", "momentum", "weight_decay", "batch_size", "server_rule",
+                                                 "lr_server", "dc_lambda")},
+            **{name: f"protocol.{name}" for name in ("backup_workers", "staleness_bound")}, "protocol": "protocol.name"}
 
 
 @dataclass(eq=False)   # the dataclass's == compared DataFrames: "truth value ... is ambiguous"
@@ -217,14 +223,6 @@ def simulate(module: nn.Module, train: tuple[ArrayLike, ArrayLike], test: tuple[
         data, model = names(problem, module, loss_fn)
         cfg = cfg.replace(data=replace(cfg.data, name=data), model=replace(cfg.model, name=model))
         return _run(cfg, run_dir, problem)
-
-
-# simulate()'s settings: argument -> the config key it sets (the others: the same name)
-API_KEYS = {**{name: name for name in ("num_clients", "nsync", "num_epochs", "eval_every", "seed", "target_error",
-                                        "divergence_factor", "device", "force", "progress")},
-            **{name: f"algo.{name}" for name in ("lr", "momentum", "weight_decay", "batch_size", "server_rule",
-                                                 "lr_server", "dc_lambda")},
-            **{name: f"protocol.{name}" for name in ("backup_workers", "staleness_bound")}, "protocol": "protocol.name"}
 
 
 def _config(settings: dict, cost: CostConfig) -> RunConfig:

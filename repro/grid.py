@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from repro.errors import BAD_POINTS
+from repro.errors import BAD_POINTS, ConfigError
 from repro.gridpoint import (STOP_DIR, PointGuard, check_distinct, forget_folder, grid_points, lock_holder,
                              point_folders, point_state, process_started, summary_status)
 from repro.logs import follow_verbose
@@ -37,7 +37,6 @@ class BuildFigure(Callback):
         self.figure, self.out_dir, self.name = figure, out_dir, name or figure   # out_dir: ${figures_dir}, resolved
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from repro.errors import ConfigError
         overrides = [str(o) for o in config.hydra.overrides.task]
         points = grid_points(config)   # None: draw every run of one configuration
         # a point refused as bad input did not run: its folder may hold an old run of other settings
@@ -93,11 +92,6 @@ def _varying(names: list[str]) -> dict[str, str]:
     keys = {k for kv in split.values() for k in kv}
     same = {k for k in keys if len({kv.get(k) for kv in split.values()}) == 1}
     return {n: ",".join(f"{k}={v}" for k, v in kv.items() if k not in same) or n for n, kv in split.items()}
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 class Grid(Callback):
@@ -255,7 +249,6 @@ class Grid(Callback):
             path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}))
 
     # -- progress -----------------------------------------------------------------------------
-
     def _folders(self) -> list[str]:
         if self.points is not None or self.sweep_dir is None or not self.sweep_dir.is_dir():
             return self.points or []
@@ -281,12 +274,13 @@ class Grid(Callback):
         done = groups.get("done", [])
         skipped = len(self._skipped & set(done))
         parts = [f"{len(done)}/{len(states)} done" + (f" ({skipped} skipped: already finished)" if skipped else "")]
-        for state in ("running", "interrupted", "failed", "killed", "refused"):
-            if groups.get(state):
-                parts.append(f"{len(groups[state])} {state}: " + "; ".join(self._name(f) for f in groups[state]))
+        parts += [f"{len(groups[state])} {state}: " + "; ".join(self._name(f) for f in groups[state])
+                  for state in ("running", "interrupted", "failed", "killed", "refused") if groups.get(state)]
         if groups.get("waiting"):
             parts.append(f"{len(groups['waiting'])} {'not started' if final else 'waiting'}")
-        return f"[{self.label}] {prefix}" + ", ".join(parts) + f"  ({_duration(time.monotonic() - self._started)})"
+        took = int(round(time.monotonic() - self._started))
+        took_text = f"{took // 60}m{took % 60:02d}s" if took >= 60 else f"{took}s"
+        return f"[{self.label}] {prefix}" + ", ".join(parts) + f"  ({took_text})"
 
     def _watch(self) -> None:
         last_key, last_print = None, time.monotonic()
@@ -309,7 +303,6 @@ def _check_places(config: DictConfig) -> None:
     from repro.config.checks import check_places
     from repro.config.loader import exit_bad_input
     from repro.config.settings import RunConfig
-    from repro.errors import ConfigError
     try:
         check_places(RunConfig(exp_name=str(config.get("exp_name", "default")),
                                results_dir=str(config.get("results_dir", "results")),

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro.files.locks import read_holder
 from repro.files.schema import FINISHED_STATUSES, LOCK_FILE
+from repro.hydra_internals import job_folders, override_values, sweep_jobs, sweeps
 from repro.logs import get_logger
 from repro.runs.runlog import read_summary
 from repro.runtime import EXIT_INTERRUPTED, request_stop, runs_active
@@ -121,10 +122,8 @@ def point_state(run_dir: Path) -> str:
     ``killed`` (its summary still says running, nobody holds it) or ``waiting`` (no run yet)."""
     if lock_holder(run_dir) is not None:
         return "running"
-    status = summary_status(run_dir)
-    if status in FINISHED_STATUSES:
-        return "done"
-    return {"running": "killed", "interrupted": "interrupted", "failed": "failed"}.get(status, "waiting")
+    return {"running": "killed", "interrupted": "interrupted", "failed": "failed",
+            **dict.fromkeys(FINISHED_STATUSES, "done")}.get(summary_status(run_dir), "waiting")
 
 
 def summary_status(run_dir: Path) -> str | None:
@@ -137,7 +136,6 @@ def _named_jobs(config: DictConfig) -> list[tuple[list[str], str]] | None:
     order; None when another sweeper decides the jobs or a name cannot be read (never a reason to stop a
     grid). Sweeps it cannot expand, or that give no point, exit 2."""
     from repro.config.loader import exit_bad_input, job_name
-    from repro.hydra_internals import sweep_jobs, sweeps
     try:   # the basic sweeper's own split, which it makes next, after the grid's folder and multirun.yaml
         jobs = sweep_jobs(config)
     except Exception as exc:   # range(1,5,0), interval(...): its traceback, exit 1
@@ -168,12 +166,10 @@ def point_folders(config: DictConfig) -> list[str] | None:
     # the user's (resolved per job): a point's results_dir no longer moves its folder out of hydra.sweep.dir
     if (sweep["dir"], sweep["subdir"]) != (DEFAULT_SWEEP_DIR, DEFAULT_SUBDIR):
         from repro.config.loader import exit_bad_input
-        from repro.hydra_internals import job_folders
         try:
             return [os.path.relpath(f, config.hydra.sweep.dir) for f in job_folders(config, [j for j, _ in jobs])]
         except Exception as exc:   # ${oops}: Hydra only warns of a callback's error, then its traceback
             exit_bad_input(f"cannot name a grid point's folder (hydra.sweep.subdir): {str(exc).partition(chr(10))[0]}")
-    from repro.hydra_internals import override_values
     folders = []
     for job, name in jobs:   # quoted values read unquoted: results_dir='/a' named each folder under ./'/a'
         given = override_values(job)

@@ -23,13 +23,22 @@ from typing import Any, Callable
 def run_single_job(dcfg: Any, task: Callable[[], Any]) -> None:
     """Run ``task`` as Hydra's main runs a single job of ``dcfg`` (composed with its Hydra node):
     Hydra's logging, its callbacks around the job, the job in ``hydra.run.dir``."""
+    import logging
+    import hydra._internal.hydra as main
+    from hydra import initialize_config_dir
     from hydra._internal.callbacks import Callbacks   # the aggregate Hydra.run builds (hydra 1.3)
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import configure_log, run_job
     from hydra.types import HydraContext, RunMode
     from omegaconf import read_write
     from repro.logs import follow_verbose
     configure_log(dcfg.hydra.hydra_logging, dcfg.hydra.verbose)
-    _log_loading(dcfg)
+    main.log = logging.getLogger(main.__name__)   # as Hydra.compose_config sets it
+    if main.log.isEnabledFor(logging.DEBUG):   # hydra.verbose=true: what Hydra's main logs once it has composed
+        conf = next(s.path for s in dcfg.hydra.runtime.config_sources if s.provider == "main")
+        with initialize_config_dir(config_dir=conf, version_base="1.3", job_name=dcfg.hydra.job.name):
+            overrides = [*dcfg.hydra.overrides.hydra, *dcfg.hydra.overrides.task]
+            GlobalHydra.instance().hydra._print_debug_info("config", overrides, RunMode.RUN)
     with read_write(dcfg.hydra):   # as Hydra's main records a single run in .hydra/hydra.yaml
         dcfg.hydra.mode = RunMode.RUN
         dcfg.hydra.overrides.hydra.append("hydra.mode=RUN")
@@ -40,23 +49,6 @@ def run_single_job(dcfg: Any, task: Callable[[], Any]) -> None:
                   hydra_context=HydraContext(config_loader=None, callbacks=callbacks))
     callbacks.on_run_end(config=dcfg, config_name="config", job_return=ret)
     _ = ret.return_value   # re-raises what the job raised
-
-
-def _log_loading(dcfg: Any) -> None:
-    """What Hydra's main logs at DEBUG once it has composed (``hydra.verbose=true``): its version,
-    plugins, search path, defaults tree and config. The command line composed ``dcfg`` itself."""
-    import logging
-    import hydra._internal.hydra as main
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-    main.log = logging.getLogger(main.__name__)   # as Hydra.compose_config sets it
-    if not main.log.isEnabledFor(logging.DEBUG):
-        return
-    conf = next(s.path for s in dcfg.hydra.runtime.config_sources if s.provider == "main")
-    with initialize_config_dir(config_dir=conf, version_base="1.3", job_name=dcfg.hydra.job.name):
-        overrides = [*dcfg.hydra.overrides.hydra, *dcfg.hydra.overrides.task]
-        GlobalHydra.instance().hydra._print_debug_info("config", overrides, RunMode.RUN)
 
 
 def sweep_jobs(config: Any) -> list[list[str]] | None:
@@ -139,9 +131,7 @@ def plain_number(override: str) -> str:
     except OverrideParseException:
         return given
     value = None if parsed.is_sweep_override() else parsed.value()
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return given
-    return str(value)
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else given
 
 
 def check_flags(argv: list[str], refuse: Callable[[str], Any]) -> None:

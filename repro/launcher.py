@@ -1,9 +1,6 @@
-"""The local grid's workers (``hydra/launcher=parallel``): a point whose worker dies costs only itself.
-
-Hydra's joblib launcher asks for joblib's ``loky`` backend, in whose one pool a dead worker (the
-out-of-memory killer, ``kill -9``) ends every other; :func:`use_point_slots` answers that name with
-:class:`PointSlots`, one single-worker loky executor per slot (docs/architecture.md, "Grids").
-"""
+"""The local grid's workers (``hydra/launcher=parallel``): a point whose worker dies costs only itself,
+:class:`PointSlots` answering joblib's ``loky`` with one single-worker executor per slot (docs/architecture.md,
+"Grids")."""
 from __future__ import annotations
 
 import functools

@@ -23,24 +23,20 @@ class _Fallback(logging.StreamHandler):
             super().emit(record)
 
 
-def _install() -> None:
+def follow_verbose(verbose) -> None:
+    """``hydra.verbose=true`` puts every logger at DEBUG (Hydra sets the root's): ours too, whose
+    INFO :func:`get_logger` pins for its fallback. Called once Hydra has configured a job's logging."""
+    if verbose is True:
+        logging.getLogger(NAME).setLevel(logging.DEBUG)
+
+
+def get_logger(name: str = NAME) -> logging.Logger:
     logger = logging.getLogger(NAME)
     if not any(isinstance(h, _Fallback) for h in logger.handlers):
         handler = _Fallback(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
-
-
-def follow_verbose(verbose) -> None:
-    """``hydra.verbose=true`` puts every logger at DEBUG (Hydra sets the root's): ours too, whose
-    INFO :func:`_install` pins for its fallback. Called once Hydra has configured a job's logging."""
-    if verbose is True:
-        logging.getLogger(NAME).setLevel(logging.DEBUG)
-
-
-def get_logger(name: str = NAME) -> logging.Logger:
-    _install()
     return logging.getLogger(name)
 
 

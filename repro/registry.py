@@ -49,9 +49,7 @@ _BUILT: dict[str, "Registry"] = {}   # key -> its registry, once the module hold
 def names_of(key: str) -> Callable[[], tuple[str, ...]]:
     """The valid names for config key ``key``, read when a value is checked: its registry's once built,
     before that the declared ones, sorted (``--help`` and a bad value import no registering module)."""
-    def names() -> tuple[str, ...]:
-        return _BUILT[key].names() if key in _BUILT else tuple(sorted(declared(key)))
-    return names
+    return lambda: _BUILT[key].names() if key in _BUILT else tuple(sorted(declared(key)))
 
 
 def declared(key: str) -> dict[str, str]:

@@ -37,12 +37,16 @@ from repro.config.loader import (CONF_DIR, check_folder_makeable, check_override
 from repro.config.settings import RunConfig
 from repro.errors import BAD_POINTS, EXIT_BAD_INPUT, ConfigError
 from repro.files.storage import DISK_FAULTS, disk_error, is_read_only
+from repro.hydra_internals import run_single_job, sweeps
 from repro.logs import detach_files_in, get_logger, mark
 from repro.runtime import (EXIT_INTERRUPTED, PR_SET_PDEATHSIG, StopRequest, exit_on_signal, fork_server_context,
                            named_by_world, prctl, torchrun_env)
 
 log = get_logger("repro.run")
 GRID = "repro.grid.Grid"   # a grid's progress, its Ctrl-C, its points' worker slots (conf/exp/shared/grid.yaml)
+# the process that launches the grid (a worker's bad point exits 2, which costs only that point,
+# repro.launcher). A pid, not a flag: a worker gets job() and its globals pickled by value (it is __main__'s)
+_launcher_pid: int | None = None
 
 
 if not OmegaConf.has_resolver("job_name"):
@@ -89,10 +93,8 @@ def run(cfg: RunConfig, run_dir: str | Path, typed: list[str] = ()) -> dict:
 def pasteable(path: str | Path) -> str:
     """``path`` as it pastes after ``key=`` on a shell command line (Hydra reads ``=`` and ``,`` as syntax:
     single quotes inside double quotes), relative to the current folder when inside it."""
-    try:
+    with contextlib.suppress(OSError, ValueError):   # outside this folder (or no current folder): as it is
         path = Path(path).relative_to(os.getcwd())
-    except (OSError, ValueError):   # outside this folder (or no current folder): as it is
-        pass
     text = str(path)
     return text if re.fullmatch(r"[\w./@%+-]+", text) else "\"'" + text + "'\""
 
@@ -100,9 +102,8 @@ def pasteable(path: str | Path) -> str:
 def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
     """The run's last two lines: its status and final numbers (the test loss where ``loss_only``), with
     the summary's message for a diverged or completed run, then its folder."""
-    final = summary.get("final") or {}
     key = "test_loss" if loss_only else "test_error"
-    value = final.get(key)
+    value = (summary.get("final") or {}).get(key)
     shown = "n/a" if value is None else f"{value:.4g}" if loss_only else f"{100 * value:.2f}%"
     if summary.get("clock") == "virtual":
         times = f"virtual time {summary['time_s']:.2f} s, wall {summary['wall_time_s']:.1f} s"
@@ -112,11 +113,6 @@ def last_lines(summary: dict, run_dir: Path, loss_only: bool = False) -> str:
     return (f"{summary['status']}: version {summary['version']}  epoch {summary['epoch']:.2f}  "
             f"{key.replace('_', ' ')} {shown}  {times}" + (f"; {note}" if note else "") + "\n"
             f"run folder: {pasteable(run_dir)}")
-
-
-# the process that launches the grid (a worker's bad point exits 2, which costs only that point,
-# repro.launcher). A pid, not a flag: a worker gets job() and its globals pickled by value (it is __main__'s)
-_launcher_pid: int | None = None
 
 
 def job(dcfg: DictConfig, cfg: RunConfig | None = None) -> float | None:
@@ -178,7 +174,6 @@ def main(dcfg: DictConfig) -> float | None:
 def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
     """A single run of the config the command line composed and parsed once (``dcfg`` with Hydra's node,
     ``cfg`` its RunConfig), as ``@hydra.main`` would run it, without composing again."""
-    from repro.hydra_internals import run_single_job
     run_single_job(dcfg, lambda: job(dcfg, cfg))
 
 
@@ -187,7 +182,6 @@ def run_composed(dcfg: DictConfig, cfg: RunConfig) -> None:
 def _is_sweep(argv: list[str]) -> bool:
     if any(a in ("-m", "--multirun") for a in argv):
         return True
-    from repro.hydra_internals import sweeps
     try:   # Hydra's own parser: a list [1,2] or a quoted 'a,b' holds a comma but sweeps nothing
         return sweeps([a for a in argv if "=" in a and not a.startswith(("-", "hydra"))])
     except OverrideParseException:   # Hydra's message comes where the config is composed
@@ -232,12 +226,9 @@ def precheck(argv: list[str]) -> tuple[DictConfig, RunConfig] | None:
     _refuse_run_of_grid(argv, dcfg)
     try:   # the settings without Hydra's node (its ${hydra:...} need a job)
         cfg = parse(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
-    except ConfigError as err:
-        exit_bad_input(err)
-    if loader.SHOWS & set(argv):   # Hydra prints the config (the node --package names: there) or its help
-        return check_package(argv, dcfg, exit_bad_input), cfg
-    check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
-    try:
+        if loader.SHOWS & set(argv):   # Hydra prints the config (the node --package names: there) or its help
+            return check_package(argv, dcfg, exit_bad_input), cfg
+        check_folder_makeable(dcfg, grid=dcfg.hydra.mode == RunMode.MULTIRUN)   # before the components: no torch
         from repro.workload.build import check_components   # the model and batch vs the data (torch)
         check_components(cfg)
     except ConfigError as err:
@@ -252,10 +243,8 @@ def _composed(overrides: list[str], **kwargs) -> DictConfig:
         return compose(overrides, **kwargs)
     except Exception as exc:   # Hydra's composition error, e.g. a real-only key under backend=sim
         key = next((k for _, k, _ in parsed_overrides(overrides) if f"'{k}'" in str(exc)), None)
-        owner = owning_option(key) if key else None
-        if owner:
-            exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it")
-        exit_bad_input(composition_line(exc))   # exp_name=é, a(b: with how to quote a value
+        owner = owning_option(key) if key else None   # else exp_name=é, a(b: with how to quote a value
+        exit_bad_input(f"'{key}' is a setting of {owner}: add {owner} to use it" if owner else composition_line(exc))
 
 
 def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
@@ -265,13 +254,6 @@ def _refuse_run_of_grid(argv: list[str], dcfg: DictConfig) -> None:
         keys = ", ".join(dcfg.hydra.sweeper.get("params") or {}) or "its sweeps"
         exit_bad_input(f"--run: {f'+exp={exp}' if exp else 'hydra.mode=MULTIRUN'} is a grid: leave out --run "
                        f"to run the whole grid, or run one point with hydra.mode=RUN and one value of {keys}")
-
-
-def print_help(argv: list[str]) -> None:
-    dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
-    choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in loader.ALL_GROUPS}
-    tree = OmegaConf.to_container(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
-    print(loader.help_text(tree, choices))
 
 
 def _parsed(argv: list[str], resolved: bool = False) -> RunConfig:
@@ -291,7 +273,10 @@ def cli() -> None:
     if "--hydra-help" in argv:   # Hydra composes its help without our config: a key of ours was its traceback
         sys.argv[1:] = [a for a in argv if "=" not in a or a.lstrip("+~").startswith("hydra")]
     if "--help" in argv or "-h" in argv:
-        print_help(argv)
+        dcfg = compose(_one_value_overrides(argv), return_hydra_config=True)
+        choices = {g: str(dcfg.hydra.runtime.choices.get(g)) for g in loader.ALL_GROUPS}
+        tree = OmegaConf.to_container(OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra"]))
+        print(loader.help_text(tree, choices))
         return
     if "--version" in argv:   # Hydra's own answer was "Hydra 1.3.8" alone
         from repro import __version__

@@ -22,6 +22,17 @@ from repro.logs import get_logger
 if TYPE_CHECKING:   # torch is imported where a function uses it: the command line's answers load none
     import torch
 
+log = get_logger("repro.stop")
+SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s)
+# What a real run's fork server imports before it forks any client: the launcher, and with it
+# torch and the package (repro.real.processes.client_context).
+CLIENT_PRELOAD = "repro.real.launch"
+FORK_SERVER_DIED = 255   # multiprocessing's exit code for a client whose fork server, its parent, ended
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36   # prctl(2)'s options (Linux)
+_exiting = False   # exit_on_signal was called: this process only exits
+abandoned: list[threading.Thread] = []   # threads a run stopped waiting for (a hung evaluation)
+ABANDONED_S = 5.0   # the most the exit waits for one of them to end
+
 
 @contextlib.contextmanager
 def torch_threads(n: int):
@@ -89,11 +100,6 @@ def deterministic(device: torch.device):
         torch.use_deterministic_algorithms(saved[4])
 
 
-# What a real run's fork server imports before it forks any client: the launcher, and with it
-# torch and the package (repro.real.processes.client_context).
-CLIENT_PRELOAD = "repro.real.launch"
-
-
 def fork_server_context(start: bool = False):
     """multiprocessing's fork server context, preloaded with :data:`CLIENT_PRELOAD`; ``start``:
     start the server now (it imports in the background, and a later client finds it running)."""
@@ -117,9 +123,6 @@ def fork_server_context(start: bool = False):
     return ctx
 
 
-FORK_SERVER_DIED = 255   # multiprocessing's exit code for a client whose fork server, its parent, ended
-
-
 def naming_fork_server(proc, reason: str) -> str:
     """Why a client was lost, naming the clients' fork server when it died: every client dies
     with it (:func:`repro.real.processes._die_with_parent`), and each loss, by its link or its
@@ -127,9 +130,6 @@ def naming_fork_server(proc, reason: str) -> str:
     if proc is None or proc.exitcode != FORK_SERVER_DIED:
         return reason
     return f"the clients' fork server died, and every client with it ({reason})"
-
-
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36   # prctl(2)'s options (Linux)
 
 
 def prctl(option: int, value: int) -> None:
@@ -155,12 +155,10 @@ def memory_bytes() -> int:
 
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 
@@ -183,11 +181,6 @@ def environment(device: torch.device | str = "cpu") -> dict:
         env["gpu"] = torch.cuda.get_device_name(index)
         env["cudnn"] = torch.backends.cudnn.version()
     return env
-
-
-log = get_logger("repro.stop")
-
-SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s)
 
 
 class StopRequest(threading.Event):
@@ -251,9 +244,6 @@ def stop_asked() -> bool:
     return bool(StopRequest._pending)
 
 
-_exiting = False   # exit_on_signal was called: this process only exits
-
-
 def exit_on_signal() -> None:
     """From here on a signal ends the process at once with :data:`EXIT_INTERRUPTED` (not a finaliser's
     traceback), and is ignored once Python finalises its modules."""
@@ -272,10 +262,6 @@ def _ignore_signals_while_finalising() -> None:
     if _exiting:
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-
-
-abandoned: list[threading.Thread] = []   # threads a run stopped waiting for (a hung evaluation)
-ABANDONED_S = 5.0   # the most the exit waits for one of them to end
 
 
 def abandon(thread: threading.Thread) -> None:
