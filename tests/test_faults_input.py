@@ -192,6 +192,18 @@ def test_a_real_run_on_cuda_with_a_cpu_torch_is_refused_in_one_line(tmp_path, ke
     assert tree(tmp_path) in ([], ["results"])   # Hydra made results_dir: it is left empty, no run folder
 
 
+def test_the_simulators_device_key_is_refused_with_a_real_run(tmp_path):
+    """``device`` places the simulator only: ``backend=real device=cuda`` ran on the CPU, exit 0, in a folder
+    named ``device=cuda`` whose config.json said cuda. Refused in one line naming the real driver's keys."""
+    proc = subprocess.run([sys.executable, "-m", "repro.run", "backend=real", "device=auto", "num_epochs=0.1",
+                           f"results_dir={tmp_path / 'results'}", "progress=false"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == ("error: invalid value for 'device': 'auto'; expected cpu with backend=real (the key is "
+                           "the simulator's; the real driver's: backend.server_device, backend.client_device)\n")
+    assert tree(tmp_path) in ([], ["results"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Ctrl-C twice: 130, whenever the second one lands
 # ---------------------------------------------------------------------------------------------

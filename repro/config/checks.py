@@ -161,6 +161,9 @@ def validate(cfg: RunConfig) -> None:
     if cost.schedule == "replay" and cfg.backend.name == "real":   # the real driver has no schedule: it trained anew
         raise ConfigError("backend", "real",
                           "sim with cost=replay (a replay re-applies a recorded run in the simulator)")
+    if cfg.backend.name == "real" and cfg.device != RunConfig.device:   # else a folder named device=cuda ran on CPU
+        raise ConfigError("device", cfg.device, f"{RunConfig.device} with backend=real (the key is the simulator's; "
+                          "the real driver's: backend.server_device, backend.client_device)")
     if cost.profile == "fit" and cost.schedule == "events" and not str(cost.path or "").replace(":", "").strip():
         # without a recording nothing is fitted: the run would go on the uniform profile's costs
         raise ConfigError("cost.path", cost.path, "the folders of recorded runs to fit, separated by ':' "
