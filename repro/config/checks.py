@@ -65,9 +65,8 @@ def _build(tree: Any, cls: type, prefix: str) -> Any:
         raise ConfigError(prefix.rstrip(".") or "<root>", tree, "a mapping of keys to values")
     hints = typing.get_type_hints(cls)
     names = check_known(tree, cls, all_keys(), prefix)
-    return cls(**{name: _build(tree[name], hint, f"{prefix}{name}.") if dataclasses.is_dataclass(hint)
-                  else _coerce(prefix + name, tree[name], hint)
-                  for name in names & set(tree) for hint in [hints[name]]})
+    return cls(**{name: _build(tree[name], hints[name], f"{prefix}{name}.") if dataclasses.is_dataclass(hints[name])
+                  else _coerce(prefix + name, tree[name], hints[name]) for name in names & set(tree)})
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
