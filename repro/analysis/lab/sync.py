@@ -13,7 +13,7 @@ import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
-from repro.analysis.lab import message_bytes
+from repro.analysis.lab import message_bytes, tidy
 from repro.analysis.load import Runs, finite
 from repro.sim.cost import CostModel, step_time
 from repro.analysis.tables import resolve_target, times_to_target
@@ -243,8 +243,7 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                          "quantity": q, "value": v, "source": source, "clock": run["clock"], "target": target})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]
-    return out[COLUMNS].sort_values(["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"],
-                                    kind="stable").reset_index(drop=True)
+    return tidy(out, COLUMNS, ["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"])
 
 
 PROFILE_TITLES = {"jitter_lognormal": "lognormal steps (sigma 0.5), free comm.",
