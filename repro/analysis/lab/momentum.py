@@ -61,14 +61,9 @@ def fit_mode_energies(curvatures, curves) -> tuple[np.ndarray, float]:
     return c, float(np.max(np.abs(a @ c - y)))
 
 
-def _x(m):
-    """Momentum on its natural scale, ln 1 / (1 - m): 1 - 1/N maps to ln N."""
-    return -np.log1p(-np.asarray(m, float))
-
-
 def refine_minimum(ms, distances) -> float:
     """The minimising momentum, refined by the parabola through the best point and its two
-    neighbours on the ``_x`` scale (the best point itself at either end)."""
+    neighbours on momentum's natural scale, ln 1 / (1 - m) (the best point itself at either end)."""
     ms, d = np.asarray(ms, float), np.asarray(distances, float)
     ok = np.isfinite(d)
     ms, d = ms[ok], d[ok]
@@ -79,7 +74,7 @@ def refine_minimum(ms, distances) -> float:
     i = int(np.argmin(d))
     if i == 0 or i == len(ms) - 1:
         return float(ms[i])
-    x = _x(ms[i - 1:i + 2])
+    x = -np.log1p(-ms[i - 1:i + 2])   # 1 - 1/N maps to ln N
     a, b, _ = np.polyfit(x, d[i - 1:i + 2], 2)
     vertex = -b / (2 * a) if a > 0 else x[1]
     return float(-np.expm1(-np.clip(vertex, x[0], x[2])))
