@@ -28,6 +28,10 @@ COLUMNS = ["mitigation", "server_rule", "protocol", "num_clients", "nsync", "see
            "algo.lr", "algo.momentum", "cost.profile"]
 
 
+def mitigation_of(rule: str, protocol: str) -> str:
+    return MITIGATIONS.get((rule, protocol), (f"{rule}+{protocol}",))[0]
+
+
 def expected_mean_staleness(num_clients: int, pushes: int) -> float:
     """Mean staleness (server versions) of P async pushes of N equally fast clients: the first
     N pushes see 0, 1, .., N - 1 updates, every later one N - 1: (N-1)(1 - N/2P) for P >= N."""
@@ -47,7 +51,7 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     target = resolve_target(runs.runs, target)
     r = runs.runs.copy()
     r["server_rule"], r["protocol"] = r["algo.server_rule"], r["protocol.name"]
-    r["mitigation"] = [MITIGATIONS.get((a, b), (f"{a}+{b}",))[0] for a, b in zip(r["server_rule"], r["protocol"])]
+    r["mitigation"] = [mitigation_of(a, b) for a, b in zip(r["server_rule"], r["protocol"])]
     r["diverged"] = is_diverged(r["status"])
     r["final_test_error_pct"] = 100.0 * final_test_error(runs)
     r["time_to_target_s"] = times_to_target(runs, target)
