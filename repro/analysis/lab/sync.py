@@ -46,8 +46,7 @@ def _gamma_cdf(y: np.ndarray, n: int) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def segment_cdf(jitter: str, sigma: float, nsync: int, points: int = 2**15):
-    """(grid t, P(S <= t)) for S = the sum of ``nsync`` step factors, t in step units: exact for
-    exponential steps (a Gamma), an FFT convolution for lognormal ones."""
+    """(grid t, P(S <= t)) for S = the sum of ``nsync`` step factors, t in step units (docs/lab.md)."""
     if jitter == "none" or sigma == 0:
         t = np.linspace(0.0, 2.0 * nsync, points)
         return t, (t >= nsync).astype(float)
@@ -86,8 +85,7 @@ class Timing:
 
 
 def segment_order_time(tm: Timing, m: int) -> float:
-    """E[m-th earliest of the N clients' segment times] in seconds (m = N: the barrier): the integral of
-    P(fewer than m are <= t), a Poisson-binomial count of independent clients (exact for a straggler too)."""
+    """E[m-th earliest of the N clients' segment times] in seconds (m = N: the barrier; docs/lab.md)."""
     base, cdf = segment_cdf(tm.jitter, float(tm.sigma), int(tm.nsync))
     t = base * max(tm.factors())   # the slowest client's segments must fit on the grid too
     count = np.zeros((len(tm.factors()) + 1, len(t)))
@@ -119,8 +117,7 @@ def _segments(rng, tm: Timing, shape) -> np.ndarray:
 
 
 def ssp_clock(tm: Timing, bound: int, pushes: int) -> tuple[float, float]:
-    """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s, and their
-    mean staleness: the clock rule's recurrence (docs/lab.md), averaged over seeded replicas."""
+    """(mean time until ``pushes`` pushes are applied under SSP with bound s, their mean staleness): docs/lab.md."""
     rng = np.random.default_rng(MC_SEED)
     n_cl, per_client = tm.num_clients, pushes   # no client can push more than all pushes
     f = np.asarray(tm.factors())[None, :]
