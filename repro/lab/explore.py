@@ -1,9 +1,6 @@
 """The staleness explorer: sliders in a browser, one small simulation per change.
-
-Owns ``python -m repro.lab explore``: a page on 127.0.0.1 (explore.html) whose every change runs the
-simulator (:func:`repro.api.run_config`) for a few hundred steps and answers JSON, the measured
-staleness, throughput and loss beside the theory's prediction of each (docs/lab.md, "The explorer").
-"""
+Owns ``python -m repro.lab explore``: a page on 127.0.0.1 (explore.html) whose every change runs the simulator
+for a few hundred steps and answers JSON, measured beside predicted (docs/lab.md, "The explorer")."""
 from __future__ import annotations
 
 import argparse

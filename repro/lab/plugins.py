@@ -91,6 +91,9 @@ def grade_backup_workers(student) -> Iterator[Check]:
 BOUND, THRESHOLD = 2, 4
 SSP_HINT = ("Ho et al. (2013): a client waits only when it is MORE than s pushes ahead of the "
             "slowest live client (ahead <= s goes on); a lost client never waits")
+# client 1 runs ahead of clients 2 and 3 (its 2nd push is s = 2 ahead and goes on, its 3rd waits),
+# client 3's push releases it, it runs ahead again, and client 3's loss releases it
+SSP_SCRIPT = [("push", 1)] * 3 + [("push", 2), ("push", 3), ("push", 1), ("push", 2), ("lost", 3)]
 RING_HINT = ("Ringmaster discards a push whose staleness reaches the threshold R (staleness >= R); "
              "its client fetches the current parameters and goes on")
 
@@ -119,17 +122,11 @@ def goes_on(decision: asgd.Decision) -> str:
     return f"client(s) {', '.join(map(str, decision.reply))} go on" if decision.reply else "nobody goes on"
 
 
-def ssp_script() -> list[tuple[str, int]]:
-    """Client 1 runs ahead of clients 2 and 3 (its 2nd push is s = 2 ahead and goes on, its 3rd
-    waits), client 3's push releases it, it runs ahead again, and client 3's loss releases it."""
-    return [("push", 1)] * 3 + [("push", 2), ("push", 3), ("push", 1), ("push", 2), ("lost", 3)]
-
-
 def scripted_ssp(cls: type) -> Iterator[Check]:
     cfg = with_protocol(quadratic(3, 10), "ssp", staleness_bound=BOUND)
     ref, mine = asgd.SSP(cfg, [1, 2, 3], 0), student_call(cls, cfg, [1, 2, 3], 0)
     live, version = {1, 2, 3}, 0
-    for event, k in ssp_script():
+    for event, k in SSP_SCRIPT:
         if event == "lost":
             live.discard(k)
             view = asgd.View(version, frozenset(live))
@@ -147,15 +144,6 @@ def scripted_ssp(cls: type) -> Iterator[Check]:
             return
 
 
-def largest_lead(updates) -> int:
-    """The most pushes a client had applied beyond the client with the fewest, at its push."""
-    counts, lead = dict.fromkeys(set(updates.client), 0), 0
-    for k in updates.client:
-        counts[k] += 1
-        lead = max(lead, counts[k] - min(counts.values()))
-    return lead
-
-
 @exercise("ssp_gate", "the gate of stale synchronous parallel (Ho et al. 2013)", BoundedSSP="class")
 def grade_ssp_gate(student) -> Iterator[Check]:
     cls = student.BoundedSSP
@@ -164,7 +152,11 @@ def grade_ssp_gate(student) -> Iterator[Check]:
     reference, mine = plugged_run(asgd.PROTOCOLS, cls, cfg, "ssp", "ssp_gate", staleness_bound=BOUND)
     what = f"3 clients, client 1 four times slower, bound s = {BOUND}"
     yield same_run_check(what, reference, mine, SSP_HINT)
-    lead = largest_lead(mine.updates)
+    # the most pushes a client had applied beyond the one with the fewest, at its push
+    counts, lead = dict.fromkeys(set(mine.updates.client), 0), 0
+    for k in mine.updates.client:
+        counts[k] += 1
+        lead = max(lead, counts[k] - min(counts.values()))
     yield Check(what + ": the most pushes a client is ahead when it pushes", f"at most s + 1 = {BOUND + 1}",
                 str(lead), lead <= BOUND + 1, SSP_HINT)
 

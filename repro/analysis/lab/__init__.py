@@ -1,5 +1,5 @@
 """The staleness lab's figures, each registering itself on import, and the steps that several of
-them share: the bytes of a run's messages, a list cell of the runs' table, a heat map."""
+them share: the bytes of a run's messages, a list cell of the runs' table, a frame's last step, a heat map."""
 from __future__ import annotations
 
 import json
@@ -23,6 +23,14 @@ def message_bytes(run: pd.Series, cost) -> int:
 def listed(cell) -> list:
     """A list that flattening config.json or summary.json left as JSON text ([]: any other)."""
     return json.loads(cell) if isinstance(cell, str) and cell.startswith("[") else []
+
+
+def tidy(frame: pd.DataFrame, columns, by: list[str], **ranks) -> pd.DataFrame:
+    """``frame``'s ``columns``, stably sorted by ``by``; a column named in ``ranks`` by its values' place
+    in that list (the unlisted last)."""
+    keys = {f"_{c}": frame[c].map({v: i for i, v in enumerate(order)}).fillna(len(order)) for c, order in ranks.items()}
+    by = [f"_{c}" if c in ranks else c for c in by]
+    return frame.assign(**keys).sort_values(by, kind="stable")[list(columns)].reset_index(drop=True)
 
 
 def heat_map(ax, grid: pd.DataFrame, text: Callable[[float], str], dark: float, fontsize: str, **style):

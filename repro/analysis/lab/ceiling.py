@@ -9,7 +9,7 @@ import pandas as pd
 
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.lab import message_bytes
+from repro.analysis.lab import message_bytes, tidy
 from repro.analysis.load import Runs, finite
 from repro.sim.ceiling import ceiling
 
@@ -70,9 +70,8 @@ def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                              "num_clients": bound.num_clients, "cost.jitter": None, **PREDICTED,
                              "quantity": q, "value": v, "binding": bound.binding,
                              "clock": run["clock"]})
-    out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
-    return out[COLUMNS].sort_values(["cost.profile", "cost.bandwidth_Bps", "quantity", "nsync", "num_clients",
-                                     "kind", "seed"], kind="stable").reset_index(drop=True)
+    return tidy(pd.concat([measured, pd.DataFrame(rows)], ignore_index=True), COLUMNS,
+                ["cost.profile", "cost.bandwidth_Bps", "quantity", "nsync", "num_clients", "kind", "seed"])
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:

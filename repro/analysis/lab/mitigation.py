@@ -9,6 +9,7 @@ import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, final_test_error, measured_rows
+from repro.analysis.lab import tidy
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.analysis.tables import resolve_target, times_to_target
 
@@ -76,11 +77,8 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
             s = int(g["protocol.staleness_bound"].iloc[0])
             rows.append({**base, "quantity": "max_staleness_versions", "source": "(2s+1)(N-1): SSP bound",
                          "value": float(ssp_staleness_bound(int(n), s))})
-    out = pd.concat([measured, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True)
-    order = {m[0]: i for i, m in enumerate(MITIGATIONS.values())}
-    out["_o"] = out["mitigation"].map(order).fillna(len(order))
-    out = out.sort_values(["quantity", "_o", "nsync", "kind", "seed"], kind="stable")
-    return out[COLUMNS].reset_index(drop=True)
+    return tidy(pd.concat([measured, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True), COLUMNS,
+                ["quantity", "mitigation", "nsync", "kind", "seed"], mitigation=[m[0] for m in MITIGATIONS.values()])
 
 
 def draw_mitigation(frame: pd.DataFrame):

@@ -34,8 +34,7 @@ def momentum_response(curvatures, lr: float, momentum: float, steps: int) -> np.
 
 
 def theorem_response(curvatures, lr: float, mu: float, steps: int) -> np.ndarray:
-    """Per-mode responses of asynchronous SGD's expected dynamics under geometric staleness with
-    parameter 1 - mu (Mitliagkas et al. 2016; docs/lab.md); mu = 0 is plain gradient descent."""
+    """Per-mode responses of asynchronous SGD's expected dynamics at implicit momentum mu (Mitliagkas et al. 2016)."""
     l = np.atleast_1d(np.asarray(curvatures, float))   # a number: one mode
     w = np.ones_like(l)
     u, out = l * w, [w]
@@ -61,14 +60,8 @@ def fit_mode_energies(curvatures, curves) -> tuple[np.ndarray, float]:
     return c, float(np.max(np.abs(a @ c - y)))
 
 
-def _x(m):
-    """Momentum on its natural scale, ln 1 / (1 - m): 1 - 1/N maps to ln N."""
-    return -np.log1p(-np.asarray(m, float))
-
-
 def refine_minimum(ms, distances) -> float:
-    """The minimising momentum, refined by the parabola through the best point and its two
-    neighbours on the ``_x`` scale (the best point itself at either end)."""
+    """The minimising momentum, parabola-refined through the best point's neighbours (at an end: that point)."""
     ms, d = np.asarray(ms, float), np.asarray(distances, float)
     ok = np.isfinite(d)
     ms, d = ms[ok], d[ok]
@@ -79,7 +72,7 @@ def refine_minimum(ms, distances) -> float:
     i = int(np.argmin(d))
     if i == 0 or i == len(ms) - 1:
         return float(ms[i])
-    x = _x(ms[i - 1:i + 2])
+    x = -np.log1p(-ms[i - 1:i + 2])   # 1 - 1/N maps to ln N
     a, b, _ = np.polyfit(x, d[i - 1:i + 2], 2)
     vertex = -b / (2 * a) if a > 0 else x[1]
     return float(-np.expm1(-np.clip(vertex, x[0], x[2])))
@@ -185,9 +178,8 @@ def momentum_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 
 def draw_momentum(frame: pd.DataFrame) -> Figure:
-    """(a) N plain-SGD clients' loss beside the predicted momentum-SGD curve, both relative to one
-    plain-SGD client; (b) implicit momentum against 1 - 1/N; (c) loss after the window against
-    explicit momentum, with the measured and the predicted best."""
+    """(a) loss of N plain-SGD clients and of the predicted momentum-SGD curve over one plain-SGD client's;
+    (b) implicit momentum against 1 - 1/N; (c) loss after the window per explicit momentum, with the best."""
     _require(frame, "momentum")
     fig, axes = _new_figure(1, 3, panel=(4.8, 3.8))
     ax_curve, ax_mu, ax_exp = axes[0]

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.lab import heat_map, listed
+from repro.analysis.lab import heat_map, listed, tidy
 from repro.analysis.lab.partition import partition_of
 from repro.analysis.lab.uneven import method_of, method_order
 from repro.analysis.load import Runs
@@ -44,11 +44,8 @@ def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS)
     if frame.empty:
         return frame
-    order = {m: i for i, m in enumerate(method_order(frame["method"]))}
-    parts = {p: i for i, p in enumerate(partition_order(frame["partition"]))}
-    frame["_p"], frame["_m"] = frame["partition"].map(parts), frame["method"].map(order)
-    frame = frame.sort_values(["_p", "_m", "seed", "quantity", "class"], kind="stable")
-    return frame[COLUMNS].reset_index(drop=True)
+    return tidy(frame, COLUMNS, ["partition", "method", "seed", "quantity", "class"],
+                partition=partition_order(frame["partition"]), method=method_order(frame["method"]))
 
 
 def partition_order(parts) -> list[str]:

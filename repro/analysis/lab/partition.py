@@ -21,14 +21,6 @@ def partition_of(run: pd.Series) -> str:
     return f"dirichlet alpha={float(run['data.alpha']):g}" if part == "dirichlet" else part
 
 
-def _label(run: pd.Series) -> str:
-    part = partition_of(run)
-    slow = run.get("data.slow_client_classes")
-    if isinstance(slow, str) and slow.startswith("["):
-        part += f", classes {slow} on the slow client"
-    return f"{run['data.name']}: {part}, {int(run['num_clients'])} clients, seed {int(run['seed'])}"
-
-
 def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Tidy rows (panel, client, class, count) of every distinct partition recorded in ``runs`` (iid: none)."""
     table = runs.runs
@@ -44,8 +36,12 @@ def partition_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                                                       + ["_alpha"], kind="stable")
     for idx in firsts.index:
         run = table.loc[idx]
+        part, slow = partition_of(run), run.get("data.slow_client_classes")
+        if isinstance(slow, str) and slow.startswith("["):
+            part += f", classes {slow} on the slow client"
+        label = f"{run['data.name']}: {part}, {int(run['num_clients'])} clients, seed {int(run['seed'])}"
         for client, counts in enumerate(listed(run[COUNTS]), start=1):
-            rows += [{"panel": _label(run), "client": client, "class": c, "count": int(n)}
+            rows += [{"panel": label, "client": client, "class": c, "count": int(n)}
                      for c, n in enumerate(counts)]
     return pd.DataFrame(rows, columns=["panel", "client", "class", "count"])
 

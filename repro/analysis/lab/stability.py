@@ -53,8 +53,7 @@ def outcome(status: str, initial_loss: float, final_loss: float) -> str:
 
 
 def measured_boundary(lrs, outcomes) -> tuple[float, float, float]:
-    """(lr_lo, lr_hi, estimate): the largest stable lr below the smallest unstable one, that
-    unstable lr, and their geometric mean (NaN where the ladder does not bracket it)."""
+    """(lr_lo, lr_hi, estimate) of the measured boundary (docs/lab.md); NaN where the ladder does not bracket it."""
     lrs, outs = np.asarray(lrs, float), np.asarray(outcomes, object)
     unstable = lrs[~np.isin(outs, STABLE)]
     hi = unstable.min() if len(unstable) else np.nan

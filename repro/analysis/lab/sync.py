@@ -13,7 +13,7 @@ import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
-from repro.analysis.lab import message_bytes
+from repro.analysis.lab import message_bytes, tidy
 from repro.analysis.load import Runs, finite
 from repro.sim.cost import CostModel, step_time
 from repro.analysis.tables import resolve_target, times_to_target
@@ -31,17 +31,6 @@ SOURCES = {"async": "async: 1/(c f_i E[S] + o) per client",
 MC_SEED, MC_REPLICAS = 20131226, 256   # the recurrence's Monte Carlo: fixed, so frames repeat
 
 
-def _grid_end(jitter: str, sigma: float, nsync: int) -> float:
-    """A time (step units) beyond which a segment is vanishingly unlikely (P < 1e-12 per step)."""
-    if jitter == "none" or sigma == 0:
-        return 2.0 * nsync
-    if jitter == "lognormal":
-        q = math.exp(7.1 * sigma - sigma * sigma / 2)
-    else:
-        q = (1 - sigma) + sigma * 28.0
-    return nsync * q + 2.0
-
-
 def _lognormal_cdf(x: np.ndarray, sigma: float) -> np.ndarray:
     z = (np.log(np.maximum(x, 1e-300)) + sigma * sigma / 2) / (sigma * math.sqrt(2))
     return np.where(x > 0, 0.5 * (1 + np.vectorize(math.erf)(z)), 0.0)
@@ -57,11 +46,12 @@ def _gamma_cdf(y: np.ndarray, n: int) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def segment_cdf(jitter: str, sigma: float, nsync: int, points: int = 2**15):
-    """(grid t, P(S <= t)) for S = the sum of ``nsync`` step factors, t in step units: exact for
-    exponential steps (a Gamma), an FFT convolution for lognormal ones."""
-    t = np.linspace(0.0, _grid_end(jitter, sigma, nsync), points)
+    """(grid t, P(S <= t)) for S = the sum of ``nsync`` step factors, t in step units (docs/lab.md)."""
     if jitter == "none" or sigma == 0:
+        t = np.linspace(0.0, 2.0 * nsync, points)
         return t, (t >= nsync).astype(float)
+    q = math.exp(7.1 * sigma - sigma * sigma / 2) if jitter == "lognormal" else (1 - sigma) + sigma * 28.0
+    t = np.linspace(0.0, nsync * q + 2.0, points)   # beyond: a segment is vanishingly unlikely (P < 1e-12 per step)
     if jitter == "exponential":
         return t, _gamma_cdf((t - nsync * (1 - sigma)) / sigma, nsync)
     if nsync == 1:
@@ -72,17 +62,6 @@ def segment_cdf(jitter: str, sigma: float, nsync: int, points: int = 2**15):
     size = 1 << int(math.ceil(math.log2(points * nsync)))
     total = np.fft.irfft(np.fft.rfft(pmf, size) ** nsync, size)[:points]
     return t, np.clip(np.cumsum(np.maximum(total, 0.0)), 0.0, 1.0)
-
-
-def expected_order_statistic(cdfs: list[np.ndarray], t: np.ndarray, m: int) -> float:
-    """E[m-th smallest] of independent variables with CDFs ``cdfs`` on grid ``t`` (>= 0): the
-    integral of P(fewer than m are <= t), a Poisson-binomial count (exact for a straggler too)."""
-    count = np.zeros((len(cdfs) + 1, len(t)))
-    count[0] = 1.0
-    for p in cdfs:
-        count[1:] = count[1:] * (1 - p) + count[:-1] * p
-        count[0] *= 1 - p
-    return float(np.trapezoid(count[:m].sum(0), t))
 
 
 def harmonic(n: int) -> float:
@@ -106,11 +85,16 @@ class Timing:
 
 
 def segment_order_time(tm: Timing, m: int) -> float:
-    """E[m-th earliest of the N clients' segment times] in seconds (m = N: the barrier)."""
+    """E[m-th earliest of the N clients' segment times] in seconds (m = N: the barrier; docs/lab.md)."""
     base, cdf = segment_cdf(tm.jitter, float(tm.sigma), int(tm.nsync))
     t = base * max(tm.factors())   # the slowest client's segments must fit on the grid too
-    cdfs = [np.interp(t / f, base, cdf, right=1.0) for f in tm.factors()]   # C_i = c f_i S_i
-    return tm.compute_s * expected_order_statistic(cdfs, t, m)
+    count = np.zeros((len(tm.factors()) + 1, len(t)))
+    count[0] = 1.0
+    for f in tm.factors():
+        p = np.interp(t / f, base, cdf, right=1.0)   # C_i = c f_i S_i
+        count[1:] = count[1:] * (1 - p) + count[:-1] * p
+        count[0] *= 1 - p
+    return tm.compute_s * float(np.trapezoid(count[:m].sum(0), t))
 
 
 def async_segments_per_s(tm: Timing) -> float:
@@ -133,8 +117,7 @@ def _segments(rng, tm: Timing, shape) -> np.ndarray:
 
 
 def ssp_clock(tm: Timing, bound: int, pushes: int) -> tuple[float, float]:
-    """Mean virtual time until ``pushes`` pushes are applied under SSP with ``bound`` s, and their
-    mean staleness: the clock rule's recurrence (docs/lab.md), averaged over seeded replicas."""
+    """(mean time until ``pushes`` pushes are applied under SSP with bound s, their mean staleness): docs/lab.md."""
     rng = np.random.default_rng(MC_SEED)
     n_cl, per_client = tm.num_clients, pushes   # no client can push more than all pushes
     f = np.asarray(tm.factors())[None, :]
@@ -243,8 +226,7 @@ def sync_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
                          "quantity": q, "value": v, "source": source, "clock": run["clock"], "target": target})
     out = pd.concat([measured, pd.DataFrame(rows)], ignore_index=True)
     out = out[out["value"].notna() | (out["quantity"] == "time_to_target_s")]
-    return out[COLUMNS].sort_values(["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"],
-                                    kind="stable").reset_index(drop=True)
+    return tidy(out, COLUMNS, ["cost.profile", "quantity", "protocol", "num_clients", "kind", "seed"])
 
 
 PROFILE_TITLES = {"jitter_lognormal": "lognormal steps (sigma 0.5), free comm.",

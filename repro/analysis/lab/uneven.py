@@ -12,6 +12,7 @@ import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
+from repro.analysis.lab import tidy
 from repro.analysis.tables import times_to_target
 from repro.analysis.load import Runs, finite
 from repro.sim.cost import step_time
@@ -125,10 +126,7 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
               "source": f"client {k}: nsync x compute_s x its relative step time"}
              for k, tau in enumerate(segment_times(r.iloc[0]), start=1)]
     out = pd.concat([measured, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True)
-    order = {m: i for i, m in enumerate(method_order(out["method"]))}
-    out["_o"] = out["method"].map(order)
-    out = out.sort_values(["quantity", "_o", "kind", "seed"], kind="stable")
-    return out[COLUMNS].reset_index(drop=True)
+    return tidy(out, COLUMNS, ["quantity", "method", "kind", "seed"], method=method_order(out["method"]))
 
 
 def table(frame: pd.DataFrame) -> pd.DataFrame:
