@@ -18,6 +18,8 @@ import torch
 
 import repro.runs.folder
 import repro.runs.runlog
+from repro.asgd.algorithm import Push
+from repro.asgd.protocols import _push_state
 from repro.config.settings import AlgoConfig, ModelConfig
 from repro.errors import ConfigError
 from repro.sim.driver import simulate
@@ -160,6 +162,50 @@ def test_3_a_checkpoint_the_protocol_refuses_is_refused_naming_what_was_typed(tm
     with pytest.raises(ConfigError, match=rf"^invalid value for 'resume': {resume!r}; expected a checkpoint of "
                                           "this version"):
         simulate(cfg.replace(resume=resume), tmp_path)
+
+
+def _an_old_round(protocol: dict) -> None:   # a half-full round as an older version kept it: no pushes
+    protocol["waiting"] = [1]
+    del protocol["pushes"]
+
+
+def _a_push_type_gone(protocol: dict) -> None:   # a held push of a type that no longer imports
+    update = torch.zeros(3)
+    push = Push(client=1, read_version=2, update=update, num_steps=2, num_samples=64, train_loss=1.0,
+                train_error=0.5, stream_position=(0, 64))
+    protocol["pushes"] = {"1": {**_push_state(push), "type": "gone_module:GonePush"}}
+
+
+@pytest.mark.parametrize("damage,said", [
+    (_an_old_round, "invalid value for 'resume': True; expected a checkpoint of this version (this one holds a "
+                    "half-full sync round summed in arrival order, written by an older version); force=true "
+                    "starts the run over"),
+    (_a_push_type_gone, "gone_module:GonePush"),
+], ids=["old round", "push type gone"])
+def test_3_a_checkpoint_the_protocol_refuses_leaves_the_folder_as_it_was(tmp_path, monkeypatch, capsys, damage, said):
+    """Fault: ``resume=true`` of an interrupted sync run whose checkpoint holds a round the protocol
+    refuses (as an older version wrote it; a held push whose type no longer imports). The protocol
+    read its state only as the run began: config.json was rewritten by then and the refusal wrote a
+    'failed' summary, so the interrupted run's folder changed although nothing resumed. Guarantee 3:
+    refused as before (exit 2, one line), before any file changes: every file byte-identical, the
+    run still 'interrupted', and it resumes once the checkpoint is one this version reads."""
+    run_dir = tmp_path / "run"
+    assert simulate(cli_cfg("protocol=sync"), run_dir, stop_at_version=2)["status"] == "interrupted"
+    good = (run_dir / "checkpoint.pt").read_bytes()
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    damage(state["protocol"])
+    torch.save(state, run_dir / "checkpoint.pt")
+    files = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
+    assert {"config.json", "summary.json", "updates.csv", "evals.csv", "timings.csv", "checkpoint.pt"} <= set(files)
+    args = (f"hydra.run.dir={run_dir}", *CLI_ARGS, "protocol=sync", "resume=true")
+    proc = cli_run(monkeypatch, capsys, *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if said in line]) == 1, proc.stderr
+    assert {name: (run_dir / name).read_bytes() for name in files} == files
+    check_run_folder(run_dir, "interrupted")
+    (run_dir / "checkpoint.pt").write_bytes(good)
+    assert cli_run(monkeypatch, capsys, *args).returncode == 0
+    check_run_folder(run_dir, "completed")
 
 
 def _another_backends_checkpoint(run_dir: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from repro.asgd.algorithm import Push, ParameterServer, push_fields
-from repro.asgd.protocols import Decision, View, make_protocol
+from repro.asgd.protocols import Decision, Policy, View, make_protocol
 from repro.config.checks import check_segment, ignored_protocol_keys
 from repro.config.settings import RunConfig, to_dict
 from repro.errors import ConfigError
@@ -56,6 +56,16 @@ class RunState:
     error: str = ""                 # a failure a driver reported
     away: frozenset[int] = frozenset()   # lost clients due back at the end (final_status)
     driver_state: Callable[[], dict] = field(default=lambda: {})
+
+
+def load_protocol_state(protocol: Policy, state: dict | None, run_dir: Path) -> None:
+    """Give ``protocol`` a checkpoint's ``state`` (None: none kept): ConfigError where it refuses it."""
+    try:
+        if state is not None:
+            protocol.load_state_dict(state)
+    except LookupError as exc:   # never a held push rebuilt as a plain Push without its fields
+        raise ConfigError("resume", str(run_dir), f"a checkpoint whose held pushes can be rebuilt: {exc}; "
+                          "make that type importable, or force=true starts the run over") from exc
 
 
 class RunCore:
@@ -108,12 +118,7 @@ class RunCore:
         for k in sorted(self.lost_clients & self.live):   # a resume started it again: it is back
             self.runlog.lost_clients.pop(str(k))
             self.runlog.add_event("client_rejoined", client=k, joined_time_s=round(time_s, 6))
-        try:
-            if protocol_state is not None:
-                self.protocol.load_state_dict(protocol_state)
-        except LookupError as exc:   # never a held push rebuilt as a plain Push without its fields
-            raise ConfigError("resume", str(self.run_dir), f"a checkpoint whose held pushes can be rebuilt: {exc}; "
-                              "make that type importable, or force=true starts the run over") from exc
+        load_protocol_state(self.protocol, protocol_state, self.run_dir)
         for k in clients if fetching else ():
             self.server.fetched(k)
         if self.runlog.version == 0 and self.runlog.last_eval_version < 0:   # (may find version 0 non-finite)

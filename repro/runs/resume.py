@@ -6,12 +6,14 @@ from pathlib import Path
 
 import torch
 
+from repro.asgd.protocols import make_protocol
 from repro.config.renames import modern_tree
 from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.storage import atomic_write_text, read_checkpoint
 from repro.logs import get_logger
+from repro.runs.core import load_protocol_state
 
 log = get_logger("repro.runs.resume")
 
@@ -27,7 +29,8 @@ DRIVER = {"sim": {"driver.clients": dict, "driver.scheduler": dict}, "real": {"d
 def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunConfig | None = None) -> dict:
     """The checkpoint to resume from, its tables cut back to it: ConfigError naming the file and line
     of a damaged or missing row, or, before any file changes, each setting in which the run that wrote
-    the checkpoint differs from ``cfg`` (a checkpoint copied from another run's folder)."""
+    the checkpoint differs from ``cfg`` (a checkpoint copied from another run's folder), or the
+    protocol's refusal of its saved state."""
     state = load_checkpoint(run_dir, kind, device)
     runlog, run_dir = state["runlog"], Path(run_dir)
     written_by = runlog.get("config")   # (none in a checkpoint older than this check)
@@ -36,6 +39,9 @@ def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunC
         raise ConfigError("resume", cfg.resume, f"a checkpoint of this run ({run_dir / schema.CHECKPOINT_FILE} was "
                           f"written by a run with other settings (checkpoint -> now): {'; '.join(diffs)}); "
                           "force=true starts over")
+    if cfg is not None and kind == "sim":   # (the real driver starts a resumed run's rounds afresh)
+        clients = sorted(int(k) for k in state["driver"]["clients"])   # (they only seed what its state replaces)
+        load_protocol_state(make_protocol(cfg, clients, state["server"]["version"]), state.get("protocol"), run_dir)
     version, evaluated = int(runlog["version"]), int(runlog["last_eval_version"])
     for name, columns, upto in ((schema.UPDATES_FILE, schema.UPDATE_COLUMNS, version),
                                 (schema.EVALS_FILE, schema.EVAL_COLUMNS, evaluated)):
