@@ -10,16 +10,16 @@ from typing import Callable
 import torch
 
 from repro.asgd.algorithm import Push, ParameterServer, push_fields
-from repro.asgd.protocols import Decision, Policy, View, make_protocol
+from repro.asgd.protocols import Decision, View, make_protocol
 from repro.config.checks import check_segment, ignored_protocol_keys
 from repro.config.settings import RunConfig, to_dict
-from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
 from repro.logs import get_logger
 from repro.workload.build import Problem, class_errors
 from repro.runs.evaluations import Evaluations
 from repro.runs.folder import resume_hint
+from repro.runs.resume import load_protocol_state
 from repro.runs.runlog import Progress, RunLog, diverged_advice, recorded_config, worse_than_start
 from repro.runtime import environment, stop_asked
 
@@ -56,16 +56,6 @@ class RunState:
     error: str = ""                 # a failure a driver reported
     away: frozenset[int] = frozenset()   # lost clients due back at the end (final_status)
     driver_state: Callable[[], dict] = field(default=lambda: {})
-
-
-def load_protocol_state(protocol: Policy, state: dict | None, run_dir: Path) -> None:
-    """Give ``protocol`` a checkpoint's ``state`` (None: none kept): ConfigError where it refuses it."""
-    try:
-        if state is not None:
-            protocol.load_state_dict(state)
-    except LookupError as exc:   # never a held push rebuilt as a plain Push without its fields
-        raise ConfigError("resume", str(run_dir), f"a checkpoint whose held pushes can be rebuilt: {exc}; "
-                          "make that type importable, or force=true starts the run over") from exc
 
 
 class RunCore:

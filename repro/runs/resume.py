@@ -6,14 +6,13 @@ from pathlib import Path
 
 import torch
 
-from repro.asgd.protocols import make_protocol
+from repro.asgd.protocols import Policy, make_protocol
 from repro.config.renames import modern_tree
 from repro.config.settings import RunConfig, differences
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.storage import atomic_write_text, read_checkpoint
 from repro.logs import get_logger
-from repro.runs.core import load_protocol_state
 
 log = get_logger("repro.runs.resume")
 
@@ -54,6 +53,16 @@ def resume_state(run_dir: Path, kind: str, device: torch.device | str, cfg: RunC
     runlog["timing_rows"] = len(kept) - 1
     cut(run_dir / schema.TIMINGS_FILE, kept, dropped, "written after the checkpoint")
     return state
+
+
+def load_protocol_state(protocol: Policy, state: dict | None, run_dir: Path) -> None:
+    """Give ``protocol`` a checkpoint's ``state`` (None: none kept): ConfigError where it refuses it."""
+    try:
+        if state is not None:
+            protocol.load_state_dict(state)
+    except LookupError as exc:   # never a held push rebuilt as a plain Push without its fields
+        raise ConfigError("resume", str(run_dir), f"a checkpoint whose held pushes can be rebuilt: {exc}; "
+                          "make that type importable, or force=true starts the run over") from exc
 
 
 def cut(path: Path, kept: list[str], dropped: int, after: str) -> None:
