@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
 import pandas as pd
 
@@ -56,14 +55,10 @@ def times_to_target(runs: Runs, target: float, metric: str = "train_error") -> p
     return runs.runs["run_dir"].map(times)
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equality where two missing values (None/NaN) also match."""
-    return (pd.isna(a) and pd.isna(b)) or bool(a == b)
-
-
 def _reference(row: pd.Series, ones: pd.DataFrame) -> pd.Series | None:
-    keys = [k for k in REFERENCE_KEYS if k in ones]
-    match = ones[[all(_same(r[k], row[k]) for k in keys) for _, r in ones.iterrows()]]
+    keys = [k for k in REFERENCE_KEYS if k in ones]   # two missing values (None/NaN) also match
+    match = ones[[all((pd.isna(r[k]) and pd.isna(row[k])) or bool(r[k] == row[k]) for k in keys)
+                  for _, r in ones.iterrows()]]
     if match.empty:
         return None
     same_nsync = match[match["nsync"] == row["nsync"]]
