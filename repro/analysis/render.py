@@ -156,8 +156,7 @@ def file_label(text: str) -> str:
 def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str, left_out: int = 0,
                 refused: int = 0) -> list[Path]:
     """``draw()``'s figure as ``out/<stem>.png`` and ``.pdf`` and ``frame`` as ``.csv``, each whole or
-    not at all; the run folders ``left_out`` as unusable and grid points ``refused`` are counted
-    in a line above the figure and in a warning."""
+    not at all; the folders ``left_out`` and points ``refused`` counted above it (docs/failures.md)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.{ext}" for ext in ("png", "pdf", "csv")]
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams

@@ -100,9 +100,8 @@ def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:
 
 
 def summarise_speedups(per_run: pd.DataFrame) -> pd.DataFrame:
-    """Per-run speedups -> one row per (nsync, num_clients): mean/std/min/max and counts, one
-    per outcome but ``reached_at_start`` (``n`` counts ``ok``; ``n_no_reference``, runs whose
-    1-client reference is missing, diverged or never met the target)."""
+    """Per-run speedups -> one row per (nsync, num_clients): mean/std/min/max and a count per outcome
+    but ``reached_at_start`` (``n`` counts ``ok``; the columns: REPRODUCE.md)."""
     keys = [k for k in ("exp_name", "start", "backend.name")
             if k in per_run and per_run[k].nunique(dropna=False) > 1]
     keys += ["nsync", "num_clients"]
