@@ -207,10 +207,8 @@ def compare(a: Tree, b: Tree, k: float = 3.0, target: float | None = None) -> pd
 def compare_trees(a: str | Path, b: str | Path, k: float = 3.0,
                   figures: Iterable[str] | str | None = None,
                   target: float | None = None) -> pd.DataFrame:
-    """Compare two results trees or figures folders (any mix), figure by figure: one row per
-    (figure, grid point, metric), the grid key columns, then :data:`STAT_COLUMNS`. Raises
-    :class:`ConfigError` for a missing directory, one of neither kind, a malformed CSV or nothing
-    to compare."""
+    """Compare two results trees or figures folders (any mix): one row per (figure, grid point,
+    metric), the grid key columns, then :data:`STAT_COLUMNS`; :class:`ConfigError` for bad input."""
     names = figure_names(figures)
     check_options(k, target)
     return compare(read_tree(a, names, target), read_tree(b, names, target), k, target)

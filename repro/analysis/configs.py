@@ -57,16 +57,10 @@ def _value(row: pd.Series | dict, key: str) -> Any:
 
 def settings(row: pd.Series | dict, axes: Iterable[str] = ()) -> dict[str, Any]:
     """{key: value} of the run's settings that make its configuration, defaults left out."""
-    out = {}
-    for key in shaping_keys():
-        if is_axis(key, axes) or key in ENVIRONMENT:
-            continue
-        if key == "cost.compute_s" and row.get("cost.profile") == "local":
-            continue   # calibrated: this machine's measured step time, different in every run
-        value = _value(row, key)
-        if value is not None and value != _defaults().get(key):
-            out[key] = value
-    return out
+    local = row.get("cost.profile") == "local"   # calibrated: cost.compute_s differs in every run
+    values = {k: _value(row, k) for k in shaping_keys()
+              if not (is_axis(k, axes) or k in ENVIRONMENT or (local and k == "cost.compute_s"))}
+    return {k: v for k, v in values.items() if v is not None and v != _defaults().get(k)}
 
 
 def fingerprint(config: dict[str, Any]) -> str:
@@ -148,12 +142,10 @@ def choose(runs: Runs, text: str | None) -> Runs:
     if text is None:
         return runs
     pairs = parse_choice(text)
-    known = set(shaping_keys())
-    for key in pairs:
-        if key not in known:
-            raise ConfigError("config", text, f"{CHOICE_HELP}, of keys that shape training "
-                                              f"('{key}' is not one; python -m repro.run --help "
-                                              "lists them)")
+    key = next((k for k in pairs if k not in shaping_keys()), None)
+    if key is not None:
+        raise ConfigError("config", text, f"{CHOICE_HELP}, of keys that shape training "
+                                          f"('{key}' is not one; python -m repro.run --help lists them)")
     mask = [all(_matches(_value(r, k), v) for k, v in pairs.items()) for _, r in runs.runs.iterrows()]
     return subset(runs, runs.runs.loc[mask, "run_dir"]) if len(runs.runs) else runs
 
@@ -168,8 +160,7 @@ def split(runs: Runs, axes: tuple[str, ...]) -> list[tuple[str, Runs]]:
     between them (``KEY=VALUE,...``; ``""`` when there is one)."""
     runs = annotate(runs, axes)
     rows = [r for _, r in runs.runs.drop_duplicates(COLUMN).iterrows()]
-    keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, axes)
-                            and k not in ENVIRONMENT])
+    keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, axes) and k not in ENVIRONMENT])
     names = {r[COLUMN]: ",".join(f"{k}={fmt(_value(r, k))}" for k in keys) for r in rows}
     return [(names[cid], subset(runs, g["run_dir"]))
             for cid, g in runs.runs.sort_values("run_dir").groupby(COLUMN, sort=False)]

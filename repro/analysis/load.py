@@ -105,23 +105,19 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
             raise BadRun("corrupt", f"{path.name} line {lineno} has {len(row)} fields, "
                                     f"header has {len(header)} (truncated write?)")
     cols = list(zip(*body)) if body else [()] * len(header)
-    frame = {}
-    for name, values in zip(header, cols):
-        numbers = None if name == "clock" else _numbers(values, path.name, name, name in columns)
-        frame[name] = list(values) if numbers is None else numbers
-    return pd.DataFrame(frame, columns=header)
+    return pd.DataFrame({name: list(values) if name == "clock" else _numbers(values, path.name, name, name in columns)
+                         for name, values in zip(header, cols)}, columns=header)
 
 
-def _numbers(values: tuple[str, ...], file: str, column: str,
-             schema_column: bool) -> np.ndarray | None:
+def _numbers(values: tuple[str, ...], file: str, column: str, schema_column: bool) -> np.ndarray | list[str]:
     """The cells as floats (blank: NaN; :data:`INT_COLUMNS` as int64 when all are whole); a
-    non-number is :class:`BadRun` in a ``schema_column``, else the column stays text (None)."""
+    non-number is :class:`BadRun` in a ``schema_column``, else the column stays text."""
     cleaned = [v if v.strip() else "nan" for v in values]
     try:
         array = np.array(cleaned, dtype=float)   # float()'s values (pandas 2's parser can differ)
     except ValueError:
         if not schema_column:
-            return None
+            return list(values)
         for bad in cleaned:   # the first cell float() refuses
             try:
                 float(bad)
@@ -250,7 +246,7 @@ def load_runs(results_dir: str | Path, exp_name: str | None = None, jobs: Iterab
         raise NoRunsError("exp", str(wanted), f"an experiment folder under {root} "
                                               f"(found: {names})")
     exp_dirs = [wanted] if exp_name else found
-    rows, evals, updates, skipped = [], [], [], []
+    read, skipped = [], []
     jobs = None if jobs is None else set(jobs)
     for exp_dir in exp_dirs:
         run_dirs, orphans = find_run_dirs(exp_dir)
@@ -258,13 +254,10 @@ def load_runs(results_dir: str | Path, exp_name: str | None = None, jobs: Iterab
             _skip(skipped, orphan, exp_dir, BadRun("corrupt", f"no {schema.CONFIG_FILE}"), jobs)
         for run_dir in run_dirs:
             try:
-                row, ev, up = read_run(run_dir, exp_dir)
+                read.append(read_run(run_dir, exp_dir))
             except BadRun as bad:
                 _skip(skipped, run_dir, exp_dir, bad, jobs)
-                continue
-            rows.append(row)
-            evals.append(ev)
-            updates.append(up)
+    rows, evals, updates = ([run[i] for run in read] for i in range(3))   # (runs row, evals, updates) each
     return Runs(runs=_frame(rows, ("run_dir", "exp_name", "job", *REQUIRED_CONFIG_KEYS, "status")),
                 evals=_concat(evals, schema.EVAL_COLUMNS),
                 updates=_concat(updates, schema.UPDATE_COLUMNS),

@@ -79,9 +79,8 @@ register_figure("fig4_paper", frames.fig4_frame, figures.fig4, extra=_speedup_ta
 def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None,
                  target: float | None = None, runs: Runs | None = None,
                  config: str | None = None) -> pd.DataFrame:
-    """The tidy frame of one figure from the runs of one configuration (:func:`figure_runs`) in
-    ``results_dir/exp_name``; ``runs``: that folder already loaded, so that it is read (and warned
-    about) once. Raises :class:`NoRunsError` when nothing there is usable."""
+    """The tidy frame of one figure from the runs of one configuration (:func:`figure_runs`);
+    ``runs``: that folder already loaded, so that it is read (and warned about) once."""
     parts, where = figure_runs(name, results_dir, exp_name, runs, config)
     return _frame(name, parts[0][1], where, target)
 
@@ -89,10 +88,8 @@ def figure_frame(name: str, results_dir: str | Path, exp_name: str | None = None
 def figure_runs(name: str, results_dir: str | Path, exp_name: str | None = None,
                 runs: Runs | None = None, config: str | None = None,
                 jobs: list[str] | None = None, each: bool = False, refused: list[str] = ()):
-    """``([(label, runs)], where)``: the runs ``name`` draws from ``results_dir/exp_name``: only
-    ``jobs`` (a grid's points) less those ``refused`` as bad input, each set left out said in a
-    warning; those matching ``config``; one configuration (``each``: one part per configuration),
-    else :class:`ConfigError` (:func:`repro.analysis.configs.one_grid`)."""
+    """``([(label, runs)], where)``: the runs ``name`` draws from ``results_dir/exp_name`` (only ``jobs``
+    less ``refused``, matching ``config``), as :func:`repro.analysis.configs.one_grid` splits them."""
     figure = FIGURES[name]   # ConfigError naming the figures there are
     exp = exp_name or next((e for e in figure.exps if (Path(results_dir) / e).is_dir()),
                            figure.exps[0])   # by default the first of its folders that exists
@@ -159,8 +156,7 @@ def file_label(text: str) -> str:
 def save_figure(draw: Callable, frame: pd.DataFrame, out: Path, stem: str, left_out: int = 0,
                 refused: int = 0) -> list[Path]:
     """``draw()``'s figure as ``out/<stem>.png`` and ``.pdf`` and ``frame`` as ``.csv``, each whole or
-    not at all; the run folders ``left_out`` as unusable and grid points ``refused`` are counted
-    in a line above the figure and in a warning."""
+    not at all; the folders ``left_out`` and points ``refused`` counted above it (docs/failures.md)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.{ext}" for ext in ("png", "pdf", "csv")]
     with mpl.rc_context(figures.style_rc()):  # our style, without touching the caller's rcParams

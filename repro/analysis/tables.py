@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
 import pandas as pd
 
@@ -56,14 +55,10 @@ def times_to_target(runs: Runs, target: float, metric: str = "train_error") -> p
     return runs.runs["run_dir"].map(times)
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equality where two missing values (None/NaN) also match."""
-    return (pd.isna(a) and pd.isna(b)) or bool(a == b)
-
-
 def _reference(row: pd.Series, ones: pd.DataFrame) -> pd.Series | None:
-    keys = [k for k in REFERENCE_KEYS if k in ones]
-    match = ones[[all(_same(r[k], row[k]) for k in keys) for _, r in ones.iterrows()]]
+    keys = [k for k in REFERENCE_KEYS if k in ones]   # two missing values (None/NaN) also match
+    match = ones[[all((pd.isna(r[k]) and pd.isna(row[k])) or bool(r[k] == row[k]) for k in keys)
+                  for _, r in ones.iterrows()]]
     if match.empty:
         return None
     same_nsync = match[match["nsync"] == row["nsync"]]
@@ -105,9 +100,8 @@ def run_speedups(evals: pd.DataFrame, target: float) -> pd.DataFrame:
 
 
 def summarise_speedups(per_run: pd.DataFrame) -> pd.DataFrame:
-    """Per-run speedups -> one row per (nsync, num_clients): mean/std/min/max and counts, one
-    per outcome but ``reached_at_start`` (``n`` counts ``ok``; ``n_no_reference``, runs whose
-    1-client reference is missing, diverged or never met the target)."""
+    """Per-run speedups -> one row per (nsync, num_clients): mean/std/min/max and a count per outcome
+    but ``reached_at_start`` (``n`` counts ``ok``; the columns: REPRODUCE.md)."""
     keys = [k for k in ("exp_name", "start", "backend.name")
             if k in per_run and per_run[k].nunique(dropna=False) > 1]
     keys += ["nsync", "num_clients"]

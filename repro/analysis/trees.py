@@ -34,7 +34,6 @@ for _name, _kind in KIND.items():
     METRICS[_name], REQUIRED[_name] = METRICS[_kind], REQUIRED[_kind]
 # The registered figures compare reduces to per-run metrics (the paper's), in the registry's order.
 COMPARED = tuple(name for name in FIGURES if name in METRICS)
-KINDS = {"results": "results tree", "figures": "figures folder"}
 # Read back the very floats build_figure wrote, so that a results tree and the figures folder
 # built from it give equal metrics: pandas 3 does by default (and deprecates the option);
 # pandas 2's default parser can be off by one unit in the last place.
@@ -52,8 +51,8 @@ class Tree:
     targets: dict[str, float | None]
 
     def describe(self) -> str:
-        names = ", ".join(self.frames) or "no figure"
-        return f"{KINDS[self.kind]} {self.path} ({names})"
+        kind = "results tree" if self.kind == "results" else "figures folder"
+        return f"{kind} {self.path} ({', '.join(self.frames) or 'no figure'})"
 
 
 def tree_kind(path: str | Path) -> str:
@@ -180,9 +179,8 @@ def _last(frame: pd.DataFrame, column: str) -> pd.Series:
 
 
 def start_errors(name: str, frame: pd.DataFrame) -> pd.DataFrame | None:
-    """The errors of the first evaluation (the shared baseline's) of a warm-started fig3/fig4
-    frame, one row per seed (its first run); None for other figures, cold starts, and frames that
-    do not record it (a fig4 CSV written before it did)."""
+    """The first evaluation's errors (the shared baseline's) of a warm-started fig3/fig4 frame, one
+    row per seed; None for other figures, cold starts, and frames that do not record it."""
     kind = KIND.get(name, name)
     if kind not in ("fig3", "fig4") or "start" not in frame or not (frame["start"] == "warm").all():
         return None
