@@ -248,7 +248,15 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
     run_dir = Path(run_dir)
     validated(cfg)   # every entry point, not only the command line: no number may hang a run
     with open_folder(run_dir), StopRequest() as stop:
-        decision = _decide(cfg, run_dir)
+        try:   # a read-only folder allows only a skip; a refusal drops the Hydra record
+            decision = decide(cfg, run_dir)
+            if decision.action != "skip" and is_read_only(run_dir):
+                raise refuse_read_only(run_dir)
+        except ConfigError as exc:
+            drop_hydra_record(run_dir)
+            if not is_read_only(run_dir):
+                raise
+            raise refuse_read_only(run_dir) from exc
         if decision.action == "fresh":   # what an earlier run left (force=true): tables, summary, checkpoint
             for name in RUN_FILES:
                 (run_dir / name).unlink(missing_ok=True)
@@ -272,20 +280,6 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         else:   # a driver that returned without a status: the folder is never left running (an exception: above)
             if run.core is not None and run.core.finished is None:
                 _end(run, "failed", "the driver ended without a status; ")
-
-
-def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
-    """:func:`decide`, where a read-only folder allows only a skip; a refusal drops the Hydra record."""
-    try:
-        decision = decide(cfg, run_dir)
-        if decision.action != "skip" and is_read_only(run_dir):
-            raise refuse_read_only(run_dir)
-        return decision
-    except ConfigError as exc:
-        drop_hydra_record(run_dir)
-        if not is_read_only(run_dir):
-            raise
-        raise refuse_read_only(run_dir) from exc
 
 
 def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
