@@ -172,7 +172,14 @@ class RunCore:
         self.discarded += [[int(v), int(k)] for v, k in decision.discarded]
         self.collected += [[int(v), int(k)] for v, k in decision.collected]
         replies = [Reply(k) for k in decision.reply] + [Reply(k, preempt=True) for k in decision.preempt]
-        self._check_progress()
+        # a protocol that holds every live client, or applies nothing push after push, fails the run
+        name, watch = self.cfg.protocol.name, not self.state.stopping and bool(self.live)
+        if watch and self.live <= set(self.protocol.waiting()):
+            self.fail(f"protocol {name!r} holds every live client {sorted(self.live)} waiting for a "
+                      "reply it never gives (a deadlock in the protocol)")
+        elif watch and self._unapplied > STALL_PUSHES * len(self.live):
+            self.fail(f"protocol {name!r} applied none of the last {self._unapplied} pushes "
+                      f"({STALL_PUSHES} per live client): it makes no progress")
         return self._deliver(replies)
 
     def apply(self, push: Push, time_s: float):
@@ -184,18 +191,6 @@ class RunCore:
         if self.runlog.samples_seen >= self.budget:
             self.state.stopping = True
         return applied
-
-    def _check_progress(self) -> None:
-        """A protocol that holds every live client, or applies nothing push after push, fails the run."""
-        if self.state.stopping or not self.live:
-            return
-        name = self.cfg.protocol.name
-        if self.live <= set(self.protocol.waiting()):
-            self.fail(f"protocol {name!r} holds every live client {sorted(self.live)} waiting for a "
-                      "reply it never gives (a deadlock in the protocol)")
-        elif self._unapplied > STALL_PUSHES * len(self.live):
-            self.fail(f"protocol {name!r} applied none of the last {self._unapplied} pushes "
-                      f"({STALL_PUSHES} per live client): it makes no progress")
 
     def fail(self, why: str) -> None:
         """End the run ``failed`` (a bug, not the data): no more pushes are applied."""

@@ -90,29 +90,9 @@ def incoming_record(run_dir: Path) -> Path:
     return run_dir / name if not run_dir.is_dir() or not is_read_only(run_dir) else Path(tempfile.gettempdir()) / name
 
 
-def adopt_hydra_record(run_dir: Path) -> None:
-    """This run has the folder: its Hydra record becomes the folder's."""
-    incoming = incoming_record(run_dir)
-    if incoming.is_dir():
-        shutil.rmtree(Path(run_dir) / HYDRA_RECORD, ignore_errors=True)
-        os.replace(incoming, Path(run_dir) / HYDRA_RECORD)
-
-
 def drop_hydra_record(run_dir: Path) -> None:
     """A refused or skipped run: its Hydra record goes, the folder's stays."""
     shutil.rmtree(incoming_record(run_dir), ignore_errors=True)
-
-
-def recorded_version(run_dir: Path, summary: dict | None) -> int:
-    """The version a folder's run reached: its summary's, or a killed run's last updates.csv row."""
-    version = int(summary.get("version", 0)) if summary else 0
-    if summary is None or summary.get("status") == "running":
-        with contextlib.suppress(OSError):
-            lines = (Path(run_dir) / schema.UPDATES_FILE).read_text(errors="replace").splitlines()
-            for line in reversed(lines[1:]):
-                if (row := schema.parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0)) is not None:
-                    return max(version, row)
-    return version
 
 
 def decide(cfg: RunConfig, run_dir: Path) -> Decision:
@@ -138,10 +118,14 @@ def decide(cfg: RunConfig, run_dir: Path) -> Decision:
                                    "(force=true starts it over); these differ (recorded -> now): ")
         log.info(f"skip {run_dir}: already {status}; a finished run is never changed (force=true re-runs it)")
         return Decision("skip", summary)
-    version = recorded_version(run_dir, summary)
+    version = int(summary.get("version", 0)) if summary else 0
     what = f"an {status} run" if status[0] in "aeiou" else f"a {status} run"
-    if status == "running":
+    if status == "running":   # a killed run: the version of its last updates.csv row
         what = "a killed run (" + ("its summary still says running)" if summary else "it has no readable summary.json)")
+        with contextlib.suppress(OSError):
+            lines = (run_dir / schema.UPDATES_FILE).read_text(errors="replace").splitlines()
+            rows = (schema.parse_row(line + "\n", len(schema.UPDATE_COLUMNS), 0) for line in reversed(lines[1:]))
+            version = max(version, next((r for r in rows if r is not None), version))
     has_checkpoint = (run_dir / schema.CHECKPOINT_FILE).exists()
     # a killed run's rows reach updates.csv at its checkpoints: with none, how far it got is unknown
     at = (f"at version {version}" if version or has_checkpoint or status != "running"
@@ -227,13 +211,6 @@ def _same_folder(a, b) -> bool:
     return False
 
 
-def start_fresh(run_dir: Path) -> None:
-    """Remove what an earlier run left (force=true): its tables, summary and checkpoint."""
-    for name in RUN_FILES:
-        (Path(run_dir) / name).unlink(missing_ok=True)
-    shutil.rmtree(Path(run_dir) / "_tmp", ignore_errors=True)
-
-
 class FolderRun:
     """What :func:`run_folder` yields: the decision, the checkpoint to resume from, and the core
     once the driver builds it; ``summary``: the run's summary after the ``with`` block."""
@@ -271,13 +248,24 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
     run_dir = Path(run_dir)
     validated(cfg)   # every entry point, not only the command line: no number may hang a run
     with open_folder(run_dir), StopRequest() as stop:
-        decision = _decide(cfg, run_dir)
-        if decision.action == "fresh":
-            start_fresh(run_dir)
+        try:   # a read-only folder allows only a skip; a refusal drops the Hydra record
+            decision = decide(cfg, run_dir)
+            if decision.action != "skip" and is_read_only(run_dir):
+                raise refuse_read_only(run_dir)
+        except ConfigError as exc:
+            drop_hydra_record(run_dir)
+            if not is_read_only(run_dir):
+                raise
+            raise refuse_read_only(run_dir) from exc
+        if decision.action == "fresh":   # what an earlier run left (force=true): tables, summary, checkpoint
+            for name in RUN_FILES:
+                (run_dir / name).unlink(missing_ok=True)
+            shutil.rmtree(run_dir / "_tmp", ignore_errors=True)
         if decision.action == "skip":
             drop_hydra_record(run_dir)
-        else:
-            adopt_hydra_record(run_dir)
+        elif (incoming := incoming_record(run_dir)).is_dir():   # this run has the folder: its Hydra record too
+            shutil.rmtree(run_dir / HYDRA_RECORD, ignore_errors=True)
+            os.replace(incoming, run_dir / HYDRA_RECORD)
         run = FolderRun(cfg, run_dir, decision, stop)
         try:
             yield run
@@ -292,20 +280,6 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         else:   # a driver that returned without a status: the folder is never left running (an exception: above)
             if run.core is not None and run.core.finished is None:
                 _end(run, "failed", "the driver ended without a status; ")
-
-
-def _decide(cfg: RunConfig, run_dir: Path) -> Decision:
-    """:func:`decide`, where a read-only folder allows only a skip; a refusal drops the Hydra record."""
-    try:
-        decision = decide(cfg, run_dir)
-        if decision.action != "skip" and is_read_only(run_dir):
-            raise refuse_read_only(run_dir)
-        return decision
-    except ConfigError as exc:
-        drop_hydra_record(run_dir)
-        if not is_read_only(run_dir):
-            raise
-        raise refuse_read_only(run_dir) from exc
 
 
 def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:

@@ -23,15 +23,11 @@ TRAIN_SUBSET = 1000  # training-error evaluations use this many fixed training s
 
 def check_components(cfg: RunConfig) -> None:
     """The data set's files, a model made for its inputs, a minibatch no larger than its training
-    set: checked from the data set's declaration (nothing loaded), once per process for each choice."""
-    _check_components(cfg.data.name, cfg.data.root, cfg.data.num_train, cfg.model.name, cfg.algo.batch_size)
-    check_partition(cfg)
-
-
-def check_partition(cfg: RunConfig) -> None:
-    """The clients' own data against the training labels: every client holds a minibatch, every
-    slow-client class exists. Loads the data (once per process for each choice; not for iid)."""
+    set: checked from the data set's declaration (nothing loaded); then the clients' own data against
+    the training labels (loaded, not for iid): every client holds a minibatch, every slow-client class
+    exists. Once per process for each choice."""
     data = cfg.data
+    _check_components(data.name, data.root, data.num_train, cfg.model.name, cfg.algo.batch_size)
     if data.partition == "iid" and data.slow_client_classes is None:
         return
     key = (dataclasses.astuple(data), cfg.num_clients, cfg.seed, cfg.algo.batch_size, slow_client(cfg))

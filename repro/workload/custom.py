@@ -139,7 +139,6 @@ def _tensor(key: str, a: ArrayLike) -> Tensor:
     # through numpy: torch.as_tensor refuses negative strides (a[::-1]), warns of a read-only array
     # and indexes a pandas DataFrame or Series by its labels (a KeyError once they are shuffled)
     try:
-        t = torch.as_tensor(a if isinstance(a, Tensor) else np.require(a, requirements="CW"))
+        return torch.as_tensor(a if isinstance(a, Tensor) else np.require(a, requirements="CW"))
     except (TypeError, ValueError, RuntimeError) as exc:   # a string, an object, ragged lists
         raise ConfigError(key, f"a {type(a).__name__}", f"numpy arrays or torch tensors of numbers ({exc})") from None
-    return t

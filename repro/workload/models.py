@@ -42,8 +42,6 @@ def _mlp(input_shape, num_classes) -> nn.Module:
                  accepts=lambda shape: len(shape) == 3 and tuple(shape[1:]) == (8, 8))
 def _digits_cnn(input_shape, num_classes) -> nn.Module:
     """Two 3x3 convs and a max-pool for 8x8 images (the default model)."""
-    if len(input_shape) != 3 or tuple(input_shape[1:]) != (8, 8):
-        raise ValueError(f"digits_cnn takes (channels, 8, 8) images, not {tuple(input_shape)}")
     return nn.Sequential(
         nn.Conv2d(input_shape[0], 16, 3, padding=1), nn.ReLU(),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
@@ -56,8 +54,6 @@ def _digits_cnn(input_shape, num_classes) -> nn.Module:
                  accepts=lambda shape: len(shape) == 2 and shape[1] >= 2)
 def _mnist1d_cnn(input_shape, num_classes) -> nn.Module:
     """Three 1-D convs for MNIST-1D's (1, 40) signals."""
-    if len(input_shape) != 2:
-        raise ValueError(f"mnist1d_cnn takes 1-D signals (channels, length), not {tuple(input_shape)}")
     body = nn.Sequential(
         nn.Conv1d(input_shape[0], 32, 5, padding=2), nn.ReLU(),
         nn.Conv1d(32, 32, 3, padding=1), nn.ReLU(),
@@ -86,8 +82,6 @@ class ChannelLRN(nn.Module):
                  accepts=lambda shape: tuple(shape) == (3, 32, 32))
 def _cifar_18pct(input_shape, num_classes) -> nn.Module:
     """cuda-convnet's ``layers-18pct.cfg`` (Krizhevsky), of the paper's era; ``ceil_mode`` pools: 32 → 16 → 8 → 4."""
-    if len(input_shape) != 3:
-        raise ValueError(f"cifar_18pct takes images (channels, height, width), not {tuple(input_shape)}")
     body = nn.Sequential(
         nn.Conv2d(input_shape[0], 32, 5, padding=2),
         nn.MaxPool2d(3, stride=2, ceil_mode=True), nn.ReLU(),

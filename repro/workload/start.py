@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from repro.asgd.algorithm import ParameterServer
 from repro.config.renames import legacy_keys
 from repro.config.settings import BackendConfig, CostConfig, DataConfig, RunConfig, shaping_values
 from repro.errors import ConfigError
@@ -102,21 +101,16 @@ def _tensors(obj) -> list[Tensor]:
 
 
 def train_baseline(cfg: RunConfig, device: torch.device) -> tuple[Tensor, dict]:
-    """The warm start of ``cfg``: the server state after its baseline's run (:func:`baseline_config`)."""
-    base = baseline_config(cfg)
-    log.info(f"warm start: training the single-client baseline for {base.num_epochs:g} epochs")
-    server = one_client_run(base, device)
-    return server.params, server.rule.state_dict()
-
-
-def one_client_run(cfg: RunConfig, device: torch.device) -> ParameterServer:
-    """The server after ``cfg``'s one-client run: the simulator's calls in its order (bitwise, tests/test_house.py)
-    without clock, tables and evaluations; a non-finite loss stops it (nothing could start from there)."""
+    """The warm start of ``cfg``: the server state after its one-client baseline (:func:`baseline_config`), run
+    with the simulator's calls in its order (bitwise, tests/test_house.py) without clock, tables and evaluations;
+    a non-finite loss stops it (nothing could start from there)."""
+    cfg = baseline_config(cfg)
+    log.info(f"warm start: training the single-client baseline for {cfg.num_epochs:g} epochs")
     problem = build_problem(cfg, device)
     server = problem.make_server(cfg)
     (client,) = make_clients(cfg, problem.dataset, client_ids=[1])
     budget, seen = cfg.num_epochs * problem.dataset.num_train, 0
-    while True:
+    while seen < budget:
         client.fetch(server.params, server.version)
         server.fetched(client.client_id)   # delay-compensating rules remember what it holds
         push = client.compute_push(problem.net, cfg.nsync)
@@ -125,8 +119,7 @@ def one_client_run(cfg: RunConfig, device: torch.device) -> ParameterServer:
                                "(non-finite training loss); lower algo.lr or warm_start_epochs")
         server.apply(push)
         seen += push.num_samples
-        if seen >= budget:
-            return server
+    return server.params, server.rule.state_dict()
 
 
 def build_problem(cfg: RunConfig, device: torch.device) -> Problem:
