@@ -208,6 +208,26 @@ def test_3_a_checkpoint_the_protocol_refuses_leaves_the_folder_as_it_was(tmp_pat
     check_run_folder(run_dir, "completed")
 
 
+@pytest.mark.parametrize("damage", ["checkpoint", "table"])
+def test_3_a_refused_resume_leaves_no_hydra_record_in_the_folder(tmp_path, monkeypatch, capsys, damage):
+    """Fault: a command-line resume refused by the checkpoint's or the tables' checks moved its launch's
+    Hydra record in as the folder's ``.hydra`` first (run_folder adopted it before the driver read the
+    checkpoint), so a refused resume left its overrides (``resume=true``) as the folder's record, or
+    replaced the record of the run that wrote the folder. Guarantee 3: nothing of the refused launch stays."""
+    run_dir = tmp_path / "run"
+    assert simulate(cli_cfg("protocol=sync"), run_dir, stop_at_version=2)["status"] == "interrupted"
+    if damage == "checkpoint":
+        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        _an_old_round(state["protocol"])
+        torch.save(state, run_dir / "checkpoint.pt")
+    else:
+        (run_dir / "evals.csv").write_bytes(b"x" + (run_dir / "evals.csv").read_bytes())
+    before = sorted(p.name for p in run_dir.iterdir())
+    proc = cli_run(monkeypatch, capsys, f"hydra.run.dir={run_dir}", *CLI_ARGS, "protocol=sync", "resume=true")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == before   # no .hydra, no .hydra_incoming_PID
+
+
 def _another_backends_checkpoint(run_dir: Path) -> None:
     path = run_dir / "checkpoint.pt"
     torch.save({**torch.load(path, weights_only=True), "kind": "real"}, path)

@@ -90,6 +90,13 @@ def incoming_record(run_dir: Path) -> Path:
     return run_dir / name if not run_dir.is_dir() or not is_read_only(run_dir) else Path(tempfile.gettempdir()) / name
 
 
+def adopt_hydra_record(run_dir: Path) -> None:
+    """This run has the folder (a fresh run, or a resume whose checkpoint passed): its Hydra record too."""
+    if (incoming := incoming_record(run_dir)).is_dir():
+        shutil.rmtree(run_dir / HYDRA_RECORD, ignore_errors=True)
+        os.replace(incoming, run_dir / HYDRA_RECORD)
+
+
 def drop_hydra_record(run_dir: Path) -> None:
     """A refused or skipped run: its Hydra record goes, the folder's stays."""
     shutil.rmtree(incoming_record(run_dir), ignore_errors=True)
@@ -237,7 +244,11 @@ class FolderRun:
     def checkpoint(self, kind: str, device) -> dict | None:
         """The checkpoint to resume from (None for a fresh run), its tables repaired up to it."""
         from repro.runs.resume import resume_state   # torch: not for a run that is only skipped
-        return resume_state(self.run_dir, kind, device, self.cfg) if self.decision.action == "resume" else None
+        if self.decision.action != "resume":
+            return None
+        state = resume_state(self.run_dir, kind, device, self.cfg)
+        adopt_hydra_record(self.run_dir)
+        return state
 
 
 @contextlib.contextmanager
@@ -261,11 +272,7 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
             for name in RUN_FILES:
                 (run_dir / name).unlink(missing_ok=True)
             shutil.rmtree(run_dir / "_tmp", ignore_errors=True)
-        if decision.action == "skip":
-            drop_hydra_record(run_dir)
-        elif (incoming := incoming_record(run_dir)).is_dir():   # this run has the folder: its Hydra record too
-            shutil.rmtree(run_dir / HYDRA_RECORD, ignore_errors=True)
-            os.replace(incoming, run_dir / HYDRA_RECORD)
+            adopt_hydra_record(run_dir)   # a resume's once its checkpoint passes (FolderRun.checkpoint)
         run = FolderRun(cfg, run_dir, decision, stop)
         try:
             yield run
@@ -280,6 +287,8 @@ def run_folder(cfg: RunConfig, run_dir: str | Path):
         else:   # a driver that returned without a status: the folder is never left running (an exception: above)
             if run.core is not None and run.core.finished is None:
                 _end(run, "failed", "the driver ended without a status; ")
+        finally:   # a skipped run's record, or a refused resume's (never adopted), goes: the folder's stays
+            drop_hydra_record(run_dir)
 
 
 def _end(run: FolderRun, status: str, why: str, early: bool = True) -> None:
