@@ -585,3 +585,26 @@ def test_the_machines_memory_is_read_in_one_place():
     assert readers == ["repro/runtime.py"]
     from repro.runtime import memory_bytes
     assert memory_bytes() > 0
+
+
+def test_every_pointer_from_the_code_into_the_docs_names_a_section_there():
+    """The code's docstrings say what a module owns and point to the docs page that explains the rest
+    (``docs/simulator.md, "Where speedup stops"``): each named page exists and holds that heading or a
+    paragraph led in bold by it, so prose moved out of the code stays where its pointer says."""
+    import re
+    root = Path(__file__).resolve().parents[1]
+
+    def norm(text: str) -> str:
+        return " ".join(text.replace("`", "").split()).lower()
+
+    def leads(doc: Path) -> list[str]:   # its headings and the bold words that lead its paragraphs
+        return [norm(heading or bold) for heading, bold in re.findall(r"^#+\s*(.+)$|^\*\*([^*]+)\*\*",
+                                                                       doc.read_text(), re.M)]
+
+    missing = []
+    for path in sorted((root / "repro").rglob("*.py")):
+        for page, section in re.findall(r"docs/([a-z-]+\.md)(?:,\s+['\"]([^'\"]+)['\"])?", path.read_text()):
+            doc = root / "docs" / page
+            if not doc.is_file() or section and not any(lead.startswith(norm(section)) for lead in leads(doc)):
+                missing.append(f"{path.relative_to(root)}: docs/{page}" + (f", {section!r}" if section else ""))
+    assert not missing, "pointers to no section:\n" + "\n".join(missing)
