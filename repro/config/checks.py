@@ -104,7 +104,7 @@ def check_leaves(obj: Any, cls: type = RunConfig, prefix: str = "") -> None:
 
 
 # the run core fails a run that applies nothing for this many pushes per live client
-# (repro.runs.core.STALL_PUSHES): a rennala collection must fit in it
+# (repro.runs.core.STALL_PUSHES is this bound): a rennala collection must fit in it
 MAX_PUSHES_PER_CLIENT = 100
 
 

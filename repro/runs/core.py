@@ -11,7 +11,7 @@ import torch
 
 from repro.asgd.algorithm import Push, ParameterServer, push_fields
 from repro.asgd.protocols import Decision, View, make_protocol
-from repro.config.checks import check_segment, ignored_protocol_keys
+from repro.config.checks import MAX_PUSHES_PER_CLIENT, check_segment, ignored_protocol_keys
 from repro.config.settings import RunConfig, to_dict
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
@@ -25,7 +25,7 @@ from repro.runtime import environment, stop_asked
 
 log = get_logger("repro.runs.core")
 
-STALL_PUSHES = 100   # pushes per live client without an apply: the protocol makes no progress
+STALL_PUSHES = MAX_PUSHES_PER_CLIENT   # pushes per live client without an apply: the protocol makes no progress
 
 
 @dataclass(frozen=True)
