@@ -12,6 +12,7 @@ import torch
 from repro.asgd.algorithm import Push, ParameterServer, push_fields
 from repro.asgd.protocols import Decision, View, make_protocol
 from repro.config.checks import MAX_PUSHES_PER_CLIENT, check_segment, ignored_protocol_keys
+from repro.config.loader import SHORTENED
 from repro.config.settings import RunConfig, to_dict
 from repro.files import schema
 from repro.files.storage import save_checkpoint, to_cpu
@@ -20,7 +21,7 @@ from repro.workload.build import Problem, class_errors
 from repro.runs.evaluations import Evaluations
 from repro.runs.folder import resume_hint
 from repro.runs.resume import load_protocol_state
-from repro.runs.runlog import Progress, RunLog, diverged_advice, recorded_config, worse_than_start
+from repro.runs.runlog import Progress, RunLog, diverged_advice, worse_than_start
 from repro.runtime import environment, stop_asked
 
 log = get_logger("repro.runs.core")
@@ -70,17 +71,22 @@ class RunCore:
         log.debug(f"{backend} run in {self.run_dir}: {cfg}")   # (hydra.verbose=true or repro)
         self.server: ParameterServer = problem.make_server(cfg)
         self.state = RunState()
-        self.discarded: list[list[int]] = []   # [read_version, client] of each push dropped (or refused)
-        self.collected: list[list[int]] = []   # [read_version, client] of each push merged (rennala)
-        core_state = resume.get("core", {}) if resume is not None else {}
         if resume is not None:
             self.server.load_state_dict(resume["server"])
-            legacy = (resume.get("protocol") or {}).get("discarded", [])   # kept by Sync before
-            self.discarded = [[int(a), int(b)] for a, b in core_state.get("discarded", legacy)]
-            self.collected = [[int(a), int(b)] for a, b in core_state.get("collected", [])]
+        core_state = (resume or {}).get("core", {})
+        legacy = ((resume or {}).get("protocol") or {}).get("discarded", [])   # kept by Sync before
+        # [read_version, client] of each push dropped (or refused), and of each push merged (rennala)
+        self.discarded = [[int(a), int(b)] for a, b in core_state.get("discarded", legacy)]
+        self.collected = [[int(a), int(b)] for a, b in core_state.get("collected", [])]
         self.budget = cfg.num_epochs * problem.dataset.num_train
-        recorded = recorded_config(to_dict(cfg), measured or {}, self.run_dir,
-                                   environment(self.server.params.device), problem.recorded())
+        recorded = to_dict(cfg)   # what config.json records: the resolved settings, with what the run measured
+        for key, value in (measured or {}).items():   # (dotted keys: "cost.compute_s")
+            section, _, leaf = key.rpartition(".")
+            (recorded[section] if section else recorded)[leaf] = value
+        recorded["environment"] = environment(self.server.params.device)
+        recorded.update(problem.recorded())   # what is trained; for a shortened folder name, its overrides:
+        if self.run_dir.name in SHORTENED:
+            recorded["overrides"] = SHORTENED[self.run_dir.name]
         self.runlog = RunLog(self.run_dir, recorded, clock=clock, backend=backend,
                              num_train=problem.dataset.num_train, eval_every=cfg.eval_every,
                              target_error=cfg.target_error, resume_from=resume["runlog"] if resume else None)

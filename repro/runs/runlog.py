@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from repro.config.loader import SHORTENED
 from repro.files import schema
 from repro.files.storage import disk_error, read_regular, write_denied, write_json
 from repro.logs import get_logger
@@ -40,20 +39,6 @@ def diverged_advice(lr: float, num_clients: int) -> str:
     """What to change when a run diverges (TEACHING.md, step 2)."""
     return (f"try a smaller algo.lr (now {lr:g}"
             + (f"; at {num_clients} clients staleness shrinks the step that stays stable)" if num_clients > 1 else ")"))
-
-
-def recorded_config(config: dict, measured: dict, run_dir: Path, environment: dict, trained: dict) -> dict:
-    """What ``config.json`` records: the resolved ``config`` with what the run ``measured`` (dotted
-    keys), the ``environment``, what is ``trained`` and, for a shortened folder name, its overrides."""
-    recorded = dict(config)
-    for key, value in measured.items():
-        section, _, leaf = key.rpartition(".")
-        (recorded[section] if section else recorded)[leaf] = value
-    recorded["environment"] = environment
-    recorded.update(trained)
-    if run_dir.name in SHORTENED:
-        recorded["overrides"] = SHORTENED[run_dir.name]
-    return recorded
 
 
 class CsvWriter:
