@@ -18,7 +18,7 @@ from repro.config.settings import RunConfig, differences, get, unknown_keys
 from repro.errors import ConfigError
 from repro.files import schema
 from repro.files.locks import FileLock, LockHeld
-from repro.files.storage import is_read_only, write_denied, write_json
+from repro.files.storage import is_read_only, read_checkpoint, write_denied, write_json
 from repro.logs import get_logger
 from repro.runs.runlog import read_summary
 from repro.runtime import StopRequest, torchrun_env
@@ -326,9 +326,8 @@ def resume_hint(run_dir: Path) -> str:
     path = Path(run_dir) / schema.CHECKPOINT_FILE
     if not path.exists():
         return "no checkpoint was written: force=true starts over"
-    try:
-        import torch   # here: a run only skipped never loads it
-        version = f"version {int(torch.load(path, weights_only=True)['server']['version'])}"
+    try:   # (torch is loaded only here: a run only skipped never loads it)
+        version = f"version {int(read_checkpoint(path)['server']['version'])}"
     except Exception:
         version = "the last checkpoint"
     if in_grid(run_dir):
