@@ -50,9 +50,8 @@ def open_folder(run_dir: str | Path):
             raise
         raise refuse_read_only(run_dir, exc) from None
     fresh_lock = not path.exists()
-    lock = FileLock(path)
     try:
-        lock.acquire()
+        lock = FileLock(path).acquire()
     except LockHeld as held:
         h = held.holder
         raise ConfigError("run folder", str(run_dir), f"a folder no other run is writing: pid "
