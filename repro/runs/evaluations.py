@@ -41,14 +41,13 @@ class EvalRequest:
 
 
 class Evaluations:
-    """The evaluations of one run, one at a time, writing their rows into ``runlog``."""
+    """The evaluations of one run, one at a time, writing their rows into ``runlog``; ``state``: a checkpoint's."""
 
-    def __init__(self, problem: Problem, runlog: RunLog, divergence_factor: float, in_thread: bool,
-                 state: dict | None = None, wait_s: float = 0.0):
+    def __init__(self, problem: Problem, runlog: RunLog, divergence_factor: float, in_thread: bool, *,
+                 state: dict, wait_s: float):
         self.runlog, self.divergence_factor, self.in_thread = runlog, divergence_factor, in_thread
         self.wait_s = wait_s   # how long submit waits for one in its thread (0: the server goes on)
         self.net, self.sets, self.num_classes = problem.net, problem.eval_sets, problem.dataset.num_classes
-        state = state or {}   # a checkpoint's (state_dict)
         self.reference_loss: float | None = state.get("reference_loss")   # set by the first evaluation (version 0's)
         self.resumed: dict | None = state.get("evaluating")   # the one running as that checkpoint was written
         self.cpu_s: list[float] = []   # CPU seconds of each evaluation (cost=fit's eval_s)
