@@ -23,13 +23,16 @@ class Range:
     hi_open: bool = False
 
     def check(self, key: str, value: Any) -> None:
+        if not self.holds(value):
+            raise ConfigError(key, value, self.describe())
+
+    def holds(self, value: Any) -> bool:
         if value is None and self.nullable or value in self.words:
-            return
+            return True
         bad = not isinstance(value, int if self.integer else (int, float)) or isinstance(value, bool) \
             or not math.isfinite(value)   # int: a cfg.replace(nsync=2.5) reaches here unconverted
-        if bad or value < self.lo or value > self.hi or (self.lo_open and value == self.lo) \
-                or (self.hi_open and value == self.hi):
-            raise ConfigError(key, value, self.describe())
+        return not (bad or value < self.lo or value > self.hi or (self.lo_open and value == self.lo)
+                    or (self.hi_open and value == self.hi))
 
     def describe(self) -> str:
         lo, hi = (f"{int(v)}" if self.integer else f"{v:g}" for v in (self.lo, self.hi))
@@ -44,17 +47,10 @@ class Numbers(Range):
     """A non-empty list of numbers, each in the range (``nullable``: or null). How many there
     must be is a relation between keys (e.g. one per client), checked by the settings."""
 
-    def check(self, key: str, value: Any) -> None:
-        if value is None and self.nullable:
-            return
+    def holds(self, value: Any) -> bool:
         each = Range(self.lo, self.hi, self.lo_open, self.integer)
-        try:
-            if not isinstance(value, (list, tuple)) or not value:
-                raise ConfigError(key, value, "a list")
-            for v in value:
-                each.check(key, v)
-        except ConfigError:
-            raise ConfigError(key, list(value) if isinstance(value, tuple) else value, self.describe()) from None
+        return value is None and self.nullable or isinstance(value, (list, tuple)) and len(value) > 0 \
+            and all(map(each.holds, value))
 
     def describe(self) -> str:
         each = Range(self.lo, self.hi, self.lo_open, self.integer).describe()

@@ -5,6 +5,7 @@ See docs/configuration.md, "Renamed keys".
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import sys
 from pathlib import Path
@@ -54,9 +55,7 @@ def modern_tree(tree: dict, quiet: bool = False, prefix: str = "") -> dict:
         if not old.startswith(prefix):
             continue
         *path, leaf = old.removeprefix(prefix).split(".")
-        node = out
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
+        node = functools.reduce(lambda parent, part: parent.get(part) if isinstance(parent, dict) else None, path, out)
         if not isinstance(node, dict) or leaf not in node:
             continue
         if not quiet:

@@ -103,8 +103,7 @@ def _finish(name: str, train: tuple, test: tuple, num_train: int | None, num_tes
     x_test, y_test = _take("data.num_test", *test, num_test)
     # torch.tensor always copies: safe to modify in place
     x_train, x_test = (torch.tensor(x, dtype=torch.float32) for x in (x_train, x_test))
-    per_channel = {} if channel_dims is None else {"dim": channel_dims, "keepdim": True}
-    std, mean = torch.std_mean(x_train, correction=0, **per_channel)
+    std, mean = torch.std_mean(x_train, dim=channel_dims, correction=0, keepdim=channel_dims is not None)
     std = torch.where(std > 0, std, torch.ones_like(std))  # a constant input stays 0, not NaN
     for x in (x_train, x_test):
         x.sub_(mean).div_(std)

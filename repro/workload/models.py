@@ -147,12 +147,11 @@ def fits(name: str, input_shape, num_classes: int) -> bool:
 
 def check_fits(name: str, input_shape, num_classes, data_name: str) -> None:
     """Raise ConfigError unless model ``name`` is made for data ``data_name``'s inputs."""
-    spec = MODELS[name]
     input_shape = tuple(int(d) for d in input_shape)
     if not fits(name, input_shape, num_classes):
         fitting = [m for m in MODELS.names() if fits(m, input_shape, num_classes)]
         raise ConfigError("model.name", name, f"a model that accepts data '{data_name}' (inputs of shape "
-                          f"{input_shape}); '{name}' expects {spec.expects}; models made for "
+                          f"{input_shape}); '{name}' expects {MODELS[name].expects}; models made for "
                           f"'{data_name}': {', '.join(fitting) or 'none'}")
 
 

@@ -45,39 +45,29 @@ def class_counts(cfg: RunConfig, labels: np.ndarray, num_classes: int) -> list[l
 
 def _split(scheme: str, idx: np.ndarray, labels: np.ndarray, n: int, alpha: float,
            rng: np.random.Generator, min_size: int) -> list[np.ndarray]:
-    """``idx`` split over ``n`` clients by ``scheme`` (``iid``: each of them all of ``idx``)."""
+    """``idx`` split over ``n`` clients by ``scheme`` (``iid``: each of them all of ``idx``); by_class and
+    dirichlet deal each class's shuffled samples out, dirichlet drawn again while a client holds too few."""
     if scheme == "iid":
         return [idx] * n
     if scheme == "shards":
         return [np.sort(p) for p in np.array_split(rng.permutation(idx), n)]
-    if scheme != "by_class":
-        return _dirichlet(idx, labels, n, alpha, rng, min_size)
     classes = np.unique(labels[idx])
-    parts: list[list[np.ndarray]] = [[] for _ in range(n)]
-    for j, c in enumerate(classes):
-        holders = list(range(j % n, n, len(classes))) if n > len(classes) else [j % n]
-        members = rng.permutation(idx[labels[idx] == c])
-        for holder, piece in zip(holders, np.array_split(members, len(holders))):
-            parts[holder].append(piece)
-    return [np.sort(np.concatenate(p)) if p else np.empty(0, dtype=idx.dtype) for p in parts]
-
-
-def _dirichlet(idx: np.ndarray, labels: np.ndarray, n: int, alpha: float, rng: np.random.Generator,
-               min_size: int) -> list[np.ndarray]:
-    """Hsu et al. (2019): each class's shuffled samples cut at the cumulative q ~ Dir(alpha 1_n)."""
-    classes = np.unique(labels[idx])
-    for _ in range(DIRICHLET_TRIES):
+    for _ in range(DIRICHLET_TRIES if scheme == "dirichlet" else 1):
         parts: list[list[np.ndarray]] = [[] for _ in range(n)]
-        for c in classes:
+        for j, c in enumerate(classes):
             members = rng.permutation(idx[labels[idx] == c])
-            q = rng.dirichlet(np.full(n, alpha))
-            cuts = (np.cumsum(q)[:-1] * len(members)).astype(int)
-            for holder, piece in enumerate(np.split(members, cuts)):
+            if scheme == "by_class":   # more clients than classes: class j shared by clients j, j + C, ...
+                holders = list(range(j % n, n, len(classes))) if n > len(classes) else [j % n]
+                pieces = zip(holders, np.array_split(members, len(holders)))
+            else:   # dirichlet (Hsu et al. 2019): cut at the cumulative q ~ Dir(alpha 1_n)
+                q = rng.dirichlet(np.full(n, alpha))
+                pieces = enumerate(np.split(members, (np.cumsum(q)[:-1] * len(members)).astype(int)))
+            for holder, piece in pieces:
                 parts[holder].append(piece)
-        out = [np.sort(np.concatenate(p)) for p in parts]
-        if min(map(len, out)) >= min_size:
+        out = [np.sort(np.concatenate(p)) if p else np.empty(0, dtype=idx.dtype) for p in parts]
+        if min(map(len, out)) >= min_size:   # dirichlet: drawn again while a client holds less
             return out
-    return out   # still short: _checked names the client and the key
+    return out   # by_class, or dirichlet still short: _checked names the client and the key
 
 
 def _checked(cfg: RunConfig, parts: list[np.ndarray], slow: int | None = None) -> list[np.ndarray]:
