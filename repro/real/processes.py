@@ -30,8 +30,7 @@ from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.real.client import build_client, client_device, run_client
 from repro.real.elastic import BUSY_KEY, COUNT_KEY
-from repro.real.server import log
-from repro.real.transport import Channel
+from repro.real.transport import Channel, log
 from repro.real.groups import connect, disconnect, first_line, pin_gloo
 from repro.runtime import PR_SET_PDEATHSIG, StopRequest, fork_server_context, naming_fork_server, prctl
 

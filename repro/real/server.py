@@ -17,14 +17,13 @@ import traceback
 import torch
 
 from repro.config.settings import RunConfig
-from repro.logs import mark, prefixed
+from repro.logs import mark
 from repro.real.elastic import BUSY_KEY, ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello, trained
 from repro.real.groups import bounded, first_line, forget_pair, pair_group
-from repro.real.transport import Channel, Receiver, Silence
+from repro.real.transport import Channel, Receiver, Silence, log
 from repro.runtime import StopRequest, naming_fork_server
 
-log = prefixed("repro.real.server", "[real server]")
 STOPPING_S = 2.0   # once a stop is asked for, the most a send waits for a client that answers nothing
 
 
