@@ -80,14 +80,10 @@ def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[in
     if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
         world.group_count = 0
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout, store=store)
-    groups = {}
-    for k in range(1, world_size):
-        # collective, every rank in the same order (use_local_synchronization names groups by how many a
-        # process has, which differs between server and client: a deadlock)
-        group = dist.new_group([0, k], timeout=timeout, backend="gloo")
-        if rank in (0, k):
-            groups[k] = group
-    return groups
+    # collective, every rank in the same order (use_local_synchronization names groups by how many a
+    # process has, which differs between server and client: a deadlock)
+    groups = {k: dist.new_group([0, k], timeout=timeout, backend="gloo") for k in range(1, world_size)}
+    return {k: group for k, group in groups.items() if rank in (0, k)}
 
 
 def pair_group(store, prefix: str, rank: int, timeout_s: float):
