@@ -28,7 +28,7 @@ from repro.config.settings import RunConfig
 from repro.errors import ConfigError
 from repro.logs import mark
 from repro.workload.data import Dataset
-from repro.real.client import build_client, client_device, run_client
+from repro.real.client import build_client, device_for, run_client
 from repro.real.elastic import BUSY_KEY, COUNT_KEY
 from repro.real.transport import Channel, log
 from repro.real.groups import connect, disconnect, first_line, pin_gloo
@@ -195,7 +195,7 @@ def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
     os.environ.update(environ)
     mark("client", "started")
     pin_gloo(cfg.backend.master_addr, single_node=True)
-    setup = build_client(cfg, client_id, client_device(cfg, client_id), dataset)
+    setup = build_client(cfg, client_id, device_for(cfg, "client_device", client_id), dataset)
     mark("client", "built")
     timeout = datetime.timedelta(seconds=startup_deadline_s(cfg))
     store = dist.TCPStore(cfg.backend.master_addr, port, cfg.num_clients + 1, False, timeout=timeout)
