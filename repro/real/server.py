@@ -235,12 +235,9 @@ class Dispatcher:
     def held_by_silence(self) -> bool:
         """Whether the lock's holder has waited over STOPPING_S on a client: a send to any, or the greeting's
         receive of a HELLO. Such a holder touches the core no more once stopped, so the ending need not wait."""
-        for k, ch in list(self.channels.items()):
-            receiver = self.receivers.get(k)   # (a joiner's is set just after its channel)
-            started = receiver is not None and receiver.is_alive()
-            if ch.sending_s() > STOPPING_S or (ch.receiving_s() > STOPPING_S and not started):
-                return True
-        return False
+        listening = {k for k, r in list(self.receivers.items()) if r.is_alive()}   # (a joiner's: set after its channel)
+        return any(ch.sending_s() > STOPPING_S or (ch.receiving_s() > STOPPING_S and k not in listening)
+                   for k, ch in list(self.channels.items()))
 
     def admit(self, request: dict) -> int:
         """The id a joiner gets, or :class:`~repro.real.elastic.Refused` saying why not."""
