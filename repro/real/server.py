@@ -332,14 +332,11 @@ class Dispatcher:
                          f"{h.version}, expected a PUSH from client {k} read_version {self.sent_version.get(k)}")
             return
         push = h.to_push(update)   # its read_version is the version sent to k (checked above)
-        now = self.now()
-        started = time.monotonic()
+        now, started = self.now(), time.monotonic()
         outcome = self.core.on_push(push, now)
-        applied = time.monotonic()
-        received_at = h.received_at or taken_at
+        apply_s, received_at = time.monotonic() - started, h.received_at or taken_at
         self.core.record_timing(now, k, push.read_version, to_client_s=h.to_client_s, compute_s=h.compute_s,
-                                to_server_s=received_at - h.sent_at, queue_s=taken_at - received_at,
-                                apply_s=applied - started)
+                                to_server_s=received_at - h.sent_at, queue_s=taken_at - received_at, apply_s=apply_s)
         if outcome.applied or any(r.client == k and not r.stop for r in outcome.replies):
             self.positions[k] = push.stream_position   # applied, or answered (e.g. discarded): its stream moved on
         if k not in self.devices:   # (its first push: not a string per push)
