@@ -140,9 +140,8 @@ def _loopback(master_addr: str, single_node: bool):
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("GLOO_SOCKET_IFNAME", None)
-        else:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        if before is not None:
             os.environ["GLOO_SOCKET_IFNAME"] = before
 
 
