@@ -19,13 +19,13 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
+from repro.gridpoint import proc_stat
 from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.real.client import build_client, device_for, run_client
@@ -165,9 +165,8 @@ def stop_children(procs: dict, grace_s: float) -> None:
 
 def suspended(proc) -> bool:
     """Whether ``proc`` is stopped (SIGSTOP, Ctrl-Z of its own): it exits on nothing but SIGKILL or a SIGCONT."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] in "Tt"
-    return False
+    fields = proc_stat(proc.pid)   # (None: no /proc, or it has exited)
+    return fields is not None and fields[0] in "Tt"
 
 
 def _die_with_parent(parent_pid: int) -> None:
