@@ -24,24 +24,17 @@ from repro.real.transport import Channel
 from repro.runtime import cuda_missing, deterministic
 
 
-def client_device(cfg: RunConfig, local_rank: int) -> torch.device:
-    """Where the client of this local rank trains: ``cuda:(local_rank mod G)``, or the CPU."""
-    choice = cfg.backend.client_device
+def device_for(cfg: RunConfig, key: str, local_rank: int = 0) -> torch.device:
+    """Where ``backend.<key>`` puts local rank ``local_rank``: ``cuda:(local_rank mod G)``, or the CPU (the server is
+    local rank 0: ``cuda:0`` with ``backend.server_device=cuda``)."""
+    choice = getattr(cfg.backend, key)
     available = torch.cuda.is_available()
     if choice == "cuda" and not available:
-        raise ConfigError("backend.client_device", "cuda", f"'cpu' or 'auto': {cuda_missing()}")
+        others = "'cpu' or 'auto'" if key == "client_device" else "'cpu'"
+        raise ConfigError(f"backend.{key}", "cuda", f"{others}: {cuda_missing()}")
     if choice == "cpu" or not available:
         return torch.device("cpu")
     return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
-
-
-def server_device(cfg: RunConfig) -> torch.device:
-    """Local rank 0's device: ``cuda:0`` with ``backend.server_device=cuda``, else the CPU."""
-    if cfg.backend.server_device == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("backend.server_device", "cuda", f"'cpu': {cuda_missing()}")
-        return torch.device("cuda:0")
-    return torch.device("cpu")
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from repro.config.settings import RunConfig
 from repro.logs import get_logger
-from repro.real.client import build_client, client_device, run_client
+from repro.real.client import build_client, device_for, run_client
 from repro.real.frames import fingerprint, trained
 from repro.real.groups import bounded, disconnect, first_line, pair_group, pin_gloo
 from repro.real.transport import Channel
@@ -194,7 +194,7 @@ def join_run(cfg: RunConfig, on_admitted=lambda k: None) -> int:
     except JoinEnded as why:
         print(f"[real join] {why}", file=sys.stderr, flush=True)
         return why.code
-    setup = build_client(cfg, k, client_device(cfg, k), ds)   # a spawned client's rule: device k mod G
+    setup = build_client(cfg, k, device_for(cfg, "client_device", k), ds)   # a spawned client's rule: device k mod G
     timeout_s = cfg.backend.timeout_s
     try:
         group = bounded(lambda: pair_group(store, ticket_key(n, "pair"), 1, timeout_s), timeout_s, "pair group")

@@ -155,9 +155,8 @@ def trained(cfg: RunConfig) -> dict:
     """What every rank and joiner must share with the run, by key (``algo.lr``): what is trained, and how."""
     d = to_dict(cfg)
     shared = {k: d[k] for k in ("seed", "nsync", "num_clients")}
-    for group in ("data", "model", "algo", "protocol"):
-        shared.update({f"{group}.{k}": v for k, v in d[group].items() if f"{group}.{k}" != "data.root"})
-    return shared
+    return shared | {f"{group}.{k}": v for group in ("data", "model", "algo", "protocol") for k, v in d[group].items()
+                     if f"{group}.{k}" != "data.root"}
 
 
 def fingerprint(cfg: RunConfig) -> str:

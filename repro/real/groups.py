@@ -13,6 +13,7 @@ import socket
 import struct
 import threading
 import time
+from concurrent.futures import Future, wait as futures_wait
 
 import torch.distributed as dist
 
@@ -80,14 +81,10 @@ def connect(rank: int, world_size: int, timeout_s: float, store=None) -> dict[in
     if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
         world.group_count = 0
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout, store=store)
-    groups = {}
-    for k in range(1, world_size):
-        # collective, every rank in the same order (use_local_synchronization names groups by how many a
-        # process has, which differs between server and client: a deadlock)
-        group = dist.new_group([0, k], timeout=timeout, backend="gloo")
-        if rank in (0, k):
-            groups[k] = group
-    return groups
+    # collective, every rank in the same order (use_local_synchronization names groups by how many a
+    # process has, which differs between server and client: a deadlock)
+    groups = {k: dist.new_group([0, k], timeout=timeout, backend="gloo") for k in range(1, world_size)}
+    return {k: group for k, group in groups.items() if rank in (0, k)}
 
 
 def pair_group(store, prefix: str, rank: int, timeout_s: float):
@@ -107,26 +104,23 @@ def forget_pair(store, prefix: str) -> None:
 def bounded(call, timeout_s: float, what: str, stop=None):
     """``call()`` in a daemon thread, waited for at most ``timeout_s`` (TimeoutError naming ``what``) or until ``stop``
     is set (InterruptedError): not every C++ wait of the store's and gloo's is bounded or hears a signal."""
-    result: dict = {}
+    result: Future = Future()   # (not an executor's: its threads are joined at exit, a hung wait with them)
 
     def wait() -> None:
         try:
-            result["value"] = call()
+            result.set_result(call())
         except BaseException as exc:   # handed to the waiting thread
-            result["error"] = exc
+            result.set_exception(exc)
 
-    thread = threading.Thread(target=wait, name=what, daemon=True)
-    thread.start()
+    threading.Thread(target=wait, name=what, daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+    while not result.done() and (left := deadline - time.monotonic()) > 0:
         if stop is not None and stop.is_set():
             raise InterruptedError(what)
-        thread.join(min(left, 0.1))   # in slices: a stop request is heard at once
-    if thread.is_alive():
+        futures_wait([result], min(left, 0.1))   # in slices: a stop request is heard at once
+    if not result.done():
         raise TimeoutError(f"{what}: no answer within {timeout_s:g} s")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    return result.result()
 
 
 def first_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from repro.errors import ConfigError
 from repro.logs import mark
 from repro.workload.data import Dataset
 from repro.workload.start import build_problem
-from repro.real.client import build_client, client_device, server_device
+from repro.real.client import build_client, device_for
 from repro.real.elastic import Acceptor
 from repro.real.frames import Frame, Header, Kind
 from repro.real.processes import (WORLD_KEY, StartupError, client_context, handover, make_store, serve_as_client,
@@ -44,8 +44,8 @@ def run_real(cfg: RunConfig, run_dir: str | Path) -> dict:
     if env is not None and env.rank != 0:
         raise RuntimeError("run_real is rank 0's entry point; ranks > 0 call run_torchrun_worker")
     master_addr = os.environ["MASTER_ADDR"] if env is not None else cfg.backend.master_addr
-    device = server_device(cfg)
-    client_device(cfg, 0)   # a bad backend.client_device is a ConfigError before any process
+    device = device_for(cfg, "server_device")
+    device_for(cfg, "client_device")   # a bad backend.client_device is a ConfigError before any process
     validated(cfg)   # before the store: a timeout must not overflow it
     store = None if env is not None else make_store(cfg)   # a busy port: before the folder is touched
     if store is not None:   # the fork server imports while this process builds the problem
@@ -140,9 +140,8 @@ def _loopback(master_addr: str, single_node: bool):
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("GLOO_SOCKET_IFNAME", None)
-        else:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        if before is not None:
             os.environ["GLOO_SOCKET_IFNAME"] = before
 
 
@@ -192,6 +191,6 @@ def run_torchrun_worker(cfg: RunConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)   # die quietly when torchrun (or a terminal) says so
     pin_gloo(os.environ["MASTER_ADDR"], single_node=False)
-    setup = build_client(cfg, env.rank, client_device(cfg, env.local_rank))
+    setup = build_client(cfg, env.rank, device_for(cfg, "client_device", env.local_rank))
     return serve_as_client(cfg, env.rank, env.rank, env.world_size, setup, store=None)
 

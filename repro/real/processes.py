@@ -19,19 +19,18 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from repro.config.settings import RunConfig
 from repro.errors import ConfigError
+from repro.gridpoint import proc_stat
 from repro.logs import mark
 from repro.workload.data import Dataset
-from repro.real.client import build_client, client_device, run_client
+from repro.real.client import build_client, device_for, run_client
 from repro.real.elastic import BUSY_KEY, COUNT_KEY
-from repro.real.server import log
-from repro.real.transport import Channel
+from repro.real.transport import Channel, log
 from repro.real.groups import connect, disconnect, first_line, pin_gloo
 from repro.runtime import PR_SET_PDEATHSIG, StopRequest, fork_server_context, naming_fork_server, prctl
 
@@ -166,9 +165,8 @@ def stop_children(procs: dict, grace_s: float) -> None:
 
 def suspended(proc) -> bool:
     """Whether ``proc`` is stopped (SIGSTOP, Ctrl-Z of its own): it exits on nothing but SIGKILL or a SIGCONT."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] in "Tt"
-    return False
+    fields = proc_stat(proc.pid)   # (None: no /proc, or it has exited)
+    return fields is not None and fields[0] in "Tt"
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -196,7 +194,7 @@ def _client_process(cfg: RunConfig, client_id: int, port: int, parent_pid: int,
     os.environ.update(environ)
     mark("client", "started")
     pin_gloo(cfg.backend.master_addr, single_node=True)
-    setup = build_client(cfg, client_id, client_device(cfg, client_id), dataset)
+    setup = build_client(cfg, client_id, device_for(cfg, "client_device", client_id), dataset)
     mark("client", "built")
     timeout = datetime.timedelta(seconds=startup_deadline_s(cfg))
     store = dist.TCPStore(cfg.backend.master_addr, port, cfg.num_clients + 1, False, timeout=timeout)

@@ -17,14 +17,13 @@ import traceback
 import torch
 
 from repro.config.settings import RunConfig
-from repro.logs import mark, prefixed
+from repro.logs import mark
 from repro.real.elastic import BUSY_KEY, ENDED, Refused
 from repro.real.frames import Frame, Header, Kind, LinkLost, check_hello, fingerprint, hello, trained
 from repro.real.groups import bounded, first_line, forget_pair, pair_group
-from repro.real.transport import Channel, Receiver, Silence
+from repro.real.transport import Channel, Receiver, Silence, log
 from repro.runtime import StopRequest, naming_fork_server
 
-log = prefixed("repro.real.server", "[real server]")
 STOPPING_S = 2.0   # once a stop is asked for, the most a send waits for a client that answers nothing
 
 
@@ -236,12 +235,9 @@ class Dispatcher:
     def held_by_silence(self) -> bool:
         """Whether the lock's holder has waited over STOPPING_S on a client: a send to any, or the greeting's
         receive of a HELLO. Such a holder touches the core no more once stopped, so the ending need not wait."""
-        for k, ch in list(self.channels.items()):
-            receiver = self.receivers.get(k)   # (a joiner's is set just after its channel)
-            started = receiver is not None and receiver.is_alive()
-            if ch.sending_s() > STOPPING_S or (ch.receiving_s() > STOPPING_S and not started):
-                return True
-        return False
+        listening = {k for k, r in list(self.receivers.items()) if r.is_alive()}   # (a joiner's: set after its channel)
+        return any(ch.sending_s() > STOPPING_S or (ch.receiving_s() > STOPPING_S and k not in listening)
+                   for k, ch in list(self.channels.items()))
 
     def admit(self, request: dict) -> int:
         """The id a joiner gets, or :class:`~repro.real.elastic.Refused` saying why not."""
@@ -336,14 +332,11 @@ class Dispatcher:
                          f"{h.version}, expected a PUSH from client {k} read_version {self.sent_version.get(k)}")
             return
         push = h.to_push(update)   # its read_version is the version sent to k (checked above)
-        now = self.now()
-        started = time.monotonic()
+        now, started = self.now(), time.monotonic()
         outcome = self.core.on_push(push, now)
-        applied = time.monotonic()
-        received_at = h.received_at or taken_at
+        apply_s, received_at = time.monotonic() - started, h.received_at or taken_at
         self.core.record_timing(now, k, push.read_version, to_client_s=h.to_client_s, compute_s=h.compute_s,
-                                to_server_s=received_at - h.sent_at, queue_s=taken_at - received_at,
-                                apply_s=applied - started)
+                                to_server_s=received_at - h.sent_at, queue_s=taken_at - received_at, apply_s=apply_s)
         if outcome.applied or any(r.client == k and not r.stop for r in outcome.replies):
             self.positions[k] = push.stream_position   # applied, or answered (e.g. discarded): its stream moved on
         if k not in self.devices:   # (its first push: not a string per push)

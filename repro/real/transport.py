@@ -21,7 +21,7 @@ from repro.asgd.algorithm import Push
 from repro.logs import prefixed
 from repro.real.frames import Frame, Header, Kind, LinkLost
 
-log = prefixed("repro.real.server", "[real server]")   # (the server's: Silence speaks for it)
+log = prefixed("repro.real.server", "[real server]")   # the server's, made once (Silence speaks for it too)
 TAG = 1
 RESUMED_S = 0.5   # see Channel._await: ample for gloo's thread to read a socket, on 2 busy cores
 WATCH = datetime.timedelta(days=30)   # a watcher's wait: longer than any push (it cannot be re-armed)
