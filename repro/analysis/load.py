@@ -131,8 +131,7 @@ def _numbers(values: tuple[str, ...], file: str, column: str, schema_column: boo
 
 def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
     """Summary fields as columns: ``status``, ``final_test_error``, ``time_to_target.0.1``, ..."""
-    row: dict[str, Any] = {"status": summary["status"],
-                           **{k: summary.get(k) for k in ("clock", "message", "wall_time_s")}}
+    row: dict[str, Any] = {k: summary.get(k) for k in ("status", "clock", "message", "wall_time_s")}
     row.update({f"final_{key}": summary.get(key) for key in ("version", "samples_seen", "epoch", "time_s")})
     final = summary.get("final")
     final = final if isinstance(final, dict) else {}
