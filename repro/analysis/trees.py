@@ -14,7 +14,7 @@ import pandas as pd
 from repro.analysis.frames import START_COLUMNS
 from repro.analysis.render import FIGURES, figure_frame
 from repro.analysis.load import NoRunsError, Runs, load_runs
-from repro.analysis.tables import resolve_target
+from repro.analysis.tables import resolve_target, time_to_target
 from repro.errors import ConfigError
 
 KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
@@ -153,9 +153,8 @@ def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> 
         metrics = {f"final_{m}_error_pct": _last(frame[frame["metric"] == label], "error_pct")
                    for m, label in (("train", "training error"), ("test", "test error"))}
     elif name in ("fig2", "fig3"):
-        ordered = frame.sort_values(["time_s", "version"], kind="stable")
-        hit = ordered[ordered["train_error_pct"] <= 100.0 * target]  # NaN never counts
-        metrics = {"time_to_target_s": hit.groupby("run_dir")["time_s"].first(),
+        times = time_to_target(frame, 100.0 * target, "train_error_pct")   # errors in percent, as the frame's
+        metrics = {"time_to_target_s": times.set_index("run_dir")["time_to_target_s"],
                    "final_train_error_pct": _last(frame, "train_error_pct")}
     elif name == "fig4":
         out = out[out["num_clients"] != 1]
