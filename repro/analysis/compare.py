@@ -106,13 +106,9 @@ def _keys(name: str, per_run: list[pd.DataFrame]) -> list[str]:
 
 def _normalise(per_run: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Key columns with one type in both kinds of tree (JSON, CSV and missing values differ)."""
-    per_run = per_run.copy()
-    for col in keys:
-        if col in ALWAYS_KEYS:
-            per_run[col] = pd.to_numeric(per_run[col]).astype("int64")
-        else:
-            per_run[col] = per_run[col].astype(object).where(per_run[col].notna(), "-").astype(str)
-    return per_run
+    return per_run.assign(**{col: pd.to_numeric(per_run[col]).astype("int64") if col in ALWAYS_KEYS
+                             else per_run[col].astype(object).where(per_run[col].notna(), "-").astype(str)
+                             for col in keys})
 
 
 def compare_figure(name: str, ma: pd.DataFrame | None, mb: pd.DataFrame | None, k: float = 3.0,

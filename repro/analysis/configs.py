@@ -155,22 +155,17 @@ def differing(rows: list[pd.Series], keys: Iterable[str]) -> list[str]:
     return [k for k in keys if len({json.dumps(_value(r, k)) for r in rows}) > 1]
 
 
-def split(runs: Runs, axes: tuple[str, ...]) -> list[tuple[str, Runs]]:
-    """(label, runs) per configuration, in run-folder order; a label: the settings that differ
-    between them (``KEY=VALUE,...``; ``""`` when there is one)."""
+def one_grid(runs: Runs, axes: tuple[str, ...], where: str, choice: str | None = None,
+             each: bool = False) -> list[tuple[str, Runs]]:
+    """(label, runs) per configuration, in run-folder order, if ``runs`` are one (``each``: any
+    number), each with one run per grid point and seed; else :class:`ConfigError` naming them and how
+    to choose. A label: the settings that differ between them (``KEY=VALUE,...``; ``""`` for one)."""
     runs = annotate(runs, axes)
     rows = [r for _, r in runs.runs.drop_duplicates(COLUMN).iterrows()]
     keys = differing(rows, [k for k in shaping_keys() if not is_axis(k, axes) and k not in ENVIRONMENT])
     names = {r[COLUMN]: ",".join(f"{k}={fmt(_value(r, k))}" for k in keys) for r in rows}
-    return [(names[cid], subset(runs, g["run_dir"]))
-            for cid, g in runs.runs.sort_values("run_dir").groupby(COLUMN, sort=False)]
-
-
-def one_grid(runs: Runs, axes: tuple[str, ...], where: str, choice: str | None = None,
-             each: bool = False) -> list[tuple[str, Runs]]:
-    """:func:`split` ``runs`` if they are one configuration (``each``: any number), each with one run
-    per grid point and seed; else :class:`ConfigError` naming them and how to choose."""
-    parts = split(runs, axes)
+    parts = [(names[cid], subset(runs, g["run_dir"]))
+             for cid, g in runs.runs.sort_values("run_dir").groupby(COLUMN, sort=False)]
     if len(parts) > 1 and not each:
         lines = [f"  {label or '(the rest)'}: {len(p.runs)} run(s) ({list_folders(p.runs['job'])})"
                  for label, p in parts]

@@ -56,11 +56,6 @@ def cost_of(run: pd.Series, cls: type = CostConfig, prefix: str = "cost.") -> Co
     return cls(**values)
 
 
-def _with_diverged(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.assign(diverged=is_diverged(frame["status"]) if len(frame) else
-                        pd.Series(dtype=bool))
-
-
 def _ident(frame: pd.DataFrame, columns=RUN_ID) -> list[str]:
     """``columns`` (:data:`RUN_ID` first) with ``config_id`` after RUN_ID when ``frame`` has it."""
     return [*RUN_ID, *([CONFIG] if CONFIG in frame else []), *columns[len(RUN_ID):]]
@@ -68,9 +63,8 @@ def _ident(frame: pd.DataFrame, columns=RUN_ID) -> list[str]:
 
 def fig2_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Every evaluation of every run: fig2's (cold start) and fig3's (warm, a panel per nsync)."""
-    ev = _with_diverged(runs.evals)
-    ev["train_error_pct"] = 100.0 * ev["train_error"].astype(float)
-    ev["test_error_pct"] = 100.0 * ev["test_error"].astype(float)
+    ev = runs.evals.assign(diverged=is_diverged(runs.evals["status"]),
+                           **{f"{m}_pct": 100.0 * runs.evals[m].astype(float) for m in START_COLUMNS})
     ev = ev.sort_values(["num_clients", "nsync", "seed", "run_dir", "time_s", "version"],
                         kind="stable")
     return ev[_ident(ev, CURVE_COLUMNS)].reset_index(drop=True)
@@ -88,7 +82,8 @@ def fig1_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 
 def fig4_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     """Speedup per run at ``target`` (default: the runs' config ``target_error``)."""
-    per_run = _with_diverged(run_speedups(runs.evals, resolve_target(runs.runs, target)))
+    per_run = run_speedups(runs.evals, resolve_target(runs.runs, target))
+    per_run["diverged"] = is_diverged(per_run["status"])
     if len(per_run) and not (per_run["outcome"] == "ok").any():
         warnings.warn("no run gives a speedup (outcomes: "
                       f"{per_run['outcome'].value_counts().to_dict()})", stacklevel=2)
@@ -109,9 +104,9 @@ def staleness_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     hist.insert(len(ident), "quantity", "staleness")
     final = runs.runs[ident].assign(quantity="final_test_error_pct",
                                     value=100.0 * final_test_error(runs).to_numpy(), count=1)
-    out = _with_diverged(pd.concat([hist, final], ignore_index=True))
-    out = out.sort_values(["quantity", "num_clients", "nsync", "seed", "run_dir", "value"],
-                          kind="stable")
+    out = pd.concat([hist, final], ignore_index=True)
+    out = out.assign(diverged=is_diverged(out["status"])).sort_values(
+        ["quantity", "num_clients", "nsync", "seed", "run_dir", "value"], kind="stable")
     return out[[*_ident(out), "quantity", "value", "count"]].reset_index(drop=True)
 
 

@@ -131,8 +131,7 @@ def _numbers(values: tuple[str, ...], file: str, column: str, schema_column: boo
 
 def _summary_row(summary: dict[str, Any], taken: set[str]) -> dict[str, Any]:
     """Summary fields as columns: ``status``, ``final_test_error``, ``time_to_target.0.1``, ..."""
-    row: dict[str, Any] = {"status": summary["status"],
-                           **{k: summary.get(k) for k in ("clock", "message", "wall_time_s")}}
+    row: dict[str, Any] = {k: summary.get(k) for k in ("status", "clock", "message", "wall_time_s")}
     row.update({f"final_{key}": summary.get(key) for key in ("version", "samples_seen", "epoch", "time_s")})
     final = summary.get("final")
     final = final if isinstance(final, dict) else {}
@@ -191,14 +190,13 @@ def read_run(run_dir: Path, exp_dir: Path) -> tuple[dict[str, Any], pd.DataFrame
     leading = {k: cfg.pop(k) for k in GROUP_COLUMNS if k in cfg}  # the grouping keys first
     row = {**ident, **leading, **cfg}
     row.update(_summary_row(summary, set(row)))
-    group = {c: row.get(c) for c in GROUP_COLUMNS}
     fallback = row.get("clock") or {"sim": "virtual", "real": "wall"}.get(row.get("backend.name"))
     for table in (evals, updates):
         if fallback and len(table):   # empty clock cells: the summary's clock, else the backend's
             table["clock"] = [c if c else fallback for c in table["clock"]]
         table.insert(0, "run_dir", ident["run_dir"])
-        for name, value in group.items():
-            table[name] = value
+        for name in GROUP_COLUMNS:
+            table[name] = row.get(name)
     return row, evals, updates
 
 
@@ -278,9 +276,8 @@ def _frame(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> pd.DataFrame
 
 def _concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFrame:
     frames = [f for f in frames if len(f)]
-    if not frames:
-        return pd.DataFrame(columns=["run_dir", *columns, *GROUP_COLUMNS])
-    return pd.concat(frames, ignore_index=True)
+    return (pd.concat(frames, ignore_index=True) if frames
+            else pd.DataFrame(columns=["run_dir", *columns, *GROUP_COLUMNS]))
 
 
 def recorded(runs: pd.DataFrame, key: str) -> Any:

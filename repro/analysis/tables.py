@@ -41,7 +41,7 @@ def time_to_target(evals: pd.DataFrame, target: float, metric: str = "train_erro
     for _, run in evals.groupby("run_dir", sort=True):
         run = run.sort_values(["time_s", "version"], kind="stable")
         hit = run.loc[run[metric] <= target, "time_s"]  # NaN errors never count
-        clocks = run["clock"].dropna().unique()
+        clocks = run["clock"].dropna().unique() if "clock" in run else ()   # a figures folder's CSV may lack it
         rows.append({**run.iloc[0][keep].to_dict(),
                      "clock": clocks[0] if len(clocks) == 1 else "mixed",
                      "target": float(target),

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from repro.analysis.frames import START_COLUMNS
 from repro.analysis.render import FIGURES, figure_frame
 from repro.analysis.load import NoRunsError, Runs, load_runs
-from repro.analysis.tables import resolve_target
+from repro.analysis.tables import resolve_target, time_to_target
 from repro.errors import ConfigError
 
 KIND = {"fig3_paper": "fig3", "fig4_paper": "fig4"}   # the same figure in the paper's regime
 METRICS = {"fig1": ("final_train_error_pct", "final_test_error_pct"),
            "fig2": ("time_to_target_s", "final_train_error_pct"),
-           "fig3": ("time_to_target_s", "final_train_error_pct"),
            "fig4": ("speedup",),
            "staleness": ("mean_staleness", "final_test_error_pct")}
 # Identity of a run besides seed and run_dir; the grid keys are chosen among these.
@@ -27,10 +27,9 @@ IDENTITY = ("exp_name", "start", "backend.name", "config_id", "num_clients", "ns
 # Columns a figures-folder CSV must hold for its metrics to be computed.
 REQUIRED = {"fig1": ("metric", "error_pct", "time_s", "version"),
             "fig2": ("train_error_pct", "time_s", "version"),
-            "fig3": ("train_error_pct", "time_s", "version"),
             "fig4": ("speedup", "outcome"),
             "staleness": ("quantity", "value", "count")}
-for _name, _kind in KIND.items():
+for _name, _kind in {"fig3": "fig2", **KIND}.items():   # fig3's curves are fig2's, a panel per nsync
     METRICS[_name], REQUIRED[_name] = METRICS[_kind], REQUIRED[_kind]
 # The registered figures compare reduces to per-run metrics (the paper's), in the registry's order.
 COMPARED = tuple(name for name in FIGURES if name in METRICS)
@@ -147,20 +146,18 @@ def _read_csv(root: Path, name: str) -> pd.DataFrame | None:
 def run_metrics(name: str, frame: pd.DataFrame, target: float | None = None) -> pd.DataFrame:
     """One row per run: ``run_dir``, ``seed`` and :data:`IDENTITY` columns (those present), then
     the figure's :data:`METRICS`; ``target`` (a fraction) is fig2 and fig3's."""
-    ident = [c for c in ("seed", *IDENTITY) if c in frame]
-    out = frame.drop_duplicates("run_dir").set_index("run_dir")[ident]
+    per_run = frame.drop_duplicates("run_dir").set_index("run_dir")
+    out = per_run[[c for c in ("seed", *IDENTITY) if c in frame]]
     name = KIND.get(name, name)
     if name == "fig1":
         metrics = {f"final_{m}_error_pct": _last(frame[frame["metric"] == label], "error_pct")
                    for m, label in (("train", "training error"), ("test", "test error"))}
     elif name in ("fig2", "fig3"):
-        ordered = frame.sort_values(["time_s", "version"], kind="stable")
-        hit = ordered[ordered["train_error_pct"] <= 100.0 * target]  # NaN never counts
-        metrics = {"time_to_target_s": hit.groupby("run_dir")["time_s"].first(),
+        times = time_to_target(frame, 100.0 * target, "train_error_pct")   # errors in percent, as the frame's
+        metrics = {"time_to_target_s": times.set_index("run_dir")["time_to_target_s"],
                    "final_train_error_pct": _last(frame, "train_error_pct")}
     elif name == "fig4":
         out = out[out["num_clients"] != 1]
-        per_run = frame.drop_duplicates("run_dir").set_index("run_dir")
         metrics = {"speedup": per_run["speedup"].where(per_run["outcome"] == "ok")}
     else:   # staleness (compare asks only for the figures of METRICS)
         pushes = frame[frame["quantity"] == "staleness"]
@@ -187,11 +184,9 @@ def start_errors(name: str, frame: pd.DataFrame) -> pd.DataFrame | None:
     if kind == "fig3":
         first = frame.sort_values(["run_dir", "time_s", "version"], kind="stable").groupby(
             "run_dir", sort=True).head(1)
-        first = first.rename(columns={"train_error_pct": "start_train_error_pct",
-                                      "test_error_pct": "start_test_error_pct"})
+        first = first.rename(columns={f"{m}_pct": start for m, start in START_COLUMNS.items()})
     elif "start_train_error_pct" in frame:
         first = frame.drop_duplicates("run_dir")
     else:
         return None
-    columns = ["seed", "start_train_error_pct", "start_test_error_pct"]
-    return first.sort_values("run_dir", kind="stable").drop_duplicates("seed")[columns]
+    return first.sort_values("run_dir", kind="stable").drop_duplicates("seed")[["seed", *START_COLUMNS.values()]]
