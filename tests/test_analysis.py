@@ -407,6 +407,22 @@ def test_client_colours_are_fixed_across_figures(results, fig3_runs):
     assert len({figures.client_color(n) for n in (1, 2, 4, 8, 16)}) == 5
 
 
+def test_the_command_line_draws_in_the_style_a_run_draws_in(results, tmp_path, monkeypatch):
+    """REPRODUCE.md: every figure is redrawn from the logs alone by python -m repro.analysis. The
+    command line first set seaborn's theme globally, whose palette a run's figure callback never has,
+    so a redrawn churn.png (default colour cycle) differed from the committed one in every colour."""
+    import repro.analysis.render as render
+
+    seen = []
+    monkeypatch.setattr(render, "atomic_write", lambda path, write: path.suffix == ".png" and seen.append(
+        dict(matplotlib.rcParams)))
+    with matplotlib.rc_context():   # whatever the command line sets globally is undone after the test
+        build_figure("fig1", results, tmp_path / "run")
+        assert main(["fig1", "--results", str(results), "--out", str(tmp_path / "cli")]) == 0
+    drawn_by_run, drawn_by_cli = seen
+    assert drawn_by_cli == drawn_by_run, {k for k in drawn_by_run if drawn_by_cli[k] != drawn_by_run[k]}
+
+
 def _curve_frame(runs) -> pd.DataFrame:
     """A fig2/fig3 frame by hand: (num_clients, nsync, seed, end time_s); errors fall 90% -> 1%."""
     rows = []

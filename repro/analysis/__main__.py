@@ -152,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def draw_main(args: argparse.Namespace) -> int:
     from repro.analysis.render import build_figure, file_label
-    from repro.analysis.figures import set_style
 
-    set_style()
     if not Path(args.results).is_dir():   # else the first folder missing under it takes the blame
         what = "is a file" if Path(args.results).exists() else "does not exist"
         raise ConfigError("--results", args.results, f"an existing results folder (this one {what}): "

@@ -22,14 +22,10 @@ NSYNC_MARKERS = ("o", "s", "^", "D", "P", "*", "h")   # lines stay apart where c
 
 
 def style_rc() -> dict[str, Any]:
-    """The rcParams of our style: seaborn "paper" context on a white grid."""
+    """Our style, seaborn "paper" context on a white grid: every figure is drawn in it (``save_figure``),
+    by a run and by the command line alike, and in nothing else (no global theme, no seaborn palette)."""
     return {**sns.plotting_context("paper"), **sns.axes_style("whitegrid"), "figure.dpi": 100, "savefig.dpi": 150,
             "savefig.bbox": "tight", "legend.frameon": False, "axes.titlesize": "medium"}
-
-
-def set_style() -> None:
-    """Set the style globally; the CLI calls this once (``build_figure`` scopes it instead)."""
-    sns.set_theme(context="paper", style="whitegrid", rc=style_rc())
 
 
 def client_color(num_clients: int) -> tuple[float, float, float]:
