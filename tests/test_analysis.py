@@ -629,6 +629,15 @@ def test_all_without_a_run_of_any_figure_says_so_once_in_a_short_line(tmp_path, 
                    "least one figure: no figure has any there (each one's reason is said above)\n"), err
 
 
+def test_all_says_why_it_skips_a_figure_without_blaming_an_exp_the_user_never_gave(tmp_path, capsys):
+    """all without --exp printed "skipping fig3: invalid value for 'exp': '.../fig3'; expected ..."."""
+    fake_runs.write_experiment(tmp_path / "res", "fig1", [1], [1], [0], "cold")
+    main(["all", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert f"skipping fig3: {tmp_path / 'res' / 'fig3'}: expected an experiment folder under" in out, out
+    assert "'exp'" not in out
+
+
 def test_all_with_config_names_each_variant_by_its_settings_never_over_the_figure_as_committed(tmp_path, capsys):
     # all --config algo.lr=0.5 wrote the variant as fig1.png, over the committed figure (into
     # figures/, by default), where one figure's --config writes fig1-algo.lr=0.5.png

@@ -188,8 +188,8 @@ def _build_all(results_dir, out_dir, exp_name, target, config) -> list[Path]:
         try:   # a variant (config) under its settings' name, never over the figure as committed
             paths += build_figure(name, results_dir, out_dir, exp_name, target, config,
                                   stem=f"{name}-{file_label(config)}" if config else None)
-        except NoRunsError as e:
-            print(f"skipping {name}: {e}")
+        except NoRunsError as e:   # the figure's own folder: not an 'exp' (all refuses --exp)
+            print(f"skipping {name}: " + (f"{e.value}: expected {e.expected}" if e.key == "exp" else str(e)))
         except ConfigError as e:   # runs it refuses (mixed configurations): the rest are still drawn
             refused.append(name)
             print(f"error: {name}: {e}", file=sys.stderr)
