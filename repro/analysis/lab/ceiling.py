@@ -79,8 +79,7 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     out.columns = [f"{q}_{k}" for q, k in out.columns]
     binding = frame[frame["kind"] == "predicted"].drop_duplicates(index).set_index(index)["binding"]
     ran = [c for c in out.columns if c.endswith((f"_{MEASURED}", f"_{LOCKSTEP}"))]
-    out = out.join(binding).dropna(subset=ran, how="all")
-    return out.reset_index()
+    return out.join(binding).dropna(subset=ran, how="all").reset_index()
 
 
 MARKERS = {MEASURED: dict(marker="o", ms=4.5), LOCKSTEP: dict(marker="s", ms=4.0, markerfacecolor="none")}
