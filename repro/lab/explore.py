@@ -63,10 +63,9 @@ class Settings:
                 raise ValueError(f"{key}: given {len(query[key])} times; give it once")
         for key, (kind, lo, hi) in kinds.items():
             if key in query:
-                try:   # as a slider writes it: int() and float() also took 2_0, ' 2', +2, 1e-1, other scripts' digits
+                v = None   # as a slider writes: int() and float() also took 2_0, ' 2', +2, 1e-1, other scripts' digits
+                with contextlib.suppress(ValueError):   # an int of over 4300 digits
                     v = kind(query[key][0]) if re.fullmatch(DIGITS[kind], query[key][0]) else None
-                except ValueError:   # an int of over 4300 digits
-                    v = None
                 if v is None or not lo <= v <= hi:   # reprlib: a 60 kB value is not echoed whole
                     raise ValueError(f"{key}={reprlib.repr(query[key][0])}: accepted {kind.__name__} from {lo} to {hi}"
                                      f", in digits{' (a point allowed)' if kind is float else ''}")
@@ -194,9 +193,7 @@ def answer(query: dict[str, list[str]]) -> dict:
     except ValueError as e:
         return {"error": str(e)}
     t0 = time.perf_counter()
-    r = point(s)
-    r["elapsed_s"] = time.perf_counter() - t0
-    return r
+    return {**point(s), "elapsed_s": time.perf_counter() - t0}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -260,8 +257,7 @@ def bench() -> int:
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
         print(f"{s}: wall {walls[-1] * 1000:6.0f} ms, cpu {cpus[-1] * 1000:6.0f} ms", flush=True)
-    load = os.getloadavg()
-    print(f"load average {load[0]:.1f} on {os.cpu_count()} CPUs; budget {BUDGET_S * 1000:.0f} ms per change")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; budget {BUDGET_S * 1000:.0f} ms per change")
     for name, times in (("wall", walls), ("cpu", cpus)):
         verdict = "PASS" if max(times) < BUDGET_S else "FAIL"
         print(f"{verdict} ({name}): slowest change {max(times) * 1000:.0f} ms, median {np.median(times) * 1000:.0f} ms")

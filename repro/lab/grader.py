@@ -18,6 +18,7 @@ from stat import S_ISREG
 from typing import IO
 from unittest import mock
 
+from repro.gridpoint import proc_stat
 from repro.lab import harness
 from repro.lab.harness import EXERCISES, Check, Exercise, StudentError, TooLong
 from repro.logs import get_logger
@@ -230,11 +231,8 @@ def end_descendants() -> None:
 
 def descendants(root: int) -> set[int]:
     """The pids below ``root``, zombies included, from each /proc/PID/stat's parent pid."""
-    parent = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError):   # ended meanwhile
-            text = stat.read_text()   # "PID (COMMAND) STATE PPID ...": COMMAND may hold ") "
-            parent[int(stat.parent.name)] = int(text[text.rindex(")") + 2:].split()[1])
+    stats = {int(p.name): proc_stat(int(p.name)) for p in Path("/proc").glob("[0-9]*")}
+    parent = {pid: int(fields[1]) for pid, fields in stats.items() if fields}   # None: ended meanwhile
     below, grew = set(), {root}
     while grew := {p for p, pp in parent.items() if pp in grew} - below:
         below |= grew

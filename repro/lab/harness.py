@@ -139,8 +139,7 @@ def plugged_run(registry: Registry, cls: type, cfg: Any, reference: str, tag: st
 
 def first_difference(reference: Any, student: Any) -> str | None:
     """Where two runs' update sequences (client, staleness) part, or None."""
-    ref = list(zip(reference.updates.client, reference.updates.staleness))
-    got = list(zip(student.updates.client, student.updates.staleness))
+    ref, got = (list(zip(run.updates.client, run.updates.staleness)) for run in (reference, student))
     for i, (a, b) in enumerate(zip(ref, got)):
         if a != b:
             return (f"update {i + 1}: the reference applied client {a[0]}'s push (staleness {a[1]}), "

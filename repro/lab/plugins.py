@@ -189,6 +189,5 @@ def grade_ringmaster(student) -> Iterator[Check]:
     stalest = mine.updates.staleness.max()   # NaN when every push was discarded
     yield Check(what + ": the stalest push applied", f"at most R - 1 = {THRESHOLD - 1}",
                 "none applied" if pd.isna(stalest) else str(int(stalest)), stalest < THRESHOLD, RING_HINT)
-    ref_dropped = len(reference.summary.get("discarded_pushes") or [])
-    dropped = len(mine.summary.get("discarded_pushes") or [])
+    ref_dropped, dropped = (len(run.summary.get("discarded_pushes") or []) for run in (reference, mine))
     yield Check(what + ": pushes discarded", str(ref_dropped), str(dropped), dropped == ref_dropped, RING_HINT)

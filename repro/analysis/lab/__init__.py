@@ -1,5 +1,5 @@
 """The staleness lab's figures, each registering itself on import, and the steps that several of
-them share: the bytes of a run's messages, a list cell of the runs' table, a frame's last step, a heat map."""
+them share: a run's message bytes, a list cell of the runs' table, a frame's last step, a legend sample, a heat map."""
 from __future__ import annotations
 
 import json
@@ -31,6 +31,12 @@ def tidy(frame: pd.DataFrame, columns, by: list[str], **ranks) -> pd.DataFrame:
     keys = {f"_{c}": frame[c].map({v: i for i, v in enumerate(order)}).fillna(len(order)) for c, order in ranks.items()}
     by = [f"_{c}" if c in ranks else c for c in by]
     return frame.assign(**keys).sort_values(by, kind="stable")[list(columns)].reset_index(drop=True)
+
+
+def legend_key(color="0.3", **style):
+    """A legend's sample of ``style`` (a line with no data), grey unless ``color`` says otherwise."""
+    from matplotlib.lines import Line2D
+    return Line2D([], [], color=color, **style)
 
 
 def heat_map(ax, grid: pd.DataFrame, text: Callable[[float], str], dark: float, fontsize: str, **style):

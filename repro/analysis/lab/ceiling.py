@@ -9,7 +9,7 @@ import pandas as pd
 
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
 from repro.analysis.render import printed_table, register_figure
-from repro.analysis.lab import message_bytes, tidy
+from repro.analysis.lab import legend_key, message_bytes, tidy
 from repro.analysis.load import Runs, finite
 from repro.sim.ceiling import ceiling
 
@@ -30,16 +30,13 @@ def predict(run: pd.Series, counts) -> list:
 
 def steady_samples_per_s(updates: pd.DataFrame) -> pd.Series:
     """Per run_dir: applied samples per virtual second over the second half of its pushes."""
-    out = {}
-    for run_dir, up in updates.groupby("run_dir", sort=False):
-        up = up.sort_values("version")
-        mid = up.iloc[len(up) // 2] if len(up) >= 4 else None
-        last = up.iloc[-1]
-        if mid is None or last["time_s"] <= mid["time_s"]:
-            out[run_dir] = last["samples_seen"] / last["time_s"] if last["time_s"] > 0 else np.nan
-        else:
-            out[run_dir] = (last["samples_seen"] - mid["samples_seen"]) / (last["time_s"] - mid["time_s"])
-    return pd.Series(out, dtype=float)
+    def steady(up: pd.DataFrame) -> float:
+        mid, last = up.iloc[len(up) // 2], up.iloc[-1]
+        if len(up) < 4 or last["time_s"] <= mid["time_s"]:
+            return last["samples_seen"] / last["time_s"] if last["time_s"] > 0 else np.nan
+        return (last["samples_seen"] - mid["samples_seen"]) / (last["time_s"] - mid["time_s"])
+    return pd.Series({run_dir: steady(up.sort_values("version"))
+                      for run_dir, up in updates.groupby("run_dir", sort=False)}, dtype=float)
 
 
 def ceiling_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
@@ -82,8 +79,7 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     out.columns = [f"{q}_{k}" for q, k in out.columns]
     binding = frame[frame["kind"] == "predicted"].drop_duplicates(index).set_index(index)["binding"]
     ran = [c for c in out.columns if c.endswith((f"_{MEASURED}", f"_{LOCKSTEP}"))]
-    out = out.join(binding).dropna(subset=ran, how="all")
-    return out.reset_index()
+    return out.join(binding).dropna(subset=ran, how="all").reset_index()
 
 
 MARKERS = {MEASURED: dict(marker="o", ms=4.5), LOCKSTEP: dict(marker="s", ms=4.0, markerfacecolor="none")}
@@ -92,7 +88,6 @@ MARKERS = {MEASURED: dict(marker="o", ms=4.5), LOCKSTEP: dict(marker="s", ms=4.0
 def draw_ceiling(frame: pd.DataFrame):
     """2 rows (samples/s, speedup) x one column per link bandwidth, one colour per nsync: measured
     out of step, filled circles; in lockstep, hollow squares; the bound, dashed."""
-    from matplotlib.lines import Line2D
     from repro.analysis.figures import _PALETTE, _new_figure, _require, mean_minmax, plain_log_ticks
     _require(frame, "ceiling")
     bws = sorted(frame["cost.bandwidth_Bps"].unique(), key=lambda b: (not finite(b), b if finite(b) else 0))
@@ -127,11 +122,10 @@ def draw_ceiling(frame: pd.DataFrame):
             ax.minorticks_off()
             ax.set(title="" if row else title, ylabel=QUANTITIES[q] if col == 0 else "",
                    xlabel="clients N" if row == len(QUANTITIES) - 1 else "")
-    handles = [Line2D([], [], color=colors[k], marker="o", linestyle="--") for k in nsyncs]
+    handles = [legend_key(colors[k], marker="o", linestyle="--") for k in nsyncs]
     labels = [f"nsync {k}" for k in nsyncs]
-    handles += [Line2D([], [], color="0.3", linestyle="none", **MARKERS[MEASURED]),
-                Line2D([], [], color="0.3", linestyle="none", **MARKERS[LOCKSTEP]),
-                Line2D([], [], color="0.3", linestyle="--"), Line2D([], [], color="0.6", linestyle=":")]
+    handles += [legend_key(linestyle="none", **MARKERS[MEASURED]), legend_key(linestyle="none", **MARKERS[LOCKSTEP]),
+                legend_key(linestyle="--"), legend_key("0.6", linestyle=":")]
     labels += ["measured, clients out of step (the profile's jitter; steady state; bars: min-max over seeds)",
                "measured in lockstep (cost.jitter=none: clients that start together stay together)",
                "predicted bound: min(clients' own pace, each shared resource), labelled where it binds at the right",

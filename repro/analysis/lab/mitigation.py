@@ -9,7 +9,7 @@ import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, final_test_error, measured_rows
-from repro.analysis.lab import tidy
+from repro.analysis.lab import legend_key, tidy
 from repro.analysis.load import Runs, finite, is_diverged
 from repro.analysis.tables import resolve_target, times_to_target
 
@@ -84,7 +84,6 @@ def mitigation_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
 def draw_mitigation(frame: pd.DataFrame):
     """(a) final test error, (b) time to target, (c) mean staleness in local steps; x: the
     mitigation, one colour per nsync; mean over seeds with min-max bars, diverged runs 'x'."""
-    from matplotlib.lines import Line2D
     from repro.analysis.figures import (DIVERGED_MARKER, _new_figure, _require, _seeds, nsync_colors, ordered,
                                         plain_log_ticks)
     _require(frame, "mitigation")
@@ -132,20 +131,17 @@ def draw_mitigation(frame: pd.DataFrame):
         # the one long name on two lines, so the ticks do not run into each other
         ax.set_xticks(range(len(names)), [m.replace("staleness-", "staleness-\n") for m in names])
         ax.set(ylabel=ylabel, title=title, xlim=(-0.6, len(names) - 0.4))
-    handles = [Line2D([], [], color=colors[k], marker="o", linestyle="none") for k in levels]
+    handles = [legend_key(colors[k], marker="o", linestyle="none") for k in levels]
     labels = [f"nsync = {k}" for k in levels]
-    handles += [Line2D([], [], color="0.3", marker="o", linestyle="none"),
-                Line2D([], [], color="0.3", linestyle="none", **DIVERGED_MARKER),
-                Line2D([], [], color="0.3", linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}),
-                Line2D([], [], color="0.3", linestyle="--")]
+    handles += [legend_key(marker="o", linestyle="none"), legend_key(linestyle="none", **DIVERGED_MARKER),
+                legend_key(linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}), legend_key(linestyle="--")]
     labels += ["measured: mean over seeds, bars min-max (finished runs)",
                "diverged run ((a): its last test error; (b): above the data)",
                "target not reached within the budget",
                "expected staleness: (N-1)(1 - N/2P) versions x nsync for P pushes (equal speeds); sync 0"]
-    for short, text in MITIGATIONS.values():   # what each x label is, with its source
-        if short in names:
-            handles.append(Line2D([], [], color="none"))
-            labels.append(text)
+    sources = [text for short, text in MITIGATIONS.values() if short in names]   # each x label, with its source
+    handles += [legend_key("none") for _ in sources]
+    labels += sources
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small",
                columnspacing=4.0)
     n = "/".join(str(int(v)) for v in sorted(frame["num_clients"].unique()))

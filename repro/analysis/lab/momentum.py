@@ -24,10 +24,9 @@ COLUMNS = ("kind", "num_clients", "seed", "momentum", "version", "quantity", "so
 def momentum_response(curvatures, lr: float, momentum: float, steps: int) -> np.ndarray:
     """Per-mode responses w_i(t) / w_i(0), shape (modes, steps + 1), under torch's SGD momentum (our clients')."""
     l = np.asarray(curvatures, float)
-    w, b, out = np.ones_like(l), None, [np.ones_like(l)]
+    w, b, out = np.ones_like(l), 0.0, [np.ones_like(l)]
     for _ in range(steps):
-        g = l * w
-        b = g if b is None else momentum * b + g
+        b = momentum * b + l * w   # torch's first buffer is the gradient itself: momentum * 0 + g
         w = w - lr * b
         out.append(w)
     return np.stack(out, 1)

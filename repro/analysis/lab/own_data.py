@@ -42,8 +42,6 @@ def own_data_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
         rows.append({**base, "quantity": "final_test_error_pct", "class": np.nan, "slow_class": False,
                      "value": 100.0 * float(run["final_test_error"])})
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    if frame.empty:
-        return frame
     return tidy(frame, COLUMNS, ["partition", "method", "seed", "quantity", "class"],
                 partition=partition_order(frame["partition"]), method=method_order(frame["method"]))
 

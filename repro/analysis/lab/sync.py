@@ -13,7 +13,7 @@ import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
-from repro.analysis.lab import message_bytes, tidy
+from repro.analysis.lab import legend_key, message_bytes, tidy
 from repro.analysis.load import Runs, finite
 from repro.sim.cost import CostModel, step_time
 from repro.analysis.tables import resolve_target, times_to_target
@@ -121,8 +121,7 @@ def ssp_clock(tm: Timing, bound: int, pushes: int) -> tuple[float, float]:
     rng = np.random.default_rng(MC_SEED)
     n_cl, per_client = tm.num_clients, pushes   # no client can push more than all pushes
     f = np.asarray(tm.factors())[None, :]
-    applied = np.zeros((MC_REPLICAS, n_cl, per_client))
-    released = np.zeros((MC_REPLICAS, n_cl))
+    applied, released = np.zeros((MC_REPLICAS, n_cl, per_client)), np.zeros((MC_REPLICAS, n_cl))
     for j in range(per_client):
         seg = tm.compute_s * f * _segments(rng, tm, (MC_REPLICAS, n_cl))
         applied[:, :, j] = released + seg + tm.overhead_s / 2 + (tm.overhead_s / 2 if j else 0.0)
@@ -238,7 +237,6 @@ def draw_sync(frame: pd.DataFrame):
     """3 rows (throughput ratio, updates/s, time to target) x one column per cost profile;
     measured: markers (mean over seeds, bars min-max); predicted: dashed lines."""
     from matplotlib.legend_handler import HandlerTuple
-    from matplotlib.lines import Line2D
     from repro.analysis.figures import (_PALETTE, DIVERGED_MARKER, _new_figure, _require, _seeds, mean_minmax,
                                         ordered, plain_log_ticks)
     _require(frame, "sync_vs_async")
@@ -285,16 +283,14 @@ def draw_sync(frame: pd.DataFrame):
     handles, labels = [], []
     for p in protocols:
         src = frame.loc[(frame["protocol"] == p) & (frame["kind"] == "predicted"), "source"]
-        handles.append((Line2D([], [], color=colors[p], marker="o", linestyle="none"),
-                        Line2D([], [], color=colors[p], linestyle="--")))
+        handles.append((legend_key(colors[p], marker="o", linestyle="none"), legend_key(colors[p], linestyle="--")))
         labels.append(f"{p}   (dashed: {src.iloc[0] if len(src) else 'no prediction'})")
-    handles += [Line2D([], [], color="0.3", marker="o", linestyle="none"),
-                Line2D([], [], color="0.3", linestyle="--")]
+    handles += [legend_key(marker="o", linestyle="none"), legend_key(linestyle="--")]
     labels += ["measured: mean over seeds, bars min-max (time to target: joined by a line)",
                "predicted (none for time to target: no closed form)"]
     if budget_note:
-        handles += [Line2D([], [], color="0.3", linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}),
-                    Line2D([], [], color="0.3", linestyle="none", **DIVERGED_MARKER)]
+        handles += [legend_key(linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}),
+                    legend_key(linestyle="none", **DIVERGED_MARKER)]
         labels += ["target not reached in the budget", "diverged"]
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small",
                handler_map={tuple: HandlerTuple(ndivide=None)})

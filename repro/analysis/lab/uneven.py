@@ -12,7 +12,7 @@ import pandas as pd
 
 from repro.analysis.render import printed_table, register_figure
 from repro.analysis.frames import PREDICTED, cost_of, measured_rows
-from repro.analysis.lab import tidy
+from repro.analysis.lab import legend_key, tidy
 from repro.analysis.tables import times_to_target
 from repro.analysis.load import Runs, finite
 from repro.sim.cost import step_time
@@ -99,12 +99,10 @@ def uneven_frame(runs: Runs, target: float | None = None) -> pd.DataFrame:
     ``target``: the training loss to reach (default :data:`TARGET_LOSS`)."""
     target = TARGET_LOSS if target is None else float(target)
     r = runs.runs.copy()
-    names = [method_of(row) for _, row in r.iterrows()]
-    r["method"], r["family"] = [m for m, _ in names], [f for _, f in names]
+    r["method"], r["family"] = zip(*(method_of(row) for _, row in r.iterrows()))
     r["server_rule"], r["protocol"] = r["algo.server_rule"], r["protocol.name"]
-    for col, key in (("collection_size", "protocol.collection_size"),
-                     ("staleness_threshold", "protocol.staleness_threshold")):
-        r[col] = r[key] if key in r else np.nan
+    for col in ("collection_size", "staleness_threshold"):
+        r[col] = r.get(f"protocol.{col}", np.nan)
     last = runs.updates.sort_values("version").groupby("run_dir")["time_s"].last()
     steps = runs.updates.groupby("run_dir")["version"].max()
     r["step_time_s"] = r["run_dir"].map(last / steps)   # from time 0 to the last apply
@@ -152,7 +150,6 @@ def draw_uneven(frame: pd.DataFrame):
     """(a) time per server step per method, measured vs predicted; (b) Rennala's step time
     against S beside t(S); (c) time to the target loss; (d) final test error."""
     import matplotlib as mpl
-    from matplotlib.lines import Line2D
     from repro.analysis.figures import DIVERGED_MARKER, _new_figure, _require, _seeds
     _require(frame, "uneven")
     methods = method_order(frame.loc[frame["kind"] == "measured", "method"])
@@ -209,10 +206,8 @@ def draw_uneven(frame: pd.DataFrame):
     c.set(ylabel="virtual s", title=f"(c) time to training loss {target:g} (no closed-form prediction)")
     per_method(d, "final_test_error_pct")
     d.set(ylabel="final test error (%)", title="(d) final test error (no closed-form prediction)")
-    handles = [Line2D([], [], color="0.3", marker="o", linestyle="none"),
-               Line2D([], [], color="0.3", linestyle="none", **DIVERGED_MARKER),
-               Line2D([], [], color="0.3", linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}),
-               Line2D([], [], color="0.2", linestyle="--")]
+    handles = [legend_key(marker="o", linestyle="none"), legend_key(linestyle="none", **DIVERGED_MARKER),
+               legend_key(linestyle="none", **{**DIVERGED_MARKER, "marker": "v"}), legend_key("0.2", linestyle="--")]
     labels = ["measured: mean over seeds, bars min-max", "diverged run",
               "target not reached within the budget", "predicted (fixed step times, free communication)"]
     fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize="small")
