@@ -97,14 +97,9 @@ class LocalSGD:
         """Update ``params`` in place; return the regularised gradient (what Downpour accrues)."""
         if self.weight_decay != 0:
             grad = grad.add(params, alpha=self.weight_decay)
-        direction = grad
-        if self.momentum != 0:
-            if self.buffer is None:
-                self.buffer = torch.clone(grad).detach()
-            else:
-                self.buffer.mul_(self.momentum).add_(grad)
-            direction = self.buffer
-        params.add_(direction, alpha=-self.lr)
+        if self.momentum != 0:   # the first step's buffer is the gradient itself, as torch's
+            self.buffer = grad.detach().clone() if self.buffer is None else self.buffer.mul_(self.momentum).add_(grad)
+        params.add_(grad if self.momentum == 0 else self.buffer, alpha=-self.lr)
         return grad
 
     def state_dict(self) -> dict:
