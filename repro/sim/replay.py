@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 from pathlib import Path
 
@@ -169,13 +170,9 @@ def _bad_row(version: int, client: int, read_version: int, num_steps: int, time_
 
 
 def _ranges(ids: list[int]) -> str:
-    """1..3, 7 for [1, 2, 3, 7]: the run's clients, short."""
-    parts, start = [], ids[0]
-    for a, b in zip(ids, ids[1:] + [None]):
-        if b != a + 1:
-            parts.append(f"{start}..{a}" if a > start else str(a))
-            start = b
-    return ", ".join(parts)
+    """1..3, 7 for [1, 2, 3, 7]: the run's clients, short (a run of ids: one id less its place)."""
+    runs = [[k for _, k in run] for _, run in itertools.groupby(enumerate(ids), lambda pair: pair[1] - pair[0])]
+    return ", ".join(f"{run[0]}..{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def _unfinished(run_dir: Path, summary: dict, num_rows: int) -> str:
