@@ -30,8 +30,7 @@ def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> 
         return cfg.cost.compute_s
     if resume is not None:
         return float(resume["driver"]["compute_s"])
-    client = make_clients(cfg, problem.dataset, client_ids=[1])[0]
-    client.fetch(problem.init_params, 0)
+    client = make_clients(cfg, problem.dataset, client_ids=[1])[0]   # its stream and optimiser, on the net
     net = problem.net
     sync = torch.cuda.synchronize if net.params.is_cuda else (lambda: None)
 
