@@ -150,8 +150,7 @@ class CostScheduler(Schedule):
         self.segments[client] = seg + 1
         compute_s = self.model.segment_s(client, seg, self.nsync)
         self.flight[client] = (to_client_s, compute_s)
-        arrive = fetched_at + compute_s + self.model.transfer_s
-        heapq.heappush(self.queue, (arrive, self.seq, client))
+        heapq.heappush(self.queue, (fetched_at + compute_s + self.model.transfer_s, self.seq, client))   # its arrival
         self.seq += 1
 
     def next(self) -> tuple[int, int, float] | None:

@@ -228,9 +228,9 @@ def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | 
         resume = run.checkpoint("sim", device)
         problem = problem or build_problem(cfg, device)
         compute_s = resolve_compute_s(cfg, problem, resume)
+        fitted = {"fit": fit} if fit else {}
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="virtual", backend="sim", resume=resume,
-                                  measured={"cost.compute_s": compute_s, **({"fit": fit} if fit else {})})
-        sim = Simulation(cfg, problem, core, compute_s, run.stop, resume)
-        status, message = sim.run(stop_at_version)
-        return core.finish(status, message, **({"fit": fit} if fit else {}))
+                                  measured={"cost.compute_s": compute_s, **fitted})
+        status, message = Simulation(cfg, problem, core, compute_s, run.stop, resume).run(stop_at_version)
+        return core.finish(status, message, **fitted)
     return run.summary

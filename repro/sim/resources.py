@@ -304,5 +304,4 @@ class ContendedScheduler(Schedule):
         paths = {k: self.paths[k][direction] for k, st in self.stages.items() if st.kind == direction}
         if not self.capacity:
             return dict.fromkeys(paths, 1.0)
-        shares = max_min_shares(paths, self.capacity)
-        return {k: 1.0 if math.isinf(s) else s / self.full_Bps for k, s in shares.items()}
+        return {k: 1.0 if math.isinf(s) else s / self.full_Bps for k, s in max_min_shares(paths, self.capacity).items()}
