@@ -19,7 +19,7 @@ from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.churn import BACK, LEAVE, PREEMPT, Churn
 from repro.sim.cost import CostModel, CostScheduler, Schedule, calibrate_compute_s
-from repro.sim.fit import fit_config, fits
+from repro.sim.fit import fit_config
 from repro.sim.replay import ReplayScheduler, replay_config
 from repro.sim.resources import ContendedScheduler
 
@@ -212,8 +212,8 @@ def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Res
     if isinstance(cfg, Resolved):
         return cfg
     if cfg.cost.schedule == "replay":
-        cfg = replay_config(cfg, run_dir)
-    return Resolved(*fit_config(cfg)) if fits(cfg) else Resolved(cfg)
+        return Resolved(replay_config(cfg, run_dir))
+    return Resolved(*fit_config(cfg)) if cfg.cost.path else Resolved(cfg)   # cost.path under events: cost=fit
 
 
 def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,

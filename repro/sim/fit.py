@@ -29,11 +29,6 @@ log = get_logger("repro.sim.fit")
 MIN_PUSHES = 20   # fewer pushes say too little about a mean and a spread
 
 
-def fits(cfg: RunConfig) -> bool:
-    """True when ``cfg`` asks for a fitted cost model (cost.path under the events schedule)."""
-    return cfg.cost.schedule == "events" and bool(cfg.cost.path)
-
-
 # what a fit reads of a recording's config.json, and what each must be
 NEEDED = {"nsync": "a positive integer", "model.name": "a model name", "data.name": "a data set name",
           "algo.batch_size": "a positive integer", "network.param_bytes": "a positive number of bytes"}
