@@ -100,9 +100,12 @@ class Simulation:
                         break
                 if self.stopping or stop.is_set() or self.scheduler.peek() == math.inf:
                     break   # (or nobody computes and nobody comes back)
-            if self.pending is None:
+            if self.pending is None:   # a replayed run's recorded joins and losses (repro.sim.replay)
                 for kind, k, t in self.scheduler.membership_due(self.server.version):
-                    self.recorded_membership(kind, k, t)
+                    if kind != "client_lost":
+                        self.join(k, t)
+                    elif k in self.clients:
+                        self.settle(self.core.lose(k, "lost in the recorded run", t), t)
             nxt, self.pending = self.pending or self.scheduler.next(), None
             if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
                 core.stop()
@@ -165,13 +168,6 @@ class Simulation:
         self.join(k, t)   # a joiner: a new id, its slot's settings (client_slot)
         self.scheduler.served(k, at)
         self.churn.arm(k, t)
-
-    def recorded_membership(self, kind: str, k: int, t: float) -> None:
-        """A replayed run's recorded join or loss (:mod:`repro.sim.replay`)."""
-        if kind != "client_lost":
-            self.join(k, t)
-        elif k in self.clients:
-            self.settle(self.core.lose(k, "lost in the recorded run", t), t)
 
     def join(self, k: int, t: float) -> None:
         """Client ``k`` joins, or is back, at ``t``: a fresh client (a real joiner is a new process) that fetches."""
