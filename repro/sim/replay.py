@@ -41,8 +41,12 @@ def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfi
     if recorded.protocol.name != "async":
         raise ConfigError("cost.path", cfg.cost.path, f"an async run (replay replays the order of "
                           f"asynchronous pushes; this one ran protocol={recorded.protocol.name})")
-    if run_dir is not None:
-        _refuse_own_source(source, Path(run_dir))
+    if run_dir is not None:   # a replay never writes into its own recording (force=true would delete it first)
+        src, out = source.resolve(), Path(run_dir).resolve()
+        if out == src or src in out.parents:
+            raise ConfigError("cost.path", str(source), f"a recording outside the replay's own run folder "
+                              f"({Path(run_dir)} is {'the recording itself' if out == src else 'inside it'}): "
+                              "choose another exp_name (or hydra.run.dir) for the replay")
     unfinished = read_recording(source, recorded.num_clients)[1]
     if unfinished:
         log.warning(f"replay: {unfinished}")
@@ -88,15 +92,6 @@ def option_keys(group: str, option: str) -> list[str]:
             name = name.rpartition("/")[2]
             keys += [] if chosen == "_self_" else option_keys(name, chosen) if name in OPTIONAL_GROUPS else [name]
     return keys + [k for k in all_keys() if get(tree, k, absent) is not absent]
-
-
-def _refuse_own_source(source: Path, run_dir: Path) -> None:
-    """A replay never writes into its own recording (force=true would delete it first)."""
-    src, out = source.resolve(), run_dir.resolve()
-    if out == src or src in out.parents:
-        raise ConfigError("cost.path", str(source), f"a recording outside the replay's own run folder "
-                          f"({run_dir} is {'the recording itself' if out == src else 'inside it'}): "
-                          "choose another exp_name (or hydra.run.dir) for the replay")
 
 
 MEMBERSHIP = ("client_joined", "client_rejoined", "client_lost")
