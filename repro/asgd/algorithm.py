@@ -97,14 +97,9 @@ class LocalSGD:
         """Update ``params`` in place; return the regularised gradient (what Downpour accrues)."""
         if self.weight_decay != 0:
             grad = grad.add(params, alpha=self.weight_decay)
-        direction = grad
-        if self.momentum != 0:
-            if self.buffer is None:
-                self.buffer = torch.clone(grad).detach()
-            else:
-                self.buffer.mul_(self.momentum).add_(grad)
-            direction = self.buffer
-        params.add_(direction, alpha=-self.lr)
+        if self.momentum != 0:   # the first step's buffer is the gradient itself, as torch's
+            self.buffer = grad.detach().clone() if self.buffer is None else self.buffer.mul_(self.momentum).add_(grad)
+        params.add_(grad if self.momentum == 0 else self.buffer, alpha=-self.lr)
         return grad
 
     def state_dict(self) -> dict:
@@ -184,12 +179,9 @@ class Client:
         else:   # params: the client's own, which it keeps (the net is shared in the simulator)
             self.params.copy_(w)
             update = out.copy_(w) if out is not None else w.clone()
-        return Push(
-            client=self.client_id, read_version=self.read_version, update=update,
-            num_steps=num_steps, num_samples=num_samples,
-            train_loss=loss_sum.item() / num_steps, train_error=errors.item() / max(num_samples, 1),
-            stream_position=tuple(self.stream.position),
-        )
+        return Push(client=self.client_id, read_version=self.read_version, update=update, num_steps=num_steps,
+                    num_samples=num_samples, train_loss=loss_sum.item() / num_steps,
+                    train_error=errors.item() / max(num_samples, 1), stream_position=tuple(self.stream.position))
 
     def mark(self) -> tuple:
         """What a segment changes besides its push (momentum buffer, stream position), taken before
@@ -198,8 +190,7 @@ class Client:
         return (None if buffer is None else buffer.clone(), tuple(self.stream.position))
 
     def rewind(self, mark: tuple) -> None:
-        buffer, position = mark
-        self.optimiser.buffer = buffer
+        self.optimiser.buffer, position = mark
         self.stream.set_position(position)
 
     def state_dict(self) -> dict:
@@ -207,8 +198,7 @@ class Client:
                 "optimiser": self.optimiser.state_dict(), "stream_position": list(self.stream.position)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.params, self.read_version = state["params"], int(state["read_version"])
-        self.joined = True
+        self.params, self.read_version, self.joined = state["params"], int(state["read_version"]), True
         self.optimiser.load_state_dict(state["optimiser"])
         self.stream.set_position(tuple(int(p) for p in state["stream_position"]))
 
@@ -231,8 +221,7 @@ class ParameterServer:
 
     def keep_in(self, home: Tensor) -> None:
         """Keep the parameters in ``home`` from now on (their values copied there)."""
-        home.copy_(self.params)
-        self.params = home
+        self.params = home.copy_(self.params)
 
     def fetched(self, client: int) -> None:
         """Client ``client`` now holds these parameters (rules that compensate delay keep them)."""

@@ -11,12 +11,13 @@ from torch import Tensor, nn
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-class FlatModule:
-    """A module whose parameters are views into one flat float32 vector ``flat`` (in
+class FlatNet:
+    """A module whose parameters are views into one flat float32 vector ``flat`` (``params``, in
     ``module.parameters()`` order) and their .grad views into ``grad``, where autograd accumulates
-    in place. Use :meth:`zero_grad`, which re-links grads ``module.zero_grad()`` set to None."""
+    in place (use :meth:`zero_grad`, which re-links grads ``module.zero_grad()`` set to None); its
+    losses and gradients: a compute engine, not a client."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):
         buffers = [name for name, _ in module.named_buffers()]
         if buffers:
             raise ValueError(
@@ -32,8 +33,8 @@ class FlatModule:
                 raise ValueError(f"{type(module).__name__}'s parameter {name} is {p.dtype} on {p.device}; every "
                                  f"parameter must be torch.float32 on one device ({device}): module.float() converts")
         sizes = [p.numel() for p in params]
-        self.module, self.numel = module, sum(sizes)
-        self.flat = torch.empty(self.numel, dtype=torch.float32, device=device)
+        self.module, self.numel, self.loss_fn = module, sum(sizes), loss_fn
+        self.flat = self.params = torch.empty(self.numel, dtype=torch.float32, device=device)
         self.grad = torch.zeros_like(self.flat)
         self._params, self._grad_views = params, [g.view_as(p) for p, g in zip(params, self.grad.split(sizes))]
         for p, view in zip(params, self.flat.split(sizes)):
@@ -53,18 +54,6 @@ class FlatModule:
     def zero_grad(self) -> None:
         self._link_grads()
         self.grad.zero_()
-
-
-class FlatNet(FlatModule):
-    """Losses and gradients of one flat-vector network: a compute engine, not a client."""
-
-    def __init__(self, module: nn.Module, loss_fn: LossFn = nn.functional.cross_entropy):
-        super().__init__(module)
-        self.loss_fn = loss_fn
-
-    @property
-    def params(self) -> Tensor:
-        return self.flat
 
     def backward(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """Gradient of the minibatch loss into ``self.grad``; returns (loss, num_errors) as tensors
@@ -97,5 +86,6 @@ def quadratic_loss(out: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
     return per_sample.sum() if reduction == "sum" else per_sample.mean()
 
 
+FlatModule = FlatNet   # the flat views alone: a FlatNet whose losses go unused
 LOSSES = {"classification": nn.functional.cross_entropy, "quadratic": quadratic_loss}
 REDUCING = (nn.functional.cross_entropy, nn.functional.nll_loss, quadratic_loss)   # take reduction="sum"

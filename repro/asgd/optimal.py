@@ -124,10 +124,8 @@ class Rennala(Policy):
             stats = self.stats[k] = [0, 0, 0.0, 0.0, 0]
         else:
             self.sums[k].add_(push.update)
-        stats[0] += 1
-        stats[1] += push.num_samples
-        stats[2] += push.train_loss * push.num_samples
-        stats[3] += push.train_error * push.num_samples
+        n = push.num_samples   # [pushes, samples, loss x samples, errors x samples] summed, steps the most
+        stats[:4] = [total + part for total, part in zip(stats, (1, n, push.train_loss * n, push.train_error * n))]
         stats[4] = max(stats[4], push.num_steps)
 
     def step(self, pusher: int, view: View) -> Decision:

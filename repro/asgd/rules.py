@@ -65,10 +65,9 @@ class StalenessScaledRule(DownpourRule):
 
 
 @RULES.register("dcasgd")
-class DCASGDRule(ServerRule):
+class DCASGDRule(DownpourRule):
     """Delay-compensated ASGD, DC-ASGD-c (Zheng et al., ICML 2017, Eq. 10): with w_bak the client's
     fetched parameters, kept per client, ``w <- w - lr_server * (g + lambda * g * g * (w - w_bak))``."""
-    push_kind = "gradient"
 
     def __init__(self, lr_server: float, dc_lambda: float = 0.04, **_):
         self.lr_server, self.dc_lambda = lr_server, dc_lambda
@@ -76,15 +75,11 @@ class DCASGDRule(ServerRule):
 
     def fetched(self, client: int, params: Tensor) -> None:
         backup = self.backups.get(str(client))
-        if backup is None:
-            self.backups[str(client)] = params.detach().clone()
-        else:
-            backup.copy_(params)
+        self.backups[str(client)] = params.detach().clone() if backup is None else backup.copy_(params)
 
     def apply(self, params: Tensor, update: Tensor, staleness: int = 0, client: int = 0) -> None:
-        if staleness == 0:   # nothing applied since the fetch: w == w_bak, no compensation
-            params.add_(update, alpha=-self.lr_server)
-            return
+        if staleness == 0:   # nothing applied since the fetch: w == w_bak, no compensation (Downpour's step)
+            return super().apply(params, update)
         backup = self.backups.get(str(client))
         if backup is None:
             raise ValueError(f"dcasgd: client {client} pushed without a recorded fetch")
@@ -126,7 +121,6 @@ class ElasticExchange:
     c' after the apply (why, and its rounding: docs/simulator.md, "EASGD's exchange")."""
 
     def __init__(self, alpha: float):
-        self.alpha = alpha
         self.pull = alpha / (1.0 - alpha)
 
     def receive(self, own: Tensor, centre: Tensor) -> None:

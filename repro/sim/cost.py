@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
+import timeit
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -150,8 +150,7 @@ class CostScheduler(Schedule):
         self.segments[client] = seg + 1
         compute_s = self.model.segment_s(client, seg, self.nsync)
         self.flight[client] = (to_client_s, compute_s)
-        arrive = fetched_at + compute_s + self.model.transfer_s
-        heapq.heappush(self.queue, (arrive, self.seq, client))
+        heapq.heappush(self.queue, (fetched_at + compute_s + self.model.transfer_s, self.seq, client))   # its arrival
         self.seq += 1
 
     def next(self) -> tuple[int, int, float] | None:
@@ -191,9 +190,6 @@ class CostScheduler(Schedule):
 
 def calibrate_compute_s(step, warmup: int = 3, repeats: int = 20) -> float:
     """Seconds per call of ``step()`` on this device: the measured cost of one minibatch step."""
-    for _ in range(warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    return (time.perf_counter() - start) / repeats
+    timer = timeit.Timer(step)
+    timer.timeit(warmup)
+    return timer.timeit(repeats) / repeats

@@ -19,7 +19,7 @@ from repro.runs.folder import run_folder
 from repro.runtime import StopRequest, deterministic, resolve_device, torch_threads
 from repro.sim.churn import BACK, LEAVE, PREEMPT, Churn
 from repro.sim.cost import CostModel, CostScheduler, Schedule, calibrate_compute_s
-from repro.sim.fit import fit_config, fits
+from repro.sim.fit import fit_config
 from repro.sim.replay import ReplayScheduler, replay_config
 from repro.sim.resources import ContendedScheduler
 
@@ -30,8 +30,7 @@ def resolve_compute_s(cfg: RunConfig, problem: Problem, resume: dict | None) -> 
         return cfg.cost.compute_s
     if resume is not None:
         return float(resume["driver"]["compute_s"])
-    client = make_clients(cfg, problem.dataset, client_ids=[1])[0]
-    client.fetch(problem.init_params, 0)
+    client = make_clients(cfg, problem.dataset, client_ids=[1])[0]   # its stream and optimiser, on the net
     net = problem.net
     sync = torch.cuda.synchronize if net.params.is_cuda else (lambda: None)
 
@@ -101,9 +100,12 @@ class Simulation:
                         break
                 if self.stopping or stop.is_set() or self.scheduler.peek() == math.inf:
                     break   # (or nobody computes and nobody comes back)
-            if self.pending is None:
+            if self.pending is None:   # a replayed run's recorded joins and losses (repro.sim.replay)
                 for kind, k, t in self.scheduler.membership_due(self.server.version):
-                    self.recorded_membership(kind, k, t)
+                    if kind != "client_lost":
+                        self.join(k, t)
+                    elif k in self.clients:
+                        self.settle(self.core.lose(k, "lost in the recorded run", t), t)
             nxt, self.pending = self.pending or self.scheduler.next(), None
             if nxt is None:   # a replay past its recorded run's last push: all of it was replayed
                 core.stop()
@@ -167,13 +169,6 @@ class Simulation:
         self.scheduler.served(k, at)
         self.churn.arm(k, t)
 
-    def recorded_membership(self, kind: str, k: int, t: float) -> None:
-        """A replayed run's recorded join or loss (:mod:`repro.sim.replay`)."""
-        if kind != "client_lost":
-            self.join(k, t)
-        elif k in self.clients:
-            self.settle(self.core.lose(k, "lost in the recorded run", t), t)
-
     def join(self, k: int, t: float) -> None:
         """Client ``k`` joins, or is back, at ``t``: a fresh client (a real joiner is a new process) that fetches."""
         self.clients[k] = make_clients(self.cfg, self.problem.dataset, client_ids=[k])[0]
@@ -213,8 +208,8 @@ def resolve(cfg: RunConfig | Resolved, run_dir: str | Path | None = None) -> Res
     if isinstance(cfg, Resolved):
         return cfg
     if cfg.cost.schedule == "replay":
-        cfg = replay_config(cfg, run_dir)
-    return Resolved(*fit_config(cfg)) if fits(cfg) else Resolved(cfg)
+        return Resolved(replay_config(cfg, run_dir))
+    return Resolved(*fit_config(cfg)) if cfg.cost.path else Resolved(cfg)   # cost.path under events: cost=fit
 
 
 def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | None = None,
@@ -229,9 +224,9 @@ def simulate(cfg: RunConfig | Resolved, run_dir: str | Path, problem: Problem | 
         resume = run.checkpoint("sim", device)
         problem = problem or build_problem(cfg, device)
         compute_s = resolve_compute_s(cfg, problem, resume)
+        fitted = {"fit": fit} if fit else {}
         run.core = core = RunCore(cfg, problem, run.run_dir, clock="virtual", backend="sim", resume=resume,
-                                  measured={"cost.compute_s": compute_s, **({"fit": fit} if fit else {})})
-        sim = Simulation(cfg, problem, core, compute_s, run.stop, resume)
-        status, message = sim.run(stop_at_version)
-        return core.finish(status, message, **({"fit": fit} if fit else {}))
+                                  measured={"cost.compute_s": compute_s, **fitted})
+        status, message = Simulation(cfg, problem, core, compute_s, run.stop, resume).run(stop_at_version)
+        return core.finish(status, message, **fitted)
     return run.summary

@@ -29,11 +29,6 @@ log = get_logger("repro.sim.fit")
 MIN_PUSHES = 20   # fewer pushes say too little about a mean and a spread
 
 
-def fits(cfg: RunConfig) -> bool:
-    """True when ``cfg`` asks for a fitted cost model (cost.path under the events schedule)."""
-    return cfg.cost.schedule == "events" and bool(cfg.cost.path)
-
-
 # what a fit reads of a recording's config.json, and what each must be
 NEEDED = {"nsync": "a positive integer", "model.name": "a model name", "data.name": "a data set name",
           "algo.batch_size": "a positive integer", "network.param_bytes": "a positive number of bytes"}
@@ -85,14 +80,13 @@ def _read_timings(run_dir: Path) -> pd.DataFrame:
     path = run_dir / schema.TIMINGS_FILE
     try:
         # read_regular: a FIFO there would wait for a writer for good
-        text = pd.read_csv(io.StringIO(read_regular(path, ""), newline=""), dtype=str, keep_default_na=False)
+        table = pd.read_csv(io.StringIO(read_regular(path, ""), newline=""), dtype=str, keep_default_na=False)
     except (OSError, ValueError) as exc:
         raise _refuse(run_dir, f"a recorded run folder with a readable {path} ({exc})") from None
-    if tuple(text.columns) != schema.TIMING_COLUMNS:
+    if tuple(table.columns) != schema.TIMING_COLUMNS:
         raise _refuse(run_dir, f"a {path} with the columns {list(schema.TIMING_COLUMNS)}")
-    timings = text.copy()
     for column in ("version", "time_s", "client", "read_version", *schema.TIMING_PARTS):
-        cells = text[column].fillna("")
+        cells = table[column].fillna("")
         values = pd.to_numeric(cells, errors="coerce")
         may_be_nan = column in schema.TIMING_PARTS and cells.str.strip().str.lower().isin(("", "nan"))
         bad = ~((np.isfinite(values) & (values >= 0)) | may_be_nan)
@@ -101,8 +95,8 @@ def _read_timings(run_dir: Path) -> pd.DataFrame:
             raise _refuse(run_dir, f"a {schema.TIMINGS_FILE} of numbers ({path} line {row + 2} has "
                           f"{column} {cells.iloc[row]!r}, not a finite number >= 0"
                           + (" or nan)" if column in schema.TIMING_PARTS else ")"))
-        timings[column] = values
-    return timings
+        table[column] = values   # read as text, kept as numbers
+    return table
 
 
 def message_bytes(config: dict) -> float:
@@ -168,21 +162,20 @@ def fit_cost(paths: list[str], link_Bps: float | None, burst_bytes: float, run: 
     sigma = math.sqrt(math.log1p(cv * cv))
     sizes, times = (np.array(column) for column in zip(*points))
     latency, bandwidth, note = float(np.mean(times)), None, ""
-    if len(set(sizes.tolist())) >= 2:
+    if link_Bps is not None:   # a known link: its bytes' time is not latency
+        latency = max(0.0, float(np.mean(times - np.maximum(sizes - burst_bytes, 0.0) / link_Bps)))
+        burst = f", burst {burst_bytes:g} B" if burst_bytes else ""
+        note = (f"the link's bandwidth is given ({link_Bps:g} B/s{burst}): "
+                "latency is the transit less the bytes' time on it")
+    elif len(set(sizes.tolist())) < 2:
+        note = ("one message size: latency and bandwidth are not separable, the whole transit is "
+                "latency and the link is free (fit runs of two model sizes to separate them)")
+    else:
         slope, intercept = np.polyfit(sizes, times, 1)
         if slope > 0:
             latency, bandwidth = max(float(intercept), 0.0), float(1.0 / slope)
         else:
             note = "transit does not grow with message bytes: all of it is latency, the link is free"
-    else:
-        note = ("one message size: latency and bandwidth are not separable, the whole transit is "
-                "latency and the link is free (fit runs of two model sizes to separate them)")
-    if link_Bps is not None:   # a known link: its bytes' time is not latency
-        latency = max(0.0, float(np.mean(times - np.maximum(sizes - burst_bytes, 0.0) / link_Bps)))
-        bandwidth = None
-        burst = f", burst {burst_bytes:g} B" if burst_bytes else ""
-        note = (f"the link's bandwidth is given ({link_Bps:g} B/s{burst}): "
-                "latency is the transit less the bytes' time on it")
     host = hosts[0] if hosts and all(h == hosts[0] for h in hosts) else None
     return {"paths": [str(p) for p in paths], "pushes": sum(m["pushes"] for m in measured),
             "compute_s": float(step.mean()), "jitter_sigma": sigma, "latency_s": latency, "bandwidth_Bps": bandwidth,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 from pathlib import Path
 
@@ -40,8 +41,12 @@ def replay_config(cfg: RunConfig, run_dir: str | Path | None = None) -> RunConfi
     if recorded.protocol.name != "async":
         raise ConfigError("cost.path", cfg.cost.path, f"an async run (replay replays the order of "
                           f"asynchronous pushes; this one ran protocol={recorded.protocol.name})")
-    if run_dir is not None:
-        _refuse_own_source(source, Path(run_dir))
+    if run_dir is not None:   # a replay never writes into its own recording (force=true would delete it first)
+        src, out = source.resolve(), Path(run_dir).resolve()
+        if out == src or src in out.parents:
+            raise ConfigError("cost.path", str(source), f"a recording outside the replay's own run folder "
+                              f"({Path(run_dir)} is {'the recording itself' if out == src else 'inside it'}): "
+                              "choose another exp_name (or hydra.run.dir) for the replay")
     unfinished = read_recording(source, recorded.num_clients)[1]
     if unfinished:
         log.warning(f"replay: {unfinished}")
@@ -87,15 +92,6 @@ def option_keys(group: str, option: str) -> list[str]:
             name = name.rpartition("/")[2]
             keys += [] if chosen == "_self_" else option_keys(name, chosen) if name in OPTIONAL_GROUPS else [name]
     return keys + [k for k in all_keys() if get(tree, k, absent) is not absent]
-
-
-def _refuse_own_source(source: Path, run_dir: Path) -> None:
-    """A replay never writes into its own recording (force=true would delete it first)."""
-    src, out = source.resolve(), run_dir.resolve()
-    if out == src or src in out.parents:
-        raise ConfigError("cost.path", str(source), f"a recording outside the replay's own run folder "
-                          f"({run_dir} is {'the recording itself' if out == src else 'inside it'}): "
-                          "choose another exp_name (or hydra.run.dir) for the replay")
 
 
 MEMBERSHIP = ("client_joined", "client_rejoined", "client_lost")
@@ -169,13 +165,9 @@ def _bad_row(version: int, client: int, read_version: int, num_steps: int, time_
 
 
 def _ranges(ids: list[int]) -> str:
-    """1..3, 7 for [1, 2, 3, 7]: the run's clients, short."""
-    parts, start = [], ids[0]
-    for a, b in zip(ids, ids[1:] + [None]):
-        if b != a + 1:
-            parts.append(f"{start}..{a}" if a > start else str(a))
-            start = b
-    return ", ".join(parts)
+    """1..3, 7 for [1, 2, 3, 7]: the run's clients, short (a run of ids: one id less its place)."""
+    runs = [[k for _, k in run] for _, run in itertools.groupby(enumerate(ids), lambda pair: pair[1] - pair[0])]
+    return ", ".join(f"{run[0]}..{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def _unfinished(run_dir: Path, summary: dict, num_rows: int) -> str:

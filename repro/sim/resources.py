@@ -15,11 +15,6 @@ SERVER_IN, SERVER_OUT = "server:in", "server:out"
 SERVER_LINK = {PUSH: SERVER_IN, FETCH: SERVER_OUT}   # the way of the server's link a transfer takes
 
 
-def host_links(host: int) -> tuple[str, str]:
-    """(up, down): a host's link, each way."""
-    return f"host{host}:up", f"host{host}:down"
-
-
 def max_min_shares(paths: dict[int, tuple[str, ...]], capacity: dict[str, float]) -> dict[int, float]:
     """Bytes/s of each transfer (``paths``: transfer -> the limited links it crosses), max-min fair
     by progressive filling, a path's transfers as one group; ``inf`` for one crossing none."""
@@ -92,14 +87,13 @@ class ContendedScheduler(Schedule):
         self.flight: dict[int, dict[str, float]] = {}
         self.host = {k: i // cost.shared.clients_per_host for i, k in enumerate(sorted(client_ids))}
         host_bw, server_bw = link_bandwidths(cost)
-        ways = [((SERVER_IN, SERVER_OUT), server_bw)] + [(host_links(h), host_bw)
-                                                         for h in sorted(set(self.host.values()))]
-        self.capacity = {link: bw for links, bw in ways if bw is not None for link in links}   # the limited ones
-        self.paths = {}   # client -> {stage: the limited links its transfer crosses}
-        for k, h in self.host.items():
-            up, down = host_links(h)
-            self.paths[k] = {PUSH: tuple(x for x in (up, SERVER_IN) if x in self.capacity),
-                             FETCH: tuple(x for x in (SERVER_OUT, down) if x in self.capacity)}
+        links = {k: (f"host{h}:up", f"host{h}:down") for k, h in self.host.items()}   # a host's link, each way
+        ways = [((SERVER_IN, SERVER_OUT), server_bw)] + [(pair, host_bw) for pair in dict.fromkeys(links.values())]
+        self.capacity = {link: bw for pair, bw in ways if bw is not None for link in pair}   # the limited ones
+        # client -> {stage: the limited links its transfer crosses}
+        self.paths = {k: {PUSH: tuple(x for x in (up, SERVER_IN) if x in self.capacity),
+                          FETCH: tuple(x for x in (SERVER_OUT, down) if x in self.capacity)}
+                      for k, (up, down) in links.items()}
         self.full_Bps = path_bandwidth(cost)     # a transfer alone on its path: rate 1
         # cost.shared.server_burst_bytes: each way's bucket, [tokens, idle since] (since None: in use)
         self.bucket = {link: [cost.shared.server_burst_bytes, 0.0] for link in (SERVER_IN, SERVER_OUT)
@@ -310,5 +304,4 @@ class ContendedScheduler(Schedule):
         paths = {k: self.paths[k][direction] for k, st in self.stages.items() if st.kind == direction}
         if not self.capacity:
             return dict.fromkeys(paths, 1.0)
-        shares = max_min_shares(paths, self.capacity)
-        return {k: 1.0 if math.isinf(s) else s / self.full_Bps for k, s in shares.items()}
+        return {k: 1.0 if math.isinf(s) else s / self.full_Bps for k, s in max_min_shares(paths, self.capacity).items()}
