@@ -67,11 +67,10 @@ def proc_stat(pid: int | None) -> list[str] | None:
     """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses):
     [0] the state, [1] the parent, [11] user and [12] system clock ticks, [19] the start time;
     None where /proc does not say (not Linux, or the process has exited)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat[stat.rindex(")") + 2:].split()
-    except (OSError, ValueError):
-        return None
+    return None
 
 
 def process_started(pid: int | None) -> str | None:
