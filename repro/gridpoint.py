@@ -104,9 +104,8 @@ def remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
     an empty experiment folder; one holding anything else is touched only for our record."""
     forget_folder(run_dir)
     parent = run_dir.parent
-    while parent != results_dir and results_dir in parent.parents and parent.is_dir():
-        if any(p for p in parent.iterdir() if p.name != "multirun.yaml"):
-            break
+    while parent != results_dir and results_dir in parent.parents and parent.is_dir() \
+            and all(p.name == "multirun.yaml" for p in parent.iterdir()):
         shutil.rmtree(parent, ignore_errors=True)
         parent = parent.parent
 
