@@ -102,9 +102,8 @@ class Grid(Callback):
     def __init__(self, every_s: float = 60.0, stop_wait_s: float = 120.0, poll_s: float = 1.0) -> None:
         self.every_s, self.stop_wait_s, self.poll_s = every_s, stop_wait_s, poll_s
         self.main_pid: int | None = None
-        self.main_host, self.main_started, self.launch_id = "", None, ""
+        self.main_host, self.main_started, self.launch_id, self.label = "", None, "", "grid"
         self.sweep_dir: Path | None = None
-        self.label = "grid"
         self._reset_local()
 
     def _reset_local(self) -> None:

@@ -67,11 +67,10 @@ def proc_stat(pid: int | None) -> list[str] | None:
     """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses):
     [0] the state, [1] the parent, [11] user and [12] system clock ticks, [19] the start time;
     None where /proc does not say (not Linux, or the process has exited)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat[stat.rindex(")") + 2:].split()
-    except (OSError, ValueError):
-        return None
+    return None
 
 
 def process_started(pid: int | None) -> str | None:
@@ -105,9 +104,8 @@ def remove_empty_run_dir(run_dir: Path, results_dir: Path) -> None:
     an empty experiment folder; one holding anything else is touched only for our record."""
     forget_folder(run_dir)
     parent = run_dir.parent
-    while parent != results_dir and results_dir in parent.parents and parent.is_dir():
-        if any(p for p in parent.iterdir() if p.name != "multirun.yaml"):
-            break
+    while parent != results_dir and results_dir in parent.parents and parent.is_dir() \
+            and all(p.name == "multirun.yaml" for p in parent.iterdir()):
         shutil.rmtree(parent, ignore_errors=True)
         parent = parent.parent
 

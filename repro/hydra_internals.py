@@ -156,11 +156,10 @@ def check_package(argv: list[str], dcfg: Any, refuse: Callable[[str], Any]) -> A
     args, absent = get_args_parser().parse_args([word for word in argv if word != "--version"]), object()
     if not args.cfg or args.package in (None, "_global_"):
         return dcfg
-    shown = OmegaConf.masked_copy(dcfg, {"job": [k for k in dcfg if k != "hydra"], "hydra": ["hydra"]}.get(
-        args.cfg, list(dcfg)))
+    shown = OmegaConf.masked_copy(dcfg, [k for k in dcfg if k != "hydra" or args.cfg == "all"])
     if args.cfg == "hydra":   # without its help texts, as Hydra shows it (Hydra.get_sanitized_hydra_cfg)
-        shown = OmegaConf.create({"hydra": OmegaConf.masked_copy(dcfg.hydra,
-                                                                 [k for k in dcfg.hydra if "help" not in k])})
+        sanitized = [k for k in dcfg.hydra if "help" not in k]
+        shown = OmegaConf.create({"hydra": OmegaConf.masked_copy(dcfg.hydra, sanitized)})
     parent, _, last = args.package.rpartition(".")
     node = OmegaConf.select(shown, parent, default=None) if parent else shown
     tree = OmegaConf.to_container(node) if OmegaConf.is_config(node) else {}

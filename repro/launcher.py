@@ -57,8 +57,7 @@ class PointSlots(ParallelBackendBase):
 
     def submit(self, func, callback=None) -> Future:
         future: Future = Future()
-        if callback is not None:
-            future.add_done_callback(callback)
+        future.add_done_callback(callback)   # Parallel always hands one (supports_retrieve_callback)
         with self.lock:
             self.queue.append((func, future))
             self._start()

@@ -142,10 +142,9 @@ def prctl(option: int, value: int) -> None:
 
 def usable_cores() -> int:
     """The cores this process may run on: its CPU affinity (what joblib's n_jobs=-1 counts, near enough)."""
-    try:
+    if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
-    except AttributeError:   # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    return os.cpu_count() or 1   # pragma: no cover - not Linux
 
 
 def memory_bytes() -> int:
