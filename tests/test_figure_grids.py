@@ -28,6 +28,7 @@ from repro.analysis import build_figure, configs, load_runs, run_speedups
 from repro.analysis.__main__ import main
 from repro.analysis.render import FIGURES, figure_runs
 from repro.errors import ConfigError
+from repro.files.storage import LONGEST_NAME
 from repro.grid import BuildFigure, figure_stem
 
 from tests.helpers import fake_runs as fr
@@ -255,6 +256,21 @@ def test_a_grid_of_two_configurations_draws_one_figure_each(mixed, tmp_path):
     assert csvs == ["fig1-sweep-algo.lr=0.001.csv", "fig1-sweep-algo.lr=0.05.csv"]
     for name in csvs:
         assert pd.read_csv(tmp_path / "figures" / name)["run_dir"].nunique() == 3
+
+
+def test_a_configurations_files_whose_name_is_too_long_are_shortened_and_said(mixed, tmp_path):
+    """The per-configuration files are named <stem>-<settings>: a long grid stem and the settings
+    passed the file system's 255 bytes, and the figure ended in a raw 'File name too long'. Shortened
+    as a run folder's name is (a readable start and a hash), the full name said in a warning."""
+    points = [p.name for p in (mixed / "fig1").iterdir() if p.name.startswith(("num_epochs=3", "algo.lr"))]
+    stem = "fig1-" + "sweep" * 45
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        paths = build_figure("fig1", mixed, tmp_path / "figures", "fig1", jobs=points, stem=stem, each=True)
+    csvs = sorted(p.name for p in paths if p.suffix == ".csv")
+    assert len(csvs) == 2 and all(len(n.encode()) <= LONGEST_NAME and n.startswith(stem[:90]) for n in csvs)
+    for setting in ("algo.lr=0.001", "algo.lr=0.05"):
+        assert any(f"{stem}-{setting}" in str(w.message) and "stand for" in str(w.message) for w in said), said
 
 
 def test_the_committed_figure_is_written_only_by_the_experiment_as_committed():

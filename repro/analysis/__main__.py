@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def draw_main(args: argparse.Namespace) -> int:
-    from repro.analysis.render import build_figure, file_label
+    from repro.analysis.render import LONGEST_STEM, build_figure, file_label
 
     if not Path(args.results).is_dir():   # else the first folder missing under it takes the blame
         what = "is a file" if Path(args.results).exists() else "does not exist"
@@ -177,12 +177,11 @@ def draw_main(args: argparse.Namespace) -> int:
     each = args.figure == "all"
     figure = max(declared("figure"), key=len) if each else args.figure   # all: each is named after its figure
     widest = args.name or (f"{figure}-{file_label(args.config)}" if args.config else "")
-    longest = LONGEST_NAME - len("_speedup.csv")   # fig4's table: the longest name a figure writes
-    if len(widest.encode()) > longest:
+    if len(widest.encode()) > LONGEST_STEM:
         # else the file system refused it as the first file was written: a traceback, or a line blaming --out
         made = "" if named else f": --config names them {figure}-SETTINGS" + ("" if each else "; give a shorter --name")
         raise ConfigError(*(("--config", args.config) if each else ("--name", widest)),   # all takes no --name
-                          f"a file name of at most {longest} bytes (a figure writes <name>_speedup.csv, and "
+                          f"a file name of at most {LONGEST_STEM} bytes (a figure writes <name>_speedup.csv, and "
                           f"a temporary name {255 - LONGEST_NAME} bytes longer, within the file system's 255){made}")
     try:   # the loader skips unreadable runs with a warning: an OSError here is a file it writes
         paths = build_figure(args.figure, args.results, args.out, args.exp, args.target,

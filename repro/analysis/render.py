@@ -17,7 +17,7 @@ from repro.analysis import configs, figures, frames
 from repro.analysis.load import NoRunsError, Runs, load_runs
 from repro.analysis.tables import format_speedup_table, summarise_speedups
 from repro.errors import ConfigError
-from repro.files.storage import atomic_write
+from repro.files.storage import LONGEST_NAME, atomic_write, shortened
 from repro.registry import Registry
 
 
@@ -62,6 +62,7 @@ def _speedup_table(frame: pd.DataFrame, out: Path, stem: str) -> list[Path]:
     return [out / f"{stem}_speedup.csv"]
 
 
+LONGEST_STEM = LONGEST_NAME - len("_speedup.csv")   # fig4's table: the longest name a figure writes
 CURVES = ("num_clients", "nsync")   # fig2-fig4: one curve or point per client count and nsync
 register_figure("fig1", frames.fig1_frame, figures.fig1, axes=("num_clients",))   # 1-client runs
 # fig2 has one nsync: its curves are per client count only
@@ -140,7 +141,11 @@ def build_figure(name: str, results_dir: str | Path = "results", out_dir: str | 
     parts, where = figure_runs(name, results_dir, exp_name, config=config, jobs=jobs, each=each, refused=refused)
     figure, out, paths = FIGURES[name], Path(out_dir), []
     for label, runs in parts:
-        files = f"{stem}-{file_label(label)}" if len(parts) > 1 else stem
+        full = f"{stem}-{file_label(label)}" if len(parts) > 1 else stem
+        files = shortened(full, LONGEST_STEM)   # a grid's stem and settings: else 'File name too long'
+        if files != full:
+            warnings.warn(f"{name}: the files {files}.* stand for {full} (a file name holds at most "
+                          f"{LONGEST_STEM} bytes)", stacklevel=2)
         frame = _frame(name, runs, where, target)
         paths += save_figure(lambda: figure.draw(frame), frame, out, files, len(runs.skipped), len(refused))
         paths += figure.extra(frame, out, files) if figure.extra is not None else []

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
-import hashlib
 import inspect
 import sys
 import textwrap
@@ -25,7 +24,7 @@ from repro.config import settings as config
 from repro.config.renames import modern_override
 from repro.errors import EXIT_BAD_INPUT, ConfigError
 from repro.files import schema
-from repro.files.storage import is_read_only, unmakeable
+from repro.files.storage import is_read_only, shortened, unmakeable
 from repro.hydra_internals import (check_flags, check_package, named_options,   # Hydra's own readings
                                    null_node_named, plain_number)
 
@@ -94,7 +93,6 @@ def _show(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-PREFIX_BYTES = 100    # the readable start a shortened folder name keeps
 SHORTENED: dict[str, str] = {}   # {shortened folder name: the overrides it stands for}, this process's
 
 
@@ -105,13 +103,9 @@ def job_name(overrides) -> str:
     kept = sorted((key, plain_number(str(item))) for item in overrides or ()
                   for key in [str(item).partition("=")[0].lstrip("+~")] if "=" in str(item) and key in shaping)
     name = ",".join(f"{k}={v}" for k, v in kept) or "base"
-    raw = name.encode()
-    if len(raw) <= checks.NAME_BYTES:
-        return name
-    prefix = raw[:PREFIX_BYTES].decode(errors="ignore")
-    prefix = prefix[:prefix.rindex(",")] if "," in prefix else prefix
-    short = f"{prefix}-{hashlib.sha256(raw).hexdigest()[:16]}"
-    SHORTENED[short] = name
+    short = shortened(name, checks.NAME_BYTES)
+    if short != name:
+        SHORTENED[short] = name
     return short
 
 

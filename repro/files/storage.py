@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
@@ -69,6 +70,18 @@ def disk_error(exc: OSError, path: Path | str | None) -> OSError:
 
 # the longest file name atomic_write can write: its temporary NAME.RANDOM.tmp must fit in 255 bytes too
 LONGEST_NAME = 255 - len(".0123456789abcdef.tmp")
+PREFIX_BYTES = 100    # the readable start a shortened name keeps
+
+
+def shortened(name: str, limit: int) -> str:
+    """``name`` if it fits in ``limit`` bytes; else its first :data:`PREFIX_BYTES` up to a comma (whole
+    settings) and a hash of it all, so that two long names never meet."""
+    raw = name.encode()
+    if len(raw) <= limit:
+        return name
+    prefix = raw[:PREFIX_BYTES].decode(errors="ignore")
+    prefix = prefix[:prefix.rindex(",")] if "," in prefix else prefix
+    return f"{prefix}-{hashlib.sha256(raw).hexdigest()[:16]}"
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
