@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import math
-import timeit
+import time
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -190,6 +190,9 @@ class CostScheduler(Schedule):
 
 def calibrate_compute_s(step, warmup: int = 3, repeats: int = 20) -> float:
     """Seconds per call of ``step()`` on this device: the measured cost of one minibatch step."""
-    timer = timeit.Timer(step)
-    timer.timeit(warmup)
-    return timer.timeit(repeats) / repeats
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats
